@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Build the local Kubernetes test bed from published Go modules (no Docker, no release downloads):
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm.
+# Output goes to a cache outside the repo, keyed by the pinned versions, so a second run is instant.
+#   usage: hack/build-tools.sh            # builds if missing, prints the bin dir on the last line
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=hack/versions.env
+. "$HERE/versions.env"
+CACHE_ROOT=${SANDBOXRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandboxrun-operator}
+OUT=$CACHE_ROOT/tools-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION
+BIN=$OUT/bin
+if [ -f "$OUT/.complete" ]; then echo "$BIN"; exit 0; fi
+WORK=$OUT/src
+mkdir -p "$BIN" "$WORK/k8s" "$WORK/etcd"
+export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+log() { echo "build-tools: $*" >&2; }
+start=$(date +%s)
+
+# ---- k8s.io/kubernetes: its go.mod points every k8s.io/<staging> module at ./staging with v0.0.0,
+# so `go install k8s.io/kubernetes/cmd/...@v` fails. A wrapper module replaces each staging module
+# with its published v0.Y.Z twin (same source, released from the same tag).
+if [ ! -x "$BIN/kube-apiserver" ] || [ ! -x "$BIN/kubectl" ]; then
+  log "building kubernetes $K8S_VERSION (cold: tens of minutes on 2 cores)"
+  STAGING_VERSION=v0.${K8S_VERSION#v1.}
+  MINOR=$(cut -d. -f2 <<<"$K8S_VERSION")
+  UPSTREAM_MOD=$(cd "$(mktemp -d)" && go mod download -json "k8s.io/kubernetes@$K8S_VERSION" \
+    | sed -n 's/.*"GoMod": "\(.*\)".*/\1/p')
+  STAGING=$(sed -n -e 's#^[[:space:]]*k8s\.io/\([a-z0-9-]*\)[[:space:]]*=>[[:space:]]*\./staging/.*#\1#p' \
+                   -e 's#^[[:space:]]*k8s\.io/\([a-z0-9-]*\)[[:space:]]v0\.0\.0\([[:space:]].*\)\{0,1\}$#\1#p' \
+                   "$UPSTREAM_MOD" | sort -u)
+  [ "$(wc -w <<<"$STAGING")" -ge 25 ] || { log "could not parse the staging list from $UPSTREAM_MOD"; exit 1; }
+  cd "$WORK/k8s"
+  rm -f go.mod go.sum
+  go mod init local.invalid/k8s-bins >/dev/null 2>&1
+  go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
+  for m in $STAGING; do go mod edit -replace="k8s.io/$m=k8s.io/$m@$STAGING_VERSION"; done
+  GODEBUG_DEFAULT=$(sed -n 's/^godebug[[:space:]]\{1,\}default=\(go[0-9.]*\).*/\1/p' "$UPSTREAM_MOD" | head -1)
+  [ -z "$GODEBUG_DEFAULT" ] || go mod edit -godebug="default=$GODEBUG_DEFAULT"
+  CMDS="kube-apiserver kube-controller-manager kube-scheduler kubectl"
+  { echo '//go:build tools'; echo 'package tools'; echo 'import ('
+    for c in $CMDS; do echo "	_ \"k8s.io/kubernetes/cmd/$c\""; done; echo ')'; } > tools.go
+  go mod tidy
+  LDF="-s -w"; NOW=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    LDF+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$MINOR -X $p.gitTreeState=clean -X $p.buildDate=$NOW"
+  done
+  # shellcheck disable=SC2046
+  go build -trimpath -tags=selinux,notest,grpcnotrace -ldflags="$LDF" -o "$BIN/" \
+    $(for c in $CMDS; do echo "k8s.io/kubernetes/cmd/$c"; done)
+fi
+
+# ---- etcd: server/v3 and etcdctl/v3 carry ../ replaces, so a wrapper module again.
+if [ ! -x "$BIN/etcd" ]; then
+  log "building etcd $ETCD_VERSION"
+  cd "$WORK/etcd"
+  rm -f go.mod go.sum
+  go mod init local.invalid/etcd-bins >/dev/null 2>&1
+  go mod edit -require="go.etcd.io/etcd/server/v3@$ETCD_VERSION" -require="go.etcd.io/etcd/etcdctl/v3@$ETCD_VERSION"
+  printf '//go:build tools\npackage tools\nimport (\n\t_ "go.etcd.io/etcd/server/v3"\n\t_ "go.etcd.io/etcd/etcdctl/v3"\n)\n' > tools.go
+  go mod tidy
+  go build -trimpath -ldflags="-s -w" -o "$BIN/etcd" go.etcd.io/etcd/server/v3
+  go build -trimpath -ldflags="-s -w" -o "$BIN/etcdctl" go.etcd.io/etcd/etcdctl/v3
+fi
+
+# ---- kwok: a plain go install works (no replace directives).
+if [ ! -x "$BIN/kwok" ]; then
+  log "building kwok $KWOK_VERSION"
+  GOBIN=$BIN go install "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION"
+fi
+mkdir -p "$OUT/kwok"
+cp -f "$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION"/kustomize/crd/bases/*.yaml "$OUT/kwok/" 2>/dev/null || true
+
+# ---- helm: plain go install, version string set the way helm's Makefile sets it.
+if [ ! -x "$BIN/helm" ]; then
+  log "building helm $HELM_VERSION"
+  GOBIN=$BIN go install -ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
+    "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+fi
+
+"$BIN/kube-apiserver" --version >&2; "$BIN/etcd" --version | head -1 >&2; "$BIN/kwok" --version >&2
+"$BIN/helm" version --short >&2
+touch "$OUT/.complete"
+log "done in $(( $(date +%s) - start ))s"
+echo "$BIN"

@@ -1,0 +1,477 @@
+//! The `SandboxRun` API (group `sandbox.iterion.io`, version `v1alpha1`).
+//!
+//! These types are the contract: the CRD in `crds/` is generated from them (`sandboxrun-operator crd`),
+//! the admission rules read them, the controller reconciles them. Every field carries a doc comment,
+//! which becomes its `description` in the CRD so that `kubectl explain sandboxrun.spec` is useful.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// API group of every resource this operator owns.
+pub const GROUP: &str = "sandbox.iterion.io";
+/// The finalizer that holds a SandboxRun until its read-back paths are drained (ADR-143 §3).
+pub const FINALIZER: &str = "sandbox.iterion.io/drain";
+/// Annotation that releases the finalizer at once, without draining (recorded with an Event).
+pub const SKIP_DRAIN_ANNOTATION: &str = "sandbox.iterion.io/skip-drain";
+/// Most read-back paths one run may declare (also enforced by the CRD schema).
+pub const MAX_READBACK_PATHS: usize = 16;
+
+/// A sandboxed workload whose declared read-back paths are drained into object storage at teardown.
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "sandbox.iterion.io",
+    version = "v1alpha1",
+    kind = "SandboxRun",
+    plural = "sandboxruns",
+    singular = "sandboxrun",
+    shortname = "sbr",
+    category = "sandbox",
+    namespaced,
+    status = "SandboxRunStatus",
+    printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
+    printcolumn = r#"{"name":"Drained","type":"string","jsonPath":".status.conditions[?(@.type==\"Drained\")].status"}"#,
+    printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".status.podName"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxRunSpec {
+    /// Container image of the workload. Required; pin it by digest (`repo@sha256:...`) for
+    /// reproducible runs. Resolvability can be checked without pulling (`doctor --check-images`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub image: Option<String>,
+
+    /// Entrypoint of the workload. Without a command the workload idles and the run is a long-lived
+    /// sandbox driven by `kubectl exec` until `stop` is set, its deadline passes or it is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256))]
+    pub command: Option<Vec<String>>,
+
+    /// Arguments to the command (or to the image's entrypoint).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub args: Option<Vec<String>>,
+
+    /// Working directory of the workload container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub working_dir: Option<String>,
+
+    /// Environment of the workload (plain name/value pairs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub env: Vec<EnvVar>,
+
+    /// Numeric user the workload runs as: `"uid"` or `"uid:gid"`, uid not 0. The pod enforces
+    /// runAsNonRoot; the image's USER is not introspected, hence a number is required here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]{1,10}(:[0-9]{1,10})?$"))]
+    pub user: Option<String>,
+
+    /// Compute resources of the workload container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Wall-clock limit of the run in seconds. Enforced by the operator (it starts teardown and
+    /// drains), deliberately NOT copied onto the pod: the kubelet would kill the holder too and the
+    /// read-back paths would go undrained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub active_deadline_seconds: Option<i64>,
+
+    /// Host state sharing. Only `none` can be served on a pod; `auto` exists so that admission can
+    /// refuse it with a remediation hint (ADR-006). The controller never acts on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_state: Option<HostState>,
+
+    /// Local image build settings. Never served on a cluster: present only so admission can refuse
+    /// it with a hint to reference a pre-built image instead (ADR-006).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub build: Option<serde_json::Value>,
+
+    /// Volumes mounted into the workload.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub mounts: Vec<Mount>,
+
+    /// Egress policy of the workload, validated by admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkPolicy>,
+
+    /// Declared read-back paths: container paths whose content must survive the run (ADR-143 §1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub read_back: Option<ReadBack>,
+
+    /// Set to true to tear a run down: drain every read-back path, then release the pod.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stop: bool,
+
+    /// Names of Secrets (type dockerconfigjson) used to pull the image; also used by the
+    /// no-pull resolvability check.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub image_pull_secrets: Vec<String>,
+
+    /// Node selector passed through to the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+
+    /// Tolerations passed through to the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+
+    /// Priority class passed through to the pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+}
+
+fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "nullable": true,
+        "x-kubernetes-preserve-unknown-fields": true
+    })
+}
+
+/// One environment variable of the workload.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+pub struct EnvVar {
+    /// Variable name.
+    #[schemars(length(min = 1, max = 256))]
+    pub name: String,
+    /// Variable value.
+    #[serde(default)]
+    pub value: String,
+}
+
+/// Host state sharing mode.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum HostState {
+    /// No host state is shared (the only mode a pod can serve).
+    None,
+    /// Share host state when available: refused by admission on a cluster.
+    Auto,
+}
+
+/// A volume mounted into the workload container.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    /// Volume name (a DNS label; unique within the run).
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Kind of volume.
+    #[serde(rename = "type")]
+    pub kind: MountType,
+    /// What backs the volume: the ConfigMap, Secret or PersistentVolumeClaim name. Required for
+    /// those types; unused for emptyDir.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Absolute container path the volume is mounted at.
+    #[schemars(length(min = 1, max = 4096))]
+    pub target: String,
+    /// Mount read-only.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+/// Kinds of volume a mount can name.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum MountType {
+    /// A scratch directory for the life of the pod.
+    EmptyDir,
+    /// A ConfigMap's keys as files.
+    ConfigMap,
+    /// A Secret's keys as files.
+    Secret,
+    /// A PersistentVolumeClaim.
+    PersistentVolumeClaim,
+    /// A host directory: refused by admission (a pod has no host filesystem to offer).
+    Bind,
+}
+
+/// Egress policy: how host rules are matched.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicy {
+    /// `allowlist` (deny unless a rule allows), `denylist` (allow unless a rule denies) or `open`.
+    pub mode: NetworkMode,
+    /// Host rules, last match wins: a literal host, `*.example.com` (one label), `**.example.com`
+    /// (one or more labels), `**` (any host), an IPv4/IPv6 literal or CIDR; `!` before a pattern
+    /// negates it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 512))]
+    pub rules: Vec<String>,
+}
+
+/// Egress modes.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum NetworkMode {
+    /// Deny unless a rule allows.
+    Allowlist,
+    /// Allow unless a rule denies.
+    Denylist,
+    /// No egress filtering.
+    Open,
+}
+
+/// Declared read-back paths and how they are drained.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadBack {
+    /// Container paths whose content is drained at teardown. Each is served by an emptyDir the
+    /// operator owns, mounted at that path.
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.all(p, self.exists_one(q, q.path == p.path))").message("readBack paths must be unique"))]
+    pub paths: Vec<ReadBackPath>,
+    /// Compression of the stored archives.
+    #[serde(default)]
+    pub compression: Compression,
+    /// How long teardown may spend draining (e.g. `5m`, `90s`) before the failure is recorded and
+    /// the finalizer released. Default: the operator's `--drain-timeout`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
+    pub drain_timeout: Option<String>,
+}
+
+/// One declared read-back path.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadBackPath {
+    /// Absolute, normalized container path (no `..`, `.`, `//` or trailing `/`).
+    #[schemars(length(min = 2, max = 1024), regex(pattern = r"^/[^\x00]*[^/]$"))]
+    pub path: String,
+    /// Cap of the drained content of this path (e.g. `512Mi`). Metered by the drain on the
+    /// operator side, never on the pod (ADR-143: a kubelet sizeLimit evicts the whole run).
+    /// Default: the operator's default cap; never above the operator maximum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_limit: Option<Quantity>,
+    /// A failed drain of a required path fails the run.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub required: bool,
+}
+
+/// Compression of stored archives.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum Compression {
+    /// Plain tar.
+    #[default]
+    None,
+    /// gzip (`.tar.gz`).
+    Gzip,
+    /// zstd (`.tar.zst`).
+    Zstd,
+}
+
+impl Compression {
+    /// File extension of an archive with this compression.
+    pub fn extension(self) -> &'static str {
+        match self {
+            Compression::None => "tar",
+            Compression::Gzip => "tar.gz",
+            Compression::Zstd => "tar.zst",
+        }
+    }
+}
+
+/// Observed state of a SandboxRun.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxRunStatus {
+    /// Lifecycle phase: Pending → Running → Draining → Succeeded | Failed | Stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Name of the run's pod.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    /// When the pod started running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the run reached a final phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Exit code of the workload container (batch runs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Human-readable summary of the current phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Standard conditions: Ready, WorkloadFinished, Drained, Complete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+    /// One entry per declared read-back path, filled by the drain.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_back: Vec<ReadBackStatus>,
+}
+
+/// Lifecycle phase of a run.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum Phase {
+    /// Accepted; the pod is being created or scheduled.
+    Pending,
+    /// The pod runs.
+    Running,
+    /// Teardown: read-back paths are being drained.
+    Draining,
+    /// The workload exited 0 and every required path drained.
+    Succeeded,
+    /// The workload failed, or a required path could not be drained.
+    Failed,
+    /// Torn down by `stop`, the deadline or deletion.
+    Stopped,
+}
+
+impl Phase {
+    /// Whether the run is over.
+    pub fn is_final(self) -> bool {
+        matches!(self, Phase::Succeeded | Phase::Failed | Phase::Stopped)
+    }
+}
+
+/// Outcome of draining one read-back path.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ReadBackStatus {
+    /// The declared container path.
+    pub path: String,
+    /// Drained | Empty | Capped | Failed (Pending before teardown).
+    pub phase: ReadBackPhase,
+    /// Bytes of member content stored.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Members stored (files, directories, links).
+    #[serde(default)]
+    pub members: u64,
+    /// Members dropped because they would cross the cap.
+    #[serde(default)]
+    pub dropped_members: u64,
+    /// Members rejected by the sanitizer (unsafe paths, links, devices…).
+    #[serde(default)]
+    pub rejected_members: u64,
+    /// URL of the stored archive.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
+    /// URL of the manifest (the commit point: present means the archive is complete).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub manifest: Option<String>,
+    /// Drain attempts made.
+    #[serde(default)]
+    pub attempts: u32,
+    /// What happened, in words (always set when Failed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Outcome of a path's drain. A failure is never reported as an empty set (ADR-143 §4).
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ReadBackPhase {
+    /// Not drained yet.
+    #[default]
+    Pending,
+    /// Everything the workload wrote is stored.
+    Drained,
+    /// The drain succeeded and the workload wrote nothing.
+    Empty,
+    /// Stored, with members over the cap dropped and listed in the manifest.
+    Capped,
+    /// The drain failed; see message and the `sandbox_runfiles_drain_failed` Event.
+    Failed,
+}
+
+impl SandboxRunSpec {
+    /// The declared read-back paths, in declaration order.
+    pub fn read_back_paths(&self) -> &[ReadBackPath] {
+        self.read_back.as_ref().map(|r| r.paths.as_slice()).unwrap_or(&[])
+    }
+
+    /// Whether the run is a long-lived sandbox (no command: idles until stopped).
+    pub fn is_long_lived(&self) -> bool {
+        self.command.as_ref().is_none_or(|c| c.is_empty())
+    }
+}
+
+/// Parses `uid` or `uid:gid`. Returns None when the text is not of that form.
+pub fn parse_user(user: &str) -> Option<(i64, Option<i64>)> {
+    let (uid, gid) = match user.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (user, None),
+    };
+    let num = |s: &str| -> Option<i64> {
+        if s.is_empty() || s.len() > 10 || !s.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        s.parse::<i64>().ok().filter(|n| *n <= i64::from(u32::MAX))
+    };
+    let uid = num(uid)?;
+    let gid = match gid {
+        Some(g) => Some(num(g)?),
+        None => None,
+    };
+    Some((uid, gid))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn user_parses_uid_and_uid_gid_only() {
+        assert_eq!(parse_user("1000"), Some((1000, None)));
+        assert_eq!(parse_user("1000:2000"), Some((1000, Some(2000))));
+        assert_eq!(parse_user("root"), None);
+        assert_eq!(parse_user("1000:"), None);
+        assert_eq!(parse_user(":1"), None);
+        assert_eq!(parse_user("-1"), None);
+        assert_eq!(parse_user("99999999999"), None);
+    }
+
+    #[test]
+    fn crd_names_match_the_contract() {
+        let crd = SandboxRun::crd();
+        assert_eq!(crd.spec.group, "sandbox.iterion.io");
+        assert_eq!(crd.spec.names.kind, "SandboxRun");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["sbr".to_string()]));
+        assert_eq!(crd.spec.names.categories, Some(vec!["sandbox".to_string()]));
+        assert_eq!(crd.spec.scope, "Namespaced");
+        let v = &crd.spec.versions[0];
+        assert_eq!(v.name, "v1alpha1");
+        assert!(v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+        let cols: Vec<_> = v
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(cols, ["Phase", "Drained", "Pod", "Age"]);
+    }
+
+    #[test]
+    fn every_spec_field_has_a_description() {
+        let crd = serde_json::to_value(SandboxRun::crd()).unwrap_or_default();
+        let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+        let props = spec["properties"].as_object().cloned().unwrap_or_default();
+        assert!(props.len() >= 15, "spec has too few properties: {}", props.len());
+        for (name, schema) in props {
+            assert!(
+                schema.get("description").and_then(|d| d.as_str()).is_some_and(|d| !d.is_empty()),
+                "spec.{name} has no description"
+            );
+        }
+    }
+}
