@@ -1,1 +1,760 @@
-//! (being written)
+//! The in-pod packer: `sandboxrun-operator pack <path>` run in the holder container writes a tar of
+//! the declared read-back directory to stdout, for the operator's drain to read (ADR-143 §3).
+//!
+//! The archive is POSIX: ustar headers, with a PAX `x` header in front of an entry whose path or
+//! link target does not fit ustar (never GNU long-name entries). Paths are relative to the root
+//! (`a/b.txt`, directories `a/`), in a deterministic order (depth-first, siblings sorted by name).
+//! Symlinks are archived as symlinks, never followed. FIFOs, sockets and devices are skipped.
+//!
+//! The packer never stays silent about what it did not pack (DESIGN: "an unreadable file is
+//! recorded as such, never silently skipped"; ADR-143 §4): every skipped, unreadable or changing
+//! file is reported on `diag` (the exec's stderr) and in the returned [`PackReport`]. Only a missing
+//! or unreadable ROOT is an error: then there is nothing meaningful to send and the caller exits
+//! non-zero so the drain records a failure rather than an empty set.
+//!
+//! The archive is never corrupt, even when the workload is still writing: each header carries the
+//! size seen at stat time, and exactly that many content bytes follow (zero padding when the file
+//! shrank or a read failed, truncation when it grew).
+
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use walkdir::WalkDir;
+
+/// What the packer did not pack as-is.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PackReport {
+    /// Regular files packed (changed ones included).
+    pub files: u64,
+    /// Directories packed.
+    pub dirs: u64,
+    /// Symlinks packed.
+    pub symlinks: u64,
+    /// Content bytes written (header sizes of the packed files).
+    pub bytes: u64,
+    /// Special files not packed (fifo, socket, char_device, block_device).
+    pub skipped: Vec<Skipped>,
+    /// Files or directories that could not be read; not packed (or, for a directory, its content).
+    pub unreadable: Vec<Unreadable>,
+    /// Files packed whose content did not match their stat size while read.
+    pub changed: Vec<Changed>,
+}
+
+/// A special file that was skipped.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Skipped {
+    /// Path relative to the root.
+    pub path: PathBuf,
+    /// `fifo`, `socket`, `char_device`, `block_device` or `unknown`.
+    pub kind: &'static str,
+}
+
+/// An entry that could not be read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Unreadable {
+    /// Path relative to the root.
+    pub path: PathBuf,
+    /// The error, in words.
+    pub error: String,
+}
+
+/// A file whose content changed while it was packed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Changed {
+    /// Path relative to the root.
+    pub path: PathBuf,
+    /// Size written in the header (stat time).
+    pub header_size: u64,
+    /// What happened.
+    pub change: Change,
+}
+
+/// How a file's content departed from its header size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// The file ended after `read` bytes; the rest was padded with zeros.
+    Shrunk {
+        /// Bytes actually read.
+        read: u64,
+    },
+    /// The file had more bytes than the header says; the extra bytes were not packed.
+    Grew,
+    /// Reading failed after `read` bytes; the rest was padded with zeros.
+    ReadError {
+        /// Bytes read before the error.
+        read: u64,
+        /// The error, in words.
+        error: String,
+    },
+}
+
+/// Why the packer could not produce an archive at all.
+#[derive(Debug, thiserror::Error)]
+pub enum PackError {
+    /// The root does not exist or cannot be stat'ed.
+    #[error("read-back path {path} cannot be inspected (is the emptyDir mounted in the holder?): {source}")]
+    RootMissing {
+        /// The root given.
+        path: PathBuf,
+        /// The stat error.
+        source: io::Error,
+    },
+    /// The root is not a directory (a symlink is not followed).
+    #[error("read-back path {path} is not a directory")]
+    RootNotDirectory {
+        /// The root given.
+        path: PathBuf,
+    },
+    /// The root cannot be listed.
+    #[error("read-back path {path} cannot be listed (does the holder run as the workload's uid/fsGroup?): {source}")]
+    RootUnreadable {
+        /// The root given.
+        path: PathBuf,
+        /// The listing error.
+        source: io::Error,
+    },
+    /// Writing the archive failed (stdout closed?): the archive is incomplete.
+    #[error("writing the archive failed after {entries} entries: {source}")]
+    Write {
+        /// Entries fully written before the failure.
+        entries: u64,
+        /// The write error.
+        source: io::Error,
+    },
+}
+
+/// Packs the content of `root` as a tar on `out`, reporting anything not packed as-is on `diag`.
+pub fn pack(root: &Path, out: impl Write, diag: impl Write) -> Result<PackReport, PackError> {
+    pack_with_opener(root, out, diag, &|p: &Path| File::open(p))
+}
+
+/// [`pack`] with the file opener injected, so tests can make a file unreadable even as root.
+fn pack_with_opener(
+    root: &Path,
+    out: impl Write,
+    mut diag: impl Write,
+    open: &dyn Fn(&Path) -> io::Result<File>,
+) -> Result<PackReport, PackError> {
+    let meta = fs::symlink_metadata(root).map_err(|source| PackError::RootMissing {
+        path: root.to_path_buf(),
+        source,
+    })?;
+    if !meta.is_dir() {
+        return Err(PackError::RootNotDirectory {
+            path: root.to_path_buf(),
+        });
+    }
+    fs::read_dir(root).map_err(|source| PackError::RootUnreadable {
+        path: root.to_path_buf(),
+        source,
+    })?;
+
+    let mut report = PackReport::default();
+    let mut builder = tar::Builder::new(out);
+    let mut entries = 0u64;
+    let write_err = |entries: u64| move |source| PackError::Write { entries, source };
+
+    let walk = WalkDir::new(root)
+        .min_depth(1)
+        .follow_links(false)
+        .sort_by_file_name();
+    for item in walk {
+        let entry = match item {
+            Ok(e) => e,
+            Err(err) => {
+                let path = err.path().map(|p| relative(root, p)).unwrap_or_default();
+                let error = err.to_string();
+                let _ = writeln!(diag, "pack: unreadable {}: {error}", path.display());
+                report.unreadable.push(Unreadable { path, error });
+                continue;
+            }
+        };
+        let rel = relative(root, entry.path());
+        let ft = entry.file_type();
+        let outcome = if ft.is_dir() {
+            add_dir(&mut builder, entry.path(), &rel, &mut report)
+        } else if ft.is_symlink() {
+            add_symlink(&mut builder, entry.path(), &rel, &mut report)
+        } else if ft.is_file() {
+            add_file(&mut builder, entry.path(), &rel, &mut report, open)
+        } else {
+            let kind = special_kind(&ft);
+            let _ = writeln!(diag, "pack: skipped {kind} {}", rel.display());
+            report.skipped.push(Skipped { path: rel, kind });
+            continue;
+        };
+        match outcome {
+            Ok(Added::Yes) => entries += 1,
+            Ok(Added::Changed(c)) => {
+                entries += 1;
+                let _ = writeln!(
+                    diag,
+                    "pack: {} changed while read: {}",
+                    c.path.display(),
+                    describe(&c)
+                );
+                report.changed.push(c);
+            }
+            Ok(Added::Unreadable(error)) => {
+                let _ = writeln!(diag, "pack: unreadable {}: {error}", rel.display());
+                report.unreadable.push(Unreadable { path: rel, error });
+            }
+            Err(e) => return Err(write_err(entries)(e)),
+        }
+    }
+    let mut out = builder.into_inner().map_err(write_err(entries))?;
+    out.flush().map_err(write_err(entries))?;
+    Ok(report)
+}
+
+fn describe(c: &Changed) -> String {
+    match &c.change {
+        Change::Shrunk { read } => format!(
+            "header says {} bytes, only {read} could be read; padded with zeros",
+            c.header_size
+        ),
+        Change::Grew => format!(
+            "it grew past {} bytes; packed the first {}",
+            c.header_size, c.header_size
+        ),
+        Change::ReadError { read, error } => format!(
+            "read failed after {read} of {} bytes ({error}); padded with zeros",
+            c.header_size
+        ),
+    }
+}
+
+enum Added {
+    Yes,
+    Changed(Changed),
+    Unreadable(String),
+}
+
+fn relative(root: &Path, path: &Path) -> PathBuf {
+    path.strip_prefix(root).unwrap_or(path).to_path_buf()
+}
+
+fn special_kind(ft: &fs::FileType) -> &'static str {
+    if ft.is_fifo() {
+        "fifo"
+    } else if ft.is_socket() {
+        "socket"
+    } else if ft.is_char_device() {
+        "char_device"
+    } else if ft.is_block_device() {
+        "block_device"
+    } else {
+        "unknown"
+    }
+}
+
+fn add_dir<W: Write>(
+    builder: &mut tar::Builder<W>,
+    full: &Path,
+    rel: &Path,
+    report: &mut PackReport,
+) -> io::Result<Added> {
+    let meta = match fs::symlink_metadata(full) {
+        Ok(m) => m,
+        Err(e) => return Ok(Added::Unreadable(e.to_string())),
+    };
+    let mut name = rel.as_os_str().as_bytes().to_vec();
+    name.push(b'/');
+    let mut header = base_header(&meta, tar::EntryType::Directory, 0);
+    append(builder, &mut header, &name, None, io::empty())?;
+    report.dirs += 1;
+    Ok(Added::Yes)
+}
+
+fn add_symlink<W: Write>(
+    builder: &mut tar::Builder<W>,
+    full: &Path,
+    rel: &Path,
+    report: &mut PackReport,
+) -> io::Result<Added> {
+    let (meta, target) = match (fs::symlink_metadata(full), fs::read_link(full)) {
+        (Ok(m), Ok(t)) => (m, t),
+        (Err(e), _) | (_, Err(e)) => return Ok(Added::Unreadable(e.to_string())),
+    };
+    let mut header = base_header(&meta, tar::EntryType::Symlink, 0);
+    let target = target.as_os_str().as_bytes();
+    append(
+        builder,
+        &mut header,
+        rel.as_os_str().as_bytes(),
+        Some(target),
+        io::empty(),
+    )?;
+    report.symlinks += 1;
+    Ok(Added::Yes)
+}
+
+fn add_file<W: Write>(
+    builder: &mut tar::Builder<W>,
+    full: &Path,
+    rel: &Path,
+    report: &mut PackReport,
+    open: &dyn Fn(&Path) -> io::Result<File>,
+) -> io::Result<Added> {
+    let lstat = match fs::symlink_metadata(full) {
+        Ok(m) => m,
+        Err(e) => return Ok(Added::Unreadable(e.to_string())),
+    };
+    let file = match open(full) {
+        Ok(f) => f,
+        Err(e) => return Ok(Added::Unreadable(e.to_string())),
+    };
+    // The walk saw a regular file; if the name now opens something else (swapped for a symlink
+    // between the walk and the open), do not follow it.
+    let meta = match file.metadata() {
+        Ok(m) if m.dev() == lstat.dev() && m.ino() == lstat.ino() && m.is_file() => m,
+        Ok(_) => return Ok(Added::Unreadable("replaced while being packed".into())),
+        Err(e) => return Ok(Added::Unreadable(e.to_string())),
+    };
+    let size = meta.len();
+    let mut header = base_header(&meta, tar::EntryType::Regular, size);
+    let mut source = SizedSource::new(file, size);
+    append(
+        builder,
+        &mut header,
+        rel.as_os_str().as_bytes(),
+        None,
+        &mut source,
+    )?;
+    report.files += 1;
+    report.bytes += size;
+    Ok(match source.finish() {
+        Some(change) => Added::Changed(Changed {
+            path: rel.to_path_buf(),
+            header_size: size,
+            change,
+        }),
+        None => Added::Yes,
+    })
+}
+
+fn base_header(meta: &fs::Metadata, kind: tar::EntryType, size: u64) -> tar::Header {
+    let mut header = tar::Header::new_ustar();
+    header.set_entry_type(kind);
+    header.set_mode(meta.mode() & 0o7777);
+    header.set_uid(u64::from(meta.uid()));
+    header.set_gid(u64::from(meta.gid()));
+    header.set_mtime(u64::try_from(meta.mtime()).unwrap_or(0));
+    header.set_size(size);
+    header
+}
+
+/// Writes `header` (path and link set here, PAX `x` header first when they do not fit) and `data`.
+fn append<W: Write, R: Read>(
+    builder: &mut tar::Builder<W>,
+    header: &mut tar::Header,
+    path: &[u8],
+    link: Option<&[u8]>,
+    data: R,
+) -> io::Result<()> {
+    let size = header.size()?;
+    let pax = ustar::fill(header.as_mut_bytes(), path, link, size);
+    if !pax.is_empty() {
+        let mut x = tar::Header::new_ustar();
+        x.set_entry_type(tar::EntryType::XHeader);
+        x.set_mode(0o644);
+        x.set_size(pax.len() as u64);
+        ustar::fill(
+            x.as_mut_bytes(),
+            ustar::PAX_HEADER_NAME,
+            None,
+            pax.len() as u64,
+        );
+        x.set_cksum();
+        builder.append(&x, pax.as_slice())?;
+    }
+    header.set_cksum();
+    builder.append(header, data)
+}
+
+/// Reads exactly `size` bytes from a file that may change under it: zero padding when it ends
+/// early or a read fails, truncation when it grows. Records which happened.
+struct SizedSource<R> {
+    inner: R,
+    size: u64,
+    read: u64,
+    emitted: u64,
+    change: Option<Change>,
+}
+
+impl<R: Read> SizedSource<R> {
+    fn new(inner: R, size: u64) -> Self {
+        SizedSource {
+            inner,
+            size,
+            read: 0,
+            emitted: 0,
+            change: None,
+        }
+    }
+
+    /// After the copy: how the file departed from its size, if it did.
+    fn finish(mut self) -> Option<Change> {
+        if self.change.is_none() {
+            let mut probe = [0u8; 1];
+            if matches!(self.inner.read(&mut probe), Ok(n) if n > 0) {
+                self.change = Some(Change::Grew);
+            }
+        }
+        self.change
+    }
+}
+
+impl<R: Read> Read for SizedSource<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let left = self.size - self.emitted;
+        if left == 0 || buf.is_empty() {
+            return Ok(0);
+        }
+        let want = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
+        let buf = &mut buf[..want];
+        let n = if self.change.is_some() {
+            0
+        } else {
+            loop {
+                match self.inner.read(buf) {
+                    Ok(n) => break n,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => {
+                        self.change = Some(Change::ReadError {
+                            read: self.read,
+                            error: e.to_string(),
+                        });
+                        break 0;
+                    }
+                }
+            }
+        };
+        if n == 0 {
+            if self.change.is_none() {
+                self.change = Some(Change::Shrunk { read: self.read });
+            }
+            buf.fill(0);
+            self.emitted += want as u64;
+            return Ok(want);
+        }
+        self.read += n as u64;
+        self.emitted += n as u64;
+        Ok(n)
+    }
+}
+
+/// Our tar dialect, shared with the drain's re-emitter: ustar fields written as raw bytes (so a
+/// directory keeps its trailing `/` and non-UTF-8 names survive), PAX records for what does not fit.
+pub(crate) mod ustar {
+    /// Name of the PAX `x` header entries we write (what a PAX-unaware reader would extract).
+    pub(crate) const PAX_HEADER_NAME: &[u8] = b"PaxHeader";
+    /// Name field placeholder when the real path is in a PAX record. Safe on purpose: a reader that
+    /// ignores PAX must not get a truncated path that could mean something else (`a/..`).
+    pub(crate) const LONG_NAME_PLACEHOLDER: &[u8] = b"pax-long-name";
+    /// Largest size the 11-digit octal ustar field holds.
+    pub(crate) const USTAR_MAX_SIZE: u64 = 0o777_7777_7777;
+
+    const NAME: std::ops::Range<usize> = 0..100;
+    const LINK: std::ops::Range<usize> = 157..257;
+    const PREFIX: std::ops::Range<usize> = 345..500;
+
+    /// Writes path and link target into a ustar header block; returns the PAX records needed for
+    /// what did not fit (path, linkpath, size), empty when none are.
+    pub(crate) fn fill(
+        block: &mut [u8; 512],
+        path: &[u8],
+        link: Option<&[u8]>,
+        size: u64,
+    ) -> Vec<u8> {
+        let mut pax = Vec::new();
+        block[NAME].fill(0);
+        block[PREFIX].fill(0);
+        match split(path) {
+            Some((prefix, name)) => {
+                block[PREFIX][..prefix.len()].copy_from_slice(prefix);
+                block[NAME][..name.len()].copy_from_slice(name);
+            }
+            None => {
+                block[NAME][..LONG_NAME_PLACEHOLDER.len()].copy_from_slice(LONG_NAME_PLACEHOLDER);
+                pax.extend(record(b"path", path));
+            }
+        }
+        block[LINK].fill(0);
+        if let Some(link) = link {
+            if link.len() <= LINK.len() {
+                block[LINK][..link.len()].copy_from_slice(link);
+            } else {
+                block[LINK][..LONG_NAME_PLACEHOLDER.len()].copy_from_slice(LONG_NAME_PLACEHOLDER);
+                pax.extend(record(b"linkpath", link));
+            }
+        }
+        if size > USTAR_MAX_SIZE {
+            pax.extend(record(b"size", size.to_string().as_bytes()));
+        }
+        pax
+    }
+
+    /// Splits a path into ustar (prefix, name) fields, if it fits.
+    fn split(path: &[u8]) -> Option<(&[u8], &[u8])> {
+        if path.contains(&0) {
+            return None;
+        }
+        if path.len() <= NAME.len() {
+            return Some((&[], path));
+        }
+        // Split at a '/' (not the trailing one of a directory) leaving both halves in bounds.
+        let body = path.strip_suffix(b"/").unwrap_or(path);
+        body.iter()
+            .enumerate()
+            .filter(|(_, b)| **b == b'/')
+            .map(|(i, _)| i)
+            .find(|&i| i > 0 && i <= PREFIX.len() && path.len() - i - 1 <= NAME.len())
+            .map(|i| (&path[..i], &path[i + 1..]))
+    }
+
+    /// One PAX record: `"<len> <key>=<value>\n"`, where len counts the whole record.
+    pub(crate) fn record(key: &[u8], value: &[u8]) -> Vec<u8> {
+        let base = key.len() + value.len() + 3;
+        let mut len = base + 1;
+        while len != base + len.to_string().len() {
+            len = base + len.to_string().len();
+        }
+        let mut out = Vec::with_capacity(len);
+        out.extend_from_slice(len.to_string().as_bytes());
+        out.push(b' ');
+        out.extend_from_slice(key);
+        out.push(b'=');
+        out.extend_from_slice(value);
+        out.push(b'\n');
+        out
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn pax_record_length_counts_itself() {
+            assert_eq!(record(b"path", b"abc"), b"12 path=abc\n".to_vec());
+            let long = vec![b'x'; 95];
+            let r = record(b"path", &long);
+            let declared: usize =
+                String::from_utf8_lossy(&r[..r.iter().position(|b| *b == b' ').unwrap_or(0)])
+                    .parse()
+                    .unwrap_or(0);
+            assert_eq!(declared, r.len());
+        }
+
+        #[test]
+        fn long_paths_split_into_prefix_and_name_or_go_to_pax() {
+            let mut block = [0u8; 512];
+            let path = format!("{}/{}", "d".repeat(120), "f".repeat(90));
+            assert!(fill(&mut block, path.as_bytes(), None, 1).is_empty());
+            assert_eq!(&block[PREFIX][..120], "d".repeat(120).as_bytes());
+            let too_long = "e".repeat(300);
+            let pax = fill(&mut block, too_long.as_bytes(), None, 1);
+            assert!(String::from_utf8_lossy(&pax).contains(&format!("path={too_long}")));
+            assert_eq!(
+                &block[NAME][..LONG_NAME_PLACEHOLDER.len()],
+                LONG_NAME_PLACEHOLDER
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    fn entries(archive: &[u8]) -> Vec<(String, tar::EntryType, Vec<u8>, Option<String>)> {
+        let mut ar = tar::Archive::new(archive);
+        let mut out = Vec::new();
+        for e in ar.entries().expect("entries") {
+            let mut e = e.expect("entry");
+            let path = String::from_utf8_lossy(&e.path_bytes()).into_owned();
+            let kind = e.header().entry_type();
+            let link = e
+                .link_name_bytes()
+                .map(|l| String::from_utf8_lossy(&l).into_owned());
+            let mut data = Vec::new();
+            e.read_to_end(&mut data).expect("content");
+            out.push((path, kind, data, link));
+        }
+        out
+    }
+
+    #[test]
+    fn pack_writes_relative_paths_depth_first_in_name_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        fs::create_dir_all(root.join("a/c")).expect("mkdir");
+        fs::write(root.join("a/b.txt"), b"hello").expect("write");
+        fs::write(root.join("z.txt"), b"zz").expect("write");
+        symlink("a/b.txt", root.join("l")).expect("symlink");
+        let mut out = Vec::new();
+        let mut diag = Vec::new();
+        let report = pack(root, &mut out, &mut diag).expect("pack");
+        let got = entries(&out);
+        let names: Vec<_> = got.iter().map(|e| e.0.as_str()).collect();
+        assert_eq!(names, ["a/", "a/b.txt", "a/c/", "l", "z.txt"]);
+        assert_eq!(got[0].1, tar::EntryType::Directory);
+        assert_eq!(got[1].2, b"hello");
+        assert_eq!(
+            got[3].1,
+            tar::EntryType::Symlink,
+            "symlinks are not followed"
+        );
+        assert_eq!(got[3].3.as_deref(), Some("a/b.txt"));
+        assert_eq!(
+            (report.files, report.dirs, report.symlinks, report.bytes),
+            (2, 2, 1, 7)
+        );
+        assert!(
+            diag.is_empty(),
+            "nothing to report: {}",
+            String::from_utf8_lossy(&diag)
+        );
+    }
+
+    #[test]
+    fn long_names_use_pax_records_not_gnu_long_names() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let deep = format!("{}/{}", "d".repeat(200), "n".repeat(200));
+        fs::create_dir_all(dir.path().join("d".repeat(200))).expect("mkdir");
+        fs::write(dir.path().join(&deep), b"x").expect("write");
+        let target = "t".repeat(150);
+        symlink(&target, dir.path().join("longlink")).expect("symlink");
+        let mut out = Vec::new();
+        pack(dir.path(), &mut out, io::sink()).expect("pack");
+        let got = entries(&out);
+        assert!(
+            got.iter().any(|e| e.0 == deep && e.2 == b"x"),
+            "{:?}",
+            got.iter().map(|e| &e.0).collect::<Vec<_>>()
+        );
+        assert!(got
+            .iter()
+            .any(|e| e.0 == "longlink" && e.3.as_deref() == Some(target.as_str())));
+        for kind in raw_type_flags(&out) {
+            assert!(
+                kind != b'L' && kind != b'K',
+                "GNU long-name extension {}",
+                kind as char
+            );
+        }
+        assert!(
+            raw_type_flags(&out).contains(&b'x'),
+            "long names are carried by PAX records"
+        );
+    }
+
+    /// Type flags of every header block, walking the archive by the ustar size fields.
+    fn raw_type_flags(archive: &[u8]) -> Vec<u8> {
+        let mut flags = Vec::new();
+        let mut pos = 0;
+        while pos + 512 <= archive.len() && archive[pos..pos + 512].iter().any(|b| *b != 0) {
+            let block = &archive[pos..pos + 512];
+            let size_text = String::from_utf8_lossy(&block[124..136]);
+            let size =
+                u64::from_str_radix(size_text.trim_matches(|c: char| c == '\0' || c == ' '), 8)
+                    .expect("octal size");
+            flags.push(block[156]);
+            pos += 512 + (size as usize).div_ceil(512) * 512;
+        }
+        flags
+    }
+
+    #[test]
+    fn special_files_are_skipped_and_reported() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sock = dir.path().join("s.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&sock).expect("bind");
+        fs::write(dir.path().join("f"), b"1").expect("write");
+        let mut out = Vec::new();
+        let mut diag = Vec::new();
+        let report = pack(dir.path(), &mut out, &mut diag).expect("pack");
+        assert_eq!(
+            report.skipped,
+            vec![Skipped {
+                path: "s.sock".into(),
+                kind: "socket"
+            }]
+        );
+        assert!(String::from_utf8_lossy(&diag).contains("skipped socket s.sock"));
+        let names: Vec<_> = entries(&out).into_iter().map(|e| e.0).collect();
+        assert_eq!(names, ["f"]);
+    }
+
+    #[test]
+    fn unreadable_file_is_reported_and_the_rest_is_packed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join("a"), b"1").expect("write");
+        fs::write(dir.path().join("secret"), b"2").expect("write");
+        fs::write(dir.path().join("z"), b"3").expect("write");
+        let deny = |p: &Path| {
+            if p.ends_with("secret") {
+                Err(io::Error::from(io::ErrorKind::PermissionDenied))
+            } else {
+                File::open(p)
+            }
+        };
+        let mut out = Vec::new();
+        let mut diag = Vec::new();
+        let report = pack_with_opener(dir.path(), &mut out, &mut diag, &deny).expect("pack");
+        assert_eq!(report.unreadable.len(), 1);
+        assert_eq!(report.unreadable[0].path, PathBuf::from("secret"));
+        assert!(String::from_utf8_lossy(&diag).contains("unreadable secret"));
+        let names: Vec<_> = entries(&out).into_iter().map(|e| e.0).collect();
+        assert_eq!(names, ["a", "z"]);
+    }
+
+    #[test]
+    fn a_file_that_shrinks_is_padded_and_one_that_grows_is_cut_at_the_header_size() {
+        let mut shrunk = SizedSource::new(&b"abcd"[..], 10);
+        let mut buf = Vec::new();
+        shrunk.read_to_end(&mut buf).expect("read");
+        assert_eq!(buf, b"abcd\0\0\0\0\0\0");
+        assert_eq!(shrunk.finish(), Some(Change::Shrunk { read: 4 }));
+
+        let mut grown = SizedSource::new(&b"abcdefghijklmno"[..], 10);
+        let mut buf = Vec::new();
+        grown.read_to_end(&mut buf).expect("read");
+        assert_eq!(buf, b"abcdefghij");
+        assert_eq!(grown.finish(), Some(Change::Grew));
+
+        let mut same = SizedSource::new(&b"abc"[..], 3);
+        let mut buf = Vec::new();
+        same.read_to_end(&mut buf).expect("read");
+        assert_eq!(same.finish(), None);
+    }
+
+    #[test]
+    fn missing_root_or_a_file_as_root_is_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = pack(&dir.path().join("nope"), io::sink(), io::sink());
+        assert!(
+            matches!(missing, Err(PackError::RootMissing { .. })),
+            "{missing:?}"
+        );
+        fs::write(dir.path().join("f"), b"").expect("write");
+        let file = pack(&dir.path().join("f"), io::sink(), io::sink());
+        assert!(
+            matches!(file, Err(PackError::RootNotDirectory { .. })),
+            "{file:?}"
+        );
+    }
+
+    #[test]
+    fn an_empty_root_packs_a_valid_empty_archive() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut out = Vec::new();
+        let report = pack(dir.path(), &mut out, io::sink()).expect("pack");
+        assert_eq!(report, PackReport::default());
+        assert_eq!(out, vec![0u8; 1024], "just the end-of-archive marker");
+    }
+}

@@ -1,0 +1,1356 @@
+//! The streaming drain pipeline: parse the holder's UNTRUSTED tar stream, sanitize every entry,
+//! meter files against the cap, and re-emit the accepted members as a fresh archive (optionally
+//! compressed) while hashing their content — in constant memory: content is streamed member by
+//! member through fixed buffers, never held whole.
+//!
+//! The parser is `astral-tokio-tar` (lib `tokio_tar`), the fork fixed for CVE-2025-62518: a PAX
+//! `size` record overrides the ustar size, so a member's content cannot be re-read as smuggled
+//! headers. The re-emitted archive is written by us, with sizes we counted, so whatever a reader
+//! makes of the input, the stored archive has one unambiguous reading.
+//!
+//! A drain that fails is an error with what was read before it, never an empty or silently
+//! truncated set (ADR-143 §4): a truncated stream, garbage, trailing junk, a stream past its input
+//! bound and an entry flood are all errors.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use async_compression::tokio::write::{GzipEncoder, ZstdEncoder};
+use futures::StreamExt;
+use object_store::ObjectStore;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+
+use crate::api::{Compression, ReadBackPhase};
+use crate::drain::cap::{Admit, CapMeter};
+use crate::drain::sanitize::{
+    Decision, EntryInfo, EntryKind, Limits, MemberKind, Reason, Sanitizer,
+};
+use crate::pack::ustar;
+use crate::store::{self, Manifest, ManifestContext, ObjectKeys, StoreError};
+
+/// Default bound on the bytes the parser may read between two members (headers, PAX records, GNU
+/// long names, sparse maps, padding). The parser buffers extension records whole, so this is also
+/// what bounds its memory.
+pub const DEFAULT_MAX_HEADER_BYTES: u64 = 1024 * 1024;
+/// Input allowed on top of 4 × the cap by [`DrainOptions::new`].
+pub const INPUT_HEADROOM_BYTES: u64 = 256 * 1024 * 1024;
+
+/// How one path is drained.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainOptions {
+    /// Cap of the stored member content (ADR-143 "Unbounded size").
+    pub cap_bytes: u64,
+    /// Compression of the stored archive.
+    pub compression: Compression,
+    /// Sanitizer limits (entries, path and component lengths).
+    pub limits: Limits,
+    /// Most bytes read from the stream before the drain fails (the endless-stream guard; the
+    /// caller's timeout bounds the time). Dropped members still flow through the stream, so this
+    /// must sit well above the cap or a capped drain would turn into a failed one.
+    pub max_input_bytes: u64,
+    /// See [`DEFAULT_MAX_HEADER_BYTES`].
+    pub max_header_bytes: u64,
+}
+
+impl DrainOptions {
+    /// Defaults for a path with this cap: input bounded at 4 × cap + [`INPUT_HEADROOM_BYTES`].
+    pub fn new(cap_bytes: u64, compression: Compression) -> Self {
+        DrainOptions {
+            cap_bytes,
+            compression,
+            limits: Limits::default(),
+            max_input_bytes: cap_bytes
+                .saturating_mul(4)
+                .saturating_add(INPUT_HEADROOM_BYTES),
+            max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+        }
+    }
+}
+
+/// One stored member, as listed in the manifest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberRecord {
+    /// Normalized relative path (directories without trailing `/`).
+    pub path: String,
+    /// file | dir | symlink.
+    pub kind: MemberKind,
+    /// Content bytes (0 for directories and symlinks).
+    pub size: u64,
+    /// Hex SHA-256 of the content (files only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Permission bits as stored (setuid/setgid/sticky are stripped).
+    pub mode: u32,
+    /// Symlink target (symlinks only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_target: Option<String>,
+}
+
+/// A file dropped because it would cross the cap.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DroppedRecord {
+    /// Normalized relative path.
+    pub path: String,
+    /// Its content bytes.
+    pub size: u64,
+    /// Always `over_cap` today.
+    pub reason: String,
+}
+
+/// An entry the sanitizer refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RejectedRecord {
+    /// The raw path, rendered lossily (it may be the very thing that was unsafe).
+    pub path: String,
+    /// The tar type flag, as a character.
+    pub entry_type: String,
+    /// Announced content bytes.
+    pub size: u64,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// What a successful drain stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainOutcome {
+    /// Stored members, in stream order.
+    pub members: Vec<MemberRecord>,
+    /// Files dropped by the cap.
+    pub dropped: Vec<DroppedRecord>,
+    /// Entries rejected by the sanitizer.
+    pub rejected: Vec<RejectedRecord>,
+    /// Content bytes stored (what the cap meters).
+    pub bytes: u64,
+    /// Bytes read from the stream.
+    pub input_bytes: u64,
+    /// Bytes of the stored archive (after compression).
+    pub archive_bytes: u64,
+}
+
+impl DrainOutcome {
+    /// The path's phase: Capped when anything was dropped, Empty when the stream held nothing at
+    /// all, Drained otherwise (rejected entries are listed, and counted in the status).
+    pub fn phase(&self) -> ReadBackPhase {
+        if !self.dropped.is_empty() {
+            ReadBackPhase::Capped
+        } else if self.members.is_empty() && self.rejected.is_empty() {
+            ReadBackPhase::Empty
+        } else {
+            ReadBackPhase::Drained
+        }
+    }
+}
+
+/// How far a drain got before it failed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Bytes read from the stream.
+    pub input_bytes: u64,
+    /// Entries parsed.
+    pub entries: u64,
+    /// Members re-emitted.
+    pub members: u64,
+    /// Content bytes re-emitted.
+    pub bytes: u64,
+}
+
+impl std::fmt::Display for Progress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "after {} input bytes, {} entries parsed, {} members ({} content bytes) re-emitted",
+            self.input_bytes, self.entries, self.members, self.bytes
+        )
+    }
+}
+
+/// A failed drain: what failed, and how far it got.
+#[derive(Debug, thiserror::Error)]
+#[error("drain failed: {kind} ({progress})")]
+pub struct DrainError {
+    /// What failed.
+    pub kind: DrainErrorKind,
+    /// How far it got.
+    pub progress: Progress,
+}
+
+impl DrainError {
+    /// A short stable label for metrics and Event reasons.
+    pub fn metric_label(&self) -> &'static str {
+        self.kind.metric_label()
+    }
+}
+
+/// What failed in a drain.
+#[derive(Debug, thiserror::Error)]
+pub enum DrainErrorKind {
+    /// The stream ended mid-archive (no end-of-archive marker, or a member cut short).
+    #[error("the tar stream is truncated: {0}")]
+    Truncated(String),
+    /// The stream is not a valid tar archive.
+    #[error("the tar stream is malformed: {0}")]
+    Malformed(String),
+    /// Non-zero bytes follow the end-of-archive marker.
+    #[error("non-zero bytes follow the end-of-archive marker")]
+    TrailingGarbage,
+    /// The stream is longer than the input bound.
+    #[error("the stream exceeds {limit} input bytes (the drain's bound on an endless stream)")]
+    InputLimit {
+        /// The bound.
+        limit: u64,
+    },
+    /// Too many header bytes between two members (huge PAX records or long names).
+    #[error("more than {limit} header bytes between two members")]
+    HeaderLimit {
+        /// The bound.
+        limit: u64,
+    },
+    /// Too many entries.
+    #[error("more than {limit} entries")]
+    TooManyEntries {
+        /// The bound.
+        limit: u64,
+    },
+    /// Reading the stream failed (the exec transport).
+    #[error("reading the stream failed: {0}")]
+    Read(io::Error),
+    /// Writing the re-emitted archive failed.
+    #[error("writing the archive failed: {0}")]
+    Write(io::Error),
+    /// The object store refused the archive or the manifest.
+    #[error("object store: {0}")]
+    Store(#[from] StoreError),
+    /// A manifest for this path was committed concurrently and lists different content.
+    #[error("manifest {key} was committed concurrently with different content; the archive may not match it")]
+    ManifestConflict {
+        /// The manifest key.
+        key: String,
+    },
+}
+
+impl DrainErrorKind {
+    /// A short stable label for metrics and Event reasons.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            DrainErrorKind::Truncated(_) => "truncated",
+            DrainErrorKind::Malformed(_) => "malformed",
+            DrainErrorKind::TrailingGarbage => "trailing_garbage",
+            DrainErrorKind::InputLimit { .. } => "input_limit",
+            DrainErrorKind::HeaderLimit { .. } => "header_limit",
+            DrainErrorKind::TooManyEntries { .. } => "too_many_entries",
+            DrainErrorKind::Read(_) => "read",
+            DrainErrorKind::Write(_) => "write",
+            DrainErrorKind::Store(_) => "store",
+            DrainErrorKind::ManifestConflict { .. } => "manifest_conflict",
+        }
+    }
+}
+
+/// Drains one tar stream into `output`: see the module doc. On success the output has been shut
+/// down (the compressor finished; for an object-store writer, the upload completed). On error the
+/// output is left as is: the caller aborts it (see [`drain_into_store`]).
+pub async fn drain_stream<R, W>(
+    input: R,
+    output: W,
+    opts: &DrainOptions,
+) -> Result<DrainOutcome, DrainError>
+where
+    R: AsyncRead + Unpin + Send,
+    W: AsyncWrite + Unpin + Send,
+{
+    let state = Arc::new(MeterState::default());
+    let reader = MeteredReader {
+        inner: input,
+        state: Arc::clone(&state),
+        max_input: opts.max_input_bytes,
+    };
+    let archive_bytes = Arc::new(AtomicU64::new(0));
+    let counted = CountingWriter {
+        inner: output,
+        count: Arc::clone(&archive_bytes),
+    };
+    let mut run = Run {
+        opts,
+        state,
+        builder: tokio_tar::Builder::new_non_terminated(Encoder::new(counted, opts.compression)),
+        sanitizer: Sanitizer::new(opts.limits),
+        meter: CapMeter::new(opts.cap_bytes),
+        outcome: DrainOutcome::default(),
+    };
+    let mut archive = tokio_tar::ArchiveBuilder::new(reader)
+        .set_ignore_zeros(false)
+        .build();
+    run.entries(&mut archive).await?;
+    run.trailer(&mut archive).await?;
+    let progress = run.progress();
+    let write_failed = move |e| DrainError {
+        kind: DrainErrorKind::Write(e),
+        progress,
+    };
+    let mut encoder = run.builder.into_inner().await.map_err(write_failed)?;
+    encoder.shutdown().await.map_err(write_failed)?;
+    run.outcome.input_bytes = run.state.total.load(Ordering::Relaxed);
+    run.outcome.archive_bytes = archive_bytes.load(Ordering::Relaxed);
+    tracing::debug!(
+        members = run.outcome.members.len(),
+        dropped = run.outcome.dropped.len(),
+        rejected = run.outcome.rejected.len(),
+        bytes = run.outcome.bytes,
+        input_bytes = run.outcome.input_bytes,
+        "drained tar stream"
+    );
+    Ok(run.outcome)
+}
+
+/// Drains `input` into `keys.archive` with a constant-memory multipart upload, then commits it by
+/// writing the manifest create-only (ADR-143 §3, DESIGN "Object layout").
+///
+/// - a manifest already at `keys.manifest` means an earlier attempt committed: it is returned as
+///   is, without draining again (the archive it describes must not be overwritten);
+/// - any failure aborts the multipart upload, so no orphaned parts stay behind;
+/// - a manifest committed concurrently (create-only refused) is accepted only when it lists the
+///   same content; otherwise the drain fails with [`DrainErrorKind::ManifestConflict`].
+pub async fn drain_into_store<R>(
+    input: R,
+    store: &Arc<dyn ObjectStore>,
+    keys: &ObjectKeys,
+    opts: &DrainOptions,
+    manifest_ctx: ManifestContext,
+) -> Result<(DrainOutcome, Manifest), DrainError>
+where
+    R: AsyncRead + Unpin + Send,
+{
+    let store_err = |e: StoreError| DrainError {
+        kind: DrainErrorKind::Store(e),
+        progress: Progress::default(),
+    };
+    if let Some(existing) = store::try_read_manifest(store, &keys.manifest)
+        .await
+        .map_err(store_err)?
+    {
+        tracing::info!(manifest = %keys.manifest, "read-back path already committed; not draining again");
+        return Ok((existing.outcome(), existing));
+    }
+    let started = jiff::Timestamp::now();
+    let mut writer = store::archive_writer(Arc::clone(store), keys.archive.clone(), opts);
+    let outcome = match drain_stream(input, &mut writer, opts).await {
+        Ok(outcome) => outcome,
+        Err(err) => {
+            if let Err(abort) = writer.abort().await {
+                tracing::warn!(archive = %keys.archive, error = %abort, "aborting the multipart upload failed");
+            }
+            return Err(err);
+        }
+    };
+    let progress = Progress {
+        input_bytes: outcome.input_bytes,
+        entries: (outcome.members.len() + outcome.dropped.len() + outcome.rejected.len()) as u64,
+        members: outcome.members.len() as u64,
+        bytes: outcome.bytes,
+    };
+    let manifest = Manifest::new(
+        &manifest_ctx,
+        keys,
+        opts,
+        &outcome,
+        started,
+        jiff::Timestamp::now(),
+    );
+    match store::write_manifest(store, &keys.manifest, &manifest).await {
+        Ok(store::ManifestWrite::Created) => Ok((outcome, manifest)),
+        Ok(store::ManifestWrite::AlreadyCommitted(existing)) => {
+            if existing.same_content(&manifest) {
+                Ok((outcome, *existing))
+            } else {
+                Err(DrainError {
+                    kind: DrainErrorKind::ManifestConflict {
+                        key: keys.manifest.to_string(),
+                    },
+                    progress,
+                })
+            }
+        }
+        Err(e) => Err(DrainError {
+            kind: DrainErrorKind::Store(e),
+            progress,
+        }),
+    }
+}
+
+/// One drain in progress.
+struct Run<'o, W: AsyncWrite + Unpin + Send> {
+    opts: &'o DrainOptions,
+    state: Arc<MeterState>,
+    builder: tokio_tar::Builder<Encoder<CountingWriter<W>>>,
+    sanitizer: Sanitizer,
+    meter: CapMeter,
+    outcome: DrainOutcome,
+}
+
+impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
+    fn progress(&self) -> Progress {
+        Progress {
+            input_bytes: self.state.total.load(Ordering::Relaxed),
+            entries: self.sanitizer.entries_seen(),
+            members: self.outcome.members.len() as u64,
+            bytes: self.outcome.bytes,
+        }
+    }
+
+    fn fail(&self, kind: DrainErrorKind) -> DrainError {
+        DrainError {
+            kind,
+            progress: self.progress(),
+        }
+    }
+
+    /// Turns an I/O error seen while reading the stream into what actually went wrong.
+    fn read_failure(&self, err: io::Error) -> DrainError {
+        let kind = match self.state.tripped.load(Ordering::Relaxed) {
+            TRIPPED_INPUT => DrainErrorKind::InputLimit {
+                limit: self.opts.max_input_bytes,
+            },
+            TRIPPED_HEADER => DrainErrorKind::HeaderLimit {
+                limit: self.opts.max_header_bytes,
+            },
+            _ if self.state.read_failed.load(Ordering::Relaxed) => DrainErrorKind::Read(err),
+            _ if self.state.eof.load(Ordering::Relaxed) => {
+                DrainErrorKind::Truncated(err.to_string())
+            }
+            _ => DrainErrorKind::Malformed(err.to_string()),
+        };
+        self.fail(kind)
+    }
+
+    async fn entries<R: AsyncRead + Unpin + Send>(
+        &mut self,
+        archive: &mut tokio_tar::Archive<MeteredReader<R>>,
+    ) -> Result<(), DrainError> {
+        let mut entries = archive.entries().map_err(|e| self.read_failure(e))?;
+        // Bytes of the previous entry's content left for the parser to skip.
+        let mut skip = 0u64;
+        loop {
+            self.state.open_window(
+                self.opts
+                    .max_header_bytes
+                    .saturating_add(skip)
+                    .saturating_add(512),
+            );
+            let next = entries.next().await;
+            self.state.close_window();
+            let mut entry = match next {
+                None => break,
+                Some(Ok(entry)) => entry,
+                Some(Err(e)) => return Err(self.read_failure(e)),
+            };
+            skip = self.entry(&mut entry).await?;
+        }
+        if self.state.eof.load(Ordering::Relaxed) {
+            return Err(self.fail(DrainErrorKind::Truncated(
+                "the stream ended without an end-of-archive marker".into(),
+            )));
+        }
+        Ok(())
+    }
+
+    /// Handles one entry; returns how many content bytes are left for the parser to skip.
+    async fn entry<R: AsyncRead + Unpin + Send>(
+        &mut self,
+        entry: &mut tokio_tar::Entry<tokio_tar::Archive<R>>,
+    ) -> Result<u64, DrainError> {
+        let header = entry.header();
+        let type_byte = header.entry_type().as_byte();
+        let mode = header.mode().unwrap_or(0o644) & 0o777;
+        let mtime = header.mtime().unwrap_or(0);
+        let size = entry.effective_size();
+        // What the parser skips if we do not read the content: for a GNU sparse entry the stored
+        // bytes (raw header size), not the expanded size.
+        let stored = size.max(header.raw_entry_size().unwrap_or(0));
+        let mut kind = EntryKind::from_type_byte(type_byte);
+        if kind == EntryKind::File && has_gnu_sparse_records(entry).await {
+            kind = EntryKind::Sparse;
+        }
+        let malformed = |e: io::Error| self.fail(DrainErrorKind::Malformed(e.to_string()));
+        let path = entry.path_bytes().map_err(malformed)?.into_owned();
+        let link = entry
+            .link_name_bytes()
+            .map_err(malformed)?
+            .map(|l| l.into_owned());
+        let info = EntryInfo {
+            path: &path,
+            kind,
+            link_target: link.as_deref(),
+            size,
+        };
+        let accepted = match self.sanitizer.check(&info) {
+            Decision::Ignore => return Ok(stored),
+            Decision::Reject(reason) if reason.is_fatal() => {
+                return Err(self.fail(DrainErrorKind::TooManyEntries {
+                    limit: self.opts.limits.max_entries,
+                }));
+            }
+            Decision::Reject(reason) => {
+                tracing::debug!(path = %String::from_utf8_lossy(&path), %reason, "rejected tar entry");
+                self.outcome.rejected.push(RejectedRecord {
+                    path: String::from_utf8_lossy(&path).into_owned(),
+                    entry_type: char::from(type_byte).escape_default().to_string(),
+                    size,
+                    reason,
+                });
+                return Ok(stored);
+            }
+            Decision::Accept(accepted) => accepted,
+        };
+        let mut record = MemberRecord {
+            path: accepted.path,
+            kind: accepted.kind,
+            size: 0,
+            sha256: None,
+            mode: if accepted.kind == MemberKind::Symlink {
+                0o777
+            } else {
+                mode
+            },
+            link_target: accepted.link_target,
+        };
+        match accepted.kind {
+            MemberKind::File => {
+                if self.meter.admit(size) == Admit::Drop {
+                    self.outcome.dropped.push(DroppedRecord {
+                        path: record.path,
+                        size,
+                        reason: "over_cap".into(),
+                    });
+                    return Ok(stored);
+                }
+                let header = self
+                    .header(tokio_tar::EntryType::Regular, &record, size, mtime)
+                    .await?;
+                let mut source = HashingReader::new(&mut *entry, size);
+                if let Err(e) = self.builder.append(&header, &mut source).await {
+                    let state = &self.state;
+                    let input_side = state.tripped.load(Ordering::Relaxed) != TRIPPED_NONE
+                        || state.read_failed.load(Ordering::Relaxed);
+                    let cut_short = source.short || state.eof.load(Ordering::Relaxed);
+                    return Err(if !input_side && cut_short {
+                        self.fail(DrainErrorKind::Truncated(format!(
+                            "member {:?} ended after {} of {size} bytes",
+                            record.path, source.read
+                        )))
+                    } else if input_side || source.failed {
+                        self.read_failure(e)
+                    } else {
+                        self.fail(DrainErrorKind::Write(e))
+                    });
+                }
+                record.size = size;
+                record.sha256 = Some(hex::encode(source.hasher.finalize()));
+                self.outcome.bytes += size;
+                self.outcome.members.push(record);
+                Ok(0)
+            }
+            MemberKind::Dir | MemberKind::Symlink => {
+                let ty = if accepted.kind == MemberKind::Dir {
+                    tokio_tar::EntryType::Directory
+                } else {
+                    tokio_tar::EntryType::Symlink
+                };
+                let header = self.header(ty, &record, 0, mtime).await?;
+                self.builder
+                    .append(&header, tokio::io::empty())
+                    .await
+                    .map_err(|e| self.fail(DrainErrorKind::Write(e)))?;
+                self.outcome.members.push(record);
+                // A directory or link has no content; whatever a hostile header claims is skipped.
+                Ok(stored)
+            }
+        }
+    }
+
+    /// Builds the ustar header of a re-emitted member, writing a PAX `x` header first when its
+    /// path, link target or size does not fit ustar.
+    async fn header(
+        &mut self,
+        ty: tokio_tar::EntryType,
+        record: &MemberRecord,
+        size: u64,
+        mtime: u64,
+    ) -> Result<tokio_tar::Header, DrainError> {
+        let mut header = tokio_tar::Header::new_ustar();
+        header.set_entry_type(ty);
+        header.set_mode(record.mode);
+        header.set_uid(0);
+        header.set_gid(0);
+        header.set_mtime(mtime);
+        header.set_size(size);
+        let mut path = record.path.clone().into_bytes();
+        if ty == tokio_tar::EntryType::Directory {
+            path.push(b'/');
+        }
+        let link = record.link_target.as_deref().map(str::as_bytes);
+        let pax = ustar::fill(header.as_mut_bytes(), &path, link, size);
+        if !pax.is_empty() {
+            let mut x = tokio_tar::Header::new_ustar();
+            x.set_entry_type(tokio_tar::EntryType::XHeader);
+            x.set_mode(0o644);
+            x.set_size(pax.len() as u64);
+            ustar::fill(
+                x.as_mut_bytes(),
+                ustar::PAX_HEADER_NAME,
+                None,
+                pax.len() as u64,
+            );
+            x.set_cksum();
+            self.builder
+                .append(&x, pax.as_slice())
+                .await
+                .map_err(|e| self.fail(DrainErrorKind::Write(e)))?;
+        }
+        header.set_cksum();
+        Ok(header)
+    }
+
+    /// After the end-of-archive marker: the rest of the stream must be zero padding.
+    async fn trailer<R: AsyncRead + Unpin + Send>(
+        &mut self,
+        archive: &mut tokio_tar::Archive<MeteredReader<R>>,
+    ) -> Result<(), DrainError> {
+        let mut buf = [0u8; 8192];
+        loop {
+            let n = archive
+                .read(&mut buf)
+                .await
+                .map_err(|e| self.read_failure(e))?;
+            if n == 0 {
+                return Ok(());
+            }
+            if buf[..n].iter().any(|b| *b != 0) {
+                return Err(self.fail(DrainErrorKind::TrailingGarbage));
+            }
+        }
+    }
+}
+
+/// Whether a regular entry carries GNU sparse PAX records (its content is a sparse map, not data).
+async fn has_gnu_sparse_records<R: AsyncRead + Unpin>(entry: &mut tokio_tar::Entry<R>) -> bool {
+    // Only ever called for regular entries, whose PAX records the parser already holds: this
+    // reads nothing from the stream.
+    match entry.pax_extensions().await {
+        Ok(Some(records)) => records
+            .flatten()
+            .any(|r| r.key_bytes().starts_with(b"GNU.sparse.")),
+        _ => false,
+    }
+}
+
+const TRIPPED_NONE: u8 = 0;
+const TRIPPED_INPUT: u8 = 1;
+const TRIPPED_HEADER: u8 = 2;
+
+/// What the metered reader saw, shared with the drain (the parser owns the reader).
+#[derive(Debug)]
+struct MeterState {
+    total: AtomicU64,
+    window: AtomicU64,
+    window_limit: AtomicU64,
+    eof: AtomicBool,
+    read_failed: AtomicBool,
+    tripped: AtomicU8,
+}
+
+impl Default for MeterState {
+    fn default() -> Self {
+        MeterState {
+            total: AtomicU64::new(0),
+            window: AtomicU64::new(0),
+            window_limit: AtomicU64::new(u64::MAX),
+            eof: AtomicBool::new(false),
+            read_failed: AtomicBool::new(false),
+            tripped: AtomicU8::new(TRIPPED_NONE),
+        }
+    }
+}
+
+impl MeterState {
+    /// From now on, at most `limit` bytes may be read (the parser is between members).
+    fn open_window(&self, limit: u64) {
+        self.window.store(0, Ordering::Relaxed);
+        self.window_limit.store(limit, Ordering::Relaxed);
+    }
+
+    /// Member content is being read: only the total bound applies.
+    fn close_window(&self) {
+        self.window_limit.store(u64::MAX, Ordering::Relaxed);
+    }
+}
+
+/// The stream as the parser sees it: counts bytes, notices EOF and transport errors, and enforces
+/// the input and header bounds.
+struct MeteredReader<R> {
+    inner: R,
+    state: Arc<MeterState>,
+    max_input: u64,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for MeteredReader<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.state.tripped.load(Ordering::Relaxed) != TRIPPED_NONE {
+            return Poll::Ready(Err(io::Error::other("drain input bound exceeded")));
+        }
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        let before = buf.filled().len();
+        if let Err(e) = ready!(Pin::new(&mut self.inner).poll_read(cx, buf)) {
+            self.state.read_failed.store(true, Ordering::Relaxed);
+            return Poll::Ready(Err(e));
+        }
+        let n = (buf.filled().len() - before) as u64;
+        let state = &self.state;
+        if n == 0 {
+            state.eof.store(true, Ordering::Relaxed);
+            return Poll::Ready(Ok(()));
+        }
+        let total = state.total.fetch_add(n, Ordering::Relaxed) + n;
+        if total > self.max_input {
+            state.tripped.store(TRIPPED_INPUT, Ordering::Relaxed);
+            return Poll::Ready(Err(io::Error::other("drain input bound exceeded")));
+        }
+        let window = state.window.fetch_add(n, Ordering::Relaxed) + n;
+        if window > state.window_limit.load(Ordering::Relaxed) {
+            state.tripped.store(TRIPPED_HEADER, Ordering::Relaxed);
+            return Poll::Ready(Err(io::Error::other("drain header bound exceeded")));
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Reads exactly `size` bytes of a member, hashing them; a member cut short is an error (never a
+/// padded or shorter member in the stored archive).
+struct HashingReader<R> {
+    inner: R,
+    remaining: u64,
+    read: u64,
+    hasher: Sha256,
+    short: bool,
+    failed: bool,
+}
+
+impl<R> HashingReader<R> {
+    fn new(inner: R, size: u64) -> Self {
+        HashingReader {
+            inner,
+            remaining: size,
+            read: 0,
+            hasher: Sha256::new(),
+            short: false,
+            failed: false,
+        }
+    }
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for HashingReader<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.remaining == 0 || buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        // The entry itself never yields more than its size: no limit needed here.
+        let before = buf.filled().len();
+        if let Err(e) = ready!(Pin::new(&mut self.inner).poll_read(cx, buf)) {
+            self.failed = true;
+            return Poll::Ready(Err(e));
+        }
+        let n = buf.filled().len() - before;
+        if n == 0 {
+            self.short = true;
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "member cut short",
+            )));
+        }
+        let this = &mut *self;
+        this.hasher.update(&buf.filled()[before..]);
+        this.remaining = this.remaining.saturating_sub(n as u64);
+        this.read += n as u64;
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// Counts the bytes of the stored archive.
+struct CountingWriter<W> {
+    inner: W,
+    count: Arc<AtomicU64>,
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for CountingWriter<W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let n = ready!(Pin::new(&mut self.inner).poll_write(cx, buf))?;
+        self.count.fetch_add(n as u64, Ordering::Relaxed);
+        Poll::Ready(Ok(n))
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// The chosen compression in front of the output.
+enum Encoder<W: AsyncWrite> {
+    Plain(W),
+    Gzip(GzipEncoder<W>),
+    Zstd(ZstdEncoder<W>),
+}
+
+impl<W: AsyncWrite + Unpin> Encoder<W> {
+    fn new(inner: W, compression: Compression) -> Self {
+        match compression {
+            Compression::None => Encoder::Plain(inner),
+            Compression::Gzip => Encoder::Gzip(GzipEncoder::new(inner)),
+            Compression::Zstd => Encoder::Zstd(ZstdEncoder::new(inner)),
+        }
+    }
+}
+
+impl<W: AsyncWrite + Unpin> AsyncWrite for Encoder<W> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Encoder::Plain(w) => Pin::new(w).poll_write(cx, buf),
+            Encoder::Gzip(w) => Pin::new(w).poll_write(cx, buf),
+            Encoder::Zstd(w) => Pin::new(w).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Encoder::Plain(w) => Pin::new(w).poll_flush(cx),
+            Encoder::Gzip(w) => Pin::new(w).poll_flush(cx),
+            Encoder::Zstd(w) => Pin::new(w).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Encoder::Plain(w) => Pin::new(w).poll_shutdown(cx),
+            Encoder::Gzip(w) => Pin::new(w).poll_shutdown(cx),
+            Encoder::Zstd(w) => Pin::new(w).poll_shutdown(cx),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{object_keys, store_from_url, RunRef};
+    use object_store::ObjectStoreExt;
+    use std::io::Read as _;
+
+    /// Appends one entry with raw header fields (no validation: hostile archives are the point).
+    fn raw_entry(out: &mut Vec<u8>, ty: u8, path: &str, link: Option<&str>, data: &[u8]) {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::new(ty));
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_mtime(1_700_000_000);
+        let pax = ustar::fill(
+            h.as_mut_bytes(),
+            path.as_bytes(),
+            link.map(str::as_bytes),
+            data.len() as u64,
+        );
+        if !pax.is_empty() {
+            pax_entry(out, &pax);
+        }
+        h.set_cksum();
+        out.extend_from_slice(h.as_bytes());
+        out.extend_from_slice(data);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+
+    fn pax_entry(out: &mut Vec<u8>, records: &[u8]) {
+        let mut x = tar::Header::new_ustar();
+        x.set_entry_type(tar::EntryType::XHeader);
+        x.set_size(records.len() as u64);
+        x.set_mode(0o644);
+        ustar::fill(x.as_mut_bytes(), b"PaxHeader", None, records.len() as u64);
+        x.set_cksum();
+        out.extend_from_slice(x.as_bytes());
+        out.extend_from_slice(records);
+        out.resize(out.len().div_ceil(512) * 512, 0);
+    }
+
+    fn end(out: &mut Vec<u8>) {
+        out.extend_from_slice(&[0u8; 1024]);
+    }
+
+    fn sample() -> Vec<u8> {
+        let mut t = Vec::new();
+        raw_entry(&mut t, b'5', "./", None, b"");
+        raw_entry(&mut t, b'5', "a/", None, b"");
+        raw_entry(&mut t, b'0', "a/b.txt", None, b"hello");
+        raw_entry(&mut t, b'2', "l", Some("a/b.txt"), b"");
+        raw_entry(&mut t, b'0', "z.txt", None, b"zz");
+        end(&mut t);
+        t
+    }
+
+    fn sha(data: &[u8]) -> String {
+        hex::encode(Sha256::digest(data))
+    }
+
+    async fn drain(
+        input: &[u8],
+        opts: &DrainOptions,
+    ) -> Result<(DrainOutcome, Vec<u8>), DrainError> {
+        let mut out = Vec::new();
+        let outcome = drain_stream(input, &mut out, opts).await?;
+        Ok((outcome, out))
+    }
+
+    async fn decompress(bytes: &[u8], compression: Compression) -> Vec<u8> {
+        use async_compression::tokio::bufread::{GzipDecoder, ZstdDecoder};
+        let mut out = Vec::new();
+        match compression {
+            Compression::None => out.extend_from_slice(bytes),
+            Compression::Gzip => {
+                GzipDecoder::new(bytes)
+                    .read_to_end(&mut out)
+                    .await
+                    .expect("gunzip");
+            }
+            Compression::Zstd => {
+                ZstdDecoder::new(bytes)
+                    .read_to_end(&mut out)
+                    .await
+                    .expect("unzstd");
+            }
+        }
+        out
+    }
+
+    /// (path, type flag, content, link target) of every member, read by the `tar` crate.
+    fn members_of(archive: &[u8]) -> Vec<(String, u8, Vec<u8>, Option<String>)> {
+        let mut ar = tar::Archive::new(archive);
+        let mut out = Vec::new();
+        for e in ar.entries().expect("entries") {
+            let mut e = e.expect("entry");
+            let path = String::from_utf8_lossy(&e.path_bytes()).into_owned();
+            let ty = e.header().entry_type().as_byte();
+            let link = e
+                .link_name_bytes()
+                .map(|l| String::from_utf8_lossy(&l).into_owned());
+            let mut data = Vec::new();
+            e.read_to_end(&mut data).expect("content");
+            out.push((path, ty, data, link));
+        }
+        out
+    }
+
+    fn opts(cap: u64) -> DrainOptions {
+        DrainOptions::new(cap, Compression::None)
+    }
+
+    #[tokio::test]
+    async fn accepted_members_are_re_emitted_with_their_sha256() {
+        for compression in [Compression::None, Compression::Gzip, Compression::Zstd] {
+            let o = DrainOptions::new(1024, compression);
+            let (outcome, out) = drain(&sample(), &o).await.expect("drain");
+            let paths: Vec<_> = outcome.members.iter().map(|m| m.path.as_str()).collect();
+            assert_eq!(paths, ["a", "a/b.txt", "l", "z.txt"]);
+            assert_eq!(
+                outcome.members[1].sha256.as_deref(),
+                Some(sha(b"hello").as_str())
+            );
+            assert_eq!(outcome.members[2].link_target.as_deref(), Some("a/b.txt"));
+            assert_eq!(outcome.bytes, 7);
+            assert_eq!(outcome.input_bytes, sample().len() as u64);
+            assert_eq!(outcome.archive_bytes, out.len() as u64);
+            assert_eq!(outcome.phase(), ReadBackPhase::Drained);
+            let stored = members_of(&decompress(&out, compression).await);
+            let names: Vec<_> = stored.iter().map(|m| m.0.as_str()).collect();
+            assert_eq!(names, ["a/", "a/b.txt", "l", "z.txt"], "{compression:?}");
+            assert_eq!(stored[1].2, b"hello");
+            assert_eq!(
+                sha(&stored[3].2),
+                outcome.members[3].sha256.clone().unwrap_or_default()
+            );
+            assert_eq!(
+                (stored[2].1, stored[2].3.as_deref()),
+                (b'2', Some("a/b.txt"))
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn an_empty_directory_drains_to_an_empty_set_with_phase_empty() {
+        let mut t = Vec::new();
+        end(&mut t);
+        let (outcome, out) = drain(&t, &opts(10)).await.expect("drain");
+        assert_eq!(outcome.phase(), ReadBackPhase::Empty);
+        assert!(members_of(&out).is_empty());
+    }
+
+    #[tokio::test]
+    async fn member_over_cap_is_dropped_and_the_rest_is_kept() {
+        let mut t = Vec::new();
+        raw_entry(&mut t, b'0', "big", None, &[1u8; 8]);
+        raw_entry(&mut t, b'0', "huge", None, &[2u8; 5]);
+        raw_entry(&mut t, b'0', "small", None, &[3u8; 2]);
+        end(&mut t);
+        let (outcome, out) = drain(&t, &opts(10)).await.expect("drain");
+        let kept: Vec<_> = members_of(&out).into_iter().map(|m| (m.0, m.2)).collect();
+        assert_eq!(
+            kept,
+            vec![("big".into(), vec![1u8; 8]), ("small".into(), vec![3u8; 2])]
+        );
+        assert_eq!(
+            outcome.dropped,
+            vec![DroppedRecord {
+                path: "huge".into(),
+                size: 5,
+                reason: "over_cap".into()
+            }]
+        );
+        assert_eq!(outcome.phase(), ReadBackPhase::Capped);
+        assert_eq!(outcome.bytes, 10);
+    }
+
+    #[tokio::test]
+    async fn unsafe_entries_are_rejected_listed_and_never_stored() {
+        let mut t = Vec::new();
+        raw_entry(&mut t, b'0', "/etc/passwd", None, b"root");
+        raw_entry(&mut t, b'0', "../escape", None, b"x");
+        raw_entry(&mut t, b'1', "hard", Some("/etc/shadow"), b"");
+        raw_entry(&mut t, b'6', "pipe", None, b"");
+        raw_entry(&mut t, b'3', "tty", None, b"");
+        raw_entry(&mut t, b'2', "up", Some("../.."), b"");
+        raw_entry(&mut t, b'2', "out", Some("sub"), b"");
+        raw_entry(&mut t, b'0', "out/through", None, b"pwned");
+        raw_entry(&mut t, b'0', "ok.txt", None, b"fine");
+        end(&mut t);
+        let (outcome, out) = drain(&t, &opts(1024)).await.expect("drain");
+        let reasons: Vec<_> = outcome
+            .rejected
+            .iter()
+            .map(|r| (r.path.as_str(), r.reason.as_str()))
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                ("/etc/passwd", "absolute_path"),
+                ("../escape", "parent_dir"),
+                ("hard", "hard_link"),
+                ("pipe", "fifo"),
+                ("tty", "device"),
+                ("up", "symlink_escape"),
+                ("out/through", "through_symlink"),
+            ]
+        );
+        let names: Vec<_> = members_of(&out).into_iter().map(|m| m.0).collect();
+        assert_eq!(names, ["out", "ok.txt"]);
+    }
+
+    #[tokio::test]
+    async fn truncated_stream_is_an_error_not_an_empty_set() {
+        let full = sample();
+        let header_of_z = full.len() - 1024 - 1024; // "z.txt" header + one content block
+        for cut in [
+            0,
+            100,
+            512 + 300,
+            header_of_z,
+            header_of_z + 512 + 1,
+            full.len() - 1024,
+        ] {
+            let err = drain(&full[..cut], &opts(1024)).await.err();
+            match err {
+                Some(DrainError {
+                    kind: DrainErrorKind::Truncated(_),
+                    ..
+                }) => {}
+                other => panic!("cut at {cut}: expected Truncated, got {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn the_error_says_how_far_the_drain_got() {
+        let full = sample();
+        let cut = full.len() - 1024 - 1024 + 512 + 1; // inside z.txt's content
+        let err = drain(&full[..cut], &opts(1024))
+            .await
+            .expect_err("must fail");
+        assert_eq!(err.progress.members, 3, "a/, a/b.txt and l were re-emitted");
+        assert_eq!(err.progress.input_bytes, cut as u64);
+        assert_eq!(err.metric_label(), "truncated");
+        let text = err.to_string();
+        assert!(
+            text.contains("3 members") && text.contains("z.txt"),
+            "{text}"
+        );
+    }
+
+    #[tokio::test]
+    async fn garbage_bytes_are_an_error() {
+        let garbage: Vec<u8> = (0..4096u32).map(|i| (i * 7 + 1) as u8).collect();
+        let err = drain(&garbage, &opts(1024)).await.expect_err("must fail");
+        assert!(matches!(err.kind, DrainErrorKind::Malformed(_)), "{err}");
+    }
+
+    #[tokio::test]
+    async fn bytes_after_the_end_marker_must_be_zero_padding() {
+        let mut padded = sample();
+        padded.extend_from_slice(&[0u8; 8192]);
+        drain(&padded, &opts(1024))
+            .await
+            .expect("zero padding is fine");
+        let mut junk = sample();
+        junk.extend_from_slice(b"#!/bin/sh\n");
+        let err = drain(&junk, &opts(1024)).await.expect_err("must fail");
+        assert!(matches!(err.kind, DrainErrorKind::TrailingGarbage), "{err}");
+    }
+
+    /// A header announcing a huge file, then zeros forever.
+    struct Endless {
+        header: Vec<u8>,
+        pos: usize,
+    }
+
+    impl AsyncRead for Endless {
+        fn poll_read(
+            mut self: Pin<&mut Self>,
+            _: &mut Context<'_>,
+            buf: &mut ReadBuf<'_>,
+        ) -> Poll<io::Result<()>> {
+            if self.pos < self.header.len() {
+                let n = (self.header.len() - self.pos).min(buf.remaining());
+                let start = self.pos;
+                buf.put_slice(&self.header[start..start + n]);
+                self.pos += n;
+            } else {
+                let n = buf.remaining().min(4096);
+                buf.put_slice(&vec![0u8; n]);
+            }
+            Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn an_endless_stream_stops_at_the_input_bound() {
+        let mut h = tar::Header::new_ustar();
+        h.set_path("big").expect("path");
+        h.set_size(1 << 40);
+        h.set_cksum();
+        let input = Endless {
+            header: h.as_bytes().to_vec(),
+            pos: 0,
+        };
+        let o = DrainOptions {
+            max_input_bytes: 1 << 20,
+            ..opts(10)
+        };
+        let mut out = Vec::new();
+        let err = drain_stream(input, &mut out, &o)
+            .await
+            .expect_err("must fail");
+        assert!(
+            matches!(err.kind, DrainErrorKind::InputLimit { limit } if limit == 1 << 20),
+            "{err}"
+        );
+        assert!(err.progress.input_bytes <= (1 << 20) + 65536);
+    }
+
+    #[tokio::test]
+    async fn a_huge_pax_header_is_refused_before_it_is_buffered() {
+        let mut t = Vec::new();
+        let records = ustar::record(b"comment", &vec![b'c'; 3 * 1024 * 1024]);
+        pax_entry(&mut t, &records);
+        raw_entry(&mut t, b'0', "f", None, b"x");
+        end(&mut t);
+        let err = drain(&t, &opts(1024)).await.expect_err("must fail");
+        assert!(
+            matches!(err.kind, DrainErrorKind::HeaderLimit { .. }),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn too_many_entries_fail_the_drain() {
+        let mut t = Vec::new();
+        for i in 0..5 {
+            raw_entry(&mut t, b'0', &format!("f{i}"), None, b"x");
+        }
+        end(&mut t);
+        let mut o = opts(1024);
+        o.limits.max_entries = 3;
+        let err = drain(&t, &o).await.expect_err("must fail");
+        assert!(
+            matches!(err.kind, DrainErrorKind::TooManyEntries { limit: 3 }),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn pax_size_override_does_not_smuggle_entries() {
+        // TARmageddon (CVE-2025-62518): the ustar size says 0 but a PAX record says N. A parser
+        // that ignores the PAX size reads the member's content as headers and finds
+        // "smuggled.txt". The fixed parser reads N bytes of content; we re-emit one member
+        // whose ustar size is N, so no reader of the STORED archive can be confused either.
+        let mut inner = Vec::new();
+        raw_entry(&mut inner, b'0', "smuggled.txt", None, b"evil");
+        let n = inner.len();
+        let mut t = Vec::new();
+        pax_entry(&mut t, &ustar::record(b"size", n.to_string().as_bytes()));
+        let mut h = tar::Header::new_ustar();
+        h.set_path("outer.bin").expect("path");
+        h.set_size(0);
+        h.set_mode(0o644);
+        h.set_cksum();
+        t.extend_from_slice(h.as_bytes());
+        t.extend_from_slice(&inner);
+        end(&mut t);
+
+        let (outcome, out) = drain(&t, &opts(1 << 20)).await.expect("drain");
+        let paths: Vec<_> = outcome.members.iter().map(|m| m.path.as_str()).collect();
+        assert_eq!(paths, ["outer.bin"]);
+        assert_eq!(outcome.members[0].size, n as u64);
+        let stored = members_of(&out);
+        assert_eq!(stored.len(), 1, "one member, nothing smuggled");
+        assert_eq!(stored[0].0, "outer.bin");
+        assert_eq!(
+            stored[0].2, inner,
+            "the inner archive is content, not entries"
+        );
+        assert_eq!(
+            u64::from_str_radix(std::str::from_utf8(&out[124..135]).unwrap_or(""), 8).ok(),
+            Some(n as u64)
+        );
+    }
+
+    #[tokio::test]
+    async fn long_paths_survive_the_round_trip_via_pax() {
+        let long = format!("{}/{}", "d".repeat(200), "f".repeat(200));
+        let mut t = Vec::new();
+        raw_entry(&mut t, b'0', &long, None, b"deep");
+        end(&mut t);
+        let (outcome, out) = drain(&t, &opts(1024)).await.expect("drain");
+        assert_eq!(outcome.members[0].path, long);
+        let stored = members_of(&out);
+        assert_eq!(
+            (stored[0].0.as_str(), stored[0].2.as_slice()),
+            (long.as_str(), &b"deep"[..])
+        );
+    }
+
+    fn ctx() -> (RunRef, ManifestContext) {
+        let run = RunRef {
+            namespace: "ns".into(),
+            name: "job".into(),
+            uid: "u1".into(),
+        };
+        let ctx = ManifestContext {
+            run: run.clone(),
+            declared_path: "/out".into(),
+            index: 0,
+            attempt: 1,
+        };
+        (run, ctx)
+    }
+
+    #[tokio::test]
+    async fn drain_into_store_uploads_the_archive_then_commits_the_manifest() {
+        let (store, prefix) = store_from_url("memory://", &[]).expect("store");
+        let (run, ctx) = ctx();
+        let keys = object_keys(&prefix, &run, 0, "/out", Compression::Gzip);
+        let o = DrainOptions::new(1024, Compression::Gzip);
+        let (outcome, manifest) = drain_into_store(&sample()[..], &store, &keys, &o, ctx.clone())
+            .await
+            .expect("drain");
+        assert_eq!(manifest.members, outcome.members);
+        assert_eq!(manifest.archive_key, keys.archive.to_string());
+        let stored = store
+            .get(&keys.archive)
+            .await
+            .expect("archive")
+            .bytes()
+            .await
+            .expect("bytes");
+        let names: Vec<_> = members_of(&decompress(&stored, Compression::Gzip).await)
+            .into_iter()
+            .map(|m| m.0)
+            .collect();
+        assert_eq!(names, ["a/", "a/b.txt", "l", "z.txt"]);
+        assert_eq!(
+            crate::store::read_manifest(&store, &keys.manifest)
+                .await
+                .expect("manifest"),
+            manifest
+        );
+
+        // A retry after the commit does not drain (even a broken stream) and returns the commit.
+        let retry = ManifestContext { attempt: 2, ..ctx };
+        let (_, again) = drain_into_store(&b"garbage"[..], &store, &keys, &o, retry)
+            .await
+            .expect("committed");
+        assert_eq!(again.attempt, 1);
+    }
+
+    #[tokio::test]
+    async fn drain_failure_is_never_an_empty_set_and_leaves_no_upload_behind() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = url::Url::from_directory_path(dir.path())
+            .expect("url")
+            .to_string();
+        let (store, prefix) = store_from_url(&url, &[]).expect("store");
+        let (run, ctx) = ctx();
+        let keys = object_keys(&prefix, &run, 0, "/out", Compression::None);
+        // Big enough for the writer to start a multipart upload before the stream breaks.
+        let mut t = Vec::new();
+        raw_entry(&mut t, b'0', "big", None, &vec![7u8; 7 * 1024 * 1024]);
+        end(&mut t);
+        let cut = &t[..6 * 1024 * 1024 + 512];
+        let o = DrainOptions::new(16 * 1024 * 1024, Compression::None);
+        let err = drain_into_store(cut, &store, &keys, &o, ctx)
+            .await
+            .expect_err("must fail");
+        assert!(matches!(err.kind, DrainErrorKind::Truncated(_)), "{err}");
+        let left: Vec<_> = walkdir::WalkDir::new(dir.path())
+            .into_iter()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_file())
+            .map(|e| e.path().display().to_string())
+            .collect();
+        assert!(
+            left.is_empty(),
+            "no archive, no manifest, no multipart staging: {left:?}"
+        );
+    }
+}

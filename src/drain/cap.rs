@@ -1,0 +1,143 @@
+//! The cap meter of one declared read-back path (ADR-143 "What is not promised: Unbounded size").
+//! Pure: it only counts.
+//!
+//! What it counts: member CONTENT bytes (a file's size). Tar headers, padding and the manifest are
+//! not metered: they are bounded separately by the entry limit, and keeping the meter on content
+//! makes the cap mean what a user expects ("512Mi of files").
+//!
+//! How it decides: from the header size, before any content is read. A member that would cross the
+//! cap is dropped whole and recorded; later members that still fit are kept. The contract is "a
+//! dropped member and the rest of the run", never a truncated archive and never a truncated member.
+//!
+//! Retries: ADR-143 says the meter "meters what the host holds — every attempt of a retried drain
+//! counted together, since tar never deletes". Here every attempt of a path's drain writes the SAME
+//! object key (`store::object_keys`), and a failed attempt aborts its multipart upload, so what the
+//! store holds for the path after any attempt is that attempt's archive alone. A retry therefore
+//! starts from [`CapMeter::fresh`] (same cap, zero used): counting earlier attempts again would drop
+//! members the store does not hold twice. Should the key layout ever become per-attempt, this
+//! reasoning breaks and the meter must be carried across attempts instead.
+
+use serde::{Deserialize, Serialize};
+
+/// Verdict on one member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Admit {
+    /// Fits: store it (the meter has counted it).
+    Keep,
+    /// Would cross the cap: drop it whole (the meter has recorded it).
+    Drop,
+}
+
+/// Counts the content bytes kept against a cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CapMeter {
+    cap_bytes: u64,
+    kept_bytes: u64,
+    dropped_members: u64,
+    dropped_bytes: u64,
+}
+
+impl CapMeter {
+    /// A meter with nothing counted yet.
+    pub fn new(cap_bytes: u64) -> Self {
+        CapMeter {
+            cap_bytes,
+            kept_bytes: 0,
+            dropped_members: 0,
+            dropped_bytes: 0,
+        }
+    }
+
+    /// A meter for the next attempt of the same path: same cap, nothing counted (see module doc).
+    pub fn fresh(&self) -> Self {
+        CapMeter::new(self.cap_bytes)
+    }
+
+    /// Decides on a member of `size` content bytes and counts it.
+    pub fn admit(&mut self, size: u64) -> Admit {
+        match self.kept_bytes.checked_add(size) {
+            Some(total) if total <= self.cap_bytes => {
+                self.kept_bytes = total;
+                Admit::Keep
+            }
+            _ => {
+                self.dropped_members += 1;
+                self.dropped_bytes = self.dropped_bytes.saturating_add(size);
+                Admit::Drop
+            }
+        }
+    }
+
+    /// The cap.
+    pub fn cap_bytes(&self) -> u64 {
+        self.cap_bytes
+    }
+
+    /// Content bytes kept so far.
+    pub fn kept_bytes(&self) -> u64 {
+        self.kept_bytes
+    }
+
+    /// Bytes still available under the cap.
+    pub fn remaining_bytes(&self) -> u64 {
+        self.cap_bytes - self.kept_bytes
+    }
+
+    /// Members dropped so far.
+    pub fn dropped_members(&self) -> u64 {
+        self.dropped_members
+    }
+
+    /// Content bytes of the members dropped so far.
+    pub fn dropped_bytes(&self) -> u64 {
+        self.dropped_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_under_the_cap_are_kept() {
+        let mut m = CapMeter::new(10);
+        assert_eq!(m.admit(4), Admit::Keep);
+        assert_eq!(m.admit(6), Admit::Keep);
+        assert_eq!(m.kept_bytes(), 10);
+        assert_eq!(m.remaining_bytes(), 0);
+    }
+
+    #[test]
+    fn member_over_cap_is_dropped_and_the_rest_is_kept() {
+        let mut m = CapMeter::new(10);
+        assert_eq!(m.admit(6), Admit::Keep);
+        assert_eq!(m.admit(5), Admit::Drop, "6 + 5 crosses 10");
+        assert_eq!(m.admit(4), Admit::Keep, "a later member that fits is kept");
+        assert_eq!(m.admit(1), Admit::Drop);
+        assert_eq!(m.admit(0), Admit::Keep, "empty files always fit");
+        assert_eq!(m.kept_bytes(), 10);
+        assert_eq!(m.dropped_members(), 2);
+        assert_eq!(m.dropped_bytes(), 6);
+    }
+
+    #[test]
+    fn a_member_larger_than_the_whole_cap_is_dropped_without_overflow() {
+        let mut m = CapMeter::new(u64::MAX - 1);
+        assert_eq!(m.admit(u64::MAX - 1), Admit::Keep);
+        assert_eq!(m.admit(u64::MAX), Admit::Drop);
+        assert_eq!(m.dropped_bytes(), u64::MAX);
+    }
+
+    #[test]
+    fn a_retry_starts_from_a_fresh_meter_with_the_same_cap() {
+        let mut first = CapMeter::new(10);
+        assert_eq!(first.admit(8), Admit::Keep);
+        let mut retry = first.fresh();
+        assert_eq!(retry.cap_bytes(), 10);
+        assert_eq!(
+            retry.admit(8),
+            Admit::Keep,
+            "the retry overwrites the same key"
+        );
+    }
+}

@@ -1,0 +1,612 @@
+//! The tar entry sanitizer: decides, for one entry of the UNTRUSTED stream the holder sends, whether
+//! it may be stored. Pure: bytes in, a decision out; no I/O, no clock.
+//!
+//! Rules (each rejection names a stable [`Reason`] that lands in the manifest, so a reader can tell
+//! "the sandbox wrote something unsafe" from "the sandbox wrote nothing" — ADR-143 §4):
+//! - a path is a sequence of normal components separated by `/`. Absolute paths, `..`, NUL bytes,
+//!   backslashes and drive prefixes (`C:`) are rejected; `.` components and repeated or trailing `/`
+//!   are normalized away (GNU tar writes `./a/b` for `tar -C dir .`), so `./a//b/` is stored as `a/b`.
+//!   A directory entry that normalizes to nothing (`./`) is the archive root itself: [`Decision::Ignore`].
+//!   Paths must be UTF-8 (the manifest is JSON and two lossy renderings must never collide).
+//! - only regular files, directories and symbolic links are stored; hard links, devices, fifos, GNU
+//!   sparse files and unknown types are rejected.
+//! - a symbolic link is kept only when its target is relative and written as `../`* followed by
+//!   normal components, and the `../` part does not climb above the archive root from the link's
+//!   directory. Targets like `a/../b` are rejected even when they look harmless lexically: `a` may be
+//!   (or later become) a symlink itself, and `..` after a symlink resolves physically, not lexically.
+//! - an entry whose path is at or below an accepted symlink is rejected: "link, then a file through
+//!   it" is the classic extraction escape.
+//! - limits: entry count, path length, component length.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+/// Default most entries one drained archive may hold (beyond it the drain fails: a stream with more
+/// entries is hostile or broken, and the member records are what the operator keeps in memory).
+pub const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
+/// Default longest path, in bytes (Linux PATH_MAX).
+pub const DEFAULT_MAX_PATH_BYTES: usize = 4096;
+/// Default longest path component, in bytes (Linux NAME_MAX).
+pub const DEFAULT_MAX_COMPONENT_BYTES: usize = 255;
+
+/// The type of a tar entry, as far as the sanitizer cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EntryKind {
+    /// Regular file (`0`, or NUL in old archives).
+    File,
+    /// Directory (`5`).
+    Directory,
+    /// Symbolic link (`2`).
+    Symlink,
+    /// Hard link (`1`).
+    HardLink,
+    /// Character device (`3`).
+    CharDevice,
+    /// Block device (`4`).
+    BlockDevice,
+    /// Named pipe (`6`).
+    Fifo,
+    /// GNU sparse file (`S`, or a regular entry carrying `GNU.sparse.*` PAX records).
+    Sparse,
+    /// Anything else (contiguous files, global PAX headers, vendor types), with its type byte.
+    Other(u8),
+}
+
+impl EntryKind {
+    /// Maps a tar type flag byte to a kind.
+    pub fn from_type_byte(byte: u8) -> EntryKind {
+        match byte {
+            b'0' | b'\0' => EntryKind::File,
+            b'1' => EntryKind::HardLink,
+            b'2' => EntryKind::Symlink,
+            b'3' => EntryKind::CharDevice,
+            b'4' => EntryKind::BlockDevice,
+            b'5' => EntryKind::Directory,
+            b'6' => EntryKind::Fifo,
+            b'S' => EntryKind::Sparse,
+            other => EntryKind::Other(other),
+        }
+    }
+}
+
+/// Kind of a stored member.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MemberKind {
+    /// Regular file.
+    File,
+    /// Directory.
+    Dir,
+    /// Symbolic link (target inside the archive).
+    Symlink,
+}
+
+/// Why an entry was rejected. The snake_case string ([`Reason::as_str`]) is stable: it is written
+/// into manifests and matched by readers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    /// The path starts with `/`.
+    AbsolutePath,
+    /// The path has a `..` component.
+    ParentDir,
+    /// The path is empty (or only `.` components) and the entry is not the root directory.
+    EmptyPath,
+    /// The path or link target holds a NUL byte.
+    NulByte,
+    /// The path holds a backslash or a drive prefix (`C:`): it would mean something else on Windows.
+    WindowsPath,
+    /// The path or link target is not UTF-8.
+    InvalidUtf8,
+    /// The path is longer than the path limit.
+    PathTooLong,
+    /// A path component is longer than the component limit.
+    ComponentTooLong,
+    /// A hard link (could alias a file outside the archive on extraction).
+    HardLink,
+    /// A character or block device.
+    Device,
+    /// A named pipe.
+    Fifo,
+    /// A symlink whose target is absolute, empty, or resolves outside the archive root.
+    SymlinkEscape,
+    /// The entry's path is at or below an accepted symlink.
+    ThroughSymlink,
+    /// More entries than the entry limit (fatal for the drain).
+    TooManyEntries,
+    /// GNU sparse file, contiguous file, global header or unknown type.
+    UnsupportedType,
+}
+
+impl Reason {
+    /// The stable snake_case name of the reason.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::AbsolutePath => "absolute_path",
+            Reason::ParentDir => "parent_dir",
+            Reason::EmptyPath => "empty_path",
+            Reason::NulByte => "nul_byte",
+            Reason::WindowsPath => "windows_path",
+            Reason::InvalidUtf8 => "invalid_utf8",
+            Reason::PathTooLong => "path_too_long",
+            Reason::ComponentTooLong => "component_too_long",
+            Reason::HardLink => "hard_link",
+            Reason::Device => "device",
+            Reason::Fifo => "fifo",
+            Reason::SymlinkEscape => "symlink_escape",
+            Reason::ThroughSymlink => "through_symlink",
+            Reason::TooManyEntries => "too_many_entries",
+            Reason::UnsupportedType => "unsupported_type",
+        }
+    }
+
+    /// Whether the drain must stop rather than record the entry and go on.
+    pub fn is_fatal(self) -> bool {
+        matches!(self, Reason::TooManyEntries)
+    }
+}
+
+impl std::fmt::Display for Reason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One entry as read from the stream (what the sanitizer looks at).
+#[derive(Clone, Copy, Debug)]
+pub struct EntryInfo<'a> {
+    /// Raw path bytes (after PAX/GNU long-name resolution by the parser).
+    pub path: &'a [u8],
+    /// Entry type.
+    pub kind: EntryKind,
+    /// Raw link target bytes, if the header has one.
+    pub link_target: Option<&'a [u8]>,
+    /// Content size announced by the (effective) header.
+    pub size: u64,
+}
+
+/// An entry that may be stored, in normalized form.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Accepted {
+    /// Normalized relative path, no leading/trailing `/`, no `.` components.
+    pub path: String,
+    /// What it is.
+    pub kind: MemberKind,
+    /// Symlink target, as written (validated).
+    pub link_target: Option<String>,
+}
+
+/// The sanitizer's verdict on one entry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Store it.
+    Accept(Accepted),
+    /// Do not store it; record why.
+    Reject(Reason),
+    /// The root directory entry (`./`): nothing to store, nothing to report.
+    Ignore,
+}
+
+/// Limits of the sanitizer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Most entries (of any kind, rejected ones included).
+    pub max_entries: u64,
+    /// Longest normalized path, bytes.
+    pub max_path_bytes: usize,
+    /// Longest component, bytes.
+    pub max_component_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_entries: DEFAULT_MAX_ENTRIES,
+            max_path_bytes: DEFAULT_MAX_PATH_BYTES,
+            max_component_bytes: DEFAULT_MAX_COMPONENT_BYTES,
+        }
+    }
+}
+
+/// Stateful sanitizer for one archive: it remembers accepted symlinks so that a later entry cannot
+/// pass through one, and counts entries.
+#[derive(Debug, Default)]
+pub struct Sanitizer {
+    limits: Limits,
+    entries: u64,
+    symlinks: BTreeSet<String>,
+}
+
+impl Sanitizer {
+    /// A sanitizer with the given limits.
+    pub fn new(limits: Limits) -> Self {
+        Sanitizer {
+            limits,
+            entries: 0,
+            symlinks: BTreeSet::new(),
+        }
+    }
+
+    /// Entries seen so far.
+    pub fn entries_seen(&self) -> u64 {
+        self.entries
+    }
+
+    /// Decides on the next entry of the archive (entries must be passed in stream order).
+    pub fn check(&mut self, entry: &EntryInfo<'_>) -> Decision {
+        self.entries += 1;
+        if self.entries > self.limits.max_entries {
+            return Decision::Reject(Reason::TooManyEntries);
+        }
+        match entry.kind {
+            EntryKind::File | EntryKind::Directory | EntryKind::Symlink => {}
+            EntryKind::HardLink => return Decision::Reject(Reason::HardLink),
+            EntryKind::CharDevice | EntryKind::BlockDevice => {
+                return Decision::Reject(Reason::Device)
+            }
+            EntryKind::Fifo => return Decision::Reject(Reason::Fifo),
+            EntryKind::Sparse | EntryKind::Other(_) => {
+                return Decision::Reject(Reason::UnsupportedType)
+            }
+        }
+        let components = match normalize_path(entry.path, &self.limits) {
+            Ok(c) => c,
+            Err(reason) => return Decision::Reject(reason),
+        };
+        if components.is_empty() {
+            return if entry.kind == EntryKind::Directory {
+                Decision::Ignore
+            } else {
+                Decision::Reject(Reason::EmptyPath)
+            };
+        }
+        let path = components.join("/");
+        if self.is_at_or_below_symlink(&components) {
+            return Decision::Reject(Reason::ThroughSymlink);
+        }
+        let (kind, link_target) = match entry.kind {
+            EntryKind::File => (MemberKind::File, None),
+            EntryKind::Directory => (MemberKind::Dir, None),
+            _ => {
+                let target = entry.link_target.unwrap_or_default();
+                match check_symlink_target(components.len() - 1, target) {
+                    Ok(t) => (MemberKind::Symlink, Some(t)),
+                    Err(reason) => return Decision::Reject(reason),
+                }
+            }
+        };
+        if kind == MemberKind::Symlink {
+            self.symlinks.insert(path.clone());
+        }
+        Decision::Accept(Accepted {
+            path,
+            kind,
+            link_target,
+        })
+    }
+
+    /// Whether `components` names an accepted symlink or something below one.
+    fn is_at_or_below_symlink(&self, components: &[&str]) -> bool {
+        if self.symlinks.is_empty() {
+            return false;
+        }
+        let mut prefix = String::new();
+        for (i, c) in components.iter().enumerate() {
+            if i > 0 {
+                prefix.push('/');
+            }
+            prefix.push_str(c);
+            if self.symlinks.contains(&prefix) {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Splits a raw path into normal components, enforcing the path rules (see the module doc).
+fn normalize_path<'a>(raw: &'a [u8], limits: &Limits) -> Result<Vec<&'a str>, Reason> {
+    if raw.contains(&0) {
+        return Err(Reason::NulByte);
+    }
+    let text = std::str::from_utf8(raw).map_err(|_| Reason::InvalidUtf8)?;
+    if text.starts_with('/') {
+        return Err(Reason::AbsolutePath);
+    }
+    if text.contains('\\') {
+        return Err(Reason::WindowsPath);
+    }
+    let mut components = Vec::new();
+    for part in text.split('/') {
+        match part {
+            "" | "." => continue,
+            ".." => return Err(Reason::ParentDir),
+            _ => {}
+        }
+        if components.is_empty() && is_drive_prefix(part) {
+            return Err(Reason::WindowsPath);
+        }
+        if part.len() > limits.max_component_bytes {
+            return Err(Reason::ComponentTooLong);
+        }
+        components.push(part);
+    }
+    let len = components
+        .iter()
+        .map(|c| c.len() + 1)
+        .sum::<usize>()
+        .saturating_sub(1);
+    if len > limits.max_path_bytes {
+        return Err(Reason::PathTooLong);
+    }
+    Ok(components)
+}
+
+/// `C:` or `c:anything`: a drive-relative path on Windows.
+fn is_drive_prefix(component: &str) -> bool {
+    let b = component.as_bytes();
+    b.len() >= 2 && b[0].is_ascii_alphabetic() && b[1] == b':'
+}
+
+/// Validates a symlink target for a link whose parent directory is `depth` components deep.
+/// Accepted shape: `../`* then normal components, never climbing above the root.
+fn check_symlink_target(depth: usize, raw: &[u8]) -> Result<String, Reason> {
+    if raw.contains(&0) {
+        return Err(Reason::NulByte);
+    }
+    let text = std::str::from_utf8(raw).map_err(|_| Reason::InvalidUtf8)?;
+    if text.is_empty() || text.starts_with('/') || text.contains('\\') {
+        return Err(Reason::SymlinkEscape);
+    }
+    if text.len() > DEFAULT_MAX_PATH_BYTES {
+        return Err(Reason::PathTooLong);
+    }
+    let mut ups = 0usize;
+    let mut descended = false;
+    for part in text.split('/') {
+        match part {
+            "" | "." => {}
+            ".." if descended => return Err(Reason::SymlinkEscape),
+            ".." => ups += 1,
+            p if !descended && is_drive_prefix(p) => return Err(Reason::SymlinkEscape),
+            _ => descended = true,
+        }
+    }
+    if ups > depth {
+        return Err(Reason::SymlinkEscape);
+    }
+    Ok(text.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(path: &str) -> EntryInfo<'_> {
+        EntryInfo {
+            path: path.as_bytes(),
+            kind: EntryKind::File,
+            link_target: None,
+            size: 1,
+        }
+    }
+
+    fn link<'a>(path: &'a str, target: &'a str) -> EntryInfo<'a> {
+        EntryInfo {
+            path: path.as_bytes(),
+            kind: EntryKind::Symlink,
+            link_target: Some(target.as_bytes()),
+            size: 0,
+        }
+    }
+
+    fn verdict(entry: EntryInfo<'_>) -> Decision {
+        Sanitizer::default_limits().check(&entry)
+    }
+
+    impl Sanitizer {
+        fn default_limits() -> Self {
+            Sanitizer::new(Limits::default())
+        }
+    }
+
+    fn accepted_path(d: Decision) -> String {
+        match d {
+            Decision::Accept(a) => a.path,
+            other => panic!("expected Accept, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn relative_normal_paths_are_accepted_and_dots_normalized_away() {
+        assert_eq!(accepted_path(verdict(file("a/b.txt"))), "a/b.txt");
+        assert_eq!(accepted_path(verdict(file("./a//b.txt"))), "a/b.txt");
+        let dir = EntryInfo {
+            kind: EntryKind::Directory,
+            ..file("./a/sub/")
+        };
+        assert_eq!(accepted_path(verdict(dir)), "a/sub");
+    }
+
+    #[test]
+    fn the_root_directory_entry_is_ignored_but_an_empty_file_path_is_rejected() {
+        let root = EntryInfo {
+            kind: EntryKind::Directory,
+            ..file("./")
+        };
+        assert_eq!(verdict(root), Decision::Ignore);
+        assert_eq!(verdict(file(".")), Decision::Reject(Reason::EmptyPath));
+        assert_eq!(verdict(file("")), Decision::Reject(Reason::EmptyPath));
+    }
+
+    #[test]
+    fn unsafe_paths_are_rejected_with_their_reason() {
+        assert_eq!(
+            verdict(file("/etc/passwd")),
+            Decision::Reject(Reason::AbsolutePath)
+        );
+        assert_eq!(
+            verdict(file("a/../../x")),
+            Decision::Reject(Reason::ParentDir)
+        );
+        assert_eq!(verdict(file("..")), Decision::Reject(Reason::ParentDir));
+        assert_eq!(verdict(file("a\0b")), Decision::Reject(Reason::NulByte));
+        assert_eq!(verdict(file("C:/x")), Decision::Reject(Reason::WindowsPath));
+        assert_eq!(
+            verdict(file("a\\..\\x")),
+            Decision::Reject(Reason::WindowsPath)
+        );
+        let latin1 = EntryInfo {
+            path: b"caf\xe9",
+            ..file("")
+        };
+        assert_eq!(verdict(latin1), Decision::Reject(Reason::InvalidUtf8));
+    }
+
+    #[test]
+    fn path_and_component_limits_are_enforced() {
+        let long_component = "x".repeat(256);
+        assert_eq!(
+            verdict(file(&long_component)),
+            Decision::Reject(Reason::ComponentTooLong)
+        );
+        let ok_component = "x".repeat(255);
+        assert!(matches!(verdict(file(&ok_component)), Decision::Accept(_)));
+        let long_path = vec!["y".repeat(200); 21].join("/");
+        assert!(long_path.len() > 4096);
+        assert_eq!(
+            verdict(file(&long_path)),
+            Decision::Reject(Reason::PathTooLong)
+        );
+    }
+
+    #[test]
+    fn hard_links_devices_fifos_and_sparse_files_are_rejected() {
+        let with = |kind| EntryInfo { kind, ..file("a") };
+        assert_eq!(
+            verdict(with(EntryKind::HardLink)),
+            Decision::Reject(Reason::HardLink)
+        );
+        assert_eq!(
+            verdict(with(EntryKind::CharDevice)),
+            Decision::Reject(Reason::Device)
+        );
+        assert_eq!(
+            verdict(with(EntryKind::BlockDevice)),
+            Decision::Reject(Reason::Device)
+        );
+        assert_eq!(
+            verdict(with(EntryKind::Fifo)),
+            Decision::Reject(Reason::Fifo)
+        );
+        assert_eq!(
+            verdict(with(EntryKind::Sparse)),
+            Decision::Reject(Reason::UnsupportedType)
+        );
+        let global = with(EntryKind::from_type_byte(b'g'));
+        assert_eq!(verdict(global), Decision::Reject(Reason::UnsupportedType));
+    }
+
+    #[test]
+    fn symlink_inside_the_root_is_kept() {
+        let d = verdict(link("a/b/l", "../c/d"));
+        assert_eq!(
+            d,
+            Decision::Accept(Accepted {
+                path: "a/b/l".into(),
+                kind: MemberKind::Symlink,
+                link_target: Some("../c/d".into()),
+            })
+        );
+        assert!(matches!(verdict(link("a/l", "..")), Decision::Accept(_)));
+        assert!(matches!(verdict(link("l", "./x")), Decision::Accept(_)));
+    }
+
+    #[test]
+    fn symlink_escaping_the_root_is_rejected() {
+        assert_eq!(
+            verdict(link("l", "/etc")),
+            Decision::Reject(Reason::SymlinkEscape)
+        );
+        assert_eq!(
+            verdict(link("l", "..")),
+            Decision::Reject(Reason::SymlinkEscape)
+        );
+        assert_eq!(
+            verdict(link("a/l", "../../x")),
+            Decision::Reject(Reason::SymlinkEscape)
+        );
+        assert_eq!(
+            verdict(link("l", "")),
+            Decision::Reject(Reason::SymlinkEscape)
+        );
+        assert_eq!(
+            verdict(link("l", "C:/x")),
+            Decision::Reject(Reason::SymlinkEscape)
+        );
+    }
+
+    #[test]
+    fn symlink_target_climbing_after_descending_is_rejected() {
+        // `deep/deeper/s -> ../..` is inside, but `l -> deep/deeper/s/..` would resolve
+        // PHYSICALLY through s to the root's parent: only `../`* then names is allowed.
+        assert_eq!(
+            verdict(link("l", "deep/deeper/s/..")),
+            Decision::Reject(Reason::SymlinkEscape)
+        );
+    }
+
+    #[test]
+    fn link_then_file_through_it_is_rejected() {
+        let mut s = Sanitizer::default_limits();
+        assert!(matches!(
+            s.check(&link("out", "inner")),
+            Decision::Accept(_)
+        ));
+        assert_eq!(
+            s.check(&file("out/passwd")),
+            Decision::Reject(Reason::ThroughSymlink)
+        );
+        assert_eq!(
+            s.check(&file("./out//x/y")),
+            Decision::Reject(Reason::ThroughSymlink)
+        );
+        // The link itself cannot be replaced by another entry either.
+        assert_eq!(
+            s.check(&file("out")),
+            Decision::Reject(Reason::ThroughSymlink)
+        );
+        assert_eq!(
+            s.check(&link("out/l2", "x")),
+            Decision::Reject(Reason::ThroughSymlink)
+        );
+        // A sibling with a common prefix is not "through" the link.
+        assert!(matches!(s.check(&file("outside.txt")), Decision::Accept(_)));
+    }
+
+    #[test]
+    fn entries_beyond_the_limit_are_rejected_as_fatal() {
+        let mut s = Sanitizer::new(Limits {
+            max_entries: 2,
+            ..Limits::default()
+        });
+        assert!(matches!(s.check(&file("a")), Decision::Accept(_)));
+        assert!(matches!(s.check(&file("b")), Decision::Accept(_)));
+        assert_eq!(
+            s.check(&file("c")),
+            Decision::Reject(Reason::TooManyEntries)
+        );
+        assert!(Reason::TooManyEntries.is_fatal());
+        assert!(!Reason::SymlinkEscape.is_fatal());
+    }
+
+    #[test]
+    fn reasons_have_stable_snake_case_names() {
+        assert_eq!(Reason::ThroughSymlink.as_str(), "through_symlink");
+        let json = serde_json::to_string(&Reason::SymlinkEscape).unwrap_or_default();
+        assert_eq!(json, "\"symlink_escape\"");
+        let json = serde_json::to_string(&Reason::TooManyEntries).unwrap_or_default();
+        assert_eq!(json, format!("\"{}\"", Reason::TooManyEntries.as_str()));
+    }
+}
