@@ -4,7 +4,17 @@
 
 pub mod admission;
 pub mod api;
+// WIP(lead): pub mod cli;
 pub mod config;
+pub mod controller;
+pub mod crdgen;
 pub mod drain;
+pub mod files;
+pub mod holder;
+pub mod metrics;
+// WIP(lead): pub mod operator;
 pub mod pack;
+pub mod pod;
+pub mod reconcile;
 pub mod store;
+pub mod util;

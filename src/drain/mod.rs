@@ -8,6 +8,8 @@
 
 pub mod archive;
 pub mod cap;
+pub mod exec;
+pub mod run;
 pub mod sanitize;
 
 pub use archive::{

@@ -1,0 +1,23 @@
+# Entry points; each is a thin wrapper over a script in hack/.
+.PHONY: demo test crds cluster-up cluster-down tools bench
+
+demo:        ## bring up the local control plane, run the operator and a sample SandboxRun
+	hack/demo.sh
+
+test:        ## the whole suite (what CI runs): static checks, control plane up, every test, down
+	hack/test.sh
+
+crds:        ## regenerate crds/ and the chart's CRD copy from src/api.rs
+	hack/gen.sh
+
+tools:       ## build the pinned control-plane binaries into the cache
+	hack/build-tools.sh
+
+cluster-up:
+	hack/local-cluster.sh up
+
+cluster-down:
+	hack/local-cluster.sh down
+
+bench:       ## benchmarks (ratios against peers), see docs/performance.md
+	hack/bench.sh

@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# A real local Kubernetes control plane on loopback, without Docker:
+#   etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok (one fake node whose
+#   `exec` runs the command as a local process) + an S3 server (s3s-fs) + an OCI registry (optional).
+#
+#   hack/local-cluster.sh up       start everything (idempotent), wait until the node is Ready
+#   hack/local-cluster.sh down     stop exactly what `up` started (by PID) and remove the state
+#   hack/local-cluster.sh env      print `export KUBECONFIG=… PATH=…` (+ the S3 test settings)
+#   hack/local-cluster.sh status   exit 0 only when the apiserver answers and the node is Ready
+#
+# State (PKI, data, logs, PID files) lives in one directory: $SANDBOXRUN_STATE (default
+# <repo>/.k8s-local). Tools come from hack/build-tools.sh (cached outside the repo).
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=hack/versions.env
+. "$HERE/versions.env"
+STATE=${SANDBOXRUN_STATE:-$REPO/.k8s-local}
+CACHE_ROOT=${SANDBOXRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandboxrun-operator}
+BIN=$CACHE_ROOT/tools-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION/bin
+S3S_BIN=$CACHE_ROOT/s3s-fs-$S3S_FS_VERSION/bin/s3s-fs
+APISERVER_PORT=${APISERVER_PORT:-16443}
+ETCD_PORT=${ETCD_PORT:-23790}
+ETCD_PEER_PORT=${ETCD_PEER_PORT:-23800}
+KWOK_PORT=${KWOK_PORT:-10250}
+S3_PORT=${S3_PORT:-19000}
+REGISTRY_PORT=${REGISTRY_PORT:-15000}
+S3_ACCESS_KEY=sandboxrun-test
+S3_SECRET_KEY=sandboxrun-test-secret
+S3_BUCKET=sandboxrun-test
+P=$STATE/pki; R=$STATE/run; LOGS=$STATE/logs; K=$STATE/kubeconfig
+NODE=kwok-node-0
+
+log() { echo "local-cluster: $*" >&2; }
+kc() { "$BIN/kubectl" --kubeconfig "$K" "$@"; }
+
+# Start a process in the background, record its PID under $R/<name>.pid, log to $LOGS/<name>.log.
+start() {
+  local name=$1; shift
+  if is_running "$name"; then return 0; fi
+  nohup "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$R/$name.pid"
+}
+is_running() { [ -f "$R/$1.pid" ] && kill -0 "$(cat "$R/$1.pid")" 2>/dev/null; }
+wait_for() {  # wait_for <what> <seconds> <command...>
+  local what=$1 secs=$2; shift 2
+  local deadline=$(( $(date +%s) + secs ))
+  until "$@" >/dev/null 2>&1; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then log "timed out waiting for $what (logs: $LOGS)"; return 1; fi
+    sleep 0.5
+  done
+}
+
+pki() {
+  [ -f "$P/ca.crt" ] && return 0
+  mkdir -p "$P"
+  sign() {
+    openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$P/$1.key" -out "$P/$1.csr" 2>/dev/null
+    openssl x509 -req -in "$P/$1.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial -days 3650 \
+      -out "$P/$1.crt" -extfile <(printf '%b' "$3") 2>/dev/null
+  }
+  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=sandboxrun-local-ca \
+    -keyout "$P/ca.key" -out "$P/ca.crt" 2>/dev/null
+  sign apiserver /CN=kube-apiserver \
+    'subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth'
+  sign admin '/O=system:masters/CN=admin' 'extendedKeyUsage=clientAuth'
+  sign apiserver-kubelet-client '/O=system:masters/CN=kube-apiserver-kubelet-client' 'extendedKeyUsage=clientAuth'
+  sign kwok '/CN=kwok' 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth'
+  openssl genrsa -out "$P/sa.key" 2048 2>/dev/null
+  openssl rsa -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null
+}
+
+kubeconfig() {
+  cat >"$K" <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "https://127.0.0.1:$APISERVER_PORT", certificate-authority: "$P/ca.crt"}}]
+users: [{name: admin, user: {client-certificate: "$P/admin.crt", client-key: "$P/admin.key"}}]
+contexts: [{name: local, context: {cluster: local, user: admin}}]
+current-context: local
+KC
+}
+
+# kwok configuration: the stock node/pod Stages plus ours (sandboxrun-stages.yaml).
+kwok_config() {
+  local stages=$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage
+  {
+    for f in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease pod/fast/pod-ready; do
+      echo '---'; cat "$stages/$f.yaml"
+    done
+    echo '---'; cat "$HERE/kwok/sandboxrun-stages.yaml"
+  } >"$STATE/kwok-stages.yaml"
+}
+
+# The ClusterExec that serves every exec as a local process. PATH puts the project's freshly built
+# binary first, so `sandboxrun-operator pack <path>` in the holder is the code under test.
+cluster_exec() {
+  cat <<YAML
+apiVersion: kwok.x-k8s.io/v1alpha1
+kind: ClusterExec
+metadata:
+  name: run-locally
+spec:
+  execs:
+  - local:
+      workDir: $STATE/exec
+      envs:
+      - {name: PATH, value: "${SANDBOXRUN_EXEC_PATH:-${CARGO_TARGET_DIR:-$REPO/target}/debug}:/usr/local/bin:/usr/bin:/bin"}
+      - {name: IN_KWOK_EXEC, value: "1"}
+YAML
+}
+
+node_ready() {
+  [ "$(kc get node "$NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+}
+
+up() {
+  if [ ! -f "$BIN/../.complete" ]; then
+    log "building the tools (cached in $CACHE_ROOT)"
+    "$HERE/build-tools.sh" >/dev/null
+  fi
+  if [ ! -x "$S3S_BIN" ]; then
+    log "installing s3s-fs $S3S_FS_VERSION (cached in $CACHE_ROOT)"
+    cargo install s3s-fs --version "$S3S_FS_VERSION" --features binary --locked \
+      --root "$CACHE_ROOT/s3s-fs-$S3S_FS_VERSION" >&2
+  fi
+  mkdir -p "$R" "$LOGS" "$STATE/exec" "$STATE/s3/$S3_BUCKET" "$STATE/registry"
+  pki; kubeconfig; kwok_config
+  local t0; t0=$(date +%s)
+
+  start etcd "$BIN/etcd" --name default --data-dir "$R/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "default=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --listen-metrics-urls ""
+  start kube-apiserver "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" --cert-dir="$P" \
+    --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" --client-ca-file="$P/ca.crt" \
+    --kubelet-client-certificate="$P/apiserver-kubelet-client.crt" --kubelet-client-key="$P/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority="$P/ca.crt" \
+    --service-account-issuer="https://127.0.0.1:$APISERVER_PORT" --service-account-key-file="$P/sa.pub" \
+    --service-account-signing-key-file="$P/sa.key" --service-cluster-ip-range=10.0.0.0/24 \
+    --authorization-mode=Node,RBAC --allow-privileged=true \
+    --enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultStorageClass,ResourceQuota,PodSecurity,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
+    --kubelet-preferred-address-types=InternalIP,Hostname
+  wait_for "kube-apiserver" 120 kc get --raw /readyz
+  start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig="$K" --leader-elect=false \
+    --bind-address=127.0.0.1 --secure-port=0 --service-account-private-key-file="$P/sa.key" --root-ca-file="$P/ca.crt" \
+    --use-service-account-credentials=true --controllers='*,-nodeipam'
+  start kube-scheduler "$BIN/kube-scheduler" --kubeconfig="$K" --leader-elect=false --bind-address=127.0.0.1 --secure-port=0
+
+  # kwok serves exec from Exec/ClusterExec CRDs so tests can give one pod its own exec (e.g. a
+  # hostile `pack`) without restarting kwok.
+  kc apply -f "$BIN/../kwok/kwok.x-k8s.io_execs.yaml" -f "$BIN/../kwok/kwok.x-k8s.io_clusterexecs.yaml" >/dev/null
+  kc wait --for condition=established --timeout=60s crd/execs.kwok.x-k8s.io crd/clusterexecs.kwok.x-k8s.io >/dev/null
+  cluster_exec | kc apply -f - >/dev/null
+  start kwok "$BIN/kwok" --kubeconfig="$K" --config="$STATE/kwok-stages.yaml" \
+    --enable-crds=Exec,ClusterExec \
+    --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --node-ip=127.0.0.1 --node-port="$KWOK_PORT" --server-address="127.0.0.1:$KWOK_PORT" \
+    --tls-cert-file="$P/kwok.crt" --tls-private-key-file="$P/kwok.key" \
+    --node-lease-duration-seconds=40
+  kc apply -f - >/dev/null <<NODE
+apiVersion: v1
+kind: Node
+metadata:
+  name: $NODE
+  annotations: {kwok.x-k8s.io/node: fake}
+  labels: {kubernetes.io/hostname: $NODE, kubernetes.io/os: linux, kubernetes.io/arch: amd64, type: kwok}
+NODE
+  wait_for "node $NODE Ready" 120 node_ready
+  # Pods need a ServiceAccount in each namespace; wait for the default one so tests need not.
+  wait_for "default ServiceAccount" 60 kc get serviceaccount default -n default
+
+  start s3 "$S3S_BIN" --host 127.0.0.1 --port "$S3_PORT" \
+    --access-key "$S3_ACCESS_KEY" --secret-key "$S3_SECRET_KEY" "$STATE/s3"
+  wait_for "s3 server" 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$S3_PORT"
+  if command -v docker-registry >/dev/null 2>&1; then
+    printf 'version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:%s\n' \
+      "$STATE/registry" "$REGISTRY_PORT" >"$STATE/registry.yml"
+    start registry docker-registry serve "$STATE/registry.yml"
+    wait_for "registry" 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$REGISTRY_PORT"
+  fi
+  log "up in $(( $(date +%s) - t0 ))s; eval \"\$($0 env)\" to use it"
+}
+
+down() {
+  local name
+  # Reverse order: clients before the servers they talk to.
+  for name in registry s3 kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+    if is_running "$name"; then
+      local pid; pid=$(cat "$R/$name.pid")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+  done
+  rm -rf "$STATE"
+}
+
+env_() {
+  echo "export KUBECONFIG=$K"
+  echo "export PATH=$BIN:\$PATH"
+  echo "export SANDBOXRUN_TEST_STATE=$STATE"
+  echo "export SANDBOXRUN_TEST_S3_ENDPOINT=http://127.0.0.1:$S3_PORT"
+  echo "export SANDBOXRUN_TEST_S3_BUCKET=$S3_BUCKET"
+  echo "export SANDBOXRUN_TEST_S3_ACCESS_KEY=$S3_ACCESS_KEY"
+  echo "export SANDBOXRUN_TEST_S3_SECRET_KEY=$S3_SECRET_KEY"
+  if [ -f "$STATE/registry.yml" ]; then echo "export SANDBOXRUN_TEST_REGISTRY=127.0.0.1:$REGISTRY_PORT"; fi
+}
+
+status() {
+  [ -f "$K" ] || { log "not up (no $K)"; return 1; }
+  kc get --raw /readyz >/dev/null 2>&1 || { log "apiserver does not answer"; return 1; }
+  node_ready || { log "node $NODE is not Ready"; return 1; }
+  log "ok: apiserver answers, node $NODE Ready"
+}
+
+case "${1:-}" in
+  up) if status >/dev/null 2>&1; then log "already up"; else up; fi ;;
+  down) down ;;
+  env) env_ ;;
+  status) status ;;
+  *) echo "usage: $0 up|down|env|status" >&2; exit 2 ;;
+esac

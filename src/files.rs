@@ -1,0 +1,409 @@
+//! `sandboxrun-operator files ls|get`: read a run's drained files back from the object store, from
+//! anywhere that has the store URL (a laptop, a CI job). Also usable as `kubectl sandboxrun files`
+//! when the binary is installed as `kubectl-sandboxrun`.
+//!
+//! `get` extracts through the same sanitizer as the drain and verifies every file against the
+//! manifest's sha256: a stored archive is untrusted input too (an object store response).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use async_compression::tokio::bufread::{GzipDecoder, ZstdDecoder};
+use clap::{Args, Subcommand};
+use futures::{StreamExt, TryStreamExt};
+use object_store::{ObjectStore, ObjectStoreExt};
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncWriteExt, BufReader};
+use tokio_util::io::StreamReader;
+
+use crate::api::Compression;
+use crate::drain::sanitize::{Decision, EntryInfo, EntryKind, Limits, MemberKind, Sanitizer};
+use crate::store::{list_manifests, Manifest};
+
+/// `files` arguments.
+#[derive(Args, Debug)]
+pub struct FilesArgs {
+    /// ls or get.
+    #[command(subcommand)]
+    pub command: FilesCommand,
+    /// Store URL (the operator's --store-url).
+    #[arg(
+        long,
+        global = true,
+        env = "SANDBOXRUN_STORE_URL",
+        default_value = "file:///var/lib/sandboxrun/store"
+    )]
+    pub store_url: String,
+    /// Store options as key=value (repeatable / comma-separated).
+    #[arg(
+        long = "store-option",
+        global = true,
+        env = "SANDBOXRUN_STORE_OPTIONS",
+        value_delimiter = ','
+    )]
+    pub store_options: Vec<String>,
+    /// Namespace of the run.
+    #[arg(short = 'n', long, global = true, default_value = "default")]
+    pub namespace: String,
+    /// Pick the run instance by uid (default: the most recently drained one).
+    #[arg(long, global = true)]
+    pub uid: Option<String>,
+}
+
+/// `files` subcommands.
+#[derive(Subcommand, Debug)]
+pub enum FilesCommand {
+    /// List the drained members of a run (dropped and rejected ones marked).
+    Ls {
+        /// The SandboxRun name.
+        run: String,
+    },
+    /// Download and extract a run's drained files into a directory, verified against the manifest.
+    Get {
+        /// The SandboxRun name.
+        run: String,
+        /// Only this declared path.
+        #[arg(long)]
+        path: Option<String>,
+        /// Output directory (created; each declared path goes to <index>-<slug>/).
+        #[arg(short = 'o', long)]
+        output: PathBuf,
+    },
+}
+
+/// Why `files` failed.
+#[derive(Debug, Error)]
+pub enum FilesError {
+    /// Bad store options.
+    #[error("{0}")]
+    Usage(String),
+    /// The store.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// Nothing stored for the run.
+    #[error("nothing is stored for {namespace}/{run} (no manifest: never drained, or a different store URL)")]
+    NotFound {
+        /// Namespace.
+        namespace: String,
+        /// Run.
+        run: String,
+    },
+    /// Reading or writing.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The stored archive does not match its manifest.
+    #[error("{0}")]
+    Verify(String),
+}
+
+/// Runs `files`.
+pub async fn run(args: FilesArgs) -> ExitCode {
+    let mut out = std::io::stdout();
+    match run_to(args, &mut out).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(FilesError::Usage(m)) => {
+            eprintln!("{m}");
+            ExitCode::from(2)
+        }
+        Err(e) => {
+            eprintln!("files: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Runs `files`, writing the report to `out`.
+pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesError> {
+    let options = crate::util::parse_options(&args.store_options).map_err(FilesError::Usage)?;
+    let (store, prefix) = crate::store::store_from_url(&args.store_url, &options)?;
+    let run_name = match &args.command {
+        FilesCommand::Ls { run } | FilesCommand::Get { run, .. } => run.clone(),
+    };
+    let all = list_manifests(&store, &prefix, &args.namespace, &run_name).await?;
+    let manifests = pick_instance(all, args.uid.as_deref());
+    if manifests.is_empty() {
+        return Err(FilesError::NotFound {
+            namespace: args.namespace.clone(),
+            run: run_name,
+        });
+    }
+    let io = |what: &str| {
+        let what = what.to_string();
+        move |source| FilesError::Io { what, source }
+    };
+    match args.command {
+        FilesCommand::Ls { .. } => {
+            for m in &manifests {
+                writeln!(
+                    out,
+                    "{} [{:?}] {} member(s), {} byte(s), {} dropped, {} rejected (run uid {})",
+                    m.declared_path,
+                    m.phase,
+                    m.totals.members,
+                    m.totals.bytes,
+                    m.totals.dropped_members,
+                    m.totals.rejected_members,
+                    m.run.uid
+                )
+                .map_err(io("write"))?;
+                for member in &m.members {
+                    let sha = member
+                        .sha256
+                        .as_deref()
+                        .map(|s| &s[..s.len().min(12)])
+                        .unwrap_or("-");
+                    let link = member
+                        .link_target
+                        .as_deref()
+                        .map(|t| format!(" -> {t}"))
+                        .unwrap_or_default();
+                    writeln!(
+                        out,
+                        "  {:<7} {:>12}  {:<12}  {}{}",
+                        kind_word(member.kind),
+                        member.size,
+                        sha,
+                        member.path,
+                        link
+                    )
+                    .map_err(io("write"))?;
+                }
+                for d in &m.dropped {
+                    writeln!(
+                        out,
+                        "  DROPPED {:>12}  {:<12}  {} (over the cap)",
+                        d.size, "-", d.path
+                    )
+                    .map_err(io("write"))?;
+                }
+                for r in &m.rejected {
+                    writeln!(
+                        out,
+                        "  REJECTED {:>11}  {:<12}  {} ({})",
+                        "-", "-", r.path, r.reason
+                    )
+                    .map_err(io("write"))?;
+                }
+            }
+            Ok(())
+        }
+        FilesCommand::Get { path, output, .. } => {
+            let chosen: Vec<&Manifest> = manifests
+                .iter()
+                .filter(|m| path.as_deref().is_none_or(|p| p == m.declared_path))
+                .collect();
+            if chosen.is_empty() {
+                return Err(FilesError::Usage(format!(
+                    "{run_name} declares no stored path {:?}",
+                    path.unwrap_or_default()
+                )));
+            }
+            for m in chosen {
+                let dir = output.join(format!(
+                    "{:02}-{}",
+                    m.index,
+                    crate::store::path_slug(&m.declared_path)
+                ));
+                let n = extract_verified(&store, m, &dir).await?;
+                writeln!(
+                    out,
+                    "{} -> {} ({n} member(s) verified)",
+                    m.declared_path,
+                    dir.display()
+                )
+                .map_err(io("write"))?;
+            }
+            Ok(())
+        }
+    }
+}
+
+fn kind_word(kind: MemberKind) -> &'static str {
+    match kind {
+        MemberKind::File => "file",
+        MemberKind::Dir => "dir",
+        MemberKind::Symlink => "symlink",
+    }
+}
+
+/// The manifests of one run instance: `uid` if given, else the most recently finished one.
+fn pick_instance(
+    all: Vec<(object_store::path::Path, Manifest)>,
+    uid: Option<&str>,
+) -> Vec<Manifest> {
+    let mut by_uid: BTreeMap<String, Vec<Manifest>> = BTreeMap::new();
+    for (_, m) in all {
+        by_uid.entry(m.run.uid.clone()).or_default().push(m);
+    }
+    let chosen = match uid {
+        Some(u) => by_uid.remove(u),
+        None => by_uid
+            .into_values()
+            .max_by(|a, b| latest(a).cmp(&latest(b))),
+    };
+    let mut v = chosen.unwrap_or_default();
+    v.sort_by_key(|m| m.index);
+    v
+}
+
+fn latest(ms: &[Manifest]) -> String {
+    ms.iter()
+        .map(|m| m.finished_at.clone())
+        .max()
+        .unwrap_or_default()
+}
+
+/// Downloads the archive of `manifest`, extracts it under `dir` through the sanitizer, and checks
+/// every file against the manifest's size and sha256. Returns the number of members written.
+pub async fn extract_verified(
+    store: &Arc<dyn ObjectStore>,
+    manifest: &Manifest,
+    dir: &Path,
+) -> Result<usize, FilesError> {
+    let key = object_store::path::Path::from(manifest.archive_key.as_str());
+    let got = store.get(&key).await.map_err(|e| {
+        FilesError::Verify(format!(
+            "archive {key} listed by the manifest cannot be read: {e}"
+        ))
+    })?;
+    let stream = got.into_stream().map_err(std::io::Error::other);
+    let raw = BufReader::new(StreamReader::new(stream));
+    let reader: Box<dyn AsyncRead + Unpin + Send> = match manifest.compression {
+        Compression::None => Box::new(raw),
+        Compression::Gzip => Box::new(GzipDecoder::new(raw)),
+        Compression::Zstd => Box::new(ZstdDecoder::new(raw)),
+    };
+    tokio::fs::create_dir_all(dir)
+        .await
+        .map_err(|source| FilesError::Io {
+            what: format!("create {}", dir.display()),
+            source,
+        })?;
+    let expected: BTreeMap<&str, &crate::drain::MemberRecord> = manifest
+        .members
+        .iter()
+        .map(|m| (m.path.trim_end_matches('/'), m))
+        .collect();
+    let mut archive = tokio_tar::Archive::new(reader);
+    let mut entries = archive
+        .entries()
+        .map_err(|e| FilesError::Verify(format!("archive {key}: {e}")))?;
+    let mut sanitizer = Sanitizer::new(Limits::default());
+    let mut written = 0usize;
+    while let Some(entry) = entries.next().await {
+        let mut entry =
+            entry.map_err(|e| FilesError::Verify(format!("archive {key} is corrupt: {e}")))?;
+        let corrupt =
+            |e: std::io::Error| FilesError::Verify(format!("archive {key} is corrupt: {e}"));
+        let type_byte = entry.header().entry_type().as_byte();
+        let size = entry.effective_size();
+        let path_bytes = entry.path_bytes().map_err(corrupt)?.into_owned();
+        let link = entry
+            .link_name_bytes()
+            .map_err(corrupt)?
+            .map(|l| l.into_owned());
+        let info = EntryInfo {
+            path: &path_bytes,
+            kind: EntryKind::from_type_byte(type_byte),
+            link_target: link.as_deref(),
+            size,
+        };
+        let accepted = match sanitizer.check(&info) {
+            Decision::Accept(a) => a,
+            Decision::Ignore => continue,
+            Decision::Reject(reason) => {
+                return Err(FilesError::Verify(format!(
+                    "archive {key} holds an unsafe member {:?} ({reason}); refusing to extract it",
+                    String::from_utf8_lossy(&path_bytes)
+                )))
+            }
+        };
+        let rel = accepted.path.trim_end_matches('/').to_string();
+        let Some(record) = expected.get(rel.as_str()) else {
+            return Err(FilesError::Verify(format!(
+                "archive {key} holds {rel}, which its manifest does not list"
+            )));
+        };
+        let target = dir.join(&rel);
+        let ioe = |what: String| move |source| FilesError::Io { what, source };
+        match accepted.kind {
+            MemberKind::Dir => {
+                tokio::fs::create_dir_all(&target)
+                    .await
+                    .map_err(ioe(format!("create {}", target.display())))?;
+            }
+            MemberKind::Symlink => {
+                if let Some(parent) = target.parent() {
+                    tokio::fs::create_dir_all(parent)
+                        .await
+                        .map_err(ioe(format!("create {}", parent.display())))?;
+                }
+                let to = accepted.link_target.clone().unwrap_or_default();
+                tokio::fs::symlink(&to, &target)
+                    .await
+                    .map_err(ioe(format!("symlink {}", target.display())))?;
+            }
+            MemberKind::File => {
+                if let Some(parent) = target.parent() {
+                    tokio::fs::create_dir_all(parent)
+                        .await
+                        .map_err(ioe(format!("create {}", parent.display())))?;
+                }
+                let mut file = tokio::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&target)
+                    .await
+                    .map_err(ioe(format!("create {}", target.display())))?;
+                let mut hasher = Sha256::new();
+                let mut total = 0u64;
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = tokio::io::AsyncReadExt::read(&mut entry, &mut buf)
+                        .await
+                        .map_err(|e| {
+                            FilesError::Verify(format!("archive {key}: reading {rel}: {e}"))
+                        })?;
+                    if n == 0 {
+                        break;
+                    }
+                    hasher.update(&buf[..n]);
+                    total += n as u64;
+                    file.write_all(&buf[..n])
+                        .await
+                        .map_err(ioe(format!("write {}", target.display())))?;
+                }
+                file.flush()
+                    .await
+                    .map_err(ioe(format!("write {}", target.display())))?;
+                let sha = hex::encode(hasher.finalize());
+                if total != record.size || record.sha256.as_deref() != Some(sha.as_str()) {
+                    let _ = tokio::fs::remove_file(&target).await;
+                    return Err(FilesError::Verify(format!(
+                        "{rel}: {total} bytes with sha256 {sha}, but the manifest says {} bytes with sha256 {}",
+                        record.size,
+                        record.sha256.as_deref().unwrap_or("-")
+                    )));
+                }
+            }
+        }
+        written += 1;
+    }
+    if written != manifest.members.len() {
+        return Err(FilesError::Verify(format!(
+            "archive {key} holds {written} member(s) but its manifest lists {}",
+            manifest.members.len()
+        )));
+    }
+    Ok(written)
+}

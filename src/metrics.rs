@@ -1,0 +1,135 @@
+//! Prometheus metrics of the operator, served on `/metrics` of the metrics address.
+
+use prometheus::{
+    exponential_buckets, histogram_opts, opts, Encoder, HistogramVec, IntCounterVec, IntGaugeVec,
+    Registry, TextEncoder,
+};
+
+/// Every metric the controller and the drain record. Cheap to clone (the collectors are shared).
+#[derive(Clone)]
+pub struct Metrics {
+    /// The registry the collectors live in (the webhook registers its own into it too).
+    pub registry: Registry,
+    /// Reconciles by outcome step.
+    pub reconciles: IntCounterVec,
+    /// Reconcile duration.
+    pub reconcile_duration: HistogramVec,
+    /// Reconcile errors by kind.
+    pub reconcile_errors: IntCounterVec,
+    /// Runs by phase, as last seen by this replica.
+    pub runs_by_phase: IntGaugeVec,
+    /// Bytes stored by drains.
+    pub drained_bytes: IntCounterVec,
+    /// Duration of one path's drain (all attempts).
+    pub drain_duration: HistogramVec,
+    /// Drain outcomes by phase (Drained, Empty, Capped, Failed).
+    pub drains: IntCounterVec,
+    /// Drain failures by reason.
+    pub drain_failures: IntCounterVec,
+    /// Members dropped (cap) or rejected (sanitizer), by reason.
+    pub members_refused: IntCounterVec,
+}
+
+/// A metric could not be registered (a programming error: duplicate names).
+#[derive(Debug, thiserror::Error)]
+#[error("metrics registration failed: {0}")]
+pub struct MetricsError(#[from] prometheus::Error);
+
+impl Metrics {
+    /// Creates and registers every metric into a fresh registry.
+    pub fn new() -> Result<Metrics, MetricsError> {
+        let registry = Registry::new_custom(Some("sandboxrun".to_string()), None)?;
+        let reconciles =
+            IntCounterVec::new(opts!("reconciles_total", "Reconciles by step"), &["step"])?;
+        let reconcile_duration = HistogramVec::new(
+            histogram_opts!(
+                "reconcile_duration_seconds",
+                "Reconcile duration",
+                exponential_buckets(0.005, 2.0, 16)?
+            ),
+            &["step"],
+        )?;
+        let reconcile_errors = IntCounterVec::new(
+            opts!("reconcile_errors_total", "Reconcile errors by kind"),
+            &["kind"],
+        )?;
+        let runs_by_phase = IntGaugeVec::new(opts!("runs", "Runs by phase"), &["phase"])?;
+        let drained_bytes = IntCounterVec::new(
+            opts!("drain_bytes_total", "Member bytes stored by drains"),
+            &["compression"],
+        )?;
+        let drain_duration = HistogramVec::new(
+            histogram_opts!(
+                "drain_duration_seconds",
+                "Duration of one path's drain, every attempt included",
+                exponential_buckets(0.05, 2.0, 16)?
+            ),
+            &["phase"],
+        )?;
+        let drains =
+            IntCounterVec::new(opts!("drains_total", "Drain outcomes by phase"), &["phase"])?;
+        let drain_failures = IntCounterVec::new(
+            opts!("drain_failures_total", "Drain failures by reason"),
+            &["reason"],
+        )?;
+        let members_refused = IntCounterVec::new(
+            opts!(
+                "drain_members_refused_total",
+                "Members dropped by the cap or rejected by the sanitizer"
+            ),
+            &["outcome", "reason"],
+        )?;
+        registry.register(Box::new(reconciles.clone()))?;
+        registry.register(Box::new(reconcile_duration.clone()))?;
+        registry.register(Box::new(reconcile_errors.clone()))?;
+        registry.register(Box::new(runs_by_phase.clone()))?;
+        registry.register(Box::new(drained_bytes.clone()))?;
+        registry.register(Box::new(drain_duration.clone()))?;
+        registry.register(Box::new(drains.clone()))?;
+        registry.register(Box::new(drain_failures.clone()))?;
+        registry.register(Box::new(members_refused.clone()))?;
+        Ok(Metrics {
+            registry,
+            reconciles,
+            reconcile_duration,
+            reconcile_errors,
+            runs_by_phase,
+            drained_bytes,
+            drain_duration,
+            drains,
+            drain_failures,
+            members_refused,
+        })
+    }
+
+    /// The text exposition of every registered metric.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let families = self.registry.gather();
+        if TextEncoder::new().encode(&families, &mut buf).is_err() {
+            return String::new();
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_render_with_the_operator_prefix() {
+        let m = Metrics::new().unwrap();
+        m.drains.with_label_values(&["Drained"]).inc();
+        m.drain_failures.with_label_values(&["exec"]).inc();
+        let text = m.render();
+        assert!(
+            text.contains("sandboxrun_drains_total{phase=\"Drained\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("sandboxrun_drain_failures_total{reason=\"exec\"} 1"),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,736 @@
+//! The pure pod builder: `SandboxRun` → the `Pod` the controller creates (ADR-143 §2, §3).
+//!
+//! No client, no clock: everything the pod depends on is in [`PodSettings`] and the run itself, so
+//! the shape of the pod (volumes, mounts, security, the promise variables) is unit tested here and
+//! checked again on the pod the controller really creates.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar, ExecAction,
+    Lifecycle, LifecycleHandler, LocalObjectReference, PersistentVolumeClaimVolumeSource, Pod,
+    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::{Resource, ResourceExt};
+use thiserror::Error;
+
+use crate::api::{parse_user, MountType, SandboxRun};
+
+/// Name of the user's container.
+pub const WORKLOAD_CONTAINER: &str = "workload";
+/// Name of the operator-owned container the drain execs into.
+pub const HOLDER_CONTAINER: &str = "holder";
+/// The variable that names the run-files directory to the workload (ADR-143 Consequences).
+pub const ARTIFACT_FILES_ENV: &str = "ITERION_ARTIFACT_FILES_DIR";
+/// The variable that lists every declared read-back path (`:`-separated, declaration order).
+pub const READBACK_PATHS_ENV: &str = "SANDBOXRUN_READBACK_PATHS";
+/// Label carrying the owning run's uid (names can exceed a label value's 63 characters).
+pub const RUN_UID_LABEL: &str = "sandbox.iterion.io/run-uid";
+/// Label carrying the owning run's name when it fits in a label value.
+pub const RUN_NAME_LABEL: &str = "sandbox.iterion.io/run";
+/// Where the holder keeps its drain marker (an emptyDir of its own: its root may be read-only).
+pub const HOLDER_STATE_DIR: &str = "/var/run/sandboxrun";
+/// Volume-name prefix of the emptyDir serving read-back path N.
+pub const READBACK_VOLUME_PREFIX: &str = "readback-";
+/// Seconds the pod's grace period adds to the drain timeout, so the holder outlives the drain.
+const GRACE_MARGIN_SECONDS: i64 = 30;
+
+/// Operator-wide inputs to the pod builder.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodSettings {
+    /// Image of the holder container: the operator's own image.
+    pub holder_image: String,
+    /// How long teardown may drain when the run does not say.
+    pub default_drain_timeout_seconds: i64,
+}
+
+impl Default for PodSettings {
+    fn default() -> Self {
+        PodSettings {
+            holder_image: "ghcr.io/iterion/sandboxrun-operator:latest".to_string(),
+            default_drain_timeout_seconds: 300,
+        }
+    }
+}
+
+/// A run the builder cannot turn into a pod. Admission refuses all of these first; the builder
+/// refuses again so that a run admitted without the webhook never gets a half-served pod.
+#[derive(Debug, Error, PartialEq)]
+pub enum BuildError {
+    /// The run has no uid/name yet (not read from the apiserver).
+    #[error("the run has no {0} yet; it must be read from the apiserver first")]
+    MissingMetadata(&'static str),
+    /// No image.
+    #[error("spec.image is required")]
+    MissingImage,
+    /// No or bad user.
+    #[error("spec.user must be a numeric non-root \"uid\" or \"uid:gid\", got {0:?}")]
+    BadUser(Option<String>),
+    /// A mount type the pod cannot serve.
+    #[error("spec.mounts[{index}] ({name}): type {kind:?} cannot be served on a pod")]
+    UnservableMount {
+        /// Position in spec.mounts.
+        index: usize,
+        /// Mount name.
+        name: String,
+        /// Its type.
+        kind: MountType,
+    },
+    /// A mount type that needs a source has none.
+    #[error("spec.mounts[{index}] ({name}): source is required for type {kind:?}")]
+    MissingSource {
+        /// Position in spec.mounts.
+        index: usize,
+        /// Mount name.
+        name: String,
+        /// Its type.
+        kind: MountType,
+    },
+    /// The drain timeout does not parse.
+    #[error("spec.readBack.drainTimeout {0:?} is not a duration like 90s or 5m")]
+    BadDrainTimeout(String),
+}
+
+/// Name of the pod of a run: the run's name with a suffix, shortened with a hash of the full name
+/// when it would exceed the 253 characters of a DNS subdomain.
+pub fn pod_name(run_name: &str) -> String {
+    const SUFFIX: &str = "-sbr";
+    if run_name.len() + SUFFIX.len() <= 253 {
+        return format!("{run_name}{SUFFIX}");
+    }
+    let digest = crate::util::short_hash(run_name);
+    let keep = 253 - SUFFIX.len() - digest.len() - 1;
+    let head = run_name[..keep].trim_end_matches(['-', '.']);
+    format!("{head}-{digest}{SUFFIX}")
+}
+
+/// The drain timeout of a run, in seconds.
+pub fn drain_timeout_seconds(run: &SandboxRun, settings: &PodSettings) -> Result<i64, BuildError> {
+    match run
+        .spec
+        .read_back
+        .as_ref()
+        .and_then(|r| r.drain_timeout.as_deref())
+    {
+        None => Ok(settings.default_drain_timeout_seconds),
+        Some(text) => crate::util::parse_duration(text)
+            .map(|d| i64::try_from(d.as_secs().max(1)).unwrap_or(i64::MAX))
+            .map_err(|_| BuildError::BadDrainTimeout(text.to_string())),
+    }
+}
+
+/// Builds the pod of a run.
+pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildError> {
+    let name = run
+        .metadata
+        .name
+        .clone()
+        .ok_or(BuildError::MissingMetadata("name"))?;
+    let uid = run
+        .metadata
+        .uid
+        .clone()
+        .ok_or(BuildError::MissingMetadata("uid"))?;
+    let spec = &run.spec;
+    let image = spec
+        .image
+        .clone()
+        .filter(|i| !i.trim().is_empty())
+        .ok_or(BuildError::MissingImage)?;
+    let (user, group) = spec
+        .user
+        .as_deref()
+        .and_then(parse_user)
+        .filter(|(u, _)| *u != 0)
+        .ok_or_else(|| BuildError::BadUser(spec.user.clone()))?;
+    // The holder reads what the workload wrote, so both run as the same uid/gid, and fsGroup makes
+    // the emptyDirs group-owned by it (DESIGN: "the holder must be able to read what the workload
+    // wrote").
+    let group = group.unwrap_or(user);
+    let drain_timeout = drain_timeout_seconds(run, settings)?;
+
+    let mut volumes = Vec::new();
+    let mut workload_mounts = Vec::new();
+    for (index, m) in spec.mounts.iter().enumerate() {
+        let volume_name = format!("mount-{index}");
+        let source = || {
+            m.source
+                .clone()
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| BuildError::MissingSource {
+                    index,
+                    name: m.name.clone(),
+                    kind: m.kind,
+                })
+        };
+        let mut volume = Volume {
+            name: volume_name.clone(),
+            ..Volume::default()
+        };
+        match m.kind {
+            MountType::EmptyDir => volume.empty_dir = Some(EmptyDirVolumeSource::default()),
+            MountType::ConfigMap => {
+                volume.config_map = Some(ConfigMapVolumeSource {
+                    name: source()?,
+                    ..Default::default()
+                })
+            }
+            MountType::Secret => {
+                volume.secret = Some(SecretVolumeSource {
+                    secret_name: Some(source()?),
+                    ..Default::default()
+                })
+            }
+            MountType::PersistentVolumeClaim => {
+                volume.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: source()?,
+                    read_only: Some(m.read_only),
+                })
+            }
+            MountType::Bind => {
+                return Err(BuildError::UnservableMount {
+                    index,
+                    name: m.name.clone(),
+                    kind: m.kind,
+                })
+            }
+        }
+        volumes.push(volume);
+        workload_mounts.push(VolumeMount {
+            name: volume_name,
+            mount_path: m.target.clone(),
+            read_only: m.read_only.then_some(true),
+            ..VolumeMount::default()
+        });
+    }
+
+    // One emptyDir per declared read-back path, mounted at that path in the workload AND in the
+    // holder. No sizeLimit, on purpose (ADR-143 "Unbounded size"): past it the kubelet evicts the
+    // whole pod and nothing would be drained; the cap is metered by the drain instead.
+    let mut holder_mounts = vec![VolumeMount {
+        name: "holder-state".to_string(),
+        mount_path: HOLDER_STATE_DIR.to_string(),
+        ..VolumeMount::default()
+    }];
+    volumes.push(Volume {
+        name: "holder-state".to_string(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    });
+    let read_back = spec.read_back_paths();
+    for (index, path) in read_back.iter().enumerate() {
+        let volume_name = format!("{READBACK_VOLUME_PREFIX}{index}");
+        volumes.push(Volume {
+            name: volume_name.clone(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        });
+        let mount = VolumeMount {
+            name: volume_name,
+            mount_path: path.path.clone(),
+            ..VolumeMount::default()
+        };
+        workload_mounts.push(mount.clone());
+        holder_mounts.push(VolumeMount {
+            read_only: Some(true),
+            ..mount
+        });
+    }
+
+    let mut env: Vec<EnvVar> = spec
+        .env
+        .iter()
+        .filter(|e| e.name != ARTIFACT_FILES_ENV && e.name != READBACK_PATHS_ENV)
+        .map(|e| EnvVar {
+            name: e.name.clone(),
+            value: Some(e.value.clone()),
+            value_from: None,
+        })
+        .collect();
+    // The promise (ADR-143 §3, §6): a path is named to the workload because it will be read back.
+    // Named exactly when a kept mount serves it and the drain covers it — both hold for every
+    // declared path here, and never for anything else (user env cannot forge the variables).
+    if let Some(first) = read_back.first() {
+        env.push(EnvVar {
+            name: ARTIFACT_FILES_ENV.to_string(),
+            value: Some(first.path.clone()),
+            value_from: None,
+        });
+        let all: Vec<&str> = read_back.iter().map(|p| p.path.as_str()).collect();
+        env.push(EnvVar {
+            name: READBACK_PATHS_ENV.to_string(),
+            value: Some(all.join(":")),
+            value_from: None,
+        });
+    }
+
+    let restricted = SecurityContext {
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_string()]),
+            add: None,
+        }),
+        run_as_non_root: Some(true),
+        ..SecurityContext::default()
+    };
+
+    // Without a command the run is a long-lived sandbox: the workload idles, driven by exec.
+    let (command, args) = if spec.is_long_lived() && spec.args.as_ref().is_none_or(|a| a.is_empty())
+    {
+        (
+            Some(vec!["sleep".to_string(), "infinity".to_string()]),
+            None,
+        )
+    } else {
+        (
+            spec.command.clone().filter(|c| !c.is_empty()),
+            spec.args.clone(),
+        )
+    };
+
+    let workload = Container {
+        name: WORKLOAD_CONTAINER.to_string(),
+        image: Some(image),
+        command,
+        args,
+        working_dir: spec.working_dir.clone(),
+        env: (!env.is_empty()).then_some(env),
+        resources: spec.resources.clone(),
+        volume_mounts: Some(workload_mounts),
+        security_context: Some(restricted.clone()),
+        ..Container::default()
+    };
+
+    let tiny = |cpu: &str, mem: &str| {
+        BTreeMap::from([
+            ("cpu".to_string(), Quantity(cpu.to_string())),
+            ("memory".to_string(), Quantity(mem.to_string())),
+        ])
+    };
+    let holder = Container {
+        name: HOLDER_CONTAINER.to_string(),
+        image: Some(settings.holder_image.clone()),
+        command: Some(vec![
+            "sandboxrun-operator".to_string(),
+            "holder".to_string(),
+        ]),
+        args: Some(vec![
+            "--state-dir".to_string(),
+            HOLDER_STATE_DIR.to_string(),
+        ]),
+        resources: Some(ResourceRequirements {
+            requests: Some(tiny("10m", "16Mi")),
+            limits: Some(BTreeMap::from([(
+                "memory".to_string(),
+                Quantity("128Mi".to_string()),
+            )])),
+            ..ResourceRequirements::default()
+        }),
+        volume_mounts: Some(holder_mounts),
+        // A pod deleted or evicted gracefully keeps its emptyDirs until the holder stops: the hook
+        // holds it until the operator has drained (or the grace period, set from drainTimeout, ends).
+        lifecycle: Some(Lifecycle {
+            pre_stop: Some(LifecycleHandler {
+                exec: Some(ExecAction {
+                    command: Some(vec![
+                        "sandboxrun-operator".to_string(),
+                        "holder".to_string(),
+                        "--state-dir".to_string(),
+                        HOLDER_STATE_DIR.to_string(),
+                        "--wait-drained".to_string(),
+                        format!("{}s", drain_timeout + GRACE_MARGIN_SECONDS / 2),
+                    ]),
+                }),
+                ..LifecycleHandler::default()
+            }),
+            ..Lifecycle::default()
+        }),
+        security_context: Some(SecurityContext {
+            read_only_root_filesystem: Some(true),
+            ..restricted
+        }),
+        ..Container::default()
+    };
+
+    let mut labels = BTreeMap::from([
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "sandboxrun-operator".to_string(),
+        ),
+        (
+            "app.kubernetes.io/name".to_string(),
+            "sandboxrun".to_string(),
+        ),
+        (RUN_UID_LABEL.to_string(), uid.clone()),
+    ]);
+    if name.len() <= 63 {
+        labels.insert(RUN_NAME_LABEL.to_string(), name.clone());
+    }
+
+    Ok(Pod {
+        metadata: ObjectMeta {
+            name: Some(pod_name(&name)),
+            namespace: run.namespace(),
+            labels: Some(labels),
+            owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![workload, holder],
+            volumes: Some(volumes),
+            restart_policy: Some("Never".to_string()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            // activeDeadlineSeconds is deliberately NOT set: the kubelet would kill the holder too
+            // and the read-back paths would go undrained. The operator enforces the deadline.
+            termination_grace_period_seconds: Some(drain_timeout + GRACE_MARGIN_SECONDS),
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                run_as_user: Some(user),
+                run_as_group: Some(group),
+                fs_group: Some(group),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".to_string(),
+                    localhost_profile: None,
+                }),
+                ..PodSecurityContext::default()
+            }),
+            image_pull_secrets: (!spec.image_pull_secrets.is_empty()).then(|| {
+                spec.image_pull_secrets
+                    .iter()
+                    .map(|n| LocalObjectReference { name: n.clone() })
+                    .collect()
+            }),
+            node_selector: spec.node_selector.clone(),
+            tolerations: spec.tolerations.clone(),
+            priority_class_name: spec.priority_class_name.clone(),
+            ..PodSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// Whether `pod` keeps the promise for `path`: an emptyDir volume (a mount the driver keeps)
+/// mounted at `path` in the workload AND in the holder (which the drain reads). Used by the canary.
+pub fn kept_mount_serves(pod: &Pod, path: &str) -> bool {
+    let Some(spec) = pod.spec.as_ref() else {
+        return false;
+    };
+    let empty_dirs: Vec<&str> = spec
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| v.empty_dir.is_some())
+        .map(|v| v.name.as_str())
+        .collect();
+    let mounted_in = |container: &str| {
+        spec.containers
+            .iter()
+            .filter(|c| c.name == container)
+            .any(|c| {
+                c.volume_mounts
+                    .iter()
+                    .flatten()
+                    .any(|m| m.mount_path == path && empty_dirs.contains(&m.name.as_str()))
+            })
+    };
+    mounted_in(WORKLOAD_CONTAINER) && mounted_in(HOLDER_CONTAINER)
+}
+
+/// The value of an env variable of the workload container, if set.
+pub fn workload_env<'a>(pod: &'a Pod, name: &str) -> Option<&'a str> {
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == WORKLOAD_CONTAINER)?
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == name)?
+        .value
+        .as_deref()
+}
+
+/// Canary (ADR-143 §6), both directions: the promise variables name exactly the paths a kept mount
+/// serves. Returns the violations in words; empty means the promise holds.
+pub fn promise_violations(pod: &Pod, declared: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    let listed: Vec<String> = workload_env(pod, READBACK_PATHS_ENV)
+        .map(|v| {
+            v.split(':')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    for path in &listed {
+        if !kept_mount_serves(pod, path) {
+            out.push(format!(
+                "{READBACK_PATHS_ENV} names {path}, which no kept mount serves"
+            ));
+        }
+    }
+    for path in declared {
+        if kept_mount_serves(pod, path) && !listed.contains(path) {
+            out.push(format!(
+                "{path} is served and drained but not named in {READBACK_PATHS_ENV}"
+            ));
+        }
+        if !kept_mount_serves(pod, path) {
+            out.push(format!(
+                "declared path {path} is not served by a kept mount"
+            ));
+        }
+    }
+    match workload_env(pod, ARTIFACT_FILES_ENV) {
+        Some(dir) if !kept_mount_serves(pod, dir) => out.push(format!(
+            "{ARTIFACT_FILES_ENV}={dir} but no kept mount serves it"
+        )),
+        Some(dir) if declared.first().map(String::as_str) != Some(dir) => out.push(format!(
+            "{ARTIFACT_FILES_ENV}={dir} is not the first declared path"
+        )),
+        None if !declared.is_empty() => out.push(format!(
+            "{ARTIFACT_FILES_ENV} is unset although paths are served and drained"
+        )),
+        _ => {}
+    }
+    out
+}
+
+/// Whether the pod belongs to the run (owner reference by uid).
+pub fn owned_by(pod: &Pod, run: &SandboxRun) -> bool {
+    let Some(uid) = run.uid() else { return false };
+    pod.owner_references()
+        .iter()
+        .any(|o| o.uid == uid && o.controller == Some(true))
+        && pod.meta().namespace == run.namespace()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{EnvVar as SpecEnv, Mount, ReadBack, ReadBackPath, SandboxRunSpec};
+
+    fn run(spec: SandboxRunSpec) -> SandboxRun {
+        let mut r = SandboxRun::new("demo", spec);
+        r.metadata.namespace = Some("ns1".into());
+        r.metadata.uid = Some("1111-2222".into());
+        r
+    }
+
+    fn spec_with_paths(paths: &[&str]) -> SandboxRunSpec {
+        SandboxRunSpec {
+            image: Some("busybox@sha256:abc".into()),
+            command: Some(vec!["sh".into(), "-c".into(), "echo hi".into()]),
+            user: Some("1000:3000".into()),
+            read_back: Some(ReadBack {
+                paths: paths
+                    .iter()
+                    .map(|p| ReadBackPath {
+                        path: p.to_string(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn container<'a>(pod: &'a Pod, name: &str) -> &'a Container {
+        let spec = pod.spec.as_ref().unwrap();
+        spec.containers.iter().find(|c| c.name == name).unwrap()
+    }
+
+    #[test]
+    fn every_declared_path_is_an_emptydir_without_size_limit_in_workload_and_holder() {
+        let pod = build_pod(
+            &run(spec_with_paths(&["/out", "/logs/x"])),
+            &PodSettings::default(),
+        )
+        .unwrap();
+        for path in ["/out", "/logs/x"] {
+            assert!(kept_mount_serves(&pod, path), "{path} not served");
+        }
+        for v in pod.spec.as_ref().unwrap().volumes.iter().flatten() {
+            if let Some(ed) = &v.empty_dir {
+                assert!(
+                    ed.size_limit.is_none(),
+                    "sizeLimit on {} evicts the run",
+                    v.name
+                );
+            }
+        }
+        let holder = container(&pod, HOLDER_CONTAINER);
+        assert!(holder
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| m.name.starts_with(READBACK_VOLUME_PREFIX))
+            .all(|m| m.read_only == Some(true)));
+    }
+
+    #[test]
+    fn variable_named_exactly_when_a_kept_mount_serves_it() {
+        let declared = vec!["/out".to_string(), "/logs".to_string()];
+        let pod = build_pod(
+            &run(spec_with_paths(&["/out", "/logs"])),
+            &PodSettings::default(),
+        )
+        .unwrap();
+        assert_eq!(promise_violations(&pod, &declared), Vec::<String>::new());
+        assert_eq!(workload_env(&pod, ARTIFACT_FILES_ENV), Some("/out"));
+        assert_eq!(workload_env(&pod, READBACK_PATHS_ENV), Some("/out:/logs"));
+
+        // No declared path: no variable, whatever the user's env says.
+        let mut spec = spec_with_paths(&[]);
+        spec.env.push(SpecEnv {
+            name: ARTIFACT_FILES_ENV.into(),
+            value: "/tmp/forged".into(),
+        });
+        let pod = build_pod(&run(spec), &PodSettings::default()).unwrap();
+        assert_eq!(workload_env(&pod, ARTIFACT_FILES_ENV), None);
+        assert_eq!(workload_env(&pod, READBACK_PATHS_ENV), None);
+        assert!(promise_violations(&pod, &[]).is_empty());
+
+        // The converse direction fails loudly when a served path is dropped from the pod.
+        let mut pod = build_pod(&run(spec_with_paths(&["/out"])), &PodSettings::default()).unwrap();
+        let spec = pod.spec.as_mut().unwrap();
+        spec.volumes
+            .as_mut()
+            .unwrap()
+            .retain(|v| !v.name.starts_with(READBACK_VOLUME_PREFIX));
+        assert!(!promise_violations(&pod, &["/out".to_string()]).is_empty());
+    }
+
+    #[test]
+    fn pod_is_restricted_owned_and_has_no_active_deadline() {
+        let mut spec = spec_with_paths(&["/out"]);
+        spec.active_deadline_seconds = Some(10);
+        let r = run(spec);
+        let pod = build_pod(&r, &PodSettings::default()).unwrap();
+        let ps = pod.spec.as_ref().unwrap();
+        assert_eq!(ps.restart_policy.as_deref(), Some("Never"));
+        assert_eq!(ps.automount_service_account_token, Some(false));
+        assert_eq!(ps.active_deadline_seconds, None);
+        let sc = ps.security_context.as_ref().unwrap();
+        assert_eq!(sc.run_as_user, Some(1000));
+        assert_eq!(sc.run_as_group, Some(3000));
+        assert_eq!(sc.fs_group, Some(3000));
+        assert_eq!(sc.run_as_non_root, Some(true));
+        assert_eq!(sc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        for c in &ps.containers {
+            let csc = c.security_context.as_ref().unwrap();
+            assert_eq!(csc.allow_privilege_escalation, Some(false));
+            assert_eq!(
+                csc.capabilities.as_ref().unwrap().drop,
+                Some(vec!["ALL".to_string()])
+            );
+        }
+        assert!(owned_by(&pod, &r));
+        assert_eq!(pod.metadata.name.as_deref(), Some("demo-sbr"));
+        assert_eq!(
+            ps.termination_grace_period_seconds,
+            Some(300 + GRACE_MARGIN_SECONDS)
+        );
+    }
+
+    #[test]
+    fn no_command_is_a_long_lived_sandbox_that_idles() {
+        let mut spec = spec_with_paths(&["/out"]);
+        spec.command = None;
+        let pod = build_pod(&run(spec), &PodSettings::default()).unwrap();
+        let w = container(&pod, WORKLOAD_CONTAINER);
+        assert_eq!(
+            w.command,
+            Some(vec!["sleep".to_string(), "infinity".to_string()])
+        );
+    }
+
+    #[test]
+    fn drain_timeout_sets_the_grace_period() {
+        let mut spec = spec_with_paths(&["/out"]);
+        spec.read_back.as_mut().unwrap().drain_timeout = Some("2m".into());
+        let pod = build_pod(&run(spec), &PodSettings::default()).unwrap();
+        assert_eq!(
+            pod.spec.as_ref().unwrap().termination_grace_period_seconds,
+            Some(120 + GRACE_MARGIN_SECONDS)
+        );
+    }
+
+    #[test]
+    fn unservable_specs_are_refused_not_half_served() {
+        let mut spec = spec_with_paths(&["/out"]);
+        spec.mounts.push(Mount {
+            name: "host".into(),
+            kind: MountType::Bind,
+            source: Some("/etc".into()),
+            target: "/host".into(),
+            read_only: true,
+        });
+        assert!(matches!(
+            build_pod(&run(spec), &PodSettings::default()),
+            Err(BuildError::UnservableMount { .. })
+        ));
+        let mut spec = spec_with_paths(&["/out"]);
+        spec.user = Some("0".into());
+        assert!(matches!(
+            build_pod(&run(spec), &PodSettings::default()),
+            Err(BuildError::BadUser(_))
+        ));
+        let mut spec = spec_with_paths(&["/out"]);
+        spec.image = Some(" ".into());
+        assert_eq!(
+            build_pod(&run(spec), &PodSettings::default()),
+            Err(BuildError::MissingImage)
+        );
+    }
+
+    #[test]
+    fn user_mounts_are_served_by_their_volume_types() {
+        let mut spec = spec_with_paths(&["/out"]);
+        spec.mounts = vec![
+            Mount {
+                name: "cfg".into(),
+                kind: MountType::ConfigMap,
+                source: Some("my-cm".into()),
+                target: "/etc/cfg".into(),
+                read_only: true,
+            },
+            Mount {
+                name: "data".into(),
+                kind: MountType::PersistentVolumeClaim,
+                source: Some("claim".into()),
+                target: "/data".into(),
+                read_only: false,
+            },
+        ];
+        let pod = build_pod(&run(spec), &PodSettings::default()).unwrap();
+        let vols = pod.spec.as_ref().unwrap().volumes.as_ref().unwrap();
+        assert_eq!(vols[0].config_map.as_ref().unwrap().name, "my-cm");
+        assert_eq!(
+            vols[1].persistent_volume_claim.as_ref().unwrap().claim_name,
+            "claim"
+        );
+        let w = container(&pod, WORKLOAD_CONTAINER);
+        let targets: Vec<_> = w
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        assert_eq!(targets, ["/etc/cfg", "/data", "/out"]);
+    }
+
+    #[test]
+    fn long_names_still_give_a_valid_pod_name() {
+        let long = "a".repeat(253);
+        let name = pod_name(&long);
+        assert!(name.len() <= 253, "{}", name.len());
+        assert_ne!(pod_name(&long), pod_name(&format!("{}b", "a".repeat(252))));
+    }
+}

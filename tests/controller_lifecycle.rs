@@ -1,0 +1,447 @@
+//! The controller on the real control plane: the pod it creates, the lifecycle of batch runs and
+//! long-lived sandboxes, deletion through the finalizer, foreground deletion, and scale.
+//! Each test runs the real operator binary against a fresh namespace; kwok plays the node, and
+//! its exec runs `sandboxrun-operator pack` on this host, so declared paths are host directories.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use sandboxrun_operator::api::{
+    Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec, FINALIZER,
+};
+use sandboxrun_operator::pod::{self, promise_violations, ARTIFACT_FILES_ENV, READBACK_PATHS_ENV};
+use sandboxrun_operator::store::list_manifests;
+use serde_json::json;
+
+use support::*;
+
+fn spec(paths: &[&Path], command: Option<Vec<&str>>) -> SandboxRunSpec {
+    SandboxRunSpec {
+        image: Some("registry.example/tool@sha256:0000000000000000000000000000000000000000000000000000000000000000".into()),
+        command: command.map(|c| c.into_iter().map(String::from).collect()),
+        user: Some("1000:1000".into()),
+        read_back: Some(ReadBack {
+            paths: paths
+                .iter()
+                .map(|p| ReadBackPath { path: p.display().to_string(), ..Default::default() })
+                .collect(),
+            drain_timeout: Some("60s".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn create(api: &Api<SandboxRun>, name: &str, spec: SandboxRunSpec) -> SandboxRun {
+    api.create(&PostParams::default(), &SandboxRun::new(name, spec))
+        .await
+        .expect("create SandboxRun")
+}
+
+async fn wait_phase(api: &Api<SandboxRun>, name: &str, want: Phase, op: &Operator) -> SandboxRun {
+    let what = format!("{name} to reach {want:?}");
+    let run = eventually_or_log(&what, Duration::from_secs(90), op, || {
+        let api = api.clone();
+        let name = name.to_string();
+        async move {
+            let r = api.get(&name).await.ok()?;
+            (r.status.as_ref()?.phase == Some(want)).then_some(r)
+        }
+    })
+    .await;
+    run
+}
+
+async fn eventually_or_log<T, F, Fut>(what: &str, timeout: Duration, op: &Operator, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!(
+                "timed out waiting for {what}; operator log:\n{}",
+                op.log_text()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn finish_workload(pods: &Api<Pod>, pod_name: &str, code: i32) {
+    let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": code.to_string()}}});
+    pods.patch(pod_name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("annotate pod");
+}
+
+fn store_dir(tag: &str) -> (std::path::PathBuf, String) {
+    let dir = host_dir(&format!("store-{tag}"));
+    let url = format!("file://{}", dir.display());
+    (dir, url)
+}
+
+#[tokio::test]
+async fn the_pod_keeps_every_promise_and_a_batch_run_drains_then_succeeds() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "batch").await;
+    let (_store_dir, store_url) = store_dir("batch");
+    let op = Operator::start(&ns.name, &store_url, &[]);
+    let out = host_dir("out");
+    let logs = host_dir("logs");
+    std::fs::create_dir_all(out.join("nested/deeper")).unwrap();
+    std::fs::write(out.join("report.txt"), b"all good\n").unwrap();
+    std::fs::write(out.join("nested/deeper/data.bin"), vec![7u8; 70_000]).unwrap();
+
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    create(
+        &runs,
+        "batch",
+        spec(&[&out, &logs], Some(vec!["sh", "-c", "make report"])),
+    )
+    .await;
+    let run = wait_phase(&runs, "batch", Phase::Running, &op).await;
+    assert!(run.finalizers().contains(&FINALIZER.to_string()));
+
+    // The pod the controller really created keeps the promise, both directions (ADR-143 §6).
+    let pod_name = run.status.as_ref().unwrap().pod_name.clone().unwrap();
+    let p = pods.get(&pod_name).await.unwrap();
+    let declared = vec![out.display().to_string(), logs.display().to_string()];
+    assert_eq!(promise_violations(&p, &declared), Vec::<String>::new());
+    assert_eq!(
+        pod::workload_env(&p, ARTIFACT_FILES_ENV),
+        Some(declared[0].as_str())
+    );
+    assert_eq!(
+        pod::workload_env(&p, READBACK_PATHS_ENV).map(str::to_string),
+        Some(declared.join(":"))
+    );
+    let ps = p.spec.as_ref().unwrap();
+    assert_eq!(ps.active_deadline_seconds, None);
+    assert_eq!(ps.automount_service_account_token, Some(false));
+    assert!(pod::owned_by(&p, &run));
+    for v in ps
+        .volumes
+        .iter()
+        .flatten()
+        .filter(|v| v.name.starts_with(pod::READBACK_VOLUME_PREFIX))
+    {
+        assert!(v.empty_dir.as_ref().unwrap().size_limit.is_none());
+    }
+
+    finish_workload(&pods, &pod_name, 0).await;
+    let run = wait_phase(&runs, "batch", Phase::Succeeded, &op).await;
+    let status = run.status.unwrap();
+    assert_eq!(status.exit_code, Some(0));
+    let entries = &status.read_back;
+    assert_eq!(entries[0].phase, ReadBackPhase::Drained, "{entries:?}");
+    assert!(
+        entries[0].members >= 4,
+        "report.txt, nested/, nested/deeper/, data.bin: {entries:?}"
+    );
+    assert_eq!(entries[0].bytes, 9 + 70_000, "{entries:?}");
+    assert_eq!(
+        entries[1].phase,
+        ReadBackPhase::Empty,
+        "the tool wrote nothing in logs: {entries:?}"
+    );
+    for t in ["Ready", "WorkloadFinished", "Drained", "Complete"] {
+        assert!(
+            status.conditions.iter().any(|c| c.type_ == t),
+            "condition {t} missing"
+        );
+    }
+    let complete = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Complete")
+        .unwrap();
+    assert_eq!(complete.status, "True");
+
+    // The files landed in the embedded store, under the documented keys.
+    crypto();
+    let (store, prefix) = sandboxrun_operator::store::store_from_url(&store_url, &[]).unwrap();
+    let manifests = list_manifests(&store, &prefix, &ns.name, "batch")
+        .await
+        .unwrap();
+    assert_eq!(manifests.len(), 2, "one manifest per declared path");
+    assert!(manifests[0].0.to_string().contains(&format!(
+        "{}/batch/{}/00-",
+        ns.name,
+        run.metadata.uid.unwrap()
+    )));
+
+    // The pod is released once drained.
+    eventually(
+        "pod deleted after the drain",
+        Duration::from_secs(30),
+        || {
+            let pods = pods.clone();
+            let pod_name = pod_name.clone();
+            async move { pods.get_opt(&pod_name).await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_failing_workload_fails_the_run_but_its_files_are_still_drained() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "fail").await;
+    let (_d, store_url) = store_dir("fail");
+    let op = Operator::start(&ns.name, &store_url, &[]);
+    let out = host_dir("out");
+    std::fs::write(out.join("crash.log"), b"boom\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "fails", spec(&[&out], Some(vec!["false"]))).await;
+    let run = wait_phase(&runs, "fails", Phase::Running, &op).await;
+    finish_workload(&pods, &run.status.unwrap().pod_name.unwrap(), 3).await;
+    let run = wait_phase(&runs, "fails", Phase::Failed, &op).await;
+    let status = run.status.unwrap();
+    assert_eq!(status.exit_code, Some(3));
+    assert_eq!(status.read_back[0].phase, ReadBackPhase::Drained);
+}
+
+#[tokio::test]
+async fn stop_tears_a_long_lived_sandbox_down_and_kubectl_shows_it() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "stop").await;
+    let (_d, store_url) = store_dir("stop");
+    let op = Operator::start(&ns.name, &store_url, &[]);
+    let out = host_dir("out");
+    std::fs::write(out.join("notes.md"), b"# notes\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "sandbox", spec(&[&out], None)).await;
+    wait_phase(&runs, "sandbox", Phase::Running, &op).await;
+
+    // `kubectl get sbr` shows the printer columns.
+    let kubectl = tools_bin()
+        .map(|b| b.join("kubectl"))
+        .unwrap_or_else(|| "kubectl".into());
+    let get = Command::new(&kubectl)
+        .args([
+            "--kubeconfig",
+            &kubeconfig_path().display().to_string(),
+            "get",
+            "sbr",
+            "-n",
+            &ns.name,
+        ])
+        .output()
+        .expect("kubectl get sbr");
+    let text = String::from_utf8_lossy(&get.stdout).to_string();
+    let header: Vec<&str> = text
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(header, ["NAME", "PHASE", "DRAINED", "POD", "AGE"], "{text}");
+    assert!(text.contains("Running"), "{text}");
+
+    // `kubectl wait --for=condition=Complete` returns once stopped.
+    let mut wait = Command::new(&kubectl)
+        .args([
+            "--kubeconfig",
+            &kubeconfig_path().display().to_string(),
+            "wait",
+            "-n",
+            &ns.name,
+            "--for=condition=Complete",
+            "sbr/sandbox",
+            "--timeout=90s",
+        ])
+        .spawn()
+        .expect("kubectl wait");
+    runs.patch(
+        "sandbox",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"stop": true}})),
+    )
+    .await
+    .expect("set stop");
+    let run = wait_phase(&runs, "sandbox", Phase::Stopped, &op).await;
+    assert!(
+        wait.wait().unwrap().success(),
+        "kubectl wait --for=condition=Complete failed"
+    );
+    assert_eq!(
+        run.status.unwrap().read_back[0].phase,
+        ReadBackPhase::Drained
+    );
+}
+
+#[tokio::test]
+async fn deleting_a_run_drains_it_before_the_finalizer_lets_go() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "delete").await;
+    let (_d, store_url) = store_dir("delete");
+    let op = Operator::start(&ns.name, &store_url, &[]);
+    let out = host_dir("out");
+    std::fs::write(out.join("result.json"), b"{\"ok\":true}\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "gone", spec(&[&out], None)).await;
+    wait_phase(&runs, "gone", Phase::Running, &op).await;
+    runs.delete("gone", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually_or_log("run deleted", Duration::from_secs(90), &op, || {
+        let runs = runs.clone();
+        async move { runs.get_opt("gone").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let (store, prefix) = sandboxrun_operator::store::store_from_url(&store_url, &[]).unwrap();
+    let manifests = list_manifests(&store, &prefix, &ns.name, "gone")
+        .await
+        .unwrap();
+    assert_eq!(manifests.len(), 1, "drained before the CR went away");
+    assert_eq!(
+        manifests[0]
+            .1
+            .members
+            .iter()
+            .filter(|m| m.path == "result.json")
+            .count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn foreground_deletion_drains_in_the_holder_grace_window() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "fg").await;
+    let (_d, store_url) = store_dir("fg");
+    let op = Operator::start(&ns.name, &store_url, &[]);
+    let out = host_dir("out");
+    std::fs::write(out.join("a.txt"), b"a\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "fg", spec(&[&out], None)).await;
+    wait_phase(&runs, "fg", Phase::Running, &op).await;
+    // The garbage collector deletes the pod (gracefully) while the finalizer still holds the run.
+    runs.delete("fg", &DeleteParams::foreground())
+        .await
+        .expect("foreground delete");
+    eventually_or_log("run deleted", Duration::from_secs(120), &op, || {
+        let runs = runs.clone();
+        async move { runs.get_opt("fg").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let (store, prefix) = sandboxrun_operator::store::store_from_url(&store_url, &[]).unwrap();
+    let manifests = list_manifests(&store, &prefix, &ns.name, "fg")
+        .await
+        .unwrap();
+    assert_eq!(
+        manifests.len(),
+        1,
+        "drained during the grace window; log:\n{}",
+        op.log_text()
+    );
+}
+
+#[tokio::test]
+async fn a_pod_deleted_out_from_under_a_run_is_reported_as_a_drain_failure() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "lost").await;
+    let (_d, store_url) = store_dir("lost");
+    let op = Operator::start(&ns.name, &store_url, &[]);
+    let out = host_dir("out");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "lost", spec(&[&out], None)).await;
+    let run = wait_phase(&runs, "lost", Phase::Running, &op).await;
+    let pod_name = run.status.unwrap().pod_name.unwrap();
+    // Force-delete: no grace window, so the emptyDirs go before anyone can drain them.
+    pods.delete(
+        &pod_name,
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let run = wait_phase(&runs, "lost", Phase::Failed, &op).await;
+    let status = run.status.unwrap();
+    // Either the operator saw the pod vanish (pod gone) or caught it while it was being deleted
+    // and tried — both must be a Failed path with a cause, never Empty.
+    assert_eq!(
+        status.read_back[0].phase,
+        ReadBackPhase::Failed,
+        "{:?}",
+        status.read_back
+    );
+    assert!(
+        status.read_back[0].message.is_some(),
+        "a failure always says why"
+    );
+    let drained = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Drained")
+        .unwrap();
+    assert_eq!(
+        (drained.status.as_str(), drained.reason.as_str()),
+        ("False", "DrainFailed")
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &ns.name);
+    let found = eventually("the drain_failed Event", Duration::from_secs(30), || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("sandbox_runfiles_drain_failed"))
+        }
+    })
+    .await;
+    assert_eq!(found.type_.as_deref(), Some("Warning"));
+}
+
+#[tokio::test]
+async fn fifty_runs_created_at_once_all_reach_running() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "fifty").await;
+    let (_d, store_url) = store_dir("fifty");
+    let op = Operator::start(&ns.name, &store_url, &[]);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let out = host_dir("out");
+    let creates = (0..50).map(|i| {
+        let runs = runs.clone();
+        let s = spec(&[&out], None);
+        async move { create(&runs, &format!("r{i:02}"), s).await }
+    });
+    futures::future::join_all(creates).await;
+    eventually_or_log("50 runs Running", Duration::from_secs(180), &op, || {
+        let runs = runs.clone();
+        async move {
+            let list = runs.list(&Default::default()).await.ok()?;
+            let running = list
+                .items
+                .iter()
+                .filter(|r| r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Running))
+                .count();
+            (running == 50).then_some(())
+        }
+    })
+    .await;
+}

@@ -1,0 +1,329 @@
+//! Test support for the integration tests: connects to the local control plane started by
+//! `hack/local-cluster.sh up`, gives each test a fresh namespace (deleted afterwards), and runs the
+//! real operator binary against it. Without a running cluster every test that asks for one FAILS
+//! with a message saying how to start it — never a silent skip or pass.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Api, Client, Config};
+
+/// The repository root.
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The kubeconfig of the local control plane: $KUBECONFIG if set, else the harness's default.
+pub fn kubeconfig_path() -> PathBuf {
+    std::env::var_os("KUBECONFIG")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".k8s-local/kubeconfig"))
+}
+
+/// The harness's state directory (PKI, logs).
+pub fn state_dir() -> PathBuf {
+    std::env::var_os("SANDBOXRUN_TEST_STATE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".k8s-local"))
+}
+
+/// The directory holding kubectl and friends.
+pub fn tools_bin() -> Option<PathBuf> {
+    let out = Command::new(repo().join("hack/local-cluster.sh"))
+        .arg("env")
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.lines().find_map(|l| {
+        l.strip_prefix("export PATH=")
+            .and_then(|v| v.split(':').next())
+            .map(PathBuf::from)
+    })
+}
+
+const HOW_TO_START: &str =
+    "the local control plane is not running. Start it with `hack/local-cluster.sh up` \
+(or run the whole suite with `make test`, which brings it up and down)";
+
+/// Installs the rustls crypto provider once per test process.
+pub fn crypto() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// A client of the local control plane; panics with instructions when it is not up.
+pub async fn client() -> Client {
+    crypto();
+    let path = kubeconfig_path();
+    let kc = Kubeconfig::read_from(&path)
+        .unwrap_or_else(|e| panic!("{HOW_TO_START} (cannot read {}: {e})", path.display()));
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("{HOW_TO_START} (bad kubeconfig {}: {e})", path.display()));
+    let client = Client::try_from(config).unwrap_or_else(|e| panic!("{HOW_TO_START} ({e})"));
+    if let Err(e) = client.apiserver_version().await {
+        panic!("{HOW_TO_START} (apiserver does not answer: {e})");
+    }
+    client
+}
+
+/// Applies the committed CRD (the same file users apply) and waits until it is established.
+pub async fn ensure_crd(client: &Client) {
+    static DONE: OnceLock<()> = OnceLock::new();
+    if DONE.get().is_some() {
+        return;
+    }
+    let text = std::fs::read_to_string(repo().join("crds/sandboxruns.sandbox.iterion.io.yaml"))
+        .expect("crds/sandboxruns.sandbox.iterion.io.yaml (run `make crds`)");
+    let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("CRD parses");
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    api.patch(
+        "sandboxruns.sandbox.iterion.io",
+        &PatchParams::apply("sandboxrun-tests").force(),
+        &Patch::Apply(&crd),
+    )
+    .await
+    .expect("apply CRD");
+    for _ in 0..100 {
+        let c = api
+            .get("sandboxruns.sandbox.iterion.io")
+            .await
+            .expect("get CRD");
+        let established = c.status.and_then(|s| s.conditions).is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+        });
+        if established {
+            let _ = DONE.set(());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("CRD not established");
+}
+
+/// A namespace that exists for one test and is deleted when dropped.
+pub struct TestNamespace {
+    pub name: String,
+    client: Client,
+}
+
+impl TestNamespace {
+    /// Creates `t-<prefix>-<random>`, labelled so webhooks in tests can select it.
+    pub async fn new(client: &Client, prefix: &str) -> TestNamespace {
+        let suffix: String = format!("{:08x}", rand_u32());
+        let name = format!("t-{prefix}-{suffix}");
+        let ns = Namespace {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.clone()),
+                labels: Some([("sandboxrun-test".to_string(), name.clone())].into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &ns)
+            .await
+            .expect("create test namespace");
+        // Pods need the default ServiceAccount, which the controller-manager creates shortly.
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), &name);
+        for _ in 0..100 {
+            if sas.get_opt("default").await.ok().flatten().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        TestNamespace {
+            name,
+            client: client.clone(),
+        }
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        if std::env::var_os("SANDBOXRUN_KEEP_NAMESPACES").is_some() {
+            return;
+        }
+        let client = self.client.clone();
+        let name = self.name.clone();
+        // Drop cannot await; a short-lived runtime on its own thread deletes the namespace.
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                rt.block_on(async move {
+                    let _ = Api::<Namespace>::all(client)
+                        .delete(&name, &DeleteParams::background())
+                        .await;
+                });
+            }
+        })
+        .join();
+    }
+}
+
+/// A pseudo-random u32 (time and a counter; uniqueness is all tests need).
+pub fn rand_u32() -> u32 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static COUNTER: AtomicU32 = AtomicU32::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(13))
+        .unwrap_or(0);
+    nanos
+        .wrapping_mul(2654435761)
+        .wrapping_add(COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(40503))
+        ^ std::process::id()
+}
+
+/// The S3 server of the test bed, from `hack/local-cluster.sh env`.
+pub struct S3 {
+    pub endpoint: String,
+    pub bucket: String,
+    pub access_key: String,
+    pub secret_key: String,
+}
+
+/// S3 settings of the running test bed (fails with instructions when absent).
+pub fn s3() -> S3 {
+    let out = Command::new(repo().join("hack/local-cluster.sh"))
+        .arg("env")
+        .output()
+        .expect("run hack/local-cluster.sh env");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let get = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("export {k}=")).map(str::to_string))
+            .unwrap_or_else(|| {
+                panic!("{HOW_TO_START} ({k} missing from hack/local-cluster.sh env)")
+            })
+    };
+    S3 {
+        endpoint: get("SANDBOXRUN_TEST_S3_ENDPOINT"),
+        bucket: get("SANDBOXRUN_TEST_S3_BUCKET"),
+        access_key: get("SANDBOXRUN_TEST_S3_ACCESS_KEY"),
+        secret_key: get("SANDBOXRUN_TEST_S3_SECRET_KEY"),
+    }
+}
+
+/// The operator binary under test, running against the local control plane.
+pub struct Operator {
+    child: Child,
+    pub log: PathBuf,
+}
+
+impl Operator {
+    /// Starts `sandboxrun-operator run` watching `namespace`, with `extra` flags.
+    pub fn start(namespace: &str, store_url: &str, extra: &[&str]) -> Operator {
+        let log = std::env::temp_dir().join(format!(
+            "sandboxrun-operator-{namespace}-{}.log",
+            rand_u32()
+        ));
+        let file = std::fs::File::create(&log).expect("operator log file");
+        let err = file.try_clone().expect("clone log file");
+        let mut args = vec![
+            "run".to_string(),
+            "--namespaces".to_string(),
+            namespace.to_string(),
+            "--store-url".to_string(),
+            store_url.to_string(),
+            "--metrics-addr".to_string(),
+            "127.0.0.1:0".to_string(),
+            "--webhook-addr".to_string(),
+            String::new(),
+            "--holder-image".to_string(),
+            "sandboxrun-operator:test".to_string(),
+            "--log-level".to_string(),
+            "info,sandboxrun_operator=debug".to_string(),
+            "--pod-name".to_string(),
+            format!("operator-{namespace}"),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let child = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
+            .args(&args)
+            .env("KUBECONFIG", kubeconfig_path())
+            .stdout(Stdio::from(file))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start the operator binary");
+        Operator { child, log }
+    }
+
+    /// The operator's log so far (for assertion messages).
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Sends SIGKILL (a crash, for restart tests).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Polls `f` every 200 ms until it returns Some or `timeout` passes (then panics with `what`).
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A fresh host directory under the harness state (kwok's exec runs on this host, so a pod's
+/// "container path" in tests is a real host path).
+pub fn host_dir(name: &str) -> PathBuf {
+    let dir = state_dir()
+        .join("paths")
+        .join(format!("{name}-{:08x}", rand_u32()));
+    std::fs::create_dir_all(&dir).expect("create host dir");
+    dir
+}
+
+/// Writes `len` deterministic pseudo-random bytes to `path`.
+pub fn write_pattern(path: &Path, len: u64, seed: u64) {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).expect("create file"));
+    let mut x = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut left = len;
+    let mut buf = vec![0u8; 64 * 1024];
+    while left > 0 {
+        for chunk in buf.chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let bytes = x.to_le_bytes();
+            chunk.copy_from_slice(&bytes[..chunk.len()]);
+        }
+        let n = left.min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n]).expect("write");
+        left -= n as u64;
+    }
+    f.flush().expect("flush");
+}
