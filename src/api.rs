@@ -396,7 +396,10 @@ pub enum ReadBackPhase {
 impl SandboxRunSpec {
     /// The declared read-back paths, in declaration order.
     pub fn read_back_paths(&self) -> &[ReadBackPath] {
-        self.read_back.as_ref().map(|r| r.paths.as_slice()).unwrap_or(&[])
+        self.read_back
+            .as_ref()
+            .map(|r| r.paths.as_slice())
+            .unwrap_or(&[])
     }
 
     /// Whether the run is a long-lived sandbox (no command: idles until stopped).
@@ -451,7 +454,11 @@ mod tests {
         assert_eq!(crd.spec.scope, "Namespaced");
         let v = &crd.spec.versions[0];
         assert_eq!(v.name, "v1alpha1");
-        assert!(v.subresources.as_ref().and_then(|s| s.status.as_ref()).is_some());
+        assert!(v
+            .subresources
+            .as_ref()
+            .and_then(|s| s.status.as_ref())
+            .is_some());
         let cols: Vec<_> = v
             .additional_printer_columns
             .iter()
@@ -466,10 +473,17 @@ mod tests {
         let crd = serde_json::to_value(SandboxRun::crd()).unwrap_or_default();
         let spec = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
         let props = spec["properties"].as_object().cloned().unwrap_or_default();
-        assert!(props.len() >= 15, "spec has too few properties: {}", props.len());
+        assert!(
+            props.len() >= 15,
+            "spec has too few properties: {}",
+            props.len()
+        );
         for (name, schema) in props {
             assert!(
-                schema.get("description").and_then(|d| d.as_str()).is_some_and(|d| !d.is_empty()),
+                schema
+                    .get("description")
+                    .and_then(|d| d.as_str())
+                    .is_some_and(|d| !d.is_empty()),
                 "spec.{name} has no description"
             );
         }

@@ -17,7 +17,10 @@ pub struct CapSettings {
 
 impl Default for CapSettings {
     fn default() -> Self {
-        CapSettings { default_bytes: GIB, max_bytes: 16 * GIB }
+        CapSettings {
+            default_bytes: GIB,
+            max_bytes: 16 * GIB,
+        }
     }
 }
 
