@@ -1,0 +1,1250 @@
+//! The ADR-006 rule engine: spec + settings → findings. Pure: no client, no clock, no network.
+//!
+//! Both front doors — the validating webhook and `doctor --strict` — call [`check`] and
+//! [`check_update`] and print the same [`Finding`]s (STYLE: "one rule engine, two front doors").
+//! Every finding carries a remediation hint (ADR-006 Context: "a per-failure remediation hint").
+//!
+//! Rule ids are stable: scripts and the test corpus (`tests/admission-corpus/`) match on them.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde::Serialize;
+use thiserror::Error;
+
+use super::network::{Rule, RuleError};
+use crate::api::{
+    parse_user, HostState, Mount, MountType, NetworkMode, SandboxRunSpec, MAX_READBACK_PATHS,
+};
+use crate::config::CapSettings;
+
+/// How bad a finding is. Only `Fail` denies admission or makes `doctor --strict` exit 1;
+/// warnings never change the verdict (ADR-006 §4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// The run cannot be served as written.
+    Fail,
+    /// The run can be served, but probably not as intended.
+    Warn,
+}
+
+/// One result of a rule: what is wrong, where, and what to do about it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Finding {
+    /// Stable rule id, e.g. `image-required`.
+    pub rule: &'static str,
+    /// Fail or warn.
+    pub severity: Severity,
+    /// JSON-path-like location in the object, e.g. `spec.readBack.paths[1].path`.
+    pub field: String,
+    /// What is wrong, quoting the offending value.
+    pub message: String,
+    /// Remediation.
+    pub hint: String,
+}
+
+impl Finding {
+    /// A failing finding.
+    pub fn fail(
+        rule: &'static str,
+        field: impl Into<String>,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Self {
+        Finding {
+            rule,
+            severity: Severity::Fail,
+            field: field.into(),
+            message: message.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// A warning.
+    pub fn warn(
+        rule: &'static str,
+        field: impl Into<String>,
+        message: impl Into<String>,
+        hint: impl Into<String>,
+    ) -> Self {
+        Finding {
+            rule,
+            severity: Severity::Warn,
+            field: field.into(),
+            message: message.into(),
+            hint: hint.into(),
+        }
+    }
+
+    /// Whether this finding fails the object.
+    pub fn is_fail(&self) -> bool {
+        self.severity == Severity::Fail
+    }
+}
+
+/// Operator settings the rules depend on.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RuleSettings {
+    /// Read-back caps: a `sizeLimit` above `caps.max_bytes` is refused.
+    pub caps: CapSettings,
+}
+
+/// Stable rule ids.
+pub mod ids {
+    /// `spec.image` missing or empty.
+    pub const IMAGE_REQUIRED: &str = "image-required";
+    /// `spec.build` present.
+    pub const BUILD_LOCAL_ONLY: &str = "build-local-only";
+    /// Image not pinned by digest (warn).
+    pub const IMAGE_DIGEST: &str = "image-digest";
+    /// Image manifest lookup (opt-in `--check-images`).
+    pub const IMAGE_RESOLVABLE: &str = "image-resolvable";
+    /// `hostState: auto`.
+    pub const HOST_STATE_AUTO: &str = "host-state-auto";
+    /// `spec.user` missing.
+    pub const USER_REQUIRED: &str = "user-required";
+    /// `spec.user` not `uid` / `uid:gid`.
+    pub const USER_NUMERIC: &str = "user-numeric";
+    /// uid 0.
+    pub const USER_NON_ROOT: &str = "user-non-root";
+    /// A network rule does not parse.
+    pub const NETWORK_RULE: &str = "network-rule";
+    /// A CIDR with host bits set (warn).
+    pub const NETWORK_CIDR_HOST_BITS: &str = "network-cidr-host-bits";
+    /// `open` mode (warn).
+    pub const NETWORK_OPEN: &str = "network-open";
+    /// `open` mode with rules (warn).
+    pub const NETWORK_RULES_IGNORED: &str = "network-rules-ignored";
+    /// `allowlist` without rules: every host denied (warn).
+    pub const NETWORK_ALLOWLIST_EMPTY: &str = "network-allowlist-empty";
+    /// `type: bind`.
+    pub const MOUNT_BIND: &str = "mount-bind";
+    /// Mount target not absolute / normalized / allowed.
+    pub const MOUNT_TARGET: &str = "mount-target";
+    /// Two mounts at one target.
+    pub const MOUNT_TARGET_DUPLICATE: &str = "mount-target-duplicate";
+    /// Mount name not a DNS-1123 label.
+    pub const MOUNT_NAME: &str = "mount-name";
+    /// Two mounts with one name.
+    pub const MOUNT_NAME_DUPLICATE: &str = "mount-name-duplicate";
+    /// configMap / secret / persistentVolumeClaim without `source`.
+    pub const MOUNT_SOURCE: &str = "mount-source";
+    /// A mount at, above or below a read-back path.
+    pub const MOUNT_SHADOWS_READ_BACK: &str = "mount-shadows-read-back";
+    /// Read-back path not absolute / normalized / allowed.
+    pub const READ_BACK_PATH: &str = "read-back-path";
+    /// A read-back path declared twice.
+    pub const READ_BACK_DUPLICATE: &str = "read-back-duplicate";
+    /// A read-back path inside another.
+    pub const READ_BACK_NESTED: &str = "read-back-nested";
+    /// More than 16 read-back paths.
+    pub const READ_BACK_COUNT: &str = "read-back-count";
+    /// `sizeLimit` not a quantity, zero, or above the operator maximum.
+    pub const READ_BACK_SIZE_LIMIT: &str = "read-back-size-limit";
+    /// `drainTimeout` does not parse or is not positive.
+    pub const READ_BACK_DRAIN_TIMEOUT: &str = "read-back-drain-timeout";
+    /// On UPDATE with a pod: a field other than `stop` changed.
+    pub const UPDATE_IMMUTABLE: &str = "update-immutable";
+    /// `stop` went from true back to false.
+    pub const UPDATE_STOP_FINAL: &str = "update-stop-final";
+}
+
+/// Checks a spec against every ADR-006 rule. Findings are sorted (see [`sort_findings`]).
+pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
+    let mut out = Vec::new();
+    check_image(spec, &mut out);
+    check_host_state(spec, &mut out);
+    check_user(spec, &mut out);
+    check_network(spec, &mut out);
+    check_read_back(spec, settings, &mut out);
+    check_mounts(spec, &mut out);
+    sort_findings(&mut out);
+    out
+}
+
+/// Rules that compare the stored object with the update (ADR-006 applies to the spec a run
+/// *would use*; once the pod exists, that spec is fixed). `pod_exists`: the status names a pod.
+pub fn check_update(old: &SandboxRunSpec, new: &SandboxRunSpec, pod_exists: bool) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if old.stop && !new.stop {
+        out.push(Finding::fail(
+            ids::UPDATE_STOP_FINAL,
+            "spec.stop",
+            "stop went from true back to false; teardown cannot be undone",
+            "leave stop: true; to run again, create a new SandboxRun",
+        ));
+    }
+    if pod_exists {
+        // The pod is built once from the spec; changing it afterwards would make the object lie
+        // about what runs. Compare everything but `stop` field by field to name what changed.
+        let as_map = |s: &SandboxRunSpec| -> BTreeMap<String, serde_json::Value> {
+            let mut s = s.clone();
+            s.stop = false;
+            match serde_json::to_value(&s) {
+                Ok(serde_json::Value::Object(m)) => m.into_iter().collect(),
+                _ => BTreeMap::new(),
+            }
+        };
+        let (before, after) = (as_map(old), as_map(new));
+        let keys: std::collections::BTreeSet<&String> = before.keys().chain(after.keys()).collect();
+        for key in keys {
+            if before.get(key) != after.get(key) {
+                out.push(Finding::fail(
+                    ids::UPDATE_IMMUTABLE,
+                    format!("spec.{key}"),
+                    format!("spec.{key} changed after the run's pod was created; only spec.stop may change now"),
+                    "delete and re-create the run (set stop: true to tear this one down first)",
+                ));
+            }
+        }
+    }
+    sort_findings(&mut out);
+    out
+}
+
+/// Sorts findings deterministically: by field (numbers inside `[..]` compared as numbers), then
+/// fails before warnings, then rule id and message.
+pub fn sort_findings(findings: &mut [Finding]) {
+    findings.sort_by(|a, b| {
+        natural_cmp(&a.field, &b.field)
+            .then(a.severity.cmp(&b.severity))
+            .then(a.rule.cmp(b.rule))
+            .then(a.message.cmp(&b.message))
+    });
+}
+
+fn natural_cmp(a: &str, b: &str) -> Ordering {
+    fn chunks(s: &str) -> Vec<(bool, &str)> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        let bytes = s.as_bytes();
+        for i in 1..=bytes.len() {
+            if i == bytes.len() || bytes[i].is_ascii_digit() != bytes[start].is_ascii_digit() {
+                out.push((bytes[start].is_ascii_digit(), &s[start..i]));
+                start = i;
+            }
+        }
+        out
+    }
+    let (ca, cb) = (chunks(a), chunks(b));
+    for (x, y) in ca.iter().zip(cb.iter()) {
+        let ord = match (x, y) {
+            ((true, n), (true, m)) => n.len().cmp(&m.len()).then(n.cmp(m)),
+            ((_, s), (_, t)) => s.cmp(t),
+        };
+        if ord != Ordering::Equal {
+            return ord;
+        }
+    }
+    ca.len().cmp(&cb.len())
+}
+
+// ---- 1. image / build ------------------------------------------------------------------------
+
+fn check_image(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    if spec.build.is_some() {
+        out.push(Finding::fail(
+            ids::BUILD_LOCAL_ONLY,
+            "spec.build",
+            "build is local-only; a pod cannot build its image",
+            "reference a pre-built image in spec.image, pin it by digest (repo@sha256:...), and remove spec.build",
+        ));
+    }
+    match spec.image.as_deref().map(str::trim) {
+        None | Some("") => out.push(Finding::fail(
+            ids::IMAGE_REQUIRED,
+            "spec.image",
+            "spec.image is required: a pod needs a container image",
+            "set spec.image to a pre-built image, pinned by digest (repo@sha256:<64 hex>)",
+        )),
+        Some(image) if !is_digest_pinned(image) => out.push(Finding::warn(
+            ids::IMAGE_DIGEST,
+            "spec.image",
+            format!("image `{image}` is not pinned by digest; the tag may move between runs"),
+            "pin it: repo@sha256:<64 hex> (e.g. from `crane digest` or `docker buildx imagetools inspect`)",
+        )),
+        Some(_) => {}
+    }
+}
+
+/// Whether the reference ends in `@sha256:` followed by 64 lowercase hex digits.
+pub fn is_digest_pinned(image: &str) -> bool {
+    image.rsplit_once("@sha256:").is_some_and(|(repo, hex)| {
+        !repo.is_empty()
+            && hex.len() == 64
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+// ---- 2. host state ---------------------------------------------------------------------------
+
+fn check_host_state(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    if spec.host_state == Some(HostState::Auto) {
+        out.push(Finding::fail(
+            ids::HOST_STATE_AUTO,
+            "spec.hostState",
+            "hostState: auto cannot be served: a pod has no host filesystem to share",
+            "set hostState: none, or leave it unset",
+        ));
+    }
+}
+
+// ---- 3. user ---------------------------------------------------------------------------------
+
+fn check_user(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    // ADR-006 §3: a numeric user is a cloud constraint — runAsNonRoot is enforced on the pod and
+    // the image's USER is not introspected, so the uid must be known from the spec alone.
+    let Some(user) = spec.user.as_deref() else {
+        out.push(Finding::fail(
+            ids::USER_REQUIRED,
+            "spec.user",
+            "spec.user is required: the pod runs as non-root and the image's USER is not introspected",
+            "set spec.user to a numeric uid or uid:gid, e.g. \"1000\" or \"1000:1000\"",
+        ));
+        return;
+    };
+    match parse_user(user) {
+        None => out.push(Finding::fail(
+            ids::USER_NUMERIC,
+            "spec.user",
+            format!("user `{user}` is not a numeric uid or uid:gid"),
+            "use the numeric id, e.g. \"1000\" or \"1000:1000\" (names are not resolved on a pod)",
+        )),
+        Some((0, _)) => out.push(Finding::fail(
+            ids::USER_NON_ROOT,
+            "spec.user",
+            format!("user `{user}` is root (uid 0); the pod enforces runAsNonRoot"),
+            "run as an unprivileged uid, e.g. \"1000\"",
+        )),
+        Some(_) => {}
+    }
+}
+
+// ---- 4. network ------------------------------------------------------------------------------
+
+fn check_network(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    let Some(net) = &spec.network else { return };
+    match net.mode {
+        NetworkMode::Open => {
+            out.push(Finding::warn(
+                ids::NETWORK_OPEN,
+                "spec.network.mode",
+                "network mode `open`: egress is not filtered",
+                "use mode: allowlist with the hosts the workload needs, unless unfiltered egress is intended",
+            ));
+            if !net.rules.is_empty() {
+                out.push(Finding::warn(
+                    ids::NETWORK_RULES_IGNORED,
+                    "spec.network.rules",
+                    format!("{} rule(s) are ignored in mode `open`", net.rules.len()),
+                    "remove the rules, or switch to mode: allowlist or denylist for them to apply",
+                ));
+            }
+        }
+        NetworkMode::Allowlist if net.rules.is_empty() => out.push(Finding::warn(
+            ids::NETWORK_ALLOWLIST_EMPTY,
+            "spec.network.rules",
+            "mode `allowlist` without rules denies every host",
+            "add the hosts the workload needs (e.g. `**.example.com`), or drop spec.network if no egress is wanted",
+        )),
+        _ => {}
+    }
+    // Rules are validated in every mode: an `open` policy may be switched to allowlist later.
+    for (i, text) in net.rules.iter().enumerate() {
+        let field = format!("spec.network.rules[{i}]");
+        match Rule::parse(text) {
+            Err(e) => out.push(Finding::fail(
+                ids::NETWORK_RULE,
+                field,
+                format!("rule #{i} `{text}` does not parse: {e}"),
+                network_hint(&e),
+            )),
+            Ok(rule) if rule.cidr_host_bits_set() => out.push(Finding::warn(
+                ids::NETWORK_CIDR_HOST_BITS,
+                field,
+                format!("rule #{i} `{text}` has host bits set; it is read as `{rule}`"),
+                format!("write the network `{rule}`, or the single address without a prefix"),
+            )),
+            Ok(_) => {}
+        }
+    }
+}
+
+fn network_hint(e: &RuleError) -> &'static str {
+    match e {
+        RuleError::Empty | RuleError::Whitespace => "remove the empty or padded rule; write a host, glob, IP or CIDR",
+        RuleError::BareNegation | RuleError::DoubleNegation => "write `!` once, directly before a pattern, e.g. `!ads.example.com`",
+        RuleError::BadGlob => "use `*.example.com` (one label), `**.example.com` (one or more labels) or `**` (any host)",
+        RuleError::BadHost(..) => "write a bare DNS name (no scheme, port or path), an IP literal or a CIDR",
+        RuleError::BadCidr(_) => "write addr/prefix with prefix ≤ 32 (IPv4) or ≤ 128 (IPv6), e.g. 10.0.0.0/8",
+    }
+}
+
+// ---- 5. mounts -------------------------------------------------------------------------------
+
+fn check_mounts(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    let mut names = HashSet::new();
+    let mut targets = HashSet::new();
+    for (i, m) in spec.mounts.iter().enumerate() {
+        let at = |f: &str| format!("spec.mounts[{i}].{f}");
+        check_mount_name(m, &at("name"), &mut names, out);
+        if m.kind == MountType::Bind {
+            out.push(Finding::fail(
+                ids::MOUNT_BIND,
+                at("type"),
+                format!(
+                    "mount `{}` is a bind mount; a pod has no host filesystem to offer",
+                    m.name
+                ),
+                "use emptyDir, configMap, secret or persistentVolumeClaim instead",
+            ));
+        }
+        let needs_source = matches!(
+            m.kind,
+            MountType::ConfigMap | MountType::Secret | MountType::PersistentVolumeClaim
+        );
+        if needs_source && m.source.as_deref().is_none_or(|s| s.trim().is_empty()) {
+            out.push(Finding::fail(
+                ids::MOUNT_SOURCE,
+                at("source"),
+                format!("mount `{}` of type {:?} has no source", m.name, m.kind),
+                "set source to the name of the ConfigMap, Secret or PersistentVolumeClaim to mount",
+            ));
+        }
+        if let Err(why) = check_container_path(&m.target) {
+            out.push(Finding::fail(
+                ids::MOUNT_TARGET,
+                at("target"),
+                format!("mount target `{}` {why}", m.target),
+                "use an absolute, normalized path outside /proc, /sys and /dev, e.g. /data",
+            ));
+            continue;
+        }
+        if !targets.insert(m.target.as_str()) {
+            out.push(Finding::fail(
+                ids::MOUNT_TARGET_DUPLICATE,
+                at("target"),
+                format!("mount target `{}` is used by an earlier mount", m.target),
+                "give every mount its own target",
+            ));
+        }
+        // Each read-back path is served by an emptyDir the operator mounts there (ADR-143 §1); a
+        // user mount at, above or below it would shadow that emptyDir or be shadowed by it, and
+        // the drain would read the wrong volume.
+        for (j, rb) in spec.read_back_paths().iter().enumerate() {
+            if check_container_path(&rb.path).is_ok()
+                && (is_within(&m.target, &rb.path) || is_within(&rb.path, &m.target))
+            {
+                out.push(Finding::fail(
+                    ids::MOUNT_SHADOWS_READ_BACK,
+                    at("target"),
+                    format!(
+                        "mount target `{}` overlaps read-back path `{}` (spec.readBack.paths[{j}]); it would shadow the emptyDir the drain reads",
+                        m.target, rb.path
+                    ),
+                    "mount elsewhere, or drop the mount: a read-back path already gets its own emptyDir",
+                ));
+            }
+        }
+    }
+}
+
+fn check_mount_name<'a>(
+    m: &'a Mount,
+    field: &str,
+    names: &mut HashSet<&'a str>,
+    out: &mut Vec<Finding>,
+) {
+    if !is_dns1123_label(&m.name) {
+        out.push(Finding::fail(
+            ids::MOUNT_NAME,
+            field,
+            format!("mount name `{}` is not a DNS-1123 label", m.name),
+            "use 1-63 lowercase letters, digits and `-`, starting and ending with a letter or digit",
+        ));
+    } else if !names.insert(m.name.as_str()) {
+        out.push(Finding::fail(
+            ids::MOUNT_NAME_DUPLICATE,
+            field,
+            format!("mount name `{}` is used by an earlier mount", m.name),
+            "give every mount a unique name",
+        ));
+    }
+}
+
+/// DNS-1123 label: 1-63 of `[a-z0-9-]`, starting and ending alphanumeric.
+pub fn is_dns1123_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+/// Validates a container path: absolute, normalized (no `..`, `.`, `//`, trailing `/`), not `/`,
+/// not under /proc, /sys or /dev (the kernel's and the runtime's, never the workload's).
+/// Returns a phrase completing "path `x` …".
+pub fn check_container_path(path: &str) -> Result<(), &'static str> {
+    if !path.starts_with('/') {
+        return Err("is not absolute");
+    }
+    if path == "/" {
+        return Err("is the root directory");
+    }
+    if path.contains('\0') {
+        return Err("contains a NUL byte");
+    }
+    if path.ends_with('/') {
+        return Err("ends with `/` (not normalized)");
+    }
+    for seg in path[1..].split('/') {
+        match seg {
+            "" => return Err("contains `//` (not normalized)"),
+            "." | ".." => return Err("contains `.` or `..` segments (not normalized)"),
+            _ => {}
+        }
+    }
+    if ["/proc", "/sys", "/dev"]
+        .iter()
+        .any(|sys| is_within(path, sys))
+    {
+        return Err("is under /proc, /sys or /dev (owned by the kernel and the container runtime)");
+    }
+    Ok(())
+}
+
+/// Whether normalized path `inner` equals `outer` or lies below it.
+fn is_within(inner: &str, outer: &str) -> bool {
+    inner
+        .strip_prefix(outer)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+// ---- 6. read-back ----------------------------------------------------------------------------
+
+fn check_read_back(spec: &SandboxRunSpec, settings: &RuleSettings, out: &mut Vec<Finding>) {
+    let Some(rb) = &spec.read_back else { return };
+    if rb.paths.len() > MAX_READBACK_PATHS {
+        out.push(Finding::fail(
+            ids::READ_BACK_COUNT,
+            "spec.readBack.paths",
+            format!(
+                "{} read-back paths declared; at most {MAX_READBACK_PATHS} are allowed",
+                rb.paths.len()
+            ),
+            "declare a common parent directory instead of many siblings",
+        ));
+    }
+    let mut valid: Vec<(usize, &str)> = Vec::new();
+    for (i, p) in rb.paths.iter().enumerate() {
+        let at = |f: &str| format!("spec.readBack.paths[{i}].{f}");
+        match check_container_path(&p.path) {
+            Err(why) => out.push(Finding::fail(
+                ids::READ_BACK_PATH,
+                at("path"),
+                format!("read-back path `{}` {why}", p.path),
+                "use an absolute, normalized directory outside /proc, /sys and /dev, e.g. /work/out",
+            )),
+            Ok(()) => {
+                if let Some((j, _)) = valid.iter().find(|(_, q)| *q == p.path) {
+                    out.push(Finding::fail(
+                        ids::READ_BACK_DUPLICATE,
+                        at("path"),
+                        format!("read-back path `{}` is already declared at spec.readBack.paths[{j}]", p.path),
+                        "declare each path once",
+                    ));
+                } else if let Some((j, q)) = valid.iter().find(|(_, q)| is_within(&p.path, q) || is_within(q, &p.path)) {
+                    // Each path gets its own emptyDir: a nested one would shadow part of its parent.
+                    out.push(Finding::fail(
+                        ids::READ_BACK_NESTED,
+                        at("path"),
+                        format!("read-back path `{}` is nested with `{q}` (spec.readBack.paths[{j}])", p.path),
+                        "declare only the outer directory; its content includes the inner one",
+                    ));
+                } else {
+                    valid.push((i, p.path.as_str()));
+                }
+            }
+        }
+        if let Some(q) = &p.size_limit {
+            check_size_limit(q, &at("sizeLimit"), &settings.caps, out);
+        }
+    }
+    if let Some(t) = &rb.drain_timeout {
+        if let Err(e) = parse_drain_timeout(t) {
+            out.push(Finding::fail(
+                ids::READ_BACK_DRAIN_TIMEOUT,
+                "spec.readBack.drainTimeout",
+                format!("drainTimeout `{t}`: {e}"),
+                "write a positive duration such as 90s, 5m or 1h30m, or leave it unset for the operator default",
+            ));
+        }
+    }
+}
+
+fn check_size_limit(q: &Quantity, field: &str, caps: &CapSettings, out: &mut Vec<Finding>) {
+    match quantity_to_bytes(q) {
+        Err(e) => out.push(Finding::fail(
+            ids::READ_BACK_SIZE_LIMIT,
+            field,
+            format!("sizeLimit `{}`: {e}", q.0),
+            "write a byte quantity such as 512Mi, 2Gi or 1.5G",
+        )),
+        // A zero cap drops every member: the path would always end Capped and empty. Refused
+        // rather than warned, because it is never what the author meant.
+        Ok(0) => out.push(Finding::fail(
+            ids::READ_BACK_SIZE_LIMIT,
+            field,
+            format!("sizeLimit `{}` is zero; every member would be dropped", q.0),
+            "set a positive cap, or remove sizeLimit for the operator default",
+        )),
+        Ok(n) if n > caps.max_bytes => out.push(Finding::fail(
+            ids::READ_BACK_SIZE_LIMIT,
+            field,
+            format!(
+                "sizeLimit `{}` ({n} bytes) exceeds the operator maximum of {} bytes",
+                q.0, caps.max_bytes
+            ),
+            format!(
+                "lower sizeLimit to at most {} bytes (ask the operator admin to raise the maximum)",
+                caps.max_bytes
+            ),
+        )),
+        Ok(_) => {}
+    }
+}
+
+/// Why a quantity is not a byte count.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum QuantityError {
+    /// Not of the form `<number><suffix>`.
+    #[error("not a quantity (expected e.g. 512Mi, 2Gi, 1.5G or 1000000)")]
+    Syntax,
+    /// Negative.
+    #[error("a byte quantity cannot be negative")]
+    Negative,
+    /// `m`, `u`, `n`: fractions of a byte.
+    #[error("suffix `{0}` is a fraction of a byte; use Ki, Mi, Gi, Ti, k, M, G or T")]
+    FractionalSuffix(String),
+    /// Larger than u64.
+    #[error("too large")]
+    Overflow,
+}
+
+/// Parses a Kubernetes quantity as a byte count: plain bytes, binary suffixes Ki Mi Gi Ti Pi Ei,
+/// decimal suffixes k M G T P E, decimal exponents (`1e9`), and decimals (`1.5Gi`); fractional
+/// results round up (as `Quantity.Value()` does in Go).
+pub fn quantity_to_bytes(q: &Quantity) -> Result<u64, QuantityError> {
+    let s = q.0.trim();
+    let s = match s.strip_prefix('+') {
+        Some(rest) => rest,
+        None if s.starts_with('-') => return Err(QuantityError::Negative),
+        None => s,
+    };
+    let num_end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, suffix) = s.split_at(num_end);
+    let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
+    if (int_part.is_empty() && frac_part.is_empty())
+        || (number.contains('.') && frac_part.is_empty())
+    {
+        return Err(QuantityError::Syntax);
+    }
+    // multiplier = base^exp; value = digits / 10^frac_len * multiplier, computed in u128.
+    let (base, exp): (u128, u32) = match suffix {
+        "" => (10, 0),
+        "Ki" => (1024, 1),
+        "Mi" => (1024, 2),
+        "Gi" => (1024, 3),
+        "Ti" => (1024, 4),
+        "Pi" => (1024, 5),
+        "Ei" => (1024, 6),
+        "k" => (10, 3),
+        "M" => (10, 6),
+        "G" => (10, 9),
+        "T" => (10, 12),
+        "P" => (10, 15),
+        "E" => (10, 18),
+        "m" | "u" | "n" => return Err(QuantityError::FractionalSuffix(suffix.to_string())),
+        other => match other.strip_prefix(['e', 'E']) {
+            Some(e) if !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()) => {
+                (10, e.parse::<u32>().map_err(|_| QuantityError::Overflow)?)
+            }
+            Some(e) if e.starts_with('-') => {
+                return Err(QuantityError::FractionalSuffix(other.to_string()))
+            }
+            _ => return Err(QuantityError::Syntax),
+        },
+    };
+    let digits = format!("{int_part}{frac_part}");
+    let digits = digits.trim_start_matches('0');
+    if digits.len() > 30 {
+        return Err(QuantityError::Overflow);
+    }
+    let mantissa: u128 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse().map_err(|_| QuantityError::Syntax)?
+    };
+    let multiplier = base.checked_pow(exp).ok_or(QuantityError::Overflow)?;
+    let divisor = 10u128
+        .checked_pow(frac_part.len() as u32)
+        .ok_or(QuantityError::Overflow)?;
+    let scaled = mantissa
+        .checked_mul(multiplier)
+        .ok_or(QuantityError::Overflow)?;
+    let bytes = scaled.div_ceil(divisor);
+    u64::try_from(bytes).map_err(|_| QuantityError::Overflow)
+}
+
+/// Why a drain timeout does not parse.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum DrainTimeoutError {
+    /// Not `<number><unit>` repeated, with units ms, s, m, h (the CRD schema's grammar).
+    #[error("not a duration of the form 90s, 5m, 1h30m, 500ms (units: ms, s, m, h)")]
+    Syntax,
+    /// Zero.
+    #[error("the drain timeout must be positive")]
+    NotPositive,
+}
+
+/// Parses `spec.readBack.drainTimeout`. The text must match the CRD schema's grammar
+/// `^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$` — so the doctor (which has no schema) gives the same
+/// verdict as the apiserver — and then parse as a `jiff::SignedDuration` in friendly format.
+pub fn parse_drain_timeout(text: &str) -> Result<Duration, DrainTimeoutError> {
+    if !matches_schema_duration(text) {
+        return Err(DrainTimeoutError::Syntax);
+    }
+    let d: jiff::SignedDuration = text.parse().map_err(|_| DrainTimeoutError::Syntax)?;
+    if !d.is_positive() {
+        return Err(DrainTimeoutError::NotPositive);
+    }
+    Duration::try_from(d).map_err(|_| DrainTimeoutError::Syntax)
+}
+
+fn matches_schema_duration(text: &str) -> bool {
+    let b = text.as_bytes();
+    let mut i = 0;
+    if b.is_empty() {
+        return false;
+    }
+    while i < b.len() {
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        if i == start {
+            return false;
+        }
+        if i < b.len() && b[i] == b'.' {
+            i += 1;
+            let fs = i;
+            while i < b.len() && b[i].is_ascii_digit() {
+                i += 1;
+            }
+            if i == fs {
+                return false;
+            }
+        }
+        if b[i..].starts_with(b"ms") {
+            i += 2;
+        } else if i < b.len() && matches!(b[i], b's' | b'm' | b'h') {
+            i += 1;
+        } else {
+            return false;
+        }
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{NetworkPolicy, ReadBack, ReadBackPath};
+
+    /// A spec every rule accepts: the base the tests below break one field at a time.
+    fn good() -> SandboxRunSpec {
+        SandboxRunSpec {
+            image: Some(format!("ghcr.io/acme/tool@sha256:{}", "a".repeat(64))),
+            user: Some("1000:1000".into()),
+            ..Default::default()
+        }
+    }
+
+    fn rules_of(spec: &SandboxRunSpec) -> Vec<(&'static str, Severity)> {
+        check(spec, &RuleSettings::default())
+            .into_iter()
+            .map(|f| (f.rule, f.severity))
+            .collect()
+    }
+
+    fn accepts(spec: &SandboxRunSpec) {
+        let f = check(spec, &RuleSettings::default());
+        assert!(f.is_empty(), "expected no findings, got {f:#?}");
+    }
+
+    fn rejects(spec: &SandboxRunSpec, rule: &str) -> Finding {
+        let f = check(spec, &RuleSettings::default());
+        let hit = f.iter().find(|f| f.rule == rule && f.is_fail()).cloned();
+        hit.unwrap_or_else(|| panic!("expected a {rule} failure, got {f:#?}"))
+    }
+
+    fn warns(spec: &SandboxRunSpec, rule: &str) {
+        let f = check(spec, &RuleSettings::default());
+        assert!(
+            f.iter()
+                .any(|f| f.rule == rule && f.severity == Severity::Warn),
+            "expected a {rule} warning, got {f:#?}"
+        );
+        assert!(
+            !f.iter().any(Finding::is_fail),
+            "warnings only expected, got {f:#?}"
+        );
+    }
+
+    fn mount(name: &str, kind: MountType, target: &str) -> Mount {
+        let source = matches!(
+            kind,
+            MountType::ConfigMap | MountType::Secret | MountType::PersistentVolumeClaim
+        )
+        .then(|| "src".to_string());
+        Mount {
+            name: name.into(),
+            kind,
+            source,
+            target: target.into(),
+            read_only: false,
+        }
+    }
+
+    fn read_back(paths: &[&str]) -> Option<ReadBack> {
+        Some(ReadBack {
+            paths: paths
+                .iter()
+                .map(|p| ReadBackPath {
+                    path: p.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn a_digest_pinned_numeric_non_root_spec_passes() {
+        accepts(&good());
+    }
+
+    #[test]
+    fn every_finding_has_a_hint_and_a_field() {
+        let spec = SandboxRunSpec {
+            build: Some(serde_json::json!({"context": "."})),
+            host_state: Some(HostState::Auto),
+            mounts: vec![mount("Bad", MountType::Bind, "proc")],
+            network: Some(NetworkPolicy {
+                mode: NetworkMode::Open,
+                rules: vec!["".into()],
+            }),
+            read_back: read_back(&["/a/", "/dev/x"]),
+            ..Default::default()
+        };
+        let f = check(&spec, &RuleSettings::default());
+        assert!(f.len() >= 8, "{f:#?}");
+        for finding in &f {
+            assert!(!finding.hint.is_empty(), "{finding:?}");
+            assert!(finding.field.starts_with("spec."), "{finding:?}");
+        }
+    }
+
+    #[test]
+    fn image_is_required_and_build_is_local_only() {
+        let mut s = good();
+        s.image = None;
+        rejects(&s, ids::IMAGE_REQUIRED);
+        s.image = Some("  ".into());
+        rejects(&s, ids::IMAGE_REQUIRED);
+        let mut s = good();
+        s.build = Some(serde_json::json!({"dockerfile": "Dockerfile"}));
+        let f = rejects(&s, ids::BUILD_LOCAL_ONLY);
+        assert!(
+            f.hint.contains("pre-built image") && f.hint.contains("digest"),
+            "{f:?}"
+        );
+    }
+
+    #[test]
+    fn a_tag_is_a_warning_not_a_failure() {
+        let mut s = good();
+        s.image = Some("alpine:3.20".into());
+        warns(&s, ids::IMAGE_DIGEST);
+        assert!(is_digest_pinned(&format!("r@sha256:{}", "0".repeat(64))));
+        assert!(!is_digest_pinned(&format!("r@sha256:{}", "0".repeat(63))));
+        assert!(!is_digest_pinned(&format!("r@sha256:{}", "A".repeat(64))));
+        assert!(!is_digest_pinned(&format!("@sha256:{}", "0".repeat(64))));
+    }
+
+    #[test]
+    fn host_state_auto_is_refused_and_none_accepted() {
+        let mut s = good();
+        s.host_state = Some(HostState::None);
+        accepts(&s);
+        s.host_state = Some(HostState::Auto);
+        let f = rejects(&s, ids::HOST_STATE_AUTO);
+        assert!(f.hint.contains("none"));
+    }
+
+    #[test]
+    fn user_must_be_numeric_and_not_root() {
+        let mut s = good();
+        for ok in ["1000", "1000:1000", "65534:0"] {
+            s.user = Some(ok.into());
+            accepts(&s);
+        }
+        s.user = None;
+        rejects(&s, ids::USER_REQUIRED);
+        for bad in ["root", "1000:", "nobody:1", "", "-1"] {
+            s.user = Some(bad.into());
+            rejects(&s, ids::USER_NUMERIC);
+        }
+        for root in ["0", "0:1000", "000"] {
+            s.user = Some(root.into());
+            rejects(&s, ids::USER_NON_ROOT);
+        }
+    }
+
+    #[test]
+    fn network_rules_fail_quoting_rule_and_index() {
+        let mut s = good();
+        s.network = Some(NetworkPolicy {
+            mode: NetworkMode::Allowlist,
+            rules: vec![
+                "**.github.com".into(),
+                "a*b.com".into(),
+                "!".into(),
+                "10.0.0.0/40".into(),
+            ],
+        });
+        let f = check(&s, &RuleSettings::default());
+        let bad: Vec<_> = f.iter().filter(|f| f.rule == ids::NETWORK_RULE).collect();
+        assert_eq!(bad.len(), 3, "{f:#?}");
+        assert_eq!(bad[0].field, "spec.network.rules[1]");
+        assert!(
+            bad[0].message.contains("#1") && bad[0].message.contains("`a*b.com`"),
+            "{:?}",
+            bad[0]
+        );
+        assert_eq!(bad[2].field, "spec.network.rules[3]");
+    }
+
+    #[test]
+    fn valid_network_rules_pass() {
+        let mut s = good();
+        s.network = Some(NetworkPolicy {
+            mode: NetworkMode::Allowlist,
+            rules: [
+                "**.github.com",
+                "*.pypi.org",
+                "!evil.github.com",
+                "10.0.0.0/8",
+                "::1",
+                "2001:db8::/32",
+            ]
+            .map(String::from)
+            .to_vec(),
+        });
+        accepts(&s);
+    }
+
+    #[test]
+    fn open_mode_warns_and_says_rules_are_ignored() {
+        let mut s = good();
+        s.network = Some(NetworkPolicy {
+            mode: NetworkMode::Open,
+            rules: vec![],
+        });
+        warns(&s, ids::NETWORK_OPEN);
+        s.network = Some(NetworkPolicy {
+            mode: NetworkMode::Open,
+            rules: vec!["x.com".into()],
+        });
+        warns(&s, ids::NETWORK_RULES_IGNORED);
+        s.network = Some(NetworkPolicy {
+            mode: NetworkMode::Allowlist,
+            rules: vec![],
+        });
+        warns(&s, ids::NETWORK_ALLOWLIST_EMPTY);
+        s.network = Some(NetworkPolicy {
+            mode: NetworkMode::Denylist,
+            rules: vec!["10.1.2.3/8".into()],
+        });
+        warns(&s, ids::NETWORK_CIDR_HOST_BITS);
+    }
+
+    #[test]
+    fn bind_mounts_are_refused() {
+        let mut s = good();
+        s.mounts = vec![mount("host", MountType::Bind, "/data")];
+        rejects(&s, ids::MOUNT_BIND);
+    }
+
+    #[test]
+    fn mount_targets_must_be_absolute_normalized_and_not_system() {
+        let mut s = good();
+        for ok in ["/data", "/home/u/.cache", "/devices", "/process"] {
+            s.mounts = vec![mount("m", MountType::EmptyDir, ok)];
+            accepts(&s);
+        }
+        for bad in [
+            "data", "/", "/data/", "/a//b", "/a/./b", "/a/../b", "/proc", "/proc/1", "/sys/fs",
+            "/dev/shm",
+        ] {
+            s.mounts = vec![mount("m", MountType::EmptyDir, bad)];
+            rejects(&s, ids::MOUNT_TARGET);
+        }
+    }
+
+    #[test]
+    fn mount_names_and_targets_are_unique_and_names_are_labels() {
+        let mut s = good();
+        s.mounts = vec![
+            mount("a", MountType::EmptyDir, "/x"),
+            mount("a", MountType::EmptyDir, "/y"),
+        ];
+        rejects(&s, ids::MOUNT_NAME_DUPLICATE);
+        s.mounts = vec![
+            mount("a", MountType::EmptyDir, "/x"),
+            mount("b", MountType::EmptyDir, "/x"),
+        ];
+        let f = rejects(&s, ids::MOUNT_TARGET_DUPLICATE);
+        assert_eq!(f.field, "spec.mounts[1].target");
+        for bad in ["Cache", "a_b", "-a", "a-", "", &"a".repeat(64)] {
+            s.mounts = vec![mount(bad, MountType::EmptyDir, "/x")];
+            rejects(&s, ids::MOUNT_NAME);
+        }
+    }
+
+    #[test]
+    fn config_secret_and_pvc_mounts_need_a_source() {
+        let mut s = good();
+        for kind in [
+            MountType::ConfigMap,
+            MountType::Secret,
+            MountType::PersistentVolumeClaim,
+        ] {
+            let mut m = mount("m", kind, "/cfg");
+            accepts(&SandboxRunSpec {
+                mounts: vec![m.clone()],
+                ..good()
+            });
+            m.source = None;
+            s.mounts = vec![m];
+            rejects(&s, ids::MOUNT_SOURCE);
+        }
+        s.mounts = vec![mount("m", MountType::EmptyDir, "/scratch")];
+        accepts(&s);
+    }
+
+    #[test]
+    fn a_mount_at_above_or_below_a_read_back_path_shadows_it() {
+        let mut s = good();
+        s.read_back = read_back(&["/work/out"]);
+        for bad in ["/work/out", "/work", "/work/out/sub"] {
+            s.mounts = vec![mount("m", MountType::EmptyDir, bad)];
+            rejects(&s, ids::MOUNT_SHADOWS_READ_BACK);
+        }
+        for ok in ["/work/output", "/work/in", "/out"] {
+            s.mounts = vec![mount("m", MountType::EmptyDir, ok)];
+            accepts(&s);
+        }
+    }
+
+    #[test]
+    fn read_back_paths_are_absolute_normalized_unique_and_not_nested() {
+        let mut s = good();
+        s.read_back = read_back(&["/work/out", "/tmp/logs"]);
+        accepts(&s);
+        for bad in [
+            "rel", "/", "/a/", "/a/../b", "/a/./b", "//a", "/proc/x", "/sys", "/dev/shm",
+        ] {
+            s.read_back = read_back(&[bad]);
+            rejects(&s, ids::READ_BACK_PATH);
+        }
+        s.read_back = read_back(&["/a", "/b", "/a"]);
+        assert_eq!(
+            rejects(&s, ids::READ_BACK_DUPLICATE).field,
+            "spec.readBack.paths[2].path"
+        );
+        s.read_back = read_back(&["/a/b", "/a"]);
+        rejects(&s, ids::READ_BACK_NESTED);
+        s.read_back = read_back(&["/a", "/ab"]);
+        accepts(&s);
+    }
+
+    #[test]
+    fn at_most_sixteen_read_back_paths() {
+        let mut s = good();
+        let sixteen: Vec<String> = (0..16).map(|i| format!("/p{i}")).collect();
+        s.read_back = read_back(&sixteen.iter().map(String::as_str).collect::<Vec<_>>());
+        accepts(&s);
+        let seventeen: Vec<String> = (0..17).map(|i| format!("/p{i}")).collect();
+        s.read_back = read_back(&seventeen.iter().map(String::as_str).collect::<Vec<_>>());
+        rejects(&s, ids::READ_BACK_COUNT);
+    }
+
+    #[test]
+    fn size_limit_is_a_quantity_within_the_operator_maximum() {
+        let mut s = good();
+        let with_limit = |q: &str| {
+            Some(ReadBack {
+                paths: vec![ReadBackPath {
+                    path: "/out".into(),
+                    size_limit: Some(Quantity(q.into())),
+                    required: false,
+                }],
+                ..Default::default()
+            })
+        };
+        s.read_back = with_limit("512Mi");
+        accepts(&s);
+        s.read_back = with_limit("16Gi");
+        accepts(&s);
+        for bad in ["17Gi", "lots", "-1Mi", "0", "100m"] {
+            s.read_back = with_limit(bad);
+            rejects(&s, ids::READ_BACK_SIZE_LIMIT);
+        }
+        let small = RuleSettings {
+            caps: CapSettings {
+                default_bytes: 1024,
+                max_bytes: 2048,
+            },
+        };
+        let f = check(
+            &SandboxRunSpec {
+                read_back: with_limit("4Ki"),
+                ..good()
+            },
+            &small,
+        );
+        assert_eq!(
+            f.iter().map(|f| f.rule).collect::<Vec<_>>(),
+            [ids::READ_BACK_SIZE_LIMIT]
+        );
+    }
+
+    #[test]
+    fn quantities_parse_to_bytes() {
+        let b = |s: &str| quantity_to_bytes(&Quantity(s.into()));
+        assert_eq!(b("1024"), Ok(1024));
+        assert_eq!(b("1Ki"), Ok(1024));
+        assert_eq!(b("512Mi"), Ok(512 * 1024 * 1024));
+        assert_eq!(b("1.5Gi"), Ok(1536 * 1024 * 1024));
+        assert_eq!(b("2Ti"), Ok(2 << 40));
+        assert_eq!(b("1k"), Ok(1000));
+        assert_eq!(b("1.5M"), Ok(1_500_000));
+        assert_eq!(b("3G"), Ok(3_000_000_000));
+        assert_eq!(b("1T"), Ok(1_000_000_000_000));
+        assert_eq!(b("1e3"), Ok(1000));
+        assert_eq!(b("0.5"), Ok(1), "fractional bytes round up");
+        assert_eq!(b(".5Ki"), Ok(512));
+        assert_eq!(b("+1Ki"), Ok(1024));
+        assert_eq!(b("0"), Ok(0));
+        assert_eq!(b("-1"), Err(QuantityError::Negative));
+        assert_eq!(b("1m"), Err(QuantityError::FractionalSuffix("m".into())));
+        assert_eq!(b("100000000Ei"), Err(QuantityError::Overflow));
+        for bad in [
+            "", "Gi", "1.Gi", "1KiB", "1 Gi", "1.2.3", "0x10", "1e", "1kk",
+        ] {
+            assert_eq!(b(bad), Err(QuantityError::Syntax), "{bad}");
+        }
+    }
+
+    #[test]
+    fn drain_timeout_parses_friendly_durations_and_refuses_the_rest() {
+        assert_eq!(parse_drain_timeout("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_drain_timeout("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_drain_timeout("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_drain_timeout("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_drain_timeout("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(
+            parse_drain_timeout("0s"),
+            Err(DrainTimeoutError::NotPositive)
+        );
+        for bad in ["", "5", "5 m", "PT5M", "-5m", "5min", "m", "1.s", "5d"] {
+            assert!(parse_drain_timeout(bad).is_err(), "{bad}");
+        }
+        let mut s = good();
+        s.read_back = Some(ReadBack {
+            paths: vec![],
+            drain_timeout: Some("soon".into()),
+            ..Default::default()
+        });
+        rejects(&s, ids::READ_BACK_DRAIN_TIMEOUT);
+        s.read_back = Some(ReadBack {
+            paths: vec![],
+            drain_timeout: Some("2m".into()),
+            ..Default::default()
+        });
+        accepts(&s);
+    }
+
+    #[test]
+    fn findings_are_sorted_by_field_naturally() {
+        let mut s = good();
+        s.mounts = (0..12)
+            .map(|i| mount("X", MountType::EmptyDir, &format!("/m{i}")))
+            .collect();
+        s.user = Some("root".into());
+        let fields: Vec<String> = check(&s, &RuleSettings::default())
+            .into_iter()
+            .map(|f| f.field)
+            .collect();
+        assert_eq!(fields[0], "spec.mounts[0].name");
+        assert_eq!(fields[2], "spec.mounts[2].name");
+        assert_eq!(fields[11], "spec.mounts[11].name");
+        assert_eq!(fields[12], "spec.user");
+        assert_eq!(rules_of(&s).len(), 13);
+    }
+
+    #[test]
+    fn once_the_pod_exists_only_stop_may_change() {
+        let old = good();
+        let mut stopped = old.clone();
+        stopped.stop = true;
+        assert!(check_update(&old, &stopped, true).is_empty());
+        let mut changed = old.clone();
+        changed.image = Some("alpine:3".into());
+        changed.args = Some(vec!["x".into()]);
+        let f = check_update(&old, &changed, true);
+        assert_eq!(
+            f.iter().map(|f| f.field.as_str()).collect::<Vec<_>>(),
+            ["spec.args", "spec.image"]
+        );
+        assert!(f
+            .iter()
+            .all(|f| f.rule == ids::UPDATE_IMMUTABLE && f.hint.contains("delete and re-create")));
+        assert!(
+            check_update(&old, &changed, false).is_empty(),
+            "before the pod exists the spec may change"
+        );
+    }
+
+    #[test]
+    fn stop_is_final() {
+        let mut old = good();
+        old.stop = true;
+        let new = good();
+        let f = check_update(&old, &new, false);
+        assert_eq!(
+            f.iter().map(|f| f.rule).collect::<Vec<_>>(),
+            [ids::UPDATE_STOP_FINAL]
+        );
+        assert!(check_update(&old, &old, true).is_empty());
+    }
+}

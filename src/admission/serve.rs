@@ -1,0 +1,172 @@
+//! Starts the webhook for `sandboxrun-operator run`: certificates (self-managed in a Secret, or
+//! mounted files), the TLS listener, and the rotation loop. Thin wiring of [`super::certs`] and
+//! [`super::webhook`]; the logic lives there.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum_server::tls_rustls::RustlsConfig;
+use axum_server::Handle;
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, Client};
+use tracing::{error, info, warn};
+
+use super::certs::{self, CertBundle};
+use super::images::{ImageResolver, ImageSettings};
+use super::rules::RuleSettings;
+use super::webhook::{router, WebhookMetrics, WebhookState};
+use crate::metrics::Metrics;
+
+/// Lifetime of a self-managed serving certificate (the CA lives twice as long).
+const CERT_VALIDITY: Duration = Duration::from_secs(365 * 86_400);
+/// Re-issue this long before expiry.
+const ROTATE_BEFORE: Duration = Duration::from_secs(30 * 86_400);
+/// How often the certificates are re-examined.
+const ROTATION_CHECK: Duration = Duration::from_secs(6 * 3600);
+
+/// What the webhook needs from the `run` flags (`--webhook-*`, `--check-images`, the caps).
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    /// Listen address.
+    pub addr: SocketAddr,
+    /// `self-managed` or `files`.
+    pub cert_mode: String,
+    /// Directory with tls.crt / tls.key (mode `files`).
+    pub cert_dir: std::path::PathBuf,
+    /// Secret holding the self-managed certificates.
+    pub secret: String,
+    /// Namespace of that Secret (the operator's).
+    pub namespace: String,
+    /// ValidatingWebhookConfiguration whose caBundle is patched.
+    pub config: String,
+    /// DNS names / IPs of the serving certificate.
+    pub hosts: Vec<String>,
+    /// Opt-in image resolvability check.
+    pub check_images: bool,
+    /// Settings the rules read.
+    pub settings: RuleSettings,
+}
+
+/// Starts the webhook in the background; returns the address it listens on.
+pub async fn start(
+    config: &ServeConfig,
+    client: Client,
+    metrics: &Metrics,
+) -> Result<SocketAddr, String> {
+    let addr = config.addr;
+    let webhook_metrics =
+        WebhookMetrics::register(&metrics.registry).map_err(|e| format!("metrics: {e}"))?;
+    let images = if config.check_images {
+        Some(Arc::new(
+            ImageResolver::new(ImageSettings::default()).map_err(|e| e.to_string())?,
+        ))
+    } else {
+        None
+    };
+    let state = WebhookState {
+        settings: config.settings,
+        metrics: Some(webhook_metrics),
+        images,
+        client: Some(client.clone()),
+    };
+
+    let tls = match config.cert_mode.as_str() {
+        "self-managed" => {
+            let bundle = ensure(config, &client).await?;
+            let tls = RustlsConfig::from_pem(
+                bundle.cert_pem.clone().into_bytes(),
+                bundle.key_pem.clone().into_bytes(),
+            )
+            .await
+            .map_err(|e| format!("TLS configuration: {e}"))?;
+            tokio::spawn(rotate_self_managed(config.clone(), client, tls.clone()));
+            tls
+        }
+        "files" => {
+            let (crt, key) = (
+                config.cert_dir.join("tls.crt"),
+                config.cert_dir.join("tls.key"),
+            );
+            let tls = RustlsConfig::from_pem_file(&crt, &key)
+                .await
+                .map_err(|e| format!("cannot load {} / {}: {e}", crt.display(), key.display()))?;
+            // cert-manager renews the files in place; pick them up.
+            let reload = tls.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(Duration::from_secs(300)).await;
+                    if let Err(e) = reload.reload_from_pem_file(&crt, &key).await {
+                        warn!(error = %e, "cannot reload webhook certificate files");
+                    }
+                }
+            });
+            tls
+        }
+        other => {
+            return Err(format!(
+                "--webhook-cert-mode {other:?}: expected self-managed or files"
+            ))
+        }
+    };
+
+    let handle: Handle<SocketAddr> = Handle::new();
+    let server = axum_server::bind_rustls(addr, tls).handle(handle.clone());
+    let app = router(state);
+    tokio::spawn(async move {
+        if let Err(e) = server.serve(app.into_make_service()).await {
+            error!(error = %e, "admission webhook server stopped");
+        }
+    });
+    handle
+        .listening()
+        .await
+        .ok_or_else(|| format!("cannot listen on {addr}"))
+}
+
+async fn ensure(r: &ServeConfig, client: &Client) -> Result<CertBundle, String> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), &r.namespace);
+    let bundle = certs::ensure_secret(
+        &secrets,
+        &r.secret,
+        &r.namespace,
+        &r.hosts,
+        SystemTime::now(),
+        CERT_VALIDITY,
+        ROTATE_BEFORE,
+    )
+    .await
+    .map_err(|e| {
+        format!(
+            "webhook certificates in secret {}/{}: {e}",
+            r.namespace, r.secret
+        )
+    })?;
+    let configs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    // The configuration may be installed after the operator (or by hand): not fatal, the next
+    // rotation check patches it.
+    if let Err(e) = certs::patch_ca_bundle(&configs, &r.config, &bundle.ca_cert_pem).await {
+        warn!(config = %r.config, error = %e, "cannot patch the webhook caBundle");
+    }
+    Ok(bundle)
+}
+
+async fn rotate_self_managed(r: ServeConfig, client: Client, tls: RustlsConfig) {
+    loop {
+        tokio::time::sleep(ROTATION_CHECK).await;
+        match ensure(&r, &client).await {
+            Ok(b) => {
+                if let Err(e) = tls
+                    .reload_from_pem(b.cert_pem.into_bytes(), b.key_pem.into_bytes())
+                    .await
+                {
+                    warn!(error = %e, "cannot reload the webhook certificate");
+                } else {
+                    info!("webhook certificate checked");
+                }
+            }
+            Err(e) => warn!(error = %e, "webhook certificate rotation failed; retrying later"),
+        }
+    }
+}

@@ -1,0 +1,286 @@
+//! Front door 2 of the ADR-006 rules: the validating admission webhook. Same engine as the doctor
+//! ([`super::rules`]), same findings; fail findings deny (the message lists every one of them
+//! with its field and hint, so one round trip shows the user everything to fix), warn findings go
+//! to `warnings`, which kubectl prints.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use kube::api::{Api, DynamicObject};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
+use kube::Client;
+use prometheus::{histogram_opts, opts, Histogram, IntCounterVec, Registry};
+use tracing::{debug, info, warn};
+
+use super::images::{ImageResolver, RegistryCredentials};
+use super::rules::{check, check_update, sort_findings, Finding, RuleSettings};
+use crate::api::{SandboxRunSpec, SandboxRunStatus};
+
+/// Admission metrics, registered into the operator's registry.
+#[derive(Clone)]
+pub struct WebhookMetrics {
+    /// Reviews by operation and verdict (`allowed`, `warned`, `denied`, `invalid`).
+    pub reviews: IntCounterVec,
+    /// Time spent on one review (rules and, when enabled, the image check).
+    pub latency: Histogram,
+}
+
+impl WebhookMetrics {
+    /// Creates the collectors and registers them.
+    pub fn register(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let reviews = IntCounterVec::new(
+            opts!(
+                "admission_reviews_total",
+                "SandboxRun admission reviews by operation and verdict"
+            ),
+            &["operation", "verdict"],
+        )?;
+        let latency = Histogram::with_opts(histogram_opts!(
+            "admission_review_duration_seconds",
+            "Duration of one SandboxRun admission review",
+            prometheus::exponential_buckets(0.0005, 2.0, 16)?
+        ))?;
+        registry.register(Box::new(reviews.clone()))?;
+        registry.register(Box::new(latency.clone()))?;
+        Ok(WebhookMetrics { reviews, latency })
+    }
+}
+
+/// What the webhook needs.
+#[derive(Clone, Default)]
+pub struct WebhookState {
+    /// Operator settings the rules read.
+    pub settings: RuleSettings,
+    /// Metrics; None in tests that do not look at them.
+    pub metrics: Option<WebhookMetrics>,
+    /// Opt-in image resolvability check (adds a registry round trip, bounded by its timeout).
+    pub images: Option<Arc<ImageResolver>>,
+    /// Client to read the run's `imagePullSecrets` for the image check.
+    pub client: Option<Client>,
+}
+
+/// The webhook's routes: `POST /validate-sandboxrun`, `GET /healthz`.
+pub fn router(state: WebhookState) -> Router {
+    Router::new()
+        .route("/validate-sandboxrun", post(validate))
+        .route("/healthz", get(|| async { "ok" }))
+        .with_state(Arc::new(state))
+}
+
+/// Serves `router` over TLS until the process ends. The certificate can be swapped at runtime
+/// through `tls` (`RustlsConfig::reload_from_pem`) when it is rotated.
+pub async fn serve_tls(
+    addr: SocketAddr,
+    tls: axum_server::tls_rustls::RustlsConfig,
+    router: Router,
+) -> std::io::Result<()> {
+    info!(%addr, "admission webhook serving TLS");
+    axum_server::bind_rustls(addr, tls)
+        .serve(router.into_make_service())
+        .await
+}
+
+async fn validate(State(state): State<Arc<WebhookState>>, body: Bytes) -> impl IntoResponse {
+    let started = Instant::now();
+    // Parse by hand: a review we cannot read still gets a review back (the apiserver then shows
+    // our message), rather than a bare 4xx from an extractor.
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %e, "unreadable AdmissionReview");
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(
+                    AdmissionResponse::invalid(format!("unreadable AdmissionReview: {e}"))
+                        .into_review(),
+                ),
+            );
+        }
+    };
+    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(r) => r,
+        Err(_) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(AdmissionResponse::invalid("AdmissionReview without a request").into_review()),
+            );
+        }
+    };
+    let (response, verdict) = review_request(&state, &request).await;
+    if let Some(m) = &state.metrics {
+        m.reviews
+            .with_label_values(&[operation_label(&request.operation), verdict])
+            .inc();
+        m.latency.observe(started.elapsed().as_secs_f64());
+    }
+    debug!(uid = %request.uid, name = %request.name, verdict, "admission review");
+    (StatusCode::OK, Json(response.into_review()))
+}
+
+fn operation_label(op: &Operation) -> &'static str {
+    match op {
+        Operation::Create => "create",
+        Operation::Update => "update",
+        Operation::Delete => "delete",
+        Operation::Connect => "connect",
+    }
+}
+
+/// The response and the verdict label.
+async fn review_request(
+    state: &WebhookState,
+    req: &AdmissionRequest<DynamicObject>,
+) -> (AdmissionResponse, &'static str) {
+    let resp = AdmissionResponse::from(req);
+    // Only the main resource is validated: status writes come from the operator itself.
+    if req.sub_resource.as_deref().is_some_and(|s| !s.is_empty())
+        || !matches!(req.operation, Operation::Create | Operation::Update)
+    {
+        return (resp, "allowed");
+    }
+    let who = format!(
+        "SandboxRun {}/{}",
+        req.namespace.as_deref().unwrap_or("-"),
+        req.name
+    );
+    let new = match req.object.as_ref().map(spec_of) {
+        Some(Ok(spec)) => spec,
+        Some(Err(e)) => {
+            return (
+                resp.deny(format!("{who}: the object is not a valid SandboxRun: {e}")),
+                "invalid",
+            )
+        }
+        None => {
+            return (
+                resp.deny(format!("{who}: the review carries no object")),
+                "invalid",
+            )
+        }
+    };
+    let mut findings = check(&new, &state.settings);
+    if req.operation == Operation::Update {
+        if let Some(old_obj) = req.old_object.as_ref() {
+            match spec_of(old_obj) {
+                Ok(old) => {
+                    let pod_exists = status_of(old_obj).is_some_and(|s| s.pod_name.is_some());
+                    findings.extend(check_update(&old, &new, pod_exists));
+                }
+                // The stored object should always parse; if it does not, the spec rules above
+                // still protect the new object, and the immutability check cannot run.
+                Err(e) => {
+                    warn!(%who, error = %e, "stored object does not parse; update rules skipped")
+                }
+            }
+        }
+    }
+    if let (Some(images), Some(image)) = (
+        &state.images,
+        new.image
+            .as_deref()
+            .map(str::trim)
+            .filter(|i| !i.is_empty()),
+    ) {
+        let creds = match (&state.client, req.namespace.as_deref()) {
+            (Some(client), Some(ns)) => pull_credentials(client, ns, &new.image_pull_secrets).await,
+            _ => None,
+        };
+        findings.extend(images.resolve(image, creds.as_ref()).await.finding(image));
+    }
+    sort_findings(&mut findings);
+    respond(resp, &who, &findings)
+}
+
+/// Builds the response from the findings: deny with every failure, warn with every warning.
+fn respond(
+    mut resp: AdmissionResponse,
+    who: &str,
+    findings: &[Finding],
+) -> (AdmissionResponse, &'static str) {
+    let warnings: Vec<String> = findings
+        .iter()
+        .filter(|f| !f.is_fail())
+        .map(|f| format!("[{}] {}: {} (hint: {})", f.rule, f.field, f.message, f.hint))
+        .collect();
+    let failures: Vec<&Finding> = findings.iter().filter(|f| f.is_fail()).collect();
+    if !warnings.is_empty() {
+        resp.warnings = Some(warnings);
+    }
+    if failures.is_empty() {
+        let verdict = if resp.warnings.is_some() {
+            "warned"
+        } else {
+            "allowed"
+        };
+        return (resp, verdict);
+    }
+    let mut message = format!(
+        "{who} refused by ADR-006 admission ({} failing check(s)):",
+        failures.len()
+    );
+    for f in failures {
+        message.push_str(&format!(
+            "\n- [{}] {}: {} (hint: {})",
+            f.rule, f.field, f.message, f.hint
+        ));
+    }
+    let mut resp = resp.deny(message);
+    resp.result.reason = "Invalid".to_string();
+    resp.result.code = 422;
+    (resp, "denied")
+}
+
+fn spec_of(obj: &DynamicObject) -> Result<SandboxRunSpec, serde_json::Error> {
+    let spec = obj
+        .data
+        .get("spec")
+        .cloned()
+        .unwrap_or(serde_json::Value::Object(Default::default()));
+    serde_json::from_value(spec)
+}
+
+fn status_of(obj: &DynamicObject) -> Option<SandboxRunStatus> {
+    obj.data
+        .get("status")
+        .cloned()
+        .and_then(|s| serde_json::from_value(s).ok())
+}
+
+/// Credentials from the run's pull secrets; unreadable secrets are skipped (the check then warns
+/// at worst, per ADR-006's transient bucket).
+async fn pull_credentials(
+    client: &Client,
+    namespace: &str,
+    names: &[String],
+) -> Option<RegistryCredentials> {
+    if names.is_empty() {
+        return None;
+    }
+    let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), namespace);
+    let mut creds = RegistryCredentials::default();
+    for name in names {
+        match api.get_opt(name).await {
+            Ok(Some(secret)) => {
+                let data = secret.data.unwrap_or_default();
+                if let Some(bytes) = data.get(".dockerconfigjson") {
+                    match RegistryCredentials::from_docker_config(&bytes.0) {
+                        Ok(c) => creds.extend(c),
+                        Err(e) => {
+                            warn!(secret = %name, %namespace, error = %e, "pull secret does not parse")
+                        }
+                    }
+                }
+            }
+            Ok(None) => debug!(secret = %name, %namespace, "pull secret not found"),
+            Err(e) => warn!(secret = %name, %namespace, error = %e, "cannot read pull secret"),
+        }
+    }
+    Some(creds)
+}
