@@ -373,13 +373,41 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         let leaf = leaf.parse_x509().unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(leaf.issuer(), ca.subject());
-        // Verification needs x509-parser's `verify` feature; the issuer/AKI match is what TLS
-        // chain building keys on, and the TLS test below exercises a real handshake.
+        // The issuer/AKI match is what chain building keys on; the webpki check below is the
+        // verification a TLS client (the apiserver) performs.
         let aki = leaf
             .extensions()
             .iter()
             .any(|e| e.oid == x509_parser::oid_registry::OID_X509_EXT_AUTHORITY_KEY_IDENTIFIER);
         assert!(aki);
+    }
+
+    #[test]
+    fn a_tls_client_trusting_the_ca_accepts_the_serving_cert_for_its_names_only() {
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let b = generate(&names(), SystemTime::now(), 30 * DAY).unwrap_or_else(|e| panic!("{e}"));
+        let der = |pem: &str| {
+            let (_, p) =
+                x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap_or_else(|e| panic!("{e}"));
+            CertificateDer::from(p.contents)
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(der(&b.ca_cert_pem))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let verifier = rustls::client::WebPkiServerVerifier::builder(std::sync::Arc::new(roots))
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        let leaf = der(&b.cert_pem);
+        let verify = |name: &'static str| {
+            let server = ServerName::try_from(name).unwrap_or_else(|e| panic!("{e}"));
+            verifier.verify_server_cert(&leaf, &[], &server, &[], UnixTime::now())
+        };
+        assert!(verify("webhook.sandboxrun-system.svc").is_ok());
+        assert!(verify("127.0.0.1").is_ok());
+        assert!(verify("other.svc").is_err());
     }
 
     #[test]
