@@ -92,6 +92,8 @@ kwok_config() {
   } >"$STATE/kwok-stages.yaml"
 }
 
+exec_path() { echo "${SANDBOXRUN_EXEC_PATH:-${CARGO_TARGET_DIR:-$REPO/target}/debug}"; }
+
 # The ClusterExec that serves every exec as a local process. PATH puts the project's freshly built
 # binary first, so `sandboxrun-operator pack <path>` in the holder is the code under test.
 cluster_exec() {
@@ -105,7 +107,7 @@ spec:
   - local:
       workDir: $STATE/exec
       envs:
-      - {name: PATH, value: "${SANDBOXRUN_EXEC_PATH:-${CARGO_TARGET_DIR:-$REPO/target}/debug}:/usr/local/bin:/usr/bin:/bin"}
+      - {name: PATH, value: "$(exec_path):/usr/local/bin:/usr/bin:/bin"}
       - {name: IN_KWOK_EXEC, value: "1"}
 YAML
 }
@@ -153,7 +155,9 @@ up() {
   kc apply -f "$BIN/../kwok/kwok.x-k8s.io_execs.yaml" -f "$BIN/../kwok/kwok.x-k8s.io_clusterexecs.yaml" >/dev/null
   kc wait --for condition=established --timeout=60s crd/execs.kwok.x-k8s.io crd/clusterexecs.kwok.x-k8s.io >/dev/null
   cluster_exec | kc apply -f - >/dev/null
-  start kwok "$BIN/kwok" --kubeconfig="$K" --config="$STATE/kwok-stages.yaml" \
+  # kwok resolves an exec'd command on ITS OWN PATH (Go's exec.Command looks it up before the
+  # ClusterExec env applies), so the project's binary directory goes first here too.
+  start kwok env PATH="$(exec_path):$PATH" "$BIN/kwok" --kubeconfig="$K" --config="$STATE/kwok-stages.yaml" \
     --enable-crds=Exec,ClusterExec \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --node-ip=127.0.0.1 --node-port="$KWOK_PORT" --server-address="127.0.0.1:$KWOK_PORT" \

@@ -353,15 +353,19 @@ pub struct ReadBackStatus {
     pub phase: ReadBackPhase,
     /// Bytes of member content stored.
     #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
     pub bytes: u64,
     /// Members stored (files, directories, links).
     #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
     pub members: u64,
     /// Members dropped because they would cross the cap.
     #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
     pub dropped_members: u64,
     /// Members rejected by the sanitizer (unsafe paths, links, devices…).
     #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
     pub rejected_members: u64,
     /// URL of the stored archive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -371,6 +375,7 @@ pub struct ReadBackStatus {
     pub manifest: Option<String>,
     /// Drain attempts made.
     #[serde(default)]
+    #[schemars(extend("format" = "int32"))]
     pub attempts: u32,
     /// What happened, in words (always set when Failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -4,7 +4,7 @@
 
 pub mod admission;
 pub mod api;
-// WIP(lead): pub mod cli;
+pub mod cli;
 pub mod config;
 pub mod controller;
 pub mod crdgen;
@@ -12,7 +12,7 @@ pub mod drain;
 pub mod files;
 pub mod holder;
 pub mod metrics;
-// WIP(lead): pub mod operator;
+pub mod operator;
 pub mod pack;
 pub mod pod;
 pub mod reconcile;

@@ -393,7 +393,7 @@ fn set_condition_raw(
         observed_generation: generation,
         last_transition_time: transition,
     });
-    conditions.sort_by(|a, b| condition_order(&a.type_).cmp(&condition_order(&b.type_)));
+    conditions.sort_by_key(|c| condition_order(&c.type_));
 }
 
 fn condition_order(t: &str) -> usize {

@@ -255,7 +255,11 @@ mod tests {
         };
         assert_eq!(exit_code(&internal), Some(3), "kwok's form");
         assert_eq!(describe_status(&internal), "exit code 3");
-        let opaque = Status { status: Some("Failure".into()), message: Some("boom".into()), ..Default::default() };
+        let opaque = Status {
+            status: Some("Failure".into()),
+            message: Some("boom".into()),
+            ..Default::default()
+        };
         assert_eq!(exit_code(&opaque), None);
         assert_eq!(describe_status(&opaque), "Failure: boom");
     }

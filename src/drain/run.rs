@@ -317,10 +317,16 @@ async fn attempt(
     let outcome = match drain_stream(stdout, &mut writer, opts).await {
         Ok(outcome) => outcome,
         Err(e) => {
-            exec.abort();
             // No orphaned multipart parts: an aborted attempt leaves nothing behind.
             if let Err(abort) = writer.abort().await {
                 warn!(archive = %keys.archive, error = %abort, "aborting the multipart upload failed");
+            }
+            // A stream that breaks because the packer failed is the packer's failure (its exit
+            // status and stderr say why, and retrying will not help); otherwise the stream's.
+            if let Ok(Err(exec_err @ ExecError::Failed { .. })) =
+                tokio::time::timeout(Duration::from_secs(2), exec.finish()).await
+            {
+                return Err(exec_err.into());
             }
             return Err(e.into());
         }
@@ -335,7 +341,17 @@ async fn attempt(
     let manifest = Manifest::new(&ctx, keys, opts, &outcome, started, jiff::Timestamp::now());
     match write_manifest(job.store, &keys.manifest, &manifest).await? {
         ManifestWrite::Created => Ok(manifest),
-        ManifestWrite::AlreadyCommitted(existing) => Ok(*existing),
+        // Someone committed between our start and our write (two operators draining at once,
+        // which leader election prevents): accept it only if it describes what we uploaded.
+        ManifestWrite::AlreadyCommitted(existing) if existing.same_content(&manifest) => {
+            Ok(*existing)
+        }
+        ManifestWrite::AlreadyCommitted(_) => Err(AttemptError::Drain(DrainError {
+            kind: DrainErrorKind::ManifestConflict {
+                key: keys.manifest.to_string(),
+            },
+            progress: Default::default(),
+        })),
     }
 }
 

@@ -111,7 +111,6 @@ pub async fn ensure_crd(client: &Client) {
 /// A namespace that exists for one test and is deleted when dropped.
 pub struct TestNamespace {
     pub name: String,
-    client: Client,
 }
 
 impl TestNamespace {
@@ -140,10 +139,7 @@ impl TestNamespace {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        TestNamespace {
-            name,
-            client: client.clone(),
-        }
+        TestNamespace { name }
     }
 }
 
@@ -152,15 +148,17 @@ impl Drop for TestNamespace {
         if std::env::var_os("SANDBOXRUN_KEEP_NAMESPACES").is_some() {
             return;
         }
-        let client = self.client.clone();
         let name = self.name.clone();
-        // Drop cannot await; a short-lived runtime on its own thread deletes the namespace.
+        // Drop cannot await; a short-lived runtime on its own thread deletes the namespace. It
+        // builds its own client: the test's client has its worker task on the test's runtime,
+        // which is blocked in this join (sharing it would deadlock).
         let _ = std::thread::spawn(move || {
             if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
             {
                 rt.block_on(async move {
+                    let client = client().await;
                     let _ = Api::<Namespace>::all(client)
                         .delete(&name, &DeleteParams::background())
                         .await;

@@ -1,0 +1,219 @@
+//! `sandboxrun-operator run`: wires the client, the store, metrics/health, the admission webhook,
+//! leader election and the controller together.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use kube::Client;
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::cli::{self, RunArgs};
+use crate::controller::{self, Context};
+use crate::metrics::Metrics;
+use crate::pod::PodSettings;
+
+/// Why the operator stopped.
+#[derive(Debug, Error)]
+pub enum OperatorError {
+    /// A flag or environment value is wrong.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// The cluster cannot be reached or configured.
+    #[error("kubernetes client: {0}")]
+    Kube(#[from] kube::Error),
+    /// The object store cannot be configured.
+    #[error("object store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    /// Metrics cannot be registered.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
+    /// A listener cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The webhook cannot start.
+    #[error("webhook: {0}")]
+    Webhook(String),
+    /// Leader election failed, or leadership was lost (the process exits so a fresh start, or
+    /// the other replica, takes over cleanly).
+    #[error("leader election: {0}")]
+    Leader(String),
+}
+
+/// Runs the operator until SIGTERM.
+pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
+    let client = Client::try_default().await?;
+    let caps = cli::caps(&args).map_err(OperatorError::Config)?;
+    let options = crate::util::parse_options(&args.store_options).map_err(OperatorError::Config)?;
+    let (store, store_prefix) = crate::store::store_from_url(&args.store_url, &options)?;
+    let drain_timeout = crate::util::parse_duration(&args.drain_timeout)
+        .map_err(|e| OperatorError::Config(format!("--drain-timeout: {e}")))?;
+    let pack_command: Vec<String> = args
+        .pack_command
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    if pack_command.is_empty() {
+        return Err(OperatorError::Config("--pack-command is empty".to_string()));
+    }
+    let metrics = Metrics::new()?;
+    let ready = Arc::new(AtomicBool::new(false));
+
+    let metrics_addr = serve_metrics(&args.metrics_addr, metrics.clone(), ready.clone()).await?;
+    info!(%metrics_addr, "metrics and health endpoints listening");
+
+    if !args.webhook_addr.trim().is_empty() {
+        let cfg = crate::admission::serve::ServeConfig {
+            addr: args.webhook_addr.parse().map_err(|e| {
+                OperatorError::Config(format!("--webhook-addr {:?}: {e}", args.webhook_addr))
+            })?,
+            cert_mode: args.webhook_cert_mode.clone(),
+            cert_dir: args.webhook_cert_dir.clone(),
+            secret: args.webhook_secret.clone(),
+            namespace: args.pod_namespace.clone(),
+            config: args.webhook_config.clone(),
+            hosts: args.webhook_hosts.clone(),
+            check_images: args.check_images,
+            settings: crate::admission::RuleSettings { caps },
+        };
+        let addr = crate::admission::serve::start(&cfg, client.clone(), &metrics)
+            .await
+            .map_err(OperatorError::Webhook)?;
+        info!(%addr, "admission webhook listening");
+    }
+
+    let ctx = Arc::new(Context::new(
+        client.clone(),
+        store,
+        store_prefix,
+        args.store_url.clone(),
+        PodSettings {
+            holder_image: args.holder_image.clone(),
+            default_drain_timeout_seconds: i64::try_from(drain_timeout.as_secs().max(1))
+                .unwrap_or(300),
+        },
+        caps,
+        pack_command,
+        metrics,
+        args.pod_name.clone(),
+    ));
+
+    if !args.leader_elect {
+        ready.store(true, Ordering::SeqCst);
+        controller::run(
+            ctx,
+            args.namespaces.clone(),
+            args.concurrency,
+            cli::shutdown_signal(),
+        )
+        .await;
+        return Ok(());
+    }
+
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+        .with_namespace(&args.pod_namespace)
+        .with_identity(&args.pod_name)
+        .with_duration(15)
+        .with_grace(5)
+        .build()
+        .await
+        .map_err(|e| OperatorError::Leader(e.to_string()))?;
+    let (mut leading, _task) = manager.watch().await;
+    // Ready before leading: a standby replica is healthy and must not be restarted for waiting.
+    ready.store(true, Ordering::SeqCst);
+    info!(lease = %args.lease_name, identity = %args.pod_name, "waiting for the lease");
+    let shutdown = futures::FutureExt::shared(Box::pin(cli::shutdown_signal()));
+    loop {
+        if *leading.borrow_and_update() {
+            break;
+        }
+        tokio::select! {
+            changed = leading.changed() => {
+                changed.map_err(|e| OperatorError::Leader(e.to_string()))?;
+            }
+            _ = shutdown.clone() => return Ok(()),
+        }
+    }
+    info!(identity = %args.pod_name, "leading: starting the controller");
+    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
+    let stop = async move {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = lost_rx => {}
+        }
+    };
+    let watcher = tokio::spawn(async move {
+        loop {
+            if leading.changed().await.is_err() || !*leading.borrow_and_update() {
+                let _ = lost_tx.send(());
+                return;
+            }
+        }
+    });
+    controller::run(ctx, args.namespaces.clone(), args.concurrency, stop).await;
+    if watcher.is_finished() {
+        warn!("leadership lost; exiting so another replica takes over");
+        return Err(OperatorError::Leader("leadership lost".to_string()));
+    }
+    watcher.abort();
+    Ok(())
+}
+
+#[derive(Clone)]
+struct HealthState {
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+}
+
+async fn serve_metrics(
+    addr: &str,
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+) -> Result<SocketAddr, OperatorError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| OperatorError::Listen {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| OperatorError::Listen {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(|State(s): State<HealthState>| async move { s.metrics.render() }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(s): State<HealthState>| async move {
+                if s.ready.load(Ordering::SeqCst) {
+                    (StatusCode::OK, "ready")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "starting")
+                }
+            }),
+        )
+        .with_state(HealthState { metrics, ready });
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!(error = %e, "metrics server stopped");
+        }
+    });
+    Ok(local)
+}
