@@ -445,3 +445,101 @@ async fn fifty_runs_created_at_once_all_reach_running() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_why() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "awaited").await;
+    let (_d, store_url) = store_dir("awaited");
+    let op = Operator::start(&ns.name, &store_url, &[]);
+    let out = host_dir("out");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+
+    // uid 0 passes the schema's pattern (only the webhook refuses it); without the webhook the
+    // controller must refuse to build a pod, say why, and wait for a spec change — not hot-loop.
+    let mut root = spec(&[&out], None);
+    root.user = Some("0".into());
+    create(&runs, "root", root).await;
+    let run = eventually_or_log("InvalidSpec recorded", Duration::from_secs(30), &op, || {
+        let runs = runs.clone();
+        async move {
+            let r = runs.get("root").await.ok()?;
+            let msg = r.status.as_ref()?.message.clone()?;
+            msg.contains("cannot build the pod").then_some(r)
+        }
+    })
+    .await;
+    assert_eq!(run.status.unwrap().phase, Some(Phase::Pending));
+    assert!(pods
+        .get_opt(&pod::pod_name("root"))
+        .await
+        .unwrap()
+        .is_none());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let reconciles = op.log_text().matches("run=root").count();
+    assert!(
+        reconciles < 10,
+        "a malformed run must not be retried in a hot loop ({reconciles} reconciles)"
+    );
+    // Fixing the spec un-blocks it.
+    runs.patch(
+        "root",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"user": "1000"}})),
+    )
+    .await
+    .unwrap();
+    wait_phase(&runs, "root", Phase::Running, &op).await;
+
+    // A node selector no node matches: Pending, with the scheduler's words and an Event.
+    let mut nowhere = spec(&[&out], None);
+    nowhere.node_selector = Some(
+        [(
+            "sandbox.iterion.io/no-such-node".to_string(),
+            "x".to_string(),
+        )]
+        .into(),
+    );
+    create(&runs, "nowhere", nowhere).await;
+    let run = eventually_or_log(
+        "Unschedulable recorded",
+        Duration::from_secs(60),
+        &op,
+        || {
+            let runs = runs.clone();
+            async move {
+                let r = runs.get("nowhere").await.ok()?;
+                let ready = r
+                    .status
+                    .as_ref()?
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "Ready")?
+                    .clone();
+                (ready.reason == "Unschedulable").then_some(r)
+            }
+        },
+    )
+    .await;
+    assert_eq!(run.status.unwrap().phase, Some(Phase::Pending));
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &ns.name);
+    eventually("Unschedulable Event", Duration::from_secs(30), || {
+        let events = events.clone();
+        async move {
+            events
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("Unschedulable")
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("nowhere")
+                })
+        }
+    })
+    .await;
+}

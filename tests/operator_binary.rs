@@ -1,0 +1,418 @@
+//! The operator binary as users run it: reading results back with `files`, the metrics endpoint,
+//! the deadline, the skip-drain annotation, and two replicas with leader election.
+
+mod support;
+
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::Api;
+use sandboxrun_operator::api::{
+    Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec, SKIP_DRAIN_ANNOTATION,
+};
+use serde_json::json;
+
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");
+
+fn spec(path: &std::path::Path, command: Option<&str>) -> SandboxRunSpec {
+    SandboxRunSpec {
+        image: Some("registry.example/tool:1".into()),
+        command: command.map(|c| vec!["sh".into(), "-c".into(), c.into()]),
+        user: Some("1000".into()),
+        read_back: Some(ReadBack {
+            paths: vec![ReadBackPath {
+                path: path.display().to_string(),
+                ..Default::default()
+            }],
+            drain_timeout: Some("60s".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A free loopback port (bound then released; good enough for a test on an idle machine).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap()
+}
+
+/// An operator process with exactly these arguments after `run`.
+struct Proc {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Proc {
+    fn start(args: &[String]) -> Proc {
+        let log = std::env::temp_dir().join(format!("sbr-op-{:08x}.log", rand_u32()));
+        let out = std::fs::File::create(&log).unwrap();
+        let err = out.try_clone().unwrap();
+        let child = Command::new(BIN)
+            .arg("run")
+            .args(args)
+            .env("KUBECONFIG", kubeconfig_path())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .unwrap();
+        Proc { child, log }
+    }
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn base_args(ns: &str, store_url: &str, metrics_port: u16, identity: &str) -> Vec<String> {
+    [
+        "--namespaces",
+        ns,
+        "--store-url",
+        store_url,
+        "--metrics-addr",
+        &format!("127.0.0.1:{metrics_port}"),
+        "--webhook-addr",
+        "",
+        "--holder-image",
+        "sandboxrun-operator:test",
+        "--pod-name",
+        identity,
+        "--pod-namespace",
+        ns,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+async fn wait_phase(
+    api: &Api<SandboxRun>,
+    name: &str,
+    want: Phase,
+    logs: &dyn Fn() -> String,
+) -> SandboxRun {
+    let start = std::time::Instant::now();
+    loop {
+        if let Ok(r) = api.get(name).await {
+            if r.status.as_ref().and_then(|s| s.phase) == Some(want) {
+                return r;
+            }
+        }
+        if start.elapsed() > Duration::from_secs(120) {
+            panic!("{name} did not reach {want:?}; operator log:\n{}", logs());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn finish_workload(client: &kube::Client, ns: &str, run: &SandboxRun) {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pod = run
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_name.clone())
+        .expect("pod name in status");
+    let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": "0"}}});
+    pods.patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn files_ls_and_get_read_a_drained_run_back_and_catch_tampering() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "files").await;
+    let store_dir = host_dir("store-files");
+    let store_url = format!("file://{}", store_dir.display());
+    let metrics_port = free_port();
+    let op = Proc::start(&base_args(&ns.name, &store_url, metrics_port, "files-op"));
+    let out = host_dir("out");
+    std::fs::create_dir_all(out.join("sub")).unwrap();
+    std::fs::write(out.join("a.txt"), b"alpha\n").unwrap();
+    std::fs::write(out.join("sub/b.bin"), vec![42u8; 10_000]).unwrap();
+    std::os::unix::fs::symlink("a.txt", out.join("link-to-a")).unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    runs.create(
+        &PostParams::default(),
+        &SandboxRun::new("files", spec(&out, Some("make"))),
+    )
+    .await
+    .unwrap();
+    let run = wait_phase(&runs, "files", Phase::Running, &|| op.log_text()).await;
+    finish_workload(&client, &ns.name, &run).await;
+    wait_phase(&runs, "files", Phase::Succeeded, &|| op.log_text()).await;
+
+    // files ls: every member with size and hash.
+    let ls = Command::new(BIN)
+        .args([
+            "files",
+            "ls",
+            "files",
+            "-n",
+            &ns.name,
+            "--store-url",
+            &store_url,
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&ls.stdout).to_string();
+    assert!(
+        ls.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
+    for needle in ["a.txt", "sub/b.bin", "link-to-a -> a.txt", "[Drained]"] {
+        assert!(text.contains(needle), "`files ls` lacks {needle}:\n{text}");
+    }
+
+    // files get: extracted and verified.
+    let dest = host_dir("dest");
+    let get = Command::new(BIN)
+        .args([
+            "files",
+            "get",
+            "files",
+            "-n",
+            &ns.name,
+            "--store-url",
+            &store_url,
+            "-o",
+        ])
+        .arg(&dest)
+        .output()
+        .unwrap();
+    assert!(
+        get.status.success(),
+        "{}",
+        String::from_utf8_lossy(&get.stderr)
+    );
+    let sub = std::fs::read_dir(&dest)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert_eq!(std::fs::read(sub.join("a.txt")).unwrap(), b"alpha\n");
+    assert_eq!(
+        std::fs::read(sub.join("sub/b.bin")).unwrap(),
+        vec![42u8; 10_000]
+    );
+    assert_eq!(
+        std::fs::read_link(sub.join("link-to-a")).unwrap(),
+        std::path::Path::new("a.txt")
+    );
+
+    // The metrics endpoint counted the drain.
+    let metrics = reqwest::get(format!("http://127.0.0.1:{metrics_port}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("sandboxrun_drains_total{phase=\"Drained\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("sandboxrun_reconciles_total"), "{metrics}");
+
+    // A stored archive is untrusted too: flip a byte of a.txt's content and `get` refuses.
+    let archive = walk(&store_dir)
+        .into_iter()
+        .find(|p| p.to_string_lossy().ends_with(".tar"))
+        .expect("archive");
+    let mut bytes = std::fs::read(&archive).unwrap();
+    let at = bytes
+        .windows(6)
+        .position(|w| w == b"alpha\n")
+        .expect("content in archive");
+    bytes[at] = b'A';
+    std::fs::write(&archive, bytes).unwrap();
+    let dest2 = host_dir("dest2");
+    let get = Command::new(BIN)
+        .args([
+            "files",
+            "get",
+            "files",
+            "-n",
+            &ns.name,
+            "--store-url",
+            &store_url,
+            "-o",
+        ])
+        .arg(&dest2)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&get.stderr).to_string();
+    assert_eq!(get.status.code(), Some(1), "{err}");
+    assert!(err.contains("sha256"), "{err}");
+
+    // Unknown run: a clear error, not an empty listing.
+    let none = Command::new(BIN)
+        .args([
+            "files",
+            "ls",
+            "nope",
+            "-n",
+            &ns.name,
+            "--store-url",
+            &store_url,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(none.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&none.stderr).contains("nothing is stored"));
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_deadline_tears_down_and_skip_drain_releases_at_once() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "deadline").await;
+    let store_url = format!("file://{}", host_dir("store-deadline").display());
+    let op = Proc::start(&base_args(&ns.name, &store_url, free_port(), "deadline-op"));
+    let out = host_dir("out");
+    std::fs::write(out.join("partial.txt"), b"half done\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let mut s = spec(&out, None);
+    s.active_deadline_seconds = Some(3);
+    runs.create(&PostParams::default(), &SandboxRun::new("deadline", s))
+        .await
+        .unwrap();
+    let run = wait_phase(&runs, "deadline", Phase::Stopped, &|| op.log_text()).await;
+    let status = run.status.unwrap();
+    assert_eq!(
+        status.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "the deadline drains, it does not kill"
+    );
+    assert!(status.message.unwrap_or_default().contains("stopped"));
+
+    // skip-drain: deletion releases the finalizer at once, with an Event saying what was not drained.
+    runs.create(
+        &PostParams::default(),
+        &SandboxRun::new("skipped", spec(&out, None)),
+    )
+    .await
+    .unwrap();
+    wait_phase(&runs, "skipped", Phase::Running, &|| op.log_text()).await;
+    let patch = json!({"metadata": {"annotations": {SKIP_DRAIN_ANNOTATION: "true"}}});
+    runs.patch("skipped", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    runs.delete("skipped", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("skipped run gone", Duration::from_secs(30), || {
+        let runs = runs.clone();
+        async move { runs.get_opt("skipped").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &ns.name);
+    let ev = eventually("DrainSkipped Event", Duration::from_secs(20), || {
+        let events = events.clone();
+        async move {
+            events
+                .list(&Default::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("DrainSkipped"))
+        }
+    })
+    .await;
+    assert!(ev.note.unwrap_or_default().contains("NOT drained"));
+}
+
+#[tokio::test]
+async fn with_two_replicas_the_standby_finishes_the_run_when_the_leader_dies() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "ha").await;
+    let store_url = format!("file://{}", host_dir("store-ha").display());
+    let lease = format!("sbr-ha-{:08x}", rand_u32());
+    let args = |id: &str| {
+        let mut a = base_args(&ns.name, &store_url, free_port(), id);
+        a.extend([
+            "--leader-elect".to_string(),
+            "--lease-name".to_string(),
+            lease.clone(),
+        ]);
+        a
+    };
+    let mut a = Proc::start(&args("replica-a"));
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let holder = eventually("replica-a holds the lease", Duration::from_secs(60), || {
+        let leases = leases.clone();
+        let lease = lease.clone();
+        async move { leases.get_opt(&lease).await.ok()??.spec?.holder_identity }
+    })
+    .await;
+    assert_eq!(holder, "replica-a");
+    let mut b = Proc::start(&args("replica-b"));
+
+    let out = host_dir("out");
+    std::fs::write(out.join("result.txt"), b"42\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    runs.create(
+        &PostParams::default(),
+        &SandboxRun::new("ha", spec(&out, Some("work"))),
+    )
+    .await
+    .unwrap();
+    let run = wait_phase(&runs, "ha", Phase::Running, &|| a.log_text()).await;
+    assert!(
+        !b.log_text().contains("leading: starting the controller"),
+        "the standby must not reconcile"
+    );
+
+    // The leader dies mid-run; the standby takes the lease and finishes the run.
+    a.kill();
+    finish_workload(&client, &ns.name, &run).await;
+    let done = wait_phase(&runs, "ha", Phase::Succeeded, &|| b.log_text()).await;
+    assert_eq!(
+        done.status.unwrap().read_back[0].phase,
+        ReadBackPhase::Drained
+    );
+    let holder = leases
+        .get(&lease)
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity;
+    assert_eq!(holder.as_deref(), Some("replica-b"));
+    b.kill();
+}
