@@ -85,12 +85,9 @@ impl AttemptError {
     /// Whether another attempt may succeed.
     pub fn is_transient(&self) -> bool {
         match self {
-            AttemptError::Exec(ExecError::Start {
-                source: kube::Error::Api(ae),
-                ..
-            }) => {
+            AttemptError::Exec(ExecError::Start { source, .. }) => {
                 // Gone, forbidden or refused will not change by retrying.
-                !matches!(ae.code, 400 | 403 | 404)
+                !matches!(start_status(source), Some(400 | 403 | 404))
             }
             AttemptError::Exec(e) => e.is_transient(),
             AttemptError::Drain(e) => matches!(
@@ -115,6 +112,27 @@ impl AttemptError {
             AttemptError::Store(_) => "store",
             AttemptError::NoStdout => "exec_no_stdout",
         }
+    }
+}
+
+/// The HTTP status with which the apiserver refused to start an exec, if it did.
+fn start_status(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(ae) => Some(ae.code),
+        kube::Error::UpgradeConnection(kube::client::UpgradeConnectionError::ProtocolSwitch(
+            code,
+        )) => Some(code.as_u16()),
+        _ => None,
+    }
+}
+
+/// Words for a failure, with what to do when the cause is the operator's own RBAC.
+fn describe_failure(e: &AttemptError) -> String {
+    match e {
+        AttemptError::Exec(ExecError::Start { source, .. }) if start_status(source) == Some(403) => format!(
+            "{e} (Forbidden: the operator's ServiceAccount needs create/get on pods/exec in this namespace)"
+        ),
+        _ => e.to_string(),
     }
 }
 
@@ -236,7 +254,7 @@ pub async fn drain_path(job: &PathJob<'_>) -> ReadBackStatus {
             }
             Ok(Err(e)) => {
                 let label = e.metric_label();
-                let status = failed(job.path, attempts, e.to_string());
+                let status = failed(job.path, attempts, describe_failure(&e));
                 return finish(job, status, started, Some(label));
             }
             Err(_) => {
