@@ -1,0 +1,92 @@
+{{/* Name of the chart. */}}
+{{- define "sbr.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Full name of the release's objects. The ValidatingWebhookConfiguration, the Lease and the
+webhook Secret are all derived from it, so two releases never collide. */}}
+{{- define "sbr.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sbr.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "sbr.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sbr.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{- define "sbr.labels" -}}
+helm.sh/chart: {{ include "sbr.chart" . }}
+{{ include "sbr.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sandboxrun-operator
+{{- end -}}
+
+{{- define "sbr.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "sbr.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sbr.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sbr.holderImage" -}}
+{{- default (include "sbr.image" .) .Values.holderImage -}}
+{{- end -}}
+
+{{/* Leader election: on when asked, and always with more than one replica. */}}
+{{- define "sbr.leaderElect" -}}
+{{- if or .Values.leaderElection.enabled (gt (int .Values.replicas) 1) -}}true{{- end -}}
+{{- end -}}
+
+{{- define "sbr.leaseName" -}}
+{{- default (include "sbr.fullname" .) .Values.leaderElection.leaseName -}}
+{{- end -}}
+
+{{- define "sbr.webhookService" -}}
+{{- printf "%s-webhook" (include "sbr.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "sbr.metricsService" -}}
+{{- printf "%s-metrics" (include "sbr.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The self-managed webhook Secret (--webhook-secret) and the cert-manager one. */}}
+{{- define "sbr.webhookSecret" -}}
+{{- printf "%s-webhook-tls" (include "sbr.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The ValidatingWebhookConfiguration: named after the release, passed as --webhook-config. */}}
+{{- define "sbr.webhookConfig" -}}
+{{- include "sbr.fullname" . -}}
+{{- end -}}
+
+{{- define "sbr.selfManagedCerts" -}}
+{{- if and .Values.webhook.enabled (not .Values.webhook.certManager.enabled) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Whether the store is the embedded file:// one. */}}
+{{- define "sbr.fileStore" -}}
+{{- if hasPrefix "file://" .Values.store.url -}}true{{- end -}}
+{{- end -}}
