@@ -1,0 +1,416 @@
+//! The install artefacts on the real control plane: the Helm chart (its CRD copy, `helm lint`,
+//! `helm template` accepted by the apiserver, a real `helm install`) and the kustomize tree.
+//!
+//! The release this installs registers a ValidatingWebhookConfiguration with no running webhook
+//! behind it (kwok plays the node, the operator image is never pulled). So that no other test's
+//! SandboxRuns are sent to it, its namespaceSelector selects only this test's namespace (where no
+//! SandboxRun is created) and its failurePolicy is Ignore.
+
+mod support;
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+
+use support::*;
+
+const CHART: &str = "charts/sandboxrun-operator";
+const CRD_FILE: &str = "sandboxruns.sandbox.iterion.io.yaml";
+
+/// A tool of the test bed (kubectl, helm) by path, so the test does not depend on the caller's PATH.
+fn tool(name: &str) -> Command {
+    let path = tools_bin()
+        .map(|b| b.join(name))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| name.into());
+    let mut cmd = Command::new(path);
+    cmd.current_dir(repo()).env("KUBECONFIG", kubeconfig_path());
+    cmd
+}
+
+fn run(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
+    let what = format!("{cmd:?}");
+    cmd.stdin(if stdin.is_some() {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    })
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    if let Some(bytes) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin is piped");
+        pipe.write_all(bytes)
+            .unwrap_or_else(|e| panic!("writing to {what}: {e}"));
+    }
+    child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("waiting for {what}: {e}"))
+}
+
+/// Runs and asserts success, showing stdout and stderr when it fails.
+fn ok(cmd: Command, stdin: Option<&[u8]>) -> String {
+    let what = format!("{cmd:?}");
+    let out = run(cmd, stdin);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn helm(args: &[&str]) -> Command {
+    let mut cmd = tool("helm");
+    cmd.args(args);
+    cmd
+}
+
+fn kubectl(args: &[&str]) -> Command {
+    let mut cmd = tool("kubectl");
+    cmd.args(args);
+    cmd
+}
+
+/// Applies `manifests` with `kubectl apply --dry-run=server` and asserts every object passed.
+fn server_dry_run(manifests: &str) -> String {
+    let out = ok(
+        kubectl(&["apply", "--dry-run=server", "-f", "-"]),
+        Some(manifests.as_bytes()),
+    );
+    assert!(
+        out.contains("(server dry run)"),
+        "nothing was applied:\n{out}"
+    );
+    out
+}
+
+#[test]
+fn the_chart_crd_is_a_byte_identical_copy_of_the_generated_one() {
+    let top = std::fs::read(repo().join("crds").join(CRD_FILE)).expect("crds/ CRD");
+    let chart = std::fs::read(repo().join(CHART).join("crds").join(CRD_FILE))
+        .expect("the chart's crds/ CRD");
+    assert!(
+        top == chart,
+        "{CHART}/crds/{CRD_FILE} differs from crds/{CRD_FILE}: run `make crds` (hack/gen.sh) and commit both"
+    );
+    // Only the CRD in the chart's crds/: Helm would install anything else there, never upgrade it.
+    let entries: Vec<String> = std::fs::read_dir(repo().join(CHART).join("crds"))
+        .expect("read the chart's crds/")
+        .map(|e| {
+            e.expect("dir entry")
+                .file_name()
+                .to_string_lossy()
+                .into_owned()
+        })
+        .collect();
+    assert_eq!(entries, vec![CRD_FILE.to_string()]);
+}
+
+#[test]
+fn helm_lint_passes_strict_for_the_default_and_the_optional_shapes() {
+    ok(helm(&["lint", "--strict", CHART]), None);
+    ok(
+        helm(&[
+            "lint",
+            "--strict",
+            CHART,
+            "--set",
+            "replicas=2",
+            "--set",
+            "store.url=s3://sandboxruns/prod",
+            "--set",
+            "store.existingSecret=sandboxrun-store-s3",
+            "--set",
+            "webhook.certManager.enabled=true",
+            "--set",
+            "metrics.serviceMonitor.enabled=true",
+            "--set",
+            "watchNamespaces={team-a,team-b}",
+        ]),
+        None,
+    );
+}
+
+#[test]
+fn the_chart_refuses_a_file_store_with_several_replicas_and_unknown_values() {
+    let out = run(helm(&["template", "t", CHART, "--set", "replicas=2"]), None);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("single-replica"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = run(
+        helm(&[
+            "template",
+            "t",
+            CHART,
+            "--set",
+            "webhook.failurePolicy=Sometimes",
+        ]),
+        None,
+    );
+    assert!(!out.status.success(), "the schema must refuse it");
+}
+
+#[test]
+fn the_chart_renders_what_the_operator_expects() {
+    let text = ok(helm(&["template", "demo", CHART, "-n", "sbr-sys"]), None);
+    // The webhook configuration's name is what the operator patches (--webhook-config).
+    assert!(text.contains("--webhook-config=demo-sandboxrun-operator\n"));
+    assert!(text.contains("kind: ValidatingWebhookConfiguration\nmetadata:"));
+    assert!(text.contains("  name: demo-sandboxrun-operator\n"));
+    assert!(text.contains("--webhook-hosts=demo-sandboxrun-operator-webhook.sbr-sys.svc,"));
+    assert!(text.contains("--webhook-secret=demo-sandboxrun-operator-webhook-tls\n"));
+    assert!(text.contains("failurePolicy: Fail\n"));
+    assert!(text.contains("readOnlyRootFilesystem: true"));
+    assert!(text.contains("type: RuntimeDefault"));
+    assert!(!text.contains("--leader-elect"), "one replica: no election");
+    let ha = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "replicas=2",
+            "--set",
+            "store.url=s3://b/p",
+        ]),
+        None,
+    );
+    assert!(ha.contains("--leader-elect\n"));
+    assert!(ha.contains("kind: Role\n") && ha.contains("resources: [leases]"));
+    let files = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "webhook.certManager.enabled=true",
+        ]),
+        None,
+    );
+    assert!(files.contains("--webhook-cert-mode=files\n"));
+    assert!(
+        files.contains("cert-manager.io/inject-ca-from: default/demo-sandboxrun-operator-webhook")
+    );
+    assert!(
+        !files.contains("resources: [secrets]"),
+        "cert-manager mode needs no Secret rights"
+    );
+}
+
+#[tokio::test]
+async fn helm_template_is_accepted_by_the_apiserver() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "chart-tpl").await;
+    let release = format!("tpl{:06x}", rand_u32() & 0xffffff);
+    let manifests = ok(
+        helm(&["template", &release, CHART, "--namespace", &ns.name]),
+        None,
+    );
+    let out = server_dry_run(&manifests);
+    for kind in [
+        "deployment.apps/",
+        "validatingwebhookconfiguration.admissionregistration.k8s.io/",
+        "clusterrole.rbac.authorization.k8s.io/",
+        "service/",
+        "serviceaccount/",
+    ] {
+        assert!(out.contains(kind), "no {kind} in:\n{out}");
+    }
+    // The `helm template … | kubectl apply` of the README, in the default namespace.
+    server_dry_run(&ok(helm(&["template", "t", CHART]), None));
+}
+
+#[tokio::test]
+async fn helm_install_creates_the_operator_its_webhook_and_keeps_the_crd() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "chart").await;
+    let release = format!("sbr{:06x}", rand_u32() & 0xffffff);
+    let fullname = format!("{release}-sandboxrun-operator");
+    let selector = format!(
+        "webhook.namespaceSelector.matchLabels.sandboxrun-test={}",
+        ns.name
+    );
+    ok(
+        helm(&[
+            "install",
+            &release,
+            CHART,
+            "--namespace",
+            &ns.name,
+            "--set",
+            &selector,
+            "--set",
+            "webhook.failurePolicy=Ignore",
+            "--set",
+            "image.repository=sandboxrun-operator",
+            "--set",
+            "image.tag=test",
+            "--timeout",
+            "60s",
+        ]),
+        None,
+    );
+    let uninstall = Uninstall {
+        release: release.clone(),
+        namespace: ns.name.clone(),
+    };
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let deployment = deployments
+        .get(&fullname)
+        .await
+        .unwrap_or_else(|e| panic!("deployment {fullname}: {e}"));
+    let pod_spec = deployment
+        .spec
+        .and_then(|s| s.template.spec)
+        .expect("pod template");
+    let container = &pod_spec.containers[0];
+    assert_eq!(container.image.as_deref(), Some("sandboxrun-operator:test"));
+    let args = container.args.clone().unwrap_or_default();
+    assert!(
+        args.contains(&format!("--webhook-config={fullname}")),
+        "{args:?}"
+    );
+
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let vwc = vwcs
+        .get(&fullname)
+        .await
+        .unwrap_or_else(|e| panic!("ValidatingWebhookConfiguration {fullname}: {e}"));
+    let hook = &vwc.webhooks.expect("webhooks")[0];
+    assert_eq!(hook.failure_policy.as_deref(), Some("Ignore"));
+    assert_eq!(hook.side_effects, "None");
+    assert_eq!(hook.timeout_seconds, Some(5));
+    let service = hook.client_config.service.as_ref().expect("service ref");
+    assert_eq!(service.namespace, ns.name);
+    assert_eq!(service.path.as_deref(), Some("/validate-sandboxrun"));
+
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.get("sandboxruns.sandbox.iterion.io")
+        .await
+        .expect("the CRD is installed");
+
+    drop(uninstall);
+    // Cluster-scoped objects of the release go with it (the namespace goes with TestNamespace).
+    eventually(
+        "the release's ValidatingWebhookConfiguration to be removed",
+        Duration::from_secs(30),
+        || {
+            let vwcs = vwcs.clone();
+            let name = fullname.clone();
+            async move {
+                vwcs.get_opt(&name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_none()
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    // helm never deletes what is in crds/: runs in other namespaces keep their CRD.
+    crds.get("sandboxruns.sandbox.iterion.io")
+        .await
+        .expect("the CRD survives uninstall");
+}
+
+/// `helm uninstall` on drop, so a failed assertion does not leave cluster-scoped objects behind.
+struct Uninstall {
+    release: String,
+    namespace: String,
+}
+
+impl Drop for Uninstall {
+    fn drop(&mut self) {
+        let out = run(
+            helm(&[
+                "uninstall",
+                &self.release,
+                "--namespace",
+                &self.namespace,
+                "--wait",
+                "--timeout",
+                "60s",
+            ]),
+            None,
+        );
+        if !out.status.success() {
+            eprintln!(
+                "helm uninstall {} failed: {}",
+                self.release,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn kustomize_default_builds_and_is_accepted_by_the_apiserver() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let built = ok(kubectl(&["kustomize", "config/default"]), None);
+    for want in [
+        "name: sandboxrun-system",
+        "name: sandboxrun-operator-controller",
+        "kind: ValidatingWebhookConfiguration",
+        "name: sandboxruns.sandbox.iterion.io",
+        // The Service the operator's certificate names (--webhook-hosts) and the VWC it patches.
+        "--webhook-hosts=sandboxrun-operator-webhook.sandboxrun-system.svc,",
+        "--webhook-config=sandboxrun-operator-webhook\n",
+    ] {
+        assert!(built.contains(want), "kustomize output lacks {want:?}");
+    }
+    // A server dry run cannot create sandboxrun-system for the namespaced objects that follow it,
+    // and creating it for real on a shared control plane is not this test's business: an overlay
+    // on config/default moves everything into this test's (existing) namespace instead.
+    let ns = TestNamespace::new(&client, "kustomize").await;
+    let overlay = tempfile::tempdir().expect("tempdir");
+    let base = repo().join("config/default");
+    write_overlay(overlay.path(), &base, &ns.name);
+    let manifests = ok(
+        kubectl(&["kustomize", &overlay.path().display().to_string()]),
+        None,
+    );
+    let out = server_dry_run(&manifests);
+    assert!(
+        out.contains("deployment.apps/sandboxrun-operator-controller"),
+        "{out}"
+    );
+    assert!(
+        out.contains(
+            "customresourcedefinition.apiextensions.k8s.io/sandboxruns.sandbox.iterion.io"
+        ),
+        "{out}"
+    );
+    // The samples kustomization builds too.
+    let samples = ok(kubectl(&["kustomize", "config/samples"]), None);
+    assert!(samples.contains("name: batch-report") && samples.contains("name: dev-sandbox"));
+}
+
+fn write_overlay(dir: &Path, base: &Path, namespace: &str) {
+    // kustomize refuses an absolute path as a resource: climb from the overlay to / instead.
+    let up = "../".repeat(dir.components().count().saturating_sub(1));
+    let base = base.strip_prefix("/").unwrap_or(base);
+    let text = format!(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nnamespace: {namespace}\nresources:\n  - {up}{}\n",
+        base.display()
+    );
+    std::fs::write(dir.join("kustomization.yaml"), text).expect("write overlay");
+}
