@@ -186,6 +186,9 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
                     )
                     .map_err(io("write"))?;
                 }
+                for note in &m.pod_notes {
+                    writeln!(out, "  NOTE     {note}").map_err(io("write"))?;
+                }
                 for r in &m.rejected {
                     writeln!(
                         out,

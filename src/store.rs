@@ -505,6 +505,11 @@ pub struct Manifest {
     pub dropped: Vec<DroppedRecord>,
     /// Entries rejected by the sanitizer, with reasons.
     pub rejected: Vec<RejectedRecord>,
+    /// What the packer in the pod reported on stderr: files it could not read, special files it
+    /// skipped, files that changed size while read. Never silent (DESIGN: "an unreadable file is
+    /// recorded as such, never silently skipped").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_notes: Vec<String>,
 }
 
 impl Manifest {
@@ -541,6 +546,7 @@ impl Manifest {
             members: outcome.members.clone(),
             dropped: outcome.dropped.clone(),
             rejected: outcome.rejected.clone(),
+            pod_notes: Vec::new(),
         }
     }
 

@@ -149,6 +149,12 @@ async fn files_ls_and_get_read_a_drained_run_back_and_catch_tampering() {
     std::fs::write(out.join("a.txt"), b"alpha\n").unwrap();
     std::fs::write(out.join("sub/b.bin"), vec![42u8; 10_000]).unwrap();
     std::os::unix::fs::symlink("a.txt", out.join("link-to-a")).unwrap();
+    // A FIFO cannot be archived: the packer skips it and says so, and the manifest keeps the note.
+    let fifo = Command::new("mkfifo")
+        .arg(out.join("pipe"))
+        .status()
+        .unwrap();
+    assert!(fifo.success());
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     runs.create(
         &PostParams::default(),
@@ -179,7 +185,14 @@ async fn files_ls_and_get_read_a_drained_run_back_and_catch_tampering() {
         "{text}{}",
         String::from_utf8_lossy(&ls.stderr)
     );
-    for needle in ["a.txt", "sub/b.bin", "link-to-a -> a.txt", "[Drained]"] {
+    for needle in [
+        "a.txt",
+        "sub/b.bin",
+        "link-to-a -> a.txt",
+        "[Drained]",
+        "NOTE     pack: skipped",
+        "pipe",
+    ] {
         assert!(text.contains(needle), "`files ls` lacks {needle}:\n{text}");
     }
 

@@ -170,6 +170,11 @@ pub fn committed_status(
             "{} unsafe member(s) rejected, listed in the manifest",
             manifest.totals.rejected_members
         )),
+        _ if !manifest.pod_notes.is_empty() => Some(format!(
+            "the packer reported {} problem(s) in the pod (unreadable or special files), listed in the manifest's podNotes: {}",
+            manifest.pod_notes.len(),
+            manifest.pod_notes.first().map(String::as_str).unwrap_or_default()
+        )),
         _ => None,
     };
     ReadBackStatus {
@@ -350,13 +355,23 @@ async fn attempt(
         }
     };
     // The archive is uploaded; it only becomes a result if the packer says it finished cleanly.
-    if let Err(e) = exec.finish().await {
-        if let Err(del) = job.store.delete(&keys.archive).await {
-            warn!(archive = %keys.archive, error = %del, "could not delete the archive of a failed attempt");
+    let notes = match exec.finish().await {
+        Ok(notes) => notes,
+        Err(e) => {
+            if let Err(del) = job.store.delete(&keys.archive).await {
+                warn!(archive = %keys.archive, error = %del, "could not delete the archive of a failed attempt");
+            }
+            return Err(e.into());
         }
-        return Err(e.into());
+    };
+    let mut manifest = Manifest::new(&ctx, keys, opts, &outcome, started, jiff::Timestamp::now());
+    manifest.pod_notes = notes.lines;
+    if notes.truncated > 0 {
+        manifest.pod_notes.push(format!(
+            "... and {} more line(s) from the packer",
+            notes.truncated
+        ));
     }
-    let manifest = Manifest::new(&ctx, keys, opts, &outcome, started, jiff::Timestamp::now());
     match write_manifest(job.store, &keys.manifest, &manifest).await? {
         ManifestWrite::Created => Ok(manifest),
         // Someone committed between our start and our write (two operators draining at once,
