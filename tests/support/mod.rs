@@ -256,6 +256,46 @@ impl Operator {
         Operator { child, log }
     }
 
+    /// Like [`Operator::start`], but a flag in `overrides` replaces the default of the same flag
+    /// instead of being appended after it: clap refuses a single-value flag given twice (e.g.
+    /// `--webhook-addr '' … --webhook-addr 127.0.0.1:9443` exits 2). Flags are `--name value`
+    /// pairs, or bare `--switch`es.
+    pub fn start_with(namespace: &str, store_url: &str, overrides: &[&str]) -> Operator {
+        let log = std::env::temp_dir().join(format!(
+            "sandboxrun-operator-{namespace}-{}.log",
+            rand_u32()
+        ));
+        let file = std::fs::File::create(&log).expect("operator log file");
+        let err = file.try_clone().expect("clone log file");
+        let pod_name = format!("operator-{namespace}");
+        let defaults: [(&str, &str); 7] = [
+            ("--namespaces", namespace),
+            ("--store-url", store_url),
+            ("--metrics-addr", "127.0.0.1:0"),
+            ("--webhook-addr", ""),
+            ("--holder-image", "sandboxrun-operator:test"),
+            ("--log-level", "info,sandboxrun_operator=debug"),
+            ("--pod-name", &pod_name),
+        ];
+        let overridden = |flag: &str| overrides.contains(&flag);
+        let mut args = vec!["run".to_string()];
+        for (flag, value) in defaults {
+            if !overridden(flag) {
+                args.push(flag.to_string());
+                args.push(value.to_string());
+            }
+        }
+        args.extend(overrides.iter().map(|s| s.to_string()));
+        let child = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
+            .args(&args)
+            .env("KUBECONFIG", kubeconfig_path())
+            .stdout(Stdio::from(file))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("start the operator binary");
+        Operator { child, log }
+    }
+
     /// The operator's log so far (for assertion messages).
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()

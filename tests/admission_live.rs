@@ -1,0 +1,1154 @@
+//! ADR-006 admission end to end: the real operator binary serves the validating webhook on
+//! loopback with self-managed certificates (it patches the caBundle of a
+//! ValidatingWebhookConfiguration this test registers by URL), and the real apiserver calls it.
+//! The corpus in `tests/admission-corpus/` is checked three ways — the engine, `doctor --strict`
+//! through the binary, and `kubectl apply --dry-run=server` through the webhook — and the three
+//! must agree. Also: update rules, failurePolicy with the webhook down, the doctor's exit codes,
+//! and `--check-images` against the test bed's real registry.
+//!
+//! Every webhook configuration selects only its own test namespace (`sandboxrun-test=<ns>`), so
+//! tests running in parallel, and other test binaries, are unaffected.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use sandboxrun_operator::admission::{check, check_update, Finding, RuleSettings, Severity};
+use sandboxrun_operator::api::{SandboxRun, SandboxRunSpec};
+use serde_json::{json, Value};
+
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");
+const DIGEST_IMAGE: &str =
+    "ghcr.io/iterion/workload@sha256:3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f";
+/// How long the apiserver may take to see a new or changed webhook configuration.
+const CONVERGE: Duration = Duration::from_secs(60);
+/// The webhook's denial message names the admission this way (webhook.rs `respond`).
+const DENIED_BY_US: &str = "refused by ADR-006 admission";
+
+// ---------------------------------------------------------------------------------------------
+// Tools
+
+/// kubectl of the test bed, with its kubeconfig. Returns (exit code, stdout, stderr).
+fn kubectl_run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
+    static PATH: OnceLock<String> = OnceLock::new();
+    let path = PATH.get_or_init(|| {
+        let bin = tools_bin().expect(
+            "hack/local-cluster.sh env names no tools directory: start the test bed with \
+             `hack/local-cluster.sh up`",
+        );
+        format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        )
+    });
+    let mut child = Command::new("kubectl")
+        .args(args)
+        .env("PATH", path)
+        .env("KUBECONFIG", kubeconfig_path())
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run kubectl");
+    if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
+        use std::io::Write;
+        pipe.write_all(text.as_bytes()).expect("kubectl stdin");
+    }
+    let out = child.wait_with_output().expect("kubectl output");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The real binary's `doctor`. Returns (exit code, stdout, stderr).
+fn doctor(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .arg("doctor")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run sandboxrun-operator doctor");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A loopback port nobody listens on right now.
+fn unused_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral loopback port")
+}
+
+fn corpus_dir() -> PathBuf {
+    repo().join("tests/admission-corpus")
+}
+
+fn corpus() -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
+        .expect("tests/admission-corpus")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn run_from(value: Value) -> SandboxRun {
+    serde_json::from_value(value).expect("a SandboxRun")
+}
+
+fn spec_from(value: Value) -> SandboxRunSpec {
+    serde_json::from_value(value).expect("a SandboxRunSpec")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The live webhook
+
+/// The operator binary serving the webhook for one test namespace.
+struct LiveWebhook {
+    client: Client,
+    vwc: String,
+    port: u16,
+    op: Operator,
+    // Dropped last: the namespace (with the certificate Secret in it).
+    ns: TestNamespace,
+}
+
+impl LiveWebhook {
+    /// Registers the configuration (URL, no caBundle), starts the operator with self-managed
+    /// certificates, and waits until the apiserver refuses a bad run through it.
+    async fn start(prefix: &str) -> LiveWebhook {
+        let client = client().await;
+        ensure_crd(&client).await;
+        let ns = TestNamespace::new(&client, prefix).await;
+        let port = unused_port();
+        let vwc = format!("sandboxrun-live-{}", ns.name);
+        let config = ValidatingWebhookConfiguration {
+            metadata: ObjectMeta {
+                name: Some(vwc.clone()),
+                ..Default::default()
+            },
+            webhooks: Some(vec![ValidatingWebhook {
+                name: "validate.sandbox.iterion.io".into(),
+                admission_review_versions: vec!["v1".into()],
+                side_effects: "None".into(),
+                failure_policy: Some("Fail".into()),
+                timeout_seconds: Some(5),
+                namespace_selector: Some(LabelSelector {
+                    match_labels: Some([("sandboxrun-test".to_string(), ns.name.clone())].into()),
+                    ..Default::default()
+                }),
+                client_config: WebhookClientConfig {
+                    url: Some(format!("https://127.0.0.1:{port}/validate-sandboxrun")),
+                    ca_bundle: None,
+                    service: None,
+                },
+                rules: Some(vec![RuleWithOperations {
+                    api_groups: Some(vec!["sandbox.iterion.io".into()]),
+                    api_versions: Some(vec!["v1alpha1".into()]),
+                    operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                    resources: Some(vec!["sandboxruns".into()]),
+                    scope: Some("Namespaced".into()),
+                }]),
+                ..Default::default()
+            }]),
+        };
+        let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+        vwcs.create(&PostParams::default(), &config)
+            .await
+            .expect("register the webhook configuration");
+
+        let store = std::env::temp_dir().join(format!("sandboxrun-live-store-{}", ns.name));
+        std::fs::create_dir_all(&store).expect("store dir");
+        let store_url = format!("file://{}", store.display());
+        let addr = format!("127.0.0.1:{port}");
+        let secret = format!("webhook-tls-{:08x}", rand_u32());
+        // The controller watches a namespace that does not exist: it stays away from this
+        // test's runs (no finalizers, no pods, no status writes), so the test owns their status.
+        let unwatched = format!("{}-unwatched", ns.name);
+        let op = Operator::start_with(
+            &unwatched,
+            &store_url,
+            &[
+                "--webhook-addr",
+                &addr,
+                "--webhook-cert-mode",
+                "self-managed",
+                "--webhook-hosts",
+                "127.0.0.1,localhost",
+                "--pod-namespace",
+                &ns.name,
+                "--webhook-secret",
+                &secret,
+                "--webhook-config",
+                &vwc,
+            ],
+        );
+        let live = LiveWebhook {
+            client,
+            vwc,
+            port,
+            op,
+            ns,
+        };
+
+        // The operator patches the caBundle with the CA it keeps in the Secret.
+        let ca = live
+            .wait("the operator to patch the caBundle", || {
+                let vwcs = vwcs.clone();
+                let name = live.vwc.clone();
+                async move {
+                    let c = vwcs.get(&name).await.ok()?;
+                    c.webhooks?.first()?.client_config.ca_bundle.clone()
+                }
+            })
+            .await;
+        let pem = String::from_utf8_lossy(&ca.0).into_owned();
+        assert!(pem.starts_with("-----BEGIN CERTIFICATE-----"), "{pem}");
+        let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+            Api::namespaced(live.client.clone(), &live.ns.name);
+        let stored = secrets.get(&secret).await.expect("certificate Secret");
+        let stored_ca = stored
+            .data
+            .unwrap_or_default()
+            .get("ca.crt")
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned());
+        assert_eq!(
+            stored_ca.as_deref(),
+            Some(pem.as_str()),
+            "caBundle is the CA kept in the Secret"
+        );
+
+        // …and the apiserver reaches the webhook over TLS and gets its verdict.
+        let bad = run_from(json!({
+            "apiVersion": "sandbox.iterion.io/v1alpha1",
+            "kind": "SandboxRun",
+            "metadata": {"name": "probe-root"},
+            "spec": {"image": DIGEST_IMAGE, "user": "0"},
+        }));
+        let api = live.runs();
+        live.wait(
+            "the apiserver to refuse a bad run through the webhook",
+            || {
+                let api = api.clone();
+                let bad = bad.clone();
+                async move {
+                    match api
+                        .create(
+                            &PostParams {
+                                dry_run: true,
+                                ..Default::default()
+                            },
+                            &bad,
+                        )
+                        .await
+                    {
+                        Err(kube::Error::Api(e)) if e.message.contains(DENIED_BY_US) => Some(()),
+                        _ => None,
+                    }
+                }
+            },
+        )
+        .await;
+        live
+    }
+
+    fn runs(&self) -> Api<SandboxRun> {
+        Api::namespaced(self.client.clone(), &self.ns.name)
+    }
+
+    /// `eventually`, with the operator's log in the failure message.
+    async fn wait<T, F, Fut>(&self, what: &str, mut f: F) -> T
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<T>>,
+    {
+        let start = std::time::Instant::now();
+        loop {
+            if let Some(v) = f().await {
+                return v;
+            }
+            if start.elapsed() > CONVERGE {
+                let log = self.op.log_text();
+                let tail: Vec<&str> = log.lines().rev().take(40).collect();
+                panic!(
+                    "timed out after {CONVERGE:?} waiting for {what}; operator log (last lines):\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// `kubectl apply --dry-run=server -n <ns> -f <file>`.
+    fn dry_run_apply(&self, file: &Path) -> (i32, String, String) {
+        kubectl_run(
+            &[
+                "apply",
+                "--dry-run=server",
+                "-n",
+                &self.ns.name,
+                "-f",
+                &file.display().to_string(),
+            ],
+            None,
+        )
+    }
+}
+
+impl Drop for LiveWebhook {
+    fn drop(&mut self) {
+        // Synchronous (Drop cannot await); the namespace and the operator go after this.
+        let _ = kubectl_run(
+            &[
+                "delete",
+                "validatingwebhookconfiguration",
+                &self.vwc,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The corpus, three ways
+
+/// `# expect: <verdict> [rules…] [(schema)]`.
+struct Expectation {
+    verdict: String,
+    rules: BTreeSet<String>,
+    schema: bool,
+}
+
+fn expectation(path: &Path, text: &str) -> Expectation {
+    let first = text.lines().next().unwrap_or_default();
+    let rest = first
+        .strip_prefix("# expect:")
+        .unwrap_or_else(|| panic!("{}: first line must be `# expect: ...`", path.display()));
+    let mut words = rest.split_whitespace();
+    let verdict = words.next().unwrap_or_default().to_string();
+    let mut rules = BTreeSet::new();
+    let mut schema = false;
+    for w in words {
+        if w == "(schema)" {
+            schema = true;
+        } else {
+            rules.insert(w.to_string());
+        }
+    }
+    Expectation {
+        verdict,
+        rules,
+        schema,
+    }
+}
+
+/// The engine over every SandboxRun of a file; None when the file does not parse/deserialize.
+fn engine(text: &str) -> Option<Vec<Finding>> {
+    let mut out = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).ok()?;
+        if value.get("kind").and_then(|k| k.as_str()) != Some("SandboxRun") {
+            continue;
+        }
+        let run: SandboxRun = serde_yaml::from_value(value).ok()?;
+        out.extend(check(&run.spec, &RuleSettings::default()));
+    }
+    Some(out)
+}
+
+fn verdict_of(findings: &[Finding]) -> &'static str {
+    if findings.iter().any(Finding::is_fail) {
+        "fail"
+    } else if findings.is_empty() {
+        "ok"
+    } else {
+        "warn"
+    }
+}
+
+/// What `kubectl apply --dry-run=server` showed: ok, warn, fail (denied by our webhook),
+/// schema (refused by the CRD schema / CEL before the webhook), client (kubectl could not even
+/// parse the file), unreachable (the apiserver could not call the webhook), or other.
+fn kubectl_verdict(code: i32, stderr: &str) -> &'static str {
+    if code == 0 {
+        if stderr.contains("Warning:") {
+            "warn"
+        } else {
+            "ok"
+        }
+    } else if stderr.contains(DENIED_BY_US) {
+        "fail"
+    } else if stderr.contains("failed calling webhook") {
+        "unreachable"
+    } else if stderr.contains("is invalid:") {
+        "schema"
+    } else if stderr.contains("error converting YAML") || stderr.contains("error parsing") {
+        "client"
+    } else {
+        "other"
+    }
+}
+
+struct Row {
+    file: String,
+    expected: String,
+    engine: String,
+    cli: String,
+    webhook: String,
+    problems: Vec<String>,
+}
+
+#[tokio::test]
+async fn the_corpus_gets_the_same_verdict_from_the_engine_the_cli_and_the_live_webhook() {
+    let live = LiveWebhook::start("live-corpus").await;
+    let mut rows = Vec::new();
+    for path in corpus() {
+        let text = std::fs::read_to_string(&path).expect("corpus file");
+        let want = expectation(&path, &text);
+        let mut problems = Vec::new();
+
+        // 1. The engine.
+        let findings = engine(&text);
+        let engine_verdict = findings.as_deref().map(verdict_of).unwrap_or("usage");
+        let engine_rules: BTreeSet<String> = findings
+            .iter()
+            .flatten()
+            .map(|f| f.rule.to_string())
+            .collect();
+        if engine_verdict != want.verdict || engine_rules != want.rules {
+            problems.push(format!(
+                "engine: {engine_verdict} {engine_rules:?}, the file expects {} {:?}",
+                want.verdict, want.rules
+            ));
+        }
+
+        // 2. The binary: `doctor --strict`, JSON report.
+        let file = path.display().to_string();
+        let (code, stdout, stderr) = doctor(&["--strict", "--output", "json", &file]);
+        let report: Value = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+        let cli_rules: BTreeSet<String> = report["documents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|d| d["findings"].as_array().into_iter().flatten())
+            .filter_map(|f| f["rule"].as_str().map(str::to_string))
+            .collect();
+        let cli_verdict = match code {
+            0 if report["summary"]["warnings"].as_u64().unwrap_or(0) > 0 => "warn",
+            0 => "ok",
+            1 => "fail",
+            2 => "usage",
+            _ => "crashed",
+        };
+        if report.is_null() {
+            problems.push(format!(
+                "cli: --output json did not parse: {stdout:?} {stderr:?}"
+            ));
+        } else if report["exitCode"].as_i64() != Some(i64::from(code)) {
+            problems.push(format!(
+                "cli: exit {code} but the report says {}",
+                report["exitCode"]
+            ));
+        }
+        if cli_verdict != engine_verdict || cli_rules != engine_rules {
+            problems.push(format!(
+                "cli: {cli_verdict} {cli_rules:?} (exit {code}), engine: {engine_verdict} {engine_rules:?}"
+            ));
+        }
+
+        // 3. The apiserver through the live webhook.
+        let (code, stdout, stderr) = live.dry_run_apply(&path);
+        let webhook_verdict = kubectl_verdict(code, &stderr);
+        let expected_webhook = match (engine_verdict, want.schema) {
+            ("usage", false) => "client",
+            (_, true) => "schema",
+            (v, false) => v,
+        };
+        if webhook_verdict != expected_webhook {
+            problems.push(format!(
+                "webhook: {webhook_verdict}, expected {expected_webhook}; kubectl exit {code}\n    stdout: {}\n    stderr: {}",
+                stdout.trim(),
+                stderr.trim()
+            ));
+        } else {
+            let all = findings.clone().unwrap_or_default();
+            match webhook_verdict {
+                // Every failing check is in the denial, with its field and hint.
+                "fail" => {
+                    for f in all.iter().filter(|f| f.is_fail()) {
+                        let line = format!("[{}] {}:", f.rule, f.field);
+                        if !stderr.contains(&line) || !stderr.contains(&f.hint) {
+                            problems.push(format!(
+                                "webhook: the denial lacks `{line}` or its hint {:?}:\n    {}",
+                                f.hint,
+                                stderr.trim()
+                            ));
+                        }
+                    }
+                }
+                // Every warning is printed by kubectl.
+                "warn" => {
+                    for f in all.iter().filter(|f| f.severity == Severity::Warn) {
+                        let line = format!("Warning: [{}] {}:", f.rule, f.field);
+                        if !stderr.contains(&line) || !stderr.contains(&f.hint) {
+                            problems.push(format!(
+                                "webhook: kubectl did not print `{line}` with hint {:?}:\n    {}",
+                                f.hint,
+                                stderr.trim()
+                            ));
+                        }
+                    }
+                }
+                // The schema refusal names the field the engine flags too.
+                "schema" => {
+                    for f in all.iter().filter(|f| f.is_fail()) {
+                        let top = f
+                            .field
+                            .split(['[', '.'])
+                            .take(2)
+                            .collect::<Vec<_>>()
+                            .join(".");
+                        if !stderr.contains(&top) {
+                            problems.push(format!(
+                                "webhook: the schema error does not mention {top} ({}):\n    {}",
+                                f.field,
+                                stderr.trim()
+                            ));
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        rows.push(Row {
+            file: path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            expected: format!(
+                "{}{}",
+                want.verdict,
+                if want.schema { " (schema)" } else { "" }
+            ),
+            engine: engine_verdict.to_string(),
+            cli: cli_verdict.to_string(),
+            webhook: webhook_verdict.to_string(),
+            problems,
+        });
+    }
+
+    assert!(rows.len() >= 40, "only {} corpus files", rows.len());
+    let bad = rows.iter().filter(|r| !r.problems.is_empty()).count();
+    if bad > 0 {
+        let mut table = format!(
+            "{bad} of {} corpus files disagree\n{:<48} {:<16} {:<7} {:<7} {:<12}\n",
+            rows.len(),
+            "file",
+            "expected",
+            "engine",
+            "cli",
+            "webhook"
+        );
+        for r in &rows {
+            table.push_str(&format!(
+                "{} {:<46} {:<16} {:<7} {:<7} {:<12}\n",
+                if r.problems.is_empty() { " " } else { "✗" },
+                r.file,
+                r.expected,
+                r.engine,
+                r.cli,
+                r.webhook
+            ));
+        }
+        for r in rows.iter().filter(|r| !r.problems.is_empty()) {
+            table.push_str(&format!("\n{}:\n  {}", r.file, r.problems.join("\n  ")));
+        }
+        panic!("{table}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Live webhook behaviour
+
+#[tokio::test]
+async fn a_run_failing_many_rules_is_denied_with_every_problem_and_its_hint() {
+    let live = LiveWebhook::start("live-every").await;
+    // Schema-valid, so the apiserver asks the webhook; wrong in at least three ADR-006 ways.
+    let run = run_from(json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRun",
+        "metadata": {"name": "wrong-everywhere"},
+        "spec": {
+            "image": "alpine:3.20",
+            "user": "0",
+            "hostState": "auto",
+            "build": {"context": "."},
+            "mounts": [{"name": "sock", "type": "bind", "source": "/var/run/docker.sock", "target": "/var/run/docker.sock"}],
+            "network": {"mode": "allowlist", "rules": ["!!example.com"]},
+        },
+    }));
+    let expected: Vec<Finding> = check(&run.spec, &RuleSettings::default());
+    let failing: Vec<&Finding> = expected.iter().filter(|f| f.is_fail()).collect();
+    assert!(
+        failing.len() >= 3,
+        "the fixture must fail 3+ rules: {expected:?}"
+    );
+
+    let err = live
+        .runs()
+        .create(&PostParams::default(), &run)
+        .await
+        .expect_err("the webhook must deny the run");
+    let kube::Error::Api(status) = err else {
+        panic!("not an apiserver refusal: {err:?}");
+    };
+    assert_eq!(status.code, 422, "{status:?}");
+    assert!(
+        status.message.contains(&format!(
+            "SandboxRun {}/wrong-everywhere {DENIED_BY_US} ({} failing check(s))",
+            live.ns.name,
+            failing.len()
+        )),
+        "{}",
+        status.message
+    );
+    for f in &failing {
+        let line = format!(
+            "- [{}] {}: {} (hint: {})",
+            f.rule, f.field, f.message, f.hint
+        );
+        assert!(
+            status.message.contains(&line),
+            "missing `{line}` in:\n{}",
+            status.message
+        );
+    }
+    // Nothing was created.
+    assert!(live
+        .runs()
+        .get_opt("wrong-everywhere")
+        .await
+        .expect("get")
+        .is_none());
+}
+
+#[tokio::test]
+async fn a_good_run_pinned_by_tag_is_accepted_with_a_warning() {
+    let live = LiveWebhook::start("live-tag").await;
+    let manifest = "apiVersion: sandbox.iterion.io/v1alpha1
+kind: SandboxRun
+metadata:
+  name: tagged
+spec:
+  image: alpine:3.20
+  user: \"1000\"
+";
+    let (code, stdout, stderr) =
+        kubectl_run(&["apply", "-n", &live.ns.name, "-f", "-"], Some(manifest));
+    assert_eq!(code, 0, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(
+        stdout.contains("sandboxrun.sandbox.iterion.io/tagged created"),
+        "{stdout}"
+    );
+    let spec = spec_from(json!({"image": "alpine:3.20", "user": "1000"}));
+    let warnings = check(&spec, &RuleSettings::default());
+    assert_eq!(
+        warnings.iter().map(|f| f.rule).collect::<Vec<_>>(),
+        vec!["image-digest"]
+    );
+    let w = &warnings[0];
+    let line = format!(
+        "Warning: [{}] {}: {} (hint: {})",
+        w.rule, w.field, w.message, w.hint
+    );
+    assert!(stderr.contains(&line), "missing `{line}` in:\n{stderr}");
+    let stored = live.runs().get("tagged").await.expect("the run exists");
+    assert_eq!(stored.spec.image.as_deref(), Some("alpine:3.20"));
+}
+
+#[tokio::test]
+async fn once_the_pod_exists_the_image_is_frozen_but_stop_may_change() {
+    let live = LiveWebhook::start("live-update").await;
+    let api = live.runs();
+    let run = run_from(json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRun",
+        "metadata": {"name": "frozen"},
+        "spec": {"image": DIGEST_IMAGE, "user": "1000"},
+    }));
+    api.create(&PostParams::default(), &run)
+        .await
+        .expect("a good run is admitted");
+    let other_image =
+        "ghcr.io/iterion/workload@sha256:4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e";
+    let patch = |v: Value| Patch::Merge(json!({ "spec": v }));
+
+    // No pod yet: the spec may still change.
+    api.patch(
+        "frozen",
+        &PatchParams::default(),
+        &patch(json!({"image": other_image})),
+    )
+    .await
+    .expect("before the pod exists the image may change");
+
+    // The pod exists (status written through the status subresource, which the webhook does
+    // not intercept — as the controller does).
+    api.patch_status(
+        "frozen",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"podName": "frozen-pod"}})),
+    )
+    .await
+    .expect("status patch");
+    let stored = api.get("frozen").await.expect("get");
+    assert_eq!(
+        stored.status.as_ref().and_then(|s| s.pod_name.as_deref()),
+        Some("frozen-pod")
+    );
+
+    let err = api
+        .patch(
+            "frozen",
+            &PatchParams::default(),
+            &patch(json!({"image": DIGEST_IMAGE})),
+        )
+        .await
+        .expect_err("changing the image of a run whose pod exists is refused");
+    let kube::Error::Api(status) = err else {
+        panic!("not an apiserver refusal: {err:?}");
+    };
+    let mut new_spec = stored.spec.clone();
+    new_spec.image = Some(DIGEST_IMAGE.to_string());
+    let expected = check_update(&stored.spec, &new_spec, true);
+    assert_eq!(
+        expected.iter().map(|f| f.rule).collect::<Vec<_>>(),
+        vec!["update-immutable"]
+    );
+    let line = format!(
+        "- [{}] {}: {} (hint: {})",
+        expected[0].rule, expected[0].field, expected[0].message, expected[0].hint
+    );
+    assert!(
+        status.message.contains(DENIED_BY_US) && status.message.contains(&line),
+        "missing `{line}` in:\n{}",
+        status.message
+    );
+    assert_eq!(
+        api.get("frozen").await.expect("get").spec.image.as_deref(),
+        Some(other_image),
+        "the refused change was not stored"
+    );
+
+    // stop may change at any time…
+    let stopped = api
+        .patch(
+            "frozen",
+            &PatchParams::default(),
+            &patch(json!({"stop": true})),
+        )
+        .await
+        .expect("spec.stop may change once the pod exists");
+    assert!(stopped.spec.stop);
+    // …but only one way.
+    let err = api
+        .patch(
+            "frozen",
+            &PatchParams::default(),
+            &patch(json!({"stop": false})),
+        )
+        .await
+        .expect_err("stop cannot be undone");
+    assert!(format!("{err}").contains("update-stop-final"), "{err}");
+}
+
+#[tokio::test]
+async fn with_the_webhook_down_the_failure_policy_decides_and_the_schema_still_guards() {
+    let mut live = LiveWebhook::start("live-down").await;
+    let api = live.runs();
+    let good = |name: &str| {
+        run_from(json!({
+            "apiVersion": "sandbox.iterion.io/v1alpha1",
+            "kind": "SandboxRun",
+            "metadata": {"name": name},
+            "spec": {"image": DIGEST_IMAGE, "user": "1000"},
+        }))
+    };
+    // Root by uid passes the schema (a number) and is only caught by the webhook.
+    let root_uid = run_from(json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRun",
+        "metadata": {"name": "root-uid"},
+        "spec": {"image": DIGEST_IMAGE, "user": "0"},
+    }));
+    let err = api
+        .create(&PostParams::default(), &root_uid)
+        .await
+        .expect_err("the webhook is up: uid 0 is refused");
+    assert!(format!("{err}").contains("user-non-root"), "{err}");
+
+    live.op.kill();
+
+    // failurePolicy Fail: no webhook, no admission — even for a good run.
+    let refused = live
+        .wait("creation to be refused while the webhook is down", || {
+            let api = api.clone();
+            let run = good("good-while-down");
+            async move {
+                match api.create(&PostParams::default(), &run).await {
+                    Err(kube::Error::Api(e)) if e.message.contains("failed calling webhook") => {
+                        Some(e.message)
+                    }
+                    _ => None,
+                }
+            }
+        })
+        .await;
+    assert!(refused.contains("validate.sandbox.iterion.io"), "{refused}");
+    assert!(api.get_opt("good-while-down").await.expect("get").is_none());
+
+    // failurePolicy Ignore: admission goes on without the webhook.
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(live.client.clone());
+    let mut config = vwcs.get(&live.vwc).await.expect("get the configuration");
+    for hook in config.webhooks.iter_mut().flatten() {
+        hook.failure_policy = Some("Ignore".into());
+    }
+    vwcs.replace(&live.vwc, &PostParams::default(), &config)
+        .await
+        .expect("switch to failurePolicy Ignore");
+    live.wait("creation to pass with failurePolicy Ignore", || {
+        let api = api.clone();
+        let run = good("good-while-ignored");
+        async move { api.create(&PostParams::default(), &run).await.ok() }
+    })
+    .await;
+    // What only the webhook checks now passes: the cost of Ignore.
+    api.create(&PostParams::default(), &root_uid)
+        .await
+        .expect("with the webhook down and Ignore, uid 0 is not caught");
+    // The CRD schema still refuses the worst specs on its own.
+    let root_name = run_from(json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRun",
+        "metadata": {"name": "root-name"},
+        "spec": {"image": DIGEST_IMAGE, "user": "root"},
+    }));
+    let err = api
+        .create(&PostParams::default(), &root_name)
+        .await
+        .expect_err("the schema pattern refuses a user name");
+    let kube::Error::Api(status) = err else {
+        panic!("not an apiserver refusal: {err:?}");
+    };
+    assert_eq!(status.code, 422, "{status:?}");
+    assert!(
+        status.message.contains("spec.user") && status.message.contains("should match"),
+        "{}",
+        status.message
+    );
+    assert!(!status.message.contains(DENIED_BY_US), "{}", status.message);
+    let _ = live.port;
+}
+
+// ---------------------------------------------------------------------------------------------
+// doctor --strict through the binary
+
+#[test]
+fn doctor_strict_exit_codes_through_the_binary() {
+    let corpus = corpus_dir();
+    let f = |name: &str| corpus.join(name).display().to_string();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("absent.yaml").display().to_string();
+
+    // 0: ok, and ok with warnings (warnings never change the exit code).
+    let (code, out, err) = doctor(&["--strict", &f("ok-minimal.yaml")]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("0 failure(s), 0 warning(s)") && out.contains(": ok"),
+        "{out}"
+    );
+    let (code, out, err) = doctor(&["--strict", &f("warn-image-digest-tag.yaml")]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("⚠") && out.contains("image-digest spec.image") && out.contains("hint:"),
+        "{out}"
+    );
+    assert!(out.contains("0 failure(s), 1 warning(s)"), "{out}");
+
+    // 1: a failing check under --strict (0 without it: a report for humans).
+    let (code, out, err) = doctor(&["--strict", &f("fail-user-non-root-zero.yaml")]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("✗") && out.contains("user-non-root") && out.contains("failed (--strict)"),
+        "{out}"
+    );
+    let (code, out, err) = doctor(&[&f("fail-user-non-root-zero.yaml")]);
+    assert_eq!(code, 0, "{out}{err}");
+
+    // 2: unparseable YAML, unknown flag, missing file — and usage wins over failures.
+    let (code, out, err) = doctor(&["--strict", &f("usage-yaml-syntax.yaml")]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.contains("YAML does not parse"), "{out}");
+    let (code, out, err) = doctor(&["--strict", "--frobnicate", &f("ok-minimal.yaml")]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("--frobnicate"), "{err}");
+    let (code, out, err) = doctor(&["--strict", &missing]);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.contains("cannot read"), "{out}");
+    let (code, out, err) = doctor(&["--strict", &f("fail-user-non-root-zero.yaml"), &missing]);
+    assert_eq!(code, 2, "{out}{err}");
+    let (code, out, err) = doctor(&["--strict"]);
+    assert_eq!(code, 2, "no file is a usage error: {out}{err}");
+
+    // --output json parses and carries the same exit code, for every outcome.
+    for (args, want) in [
+        (vec![f("ok-minimal.yaml")], 0),
+        (vec![f("warn-image-digest-tag.yaml")], 0),
+        (vec![f("fail-everything-at-once.yaml")], 1),
+        (vec![f("usage-yaml-syntax.yaml")], 2),
+        (vec![missing.clone()], 2),
+    ] {
+        let mut all = vec!["--strict", "--output", "json"];
+        all.extend(args.iter().map(String::as_str));
+        let (code, out, err) = doctor(&all);
+        assert_eq!(code, want, "{args:?}: {out}{err}");
+        let report: Value = serde_json::from_str(&out)
+            .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out}"));
+        assert_eq!(report["version"], 1, "{out}");
+        assert_eq!(report["exitCode"], want, "{out}");
+        assert_eq!(report["strict"], true, "{out}");
+        let findings: Vec<&Value> = report["documents"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|d| d["findings"].as_array().into_iter().flatten())
+            .collect();
+        assert_eq!(
+            report["summary"]["failures"].as_u64(),
+            Some(findings.iter().filter(|f| f["severity"] == "fail").count() as u64),
+            "{out}"
+        );
+        for f in findings {
+            for key in ["rule", "severity", "field", "message", "hint"] {
+                assert!(f[key].as_str().is_some_and(|s| !s.is_empty()), "{key}: {f}");
+            }
+        }
+        if want == 2 {
+            assert!(
+                report["errors"].as_array().is_some_and(|e| !e.is_empty()),
+                "{out}"
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// --check-images against the test bed's registry
+
+/// `host:port` of the test bed's plain-HTTP registry.
+fn registry() -> String {
+    if let Ok(r) = std::env::var("SANDBOXRUN_TEST_REGISTRY") {
+        if !r.is_empty() {
+            return r;
+        }
+    }
+    let out = Command::new(repo().join("hack/local-cluster.sh"))
+        .arg("env")
+        .output()
+        .expect("run hack/local-cluster.sh env");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("export SANDBOXRUN_TEST_REGISTRY=").map(str::to_string))
+        .unwrap_or_else(|| {
+            panic!(
+                "no SANDBOXRUN_TEST_REGISTRY: the test bed is not running (`hack/local-cluster.sh up`)"
+            )
+        })
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
+/// Pushes a tiny image (a config blob and an OCI manifest without layers) with the registry
+/// HTTP API; returns the manifest digest.
+async fn push_image(registry: &str, repo: &str, tag: &str) -> String {
+    let http = reqwest::Client::new();
+    let base = format!("http://{registry}");
+    let config = serde_json::to_vec(&json!({
+        "architecture": "amd64",
+        "os": "linux",
+        "config": {},
+        "rootfs": {"type": "layers", "diff_ids": []},
+    }))
+    .expect("config json");
+    let config_digest = sha256(&config);
+
+    let start = http
+        .post(format!("{base}/v2/{repo}/blobs/uploads/"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("registry {registry} does not answer: {e}"));
+    assert_eq!(start.status().as_u16(), 202, "start upload: {start:?}");
+    let location = start
+        .headers()
+        .get("location")
+        .and_then(|v| v.to_str().ok())
+        .expect("upload Location")
+        .to_string();
+    let mut upload = if location.starts_with("http") {
+        url::Url::parse(&location)
+    } else {
+        url::Url::parse(&base).and_then(|b| b.join(&location))
+    }
+    .expect("upload URL");
+    upload
+        .query_pairs_mut()
+        .append_pair("digest", &config_digest);
+    let put = http
+        .put(upload)
+        .header("content-type", "application/octet-stream")
+        .body(config.clone())
+        .send()
+        .await
+        .expect("upload the config blob");
+    assert_eq!(put.status().as_u16(), 201, "blob: {put:?}");
+
+    let manifest = serde_json::to_vec(&json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.oci.image.config.v1+json",
+            "digest": config_digest,
+            "size": config.len(),
+        },
+        "layers": [],
+    }))
+    .expect("manifest json");
+    let put = http
+        .put(format!("{base}/v2/{repo}/manifests/{tag}"))
+        .header("content-type", "application/vnd.oci.image.manifest.v1+json")
+        .body(manifest.clone())
+        .send()
+        .await
+        .expect("put the manifest");
+    assert_eq!(put.status().as_u16(), 201, "manifest: {put:?}");
+    sha256(&manifest)
+}
+
+fn run_manifest(dir: &Path, name: &str, image: &str) -> String {
+    let path = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata:\n  name: {name}\nspec:\n  image: {image}\n  user: \"1000\"\n"
+        ),
+    )
+    .expect("write manifest");
+    path.display().to_string()
+}
+
+#[tokio::test]
+async fn check_images_resolves_against_the_real_registry_without_pulling() {
+    crypto();
+    let registry = registry();
+    let repo = format!("sandboxrun-live/img-{:08x}", rand_u32());
+    let digest = push_image(&registry, &repo, "v1").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // The pushed tag resolves (a tag still warns image-digest: warnings keep exit 0).
+    let tagged = run_manifest(dir.path(), "tagged", &format!("{registry}/{repo}:v1"));
+    let (code, out, err) = doctor(&["--strict", "--check-images", "--output", "json", &tagged]);
+    assert_eq!(code, 0, "{out}{err}");
+    let report: Value = serde_json::from_str(&out).expect("json report");
+    let rules: Vec<&str> = report["documents"][0]["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|f| f["rule"].as_str())
+        .collect();
+    assert_eq!(rules, vec!["image-digest"], "{out}");
+
+    // Pinned by the pushed digest: nothing to say at all.
+    let pinned = run_manifest(dir.path(), "pinned", &format!("{registry}/{repo}@{digest}"));
+    let (code, out, err) = doctor(&["--strict", "--check-images", &pinned]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("all checks passed"), "{out}");
+
+    // A tag that does not exist fails (404 / MANIFEST_UNKNOWN is definitive).
+    let missing = run_manifest(dir.path(), "missing", &format!("{registry}/{repo}:nope"));
+    let (code, out, err) = doctor(&["--strict", "--check-images", &missing]);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("✗") && out.contains("spec.image") && out.contains("404"),
+        "{out}"
+    );
+    // So does a repository that does not exist.
+    let no_repo = run_manifest(
+        dir.path(),
+        "norepo",
+        &format!(
+            "{registry}/sandboxrun-live/never-pushed-{:08x}:v1",
+            rand_u32()
+        ),
+    );
+    let (code, out, err) = doctor(&["--strict", "--check-images", &no_repo]);
+    assert_eq!(code, 1, "{out}{err}");
+
+    // A stopped registry (nothing listens on the port) is transient: a warning, exit 0.
+    let closed = unused_port();
+    let down = run_manifest(dir.path(), "down", &format!("127.0.0.1:{closed}/{repo}:v1"));
+    let (code, out, err) = doctor(&[
+        "--strict",
+        "--check-images",
+        "--image-timeout-seconds",
+        "2",
+        "--output",
+        "json",
+        &down,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let report: Value = serde_json::from_str(&out).expect("json report");
+    let image_warning = report["documents"][0]["findings"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|f| f["field"] == "spec.image" && f["rule"] != "image-digest")
+        .cloned()
+        .unwrap_or_else(|| panic!("no resolvability warning: {out}"));
+    assert_eq!(image_warning["severity"], "warn", "{out}");
+    assert!(
+        image_warning["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("kubelet may still pull")),
+        "{out}"
+    );
+    assert_eq!(report["summary"]["failures"], 0, "{out}");
+}
