@@ -11,7 +11,7 @@ use axum_server::Handle;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
-use tracing::{error, info, warn};
+use tracing::{debug, error, warn};
 
 use super::certs::{self, CertBundle};
 use super::images::{ImageResolver, ImageSettings};
@@ -23,8 +23,11 @@ use crate::metrics::Metrics;
 const CERT_VALIDITY: Duration = Duration::from_secs(365 * 86_400);
 /// Re-issue this long before expiry.
 const ROTATE_BEFORE: Duration = Duration::from_secs(30 * 86_400);
-/// How often the certificates are re-examined.
-const ROTATION_CHECK: Duration = Duration::from_secs(6 * 3600);
+/// How often the certificates and the caBundle are re-examined (a GET of the Secret and of the
+/// configuration). Short, because the configuration may be created after the operator starts, or
+/// re-applied without a caBundle: until it is patched, a `failurePolicy: Fail` webhook refuses
+/// every SandboxRun.
+const ROTATION_CHECK: Duration = Duration::from_secs(30);
 
 /// What the webhook needs from the `run` flags (`--webhook-*`, `--check-images`, the caps).
 #[derive(Clone, Debug)]
@@ -163,7 +166,7 @@ async fn rotate_self_managed(r: ServeConfig, client: Client, tls: RustlsConfig) 
                 {
                     warn!(error = %e, "cannot reload the webhook certificate");
                 } else {
-                    info!("webhook certificate checked");
+                    debug!("webhook certificate checked");
                 }
             }
             Err(e) => warn!(error = %e, "webhook certificate rotation failed; retrying later"),
