@@ -876,6 +876,135 @@ async fn with_the_webhook_down_the_failure_policy_decides_and_the_schema_still_g
     let _ = live.port;
 }
 
+#[tokio::test]
+async fn a_configuration_created_after_the_operator_still_gets_its_ca_bundle() {
+    // The usual install race (or a GitOps re-apply that drops caBundle): the operator starts, and
+    // its startup patch finds no configuration. It must heal on its own, not after hours.
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "live-late").await;
+    let port = unused_port();
+    let vwc_name = format!("sandboxrun-live-{}", ns.name);
+    let store = std::env::temp_dir().join(format!("sandboxrun-live-store-{}", ns.name));
+    std::fs::create_dir_all(&store).expect("store dir");
+    let addr = format!("127.0.0.1:{port}");
+    let op = Operator::start_with(
+        &format!("{}-unwatched", ns.name),
+        &format!("file://{}", store.display()),
+        &[
+            "--webhook-addr",
+            &addr,
+            "--webhook-hosts",
+            "127.0.0.1,localhost",
+            "--pod-namespace",
+            &ns.name,
+            "--webhook-secret",
+            "webhook-tls",
+            "--webhook-config",
+            &vwc_name,
+        ],
+    );
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(client.clone(), &ns.name);
+    eventually("the operator to create its certificates", CONVERGE, || {
+        let secrets = secrets.clone();
+        async move { secrets.get_opt("webhook-tls").await.ok().flatten() }
+    })
+    .await;
+
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    let config = ValidatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(vwc_name.clone()),
+            ..Default::default()
+        },
+        webhooks: Some(vec![ValidatingWebhook {
+            name: "validate.sandbox.iterion.io".into(),
+            admission_review_versions: vec!["v1".into()],
+            side_effects: "None".into(),
+            failure_policy: Some("Fail".into()),
+            timeout_seconds: Some(5),
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some([("sandboxrun-test".to_string(), ns.name.clone())].into()),
+                ..Default::default()
+            }),
+            client_config: WebhookClientConfig {
+                url: Some(format!("https://127.0.0.1:{port}/validate-sandboxrun")),
+                ..Default::default()
+            },
+            rules: Some(vec![RuleWithOperations {
+                api_groups: Some(vec!["sandbox.iterion.io".into()]),
+                api_versions: Some(vec!["v1alpha1".into()]),
+                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+                resources: Some(vec!["sandboxruns".into()]),
+                scope: Some("Namespaced".into()),
+            }]),
+            ..Default::default()
+        }]),
+    };
+    vwcs.create(&PostParams::default(), &config)
+        .await
+        .expect("register the webhook configuration");
+    let _cleanup = VwcCleanup(vwc_name.clone());
+
+    let patched = {
+        let start = std::time::Instant::now();
+        loop {
+            let c = vwcs.get(&vwc_name).await.expect("get the configuration");
+            if let Some(ca) = c
+                .webhooks
+                .and_then(|w| w.into_iter().next())
+                .and_then(|w| w.client_config.ca_bundle)
+            {
+                break ca;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(90),
+                "the caBundle of a configuration created after the operator was never patched; \
+                 operator log:\n{}",
+                op.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    };
+    assert!(String::from_utf8_lossy(&patched.0).contains("BEGIN CERTIFICATE"));
+    let api: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let bad = run_from(json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRun",
+        "metadata": {"name": "late-root"},
+        "spec": {"image": DIGEST_IMAGE, "user": "0"},
+    }));
+    eventually("the webhook to judge runs", CONVERGE, || {
+        let (api, bad) = (api.clone(), bad.clone());
+        async move {
+            match api.create(&PostParams::default(), &bad).await {
+                Err(kube::Error::Api(e)) if e.message.contains(DENIED_BY_US) => Some(()),
+                _ => None,
+            }
+        }
+    })
+    .await;
+}
+
+/// Deletes a webhook configuration when dropped.
+struct VwcCleanup(String);
+
+impl Drop for VwcCleanup {
+    fn drop(&mut self) {
+        let _ = kubectl_run(
+            &[
+                "delete",
+                "validatingwebhookconfiguration",
+                &self.0,
+                "--ignore-not-found",
+                "--wait=false",
+            ],
+            None,
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // doctor --strict through the binary
 
