@@ -1,0 +1,335 @@
+//! RBAC proof: the operator binary, running with the identity of the chart's ServiceAccount and
+//! nothing but the chart's (Cluster)Roles, completes a full run + drain; with one rule removed
+//! (pods/exec) the drain fails with a clear Forbidden in status and in the drain_failed Event.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
+};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::Api;
+use sandboxrun_operator::api::{
+    Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec,
+};
+use serde_json::json;
+
+use support::*;
+
+/// The chart's RBAC objects and the Deployment's `--lease-name`, rendered by `helm template` with
+/// leader election on (so the Lease rules are part of what is proven).
+fn chart_rbac(release: &str, namespace: &str) -> (Vec<ClusterRole>, Vec<Role>, String) {
+    let helm = tools_bin()
+        .map(|b| b.join("helm"))
+        .unwrap_or_else(|| "helm".into());
+    let out = Command::new(helm)
+        .args([
+            "template",
+            release,
+            "charts/sandboxrun-operator",
+            "--namespace",
+            namespace,
+        ])
+        .args(["--set", "leaderElection.enabled=true"])
+        .current_dir(repo())
+        .output()
+        .expect("helm template");
+    assert!(
+        out.status.success(),
+        "helm template failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let mut cluster_roles = Vec::new();
+    let mut roles = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let Ok(value) = serde_yaml::Value::deserialize(doc) else {
+            continue;
+        };
+        match value.get("kind").and_then(|k| k.as_str()) {
+            Some("ClusterRole") => {
+                cluster_roles.push(serde_yaml::from_value(value).expect("ClusterRole"))
+            }
+            Some("Role") => roles.push(serde_yaml::from_value(value).expect("Role")),
+            _ => {}
+        }
+    }
+    assert!(
+        !cluster_roles.is_empty(),
+        "the chart renders no ClusterRole"
+    );
+    let lease = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("- --lease-name="))
+        .expect("the Deployment passes --lease-name")
+        .to_string();
+    (cluster_roles, roles, lease)
+}
+
+use serde::Deserialize;
+
+fn spec(path: &std::path::Path) -> SandboxRunSpec {
+    SandboxRunSpec {
+        image: Some("registry.example/tool:1".into()),
+        command: Some(vec!["true".into()]),
+        user: Some("1000".into()),
+        read_back: Some(ReadBack {
+            paths: vec![ReadBackPath {
+                path: path.display().to_string(),
+                ..Default::default()
+            }],
+            drain_timeout: Some("15s".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "rbac").await;
+    let release = format!("rbac{:06x}", rand_u32() & 0xffffff);
+    let (cluster_roles, roles, lease) = chart_rbac(&release, &ns.name);
+
+    // The chart's ServiceAccount identity, bound to exactly the chart's rules.
+    let sa_name = "sandboxrun-operator-under-test";
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns.name);
+    sas.create(
+        &PostParams::default(),
+        &ServiceAccount {
+            metadata: ObjectMeta {
+                name: Some(sa_name.into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let subject = Subject {
+        kind: "ServiceAccount".into(),
+        name: sa_name.into(),
+        namespace: Some(ns.name.clone()),
+        api_group: None,
+    };
+    let crs: Api<ClusterRole> = Api::all(client.clone());
+    let crbs: Api<ClusterRoleBinding> = Api::all(client.clone());
+    let mut cr_names = Vec::new();
+    for mut cr in cluster_roles {
+        let name = format!(
+            "{}-{}",
+            ns.name,
+            cr.metadata.name.clone().unwrap_or_default()
+        );
+        cr.metadata = ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        };
+        crs.create(&PostParams::default(), &cr).await.unwrap();
+        crbs.create(
+            &PostParams::default(),
+            &ClusterRoleBinding {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..Default::default()
+                },
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "ClusterRole".into(),
+                    name: name.clone(),
+                },
+                subjects: Some(vec![subject.clone()]),
+            },
+        )
+        .await
+        .unwrap();
+        cr_names.push(name);
+    }
+    let rs: Api<Role> = Api::namespaced(client.clone(), &ns.name);
+    let rbs: Api<RoleBinding> = Api::namespaced(client.clone(), &ns.name);
+    for mut r in roles {
+        let name = r.metadata.name.clone().unwrap_or_default();
+        r.metadata = ObjectMeta {
+            name: Some(name.clone()),
+            ..Default::default()
+        };
+        rs.create(&PostParams::default(), &r).await.unwrap();
+        rbs.create(
+            &PostParams::default(),
+            &RoleBinding {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..Default::default()
+                },
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "Role".into(),
+                    name,
+                },
+                subjects: Some(vec![subject.clone()]),
+            },
+        )
+        .await
+        .unwrap();
+    }
+
+    // A token for that ServiceAccount and a kubeconfig that uses nothing else.
+    let token = sas
+        .create_token_request(
+            sa_name,
+            &PostParams::default(),
+            &TokenRequest {
+                metadata: Default::default(),
+                spec: Some(TokenRequestSpec {
+                    audiences: None,
+                    expiration_seconds: Some(3600),
+                    bound_object_ref: None,
+                }),
+                status: None,
+            },
+        )
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.token)
+        .expect("a token");
+    let kc_text = std::fs::read_to_string(kubeconfig_path()).unwrap();
+    let server = kc_text
+        .lines()
+        .find_map(|l| l.split("server: \"").nth(1))
+        .and_then(|s| s.split('"').next())
+        .unwrap()
+        .to_string();
+    let ca = state_dir().join("pki/ca.crt");
+    let sa_kubeconfig = std::env::temp_dir().join(format!("{}-sa.kubeconfig", ns.name));
+    std::fs::write(
+        &sa_kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: sa, user: {{token: \"{token}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: sa}}}}]\ncurrent-context: c\n",
+            ca.display()
+        ),
+    )
+    .unwrap();
+
+    let store_url = format!("file://{}", host_dir("store-rbac").display());
+    let start = || {
+        let log = std::env::temp_dir().join(format!("{}-op-{:08x}.log", ns.name, rand_u32()));
+        let f = std::fs::File::create(&log).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
+            .args([
+                "run",
+                "--namespaces",
+                &ns.name,
+                "--store-url",
+                &store_url,
+                "--metrics-addr",
+                "127.0.0.1:0",
+                "--webhook-addr",
+                "",
+            ])
+            .args([
+                "--pod-namespace",
+                &ns.name,
+                "--pod-name",
+                "rbac-op",
+                "--leader-elect",
+                "--lease-name",
+                &lease,
+            ])
+            .env("KUBECONFIG", &sa_kubeconfig)
+            .stdout(Stdio::from(f.try_clone().unwrap()))
+            .stderr(Stdio::from(f))
+            .spawn()
+            .unwrap();
+        (child, log)
+    };
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let run_once = |name: &'static str| {
+        let runs = runs.clone();
+        let pods = pods.clone();
+        async move {
+            let out = host_dir("out");
+            std::fs::write(out.join("x.txt"), b"x\n").unwrap();
+            runs.create(&PostParams::default(), &SandboxRun::new(name, spec(&out)))
+                .await
+                .unwrap();
+            let r = eventually(&format!("{name} Running"), Duration::from_secs(90), || {
+                let runs = runs.clone();
+                async move {
+                    let r = runs.get(name).await.ok()?;
+                    (r.status.as_ref()?.phase == Some(Phase::Running)).then_some(r)
+                }
+            })
+            .await;
+            let pod = r.status.unwrap().pod_name.unwrap();
+            let patch =
+                json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": "0"}}});
+            pods.patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .unwrap();
+            eventually(&format!("{name} final"), Duration::from_secs(90), || {
+                let runs = runs.clone();
+                async move {
+                    let r = runs.get(name).await.ok()?;
+                    r.status.as_ref()?.phase.filter(|p| p.is_final()).map(|_| r)
+                }
+            })
+            .await
+        }
+    };
+
+    // 1. With the chart's rules: a full run and drain.
+    let (mut child, log) = start();
+    let done = run_once("allowed").await;
+    let status = done.status.unwrap();
+    assert_eq!(
+        status.phase,
+        Some(Phase::Succeeded),
+        "{status:?}\n{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    assert_eq!(status.read_back[0].phase, ReadBackPhase::Drained);
+
+    // 2. Without pods/exec: the drain is Forbidden, and says so.
+    for name in &cr_names {
+        let mut cr = crs.get(name).await.unwrap();
+        let before = cr.rules.as_ref().map(Vec::len).unwrap_or(0);
+        for rule in cr.rules.iter_mut().flatten() {
+            if let Some(resources) = rule.resources.as_mut() {
+                resources.retain(|r| r != "pods/exec");
+            }
+        }
+        cr.rules
+            .as_mut()
+            .unwrap()
+            .retain(|r| r.resources.as_ref().is_none_or(|rs| !rs.is_empty()));
+        let _ = before;
+        cr.metadata.managed_fields = None;
+        crs.replace(name, &PostParams::default(), &cr)
+            .await
+            .unwrap();
+    }
+    let done = run_once("forbidden").await;
+    let status = done.status.unwrap();
+    let entry = &status.read_back[0];
+    assert_eq!(entry.phase, ReadBackPhase::Failed, "{status:?}");
+    let msg = entry.message.clone().unwrap_or_default();
+    assert!(
+        msg.contains("Forbidden") || msg.contains("forbidden"),
+        "the failure must say Forbidden: {msg}"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    for name in cr_names {
+        let _ = crbs.delete(&name, &DeleteParams::default()).await;
+        let _ = crs.delete(&name, &DeleteParams::default()).await;
+    }
+}
