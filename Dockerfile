@@ -20,20 +20,16 @@ RUN apt-get update \
 ENV CC_x86_64_unknown_linux_musl=musl-gcc \
     CARGO_TERM_COLOR=never
 WORKDIR /src
-# Dependencies first, in their own layer: a source-only change does not rebuild them.
-COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src \
- && echo 'fn main() {}' > src/main.rs \
- && touch src/lib.rs \
- && cargo build --locked --release --target "${TARGET}" --bin sandboxrun-operator \
- && rm -rf src
-COPY src ./src
-# touch: the stub build left newer mtimes on the target dir than the copied sources may have.
-RUN touch src/main.rs src/lib.rs \
- && cargo build --locked --release --target "${TARGET}" --bin sandboxrun-operator \
- && cp "target/${TARGET}/release/sandboxrun-operator" /sandboxrun-operator \
- # Fail the build if the binary is not static: distroless/static has no libc to load it.
- && if ldd /sandboxrun-operator 2>/dev/null | grep -q '=>'; then echo "not a static binary" >&2; exit 1; fi
+# The whole crate (see .dockerignore): Cargo.toml may declare bench/test targets whose files must
+# exist for cargo to load the manifest at all. Dependencies are cached by BuildKit cache mounts
+# rather than a stub-crate layer, which would break on every new declared target.
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --locked --release --target "${TARGET}" --bin sandboxrun-operator \
+ && cp "target/${TARGET}/release/sandboxrun-operator" /sandboxrun-operator
+# Fail the build if the binary is not static: distroless/static has no libc to load it.
+RUN if ldd /sandboxrun-operator 2>/dev/null | grep -q '=>'; then echo "not a static binary" >&2; exit 1; fi
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=builder /sandboxrun-operator /usr/local/bin/sandboxrun-operator

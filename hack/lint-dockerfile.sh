@@ -30,7 +30,8 @@ grep -Eq '^ENTRYPOINT \["sandboxrun-operator"\]$' "$f" || fail 'ENTRYPOINT is no
 grep -Eq '^CMD \["run"\]$' "$f" || fail 'CMD is not ["run"]'
 grep -q 'x86_64-unknown-linux-musl' "$f" || fail "not built for x86_64-unknown-linux-musl"
 if [ -f .dockerignore ]; then
-  grep -qx '\*' .dockerignore || grep -q '^/\?target' .dockerignore || fail ".dockerignore does not exclude target/"
+  grep -Eq '^/?target/?$' .dockerignore || fail ".dockerignore does not exclude target/"
+  grep -Eq '^/?\.k8s-local/?$' .dockerignore || fail ".dockerignore does not exclude .k8s-local/"
 else
   fail "no .dockerignore"
 fi
