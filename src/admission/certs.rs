@@ -261,8 +261,34 @@ pub fn bundle_from_secret(secret: &Secret) -> Result<CertBundle, CertError> {
 }
 
 /// Loads the bundle from the Secret, creating or rotating it as [`plan`] says, and stores any
-/// change (replace carries the resourceVersion, so two replicas racing do not both win).
+/// change. Several replicas serve the webhook and may start together: create and replace carry
+/// optimistic concurrency, and the loser of a race (409) reads what the winner stored instead of
+/// failing, so every replica ends up serving the same certificate.
 pub async fn ensure_secret(
+    api: &Api<Secret>,
+    name: &str,
+    namespace: &str,
+    names: &[String],
+    now: SystemTime,
+    validity: Duration,
+    rotate_before: Duration,
+) -> Result<CertBundle, CertError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match ensure_secret_once(api, name, namespace, names, now, validity, rotate_before).await {
+            Err(CertError::Kube(kube::Error::Api(ae))) if ae.code == 409 && tries < 3 => {
+                info!(
+                    secret = name,
+                    "another replica stored the webhook certificates first; reading them"
+                );
+            }
+            other => return other,
+        }
+    }
+}
+
+async fn ensure_secret_once(
     api: &Api<Secret>,
     name: &str,
     namespace: &str,
