@@ -432,8 +432,62 @@ pub fn part_size(opts: &DrainOptions) -> usize {
 /// A constant-memory writer for an archive: at most `UPLOAD_CONCURRENCY + 1` parts of
 /// [`part_size`] in memory. Small archives go up as one PUT on shutdown; larger ones as a multipart
 /// upload that `abort()` cleans up on failure.
-pub fn archive_writer(store: Arc<dyn ObjectStore>, key: Path, opts: &DrainOptions) -> BufWriter {
-    BufWriter::with_capacity(store, key, part_size(opts)).with_max_concurrency(UPLOAD_CONCURRENCY)
+pub fn archive_writer(
+    store: Arc<dyn ObjectStore>,
+    key: Path,
+    opts: &DrainOptions,
+) -> ArchiveWriter {
+    ArchiveWriter {
+        inner: BufWriter::with_capacity(store, key, part_size(opts))
+            .with_max_concurrency(UPLOAD_CONCURRENCY),
+        shutdown_started: false,
+    }
+}
+
+/// The archive upload: object_store's [`BufWriter`], plus the one thing it does not tell its
+/// caller: whether shutdown (the final PUT or the multipart completion) has begun. `BufWriter::abort`
+/// PANICS once shutdown was called ("Already shut down"), and a drain fails in shutdown exactly
+/// when the store is unreachable at the end of the stream — a panic that took the whole operator
+/// down. Here `abort` after a started shutdown is a no-op: the upload's future owned the
+/// multipart state and dropped it, so there is nothing left this writer could abort.
+pub struct ArchiveWriter {
+    inner: BufWriter,
+    shutdown_started: bool,
+}
+
+impl ArchiveWriter {
+    /// Aborts the upload, cleaning up uploaded parts; a no-op once shutdown has begun.
+    pub async fn abort(&mut self) -> object_store::Result<()> {
+        if self.shutdown_started {
+            return Ok(());
+        }
+        self.inner.abort().await
+    }
+}
+
+impl tokio::io::AsyncWrite for ArchiveWriter {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.shutdown_started = true;
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// What the drain caller knows about the path being drained.
@@ -909,5 +963,27 @@ mod tests {
             matches!(missing, Err(StoreError::NotFound { .. })),
             "{missing:?}"
         );
+    }
+
+    #[tokio::test]
+    async fn aborting_after_a_failed_final_upload_does_not_panic() {
+        use tokio::io::AsyncWriteExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path().join("store");
+        let url = url::Url::from_directory_path(&root)
+            .expect("url")
+            .to_string();
+        let (store, prefix) = store_from_url(&url, &[]).expect("store");
+        // The store becomes unusable (as an unreachable S3 is) before the upload completes.
+        std::fs::remove_dir_all(&root).expect("remove root");
+        std::fs::write(&root, b"not a directory").expect("block root");
+        let opts = DrainOptions::new(1024, Compression::None);
+        let mut w = archive_writer(store, prefix.clone().join("a.tar"), &opts);
+        w.write_all(b"some archive bytes").await.expect("buffered");
+        assert!(w.shutdown().await.is_err(), "the final PUT must fail");
+        // BufWriter::abort panics here ("Already shut down"); ours must not.
+        w.abort()
+            .await
+            .expect("abort after a failed shutdown is a no-op");
     }
 }
