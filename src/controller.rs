@@ -300,6 +300,24 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
             Action::await_change()
         }
         Step::PodLost => {
+            // The pod is read live but the run comes from the watch cache, which can lag behind
+            // our own last status write: a teardown that recorded its drain, then deleted the pod,
+            // is reconciled again (the pod's deletion) with the pre-teardown run. Deciding "pod
+            // lost" on that stale copy overwrote the recorded drain outcome with "the pod was
+            // gone". Re-read the run and decide only on the live object.
+            let Some(live) = runs
+                .get_opt(&name)
+                .await
+                .map_err(kube_err(format!("get {ns}/{name}")))?
+            else {
+                return Ok(Action::await_change());
+            };
+            if live.metadata.resource_version != run.metadata.resource_version
+                && reconcile::decide(&live, None, Timestamp::now()) != Step::PodLost
+            {
+                return Ok(Action::requeue(Duration::from_millis(200)));
+            }
+            let run = Arc::new(live);
             let status = reconcile::pod_lost_status(&run, Timestamp::now());
             for entry in status
                 .read_back
