@@ -365,3 +365,30 @@ pub fn write_pattern(path: &Path, len: u64, seed: u64) {
     }
     f.flush().expect("flush");
 }
+
+impl Operator {
+    /// The operator process id (e.g. to read its /proc entries).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether the operator process is still running.
+    pub fn is_alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+}
+
+/// The kubectl of the test bed (falls back to the one on PATH).
+pub fn kubectl() -> PathBuf {
+    tools_bin()
+        .map(|b| b.join("kubectl"))
+        .unwrap_or_else(|| "kubectl".into())
+}
+
+/// A loopback TCP port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind an ephemeral loopback port")
+}
