@@ -388,5 +388,19 @@ mod tests {
             Cli::try_parse_from(["x", "holder", "--wait-drained", "5m", "--mark-drained"]).is_err()
         );
         Cli::try_parse_from(["x", "run", "--namespaces", "a,b"]).unwrap();
+        // doctor takes manifests as arguments or kubectl-style -f, and needs at least one.
+        match Cli::try_parse_from([
+            "x", "doctor", "--strict", "-f", "a.yaml", "-f", "dir/", "c.yaml",
+        ])
+        .unwrap()
+        .command
+        {
+            Command::Doctor(d) => {
+                assert_eq!(d.files, ["c.yaml"]);
+                assert_eq!(d.filename, ["a.yaml", "dir/"]);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(Cli::try_parse_from(["x", "doctor", "--strict"]).is_err());
     }
 }

@@ -158,6 +158,7 @@ async fn doctor_strict_exit_codes_match_the_corpus() {
         };
         let args = DoctorArgs {
             files: vec![path.display().to_string()],
+            filename: Vec::new(),
             output: Output::Text,
             strict: true,
             ..Default::default()

@@ -36,6 +36,7 @@ async fn warnings_never_change_the_exit_code() {
     let (_d, f) = file(RUN);
     let args = DoctorArgs {
         files: vec![f.clone()],
+        filename: Vec::new(),
         strict: true,
         ..Default::default()
     };
@@ -59,6 +60,7 @@ async fn the_operator_maximum_comes_from_the_settings() {
     };
     let args = DoctorArgs {
         files: vec![f],
+        filename: Vec::new(),
         strict: true,
         ..Default::default()
     };
@@ -77,6 +79,7 @@ async fn json_output_is_machine_readable_and_carries_the_exit_code() {
     let (_d, f) = file(&RUN.replace("user: \"1000\"", "user: root"));
     let args = DoctorArgs {
         files: vec![f],
+        filename: Vec::new(),
         strict: true,
         output: Output::Json,
         ..Default::default()
@@ -102,6 +105,7 @@ async fn usage_errors_win_over_failures_and_are_reported_in_json() {
     let (_d, f) = file(&RUN.replace("user: \"1000\"", "user: root"));
     let args = DoctorArgs {
         files: vec![f, "/nonexistent/x.yaml".into()],
+        filename: Vec::new(),
         strict: true,
         output: Output::Json,
         ..Default::default()
@@ -130,6 +134,7 @@ async fn check_images_reports_an_unreachable_registry_as_a_warning() {
     let (_d, f) = file(&RUN.replace("alpine:3.20", &format!("127.0.0.1:{port}/team/app:v1")));
     let args = DoctorArgs {
         files: vec![f],
+        filename: Vec::new(),
         strict: true,
         check_images: true,
         image_timeout_seconds: 2,

@@ -35,9 +35,13 @@ pub enum Output {
 #[derive(Args, Debug, Clone, Default)]
 pub struct DoctorArgs {
     /// Manifests to check: files, directories (every *.yaml, *.yml, *.json in them, sorted) or `-`
-    /// for stdin. Multi-document YAML is read document by document.
-    #[arg(required = true, value_name = "FILE")]
+    /// for stdin. Multi-document YAML is read document by document. Given as arguments, with
+    /// `-f`/`--filename` (kubectl's spelling, repeatable), or both.
+    #[arg(value_name = "FILE", required_unless_present = "filename")]
     pub files: Vec<String>,
+    /// Same as a FILE argument (repeatable), as `kubectl apply -f` takes it.
+    #[arg(short = 'f', long = "filename", value_name = "FILE")]
+    pub filename: Vec<String>,
     /// Report format.
     #[arg(long, short = 'o', value_enum, default_value_t = Output::Text)]
     pub output: Output,
@@ -142,7 +146,13 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
         },
     };
 
-    for (label, text) in read_inputs(&args.files, &mut errors) {
+    let inputs: Vec<String> = args
+        .files
+        .iter()
+        .chain(args.filename.iter())
+        .cloned()
+        .collect();
+    for (label, text) in read_inputs(&inputs, &mut errors) {
         for (index, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
             let value = match <serde_yaml::Value as serde::Deserialize>::deserialize(doc) {
                 Ok(v) => v,
