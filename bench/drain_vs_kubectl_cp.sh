@@ -1,0 +1,142 @@
+#!/usr/bin/env bash
+# Drain throughput against its peers, on the local control plane (hack/local-cluster.sh up).
+#
+#   bench/drain_vs_kubectl_cp.sh [SIZE_GIB...]      default: 1 4
+#   SKIP_BUILD=1 bench/drain_vs_kubectl_cp.sh 1     reuse target/release/sandboxrun-operator
+#
+# For each size: one namespace, one operator (release build) and one batch SandboxRun whose
+# read-back path holds SIZE GiB of mixed data (4 big files per GiB + 4000 small ones). Measured on
+# the same pod and the same directory:
+#   (a) ours      the operator's drain: sandboxrun_drain_duration_seconds from its /metrics (one
+#                 path, every attempt included), and the wall time annotate -> phase Succeeded
+#   (b) kubectl cp  kubectl cp <pod>:<dir> <local> -c holder (tar in the "container": under kwok,
+#                 the host's tar)
+#   (c) raw       kubectl exec <pod> -c holder -- sandboxrun-operator pack <dir> | cat >/dev/null
+# and the operator's peak RSS (VmHWM) after its drain. Prints numbers and ratios; asserts nothing.
+# Everything it creates (namespace, operator, data, store, copies) is removed at the end.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+eval "$(hack/local-cluster.sh env)"
+hack/local-cluster.sh status >/dev/null
+SIZES=("${@:-1 4}")
+# shellcheck disable=SC2206
+SIZES=(${SIZES[*]})
+BIN=$REPO/target/release/sandboxrun-operator
+STATE=${SANDBOXRUN_TEST_STATE:-$REPO/.k8s-local}
+WORK=$STATE/paths/bench-$$
+mkdir -p "$WORK"
+
+if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1 reuses target/release as it is
+  echo "building the release binary" >&2
+  cargo build --release --bins >&2
+fi
+[ -x "$BIN" ] || { echo "no $BIN (cargo build --release --bins)" >&2; exit 1; }
+
+OP_PID=
+NS=
+cleanup() {
+  if [ -n "$NS" ]; then
+    kubectl delete sbr --all -n "$NS" --wait=true --timeout=120s >/dev/null 2>&1 || true
+    kubectl delete ns "$NS" --wait=false >/dev/null 2>&1 || true
+  fi
+  if [ -n "$OP_PID" ] && kill -0 "$OP_PID" 2>/dev/null; then kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+now() { date +%s.%N; }
+mbps() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.1f", b / s / 1e6 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+
+make_data() {  # make_data <dir> <GiB>
+  local dir=$1 gib=$2 i
+  mkdir -p "$dir/big" "$dir/small"
+  for i in $(seq 1 $((gib * 4))); do
+    head -c $((250 * 1024 * 1024)) /dev/urandom >"$dir/big/part-$i.bin"
+  done
+  python3 - "$dir/small" <<'PY'
+import os, sys, random
+root = sys.argv[1]
+r = random.Random(7)
+for i in range(4000):
+    d = os.path.join(root, f"d{i % 50:02d}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, f"f{i:05d}.txt"), "wb") as f:
+        f.write(r.randbytes(r.randint(0, 16384)))
+PY
+}
+
+results=()
+for gib in "${SIZES[@]}"; do
+  NS=bench-drain-$gib-$$
+  data=$WORK/data-$gib
+  store=$WORK/store-$gib
+  echo "== ${gib} GiB: generating data" >&2
+  make_data "$data" "$gib"
+  bytes=$(du -sb "$data" | cut -f1)
+  files=$(find "$data" -type f | wc -l)
+  cat "$data"/big/* >/dev/null  # same page-cache state for every contender
+
+  kubectl create ns "$NS" >/dev/null
+  until kubectl get sa default -n "$NS" >/dev/null 2>&1; do sleep 0.2; done
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  "$BIN" run --namespaces "$NS" --store-url "file://$store" --metrics-addr "127.0.0.1:$port" \
+    --webhook-addr '' --holder-image sandboxrun-operator:bench --pod-name "operator-$NS" \
+    --pack-command "$BIN pack" --max-cap 64Gi >"$WORK/operator-$gib.log" 2>&1 &
+  OP_PID=$!
+  kubectl apply -f - >/dev/null <<YAML
+apiVersion: sandbox.iterion.io/v1alpha1
+kind: SandboxRun
+metadata: {name: bench, namespace: $NS}
+spec:
+  image: registry.example/tool@sha256:0000000000000000000000000000000000000000000000000000000000000000
+  command: [sh, -c, work]
+  user: "1000:1000"
+  readBack:
+    compression: none
+    drainTimeout: 30m
+    paths: [{path: "$data", sizeLimit: "$((gib + 1))Gi"}]
+YAML
+  until [ "$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.phase}' 2>/dev/null)" = Running ]; do sleep 0.5; done
+  pod=$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.podName}')
+
+  echo "== ${gib} GiB: kubectl cp" >&2
+  t0=$(now); kubectl cp "$NS/$pod:$data" "$WORK/cp-$gib" -c holder >/dev/null 2>&1; t1=$(now)
+  cp_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+  cp_bytes=$(du -sb "$WORK/cp-$gib" | cut -f1); rm -rf "$WORK/cp-$gib"
+
+  echo "== ${gib} GiB: raw pack over exec" >&2
+  t0=$(now); kubectl exec "$pod" -n "$NS" -c holder -- "$BIN" pack "$data" | cat >/dev/null; t1=$(now)
+  raw_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+
+  echo "== ${gib} GiB: our drain" >&2
+  t0=$(now)
+  kubectl annotate pod "$pod" -n "$NS" sandbox.iterion.io/test-exit-code=0 >/dev/null
+  until [ "$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.phase}')" = Succeeded ]; do sleep 0.2; done
+  t1=$(now)
+  wall_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+  drain_s=$(curl -s "http://127.0.0.1:$port/metrics" | awk '/^sandboxrun_drain_duration_seconds_sum\{phase="Drained"\}/ { print $2 }')
+  rss_kb=$(awk '/VmHWM/ { print $2 }' "/proc/$OP_PID/status")
+  phase=$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.readBack[0].phase} {.status.readBack[0].members} {.status.readBack[0].bytes}')
+
+  printf '\n%s GiB (%s bytes, %s files), drained read-back: %s\n' "$gib" "$bytes" "$files" "$phase"
+  printf '  (a) ours, drain metric   %8.2f s  %8s MB/s   (wall annotate->Succeeded %.2f s)\n' "$drain_s" "$(mbps "$bytes" "$drain_s")" "$wall_s"
+  printf '  (b) kubectl cp           %8.2f s  %8s MB/s   (copied %s bytes)\n' "$cp_s" "$(mbps "$bytes" "$cp_s")" "$cp_bytes"
+  printf '  (c) raw pack | cat       %8.2f s  %8s MB/s\n' "$raw_s" "$(mbps "$bytes" "$raw_s")"
+  printf '  throughput ratio ours/kubectl-cp %s, ours/raw %s; operator peak RSS (VmHWM) %s MiB\n' \
+    "$(ratio "$cp_s" "$drain_s")" "$(ratio "$raw_s" "$drain_s")" "$((rss_kb / 1024))"
+  results+=("$gib:$rss_kb")
+
+  kubectl delete sbr bench -n "$NS" --wait=true --timeout=120s >/dev/null
+  kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true; OP_PID=
+  kubectl delete ns "$NS" --wait=false >/dev/null; NS=
+  rm -rf "$data" "$store"
+done
+
+if [ "${#results[@]}" -ge 2 ]; then
+  first=${results[0]#*:}; last=${results[-1]#*:}
+  printf '\npeak RSS %s GiB -> %s GiB: %s MiB -> %s MiB (x%s for x%s data)\n' \
+    "${results[0]%%:*}" "${results[-1]%%:*}" "$((first / 1024))" "$((last / 1024))" \
+    "$(ratio "$last" "$first")" "$(ratio "${results[-1]%%:*}" "${results[0]%%:*}")"
+fi
