@@ -40,6 +40,15 @@ const KIB: u64 = 1024;
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
+/// Removes a (large) directory when the test ends, passed or failed: the disk is shared.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 struct PathSpec<'a> {
     path: &'a Path,
     size_limit: Option<&'a str>,
@@ -321,6 +330,7 @@ async fn drain_tree_and_verify(
     let flags = store_flags(&options);
     let op = Operator::start(&ns.name, store_url, &as_strs(&flags));
     let src = host_dir(tag);
+    let _remove_src = RemoveOnDrop(src.clone());
     make_tree(&src, 2000, big);
     let want = snapshot(&src);
 
@@ -367,6 +377,7 @@ async fn drain_tree_and_verify(
     );
 
     let out = host_dir(&format!("{tag}-extracted"));
+    let _remove_out = RemoveOnDrop(out.clone());
     let written = extract_verified(&store, manifest, &out)
         .await
         .expect("extract and verify");
@@ -386,8 +397,6 @@ async fn drain_tree_and_verify(
     for key in all_keys(&store, Some(&prefix)).await {
         assert!(key.starts_with(&run_keys), "{key} is outside {run_keys}");
     }
-    let _ = std::fs::remove_dir_all(&src);
-    let _ = std::fs::remove_dir_all(&out);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1142,6 +1151,8 @@ async fn an_operator_killed_mid_drain_is_replaced_and_the_path_drains_once() {
     let store_url = format!("file://{}", store_dir.display());
     let mut op = Operator::start(&ns.name, &store_url, &[]);
     let out = host_dir("restart");
+    let _remove_out = RemoveOnDrop(out.clone());
+    let _remove_store = RemoveOnDrop(store_dir.clone());
     make_tree(&out, 20, 384 * MIB);
     let want = snapshot(&out);
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
@@ -1196,6 +1207,4 @@ async fn an_operator_killed_mid_drain_is_replaced_and_the_path_drains_once() {
         .expect("extract");
     assert_eq!(snapshot(&extracted), want);
     let _ = std::fs::remove_dir_all(&extracted);
-    let _ = std::fs::remove_dir_all(&out);
-    let _ = std::fs::remove_dir_all(&store_dir);
 }
