@@ -189,8 +189,9 @@ NODE
 
 down() {
   local name
-  # Reverse order: clients before the servers they talk to.
-  for name in registry s3 kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
+  # Reverse order: clients before the servers they talk to (`operator` is the one hack/demo.sh
+  # starts, if any).
+  for name in operator registry s3 kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
     if is_running "$name"; then
       local pid; pid=$(cat "$R/$name.pid")
       kill "$pid" 2>/dev/null || true
