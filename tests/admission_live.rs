@@ -281,26 +281,12 @@ impl LiveWebhook {
     }
 
     /// `eventually`, with the operator's log in the failure message.
-    async fn wait<T, F, Fut>(&self, what: &str, mut f: F) -> T
+    async fn wait<T, F, Fut>(&self, what: &str, f: F) -> T
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Option<T>>,
     {
-        let start = std::time::Instant::now();
-        loop {
-            if let Some(v) = f().await {
-                return v;
-            }
-            if start.elapsed() > CONVERGE {
-                let log = self.op.log_text();
-                let tail: Vec<&str> = log.lines().rev().take(40).collect();
-                panic!(
-                    "timed out after {CONVERGE:?} waiting for {what}; operator log (last lines):\n{}",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        eventually_or_log(what, CONVERGE, &self.op, f).await
     }
 
     /// `kubectl apply --dry-run=server -n <ns> -f <file>`.

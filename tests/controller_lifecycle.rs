@@ -58,26 +58,6 @@ async fn wait_phase(api: &Api<SandboxRun>, name: &str, want: Phase, op: &Operato
     run
 }
 
-async fn eventually_or_log<T, F, Fut>(what: &str, timeout: Duration, op: &Operator, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = std::time::Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        if start.elapsed() > timeout {
-            panic!(
-                "timed out waiting for {what}; operator log:\n{}",
-                op.log_text()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 async fn finish_workload(pods: &Api<Pod>, pod_name: &str, code: i32) {
     let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": code.to_string()}}});
     pods.patch(pod_name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -361,14 +341,17 @@ async fn a_pod_deleted_out_from_under_a_run_is_reported_as_a_drain_failure() {
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "lost").await;
     let (_d, store_url) = store_dir("lost");
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let mut op = Operator::start(&ns.name, &store_url, &[]);
     let out = host_dir("out");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     create(&runs, "lost", spec(&[&out], None)).await;
     let run = wait_phase(&runs, "lost", Phase::Running, &op).await;
     let pod_name = run.status.unwrap().pod_name.unwrap();
-    // Force-delete: no grace window, so the emptyDirs go before anyone can drain them.
+    // The pod vanishes while no operator is looking (a watching operator would catch it in its
+    // deletion window and drain it — that is the grace-window test). Force-delete it, wait until
+    // it is really gone, then let a fresh operator find the run without its pod.
+    op.kill();
     pods.delete(
         &pod_name,
         &DeleteParams {
@@ -378,10 +361,16 @@ async fn a_pod_deleted_out_from_under_a_run_is_reported_as_a_drain_failure() {
     )
     .await
     .unwrap();
+    eventually("the pod is gone", Duration::from_secs(30), || {
+        let pods = pods.clone();
+        let pod_name = pod_name.clone();
+        async move { pods.get_opt(&pod_name).await.ok()?.is_none().then_some(()) }
+    })
+    .await;
+    let op = Operator::start(&ns.name, &store_url, &[]);
     let run = wait_phase(&runs, "lost", Phase::Failed, &op).await;
     let status = run.status.unwrap();
-    // Either the operator saw the pod vanish (pod gone) or caught it while it was being deleted
-    // and tried — both must be a Failed path with a cause, never Empty.
+    // Lost, never Empty: the path is Failed with its cause.
     assert_eq!(
         status.read_back[0].phase,
         ReadBackPhase::Failed,

@@ -94,31 +94,12 @@ async fn create(api: &Api<SandboxRun>, name: &str, spec: SandboxRunSpec) -> Sand
 }
 
 /// Polls until `f` yields, panicking with the operator's log tail on timeout.
-async fn until<T, F, Fut>(what: &str, timeout: Duration, op: &Operator, mut f: F) -> T
+async fn until<T, F, Fut>(what: &str, timeout: Duration, op: &Operator, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let start = std::time::Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        if start.elapsed() > timeout {
-            let log = op.log_text();
-            let tail: String = log
-                .lines()
-                .rev()
-                .take(60)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n");
-            panic!("timed out after {timeout:?} waiting for {what}; operator log tail:\n{tail}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    eventually_or_log(what, timeout, op, f).await
 }
 
 async fn wait_final(

@@ -332,6 +332,34 @@ where
     }
 }
 
+/// [`eventually`], with the last lines of the operator's log in the failure message.
+pub async fn eventually_or_log<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    op: &Operator,
+    mut f: F,
+) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            let log = op.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            panic!(
+                "timed out after {timeout:?} waiting for {what}; operator log (last lines):\n{}",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// A fresh host directory under the harness state (kwok's exec runs on this host, so a pod's
 /// "container path" in tests is a real host path).
 pub fn host_dir(name: &str) -> PathBuf {
