@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Build the local Kubernetes test bed from published Go modules (no Docker, no release downloads):
-# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm.
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, and the real
+# node's kubelet, kube-proxy, containerd (+shim, ctr), CNI plugins, crane and crictl.
 # Output goes to a cache outside the repo, keyed by the pinned versions, so a second run is instant.
 #   usage: hack/build-tools.sh            # builds if missing, prints the bin dir on the last line
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=hack/versions.env
 . "$HERE/versions.env"
+# shellcheck source=hack/lib.sh
+. "$HERE/lib.sh"
 CACHE_ROOT=${SANDBOXRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandboxrun-operator}
-OUT=$CACHE_ROOT/tools-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION
+OUT=$CACHE_ROOT/$(tools_dir_name)
 BIN=$OUT/bin
 if [ -f "$OUT/.complete" ]; then echo "$BIN"; exit 0; fi
 WORK=$OUT/src
@@ -20,7 +23,7 @@ start=$(date +%s)
 # ---- k8s.io/kubernetes: its go.mod points every k8s.io/<staging> module at ./staging with v0.0.0,
 # so `go install k8s.io/kubernetes/cmd/...@v` fails. A wrapper module replaces each staging module
 # with its published v0.Y.Z twin (same source, released from the same tag).
-if [ ! -x "$BIN/kube-apiserver" ] || [ ! -x "$BIN/kubectl" ]; then
+if [ ! -x "$BIN/kube-apiserver" ] || [ ! -x "$BIN/kubectl" ] || [ ! -x "$BIN/kubelet" ]; then
   log "building kubernetes $K8S_VERSION (cold: tens of minutes on 2 cores)"
   STAGING_VERSION=v0.${K8S_VERSION#v1.}
   MINOR=$(cut -d. -f2 <<<"$K8S_VERSION")
@@ -35,9 +38,9 @@ if [ ! -x "$BIN/kube-apiserver" ] || [ ! -x "$BIN/kubectl" ]; then
   go mod init local.invalid/k8s-bins >/dev/null 2>&1
   go mod edit -require="k8s.io/kubernetes@$K8S_VERSION"
   for m in $STAGING; do go mod edit -replace="k8s.io/$m=k8s.io/$m@$STAGING_VERSION"; done
-  GODEBUG_DEFAULT=$(sed -n 's/^godebug[[:space:]]\{1,\}default=\(go[0-9.]*\).*/\1/p' "$UPSTREAM_MOD" | head -1)
+  GODEBUG_DEFAULT=$(sed -n 's/^godebug[[:space:]]\{1,\}default=\(go[0-9.]*\).*/\1/p;T;q' "$UPSTREAM_MOD")
   [ -z "$GODEBUG_DEFAULT" ] || go mod edit -godebug="default=$GODEBUG_DEFAULT"
-  CMDS="kube-apiserver kube-controller-manager kube-scheduler kubectl"
+  CMDS="kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy"
   { echo '//go:build tools'; echo 'package tools'; echo 'import ('
     for c in $CMDS; do echo "	_ \"k8s.io/kubernetes/cmd/$c\""; done; echo ')'; } > tools.go
   go mod tidy
@@ -78,8 +81,38 @@ if [ ! -x "$BIN/helm" ]; then
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
 fi
 
-"$BIN/kube-apiserver" --version >&2; "$BIN/etcd" --version | head -1 >&2; "$BIN/kwok" --version >&2
-"$BIN/helm" version --short >&2
+# ---- the real node: containerd v2 and the CNI plugins, crane (images without Docker), crictl
+# (debugging and a clean CRI teardown). All are plain `go install`s (no replace directives).
+if [ ! -x "$BIN/containerd" ]; then
+  log "building containerd $CONTAINERD_VERSION"
+  CD=github.com/containerd/containerd/v2
+  GOBIN=$BIN go install -trimpath -tags "no_btrfs urfave_cli_no_docs netgo osusergo" \
+    -ldflags "-s -w -X $CD/version.Version=$CONTAINERD_VERSION -X $CD/version.Package=github.com/containerd/containerd" \
+    "$CD/cmd/containerd@$CONTAINERD_VERSION" "$CD/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
+    "$CD/cmd/ctr@$CONTAINERD_VERSION"
+fi
+if [ ! -x "$BIN/cni/portmap" ]; then
+  log "building the CNI plugins $CNI_PLUGINS_VERSION"
+  mkdir -p "$BIN/cni"
+  CP=github.com/containernetworking/plugins
+  GOBIN=$BIN/cni go install -trimpath \
+    -ldflags "-s -w -X $CP/pkg/utils/buildversion.BuildVersion=$CNI_PLUGINS_VERSION" \
+    "$CP/plugins/main/bridge@$CNI_PLUGINS_VERSION" "$CP/plugins/ipam/host-local@$CNI_PLUGINS_VERSION" \
+    "$CP/plugins/main/loopback@$CNI_PLUGINS_VERSION" "$CP/plugins/meta/portmap@$CNI_PLUGINS_VERSION"
+fi
+if [ ! -x "$BIN/crane" ]; then
+  log "building crane $CRANE_VERSION"
+  GOBIN=$BIN go install -trimpath -ldflags "-s -w" "github.com/google/go-containerregistry/cmd/crane@$CRANE_VERSION"
+fi
+if [ ! -x "$BIN/crictl" ]; then
+  log "building crictl $CRICTL_VERSION"
+  GOBIN=$BIN go install -trimpath -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" \
+    "sigs.k8s.io/cri-tools/cmd/crictl@$CRICTL_VERSION"
+fi
+
+# Print versions without `| head` (SIGPIPE under pipefail kills the script at random).
+"$BIN/kube-apiserver" --version >&2; first_line "$BIN/etcd" --version >&2; "$BIN/kwok" --version >&2
+"$BIN/helm" version --short >&2; "$BIN/kubelet" --version >&2; "$BIN/containerd" --version >&2
 touch "$OUT/.complete"
 log "done in $(( $(date +%s) - start ))s"
 echo "$BIN"

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # A real local Kubernetes control plane on loopback, without Docker:
 #   etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok (one fake node whose
-#   `exec` runs the command as a local process) + an S3 server (s3s-fs) + an OCI registry (optional).
+#   `exec` runs the command as a local process: the scale tests) + one REAL node (kubelet +
+#   containerd + runc + bridge CNI + kube-proxy, hack/real-node.sh: the truth tests) + an S3 server
+#   (s3s-fs) + an OCI registry (docker-registry) holding images built without Docker.
 #
-#   hack/local-cluster.sh up       start everything (idempotent), wait until the node is Ready
-#   hack/local-cluster.sh down     stop exactly what `up` started (by PID) and remove the state
-#   hack/local-cluster.sh env      print `export KUBECONFIG=… PATH=…` (+ the S3 test settings)
-#   hack/local-cluster.sh status   exit 0 only when the apiserver answers and the node is Ready
+#   hack/local-cluster.sh up       start everything (idempotent), wait until both nodes are Ready
+#   hack/local-cluster.sh down     stop exactly what `up` started (by PID), restore the host
+#                                  settings the real node changed, and remove the state
+#   hack/local-cluster.sh env      print `export KUBECONFIG=… PATH=…` (+ the test settings)
+#   hack/local-cluster.sh status   exit 0 only when the apiserver answers and both nodes are Ready
 #
 # State (PKI, data, logs, PID files) lives in one directory: $SANDBOXRUN_STATE (default
 # <repo>/.k8s-local). Tools come from hack/build-tools.sh (cached outside the repo).
@@ -15,9 +18,11 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 # shellcheck source=hack/versions.env
 . "$HERE/versions.env"
+# shellcheck source=hack/lib.sh
+. "$HERE/lib.sh"
 STATE=${SANDBOXRUN_STATE:-$REPO/.k8s-local}
 CACHE_ROOT=${SANDBOXRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandboxrun-operator}
-BIN=$CACHE_ROOT/tools-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION/bin
+BIN=$CACHE_ROOT/$(tools_dir_name)/bin
 S3S_BIN=$CACHE_ROOT/s3s-fs-$S3S_FS_VERSION/bin/s3s-fs
 APISERVER_PORT=${APISERVER_PORT:-16443}
 ETCD_PORT=${ETCD_PORT:-23790}
@@ -28,6 +33,11 @@ REGISTRY_PORT=${REGISTRY_PORT:-15000}
 S3_ACCESS_KEY=sandboxrun-test
 S3_SECRET_KEY=sandboxrun-test-secret
 S3_BUCKET=sandboxrun-test
+# The real node's address (its bridge's): the apiserver advertises it, so the `kubernetes` Service
+# has an endpoint pods can reach (hack/real-node.sh forwards it to the loopback port).
+REAL_NODE_IP=${REAL_NODE_IP:-10.244.0.1}
+REAL_NODE_NAME=${REAL_NODE_NAME:-real-node-0}
+export SANDBOXRUN_STATE=$STATE SANDBOXRUN_CACHE=$CACHE_ROOT APISERVER_PORT S3_PORT REGISTRY_PORT REAL_NODE_IP REAL_NODE_NAME
 P=$STATE/pki; R=$STATE/run; LOGS=$STATE/logs; K=$STATE/kubeconfig
 NODE=kwok-node-0
 
@@ -116,7 +126,15 @@ node_ready() {
   [ "$(kc get node "$NODE" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
 }
 
+preflight() {
+  local missing=""
+  command -v openssl >/dev/null || missing="$missing openssl"
+  command -v docker-registry >/dev/null || missing="$missing docker-registry"
+  [ -z "$missing" ] || { log "missing$missing: apt-get install -y$missing (.ci/run installs every package the test bed needs)"; exit 1; }
+}
+
 up() {
+  preflight
   if [ ! -f "$BIN/../.complete" ]; then
     log "building the tools (cached in $CACHE_ROOT)"
     "$HERE/build-tools.sh" >/dev/null
@@ -135,7 +153,7 @@ up() {
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "default=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --listen-metrics-urls ""
   start kube-apiserver "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-    --bind-address=127.0.0.1 --advertise-address=127.0.0.1 --secure-port="$APISERVER_PORT" --cert-dir="$P" \
+    --bind-address=127.0.0.1 --advertise-address="$REAL_NODE_IP" --secure-port="$APISERVER_PORT" --cert-dir="$P" \
     --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" --client-ca-file="$P/ca.crt" \
     --kubelet-client-certificate="$P/apiserver-kubelet-client.crt" --kubelet-client-key="$P/apiserver-kubelet-client.key" \
     --kubelet-certificate-authority="$P/ca.crt" \
@@ -178,17 +196,21 @@ NODE
   start s3 "$S3S_BIN" --host 127.0.0.1 --port "$S3_PORT" \
     --access-key "$S3_ACCESS_KEY" --secret-key "$S3_SECRET_KEY" "$STATE/s3"
   wait_for "s3 server" 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$S3_PORT"
-  if command -v docker-registry >/dev/null 2>&1; then
-    printf 'version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:%s\n' \
-      "$STATE/registry" "$REGISTRY_PORT" >"$STATE/registry.yml"
-    start registry docker-registry serve "$STATE/registry.yml"
-    wait_for "registry" 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$REGISTRY_PORT"
-  fi
+  printf 'version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:%s\n' \
+    "$STATE/registry" "$REGISTRY_PORT" >"$STATE/registry.yml"
+  start registry docker-registry serve "$STATE/registry.yml"
+  wait_for "registry" 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$REGISTRY_PORT"
+
+  # The real node pulls its pod-sandbox image from the registry, so the base images go first.
+  "$HERE/images.sh" base >/dev/null
+  "$HERE/real-node.sh" up
   log "up in $(( $(date +%s) - t0 ))s; eval \"\$($0 env)\" to use it"
 }
 
 down() {
   local name
+  # The real node first: it drains its pods through the apiserver and restores the host settings.
+  "$HERE/real-node.sh" down
   # Reverse order: clients before the servers they talk to (`operator` is the one hack/demo.sh
   # starts, if any).
   for name in operator registry s3 kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
@@ -210,14 +232,21 @@ env_() {
   echo "export SANDBOXRUN_TEST_S3_BUCKET=$S3_BUCKET"
   echo "export SANDBOXRUN_TEST_S3_ACCESS_KEY=$S3_ACCESS_KEY"
   echo "export SANDBOXRUN_TEST_S3_SECRET_KEY=$S3_SECRET_KEY"
-  if [ -f "$STATE/registry.yml" ]; then echo "export SANDBOXRUN_TEST_REGISTRY=127.0.0.1:$REGISTRY_PORT"; fi
+  echo "export SANDBOXRUN_TEST_REGISTRY=127.0.0.1:$REGISTRY_PORT"
+  # The real node: pods pull from the registry as localhost:<port> and reach S3 via the node IP.
+  echo "export SANDBOXRUN_TEST_REAL_NODE=$REAL_NODE_NAME"
+  echo "export SANDBOXRUN_TEST_NODE_IP=$REAL_NODE_IP"
+  echo "export SANDBOXRUN_TEST_POD_REGISTRY=localhost:$REGISTRY_PORT"
+  echo "export SANDBOXRUN_TEST_POD_S3_ENDPOINT=http://$REAL_NODE_IP:$S3_PORT"
+  echo "export SANDBOXRUN_TEST_APISERVER_PORT=$APISERVER_PORT"
 }
 
 status() {
   [ -f "$K" ] || { log "not up (no $K)"; return 1; }
   kc get --raw /readyz >/dev/null 2>&1 || { log "apiserver does not answer"; return 1; }
   node_ready || { log "node $NODE is not Ready"; return 1; }
-  log "ok: apiserver answers, node $NODE Ready"
+  "$HERE/real-node.sh" status >/dev/null 2>&1 || { log "real node $REAL_NODE_NAME is not Ready"; return 1; }
+  log "ok: apiserver answers, nodes $NODE (kwok) and $REAL_NODE_NAME (real) Ready"
 }
 
 case "${1:-}" in

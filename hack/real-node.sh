@@ -1,0 +1,386 @@
+#!/usr/bin/env bash
+# A REAL Kubernetes node beside kwok's fake one: containerd (CRI) + runc + bridge CNI + kubelet +
+# kube-proxy, joined to the control plane of hack/local-cluster.sh (its CA signs the node's certs).
+# hack/local-cluster.sh calls this; run it by hand only to debug the node.
+#
+#   hack/real-node.sh up       preflight, bridge, PKI, configs; start containerd, kubelet,
+#                              kube-proxy and the pod-facing forwards; wait until the node is Ready
+#   hack/real-node.sh down     remove every pod sandbox (CNI DEL), stop what `up` started (by PID),
+#                              then restore every host setting it changed (sysctls, iptables chains,
+#                              the bridge, mounts, /run/containerd, /var/lib/cni, cgroups)
+#   hack/real-node.sh status   exit 0 when the node is Ready
+#
+# The node is tainted sandbox.iterion.io/real-node=true:NoSchedule and labelled
+# sandbox.iterion.io/real-node=true: only pods that ask for it land here (kwok keeps the scale
+# tests). Pods reach the apiserver through the `kubernetes` Service (the apiserver advertises the
+# node IP, a forward on the node IP leads to its loopback port) and the S3 server at
+# http://$NODE_IP:$S3_PORT (another forward). Images come from the local registry, which the node
+# pulls as localhost:$REGISTRY_PORT over plain HTTP.
+#
+# Needs root, runc, iptables, conntrack and socat (Debian packages; .ci/run installs them).
+# Every pitfall this machine showed is written next to the line that handles it.
+set -euo pipefail
+HERE=$(cd "$(dirname "$0")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+# shellcheck source=hack/versions.env
+. "$HERE/versions.env"
+# shellcheck source=hack/lib.sh
+. "$HERE/lib.sh"
+STATE=${SANDBOXRUN_STATE:-$REPO/.k8s-local}
+CACHE_ROOT=${SANDBOXRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandboxrun-operator}
+BIN=$CACHE_ROOT/$(tools_dir_name)/bin
+APISERVER_PORT=${APISERVER_PORT:-16443}
+S3_PORT=${S3_PORT:-19000}
+REGISTRY_PORT=${REGISTRY_PORT:-15000}
+NODE_NAME=${REAL_NODE_NAME:-real-node-0}
+BRIDGE=${REAL_NODE_BRIDGE:-sbr-br0}              # our own bridge; its address is the node IP
+POD_SUBNET=${REAL_NODE_POD_SUBNET:-10.244.0.0/24}
+NODE_IP=${REAL_NODE_IP:-10.244.0.1}              # kubelet refuses a loopback node IP
+KUBELET_PORT=${REAL_NODE_KUBELET_PORT:-11250}     # 10250 is kwok's
+KUBELET_HEALTHZ_PORT=${REAL_NODE_KUBELET_HEALTHZ_PORT:-11248}
+KUBE_PROXY_HEALTHZ_PORT=${REAL_NODE_PROXY_HEALTHZ_PORT:-11256}
+KUBE_PROXY_METRICS_PORT=${REAL_NODE_PROXY_METRICS_PORT:-11249}
+TAINT=sandbox.iterion.io/real-node
+REG=localhost:$REGISTRY_PORT
+N=$STATE/node; P=$N/pki; R=$N/run; LOGS=$N/logs; C=$N/containerd
+CA=$STATE/pki/ca.crt; CAKEY=$STATE/pki/ca.key; KUBECONFIG_ADMIN=$STATE/kubeconfig
+CTR_SOCK=$C/containerd.sock
+LAST_LOGS=${TMPDIR:-/tmp}/sandboxrun-real-node-logs-last
+RUNC=${RUNC:-$(command -v runc || echo /usr/sbin/runc)}
+# sysctls kubelet rewrites on start (setupKernelTunables; it has no "warn only" mode) and the ones
+# bridge CNI turns on: recorded on the first `up`, restored by `down`.
+SYSCTLS="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward net.ipv4.conf.all.route_localnet"
+
+log() { echo "real-node: $*" >&2; }
+die() { log "$*"; exit 1; }
+kc() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+crictl() { "$BIN/crictl" --runtime-endpoint "unix://$CTR_SOCK" --image-endpoint "unix://$CTR_SOCK" --timeout 30s "$@"; }
+is_running() { [ -f "$R/$1.pid" ] && kill -0 "$(cat "$R/$1.pid")" 2>/dev/null; }
+start() {
+  local name=$1; shift
+  if is_running "$name"; then return 0; fi
+  nohup "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$R/$name.pid"
+}
+stop() {  # stop <name>: SIGTERM, wait up to 20 s, then SIGKILL -- only the PID we recorded
+  is_running "$1" || { rm -f "$R/$1.pid"; return 0; }
+  local pid; pid=$(cat "$R/$1.pid"); kill "$pid" 2>/dev/null || true
+  for _ in $(seq 1 80); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+  kill -9 "$pid" 2>/dev/null || true; rm -f "$R/$1.pid"
+}
+wait_for() {
+  local what=$1 secs=$2; shift 2; local deadline=$(( $(date +%s) + secs ))
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt "$deadline" ] || { log "timed out waiting for $what (logs: $LOGS)"; return 1; }
+    sleep 0.5
+  done
+}
+node_ready() {
+  [ "$(kc get node "$NODE_NAME" -o 'jsonpath={.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+}
+has_cap() {  # has_cap <bit>: is that capability in our effective set?
+  local eff; eff=$(awk '/^CapEff:/{print $2}' /proc/self/status)
+  (( (16#$eff >> $1) & 1 ))
+}
+
+# Everything the node needs from the host, checked before anything changes: fail loudly, never skip.
+preflight() {
+  [ "$(id -u)" = 0 ] || die "the real node needs root (kubelet, containerd, runc, bridge, iptables)"
+  local b missing=""
+  for b in kubelet kube-proxy containerd containerd-shim-runc-v2 crictl cni/bridge cni/host-local cni/loopback cni/portmap; do
+    [ -x "$BIN/$b" ] || missing="$missing $b"
+  done
+  [ -z "$missing" ] || die "missing$missing in $BIN: run hack/build-tools.sh"
+  for b in "$RUNC" iptables ip6tables conntrack socat ip; do
+    command -v "$b" >/dev/null 2>&1 || missing="$missing $b"
+  done
+  [ -z "$missing" ] || die "missing$missing: apt-get install -y runc iptables conntrack socat iproute2"
+  [ -f "$CAKEY" ] || die "no control plane at $STATE (hack/local-cluster.sh up starts it, then this)"
+  [ -d /sys/fs/cgroup ] || die "no /sys/fs/cgroup: kubelet cannot run here"
+  # A unix socket path is at most 107 bytes; containerd appends .ttrpc to its socket.
+  [ "${#CTR_SOCK}" -le 100 ] || die "state path too long for containerd's socket ($CTR_SOCK): set SANDBOXRUN_STATE to a shorter directory"
+  if ip link show "$BRIDGE" >/dev/null 2>&1 && [ ! -f "$N/bridge.ours" ]; then
+    # Another node of this script (another checkout) is using it, or an earlier run was killed
+    # before its `down` (a killed session leaves host state behind).
+    if (exec 3<>"/dev/tcp/$NODE_IP/$KUBELET_PORT") 2>/dev/null; then
+      die "a kubelet already serves $NODE_IP:$KUBELET_PORT on bridge $BRIDGE (another checkout's node?): stop it with its hack/local-cluster.sh down, or set REAL_NODE_BRIDGE, REAL_NODE_POD_SUBNET, REAL_NODE_IP and the REAL_NODE_*_PORT variables"
+    fi
+    log "adopting bridge $BRIDGE left behind by an earlier run that was killed before its down"
+    mkdir -p "$N"; touch "$N/bridge.ours"
+  fi
+  local port
+  for port in "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT" "$KUBE_PROXY_HEALTHZ_PORT" "$KUBE_PROXY_METRICS_PORT"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then die "port $port is taken (set the REAL_NODE_*_PORT variables)"; fi
+  done
+}
+
+save_host_state() {  # first `up` only: what `down` must restore or leave alone
+  [ -f "$N/sysctl.orig" ] && return 0
+  local ipt t
+  for ipt in iptables ip6tables; do for t in nat filter mangle; do   # chains that pre-existed
+    { $ipt -t $t -S 2>/dev/null || true; } | awk -v p="$ipt $t" '/^-N /{print p" "$2}'
+  done; done >"$N/iptables.before"
+  [ ! -d /run/containerd ] || touch "$N/run-containerd.existed"   # another containerd's shim dir
+  [ ! -d /var/lib/cni ] || touch "$N/var-lib-cni.existed"
+  local s
+  for s in $SYSCTLS; do echo "$s=$(sysctl -n "$s")"; done >"$N/sysctl.orig"   # written last: the marker
+}
+
+pki() {
+  [ -f "$P/kubelet-client.crt" ] && return 0
+  mkdir -p "$P"
+  sign() {  # sign <name> <subject> <extensions>: a key + cert signed by the cluster CA
+    openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$P/$1.key" -out "$P/$1.csr" 2>/dev/null
+    openssl x509 -req -in "$P/$1.csr" -CA "$CA" -CAkey "$CAKEY" -CAcreateserial -CAserial "$P/ca.srl" \
+      -days 365 -out "$P/$1.crt" -extfile <(printf '%b' "$3") 2>/dev/null
+  }
+  # The Node authorizer recognises a kubelet by exactly this CN/O.
+  sign kubelet-client "/O=system:nodes/CN=system:node:$NODE_NAME" 'extendedKeyUsage=clientAuth'
+  # The apiserver verifies this one (--kubelet-certificate-authority) when it proxies exec and logs.
+  sign kubelet-serving "/O=system:nodes/CN=system:node:$NODE_NAME" \
+    "subjectAltName=IP:$NODE_IP,IP:127.0.0.1,DNS:$NODE_NAME\nextendedKeyUsage=serverAuth"
+  # The bootstrap RBAC binds user system:kube-proxy to system:node-proxier.
+  sign kube-proxy "/CN=system:kube-proxy" 'extendedKeyUsage=clientAuth'
+  kubeconfig_for kube-proxy >"$N/kube-proxy.kubeconfig"
+  kubeconfig_for kubelet-client >"$N/kubelet.kubeconfig"
+}
+
+kubeconfig_for() {  # kubeconfig_for <cert name>
+  cat <<KC
+apiVersion: v1
+kind: Config
+clusters: [{name: local, cluster: {server: "https://127.0.0.1:$APISERVER_PORT", certificate-authority: "$CA"}}]
+users: [{name: $1, user: {client-certificate: "$P/$1.crt", client-key: "$P/$1.key"}}]
+contexts: [{name: local, context: {cluster: local, user: $1}}]
+current-context: local
+KC
+}
+
+network() {
+  # Our own bridge, created up front: its address is the node IP kubelet binds to (it refuses
+  # 127.0.0.1, and this kernel has no dummy interfaces), and bridge CNI reuses it as the gateway.
+  if ! ip link show "$BRIDGE" >/dev/null 2>&1; then
+    ip link add "$BRIDGE" type bridge
+    touch "$N/bridge.ours"
+    ip addr add "$NODE_IP/${POD_SUBNET#*/}" dev "$BRIDGE"
+  fi
+  ip link set "$BRIDGE" up
+  mkdir -p "$N/cni/net.d" "$N/cni/ipam"
+  cat >"$N/cni/net.d/10-sandboxrun.conflist" <<JSON
+{
+  "cniVersion": "1.0.0",
+  "name": "sandboxrun-$BRIDGE",
+  "plugins": [
+    {"type": "bridge", "bridge": "$BRIDGE", "isGateway": true, "ipMasq": true, "hairpinMode": true,
+     "ipam": {"type": "host-local", "dataDir": "$N/cni/ipam",
+              "ranges": [[{"subnet": "$POD_SUBNET", "gateway": "$NODE_IP"}]],
+              "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+JSON
+}
+
+containerd_config() {
+  # Root here lacks CAP_SYS_RESOURCE (bit 24): runc cannot lower oom_score_adj (kubelet asks -998
+  # for sandboxes) and every sandbox dies with "can't get final child's PID from pipe: EOF".
+  # restrict_oom_score_adj clamps the value to containerd's own instead.
+  local restrict_oom=false; has_cap 24 || restrict_oom=true
+  mkdir -p "$C/root" "$C/state" "$C/certs.d/$REG" "$C/runc"
+  cat >"$C/certs.d/$REG/hosts.toml" <<TOML
+server = "http://$REG"
+[host."http://$REG"]
+  capabilities = ["pull", "resolve"]
+TOML
+  cat >"$C/config.toml" <<TOML
+version = 4
+root = "$C/root"
+state = "$C/state"
+imports = []            # never read /etc/containerd/conf.d
+[plugins.'io.containerd.server.v1.grpc']
+  address = "$CTR_SOCK"
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = "$CTR_SOCK.ttrpc"
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "${REAL_NODE_SNAPSHOTTER:-overlayfs}"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "$REG/pause:3.10"
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "$C/certs.d"
+[plugins.'io.containerd.transfer.v1.local']
+  config_path = "$C/certs.d"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = $restrict_oom
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "$RUNC"
+        Root = "$C/runc"
+        SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["$BIN/cni"]
+    conf_dir = "$N/cni/net.d"
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+TOML
+}
+
+kubelet_config() {
+  mkdir -p "$N/kubelet" "$N/pod-logs"
+  # No cluster DNS here: pods get this resolv.conf (and a harmless MissingClusterDNS warning).
+  printf 'nameserver 127.0.0.1\noptions ndots:1\n' >"$N/resolv.conf"
+  cat >"$N/kubelet-config.yaml" <<YAML
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false              # this host may be cgroup v1; kubelet >= 1.35 refuses it unless told
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$CTR_SOCK
+address: $NODE_IP
+port: $KUBELET_PORT
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: $KUBELET_HEALTHZ_PORT
+tlsCertFile: $P/kubelet-serving.crt
+tlsPrivateKeyFile: $P/kubelet-serving.key
+rotateCertificates: false
+serverTLSBootstrap: false
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true, cacheTTL: 30s}
+  x509: {clientCAFile: $CA}
+authorization:
+  mode: Webhook
+  webhook: {cacheAuthorizedTTL: 30s, cacheUnauthorizedTTL: 5s}
+resolvConf: $N/resolv.conf
+clusterDomain: cluster.local
+podLogsDir: $N/pod-logs
+failSwapOn: false
+maxPods: 60
+serializeImagePulls: false
+nodeStatusReportFrequency: 10s
+registerWithTaints: [{key: $TAINT, value: "true", effect: NoSchedule}]
+evictionHard: {memory.available: 200Mi, nodefs.available: 2%, imagefs.available: 2%, nodefs.inodesFree: 2%}
+imageGCHighThresholdPercent: 99
+imageGCLowThresholdPercent: 98
+YAML
+}
+
+kube_proxy_config() {
+  # iptables mode; nothing that rewrites host-wide conntrack sysctls, NodePorts only on our bridge.
+  cat >"$N/kube-proxy-config.yaml" <<YAML
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clientConnection: {kubeconfig: $N/kube-proxy.kubeconfig}
+hostnameOverride: $NODE_NAME
+clusterCIDR: $POD_SUBNET
+healthzBindAddress: 127.0.0.1:$KUBE_PROXY_HEALTHZ_PORT
+metricsBindAddress: 127.0.0.1:$KUBE_PROXY_METRICS_PORT
+nodePortAddresses: ["$NODE_IP/32"]
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s}
+YAML
+}
+
+up() {
+  preflight
+  mkdir -p "$N" "$R" "$LOGS"
+  save_host_state; pki; network; containerd_config; kubelet_config; kube_proxy_config
+  local t0; t0=$(date +%s)
+  # containerd's shims put their sockets in /run/containerd/s (compiled in, not configurable).
+  start containerd "$BIN/containerd" --config "$C/config.toml" --log-level warn
+  wait_for containerd 60 crictl info
+  start kubelet "$BIN/kubelet" --config "$N/kubelet-config.yaml" --kubeconfig "$N/kubelet.kubeconfig" \
+    --root-dir "$N/kubelet" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \
+    --node-labels "$TAINT=true" --v=1
+  start kube-proxy "$BIN/kube-proxy" --config "$N/kube-proxy-config.yaml" --v=1
+  # Pods reach the apiserver's and the S3 server's loopback ports through the node IP.
+  start forward-apiserver socat "TCP-LISTEN:$APISERVER_PORT,bind=$NODE_IP,fork,reuseaddr" "TCP:127.0.0.1:$APISERVER_PORT"
+  start forward-s3 socat "TCP-LISTEN:$S3_PORT,bind=$NODE_IP,fork,reuseaddr" "TCP:127.0.0.1:$S3_PORT"
+  wait_for "node $NODE_NAME Ready" 180 node_ready
+  wait_for kube-proxy 60 bash -c "exec 3<>/dev/tcp/127.0.0.1/$KUBE_PROXY_HEALTHZ_PORT"
+  log "node $NODE_NAME Ready in $(( $(date +%s) - t0 ))s (containerd, kubelet, kube-proxy; taint $TAINT=true:NoSchedule)"
+}
+
+ipt_chain_gone() {  # ipt_chain_gone <iptables|ip6tables> <table> <chain>: drop every jump to it, then it
+  local ipt=$1 t=$2 c=$3 rule rules
+  rules=$($ipt -t "$t" -S 2>/dev/null || true)
+  while read -r rule; do
+    [ -n "$rule" ] || continue
+    # shellcheck disable=SC2086
+    $ipt -t "$t" ${rule/#-A /-D } 2>/dev/null || true
+  done < <(grep -E -- "-j $c( |\$)" <<<"$rules" || true)
+  $ipt -t "$t" -F "$c" 2>/dev/null || true; $ipt -t "$t" -X "$c" 2>/dev/null || true
+}
+
+down() {
+  [ -d "$N" ] || return 0
+  # 1. Pods first, while kubelet and containerd still run, so CNI DEL removes veths, IPs and chains.
+  if [ -x "$BIN/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ] && kc get node "$NODE_NAME" >/dev/null 2>&1; then
+    kc delete pods -A --field-selector "spec.nodeName=$NODE_NAME" --grace-period=1 --wait=false >/dev/null 2>&1 || true
+  fi
+  stop forward-apiserver; stop forward-s3
+  stop kube-proxy
+  "$BIN/kube-proxy" --cleanup --v=0 >/dev/null 2>&1 || true
+  stop kubelet
+  if is_running containerd; then
+    local pods; pods=$(crictl pods -q 2>/dev/null || true)
+    # shellcheck disable=SC2086
+    [ -z "$pods" ] || crictl stopp $pods >/dev/null 2>&1 || true
+    crictl rmp -a -f >/dev/null 2>&1 || true
+  fi
+  stop containerd
+  # If a CRI call failed: shims started from OUR binary, then anything left in kubelet's cgroups
+  # (only this node's pods live there), each killed by PID.
+  local pid f
+  for pid in $(pgrep -f -- "containerd-shim-runc-v2 .*-address $CTR_SOCK" || true); do kill -9 "$pid" 2>/dev/null || true; done
+  for f in $(find /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/kubepods -name cgroup.procs 2>/dev/null || true); do
+    while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done <"$f"
+  done
+  if [ -x "$BIN/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ]; then kc delete node "$NODE_NAME" --wait=false >/dev/null 2>&1 || true; fi
+  # 2. Mounts under our state (projected-token tmpfs, overlay rootfs, netns bind mounts), deepest first.
+  local m
+  while read -r m; do umount -l "$m" 2>/dev/null || true; done < <(awk -v n="$N" 'index($2, n) == 1 {print $2}' /proc/self/mounts | sort -r)
+  # 3. Network: our bridge, CNI's result cache, and the KUBE-/CNI- chains that did not exist before.
+  if [ -f "$N/bridge.ours" ]; then ip link del "$BRIDGE" 2>/dev/null || true; fi
+  rm -rf /var/lib/cni/results/sandboxrun-"$BRIDGE"-* 2>/dev/null || true
+  if [ ! -f "$N/var-lib-cni.existed" ]; then rmdir /var/lib/cni/results /var/lib/cni 2>/dev/null || true; fi
+  local ipt t c chains
+  for ipt in iptables ip6tables; do for t in nat filter mangle; do
+    chains=$($ipt -t $t -S 2>/dev/null | awk '/^-N (KUBE-|CNI-)/{print $2}' || true)
+    for c in $chains; do
+      grep -qx "$ipt $t $c" "$N/iptables.before" 2>/dev/null || ipt_chain_gone "$ipt" "$t" "$c"
+    done
+  done; done
+  # 4. cgroups kubelet created (the pods are gone, so rmdir leaf-first succeeds).
+  local h
+  for h in /sys/fs/cgroup/*/; do
+    if [ -d "$h/kubepods" ]; then find "$h/kubepods" -depth -type d -exec rmdir {} \; 2>/dev/null || true; fi
+  done
+  # 5. Kernel settings kubelet (and bridge CNI's ip_forward) changed.
+  if [ -f "$N/sysctl.orig" ]; then
+    local k v
+    while IFS== read -r k v; do sysctl -q -w "$k=$v" >/dev/null 2>&1 || true; done <"$N/sysctl.orig"
+  fi
+  if [ ! -f "$N/run-containerd.existed" ]; then rm -rf /run/containerd/s; rmdir /run/containerd 2>/dev/null || true; fi
+  # The node's logs outlive the state directory, for a post-mortem of a failed run.
+  if [ -d "$LOGS" ]; then mkdir -p "$LAST_LOGS" && cp -f "$LOGS"/*.log "$LAST_LOGS/" 2>/dev/null || true; fi
+  rm -rf "$N"
+  log "down: processes stopped, host settings restored"
+}
+
+status() {
+  node_ready || { log "node $NODE_NAME is not Ready"; return 1; }
+  log "ok: node $NODE_NAME Ready"
+}
+
+case "${1:-}" in
+  up) up ;;
+  down) down ;;
+  status) status ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac
