@@ -78,6 +78,12 @@ pub struct RunArgs {
     /// Drain timeout of a run that sets no readBack.drainTimeout.
     #[arg(long, env = "SANDBOXRUN_DRAIN_TIMEOUT", default_value = "5m")]
     pub drain_timeout: String,
+    /// How long a pod's image pull may keep failing with a retryable error (ErrImagePull /
+    /// ImagePullBackOff) before the run is failed with reason ImagePullFailed, counted from the
+    /// pod's start (status.startTime, else its creation). A registry that answers "not found"
+    /// fails the run at once.
+    #[arg(long, env = "SANDBOXRUN_IMAGE_PULL_TIMEOUT", default_value = "5m")]
+    pub image_pull_timeout: String,
     /// Image of the holder container (the operator's own image).
     #[arg(
         long,
@@ -377,6 +383,56 @@ mod tests {
             ])
         );
         assert!(crate::util::parse_options(&["novalue".into()]).is_err());
+    }
+
+    #[tokio::test]
+    async fn mark_drained_writes_the_marker_and_exits_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let state_dir = dir.path().to_path_buf();
+        let cli = Cli::try_parse_from([
+            std::ffi::OsStr::new("sandboxrun-operator"),
+            std::ffi::OsStr::new("holder"),
+            std::ffi::OsStr::new("--state-dir"),
+            state_dir.as_os_str(),
+            std::ffi::OsStr::new("--mark-drained"),
+        ])
+        .unwrap();
+        let Command::Holder(args) = cli.command else {
+            panic!("not the holder");
+        };
+        assert_eq!(holder(args).await, ExitCode::SUCCESS);
+        assert!(state_dir.join(crate::holder::DRAINED_MARKER).is_file());
+        // The preStop hook sees it at once.
+        assert!(crate::holder::wait_drained(&state_dir, Duration::from_millis(10)).await);
+
+        // A state dir that cannot be written is a failure, not a silent success.
+        let missing = HolderArgs {
+            state_dir: state_dir.join("missing"),
+            wait_drained: None,
+            mark_drained: true,
+        };
+        assert_eq!(holder(missing).await, ExitCode::from(1));
+    }
+
+    #[test]
+    fn the_image_pull_timeout_defaults_to_five_minutes() {
+        let Command::Run(args) = Cli::try_parse_from(["x", "run"]).unwrap().command else {
+            panic!("not run");
+        };
+        assert_eq!(
+            crate::util::parse_duration(&args.image_pull_timeout),
+            Ok(crate::config::DEFAULT_IMAGE_PULL_TIMEOUT)
+        );
+        let Command::Run(args) = Cli::try_parse_from(["x", "run", "--image-pull-timeout", "90s"])
+            .unwrap()
+            .command
+        else {
+            panic!("not run");
+        };
+        assert_eq!(
+            crate::util::parse_duration(&args.image_pull_timeout),
+            Ok(Duration::from_secs(90))
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::watcher;
@@ -16,6 +16,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use object_store::ObjectStore;
 use serde_json::json;
 use thiserror::Error;
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tracing::{info, warn};
 
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
@@ -23,14 +24,17 @@ use crate::config::CapSettings;
 use crate::drain::run::{drain_path, PathJob};
 use crate::metrics::Metrics;
 use crate::pod::{self, PodSettings};
-use crate::reconcile::{self, condition, PodView, Step, Trigger, WorkloadState};
+use crate::reconcile::{
+    self, condition, DecideSettings, DrainSummary, PodView, Step, Trigger, WorkloadState,
+};
+pub use crate::reconcile::{REASON_CAPPED, REASON_DRAINED, REASON_DRAIN_FAILED};
 
 /// Field manager of every status write (server-side apply, one manager).
 pub const MANAGER: &str = "sandboxrun-operator";
-/// Event reason of a failed drain (ADR-143 §4); `kubectl describe sbr` shows it.
-pub const REASON_DRAIN_FAILED: &str = "sandbox_runfiles_drain_failed";
-/// Event reason of a drain that hit its cap.
-pub const REASON_CAPPED: &str = "sandbox_runfiles_readback_capped";
+/// How long the operator waits for `holder --mark-drained` to report its status.
+const MARK_DRAINED_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of the mark-drained exec's output kept for the log (the rest is read and discarded).
+const MARK_DRAINED_OUTPUT_KEPT: usize = 1024;
 
 /// What the controller needs besides the cluster.
 pub struct Context {
@@ -46,6 +50,8 @@ pub struct Context {
     pub pod: PodSettings,
     /// Read-back caps.
     pub caps: CapSettings,
+    /// Settings of the pure decision (image-pull timeout).
+    pub decide: DecideSettings,
     /// argv of the packer in the holder (the path is appended).
     pub pack_command: Vec<String>,
     /// Publishes Events.
@@ -64,6 +70,7 @@ impl Context {
         store_url: String,
         pod: PodSettings,
         caps: CapSettings,
+        decide: DecideSettings,
         pack_command: Vec<String>,
         metrics: Metrics,
         instance: String,
@@ -82,6 +89,7 @@ impl Context {
             store_url,
             pod,
             caps,
+            decide,
             pack_command,
             recorder,
             metrics,
@@ -244,7 +252,7 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         None => None,
     };
     let view = pod.as_ref().map(PodView::of);
-    let step = reconcile::decide(&run, view.as_ref(), Timestamp::now());
+    let step = reconcile::decide(&run, view.as_ref(), Timestamp::now(), &ctx.decide);
     let label = step_label(&step);
     info!(run = %name, namespace = %ns, step = label, "reconcile");
     let action = match step {
@@ -261,6 +269,7 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
                 holder_running: false,
                 workload: WorkloadState::NotStarted,
                 started_at: None,
+                pending_since: None,
                 problem: None,
             });
             let status = reconcile::tracked_status(&run, &pod_name, &view, Timestamp::now());
@@ -270,7 +279,7 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
                     let (reason, msg) = match problem {
                         reconcile::PodProblem::Unschedulable(m) => ("Unschedulable", m.clone()),
                         reconcile::PodProblem::ImagePull { message, .. } => {
-                            ("ImagePullFailed", message.clone())
+                            (reconcile::REASON_IMAGE_PULL_FAILED, message.clone())
                         }
                     };
                     publish(&ctx, &run, EventType::Warning, reason, &msg, "Track").await;
@@ -313,24 +322,27 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
                 return Ok(Action::await_change());
             };
             if live.metadata.resource_version != run.metadata.resource_version
-                && reconcile::decide(&live, None, Timestamp::now()) != Step::PodLost
+                && reconcile::decide(&live, None, Timestamp::now(), &ctx.decide) != Step::PodLost
             {
                 return Ok(Action::requeue(Duration::from_millis(200)));
             }
             let run = Arc::new(live);
             let status = reconcile::pod_lost_status(&run, Timestamp::now());
-            for entry in status
+            let newly_failed = status
                 .read_back
                 .iter()
                 .filter(|e| e.phase == ReadBackPhase::Failed)
-            {
-                let already = run.status.as_ref().is_some_and(|s| {
-                    s.read_back
-                        .iter()
-                        .any(|e2| e2.path == entry.path && e2.phase == ReadBackPhase::Failed)
+                .any(|entry| {
+                    !run.status.as_ref().is_some_and(|s| {
+                        s.read_back
+                            .iter()
+                            .any(|e2| e2.path == entry.path && e2.phase == ReadBackPhase::Failed)
+                    })
                 });
-                if !already {
-                    drain_failed_event(&ctx, &run, entry).await;
+            if newly_failed {
+                // One Event for every path (a series of per-path Events shows only the first).
+                if let Some(summary) = reconcile::drain_summary(&status.read_back) {
+                    publish_summary(&ctx, &run, &summary, "PodLost").await;
                 }
             }
             apply_status(&runs, &name, &status).await?;
@@ -512,15 +524,13 @@ async fn teardown(
         s
     } else {
         let s = reconcile::draining_status(run, &trigger, now);
-        publish(
-            ctx,
-            run,
-            EventType::Normal,
-            "TearingDown",
-            &format!("{}; draining", trigger.describe()),
-            "Teardown",
-        )
-        .await;
+        let (warning, reason, note) = reconcile::teardown_event(&trigger);
+        let type_ = if warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        };
+        publish(ctx, run, type_, reason, &note, "Teardown").await;
         apply_status(runs, &name, &s).await?;
         s
     };
@@ -566,12 +576,7 @@ async fn teardown(
             continue;
         }
         let outcome = if never_started {
-            ReadBackStatus {
-                path: declared.path.clone(),
-                phase: ReadBackPhase::Empty,
-                message: Some("the workload never started, so it wrote nothing".to_string()),
-                ..Default::default()
-            }
+            reconcile::never_started_entry(&declared.path, &trigger)
         } else if !holder_running {
             ReadBackStatus {
                 path: declared.path.clone(),
@@ -607,33 +612,13 @@ async fn teardown(
             };
             drain_path(&job).await
         };
-        match outcome.phase {
-            ReadBackPhase::Failed => drain_failed_event(ctx, run, &outcome).await,
-            ReadBackPhase::Capped => {
-                let note = format!(
-                    "{}: cap reached, {} member(s) dropped and listed in the manifest; {} stored",
-                    outcome.path, outcome.dropped_members, outcome.members
-                );
-                publish(ctx, run, EventType::Warning, REASON_CAPPED, &note, "Drain").await;
-            }
-            _ => {
-                let note = format!(
-                    "{}: {:?}, {} member(s), {} byte(s){}",
-                    outcome.path,
-                    outcome.phase,
-                    outcome.members,
-                    outcome.bytes,
-                    outcome
-                        .object
-                        .as_ref()
-                        .map(|o| format!(" -> {o}"))
-                        .unwrap_or_default()
-                );
-                publish(ctx, run, EventType::Normal, "Drained", &note, "Drain").await;
-            }
-        }
         status.read_back[entry_index] = outcome;
         apply_status(runs, &name, &status).await?;
+    }
+    // ONE Event for every path of the run: the Recorder folds Events with the same reason into a
+    // series that shows only the first note, so one Event per path hid all but one (issue #17).
+    if let Some(summary) = reconcile::drain_summary(&status.read_back) {
+        publish_summary(ctx, run, &summary, "Drain").await;
     }
 
     let status = reconcile::finished_status(run, status, Timestamp::now());
@@ -664,47 +649,116 @@ async fn teardown(
     Ok(())
 }
 
-/// Tells the holder's preStop hook that the drain is done (best effort: the pod is deleted next).
-async fn mark_drained(pods: &Api<Pod>, pod_name: &str) {
-    let params = kube::api::AttachParams::default()
-        .container(pod::HOLDER_CONTAINER)
-        .stdout(false)
-        .stderr(false)
-        .stdin(false);
-    let cmd = [
+/// The exec that tells the holder's preStop hook the drain is done: argv.
+fn mark_drained_command() -> Vec<String> {
+    [
         "sandboxrun-operator",
         "holder",
         "--state-dir",
         pod::HOLDER_STATE_DIR,
         "--mark-drained",
-    ];
-    match pods.exec(pod_name, cmd, &params).await {
-        Ok(mut p) => {
-            if let Some(status) = p.take_status() {
-                let _ = tokio::time::timeout(Duration::from_secs(10), status).await;
-            }
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
+/// The exec that tells the holder's preStop hook the drain is done: streams. kube's client
+/// refuses, before sending anything, an exec with no stream attached (`AttachParams: one of
+/// stdin, stdout, or stderr must be true`), and the marker was then never written (issue #17):
+/// stdout and stderr are attached, read and discarded (their start is kept for the log).
+fn mark_drained_params() -> AttachParams {
+    AttachParams::default()
+        .container(pod::HOLDER_CONTAINER)
+        .stdin(false)
+        .stdout(true)
+        .stderr(true)
+        .tty(false)
+}
+
+/// Tells the holder's preStop hook that the drain is done, so a pod deleted gracefully stops at
+/// once instead of at the end of its grace period. Best effort (the pod is deleted next with no
+/// grace period): a failure is a WARN with the exec's status, never an error.
+async fn mark_drained(pods: &Api<Pod>, pod_name: &str) {
+    let mut process = match pods
+        .exec(pod_name, mark_drained_command(), &mark_drained_params())
+        .await
+    {
+        Ok(p) => p,
+        Err(e) => {
+            warn!(pod = pod_name, error = %e, "could not mark the pod drained: the exec did not start");
+            return;
         }
-        Err(e) => warn!(pod = pod_name, error = %e, "could not mark the pod drained"),
+    };
+    let stdout = process.stdout();
+    let stderr = process.stderr();
+    let status = process.take_status();
+    let finished = async move {
+        let status = async move {
+            match status {
+                Some(s) => s.await,
+                None => None,
+            }
+        };
+        tokio::join!(
+            read_bounded(stdout, MARK_DRAINED_OUTPUT_KEPT),
+            read_bounded(stderr, MARK_DRAINED_OUTPUT_KEPT),
+            status
+        )
+    };
+    match tokio::time::timeout(MARK_DRAINED_TIMEOUT, finished).await {
+        Ok((_, _, Some(s))) if s.status.as_deref() == Some("Success") => {
+            info!(pod = pod_name, "marked the pod drained");
+        }
+        Ok((stdout, stderr, Some(s))) => warn!(
+            pod = pod_name,
+            status = %crate::drain::exec::describe_status(&s),
+            %stdout,
+            %stderr,
+            "could not mark the pod drained: the holder's mark-drained exec did not succeed"
+        ),
+        Ok((stdout, stderr, None)) => warn!(
+            pod = pod_name,
+            %stdout,
+            %stderr,
+            "could not mark the pod drained: the exec ended without a status (connection lost)"
+        ),
+        Err(_) => {
+            process.abort();
+            warn!(
+                pod = pod_name,
+                timeout_seconds = MARK_DRAINED_TIMEOUT.as_secs(),
+                "could not mark the pod drained: the exec did not report in time"
+            );
+        }
     }
 }
 
-async fn drain_failed_event(ctx: &Context, run: &SandboxRun, entry: &ReadBackStatus) {
-    let note = format!(
-        "drain of {} failed after {} attempt(s), {} byte(s) stored: {}",
-        entry.path,
-        entry.attempts,
-        entry.bytes,
-        entry.message.as_deref().unwrap_or("no detail")
-    );
-    publish(
-        ctx,
-        run,
-        EventType::Warning,
-        REASON_DRAIN_FAILED,
-        &note,
-        "Drain",
-    )
-    .await;
+/// Reads `stream` to its end, keeping its first `keep` bytes (as text) and discarding the rest.
+async fn read_bounded(stream: Option<impl AsyncRead + Unpin>, keep: usize) -> String {
+    let Some(mut stream) = stream else {
+        return String::new();
+    };
+    let mut kept = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = keep.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    String::from_utf8_lossy(&kept).trim().to_string()
+}
+
+async fn publish_summary(ctx: &Context, run: &SandboxRun, summary: &DrainSummary, action: &str) {
+    let type_ = if summary.warning {
+        EventType::Warning
+    } else {
+        EventType::Normal
+    };
+    publish(ctx, run, type_, summary.reason, &summary.note, action).await;
 }
 
 async fn publish(
@@ -717,8 +771,8 @@ async fn publish(
 ) {
     // The apiserver caps an Event note at 1 KiB.
     let mut note = note.to_string();
-    if note.len() > 1000 {
-        let mut cut = 1000;
+    if note.len() > reconcile::EVENT_NOTE_LIMIT {
+        let mut cut = reconcile::EVENT_NOTE_LIMIT;
         while !note.is_char_boundary(cut) {
             cut -= 1;
         }
@@ -824,11 +878,51 @@ pub async fn list_runs(client: Client, namespace: &str) -> Result<Vec<SandboxRun
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
 
     #[test]
     fn drain_failed_reason_is_the_contract_string() {
         assert_eq!(REASON_DRAIN_FAILED, "sandbox_runfiles_drain_failed");
         assert!(REASON_DRAIN_FAILED.len() <= 128);
+    }
+
+    #[test]
+    fn mark_drained_attaches_a_stream_kube_accepts() {
+        // kube's client refuses an exec with no stream attached, and one with tty and stderr
+        // (AttachParams::validate); the marker was never written because of the first (#17).
+        let p = mark_drained_params();
+        assert!(
+            p.stdin || p.stdout || p.stderr,
+            "an exec with no stream is refused before it is sent"
+        );
+        assert!(
+            !(p.tty && p.stderr),
+            "tty and stderr cannot both be attached"
+        );
+        assert!(!p.stdin, "nothing is sent to the holder");
+        assert_eq!(p.container.as_deref(), Some(pod::HOLDER_CONTAINER));
+    }
+
+    #[test]
+    fn mark_drained_execs_the_holder_mode_that_writes_the_marker() {
+        let argv = mark_drained_command();
+        assert_eq!(argv[0], "sandboxrun-operator");
+        match crate::cli::Cli::try_parse_from(&argv).map(|c| c.command) {
+            Ok(crate::cli::Command::Holder(h)) => {
+                assert!(h.mark_drained);
+                assert_eq!(h.wait_drained, None);
+                assert_eq!(h.state_dir, std::path::Path::new(pod::HOLDER_STATE_DIR));
+            }
+            other => panic!("{argv:?} parsed as {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn exec_output_is_read_to_the_end_and_kept_bounded() {
+        let data = vec![b'a'; 10_000];
+        assert_eq!(read_bounded(Some(&data[..]), 4).await, "aaaa");
+        assert_eq!(read_bounded(Some(&b" done\n"[..]), 1024).await, "done");
+        assert_eq!(read_bounded(None::<&[u8]>, 1024).await, "");
     }
 
     #[test]

@@ -4,9 +4,17 @@
 //!
 //! `get` extracts through the same sanitizer as the drain and verifies every file against the
 //! manifest's sha256: a stored archive is untrusted input too (an object store response).
+//!
+//! Permissions: `get` restores each file's and directory's stored permission bits masked by the
+//! process umask, like `tar` without `-p` for a non-root user: `stored & 0o777 & !umask`. A 0600
+//! secret stays 0600, a 0700 directory stays 0700, a 0777 file becomes 0755 under umask 022.
+//! setuid, setgid and sticky are never restored. A file is created 0600 and gets its mode once
+//! written and verified; a directory is 0700 while its contents are written and gets its mode
+//! last (so a 0500 directory does not block writing its children). Ownership is not restored.
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -63,6 +71,10 @@ pub enum FilesCommand {
         run: String,
     },
     /// Download and extract a run's drained files into a directory, verified against the manifest.
+    ///
+    /// Each file and directory gets its stored permission bits masked by the umask, like `tar`
+    /// without `-p` (0600 stays 0600; 0777 becomes 0755 under umask 022); setuid, setgid and
+    /// sticky bits are never restored, nor is ownership.
     Get {
         /// The SandboxRun name.
         run: String,
@@ -266,8 +278,56 @@ fn latest(ms: &[Manifest]) -> String {
         .unwrap_or_default()
 }
 
+/// The permission bits `files get` gives a member stored with `stored`: its rwx bits for user,
+/// group and others masked by `umask`, as `tar` does without `-p` for a non-root user. setuid,
+/// setgid and sticky are never kept (an archive is untrusted input).
+pub fn extracted_mode(stored: u32, umask: u32) -> u32 {
+    stored & 0o777 & !umask
+}
+
+/// The umask in `/proc/<pid>/status` text (`Umask:\t0022`, Linux 4.7 and later).
+fn umask_from_proc_status(text: &str) -> Option<u32> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("Umask:"))
+        .and_then(|v| u32::from_str_radix(v.trim(), 8).ok())
+        .map(|m| m & 0o777)
+}
+
+/// The process umask, without changing it (reading it with umask(2) sets it, which races with
+/// every other thread creating files): from `/proc/self/status`, else by creating a probe file
+/// with mode 0777 in `dir` and reading back what the kernel left of it. When neither works, 077:
+/// owner-only is never looser than what was stored.
+async fn process_umask(dir: &Path) -> u32 {
+    if let Ok(text) = tokio::fs::read_to_string("/proc/self/status").await {
+        if let Some(umask) = umask_from_proc_status(&text) {
+            return umask;
+        }
+    }
+    let probe = dir.join(format!(".sandboxrun-umask-probe-{}", std::process::id()));
+    let created = tokio::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o777)
+        .open(&probe)
+        .await;
+    let umask = match created {
+        Ok(file) => match file.metadata().await {
+            Ok(meta) => !meta.permissions().mode() & 0o777,
+            Err(_) => 0o077,
+        },
+        Err(_) => return 0o077,
+    };
+    let _ = tokio::fs::remove_file(&probe).await;
+    umask
+}
+
 /// Downloads the archive of `manifest`, extracts it under `dir` through the sanitizer, and checks
 /// every file against the manifest's size and sha256. Returns the number of members written.
+///
+/// Permissions are restored as [`extracted_mode`] says (stored bits masked by the process umask,
+/// never setuid/setgid/sticky). Files are created 0600 and get their mode once verified;
+/// directories are 0700 while extracting and get their modes at the end, deepest first. After an
+/// error, what was extracted keeps those owner-only modes.
 pub async fn extract_verified(
     store: &Arc<dyn ObjectStore>,
     manifest: &Manifest,
@@ -303,6 +363,9 @@ pub async fn extract_verified(
         .map_err(|e| FilesError::Verify(format!("archive {key}: {e}")))?;
     let mut sanitizer = Sanitizer::new(Limits::default());
     let mut written = 0usize;
+    let umask = process_umask(dir).await;
+    // Directory modes are applied last: a 0500 directory must not block writing its children.
+    let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
     while let Some(entry) = entries.next().await {
         let mut entry =
             entry.map_err(|e| FilesError::Verify(format!("archive {key} is corrupt: {e}")))?;
@@ -339,11 +402,16 @@ pub async fn extract_verified(
         };
         let target = dir.join(&rel);
         let ioe = |what: String| move |source| FilesError::Io { what, source };
+        let mode = extracted_mode(entry.header().mode().map_err(corrupt)?, umask);
         match accepted.kind {
             MemberKind::Dir => {
                 tokio::fs::create_dir_all(&target)
                     .await
                     .map_err(ioe(format!("create {}", target.display())))?;
+                tokio::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700))
+                    .await
+                    .map_err(ioe(format!("chmod {}", target.display())))?;
+                dir_modes.push((target.clone(), mode));
             }
             MemberKind::Symlink => {
                 if let Some(parent) = target.parent() {
@@ -365,6 +433,7 @@ pub async fn extract_verified(
                 let mut file = tokio::fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)
+                    .mode(0o600)
                     .open(&target)
                     .await
                     .map_err(ioe(format!("create {}", target.display())))?;
@@ -398,6 +467,9 @@ pub async fn extract_verified(
                         record.sha256.as_deref().unwrap_or("-")
                     )));
                 }
+                file.set_permissions(std::fs::Permissions::from_mode(mode))
+                    .await
+                    .map_err(ioe(format!("chmod {}", target.display())))?;
             }
         }
         written += 1;
@@ -408,5 +480,158 @@ pub async fn extract_verified(
             manifest.members.len()
         )));
     }
+    // Deepest first, so a directory that loses its owner's write or search bit does so only once
+    // everything below it is in place.
+    dir_modes.sort_by_key(|(path, _)| std::cmp::Reverse(path.components().count()));
+    for (path, mode) in dir_modes {
+        tokio::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+            .await
+            .map_err(|source| FilesError::Io {
+                what: format!("chmod {}", path.display()),
+                source,
+            })?;
+    }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ReadBackPhase;
+    use crate::drain::MemberRecord;
+    use crate::store::{RunRef, Totals, MANIFEST_SCHEMA_VERSION};
+
+    /// (path in the archive, tar type byte, stored mode, content)
+    type Member<'a> = (&'a str, u8, u32, &'a [u8]);
+
+    /// Stores an uncompressed archive of `members` and its manifest in a memory store.
+    async fn stored(members: &[Member<'_>]) -> (Arc<dyn ObjectStore>, Manifest) {
+        let (store, _) = crate::store::store_from_url("memory://", &[]).expect("memory store");
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut records = Vec::new();
+        for (path, ty, mode, data) in members {
+            let mut h = tar::Header::new_ustar();
+            h.set_entry_type(tar::EntryType::new(*ty));
+            h.set_path(path).expect("path");
+            h.set_size(data.len() as u64);
+            h.set_mode(*mode);
+            h.set_mtime(1_700_000_000);
+            h.set_cksum();
+            tar.append(&h, *data).expect("append");
+            let dir = *ty == b'5';
+            records.push(MemberRecord {
+                path: path.trim_end_matches('/').to_string(),
+                kind: if dir {
+                    MemberKind::Dir
+                } else {
+                    MemberKind::File
+                },
+                size: data.len() as u64,
+                sha256: (!dir).then(|| hex::encode(Sha256::digest(data))),
+                mode: mode & 0o777,
+                link_target: None,
+            });
+        }
+        let bytes = tar.into_inner().expect("tar");
+        let key = object_store::path::Path::from("ns/job/u1/00-out.tar");
+        store
+            .put(&key, bytes.into())
+            .await
+            .expect("put the archive");
+        let manifest = Manifest {
+            schema_version: MANIFEST_SCHEMA_VERSION,
+            run: RunRef {
+                namespace: "ns".into(),
+                name: "job".into(),
+                uid: "u1".into(),
+            },
+            declared_path: "/out".into(),
+            index: 0,
+            archive_key: key.to_string(),
+            compression: Compression::None,
+            cap_bytes: 1 << 20,
+            attempt: 1,
+            started_at: "2026-11-30T12:00:00Z".into(),
+            finished_at: "2026-11-30T12:00:01Z".into(),
+            phase: ReadBackPhase::Drained,
+            totals: Totals {
+                members: records.len() as u64,
+                ..Default::default()
+            },
+            members: records,
+            dropped: Vec::new(),
+            rejected: Vec::new(),
+            pod_notes: Vec::new(),
+        };
+        (store, manifest)
+    }
+
+    fn mode_of(path: &Path) -> u32 {
+        std::fs::symlink_metadata(path)
+            .expect("extracted")
+            .permissions()
+            .mode()
+            & 0o7777
+    }
+
+    #[test]
+    fn stored_modes_are_masked_by_the_umask_and_never_keep_special_bits() {
+        assert_eq!(extracted_mode(0o600, 0o022), 0o600);
+        assert_eq!(extracted_mode(0o700, 0o022), 0o700);
+        assert_eq!(extracted_mode(0o777, 0o022), 0o755);
+        assert_eq!(extracted_mode(0o644, 0o077), 0o600);
+        assert_eq!(extracted_mode(0o4755, 0o022), 0o755);
+        assert_eq!(extracted_mode(0o2775, 0), 0o775);
+        assert_eq!(extracted_mode(0o1777, 0o022), 0o755);
+    }
+
+    #[test]
+    fn the_umask_is_read_from_proc_status() {
+        let text = "Name:\tx\nUmask:\t0027\nState:\tR (running)\n";
+        assert_eq!(umask_from_proc_status(text), Some(0o027));
+        assert_eq!(umask_from_proc_status("Name:\tx\n"), None);
+        assert_eq!(umask_from_proc_status("Umask:\tnope\n"), None);
+    }
+
+    #[tokio::test]
+    async fn files_get_restores_private_modes_and_drops_setuid() {
+        let (store, manifest) = stored(&[
+            ("secret", b'0', 0o600, b"hunter2"),
+            ("private/", b'5', 0o700, b""),
+            ("private/key", b'0', 0o600, b"k"),
+            ("tool", b'0', 0o4755, b"#!/bin/sh\n"),
+            ("shared", b'0', 0o777, b"s"),
+            // A read-only directory listed before its child: its mode comes last.
+            ("ro/", b'5', 0o500, b""),
+            ("ro/inside", b'0', 0o644, b"i"),
+        ])
+        .await;
+        let out = tempfile::tempdir().expect("tempdir");
+        let dir = out.path().join("x");
+        let n = extract_verified(&store, &manifest, &dir)
+            .await
+            .expect("extract");
+        assert_eq!(n, 7);
+        let umask = process_umask(out.path()).await;
+        assert_eq!(
+            mode_of(&dir.join("secret")),
+            0o600,
+            "a 0600 secret stays 0600"
+        );
+        assert_eq!(
+            mode_of(&dir.join("private")),
+            0o700,
+            "a 0700 dir stays 0700"
+        );
+        assert_eq!(mode_of(&dir.join("private/key")), 0o600);
+        let tool = mode_of(&dir.join("tool"));
+        assert_eq!(tool & 0o7000, 0, "setuid is never restored: {tool:o}");
+        assert_eq!(tool, 0o755 & !umask, "{tool:o}");
+        assert_eq!(mode_of(&dir.join("shared")), 0o777 & !umask);
+        assert_eq!(mode_of(&dir.join("ro")), 0o500 & !umask);
+        assert_eq!(std::fs::read(dir.join("ro/inside")).expect("child"), b"i");
+        // Let the tempdir be removed (a 0500 directory blocks it for a non-root user).
+        std::fs::set_permissions(dir.join("ro"), std::fs::Permissions::from_mode(0o700))
+            .expect("chmod back");
+    }
 }

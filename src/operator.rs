@@ -17,6 +17,7 @@ use crate::cli::{self, RunArgs};
 use crate::controller::{self, Context};
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
+use crate::reconcile::DecideSettings;
 
 /// Why the operator stopped.
 #[derive(Debug, Error)]
@@ -59,6 +60,8 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let (store, store_prefix) = crate::store::store_from_url(&args.store_url, &options)?;
     let drain_timeout = crate::util::parse_duration(&args.drain_timeout)
         .map_err(|e| OperatorError::Config(format!("--drain-timeout: {e}")))?;
+    let image_pull_timeout = crate::util::parse_duration(&args.image_pull_timeout)
+        .map_err(|e| OperatorError::Config(format!("--image-pull-timeout: {e}")))?;
     let pack_command: Vec<String> = args
         .pack_command
         .split_whitespace()
@@ -104,6 +107,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
                 .unwrap_or(300),
         },
         caps,
+        DecideSettings { image_pull_timeout },
         pack_command,
         metrics,
         args.pod_name.clone(),

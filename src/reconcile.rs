@@ -47,6 +47,13 @@ pub enum Trigger {
     /// The pod is being deleted or evicted by someone else (or by foreground cascading deletion):
     /// drain at once, inside the holder's grace window.
     PodDeleting,
+    /// An image of the pod cannot be pulled and retrying will not help (see
+    /// [`image_pull_is_definitive`] and [`DecideSettings::image_pull_timeout`]): the workload
+    /// never started, the run fails with reason [`REASON_IMAGE_PULL_FAILED`].
+    ImagePullFailed {
+        /// The kubelet's words (`container <name>: <reason>: <message>`).
+        message: String,
+    },
 }
 
 impl Trigger {
@@ -60,6 +67,9 @@ impl Trigger {
             Trigger::Deadline => "activeDeadlineSeconds passed".to_string(),
             Trigger::Deleting => "the run is being deleted".to_string(),
             Trigger::PodDeleting => "the pod is being deleted or evicted".to_string(),
+            Trigger::ImagePullFailed { message } => {
+                format!("the image could not be pulled ({message})")
+            }
         }
     }
 }
@@ -83,13 +93,72 @@ pub enum WorkloadState {
 pub enum PodProblem {
     /// The scheduler cannot place the pod (may resolve itself as the cluster changes).
     Unschedulable(String),
-    /// The image cannot be pulled; `fatal` when retrying cannot help (an invalid name).
+    /// An image cannot be pulled.
     ImagePull {
-        /// Retrying cannot help.
+        /// Retrying cannot help, whatever the time: an invalid name, `imagePullPolicy: Never`
+        /// without the image, or a registry that answered "not found"
+        /// ([`image_pull_is_definitive`]). Any other pull error is retried by the kubelet and
+        /// only becomes fatal once [`DecideSettings::image_pull_timeout`] has passed.
         fatal: bool,
-        /// The kubelet's words.
+        /// The kubelet's words (`container <name>: <reason>: <message>`).
         message: String,
     },
+}
+
+/// Event and condition reason of a run whose image cannot be pulled.
+pub const REASON_IMAGE_PULL_FAILED: &str = "ImagePullFailed";
+
+/// Operator-wide inputs to [`decide`] that come from `run` flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecideSettings {
+    /// How long a retryable image-pull error (`ErrImagePull` / `ImagePullBackOff` whose message
+    /// is not a definitive "not found") may last before the run is failed (`run
+    /// --image-pull-timeout`, `SANDBOXRUN_IMAGE_PULL_TIMEOUT`).
+    ///
+    /// A waiting container state carries no timestamp, so "lasted" is measured from when the
+    /// kubelet accepted the pod (`status.startTime`, which is before it pulls any image), else
+    /// from the pod's `creationTimestamp`; see [`PodView::pending_since`]. A slow pull that is
+    /// still progressing is never judged (it is not in an error state); a pull still failing
+    /// this long after the pod started is.
+    pub image_pull_timeout: Duration,
+}
+
+impl Default for DecideSettings {
+    fn default() -> Self {
+        DecideSettings {
+            image_pull_timeout: crate::config::DEFAULT_IMAGE_PULL_TIMEOUT,
+        }
+    }
+}
+
+/// Whether an image-pull error says retrying cannot help, at once.
+///
+/// `InvalidImageName` and `ErrImageNeverPull` never resolve themselves. `ErrImagePull` and
+/// `ImagePullBackOff` are usually transient (registry down, network, rate limits, credentials
+/// being rolled out), except when the registry answered that the image does not exist: the
+/// kubelet's message then carries the CRI's `code = NotFound`, ends with `: not found`
+/// (containerd: `failed to resolve image: <ref>: not found`), or says `manifest unknown` (the
+/// distribution API's `MANIFEST_UNKNOWN`). The back-off state repeats the pull error in its
+/// message (`Back-off pulling image "…": ErrImagePull: rpc error: code = NotFound …`), so both
+/// states are judged alike.
+pub fn image_pull_is_definitive(reason: &str, message: &str) -> bool {
+    match reason {
+        "InvalidImageName" | "ErrImageNeverPull" => true,
+        "ErrImagePull" | "ImagePullBackOff" => {
+            let m = message.trim_end();
+            m.contains("code = NotFound")
+                || m.ends_with(": not found")
+                || m.to_ascii_lowercase().contains("manifest unknown")
+        }
+        _ => false,
+    }
+}
+
+fn is_image_pull_reason(reason: &str) -> bool {
+    matches!(
+        reason,
+        "InvalidImageName" | "ErrImageNeverPull" | "ErrImagePull" | "ImagePullBackOff"
+    )
 }
 
 /// The facts of a pod the decision needs.
@@ -103,6 +172,10 @@ pub struct PodView {
     pub workload: WorkloadState,
     /// When the pod started running.
     pub started_at: Option<Timestamp>,
+    /// Since when the pod has been trying to start: `status.startTime` (the kubelet accepted the
+    /// pod; image pulls come after), else `metadata.creationTimestamp`. The clock of
+    /// [`DecideSettings::image_pull_timeout`].
+    pub pending_since: Option<Timestamp>,
     /// Something blocking the pod.
     pub problem: Option<PodProblem>,
 }
@@ -134,30 +207,104 @@ impl PodView {
                 ));
             }
         }
+        // The workload's pull problem is reported before the holder's: it is the one the user
+        // can fix, and the one that keeps the workload from ever starting.
+        let mut pull_problems: Vec<(bool, PodProblem)> = Vec::new();
         for cs in statuses.into_iter().flatten() {
             if let Some(waiting) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
                 let reason = waiting.reason.as_deref().unwrap_or_default();
-                let fatal = matches!(reason, "InvalidImageName" | "ErrImageNeverPull");
-                if fatal || matches!(reason, "ErrImagePull" | "ImagePullBackOff") {
-                    problem = Some(PodProblem::ImagePull {
-                        fatal,
-                        message: format!(
-                            "container {}: {reason}: {}",
-                            cs.name,
-                            waiting.message.as_deref().unwrap_or_default()
-                        ),
-                    });
+                if is_image_pull_reason(reason) {
+                    let message = waiting.message.as_deref().unwrap_or_default();
+                    pull_problems.push((
+                        cs.name == WORKLOAD_CONTAINER,
+                        PodProblem::ImagePull {
+                            fatal: image_pull_is_definitive(reason, message),
+                            message: format!("container {}: {reason}: {message}", cs.name),
+                        },
+                    ));
                 }
             }
+        }
+        if let Some((_, p)) = pull_problems
+            .iter()
+            .find(|(workload, _)| *workload)
+            .or_else(|| pull_problems.first())
+        {
+            problem = Some(p.clone());
         }
         PodView {
             deleting: pod.metadata.deletion_timestamp.is_some(),
             holder_running,
             workload,
             started_at: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
+            pending_since: status
+                .and_then(|s| s.start_time.as_ref())
+                .or(pod.metadata.creation_timestamp.as_ref())
+                .map(|t| t.0),
             problem,
         }
     }
+}
+
+/// What an image-pull problem of the pod means at `now`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PullVerdict {
+    /// No image-pull problem.
+    Clear,
+    /// A retryable pull error: the kubelet keeps trying; look again after `left` at the latest.
+    Retrying {
+        /// Time until [`DecideSettings::image_pull_timeout`] passes (None: no clock to judge
+        /// by, so it never does).
+        left: Option<Duration>,
+    },
+    /// Give up: fail the run with this message.
+    Fatal(String),
+}
+
+/// Judges the pod's image-pull problem at `now` (the rule of [`DecideSettings`]).
+pub fn pull_verdict(pod: &PodView, now: Timestamp, settings: &DecideSettings) -> PullVerdict {
+    let Some(PodProblem::ImagePull { fatal, message }) = &pod.problem else {
+        return PullVerdict::Clear;
+    };
+    if *fatal {
+        return PullVerdict::Fatal(message.clone());
+    }
+    let Some(since) = pod.pending_since else {
+        return PullVerdict::Retrying { left: None };
+    };
+    let timeout = jiff::SignedDuration::try_from(settings.image_pull_timeout)
+        .unwrap_or(jiff::SignedDuration::MAX);
+    let lasted = since.duration_until(now);
+    if lasted >= timeout {
+        PullVerdict::Fatal(format!(
+            "{message} (still failing {} after the pod started; --image-pull-timeout is {})",
+            words(lasted),
+            words(timeout)
+        ))
+    } else {
+        PullVerdict::Retrying {
+            left: timeout
+                .checked_sub(lasted)
+                .and_then(|d| Duration::try_from(d).ok()),
+        }
+    }
+}
+
+/// A duration in short words: `5m`, `90s`, `1h2m3s`.
+fn words(d: jiff::SignedDuration) -> String {
+    let total = d.as_secs().max(0);
+    let (h, m, s) = (total / 3600, total % 3600 / 60, total % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    if s > 0 || out.is_empty() {
+        out.push_str(&format!("{s}s"));
+    }
+    out
 }
 
 /// The next step for a run.
@@ -217,8 +364,13 @@ pub fn deadline(run: &SandboxRun) -> Option<Timestamp> {
         .ok()
 }
 
-/// Decides the next step from the run, its pod (if any) and the time.
-pub fn decide(run: &SandboxRun, pod: Option<&PodView>, now: Timestamp) -> Step {
+/// Decides the next step from the run, its pod (if any), the time and the operator's settings.
+pub fn decide(
+    run: &SandboxRun,
+    pod: Option<&PodView>,
+    now: Timestamp,
+    settings: &DecideSettings,
+) -> Step {
     let has_finalizer = run.finalizers().iter().any(|f| f == FINALIZER);
     let current = phase(run);
     let is_final = current.is_some_and(Phase::is_final);
@@ -280,22 +432,22 @@ pub fn decide(run: &SandboxRun, pod: Option<&PodView>, now: Timestamp) -> Step {
     if run.spec.stop {
         return Step::Teardown(Trigger::Stop);
     }
-    if let Some(when) = deadline(run) {
-        if now >= when {
-            return Step::Teardown(Trigger::Deadline);
-        }
-        if matches!(pod.problem, Some(PodProblem::ImagePull { fatal: true, .. })) {
-            return Step::Teardown(Trigger::Stop);
-        }
-        let left = now.duration_until(when);
-        return Step::Track {
-            requeue: Duration::try_from(left).ok(),
-        };
-    }
-    if matches!(pod.problem, Some(PodProblem::ImagePull { fatal: true, .. })) {
-        return Step::Teardown(Trigger::Stop);
-    }
-    Step::Track { requeue: None }
+    let deadline_left = match deadline(run) {
+        Some(when) if now >= when => return Step::Teardown(Trigger::Deadline),
+        Some(when) => Duration::try_from(now.duration_until(when)).ok(),
+        None => None,
+    };
+    let pull_left = match pull_verdict(pod, now, settings) {
+        PullVerdict::Fatal(message) => return Step::Teardown(Trigger::ImagePullFailed { message }),
+        PullVerdict::Retrying { left } => left,
+        PullVerdict::Clear => None,
+    };
+    // Look again at the deadline or when the image-pull timeout passes, whichever comes first.
+    let requeue = match (deadline_left, pull_left) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Step::Track { requeue }
 }
 
 /// Whether anything could have been written that a drain would owe (a pod ever ran).
@@ -309,14 +461,28 @@ fn drain_needed(run: &SandboxRun) -> bool {
 }
 
 fn resume_trigger(run: &SandboxRun, pod: &PodView) -> Trigger {
-    match pod.workload {
-        WorkloadState::Terminated { exit_code } => Trigger::WorkloadFinished { exit_code },
-        _ if condition_true(run, condition::WORKLOAD_FINISHED) => Trigger::WorkloadFinished {
-            exit_code: run.status.as_ref().and_then(|s| s.exit_code).unwrap_or(-1),
-        },
-        _ if run.spec.stop => Trigger::Stop,
-        _ => Trigger::Deadline,
+    if let WorkloadState::Terminated { exit_code } = pod.workload {
+        return Trigger::WorkloadFinished { exit_code };
     }
+    if condition_true(run, condition::WORKLOAD_FINISHED) {
+        return Trigger::WorkloadFinished {
+            exit_code: run.status.as_ref().and_then(|s| s.exit_code).unwrap_or(-1),
+        };
+    }
+    if let Some(message) = image_pull_failed_message(run) {
+        return Trigger::ImagePullFailed { message };
+    }
+    if run.spec.stop {
+        Trigger::Stop
+    } else {
+        Trigger::Deadline
+    }
+}
+
+/// The kubelet's words when the run is being (or was) torn down because its image could not be
+/// pulled: the message of its Ready=False condition with reason [`REASON_IMAGE_PULL_FAILED`].
+fn image_pull_failed_message(run: &SandboxRun) -> Option<String> {
+    image_pull_failure(run.status.as_ref()?)
 }
 
 /// Whether the run's condition `type_` is True.
@@ -443,7 +609,9 @@ pub fn tracked_status(
         status.phase = Some(Phase::Pending);
         let (reason, message) = match &pod.problem {
             Some(PodProblem::Unschedulable(m)) => ("Unschedulable", m.clone()),
-            Some(PodProblem::ImagePull { message, .. }) => ("ImagePullFailed", message.clone()),
+            Some(PodProblem::ImagePull { message, .. }) => {
+                (REASON_IMAGE_PULL_FAILED, message.clone())
+            }
             None => ("PodPending", "waiting for the pod to run".to_string()),
         };
         status.message = Some(message.clone());
@@ -512,12 +680,19 @@ pub fn draining_status(run: &SandboxRun, trigger: &Trigger, now: Timestamp) -> S
             now,
         );
     }
+    // A run torn down because its image cannot be pulled keeps Ready=False/ImagePullFailed with
+    // the kubelet's words: finished_status fails the run on it, and a teardown resumed after a
+    // restart finds its trigger there.
+    let (ready_reason, ready_message) = match trigger {
+        Trigger::ImagePullFailed { message } => (REASON_IMAGE_PULL_FAILED, message.clone()),
+        _ => ("TearingDown", trigger.describe()),
+    };
     set_condition(
         &mut status.conditions,
         condition::READY,
         false,
-        "TearingDown",
-        trigger.describe(),
+        ready_reason,
+        ready_message,
         generation,
         now,
     );
@@ -589,15 +764,17 @@ pub fn finished_status(
         );
     }
     let finished = condition_true_in(&status, condition::WORKLOAD_FINISHED);
+    // The workload never started because an image could not be pulled (Ready=False with reason
+    // ImagePullFailed, kept by draining_status): the run failed, and the kubelet's words say why.
+    let pull_failed = !finished && status.start_time.is_none() && status.exit_code.is_none();
+    let pull_failed = pull_failed.then(|| image_pull_failure(&status)).flatten();
     let phase = if finished {
         if status.exit_code == Some(0) && !required_failed {
             Phase::Succeeded
         } else {
             Phase::Failed
         }
-    } else if required_failed
-        || status.start_time.is_none() && status.exit_code.is_none() && pod_problem_failed(&status)
-    {
+    } else if required_failed || pull_failed.is_some() {
         Phase::Failed
     } else {
         Phase::Stopped
@@ -606,6 +783,10 @@ pub fn finished_status(
         (Phase::Succeeded, _) => {
             "workload succeeded and its read-back paths are stored".to_string()
         }
+        _ if pull_failed.is_some() => format!(
+            "the workload never started: its image could not be pulled: {}",
+            pull_failed.as_deref().unwrap_or_default()
+        ),
         (_, true) => "a required read-back path could not be drained".to_string(),
         (Phase::Failed, false) if finished => {
             format!(
@@ -623,11 +804,15 @@ pub fn finished_status(
     status.message = Some(why.clone());
     status.completion_time = Some(Time(now));
     status.observed_generation = generation;
+    let complete_reason = match pull_failed {
+        Some(_) => REASON_IMAGE_PULL_FAILED.to_string(),
+        None => format!("{phase:?}"),
+    };
     set_condition(
         &mut status.conditions,
         condition::COMPLETE,
         true,
-        &format!("{phase:?}"),
+        &complete_reason,
         why,
         generation,
         now,
@@ -642,11 +827,17 @@ fn condition_true_in(status: &SandboxRunStatus, type_: &str) -> bool {
         .any(|c| c.type_ == type_ && c.status == "True")
 }
 
-fn pod_problem_failed(status: &SandboxRunStatus) -> bool {
+/// The kubelet's words when Ready=False says the image could not be pulled.
+fn image_pull_failure(status: &SandboxRunStatus) -> Option<String> {
     status
         .conditions
         .iter()
-        .any(|c| c.type_ == condition::READY && c.reason == "ImagePullFailed")
+        .find(|c| {
+            c.type_ == condition::READY
+                && c.status == "False"
+                && c.reason == REASON_IMAGE_PULL_FAILED
+        })
+        .map(|c| c.message.clone())
 }
 
 /// The status when the pod vanished before teardown: every undrained path is a failure, never an
@@ -692,6 +883,186 @@ pub fn pod_lost_status(run: &SandboxRun, now: Timestamp) -> SandboxRunStatus {
     status
 }
 
+/// The Event that opens a teardown: (Warning?, reason, note). An image that cannot be pulled is
+/// a Warning with reason [`REASON_IMAGE_PULL_FAILED`] and the kubelet's words (the run fails on
+/// it, possibly without any Track Event having said so); every other trigger is a Normal
+/// `TearingDown`.
+pub fn teardown_event(trigger: &Trigger) -> (bool, &'static str, String) {
+    match trigger {
+        Trigger::ImagePullFailed { message } => (
+            true,
+            REASON_IMAGE_PULL_FAILED,
+            format!("{message}; the workload never started, the run fails without draining"),
+        ),
+        _ => (
+            false,
+            "TearingDown",
+            format!("{}; draining", trigger.describe()),
+        ),
+    }
+}
+
+/// The status entry of a declared path whose workload never started: it wrote nothing, so
+/// nothing is drained (`Empty`, no exec, no object), and the message says why.
+pub fn never_started_entry(path: &str, trigger: &Trigger) -> ReadBackStatus {
+    let message = match trigger {
+        Trigger::ImagePullFailed { .. } => NEVER_STARTED_IMAGE_PULL,
+        _ => "the workload never started, so it wrote nothing",
+    };
+    ReadBackStatus {
+        path: path.to_string(),
+        phase: ReadBackPhase::Empty,
+        message: Some(message.to_string()),
+        ..Default::default()
+    }
+}
+
+/// The message of a path whose workload never started because its image could not be pulled.
+pub const NEVER_STARTED_IMAGE_PULL: &str =
+    "the workload never started because its image could not be pulled, so it wrote nothing; nothing was drained";
+
+/// Event reason of a failed drain (ADR-143 §4, see docs/contract.md); `kubectl describe sbr`
+/// shows it.
+pub const REASON_DRAIN_FAILED: &str = "sandbox_runfiles_drain_failed";
+/// Event reason of a drain that hit its cap.
+pub const REASON_CAPPED: &str = "sandbox_runfiles_readback_capped";
+/// Event reason of a teardown whose every path drained (Drained or Empty).
+pub const REASON_DRAINED: &str = "Drained";
+
+/// Longest Event note we write: the Events API refuses a note over 1 KiB; this leaves room.
+pub const EVENT_NOTE_LIMIT: usize = 1000;
+/// Longest description of one path in a drain summary, so that one long failure message cannot
+/// hide every other path.
+const SUMMARY_PART_LIMIT: usize = 300;
+/// Room kept for the "N more path(s) elided" tail while paths are added.
+const SUMMARY_ELISION_RESERVE: usize = 64;
+
+/// One Event that tells the outcome of every path of a teardown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainSummary {
+    /// Warning when a path failed or was capped, else Normal.
+    pub warning: bool,
+    /// [`REASON_DRAIN_FAILED`] when any path failed (ADR-143 requires that reason for a failed
+    /// drain), else [`REASON_CAPPED`] when any path was capped, else [`REASON_DRAINED`].
+    pub reason: &'static str,
+    /// Every path's phase, members, bytes, dropped members and message, most severe first;
+    /// at most [`EVENT_NOTE_LIMIT`] bytes, saying how many paths did not fit.
+    pub note: String,
+}
+
+/// Summarizes the outcome of every path in ONE Event.
+///
+/// kube-runtime's `Recorder` folds Events with the same type, reason, action and object into one
+/// series that keeps the FIRST note, so one Event per path showed a single path in `kubectl
+/// describe` (issue #17). Returns None when the run declares no path.
+pub fn drain_summary(entries: &[ReadBackStatus]) -> Option<DrainSummary> {
+    if entries.is_empty() {
+        return None;
+    }
+    let severity = |p: ReadBackPhase| match p {
+        ReadBackPhase::Failed => 0,
+        ReadBackPhase::Capped => 1,
+        ReadBackPhase::Pending => 2,
+        ReadBackPhase::Drained => 3,
+        ReadBackPhase::Empty => 4,
+    };
+    let any = |p: ReadBackPhase| entries.iter().any(|e| e.phase == p);
+    let (warning, reason) = if any(ReadBackPhase::Failed) {
+        (true, REASON_DRAIN_FAILED)
+    } else if any(ReadBackPhase::Capped) {
+        (true, REASON_CAPPED)
+    } else {
+        (false, REASON_DRAINED)
+    };
+    let mut ordered: Vec<&ReadBackStatus> = entries.iter().collect();
+    ordered.sort_by_key(|e| severity(e.phase));
+
+    let mut counts: Vec<String> = Vec::new();
+    for phase in [
+        ReadBackPhase::Failed,
+        ReadBackPhase::Capped,
+        ReadBackPhase::Pending,
+        ReadBackPhase::Drained,
+        ReadBackPhase::Empty,
+    ] {
+        let n = entries.iter().filter(|e| e.phase == phase).count();
+        if n > 0 {
+            counts.push(format!("{n} {phase:?}"));
+        }
+    }
+    let mut note = format!("{} path(s): {}. ", entries.len(), counts.join(", "));
+    let parts: Vec<String> = ordered
+        .iter()
+        .map(|e| cut(&describe_entry(e), SUMMARY_PART_LIMIT))
+        .collect();
+    let mut shown = 0;
+    for (i, part) in parts.iter().enumerate() {
+        let sep = if shown == 0 { "" } else { "; " };
+        let reserve = if i + 1 < parts.len() {
+            SUMMARY_ELISION_RESERVE
+        } else {
+            0
+        };
+        if note.len() + sep.len() + part.len() + reserve > EVENT_NOTE_LIMIT {
+            break;
+        }
+        note.push_str(sep);
+        note.push_str(part);
+        shown += 1;
+    }
+    if shown < parts.len() {
+        note.push_str(&format!(
+            "{}{} more path(s) elided, see status.readBack",
+            if shown == 0 { "" } else { "; " },
+            parts.len() - shown
+        ));
+    }
+    Some(DrainSummary {
+        warning,
+        reason,
+        note: cut(&note, EVENT_NOTE_LIMIT),
+    })
+}
+
+/// One path in words: `/out: Capped, 2 member(s), 716800 byte(s), 1 member(s) dropped: …`.
+fn describe_entry(e: &ReadBackStatus) -> String {
+    let mut out = format!(
+        "{}: {:?}, {} member(s), {} byte(s)",
+        e.path, e.phase, e.members, e.bytes
+    );
+    if e.dropped_members > 0 {
+        out.push_str(&format!(", {} member(s) dropped", e.dropped_members));
+    }
+    if e.rejected_members > 0 {
+        out.push_str(&format!(", {} member(s) rejected", e.rejected_members));
+    }
+    if e.phase == ReadBackPhase::Failed {
+        out.push_str(&format!(", after {} attempt(s)", e.attempts));
+    }
+    match e.message.as_deref() {
+        Some(m) if !m.is_empty() => {
+            out.push_str(": ");
+            out.push_str(m);
+        }
+        _ if e.phase == ReadBackPhase::Failed => out.push_str(": no detail"),
+        _ => {}
+    }
+    out
+}
+
+/// `text` cut to at most `limit` bytes on a character boundary, ending in `…` when cut.
+fn cut(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let ellipsis = "…";
+    let mut end = limit.saturating_sub(ellipsis.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{ellipsis}", &text[..end])
+}
+
 /// Why the drain of a path failed when the pod was gone before teardown.
 pub const POD_GONE: &str =
     "the pod was gone before teardown (deleted or evicted); its emptyDirs went with it and nothing could be drained";
@@ -701,7 +1072,8 @@ mod tests {
     use super::*;
     use crate::api::{ReadBack, ReadBackPath, SandboxRunSpec};
     use k8s_openapi::api::core::v1::{
-        ContainerStateRunning, ContainerStateTerminated, ContainerStatus, PodStatus,
+        ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
+        PodStatus,
     };
 
     fn now() -> Timestamp {
@@ -742,8 +1114,13 @@ mod tests {
             holder_running: true,
             workload: WorkloadState::Running,
             started_at: Some(now()),
+            pending_since: Some(now()),
             problem: None,
         }
+    }
+
+    fn settings() -> DecideSettings {
+        DecideSettings::default()
     }
 
     fn with_phase(mut r: SandboxRun, p: Phase) -> SandboxRun {
@@ -759,9 +1136,9 @@ mod tests {
     fn new_run_gets_the_finalizer_first_then_a_pod() {
         let mut r = run_with(&[("/out", false)]);
         r.metadata.finalizers = None;
-        assert_eq!(decide(&r, None, now()), Step::AddFinalizer);
+        assert_eq!(decide(&r, None, now(), &settings()), Step::AddFinalizer);
         let r = run_with(&[("/out", false)]);
-        assert_eq!(decide(&r, None, now()), Step::CreatePod);
+        assert_eq!(decide(&r, None, now(), &settings()), Step::CreatePod);
     }
 
     #[test]
@@ -770,7 +1147,7 @@ mod tests {
         let mut pod = running();
         pod.workload = WorkloadState::Terminated { exit_code: 3 };
         assert_eq!(
-            decide(&r, Some(&pod), now()),
+            decide(&r, Some(&pod), now(), &settings()),
             Step::Teardown(Trigger::WorkloadFinished { exit_code: 3 })
         );
     }
@@ -780,14 +1157,14 @@ mod tests {
         let mut r = with_phase(run_with(&[("/out", false)]), Phase::Running);
         r.spec.stop = true;
         assert_eq!(
-            decide(&r, Some(&running()), now()),
+            decide(&r, Some(&running()), now(), &settings()),
             Step::Teardown(Trigger::Stop)
         );
 
         let mut r = with_phase(run_with(&[("/out", false)]), Phase::Running);
         r.spec.active_deadline_seconds = Some(60);
         assert_eq!(
-            decide(&r, Some(&running()), now()),
+            decide(&r, Some(&running()), now(), &settings()),
             Step::Track {
                 requeue: Some(Duration::from_secs(60))
             }
@@ -796,14 +1173,14 @@ mod tests {
             .checked_add(jiff::SignedDuration::from_secs(61))
             .unwrap();
         assert_eq!(
-            decide(&r, Some(&running()), later),
+            decide(&r, Some(&running()), later, &settings()),
             Step::Teardown(Trigger::Deadline)
         );
 
         let mut r = with_phase(run_with(&[("/out", false)]), Phase::Running);
         r.metadata.deletion_timestamp = Some(Time(now()));
         assert_eq!(
-            decide(&r, Some(&running()), now()),
+            decide(&r, Some(&running()), now(), &settings()),
             Step::Teardown(Trigger::Deleting)
         );
     }
@@ -814,7 +1191,7 @@ mod tests {
         let mut pod = running();
         pod.deleting = true;
         assert_eq!(
-            decide(&r, Some(&pod), now()),
+            decide(&r, Some(&pod), now(), &settings()),
             Step::Teardown(Trigger::PodDeleting)
         );
     }
@@ -825,7 +1202,7 @@ mod tests {
             run_with(&[("/out", true), ("/logs", false)]),
             Phase::Running,
         );
-        assert_eq!(decide(&r, None, now()), Step::PodLost);
+        assert_eq!(decide(&r, None, now(), &settings()), Step::PodLost);
         let s = pod_lost_status(&r, now());
         assert_eq!(s.phase, Some(Phase::Failed));
         assert!(s
@@ -848,7 +1225,7 @@ mod tests {
         let mut r = with_phase(run_with(&[("/out", false)]), Phase::Draining);
         r.spec.stop = true;
         assert_eq!(
-            decide(&r, Some(&running()), now()),
+            decide(&r, Some(&running()), now(), &settings()),
             Step::Teardown(Trigger::Stop)
         );
     }
@@ -857,12 +1234,15 @@ mod tests {
     fn deletion_of_a_finished_run_releases_and_skip_drain_is_honoured() {
         let mut r = with_phase(run_with(&[("/out", false)]), Phase::Succeeded);
         r.metadata.deletion_timestamp = Some(Time(now()));
-        assert_eq!(decide(&r, None, now()), Step::ReleaseFinalizer);
+        assert_eq!(decide(&r, None, now(), &settings()), Step::ReleaseFinalizer);
         let mut r = with_phase(run_with(&[("/out", false)]), Phase::Running);
         r.metadata.deletion_timestamp = Some(Time(now()));
         r.metadata.annotations =
             Some([(SKIP_DRAIN_ANNOTATION.to_string(), "true".to_string())].into());
-        assert_eq!(decide(&r, Some(&running()), now()), Step::SkipDrain);
+        assert_eq!(
+            decide(&r, Some(&running()), now(), &settings()),
+            Step::SkipDrain
+        );
     }
 
     #[test]
@@ -950,5 +1330,339 @@ mod tests {
         set_condition(&mut c, condition::READY, false, "C", "", None, later);
         assert_eq!(c[0].last_transition_time.0, later);
         assert_eq!(c.len(), 1);
+    }
+
+    const NOT_FOUND: &str = "rpc error: code = NotFound desc = failed to pull and unpack image \"localhost:15000/nope:1\": failed to resolve image: localhost:15000/nope:1: not found";
+    const REFUSED: &str = "rpc error: code = Unknown desc = failed to pull and unpack image \"localhost:15000/img:1\": failed to resolve reference \"localhost:15000/img:1\": failed to do request: Head \"http://localhost:15000/v2/img/manifests/1\": dial tcp 127.0.0.1:15000: connect: connection refused";
+
+    fn at(secs: i64) -> Timestamp {
+        now()
+            .checked_add(jiff::SignedDuration::from_secs(secs))
+            .unwrap()
+    }
+
+    /// A pod whose workload waits with `reason`/`message`, its holder running, accepted by the
+    /// kubelet at `now()`.
+    fn pulling_pod(reason: &str, message: &str) -> Pod {
+        let waiting = ContainerStatus {
+            name: "workload".into(),
+            state: Some(ContainerState {
+                waiting: Some(ContainerStateWaiting {
+                    reason: Some(reason.into()),
+                    message: Some(message.into()),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let holder = ContainerStatus {
+            name: "holder".into(),
+            state: Some(ContainerState {
+                running: Some(ContainerStateRunning::default()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        Pod {
+            status: Some(PodStatus {
+                start_time: Some(Time(now())),
+                container_statuses: Some(vec![holder, waiting]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn pending(r: SandboxRun) -> SandboxRun {
+        let mut r = with_phase(r, Phase::Pending);
+        if let Some(s) = r.status.as_mut() {
+            s.start_time = None;
+        }
+        r
+    }
+
+    #[test]
+    fn a_registry_that_says_not_found_fails_the_pull_at_once() {
+        assert!(image_pull_is_definitive("ErrImagePull", NOT_FOUND));
+        let backoff =
+            format!("Back-off pulling image \"localhost:15000/nope:1\": ErrImagePull: {NOT_FOUND}");
+        assert!(image_pull_is_definitive("ImagePullBackOff", &backoff));
+        assert!(image_pull_is_definitive(
+            "ErrImagePull",
+            "failed to resolve image: localhost:15000/nope:1: not found"
+        ));
+        assert!(image_pull_is_definitive(
+            "ErrImagePull",
+            "reading manifest 1 in localhost:15000/nope: manifest unknown"
+        ));
+        assert!(image_pull_is_definitive("InvalidImageName", ""));
+        assert!(image_pull_is_definitive("ErrImageNeverPull", ""));
+        assert!(!image_pull_is_definitive("ErrImagePull", REFUSED));
+        assert!(!image_pull_is_definitive("ImagePullBackOff", REFUSED));
+        assert!(!image_pull_is_definitive("ContainerCreating", NOT_FOUND));
+
+        // Seen on the pod: the run is torn down at once, with the kubelet's words.
+        let r = pending(run_with(&[("/out", false)]));
+        for (reason, message) in [
+            ("ErrImagePull", NOT_FOUND),
+            ("ImagePullBackOff", backoff.as_str()),
+        ] {
+            let view = PodView::of(&pulling_pod(reason, message));
+            assert!(
+                matches!(
+                    view.problem,
+                    Some(PodProblem::ImagePull { fatal: true, .. })
+                ),
+                "{view:?}"
+            );
+            match decide(&r, Some(&view), now(), &settings()) {
+                Step::Teardown(Trigger::ImagePullFailed { message }) => {
+                    assert!(message.contains("container workload"), "{message}");
+                    assert!(message.contains(reason), "{message}");
+                    assert!(message.contains("code = NotFound"), "{message}");
+                }
+                other => panic!("{reason}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_transient_pull_error_fails_the_run_only_after_the_image_pull_timeout() {
+        let r = pending(run_with(&[("/out", false)]));
+        let view = PodView::of(&pulling_pod("ImagePullBackOff", REFUSED));
+        assert_eq!(view.pending_since, Some(now()));
+        let s = DecideSettings {
+            image_pull_timeout: Duration::from_secs(300),
+        };
+        // Before the timeout: tracked, and looked at again when it passes.
+        assert_eq!(
+            decide(&r, Some(&view), now(), &s),
+            Step::Track {
+                requeue: Some(Duration::from_secs(300))
+            }
+        );
+        assert_eq!(
+            decide(&r, Some(&view), at(299), &s),
+            Step::Track {
+                requeue: Some(Duration::from_secs(1))
+            }
+        );
+        // After it: fatal, saying why.
+        match decide(&r, Some(&view), at(300), &s) {
+            Step::Teardown(Trigger::ImagePullFailed { message }) => {
+                assert!(message.contains("connection refused"), "{message}");
+                assert!(message.contains("--image-pull-timeout is 5m"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // The deadline still wins the requeue when it comes first.
+        let mut r2 = r.clone();
+        r2.spec.active_deadline_seconds = Some(60);
+        assert_eq!(
+            decide(&r2, Some(&view), now(), &s),
+            Step::Track {
+                requeue: Some(Duration::from_secs(60))
+            }
+        );
+        // Without status.startTime the clock runs from the pod's creation.
+        let mut pod = pulling_pod("ErrImagePull", REFUSED);
+        if let Some(st) = pod.status.as_mut() {
+            st.start_time = None;
+        }
+        pod.metadata.creation_timestamp = Some(Time(at(-400)));
+        let view = PodView::of(&pod);
+        assert!(matches!(
+            decide(&r, Some(&view), now(), &s),
+            Step::Teardown(Trigger::ImagePullFailed { .. })
+        ));
+        // A pod that is simply starting (no pull error) is never judged.
+        let mut starting = running();
+        starting.workload = WorkloadState::NotStarted;
+        starting.holder_running = false;
+        assert_eq!(
+            decide(&r, Some(&starting), at(3600), &s),
+            Step::Track { requeue: None }
+        );
+    }
+
+    #[test]
+    fn an_image_that_cannot_be_pulled_fails_the_run_and_drains_nothing() {
+        let r = pending(run_with(&[("/out", true), ("/logs", false)]));
+        let message = format!("container workload: ErrImagePull: {NOT_FOUND}");
+        let trigger = Trigger::ImagePullFailed {
+            message: message.clone(),
+        };
+        let mut s = draining_status(&r, &trigger, now());
+        for e in s.read_back.iter_mut() {
+            *e = never_started_entry(&e.path, &trigger);
+        }
+        assert!(s.read_back.iter().all(|e| e.phase == ReadBackPhase::Empty
+            && e.object.is_none()
+            && e.message.as_deref() == Some(NEVER_STARTED_IMAGE_PULL)));
+        assert!(NEVER_STARTED_IMAGE_PULL
+            .contains("never started because its image could not be pulled"));
+
+        // A teardown resumed after a restart finds its trigger again.
+        let mut resumed = r.clone();
+        resumed.status = Some(s.clone());
+        assert_eq!(
+            decide(&resumed, Some(&running()), now(), &settings()),
+            Step::Teardown(trigger.clone())
+        );
+
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        let why = done.message.clone().unwrap_or_default();
+        assert!(why.contains("image could not be pulled"), "{why}");
+        assert!(why.contains(&message), "the kubelet's words: {why}");
+        let cond = |t: &str| done.conditions.iter().find(|c| c.type_ == t).unwrap();
+        assert_eq!(
+            (
+                cond(condition::READY).status.as_str(),
+                cond(condition::READY).reason.as_str()
+            ),
+            ("False", REASON_IMAGE_PULL_FAILED)
+        );
+        assert_eq!(cond(condition::READY).message, message);
+        assert_eq!(
+            (
+                cond(condition::COMPLETE).status.as_str(),
+                cond(condition::COMPLETE).reason.as_str()
+            ),
+            ("True", REASON_IMAGE_PULL_FAILED)
+        );
+        assert!(cond(condition::COMPLETE).message.contains(NOT_FOUND));
+        assert_eq!(cond(condition::DRAINED).status, "True");
+
+        // The teardown opens with a Warning that names the reason and keeps the kubelet's words.
+        let (warning, reason, note) = teardown_event(&trigger);
+        assert!(warning);
+        assert_eq!(reason, REASON_IMAGE_PULL_FAILED);
+        assert!(note.contains(NOT_FOUND), "{note}");
+        assert_eq!(teardown_event(&Trigger::Stop).1, "TearingDown");
+
+        // Any other teardown of a run that never started keeps the plain words.
+        let plain = never_started_entry("/out", &Trigger::Stop);
+        assert_eq!(plain.phase, ReadBackPhase::Empty);
+        assert!(!plain.message.unwrap_or_default().contains("image"));
+    }
+
+    fn entry(path: &str, phase: ReadBackPhase, message: Option<&str>) -> ReadBackStatus {
+        ReadBackStatus {
+            path: path.into(),
+            phase,
+            members: 2,
+            bytes: 30,
+            attempts: 1,
+            message: message.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn one_drain_event_shows_every_path() {
+        let s = drain_summary(&[
+            entry("/out", ReadBackPhase::Drained, None),
+            entry(
+                "/logs",
+                ReadBackPhase::Empty,
+                Some("the workload wrote nothing at this path"),
+            ),
+        ])
+        .unwrap();
+        assert_eq!((s.warning, s.reason), (false, REASON_DRAINED));
+        assert!(
+            s.note.starts_with("2 path(s): 1 Drained, 1 Empty. "),
+            "{}",
+            s.note
+        );
+        assert!(
+            s.note.contains("/out: Drained, 2 member(s), 30 byte(s)"),
+            "{}",
+            s.note
+        );
+        assert!(
+            s.note
+                .contains("/logs: Empty, 2 member(s), 30 byte(s): the workload wrote nothing"),
+            "{}",
+            s.note
+        );
+        assert_eq!(drain_summary(&[]), None);
+    }
+
+    #[test]
+    fn a_failed_path_wins_the_reason_and_every_path_stays_visible() {
+        let mut capped = entry(
+            "/cap",
+            ReadBackPhase::Capped,
+            Some("cap of 1 bytes reached"),
+        );
+        capped.dropped_members = 1;
+        let mut failed = entry("/b", ReadBackPhase::Failed, Some("drain timeout"));
+        failed.attempts = 3;
+        let s = drain_summary(&[
+            entry("/a", ReadBackPhase::Drained, None),
+            capped.clone(),
+            failed,
+            entry("/c", ReadBackPhase::Failed, None),
+        ])
+        .unwrap();
+        assert_eq!((s.warning, s.reason), (true, REASON_DRAIN_FAILED));
+        assert_eq!(s.reason, "sandbox_runfiles_drain_failed");
+        for want in [
+            "/b: Failed, 2 member(s), 30 byte(s), after 3 attempt(s): drain timeout",
+            "/c: Failed, 2 member(s), 30 byte(s), after 1 attempt(s): no detail",
+            "/cap: Capped, 2 member(s), 30 byte(s), 1 member(s) dropped: cap of 1 bytes reached",
+            "/a: Drained",
+        ] {
+            assert!(s.note.contains(want), "{want:?} missing from {}", s.note);
+        }
+        // Most severe first.
+        let pos = |p: &str| s.note.find(p).unwrap();
+        assert!(
+            pos("/b:") < pos("/cap:") && pos("/cap:") < pos("/a:"),
+            "{}",
+            s.note
+        );
+
+        // Capped and nothing failed: the capped reason, still a Warning.
+        let s = drain_summary(&[entry("/a", ReadBackPhase::Drained, None), capped]).unwrap();
+        assert_eq!((s.warning, s.reason), (true, REASON_CAPPED));
+        assert!(s.note.contains("1 member(s) dropped"), "{}", s.note);
+    }
+
+    #[test]
+    fn a_long_drain_summary_stays_under_the_note_limit_and_says_what_it_elided() {
+        let long = "x".repeat(5000);
+        let entries: Vec<ReadBackStatus> = (0..16)
+            .map(|i| entry(&format!("/p{i:02}"), ReadBackPhase::Failed, Some(&long)))
+            .collect();
+        let s = drain_summary(&entries).unwrap();
+        assert!(s.note.len() <= EVENT_NOTE_LIMIT, "{}", s.note.len());
+        assert!(s.note.len() < 1024);
+        assert!(s.note.starts_with("16 path(s): 16 Failed. "), "{}", s.note);
+        // One long message does not hide the others: each path's part is cut.
+        assert!(
+            s.note.contains("/p00: Failed") && s.note.contains("/p01: Failed"),
+            "{}",
+            s.note
+        );
+        let shown = (0..16)
+            .filter(|i| s.note.contains(&format!("/p{i:02}:")))
+            .count();
+        assert!(shown < 16);
+        assert!(
+            s.note.ends_with(&format!(
+                "{} more path(s) elided, see status.readBack",
+                16 - shown
+            )),
+            "{}",
+            s.note
+        );
+        // Multi-byte text is cut on a character boundary.
+        let wide = "é".repeat(2000);
+        let s = drain_summary(&[entry("/w", ReadBackPhase::Failed, Some(&wide))]).unwrap();
+        assert!(s.note.len() <= EVENT_NOTE_LIMIT);
+        assert!(s.note.ends_with('…'), "{}", s.note);
     }
 }
