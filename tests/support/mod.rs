@@ -191,20 +191,28 @@ pub struct S3 {
     pub secret_key: String,
 }
 
+/// One setting of the running test bed, as `hack/local-cluster.sh env` exports it (fails with
+/// instructions when absent: a test never skips silently).
+pub fn bed_setting(key: &str) -> String {
+    static ENV: OnceLock<String> = OnceLock::new();
+    let text = ENV.get_or_init(|| {
+        let out = Command::new(repo().join("hack/local-cluster.sh"))
+            .arg("env")
+            .output()
+            .expect("run hack/local-cluster.sh env");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    });
+    text.lines()
+        .find_map(|l| {
+            l.strip_prefix(&format!("export {key}="))
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| panic!("{HOW_TO_START} ({key} missing from hack/local-cluster.sh env)"))
+}
+
 /// S3 settings of the running test bed (fails with instructions when absent).
 pub fn s3() -> S3 {
-    let out = Command::new(repo().join("hack/local-cluster.sh"))
-        .arg("env")
-        .output()
-        .expect("run hack/local-cluster.sh env");
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let get = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("export {k}=")).map(str::to_string))
-            .unwrap_or_else(|| {
-                panic!("{HOW_TO_START} ({k} missing from hack/local-cluster.sh env)")
-            })
-    };
+    let get = bed_setting;
     S3 {
         endpoint: get("SANDBOXRUN_TEST_S3_ENDPOINT"),
         bucket: get("SANDBOXRUN_TEST_S3_BUCKET"),

@@ -1,0 +1,972 @@
+//! The product on REAL containers: the real node of the test bed (kubelet + containerd + runc +
+//! bridge CNI, `hack/real-node.sh`), images built without Docker (`hack/images.sh`) and pulled
+//! from the local registry. What kwok cannot show is proven here: file permissions and uids across
+//! the workload and the holder, `fsGroup`, Pod Security `restricted`, preStop and the grace
+//! period, eviction, real exit codes and image pulls, exec through the kubelet.
+//!
+//! The operator runs on this host (the code under test, `target/debug`), except in the Helm test,
+//! where the chart installs the operator image as pods with its own ServiceAccount. The holder of
+//! every run pod is the operator image (`hack/images.sh operator`, built from this checkout).
+//! Nothing here skips: without the real node or the image every test fails and says why.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Toleration};
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
+use sandboxrun_operator::api::{
+    Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec,
+};
+use serde_json::json;
+
+use support::*;
+
+const REAL_NODE_LABEL: &str = "sandbox.iterion.io/real-node";
+const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");
+
+/// A pinned image reference `hack/images.sh` pushed (`busybox`, `sandboxrun-operator`).
+fn image_ref(name: &str) -> String {
+    let file = state_dir().join("images").join(format!("{name}.ref"));
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+        panic!(
+            "no image {name} ({}: {e}). `hack/local-cluster.sh up` pushes busybox; \
+             `hack/images.sh operator` builds and pushes the operator image (make test runs both)",
+            file.display()
+        )
+    });
+    text.trim().to_string()
+}
+
+/// The same reference as the real node pulls it (localhost:<port>/…).
+fn pod_image(name: &str) -> String {
+    let pinned = image_ref(name);
+    let registry = bed_setting("SANDBOXRUN_TEST_POD_REGISTRY");
+    match pinned.split_once('/') {
+        Some((_, rest)) => format!("{registry}/{rest}"),
+        None => pinned,
+    }
+}
+
+/// A spec that lands on the real node, runs busybox as uid 1000 and declares `paths`.
+fn real_spec(script: Option<&str>, paths: &[&str]) -> SandboxRunSpec {
+    SandboxRunSpec {
+        image: Some(pod_image("busybox")),
+        command: script.map(|s| vec!["sh".into(), "-c".into(), s.into()]),
+        user: Some("1000:1000".into()),
+        node_selector: Some(BTreeMap::from([(
+            REAL_NODE_LABEL.to_string(),
+            "true".to_string(),
+        )])),
+        tolerations: Some(vec![Toleration {
+            key: Some(REAL_NODE_LABEL.into()),
+            operator: Some("Equal".into()),
+            value: Some("true".into()),
+            effect: Some("NoSchedule".into()),
+            ..Toleration::default()
+        }]),
+        read_back: (!paths.is_empty()).then(|| ReadBack {
+            paths: paths
+                .iter()
+                .map(|p| ReadBackPath {
+                    path: p.to_string(),
+                    ..Default::default()
+                })
+                .collect(),
+            drain_timeout: Some("2m".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// A namespace that enforces Pod Security `restricted` (the run pods must pass it).
+async fn restricted_namespace(client: &Client, prefix: &str) -> TestNamespace {
+    let ns = TestNamespace::new(client, prefix).await;
+    let patch = json!({"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }}});
+    Api::<Namespace>::all(client.clone())
+        .patch(&ns.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("label the namespace restricted");
+    ns
+}
+
+/// The operator under test on this host, with the operator image as the holder of run pods.
+fn start_operator(ns: &str, store_url: &str) -> Operator {
+    let holder = pod_image("sandboxrun-operator");
+    Operator::start_with(ns, store_url, &["--holder-image", &holder])
+}
+
+fn file_store(tag: &str) -> (PathBuf, String) {
+    let dir = host_dir(&format!("store-{tag}"));
+    let url = format!("file://{}", dir.display());
+    (dir, url)
+}
+
+async fn create(api: &Api<SandboxRun>, name: &str, spec: SandboxRunSpec) {
+    api.create(&PostParams::default(), &SandboxRun::new(name, spec))
+        .await
+        .expect("create SandboxRun");
+}
+
+/// Waits until the run satisfies `done` (real pulls and container starts take seconds).
+async fn wait_run(
+    api: &Api<SandboxRun>,
+    name: &str,
+    what: &str,
+    op: &Operator,
+    done: impl Fn(&SandboxRun) -> bool,
+) -> SandboxRun {
+    eventually_or_log(
+        &format!("{name}: {what}"),
+        Duration::from_secs(180),
+        op,
+        || {
+            let api = api.clone();
+            let name = name.to_string();
+            let ok = &done;
+            async move {
+                let r = api.get(&name).await.ok()?;
+                ok(&r).then_some(r)
+            }
+        },
+    )
+    .await
+}
+
+fn phase_is(want: Phase) -> impl Fn(&SandboxRun) -> bool {
+    move |r| r.status.as_ref().and_then(|s| s.phase) == Some(want)
+}
+
+fn final_phase(r: &SandboxRun) -> bool {
+    matches!(
+        r.status.as_ref().and_then(|s| s.phase),
+        Some(Phase::Succeeded | Phase::Failed | Phase::Stopped)
+    )
+}
+
+fn pod_name_of(run: &SandboxRun) -> String {
+    run.status
+        .as_ref()
+        .and_then(|s| s.pod_name.clone())
+        .expect("status.podName")
+}
+
+/// Runs `sandboxrun-operator files get` into a fresh directory; returns `<dir>/<path's subdir>`.
+fn files_get(ns: &str, run: &str, store_url: &str, env: &[(&str, &str)]) -> PathBuf {
+    let dest = host_dir("get");
+    let out = Command::new(BIN)
+        .args([
+            "files",
+            "get",
+            run,
+            "-n",
+            ns,
+            "--store-url",
+            store_url,
+            "-o",
+        ])
+        .arg(&dest)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run files get");
+    assert!(
+        out.status.success(),
+        "files get failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dest
+}
+
+/// The extracted directory of declared path `index` under a `files get` destination.
+fn extracted(dest: &Path, index: usize) -> PathBuf {
+    let prefix = format!("{index:02}-");
+    std::fs::read_dir(dest)
+        .expect("read files get output")
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(&prefix))
+        })
+        .unwrap_or_else(|| panic!("no {prefix}* directory in {}", dest.display()))
+}
+
+fn mode_of(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::symlink_metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o7777
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// The Events about a run, oldest first, as "reason: note" lines.
+async fn run_events(client: &Client, ns: &str, run: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let list = events
+        .list(&ListParams::default().fields(&format!("involvedObject.name={run}")))
+        .await
+        .expect("list events");
+    list.items
+        .iter()
+        .map(|e| {
+            format!(
+                "{}: {}",
+                e.reason.as_deref().unwrap_or(""),
+                e.message.as_deref().unwrap_or("")
+            )
+        })
+        .collect()
+}
+
+/// Runs crictl against the real node's containerd; fails the test on an error.
+fn crictl(args: &[&str]) -> Output {
+    let sock = format!(
+        "unix://{}",
+        state_dir()
+            .join("node/containerd/containerd.sock")
+            .display()
+    );
+    let out = Command::new(tools_bin().expect("tools bin").join("crictl"))
+        .args(["--runtime-endpoint", &sock, "--timeout", "10s"])
+        .args(args)
+        .output()
+        .expect("run crictl");
+    assert!(
+        out.status.success(),
+        "crictl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Containers of `pod` the container runtime still runs (asked of containerd through crictl:
+/// the API object can be gone while the kubelet still runs its containers).
+fn running_containers(ns: &str, pod: &str) -> Vec<String> {
+    let crictl = tools_bin().expect("tools bin").join("crictl");
+    let sock = format!(
+        "unix://{}",
+        state_dir()
+            .join("node/containerd/containerd.sock")
+            .display()
+    );
+    let out = Command::new(crictl)
+        .args([
+            "--runtime-endpoint",
+            &sock,
+            "--timeout",
+            "10s",
+            "ps",
+            "-o",
+            "json",
+        ])
+        .args(["--label", &format!("io.kubernetes.pod.name={pod}")])
+        .args(["--label", &format!("io.kubernetes.pod.namespace={ns}")])
+        .output()
+        .expect("run crictl");
+    assert!(
+        out.status.success(),
+        "crictl ps: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("crictl json");
+    v["containers"]
+        .as_array()
+        .map(|cs| {
+            cs.iter()
+                .filter(|c| c["state"] == "CONTAINER_RUNNING")
+                .map(|c| c["metadata"]["name"].as_str().unwrap_or("?").to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Asserts the pod's containers stop within `limit` once the drain is recorded (the holder's
+/// preStop returns on the drained marker; without it the kubelet holds them for the whole grace
+/// period, drainTimeout + 30 s = 150 s here).
+async fn containers_gone_within(ns: &str, pod: &str, limit: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let left = running_containers(ns, pod);
+        if left.is_empty() {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{pod}: containers {left:?} still running {:?} after the drain was recorded",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+const WRITER: &str = r#"set -e
+o=$ITERION_ARTIFACT_FILES_DIR
+# The promise, checked from inside the workload: the variable names a mounted, writable directory.
+test -d "$o"; touch "$o/.probe"; rm "$o/.probe"
+echo "$ITERION_ARTIFACT_FILES_DIR" > "$o/artifact-dir.txt"
+echo "$SANDBOXRUN_READBACK_PATHS" > "$o/readback-paths.txt"
+id -u > "$o/uid.txt"; id -g > "$o/gid.txt"
+mkdir -p "$o/private/nested/deeper"
+echo 'secret material' > "$o/private/key.pem"
+chmod 0600 "$o/private/key.pem"
+head -c 3000000 /dev/urandom > "$o/private/nested/deeper/blob.bin"
+chmod 0700 "$o/private"
+ln -s private/key.pem "$o/key-link"
+cd "$o/private/nested/deeper" && sha256sum blob.bin > /work/logs/blob.sha256
+echo 'log line' > /work/logs/run.log
+"#;
+
+#[tokio::test]
+async fn a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "real-batch").await;
+    let (_store, store_url) = file_store("real-batch");
+    let op = start_operator(&ns.name, &store_url);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    create(
+        &runs,
+        "batch",
+        real_spec(Some(WRITER), &["/work/out", "/work/logs"]),
+    )
+    .await;
+
+    let run = wait_run(&runs, "batch", "a final phase", &op, final_phase).await;
+    let status = run.status.clone().expect("status");
+    assert_eq!(
+        status.phase,
+        Some(Phase::Succeeded),
+        "the pod was admitted under `restricted` and the workload exited 0: {status:?}"
+    );
+    assert_eq!(status.exit_code, Some(0));
+    for entry in &status.read_back {
+        assert_eq!(entry.phase, ReadBackPhase::Drained, "{entry:?}");
+    }
+
+    // Normal teardown: the holder's preStop sees the drained marker, the containers go at once.
+    let pod = pod_name_of(&run);
+    let took = containers_gone_within(&ns.name, &pod, Duration::from_secs(30)).await;
+    eprintln!("containers of {pod} gone {took:?} after the run reached its final phase");
+
+    // Every path's outcome is visible in the Events (`kubectl describe`), not only the first.
+    let events = run_events(&client, &ns.name, "batch").await.join("\n");
+    for path in ["/work/out", "/work/logs"] {
+        assert!(events.contains(path), "no Event names {path}:\n{events}");
+    }
+
+    let dest = files_get(&ns.name, "batch", &store_url, &[]);
+    let out = extracted(&dest, 0);
+    let logs = extracted(&dest, 1);
+    let read = |p: &Path| std::fs::read_to_string(p).expect("read extracted file");
+    // The workload ran as uid/gid 1000; the holder read everything it wrote (0600 file, 0700 dir).
+    assert_eq!(read(&out.join("uid.txt")).trim(), "1000");
+    assert_eq!(read(&out.join("gid.txt")).trim(), "1000");
+    assert_eq!(read(&out.join("artifact-dir.txt")).trim(), "/work/out");
+    assert_eq!(
+        read(&out.join("readback-paths.txt")).trim(),
+        "/work/out:/work/logs"
+    );
+    assert_eq!(read(&out.join("private/key.pem")), "secret material\n");
+    assert_eq!(
+        mode_of(&out.join("private/key.pem")),
+        0o600,
+        "a 0600 secret stays 0600"
+    );
+    assert_eq!(mode_of(&out.join("private")), 0o700);
+    assert_eq!(
+        std::fs::read_link(out.join("key-link")).expect("symlink kept"),
+        Path::new("private/key.pem")
+    );
+    // Bytes identical: the sha256 the workload computed in the pod matches the extracted file.
+    let blob = std::fs::read(out.join("private/nested/deeper/blob.bin")).expect("blob");
+    assert_eq!(blob.len(), 3_000_000);
+    let in_pod = read(&logs.join("blob.sha256"));
+    assert_eq!(
+        in_pod.split_whitespace().next(),
+        Some(sha256_hex(&blob).as_str())
+    );
+    assert_eq!(read(&logs.join("run.log")), "log line\n");
+}
+
+#[tokio::test]
+async fn the_promise_variables_are_absent_when_no_path_is_declared() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "real-canary").await;
+    let (_store, store_url) = file_store("real-canary");
+    let op = start_operator(&ns.name, &store_url);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    // Exit 0 only if neither variable is set: a path named but never drained is a broken promise.
+    let script = r#"env > /tmp/env.txt
+if grep -q ITERION_ARTIFACT_FILES_DIR /tmp/env.txt; then exit 3; fi
+if grep -q SANDBOXRUN_READBACK_PATHS /tmp/env.txt; then exit 4; fi
+exit 0"#;
+    create(&runs, "bare", real_spec(Some(script), &[])).await;
+    let run = wait_run(&runs, "bare", "a final phase", &op, final_phase).await;
+    let status = run.status.expect("status");
+    assert_eq!(status.exit_code, Some(0), "{status:?}");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    assert!(status.read_back.is_empty());
+}
+
+/// `kubectl delete pod` of a running run, and the Eviction API: the holder's preStop keeps the
+/// read-back volumes alive until the drain is recorded, the files are stored, and then the
+/// containers stop within seconds (not at the end of the grace period).
+#[tokio::test]
+async fn a_deleted_or_evicted_pod_is_drained_in_its_grace_window_then_stops_at_once() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "real-evict").await;
+    let (_store, store_url) = file_store("real-evict");
+    let op = start_operator(&ns.name, &store_url);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let script = r#"echo "written before the end" > "$ITERION_ARTIFACT_FILES_DIR/evidence.txt"
+trap 'exit 143' TERM
+while true; do sleep 1; done"#;
+    for name in ["deleted", "evicted"] {
+        create(&runs, name, real_spec(Some(script), &["/work/out"])).await;
+    }
+    let mut pod_names = BTreeMap::new();
+    for name in ["deleted", "evicted"] {
+        let run = wait_run(&runs, name, "Running", &op, phase_is(Phase::Running)).await;
+        pod_names.insert(name, pod_name_of(&run));
+    }
+    // Give the workloads a moment to write (they run as soon as the pod is Running).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    // kubectl delete pod (graceful, the pod's own grace period) ...
+    let deleted = Command::new(kubectl())
+        .args([
+            "delete",
+            "pod",
+            "-n",
+            &ns.name,
+            &pod_names["deleted"],
+            "--wait=false",
+        ])
+        .output()
+        .expect("kubectl delete pod");
+    assert!(deleted.status.success(), "{deleted:?}");
+    // ... and a POST to pods/eviction, as `kubectl drain` does.
+    let eviction = json!({
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": pod_names["evicted"], "namespace": ns.name},
+    });
+    let req = http::Request::post(format!(
+        "/api/v1/namespaces/{}/pods/{}/eviction",
+        ns.name, pod_names["evicted"]
+    ))
+    .header("content-type", "application/json")
+    .body(serde_json::to_vec(&eviction).expect("eviction json"))
+    .expect("eviction request");
+    let _: serde_json::Value = client.request(req).await.expect("evict the pod");
+
+    for name in ["deleted", "evicted"] {
+        let run = wait_run(&runs, name, "a drain outcome", &op, |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.read_back
+                    .iter()
+                    .all(|e| e.phase != ReadBackPhase::Pending)
+            })
+        })
+        .await;
+        let entry = &run.status.as_ref().expect("status").read_back[0];
+        assert_eq!(entry.phase, ReadBackPhase::Drained, "{name}: {entry:?}");
+        let took =
+            containers_gone_within(&ns.name, &pod_names[name], Duration::from_secs(30)).await;
+        eprintln!("{name}: containers gone {took:?} after the drain was recorded");
+        let dest = files_get(&ns.name, name, &store_url, &[]);
+        assert_eq!(
+            std::fs::read_to_string(extracted(&dest, 0).join("evidence.txt"))
+                .expect("evidence.txt drained"),
+            "written before the end\n",
+            "{name}"
+        );
+        // The pod is gone from the API too, and the run says why it ended.
+        assert!(pods
+            .get_opt(&pod_names[name])
+            .await
+            .expect("get pod")
+            .is_none());
+        wait_run(&runs, name, "a final phase", &op, final_phase).await;
+    }
+}
+
+/// The id of a pod's container as containerd knows it.
+fn container_id(ns: &str, pod: &str, container: &str) -> Option<String> {
+    let out = crictl(&[
+        "ps",
+        "-q",
+        "--label",
+        &format!("io.kubernetes.pod.name={pod}"),
+        "--label",
+        &format!("io.kubernetes.pod.namespace={ns}"),
+        "--name",
+        &format!("^{container}$"),
+    ]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .map(str::to_string)
+}
+
+#[tokio::test]
+async fn a_workload_killed_by_a_signal_is_reported_with_its_code_and_its_files_drained() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "real-signal").await;
+    let (_store, store_url) = file_store("real-signal");
+    let op = start_operator(&ns.name, &store_url);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let script = r#"echo partial > "$ITERION_ARTIFACT_FILES_DIR/partial.txt"; exec sleep 3600"#;
+    create(&runs, "killed", real_spec(Some(script), &["/work/out"])).await;
+    let run = wait_run(&runs, "killed", "Running", &op, phase_is(Phase::Running)).await;
+    let pod = pod_name_of(&run);
+    // The workload is its container's PID 1, which ignores signals sent from inside its own PID
+    // namespace; the kernel (an OOM kill) or the host can still kill it. Kill it from the host.
+    let id = eventually("the workload container", Duration::from_secs(30), || {
+        let found = container_id(&ns.name, &pod, "workload");
+        async move { found }
+    })
+    .await;
+    let inspect = crictl(&["inspect", "-o", "json", &id]);
+    let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("inspect json");
+    let pid = info["info"]["pid"]
+        .as_i64()
+        .expect("the workload's host pid");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let killed = Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+
+    let run = wait_run(&runs, "killed", "a final phase", &op, final_phase).await;
+    let status = run.status.expect("status");
+    assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
+    assert_eq!(
+        status.exit_code,
+        Some(137),
+        "SIGKILL is 128 + 9: {status:?}"
+    );
+    assert_eq!(
+        status.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "{status:?}"
+    );
+    let events = run_events(&client, &ns.name, "killed").await.join("\n");
+    assert!(
+        events.contains("137"),
+        "the exit code is in the Events:\n{events}"
+    );
+    let dest = files_get(&ns.name, "killed", &store_url, &[]);
+    assert_eq!(
+        std::fs::read_to_string(extracted(&dest, 0).join("partial.txt")).expect("partial.txt"),
+        "partial\n"
+    );
+}
+
+#[tokio::test]
+async fn an_image_missing_from_the_registry_fails_the_run_with_image_pull_failed() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "real-noimage").await;
+    let (_store, store_url) = file_store("real-noimage");
+    let op = start_operator(&ns.name, &store_url);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let mut spec = real_spec(Some("true"), &["/work/out"]);
+    let registry = bed_setting("SANDBOXRUN_TEST_POD_REGISTRY");
+    spec.image = Some(format!("{registry}/does-not-exist:1"));
+    create(&runs, "noimage", spec).await;
+    let run = wait_run(&runs, "noimage", "a final phase", &op, final_phase).await;
+    let status = run.status.expect("status");
+    assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready condition");
+    assert_eq!(ready.reason, "ImagePullFailed", "{ready:?}");
+    assert!(
+        ready.message.contains("not found"),
+        "the kubelet's words are kept: {ready:?}"
+    );
+    let entry = &status.read_back[0];
+    assert_eq!(
+        entry.phase,
+        ReadBackPhase::Empty,
+        "nothing ran, nothing to drain: {entry:?}"
+    );
+    let events = run_events(&client, &ns.name, "noimage").await.join("\n");
+    assert!(events.contains("ImagePullFailed"), "{events}");
+}
+
+/// The operator image and the Dockerfile (the production build) agree on what users rely on:
+/// the binary's path, the user, the entrypoint and the default command.
+#[test]
+fn the_image_built_without_docker_matches_the_dockerfile() {
+    let dockerfile = std::fs::read_to_string(repo().join("Dockerfile")).expect("Dockerfile");
+    let last = |instr: &str| {
+        dockerfile
+            .lines()
+            .filter_map(|l| l.strip_prefix(instr))
+            .next_back()
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|| panic!("no {instr} in the Dockerfile"))
+    };
+    let user = last("USER ");
+    let entrypoint: Vec<String> =
+        serde_json::from_str(&last("ENTRYPOINT ")).expect("ENTRYPOINT in exec form");
+    let cmd: Vec<String> = serde_json::from_str(&last("CMD ")).expect("CMD in exec form");
+    let binary_path = last("COPY --from=builder ")
+        .split_whitespace()
+        .last()
+        .expect("COPY destination")
+        .trim_start_matches('/')
+        .to_string();
+
+    let crane = tools_bin().expect("tools bin").join("crane");
+    let reference = image_ref("sandboxrun-operator");
+    let run = |args: &[&str]| -> Output {
+        let out = Command::new(&crane).args(args).output().expect("run crane");
+        assert!(
+            out.status.success(),
+            "crane {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    };
+    let config: serde_json::Value =
+        serde_json::from_slice(&run(&["config", "--insecure", &reference]).stdout)
+            .expect("image config");
+    let c = &config["config"];
+    assert_eq!(c["User"], json!(user), "{config}");
+    assert_eq!(c["Entrypoint"], json!(entrypoint), "{config}");
+    assert_eq!(c["Cmd"], json!(cmd), "{config}");
+    assert_eq!(config["os"], "linux");
+    assert_eq!(config["architecture"], "amd64");
+
+    // The filesystem: the binary where the Dockerfile puts it, executable, and no shell.
+    let export = run(&["export", "--insecure", &reference, "-"]).stdout;
+    let mut archive = tar::Archive::new(std::io::Cursor::new(export));
+    let mut binary_mode = None;
+    let mut names = Vec::new();
+    for entry in archive.entries().expect("image tar") {
+        let entry = entry.expect("tar entry");
+        let name = entry.path().expect("entry path").display().to_string();
+        if name.trim_start_matches("./") == binary_path {
+            binary_mode = Some(entry.header().mode().expect("mode"));
+        }
+        names.push(name);
+    }
+    assert_eq!(
+        binary_mode.map(|m| m & 0o777),
+        Some(0o755),
+        "{binary_path} missing or not 0755 in {names:?}"
+    );
+    for shell in ["bin/sh", "bin/bash", "bin/busybox"] {
+        assert!(
+            !names.iter().any(|n| n.trim_start_matches("./") == shell),
+            "the operator image has no shell, found {shell}"
+        );
+    }
+}
+
+/// A Helm release that is uninstalled when dropped (before its namespace goes, so its
+/// cluster-scoped objects — ClusterRoles, the webhook configuration — go with it).
+struct HelmRelease {
+    name: String,
+    namespace: String,
+}
+
+impl Drop for HelmRelease {
+    fn drop(&mut self) {
+        if std::env::var_os("SANDBOXRUN_KEEP_NAMESPACES").is_some() {
+            return;
+        }
+        let _ = helm(&[
+            "uninstall",
+            &self.name,
+            "-n",
+            &self.namespace,
+            "--wait",
+            "--timeout",
+            "2m",
+        ]);
+    }
+}
+
+fn helm(args: &[&str]) -> Output {
+    Command::new(tools_bin().expect("tools bin").join("helm"))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig_path())
+        .output()
+        .expect("run helm")
+}
+
+fn kubectl_apply(ns: &str, manifest: &str) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(kubectl())
+        .args(["apply", "-n", ns, "-f", "-"])
+        .env("KUBECONFIG", kubeconfig_path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run kubectl apply");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(manifest.as_bytes())
+        .expect("write manifest");
+    child.wait_with_output().expect("kubectl apply")
+}
+
+/// The operator as users install it: `helm install` of charts/ with the image built without
+/// Docker, two replicas (leader election), the S3 store, the webhook behind the chart's Service.
+/// It runs in the cluster with only the chart's ServiceAccount and RBAC; the apiserver reaches
+/// its webhook through the Service (denial of a bad run, a warning for a tag, via `kubectl
+/// apply`); a run on the real node is drained into S3; `/metrics` answers through its Service.
+#[tokio::test]
+async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_and_metrics() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let release_ns = TestNamespace::new(&client, "helm").await;
+    let runs_ns = restricted_namespace(&client, "helm-runs").await;
+    let s3 = s3();
+    let fullname = format!("sbr-{:08x}", rand_u32());
+    let prefix = format!("helm-{fullname}");
+    let store_url = format!("s3://{}/{prefix}", s3.bucket);
+
+    // Store credentials in a Secret, as config/samples/s3-store.yaml says.
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "store", "namespace": release_ns.name},
+        "stringData": {
+            "AWS_ACCESS_KEY_ID": s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+            "AWS_REGION": "us-east-1",
+        },
+    });
+    let applied = kubectl_apply(&release_ns.name, &secret.to_string());
+    assert!(applied.status.success(), "{applied:?}");
+
+    let image = pod_image("sandboxrun-operator");
+    let (repository, digest) = image.split_once('@').expect("pinned image");
+    let values = json!({
+        "fullnameOverride": fullname,
+        "image": {"repository": repository, "digest": digest},
+        "replicas": 2,
+        "watchNamespaces": [runs_ns.name],
+        "store": {
+            "url": store_url,
+            "existingSecret": "store",
+            "options": [
+                format!("endpoint={}", bed_setting("SANDBOXRUN_TEST_POD_S3_ENDPOINT")),
+                "allow_http=true",
+            ],
+        },
+        "readBack": {"drainTimeout": "2m"},
+        // Only this test's namespace goes through this release's webhook.
+        "webhook": {"namespaceSelector": {"matchLabels": {"sandboxrun-test": runs_ns.name}}},
+        "log": {"format": "text"},
+        "nodeSelector": {REAL_NODE_LABEL: "true"},
+        "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
+    });
+    let values_file = host_dir("helm-values").join("values.json");
+    std::fs::write(&values_file, values.to_string()).expect("write values");
+    let chart = repo().join("charts/sandboxrun-operator");
+    let _release = HelmRelease {
+        name: fullname.clone(),
+        namespace: release_ns.name.clone(),
+    };
+    let installed = helm(&[
+        "install",
+        &fullname,
+        &chart.display().to_string(),
+        "-n",
+        &release_ns.name,
+        "-f",
+        &values_file.display().to_string(),
+        "--wait",
+        "--timeout",
+        "4m",
+    ]);
+    let operator_pods: Api<Pod> = Api::namespaced(client.clone(), &release_ns.name);
+    if !installed.status.success() {
+        let described = Command::new(kubectl())
+            .args(["describe", "pods", "-n", &release_ns.name])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
+        panic!(
+            "helm install failed: {}\n{described}",
+            String::from_utf8_lossy(&installed.stderr)
+        );
+    }
+    let pod_names: Vec<String> = operator_pods
+        .list(&ListParams::default())
+        .await
+        .expect("list operator pods")
+        .items
+        .iter()
+        .map(|p| p.name_any())
+        .collect();
+    assert_eq!(pod_names.len(), 2, "two replicas: {pod_names:?}");
+    let logs = || {
+        pod_names
+            .iter()
+            .map(|p| {
+                Command::new(kubectl())
+                    .args(["logs", "-n", &release_ns.name, p, "--tail", "40"])
+                    .output()
+                    .map(|o| format!("--- {p}\n{}", String::from_utf8_lossy(&o.stdout)))
+                    .unwrap_or_default()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+
+    // Leader election: one replica holds the Lease.
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), &release_ns.name);
+    let holder = eventually(
+        "a replica to hold the Lease",
+        Duration::from_secs(60),
+        || {
+            let leases = leases.clone();
+            let fullname = fullname.clone();
+            async move {
+                let lease = leases.get_opt(&fullname).await.ok()??;
+                lease.spec?.holder_identity
+            }
+        },
+    )
+    .await;
+    assert!(
+        pod_names.contains(&holder),
+        "the Lease holder {holder} is one of {pod_names:?}"
+    );
+
+    // The webhook, reached by the apiserver through the chart's Service: a run breaking the
+    // ADR-006 rules is denied with its hints (retried while the caBundle is being published).
+    let registry = bed_setting("SANDBOXRUN_TEST_POD_REGISTRY");
+    let bad = format!(
+        "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {{name: bad}}\n\
+         spec: {{image: {registry}/busybox:1.35, user: \"1000\", hostState: auto, \
+         readBack: {{paths: [{{path: /work/out}}]}}}}\n"
+    );
+    let denial = eventually("the webhook to answer", Duration::from_secs(90), || {
+        let out = kubectl_apply(&runs_ns.name, &bad);
+        let stderr = String::from_utf8_lossy(&out.stderr).to_string();
+        let answered = !out.status.success() && stderr.contains("denied the request");
+        async move { answered.then_some(stderr) }
+    })
+    .await;
+    assert!(
+        denial.contains("hostState"),
+        "the denial names the rule: {denial}"
+    );
+
+    // A tag instead of a digest is admitted with a warning, and the run drains into S3.
+    let good = format!(
+        "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {{name: good}}\n\
+         spec:\n  image: {registry}/busybox:1.35\n  user: \"1000:1000\"\n  command: [sh, -c, \
+         'echo from-helm > $ITERION_ARTIFACT_FILES_DIR/report.txt']\n  nodeSelector: \
+         {{{REAL_NODE_LABEL}: \"true\"}}\n  tolerations: [{{key: {REAL_NODE_LABEL}, operator: \
+         Equal, value: \"true\", effect: NoSchedule}}]\n  readBack: {{paths: [{{path: \
+         /work/out}}], drainTimeout: 2m}}\n"
+    );
+    let admitted = kubectl_apply(&runs_ns.name, &good);
+    let stderr = String::from_utf8_lossy(&admitted.stderr).to_string();
+    assert!(admitted.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("Warning:"),
+        "a tag draws a warning: {stderr}"
+    );
+
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &runs_ns.name);
+    let start = Instant::now();
+    let run = loop {
+        let r = runs.get("good").await.expect("get run");
+        if final_phase(&r) {
+            break r;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(180),
+            "run did not finish: {:?}\n{}",
+            r.status,
+            logs()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let status = run.status.expect("status");
+    assert_eq!(
+        status.phase,
+        Some(Phase::Succeeded),
+        "{status:?}\n{}",
+        logs()
+    );
+    assert_eq!(
+        status.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "{status:?}"
+    );
+    let host_store_env = [
+        ("AWS_ACCESS_KEY_ID", s3.access_key.as_str()),
+        ("AWS_SECRET_ACCESS_KEY", s3.secret_key.as_str()),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_ENDPOINT", s3.endpoint.as_str()),
+        ("AWS_ALLOW_HTTP", "true"),
+    ];
+    let dest = files_get(&runs_ns.name, "good", &store_url, &host_store_env);
+    assert_eq!(
+        std::fs::read_to_string(extracted(&dest, 0).join("report.txt")).expect("report.txt"),
+        "from-helm\n"
+    );
+
+    // /metrics through the chart's metrics Service (its ClusterIP, via kube-proxy): the leader
+    // counted the drain. Each replica has its own registry, so scrape until the leader answers.
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client.clone(), &release_ns.name);
+    let svc = services
+        .get(&format!("{fullname}-metrics"))
+        .await
+        .expect("metrics Service");
+    let ip = svc
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .expect("metrics Service ClusterIP");
+    let url = format!("http://{ip}:8080/metrics");
+    let text = eventually(
+        "the leader's metrics through the Service",
+        Duration::from_secs(60),
+        || {
+            let url = url.clone();
+            async move {
+                let text = reqwest::get(&url).await.ok()?.text().await.ok()?;
+                text.contains("sandboxrun_drains_total{phase=\"Drained\"} 1")
+                    .then_some(text)
+            }
+        },
+    )
+    .await;
+    assert!(text.contains("sandboxrun_"), "{text}");
+}
