@@ -1,8 +1,11 @@
 # Entry points; each is a thin wrapper over a script in hack/.
-.PHONY: demo test crds cluster-up cluster-down tools bench
+.PHONY: demo demo-kwok test crds cluster-up cluster-down tools bench
 
-demo:        ## bring up the local control plane, run the operator and a sample SandboxRun
+demo:        ## local cluster with a real node, the operator installed by Helm, a sample SandboxRun
 	hack/demo.sh
+
+demo-kwok:   ## the quick path on the kwok node only (no container runs; the demo plays the workload)
+	hack/demo-kwok.sh
 
 test:        ## the whole suite (what CI runs): static checks, control plane up, every test, down
 	hack/test.sh
@@ -10,7 +13,7 @@ test:        ## the whole suite (what CI runs): static checks, control plane up,
 crds:        ## regenerate crds/ and the chart's CRD copy from src/api.rs
 	hack/gen.sh
 
-tools:       ## build the pinned control-plane binaries into the cache
+tools:       ## build the pinned control-plane and real-node binaries into the cache
 	hack/build-tools.sh
 
 cluster-up:

@@ -42,7 +42,7 @@ layer() {  # layer <dir> <out.tar>: numeric root ownership (unless the tree says
   tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=@0 --format=gnu -C "$1" -cf "$2" $entries
 }
 image() {  # image <name:tag> <layer.tar> <crane mutate args...>: push, print ref@digest
-  local ref=$REG/$1 tar=$2; shift 2
+  local name=${1%%:*} ref=$REG/$1 tar=$2; shift 2
   # crane logs every blob on stderr: keep it in a file, show it only when a step fails.
   local clog=$W/crane.log
   "$CRANE" append --insecure --oci-empty-base -f "$tar" -t "$ref" >/dev/null 2>"$clog" || { cat "$clog" >&2; die "crane append $ref failed"; }
@@ -50,7 +50,7 @@ image() {  # image <name:tag> <layer.tar> <crane mutate args...>: push, print re
   "$CRANE" mutate --insecure "$ref" --set-platform linux/amd64 "$@" -t "$ref" >/dev/null 2>"$clog" || { cat "$clog" >&2; die "crane mutate $ref failed"; }
   local pinned; pinned="$ref@$("$CRANE" digest --insecure "$ref" 2>"$clog")"
   # Tests and the demo read the pinned reference from here (<name>.ref, e.g. busybox.ref).
-  echo "$pinned" >"$W/${1%%:*}.ref"
+  echo "$pinned" >"$W/$name.ref"
   echo "$pinned"
 }
 
@@ -63,7 +63,7 @@ base() {
   local bb; bb=$(command -v busybox || true)
   [ -n "$bb" ] || die "no busybox: apt-get install -y busybox-static"
   # A dynamic busybox would need a libc in the image: insist on the static build.
-  if ldd "$bb" >/dev/null 2>&1; then die "$bb is not static: apt-get install -y busybox-static"; fi
+  is_static "$bb" || die "$bb is not static: apt-get install -y busybox-static"
   local B=$W/busybox a
   cp "$bb" "$B/bin/busybox"; chmod 1777 "$B/tmp"
   for a in sh sleep tar cat ls mkdir echo id head sha256sum wc touch rm test true false env ps du \
@@ -90,7 +90,7 @@ operator() {
   fi
   [ -x "$binary" ] || die "no operator binary at $binary"
   # distroless/static has no libc: the binary must not need one.
-  if ldd "$binary" >/dev/null 2>&1; then die "$binary is not static"; fi
+  is_static "$binary" || die "$binary is not static"
   local O=$W/operator
   rm -rf "$O"; mkdir -p "$O/usr/local/bin" "$O/etc/ssl/certs" "$O/tmp"
   cp "$binary" "$O/usr/local/bin/sandboxrun-operator"; chmod 0755 "$O/usr/local/bin/sandboxrun-operator"

@@ -14,3 +14,11 @@ first_line() {
   out=$("$@")
   printf '%s\n' "${out%%$'\n'*}"
 }
+
+# Whether a binary needs no shared library (static or static-pie): ldd lists no `=>` line. ldd's
+# exit code cannot tell (it is 0 for a static-pie binary, 1 for a plain static one).
+is_static() {
+  local out
+  out=$(ldd "$1" 2>&1 || true)
+  ! grep -q '=>' <<<"$out"
+}

@@ -1,42 +1,68 @@
 #!/usr/bin/env bash
-# The whole test suite, as the README and CI run it:
-#   static checks (fmt, clippy, generated files) → local control plane up → every test → down.
+# The whole suite, as the README and CI run it:
+#   static checks (fmt, clippy, generated files) → local cluster up (control plane, kwok node,
+#   real node, S3, registry) → the operator image → every test → the demo → down.
 # A cluster that was already up (e.g. `hack/local-cluster.sh up` by hand) is left running.
+# Ends with a per-phase timing summary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 log() { echo "== $*" >&2; }
+PHASES=()
+phase_start=0
+phase() {  # phase <name>: closes the previous phase's timer and opens one for <name>
+  local now; now=$(date +%s)
+  if [ -n "${current_phase:-}" ]; then PHASES+=("$(printf '%-44s %5ss' "$current_phase" $(( now - phase_start )))"); fi
+  current_phase=${1:-}; phase_start=$now
+  if [ -n "$current_phase" ]; then log "$current_phase"; fi
+}
+suite_start=$(date +%s)
+summary() {
+  phase ""
+  echo "== timing (total $(( $(date +%s) - suite_start ))s)" >&2
+  local line
+  for line in "${PHASES[@]}"; do echo "   $line" >&2; done
+}
 
-log "cargo fmt --check"
+phase "cargo fmt --check"
 cargo fmt --all -- --check
-log "cargo clippy --all-targets -- -D warnings"
+phase "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --locked -- -D warnings
-log "generated files are up to date"
+phase "generated files are up to date"
 hack/gen.sh --check
 
 started_here=0
+phase "local cluster up (control plane, kwok node, real node, S3, registry)"
 if ! hack/local-cluster.sh status >/dev/null 2>&1; then
-  log "bringing the local control plane up"
   hack/local-cluster.sh up
   started_here=1
 fi
-cleanup() { if [ "$started_here" = 1 ] && [ -z "${SANDBOXRUN_KEEP_CLUSTER:-}" ]; then hack/local-cluster.sh down; fi; }
+cleanup() {
+  local rc=$?
+  if [ "$started_here" = 1 ] && [ -z "${SANDBOXRUN_KEEP_CLUSTER:-}" ]; then
+    phase "local cluster down (host settings restored)"
+    hack/local-cluster.sh down
+  fi
+  summary
+  exit "$rc"
+}
 trap cleanup EXIT
 eval "$(hack/local-cluster.sh env)"
 
-log "cargo test (unit + integration on the local control plane)"
-# The binary must exist before the tests run: kwok's exec runs `sandboxrun-operator pack` from it.
+phase "operator image without Docker (static binary, pushed to the local registry)"
+hack/images.sh operator
+
+phase "cargo build (the binary kwok's exec runs as the in-pod packer)"
 cargo build --locked --bins
+
+phase "cargo test (unit + integration: kwok node and real node)"
 cargo test --locked --no-fail-fast -- --test-threads="${TEST_THREADS:-4}"
 
-# The README's other command, end to end: the demo must end with the sample's files listed from
-# the store. Its output is kept in the state directory's logs; its operator is stopped by `down`.
-log "make demo (the README's main job)"
+# The README's main job, end to end on the real node: the demo must end with the sample's files
+# listed from the store.
+phase "make demo (Helm install + a SandboxRun on the real node)"
 demo_log=$(mktemp)
 if ! hack/demo.sh >"$demo_log" 2>&1; then
   cat "$demo_log" >&2; echo "demo failed" >&2; exit 1
 fi
 grep -q 'summary.txt' "$demo_log" || { cat "$demo_log" >&2; echo "demo did not list the drained files" >&2; exit 1; }
-tail -n 8 "$demo_log"
-if [ -f "${SANDBOXRUN_TEST_STATE:-.k8s-local}/run/operator.pid" ]; then
-  kill "$(cat "${SANDBOXRUN_TEST_STATE:-.k8s-local}/run/operator.pid")" 2>/dev/null || true
-fi
+tail -n 12 "$demo_log"

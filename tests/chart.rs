@@ -176,6 +176,7 @@ fn the_chart_renders_what_the_operator_expects() {
     assert!(text.contains("failurePolicy: Fail\n"));
     assert!(text.contains("readOnlyRootFilesystem: true"));
     assert!(text.contains("type: RuntimeDefault"));
+    assert!(text.contains("--image-pull-timeout=5m\n"));
     assert!(!text.contains("--leader-elect"), "one replica: no election");
     let ha = ok(
         helm(&[

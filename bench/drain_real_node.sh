@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Drain throughput on the REAL node (exec goes apiserver -> kubelet -> containerd's CRI streaming),
+# side by side with its peers on the same pod and the same directory:
+#   (a) ours        the operator's drain of one read-back path (`spec.stop`), time from its
+#                   sandboxrun_drain_duration_seconds metric
+#   (b) kubectl cp  kubectl cp <pod>:<dir> <local> -c workload (busybox tar in the workload)
+#   (c) raw         kubectl exec -c holder -- sandboxrun-operator pack <dir> | cat >/dev/null
+# and the operator's peak RSS. Prints numbers and ratios; asserts nothing.
+#
+#   bench/drain_real_node.sh [MIB_BIG_FILES] [SMALL_FILES]      default: 256 1000
+#
+# Needs the local cluster (hack/local-cluster.sh up) and the operator image (hack/images.sh
+# operator): the operator runs on this host from the image's static binary (profile `image`),
+# the holder of the run pod is the same image. The data is written in the pod by the workload
+# (4 random files of MIB_BIG_FILES/4 MiB each + SMALL_FILES files of 0-16 KiB). Everything it
+# creates (namespace, operator, store, copies) is removed at the end.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+eval "$(hack/local-cluster.sh env)"
+hack/local-cluster.sh status >/dev/null
+BIG_MIB=${1:-256}
+SMALL=${2:-1000}
+STATE=$SANDBOXRUN_TEST_STATE
+BIN=$STATE/images/operator/usr/local/bin/sandboxrun-operator
+[ -x "$BIN" ] || { echo "no $BIN: run hack/images.sh operator" >&2; exit 1; }
+HOLDER=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/sandboxrun-operator.ref")
+BUSYBOX=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/busybox.ref")
+WORK=$(mktemp -d)
+NS=bench-real-$$
+OP_PID=
+cleanup() {
+  kubectl delete ns "$NS" --wait=false >/dev/null 2>&1 || true
+  if [ -n "$OP_PID" ] && kill -0 "$OP_PID" 2>/dev/null; then kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+now() { date +%s.%N; }
+mbps() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.1f", b / s / 1e6 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { print b - a }'; }
+
+kubectl create ns "$NS" >/dev/null
+until kubectl get sa default -n "$NS" >/dev/null 2>&1; do sleep 0.2; done
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$BIN" run --namespaces "$NS" --store-url "file://$WORK/store" --metrics-addr "127.0.0.1:$port" \
+  --webhook-addr '' --holder-image "$HOLDER" --pod-name "operator-$NS" --max-cap 64Gi \
+  >"$WORK/operator.log" 2>&1 &
+OP_PID=$!
+kubectl apply -f - >/dev/null <<YAML
+apiVersion: sandbox.iterion.io/v1alpha1
+kind: SandboxRun
+metadata: {name: bench, namespace: $NS}
+spec:
+  image: $BUSYBOX
+  user: "1000:1000"
+  nodeSelector: {sandbox.iterion.io/real-node: "true"}
+  tolerations: [{key: sandbox.iterion.io/real-node, operator: Equal, value: "true", effect: NoSchedule}]
+  readBack:
+    compression: none
+    drainTimeout: 30m
+    paths: [{path: /data, sizeLimit: 60Gi}]
+YAML
+until [ "$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.phase}' 2>/dev/null)" = Running ]; do sleep 0.5; done
+pod=$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.podName}')
+echo "== writing the data in the pod (${BIG_MIB} MiB in 4 files + ${SMALL} small files)" >&2
+kubectl exec -n "$NS" "$pod" -c workload -- sh -c "
+  set -e; mkdir -p /data/big /data/small
+  for i in 1 2 3 4; do head -c $((BIG_MIB * 1024 * 1024 / 4)) /dev/urandom > /data/big/part-\$i.bin; done
+  i=0; while [ \$i -lt $SMALL ]; do d=/data/small/d\$((i % 50)); mkdir -p \$d
+    head -c \$(( (i * 7919) % 16384 )) /dev/urandom > \$d/f\$i.txt; i=\$((i + 1)); done"
+bytes=$(kubectl exec -n "$NS" "$pod" -c workload -- du -sb /data | cut -f1)
+
+echo "== kubectl cp" >&2
+t0=$(now); kubectl cp "$NS/$pod:/data" "$WORK/cp" -c workload >/dev/null 2>&1; t1=$(now)
+cp_s=$(elapsed "$t0" "$t1"); cp_bytes=$(du -sb "$WORK/cp" | cut -f1); rm -rf "$WORK/cp"
+
+echo "== raw pack over exec" >&2
+t0=$(now); kubectl exec -n "$NS" "$pod" -c holder -- sandboxrun-operator pack /data | cat >/dev/null; t1=$(now)
+raw_s=$(elapsed "$t0" "$t1")
+
+echo "== our drain (spec.stop)" >&2
+t0=$(now)
+kubectl patch sbr bench -n "$NS" --type merge -p '{"spec":{"stop":true}}' >/dev/null
+until [ "$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.phase}')" = Stopped ]; do sleep 0.2; done
+t1=$(now)
+wall_s=$(elapsed "$t0" "$t1")
+drain_s=$(curl -s "http://127.0.0.1:$port/metrics" | awk '/^sandboxrun_drain_duration_seconds_sum\{phase="Drained"\}/ { print $2 }')
+rss_kb=$(awk '/VmHWM/ { print $2 }' "/proc/$OP_PID/status")
+outcome=$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.readBack[0].phase} {.status.readBack[0].members} {.status.readBack[0].bytes}')
+
+printf '\nreal node: %s bytes (%s MiB in 4 files + %s small files), drained read-back: %s\n' "$bytes" "$BIG_MIB" "$SMALL" "$outcome"
+printf '  (a) ours, drain metric   %8.2f s  %8s MB/s   (wall stop->Stopped %.2f s)\n' "$drain_s" "$(mbps "$bytes" "$drain_s")" "$wall_s"
+printf '  (b) kubectl cp           %8.2f s  %8s MB/s   (copied %s bytes)\n' "$cp_s" "$(mbps "$bytes" "$cp_s")" "$cp_bytes"
+printf '  (c) raw pack | cat       %8.2f s  %8s MB/s\n' "$raw_s" "$(mbps "$bytes" "$raw_s")"
+printf '  throughput ratio ours/kubectl-cp %s, ours/raw %s; wall stop->Stopped vs kubectl cp %s; operator peak RSS %s MiB\n' \
+  "$(ratio "$cp_s" "$drain_s")" "$(ratio "$raw_s" "$drain_s")" "$(ratio "$cp_s" "$wall_s")" "$((rss_kb / 1024))"

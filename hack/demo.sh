@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# The main job, end to end on this machine, on a REAL node (kubelet + containerd + runc):
+#   1. the local cluster (control plane, kwok node, real node, S3 server, registry);
+#   2. the operator image, built without Docker and pushed to the local registry;
+#   3. the operator installed with Helm from charts/ as a pod (in-cluster config, the chart's
+#      ServiceAccount and RBAC, its webhook behind the chart's Service, the S3 store);
+#   4. config/samples/real-node-run.yaml applied in a namespace that enforces Pod Security
+#      `restricted`: its real workload container writes a report and exits, the operator drains
+#      the read-back path through exec + tar into S3;
+#   5. `kubectl get/describe`, then the drained files listed from the store.
+# The kwok-only quick path (no container runs; the demo plays the workload) is hack/demo-kwok.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$PWD
+log() { printf '\n== %s\n' "$*" >&2; }
+NS=${DEMO_NAMESPACE:-sandboxrun-demo}
+OPERATOR_NS=sandboxrun-system
+RELEASE=sandboxrun
+
+log "local cluster: control plane, kwok node, real node, S3, registry (first run builds the tools: tens of minutes)"
+hack/local-cluster.sh up
+eval "$(hack/local-cluster.sh env)"
+STATE=$SANDBOXRUN_TEST_STATE
+
+log "building the operator image without Docker (static binary, uid 65532) and pushing it"
+ref=$(hack/images.sh operator)
+ref=${ref##*$'\n'}
+digest=${ref##*@}
+repo_in_pods=$SANDBOXRUN_TEST_POD_REGISTRY/sandboxrun-operator
+echo "$ref"
+
+log "installing the CRD (server-side apply: Helm never upgrades CRDs)"
+kubectl apply --server-side --force-conflicts -f crds/sandboxruns.sandbox.iterion.io.yaml
+kubectl wait --for condition=established --timeout=60s crd/sandboxruns.sandbox.iterion.io
+
+log "installing the operator with Helm (store: S3 at $SANDBOXRUN_TEST_POD_S3_ENDPOINT, webhook on)"
+kubectl create namespace "$OPERATOR_NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl create secret generic sandboxrun-store-s3 -n "$OPERATOR_NS" --dry-run=client -o yaml \
+  --from-literal=AWS_ACCESS_KEY_ID="$SANDBOXRUN_TEST_S3_ACCESS_KEY" \
+  --from-literal=AWS_SECRET_ACCESS_KEY="$SANDBOXRUN_TEST_S3_SECRET_KEY" \
+  --from-literal=AWS_REGION=us-east-1 | kubectl apply -f - >/dev/null
+cat >"$STATE/demo-values.yaml" <<YAML
+image:
+  repository: $repo_in_pods
+  digest: $digest
+store:
+  url: s3://$SANDBOXRUN_TEST_S3_BUCKET/demo
+  existingSecret: sandboxrun-store-s3
+  options: [endpoint=$SANDBOXRUN_TEST_POD_S3_ENDPOINT, allow_http=true]
+readBack:
+  drainTimeout: 2m
+log:
+  format: text
+# The demo's operator reconciles and admits only the demo namespace, so it never competes with
+# the operators the test suite starts in their own namespaces on the same cluster.
+watchNamespaces: [$NS]
+webhook:
+  namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: $NS}}
+nodeSelector: {sandbox.iterion.io/real-node: "true"}
+tolerations:
+  - {key: sandbox.iterion.io/real-node, operator: Equal, value: "true", effect: NoSchedule}
+YAML
+helm upgrade --install "$RELEASE" charts/sandboxrun-operator -n "$OPERATOR_NS" \
+  -f "$STATE/demo-values.yaml" --wait --timeout 5m
+kubectl get pods -n "$OPERATOR_NS" -o wide
+# The webhook is registered with a failurePolicy of Fail: wait until its caBundle is published.
+for _ in $(seq 1 120); do
+  bundle=$(kubectl get validatingwebhookconfiguration -o 'jsonpath={.items[*].webhooks[*].clientConfig.caBundle}')
+  [ -z "$bundle" ] || break
+  sleep 0.5
+done
+
+log "a namespace enforcing Pod Security 'restricted', then config/samples/real-node-run.yaml"
+kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl label namespace "$NS" --overwrite pod-security.kubernetes.io/enforce=restricted \
+  pod-security.kubernetes.io/enforce-version=latest >/dev/null
+kubectl delete sbr demo-report -n "$NS" --ignore-not-found --wait=true >/dev/null
+sample=$(sed "s#localhost:15000/#$SANDBOXRUN_TEST_POD_REGISTRY/#" config/samples/real-node-run.yaml)
+# The webhook may still be warming up right after install (Service endpoints, caBundle): retry.
+for attempt in 1 2 3 4 5 6 7 8 9 10; do
+  if kubectl apply -n "$NS" -f - <<<"$sample"; then break; fi
+  [ "$attempt" -lt 10 ] || { echo "the SandboxRun was not admitted" >&2; exit 1; }
+  sleep 3
+done
+
+log "waiting for the run: the workload runs in a real container, exits, and the operator drains it"
+kubectl wait -n "$NS" --for=condition=Complete sbr/demo-report --timeout=300s
+kubectl get sbr -n "$NS" demo-report
+kubectl describe sbr -n "$NS" demo-report
+phase=$(kubectl get sbr -n "$NS" demo-report -o 'jsonpath={.status.phase}')
+[ "$phase" = Succeeded ] || { echo "the run ended $phase, not Succeeded" >&2; exit 1; }
+
+log "the drained files, read back from the store (S3 at $SANDBOXRUN_TEST_S3_ENDPOINT)"
+AWS_ACCESS_KEY_ID=$SANDBOXRUN_TEST_S3_ACCESS_KEY AWS_SECRET_ACCESS_KEY=$SANDBOXRUN_TEST_S3_SECRET_KEY \
+AWS_REGION=us-east-1 AWS_ENDPOINT=$SANDBOXRUN_TEST_S3_ENDPOINT AWS_ALLOW_HTTP=true \
+  "$STATE/images/operator/usr/local/bin/sandboxrun-operator" files ls demo-report -n "$NS" \
+  --store-url "s3://$SANDBOXRUN_TEST_S3_BUCKET/demo"
+printf '\nUninstall: helm uninstall %s -n %s ; stop the cluster: hack/local-cluster.sh down\n' "$RELEASE" "$OPERATOR_NS"
