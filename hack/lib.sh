@@ -22,3 +22,24 @@ is_static() {
   out=$(ldd "$1" 2>&1 || true)
   ! grep -q '=>' <<<"$out"
 }
+
+# What the real node may change on the host, as text: `make test` compares a snapshot taken before
+# `up` with one taken after `down`, so a leak (a sysctl, a bridge, an iptables chain, a mount, a
+# cgroup, a runtime directory, a process) fails the suite instead of surviving into the next run.
+host_state_snapshot() {
+  local s ipt t
+  for s in vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops \
+           kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward \
+           net.ipv4.conf.all.route_localnet; do
+    echo "sysctl $s=$(sysctl -n "$s" 2>/dev/null || echo '?')"
+  done
+  ip -o link show 2>/dev/null | awk -F': ' '{print "link " $2}' | sed 's/@.*//' | sort
+  for ipt in iptables ip6tables; do for t in nat filter mangle; do
+    { $ipt -t "$t" -S 2>/dev/null || true; } | awk -v p="$ipt $t" '/^-N /{print "chain " p " " $2}'
+  done; done | sort
+  awk '$2 ~ /kubelet|containerd|netns|k8s-local/ {print "mount " $2}' /proc/self/mounts | sort
+  for s in /run/containerd /var/lib/cni /run/netns; do [ ! -e "$s" ] || echo "path $s"; done
+  for s in /sys/fs/cgroup/*/kubepods; do [ ! -d "$s" ] || echo "cgroup $s"; done
+  local procs; procs=$(ps -eo comm=)
+  { grep -x -E 'kubelet|containerd|kube-proxy|containerd-shim' <<<"$procs" || true; } | sed 's/^/process /' | sort
+}

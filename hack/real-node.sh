@@ -122,6 +122,7 @@ save_host_state() {  # first `up` only: what `down` must restore or leave alone
   done; done >"$N/iptables.before"
   [ ! -d /run/containerd ] || touch "$N/run-containerd.existed"   # another containerd's shim dir
   [ ! -d /var/lib/cni ] || touch "$N/var-lib-cni.existed"
+  [ ! -d /run/netns ] || touch "$N/run-netns.existed"   # bridge CNI puts the pods' netns here
   local s
   for s in $SYSCTLS; do echo "$s=$(sysctl -n "$s")"; done >"$N/sysctl.orig"   # written last: the marker
 }
@@ -367,6 +368,7 @@ down() {
     while IFS== read -r k v; do sysctl -q -w "$k=$v" >/dev/null 2>&1 || true; done <"$N/sysctl.orig"
   fi
   if [ ! -f "$N/run-containerd.existed" ]; then rm -rf /run/containerd/s; rmdir /run/containerd 2>/dev/null || true; fi
+  if [ ! -f "$N/run-netns.existed" ]; then rmdir /run/netns 2>/dev/null || true; fi
   # The node's logs outlive the state directory, for a post-mortem of a failed run.
   if [ -d "$LOGS" ]; then mkdir -p "$LAST_LOGS" && cp -f "$LOGS"/*.log "$LAST_LOGS/" 2>/dev/null || true; fi
   rm -rf "$N"

@@ -30,9 +30,12 @@ cargo clippy --all-targets --locked -- -D warnings
 phase "generated files are up to date"
 hack/gen.sh --check
 
+# shellcheck source=hack/lib.sh
+. hack/lib.sh
 started_here=0
 phase "local cluster up (control plane, kwok node, real node, S3, registry)"
 if ! hack/local-cluster.sh status >/dev/null 2>&1; then
+  host_before=$(host_state_snapshot)
   hack/local-cluster.sh up
   started_here=1
 fi
@@ -41,6 +44,15 @@ cleanup() {
   if [ "$started_here" = 1 ] && [ -z "${SANDBOXRUN_KEEP_CLUSTER:-}" ]; then
     phase "local cluster down (host settings restored)"
     hack/local-cluster.sh down
+    # down must leave the host as up found it.
+    local host_after; host_after=$(host_state_snapshot)
+    if [ "$host_before" != "$host_after" ]; then
+      echo "== the host changed across up/down (< before, > after):" >&2
+      diff <(echo "$host_before") <(echo "$host_after") >&2 || true
+      [ "$rc" != 0 ] || rc=1
+    else
+      echo "== host state after down equals the state before up (sysctls, links, iptables chains, mounts, cgroups, processes)" >&2
+    fi
   fi
   summary
   exit "$rc"
