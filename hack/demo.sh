@@ -33,6 +33,11 @@ log "installing the CRD (server-side apply: Helm never upgrades CRDs)"
 kubectl apply --server-side --force-conflicts -f crds/sandboxruns.sandbox.iterion.io.yaml
 kubectl wait --for condition=established --timeout=60s crd/sandboxruns.sandbox.iterion.io
 
+log "the demo namespace $NS, enforcing Pod Security 'restricted' (the chart binds its RBAC there)"
+kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+kubectl label namespace "$NS" --overwrite pod-security.kubernetes.io/enforce=restricted \
+  pod-security.kubernetes.io/enforce-version=latest >/dev/null
+
 log "installing the operator with Helm (store: S3 at $SANDBOXRUN_TEST_POD_S3_ENDPOINT, webhook on)"
 kubectl create namespace "$OPERATOR_NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl create secret generic sandboxrun-store-s3 -n "$OPERATOR_NS" --dry-run=client -o yaml \
@@ -70,10 +75,7 @@ for _ in $(seq 1 120); do
   sleep 0.5
 done
 
-log "a namespace enforcing Pod Security 'restricted', then config/samples/real-node-run.yaml"
-kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-kubectl label namespace "$NS" --overwrite pod-security.kubernetes.io/enforce=restricted \
-  pod-security.kubernetes.io/enforce-version=latest >/dev/null
+log "config/samples/real-node-run.yaml in $NS (Pod Security 'restricted' enforced)"
 kubectl delete sbr demo-report -n "$NS" --ignore-not-found --wait=true >/dev/null
 sample=$(sed "s#localhost:15000/#$SANDBOXRUN_TEST_POD_REGISTRY/#" config/samples/real-node-run.yaml)
 # The webhook may still be warming up right after install (Service endpoints, caBundle): retry.
