@@ -3,8 +3,13 @@
 //! ValidatingWebhookConfiguration this test registers by URL), and the real apiserver calls it.
 //! The corpus in `tests/admission-corpus/` is checked three ways — the engine, `doctor --strict`
 //! through the binary, and `kubectl apply --dry-run=server` through the webhook — and the three
-//! must agree. Also: update rules, failurePolicy with the webhook down, the doctor's exit codes,
-//! and `--check-images` against the test bed's real registry.
+//! must agree. Also: update rules, ratcheting (a run admitted under a larger `--max-cap` is still
+//! let go of after a restart with a smaller one), failurePolicy with the webhook down, the
+//! doctor's exit codes, and `--check-images` against the test bed's real registry.
+//!
+//! The configurations here are registered by URL, without the chart's matchConditions (which
+//! spare the operator's ServiceAccount; tests/chart.rs checks them): the operator runs with the
+//! test bed's kubeconfig, and its own writes go through the webhook like anyone's.
 //!
 //! Every webhook configuration selects only its own test namespace (`sandboxrun-test=<ns>`), so
 //! tests running in parallel, and other test binaries, are unaffected.
@@ -21,10 +26,11 @@ use k8s_openapi::api::admissionregistration::v1::{
     RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{ObjectMeta, Patch, PatchParams, PostParams};
-use kube::{Api, Client};
+use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::{Api, Client, ResourceExt};
 use sandboxrun_operator::admission::{check, check_update, Finding, RuleSettings, Severity};
-use sandboxrun_operator::api::{SandboxRun, SandboxRunSpec};
+use sandboxrun_operator::api::{Phase, SandboxRun, SandboxRunSpec, FINALIZER};
+use sandboxrun_operator::store::{list_manifests, store_from_url};
 use serde_json::{json, Value};
 
 use support::*;
@@ -133,14 +139,30 @@ struct LiveWebhook {
     vwc: String,
     port: u16,
     op: Operator,
+    /// The namespace the controller watches (the test's, or one that does not exist).
+    watched: String,
+    /// The `file://` store the controller drains into.
+    store_url: String,
+    /// The operator's flags besides the watched namespace and the store (for restarts).
+    flags: Vec<String>,
     // Dropped last: the namespace (with the certificate Secret in it).
     ns: TestNamespace,
 }
 
 impl LiveWebhook {
     /// Registers the configuration (URL, no caBundle), starts the operator with self-managed
-    /// certificates, and waits until the apiserver refuses a bad run through it.
+    /// certificates, and waits until the apiserver refuses a bad run through it. The controller
+    /// stays away from the test's runs.
     async fn start(prefix: &str) -> LiveWebhook {
+        LiveWebhook::start_with(prefix, false, &[]).await
+    }
+
+    /// [`LiveWebhook::start`]; with `watch`, the controller also reconciles the test namespace
+    /// (finalizer, pod on the kwok node, drain into the store), and `extra` flags are added (e.g.
+    /// `--max-cap`). The operator runs with the test bed's kubeconfig, not as a ServiceAccount,
+    /// and this configuration has no matchConditions: every write of the controller to a run —
+    /// its finalizer release too — goes through the webhook.
+    async fn start_with(prefix: &str, watch: bool, extra: &[&str]) -> LiveWebhook {
         let client = client().await;
         ensure_crd(&client).await;
         let ns = TestNamespace::new(&client, prefix).await;
@@ -186,32 +208,40 @@ impl LiveWebhook {
         let store_url = format!("file://{}", store.display());
         let addr = format!("127.0.0.1:{port}");
         let secret = format!("webhook-tls-{:08x}", rand_u32());
-        // The controller watches a namespace that does not exist: it stays away from this
-        // test's runs (no finalizers, no pods, no status writes), so the test owns their status.
-        let unwatched = format!("{}-unwatched", ns.name);
-        let op = Operator::start_with(
-            &unwatched,
-            &store_url,
-            &[
-                "--webhook-addr",
-                &addr,
-                "--webhook-cert-mode",
-                "self-managed",
-                "--webhook-hosts",
-                "127.0.0.1,localhost",
-                "--pod-namespace",
-                &ns.name,
-                "--webhook-secret",
-                &secret,
-                "--webhook-config",
-                &vwc,
-            ],
-        );
+        // Unless asked to watch, the controller watches a namespace that does not exist: it stays
+        // away from this test's runs (no finalizers, no pods, no status writes), so the test owns
+        // their status.
+        let watched = if watch {
+            ns.name.clone()
+        } else {
+            format!("{}-unwatched", ns.name)
+        };
+        let mut flags: Vec<String> = [
+            "--webhook-addr",
+            &addr,
+            "--webhook-cert-mode",
+            "self-managed",
+            "--webhook-hosts",
+            "127.0.0.1,localhost",
+            "--pod-namespace",
+            &ns.name,
+            "--webhook-secret",
+            &secret,
+            "--webhook-config",
+            &vwc,
+        ]
+        .map(String::from)
+        .to_vec();
+        flags.extend(extra.iter().map(|f| f.to_string()));
+        let op = start_operator(&watched, &store_url, &flags);
         let live = LiveWebhook {
             client,
             vwc,
             port,
             op,
+            watched,
+            store_url,
+            flags,
             ns,
         };
 
@@ -243,29 +273,26 @@ impl LiveWebhook {
         );
 
         // …and the apiserver reaches the webhook over TLS and gets its verdict.
+        live.wait_until_judging().await;
+        live
+    }
+
+    /// Waits until the apiserver refuses a bad run (dry run) through the webhook.
+    async fn wait_until_judging(&self) {
         let bad = run_from(json!({
             "apiVersion": "sandbox.iterion.io/v1alpha1",
             "kind": "SandboxRun",
             "metadata": {"name": "probe-root"},
             "spec": {"image": DIGEST_IMAGE, "user": "0"},
         }));
-        let api = live.runs();
-        live.wait(
+        let api = self.runs();
+        self.wait(
             "the apiserver to refuse a bad run through the webhook",
             || {
                 let api = api.clone();
                 let bad = bad.clone();
                 async move {
-                    match api
-                        .create(
-                            &PostParams {
-                                dry_run: true,
-                                ..Default::default()
-                            },
-                            &bad,
-                        )
-                        .await
-                    {
+                    match api.create(&dry_run(), &bad).await {
                         Err(kube::Error::Api(e)) if e.message.contains(DENIED_BY_US) => Some(()),
                         _ => None,
                     }
@@ -273,7 +300,32 @@ impl LiveWebhook {
             },
         )
         .await;
-        live
+    }
+
+    /// Stops the operator and starts it again with `extra` (`--name value` pairs) in place of the
+    /// same flags it was started with, or added to them (clap refuses a single-value flag given
+    /// twice). The certificates are kept in the Secret, so the caBundle stays valid.
+    async fn restart_with(&mut self, extra: &[&str]) {
+        self.op.kill();
+        let mut flags = self.flags.clone();
+        let mut rest = extra.iter();
+        while let Some(flag) = rest.next() {
+            let value = rest.next().map(|v| v.to_string());
+            match flags.iter().position(|f| f == flag) {
+                Some(i) => {
+                    if let (Some(v), Some(slot)) = (value, flags.get_mut(i + 1)) {
+                        *slot = v;
+                    }
+                }
+                None => {
+                    flags.push(flag.to_string());
+                    flags.extend(value);
+                }
+            }
+        }
+        self.op = start_operator(&self.watched, &self.store_url, &flags);
+        self.flags = flags;
+        self.wait_until_judging().await;
     }
 
     fn runs(&self) -> Api<SandboxRun> {
@@ -302,6 +354,19 @@ impl LiveWebhook {
             ],
             None,
         )
+    }
+}
+
+/// The operator binary watching `watched`, with `flags` (`--name value` pairs).
+fn start_operator(watched: &str, store_url: &str, flags: &[String]) -> Operator {
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    Operator::start_with(watched, store_url, &flags)
+}
+
+fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..Default::default()
     }
 }
 
@@ -860,6 +925,218 @@ async fn with_the_webhook_down_the_failure_policy_decides_and_the_schema_still_g
     );
     assert!(!status.message.contains(DENIED_BY_US), "{}", status.message);
     let _ = live.port;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ratcheting: a run admitted once can always be let go of (issue #11)
+
+/// How long a run on the kwok node may take to start, or to be drained and let go of.
+const LIFECYCLE: Duration = Duration::from_secs(120);
+
+/// A run whose one read-back path asks for 8Gi: admitted while the operator allows `--max-cap
+/// 16Gi`, refused on CREATE once it allows 4Gi.
+fn run_asking_8gi(name: &str, path: &Path) -> SandboxRun {
+    run_from(json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRun",
+        "metadata": {"name": name},
+        "spec": {
+            "image": DIGEST_IMAGE,
+            "user": "1000:1000",
+            "readBack": {
+                "paths": [{"path": path.display().to_string(), "sizeLimit": "8Gi"}],
+                "drainTimeout": "60s",
+            },
+        },
+    }))
+}
+
+/// Waits until the webhook refuses a new run asking 8Gi (dry run): the smaller cap is in force,
+/// so what passes afterwards passes despite it.
+async fn wait_until_8gi_is_refused(live: &LiveWebhook, path: &Path) {
+    let probe = run_asking_8gi("probe-8gi", path);
+    let api = live.runs();
+    live.wait("the webhook to refuse a new 8Gi path", || {
+        let (api, probe) = (api.clone(), probe.clone());
+        async move {
+            match api.create(&dry_run(), &probe).await {
+                Err(kube::Error::Api(e))
+                    if e.message.contains(DENIED_BY_US)
+                        && e.message.contains("[read-back-size-limit]") =>
+                {
+                    Some(())
+                }
+                _ => None,
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_run_admitted_under_a_larger_max_cap_is_deleted_after_a_restart_with_a_smaller_one() {
+    // As reported: the operator allowed --max-cap 16Gi when the run was admitted, and restarts
+    // with 4Gi. The drain runs, then the finalizer release — an UPDATE — goes through the webhook
+    // (this configuration spares nobody: see LiveWebhook::start_with), which must not re-judge
+    // the spec it admitted earlier.
+    let mut live = LiveWebhook::start_with("live-shrink", true, &["--max-cap", "16Gi"]).await;
+    let api = live.runs();
+    let out = host_dir("out");
+    std::fs::write(out.join("result.json"), b"{\"ok\":true}\n").expect("write a result");
+    api.create(&PostParams::default(), &run_asking_8gi("kept", &out))
+        .await
+        .expect("8Gi is admitted under --max-cap 16Gi");
+    eventually_or_log(
+        "the run to be Running, held by its finalizer",
+        LIFECYCLE,
+        &live.op,
+        || {
+            let api = api.clone();
+            async move {
+                let run = api.get("kept").await.ok()?;
+                let held = run.finalizers().iter().any(|f| f == FINALIZER);
+                (held && run.status.as_ref()?.phase == Some(Phase::Running)).then_some(())
+            }
+        },
+    )
+    .await;
+
+    live.restart_with(&["--max-cap", "4Gi"]).await;
+    wait_until_8gi_is_refused(&live, &out).await;
+
+    api.delete("kept", &DeleteParams::default())
+        .await
+        .expect("delete the run");
+    eventually_or_log(
+        "the run to be drained and gone",
+        LIFECYCLE,
+        &live.op,
+        || {
+            let api = api.clone();
+            async move { api.get_opt("kept").await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await;
+    let log = live.op.log_text();
+    assert!(
+        !log.contains("denied the request"),
+        "no write of the operator was refused:\n{log}"
+    );
+    // Let go of after its drain, not instead of it.
+    let (store, prefix) = store_from_url(&live.store_url, &[]).expect("the test's store");
+    let manifests = list_manifests(&store, &prefix, &live.ns.name, "kept")
+        .await
+        .expect("list the run's manifests");
+    assert_eq!(
+        manifests.len(),
+        1,
+        "drained before the run went; log:\n{log}"
+    );
+    assert!(
+        manifests[0]
+            .1
+            .members
+            .iter()
+            .any(|m| m.path == "result.json"),
+        "{:?}",
+        manifests[0].1.members
+    );
+}
+
+#[tokio::test]
+async fn after_the_cap_shrinks_metadata_patches_pass_and_a_spec_edit_of_a_started_run_is_refused() {
+    let mut live = LiveWebhook::start_with("live-ratchet", false, &["--max-cap", "16Gi"]).await;
+    let api = live.runs();
+    let path = Path::new("/work/out");
+    api.create(&PostParams::default(), &run_asking_8gi("started", path))
+        .await
+        .expect("8Gi is admitted under --max-cap 16Gi");
+    // The pod exists (written through the status subresource, as the controller does).
+    api.patch_status(
+        "started",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"podName": "started-sbr"}})),
+    )
+    .await
+    .expect("status patch");
+    live.restart_with(&["--max-cap", "4Gi"]).await;
+    wait_until_8gi_is_refused(&live, path).await;
+
+    // Metadata only: not re-judged.
+    let metadata = |v: Value| Patch::Merge(json!({ "metadata": v }));
+    api.patch(
+        "started",
+        &PatchParams::default(),
+        &metadata(json!({"labels": {"team": "a"}})),
+    )
+    .await
+    .expect("a label patch passes");
+    api.patch(
+        "started",
+        &PatchParams::default(),
+        &metadata(json!({"finalizers": ["example.com/hold"]})),
+    )
+    .await
+    .expect("a finalizer patch passes");
+
+    // A real spec edit of the started run is refused, for the edit and not for the admitted cap.
+    let other_image =
+        "ghcr.io/iterion/workload@sha256:4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e4e";
+    let err = api
+        .patch(
+            "started",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": other_image}})),
+        )
+        .await
+        .expect_err("the image of a started run is frozen");
+    let kube::Error::Api(status) = err else {
+        panic!("not an apiserver refusal: {err:?}");
+    };
+    assert!(
+        status.message.contains(DENIED_BY_US)
+            && status.message.contains("[update-immutable] spec.image"),
+        "{}",
+        status.message
+    );
+    assert!(
+        !status.message.contains("[read-back-size-limit]"),
+        "the admitted cap is not re-judged: {}",
+        status.message
+    );
+    assert_eq!(
+        api.get("started").await.expect("get").spec.image.as_deref(),
+        Some(DIGEST_IMAGE)
+    );
+    // stop is the one edit a started run may get, and the admitted cap does not block it.
+    let stopped = api
+        .patch(
+            "started",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"stop": true}})),
+        )
+        .await
+        .expect("stop may be set");
+    assert!(stopped.spec.stop);
+
+    // Deletion: the finalizer holds the run, and its release on the deleting object passes.
+    api.delete("started", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let held = api.get("started").await.expect("held by its finalizer");
+    assert!(held.metadata.deletion_timestamp.is_some());
+    api.patch(
+        "started",
+        &PatchParams::default(),
+        &metadata(json!({"finalizers": []})),
+    )
+    .await
+    .expect("the finalizer release passes");
+    live.wait("the run to be gone", || {
+        let api = api.clone();
+        async move { api.get_opt("started").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
 }
 
 #[tokio::test]

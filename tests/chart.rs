@@ -210,6 +210,92 @@ fn the_chart_renders_what_the_operator_expects() {
         !files.contains("resources: [secrets]"),
         "cert-manager mode needs no Secret rights"
     );
+
+    // The webhook never judges the operator's own requests (its finalizer release must not depend
+    // on the webhook being up): the ServiceAccount the Deployment runs as, whatever it is named.
+    assert_eq!(
+        webhook_skips(&yaml_docs(&text)),
+        "system:serviceaccount:sbr-sys:demo-sandboxrun-operator"
+    );
+    for (set, account) in [
+        (
+            "serviceAccount.name=runner",
+            "system:serviceaccount:sbr-sys:runner",
+        ),
+        ("fullnameOverride=sbr", "system:serviceaccount:sbr-sys:sbr"),
+    ] {
+        let text = ok(
+            helm(&["template", "demo", CHART, "-n", "sbr-sys", "--set", set]),
+            None,
+        );
+        assert_eq!(webhook_skips(&yaml_docs(&text)), account, "--set {set}");
+    }
+}
+
+/// The documents of a multi-document YAML stream.
+fn yaml_docs(text: &str) -> Vec<serde_yaml::Value> {
+    serde_yaml::Deserializer::from_str(text)
+        .map(|doc| serde::Deserialize::deserialize(doc).expect("rendered YAML parses"))
+        .filter(|v: &serde_yaml::Value| !v.is_null())
+        .collect()
+}
+
+/// The one object of `kind` among `docs`.
+fn only<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> &'a serde_yaml::Value {
+    let found: Vec<&serde_yaml::Value> = docs
+        .iter()
+        .filter(|d| d["kind"].as_str() == Some(kind))
+        .collect();
+    assert_eq!(found.len(), 1, "one {kind} expected");
+    found[0]
+}
+
+/// Checks that the rendered webhook is skipped for exactly one user, the ServiceAccount the
+/// operator's Deployment runs as, and nowhere else; returns that user name.
+fn webhook_skips(docs: &[serde_yaml::Value]) -> String {
+    let deployment = only(docs, "Deployment");
+    let namespace = deployment["metadata"]["namespace"]
+        .as_str()
+        .expect("the Deployment's namespace");
+    let account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+        .as_str()
+        .expect("the Deployment's serviceAccountName");
+    let user = format!("system:serviceaccount:{namespace}:{account}");
+    let webhooks = only(docs, "ValidatingWebhookConfiguration")["webhooks"]
+        .as_sequence()
+        .expect("webhooks");
+    assert_eq!(webhooks.len(), 1);
+    let hook = &webhooks[0];
+    let conditions = hook["matchConditions"]
+        .as_sequence()
+        .expect("matchConditions");
+    assert_eq!(conditions.len(), 1, "{conditions:?}");
+    assert_eq!(conditions[0]["name"].as_str(), Some("not-the-operator"));
+    assert_eq!(
+        conditions[0]["expression"].as_str(),
+        Some(format!("request.userInfo.username != '{user}'").as_str())
+    );
+    // Status writes (the subresource) never reach the webhook at all.
+    let resources: Vec<&str> = hook["rules"]
+        .as_sequence()
+        .expect("rules")
+        .iter()
+        .flat_map(|r| r["resources"].as_sequence().into_iter().flatten())
+        .filter_map(|r| r.as_str())
+        .collect();
+    assert_eq!(resources, ["sandboxruns"]);
+    user
+}
+
+#[test]
+fn the_kustomize_webhook_skips_the_operators_own_service_account() {
+    // `kubectl kustomize` renders offline; the CEL expression is not rewritten by kustomize, so
+    // it must name the ServiceAccount as config/default renders it.
+    let built = ok(kubectl(&["kustomize", "config/default"]), None);
+    assert_eq!(
+        webhook_skips(&yaml_docs(&built)),
+        "system:serviceaccount:sandboxrun-system:sandboxrun-operator-controller"
+    );
 }
 
 #[tokio::test]
@@ -298,6 +384,18 @@ async fn helm_install_creates_the_operator_its_webhook_and_keeps_the_crd() {
     assert_eq!(hook.failure_policy.as_deref(), Some("Ignore"));
     assert_eq!(hook.side_effects, "None");
     assert_eq!(hook.timeout_seconds, Some(5));
+    // The apiserver compiled and kept the CEL that spares the operator's own requests.
+    let conditions = hook.match_conditions.clone().unwrap_or_default();
+    assert_eq!(
+        conditions
+            .iter()
+            .map(|c| c.expression.as_str())
+            .collect::<Vec<_>>(),
+        [format!(
+            "request.userInfo.username != 'system:serviceaccount:{}:{fullname}'",
+            ns.name
+        )]
+    );
     let service = hook.client_config.service.as_ref().expect("service ref");
     assert_eq!(service.namespace, ns.name);
     assert_eq!(service.path.as_deref(), Some("/validate-sandboxrun"));

@@ -1,8 +1,15 @@
 //! The validating webhook, in-process: real AdmissionReview JSON through the router.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
 use axum::body::Body;
 use http::{Request, StatusCode};
+use sandboxrun_operator::admission::images::{ImageResolver, ImageSettings};
 use sandboxrun_operator::admission::webhook::{router, WebhookMetrics, WebhookState};
+use sandboxrun_operator::admission::RuleSettings;
+use sandboxrun_operator::config::CapSettings;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
@@ -182,6 +189,215 @@ async fn once_the_pod_exists_only_stop_may_change() {
     )
     .await;
     assert_eq!(body["response"]["allowed"], true, "{body}");
+}
+
+/// The operator after `--max-cap` went from 16Gi (the default) down to 4Gi.
+fn tightened() -> WebhookState {
+    WebhookState {
+        settings: RuleSettings {
+            caps: CapSettings {
+                default_bytes: 1 << 30,
+                max_bytes: 4 << 30,
+            },
+        },
+        ..Default::default()
+    }
+}
+
+fn with_metadata(mut object: Value, metadata: Value) -> Value {
+    object["metadata"] = metadata;
+    object
+}
+
+fn allowed(body: &Value) -> bool {
+    body["response"]["allowed"] == true
+}
+
+fn message(body: &Value) -> String {
+    body["response"]["status"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+#[tokio::test]
+async fn a_run_admitted_under_a_looser_cap_can_still_be_updated_stopped_and_let_go_of() {
+    // Admitted under --max-cap 16Gi; the operator now runs with 4Gi (issue #11).
+    let spec = json!({
+        "image": DIGEST_IMAGE,
+        "user": "1000",
+        "readBack": {"paths": [{"path": "/work/out", "sizeLimit": "8Gi"}]},
+    });
+    let running = json!({"podName": "r1-sbr", "phase": "Running"});
+    let stored = with_metadata(
+        run_object(spec.clone(), running.clone()),
+        json!({"name": "r1", "namespace": "dev", "finalizers": ["sandbox.iterion.io/drain"]}),
+    );
+    // Today's rules refuse that spec on CREATE…
+    let (_, body) = post(
+        tightened(),
+        review("CREATE", Some(run_object(spec.clone(), json!({}))), None),
+    )
+    .await;
+    assert!(!allowed(&body), "{body}");
+    assert!(
+        message(&body).contains("[read-back-size-limit] spec.readBack.paths[0].sizeLimit"),
+        "{body}"
+    );
+
+    // …but an update that leaves the spec alone is not re-judged: a label, then the finalizer
+    // release of the deleting run (the operator's merge patch at the end of the drain).
+    let labelled = with_metadata(
+        run_object(spec.clone(), running.clone()),
+        json!({"name": "r1", "namespace": "dev", "labels": {"team": "a"},
+               "finalizers": ["sandbox.iterion.io/drain"]}),
+    );
+    let (_, body) = post(
+        tightened(),
+        review("UPDATE", Some(labelled), Some(stored.clone())),
+    )
+    .await;
+    assert!(allowed(&body), "{body}");
+    assert!(body["response"]["warnings"].is_null(), "{body}");
+    let deleting = |finalizers: Value| {
+        with_metadata(
+            run_object(spec.clone(), running.clone()),
+            json!({"name": "r1", "namespace": "dev", "finalizers": finalizers,
+                   "deletionTimestamp": "2026-01-01T00:00:00Z"}),
+        )
+    };
+    let (_, body) = post(
+        tightened(),
+        review(
+            "UPDATE",
+            Some(deleting(json!([]))),
+            Some(deleting(json!(["sandbox.iterion.io/drain"]))),
+        ),
+    )
+    .await;
+    assert!(allowed(&body), "the finalizer release is allowed: {body}");
+
+    // Setting stop changes the spec: allowed, the admitted cap only warned about.
+    let mut stop_spec = spec.clone();
+    stop_spec["stop"] = json!(true);
+    let (_, body) = post(
+        tightened(),
+        review(
+            "UPDATE",
+            Some(run_object(stop_spec, running.clone())),
+            Some(stored.clone()),
+        ),
+    )
+    .await;
+    assert!(allowed(&body), "{body}");
+    let warnings = body["response"]["warnings"].to_string();
+    assert!(
+        warnings.contains("[read-back-size-limit]") && warnings.contains("not re-judged"),
+        "{body}"
+    );
+
+    // A real edit of the started run is still refused.
+    let mut edited = spec.clone();
+    edited["user"] = json!("2000");
+    let (_, body) = post(
+        tightened(),
+        review("UPDATE", Some(run_object(edited, running)), Some(stored)),
+    )
+    .await;
+    assert!(!allowed(&body), "{body}");
+    assert!(
+        message(&body).contains("[update-immutable] spec.user"),
+        "{body}"
+    );
+    assert!(
+        !message(&body).contains("[read-back-size-limit]"),
+        "the admitted cap does not deny: {body}"
+    );
+}
+
+/// A registry that has no image at all (every manifest is a 404) and counts the questions.
+async fn empty_registry() -> (String, Arc<AtomicUsize>) {
+    let hits = Arc::new(AtomicUsize::new(0));
+    let counter = hits.clone();
+    let app = axum::Router::new().fallback(move || {
+        let counter = counter.clone();
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            StatusCode::NOT_FOUND
+        }
+    });
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let addr = listener.local_addr().unwrap_or_else(|e| panic!("{e}"));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("127.0.0.1:{}", addr.port()), hits)
+}
+
+#[tokio::test]
+async fn with_check_images_an_update_resolves_the_image_only_when_it_changed() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (registry, hits) = empty_registry().await;
+    let resolver = ImageResolver::new(ImageSettings {
+        timeout: Duration::from_secs(5),
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let state = WebhookState {
+        images: Some(Arc::new(resolver)),
+        ..Default::default()
+    };
+    // The tag the run was admitted with is gone from the registry.
+    let spec = |image: &str, args: &[&str]| json!({"image": format!("{registry}/team/app{image}"), "user": "1000", "args": args});
+    let stored = run_object(spec(":gone", &[]), json!({}));
+    let (_, body) = post(state.clone(), review("CREATE", Some(stored.clone()), None)).await;
+    assert!(!allowed(&body), "CREATE resolves the image: {body}");
+    assert!(
+        message(&body).contains("[image-resolvable] spec.image"),
+        "{body}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+
+    // Metadata only, then another field of the spec: the image is not asked about again.
+    let finalized = with_metadata(
+        stored.clone(),
+        json!({"name": "r1", "namespace": "dev", "finalizers": ["sandbox.iterion.io/drain"]}),
+    );
+    let (_, body) = post(
+        state.clone(),
+        review("UPDATE", Some(finalized), Some(stored.clone())),
+    )
+    .await;
+    assert!(allowed(&body), "{body}");
+    let (_, body) = post(
+        state.clone(),
+        review(
+            "UPDATE",
+            Some(run_object(spec(":gone", &["--fast"]), json!({}))),
+            Some(stored.clone()),
+        ),
+    )
+    .await;
+    assert!(allowed(&body), "{body}");
+    assert_eq!(hits.load(Ordering::SeqCst), 1, "no registry round trip");
+
+    // A new image is resolved.
+    let (_, body) = post(
+        state,
+        review(
+            "UPDATE",
+            Some(run_object(spec(":also-gone", &[]), json!({}))),
+            Some(stored),
+        ),
+    )
+    .await;
+    assert!(!allowed(&body), "{body}");
+    assert!(
+        message(&body).contains("[image-resolvable] spec.image")
+            && message(&body).contains(":also-gone"),
+        "{body}"
+    );
+    assert_eq!(hits.load(Ordering::SeqCst), 2);
 }
 
 #[tokio::test]

@@ -1,14 +1,18 @@
 //! Admission: the ADR-006 rules as one pure engine ([`rules`]) with two front doors — the
 //! validating webhook ([`webhook`]) and `doctor --strict` ([`doctor`]) — which print the same
-//! findings. [`network`] owns the egress rule grammar, [`images`] the opt-in no-pull image
-//! resolvability check (the only I/O the rules know of), [`certs`] the webhook's own certificates, [`serve`] the wiring for `run`.
+//! findings. [`ratchet`] decides what a review is judged by (CREATE in full; UPDATE ratcheted, so
+//! that a run admitted once can always be let go of). [`network`] owns the egress rule grammar,
+//! [`images`] the opt-in no-pull image resolvability check (the only I/O the rules know of),
+//! [`certs`] the webhook's own certificates, [`serve`] the wiring for `run`.
 
 pub mod certs;
 pub mod doctor;
 pub mod images;
 pub mod network;
+pub mod ratchet;
 pub mod rules;
 pub mod serve;
 pub mod webhook;
 
+pub use ratchet::{judge, Judgement, Review, Scope, Stored};
 pub use rules::{check, check_update, Finding, RuleSettings, Severity};

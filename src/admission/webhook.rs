@@ -1,7 +1,8 @@
 //! Front door 2 of the ADR-006 rules: the validating admission webhook. Same engine as the doctor
 //! ([`super::rules`]), same findings; fail findings deny (the message lists every one of them
 //! with its field and hint, so one round trip shows the user everything to fix), warn findings go
-//! to `warnings`, which kubectl prints.
+//! to `warnings`, which kubectl prints. What a review is judged by — everything on CREATE, only
+//! what changed on UPDATE — is decided by [`super::ratchet::judge`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,8 +21,9 @@ use prometheus::{histogram_opts, opts, Histogram, IntCounterVec, Registry};
 use tracing::{debug, info, warn};
 
 use super::images::{ImageResolver, RegistryCredentials};
-use super::rules::{check, check_update, sort_findings, Finding, RuleSettings};
-use crate::api::{SandboxRunSpec, SandboxRunStatus};
+use super::ratchet::{judge, Review, Stored};
+use super::rules::{sort_findings, Finding, RuleSettings};
+use crate::api::SandboxRunStatus;
 
 /// Admission metrics, registered into the operator's registry.
 #[derive(Clone)]
@@ -150,49 +152,58 @@ async fn review_request(
         req.namespace.as_deref().unwrap_or("-"),
         req.name
     );
-    let new = match req.object.as_ref().map(spec_of) {
-        Some(Ok(spec)) => spec,
-        Some(Err(e)) => {
-            return (
-                resp.deny(format!("{who}: the object is not a valid SandboxRun: {e}")),
-                "invalid",
-            )
-        }
-        None => {
-            return (
-                resp.deny(format!("{who}: the review carries no object")),
-                "invalid",
-            )
+    let Some(object) = req.object.as_ref() else {
+        return (
+            resp.deny(format!("{who}: the review carries no object")),
+            "invalid",
+        );
+    };
+    let new_spec = spec_value(object);
+    let old = req
+        .old_object
+        .as_ref()
+        .map(|o| (spec_value(o), pod_exists(o)));
+    let review = if req.operation == Operation::Create {
+        Review::Create { spec: &new_spec }
+    } else {
+        Review::Update {
+            old: old.as_ref().map(|(spec, pod_exists)| Stored {
+                spec,
+                pod_exists: *pod_exists,
+            }),
+            spec: &new_spec,
+            // The finalizer release and every other update of a run on its way out.
+            deleting: object.metadata.deletion_timestamp.is_some()
+                || req
+                    .old_object
+                    .as_ref()
+                    .is_some_and(|o| o.metadata.deletion_timestamp.is_some()),
         }
     };
-    let mut findings = check(&new, &state.settings);
-    if req.operation == Operation::Update {
-        if let Some(old_obj) = req.old_object.as_ref() {
-            match spec_of(old_obj) {
-                Ok(old) => {
-                    let pod_exists = status_of(old_obj).is_some_and(|s| s.pod_name.is_some());
-                    findings.extend(check_update(&old, &new, pod_exists));
-                }
-                // The stored object should always parse; if it does not, the spec rules above
-                // still protect the new object, and the immutability check cannot run.
-                Err(e) => {
-                    warn!(%who, error = %e, "stored object does not parse; update rules skipped")
-                }
-            }
-        }
+    let judgement = match judge(review, &state.settings) {
+        Ok(j) => j,
+        Err(e) => return (resp.deny(format!("{who}: {e}")), "invalid"),
+    };
+    if let Some(e) = &judgement.stored_unreadable {
+        // The stored object should always parse; if it does not, the spec rules still protect the
+        // new object, and the update rules cannot run.
+        warn!(%who, error = %e, "stored object does not parse; update rules skipped");
     }
-    if let (Some(images), Some(image)) = (
-        &state.images,
-        new.image
-            .as_deref()
-            .map(str::trim)
-            .filter(|i| !i.is_empty()),
-    ) {
+    debug!(%who, scope = ?judgement.scope, "admission scope");
+    let mut findings = judgement.findings;
+    // The registry round trip: on CREATE, and on UPDATE only when spec.image changed (an image
+    // admitted earlier is not re-resolved: its tag may be gone, the run must still be let go of).
+    if let (Some(images), Some(wanted)) = (&state.images, &judgement.resolve_image) {
         let creds = match (&state.client, req.namespace.as_deref()) {
-            (Some(client), Some(ns)) => pull_credentials(client, ns, &new.image_pull_secrets).await,
+            (Some(client), Some(ns)) => pull_credentials(client, ns, &wanted.pull_secrets).await,
             _ => None,
         };
-        findings.extend(images.resolve(image, creds.as_ref()).await.finding(image));
+        findings.extend(
+            images
+                .resolve(&wanted.image, creds.as_ref())
+                .await
+                .finding(&wanted.image),
+        );
     }
     sort_findings(&mut findings);
     respond(resp, &who, &findings)
@@ -237,20 +248,21 @@ fn respond(
     (resp, "denied")
 }
 
-fn spec_of(obj: &DynamicObject) -> Result<SandboxRunSpec, serde_json::Error> {
-    let spec = obj
-        .data
+/// The object's `.spec`, raw; an empty object when it has none.
+fn spec_value(obj: &DynamicObject) -> serde_json::Value {
+    obj.data
         .get("spec")
         .cloned()
-        .unwrap_or(serde_json::Value::Object(Default::default()));
-    serde_json::from_value(spec)
+        .unwrap_or(serde_json::Value::Object(Default::default()))
 }
 
-fn status_of(obj: &DynamicObject) -> Option<SandboxRunStatus> {
+/// Whether the object's status names its pod.
+fn pod_exists(obj: &DynamicObject) -> bool {
     obj.data
         .get("status")
         .cloned()
-        .and_then(|s| serde_json::from_value(s).ok())
+        .and_then(|s| serde_json::from_value::<SandboxRunStatus>(s).ok())
+        .is_some_and(|s| s.pod_name.is_some())
 }
 
 /// Credentials from the run's pull secrets; unreadable secrets are skipped (the check then warns
