@@ -195,6 +195,11 @@ pub struct HolderArgs {
 pub struct PackArgs {
     /// Directory to archive.
     pub path: PathBuf,
+    /// The path's cap in bytes: a file that would take the packed total over it is written as a
+    /// zero-length placeholder carrying the PAX record `SANDBOXRUN.dropped=<size>` (its content
+    /// never crosses the wire). Without it every file is packed whole.
+    #[arg(long, value_name = "BYTES")]
+    pub budget: Option<u64>,
 }
 
 /// Parses a cap given in bytes or as a Kubernetes quantity.
@@ -284,6 +289,7 @@ async fn dispatch(command: Command) -> ExitCode {
             let stderr = std::io::stderr();
             match crate::pack::pack(
                 &args.path,
+                args.budget,
                 std::io::BufWriter::with_capacity(256 * 1024, stdout),
                 stderr,
             ) {
@@ -439,6 +445,15 @@ mod tests {
     fn cli_parses_every_subcommand() {
         Cli::try_parse_from(["x", "crd"]).unwrap();
         Cli::try_parse_from(["x", "pack", "/tmp"]).unwrap();
+        // The operator appends `--budget N` after the path (see drain::exec::pack_argv).
+        match Cli::try_parse_from(["x", "pack", "/tmp", "--budget", "1048576"])
+            .unwrap()
+            .command
+        {
+            Command::Pack(p) => assert_eq!(p.budget, Some(1 << 20)),
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(Cli::try_parse_from(["x", "pack", "/tmp", "--budget", "1Mi"]).is_err());
         Cli::try_parse_from(["x", "holder", "--wait-drained", "5m"]).unwrap();
         assert!(
             Cli::try_parse_from(["x", "holder", "--wait-drained", "5m", "--mark-drained"]).is_err()

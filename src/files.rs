@@ -193,8 +193,18 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
                 for d in &m.dropped {
                     writeln!(
                         out,
-                        "  DROPPED {:>12}  {:<12}  {} (over the cap)",
-                        d.size, "-", d.path
+                        "  DROPPED {:>12}  {:<12}  {} ({})",
+                        d.size,
+                        "-",
+                        d.path,
+                        dropped_why(d)
+                    )
+                    .map_err(io("write"))?;
+                }
+                if let Some(bound) = m.stopped_at_input_bound {
+                    writeln!(
+                        out,
+                        "  STOPPED at the drain's input bound of {bound} bytes: anything after the last entry listed was not read"
                     )
                     .map_err(io("write"))?;
                 }
@@ -240,6 +250,20 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
             }
             Ok(())
         }
+    }
+}
+
+/// Why a member was dropped, in words for `files ls`.
+fn dropped_why(d: &crate::drain::DroppedRecord) -> &str {
+    match (d.reason.as_str(), d.in_pod) {
+        (crate::drain::archive::DROPPED_OVER_CAP, true) => {
+            "over the cap, dropped in the pod: only a placeholder was sent"
+        }
+        (crate::drain::archive::DROPPED_OVER_CAP, false) => "over the cap",
+        (crate::drain::archive::DROPPED_INPUT_BOUND, _) => {
+            "not read: it would have taken the stream past the drain's input bound"
+        }
+        (other, _) => other,
     }
 }
 
@@ -561,6 +585,7 @@ mod tests {
             members: records,
             dropped: Vec::new(),
             rejected: Vec::new(),
+            stopped_at_input_bound: None,
             pod_notes: Vec::new(),
         };
         (store, manifest)
@@ -583,6 +608,20 @@ mod tests {
         assert_eq!(extracted_mode(0o4755, 0o022), 0o755);
         assert_eq!(extracted_mode(0o2775, 0), 0o775);
         assert_eq!(extracted_mode(0o1777, 0o022), 0o755);
+    }
+
+    #[test]
+    fn dropped_members_say_why() {
+        let d = |reason: &str, in_pod| crate::drain::DroppedRecord {
+            path: "big".into(),
+            size: 1,
+            reason: reason.into(),
+            in_pod,
+        };
+        assert_eq!(dropped_why(&d("over_cap", false)), "over the cap");
+        assert!(dropped_why(&d("over_cap", true)).contains("in the pod"));
+        assert!(dropped_why(&d("input_bound", false)).contains("input bound"));
+        assert_eq!(dropped_why(&d("future_reason", false)), "future_reason");
     }
 
     #[test]

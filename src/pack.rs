@@ -15,6 +15,15 @@
 //! The archive is never corrupt, even when the workload is still writing: each header carries the
 //! size seen at stat time, and exactly that many content bytes follow (zero padding when the file
 //! shrank or a read failed, truncation when it grew).
+//!
+//! With `--budget BYTES` (the path's cap, passed by the operator) the packer meters regular files
+//! with the operator's own rule ([`CapMeter`]: a running total of accepted content bytes; a file
+//! that would cross the budget is dropped, a later smaller one may still fit). A dropped file is
+//! written as a zero-length placeholder member whose PAX record `SANDBOXRUN.dropped=<size>` says
+//! it was dropped and how large it was, so its content never crosses the wire and the operator
+//! still lists it (docs/contract.md, "Unbounded size"). Files whose path the operator would reject
+//! anyway are not charged to the budget, exactly as the operator's meter never sees them. Without
+//! `--budget` every file is sent whole (what an operator that predates the flag expects).
 
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
@@ -23,6 +32,14 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 use walkdir::WalkDir;
+
+use crate::drain::cap::{Admit, CapMeter};
+use crate::drain::sanitize::{path_is_storable, Limits};
+
+/// How every note about an unreadable file or directory starts on stderr. The operator reads it
+/// back (a path whose only content was unreadable fails rather than drains empty), so it is part
+/// of the packer's interface: older packers write the same words.
+pub const UNREADABLE_NOTE: &str = "pack: unreadable ";
 
 /// What the packer did not pack as-is.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -41,6 +58,17 @@ pub struct PackReport {
     pub unreadable: Vec<Unreadable>,
     /// Files packed whose content did not match their stat size while read.
     pub changed: Vec<Changed>,
+    /// Files over the budget, written as zero-length placeholders (`--budget` only).
+    pub dropped: Vec<Dropped>,
+}
+
+/// A file over the budget: only a placeholder member was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Dropped {
+    /// Path relative to the root.
+    pub path: PathBuf,
+    /// Its size at stat time (what the placeholder's PAX record says).
+    pub size: u64,
 }
 
 /// A special file that was skipped.
@@ -127,13 +155,20 @@ pub enum PackError {
 }
 
 /// Packs the content of `root` as a tar on `out`, reporting anything not packed as-is on `diag`.
-pub fn pack(root: &Path, out: impl Write, diag: impl Write) -> Result<PackReport, PackError> {
-    pack_with_opener(root, out, diag, &|p: &Path| File::open(p))
+/// With a `budget` (bytes), files over it are written as placeholders (see the module doc).
+pub fn pack(
+    root: &Path,
+    budget: Option<u64>,
+    out: impl Write,
+    diag: impl Write,
+) -> Result<PackReport, PackError> {
+    pack_with_opener(root, budget, out, diag, &|p: &Path| File::open(p))
 }
 
 /// [`pack`] with the file opener injected, so tests can make a file unreadable even as root.
 fn pack_with_opener(
     root: &Path,
+    budget: Option<u64>,
     out: impl Write,
     mut diag: impl Write,
     open: &dyn Fn(&Path) -> io::Result<File>,
@@ -153,6 +188,7 @@ fn pack_with_opener(
     })?;
 
     let mut report = PackReport::default();
+    let mut meter = budget.map(CapMeter::new);
     let mut builder = tar::Builder::new(out);
     let mut entries = 0u64;
     let write_err = |entries: u64| move |source| PackError::Write { entries, source };
@@ -167,7 +203,7 @@ fn pack_with_opener(
             Err(err) => {
                 let path = err.path().map(|p| relative(root, p)).unwrap_or_default();
                 let error = err.to_string();
-                let _ = writeln!(diag, "pack: unreadable {}: {error}", path.display());
+                let _ = writeln!(diag, "{UNREADABLE_NOTE}{}: {error}", path.display());
                 report.unreadable.push(Unreadable { path, error });
                 continue;
             }
@@ -179,7 +215,14 @@ fn pack_with_opener(
         } else if ft.is_symlink() {
             add_symlink(&mut builder, entry.path(), &rel, &mut report)
         } else if ft.is_file() {
-            add_file(&mut builder, entry.path(), &rel, &mut report, open)
+            add_file(
+                &mut builder,
+                entry.path(),
+                &rel,
+                &mut report,
+                meter.as_mut(),
+                open,
+            )
         } else {
             let kind = special_kind(&ft);
             let _ = writeln!(diag, "pack: skipped {kind} {}", rel.display());
@@ -199,7 +242,7 @@ fn pack_with_opener(
                 report.changed.push(c);
             }
             Ok(Added::Unreadable(error)) => {
-                let _ = writeln!(diag, "pack: unreadable {}: {error}", rel.display());
+                let _ = writeln!(diag, "{UNREADABLE_NOTE}{}: {error}", rel.display());
                 report.unreadable.push(Unreadable { path: rel, error });
             }
             Err(e) => return Err(write_err(entries)(e)),
@@ -264,7 +307,7 @@ fn add_dir<W: Write>(
     let mut name = rel.as_os_str().as_bytes().to_vec();
     name.push(b'/');
     let mut header = base_header(&meta, tar::EntryType::Directory, 0);
-    append(builder, &mut header, &name, None, io::empty())?;
+    append(builder, &mut header, &name, None, io::empty(), &[])?;
     report.dirs += 1;
     Ok(Added::Yes)
 }
@@ -287,9 +330,20 @@ fn add_symlink<W: Write>(
         rel.as_os_str().as_bytes(),
         Some(target),
         io::empty(),
+        &[],
     )?;
     report.symlinks += 1;
     Ok(Added::Yes)
+}
+
+/// Whether the budget keeps a file of `size` bytes, counting it when the operator will count it
+/// too (`charged`: its path is one the operator stores).
+fn budget_keeps(meter: &mut CapMeter, charged: bool, size: u64) -> bool {
+    if charged {
+        meter.admit(size) == Admit::Keep
+    } else {
+        meter.fits(size)
+    }
 }
 
 fn add_file<W: Write>(
@@ -297,12 +351,23 @@ fn add_file<W: Write>(
     full: &Path,
     rel: &Path,
     report: &mut PackReport,
+    mut meter: Option<&mut CapMeter>,
     open: &dyn Fn(&Path) -> io::Result<File>,
 ) -> io::Result<Added> {
     let lstat = match fs::symlink_metadata(full) {
         Ok(m) => m,
         Err(e) => return Ok(Added::Unreadable(e.to_string())),
     };
+    let charged = path_is_storable(rel.as_os_str().as_bytes(), &Limits::default());
+    // Over the budget already at stat time: never opened, never read.
+    if let Some(m) = meter.as_deref_mut() {
+        if !m.fits(lstat.len()) {
+            if charged {
+                m.record_drop(lstat.len());
+            }
+            return add_placeholder(builder, &lstat, rel, lstat.len(), report);
+        }
+    }
     let file = match open(full) {
         Ok(f) => f,
         Err(e) => return Ok(Added::Unreadable(e.to_string())),
@@ -315,6 +380,12 @@ fn add_file<W: Write>(
         Err(e) => return Ok(Added::Unreadable(e.to_string())),
     };
     let size = meta.len();
+    // The decision is made on the size the header will carry, the one the operator meters.
+    if let Some(m) = meter {
+        if !budget_keeps(m, charged, size) {
+            return add_placeholder(builder, &meta, rel, size, report);
+        }
+    }
     let mut header = base_header(&meta, tar::EntryType::Regular, size);
     let mut source = SizedSource::new(file, size);
     append(
@@ -323,6 +394,7 @@ fn add_file<W: Write>(
         rel.as_os_str().as_bytes(),
         None,
         &mut source,
+        &[],
     )?;
     report.files += 1;
     report.bytes += size;
@@ -336,6 +408,32 @@ fn add_file<W: Write>(
     })
 }
 
+/// Writes the zero-length placeholder of a file dropped over the budget: its PAX record
+/// `SANDBOXRUN.dropped=<size>` tells the operator what was dropped.
+fn add_placeholder<W: Write>(
+    builder: &mut tar::Builder<W>,
+    meta: &fs::Metadata,
+    rel: &Path,
+    size: u64,
+    report: &mut PackReport,
+) -> io::Result<Added> {
+    let mut header = base_header(meta, tar::EntryType::Regular, 0);
+    let record = ustar::record(ustar::DROPPED_KEY, size.to_string().as_bytes());
+    append(
+        builder,
+        &mut header,
+        rel.as_os_str().as_bytes(),
+        None,
+        io::empty(),
+        &record,
+    )?;
+    report.dropped.push(Dropped {
+        path: rel.to_path_buf(),
+        size,
+    });
+    Ok(Added::Yes)
+}
+
 fn base_header(meta: &fs::Metadata, kind: tar::EntryType, size: u64) -> tar::Header {
     let mut header = tar::Header::new_ustar();
     header.set_entry_type(kind);
@@ -347,16 +445,19 @@ fn base_header(meta: &fs::Metadata, kind: tar::EntryType, size: u64) -> tar::Hea
     header
 }
 
-/// Writes `header` (path and link set here, PAX `x` header first when they do not fit) and `data`.
+/// Writes `header` (path and link set here, PAX `x` header first when they do not fit or when
+/// `extra_pax` records are given) and `data`.
 fn append<W: Write, R: Read>(
     builder: &mut tar::Builder<W>,
     header: &mut tar::Header,
     path: &[u8],
     link: Option<&[u8]>,
     data: R,
+    extra_pax: &[u8],
 ) -> io::Result<()> {
     let size = header.size()?;
-    let pax = ustar::fill(header.as_mut_bytes(), path, link, size);
+    let mut pax = ustar::fill(header.as_mut_bytes(), path, link, size);
+    pax.extend_from_slice(extra_pax);
     if !pax.is_empty() {
         let mut x = tar::Header::new_ustar();
         x.set_entry_type(tar::EntryType::XHeader);
@@ -457,6 +558,9 @@ pub(crate) mod ustar {
     pub(crate) const LONG_NAME_PLACEHOLDER: &[u8] = b"pax-long-name";
     /// Largest size the 11-digit octal ustar field holds.
     pub(crate) const USTAR_MAX_SIZE: u64 = 0o777_7777_7777;
+    /// PAX key of a placeholder member: the file was dropped over the budget in the pod, and the
+    /// value is its size in decimal bytes (a vendor key, ignored by other readers).
+    pub(crate) const DROPPED_KEY: &[u8] = b"SANDBOXRUN.dropped";
 
     const NAME: std::ops::Range<usize> = 0..100;
     const LINK: std::ops::Range<usize> = 157..257;
@@ -598,7 +702,7 @@ mod tests {
         symlink("a/b.txt", root.join("l")).expect("symlink");
         let mut out = Vec::new();
         let mut diag = Vec::new();
-        let report = pack(root, &mut out, &mut diag).expect("pack");
+        let report = pack(root, None, &mut out, &mut diag).expect("pack");
         let got = entries(&out);
         let names: Vec<_> = got.iter().map(|e| e.0.as_str()).collect();
         assert_eq!(names, ["a/", "a/b.txt", "a/c/", "l", "z.txt"]);
@@ -630,7 +734,7 @@ mod tests {
         let target = "t".repeat(150);
         symlink(&target, dir.path().join("longlink")).expect("symlink");
         let mut out = Vec::new();
-        pack(dir.path(), &mut out, io::sink()).expect("pack");
+        pack(dir.path(), None, &mut out, io::sink()).expect("pack");
         let got = entries(&out);
         assert!(
             got.iter().any(|e| e.0 == deep && e.2 == b"x"),
@@ -677,7 +781,7 @@ mod tests {
         fs::write(dir.path().join("f"), b"1").expect("write");
         let mut out = Vec::new();
         let mut diag = Vec::new();
-        let report = pack(dir.path(), &mut out, &mut diag).expect("pack");
+        let report = pack(dir.path(), None, &mut out, &mut diag).expect("pack");
         assert_eq!(
             report.skipped,
             vec![Skipped {
@@ -705,7 +809,7 @@ mod tests {
         };
         let mut out = Vec::new();
         let mut diag = Vec::new();
-        let report = pack_with_opener(dir.path(), &mut out, &mut diag, &deny).expect("pack");
+        let report = pack_with_opener(dir.path(), None, &mut out, &mut diag, &deny).expect("pack");
         assert_eq!(report.unreadable.len(), 1);
         assert_eq!(report.unreadable[0].path, PathBuf::from("secret"));
         assert!(String::from_utf8_lossy(&diag).contains("unreadable secret"));
@@ -736,24 +840,136 @@ mod tests {
     #[test]
     fn missing_root_or_a_file_as_root_is_an_error() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let missing = pack(&dir.path().join("nope"), io::sink(), io::sink());
+        let missing = pack(&dir.path().join("nope"), None, io::sink(), io::sink());
         assert!(
             matches!(missing, Err(PackError::RootMissing { .. })),
             "{missing:?}"
         );
         fs::write(dir.path().join("f"), b"").expect("write");
-        let file = pack(&dir.path().join("f"), io::sink(), io::sink());
+        let file = pack(&dir.path().join("f"), None, io::sink(), io::sink());
         assert!(
             matches!(file, Err(PackError::RootNotDirectory { .. })),
             "{file:?}"
         );
     }
 
+    /// (path, size in the header, `SANDBOXRUN.dropped` record) of every member.
+    fn drop_records(archive: &[u8]) -> Vec<(String, u64, Option<String>)> {
+        let mut ar = tar::Archive::new(archive);
+        let mut out = Vec::new();
+        for e in ar.entries().expect("entries") {
+            let mut e = e.expect("entry");
+            let path = String::from_utf8_lossy(&e.path_bytes()).into_owned();
+            let size = e.header().size().expect("size");
+            let mut dropped = None;
+            if let Some(records) = e.pax_extensions().expect("pax") {
+                for r in records {
+                    let r = r.expect("record");
+                    if r.key_bytes() == ustar::DROPPED_KEY {
+                        dropped = Some(String::from_utf8_lossy(r.value_bytes()).into_owned());
+                    }
+                }
+            }
+            out.push((path, size, dropped));
+        }
+        out
+    }
+
+    #[test]
+    fn a_budget_writes_a_placeholder_for_an_over_budget_file_and_keeps_the_small_one() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Sparse: 8 GiB long, no block written, so the test costs nothing on disk.
+        let big = File::create(dir.path().join("big.bin")).expect("create");
+        big.set_len(8 << 30).expect("set_len");
+        drop(big);
+        fs::write(dir.path().join("result.txt"), b"42 is it\n").expect("write");
+        let mut out = Vec::new();
+        let mut diag = Vec::new();
+        let report = pack(dir.path(), Some(1 << 20), &mut out, &mut diag).expect("pack");
+        assert!(
+            out.len() < 16 * 1024,
+            "the 8 GiB never crossed the wire: {} bytes",
+            out.len()
+        );
+        assert_eq!(
+            drop_records(&out),
+            vec![
+                ("big.bin".into(), 0, Some((8u64 << 30).to_string())),
+                ("result.txt".into(), 9, None),
+            ]
+        );
+        let got = entries(&out);
+        assert_eq!(got[1].2, b"42 is it\n", "the small file is whole");
+        assert_eq!(
+            report.dropped,
+            vec![Dropped {
+                path: "big.bin".into(),
+                size: 8 << 30
+            }]
+        );
+        assert_eq!((report.files, report.bytes), (1, 9));
+        assert!(diag.is_empty(), "{}", String::from_utf8_lossy(&diag));
+    }
+
+    #[test]
+    fn the_budget_is_the_operators_running_total_rule() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Walk order is name order: a 6, b 5, c 4, d 1, e 0 against a budget of 10.
+        for (name, len) in [("a", 6), ("b", 5), ("c", 4), ("d", 1), ("e", 0)] {
+            fs::write(dir.path().join(name), vec![b'x'; len]).expect("write");
+        }
+        let mut out = Vec::new();
+        let report = pack(dir.path(), Some(10), &mut out, io::sink()).expect("pack");
+        let mut host = CapMeter::new(10);
+        let host_drops: Vec<&str> = [("a", 6), ("b", 5), ("c", 4), ("d", 1), ("e", 0)]
+            .into_iter()
+            .filter(|(_, len)| host.admit(*len) == Admit::Drop)
+            .map(|(name, _)| name)
+            .collect();
+        let pack_drops: Vec<String> = report
+            .dropped
+            .iter()
+            .map(|d| d.path.display().to_string())
+            .collect();
+        assert_eq!(
+            pack_drops, host_drops,
+            "the same rule as the operator's meter"
+        );
+        assert_eq!(pack_drops, ["b", "d"]);
+        let sizes: Vec<(String, u64)> = drop_records(&out)
+            .into_iter()
+            .map(|(p, size, _)| (p, size))
+            .collect();
+        assert_eq!(
+            sizes,
+            [("a", 6), ("b", 0), ("c", 4), ("d", 0), ("e", 0)]
+                .map(|(p, s)| (p.to_string(), s))
+                .to_vec()
+        );
+    }
+
+    #[test]
+    fn a_file_the_operator_would_reject_is_not_charged_to_the_budget() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // Not UTF-8: the operator rejects it, so its meter never counts it; neither does pack.
+        let latin1 = std::ffi::OsStr::from_bytes(b"caf\xe9");
+        fs::write(dir.path().join(latin1), vec![b'x'; 8]).expect("write");
+        fs::write(dir.path().join("z"), vec![b'z'; 5]).expect("write");
+        let mut out = Vec::new();
+        let report = pack(dir.path(), Some(10), &mut out, io::sink()).expect("pack");
+        assert!(report.dropped.is_empty(), "{:?}", report.dropped);
+        // Still, its content never crosses the wire when it alone is over the budget.
+        fs::write(dir.path().join(latin1), vec![b'x'; 11]).expect("write");
+        let report = pack(dir.path(), Some(10), io::sink(), io::sink()).expect("pack");
+        assert_eq!(report.dropped.len(), 1);
+        assert_eq!(report.dropped[0].size, 11);
+    }
+
     #[test]
     fn an_empty_root_packs_a_valid_empty_archive() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut out = Vec::new();
-        let report = pack(dir.path(), &mut out, io::sink()).expect("pack");
+        let report = pack(dir.path(), None, &mut out, io::sink()).expect("pack");
         assert_eq!(report, PackReport::default());
         assert_eq!(out, vec![0u8; 1024], "just the end-of-archive marker");
     }

@@ -555,10 +555,15 @@ pub struct Manifest {
     pub totals: Totals,
     /// Stored members, in archive order.
     pub members: Vec<MemberRecord>,
-    /// Files dropped by the cap.
+    /// Files dropped by the cap: by the drain's meter, or by the packer in the pod (`inPod`, only
+    /// a placeholder crossed the wire), or because the stream reached the input bound.
     pub dropped: Vec<DroppedRecord>,
     /// Entries rejected by the sanitizer, with reasons.
     pub rejected: Vec<RejectedRecord>,
+    /// Set (to the bound, in bytes) when the drain stopped reading the stream at its input bound:
+    /// the members listed are the ones read before that point, the rest was never seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at_input_bound: Option<u64>,
     /// What the packer in the pod reported on stderr: files it could not read, special files it
     /// skipped, files that changed size while read. Never silent (DESIGN: "an unreadable file is
     /// recorded as such, never silently skipped").
@@ -592,7 +597,11 @@ impl Manifest {
                 members: outcome.members.len() as u64,
                 bytes: outcome.bytes,
                 dropped_members: outcome.dropped.len() as u64,
-                dropped_bytes: outcome.dropped.iter().map(|d| d.size).sum(),
+                // Saturating: a dropped size may be the pod's (forged) word.
+                dropped_bytes: outcome
+                    .dropped
+                    .iter()
+                    .fold(0u64, |sum, d| sum.saturating_add(d.size)),
                 rejected_members: outcome.rejected.len() as u64,
                 input_bytes: outcome.input_bytes,
                 archive_bytes: outcome.archive_bytes,
@@ -600,6 +609,7 @@ impl Manifest {
             members: outcome.members.clone(),
             dropped: outcome.dropped.clone(),
             rejected: outcome.rejected.clone(),
+            stopped_at_input_bound: outcome.stopped_at_input_bound,
             pod_notes: Vec::new(),
         }
     }
@@ -613,6 +623,7 @@ impl Manifest {
             bytes: self.totals.bytes,
             input_bytes: self.totals.input_bytes,
             archive_bytes: self.totals.archive_bytes,
+            stopped_at_input_bound: self.stopped_at_input_bound,
         }
     }
 
@@ -623,6 +634,7 @@ impl Manifest {
             && self.members == other.members
             && self.dropped == other.dropped
             && self.rejected == other.rejected
+            && self.stopped_at_input_bound == other.stopped_at_input_bound
     }
 }
 

@@ -895,6 +895,116 @@ async fn a_path_over_its_cap_drops_one_member_and_keeps_the_rest() {
     assert!(ev.note.unwrap_or_default().contains("1 member(s) dropped"));
 }
 
+/// Issue #10: a 64 GiB sparse file next to a 10-byte result, under a 1Mi cap. The packer gets the
+/// cap as `--budget` and sends the big file as a zero-length placeholder, so nothing of it crosses
+/// the wire: the path ends Capped (not Failed after 260 MiB of zeros), the result is kept, and the
+/// drain takes seconds.
+#[tokio::test]
+async fn a_huge_sparse_file_is_dropped_in_the_pod_and_the_small_result_is_kept_in_seconds() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "sparse").await;
+    let store_dir = host_dir("store-sparse");
+    let _remove_store = RemoveOnDrop(store_dir.clone());
+    let store_url = format!("file://{}", store_dir.display());
+    let op = Operator::start(&ns.name, &store_url, &[]);
+    let out = host_dir("sparse");
+    let _remove_out = RemoveOnDrop(out.clone());
+    // Sparse: 64 GiB long, not one block on disk.
+    let huge = std::fs::File::create(out.join("huge.bin")).unwrap();
+    huge.set_len(64 * GIB).unwrap();
+    drop(huge);
+    let result = b"answer=42\n";
+    assert_eq!(result.len(), 10);
+    std::fs::write(out.join("result.txt"), result).unwrap();
+
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let path = PathSpec {
+        path: &out,
+        size_limit: Some("1Mi"),
+    };
+    create(
+        &runs,
+        "sparse",
+        run_spec(&[path], true, Compression::None, "2m"),
+    )
+    .await;
+    run_then_finish(&runs, &pods, "sparse", &op).await;
+    let run = wait_final(&runs, "sparse", &op, Duration::from_secs(120)).await;
+    let e = entry(&run, 0);
+    assert_eq!(e.phase, ReadBackPhase::Capped, "{e:?}");
+    assert_eq!((e.members, e.bytes, e.dropped_members), (1, 10, 1), "{e:?}");
+    assert!(
+        e.message.as_deref().unwrap_or_default().contains("cap"),
+        "{e:?}"
+    );
+    assert_eq!(e.attempts, 1, "no retry, no fallback: {e:?}");
+    assert_eq!(
+        run.status.as_ref().unwrap().phase,
+        Some(Phase::Succeeded),
+        "a capped path is not a failed run"
+    );
+
+    let (store, prefix) = store_from_url(&store_url, &[]).unwrap();
+    let m = list_manifests(&store, &prefix, &ns.name, "sparse")
+        .await
+        .unwrap();
+    assert_eq!(m.len(), 1, "{m:?}");
+    let manifest = &m[0].1;
+    assert_eq!(manifest.phase, ReadBackPhase::Capped);
+    assert_eq!(manifest.dropped.len(), 1, "{manifest:?}");
+    let dropped = &manifest.dropped[0];
+    assert_eq!(
+        (
+            dropped.path.as_str(),
+            dropped.size,
+            dropped.reason.as_str(),
+            dropped.in_pod
+        ),
+        ("huge.bin", 64 * GIB, "over_cap", true),
+        "dropped in the pod, listed with its real size"
+    );
+    assert_eq!(manifest.stopped_at_input_bound, None, "{manifest:?}");
+    assert!(
+        manifest.totals.input_bytes < 64 * KIB,
+        "only headers and the result crossed the wire: {} bytes",
+        manifest.totals.input_bytes
+    );
+    let names: Vec<&str> = manifest.members.iter().map(|m| m.path.as_str()).collect();
+    assert_eq!(names, ["result.txt"]);
+    let started: jiff::Timestamp = manifest.started_at.parse().unwrap();
+    let finished: jiff::Timestamp = manifest.finished_at.parse().unwrap();
+    let took = finished.duration_since(started);
+    assert!(
+        took < jiff::SignedDuration::from_secs(10),
+        "the drain took {took:?}"
+    );
+
+    // `files get`: the result is there, byte for byte, and the placeholder is not a file.
+    let extracted = host_dir("sparse-extracted");
+    let _remove_extracted = RemoveOnDrop(extracted.clone());
+    extract_verified(&store, manifest, &extracted)
+        .await
+        .expect("extract");
+    assert_eq!(std::fs::read(extracted.join("result.txt")).unwrap(), result);
+    assert!(!extracted.join("huge.bin").exists());
+
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &ns.name);
+    let ev = eventually("the readback_capped Event", Duration::from_secs(30), || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some("sandbox_runfiles_readback_capped"))
+        }
+    })
+    .await;
+    assert!(ev.note.unwrap_or_default().contains("1 member(s) dropped"));
+}
+
 // ---------------------------------------------------------------------------------------------
 // 4. S3 outage
 // ---------------------------------------------------------------------------------------------

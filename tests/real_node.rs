@@ -970,3 +970,76 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
     .await;
     assert!(text.contains("sandboxrun_"), "{text}");
 }
+
+/// The cap on a real container: a 64 GiB sparse file beside a small result, under `sizeLimit:
+/// 1Mi`, is dropped by the packer in the pod (it never crosses the wire), the result is kept and
+/// the path ends `Capped` in seconds. And a path whose only file the holder cannot read (mode
+/// 0000) ends `Failed` with the packer's note, never `Empty`.
+#[tokio::test]
+async fn over_cap_files_are_dropped_in_the_pod_and_unreadable_is_never_empty() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "real-cap").await;
+    let (_store, store_url) = file_store("real-cap");
+    let op = start_operator(&ns.name, &store_url);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+
+    let huge = r#"set -e
+o=$ITERION_ARTIFACT_FILES_DIR
+dd if=/dev/zero of="$o/huge.bin" bs=1 count=0 seek=68719476736 2>/dev/null
+echo 'the result' > "$o/result.txt""#;
+    let mut spec = real_spec(Some(huge), &["/work/out"]);
+    if let Some(rb) = spec.read_back.as_mut() {
+        rb.paths[0].size_limit = Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+            "1Mi".into(),
+        ));
+    }
+    create(&runs, "huge", spec).await;
+
+    let unreadable = r#"echo 'kept from everyone' > "$ITERION_ARTIFACT_FILES_DIR/locked.txt"
+chmod 0000 "$ITERION_ARTIFACT_FILES_DIR/locked.txt""#;
+    create(&runs, "locked", real_spec(Some(unreadable), &["/work/out"])).await;
+
+    let run = wait_run(&runs, "huge", "a final phase", &op, final_phase).await;
+    let status = run.status.expect("status");
+    let entry = &status.read_back[0];
+    assert_eq!(entry.phase, ReadBackPhase::Capped, "{entry:?}");
+    assert_eq!(entry.dropped_members, 1, "{entry:?}");
+    assert!(entry.bytes < 1024 * 1024, "{entry:?}");
+    let finished = status.completion_time.expect("completionTime").0;
+    let created = run
+        .metadata
+        .creation_timestamp
+        .expect("creationTimestamp")
+        .0;
+    let took = finished.duration_since(created);
+    assert!(
+        took < jiff::SignedDuration::from_secs(60),
+        "64 GiB never crossed the wire: the whole run took {took:?}"
+    );
+    let dest = files_get(&ns.name, "huge", &store_url, &[]);
+    let out = extracted(&dest, 0);
+    assert_eq!(
+        std::fs::read_to_string(out.join("result.txt")).expect("result.txt kept"),
+        "the result\n"
+    );
+    assert!(
+        !out.join("huge.bin").exists(),
+        "the dropped member is not extracted"
+    );
+
+    let run = wait_run(&runs, "locked", "a final phase", &op, final_phase).await;
+    let entry = &run.status.expect("status").read_back[0];
+    assert_eq!(
+        entry.phase,
+        ReadBackPhase::Failed,
+        "unreadable is not Empty: {entry:?}"
+    );
+    let message = entry.message.clone().unwrap_or_default();
+    assert!(
+        message.contains("locked.txt"),
+        "the packer's note names the file: {message}"
+    );
+    let events = run_events(&client, &ns.name, "locked").await.join("\n");
+    assert!(events.contains("sandbox_runfiles_drain_failed"), "{events}");
+}

@@ -59,9 +59,13 @@ fuzz_target!(|data: &[u8]| {
             MemberKind::Dir => assert_eq!(m.size, 0),
         }
     }
-    if outcome.dropped.is_empty() {
+    // Capped exactly when something was dropped or the input bound cut the stream.
+    if outcome.dropped.is_empty() && outcome.stopped_at_input_bound.is_none() {
         assert_ne!(outcome.phase(), ReadBackPhase::Capped);
     } else {
         assert_eq!(outcome.phase(), ReadBackPhase::Capped);
+    }
+    if let Some(bound) = outcome.stopped_at_input_bound {
+        assert_eq!(bound, opts.max_input_bytes);
     }
 });

@@ -9,8 +9,19 @@
 //! makes of the input, the stored archive has one unambiguous reading.
 //!
 //! A drain that fails is an error with what was read before it, never an empty or silently
-//! truncated set (ADR-143 §4): a truncated stream, garbage, trailing junk, a stream past its input
-//! bound and an entry flood are all errors.
+//! truncated set (ADR-143 §4): a truncated stream, garbage, trailing junk, a stream that goes on
+//! past its end-of-archive marker up to the input bound, and an entry flood are all errors.
+//!
+//! The input bound (4 × cap + 256 MiB, [`DrainOptions::new`]) is the guard against an endless or
+//! hostile stream, not a failure of what was already read: when the members of the stream would
+//! take it past the bound, the drain stops reading right there — before a member whose content
+//! would cross it, so no member is ever stored cut short — lists that member as dropped, and ends
+//! `Capped` with every member read so far ([`DrainOutcome::stopped_at_input_bound`]). What came
+//! after that point was never seen.
+//!
+//! Members the packer dropped in the pod (`pack --budget`) arrive as zero-length placeholders with
+//! a `SANDBOXRUN.dropped` PAX record; they are validated ([`sanitize::dropped_in_pod`]) and listed
+//! as dropped like the members this meter drops (docs/contract.md, "Unbounded size").
 
 use std::io;
 use std::pin::Pin;
@@ -28,7 +39,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use crate::api::{Compression, ReadBackPhase};
 use crate::drain::cap::{Admit, CapMeter};
 use crate::drain::sanitize::{
-    Decision, EntryInfo, EntryKind, Limits, MemberKind, Reason, Sanitizer,
+    self, Decision, EntryInfo, EntryKind, Limits, MemberKind, Reason, Sanitizer,
 };
 use crate::pack::ustar;
 use crate::store::{self, Manifest, ManifestContext, ObjectKeys, StoreError};
@@ -39,6 +50,12 @@ use crate::store::{self, Manifest, ManifestContext, ObjectKeys, StoreError};
 pub const DEFAULT_MAX_HEADER_BYTES: u64 = 1024 * 1024;
 /// Input allowed on top of 4 × the cap by [`DrainOptions::new`].
 pub const INPUT_HEADROOM_BYTES: u64 = 256 * 1024 * 1024;
+/// [`DroppedRecord::reason`] of a file that would cross the cap (dropped by this meter, or by the
+/// packer in the pod: then [`DroppedRecord::in_pod`] is set).
+pub const DROPPED_OVER_CAP: &str = "over_cap";
+/// [`DroppedRecord::reason`] of a file that fit the cap but whose content would have taken the
+/// stream past the drain's input bound: the drain stopped reading before it.
+pub const DROPPED_INPUT_BOUND: &str = "input_bound";
 
 /// How one path is drained.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,9 +66,10 @@ pub struct DrainOptions {
     pub compression: Compression,
     /// Sanitizer limits (entries, path and component lengths).
     pub limits: Limits,
-    /// Most bytes read from the stream before the drain fails (the endless-stream guard; the
-    /// caller's timeout bounds the time). Dropped members still flow through the stream, so this
-    /// must sit well above the cap or a capped drain would turn into a failed one.
+    /// Most bytes read from the stream (the endless-stream guard; the caller's timeout bounds the
+    /// time). Reaching it while members are being read ends the drain `Capped` with the members
+    /// read so far; reaching it after the end-of-archive marker fails the drain. With an older
+    /// packer, dropped members still flow through the stream, so this sits well above the cap.
     pub max_input_bytes: u64,
     /// See [`DEFAULT_MAX_HEADER_BYTES`].
     pub max_header_bytes: u64,
@@ -92,16 +110,20 @@ pub struct MemberRecord {
     pub link_target: Option<String>,
 }
 
-/// A file dropped because it would cross the cap.
+/// A file dropped because it would cross the cap (or the input bound).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DroppedRecord {
     /// Normalized relative path.
     pub path: String,
-    /// Its content bytes.
+    /// Its content bytes (for a member dropped in the pod: as the packer declared it).
     pub size: u64,
-    /// Always `over_cap` today.
+    /// [`DROPPED_OVER_CAP`] or [`DROPPED_INPUT_BOUND`].
     pub reason: String,
+    /// Dropped by the packer in the pod (`pack --budget`): only a placeholder crossed the wire,
+    /// and `size` is the pod's word, unverified.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_pod: bool,
 }
 
 /// An entry the sanitizer refused.
@@ -134,13 +156,18 @@ pub struct DrainOutcome {
     pub input_bytes: u64,
     /// Bytes of the stored archive (after compression).
     pub archive_bytes: u64,
+    /// Set (to the bound, in bytes) when the drain stopped reading at its input bound: the members
+    /// listed are the ones read before that point; whatever followed was never seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at_input_bound: Option<u64>,
 }
 
 impl DrainOutcome {
-    /// The path's phase: Capped when anything was dropped, Empty when the stream held nothing at
-    /// all, Drained otherwise (rejected entries are listed, and counted in the status).
+    /// The path's phase: Capped when anything was dropped or the input bound cut the stream,
+    /// Empty when the stream held nothing at all, Drained otherwise (rejected entries are listed,
+    /// and counted in the status).
     pub fn phase(&self) -> ReadBackPhase {
-        if !self.dropped.is_empty() {
+        if !self.dropped.is_empty() || self.stopped_at_input_bound.is_some() {
             ReadBackPhase::Capped
         } else if self.members.is_empty() && self.rejected.is_empty() {
             ReadBackPhase::Empty
@@ -290,7 +317,9 @@ where
         .set_ignore_zeros(false)
         .build();
     run.entries(&mut archive).await?;
-    run.trailer(&mut archive).await?;
+    if run.outcome.stopped_at_input_bound.is_none() {
+        run.trailer(&mut archive).await?;
+    }
     let progress = run.progress();
     let write_failed = move |e| DrainError {
         kind: DrainErrorKind::Write(e),
@@ -306,6 +335,7 @@ where
         rejected = run.outcome.rejected.len(),
         bytes = run.outcome.bytes,
         input_bytes = run.outcome.input_bytes,
+        stopped_at_input_bound = ?run.outcome.stopped_at_input_bound,
         "drained tar stream"
     );
     Ok(run.outcome)
@@ -450,9 +480,26 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
             let mut entry = match next {
                 None => break,
                 Some(Ok(entry)) => entry,
+                // The bound was reached between two members: every member so far is whole.
+                Some(Err(_)) if self.state.tripped.load(Ordering::Relaxed) == TRIPPED_INPUT => {
+                    self.stop_at_input_bound();
+                    return Ok(());
+                }
                 Some(Err(e)) => return Err(self.read_failure(e)),
             };
-            skip = self.entry(&mut entry).await?;
+            match self.entry(&mut entry).await? {
+                Next::Skip(n) => skip = n,
+                Next::Stop => {
+                    self.stop_at_input_bound();
+                    return Ok(());
+                }
+            }
+            // Skipping what the entry announced would take the stream past the bound: stop now
+            // rather than read it for nothing.
+            if self.would_cross_input_bound(skip) {
+                self.stop_at_input_bound();
+                return Ok(());
+            }
         }
         if self.state.eof.load(Ordering::Relaxed) {
             return Err(self.fail(DrainErrorKind::Truncated(
@@ -462,11 +509,31 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
         Ok(())
     }
 
-    /// Handles one entry; returns how many content bytes are left for the parser to skip.
+    /// Whether reading `bytes` more would take the stream past the input bound.
+    fn would_cross_input_bound(&self, bytes: u64) -> bool {
+        self.state
+            .total
+            .load(Ordering::Relaxed)
+            .saturating_add(bytes)
+            > self.opts.max_input_bytes
+    }
+
+    fn stop_at_input_bound(&mut self) {
+        tracing::info!(
+            limit = self.opts.max_input_bytes,
+            input_bytes = self.state.total.load(Ordering::Relaxed),
+            members = self.outcome.members.len(),
+            "the stream reached the drain's input bound; keeping the members read so far"
+        );
+        self.outcome.stopped_at_input_bound = Some(self.opts.max_input_bytes);
+    }
+
+    /// Handles one entry: how many content bytes are left for the parser to skip, or whether the
+    /// drain stops here (the entry's content would cross the input bound).
     async fn entry<R: AsyncRead + Unpin + Send>(
         &mut self,
         entry: &mut tokio_tar::Entry<tokio_tar::Archive<R>>,
-    ) -> Result<u64, DrainError> {
+    ) -> Result<Next, DrainError> {
         let header = entry.header();
         let type_byte = header.entry_type().as_byte();
         let mode = header.mode().unwrap_or(0o644) & 0o777;
@@ -479,6 +546,12 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
         if kind == EntryKind::File && has_gnu_sparse_records(entry).await {
             kind = EntryKind::Sparse;
         }
+        let drop_record = match kind {
+            EntryKind::File | EntryKind::Directory | EntryKind::Symlink => {
+                pax_value(entry, ustar::DROPPED_KEY).await
+            }
+            _ => None,
+        };
         let malformed = |e: io::Error| self.fail(DrainErrorKind::Malformed(e.to_string()));
         let path = entry.path_bytes().map_err(malformed)?.into_owned();
         let link = entry
@@ -491,25 +564,43 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
             link_target: link.as_deref(),
             size,
         };
+        let reject = |outcome: &mut DrainOutcome, reason: Reason| {
+            tracing::debug!(path = %String::from_utf8_lossy(&path), %reason, "rejected tar entry");
+            outcome.rejected.push(RejectedRecord {
+                path: String::from_utf8_lossy(&path).into_owned(),
+                entry_type: char::from(type_byte).escape_default().to_string(),
+                size,
+                reason,
+            });
+        };
         let accepted = match self.sanitizer.check(&info) {
-            Decision::Ignore => return Ok(stored),
+            Decision::Ignore => return Ok(Next::Skip(stored)),
             Decision::Reject(reason) if reason.is_fatal() => {
                 return Err(self.fail(DrainErrorKind::TooManyEntries {
                     limit: self.opts.limits.max_entries,
                 }));
             }
             Decision::Reject(reason) => {
-                tracing::debug!(path = %String::from_utf8_lossy(&path), %reason, "rejected tar entry");
-                self.outcome.rejected.push(RejectedRecord {
-                    path: String::from_utf8_lossy(&path).into_owned(),
-                    entry_type: char::from(type_byte).escape_default().to_string(),
-                    size,
-                    reason,
-                });
-                return Ok(stored);
+                reject(&mut self.outcome, reason);
+                return Ok(Next::Skip(stored));
             }
             Decision::Accept(accepted) => accepted,
         };
+        if let Some(value) = drop_record {
+            match sanitize::dropped_in_pod(accepted.kind, size, &value) {
+                Ok(declared) => {
+                    self.meter.record_drop(declared);
+                    self.outcome.dropped.push(DroppedRecord {
+                        path: accepted.path,
+                        size: declared,
+                        reason: DROPPED_OVER_CAP.into(),
+                        in_pod: true,
+                    });
+                }
+                Err(reason) => reject(&mut self.outcome, reason),
+            }
+            return Ok(Next::Skip(stored));
+        }
         let mut record = MemberRecord {
             path: accepted.path,
             kind: accepted.kind,
@@ -524,13 +615,32 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
         };
         match accepted.kind {
             MemberKind::File => {
+                if self.would_cross_input_bound(size) {
+                    // Its content cannot be read whole within the bound: stop before it, so the
+                    // stored archive never holds a member cut short.
+                    let reason = if self.meter.fits(size) {
+                        self.meter.record_drop(size);
+                        DROPPED_INPUT_BOUND
+                    } else {
+                        self.meter.admit(size);
+                        DROPPED_OVER_CAP
+                    };
+                    self.outcome.dropped.push(DroppedRecord {
+                        path: record.path,
+                        size,
+                        reason: reason.into(),
+                        in_pod: false,
+                    });
+                    return Ok(Next::Stop);
+                }
                 if self.meter.admit(size) == Admit::Drop {
                     self.outcome.dropped.push(DroppedRecord {
                         path: record.path,
                         size,
-                        reason: "over_cap".into(),
+                        reason: DROPPED_OVER_CAP.into(),
+                        in_pod: false,
                     });
-                    return Ok(stored);
+                    return Ok(Next::Skip(stored));
                 }
                 let header = self
                     .header(tokio_tar::EntryType::Regular, &record, size, mtime)
@@ -556,7 +666,7 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
                 record.sha256 = Some(hex::encode(source.hasher.finalize()));
                 self.outcome.bytes += size;
                 self.outcome.members.push(record);
-                Ok(0)
+                Ok(Next::Skip(0))
             }
             MemberKind::Dir | MemberKind::Symlink => {
                 let ty = if accepted.kind == MemberKind::Dir {
@@ -571,7 +681,7 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
                     .map_err(|e| self.fail(DrainErrorKind::Write(e)))?;
                 self.outcome.members.push(record);
                 // A directory or link has no content; whatever a hostile header claims is skipped.
-                Ok(stored)
+                Ok(Next::Skip(stored))
             }
         }
     }
@@ -637,6 +747,31 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
                 return Err(self.fail(DrainErrorKind::TrailingGarbage));
             }
         }
+    }
+}
+
+/// What the drain does after an entry.
+enum Next {
+    /// Go on; the parser skips this many content bytes of the entry.
+    Skip(u64),
+    /// Stop reading: the input bound would be crossed (see the module doc).
+    Stop,
+}
+
+/// The value of the last PAX record `key` of a file, directory or symlink entry, if it has one.
+/// Only called for those kinds, whose PAX records the parser already holds: reads nothing from
+/// the stream (the records were bounded by the header window when they were parsed).
+async fn pax_value<R: AsyncRead + Unpin>(
+    entry: &mut tokio_tar::Entry<R>,
+    key: &[u8],
+) -> Option<Vec<u8>> {
+    match entry.pax_extensions().await {
+        Ok(Some(records)) => records
+            .flatten()
+            .filter(|r| r.key_bytes() == key)
+            .last()
+            .map(|r| r.value_bytes().to_vec()),
+        _ => None,
     }
 }
 
@@ -1036,7 +1171,8 @@ mod tests {
             vec![DroppedRecord {
                 path: "huge".into(),
                 size: 5,
-                reason: "over_cap".into()
+                reason: "over_cap".into(),
+                in_pod: false,
             }]
         );
         assert_eq!(outcome.phase(), ReadBackPhase::Capped);
@@ -1164,13 +1300,102 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_endless_stream_stops_at_the_input_bound() {
+    async fn an_endless_member_stops_the_drain_at_the_input_bound_and_keeps_what_came_before() {
+        // a.txt, then a header announcing 1 TiB, then zeros forever (an old packer streaming a
+        // huge sparse file, or a hostile one).
+        let mut head = Vec::new();
+        raw_entry(&mut head, b'0', "a.txt", None, b"kept\n");
         let mut h = tar::Header::new_ustar();
         h.set_path("big").expect("path");
         h.set_size(1 << 40);
         h.set_cksum();
+        head.extend_from_slice(h.as_bytes());
         let input = Endless {
-            header: h.as_bytes().to_vec(),
+            header: head.clone(),
+            pos: 0,
+        };
+        let o = DrainOptions {
+            max_input_bytes: 1 << 20,
+            ..opts(10)
+        };
+        let mut out = Vec::new();
+        let outcome = drain_stream(input, &mut out, &o)
+            .await
+            .expect("the bound is not a failure of what was read");
+        assert_eq!(outcome.phase(), ReadBackPhase::Capped);
+        assert_eq!(outcome.stopped_at_input_bound, Some(1 << 20));
+        let kept: Vec<_> = members_of(&out).into_iter().map(|m| (m.0, m.2)).collect();
+        assert_eq!(kept, vec![("a.txt".to_string(), b"kept\n".to_vec())]);
+        assert_eq!(
+            outcome.dropped,
+            vec![DroppedRecord {
+                path: "big".into(),
+                size: 1 << 40,
+                reason: DROPPED_OVER_CAP.into(),
+                in_pod: false,
+            }]
+        );
+        assert_eq!(
+            outcome.input_bytes,
+            head.len() as u64,
+            "it stopped at the header: none of the 1 TiB was read"
+        );
+    }
+
+    #[tokio::test]
+    async fn reaching_the_input_bound_between_members_ends_capped_with_the_earlier_members_kept() {
+        // An entry flood of small files: the bound is reached while a header is being read.
+        let mut t = Vec::new();
+        for i in 0..200 {
+            raw_entry(&mut t, b'0', &format!("f{i:03}"), None, b"x");
+        }
+        end(&mut t);
+        let o = DrainOptions {
+            max_input_bytes: 100 * 1024 + 100,
+            ..opts(1 << 20)
+        };
+        let (outcome, out) = drain(&t, &o).await.expect("capped, not failed");
+        assert_eq!(outcome.phase(), ReadBackPhase::Capped);
+        assert_eq!(outcome.stopped_at_input_bound, Some(o.max_input_bytes));
+        // 1024 bytes per member: the 100th is whole at 102400, the 101st header crosses.
+        let stored = members_of(&out);
+        assert_eq!(stored.len(), 100, "every member read whole is kept");
+        assert_eq!(outcome.members.len(), 100);
+        assert!(stored.iter().all(|m| m.2 == b"x"), "no member cut short");
+        assert!(outcome.dropped.is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_member_within_the_cap_that_would_cross_the_input_bound_is_listed_and_not_cut() {
+        let mut t = Vec::new();
+        raw_entry(&mut t, b'0', "before", None, b"b");
+        raw_entry(&mut t, b'0', "whole", None, &[5u8; 4096]);
+        raw_entry(&mut t, b'0', "after", None, b"a");
+        end(&mut t);
+        let o = DrainOptions {
+            max_input_bytes: 2048,
+            ..opts(1 << 20)
+        };
+        let (outcome, out) = drain(&t, &o).await.expect("capped");
+        let names: Vec<_> = members_of(&out).into_iter().map(|m| m.0).collect();
+        assert_eq!(names, ["before"]);
+        assert_eq!(
+            outcome.dropped,
+            vec![DroppedRecord {
+                path: "whole".into(),
+                size: 4096,
+                reason: DROPPED_INPUT_BOUND.into(),
+                in_pod: false,
+            }]
+        );
+        assert_eq!(outcome.phase(), ReadBackPhase::Capped);
+    }
+
+    #[tokio::test]
+    async fn zeros_forever_after_the_end_marker_fail_at_the_input_bound() {
+        // The archive ended; a packer that keeps writing is broken or hostile: Failed, as before.
+        let input = Endless {
+            header: Vec::new(),
             pos: 0,
         };
         let o = DrainOptions {
@@ -1186,6 +1411,109 @@ mod tests {
             "{err}"
         );
         assert!(err.progress.input_bytes <= (1 << 20) + 65536);
+    }
+
+    #[tokio::test]
+    async fn the_placeholder_of_a_member_dropped_in_the_pod_becomes_a_dropped_member() {
+        // The real packer, with a budget, over a sparse 8 GiB file and a small result.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let big = std::fs::File::create(dir.path().join("big.bin")).expect("create");
+        big.set_len(8 << 30).expect("set_len");
+        drop(big);
+        std::fs::write(dir.path().join("result.txt"), b"0123456789").expect("write");
+        let mut stream = Vec::new();
+        crate::pack::pack(dir.path(), Some(1 << 20), &mut stream, io::sink()).expect("pack");
+        let (outcome, out) = drain(&stream, &opts(1 << 20)).await.expect("drain");
+        assert_eq!(outcome.phase(), ReadBackPhase::Capped);
+        assert_eq!(
+            outcome.dropped,
+            vec![DroppedRecord {
+                path: "big.bin".into(),
+                size: 8 << 30,
+                reason: DROPPED_OVER_CAP.into(),
+                in_pod: true,
+            }]
+        );
+        let stored: Vec<_> = members_of(&out).into_iter().map(|m| (m.0, m.2)).collect();
+        assert_eq!(
+            stored,
+            vec![("result.txt".to_string(), b"0123456789".to_vec())],
+            "the placeholder is never stored as an empty file"
+        );
+        assert_eq!(outcome.bytes, 10);
+        assert_eq!(outcome.stopped_at_input_bound, None);
+        assert!(outcome.input_bytes < 16 * 1024, "{}", outcome.input_bytes);
+    }
+
+    #[tokio::test]
+    async fn a_forged_or_malformed_drop_record_is_rejected_and_never_stored() {
+        let record = |v: &str| ustar::record(ustar::DROPPED_KEY, v.as_bytes());
+        let mut t = Vec::new();
+        // Valid: listed as dropped, with the size the pod claims.
+        pax_entry(&mut t, &record("9223372036854775807"));
+        raw_entry(&mut t, b'0', "claims-max", None, b"");
+        pax_entry(&mut t, &record("9223372036854775807"));
+        raw_entry(&mut t, b'0', "claims-max-again", None, b"");
+        pax_entry(&mut t, &record("9223372036854775807"));
+        raw_entry(&mut t, b'0', "claims-max-thrice", None, b"");
+        // Invalid: rejected, never stored as an (empty or not) file.
+        pax_entry(&mut t, &record("12abc"));
+        raw_entry(&mut t, b'0', "not-a-number", None, b"");
+        pax_entry(&mut t, &record("99999999999999999999"));
+        raw_entry(&mut t, b'0', "too-large", None, b"");
+        pax_entry(&mut t, &record("4"));
+        raw_entry(&mut t, b'0', "has-content", None, b"data");
+        pax_entry(&mut t, &record("4"));
+        raw_entry(&mut t, b'5', "a-dir/", None, b"");
+        // An unsafe path stays rejected for its path, record or not.
+        pax_entry(&mut t, &record("4"));
+        raw_entry(&mut t, b'0', "../escape", None, b"");
+        raw_entry(&mut t, b'0', "ok.txt", None, b"fine");
+        end(&mut t);
+        let (outcome, out) = drain(&t, &opts(1024)).await.expect("drain");
+        let names: Vec<_> = members_of(&out).into_iter().map(|m| m.0).collect();
+        assert_eq!(names, ["ok.txt"]);
+        let dropped: Vec<_> = outcome
+            .dropped
+            .iter()
+            .map(|d| (d.path.as_str(), d.size, d.in_pod))
+            .collect();
+        assert_eq!(
+            dropped,
+            [
+                ("claims-max", i64::MAX as u64, true),
+                ("claims-max-again", i64::MAX as u64, true),
+                ("claims-max-thrice", i64::MAX as u64, true),
+            ]
+        );
+        let rejected: Vec<_> = outcome
+            .rejected
+            .iter()
+            .map(|r| (r.path.as_str(), r.reason.as_str()))
+            .collect();
+        assert_eq!(
+            rejected,
+            [
+                ("not-a-number", "invalid_drop_record"),
+                ("too-large", "invalid_drop_record"),
+                ("has-content", "invalid_drop_record"),
+                ("a-dir/", "invalid_drop_record"),
+                ("../escape", "parent_dir"),
+            ]
+        );
+        // Forged sizes cannot overflow the totals (three times i64::MAX is past u64::MAX).
+        let (run, ctx) = ctx();
+        let keys = object_keys(
+            &object_store::path::Path::from("p"),
+            &run,
+            0,
+            "/out",
+            Compression::None,
+        );
+        let now = jiff::Timestamp::now();
+        let m = Manifest::new(&ctx, &keys, &opts(1024), &outcome, now, now);
+        assert_eq!(m.totals.dropped_bytes, u64::MAX);
+        assert_eq!(m.phase, ReadBackPhase::Capped);
     }
 
     #[tokio::test]

@@ -9,6 +9,12 @@
 //! cap is dropped whole and recorded; later members that still fit are kept. The contract is "a
 //! dropped member and the rest of the run", never a truncated archive and never a truncated member.
 //!
+//! The same rule runs twice: in the pod, `pack --budget` meters with this very type and writes
+//! a member it drops as a zero-length placeholder (so its content never crosses the wire), and on
+//! the operator side the drain meters everything it receives again (the packer runs in a pod the
+//! workload shares, so it is not trusted to meter) and records the placeholders as dropped with
+//! [`CapMeter::record_drop`] (see docs/contract.md, "Unbounded size").
+//!
 //! Retries: ADR-143 says the meter "meters what the host holds — every attempt of a retried drain
 //! counted together, since tar never deletes". Here every attempt of a path's drain writes the SAME
 //! object key (`store::object_keys`), and a failed attempt aborts its multipart upload, so what the
@@ -66,6 +72,20 @@ impl CapMeter {
                 Admit::Drop
             }
         }
+    }
+
+    /// Whether a member of `size` content bytes would be kept, without counting it.
+    pub fn fits(&self, size: u64) -> bool {
+        self.kept_bytes
+            .checked_add(size)
+            .is_some_and(|total| total <= self.cap_bytes)
+    }
+
+    /// Counts a member dropped for a reason the meter did not decide (dropped in the pod by the
+    /// packer, or cut by the drain's input bound): it is never kept, whatever its size.
+    pub fn record_drop(&mut self, size: u64) {
+        self.dropped_members += 1;
+        self.dropped_bytes = self.dropped_bytes.saturating_add(size);
     }
 
     /// The cap.
@@ -126,6 +146,20 @@ mod tests {
         assert_eq!(m.admit(u64::MAX - 1), Admit::Keep);
         assert_eq!(m.admit(u64::MAX), Admit::Drop);
         assert_eq!(m.dropped_bytes(), u64::MAX);
+    }
+
+    #[test]
+    fn fits_peeks_without_counting_and_record_drop_never_keeps() {
+        let mut m = CapMeter::new(10);
+        assert!(m.fits(10));
+        assert!(!m.fits(11));
+        assert_eq!(m.kept_bytes(), 0, "fits counts nothing");
+        m.record_drop(3);
+        m.record_drop(u64::MAX);
+        assert_eq!(m.kept_bytes(), 0);
+        assert_eq!(m.dropped_members(), 2);
+        assert_eq!(m.dropped_bytes(), u64::MAX, "saturates");
+        assert_eq!(m.admit(10), Admit::Keep, "a recorded drop uses no budget");
     }
 
     #[test]

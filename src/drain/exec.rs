@@ -1,23 +1,32 @@
-//! The transport of the drain: `sandboxrun-operator pack <path>` exec'd in the holder container,
-//! its stdout a tar stream (untrusted), its stderr the packer's notes, its status the exit code.
+//! The transport of the drain: `sandboxrun-operator pack <path> --budget <cap>` exec'd in the
+//! holder container, its stdout a tar stream (untrusted), its stderr the packer's notes, its
+//! status the exit code.
 //!
-//! stderr is drained concurrently into a bounded buffer: an undrained stderr can stall the
-//! websocket and with it stdout (CRATES.md pitfall).
+//! stderr is drained concurrently, to its end, into a buffer bounded in BYTES ([`collect_notes`]):
+//! past the bound, and whatever the bytes are (invalid UTF-8, no newline at all), it keeps
+//! reading and discarding, because an undrained stderr can stall the websocket and with it stdout
+//! (CRATES.md pitfall).
+
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::{AttachParams, AttachedProcess};
 use kube::Api;
 use thiserror::Error;
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::task::JoinHandle;
 
 use crate::pod::HOLDER_CONTAINER;
 
-/// Most stderr lines kept from one pack run (the rest are counted, not kept).
-const MAX_NOTE_LINES: usize = 1000;
+/// Most stderr bytes kept from one pack run (the rest are read, counted and discarded).
+pub const MAX_NOTE_BYTES: usize = 64 * 1024;
 /// Longest stderr line kept (longer ones are cut).
 const MAX_NOTE_LEN: usize = 1024;
+/// How long the packer's notes are awaited once its exec was stopped.
+const NOTES_AFTER_ABORT: Duration = Duration::from_secs(2);
+/// The flag that passes the path's cap to the packer (`pack --budget`).
+pub const BUDGET_FLAG: &str = "--budget";
 /// Buffer between the websocket task and our reader; large enough not to throttle throughput.
 const STDOUT_BUFFER: usize = 1024 * 1024;
 
@@ -74,35 +83,105 @@ impl ExecError {
     pub fn is_transient(&self) -> bool {
         !matches!(self, ExecError::Failed { .. })
     }
+
+    /// Whether the packer failed because it does not know `--budget`: an older holder image (or a
+    /// custom `--pack-command`) whose usage error names the flag (clap: "unexpected argument
+    /// '--budget'", GNU tools: "unrecognized option '--budget'").
+    pub fn refuses_budget_flag(&self) -> bool {
+        match self {
+            ExecError::Failed { stderr, .. } => {
+                stderr.iter().any(|line| line.contains(BUDGET_FLAG))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The packer's argv: `command... <path>`, then `--budget <bytes>` when a budget is given. The
+/// flag comes after the path so that a packer reading its path as `$1` keeps working.
+pub fn pack_argv(command: &[String], path: &str, budget: Option<u64>) -> Vec<String> {
+    let mut argv: Vec<String> = command.to_vec();
+    argv.push(path.to_string());
+    if let Some(bytes) = budget {
+        argv.push(BUDGET_FLAG.to_string());
+        argv.push(bytes.to_string());
+    }
+    argv
 }
 
 /// A running `pack` in the holder.
 pub struct PackExec {
     process: AttachedProcess,
     stdout: Option<Box<dyn AsyncRead + Send + Unpin>>,
-    notes: JoinHandle<(Vec<String>, usize)>,
+    notes: JoinHandle<PackNotes>,
     command: String,
 }
 
 /// What the packer reported besides its archive.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PackNotes {
-    /// stderr lines (bounded), e.g. skipped special files and unreadable files.
+    /// stderr lines (at most [`MAX_NOTE_BYTES`] in all, each cut to 1024 bytes, invalid UTF-8
+    /// replaced), e.g. skipped special files and unreadable files.
     pub lines: Vec<String>,
-    /// Lines not kept because of the bound.
-    pub truncated: usize,
+    /// stderr bytes read past the bound and discarded.
+    pub truncated_bytes: u64,
+}
+
+/// Reads `reader` to its end (or to a read error), keeping its first `max_bytes` bytes as lines and
+/// counting the rest. Never stops early: the writer must never block on a full pipe.
+pub async fn collect_notes<R: AsyncRead + Unpin>(mut reader: R, max_bytes: usize) -> PackNotes {
+    let mut kept: Vec<u8> = Vec::new();
+    let mut discarded = 0u64;
+    let mut buf = vec![0u8; 8 * 1024];
+    loop {
+        let n = match reader.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            // The stream is gone: nothing is left to drain.
+            Err(_) => break,
+        };
+        let room = max_bytes.saturating_sub(kept.len()).min(n);
+        kept.extend_from_slice(&buf[..room]);
+        discarded = discarded.saturating_add((n - room) as u64);
+    }
+    notes_from_bytes(&kept, discarded)
+}
+
+/// The kept stderr bytes as lines: split on `\n`, invalid UTF-8 replaced, each line cut to
+/// [`MAX_NOTE_LEN`] bytes, blank lines left out.
+fn notes_from_bytes(kept: &[u8], truncated_bytes: u64) -> PackNotes {
+    let lines = kept
+        .split(|b| *b == b'\n')
+        .map(|raw| raw.strip_suffix(b"\r").unwrap_or(raw))
+        .filter(|raw| !raw.is_empty())
+        .map(|raw| {
+            let mut line =
+                String::from_utf8_lossy(&raw[..raw.len().min(MAX_NOTE_LEN)]).into_owned();
+            if line.len() > MAX_NOTE_LEN {
+                // Replacement characters are wider than the bytes they replace.
+                let mut cut = MAX_NOTE_LEN;
+                while !line.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                line.truncate(cut);
+            }
+            line
+        })
+        .collect();
+    PackNotes {
+        lines,
+        truncated_bytes,
+    }
 }
 
 impl PackExec {
-    /// Starts `command... <path>` in the holder of `pod`.
+    /// Starts `argv` (see [`pack_argv`]) in the holder of `pod`.
     pub async fn start(
         pods: &Api<Pod>,
         pod: &str,
-        command: &[String],
-        path: &str,
+        argv: Vec<String>,
     ) -> Result<PackExec, ExecError> {
-        let mut argv: Vec<String> = command.to_vec();
-        argv.push(path.to_string());
         let mut params = AttachParams::default()
             .container(HOLDER_CONTAINER)
             .stdin(false)
@@ -122,26 +201,10 @@ impl PackExec {
             .map(|s| Box::new(s) as Box<dyn AsyncRead + Send + Unpin>);
         let stderr = process.stderr();
         let notes = tokio::spawn(async move {
-            let mut kept = Vec::new();
-            let mut dropped = 0usize;
-            if let Some(stderr) = stderr {
-                let mut lines = BufReader::new(stderr).lines();
-                while let Ok(Some(mut line)) = lines.next_line().await {
-                    if kept.len() >= MAX_NOTE_LINES {
-                        dropped += 1;
-                        continue;
-                    }
-                    if line.len() > MAX_NOTE_LEN {
-                        let mut cut = MAX_NOTE_LEN;
-                        while !line.is_char_boundary(cut) {
-                            cut -= 1;
-                        }
-                        line.truncate(cut);
-                    }
-                    kept.push(line);
-                }
+            match stderr {
+                Some(stderr) => collect_notes(stderr, MAX_NOTE_BYTES).await,
+                None => PackNotes::default(),
             }
-            (kept, dropped)
         });
         Ok(PackExec {
             process,
@@ -163,8 +226,7 @@ impl PackExec {
             Some(fut) => fut.await,
             None => None,
         };
-        let (lines, truncated) = (&mut self.notes).await.unwrap_or_default();
-        let notes = PackNotes { lines, truncated };
+        let notes = (&mut self.notes).await.unwrap_or_default();
         match status {
             Some(s) if s.status.as_deref() == Some("Success") => Ok(notes),
             Some(s) => Err(ExecError::Failed {
@@ -181,6 +243,19 @@ impl PackExec {
     /// Stops the exec (e.g. the stream was refused mid-way); the holder sees a closed pipe.
     pub fn abort(&self) {
         self.process.abort();
+    }
+
+    /// Stops the exec when the drain has read all it will (the input bound), and returns what
+    /// the packer said on stderr until then; its exit status is not awaited (it never finished).
+    pub async fn abandon(mut self) -> PackNotes {
+        self.process.abort();
+        match tokio::time::timeout(NOTES_AFTER_ABORT, &mut self.notes).await {
+            Ok(Ok(notes)) => notes,
+            _ => {
+                self.notes.abort();
+                PackNotes::default()
+            }
+        }
     }
 }
 
@@ -262,6 +337,110 @@ mod tests {
         };
         assert_eq!(exit_code(&opaque), None);
         assert_eq!(describe_status(&opaque), "Failure: boom");
+    }
+
+    /// A reader that yields `total` bytes of `pattern` in chunks, counting what was read.
+    struct Noisy {
+        pattern: Vec<u8>,
+        left: u64,
+        pos: usize,
+    }
+
+    impl AsyncRead for Noisy {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let n = (buf.remaining() as u64).min(self.left).min(4096) as usize;
+            for _ in 0..n {
+                let b = self.pattern[self.pos % self.pattern.len()];
+                buf.put_slice(&[b]);
+                self.pos += 1;
+            }
+            self.left -= n as u64;
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn stderr_is_capped_by_bytes_and_read_to_its_end_through_invalid_utf8() {
+        // 8 MiB of notes: invalid UTF-8, a line far longer than the line cut, then short lines.
+        let mut pattern = vec![0xffu8, 0xfe, b'x'];
+        pattern.extend(std::iter::repeat_n(b'y', 5000));
+        pattern.extend_from_slice(b"\npack: unreadable secret: Permission denied\n");
+        let total = 8 * 1024 * 1024u64;
+        let mut reader = Noisy {
+            pattern,
+            left: total,
+            pos: 0,
+        };
+        let notes = collect_notes(&mut reader, MAX_NOTE_BYTES).await;
+        assert_eq!(reader.left, 0, "stderr was read to its end");
+        assert_eq!(notes.truncated_bytes, total - MAX_NOTE_BYTES as u64);
+        let kept: usize = notes.lines.iter().map(|l| l.len()).sum();
+        assert!(kept <= MAX_NOTE_BYTES + 3 * notes.lines.len(), "{kept}");
+        assert!(notes.lines.iter().all(|l| l.len() <= MAX_NOTE_LEN));
+        assert!(
+            notes.lines[0].starts_with('\u{fffd}'),
+            "{:?}",
+            &notes.lines[0][..8]
+        );
+        assert_eq!(notes.lines[1], "pack: unreadable secret: Permission denied");
+    }
+
+    #[tokio::test]
+    async fn a_writer_flooding_stderr_through_a_small_pipe_never_blocks() {
+        let (mut tx, rx) = tokio::io::duplex(64);
+        let writer = tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            let chunk = [0xc3u8; 1024]; // a lone UTF-8 lead byte, over and over, no newline
+            for _ in 0..4096 {
+                tx.write_all(&chunk).await?;
+            }
+            tx.shutdown().await
+        });
+        let notes = tokio::time::timeout(Duration::from_secs(30), collect_notes(rx, 1000))
+            .await
+            .expect("the reader kept draining");
+        writer
+            .await
+            .expect("writer task")
+            .expect("the writer never blocked for good");
+        assert_eq!(notes.truncated_bytes, 4096 * 1024 - 1000);
+        assert_eq!(notes.lines.len(), 1);
+    }
+
+    #[test]
+    fn the_budget_follows_the_path_and_a_refusal_of_it_is_recognized() {
+        let cmd = vec!["sandboxrun-operator".to_string(), "pack".to_string()];
+        assert_eq!(
+            pack_argv(&cmd, "/out", Some(1 << 20)),
+            ["sandboxrun-operator", "pack", "/out", "--budget", "1048576"]
+        );
+        assert_eq!(
+            pack_argv(&cmd, "/out", None),
+            ["sandboxrun-operator", "pack", "/out"]
+        );
+        let old_holder = ExecError::Failed {
+            command: "pack /out --budget 1".into(),
+            status: "exit code 2".into(),
+            stderr: vec![
+                "error: unexpected argument '--budget' found".into(),
+                "Usage: sandboxrun-operator pack <PATH>".into(),
+            ],
+        };
+        assert!(old_holder.refuses_budget_flag());
+        let other = ExecError::Failed {
+            command: "pack /out --budget 1".into(),
+            status: "exit code 1".into(),
+            stderr: vec!["sandboxrun-operator pack: read-back path /out is not a directory".into()],
+        };
+        assert!(!other.refuses_budget_flag());
+        assert!(!ExecError::NoStatus {
+            command: "pack".into()
+        }
+        .refuses_budget_flag());
     }
 
     #[test]

@@ -5,7 +5,18 @@
 //!
 //! Commit order matters: the archive is uploaded, THEN the exec status is checked, THEN the
 //! manifest is written create-only. A packer that exited non-zero (or a stream that lost its
-//! status) never gets a manifest, so no reader can mistake a partial archive for a result.
+//! status) never gets a manifest, so no reader can mistake a partial archive for a result. The one
+//! exception is a stream that reached the drain's input bound: the drain stopped reading on
+//! purpose, so the packer is stopped too and the members read whole are committed as `Capped`
+//! (see `archive.rs`).
+//!
+//! The packer gets the path's cap as `--budget` so that members over it never cross the wire.
+//! Backward compatibility: a holder image that predates the flag (pods created before an upgrade
+//! keep their image) fails with a usage error that names it; the drain then retries at once
+//! without the flag, for that path, and meters the full stream as before.
+//!
+//! A path where nothing could be read is not an empty set: when the packer reported unreadable
+//! entries and stored no file, the path fails with the packer's notes ([`nothing_readable`]).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,8 +27,9 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use thiserror::Error;
 use tracing::{info, warn};
 
-use super::archive::{drain_stream, DrainError, DrainErrorKind, DrainOptions};
-use super::exec::{ExecError, PackExec};
+use super::archive::{drain_stream, DrainError, DrainErrorKind, DrainOptions, DrainOutcome};
+use super::exec::{pack_argv, ExecError, PackExec};
+use super::sanitize::MemberKind;
 use crate::api::{Compression, ReadBackPhase, ReadBackStatus};
 use crate::metrics::Metrics;
 use crate::store::{
@@ -79,6 +91,9 @@ pub enum AttemptError {
     /// The exec gave no stdout.
     #[error("the exec of the packer has no stdout")]
     NoStdout,
+    /// The packer could read nothing at the path (see [`nothing_readable`]).
+    #[error("{0}")]
+    NothingReadable(String),
 }
 
 impl AttemptError {
@@ -99,6 +114,8 @@ impl AttemptError {
             ),
             AttemptError::Store(_) => true,
             AttemptError::NoStdout => true,
+            // Permissions do not change by retrying.
+            AttemptError::NothingReadable(_) => false,
         }
     }
 
@@ -111,6 +128,7 @@ impl AttemptError {
             AttemptError::Drain(e) => e.metric_label(),
             AttemptError::Store(_) => "store",
             AttemptError::NoStdout => "exec_no_stdout",
+            AttemptError::NothingReadable(_) => "unreadable",
         }
     }
 }
@@ -161,11 +179,13 @@ pub fn committed_status(
 ) -> ReadBackStatus {
     let phase = manifest.phase;
     let message = match phase {
-        ReadBackPhase::Empty => Some("the workload wrote nothing at this path".to_string()),
-        ReadBackPhase::Capped => Some(format!(
-            "cap of {} bytes reached: {} member(s) ({} bytes) dropped, listed in the manifest",
-            manifest.cap_bytes, manifest.totals.dropped_members, manifest.totals.dropped_bytes
+        ReadBackPhase::Empty if !manifest.pod_notes.is_empty() => Some(format!(
+            "nothing was stored; the packer reported {} note(s), listed in the manifest's podNotes: {}",
+            manifest.pod_notes.len(),
+            manifest.pod_notes.first().map(String::as_str).unwrap_or_default()
         )),
+        ReadBackPhase::Empty => Some("the workload wrote nothing at this path".to_string()),
+        ReadBackPhase::Capped => Some(capped_message(manifest)),
         _ if manifest.totals.rejected_members > 0 => Some(format!(
             "{} unsafe member(s) rejected, listed in the manifest",
             manifest.totals.rejected_members
@@ -191,6 +211,69 @@ pub fn committed_status(
     }
 }
 
+/// The status message of a Capped path: what was dropped, and whether the input bound cut the
+/// stream.
+fn capped_message(manifest: &Manifest) -> String {
+    let mut text = format!(
+        "cap of {} bytes reached: {} member(s) ({} bytes) dropped, listed in the manifest",
+        manifest.cap_bytes, manifest.totals.dropped_members, manifest.totals.dropped_bytes
+    );
+    if let Some(bound) = manifest.stopped_at_input_bound {
+        text.push_str(&format!(
+            "; the stream reached the drain's input bound of {bound} bytes and was not read further: the {} member(s) read before it are kept",
+            manifest.totals.members
+        ));
+    }
+    text
+}
+
+/// Unreadable is not Empty (ADR-143 §4, docs/contract.md): a path that stored no file or symlink
+/// (directories alone are no content), dropped and rejected nothing, and whose packer reported
+/// unreadable entries, did not drain an empty set — the workload's files could not be read.
+/// Returns the failure message, with the packer's first notes, or None when the outcome stands.
+pub fn nothing_readable(outcome: &DrainOutcome, notes: &[String]) -> Option<String> {
+    let stored_content = outcome.members.iter().any(|m| m.kind != MemberKind::Dir);
+    if stored_content
+        || !outcome.dropped.is_empty()
+        || !outcome.rejected.is_empty()
+        || outcome.stopped_at_input_bound.is_some()
+    {
+        return None;
+    }
+    let unreadable: Vec<&str> = notes
+        .iter()
+        .map(String::as_str)
+        .filter(|l| l.starts_with(crate::pack::UNREADABLE_NOTE))
+        .collect();
+    if unreadable.is_empty() {
+        return None;
+    }
+    const SHOWN: usize = 3;
+    const NOTE_LIMIT: usize = 300;
+    let shown: Vec<&str> = unreadable
+        .iter()
+        .take(SHOWN)
+        .map(|note| {
+            let mut end = note.len().min(NOTE_LIMIT);
+            while !note.is_char_boundary(end) {
+                end -= 1;
+            }
+            &note[..end]
+        })
+        .collect();
+    let more = if unreadable.len() > SHOWN {
+        format!(" (and {} more)", unreadable.len() - SHOWN)
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "nothing at this path could be read: the packer stored no file and reported {} unreadable entr{}: {}{more}",
+        unreadable.len(),
+        if unreadable.len() == 1 { "y" } else { "ies" },
+        shown.join("; ")
+    ))
+}
+
 /// Drains one path; never returns an error — a failure is a Failed entry with its cause.
 pub async fn drain_path(job: &PathJob<'_>) -> ReadBackStatus {
     let started = Instant::now();
@@ -204,6 +287,9 @@ pub async fn drain_path(job: &PathJob<'_>) -> ReadBackStatus {
     let mut attempts = job.previous_attempts;
     let mut backoff = Duration::from_secs(1);
     let mut last_error: Option<AttemptError> = None;
+    // The path's cap, for the packer (`pack --budget`); dropped for good when the holder's packer
+    // predates the flag.
+    let mut budget = Some(job.cap_bytes);
 
     // An earlier operator may have committed this path and died before recording it.
     if let Ok(Some(manifest)) = try_read_manifest(job.store, &keys.manifest).await {
@@ -239,10 +325,20 @@ pub async fn drain_path(job: &PathJob<'_>) -> ReadBackStatus {
             index: job.index,
             attempt: attempts,
         };
-        match tokio::time::timeout(remaining, attempt(job, &keys, &opts, ctx)).await {
+        match tokio::time::timeout(remaining, attempt(job, &keys, &opts, ctx, budget)).await {
             Ok(Ok(manifest)) => {
                 let status = committed_status(job.path, &manifest, &keys, job.store_url, attempts);
                 return finish(job, status, started, None);
+            }
+            Ok(Err(AttemptError::Exec(e))) if budget.is_some() && e.refuses_budget_flag() => {
+                warn!(
+                    path = job.path,
+                    attempt = attempts,
+                    error = %e,
+                    "the holder's packer does not know --budget (an older holder image?); retrying without it, so members over the cap cross the wire before the drain drops them"
+                );
+                budget = None;
+                last_error = Some(AttemptError::Exec(e));
             }
             Ok(Err(e)) if e.is_transient() => {
                 warn!(path = job.path, attempt = attempts, error = %e, "drain attempt failed; retrying");
@@ -332,8 +428,10 @@ async fn attempt(
     keys: &ObjectKeys,
     opts: &DrainOptions,
     ctx: ManifestContext,
+    budget: Option<u64>,
 ) -> Result<Manifest, AttemptError> {
-    let mut exec = PackExec::start(job.pods, job.pod_name, job.pack_command, job.path).await?;
+    let argv = pack_argv(job.pack_command, job.path, budget);
+    let mut exec = PackExec::start(job.pods, job.pod_name, argv).await?;
     let stdout = exec.take_stdout().ok_or(AttemptError::NoStdout)?;
     let started = jiff::Timestamp::now();
     let mut writer = archive_writer(Arc::clone(job.store), keys.archive.clone(), opts);
@@ -354,22 +452,29 @@ async fn attempt(
             return Err(e.into());
         }
     };
-    // The archive is uploaded; it only becomes a result if the packer says it finished cleanly.
-    let notes = match exec.finish().await {
-        Ok(notes) => notes,
-        Err(e) => {
-            if let Err(del) = job.store.delete(&keys.archive).await {
-                warn!(archive = %keys.archive, error = %del, "could not delete the archive of a failed attempt");
+    // The archive is uploaded; it only becomes a result if the packer says it finished cleanly —
+    // unless the drain stopped reading at its input bound, when the packer never could finish.
+    let notes = if outcome.stopped_at_input_bound.is_some() {
+        exec.abandon().await
+    } else {
+        match exec.finish().await {
+            Ok(notes) => notes,
+            Err(e) => {
+                delete_archive(job, keys).await;
+                return Err(e.into());
             }
-            return Err(e.into());
         }
     };
+    if let Some(message) = nothing_readable(&outcome, &notes.lines) {
+        delete_archive(job, keys).await;
+        return Err(AttemptError::NothingReadable(message));
+    }
     let mut manifest = Manifest::new(&ctx, keys, opts, &outcome, started, jiff::Timestamp::now());
     manifest.pod_notes = notes.lines;
-    if notes.truncated > 0 {
+    if notes.truncated_bytes > 0 {
         manifest.pod_notes.push(format!(
-            "... and {} more line(s) from the packer",
-            notes.truncated
+            "... and {} more byte(s) from the packer, not kept",
+            notes.truncated_bytes
         ));
     }
     match write_manifest(job.store, &keys.manifest, &manifest).await? {
@@ -388,9 +493,19 @@ async fn attempt(
     }
 }
 
+/// Deletes the archive of an attempt that will not be committed (best effort: without a manifest
+/// no reader takes it for a result, and the next attempt overwrites the key).
+async fn delete_archive(job: &PathJob<'_>, keys: &ObjectKeys) {
+    if let Err(del) = job.store.delete(&keys.archive).await {
+        warn!(archive = %keys.archive, error = %del, "could not delete the archive of a failed attempt");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::drain::archive::{DroppedRecord, MemberRecord, RejectedRecord};
+    use crate::drain::sanitize::Reason;
 
     #[test]
     fn object_urls_keep_scheme_and_bucket() {
@@ -402,6 +517,149 @@ mod tests {
         assert_eq!(
             object_url("file:///var/lib/store", &key),
             "file:///var/lib/store/runs/ns/a/u/00-out.tar"
+        );
+    }
+
+    fn member(path: &str, kind: MemberKind) -> MemberRecord {
+        MemberRecord {
+            path: path.into(),
+            kind,
+            size: 0,
+            sha256: None,
+            mode: 0o755,
+            link_target: None,
+        }
+    }
+
+    #[test]
+    fn a_path_whose_only_entries_were_unreadable_fails_with_the_notes_never_empty() {
+        let notes = vec![
+            "pack: skipped fifo pipe".to_string(),
+            "pack: unreadable secret.txt: Permission denied (os error 13)".to_string(),
+            "pack: unreadable private: IO error for operation on /out/private: Permission denied (os error 13)".to_string(),
+        ];
+        // Nothing stored at all.
+        let empty = DrainOutcome::default();
+        assert_eq!(
+            empty.phase(),
+            ReadBackPhase::Empty,
+            "what the stream alone says"
+        );
+        let message = nothing_readable(&empty, &notes).expect("a failure, not Empty");
+        assert!(message.contains("2 unreadable entries"), "{message}");
+        assert!(
+            message.contains("pack: unreadable secret.txt: Permission denied"),
+            "{message}"
+        );
+        assert!(message.contains("pack: unreadable private"), "{message}");
+        // Directories alone are no content: still a failure.
+        let dirs_only = DrainOutcome {
+            members: vec![member("private", MemberKind::Dir)],
+            ..Default::default()
+        };
+        assert!(nothing_readable(&dirs_only, &notes).is_some());
+        // It is a final failure, labelled for the metric.
+        let err = AttemptError::NothingReadable(message.clone());
+        assert!(!err.is_transient());
+        assert_eq!(err.metric_label(), "unreadable");
+        assert_eq!(err.to_string(), message);
+    }
+
+    #[test]
+    fn unreadable_notes_beside_stored_files_or_no_unreadable_note_change_nothing() {
+        let unreadable = vec!["pack: unreadable secret.txt: Permission denied".to_string()];
+        let with_file = DrainOutcome {
+            members: vec![member("report.txt", MemberKind::File)],
+            ..Default::default()
+        };
+        assert_eq!(nothing_readable(&with_file, &unreadable), None);
+        let with_link = DrainOutcome {
+            members: vec![member("l", MemberKind::Symlink)],
+            ..Default::default()
+        };
+        assert_eq!(nothing_readable(&with_link, &unreadable), None);
+        let capped = DrainOutcome {
+            dropped: vec![DroppedRecord {
+                path: "big".into(),
+                size: 9,
+                reason: "over_cap".into(),
+                in_pod: true,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(nothing_readable(&capped, &unreadable), None);
+        let rejected = DrainOutcome {
+            rejected: vec![RejectedRecord {
+                path: "/etc/x".into(),
+                entry_type: "0".into(),
+                size: 1,
+                reason: Reason::AbsolutePath,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(nothing_readable(&rejected, &unreadable), None);
+        // Empty really is empty when nothing was unreadable (a skipped socket is not content).
+        let skipped = vec!["pack: skipped socket s.sock".to_string()];
+        assert_eq!(nothing_readable(&DrainOutcome::default(), &skipped), None);
+        assert_eq!(nothing_readable(&DrainOutcome::default(), &[]), None);
+    }
+
+    #[test]
+    fn many_unreadable_notes_are_summarized() {
+        let notes: Vec<String> = (0..10)
+            .map(|i| format!("pack: unreadable f{i}: {}", "x".repeat(1000)))
+            .collect();
+        let message = nothing_readable(&DrainOutcome::default(), &notes).expect("failure");
+        assert!(message.contains("10 unreadable entries"), "{message}");
+        assert!(message.contains("(and 7 more)"), "{message}");
+        assert!(message.len() < 1200, "{}", message.len());
+    }
+
+    #[test]
+    fn a_capped_message_says_when_the_input_bound_cut_the_stream() {
+        let outcome = DrainOutcome {
+            members: vec![member("a.txt", MemberKind::File)],
+            dropped: vec![DroppedRecord {
+                path: "big.bin".into(),
+                size: 1 << 36,
+                reason: "over_cap".into(),
+                in_pod: false,
+            }],
+            stopped_at_input_bound: Some(272_629_760),
+            ..Default::default()
+        };
+        let run = RunRef {
+            namespace: "ns".into(),
+            name: "r".into(),
+            uid: "u".into(),
+        };
+        let keys = object_keys(
+            &object_store::path::Path::from("p"),
+            &run,
+            0,
+            "/out",
+            Compression::None,
+        );
+        let ctx = ManifestContext {
+            run,
+            declared_path: "/out".into(),
+            index: 0,
+            attempt: 1,
+        };
+        let now = jiff::Timestamp::now();
+        let opts = DrainOptions::new(1 << 20, Compression::None);
+        let manifest = Manifest::new(&ctx, &keys, &opts, &outcome, now, now);
+        let status = committed_status("/out", &manifest, &keys, "file:///s", 1);
+        assert_eq!(status.phase, ReadBackPhase::Capped);
+        let message = status.message.unwrap_or_default();
+        assert!(message.contains("1 member(s)"), "{message}");
+        assert!(
+            message.contains("input bound of 272629760 bytes and was not read further"),
+            "{message}"
+        );
+        assert!(
+            message.contains("the 1 member(s) read before it are kept"),
+            "{message}"
         );
     }
 

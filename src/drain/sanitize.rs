@@ -17,6 +17,12 @@
 //! - an entry whose path is at or below an accepted symlink is rejected: "link, then a file through
 //!   it" is the classic extraction escape.
 //! - limits: entry count, path length, component length.
+//! - a member the packer dropped in the pod (`pack --budget`) arrives as a zero-length regular file
+//!   carrying the PAX record `SANDBOXRUN.dropped=<size>`. [`dropped_in_pod`] validates that record
+//!   (only after the entry itself was accepted, so the path it lists is as safe as any member's):
+//!   decimal digits only, at most `i64::MAX` (no file is larger), on a regular file of size 0.
+//!   Anything else is [`Reason::InvalidDropRecord`]. A hostile pod can forge the record; all it
+//!   achieves is to lose its own file, and the size it claims is listed as the pod's word.
 
 use std::collections::BTreeSet;
 
@@ -117,6 +123,9 @@ pub enum Reason {
     TooManyEntries,
     /// GNU sparse file, contiguous file, global header or unknown type.
     UnsupportedType,
+    /// A `SANDBOXRUN.dropped` PAX record that is malformed, out of range, or on an entry that is
+    /// not a zero-length regular file.
+    InvalidDropRecord,
 }
 
 impl Reason {
@@ -138,6 +147,7 @@ impl Reason {
             Reason::ThroughSymlink => "through_symlink",
             Reason::TooManyEntries => "too_many_entries",
             Reason::UnsupportedType => "unsupported_type",
+            Reason::InvalidDropRecord => "invalid_drop_record",
         }
     }
 
@@ -303,6 +313,39 @@ impl Sanitizer {
         }
         false
     }
+}
+
+/// Largest size a `SANDBOXRUN.dropped` record may declare: `off_t` is signed, so no file is larger.
+pub const MAX_DECLARED_DROP_BYTES: u64 = i64::MAX as u64;
+/// Longest value of a `SANDBOXRUN.dropped` record (`i64::MAX` has 19 digits).
+const MAX_DROP_RECORD_DIGITS: usize = 19;
+
+/// Validates the `SANDBOXRUN.dropped` PAX record of an accepted entry (see the module doc): the
+/// size the packer says the dropped file had, or why the record is refused.
+pub fn dropped_in_pod(kind: MemberKind, size: u64, value: &[u8]) -> Result<u64, Reason> {
+    if kind != MemberKind::File || size != 0 {
+        return Err(Reason::InvalidDropRecord);
+    }
+    if value.is_empty()
+        || value.len() > MAX_DROP_RECORD_DIGITS
+        || !value.iter().all(u8::is_ascii_digit)
+    {
+        return Err(Reason::InvalidDropRecord);
+    }
+    let declared = std::str::from_utf8(value)
+        .ok()
+        .and_then(|text| text.parse::<u64>().ok())
+        .ok_or(Reason::InvalidDropRecord)?;
+    if declared > MAX_DECLARED_DROP_BYTES {
+        return Err(Reason::InvalidDropRecord);
+    }
+    Ok(declared)
+}
+
+/// Whether a regular file at `raw` (as the packer writes it) would be accepted by the path rules,
+/// so the packer's budget counts exactly what the operator's meter will count.
+pub fn path_is_storable(raw: &[u8], limits: &Limits) -> bool {
+    normalize_path(raw, limits).is_ok_and(|components| !components.is_empty())
 }
 
 /// Splits a raw path into normal components, enforcing the path rules (see the module doc).
@@ -599,6 +642,60 @@ mod tests {
         );
         assert!(Reason::TooManyEntries.is_fatal());
         assert!(!Reason::SymlinkEscape.is_fatal());
+    }
+
+    #[test]
+    fn a_drop_record_is_decimal_bounded_and_only_on_an_empty_regular_file() {
+        assert_eq!(
+            dropped_in_pod(MemberKind::File, 0, b"68719476736"),
+            Ok(1 << 36)
+        );
+        assert_eq!(dropped_in_pod(MemberKind::File, 0, b"0"), Ok(0));
+        assert_eq!(
+            dropped_in_pod(MemberKind::File, 0, b"9223372036854775807"),
+            Ok(MAX_DECLARED_DROP_BYTES)
+        );
+        for bad in [
+            &b""[..],
+            b"-1",
+            b"+5",
+            b" 5",
+            b"5 ",
+            b"0x10",
+            b"1e9",
+            b"9223372036854775808",
+            b"18446744073709551616",
+            b"000000000000000000001",
+        ] {
+            assert_eq!(
+                dropped_in_pod(MemberKind::File, 0, bad),
+                Err(Reason::InvalidDropRecord),
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+        assert_eq!(
+            dropped_in_pod(MemberKind::File, 1, b"5"),
+            Err(Reason::InvalidDropRecord),
+            "a placeholder carries no content"
+        );
+        assert_eq!(
+            dropped_in_pod(MemberKind::Dir, 0, b"5"),
+            Err(Reason::InvalidDropRecord)
+        );
+        assert_eq!(
+            dropped_in_pod(MemberKind::Symlink, 0, b"5"),
+            Err(Reason::InvalidDropRecord)
+        );
+    }
+
+    #[test]
+    fn storable_paths_are_the_ones_the_sanitizer_accepts() {
+        let limits = Limits::default();
+        assert!(path_is_storable(b"a/b.txt", &limits));
+        assert!(!path_is_storable(b"caf\xe9", &limits));
+        assert!(!path_is_storable(b"", &limits));
+        assert!(!path_is_storable(vec![b'y'; 256].as_slice(), &limits));
     }
 
     #[test]
