@@ -6,8 +6,6 @@
 #   usage: hack/build-tools.sh            # builds if missing, prints the bin dir on the last line
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=hack/versions.env
-. "$HERE/versions.env"
 # shellcheck source=hack/lib.sh
 . "$HERE/lib.sh"
 CACHE_ROOT=${SANDBOXRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandboxrun-operator}

@@ -18,15 +18,10 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-# shellcheck source=hack/versions.env
-. "$HERE/versions.env"
 # shellcheck source=hack/lib.sh
 . "$HERE/lib.sh"
-CACHE_ROOT=${SANDBOXRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandboxrun-operator}
-BIN=$CACHE_ROOT/$(tools_dir_name)/bin
-REGISTRY_PORT=${REGISTRY_PORT:-15000}
+bed_defaults
 REG=localhost:$REGISTRY_PORT
-STATE=${SANDBOXRUN_STATE:-$REPO/.k8s-local}
 W=$STATE/images
 CRANE=$BIN/crane
 log() { echo "images: $*" >&2; }
@@ -50,7 +45,8 @@ image() {  # image <name:tag> <layer.tar> <crane mutate args...>: push, print re
   "$CRANE" mutate --insecure "$ref" --set-platform linux/amd64 "$@" -t "$ref" >/dev/null 2>"$clog" || { cat "$clog" >&2; die "crane mutate $ref failed"; }
   local pinned; pinned="$ref@$("$CRANE" digest --insecure "$ref" 2>"$clog")"
   # Tests and the demo read the pinned reference from here (<name>.ref, e.g. busybox.ref).
-  echo "$pinned" >"$W/$name.ref"
+  # Written whole, then renamed: a test reading it meanwhile never sees a half-written file.
+  echo "$pinned" >"$W/$name.ref.tmp" && mv -f "$W/$name.ref.tmp" "$W/$name.ref"
   echo "$pinned"
 }
 

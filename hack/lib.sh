@@ -1,4 +1,20 @@
-# Shared helpers for hack/*.sh (sourced, never run). Needs hack/versions.env sourced first.
+# Shared helpers for hack/*.sh (sourced, never run). Sourcing it also reads hack/versions.env.
+LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=hack/versions.env
+. "$LIB_DIR/versions.env"
+
+# The test bed's shared settings, each overridable from the environment: the state directory
+# (PKI, data, logs, PID files, images), the tool cache and its bin directory, and the ports the
+# scripts must agree on.
+bed_defaults() {
+  local repo; repo=$(cd "$LIB_DIR/.." && pwd)
+  STATE=${SANDBOXRUN_STATE:-$repo/.k8s-local}
+  CACHE_ROOT=${SANDBOXRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandboxrun-operator}
+  BIN=$CACHE_ROOT/$(tools_dir_name)/bin
+  APISERVER_PORT=${APISERVER_PORT:-16443}
+  S3_PORT=${S3_PORT:-19000}
+  REGISTRY_PORT=${REGISTRY_PORT:-15000}
+}
 
 # The cache directory of the Go-built tools, keyed by every pinned version, so a version bump
 # builds afresh and an old cache is never half-reused.

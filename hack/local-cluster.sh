@@ -16,20 +16,13 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-# shellcheck source=hack/versions.env
-. "$HERE/versions.env"
 # shellcheck source=hack/lib.sh
 . "$HERE/lib.sh"
-STATE=${SANDBOXRUN_STATE:-$REPO/.k8s-local}
-CACHE_ROOT=${SANDBOXRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandboxrun-operator}
-BIN=$CACHE_ROOT/$(tools_dir_name)/bin
+bed_defaults
 S3S_BIN=$CACHE_ROOT/s3s-fs-$S3S_FS_VERSION/bin/s3s-fs
-APISERVER_PORT=${APISERVER_PORT:-16443}
 ETCD_PORT=${ETCD_PORT:-23790}
 ETCD_PEER_PORT=${ETCD_PEER_PORT:-23800}
 KWOK_PORT=${KWOK_PORT:-10250}
-S3_PORT=${S3_PORT:-19000}
-REGISTRY_PORT=${REGISTRY_PORT:-15000}
 S3_ACCESS_KEY=sandboxrun-test
 S3_SECRET_KEY=sandboxrun-test-secret
 S3_BUCKET=sandboxrun-test

@@ -22,16 +22,9 @@
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-# shellcheck source=hack/versions.env
-. "$HERE/versions.env"
 # shellcheck source=hack/lib.sh
 . "$HERE/lib.sh"
-STATE=${SANDBOXRUN_STATE:-$REPO/.k8s-local}
-CACHE_ROOT=${SANDBOXRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandboxrun-operator}
-BIN=$CACHE_ROOT/$(tools_dir_name)/bin
-APISERVER_PORT=${APISERVER_PORT:-16443}
-S3_PORT=${S3_PORT:-19000}
-REGISTRY_PORT=${REGISTRY_PORT:-15000}
+bed_defaults
 NODE_NAME=${REAL_NODE_NAME:-real-node-0}
 BRIDGE=${REAL_NODE_BRIDGE:-sbr-br0}              # our own bridge; its address is the node IP
 POD_SUBNET=${REAL_NODE_POD_SUBNET:-10.244.0.0/24}

@@ -104,6 +104,34 @@ fn start_operator(ns: &str, store_url: &str) -> Operator {
     Operator::start_with(ns, store_url, &["--holder-image", &holder])
 }
 
+/// What every real-node test starts from: a client, a namespace enforcing `restricted`, a
+/// `file://` store on this host, the operator under test watching the namespace, and its runs.
+struct RealBed {
+    client: Client,
+    ns: TestNamespace,
+    store_url: String,
+    op: Operator,
+    runs: Api<SandboxRun>,
+}
+
+impl RealBed {
+    async fn new(tag: &str) -> RealBed {
+        let client = client().await;
+        ensure_crd(&client).await;
+        let ns = restricted_namespace(&client, tag).await;
+        let (_dir, store_url) = file_store(tag);
+        let op = start_operator(&ns.name, &store_url);
+        let runs = Api::namespaced(client.clone(), &ns.name);
+        RealBed {
+            client,
+            ns,
+            store_url,
+            op,
+            runs,
+        }
+    }
+}
+
 fn file_store(tag: &str) -> (PathBuf, String) {
     let dir = host_dir(&format!("store-{tag}"));
     let url = format!("file://{}", dir.display());
@@ -333,20 +361,15 @@ echo 'log line' > /work/logs/run.log
 
 #[tokio::test]
 async fn a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace() {
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = restricted_namespace(&client, "real-batch").await;
-    let (_store, store_url) = file_store("real-batch");
-    let op = start_operator(&ns.name, &store_url);
-    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let bed = RealBed::new("real-batch").await;
     create(
-        &runs,
+        &bed.runs,
         "batch",
         real_spec(Some(WRITER), &["/work/out", "/work/logs"]),
     )
     .await;
 
-    let run = wait_run(&runs, "batch", "a final phase", &op, final_phase).await;
+    let run = wait_run(&bed.runs, "batch", "a final phase", &bed.op, final_phase).await;
     let status = run.status.clone().expect("status");
     assert_eq!(
         status.phase,
@@ -360,16 +383,18 @@ async fn a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace() 
 
     // Normal teardown: the holder's preStop sees the drained marker, the containers go at once.
     let pod = pod_name_of(&run);
-    let took = containers_gone_within(&ns.name, &pod, Duration::from_secs(30)).await;
+    let took = containers_gone_within(&bed.ns.name, &pod, Duration::from_secs(30)).await;
     eprintln!("containers of {pod} gone {took:?} after the run reached its final phase");
 
     // Every path's outcome is visible in the Events (`kubectl describe`), not only the first.
-    let events = run_events(&client, &ns.name, "batch").await.join("\n");
+    let events = run_events(&bed.client, &bed.ns.name, "batch")
+        .await
+        .join("\n");
     for path in ["/work/out", "/work/logs"] {
         assert!(events.contains(path), "no Event names {path}:\n{events}");
     }
 
-    let dest = files_get(&ns.name, "batch", &store_url, &[]);
+    let dest = files_get(&bed.ns.name, "batch", &bed.store_url, &[]);
     let out = extracted(&dest, 0);
     let logs = extracted(&dest, 1);
     let read = |p: &Path| std::fs::read_to_string(p).expect("read extracted file");
@@ -405,19 +430,14 @@ async fn a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace() 
 
 #[tokio::test]
 async fn the_promise_variables_are_absent_when_no_path_is_declared() {
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = restricted_namespace(&client, "real-canary").await;
-    let (_store, store_url) = file_store("real-canary");
-    let op = start_operator(&ns.name, &store_url);
-    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let bed = RealBed::new("real-canary").await;
     // Exit 0 only if neither variable is set: a path named but never drained is a broken promise.
     let script = r#"env > /tmp/env.txt
 if grep -q ITERION_ARTIFACT_FILES_DIR /tmp/env.txt; then exit 3; fi
 if grep -q SANDBOXRUN_READBACK_PATHS /tmp/env.txt; then exit 4; fi
 exit 0"#;
-    create(&runs, "bare", real_spec(Some(script), &[])).await;
-    let run = wait_run(&runs, "bare", "a final phase", &op, final_phase).await;
+    create(&bed.runs, "bare", real_spec(Some(script), &[])).await;
+    let run = wait_run(&bed.runs, "bare", "a final phase", &bed.op, final_phase).await;
     let status = run.status.expect("status");
     assert_eq!(status.exit_code, Some(0), "{status:?}");
     assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
@@ -429,22 +449,24 @@ exit 0"#;
 /// containers stop within seconds (not at the end of the grace period).
 #[tokio::test]
 async fn a_deleted_or_evicted_pod_is_drained_in_its_grace_window_then_stops_at_once() {
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = restricted_namespace(&client, "real-evict").await;
-    let (_store, store_url) = file_store("real-evict");
-    let op = start_operator(&ns.name, &store_url);
-    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let bed = RealBed::new("real-evict").await;
+    let pods: Api<Pod> = Api::namespaced(bed.client.clone(), &bed.ns.name);
     let script = r#"echo "written before the end" > "$ITERION_ARTIFACT_FILES_DIR/evidence.txt"
 trap 'exit 143' TERM
 while true; do sleep 1; done"#;
     for name in ["deleted", "evicted"] {
-        create(&runs, name, real_spec(Some(script), &["/work/out"])).await;
+        create(&bed.runs, name, real_spec(Some(script), &["/work/out"])).await;
     }
     let mut pod_names = BTreeMap::new();
     for name in ["deleted", "evicted"] {
-        let run = wait_run(&runs, name, "Running", &op, phase_is(Phase::Running)).await;
+        let run = wait_run(
+            &bed.runs,
+            name,
+            "Running",
+            &bed.op,
+            phase_is(Phase::Running),
+        )
+        .await;
         pod_names.insert(name, pod_name_of(&run));
     }
     // Give the workloads a moment to write (they run as soon as the pod is Running).
@@ -456,7 +478,7 @@ while true; do sleep 1; done"#;
             "delete",
             "pod",
             "-n",
-            &ns.name,
+            &bed.ns.name,
             &pod_names["deleted"],
             "--wait=false",
         ])
@@ -466,19 +488,19 @@ while true; do sleep 1; done"#;
     // ... and a POST to pods/eviction, as `kubectl drain` does.
     let eviction = json!({
         "apiVersion": "policy/v1", "kind": "Eviction",
-        "metadata": {"name": pod_names["evicted"], "namespace": ns.name},
+        "metadata": {"name": pod_names["evicted"], "namespace": bed.ns.name},
     });
     let req = http::Request::post(format!(
         "/api/v1/namespaces/{}/pods/{}/eviction",
-        ns.name, pod_names["evicted"]
+        bed.ns.name, pod_names["evicted"]
     ))
     .header("content-type", "application/json")
     .body(serde_json::to_vec(&eviction).expect("eviction json"))
     .expect("eviction request");
-    let _: serde_json::Value = client.request(req).await.expect("evict the pod");
+    let _: serde_json::Value = bed.client.request(req).await.expect("evict the pod");
 
     for name in ["deleted", "evicted"] {
-        let run = wait_run(&runs, name, "a drain outcome", &op, |r| {
+        let run = wait_run(&bed.runs, name, "a drain outcome", &bed.op, |r| {
             r.status.as_ref().is_some_and(|s| {
                 s.read_back
                     .iter()
@@ -489,9 +511,9 @@ while true; do sleep 1; done"#;
         let entry = &run.status.as_ref().expect("status").read_back[0];
         assert_eq!(entry.phase, ReadBackPhase::Drained, "{name}: {entry:?}");
         let took =
-            containers_gone_within(&ns.name, &pod_names[name], Duration::from_secs(30)).await;
+            containers_gone_within(&bed.ns.name, &pod_names[name], Duration::from_secs(30)).await;
         eprintln!("{name}: containers gone {took:?} after the drain was recorded");
-        let dest = files_get(&ns.name, name, &store_url, &[]);
+        let dest = files_get(&bed.ns.name, name, &bed.store_url, &[]);
         assert_eq!(
             std::fs::read_to_string(extracted(&dest, 0).join("evidence.txt"))
                 .expect("evidence.txt drained"),
@@ -504,7 +526,7 @@ while true; do sleep 1; done"#;
             .await
             .expect("get pod")
             .is_none());
-        wait_run(&runs, name, "a final phase", &op, final_phase).await;
+        wait_run(&bed.runs, name, "a final phase", &bed.op, final_phase).await;
     }
 }
 
@@ -528,20 +550,22 @@ fn container_id(ns: &str, pod: &str, container: &str) -> Option<String> {
 
 #[tokio::test]
 async fn a_workload_killed_by_a_signal_is_reported_with_its_code_and_its_files_drained() {
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = restricted_namespace(&client, "real-signal").await;
-    let (_store, store_url) = file_store("real-signal");
-    let op = start_operator(&ns.name, &store_url);
-    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let bed = RealBed::new("real-signal").await;
     let script = r#"echo partial > "$ITERION_ARTIFACT_FILES_DIR/partial.txt"; exec sleep 3600"#;
-    create(&runs, "killed", real_spec(Some(script), &["/work/out"])).await;
-    let run = wait_run(&runs, "killed", "Running", &op, phase_is(Phase::Running)).await;
+    create(&bed.runs, "killed", real_spec(Some(script), &["/work/out"])).await;
+    let run = wait_run(
+        &bed.runs,
+        "killed",
+        "Running",
+        &bed.op,
+        phase_is(Phase::Running),
+    )
+    .await;
     let pod = pod_name_of(&run);
     // The workload is its container's PID 1, which ignores signals sent from inside its own PID
     // namespace; the kernel (an OOM kill) or the host can still kill it. Kill it from the host.
     let id = eventually("the workload container", Duration::from_secs(30), || {
-        let found = container_id(&ns.name, &pod, "workload");
+        let found = container_id(&bed.ns.name, &pod, "workload");
         async move { found }
     })
     .await;
@@ -557,7 +581,7 @@ async fn a_workload_killed_by_a_signal_is_reported_with_its_code_and_its_files_d
         .expect("kill");
     assert!(killed.success());
 
-    let run = wait_run(&runs, "killed", "a final phase", &op, final_phase).await;
+    let run = wait_run(&bed.runs, "killed", "a final phase", &bed.op, final_phase).await;
     let status = run.status.expect("status");
     assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
     assert_eq!(
@@ -570,12 +594,14 @@ async fn a_workload_killed_by_a_signal_is_reported_with_its_code_and_its_files_d
         ReadBackPhase::Drained,
         "{status:?}"
     );
-    let events = run_events(&client, &ns.name, "killed").await.join("\n");
+    let events = run_events(&bed.client, &bed.ns.name, "killed")
+        .await
+        .join("\n");
     assert!(
         events.contains("137"),
         "the exit code is in the Events:\n{events}"
     );
-    let dest = files_get(&ns.name, "killed", &store_url, &[]);
+    let dest = files_get(&bed.ns.name, "killed", &bed.store_url, &[]);
     assert_eq!(
         std::fs::read_to_string(extracted(&dest, 0).join("partial.txt")).expect("partial.txt"),
         "partial\n"
@@ -584,17 +610,12 @@ async fn a_workload_killed_by_a_signal_is_reported_with_its_code_and_its_files_d
 
 #[tokio::test]
 async fn an_image_missing_from_the_registry_fails_the_run_with_image_pull_failed() {
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = restricted_namespace(&client, "real-noimage").await;
-    let (_store, store_url) = file_store("real-noimage");
-    let op = start_operator(&ns.name, &store_url);
-    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let bed = RealBed::new("real-noimage").await;
     let mut spec = real_spec(Some("true"), &["/work/out"]);
     let registry = bed_setting("SANDBOXRUN_TEST_POD_REGISTRY");
     spec.image = Some(format!("{registry}/does-not-exist:1"));
-    create(&runs, "noimage", spec).await;
-    let run = wait_run(&runs, "noimage", "a final phase", &op, final_phase).await;
+    create(&bed.runs, "noimage", spec).await;
+    let run = wait_run(&bed.runs, "noimage", "a final phase", &bed.op, final_phase).await;
     let status = run.status.expect("status");
     assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
     let ready = status
@@ -613,8 +634,32 @@ async fn an_image_missing_from_the_registry_fails_the_run_with_image_pull_failed
         ReadBackPhase::Empty,
         "nothing ran, nothing to drain: {entry:?}"
     );
-    let events = run_events(&client, &ns.name, "noimage").await.join("\n");
+    let events = run_events(&bed.client, &bed.ns.name, "noimage")
+        .await
+        .join("\n");
     assert!(events.contains("ImagePullFailed"), "{events}");
+}
+
+/// `hack/images.sh` builds reproducibly: rebuilding the base images from scratch pushes the very
+/// digests the test bed started with (fixed owners and mtimes, sorted entries, no timestamps in
+/// the config).
+#[test]
+fn the_base_images_rebuild_to_the_same_digests() {
+    let before: Vec<String> = ["pause", "busybox"].iter().map(|n| image_ref(n)).collect();
+    let out = Command::new(repo().join("hack/images.sh"))
+        .arg("base")
+        .output()
+        .expect("run hack/images.sh base");
+    assert!(
+        out.status.success(),
+        "hack/images.sh base: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect();
+    assert_eq!(printed, before, "a rebuild must push the same digests");
 }
 
 /// The operator image and the Dockerfile (the production build) agree on what users rely on:
@@ -977,12 +1022,7 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
 /// 0000) ends `Failed` with the packer's note, never `Empty`.
 #[tokio::test]
 async fn over_cap_files_are_dropped_in_the_pod_and_unreadable_is_never_empty() {
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = restricted_namespace(&client, "real-cap").await;
-    let (_store, store_url) = file_store("real-cap");
-    let op = start_operator(&ns.name, &store_url);
-    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let bed = RealBed::new("real-cap").await;
 
     let huge = r#"set -e
 o=$ITERION_ARTIFACT_FILES_DIR
@@ -994,13 +1034,18 @@ echo 'the result' > "$o/result.txt""#;
             "1Mi".into(),
         ));
     }
-    create(&runs, "huge", spec).await;
+    create(&bed.runs, "huge", spec).await;
 
     let unreadable = r#"echo 'kept from everyone' > "$ITERION_ARTIFACT_FILES_DIR/locked.txt"
 chmod 0000 "$ITERION_ARTIFACT_FILES_DIR/locked.txt""#;
-    create(&runs, "locked", real_spec(Some(unreadable), &["/work/out"])).await;
+    create(
+        &bed.runs,
+        "locked",
+        real_spec(Some(unreadable), &["/work/out"]),
+    )
+    .await;
 
-    let run = wait_run(&runs, "huge", "a final phase", &op, final_phase).await;
+    let run = wait_run(&bed.runs, "huge", "a final phase", &bed.op, final_phase).await;
     let status = run.status.expect("status");
     let entry = &status.read_back[0];
     assert_eq!(entry.phase, ReadBackPhase::Capped, "{entry:?}");
@@ -1017,7 +1062,7 @@ chmod 0000 "$ITERION_ARTIFACT_FILES_DIR/locked.txt""#;
         took < jiff::SignedDuration::from_secs(60),
         "64 GiB never crossed the wire: the whole run took {took:?}"
     );
-    let dest = files_get(&ns.name, "huge", &store_url, &[]);
+    let dest = files_get(&bed.ns.name, "huge", &bed.store_url, &[]);
     let out = extracted(&dest, 0);
     assert_eq!(
         std::fs::read_to_string(out.join("result.txt")).expect("result.txt kept"),
@@ -1028,7 +1073,7 @@ chmod 0000 "$ITERION_ARTIFACT_FILES_DIR/locked.txt""#;
         "the dropped member is not extracted"
     );
 
-    let run = wait_run(&runs, "locked", "a final phase", &op, final_phase).await;
+    let run = wait_run(&bed.runs, "locked", "a final phase", &bed.op, final_phase).await;
     let entry = &run.status.expect("status").read_back[0];
     assert_eq!(
         entry.phase,
@@ -1040,6 +1085,8 @@ chmod 0000 "$ITERION_ARTIFACT_FILES_DIR/locked.txt""#;
         message.contains("locked.txt"),
         "the packer's note names the file: {message}"
     );
-    let events = run_events(&client, &ns.name, "locked").await.join("\n");
+    let events = run_events(&bed.client, &bed.ns.name, "locked")
+        .await
+        .join("\n");
     assert!(events.contains("sandbox_runfiles_drain_failed"), "{events}");
 }
