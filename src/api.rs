@@ -310,6 +310,11 @@ pub struct SandboxRunStatus {
     /// Human-readable summary of the current phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// How the workload container terminated, copied from the pod before teardown deletes it, so
+    /// the evidence outlives the pod. Absent while it runs and when it never terminated (a
+    /// long-lived sandbox stopped, a run whose pod was lost).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<WorkloadTermination>,
     /// Standard conditions: Ready, WorkloadFinished, Drained, Complete.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
@@ -317,6 +322,33 @@ pub struct SandboxRunStatus {
     /// One entry per declared read-back path, filled by the drain.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_back: Vec<ReadBackStatus>,
+}
+
+/// How the workload container terminated: the kubelet's terminated state of the container
+/// (`ContainerStateTerminated`), kept in the run's status once the pod is gone.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkloadTermination {
+    /// Exit code of the container's process.
+    pub exit_code: i32,
+    /// Signal that ended the process, when the runtime reports one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+    /// The kubelet's one-word reason, e.g. `Completed`, `Error`, `OOMKilled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The workload's termination message (`/dev/termination-log`) or, when it wrote none and
+    /// failed, the last lines of its log (terminationMessagePolicy FallbackToLogsOnError). At most
+    /// 4 KiB; a longer one is cut and ends in `…`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 4096))]
+    pub message: Option<String>,
+    /// When the container started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<Time>,
+    /// When the container terminated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_at: Option<Time>,
 }
 
 /// Lifecycle phase of a run.

@@ -91,6 +91,31 @@ pub struct RunArgs {
         default_value = "ghcr.io/iterion/sandboxrun-operator:latest"
     )]
     pub holder_image: String,
+    /// CPU request of the holder container (a Kubernetes quantity; empty: none).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_HOLDER_CPU_REQUEST",
+        default_value = crate::pod::DEFAULT_HOLDER_CPU_REQUEST
+    )]
+    pub holder_cpu_request: String,
+    /// Memory request of the holder container (a Kubernetes quantity; empty: none).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_HOLDER_MEMORY_REQUEST",
+        default_value = crate::pod::DEFAULT_HOLDER_MEMORY_REQUEST
+    )]
+    pub holder_memory_request: String,
+    /// CPU limit of the holder container (a Kubernetes quantity); none unless set, e.g. for a
+    /// namespace whose ResourceQuota requires limits.cpu.
+    #[arg(long, env = "SANDBOXRUN_HOLDER_CPU_LIMIT")]
+    pub holder_cpu_limit: Option<String>,
+    /// Memory limit of the holder container (a Kubernetes quantity; empty: none).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_HOLDER_MEMORY_LIMIT",
+        default_value = crate::pod::DEFAULT_HOLDER_MEMORY_LIMIT
+    )]
+    pub holder_memory_limit: String,
     /// The packer command exec'd in the holder; the path is appended.
     #[arg(
         long,
@@ -218,6 +243,19 @@ pub fn caps(args: &RunArgs) -> Result<CapSettings, String> {
         return Err(format!("--max-cap {} is below 1Mi", args.max_cap));
     }
     Ok(caps)
+}
+
+/// The holder container's resources from the run flags (checked as Kubernetes quantities, so a
+/// bad value stops the operator at startup instead of failing every pod).
+pub fn holder_resources(
+    args: &RunArgs,
+) -> Result<crate::pod::HolderResources, crate::pod::HolderResourcesError> {
+    crate::pod::HolderResources::parse(
+        &args.holder_cpu_request,
+        &args.holder_memory_request,
+        args.holder_cpu_limit.as_deref(),
+        &args.holder_memory_limit,
+    )
 }
 
 fn init_tracing(format: LogFormat, level: &str) {
@@ -439,6 +477,46 @@ mod tests {
             crate::util::parse_duration(&args.image_pull_timeout),
             Ok(Duration::from_secs(90))
         );
+    }
+
+    #[test]
+    fn holder_resource_flags_default_to_todays_values_and_are_checked() {
+        let run_args = |extra: &[&str]| {
+            let argv = ["x", "run"].iter().chain(extra).copied();
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Run(args) => *args,
+                other => panic!("parsed as {other:?}"),
+            }
+        };
+        assert_eq!(
+            holder_resources(&run_args(&[])),
+            Ok(crate::pod::HolderResources::default())
+        );
+        let set = holder_resources(&run_args(&[
+            "--holder-cpu-request=100m",
+            "--holder-memory-request=32Mi",
+            "--holder-cpu-limit=1",
+            "--holder-memory-limit=256Mi",
+        ]))
+        .unwrap();
+        let q = |s: &str| {
+            Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                s.into(),
+            ))
+        };
+        assert_eq!(
+            (
+                set.cpu_request,
+                set.memory_request,
+                set.cpu_limit,
+                set.memory_limit
+            ),
+            (q("100m"), q("32Mi"), q("1"), q("256Mi"))
+        );
+        assert!(matches!(
+            holder_resources(&run_args(&["--holder-cpu-limit=fast"])),
+            Err(crate::pod::HolderResourcesError::NotAQuantity { .. })
+        ));
     }
 
     #[test]

@@ -518,12 +518,19 @@ async fn teardown(
 ) -> Result<(), ControllerError> {
     let name = run.name_any();
     let now = Timestamp::now();
+    // Read before the pod is deleted below: the evidence must outlive it.
+    let workload = pod.and_then(reconcile::workload_termination);
     let mut status = if run.status.as_ref().and_then(|s| s.phase) == Some(Phase::Draining) {
         let mut s = run.status.clone().unwrap_or_default();
         reconcile::ensure_pending_entries(run, &mut s);
+        // A teardown resumed after a restart, or begun before the workload exited.
+        if s.workload.is_none() && workload.is_some() {
+            s.workload = workload;
+            apply_status(runs, &name, &s).await?;
+        }
         s
     } else {
-        let s = reconcile::draining_status(run, &trigger, now);
+        let s = reconcile::draining_status(run, &trigger, workload, now);
         let (warning, reason, note) = reconcile::teardown_event(&trigger);
         let type_ = if warning {
             EventType::Warning

@@ -25,6 +25,9 @@ pub enum OperatorError {
     /// A flag or environment value is wrong.
     #[error("configuration: {0}")]
     Config(String),
+    /// A `--holder-*` resource value the pod could not carry.
+    #[error("configuration: {0}")]
+    HolderResources(#[from] crate::pod::HolderResourcesError),
     /// The cluster cannot be reached or configured.
     #[error("kubernetes client: {0}")]
     Kube(#[from] kube::Error),
@@ -54,6 +57,8 @@ pub enum OperatorError {
 
 /// Runs the operator until SIGTERM.
 pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
+    // Checked before anything connects: a bad value is a startup error, not a pod every run fails.
+    let holder_resources = cli::holder_resources(&args)?;
     let client = Client::try_default().await?;
     let caps = cli::caps(&args).map_err(OperatorError::Config)?;
     let options = crate::util::parse_options(&args.store_options).map_err(OperatorError::Config)?;
@@ -105,6 +110,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             holder_image: args.holder_image.clone(),
             default_drain_timeout_seconds: i64::try_from(drain_timeout.as_secs().max(1))
                 .unwrap_or(300),
+            holder_resources,
         },
         caps,
         DecideSettings { image_pull_timeout },

@@ -45,6 +45,8 @@ pub struct PodSettings {
     pub holder_image: String,
     /// How long teardown may drain when the run does not say.
     pub default_drain_timeout_seconds: i64,
+    /// Requests and limits of the holder container (`run --holder-*`).
+    pub holder_resources: HolderResources,
 }
 
 impl Default for PodSettings {
@@ -52,8 +54,174 @@ impl Default for PodSettings {
         PodSettings {
             holder_image: "ghcr.io/iterion/sandboxrun-operator:latest".to_string(),
             default_drain_timeout_seconds: 300,
+            holder_resources: HolderResources::default(),
         }
     }
+}
+
+/// Default of `run --holder-cpu-request`.
+pub const DEFAULT_HOLDER_CPU_REQUEST: &str = "10m";
+/// Default of `run --holder-memory-request`.
+pub const DEFAULT_HOLDER_MEMORY_REQUEST: &str = "16Mi";
+/// Default of `run --holder-memory-limit` (the holder has no CPU limit unless one is set).
+pub const DEFAULT_HOLDER_MEMORY_LIMIT: &str = "128Mi";
+
+/// Requests and limits of the holder container. `None` leaves that entry out of the pod, so a
+/// namespace's LimitRange defaults (or nothing) apply to it. Build it with
+/// [`HolderResources::parse`], which checks every value is a Kubernetes quantity.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HolderResources {
+    /// `requests.cpu`.
+    pub cpu_request: Option<Quantity>,
+    /// `requests.memory`.
+    pub memory_request: Option<Quantity>,
+    /// `limits.cpu`.
+    pub cpu_limit: Option<Quantity>,
+    /// `limits.memory`.
+    pub memory_limit: Option<Quantity>,
+}
+
+impl Default for HolderResources {
+    fn default() -> Self {
+        let q = |s: &str| Some(Quantity(s.to_string()));
+        HolderResources {
+            cpu_request: q(DEFAULT_HOLDER_CPU_REQUEST),
+            memory_request: q(DEFAULT_HOLDER_MEMORY_REQUEST),
+            cpu_limit: None,
+            memory_limit: q(DEFAULT_HOLDER_MEMORY_LIMIT),
+        }
+    }
+}
+
+/// A holder resource setting the pod could not carry.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum HolderResourcesError {
+    /// Not a non-negative Kubernetes quantity.
+    #[error("{flag} {value:?} is not a Kubernetes quantity (e.g. 100m, 0.5, 64Mi, 1Gi)")]
+    NotAQuantity {
+        /// The flag that carried it.
+        flag: &'static str,
+        /// What it said.
+        value: String,
+    },
+    /// A request above its limit: the apiserver would refuse every pod.
+    #[error("holder {resource} request {request} is above its limit {limit}")]
+    RequestAboveLimit {
+        /// `cpu` or `memory`.
+        resource: &'static str,
+        /// The request.
+        request: String,
+        /// The limit.
+        limit: String,
+    },
+}
+
+impl HolderResources {
+    /// Checks the `run --holder-*` values. An empty (or blank) value leaves that entry out of the
+    /// pod; anything else must be a non-negative Kubernetes quantity, and a request may not be
+    /// above its limit (the apiserver would refuse every pod).
+    pub fn parse(
+        cpu_request: &str,
+        memory_request: &str,
+        cpu_limit: Option<&str>,
+        memory_limit: &str,
+    ) -> Result<HolderResources, HolderResourcesError> {
+        let one = |flag: &'static str, text: &str| -> Result<Option<(Quantity, f64)>, _> {
+            let text = text.trim();
+            if text.is_empty() {
+                return Ok(None);
+            }
+            quantity_value(text)
+                .map(|v| Some((Quantity(text.to_string()), v)))
+                .ok_or_else(|| HolderResourcesError::NotAQuantity {
+                    flag,
+                    value: text.to_string(),
+                })
+        };
+        let cpu_request = one("--holder-cpu-request", cpu_request)?;
+        let memory_request = one("--holder-memory-request", memory_request)?;
+        let cpu_limit = one("--holder-cpu-limit", cpu_limit.unwrap_or_default())?;
+        let memory_limit = one("--holder-memory-limit", memory_limit)?;
+        for (resource, request, limit) in [
+            ("cpu", &cpu_request, &cpu_limit),
+            ("memory", &memory_request, &memory_limit),
+        ] {
+            if let (Some((rq, rv)), Some((lq, lv))) = (request, limit) {
+                if rv > lv {
+                    return Err(HolderResourcesError::RequestAboveLimit {
+                        resource,
+                        request: rq.0.clone(),
+                        limit: lq.0.clone(),
+                    });
+                }
+            }
+        }
+        let q = |v: Option<(Quantity, f64)>| v.map(|(q, _)| q);
+        Ok(HolderResources {
+            cpu_request: q(cpu_request),
+            memory_request: q(memory_request),
+            cpu_limit: q(cpu_limit),
+            memory_limit: q(memory_limit),
+        })
+    }
+
+    /// The container's `resources`: only the entries that are set; no map when none is.
+    pub fn requirements(&self) -> ResourceRequirements {
+        let map = |cpu: &Option<Quantity>, memory: &Option<Quantity>| {
+            let m: BTreeMap<String, Quantity> = [("cpu", cpu), ("memory", memory)]
+                .into_iter()
+                .filter_map(|(k, v)| v.clone().map(|v| (k.to_string(), v)))
+                .collect();
+            (!m.is_empty()).then_some(m)
+        };
+        ResourceRequirements {
+            requests: map(&self.cpu_request, &self.memory_request),
+            limits: map(&self.cpu_limit, &self.memory_limit),
+            ..ResourceRequirements::default()
+        }
+    }
+}
+
+/// The value of a Kubernetes quantity (the apimachinery grammar: a non-negative decimal number,
+/// then a binary suffix `Ki`…`Ei`, a decimal suffix `m` `k` `M` `G` `T` `P` `E`, or an exponent
+/// `e<n>`/`E<n>`), None when `text` is not one. Precise enough to compare two settings.
+pub fn quantity_value(text: &str) -> Option<f64> {
+    let s = text.strip_prefix('+').unwrap_or(text);
+    let end = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (number, suffix) = s.split_at(end);
+    let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
+    if (int_part.is_empty() && frac_part.is_empty()) || frac_part.contains('.') {
+        return None;
+    }
+    let value: f64 = format!("{int_part}.{frac_part}0").parse().ok()?;
+    let multiplier = match suffix {
+        "" => 1.0,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "P" => 1e15,
+        "E" => 1e18,
+        "Ki" => 1024f64,
+        "Mi" => 1024f64.powi(2),
+        "Gi" => 1024f64.powi(3),
+        "Ti" => 1024f64.powi(4),
+        "Pi" => 1024f64.powi(5),
+        "Ei" => 1024f64.powi(6),
+        other => {
+            let exp = other.strip_prefix(['e', 'E'])?;
+            let digits = exp.strip_prefix(['+', '-']).unwrap_or(exp);
+            if digits.is_empty() || digits.len() > 3 || !digits.bytes().all(|b| b.is_ascii_digit())
+            {
+                return None;
+            }
+            10f64.powi(exp.parse::<i32>().ok()?)
+        }
+    };
+    Some(value * multiplier)
 }
 
 /// A run the builder cannot turn into a pod. Admission refuses all of these first; the builder
@@ -301,15 +469,13 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
         resources: spec.resources.clone(),
         volume_mounts: Some(workload_mounts),
         security_context: Some(restricted.clone()),
+        // Evidence that outlives the pod: without a termination message the kubelet puts the
+        // last log lines in the terminated state's message, which teardown copies into
+        // status.workload before the pod is deleted.
+        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
         ..Container::default()
     };
 
-    let tiny = |cpu: &str, mem: &str| {
-        BTreeMap::from([
-            ("cpu".to_string(), Quantity(cpu.to_string())),
-            ("memory".to_string(), Quantity(mem.to_string())),
-        ])
-    };
     let holder = Container {
         name: HOLDER_CONTAINER.to_string(),
         image: Some(settings.holder_image.clone()),
@@ -321,14 +487,7 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
             "--state-dir".to_string(),
             HOLDER_STATE_DIR.to_string(),
         ]),
-        resources: Some(ResourceRequirements {
-            requests: Some(tiny("10m", "16Mi")),
-            limits: Some(BTreeMap::from([(
-                "memory".to_string(),
-                Quantity("128Mi".to_string()),
-            )])),
-            ..ResourceRequirements::default()
-        }),
+        resources: Some(settings.holder_resources.requirements()),
         volume_mounts: Some(holder_mounts),
         // A pod deleted or evicted gracefully keeps its emptyDirs until the holder stops: the hook
         // holds it until the operator has drained (or the grace period, set from drainTimeout, ends).
@@ -724,6 +883,135 @@ mod tests {
             .map(|m| m.mount_path.as_str())
             .collect();
         assert_eq!(targets, ["/etc/cfg", "/data", "/out"]);
+    }
+
+    fn holder_resources_of(settings: &PodSettings) -> ResourceRequirements {
+        let pod = build_pod(&run(spec_with_paths(&["/out"])), settings).unwrap();
+        container(&pod, HOLDER_CONTAINER).resources.clone().unwrap()
+    }
+
+    fn quantities(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, Quantity>> {
+        Some(
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn the_holder_gets_exactly_the_configured_resources() {
+        // Defaults: today's values, and no CPU limit.
+        let r = holder_resources_of(&PodSettings::default());
+        assert_eq!(
+            r.requests,
+            quantities(&[("cpu", "10m"), ("memory", "16Mi")])
+        );
+        assert_eq!(r.limits, quantities(&[("memory", "128Mi")]));
+
+        // Configured: exactly those values, a CPU limit included, nothing else.
+        let settings = PodSettings {
+            holder_resources: HolderResources::parse("50m", "32Mi", Some("200m"), "64Mi").unwrap(),
+            ..PodSettings::default()
+        };
+        let r = holder_resources_of(&settings);
+        assert_eq!(
+            r.requests,
+            quantities(&[("cpu", "50m"), ("memory", "32Mi")])
+        );
+        assert_eq!(r.limits, quantities(&[("cpu", "200m"), ("memory", "64Mi")]));
+        assert_eq!(r.claims, None);
+        // The workload's resources stay the run's own.
+        let pod = build_pod(&run(spec_with_paths(&["/out"])), &settings).unwrap();
+        assert_eq!(container(&pod, WORKLOAD_CONTAINER).resources, None);
+    }
+
+    #[test]
+    fn a_holder_cpu_limit_appears_only_when_set() {
+        for unset in [None, Some(""), Some("  ")] {
+            let settings = PodSettings {
+                holder_resources: HolderResources::parse("10m", "16Mi", unset, "128Mi").unwrap(),
+                ..PodSettings::default()
+            };
+            let limits = holder_resources_of(&settings).limits.unwrap();
+            assert!(!limits.contains_key("cpu"), "{unset:?} set a CPU limit");
+            assert_eq!(limits.get("memory"), Some(&Quantity("128Mi".into())));
+        }
+        // Every entry left empty: no maps at all, rather than empty ones.
+        let settings = PodSettings {
+            holder_resources: HolderResources::parse("", "", None, "").unwrap(),
+            ..PodSettings::default()
+        };
+        let r = holder_resources_of(&settings);
+        assert_eq!((r.requests, r.limits), (None, None));
+    }
+
+    #[test]
+    fn holder_resources_must_be_quantities_with_requests_within_limits() {
+        for good in ["10m", "0.5", "1", ".5", "64Mi", "1Gi", "1e3", "2k", "+1"] {
+            assert!(quantity_value(good).is_some(), "{good} refused");
+        }
+        for bad in ["lots", "-1", "1.2.3", "10mi", "1 Gi", "Mi", "1e", "."] {
+            assert_eq!(quantity_value(bad), None, "{bad} accepted");
+        }
+        assert_eq!(quantity_value("500m"), Some(0.5));
+        assert_eq!(quantity_value("1Ki"), Some(1024.0));
+        assert_eq!(
+            HolderResources::parse("10m", "16MB", None, "128Mi"),
+            Err(HolderResourcesError::NotAQuantity {
+                flag: "--holder-memory-request",
+                value: "16MB".into()
+            })
+        );
+        assert!(matches!(
+            HolderResources::parse("10m", "16Mi", Some("one"), "128Mi"),
+            Err(HolderResourcesError::NotAQuantity {
+                flag: "--holder-cpu-limit",
+                ..
+            })
+        ));
+        assert_eq!(
+            HolderResources::parse("1", "16Mi", Some("500m"), "128Mi"),
+            Err(HolderResourcesError::RequestAboveLimit {
+                resource: "cpu",
+                request: "1".into(),
+                limit: "500m".into()
+            })
+        );
+        assert!(matches!(
+            HolderResources::parse("10m", "1Gi", None, "128Mi"),
+            Err(HolderResourcesError::RequestAboveLimit {
+                resource: "memory",
+                ..
+            })
+        ));
+        // Equal is fine, in any notation.
+        assert!(HolderResources::parse("1", "128Mi", Some("1000m"), "134217728").is_ok());
+        assert_eq!(
+            HolderResources::parse(
+                DEFAULT_HOLDER_CPU_REQUEST,
+                DEFAULT_HOLDER_MEMORY_REQUEST,
+                None,
+                DEFAULT_HOLDER_MEMORY_LIMIT
+            ),
+            Ok(HolderResources::default())
+        );
+    }
+
+    #[test]
+    fn the_workload_falls_back_to_its_logs_for_a_termination_message() {
+        let pod = build_pod(&run(spec_with_paths(&["/out"])), &PodSettings::default()).unwrap();
+        assert_eq!(
+            container(&pod, WORKLOAD_CONTAINER)
+                .termination_message_policy
+                .as_deref(),
+            Some("FallbackToLogsOnError")
+        );
+        // The holder is ours: its own default policy.
+        assert_eq!(
+            container(&pod, HOLDER_CONTAINER).termination_message_policy,
+            None
+        );
     }
 
     #[test]

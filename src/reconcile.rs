@@ -13,8 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt;
 
 use crate::api::{
-    Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER,
-    SKIP_DRAIN_ANNOTATION,
+    Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus, WorkloadTermination,
+    FINALIZER, SKIP_DRAIN_ANNOTATION,
 };
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 
@@ -653,8 +653,49 @@ pub fn ensure_pending_entries(run: &SandboxRun, status: &mut SandboxRunStatus) {
         .sort_by_key(|e| order.iter().position(|p| *p == e.path));
 }
 
-/// The status at the start of teardown.
-pub fn draining_status(run: &SandboxRun, trigger: &Trigger, now: Timestamp) -> SandboxRunStatus {
+/// Most bytes of the workload's termination message kept in `status.workload.message`: the
+/// kubelet's own bound on a termination message (4 KiB), kept again here so that a status write
+/// never grows with whatever a pod reports.
+pub const MAX_WORKLOAD_MESSAGE_BYTES: usize = 4096;
+
+/// How the workload container of `pod` terminated, None while it has not. Read from its current
+/// state, else from its last terminated state (the pod never restarts it: restartPolicy Never).
+/// The message is cut to [`MAX_WORKLOAD_MESSAGE_BYTES`] on a character boundary.
+pub fn workload_termination(pod: &Pod) -> Option<WorkloadTermination> {
+    let cs = pod
+        .status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == WORKLOAD_CONTAINER)?;
+    let t = cs
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .or_else(|| cs.last_state.as_ref()?.terminated.as_ref())?;
+    fn text(s: &Option<String>) -> Option<&str> {
+        s.as_deref().filter(|s| !s.is_empty())
+    }
+    Some(WorkloadTermination {
+        exit_code: t.exit_code,
+        signal: t.signal,
+        reason: text(&t.reason).map(str::to_string),
+        message: text(&t.message).map(|m| cut(m, MAX_WORKLOAD_MESSAGE_BYTES)),
+        started_at: t.started_at.clone(),
+        finished_at: t.finished_at.clone(),
+    })
+}
+
+/// The status at the start of teardown. `workload` is how the workload container terminated
+/// ([`workload_termination`] of the pod, read before the pod is deleted); it is recorded in
+/// `status.workload` whatever the trigger, and an earlier record is never cleared.
+pub fn draining_status(
+    run: &SandboxRun,
+    trigger: &Trigger,
+    workload: Option<WorkloadTermination>,
+    now: Timestamp,
+) -> SandboxRunStatus {
     let mut status = run.status.clone().unwrap_or_default();
     let generation = run.metadata.generation;
     status.observed_generation = generation;
@@ -663,6 +704,9 @@ pub fn draining_status(run: &SandboxRun, trigger: &Trigger, now: Timestamp) -> S
         "tearing down: {}; draining read-back paths",
         trigger.describe()
     ));
+    if workload.is_some() {
+        status.workload = workload;
+    }
     if let Trigger::WorkloadFinished { exit_code } = trigger {
         status.exit_code = Some(*exit_code);
         let reason = if *exit_code == 0 {
@@ -670,12 +714,20 @@ pub fn draining_status(run: &SandboxRun, trigger: &Trigger, now: Timestamp) -> S
         } else {
             "Error"
         };
+        // The kubelet's reason when it says more than the exit code does (OOMKilled, …).
+        let detail = status
+            .workload
+            .as_ref()
+            .and_then(|w| w.reason.as_deref())
+            .filter(|r| !matches!(*r, "Completed" | "Error"))
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default();
         set_condition(
             &mut status.conditions,
             condition::WORKLOAD_FINISHED,
             true,
             reason,
-            format!("workload exited with code {exit_code}"),
+            format!("workload exited with code {exit_code}{detail}"),
             generation,
             now,
         );
@@ -1245,11 +1297,145 @@ mod tests {
         );
     }
 
+    /// A pod whose workload container is in `state` (and `last` as its last state).
+    fn pod_with_workload(
+        state: k8s_openapi::api::core::v1::ContainerState,
+        last: Option<k8s_openapi::api::core::v1::ContainerState>,
+    ) -> Pod {
+        Pod {
+            status: Some(PodStatus {
+                container_statuses: Some(vec![
+                    ContainerStatus {
+                        name: HOLDER_CONTAINER.into(),
+                        state: Some(ContainerState {
+                            running: Some(ContainerStateRunning::default()),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    },
+                    ContainerStatus {
+                        name: WORKLOAD_CONTAINER.into(),
+                        state: Some(state),
+                        last_state: last,
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn oom_killed(message: &str) -> ContainerState {
+        ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code: 137,
+                signal: Some(9),
+                reason: Some("OOMKilled".into()),
+                message: Some(message.into()),
+                started_at: Some(Time("2026-11-30T11:59:00Z".parse().unwrap())),
+                finished_at: Some(Time(now())),
+                container_id: Some("containerd://abc".into()),
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn workload_termination_is_copied_from_the_pod_and_bounded() {
+        let w =
+            workload_termination(&pod_with_workload(oom_killed("out of memory\n"), None)).unwrap();
+        assert_eq!(
+            w,
+            WorkloadTermination {
+                exit_code: 137,
+                signal: Some(9),
+                reason: Some("OOMKilled".into()),
+                message: Some("out of memory\n".into()),
+                started_at: Some(Time("2026-11-30T11:59:00Z".parse().unwrap())),
+                finished_at: Some(Time(now())),
+            }
+        );
+
+        // A long message (the log tail, multi-byte characters) is cut on a char boundary.
+        let long = "é".repeat(3000); // 6000 bytes
+        let w = workload_termination(&pod_with_workload(oom_killed(&long), None)).unwrap();
+        let m = w.message.unwrap();
+        assert!(m.len() <= MAX_WORKLOAD_MESSAGE_BYTES, "{} bytes", m.len());
+        assert!(m.len() > MAX_WORKLOAD_MESSAGE_BYTES - 8, "cut too short");
+        assert!(m.ends_with('…') && m.starts_with("éé"));
+        // Empty strings are absent, not "".
+        let w = workload_termination(&pod_with_workload(oom_killed(""), None)).unwrap();
+        assert_eq!(w.message, None);
+
+        // Still running: nothing to record. Waiting after a terminated run: the last state.
+        let running = ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            workload_termination(&pod_with_workload(running, None)),
+            None
+        );
+        let waiting = ContainerState {
+            waiting: Some(ContainerStateWaiting::default()),
+            ..Default::default()
+        };
+        let w = workload_termination(&pod_with_workload(waiting, Some(oom_killed("x"))));
+        assert_eq!(w.map(|w| w.exit_code), Some(137));
+        assert_eq!(workload_termination(&Pod::default()), None);
+    }
+
+    #[test]
+    fn workload_evidence_survives_every_later_status_write() {
+        let r = run_with(&[("/out", true)]);
+        let w = workload_termination(&pod_with_workload(oom_killed("killed"), None));
+        let t = Trigger::WorkloadFinished { exit_code: 137 };
+        let mut s = draining_status(&r, &t, w.clone(), now());
+        assert_eq!(s.workload, w);
+        let finished = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::WORKLOAD_FINISHED)
+            .unwrap();
+        assert_eq!(
+            finished.message,
+            "workload exited with code 137 (OOMKilled)"
+        );
+
+        // The drain outcome and the final status keep it.
+        s.read_back[0].phase = ReadBackPhase::Drained;
+        let done = finished_status(&r, s.clone(), now());
+        assert_eq!(done.workload, w);
+        let mut r = r;
+        r.status = Some(done);
+        // Writes built from the run's status afterwards keep it too.
+        assert_eq!(pod_lost_status(&r, now()).workload, w);
+        assert_eq!(
+            tracked_status(&r, "demo-sbr", &running(), now()).workload,
+            w
+        );
+        // A teardown that sees no terminated workload never clears an earlier record.
+        assert_eq!(
+            draining_status(&r, &Trigger::Deleting, None, now()).workload,
+            w
+        );
+
+        // The wire shape: camelCase under status.workload.
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["workload"]["exitCode"], 137);
+        assert_eq!(json["workload"]["signal"], 9);
+        assert_eq!(json["workload"]["reason"], "OOMKilled");
+        assert_eq!(json["workload"]["message"], "killed");
+        assert_eq!(json["workload"]["startedAt"], "2026-11-30T11:59:00Z");
+        assert_eq!(json["workload"]["finishedAt"], "2026-11-30T12:00:00Z");
+    }
+
     #[test]
     fn final_phase_follows_exit_code_and_required_paths() {
         let r = run_with(&[("/out", true), ("/logs", false)]);
         let t = Trigger::WorkloadFinished { exit_code: 0 };
-        let mut s = draining_status(&r, &t, now());
+        let mut s = draining_status(&r, &t, None, now());
         s.read_back[0].phase = ReadBackPhase::Drained;
         s.read_back[1].phase = ReadBackPhase::Failed;
         let done = finished_status(&r, s.clone(), now());
@@ -1268,13 +1454,13 @@ mod tests {
         assert_eq!(finished_status(&r, s, now()).phase, Some(Phase::Failed));
 
         let t = Trigger::WorkloadFinished { exit_code: 1 };
-        let mut s = draining_status(&r, &t, now());
+        let mut s = draining_status(&r, &t, None, now());
         s.read_back
             .iter_mut()
             .for_each(|e| e.phase = ReadBackPhase::Empty);
         assert_eq!(finished_status(&r, s, now()).phase, Some(Phase::Failed));
 
-        let mut s = draining_status(&r, &Trigger::Stop, now());
+        let mut s = draining_status(&r, &Trigger::Stop, None, now());
         s.start_time = Some(Time(now()));
         s.read_back
             .iter_mut()
@@ -1492,7 +1678,7 @@ mod tests {
         let trigger = Trigger::ImagePullFailed {
             message: message.clone(),
         };
-        let mut s = draining_status(&r, &trigger, now());
+        let mut s = draining_status(&r, &trigger, None, now());
         for e in s.read_back.iter_mut() {
             *e = never_started_entry(&e.path, &trigger);
         }

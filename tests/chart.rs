@@ -178,6 +178,36 @@ fn the_chart_renders_what_the_operator_expects() {
     assert!(text.contains("type: RuntimeDefault"));
     assert!(text.contains("--image-pull-timeout=5m\n"));
     assert!(!text.contains("--leader-elect"), "one replica: no election");
+    // The holder's resources: today's defaults, and no CPU limit unless one is set.
+    assert!(text.contains("- --holder-cpu-request=10m\n"));
+    assert!(text.contains("- --holder-memory-request=16Mi\n"));
+    assert!(text.contains("- --holder-memory-limit=128Mi\n"));
+    assert!(
+        !text.contains("--holder-cpu-limit"),
+        "no CPU limit by default"
+    );
+    let limited = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "holderResources.limits.cpu=500m",
+            "--set",
+            "holderResources.requests.memory=32Mi",
+        ]),
+        None,
+    );
+    assert!(limited.contains("- --holder-cpu-limit=500m\n"));
+    assert!(limited.contains("- --holder-memory-request=32Mi\n"));
+    // The strict schema refuses what is not a quantity, and keys it does not know.
+    for bad in [
+        "holderResources.limits.cpu=lots",
+        "holderResources.requests.gpu=1",
+    ] {
+        let out = run(helm(&["template", "demo", CHART, "--set", bad]), None);
+        assert!(!out.status.success(), "--set {bad} rendered");
+    }
     let ha = ok(
         helm(&[
             "template",

@@ -532,3 +532,61 @@ async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_w
     })
     .await;
 }
+
+/// A namespace whose ResourceQuota requires CPU and memory limits refuses any pod with a container
+/// that sets none. With `--holder-cpu-limit` (and the workload's own limits) the run's pod is
+/// admitted, and the holder carries exactly the configured resources.
+#[tokio::test]
+async fn holder_resources_are_configurable_so_a_quota_requiring_limits_admits_the_pod() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "quota").await;
+    let quota: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "limits-required"},
+        "spec": {"hard": {"limits.cpu": "4", "limits.memory": "4Gi"}},
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create the quota");
+    let (_store_dir, store_url) = store_dir("quota");
+    let op = Operator::start(
+        &ns.name,
+        &store_url,
+        &[
+            "--holder-cpu-limit",
+            "100m",
+            "--holder-memory-limit",
+            "64Mi",
+        ],
+    );
+    let out = host_dir("quota-out");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let mut s = spec(&[&out], Some(vec!["sh", "-c", "work"]));
+    s.resources = Some(
+        serde_json::from_value(json!({"limits": {"cpu": "200m", "memory": "128Mi"}})).unwrap(),
+    );
+    create(&runs, "quota", s).await;
+    let run = wait_phase(&runs, "quota", Phase::Running, &op).await;
+    let p = pods
+        .get(run.status.as_ref().unwrap().pod_name.as_deref().unwrap())
+        .await
+        .unwrap();
+    let holder = p
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers
+        .iter()
+        .find(|c| c.name == pod::HOLDER_CONTAINER)
+        .unwrap();
+    let limits = holder
+        .resources
+        .as_ref()
+        .and_then(|r| r.limits.clone())
+        .unwrap();
+    assert_eq!(limits["cpu"].0, "100m");
+    assert_eq!(limits["memory"].0, "64Mi");
+}

@@ -551,7 +551,8 @@ fn container_id(ns: &str, pod: &str, container: &str) -> Option<String> {
 #[tokio::test]
 async fn a_workload_killed_by_a_signal_is_reported_with_its_code_and_its_files_drained() {
     let bed = RealBed::new("real-signal").await;
-    let script = r#"echo partial > "$ITERION_ARTIFACT_FILES_DIR/partial.txt"; exec sleep 3600"#;
+    let script = r#"echo 'last words before the kill'
+echo partial > "$ITERION_ARTIFACT_FILES_DIR/partial.txt"; exec sleep 3600"#;
     create(&bed.runs, "killed", real_spec(Some(script), &["/work/out"])).await;
     let run = wait_run(
         &bed.runs,
@@ -588,6 +589,23 @@ async fn a_workload_killed_by_a_signal_is_reported_with_its_code_and_its_files_d
         status.exit_code,
         Some(137),
         "SIGKILL is 128 + 9: {status:?}"
+    );
+    // The evidence outlives the pod: the kubelet's record of how the workload ended, with the
+    // last lines of its log (terminationMessagePolicy FallbackToLogsOnError), is in status.
+    let workload = status.workload.clone().expect("status.workload");
+    assert_eq!(workload.exit_code, 137, "{workload:?}");
+    assert!(workload.reason.is_some(), "{workload:?}");
+    assert!(
+        workload
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("last words before the kill"),
+        "the log tail is kept: {workload:?}"
+    );
+    assert!(
+        workload.started_at.is_some() && workload.finished_at.is_some(),
+        "{workload:?}"
     );
     assert_eq!(
         status.read_back[0].phase,
