@@ -86,7 +86,12 @@ for attempt in 1 2 3 4 5 6 7 8 9 10; do
 done
 
 log "waiting for the run: the workload runs in a real container, exits, and the operator drains it"
-kubectl wait -n "$NS" --for=condition=Complete sbr/demo-report --timeout=300s
+# Complete=True means success and Failed=True failure (Job semantics): wait for either, then say which.
+for _ in $(seq 1 600); do
+  ended=$(kubectl get sbr -n "$NS" demo-report -o 'jsonpath={.status.conditions[?(@.status=="True")].type}')
+  case " $ended " in *" Complete "*|*" Failed "*) break ;; esac
+  sleep 0.5
+done
 kubectl get sbr -n "$NS" demo-report
 kubectl describe sbr -n "$NS" demo-report
 phase=$(kubectl get sbr -n "$NS" demo-report -o 'jsonpath={.status.phase}')

@@ -315,7 +315,8 @@ pub struct SandboxRunStatus {
     /// long-lived sandbox stopped, a run whose pod was lost).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<WorkloadTermination>,
-    /// Standard conditions: Ready, WorkloadFinished, Drained, Complete.
+    /// Standard conditions: Ready, WorkloadFinished, Drained, and at the end exactly one of Complete
+    /// (a successful end) or Failed (a failed end, its reason says why).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

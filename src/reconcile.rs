@@ -26,9 +26,31 @@ pub mod condition {
     pub const WORKLOAD_FINISHED: &str = "WorkloadFinished";
     /// Every declared path has a final drain outcome, none failed.
     pub const DRAINED: &str = "Drained";
-    /// The run reached a final phase (`kubectl wait --for=condition=Complete`).
+    /// The run ended successfully (batch/v1 Job semantics): phase `Succeeded`, or `Stopped` by
+    /// `spec.stop` or deletion with no path `Failed`. Absent otherwise
+    /// (`kubectl wait --for=condition=Complete`).
     pub const COMPLETE: &str = "Complete";
+    /// The run ended in failure: phase `Failed`, a run stopped by its deadline or by its pod's
+    /// deletion/eviction, or a stopped run with a path `Failed`. The reason says which
+    /// ([`super::failure_reason`]). Absent otherwise (`kubectl wait --for=condition=Failed`).
+    /// Exactly one of Complete and Failed is True once the run has a final phase.
+    pub const FAILED: &str = "Failed";
 }
+
+/// Failed reason: the batch workload exited non-zero.
+pub const REASON_WORKLOAD_FAILED: &str = "WorkloadFailed";
+/// Failed reason (and Ready=False reason while draining): `spec.activeDeadlineSeconds` passed.
+pub const REASON_DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+/// Failed reason (and Drained=False reason): a read-back path could not be drained.
+pub const REASON_CONDITION_DRAIN_FAILED: &str = "DrainFailed";
+/// Failed reason: the pod vanished before teardown could drain it.
+pub const REASON_POD_LOST: &str = "PodLost";
+/// Failed reason (and Ready=False reason while draining): someone else deleted or evicted the pod
+/// before the workload finished.
+pub const REASON_POD_DELETED: &str = "PodDeleted";
+/// Ready=False reason once the run has a final phase (except [`REASON_IMAGE_PULL_FAILED`], which
+/// Ready keeps: the pod never ran and the kubelet's words say why).
+pub const REASON_RUN_ENDED: &str = "RunEnded";
 
 /// Why a run is being torn down.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -472,6 +494,11 @@ fn resume_trigger(run: &SandboxRun, pod: &PodView) -> Trigger {
     if let Some(message) = image_pull_failed_message(run) {
         return Trigger::ImagePullFailed { message };
     }
+    match run.status.as_ref().and_then(ready_false_reason) {
+        Some(REASON_DEADLINE_EXCEEDED) => return Trigger::Deadline,
+        Some(REASON_POD_DELETED) => return Trigger::PodDeleting,
+        _ => {}
+    }
     if run.spec.stop {
         Trigger::Stop
     } else {
@@ -562,12 +589,18 @@ fn set_condition_raw(
     conditions.sort_by_key(|c| condition_order(&c.type_));
 }
 
+/// Removes condition `type_` (Complete and Failed are absent rather than False, like a Job's).
+pub fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) {
+    conditions.retain(|c| c.type_ != type_);
+}
+
 fn condition_order(t: &str) -> usize {
     [
         condition::READY,
         condition::WORKLOAD_FINISHED,
         condition::DRAINED,
         condition::COMPLETE,
+        condition::FAILED,
     ]
     .iter()
     .position(|x| *x == t)
@@ -735,8 +768,12 @@ pub fn draining_status(
     // A run torn down because its image cannot be pulled keeps Ready=False/ImagePullFailed with
     // the kubelet's words: finished_status fails the run on it, and a teardown resumed after a
     // restart finds its trigger there.
+    // A deadline and a pod deleted by someone else are recorded in Ready's reason too: they fail
+    // the run (finished_status reads them there), and a resumed teardown finds its trigger again.
     let (ready_reason, ready_message) = match trigger {
         Trigger::ImagePullFailed { message } => (REASON_IMAGE_PULL_FAILED, message.clone()),
+        Trigger::Deadline => (REASON_DEADLINE_EXCEEDED, trigger.describe()),
+        Trigger::PodDeleting => (REASON_POD_DELETED, trigger.describe()),
         _ => ("TearingDown", trigger.describe()),
     };
     set_condition(
@@ -760,10 +797,90 @@ pub fn draining_status(
     status
 }
 
-/// The status once every path has an outcome: the final phase and the Drained/Complete conditions.
+/// The status once every path has an outcome: the final phase and the Drained, Complete/Failed and
+/// Ready conditions (see [`failure_reason`] and docs/user-guide.md "Lifecycle").
 pub fn finished_status(
     run: &SandboxRun,
+    status: SandboxRunStatus,
+    now: Timestamp,
+) -> SandboxRunStatus {
+    end_status(run, status, false, now)
+}
+
+/// What the end of a run says about it, read from its status before the final conditions are
+/// written: the inputs of the final phase and of [`failure_reason`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ending {
+    /// The final phase.
+    pub phase: Phase,
+    /// The workload container terminated (WorkloadFinished=True).
+    pub workload_finished: bool,
+    /// Its exit code, when it did.
+    pub exit_code: Option<i32>,
+    /// The workload never started because an image could not be pulled.
+    pub image_pull_failed: bool,
+    /// The pod vanished before teardown drained it ([`pod_lost_status`]).
+    pub pod_vanished: bool,
+    /// The teardown was triggered by `spec.activeDeadlineSeconds`.
+    pub deadline: bool,
+    /// The teardown was triggered by someone else deleting or evicting the pod (the run itself
+    /// was not being deleted).
+    pub pod_deleted: bool,
+    /// Some path failed.
+    pub any_failed: bool,
+}
+
+/// The Failed condition's reason for an ending, None when the run ended successfully (then
+/// Complete=True). The first cause that applies, in this order:
+///
+/// - phase `Succeeded` → None (a failed optional path shows only in Drained=False);
+/// - phase `Failed`: [`REASON_IMAGE_PULL_FAILED`], [`REASON_WORKLOAD_FAILED`] (non-zero exit),
+///   [`REASON_POD_LOST`] (the pod vanished before teardown), else [`REASON_CONDITION_DRAIN_FAILED`] (a
+///   `required` path failed);
+/// - phase `Stopped`: [`REASON_DEADLINE_EXCEEDED`], [`REASON_POD_DELETED`], then
+///   [`REASON_CONDITION_DRAIN_FAILED`] when any path failed, else None (`spec.stop` or deletion, drained).
+pub fn failure_reason(e: &Ending) -> Option<&'static str> {
+    match e.phase {
+        Phase::Succeeded => None,
+        Phase::Stopped => {
+            if e.deadline {
+                Some(REASON_DEADLINE_EXCEEDED)
+            } else if e.pod_deleted {
+                Some(REASON_POD_DELETED)
+            } else if e.any_failed {
+                Some(REASON_CONDITION_DRAIN_FAILED)
+            } else {
+                None
+            }
+        }
+        // Failed (and, defensively, any phase that is not final: never a success).
+        _ => Some(if e.image_pull_failed {
+            REASON_IMAGE_PULL_FAILED
+        } else if e.workload_finished && e.exit_code != Some(0) {
+            REASON_WORKLOAD_FAILED
+        } else if e.pod_vanished {
+            REASON_POD_LOST
+        } else {
+            REASON_CONDITION_DRAIN_FAILED
+        }),
+    }
+}
+
+/// The reason of Ready when it is False.
+fn ready_false_reason(status: &SandboxRunStatus) -> Option<&str> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == condition::READY && c.status == "False")
+        .map(|c| c.reason.as_str())
+}
+
+/// [`finished_status`]; `pod_vanished` when the pod was gone before teardown drained it
+/// ([`pod_lost_status`]).
+fn end_status(
+    run: &SandboxRun,
     mut status: SandboxRunStatus,
+    pod_vanished: bool,
     now: Timestamp,
 ) -> SandboxRunStatus {
     let generation = run.metadata.generation;
@@ -778,6 +895,7 @@ pub fn finished_status(
         .iter()
         .filter(|p| p.required)
         .any(|p| failed.iter().any(|e| e.path == p.path));
+    let any_failed = !failed.is_empty();
     if failed.is_empty() {
         let capped = status
             .read_back
@@ -806,7 +924,7 @@ pub fn finished_status(
             &mut status.conditions,
             condition::DRAINED,
             false,
-            "DrainFailed",
+            REASON_CONDITION_DRAIN_FAILED,
             format!(
                 "drain failed for {}; see the sandbox_runfiles_drain_failed Events",
                 which.join(", ")
@@ -820,13 +938,21 @@ pub fn finished_status(
     // ImagePullFailed, kept by draining_status): the run failed, and the kubelet's words say why.
     let pull_failed = !finished && status.start_time.is_none() && status.exit_code.is_none();
     let pull_failed = pull_failed.then(|| image_pull_failure(&status)).flatten();
+    // How teardown began, recorded in Ready's reason by draining_status (read before Ready says
+    // the run ended below).
+    let ready_reason = ready_false_reason(&status);
+    let deadline = !finished && ready_reason == Some(REASON_DEADLINE_EXCEEDED);
+    let pod_deleted = !finished
+        && ready_reason == Some(REASON_POD_DELETED)
+        && run.metadata.deletion_timestamp.is_none();
+    let pod_lost = pod_vanished && !finished;
     let phase = if finished {
         if status.exit_code == Some(0) && !required_failed {
             Phase::Succeeded
         } else {
             Phase::Failed
         }
-    } else if required_failed || pull_failed.is_some() {
+    } else if required_failed || pull_failed.is_some() || pod_lost {
         Phase::Failed
     } else {
         Phase::Stopped
@@ -839,36 +965,93 @@ pub fn finished_status(
             "the workload never started: its image could not be pulled: {}",
             pull_failed.as_deref().unwrap_or_default()
         ),
-        (_, true) => "a required read-back path could not be drained".to_string(),
+        _ if pod_lost => POD_GONE.to_string(),
         (Phase::Failed, false) if finished => {
             format!(
                 "workload failed with exit code {}",
                 status.exit_code.unwrap_or(-1)
             )
         }
+        (_, true) => "a required read-back path could not be drained".to_string(),
         (Phase::Failed, false) => status
             .message
             .clone()
             .unwrap_or_else(|| "run failed".to_string()),
-        _ => "run stopped; read-back paths drained".to_string(),
+        _ => {
+            let cause = if deadline {
+                "run stopped: activeDeadlineSeconds passed"
+            } else if pod_deleted {
+                "run stopped: the pod was deleted or evicted"
+            } else {
+                "run stopped"
+            };
+            let drains = if any_failed {
+                "a read-back path could not be drained (see the Drained condition)"
+            } else {
+                "read-back paths drained"
+            };
+            format!("{cause}; {drains}")
+        }
+    };
+    let ending = Ending {
+        phase,
+        workload_finished: finished,
+        exit_code: status.exit_code,
+        image_pull_failed: pull_failed.is_some(),
+        pod_vanished,
+        deadline,
+        pod_deleted,
+        any_failed,
     };
     status.phase = Some(phase);
     status.message = Some(why.clone());
     status.completion_time = Some(Time(now));
     status.observed_generation = generation;
-    let complete_reason = match pull_failed {
-        Some(_) => REASON_IMAGE_PULL_FAILED.to_string(),
-        None => format!("{phase:?}"),
-    };
-    set_condition(
-        &mut status.conditions,
-        condition::COMPLETE,
-        true,
-        &complete_reason,
-        why,
-        generation,
-        now,
-    );
+    match failure_reason(&ending) {
+        None => {
+            set_condition(
+                &mut status.conditions,
+                condition::COMPLETE,
+                true,
+                &format!("{phase:?}"),
+                why,
+                generation,
+                now,
+            );
+            remove_condition(&mut status.conditions, condition::FAILED);
+        }
+        Some(reason) => {
+            set_condition(
+                &mut status.conditions,
+                condition::FAILED,
+                true,
+                reason,
+                why,
+                generation,
+                now,
+            );
+            remove_condition(&mut status.conditions, condition::COMPLETE);
+        }
+    }
+    // Ready says the run ended, except when the pod never ran because of its image: Ready keeps
+    // ImagePullFailed and the kubelet's words.
+    if pull_failed.is_none() {
+        set_condition(
+            &mut status.conditions,
+            condition::READY,
+            false,
+            REASON_RUN_ENDED,
+            format!("the run ended ({phase:?}); its pod is deleted"),
+            generation,
+            now,
+        );
+    } else if let Some(ready) = status
+        .conditions
+        .iter_mut()
+        .find(|c| c.type_ == condition::READY)
+    {
+        ready.observed_generation = generation;
+    }
     status
 }
 
@@ -893,7 +1076,8 @@ fn image_pull_failure(status: &SandboxRunStatus) -> Option<String> {
 }
 
 /// The status when the pod vanished before teardown: every undrained path is a failure, never an
-/// empty set (ADR-143 §4), and the run failed.
+/// empty set (ADR-143 §4), and the run failed (Failed=True, reason [`REASON_POD_LOST`]) unless
+/// its workload had already finished and every required path had drained.
 pub fn pod_lost_status(run: &SandboxRun, now: Timestamp) -> SandboxRunStatus {
     let mut status = run.status.clone().unwrap_or_default();
     ensure_pending_entries(run, &mut status);
@@ -916,23 +1100,7 @@ pub fn pod_lost_status(run: &SandboxRun, now: Timestamp) -> SandboxRunStatus {
         now,
     );
     status.message = Some(POD_GONE.to_string());
-    let mut status = finished_status(run, status, now);
-    if status.phase != Some(Phase::Failed)
-        && !condition_true_in(&status, condition::WORKLOAD_FINISHED)
-    {
-        status.phase = Some(Phase::Failed);
-        status.message = Some(POD_GONE.to_string());
-        set_condition(
-            &mut status.conditions,
-            condition::COMPLETE,
-            true,
-            "Failed",
-            POD_GONE,
-            generation,
-            now,
-        );
-    }
-    status
+    end_status(run, status, true, now)
 }
 
 /// The Event that opens a teardown: (Warning?, reason, note). An image that cannot be pulled is
@@ -1712,12 +1880,16 @@ mod tests {
         assert_eq!(cond(condition::READY).message, message);
         assert_eq!(
             (
-                cond(condition::COMPLETE).status.as_str(),
-                cond(condition::COMPLETE).reason.as_str()
+                cond(condition::FAILED).status.as_str(),
+                cond(condition::FAILED).reason.as_str()
             ),
             ("True", REASON_IMAGE_PULL_FAILED)
         );
-        assert!(cond(condition::COMPLETE).message.contains(NOT_FOUND));
+        assert!(cond(condition::FAILED).message.contains(NOT_FOUND));
+        assert!(!done
+            .conditions
+            .iter()
+            .any(|c| c.type_ == condition::COMPLETE));
         assert_eq!(cond(condition::DRAINED).status, "True");
 
         // The teardown opens with a Warning that names the reason and keeps the kubelet's words.
@@ -1850,5 +2022,340 @@ mod tests {
         let s = drain_summary(&[entry("/w", ReadBackPhase::Failed, Some(&wide))]).unwrap();
         assert!(s.note.len() <= EVENT_NOTE_LIMIT);
         assert!(s.note.ends_with('…'), "{}", s.note);
+    }
+
+    /// (status, reason) of condition `t`, None when absent.
+    fn cond_of(s: &SandboxRunStatus, t: &str) -> Option<(String, String)> {
+        s.conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    }
+
+    fn pair(status: &str, reason: &str) -> Option<(String, String)> {
+        Some((status.to_string(), reason.to_string()))
+    }
+
+    /// Drains every path of a draining status with `phase`.
+    fn drain_all(mut s: SandboxRunStatus, phase: ReadBackPhase) -> SandboxRunStatus {
+        s.read_back.iter_mut().for_each(|e| e.phase = phase);
+        s
+    }
+
+    /// Exactly one of Complete/Failed is True, the other absent; every condition carries the
+    /// run's generation; Ready is False.
+    fn assert_one_ending(s: &SandboxRunStatus) {
+        let complete = cond_of(s, condition::COMPLETE);
+        let failed = cond_of(s, condition::FAILED);
+        assert!(
+            complete.is_some() != failed.is_some(),
+            "exactly one of Complete/Failed: {:?}",
+            s.conditions
+        );
+        assert!(complete.or(failed).is_some_and(|(st, _)| st == "True"));
+        assert!(
+            s.conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(3)),
+            "{:?}",
+            s.conditions
+        );
+        assert_eq!(
+            cond_of(s, condition::READY).map(|(st, _)| st),
+            Some("False".to_string())
+        );
+    }
+
+    fn with_generation(mut r: SandboxRun) -> SandboxRun {
+        r.metadata.generation = Some(3);
+        r
+    }
+
+    #[test]
+    fn a_succeeded_run_is_complete_and_not_failed() {
+        let r = with_generation(with_phase(run_with(&[("/out", true)]), Phase::Running));
+        let t = Trigger::WorkloadFinished { exit_code: 0 };
+        let s = drain_all(draining_status(&r, &t, None, now()), ReadBackPhase::Drained);
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Succeeded));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, condition::COMPLETE),
+            pair("True", "Succeeded")
+        );
+        assert_eq!(cond_of(&done, condition::FAILED), None);
+        assert_eq!(
+            cond_of(&done, condition::READY),
+            pair("False", REASON_RUN_ENDED)
+        );
+        assert_eq!(cond_of(&done, condition::DRAINED), pair("True", "Drained"));
+    }
+
+    #[test]
+    fn a_failed_workload_is_failed_with_workload_failed_and_never_complete() {
+        let r = with_generation(with_phase(run_with(&[("/out", true)]), Phase::Running));
+        let t = Trigger::WorkloadFinished { exit_code: 2 };
+        let s = drain_all(draining_status(&r, &t, None, now()), ReadBackPhase::Drained);
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, condition::FAILED),
+            pair("True", REASON_WORKLOAD_FAILED)
+        );
+        assert_eq!(cond_of(&done, condition::COMPLETE), None);
+        assert_eq!(
+            cond_of(&done, condition::READY),
+            pair("False", REASON_RUN_ENDED)
+        );
+    }
+
+    #[test]
+    fn a_required_path_that_fails_after_success_is_failed_with_drain_failed() {
+        let r = with_generation(with_phase(run_with(&[("/out", true)]), Phase::Running));
+        let t = Trigger::WorkloadFinished { exit_code: 0 };
+        let s = drain_all(draining_status(&r, &t, None, now()), ReadBackPhase::Failed);
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, condition::FAILED),
+            pair("True", REASON_CONDITION_DRAIN_FAILED)
+        );
+    }
+
+    #[test]
+    fn a_stop_or_deletion_whose_drains_succeed_is_complete() {
+        for trigger in [Trigger::Stop, Trigger::Deleting] {
+            let mut r = with_generation(with_phase(run_with(&[("/out", false)]), Phase::Running));
+            r.spec.stop = trigger == Trigger::Stop;
+            let s = drain_all(
+                draining_status(&r, &trigger, None, now()),
+                ReadBackPhase::Drained,
+            );
+            let done = finished_status(&r, s, now());
+            assert_eq!(done.phase, Some(Phase::Stopped), "{trigger:?}");
+            assert_one_ending(&done);
+            assert_eq!(
+                cond_of(&done, condition::COMPLETE),
+                pair("True", "Stopped"),
+                "{trigger:?}"
+            );
+            assert_eq!(cond_of(&done, condition::FAILED), None, "{trigger:?}");
+        }
+    }
+
+    #[test]
+    fn a_stop_whose_drain_fails_is_failed_with_drain_failed() {
+        // An optional path: the phase stays Stopped, but the run did not end well.
+        let mut r = with_generation(with_phase(run_with(&[("/out", false)]), Phase::Running));
+        r.spec.stop = true;
+        let s = drain_all(
+            draining_status(&r, &Trigger::Stop, None, now()),
+            ReadBackPhase::Failed,
+        );
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Stopped));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, condition::FAILED),
+            pair("True", REASON_CONDITION_DRAIN_FAILED)
+        );
+        assert_eq!(cond_of(&done, condition::COMPLETE), None);
+        assert_eq!(
+            cond_of(&done, condition::DRAINED),
+            pair("False", REASON_CONDITION_DRAIN_FAILED)
+        );
+    }
+
+    #[test]
+    fn a_deadline_is_failed_with_deadline_exceeded_even_when_drained() {
+        let r = with_generation(with_phase(run_with(&[("/out", false)]), Phase::Running));
+        let draining = draining_status(&r, &Trigger::Deadline, None, now());
+        // The trigger is recorded where a restarted operator finds it again.
+        assert_eq!(
+            cond_of(&draining, condition::READY),
+            pair("False", REASON_DEADLINE_EXCEEDED)
+        );
+        let mut resumed = r.clone();
+        resumed.status = Some(draining.clone());
+        assert_eq!(
+            decide(&resumed, Some(&running()), now(), &settings()),
+            Step::Teardown(Trigger::Deadline)
+        );
+        let done = finished_status(&r, drain_all(draining, ReadBackPhase::Drained), now());
+        assert_eq!(done.phase, Some(Phase::Stopped));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, condition::FAILED),
+            pair("True", REASON_DEADLINE_EXCEEDED)
+        );
+        assert_eq!(cond_of(&done, condition::COMPLETE), None);
+        assert!(done
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("activeDeadlineSeconds"));
+    }
+
+    #[test]
+    fn a_pod_deleted_by_someone_else_is_failed_with_pod_deleted() {
+        let r = with_generation(with_phase(run_with(&[("/out", false)]), Phase::Running));
+        let s = drain_all(
+            draining_status(&r, &Trigger::PodDeleting, None, now()),
+            ReadBackPhase::Drained,
+        );
+        let done = finished_status(&r, s.clone(), now());
+        assert_eq!(done.phase, Some(Phase::Stopped));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, condition::FAILED),
+            pair("True", REASON_POD_DELETED)
+        );
+        // The same teardown of a run that is itself being deleted is the user's deletion.
+        let mut deleted = r.clone();
+        deleted.metadata.deletion_timestamp = Some(Time(now()));
+        let done = finished_status(&deleted, s, now());
+        assert_eq!(cond_of(&done, condition::COMPLETE), pair("True", "Stopped"));
+        assert_eq!(cond_of(&done, condition::FAILED), None);
+    }
+
+    #[test]
+    fn an_image_pull_failure_is_failed_with_image_pull_failed() {
+        let r = with_generation(pending(run_with(&[("/out", true)])));
+        let trigger = Trigger::ImagePullFailed {
+            message: "container workload: ErrImagePull: not found".into(),
+        };
+        let mut s = draining_status(&r, &trigger, None, now());
+        for e in s.read_back.iter_mut() {
+            *e = never_started_entry(&e.path, &trigger);
+        }
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, condition::FAILED),
+            pair("True", REASON_IMAGE_PULL_FAILED)
+        );
+        assert_eq!(cond_of(&done, condition::COMPLETE), None);
+        // Ready keeps the reason the pod never ran.
+        assert_eq!(
+            cond_of(&done, condition::READY),
+            pair("False", REASON_IMAGE_PULL_FAILED)
+        );
+    }
+
+    #[test]
+    fn a_lost_pod_is_failed_with_pod_lost() {
+        let r = with_generation(with_phase(
+            run_with(&[("/out", true), ("/logs", false)]),
+            Phase::Running,
+        ));
+        let done = pod_lost_status(&r, now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, condition::FAILED),
+            pair("True", REASON_POD_LOST)
+        );
+        assert_eq!(cond_of(&done, condition::COMPLETE), None);
+        assert_eq!(done.message.as_deref(), Some(POD_GONE));
+
+        // Also with no path at all, and while a deadline teardown was draining.
+        let r = with_generation(with_phase(run_with(&[]), Phase::Running));
+        let done = pod_lost_status(&r, now());
+        assert_eq!(
+            cond_of(&done, condition::FAILED),
+            pair("True", REASON_POD_LOST)
+        );
+        let mut r = with_generation(with_phase(run_with(&[("/out", false)]), Phase::Running));
+        r.status = Some(draining_status(&r, &Trigger::Deadline, None, now()));
+        let done = pod_lost_status(&r, now());
+        assert_eq!(
+            cond_of(&done, condition::FAILED),
+            pair("True", REASON_POD_LOST)
+        );
+    }
+
+    #[test]
+    fn a_workload_that_succeeded_before_its_pod_was_lost_keeps_its_drained_outcome() {
+        let r = with_generation(with_phase(run_with(&[("/out", true)]), Phase::Running));
+        let t = Trigger::WorkloadFinished { exit_code: 0 };
+        let mut r2 = r.clone();
+        r2.status = Some(drain_all(
+            draining_status(&r, &t, None, now()),
+            ReadBackPhase::Drained,
+        ));
+        let done = pod_lost_status(&r2, now());
+        assert_eq!(done.phase, Some(Phase::Succeeded));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, condition::COMPLETE),
+            pair("True", "Succeeded")
+        );
+        // A required path still pending when the pod vanished: the pod's loss is why.
+        let mut r3 = r.clone();
+        r3.status = Some(draining_status(&r, &t, None, now()));
+        let done = pod_lost_status(&r3, now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        assert_eq!(
+            cond_of(&done, condition::FAILED),
+            pair("True", REASON_POD_LOST)
+        );
+    }
+
+    #[test]
+    fn failure_reason_names_the_first_cause() {
+        let base = Ending {
+            phase: Phase::Failed,
+            workload_finished: true,
+            exit_code: Some(1),
+            image_pull_failed: false,
+            pod_vanished: false,
+            deadline: false,
+            pod_deleted: false,
+            any_failed: true,
+        };
+        assert_eq!(failure_reason(&base), Some(REASON_WORKLOAD_FAILED));
+        let ok_exit = Ending {
+            exit_code: Some(0),
+            ..base
+        };
+        assert_eq!(
+            failure_reason(&ok_exit),
+            Some(REASON_CONDITION_DRAIN_FAILED)
+        );
+        assert_eq!(
+            failure_reason(&Ending {
+                pod_vanished: true,
+                ..ok_exit
+            }),
+            Some(REASON_POD_LOST)
+        );
+        let stopped = Ending {
+            phase: Phase::Stopped,
+            workload_finished: false,
+            exit_code: None,
+            any_failed: false,
+            ..base
+        };
+        assert_eq!(failure_reason(&stopped), None);
+        assert_eq!(
+            failure_reason(&Ending {
+                deadline: true,
+                any_failed: true,
+                ..stopped
+            }),
+            Some(REASON_DEADLINE_EXCEEDED)
+        );
+        assert_eq!(
+            failure_reason(&Ending {
+                phase: Phase::Succeeded,
+                any_failed: true,
+                ..ok_exit
+            }),
+            None,
+            "an optional path failure keeps a success"
+        );
     }
 }

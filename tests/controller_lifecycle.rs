@@ -194,6 +194,36 @@ async fn a_failing_workload_fails_the_run_but_its_files_are_still_drained() {
     let status = run.status.unwrap();
     assert_eq!(status.exit_code, Some(3));
     assert_eq!(status.read_back[0].phase, ReadBackPhase::Drained);
+    // Job semantics: a failed run is Failed=True and never Complete, so `kubectl wait
+    // --for=condition=Complete` does not report it as a success.
+    let failed = status.conditions.iter().find(|c| c.type_ == "Failed");
+    assert_eq!(
+        failed.map(|c| (c.status.as_str(), c.reason.as_str())),
+        Some(("True", "WorkloadFailed")),
+        "{:?}",
+        status.conditions
+    );
+    assert!(
+        !status.conditions.iter().any(|c| c.type_ == "Complete"),
+        "{:?}",
+        status.conditions
+    );
+    // `kubectl wait` agrees.
+    let wait = |condition: &str| {
+        Command::new(kubectl())
+            .args(["--kubeconfig", &kubeconfig_path().display().to_string()])
+            .args(["wait", "-n", &ns.name, "sbr/fails", "--timeout=3s"])
+            .arg(format!("--for=condition={condition}"))
+            .output()
+            .expect("kubectl wait")
+            .status
+            .success()
+    };
+    assert!(wait("Failed"), "kubectl wait --for=condition=Failed");
+    assert!(
+        !wait("Complete"),
+        "kubectl wait --for=condition=Complete must not succeed"
+    );
 }
 
 #[tokio::test]
