@@ -16,7 +16,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use object_store::ObjectStore;
 use serde_json::json;
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::AsyncRead;
 use tracing::{info, warn};
 
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
@@ -742,20 +742,10 @@ async fn mark_drained(pods: &Api<Pod>, pod_name: &str) {
 
 /// Reads `stream` to its end, keeping its first `keep` bytes (as text) and discarding the rest.
 async fn read_bounded(stream: Option<impl AsyncRead + Unpin>, keep: usize) -> String {
-    let Some(mut stream) = stream else {
+    let Some(stream) = stream else {
         return String::new();
     };
-    let mut kept = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => {
-                let room = keep.saturating_sub(kept.len());
-                kept.extend_from_slice(&buf[..n.min(room)]);
-            }
-        }
-    }
+    let (kept, _) = crate::drain::exec::read_to_end_keeping(stream, keep).await;
     String::from_utf8_lossy(&kept).trim().to_string()
 }
 

@@ -127,9 +127,13 @@ pub struct PackNotes {
     pub truncated_bytes: u64,
 }
 
-/// Reads `reader` to its end (or to a read error), keeping its first `max_bytes` bytes as lines and
-/// counting the rest. Never stops early: the writer must never block on a full pipe.
-pub async fn collect_notes<R: AsyncRead + Unpin>(mut reader: R, max_bytes: usize) -> PackNotes {
+/// Reads `reader` to its end (or to a read error), keeping its first `max_bytes` bytes and
+/// counting the rest. Never stops early: the writer of an exec stream must never block on a full
+/// pipe. Returns the kept bytes and the number discarded.
+pub async fn read_to_end_keeping<R: AsyncRead + Unpin>(
+    mut reader: R,
+    max_bytes: usize,
+) -> (Vec<u8>, u64) {
     let mut kept: Vec<u8> = Vec::new();
     let mut discarded = 0u64;
     let mut buf = vec![0u8; 8 * 1024];
@@ -145,6 +149,13 @@ pub async fn collect_notes<R: AsyncRead + Unpin>(mut reader: R, max_bytes: usize
         kept.extend_from_slice(&buf[..room]);
         discarded = discarded.saturating_add((n - room) as u64);
     }
+    (kept, discarded)
+}
+
+/// Reads the packer's stderr to its end (see [`read_to_end_keeping`]), keeping its first
+/// `max_bytes` bytes as lines and counting the rest.
+pub async fn collect_notes<R: AsyncRead + Unpin>(reader: R, max_bytes: usize) -> PackNotes {
+    let (kept, discarded) = read_to_end_keeping(reader, max_bytes).await;
     notes_from_bytes(&kept, discarded)
 }
 
