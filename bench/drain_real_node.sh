@@ -35,10 +35,9 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-now() { date +%s.%N; }
-mbps() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.1f", b / s / 1e6 }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { print b - a }'; }
+# shellcheck source=bench/lib.sh
+. "$REPO/bench/lib.sh"
+ensure_crd
 
 kubectl create ns "$NS" >/dev/null
 until kubectl get sa default -n "$NS" >/dev/null 2>&1; do sleep 0.2; done
@@ -85,13 +84,11 @@ kubectl patch sbr bench -n "$NS" --type merge -p '{"spec":{"stop":true}}' >/dev/
 until [ "$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.phase}')" = Stopped ]; do sleep 0.2; done
 t1=$(now)
 wall_s=$(elapsed "$t0" "$t1")
-drain_s=$(curl -s "http://127.0.0.1:$port/metrics" | awk '/^sandboxrun_drain_duration_seconds_sum\{phase="Drained"\}/ { print $2 }')
-rss_kb=$(awk '/VmHWM/ { print $2 }' "/proc/$OP_PID/status")
+drain_s=$(drain_seconds "$port")
+rss_kb=$(peak_rss_kb "$OP_PID")
 outcome=$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.readBack[0].phase} {.status.readBack[0].members} {.status.readBack[0].bytes}')
 
 printf '\nreal node: %s bytes (%s MiB in 4 files + %s small files), drained read-back: %s\n' "$bytes" "$BIG_MIB" "$SMALL" "$outcome"
-printf '  (a) ours, drain metric   %8.2f s  %8s MB/s   (wall stop->Stopped %.2f s)\n' "$drain_s" "$(mbps "$bytes" "$drain_s")" "$wall_s"
-printf '  (b) kubectl cp           %8.2f s  %8s MB/s   (copied %s bytes)\n' "$cp_s" "$(mbps "$bytes" "$cp_s")" "$cp_bytes"
-printf '  (c) raw pack | cat       %8.2f s  %8s MB/s\n' "$raw_s" "$(mbps "$bytes" "$raw_s")"
+print_contenders "$bytes" "$drain_s" "stop->Stopped" "$wall_s" "$cp_s" "$cp_bytes" "$raw_s"
 printf '  throughput ratio ours/kubectl-cp %s, ours/raw %s; wall stop->Stopped vs kubectl cp %s; operator peak RSS %s MiB\n' \
   "$(ratio "$cp_s" "$drain_s")" "$(ratio "$raw_s" "$drain_s")" "$(ratio "$cp_s" "$wall_s")" "$((rss_kb / 1024))"

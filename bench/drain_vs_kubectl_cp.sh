@@ -45,9 +45,9 @@ cleanup() {
 }
 trap cleanup EXIT
 
-now() { date +%s.%N; }
-mbps() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.1f", b / s / 1e6 }'; }
-ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+# shellcheck source=bench/lib.sh
+. "$REPO/bench/lib.sh"
+ensure_crd
 
 make_data() {  # make_data <dir> <GiB>
   local dir=$1 gib=$2 i
@@ -103,27 +103,25 @@ YAML
 
   echo "== ${gib} GiB: kubectl cp" >&2
   t0=$(now); kubectl cp "$NS/$pod:$data" "$WORK/cp-$gib" -c holder >/dev/null 2>&1; t1=$(now)
-  cp_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+  cp_s=$(elapsed "$t0" "$t1")
   cp_bytes=$(du -sb "$WORK/cp-$gib" | cut -f1); rm -rf "$WORK/cp-$gib"
 
   echo "== ${gib} GiB: raw pack over exec" >&2
   t0=$(now); kubectl exec "$pod" -n "$NS" -c holder -- "$BIN" pack "$data" | cat >/dev/null; t1=$(now)
-  raw_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
+  raw_s=$(elapsed "$t0" "$t1")
 
   echo "== ${gib} GiB: our drain" >&2
   t0=$(now)
   kubectl annotate pod "$pod" -n "$NS" sandbox.iterion.io/test-exit-code=0 >/dev/null
   until [ "$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.phase}')" = Succeeded ]; do sleep 0.2; done
   t1=$(now)
-  wall_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { print b - a }')
-  drain_s=$(curl -s "http://127.0.0.1:$port/metrics" | awk '/^sandboxrun_drain_duration_seconds_sum\{phase="Drained"\}/ { print $2 }')
-  rss_kb=$(awk '/VmHWM/ { print $2 }' "/proc/$OP_PID/status")
+  wall_s=$(elapsed "$t0" "$t1")
+  drain_s=$(drain_seconds "$port")
+  rss_kb=$(peak_rss_kb "$OP_PID")
   phase=$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.readBack[0].phase} {.status.readBack[0].members} {.status.readBack[0].bytes}')
 
   printf '\n%s GiB (%s bytes, %s files), drained read-back: %s\n' "$gib" "$bytes" "$files" "$phase"
-  printf '  (a) ours, drain metric   %8.2f s  %8s MB/s   (wall annotate->Succeeded %.2f s)\n' "$drain_s" "$(mbps "$bytes" "$drain_s")" "$wall_s"
-  printf '  (b) kubectl cp           %8.2f s  %8s MB/s   (copied %s bytes)\n' "$cp_s" "$(mbps "$bytes" "$cp_s")" "$cp_bytes"
-  printf '  (c) raw pack | cat       %8.2f s  %8s MB/s\n' "$raw_s" "$(mbps "$bytes" "$raw_s")"
+  print_contenders "$bytes" "$drain_s" "annotate->Succeeded" "$wall_s" "$cp_s" "$cp_bytes" "$raw_s"
   printf '  throughput ratio ours/kubectl-cp %s, ours/raw %s; operator peak RSS (VmHWM) %s MiB\n' \
     "$(ratio "$cp_s" "$drain_s")" "$(ratio "$raw_s" "$drain_s")" "$((rss_kb / 1024))"
   results+=("$gib:$rss_kb")

@@ -1,0 +1,22 @@
+# Shared helpers of the drain benchmarks (sourced by bench/drain_*.sh, never run).
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { print b - a }'; }
+mbps() { awk -v b="$1" -v s="$2" 'BEGIN { printf "%.1f", b / s / 1e6 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+# drain_seconds <metrics port>: the operator's own time for its successful drains
+drain_seconds() {
+  curl -s "http://127.0.0.1:$1/metrics" | awk '/^sandboxrun_drain_duration_seconds_sum\{phase="Drained"\}/ { print $2 }'
+}
+# peak_rss_kb <pid>: the process's peak resident set (VmHWM)
+peak_rss_kb() { awk '/VmHWM/ { print $2 }' "/proc/$1/status"; }
+# print_contenders <bytes> <ours s> <wall label> <wall s> <kubectl cp s> <copied bytes> <raw s>
+print_contenders() {
+  printf '  (a) ours, drain metric   %8.2f s  %8s MB/s   (wall %s %.2f s)\n' "$2" "$(mbps "$1" "$2")" "$3" "$4"
+  printf '  (b) kubectl cp           %8.2f s  %8s MB/s   (copied %s bytes)\n' "$5" "$(mbps "$1" "$5")" "$6"
+  printf '  (c) raw pack | cat       %8.2f s  %8s MB/s\n' "$7" "$(mbps "$1" "$7")"
+}
+# ensure_crd: the SandboxRun CRD of this checkout, applied as users apply it (a fresh cluster has none)
+ensure_crd() {
+  kubectl apply --server-side --force-conflicts -f "$REPO/crds/sandboxruns.sandbox.iterion.io.yaml" >/dev/null
+  kubectl wait --for condition=established --timeout=60s crd/sandboxruns.sandbox.iterion.io >/dev/null
+}
