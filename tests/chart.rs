@@ -8,9 +8,8 @@
 
 mod support;
 
-use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -22,39 +21,6 @@ use support::*;
 
 const CHART: &str = "charts/sandboxrun-operator";
 const CRD_FILE: &str = "sandboxruns.sandbox.iterion.io.yaml";
-
-/// A tool of the test bed (kubectl, helm) by path, so the test does not depend on the caller's PATH.
-fn tool(name: &str) -> Command {
-    let path = tools_bin()
-        .map(|b| b.join(name))
-        .filter(|p| p.exists())
-        .unwrap_or_else(|| name.into());
-    let mut cmd = Command::new(path);
-    cmd.current_dir(repo()).env("KUBECONFIG", kubeconfig_path());
-    cmd
-}
-
-fn run(mut cmd: Command, stdin: Option<&[u8]>) -> Output {
-    let what = format!("{cmd:?}");
-    cmd.stdin(if stdin.is_some() {
-        Stdio::piped()
-    } else {
-        Stdio::null()
-    })
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let mut child = cmd
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
-    if let Some(bytes) = stdin {
-        let mut pipe = child.stdin.take().expect("stdin is piped");
-        pipe.write_all(bytes)
-            .unwrap_or_else(|e| panic!("writing to {what}: {e}"));
-    }
-    child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("waiting for {what}: {e}"))
-}
 
 /// Runs and asserts success, showing stdout and stderr when it fails.
 fn ok(cmd: Command, stdin: Option<&[u8]>) -> String {

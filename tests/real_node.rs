@@ -776,30 +776,15 @@ impl Drop for HelmRelease {
 }
 
 fn helm(args: &[&str]) -> Output {
-    Command::new(tools_bin().expect("tools bin").join("helm"))
-        .args(args)
-        .env("KUBECONFIG", kubeconfig_path())
-        .output()
-        .expect("run helm")
+    let mut cmd = tool("helm");
+    cmd.args(args);
+    run(cmd, None)
 }
 
 fn kubectl_apply(ns: &str, manifest: &str) -> Output {
-    use std::io::Write;
-    let mut child = Command::new(kubectl())
-        .args(["apply", "-n", ns, "-f", "-"])
-        .env("KUBECONFIG", kubeconfig_path())
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run kubectl apply");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(manifest.as_bytes())
-        .expect("write manifest");
-    child.wait_with_output().expect("kubectl apply")
+    let mut cmd = tool("kubectl");
+    cmd.args(["apply", "-n", ns, "-f", "-"]);
+    run(cmd, Some(manifest.as_bytes()))
 }
 
 /// The operator as users install it: `helm install` of charts/ with the image built without

@@ -428,3 +428,38 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("bind an ephemeral loopback port")
 }
+
+/// A tool of the test bed (kubectl, helm) by path, so the test does not depend on the caller's PATH.
+pub fn tool(name: &str) -> Command {
+    let path = tools_bin()
+        .map(|b| b.join(name))
+        .filter(|p| p.exists())
+        .unwrap_or_else(|| name.into());
+    let mut cmd = Command::new(path);
+    cmd.current_dir(repo()).env("KUBECONFIG", kubeconfig_path());
+    cmd
+}
+
+/// Runs `cmd` to its end with `stdin` (or none) and its output captured; panics only when it
+/// cannot be started.
+pub fn run(mut cmd: Command, stdin: Option<&[u8]>) -> std::process::Output {
+    let what = format!("{cmd:?}");
+    cmd.stdin(if stdin.is_some() {
+        std::process::Stdio::piped()
+    } else {
+        std::process::Stdio::null()
+    })
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {what}: {e}"));
+    if let Some(bytes) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin is piped");
+        std::io::Write::write_all(&mut pipe, bytes)
+            .unwrap_or_else(|e| panic!("writing to {what}: {e}"));
+    }
+    child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("waiting for {what}: {e}"))
+}
