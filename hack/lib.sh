@@ -14,6 +14,9 @@ bed_defaults() {
   APISERVER_PORT=${APISERVER_PORT:-16443}
   S3_PORT=${S3_PORT:-19000}
   REGISTRY_PORT=${REGISTRY_PORT:-15000}
+  # The real node's name and address (its bridge's; the apiserver advertises it, see real-node.sh).
+  REAL_NODE_NAME=${REAL_NODE_NAME:-real-node-0}
+  REAL_NODE_IP=${REAL_NODE_IP:-10.244.0.1}
 }
 
 # The cache directory of the Go-built tools, keyed by every pinned version, so a version bump

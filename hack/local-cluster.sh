@@ -26,10 +26,8 @@ KWOK_PORT=${KWOK_PORT:-10250}
 S3_ACCESS_KEY=sandboxrun-test
 S3_SECRET_KEY=sandboxrun-test-secret
 S3_BUCKET=sandboxrun-test
-# The real node's address (its bridge's): the apiserver advertises it, so the `kubernetes` Service
-# has an endpoint pods can reach (hack/real-node.sh forwards it to the loopback port).
-REAL_NODE_IP=${REAL_NODE_IP:-10.244.0.1}
-REAL_NODE_NAME=${REAL_NODE_NAME:-real-node-0}
+# The apiserver advertises the real node's address (REAL_NODE_IP), so the `kubernetes` Service has
+# an endpoint pods can reach (hack/real-node.sh forwards it to the loopback port).
 export SANDBOXRUN_STATE=$STATE SANDBOXRUN_CACHE=$CACHE_ROOT APISERVER_PORT S3_PORT REGISTRY_PORT REAL_NODE_IP REAL_NODE_NAME
 P=$STATE/pki; R=$STATE/run; LOGS=$STATE/logs; K=$STATE/kubeconfig
 NODE=kwok-node-0

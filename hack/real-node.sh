@@ -21,14 +21,13 @@
 # Every pitfall this machine showed is written next to the line that handles it.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
-REPO=$(cd "$HERE/.." && pwd)
 # shellcheck source=hack/lib.sh
 . "$HERE/lib.sh"
 bed_defaults
-NODE_NAME=${REAL_NODE_NAME:-real-node-0}
+NODE_NAME=$REAL_NODE_NAME
 BRIDGE=${REAL_NODE_BRIDGE:-sbr-br0}              # our own bridge; its address is the node IP
 POD_SUBNET=${REAL_NODE_POD_SUBNET:-10.244.0.0/24}
-NODE_IP=${REAL_NODE_IP:-10.244.0.1}              # kubelet refuses a loopback node IP
+NODE_IP=$REAL_NODE_IP              # kubelet refuses a loopback node IP
 KUBELET_PORT=${REAL_NODE_KUBELET_PORT:-11250}     # 10250 is kwok's
 KUBELET_HEALTHZ_PORT=${REAL_NODE_KUBELET_HEALTHZ_PORT:-11248}
 KUBE_PROXY_HEALTHZ_PORT=${REAL_NODE_PROXY_HEALTHZ_PORT:-11256}
