@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use kube::api::{AttachParams, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -28,6 +28,7 @@ use crate::reconcile::{
     self, condition, DecideSettings, DrainSummary, PodView, Step, Trigger, WorkloadState,
 };
 pub use crate::reconcile::{REASON_CAPPED, REASON_DRAINED, REASON_DRAIN_FAILED};
+use crate::{events, startup};
 
 /// Field manager of every status write (server-side apply, one manager).
 pub const MANAGER: &str = "sandboxrun-operator";
@@ -58,6 +59,10 @@ pub struct Context {
     pub recorder: Recorder,
     /// Metrics.
     pub metrics: Metrics,
+    /// When this process last tried to create each refused run's pod (by run uid): the back-off
+    /// of [`crate::startup::create_retry_wait`]. Lost on restart by design (the next attempt is
+    /// then immediate, and its pause already as long as the refusals have lasted).
+    pub create_attempts: std::sync::Mutex<std::collections::HashMap<String, Timestamp>>,
 }
 
 impl Context {
@@ -93,6 +98,7 @@ impl Context {
             pack_command,
             recorder,
             metrics,
+            create_attempts: Default::default(),
         }
     }
 }
@@ -233,13 +239,14 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
     // A pod with our name that the run does not own is not ours to drain or delete.
     let pod = match found {
         Some(p) if pod::owned_by(&p, &run) => Some(p),
-        Some(_) => {
+        Some(other) => {
             let msg = format!("a pod named {pod_name} exists and is not owned by this run; delete it or rename the run");
             publish(
                 &ctx,
                 &run,
+                Some(&other),
                 EventType::Warning,
-                "PodNameConflict",
+                events::POD_NAME_CONFLICT,
                 &msg,
                 "Reconcile",
             )
@@ -251,7 +258,14 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         }
         None => None,
     };
-    let view = pod.as_ref().map(PodView::of);
+    let mut view = pod.as_ref().map(PodView::of);
+    // A pod that stays Pending with nothing in its status may be stuck on something only its
+    // Events say (FailedMount): read them, bounded.
+    if let (Some(v), Some(p)) = (view.as_mut(), pod.as_ref()) {
+        if startup::should_read_pod_events(v, Timestamp::now()) {
+            v.problem = stuck_problem_from_events(&ctx.client, &ns, p).await;
+        }
+    }
     let step = reconcile::decide(&run, view.as_ref(), Timestamp::now(), &ctx.decide);
     let label = step_label(&step);
     info!(run = %name, namespace = %ns, step = label, "reconcile");
@@ -272,25 +286,30 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
                 pending_since: None,
                 problem: None,
             });
-            let status = reconcile::tracked_status(&run, &pod_name, &view, Timestamp::now());
+            let now = Timestamp::now();
+            let status = reconcile::tracked_status(&run, &pod_name, &view, now);
             let before = run.status.clone().unwrap_or_default();
-            if status.message != before.message && status.phase == Some(Phase::Pending) {
-                if let Some(problem) = &view.problem {
-                    let (reason, msg) = match problem {
-                        reconcile::PodProblem::Unschedulable(m) => ("Unschedulable", m.clone()),
-                        reconcile::PodProblem::ImagePull { message, .. } => {
-                            (reconcile::REASON_IMAGE_PULL_FAILED, message.clone())
-                        }
-                    };
-                    publish(&ctx, &run, EventType::Warning, reason, &msg, "Track").await;
-                }
+            // One PodStuck Event per distinct cause (Ready's reason and message), not one per
+            // reconcile.
+            if let Some(note) = reconcile::newly_stuck(&before, view.problem.as_ref()) {
+                publish(
+                    &ctx,
+                    &run,
+                    pod.as_ref(),
+                    EventType::Warning,
+                    events::POD_STUCK,
+                    &note,
+                    "Track",
+                )
+                .await;
             }
             if before.phase != Some(Phase::Running) && status.phase == Some(Phase::Running) {
                 publish(
                     &ctx,
                     &run,
+                    pod.as_ref(),
                     EventType::Normal,
-                    "Running",
+                    events::RUNNING,
                     &format!("pod {pod_name} is running"),
                     "Track",
                 )
@@ -299,6 +318,12 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
             if status != before {
                 apply_status(&runs, &name, &status).await?;
             }
+            // A pod that has not started is looked at again even if nothing changes on it (a
+            // missing volume changes nothing in its status).
+            let requeue = match (requeue, startup::pending_recheck(&view, now)) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
             match requeue {
                 Some(d) => Action::requeue(d + Duration::from_millis(200)),
                 None => Action::await_change(),
@@ -342,7 +367,7 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
             if newly_failed {
                 // One Event for every path (a series of per-path Events shows only the first).
                 if let Some(summary) = reconcile::drain_summary(&status.read_back) {
-                    publish_summary(&ctx, &run, &summary, "PodLost").await;
+                    publish_summary(&ctx, &run, None, &summary, "PodLost").await;
                 }
             }
             apply_status(&runs, &name, &status).await?;
@@ -365,6 +390,7 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
             Action::await_change()
         }
         Step::ReleaseFinalizer => {
+            forget_create_attempt(&ctx, &run);
             if pod.is_some() {
                 delete_pod(&pods, &pod_name, true).await?;
             }
@@ -397,8 +423,9 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
             publish(
                 &ctx,
                 &run,
+                pod.as_ref(),
                 EventType::Warning,
-                "DrainSkipped",
+                events::DRAIN_SKIPPED,
                 &note,
                 "Delete",
             )
@@ -441,6 +468,11 @@ async fn create_pod(
     let mut status = run.status.clone().unwrap_or_default();
     status.observed_generation = run.metadata.generation;
     let now = Timestamp::now();
+    // The apiserver refused this run's pod before: wait out the back-off (a watch event, such as
+    // our own status write, must not turn it into a hot loop).
+    if let Some(wait) = startup::create_retry_wait(run, last_create_attempt(ctx, run), now) {
+        return Ok(Action::requeue(wait + Duration::from_millis(200)));
+    }
     match pod::build_pod(run, &ctx.pod) {
         Err(e) => {
             // A malformed run is recorded and awaited (a spec change wakes it), not retried hot.
@@ -449,8 +481,9 @@ async fn create_pod(
                 publish(
                     ctx,
                     run,
+                    None,
                     EventType::Warning,
-                    "InvalidSpec",
+                    events::INVALID_SPEC,
                     &msg,
                     "CreatePod",
                 )
@@ -462,7 +495,7 @@ async fn create_pod(
                 &mut status.conditions,
                 condition::READY,
                 false,
-                "InvalidSpec",
+                reconcile::REASON_INVALID_SPEC,
                 msg,
                 run.metadata.generation,
                 now,
@@ -473,18 +506,47 @@ async fn create_pod(
         Ok(pod) => {
             let pod_name = pod.metadata.name.clone().unwrap_or_default();
             match pods.create(&PostParams::default(), &pod).await {
-                Ok(_) => {
+                Ok(created) => {
+                    forget_create_attempt(ctx, run);
                     publish(
                         ctx,
                         run,
+                        Some(&created),
                         EventType::Normal,
-                        "PodCreated",
+                        events::POD_CREATED,
                         &format!("created pod {pod_name}"),
                         "CreatePod",
                     )
                     .await;
                 }
                 Err(kube::Error::Api(ae)) if ae.code == 409 => {}
+                // Refused (quota, Pod Security, a webhook, RBAC): say so where the user looks,
+                // and try again after a back-off rather than every 10 s.
+                Err(kube::Error::Api(ae)) if startup::is_refusal(ae.code) => {
+                    let status = startup::refused_status(run, &ae.message, now);
+                    let note = status.message.clone().unwrap_or_default();
+                    publish(
+                        ctx,
+                        run,
+                        None,
+                        EventType::Warning,
+                        events::POD_CREATE_FAILED,
+                        &note,
+                        "CreatePod",
+                    )
+                    .await;
+                    record_create_attempt(ctx, run, now);
+                    let since = startup::refused_since(&SandboxRun {
+                        status: Some(status.clone()),
+                        ..run.clone()
+                    })
+                    .unwrap_or(now);
+                    let retry = startup::retry_delay(since, now);
+                    warn!(run = %name, pod = %pod_name, code = ae.code, message = %ae.message,
+                        retry_seconds = retry.as_secs(), "pod creation refused by the apiserver");
+                    apply_status(runs, &name, &status).await?;
+                    return Ok(Action::requeue(retry + Duration::from_millis(200)));
+                }
                 Err(e) => return Err(kube_err(format!("create pod {pod_name}"))(e)),
             }
             status.phase = Some(Phase::Pending);
@@ -494,7 +556,7 @@ async fn create_pod(
                 &mut status.conditions,
                 condition::READY,
                 false,
-                "PodCreated",
+                reconcile::REASON_POD_CREATED,
                 "waiting for the pod to run",
                 run.metadata.generation,
                 now,
@@ -532,12 +594,16 @@ async fn teardown(
     } else {
         let s = reconcile::draining_status(run, &trigger, workload, now);
         let (warning, reason, note) = reconcile::teardown_event(&trigger);
-        let type_ = if warning {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        };
-        publish(ctx, run, type_, reason, &note, "Teardown").await;
+        publish(
+            ctx,
+            run,
+            pod,
+            event_type(warning),
+            reason,
+            &note,
+            "Teardown",
+        )
+        .await;
         apply_status(runs, &name, &s).await?;
         s
     };
@@ -625,20 +691,18 @@ async fn teardown(
     // ONE Event for every path of the run: the Recorder folds Events with the same reason into a
     // series that shows only the first note, so one Event per path hid all but one (issue #17).
     if let Some(summary) = reconcile::drain_summary(&status.read_back) {
-        publish_summary(ctx, run, &summary, "Drain").await;
+        publish_summary(ctx, run, pod, &summary, "Drain").await;
     }
 
     let status = reconcile::finished_status(run, status, Timestamp::now());
-    let phase = status.phase.unwrap_or(Phase::Failed);
+    // A Warning whenever the run ended badly (Failed=True), whatever its phase.
+    let (warning, reason) = events::ending_event(&status);
     publish(
         ctx,
         run,
-        if phase == Phase::Failed {
-            EventType::Warning
-        } else {
-            EventType::Normal
-        },
-        &format!("{phase:?}"),
+        pod,
+        event_type(warning),
+        reason,
         status.message.as_deref().unwrap_or_default(),
         "Teardown",
     )
@@ -749,20 +813,42 @@ async fn read_bounded(stream: Option<impl AsyncRead + Unpin>, keep: usize) -> St
     String::from_utf8_lossy(&kept).trim().to_string()
 }
 
-async fn publish_summary(ctx: &Context, run: &SandboxRun, summary: &DrainSummary, action: &str) {
-    let type_ = if summary.warning {
+async fn publish_summary(
+    ctx: &Context,
+    run: &SandboxRun,
+    pod: Option<&Pod>,
+    summary: &DrainSummary,
+    action: &str,
+) {
+    publish(
+        ctx,
+        run,
+        pod,
+        event_type(summary.warning),
+        summary.reason,
+        &summary.note,
+        action,
+    )
+    .await;
+}
+
+fn event_type(warning: bool) -> EventType {
+    if warning {
         EventType::Warning
     } else {
         EventType::Normal
-    };
-    publish(ctx, run, type_, summary.reason, &summary.note, action).await;
+    }
 }
 
+/// Publishes an Event about `run`, `related` to its pod when there is one (the Events API's
+/// `related`, kube's `secondary`), so `kubectl get events` links the two. `reason` is one of
+/// [`events::ALL`].
 async fn publish(
     ctx: &Context,
     run: &SandboxRun,
+    related: Option<&Pod>,
     type_: EventType,
-    reason: &str,
+    reason: &'static str,
     note: &str,
     action: &str,
 ) {
@@ -780,7 +866,7 @@ async fn publish(
         reason: reason.to_string(),
         note: Some(note),
         action: action.to_string(),
-        secondary: None,
+        secondary: related.map(|p| p.object_ref(&())),
     };
     if let Err(e) = ctx.recorder.publish(&event, &run.object_ref(&())).await {
         warn!(run = %run.name_any(), reason, error = %e, "could not publish Event");
@@ -864,6 +950,60 @@ async fn delete_pod(pods: &Api<Pod>, pod_name: &str, drained: bool) -> Result<()
         Err(kube::Error::Api(ae)) if ae.code == 404 => Ok(()),
         Err(e) => Err(kube_err(format!("delete pod {pod_name}"))(e)),
     }
+}
+
+fn last_create_attempt(ctx: &Context, run: &SandboxRun) -> Option<Timestamp> {
+    let uid = run.metadata.uid.as_deref()?;
+    ctx.create_attempts.lock().ok()?.get(uid).copied()
+}
+
+fn record_create_attempt(ctx: &Context, run: &SandboxRun, at: Timestamp) {
+    if let (Some(uid), Ok(mut map)) = (run.metadata.uid.clone(), ctx.create_attempts.lock()) {
+        map.insert(uid, at);
+    }
+}
+
+fn forget_create_attempt(ctx: &Context, run: &SandboxRun) {
+    if let (Some(uid), Ok(mut map)) = (run.metadata.uid.as_deref(), ctx.create_attempts.lock()) {
+        map.remove(uid);
+    }
+}
+
+/// The cause a Pending pod's Warning Events give for not starting (FailedMount, …), reading at
+/// most [`startup::POD_EVENTS_LIMIT`] of them. A failed read is logged and counts as no cause.
+async fn stuck_problem_from_events(
+    client: &Client,
+    ns: &str,
+    pod: &Pod,
+) -> Option<reconcile::PodProblem> {
+    let uid = pod.metadata.uid.as_deref()?;
+    let api: Api<CoreEvent> = Api::namespaced(client.clone(), ns);
+    let params = ListParams::default()
+        .fields(&format!("involvedObject.uid={uid},type=Warning"))
+        .limit(startup::POD_EVENTS_LIMIT);
+    let list = match api.list(&params).await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(pod = ?pod.metadata.name, error = %e, "could not read the pod's Events");
+            return None;
+        }
+    };
+    let facts: Vec<startup::PodEventFact> = list
+        .items
+        .into_iter()
+        .map(|e| startup::PodEventFact {
+            last_seen: e
+                .series
+                .as_ref()
+                .and_then(|s| s.last_observed_time.as_ref())
+                .map(|t| t.0)
+                .or(e.last_timestamp.as_ref().map(|t| t.0))
+                .or(e.event_time.as_ref().map(|t| t.0)),
+            reason: e.reason.unwrap_or_default(),
+            message: e.message.unwrap_or_default(),
+        })
+        .collect();
+    startup::stuck_from_events(&facts)
 }
 
 /// Lists the runs of a namespace (used by the CLI and tests).

@@ -48,6 +48,14 @@ pub const REASON_POD_LOST: &str = "PodLost";
 /// Failed reason (and Ready=False reason while draining): someone else deleted or evicted the pod
 /// before the workload finished.
 pub const REASON_POD_DELETED: &str = "PodDeleted";
+/// Ready=False reason while the pod is created or starting and nothing is known to block it.
+pub const REASON_POD_PENDING: &str = "PodPending";
+/// Ready=True reason: both containers run.
+pub const REASON_POD_RUNNING: &str = "PodRunning";
+/// Ready=False reason right after the pod was created.
+pub const REASON_POD_CREATED: &str = "PodCreated";
+/// Ready=False reason: the pod cannot be built from the spec.
+pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
 /// Ready=False reason once the run has a final phase (except [`REASON_IMAGE_PULL_FAILED`], which
 /// Ready keeps: the pod never ran and the kubelet's words say why).
 pub const REASON_RUN_ENDED: &str = "RunEnded";
@@ -125,7 +133,38 @@ pub enum PodProblem {
         /// The kubelet's words (`container <name>: <reason>: <message>`).
         message: String,
     },
+    /// The pod cannot start for another reason: a container the kubelet cannot create
+    /// ([`crate::startup::STUCK_CONTAINER_REASONS`]) or a Warning Event on the pod such as
+    /// `FailedMount` ([`crate::startup::STUCK_EVENT_REASONS`]).
+    Stuck {
+        /// The kubelet's reason (`CreateContainerConfigError`, `FailedMount`, …): Ready's reason.
+        reason: &'static str,
+        /// Its words (`container <name>: <message>` for a container).
+        message: String,
+    },
 }
+
+impl PodProblem {
+    /// Ready's reason while the problem lasts.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PodProblem::Unschedulable(_) => REASON_UNSCHEDULABLE,
+            PodProblem::ImagePull { .. } => REASON_IMAGE_PULL_FAILED,
+            PodProblem::Stuck { reason, .. } => reason,
+        }
+    }
+
+    /// Its words, for Ready's message, `.status.message` and the PodStuck Event.
+    pub fn message(&self) -> &str {
+        match self {
+            PodProblem::Unschedulable(m) => m,
+            PodProblem::ImagePull { message, .. } | PodProblem::Stuck { message, .. } => message,
+        }
+    }
+}
+
+/// Ready=False reason while the scheduler cannot place the pod.
+pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
 
 /// Event and condition reason of a run whose image cannot be pulled.
 pub const REASON_IMAGE_PULL_FAILED: &str = "ImagePullFailed";
@@ -230,11 +269,25 @@ impl PodView {
             }
         }
         // The workload's pull problem is reported before the holder's: it is the one the user
-        // can fix, and the one that keeps the workload from ever starting.
+        // can fix, and the one that keeps the workload from ever starting. The same holds for a
+        // container the kubelet cannot create (a missing ConfigMap/Secret key, …).
         let mut pull_problems: Vec<(bool, PodProblem)> = Vec::new();
+        let mut stuck: Vec<(bool, PodProblem)> = Vec::new();
         for cs in statuses.into_iter().flatten() {
             if let Some(waiting) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
                 let reason = waiting.reason.as_deref().unwrap_or_default();
+                if let Some(reason) =
+                    crate::startup::known(reason, crate::startup::STUCK_CONTAINER_REASONS)
+                {
+                    let message = waiting.message.as_deref().unwrap_or_default();
+                    stuck.push((
+                        cs.name == WORKLOAD_CONTAINER,
+                        PodProblem::Stuck {
+                            reason,
+                            message: format!("container {}: {message}", cs.name),
+                        },
+                    ));
+                }
                 if is_image_pull_reason(reason) {
                     let message = waiting.message.as_deref().unwrap_or_default();
                     pull_problems.push((
@@ -247,12 +300,14 @@ impl PodView {
                 }
             }
         }
-        if let Some((_, p)) = pull_problems
-            .iter()
-            .find(|(workload, _)| *workload)
-            .or_else(|| pull_problems.first())
-        {
-            problem = Some(p.clone());
+        for found in [stuck, pull_problems] {
+            if let Some((_, p)) = found
+                .iter()
+                .find(|(workload, _)| *workload)
+                .or_else(|| found.first())
+            {
+                problem = Some(p.clone());
+            }
         }
         PodView {
             deleting: pod.metadata.deletion_timestamp.is_some(),
@@ -633,7 +688,7 @@ pub fn tracked_status(
             &mut status.conditions,
             condition::READY,
             true,
-            "PodRunning",
+            REASON_POD_RUNNING,
             "",
             generation,
             now,
@@ -641,11 +696,8 @@ pub fn tracked_status(
     } else {
         status.phase = Some(Phase::Pending);
         let (reason, message) = match &pod.problem {
-            Some(PodProblem::Unschedulable(m)) => ("Unschedulable", m.clone()),
-            Some(PodProblem::ImagePull { message, .. }) => {
-                (REASON_IMAGE_PULL_FAILED, message.clone())
-            }
-            None => ("PodPending", "waiting for the pod to run".to_string()),
+            Some(p) => (p.reason(), p.message().to_string()),
+            None => (REASON_POD_PENDING, "waiting for the pod to run".to_string()),
         };
         status.message = Some(message.clone());
         set_condition(
@@ -660,6 +712,20 @@ pub fn tracked_status(
     }
     ensure_pending_entries(run, &mut status);
     status
+}
+
+/// The note of the PodStuck Event to publish when the pod's `problem` is a cause Ready (in the
+/// status `before` this reconcile) did not already name: `<reason>: <message>`. None when there
+/// is no problem or Ready already says exactly this, so each distinct cause is told once.
+pub fn newly_stuck(before: &SandboxRunStatus, problem: Option<&PodProblem>) -> Option<String> {
+    let problem = problem?;
+    let told = before.conditions.iter().any(|c| {
+        c.type_ == condition::READY
+            && c.status == "False"
+            && c.reason == problem.reason()
+            && c.message == problem.message()
+    });
+    (!told).then(|| format!("{}: {}", problem.reason(), problem.message()))
 }
 
 /// Makes sure every declared path has a status entry (Pending until drained).
@@ -1013,7 +1079,7 @@ fn end_status(
                 &mut status.conditions,
                 condition::COMPLETE,
                 true,
-                &format!("{phase:?}"),
+                crate::events::phase_reason(phase),
                 why,
                 generation,
                 now,
@@ -1670,6 +1736,64 @@ mod tests {
         let v = PodView::of(&pod);
         assert_eq!(v.workload, WorkloadState::Terminated { exit_code: 7 });
         assert!(v.holder_running);
+    }
+
+    #[test]
+    fn a_container_the_kubelet_cannot_create_is_a_stuck_pod_and_told_once() {
+        let mut pod = pulling_pod("CreateContainerConfigError", "secret \"creds\" not found");
+        let v = PodView::of(&pod);
+        let problem = PodProblem::Stuck {
+            reason: "CreateContainerConfigError",
+            message: "container workload: secret \"creds\" not found".into(),
+        };
+        assert_eq!(v.problem, Some(problem.clone()));
+        let r = pending(run_with(&[("/out", false)]));
+        let s = tracked_status(&r, "demo-sbr", &v, now());
+        let ready = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == condition::READY)
+            .unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "CreateContainerConfigError")
+        );
+        assert_eq!(ready.message, problem.message());
+        assert_eq!(s.message.as_deref(), Some(problem.message()));
+        // Told once: the Event is due before Ready says it, not after.
+        let before = r.status.clone().unwrap_or_default();
+        assert_eq!(
+            newly_stuck(&before, v.problem.as_ref()).as_deref(),
+            Some("CreateContainerConfigError: container workload: secret \"creds\" not found")
+        );
+        assert_eq!(newly_stuck(&s, v.problem.as_ref()), None);
+        assert_eq!(newly_stuck(&s, None), None);
+        // A different cause is told again.
+        let unschedulable = PodProblem::Unschedulable("0/2 nodes are available".into());
+        assert_eq!(
+            newly_stuck(&s, Some(&unschedulable)).as_deref(),
+            Some("Unschedulable: 0/2 nodes are available")
+        );
+        // An image-pull problem of the same pod is still reported as such (it wins).
+        if let Some(st) = pod.status.as_mut() {
+            if let Some(cs) = st.container_statuses.as_mut() {
+                cs.push(ContainerStatus {
+                    name: "extra".into(),
+                    state: Some(ContainerState {
+                        waiting: Some(ContainerStateWaiting {
+                            reason: Some("ImagePullBackOff".into()),
+                            message: Some("back-off".into()),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                });
+            }
+        }
+        assert_eq!(
+            PodView::of(&pod).problem.map(|p| p.reason()),
+            Some(REASON_IMAGE_PULL_FAILED)
+        );
     }
 
     #[test]
