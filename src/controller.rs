@@ -290,8 +290,13 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
             let status = reconcile::tracked_status(&run, &pod_name, &view, now);
             let before = run.status.clone().unwrap_or_default();
             // One PodStuck Event per distinct cause (Ready's reason and message), not one per
-            // reconcile.
-            if let Some(note) = reconcile::newly_stuck(&before, view.problem.as_ref()) {
+            // reconcile. Its action is the cause: the Recorder folds Events that share type,
+            // reason and action into one series that keeps the FIRST note, so a second cause
+            // under one action would be hidden behind the first.
+            if let (Some(note), Some(problem)) = (
+                reconcile::newly_stuck(&before, view.problem.as_ref()),
+                view.problem.as_ref(),
+            ) {
                 publish(
                     &ctx,
                     &run,
@@ -299,7 +304,7 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
                     EventType::Warning,
                     events::POD_STUCK,
                     &note,
-                    "Track",
+                    problem.reason(),
                 )
                 .await;
             }
@@ -542,7 +547,7 @@ async fn create_pod(
                     })
                     .unwrap_or(now);
                     let retry = startup::retry_delay(since, now);
-                    warn!(run = %name, pod = %pod_name, code = ae.code, message = %ae.message,
+                    warn!(run = %name, pod = %pod_name, code = ae.code, apiserver = %ae.message,
                         retry_seconds = retry.as_secs(), "pod creation refused by the apiserver");
                     apply_status(runs, &name, &status).await?;
                     return Ok(Action::requeue(retry + Duration::from_millis(200)));

@@ -545,7 +545,8 @@ async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_w
     assert_eq!(run.status.unwrap().phase, Some(Phase::Pending));
     let events: Api<k8s_openapi::api::events::v1::Event> =
         Api::namespaced(client.clone(), &ns.name);
-    eventually("Unschedulable Event", Duration::from_secs(30), || {
+    // One PodStuck Event names the cause, and is related to the pod.
+    let stuck = eventually("PodStuck Event", Duration::from_secs(30), || {
         let events = events.clone();
         async move {
             events
@@ -555,12 +556,284 @@ async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_w
                 .items
                 .into_iter()
                 .find(|e| {
-                    e.reason.as_deref() == Some("Unschedulable")
+                    e.reason.as_deref() == Some("PodStuck")
                         && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("nowhere")
                 })
         }
     })
     .await;
+    assert_eq!(stuck.type_.as_deref(), Some("Warning"));
+    assert!(
+        stuck
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("Unschedulable: "),
+        "{stuck:?}"
+    );
+    let related = stuck.related.expect("the Event is related to the pod");
+    assert_eq!(
+        (related.kind.as_deref(), related.name.as_deref()),
+        (Some("Pod"), Some(pod::pod_name("nowhere").as_str()))
+    );
+}
+
+/// Events of `ns` with `reason` about the object named `name`.
+async fn events_of(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    reason: &str,
+) -> Vec<k8s_openapi::api::events::v1::Event> {
+    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
+    events
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+        })
+        .collect()
+}
+
+/// `text` without the terminal colour codes of the operator's text log.
+fn plain(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            // ESC [ … final letter
+            for d in chars.by_ref() {
+                if d.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// (status, reason, message) of the run's Ready condition.
+fn ready_of(run: &SandboxRun) -> Option<(String, String, String)> {
+    run.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+/// A namespace whose ResourceQuota requires CPU limits refuses the pod of an operator that sets
+/// none: the run says so (Ready=False PodCreateFailed with the apiserver's words, a Warning Event)
+/// and the creation is retried with a back-off, not every 10 s. Once the operator sets the
+/// holder's CPU limit and the run's spec sets the workload's, the pod is created, and the
+/// PodCreated Event is related to it.
+#[tokio::test]
+async fn a_pod_refused_by_a_quota_is_shown_retried_with_back_off_and_created_once_limits_are_set() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "refused").await;
+    let quota: k8s_openapi::api::core::v1::ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "cpu-limits-required"},
+        "spec": {"hard": {"limits.cpu": "4"}},
+    }))
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::ResourceQuota>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &quota)
+        .await
+        .expect("create the quota");
+    let (_store_dir, store_url) = store_dir("refused");
+    let mut op = Operator::start(&ns.name, &store_url, &[]);
+    let out = host_dir("refused-out");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "refused", spec(&[&out], None)).await;
+
+    let run = eventually_or_log(
+        "Ready=False PodCreateFailed",
+        Duration::from_secs(60),
+        &op,
+        || {
+            let runs = runs.clone();
+            async move {
+                let r = runs.get("refused").await.ok()?;
+                (ready_of(&r)?.1 == "PodCreateFailed").then_some(r)
+            }
+        },
+    )
+    .await;
+    let (status, _, message) = ready_of(&run).unwrap();
+    assert_eq!(status, "False");
+    assert!(
+        message.contains("must specify limits.cpu") && message.contains("holder"),
+        "Ready carries the apiserver's words: {message}"
+    );
+    let st = run.status.as_ref().unwrap();
+    assert_eq!(st.phase, Some(Phase::Pending));
+    assert_eq!(st.message.as_deref(), Some(message.as_str()));
+    assert!(pods
+        .get_opt(&pod::pod_name("refused"))
+        .await
+        .unwrap()
+        .is_none());
+    let failed = eventually("PodCreateFailed Event", Duration::from_secs(30), || {
+        let client = client.clone();
+        let ns = ns.name.clone();
+        async move {
+            events_of(&client, &ns, "refused", "PodCreateFailed")
+                .await
+                .into_iter()
+                .next()
+        }
+    })
+    .await;
+    assert_eq!(failed.type_.as_deref(), Some("Warning"));
+    assert!(
+        failed
+            .note
+            .as_deref()
+            .unwrap_or_default()
+            .contains("must specify limits.cpu"),
+        "{failed:?}"
+    );
+    // No hot loop: the first refusal is followed by a 10 s pause (our own status write woke the
+    // run at once and had to wait). Four seconds later there was still exactly one attempt.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let log = plain(&op.log_text());
+    assert_eq!(
+        log.matches("pod creation refused by the apiserver").count(),
+        1,
+        "log:\n{log}"
+    );
+    assert!(
+        log.contains("retry_seconds=10"),
+        "the first pause is 10 s:\n{log}"
+    );
+
+    // The operator restarts with a holder CPU limit: it tries at once, and the quota now names
+    // only the workload.
+    op.kill();
+    let op = Operator::start(&ns.name, &store_url, &["--holder-cpu-limit", "100m"]);
+    eventually_or_log(
+        "the quota names only the workload",
+        Duration::from_secs(60),
+        &op,
+        || {
+            let runs = runs.clone();
+            async move {
+                let r = runs.get("refused").await.ok()?;
+                let (_, reason, message) = ready_of(&r)?;
+                (reason == "PodCreateFailed"
+                    && message.contains("workload")
+                    && !message.contains("holder"))
+                .then_some(())
+            }
+        },
+    )
+    .await;
+    // The user sets the workload's limit: a spec edit is retried at once, not after the pause.
+    runs.patch(
+        "refused",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"resources": {"limits": {"cpu": "200m"}}}})),
+    )
+    .await
+    .unwrap();
+    let run = wait_phase(&runs, "refused", Phase::Running, &op).await;
+    let pod_name = run.status.as_ref().unwrap().pod_name.clone().unwrap();
+    let p = pods.get(&pod_name).await.unwrap();
+    // The Event that says the pod was created names that pod as `related`.
+    let created = eventually("PodCreated Event", Duration::from_secs(30), || {
+        let client = client.clone();
+        let ns = ns.name.clone();
+        async move {
+            events_of(&client, &ns, "refused", "PodCreated")
+                .await
+                .into_iter()
+                .next()
+        }
+    })
+    .await;
+    let related = created.related.expect("PodCreated is related to the pod");
+    assert_eq!(related.kind.as_deref(), Some("Pod"));
+    assert_eq!(related.name.as_deref(), Some(pod_name.as_str()));
+    assert_eq!(related.uid, p.metadata.uid);
+    assert_eq!(
+        ready_of(&run).map(|r| (r.0, r.1)),
+        Some(("True".to_string(), "PodRunning".to_string()))
+    );
+}
+
+/// Pod Security `restricted`: no spec can make the operator's pod violate it (the pod builder
+/// sets runAsNonRoot, a non-zero uid, seccomp RuntimeDefault, no privilege escalation, every
+/// capability dropped, and only emptyDir/configMap/secret/PVC volumes). The pod of a run using
+/// every mount type is admitted in a namespace that enforces it (the real node runs one there:
+/// `a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace`, tests/real_node.rs).
+#[tokio::test]
+async fn a_run_using_every_mount_type_passes_pod_security_restricted() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "psa").await;
+    let label = json!({"metadata": {"labels": {
+        "pod-security.kubernetes.io/enforce": "restricted",
+        "pod-security.kubernetes.io/enforce-version": "latest",
+    }}});
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+        .patch(&ns.name, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("label the namespace restricted");
+    let (_store_dir, store_url) = store_dir("psa");
+    let op = Operator::start(&ns.name, &store_url, &[]);
+    let out = host_dir("psa-out");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let mut s = spec(&[&out], None);
+    s.mounts = serde_json::from_value(json!([
+        {"name": "scratch", "type": "emptyDir", "target": "/scratch"},
+        {"name": "cfg", "type": "configMap", "source": "cfg", "target": "/etc/cfg", "readOnly": true},
+        {"name": "creds", "type": "secret", "source": "creds", "target": "/etc/creds", "readOnly": true},
+        {"name": "data", "type": "persistentVolumeClaim", "source": "data", "target": "/data"},
+    ]))
+    .unwrap();
+    s.user = Some("1000:2000".into());
+    s.env = serde_json::from_value(json!([{"name": "A", "value": "b"}])).unwrap();
+    s.resources =
+        Some(serde_json::from_value(json!({"limits": {"cpu": "1", "memory": "64Mi"}})).unwrap());
+    create(&runs, "psa", s).await;
+    // Admission is the whole question: the pod exists (kwok cannot start it, the ConfigMap,
+    // Secret and PVC do not exist), and the run never saw a refusal.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let p = eventually_or_log("the pod admitted", Duration::from_secs(60), &op, || {
+        let pods = pods.clone();
+        async move { pods.get_opt(&pod::pod_name("psa")).await.ok()? }
+    })
+    .await;
+    let volumes: Vec<&str> = p
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|v| v.name.as_str())
+        .collect();
+    assert!(
+        volumes.contains(&"mount-3"),
+        "every mount is in the pod: {volumes:?}"
+    );
+    let run = runs.get("psa").await.unwrap();
+    assert_ne!(
+        ready_of(&run).map(|r| r.1).as_deref(),
+        Some("PodCreateFailed")
+    );
+    assert!(
+        !plain(&op.log_text()).contains("pod creation refused"),
+        "{}",
+        op.log_text()
+    );
 }
 
 /// A namespace whose ResourceQuota requires CPU and memory limits refuses any pod with a container

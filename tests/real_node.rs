@@ -1093,3 +1093,89 @@ chmod 0000 "$ITERION_ARTIFACT_FILES_DIR/locked.txt""#;
         .join("\n");
     assert!(events.contains("sandbox_runfiles_drain_failed"), "{events}");
 }
+
+/// A run that mounts a ConfigMap that does not exist: the kubelet reports `FailedMount` only as
+/// an Event on the pod, and the pod stays Pending with nothing in its status. The run still says
+/// why (Ready=False FailedMount with the kubelet's words) and tells it once (one PodStuck Event,
+/// related to the pod), in a namespace enforcing Pod Security `restricted`.
+///
+/// The pod never gets past mounting its volumes, so no container starts: the holder image is the
+/// busybox the test bed always has (the operator image is not needed).
+#[tokio::test]
+async fn a_run_mounting_a_missing_config_map_is_shown_stuck_with_the_kubelets_failed_mount() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "real-stuck").await;
+    let (_dir, store_url) = file_store("real-stuck");
+    let op = Operator::start_with(
+        &ns.name,
+        &store_url,
+        &["--holder-image", &pod_image("busybox")],
+    );
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let mut spec = real_spec(Some("cat /etc/cfg/x"), &["/work/out"]);
+    spec.mounts = serde_json::from_value(json!([{
+        "name": "cfg", "type": "configMap", "source": "no-such-config",
+        "target": "/etc/cfg", "readOnly": true,
+    }]))
+    .expect("mounts");
+    create(&runs, "stuck", spec).await;
+    let run = wait_run(&runs, "stuck", "Ready=False FailedMount", &op, |r| {
+        r.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "False" && c.reason == "FailedMount")
+        })
+    })
+    .await;
+    let status = run.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Pending));
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready");
+    assert!(
+        ready.message.contains("\"no-such-config\" not found"),
+        "the kubelet's words: {}",
+        ready.message
+    );
+    assert_eq!(status.message.as_deref(), Some(ready.message.as_str()));
+
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), &ns.name);
+    let stuck = || async {
+        events
+            .list(&ListParams::default())
+            .await
+            .expect("list events")
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.reason.as_deref() == Some("PodStuck")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("stuck")
+            })
+            .collect::<Vec<_>>()
+    };
+    let first = eventually("the PodStuck Event", Duration::from_secs(30), || async {
+        stuck().await.into_iter().next()
+    })
+    .await;
+    assert_eq!(first.type_.as_deref(), Some("Warning"));
+    let note = first.note.clone().unwrap_or_default();
+    assert!(
+        note.starts_with("FailedMount: ") && note.contains("no-such-config"),
+        "{note}"
+    );
+    let related = first.related.clone().expect("related to the pod");
+    assert_eq!(
+        (related.kind.as_deref(), related.name.as_deref()),
+        (Some("Pod"), Some(pod_name_of(&run).as_str()))
+    );
+    // Told once: the operator looks at the pending pod again (every 5 s and more) and the
+    // kubelet repeats FailedMount, but the cause is the same, so no second Event, no series.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let all = stuck().await;
+    assert_eq!(all.len(), 1, "{all:?}");
+    assert!(all[0].series.is_none(), "published again: {:?}", all[0]);
+}
