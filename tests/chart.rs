@@ -16,6 +16,7 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
+use serde_json::json;
 
 use support::*;
 
@@ -508,4 +509,253 @@ fn write_overlay(dir: &Path, base: &Path, namespace: &str) {
         base.display()
     );
     std::fs::write(dir.join("kustomization.yaml"), text).expect("write overlay");
+}
+
+/// Deletes cluster-scoped objects a test created, even when it fails (`kind/name` each).
+struct ClusterObjects(Vec<String>);
+
+impl Drop for ClusterObjects {
+    fn drop(&mut self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let mut cmd = tool("kubectl");
+        cmd.args(["delete", "--ignore-not-found", "--wait=false"])
+            .args(&self.0);
+        let _ = run(cmd, None);
+    }
+}
+
+/// A kubeconfig that authenticates as ServiceAccount `namespace/name` with a fresh token, and
+/// nothing else.
+async fn service_account_kubeconfig(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> std::path::PathBuf {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), namespace);
+    let token = sas
+        .create_token_request(
+            name,
+            &Default::default(),
+            &TokenRequest {
+                metadata: Default::default(),
+                spec: Some(TokenRequestSpec {
+                    audiences: None,
+                    expiration_seconds: Some(3600),
+                    bound_object_ref: None,
+                }),
+                status: None,
+            },
+        )
+        .await
+        .expect("a token for the chart's ServiceAccount")
+        .status
+        .and_then(|s| s.token)
+        .expect("a token");
+    let admin = std::fs::read_to_string(kubeconfig_path()).expect("the test bed's kubeconfig");
+    let server = admin
+        .lines()
+        .find_map(|l| l.split("server: \"").nth(1))
+        .and_then(|s| s.split('"').next())
+        .expect("the apiserver's address in the kubeconfig")
+        .to_string();
+    let path = std::env::temp_dir().join(format!("{namespace}-{name}.kubeconfig"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: sa, user: {{token: \"{token}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: sa}}}}]\ncurrent-context: c\n",
+            state_dir().join("pki/ca.crt").display()
+        ),
+    )
+    .expect("write the ServiceAccount's kubeconfig");
+    path
+}
+
+/// Issue #11 item 2, end to end: the operator never depends on its own webhook to let a run go.
+/// The webhook is registered as the chart renders it (failurePolicy Fail, its matchConditions),
+/// pointing at an endpoint that is down. A user's spec edit (and label edit) of the run is
+/// refused — the webhook is really in the way — while the operator, running as the chart's
+/// ServiceAccount with the chart's RBAC, drains the deleted run and releases its finalizer.
+#[tokio::test]
+async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_refused() {
+    use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+    use sandboxrun_operator::api::{Phase, ReadBack, ReadBackPath, SandboxRun, SandboxRunSpec};
+
+    let client = client().await;
+    ensure_crd(&client).await;
+    // The release lives in one namespace, the runs in another (the chart's webhook never selects
+    // its own namespace).
+    let op_ns = TestNamespace::new(&client, "whdown-op").await;
+    let runs_ns = TestNamespace::new(&client, "whdown-runs").await;
+    let release = format!("whd{:06x}", rand_u32() & 0xffffff);
+    let selector = format!(
+        "webhook.namespaceSelector.matchLabels.sandboxrun-test={}",
+        runs_ns.name
+    );
+    let rendered = ok(
+        helm(&[
+            "template",
+            &release,
+            CHART,
+            "--namespace",
+            &op_ns.name,
+            "--set",
+            &selector,
+        ]),
+        None,
+    );
+    let docs = yaml_docs(&rendered);
+    let operator_user = webhook_skips(&docs);
+    let account = only(&docs, "ServiceAccount")["metadata"]["name"]
+        .as_str()
+        .expect("the chart's ServiceAccount")
+        .to_string();
+    assert_eq!(
+        operator_user,
+        format!("system:serviceaccount:{}:{account}", op_ns.name)
+    );
+
+    // The chart's ServiceAccount and RBAC, as rendered.
+    let mut cluster = ClusterObjects(Vec::new());
+    let mut identity = String::new();
+    for doc in &docs {
+        let kind = doc["kind"].as_str().unwrap_or_default();
+        if [
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+        ]
+        .contains(&kind)
+        {
+            if kind.starts_with("Cluster") {
+                cluster.0.push(format!(
+                    "{}/{}",
+                    kind.to_lowercase(),
+                    doc["metadata"]["name"].as_str().unwrap_or_default()
+                ));
+            }
+            identity.push_str("---\n");
+            identity.push_str(&serde_yaml::to_string(doc).expect("yaml"));
+        }
+    }
+    ok(kubectl(&["apply", "-f", "-"]), Some(identity.as_bytes()));
+    let kubeconfig = service_account_kubeconfig(&client, &op_ns.name, &account).await;
+
+    // The operator as that ServiceAccount, watching the runs' namespace (kwok plays the node).
+    let store_url = format!("file://{}", host_dir("store-whdown").display());
+    let op = Operator::start_as(
+        &kubeconfig,
+        &runs_ns.name,
+        &store_url,
+        &["--pod-namespace", &op_ns.name],
+    );
+    let out = host_dir("whdown-out");
+    std::fs::write(out.join("result.txt"), b"kept\n").expect("write");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &runs_ns.name);
+    let spec = SandboxRunSpec {
+        image: Some("registry.example/tool:1".into()),
+        user: Some("1000".into()),
+        read_back: Some(ReadBack {
+            paths: vec![ReadBackPath {
+                path: out.display().to_string(),
+                ..Default::default()
+            }],
+            drain_timeout: Some("30s".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    runs.create(&PostParams::default(), &SandboxRun::new("held", spec))
+        .await
+        .expect("create the run (no webhook yet)");
+    eventually_or_log("the run Running", Duration::from_secs(90), &op, || {
+        let runs = runs.clone();
+        async move {
+            let r = runs.get("held").await.ok()?;
+            (r.status.as_ref()?.phase == Some(Phase::Running)).then_some(())
+        }
+    })
+    .await;
+
+    // Now the webhook, exactly as rendered but for its address: nothing listens there.
+    let mut vwc = only(&docs, "ValidatingWebhookConfiguration").clone();
+    let down = format!("https://127.0.0.1:{}/validate-sandboxrun", free_port());
+    let hook = &mut vwc["webhooks"][0];
+    assert_eq!(hook["failurePolicy"].as_str(), Some("Fail"));
+    hook["clientConfig"] = serde_yaml::from_str(&format!("{{url: \"{down}\"}}")).expect("yaml");
+    let vwc_name = vwc["metadata"]["name"]
+        .as_str()
+        .expect("the webhook's name")
+        .to_string();
+    cluster
+        .0
+        .push(format!("validatingwebhookconfiguration/{vwc_name}"));
+    ok(
+        kubectl(&["apply", "-f", "-"]),
+        Some(serde_yaml::to_string(&vwc).expect("yaml").as_bytes()),
+    );
+
+    // A user's spec edit is refused while the webhook is down (failurePolicy Fail). The
+    // apiserver picks the new configuration up within a moment: retry until it does.
+    let refusal = eventually("the webhook in the way", Duration::from_secs(30), || {
+        let runs = runs.clone();
+        async move {
+            let edit = json!({"spec": {"env": [{"name": "EDITED", "value": "1"}]}});
+            match runs
+                .patch("held", &PatchParams::default(), &Patch::Merge(&edit))
+                .await
+            {
+                Err(kube::Error::Api(ae)) => Some(ae.message),
+                _ => None,
+            }
+        }
+    })
+    .await;
+    assert!(
+        refusal.contains("sandboxruns.validate.sandbox.iterion.io")
+            && refusal.contains("failed calling webhook"),
+        "{refusal}"
+    );
+    let label = json!({"metadata": {"labels": {"edited": "yes"}}});
+    let label_edit = runs
+        .patch("held", &PatchParams::default(), &Patch::Merge(&label))
+        .await;
+    assert!(
+        matches!(&label_edit, Err(kube::Error::Api(ae)) if ae.message.contains("failed calling webhook")),
+        "a user's metadata edit goes through the webhook too: {label_edit:?}"
+    );
+
+    // kubectl delete: the operator drains the run and releases its finalizer (an UPDATE, made
+    // as its ServiceAccount, which the matchConditions leave out).
+    runs.delete("held", &DeleteParams::default())
+        .await
+        .expect("delete the run");
+    eventually_or_log(
+        "the run's deletion to complete",
+        Duration::from_secs(90),
+        &op,
+        || {
+            let runs = runs.clone();
+            async move { runs.get_opt("held").await.ok()?.is_none().then_some(()) }
+        },
+    )
+    .await;
+    let (store, prefix) =
+        sandboxrun_operator::store::store_from_url(&store_url, &[]).expect("the store");
+    let manifests =
+        sandboxrun_operator::store::list_manifests(&store, &prefix, &runs_ns.name, "held")
+            .await
+            .expect("list manifests");
+    assert_eq!(manifests.len(), 1, "drained before it was let go");
+    let log = op.log_text();
+    assert!(
+        !log.contains("failed calling webhook"),
+        "the operator's own writes never reached the webhook:\n{log}"
+    );
+    drop(cluster);
 }

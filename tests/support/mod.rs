@@ -269,6 +269,17 @@ impl Operator {
     /// `--webhook-addr '' … --webhook-addr 127.0.0.1:9443` exits 2). Flags are `--name value`
     /// pairs, or bare `--switch`es.
     pub fn start_with(namespace: &str, store_url: &str, overrides: &[&str]) -> Operator {
+        Operator::start_as(&kubeconfig_path(), namespace, store_url, overrides)
+    }
+
+    /// [`Operator::start_with`], talking to the apiserver through `kubeconfig` (e.g. a
+    /// ServiceAccount's token) instead of the test bed's admin credentials.
+    pub fn start_as(
+        kubeconfig: &Path,
+        namespace: &str,
+        store_url: &str,
+        overrides: &[&str],
+    ) -> Operator {
         let log = std::env::temp_dir().join(format!(
             "sandboxrun-operator-{namespace}-{}.log",
             rand_u32()
@@ -296,7 +307,7 @@ impl Operator {
         args.extend(overrides.iter().map(|s| s.to_string()));
         let child = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
             .args(&args)
-            .env("KUBECONFIG", kubeconfig_path())
+            .env("KUBECONFIG", kubeconfig)
             .stdout(Stdio::from(file))
             .stderr(Stdio::from(err))
             .spawn()
