@@ -645,6 +645,21 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
     }
     ok(kubectl(&["apply", "-f", "-"]), Some(identity.as_bytes()));
     let kubeconfig = service_account_kubeconfig(&client, &op_ns.name, &account).await;
+    // The chart lets the operator read a Pending pod's Events (FailedMount is only an Event).
+    let can_i = ok(
+        kubectl(&[
+            "auth",
+            "can-i",
+            "list",
+            "events",
+            "-n",
+            &runs_ns.name,
+            "--as",
+            &operator_user,
+        ]),
+        None,
+    );
+    assert_eq!(can_i.trim(), "yes");
 
     // The operator as that ServiceAccount, watching the runs' namespace (kwok plays the node).
     let store_url = format!("file://{}", host_dir("store-whdown").display());
