@@ -497,9 +497,10 @@ async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_w
         .unwrap()
         .is_none());
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let reconciles = op.log_text().matches("run=root").count();
+    // The log is coloured: without `plain` nothing matched and this could not fail.
+    let reconciles = plain(&op.log_text()).matches("run=root").count();
     assert!(
-        reconciles < 10,
+        (1..10).contains(&reconciles),
         "a malformed run must not be retried in a hot loop ({reconciles} reconciles)"
     );
     // Fixing the spec un-blocks it.
