@@ -541,11 +541,8 @@ async fn create_pod(
                     )
                     .await;
                     record_create_attempt(ctx, run, now);
-                    let since = startup::refused_since(&SandboxRun {
-                        status: Some(status.clone()),
-                        ..run.clone()
-                    })
-                    .unwrap_or(now);
+                    let since =
+                        startup::refused_since_in(&status, run.metadata.generation).unwrap_or(now);
                     let retry = startup::retry_delay(since, now);
                     warn!(run = %name, pod = %pod_name, code = ae.code, apiserver = %ae.message,
                         retry_seconds = retry.as_secs(), "pod creation refused by the apiserver");

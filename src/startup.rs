@@ -43,15 +43,18 @@ pub fn is_refusal(code: u16) -> bool {
 /// When the apiserver first refused this generation's pod: Ready's `lastTransitionTime` while
 /// Ready is False with reason [`REASON_POD_CREATE_FAILED`] for the run's current generation.
 pub fn refused_since(run: &SandboxRun) -> Option<Timestamp> {
-    let ready = run
-        .status
-        .as_ref()?
+    refused_since_in(run.status.as_ref()?, run.metadata.generation)
+}
+
+/// [`refused_since`] of a status about to be written for `generation`.
+pub fn refused_since_in(status: &SandboxRunStatus, generation: Option<i64>) -> Option<Timestamp> {
+    let ready = status
         .conditions
         .iter()
         .find(|c| c.type_ == condition::READY)?;
     (ready.status == "False"
         && ready.reason == REASON_POD_CREATE_FAILED
-        && ready.observed_generation == run.metadata.generation)
+        && ready.observed_generation == generation)
         .then_some(ready.last_transition_time.0)
 }
 
