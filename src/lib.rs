@@ -16,5 +16,6 @@ pub mod operator;
 pub mod pack;
 pub mod pod;
 pub mod reconcile;
+pub mod retention;
 pub mod store;
 pub mod util;

@@ -19,6 +19,7 @@ use thiserror::Error;
 use super::network::{Rule, RuleError};
 use crate::api::{
     parse_user, HostState, Mount, MountType, NetworkMode, SandboxRunSpec, MAX_READBACK_PATHS,
+    MAX_TTL_SECONDS_AFTER_FINISHED,
 };
 use crate::config::CapSettings;
 
@@ -148,6 +149,8 @@ pub mod ids {
     pub const READ_BACK_SIZE_LIMIT: &str = "read-back-size-limit";
     /// `drainTimeout` does not parse or is not positive.
     pub const READ_BACK_DRAIN_TIMEOUT: &str = "read-back-drain-timeout";
+    /// `spec.ttlSecondsAfterFinished` negative or above a year.
+    pub const TTL_AFTER_FINISHED: &str = "ttl-after-finished";
     /// On UPDATE with a pod: a field other than `stop` changed.
     pub const UPDATE_IMMUTABLE: &str = "update-immutable";
     /// `stop` went from true back to false.
@@ -163,6 +166,7 @@ pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
     check_network(spec, &mut out);
     check_read_back(spec, settings, &mut out);
     check_mounts(spec, &mut out);
+    check_ttl(spec, &mut out);
     sort_findings(&mut out);
     out
 }
@@ -528,6 +532,24 @@ fn is_within(inner: &str, outer: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
+// ---- 5b. lifetime ----------------------------------------------------------------------------
+
+fn check_ttl(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    let Some(ttl) = spec.ttl_seconds_after_finished else {
+        return;
+    };
+    if !(0..=MAX_TTL_SECONDS_AFTER_FINISHED).contains(&ttl) {
+        out.push(Finding::fail(
+            ids::TTL_AFTER_FINISHED,
+            "spec.ttlSecondsAfterFinished",
+            format!(
+                "ttlSecondsAfterFinished is {ttl}; it must be between 0 and {MAX_TTL_SECONDS_AFTER_FINISHED} (one year)"
+            ),
+            "give the seconds to keep a finished run, e.g. 3600, or leave it unset to keep the run until it is deleted",
+        ));
+    }
+}
+
 // ---- 6. read-back ----------------------------------------------------------------------------
 
 fn check_read_back(spec: &SandboxRunSpec, settings: &RuleSettings, out: &mut Vec<Finding>) {
@@ -862,6 +884,22 @@ mod tests {
         for finding in &f {
             assert!(!finding.hint.is_empty(), "{finding:?}");
             assert!(finding.field.starts_with("spec."), "{finding:?}");
+        }
+    }
+
+    #[test]
+    fn ttl_after_finished_is_zero_to_a_year_and_a_bad_one_says_what_to_write() {
+        let mut s = good();
+        for ok in [0, 2, 3600, MAX_TTL_SECONDS_AFTER_FINISHED] {
+            s.ttl_seconds_after_finished = Some(ok);
+            accepts(&s);
+        }
+        for bad in [-1, i64::MIN, MAX_TTL_SECONDS_AFTER_FINISHED + 1, i64::MAX] {
+            s.ttl_seconds_after_finished = Some(bad);
+            let f = rejects(&s, ids::TTL_AFTER_FINISHED);
+            assert_eq!(f.field, "spec.ttlSecondsAfterFinished");
+            assert!(f.message.contains(&bad.to_string()), "{f:?}");
+            assert!(f.hint.contains("leave it unset"), "{f:?}");
         }
     }
 
