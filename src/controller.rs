@@ -712,15 +712,6 @@ async fn expire(
         Retention::Retain => "its stored files are kept",
         Retention::Delete => "its stored files are deleted (retention: Delete)",
     };
-    publish(
-        ctx,
-        run,
-        EventType::Normal,
-        after::REASON_TTL_EXPIRED,
-        &format!("finished more than ttlSecondsAfterFinished={ttl}s ago: deleting the run; {kept}"),
-        "Expire",
-    )
-    .await;
     // Preconditioned on the uid: a run re-created under the same name is not the one that expired.
     let params = DeleteParams {
         preconditions: run.uid().map(|uid| kube::api::Preconditions {
@@ -730,10 +721,21 @@ async fn expire(
         ..Default::default()
     };
     match runs.delete(&name, &params).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(ae)) if ae.code == 404 || ae.code == 409 => Ok(()),
-        Err(e) => Err(kube_err(format!("delete expired run {name}"))(e)),
+        Ok(_) => {}
+        Err(kube::Error::Api(ae)) if ae.code == 404 || ae.code == 409 => return Ok(()),
+        Err(e) => return Err(kube_err(format!("delete expired run {name}"))(e)),
     }
+    // After the delete, so a refused one (RBAC) is not announced as done on every retry.
+    publish(
+        ctx,
+        run,
+        EventType::Normal,
+        after::REASON_TTL_EXPIRED,
+        &format!("finished more than ttlSecondsAfterFinished={ttl}s ago: deleted the run; {kept}"),
+        "Expire",
+    )
+    .await;
+    Ok(())
 }
 
 /// What [`purge_stored_files`] leaves to the caller.
