@@ -186,9 +186,15 @@ pub fn check_update(old: &SandboxRunSpec, new: &SandboxRunSpec, pod_exists: bool
     if pod_exists {
         // The pod is built once from the spec; changing it afterwards would make the object lie
         // about what runs. Compare everything but `stop` field by field to name what changed.
+        // What happens after the end (`ttlSecondsAfterFinished`, `readBack.retention`) does not
+        // shape the pod and may change, as a Job's TTL may.
         let as_map = |s: &SandboxRunSpec| -> BTreeMap<String, serde_json::Value> {
             let mut s = s.clone();
             s.stop = false;
+            s.ttl_seconds_after_finished = None;
+            if let Some(rb) = s.read_back.as_mut() {
+                rb.retention = None;
+            }
             match serde_json::to_value(&s) {
                 Ok(serde_json::Value::Object(m)) => m.into_iter().collect(),
                 _ => BTreeMap::new(),
@@ -201,7 +207,7 @@ pub fn check_update(old: &SandboxRunSpec, new: &SandboxRunSpec, pod_exists: bool
                 out.push(Finding::fail(
                     ids::UPDATE_IMMUTABLE,
                     format!("spec.{key}"),
-                    format!("spec.{key} changed after the run's pod was created; only spec.stop may change now"),
+                    format!("spec.{key} changed after the run's pod was created; only spec.stop, spec.ttlSecondsAfterFinished and spec.readBack.retention may change now"),
                     "delete and re-create the run (set stop: true to tear this one down first)",
                 ));
             }
@@ -1272,6 +1278,30 @@ mod tests {
         assert!(
             check_update(&old, &changed, false).is_empty(),
             "before the pod exists the spec may change"
+        );
+    }
+
+    #[test]
+    fn ttl_and_retention_may_change_once_the_pod_exists() {
+        let mut old = good();
+        old.read_back = read_back(&["/work/out"]);
+        let mut later = old.clone();
+        later.ttl_seconds_after_finished = Some(60);
+        if let Some(rb) = later.read_back.as_mut() {
+            rb.retention = Some(crate::api::Retention::Delete);
+        }
+        assert_eq!(check_update(&old, &later, true), Vec::<Finding>::new());
+        // Anything else in readBack is still fixed.
+        let mut paths_too = later.clone();
+        paths_too.read_back = read_back(&["/work/other"]);
+        let f = check_update(&later, &paths_too, true);
+        assert_eq!(
+            f.iter().map(|f| f.field.as_str()).collect::<Vec<_>>(),
+            ["spec.readBack"]
+        );
+        assert!(
+            f[0].message.contains("spec.ttlSecondsAfterFinished"),
+            "{f:?}"
         );
     }
 
