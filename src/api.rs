@@ -138,7 +138,7 @@ pub struct SandboxRunSpec {
     /// which the operator deletes it, as on batch/v1 Jobs. Deletion goes through the finalizer;
     /// stored files follow `readBack.retention`. Unset: the run stays until deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 0, max = 31_536_000))]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 31536000").message("ttlSecondsAfterFinished must be between 0 and 31536000 (one year): give the seconds to keep a finished run, e.g. 3600, or leave it unset to keep the run until it is deleted"))]
     pub ttl_seconds_after_finished: Option<i64>,
 }
 

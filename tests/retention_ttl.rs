@@ -367,3 +367,39 @@ async fn a_store_that_refuses_deletes_warns_and_still_releases_the_run_after_the
         let _ = store.delete(&key.as_str().into()).await;
     }
 }
+
+#[tokio::test]
+async fn the_apiserver_refuses_a_negative_or_absurd_ttl_with_a_hint_and_accepts_null() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "ttlbad").await;
+    let out = host_dir("out");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    wait_fields_served(&runs, &out).await;
+    for bad in [-1, 31_536_001, i64::MAX] {
+        let mut s = spec(&out, None, "60s");
+        s.ttl_seconds_after_finished = Some(bad);
+        let err = runs
+            .create(&PostParams::default(), &SandboxRun::new("bad", s))
+            .await
+            .expect_err("a ttlSecondsAfterFinished out of 0..=31536000 is refused");
+        let text = err.to_string();
+        assert!(
+            text.contains("ttlSecondsAfterFinished") && text.contains("leave it unset"),
+            "{bad}: {text}"
+        );
+    }
+    // An explicit null is "unset" (the field is nullable), not a value the rule judges.
+    let api_resource = kube::discovery::ApiResource::erase::<SandboxRun>(&());
+    let dynamic: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), &ns.name, &api_resource);
+    let mut value = serde_json::to_value(SandboxRun::new("null-ttl", spec(&out, None, "60s")))
+        .expect("serialize");
+    value["spec"]["ttlSecondsAfterFinished"] = serde_json::Value::Null;
+    let object: kube::api::DynamicObject = serde_json::from_value(value).expect("dynamic object");
+    dynamic
+        .create(&PostParams::default(), &object)
+        .await
+        .expect("ttlSecondsAfterFinished: null is accepted");
+    // No operator watches this namespace: nothing holds the run, the namespace can go.
+}
