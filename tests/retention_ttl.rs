@@ -313,6 +313,56 @@ async fn retention_delete_removes_only_the_runs_own_objects_from_s3_and_retain_k
 }
 
 #[tokio::test]
+async fn a_running_run_with_retention_delete_is_drained_then_its_files_deleted_on_deletion() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "retrun").await;
+    let dir = host_dir("store-retrun");
+    let store_url = format!("file://{}", dir.display());
+    let op = Operator::start(&ns.name, &store_url, &[]);
+    let out = host_dir("out");
+    std::fs::write(out.join("result.txt"), b"drained, then deleted\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    wait_fields_served(&runs, &out).await;
+    // A long-lived sandbox (no command): deleting it is what tears it down.
+    let mut s = spec(&out, Some(Retention::Delete), "60s");
+    s.command = None;
+    create(&runs, "live", s).await;
+    let run = wait_phase(&runs, "live", Phase::Running, &op).await;
+    crypto();
+    let (store, prefix) = store_from_url(&store_url, &[]).unwrap();
+    let run_dir = run_dir(&prefix, &run_ref(&ns.name, &run));
+    assert_eq!(
+        keys_under(&store, &run_dir).await.len(),
+        0,
+        "nothing stored yet"
+    );
+
+    runs.delete("live", &DeleteParams::default()).await.unwrap();
+    wait_gone(&runs, "live", &op).await;
+    // The drain stored archive + manifest (the Drained Event says so), then the finalizer deleted
+    // both before letting go.
+    let drained = event(&client, &ns.name, "live", "Drained", &op).await;
+    assert!(
+        drained
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("Drained")),
+        "{drained:?}"
+    );
+    let deleted = event(&client, &ns.name, "live", "ArchivesDeleted", &op).await;
+    assert!(
+        deleted
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("deleted 2 stored objects")),
+        "{deleted:?}"
+    );
+    assert_eq!(keys_under(&store, &run_dir).await, Vec::<String>::new());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
 async fn a_store_that_refuses_deletes_warns_and_still_releases_the_run_after_the_drain_timeout() {
     let s3 = s3();
     let options = s3_options(&s3, &s3.secret_key);
