@@ -21,6 +21,9 @@ pub const FINALIZER: &str = "sandbox.iterion.io/drain";
 pub const SKIP_DRAIN_ANNOTATION: &str = "sandbox.iterion.io/skip-drain";
 /// Most read-back paths one run may declare (also enforced by the CRD schema).
 pub const MAX_READBACK_PATHS: usize = 16;
+/// Largest `spec.ttlSecondsAfterFinished` (one year; also enforced by the CRD schema): beyond it a
+/// run is meant to stay, which is what leaving the field unset says.
+pub const MAX_TTL_SECONDS_AFTER_FINISHED: i64 = 31_536_000;
 
 /// A sandboxed workload whose declared read-back paths are drained into object storage at teardown.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
@@ -130,6 +133,13 @@ pub struct SandboxRunSpec {
     /// Priority class passed through to the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+
+    /// Seconds after the run finished (condition Complete or Failed True, its drain settled) at
+    /// which the operator deletes it, as on batch/v1 Jobs. Deletion goes through the finalizer;
+    /// stored files follow `readBack.retention`. Unset: the run stays until deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 31536000").message("ttlSecondsAfterFinished must be between 0 and 31536000 (one year): give the seconds to keep a finished run, e.g. 3600, or leave it unset to keep the run until it is deleted"))]
+    pub ttl_seconds_after_finished: Option<i64>,
 }
 
 fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -242,6 +252,34 @@ pub struct ReadBack {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(regex(pattern = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$"))]
     pub drain_timeout: Option<String>,
+    /// What deleting the run does to its stored archives and manifests: `Retain` keeps them,
+    /// `Delete` removes them (after the drain settled) before the finalizer is released.
+    /// Default: the operator's `--default-retention` (itself `Retain` unless set).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retention: Option<Retention>,
+}
+
+/// What deleting the run does to its stored archives and manifests: `Retain` keeps them,
+/// `Delete` removes them from the store (after the drain settled) before the finalizer is
+/// released. Default: the operator's `--default-retention` (itself `Retain` unless set).
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum Retention {
+    /// Keep the archives and manifests in the store.
+    #[default]
+    Retain,
+    /// Delete the run's archives and manifests from the store when the run is deleted.
+    Delete,
+}
+
+impl std::str::FromStr for Retention {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "Retain" | "retain" => Ok(Retention::Retain),
+            "Delete" | "delete" => Ok(Retention::Delete),
+            other => Err(format!("retention {other:?} is neither Retain nor Delete")),
+        }
+    }
 }
 
 /// One declared read-back path.

@@ -75,6 +75,10 @@ pub struct RunArgs {
         default_value = "16Gi"
     )]
     pub max_cap: String,
+    /// What deleting a run does to its stored archives and manifests when its spec sets no
+    /// readBack.retention: `Retain` (keep them) or `Delete` (delete them, after the drain).
+    #[arg(long, env = "SANDBOXRUN_DEFAULT_RETENTION", default_value = "Retain")]
+    pub default_retention: crate::api::Retention,
     /// Drain timeout of a run that sets no readBack.drainTimeout.
     #[arg(long, env = "SANDBOXRUN_DRAIN_TIMEOUT", default_value = "5m")]
     pub drain_timeout: String,

@@ -19,7 +19,9 @@ use thiserror::Error;
 use tokio::io::AsyncRead;
 use tracing::{info, warn};
 
-use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
+use crate::api::{
+    Phase, ReadBackPhase, ReadBackStatus, Retention, SandboxRun, SandboxRunStatus, FINALIZER,
+};
 use crate::config::CapSettings;
 use crate::drain::run::{drain_path, PathJob};
 use crate::metrics::Metrics;
@@ -28,6 +30,9 @@ use crate::reconcile::{
     self, condition, DecideSettings, DrainSummary, PodView, Step, Trigger, WorkloadState,
 };
 pub use crate::reconcile::{REASON_CAPPED, REASON_DRAINED, REASON_DRAIN_FAILED};
+use crate::retention::{self as after, Ttl};
+use crate::store::purge::delete_run_archives;
+use crate::store::RunRef;
 use crate::{events, startup};
 
 /// Field manager of every status write (server-side apply, one manager).
@@ -63,9 +68,19 @@ pub struct Context {
     /// of [`crate::startup::create_retry_wait`]. Lost on restart by design (the next attempt is
     /// then immediate, and its pause already as long as the refusals have lasted).
     pub create_attempts: std::sync::Mutex<std::collections::HashMap<String, Timestamp>>,
+    /// What deleting a run does to its stored files when its spec does not say
+    /// (`run --default-retention`).
+    pub default_retention: Retention,
 }
 
 impl Context {
+    /// The same context with `retention` as the operator-wide default of
+    /// `spec.readBack.retention`.
+    pub fn with_default_retention(mut self, retention: Retention) -> Context {
+        self.default_retention = retention;
+        self
+    }
+
     /// A context with an Event recorder reporting as `instance`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -99,6 +114,7 @@ impl Context {
             recorder,
             metrics,
             create_attempts: Default::default(),
+            default_retention: Retention::default(),
         }
     }
 }
@@ -376,7 +392,11 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
                 }
             }
             apply_status(&runs, &name, &status).await?;
-            if run.metadata.deletion_timestamp.is_some() {
+            // With retention Delete the next reconcile (woken by this final status) deletes
+            // the stored files first (Step::ReleaseFinalizer).
+            if run.metadata.deletion_timestamp.is_some()
+                && after::retention(&run, ctx.default_retention) == Retention::Retain
+            {
                 remove_finalizer(&runs, &run).await?;
             }
             Action::await_change()
@@ -392,6 +412,16 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
             {
                 remove_finalizer(&runs, &run).await?;
             }
+            match after::ttl(&run, Timestamp::now()) {
+                // At the exact time the TTL passes (a little after, so the decision sees it passed).
+                Ttl::Wait(d) if run.metadata.deletion_timestamp.is_none() => {
+                    Action::requeue(d + Duration::from_millis(200))
+                }
+                _ => Action::await_change(),
+            }
+        }
+        Step::Expire => {
+            expire(&ctx, &run, &runs).await?;
             Action::await_change()
         }
         Step::ReleaseFinalizer => {
@@ -399,8 +429,13 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
             if pod.is_some() {
                 delete_pod(&pods, &pod_name, true).await?;
             }
-            remove_finalizer(&runs, &run).await?;
-            Action::await_change()
+            match purge_stored_files(&ctx, &run).await {
+                Purge::Done => {
+                    remove_finalizer(&runs, &run).await?;
+                    Action::await_change()
+                }
+                Purge::RetryAfter(d) => Action::requeue(d),
+            }
         }
         Step::SkipDrain => {
             let undrained: Vec<String> = run
@@ -416,7 +451,7 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
                 })
                 .map(|p| p.path.clone())
                 .collect();
-            let note = if undrained.is_empty() {
+            let mut note = if undrained.is_empty() {
                 "sandbox.iterion.io/skip-drain=true: finalizer released without draining"
                     .to_string()
             } else {
@@ -425,6 +460,9 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
                     undrained.join(", ")
                 )
             };
+            if after::retention(&run, ctx.default_retention) == Retention::Delete {
+                note.push_str("; retention: Delete skipped too, stored files are kept");
+            }
             publish(
                 &ctx,
                 &run,
@@ -460,6 +498,7 @@ fn step_label(step: &Step) -> &'static str {
         Step::Teardown(_) => "teardown",
         Step::PodLost => "pod_lost",
         Step::CleanUp => "clean_up",
+        Step::Expire => "expire",
     }
 }
 
@@ -716,10 +755,133 @@ async fn teardown(
     if pod.is_some() {
         delete_pod(pods, pod_name, true).await?;
     }
-    if run.metadata.deletion_timestamp.is_some() {
+    // With retention Delete, the status write above (a final phase) wakes the next reconcile,
+    // which deletes the stored files before it releases the finalizer (Step::ReleaseFinalizer).
+    if run.metadata.deletion_timestamp.is_some()
+        && after::retention(run, ctx.default_retention) == Retention::Retain
+    {
         remove_finalizer(runs, run).await?;
     }
     Ok(())
+}
+
+/// Deletes a run whose `spec.ttlSecondsAfterFinished` passed. The delete only sets the deletion
+/// timestamp: the finalizer path runs as for any deletion (docs/contract.md).
+async fn expire(
+    ctx: &Context,
+    run: &SandboxRun,
+    runs: &Api<SandboxRun>,
+) -> Result<(), ControllerError> {
+    let name = run.name_any();
+    let ttl = run.spec.ttl_seconds_after_finished.unwrap_or_default();
+    let kept = match after::retention(run, ctx.default_retention) {
+        Retention::Retain => "its stored files are kept",
+        Retention::Delete => "its stored files are deleted (retention: Delete)",
+    };
+    // Preconditioned on the uid: a run re-created under the same name is not the one that expired.
+    let params = DeleteParams {
+        preconditions: run.uid().map(|uid| kube::api::Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match runs.delete(&name, &params).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(ae)) if ae.code == 404 || ae.code == 409 => return Ok(()),
+        Err(e) => return Err(kube_err(format!("delete expired run {name}"))(e)),
+    }
+    // After the delete, so a refused one (RBAC) is not announced as done on every retry.
+    publish(
+        ctx,
+        run,
+        None,
+        EventType::Normal,
+        events::TTL_EXPIRED,
+        &format!("finished more than ttlSecondsAfterFinished={ttl}s ago: deleted the run; {kept}"),
+        "Expire",
+    )
+    .await;
+    Ok(())
+}
+
+/// What [`purge_stored_files`] leaves to the caller.
+enum Purge {
+    /// Nothing (more) to delete, or the retries ran out: release the finalizer.
+    Done,
+    /// The delete failed; try again after this long (the finalizer stays).
+    RetryAfter(Duration),
+}
+
+/// For a run with retention Delete, deletes everything it stored (only its own
+/// `<prefix>/<namespace>/<name>/<uid>/`). A failure is a Warning Event and is retried with
+/// back-off until the run's drain timeout has passed since the later of the deletion and the
+/// drain's end; then the files are left and the finalizer released (docs/contract.md "Stored
+/// files when a run is deleted").
+async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Purge {
+    if after::retention(run, ctx.default_retention) != Retention::Delete {
+        return Purge::Done;
+    }
+    let reference = RunRef {
+        namespace: run.namespace().unwrap_or_default(),
+        name: run.name_any(),
+        uid: run.uid().unwrap_or_default(),
+    };
+    let dir = crate::store::run_dir(&ctx.store_prefix, &reference);
+    let where_ = format!("{}/{dir}/", ctx.store_url.trim_end_matches('/'));
+    match delete_run_archives(&ctx.store, &ctx.store_prefix, &reference).await {
+        Ok(count) => {
+            info!(run = %reference.name, namespace = %reference.namespace, count, "deleted the run's stored files");
+            publish(
+                ctx,
+                run,
+                None,
+                EventType::Normal,
+                events::ARCHIVES_DELETED,
+                &format!("retention: Delete: deleted {count} stored objects (archives and manifests) under {where_}"),
+                "Delete",
+            )
+            .await;
+            Purge::Done
+        }
+        Err(e) => {
+            let now = Timestamp::now();
+            let bound_secs = pod::drain_timeout_seconds(run, &ctx.pod)
+                .unwrap_or(ctx.pod.default_drain_timeout_seconds);
+            let bound = Duration::from_secs(u64::try_from(bound_secs).unwrap_or(0));
+            let start = after::purge_window_start(run, now);
+            match after::purge_retry_after(start, bound, now) {
+                Some(pause) => {
+                    warn!(run = %reference.name, namespace = %reference.namespace, error = %e, "deleting the run's stored files failed; retrying");
+                    publish(
+                        ctx,
+                        run,
+                        None,
+                        EventType::Warning,
+                        events::ARCHIVE_DELETE_FAILED,
+                        &format!("retention: Delete: could not delete the stored files under {where_}: {e}; retrying in {}s (gives up {bound_secs}s after deletion; annotate sandbox.iterion.io/skip-drain=true to release the run now)", pause.as_secs().max(1)),
+                        "Delete",
+                    )
+                    .await;
+                    Purge::RetryAfter(pause)
+                }
+                None => {
+                    warn!(run = %reference.name, namespace = %reference.namespace, error = %e, "giving up deleting the run's stored files; releasing the finalizer");
+                    publish(
+                        ctx,
+                        run,
+                        None,
+                        EventType::Warning,
+                        events::ARCHIVE_DELETE_ABANDONED,
+                        &format!("retention: Delete: gave up after {bound_secs}s (the drain timeout): the stored files under {where_} were NOT all deleted ({e}); the run is released, delete them by hand"),
+                        "Delete",
+                    )
+                    .await;
+                    Purge::Done
+                }
+            }
+        }
+    }
 }
 
 /// The exec that tells the holder's preStop hook the drain is done: argv.

@@ -38,6 +38,15 @@ pub const DRAIN_SKIPPED: &str = "DrainSkipped";
 /// A pod with the run's pod name exists and is not the run's.
 pub const POD_NAME_CONFLICT: &str = "PodNameConflict";
 
+/// `ttlSecondsAfterFinished` passed: the operator deleted the run.
+pub const TTL_EXPIRED: &str = crate::retention::REASON_TTL_EXPIRED;
+/// `retention: Delete`: the run's stored files were deleted.
+pub const ARCHIVES_DELETED: &str = crate::retention::REASON_ARCHIVES_DELETED;
+/// `retention: Delete`: the store refused a delete; retried.
+pub const ARCHIVE_DELETE_FAILED: &str = crate::retention::REASON_ARCHIVE_DELETE_FAILED;
+/// `retention: Delete`: the delete kept failing past the bound; the run was released.
+pub const ARCHIVE_DELETE_ABANDONED: &str = crate::retention::REASON_ARCHIVE_DELETE_ABANDONED;
+
 /// The two reasons whose spelling the contract fixes (not CamelCase).
 pub const CONTRACT_REASONS: [&str; 2] = [DRAIN_FAILED, CAPPED];
 
@@ -58,6 +67,10 @@ pub const ALL: &[&str] = &[
     IMAGE_PULL_FAILED,
     DRAIN_SKIPPED,
     POD_NAME_CONFLICT,
+    TTL_EXPIRED,
+    ARCHIVES_DELETED,
+    ARCHIVE_DELETE_FAILED,
+    ARCHIVE_DELETE_ABANDONED,
 ];
 
 /// The reason of the Event that announces a final phase.

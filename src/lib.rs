@@ -17,6 +17,7 @@ pub mod operator;
 pub mod pack;
 pub mod pod;
 pub mod reconcile;
+pub mod retention;
 pub mod startup;
 pub mod store;
 pub mod util;

@@ -101,23 +101,26 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         info!(%addr, "admission webhook listening");
     }
 
-    let ctx = Arc::new(Context::new(
-        client.clone(),
-        store,
-        store_prefix,
-        args.store_url.clone(),
-        PodSettings {
-            holder_image: args.holder_image.clone(),
-            default_drain_timeout_seconds: i64::try_from(drain_timeout.as_secs().max(1))
-                .unwrap_or(300),
-            holder_resources,
-        },
-        caps,
-        DecideSettings { image_pull_timeout },
-        pack_command,
-        metrics,
-        args.pod_name.clone(),
-    ));
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            store,
+            store_prefix,
+            args.store_url.clone(),
+            PodSettings {
+                holder_image: args.holder_image.clone(),
+                default_drain_timeout_seconds: i64::try_from(drain_timeout.as_secs().max(1))
+                    .unwrap_or(300),
+                holder_resources,
+            },
+            caps,
+            DecideSettings { image_pull_timeout },
+            pack_command,
+            metrics,
+            args.pod_name.clone(),
+        )
+        .with_default_retention(args.default_retention),
+    );
 
     if !args.leader_elect {
         ready.store(true, Ordering::SeqCst);

@@ -406,6 +406,8 @@ pub enum Step {
     PodLost,
     /// The run is over: make sure its pod is gone (and release the finalizer when deleting).
     CleanUp,
+    /// The run finished `spec.ttlSecondsAfterFinished` ago: delete it (through the finalizer).
+    Expire,
 }
 
 /// Whether every declared path has a final outcome in `status`.
@@ -480,6 +482,9 @@ pub fn decide(
         return Step::AddFinalizer;
     }
     if is_final {
+        if crate::retention::ttl(run, now) == crate::retention::Ttl::Expired {
+            return Step::Expire;
+        }
         return Step::CleanUp;
     }
     let Some(pod) = pod else {
@@ -1425,6 +1430,41 @@ mod tests {
         assert_eq!(decide(&r, None, now(), &settings()), Step::AddFinalizer);
         let r = run_with(&[("/out", false)]);
         assert_eq!(decide(&r, None, now(), &settings()), Step::CreatePod);
+    }
+
+    #[test]
+    fn a_finished_run_expires_after_its_ttl_and_its_deletion_goes_through_the_finalizer() {
+        let mut r = with_phase(run_with(&[("/out", false)]), Phase::Succeeded);
+        r.spec.ttl_seconds_after_finished = Some(10);
+        if let Some(s) = r.status.as_mut() {
+            s.completion_time = Some(Time(now()));
+            set_condition(
+                &mut s.conditions,
+                condition::COMPLETE,
+                true,
+                "Succeeded",
+                "",
+                Some(1),
+                now(),
+            );
+        }
+        let at = |secs: i64| {
+            now()
+                .checked_add(jiff::SignedDuration::from_secs(secs))
+                .unwrap()
+        };
+        assert_eq!(decide(&r, None, at(9), &settings()), Step::CleanUp);
+        assert_eq!(decide(&r, None, at(10), &settings()), Step::Expire);
+        // Once deleted, the normal finalizer path runs (never a second delete).
+        r.metadata.deletion_timestamp = Some(Time(at(10)));
+        assert_eq!(
+            decide(&r, None, at(11), &settings()),
+            Step::ReleaseFinalizer
+        );
+        // Without a TTL a finished run stays.
+        r.metadata.deletion_timestamp = None;
+        r.spec.ttl_seconds_after_finished = None;
+        assert_eq!(decide(&r, None, at(1_000_000), &settings()), Step::CleanUp);
     }
 
     #[test]

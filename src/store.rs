@@ -26,6 +26,8 @@ use object_store::{
 use serde::{Deserialize, Serialize};
 
 use crate::api::{Compression, ReadBackPhase};
+
+pub mod purge;
 use crate::drain::archive::{
     DrainOptions, DrainOutcome, DroppedRecord, MemberRecord, RejectedRecord,
 };
@@ -378,7 +380,7 @@ pub fn object_keys(
     declared_path: &str,
     compression: Compression,
 ) -> ObjectKeys {
-    let dir = run_prefix(prefix, &run.namespace, &run.name).join(run.uid.as_str());
+    let dir = run_dir(prefix, run);
     let stem = format!("{index:02}-{}", path_slug(declared_path));
     ObjectKeys {
         archive: dir
@@ -386,6 +388,12 @@ pub fn object_keys(
             .join(format!("{stem}.{}", compression.extension()).as_str()),
         manifest: dir.join(format!("{stem}{MANIFEST_SUFFIX}").as_str()),
     }
+}
+
+/// `<prefix>/<namespace>/<name>/<uid>`: the directory of every key [`object_keys`] names for one
+/// run (this uid only), and the only prefix `readBack.retention: Delete` deletes under.
+pub fn run_dir(prefix: &Path, run: &RunRef) -> Path {
+    run_prefix(prefix, &run.namespace, &run.name).join(run.uid.as_str())
 }
 
 /// `<prefix>/<namespace>/<name>`: everything stored for a run name, all uids.

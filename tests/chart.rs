@@ -144,6 +144,33 @@ fn the_chart_renders_what_the_operator_expects() {
     assert!(text.contains("readOnlyRootFilesystem: true"));
     assert!(text.contains("type: RuntimeDefault"));
     assert!(text.contains("--image-pull-timeout=5m\n"));
+    // Deleting a run keeps its stored files unless told otherwise (readBack.retention).
+    assert!(text.contains("- --default-retention=Retain\n"));
+    let deleting = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "readBack.retention=Delete",
+        ]),
+        None,
+    );
+    assert!(deleting.contains("- --default-retention=Delete\n"));
+    let out = run(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "readBack.retention=Sometimes",
+        ]),
+        None,
+    );
+    assert!(
+        !out.status.success(),
+        "readBack.retention=Sometimes rendered"
+    );
     assert!(!text.contains("--leader-elect"), "one replica: no election");
     // The holder's resources: today's defaults, and no CPU limit unless one is set.
     assert!(text.contains("- --holder-cpu-request=10m\n"));

@@ -82,6 +82,7 @@ fn run_spec(
                 .collect(),
             compression,
             drain_timeout: Some(drain_timeout.into()),
+            ..Default::default()
         }),
         ..Default::default()
     }

@@ -1,5 +1,6 @@
 //! RBAC proof: the operator binary, running with the identity of the chart's ServiceAccount and
-//! nothing but the chart's (Cluster)Roles, completes a full run + drain; with one rule removed
+//! nothing but the chart's (Cluster)Roles, completes a full run + drain and deletes a run whose
+//! ttlSecondsAfterFinished passed; with one rule removed
 //! (pods/exec) the drain fails with a clear Forbidden in status and in the drain_failed Event.
 
 mod support;
@@ -297,6 +298,45 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
         std::fs::read_to_string(&log).unwrap_or_default()
     );
     assert_eq!(status.read_back[0].phase, ReadBackPhase::Drained);
+
+    // ... and the delete of a run whose ttlSecondsAfterFinished passed.
+    let out = host_dir("out");
+    let mut expiring = spec(&out);
+    expiring.ttl_seconds_after_finished = Some(0);
+    let created = runs
+        .create(
+            &PostParams::default(),
+            &SandboxRun::new("expires", expiring),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        created.spec.ttl_seconds_after_finished,
+        Some(0),
+        "the CRD serves ttlSecondsAfterFinished"
+    );
+    let r = eventually("expires Running", Duration::from_secs(90), || {
+        let runs = runs.clone();
+        async move {
+            let r = runs.get("expires").await.ok()?;
+            (r.status.as_ref()?.phase == Some(Phase::Running)).then_some(r)
+        }
+    })
+    .await;
+    let pod = r.status.unwrap().pod_name.unwrap();
+    let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": "0"}}});
+    pods.patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let what = format!(
+        "expires deleted by the operator under the chart's rules; log:\n{}",
+        log.display()
+    );
+    eventually(&what, Duration::from_secs(90), || {
+        let runs = runs.clone();
+        async move { runs.get_opt("expires").await.ok()?.is_none().then_some(()) }
+    })
+    .await;
 
     // 2. Without pods/exec: the drain is Forbidden, and says so.
     for name in &cr_names {

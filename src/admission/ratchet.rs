@@ -14,7 +14,8 @@
 //! - an UPDATE that leaves the spec alone (finalizers, annotations such as `skip-drain`, labels,
 //!   owner references) runs no rule at all: it is always allowed ([`Scope::Unchanged`]);
 //! - an UPDATE that changes the spec runs the update rules ([`check_update`]: `stop` is final,
-//!   only `stop` may change once the pod exists) and the spec rules, but a failure the stored
+//!   only `stop`, `ttlSecondsAfterFinished` and `readBack.retention` may change once the pod
+//!   exists) and the spec rules, but a failure the stored
 //!   spec already had — same rule, same field, same message, which quotes the offending value —
 //!   is only a warning: a spec admitted earlier is never re-judged by a rule, or an operator
 //!   setting, that changed since ([`Scope::Changed`]);

@@ -19,6 +19,7 @@ use thiserror::Error;
 use super::network::{Rule, RuleError};
 use crate::api::{
     parse_user, HostState, Mount, MountType, NetworkMode, SandboxRunSpec, MAX_READBACK_PATHS,
+    MAX_TTL_SECONDS_AFTER_FINISHED,
 };
 use crate::config::CapSettings;
 
@@ -148,6 +149,8 @@ pub mod ids {
     pub const READ_BACK_SIZE_LIMIT: &str = "read-back-size-limit";
     /// `drainTimeout` does not parse or is not positive.
     pub const READ_BACK_DRAIN_TIMEOUT: &str = "read-back-drain-timeout";
+    /// `spec.ttlSecondsAfterFinished` negative or above a year.
+    pub const TTL_AFTER_FINISHED: &str = "ttl-after-finished";
     /// On UPDATE with a pod: a field other than `stop` changed.
     pub const UPDATE_IMMUTABLE: &str = "update-immutable";
     /// `stop` went from true back to false.
@@ -163,6 +166,7 @@ pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
     check_network(spec, &mut out);
     check_read_back(spec, settings, &mut out);
     check_mounts(spec, &mut out);
+    check_ttl(spec, &mut out);
     sort_findings(&mut out);
     out
 }
@@ -182,9 +186,15 @@ pub fn check_update(old: &SandboxRunSpec, new: &SandboxRunSpec, pod_exists: bool
     if pod_exists {
         // The pod is built once from the spec; changing it afterwards would make the object lie
         // about what runs. Compare everything but `stop` field by field to name what changed.
+        // What happens after the end (`ttlSecondsAfterFinished`, `readBack.retention`) does not
+        // shape the pod and may change, as a Job's TTL may.
         let as_map = |s: &SandboxRunSpec| -> BTreeMap<String, serde_json::Value> {
             let mut s = s.clone();
             s.stop = false;
+            s.ttl_seconds_after_finished = None;
+            if let Some(rb) = s.read_back.as_mut() {
+                rb.retention = None;
+            }
             match serde_json::to_value(&s) {
                 Ok(serde_json::Value::Object(m)) => m.into_iter().collect(),
                 _ => BTreeMap::new(),
@@ -197,7 +207,7 @@ pub fn check_update(old: &SandboxRunSpec, new: &SandboxRunSpec, pod_exists: bool
                 out.push(Finding::fail(
                     ids::UPDATE_IMMUTABLE,
                     format!("spec.{key}"),
-                    format!("spec.{key} changed after the run's pod was created; only spec.stop may change now"),
+                    format!("spec.{key} changed after the run's pod was created; only spec.stop, spec.ttlSecondsAfterFinished and spec.readBack.retention may change now"),
                     "delete and re-create the run (set stop: true to tear this one down first)",
                 ));
             }
@@ -526,6 +536,24 @@ fn is_within(inner: &str, outer: &str) -> bool {
     inner
         .strip_prefix(outer)
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
+}
+
+// ---- 5b. lifetime ----------------------------------------------------------------------------
+
+fn check_ttl(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    let Some(ttl) = spec.ttl_seconds_after_finished else {
+        return;
+    };
+    if !(0..=MAX_TTL_SECONDS_AFTER_FINISHED).contains(&ttl) {
+        out.push(Finding::fail(
+            ids::TTL_AFTER_FINISHED,
+            "spec.ttlSecondsAfterFinished",
+            format!(
+                "ttlSecondsAfterFinished is {ttl}; it must be between 0 and {MAX_TTL_SECONDS_AFTER_FINISHED} (one year)"
+            ),
+            "give the seconds to keep a finished run, e.g. 3600, or leave it unset to keep the run until it is deleted",
+        ));
+    }
 }
 
 // ---- 6. read-back ----------------------------------------------------------------------------
@@ -862,6 +890,22 @@ mod tests {
         for finding in &f {
             assert!(!finding.hint.is_empty(), "{finding:?}");
             assert!(finding.field.starts_with("spec."), "{finding:?}");
+        }
+    }
+
+    #[test]
+    fn ttl_after_finished_is_zero_to_a_year_and_a_bad_one_says_what_to_write() {
+        let mut s = good();
+        for ok in [0, 2, 3600, MAX_TTL_SECONDS_AFTER_FINISHED] {
+            s.ttl_seconds_after_finished = Some(ok);
+            accepts(&s);
+        }
+        for bad in [-1, i64::MIN, MAX_TTL_SECONDS_AFTER_FINISHED + 1, i64::MAX] {
+            s.ttl_seconds_after_finished = Some(bad);
+            let f = rejects(&s, ids::TTL_AFTER_FINISHED);
+            assert_eq!(f.field, "spec.ttlSecondsAfterFinished");
+            assert!(f.message.contains(&bad.to_string()), "{f:?}");
+            assert!(f.hint.contains("leave it unset"), "{f:?}");
         }
     }
 
@@ -1234,6 +1278,30 @@ mod tests {
         assert!(
             check_update(&old, &changed, false).is_empty(),
             "before the pod exists the spec may change"
+        );
+    }
+
+    #[test]
+    fn ttl_and_retention_may_change_once_the_pod_exists() {
+        let mut old = good();
+        old.read_back = read_back(&["/work/out"]);
+        let mut later = old.clone();
+        later.ttl_seconds_after_finished = Some(60);
+        if let Some(rb) = later.read_back.as_mut() {
+            rb.retention = Some(crate::api::Retention::Delete);
+        }
+        assert_eq!(check_update(&old, &later, true), Vec::<Finding>::new());
+        // Anything else in readBack is still fixed.
+        let mut paths_too = later.clone();
+        paths_too.read_back = read_back(&["/work/other"]);
+        let f = check_update(&later, &paths_too, true);
+        assert_eq!(
+            f.iter().map(|f| f.field.as_str()).collect::<Vec<_>>(),
+            ["spec.readBack"]
+        );
+        assert!(
+            f[0].message.contains("spec.ttlSecondsAfterFinished"),
+            "{f:?}"
         );
     }
 
