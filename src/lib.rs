@@ -17,4 +17,5 @@ pub mod pack;
 pub mod pod;
 pub mod reconcile;
 pub mod store;
+pub mod upload_guard;
 pub mod util;

@@ -128,6 +128,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             cli::shutdown_signal(),
         )
         .await;
+        settle_uploads().await;
         return Ok(());
     }
 
@@ -172,12 +173,28 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         }
     });
     controller::run(ctx, args.namespaces.clone(), args.concurrency, stop).await;
+    settle_uploads().await;
     if watcher.is_finished() {
         warn!("leadership lost; exiting so another replica takes over");
         return Err(OperatorError::Leader("leadership lost".to_string()));
     }
     watcher.abort();
     Ok(())
+}
+
+/// How long an exiting operator waits for the aborts of the multipart uploads its cancelled
+/// drains left open (docs/contract.md: no orphaned uploads).
+const ABORT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits for the aborts of cancelled uploads before the process exits (Drop cannot await them).
+async fn settle_uploads() {
+    let left = crate::upload_guard::wait_for_pending_aborts(ABORT_GRACE).await;
+    if left > 0 {
+        warn!(
+            left,
+            "exiting with multipart upload aborts still running; the bucket's lifecycle rule removes what they leave"
+        );
+    }
 }
 
 #[derive(Clone)]
