@@ -58,6 +58,9 @@ pub struct Context {
     pub recorder: Recorder,
     /// Metrics.
     pub metrics: Metrics,
+    /// Cancelled when this replica must stop draining at once (lost lease, shutdown): in-flight
+    /// drains record nothing and the next leader resumes them.
+    pub cancel: tokio_util::sync::CancellationToken,
 }
 
 impl Context {
@@ -93,6 +96,7 @@ impl Context {
             pack_command,
             recorder,
             metrics,
+            cancel: tokio_util::sync::CancellationToken::new(),
         }
     }
 }
@@ -616,8 +620,14 @@ async fn teardown(
                 deadline,
                 previous_attempts: status.read_back[entry_index].attempts,
                 metrics: &ctx.metrics,
+                cancel: &ctx.cancel,
             };
-            drain_path(&job).await
+            match drain_path(&job).await {
+                Some(outcome) => outcome,
+                // This replica stops draining (lost lease, shutdown): record nothing, so the next
+                // leader resumes the path from the store's commit point.
+                None => return Ok(()),
+            }
         };
         status.read_back[entry_index] = outcome;
         apply_status(runs, &name, &status).await?;

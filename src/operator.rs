@@ -119,15 +119,16 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         args.pod_name.clone(),
     ));
 
+    // Fired on shutdown and on a lost lease: in-flight drains stop at once (their uploads abort
+    // themselves) instead of finishing under a replica that no longer leads.
+    let cancel = ctx.cancel.clone();
     if !args.leader_elect {
         ready.store(true, Ordering::SeqCst);
-        controller::run(
-            ctx,
-            args.namespaces.clone(),
-            args.concurrency,
-            cli::shutdown_signal(),
-        )
-        .await;
+        let stop = async move {
+            cli::shutdown_signal().await;
+            cancel.cancel();
+        };
+        controller::run(ctx, args.namespaces.clone(), args.concurrency, stop).await;
         settle_uploads().await;
         return Ok(());
     }
@@ -161,8 +162,9 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let stop = async move {
         tokio::select! {
             _ = shutdown => {}
-            _ = lost_rx => {}
+            _ = lost_rx => warn!("leadership lost; stopping in-flight drains"),
         }
+        cancel.cancel();
     };
     let watcher = tokio::spawn(async move {
         loop {
