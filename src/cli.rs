@@ -126,6 +126,15 @@ pub struct RunArgs {
     /// Reconciles running at once.
     #[arg(long, env = "SANDBOXRUN_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
+    /// Drains (teardowns) running at once, off the reconcile workers: a slow or stuck drain never
+    /// holds up the reconciles of other runs; teardowns beyond this wait for a slot.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_MAX_CONCURRENT_DRAINS",
+        default_value_t = 8,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub max_concurrent_drains: u16,
     /// Metrics and health address (/metrics, /healthz, /readyz).
     #[arg(long, env = "SANDBOXRUN_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: String,

@@ -61,6 +61,71 @@ pub struct Context {
     /// Cancelled when this replica must stop draining at once (lost lease, shutdown): in-flight
     /// drains record nothing and the next leader resumes them.
     pub cancel: tokio_util::sync::CancellationToken,
+    /// The drains in flight, off the reconcile workers.
+    pub drains: DrainPool,
+}
+
+/// Teardowns (the drains) run as tasks of their own, at most `max` at once, so a slow or stuck
+/// drain never holds a reconcile worker: the reconcile that starts one returns at once, and the
+/// run is reconciled again when the drain's status writes (or the requeue below) wake it. A run
+/// whose drain is in flight is not started twice: its reconciles wait for the drain to end.
+pub struct DrainPool {
+    permits: Arc<tokio::sync::Semaphore>,
+    in_flight: std::sync::Mutex<std::collections::HashSet<String>>,
+    tasks: tokio_util::task::TaskTracker,
+}
+
+/// How often a run whose drain is in flight is looked at again (a safety net: the drain's own
+/// status writes wake it when it ends).
+const IN_FLIGHT_REQUEUE: Duration = Duration::from_secs(30);
+
+impl DrainPool {
+    /// A pool of `max` concurrent drains (at least 1).
+    pub fn new(max: usize) -> DrainPool {
+        DrainPool {
+            permits: Arc::new(tokio::sync::Semaphore::new(max.max(1))),
+            in_flight: std::sync::Mutex::new(std::collections::HashSet::new()),
+            tasks: tokio_util::task::TaskTracker::new(),
+        }
+    }
+
+    /// Whether the run with this uid has a drain in flight.
+    pub fn is_in_flight(&self, uid: &str) -> bool {
+        self.in_flight
+            .lock()
+            .map(|set| set.contains(uid))
+            .unwrap_or(false)
+    }
+
+    /// Marks the run as draining; false when it already was.
+    fn claim(&self, uid: &str) -> bool {
+        self.in_flight
+            .lock()
+            .map(|mut set| set.insert(uid.to_string()))
+            .unwrap_or(false)
+    }
+
+    fn release(&self, uid: &str) {
+        if let Ok(mut set) = self.in_flight.lock() {
+            set.remove(uid);
+        }
+    }
+
+    /// Drains in flight or waiting for a slot.
+    pub fn len(&self) -> usize {
+        self.in_flight.lock().map(|set| set.len()).unwrap_or(0)
+    }
+
+    /// Whether no drain is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits (at most `limit`) for the drain tasks to end: after a cancel they stop promptly.
+    pub async fn wait(&self, limit: Duration) -> bool {
+        self.tasks.close();
+        tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
+    }
 }
 
 impl Context {
@@ -77,6 +142,7 @@ impl Context {
         pack_command: Vec<String>,
         metrics: Metrics,
         instance: String,
+        max_concurrent_drains: usize,
     ) -> Context {
         let recorder = Recorder::new(
             client.clone(),
@@ -97,6 +163,7 @@ impl Context {
             recorder,
             metrics,
             cancel: tokio_util::sync::CancellationToken::new(),
+            drains: DrainPool::new(max_concurrent_drains),
         }
     }
 }
@@ -227,6 +294,10 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         .name
         .clone()
         .ok_or(ControllerError::Metadata("name"))?;
+    // The run's drain owns it until the drain ends (its status writes, then this requeue, wake it).
+    if ctx.drains.is_in_flight(&run.uid().unwrap_or_default()) {
+        return Ok(Action::requeue(IN_FLIGHT_REQUEUE));
+    }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &ns);
     let pod_name = pod::pod_name(&name);
@@ -309,8 +380,8 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
             }
         }
         Step::Teardown(trigger) => {
-            teardown(&ctx, &run, &runs, &pods, &pod_name, pod.as_ref(), trigger).await?;
-            Action::await_change()
+            start_teardown(&ctx, run.clone(), runs, pods, pod_name, pod, trigger);
+            Action::requeue(IN_FLIGHT_REQUEUE)
         }
         Step::PodLost => {
             // The pod is read live but the run comes from the watch cache, which can lag behind
@@ -508,6 +579,48 @@ async fn create_pod(
             Ok(Action::await_change())
         }
     }
+}
+
+/// Starts the run's teardown in the drain pool, unless one is in flight. The drain waits for a
+/// slot (or for this replica to stop), runs, and leaves the run to its next reconcile.
+fn start_teardown(
+    ctx: &Arc<Context>,
+    run: Arc<SandboxRun>,
+    runs: Api<SandboxRun>,
+    pods: Api<Pod>,
+    pod_name: String,
+    pod: Option<Pod>,
+    trigger: Trigger,
+) {
+    let uid = run.uid().unwrap_or_default();
+    if !ctx.drains.claim(&uid) {
+        return;
+    }
+    let ctx = Arc::clone(ctx);
+    let tasks = ctx.drains.tasks.clone();
+    tasks.spawn(async move {
+        let permits = Arc::clone(&ctx.drains.permits);
+        let permit = tokio::select! {
+            permit = permits.acquire_owned() => permit.ok(),
+            () = ctx.cancel.cancelled() => None,
+        };
+        if let Some(_permit) = permit {
+            if let Err(error) =
+                teardown(&ctx, &run, &runs, &pods, &pod_name, pod.as_ref(), trigger).await
+            {
+                ctx.metrics
+                    .reconcile_errors
+                    .with_label_values(&[error.metric_label()])
+                    .inc();
+                warn!(run = %run.name_any(), namespace = ?run.namespace(), %error, "teardown failed; retrying in 10s");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(10)) => {}
+                    () = ctx.cancel.cancelled() => {}
+                }
+            }
+        }
+        ctx.drains.release(&uid);
+    });
 }
 
 #[allow(clippy::too_many_arguments)]

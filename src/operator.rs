@@ -117,6 +117,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         pack_command,
         metrics,
         args.pod_name.clone(),
+        usize::from(args.max_concurrent_drains),
     ));
 
     // Fired on shutdown and on a lost lease: in-flight drains stop at once (their uploads abort
@@ -128,7 +129,9 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             cli::shutdown_signal().await;
             cancel.cancel();
         };
+        let drains = Arc::clone(&ctx);
         controller::run(ctx, args.namespaces.clone(), args.concurrency, stop).await;
+        settle_drains(&drains).await;
         settle_uploads().await;
         return Ok(());
     }
@@ -174,7 +177,9 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             }
         }
     });
+    let drains = Arc::clone(&ctx);
     controller::run(ctx, args.namespaces.clone(), args.concurrency, stop).await;
+    settle_drains(&drains).await;
     settle_uploads().await;
     if watcher.is_finished() {
         warn!("leadership lost; exiting so another replica takes over");
@@ -187,6 +192,16 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
 /// How long an exiting operator waits for the aborts of the multipart uploads its cancelled
 /// drains left open (docs/contract.md: no orphaned uploads).
 const ABORT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Waits for the drain tasks, cancelled by now, to stop (they record nothing once cancelled).
+async fn settle_drains(ctx: &Context) {
+    if !ctx.drains.wait(ABORT_GRACE).await {
+        warn!(
+            left = ctx.drains.len(),
+            "exiting with drains still stopping; the next leader resumes them"
+        );
+    }
+}
 
 /// Waits for the aborts of cancelled uploads before the process exits (Drop cannot await them).
 async fn settle_uploads() {

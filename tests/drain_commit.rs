@@ -1,6 +1,6 @@
 //! Commit safety of the drain on the real S3 server (docs/contract.md, "What the store holds
 //! across attempts"): a cancelled attempt leaves no open multipart upload; a committed archive is
-//! never overwritten.
+//! never overwritten; and drains that hang never starve the controller.
 //!
 //! Each test runs its own operator binary and its own s3s-fs against its own namespace. kwok plays
 //! the node: its exec runs the packer as a local process, so a declared "container path" is a host
@@ -63,6 +63,7 @@ fn store_flags(options: &[(String, String)]) -> Vec<String> {
 /// file); without one it is the real packer.
 ///
 /// - `hang`: sends `.stream` (the start of a tar) and then stalls, as a packer stuck on a file.
+/// - `stuck`: sends nothing for 100 s, as a packer blocked in the pod.
 /// - `nonce`: writes a fresh `nonce.txt` into the path, then packs it: every attempt's archive
 ///   differs, as a live workload's would, so an archive rewritten by a later attempt no longer
 ///   matches the manifest that committed the first.
@@ -79,6 +80,7 @@ mode=real
 [ -f "$d/.mode" ] && mode=$(cat "$d/.mode")
 case "$mode" in
   hang) cat "$d/.stream"; sleep 40; exit 0 ;;
+  stuck) sleep 100; exit 0 ;;
   nonce) echo "$$ $(date +%s%N)" > "$d/nonce.txt"; exec "{real}" pack "$@" ;;
   slowfirst)
     if mkdir "$d/.first" 2>/dev/null; then sleep 45; fi
@@ -570,4 +572,109 @@ async fn a_leader_that_loses_its_lease_mid_drain_stops_and_the_next_one_commits_
         "the old leader recorded nothing"
     );
     assert_one_verified_commit(&s3, &ns.name, "handover", &run_after, &second).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Drains cannot starve the controller (issue #10 item 6)
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn sixteen_stuck_drains_never_keep_a_new_run_from_running() {
+    const STUCK: usize = 16;
+    const MAX_DRAINS: usize = 8;
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "starve").await;
+    let store_dir = host_dir("store-starve");
+    let store_url = format!("file://{}", store_dir.display());
+    let bin = host_dir("starve-bin");
+    let pack = format!("{} ", scripted_packer(&bin).display());
+    // --concurrency stays at its default (16): as many reconcile workers as stuck drains.
+    let op = Operator::start(
+        &ns.name,
+        &store_url,
+        &[
+            "--pack-command",
+            &pack,
+            "--max-concurrent-drains",
+            &MAX_DRAINS.to_string(),
+        ],
+    );
+    let out = host_dir("starve");
+    std::fs::write(out.join(".mode"), "stuck").expect("mode");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let long_lived = |path: &Path| {
+        let mut s = spec(path, "1Mi", "3m");
+        s.command = None;
+        s
+    };
+    for i in 0..STUCK {
+        runs.create(
+            &PostParams::default(),
+            &SandboxRun::new(&format!("stuck-{i:02}"), long_lived(&out)),
+        )
+        .await
+        .expect("create");
+    }
+    for i in 0..STUCK {
+        wait_phase(&runs, &format!("stuck-{i:02}"), Phase::Running, &op).await;
+    }
+    for i in 0..STUCK {
+        runs.patch(
+            &format!("stuck-{i:02}"),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"stop": true}})),
+        )
+        .await
+        .expect("stop");
+    }
+    // The drains are under way: at least MAX_DRAINS runs are draining, their packers stuck.
+    let draining = |list: &[SandboxRun]| {
+        list.iter()
+            .filter(|r| r.status.as_ref().and_then(|s| s.phase) == Some(Phase::Draining))
+            .count()
+    };
+    eventually_or_log(
+        "the drain pool to fill with stuck drains",
+        Duration::from_secs(90),
+        &op,
+        || {
+            let runs = runs.clone();
+            async move {
+                let list = runs.list(&Default::default()).await.ok()?.items;
+                (draining(&list) >= MAX_DRAINS).then_some(())
+            }
+        },
+    )
+    .await;
+
+    // A new run still gets its pod and reaches Running while every drain hangs (they hang for
+    // 100 s, their drainTimeout is 3 min: a controller they starve could not do this before).
+    let fresh = host_dir("starve-fresh");
+    runs.create(
+        &PostParams::default(),
+        &SandboxRun::new("fresh", long_lived(&fresh)),
+    )
+    .await
+    .expect("create");
+    eventually_or_log(
+        "the new run to reach Running while 16 drains hang",
+        Duration::from_secs(45),
+        &op,
+        || {
+            let runs = runs.clone();
+            async move {
+                let r = runs.get("fresh").await.ok()?;
+                (r.status.as_ref()?.phase == Some(Phase::Running)).then_some(())
+            }
+        },
+    )
+    .await;
+    let list = runs.list(&Default::default()).await.expect("list").items;
+    assert_eq!(
+        draining(&list),
+        MAX_DRAINS,
+        "never more drains than --max-concurrent-drains, the stuck ones still in flight"
+    );
+    let _ = std::fs::remove_dir_all(&store_dir);
 }
