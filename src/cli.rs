@@ -78,6 +78,10 @@ pub struct RunArgs {
     /// Drain timeout of a run that sets no readBack.drainTimeout.
     #[arg(long, env = "SANDBOXRUN_DRAIN_TIMEOUT", default_value = "5m")]
     pub drain_timeout: String,
+    /// Longest drain timeout any run gets: admission refuses a readBack.drainTimeout above it, and
+    /// a run admitted before it was lowered is drained within it.
+    #[arg(long, env = "SANDBOXRUN_MAX_DRAIN_TIMEOUT", default_value = "1h")]
+    pub max_drain_timeout: String,
     /// How long a pod's image pull may keep failing with a retryable error (ErrImagePull /
     /// ImagePullBackOff) before the run is failed with reason ImagePullFailed, counted from the
     /// pod's start (status.startTime, else its creation). A registry that answers "not found"

@@ -65,6 +65,14 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let (store, store_prefix) = crate::store::store_from_url(&args.store_url, &options)?;
     let drain_timeout = crate::util::parse_duration(&args.drain_timeout)
         .map_err(|e| OperatorError::Config(format!("--drain-timeout: {e}")))?;
+    let max_drain_timeout = crate::util::parse_duration(&args.max_drain_timeout)
+        .map_err(|e| OperatorError::Config(format!("--max-drain-timeout: {e}")))?;
+    if drain_timeout > max_drain_timeout {
+        return Err(OperatorError::Config(format!(
+            "--drain-timeout {} exceeds --max-drain-timeout {}",
+            args.drain_timeout, args.max_drain_timeout
+        )));
+    }
     let image_pull_timeout = crate::util::parse_duration(&args.image_pull_timeout)
         .map_err(|e| OperatorError::Config(format!("--image-pull-timeout: {e}")))?;
     let pack_command: Vec<String> = args
@@ -93,7 +101,10 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             config: args.webhook_config.clone(),
             hosts: args.webhook_hosts.clone(),
             check_images: args.check_images,
-            settings: crate::admission::RuleSettings { caps },
+            settings: crate::admission::RuleSettings {
+                caps,
+                max_drain_timeout: Some(max_drain_timeout),
+            },
         };
         let addr = crate::admission::serve::start(&cfg, client.clone(), &metrics)
             .await
@@ -110,6 +121,8 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             holder_image: args.holder_image.clone(),
             default_drain_timeout_seconds: i64::try_from(drain_timeout.as_secs().max(1))
                 .unwrap_or(300),
+            max_drain_timeout_seconds: i64::try_from(max_drain_timeout.as_secs().max(1))
+                .unwrap_or(i64::MAX),
             holder_resources,
         },
         caps,
@@ -120,17 +133,20 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         usize::from(args.max_concurrent_drains),
     ));
 
-    // Fired on shutdown and on a lost lease: in-flight drains stop at once (their uploads abort
-    // themselves) instead of finishing under a replica that no longer leads.
+    // Fired on a lost lease: in-flight drains stop at once (their uploads abort themselves)
+    // instead of finishing under a replica that no longer leads. On SIGTERM they get
+    // SHUTDOWN_DRAIN_GRACE to finish first (settle_drains).
     let cancel = ctx.cancel.clone();
     if !args.leader_elect {
         ready.store(true, Ordering::SeqCst);
-        let stop = async move {
-            cli::shutdown_signal().await;
-            cancel.cancel();
-        };
         let drains = Arc::clone(&ctx);
-        controller::run(ctx, args.namespaces.clone(), args.concurrency, stop).await;
+        controller::run(
+            ctx,
+            args.namespaces.clone(),
+            args.concurrency,
+            cli::shutdown_signal(),
+        )
+        .await;
         settle_drains(&drains).await;
         settle_uploads().await;
         return Ok(());
@@ -165,13 +181,14 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let stop = async move {
         tokio::select! {
             _ = shutdown => {}
-            _ = lost_rx => warn!("leadership lost; stopping in-flight drains"),
+            _ = lost_rx => {}
         }
-        cancel.cancel();
     };
     let watcher = tokio::spawn(async move {
         loop {
             if leading.changed().await.is_err() || !*leading.borrow_and_update() {
+                warn!("leadership lost; stopping in-flight drains");
+                cancel.cancel();
                 let _ = lost_tx.send(());
                 return;
             }
@@ -193,8 +210,18 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
 /// drains left open (docs/contract.md: no orphaned uploads).
 const ABORT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Waits for the drain tasks, cancelled by now, to stop (they record nothing once cancelled).
+/// How long drains in flight at SIGTERM may go on before they are cancelled: inside the chart's
+/// terminationGracePeriodSeconds (60) with room for the aborts that follow.
+const SHUTDOWN_DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(40);
+
+/// Lets the drains in flight finish (at most [`SHUTDOWN_DRAIN_GRACE`]; at once when the lease was
+/// lost, which cancelled them), then cancels the rest and waits for them to stop (a cancelled
+/// drain records nothing: the next leader resumes it).
 async fn settle_drains(ctx: &Context) {
+    if ctx.drains.wait(SHUTDOWN_DRAIN_GRACE).await {
+        return;
+    }
+    ctx.cancel.cancel();
     if !ctx.drains.wait(ABORT_GRACE).await {
         warn!(
             left = ctx.drains.len(),
