@@ -1000,6 +1000,46 @@ mod tests {
     use super::*;
     use clap::Parser;
 
+    #[tokio::test]
+    async fn a_run_is_drained_once_at_a_time_and_the_pool_waits_for_its_tasks() {
+        let pool = DrainPool::new(2);
+        assert!(pool.claim("uid-a"));
+        assert!(
+            !pool.claim("uid-a"),
+            "a drain in flight is not started twice"
+        );
+        assert!(pool.claim("uid-b"));
+        assert!(pool.is_in_flight("uid-a") && pool.is_in_flight("uid-b"));
+        assert_eq!(pool.len(), 2);
+        pool.release("uid-a");
+        assert!(!pool.is_in_flight("uid-a"));
+        assert!(pool.claim("uid-a"), "claimable again once ended");
+        // Tasks beyond the pool's size wait for a permit; the pool waits for all of them.
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let done = Arc::new(AtomicUsize::new(0));
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        for _ in 0..5 {
+            let permits = Arc::clone(&pool.permits);
+            let (done, running, most) = (done.clone(), running.clone(), most.clone());
+            pool.tasks.spawn(async move {
+                let _permit = permits.acquire_owned().await;
+                let now = running.fetch_add(1, SeqCst) + 1;
+                most.fetch_max(now, SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                running.fetch_sub(1, SeqCst);
+                done.fetch_add(1, SeqCst);
+            });
+        }
+        assert!(pool.wait(Duration::from_secs(10)).await);
+        assert_eq!(done.load(SeqCst), 5);
+        assert_eq!(
+            most.load(SeqCst),
+            2,
+            "never more than the pool's size at once"
+        );
+    }
+
     #[test]
     fn drain_failed_reason_is_the_contract_string() {
         assert_eq!(REASON_DRAIN_FAILED, "sandbox_runfiles_drain_failed");
