@@ -82,6 +82,10 @@ pub struct RunArgs {
     /// Drain timeout of a run that sets no readBack.drainTimeout.
     #[arg(long, env = "SANDBOXRUN_DRAIN_TIMEOUT", default_value = "5m")]
     pub drain_timeout: String,
+    /// Longest drain timeout any run gets: admission refuses a readBack.drainTimeout above it, and
+    /// a run admitted before it was lowered is drained within it.
+    #[arg(long, env = "SANDBOXRUN_MAX_DRAIN_TIMEOUT", default_value = "1h")]
+    pub max_drain_timeout: String,
     /// How long a pod's image pull may keep failing with a retryable error (ErrImagePull /
     /// ImagePullBackOff) before the run is failed with reason ImagePullFailed, counted from the
     /// pod's start (status.startTime, else its creation). A registry that answers "not found"
@@ -130,6 +134,15 @@ pub struct RunArgs {
     /// Reconciles running at once.
     #[arg(long, env = "SANDBOXRUN_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
+    /// Drains (teardowns) running at once, off the reconcile workers: a slow or stuck drain never
+    /// holds up the reconciles of other runs; teardowns beyond this wait for a slot.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_MAX_CONCURRENT_DRAINS",
+        default_value_t = 8,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub max_concurrent_drains: u16,
     /// Metrics and health address (/metrics, /healthz, /readyz).
     #[arg(long, env = "SANDBOXRUN_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: String,

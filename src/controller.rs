@@ -71,6 +71,74 @@ pub struct Context {
     /// What deleting a run does to its stored files when its spec does not say
     /// (`run --default-retention`).
     pub default_retention: Retention,
+    /// Cancelled when this replica must stop draining at once (lost lease, shutdown): in-flight
+    /// drains record nothing and the next leader resumes them.
+    pub cancel: tokio_util::sync::CancellationToken,
+    /// The drains in flight, off the reconcile workers.
+    pub drains: DrainPool,
+}
+
+/// Teardowns (the drains) run as tasks of their own, at most `max` at once, so a slow or stuck
+/// drain never holds a reconcile worker: the reconcile that starts one returns at once, and the
+/// run is reconciled again when the drain's status writes (or the requeue below) wake it. A run
+/// whose drain is in flight is not started twice: its reconciles wait for the drain to end.
+pub struct DrainPool {
+    permits: Arc<tokio::sync::Semaphore>,
+    in_flight: std::sync::Mutex<std::collections::HashSet<String>>,
+    tasks: tokio_util::task::TaskTracker,
+}
+
+/// How often a run whose drain is in flight is looked at again (a safety net: the drain's own
+/// status writes wake it when it ends).
+const IN_FLIGHT_REQUEUE: Duration = Duration::from_secs(30);
+
+impl DrainPool {
+    /// A pool of `max` concurrent drains (at least 1).
+    pub fn new(max: usize) -> DrainPool {
+        DrainPool {
+            permits: Arc::new(tokio::sync::Semaphore::new(max.max(1))),
+            in_flight: std::sync::Mutex::new(std::collections::HashSet::new()),
+            tasks: tokio_util::task::TaskTracker::new(),
+        }
+    }
+
+    /// Whether the run with this uid has a drain in flight.
+    pub fn is_in_flight(&self, uid: &str) -> bool {
+        self.in_flight
+            .lock()
+            .map(|set| set.contains(uid))
+            .unwrap_or(false)
+    }
+
+    /// Marks the run as draining; false when it already was.
+    fn claim(&self, uid: &str) -> bool {
+        self.in_flight
+            .lock()
+            .map(|mut set| set.insert(uid.to_string()))
+            .unwrap_or(false)
+    }
+
+    fn release(&self, uid: &str) {
+        if let Ok(mut set) = self.in_flight.lock() {
+            set.remove(uid);
+        }
+    }
+
+    /// Drains in flight or waiting for a slot.
+    pub fn len(&self) -> usize {
+        self.in_flight.lock().map(|set| set.len()).unwrap_or(0)
+    }
+
+    /// Whether no drain is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Waits (at most `limit`) for the drain tasks to end: after a cancel they stop promptly.
+    pub async fn wait(&self, limit: Duration) -> bool {
+        self.tasks.close();
+        tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
+    }
 }
 
 impl Context {
@@ -94,6 +162,7 @@ impl Context {
         pack_command: Vec<String>,
         metrics: Metrics,
         instance: String,
+        max_concurrent_drains: usize,
     ) -> Context {
         let recorder = Recorder::new(
             client.clone(),
@@ -115,6 +184,8 @@ impl Context {
             metrics,
             create_attempts: Default::default(),
             default_retention: Retention::default(),
+            cancel: tokio_util::sync::CancellationToken::new(),
+            drains: DrainPool::new(max_concurrent_drains),
         }
     }
 }
@@ -245,6 +316,10 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         .name
         .clone()
         .ok_or(ControllerError::Metadata("name"))?;
+    // The run's drain owns it until the drain ends (its status writes, then this requeue, wake it).
+    if ctx.drains.is_in_flight(&run.uid().unwrap_or_default()) {
+        return Ok(Action::requeue(IN_FLIGHT_REQUEUE));
+    }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &ns);
     let pod_name = pod::pod_name(&name);
@@ -351,8 +426,8 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
             }
         }
         Step::Teardown(trigger) => {
-            teardown(&ctx, &run, &runs, &pods, &pod_name, pod.as_ref(), trigger).await?;
-            Action::await_change()
+            start_teardown(&ctx, run.clone(), runs, pods, pod_name, pod, trigger);
+            Action::requeue(IN_FLIGHT_REQUEUE)
         }
         Step::PodLost => {
             // The pod is read live but the run comes from the watch cache, which can lag behind
@@ -609,6 +684,48 @@ async fn create_pod(
     }
 }
 
+/// Starts the run's teardown in the drain pool, unless one is in flight. The drain waits for a
+/// slot (or for this replica to stop), runs, and leaves the run to its next reconcile.
+fn start_teardown(
+    ctx: &Arc<Context>,
+    run: Arc<SandboxRun>,
+    runs: Api<SandboxRun>,
+    pods: Api<Pod>,
+    pod_name: String,
+    pod: Option<Pod>,
+    trigger: Trigger,
+) {
+    let uid = run.uid().unwrap_or_default();
+    if !ctx.drains.claim(&uid) {
+        return;
+    }
+    let ctx = Arc::clone(ctx);
+    let tasks = ctx.drains.tasks.clone();
+    tasks.spawn(async move {
+        let permits = Arc::clone(&ctx.drains.permits);
+        let permit = tokio::select! {
+            permit = permits.acquire_owned() => permit.ok(),
+            () = ctx.cancel.cancelled() => None,
+        };
+        if let Some(_permit) = permit {
+            if let Err(error) =
+                teardown(&ctx, &run, &runs, &pods, &pod_name, pod.as_ref(), trigger).await
+            {
+                ctx.metrics
+                    .reconcile_errors
+                    .with_label_values(&[error.metric_label()])
+                    .inc();
+                warn!(run = %run.name_any(), namespace = ?run.namespace(), %error, "teardown failed; retrying in 10s");
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_secs(10)) => {}
+                    () = ctx.cancel.cancelled() => {}
+                }
+            }
+        }
+        ctx.drains.release(&uid);
+    });
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn teardown(
     ctx: &Context,
@@ -723,8 +840,14 @@ async fn teardown(
                 deadline,
                 previous_attempts: status.read_back[entry_index].attempts,
                 metrics: &ctx.metrics,
+                cancel: &ctx.cancel,
             };
-            drain_path(&job).await
+            match drain_path(&job).await {
+                Some(outcome) => outcome,
+                // This replica stops draining (lost lease, shutdown): record nothing, so the next
+                // leader resumes the path from the store's commit point.
+                None => return Ok(()),
+            }
         };
         status.read_back[entry_index] = outcome;
         apply_status(runs, &name, &status).await?;
@@ -755,10 +878,11 @@ async fn teardown(
     if pod.is_some() {
         delete_pod(pods, pod_name, true).await?;
     }
-    // With retention Delete, the status write above (a final phase) wakes the next reconcile,
-    // which deletes the stored files before it releases the finalizer (Step::ReleaseFinalizer).
+    // A deleted run lets go here. With retention Delete its stored files go first; a delete that
+    // fails is retried by the next reconciles (Step::ReleaseFinalizer), which the drain pool
+    // defers until this task has ended.
     if run.metadata.deletion_timestamp.is_some()
-        && after::retention(run, ctx.default_retention) == Retention::Retain
+        && matches!(purge_stored_files(ctx, run).await, Purge::Done)
     {
         remove_finalizer(runs, run).await?;
     }
@@ -1180,6 +1304,46 @@ pub async fn list_runs(client: Client, namespace: &str) -> Result<Vec<SandboxRun
 mod tests {
     use super::*;
     use clap::Parser;
+
+    #[tokio::test]
+    async fn a_run_is_drained_once_at_a_time_and_the_pool_waits_for_its_tasks() {
+        let pool = DrainPool::new(2);
+        assert!(pool.claim("uid-a"));
+        assert!(
+            !pool.claim("uid-a"),
+            "a drain in flight is not started twice"
+        );
+        assert!(pool.claim("uid-b"));
+        assert!(pool.is_in_flight("uid-a") && pool.is_in_flight("uid-b"));
+        assert_eq!(pool.len(), 2);
+        pool.release("uid-a");
+        assert!(!pool.is_in_flight("uid-a"));
+        assert!(pool.claim("uid-a"), "claimable again once ended");
+        // Tasks beyond the pool's size wait for a permit; the pool waits for all of them.
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let done = Arc::new(AtomicUsize::new(0));
+        let running = Arc::new(AtomicUsize::new(0));
+        let most = Arc::new(AtomicUsize::new(0));
+        for _ in 0..5 {
+            let permits = Arc::clone(&pool.permits);
+            let (done, running, most) = (done.clone(), running.clone(), most.clone());
+            pool.tasks.spawn(async move {
+                let _permit = permits.acquire_owned().await;
+                let now = running.fetch_add(1, SeqCst) + 1;
+                most.fetch_max(now, SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                running.fetch_sub(1, SeqCst);
+                done.fetch_add(1, SeqCst);
+            });
+        }
+        assert!(pool.wait(Duration::from_secs(10)).await);
+        assert_eq!(done.load(SeqCst), 5);
+        assert_eq!(
+            most.load(SeqCst),
+            2,
+            "never more than the pool's size at once"
+        );
+    }
 
     #[test]
     fn drain_failed_reason_is_the_contract_string() {

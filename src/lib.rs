@@ -20,4 +20,5 @@ pub mod reconcile;
 pub mod retention;
 pub mod startup;
 pub mod store;
+pub mod upload_guard;
 pub mod util;

@@ -65,6 +65,14 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let (store, store_prefix) = crate::store::store_from_url(&args.store_url, &options)?;
     let drain_timeout = crate::util::parse_duration(&args.drain_timeout)
         .map_err(|e| OperatorError::Config(format!("--drain-timeout: {e}")))?;
+    let max_drain_timeout = crate::util::parse_duration(&args.max_drain_timeout)
+        .map_err(|e| OperatorError::Config(format!("--max-drain-timeout: {e}")))?;
+    if drain_timeout > max_drain_timeout {
+        return Err(OperatorError::Config(format!(
+            "--drain-timeout {} exceeds --max-drain-timeout {}",
+            args.drain_timeout, args.max_drain_timeout
+        )));
+    }
     let image_pull_timeout = crate::util::parse_duration(&args.image_pull_timeout)
         .map_err(|e| OperatorError::Config(format!("--image-pull-timeout: {e}")))?;
     let pack_command: Vec<String> = args
@@ -93,7 +101,10 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             config: args.webhook_config.clone(),
             hosts: args.webhook_hosts.clone(),
             check_images: args.check_images,
-            settings: crate::admission::RuleSettings { caps },
+            settings: crate::admission::RuleSettings {
+                caps,
+                max_drain_timeout: Some(max_drain_timeout),
+            },
         };
         let addr = crate::admission::serve::start(&cfg, client.clone(), &metrics)
             .await
@@ -111,6 +122,8 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
                 holder_image: args.holder_image.clone(),
                 default_drain_timeout_seconds: i64::try_from(drain_timeout.as_secs().max(1))
                     .unwrap_or(300),
+                max_drain_timeout_seconds: i64::try_from(max_drain_timeout.as_secs().max(1))
+                    .unwrap_or(i64::MAX),
                 holder_resources,
             },
             caps,
@@ -118,12 +131,18 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             pack_command,
             metrics,
             args.pod_name.clone(),
+            usize::from(args.max_concurrent_drains),
         )
         .with_default_retention(args.default_retention),
     );
 
+    // Fired on a lost lease: in-flight drains stop at once (their uploads abort themselves)
+    // instead of finishing under a replica that no longer leads. On SIGTERM they get
+    // SHUTDOWN_DRAIN_GRACE to finish first (settle_drains).
+    let cancel = ctx.cancel.clone();
     if !args.leader_elect {
         ready.store(true, Ordering::SeqCst);
+        let drains = Arc::clone(&ctx);
         controller::run(
             ctx,
             args.namespaces.clone(),
@@ -131,6 +150,8 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             cli::shutdown_signal(),
         )
         .await;
+        settle_drains(&drains).await;
+        settle_uploads().await;
         return Ok(());
     }
 
@@ -169,18 +190,58 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let watcher = tokio::spawn(async move {
         loop {
             if leading.changed().await.is_err() || !*leading.borrow_and_update() {
+                warn!("leadership lost; stopping in-flight drains");
+                cancel.cancel();
                 let _ = lost_tx.send(());
                 return;
             }
         }
     });
+    let drains = Arc::clone(&ctx);
     controller::run(ctx, args.namespaces.clone(), args.concurrency, stop).await;
+    settle_drains(&drains).await;
+    settle_uploads().await;
     if watcher.is_finished() {
         warn!("leadership lost; exiting so another replica takes over");
         return Err(OperatorError::Leader("leadership lost".to_string()));
     }
     watcher.abort();
     Ok(())
+}
+
+/// How long an exiting operator waits for the aborts of the multipart uploads its cancelled
+/// drains left open (docs/contract.md: no orphaned uploads).
+const ABORT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long drains in flight at SIGTERM may go on before they are cancelled: inside the chart's
+/// terminationGracePeriodSeconds (60) with room for the aborts that follow.
+const SHUTDOWN_DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(40);
+
+/// Lets the drains in flight finish (at most [`SHUTDOWN_DRAIN_GRACE`]; at once when the lease was
+/// lost, which cancelled them), then cancels the rest and waits for them to stop (a cancelled
+/// drain records nothing: the next leader resumes it).
+async fn settle_drains(ctx: &Context) {
+    if ctx.drains.wait(SHUTDOWN_DRAIN_GRACE).await {
+        return;
+    }
+    ctx.cancel.cancel();
+    if !ctx.drains.wait(ABORT_GRACE).await {
+        warn!(
+            left = ctx.drains.len(),
+            "exiting with drains still stopping; the next leader resumes them"
+        );
+    }
+}
+
+/// Waits for the aborts of cancelled uploads before the process exits (Drop cannot await them).
+async fn settle_uploads() {
+    let left = crate::upload_guard::wait_for_pending_aborts(ABORT_GRACE).await;
+    if left > 0 {
+        warn!(
+            left,
+            "exiting with multipart upload aborts still running; the bucket's lifecycle rule removes what they leave"
+        );
+    }
 }
 
 #[derive(Clone)]

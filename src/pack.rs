@@ -162,7 +162,20 @@ pub fn pack(
     out: impl Write,
     diag: impl Write,
 ) -> Result<PackReport, PackError> {
-    pack_with_opener(root, budget, out, diag, &|p: &Path| File::open(p))
+    pack_with_opener(root, budget, out, diag, &open_listed_file)
+}
+
+/// Opens a file the walk listed as regular, without ever blocking or following a link: the
+/// workload may have swapped a FIFO in after the listing (a plain open of a FIFO waits for a
+/// writer, forever — and a drain stuck there holds the run's whole drain timeout), or a symlink
+/// (O_NOFOLLOW: the open fails with ELOOP). O_NONBLOCK does not change reads of a regular file;
+/// the caller checks the type and identity of what was opened on the open descriptor.
+pub fn open_listed_file(path: &Path) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
+        .open(path)
 }
 
 /// [`pack`] with the file opener injected, so tests can make a file unreadable even as root.
@@ -372,8 +385,9 @@ fn add_file<W: Write>(
         Ok(f) => f,
         Err(e) => return Ok(Added::Unreadable(e.to_string())),
     };
-    // The walk saw a regular file; if the name now opens something else (swapped for a symlink
-    // between the walk and the open), do not follow it.
+    // The walk saw a regular file; if the name now opens something else (swapped for a symlink,
+    // a FIFO or a device between the walk and the open), it is not read: the type and identity
+    // are checked on the open descriptor.
     let meta = match file.metadata() {
         Ok(m) if m.dev() == lstat.dev() && m.ino() == lstat.ino() && m.is_file() => m,
         Ok(_) => return Ok(Added::Unreadable("replaced while being packed".into())),
@@ -815,6 +829,71 @@ mod tests {
         assert!(String::from_utf8_lossy(&diag).contains("unreadable secret"));
         let names: Vec<_> = entries(&out).into_iter().map(|e| e.0).collect();
         assert_eq!(names, ["a", "z"]);
+    }
+
+    #[test]
+    fn a_fifo_swapped_in_after_the_listing_is_reported_never_waited_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join("a"), b"1").expect("write");
+        fs::write(dir.path().join("swapped"), b"listed as a file").expect("write");
+        fs::write(dir.path().join("z"), b"3").expect("write");
+        // Between the walk and the open, the workload replaces the file with a FIFO that no one
+        // ever writes to (a real FIFO: mkfifo(1)).
+        let swap = |p: &Path| {
+            if p.ends_with("swapped") {
+                fs::remove_file(p).expect("remove");
+                let made = std::process::Command::new("mkfifo")
+                    .arg(p)
+                    .status()
+                    .expect("mkfifo");
+                assert!(made.success());
+            }
+            open_listed_file(p)
+        };
+        let root = dir.path().to_path_buf();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut out = Vec::new();
+            let mut diag = Vec::new();
+            let report = pack_with_opener(&root, None, &mut out, &mut diag, &swap);
+            let _ = tx.send((report.map(|r| r.unreadable), out, diag));
+        });
+        // A hang detector, not a timing assertion: a blocking open never returns at all.
+        let (unreadable, out, diag) = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("pack returned instead of waiting for a writer on the FIFO");
+        let unreadable = unreadable.expect("pack");
+        assert_eq!(unreadable.len(), 1, "{unreadable:?}");
+        assert_eq!(unreadable[0].path, PathBuf::from("swapped"));
+        assert!(
+            String::from_utf8_lossy(&diag).contains("replaced while being packed"),
+            "{}",
+            String::from_utf8_lossy(&diag)
+        );
+        let names: Vec<_> = entries(&out).into_iter().map(|e| e.0).collect();
+        assert_eq!(names, ["a", "z"]);
+    }
+
+    #[test]
+    fn a_symlink_swapped_in_after_the_listing_is_not_followed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        fs::write(outside.path().join("secret"), b"not yours").expect("write");
+        fs::write(dir.path().join("f"), b"listed as a file").expect("write");
+        let target = outside.path().join("secret");
+        let swap = move |p: &Path| {
+            if p.ends_with("f") {
+                fs::remove_file(p).expect("remove");
+                std::os::unix::fs::symlink(&target, p).expect("symlink");
+            }
+            open_listed_file(p)
+        };
+        let mut out = Vec::new();
+        let mut diag = Vec::new();
+        let report = pack_with_opener(dir.path(), None, &mut out, &mut diag, &swap).expect("pack");
+        assert_eq!(report.unreadable.len(), 1);
+        assert!(entries(&out).is_empty());
+        assert!(!String::from_utf8_lossy(&out).contains("not yours"));
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub struct PodSettings {
     pub holder_image: String,
     /// How long teardown may drain when the run does not say.
     pub default_drain_timeout_seconds: i64,
+    /// The longest drain timeout any run gets (`run --max-drain-timeout`), whatever it says.
+    pub max_drain_timeout_seconds: i64,
     /// Requests and limits of the holder container (`run --holder-*`).
     pub holder_resources: HolderResources,
 }
@@ -54,6 +56,7 @@ impl Default for PodSettings {
         PodSettings {
             holder_image: "ghcr.io/iterion/sandboxrun-operator:latest".to_string(),
             default_drain_timeout_seconds: 300,
+            max_drain_timeout_seconds: 3600,
             holder_resources: HolderResources::default(),
         }
     }
@@ -288,6 +291,9 @@ pub fn drain_timeout_seconds(run: &SandboxRun, settings: &PodSettings) -> Result
             .map(|d| i64::try_from(d.as_secs().max(1)).unwrap_or(i64::MAX))
             .map_err(|_| BuildError::BadDrainTimeout(text.to_string())),
     }
+    // Admission refuses a longer one; a run admitted before the maximum was lowered (or with the
+    // webhook off) is held to it too.
+    .map(|secs| secs.min(settings.max_drain_timeout_seconds.max(1)))
 }
 
 /// Builds the pod of a run.
@@ -924,6 +930,26 @@ mod tests {
         // The workload's resources stay the run's own.
         let pod = build_pod(&run(spec_with_paths(&["/out"])), &settings).unwrap();
         assert_eq!(container(&pod, WORKLOAD_CONTAINER).resources, None);
+    }
+
+    #[test]
+    fn the_drain_timeout_never_exceeds_the_operator_maximum() {
+        let settings = PodSettings {
+            default_drain_timeout_seconds: 300,
+            max_drain_timeout_seconds: 600,
+            ..PodSettings::default()
+        };
+        let with = |t: Option<&str>| {
+            let mut spec = spec_with_paths(&["/out"]);
+            if let Some(rb) = spec.read_back.as_mut() {
+                rb.drain_timeout = t.map(str::to_string);
+            }
+            drain_timeout_seconds(&run(spec), &settings).expect("timeout")
+        };
+        assert_eq!(with(None), 300);
+        assert_eq!(with(Some("2m")), 120);
+        assert_eq!(with(Some("10m")), 600);
+        assert_eq!(with(Some("3h")), 600, "held to --max-drain-timeout");
     }
 
     #[test]

@@ -439,12 +439,14 @@ pub fn part_size(opts: &DrainOptions) -> usize {
 
 /// A constant-memory writer for an archive: at most `UPLOAD_CONCURRENCY + 1` parts of
 /// [`part_size`] in memory. Small archives go up as one PUT on shutdown; larger ones as a multipart
-/// upload that `abort()` cleans up on failure.
+/// upload that `abort()` cleans up on failure, and that aborts itself when the writer is dropped
+/// unfinished (a cancelled attempt: see [`crate::upload_guard`]).
 pub fn archive_writer(
     store: Arc<dyn ObjectStore>,
     key: Path,
     opts: &DrainOptions,
 ) -> ArchiveWriter {
+    let store: Arc<dyn ObjectStore> = Arc::new(crate::upload_guard::AbortingStore::new(store));
     ArchiveWriter {
         inner: BufWriter::with_capacity(store, key, part_size(opts))
             .with_max_concurrency(UPLOAD_CONCURRENCY),

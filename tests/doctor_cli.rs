@@ -57,6 +57,7 @@ async fn the_operator_maximum_comes_from_the_settings() {
             default_bytes: GIB,
             max_bytes: 2 * GIB,
         },
+        ..RuleSettings::default()
     };
     let args = DoctorArgs {
         files: vec![f],

@@ -199,6 +199,7 @@ fn tightened() -> WebhookState {
                 default_bytes: 1 << 30,
                 max_bytes: 4 << 30,
             },
+            ..RuleSettings::default()
         },
         ..Default::default()
     }

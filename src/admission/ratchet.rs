@@ -251,6 +251,7 @@ mod tests {
                 default_bytes: GI,
                 max_bytes: 4 * GI,
             },
+            ..RuleSettings::default()
         }
     }
 
@@ -365,6 +366,46 @@ mod tests {
             failures(&update(&stopped, &unstopped, true, false)),
             [ids::UPDATE_STOP_FINAL]
         );
+    }
+
+    #[test]
+    fn stopping_a_run_admitted_under_a_longer_max_drain_timeout_is_allowed() {
+        let settings = RuleSettings {
+            max_drain_timeout: Some(std::time::Duration::from_secs(600)),
+            ..RuleSettings::default()
+        };
+        let old = json!({
+            "image": IMAGE,
+            "user": "1000:1000",
+            "readBack": {"paths": [{"path": "/work/out"}], "drainTimeout": "2h"},
+        });
+        let judge_with = |old: Option<&Value>, new: &Value| {
+            let review = match old {
+                None => Review::Create { spec: new },
+                Some(old) => Review::Update {
+                    old: Some(Stored {
+                        spec: old,
+                        pod_exists: true,
+                    }),
+                    spec: new,
+                    deleting: false,
+                },
+            };
+            judge(review, &settings).unwrap_or_else(|e| panic!("{e}"))
+        };
+        // A new run asking for more than the maximum is refused, with the hint.
+        assert_eq!(
+            failures(&judge_with(None, &old)),
+            [ids::READ_BACK_DRAIN_TIMEOUT]
+        );
+        // One admitted before the maximum was lowered can still be stopped.
+        let stopped = with(&old, "stop", json!(true));
+        let j = judge_with(Some(&old), &stopped);
+        assert!(failures(&j).is_empty(), "{:#?}", j.findings);
+        assert!(j
+            .findings
+            .iter()
+            .any(|f| f.rule == ids::READ_BACK_DRAIN_TIMEOUT && f.severity == Severity::Warn));
     }
 
     #[test]

@@ -93,6 +93,8 @@ impl Finding {
 pub struct RuleSettings {
     /// Read-back caps: a `sizeLimit` above `caps.max_bytes` is refused.
     pub caps: CapSettings,
+    /// The longest `drainTimeout` a run may ask for (`run --max-drain-timeout`); None: no maximum.
+    pub max_drain_timeout: Option<Duration>,
 }
 
 /// Stable rule ids.
@@ -607,13 +609,29 @@ fn check_read_back(spec: &SandboxRunSpec, settings: &RuleSettings, out: &mut Vec
         }
     }
     if let Some(t) = &rb.drain_timeout {
-        if let Err(e) = parse_drain_timeout(t) {
-            out.push(Finding::fail(
+        match parse_drain_timeout(t) {
+            Err(e) => out.push(Finding::fail(
                 ids::READ_BACK_DRAIN_TIMEOUT,
                 "spec.readBack.drainTimeout",
                 format!("drainTimeout `{t}`: {e}"),
                 "write a positive duration such as 90s, 5m or 1h30m, or leave it unset for the operator default",
-            ));
+            )),
+            // A drain holds a slot of the operator's drain pool for up to its timeout.
+            Ok(d) => match settings.max_drain_timeout {
+                Some(max) if d > max => out.push(Finding::fail(
+                    ids::READ_BACK_DRAIN_TIMEOUT,
+                    "spec.readBack.drainTimeout",
+                    format!(
+                        "drainTimeout `{t}` exceeds the operator maximum of {}s",
+                        max.as_secs()
+                    ),
+                    format!(
+                        "lower drainTimeout to at most {}s (ask the operator admin to raise --max-drain-timeout)",
+                        max.as_secs()
+                    ),
+                )),
+                _ => {}
+            },
         }
     }
 }
@@ -1170,6 +1188,7 @@ mod tests {
                 default_bytes: 1024,
                 max_bytes: 2048,
             },
+            ..RuleSettings::default()
         };
         let f = check(
             &SandboxRunSpec {
@@ -1238,6 +1257,37 @@ mod tests {
             ..Default::default()
         });
         accepts(&s);
+        // Within the operator maximum or above it.
+        let bounded = RuleSettings {
+            max_drain_timeout: Some(Duration::from_secs(600)),
+            ..RuleSettings::default()
+        };
+        for (t, ok) in [
+            ("10m", true),
+            ("9m59s", true),
+            ("10m1s", false),
+            ("2h", false),
+        ] {
+            let mut s = good();
+            s.read_back = Some(ReadBack {
+                paths: vec![],
+                drain_timeout: Some(t.into()),
+                ..Default::default()
+            });
+            let f = check(&s, &bounded);
+            if ok {
+                assert!(f.iter().all(|f| !f.is_fail()), "{t}: {f:?}");
+            } else {
+                let fail = f
+                    .iter()
+                    .find(|f| f.rule == ids::READ_BACK_DRAIN_TIMEOUT)
+                    .unwrap_or_else(|| panic!("{t} must be refused: {f:?}"));
+                assert!(fail
+                    .message
+                    .contains("exceeds the operator maximum of 600s"));
+                assert!(fail.hint.contains("--max-drain-timeout"), "{:?}", fail.hint);
+            }
+        }
     }
 
     #[test]

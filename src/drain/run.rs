@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use object_store::{ObjectStore, ObjectStoreExt};
 use thiserror::Error;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::archive::{drain_stream, DrainError, DrainErrorKind, DrainOptions, DrainOutcome};
@@ -74,6 +75,10 @@ pub struct PathJob<'a> {
     pub previous_attempts: u32,
     /// Metrics.
     pub metrics: &'a Metrics,
+    /// Cancelled when this replica must stop draining at once (its lease is lost, or it shuts
+    /// down): the attempt in flight is dropped (its upload aborts itself) and nothing is recorded,
+    /// so the next leader resumes the path.
+    pub cancel: &'a CancellationToken,
 }
 
 /// Why one attempt failed.
@@ -274,8 +279,52 @@ pub fn nothing_readable(outcome: &DrainOutcome, notes: &[String]) -> Option<Stri
     ))
 }
 
-/// Drains one path; never returns an error — a failure is a Failed entry with its cause.
-pub async fn drain_path(job: &PathJob<'_>) -> ReadBackStatus {
+/// What the store says about a path's commit point before an attempt uploads anything.
+#[derive(Debug)]
+enum CommitCheck {
+    /// A manifest is there: the path is committed, and its archive must not be touched.
+    Committed(Box<Manifest>),
+    /// No manifest: an attempt may upload.
+    Open,
+}
+
+/// Reads the commit point until the store answers (docs/contract.md: a committed archive is never
+/// overwritten). A read ERROR is not "not committed": it is retried with backoff, never followed
+/// by an upload; at the deadline, or when cancelled, the last error is returned.
+async fn check_commit(
+    job: &PathJob<'_>,
+    keys: &ObjectKeys,
+    backoff: &mut Duration,
+) -> Result<CommitCheck, StoreError> {
+    loop {
+        let error = match try_read_manifest(job.store, &keys.manifest).await {
+            Ok(Some(m)) => return Ok(CommitCheck::Committed(Box::new(m))),
+            Ok(None) => return Ok(CommitCheck::Open),
+            Err(e) => e,
+        };
+        warn!(path = job.path, manifest = %keys.manifest, error = %error, "cannot read the manifest; not uploading until the store answers");
+        job.metrics
+            .drain_failures
+            .with_label_values(&["store"])
+            .inc();
+        let left = job
+            .deadline
+            .saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(error);
+        }
+        tokio::select! {
+            () = job.cancel.cancelled() => return Err(error),
+            () = tokio::time::sleep((*backoff).min(left)) => {}
+        }
+        *backoff = (*backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Drains one path; never returns an error — a failure is a Failed entry with its cause. None
+/// when [`PathJob::cancel`] fired: nothing is recorded, the path stays Pending for the next
+/// leader.
+pub async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
     let started = Instant::now();
     let run = RunRef {
         namespace: job.namespace.to_string(),
@@ -291,18 +340,52 @@ pub async fn drain_path(job: &PathJob<'_>) -> ReadBackStatus {
     // predates the flag.
     let mut budget = Some(job.cap_bytes);
 
-    // An earlier operator may have committed this path and died before recording it.
-    if let Ok(Some(manifest)) = try_read_manifest(job.store, &keys.manifest).await {
-        info!(path = job.path, manifest = %keys.manifest, "already committed; recording it");
-        return finish(
-            job,
-            committed_status(job.path, &manifest, &keys, job.store_url, attempts),
-            started,
-            None,
-        );
-    }
+    // The manifest this replica last tried to write: a PUT that failed on the wire may still have
+    // committed, and the next check tells it apart from someone else's commit.
+    let mut last_written: Option<Manifest> = None;
 
     loop {
+        if job.cancel.is_cancelled() {
+            info!(
+                path = job.path,
+                "drain cancelled; leaving the path to the next leader"
+            );
+            return None;
+        }
+        // Before every attempt: is the path committed (by an earlier operator that died before
+        // recording it, or by our own last attempt whose manifest PUT lost its response)?
+        match check_commit(job, &keys, &mut backoff).await {
+            Ok(CommitCheck::Committed(manifest)) => {
+                let ours = last_written
+                    .as_ref()
+                    .is_some_and(|mine| mine.same_content(&manifest));
+                info!(path = job.path, manifest = %keys.manifest, committed_by_attempt = manifest.attempt, ours, "already committed; recording it");
+                return Some(finish(
+                    job,
+                    committed_status(job.path, &manifest, &keys, job.store_url, attempts),
+                    started,
+                    None,
+                ));
+            }
+            Ok(CommitCheck::Open) => {}
+            Err(_) if job.cancel.is_cancelled() => {
+                info!(
+                    path = job.path,
+                    "drain cancelled; leaving the path to the next leader"
+                );
+                return None;
+            }
+            Err(e) => {
+                let status = failed(
+                    job.path,
+                    attempts,
+                    format!(
+                        "drain timeout reached before the path was drained; the manifest (the commit point) could not be read, so nothing was uploaded over it: {e}"
+                    ),
+                );
+                return Some(finish(job, status, started, Some("timeout")));
+            }
+        }
         let remaining = job
             .deadline
             .saturating_duration_since(tokio::time::Instant::now());
@@ -316,7 +399,7 @@ pub async fn drain_path(job: &PathJob<'_>) -> ReadBackStatus {
                 attempts,
                 format!("drain timeout reached before the path was drained{cause}"),
             );
-            return finish(job, status, started, Some("timeout"));
+            return Some(finish(job, status, started, Some("timeout")));
         }
         attempts += 1;
         let ctx = ManifestContext {
@@ -325,10 +408,22 @@ pub async fn drain_path(job: &PathJob<'_>) -> ReadBackStatus {
             index: job.index,
             attempt: attempts,
         };
-        match tokio::time::timeout(remaining, attempt(job, &keys, &opts, ctx, budget)).await {
+        let run_attempt = tokio::time::timeout(
+            remaining,
+            attempt(job, &keys, &opts, ctx, budget, &mut last_written),
+        );
+        let result = tokio::select! {
+            // Dropping the attempt drops its upload, which aborts itself (src/upload_guard.rs).
+            () = job.cancel.cancelled() => {
+                info!(path = job.path, attempt = attempts, "drain cancelled mid-attempt; leaving the path to the next leader");
+                return None;
+            }
+            result = run_attempt => result,
+        };
+        match result {
             Ok(Ok(manifest)) => {
                 let status = committed_status(job.path, &manifest, &keys, job.store_url, attempts);
-                return finish(job, status, started, None);
+                return Some(finish(job, status, started, None));
             }
             Ok(Err(AttemptError::Exec(e))) if budget.is_some() && e.refuses_budget_flag() => {
                 warn!(
@@ -349,14 +444,17 @@ pub async fn drain_path(job: &PathJob<'_>) -> ReadBackStatus {
                 let left = job
                     .deadline
                     .saturating_duration_since(tokio::time::Instant::now());
-                tokio::time::sleep(backoff.min(left)).await;
+                tokio::select! {
+                    () = job.cancel.cancelled() => return None,
+                    () = tokio::time::sleep(backoff.min(left)) => {}
+                }
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 last_error = Some(e);
             }
             Ok(Err(e)) => {
                 let label = e.metric_label();
                 let status = failed(job.path, attempts, describe_failure(&e));
-                return finish(job, status, started, Some(label));
+                return Some(finish(job, status, started, Some(label)));
             }
             Err(_) => {
                 let cause = last_error
@@ -370,7 +468,7 @@ pub async fn drain_path(job: &PathJob<'_>) -> ReadBackStatus {
                         "drain timeout reached while attempt {attempts} was still streaming{cause}"
                     ),
                 );
-                return finish(job, status, started, Some("timeout"));
+                return Some(finish(job, status, started, Some("timeout")));
             }
         }
     }
@@ -429,6 +527,7 @@ async fn attempt(
     opts: &DrainOptions,
     ctx: ManifestContext,
     budget: Option<u64>,
+    last_written: &mut Option<Manifest>,
 ) -> Result<Manifest, AttemptError> {
     let argv = pack_argv(job.pack_command, job.path, budget);
     let mut exec = PackExec::start(job.pods, job.pod_name, argv).await?;
@@ -477,7 +576,20 @@ async fn attempt(
             notes.truncated_bytes
         ));
     }
-    match write_manifest(job.store, &keys.manifest, &manifest).await? {
+    *last_written = Some(manifest.clone());
+    let written = match write_manifest(job.store, &keys.manifest, &manifest).await {
+        Ok(written) => written,
+        // The PUT may have committed before its response was lost (a create-only PUT is not
+        // retried by the store client): read it back before calling the attempt failed.
+        Err(e) => match try_read_manifest(job.store, &keys.manifest).await {
+            Ok(Some(existing)) if existing.same_content(&manifest) => {
+                info!(path = job.path, manifest = %keys.manifest, error = %e, "the manifest PUT failed on the wire but had committed");
+                return Ok(existing);
+            }
+            _ => return Err(e.into()),
+        },
+    };
+    match written {
         ManifestWrite::Created => Ok(manifest),
         // Someone committed between our start and our write (two operators draining at once,
         // which leader election prevents): accept it only if it describes what we uploaded.
@@ -680,5 +792,235 @@ mod tests {
             progress: Default::default(),
         });
         assert!(!malformed.is_transient());
+    }
+
+    /// An in-memory store whose reads can be made to fail (a store that cannot answer), and that
+    /// counts every write.
+    #[derive(Debug, Default)]
+    struct FlakyStore {
+        inner: object_store::memory::InMemory,
+        reads_fail: std::sync::atomic::AtomicBool,
+        writes: std::sync::atomic::AtomicUsize,
+    }
+
+    impl std::fmt::Display for FlakyStore {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "FlakyStore")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for FlakyStore {
+        async fn put_opts(
+            &self,
+            location: &object_store::path::Path,
+            payload: object_store::PutPayload,
+            opts: object_store::PutOptions,
+        ) -> object_store::Result<object_store::PutResult> {
+            self.writes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.put_opts(location, payload, opts).await
+        }
+        async fn put_multipart_opts(
+            &self,
+            location: &object_store::path::Path,
+            opts: object_store::PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+            self.writes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.put_multipart_opts(location, opts).await
+        }
+        async fn get_opts(
+            &self,
+            location: &object_store::path::Path,
+            options: object_store::GetOptions,
+        ) -> object_store::Result<object_store::GetResult> {
+            if self.reads_fail.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(object_store::Error::Generic {
+                    store: "FlakyStore",
+                    source: "connection reset by peer".into(),
+                });
+            }
+            self.inner.get_opts(location, options).await
+        }
+        fn delete_stream(
+            &self,
+            locations: futures::stream::BoxStream<
+                'static,
+                object_store::Result<object_store::path::Path>,
+            >,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>
+        {
+            self.inner.delete_stream(locations)
+        }
+        fn list(
+            &self,
+            prefix: Option<&object_store::path::Path>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>>
+        {
+            self.inner.list(prefix)
+        }
+        async fn list_with_delimiter(
+            &self,
+            prefix: Option<&object_store::path::Path>,
+        ) -> object_store::Result<object_store::ListResult> {
+            self.inner.list_with_delimiter(prefix).await
+        }
+        async fn copy_opts(
+            &self,
+            from: &object_store::path::Path,
+            to: &object_store::path::Path,
+            options: object_store::CopyOptions,
+        ) -> object_store::Result<()> {
+            self.inner.copy_opts(from, to, options).await
+        }
+    }
+
+    /// A kube client that counts the requests it gets (an exec of the packer is one) and refuses
+    /// them all.
+    fn counting_client() -> (kube::Client, Arc<std::sync::atomic::AtomicUsize>) {
+        let (service, mut handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = Arc::clone(&count);
+        tokio::spawn(async move {
+            while let Some((_request, send)) = handle.next_request().await {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let body = serde_json::json!({
+                    "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "message": "forbidden", "reason": "Forbidden", "code": 403
+                });
+                send.send_response(
+                    http::Response::builder()
+                        .status(403)
+                        .body(kube::client::Body::from(body.to_string().into_bytes()))
+                        .expect("response"),
+                );
+            }
+        });
+        (kube::Client::new(service, "ns"), count)
+    }
+
+    struct Bed {
+        pods: Api<Pod>,
+        execs: Arc<std::sync::atomic::AtomicUsize>,
+        flaky: Arc<FlakyStore>,
+        store: Arc<dyn ObjectStore>,
+        prefix: object_store::path::Path,
+        metrics: Metrics,
+        command: Vec<String>,
+    }
+
+    fn bed() -> Bed {
+        let (client, execs) = counting_client();
+        let flaky = Arc::new(FlakyStore::default());
+        Bed {
+            pods: Api::namespaced(client, "ns"),
+            execs,
+            store: flaky.clone(),
+            flaky,
+            prefix: object_store::path::Path::from("runs"),
+            metrics: Metrics::new().expect("metrics"),
+            command: vec!["pack".to_string()],
+        }
+    }
+
+    fn job<'a>(bed: &'a Bed, cancel: &'a CancellationToken, secs: u64) -> PathJob<'a> {
+        PathJob {
+            pods: &bed.pods,
+            pod_name: "p",
+            pack_command: &bed.command,
+            store: &bed.store,
+            store_prefix: &bed.prefix,
+            store_url: "s3://bucket/runs",
+            namespace: "ns",
+            run_name: "r",
+            run_uid: "u",
+            index: 0,
+            path: "/out",
+            cap_bytes: 1 << 20,
+            compression: Compression::None,
+            deadline: tokio::time::Instant::now() + Duration::from_secs(secs),
+            previous_attempts: 0,
+            metrics: &bed.metrics,
+            cancel,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_manifest_read_error_is_retried_and_never_followed_by_an_upload() {
+        let bed = bed();
+        bed.flaky
+            .reads_fail
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let cancel = CancellationToken::new();
+        let status = drain_path(&job(&bed, &cancel, 2)).await.expect("a status");
+        assert_eq!(status.phase, ReadBackPhase::Failed, "{status:?}");
+        let message = status.message.unwrap_or_default();
+        assert!(
+            message.contains("the manifest (the commit point) could not be read"),
+            "{message}"
+        );
+        assert_eq!(
+            bed.execs.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "no packer was started, so nothing could be uploaded"
+        );
+        assert_eq!(
+            bed.flaky.writes.load(std::sync::atomic::Ordering::SeqCst),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn a_committed_path_is_recorded_and_a_cancelled_drain_records_nothing() {
+        let bed = bed();
+        let run = RunRef {
+            namespace: "ns".into(),
+            name: "r".into(),
+            uid: "u".into(),
+        };
+        let keys = object_keys(&bed.prefix, &run, 0, "/out", Compression::None);
+        let ctx = ManifestContext {
+            run,
+            declared_path: "/out".into(),
+            index: 0,
+            attempt: 1,
+        };
+        let now = jiff::Timestamp::now();
+        let outcome = DrainOutcome {
+            members: vec![member("a.txt", MemberKind::File)],
+            bytes: 1,
+            ..Default::default()
+        };
+        let opts = DrainOptions::new(1 << 20, Compression::None);
+        let manifest = Manifest::new(&ctx, &keys, &opts, &outcome, now, now);
+        write_manifest(&bed.store, &keys.manifest, &manifest)
+            .await
+            .expect("commit");
+        let writes = bed.flaky.writes.load(std::sync::atomic::Ordering::SeqCst);
+
+        let cancel = CancellationToken::new();
+        let status = drain_path(&job(&bed, &cancel, 5)).await.expect("a status");
+        assert_eq!(status.phase, ReadBackPhase::Drained, "{status:?}");
+        assert_eq!(status.members, 1);
+        assert_eq!(bed.execs.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(
+            bed.flaky.writes.load(std::sync::atomic::Ordering::SeqCst),
+            writes,
+            "nothing written over a committed path"
+        );
+
+        // A replica told to stop (lost lease) records nothing and starts nothing.
+        let other = bed_uncommitted();
+        cancel.cancel();
+        assert_eq!(drain_path(&job(&other, &cancel, 5)).await, None);
+        assert_eq!(other.execs.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    fn bed_uncommitted() -> Bed {
+        bed()
     }
 }
