@@ -201,6 +201,17 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
                     )
                     .map_err(io("write"))?;
                 }
+                let unlisted = m
+                    .totals
+                    .dropped_members
+                    .saturating_sub(m.dropped.len() as u64);
+                if unlisted > 0 {
+                    writeln!(
+                        out,
+                        "  DROPPED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
+                    )
+                    .map_err(io("write"))?;
+                }
                 if let Some(bound) = m.stopped_at_input_bound {
                     writeln!(
                         out,
@@ -216,6 +227,17 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
                         out,
                         "  REJECTED {:>11}  {:<12}  {} ({})",
                         "-", "-", r.path, r.reason
+                    )
+                    .map_err(io("write"))?;
+                }
+                let unlisted = m
+                    .totals
+                    .rejected_members
+                    .saturating_sub(m.rejected.len() as u64);
+                if unlisted > 0 {
+                    writeln!(
+                        out,
+                        "  REJECTED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
                     )
                     .map_err(io("write"))?;
                 }
@@ -262,6 +284,9 @@ fn dropped_why(d: &crate::drain::DroppedRecord) -> &str {
         (crate::drain::archive::DROPPED_OVER_CAP, false) => "over the cap",
         (crate::drain::archive::DROPPED_INPUT_BOUND, _) => {
             "not read: it would have taken the stream past the drain's input bound"
+        }
+        (crate::drain::archive::DROPPED_METADATA, _) => {
+            "its name and link target would take the path's stored metadata past its allowance"
         }
         (other, _) => other,
     }
@@ -621,6 +646,7 @@ mod tests {
         assert_eq!(dropped_why(&d("over_cap", false)), "over the cap");
         assert!(dropped_why(&d("over_cap", true)).contains("in the pod"));
         assert!(dropped_why(&d("input_bound", false)).contains("input bound"));
+        assert!(dropped_why(&d("over_metadata_allowance", false)).contains("metadata"));
         assert_eq!(dropped_why(&d("future_reason", false)), "future_reason");
     }
 

@@ -596,13 +596,11 @@ impl Manifest {
             totals: Totals {
                 members: outcome.members.len() as u64,
                 bytes: outcome.bytes,
-                dropped_members: outcome.dropped.len() as u64,
+                // Listed or not (docs/contract.md: past a bound, records are only counted).
+                dropped_members: outcome.dropped_count(),
                 // Saturating: a dropped size may be the pod's (forged) word.
-                dropped_bytes: outcome
-                    .dropped
-                    .iter()
-                    .fold(0u64, |sum, d| sum.saturating_add(d.size)),
-                rejected_members: outcome.rejected.len() as u64,
+                dropped_bytes: outcome.dropped_bytes(),
+                rejected_members: outcome.rejected_count(),
                 input_bytes: outcome.input_bytes,
                 archive_bytes: outcome.archive_bytes,
             },
@@ -624,6 +622,19 @@ impl Manifest {
             input_bytes: self.totals.input_bytes,
             archive_bytes: self.totals.archive_bytes,
             stopped_at_input_bound: self.stopped_at_input_bound,
+            unlisted_dropped: self
+                .totals
+                .dropped_members
+                .saturating_sub(self.dropped.len() as u64),
+            unlisted_dropped_bytes: self.totals.dropped_bytes.saturating_sub(
+                self.dropped
+                    .iter()
+                    .fold(0u64, |sum, d| sum.saturating_add(d.size)),
+            ),
+            unlisted_rejected: self
+                .totals
+                .rejected_members
+                .saturating_sub(self.rejected.len() as u64),
         }
     }
 

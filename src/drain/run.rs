@@ -234,8 +234,8 @@ fn capped_message(manifest: &Manifest) -> String {
 pub fn nothing_readable(outcome: &DrainOutcome, notes: &[String]) -> Option<String> {
     let stored_content = outcome.members.iter().any(|m| m.kind != MemberKind::Dir);
     if stored_content
-        || !outcome.dropped.is_empty()
-        || !outcome.rejected.is_empty()
+        || outcome.dropped_count() > 0
+        || outcome.rejected_count() > 0
         || outcome.stopped_at_input_bound.is_some()
     {
         return None;
