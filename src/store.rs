@@ -581,6 +581,19 @@ impl Manifest {
         started: jiff::Timestamp,
         finished: jiff::Timestamp,
     ) -> Self {
+        Self::from_outcome(ctx, keys, opts, outcome.clone(), started, finished)
+    }
+
+    /// [`Manifest::new`], taking the outcome's records instead of copying them (a drain's records
+    /// may be tens of MiB: docs/contract.md, "Unbounded size").
+    pub fn from_outcome(
+        ctx: &ManifestContext,
+        keys: &ObjectKeys,
+        opts: &DrainOptions,
+        outcome: DrainOutcome,
+        started: jiff::Timestamp,
+        finished: jiff::Timestamp,
+    ) -> Self {
         Manifest {
             schema_version: MANIFEST_SCHEMA_VERSION,
             run: ctx.run.clone(),
@@ -604,9 +617,9 @@ impl Manifest {
                 input_bytes: outcome.input_bytes,
                 archive_bytes: outcome.archive_bytes,
             },
-            members: outcome.members.clone(),
-            dropped: outcome.dropped.clone(),
-            rejected: outcome.rejected.clone(),
+            members: outcome.members,
+            dropped: outcome.dropped,
+            rejected: outcome.rejected,
             stopped_at_input_bound: outcome.stopped_at_input_bound,
             pod_notes: Vec::new(),
         }
@@ -658,13 +671,34 @@ pub enum ManifestWrite {
     AlreadyCommitted(Box<Manifest>),
 }
 
+/// The manifest's JSON, allocated once at its exact size: a manifest may list tens of MiB of
+/// records (docs/contract.md, "Unbounded size"), and a buffer grown by doubling would hold up to
+/// three times that at once.
+fn manifest_json(manifest: &Manifest) -> serde_json::Result<Vec<u8>> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer_pretty(&mut count, manifest)?;
+    let mut json = Vec::with_capacity(count.0);
+    serde_json::to_writer_pretty(&mut json, manifest)?;
+    Ok(json)
+}
+
 /// Writes a manifest create-only: the first complete attempt commits, later ones read it back.
 pub async fn write_manifest(
     store: &Arc<dyn ObjectStore>,
     key: &Path,
     manifest: &Manifest,
 ) -> Result<ManifestWrite, StoreError> {
-    let json = serde_json::to_vec_pretty(manifest).map_err(|source| StoreError::ManifestJson {
+    let json = manifest_json(manifest).map_err(|source| StoreError::ManifestJson {
         key: key.to_string(),
         source,
     })?;

@@ -460,19 +460,19 @@ where
         members: outcome.members.len() as u64,
         bytes: outcome.bytes,
     };
-    let manifest = Manifest::new(
+    let manifest = Manifest::from_outcome(
         &manifest_ctx,
         keys,
         opts,
-        &outcome,
+        outcome,
         started,
         jiff::Timestamp::now(),
     );
     match store::write_manifest(store, &keys.manifest, &manifest).await {
-        Ok(store::ManifestWrite::Created) => Ok((outcome, manifest)),
+        Ok(store::ManifestWrite::Created) => Ok((manifest.outcome(), manifest)),
         Ok(store::ManifestWrite::AlreadyCommitted(existing)) => {
             if existing.same_content(&manifest) {
-                Ok((outcome, *existing))
+                Ok((existing.outcome(), *existing))
             } else {
                 Err(DrainError {
                     kind: DrainErrorKind::ManifestConflict {

@@ -469,7 +469,8 @@ async fn attempt(
         delete_archive(job, keys).await;
         return Err(AttemptError::NothingReadable(message));
     }
-    let mut manifest = Manifest::new(&ctx, keys, opts, &outcome, started, jiff::Timestamp::now());
+    let mut manifest =
+        Manifest::from_outcome(&ctx, keys, opts, outcome, started, jiff::Timestamp::now());
     manifest.pod_notes = notes.lines;
     if notes.truncated_bytes > 0 {
         manifest.pod_notes.push(format!(
