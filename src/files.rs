@@ -159,25 +159,26 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
                 writeln!(
                     out,
                     "{} [{:?}] {} member(s), {} byte(s), {} dropped, {} rejected (run uid {})",
-                    m.declared_path,
+                    printable(&m.declared_path),
                     m.phase,
                     m.totals.members,
                     m.totals.bytes,
                     m.totals.dropped_members,
                     m.totals.rejected_members,
-                    m.run.uid
+                    printable(&m.run.uid)
                 )
                 .map_err(io("write"))?;
                 for member in &m.members {
+                    // A manifest is untrusted input too: a tampered sha may be any text.
                     let sha = member
                         .sha256
                         .as_deref()
-                        .map(|s| &s[..s.len().min(12)])
-                        .unwrap_or("-");
+                        .map(|s| printable(&s.chars().take(12).collect::<String>()).into_owned())
+                        .unwrap_or_else(|| "-".into());
                     let link = member
                         .link_target
                         .as_deref()
-                        .map(|t| format!(" -> {t}"))
+                        .map(|t| format!(" -> {}", printable(t)))
                         .unwrap_or_default();
                     writeln!(
                         out,
@@ -185,7 +186,7 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
                         kind_word(member.kind),
                         member.size,
                         sha,
-                        member.path,
+                        printable(&member.path),
                         link
                     )
                     .map_err(io("write"))?;
@@ -196,8 +197,8 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
                         "  DROPPED {:>12}  {:<12}  {} ({})",
                         d.size,
                         "-",
-                        d.path,
-                        dropped_why(d)
+                        printable(&d.path),
+                        printable(dropped_why(d))
                     )
                     .map_err(io("write"))?;
                 }
@@ -220,13 +221,16 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
                     .map_err(io("write"))?;
                 }
                 for note in &m.pod_notes {
-                    writeln!(out, "  NOTE     {note}").map_err(io("write"))?;
+                    writeln!(out, "  NOTE     {}", printable(note)).map_err(io("write"))?;
                 }
                 for r in &m.rejected {
                     writeln!(
                         out,
                         "  REJECTED {:>11}  {:<12}  {} ({})",
-                        "-", "-", r.path, r.reason
+                        "-",
+                        "-",
+                        printable(&r.path),
+                        r.reason
                     )
                     .map_err(io("write"))?;
                 }
@@ -273,6 +277,28 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
             Ok(())
         }
     }
+}
+
+/// `text` as `files ls` prints it: control characters (C0, DEL, C1) and the backslash escaped
+/// (`\x1b`, `\u{9b}`, `\\`), so a name from the pod can never drive the terminal or pass for
+/// another line of the listing.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let needs = |c: char| c.is_control() || c == '\\';
+    if !text.chars().any(needs) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x80 && c.is_control() => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// Why a member was dropped, in words for `files ls`.
@@ -556,6 +582,12 @@ mod tests {
     /// Stores an uncompressed archive of `members` and its manifest in a memory store.
     async fn stored(members: &[Member<'_>]) -> (Arc<dyn ObjectStore>, Manifest) {
         let (store, _) = crate::store::store_from_url("memory://", &[]).expect("memory store");
+        let manifest = stored_at(&store, members).await;
+        (store, manifest)
+    }
+
+    /// Stores an uncompressed archive of `members` in `store`; returns its manifest (not stored).
+    async fn stored_at(store: &Arc<dyn ObjectStore>, members: &[Member<'_>]) -> Manifest {
         let mut tar = tar::Builder::new(Vec::new());
         let mut records = Vec::new();
         for (path, ty, mode, data) in members {
@@ -613,7 +645,7 @@ mod tests {
             stopped_at_input_bound: None,
             pod_notes: Vec::new(),
         };
-        (store, manifest)
+        manifest
     }
 
     fn mode_of(path: &Path) -> u32 {
@@ -648,6 +680,98 @@ mod tests {
         assert!(dropped_why(&d("input_bound", false)).contains("input bound"));
         assert!(dropped_why(&d("over_metadata_allowance", false)).contains("metadata"));
         assert_eq!(dropped_why(&d("future_reason", false)), "future_reason");
+    }
+
+    #[test]
+    fn control_characters_are_escaped_when_printed() {
+        assert_eq!(printable("plain/name.txt"), "plain/name.txt");
+        assert_eq!(printable("caf\u{e9} \u{1f600}"), "caf\u{e9} \u{1f600}");
+        assert_eq!(printable("a\x1b[2Jb"), "a\\x1b[2Jb");
+        assert_eq!(printable("line\nNEXT\r\t"), "line\\x0aNEXT\\x0d\\x09");
+        assert_eq!(printable("del\x7f"), "del\\x7f");
+        assert_eq!(printable("csi\u{9b}31m"), "csi\\u{9b}31m");
+        assert_eq!(
+            printable("back\\slash"),
+            "back\\\\slash",
+            "escapes stay unambiguous"
+        );
+        assert_eq!(printable("nul\0"), "nul\\x00");
+    }
+
+    fn args(store_url: &str, command: FilesCommand) -> FilesArgs {
+        FilesArgs {
+            command,
+            store_url: store_url.to_string(),
+            store_options: Vec::new(),
+            namespace: "ns".into(),
+            uid: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn files_never_panics_on_a_tampered_manifest_and_escapes_what_it_prints() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = url::Url::from_directory_path(dir.path())
+            .expect("url")
+            .to_string();
+        let (store, _) = crate::store::store_from_url(&url, &[]).expect("file store");
+        let mut m = stored_at(
+            &store,
+            &[
+                ("a.txt", b'0', 0o644, b"aaa"),
+                ("b.txt", b'0', 0o644, b"bbb"),
+            ],
+        )
+        .await;
+        // Non-ASCII where a hex sha belongs (a byte slice at 12 would split a character), a sha
+        // of the wrong length, sizes and totals that contradict the lists, names that would
+        // drive a terminal.
+        m.members[0].sha256 = Some(format!("a{}", "\u{e9}".repeat(20)));
+        m.members[0].path = "a.txt\x1b[2J".into();
+        m.members[1].sha256 = Some("ab".into());
+        m.members[1].size = u64::MAX;
+        m.members[1].link_target = Some("\r\x1b]0;owned\x07".into());
+        m.declared_path = "/out\nfake line".into();
+        m.totals.members = 0;
+        m.totals.dropped_members = 0;
+        m.dropped.push(crate::drain::DroppedRecord {
+            path: "d\u{9b}31m".into(),
+            size: u64::MAX,
+            reason: "\x1b[31m".into(),
+            in_pod: false,
+        });
+        m.pod_notes.push("note\x1b[1A".into());
+        let key = object_store::path::Path::from("ns/job/u1/00-out.manifest.json");
+        let json = serde_json::to_vec(&m).expect("json");
+        store.put(&key, json.into()).await.expect("put manifest");
+
+        let mut out = Vec::new();
+        run_to(args(&url, FilesCommand::Ls { run: "job".into() }), &mut out)
+            .await
+            .expect("ls lists what it can");
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(text.contains("a.txt\\x1b[2J"), "{text}");
+        assert!(text.contains("/out\\x0afake line"), "{text}");
+        assert!(text.contains("\u{e9}\u{e9}"), "{text}");
+
+        let target = dir.path().join("extracted");
+        let got = run_to(
+            args(
+                &url,
+                FilesCommand::Get {
+                    run: "job".into(),
+                    path: None,
+                    output: target,
+                },
+            ),
+            &mut Vec::new(),
+        )
+        .await;
+        assert!(matches!(got, Err(FilesError::Verify(_))), "{got:?}");
     }
 
     #[test]
