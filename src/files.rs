@@ -619,7 +619,7 @@ mod tests {
             .put(&key, bytes.into())
             .await
             .expect("put the archive");
-        let manifest = Manifest {
+        Manifest {
             schema_version: MANIFEST_SCHEMA_VERSION,
             run: RunRef {
                 namespace: "ns".into(),
@@ -644,8 +644,7 @@ mod tests {
             rejected: Vec::new(),
             stopped_at_input_bound: None,
             pod_notes: Vec::new(),
-        };
-        manifest
+        }
     }
 
     fn mode_of(path: &Path) -> u32 {
