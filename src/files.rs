@@ -427,11 +427,8 @@ pub async fn extract_verified(
             what: format!("create {}", dir.display()),
             source,
         })?;
-    let expected: BTreeMap<&str, &crate::drain::MemberRecord> = manifest
-        .members
-        .iter()
-        .map(|m| (m.path.trim_end_matches('/'), m))
-        .collect();
+    // The archive's members, in order, are the manifest's: each is checked against its record.
+    let mut expected = manifest.members.iter();
     let mut archive = tokio_tar::Archive::new(reader);
     let mut entries = archive
         .entries()
@@ -464,21 +461,65 @@ pub async fn extract_verified(
             Decision::Ignore => continue,
             Decision::Reject(reason) => {
                 return Err(FilesError::Verify(format!(
-                    "archive {key} holds an unsafe member {:?} ({reason}); refusing to extract it",
-                    String::from_utf8_lossy(&path_bytes)
+                    "archive {key} holds an unsafe member {} ({reason}); refusing to extract it",
+                    printable(&String::from_utf8_lossy(&path_bytes))
                 )))
             }
         };
         let rel = accepted.path.trim_end_matches('/').to_string();
-        let Some(record) = expected.get(rel.as_str()) else {
-            return Err(FilesError::Verify(format!(
-                "archive {key} holds {rel}, which its manifest does not list"
-            )));
+        let shown = printable(&rel).into_owned();
+        let record = match expected.next() {
+            Some(r) if r.path.trim_end_matches('/') == rel && r.kind == accepted.kind => r,
+            Some(r) => {
+                return Err(FilesError::Verify(format!(
+                    "archive {key} holds {shown} ({}) where its manifest lists {} ({})",
+                    kind_word(accepted.kind),
+                    printable(&r.path),
+                    kind_word(r.kind)
+                )))
+            }
+            None => {
+                return Err(FilesError::Verify(format!(
+                    "archive {key} holds {shown}, which its manifest does not list"
+                )))
+            }
         };
         let target = dir.join(&rel);
         let ioe = |what: String| move |source| FilesError::Io { what, source };
         let mode = extracted_mode(entry.header().mode().map_err(corrupt)?, umask);
         match accepted.kind {
+            // A later member has the same path (last wins): verify this one, write nothing.
+            MemberKind::File if record.superseded => {
+                let mut hasher = Sha256::new();
+                let mut total = 0u64;
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = tokio::io::AsyncReadExt::read(&mut entry, &mut buf)
+                        .await
+                        .map_err(|e| {
+                            FilesError::Verify(format!("archive {key}: reading {shown}: {e}"))
+                        })?;
+                    if n == 0 {
+                        break;
+                    }
+                    hasher.update(&buf[..n]);
+                    total += n as u64;
+                }
+                let sha = hex::encode(hasher.finalize());
+                if total != record.size || record.sha256.as_deref() != Some(sha.as_str()) {
+                    return Err(FilesError::Verify(format!(
+                        "{shown} (replaced by a later member): {total} bytes with sha256 {sha}, but the manifest says {} bytes with sha256 {}",
+                        record.size,
+                        printable(record.sha256.as_deref().unwrap_or("-"))
+                    )));
+                }
+            }
+            MemberKind::Symlink if record.superseded => {}
+            MemberKind::Dir if record.superseded => {
+                tokio::fs::create_dir_all(&target)
+                    .await
+                    .map_err(ioe(format!("create {}", target.display())))?;
+            }
             MemberKind::Dir => {
                 tokio::fs::create_dir_all(&target)
                     .await
@@ -519,7 +560,7 @@ pub async fn extract_verified(
                     let n = tokio::io::AsyncReadExt::read(&mut entry, &mut buf)
                         .await
                         .map_err(|e| {
-                            FilesError::Verify(format!("archive {key}: reading {rel}: {e}"))
+                            FilesError::Verify(format!("archive {key}: reading {shown}: {e}"))
                         })?;
                     if n == 0 {
                         break;
@@ -537,9 +578,9 @@ pub async fn extract_verified(
                 if total != record.size || record.sha256.as_deref() != Some(sha.as_str()) {
                     let _ = tokio::fs::remove_file(&target).await;
                     return Err(FilesError::Verify(format!(
-                        "{rel}: {total} bytes with sha256 {sha}, but the manifest says {} bytes with sha256 {}",
+                        "{shown}: {total} bytes with sha256 {sha}, but the manifest says {} bytes with sha256 {}",
                         record.size,
-                        record.sha256.as_deref().unwrap_or("-")
+                        printable(record.sha256.as_deref().unwrap_or("-"))
                     )));
                 }
                 file.set_permissions(std::fs::Permissions::from_mode(mode))
@@ -611,6 +652,7 @@ mod tests {
                 sha256: (!dir).then(|| hex::encode(Sha256::digest(data))),
                 mode: mode & 0o777,
                 link_target: None,
+                superseded: false,
             });
         }
         let bytes = tar.into_inner().expect("tar");

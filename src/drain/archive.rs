@@ -132,6 +132,10 @@ pub struct MemberRecord {
     /// Symlink target (symlinks only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_target: Option<String>,
+    /// A later member of the archive has the same path: it is stored (and metered) but replaced
+    /// on extraction — the last one wins, as with `tar -x` (docs/contract.md §3).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub superseded: bool,
 }
 
 /// A file dropped because it would cross the cap (or the input bound).
@@ -382,6 +386,7 @@ where
         meter: CapMeter::new(opts.cap_bytes),
         metadata: MetadataMeter::new(opts.metadata_allowance),
         listed_bytes: 0,
+        stored: PathIndex::default(),
         outcome: DrainOutcome::default(),
     };
     let mut archive = tokio_tar::ArchiveBuilder::new(reader)
@@ -499,7 +504,43 @@ struct Run<'o, W: AsyncWrite + Unpin + Send> {
     metadata: MetadataMeter,
     /// Bytes of dropped and rejected records listed so far ([`MAX_LISTED_RECORD_BYTES`]).
     listed_bytes: u64,
+    /// Where each stored path is in `outcome.members` (the latest one).
+    stored: PathIndex,
     outcome: DrainOutcome,
+}
+
+/// Stored paths → their latest position in the member list, without a second copy of the paths
+/// (they are what the metadata allowance bounds): keyed by a randomly seeded hash, each position
+/// checked against the member's path.
+#[derive(Default)]
+struct PathIndex {
+    hasher: std::collections::hash_map::RandomState,
+    positions: std::collections::HashMap<u64, Vec<usize>>,
+}
+
+impl PathIndex {
+    fn key(&self, path: &str) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(path)
+    }
+
+    /// The latest position of `path` in `members`.
+    fn get(&self, path: &str, members: &[MemberRecord]) -> Option<usize> {
+        self.positions
+            .get(&self.key(path))?
+            .iter()
+            .copied()
+            .find(|&i| members.get(i).is_some_and(|m| m.path == path))
+    }
+
+    /// Records `path` at `position`, replacing its earlier position.
+    fn insert(&mut self, path: &str, position: usize) {
+        let key = self.key(path);
+        let slot = self.positions.entry(key).or_default();
+        // Positions of other paths with the same hash stay; an earlier one of this path is the
+        // one `get` would find first only if it were kept, so keep the newest in front.
+        slot.insert(0, position);
+    }
 }
 
 impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
@@ -610,6 +651,17 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
             "the stream reached the drain's input bound; keeping the members read so far"
         );
         self.outcome.stopped_at_input_bound = Some(self.opts.max_input_bytes);
+    }
+
+    /// Records a stored member; the member stored earlier at the same path, if any, is
+    /// superseded by it.
+    fn keep(&mut self, record: MemberRecord, earlier: Option<usize>) {
+        if let Some(i) = earlier {
+            tracing::debug!(path = %record.path, "a later member replaces an earlier one (last wins)");
+            self.outcome.members[i].superseded = true;
+        }
+        self.stored.insert(&record.path, self.outcome.members.len());
+        self.outcome.members.push(record);
     }
 
     /// Lists a dropped file, or only counts it once the listed records reach their bound
@@ -725,7 +777,20 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
                 mode
             },
             link_target: accepted.link_target,
+            superseded: false,
         };
+        // A path stored earlier: the last one wins (the earlier is marked superseded once this
+        // one is stored), unless one of them is a directory and the other is not — replacing a
+        // directory that may hold members, or a member by a directory, has no safe reading.
+        let earlier = self.stored.get(&record.path, &self.outcome.members);
+        if let Some(i) = earlier {
+            let kind = self.outcome.members[i].kind;
+            if kind != record.kind && (kind == MemberKind::Dir || record.kind == MemberKind::Dir) {
+                let reason = rejected(Reason::DuplicatePath);
+                self.push_rejected(reason);
+                return Ok(Next::Continue);
+            }
+        }
         match accepted.kind {
             MemberKind::File => {
                 if self.would_cross_input_bound(size) {
@@ -791,7 +856,7 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
                 record.size = size;
                 record.sha256 = Some(hex::encode(source.hasher.finalize()));
                 self.outcome.bytes += size;
-                self.outcome.members.push(record);
+                self.keep(record, earlier);
                 Ok(Next::Continue)
             }
             MemberKind::Dir | MemberKind::Symlink => {
@@ -814,7 +879,7 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
                     .append(&header, tokio::io::empty())
                     .await
                     .map_err(|e| self.fail(DrainErrorKind::Write(e)))?;
-                self.outcome.members.push(record);
+                self.keep(record, earlier);
                 // A directory or link has no content; whatever a hostile header claims, the
                 // parser skips.
                 Ok(Next::Continue)
@@ -2180,6 +2245,72 @@ mod tests {
             .await
             .expect("committed");
         assert_eq!(again.attempt, 1);
+    }
+
+    #[tokio::test]
+    async fn duplicate_members_resolve_last_wins_and_extract() {
+        let mut t = Vec::new();
+        raw_entry(&mut t, b'0', "a.txt", None, b"one");
+        raw_entry(&mut t, b'5', "d/", None, b"");
+        raw_entry(&mut t, b'0', "d/x", None, b"x");
+        raw_entry(&mut t, b'0', "./a.txt", None, b"two");
+        // A directory replaced by a file (or the reverse) has no safe reading: rejected.
+        raw_entry(&mut t, b'0', "d", None, b"not a dir");
+        raw_entry(&mut t, b'5', "a.txt/", None, b"");
+        raw_entry(&mut t, b'5', "d/", None, b"");
+        end(&mut t);
+        let (store, prefix) = store_from_url("memory://", &[]).expect("store");
+        let (run, ctx) = ctx();
+        let keys = object_keys(&prefix, &run, 0, "/out", Compression::None);
+        let (outcome, manifest) = drain_into_store(&t[..], &store, &keys, &opts(1024), ctx)
+            .await
+            .expect("drain");
+        let members: Vec<_> = outcome
+            .members
+            .iter()
+            .map(|m| (m.path.as_str(), m.superseded))
+            .collect();
+        assert_eq!(
+            members,
+            [
+                ("a.txt", true),
+                ("d", true),
+                ("d/x", false),
+                ("a.txt", false),
+                ("d", false)
+            ]
+        );
+        assert_eq!(
+            outcome.members[0].sha256.as_deref(),
+            Some(sha(b"one").as_str())
+        );
+        let rejected: Vec<_> = outcome
+            .rejected
+            .iter()
+            .map(|r| (r.path.as_str(), r.reason))
+            .collect();
+        assert_eq!(
+            rejected,
+            [
+                ("d", Reason::DuplicatePath),
+                ("a.txt/", Reason::DuplicatePath)
+            ]
+        );
+        assert_eq!(
+            outcome.bytes, 7,
+            "a superseded member is stored, so metered"
+        );
+        // One duplicate does not block the extraction of the path: the last one wins.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let n = crate::files::extract_verified(&store, &manifest, &dir.path().join("x"))
+            .await
+            .expect("extract");
+        assert_eq!(n, 5);
+        assert_eq!(
+            std::fs::read(dir.path().join("x/a.txt")).expect("a.txt"),
+            b"two"
+        );
+        assert_eq!(std::fs::read(dir.path().join("x/d/x")).expect("d/x"), b"x");
     }
 
     #[tokio::test]

@@ -529,6 +529,7 @@ mod tests {
             sha256: None,
             mode: 0o755,
             link_target: None,
+            superseded: false,
         }
     }
 

@@ -126,6 +126,9 @@ pub enum Reason {
     /// A `SANDBOXRUN.dropped` PAX record that is malformed, out of range, or on an entry that is
     /// not a zero-length regular file.
     InvalidDropRecord,
+    /// The path of a member stored earlier, where one of the two is a directory and the other is
+    /// not (other duplicates are kept: the last one wins).
+    DuplicatePath,
 }
 
 impl Reason {
@@ -148,6 +151,7 @@ impl Reason {
             Reason::TooManyEntries => "too_many_entries",
             Reason::UnsupportedType => "unsupported_type",
             Reason::InvalidDropRecord => "invalid_drop_record",
+            Reason::DuplicatePath => "duplicate_path",
         }
     }
 
