@@ -45,8 +45,8 @@ use crate::pack::ustar;
 use crate::store::{self, Manifest, ManifestContext, ObjectKeys, StoreError};
 
 /// Default bound on the bytes the parser may read between two members (headers, PAX records, GNU
-/// long names, sparse maps, padding). The parser buffers extension records whole, so this is also
-/// what bounds its memory.
+/// long names, sparse maps, padding). The parser buffers extension records whole; each is also
+/// bounded on its own by [`MAX_EXTENSION_BODY_BYTES`], checked before its body is read.
 pub const DEFAULT_MAX_HEADER_BYTES: u64 = 1024 * 1024;
 /// Largest body of a PAX extended header (`x`) or a GNU long name or link (`L`, `K`), the records
 /// the parser holds in memory: a header announcing more is refused as malformed before a byte of

@@ -1,9 +1,11 @@
 //! The cap meter of one declared read-back path (ADR-143 "What is not promised: Unbounded size").
 //! Pure: it only counts.
 //!
-//! What it counts: member CONTENT bytes (a file's size). Tar headers, padding and the manifest are
-//! not metered: they are bounded separately by the entry limit, and keeping the meter on content
-//! makes the cap mean what a user expects ("512Mi of files").
+//! What it counts: member CONTENT bytes (a file's size), so the cap means what a user expects
+//! ("512Mi of files"). What the store holds besides content — names, link targets, headers — is
+//! metered by [`MetadataMeter`] against a separate per-path allowance ([`metadata_allowance`]),
+//! so a flood of long names cannot store (or make the operator hold) more than that
+//! (docs/contract.md, "Unbounded size").
 //!
 //! How it decides: from the header size, before any content is read. A member that would cross the
 //! cap is dropped whole and recorded; later members that still fit are kept. The contract is "a

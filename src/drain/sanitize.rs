@@ -29,7 +29,8 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 /// Default most entries one drained archive may hold (beyond it the drain fails: a stream with more
-/// entries is hostile or broken, and the member records are what the operator keeps in memory).
+/// entries is hostile or broken; the records the operator keeps are bounded separately, by the
+/// metadata allowance and the listed-record bound: docs/contract.md, "Unbounded size").
 pub const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
 /// Default longest path, in bytes (Linux PATH_MAX).
 pub const DEFAULT_MAX_PATH_BYTES: usize = 4096;
