@@ -29,7 +29,9 @@ use tokio::io::{AsyncRead, AsyncWriteExt, BufReader};
 use tokio_util::io::StreamReader;
 
 use crate::api::Compression;
-use crate::drain::sanitize::{Decision, EntryInfo, EntryKind, Limits, MemberKind, Sanitizer};
+use crate::drain::sanitize::{
+    Decision, EntryInfo, EntryKind, Limits, MemberKind, Reason, Sanitizer,
+};
 use crate::store::{list_manifests, Manifest};
 
 /// `files` arguments.
@@ -396,6 +398,41 @@ async fn process_umask(dir: &Path) -> u32 {
     umask
 }
 
+/// Opens the directory `components` below `root`, creating what is missing (0700), one
+/// component at a time with `O_NOFOLLOW`: a component that is a symlink — one an earlier member
+/// planted, or one that names a link on a case-insensitive filesystem — is refused, never
+/// followed (docs/contract.md §3). `root` itself is the user's choice and may be a link.
+fn open_dir_nofollow(root: &Path, components: &[&str]) -> std::io::Result<rustix::fd::OwnedFd> {
+    use rustix::fs::{mkdirat, openat, Mode, OFlags, CWD};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut fd = openat(CWD, root, flags, Mode::empty())?;
+    for c in components.iter().filter(|c| !c.is_empty()) {
+        match mkdirat(&fd, *c, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        fd = openat(&fd, *c, flags | OFlags::NOFOLLOW, Mode::empty()).map_err(|e| {
+            if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::NOTDIR {
+                std::io::Error::other(format!(
+                    "{} is not a directory (a symbolic link?): refusing to follow it",
+                    printable(c)
+                ))
+            } else {
+                e.into()
+            }
+        })?;
+    }
+    Ok(fd)
+}
+
+fn parent_of<'a, 'b>(components: &'a [&'b str]) -> &'a [&'b str] {
+    &components[..components.len().saturating_sub(1)]
+}
+
+fn leaf_of<'a>(components: &[&'a str]) -> &'a str {
+    components.last().copied().unwrap_or_default()
+}
+
 /// Downloads the archive of `manifest`, extracts it under `dir` through the sanitizer, and checks
 /// every file against the manifest's size and sha256. Returns the number of members written.
 ///
@@ -433,11 +470,13 @@ pub async fn extract_verified(
     let mut entries = archive
         .entries()
         .map_err(|e| FilesError::Verify(format!("archive {key}: {e}")))?;
-    let mut sanitizer = Sanitizer::new(Limits::default());
+    // The extraction may land on a case-insensitive or normalizing filesystem (macOS, Windows).
+    let mut sanitizer = Sanitizer::for_extraction(Limits::default());
     let mut written = 0usize;
     let umask = process_umask(dir).await;
+    let mut skipped: Vec<String> = Vec::new();
     // Directory modes are applied last: a 0500 directory must not block writing its children.
-    let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
+    let mut dir_modes: Vec<(String, u32)> = Vec::new();
     while let Some(entry) = entries.next().await {
         let mut entry =
             entry.map_err(|e| FilesError::Verify(format!("archive {key} is corrupt: {e}")))?;
@@ -459,6 +498,28 @@ pub async fn extract_verified(
         let accepted = match sanitizer.check(&info) {
             Decision::Accept(a) => a,
             Decision::Ignore => continue,
+            Decision::Reject(Reason::FoldsOntoSymlink) => {
+                // Stored and listed, but here it would be written through a symlink: neutralized
+                // (not written), the rest of the path still extracts.
+                let raw = String::from_utf8_lossy(&path_bytes);
+                let normalized: Vec<&str> = raw
+                    .split('/')
+                    .filter(|c| !c.is_empty() && *c != ".")
+                    .collect();
+                let shown = printable(&normalized.join("/")).into_owned();
+                match expected.next() {
+                    Some(r) if r.path == normalized.join("/") => {}
+                    _ => {
+                        return Err(FilesError::Verify(format!(
+                            "archive {key} holds {shown}, which its manifest does not list there"
+                        )))
+                    }
+                }
+                tracing::warn!(member = %shown, "not extracted: on a case-insensitive or normalizing filesystem it would name an extracted symlink or a path below one");
+                skipped.push(shown);
+                written += 1;
+                continue;
+            }
             Decision::Reject(reason) => {
                 return Err(FilesError::Verify(format!(
                     "archive {key} holds an unsafe member {} ({reason}); refusing to extract it",
@@ -485,6 +546,7 @@ pub async fn extract_verified(
             }
         };
         let target = dir.join(&rel);
+        let components: Vec<&str> = rel.split('/').collect();
         let ioe = |what: String| move |source| FilesError::Io { what, source };
         let mode = extracted_mode(entry.header().mode().map_err(corrupt)?, umask);
         match accepted.kind {
@@ -516,43 +578,50 @@ pub async fn extract_verified(
             }
             MemberKind::Symlink if record.superseded => {}
             MemberKind::Dir if record.superseded => {
-                tokio::fs::create_dir_all(&target)
-                    .await
+                open_dir_nofollow(dir, &components)
                     .map_err(ioe(format!("create {}", target.display())))?;
             }
             MemberKind::Dir => {
-                tokio::fs::create_dir_all(&target)
-                    .await
+                let fd = open_dir_nofollow(dir, &components)
                     .map_err(ioe(format!("create {}", target.display())))?;
-                tokio::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700))
-                    .await
-                    .map_err(ioe(format!("chmod {}", target.display())))?;
-                dir_modes.push((target.clone(), mode));
+                rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o700)).map_err(|e| {
+                    FilesError::Io {
+                        what: format!("chmod {}", target.display()),
+                        source: e.into(),
+                    }
+                })?;
+                dir_modes.push((rel.clone(), mode));
             }
             MemberKind::Symlink => {
-                if let Some(parent) = target.parent() {
-                    tokio::fs::create_dir_all(parent)
-                        .await
-                        .map_err(ioe(format!("create {}", parent.display())))?;
-                }
+                let parent = open_dir_nofollow(dir, parent_of(&components))
+                    .map_err(ioe(format!("create the parent of {}", target.display())))?;
                 let to = accepted.link_target.clone().unwrap_or_default();
-                tokio::fs::symlink(&to, &target)
-                    .await
-                    .map_err(ioe(format!("symlink {}", target.display())))?;
+                rustix::fs::symlinkat(to.as_str(), &parent, leaf_of(&components)).map_err(|e| {
+                    FilesError::Io {
+                        what: format!("symlink {}", target.display()),
+                        source: e.into(),
+                    }
+                })?;
             }
             MemberKind::File => {
-                if let Some(parent) = target.parent() {
-                    tokio::fs::create_dir_all(parent)
-                        .await
-                        .map_err(ioe(format!("create {}", parent.display())))?;
-                }
-                let mut file = tokio::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&target)
-                    .await
-                    .map_err(ioe(format!("create {}", target.display())))?;
+                let parent = open_dir_nofollow(dir, parent_of(&components))
+                    .map_err(ioe(format!("create the parent of {}", target.display())))?;
+                // O_EXCL | O_NOFOLLOW below a directory opened without following any link.
+                let fd = rustix::fs::openat(
+                    &parent,
+                    leaf_of(&components),
+                    rustix::fs::OFlags::WRONLY
+                        | rustix::fs::OFlags::CREATE
+                        | rustix::fs::OFlags::EXCL
+                        | rustix::fs::OFlags::NOFOLLOW
+                        | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::from_raw_mode(0o600),
+                )
+                .map_err(|e| FilesError::Io {
+                    what: format!("create {}", target.display()),
+                    source: e.into(),
+                })?;
+                let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
                 let mut hasher = Sha256::new();
                 let mut total = 0u64;
                 let mut buf = vec![0u8; 64 * 1024];
@@ -598,14 +667,23 @@ pub async fn extract_verified(
     }
     // Deepest first, so a directory that loses its owner's write or search bit does so only once
     // everything below it is in place.
-    dir_modes.sort_by_key(|(path, _)| std::cmp::Reverse(path.components().count()));
-    for (path, mode) in dir_modes {
-        tokio::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-            .await
-            .map_err(|source| FilesError::Io {
-                what: format!("chmod {}", path.display()),
-                source,
-            })?;
+    dir_modes.sort_by_key(|(rel, _)| std::cmp::Reverse(rel.split('/').count()));
+    for (rel, mode) in dir_modes {
+        let components: Vec<&str> = rel.split('/').collect();
+        let chmod = open_dir_nofollow(dir, &components).and_then(|fd| {
+            rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode)).map_err(Into::into)
+        });
+        chmod.map_err(|source| FilesError::Io {
+            what: format!("chmod {}", dir.join(&rel).display()),
+            source,
+        })?;
+    }
+    if !skipped.is_empty() {
+        tracing::warn!(
+            count = skipped.len(),
+            first = %skipped[0],
+            "members not extracted: they fold onto an extracted symlink"
+        );
     }
     Ok(written)
 }
@@ -813,6 +891,99 @@ mod tests {
         )
         .await;
         assert!(matches!(got, Err(FilesError::Verify(_))), "{got:?}");
+    }
+
+    /// A ustar entry appended to `t` (type, path, link target, content).
+    fn entry(t: &mut Vec<u8>, ty: u8, path: &str, link: Option<&str>, data: &[u8]) {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::new(ty));
+        h.set_path(path).expect("path");
+        if let Some(l) = link {
+            h.set_link_name(l).expect("link");
+        }
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        t.extend_from_slice(h.as_bytes());
+        t.extend_from_slice(data);
+        t.resize(t.len().div_ceil(512) * 512, 0);
+    }
+
+    #[tokio::test]
+    async fn files_get_neutralizes_a_member_that_folds_onto_a_symlink() {
+        // Drained on Linux (case-sensitive): `LINK/x` is a path of its own. Extracted on macOS
+        // or Windows it would be written through the symlink `Link` into `sub/`.
+        let mut t = Vec::new();
+        entry(&mut t, b'5', "sub/", None, b"");
+        entry(&mut t, b'2', "Link", Some("sub"), b"");
+        entry(&mut t, b'0', "LINK/x", None, b"through the link");
+        entry(&mut t, b'0', "li\u{302}nk", None, b"not a fold of Link");
+        entry(&mut t, b'0', "ok.txt", None, b"ok");
+        t.extend_from_slice(&[0u8; 1024]);
+        let (store, prefix) = crate::store::store_from_url("memory://", &[]).expect("store");
+        let run = RunRef {
+            namespace: "ns".into(),
+            name: "job".into(),
+            uid: "u1".into(),
+        };
+        let keys = crate::store::object_keys(&prefix, &run, 0, "/out", Compression::None);
+        let ctx = crate::store::ManifestContext {
+            run,
+            declared_path: "/out".into(),
+            index: 0,
+            attempt: 1,
+        };
+        let opts = crate::drain::DrainOptions::new(1 << 20, Compression::None);
+        let (_, manifest) = crate::drain::drain_into_store(&t[..], &store, &keys, &opts, ctx)
+            .await
+            .expect("the drain keeps LINK/x");
+        assert!(manifest.members.iter().any(|m| m.path == "LINK/x"));
+        let out = tempfile::tempdir().expect("tempdir");
+        let dir = out.path().join("x");
+        let n = extract_verified(&store, &manifest, &dir)
+            .await
+            .expect("the rest of the path extracts");
+        assert_eq!(n, manifest.members.len());
+        assert!(!dir.join("LINK").exists(), "LINK/x is not written");
+        assert!(!dir.join("sub/x").exists());
+        assert!(std::fs::symlink_metadata(dir.join("Link"))
+            .expect("Link")
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(dir.join("ok.txt")).expect("ok.txt"), b"ok");
+        assert!(dir.join("li\u{302}nk").is_file());
+    }
+
+    #[tokio::test]
+    async fn files_get_never_follows_a_symlink_while_creating_directories() {
+        // Someone (another process, or an earlier extraction) planted `d -> elsewhere` in the
+        // output directory: `d/x` must not land in `elsewhere`.
+        let (store, manifest) =
+            stored(&[("d/", b'5', 0o755, b""), ("d/x", b'0', 0o644, b"x")]).await;
+        let out = tempfile::tempdir().expect("tempdir");
+        let elsewhere = out.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).expect("elsewhere");
+        let dir = out.path().join("x");
+        std::fs::create_dir(&dir).expect("x");
+        std::os::unix::fs::symlink(&elsewhere, dir.join("d")).expect("plant");
+        let err = extract_verified(&store, &manifest, &dir)
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains("refusing to follow it"), "{err}");
+        assert!(
+            !elsewhere.join("x").exists(),
+            "nothing written through the link"
+        );
+        // The same below a real directory: `a/b` planted as a link, `a/b/c/f` refused.
+        let (store, manifest) = stored(&[("a/b/c/f", b'0', 0o644, b"f")]).await;
+        let dir2 = out.path().join("y");
+        std::fs::create_dir_all(dir2.join("a")).expect("a");
+        std::os::unix::fs::symlink(&elsewhere, dir2.join("a/b")).expect("plant");
+        let err = extract_verified(&store, &manifest, &dir2)
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains("refusing to follow it"), "{err}");
+        assert!(!elsewhere.join("c").exists());
     }
 
     #[test]
