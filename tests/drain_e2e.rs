@@ -653,6 +653,16 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
     craft::end(&mut t);
     let duplicates = hostile_dir("h-duplicates", "stream", Some(&t));
 
+    // (j) A member that folds onto a symlink: `LINK/x` is a path of its own on the pod's
+    // filesystem, but on a case-insensitive one (macOS, Windows) it is `Link/x`, through the link.
+    let mut t = Vec::new();
+    craft::entry(&mut t, b'5', "sub/", None, b"");
+    craft::entry(&mut t, b'2', "Link", Some("sub"), b"");
+    craft::entry(&mut t, b'0', "LINK/x", None, b"through the link on APFS\n");
+    craft::entry(&mut t, b'0', "ok.txt", None, b"ok\n");
+    craft::end(&mut t);
+    let case_fold = hostile_dir("h-case-fold", "stream", Some(&t));
+
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let cases: Vec<(&str, PathSpec<'_>)> = vec![
@@ -678,6 +688,7 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
         ),
         ("long-name", p(&huge_long_name)),
         ("duplicates", p(&duplicates)),
+        ("case-fold", p(&case_fold)),
     ];
     for (name, path) in &cases {
         let spec = run_spec(
@@ -819,7 +830,7 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
             "{key} is outside every run's keys {allowed:?}"
         );
         assert!(
-            ["/sanitized/", "/name-flood/", "/duplicates/"]
+            ["/sanitized/", "/name-flood/", "/duplicates/", "/case-fold/"]
                 .iter()
                 .any(|committed| key.contains(committed)),
             "only the runs expected to commit did: {key}"
@@ -837,6 +848,7 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
             0,
         ),
         ("duplicates", ReadBackPhase::Drained, 3, 0, 0),
+        ("case-fold", ReadBackPhase::Drained, 4, 0, 0),
     ];
     for (name, phase, members, dropped, rejected) in expect_committed {
         let e = entry(&finals[name], 0);
@@ -865,6 +877,12 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
                     manifest.totals.archive_bytes
                 );
                 assert_eq!(std::fs::read(out.join("result.txt")).unwrap(), b"kept\n");
+            }
+            "case-fold" => {
+                // `files get` neutralizes it: not written, the rest extracted.
+                assert!(!out.join("LINK").exists());
+                assert!(!out.join("sub/x").exists());
+                assert_eq!(std::fs::read(out.join("ok.txt")).unwrap(), b"ok\n");
             }
             _ => {
                 assert_eq!(std::fs::read(out.join("same.txt")).unwrap(), b"second\n");
