@@ -473,13 +473,16 @@ pub fn decide(
 }
 
 /// Whether anything could have been written that a drain would owe (a pod ever ran).
+/// Whether a deleting run whose pod is gone still owes its read-back paths an outcome: it
+/// declares paths and its pod may have run — the operator saw it start, or created it and
+/// never saw what became of it (it was down while the pod ran). Only a run whose pod was never
+/// created may be let go of without a word; the others are reported lost (docs/contract.md §4).
 fn drain_needed(run: &SandboxRun) -> bool {
     !run.spec.read_back_paths().is_empty()
         && run
             .status
             .as_ref()
-            .and_then(|s| s.start_time.as_ref())
-            .is_some()
+            .is_some_and(|s| s.start_time.is_some() || s.pod_name.is_some())
 }
 
 fn resume_trigger(run: &SandboxRun, pod: &PodView) -> Trigger {
@@ -2299,6 +2302,32 @@ mod tests {
             .read_back
             .iter()
             .all(|e| e.phase == ReadBackPhase::Failed));
+    }
+
+    #[test]
+    fn a_run_deleted_while_the_operator_was_down_is_not_released_without_a_word() {
+        // The operator created the pod (status: Pending, podName) and was down while the pod
+        // ran and went away; the run was deleted meanwhile. No startTime was ever seen, but the
+        // pod may have run: the paths are reported lost (Failed + Event), not let go of silently.
+        let mut r = with_phase(run_with(&[("/out", true)]), Phase::Pending);
+        r.metadata.deletion_timestamp = Some(Time(now()));
+        if let Some(s) = r.status.as_mut() {
+            s.start_time = None;
+            s.pod_name = Some("job-sbr".into());
+        }
+        assert_eq!(decide(&r, None, now(), &settings()), Step::PodLost);
+        // A pod never created (no podName): nothing can have run, the finalizer goes at once.
+        if let Some(s) = r.status.as_mut() {
+            s.pod_name = None;
+        }
+        assert_eq!(decide(&r, None, now(), &settings()), Step::ReleaseFinalizer);
+        // Without declared paths there is nothing to report either.
+        let mut r = with_phase(run_with(&[]), Phase::Pending);
+        r.metadata.deletion_timestamp = Some(Time(now()));
+        if let Some(s) = r.status.as_mut() {
+            s.pod_name = Some("job-sbr".into());
+        }
+        assert_eq!(decide(&r, None, now(), &settings()), Step::ReleaseFinalizer);
     }
 
     #[test]
