@@ -448,7 +448,8 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
                 return Ok(Action::requeue(Duration::from_millis(200)));
             }
             let run = Arc::new(live);
-            let status = reconcile::pod_lost_status(&run, Timestamp::now());
+            let committed = committed_entries(&ctx, &run).await;
+            let status = reconcile::pod_lost_status(&run, &committed, Timestamp::now());
             let newly_failed = status
                 .read_back
                 .iter()
@@ -563,6 +564,58 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
     Ok(action)
 }
 
+/// The status entries of the run's undrained paths whose manifest is already in the store (an
+/// operator committed them and died before recording it). A manifest that cannot be read is not
+/// taken for one: the path stays undrained (and is reported lost), with a warning.
+async fn committed_entries(ctx: &Context, run: &SandboxRun) -> Vec<ReadBackStatus> {
+    let recorded = |path: &str| {
+        run.status.as_ref().is_some_and(|s| {
+            s.read_back
+                .iter()
+                .any(|e| e.path == path && e.phase != ReadBackPhase::Pending)
+        })
+    };
+    let compression = run
+        .spec
+        .read_back
+        .as_ref()
+        .map(|r| r.compression)
+        .unwrap_or_default();
+    let run_ref = crate::store::RunRef {
+        namespace: run.namespace().unwrap_or_default(),
+        name: run.name_any(),
+        uid: run.uid().unwrap_or_default(),
+    };
+    let mut committed = Vec::new();
+    for (index, declared) in run.spec.read_back_paths().iter().enumerate() {
+        if recorded(&declared.path) {
+            continue;
+        }
+        let keys = crate::store::object_keys(
+            &ctx.store_prefix,
+            &run_ref,
+            index,
+            &declared.path,
+            compression,
+        );
+        match crate::store::try_read_manifest(&ctx.store, &keys.manifest).await {
+            Ok(Some(manifest)) => committed.push(crate::drain::run::committed_status(
+                &declared.path,
+                &manifest,
+                &keys,
+                &ctx.store_url,
+                manifest.attempt,
+            )),
+            Ok(None) => {}
+            Err(e) => {
+                warn!(path = %declared.path, error = %e, "could not read the manifest of a path whose pod is gone");
+            }
+        }
+    }
+    committed
+}
+
+/// The metric label of a step.
 fn step_label(step: &Step) -> &'static str {
     match step {
         Step::AddFinalizer => "add_finalizer",

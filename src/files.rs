@@ -29,7 +29,9 @@ use tokio::io::{AsyncRead, AsyncWriteExt, BufReader};
 use tokio_util::io::StreamReader;
 
 use crate::api::Compression;
-use crate::drain::sanitize::{Decision, EntryInfo, EntryKind, Limits, MemberKind, Sanitizer};
+use crate::drain::sanitize::{
+    Decision, EntryInfo, EntryKind, Limits, MemberKind, Reason, Sanitizer,
+};
 use crate::store::{list_manifests, Manifest};
 
 /// `files` arguments.
@@ -159,25 +161,26 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
                 writeln!(
                     out,
                     "{} [{:?}] {} member(s), {} byte(s), {} dropped, {} rejected (run uid {})",
-                    m.declared_path,
+                    printable(&m.declared_path),
                     m.phase,
                     m.totals.members,
                     m.totals.bytes,
                     m.totals.dropped_members,
                     m.totals.rejected_members,
-                    m.run.uid
+                    printable(&m.run.uid)
                 )
                 .map_err(io("write"))?;
                 for member in &m.members {
+                    // A manifest is untrusted input too: a tampered sha may be any text.
                     let sha = member
                         .sha256
                         .as_deref()
-                        .map(|s| &s[..s.len().min(12)])
-                        .unwrap_or("-");
+                        .map(|s| printable(&s.chars().take(12).collect::<String>()).into_owned())
+                        .unwrap_or_else(|| "-".into());
                     let link = member
                         .link_target
                         .as_deref()
-                        .map(|t| format!(" -> {t}"))
+                        .map(|t| format!(" -> {}", printable(t)))
                         .unwrap_or_default();
                     writeln!(
                         out,
@@ -185,7 +188,7 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
                         kind_word(member.kind),
                         member.size,
                         sha,
-                        member.path,
+                        printable(&member.path),
                         link
                     )
                     .map_err(io("write"))?;
@@ -196,8 +199,19 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
                         "  DROPPED {:>12}  {:<12}  {} ({})",
                         d.size,
                         "-",
-                        d.path,
-                        dropped_why(d)
+                        printable(&d.path),
+                        printable(dropped_why(d))
+                    )
+                    .map_err(io("write"))?;
+                }
+                let unlisted = m
+                    .totals
+                    .dropped_members
+                    .saturating_sub(m.dropped.len() as u64);
+                if unlisted > 0 {
+                    writeln!(
+                        out,
+                        "  DROPPED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
                     )
                     .map_err(io("write"))?;
                 }
@@ -209,13 +223,27 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
                     .map_err(io("write"))?;
                 }
                 for note in &m.pod_notes {
-                    writeln!(out, "  NOTE     {note}").map_err(io("write"))?;
+                    writeln!(out, "  NOTE     {}", printable(note)).map_err(io("write"))?;
                 }
                 for r in &m.rejected {
                     writeln!(
                         out,
                         "  REJECTED {:>11}  {:<12}  {} ({})",
-                        "-", "-", r.path, r.reason
+                        "-",
+                        "-",
+                        printable(&r.path),
+                        r.reason
+                    )
+                    .map_err(io("write"))?;
+                }
+                let unlisted = m
+                    .totals
+                    .rejected_members
+                    .saturating_sub(m.rejected.len() as u64);
+                if unlisted > 0 {
+                    writeln!(
+                        out,
+                        "  REJECTED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
                     )
                     .map_err(io("write"))?;
                 }
@@ -253,6 +281,28 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
     }
 }
 
+/// `text` as `files ls` prints it: control characters (C0, DEL, C1) and the backslash escaped
+/// (`\x1b`, `\u{9b}`, `\\`), so a name from the pod can never drive the terminal or pass for
+/// another line of the listing.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    let needs = |c: char| c.is_control() || c == '\\';
+    if !text.chars().any(needs) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x80 && c.is_control() => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// Why a member was dropped, in words for `files ls`.
 fn dropped_why(d: &crate::drain::DroppedRecord) -> &str {
     match (d.reason.as_str(), d.in_pod) {
@@ -262,6 +312,9 @@ fn dropped_why(d: &crate::drain::DroppedRecord) -> &str {
         (crate::drain::archive::DROPPED_OVER_CAP, false) => "over the cap",
         (crate::drain::archive::DROPPED_INPUT_BOUND, _) => {
             "not read: it would have taken the stream past the drain's input bound"
+        }
+        (crate::drain::archive::DROPPED_METADATA, _) => {
+            "its name and link target would take the path's stored metadata past its allowance"
         }
         (other, _) => other,
     }
@@ -345,6 +398,41 @@ async fn process_umask(dir: &Path) -> u32 {
     umask
 }
 
+/// Opens the directory `components` below `root`, creating what is missing (0700), one
+/// component at a time with `O_NOFOLLOW`: a component that is a symlink — one an earlier member
+/// planted, or one that names a link on a case-insensitive filesystem — is refused, never
+/// followed (docs/contract.md §3). `root` itself is the user's choice and may be a link.
+fn open_dir_nofollow(root: &Path, components: &[&str]) -> std::io::Result<rustix::fd::OwnedFd> {
+    use rustix::fs::{mkdirat, openat, Mode, OFlags, CWD};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut fd = openat(CWD, root, flags, Mode::empty())?;
+    for c in components.iter().filter(|c| !c.is_empty()) {
+        match mkdirat(&fd, *c, Mode::from_raw_mode(0o700)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+            Err(e) => return Err(e.into()),
+        }
+        fd = openat(&fd, *c, flags | OFlags::NOFOLLOW, Mode::empty()).map_err(|e| {
+            if e == rustix::io::Errno::LOOP || e == rustix::io::Errno::NOTDIR {
+                std::io::Error::other(format!(
+                    "{} is not a directory (a symbolic link?): refusing to follow it",
+                    printable(c)
+                ))
+            } else {
+                e.into()
+            }
+        })?;
+    }
+    Ok(fd)
+}
+
+fn parent_of<'a, 'b>(components: &'a [&'b str]) -> &'a [&'b str] {
+    &components[..components.len().saturating_sub(1)]
+}
+
+fn leaf_of<'a>(components: &[&'a str]) -> &'a str {
+    components.last().copied().unwrap_or_default()
+}
+
 /// Downloads the archive of `manifest`, extracts it under `dir` through the sanitizer, and checks
 /// every file against the manifest's size and sha256. Returns the number of members written.
 ///
@@ -376,20 +464,19 @@ pub async fn extract_verified(
             what: format!("create {}", dir.display()),
             source,
         })?;
-    let expected: BTreeMap<&str, &crate::drain::MemberRecord> = manifest
-        .members
-        .iter()
-        .map(|m| (m.path.trim_end_matches('/'), m))
-        .collect();
+    // The archive's members, in order, are the manifest's: each is checked against its record.
+    let mut expected = manifest.members.iter();
     let mut archive = tokio_tar::Archive::new(reader);
     let mut entries = archive
         .entries()
         .map_err(|e| FilesError::Verify(format!("archive {key}: {e}")))?;
-    let mut sanitizer = Sanitizer::new(Limits::default());
+    // The extraction may land on a case-insensitive or normalizing filesystem (macOS, Windows).
+    let mut sanitizer = Sanitizer::for_extraction(Limits::default());
     let mut written = 0usize;
     let umask = process_umask(dir).await;
+    let mut skipped: Vec<String> = Vec::new();
     // Directory modes are applied last: a 0500 directory must not block writing its children.
-    let mut dir_modes: Vec<(PathBuf, u32)> = Vec::new();
+    let mut dir_modes: Vec<(String, u32)> = Vec::new();
     while let Some(entry) = entries.next().await {
         let mut entry =
             entry.map_err(|e| FilesError::Verify(format!("archive {key} is corrupt: {e}")))?;
@@ -411,56 +498,60 @@ pub async fn extract_verified(
         let accepted = match sanitizer.check(&info) {
             Decision::Accept(a) => a,
             Decision::Ignore => continue,
+            Decision::Reject(Reason::FoldsOntoSymlink) => {
+                // Stored and listed, but here it would be written through a symlink: neutralized
+                // (not written), the rest of the path still extracts.
+                let raw = String::from_utf8_lossy(&path_bytes);
+                let normalized: Vec<&str> = raw
+                    .split('/')
+                    .filter(|c| !c.is_empty() && *c != ".")
+                    .collect();
+                let shown = printable(&normalized.join("/")).into_owned();
+                match expected.next() {
+                    Some(r) if r.path == normalized.join("/") => {}
+                    _ => {
+                        return Err(FilesError::Verify(format!(
+                            "archive {key} holds {shown}, which its manifest does not list there"
+                        )))
+                    }
+                }
+                tracing::warn!(member = %shown, "not extracted: on a case-insensitive or normalizing filesystem it would name an extracted symlink or a path below one");
+                skipped.push(shown);
+                written += 1;
+                continue;
+            }
             Decision::Reject(reason) => {
                 return Err(FilesError::Verify(format!(
-                    "archive {key} holds an unsafe member {:?} ({reason}); refusing to extract it",
-                    String::from_utf8_lossy(&path_bytes)
+                    "archive {key} holds an unsafe member {} ({reason}); refusing to extract it",
+                    printable(&String::from_utf8_lossy(&path_bytes))
                 )))
             }
         };
         let rel = accepted.path.trim_end_matches('/').to_string();
-        let Some(record) = expected.get(rel.as_str()) else {
-            return Err(FilesError::Verify(format!(
-                "archive {key} holds {rel}, which its manifest does not list"
-            )));
+        let shown = printable(&rel).into_owned();
+        let record = match expected.next() {
+            Some(r) if r.path.trim_end_matches('/') == rel && r.kind == accepted.kind => r,
+            Some(r) => {
+                return Err(FilesError::Verify(format!(
+                    "archive {key} holds {shown} ({}) where its manifest lists {} ({})",
+                    kind_word(accepted.kind),
+                    printable(&r.path),
+                    kind_word(r.kind)
+                )))
+            }
+            None => {
+                return Err(FilesError::Verify(format!(
+                    "archive {key} holds {shown}, which its manifest does not list"
+                )))
+            }
         };
         let target = dir.join(&rel);
+        let components: Vec<&str> = rel.split('/').collect();
         let ioe = |what: String| move |source| FilesError::Io { what, source };
         let mode = extracted_mode(entry.header().mode().map_err(corrupt)?, umask);
         match accepted.kind {
-            MemberKind::Dir => {
-                tokio::fs::create_dir_all(&target)
-                    .await
-                    .map_err(ioe(format!("create {}", target.display())))?;
-                tokio::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o700))
-                    .await
-                    .map_err(ioe(format!("chmod {}", target.display())))?;
-                dir_modes.push((target.clone(), mode));
-            }
-            MemberKind::Symlink => {
-                if let Some(parent) = target.parent() {
-                    tokio::fs::create_dir_all(parent)
-                        .await
-                        .map_err(ioe(format!("create {}", parent.display())))?;
-                }
-                let to = accepted.link_target.clone().unwrap_or_default();
-                tokio::fs::symlink(&to, &target)
-                    .await
-                    .map_err(ioe(format!("symlink {}", target.display())))?;
-            }
-            MemberKind::File => {
-                if let Some(parent) = target.parent() {
-                    tokio::fs::create_dir_all(parent)
-                        .await
-                        .map_err(ioe(format!("create {}", parent.display())))?;
-                }
-                let mut file = tokio::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .open(&target)
-                    .await
-                    .map_err(ioe(format!("create {}", target.display())))?;
+            // A later member has the same path (last wins): verify this one, write nothing.
+            MemberKind::File if record.superseded => {
                 let mut hasher = Sha256::new();
                 let mut total = 0u64;
                 let mut buf = vec![0u8; 64 * 1024];
@@ -468,7 +559,77 @@ pub async fn extract_verified(
                     let n = tokio::io::AsyncReadExt::read(&mut entry, &mut buf)
                         .await
                         .map_err(|e| {
-                            FilesError::Verify(format!("archive {key}: reading {rel}: {e}"))
+                            FilesError::Verify(format!("archive {key}: reading {shown}: {e}"))
+                        })?;
+                    if n == 0 {
+                        break;
+                    }
+                    hasher.update(&buf[..n]);
+                    total += n as u64;
+                }
+                let sha = hex::encode(hasher.finalize());
+                if total != record.size || record.sha256.as_deref() != Some(sha.as_str()) {
+                    return Err(FilesError::Verify(format!(
+                        "{shown} (replaced by a later member): {total} bytes with sha256 {sha}, but the manifest says {} bytes with sha256 {}",
+                        record.size,
+                        printable(record.sha256.as_deref().unwrap_or("-"))
+                    )));
+                }
+            }
+            MemberKind::Symlink if record.superseded => {}
+            MemberKind::Dir if record.superseded => {
+                open_dir_nofollow(dir, &components)
+                    .map_err(ioe(format!("create {}", target.display())))?;
+            }
+            MemberKind::Dir => {
+                let fd = open_dir_nofollow(dir, &components)
+                    .map_err(ioe(format!("create {}", target.display())))?;
+                rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o700)).map_err(|e| {
+                    FilesError::Io {
+                        what: format!("chmod {}", target.display()),
+                        source: e.into(),
+                    }
+                })?;
+                dir_modes.push((rel.clone(), mode));
+            }
+            MemberKind::Symlink => {
+                let parent = open_dir_nofollow(dir, parent_of(&components))
+                    .map_err(ioe(format!("create the parent of {}", target.display())))?;
+                let to = accepted.link_target.clone().unwrap_or_default();
+                rustix::fs::symlinkat(to.as_str(), &parent, leaf_of(&components)).map_err(|e| {
+                    FilesError::Io {
+                        what: format!("symlink {}", target.display()),
+                        source: e.into(),
+                    }
+                })?;
+            }
+            MemberKind::File => {
+                let parent = open_dir_nofollow(dir, parent_of(&components))
+                    .map_err(ioe(format!("create the parent of {}", target.display())))?;
+                // O_EXCL | O_NOFOLLOW below a directory opened without following any link.
+                let fd = rustix::fs::openat(
+                    &parent,
+                    leaf_of(&components),
+                    rustix::fs::OFlags::WRONLY
+                        | rustix::fs::OFlags::CREATE
+                        | rustix::fs::OFlags::EXCL
+                        | rustix::fs::OFlags::NOFOLLOW
+                        | rustix::fs::OFlags::CLOEXEC,
+                    rustix::fs::Mode::from_raw_mode(0o600),
+                )
+                .map_err(|e| FilesError::Io {
+                    what: format!("create {}", target.display()),
+                    source: e.into(),
+                })?;
+                let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
+                let mut hasher = Sha256::new();
+                let mut total = 0u64;
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = tokio::io::AsyncReadExt::read(&mut entry, &mut buf)
+                        .await
+                        .map_err(|e| {
+                            FilesError::Verify(format!("archive {key}: reading {shown}: {e}"))
                         })?;
                     if n == 0 {
                         break;
@@ -486,9 +647,9 @@ pub async fn extract_verified(
                 if total != record.size || record.sha256.as_deref() != Some(sha.as_str()) {
                     let _ = tokio::fs::remove_file(&target).await;
                     return Err(FilesError::Verify(format!(
-                        "{rel}: {total} bytes with sha256 {sha}, but the manifest says {} bytes with sha256 {}",
+                        "{shown}: {total} bytes with sha256 {sha}, but the manifest says {} bytes with sha256 {}",
                         record.size,
-                        record.sha256.as_deref().unwrap_or("-")
+                        printable(record.sha256.as_deref().unwrap_or("-"))
                     )));
                 }
                 file.set_permissions(std::fs::Permissions::from_mode(mode))
@@ -506,14 +667,23 @@ pub async fn extract_verified(
     }
     // Deepest first, so a directory that loses its owner's write or search bit does so only once
     // everything below it is in place.
-    dir_modes.sort_by_key(|(path, _)| std::cmp::Reverse(path.components().count()));
-    for (path, mode) in dir_modes {
-        tokio::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
-            .await
-            .map_err(|source| FilesError::Io {
-                what: format!("chmod {}", path.display()),
-                source,
-            })?;
+    dir_modes.sort_by_key(|(rel, _)| std::cmp::Reverse(rel.split('/').count()));
+    for (rel, mode) in dir_modes {
+        let components: Vec<&str> = rel.split('/').collect();
+        let chmod = open_dir_nofollow(dir, &components).and_then(|fd| {
+            rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode)).map_err(Into::into)
+        });
+        chmod.map_err(|source| FilesError::Io {
+            what: format!("chmod {}", dir.join(&rel).display()),
+            source,
+        })?;
+    }
+    if !skipped.is_empty() {
+        tracing::warn!(
+            count = skipped.len(),
+            first = %skipped[0],
+            "members not extracted: they fold onto an extracted symlink"
+        );
     }
     Ok(written)
 }
@@ -531,6 +701,12 @@ mod tests {
     /// Stores an uncompressed archive of `members` and its manifest in a memory store.
     async fn stored(members: &[Member<'_>]) -> (Arc<dyn ObjectStore>, Manifest) {
         let (store, _) = crate::store::store_from_url("memory://", &[]).expect("memory store");
+        let manifest = stored_at(&store, members).await;
+        (store, manifest)
+    }
+
+    /// Stores an uncompressed archive of `members` in `store`; returns its manifest (not stored).
+    async fn stored_at(store: &Arc<dyn ObjectStore>, members: &[Member<'_>]) -> Manifest {
         let mut tar = tar::Builder::new(Vec::new());
         let mut records = Vec::new();
         for (path, ty, mode, data) in members {
@@ -554,6 +730,7 @@ mod tests {
                 sha256: (!dir).then(|| hex::encode(Sha256::digest(data))),
                 mode: mode & 0o777,
                 link_target: None,
+                superseded: false,
             });
         }
         let bytes = tar.into_inner().expect("tar");
@@ -562,7 +739,7 @@ mod tests {
             .put(&key, bytes.into())
             .await
             .expect("put the archive");
-        let manifest = Manifest {
+        Manifest {
             schema_version: MANIFEST_SCHEMA_VERSION,
             run: RunRef {
                 namespace: "ns".into(),
@@ -587,8 +764,7 @@ mod tests {
             rejected: Vec::new(),
             stopped_at_input_bound: None,
             pod_notes: Vec::new(),
-        };
-        (store, manifest)
+        }
     }
 
     fn mode_of(path: &Path) -> u32 {
@@ -621,7 +797,193 @@ mod tests {
         assert_eq!(dropped_why(&d("over_cap", false)), "over the cap");
         assert!(dropped_why(&d("over_cap", true)).contains("in the pod"));
         assert!(dropped_why(&d("input_bound", false)).contains("input bound"));
+        assert!(dropped_why(&d("over_metadata_allowance", false)).contains("metadata"));
         assert_eq!(dropped_why(&d("future_reason", false)), "future_reason");
+    }
+
+    #[test]
+    fn control_characters_are_escaped_when_printed() {
+        assert_eq!(printable("plain/name.txt"), "plain/name.txt");
+        assert_eq!(printable("caf\u{e9} \u{1f600}"), "caf\u{e9} \u{1f600}");
+        assert_eq!(printable("a\x1b[2Jb"), "a\\x1b[2Jb");
+        assert_eq!(printable("line\nNEXT\r\t"), "line\\x0aNEXT\\x0d\\x09");
+        assert_eq!(printable("del\x7f"), "del\\x7f");
+        assert_eq!(printable("csi\u{9b}31m"), "csi\\u{9b}31m");
+        assert_eq!(
+            printable("back\\slash"),
+            "back\\\\slash",
+            "escapes stay unambiguous"
+        );
+        assert_eq!(printable("nul\0"), "nul\\x00");
+    }
+
+    fn args(store_url: &str, command: FilesCommand) -> FilesArgs {
+        FilesArgs {
+            command,
+            store_url: store_url.to_string(),
+            store_options: Vec::new(),
+            namespace: "ns".into(),
+            uid: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn files_never_panics_on_a_tampered_manifest_and_escapes_what_it_prints() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = url::Url::from_directory_path(dir.path())
+            .expect("url")
+            .to_string();
+        let (store, _) = crate::store::store_from_url(&url, &[]).expect("file store");
+        let mut m = stored_at(
+            &store,
+            &[
+                ("a.txt", b'0', 0o644, b"aaa"),
+                ("b.txt", b'0', 0o644, b"bbb"),
+            ],
+        )
+        .await;
+        // Non-ASCII where a hex sha belongs (a byte slice at 12 would split a character), a sha
+        // of the wrong length, sizes and totals that contradict the lists, names that would
+        // drive a terminal.
+        m.members[0].sha256 = Some(format!("a{}", "\u{e9}".repeat(20)));
+        m.members[0].path = "a.txt\x1b[2J".into();
+        m.members[1].sha256 = Some("ab".into());
+        m.members[1].size = u64::MAX;
+        m.members[1].link_target = Some("\r\x1b]0;owned\x07".into());
+        m.declared_path = "/out\nfake line".into();
+        m.totals.members = 0;
+        m.totals.dropped_members = 0;
+        m.dropped.push(crate::drain::DroppedRecord {
+            path: "d\u{9b}31m".into(),
+            size: u64::MAX,
+            reason: "\x1b[31m".into(),
+            in_pod: false,
+        });
+        m.pod_notes.push("note\x1b[1A".into());
+        let key = object_store::path::Path::from("ns/job/u1/00-out.manifest.json");
+        let json = serde_json::to_vec(&m).expect("json");
+        store.put(&key, json.into()).await.expect("put manifest");
+
+        let mut out = Vec::new();
+        run_to(args(&url, FilesCommand::Ls { run: "job".into() }), &mut out)
+            .await
+            .expect("ls lists what it can");
+        let text = String::from_utf8(out).expect("utf8");
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        assert!(text.contains("a.txt\\x1b[2J"), "{text}");
+        assert!(text.contains("/out\\x0afake line"), "{text}");
+        assert!(text.contains("\u{e9}\u{e9}"), "{text}");
+
+        let target = dir.path().join("extracted");
+        let got = run_to(
+            args(
+                &url,
+                FilesCommand::Get {
+                    run: "job".into(),
+                    path: None,
+                    output: target,
+                },
+            ),
+            &mut Vec::new(),
+        )
+        .await;
+        assert!(matches!(got, Err(FilesError::Verify(_))), "{got:?}");
+    }
+
+    /// A ustar entry appended to `t` (type, path, link target, content).
+    fn entry(t: &mut Vec<u8>, ty: u8, path: &str, link: Option<&str>, data: &[u8]) {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::new(ty));
+        h.set_path(path).expect("path");
+        if let Some(l) = link {
+            h.set_link_name(l).expect("link");
+        }
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        t.extend_from_slice(h.as_bytes());
+        t.extend_from_slice(data);
+        t.resize(t.len().div_ceil(512) * 512, 0);
+    }
+
+    #[tokio::test]
+    async fn files_get_neutralizes_a_member_that_folds_onto_a_symlink() {
+        // Drained on Linux (case-sensitive): `LINK/x` is a path of its own. Extracted on macOS
+        // or Windows it would be written through the symlink `Link` into `sub/`.
+        let mut t = Vec::new();
+        entry(&mut t, b'5', "sub/", None, b"");
+        entry(&mut t, b'2', "Link", Some("sub"), b"");
+        entry(&mut t, b'0', "LINK/x", None, b"through the link");
+        entry(&mut t, b'0', "li\u{302}nk", None, b"not a fold of Link");
+        entry(&mut t, b'0', "ok.txt", None, b"ok");
+        t.extend_from_slice(&[0u8; 1024]);
+        let (store, prefix) = crate::store::store_from_url("memory://", &[]).expect("store");
+        let run = RunRef {
+            namespace: "ns".into(),
+            name: "job".into(),
+            uid: "u1".into(),
+        };
+        let keys = crate::store::object_keys(&prefix, &run, 0, "/out", Compression::None);
+        let ctx = crate::store::ManifestContext {
+            run,
+            declared_path: "/out".into(),
+            index: 0,
+            attempt: 1,
+        };
+        let opts = crate::drain::DrainOptions::new(1 << 20, Compression::None);
+        let (_, manifest) = crate::drain::drain_into_store(&t[..], &store, &keys, &opts, ctx)
+            .await
+            .expect("the drain keeps LINK/x");
+        assert!(manifest.members.iter().any(|m| m.path == "LINK/x"));
+        let out = tempfile::tempdir().expect("tempdir");
+        let dir = out.path().join("x");
+        let n = extract_verified(&store, &manifest, &dir)
+            .await
+            .expect("the rest of the path extracts");
+        assert_eq!(n, manifest.members.len());
+        assert!(!dir.join("LINK").exists(), "LINK/x is not written");
+        assert!(!dir.join("sub/x").exists());
+        assert!(std::fs::symlink_metadata(dir.join("Link"))
+            .expect("Link")
+            .file_type()
+            .is_symlink());
+        assert_eq!(std::fs::read(dir.join("ok.txt")).expect("ok.txt"), b"ok");
+        assert!(dir.join("li\u{302}nk").is_file());
+    }
+
+    #[tokio::test]
+    async fn files_get_never_follows_a_symlink_while_creating_directories() {
+        // Someone (another process, or an earlier extraction) planted `d -> elsewhere` in the
+        // output directory: `d/x` must not land in `elsewhere`.
+        let (store, manifest) =
+            stored(&[("d/", b'5', 0o755, b""), ("d/x", b'0', 0o644, b"x")]).await;
+        let out = tempfile::tempdir().expect("tempdir");
+        let elsewhere = out.path().join("elsewhere");
+        std::fs::create_dir(&elsewhere).expect("elsewhere");
+        let dir = out.path().join("x");
+        std::fs::create_dir(&dir).expect("x");
+        std::os::unix::fs::symlink(&elsewhere, dir.join("d")).expect("plant");
+        let err = extract_verified(&store, &manifest, &dir)
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains("refusing to follow it"), "{err}");
+        assert!(
+            !elsewhere.join("x").exists(),
+            "nothing written through the link"
+        );
+        // The same below a real directory: `a/b` planted as a link, `a/b/c/f` refused.
+        let (store, manifest) = stored(&[("a/b/c/f", b'0', 0o644, b"f")]).await;
+        let dir2 = out.path().join("y");
+        std::fs::create_dir_all(dir2.join("a")).expect("a");
+        std::os::unix::fs::symlink(&elsewhere, dir2.join("a/b")).expect("plant");
+        let err = extract_verified(&store, &manifest, &dir2)
+            .await
+            .expect_err("refused");
+        assert!(err.to_string().contains("refusing to follow it"), "{err}");
+        assert!(!elsewhere.join("c").exists());
     }
 
     #[test]

@@ -533,13 +533,16 @@ pub fn decide(
 }
 
 /// Whether anything could have been written that a drain would owe (a pod ever ran).
+/// Whether a deleting run whose pod is gone still owes its read-back paths an outcome: it
+/// declares paths and its pod may have run — the operator saw it start, or created it and
+/// never saw what became of it (it was down while the pod ran). Only a run whose pod was never
+/// created may be let go of without a word; the others are reported lost (docs/contract.md §4).
 fn drain_needed(run: &SandboxRun) -> bool {
     !run.spec.read_back_paths().is_empty()
         && run
             .status
             .as_ref()
-            .and_then(|s| s.start_time.as_ref())
-            .is_some()
+            .is_some_and(|s| s.start_time.is_some() || s.pod_name.is_some())
 }
 
 fn resume_trigger(run: &SandboxRun, pod: &PodView) -> Trigger {
@@ -1149,7 +1152,15 @@ fn image_pull_failure(status: &SandboxRunStatus) -> Option<String> {
 /// The status when the pod vanished before teardown: every undrained path is a failure, never an
 /// empty set (ADR-143 §4), and the run failed (Failed=True, reason [`REASON_POD_LOST`]) unless
 /// its workload had already finished and every required path had drained.
-pub fn pod_lost_status(run: &SandboxRun, now: Timestamp) -> SandboxRunStatus {
+///
+/// `committed` holds the status entries of paths whose manifest the store already has (an
+/// operator that committed a path and died before recording it): such a path was drained, and
+/// keeps that outcome instead of being marked Failed (docs/contract.md §4).
+pub fn pod_lost_status(
+    run: &SandboxRun,
+    committed: &[ReadBackStatus],
+    now: Timestamp,
+) -> SandboxRunStatus {
     let mut status = run.status.clone().unwrap_or_default();
     ensure_pending_entries(run, &mut status);
     for e in status
@@ -1157,8 +1168,13 @@ pub fn pod_lost_status(run: &SandboxRun, now: Timestamp) -> SandboxRunStatus {
         .iter_mut()
         .filter(|e| e.phase == ReadBackPhase::Pending)
     {
-        e.phase = ReadBackPhase::Failed;
-        e.message = Some(POD_GONE.to_string());
+        match committed.iter().find(|c| c.path == e.path) {
+            Some(c) => *e = c.clone(),
+            None => {
+                e.phase = ReadBackPhase::Failed;
+                e.message = Some(POD_GONE.to_string());
+            }
+        }
     }
     let generation = run.metadata.generation;
     set_condition(
@@ -1529,7 +1545,7 @@ mod tests {
             Phase::Running,
         );
         assert_eq!(decide(&r, None, now(), &settings()), Step::PodLost);
-        let s = pod_lost_status(&r, now());
+        let s = pod_lost_status(&r, &[], now());
         assert_eq!(s.phase, Some(Phase::Failed));
         assert!(s
             .read_back
@@ -1684,7 +1700,7 @@ mod tests {
         let mut r = r;
         r.status = Some(done);
         // Writes built from the run's status afterwards keep it too.
-        assert_eq!(pod_lost_status(&r, now()).workload, w);
+        assert_eq!(pod_lost_status(&r, &[], now()).workload, w);
         assert_eq!(
             tracked_status(&r, "demo-sbr", &running(), now()).workload,
             w
@@ -2410,12 +2426,81 @@ mod tests {
     }
 
     #[test]
+    fn a_path_committed_before_the_pod_was_lost_keeps_its_committed_outcome() {
+        // An operator committed /out's manifest and died before recording it; the pod is gone
+        // when its successor looks. /out was drained: it is not a loss. /logs was not.
+        let r = with_generation(with_phase(
+            run_with(&[("/out", true), ("/logs", false)]),
+            Phase::Running,
+        ));
+        let committed = ReadBackStatus {
+            path: "/out".into(),
+            phase: ReadBackPhase::Drained,
+            bytes: 3,
+            members: 1,
+            object: Some("file:///s/ns/r/u/00-out.tar".into()),
+            manifest: Some("file:///s/ns/r/u/00-out.manifest.json".into()),
+            attempts: 1,
+            ..Default::default()
+        };
+        let done = pod_lost_status(&r, std::slice::from_ref(&committed), now());
+        let out = done
+            .read_back
+            .iter()
+            .find(|e| e.path == "/out")
+            .expect("/out");
+        assert_eq!(out, &committed);
+        let logs = done
+            .read_back
+            .iter()
+            .find(|e| e.path == "/logs")
+            .expect("/logs");
+        assert_eq!(logs.phase, ReadBackPhase::Failed);
+        assert_eq!(logs.message.as_deref(), Some(POD_GONE));
+        // The required path was drained: the run is not failed for a lost required path... but
+        // the pod is still gone, which the run's ending says.
+        assert_eq!(done.message.as_deref(), Some(POD_GONE));
+        // Without the committed entry, both paths are losses (as before).
+        let lost = pod_lost_status(&r, &[], now());
+        assert!(lost
+            .read_back
+            .iter()
+            .all(|e| e.phase == ReadBackPhase::Failed));
+    }
+
+    #[test]
+    fn a_run_deleted_while_the_operator_was_down_is_not_released_without_a_word() {
+        // The operator created the pod (status: Pending, podName) and was down while the pod
+        // ran and went away; the run was deleted meanwhile. No startTime was ever seen, but the
+        // pod may have run: the paths are reported lost (Failed + Event), not let go of silently.
+        let mut r = with_phase(run_with(&[("/out", true)]), Phase::Pending);
+        r.metadata.deletion_timestamp = Some(Time(now()));
+        if let Some(s) = r.status.as_mut() {
+            s.start_time = None;
+            s.pod_name = Some("job-sbr".into());
+        }
+        assert_eq!(decide(&r, None, now(), &settings()), Step::PodLost);
+        // A pod never created (no podName): nothing can have run, the finalizer goes at once.
+        if let Some(s) = r.status.as_mut() {
+            s.pod_name = None;
+        }
+        assert_eq!(decide(&r, None, now(), &settings()), Step::ReleaseFinalizer);
+        // Without declared paths there is nothing to report either.
+        let mut r = with_phase(run_with(&[]), Phase::Pending);
+        r.metadata.deletion_timestamp = Some(Time(now()));
+        if let Some(s) = r.status.as_mut() {
+            s.pod_name = Some("job-sbr".into());
+        }
+        assert_eq!(decide(&r, None, now(), &settings()), Step::ReleaseFinalizer);
+    }
+
+    #[test]
     fn a_lost_pod_is_failed_with_pod_lost() {
         let r = with_generation(with_phase(
             run_with(&[("/out", true), ("/logs", false)]),
             Phase::Running,
         ));
-        let done = pod_lost_status(&r, now());
+        let done = pod_lost_status(&r, &[], now());
         assert_eq!(done.phase, Some(Phase::Failed));
         assert_one_ending(&done);
         assert_eq!(
@@ -2427,14 +2512,14 @@ mod tests {
 
         // Also with no path at all, and while a deadline teardown was draining.
         let r = with_generation(with_phase(run_with(&[]), Phase::Running));
-        let done = pod_lost_status(&r, now());
+        let done = pod_lost_status(&r, &[], now());
         assert_eq!(
             cond_of(&done, condition::FAILED),
             pair("True", REASON_POD_LOST)
         );
         let mut r = with_generation(with_phase(run_with(&[("/out", false)]), Phase::Running));
         r.status = Some(draining_status(&r, &Trigger::Deadline, None, now()));
-        let done = pod_lost_status(&r, now());
+        let done = pod_lost_status(&r, &[], now());
         assert_eq!(
             cond_of(&done, condition::FAILED),
             pair("True", REASON_POD_LOST)
@@ -2450,7 +2535,7 @@ mod tests {
             draining_status(&r, &t, None, now()),
             ReadBackPhase::Drained,
         ));
-        let done = pod_lost_status(&r2, now());
+        let done = pod_lost_status(&r2, &[], now());
         assert_eq!(done.phase, Some(Phase::Succeeded));
         assert_one_ending(&done);
         assert_eq!(
@@ -2460,7 +2545,7 @@ mod tests {
         // A required path still pending when the pod vanished: the pod's loss is why.
         let mut r3 = r.clone();
         r3.status = Some(draining_status(&r, &t, None, now()));
-        let done = pod_lost_status(&r3, now());
+        let done = pod_lost_status(&r3, &[], now());
         assert_eq!(done.phase, Some(Phase::Failed));
         assert_eq!(
             cond_of(&done, condition::FAILED),

@@ -591,6 +591,19 @@ impl Manifest {
         started: jiff::Timestamp,
         finished: jiff::Timestamp,
     ) -> Self {
+        Self::from_outcome(ctx, keys, opts, outcome.clone(), started, finished)
+    }
+
+    /// [`Manifest::new`], taking the outcome's records instead of copying them (a drain's records
+    /// may be tens of MiB: docs/contract.md, "Unbounded size").
+    pub fn from_outcome(
+        ctx: &ManifestContext,
+        keys: &ObjectKeys,
+        opts: &DrainOptions,
+        outcome: DrainOutcome,
+        started: jiff::Timestamp,
+        finished: jiff::Timestamp,
+    ) -> Self {
         Manifest {
             schema_version: MANIFEST_SCHEMA_VERSION,
             run: ctx.run.clone(),
@@ -606,19 +619,17 @@ impl Manifest {
             totals: Totals {
                 members: outcome.members.len() as u64,
                 bytes: outcome.bytes,
-                dropped_members: outcome.dropped.len() as u64,
+                // Listed or not (docs/contract.md: past a bound, records are only counted).
+                dropped_members: outcome.dropped_count(),
                 // Saturating: a dropped size may be the pod's (forged) word.
-                dropped_bytes: outcome
-                    .dropped
-                    .iter()
-                    .fold(0u64, |sum, d| sum.saturating_add(d.size)),
-                rejected_members: outcome.rejected.len() as u64,
+                dropped_bytes: outcome.dropped_bytes(),
+                rejected_members: outcome.rejected_count(),
                 input_bytes: outcome.input_bytes,
                 archive_bytes: outcome.archive_bytes,
             },
-            members: outcome.members.clone(),
-            dropped: outcome.dropped.clone(),
-            rejected: outcome.rejected.clone(),
+            members: outcome.members,
+            dropped: outcome.dropped,
+            rejected: outcome.rejected,
             stopped_at_input_bound: outcome.stopped_at_input_bound,
             pod_notes: Vec::new(),
         }
@@ -634,6 +645,19 @@ impl Manifest {
             input_bytes: self.totals.input_bytes,
             archive_bytes: self.totals.archive_bytes,
             stopped_at_input_bound: self.stopped_at_input_bound,
+            unlisted_dropped: self
+                .totals
+                .dropped_members
+                .saturating_sub(self.dropped.len() as u64),
+            unlisted_dropped_bytes: self.totals.dropped_bytes.saturating_sub(
+                self.dropped
+                    .iter()
+                    .fold(0u64, |sum, d| sum.saturating_add(d.size)),
+            ),
+            unlisted_rejected: self
+                .totals
+                .rejected_members
+                .saturating_sub(self.rejected.len() as u64),
         }
     }
 
@@ -657,13 +681,34 @@ pub enum ManifestWrite {
     AlreadyCommitted(Box<Manifest>),
 }
 
+/// The manifest's JSON, allocated once at its exact size: a manifest may list tens of MiB of
+/// records (docs/contract.md, "Unbounded size"), and a buffer grown by doubling would hold up to
+/// three times that at once.
+fn manifest_json(manifest: &Manifest) -> serde_json::Result<Vec<u8>> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer_pretty(&mut count, manifest)?;
+    let mut json = Vec::with_capacity(count.0);
+    serde_json::to_writer_pretty(&mut json, manifest)?;
+    Ok(json)
+}
+
 /// Writes a manifest create-only: the first complete attempt commits, later ones read it back.
 pub async fn write_manifest(
     store: &Arc<dyn ObjectStore>,
     key: &Path,
     manifest: &Manifest,
 ) -> Result<ManifestWrite, StoreError> {
-    let json = serde_json::to_vec_pretty(manifest).map_err(|source| StoreError::ManifestJson {
+    let json = manifest_json(manifest).map_err(|source| StoreError::ManifestJson {
         key: key.to_string(),
         source,
     })?;

@@ -615,6 +615,55 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
     t.extend_from_slice(b"#!/bin/sh\nrm -rf /\n");
     let trailing = hostile_dir("h-trailing", "stream", Some(&t));
 
+    // (g) A flood of empty files with ~4 KiB names under `sizeLimit: 1Mi`: the names are metered
+    // against the path's metadata allowance (1 MiB here), not stored without bound. (3968 bytes,
+    // so that `files get` can still create them below the test's output directory: PATH_MAX.)
+    const NAME_BYTES: usize = 3968;
+    let long_name = |i: usize| {
+        let tail = format!("/f{i:06}");
+        let mut name = vec!["d".repeat(250); 15].join("/");
+        name.push_str(&tail);
+        name.push_str(&"n".repeat(NAME_BYTES - name.len()));
+        name
+    };
+    let flood_files = 2000usize;
+    let mut t = Vec::new();
+    craft::entry(&mut t, b'0', "result.txt", None, b"kept\n");
+    for i in 0..flood_files {
+        craft::pax(&mut t, &craft::pax_record("path", &long_name(i)));
+        craft::entry(&mut t, b'0', "placeholder", None, b"");
+    }
+    craft::end(&mut t);
+    let name_flood = hostile_dir("h-name-flood", "stream", Some(&t));
+    // result.txt costs 512 + 10 bytes of the allowance, each flood member 512 + its name.
+    let kept_of_flood = ((1024 * 1024 - 522) / (512 + NAME_BYTES)) as u64;
+
+    // (h) A GNU long name announcing a 2 GiB body (only its header is sent: the drain refuses
+    // it before reading the body).
+    let mut t = Vec::new();
+    t.extend_from_slice(&craft::header(b'L', b"././@LongLink", None, 2 << 30));
+    t.extend_from_slice(&[b'n'; 4096]);
+    let huge_long_name = hostile_dir("h-long-name", "stream", Some(&t));
+
+    // (i) Duplicate members and a name with control characters: the last duplicate wins, the
+    // path extracts, and `files ls` prints the name escaped.
+    let mut t = Vec::new();
+    craft::entry(&mut t, b'0', "same.txt", None, b"first\n");
+    craft::entry(&mut t, b'0', "evil\x1b[2J\x07.txt", None, b"ctl\n");
+    craft::entry(&mut t, b'0', "./same.txt", None, b"second\n");
+    craft::end(&mut t);
+    let duplicates = hostile_dir("h-duplicates", "stream", Some(&t));
+
+    // (j) A member that folds onto a symlink: `LINK/x` is a path of its own on the pod's
+    // filesystem, but on a case-insensitive one (macOS, Windows) it is `Link/x`, through the link.
+    let mut t = Vec::new();
+    craft::entry(&mut t, b'5', "sub/", None, b"");
+    craft::entry(&mut t, b'2', "Link", Some("sub"), b"");
+    craft::entry(&mut t, b'0', "LINK/x", None, b"through the link on APFS\n");
+    craft::entry(&mut t, b'0', "ok.txt", None, b"ok\n");
+    craft::end(&mut t);
+    let case_fold = hostile_dir("h-case-fold", "stream", Some(&t));
+
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let cases: Vec<(&str, PathSpec<'_>)> = vec![
@@ -631,6 +680,16 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
         ),
         ("exit-nonzero", p(&failing)),
         ("trailing", p(&trailing)),
+        (
+            "name-flood",
+            PathSpec {
+                path: &name_flood,
+                size_limit: Some("1Mi"),
+            },
+        ),
+        ("long-name", p(&huge_long_name)),
+        ("duplicates", p(&duplicates)),
+        ("case-fold", p(&case_fold)),
     ];
     for (name, path) in &cases {
         let spec = run_spec(
@@ -731,6 +790,10 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
         ("zeros", "input bytes"),
         ("exit-nonzero", "hostile packer refuses on purpose"),
         ("trailing", "end-of-archive"),
+        (
+            "long-name",
+            "GNU long name announces a 2147483648-byte body",
+        ),
     ];
     for (name, says) in expect_failed {
         let run = &finals[name];
@@ -768,9 +831,78 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
             "{key} is outside every run's keys {allowed:?}"
         );
         assert!(
-            key.contains("/sanitized/"),
-            "only the sanitized run committed: {key}"
+            ["/sanitized/", "/name-flood/", "/duplicates/", "/case-fold/"]
+                .iter()
+                .any(|committed| key.contains(committed)),
+            "only the runs expected to commit did: {key}"
         );
+    }
+
+    // (g), (i): committed, with (phase, members stored, members dropped, entries rejected), and
+    // extracted by `files get`.
+    let expect_committed = [
+        (
+            "name-flood",
+            ReadBackPhase::Capped,
+            kept_of_flood + 1,
+            flood_files as u64 - kept_of_flood,
+            0,
+        ),
+        ("duplicates", ReadBackPhase::Drained, 3, 0, 0),
+        ("case-fold", ReadBackPhase::Drained, 4, 0, 0),
+    ];
+    for (name, phase, members, dropped, rejected) in expect_committed {
+        let e = entry(&finals[name], 0);
+        assert_eq!(
+            (e.phase, e.members, e.dropped_members, e.rejected_members),
+            (phase, members, dropped, rejected),
+            "{name}: {e:?}"
+        );
+        let m = list_manifests(&store, &prefix, &ns.name, name)
+            .await
+            .unwrap();
+        let manifest = &m[0].1;
+        let out = host_dir(&format!("hostile-extracted-{name}"));
+        extract_verified(&store, manifest, &out)
+            .await
+            .unwrap_or_else(|e| panic!("{name}: files get: {e}"));
+        match name {
+            "name-flood" => {
+                assert!(manifest
+                    .dropped
+                    .iter()
+                    .all(|d| d.reason == "over_metadata_allowance"));
+                assert!(
+                    manifest.totals.archive_bytes <= 2 * 1024 * 1024 + 64 * 1024,
+                    "{name}: the store holds {} archive bytes for a 1Mi path",
+                    manifest.totals.archive_bytes
+                );
+                assert_eq!(std::fs::read(out.join("result.txt")).unwrap(), b"kept\n");
+            }
+            "case-fold" => {
+                // `files get` neutralizes it: not written, the rest extracted.
+                assert!(!out.join("LINK").exists());
+                assert!(!out.join("sub/x").exists());
+                assert_eq!(std::fs::read(out.join("ok.txt")).unwrap(), b"ok\n");
+            }
+            _ => {
+                assert_eq!(std::fs::read(out.join("same.txt")).unwrap(), b"second\n");
+                let mut listing = Vec::new();
+                let args = sandboxrun_operator::files::FilesArgs {
+                    command: sandboxrun_operator::files::FilesCommand::Ls { run: name.into() },
+                    store_url: store_url.clone(),
+                    store_options: Vec::new(),
+                    namespace: ns.name.clone(),
+                    uid: None,
+                };
+                sandboxrun_operator::files::run_to(args, &mut listing)
+                    .await
+                    .expect("files ls");
+                let text = String::from_utf8(listing).unwrap();
+                assert!(text.contains("evil\\x1b[2J\\x07.txt"), "{text}");
+                assert!(!text.contains('\x1b'), "{text:?}");
+            }
+        }
     }
 
     // The operator survived all of it, and still serves a normal run.

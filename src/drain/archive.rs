@@ -37,7 +37,7 @@ use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 use crate::api::{Compression, ReadBackPhase};
-use crate::drain::cap::{Admit, CapMeter};
+use crate::drain::cap::{self, Admit, CapMeter, MetadataMeter};
 use crate::drain::sanitize::{
     self, Decision, EntryInfo, EntryKind, Limits, MemberKind, Reason, Sanitizer,
 };
@@ -45,9 +45,23 @@ use crate::pack::ustar;
 use crate::store::{self, Manifest, ManifestContext, ObjectKeys, StoreError};
 
 /// Default bound on the bytes the parser may read between two members (headers, PAX records, GNU
-/// long names, sparse maps, padding). The parser buffers extension records whole, so this is also
-/// what bounds its memory.
+/// long names, sparse maps, padding). The parser buffers extension records whole; each is also
+/// bounded on its own by [`MAX_EXTENSION_BODY_BYTES`], checked before its body is read.
 pub const DEFAULT_MAX_HEADER_BYTES: u64 = 1024 * 1024;
+/// Largest body of a PAX extended header (`x`) or a GNU long name or link (`L`, `K`), the records
+/// the parser holds in memory: a header announcing more is refused as malformed before a byte of
+/// its body is read (a path is at most 4 KiB, so no honest packer comes near it).
+pub const MAX_EXTENSION_BODY_BYTES: u64 = 64 * 1024;
+/// Bytes of dropped and rejected records a drain lists (each counts its path plus
+/// [`RECORD_OVERHEAD_BYTES`]); past it, further ones are counted in the totals but not listed
+/// ([`DrainOutcome::unlisted_dropped`], [`DrainOutcome::unlisted_rejected`]), so the records the
+/// operator holds stay bounded whatever the pod wrote (docs/contract.md, "Unbounded size").
+pub const MAX_LISTED_RECORD_BYTES: u64 = 8 * 1024 * 1024;
+/// What one listed record costs against [`MAX_LISTED_RECORD_BYTES`] besides its path.
+pub const RECORD_OVERHEAD_BYTES: u64 = 64;
+/// Longest raw path kept in a rejected record (a rejected path is not bounded by the sanitizer's
+/// path rules: it may be the very thing that broke them); longer ones are cut and say so.
+pub const MAX_REJECTED_PATH_BYTES: usize = 1024;
 /// Input allowed on top of 4 × the cap by [`DrainOptions::new`].
 pub const INPUT_HEADROOM_BYTES: u64 = 256 * 1024 * 1024;
 /// [`DroppedRecord::reason`] of a file that would cross the cap (dropped by this meter, or by the
@@ -56,12 +70,18 @@ pub const DROPPED_OVER_CAP: &str = "over_cap";
 /// [`DroppedRecord::reason`] of a file that fit the cap but whose content would have taken the
 /// stream past the drain's input bound: the drain stopped reading before it.
 pub const DROPPED_INPUT_BOUND: &str = "input_bound";
+/// [`DroppedRecord::reason`] of a member whose name, link target and header would take the path's
+/// stored metadata past its allowance ([`cap::metadata_allowance`]).
+pub const DROPPED_METADATA: &str = "over_metadata_allowance";
 
 /// How one path is drained.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DrainOptions {
     /// Cap of the stored member content (ADR-143 "Unbounded size").
     pub cap_bytes: u64,
+    /// Allowance of the stored members' metadata: names, link targets, headers
+    /// ([`cap::metadata_cost`]); [`cap::metadata_allowance`] of the cap by default.
+    pub metadata_allowance: u64,
     /// Compression of the stored archive.
     pub compression: Compression,
     /// Sanitizer limits (entries, path and component lengths).
@@ -73,6 +93,8 @@ pub struct DrainOptions {
     pub max_input_bytes: u64,
     /// See [`DEFAULT_MAX_HEADER_BYTES`].
     pub max_header_bytes: u64,
+    /// See [`MAX_LISTED_RECORD_BYTES`].
+    pub max_listed_record_bytes: u64,
 }
 
 impl DrainOptions {
@@ -80,12 +102,14 @@ impl DrainOptions {
     pub fn new(cap_bytes: u64, compression: Compression) -> Self {
         DrainOptions {
             cap_bytes,
+            metadata_allowance: cap::metadata_allowance(cap_bytes),
             compression,
             limits: Limits::default(),
             max_input_bytes: cap_bytes
                 .saturating_mul(4)
                 .saturating_add(INPUT_HEADROOM_BYTES),
             max_header_bytes: DEFAULT_MAX_HEADER_BYTES,
+            max_listed_record_bytes: MAX_LISTED_RECORD_BYTES,
         }
     }
 }
@@ -108,6 +132,10 @@ pub struct MemberRecord {
     /// Symlink target (symlinks only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link_target: Option<String>,
+    /// A later member of the archive has the same path: it is stored (and metered) but replaced
+    /// on extraction — the last one wins, as with `tar -x` (docs/contract.md §3).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub superseded: bool,
 }
 
 /// A file dropped because it would cross the cap (or the input bound).
@@ -160,6 +188,19 @@ pub struct DrainOutcome {
     /// listed are the ones read before that point; whatever followed was never seen.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_at_input_bound: Option<u64>,
+    /// Dropped files counted but not listed in `dropped` ([`MAX_LISTED_RECORD_BYTES`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unlisted_dropped: u64,
+    /// Their content bytes (saturating: a size may be the pod's word).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unlisted_dropped_bytes: u64,
+    /// Rejected entries counted but not listed in `rejected`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unlisted_rejected: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl DrainOutcome {
@@ -167,13 +208,32 @@ impl DrainOutcome {
     /// Empty when the stream held nothing at all, Drained otherwise (rejected entries are listed,
     /// and counted in the status).
     pub fn phase(&self) -> ReadBackPhase {
-        if !self.dropped.is_empty() || self.stopped_at_input_bound.is_some() {
+        if self.dropped_count() > 0 || self.stopped_at_input_bound.is_some() {
             ReadBackPhase::Capped
-        } else if self.members.is_empty() && self.rejected.is_empty() {
+        } else if self.members.is_empty() && self.rejected_count() == 0 {
             ReadBackPhase::Empty
         } else {
             ReadBackPhase::Drained
         }
+    }
+
+    /// Files dropped, listed or not.
+    pub fn dropped_count(&self) -> u64 {
+        (self.dropped.len() as u64).saturating_add(self.unlisted_dropped)
+    }
+
+    /// Content bytes of the files dropped, listed or not (saturating).
+    pub fn dropped_bytes(&self) -> u64 {
+        self.dropped
+            .iter()
+            .fold(self.unlisted_dropped_bytes, |sum, d| {
+                sum.saturating_add(d.size)
+            })
+    }
+
+    /// Entries rejected, listed or not.
+    pub fn rejected_count(&self) -> u64 {
+        (self.rejected.len() as u64).saturating_add(self.unlisted_rejected)
     }
 }
 
@@ -241,6 +301,17 @@ pub enum DrainErrorKind {
         /// The bound.
         limit: u64,
     },
+    /// A PAX extended header or GNU long name/link announces a body over
+    /// [`MAX_EXTENSION_BODY_BYTES`]: refused before its body is read.
+    #[error("the tar stream is malformed: {what} announces a {size}-byte body, over the {limit}-byte bound on extension records (refused before reading it)")]
+    ExtensionTooLarge {
+        /// Which extension (`PAX header`, `GNU long name`, `GNU long link`).
+        what: &'static str,
+        /// The size it announced.
+        size: u64,
+        /// The bound.
+        limit: u64,
+    },
     /// Too many entries.
     #[error("more than {limit} entries")]
     TooManyEntries {
@@ -273,6 +344,7 @@ impl DrainErrorKind {
             DrainErrorKind::TrailingGarbage => "trailing_garbage",
             DrainErrorKind::InputLimit { .. } => "input_limit",
             DrainErrorKind::HeaderLimit { .. } => "header_limit",
+            DrainErrorKind::ExtensionTooLarge { .. } => "malformed",
             DrainErrorKind::TooManyEntries { .. } => "too_many_entries",
             DrainErrorKind::Read(_) => "read",
             DrainErrorKind::Write(_) => "write",
@@ -299,6 +371,7 @@ where
         inner: input,
         state: Arc::clone(&state),
         max_input: opts.max_input_bytes,
+        watch: None,
     };
     let archive_bytes = Arc::new(AtomicU64::new(0));
     let counted = CountingWriter {
@@ -311,6 +384,9 @@ where
         builder: tokio_tar::Builder::new_non_terminated(Encoder::new(counted, opts.compression)),
         sanitizer: Sanitizer::new(opts.limits),
         meter: CapMeter::new(opts.cap_bytes),
+        metadata: MetadataMeter::new(opts.metadata_allowance),
+        listed_bytes: 0,
+        stored: PathIndex::default(),
         outcome: DrainOutcome::default(),
     };
     let mut archive = tokio_tar::ArchiveBuilder::new(reader)
@@ -331,8 +407,8 @@ where
     run.outcome.archive_bytes = archive_bytes.load(Ordering::Relaxed);
     tracing::debug!(
         members = run.outcome.members.len(),
-        dropped = run.outcome.dropped.len(),
-        rejected = run.outcome.rejected.len(),
+        dropped = run.outcome.dropped_count(),
+        rejected = run.outcome.rejected_count(),
         bytes = run.outcome.bytes,
         input_bytes = run.outcome.input_bytes,
         stopped_at_input_bound = ?run.outcome.stopped_at_input_bound,
@@ -383,23 +459,25 @@ where
     };
     let progress = Progress {
         input_bytes: outcome.input_bytes,
-        entries: (outcome.members.len() + outcome.dropped.len() + outcome.rejected.len()) as u64,
+        entries: (outcome.members.len() as u64)
+            .saturating_add(outcome.dropped_count())
+            .saturating_add(outcome.rejected_count()),
         members: outcome.members.len() as u64,
         bytes: outcome.bytes,
     };
-    let manifest = Manifest::new(
+    let manifest = Manifest::from_outcome(
         &manifest_ctx,
         keys,
         opts,
-        &outcome,
+        outcome,
         started,
         jiff::Timestamp::now(),
     );
     match store::write_manifest(store, &keys.manifest, &manifest).await {
-        Ok(store::ManifestWrite::Created) => Ok((outcome, manifest)),
+        Ok(store::ManifestWrite::Created) => Ok((manifest.outcome(), manifest)),
         Ok(store::ManifestWrite::AlreadyCommitted(existing)) => {
             if existing.same_content(&manifest) {
-                Ok((outcome, *existing))
+                Ok((existing.outcome(), *existing))
             } else {
                 Err(DrainError {
                     kind: DrainErrorKind::ManifestConflict {
@@ -423,7 +501,46 @@ struct Run<'o, W: AsyncWrite + Unpin + Send> {
     builder: tokio_tar::Builder<Encoder<CountingWriter<W>>>,
     sanitizer: Sanitizer,
     meter: CapMeter,
+    metadata: MetadataMeter,
+    /// Bytes of dropped and rejected records listed so far ([`MAX_LISTED_RECORD_BYTES`]).
+    listed_bytes: u64,
+    /// Where each stored path is in `outcome.members` (the latest one).
+    stored: PathIndex,
     outcome: DrainOutcome,
+}
+
+/// Stored paths → their latest position in the member list, without a second copy of the paths
+/// (they are what the metadata allowance bounds): keyed by a randomly seeded hash, each position
+/// checked against the member's path.
+#[derive(Default)]
+struct PathIndex {
+    hasher: std::collections::hash_map::RandomState,
+    positions: std::collections::HashMap<u64, Vec<usize>>,
+}
+
+impl PathIndex {
+    fn key(&self, path: &str) -> u64 {
+        use std::hash::BuildHasher;
+        self.hasher.hash_one(path)
+    }
+
+    /// The latest position of `path` in `members`.
+    fn get(&self, path: &str, members: &[MemberRecord]) -> Option<usize> {
+        self.positions
+            .get(&self.key(path))?
+            .iter()
+            .copied()
+            .find(|&i| members.get(i).is_some_and(|m| m.path == path))
+    }
+
+    /// Records `path` at `position`, replacing its earlier position.
+    fn insert(&mut self, path: &str, position: usize) {
+        let key = self.key(path);
+        let slot = self.positions.entry(key).or_default();
+        // Positions of other paths with the same hash stay; an earlier one of this path is the
+        // one `get` would find first only if it were kept, so keep the newest in front.
+        slot.insert(0, position);
+    }
 }
 
 impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
@@ -452,6 +569,11 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
             TRIPPED_HEADER => DrainErrorKind::HeaderLimit {
                 limit: self.opts.max_header_bytes,
             },
+            TRIPPED_EXTENSION => DrainErrorKind::ExtensionTooLarge {
+                what: extension_name(self.state.extension_type.load(Ordering::Relaxed)),
+                size: self.state.extension_size.load(Ordering::Relaxed),
+                limit: MAX_EXTENSION_BODY_BYTES,
+            },
             _ if self.state.read_failed.load(Ordering::Relaxed) => DrainErrorKind::Read(err),
             _ if self.state.eof.load(Ordering::Relaxed) => {
                 DrainErrorKind::Truncated(err.to_string())
@@ -466,14 +588,17 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
         archive: &mut tokio_tar::Archive<MeteredReader<R>>,
     ) -> Result<(), DrainError> {
         let mut entries = archive.entries().map_err(|e| self.read_failure(e))?;
-        // Bytes of the previous entry's content left for the parser to skip.
-        let mut skip = 0u64;
+        // Where the parser reads the next header: after the previous entry's content (what the
+        // parser really skips, see `parser_skip`) and its padding.
+        let mut next_header_at = 0u64;
         loop {
+            let skip = next_header_at.saturating_sub(self.state.total.load(Ordering::Relaxed));
             self.state.open_window(
                 self.opts
                     .max_header_bytes
                     .saturating_add(skip)
                     .saturating_add(512),
+                next_header_at,
             );
             let next = entries.next().await;
             self.state.close_window();
@@ -487,15 +612,15 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
                 }
                 Some(Err(e)) => return Err(self.read_failure(e)),
             };
-            match self.entry(&mut entry).await? {
-                Next::Skip(n) => skip = n,
-                Next::Stop => {
-                    self.stop_at_input_bound();
-                    return Ok(());
-                }
+            let next = self.entry(&mut entry).await?;
+            next_header_at = parser_next_header(&mut entry).await;
+            if next == Next::Stop {
+                self.stop_at_input_bound();
+                return Ok(());
             }
             // Skipping what the entry announced would take the stream past the bound: stop now
             // rather than read it for nothing.
+            let skip = next_header_at.saturating_sub(self.state.total.load(Ordering::Relaxed));
             if self.would_cross_input_bound(skip) {
                 self.stop_at_input_bound();
                 return Ok(());
@@ -528,8 +653,46 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
         self.outcome.stopped_at_input_bound = Some(self.opts.max_input_bytes);
     }
 
-    /// Handles one entry: how many content bytes are left for the parser to skip, or whether the
-    /// drain stops here (the entry's content would cross the input bound).
+    /// Records a stored member; the member stored earlier at the same path, if any, is
+    /// superseded by it.
+    fn keep(&mut self, record: MemberRecord, earlier: Option<usize>) {
+        if let Some(i) = earlier {
+            tracing::debug!(path = %record.path, "a later member replaces an earlier one (last wins)");
+            self.outcome.members[i].superseded = true;
+        }
+        self.stored.insert(&record.path, self.outcome.members.len());
+        self.outcome.members.push(record);
+    }
+
+    /// Lists a dropped file, or only counts it once the listed records reach their bound
+    /// ([`DrainOptions::max_listed_record_bytes`]).
+    fn push_dropped(&mut self, record: DroppedRecord) {
+        let cost = RECORD_OVERHEAD_BYTES.saturating_add(record.path.len() as u64);
+        if self.listed_bytes.saturating_add(cost) <= self.opts.max_listed_record_bytes {
+            self.listed_bytes += cost;
+            self.outcome.dropped.push(record);
+        } else {
+            self.outcome.unlisted_dropped += 1;
+            self.outcome.unlisted_dropped_bytes = self
+                .outcome
+                .unlisted_dropped_bytes
+                .saturating_add(record.size);
+        }
+    }
+
+    /// Lists a rejected entry, or only counts it once the listed records reach their bound.
+    fn push_rejected(&mut self, record: RejectedRecord) {
+        let cost = RECORD_OVERHEAD_BYTES.saturating_add(record.path.len() as u64);
+        if self.listed_bytes.saturating_add(cost) <= self.opts.max_listed_record_bytes {
+            self.listed_bytes += cost;
+            self.outcome.rejected.push(record);
+        } else {
+            self.outcome.unlisted_rejected += 1;
+        }
+    }
+
+    /// Handles one entry: go on with the next one, or stop the drain here (the entry's content
+    /// would cross the input bound).
     async fn entry<R: AsyncRead + Unpin + Send>(
         &mut self,
         entry: &mut tokio_tar::Entry<tokio_tar::Archive<R>>,
@@ -539,9 +702,6 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
         let mode = header.mode().unwrap_or(0o644) & 0o777;
         let mtime = header.mtime().unwrap_or(0);
         let size = entry.effective_size();
-        // What the parser skips if we do not read the content: for a GNU sparse entry the stored
-        // bytes (raw header size), not the expanded size.
-        let stored = size.max(header.raw_entry_size().unwrap_or(0));
         let mut kind = EntryKind::from_type_byte(type_byte);
         if kind == EntryKind::File && has_gnu_sparse_records(entry).await {
             kind = EntryKind::Sparse;
@@ -564,25 +724,26 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
             link_target: link.as_deref(),
             size,
         };
-        let reject = |outcome: &mut DrainOutcome, reason: Reason| {
+        let rejected = |reason: Reason| {
             tracing::debug!(path = %String::from_utf8_lossy(&path), %reason, "rejected tar entry");
-            outcome.rejected.push(RejectedRecord {
-                path: String::from_utf8_lossy(&path).into_owned(),
+            RejectedRecord {
+                path: bounded_lossy(&path, MAX_REJECTED_PATH_BYTES),
                 entry_type: char::from(type_byte).escape_default().to_string(),
                 size,
                 reason,
-            });
+            }
         };
         let accepted = match self.sanitizer.check(&info) {
-            Decision::Ignore => return Ok(Next::Skip(stored)),
+            Decision::Ignore => return Ok(Next::Continue),
             Decision::Reject(reason) if reason.is_fatal() => {
                 return Err(self.fail(DrainErrorKind::TooManyEntries {
                     limit: self.opts.limits.max_entries,
                 }));
             }
             Decision::Reject(reason) => {
-                reject(&mut self.outcome, reason);
-                return Ok(Next::Skip(stored));
+                let record = rejected(reason);
+                self.push_rejected(record);
+                return Ok(Next::Continue);
             }
             Decision::Accept(accepted) => accepted,
         };
@@ -590,17 +751,21 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
             match sanitize::dropped_in_pod(accepted.kind, size, &value) {
                 Ok(declared) => {
                     self.meter.record_drop(declared);
-                    self.outcome.dropped.push(DroppedRecord {
+                    self.push_dropped(DroppedRecord {
                         path: accepted.path,
                         size: declared,
                         reason: DROPPED_OVER_CAP.into(),
                         in_pod: true,
                     });
                 }
-                Err(reason) => reject(&mut self.outcome, reason),
+                Err(reason) => {
+                    let record = rejected(reason);
+                    self.push_rejected(record);
+                }
             }
-            return Ok(Next::Skip(stored));
+            return Ok(Next::Continue);
         }
+        let metadata_cost = cap::metadata_cost(&accepted.path, accepted.link_target.as_deref());
         let mut record = MemberRecord {
             path: accepted.path,
             kind: accepted.kind,
@@ -612,7 +777,20 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
                 mode
             },
             link_target: accepted.link_target,
+            superseded: false,
         };
+        // A path stored earlier: the last one wins (the earlier is marked superseded once this
+        // one is stored), unless one of them is a directory and the other is not — replacing a
+        // directory that may hold members, or a member by a directory, has no safe reading.
+        let earlier = self.stored.get(&record.path, &self.outcome.members);
+        if let Some(i) = earlier {
+            let kind = self.outcome.members[i].kind;
+            if kind != record.kind && (kind == MemberKind::Dir || record.kind == MemberKind::Dir) {
+                let reason = rejected(Reason::DuplicatePath);
+                self.push_rejected(reason);
+                return Ok(Next::Continue);
+            }
+        }
         match accepted.kind {
             MemberKind::File => {
                 if self.would_cross_input_bound(size) {
@@ -625,7 +803,7 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
                         self.meter.admit(size);
                         DROPPED_OVER_CAP
                     };
-                    self.outcome.dropped.push(DroppedRecord {
+                    self.push_dropped(DroppedRecord {
                         path: record.path,
                         size,
                         reason: reason.into(),
@@ -633,15 +811,28 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
                     });
                     return Ok(Next::Stop);
                 }
+                if self.meter.fits(size) && !self.metadata.fits(metadata_cost) {
+                    // Its content fits the cap, but its name would take the stored metadata past
+                    // the path's allowance (docs/contract.md, "Unbounded size").
+                    self.meter.record_drop(size);
+                    self.push_dropped(DroppedRecord {
+                        path: record.path,
+                        size,
+                        reason: DROPPED_METADATA.into(),
+                        in_pod: false,
+                    });
+                    return Ok(Next::Continue);
+                }
                 if self.meter.admit(size) == Admit::Drop {
-                    self.outcome.dropped.push(DroppedRecord {
+                    self.push_dropped(DroppedRecord {
                         path: record.path,
                         size,
                         reason: DROPPED_OVER_CAP.into(),
                         in_pod: false,
                     });
-                    return Ok(Next::Skip(stored));
+                    return Ok(Next::Continue);
                 }
+                self.metadata.admit(metadata_cost);
                 let header = self
                     .header(tokio_tar::EntryType::Regular, &record, size, mtime)
                     .await?;
@@ -665,10 +856,19 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
                 record.size = size;
                 record.sha256 = Some(hex::encode(source.hasher.finalize()));
                 self.outcome.bytes += size;
-                self.outcome.members.push(record);
-                Ok(Next::Skip(0))
+                self.keep(record, earlier);
+                Ok(Next::Continue)
             }
             MemberKind::Dir | MemberKind::Symlink => {
+                if self.metadata.admit(metadata_cost) == Admit::Drop {
+                    self.push_dropped(DroppedRecord {
+                        path: record.path,
+                        size: 0,
+                        reason: DROPPED_METADATA.into(),
+                        in_pod: false,
+                    });
+                    return Ok(Next::Continue);
+                }
                 let ty = if accepted.kind == MemberKind::Dir {
                     tokio_tar::EntryType::Directory
                 } else {
@@ -679,9 +879,10 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
                     .append(&header, tokio::io::empty())
                     .await
                     .map_err(|e| self.fail(DrainErrorKind::Write(e)))?;
-                self.outcome.members.push(record);
-                // A directory or link has no content; whatever a hostile header claims is skipped.
-                Ok(Next::Skip(stored))
+                self.keep(record, earlier);
+                // A directory or link has no content; whatever a hostile header claims, the
+                // parser skips.
+                Ok(Next::Continue)
             }
         }
     }
@@ -751,11 +952,55 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
 }
 
 /// What the drain does after an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Next {
-    /// Go on; the parser skips this many content bytes of the entry.
-    Skip(u64),
+    /// Go on with the next entry.
+    Continue,
     /// Stop reading: the input bound would be crossed (see the module doc).
     Stop,
+}
+
+/// Where the parser reads the header after `entry`: its content starts at its file position and
+/// the parser skips what it takes as the entry's size, padded to a block. That size is the
+/// effective one (a PAX `size` record overrides the header's), except for an old GNU sparse entry
+/// (`S`), whose effective size is the expanded file while the parser skips only the stored bytes
+/// (the header's size, or its PAX `size`). Counting anything else — e.g. the larger of the header
+/// and PAX sizes — would let a hostile stream widen the header window to what it pleases.
+async fn parser_next_header<R: AsyncRead + Unpin>(entry: &mut tokio_tar::Entry<R>) -> u64 {
+    let skipped = if entry.header().entry_type().as_byte() == b'S' {
+        match pax_value(entry, b"size").await {
+            Some(v) => std::str::from_utf8(&v)
+                .ok()
+                .and_then(|t| t.parse::<u64>().ok())
+                .unwrap_or(0),
+            None => entry.header().raw_entry_size().unwrap_or(0),
+        }
+    } else {
+        entry.effective_size()
+    };
+    entry
+        .raw_file_position()
+        .saturating_add(skipped.div_ceil(512).saturating_mul(512))
+}
+
+/// `bytes` rendered lossily, cut to at most `limit` bytes (on a character boundary) with the
+/// full length said when cut.
+fn bounded_lossy(bytes: &[u8], limit: usize) -> String {
+    if bytes.len() <= limit {
+        return String::from_utf8_lossy(bytes).into_owned();
+    }
+    let mut text = String::from_utf8_lossy(&bytes[..limit]).into_owned();
+    text.push_str(&format!("... ({} bytes)", bytes.len()));
+    text
+}
+
+/// Words for an extension header's type flag.
+fn extension_name(type_byte: u8) -> &'static str {
+    match type_byte {
+        b'L' => "a GNU long name",
+        b'K' => "a GNU long link",
+        _ => "a PAX extended header",
+    }
 }
 
 /// The value of the last PAX record `key` of a file, directory or symlink entry, if it has one.
@@ -790,6 +1035,9 @@ async fn has_gnu_sparse_records<R: AsyncRead + Unpin>(entry: &mut tokio_tar::Ent
 const TRIPPED_NONE: u8 = 0;
 const TRIPPED_INPUT: u8 = 1;
 const TRIPPED_HEADER: u8 = 2;
+const TRIPPED_EXTENSION: u8 = 3;
+/// [`MeterState::watch_at`] when no header is watched.
+const NOT_WATCHING: u64 = u64::MAX;
 
 /// What the metered reader saw, shared with the drain (the parser owns the reader).
 #[derive(Debug)]
@@ -800,6 +1048,11 @@ struct MeterState {
     eof: AtomicBool,
     read_failed: AtomicBool,
     tripped: AtomicU8,
+    /// Stream offset of the next header the parser reads, while the drain is between members.
+    watch_at: AtomicU64,
+    /// Type flag and announced size of the extension header that tripped [`TRIPPED_EXTENSION`].
+    extension_type: AtomicU8,
+    extension_size: AtomicU64,
 }
 
 impl Default for MeterState {
@@ -811,29 +1064,124 @@ impl Default for MeterState {
             eof: AtomicBool::new(false),
             read_failed: AtomicBool::new(false),
             tripped: AtomicU8::new(TRIPPED_NONE),
+            watch_at: AtomicU64::new(NOT_WATCHING),
+            extension_type: AtomicU8::new(0),
+            extension_size: AtomicU64::new(0),
         }
     }
 }
 
 impl MeterState {
-    /// From now on, at most `limit` bytes may be read (the parser is between members).
-    fn open_window(&self, limit: u64) {
+    /// From now on, at most `limit` bytes may be read (the parser is between members), and the
+    /// headers from stream offset `next_header_at` on are watched for extension records.
+    fn open_window(&self, limit: u64, next_header_at: u64) {
         self.window.store(0, Ordering::Relaxed);
         self.window_limit.store(limit, Ordering::Relaxed);
+        self.watch_at.store(next_header_at, Ordering::Relaxed);
     }
 
     /// Member content is being read: only the total bound applies.
     fn close_window(&self) {
         self.window_limit.store(u64::MAX, Ordering::Relaxed);
+        self.watch_at.store(NOT_WATCHING, Ordering::Relaxed);
     }
 }
 
 /// The stream as the parser sees it: counts bytes, notices EOF and transport errors, and enforces
-/// the input and header bounds.
+/// the input and header bounds — and, between members, looks at each header block as it passes:
+/// a PAX or GNU long-name/link header announcing a body over [`MAX_EXTENSION_BODY_BYTES`] fails
+/// the read that delivers it, so the parser never reads (or allocates for) that body.
 struct MeteredReader<R> {
     inner: R,
     state: Arc<MeterState>,
     max_input: u64,
+    watch: Option<HeaderWatch>,
+}
+
+/// The header block being collected between members.
+struct HeaderWatch {
+    /// The offset the drain asked to watch from (a new one restarts the watch).
+    origin: u64,
+    /// Offset of the block being collected.
+    at: u64,
+    block: [u8; 512],
+    filled: usize,
+}
+
+/// What a header block says, as far as the watch cares.
+enum Block {
+    /// An extension header (`x`, `L`, `K`) with the size of its body.
+    Extension(u8, u64),
+    /// Anything else: a member, the end marker, or something the parser will judge.
+    Other,
+}
+
+fn classify(block: &[u8; 512]) -> Block {
+    let type_byte = block[156];
+    if !matches!(type_byte, b'x' | b'L' | b'K') {
+        return Block::Other;
+    }
+    match tokio_tar::Header::from_byte_slice(block).raw_entry_size() {
+        Ok(size) => Block::Extension(type_byte, size),
+        Err(_) => Block::Other,
+    }
+}
+
+impl<R> MeteredReader<R> {
+    /// Feeds `data`, read at stream offset `offset`, to the header watch. Returns the extension
+    /// header that must be refused, if one passed.
+    fn watch_headers(&mut self, offset: u64, data: &[u8]) -> Option<(u8, u64)> {
+        let want = self.state.watch_at.load(Ordering::Relaxed);
+        if want == NOT_WATCHING {
+            self.watch = None;
+            return None;
+        }
+        if self.watch.as_ref().is_none_or(|w| w.origin != want) {
+            self.watch = Some(HeaderWatch {
+                origin: want,
+                at: want,
+                block: [0u8; 512],
+                filled: 0,
+            });
+        }
+        let end = offset.saturating_add(data.len() as u64);
+        loop {
+            let w = self.watch.as_mut()?;
+            let need = w.at.saturating_add(w.filled as u64);
+            if need >= end {
+                return None;
+            }
+            if need < offset {
+                // The block began before this read: a position the drain mis-predicted. Stop
+                // watching; the window still bounds what the parser reads.
+                self.watch = None;
+                return None;
+            }
+            let start = usize::try_from(need - offset).unwrap_or(usize::MAX);
+            let n = (512 - w.filled).min(data.len().saturating_sub(start));
+            w.block[w.filled..w.filled + n].copy_from_slice(&data[start..start + n]);
+            w.filled += n;
+            if w.filled < 512 {
+                return None;
+            }
+            match classify(&w.block) {
+                Block::Extension(ty, size) if size > MAX_EXTENSION_BODY_BYTES => {
+                    return Some((ty, size));
+                }
+                Block::Extension(_, size) => {
+                    // The body follows, then the next header.
+                    w.at =
+                        w.at.saturating_add(512)
+                            .saturating_add(size.div_ceil(512).saturating_mul(512));
+                    w.filled = 0;
+                }
+                Block::Other => {
+                    self.watch = None;
+                    return None;
+                }
+            }
+        }
+    }
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for MeteredReader<R> {
@@ -864,6 +1212,17 @@ impl<R: AsyncRead + Unpin> AsyncRead for MeteredReader<R> {
             state.tripped.store(TRIPPED_INPUT, Ordering::Relaxed);
             return Poll::Ready(Err(io::Error::other("drain input bound exceeded")));
         }
+        let this = &mut *self;
+        if let Some((ty, size)) = this.watch_headers(total - n, &buf.filled()[before..]) {
+            let state = &this.state;
+            state.extension_type.store(ty, Ordering::Relaxed);
+            state.extension_size.store(size, Ordering::Relaxed);
+            state.tripped.store(TRIPPED_EXTENSION, Ordering::Relaxed);
+            return Poll::Ready(Err(io::Error::other(
+                "extension record over the drain's bound",
+            )));
+        }
+        let state = &self.state;
         let window = state.window.fetch_add(n, Ordering::Relaxed) + n;
         if window > state.window_limit.load(Ordering::Relaxed) {
             state.tripped.store(TRIPPED_HEADER, Ordering::Relaxed);
@@ -1525,8 +1884,245 @@ mod tests {
         end(&mut t);
         let err = drain(&t, &opts(1024)).await.expect_err("must fail");
         assert!(
-            matches!(err.kind, DrainErrorKind::HeaderLimit { .. }),
+            matches!(err.kind, DrainErrorKind::ExtensionTooLarge { limit, .. } if limit == MAX_EXTENSION_BODY_BYTES),
             "{err}"
+        );
+        assert_eq!(
+            err.progress.input_bytes, 512,
+            "not a byte of the body was read"
+        );
+        assert_eq!(err.metric_label(), "malformed");
+    }
+
+    /// A header announcing `size` bytes of type `ty`, then zeros forever.
+    fn endless_after(ty: u8, size: u64) -> Endless {
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::new(ty));
+        h.set_path("././@LongLink").expect("path");
+        h.set_size(size);
+        h.set_mode(0o644);
+        h.set_cksum();
+        Endless {
+            header: h.as_bytes().to_vec(),
+            pos: 0,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_two_gib_gnu_long_name_is_refused_as_malformed_before_its_body_is_read() {
+        for (ty, what) in [
+            (b'L', "GNU long name"),
+            (b'K', "GNU long link"),
+            (b'x', "PAX extended header"),
+        ] {
+            let o = DrainOptions::new(1 << 40, Compression::None);
+            let mut out = Vec::new();
+            let err = drain_stream(endless_after(ty, 2 << 30), &mut out, &o)
+                .await
+                .expect_err("must fail");
+            assert!(
+                matches!(err.kind, DrainErrorKind::ExtensionTooLarge { size, .. } if size == 2 << 30),
+                "{err}"
+            );
+            let text = err.to_string();
+            assert!(text.contains("malformed") && text.contains(what), "{text}");
+            assert_eq!(
+                err.progress.input_bytes, 512,
+                "{what}: only its header was read"
+            );
+        }
+        // One at the bound is read (and, with nothing after it, is a truncated stream).
+        let o = opts(1024);
+        let mut t = Vec::new();
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::new(b'L'));
+        h.set_path("././@LongLink").expect("path");
+        h.set_size(MAX_EXTENSION_BODY_BYTES);
+        h.set_cksum();
+        t.extend_from_slice(h.as_bytes());
+        t.extend_from_slice(&vec![b'n'; MAX_EXTENSION_BODY_BYTES as usize]);
+        let err = drain(&t, &o).await.expect_err("no member follows");
+        assert!(
+            !matches!(err.kind, DrainErrorKind::ExtensionTooLarge { .. }),
+            "{err}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_extension_after_a_kept_member_is_watched_too() {
+        // The watch follows the stream: after a member whose content was read (and padded), the
+        // next header is where the parser reads it.
+        let mut t = Vec::new();
+        raw_entry(&mut t, b'0', "first.txt", None, b"12345");
+        let mut h = tar::Header::new_ustar();
+        h.set_entry_type(tar::EntryType::new(b'L'));
+        h.set_path("././@LongLink").expect("path");
+        h.set_size(1 << 30);
+        h.set_cksum();
+        t.extend_from_slice(h.as_bytes());
+        t.extend_from_slice(&[b'n'; 4096]);
+        let err = drain(&t, &opts(1024)).await.expect_err("must fail");
+        assert!(
+            matches!(err.kind, DrainErrorKind::ExtensionTooLarge { .. }),
+            "{err}"
+        );
+        assert_eq!(err.progress.members, 1);
+        assert_eq!(err.progress.input_bytes, 1536);
+    }
+
+    #[tokio::test]
+    async fn the_drain_counts_the_size_the_parser_skips_not_the_larger_header_size() {
+        // The ustar size says 100 MiB, a PAX `size` record says 0: the parser skips nothing, so
+        // neither may the drain's bounds (it used to take the larger one, stopping at the input
+        // bound here, and widening the header window by 100 MiB).
+        let mut t = Vec::new();
+        pax_entry(&mut t, &ustar::record(b"size", b"0"));
+        let mut h = tar::Header::new_ustar();
+        h.set_path("claims-100-mib").expect("path");
+        h.set_size(100 << 20);
+        h.set_mode(0o644);
+        h.set_cksum();
+        t.extend_from_slice(h.as_bytes());
+        raw_entry(&mut t, b'0', "after.txt", None, b"hi");
+        end(&mut t);
+        let o = DrainOptions {
+            max_input_bytes: 1 << 20,
+            ..opts(1 << 20)
+        };
+        let (outcome, out) = drain(&t, &o).await.expect("drain");
+        assert_eq!(outcome.stopped_at_input_bound, None);
+        assert_eq!(outcome.phase(), ReadBackPhase::Drained);
+        let stored: Vec<_> = members_of(&out).into_iter().map(|m| (m.0, m.2)).collect();
+        assert_eq!(
+            stored,
+            vec![
+                ("claims-100-mib".to_string(), Vec::new()),
+                ("after.txt".to_string(), b"hi".to_vec())
+            ]
+        );
+    }
+
+    /// A path of `len` bytes made of 250-byte components, unique by `i`.
+    fn long_name(i: usize, len: usize) -> String {
+        let tail = format!("f{i:06}");
+        let mut name = String::new();
+        while name.len() + 251 + tail.len() <= len {
+            name.push_str(&"d".repeat(250));
+            name.push('/');
+        }
+        name.push_str(&"n".repeat(len - name.len() - tail.len()));
+        name.push_str(&tail);
+        name
+    }
+
+    #[tokio::test]
+    async fn empty_files_with_long_names_are_metered_against_the_metadata_allowance() {
+        // Item 5 of issue 10, scaled down: 5,000 empty files with 4 KiB names under a 1 MiB cap
+        // would store 20 MiB of names (50,000 of them: 200 MiB) if only content were metered.
+        let n = 5_000;
+        let mut t = Vec::new();
+        for i in 0..n {
+            raw_entry(&mut t, b'0', &long_name(i, 4096), None, b"");
+        }
+        raw_entry(&mut t, b'0', "small.txt", None, b"kept");
+        end(&mut t);
+        let o = opts(1 << 20);
+        assert_eq!(o.metadata_allowance, 1 << 20);
+        let (outcome, out) = drain(&t, &o).await.expect("drain");
+        let per_member = cap::metadata_cost(&long_name(0, 4096), None);
+        let kept = ((1 << 20) / per_member) as usize;
+        assert_eq!(outcome.members.len(), kept + 1, "the small one still fits");
+        assert_eq!(
+            outcome.members.last().map(|m| m.path.as_str()),
+            Some("small.txt")
+        );
+        assert_eq!(outcome.dropped_count(), (n - kept) as u64);
+        assert!(outcome
+            .dropped
+            .iter()
+            .all(|d| d.reason == DROPPED_METADATA && d.size == 0 && !d.in_pod));
+        assert_eq!(outcome.phase(), ReadBackPhase::Capped);
+        assert_eq!(members_of(&out).len(), kept + 1);
+        assert!(
+            out.len() as u64 <= 2 * (1 << 20) + 4096,
+            "the stored archive is bounded by the allowance: {} bytes",
+            out.len()
+        );
+    }
+
+    #[tokio::test]
+    async fn directories_and_links_are_metered_too_and_a_later_small_member_still_fits() {
+        let mut t = Vec::new();
+        raw_entry(&mut t, b'5', "d/", None, b"");
+        raw_entry(&mut t, b'2', "l", Some(&"x".repeat(300)), b"");
+        raw_entry(&mut t, b'0', "f", None, b"abc");
+        end(&mut t);
+        let o = DrainOptions {
+            metadata_allowance: 512 + 1 + 512 + 1,
+            ..opts(1024)
+        };
+        let (outcome, out) = drain(&t, &o).await.expect("drain");
+        let names: Vec<_> = members_of(&out).into_iter().map(|m| m.0).collect();
+        assert_eq!(names, ["d/", "f"]);
+        assert_eq!(
+            outcome.dropped,
+            vec![DroppedRecord {
+                path: "l".into(),
+                size: 0,
+                reason: DROPPED_METADATA.into(),
+                in_pod: false,
+            }]
+        );
+        assert_eq!(outcome.bytes, 3);
+    }
+
+    #[tokio::test]
+    async fn dropped_and_rejected_records_past_their_bound_are_counted_not_listed() {
+        let mut t = Vec::new();
+        for i in 0..20 {
+            raw_entry(&mut t, b'0', &format!("big{i:02}"), None, &[1u8; 100]);
+            raw_entry(&mut t, b'6', &format!("fifo{i:02}"), None, b"");
+        }
+        // A rejected path of 60 KiB is listed cut short.
+        let huge = format!("/{}", "a/".repeat(30 * 1024));
+        raw_entry(&mut t, b'0', &huge, None, b"");
+        end(&mut t);
+        let o = DrainOptions {
+            max_listed_record_bytes: 5 * (RECORD_OVERHEAD_BYTES + 5)
+                + 5 * (RECORD_OVERHEAD_BYTES + 6),
+            ..opts(10)
+        };
+        let (outcome, _) = drain(&t, &o).await.expect("drain");
+        assert_eq!(outcome.dropped.len() + outcome.rejected.len(), 10);
+        assert_eq!(outcome.dropped_count(), 20);
+        assert_eq!(outcome.rejected_count(), 21);
+        assert_eq!(outcome.dropped_bytes(), 2000);
+        assert_eq!(outcome.phase(), ReadBackPhase::Capped);
+        let (run, ctx) = ctx();
+        let keys = object_keys(
+            &object_store::path::Path::from("p"),
+            &run,
+            0,
+            "/out",
+            Compression::None,
+        );
+        let now = jiff::Timestamp::now();
+        let m = Manifest::new(&ctx, &keys, &o, &outcome, now, now);
+        assert_eq!(m.totals.dropped_members, 20);
+        assert_eq!(m.totals.dropped_bytes, 2000);
+        assert_eq!(m.totals.rejected_members, 21);
+        assert_eq!(m.outcome(), outcome, "the manifest round-trips the counts");
+        // The huge rejected path, listed with room to spare, is cut.
+        let o = opts(10);
+        let mut t = Vec::new();
+        raw_entry(&mut t, b'0', &huge, None, b"");
+        end(&mut t);
+        let (outcome, _) = drain(&t, &o).await.expect("drain");
+        let path = &outcome.rejected[0].path;
+        assert!(path.len() < MAX_REJECTED_PATH_BYTES + 32, "{}", path.len());
+        assert!(
+            path.ends_with(&format!("... ({} bytes)", huge.len())),
+            "{path}"
         );
     }
 
@@ -1649,6 +2245,72 @@ mod tests {
             .await
             .expect("committed");
         assert_eq!(again.attempt, 1);
+    }
+
+    #[tokio::test]
+    async fn duplicate_members_resolve_last_wins_and_extract() {
+        let mut t = Vec::new();
+        raw_entry(&mut t, b'0', "a.txt", None, b"one");
+        raw_entry(&mut t, b'5', "d/", None, b"");
+        raw_entry(&mut t, b'0', "d/x", None, b"x");
+        raw_entry(&mut t, b'0', "./a.txt", None, b"two");
+        // A directory replaced by a file (or the reverse) has no safe reading: rejected.
+        raw_entry(&mut t, b'0', "d", None, b"not a dir");
+        raw_entry(&mut t, b'5', "a.txt/", None, b"");
+        raw_entry(&mut t, b'5', "d/", None, b"");
+        end(&mut t);
+        let (store, prefix) = store_from_url("memory://", &[]).expect("store");
+        let (run, ctx) = ctx();
+        let keys = object_keys(&prefix, &run, 0, "/out", Compression::None);
+        let (outcome, manifest) = drain_into_store(&t[..], &store, &keys, &opts(1024), ctx)
+            .await
+            .expect("drain");
+        let members: Vec<_> = outcome
+            .members
+            .iter()
+            .map(|m| (m.path.as_str(), m.superseded))
+            .collect();
+        assert_eq!(
+            members,
+            [
+                ("a.txt", true),
+                ("d", true),
+                ("d/x", false),
+                ("a.txt", false),
+                ("d", false)
+            ]
+        );
+        assert_eq!(
+            outcome.members[0].sha256.as_deref(),
+            Some(sha(b"one").as_str())
+        );
+        let rejected: Vec<_> = outcome
+            .rejected
+            .iter()
+            .map(|r| (r.path.as_str(), r.reason))
+            .collect();
+        assert_eq!(
+            rejected,
+            [
+                ("d", Reason::DuplicatePath),
+                ("a.txt/", Reason::DuplicatePath)
+            ]
+        );
+        assert_eq!(
+            outcome.bytes, 7,
+            "a superseded member is stored, so metered"
+        );
+        // One duplicate does not block the extraction of the path: the last one wins.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let n = crate::files::extract_verified(&store, &manifest, &dir.path().join("x"))
+            .await
+            .expect("extract");
+        assert_eq!(n, 5);
+        assert_eq!(
+            std::fs::read(dir.path().join("x/a.txt")).expect("a.txt"),
+            b"two"
+        );
+        assert_eq!(std::fs::read(dir.path().join("x/d/x")).expect("d/x"), b"x");
     }
 
     #[tokio::test]

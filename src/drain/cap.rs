@@ -1,9 +1,11 @@
 //! The cap meter of one declared read-back path (ADR-143 "What is not promised: Unbounded size").
 //! Pure: it only counts.
 //!
-//! What it counts: member CONTENT bytes (a file's size). Tar headers, padding and the manifest are
-//! not metered: they are bounded separately by the entry limit, and keeping the meter on content
-//! makes the cap mean what a user expects ("512Mi of files").
+//! What it counts: member CONTENT bytes (a file's size), so the cap means what a user expects
+//! ("512Mi of files"). What the store holds besides content — names, link targets, headers — is
+//! metered by [`MetadataMeter`] against a separate per-path allowance ([`metadata_allowance`]),
+//! so a flood of long names cannot store (or make the operator hold) more than that
+//! (docs/contract.md, "Unbounded size").
 //!
 //! How it decides: from the header size, before any content is read. A member that would cross the
 //! cap is dropped whole and recorded; later members that still fit are kept. The contract is "a
@@ -114,6 +116,74 @@ impl CapMeter {
     }
 }
 
+/// Metadata bytes a stored member costs against its path's metadata allowance, on top of its
+/// content: one tar header block, plus its path and link target (which the re-emitted archive
+/// carries in a PAX record when they do not fit the header, and the manifest lists once more).
+pub const METADATA_BYTES_PER_MEMBER: u64 = 512;
+/// Smallest metadata allowance of a path, whatever its cap.
+pub const MIN_METADATA_ALLOWANCE: u64 = 1024 * 1024;
+/// Largest metadata allowance of a path, whatever its cap: it bounds the member records the
+/// operator holds for one drain (and the manifest it writes) — docs/contract.md, "Unbounded size".
+pub const MAX_METADATA_ALLOWANCE: u64 = 32 * 1024 * 1024;
+
+/// The metadata allowance of a path with this content cap: the cap itself, at least
+/// [`MIN_METADATA_ALLOWANCE`] and at most [`MAX_METADATA_ALLOWANCE`].
+pub fn metadata_allowance(cap_bytes: u64) -> u64 {
+    cap_bytes.clamp(MIN_METADATA_ALLOWANCE, MAX_METADATA_ALLOWANCE)
+}
+
+/// What one stored member costs against the metadata allowance (see
+/// [`METADATA_BYTES_PER_MEMBER`]).
+pub fn metadata_cost(path: &str, link_target: Option<&str>) -> u64 {
+    METADATA_BYTES_PER_MEMBER
+        .saturating_add(path.len() as u64)
+        .saturating_add(link_target.map_or(0, str::len) as u64)
+}
+
+/// Meters what a path's stored members cost beside their content — names, link targets, headers
+/// (docs/contract.md, "Unbounded size"): a member whose metadata would take the total past the
+/// allowance is dropped whole, like a member over the content cap, and a later one that fits is
+/// still kept. Pure: it only counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MetadataMeter {
+    allowance: u64,
+    used: u64,
+}
+
+impl MetadataMeter {
+    /// A meter with nothing counted yet.
+    pub fn new(allowance: u64) -> Self {
+        MetadataMeter { allowance, used: 0 }
+    }
+
+    /// Whether a member costing `cost` fits, without counting it.
+    pub fn fits(&self, cost: u64) -> bool {
+        self.used
+            .checked_add(cost)
+            .is_some_and(|total| total <= self.allowance)
+    }
+
+    /// Decides on a member costing `cost` and counts it when it is kept.
+    pub fn admit(&mut self, cost: u64) -> Admit {
+        if self.fits(cost) {
+            self.used += cost;
+            Admit::Keep
+        } else {
+            Admit::Drop
+        }
+    }
+
+    /// Metadata bytes counted so far.
+    pub fn used(&self) -> u64 {
+        self.used
+    }
+
+    /// The allowance.
+    pub fn allowance(&self) -> u64 {
+        self.allowance
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,5 +243,30 @@ mod tests {
             Admit::Keep,
             "the retry overwrites the same key"
         );
+    }
+
+    #[test]
+    fn the_metadata_allowance_follows_the_cap_within_its_bounds() {
+        assert_eq!(metadata_allowance(10), MIN_METADATA_ALLOWANCE);
+        assert_eq!(metadata_allowance(1 << 20), 1 << 20);
+        assert_eq!(metadata_allowance(8 << 20), 8 << 20);
+        assert_eq!(metadata_allowance(u64::MAX), MAX_METADATA_ALLOWANCE);
+        assert_eq!(metadata_cost("a/b", None), 512 + 3);
+        assert_eq!(metadata_cost("l", Some("../x")), 512 + 1 + 4);
+    }
+
+    #[test]
+    fn fifty_thousand_long_names_cannot_outgrow_a_one_mib_allowance() {
+        // Item 5 of issue 10: 50,000 empty files with 4 KiB names under `sizeLimit: 1Mi`.
+        let mut m = MetadataMeter::new(metadata_allowance(1 << 20));
+        let name = "n".repeat(4096);
+        let kept = (0..50_000)
+            .filter(|_| m.admit(metadata_cost(&name, None)) == Admit::Keep)
+            .count();
+        assert_eq!(kept, (1 << 20) / (512 + 4096));
+        assert!(m.used() <= 1 << 20);
+        // A later, smaller member still fits in what is left.
+        assert_eq!(m.admit(metadata_cost("s", None)), Admit::Keep);
+        assert!(!m.fits(u64::MAX), "no overflow");
     }
 }

@@ -239,8 +239,8 @@ fn capped_message(manifest: &Manifest) -> String {
 pub fn nothing_readable(outcome: &DrainOutcome, notes: &[String]) -> Option<String> {
     let stored_content = outcome.members.iter().any(|m| m.kind != MemberKind::Dir);
     if stored_content
-        || !outcome.dropped.is_empty()
-        || !outcome.rejected.is_empty()
+        || outcome.dropped_count() > 0
+        || outcome.rejected_count() > 0
         || outcome.stopped_at_input_bound.is_some()
     {
         return None;
@@ -568,7 +568,8 @@ async fn attempt(
         delete_archive(job, keys).await;
         return Err(AttemptError::NothingReadable(message));
     }
-    let mut manifest = Manifest::new(&ctx, keys, opts, &outcome, started, jiff::Timestamp::now());
+    let mut manifest =
+        Manifest::from_outcome(&ctx, keys, opts, outcome, started, jiff::Timestamp::now());
     manifest.pod_notes = notes.lines;
     if notes.truncated_bytes > 0 {
         manifest.pod_notes.push(format!(
@@ -640,6 +641,7 @@ mod tests {
             sha256: None,
             mode: 0o755,
             link_target: None,
+            superseded: false,
         }
     }
 

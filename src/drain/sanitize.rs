@@ -29,7 +29,8 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 /// Default most entries one drained archive may hold (beyond it the drain fails: a stream with more
-/// entries is hostile or broken, and the member records are what the operator keeps in memory).
+/// entries is hostile or broken; the records the operator keeps are bounded separately, by the
+/// metadata allowance and the listed-record bound: docs/contract.md, "Unbounded size").
 pub const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
 /// Default longest path, in bytes (Linux PATH_MAX).
 pub const DEFAULT_MAX_PATH_BYTES: usize = 4096;
@@ -126,6 +127,12 @@ pub enum Reason {
     /// A `SANDBOXRUN.dropped` PAX record that is malformed, out of range, or on an entry that is
     /// not a zero-length regular file.
     InvalidDropRecord,
+    /// The path of a member stored earlier, where one of the two is a directory and the other is
+    /// not (other duplicates are kept: the last one wins).
+    DuplicatePath,
+    /// On a case-insensitive or normalizing filesystem (macOS APFS, Windows) the path would name
+    /// an accepted symlink or something below one: checked when extracting ([`Sanitizer::for_extraction`]).
+    FoldsOntoSymlink,
 }
 
 impl Reason {
@@ -148,6 +155,8 @@ impl Reason {
             Reason::TooManyEntries => "too_many_entries",
             Reason::UnsupportedType => "unsupported_type",
             Reason::InvalidDropRecord => "invalid_drop_record",
+            Reason::DuplicatePath => "duplicate_path",
+            Reason::FoldsOntoSymlink => "folds_onto_symlink",
         }
     }
 
@@ -226,6 +235,15 @@ pub struct Sanitizer {
     limits: Limits,
     entries: u64,
     symlinks: BTreeSet<String>,
+    /// [`fold`]ed paths of the accepted symlinks, when extracting ([`Sanitizer::for_extraction`]).
+    folded_symlinks: Option<BTreeSet<String>>,
+}
+
+/// A path as a case-insensitive, normalizing filesystem compares it: lower-cased and in Unicode
+/// canonical decomposition (NFD), so `Link`, `LINK` and `link`, or `é` and `e` + U+0301, are one.
+pub fn fold(path: &str) -> String {
+    use unicode_normalization::UnicodeNormalization;
+    path.to_lowercase().nfd().collect()
 }
 
 impl Sanitizer {
@@ -235,6 +253,18 @@ impl Sanitizer {
             limits,
             entries: 0,
             symlinks: BTreeSet::new(),
+            folded_symlinks: None,
+        }
+    }
+
+    /// A sanitizer for extracting onto a filesystem that may be case-insensitive or normalizing
+    /// (`files get` on macOS or Windows): on top of the rules, an entry whose path folds onto an
+    /// accepted symlink or below one ([`fold`]) is [`Reason::FoldsOntoSymlink`] — there it would
+    /// be written through the link.
+    pub fn for_extraction(limits: Limits) -> Self {
+        Sanitizer {
+            folded_symlinks: Some(BTreeSet::new()),
+            ..Sanitizer::new(limits)
         }
     }
 
@@ -275,6 +305,9 @@ impl Sanitizer {
         if self.is_at_or_below_symlink(&components) {
             return Decision::Reject(Reason::ThroughSymlink);
         }
+        if self.folds_onto_symlink(&components) {
+            return Decision::Reject(Reason::FoldsOntoSymlink);
+        }
         let (kind, link_target) = match entry.kind {
             EntryKind::File => (MemberKind::File, None),
             EntryKind::Directory => (MemberKind::Dir, None),
@@ -287,12 +320,31 @@ impl Sanitizer {
             }
         };
         if kind == MemberKind::Symlink {
+            if let Some(folded) = self.folded_symlinks.as_mut() {
+                folded.insert(fold(&path));
+            }
             self.symlinks.insert(path.clone());
         }
         Decision::Accept(Accepted {
             path,
             kind,
             link_target,
+        })
+    }
+
+    /// Whether `components`, folded, name an accepted symlink or something below one (only when
+    /// extracting).
+    fn folds_onto_symlink(&self, components: &[&str]) -> bool {
+        let Some(folded) = self.folded_symlinks.as_ref().filter(|f| !f.is_empty()) else {
+            return false;
+        };
+        let mut prefix = String::new();
+        components.iter().enumerate().any(|(i, c)| {
+            if i > 0 {
+                prefix.push('/');
+            }
+            prefix.push_str(c);
+            folded.contains(&fold(&prefix))
         })
     }
 
@@ -626,6 +678,46 @@ mod tests {
         );
         // A sibling with a common prefix is not "through" the link.
         assert!(matches!(s.check(&file("outside.txt")), Decision::Accept(_)));
+    }
+
+    #[test]
+    fn when_extracting_a_path_that_folds_onto_a_symlink_is_rejected() {
+        let mut s = Sanitizer::for_extraction(Limits::default());
+        assert!(matches!(
+            s.check(&link("a/Link", "../sub")),
+            Decision::Accept(_)
+        ));
+        for colliding in ["a/link", "A/LINK", "a/LINK/x", "a/lInK/deep/er"] {
+            assert_eq!(
+                s.check(&file(colliding)),
+                Decision::Reject(Reason::FoldsOntoSymlink),
+                "{colliding}"
+            );
+        }
+        // Unicode: é precomposed (U+00E9) and e + combining acute (U+0301) are one name on APFS.
+        assert!(matches!(
+            s.check(&link("caf\u{e9}", "a")),
+            Decision::Accept(_)
+        ));
+        assert_eq!(
+            s.check(&file("CAFE\u{301}/x")),
+            Decision::Reject(Reason::FoldsOntoSymlink)
+        );
+        // Names that only share a prefix of characters, or another folding, are fine.
+        assert!(matches!(s.check(&file("a/Linked")), Decision::Accept(_)));
+        assert!(matches!(s.check(&file("b/link/x")), Decision::Accept(_)));
+        assert!(matches!(s.check(&file("cafe")), Decision::Accept(_)));
+        // The drain's sanitizer (case-sensitive, as the pod's filesystem) keeps them.
+        let mut drain = Sanitizer::default_limits();
+        assert!(matches!(
+            drain.check(&link("a/Link", "../sub")),
+            Decision::Accept(_)
+        ));
+        assert!(matches!(
+            drain.check(&file("a/link/x")),
+            Decision::Accept(_)
+        ));
+        assert_eq!(fold("A/Caf\u{e9}"), fold("a/cafe\u{301}"));
     }
 
     #[test]

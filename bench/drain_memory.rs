@@ -1,0 +1,208 @@
+//! Operator-side memory of the drain against streams written to make it hold as much as possible
+//! (docs/performance.md, "Drain memory"): the real host-side pipeline — parser, sanitizer, cap and
+//! metadata meters, re-emitted archive, multipart writer into a `file://` store, manifest commit
+//! (`drain::drain_into_store`) — fed in-process by a generated tar stream.
+//!
+//! ```text
+//! drain_memory flood [FILES] [CAP_BYTES]   FILES empty files with 4 KiB names (default 1,000,000;
+//!                                          cap 16 GiB, so the whole stream is within the input bound)
+//! drain_memory long-name                   one GNU `L` header announcing a 2 GiB body, then zeros
+//! ```
+//!
+//! Prints what was stored and the process's VmRSS / VmHWM (from /proc/self/status); run it under
+//! `/usr/bin/time -v` for the peak as the kernel saw it (bench/drain_memory.sh does both). Numbers
+//! are printed, never asserted.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use object_store::ObjectStore;
+use sandboxrun_operator::api::Compression;
+use sandboxrun_operator::drain::{drain_into_store, DrainOptions};
+use sandboxrun_operator::store::{object_keys, store_from_url, ManifestContext, RunRef};
+use tokio::io::{AsyncRead, ReadBuf};
+
+const NAME_BYTES: usize = 4096;
+
+/// A tar stream produced entry by entry, never held whole.
+struct Generated {
+    next: u64,
+    count: u64,
+    buf: Vec<u8>,
+    pos: usize,
+    mode: Mode,
+    ended: bool,
+}
+
+#[derive(Clone, Copy)]
+enum Mode {
+    /// `count` empty files with [`NAME_BYTES`]-byte names (a PAX `path` record each).
+    Flood,
+    /// One `L` header announcing 2 GiB, then zeros for as long as anyone reads.
+    LongName,
+}
+
+fn pax_record(key: &str, value: &str) -> Vec<u8> {
+    let body = format!(" {key}={value}\n");
+    let mut len = body.len() + 1;
+    while format!("{len}{body}").len() != len {
+        len += 1;
+    }
+    format!("{len}{body}").into_bytes()
+}
+
+fn header(ty: u8, name: &str, size: u64) -> [u8; 512] {
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(tar::EntryType::new(ty));
+    h.as_mut_bytes()[..name.len()].copy_from_slice(name.as_bytes());
+    h.set_size(size);
+    h.set_mode(0o644);
+    h.set_mtime(1_700_000_000);
+    h.set_cksum();
+    *h.as_bytes()
+}
+
+/// A 4 KiB path of 250-byte components, unique by `i`.
+fn long_name(i: u64) -> String {
+    let tail = format!("/f{i:08}");
+    let mut name = String::new();
+    while name.len() + 251 + tail.len() <= NAME_BYTES {
+        if !name.is_empty() {
+            name.push('/');
+        }
+        name.push_str(&"d".repeat(250));
+    }
+    name.push_str(&tail);
+    name.push_str(&"n".repeat(NAME_BYTES - name.len()));
+    name
+}
+
+impl Generated {
+    fn refill(&mut self) {
+        self.buf.clear();
+        self.pos = 0;
+        match self.mode {
+            Mode::Flood if self.next < self.count => {
+                let records = pax_record("path", &long_name(self.next));
+                self.buf
+                    .extend_from_slice(&header(b'x', "PaxHeader", records.len() as u64));
+                self.buf.extend_from_slice(&records);
+                self.buf.resize(self.buf.len().div_ceil(512) * 512, 0);
+                self.buf
+                    .extend_from_slice(&header(b'0', &format!("f{}", self.next), 0));
+                self.next += 1;
+            }
+            Mode::Flood if !self.ended => {
+                self.buf.extend_from_slice(&[0u8; 1024]);
+                self.ended = true;
+            }
+            Mode::Flood => {}
+            Mode::LongName if self.next == 0 => {
+                self.buf
+                    .extend_from_slice(&header(b'L', "././@LongLink", 2 << 30));
+                self.next = 1;
+            }
+            Mode::LongName => self.buf.resize(64 * 1024, 0),
+        }
+    }
+}
+
+impl AsyncRead for Generated {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if self.pos == self.buf.len() {
+            self.refill();
+        }
+        let this = &mut *self;
+        let n = (this.buf.len() - this.pos).min(out.remaining());
+        out.put_slice(&this.buf[this.pos..this.pos + n]);
+        this.pos += n;
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// (VmRSS, VmHWM) in KiB.
+fn rss() -> (u64, u64) {
+    let text = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (mode, count, cap) = match args.first().map(String::as_str) {
+        Some("flood") => (
+            Mode::Flood,
+            args.get(1).map_or(Ok(1_000_000), |a| a.parse())?,
+            args.get(2).map_or(Ok(16u64 << 30), |a| a.parse())?,
+        ),
+        Some("long-name") => (Mode::LongName, 0, 16u64 << 30),
+        _ => return Err("usage: drain_memory flood [FILES] [CAP_BYTES] | long-name".into()),
+    };
+    let dir = tempfile::tempdir()?;
+    let url = url::Url::from_directory_path(dir.path())
+        .map_err(|()| "tempdir url")?
+        .to_string();
+    let (store, prefix): (Arc<dyn ObjectStore>, _) = store_from_url(&url, &[])?;
+    let run = RunRef {
+        namespace: "bench".into(),
+        name: "memory".into(),
+        uid: "u".into(),
+    };
+    let keys = object_keys(&prefix, &run, 0, "/out", Compression::None);
+    let ctx = ManifestContext {
+        run,
+        declared_path: "/out".into(),
+        index: 0,
+        attempt: 1,
+    };
+    let opts = DrainOptions::new(cap, Compression::None);
+    let input = Generated {
+        next: 0,
+        count,
+        buf: Vec::new(),
+        pos: 0,
+        mode,
+        ended: false,
+    };
+    let before = rss();
+    let started = std::time::Instant::now();
+    let result = drain_into_store(input, &store, &keys, &opts, ctx).await;
+    let secs = started.elapsed().as_secs_f64();
+    let after = rss();
+    match result {
+        Ok((outcome, manifest)) => {
+            let manifest_bytes = std::fs::metadata(dir.path().join(keys.manifest.as_ref()))
+                .map(|m| m.len())
+                .unwrap_or(0);
+            println!(
+                "drained in {secs:.1} s: phase {:?}, {} input bytes, {} members kept, {} dropped ({} listed), {} rejected; archive {} bytes, manifest {} bytes",
+                manifest.phase,
+                outcome.input_bytes,
+                manifest.totals.members,
+                manifest.totals.dropped_members,
+                manifest.dropped.len(),
+                manifest.totals.rejected_members,
+                manifest.totals.archive_bytes,
+                manifest_bytes,
+            );
+        }
+        Err(e) => println!("refused in {secs:.3} s: {e}"),
+    }
+    println!(
+        "VmRSS before {} KiB, after {} KiB; VmHWM before {} KiB, after {} KiB",
+        before.0, after.0, before.1, after.1
+    );
+    Ok(())
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Operator-side peak memory of the drain against streams written to make it hold as much as
+# possible (docs/performance.md, "Drain memory"). Builds bench/drain_memory.rs (dev profile) and
+# runs each case under /usr/bin/time -v; prints, never asserts.
+#
+#   bench/drain_memory.sh [FILES]      # default 1,000,000 empty files with 4 KiB names
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+FILES=${1:-1000000}
+cd "$REPO"
+nice -n 10 cargo build --example drain_memory >&2
+BIN=$REPO/target/debug/examples/drain_memory
+run() {
+  local label=$1
+  shift
+  local log
+  log=$(mktemp)
+  /usr/bin/time -v "$BIN" "$@" >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; return 1; }
+  printf '== %s\n' "$label"
+  grep -E '^(drained|refused|VmRSS)' "$log"
+  grep -E 'Maximum resident set size|Elapsed \(wall clock\)' "$log" | sed 's/^[[:space:]]*/  /'
+  rm -f "$log"
+}
+run "a 2 GiB GNU long name (cap 16 GiB)" long-name
+run "$FILES empty files with 4 KiB names, cap 1 MiB" flood "$FILES" 1048576
+run "$FILES empty files with 4 KiB names, cap 16 GiB (the largest metadata allowance)" flood "$FILES" 17179869184
