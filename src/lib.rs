@@ -17,4 +17,5 @@ pub mod pack;
 pub mod pod;
 pub mod reconcile;
 pub mod store;
+pub mod store_credentials;
 pub mod util;
