@@ -7,11 +7,27 @@
 use crate::store::StoreError;
 
 /// Whether an object-store error is the store refusing the credentials (HTTP 401 or 403).
+///
+/// object_store maps a 401/403 to `Unauthenticated`/`PermissionDenied` on object requests, but
+/// its list requests wrap the HTTP error in a `Generic` error whose only trace of the status is
+/// its text (`… status code: 403 Forbidden …`; the retry error type is private). So a `Generic`
+/// error counts when its message chain carries one of those two statuses.
 pub fn is_refused(e: &object_store::Error) -> bool {
-    matches!(
-        e,
-        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. }
-    )
+    match e {
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => true,
+        object_store::Error::Generic { .. } => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(s) = source {
+                text.push_str(&s.to_string());
+                source = s.source();
+            }
+            text.contains("status code: 401 Unauthorized")
+                || text.contains("status code: 403 Forbidden")
+        }
+        _ => false,
+    }
 }
 
 /// [`is_refused`] for an error that crossed an `AsyncWrite` (the archive upload reports its
@@ -65,13 +81,27 @@ pub fn credential_settings(scheme: &str) -> &'static str {
     }
 }
 
+fn scheme_of(store_url: &str) -> String {
+    url::Url::parse(store_url)
+        .map(|u| u.scheme().to_string())
+        .unwrap_or_default()
+}
+
 /// The message of a drain that failed because the store refused the credentials.
 pub fn refused_message(store_url: &str, error: &str) -> String {
-    let scheme = url::Url::parse(store_url)
-        .map(|u| u.scheme().to_string())
-        .unwrap_or_default();
+    let scheme = scheme_of(store_url);
     format!(
         "{} refused the operator's credentials ({error}); not retried: fix {}",
+        backend_name(&scheme),
+        credential_settings(&scheme)
+    )
+}
+
+/// What `files` adds when the store refused a reader's credentials.
+pub fn reader_refused_hint(store_url: &str) -> String {
+    let scheme = scheme_of(store_url);
+    format!(
+        "{} refused these credentials: fix {} (a reader needs list and read rights)",
         backend_name(&scheme),
         credential_settings(&scheme)
     )
@@ -103,6 +133,17 @@ mod tests {
             store: "S3",
             source: "connection refused".into(),
         }));
+        // A list request's 403, as object_store reports it.
+        assert!(is_refused(&object_store::Error::Generic {
+            store: "S3",
+            source: "Error performing list request: Error performing GET http://s3/b?list-type=2 \
+                     in 3ms - Server returned non-2xx status code: 403 Forbidden: <Error/>"
+                .into(),
+        }));
+        assert!(!is_refused(&object_store::Error::Generic {
+            store: "S3",
+            source: "Server returned non-2xx status code: 503 Service Unavailable".into(),
+        }));
     }
 
     #[test]
@@ -130,6 +171,11 @@ mod tests {
         let m = refused_message("s3://b/p", "403");
         assert!(
             m.starts_with("S3 refused") && m.contains("secret_access_key"),
+            "{m}"
+        );
+        let m = reader_refused_hint("s3://b/p");
+        assert!(
+            m.starts_with("S3 refused these credentials") && m.contains("AWS_SECRET_ACCESS_KEY"),
             "{m}"
         );
         let m = refused_message("gs://b/p", "401");

@@ -796,6 +796,15 @@ async fn a_wrong_credential_fails_the_path_at_once(backend: Backend, wrong: &str
     for name in names {
         assert!(message.contains(name), "{name:?} missing from: {message}");
     }
+    // A reader with the same wrong credential is told the same.
+    let ls = files_cli(&store, &["ls", "cred", "-n", &ns.name]);
+    let stderr = String::from_utf8_lossy(&ls.stderr);
+    assert_eq!(ls.status.code(), Some(1), "{stderr}");
+    let reader_words = names[0].replace("the operator's credentials", "these credentials");
+    assert!(
+        stderr.contains(&reader_words),
+        "{reader_words:?} missing from: {stderr}"
+    );
 }
 
 #[tokio::test]
