@@ -370,10 +370,7 @@ async fn copy_into_gcs(from: &Arc<dyn ObjectStore>, prefix: &object_store::path:
 /// The body of the round-trip tests: 3 MiB of data in 140 entries (nested and empty directories,
 /// symlinks). Azure's block upload (parts) is exercised by the outage test.
 async fn a_tree_round_trips(backend: Backend) {
-    let client = client().await;
-    ensure_crd(&client).await;
     let tag = format!("{backend:?}").to_lowercase();
-    let ns = TestNamespace::new(&client, &format!("be-{tag}")).await;
     // The reader's store; for GCS the writer's is a file:// store (see the module doc).
     let store = store_spec(
         backend,
@@ -395,6 +392,15 @@ async fn a_tree_round_trips(backend: Backend) {
     } else {
         store.clone()
     };
+    round_trip(&tag, &writer, &store, backend == Backend::Gcs).await;
+}
+
+/// Drains a tree through `writer` (the operator's settings) and reads it back through `reader`
+/// (a laptop's); `copy_to_gcs`: the objects are copied into fake-gcs-server between the two.
+async fn round_trip(tag: &str, writer: &StoreSpec, store: &StoreSpec, copy_to_gcs: bool) {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, &format!("be-{tag}")).await;
     let flags = store_flags(&writer.options);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let op = Operator::start(&ns.name, &writer.url, &flags);
@@ -435,7 +441,7 @@ async fn a_tree_round_trips(backend: Backend) {
         archive.last_modified
     );
 
-    if backend == Backend::Gcs {
+    if copy_to_gcs {
         copy_into_gcs(&obj, &run_prefix(&key_prefix, &ns.name, "tree")).await;
     }
 
@@ -490,6 +496,64 @@ async fn a_tree_round_trips_through_gcs() {
 #[tokio::test]
 async fn a_tree_round_trips_through_azure() {
     a_tree_round_trips(Backend::Azure).await;
+}
+
+/// An account SAS of the bed's Azure account for the blob service, valid until 2030, with
+/// `permissions` (Azure's letters: r read, a add, c create, w write, l list).
+fn azure_account_sas(permissions: &str) -> String {
+    let account = bed_setting("SANDBOXRUN_TEST_AZURE_ACCOUNT");
+    let key = bed_setting("SANDBOXRUN_TEST_AZURE_KEY");
+    let (version, expiry) = ("2021-08-06", "2030-01-01T00:00:00Z");
+    // The account SAS string-to-sign of versions 2020-12-06 and later: account, permissions,
+    // services, resource types, start, expiry, IP, protocol, version, encryption scope.
+    let to_sign = format!("{account}\n{permissions}\nb\nsco\n\n{expiry}\n\n\n{version}\n\n");
+    let key_bytes = base64::Engine::decode(&base64::engine::general_purpose::STANDARD, &key)
+        .expect("base64 key");
+    let mac = ring::hmac::sign(
+        &ring::hmac::Key::new(ring::hmac::HMAC_SHA256, &key_bytes),
+        to_sign.as_bytes(),
+    );
+    let sig = base64::Engine::encode(&base64::engine::general_purpose::STANDARD, mac.as_ref());
+    url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("sv", version)
+        .append_pair("ss", "b")
+        .append_pair("srt", "sco")
+        .append_pair("sp", permissions)
+        .append_pair("se", expiry)
+        .append_pair("sig", &sig)
+        .finish()
+}
+
+/// Azure with SAS tokens instead of the account key: the operator writes with the permissions
+/// docs/operations.md gives it (`racwl`), a reader reads with a read/list-only SAS (`rl`).
+#[tokio::test]
+async fn a_tree_round_trips_through_azure_with_sas_tokens_write_for_the_operator_read_for_readers()
+{
+    let with_sas = |permissions: &str, p: &str| {
+        let mut spec = store_spec(Backend::Azure, &server_addr(Backend::Azure), p, None);
+        spec.options.retain(|(k, _)| k != "access_key");
+        spec.options
+            .push(("sas_key".to_string(), azure_account_sas(permissions)));
+        spec
+    };
+    let p = prefix("azsas");
+    let reader = with_sas("rl", &p);
+    round_trip("azsas", &with_sas("racwl", &p), &reader, false).await;
+    // The emulator enforces the token: the reader's cannot write.
+    let (ro, ro_prefix) = store_from_url(&reader.url, &reader.options).expect("store");
+    let denied = ro
+        .put(
+            &ro_prefix.clone().join("denied"),
+            object_store::PutPayload::from_static(b"x"),
+        )
+        .await;
+    match denied {
+        Err(e) => assert!(
+            sandboxrun_operator::store_credentials::is_refused(&e),
+            "a refusal, not {e}"
+        ),
+        Ok(_) => panic!("a read/list SAS wrote an object"),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
