@@ -447,7 +447,7 @@ async fn round_trip(tag: &str, writer: &StoreSpec, store: &StoreSpec, copy_to_gc
 
     // A reader with the same settings: `files ls` lists every member, `files get` restores the
     // tree byte for byte.
-    let ls = files_cli(&store, &["ls", "tree", "-n", &ns.name]);
+    let ls = files_cli(store, &["ls", "tree", "-n", &ns.name]);
     let ls_text = String::from_utf8_lossy(&ls.stdout).into_owned();
     assert!(
         ls.status.success(),
@@ -464,7 +464,7 @@ async fn round_trip(tag: &str, writer: &StoreSpec, store: &StoreSpec, copy_to_gc
     let out = host_dir(&format!("be-{tag}-get"));
     let _remove_out = RemoveOnDrop(out.clone());
     let get = files_cli(
-        &store,
+        store,
         &[
             "get",
             "tree",
