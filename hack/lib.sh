@@ -17,6 +17,15 @@ bed_defaults() {
   # The real node's name and address (its bridge's; the apiserver advertises it, see real-node.sh).
   REAL_NODE_NAME=${REAL_NODE_NAME:-real-node-0}
   REAL_NODE_IP=${REAL_NODE_IP:-10.244.0.1}
+  # The object-store emulators (hack/store-emulators.sh): fake-gcs-server and Azurite's blob service.
+  GCS_PORT=${GCS_PORT:-19100}
+  AZURITE_PORT=${AZURITE_PORT:-19200}
+}
+
+# The cache directory of the object-store emulators, keyed by their pinned versions. Kept apart from
+# tools_dir_name so that bumping an emulator does not rebuild Kubernetes.
+emulators_dir_name() {
+  echo "emulators-fake-gcs-server-$FAKE_GCS_SERVER_VERSION-azurite-$AZURITE_VERSION"
 }
 
 # The cache directory of the Go-built tools, keyed by every pinned version, so a version bump

@@ -3,7 +3,8 @@
 #   etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok (one fake node whose
 #   `exec` runs the command as a local process: the scale tests) + one REAL node (kubelet +
 #   containerd + runc + bridge CNI + kube-proxy, hack/real-node.sh: the truth tests) + an S3 server
-#   (s3s-fs) + an OCI registry (docker-registry) holding images built without Docker.
+#   (s3s-fs) + a GCS and an Azure Blob emulator (hack/store-emulators.sh) + an OCI registry
+#   (docker-registry) holding images built without Docker.
 #
 #   hack/local-cluster.sh up       start everything (idempotent), wait until both nodes are Ready
 #   hack/local-cluster.sh down     stop exactly what `up` started (by PID), restore the host
@@ -28,7 +29,8 @@ S3_SECRET_KEY=sandboxrun-test-secret
 S3_BUCKET=sandboxrun-test
 # The apiserver advertises the real node's address (REAL_NODE_IP), so the `kubernetes` Service has
 # an endpoint pods can reach (hack/real-node.sh forwards it to the loopback port).
-export SANDBOXRUN_STATE=$STATE SANDBOXRUN_CACHE=$CACHE_ROOT APISERVER_PORT S3_PORT REGISTRY_PORT REAL_NODE_IP REAL_NODE_NAME
+export SANDBOXRUN_STATE=$STATE SANDBOXRUN_CACHE=$CACHE_ROOT APISERVER_PORT S3_PORT REGISTRY_PORT REAL_NODE_IP REAL_NODE_NAME \
+  GCS_PORT AZURITE_PORT
 P=$STATE/pki; R=$STATE/run; LOGS=$STATE/logs; K=$STATE/kubeconfig
 NODE=kwok-node-0
 
@@ -121,6 +123,8 @@ preflight() {
   local missing=""
   command -v openssl >/dev/null || missing="$missing openssl"
   command -v docker-registry >/dev/null || missing="$missing docker-registry"
+  command -v curl >/dev/null || missing="$missing curl"
+  command -v npm >/dev/null || missing="$missing npm"
   [ -z "$missing" ] || { log "missing$missing: apt-get install -y$missing (.ci/run installs every package the test bed needs)"; exit 1; }
 }
 
@@ -187,6 +191,7 @@ NODE
   start s3 "$S3S_BIN" --host 127.0.0.1 --port "$S3_PORT" \
     --access-key "$S3_ACCESS_KEY" --secret-key "$S3_SECRET_KEY" "$STATE/s3"
   wait_for "s3 server" 30 bash -c "exec 3<>/dev/tcp/127.0.0.1/$S3_PORT"
+  "$HERE/store-emulators.sh" up
   printf 'version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s\n  delete:\n    enabled: true\nhttp:\n  addr: 127.0.0.1:%s\n' \
     "$STATE/registry" "$REGISTRY_PORT" >"$STATE/registry.yml"
   start registry docker-registry serve "$STATE/registry.yml"
@@ -202,6 +207,7 @@ down() {
   local name
   # The real node first: it drains its pods through the apiserver and restores the host settings.
   "$HERE/real-node.sh" down
+  "$HERE/store-emulators.sh" down
   # Reverse order: clients before the servers they talk to (`operator` is the one hack/demo.sh
   # starts, if any).
   for name in operator registry s3 kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
@@ -230,6 +236,8 @@ env_() {
   echo "export SANDBOXRUN_TEST_POD_REGISTRY=localhost:$REGISTRY_PORT"
   echo "export SANDBOXRUN_TEST_POD_S3_ENDPOINT=http://$REAL_NODE_IP:$S3_PORT"
   echo "export SANDBOXRUN_TEST_APISERVER_PORT=$APISERVER_PORT"
+  # The GCS and Azure emulators (gs:// and az:// stores).
+  "$HERE/store-emulators.sh" env
 }
 
 status() {
@@ -241,7 +249,8 @@ status() {
 }
 
 case "${1:-}" in
-  up) if status >/dev/null 2>&1; then log "already up"; else up; fi ;;
+  # A bed brought up before the emulators existed gets them on the next `up` (idempotent).
+  up) if status >/dev/null 2>&1; then log "already up"; "$HERE/store-emulators.sh" up; else up; fi ;;
   down) down ;;
   env) env_ ;;
   status) status ;;

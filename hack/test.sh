@@ -39,6 +39,7 @@ if ! hack/local-cluster.sh status >/dev/null 2>&1; then
   hack/local-cluster.sh up
   started_here=1
 fi
+emulators_here=0
 cleanup() {
   local rc=$?
   if [ "$started_here" = 1 ] && [ -z "${SANDBOXRUN_KEEP_CLUSTER:-}" ]; then
@@ -54,10 +55,18 @@ cleanup() {
       echo "== host state after down equals the state before up (sysctls, links, iptables chains, mounts, cgroups, processes)" >&2
     fi
   fi
+  if [ "$started_here" = 0 ] && [ "$emulators_here" = 1 ] && [ -z "${SANDBOXRUN_KEEP_CLUSTER:-}" ]; then
+    hack/store-emulators.sh down
+  fi
   summary
   exit "$rc"
 }
 trap cleanup EXIT
+# The store emulators, when a cluster that was already up lacks them (stopped again at the end).
+if ! hack/store-emulators.sh status >/dev/null 2>&1; then
+  emulators_here=1
+  hack/store-emulators.sh up
+fi
 eval "$(hack/local-cluster.sh env)"
 
 phase "operator image without Docker (static binary, pushed to the local registry)"

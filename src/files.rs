@@ -123,6 +123,7 @@ pub enum FilesError {
 /// Runs `files`.
 pub async fn run(args: FilesArgs) -> ExitCode {
     let mut out = std::io::stdout();
+    let store_url = args.store_url.clone();
     match run_to(args, &mut out).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(FilesError::Usage(m)) => {
@@ -131,6 +132,14 @@ pub async fn run(args: FilesArgs) -> ExitCode {
         }
         Err(e) => {
             eprintln!("files: {e}");
+            if let FilesError::Store(store_error) = &e {
+                if crate::store_credentials::store_is_refused(store_error) {
+                    eprintln!(
+                        "files: {}",
+                        crate::store_credentials::reader_refused_hint(&store_url)
+                    );
+                }
+            }
             ExitCode::from(1)
         }
     }

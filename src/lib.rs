@@ -20,5 +20,6 @@ pub mod reconcile;
 pub mod retention;
 pub mod startup;
 pub mod store;
+pub mod store_credentials;
 pub mod upload_guard;
 pub mod util;

@@ -82,7 +82,10 @@ pub enum StoreError {
         source: std::io::Error,
     },
     /// object_store refused the configuration.
-    #[error("configuring the {scheme}:// store: {source}")]
+    #[error(
+        "configuring the {scheme}:// store: {source} (its settings: {})",
+        crate::store_credentials::credential_settings(scheme)
+    )]
     Build {
         /// The scheme.
         scheme: String,

@@ -801,3 +801,120 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
     );
     drop(cluster);
 }
+
+/// The `# store snippet: <name>` block of docs/operations.md: its Secret and its Helm values.
+fn store_snippet(name: &str) -> (serde_yaml::Value, String) {
+    let doc = std::fs::read_to_string(repo().join("docs/operations.md")).expect("operations.md");
+    let marker = format!("```yaml\n# store snippet: {name}\n");
+    let start = doc
+        .find(&marker)
+        .unwrap_or_else(|| panic!("no {marker:?} block in docs/operations.md"))
+        + "```yaml\n".len();
+    let block = &doc[start..start + doc[start..].find("```").expect("the block ends")];
+    let (secret, values) = block.split_once("\n---\n").expect("a Secret, ---, values");
+    (
+        serde_yaml::from_str(secret).expect("the Secret parses"),
+        values.to_string(),
+    )
+}
+
+#[tokio::test]
+async fn the_store_snippets_of_the_docs_render_and_are_accepted() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "chart-store").await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, scheme) in [("s3", "s3"), ("gcs", "gs"), ("azure", "az")] {
+        let (secret, values) = store_snippet(name);
+        assert_eq!(secret["kind"].as_str(), Some("Secret"), "{name}");
+        let secret_name = secret["metadata"]["name"].as_str().expect("name");
+        let keys: Vec<&str> = secret["stringData"]
+            .as_mapping()
+            .expect("stringData")
+            .keys()
+            .filter_map(|k| k.as_str())
+            .collect();
+        let file = dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&file, &values).expect("write values");
+        let release = format!("st{name}{:04x}", rand_u32() & 0xffff);
+        let rendered = ok(
+            helm(&[
+                "template",
+                &release,
+                CHART,
+                "-n",
+                &ns.name,
+                "-f",
+                &file.display().to_string(),
+            ]),
+            None,
+        );
+        let docs = yaml_docs(&rendered);
+        let pod = &only(&docs, "Deployment")["spec"]["template"]["spec"];
+        let container = &pod["containers"][0];
+        let args: Vec<&str> = container["args"]
+            .as_sequence()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str())
+            .collect();
+        let url = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--store-url="))
+            .expect("--store-url");
+        assert!(url.starts_with(&format!("{scheme}://")), "{name}: {url}");
+        let options: Vec<(String, String)> = args
+            .iter()
+            .filter_map(|a| a.strip_prefix("--store-option="))
+            .map(|o| {
+                let (k, v) = o.split_once('=').expect("key=value");
+                (k.to_string(), v.to_string())
+            })
+            .collect();
+        // The operator's own validation of the URL and the option keys.
+        sandboxrun_operator::store::StoreConfig::new(url, &options)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        match options.iter().find(|(k, _)| k == "service_account") {
+            // A key file: a Secret volume of this Secret, mounted where the option points.
+            Some((_, path)) => {
+                let (dir_path, key) = path.rsplit_once('/').expect("a file path");
+                assert!(keys.contains(&key), "{name}: {key} not in the Secret");
+                let mount = container["volumeMounts"]
+                    .as_sequence()
+                    .expect("mounts")
+                    .iter()
+                    .find(|m| m["mountPath"].as_str() == Some(dir_path))
+                    .unwrap_or_else(|| panic!("{name}: nothing mounted at {dir_path}"));
+                let volume = pod["volumes"]
+                    .as_sequence()
+                    .expect("volumes")
+                    .iter()
+                    .find(|v| v["name"] == mount["name"])
+                    .expect("the mounted volume");
+                assert_eq!(
+                    volume["secret"]["secretName"].as_str(),
+                    Some(secret_name),
+                    "{name}"
+                );
+            }
+            // Environment variables the store builder reads, from this Secret.
+            None => {
+                assert_eq!(
+                    container["envFrom"][0]["secretRef"]["name"].as_str(),
+                    Some(secret_name),
+                    "{name}"
+                );
+                let env_prefix = match scheme {
+                    "s3" => "AWS_",
+                    "gs" => "GOOGLE_",
+                    _ => "AZURE_",
+                };
+                for key in &keys {
+                    assert!(key.starts_with(env_prefix), "{name}: {key}");
+                }
+            }
+        }
+        let secret_text = serde_yaml::to_string(&secret).expect("secret yaml");
+        server_dry_run(&format!("{secret_text}---\n{rendered}"));
+    }
+}

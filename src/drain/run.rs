@@ -37,6 +37,7 @@ use crate::store::{
     archive_writer, object_keys, try_read_manifest, write_manifest, Manifest, ManifestContext,
     ManifestWrite, ObjectKeys, RunRef, StoreError,
 };
+use crate::store_credentials;
 
 /// Longest pause between two attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
@@ -104,6 +105,10 @@ pub enum AttemptError {
 impl AttemptError {
     /// Whether another attempt may succeed.
     pub fn is_transient(&self) -> bool {
+        // A store that refuses the credentials refuses them again.
+        if self.store_refused_credentials() {
+            return false;
+        }
         match self {
             AttemptError::Exec(ExecError::Start { source, .. }) => {
                 // Gone, forbidden or refused will not change by retrying.
@@ -124,8 +129,25 @@ impl AttemptError {
         }
     }
 
+    /// Whether the object store refused the credentials (HTTP 401/403), on the archive upload or
+    /// the manifest.
+    pub fn store_refused_credentials(&self) -> bool {
+        match self {
+            AttemptError::Store(e) => store_credentials::store_is_refused(e),
+            AttemptError::Drain(e) => match &e.kind {
+                DrainErrorKind::Store(e) => store_credentials::store_is_refused(e),
+                DrainErrorKind::Write(e) => store_credentials::io_is_refused(e),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
     /// Stable label for the failures metric.
     pub fn metric_label(&self) -> &'static str {
+        if self.store_refused_credentials() {
+            return "store_credentials";
+        }
         match self {
             AttemptError::Exec(ExecError::Start { .. }) => "exec_start",
             AttemptError::Exec(ExecError::Failed { .. }) => "pack_failed",
@@ -150,8 +172,9 @@ fn start_status(e: &kube::Error) -> Option<u16> {
 }
 
 /// Words for a failure, with what to do when the cause is the operator's own RBAC.
-fn describe_failure(e: &AttemptError) -> String {
+fn describe_failure(e: &AttemptError, store_url: &str) -> String {
     match e {
+        e if e.store_refused_credentials() => store_credentials::refused_message(store_url, &e.to_string()),
         AttemptError::Exec(ExecError::Start { source, .. }) if start_status(source) == Some(403) => format!(
             "{e} (Forbidden: the operator's ServiceAccount needs create/get on pods/exec in this namespace)"
         ),
@@ -453,7 +476,7 @@ pub async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
             }
             Ok(Err(e)) => {
                 let label = e.metric_label();
-                let status = failed(job.path, attempts, describe_failure(&e));
+                let status = failed(job.path, attempts, describe_failure(&e, job.store_url));
                 return Some(finish(job, status, started, Some(label)));
             }
             Err(_) => {
@@ -1024,5 +1047,40 @@ mod tests {
 
     fn bed_uncommitted() -> Bed {
         bed()
+    }
+
+    #[test]
+    fn a_store_that_refuses_the_credentials_fails_the_path_at_once_naming_the_settings() {
+        let denied = || object_store::Error::PermissionDenied {
+            path: "runs/a.tar".into(),
+            source: "403 AuthorizationFailure".into(),
+        };
+        // On the archive upload (an io::Error out of the writer) and on the manifest.
+        let upload = AttemptError::Drain(DrainError {
+            kind: DrainErrorKind::Write(denied().into()),
+            progress: Default::default(),
+        });
+        let manifest = AttemptError::Store(StoreError::Object {
+            op: "writing manifest",
+            key: "runs/a.manifest.json".into(),
+            source: denied(),
+        });
+        for e in [&upload, &manifest] {
+            assert!(!e.is_transient(), "{e}");
+            assert_eq!(e.metric_label(), "store_credentials");
+            let message = describe_failure(e, "az://runs/prod");
+            assert!(
+                message.starts_with("Azure Blob Storage refused the operator's credentials"),
+                "{message}"
+            );
+            assert!(message.contains("AZURE_STORAGE_ACCOUNT_KEY"), "{message}");
+        }
+        // An unreachable store is still retried.
+        let unreachable = AttemptError::Drain(DrainError {
+            kind: DrainErrorKind::Write(std::io::Error::other("connection refused")),
+            progress: Default::default(),
+        });
+        assert!(unreachable.is_transient());
+        assert_eq!(unreachable.metric_label(), "write");
     }
 }
