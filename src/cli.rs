@@ -83,7 +83,8 @@ pub struct RunArgs {
     #[arg(long, env = "SANDBOXRUN_DRAIN_TIMEOUT", default_value = "5m")]
     pub drain_timeout: String,
     /// Longest drain timeout any run gets: admission refuses a readBack.drainTimeout above it, and
-    /// a run admitted before it was lowered is drained within it.
+    /// a run admitted before it was lowered is drained within it (default: rules'
+    /// DEFAULT_MAX_DRAIN_TIMEOUT, which `doctor` judges with).
     #[arg(long, env = "SANDBOXRUN_MAX_DRAIN_TIMEOUT", default_value = "1h")]
     pub max_drain_timeout: String,
     /// How long a pod's image pull may keep failing with a retryable error (ErrImagePull /

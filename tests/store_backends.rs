@@ -880,7 +880,9 @@ async fn a_wrong_credential_fails_the_path_at_once(backend: Backend, wrong: &str
     let run = drain(&runs, &pods, &op, "cred", &src, "10m").await;
     let e = run.status.as_ref().expect("status").read_back[0].clone();
     assert_eq!(e.phase, ReadBackPhase::Failed, "{e:?}");
-    assert_eq!(e.attempts, 1, "final, not retried: {e:?}");
+    // Refused at the commit check before the first upload (attempts 0), or by the upload of the
+    // first attempt (1): never retried. The drain timeout above keeps a retried one Pending.
+    assert!(e.attempts <= 1, "final, not retried: {e:?}");
     let message = e.message.unwrap_or_default();
     for name in names {
         assert!(message.contains(name), "{name:?} missing from: {message}");

@@ -89,12 +89,26 @@ impl Finding {
 }
 
 /// Operator settings the rules depend on.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RuleSettings {
     /// Read-back caps: a `sizeLimit` above `caps.max_bytes` is refused.
     pub caps: CapSettings,
     /// The longest `drainTimeout` a run may ask for (`run --max-drain-timeout`); None: no maximum.
     pub max_drain_timeout: Option<Duration>,
+}
+
+/// The operator's default `--max-drain-timeout` (1h): `doctor` judges with it, so the offline
+/// verdict matches a webhook running with default flags.
+pub const DEFAULT_MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(3600);
+
+impl Default for RuleSettings {
+    /// The settings of an operator started with default flags.
+    fn default() -> Self {
+        RuleSettings {
+            caps: CapSettings::default(),
+            max_drain_timeout: Some(DEFAULT_MAX_DRAIN_TIMEOUT),
+        }
+    }
 }
 
 /// Stable rule ids.

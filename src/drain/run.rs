@@ -325,6 +325,10 @@ async fn check_commit(
             Ok(None) => return Ok(CommitCheck::Open),
             Err(e) => e,
         };
+        // Refused credentials do not heal by retrying: fail at once, naming the settings.
+        if store_credentials::store_is_refused(&error) {
+            return Err(error);
+        }
         warn!(path = job.path, manifest = %keys.manifest, error = %error, "cannot read the manifest; not uploading until the store answers");
         job.metrics
             .drain_failures
@@ -397,6 +401,11 @@ pub async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
                     "drain cancelled; leaving the path to the next leader"
                 );
                 return None;
+            }
+            Err(e) if store_credentials::store_is_refused(&e) => {
+                let message = store_credentials::refused_message(job.store_url, &e.to_string());
+                let status = failed(job.path, attempts, message);
+                return Some(finish(job, status, started, Some("store_credentials")));
             }
             Err(e) => {
                 let status = failed(
@@ -825,6 +834,7 @@ mod tests {
     struct FlakyStore {
         inner: object_store::memory::InMemory,
         reads_fail: std::sync::atomic::AtomicBool,
+        reads_refused: std::sync::atomic::AtomicBool,
         writes: std::sync::atomic::AtomicUsize,
     }
 
@@ -860,6 +870,12 @@ mod tests {
             location: &object_store::path::Path,
             options: object_store::GetOptions,
         ) -> object_store::Result<object_store::GetResult> {
+            if self.reads_refused.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(object_store::Error::PermissionDenied {
+                    path: location.to_string(),
+                    source: "403 Forbidden".into(),
+                });
+            }
             if self.reads_fail.load(std::sync::atomic::Ordering::SeqCst) {
                 return Err(object_store::Error::Generic {
                     store: "FlakyStore",
@@ -993,6 +1009,29 @@ mod tests {
             0,
             "no packer was started, so nothing could be uploaded"
         );
+        assert_eq!(
+            bed.flaky.writes.load(std::sync::atomic::Ordering::SeqCst),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn a_manifest_read_refused_for_credentials_fails_at_once_naming_the_settings() {
+        let bed = bed();
+        bed.flaky
+            .reads_refused
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let cancel = CancellationToken::new();
+        // Retried reads would end at the deadline with the "could not be read" timeout message.
+        let status = drain_path(&job(&bed, &cancel, 3)).await.expect("a status");
+        assert_eq!(status.phase, ReadBackPhase::Failed, "{status:?}");
+        let message = status.message.unwrap_or_default();
+        assert!(
+            message.contains("refused the operator's credentials"),
+            "{message}"
+        );
+        assert!(message.contains("AWS_SECRET_ACCESS_KEY"), "{message}");
+        assert_eq!(bed.execs.load(std::sync::atomic::Ordering::SeqCst), 0);
         assert_eq!(
             bed.flaky.writes.load(std::sync::atomic::Ordering::SeqCst),
             0
