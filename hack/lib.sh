@@ -20,12 +20,20 @@ bed_defaults() {
   # The object-store emulators (hack/store-emulators.sh): fake-gcs-server and Azurite's blob service.
   GCS_PORT=${GCS_PORT:-19100}
   AZURITE_PORT=${AZURITE_PORT:-19200}
+  # gofakes3, the S3 server that lists open multipart uploads (hack/store-emulators.sh).
+  GOFAKES3_PORT=${GOFAKES3_PORT:-19300}
 }
 
 # The cache directory of the object-store emulators, keyed by their pinned versions. Kept apart from
 # tools_dir_name so that bumping an emulator does not rebuild Kubernetes.
 emulators_dir_name() {
   echo "emulators-fake-gcs-server-$FAKE_GCS_SERVER_VERSION-azurite-$AZURITE_VERSION"
+}
+
+# The cache directory of gofakes3, keyed by its version alone, so adding or bumping it leaves the
+# other emulators' cache (and the beds already using it) untouched.
+gofakes3_dir_name() {
+  echo "gofakes3-$GOFAKES3_VERSION"
 }
 
 # The cache directory of the Go-built tools, keyed by every pinned version, so a version bump
