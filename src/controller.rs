@@ -76,6 +76,8 @@ pub struct Context {
     pub cancel: tokio_util::sync::CancellationToken,
     /// The drains in flight, off the reconcile workers.
     pub drains: DrainPool,
+    /// Aborts an S3 archive key's open multipart uploads before each attempt (None: not S3).
+    pub open_uploads: Option<Arc<crate::store::open_uploads::OpenUploads>>,
 }
 
 /// Teardowns (the drains) run as tasks of their own, at most `max` at once, so a slow or stuck
@@ -149,6 +151,15 @@ impl Context {
         self
     }
 
+    /// The same context with the clean-up of open multipart uploads before each attempt.
+    pub fn with_open_uploads(
+        mut self,
+        open_uploads: Option<Arc<crate::store::open_uploads::OpenUploads>>,
+    ) -> Context {
+        self.open_uploads = open_uploads;
+        self
+    }
+
     /// A context with an Event recorder reporting as `instance`.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
@@ -186,6 +197,7 @@ impl Context {
             default_retention: Retention::default(),
             cancel: tokio_util::sync::CancellationToken::new(),
             drains: DrainPool::new(max_concurrent_drains),
+            open_uploads: None,
         }
     }
 }
@@ -881,6 +893,7 @@ async fn teardown(
                 pod_name,
                 pack_command: &ctx.pack_command,
                 store: &ctx.store,
+                open_uploads: ctx.open_uploads.as_deref(),
                 store_prefix: &ctx.store_prefix,
                 store_url: &ctx.store_url,
                 namespace: &ns,

@@ -63,6 +63,15 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let caps = cli::caps(&args).map_err(OperatorError::Config)?;
     let options = crate::util::parse_options(&args.store_options).map_err(OperatorError::Config)?;
     let (store, store_prefix) = crate::store::store_from_url(&args.store_url, &options)?;
+    // Never a startup error: without it, killed attempts' uploads are left to the lifecycle rule.
+    let open_uploads =
+        match crate::store::open_uploads::OpenUploads::for_store(&args.store_url, &options) {
+            Ok(cleaner) => cleaner.map(Arc::new),
+            Err(e) => {
+                warn!(error = %e, "open multipart uploads will not be cleaned before attempts");
+                None
+            }
+        };
     let drain_timeout = crate::util::parse_duration(&args.drain_timeout)
         .map_err(|e| OperatorError::Config(format!("--drain-timeout: {e}")))?;
     let max_drain_timeout = crate::util::parse_duration(&args.max_drain_timeout)
@@ -84,6 +93,11 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         return Err(OperatorError::Config("--pack-command is empty".to_string()));
     }
     let metrics = Metrics::new()?;
+    if let Some(cleaner) = &open_uploads {
+        if let Err(e) = metrics.registry.register(Box::new(cleaner.metric())) {
+            warn!(error = %e, "registering the open multipart uploads metric");
+        }
+    }
     let ready = Arc::new(AtomicBool::new(false));
 
     let metrics_addr = serve_metrics(&args.metrics_addr, metrics.clone(), ready.clone()).await?;
@@ -133,7 +147,8 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             args.pod_name.clone(),
             usize::from(args.max_concurrent_drains),
         )
-        .with_default_retention(args.default_retention),
+        .with_default_retention(args.default_retention)
+        .with_open_uploads(open_uploads),
     );
 
     // Fired on a lost lease: in-flight drains stop at once (their uploads abort themselves)

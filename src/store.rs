@@ -27,6 +27,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::api::{Compression, ReadBackPhase};
 
+pub mod open_uploads;
 pub mod purge;
 use crate::drain::archive::{
     DrainOptions, DrainOutcome, DroppedRecord, MemberRecord, RejectedRecord,

@@ -52,6 +52,8 @@ pub struct PathJob<'a> {
     pub pack_command: &'a [String],
     /// The store.
     pub store: &'a Arc<dyn ObjectStore>,
+    /// Aborts the archive key's open multipart uploads before each attempt (None: not S3).
+    pub open_uploads: Option<&'a crate::store::open_uploads::OpenUploads>,
     /// Key prefix in the store.
     pub store_prefix: &'a object_store::path::Path,
     /// Store URL (to render object URLs).
@@ -432,6 +434,17 @@ pub async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
                 format!("drain timeout reached before the path was drained{cause}"),
             );
             return Some(finish(job, status, started, Some("timeout")));
+        }
+        // No orphaned multipart uploads (docs/contract.md): an upload of this key left open by an
+        // attempt whose process was killed (no drop guard ran) is aborted before a new one starts.
+        let clean = crate::store::open_uploads::before_attempt(
+            job.open_uploads,
+            &keys.archive,
+            remaining.min(crate::store::open_uploads::BUDGET),
+        );
+        tokio::select! {
+            () = job.cancel.cancelled() => return None,
+            _ = clean => {}
         }
         attempts += 1;
         let ctx = ManifestContext {
@@ -974,6 +987,7 @@ mod tests {
             pod_name: "p",
             pack_command: &bed.command,
             store: &bed.store,
+            open_uploads: None,
             store_prefix: &bed.prefix,
             store_url: "s3://bucket/runs",
             namespace: "ns",
