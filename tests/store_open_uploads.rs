@@ -1,0 +1,369 @@
+//! No orphaned multipart uploads, on an S3 server that lists them (docs/contract.md, "What the
+//! store holds across attempts"; issue #10 item 4): before each attempt of an archive key, the
+//! operator lists the key's open multipart uploads and aborts them (src/store/open_uploads.rs).
+//!
+//! The server is gofakes3 (`hack/store-emulators.sh up` starts it; SANDBOXRUN_TEST_GOFAKES3_*):
+//! s3s-fs, the bed's main S3 server, does not implement ListMultipartUploads. Every check of what
+//! is open goes through gofakes3's own listing (`GET /<bucket>?uploads`), read by this file's own
+//! small parser, not the operator's.
+//!
+//! kwok plays the node (its exec runs the packer as a local process), as in tests/drain_e2e.rs.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams, PostParams};
+use kube::{Api, ResourceExt};
+use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt, PutPayload};
+use sandboxrun_operator::api::{
+    Compression, Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec,
+};
+use sandboxrun_operator::store::open_uploads::{Cleared, OpenUploads};
+use sandboxrun_operator::store::{object_keys, store_from_url, RunRef};
+use serde_json::json;
+
+use support::*;
+
+const MIB: u64 = 1024 * 1024;
+
+/// The bed's gofakes3: its URL, bucket and the store options the operator takes.
+struct Gofakes3 {
+    url: String,
+    bucket: String,
+    options: Vec<(String, String)>,
+}
+
+fn gofakes3() -> Gofakes3 {
+    let url = bed_setting("SANDBOXRUN_TEST_GOFAKES3_URL");
+    let options = [
+        ("endpoint", url.as_str()),
+        ("allow_http", "true"),
+        (
+            "access_key_id",
+            &bed_setting("SANDBOXRUN_TEST_GOFAKES3_ACCESS_KEY"),
+        ),
+        (
+            "secret_access_key",
+            &bed_setting("SANDBOXRUN_TEST_GOFAKES3_SECRET_KEY"),
+        ),
+        ("region", "us-east-1"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    Gofakes3 {
+        bucket: bed_setting("SANDBOXRUN_TEST_GOFAKES3_BUCKET"),
+        url,
+        options,
+    }
+}
+
+impl Gofakes3 {
+    /// A store URL under a fresh prefix.
+    fn store_url(&self, prefix: &str) -> String {
+        format!("s3://{}/{prefix}", self.bucket)
+    }
+
+    /// gofakes3's own listing of open uploads under `prefix`: (key, upload id) pairs. gofakes3
+    /// answers a bucket that never had an upload with 404 NoSuchUpload: nothing open.
+    async fn open_uploads(&self, prefix: &str) -> Vec<(String, String)> {
+        let mut url = url::Url::parse(&format!("{}/{}", self.url, self.bucket)).expect("url");
+        url.query_pairs_mut()
+            .append_key_only("uploads")
+            .append_pair("prefix", prefix);
+        let resp = reqwest::get(url).await.expect("list open uploads");
+        let status = resp.status().as_u16();
+        let body = resp.text().await.expect("body");
+        if status == 404 && body.contains("<Code>NoSuchUpload</Code>") {
+            return Vec::new();
+        }
+        assert_eq!(status, 200, "{body}");
+        xml_texts(&body, "Key")
+            .into_iter()
+            .zip(xml_texts(&body, "UploadId"))
+            .collect()
+    }
+
+    /// The open uploads of exactly `key`.
+    async fn open_uploads_of(&self, key: &str) -> Vec<String> {
+        self.open_uploads(key)
+            .await
+            .into_iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, id)| id)
+            .collect()
+    }
+
+    /// Aborts an upload directly (the tests' own clean-up).
+    async fn abort(&self, key: &str, id: &str) {
+        let url = format!("{}/{}/{key}?uploadId={id}", self.url, self.bucket);
+        let _ = reqwest::Client::new().delete(url).send().await;
+    }
+}
+
+/// The texts of every `<tag>` element, in order (a listing's keys here are plain ASCII).
+fn xml_texts(xml: &str, tag: &str) -> Vec<String> {
+    let open = format!("<{tag}>");
+    let close = format!("</{tag}>");
+    xml.split(&open)
+        .skip(1)
+        .filter_map(|rest| rest.split_once(&close).map(|(t, _)| t.to_string()))
+        .collect()
+}
+
+/// Leaves an upload of `key` open with one part in it, as a process killed mid-upload does: the
+/// upload is neither completed nor aborted (object_store's own uploads do not abort on drop).
+async fn leave_open(store: &dyn ObjectStore, key: &str) {
+    let mut upload = store
+        .put_multipart(&object_store::path::Path::from(key))
+        .await
+        .expect("start a multipart upload");
+    upload
+        .put_part(PutPayload::from(vec![7u8; 5 * MIB as usize]))
+        .await
+        .expect("upload a part");
+    drop(upload);
+}
+
+fn random_prefix(tag: &str) -> String {
+    format!("{tag}{:08x}", rand_u32())
+}
+
+// ---------------------------------------------------------------------------------------------
+// The clean-up itself, against the server
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_pre_attempt_clean_up_aborts_the_open_uploads_of_exactly_the_key() {
+    let s3 = gofakes3();
+    let prefix = random_prefix("ou");
+    let url = s3.store_url(&prefix);
+    let (store, _) = store_from_url(&url, &s3.options).expect("store");
+    let key = format!("{prefix}/ns/run/uid/00-out.tar");
+    let other = format!("{key}-other");
+    let below = format!("{key}/below");
+    leave_open(store.as_ref(), &key).await;
+    leave_open(store.as_ref(), &key).await;
+    leave_open(store.as_ref(), &other).await;
+    leave_open(store.as_ref(), &below).await;
+    // The precondition: the server lists them.
+    assert_eq!(
+        s3.open_uploads_of(&key).await.len(),
+        2,
+        "two open for the key"
+    );
+    assert_eq!(s3.open_uploads(&prefix).await.len(), 4);
+
+    let cleaner = OpenUploads::for_store(&url, &s3.options)
+        .expect("configures")
+        .expect("an s3:// store has a cleaner");
+    let cleared = cleaner
+        .abort_open_uploads(&object_store::path::Path::from(key.as_str()))
+        .await
+        .expect("lists and aborts");
+    assert_eq!(
+        cleared,
+        Cleared {
+            found: 2,
+            aborted: 2
+        }
+    );
+
+    assert_eq!(
+        s3.open_uploads_of(&key).await,
+        Vec::<String>::new(),
+        "none open for the key"
+    );
+    let left = s3.open_uploads(&prefix).await;
+    let mut left_keys: Vec<&str> = left.iter().map(|(k, _)| k.as_str()).collect();
+    left_keys.sort_unstable();
+    assert_eq!(
+        left_keys,
+        vec![other.as_str(), below.as_str()],
+        "keys that only share the prefix keep their uploads"
+    );
+    assert!(
+        cleaner.metric().with_label_values(&["aborted"]).get() == 2,
+        "counted"
+    );
+
+    // A second pass finds nothing.
+    let again = cleaner
+        .abort_open_uploads(&object_store::path::Path::from(key.as_str()))
+        .await
+        .expect("lists");
+    assert_eq!(again, Cleared::default());
+    for (k, id) in left {
+        s3.abort(&k, &id).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// End to end: the operator drains into gofakes3
+// ---------------------------------------------------------------------------------------------
+
+fn spec(path: &Path, drain_timeout: &str) -> SandboxRunSpec {
+    SandboxRunSpec {
+        image: Some("registry.example/tool@sha256:0000000000000000000000000000000000000000000000000000000000000000".into()),
+        command: Some(vec!["sh".into(), "-c".into(), "work".into()]),
+        user: Some("1000:1000".into()),
+        read_back: Some(ReadBack {
+            paths: vec![ReadBackPath {
+                path: path.display().to_string(),
+                ..Default::default()
+            }],
+            compression: Compression::None,
+            drain_timeout: Some(drain_timeout.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn store_flags(options: &[(String, String)]) -> Vec<String> {
+    options
+        .iter()
+        .flat_map(|(k, v)| ["--store-option".to_string(), format!("{k}={v}")])
+        .collect()
+}
+
+async fn wait_for<F>(
+    runs: &Api<SandboxRun>,
+    name: &str,
+    op: &Operator,
+    timeout: Duration,
+    what: &str,
+    pred: F,
+) -> SandboxRun
+where
+    F: Fn(&SandboxRun) -> bool,
+{
+    eventually_or_log(&format!("{name} {what}"), timeout, op, || {
+        let runs = runs.clone();
+        let name = name.to_string();
+        let ok = &pred;
+        async move {
+            let r = runs.get(&name).await.ok()?;
+            ok(&r).then_some(r)
+        }
+    })
+    .await
+}
+
+fn phase(r: &SandboxRun) -> Option<Phase> {
+    r.status.as_ref().and_then(|s| s.phase)
+}
+
+async fn finish_workload(pods: &Api<Pod>, run: &SandboxRun) {
+    let pod = run
+        .status
+        .as_ref()
+        .and_then(|s| s.pod_name.clone())
+        .expect("a running run names its pod");
+    let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": "0"}}});
+    pods.patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("end the workload");
+}
+
+/// The archive key of path 0 of `run`.
+fn archive_key(prefix: &str, ns: &str, run: &SandboxRun, path: &Path) -> String {
+    let run_ref = RunRef {
+        namespace: ns.to_string(),
+        name: run.name_any(),
+        uid: run.uid().expect("uid"),
+    };
+    object_keys(
+        &object_store::path::Path::from(prefix),
+        &run_ref,
+        0,
+        &path.display().to_string(),
+        Compression::None,
+    )
+    .archive
+    .to_string()
+}
+
+/// Removes a directory when the test ends, passed or failed: the disk is shared.
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[tokio::test]
+async fn an_upload_left_open_by_a_killed_attempt_is_aborted_before_the_next_attempt() {
+    let s3 = gofakes3();
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "openup").await;
+    let prefix = random_prefix("ou");
+    let url = s3.store_url(&prefix);
+    let flags = store_flags(&s3.options);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let op = Operator::start(&ns.name, &url, &flags);
+    let src = host_dir("openup");
+    let _remove = RemoveOnDrop(src.clone());
+    std::fs::write(src.join("result.txt"), "42\n").expect("write");
+
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    runs.create(
+        &PostParams::default(),
+        &SandboxRun::new("r", spec(&src, "2m")),
+    )
+    .await
+    .expect("create");
+    let running = wait_for(&runs, "r", &op, Duration::from_secs(90), "Running", |r| {
+        phase(r) == Some(Phase::Running)
+    })
+    .await;
+
+    // What a killed operator leaves: an open upload of the archive key (its drop guard never
+    // ran), next to an open upload of another key that shares the prefix.
+    let key = archive_key(&prefix, &ns.name, &running, &src);
+    let other = format!("{key}-other");
+    let (store, _) = store_from_url(&url, &s3.options).expect("store");
+    leave_open(store.as_ref(), &key).await;
+    leave_open(store.as_ref(), &other).await;
+    assert_eq!(
+        s3.open_uploads_of(&key).await.len(),
+        1,
+        "the orphan is open"
+    );
+
+    finish_workload(&pods, &running).await;
+    let run = wait_for(&runs, "r", &op, Duration::from_secs(180), "final", |r| {
+        phase(r).is_some_and(|p| p.is_final())
+    })
+    .await;
+    let entry = &run.status.as_ref().expect("status").read_back[0];
+    assert_eq!(
+        entry.phase,
+        ReadBackPhase::Drained,
+        "{entry:?}\n{}",
+        op.log_text()
+    );
+    assert_eq!(
+        s3.open_uploads_of(&key).await,
+        Vec::<String>::new(),
+        "the killed attempt's upload is aborted\n{}",
+        op.log_text()
+    );
+    let others = s3.open_uploads_of(&other).await;
+    assert_eq!(others.len(), 1, "another key's upload is not touched");
+    assert!(
+        op.log_text()
+            .contains("aborted an open multipart upload of the archive key"),
+        "{}",
+        op.log_text()
+    );
+    for id in others {
+        s3.abort(&other, &id).await;
+    }
+}
