@@ -367,3 +367,131 @@ async fn an_upload_left_open_by_a_killed_attempt_is_aborted_before_the_next_atte
         s3.abort(&other, &id).await;
     }
 }
+
+/// A packer that sends `.stream` from the declared directory (the start of a tar) and then stalls,
+/// as a packer stuck on a file.
+fn hanging_packer(bin_dir: &Path) -> PathBuf {
+    let script = bin_dir.join("hang-pack.sh");
+    std::fs::write(
+        &script,
+        "#!/bin/sh\n# tests/store_open_uploads.rs: $1 is the declared path.\ncat \"$1/.stream\"; sleep 40; exit 0\n",
+    )
+    .expect("write the packer");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    script
+}
+
+/// The first `sent` bytes of a tar whose one member claims `size` bytes.
+fn truncated_tar(size: u64, sent: u64) -> Vec<u8> {
+    let mut h = tar::Header::new_ustar();
+    h.set_path("big.bin").expect("path");
+    h.set_size(size);
+    h.set_mode(0o644);
+    h.set_mtime(1_700_000_000);
+    h.set_entry_type(tar::EntryType::Regular);
+    h.set_cksum();
+    let mut out = h.as_bytes().to_vec();
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    for _ in 0..sent / 8 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+#[tokio::test]
+async fn an_attempt_cancelled_by_its_timeout_leaves_no_open_upload_in_the_server_s_listing() {
+    let s3 = gofakes3();
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "openup-timeout").await;
+    let prefix = random_prefix("ou");
+    let url = s3.store_url(&prefix);
+    let bin = host_dir("openup-bin");
+    let _remove_bin = RemoveOnDrop(bin.clone());
+    let mut flags = store_flags(&s3.options);
+    flags.extend([
+        "--pack-command".to_string(),
+        format!("{} ", hanging_packer(&bin).display()),
+    ]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let op = Operator::start(&ns.name, &url, &flags);
+
+    // 12 MiB of a 64 MiB member, then the packer stalls: past its first 5 MiB part, the archive
+    // is a multipart upload with parts in the bucket when the drain timeout fires.
+    let src = host_dir("openup-timeout");
+    let _remove = RemoveOnDrop(src.clone());
+    std::fs::write(src.join(".stream"), truncated_tar(64 * MIB, 12 * MIB)).expect("stream");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    runs.create(
+        &PostParams::default(),
+        &SandboxRun::new("stalls", spec(&src, "12s")),
+    )
+    .await
+    .expect("create");
+    let running = wait_for(
+        &runs,
+        "stalls",
+        &op,
+        Duration::from_secs(90),
+        "Running",
+        |r| phase(r) == Some(Phase::Running),
+    )
+    .await;
+    let key = archive_key(&prefix, &ns.name, &running, &src);
+    finish_workload(&pods, &running).await;
+
+    // The precondition that makes this test mean something: the server lists the upload open
+    // mid-drain.
+    let open = eventually_or_log(
+        "the server to list an open upload of the archive",
+        Duration::from_secs(60),
+        &op,
+        || {
+            let s3 = &s3;
+            let key = key.clone();
+            async move {
+                let ids = s3.open_uploads_of(&key).await;
+                (!ids.is_empty()).then_some(ids)
+            }
+        },
+    )
+    .await;
+    assert_eq!(open.len(), 1, "one attempt, one upload: {open:?}");
+
+    let run = wait_for(
+        &runs,
+        "stalls",
+        &op,
+        Duration::from_secs(90),
+        "final",
+        |r| phase(r).is_some_and(|p| p.is_final()),
+    )
+    .await;
+    let entry = &run.status.as_ref().expect("status").read_back[0];
+    assert_eq!(entry.phase, ReadBackPhase::Failed, "{entry:?}");
+    assert!(
+        entry
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("drain timeout reached while attempt 1 was still streaming"),
+        "{entry:?}"
+    );
+    // The server's own listing: nothing open for the key.
+    eventually_or_log(
+        "the server to list no open upload of the archive",
+        Duration::from_secs(30),
+        &op,
+        || {
+            let s3 = &s3;
+            let key = key.clone();
+            async move { s3.open_uploads_of(&key).await.is_empty().then_some(()) }
+        },
+    )
+    .await;
+}
