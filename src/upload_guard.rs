@@ -8,10 +8,10 @@
 //! it completed or was aborted, spawns the abort on the runtime and tracks it, so the operator can
 //! wait for those aborts before it exits ([`wait_for_pending_aborts`]).
 //!
-//! What this cannot cover: a process killed outright (SIGKILL, OOM, node loss) runs no guard.
-//! object_store has no API to list a bucket's open multipart uploads, so the next attempt cannot
-//! find such an upload by its key; the bucket's lifecycle rule (abort incomplete multipart uploads
-//! after N days, docs/operations.md) is what removes it.
+//! What this cannot cover: a process killed outright (SIGKILL, OOM, node loss) runs no guard. On
+//! S3 the key's next attempt lists and aborts such an upload first
+//! (`crate::store::open_uploads`); otherwise the bucket's lifecycle rule (abort incomplete
+//! multipart uploads after N days, docs/operations.md) is what removes it.
 
 use std::fmt;
 use std::sync::{Arc, LazyLock};
