@@ -21,7 +21,9 @@ use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt, PutPayload};
 use sandboxrun_operator::api::{
     Compression, Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec,
 };
-use sandboxrun_operator::store::open_uploads::{Cleared, OpenUploads};
+use sandboxrun_operator::store::open_uploads::{
+    before_attempt, Cleared, OpenUploads, OpenUploadsError, LIST_PERMISSION,
+};
 use sandboxrun_operator::store::{object_keys, store_from_url, RunRef};
 use serde_json::json;
 
@@ -494,4 +496,67 @@ async fn an_attempt_cancelled_by_its_timeout_leaves_no_open_upload_in_the_server
         },
     )
     .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The bed's main S3 server, s3s-fs, has no ListMultipartUploads
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_server_without_the_listing_is_skipped_and_never_fails_the_attempt() {
+    let s3 = s3();
+    let options: Vec<(String, String)> = [
+        ("endpoint", s3.endpoint.as_str()),
+        ("allow_http", "true"),
+        ("access_key_id", &s3.access_key),
+        ("secret_access_key", &s3.secret_key),
+        ("region", "us-east-1"),
+    ]
+    .iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect();
+    let url = format!("s3://{}/{}", s3.bucket, random_prefix("ou"));
+    let cleaner = OpenUploads::for_store(&url, &options)
+        .expect("configures")
+        .expect("an s3:// store has a cleaner");
+    let key = object_store::path::Path::from("ou/ns/run/uid/00-out.tar");
+    let err = cleaner
+        .abort_open_uploads(&key)
+        .await
+        .expect_err("s3s-fs does not list open uploads");
+    assert!(
+        matches!(err, OpenUploadsError::Unsupported { .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        before_attempt(Some(&cleaner), &key, Duration::from_secs(20)).await,
+        None
+    );
+
+    // s3s-fs checks signatures (gofakes3 does not): the listing above was not refused, so the
+    // operator's SigV4 signature is accepted; with a wrong secret it is refused, and the error
+    // names the permission to grant and the server's code. The attempt still goes ahead.
+    let mut wrong = options.clone();
+    wrong.retain(|(k, _)| k != "secret_access_key");
+    wrong.push(("secret_access_key".into(), "not-the-secret".into()));
+    let refused = OpenUploads::for_store(&url, &wrong)
+        .expect("configures")
+        .expect("cleaner");
+    let err = refused.abort_open_uploads(&key).await.expect_err("refused");
+    match &err {
+        OpenUploadsError::Forbidden {
+            status: 403,
+            permission,
+            ..
+        } => assert_eq!(*permission, LIST_PERMISSION),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        err.to_string().contains("s3:ListBucketMultipartUploads"),
+        "{err}"
+    );
+    assert_eq!(
+        before_attempt(Some(&refused), &key, Duration::from_secs(20)).await,
+        None
+    );
 }

@@ -85,13 +85,15 @@ pub enum OpenUploadsError {
         /// The HTTP status.
         status: u16,
     },
-    /// The credentials lack a permission.
-    #[error("{op} refused (HTTP {status}): the credentials need {permission}")]
+    /// The credentials lack a permission (or are refused outright: the code says which).
+    #[error("{op} refused (HTTP {status} {code}): the credentials need {permission}")]
     Forbidden {
         /// The S3 operation.
         op: &'static str,
         /// The HTTP status.
         status: u16,
+        /// The S3 error code (AccessDenied, SignatureDoesNotMatch, ...), when the body names one.
+        code: String,
         /// The permission to grant.
         permission: &'static str,
     },
@@ -489,6 +491,7 @@ impl OpenUploads {
                     ListingFailure::Forbidden => Err(OpenUploadsError::Forbidden {
                         op: OP,
                         status,
+                        code: error_code(&body).unwrap_or_default(),
                         permission: LIST_PERMISSION,
                     }),
                     ListingFailure::Other(code) => Err(OpenUploadsError::Status {
@@ -543,6 +546,7 @@ impl OpenUploads {
             401 | 403 => Err(OpenUploadsError::Forbidden {
                 op: OP,
                 status,
+                code: error_code(&body).unwrap_or_default(),
                 permission: ABORT_PERMISSION,
             }),
             _ => Err(OpenUploadsError::Status {
