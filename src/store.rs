@@ -265,6 +265,35 @@ impl StoreConfig {
         })
     }
 
+    /// The S3 client settings this configuration names: the environment, then the URL's bucket,
+    /// then the options. The store and the clean-up of open multipart uploads
+    /// (`open_uploads`) both start from it, so they sign with the same credentials and talk to
+    /// the same endpoint.
+    pub fn s3_builder(&self) -> Result<AmazonS3Builder, StoreError> {
+        let invalid = |reason: &str| StoreError::InvalidUrl {
+            url: redact_url(&self.url),
+            reason: reason.into(),
+        };
+        let url = url::Url::parse(&self.url).map_err(|e| invalid(&e.to_string()))?;
+        let bucket = match url.host_str() {
+            Some(h) if url.scheme() == "s3" && !h.is_empty() => format!("s3://{h}"),
+            _ => {
+                return Err(invalid(
+                    "a bucket (or container) is required: <scheme>://<bucket>/<prefix>",
+                ))
+            }
+        };
+        let mut b = AmazonS3Builder::from_env().with_url(bucket);
+        for (k, v) in &self.options {
+            let key = AmazonS3ConfigKey::from_str(k).map_err(|source| StoreError::Build {
+                scheme: "s3".into(),
+                source,
+            })?;
+            b = b.with_config(key, v);
+        }
+        Ok(b)
+    }
+
     /// Builds the store and returns it with the key prefix the URL names.
     pub fn build(&self) -> Result<(Arc<dyn ObjectStore>, Path), StoreError> {
         let invalid = |reason: &str| StoreError::InvalidUrl {
@@ -299,16 +328,12 @@ impl StoreConfig {
                 // The prefix is the directory itself.
                 return Ok((Arc::new(fs), Path::default()));
             }
-            "s3" => {
-                let mut b = AmazonS3Builder::from_env()
-                    .with_url(bucket()?)
-                    .with_retry(retry_config());
-                for (k, v) in &self.options {
-                    let key = AmazonS3ConfigKey::from_str(k).map_err(build_err)?;
-                    b = b.with_config(key, v);
-                }
-                Arc::new(b.build().map_err(build_err)?)
-            }
+            "s3" => Arc::new(
+                self.s3_builder()?
+                    .with_retry(retry_config())
+                    .build()
+                    .map_err(build_err)?,
+            ),
             "gs" => {
                 let mut b = GoogleCloudStorageBuilder::from_env()
                     .with_url(bucket()?)

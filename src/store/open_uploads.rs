@@ -24,12 +24,11 @@
 //!
 //! [`AmazonS3::credentials`]: object_store::aws::AmazonS3::credentials
 
-use std::str::FromStr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
-use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey, AwsAuthorizer, AwsCredential};
+use object_store::aws::{AmazonS3ConfigKey, AwsAuthorizer, AwsCredential};
 use object_store::client::{
     HttpClient, HttpConnector, HttpRequest, HttpRequestBody, ReqwestConnector,
 };
@@ -398,11 +397,10 @@ impl OpenUploads {
             .host_str()
             .filter(|h| !h.is_empty())
             .ok_or_else(|| OpenUploadsError::Settings("the URL names no bucket".into()))?;
-        let mut builder = AmazonS3Builder::from_env().with_url(format!("s3://{bucket}"));
-        for (k, v) in options {
-            let key = AmazonS3ConfigKey::from_str(k).map_err(OpenUploadsError::Config)?;
-            builder = builder.with_config(key, v);
-        }
+        // The store's own settings, validated as the store validates them.
+        let builder = super::StoreConfig::new(url, options)
+            .and_then(|config| config.s3_builder())
+            .map_err(|e| OpenUploadsError::Settings(e.to_string()))?;
         let get = |key: AmazonS3ConfigKey| builder.get_config_value(&key);
         if truthy(get(AmazonS3ConfigKey::S3Express)) {
             debug!("S3 Express One Zone buckets are not cleaned of open uploads before an attempt");
