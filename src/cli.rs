@@ -1,4 +1,4 @@
-//! The command line: `run | crd | doctor | holder | pack | files`.
+//! The command line: `run | crd | doctor | holder | pack | files | egress-proxy`.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -34,6 +34,8 @@ pub enum Command {
     Pack(PackArgs),
     /// List or fetch a run's drained files from the object store.
     Files(crate::files::FilesArgs),
+    /// The egress proxy: enforces SandboxRuns' host rules for their pods.
+    EgressProxy(crate::egress::proxy::ProxyArgs),
 }
 
 /// Log output format.
@@ -206,6 +208,56 @@ pub struct RunArgs {
     /// This replica's identity (events, lease).
     #[arg(long, env = "POD_NAME", default_value = "sandboxrun-operator-local")]
     pub pod_name: String,
+    /// Whether this cluster's network plugin enforces NetworkPolicy: `enforced`, or
+    /// `unenforced-refuse` (a run whose spec.network restricts egress does not start) or
+    /// `unenforced-warn` (it starts with a Warning Event).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_NETWORK_POLICY",
+        value_enum,
+        default_value = "enforced"
+    )]
+    pub network_policy: crate::egress::PolicyEnforcement,
+    /// URL of the egress proxy the workloads of filtered runs use (empty: none, and host-name
+    /// rules are not enforced), e.g. http://sandboxrun-operator-egress-proxy.sandboxrun-system.svc:3128.
+    #[arg(long, env = "SANDBOXRUN_EGRESS_PROXY_URL", default_value = "")]
+    pub egress_proxy_url: String,
+    /// Namespace of the egress proxy's pods (default: --pod-namespace).
+    #[arg(long, env = "SANDBOXRUN_EGRESS_PROXY_NAMESPACE")]
+    pub egress_proxy_namespace: Option<String>,
+    /// Labels of the egress proxy's pods (key=value, comma-separated): what a run's
+    /// NetworkPolicy lets it reach.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_EGRESS_PROXY_SELECTOR",
+        value_delimiter = ',',
+        default_value = "app.kubernetes.io/component=egress-proxy"
+    )]
+    pub egress_proxy_selector: Vec<String>,
+    /// Port the egress proxy's pods listen on.
+    #[arg(long, env = "SANDBOXRUN_EGRESS_PROXY_PORT", default_value_t = 3128)]
+    pub egress_proxy_port: u16,
+    /// File with the secret the per-run proxy tokens are derived from (the proxy reads the same).
+    #[arg(long, env = "SANDBOXRUN_EGRESS_TOKEN_SECRET_FILE")]
+    pub egress_token_secret_file: Option<PathBuf>,
+    /// Namespace of the cluster DNS pods a filtered run may query.
+    #[arg(long, env = "SANDBOXRUN_DNS_NAMESPACE", default_value = "kube-system")]
+    pub dns_namespace: String,
+    /// Labels of the cluster DNS pods (key=value, comma-separated).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_DNS_SELECTOR",
+        value_delimiter = ',',
+        default_value = "k8s-app=kube-dns"
+    )]
+    pub dns_selector: Vec<String>,
+    /// NO_PROXY of a filtered run's workload: what it reaches without the proxy.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_NO_PROXY",
+        default_value = crate::egress::settings::DEFAULT_NO_PROXY
+    )]
+    pub no_proxy: String,
     /// Log format.
     #[arg(
         long,
@@ -217,6 +269,63 @@ pub struct RunArgs {
     /// Log filter (tracing EnvFilter syntax), e.g. info or sandboxrun_operator=debug.
     #[arg(long, env = "SANDBOXRUN_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+}
+
+/// Egress settings from the run flags (checked at startup).
+pub fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSettings, String> {
+    use crate::egress::settings::parse_labels;
+    let dns = crate::egress::PeerSelector {
+        namespace: args.dns_namespace.clone(),
+        pod_labels: parse_labels("--dns-selector", &args.dns_selector)
+            .map_err(|e| e.to_string())?,
+    };
+    let token_secret = match &args.egress_token_secret_file {
+        Some(path) => Some(crate::egress::settings::TokenSecret(
+            crate::egress::proxy::read_secret(path)?,
+        )),
+        None => None,
+    };
+    let proxy = if args.egress_proxy_url.trim().is_empty() {
+        None
+    } else {
+        let url = url::Url::parse(args.egress_proxy_url.trim())
+            .map_err(|e| format!("--egress-proxy-url {:?}: {e}", args.egress_proxy_url))?;
+        if url.scheme() != "http" || url.host_str().is_none() {
+            return Err(format!(
+                "--egress-proxy-url {:?}: want http://host:port",
+                args.egress_proxy_url
+            ));
+        }
+        if token_secret.is_none() {
+            return Err(
+                "--egress-proxy-url needs --egress-token-secret-file (the proxy's secret)"
+                    .to_string(),
+            );
+        }
+        Some(crate::egress::ProxyPeer {
+            url: args
+                .egress_proxy_url
+                .trim()
+                .trim_end_matches('/')
+                .to_string(),
+            selector: crate::egress::PeerSelector {
+                namespace: args
+                    .egress_proxy_namespace
+                    .clone()
+                    .unwrap_or_else(|| args.pod_namespace.clone()),
+                pod_labels: parse_labels("--egress-proxy-selector", &args.egress_proxy_selector)
+                    .map_err(|e| e.to_string())?,
+            },
+            port: args.egress_proxy_port,
+        })
+    };
+    Ok(crate::egress::EgressSettings {
+        enforcement: args.network_policy,
+        dns,
+        proxy,
+        token_secret,
+        no_proxy: args.no_proxy.clone(),
+    })
 }
 
 /// Arguments of `holder`.
@@ -358,6 +467,16 @@ async fn dispatch(command: Command) -> ExitCode {
         }
         Command::Holder(args) => holder(args).await,
         Command::Files(args) => crate::files::run(args).await,
+        Command::EgressProxy(args) => {
+            init_tracing(args.log_format, &args.log_level);
+            match crate::egress::proxy::run(args).await {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    error!(error = %e, "egress proxy stopped");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Run(args) => {
             init_tracing(args.log_format, &args.log_level);
             match crate::operator::run(*args).await {

@@ -688,6 +688,10 @@ async fn create_pod(
             Ok(Action::await_change())
         }
         Ok(pod) => {
+            // The egress policy first: the pod never runs unfiltered (src/egress/apply.rs).
+            if let Some(action) = crate::egress::apply::before_pod(ctx, run).await? {
+                return Ok(action);
+            }
             let pod_name = pod.metadata.name.clone().unwrap_or_default();
             match pods.create(&PostParams::default(), &pod).await {
                 Ok(created) => {

@@ -47,6 +47,11 @@ pub const ARCHIVE_DELETE_FAILED: &str = crate::retention::REASON_ARCHIVE_DELETE_
 /// `retention: Delete`: the delete kept failing past the bound; the run was released.
 pub const ARCHIVE_DELETE_ABANDONED: &str = crate::retention::REASON_ARCHIVE_DELETE_ABANDONED;
 
+/// The run's NetworkPolicy is in place; the note says what it lets out and who enforces it.
+pub const EGRESS_POLICY_APPLIED: &str = crate::egress::apply::REASON_EGRESS_POLICY_APPLIED;
+/// The run restricts egress and NetworkPolicy is declared unenforced (`--network-policy`).
+pub const EGRESS_POLICY_UNENFORCED: &str = crate::egress::apply::REASON_EGRESS_POLICY_UNENFORCED;
+
 /// The two reasons whose spelling the contract fixes (not CamelCase).
 pub const CONTRACT_REASONS: [&str; 2] = [DRAIN_FAILED, CAPPED];
 
@@ -71,6 +76,8 @@ pub const ALL: &[&str] = &[
     ARCHIVES_DELETED,
     ARCHIVE_DELETE_FAILED,
     ARCHIVE_DELETE_ABANDONED,
+    EGRESS_POLICY_APPLIED,
+    EGRESS_POLICY_UNENFORCED,
 ];
 
 /// The reason of the Event that announces a final phase.

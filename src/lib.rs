@@ -9,6 +9,7 @@ pub mod config;
 pub mod controller;
 pub mod crdgen;
 pub mod drain;
+pub mod egress;
 pub mod events;
 pub mod files;
 pub mod holder;

@@ -59,6 +59,7 @@ pub enum OperatorError {
 pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     // Checked before anything connects: a bad value is a startup error, not a pod every run fails.
     let holder_resources = cli::holder_resources(&args)?;
+    let egress = cli::egress_settings(&args).map_err(OperatorError::Config)?;
     let client = Client::try_default().await?;
     let caps = cli::caps(&args).map_err(OperatorError::Config)?;
     let options = crate::util::parse_options(&args.store_options).map_err(OperatorError::Config)?;
@@ -118,6 +119,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             settings: crate::admission::RuleSettings {
                 caps,
                 max_drain_timeout: Some(max_drain_timeout),
+                network_policy: egress.enforcement,
             },
         };
         let addr = crate::admission::serve::start(&cfg, client.clone(), &metrics)
@@ -139,6 +141,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
                 max_drain_timeout_seconds: i64::try_from(max_drain_timeout.as_secs().max(1))
                     .unwrap_or(i64::MAX),
                 holder_resources,
+                egress,
             },
             caps,
             DecideSettings { image_pull_timeout },

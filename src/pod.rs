@@ -49,6 +49,8 @@ pub struct PodSettings {
     pub max_drain_timeout_seconds: i64,
     /// Requests and limits of the holder container (`run --holder-*`).
     pub holder_resources: HolderResources,
+    /// Egress enforcement: the proxy variables a filtered run's workload gets.
+    pub egress: crate::egress::EgressSettings,
 }
 
 impl Default for PodSettings {
@@ -58,6 +60,7 @@ impl Default for PodSettings {
             default_drain_timeout_seconds: 300,
             max_drain_timeout_seconds: 3600,
             holder_resources: HolderResources::default(),
+            egress: crate::egress::EgressSettings::default(),
         }
     }
 }
@@ -414,10 +417,16 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
         });
     }
 
+    // A filtered run's proxy variables (docs/contract.md "ADR-006 network rules: validated and
+    // enforced") replace any the user set.
+    let proxy_env = crate::egress::env::proxy_env(run, &settings.egress);
     let mut env: Vec<EnvVar> = spec
         .env
         .iter()
         .filter(|e| e.name != ARTIFACT_FILES_ENV && e.name != READBACK_PATHS_ENV)
+        .filter(|e| {
+            proxy_env.is_empty() || !crate::egress::env::PROXY_ENV.contains(&e.name.as_str())
+        })
         .map(|e| EnvVar {
             name: e.name.clone(),
             value: Some(e.value.clone()),
@@ -440,6 +449,8 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
             value_from: None,
         });
     }
+
+    env.extend(proxy_env);
 
     let restricted = SecurityContext {
         allow_privilege_escalation: Some(false),

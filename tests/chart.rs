@@ -274,10 +274,136 @@ fn only<'a>(docs: &'a [serde_yaml::Value], kind: &str) -> &'a serde_yaml::Value 
     found[0]
 }
 
+/// The operator's Deployment (component `controller`; the egress proxy has its own).
+fn operator_deployment(docs: &[serde_yaml::Value]) -> &serde_yaml::Value {
+    let found: Vec<&serde_yaml::Value> = docs
+        .iter()
+        .filter(|d| {
+            d["kind"].as_str() == Some("Deployment")
+                && d["metadata"]["labels"]["app.kubernetes.io/component"].as_str()
+                    == Some("controller")
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "one operator Deployment expected");
+    found[0]
+}
+
+/// The egress proxy (docs/contract.md "ADR-006 network rules: validated and enforced"): its
+/// Deployment, Service and PDB, the Secret both sides read, its read-only RBAC, and the operator
+/// told where it is; off, none of it and no proxy flags.
+#[test]
+fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
+    let text = ok(helm(&["template", "demo", CHART, "-n", "sbr-sys"]), None);
+    let docs = yaml_docs(&text);
+    let named = |kind: &str, name: &str| {
+        docs.iter()
+            .find(|d| {
+                d["kind"].as_str() == Some(kind) && d["metadata"]["name"].as_str() == Some(name)
+            })
+            .unwrap_or_else(|| panic!("{kind} {name} rendered"))
+            .clone()
+    };
+    let proxy = named("Deployment", "demo-sandboxrun-operator-egress-proxy");
+    let spec = &proxy["spec"]["template"]["spec"];
+    let args: Vec<&str> = spec["containers"][0]["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert_eq!(args[0], "egress-proxy");
+    assert!(args.contains(&"--listen=0.0.0.0:3128"), "{args:?}");
+    assert!(args.contains(&"--token-secret-file=/etc/sandboxrun/egress/token-secret"));
+    assert_eq!(proxy["spec"]["replicas"].as_u64(), Some(2));
+    assert_eq!(
+        spec["serviceAccountName"].as_str(),
+        Some("demo-sandboxrun-operator-egress-proxy")
+    );
+    let svc = named("Service", "demo-sandboxrun-operator-egress-proxy");
+    assert_eq!(svc["spec"]["ports"][0]["port"].as_u64(), Some(3128));
+    let pdb = named(
+        "PodDisruptionBudget",
+        "demo-sandboxrun-operator-egress-proxy",
+    );
+    assert_eq!(pdb["spec"]["minAvailable"].as_u64(), Some(1));
+    named("Secret", "demo-sandboxrun-operator-egress-token");
+    let role = named("ClusterRole", "demo-sandboxrun-operator-egress-proxy");
+    assert_eq!(
+        serde_yaml::to_string(&role["rules"]).expect("rules"),
+        "- apiGroups:\n  - sandbox.iterion.io\n  resources:\n  - sandboxruns\n  verbs:\n  - list\n  - watch\n"
+    );
+    // The operator: told where the proxy is and which pods it runs in; may apply policies.
+    let op = operator_deployment(&docs);
+    let op_args: Vec<&str> = op["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    for want in [
+        "--network-policy=enforced",
+        "--dns-namespace=kube-system",
+        "--dns-selector=k8s-app=kube-dns",
+        "--egress-proxy-url=http://demo-sandboxrun-operator-egress-proxy.sbr-sys.svc:3128",
+        "--egress-proxy-namespace=sbr-sys",
+        "--egress-proxy-selector=app.kubernetes.io/component=egress-proxy,app.kubernetes.io/instance=demo,app.kubernetes.io/name=sandboxrun-operator",
+        "--egress-token-secret-file=/etc/sandboxrun/egress/token-secret",
+    ] {
+        assert!(op_args.contains(&want), "{want} in {op_args:?}");
+    }
+    let proxy_labels = &proxy["spec"]["template"]["metadata"]["labels"];
+    for pair in [
+        "app.kubernetes.io/component=egress-proxy",
+        "app.kubernetes.io/instance=demo",
+        "app.kubernetes.io/name=sandboxrun-operator",
+    ] {
+        let (k, v) = pair.split_once('=').expect("pair");
+        assert_eq!(
+            proxy_labels[k].as_str(),
+            Some(v),
+            "the selector matches the proxy pods"
+        );
+    }
+    assert!(text.contains("resources: [networkpolicies]") || text.contains("- networkpolicies"));
+
+    // Off: no proxy objects and no proxy flags (host rules then unenforced, said in the Event).
+    let off = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "egressProxy.enabled=false",
+            "--set",
+            "networkPolicy.enforcement=unenforced-warn",
+        ]),
+        None,
+    );
+    assert!(
+        !off.contains("egress-proxy"),
+        "no proxy objects when disabled"
+    );
+    assert!(off.contains("- --network-policy=unenforced-warn\n"));
+    let bad = run(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "networkPolicy.enforcement=maybe",
+        ]),
+        None,
+    );
+    assert!(
+        !bad.status.success(),
+        "the schema refuses an unknown enforcement"
+    );
+}
+
 /// Checks that the rendered webhook is skipped for exactly one user, the ServiceAccount the
 /// operator's Deployment runs as, and nowhere else; returns that user name.
 fn webhook_skips(docs: &[serde_yaml::Value]) -> String {
-    let deployment = only(docs, "Deployment");
+    let deployment = operator_deployment(docs);
     let namespace = deployment["metadata"]["namespace"]
         .as_str()
         .expect("the Deployment's namespace");

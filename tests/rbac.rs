@@ -1,5 +1,6 @@
 //! RBAC proof: the operator binary, running with the identity of the chart's ServiceAccount and
-//! nothing but the chart's (Cluster)Roles, completes a full run + drain and deletes a run whose
+//! nothing but the chart's (Cluster)Roles, completes a full run + drain (applying the run's
+//! egress NetworkPolicy first) and deletes a run whose
 //! ttlSecondsAfterFinished passed; with one rule removed
 //! (pods/exec) the drain fails with a clear Forbidden in status and in the drain_failed Event.
 
@@ -16,7 +17,8 @@ use k8s_openapi::api::rbac::v1::{
 use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::Api;
 use sandboxrun_operator::api::{
-    Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec,
+    NetworkMode, NetworkPolicy, Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun,
+    SandboxRunSpec,
 };
 use serde_json::json;
 
@@ -86,6 +88,11 @@ fn spec(path: &std::path::Path) -> SandboxRunSpec {
             }],
             drain_timeout: Some("15s".into()),
             ..Default::default()
+        }),
+        // Restricted egress: the operator applies the run's NetworkPolicy under the chart's rules.
+        network: Some(NetworkPolicy {
+            mode: NetworkMode::Denylist,
+            rules: vec!["169.254.169.254".into()],
         }),
         ..Default::default()
     }

@@ -1,6 +1,7 @@
 //! Egress host rules (ADR-006: "a malformed network-allowlist rule" must be refused at admission,
 //! not discovered 30 s into a run). One parser, used by the admission rules now and by whatever
-//! enforces egress later, so the grammar cannot drift between validation and enforcement.
+//! enforces egress (src/egress: the per-run NetworkPolicy and the egress proxy), so the grammar
+//! and the verdict cannot drift between validation and enforcement.
 //!
 //! Grammar of one rule (`spec.network.rules[i]`):
 //! - `!` before a pattern negates it (a bare `!` or a double `!!` is refused);
@@ -160,15 +161,33 @@ impl fmt::Display for Rule {
 /// In `allowlist` a plain match allows and a negated match denies (default: deny); in `denylist`
 /// a plain match denies and a negated match allows (default: allow); `open` allows everything.
 pub fn allows(mode: NetworkMode, rules: &[Rule], host: &str) -> bool {
+    decide(mode, rules, host).0
+}
+
+/// [`allows`], with the index of the rule that decided (None: the mode's default did). The egress
+/// proxy names it in a refusal.
+pub fn decide(mode: NetworkMode, rules: &[Rule], host: &str) -> (bool, Option<usize>) {
     let default_allow = match mode {
-        NetworkMode::Open => return true,
+        NetworkMode::Open => return (true, None),
         NetworkMode::Allowlist => false,
         NetworkMode::Denylist => true,
     };
-    match rules.iter().rev().find(|r| r.matches(host)) {
-        None => default_allow,
+    match rules
+        .iter()
+        .enumerate()
+        .rev()
+        .find(|(_, r)| r.matches(host))
+    {
+        None => (default_allow, None),
         // A plain match flips the default; a negated match restores it.
-        Some(rule) => rule.negated == default_allow,
+        Some((i, rule)) => (rule.negated == default_allow, Some(i)),
+    }
+}
+
+impl Rule {
+    /// Whether the rule is about addresses (an IP or a CIDR), not names.
+    pub fn is_address(&self) -> bool {
+        matches!(self.pattern, Pattern::Ip(_) | Pattern::Cidr { .. })
     }
 }
 
@@ -255,7 +274,8 @@ fn parse_cidr(addr: &str, prefix: &str) -> Result<Pattern, RuleError> {
     })
 }
 
-fn mask(addr: IpAddr, prefix: u8) -> IpAddr {
+/// `addr` with all but its first `prefix` bits cleared.
+pub(crate) fn mask(addr: IpAddr, prefix: u8) -> IpAddr {
     match addr {
         IpAddr::V4(a) => {
             let bits = u32::from(a);

@@ -95,6 +95,9 @@ pub struct RuleSettings {
     pub caps: CapSettings,
     /// The longest `drainTimeout` a run may ask for (`run --max-drain-timeout`); None: no maximum.
     pub max_drain_timeout: Option<Duration>,
+    /// Whether this cluster enforces NetworkPolicy (`run --network-policy`): when it does not, a
+    /// run that restricts egress is warned (the controller refuses or warns again at start).
+    pub network_policy: crate::egress::PolicyEnforcement,
 }
 
 /// The operator's default `--max-drain-timeout` (1h): `doctor` judges with it, so the offline
@@ -107,6 +110,7 @@ impl Default for RuleSettings {
         RuleSettings {
             caps: CapSettings::default(),
             max_drain_timeout: Some(DEFAULT_MAX_DRAIN_TIMEOUT),
+            network_policy: crate::egress::PolicyEnforcement::Enforced,
         }
     }
 }
@@ -139,6 +143,8 @@ pub mod ids {
     pub const NETWORK_RULES_IGNORED: &str = "network-rules-ignored";
     /// `allowlist` without rules: every host denied (warn).
     pub const NETWORK_ALLOWLIST_EMPTY: &str = "network-allowlist-empty";
+    /// Egress restricted while the operator declares NetworkPolicy unenforced (warn).
+    pub const NETWORK_UNENFORCED: &str = "network-unenforced";
     /// `type: bind`.
     pub const MOUNT_BIND: &str = "mount-bind";
     /// Mount target not absolute / normalized / allowed.
@@ -180,6 +186,7 @@ pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
     check_host_state(spec, &mut out);
     check_user(spec, &mut out);
     check_network(spec, &mut out);
+    check_network_enforcement(spec, settings, &mut out);
     check_read_back(spec, settings, &mut out);
     check_mounts(spec, &mut out);
     check_ttl(spec, &mut out);
@@ -401,6 +408,34 @@ fn check_network(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
             Ok(_) => {}
         }
     }
+}
+
+/// docs/contract.md "ADR-006 network rules: validated and enforced": the restriction is only as
+/// good as the cluster's NetworkPolicy enforcement, which the operator is told about.
+fn check_network_enforcement(
+    spec: &SandboxRunSpec,
+    settings: &RuleSettings,
+    out: &mut Vec<Finding>,
+) {
+    use crate::egress::PolicyEnforcement;
+    let Some(net) = &spec.network else { return };
+    if net.mode == NetworkMode::Open {
+        return;
+    }
+    let consequence = match settings.network_policy {
+        PolicyEnforcement::Enforced => return,
+        PolicyEnforcement::UnenforcedRefuse => "the run will not start",
+        PolicyEnforcement::UnenforcedWarn => "the run starts, but its egress may not be filtered",
+    };
+    out.push(Finding::warn(
+        ids::NETWORK_UNENFORCED,
+        "spec.network.mode",
+        format!(
+            "this cluster declares NetworkPolicy unenforced (--network-policy={}): {consequence}",
+            settings.network_policy
+        ),
+        "ask the cluster admin for a network plugin that enforces NetworkPolicy, or drop spec.network",
+    ));
 }
 
 fn network_hint(e: &RuleError) -> &'static str {
@@ -1063,6 +1098,44 @@ mod tests {
             rules: vec!["10.1.2.3/8".into()],
         });
         warns(&s, ids::NETWORK_CIDR_HOST_BITS);
+    }
+
+    #[test]
+    fn restricted_egress_warns_when_the_cluster_does_not_enforce_network_policy() {
+        use crate::egress::PolicyEnforcement;
+        let mut s = good();
+        s.network = Some(NetworkPolicy {
+            mode: NetworkMode::Allowlist,
+            rules: vec!["x.com".into()],
+        });
+        for (enforcement, warned) in [
+            (PolicyEnforcement::Enforced, false),
+            (PolicyEnforcement::UnenforcedWarn, true),
+            (PolicyEnforcement::UnenforcedRefuse, true),
+        ] {
+            let settings = RuleSettings {
+                network_policy: enforcement,
+                ..RuleSettings::default()
+            };
+            let f = check(&s, &settings);
+            assert_eq!(
+                f.iter()
+                    .any(|f| f.rule == ids::NETWORK_UNENFORCED && !f.is_fail()),
+                warned,
+                "{enforcement}: {f:#?}"
+            );
+        }
+        s.network = Some(NetworkPolicy {
+            mode: NetworkMode::Open,
+            rules: vec![],
+        });
+        let settings = RuleSettings {
+            network_policy: PolicyEnforcement::UnenforcedRefuse,
+            ..RuleSettings::default()
+        };
+        assert!(!check(&s, &settings)
+            .iter()
+            .any(|f| f.rule == ids::NETWORK_UNENFORCED));
     }
 
     #[test]

@@ -90,3 +90,22 @@ app.kubernetes.io/part-of: sandboxrun-operator
 {{- define "sbr.fileStore" -}}
 {{- if hasPrefix "file://" .Values.store.url -}}true{{- end -}}
 {{- end -}}
+
+{{/* The Secret holding the egress proxy's token secret (key `token-secret`). */}}
+{{- define "sbr.egressTokenSecret" -}}
+{{- default (printf "%s-egress-token" (include "sbr.fullname" .)) .Values.egressProxy.tokenSecret.existingSecret -}}
+{{- end -}}
+
+{{/* Name of the egress proxy's Deployment, Service and ServiceAccount. */}}
+{{- define "sbr.egressProxy" -}}
+{{- printf "%s-egress-proxy" (include "sbr.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* A label map as `k=v,k=v` (sorted by key), for the selector flags. */}}
+{{- define "sbr.labelList" -}}
+{{- $out := list -}}
+{{- range $k, $v := . -}}
+{{- $out = append $out (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $out -}}
+{{- end -}}

@@ -1,0 +1,660 @@
+//! The per-run NetworkPolicy (docs/contract.md "ADR-006 network rules: validated and enforced").
+//! Pure: a run and the operator's egress settings in, the object out.
+//!
+//! - `open`: no policy;
+//! - `allowlist` with no rules (nothing may leave): every egress and ingress denied;
+//! - otherwise: ingress denied; egress only to DNS, to the egress proxy (which judges host
+//!   rules), and to the address ranges the IP/CIDR rules allow, computed with the same matcher
+//!   admission validates with ([`crate::admission::network::allows`]), so the two cannot disagree.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use k8s_openapi::api::networking::v1::{
+    IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::{Resource, ResourceExt};
+use thiserror::Error;
+
+use crate::admission::network::{allows, mask, Pattern, Rule, RuleError};
+use crate::api::{NetworkMode, SandboxRun};
+use crate::egress::settings::{EgressSettings, PeerSelector};
+use crate::pod::{pod_name, RUN_UID_LABEL};
+
+/// Label on every policy the operator writes (the run's uid, like its pod).
+pub const POLICY_SUFFIX: &str = "-egress";
+
+/// Why no policy can be built for a run.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PolicyError {
+    /// The run has no name or uid (a run read from the API always has both).
+    #[error("the run has no {0}")]
+    MissingMetadata(&'static str),
+    /// A rule does not parse (admission refuses it; a run admitted before the webhook existed
+    /// may still carry one).
+    #[error("spec.network.rules[{index}] {rule:?}: {source}")]
+    BadRule {
+        /// Index of the rule.
+        index: usize,
+        /// The rule as written.
+        rule: String,
+        /// Why it does not parse.
+        #[source]
+        source: RuleError,
+    },
+}
+
+/// What a run's egress is, once parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Egress {
+    /// No `spec.network`, or mode `open`: nothing is filtered, no policy.
+    Open,
+    /// `allowlist` without rules: nothing leaves the pod (no DNS, no proxy).
+    DenyAll,
+    /// Rules to enforce: a policy (addresses) plus the proxy (host names).
+    Filtered {
+        /// The mode.
+        mode: NetworkMode,
+        /// The parsed rules, in order.
+        rules: Vec<Rule>,
+    },
+}
+
+impl Egress {
+    /// Whether the run asks for any egress restriction.
+    pub fn is_restricted(&self) -> bool {
+        !matches!(self, Egress::Open)
+    }
+}
+
+/// Parses a run's `spec.network`.
+pub fn egress_of(run: &SandboxRun) -> Result<Egress, PolicyError> {
+    let Some(net) = &run.spec.network else {
+        return Ok(Egress::Open);
+    };
+    if net.mode == NetworkMode::Open {
+        return Ok(Egress::Open);
+    }
+    let rules = parse_rules(&net.rules)?;
+    if net.mode == NetworkMode::Allowlist && rules.is_empty() {
+        return Ok(Egress::DenyAll);
+    }
+    Ok(Egress::Filtered {
+        mode: net.mode,
+        rules,
+    })
+}
+
+/// Parses rules as admission does, naming the first that does not parse.
+pub fn parse_rules(texts: &[String]) -> Result<Vec<Rule>, PolicyError> {
+    texts
+        .iter()
+        .enumerate()
+        .map(|(index, text)| {
+            Rule::parse(text).map_err(|source| PolicyError::BadRule {
+                index,
+                rule: text.clone(),
+                source,
+            })
+        })
+        .collect()
+}
+
+/// Name of a run's NetworkPolicy: its pod's name plus [`POLICY_SUFFIX`] (pod names are at most
+/// 253 characters; the suffix is dropped into the hash when it would not fit).
+pub fn policy_name(run_name: &str) -> String {
+    let pod = pod_name(run_name);
+    if pod.len() + POLICY_SUFFIX.len() <= 253 {
+        return format!("{pod}{POLICY_SUFFIX}");
+    }
+    let digest = crate::util::short_hash(&pod);
+    let keep = 253 - POLICY_SUFFIX.len() - digest.len() - 1;
+    let head = pod[..keep].trim_end_matches(['-', '.']);
+    format!("{head}-{digest}{POLICY_SUFFIX}")
+}
+
+/// The NetworkPolicy of a run, or None when the run's egress is open.
+pub fn build_policy(
+    run: &SandboxRun,
+    settings: &EgressSettings,
+) -> Result<Option<NetworkPolicy>, PolicyError> {
+    let name = run
+        .metadata
+        .name
+        .clone()
+        .ok_or(PolicyError::MissingMetadata("name"))?;
+    let uid = run
+        .metadata
+        .uid
+        .clone()
+        .ok_or(PolicyError::MissingMetadata("uid"))?;
+    let egress_rules = match egress_of(run)? {
+        Egress::Open => return Ok(None),
+        Egress::DenyAll => Vec::new(),
+        Egress::Filtered { mode, rules } => {
+            let mut out = vec![dns_rule(&settings.dns)];
+            if let Some(proxy) = &settings.proxy {
+                out.push(NetworkPolicyEgressRule {
+                    to: Some(vec![peer(&proxy.selector)]),
+                    ports: Some(vec![port("TCP", proxy.port)]),
+                });
+            }
+            let blocks = ip_blocks(mode, &rules);
+            if !blocks.is_empty() {
+                out.push(NetworkPolicyEgressRule {
+                    to: Some(
+                        blocks
+                            .into_iter()
+                            .map(|b| NetworkPolicyPeer {
+                                ip_block: Some(b),
+                                ..NetworkPolicyPeer::default()
+                            })
+                            .collect(),
+                    ),
+                    ports: None,
+                });
+            }
+            out
+        }
+    };
+    let labels = BTreeMap::from([
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "sandboxrun-operator".to_string(),
+        ),
+        (RUN_UID_LABEL.to_string(), uid.clone()),
+    ]);
+    Ok(Some(NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(policy_name(&name)),
+            namespace: run.namespace(),
+            labels: Some(labels),
+            owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(RUN_UID_LABEL.to_string(), uid)])),
+                match_expressions: None,
+            }),
+            // Both types listed and no ingress rule: nothing may connect to the pod (exec goes
+            // through the apiserver and the kubelet, not the pod network).
+            policy_types: Some(vec!["Ingress".to_string(), "Egress".to_string()]),
+            ingress: Some(Vec::new()),
+            egress: Some(egress_rules),
+        }),
+    }))
+}
+
+fn dns_rule(dns: &PeerSelector) -> NetworkPolicyEgressRule {
+    NetworkPolicyEgressRule {
+        to: Some(vec![peer(dns)]),
+        ports: Some(vec![port("UDP", 53), port("TCP", 53)]),
+    }
+}
+
+fn peer(sel: &PeerSelector) -> NetworkPolicyPeer {
+    NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                "kubernetes.io/metadata.name".to_string(),
+                sel.namespace.clone(),
+            )])),
+            match_expressions: None,
+        }),
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(sel.pod_labels.clone()),
+            match_expressions: None,
+        }),
+        ip_block: None,
+    }
+}
+
+fn port(protocol: &str, number: u16) -> NetworkPolicyPort {
+    NetworkPolicyPort {
+        protocol: Some(protocol.to_string()),
+        port: Some(IntOrString::Int(i32::from(number))),
+        end_port: None,
+    }
+}
+
+/// An address range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Block {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl Block {
+    fn max_prefix(&self) -> u8 {
+        if self.network.is_ipv4() {
+            32
+        } else {
+            128
+        }
+    }
+
+    fn contains(&self, other: &Block) -> bool {
+        self.network.is_ipv4() == other.network.is_ipv4()
+            && self.prefix <= other.prefix
+            && mask(other.network, self.prefix) == self.network
+    }
+
+    fn halves(&self) -> [Block; 2] {
+        let prefix = self.prefix + 1;
+        let high = match self.network {
+            IpAddr::V4(a) => IpAddr::V4(Ipv4Addr::from(u32::from(a) | (1u32 << (32 - prefix)))),
+            IpAddr::V6(a) => IpAddr::V6(Ipv6Addr::from(u128::from(a) | (1u128 << (128 - prefix)))),
+        };
+        [
+            Block {
+                network: self.network,
+                prefix,
+            },
+            Block {
+                network: high,
+                prefix,
+            },
+        ]
+    }
+
+    fn cidr(&self) -> String {
+        format!("{}/{}", self.network, self.prefix)
+    }
+}
+
+/// The ranges the rules' address patterns carve out (`**` is every address of both families;
+/// host-name patterns never match an address).
+fn rule_blocks(rules: &[Rule]) -> Vec<Block> {
+    rules
+        .iter()
+        .flat_map(|r| match &r.pattern {
+            Pattern::Ip(a) => vec![Block {
+                network: canonical(*a),
+                prefix: if canonical(*a).is_ipv4() { 32 } else { 128 },
+            }],
+            Pattern::Cidr {
+                network, prefix, ..
+            } => vec![Block {
+                network: *network,
+                prefix: *prefix,
+            }],
+            Pattern::AnyHost => vec![v4_root(), v6_root()],
+            _ => Vec::new(),
+        })
+        .collect()
+}
+
+fn canonical(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(addr),
+        v4 => v4,
+    }
+}
+
+fn v4_root() -> Block {
+    Block {
+        network: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        prefix: 0,
+    }
+}
+
+fn v6_root() -> Block {
+    Block {
+        network: IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        prefix: 0,
+    }
+}
+
+/// A representation of the allowed part of a block: ipBlocks whose union is exactly it.
+#[derive(Clone, Debug, Default)]
+struct Repr {
+    blocks: Vec<IPBlock>,
+}
+
+impl Repr {
+    /// Entries a reader has to look at: one per ipBlock and one per `except`.
+    fn cost(&self) -> usize {
+        self.blocks
+            .iter()
+            .map(|b| 1 + b.except.as_ref().map_or(0, Vec::len))
+            .sum()
+    }
+}
+
+/// The ipBlocks allowing exactly the addresses `allows(mode, rules, addr)` allows: the address
+/// space is split only where a rule's range begins inside a block, each uniform block is judged by
+/// the matcher itself at its network address, and the shortest of "the block minus its denied
+/// parts" and "its allowed parts, recursively" is kept.
+pub fn ip_blocks(mode: NetworkMode, rules: &[Rule]) -> Vec<IPBlock> {
+    let carved = rule_blocks(rules);
+    let mut out = Vec::new();
+    for root in [v4_root(), v6_root()] {
+        out.extend(walk(root, mode, rules, &carved).0.blocks);
+    }
+    out
+}
+
+/// Whether every address of `block` gets the same verdict (no rule range starts strictly inside).
+fn uniform(block: &Block, carved: &[Block]) -> bool {
+    !carved
+        .iter()
+        .any(|r| r.prefix > block.prefix && block.contains(r))
+}
+
+fn verdict(block: &Block, mode: NetworkMode, rules: &[Rule]) -> bool {
+    allows(mode, rules, &block.network.to_string())
+}
+
+/// The best representation of the allowed part of `block`, and its denied uniform parts.
+fn walk(block: Block, mode: NetworkMode, rules: &[Rule], carved: &[Block]) -> (Repr, Vec<String>) {
+    if uniform(&block, carved) || block.prefix >= block.max_prefix() {
+        return if verdict(&block, mode, rules) {
+            (
+                Repr {
+                    blocks: vec![IPBlock {
+                        cidr: block.cidr(),
+                        except: None,
+                    }],
+                },
+                Vec::new(),
+            )
+        } else {
+            (Repr::default(), vec![block.cidr()])
+        };
+    }
+    let [low, high] = block.halves();
+    let (mut split, mut denied) = walk(low, mode, rules, carved);
+    let (high_repr, high_denied) = walk(high, mode, rules, carved);
+    split.blocks.extend(high_repr.blocks);
+    denied.extend(high_denied);
+    // The block minus its denied parts, or its halves each as well as they can be: the shorter.
+    let minus = Repr {
+        blocks: vec![IPBlock {
+            cidr: block.cidr(),
+            except: Some(denied.clone()),
+        }],
+    };
+    let best = if split.cost() <= minus.cost() {
+        split
+    } else {
+        minus
+    };
+    (best, denied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{NetworkPolicy as NetSpec, SandboxRunSpec};
+    use crate::egress::settings::ProxyPeer;
+
+    fn rules(texts: &[&str]) -> Vec<Rule> {
+        texts.iter().map(|t| Rule::parse(t).unwrap()).collect()
+    }
+
+    fn in_block(addr: IpAddr, b: &IPBlock) -> bool {
+        let contains = |cidr: &str| {
+            let (net, prefix) = cidr.split_once('/').unwrap();
+            let net: IpAddr = net.parse().unwrap();
+            let prefix: u8 = prefix.parse().unwrap();
+            net.is_ipv4() == addr.is_ipv4() && mask(addr, prefix) == net
+        };
+        contains(&b.cidr) && !b.except.iter().flatten().any(|e| contains(e))
+    }
+
+    fn policy_allows(blocks: &[IPBlock], addr: IpAddr) -> bool {
+        blocks.iter().any(|b| in_block(addr, b))
+    }
+
+    /// Addresses at and around every rule boundary, plus some well-known ones.
+    fn samples(rules: &[Rule]) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = [
+            "0.0.0.0",
+            "1.1.1.1",
+            "8.8.8.8",
+            "10.0.0.1",
+            "127.0.0.1",
+            "169.254.169.254",
+            "169.254.169.253",
+            "169.254.169.255",
+            "192.168.1.1",
+            "255.255.255.255",
+            "::",
+            "::1",
+            "2001:db8::1",
+            "fd00::1",
+            "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        for b in rule_blocks(rules) {
+            let n = match b.network {
+                IpAddr::V4(a) => u128::from(u32::from(a)),
+                IpAddr::V6(a) => u128::from(a),
+            };
+            let size: u128 = if b.prefix == 0 {
+                u128::MAX
+            } else {
+                (1u128 << (b.max_prefix() - b.prefix)) - 1
+            };
+            for v in [
+                n.wrapping_sub(1),
+                n,
+                n.wrapping_add(1),
+                n.wrapping_add(size / 2),
+                n.wrapping_add(size),
+                n.wrapping_add(size).wrapping_add(1),
+            ] {
+                out.push(if b.network.is_ipv4() {
+                    IpAddr::V4(Ipv4Addr::from(v as u32))
+                } else {
+                    IpAddr::V6(Ipv6Addr::from(v))
+                });
+            }
+        }
+        out
+    }
+
+    fn agree(mode: NetworkMode, texts: &[&str]) -> Vec<IPBlock> {
+        let rules = rules(texts);
+        let blocks = ip_blocks(mode, &rules);
+        for addr in samples(&rules) {
+            assert_eq!(
+                policy_allows(&blocks, addr),
+                allows(mode, &rules, &addr.to_string()),
+                "{mode:?} {texts:?} at {addr}: policy {blocks:?}"
+            );
+        }
+        blocks
+    }
+
+    #[test]
+    fn ip_blocks_agree_with_the_matcher() {
+        for (mode, texts) in [
+            (NetworkMode::Allowlist, vec!["10.0.0.0/8", "!10.1.0.0/16"]),
+            (
+                NetworkMode::Allowlist,
+                vec!["10.0.0.0/8", "!10.1.0.0/16", "10.1.2.3"],
+            ),
+            (NetworkMode::Allowlist, vec!["**", "!169.254.169.254"]),
+            (NetworkMode::Allowlist, vec!["!169.254.169.254", "**"]),
+            (NetworkMode::Allowlist, vec!["**.example.com"]),
+            (
+                NetworkMode::Allowlist,
+                vec!["2001:db8::/32", "!2001:db8:1::/48"],
+            ),
+            (NetworkMode::Allowlist, vec!["0.0.0.0/0", "!10.0.0.0/8"]),
+            (
+                NetworkMode::Denylist,
+                vec!["169.254.169.254", "**.internal"],
+            ),
+            (NetworkMode::Denylist, vec!["10.0.0.0/8", "!10.0.0.0/24"]),
+            (NetworkMode::Denylist, vec!["**", "!1.1.1.1"]),
+            (NetworkMode::Denylist, vec![]),
+        ] {
+            agree(mode, &texts);
+        }
+    }
+
+    #[test]
+    fn ip_blocks_use_except_for_denied_sub_ranges() {
+        let blocks = agree(NetworkMode::Allowlist, &["10.0.0.0/8", "!10.1.0.0/16"]);
+        assert_eq!(
+            blocks,
+            vec![IPBlock {
+                cidr: "10.0.0.0/8".into(),
+                except: Some(vec!["10.1.0.0/16".into()]),
+            }]
+        );
+        let blocks = agree(NetworkMode::Denylist, &["169.254.169.254"]);
+        assert_eq!(
+            blocks,
+            vec![
+                IPBlock {
+                    cidr: "0.0.0.0/0".into(),
+                    except: Some(vec!["169.254.169.254/32".into()]),
+                },
+                IPBlock {
+                    cidr: "::/0".into(),
+                    except: None,
+                },
+            ]
+        );
+        // Host-name rules only: nothing by address in an allowlist (the proxy judges names).
+        assert!(agree(NetworkMode::Allowlist, &["**.example.com"]).is_empty());
+    }
+
+    fn settings() -> EgressSettings {
+        EgressSettings {
+            proxy: Some(ProxyPeer {
+                url: "http://proxy.sys.svc:3128".into(),
+                selector: PeerSelector {
+                    namespace: "sys".into(),
+                    pod_labels: BTreeMap::from([("app".into(), "proxy".into())]),
+                },
+                port: 3128,
+            }),
+            ..EgressSettings::default()
+        }
+    }
+
+    fn run(network: Option<NetSpec>) -> SandboxRun {
+        let mut run = SandboxRun::new(
+            "r1",
+            SandboxRunSpec {
+                network,
+                ..SandboxRunSpec::default()
+            },
+        );
+        run.metadata.namespace = Some("ns".into());
+        run.metadata.uid = Some("uid-1".into());
+        run
+    }
+
+    #[test]
+    fn open_mode_and_no_network_have_no_policy() {
+        assert_eq!(build_policy(&run(None), &settings()), Ok(None));
+        let open = NetSpec {
+            mode: NetworkMode::Open,
+            rules: vec!["**".into()],
+        };
+        assert_eq!(build_policy(&run(Some(open)), &settings()), Ok(None));
+    }
+
+    #[test]
+    fn an_empty_allowlist_denies_all_egress_and_ingress() {
+        let p = build_policy(
+            &run(Some(NetSpec {
+                mode: NetworkMode::Allowlist,
+                rules: vec![],
+            })),
+            &settings(),
+        )
+        .unwrap()
+        .unwrap();
+        let spec = p.spec.unwrap();
+        assert_eq!(spec.egress, Some(vec![]));
+        assert_eq!(spec.ingress, Some(vec![]));
+        assert_eq!(
+            spec.policy_types,
+            Some(vec!["Ingress".to_string(), "Egress".to_string()])
+        );
+    }
+
+    #[test]
+    fn a_policy_with_rules_allows_dns_the_proxy_and_the_allowed_ranges_only() {
+        let p = build_policy(
+            &run(Some(NetSpec {
+                mode: NetworkMode::Denylist,
+                rules: vec!["169.254.169.254".into(), "**.internal".into()],
+            })),
+            &settings(),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(p.metadata.name.as_deref(), Some("r1-sbr-egress"));
+        assert_eq!(p.metadata.namespace.as_deref(), Some("ns"));
+        let owner = &p.metadata.owner_references.as_ref().unwrap()[0];
+        assert_eq!(
+            (owner.uid.as_str(), owner.controller),
+            ("uid-1", Some(true))
+        );
+        let spec = p.spec.unwrap();
+        assert_eq!(
+            spec.pod_selector.unwrap().match_labels.unwrap(),
+            BTreeMap::from([(RUN_UID_LABEL.to_string(), "uid-1".to_string())])
+        );
+        assert_eq!(spec.ingress, Some(vec![]));
+        let egress = spec.egress.unwrap();
+        assert_eq!(egress.len(), 3);
+        let dns = &egress[0];
+        assert_eq!(
+            dns.to.as_ref().unwrap()[0]
+                .pod_selector
+                .as_ref()
+                .unwrap()
+                .match_labels,
+            Some(BTreeMap::from([("k8s-app".into(), "kube-dns".into())]))
+        );
+        assert_eq!(dns.ports.as_ref().unwrap().len(), 2);
+        let proxy = &egress[1];
+        assert_eq!(
+            proxy.ports.as_ref().unwrap()[0].port,
+            Some(IntOrString::Int(3128))
+        );
+        let blocks = &egress[2].to.as_ref().unwrap();
+        assert_eq!(
+            blocks[0].ip_block,
+            Some(IPBlock {
+                cidr: "0.0.0.0/0".into(),
+                except: Some(vec!["169.254.169.254/32".into()]),
+            })
+        );
+    }
+
+    #[test]
+    fn a_bad_rule_is_named() {
+        let e = build_policy(
+            &run(Some(NetSpec {
+                mode: NetworkMode::Allowlist,
+                rules: vec!["ok.com".into(), "bad host".into()],
+            })),
+            &settings(),
+        )
+        .unwrap_err();
+        assert!(matches!(e, PolicyError::BadRule { index: 1, .. }), "{e}");
+    }
+
+    #[test]
+    fn policy_names_fit_a_dns_subdomain() {
+        assert_eq!(policy_name("r"), "r-sbr-egress");
+        let long = "a".repeat(260);
+        assert!(policy_name(&long).len() <= 253);
+        assert!(policy_name(&long).ends_with(POLICY_SUFFIX));
+    }
+}

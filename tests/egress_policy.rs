@@ -1,0 +1,374 @@
+//! The per-run NetworkPolicy on the real control plane (docs/contract.md "ADR-006 network rules:
+//! validated and enforced"): for each mode, the object the operator applies before the pod
+//! (shape, owner, selector), the proxy variables of the pod, the EgressPolicyApplied Event, the
+//! policy deleted with the run by the garbage collector; `--network-policy=unenforced-refuse`
+//! keeps a restricted run from starting and `unenforced-warn` starts it with a Warning.
+//! Enforcement by a network plugin is not tested here (the bed's plugins do not enforce it).
+
+mod support;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy as NetPol;
+use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::{Api, ResourceExt};
+use sandboxrun_operator::api::{NetworkMode, NetworkPolicy, SandboxRun, SandboxRunSpec};
+use sandboxrun_operator::egress::policy::policy_name;
+use sandboxrun_operator::egress::token;
+use sandboxrun_operator::pod::{pod_name, workload_env, RUN_UID_LABEL};
+
+use support::*;
+
+const SECRET: &str = "bed-egress-token-secret-0123456789";
+
+fn spec(network: Option<(NetworkMode, &[&str])>) -> SandboxRunSpec {
+    SandboxRunSpec {
+        image: Some("registry.example/tool@sha256:0000000000000000000000000000000000000000000000000000000000000000".into()),
+        user: Some("1000:1000".into()),
+        network: network.map(|(mode, rules)| NetworkPolicy {
+            mode,
+            rules: rules.iter().map(|r| r.to_string()).collect(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn secret_file() -> tempfile::NamedTempFile {
+    let f = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(f.path(), format!("{SECRET}\n")).expect("write secret");
+    f
+}
+
+fn operator(ns: &str, secret: &std::path::Path, extra: &[&str]) -> Operator {
+    let store = host_dir(&format!("store-egress-{ns}"));
+    let mut args = vec![
+        "--egress-proxy-url",
+        "http://egress.sys.svc:3128",
+        "--egress-proxy-namespace",
+        "sys",
+        "--egress-token-secret-file",
+        secret.to_str().expect("utf-8 path"),
+    ];
+    args.extend_from_slice(extra);
+    Operator::start(ns, &format!("file://{}", store.display()), &args)
+}
+
+async fn create(api: &Api<SandboxRun>, name: &str, spec: SandboxRunSpec) -> SandboxRun {
+    api.create(&PostParams::default(), &SandboxRun::new(name, spec))
+        .await
+        .expect("create SandboxRun")
+}
+
+async fn pod_of(pods: &Api<Pod>, run: &str, op: &Operator) -> Pod {
+    let name = pod_name(run);
+    eventually_or_log(&format!("pod {name}"), Duration::from_secs(60), op, || {
+        let pods = pods.clone();
+        let name = name.clone();
+        async move { pods.get_opt(&name).await.ok().flatten() }
+    })
+    .await
+}
+
+async fn events(client: &kube::Client, ns: &str, run: &str) -> Vec<CoreEvent> {
+    let api: Api<CoreEvent> = Api::namespaced(client.clone(), ns);
+    api.list(&ListParams::default().fields(&format!("involvedObject.name={run}")))
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+}
+
+async fn event_with(
+    client: &kube::Client,
+    ns: &str,
+    run: &str,
+    reason: &str,
+    op: &Operator,
+) -> CoreEvent {
+    eventually_or_log(
+        &format!("Event {reason} of {run}"),
+        Duration::from_secs(30),
+        op,
+        || async {
+            events(client, ns, run)
+                .await
+                .into_iter()
+                .find(|e| e.reason.as_deref() == Some(reason))
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn each_mode_gets_its_policy_before_the_pod_and_the_policy_goes_with_the_run() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "egress").await;
+    let secret = secret_file();
+    let op = operator(&ns.name, secret.path(), &[]);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let policies: Api<NetPol> = Api::namespaced(client.clone(), &ns.name);
+
+    let open = create(&runs, "open", spec(Some((NetworkMode::Open, &[])))).await;
+    let none = create(&runs, "none", spec(None)).await;
+    let deny = create(&runs, "deny-all", spec(Some((NetworkMode::Allowlist, &[])))).await;
+    let sample = create(
+        &runs,
+        "sample",
+        spec(Some((
+            NetworkMode::Denylist,
+            &["169.254.169.254", "**.internal"],
+        ))),
+    )
+    .await;
+    let allow = create(
+        &runs,
+        "allow",
+        spec(Some((
+            NetworkMode::Allowlist,
+            &["**.github.com", "10.0.0.0/8", "!10.1.0.0/16"],
+        ))),
+    )
+    .await;
+
+    // Open runs: a pod, no policy, no proxy variables.
+    for run in [&open, &none] {
+        let pod = pod_of(&pods, &run.name_any(), &op).await;
+        assert!(
+            policies
+                .get_opt(&policy_name(&run.name_any()))
+                .await
+                .expect("get policy")
+                .is_none(),
+            "{} has no policy",
+            run.name_any()
+        );
+        assert_eq!(workload_env(&pod, "HTTPS_PROXY"), None);
+    }
+
+    // Restricted runs: the policy exists by the time the pod does.
+    for run in [&deny, &sample, &allow] {
+        let name = run.name_any();
+        let uid = run.uid().expect("uid");
+        let pod = pod_of(&pods, &name, &op).await;
+        let policy = policies
+            .get_opt(&policy_name(&name))
+            .await
+            .expect("get policy")
+            .unwrap_or_else(|| panic!("{name}: the policy exists once the pod does"));
+        assert!(
+            policy.creation_timestamp() <= pod.creation_timestamp(),
+            "{name}: applied before the pod"
+        );
+        let owner = &policy.owner_references()[0];
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str(), owner.controller),
+            ("SandboxRun", uid.as_str(), Some(true))
+        );
+        let spec = policy.spec.clone().expect("spec");
+        assert_eq!(
+            spec.pod_selector
+                .and_then(|s| s.match_labels)
+                .and_then(|l| l.get(RUN_UID_LABEL).cloned()),
+            Some(uid.clone()),
+            "{name}: selects the run's pod only"
+        );
+        assert_eq!(
+            pod.labels().get(RUN_UID_LABEL),
+            Some(&uid),
+            "{name}: the pod carries the label the policy selects"
+        );
+        assert_eq!(spec.ingress, Some(vec![]), "{name}: no ingress");
+        assert_eq!(
+            spec.policy_types,
+            Some(vec!["Ingress".to_string(), "Egress".to_string()])
+        );
+        let egress = spec.egress.clone().unwrap_or_default();
+        let proxy_env = workload_env(&pod, "HTTPS_PROXY").map(str::to_string);
+        match name.as_str() {
+            "deny-all" => {
+                assert!(egress.is_empty(), "deny-all: no egress rule: {egress:?}");
+                assert_eq!(proxy_env, None, "deny-all: no proxy either");
+            }
+            _ => {
+                assert_eq!(egress.len(), 3, "{name}: DNS, proxy, addresses: {egress:?}");
+                let proxy_peer = &egress[1].to.as_ref().expect("to")[0];
+                assert_eq!(
+                    proxy_peer
+                        .namespace_selector
+                        .as_ref()
+                        .and_then(|s| s.match_labels.as_ref())
+                        .and_then(|l| l.get("kubernetes.io/metadata.name"))
+                        .map(String::as_str),
+                    Some("sys")
+                );
+                let blocks: Vec<_> = egress[2]
+                    .to
+                    .as_ref()
+                    .expect("to")
+                    .iter()
+                    .filter_map(|p| p.ip_block.clone())
+                    .collect();
+                let first = &blocks[0];
+                if name == "sample" {
+                    assert_eq!(first.cidr, "0.0.0.0/0");
+                    assert_eq!(first.except, Some(vec!["169.254.169.254/32".to_string()]));
+                } else {
+                    assert_eq!(first.cidr, "10.0.0.0/8");
+                    assert_eq!(first.except, Some(vec!["10.1.0.0/16".to_string()]));
+                }
+                let url = proxy_env.unwrap_or_else(|| panic!("{name}: HTTPS_PROXY set"));
+                let (creds, host) = url
+                    .strip_prefix("http://")
+                    .and_then(|u| u.split_once('@'))
+                    .expect("userinfo in the proxy URL");
+                assert_eq!(host, "egress.sys.svc:3128");
+                let (user, tok) = creds.split_once(':').expect("user:token");
+                assert_eq!(user, uid);
+                assert!(token::verify(SECRET.as_bytes(), &uid, tok), "{name}: token");
+                assert_eq!(workload_env(&pod, "http_proxy"), Some(url.as_str()));
+                assert!(workload_env(&pod, "NO_PROXY").is_some());
+            }
+        }
+        let ev = event_with(&client, &ns.name, &name, "EgressPolicyApplied", &op).await;
+        let note = ev.message.unwrap_or_default();
+        assert!(note.contains(&policy_name(&name)), "{note}");
+        assert!(
+            note.contains("enforced by the cluster's network plugin"),
+            "{note}"
+        );
+    }
+
+    // Deleted with the run: the garbage collector follows the ownerReference.
+    for run in [&deny, &sample, &allow] {
+        runs.delete(&run.name_any(), &DeleteParams::default())
+            .await
+            .expect("delete run");
+    }
+    for run in [&deny, &sample, &allow] {
+        let name = policy_name(&run.name_any());
+        eventually_or_log(
+            &format!("policy {name} deleted with its run"),
+            Duration::from_secs(120),
+            &op,
+            || {
+                let policies = policies.clone();
+                let name = name.clone();
+                async move { matches!(policies.get_opt(&name).await, Ok(None)).then_some(()) }
+            },
+        )
+        .await;
+    }
+}
+
+#[tokio::test]
+async fn unenforced_refuse_keeps_a_restricted_run_from_starting_and_warn_starts_it() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let secret = secret_file();
+
+    // Refuse.
+    let ns = TestNamespace::new(&client, "egress-refuse").await;
+    let op = operator(
+        &ns.name,
+        secret.path(),
+        &["--network-policy", "unenforced-refuse"],
+    );
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let policies: Api<NetPol> = Api::namespaced(client.clone(), &ns.name);
+    create(
+        &runs,
+        "restricted",
+        spec(Some((NetworkMode::Allowlist, &["x.example.com"]))),
+    )
+    .await;
+    create(&runs, "unrestricted", spec(None)).await;
+    let refused = eventually_or_log(
+        "the restricted run refused",
+        Duration::from_secs(60),
+        &op,
+        || {
+            let runs = runs.clone();
+            async move {
+                let r = runs.get("restricted").await.ok()?;
+                let ready = r
+                    .status
+                    .as_ref()?
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == "Ready")?
+                    .clone();
+                (ready.reason == "EgressPolicyUnenforced").then_some((r, ready))
+            }
+        },
+    )
+    .await;
+    assert_eq!(refused.1.status, "False");
+    assert!(
+        refused.1.message.contains("unenforced-refuse"),
+        "{}",
+        refused.1.message
+    );
+    let ev = event_with(
+        &client,
+        &ns.name,
+        "restricted",
+        "EgressPolicyUnenforced",
+        &op,
+    )
+    .await;
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    // The unrestricted run starts; the restricted one has neither pod nor policy.
+    pod_of(&pods, "unrestricted", &op).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(pods
+        .get_opt(&pod_name("restricted"))
+        .await
+        .expect("get pod")
+        .is_none());
+    assert!(policies
+        .get_opt(&policy_name("restricted"))
+        .await
+        .expect("get policy")
+        .is_none());
+    drop(op);
+
+    // Warn.
+    let ns = TestNamespace::new(&client, "egress-warn").await;
+    let op = operator(
+        &ns.name,
+        secret.path(),
+        &["--network-policy", "unenforced-warn"],
+    );
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let policies: Api<NetPol> = Api::namespaced(client.clone(), &ns.name);
+    create(
+        &runs,
+        "restricted",
+        spec(Some((NetworkMode::Allowlist, &["x.example.com"]))),
+    )
+    .await;
+    pod_of(&pods, "restricted", &op).await;
+    let ev = event_with(
+        &client,
+        &ns.name,
+        "restricted",
+        "EgressPolicyUnenforced",
+        &op,
+    )
+    .await;
+    assert_eq!(ev.type_.as_deref(), Some("Warning"));
+    assert!(ev
+        .message
+        .unwrap_or_default()
+        .contains("may not be filtered"));
+    // The policy is still applied (harmless where unenforced, right once it is enforced).
+    assert!(policies
+        .get_opt(&policy_name("restricted"))
+        .await
+        .expect("get policy")
+        .is_some());
+}
