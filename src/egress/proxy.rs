@@ -132,6 +132,8 @@ impl RunRules {
 #[derive(Default)]
 pub struct RunTable {
     runs: RwLock<HashMap<String, Arc<RunRules>>>,
+    /// Set once the first list is in: before it every token would be "unknown" (readiness).
+    synced: std::sync::atomic::AtomicBool,
 }
 
 impl RunTable {
@@ -164,6 +166,12 @@ impl RunTable {
         if let Ok(mut map) = self.runs.write() {
             *map = fresh;
         }
+        self.synced.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether the runs have been listed at least once.
+    pub fn is_synced(&self) -> bool {
+        self.synced.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The rules of the run with this uid.
@@ -644,7 +652,7 @@ pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
     let state = Arc::new(ProxyState::new(table, secret, timeouts)?);
     let registry = Registry::new();
     registry.register(Box::new(state.requests.clone()))?;
-    serve_metrics(&args.metrics_addr, registry).await?;
+    serve_metrics(&args.metrics_addr, registry, Arc::clone(&state.runs)).await?;
     let listener = TcpListener::bind(&args.listen)
         .await
         .map_err(|source| ProxyError::Listen {
@@ -656,7 +664,11 @@ pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
     Ok(())
 }
 
-async fn serve_metrics(addr: &str, registry: Registry) -> Result<(), ProxyError> {
+async fn serve_metrics(
+    addr: &str,
+    registry: Registry,
+    runs: Arc<RunTable>,
+) -> Result<(), ProxyError> {
     use axum::routing::get;
     let listener = TcpListener::bind(addr)
         .await
@@ -678,7 +690,24 @@ async fn serve_metrics(addr: &str, registry: Registry) -> Result<(), ProxyError>
             }),
         )
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }));
+        // Ready once the runs are listed: a Service endpoint before that would answer 407 to
+        // every run.
+        .route(
+            "/readyz",
+            get(move || {
+                let runs = Arc::clone(&runs);
+                async move {
+                    if runs.is_synced() {
+                        (axum::http::StatusCode::OK, "ok")
+                    } else {
+                        (
+                            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                            "runs not listed yet",
+                        )
+                    }
+                }
+            }),
+        );
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, app).await {
             warn!(error = %e, "metrics server stopped");
@@ -697,6 +726,18 @@ mod tests {
         assert_eq!(split_authority("[::1]:80"), Some(("::1".into(), 80)));
         assert_eq!(split_authority("a.com"), None);
         assert_eq!(split_authority(":80"), None);
+    }
+
+    #[test]
+    fn the_table_is_synced_by_the_first_list_only() {
+        let table = RunTable::default();
+        let mut run = SandboxRun::new("r", crate::api::SandboxRunSpec::default());
+        run.metadata.uid = Some("u".into());
+        table.upsert(&run);
+        assert!(!table.is_synced(), "a single event is not a list");
+        table.replace(&[]);
+        assert!(table.is_synced());
+        assert!(table.get("u").is_none(), "a relist replaces the table whole");
     }
 
     #[test]
