@@ -657,6 +657,51 @@ mod tests {
     }
 
     #[test]
+    fn egress_flags_default_to_enforced_without_a_proxy_and_a_proxy_needs_the_secret() {
+        let run_args = |extra: &[&str]| {
+            let argv = ["x", "run"].iter().chain(extra).copied();
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Run(args) => *args,
+                other => panic!("parsed as {other:?}"),
+            }
+        };
+        let plain = egress_settings(&run_args(&[])).unwrap();
+        assert_eq!(plain, crate::egress::EgressSettings::default());
+        assert!(egress_settings(&run_args(&["--egress-proxy-url=http://p.sys.svc:3128"])).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("s");
+        std::fs::write(&secret, "0123456789abcdef0123\n").unwrap();
+        let secret_flag = format!("--egress-token-secret-file={}", secret.display());
+        let set = egress_settings(&run_args(&[
+            "--egress-proxy-url=http://p.sys.svc:3128/",
+            &secret_flag,
+            "--network-policy=unenforced-warn",
+            "--pod-namespace=sys",
+            "--egress-proxy-selector=a=b,c=d",
+        ]))
+        .unwrap();
+        assert_eq!(
+            set.enforcement,
+            crate::egress::PolicyEnforcement::UnenforcedWarn
+        );
+        let proxy = set.proxy.unwrap();
+        assert_eq!(proxy.url, "http://p.sys.svc:3128");
+        assert_eq!(proxy.selector.namespace, "sys");
+        assert_eq!(proxy.selector.pod_labels.len(), 2);
+        assert_eq!(
+            set.token_secret.map(|s| s.0.to_vec()),
+            Some(b"0123456789abcdef0123".to_vec())
+        );
+        assert!(egress_settings(&run_args(&[
+            "--egress-proxy-url=https://p:3128",
+            &secret_flag
+        ]))
+        .is_err());
+        assert!(Cli::try_parse_from(["x", "run", "--network-policy=maybe"]).is_err());
+        Cli::try_parse_from(["x", "egress-proxy", "--token-secret-file", "/s"]).unwrap();
+    }
+
+    #[test]
     fn cli_parses_every_subcommand() {
         Cli::try_parse_from(["x", "crd"]).unwrap();
         Cli::try_parse_from(["x", "pack", "/tmp"]).unwrap();

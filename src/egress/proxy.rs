@@ -737,7 +737,10 @@ mod tests {
         assert!(!table.is_synced(), "a single event is not a list");
         table.replace(&[]);
         assert!(table.is_synced());
-        assert!(table.get("u").is_none(), "a relist replaces the table whole");
+        assert!(
+            table.get("u").is_none(),
+            "a relist replaces the table whole"
+        );
     }
 
     #[test]
