@@ -762,7 +762,17 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
     );
     let docs = yaml_docs(&rendered);
     let operator_user = webhook_skips(&docs);
-    let account = only(&docs, "ServiceAccount")["metadata"]["name"]
+    // The operator's ServiceAccount (the egress proxy has its own, labelled with its component).
+    let accounts: Vec<&serde_yaml::Value> = docs
+        .iter()
+        .filter(|d| {
+            d["kind"].as_str() == Some("ServiceAccount")
+                && d["metadata"]["labels"]["app.kubernetes.io/component"].as_str()
+                    != Some("egress-proxy")
+        })
+        .collect();
+    assert_eq!(accounts.len(), 1, "one operator ServiceAccount expected");
+    let account = accounts[0]["metadata"]["name"]
         .as_str()
         .expect("the chart's ServiceAccount")
         .to_string();
@@ -976,7 +986,7 @@ async fn the_store_snippets_of_the_docs_render_and_are_accepted() {
             None,
         );
         let docs = yaml_docs(&rendered);
-        let pod = &only(&docs, "Deployment")["spec"]["template"]["spec"];
+        let pod = &operator_deployment(&docs)["spec"]["template"]["spec"];
         let container = &pod["containers"][0];
         let args: Vec<&str> = container["args"]
             .as_sequence()
