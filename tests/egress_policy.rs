@@ -2,7 +2,8 @@
 //! validated and enforced"): for each mode, the object the operator applies before the pod
 //! (shape, owner, selector), the proxy variables of the pod, the EgressPolicyApplied Event, the
 //! policy deleted with the run by the garbage collector; `--network-policy=unenforced-refuse`
-//! keeps a restricted run from starting and `unenforced-warn` starts it with a Warning.
+//! keeps a restricted run from starting and `unenforced-warn` starts it with a Warning; the
+//! `egress-proxy` binary follows runs (rules, deletion) through its watch of the apiserver.
 //! Enforcement by a network plugin is not tested here (the bed's plugins do not enforce it).
 
 mod support;
@@ -376,4 +377,155 @@ async fn unenforced_refuse_keeps_a_restricted_run_from_starting_and_warn_starts_
         .await
         .expect("get policy")
         .is_some());
+}
+
+/// `sandboxrun-operator egress-proxy` itself, against the apiserver: ready once it has listed the
+/// runs; a run's token opens its rules; a rule edit on the run and its deletion reach the proxy
+/// through its watch.
+#[tokio::test]
+async fn the_proxy_binary_follows_the_runs_on_the_apiserver() {
+    use kube::api::{Patch, PatchParams};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "egress-proxy").await;
+    let secret = secret_file();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let run = create(
+        &runs,
+        "proxied",
+        spec(Some((NetworkMode::Allowlist, &["127.0.0.1"]))),
+    )
+    .await;
+    let uid = run.uid().expect("uid");
+
+    // A local echo server the run may reach.
+    let echo = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let target = echo.local_addr().expect("addr").to_string();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+
+    let port = free_port();
+    let metrics = free_port();
+    let log = std::env::temp_dir().join(format!("egress-proxy-{}.log", ns.name));
+    let out = std::fs::File::create(&log).expect("log");
+    let err = out.try_clone().expect("log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
+        .args([
+            "egress-proxy",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics}"),
+            "--namespaces",
+            &ns.name,
+            "--token-secret-file",
+            secret.path().to_str().expect("utf-8"),
+        ])
+        .env("KUBECONFIG", kubeconfig_path())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("start egress-proxy");
+    struct Kill<'a>(&'a mut std::process::Child);
+    impl Drop for Kill<'_> {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _kill = Kill(&mut child);
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+
+    let ready = |code: &'static str| {
+        let url = format!("http://127.0.0.1:{metrics}/readyz");
+        async move {
+            let out = tokio::process::Command::new("curl")
+                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}", &url])
+                .output()
+                .await
+                .ok()?;
+            (String::from_utf8_lossy(&out.stdout) == code).then_some(())
+        }
+    };
+    eventually(
+        "the proxy ready (runs listed)",
+        Duration::from_secs(30),
+        || ready("200"),
+    )
+    .await;
+
+    let ask = |auth: String| {
+        let target = target.clone();
+        async move {
+            let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect");
+            let req = format!(
+                "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\nProxy-Authorization: {auth}\r\n\r\n"
+            );
+            s.write_all(req.as_bytes()).await.expect("write");
+            let mut buf = vec![0u8; 1024];
+            let n = s.read(&mut buf).await.expect("read");
+            String::from_utf8_lossy(&buf[..n]).to_string()
+        }
+    };
+    let auth = token::basic_header(&uid, &token::token(SECRET.as_bytes(), &uid));
+    let head = ask(auth.clone()).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{}", logs());
+
+    // A rule edit on the run reaches the proxy through its watch.
+    runs.patch(
+        "proxied",
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({"spec": {"network": {"rules": ["10.0.0.1"]}}})),
+    )
+    .await
+    .expect("edit the rules");
+    let denied = eventually("the edit to take effect", Duration::from_secs(30), || {
+        let ask = ask(auth.clone());
+        async move {
+            let head = ask.await;
+            head.starts_with("HTTP/1.1 403").then_some(head)
+        }
+    })
+    .await;
+    assert!(denied.contains("the default of mode allowlist"), "{denied}");
+
+    // Deleted: its token opens nothing.
+    runs.delete("proxied", &DeleteParams::default())
+        .await
+        .expect("delete run");
+    eventually(
+        "the deletion to take effect",
+        Duration::from_secs(30),
+        || {
+            let ask = ask(auth.clone());
+            async move { ask.await.starts_with("HTTP/1.1 407").then_some(()) }
+        },
+    )
+    .await;
+    let metrics_text = tokio::process::Command::new("curl")
+        .args(["-s", &format!("http://127.0.0.1:{metrics}/metrics")])
+        .output()
+        .await
+        .expect("curl metrics");
+    let text = String::from_utf8_lossy(&metrics_text.stdout).to_string();
+    assert!(
+        text.contains("sandboxrun_egress_requests_total{verdict=\"allowed\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("sandboxrun_egress_requests_total{verdict=\"denied\"}"),
+        "{text}"
+    );
 }
