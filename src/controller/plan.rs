@@ -151,7 +151,7 @@ pub fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
             effects: vec![Effect::AddFinalizer],
             ..Plan::wait(Requeue::AwaitChange)
         },
-        Step::CreatePod => return create_pod(run, inputs.pod_settings, inputs),
+        Step::CreatePod => return create_pod(run, inputs),
         Step::TrackPod { requeue } => {
             track_pod(run, inputs.pod_name, inputs.pod, requeue, inputs.now)
         }
@@ -201,7 +201,7 @@ pub fn name_conflict(run: &SandboxRun, pod_name: &str) -> Plan {
     }
 }
 
-fn create_pod(run: &SandboxRun, settings: &PodSettings, inputs: &Inputs<'_>) -> StepPlan {
+fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
     let now = inputs.now;
     // The apiserver refused this run's pod before: wait out the back-off (a watch event, such as
     // our own status write, must not turn it into a hot loop).
@@ -210,7 +210,7 @@ fn create_pod(run: &SandboxRun, settings: &PodSettings, inputs: &Inputs<'_>) -> 
             wait + LOOK_AGAIN_MARGIN,
         ))));
     }
-    match pod::build_pod(run, settings) {
+    match pod::build_pod(run, inputs.pod_settings) {
         Ok(pod) => StepPlan::CreatePod(Box::new(pod)),
         // A malformed run is recorded and awaited (a spec change wakes it), not retried hot.
         Err(e) => {
