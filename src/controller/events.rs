@@ -3,6 +3,10 @@
 //! Reasons are CamelCase like the rest of Kubernetes, except the two names the contract fixes
 //! ([`DRAIN_FAILED`], [`CAPPED`]; docs/contract.md §4). Each is an explicit constant, never the
 //! `Debug` text of an enum, so renaming a Rust variant cannot rename an Event.
+//!
+//! Also the Events themselves, as the plan stage wants them published ([`PlannedEvent`]): the
+//! one summary of a teardown's paths ([`drain_summary`]), the opening and ending of a teardown,
+//! and the one [`POD_STUCK`] Event per distinct cause ([`stuck_event`]). Pure.
 
 use super::conditions::{self, condition_true};
 use super::decide::Trigger;
