@@ -16,13 +16,13 @@ use serde_json::json;
 use tokio::io::AsyncRead;
 use tracing::{info, warn};
 
-use super::context::Context;
+use super::context::{Context, MANAGER};
 use super::decide::{self, Trigger};
 use super::error::{kube_err, ControllerError};
 use super::events::{PlannedEvent, EVENT_NOTE_LIMIT};
 use super::observe::{self, Observation};
 use super::plan::{self, Effect, PathWork, Plan, Purge, Requeue, StepPlan, LOOK_AGAIN_MARGIN};
-use super::{refusals, MANAGER};
+use super::refusals;
 use crate::api::{SandboxRun, SandboxRunStatus, FINALIZER};
 use crate::drain::run::{drain_path, PathJob};
 use crate::pod;

@@ -13,12 +13,14 @@ use tokio_util::sync::CancellationToken;
 use super::decide::DecideSettings;
 use super::drain_pool::DrainPool;
 use super::observe::StoreView;
-use super::MANAGER;
 use crate::api::{Retention, SandboxRun};
 use crate::config::CapSettings;
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
 use crate::store::open_uploads::OpenUploads;
+
+/// Field manager of every status write (server-side apply, one manager), and the Events' reporter.
+pub const MANAGER: &str = "sandboxrun-operator";
 
 /// What the controller needs besides the cluster.
 pub struct Context {

@@ -40,7 +40,7 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
-pub use context::Context;
+pub use context::{Context, MANAGER};
 pub use drain_pool::DrainPool;
 pub use error::ControllerError;
 
@@ -48,9 +48,6 @@ use crate::api::{Phase, SandboxRun};
 use crate::metrics::Metrics;
 use observe::Observed;
 use plan::{Inputs, IN_FLIGHT_REQUEUE};
-
-/// Field manager of every status write (server-side apply, one manager).
-pub const MANAGER: &str = "sandboxrun-operator";
 
 /// Runs the controller until `shutdown` resolves. `namespaces` empty = every namespace.
 pub async fn run(
