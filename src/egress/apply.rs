@@ -7,17 +7,17 @@
 use jiff::Timestamp;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{info, warn};
 
 use crate::api::{Phase, SandboxRun};
+use crate::controller::conditions::{self, set_condition, READY};
+use crate::controller::events::EVENT_NOTE_LIMIT;
 use crate::controller::{Context, ControllerError, MANAGER};
 use crate::egress::policy::{build_policy, egress_of, Egress};
 use crate::egress::settings::{EgressSettings, PolicyEnforcement};
-use crate::reconcile::{self, condition};
 
 /// Event (Normal): the run's NetworkPolicy is in place; the note says what it lets out and who
 /// enforces it.
@@ -54,13 +54,10 @@ pub fn describe(run: &SandboxRun, egress: &Egress, settings: &EgressSettings) ->
     }
 }
 
-/// Run before the pod is created: Ok(None) to go on creating it, Ok(Some(action)) when the run
-/// must not start (refused; its status says why). A policy the apiserver refuses is an error:
+/// Run before the pod is created: Ok(true) to go on creating it, Ok(false) when the run must not
+/// start (refused; its status says why). A policy the apiserver refuses is an error:
 /// the pod is not created without it.
-pub async fn before_pod(
-    ctx: &Context,
-    run: &SandboxRun,
-) -> Result<Option<Action>, ControllerError> {
+pub async fn before_pod(ctx: &Context, run: &SandboxRun) -> Result<bool, ControllerError> {
     let settings = &ctx.pod.egress;
     // A rule that does not parse (admission refuses it; a run admitted before the webhook, or
     // with it off, may carry one) is an InvalidSpec like any spec the pod cannot be built from.
@@ -68,12 +65,12 @@ pub async fn before_pod(
         Ok(e) => e,
         Err(e) => {
             let msg = format!("cannot enforce spec.network: {e}");
-            refuse(ctx, run, reconcile::REASON_INVALID_SPEC, &msg).await?;
-            return Ok(Some(Action::await_change()));
+            refuse(ctx, run, conditions::REASON_INVALID_SPEC, &msg).await?;
+            return Ok(false);
         }
     };
     if !egress.is_restricted() {
-        return Ok(None);
+        return Ok(true);
     }
     match settings.enforcement {
         PolicyEnforcement::UnenforcedRefuse => {
@@ -83,7 +80,7 @@ pub async fn before_pod(
                 settings.enforcement
             );
             refuse(ctx, run, REASON_EGRESS_POLICY_UNENFORCED, &msg).await?;
-            return Ok(Some(Action::await_change()));
+            return Ok(false);
         }
         PolicyEnforcement::UnenforcedWarn => {
             let msg = format!(
@@ -105,11 +102,11 @@ pub async fn before_pod(
     }
     let policy = match build_policy(run, settings) {
         Ok(Some(p)) => p,
-        Ok(None) => return Ok(None),
+        Ok(None) => return Ok(true),
         Err(e) => {
             let msg = format!("cannot enforce spec.network: {e}");
-            refuse(ctx, run, reconcile::REASON_INVALID_SPEC, &msg).await?;
-            return Ok(Some(Action::await_change()));
+            refuse(ctx, run, conditions::REASON_INVALID_SPEC, &msg).await?;
+            return Ok(false);
         }
     };
     apply_policy(&ctx.client, &policy).await?;
@@ -123,7 +120,7 @@ pub async fn before_pod(
         &note,
     )
     .await;
-    Ok(None)
+    Ok(true)
 }
 
 /// Server-side applies `policy` in its namespace.
@@ -170,9 +167,9 @@ async fn refuse(
     status.observed_generation = run.metadata.generation;
     status.phase = Some(Phase::Pending);
     status.message = Some(msg.to_string());
-    reconcile::set_condition(
+    set_condition(
         &mut status.conditions,
-        condition::READY,
+        READY,
         false,
         reason,
         msg,
@@ -205,8 +202,8 @@ async fn refuse(
 
 async fn publish(ctx: &Context, run: &SandboxRun, type_: EventType, reason: &str, note: &str) {
     let mut note = note.to_string();
-    if note.len() > reconcile::EVENT_NOTE_LIMIT {
-        let mut cut = reconcile::EVENT_NOTE_LIMIT;
+    if note.len() > EVENT_NOTE_LIMIT {
+        let mut cut = EVENT_NOTE_LIMIT;
         while !note.is_char_boundary(cut) {
             cut -= 1;
         }
