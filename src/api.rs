@@ -40,7 +40,11 @@ pub const MAX_TTL_SECONDS_AFTER_FINISHED: i64 = 31_536_000;
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Drained","type":"string","jsonPath":".status.conditions[?(@.type==\"Drained\")].status"}"#,
     printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".status.podName"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Exit","type":"integer","priority":1,"description":"Exit code of the workload container","jsonPath":".status.exitCode"}"#,
+    printcolumn = r#"{"name":"Duration","type":"string","priority":1,"description":"How long the run took, set when it ends","jsonPath":".status.duration"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Summary of the current phase","jsonPath":".status.message"}"#,
+    doc = "A SandboxRun runs one sandboxed workload in a pod and, at teardown (the workload exited, spec.stop, the deadline, or deletion), drains the container paths declared in spec.readBack into object storage, so the files the run was told to leave behind outlive its pod. status says how the workload ended and where each path was stored; a failed drain is a Warning Event and a Failed path, never an empty set."
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxRunSpec {
@@ -342,6 +346,10 @@ pub struct SandboxRunStatus {
     /// When the run reached a final phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
+    /// How long the run took, from startTime (else its creation, when the pod never started) to
+    /// completionTime, e.g. `1h2m3s`. Set when the run reaches a final phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<String>,
     /// Exit code of the workload container (batch runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
@@ -541,7 +549,26 @@ mod tests {
             .flatten()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(cols, ["Phase", "Drained", "Pod", "Age"]);
+        assert_eq!(
+            cols,
+            ["Phase", "Drained", "Pod", "Age", "Exit", "Duration", "Message"]
+        );
+        // The last three are for `kubectl get sbr -o wide` only.
+        let wide: Vec<_> = v
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .filter(|c| c.priority == Some(1))
+            .map(|c| (c.name.as_str(), c.json_path.as_str()))
+            .collect();
+        assert_eq!(
+            wide,
+            [
+                ("Exit", ".status.exitCode"),
+                ("Duration", ".status.duration"),
+                ("Message", ".status.message")
+            ]
+        );
     }
 
     #[test]

@@ -1080,6 +1080,12 @@ fn end_status(
     status.phase = Some(phase);
     status.message = Some(why.clone());
     status.completion_time = Some(Time(now));
+    let began = status
+        .start_time
+        .as_ref()
+        .or(run.metadata.creation_timestamp.as_ref())
+        .map(|t| t.0);
+    status.duration = began.map(|b| words(now.duration_since(b)));
     status.observed_generation = generation;
     match failure_reason(&ending) {
         None => {
@@ -1719,6 +1725,41 @@ mod tests {
         assert_eq!(json["workload"]["message"], "killed");
         assert_eq!(json["workload"]["startedAt"], "2026-11-30T11:59:00Z");
         assert_eq!(json["workload"]["finishedAt"], "2026-11-30T12:00:00Z");
+    }
+
+    #[test]
+    fn the_end_records_how_long_the_run_took_for_the_wide_listing() {
+        let r = run_with(&[("/out", false)]);
+        let t = Trigger::WorkloadFinished { exit_code: 0 };
+        let mut s = draining_status(&r, &t, None, now());
+        s.read_back[0].phase = ReadBackPhase::Drained;
+        // From startTime when the pod started...
+        s.start_time = Some(Time(
+            now()
+                .checked_sub(jiff::SignedDuration::from_secs(3723))
+                .unwrap(),
+        ));
+        assert_eq!(
+            finished_status(&r, s.clone(), now()).duration.as_deref(),
+            Some("1h2m3s")
+        );
+        // ...else from the run's creation (a pod that never started).
+        s.start_time = None;
+        let mut created = r.clone();
+        created.metadata.creation_timestamp = Some(Time(
+            now()
+                .checked_sub(jiff::SignedDuration::from_secs(90))
+                .unwrap(),
+        ));
+        assert_eq!(
+            finished_status(&created, s.clone(), now())
+                .duration
+                .as_deref(),
+            Some("1m30s")
+        );
+        let mut bare = r.clone();
+        bare.metadata.creation_timestamp = None;
+        assert_eq!(finished_status(&bare, s, now()).duration, None);
     }
 
     #[test]
