@@ -171,6 +171,12 @@ pub mod ids {
     pub const UPDATE_IMMUTABLE: &str = "update-immutable";
     /// `stop` went from true back to false.
     pub const UPDATE_STOP_FINAL: &str = "update-stop-final";
+    /// `doctor` only: a field the CRD's structural schema does not know (the apiserver rejects or
+    /// prunes it before the webhook; see [`super::super::schema`]).
+    pub const UNKNOWN_FIELD: &str = "unknown-field";
+    /// `doctor` only: a SandboxRun-like document whose apiVersion or kind the cluster does not
+    /// serve as a SandboxRun.
+    pub const API_VERSION_KIND: &str = "api-version-kind";
 }
 
 /// Checks a spec against every ADR-006 rule. Findings are sorted (see [`sort_findings`]).
