@@ -125,6 +125,15 @@ pub struct RunArgs {
         default_value = crate::pod::DEFAULT_HOLDER_MEMORY_LIMIT
     )]
     pub holder_memory_limit: String,
+    /// Secrets (type dockerconfigjson) added to every run pod's imagePullSecrets after the run's
+    /// own (repeatable / comma-separated), so a holder image from a private registry is pulled.
+    /// Each must exist in the runs' namespaces.
+    #[arg(
+        long = "pod-image-pull-secret",
+        env = "SANDBOXRUN_POD_IMAGE_PULL_SECRETS",
+        value_delimiter = ','
+    )]
+    pub pod_image_pull_secrets: Vec<String>,
     /// The packer command exec'd in the holder; the path is appended.
     #[arg(
         long,

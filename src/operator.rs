@@ -126,6 +126,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         info!(%addr, "admission webhook listening");
     }
 
+    let leader = metrics.leader.clone();
     let ctx = Arc::new(
         Context::new(
             client.clone(),
@@ -139,6 +140,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
                 max_drain_timeout_seconds: i64::try_from(max_drain_timeout.as_secs().max(1))
                     .unwrap_or(i64::MAX),
                 holder_resources,
+                image_pull_secrets: args.pod_image_pull_secrets.clone(),
             },
             caps,
             DecideSettings { image_pull_timeout },
@@ -156,6 +158,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     // SHUTDOWN_DRAIN_GRACE to finish first (settle_drains).
     let cancel = ctx.cancel.clone();
     if !args.leader_elect {
+        leader.set(1);
         ready.store(true, Ordering::SeqCst);
         let drains = Arc::clone(&ctx);
         controller::run(
@@ -195,6 +198,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         }
     }
     info!(identity = %args.pod_name, "leading: starting the controller");
+    leader.set(1);
     let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
     let stop = async move {
         tokio::select! {
@@ -206,6 +210,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         loop {
             if leading.changed().await.is_err() || !*leading.borrow_and_update() {
                 warn!("leadership lost; stopping in-flight drains");
+                leader.set(0);
                 cancel.cancel();
                 let _ = lost_tx.send(());
                 return;

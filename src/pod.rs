@@ -49,6 +49,9 @@ pub struct PodSettings {
     pub max_drain_timeout_seconds: i64,
     /// Requests and limits of the holder container (`run --holder-*`).
     pub holder_resources: HolderResources,
+    /// Secrets added to every pod's imagePullSecrets after the run's own
+    /// (`run --pod-image-pull-secret`): a holder image from a private registry.
+    pub image_pull_secrets: Vec<String>,
 }
 
 impl Default for PodSettings {
@@ -58,6 +61,7 @@ impl Default for PodSettings {
             default_drain_timeout_seconds: 300,
             max_drain_timeout_seconds: 3600,
             holder_resources: HolderResources::default(),
+            image_pull_secrets: Vec::new(),
         }
     }
 }
@@ -534,6 +538,14 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
     if name.len() <= 63 {
         labels.insert(RUN_NAME_LABEL.to_string(), name.clone());
     }
+    let mut seen = std::collections::HashSet::new();
+    let pull_secrets: Vec<LocalObjectReference> = spec
+        .image_pull_secrets
+        .iter()
+        .chain(settings.image_pull_secrets.iter())
+        .filter(|n| seen.insert(n.as_str()))
+        .map(|n| LocalObjectReference { name: n.clone() })
+        .collect();
 
     Ok(Pod {
         metadata: ObjectMeta {
@@ -563,12 +575,7 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
                 }),
                 ..PodSecurityContext::default()
             }),
-            image_pull_secrets: (!spec.image_pull_secrets.is_empty()).then(|| {
-                spec.image_pull_secrets
-                    .iter()
-                    .map(|n| LocalObjectReference { name: n.clone() })
-                    .collect()
-            }),
+            image_pull_secrets: (!pull_secrets.is_empty()).then_some(pull_secrets),
             node_selector: spec.node_selector.clone(),
             tolerations: spec.tolerations.clone(),
             priority_class_name: spec.priority_class_name.clone(),
@@ -770,6 +777,28 @@ mod tests {
             .unwrap()
             .retain(|v| !v.name.starts_with(READBACK_VOLUME_PREFIX));
         assert!(!promise_violations(&pod, &["/out".to_string()]).is_empty());
+    }
+
+    #[test]
+    fn the_operators_pull_secrets_follow_the_runs_own_without_duplicates() {
+        let mut spec = spec_with_paths(&["/out"]);
+        spec.image_pull_secrets = vec!["team".into(), "mirror".into()];
+        let settings = PodSettings {
+            image_pull_secrets: vec!["mirror".into(), "holder-registry".into()],
+            ..PodSettings::default()
+        };
+        let pod = build_pod(&run(spec), &settings).unwrap();
+        let names: Vec<String> = pod
+            .spec
+            .unwrap()
+            .image_pull_secrets
+            .unwrap_or_default()
+            .into_iter()
+            .map(|r| r.name)
+            .collect();
+        assert_eq!(names, ["team", "mirror", "holder-registry"]);
+        let bare = build_pod(&run(spec_with_paths(&["/out"])), &PodSettings::default()).unwrap();
+        assert_eq!(bare.spec.unwrap().image_pull_secrets, None);
     }
 
     #[test]

@@ -37,6 +37,7 @@ fn chart_rbac(release: &str, namespace: &str) -> (Vec<ClusterRole>, Vec<Role>, S
             namespace,
         ])
         .args(["--set", "leaderElection.enabled=true"])
+        .args(["--kube-version", &bed_kube_version()])
         .current_dir(repo())
         .output()
         .expect("helm template");

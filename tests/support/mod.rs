@@ -50,6 +50,18 @@ pub fn tools_bin() -> Option<PathBuf> {
     })
 }
 
+/// The test bed's Kubernetes version (`K8S_VERSION` in hack/versions.env, without the `v`), for
+/// `helm template|lint --kube-version`: the chart's kubeVersion (>=1.30) is checked against it,
+/// and a Helm built with `go install` (the bed's) defaults to v1.20 without its release ldflags.
+pub fn bed_kube_version() -> String {
+    std::fs::read_to_string(repo().join("hack/versions.env"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("K8S_VERSION="))
+        .map(|v| v.trim().trim_start_matches('v').to_string())
+        .unwrap_or_else(|| "1.36.0".to_string())
+}
+
 const HOW_TO_START: &str =
     "the local control plane is not running. Start it with `hack/local-cluster.sh up` \
 (or run the whole suite with `make test`, which brings it up and down)";
