@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, ConfigMapKeySelector, ResourceRequirements, SecretKeySelector, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -70,7 +72,8 @@ pub struct SandboxRunSpec {
     #[schemars(length(max = 4096))]
     pub working_dir: Option<String>,
 
-    /// Environment of the workload (plain name/value pairs).
+    /// Environment of the workload: name/value pairs, or a value taken from a Secret or ConfigMap
+    /// key of the run's namespace (`valueFrom.secretKeyRef` / `valueFrom.configMapKeyRef`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     pub env: Vec<EnvVar>,
@@ -138,6 +141,33 @@ pub struct SandboxRunSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
 
+    /// RuntimeClass of the pod, e.g. `gvisor` or `kata`: the isolation a sandbox is for. The
+    /// RuntimeClass must exist; its handler runs both the workload and the holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub runtime_class_name: Option<String>,
+
+    /// ServiceAccount the pod runs as. Unset: the namespace's `default`, with no API token
+    /// mounted. Set: that account, with its token mounted (the workload is meant to use it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+
+    /// Labels added to the pod (e.g. for NetworkPolicies or cost allocation). Keys under
+    /// `sandbox.iterion.io/` and the operator's own `app.kubernetes.io/name` and
+    /// `app.kubernetes.io/managed-by` are reserved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_labels: Option<BTreeMap<String, String>>,
+
+    /// Annotations added to the pod (e.g. for a service mesh or a node-level agent). Keys under
+    /// `sandbox.iterion.io/` are reserved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_annotations: Option<BTreeMap<String, String>>,
+
+    /// Affinity passed through to the pod (node affinity, pod (anti-)affinity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+
     /// Seconds after the run finished (condition Complete or Failed True, its drain settled) at
     /// which the operator deletes it, as on batch/v1 Jobs. Deletion goes through the finalizer;
     /// stored files follow `readBack.retention`. Unset: the run stays until deleted.
@@ -154,15 +184,32 @@ fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
-/// One environment variable of the workload.
+/// One environment variable of the workload: a `value`, or a `valueFrom` reference.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct EnvVar {
     /// Variable name.
     #[schemars(length(min = 1, max = 256))]
     pub name: String,
-    /// Variable value.
+    /// Variable value (empty when valueFrom is set).
     #[serde(default)]
     pub value: String,
+    /// Where the value comes from instead: exactly one of secretKeyRef and configMapKeyRef.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvVarSource>,
+}
+
+/// The source of an environment variable's value: a key of a Secret or of a ConfigMap in the
+/// run's namespace (the only sources a run may use: no fieldRef or resourceFieldRef).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvVarSource {
+    /// A key of a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<SecretKeySelector>,
+    /// A key of a ConfigMap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<ConfigMapKeySelector>,
 }
 
 /// Host state sharing mode.

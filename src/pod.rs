@@ -7,10 +7,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar, ExecAction,
-    Lifecycle, LifecycleHandler, LocalObjectReference, PersistentVolumeClaimVolumeSource, Pod,
-    PodSecurityContext, PodSpec, ResourceRequirements, SeccompProfile, SecretVolumeSource,
-    SecurityContext, Volume, VolumeMount,
+    Capabilities, ConfigMapVolumeSource, Container, EmptyDirVolumeSource, EnvVar, EnvVarSource,
+    ExecAction, Lifecycle, LifecycleHandler, LocalObjectReference,
+    PersistentVolumeClaimVolumeSource, Pod, PodSecurityContext, PodSpec, ResourceRequirements,
+    SeccompProfile, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -35,6 +35,16 @@ pub const RUN_NAME_LABEL: &str = "sandbox.iterion.io/run";
 pub const HOLDER_STATE_DIR: &str = "/var/run/sandboxrun";
 /// Volume-name prefix of the emptyDir serving read-back path N.
 pub const READBACK_VOLUME_PREFIX: &str = "readback-";
+/// Label and annotation prefix the operator keeps for itself on run pods.
+pub const RESERVED_PREFIX: &str = "sandbox.iterion.io/";
+
+/// Whether a pod label key is the operator's: its prefix, or a key it sets itself.
+pub fn reserved_key(key: &str) -> bool {
+    key.starts_with(RESERVED_PREFIX)
+        || key == "app.kubernetes.io/managed-by"
+        || key == "app.kubernetes.io/name"
+}
+
 /// Seconds the pod's grace period adds to the drain timeout, so the holder outlives the drain.
 const GRACE_MARGIN_SECONDS: i64 = 30;
 
@@ -422,10 +432,22 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
         .env
         .iter()
         .filter(|e| e.name != ARTIFACT_FILES_ENV && e.name != READBACK_PATHS_ENV)
-        .map(|e| EnvVar {
-            name: e.name.clone(),
-            value: Some(e.value.clone()),
-            value_from: None,
+        .map(|e| match &e.value_from {
+            // Only the two sources a run may name (admission rule env-value-from).
+            Some(from) => EnvVar {
+                name: e.name.clone(),
+                value: None,
+                value_from: Some(EnvVarSource {
+                    secret_key_ref: from.secret_key_ref.clone(),
+                    config_map_key_ref: from.config_map_key_ref.clone(),
+                    ..EnvVarSource::default()
+                }),
+            },
+            None => EnvVar {
+                name: e.name.clone(),
+                value: Some(e.value.clone()),
+                value_from: None,
+            },
         })
         .collect();
     // The promise (ADR-143 §3, §6): a path is named to the workload because it will be read back.
@@ -538,6 +560,20 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
     if name.len() <= 63 {
         labels.insert(RUN_NAME_LABEL.to_string(), name.clone());
     }
+    // The run's own pod labels, under the operator's: the keys the operator sets (and every
+    // sandbox.iterion.io/ key) stay the operator's, whatever the spec says.
+    for (k, v) in spec.pod_labels.iter().flatten() {
+        if !reserved_key(k) {
+            labels.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    let annotations: BTreeMap<String, String> = spec
+        .pod_annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !k.starts_with(RESERVED_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     let mut seen = std::collections::HashSet::new();
     let pull_secrets: Vec<LocalObjectReference> = spec
         .image_pull_secrets
@@ -552,6 +588,7 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
             name: Some(pod_name(&name)),
             namespace: run.namespace(),
             labels: Some(labels),
+            annotations: (!annotations.is_empty()).then_some(annotations),
             owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
             ..ObjectMeta::default()
         },
@@ -559,7 +596,11 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
             containers: vec![workload, holder],
             volumes: Some(volumes),
             restart_policy: Some("Never".to_string()),
-            automount_service_account_token: Some(false),
+            // No API token unless the run names the account it is meant to act as.
+            service_account_name: spec.service_account_name.clone(),
+            automount_service_account_token: Some(spec.service_account_name.is_some()),
+            runtime_class_name: spec.runtime_class_name.clone(),
+            affinity: spec.affinity.clone(),
             enable_service_links: Some(false),
             // activeDeadlineSeconds is deliberately NOT set: the kubelet would kill the holder too
             // and the read-back paths would go undrained. The operator enforces the deadline.
@@ -763,6 +804,7 @@ mod tests {
         spec.env.push(SpecEnv {
             name: ARTIFACT_FILES_ENV.into(),
             value: "/tmp/forged".into(),
+            ..Default::default()
         });
         let pod = build_pod(&run(spec), &PodSettings::default()).unwrap();
         assert_eq!(workload_env(&pod, ARTIFACT_FILES_ENV), None);
@@ -777,6 +819,71 @@ mod tests {
             .unwrap()
             .retain(|v| !v.name.starts_with(READBACK_VOLUME_PREFIX));
         assert!(!promise_violations(&pod, &["/out".to_string()]).is_empty());
+    }
+
+    #[test]
+    fn the_pod_passthrough_reaches_the_pod_and_the_operators_labels_win() {
+        use k8s_openapi::api::core::v1::{Affinity, NodeAffinity, SecretKeySelector};
+        let mut spec = spec_with_paths(&["/out"]);
+        spec.runtime_class_name = Some("gvisor".into());
+        spec.service_account_name = Some("reporter".into());
+        spec.pod_labels = Some(BTreeMap::from([
+            ("team".to_string(), "a".to_string()),
+            ("app.kubernetes.io/name".to_string(), "forged".to_string()),
+            (RUN_UID_LABEL.to_string(), "forged".to_string()),
+        ]));
+        spec.pod_annotations = Some(BTreeMap::from([
+            ("mesh.example.com/inject".to_string(), "false".to_string()),
+            (
+                "sandbox.iterion.io/skip-drain".to_string(),
+                "true".to_string(),
+            ),
+        ]));
+        spec.affinity = Some(Affinity {
+            node_affinity: Some(NodeAffinity::default()),
+            ..Affinity::default()
+        });
+        spec.env.push(SpecEnv {
+            name: "TOKEN".into(),
+            value_from: Some(crate::api::EnvVarSource {
+                secret_key_ref: Some(SecretKeySelector {
+                    name: "creds".into(),
+                    key: "token".into(),
+                    optional: None,
+                }),
+                config_map_key_ref: None,
+            }),
+            ..Default::default()
+        });
+        let pod = build_pod(&run(spec), &PodSettings::default()).unwrap();
+        let labels = pod.metadata.labels.clone().unwrap_or_default();
+        assert_eq!(labels.get("team").map(String::as_str), Some("a"));
+        assert_eq!(
+            labels.get("app.kubernetes.io/name").map(String::as_str),
+            Some("sandboxrun")
+        );
+        assert_eq!(
+            labels.get(RUN_UID_LABEL).map(String::as_str),
+            Some("1111-2222")
+        );
+        let annotations = pod.metadata.annotations.clone().unwrap_or_default();
+        assert_eq!(annotations.len(), 1, "{annotations:?}");
+        let ps = pod.spec.unwrap();
+        assert_eq!(ps.runtime_class_name.as_deref(), Some("gvisor"));
+        assert_eq!(ps.service_account_name.as_deref(), Some("reporter"));
+        assert_eq!(ps.automount_service_account_token, Some(true));
+        assert!(ps.affinity.and_then(|a| a.node_affinity).is_some());
+        let env = ps.containers[0].env.clone().unwrap_or_default();
+        let token = env.iter().find(|e| e.name == "TOKEN").unwrap();
+        assert_eq!(token.value, None);
+        let from = token.value_from.as_ref().unwrap();
+        assert_eq!(from.secret_key_ref.as_ref().unwrap().key, "token");
+        // Without a service account: the namespace's default, no token.
+        let plain = build_pod(&run(spec_with_paths(&["/out"])), &PodSettings::default()).unwrap();
+        let ps = plain.spec.unwrap();
+        assert_eq!(ps.service_account_name, None);
+        assert_eq!(ps.automount_service_account_token, Some(false));
+        assert_eq!(plain.metadata.annotations, None);
     }
 
     #[test]

@@ -171,6 +171,15 @@ pub mod ids {
     pub const UPDATE_IMMUTABLE: &str = "update-immutable";
     /// `stop` went from true back to false.
     pub const UPDATE_STOP_FINAL: &str = "update-stop-final";
+    /// `runtimeClassName` not a DNS-1123 subdomain.
+    pub const RUNTIME_CLASS_NAME: &str = "runtime-class-name";
+    /// `serviceAccountName` not a DNS-1123 subdomain.
+    pub const SERVICE_ACCOUNT_NAME: &str = "service-account-name";
+    /// A pod label or annotation with a malformed or reserved key, or a malformed label value.
+    pub const POD_METADATA: &str = "pod-metadata";
+    /// An env entry with both `value` and `valueFrom`, or a `valueFrom` without exactly one
+    /// complete reference.
+    pub const ENV_VALUE_FROM: &str = "env-value-from";
     /// `doctor` only: a field the CRD's structural schema does not know (the apiserver rejects or
     /// prunes it before the webhook; see [`super::super::schema`]).
     pub const UNKNOWN_FIELD: &str = "unknown-field";
@@ -189,6 +198,8 @@ pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
     check_read_back(spec, settings, &mut out);
     check_mounts(spec, &mut out);
     check_ttl(spec, &mut out);
+    check_pod_passthrough(spec, &mut out);
+    check_env(spec, &mut out);
     sort_findings(&mut out);
     out
 }
@@ -509,6 +520,148 @@ fn check_mount_name<'a>(
             "give every mount a unique name",
         ));
     }
+}
+
+// ---- 5c. pod passthrough: runtime class, service account, pod labels/annotations, env -------
+
+fn check_pod_passthrough(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    if let Some(rc) = &spec.runtime_class_name {
+        if !is_dns1123_subdomain(rc) {
+            out.push(Finding::fail(
+                ids::RUNTIME_CLASS_NAME,
+                "spec.runtimeClassName",
+                format!("runtimeClassName `{rc}` is not a valid object name"),
+                "name an existing RuntimeClass (kubectl get runtimeclass), e.g. gvisor or kata",
+            ));
+        }
+    }
+    if let Some(sa) = &spec.service_account_name {
+        if !is_dns1123_subdomain(sa) {
+            out.push(Finding::fail(
+                ids::SERVICE_ACCOUNT_NAME,
+                "spec.serviceAccountName",
+                format!("serviceAccountName `{sa}` is not a valid object name"),
+                "name a ServiceAccount of the run's namespace, or leave it unset for no API token",
+            ));
+        }
+    }
+    for (k, v) in spec.pod_labels.iter().flatten() {
+        let at = format!("spec.podLabels[{k}]");
+        if crate::pod::reserved_key(k) {
+            out.push(Finding::fail(
+                ids::POD_METADATA,
+                at,
+                format!("pod label `{k}` is reserved for the operator"),
+                "use a key of your own, e.g. team.example.com/owner",
+            ));
+        } else if !is_qualified_name(k) {
+            out.push(Finding::fail(
+                ids::POD_METADATA,
+                at,
+                format!("pod label key `{k}` is not a qualified name"),
+                "use [prefix/]name: a DNS subdomain prefix, a name of at most 63 of [A-Za-z0-9-_.]",
+            ));
+        } else if !is_label_value(v) {
+            out.push(Finding::fail(
+                ids::POD_METADATA,
+                at,
+                format!("pod label `{k}` has value `{v}`, which is not a label value"),
+                "use at most 63 of [A-Za-z0-9-_.], starting and ending alphanumeric, or empty",
+            ));
+        }
+    }
+    for k in spec.pod_annotations.iter().flatten().map(|(k, _)| k) {
+        let at = format!("spec.podAnnotations[{k}]");
+        if k.starts_with(crate::pod::RESERVED_PREFIX) {
+            out.push(Finding::fail(
+                ids::POD_METADATA,
+                at,
+                format!("pod annotation `{k}` is reserved for the operator"),
+                "use a key of your own; to skip a drain, annotate the SandboxRun, not its pod",
+            ));
+        } else if !is_qualified_name(k) {
+            out.push(Finding::fail(
+                ids::POD_METADATA,
+                at,
+                format!("pod annotation key `{k}` is not a qualified name"),
+                "use [prefix/]name: a DNS subdomain prefix, a name of at most 63 of [A-Za-z0-9-_.]",
+            ));
+        }
+    }
+}
+
+fn check_env(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    for (i, e) in spec.env.iter().enumerate() {
+        let Some(from) = &e.value_from else { continue };
+        let at = format!("spec.env[{i}].valueFrom");
+        if !e.value.is_empty() {
+            out.push(Finding::fail(
+                ids::ENV_VALUE_FROM,
+                at.clone(),
+                format!("env `{}` sets both value and valueFrom", e.name),
+                "keep one: value for a literal, valueFrom for a Secret or ConfigMap key",
+            ));
+        }
+        let refs = [
+            from.secret_key_ref
+                .as_ref()
+                .map(|r| ("secretKeyRef", r.name.as_str(), r.key.as_str())),
+            from.config_map_key_ref
+                .as_ref()
+                .map(|r| ("configMapKeyRef", r.name.as_str(), r.key.as_str())),
+        ];
+        let set: Vec<_> = refs.iter().flatten().collect();
+        match set.as_slice() {
+            [(which, name, key)] => {
+                if !is_dns1123_subdomain(name) || key.is_empty() {
+                    out.push(Finding::fail(
+                        ids::ENV_VALUE_FROM,
+                        format!("{at}.{which}"),
+                        format!(
+                            "env `{}` refers to name `{name}`, key `{key}`: both must be set",
+                            e.name
+                        ),
+                        "name the Secret or ConfigMap of the run's namespace and one of its keys",
+                    ));
+                }
+            }
+            _ => out.push(Finding::fail(
+                ids::ENV_VALUE_FROM,
+                at,
+                format!(
+                    "env `{}` valueFrom sets {} references; exactly one is needed",
+                    e.name,
+                    set.len()
+                ),
+                "set secretKeyRef {name, key} or configMapKeyRef {name, key}",
+            )),
+        }
+    }
+}
+
+/// DNS-1123 subdomain: at most 253 of `[a-z0-9-.]`, dot-separated DNS labels.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
+}
+
+/// A label or annotation key: `[prefix/]name`, prefix a DNS subdomain, name 1-63 of
+/// `[A-Za-z0-9-_.]` starting and ending alphanumeric.
+pub fn is_qualified_name(s: &str) -> bool {
+    let (prefix, name) = match s.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    prefix.is_none_or(is_dns1123_subdomain) && !name.is_empty() && is_label_value(name)
+}
+
+/// A label value: empty, or at most 63 of `[A-Za-z0-9-_.]` starting and ending alphanumeric.
+pub fn is_label_value(s: &str) -> bool {
+    s.is_empty()
+        || (s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric()))
 }
 
 /// DNS-1123 label: 1-63 of `[a-z0-9-]`, starting and ending alphanumeric.
