@@ -34,6 +34,39 @@ pub enum Command {
     Pack(PackArgs),
     /// List or fetch a run's drained files from the object store.
     Files(crate::files::FilesArgs),
+    /// Print a shell completion script (`source <(sandboxrun-operator completion bash)`).
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The name the binary answers to: `kubectl sandboxrun` when it was installed (or symlinked) as
+/// the kubectl plugin `kubectl-sandboxrun`, else `sandboxrun-operator`.
+pub fn bin_name(argv0: &str) -> &'static str {
+    let file = std::path::Path::new(argv0)
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or_default();
+    if file.starts_with("kubectl-sandboxrun") {
+        "kubectl sandboxrun"
+    } else {
+        "sandboxrun-operator"
+    }
+}
+
+/// The command line, parsed under the name the binary was called by ([`bin_name`]), so usage and
+/// errors read `kubectl sandboxrun files ls …` when kubectl runs it as a plugin.
+fn parse_args() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let argv0 = std::env::args_os()
+        .next()
+        .map(|a| a.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let matches = Cli::command()
+        .bin_name(bin_name(&argv0))
+        .try_get_matches()?;
+    Cli::from_arg_matches(&matches)
 }
 
 /// Log output format.
@@ -306,7 +339,7 @@ pub fn install_crypto_provider() {
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
     install_crypto_provider();
-    let cli = match Cli::try_parse() {
+    let cli = match parse_args() {
         Ok(c) => c,
         Err(e) => {
             let _ = e.print();
@@ -367,6 +400,13 @@ async fn dispatch(command: Command) -> ExitCode {
         }
         Command::Holder(args) => holder(args).await,
         Command::Files(args) => crate::files::run(args).await,
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            let argv0 = std::env::args().next().unwrap_or_default();
+            let name = bin_name(&argv0).replace(' ', "-");
+            clap_complete::generate(shell, &mut Cli::command(), name, &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
         Command::Run(args) => {
             init_tracing(args.log_format, &args.log_level);
             match crate::operator::run(*args).await {
@@ -578,5 +618,29 @@ mod tests {
             other => panic!("parsed as {other:?}"),
         }
         assert!(Cli::try_parse_from(["x", "doctor", "--strict"]).is_err());
+        // The kubectl plugin name and shell completion.
+        assert_eq!(
+            bin_name("/usr/local/bin/kubectl-sandboxrun"),
+            "kubectl sandboxrun"
+        );
+        assert_eq!(bin_name("sandboxrun-operator"), "sandboxrun-operator");
+        for shell in ["bash", "zsh", "fish"] {
+            assert!(matches!(
+                Cli::try_parse_from(["x", "completion", shell]).map(|c| c.command),
+                Ok(Command::Completion { .. })
+            ));
+        }
+        let mut script = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut <Cli as clap::CommandFactory>::command(),
+            "kubectl-sandboxrun",
+            &mut script,
+        );
+        let script = String::from_utf8_lossy(&script);
+        assert!(
+            script.contains("kubectl-sandboxrun") && script.contains("files"),
+            "{script}"
+        );
     }
 }

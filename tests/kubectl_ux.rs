@@ -98,3 +98,33 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
         "{wide}"
     );
 }
+
+/// The binary as a kubectl plugin: on PATH as `kubectl-sandboxrun`, `kubectl sandboxrun …` runs
+/// it and it names itself that way (no cluster needed).
+#[test]
+fn kubectl_runs_the_binary_as_the_sandboxrun_plugin() {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+    let link = dir.path().join("kubectl-sandboxrun");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sandboxrun-operator"), &link)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut cmd = kubectl(&["sandboxrun", "files", "--help"]);
+    cmd.env("PATH", &path);
+    let help = ok(cmd, None);
+    assert!(help.contains("Usage: kubectl sandboxrun files"), "{help}");
+    let mut cmd = kubectl(&["sandboxrun", "completion", "bash"]);
+    cmd.env("PATH", &path);
+    let script = ok(cmd, None);
+    assert!(script.contains("kubectl-sandboxrun"), "{script}");
+    let mut cmd = kubectl(&["sandboxrun", "doctor", "--strict", "-f", "-"]);
+    cmd.env("PATH", &path);
+    let report = ok(
+        cmd,
+        Some(b"apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {name: p}\nspec:\n  image: busybox@sha256:0000000000000000000000000000000000000000000000000000000000000000\n  user: \"1000\"\n"),
+    );
+    assert!(report.contains("all checks passed"), "{report}");
+}
