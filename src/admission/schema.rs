@@ -238,7 +238,7 @@ specs: {}
         assert_eq!(f.len(), 1, "{f:?}");
         assert!(
             f[0].hint
-                .starts_with("remove it; spec knows: activeDeadlineSeconds, args"),
+                .starts_with("remove it; spec knows: activeDeadlineSeconds, affinity, args"),
             "{}",
             f[0].hint
         );
