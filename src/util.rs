@@ -39,6 +39,23 @@ pub fn parse_options(raw: &[String]) -> Result<Vec<(String, String)>, String> {
         .collect()
 }
 
+/// A duration in short words, `kubectl get` style: `45s`, `2m30s`, `1h2m3s` (never negative).
+pub fn short_duration(d: jiff::SignedDuration) -> String {
+    let total = d.as_secs().max(0);
+    let (h, m, s) = (total / 3600, total % 3600 / 60, total % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    if s > 0 || out.is_empty() {
+        out.push_str(&format!("{s}s"));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +78,14 @@ mod tests {
         assert_eq!(short_hash("a"), short_hash("a"));
         assert_ne!(short_hash("a"), short_hash("b"));
         assert_eq!(short_hash("a").len(), 8);
+    }
+
+    #[test]
+    fn short_duration_reads_like_kubectl() {
+        use jiff::SignedDuration as D;
+        assert_eq!(short_duration(D::from_secs(3723)), "1h2m3s");
+        assert_eq!(short_duration(D::from_secs(90)), "1m30s");
+        assert_eq!(short_duration(D::from_secs(0)), "0s");
+        assert_eq!(short_duration(D::from_secs(-5)), "0s");
     }
 }
