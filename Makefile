@@ -22,5 +22,5 @@ cluster-up:
 cluster-down:
 	hack/local-cluster.sh down
 
-bench:       ## benchmarks (ratios against peers), see docs/performance.md
-	hack/bench.sh
+bench:       ## every benchmark in bench/ (or BENCH="webhook_latency drain_memory"), JSON in target/bench-results/
+	hack/bench.sh $(BENCH)
