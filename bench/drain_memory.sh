@@ -22,7 +22,8 @@ run() {
   grep -E '^(drained|refused|VmRSS)' "$log"
   grep -E 'Maximum resident set size|Elapsed \(wall clock\)' "$log" | sed 's/^[[:space:]]*/  /'
   result drain_memory "$label" peak_rss "$(awk -F': ' '/Maximum resident set size/ { print $2 }' "$log")" KiB
-  result drain_memory "$label" wall "$(awk -F'): ' '/Elapsed \(wall clock\)/ { print $2 }' "$log")" "h:mm:ss"
+  result drain_memory "$label" wall "$(awk -F'): ' '/Elapsed \(wall clock\)/ {
+    n = split($2, t, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + t[i]; print s }' "$log")" s
   result drain_memory "$label" outcome "$(grep -m1 -E '^(drained|refused)' "$log")" ""
   rm -f "$log"
 }

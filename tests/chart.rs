@@ -721,16 +721,7 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
     runs.delete("held", &DeleteParams::default())
         .await
         .expect("delete the run");
-    eventually_or_log(
-        "the run's deletion to complete",
-        Duration::from_secs(90),
-        &op,
-        || {
-            let runs = runs.clone();
-            async move { runs.get_opt("held").await.ok()?.is_none().then_some(()) }
-        },
-    )
-    .await;
+    wait_gone(&runs, "held", &op, Duration::from_secs(90)).await;
     let (store, prefix) =
         sandboxrun_operator::store::store_from_url(&store_url, &[]).expect("the store");
     let manifests =

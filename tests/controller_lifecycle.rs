@@ -254,11 +254,7 @@ async fn deleting_a_run_drains_it_before_the_finalizer_lets_go() {
     runs.delete("gone", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually_or_log("run deleted", Duration::from_secs(90), &op, || {
-        let runs = runs.clone();
-        async move { runs.get_opt("gone").await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    wait_gone(&runs, "gone", &op, Duration::from_secs(90)).await;
     let (store, prefix) = sandboxrun_operator::store::store_from_url(&store_url, &[]).unwrap();
     let manifests = list_manifests(&store, &prefix, &ns.name, "gone")
         .await
@@ -291,11 +287,7 @@ async fn foreground_deletion_drains_in_the_holder_grace_window() {
     runs.delete("fg", &DeleteParams::foreground())
         .await
         .expect("foreground delete");
-    eventually_or_log("run deleted", Duration::from_secs(120), &op, || {
-        let runs = runs.clone();
-        async move { runs.get_opt("fg").await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    wait_gone(&runs, "fg", &op, Duration::from_secs(120)).await;
     let (store, prefix) = sandboxrun_operator::store::store_from_url(&store_url, &[]).unwrap();
     let manifests = list_manifests(&store, &prefix, &ns.name, "fg")
         .await
@@ -363,17 +355,14 @@ async fn a_pod_deleted_out_from_under_a_run_is_reported_as_a_drain_failure() {
         (drained.status.as_str(), drained.reason.as_str()),
         ("False", "DrainFailed")
     );
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    let found = eventually("the drain_failed Event", Duration::from_secs(30), || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("sandbox_runfiles_drain_failed"))
-        }
-    })
+    let found = wait_event(
+        &client,
+        &ns.name,
+        None,
+        "sandbox_runfiles_drain_failed",
+        Duration::from_secs(30),
+        &op,
+    )
     .await;
     assert_eq!(found.type_.as_deref(), Some("Warning"));
 }
@@ -487,24 +476,15 @@ async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_w
     )
     .await;
     assert_eq!(run.status.unwrap().phase, Some(Phase::Pending));
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
     // One PodStuck Event names the cause, and is related to the pod.
-    let stuck = eventually("PodStuck Event", Duration::from_secs(30), || {
-        let events = events.clone();
-        async move {
-            events
-                .list(&Default::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some("PodStuck")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("nowhere")
-                })
-        }
-    })
+    let stuck = wait_event(
+        &client,
+        &ns.name,
+        Some("nowhere"),
+        "PodStuck",
+        Duration::from_secs(30),
+        &op,
+    )
     .await;
     assert_eq!(stuck.type_.as_deref(), Some("Warning"));
     assert!(
@@ -520,27 +500,6 @@ async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_w
         (related.kind.as_deref(), related.name.as_deref()),
         (Some("Pod"), Some(pod::pod_name("nowhere").as_str()))
     );
-}
-
-/// Events of `ns` with `reason` about the object named `name`.
-async fn events_of(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-    reason: &str,
-) -> Vec<k8s_openapi::api::events::v1::Event> {
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
-    events
-        .list(&Default::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some(reason)
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-        })
-        .collect()
 }
 
 /// `text` without the terminal colour codes of the operator's text log.

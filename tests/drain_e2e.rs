@@ -901,17 +901,14 @@ async fn a_path_over_its_cap_drops_one_member_and_keeps_the_rest() {
     }
     assert!(!got.contains_key("b.bin"));
 
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    let ev = eventually("the readback_capped Event", Duration::from_secs(30), || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("sandbox_runfiles_readback_capped"))
-        }
-    })
+    let ev = wait_event(
+        &client,
+        &ns.name,
+        None,
+        "sandbox_runfiles_readback_capped",
+        Duration::from_secs(30),
+        &op,
+    )
     .await;
     assert!(ev.note.unwrap_or_default().contains("1 member(s) dropped"));
 }
@@ -1007,17 +1004,14 @@ async fn a_huge_sparse_file_is_dropped_in_the_pod_and_the_small_result_is_kept_i
     assert_eq!(std::fs::read(extracted.join("result.txt")).unwrap(), result);
     assert!(!extracted.join("huge.bin").exists());
 
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    let ev = eventually("the readback_capped Event", Duration::from_secs(30), || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("sandbox_runfiles_readback_capped"))
-        }
-    })
+    let ev = wait_event(
+        &client,
+        &ns.name,
+        None,
+        "sandbox_runfiles_readback_capped",
+        Duration::from_secs(30),
+        &op,
+    )
     .await;
     assert!(ev.note.unwrap_or_default().contains("1 member(s) dropped"));
 }
@@ -1142,16 +1136,7 @@ async fn an_s3_outage_that_lasts_fails_the_drain_loudly_and_never_blocks_deletio
 
     // The deleted run goes away once its drain has failed (drainTimeout 15s), never stuck on the
     // finalizer.
-    eventually_or_log(
-        "the deleted run to disappear",
-        Duration::from_secs(75),
-        &op,
-        || {
-            let runs = runs.clone();
-            async move { runs.get_opt("deleted").await.ok()?.is_none().then_some(()) }
-        },
-    )
-    .await;
+    wait_gone(&runs, "deleted", &op, Duration::from_secs(75)).await;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -226,25 +226,15 @@ async fn the_deadline_tears_down_and_skip_drain_releases_at_once() {
     runs.delete("skipped", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("skipped run gone", Duration::from_secs(30), || {
-        let runs = runs.clone();
-        async move { runs.get_opt("skipped").await.ok()?.is_none().then_some(()) }
-    })
-    .await;
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    let ev = eventually("DrainSkipped Event", Duration::from_secs(20), || {
-        let events = events.clone();
-        async move {
-            events
-                .list(&Default::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("DrainSkipped"))
-        }
-    })
+    wait_gone(&runs, "skipped", &op, Duration::from_secs(30)).await;
+    let ev = wait_event(
+        &client,
+        &ns.name,
+        None,
+        "DrainSkipped",
+        Duration::from_secs(20),
+        &op,
+    )
     .await;
     assert!(ev.note.unwrap_or_default().contains("NOT drained"));
 }

@@ -259,15 +259,8 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
     })
     .await;
     finish_workload(&pods, &pod_of(&r), 0).await;
-    let what = format!(
-        "expires deleted by the operator under the chart's rules; log:\n{}",
-        op.log.display()
-    );
-    eventually(&what, Duration::from_secs(90), || {
-        let runs = runs.clone();
-        async move { runs.get_opt("expires").await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    // Deleted by the operator under the chart's rules.
+    wait_gone(&runs, "expires", &op, Duration::from_secs(90)).await;
 
     // 2. Without pods/exec: the drain is Forbidden, and says so.
     for name in &cr_names {

@@ -1078,24 +1078,14 @@ async fn a_run_mounting_a_missing_config_map_is_shown_stuck_with_the_kubelets_fa
     );
     assert_eq!(status.message.as_deref(), Some(ready.message.as_str()));
 
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    let stuck = || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .expect("list events")
-            .items
-            .into_iter()
-            .filter(|e| {
-                e.reason.as_deref() == Some("PodStuck")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("stuck")
-            })
-            .collect::<Vec<_>>()
-    };
-    let first = eventually("the PodStuck Event", Duration::from_secs(30), || async {
-        stuck().await.into_iter().next()
-    })
+    let first = wait_event(
+        &client,
+        &ns.name,
+        Some("stuck"),
+        "PodStuck",
+        Duration::from_secs(30),
+        &op,
+    )
     .await;
     assert_eq!(first.type_.as_deref(), Some("Warning"));
     let note = first.note.clone().unwrap_or_default();
@@ -1111,7 +1101,7 @@ async fn a_run_mounting_a_missing_config_map_is_shown_stuck_with_the_kubelets_fa
     // Told once: the operator looks at the pending pod again (every 5 s and more) and the
     // kubelet repeats FailedMount, but the cause is the same, so no second Event, no series.
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let all = stuck().await;
+    let all = events_of(&client, &ns.name, "stuck", "PodStuck").await;
     assert_eq!(all.len(), 1, "{all:?}");
     assert!(all[0].series.is_none(), "published again: {:?}", all[0]);
 }

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -49,16 +48,6 @@ async fn wait_fields_served(api: &Api<SandboxRun>, out: &Path) {
     .await;
 }
 
-async fn wait_gone(api: &Api<SandboxRun>, name: &str, op: &Operator) {
-    let what = format!("{name} to be deleted");
-    eventually_or_log(&what, Duration::from_secs(90), op, || {
-        let api = api.clone();
-        let name = name.to_string();
-        async move { api.get_opt(&name).await.ok()?.is_none().then_some(()) }
-    })
-    .await;
-}
-
 /// Runs `name` until its workload exits 0 and its drain settled (phase Succeeded).
 async fn run_to_success(
     runs: &Api<SandboxRun>,
@@ -70,23 +59,6 @@ async fn run_to_success(
     create(runs, name, spec).await;
     run_then_finish(runs, pods, name, op).await;
     wait_phase(runs, name, Phase::Succeeded, op).await
-}
-
-/// The Event with `reason` about run `name`, once it exists.
-async fn event(client: &kube::Client, ns: &str, name: &str, reason: &str, op: &Operator) -> Event {
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    let what = format!("a {reason} Event about {name}");
-    eventually_or_log(&what, Duration::from_secs(60), op, || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items.into_iter().find(|e| {
-                e.reason.as_deref() == Some(reason)
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-            })
-        }
-    })
-    .await
 }
 
 async fn keys_under(store: &Arc<dyn ObjectStore>, dir: &object_store::path::Path) -> Vec<String> {
@@ -139,8 +111,16 @@ async fn a_finished_run_with_a_ttl_is_deleted_and_keeps_its_files_while_one_with
         "the CRD keeps the field"
     );
 
-    wait_gone(&runs, "short", &op).await;
-    let expired = event(&client, &ns.name, "short", "TTLExpired", &op).await;
+    wait_gone(&runs, "short", &op, PHASE_TIMEOUT).await;
+    let expired = wait_event(
+        &client,
+        &ns.name,
+        Some("short"),
+        "TTLExpired",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
     assert_eq!(expired.type_.as_deref(), Some("Normal"));
     assert!(
         expired
@@ -166,7 +146,7 @@ async fn a_finished_run_with_a_ttl_is_deleted_and_keeps_its_files_while_one_with
     runs.delete("stays", &DeleteParams::default())
         .await
         .unwrap();
-    wait_gone(&runs, "stays", &op).await;
+    wait_gone(&runs, "stays", &op, PHASE_TIMEOUT).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -217,8 +197,8 @@ async fn retention_delete_removes_only_the_runs_own_objects_from_s3_and_retain_k
 
     runs.delete("a", &DeleteParams::default()).await.unwrap();
     runs.delete("ab", &DeleteParams::default()).await.unwrap();
-    wait_gone(&runs, "a", &op).await;
-    wait_gone(&runs, "ab", &op).await;
+    wait_gone(&runs, "a", &op, PHASE_TIMEOUT).await;
+    wait_gone(&runs, "ab", &op, PHASE_TIMEOUT).await;
 
     assert_eq!(
         keys_under(&store, &a_dir).await,
@@ -230,7 +210,15 @@ async fn retention_delete_removes_only_the_runs_own_objects_from_s3_and_retain_k
         ab_keys,
         "the default retention (Retain) keeps every object"
     );
-    let deleted = event(&client, &ns.name, "a", "ArchivesDeleted", &op).await;
+    let deleted = wait_event(
+        &client,
+        &ns.name,
+        Some("a"),
+        "ArchivesDeleted",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
     assert_eq!(deleted.type_.as_deref(), Some("Normal"));
     assert!(
         deleted
@@ -272,10 +260,18 @@ async fn a_running_run_with_retention_delete_is_drained_then_its_files_deleted_o
     );
 
     runs.delete("live", &DeleteParams::default()).await.unwrap();
-    wait_gone(&runs, "live", &op).await;
+    wait_gone(&runs, "live", &op, PHASE_TIMEOUT).await;
     // The drain stored archive + manifest (the Drained Event says so), then the finalizer deleted
     // both before letting go.
-    let drained = event(&client, &ns.name, "live", "Drained", &op).await;
+    let drained = wait_event(
+        &client,
+        &ns.name,
+        Some("live"),
+        "Drained",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
     assert!(
         drained
             .note
@@ -283,7 +279,15 @@ async fn a_running_run_with_retention_delete_is_drained_then_its_files_deleted_o
             .is_some_and(|n| n.contains("Drained")),
         "{drained:?}"
     );
-    let deleted = event(&client, &ns.name, "live", "ArchivesDeleted", &op).await;
+    let deleted = wait_event(
+        &client,
+        &ns.name,
+        Some("live"),
+        "ArchivesDeleted",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
     assert!(
         deleted
             .note
@@ -336,11 +340,27 @@ async fn a_store_that_refuses_deletes_warns_and_still_releases_the_run_after_the
     runs.delete("refused", &DeleteParams::default())
         .await
         .unwrap();
-    let failed = event(&client, &ns.name, "refused", "ArchiveDeleteFailed", &op).await;
+    let failed = wait_event(
+        &client,
+        &ns.name,
+        Some("refused"),
+        "ArchiveDeleteFailed",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
     assert_eq!(failed.type_.as_deref(), Some("Warning"));
     // Bounded by the drain timeout (8s): the run is released, with the files left in place.
-    wait_gone(&runs, "refused", &op).await;
-    let abandoned = event(&client, &ns.name, "refused", "ArchiveDeleteAbandoned", &op).await;
+    wait_gone(&runs, "refused", &op, PHASE_TIMEOUT).await;
+    let abandoned = wait_event(
+        &client,
+        &ns.name,
+        Some("refused"),
+        "ArchiveDeleteAbandoned",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
     assert_eq!(abandoned.type_.as_deref(), Some("Warning"));
     assert_eq!(
         keys_under(&store, &dir).await,

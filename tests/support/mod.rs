@@ -10,6 +10,7 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod corpus;
+pub mod events;
 pub mod operator;
 pub mod ports;
 pub mod runs;
@@ -21,6 +22,7 @@ pub mod wait;
 pub mod webhooks;
 
 pub use corpus::*;
+pub use events::*;
 pub use operator::{Operator, OperatorBuilder};
 pub use ports::free_port;
 pub use runs::*;

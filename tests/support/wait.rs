@@ -122,3 +122,14 @@ pub async fn wait_final(
 pub fn phase(run: &SandboxRun) -> Option<Phase> {
     run.status.as_ref().and_then(|s| s.phase)
 }
+
+/// Waits (up to `timeout`) until the object `name` of `api` no longer exists.
+pub async fn wait_gone<K>(api: &Api<K>, name: &str, op: &Operator, timeout: Duration)
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    eventually_or_log(&format!("{name} to be gone"), timeout, op, || async {
+        api.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await
+}
