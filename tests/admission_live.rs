@@ -312,8 +312,7 @@ impl LiveWebhook {
 
 /// The operator binary watching `watched`, with `flags` (`--name value` pairs).
 fn start_operator(watched: &str, store_url: &str, flags: &[String]) -> Operator {
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    Operator::builder(watched, store_url).flags(&flags).start()
+    Operator::builder(watched, store_url).flags(flags).start()
 }
 
 fn dry_run() -> PostParams {

@@ -79,10 +79,10 @@ async fn an_attempt_cancelled_by_the_drain_timeout_leaves_no_open_multipart_uplo
     let s3 = PrivateS3::new("orphan");
     let bin = host_dir("orphan-bin");
     let pack = format!("{} ", scripted_packer(&bin).display());
-    let mut flags = store_flags(&s3.options());
-    flags.extend(["--pack-command".to_string(), pack]);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let op = Operator::builder(&ns.name, &s3.url()).flags(&flags).start();
+    let op = Operator::builder(&ns.name, &s3.url())
+        .store_options(&s3.options())
+        .flags(&["--pack-command", &pack])
+        .start();
 
     // 12 MiB of a 64 MiB member, then the packer stalls: the archive is past its first 5 MiB
     // part, so it is a multipart upload with parts in the bucket when the drain timeout fires.
@@ -313,10 +313,10 @@ async fn a_manifest_put_whose_response_is_lost_is_recognized_not_redone() {
     let proxy = ManifestPutCutter::start(s3.port, Duration::from_secs(60)).await;
     let bin = host_dir("lostput-bin");
     let pack = format!("{} ", scripted_packer(&bin).display());
-    let mut flags = store_flags(&s3.options_via(&format!("http://127.0.0.1:{}", proxy.port)));
-    flags.extend(["--pack-command".to_string(), pack]);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let op = Operator::builder(&ns.name, &s3.url()).flags(&flags).start();
+    let op = Operator::builder(&ns.name, &s3.url())
+        .store_options(&s3.options_via(&format!("http://127.0.0.1:{}", proxy.port)))
+        .flags(&["--pack-command", &pack])
+        .start();
 
     let out = host_dir("lostput");
     std::fs::write(out.join(".mode"), "nonce").expect("mode");
@@ -355,9 +355,9 @@ async fn a_leader_that_loses_its_lease_mid_drain_stops_and_the_next_one_commits_
     let pack = format!("{} ", scripted_packer(&bin).display());
     let lease = format!("lease-{}", ns.name);
     let start = |identity: &str| {
-        let mut flags = store_flags(&s3.options());
-        flags.extend(
-            [
+        Operator::builder(&ns.name, &s3.url())
+            .store_options(&s3.options())
+            .flags(&[
                 "--pack-command",
                 &pack,
                 "--leader-elect",
@@ -367,11 +367,8 @@ async fn a_leader_that_loses_its_lease_mid_drain_stops_and_the_next_one_commits_
                 &ns.name,
                 "--pod-name",
                 identity,
-            ]
-            .map(str::to_string),
-        );
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        Operator::builder(&ns.name, &s3.url()).flags(&flags).start()
+            ])
+            .start()
     };
     let mut first = start("first");
     eventually_or_log(

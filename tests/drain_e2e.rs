@@ -78,8 +78,9 @@ async fn drain_tree_and_verify(
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, tag).await;
-    let flags = store_flags(&options);
-    let op = Operator::builder(&ns.name, store_url).flags(&flags).start();
+    let op = Operator::builder(&ns.name, store_url)
+        .store_options(&options)
+        .start();
     let src = host_dir(tag);
     let _remove_src = RemoveOnDrop(src.clone());
     make_tree(&src, 2000, big);
@@ -1026,8 +1027,9 @@ async fn an_s3_outage_during_the_drain_is_retried_until_the_path_is_drained() {
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "s3-back").await;
     let mut s3 = PrivateS3::new("back");
-    let flags = store_flags(&s3.options());
-    let op = Operator::builder(&ns.name, &s3.url()).flags(&flags).start();
+    let op = Operator::builder(&ns.name, &s3.url())
+        .store_options(&s3.options())
+        .start();
     let out = host_dir("s3-back");
     make_tree(&out, 50, 8 * MIB);
     let want = snapshot(&out);
@@ -1081,8 +1083,9 @@ async fn an_s3_outage_that_lasts_fails_the_drain_loudly_and_never_blocks_deletio
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "s3-down").await;
     let mut s3 = PrivateS3::new("down");
-    let flags = store_flags(&s3.options());
-    let op = Operator::builder(&ns.name, &s3.url()).flags(&flags).start();
+    let op = Operator::builder(&ns.name, &s3.url())
+        .store_options(&s3.options())
+        .start();
     let out = host_dir("s3-down");
     std::fs::write(out.join("result.json"), b"{\"ok\":true}\n").unwrap();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);

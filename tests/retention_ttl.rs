@@ -158,9 +158,8 @@ async fn retention_delete_removes_only_the_runs_own_objects_from_s3_and_retain_k
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "ret").await;
-    let flags = store_flags(&options);
     let op = Operator::builder(&ns.name, &store_url)
-        .flags(&flags)
+        .store_options(&options)
         .start();
     let out = host_dir("out");
     std::fs::write(out.join("result.txt"), b"to be deleted or kept\n").unwrap();
@@ -308,10 +307,9 @@ async fn a_store_that_refuses_deletes_warns_and_still_releases_the_run_after_the
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "refuse").await;
     // Retention comes from the operator-wide default here (the run does not set it).
-    let mut flags = store_flags(&options);
-    flags.extend(["--default-retention".to_string(), "Delete".to_string()]);
     let mut op = Operator::builder(&ns.name, &store_url)
-        .flags(&flags)
+        .store_options(&options)
+        .flags(&["--default-retention", "Delete"])
         .start();
     let out = host_dir("out");
     std::fs::write(out.join("result.txt"), b"stays behind\n").unwrap();
@@ -334,9 +332,10 @@ async fn a_store_that_refuses_deletes_warns_and_still_releases_the_run_after_the
 
     // The same operator, now with credentials the store refuses.
     op.kill();
-    let mut bad = store_flags(&s3.options_with_secret("not-the-secret"));
-    bad.extend(["--default-retention".to_string(), "Delete".to_string()]);
-    let op = Operator::builder(&ns.name, &store_url).flags(&bad).start();
+    let op = Operator::builder(&ns.name, &store_url)
+        .store_options(&s3.options_with_secret("not-the-secret"))
+        .flags(&["--default-retention", "Delete"])
+        .start();
     runs.delete("refused", &DeleteParams::default())
         .await
         .unwrap();

@@ -269,10 +269,8 @@ async fn round_trip(tag: &str, writer: &StoreSpec, store: &StoreSpec, copy_to_gc
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, &format!("be-{tag}")).await;
-    let flags = store_flags(&writer.options);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let op = Operator::builder(&ns.name, &writer.url)
-        .flags(&flags)
+        .store_options(&writer.options)
         .start();
     let src = host_dir(&format!("be-{tag}"));
     let _remove_src = RemoveOnDrop(src.clone());
@@ -596,10 +594,8 @@ async fn an_azure_outage_mid_upload_is_retried_and_leaves_no_uncommitted_blocks(
         &key_prefix_text,
         None,
     );
-    let flags = store_flags(&via_proxy.options);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let op = Operator::builder(&ns.name, &via_proxy.url)
-        .flags(&flags)
+        .store_options(&via_proxy.options)
         .start();
     let src = host_dir("be-az-outage");
     let _remove_src = RemoveOnDrop(src.clone());
@@ -730,10 +726,8 @@ async fn a_wrong_credential_fails_the_path_at_once(backend: Backend, wrong: &str
     let tag = format!("{backend:?}").to_lowercase();
     let ns = TestNamespace::new(&client, &format!("be-{tag}-cred")).await;
     let store = store_spec(backend, &server_addr(backend), &prefix(&tag), Some(wrong));
-    let flags = store_flags(&store.options);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let op = Operator::builder(&ns.name, &store.url)
-        .flags(&flags)
+        .store_options(&store.options)
         .start();
     let src = host_dir(&format!("be-{tag}-cred"));
     let _remove_src = RemoveOnDrop(src.clone());

@@ -228,9 +228,9 @@ async fn an_upload_left_open_by_a_killed_attempt_is_aborted_before_the_next_atte
     let ns = TestNamespace::new(&client, "openup").await;
     let prefix = random_prefix("ou");
     let url = s3.store_url(&prefix);
-    let flags = store_flags(&s3.options);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let op = Operator::builder(&ns.name, &url).flags(&flags).start();
+    let op = Operator::builder(&ns.name, &url)
+        .store_options(&s3.options)
+        .start();
     let src = host_dir("openup");
     let _remove = RemoveOnDrop(src.clone());
     std::fs::write(src.join("result.txt"), "42\n").expect("write");
@@ -305,13 +305,11 @@ async fn an_attempt_cancelled_by_its_timeout_leaves_no_open_upload_in_the_server
     let url = s3.store_url(&prefix);
     let bin = host_dir("openup-bin");
     let _remove_bin = RemoveOnDrop(bin.clone());
-    let mut flags = store_flags(&s3.options);
-    flags.extend([
-        "--pack-command".to_string(),
-        format!("{} ", hanging_packer(&bin).display()),
-    ]);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let op = Operator::builder(&ns.name, &url).flags(&flags).start();
+    let pack = format!("{} ", hanging_packer(&bin).display());
+    let op = Operator::builder(&ns.name, &url)
+        .store_options(&s3.options)
+        .flags(&["--pack-command", &pack])
+        .start();
 
     // 12 MiB of a 64 MiB member, then the packer stalls: past its first 5 MiB part, the archive
     // is a multipart upload with parts in the bucket when the drain timeout fires.

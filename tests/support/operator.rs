@@ -74,6 +74,12 @@ impl OperatorBuilder {
         self
     }
 
+    /// `options` as `--store-option key=value` flags (the store's endpoint, credentials, …).
+    pub fn store_options(self, options: &[(String, String)]) -> Self {
+        let flags = super::store::store_flags(options);
+        self.flags(&flags)
+    }
+
     /// Talks to the apiserver through `kubeconfig` (e.g. a ServiceAccount's token) instead of the
     /// test bed's admin credentials.
     pub fn kubeconfig(mut self, kubeconfig: &Path) -> Self {
