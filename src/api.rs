@@ -408,6 +408,30 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase, in the order of a run's life.
+    pub const ALL: [Phase; 6] = [
+        Phase::Pending,
+        Phase::Running,
+        Phase::Draining,
+        Phase::Succeeded,
+        Phase::Failed,
+        Phase::Stopped,
+    ];
+
+    /// The phase as `status.phase` spells it, and as the `phase` label of `sandboxrun_runs`
+    /// (docs/operations.md "Metrics"). Written out, never the `Debug` text, so renaming a
+    /// variant cannot rename a label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Running => "Running",
+            Phase::Draining => "Draining",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+            Phase::Stopped => "Stopped",
+        }
+    }
+
     /// Whether the run is over.
     pub fn is_final(self) -> bool {
         matches!(self, Phase::Succeeded | Phase::Failed | Phase::Stopped)
@@ -469,6 +493,29 @@ pub enum ReadBackPhase {
     Failed,
 }
 
+impl ReadBackPhase {
+    /// Every phase of a path.
+    pub const ALL: [ReadBackPhase; 5] = [
+        ReadBackPhase::Pending,
+        ReadBackPhase::Drained,
+        ReadBackPhase::Empty,
+        ReadBackPhase::Capped,
+        ReadBackPhase::Failed,
+    ];
+
+    /// The phase as `status.readBack[].phase` spells it, in Event notes, and as the `phase` label
+    /// of the drain metrics (docs/operations.md "Metrics"). Written out, never the `Debug` text.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReadBackPhase::Pending => "Pending",
+            ReadBackPhase::Drained => "Drained",
+            ReadBackPhase::Empty => "Empty",
+            ReadBackPhase::Capped => "Capped",
+            ReadBackPhase::Failed => "Failed",
+        }
+    }
+}
+
 impl SandboxRunSpec {
     /// The declared read-back paths, in declaration order.
     pub fn read_back_paths(&self) -> &[ReadBackPath] {
@@ -507,6 +554,16 @@ pub fn parse_user(user: &str) -> Option<(i64, Option<i64>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn phase_names_are_the_serialized_ones() {
+        for p in Phase::ALL {
+            assert_eq!(serde_json::to_value(p).unwrap(), p.as_str(), "{p:?}");
+        }
+        for p in ReadBackPhase::ALL {
+            assert_eq!(serde_json::to_value(p).unwrap(), p.as_str(), "{p:?}");
+        }
+    }
     use kube::CustomResourceExt;
 
     #[test]

@@ -6,7 +6,7 @@ pub const MIB: u64 = 1024 * 1024;
 pub const GIB: u64 = 1024 * MIB;
 
 /// Default of `run --image-pull-timeout`: how long a retryable image-pull error may last before
-/// the run is failed (see `reconcile::DecideSettings`).
+/// the run is failed (see `controller::decide::DecideSettings`).
 pub const DEFAULT_IMAGE_PULL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5 * 60);
 
 /// The read-back cap bounds (ADR-143 "Unbounded size"): a path's `sizeLimit`, else `default_bytes`,

@@ -14,10 +14,10 @@ use thiserror::Error;
 use tracing::{info, warn};
 
 use crate::cli::{self, RunArgs};
+use crate::controller::decide::DecideSettings;
 use crate::controller::{self, Context};
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
-use crate::reconcile::DecideSettings;
 
 /// Why the operator stopped.
 #[derive(Debug, Error)]
