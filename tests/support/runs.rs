@@ -54,7 +54,7 @@ pub fn spec(paths: &[&Path]) -> Spec {
 }
 
 impl Spec {
-    fn read_back(&mut self) -> &mut ReadBack {
+    fn read_back_mut(&mut self) -> &mut ReadBack {
         self.0.read_back.get_or_insert_with(ReadBack::default)
     }
 
@@ -83,13 +83,13 @@ impl Spec {
 
     /// `readBack.drainTimeout`.
     pub fn drain_timeout(mut self, timeout: &str) -> Spec {
-        self.read_back().drain_timeout = Some(timeout.into());
+        self.read_back_mut().drain_timeout = Some(timeout.into());
         self
     }
 
     /// `sizeLimit` of every path.
     pub fn size_limit(mut self, limit: &str) -> Spec {
-        for p in &mut self.read_back().paths {
+        for p in &mut self.read_back_mut().paths {
             p.size_limit = Some(Quantity(limit.to_string()));
         }
         self
@@ -97,19 +97,19 @@ impl Spec {
 
     /// `sizeLimit` of the `i`th path only.
     pub fn size_limit_of(mut self, i: usize, limit: &str) -> Spec {
-        self.read_back().paths[i].size_limit = Some(Quantity(limit.to_string()));
+        self.read_back_mut().paths[i].size_limit = Some(Quantity(limit.to_string()));
         self
     }
 
     /// `readBack.compression`.
     pub fn compression(mut self, compression: Compression) -> Spec {
-        self.read_back().compression = compression;
+        self.read_back_mut().compression = compression;
         self
     }
 
     /// `readBack.retention`.
     pub fn retention(mut self, retention: Option<Retention>) -> Spec {
-        self.read_back().retention = retention;
+        self.read_back_mut().retention = retention;
         self
     }
 
