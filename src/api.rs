@@ -313,6 +313,16 @@ pub enum Compression {
 }
 
 impl Compression {
+    /// The name as the spec writes it (`none`, `gzip`, `zstd`): also the `compression` label of
+    /// the drained-bytes metric, so renaming a variant cannot silently change it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Zstd => "zstd",
+        }
+    }
+
     /// File extension of an archive with this compression.
     pub fn extension(self) -> &'static str {
         match self {
@@ -469,6 +479,20 @@ pub enum ReadBackPhase {
     Failed,
 }
 
+impl ReadBackPhase {
+    /// The name as the status writes it: also the `phase` label of the drain metrics, so renaming
+    /// a variant cannot silently change it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReadBackPhase::Pending => "Pending",
+            ReadBackPhase::Drained => "Drained",
+            ReadBackPhase::Empty => "Empty",
+            ReadBackPhase::Capped => "Capped",
+            ReadBackPhase::Failed => "Failed",
+        }
+    }
+}
+
 impl SandboxRunSpec {
     /// The declared read-back paths, in declaration order.
     pub fn read_back_paths(&self) -> &[ReadBackPath] {
@@ -507,6 +531,22 @@ pub fn parse_user(user: &str) -> Option<(i64, Option<i64>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn label_names_are_the_serialized_names() {
+        for p in [
+            ReadBackPhase::Pending,
+            ReadBackPhase::Drained,
+            ReadBackPhase::Empty,
+            ReadBackPhase::Capped,
+            ReadBackPhase::Failed,
+        ] {
+            assert_eq!(serde_json::to_value(p).unwrap(), p.as_str());
+        }
+        for c in [Compression::None, Compression::Gzip, Compression::Zstd] {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
+        }
+    }
     use kube::CustomResourceExt;
 
     #[test]

@@ -22,8 +22,9 @@ use tracing::{info, warn};
 use crate::api::{
     Phase, ReadBackPhase, ReadBackStatus, Retention, SandboxRun, SandboxRunStatus, FINALIZER,
 };
-use crate::config::CapSettings;
-use crate::drain::run::{drain_path, PathJob};
+use crate::caps::CapSettings;
+use crate::drain::path_drain::{drain_path, PathJob};
+use crate::inpod::holder::HolderCommand;
 use crate::metrics::Metrics;
 use crate::pod::{self, PodSettings};
 use crate::reconcile::{
@@ -258,8 +259,7 @@ pub async fn run(
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let mut streams = Vec::new();
     for (runs, pods) in scopes {
-        let pods_cfg =
-            watcher::Config::default().labels("app.kubernetes.io/managed-by=sandboxrun-operator");
+        let pods_cfg = watcher::Config::default().labels(&pod::managed_by_selector());
         let controller = Controller::new(runs, watcher::Config::default())
             .owns(pods, pods_cfg)
             .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
@@ -611,7 +611,7 @@ async fn committed_entries(ctx: &Context, run: &SandboxRun) -> Vec<ReadBackStatu
             compression,
         );
         match crate::store::try_read_manifest(&ctx.store, &keys.manifest).await {
-            Ok(Some(manifest)) => committed.push(crate::drain::run::committed_status(
+            Ok(Some(manifest)) => committed.push(crate::drain::path_drain::committed_status(
                 &declared.path,
                 &manifest,
                 &keys,
@@ -887,7 +887,7 @@ async fn teardown(
             let requested = declared
                 .size_limit
                 .as_ref()
-                .and_then(|q| crate::admission::rules::quantity_to_bytes(q).ok());
+                .and_then(|q| crate::units::quantity_to_bytes(q).ok());
             let job = PathJob {
                 pods,
                 pod_name,
@@ -1074,19 +1074,6 @@ async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Purge {
     }
 }
 
-/// The exec that tells the holder's preStop hook the drain is done: argv.
-fn mark_drained_command() -> Vec<String> {
-    [
-        "sandboxrun-operator",
-        "holder",
-        "--state-dir",
-        pod::HOLDER_STATE_DIR,
-        "--mark-drained",
-    ]
-    .map(str::to_string)
-    .to_vec()
-}
-
 /// The exec that tells the holder's preStop hook the drain is done: streams. kube's client
 /// refuses, before sending anything, an exec with no stream attached (`AttachParams: one of
 /// stdin, stdout, or stderr must be true`), and the marker was then never written (issue #17):
@@ -1105,7 +1092,11 @@ fn mark_drained_params() -> AttachParams {
 /// grace period): a failure is a WARN with the exec's status, never an error.
 async fn mark_drained(pods: &Api<Pod>, pod_name: &str) {
     let mut process = match pods
-        .exec(pod_name, mark_drained_command(), &mark_drained_params())
+        .exec(
+            pod_name,
+            HolderCommand::MarkDrained.argv(),
+            &mark_drained_params(),
+        )
         .await
     {
         Ok(p) => p,
@@ -1436,10 +1427,10 @@ mod tests {
 
     #[test]
     fn mark_drained_execs_the_holder_mode_that_writes_the_marker() {
-        let argv = mark_drained_command();
+        let argv = HolderCommand::MarkDrained.argv();
         assert_eq!(argv[0], "sandboxrun-operator");
-        match crate::cli::Cli::try_parse_from(&argv).map(|c| c.command) {
-            Ok(crate::cli::Command::Holder(h)) => {
+        match crate::cmd::Cli::try_parse_from(&argv).map(|c| c.command) {
+            Ok(crate::cmd::Command::Holder(h)) => {
                 assert!(h.mark_drained);
                 assert_eq!(h.wait_drained, None);
                 assert_eq!(h.state_dir, std::path::Path::new(pod::HOLDER_STATE_DIR));

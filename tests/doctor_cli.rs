@@ -2,7 +2,8 @@
 
 use sandboxrun_operator::admission::doctor::{run, DoctorArgs, Output};
 use sandboxrun_operator::admission::RuleSettings;
-use sandboxrun_operator::config::{CapSettings, GIB};
+use sandboxrun_operator::caps::CapSettings;
+use sandboxrun_operator::units::GIB;
 
 const RUN: &str = "apiVersion: sandbox.iterion.io/v1alpha1
 kind: SandboxRun

@@ -24,9 +24,9 @@ use sandboxrun_operator::api::{
     Compression, Phase, ReadBack, ReadBackPath, ReadBackPhase, ReadBackStatus, SandboxRun,
     SandboxRunSpec,
 };
-use sandboxrun_operator::drain::MemberKind;
 use sandboxrun_operator::files::extract_verified;
 use sandboxrun_operator::store::{list_manifests, store_from_url, Manifest};
+use sandboxrun_operator::tar::sanitize::MemberKind;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -890,8 +890,10 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
                 let mut listing = Vec::new();
                 let args = sandboxrun_operator::files::FilesArgs {
                     command: sandboxrun_operator::files::FilesCommand::Ls { run: name.into() },
-                    store_url: store_url.clone(),
-                    store_options: Vec::new(),
+                    store: sandboxrun_operator::store::StoreArgs {
+                        store_url: store_url.clone(),
+                        store_options: Vec::new(),
+                    },
                     namespace: ns.name.clone(),
                     uid: None,
                 };

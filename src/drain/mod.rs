@@ -2,19 +2,14 @@
 //! sanitized, metered against the path's cap, re-emitted (optionally compressed) and streamed into
 //! object storage, then committed by a create-only manifest.
 //!
-//! - [`sanitize`]: pure verdict on one tar entry (unsafe paths, links, devices…).
-//! - [`cap`]: pure cap meter (a dropped member and the rest of the run).
+//! - [`crate::tar::sanitize`]: pure verdict on one tar entry (unsafe paths, links, devices…).
+//! - [`crate::caps`]: pure cap meter (a dropped member and the rest of the run).
 //! - [`archive`]: the streaming pipeline and its upload into the store.
 
 pub mod archive;
-pub mod cap;
 pub mod exec;
-pub mod run;
-pub mod sanitize;
+pub mod path_drain;
 
 pub use archive::{
-    drain_into_store, drain_stream, DrainError, DrainErrorKind, DrainOptions, DrainOutcome,
-    DroppedRecord, MemberRecord, Progress, RejectedRecord,
+    drain_into_store, drain_stream, DrainError, DrainErrorKind, DrainOptions, Progress,
 };
-pub use cap::{Admit, CapMeter};
-pub use sanitize::{Decision, MemberKind, Reason, Sanitizer};
