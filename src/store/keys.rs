@@ -1,11 +1,12 @@
-//! Where one run's archives and manifests live (docs/contract.md, "Object layout").
+//! Where one run's archives and manifests live (docs/contract.md §3; drawn in docs/architecture.md).
 
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};
 
-use super::MANIFEST_SUFFIX;
 use crate::api::Compression;
 
+/// Suffix of manifest objects.
+pub const MANIFEST_SUFFIX: &str = ".manifest.json";
 /// Longest path slug in a key.
 pub const MAX_SLUG_BYTES: usize = 64;
 

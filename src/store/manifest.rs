@@ -9,14 +9,13 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
-use super::{run_prefix, ObjectKeys, RunRef, StoreError};
+use super::keys::{run_prefix, ObjectKeys, RunRef, MANIFEST_SUFFIX};
+use super::StoreError;
 use crate::api::{Compression, ReadBackPhase};
 use crate::tar::sanitize::{MemberKind, Reason};
 
 /// Version of the manifest layout; bumped on any incompatible change.
 pub const MANIFEST_SCHEMA_VERSION: u32 = 1;
-/// Suffix of manifest objects.
-pub const MANIFEST_SUFFIX: &str = ".manifest.json";
 
 /// What the drain caller knows about the path being drained.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -25,11 +25,14 @@ pub mod upload;
 pub mod upload_guard;
 
 pub use config::{parse_options, store_from_url, StoreArgs, StoreConfig};
-pub use keys::{object_keys, path_slug, run_dir, run_prefix, ObjectKeys, RunRef, MAX_SLUG_BYTES};
+pub use keys::{
+    object_keys, path_slug, run_dir, run_prefix, ObjectKeys, RunRef, MANIFEST_SUFFIX,
+    MAX_SLUG_BYTES,
+};
 pub use manifest::{
     list_manifests, read_manifest, try_read_manifest, write_manifest, DrainOutcome, DroppedRecord,
     Manifest, ManifestContext, ManifestWrite, MemberRecord, RejectedRecord, Stored, Totals,
-    MANIFEST_SCHEMA_VERSION, MANIFEST_SUFFIX,
+    MANIFEST_SCHEMA_VERSION,
 };
 pub use upload::{
     archive_writer, part_size, ArchiveWriter, MAX_PARTS, MIN_PART_BYTES, UPLOAD_CONCURRENCY,
