@@ -780,19 +780,9 @@ impl<W: AsyncWrite + Unpin + Send> Pipeline<'_, W> {
         let link = record.link_target.as_deref().map(str::as_bytes);
         let pax = ustar::fill(header.as_mut_bytes(), &path, link, size);
         if !pax.is_empty() {
-            let mut x = tokio_tar::Header::new_ustar();
-            x.set_entry_type(tokio_tar::EntryType::XHeader);
-            x.set_mode(0o644);
-            x.set_size(pax.len() as u64);
-            ustar::fill(
-                x.as_mut_bytes(),
-                ustar::PAX_HEADER_NAME,
-                None,
-                pax.len() as u64,
-            );
-            x.set_cksum();
+            let x = ustar::pax_header(pax.len() as u64);
             self.builder
-                .append(&x, pax.as_slice())
+                .append(tokio_tar::Header::from_byte_slice(&x), pax.as_slice())
                 .await
                 .map_err(|e| self.fail(DrainErrorKind::Write(e)))?;
         }

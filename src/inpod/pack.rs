@@ -474,18 +474,8 @@ fn append<W: Write, R: Read>(
     let mut pax = ustar::fill(header.as_mut_bytes(), path, link, size);
     pax.extend_from_slice(extra_pax);
     if !pax.is_empty() {
-        let mut x = tar::Header::new_ustar();
-        x.set_entry_type(tar::EntryType::XHeader);
-        x.set_mode(0o644);
-        x.set_size(pax.len() as u64);
-        ustar::fill(
-            x.as_mut_bytes(),
-            ustar::PAX_HEADER_NAME,
-            None,
-            pax.len() as u64,
-        );
-        x.set_cksum();
-        builder.append(&x, pax.as_slice())?;
+        let x = ustar::pax_header(pax.len() as u64);
+        builder.append(tar::Header::from_byte_slice(&x), pax.as_slice())?;
     }
     header.set_cksum();
     builder.append(header, data)

@@ -48,6 +48,19 @@ pub fn fill(block: &mut [u8; 512], path: &[u8], link: Option<&[u8]>, size: u64) 
     pax
 }
 
+/// The PAX `x` header block that announces `records_len` bytes of PAX records (from [`fill`] and
+/// [`record`]): what both the packer and the drain's re-emitter write in front of an entry whose
+/// path, link target or size does not fit ustar.
+pub fn pax_header(records_len: u64) -> [u8; 512] {
+    let mut x = ::tar::Header::new_ustar();
+    x.set_entry_type(::tar::EntryType::XHeader);
+    x.set_mode(0o644);
+    x.set_size(records_len);
+    fill(x.as_mut_bytes(), PAX_HEADER_NAME, None, records_len);
+    x.set_cksum();
+    *x.as_bytes()
+}
+
 /// Splits a path into ustar (prefix, name) fields, if it fits.
 fn split(path: &[u8]) -> Option<(&[u8], &[u8])> {
     if path.contains(&0) {
@@ -86,6 +99,19 @@ pub fn record(key: &[u8], value: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_pax_header_announces_its_records_to_both_tar_readers() {
+        let block = pax_header(42);
+        let h = ::tar::Header::from_byte_slice(&block);
+        assert_eq!(h.entry_type(), ::tar::EntryType::XHeader);
+        assert_eq!(h.size().ok(), Some(42));
+        assert_eq!(h.path_bytes().as_ref(), PAX_HEADER_NAME);
+        let t = tokio_tar::Header::from_byte_slice(&block);
+        assert_eq!(t.entry_type(), tokio_tar::EntryType::XHeader);
+        assert_eq!(t.raw_entry_size().ok(), Some(42));
+        assert_eq!(t.cksum().ok(), h.cksum().ok());
+    }
 
     #[test]
     fn pax_record_length_counts_itself() {
