@@ -153,7 +153,12 @@ pub fn quantity_value(text: &str) -> Result<f64, QuantityError> {
     let value: f64 = format!("{}.{}0", p.int_part, p.frac_part)
         .parse()
         .map_err(|_| QuantityError::Syntax)?;
-    Ok(value * f64::from(p.base).powi(p.exp))
+    let value = value * f64::from(p.base).powi(p.exp);
+    if value.is_finite() {
+        Ok(value)
+    } else {
+        Err(QuantityError::Overflow)
+    }
 }
 
 /// Why a duration does not parse.
@@ -263,6 +268,7 @@ mod tests {
         }
         assert_eq!(quantity_value("500m"), Ok(0.5));
         assert_eq!(quantity_value("1Ki"), Ok(1024.0));
+        assert_eq!(quantity_value("1e9999"), Err(QuantityError::Overflow));
         // What is a byte count is the same number either way.
         for text in ["1Gi", "1.5M", "3e2", "7"] {
             let bytes = quantity_to_bytes(&Quantity(text.into())).expect("bytes");
