@@ -418,6 +418,30 @@ pub enum Phase {
 }
 
 impl Phase {
+    /// Every phase, in the order of a run's life.
+    pub const ALL: [Phase; 6] = [
+        Phase::Pending,
+        Phase::Running,
+        Phase::Draining,
+        Phase::Succeeded,
+        Phase::Failed,
+        Phase::Stopped,
+    ];
+
+    /// The phase as `status.phase` spells it, and as the `phase` label of `sandboxrun_runs`
+    /// (docs/operations.md "Metrics"). Written out, never the `Debug` text, so renaming a
+    /// variant cannot rename a label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Pending => "Pending",
+            Phase::Running => "Running",
+            Phase::Draining => "Draining",
+            Phase::Succeeded => "Succeeded",
+            Phase::Failed => "Failed",
+            Phase::Stopped => "Stopped",
+        }
+    }
+
     /// Whether the run is over.
     pub fn is_final(self) -> bool {
         matches!(self, Phase::Succeeded | Phase::Failed | Phase::Stopped)
@@ -480,8 +504,17 @@ pub enum ReadBackPhase {
 }
 
 impl ReadBackPhase {
-    /// The name as the status writes it: also the `phase` label of the drain metrics, so renaming
-    /// a variant cannot silently change it.
+    /// Every phase of a path.
+    pub const ALL: [ReadBackPhase; 5] = [
+        ReadBackPhase::Pending,
+        ReadBackPhase::Drained,
+        ReadBackPhase::Empty,
+        ReadBackPhase::Capped,
+        ReadBackPhase::Failed,
+    ];
+
+    /// The phase as `status.readBack[].phase` spells it, in Event notes, and as the `phase` label
+    /// of the drain metrics (docs/operations.md "Metrics"). Written out, never the `Debug` text.
     pub fn as_str(self) -> &'static str {
         match self {
             ReadBackPhase::Pending => "Pending",
@@ -533,15 +566,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn label_names_are_the_serialized_names() {
-        for p in [
-            ReadBackPhase::Pending,
-            ReadBackPhase::Drained,
-            ReadBackPhase::Empty,
-            ReadBackPhase::Capped,
-            ReadBackPhase::Failed,
-        ] {
-            assert_eq!(serde_json::to_value(p).unwrap(), p.as_str());
+    fn phase_names_are_the_serialized_ones() {
+        for p in Phase::ALL {
+            assert_eq!(serde_json::to_value(p).unwrap(), p.as_str(), "{p:?}");
+        }
+        for p in ReadBackPhase::ALL {
+            assert_eq!(serde_json::to_value(p).unwrap(), p.as_str(), "{p:?}");
         }
         for c in [Compression::None, Compression::Gzip, Compression::Zstd] {
             assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());

@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::units::GIB;
 
 /// Default of `run --image-pull-timeout`: how long a retryable image-pull error may last before
-/// the run is failed (see `reconcile::DecideSettings`).
+/// the run is failed (see `controller::decide::DecideSettings`).
 pub const DEFAULT_IMAGE_PULL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5 * 60);
 
 /// The read-back cap bounds (ADR-143 "Unbounded size"): a path's `sizeLimit`, else `default_bytes`,

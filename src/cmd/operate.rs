@@ -16,10 +16,10 @@ use thiserror::Error;
 use tracing::{error, info, warn};
 
 use super::run::{caps, holder_resources, LogFormat, RunArgs};
+use crate::controller::decide::DecideSettings;
 use crate::controller::{self, Context};
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
-use crate::reconcile::DecideSettings;
 
 /// Why the operator stopped.
 #[derive(Debug, Error)]

@@ -8,18 +8,8 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
+use super::conditions;
 use crate::api::{Retention, SandboxRun};
-use crate::reconcile::condition;
-
-/// Event reason (Normal): the TTL after finished passed and the operator deleted the run.
-pub const REASON_TTL_EXPIRED: &str = "TTLExpired";
-/// Event reason (Normal): the run's stored files were deleted (`retention: Delete`).
-pub const REASON_ARCHIVES_DELETED: &str = "ArchivesDeleted";
-/// Event reason (Warning): deleting the run's stored files failed; retried with back-off.
-pub const REASON_ARCHIVE_DELETE_FAILED: &str = "ArchiveDeleteFailed";
-/// Event reason (Warning): the retries ran out (drain timeout); the finalizer is released and
-/// the files stay in the store.
-pub const REASON_ARCHIVE_DELETE_ABANDONED: &str = "ArchiveDeleteAbandoned";
 
 /// Shortest pause between two attempts at deleting stored files.
 pub const PURGE_RETRY_MIN: Duration = Duration::from_secs(1);
@@ -31,7 +21,7 @@ pub const PURGE_RETRY_MAX: Duration = Duration::from_secs(60);
 pub fn finished_at(run: &SandboxRun) -> Option<Timestamp> {
     let status = run.status.as_ref()?;
     let ended = status.conditions.iter().find(|c| {
-        (c.type_ == condition::COMPLETE || c.type_ == condition::FAILED) && c.status == "True"
+        (c.type_ == conditions::COMPLETE || c.type_ == conditions::FAILED) && c.status == "True"
     })?;
     Some(
         status
@@ -92,7 +82,7 @@ pub fn purge_window_start(run: &SandboxRun, now: Timestamp) -> Timestamp {
     let drained = run.status.as_ref().and_then(|s| {
         s.conditions
             .iter()
-            .find(|c| c.type_ == condition::DRAINED && c.status != "Unknown")
+            .find(|c| c.type_ == conditions::DRAINED && c.status != "Unknown")
             .map(|c| c.last_transition_time.0)
     });
     match (deleted, drained) {
@@ -117,7 +107,7 @@ pub fn purge_retry_after(start: Timestamp, bound: Duration, now: Timestamp) -> O
 mod tests {
     use super::*;
     use crate::api::{ReadBack, SandboxRunSpec, SandboxRunStatus};
-    use crate::reconcile::set_condition;
+    use crate::controller::conditions::set_condition;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     fn at(secs: i64) -> Timestamp {
@@ -151,7 +141,7 @@ mod tests {
 
     #[test]
     fn a_finished_run_waits_exactly_until_finished_at_plus_ttl_then_expires() {
-        for type_ in [condition::COMPLETE, condition::FAILED] {
+        for type_ in [conditions::COMPLETE, conditions::FAILED] {
             let run = finished(type_, 0, Some(30));
             assert_eq!(ttl(&run, at(0)), Ttl::Wait(Duration::from_secs(30)));
             assert_eq!(ttl(&run, at(29)), Ttl::Wait(Duration::from_secs(1)));
@@ -160,7 +150,7 @@ mod tests {
         }
         // TTL 0: deleted as soon as it finished.
         assert_eq!(
-            ttl(&finished(condition::COMPLETE, 0, Some(0)), at(0)),
+            ttl(&finished(conditions::COMPLETE, 0, Some(0)), at(0)),
             Ttl::Expired
         );
     }
@@ -168,14 +158,14 @@ mod tests {
     #[test]
     fn no_ttl_or_no_end_keeps_the_run() {
         assert_eq!(
-            ttl(&finished(condition::COMPLETE, 0, None), at(1_000_000)),
+            ttl(&finished(conditions::COMPLETE, 0, None), at(1_000_000)),
             Ttl::Keep
         );
         // A final phase alone is not the end: Complete/Failed must be True (drain settled).
-        for type_ in [condition::DRAINED, condition::READY] {
+        for type_ in [conditions::DRAINED, conditions::READY] {
             assert_eq!(ttl(&finished(type_, 0, Some(1)), at(100)), Ttl::Keep);
         }
-        let mut run = finished(condition::COMPLETE, 0, Some(1));
+        let mut run = finished(conditions::COMPLETE, 0, Some(1));
         if let Some(s) = run.status.as_mut() {
             s.conditions[0].status = "False".into();
         }
@@ -186,7 +176,7 @@ mod tests {
 
     #[test]
     fn finished_at_falls_back_to_the_condition_and_huge_ttls_never_overflow() {
-        let mut run = finished(condition::FAILED, 5, Some(10));
+        let mut run = finished(conditions::FAILED, 5, Some(10));
         if let Some(s) = run.status.as_mut() {
             s.completion_time = None;
         }
@@ -247,12 +237,12 @@ mod tests {
 
     #[test]
     fn the_window_starts_at_the_later_of_deletion_and_the_drain_s_end() {
-        let mut run = finished(condition::COMPLETE, 0, None);
+        let mut run = finished(conditions::COMPLETE, 0, None);
         assert_eq!(purge_window_start(&run, at(50)), at(50));
         if let Some(s) = run.status.as_mut() {
             set_condition(
                 &mut s.conditions,
-                condition::DRAINED,
+                conditions::DRAINED,
                 true,
                 "Drained",
                 "",

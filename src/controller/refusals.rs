@@ -1,31 +1,19 @@
-//! Why a run's pod cannot be created or cannot start, in words `kubectl describe sbr` shows
-//! (docs/contract.md "No run is silent"; docs/user-guide.md "Troubleshooting").
-//!
-//! Two kinds of trouble, both pure decisions here (the controller only reads and writes):
-//!
-//! - **The apiserver refuses the pod** (a ResourceQuota that requires limits, Pod Security
-//!   admission, a policy webhook, missing RBAC): Ready=False with reason
-//!   [`REASON_POD_CREATE_FAILED`] and the apiserver's words, a Warning Event with the same reason,
-//!   and the creation retried with an exponential back-off ([`retry_delay`]: 10 s doubling to
-//!   5 min) whose clock is Ready's `lastTransitionTime`, so it survives an operator restart.
-//! - **The pod exists but is stuck** (CreateContainerConfigError, FailedMount of a missing
-//!   ConfigMap/Secret/PVC, ImagePullBackOff, Unschedulable): Ready=False with the cause as reason
-//!   and the words of whoever reported it, and one Warning Event [`REASON_POD_STUCK`] per distinct
-//!   cause. Volume trouble is only ever an Event on the pod (the kubelet reports `FailedMount`
-//!   nowhere else), so a pod that stays Pending has its Warning Events read, bounded
-//!   ([`POD_EVENTS_LIMIT`]), every [`pending_recheck`].
+//! When the apiserver refuses a run's pod (a ResourceQuota that requires limits, Pod Security
+//! admission, a policy webhook, missing RBAC), the refusal is told in words `kubectl describe sbr`
+//! shows (docs/contract.md "No run is silent"; docs/user-guide.md "Troubleshooting"):
+//! Ready=False with reason [`REASON_POD_CREATE_FAILED`] and the apiserver's words, a Warning
+//! Event with the same reason, and the creation retried with an exponential back-off
+//! ([`retry_delay`]: 10 s doubling to 5 min) whose clock is Ready's `lastTransitionTime`, so it
+//! survives an operator restart. Pure decisions: the controller only reads and writes. (A pod
+//! that exists but cannot start is read in [`super::observe`].)
 
 use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
+use super::conditions::{self, remove_condition, set_condition, REASON_POD_CREATE_FAILED};
+use super::status::ensure_pending_entries;
 use crate::api::{Phase, SandboxRun, SandboxRunStatus};
-use crate::reconcile::{condition, remove_condition, set_condition, PodProblem, PodView};
-
-/// Event reason and Ready=False reason: the apiserver refused to create the run's pod.
-pub const REASON_POD_CREATE_FAILED: &str = "PodCreateFailed";
-/// Event reason: the run's pod exists and cannot start; the note names the cause (Ready's reason).
-pub const REASON_POD_STUCK: &str = "PodStuck";
 
 /// First pause after the apiserver refused the pod.
 pub const FIRST_RETRY: Duration = Duration::from_secs(10);
@@ -51,7 +39,7 @@ pub fn refused_since_in(status: &SandboxRunStatus, generation: Option<i64>) -> O
     let ready = status
         .conditions
         .iter()
-        .find(|c| c.type_ == condition::READY)?;
+        .find(|c| c.type_ == conditions::READY)?;
     (ready.status == "False"
         && ready.reason == REASON_POD_CREATE_FAILED
         && ready.observed_generation == generation)
@@ -94,7 +82,7 @@ pub fn refused_status(run: &SandboxRun, message: &str, now: Timestamp) -> Sandbo
     let mut status = run.status.clone().unwrap_or_default();
     let generation = run.metadata.generation;
     if refused_since(run).is_none() {
-        remove_condition(&mut status.conditions, condition::READY);
+        remove_condition(&mut status.conditions, conditions::READY);
     }
     let message = format!("the apiserver refused the pod: {message}");
     status.observed_generation = generation;
@@ -102,104 +90,21 @@ pub fn refused_status(run: &SandboxRun, message: &str, now: Timestamp) -> Sandbo
     status.message = Some(message.clone());
     set_condition(
         &mut status.conditions,
-        condition::READY,
+        conditions::READY,
         false,
         REASON_POD_CREATE_FAILED,
         message,
         generation,
         now,
     );
-    crate::reconcile::ensure_pending_entries(run, &mut status);
+    ensure_pending_entries(run, &mut status);
     status
-}
-
-/// Container waiting reasons that mean a container cannot be created or started (image pulls
-/// are [`PodProblem::ImagePull`]). `CreateContainerConfigError`: a referenced ConfigMap/Secret
-/// key is missing; `CreateContainerError`, `RunContainerError`: the runtime refused it.
-pub const STUCK_CONTAINER_REASONS: &[&str] = &[
-    "CreateContainerConfigError",
-    "CreateContainerError",
-    "RunContainerError",
-];
-
-/// Warning Event reasons on a Pending pod that mean it cannot start: `FailedMount` (a missing
-/// ConfigMap, Secret or PVC; the kubelet reports it only as an Event), `FailedAttachVolume`,
-/// `FailedCreatePodSandBox` (network or runtime set-up).
-pub const STUCK_EVENT_REASONS: &[&str] = &[
-    "FailedMount",
-    "FailedAttachVolume",
-    "FailedCreatePodSandBox",
-];
-
-/// At most this many of a pod's Warning Events are read per look.
-pub const POD_EVENTS_LIMIT: u32 = 50;
-/// A pod Pending for less than this is still starting: its Events are not read yet.
-pub const READ_EVENTS_AFTER: Duration = Duration::from_secs(5);
-/// Shortest and longest pause between two looks at a Pending pod.
-const RECHECK_MIN: Duration = Duration::from_secs(5);
-const RECHECK_MAX: Duration = Duration::from_secs(120);
-
-/// `reason` as the `&'static str` of `table`, None when it is not in it.
-pub fn known(reason: &str, table: &[&'static str]) -> Option<&'static str> {
-    table.iter().copied().find(|r| *r == reason)
-}
-
-/// One Warning Event about the pod, as read from the apiserver.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodEventFact {
-    /// Its reason (`FailedMount`, …).
-    pub reason: String,
-    /// Its message.
-    pub message: String,
-    /// When it was last seen (series or lastTimestamp or eventTime), when known.
-    pub last_seen: Option<Timestamp>,
-}
-
-/// The cause a pod's Warning Events give for not starting: the latest of those with a reason in
-/// [`STUCK_EVENT_REASONS`], None when there is none.
-pub fn stuck_from_events(events: &[PodEventFact]) -> Option<PodProblem> {
-    events
-        .iter()
-        .filter_map(|e| Some((known(&e.reason, STUCK_EVENT_REASONS)?, e)))
-        .max_by_key(|(_, e)| e.last_seen)
-        .map(|(reason, e)| PodProblem::Stuck {
-            reason,
-            message: e.message.clone(),
-        })
-}
-
-/// Whether the pod's Events are worth reading: it is not running, its status names no problem,
-/// and it has been Pending for [`READ_EVENTS_AFTER`] at least.
-pub fn should_read_pod_events(pod: &PodView, now: Timestamp) -> bool {
-    !pod.deleting
-        && pod.problem.is_none()
-        && pod.workload == crate::reconcile::WorkloadState::NotStarted
-        && pending_for(pod, now).is_some_and(|d| d >= READ_EVENTS_AFTER)
-}
-
-/// When to look again at a pod that has not started (its status may not change while it is
-/// stuck, e.g. on a missing volume): after as long as it has been Pending, between 5 s and 2 min.
-/// None once the workload started.
-pub fn pending_recheck(pod: &PodView, now: Timestamp) -> Option<Duration> {
-    if pod.workload != crate::reconcile::WorkloadState::NotStarted || pod.deleting {
-        return None;
-    }
-    Some(
-        pending_for(pod, now)
-            .unwrap_or(Duration::ZERO)
-            .clamp(RECHECK_MIN, RECHECK_MAX),
-    )
-}
-
-fn pending_for(pod: &PodView, now: Timestamp) -> Option<Duration> {
-    Duration::try_from(pod.pending_since?.duration_until(now)).ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::SandboxRunSpec;
-    use crate::reconcile::WorkloadState;
 
     fn at(secs: i64) -> Timestamp {
         let t0: Timestamp = "2026-11-30T12:00:00Z".parse().unwrap();
@@ -281,7 +186,7 @@ mod tests {
         let mut s = SandboxRunStatus::default();
         set_condition(
             &mut s.conditions,
-            condition::READY,
+            conditions::READY,
             false,
             "InvalidSpec",
             "bad",
@@ -306,7 +211,7 @@ mod tests {
         let ready = s
             .conditions
             .iter()
-            .find(|c| c.type_ == condition::READY)
+            .find(|c| c.type_ == conditions::READY)
             .unwrap();
         assert_eq!(
             (ready.status.as_str(), ready.reason.as_str()),
@@ -315,72 +220,5 @@ mod tests {
         assert!(ready.message.contains("must specify limits.cpu"));
         assert_eq!(ready.observed_generation, Some(4));
         assert_eq!(s.message.as_deref(), Some(ready.message.as_str()));
-    }
-
-    fn event(reason: &str, message: &str, secs: i64) -> PodEventFact {
-        PodEventFact {
-            reason: reason.into(),
-            message: message.into(),
-            last_seen: Some(at(secs)),
-        }
-    }
-
-    #[test]
-    fn the_latest_stuck_event_names_the_cause_and_others_are_ignored() {
-        assert_eq!(stuck_from_events(&[]), None);
-        assert_eq!(
-            stuck_from_events(&[event("BackOff", "x", 1), event("Unhealthy", "y", 2)]),
-            None
-        );
-        let got = stuck_from_events(&[
-            event("FailedMount", "configmap \"old\" not found", 1),
-            event("BackOff", "ignored", 9),
-            event(
-                "FailedMount",
-                "MountVolume.SetUp failed for volume \"mount-0\" : configmap \"cfg\" not found",
-                5,
-            ),
-        ]);
-        assert_eq!(
-            got,
-            Some(PodProblem::Stuck {
-                reason: "FailedMount",
-                message:
-                    "MountVolume.SetUp failed for volume \"mount-0\" : configmap \"cfg\" not found"
-                        .into()
-            })
-        );
-    }
-
-    fn pending_pod(since: i64) -> PodView {
-        PodView {
-            deleting: false,
-            holder_running: false,
-            workload: WorkloadState::NotStarted,
-            started_at: None,
-            pending_since: Some(at(since)),
-            problem: None,
-        }
-    }
-
-    #[test]
-    fn a_pending_pod_is_looked_at_again_with_a_growing_bounded_pause() {
-        let p = pending_pod(0);
-        assert!(!should_read_pod_events(&p, at(1)), "still starting");
-        assert!(should_read_pod_events(&p, at(5)));
-        assert_eq!(pending_recheck(&p, at(1)), Some(RECHECK_MIN));
-        assert_eq!(pending_recheck(&p, at(30)), Some(Duration::from_secs(30)));
-        assert_eq!(pending_recheck(&p, at(3600)), Some(RECHECK_MAX));
-        // A problem the status already names, a started workload, a pod being deleted: no read.
-        let mut named = pending_pod(0);
-        named.problem = Some(PodProblem::Unschedulable("0/2 nodes".into()));
-        assert!(!should_read_pod_events(&named, at(60)));
-        let mut running = pending_pod(0);
-        running.workload = WorkloadState::Running;
-        assert!(!should_read_pod_events(&running, at(60)));
-        assert_eq!(pending_recheck(&running, at(60)), None);
-        let mut deleting = pending_pod(0);
-        deleting.deleting = true;
-        assert!(!should_read_pod_events(&deleting, at(60)));
     }
 }

@@ -1,0 +1,186 @@
+//! The conditions of a run's status: their types, their reasons, and the one way to set, remove
+//! and read them (docs/user-guide.md "Lifecycle"). Pure: no client, no clock (`now` is an
+//! argument).
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+
+use crate::api::SandboxRunStatus;
+
+// Condition types written on every run.
+
+/// The pod runs (both containers started).
+pub const READY: &str = "Ready";
+/// The workload container terminated (batch runs).
+pub const WORKLOAD_FINISHED: &str = "WorkloadFinished";
+/// Every declared path has a final drain outcome, none failed.
+pub const DRAINED: &str = "Drained";
+/// The run ended successfully (batch/v1 Job semantics): phase `Succeeded`, or `Stopped` by
+/// `spec.stop` or deletion with no path `Failed`. Absent otherwise
+/// (`kubectl wait --for=condition=Complete`).
+pub const COMPLETE: &str = "Complete";
+/// The run ended in failure: phase `Failed`, a run stopped by its deadline or by its pod's
+/// deletion/eviction, or a stopped run with a path `Failed`. The reason says which
+/// ([`super::status::failure_reason`]). Absent otherwise (`kubectl wait --for=condition=Failed`).
+/// Exactly one of Complete and Failed is True once the run has a final phase.
+pub const FAILED: &str = "Failed";
+
+/// Failed reason: the batch workload exited non-zero.
+pub const REASON_WORKLOAD_FAILED: &str = "WorkloadFailed";
+/// Failed reason (and Ready=False reason while draining): `spec.activeDeadlineSeconds` passed.
+pub const REASON_DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+/// Failed reason (and Drained=False reason): a read-back path could not be drained.
+pub const REASON_CONDITION_DRAIN_FAILED: &str = "DrainFailed";
+/// Failed reason: the pod vanished before teardown could drain it.
+pub const REASON_POD_LOST: &str = "PodLost";
+/// Failed reason (and Ready=False reason while draining): someone else deleted or evicted the pod
+/// before the workload finished.
+pub const REASON_POD_DELETED: &str = "PodDeleted";
+/// Ready=False reason while the pod is created or starting and nothing is known to block it.
+pub const REASON_POD_PENDING: &str = "PodPending";
+/// Ready=True reason: both containers run.
+pub const REASON_POD_RUNNING: &str = "PodRunning";
+/// Ready=False reason right after the pod was created.
+pub const REASON_POD_CREATED: &str = "PodCreated";
+/// Ready=False reason: the pod cannot be built from the spec.
+pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+/// Ready=False reason once the run has a final phase (except [`REASON_IMAGE_PULL_FAILED`], which
+/// Ready keeps: the pod never ran and the kubelet's words say why).
+pub const REASON_RUN_ENDED: &str = "RunEnded";
+
+/// Ready=False reason while the scheduler cannot place the pod.
+pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
+
+/// Ready=False reason (and Event reason): the apiserver refused to create the run's pod.
+pub const REASON_POD_CREATE_FAILED: &str = "PodCreateFailed";
+
+/// Event and condition reason of a run whose image cannot be pulled.
+pub const REASON_IMAGE_PULL_FAILED: &str = "ImagePullFailed";
+
+/// Sets a condition, keeping its lastTransitionTime when the status does not change.
+pub fn set_condition(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: bool,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let status_text = if status { "True" } else { "False" };
+    set_condition_raw(
+        conditions,
+        type_,
+        status_text,
+        reason,
+        message.into(),
+        generation,
+        now,
+    )
+}
+
+/// Sets a condition to Unknown (e.g. Drained while draining).
+pub fn set_condition_unknown(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    reason: &str,
+    message: impl Into<String>,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    set_condition_raw(
+        conditions,
+        type_,
+        "Unknown",
+        reason,
+        message.into(),
+        generation,
+        now,
+    )
+}
+
+fn set_condition_raw(
+    conditions: &mut Vec<Condition>,
+    type_: &str,
+    status: &str,
+    reason: &str,
+    message: String,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let transition = conditions
+        .iter()
+        .find(|c| c.type_ == type_ && c.status == status)
+        .map(|c| c.last_transition_time.clone())
+        .unwrap_or(Time(now));
+    conditions.retain(|c| c.type_ != type_);
+    conditions.push(Condition {
+        type_: type_.to_string(),
+        status: status.to_string(),
+        reason: reason.to_string(),
+        message,
+        observed_generation: generation,
+        last_transition_time: transition,
+    });
+    conditions.sort_by_key(|c| condition_order(&c.type_));
+}
+
+/// Removes condition `type_` (Complete and Failed are absent rather than False, like a Job's).
+pub fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) {
+    conditions.retain(|c| c.type_ != type_);
+}
+
+fn condition_order(t: &str) -> usize {
+    [READY, WORKLOAD_FINISHED, DRAINED, COMPLETE, FAILED]
+        .iter()
+        .position(|x| *x == t)
+        .unwrap_or(usize::MAX)
+}
+
+/// The reason of Ready when it is False.
+pub fn ready_false_reason(status: &SandboxRunStatus) -> Option<&str> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == READY && c.status == "False")
+        .map(|c| c.reason.as_str())
+}
+
+/// Whether condition `type_` of `status` is True (`None`: a run with no status yet, never).
+pub fn condition_true(status: Option<&SandboxRunStatus>, type_: &str) -> bool {
+    status.is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == type_ && c.status == "True")
+    })
+}
+
+/// The kubelet's words when Ready=False says the image could not be pulled.
+pub fn image_pull_failure(status: &SandboxRunStatus) -> Option<String> {
+    status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == READY && c.status == "False" && c.reason == REASON_IMAGE_PULL_FAILED)
+        .map(|c| c.message.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::conditions;
+    use crate::controller::fixtures::*;
+
+    #[test]
+    fn condition_transition_time_is_kept_while_status_is_unchanged() {
+        let mut c = Vec::new();
+        set_condition(&mut c, conditions::READY, true, "A", "", None, now());
+        let later = now()
+            .checked_add(jiff::SignedDuration::from_secs(5))
+            .unwrap();
+        set_condition(&mut c, conditions::READY, true, "B", "", None, later);
+        assert_eq!(c[0].last_transition_time.0, now());
+        set_condition(&mut c, conditions::READY, false, "C", "", None, later);
+        assert_eq!(c[0].last_transition_time.0, later);
+        assert_eq!(c.len(), 1);
+    }
+}

@@ -1,0 +1,154 @@
+//! What the controller needs besides the cluster: the store, the settings of every stage, the
+//! Event recorder, the metrics and the pool of drains in flight.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use jiff::Timestamp;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::Client;
+use object_store::ObjectStore;
+use tokio_util::sync::CancellationToken;
+
+use super::decide::DecideSettings;
+use super::drain_pool::DrainPool;
+use super::observe::StoreView;
+use crate::api::{Retention, SandboxRun};
+use crate::caps::CapSettings;
+use crate::metrics::Metrics;
+use crate::pod::PodSettings;
+use crate::store::open_uploads::OpenUploads;
+
+/// Field manager of every status write (server-side apply, one manager), and the Events' reporter.
+pub const MANAGER: &str = "sandboxrun-operator";
+
+/// What the controller needs besides the cluster.
+pub struct Context {
+    /// The cluster.
+    pub client: Client,
+    /// Where drained archives go.
+    pub store: Arc<dyn ObjectStore>,
+    /// Key prefix inside the store.
+    pub store_prefix: object_store::path::Path,
+    /// The store URL (for object URLs in status).
+    pub store_url: String,
+    /// Pod builder settings.
+    pub pod: PodSettings,
+    /// Read-back caps.
+    pub caps: CapSettings,
+    /// Settings of the pure decision (image-pull timeout).
+    pub decide: DecideSettings,
+    /// argv of the packer in the holder (the path is appended).
+    pub pack_command: Vec<String>,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// When this process last tried to create each refused run's pod (by run uid): the back-off
+    /// of [`super::refusals::create_retry_wait`]. Lost on restart by design (the next attempt is
+    /// then immediate, and its pause already as long as the refusals have lasted).
+    pub create_attempts: Mutex<HashMap<String, Timestamp>>,
+    /// What deleting a run does to its stored files when its spec does not say
+    /// (`run --default-retention`).
+    pub default_retention: Retention,
+    /// Cancelled when this replica must stop draining at once (lost lease, shutdown): in-flight
+    /// drains record nothing and the next leader resumes them.
+    pub cancel: CancellationToken,
+    /// The drains in flight, off the reconcile workers.
+    pub drains: DrainPool,
+    /// Aborts an S3 archive key's open multipart uploads before each attempt (None: not S3).
+    pub open_uploads: Option<Arc<OpenUploads>>,
+}
+
+impl Context {
+    /// The same context with `retention` as the operator-wide default of
+    /// `spec.readBack.retention`.
+    pub fn with_default_retention(mut self, retention: Retention) -> Context {
+        self.default_retention = retention;
+        self
+    }
+
+    /// The same context with the clean-up of open multipart uploads before each attempt.
+    pub fn with_open_uploads(mut self, open_uploads: Option<Arc<OpenUploads>>) -> Context {
+        self.open_uploads = open_uploads;
+        self
+    }
+
+    /// A context with an Event recorder reporting as `instance`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        client: Client,
+        store: Arc<dyn ObjectStore>,
+        store_prefix: object_store::path::Path,
+        store_url: String,
+        pod: PodSettings,
+        caps: CapSettings,
+        decide: DecideSettings,
+        pack_command: Vec<String>,
+        metrics: Metrics,
+        instance: String,
+        max_concurrent_drains: usize,
+    ) -> Context {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: MANAGER.to_string(),
+                instance: Some(instance),
+            },
+        );
+        Context {
+            client,
+            store,
+            store_prefix,
+            store_url,
+            pod,
+            caps,
+            decide,
+            pack_command,
+            recorder,
+            metrics,
+            create_attempts: Default::default(),
+            default_retention: Retention::default(),
+            cancel: CancellationToken::new(),
+            drains: DrainPool::new(max_concurrent_drains),
+            open_uploads: None,
+        }
+    }
+
+    /// Where drained archives go, as the observe stage reads it.
+    pub fn store_view(&self) -> StoreView<'_> {
+        StoreView {
+            store: &self.store,
+            prefix: &self.store_prefix,
+            url: &self.store_url,
+        }
+    }
+
+    /// The run's drain timeout in seconds (`spec.readBack.drainTimeout`, else the operator's
+    /// default): the bound of its drain and of the retries of deleting its stored files.
+    pub fn drain_timeout_seconds(&self, run: &SandboxRun) -> i64 {
+        crate::pod::drain_timeout_seconds(run, &self.pod)
+            .unwrap_or(self.pod.default_drain_timeout_seconds)
+    }
+
+    /// When this process last tried to create the run's pod and was refused.
+    pub fn last_create_attempt(&self, run: &SandboxRun) -> Option<Timestamp> {
+        let uid = run.metadata.uid.as_deref()?;
+        self.create_attempts.lock().ok()?.get(uid).copied()
+    }
+
+    /// Remembers a refused attempt to create the run's pod.
+    pub fn record_create_attempt(&self, run: &SandboxRun, at: Timestamp) {
+        if let (Some(uid), Ok(mut map)) = (run.metadata.uid.clone(), self.create_attempts.lock()) {
+            map.insert(uid, at);
+        }
+    }
+
+    /// Forgets the run's refused attempts (its pod was created, or the run is going).
+    pub fn forget_create_attempt(&self, run: &SandboxRun) {
+        if let (Some(uid), Ok(mut map)) = (run.metadata.uid.as_deref(), self.create_attempts.lock())
+        {
+            map.remove(uid);
+        }
+    }
+}

@@ -1,0 +1,627 @@
+//! Decide: the one pure choice of what a run needs next ([`Step`]), from the run, the facts of
+//! its pod ([`PodView`]), the time and the operator's settings. No client, no clock: `now` is an
+//! argument, so every transition is unit tested. What a step writes and publishes is planned in
+//! [`super::plan`]; this module only chooses.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use kube::ResourceExt;
+
+use super::conditions::{
+    self, condition_true, image_pull_failure, ready_false_reason, REASON_DEADLINE_EXCEEDED,
+    REASON_POD_DELETED,
+};
+use super::observe::{PodProblem, PodView, WorkloadState};
+use super::retention;
+use crate::api::{Phase, SandboxRun, FINALIZER, SKIP_DRAIN_ANNOTATION};
+
+/// Why a run is being torn down.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// The workload container exited.
+    WorkloadFinished {
+        /// Its exit code.
+        exit_code: i32,
+    },
+    /// `spec.stop` was set.
+    Stop,
+    /// `spec.activeDeadlineSeconds` passed.
+    Deadline,
+    /// The run is being deleted (the finalizer holds it).
+    Deleting,
+    /// The pod is being deleted or evicted by someone else (or by foreground cascading deletion):
+    /// drain at once, inside the holder's grace window.
+    PodDeleting,
+    /// An image of the pod cannot be pulled and retrying will not help (see
+    /// [`super::observe::image_pull_is_definitive`] and [`DecideSettings::image_pull_timeout`]): the workload
+    /// never started, the run fails with reason [`super::conditions::REASON_IMAGE_PULL_FAILED`].
+    ImagePullFailed {
+        /// The kubelet's words (`container <name>: <reason>: <message>`).
+        message: String,
+    },
+}
+
+impl Trigger {
+    /// Words for status messages and Events.
+    pub fn describe(&self) -> String {
+        match self {
+            Trigger::WorkloadFinished { exit_code } => {
+                format!("workload exited with code {exit_code}")
+            }
+            Trigger::Stop => "spec.stop was set".to_string(),
+            Trigger::Deadline => "activeDeadlineSeconds passed".to_string(),
+            Trigger::Deleting => "the run is being deleted".to_string(),
+            Trigger::PodDeleting => "the pod is being deleted or evicted".to_string(),
+            Trigger::ImagePullFailed { message } => {
+                format!("the image could not be pulled ({message})")
+            }
+        }
+    }
+}
+
+/// Operator-wide inputs to [`decide`] that come from `run` flags.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecideSettings {
+    /// How long a retryable image-pull error (`ErrImagePull` / `ImagePullBackOff` whose message
+    /// is not a definitive "not found") may last before the run is failed (`run
+    /// --image-pull-timeout`, `SANDBOXRUN_IMAGE_PULL_TIMEOUT`).
+    ///
+    /// A waiting container state carries no timestamp, so "lasted" is measured from when the
+    /// kubelet accepted the pod (`status.startTime`, which is before it pulls any image), else
+    /// from the pod's `creationTimestamp`; see [`PodView::pending_since`]. A slow pull that is
+    /// still progressing is never judged (it is not in an error state); a pull still failing
+    /// this long after the pod started is.
+    pub image_pull_timeout: Duration,
+}
+
+impl Default for DecideSettings {
+    fn default() -> Self {
+        DecideSettings {
+            image_pull_timeout: crate::caps::DEFAULT_IMAGE_PULL_TIMEOUT,
+        }
+    }
+}
+
+/// What an image-pull problem of the pod means at `now`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PullVerdict {
+    /// No image-pull problem.
+    Clear,
+    /// A retryable pull error: the kubelet keeps trying; look again after `left` at the latest.
+    Retrying {
+        /// Time until [`DecideSettings::image_pull_timeout`] passes (None: no clock to judge
+        /// by, so it never does).
+        left: Option<Duration>,
+    },
+    /// Give up: fail the run with this message.
+    Fatal(String),
+}
+
+/// Judges the pod's image-pull problem at `now` (the rule of [`DecideSettings`]).
+pub fn pull_verdict(pod: &PodView, now: Timestamp, settings: &DecideSettings) -> PullVerdict {
+    let Some(PodProblem::ImagePull { fatal, message }) = &pod.problem else {
+        return PullVerdict::Clear;
+    };
+    if *fatal {
+        return PullVerdict::Fatal(message.clone());
+    }
+    let Some(since) = pod.pending_since else {
+        return PullVerdict::Retrying { left: None };
+    };
+    let timeout = jiff::SignedDuration::try_from(settings.image_pull_timeout)
+        .unwrap_or(jiff::SignedDuration::MAX);
+    let lasted = since.duration_until(now);
+    if lasted >= timeout {
+        PullVerdict::Fatal(format!(
+            "{message} (still failing {} after the pod started; --image-pull-timeout is {})",
+            words(lasted),
+            words(timeout)
+        ))
+    } else {
+        PullVerdict::Retrying {
+            left: timeout
+                .checked_sub(lasted)
+                .and_then(|d| Duration::try_from(d).ok()),
+        }
+    }
+}
+
+/// A duration in short words: `5m`, `90s`, `1h2m3s`.
+fn words(d: jiff::SignedDuration) -> String {
+    let total = d.as_secs().max(0);
+    let (h, m, s) = (total / 3600, total % 3600 / 60, total % 60);
+    let mut out = String::new();
+    if h > 0 {
+        out.push_str(&format!("{h}h"));
+    }
+    if m > 0 {
+        out.push_str(&format!("{m}m"));
+    }
+    if s > 0 || out.is_empty() {
+        out.push_str(&format!("{s}s"));
+    }
+    out
+}
+
+/// The next step for a run.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Put the finalizer on the run before anything exists that would need draining.
+    AddFinalizer,
+    /// The run is gone or going and owes nothing: release the finalizer.
+    ReleaseFinalizer,
+    /// `sandbox.iterion.io/skip-drain` asks to release the finalizer at once (recorded).
+    SkipDrain,
+    /// Create the pod.
+    CreatePod,
+    /// Reflect the pod in status; look again after `requeue` (e.g. at the deadline).
+    TrackPod {
+        /// When to look again without a watch event.
+        requeue: Option<Duration>,
+    },
+    /// Tear down: drain every path not drained yet, then finish the run.
+    Teardown(Trigger),
+    /// The pod vanished before teardown: report every undrained path as lost.
+    RecordPodLost,
+    /// The run is over: make sure its pod is gone (and release the finalizer when deleting).
+    DeleteFinishedPod,
+    /// The run finished `spec.ttlSecondsAfterFinished` ago: delete it (through the finalizer).
+    DeleteExpiredRun,
+}
+
+impl Step {
+    /// The step's `step` label on `sandboxrun_reconciles_total` and
+    /// `sandboxrun_reconcile_duration_seconds` (docs/operations.md "Metrics"). Written out, never
+    /// the `Debug` text, so renaming a variant cannot rename a label.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Step::AddFinalizer => "add_finalizer",
+            Step::ReleaseFinalizer => "release_finalizer",
+            Step::SkipDrain => "skip_drain",
+            Step::CreatePod => "create_pod",
+            Step::TrackPod { .. } => "track",
+            Step::Teardown(_) => "teardown",
+            Step::RecordPodLost => "pod_lost",
+            Step::DeleteFinishedPod => "clean_up",
+            Step::DeleteExpiredRun => "expire",
+        }
+    }
+}
+
+fn phase(run: &SandboxRun) -> Option<Phase> {
+    run.status.as_ref().and_then(|s| s.phase)
+}
+
+/// When the run's deadline passes, if it has one.
+pub fn deadline(run: &SandboxRun) -> Option<Timestamp> {
+    let secs = run.spec.active_deadline_seconds?;
+    let start = run
+        .status
+        .as_ref()
+        .and_then(|s| s.start_time.as_ref())
+        .map(|t| t.0)
+        .or_else(|| run.metadata.creation_timestamp.as_ref().map(|t| t.0))?;
+    start
+        .checked_add(jiff::SignedDuration::from_secs(secs))
+        .ok()
+}
+
+/// Decides the next step from the run, its pod (if any), the time and the operator's settings.
+pub fn decide(
+    run: &SandboxRun,
+    pod: Option<&PodView>,
+    now: Timestamp,
+    settings: &DecideSettings,
+) -> Step {
+    let has_finalizer = run.finalizers().iter().any(|f| f == FINALIZER);
+    let current = phase(run);
+    let is_final = current.is_some_and(Phase::is_final);
+
+    if run.metadata.deletion_timestamp.is_some() {
+        if !has_finalizer {
+            return Step::DeleteFinishedPod;
+        }
+        if run
+            .annotations()
+            .get(SKIP_DRAIN_ANNOTATION)
+            .map(String::as_str)
+            == Some("true")
+        {
+            return Step::SkipDrain;
+        }
+        if is_final {
+            return Step::ReleaseFinalizer;
+        }
+        return match pod {
+            Some(_) => Step::Teardown(Trigger::Deleting),
+            None if current.is_none() || current == Some(Phase::Pending) && !drain_needed(run) => {
+                Step::ReleaseFinalizer
+            }
+            None => Step::RecordPodLost,
+        };
+    }
+
+    if !has_finalizer {
+        return Step::AddFinalizer;
+    }
+    if is_final {
+        if retention::ttl(run, now) == retention::Ttl::Expired {
+            return Step::DeleteExpiredRun;
+        }
+        return Step::DeleteFinishedPod;
+    }
+    let Some(pod) = pod else {
+        return match current {
+            None | Some(Phase::Pending)
+                if run
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.pod_name.as_ref())
+                    .is_none() =>
+            {
+                Step::CreatePod
+            }
+            _ => Step::RecordPodLost,
+        };
+    };
+    if current == Some(Phase::Draining) {
+        // A teardown already began (e.g. the operator restarted mid-drain): finish it.
+        return Step::Teardown(resume_trigger(run, pod));
+    }
+    if pod.deleting {
+        return Step::Teardown(Trigger::PodDeleting);
+    }
+    if let WorkloadState::Terminated { exit_code } = pod.workload {
+        return Step::Teardown(Trigger::WorkloadFinished { exit_code });
+    }
+    if run.spec.stop {
+        return Step::Teardown(Trigger::Stop);
+    }
+    let deadline_left = match deadline(run) {
+        Some(when) if now >= when => return Step::Teardown(Trigger::Deadline),
+        Some(when) => Duration::try_from(now.duration_until(when)).ok(),
+        None => None,
+    };
+    let pull_left = match pull_verdict(pod, now, settings) {
+        PullVerdict::Fatal(message) => return Step::Teardown(Trigger::ImagePullFailed { message }),
+        PullVerdict::Retrying { left } => left,
+        PullVerdict::Clear => None,
+    };
+    // Look again at the deadline or when the image-pull timeout passes, whichever comes first.
+    let requeue = match (deadline_left, pull_left) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Step::TrackPod { requeue }
+}
+
+/// Whether a deleting run whose pod is gone still owes its read-back paths an outcome: it
+/// declares paths and its pod may have run — the operator saw it start, or created it and
+/// never saw what became of it (it was down while the pod ran). Only a run whose pod was never
+/// created may be let go of without a word; the others are reported lost (docs/contract.md §4).
+fn drain_needed(run: &SandboxRun) -> bool {
+    !run.spec.read_back_paths().is_empty()
+        && run
+            .status
+            .as_ref()
+            .is_some_and(|s| s.start_time.is_some() || s.pod_name.is_some())
+}
+
+fn resume_trigger(run: &SandboxRun, pod: &PodView) -> Trigger {
+    if let WorkloadState::Terminated { exit_code } = pod.workload {
+        return Trigger::WorkloadFinished { exit_code };
+    }
+    if condition_true(run.status.as_ref(), conditions::WORKLOAD_FINISHED) {
+        return Trigger::WorkloadFinished {
+            exit_code: run.status.as_ref().and_then(|s| s.exit_code).unwrap_or(-1),
+        };
+    }
+    if let Some(message) = image_pull_failed_message(run) {
+        return Trigger::ImagePullFailed { message };
+    }
+    match run.status.as_ref().and_then(ready_false_reason) {
+        Some(REASON_DEADLINE_EXCEEDED) => return Trigger::Deadline,
+        Some(REASON_POD_DELETED) => return Trigger::PodDeleting,
+        _ => {}
+    }
+    if run.spec.stop {
+        Trigger::Stop
+    } else {
+        Trigger::Deadline
+    }
+}
+
+/// The kubelet's words when the run is being (or was) torn down because its image could not be
+/// pulled: the message of its Ready=False condition with reason [`super::conditions::REASON_IMAGE_PULL_FAILED`].
+fn image_pull_failed_message(run: &SandboxRun) -> Option<String> {
+    image_pull_failure(run.status.as_ref()?)
+}
+
+/// Whether [`Step::RecordPodLost`], decided on the watch cache's copy of the run, holds for the
+/// live run too. The pod is read live but the run comes from the watch cache, which can lag
+/// behind this operator's own last status write: a teardown that recorded its drain, then
+/// deleted the pod, is reconciled again (the pod's deletion) with the pre-teardown run, and
+/// deciding "pod lost" on that stale copy would overwrite the recorded drain outcome with "the
+/// pod was gone". An unchanged run is the same decision; a changed one is decided again.
+pub fn pod_lost_holds(
+    cached: &SandboxRun,
+    live: &SandboxRun,
+    now: Timestamp,
+    settings: &DecideSettings,
+) -> bool {
+    live.metadata.resource_version == cached.metadata.resource_version
+        || decide(live, None, now, settings) == Step::RecordPodLost
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::conditions::set_condition;
+    use crate::controller::fixtures::*;
+    use crate::controller::observe::image_pull_is_definitive;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    #[test]
+    fn new_run_gets_the_finalizer_first_then_a_pod() {
+        let mut r = run_with(&[("/out", false)]);
+        r.metadata.finalizers = None;
+        assert_eq!(decide(&r, None, now(), &settings()), Step::AddFinalizer);
+        let r = run_with(&[("/out", false)]);
+        assert_eq!(decide(&r, None, now(), &settings()), Step::CreatePod);
+    }
+
+    #[test]
+    fn a_finished_run_expires_after_its_ttl_and_its_deletion_goes_through_the_finalizer() {
+        let mut r = with_phase(run_with(&[("/out", false)]), Phase::Succeeded);
+        r.spec.ttl_seconds_after_finished = Some(10);
+        if let Some(s) = r.status.as_mut() {
+            s.completion_time = Some(Time(now()));
+            set_condition(
+                &mut s.conditions,
+                conditions::COMPLETE,
+                true,
+                "Succeeded",
+                "",
+                Some(1),
+                now(),
+            );
+        }
+        let at = |secs: i64| {
+            now()
+                .checked_add(jiff::SignedDuration::from_secs(secs))
+                .unwrap()
+        };
+        assert_eq!(
+            decide(&r, None, at(9), &settings()),
+            Step::DeleteFinishedPod
+        );
+        assert_eq!(
+            decide(&r, None, at(10), &settings()),
+            Step::DeleteExpiredRun
+        );
+        // Once deleted, the normal finalizer path runs (never a second delete).
+        r.metadata.deletion_timestamp = Some(Time(at(10)));
+        assert_eq!(
+            decide(&r, None, at(11), &settings()),
+            Step::ReleaseFinalizer
+        );
+        // Without a TTL a finished run stays.
+        r.metadata.deletion_timestamp = None;
+        r.spec.ttl_seconds_after_finished = None;
+        assert_eq!(
+            decide(&r, None, at(1_000_000), &settings()),
+            Step::DeleteFinishedPod
+        );
+    }
+
+    #[test]
+    fn workload_exit_starts_teardown_with_its_code() {
+        let r = with_phase(run_with(&[("/out", false)]), Phase::Running);
+        let mut pod = running();
+        pod.workload = WorkloadState::Terminated { exit_code: 3 };
+        assert_eq!(
+            decide(&r, Some(&pod), now(), &settings()),
+            Step::Teardown(Trigger::WorkloadFinished { exit_code: 3 })
+        );
+    }
+
+    #[test]
+    fn stop_deadline_and_deletion_start_teardown() {
+        let mut r = with_phase(run_with(&[("/out", false)]), Phase::Running);
+        r.spec.stop = true;
+        assert_eq!(
+            decide(&r, Some(&running()), now(), &settings()),
+            Step::Teardown(Trigger::Stop)
+        );
+
+        let mut r = with_phase(run_with(&[("/out", false)]), Phase::Running);
+        r.spec.active_deadline_seconds = Some(60);
+        assert_eq!(
+            decide(&r, Some(&running()), now(), &settings()),
+            Step::TrackPod {
+                requeue: Some(Duration::from_secs(60))
+            }
+        );
+        let later = now()
+            .checked_add(jiff::SignedDuration::from_secs(61))
+            .unwrap();
+        assert_eq!(
+            decide(&r, Some(&running()), later, &settings()),
+            Step::Teardown(Trigger::Deadline)
+        );
+
+        let mut r = with_phase(run_with(&[("/out", false)]), Phase::Running);
+        r.metadata.deletion_timestamp = Some(Time(now()));
+        assert_eq!(
+            decide(&r, Some(&running()), now(), &settings()),
+            Step::Teardown(Trigger::Deleting)
+        );
+    }
+
+    #[test]
+    fn pod_deleted_by_someone_else_is_drained_in_its_grace_window() {
+        let r = with_phase(run_with(&[("/out", false)]), Phase::Running);
+        let mut pod = running();
+        pod.deleting = true;
+        assert_eq!(
+            decide(&r, Some(&pod), now(), &settings()),
+            Step::Teardown(Trigger::PodDeleting)
+        );
+    }
+
+    #[test]
+    fn restart_mid_drain_resumes_teardown() {
+        let mut r = with_phase(run_with(&[("/out", false)]), Phase::Draining);
+        r.spec.stop = true;
+        assert_eq!(
+            decide(&r, Some(&running()), now(), &settings()),
+            Step::Teardown(Trigger::Stop)
+        );
+    }
+
+    #[test]
+    fn deletion_of_a_finished_run_releases_and_skip_drain_is_honoured() {
+        let mut r = with_phase(run_with(&[("/out", false)]), Phase::Succeeded);
+        r.metadata.deletion_timestamp = Some(Time(now()));
+        assert_eq!(decide(&r, None, now(), &settings()), Step::ReleaseFinalizer);
+        let mut r = with_phase(run_with(&[("/out", false)]), Phase::Running);
+        r.metadata.deletion_timestamp = Some(Time(now()));
+        r.metadata.annotations =
+            Some([(SKIP_DRAIN_ANNOTATION.to_string(), "true".to_string())].into());
+        assert_eq!(
+            decide(&r, Some(&running()), now(), &settings()),
+            Step::SkipDrain
+        );
+    }
+
+    #[test]
+    fn a_registry_that_says_not_found_fails_the_pull_at_once() {
+        assert!(image_pull_is_definitive("ErrImagePull", NOT_FOUND));
+        let backoff =
+            format!("Back-off pulling image \"localhost:15000/nope:1\": ErrImagePull: {NOT_FOUND}");
+        assert!(image_pull_is_definitive("ImagePullBackOff", &backoff));
+        assert!(image_pull_is_definitive(
+            "ErrImagePull",
+            "failed to resolve image: localhost:15000/nope:1: not found"
+        ));
+        assert!(image_pull_is_definitive(
+            "ErrImagePull",
+            "reading manifest 1 in localhost:15000/nope: manifest unknown"
+        ));
+        assert!(image_pull_is_definitive("InvalidImageName", ""));
+        assert!(image_pull_is_definitive("ErrImageNeverPull", ""));
+        assert!(!image_pull_is_definitive("ErrImagePull", REFUSED));
+        assert!(!image_pull_is_definitive("ImagePullBackOff", REFUSED));
+        assert!(!image_pull_is_definitive("ContainerCreating", NOT_FOUND));
+
+        // Seen on the pod: the run is torn down at once, with the kubelet's words.
+        let r = pending(run_with(&[("/out", false)]));
+        for (reason, message) in [
+            ("ErrImagePull", NOT_FOUND),
+            ("ImagePullBackOff", backoff.as_str()),
+        ] {
+            let view = PodView::of(&pulling_pod(reason, message));
+            assert!(
+                matches!(
+                    view.problem,
+                    Some(PodProblem::ImagePull { fatal: true, .. })
+                ),
+                "{view:?}"
+            );
+            match decide(&r, Some(&view), now(), &settings()) {
+                Step::Teardown(Trigger::ImagePullFailed { message }) => {
+                    assert!(message.contains("container workload"), "{message}");
+                    assert!(message.contains(reason), "{message}");
+                    assert!(message.contains("code = NotFound"), "{message}");
+                }
+                other => panic!("{reason}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_transient_pull_error_fails_the_run_only_after_the_image_pull_timeout() {
+        let r = pending(run_with(&[("/out", false)]));
+        let view = PodView::of(&pulling_pod("ImagePullBackOff", REFUSED));
+        assert_eq!(view.pending_since, Some(now()));
+        let s = DecideSettings {
+            image_pull_timeout: Duration::from_secs(300),
+        };
+        // Before the timeout: tracked, and looked at again when it passes.
+        assert_eq!(
+            decide(&r, Some(&view), now(), &s),
+            Step::TrackPod {
+                requeue: Some(Duration::from_secs(300))
+            }
+        );
+        assert_eq!(
+            decide(&r, Some(&view), at(299), &s),
+            Step::TrackPod {
+                requeue: Some(Duration::from_secs(1))
+            }
+        );
+        // After it: fatal, saying why.
+        match decide(&r, Some(&view), at(300), &s) {
+            Step::Teardown(Trigger::ImagePullFailed { message }) => {
+                assert!(message.contains("connection refused"), "{message}");
+                assert!(message.contains("--image-pull-timeout is 5m"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // The deadline still wins the requeue when it comes first.
+        let mut r2 = r.clone();
+        r2.spec.active_deadline_seconds = Some(60);
+        assert_eq!(
+            decide(&r2, Some(&view), now(), &s),
+            Step::TrackPod {
+                requeue: Some(Duration::from_secs(60))
+            }
+        );
+        // Without status.startTime the clock runs from the pod's creation.
+        let mut pod = pulling_pod("ErrImagePull", REFUSED);
+        if let Some(st) = pod.status.as_mut() {
+            st.start_time = None;
+        }
+        pod.metadata.creation_timestamp = Some(Time(at(-400)));
+        let view = PodView::of(&pod);
+        assert!(matches!(
+            decide(&r, Some(&view), now(), &s),
+            Step::Teardown(Trigger::ImagePullFailed { .. })
+        ));
+        // A pod that is simply starting (no pull error) is never judged.
+        let mut starting = running();
+        starting.workload = WorkloadState::NotStarted;
+        starting.holder_running = false;
+        assert_eq!(
+            decide(&r, Some(&starting), at(3600), &s),
+            Step::TrackPod { requeue: None }
+        );
+    }
+
+    #[test]
+    fn a_run_deleted_while_the_operator_was_down_is_not_released_without_a_word() {
+        // The operator created the pod (status: Pending, podName) and was down while the pod
+        // ran and went away; the run was deleted meanwhile. No startTime was ever seen, but the
+        // pod may have run: the paths are reported lost (Failed + Event), not let go of silently.
+        let mut r = with_phase(run_with(&[("/out", true)]), Phase::Pending);
+        r.metadata.deletion_timestamp = Some(Time(now()));
+        if let Some(s) = r.status.as_mut() {
+            s.start_time = None;
+            s.pod_name = Some("job-sbr".into());
+        }
+        assert_eq!(decide(&r, None, now(), &settings()), Step::RecordPodLost);
+        // A pod never created (no podName): nothing can have run, the finalizer goes at once.
+        if let Some(s) = r.status.as_mut() {
+            s.pod_name = None;
+        }
+        assert_eq!(decide(&r, None, now(), &settings()), Step::ReleaseFinalizer);
+        // Without declared paths there is nothing to report either.
+        let mut r = with_phase(run_with(&[]), Phase::Pending);
+        r.metadata.deletion_timestamp = Some(Time(now()));
+        if let Some(s) = r.status.as_mut() {
+            s.pod_name = Some("job-sbr".into());
+        }
+        assert_eq!(decide(&r, None, now(), &settings()), Step::ReleaseFinalizer);
+    }
+}

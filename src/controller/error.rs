@@ -1,0 +1,54 @@
+//! The one error a reconcile (or a teardown) ends with; retried with a pause, never a hot loop.
+
+use thiserror::Error;
+
+/// A reconcile that could not finish; retried with a pause (never a hot loop).
+#[derive(Debug, Error)]
+pub enum ControllerError {
+    /// A call to the apiserver failed.
+    #[error("{action} failed: {source}")]
+    Kube {
+        /// What was being done.
+        action: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The run has no namespace or name (cannot happen for a namespaced CR read from the API).
+    #[error("the run has no {0}")]
+    Metadata(&'static str),
+}
+
+impl ControllerError {
+    /// The `kind` label of `sandboxrun_reconcile_errors_total` (docs/operations.md "Metrics").
+    /// Written out, never the `Debug` text, so renaming a variant cannot rename a label.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            ControllerError::Kube { .. } => "kube",
+            ControllerError::Metadata(_) => "metadata",
+        }
+    }
+}
+
+/// Wraps a client error with what was being done.
+pub fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> ControllerError {
+    let action = action.into();
+    move |source| ControllerError::Kube { action, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_labels_are_the_documented_kinds() {
+        let kube = kube_err("get pod")(kube::Error::LinesCodecMaxLineLengthExceeded);
+        assert_eq!(kube.metric_label(), "kube");
+        assert_eq!(ControllerError::Metadata("name").metric_label(), "metadata");
+        let ops = include_str!("../../docs/operations.md");
+        assert!(
+            ops.contains("`kind` (kube, metadata)"),
+            "docs/operations.md lists the kinds"
+        );
+    }
+}

@@ -1,0 +1,582 @@
+//! Every Event reason the operator writes, in one table (docs/user-guide.md "Troubleshooting").
+//!
+//! Reasons are CamelCase like the rest of Kubernetes, except the two names the contract fixes
+//! ([`DRAIN_FAILED`], [`CAPPED`]; docs/contract.md §4). Each is an explicit constant, never the
+//! `Debug` text of an enum, so renaming a Rust variant cannot rename an Event.
+//!
+//! Also the Events themselves, as the plan stage wants them published ([`PlannedEvent`]): the
+//! one summary of a teardown's paths ([`drain_summary`]), the opening and ending of a teardown,
+//! and the one [`POD_STUCK`] Event per distinct cause ([`stuck_event`]). Pure.
+
+use super::conditions::{self, condition_true};
+use super::decide::Trigger;
+use super::observe::PodProblem;
+use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRunStatus};
+
+/// The pod `<run>-sbr` was created.
+pub const POD_CREATED: &str = conditions::REASON_POD_CREATED;
+/// The apiserver refused the pod (quota, Pod Security, a webhook, RBAC); retried with back-off.
+pub const POD_CREATE_FAILED: &str = conditions::REASON_POD_CREATE_FAILED;
+/// The pod exists and cannot start; the note names the cause.
+pub const POD_STUCK: &str = "PodStuck";
+/// The pod runs.
+pub const RUNNING: &str = "Running";
+/// Teardown began.
+pub const TEARING_DOWN: &str = "TearingDown";
+/// Every path of a teardown drained (none failed or capped).
+pub const DRAINED: &str = "Drained";
+/// docs/contract.md §4: a path could not be drained (the contract fixes this name).
+pub const DRAIN_FAILED: &str = "sandbox_runfiles_drain_failed";
+/// A path hit its cap (the contract fixes this name).
+pub const CAPPED: &str = "sandbox_runfiles_readback_capped";
+/// Final phase `Succeeded`.
+pub const SUCCEEDED: &str = "Succeeded";
+/// Final phase `Failed`.
+pub const FAILED: &str = "Failed";
+/// Final phase `Stopped`.
+pub const STOPPED: &str = "Stopped";
+/// The pod cannot be built from the spec.
+pub const INVALID_SPEC: &str = conditions::REASON_INVALID_SPEC;
+/// The image can never be pulled: the run fails.
+pub const IMAGE_PULL_FAILED: &str = conditions::REASON_IMAGE_PULL_FAILED;
+/// The skip-drain annotation released the finalizer.
+pub const DRAIN_SKIPPED: &str = "DrainSkipped";
+/// A pod with the run's pod name exists and is not the run's.
+pub const POD_NAME_CONFLICT: &str = "PodNameConflict";
+
+/// `ttlSecondsAfterFinished` passed: the operator deleted the run.
+pub const TTL_EXPIRED: &str = "TTLExpired";
+/// `retention: Delete`: the run's stored files were deleted.
+pub const ARCHIVES_DELETED: &str = "ArchivesDeleted";
+/// `retention: Delete`: the store refused a delete; retried.
+pub const ARCHIVE_DELETE_FAILED: &str = "ArchiveDeleteFailed";
+/// `retention: Delete`: the delete kept failing past the bound; the run was released.
+pub const ARCHIVE_DELETE_ABANDONED: &str = "ArchiveDeleteAbandoned";
+
+/// The two reasons whose spelling the contract fixes (not CamelCase).
+pub const CONTRACT_REASONS: [&str; 2] = [DRAIN_FAILED, CAPPED];
+
+/// Every Event reason the operator writes.
+pub const ALL: &[&str] = &[
+    POD_CREATED,
+    POD_CREATE_FAILED,
+    POD_STUCK,
+    RUNNING,
+    TEARING_DOWN,
+    DRAINED,
+    DRAIN_FAILED,
+    CAPPED,
+    SUCCEEDED,
+    FAILED,
+    STOPPED,
+    INVALID_SPEC,
+    IMAGE_PULL_FAILED,
+    DRAIN_SKIPPED,
+    POD_NAME_CONFLICT,
+    TTL_EXPIRED,
+    ARCHIVES_DELETED,
+    ARCHIVE_DELETE_FAILED,
+    ARCHIVE_DELETE_ABANDONED,
+];
+
+/// The reason of the Event that announces a final phase.
+pub fn phase_reason(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Succeeded => SUCCEEDED,
+        Phase::Stopped => STOPPED,
+        // Failed, and defensively any phase that is not final.
+        _ => FAILED,
+    }
+}
+
+/// The Event that announces how a run ended: (Warning?, reason). Its type follows the Failed
+/// condition (batch/v1 Job semantics, docs/user-guide.md "Lifecycle"), not the phase: a run
+/// `Stopped` by the user whose drain failed, or stopped by its deadline, ended badly and says so
+/// with a Warning.
+pub fn ending_event(status: &SandboxRunStatus) -> (bool, &'static str) {
+    let failed = condition_true(Some(status), conditions::FAILED);
+    let phase = status.phase.unwrap_or(Phase::Failed);
+    (failed || phase == Phase::Failed, phase_reason(phase))
+}
+
+/// An Event a stage plans: [`super::act`] publishes it about the run, with the run's pod as
+/// `related` (the Events API's `related`, kube's `secondary`) when `about_pod`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PlannedEvent {
+    /// Warning, else Normal.
+    pub warning: bool,
+    /// One of [`ALL`].
+    pub reason: &'static str,
+    /// What happened, in words (cut to [`EVENT_NOTE_LIMIT`] when published).
+    pub note: String,
+    /// The Events API's `action`.
+    pub action: &'static str,
+    /// Whether the Event names the pod as `related`.
+    pub about_pod: bool,
+}
+
+impl PlannedEvent {
+    /// A Normal Event.
+    pub fn normal(reason: &'static str, note: impl Into<String>, action: &'static str) -> Self {
+        PlannedEvent {
+            warning: false,
+            reason,
+            note: note.into(),
+            action,
+            about_pod: false,
+        }
+    }
+
+    /// A Warning Event.
+    pub fn warning(reason: &'static str, note: impl Into<String>, action: &'static str) -> Self {
+        PlannedEvent {
+            warning: true,
+            ..PlannedEvent::normal(reason, note, action)
+        }
+    }
+
+    /// The same Event, naming the pod as `related`.
+    pub fn about_pod(mut self) -> Self {
+        self.about_pod = true;
+        self
+    }
+}
+
+/// The [`POD_STUCK`] Event to publish when the pod's `problem` is a cause Ready did not already
+/// name ([`newly_stuck`]). Its action is the cause: the Recorder folds Events that share type,
+/// reason and action into one series that keeps the FIRST note, so a second cause under one
+/// action would be hidden behind the first.
+pub fn stuck_event(
+    before: &SandboxRunStatus,
+    problem: Option<&PodProblem>,
+) -> Option<PlannedEvent> {
+    let note = newly_stuck(before, problem)?;
+    let problem = problem?;
+    Some(PlannedEvent::warning(POD_STUCK, note, problem.reason()).about_pod())
+}
+
+/// The note of the PodStuck Event to publish when the pod's `problem` is a cause Ready (in the
+/// status `before` this reconcile) did not already name: `<reason>: <message>`. None when there
+/// is no problem or Ready already says exactly this, so each distinct cause is told once.
+pub fn newly_stuck(before: &SandboxRunStatus, problem: Option<&PodProblem>) -> Option<String> {
+    let problem = problem?;
+    let told = before.conditions.iter().any(|c| {
+        c.type_ == conditions::READY
+            && c.status == "False"
+            && c.reason == problem.reason()
+            && c.message == problem.message()
+    });
+    (!told).then(|| format!("{}: {}", problem.reason(), problem.message()))
+}
+
+/// The Event that opens a teardown: (Warning?, reason, note). An image that cannot be pulled is
+/// a Warning with reason [`IMAGE_PULL_FAILED`] and the kubelet's words (the run fails on
+/// it, possibly without any Track Event having said so); every other trigger is a Normal
+/// `TearingDown`.
+pub fn teardown_event(trigger: &Trigger) -> (bool, &'static str, String) {
+    match trigger {
+        Trigger::ImagePullFailed { message } => (
+            true,
+            IMAGE_PULL_FAILED,
+            format!("{message}; the workload never started, the run fails without draining"),
+        ),
+        _ => (
+            false,
+            TEARING_DOWN,
+            format!("{}; draining", trigger.describe()),
+        ),
+    }
+}
+
+/// Longest Event note we write: the Events API refuses a note over 1 KiB; this leaves room.
+pub const EVENT_NOTE_LIMIT: usize = 1000;
+/// Longest description of one path in a drain summary, so that one long failure message cannot
+/// hide every other path.
+const SUMMARY_PART_LIMIT: usize = 300;
+/// Room kept for the "N more path(s) elided" tail while paths are added.
+const SUMMARY_ELISION_RESERVE: usize = 64;
+
+/// One Event that tells the outcome of every path of a teardown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DrainSummary {
+    /// Warning when a path failed or was capped, else Normal.
+    pub warning: bool,
+    /// [`DRAIN_FAILED`] when any path failed (the contract requires that reason for a failed
+    /// drain), else [`CAPPED`] when any path was capped, else [`DRAINED`].
+    pub reason: &'static str,
+    /// Every path's phase, members, bytes, dropped members and message, most severe first;
+    /// at most [`EVENT_NOTE_LIMIT`] bytes, saying how many paths did not fit.
+    pub note: String,
+}
+
+impl DrainSummary {
+    /// The summary as an Event with `action`.
+    pub fn into_event(self, action: &'static str) -> PlannedEvent {
+        PlannedEvent {
+            warning: self.warning,
+            reason: self.reason,
+            note: self.note,
+            action,
+            about_pod: false,
+        }
+    }
+}
+
+/// Summarizes the outcome of every path in ONE Event.
+///
+/// kube-runtime's `Recorder` folds Events with the same type, reason, action and object into one
+/// series that keeps the FIRST note, so one Event per path showed a single path in `kubectl
+/// describe` (issue #17). Returns None when the run declares no path.
+pub fn drain_summary(entries: &[ReadBackStatus]) -> Option<DrainSummary> {
+    if entries.is_empty() {
+        return None;
+    }
+    let severity = |p: ReadBackPhase| match p {
+        ReadBackPhase::Failed => 0,
+        ReadBackPhase::Capped => 1,
+        ReadBackPhase::Pending => 2,
+        ReadBackPhase::Drained => 3,
+        ReadBackPhase::Empty => 4,
+    };
+    let any = |p: ReadBackPhase| entries.iter().any(|e| e.phase == p);
+    let (warning, reason) = if any(ReadBackPhase::Failed) {
+        (true, DRAIN_FAILED)
+    } else if any(ReadBackPhase::Capped) {
+        (true, CAPPED)
+    } else {
+        (false, DRAINED)
+    };
+    let mut ordered: Vec<&ReadBackStatus> = entries.iter().collect();
+    ordered.sort_by_key(|e| severity(e.phase));
+
+    let mut counts: Vec<String> = Vec::new();
+    for phase in [
+        ReadBackPhase::Failed,
+        ReadBackPhase::Capped,
+        ReadBackPhase::Pending,
+        ReadBackPhase::Drained,
+        ReadBackPhase::Empty,
+    ] {
+        let n = entries.iter().filter(|e| e.phase == phase).count();
+        if n > 0 {
+            counts.push(format!("{n} {}", phase.as_str()));
+        }
+    }
+    let mut note = format!("{} path(s): {}. ", entries.len(), counts.join(", "));
+    let parts: Vec<String> = ordered
+        .iter()
+        .map(|e| cut(&describe_entry(e), SUMMARY_PART_LIMIT))
+        .collect();
+    let mut shown = 0;
+    for (i, part) in parts.iter().enumerate() {
+        let sep = if shown == 0 { "" } else { "; " };
+        let reserve = if i + 1 < parts.len() {
+            SUMMARY_ELISION_RESERVE
+        } else {
+            0
+        };
+        if note.len() + sep.len() + part.len() + reserve > EVENT_NOTE_LIMIT {
+            break;
+        }
+        note.push_str(sep);
+        note.push_str(part);
+        shown += 1;
+    }
+    if shown < parts.len() {
+        note.push_str(&format!(
+            "{}{} more path(s) elided, see status.readBack",
+            if shown == 0 { "" } else { "; " },
+            parts.len() - shown
+        ));
+    }
+    Some(DrainSummary {
+        warning,
+        reason,
+        note: cut(&note, EVENT_NOTE_LIMIT),
+    })
+}
+
+/// One path in words: `/out: Capped, 2 member(s), 716800 byte(s), 1 member(s) dropped: …`.
+fn describe_entry(e: &ReadBackStatus) -> String {
+    let mut out = format!(
+        "{}: {}, {} member(s), {} byte(s)",
+        e.path,
+        e.phase.as_str(),
+        e.members,
+        e.bytes
+    );
+    if e.dropped_members > 0 {
+        out.push_str(&format!(", {} member(s) dropped", e.dropped_members));
+    }
+    if e.rejected_members > 0 {
+        out.push_str(&format!(", {} member(s) rejected", e.rejected_members));
+    }
+    if e.phase == ReadBackPhase::Failed {
+        out.push_str(&format!(", after {} attempt(s)", e.attempts));
+    }
+    match e.message.as_deref() {
+        Some(m) if !m.is_empty() => {
+            out.push_str(": ");
+            out.push_str(m);
+        }
+        _ if e.phase == ReadBackPhase::Failed => out.push_str(": no detail"),
+        _ => {}
+    }
+    out
+}
+
+/// `text` cut to at most `limit` bytes on a character boundary, ending in `…` when cut.
+pub fn cut(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let ellipsis = "…";
+    let mut end = limit.saturating_sub(ellipsis.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}{ellipsis}", &text[..end])
+}
+
+/// CamelCase: an ASCII upper-case letter, then ASCII letters and digits only.
+pub fn is_camel_case(reason: &str) -> bool {
+    let mut chars = reason.chars();
+    chars.next().is_some_and(|c| c.is_ascii_uppercase()) && chars.all(|c| c.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ReadBack, ReadBackPath, SandboxRun, SandboxRunSpec};
+    use crate::controller::status::{draining_status, finished_status};
+    use jiff::Timestamp;
+
+    #[test]
+    fn every_reason_is_camel_case_except_the_two_the_contract_fixes() {
+        for reason in ALL {
+            assert!(
+                is_camel_case(reason) != CONTRACT_REASONS.contains(reason),
+                "{reason}"
+            );
+            // The Events API refuses a reason over 128 characters.
+            assert!(reason.len() <= 128, "{reason}");
+        }
+        assert_eq!(
+            CONTRACT_REASONS,
+            [
+                "sandbox_runfiles_drain_failed",
+                "sandbox_runfiles_readback_capped"
+            ]
+        );
+        let mut unique = ALL.to_vec();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), ALL.len(), "a reason is listed twice");
+        assert!(is_camel_case("PodCreateFailed"));
+        for bad in ["podCreated", "Pod_Created", "Pod Created", "", "Stopped!"] {
+            assert!(!is_camel_case(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn drain_failed_reason_is_the_contract_string() {
+        assert_eq!(DRAIN_FAILED, "sandbox_runfiles_drain_failed");
+        assert!(DRAIN_FAILED.len() <= 128);
+    }
+
+    #[test]
+    fn phases_have_explicit_reasons() {
+        assert_eq!(phase_reason(Phase::Succeeded), "Succeeded");
+        assert_eq!(phase_reason(Phase::Failed), "Failed");
+        assert_eq!(phase_reason(Phase::Stopped), "Stopped");
+        assert_eq!(phase_reason(Phase::Draining), "Failed");
+    }
+
+    /// The troubleshooting table of the user guide explains every reason the operator writes.
+    #[test]
+    fn the_user_guide_troubleshooting_table_lists_every_reason() {
+        let guide = include_str!("../../docs/user-guide.md");
+        let table = guide
+            .split("| Event reason | Type |")
+            .nth(1)
+            .expect("docs/user-guide.md has the Event reason table");
+        for reason in ALL {
+            assert!(
+                table.contains(&format!("`{reason}`")),
+                "docs/user-guide.md's Event table does not explain {reason}"
+            );
+        }
+    }
+
+    fn stopped_run(required: bool) -> SandboxRun {
+        let mut r = SandboxRun::new(
+            "demo",
+            SandboxRunSpec {
+                stop: true,
+                read_back: Some(ReadBack {
+                    paths: vec![ReadBackPath {
+                        path: "/out".into(),
+                        required,
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        r.metadata.generation = Some(1);
+        r
+    }
+
+    fn ended(run: &SandboxRun, trigger: Trigger, phase: ReadBackPhase) -> SandboxRunStatus {
+        let now: Timestamp = "2026-11-30T12:00:00Z".parse().unwrap();
+        let mut s = draining_status(run, &trigger, None, now);
+        s.read_back.iter_mut().for_each(|e| e.phase = phase);
+        finished_status(run, s, now)
+    }
+
+    #[test]
+    fn the_ending_event_is_a_warning_exactly_when_the_run_failed() {
+        // Stopped by the user, the drain of an optional path failed: phase Stopped, Failed=True.
+        let s = ended(&stopped_run(false), Trigger::Stop, ReadBackPhase::Failed);
+        assert_eq!(s.phase, Some(Phase::Stopped));
+        assert_eq!(ending_event(&s), (true, STOPPED));
+        // Stopped by the user, drained: Complete, Normal.
+        let s = ended(&stopped_run(false), Trigger::Stop, ReadBackPhase::Drained);
+        assert_eq!(ending_event(&s), (false, STOPPED));
+        // Stopped by the deadline: Failed=True (DeadlineExceeded), a Warning though drained.
+        let s = ended(
+            &stopped_run(false),
+            Trigger::Deadline,
+            ReadBackPhase::Drained,
+        );
+        assert_eq!(s.phase, Some(Phase::Stopped));
+        assert_eq!(ending_event(&s), (true, STOPPED));
+        // A workload that failed, and one that succeeded.
+        let s = ended(
+            &stopped_run(false),
+            Trigger::WorkloadFinished { exit_code: 1 },
+            ReadBackPhase::Drained,
+        );
+        assert_eq!(ending_event(&s), (true, FAILED));
+        let s = ended(
+            &stopped_run(true),
+            Trigger::WorkloadFinished { exit_code: 0 },
+            ReadBackPhase::Drained,
+        );
+        assert_eq!(ending_event(&s), (false, SUCCEEDED));
+    }
+}
+
+#[cfg(test)]
+mod summary_tests {
+    use super::*;
+    use crate::controller::fixtures::*;
+
+    #[test]
+    fn one_drain_event_shows_every_path() {
+        let s = drain_summary(&[
+            entry("/out", ReadBackPhase::Drained, None),
+            entry(
+                "/logs",
+                ReadBackPhase::Empty,
+                Some("the workload wrote nothing at this path"),
+            ),
+        ])
+        .unwrap();
+        assert_eq!((s.warning, s.reason), (false, DRAINED));
+        assert!(
+            s.note.starts_with("2 path(s): 1 Drained, 1 Empty. "),
+            "{}",
+            s.note
+        );
+        assert!(
+            s.note.contains("/out: Drained, 2 member(s), 30 byte(s)"),
+            "{}",
+            s.note
+        );
+        assert!(
+            s.note
+                .contains("/logs: Empty, 2 member(s), 30 byte(s): the workload wrote nothing"),
+            "{}",
+            s.note
+        );
+        assert_eq!(drain_summary(&[]), None);
+    }
+
+    #[test]
+    fn a_failed_path_wins_the_reason_and_every_path_stays_visible() {
+        let mut capped = entry(
+            "/cap",
+            ReadBackPhase::Capped,
+            Some("cap of 1 bytes reached"),
+        );
+        capped.dropped_members = 1;
+        let mut failed = entry("/b", ReadBackPhase::Failed, Some("drain timeout"));
+        failed.attempts = 3;
+        let s = drain_summary(&[
+            entry("/a", ReadBackPhase::Drained, None),
+            capped.clone(),
+            failed,
+            entry("/c", ReadBackPhase::Failed, None),
+        ])
+        .unwrap();
+        assert_eq!((s.warning, s.reason), (true, DRAIN_FAILED));
+        assert_eq!(s.reason, "sandbox_runfiles_drain_failed");
+        for want in [
+            "/b: Failed, 2 member(s), 30 byte(s), after 3 attempt(s): drain timeout",
+            "/c: Failed, 2 member(s), 30 byte(s), after 1 attempt(s): no detail",
+            "/cap: Capped, 2 member(s), 30 byte(s), 1 member(s) dropped: cap of 1 bytes reached",
+            "/a: Drained",
+        ] {
+            assert!(s.note.contains(want), "{want:?} missing from {}", s.note);
+        }
+        // Most severe first.
+        let pos = |p: &str| s.note.find(p).unwrap();
+        assert!(
+            pos("/b:") < pos("/cap:") && pos("/cap:") < pos("/a:"),
+            "{}",
+            s.note
+        );
+
+        // Capped and nothing failed: the capped reason, still a Warning.
+        let s = drain_summary(&[entry("/a", ReadBackPhase::Drained, None), capped]).unwrap();
+        assert_eq!((s.warning, s.reason), (true, CAPPED));
+        assert!(s.note.contains("1 member(s) dropped"), "{}", s.note);
+    }
+
+    #[test]
+    fn a_long_drain_summary_stays_under_the_note_limit_and_says_what_it_elided() {
+        let long = "x".repeat(5000);
+        let entries: Vec<ReadBackStatus> = (0..16)
+            .map(|i| entry(&format!("/p{i:02}"), ReadBackPhase::Failed, Some(&long)))
+            .collect();
+        let s = drain_summary(&entries).unwrap();
+        assert!(s.note.len() <= EVENT_NOTE_LIMIT, "{}", s.note.len());
+        assert!(s.note.len() < 1024);
+        assert!(s.note.starts_with("16 path(s): 16 Failed. "), "{}", s.note);
+        // One long message does not hide the others: each path's part is cut.
+        assert!(
+            s.note.contains("/p00: Failed") && s.note.contains("/p01: Failed"),
+            "{}",
+            s.note
+        );
+        let shown = (0..16)
+            .filter(|i| s.note.contains(&format!("/p{i:02}:")))
+            .count();
+        assert!(shown < 16);
+        assert!(
+            s.note.ends_with(&format!(
+                "{} more path(s) elided, see status.readBack",
+                16 - shown
+            )),
+            "{}",
+            s.note
+        );
+        // Multi-byte text is cut on a character boundary.
+        let wide = "é".repeat(2000);
+        let s = drain_summary(&[entry("/w", ReadBackPhase::Failed, Some(&wide))]).unwrap();
+        assert!(s.note.len() <= EVENT_NOTE_LIMIT);
+        assert!(s.note.ends_with('…'), "{}", s.note);
+    }
+}

@@ -1,0 +1,208 @@
+//! The controller: watches SandboxRuns and their pods and reconciles each run in five stages —
+//! observe → decide → plan → act → report:
+//!
+//! - [`observe`] reads the run's pod (and, for a pod stuck Pending, its Events) into a
+//!   [`observe::PodView`];
+//! - [`decide`] chooses the one next [`decide::Step`] (pure);
+//! - [`plan`] turns the step into the status to write, the Events to publish and the effects to
+//!   have (pure; statuses from [`status`], conditions from [`conditions`], Events from
+//!   [`events`], creation back-off from [`refusals`], TTL and retention from [`retention`]);
+//! - [`act`] carries the plan out — the only stage that changes the world — and runs the
+//!   teardowns (the drains) in the [`drain_pool`], off the reconcile workers;
+//! - [`report`] counts the reconcile by step in the metrics.
+//!
+//! This file is the wiring: the watches, the reconcile loop and its error policy.
+
+pub mod act;
+pub mod conditions;
+pub mod context;
+pub mod decide;
+pub mod drain_pool;
+pub mod error;
+pub mod events;
+pub mod observe;
+pub mod plan;
+pub mod refusals;
+pub mod retention;
+pub mod status;
+
+#[cfg(test)]
+mod fixtures;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use tracing::{info, warn};
+
+pub use context::{Context, MANAGER};
+pub use drain_pool::DrainPool;
+pub use error::ControllerError;
+
+use crate::api::{Phase, SandboxRun};
+use crate::metrics::Metrics;
+use observe::Observed;
+use plan::{Inputs, IN_FLIGHT_REQUEUE};
+
+/// Runs the controller until `shutdown` resolves. `namespaces` empty = every namespace.
+pub async fn run(
+    ctx: Arc<Context>,
+    namespaces: Vec<String>,
+    concurrency: u16,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let scopes: Vec<(Api<SandboxRun>, Api<Pod>)> = if namespaces.is_empty() {
+        vec![(Api::all(client.clone()), Api::all(client.clone()))]
+    } else {
+        namespaces
+            .iter()
+            .map(|ns| {
+                (
+                    Api::namespaced(client.clone(), ns),
+                    Api::namespaced(client.clone(), ns),
+                )
+            })
+            .collect()
+    };
+    let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
+    let mut streams = Vec::new();
+    for (runs, pods) in scopes {
+        let pods_cfg = watcher::Config::default().labels(&crate::pod::managed_by_selector());
+        let controller = Controller::new(runs, watcher::Config::default())
+            .owns(pods, pods_cfg)
+            .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
+        spawn_phase_gauge(controller.store(), ctx.metrics.clone());
+        let stream = controller
+            .graceful_shutdown_on(shutdown.clone())
+            .run(reconcile_run, error_policy, ctx.clone())
+            .for_each(|res| async move {
+                if let Err(e) = res {
+                    warn!(error = %e, "reconcile failed");
+                }
+            });
+        streams.push(stream);
+    }
+    futures::future::join_all(streams).await;
+}
+
+/// Keeps `sandboxrun_runs{phase}` up to date from the watch cache, every 10 s. A run with no
+/// phase yet counts as `New`.
+fn spawn_phase_gauge(store: kube::runtime::reflector::Store<SandboxRun>, metrics: Metrics) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let mut counts = std::collections::BTreeMap::<&'static str, i64>::new();
+            for run in store.state() {
+                let phase = run
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.phase)
+                    .map(Phase::as_str)
+                    .unwrap_or(NEW_PHASE_LABEL);
+                *counts.entry(phase).or_default() += 1;
+            }
+            for phase in std::iter::once(NEW_PHASE_LABEL).chain(Phase::ALL.map(Phase::as_str)) {
+                metrics
+                    .runs_by_phase
+                    .with_label_values(&[phase])
+                    .set(counts.get(phase).copied().unwrap_or(0));
+            }
+        }
+    });
+}
+
+/// The `phase` label of runs that have no phase yet.
+const NEW_PHASE_LABEL: &str = "New";
+
+fn error_policy(run: Arc<SandboxRun>, error: &ControllerError, ctx: Arc<Context>) -> Action {
+    ctx.metrics
+        .reconcile_errors
+        .with_label_values(&[error.metric_label()])
+        .inc();
+    warn!(run = %run.name_any(), namespace = ?run.namespace(), %error, "reconcile error; retrying in 10s");
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// One reconcile: observe → decide → plan → act → report.
+async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
+    let started = Instant::now();
+    // The run's drain owns it until the drain ends (its status writes, then this requeue, wake it).
+    if ctx.drains.is_in_flight(&run.uid().unwrap_or_default()) {
+        return Ok(Action::requeue(IN_FLIGHT_REQUEUE));
+    }
+    let now = Timestamp::now();
+    let observation = match observe::observe(&ctx.client, &run, now).await? {
+        Observed::Run(observation) => observation,
+        // A pod with our name that the run does not own is not ours to drain or delete.
+        Observed::NameTaken { observation, other } => {
+            let plan = plan::name_conflict(&run, &observation.pod_name);
+            let pod_name = &observation.pod_name;
+            let requeue = act::carry_out(&ctx, &run, pod_name, Some(other.as_ref()), plan).await?;
+            return Ok(requeue.into_action());
+        }
+    };
+    let step = decide::decide(&run, observation.view.as_ref(), now, &ctx.decide);
+    let label = step.as_str();
+    info!(run = %observation.name, namespace = %observation.namespace, step = label, "reconcile");
+    let inputs = Inputs {
+        run: &run,
+        pod_name: &observation.pod_name,
+        pod: observation.view.as_ref(),
+        now,
+        pod_settings: &ctx.pod,
+        last_create_attempt: ctx.last_create_attempt(&run),
+        default_retention: ctx.default_retention,
+    };
+    let step_plan = plan::plan_step(step, &inputs);
+    let requeue = act::carry_out_step(&ctx, &run, &observation, step_plan).await?;
+    report(&ctx.metrics, label, started);
+    Ok(requeue.into_action())
+}
+
+/// Report: counts the reconcile and its duration under its step's label.
+fn report(metrics: &Metrics, step: &'static str, started: Instant) {
+    metrics.reconciles.with_label_values(&[step]).inc();
+    metrics
+        .reconcile_duration
+        .with_label_values(&[step])
+        .observe(started.elapsed().as_secs_f64());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::Resource;
+
+    #[test]
+    fn run_resource_is_namespaced_in_our_group() {
+        assert_eq!(SandboxRun::group(&()), crate::api::GROUP);
+    }
+
+    #[test]
+    fn metric_labels_are_the_documented_ones() {
+        // docs/operations.md "Metrics" lists these labels; they are part of the API.
+        let ops = include_str!("../../docs/operations.md");
+        let phases: Vec<&str> = std::iter::once(NEW_PHASE_LABEL)
+            .chain(Phase::ALL.map(Phase::as_str))
+            .collect();
+        assert_eq!(
+            phases,
+            [
+                "New",
+                "Pending",
+                "Running",
+                "Draining",
+                "Succeeded",
+                "Failed",
+                "Stopped"
+            ]
+        );
+        assert!(ops.contains(&format!("`phase` ({}; refreshed", phases.join(", "))));
+    }
+}

@@ -1,0 +1,671 @@
+//! Observe: read the world a reconcile decides on — the run's pod (and, for a pod stuck
+//! Pending, its Warning Events), the live run, and the manifests a drain already committed — and
+//! turn the pod into the facts the decision needs ([`PodView`]). The readers here only read; the
+//! interpretation ([`PodView::of`], [`stuck_from_events`], [`pending_recheck`]) is pure.
+//!
+//! Why a pod cannot start is told in words `kubectl describe sbr` shows (docs/contract.md "No
+//! run is silent"): a container the kubelet cannot create, an image it cannot pull, a pod the
+//! scheduler cannot place, and volume trouble, which the kubelet reports only as an Event on the
+//! pod (`FailedMount`), so a pod that stays Pending has its Warning Events read, bounded
+//! ([`POD_EVENTS_LIMIT`]), every [`pending_recheck`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{ContainerState, Event as CoreEvent, Pod};
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+use object_store::ObjectStore;
+use tracing::warn;
+
+use super::conditions::{REASON_IMAGE_PULL_FAILED, REASON_UNSCHEDULABLE};
+use super::error::{kube_err, ControllerError};
+use crate::api::{ReadBackPhase, ReadBackStatus, SandboxRun};
+use crate::pod::{self, HOLDER_CONTAINER, WORKLOAD_CONTAINER};
+
+/// What the workload container is doing, as the pod reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkloadState {
+    /// Not started (pod pending, image pulling, …).
+    NotStarted,
+    /// Running.
+    Running,
+    /// Exited.
+    Terminated {
+        /// Exit code.
+        exit_code: i32,
+    },
+}
+
+/// A reason the pod cannot make progress, worth telling the user.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PodProblem {
+    /// The scheduler cannot place the pod (may resolve itself as the cluster changes).
+    Unschedulable(String),
+    /// An image cannot be pulled.
+    ImagePull {
+        /// Retrying cannot help, whatever the time: an invalid name, `imagePullPolicy: Never`
+        /// without the image, or a registry that answered "not found"
+        /// ([`image_pull_is_definitive`]). Any other pull error is retried by the kubelet and
+        /// only becomes fatal once `DecideSettings::image_pull_timeout` (the decision's) has passed.
+        fatal: bool,
+        /// The kubelet's words (`container <name>: <reason>: <message>`).
+        message: String,
+    },
+    /// The pod cannot start for another reason: a container the kubelet cannot create
+    /// ([`STUCK_CONTAINER_REASONS`]) or a Warning Event on the pod such as
+    /// `FailedMount` ([`STUCK_EVENT_REASONS`]).
+    Stuck {
+        /// The kubelet's reason (`CreateContainerConfigError`, `FailedMount`, …): Ready's reason.
+        reason: &'static str,
+        /// Its words (`container <name>: <message>` for a container).
+        message: String,
+    },
+}
+
+impl PodProblem {
+    /// Ready's reason while the problem lasts.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            PodProblem::Unschedulable(_) => REASON_UNSCHEDULABLE,
+            PodProblem::ImagePull { .. } => REASON_IMAGE_PULL_FAILED,
+            PodProblem::Stuck { reason, .. } => reason,
+        }
+    }
+
+    /// Its words, for Ready's message, `.status.message` and the PodStuck Event.
+    pub fn message(&self) -> &str {
+        match self {
+            PodProblem::Unschedulable(m) => m,
+            PodProblem::ImagePull { message, .. } | PodProblem::Stuck { message, .. } => message,
+        }
+    }
+}
+
+/// Whether an image-pull error says retrying cannot help, at once.
+///
+/// `InvalidImageName` and `ErrImageNeverPull` never resolve themselves. `ErrImagePull` and
+/// `ImagePullBackOff` are usually transient (registry down, network, rate limits, credentials
+/// being rolled out), except when the registry answered that the image does not exist: the
+/// kubelet's message then carries the CRI's `code = NotFound`, ends with `: not found`
+/// (containerd: `failed to resolve image: <ref>: not found`), or says `manifest unknown` (the
+/// distribution API's `MANIFEST_UNKNOWN`). The back-off state repeats the pull error in its
+/// message (`Back-off pulling image "…": ErrImagePull: rpc error: code = NotFound …`), so both
+/// states are judged alike.
+pub fn image_pull_is_definitive(reason: &str, message: &str) -> bool {
+    match reason {
+        "InvalidImageName" | "ErrImageNeverPull" => true,
+        "ErrImagePull" | "ImagePullBackOff" => {
+            let m = message.trim_end();
+            m.contains("code = NotFound")
+                || m.ends_with(": not found")
+                || m.to_ascii_lowercase().contains("manifest unknown")
+        }
+        _ => false,
+    }
+}
+
+fn is_image_pull_reason(reason: &str) -> bool {
+    matches!(
+        reason,
+        "InvalidImageName" | "ErrImageNeverPull" | "ErrImagePull" | "ImagePullBackOff"
+    )
+}
+
+/// The facts of a pod the decision needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodView {
+    /// The pod has a deletionTimestamp.
+    pub deleting: bool,
+    /// The holder container is running (the drain can exec into it).
+    pub holder_running: bool,
+    /// The workload container's state.
+    pub workload: WorkloadState,
+    /// When the pod started running.
+    pub started_at: Option<Timestamp>,
+    /// Since when the pod has been trying to start: `status.startTime` (the kubelet accepted the
+    /// pod; image pulls come after), else `metadata.creationTimestamp`. The clock of
+    /// `DecideSettings::image_pull_timeout` (the decision's).
+    pub pending_since: Option<Timestamp>,
+    /// Something blocking the pod.
+    pub problem: Option<PodProblem>,
+}
+
+impl PodView {
+    /// Reads the facts out of a pod.
+    pub fn of(pod: &Pod) -> PodView {
+        let status = pod.status.as_ref();
+        let statuses = status.and_then(|s| s.container_statuses.as_ref());
+        let state_of = |name: &str| -> Option<&ContainerState> {
+            statuses?.iter().find(|c| c.name == name)?.state.as_ref()
+        };
+        let workload = match state_of(WORKLOAD_CONTAINER) {
+            Some(s) if s.terminated.is_some() => WorkloadState::Terminated {
+                exit_code: s.terminated.as_ref().map(|t| t.exit_code).unwrap_or(-1),
+            },
+            Some(s) if s.running.is_some() => WorkloadState::Running,
+            _ => WorkloadState::NotStarted,
+        };
+        let holder_running = state_of(HOLDER_CONTAINER).is_some_and(|s| s.running.is_some());
+        let mut problem = None;
+        if let Some(cond) = status.and_then(|s| s.conditions.as_ref()).and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        }) {
+            if cond.reason.as_deref() == Some("Unschedulable") {
+                problem = Some(PodProblem::Unschedulable(
+                    cond.message.clone().unwrap_or_default(),
+                ));
+            }
+        }
+        // The workload's pull problem is reported before the holder's: it is the one the user
+        // can fix, and the one that keeps the workload from ever starting. The same holds for a
+        // container the kubelet cannot create (a missing ConfigMap/Secret key, …).
+        let mut pull_problems: Vec<(bool, PodProblem)> = Vec::new();
+        let mut stuck: Vec<(bool, PodProblem)> = Vec::new();
+        for cs in statuses.into_iter().flatten() {
+            if let Some(waiting) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
+                let reason = waiting.reason.as_deref().unwrap_or_default();
+                if let Some(reason) = known(reason, STUCK_CONTAINER_REASONS) {
+                    let message = waiting.message.as_deref().unwrap_or_default();
+                    stuck.push((
+                        cs.name == WORKLOAD_CONTAINER,
+                        PodProblem::Stuck {
+                            reason,
+                            message: format!("container {}: {message}", cs.name),
+                        },
+                    ));
+                }
+                if is_image_pull_reason(reason) {
+                    let message = waiting.message.as_deref().unwrap_or_default();
+                    pull_problems.push((
+                        cs.name == WORKLOAD_CONTAINER,
+                        PodProblem::ImagePull {
+                            fatal: image_pull_is_definitive(reason, message),
+                            message: format!("container {}: {reason}: {message}", cs.name),
+                        },
+                    ));
+                }
+            }
+        }
+        for found in [stuck, pull_problems] {
+            if let Some((_, p)) = found
+                .iter()
+                .find(|(workload, _)| *workload)
+                .or_else(|| found.first())
+            {
+                problem = Some(p.clone());
+            }
+        }
+        PodView {
+            deleting: pod.metadata.deletion_timestamp.is_some(),
+            holder_running,
+            workload,
+            started_at: status.and_then(|s| s.start_time.as_ref()).map(|t| t.0),
+            pending_since: status
+                .and_then(|s| s.start_time.as_ref())
+                .or(pod.metadata.creation_timestamp.as_ref())
+                .map(|t| t.0),
+            problem,
+        }
+    }
+}
+
+/// Container waiting reasons that mean a container cannot be created or started (image pulls
+/// are [`PodProblem::ImagePull`]). `CreateContainerConfigError`: a referenced ConfigMap/Secret
+/// key is missing; `CreateContainerError`, `RunContainerError`: the runtime refused it.
+pub const STUCK_CONTAINER_REASONS: &[&str] = &[
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+/// Warning Event reasons on a Pending pod that mean it cannot start: `FailedMount` (a missing
+/// ConfigMap, Secret or PVC; the kubelet reports it only as an Event), `FailedAttachVolume`,
+/// `FailedCreatePodSandBox` (network or runtime set-up).
+pub const STUCK_EVENT_REASONS: &[&str] = &[
+    "FailedMount",
+    "FailedAttachVolume",
+    "FailedCreatePodSandBox",
+];
+
+/// At most this many of a pod's Warning Events are read per look.
+pub const POD_EVENTS_LIMIT: u32 = 50;
+/// A pod Pending for less than this is still starting: its Events are not read yet.
+pub const READ_EVENTS_AFTER: Duration = Duration::from_secs(5);
+/// Shortest and longest pause between two looks at a Pending pod.
+const RECHECK_MIN: Duration = Duration::from_secs(5);
+const RECHECK_MAX: Duration = Duration::from_secs(120);
+
+/// `reason` as the `&'static str` of `table`, None when it is not in it.
+pub fn known(reason: &str, table: &[&'static str]) -> Option<&'static str> {
+    table.iter().copied().find(|r| *r == reason)
+}
+
+/// One Warning Event about the pod, as read from the apiserver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodEventFact {
+    /// Its reason (`FailedMount`, …).
+    pub reason: String,
+    /// Its message.
+    pub message: String,
+    /// When it was last seen (series or lastTimestamp or eventTime), when known.
+    pub last_seen: Option<Timestamp>,
+}
+
+/// The cause a pod's Warning Events give for not starting: the latest of those with a reason in
+/// [`STUCK_EVENT_REASONS`], None when there is none.
+pub fn stuck_from_events(events: &[PodEventFact]) -> Option<PodProblem> {
+    events
+        .iter()
+        .filter_map(|e| Some((known(&e.reason, STUCK_EVENT_REASONS)?, e)))
+        .max_by_key(|(_, e)| e.last_seen)
+        .map(|(reason, e)| PodProblem::Stuck {
+            reason,
+            message: e.message.clone(),
+        })
+}
+
+/// Whether the pod's Events are worth reading: it is not running, its status names no problem,
+/// and it has been Pending for [`READ_EVENTS_AFTER`] at least.
+pub fn should_read_pod_events(pod: &PodView, now: Timestamp) -> bool {
+    !pod.deleting
+        && pod.problem.is_none()
+        && pod.workload == WorkloadState::NotStarted
+        && pending_for(pod, now).is_some_and(|d| d >= READ_EVENTS_AFTER)
+}
+
+/// When to look again at a pod that has not started (its status may not change while it is
+/// stuck, e.g. on a missing volume): after as long as it has been Pending, between 5 s and 2 min.
+/// None once the workload started.
+pub fn pending_recheck(pod: &PodView, now: Timestamp) -> Option<Duration> {
+    if pod.workload != WorkloadState::NotStarted || pod.deleting {
+        return None;
+    }
+    Some(
+        pending_for(pod, now)
+            .unwrap_or(Duration::ZERO)
+            .clamp(RECHECK_MIN, RECHECK_MAX),
+    )
+}
+
+fn pending_for(pod: &PodView, now: Timestamp) -> Option<Duration> {
+    Duration::try_from(pod.pending_since?.duration_until(now)).ok()
+}
+
+/// The declared paths of the run that have no outcome in its status yet (no entry, or a
+/// `Pending` one), in declaration order.
+pub fn undrained_paths(run: &SandboxRun) -> Vec<&str> {
+    let recorded = |path: &str| {
+        run.status.as_ref().is_some_and(|s| {
+            s.read_back
+                .iter()
+                .any(|e| e.path == path && e.phase != ReadBackPhase::Pending)
+        })
+    };
+    run.spec
+        .read_back_paths()
+        .iter()
+        .map(|p| p.path.as_str())
+        .filter(|p| !recorded(p))
+        .collect()
+}
+
+/// Whether every declared path has a final outcome in the run's status.
+pub fn drain_settled(run: &SandboxRun) -> bool {
+    undrained_paths(run).is_empty()
+}
+
+/// What a reconcile found: the run's own pod (if any) and the facts read from it.
+#[derive(Clone, Debug)]
+pub struct Observation {
+    /// The run's namespace.
+    pub namespace: String,
+    /// The run's name.
+    pub name: String,
+    /// The name the run's pod has (or will have).
+    pub pod_name: String,
+    /// The run's pod, when it exists and the run owns it.
+    pub pod: Option<Pod>,
+    /// The facts of that pod (with the cause its Events give, when they were read).
+    pub view: Option<PodView>,
+}
+
+/// What reading the world found.
+#[derive(Clone, Debug)]
+pub enum Observed {
+    /// The run and its pod (or the absence of one).
+    Run(Observation),
+    /// A pod with the run's pod name exists and the run does not own it: it is not ours to drain
+    /// or delete.
+    NameTaken {
+        /// What was found, without the pod.
+        observation: Observation,
+        /// The pod that holds the name.
+        other: Box<Pod>,
+    },
+}
+
+/// Reads the run's pod and, when it has been Pending a while with nothing in its status, the
+/// Warning Events that may say why (FailedMount), bounded.
+pub async fn observe(
+    client: &Client,
+    run: &SandboxRun,
+    now: Timestamp,
+) -> Result<Observed, ControllerError> {
+    let namespace = run
+        .namespace()
+        .ok_or(ControllerError::Metadata("namespace"))?;
+    let name = run
+        .metadata
+        .name
+        .clone()
+        .ok_or(ControllerError::Metadata("name"))?;
+    let pod_name = pod::pod_name(&name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let found = pods
+        .get_opt(&pod_name)
+        .await
+        .map_err(kube_err(format!("get pod {namespace}/{pod_name}")))?;
+    let mut observation = Observation {
+        namespace,
+        name,
+        pod_name,
+        pod: None,
+        view: None,
+    };
+    let pod = match found {
+        Some(p) if pod::owned_by(&p, run) => p,
+        Some(other) => {
+            return Ok(Observed::NameTaken {
+                observation,
+                other: Box::new(other),
+            })
+        }
+        None => return Ok(Observed::Run(observation)),
+    };
+    let mut view = PodView::of(&pod);
+    if should_read_pod_events(&view, now) {
+        view.problem = stuck_problem_from_events(client, &observation.namespace, &pod).await;
+    }
+    observation.pod = Some(pod);
+    observation.view = Some(view);
+    Ok(Observed::Run(observation))
+}
+
+/// The run as the apiserver has it now (None: it is gone). The watch cache can lag behind this
+/// operator's own last status write.
+pub async fn live_run(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<SandboxRun>, ControllerError> {
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), namespace);
+    runs.get_opt(name)
+        .await
+        .map_err(kube_err(format!("get {namespace}/{name}")))
+}
+
+/// The cause a Pending pod's Warning Events give for not starting (FailedMount, …), reading at
+/// most [`POD_EVENTS_LIMIT`] of them. A failed read is logged and counts as no cause.
+async fn stuck_problem_from_events(client: &Client, ns: &str, pod: &Pod) -> Option<PodProblem> {
+    let uid = pod.metadata.uid.as_deref()?;
+    let api: Api<CoreEvent> = Api::namespaced(client.clone(), ns);
+    let params = ListParams::default()
+        .fields(&format!("involvedObject.uid={uid},type=Warning"))
+        .limit(POD_EVENTS_LIMIT);
+    let list = match api.list(&params).await {
+        Ok(l) => l,
+        Err(e) => {
+            warn!(pod = ?pod.metadata.name, error = %e, "could not read the pod's Events");
+            return None;
+        }
+    };
+    let facts: Vec<PodEventFact> = list
+        .items
+        .into_iter()
+        .map(|e| PodEventFact {
+            last_seen: e
+                .series
+                .as_ref()
+                .and_then(|s| s.last_observed_time.as_ref())
+                .map(|t| t.0)
+                .or(e.last_timestamp.as_ref().map(|t| t.0))
+                .or(e.event_time.as_ref().map(|t| t.0)),
+            reason: e.reason.unwrap_or_default(),
+            message: e.message.unwrap_or_default(),
+        })
+        .collect();
+    stuck_from_events(&facts)
+}
+
+/// Where the drained archives of a run go: the store, its key prefix and its URL.
+pub struct StoreView<'a> {
+    /// The store.
+    pub store: &'a Arc<dyn ObjectStore>,
+    /// Key prefix inside it.
+    pub prefix: &'a object_store::path::Path,
+    /// Its URL (for object URLs in status).
+    pub url: &'a str,
+}
+
+/// The status entries of the run's undrained paths whose manifest is already in the store (an
+/// operator committed them and died before recording it). A manifest that cannot be read is not
+/// taken for one: the path stays undrained (and is reported lost), with a warning.
+pub async fn committed_entries(store: &StoreView<'_>, run: &SandboxRun) -> Vec<ReadBackStatus> {
+    let compression = run
+        .spec
+        .read_back
+        .as_ref()
+        .map(|r| r.compression)
+        .unwrap_or_default();
+    let run_ref = crate::store::RunRef {
+        namespace: run.namespace().unwrap_or_default(),
+        name: run.name_any(),
+        uid: run.uid().unwrap_or_default(),
+    };
+    let undrained = undrained_paths(run);
+    let mut committed = Vec::new();
+    for (index, declared) in run.spec.read_back_paths().iter().enumerate() {
+        if !undrained.contains(&declared.path.as_str()) {
+            continue;
+        }
+        let keys =
+            crate::store::object_keys(store.prefix, &run_ref, index, &declared.path, compression);
+        match crate::store::try_read_manifest(store.store, &keys.manifest).await {
+            Ok(Some(manifest)) => committed.push(crate::drain::path_drain::committed_status(
+                &declared.path,
+                &manifest,
+                &keys,
+                store.url,
+                manifest.attempt,
+            )),
+            Ok(None) => {}
+            Err(e) => {
+                warn!(path = %declared.path, error = %e, "could not read the manifest of a path whose pod is gone");
+            }
+        }
+    }
+    committed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use jiff::SignedDuration;
+
+    fn at(secs: i64) -> Timestamp {
+        let t0: Timestamp = "2026-11-30T12:00:00Z".parse().unwrap();
+        t0.checked_add(SignedDuration::from_secs(secs)).unwrap()
+    }
+
+    fn event(reason: &str, message: &str, secs: i64) -> PodEventFact {
+        PodEventFact {
+            reason: reason.into(),
+            message: message.into(),
+            last_seen: Some(at(secs)),
+        }
+    }
+
+    #[test]
+    fn the_latest_stuck_event_names_the_cause_and_others_are_ignored() {
+        assert_eq!(stuck_from_events(&[]), None);
+        assert_eq!(
+            stuck_from_events(&[event("BackOff", "x", 1), event("Unhealthy", "y", 2)]),
+            None
+        );
+        let got = stuck_from_events(&[
+            event("FailedMount", "configmap \"old\" not found", 1),
+            event("BackOff", "ignored", 9),
+            event(
+                "FailedMount",
+                "MountVolume.SetUp failed for volume \"mount-0\" : configmap \"cfg\" not found",
+                5,
+            ),
+        ]);
+        assert_eq!(
+            got,
+            Some(PodProblem::Stuck {
+                reason: "FailedMount",
+                message:
+                    "MountVolume.SetUp failed for volume \"mount-0\" : configmap \"cfg\" not found"
+                        .into()
+            })
+        );
+    }
+
+    fn pending_pod(since: i64) -> PodView {
+        PodView {
+            deleting: false,
+            holder_running: false,
+            workload: WorkloadState::NotStarted,
+            started_at: None,
+            pending_since: Some(at(since)),
+            problem: None,
+        }
+    }
+
+    #[test]
+    fn a_pending_pod_is_looked_at_again_with_a_growing_bounded_pause() {
+        let p = pending_pod(0);
+        assert!(!should_read_pod_events(&p, at(1)), "still starting");
+        assert!(should_read_pod_events(&p, at(5)));
+        assert_eq!(pending_recheck(&p, at(1)), Some(RECHECK_MIN));
+        assert_eq!(pending_recheck(&p, at(30)), Some(Duration::from_secs(30)));
+        assert_eq!(pending_recheck(&p, at(3600)), Some(RECHECK_MAX));
+        // A problem the status already names, a started workload, a pod being deleted: no read.
+        let mut named = pending_pod(0);
+        named.problem = Some(PodProblem::Unschedulable("0/2 nodes".into()));
+        assert!(!should_read_pod_events(&named, at(60)));
+        let mut running = pending_pod(0);
+        running.workload = WorkloadState::Running;
+        assert!(!should_read_pod_events(&running, at(60)));
+        assert_eq!(pending_recheck(&running, at(60)), None);
+        let mut deleting = pending_pod(0);
+        deleting.deleting = true;
+        assert!(!should_read_pod_events(&deleting, at(60)));
+    }
+}
+
+#[cfg(test)]
+mod pod_view_tests {
+    use super::*;
+    use crate::controller::conditions;
+    use crate::controller::events::newly_stuck;
+    use crate::controller::fixtures::*;
+    use crate::controller::status::tracked_status;
+    use k8s_openapi::api::core::v1::{
+        ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
+        PodStatus,
+    };
+
+    #[test]
+    fn pod_view_reads_workload_and_holder_separately() {
+        let cs = |name: &str, terminated: Option<i32>| ContainerStatus {
+            name: name.into(),
+            state: Some(match terminated {
+                Some(code) => ContainerState {
+                    terminated: Some(ContainerStateTerminated {
+                        exit_code: code,
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+                None => ContainerState {
+                    running: Some(ContainerStateRunning::default()),
+                    ..Default::default()
+                },
+            }),
+            ..Default::default()
+        };
+        let pod = Pod {
+            status: Some(PodStatus {
+                container_statuses: Some(vec![cs("workload", Some(7)), cs("holder", None)]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let v = PodView::of(&pod);
+        assert_eq!(v.workload, WorkloadState::Terminated { exit_code: 7 });
+        assert!(v.holder_running);
+    }
+
+    #[test]
+    fn a_container_the_kubelet_cannot_create_is_a_stuck_pod_and_told_once() {
+        let mut pod = pulling_pod("CreateContainerConfigError", "secret \"creds\" not found");
+        let v = PodView::of(&pod);
+        let problem = PodProblem::Stuck {
+            reason: "CreateContainerConfigError",
+            message: "container workload: secret \"creds\" not found".into(),
+        };
+        assert_eq!(v.problem, Some(problem.clone()));
+        let r = pending(run_with(&[("/out", false)]));
+        let s = tracked_status(&r, "demo-sbr", &v, now());
+        let ready = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::READY)
+            .unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "CreateContainerConfigError")
+        );
+        assert_eq!(ready.message, problem.message());
+        assert_eq!(s.message.as_deref(), Some(problem.message()));
+        // Told once: the Event is due before Ready says it, not after.
+        let before = r.status.clone().unwrap_or_default();
+        assert_eq!(
+            newly_stuck(&before, v.problem.as_ref()).as_deref(),
+            Some("CreateContainerConfigError: container workload: secret \"creds\" not found")
+        );
+        assert_eq!(newly_stuck(&s, v.problem.as_ref()), None);
+        assert_eq!(newly_stuck(&s, None), None);
+        // A different cause is told again.
+        let unschedulable = PodProblem::Unschedulable("0/2 nodes are available".into());
+        assert_eq!(
+            newly_stuck(&s, Some(&unschedulable)).as_deref(),
+            Some("Unschedulable: 0/2 nodes are available")
+        );
+        // An image-pull problem of the same pod is still reported as such (it wins).
+        if let Some(st) = pod.status.as_mut() {
+            if let Some(cs) = st.container_statuses.as_mut() {
+                cs.push(ContainerStatus {
+                    name: "extra".into(),
+                    state: Some(ContainerState {
+                        waiting: Some(ContainerStateWaiting {
+                            reason: Some("ImagePullBackOff".into()),
+                            message: Some("back-off".into()),
+                        }),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                });
+            }
+        }
+        assert_eq!(
+            PodView::of(&pod).problem.map(|p| p.reason()),
+            Some(REASON_IMAGE_PULL_FAILED)
+        );
+    }
+}

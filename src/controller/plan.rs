@@ -1,0 +1,1279 @@
+//! Plan: from the chosen [`Step`] and what was observed to what the act stage must do — the
+//! status to write, the Events to publish and the effects (finalizers, the pod, the drain, the
+//! stored files), in order. Pure: no client, no clock (`now` is an argument), so every step's
+//! outcome is unit tested here; [`super::act`] only carries a plan out.
+//!
+//! A plan is carried out in one order: its Events first, then its status, then its effects.
+//! Steps whose outcome depends on what the apiserver answers are planned in two halves: creating
+//! the pod ([`StepPlan::CreatePod`], then [`pod_created`] or [`pod_refused`]), reporting a lost
+//! pod (the live run and the committed manifests are read first, then [`record_pod_lost`]), and
+//! the teardown ([`teardown`] before the drains, [`teardown_end`] after them).
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+
+use super::conditions::{self, set_condition, REASON_INVALID_SPEC, REASON_POD_CREATED};
+use super::decide::{Step, Trigger};
+use super::events::{self, drain_summary, stuck_event, teardown_event, PlannedEvent};
+use super::observe::{drain_settled, pending_recheck, undrained_paths, PodView, WorkloadState};
+use super::refusals;
+use super::retention::{self, Ttl};
+use super::status::{
+    draining_status, ensure_pending_entries, finished_status, never_started_entry, pod_lost_status,
+    tracked_status, workload_termination,
+};
+use crate::api::{
+    Phase, ReadBackPhase, ReadBackStatus, Retention, SandboxRun, SandboxRunStatus, FINALIZER,
+};
+use crate::caps::CapSettings;
+use crate::pod::{self, PodSettings};
+
+/// How long after a time the run is looked at again, so the decision sees that time passed.
+pub const LOOK_AGAIN_MARGIN: Duration = Duration::from_millis(200);
+/// How often a run whose drain is in flight is looked at again (a safety net: the drain's own
+/// status writes wake it when it ends).
+pub const IN_FLIGHT_REQUEUE: Duration = Duration::from_secs(30);
+/// How often a run whose pod name is taken by a pod it does not own is looked at again.
+pub const NAME_CONFLICT_REQUEUE: Duration = Duration::from_secs(60);
+
+/// When the run is reconciled again without a watch event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requeue {
+    /// Only on a change of the run or its pod.
+    AwaitChange,
+    /// After this long (or earlier on a change).
+    After(Duration),
+}
+
+impl Requeue {
+    /// The controller's action.
+    pub fn into_action(self) -> kube::runtime::controller::Action {
+        match self {
+            Requeue::AwaitChange => kube::runtime::controller::Action::await_change(),
+            Requeue::After(d) => kube::runtime::controller::Action::requeue(d),
+        }
+    }
+}
+
+/// Something the act stage does besides writing status and publishing Events.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// Put [`FINALIZER`] on the run.
+    AddFinalizer,
+    /// Take [`FINALIZER`] off the run.
+    RemoveFinalizer,
+    /// Delete the run's pod; `at_once`: with no grace period (nothing in it is owed any more),
+    /// else the holder's grace period (set from the drain timeout) applies.
+    DeletePod {
+        /// No grace period.
+        at_once: bool,
+    },
+    /// Tell the holder's preStop hook the drain is done, so the pod stops at once.
+    MarkDrained,
+    /// Start the teardown in the drain pool (unless one is in flight).
+    StartTeardown(Trigger),
+    /// Delete the run whose TTL passed (preconditioned on its uid), then publish this Event.
+    DeleteExpiredRun(PlannedEvent),
+    /// Delete every stored file of the run (`retention: Delete`). A delete that must be retried
+    /// ends the plan there: the effects after it wait for a later reconcile.
+    PurgeStoredFiles,
+    /// Remember that the apiserver refused the run's pod now (the creation back-off).
+    RecordCreateAttempt(Timestamp),
+    /// Forget the run's refused creation attempts.
+    ForgetCreateAttempts,
+}
+
+/// What one reconcile writes, publishes and does, in that order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The Events to publish, first, in order.
+    pub events: Vec<PlannedEvent>,
+    /// The status to write next (server-side apply); None: nothing to write.
+    pub status: Option<SandboxRunStatus>,
+    /// Then these, in order.
+    pub effects: Vec<Effect>,
+    /// When to look again.
+    pub requeue: Requeue,
+}
+
+impl Plan {
+    /// A plan that only waits.
+    pub fn wait(requeue: Requeue) -> Plan {
+        Plan {
+            events: Vec::new(),
+            status: None,
+            effects: Vec::new(),
+            requeue,
+        }
+    }
+}
+
+/// The plan of a step, or the I/O it needs first.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepPlan {
+    /// Carry this out.
+    Carry(Box<Plan>),
+    /// Create this pod; the answer is planned by [`pod_created`] or [`pod_refused`].
+    CreatePod(Box<Pod>),
+    /// Read the live run and the committed manifests; then plan with [`record_pod_lost`].
+    RecordPodLost,
+}
+
+/// What the plan of a step is made from, besides the step.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs<'a> {
+    /// The run (as the watch cache has it).
+    pub run: &'a SandboxRun,
+    /// The name of its pod.
+    pub pod_name: &'a str,
+    /// The facts of its pod; None when it has none.
+    pub pod: Option<&'a PodView>,
+    /// Now.
+    pub now: Timestamp,
+    /// The pod builder's settings.
+    pub pod_settings: &'a PodSettings,
+    /// When this process last tried to create the run's pod and was refused.
+    pub last_create_attempt: Option<Timestamp>,
+    /// What deleting a run does to its stored files when its spec does not say.
+    pub default_retention: Retention,
+}
+
+/// Plans `step`.
+pub fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
+    let run = inputs.run;
+    let pod_exists = inputs.pod.is_some();
+    let retention = retention::retention(run, inputs.default_retention);
+    let plan = match step {
+        Step::AddFinalizer => Plan {
+            effects: vec![Effect::AddFinalizer],
+            ..Plan::wait(Requeue::AwaitChange)
+        },
+        Step::CreatePod => return create_pod(run, inputs),
+        Step::TrackPod { requeue } => {
+            track_pod(run, inputs.pod_name, inputs.pod, requeue, inputs.now)
+        }
+        Step::Teardown(trigger) => Plan {
+            effects: vec![Effect::StartTeardown(trigger)],
+            ..Plan::wait(Requeue::After(IN_FLIGHT_REQUEUE))
+        },
+        Step::RecordPodLost => return StepPlan::RecordPodLost,
+        Step::DeleteFinishedPod => delete_finished_pod(run, inputs.pod, inputs.now),
+        Step::DeleteExpiredRun => Plan {
+            effects: vec![Effect::DeleteExpiredRun(expired_event(run, retention))],
+            ..Plan::wait(Requeue::AwaitChange)
+        },
+        Step::ReleaseFinalizer => {
+            let mut effects = vec![Effect::ForgetCreateAttempts];
+            if pod_exists {
+                effects.push(Effect::DeletePod { at_once: true });
+            }
+            if retention == Retention::Delete {
+                effects.push(Effect::PurgeStoredFiles);
+            }
+            effects.push(Effect::RemoveFinalizer);
+            Plan {
+                effects,
+                ..Plan::wait(Requeue::AwaitChange)
+            }
+        }
+        Step::SkipDrain => skip_drain(run, pod_exists, retention),
+    };
+    StepPlan::Carry(Box::new(plan))
+}
+
+/// A pod with the run's pod name exists and the run does not own it: say so, touch nothing.
+pub fn name_conflict(run: &SandboxRun, pod_name: &str) -> Plan {
+    let msg = format!(
+        "a pod named {pod_name} exists and is not owned by this run; delete it or rename the run"
+    );
+    let mut status = run.status.clone().unwrap_or_default();
+    status.message = Some(msg.clone());
+    Plan {
+        events: vec![
+            PlannedEvent::warning(events::POD_NAME_CONFLICT, msg, "Reconcile").about_pod(),
+        ],
+        status: Some(status),
+        effects: Vec::new(),
+        requeue: Requeue::After(NAME_CONFLICT_REQUEUE),
+    }
+}
+
+fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
+    let now = inputs.now;
+    // The apiserver refused this run's pod before: wait out the back-off (a watch event, such as
+    // our own status write, must not turn it into a hot loop).
+    if let Some(wait) = refusals::create_retry_wait(run, inputs.last_create_attempt, now) {
+        return StepPlan::Carry(Box::new(Plan::wait(Requeue::After(
+            wait + LOOK_AGAIN_MARGIN,
+        ))));
+    }
+    match pod::build_pod(run, inputs.pod_settings) {
+        Ok(pod) => StepPlan::CreatePod(Box::new(pod)),
+        // A malformed run is recorded and awaited (a spec change wakes it), not retried hot.
+        Err(e) => {
+            let msg = format!("cannot build the pod: {e}");
+            let mut status = run.status.clone().unwrap_or_default();
+            status.observed_generation = run.metadata.generation;
+            let mut events = Vec::new();
+            if status.message.as_deref() != Some(msg.as_str()) {
+                events.push(PlannedEvent::warning(
+                    events::INVALID_SPEC,
+                    msg.clone(),
+                    "CreatePod",
+                ));
+            }
+            status.phase = Some(Phase::Pending);
+            status.message = Some(msg.clone());
+            set_condition(
+                &mut status.conditions,
+                conditions::READY,
+                false,
+                REASON_INVALID_SPEC,
+                msg,
+                run.metadata.generation,
+                now,
+            );
+            StepPlan::Carry(Box::new(Plan {
+                events,
+                status: Some(status),
+                effects: Vec::new(),
+                requeue: Requeue::AwaitChange,
+            }))
+        }
+    }
+}
+
+/// The pod is created (`created`), or already existed (the apiserver answered 409).
+pub fn pod_created(run: &SandboxRun, pod_name: &str, created: bool, now: Timestamp) -> Plan {
+    let mut status = run.status.clone().unwrap_or_default();
+    status.observed_generation = run.metadata.generation;
+    status.phase = Some(Phase::Pending);
+    status.pod_name = Some(pod_name.to_string());
+    status.message = Some("waiting for the pod to run".to_string());
+    set_condition(
+        &mut status.conditions,
+        conditions::READY,
+        false,
+        REASON_POD_CREATED,
+        "waiting for the pod to run",
+        run.metadata.generation,
+        now,
+    );
+    ensure_pending_entries(run, &mut status);
+    let (events, effects) = if created {
+        (
+            vec![PlannedEvent::normal(
+                events::POD_CREATED,
+                format!("created pod {pod_name}"),
+                "CreatePod",
+            )
+            .about_pod()],
+            vec![Effect::ForgetCreateAttempts],
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    Plan {
+        events,
+        status: Some(status),
+        effects,
+        requeue: Requeue::AwaitChange,
+    }
+}
+
+/// The apiserver refused the pod (quota, Pod Security, a webhook, RBAC): say so where the user
+/// looks, and try again after a back-off rather than every 10 s.
+pub fn pod_refused(run: &SandboxRun, message: &str, now: Timestamp) -> Plan {
+    let status = refusals::refused_status(run, message, now);
+    let note = status.message.clone().unwrap_or_default();
+    let since = refusals::refused_since_in(&status, run.metadata.generation).unwrap_or(now);
+    let retry = refusals::retry_delay(since, now);
+    Plan {
+        events: vec![PlannedEvent::warning(
+            events::POD_CREATE_FAILED,
+            note,
+            "CreatePod",
+        )],
+        status: Some(status),
+        effects: vec![Effect::RecordCreateAttempt(now)],
+        requeue: Requeue::After(retry + LOOK_AGAIN_MARGIN),
+    }
+}
+
+fn track_pod(
+    run: &SandboxRun,
+    pod_name: &str,
+    pod: Option<&PodView>,
+    requeue: Option<Duration>,
+    now: Timestamp,
+) -> Plan {
+    let absent = PodView {
+        deleting: false,
+        holder_running: false,
+        workload: WorkloadState::NotStarted,
+        started_at: None,
+        pending_since: None,
+        problem: None,
+    };
+    let view = pod.unwrap_or(&absent);
+    let status = tracked_status(run, pod_name, view, now);
+    let before = run.status.clone().unwrap_or_default();
+    // One PodStuck Event per distinct cause (Ready's reason and message), not one per reconcile.
+    let mut events: Vec<PlannedEvent> = stuck_event(&before, view.problem.as_ref())
+        .into_iter()
+        .collect();
+    if before.phase != Some(Phase::Running) && status.phase == Some(Phase::Running) {
+        events.push(
+            PlannedEvent::normal(
+                events::RUNNING,
+                format!("pod {pod_name} is running"),
+                "Track",
+            )
+            .about_pod(),
+        );
+    }
+    // A pod that has not started is looked at again even if nothing changes on it (a missing
+    // volume changes nothing in its status).
+    let requeue = match (requeue, pending_recheck(view, now)) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    Plan {
+        events,
+        status: (status != before).then_some(status),
+        effects: Vec::new(),
+        requeue: match requeue {
+            Some(d) => Requeue::After(d + LOOK_AGAIN_MARGIN),
+            None => Requeue::AwaitChange,
+        },
+    }
+}
+
+fn delete_finished_pod(run: &SandboxRun, pod: Option<&PodView>, now: Timestamp) -> Plan {
+    let settled = drain_settled(run);
+    let deleting = run.metadata.deletion_timestamp.is_some();
+    let mut effects = Vec::new();
+    // A pod already being deleted is left to its grace period unless its drain is settled.
+    if pod.is_some_and(|p| !p.deleting || settled) {
+        effects.push(Effect::DeletePod { at_once: settled });
+    }
+    if deleting && run.finalizers().iter().any(|f| f == FINALIZER) {
+        effects.push(Effect::RemoveFinalizer);
+    }
+    let requeue = match retention::ttl(run, now) {
+        // At the exact time the TTL passes (a little after, so the decision sees it passed).
+        Ttl::Wait(d) if !deleting => Requeue::After(d + LOOK_AGAIN_MARGIN),
+        _ => Requeue::AwaitChange,
+    };
+    Plan {
+        effects,
+        ..Plan::wait(requeue)
+    }
+}
+
+fn skip_drain(run: &SandboxRun, pod_exists: bool, retention: Retention) -> Plan {
+    let undrained = undrained_paths(run);
+    let mut note = if undrained.is_empty() {
+        "sandbox.iterion.io/skip-drain=true: finalizer released without draining".to_string()
+    } else {
+        format!(
+            "sandbox.iterion.io/skip-drain=true: finalizer released; NOT drained: {}",
+            undrained.join(", ")
+        )
+    };
+    if retention == Retention::Delete {
+        note.push_str("; retention: Delete skipped too, stored files are kept");
+    }
+    let mut effects = Vec::new();
+    if pod_exists {
+        effects.push(Effect::DeletePod { at_once: true });
+    }
+    effects.push(Effect::RemoveFinalizer);
+    Plan {
+        events: vec![PlannedEvent::warning(events::DRAIN_SKIPPED, note, "Delete").about_pod()],
+        status: None,
+        effects,
+        requeue: Requeue::AwaitChange,
+    }
+}
+
+/// The Event published once a run whose `spec.ttlSecondsAfterFinished` passed is deleted. The
+/// delete only sets the deletion timestamp: the finalizer path runs as for any deletion
+/// (docs/contract.md).
+fn expired_event(run: &SandboxRun, retention: Retention) -> PlannedEvent {
+    let ttl = run.spec.ttl_seconds_after_finished.unwrap_or_default();
+    let kept = match retention {
+        Retention::Retain => "its stored files are kept",
+        Retention::Delete => "its stored files are deleted (retention: Delete)",
+    };
+    PlannedEvent::normal(
+        events::TTL_EXPIRED,
+        format!("finished more than ttlSecondsAfterFinished={ttl}s ago: deleted the run; {kept}"),
+        "Expire",
+    )
+}
+
+/// The pod vanished before teardown: every undrained path is reported lost, unless the store
+/// has its committed manifest (`committed`, docs/contract.md §4). A deleted run with retention
+/// Retain is released here; with Delete, the next reconcile (woken by this final status) deletes
+/// the stored files first ([`Step::ReleaseFinalizer`]).
+pub fn record_pod_lost(
+    run: &SandboxRun,
+    committed: &[ReadBackStatus],
+    default_retention: Retention,
+    now: Timestamp,
+) -> Plan {
+    let status = pod_lost_status(run, committed, now);
+    let was_failed = |path: &str| {
+        run.status.as_ref().is_some_and(|s| {
+            s.read_back
+                .iter()
+                .any(|e| e.path == path && e.phase == ReadBackPhase::Failed)
+        })
+    };
+    let newly_failed = status
+        .read_back
+        .iter()
+        .any(|e| e.phase == ReadBackPhase::Failed && !was_failed(&e.path));
+    // One Event for every path (a series of per-path Events shows only the first).
+    let events = if newly_failed {
+        drain_summary(&status.read_back)
+            .map(|s| s.into_event("PodLost"))
+            .into_iter()
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut effects = Vec::new();
+    if run.metadata.deletion_timestamp.is_some()
+        && retention::retention(run, default_retention) == Retention::Retain
+    {
+        effects.push(Effect::RemoveFinalizer);
+    }
+    Plan {
+        events,
+        status: Some(status),
+        effects,
+        requeue: Requeue::AwaitChange,
+    }
+}
+
+/// What a teardown does before and during its drains.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TeardownPlan {
+    /// The opening: its Event (not when resumed) and the Draining status, written when the
+    /// teardown begins or a resumed one learned how the workload ended.
+    pub opening: Plan,
+    /// The status the drains record their outcomes in.
+    pub status: SandboxRunStatus,
+    /// Time left for the drains: the deadline runs from the start of teardown (the
+    /// Drained=Unknown transition), so a restart mid-drain does not grant a fresh timeout.
+    pub drain_left: Duration,
+    /// The paths still owed an outcome, in declaration order.
+    pub paths: Vec<PathPlan>,
+    /// The holder container runs (so the drains can exec into it).
+    pub holder_running: bool,
+}
+
+/// One path a teardown owes an outcome.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PathPlan {
+    /// Its entry in `status.readBack`.
+    pub entry: usize,
+    /// Its index among the declared paths (its object keys).
+    pub index: usize,
+    /// The declared path.
+    pub path: String,
+    /// How its outcome is had.
+    pub work: PathWork,
+}
+
+/// How a path's outcome is had.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PathWork {
+    /// Known without draining: record it.
+    Record(ReadBackStatus),
+    /// Drain it from the holder.
+    Drain {
+        /// Its cap (the path's `sizeLimit` within the operator's caps).
+        cap_bytes: u64,
+        /// Attempts already made (a resumed teardown).
+        previous_attempts: u32,
+    },
+}
+
+/// The message of a path that cannot be drained because the holder is not running.
+pub const HOLDER_NOT_RUNNING: &str = "the holder container is not running, so the path cannot be read (exec into a stopped container is impossible)";
+
+/// Plans a teardown begun (or resumed) at `now` with `trigger`, for the run's `pod` (None: gone).
+/// Each path still Pending gets its outcome from what is known: a workload that never started
+/// wrote nothing (`Empty`), a holder that is not running cannot be read (`Failed`), else the path
+/// is drained within `drain_timeout_seconds` of the teardown's start.
+pub fn teardown(
+    run: &SandboxRun,
+    pod: Option<&Pod>,
+    trigger: &Trigger,
+    caps: &CapSettings,
+    drain_timeout_seconds: i64,
+    now: Timestamp,
+) -> TeardownPlan {
+    // Read before the pod is deleted: the evidence must outlive it.
+    let workload = pod.and_then(workload_termination);
+    let (status, opening) = if run.status.as_ref().and_then(|s| s.phase) == Some(Phase::Draining) {
+        // A teardown resumed after a restart, or begun before the workload exited.
+        let mut s = run.status.clone().unwrap_or_default();
+        ensure_pending_entries(run, &mut s);
+        let learned = s.workload.is_none() && workload.is_some();
+        if learned {
+            s.workload = workload;
+        }
+        let opening = Plan {
+            status: learned.then(|| s.clone()),
+            ..Plan::wait(Requeue::AwaitChange)
+        };
+        (s, opening)
+    } else {
+        let s = draining_status(run, trigger, workload, now);
+        let (warning, reason, note) = teardown_event(trigger);
+        let event = PlannedEvent {
+            warning,
+            reason,
+            note,
+            action: "Teardown",
+            about_pod: true,
+        };
+        let opening = Plan {
+            events: vec![event],
+            status: Some(s.clone()),
+            ..Plan::wait(Requeue::AwaitChange)
+        };
+        (s, opening)
+    };
+    let began = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == conditions::DRAINED && c.status == "Unknown")
+        .map(|c| c.last_transition_time.0)
+        .unwrap_or(now);
+    let left = jiff::SignedDuration::from_secs(drain_timeout_seconds)
+        .checked_sub(now.duration_since(began))
+        .unwrap_or_default();
+    let drain_left = Duration::try_from(left).unwrap_or(Duration::ZERO);
+
+    let view = pod.map(PodView::of);
+    let holder_running = view.as_ref().is_some_and(|v| v.holder_running);
+    let never_started = view
+        .as_ref()
+        .is_none_or(|v| v.workload == WorkloadState::NotStarted)
+        && status.start_time.is_none();
+    let paths = owed_paths(run, &status, trigger, never_started, holder_running, caps);
+    TeardownPlan {
+        opening,
+        status,
+        drain_left,
+        paths,
+        holder_running,
+    }
+}
+
+/// The paths of `status` still Pending, each with how its outcome is had: a workload that never
+/// started wrote nothing (`Empty`), a holder that is not running cannot be read (`Failed`), else
+/// the path is drained within its cap.
+fn owed_paths(
+    run: &SandboxRun,
+    status: &SandboxRunStatus,
+    trigger: &Trigger,
+    never_started: bool,
+    holder_running: bool,
+    caps: &CapSettings,
+) -> Vec<PathPlan> {
+    let mut paths = Vec::new();
+    for (index, declared) in run.spec.read_back_paths().iter().enumerate() {
+        let Some(entry) = status
+            .read_back
+            .iter()
+            .position(|e| e.path == declared.path)
+        else {
+            continue;
+        };
+        if status.read_back[entry].phase != ReadBackPhase::Pending {
+            continue;
+        }
+        let work = if never_started {
+            PathWork::Record(never_started_entry(&declared.path, trigger))
+        } else if !holder_running {
+            PathWork::Record(ReadBackStatus {
+                path: declared.path.clone(),
+                phase: ReadBackPhase::Failed,
+                message: Some(HOLDER_NOT_RUNNING.to_string()),
+                ..Default::default()
+            })
+        } else {
+            let requested = declared
+                .size_limit
+                .as_ref()
+                .and_then(|q| crate::units::quantity_to_bytes(q).ok());
+            PathWork::Drain {
+                cap_bytes: caps.effective(requested),
+                previous_attempts: status.read_back[entry].attempts,
+            }
+        };
+        paths.push(PathPlan {
+            entry,
+            index,
+            path: declared.path.clone(),
+            work,
+        });
+    }
+    paths
+}
+
+/// The end of a teardown once every path has an outcome in `status`: ONE Event for every path
+/// (the Recorder folds Events with the same reason into a series that shows only the first note,
+/// so one Event per path hid all but one, issue #17), the final status and the Event announcing
+/// it (a Warning whenever the run ended badly, Failed=True, whatever its phase); then the holder
+/// is told the drain is done, the pod deleted at once, and a deleted run released (with
+/// retention Delete, after its stored files are deleted; a delete that fails is retried by the
+/// next reconciles, [`Step::ReleaseFinalizer`]).
+pub fn teardown_end(
+    run: &SandboxRun,
+    status: SandboxRunStatus,
+    holder_running: bool,
+    pod_exists: bool,
+    default_retention: Retention,
+    now: Timestamp,
+) -> Plan {
+    let mut events: Vec<PlannedEvent> = drain_summary(&status.read_back)
+        .map(|s| s.into_event("Drain").about_pod())
+        .into_iter()
+        .collect();
+    let status = finished_status(run, status, now);
+    let (warning, reason) = events::ending_event(&status);
+    events.push(PlannedEvent {
+        warning,
+        reason,
+        note: status.message.clone().unwrap_or_default(),
+        action: "Teardown",
+        about_pod: true,
+    });
+    let mut effects = Vec::new();
+    if holder_running {
+        effects.push(Effect::MarkDrained);
+    }
+    if pod_exists {
+        effects.push(Effect::DeletePod { at_once: true });
+    }
+    if run.metadata.deletion_timestamp.is_some() {
+        if retention::retention(run, default_retention) == Retention::Delete {
+            effects.push(Effect::PurgeStoredFiles);
+        }
+        effects.push(Effect::RemoveFinalizer);
+    }
+    Plan {
+        events,
+        status: Some(status),
+        effects,
+        requeue: Requeue::AwaitChange,
+    }
+}
+
+/// What a delete of the run's stored files leaves to the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purge {
+    /// Nothing (more) to delete, or the retries ran out: release the finalizer.
+    Done,
+    /// The delete failed; try again after this long (the finalizer stays).
+    RetryAfter(Duration),
+}
+
+/// What a delete of the run's stored files (everything under `location`) that deleted `result`
+/// objects, or failed with `result`'s words, means at `now`: a failure is retried with back-off
+/// until the run's drain timeout (`bound_seconds`) has passed since the later of the deletion and
+/// the drain's end; then the files are left and the finalizer released (docs/contract.md
+/// "Stored files when a run is deleted").
+pub fn purged(
+    run: &SandboxRun,
+    result: Result<usize, String>,
+    location: &str,
+    bound_seconds: i64,
+    now: Timestamp,
+) -> (PlannedEvent, Purge) {
+    let e = match result {
+        Ok(count) => {
+            return (
+                PlannedEvent::normal(
+                    events::ARCHIVES_DELETED,
+                    format!("retention: Delete: deleted {count} stored objects (archives and manifests) under {location}"),
+                    "Delete",
+                ),
+                Purge::Done,
+            )
+        }
+        Err(e) => e,
+    };
+    let bound = Duration::from_secs(u64::try_from(bound_seconds).unwrap_or(0));
+    let start = retention::purge_window_start(run, now);
+    match retention::purge_retry_after(start, bound, now) {
+        Some(pause) => (
+            PlannedEvent::warning(
+                events::ARCHIVE_DELETE_FAILED,
+                format!("retention: Delete: could not delete the stored files under {location}: {e}; retrying in {}s (gives up {bound_seconds}s after deletion; annotate sandbox.iterion.io/skip-drain=true to release the run now)", pause.as_secs().max(1)),
+                "Delete",
+            ),
+            Purge::RetryAfter(pause),
+        ),
+        None => (
+            PlannedEvent::warning(
+                events::ARCHIVE_DELETE_ABANDONED,
+                format!("retention: Delete: gave up after {bound_seconds}s (the drain timeout): the stored files under {location} were NOT all deleted ({e}); the run is released, delete them by hand"),
+                "Delete",
+            ),
+            Purge::Done,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::conditions::set_condition_unknown;
+    use crate::controller::fixtures::*;
+    use crate::controller::observe::PodProblem;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    fn inputs<'a>(
+        run: &'a SandboxRun,
+        pod: Option<&'a PodView>,
+        settings: &'a PodSettings,
+    ) -> Inputs<'a> {
+        Inputs {
+            run,
+            pod_name: "demo-sbr",
+            pod,
+            now: now(),
+            pod_settings: settings,
+            last_create_attempt: None,
+            default_retention: Retention::Retain,
+        }
+    }
+
+    fn later(secs: i64) -> Timestamp {
+        now()
+            .checked_add(jiff::SignedDuration::from_secs(secs))
+            .unwrap()
+    }
+
+    /// A plan in one line: `events | status phase | effects | requeue`.
+    fn line(plan: &Plan) -> String {
+        let events: Vec<String> = plan
+            .events
+            .iter()
+            .map(|e| {
+                format!(
+                    "{}{}/{}{}",
+                    if e.warning { "!" } else { "" },
+                    e.reason,
+                    e.action,
+                    if e.about_pod { "@pod" } else { "" }
+                )
+            })
+            .collect();
+        let status = plan
+            .status
+            .as_ref()
+            .map(|s| s.phase.map(Phase::as_str).unwrap_or("no phase"))
+            .unwrap_or("-");
+        let effects: Vec<String> = plan
+            .effects
+            .iter()
+            .map(|e| match e {
+                Effect::DeleteExpiredRun(e) => format!("DeleteExpiredRun({})", e.reason),
+                Effect::RecordCreateAttempt(_) => "RecordCreateAttempt".to_string(),
+                other => format!("{other:?}"),
+            })
+            .collect();
+        let requeue = match plan.requeue {
+            Requeue::AwaitChange => "await".to_string(),
+            Requeue::After(d) => format!("{d:?}"),
+        };
+        format!(
+            "[{}] | {status} | [{}] | {requeue}",
+            events.join(" "),
+            effects.join(" ")
+        )
+    }
+
+    fn step_line(plan: StepPlan) -> String {
+        match plan {
+            StepPlan::Carry(plan) => line(&plan),
+            StepPlan::CreatePod(pod) => format!("create {}", pod.metadata.name.unwrap_or_default()),
+            StepPlan::RecordPodLost => "read the live run and the store".to_string(),
+        }
+    }
+
+    fn deleting(mut r: SandboxRun) -> SandboxRun {
+        r.metadata.deletion_timestamp = Some(Time(now()));
+        r
+    }
+
+    fn retention(mut r: SandboxRun, retention: Retention) -> SandboxRun {
+        if let Some(rb) = r.spec.read_back.as_mut() {
+            rb.retention = Some(retention);
+        }
+        r
+    }
+
+    fn drained(mut r: SandboxRun) -> SandboxRun {
+        let paths: Vec<String> = r
+            .spec
+            .read_back_paths()
+            .iter()
+            .map(|p| p.path.clone())
+            .collect();
+        if let Some(s) = r.status.as_mut() {
+            s.read_back = paths
+                .into_iter()
+                .map(|path| ReadBackStatus {
+                    path,
+                    phase: ReadBackPhase::Drained,
+                    ..Default::default()
+                })
+                .collect();
+        }
+        r
+    }
+
+    fn stuck() -> PodView {
+        PodView {
+            holder_running: false,
+            workload: WorkloadState::NotStarted,
+            problem: Some(PodProblem::Stuck {
+                reason: "FailedMount",
+                message: "configmap \"cfg\" not found".into(),
+            }),
+            ..running()
+        }
+    }
+
+    fn pod_deleting() -> PodView {
+        PodView {
+            deleting: true,
+            ..running()
+        }
+    }
+
+    #[test]
+    fn every_step_has_its_plan() {
+        let settings = PodSettings::default();
+        let out = || run_with(&[("/out", false), ("/logs", false)]);
+        let mut no_finalizer = out();
+        no_finalizer.metadata.finalizers = None;
+        let mut bad_user = out();
+        bad_user.spec.user = Some("root".into());
+        let mut with_ttl = with_phase(out(), Phase::Succeeded);
+        with_ttl.spec.ttl_seconds_after_finished = Some(30);
+        if let Some(s) = with_ttl.status.as_mut() {
+            s.completion_time = Some(Time(now()));
+            set_condition(
+                &mut s.conditions,
+                conditions::COMPLETE,
+                true,
+                "Succeeded",
+                "",
+                None,
+                now(),
+            );
+        }
+        let mut half_drained = with_phase(out(), Phase::Running);
+        if let Some(s) = half_drained.status.as_mut() {
+            s.read_back = vec![ReadBackStatus {
+                path: "/out".into(),
+                phase: ReadBackPhase::Drained,
+                ..Default::default()
+            }];
+        }
+        let cases: Vec<(&str, Step, SandboxRun, Option<PodView>, &str)> = vec![
+            (
+                "a new run gets the finalizer",
+                Step::AddFinalizer,
+                no_finalizer,
+                None,
+                "[] | - | [AddFinalizer] | await",
+            ),
+            (
+                "the pod is built and created",
+                Step::CreatePod,
+                out(),
+                None,
+                "create demo-sbr",
+            ),
+            (
+                "a pod that cannot be built is recorded and awaited",
+                Step::CreatePod,
+                bad_user,
+                None,
+                "[!InvalidSpec/CreatePod] | Pending | [] | await",
+            ),
+            (
+                "a running pod is reported once",
+                Step::TrackPod { requeue: None },
+                with_phase(out(), Phase::Pending),
+                Some(running()),
+                "[Running/Track@pod] | Running | [] | await",
+            ),
+            (
+                "a running pod already reported writes nothing",
+                Step::TrackPod {
+                    requeue: Some(Duration::from_secs(60)),
+                },
+                {
+                    let r = with_phase(out(), Phase::Running);
+                    let mut r2 = r.clone();
+                    r2.status = Some(tracked_status(&r, "demo-sbr", &running(), now()));
+                    r2
+                },
+                Some(running()),
+                "[] | - | [] | 60.2s",
+            ),
+            (
+                "a stuck pod is told by its cause and looked at again",
+                Step::TrackPod { requeue: None },
+                with_phase(out(), Phase::Pending),
+                Some(stuck()),
+                "[!PodStuck/FailedMount@pod] | Pending | [] | 5.2s",
+            ),
+            (
+                "a teardown goes to the drain pool",
+                Step::Teardown(Trigger::Stop),
+                with_phase(out(), Phase::Running),
+                Some(running()),
+                "[] | - | [StartTeardown(Stop)] | 30s",
+            ),
+            (
+                "a lost pod needs the live run and the store first",
+                Step::RecordPodLost,
+                with_phase(out(), Phase::Running),
+                None,
+                "read the live run and the store",
+            ),
+            (
+                "a finished run's pod is deleted at once once its paths are settled",
+                Step::DeleteFinishedPod,
+                drained(with_phase(out(), Phase::Succeeded)),
+                Some(running()),
+                "[] | - | [DeletePod { at_once: true }] | await",
+            ),
+            (
+                "a finished run's unsettled pod is deleted with its grace period",
+                Step::DeleteFinishedPod,
+                half_drained.clone(),
+                Some(running()),
+                "[] | - | [DeletePod { at_once: false }] | await",
+            ),
+            (
+                "a pod already being deleted is left to its grace period",
+                Step::DeleteFinishedPod,
+                half_drained,
+                Some(pod_deleting()),
+                "[] | - | [] | await",
+            ),
+            (
+                "a finished run with a TTL is looked at again when it passes",
+                Step::DeleteFinishedPod,
+                with_ttl.clone(),
+                None,
+                "[] | - | [] | 30.2s",
+            ),
+            (
+                "a deleted run that owes nothing is released",
+                Step::DeleteFinishedPod,
+                deleting(drained(with_phase(out(), Phase::Succeeded))),
+                None,
+                "[] | - | [RemoveFinalizer] | await",
+            ),
+            (
+                "an expired run is deleted, then announced",
+                Step::DeleteExpiredRun,
+                with_ttl,
+                None,
+                "[] | - | [DeleteExpiredRun(TTLExpired)] | await",
+            ),
+            (
+                "a deleted run is released, its pod deleted at once",
+                Step::ReleaseFinalizer,
+                deleting(with_phase(out(), Phase::Succeeded)),
+                Some(running()),
+                "[] | - | [ForgetCreateAttempts DeletePod { at_once: true } RemoveFinalizer] | await",
+            ),
+            (
+                "with retention Delete its stored files go first",
+                Step::ReleaseFinalizer,
+                retention(deleting(with_phase(out(), Phase::Succeeded)), Retention::Delete),
+                None,
+                "[] | - | [ForgetCreateAttempts PurgeStoredFiles RemoveFinalizer] | await",
+            ),
+            (
+                "skip-drain releases the run at once and says so",
+                Step::SkipDrain,
+                deleting(with_phase(out(), Phase::Running)),
+                Some(running()),
+                "[!DrainSkipped/Delete@pod] | - | [DeletePod { at_once: true } RemoveFinalizer] | await",
+            ),
+        ];
+        for (name, step, run, pod, want) in cases {
+            let got = step_line(plan_step(step, &inputs(&run, pod.as_ref(), &settings)));
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn an_invalid_spec_is_told_once_and_a_refused_pod_waits_out_its_back_off() {
+        let settings = PodSettings::default();
+        let mut r = run_with(&[("/out", false)]);
+        r.spec.user = Some("root".into());
+        let StepPlan::Carry(first) = plan_step(Step::CreatePod, &inputs(&r, None, &settings))
+        else {
+            panic!("an invalid spec is recorded");
+        };
+        r.status = first.status.clone();
+        let again = step_line(plan_step(Step::CreatePod, &inputs(&r, None, &settings)));
+        assert_eq!(again, "[] | Pending | [] | await", "told once");
+
+        let r = run_with(&[("/out", false)]);
+        let refused = pod_refused(&r, "exceeded quota", now());
+        assert_eq!(
+            line(&refused),
+            "[!PodCreateFailed/CreatePod] | Pending | [RecordCreateAttempt] | 10.2s"
+        );
+        let mut r2 = r.clone();
+        r2.status = refused.status;
+        let mut waiting = inputs(&r2, None, &settings);
+        waiting.last_create_attempt = Some(now());
+        waiting.now = later(4);
+        assert_eq!(
+            step_line(plan_step(Step::CreatePod, &waiting)),
+            "[] | - | [] | 6.2s"
+        );
+    }
+
+    #[test]
+    fn a_created_pod_is_announced_and_one_that_existed_is_not() {
+        let r = run_with(&[("/out", false)]);
+        let created = pod_created(&r, "demo-sbr", true, now());
+        assert_eq!(
+            line(&created),
+            "[PodCreated/CreatePod@pod] | Pending | [ForgetCreateAttempts] | await"
+        );
+        let status = created.status.unwrap_or_default();
+        assert_eq!(status.pod_name.as_deref(), Some("demo-sbr"));
+        assert_eq!(status.read_back.len(), 1, "every path is Pending");
+        assert_eq!(
+            line(&pod_created(&r, "demo-sbr", false, now())),
+            "[] | Pending | [] | await"
+        );
+    }
+
+    #[test]
+    fn a_name_taken_by_another_pod_is_told_and_looked_at_again() {
+        let r = run_with(&[]);
+        let plan = name_conflict(&r, "demo-sbr");
+        assert_eq!(
+            line(&plan),
+            "[!PodNameConflict/Reconcile@pod] | no phase | [] | 60s"
+        );
+    }
+
+    #[test]
+    fn a_lost_pod_is_told_once_and_a_deleted_run_kept_by_retain_is_released() {
+        let r = with_phase(run_with(&[("/out", true)]), Phase::Running);
+        let plan = record_pod_lost(&r, &[], Retention::Retain, now());
+        assert_eq!(
+            line(&plan),
+            "[!sandbox_runfiles_drain_failed/PodLost] | Failed | [] | await"
+        );
+        // Already reported: no second Event.
+        let mut told = r.clone();
+        told.status = plan.status;
+        assert_eq!(
+            line(&record_pod_lost(&told, &[], Retention::Retain, now())),
+            "[] | Failed | [] | await"
+        );
+        // Deleted: Retain releases here, Delete leaves it to ReleaseFinalizer (files first).
+        let gone = deleting(r);
+        assert_eq!(
+            line(&record_pod_lost(&gone, &[], Retention::Retain, now())),
+            "[!sandbox_runfiles_drain_failed/PodLost] | Failed | [RemoveFinalizer] | await"
+        );
+        assert_eq!(
+            line(&record_pod_lost(&gone, &[], Retention::Delete, now())),
+            "[!sandbox_runfiles_drain_failed/PodLost] | Failed | [] | await"
+        );
+    }
+
+    fn a_pod(holder: bool, workload_started: bool) -> Pod {
+        use k8s_openapi::api::core::v1::{
+            ContainerState, ContainerStateRunning, ContainerStateWaiting, ContainerStatus,
+            PodStatus,
+        };
+        let state = |running: bool| ContainerState {
+            running: running.then(ContainerStateRunning::default),
+            waiting: (!running).then(ContainerStateWaiting::default),
+            ..Default::default()
+        };
+        Pod {
+            status: Some(PodStatus {
+                container_statuses: Some(vec![
+                    ContainerStatus {
+                        name: crate::pod::HOLDER_CONTAINER.into(),
+                        state: Some(state(holder)),
+                        ..Default::default()
+                    },
+                    ContainerStatus {
+                        name: crate::pod::WORKLOAD_CONTAINER.into(),
+                        state: Some(state(workload_started)),
+                        ..Default::default()
+                    },
+                ]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn each_teardown_path_gets_its_outcome_and_the_deadline_runs_from_the_start() {
+        let caps = CapSettings::default();
+        let mut r = with_phase(
+            run_with(&[("/out", false), ("/logs", false)]),
+            Phase::Running,
+        );
+        r.spec.stop = true;
+        let works = |plan: &TeardownPlan| -> Vec<String> {
+            plan.paths
+                .iter()
+                .map(|p| match &p.work {
+                    PathWork::Record(e) => format!("{} {}", p.path, e.phase.as_str()),
+                    PathWork::Drain { .. } => format!("{} drain", p.path),
+                })
+                .collect()
+        };
+        // Begun now: opened with an Event and the Draining status; both paths drained.
+        let pod = a_pod(true, true);
+        let plan = teardown(&r, Some(&pod), &Trigger::Stop, &caps, 300, now());
+        assert_eq!(
+            line(&plan.opening),
+            "[TearingDown/Teardown@pod] | Draining | [] | await"
+        );
+        assert_eq!(works(&plan), ["/out drain", "/logs drain"]);
+        assert_eq!(plan.drain_left, Duration::from_secs(300));
+        assert!(plan.holder_running);
+        assert!(matches!(
+            plan.paths[0].work,
+            PathWork::Drain { cap_bytes, previous_attempts: 0 } if cap_bytes == caps.default_bytes
+        ));
+        // The holder is not running: the paths cannot be read.
+        let plan = teardown(
+            &r,
+            Some(&a_pod(false, true)),
+            &Trigger::Stop,
+            &caps,
+            300,
+            now(),
+        );
+        assert_eq!(works(&plan), ["/out Failed", "/logs Failed"]);
+        assert!(!plan.holder_running);
+        // The workload never started (no pod, never seen running): nothing was written.
+        let mut never = run_with(&[("/out", false)]);
+        never.status = Some(SandboxRunStatus {
+            phase: Some(Phase::Pending),
+            ..Default::default()
+        });
+        let plan = teardown(
+            &never,
+            Some(&a_pod(true, false)),
+            &Trigger::Stop,
+            &caps,
+            300,
+            now(),
+        );
+        assert_eq!(works(&plan), ["/out Empty"]);
+        // Resumed 100 s into the drain, /out already drained: no Event, no write, 200 s left.
+        let mut resumed = r.clone();
+        if let Some(s) = resumed.status.as_mut() {
+            s.phase = Some(Phase::Draining);
+            s.read_back = vec![ReadBackStatus {
+                path: "/out".into(),
+                phase: ReadBackPhase::Drained,
+                ..Default::default()
+            }];
+            set_condition_unknown(
+                &mut s.conditions,
+                conditions::DRAINED,
+                "Draining",
+                "",
+                None,
+                now(),
+            );
+        }
+        let plan = teardown(&resumed, Some(&pod), &Trigger::Stop, &caps, 300, later(100));
+        assert_eq!(line(&plan.opening), "[] | - | [] | await");
+        assert_eq!(works(&plan), ["/logs drain"]);
+        assert_eq!(plan.drain_left, Duration::from_secs(200));
+        // Past the deadline: nothing left (the drains fail at once).
+        let plan = teardown(&resumed, Some(&pod), &Trigger::Stop, &caps, 300, later(400));
+        assert_eq!(plan.drain_left, Duration::ZERO);
+    }
+
+    #[test]
+    fn a_teardown_ends_with_one_summary_the_final_status_and_the_release() {
+        let r = with_phase(run_with(&[("/out", false)]), Phase::Running);
+        let draining = drained(r.clone()).status.unwrap_or_default();
+        assert_eq!(
+            line(&teardown_end(&r, draining.clone(), true, true, Retention::Retain, now())),
+            "[Drained/Drain@pod Stopped/Teardown@pod] | Stopped | [MarkDrained DeletePod { at_once: true }] | await"
+        );
+        let gone = deleting(r.clone());
+        assert_eq!(
+            line(&teardown_end(&gone, draining.clone(), false, false, Retention::Delete, now())),
+            "[Drained/Drain@pod Stopped/Teardown@pod] | Stopped | [PurgeStoredFiles RemoveFinalizer] | await"
+        );
+        let mut failed = draining;
+        failed.read_back[0].phase = ReadBackPhase::Failed;
+        assert_eq!(
+            line(&teardown_end(&gone, failed, false, false, Retention::Retain, now())),
+            "[!sandbox_runfiles_drain_failed/Drain@pod !Stopped/Teardown@pod] | Stopped | [RemoveFinalizer] | await"
+        );
+    }
+
+    #[test]
+    fn a_failed_delete_of_stored_files_is_retried_until_the_drain_timeout() {
+        let r = deleting(with_phase(run_with(&[("/out", false)]), Phase::Succeeded));
+        let (event, purge) = purged(&r, Ok(4), "file:///s/ns/demo/u1/", 300, now());
+        assert_eq!(
+            (event.reason, purge),
+            (events::ARCHIVES_DELETED, Purge::Done)
+        );
+        assert!(
+            event.note.contains("deleted 4 stored objects"),
+            "{}",
+            event.note
+        );
+        let (event, purge) = purged(&r, Err("denied".into()), "x/", 300, later(10));
+        assert_eq!(
+            (event.reason, purge),
+            (
+                events::ARCHIVE_DELETE_FAILED,
+                Purge::RetryAfter(Duration::from_secs(5))
+            )
+        );
+        let (event, purge) = purged(&r, Err("denied".into()), "x/", 300, later(300));
+        assert_eq!(
+            (event.reason, purge),
+            (events::ARCHIVE_DELETE_ABANDONED, Purge::Done)
+        );
+        assert!(event.warning);
+    }
+}

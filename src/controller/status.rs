@@ -1,0 +1,1144 @@
+//! The status a run is given at each stage of its life — tracked (Pending/Running), tearing down
+//! (Draining), finished, its pod lost — built purely from the run, what was observed and `now`
+//! (no client, no clock). Conditions are set through [`super::conditions`]; the stage that writes
+//! each status is chosen in [`super::plan`].
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::conditions::{
+    self, condition_true, image_pull_failure, ready_false_reason, remove_condition, set_condition,
+    set_condition_unknown, REASON_CONDITION_DRAIN_FAILED, REASON_DEADLINE_EXCEEDED,
+    REASON_IMAGE_PULL_FAILED, REASON_POD_DELETED, REASON_POD_LOST, REASON_POD_PENDING,
+    REASON_POD_RUNNING, REASON_RUN_ENDED, REASON_WORKLOAD_FAILED,
+};
+use super::decide::Trigger;
+use super::events;
+use super::observe::{PodView, WorkloadState};
+use crate::api::{
+    Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus, WorkloadTermination,
+};
+use crate::pod::WORKLOAD_CONTAINER;
+
+/// The status of a run whose pod is being tracked (Pending or Running).
+pub fn tracked_status(
+    run: &SandboxRun,
+    pod_name: &str,
+    pod: &PodView,
+    now: Timestamp,
+) -> SandboxRunStatus {
+    let mut status = run.status.clone().unwrap_or_default();
+    let generation = run.metadata.generation;
+    status.observed_generation = generation;
+    status.pod_name = Some(pod_name.to_string());
+    let running = pod.workload == WorkloadState::Running && pod.holder_running;
+    if running {
+        status.phase = Some(Phase::Running);
+        if status.start_time.is_none() {
+            status.start_time = Some(Time(pod.started_at.unwrap_or(now)));
+        }
+        status.message = Some(if run.spec.is_long_lived() {
+            "long-lived sandbox running; set spec.stop to tear it down".to_string()
+        } else {
+            "workload running".to_string()
+        });
+        set_condition(
+            &mut status.conditions,
+            conditions::READY,
+            true,
+            REASON_POD_RUNNING,
+            "",
+            generation,
+            now,
+        );
+    } else {
+        status.phase = Some(Phase::Pending);
+        let (reason, message) = match &pod.problem {
+            Some(p) => (p.reason(), p.message().to_string()),
+            None => (REASON_POD_PENDING, "waiting for the pod to run".to_string()),
+        };
+        status.message = Some(message.clone());
+        set_condition(
+            &mut status.conditions,
+            conditions::READY,
+            false,
+            reason,
+            message,
+            generation,
+            now,
+        );
+    }
+    ensure_pending_entries(run, &mut status);
+    status
+}
+
+/// Makes sure every declared path has a status entry (Pending until drained).
+pub fn ensure_pending_entries(run: &SandboxRun, status: &mut SandboxRunStatus) {
+    for p in run.spec.read_back_paths() {
+        if !status.read_back.iter().any(|e| e.path == p.path) {
+            status.read_back.push(ReadBackStatus {
+                path: p.path.clone(),
+                ..Default::default()
+            });
+        }
+    }
+    let order: Vec<&str> = run
+        .spec
+        .read_back_paths()
+        .iter()
+        .map(|p| p.path.as_str())
+        .collect();
+    status
+        .read_back
+        .retain(|e| order.contains(&e.path.as_str()));
+    status
+        .read_back
+        .sort_by_key(|e| order.iter().position(|p| *p == e.path));
+}
+
+/// Most bytes of the workload's termination message kept in `status.workload.message`: the
+/// kubelet's own bound on a termination message (4 KiB), kept again here so that a status write
+/// never grows with whatever a pod reports.
+pub const MAX_WORKLOAD_MESSAGE_BYTES: usize = 4096;
+
+/// How the workload container of `pod` terminated, None while it has not. Read from its current
+/// state, else from its last terminated state (the pod never restarts it: restartPolicy Never).
+/// The message is cut to [`MAX_WORKLOAD_MESSAGE_BYTES`] on a character boundary.
+pub fn workload_termination(pod: &Pod) -> Option<WorkloadTermination> {
+    let cs = pod
+        .status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == WORKLOAD_CONTAINER)?;
+    let t = cs
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .or_else(|| cs.last_state.as_ref()?.terminated.as_ref())?;
+    fn text(s: &Option<String>) -> Option<&str> {
+        s.as_deref().filter(|s| !s.is_empty())
+    }
+    Some(WorkloadTermination {
+        exit_code: t.exit_code,
+        signal: t.signal,
+        reason: text(&t.reason).map(str::to_string),
+        message: text(&t.message).map(|m| events::cut(m, MAX_WORKLOAD_MESSAGE_BYTES)),
+        started_at: t.started_at.clone(),
+        finished_at: t.finished_at.clone(),
+    })
+}
+
+/// The status at the start of teardown. `workload` is how the workload container terminated
+/// ([`workload_termination`] of the pod, read before the pod is deleted); it is recorded in
+/// `status.workload` whatever the trigger, and an earlier record is never cleared.
+pub fn draining_status(
+    run: &SandboxRun,
+    trigger: &Trigger,
+    workload: Option<WorkloadTermination>,
+    now: Timestamp,
+) -> SandboxRunStatus {
+    let mut status = run.status.clone().unwrap_or_default();
+    let generation = run.metadata.generation;
+    status.observed_generation = generation;
+    status.phase = Some(Phase::Draining);
+    status.message = Some(format!(
+        "tearing down: {}; draining read-back paths",
+        trigger.describe()
+    ));
+    if workload.is_some() {
+        status.workload = workload;
+    }
+    if let Trigger::WorkloadFinished { exit_code } = trigger {
+        status.exit_code = Some(*exit_code);
+        let reason = if *exit_code == 0 {
+            "Completed"
+        } else {
+            "Error"
+        };
+        // The kubelet's reason when it says more than the exit code does (OOMKilled, …).
+        let detail = status
+            .workload
+            .as_ref()
+            .and_then(|w| w.reason.as_deref())
+            .filter(|r| !matches!(*r, "Completed" | "Error"))
+            .map(|r| format!(" ({r})"))
+            .unwrap_or_default();
+        set_condition(
+            &mut status.conditions,
+            conditions::WORKLOAD_FINISHED,
+            true,
+            reason,
+            format!("workload exited with code {exit_code}{detail}"),
+            generation,
+            now,
+        );
+    }
+    // A run torn down because its image cannot be pulled keeps Ready=False/ImagePullFailed with
+    // the kubelet's words: finished_status fails the run on it, and a teardown resumed after a
+    // restart finds its trigger there.
+    // A deadline and a pod deleted by someone else are recorded in Ready's reason too: they fail
+    // the run (finished_status reads them there), and a resumed teardown finds its trigger again.
+    let (ready_reason, ready_message) = match trigger {
+        Trigger::ImagePullFailed { message } => (REASON_IMAGE_PULL_FAILED, message.clone()),
+        Trigger::Deadline => (REASON_DEADLINE_EXCEEDED, trigger.describe()),
+        Trigger::PodDeleting => (REASON_POD_DELETED, trigger.describe()),
+        _ => ("TearingDown", trigger.describe()),
+    };
+    set_condition(
+        &mut status.conditions,
+        conditions::READY,
+        false,
+        ready_reason,
+        ready_message,
+        generation,
+        now,
+    );
+    set_condition_unknown(
+        &mut status.conditions,
+        conditions::DRAINED,
+        "Draining",
+        "draining read-back paths",
+        generation,
+        now,
+    );
+    ensure_pending_entries(run, &mut status);
+    status
+}
+
+/// The status once every path has an outcome: the final phase and the Drained, Complete/Failed and
+/// Ready conditions (see [`failure_reason`] and docs/user-guide.md "Lifecycle").
+pub fn finished_status(
+    run: &SandboxRun,
+    status: SandboxRunStatus,
+    now: Timestamp,
+) -> SandboxRunStatus {
+    end_status(run, status, false, now)
+}
+
+/// What the end of a run says about it, read from its status before the final conditions are
+/// written: the inputs of the final phase and of [`failure_reason`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ending {
+    /// The final phase.
+    pub phase: Phase,
+    /// The workload container terminated (WorkloadFinished=True).
+    pub workload_finished: bool,
+    /// Its exit code, when it did.
+    pub exit_code: Option<i32>,
+    /// The workload never started because an image could not be pulled.
+    pub image_pull_failed: bool,
+    /// The pod vanished before teardown drained it ([`pod_lost_status`]).
+    pub pod_vanished: bool,
+    /// The teardown was triggered by `spec.activeDeadlineSeconds`.
+    pub deadline: bool,
+    /// The teardown was triggered by someone else deleting or evicting the pod (the run itself
+    /// was not being deleted).
+    pub pod_deleted: bool,
+    /// Some path failed.
+    pub any_failed: bool,
+}
+
+/// The Failed condition's reason for an ending, None when the run ended successfully (then
+/// Complete=True). The first cause that applies, in this order:
+///
+/// - phase `Succeeded` → None (a failed optional path shows only in Drained=False);
+/// - phase `Failed`: [`REASON_IMAGE_PULL_FAILED`], [`REASON_WORKLOAD_FAILED`] (non-zero exit),
+///   [`REASON_POD_LOST`] (the pod vanished before teardown), else [`REASON_CONDITION_DRAIN_FAILED`] (a
+///   `required` path failed);
+/// - phase `Stopped`: [`REASON_DEADLINE_EXCEEDED`], [`REASON_POD_DELETED`], then
+///   [`REASON_CONDITION_DRAIN_FAILED`] when any path failed, else None (`spec.stop` or deletion, drained).
+pub fn failure_reason(e: &Ending) -> Option<&'static str> {
+    match e.phase {
+        Phase::Succeeded => None,
+        Phase::Stopped => {
+            if e.deadline {
+                Some(REASON_DEADLINE_EXCEEDED)
+            } else if e.pod_deleted {
+                Some(REASON_POD_DELETED)
+            } else if e.any_failed {
+                Some(REASON_CONDITION_DRAIN_FAILED)
+            } else {
+                None
+            }
+        }
+        // Failed (and, defensively, any phase that is not final: never a success).
+        _ => Some(if e.image_pull_failed {
+            REASON_IMAGE_PULL_FAILED
+        } else if e.workload_finished && e.exit_code != Some(0) {
+            REASON_WORKLOAD_FAILED
+        } else if e.pod_vanished {
+            REASON_POD_LOST
+        } else {
+            REASON_CONDITION_DRAIN_FAILED
+        }),
+    }
+}
+
+/// [`finished_status`]; `pod_vanished` when the pod was gone before teardown drained it
+/// ([`pod_lost_status`]).
+fn end_status(
+    run: &SandboxRun,
+    mut status: SandboxRunStatus,
+    pod_vanished: bool,
+    now: Timestamp,
+) -> SandboxRunStatus {
+    let generation = run.metadata.generation;
+    let required_failed = set_drained(run, &mut status, now);
+    let (ending, pull_failed) = ending_of(run, &status, pod_vanished, required_failed);
+    let why = ending_message(&ending, &status, required_failed, pull_failed.as_deref());
+    let phase = ending.phase;
+    status.phase = Some(phase);
+    status.message = Some(why.clone());
+    status.completion_time = Some(Time(now));
+    status.observed_generation = generation;
+    set_ending_conditions(
+        &mut status,
+        &ending,
+        why,
+        pull_failed.is_some(),
+        generation,
+        now,
+    );
+    status
+}
+
+/// Sets Drained from the outcome of every path; whether a `required` path failed.
+fn set_drained(run: &SandboxRun, status: &mut SandboxRunStatus, now: Timestamp) -> bool {
+    let generation = run.metadata.generation;
+    let failed: Vec<&ReadBackStatus> = status
+        .read_back
+        .iter()
+        .filter(|e| e.phase == ReadBackPhase::Failed)
+        .collect();
+    let required_failed = run
+        .spec
+        .read_back_paths()
+        .iter()
+        .filter(|p| p.required)
+        .any(|p| failed.iter().any(|e| e.path == p.path));
+    if failed.is_empty() {
+        let capped = status
+            .read_back
+            .iter()
+            .filter(|e| e.phase == ReadBackPhase::Capped)
+            .count();
+        let msg = if capped > 0 {
+            format!(
+                "every path drained; {capped} capped (dropped members are listed in the manifest)"
+            )
+        } else {
+            "every read-back path drained".to_string()
+        };
+        set_condition(
+            &mut status.conditions,
+            conditions::DRAINED,
+            true,
+            "Drained",
+            msg,
+            generation,
+            now,
+        );
+    } else {
+        let which: Vec<&str> = failed.iter().map(|e| e.path.as_str()).collect();
+        let msg = format!(
+            "drain failed for {}; see the sandbox_runfiles_drain_failed Events",
+            which.join(", ")
+        );
+        set_condition(
+            &mut status.conditions,
+            conditions::DRAINED,
+            false,
+            REASON_CONDITION_DRAIN_FAILED,
+            msg,
+            generation,
+            now,
+        );
+    }
+    required_failed
+}
+
+/// What the end says about the run, read from its status before the final conditions are
+/// written, and the kubelet's words when the workload never started because an image could not
+/// be pulled.
+fn ending_of(
+    run: &SandboxRun,
+    status: &SandboxRunStatus,
+    pod_vanished: bool,
+    required_failed: bool,
+) -> (Ending, Option<String>) {
+    let finished = condition_true(Some(status), conditions::WORKLOAD_FINISHED);
+    // The workload never started because an image could not be pulled (Ready=False with reason
+    // ImagePullFailed, kept by draining_status): the run failed, and the kubelet's words say why.
+    let pull_failed = !finished && status.start_time.is_none() && status.exit_code.is_none();
+    let pull_failed = pull_failed.then(|| image_pull_failure(status)).flatten();
+    // How teardown began, recorded in Ready's reason by draining_status (read before Ready says
+    // the run ended).
+    let ready_reason = ready_false_reason(status);
+    let deadline = !finished && ready_reason == Some(REASON_DEADLINE_EXCEEDED);
+    let pod_deleted = !finished
+        && ready_reason == Some(REASON_POD_DELETED)
+        && run.metadata.deletion_timestamp.is_none();
+    let pod_lost = pod_vanished && !finished;
+    let phase = if finished {
+        if status.exit_code == Some(0) && !required_failed {
+            Phase::Succeeded
+        } else {
+            Phase::Failed
+        }
+    } else if required_failed || pull_failed.is_some() || pod_lost {
+        Phase::Failed
+    } else {
+        Phase::Stopped
+    };
+    let ending = Ending {
+        phase,
+        workload_finished: finished,
+        exit_code: status.exit_code,
+        image_pull_failed: pull_failed.is_some(),
+        pod_vanished,
+        deadline,
+        pod_deleted,
+        any_failed: status
+            .read_back
+            .iter()
+            .any(|e| e.phase == ReadBackPhase::Failed),
+    };
+    (ending, pull_failed)
+}
+
+/// The final `status.message`: why the run ended as it did.
+fn ending_message(
+    e: &Ending,
+    status: &SandboxRunStatus,
+    required_failed: bool,
+    pull_failed: Option<&str>,
+) -> String {
+    let pod_lost = e.pod_vanished && !e.workload_finished;
+    match (e.phase, required_failed) {
+        (Phase::Succeeded, _) => {
+            "workload succeeded and its read-back paths are stored".to_string()
+        }
+        _ if pull_failed.is_some() => format!(
+            "the workload never started: its image could not be pulled: {}",
+            pull_failed.unwrap_or_default()
+        ),
+        _ if pod_lost => POD_GONE.to_string(),
+        (Phase::Failed, false) if e.workload_finished => {
+            format!(
+                "workload failed with exit code {}",
+                status.exit_code.unwrap_or(-1)
+            )
+        }
+        (_, true) => "a required read-back path could not be drained".to_string(),
+        (Phase::Failed, false) => status
+            .message
+            .clone()
+            .unwrap_or_else(|| "run failed".to_string()),
+        _ => {
+            let cause = if e.deadline {
+                "run stopped: activeDeadlineSeconds passed"
+            } else if e.pod_deleted {
+                "run stopped: the pod was deleted or evicted"
+            } else {
+                "run stopped"
+            };
+            let drains = if e.any_failed {
+                "a read-back path could not be drained (see the Drained condition)"
+            } else {
+                "read-back paths drained"
+            };
+            format!("{cause}; {drains}")
+        }
+    }
+}
+
+/// Sets Complete or Failed (exactly one, [`failure_reason`]) and Ready once the run ended.
+fn set_ending_conditions(
+    status: &mut SandboxRunStatus,
+    ending: &Ending,
+    why: String,
+    pull_failed: bool,
+    generation: Option<i64>,
+    now: Timestamp,
+) {
+    let phase = ending.phase;
+    match failure_reason(ending) {
+        None => {
+            set_condition(
+                &mut status.conditions,
+                conditions::COMPLETE,
+                true,
+                events::phase_reason(phase),
+                why,
+                generation,
+                now,
+            );
+            remove_condition(&mut status.conditions, conditions::FAILED);
+        }
+        Some(reason) => {
+            set_condition(
+                &mut status.conditions,
+                conditions::FAILED,
+                true,
+                reason,
+                why,
+                generation,
+                now,
+            );
+            remove_condition(&mut status.conditions, conditions::COMPLETE);
+        }
+    }
+    // Ready says the run ended, except when the pod never ran because of its image: Ready keeps
+    // ImagePullFailed and the kubelet's words.
+    if !pull_failed {
+        set_condition(
+            &mut status.conditions,
+            conditions::READY,
+            false,
+            REASON_RUN_ENDED,
+            format!("the run ended ({}); its pod is deleted", phase.as_str()),
+            generation,
+            now,
+        );
+    } else if let Some(ready) = status
+        .conditions
+        .iter_mut()
+        .find(|c| c.type_ == conditions::READY)
+    {
+        ready.observed_generation = generation;
+    }
+}
+
+/// The status when the pod vanished before teardown: every undrained path is a failure, never an
+/// empty set (docs/contract.md §4), and the run failed (Failed=True, reason [`REASON_POD_LOST`]) unless
+/// its workload had already finished and every required path had drained.
+///
+/// `committed` holds the status entries of paths whose manifest the store already has (an
+/// operator that committed a path and died before recording it): such a path was drained, and
+/// keeps that outcome instead of being marked Failed (docs/contract.md §4).
+pub fn pod_lost_status(
+    run: &SandboxRun,
+    committed: &[ReadBackStatus],
+    now: Timestamp,
+) -> SandboxRunStatus {
+    let mut status = run.status.clone().unwrap_or_default();
+    ensure_pending_entries(run, &mut status);
+    for e in status
+        .read_back
+        .iter_mut()
+        .filter(|e| e.phase == ReadBackPhase::Pending)
+    {
+        match committed.iter().find(|c| c.path == e.path) {
+            Some(c) => *e = c.clone(),
+            None => {
+                e.phase = ReadBackPhase::Failed;
+                e.message = Some(POD_GONE.to_string());
+            }
+        }
+    }
+    let generation = run.metadata.generation;
+    set_condition(
+        &mut status.conditions,
+        conditions::READY,
+        false,
+        "PodGone",
+        POD_GONE,
+        generation,
+        now,
+    );
+    status.message = Some(POD_GONE.to_string());
+    end_status(run, status, true, now)
+}
+
+/// The status entry of a declared path whose workload never started: it wrote nothing, so
+/// nothing is drained (`Empty`, no exec, no object), and the message says why.
+pub fn never_started_entry(path: &str, trigger: &Trigger) -> ReadBackStatus {
+    let message = match trigger {
+        Trigger::ImagePullFailed { .. } => NEVER_STARTED_IMAGE_PULL,
+        _ => "the workload never started, so it wrote nothing",
+    };
+    ReadBackStatus {
+        path: path.to_string(),
+        phase: ReadBackPhase::Empty,
+        message: Some(message.to_string()),
+        ..Default::default()
+    }
+}
+
+/// The message of a path whose workload never started because its image could not be pulled.
+pub const NEVER_STARTED_IMAGE_PULL: &str =
+    "the workload never started because its image could not be pulled, so it wrote nothing; nothing was drained";
+
+/// Why the drain of a path failed when the pod was gone before teardown.
+pub const POD_GONE: &str =
+    "the pod was gone before teardown (deleted or evicted); its emptyDirs went with it and nothing could be drained";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::decide::{decide, Step};
+    use crate::controller::events::teardown_event;
+    use crate::controller::fixtures::*;
+    use k8s_openapi::api::core::v1::{
+        ContainerState, ContainerStateRunning, ContainerStateWaiting,
+    };
+
+    #[test]
+    fn pod_gone_before_teardown_is_a_loss_never_an_empty_set() {
+        let r = with_phase(
+            run_with(&[("/out", true), ("/logs", false)]),
+            Phase::Running,
+        );
+        assert_eq!(decide(&r, None, now(), &settings()), Step::RecordPodLost);
+        let s = pod_lost_status(&r, &[], now());
+        assert_eq!(s.phase, Some(Phase::Failed));
+        assert!(s
+            .read_back
+            .iter()
+            .all(|e| e.phase == ReadBackPhase::Failed && e.message.is_some()));
+        let drained = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::DRAINED)
+            .unwrap();
+        assert_eq!(
+            (drained.status.as_str(), drained.reason.as_str()),
+            ("False", "DrainFailed")
+        );
+    }
+
+    #[test]
+    fn workload_termination_is_copied_from_the_pod_and_bounded() {
+        let w =
+            workload_termination(&pod_with_workload(oom_killed("out of memory\n"), None)).unwrap();
+        assert_eq!(
+            w,
+            WorkloadTermination {
+                exit_code: 137,
+                signal: Some(9),
+                reason: Some("OOMKilled".into()),
+                message: Some("out of memory\n".into()),
+                started_at: Some(Time("2026-11-30T11:59:00Z".parse().unwrap())),
+                finished_at: Some(Time(now())),
+            }
+        );
+
+        // A long message (the log tail, multi-byte characters) is cut on a char boundary.
+        let long = "é".repeat(3000); // 6000 bytes
+        let w = workload_termination(&pod_with_workload(oom_killed(&long), None)).unwrap();
+        let m = w.message.unwrap();
+        assert!(m.len() <= MAX_WORKLOAD_MESSAGE_BYTES, "{} bytes", m.len());
+        assert!(m.len() > MAX_WORKLOAD_MESSAGE_BYTES - 8, "cut too short");
+        assert!(m.ends_with('…') && m.starts_with("éé"));
+        // Empty strings are absent, not "".
+        let w = workload_termination(&pod_with_workload(oom_killed(""), None)).unwrap();
+        assert_eq!(w.message, None);
+
+        // Still running: nothing to record. Waiting after a terminated run: the last state.
+        let running = ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            workload_termination(&pod_with_workload(running, None)),
+            None
+        );
+        let waiting = ContainerState {
+            waiting: Some(ContainerStateWaiting::default()),
+            ..Default::default()
+        };
+        let w = workload_termination(&pod_with_workload(waiting, Some(oom_killed("x"))));
+        assert_eq!(w.map(|w| w.exit_code), Some(137));
+        assert_eq!(workload_termination(&Pod::default()), None);
+    }
+
+    #[test]
+    fn workload_evidence_survives_every_later_status_write() {
+        let r = run_with(&[("/out", true)]);
+        let w = workload_termination(&pod_with_workload(oom_killed("killed"), None));
+        let t = Trigger::WorkloadFinished { exit_code: 137 };
+        let mut s = draining_status(&r, &t, w.clone(), now());
+        assert_eq!(s.workload, w);
+        let finished = s
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::WORKLOAD_FINISHED)
+            .unwrap();
+        assert_eq!(
+            finished.message,
+            "workload exited with code 137 (OOMKilled)"
+        );
+
+        // The drain outcome and the final status keep it.
+        s.read_back[0].phase = ReadBackPhase::Drained;
+        let done = finished_status(&r, s.clone(), now());
+        assert_eq!(done.workload, w);
+        let mut r = r;
+        r.status = Some(done);
+        // Writes built from the run's status afterwards keep it too.
+        assert_eq!(pod_lost_status(&r, &[], now()).workload, w);
+        assert_eq!(
+            tracked_status(&r, "demo-sbr", &running(), now()).workload,
+            w
+        );
+        // A teardown that sees no terminated workload never clears an earlier record.
+        assert_eq!(
+            draining_status(&r, &Trigger::Deleting, None, now()).workload,
+            w
+        );
+
+        // The wire shape: camelCase under status.workload.
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["workload"]["exitCode"], 137);
+        assert_eq!(json["workload"]["signal"], 9);
+        assert_eq!(json["workload"]["reason"], "OOMKilled");
+        assert_eq!(json["workload"]["message"], "killed");
+        assert_eq!(json["workload"]["startedAt"], "2026-11-30T11:59:00Z");
+        assert_eq!(json["workload"]["finishedAt"], "2026-11-30T12:00:00Z");
+    }
+
+    #[test]
+    fn final_phase_follows_exit_code_and_required_paths() {
+        let r = run_with(&[("/out", true), ("/logs", false)]);
+        let t = Trigger::WorkloadFinished { exit_code: 0 };
+        let mut s = draining_status(&r, &t, None, now());
+        s.read_back[0].phase = ReadBackPhase::Drained;
+        s.read_back[1].phase = ReadBackPhase::Failed;
+        let done = finished_status(&r, s.clone(), now());
+        assert_eq!(
+            done.phase,
+            Some(Phase::Succeeded),
+            "optional path failure keeps success"
+        );
+        let drained = done
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::DRAINED)
+            .unwrap();
+        assert_eq!(drained.status, "False");
+        s.read_back[0].phase = ReadBackPhase::Failed;
+        assert_eq!(finished_status(&r, s, now()).phase, Some(Phase::Failed));
+
+        let t = Trigger::WorkloadFinished { exit_code: 1 };
+        let mut s = draining_status(&r, &t, None, now());
+        s.read_back
+            .iter_mut()
+            .for_each(|e| e.phase = ReadBackPhase::Empty);
+        assert_eq!(finished_status(&r, s, now()).phase, Some(Phase::Failed));
+
+        let mut s = draining_status(&r, &Trigger::Stop, None, now());
+        s.start_time = Some(Time(now()));
+        s.read_back
+            .iter_mut()
+            .for_each(|e| e.phase = ReadBackPhase::Capped);
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Stopped));
+        assert!(done
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::COMPLETE && c.status == "True"));
+    }
+
+    #[test]
+    fn an_image_that_cannot_be_pulled_fails_the_run_and_drains_nothing() {
+        let r = pending(run_with(&[("/out", true), ("/logs", false)]));
+        let message = format!("container workload: ErrImagePull: {NOT_FOUND}");
+        let trigger = Trigger::ImagePullFailed {
+            message: message.clone(),
+        };
+        let mut s = draining_status(&r, &trigger, None, now());
+        for e in s.read_back.iter_mut() {
+            *e = never_started_entry(&e.path, &trigger);
+        }
+        assert!(s.read_back.iter().all(|e| e.phase == ReadBackPhase::Empty
+            && e.object.is_none()
+            && e.message.as_deref() == Some(NEVER_STARTED_IMAGE_PULL)));
+        assert!(NEVER_STARTED_IMAGE_PULL
+            .contains("never started because its image could not be pulled"));
+
+        // A teardown resumed after a restart finds its trigger again.
+        let mut resumed = r.clone();
+        resumed.status = Some(s.clone());
+        assert_eq!(
+            decide(&resumed, Some(&running()), now(), &settings()),
+            Step::Teardown(trigger.clone())
+        );
+
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        let why = done.message.clone().unwrap_or_default();
+        assert!(why.contains("image could not be pulled"), "{why}");
+        assert!(why.contains(&message), "the kubelet's words: {why}");
+        let cond = |t: &str| done.conditions.iter().find(|c| c.type_ == t).unwrap();
+        assert_eq!(
+            (
+                cond(conditions::READY).status.as_str(),
+                cond(conditions::READY).reason.as_str()
+            ),
+            ("False", REASON_IMAGE_PULL_FAILED)
+        );
+        assert_eq!(cond(conditions::READY).message, message);
+        assert_eq!(
+            (
+                cond(conditions::FAILED).status.as_str(),
+                cond(conditions::FAILED).reason.as_str()
+            ),
+            ("True", REASON_IMAGE_PULL_FAILED)
+        );
+        assert!(cond(conditions::FAILED).message.contains(NOT_FOUND));
+        assert!(!done
+            .conditions
+            .iter()
+            .any(|c| c.type_ == conditions::COMPLETE));
+        assert_eq!(cond(conditions::DRAINED).status, "True");
+
+        // The teardown opens with a Warning that names the reason and keeps the kubelet's words.
+        let (warning, reason, note) = teardown_event(&trigger);
+        assert!(warning);
+        assert_eq!(reason, REASON_IMAGE_PULL_FAILED);
+        assert!(note.contains(NOT_FOUND), "{note}");
+        assert_eq!(teardown_event(&Trigger::Stop).1, "TearingDown");
+
+        // Any other teardown of a run that never started keeps the plain words.
+        let plain = never_started_entry("/out", &Trigger::Stop);
+        assert_eq!(plain.phase, ReadBackPhase::Empty);
+        assert!(!plain.message.unwrap_or_default().contains("image"));
+    }
+
+    #[test]
+    fn a_succeeded_run_is_complete_and_not_failed() {
+        let r = with_generation(with_phase(run_with(&[("/out", true)]), Phase::Running));
+        let t = Trigger::WorkloadFinished { exit_code: 0 };
+        let s = drain_all(draining_status(&r, &t, None, now()), ReadBackPhase::Drained);
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Succeeded));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, conditions::COMPLETE),
+            pair("True", "Succeeded")
+        );
+        assert_eq!(cond_of(&done, conditions::FAILED), None);
+        assert_eq!(
+            cond_of(&done, conditions::READY),
+            pair("False", REASON_RUN_ENDED)
+        );
+        assert_eq!(cond_of(&done, conditions::DRAINED), pair("True", "Drained"));
+    }
+
+    #[test]
+    fn a_failed_workload_is_failed_with_workload_failed_and_never_complete() {
+        let r = with_generation(with_phase(run_with(&[("/out", true)]), Phase::Running));
+        let t = Trigger::WorkloadFinished { exit_code: 2 };
+        let s = drain_all(draining_status(&r, &t, None, now()), ReadBackPhase::Drained);
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, conditions::FAILED),
+            pair("True", REASON_WORKLOAD_FAILED)
+        );
+        assert_eq!(cond_of(&done, conditions::COMPLETE), None);
+        assert_eq!(
+            cond_of(&done, conditions::READY),
+            pair("False", REASON_RUN_ENDED)
+        );
+    }
+
+    #[test]
+    fn a_required_path_that_fails_after_success_is_failed_with_drain_failed() {
+        let r = with_generation(with_phase(run_with(&[("/out", true)]), Phase::Running));
+        let t = Trigger::WorkloadFinished { exit_code: 0 };
+        let s = drain_all(draining_status(&r, &t, None, now()), ReadBackPhase::Failed);
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, conditions::FAILED),
+            pair("True", REASON_CONDITION_DRAIN_FAILED)
+        );
+    }
+
+    #[test]
+    fn a_stop_or_deletion_whose_drains_succeed_is_complete() {
+        for trigger in [Trigger::Stop, Trigger::Deleting] {
+            let mut r = with_generation(with_phase(run_with(&[("/out", false)]), Phase::Running));
+            r.spec.stop = trigger == Trigger::Stop;
+            let s = drain_all(
+                draining_status(&r, &trigger, None, now()),
+                ReadBackPhase::Drained,
+            );
+            let done = finished_status(&r, s, now());
+            assert_eq!(done.phase, Some(Phase::Stopped), "{trigger:?}");
+            assert_one_ending(&done);
+            assert_eq!(
+                cond_of(&done, conditions::COMPLETE),
+                pair("True", "Stopped"),
+                "{trigger:?}"
+            );
+            assert_eq!(cond_of(&done, conditions::FAILED), None, "{trigger:?}");
+        }
+    }
+
+    #[test]
+    fn a_stop_whose_drain_fails_is_failed_with_drain_failed() {
+        // An optional path: the phase stays Stopped, but the run did not end well.
+        let mut r = with_generation(with_phase(run_with(&[("/out", false)]), Phase::Running));
+        r.spec.stop = true;
+        let s = drain_all(
+            draining_status(&r, &Trigger::Stop, None, now()),
+            ReadBackPhase::Failed,
+        );
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Stopped));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, conditions::FAILED),
+            pair("True", REASON_CONDITION_DRAIN_FAILED)
+        );
+        assert_eq!(cond_of(&done, conditions::COMPLETE), None);
+        assert_eq!(
+            cond_of(&done, conditions::DRAINED),
+            pair("False", REASON_CONDITION_DRAIN_FAILED)
+        );
+    }
+
+    #[test]
+    fn a_deadline_is_failed_with_deadline_exceeded_even_when_drained() {
+        let r = with_generation(with_phase(run_with(&[("/out", false)]), Phase::Running));
+        let draining = draining_status(&r, &Trigger::Deadline, None, now());
+        // The trigger is recorded where a restarted operator finds it again.
+        assert_eq!(
+            cond_of(&draining, conditions::READY),
+            pair("False", REASON_DEADLINE_EXCEEDED)
+        );
+        let mut resumed = r.clone();
+        resumed.status = Some(draining.clone());
+        assert_eq!(
+            decide(&resumed, Some(&running()), now(), &settings()),
+            Step::Teardown(Trigger::Deadline)
+        );
+        let done = finished_status(&r, drain_all(draining, ReadBackPhase::Drained), now());
+        assert_eq!(done.phase, Some(Phase::Stopped));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, conditions::FAILED),
+            pair("True", REASON_DEADLINE_EXCEEDED)
+        );
+        assert_eq!(cond_of(&done, conditions::COMPLETE), None);
+        assert!(done
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("activeDeadlineSeconds"));
+    }
+
+    #[test]
+    fn a_pod_deleted_by_someone_else_is_failed_with_pod_deleted() {
+        let r = with_generation(with_phase(run_with(&[("/out", false)]), Phase::Running));
+        let s = drain_all(
+            draining_status(&r, &Trigger::PodDeleting, None, now()),
+            ReadBackPhase::Drained,
+        );
+        let done = finished_status(&r, s.clone(), now());
+        assert_eq!(done.phase, Some(Phase::Stopped));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, conditions::FAILED),
+            pair("True", REASON_POD_DELETED)
+        );
+        // The same teardown of a run that is itself being deleted is the user's deletion.
+        let mut deleted = r.clone();
+        deleted.metadata.deletion_timestamp = Some(Time(now()));
+        let done = finished_status(&deleted, s, now());
+        assert_eq!(
+            cond_of(&done, conditions::COMPLETE),
+            pair("True", "Stopped")
+        );
+        assert_eq!(cond_of(&done, conditions::FAILED), None);
+    }
+
+    #[test]
+    fn an_image_pull_failure_is_failed_with_image_pull_failed() {
+        let r = with_generation(pending(run_with(&[("/out", true)])));
+        let trigger = Trigger::ImagePullFailed {
+            message: "container workload: ErrImagePull: not found".into(),
+        };
+        let mut s = draining_status(&r, &trigger, None, now());
+        for e in s.read_back.iter_mut() {
+            *e = never_started_entry(&e.path, &trigger);
+        }
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, conditions::FAILED),
+            pair("True", REASON_IMAGE_PULL_FAILED)
+        );
+        assert_eq!(cond_of(&done, conditions::COMPLETE), None);
+        // Ready keeps the reason the pod never ran.
+        assert_eq!(
+            cond_of(&done, conditions::READY),
+            pair("False", REASON_IMAGE_PULL_FAILED)
+        );
+    }
+
+    #[test]
+    fn a_path_committed_before_the_pod_was_lost_keeps_its_committed_outcome() {
+        // An operator committed /out's manifest and died before recording it; the pod is gone
+        // when its successor looks. /out was drained: it is not a loss. /logs was not.
+        let r = with_generation(with_phase(
+            run_with(&[("/out", true), ("/logs", false)]),
+            Phase::Running,
+        ));
+        let committed = ReadBackStatus {
+            path: "/out".into(),
+            phase: ReadBackPhase::Drained,
+            bytes: 3,
+            members: 1,
+            object: Some("file:///s/ns/r/u/00-out.tar".into()),
+            manifest: Some("file:///s/ns/r/u/00-out.manifest.json".into()),
+            attempts: 1,
+            ..Default::default()
+        };
+        let done = pod_lost_status(&r, std::slice::from_ref(&committed), now());
+        let out = done
+            .read_back
+            .iter()
+            .find(|e| e.path == "/out")
+            .expect("/out");
+        assert_eq!(out, &committed);
+        let logs = done
+            .read_back
+            .iter()
+            .find(|e| e.path == "/logs")
+            .expect("/logs");
+        assert_eq!(logs.phase, ReadBackPhase::Failed);
+        assert_eq!(logs.message.as_deref(), Some(POD_GONE));
+        // The required path was drained: the run is not failed for a lost required path... but
+        // the pod is still gone, which the run's ending says.
+        assert_eq!(done.message.as_deref(), Some(POD_GONE));
+        // Without the committed entry, both paths are losses (as before).
+        let lost = pod_lost_status(&r, &[], now());
+        assert!(lost
+            .read_back
+            .iter()
+            .all(|e| e.phase == ReadBackPhase::Failed));
+    }
+
+    #[test]
+    fn a_lost_pod_is_failed_with_pod_lost() {
+        let r = with_generation(with_phase(
+            run_with(&[("/out", true), ("/logs", false)]),
+            Phase::Running,
+        ));
+        let done = pod_lost_status(&r, &[], now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, conditions::FAILED),
+            pair("True", REASON_POD_LOST)
+        );
+        assert_eq!(cond_of(&done, conditions::COMPLETE), None);
+        assert_eq!(done.message.as_deref(), Some(POD_GONE));
+
+        // Also with no path at all, and while a deadline teardown was draining.
+        let r = with_generation(with_phase(run_with(&[]), Phase::Running));
+        let done = pod_lost_status(&r, &[], now());
+        assert_eq!(
+            cond_of(&done, conditions::FAILED),
+            pair("True", REASON_POD_LOST)
+        );
+        let mut r = with_generation(with_phase(run_with(&[("/out", false)]), Phase::Running));
+        r.status = Some(draining_status(&r, &Trigger::Deadline, None, now()));
+        let done = pod_lost_status(&r, &[], now());
+        assert_eq!(
+            cond_of(&done, conditions::FAILED),
+            pair("True", REASON_POD_LOST)
+        );
+    }
+
+    #[test]
+    fn a_workload_that_succeeded_before_its_pod_was_lost_keeps_its_drained_outcome() {
+        let r = with_generation(with_phase(run_with(&[("/out", true)]), Phase::Running));
+        let t = Trigger::WorkloadFinished { exit_code: 0 };
+        let mut r2 = r.clone();
+        r2.status = Some(drain_all(
+            draining_status(&r, &t, None, now()),
+            ReadBackPhase::Drained,
+        ));
+        let done = pod_lost_status(&r2, &[], now());
+        assert_eq!(done.phase, Some(Phase::Succeeded));
+        assert_one_ending(&done);
+        assert_eq!(
+            cond_of(&done, conditions::COMPLETE),
+            pair("True", "Succeeded")
+        );
+        // A required path still pending when the pod vanished: the pod's loss is why.
+        let mut r3 = r.clone();
+        r3.status = Some(draining_status(&r, &t, None, now()));
+        let done = pod_lost_status(&r3, &[], now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        assert_eq!(
+            cond_of(&done, conditions::FAILED),
+            pair("True", REASON_POD_LOST)
+        );
+    }
+
+    #[test]
+    fn failure_reason_names_the_first_cause() {
+        let base = Ending {
+            phase: Phase::Failed,
+            workload_finished: true,
+            exit_code: Some(1),
+            image_pull_failed: false,
+            pod_vanished: false,
+            deadline: false,
+            pod_deleted: false,
+            any_failed: true,
+        };
+        assert_eq!(failure_reason(&base), Some(REASON_WORKLOAD_FAILED));
+        let ok_exit = Ending {
+            exit_code: Some(0),
+            ..base
+        };
+        assert_eq!(
+            failure_reason(&ok_exit),
+            Some(REASON_CONDITION_DRAIN_FAILED)
+        );
+        assert_eq!(
+            failure_reason(&Ending {
+                pod_vanished: true,
+                ..ok_exit
+            }),
+            Some(REASON_POD_LOST)
+        );
+        let stopped = Ending {
+            phase: Phase::Stopped,
+            workload_finished: false,
+            exit_code: None,
+            any_failed: false,
+            ..base
+        };
+        assert_eq!(failure_reason(&stopped), None);
+        assert_eq!(
+            failure_reason(&Ending {
+                deadline: true,
+                any_failed: true,
+                ..stopped
+            }),
+            Some(REASON_DEADLINE_EXCEEDED)
+        );
+        assert_eq!(
+            failure_reason(&Ending {
+                phase: Phase::Succeeded,
+                any_failed: true,
+                ..ok_exit
+            }),
+            None,
+            "an optional path failure keeps a success"
+        );
+    }
+}
