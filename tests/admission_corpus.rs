@@ -1,69 +1,16 @@
-//! Runs the ADR-006 engine and `doctor --strict` over every manifest in `tests/admission-corpus/`
-//! and checks each against the verdict its first line declares:
+//! Runs the admission engine (docs/contract.md, "ADR-006") and `doctor --strict` over every
+//! manifest in `tests/admission-corpus/` and checks each against the verdict its first line declares:
 //! `# expect: ok|warn|fail|usage [rule-id ...] [(schema)]`.
 //! The rule ids listed are exactly the set of rule ids the engine reports for the file.
 
+mod support;
+
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 
 use sandboxrun_operator::admission::doctor::{self, DoctorArgs, Output};
 use sandboxrun_operator::admission::{check, RuleSettings, Severity};
-use sandboxrun_operator::api::SandboxRun;
 
-struct Expectation {
-    verdict: String,
-    rules: BTreeSet<String>,
-}
-
-fn corpus() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/admission-corpus");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files
-}
-
-fn expectation(path: &Path, text: &str) -> Expectation {
-    let first = text.lines().next().unwrap_or_default();
-    let rest = first
-        .strip_prefix("# expect:")
-        .unwrap_or_else(|| panic!("{}: first line must be `# expect: ...`", path.display()));
-    let mut words = rest.split_whitespace().filter(|w| !w.starts_with('('));
-    let verdict = words.next().unwrap_or_default().to_string();
-    assert!(
-        ["ok", "warn", "fail", "usage"].contains(&verdict.as_str()),
-        "{}: bad verdict {verdict}",
-        path.display()
-    );
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
-    assert!(
-        name.starts_with(&format!("{verdict}-")),
-        "{name}: file name must start with its verdict"
-    );
-    Expectation {
-        verdict,
-        rules: words.map(str::to_string).collect(),
-    }
-}
-
-/// The SandboxRuns of a file; None when the file is a usage error (does not parse / deserialize).
-fn runs(text: &str) -> Option<Vec<SandboxRun>> {
-    let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).ok()?;
-        if value.get("kind").and_then(|k| k.as_str()) != Some("SandboxRun") {
-            continue;
-        }
-        out.push(serde_yaml::from_value(value).ok()?);
-    }
-    Some(out)
-}
+use support::*;
 
 #[test]
 fn corpus_is_big_enough_and_covers_every_verdict() {
@@ -87,7 +34,7 @@ fn engine_verdicts_match_the_corpus() {
         let text =
             std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let want = expectation(&path, &text);
-        let Some(runs) = runs(&text) else {
+        let Some(runs) = corpus_runs(&text) else {
             if want.verdict != "usage" {
                 problems.push(format!(
                     "{}: does not parse but expects {}",

@@ -37,12 +37,6 @@ fn ok(cmd: Command, stdin: Option<&[u8]>) -> String {
     stdout
 }
 
-fn helm(args: &[&str]) -> Command {
-    let mut cmd = tool("helm");
-    cmd.args(args);
-    cmd
-}
-
 fn kubectl(args: &[&str]) -> Command {
     let mut cmd = tool("kubectl");
     cmd.args(args);
@@ -553,54 +547,6 @@ impl Drop for ClusterObjects {
     }
 }
 
-/// A kubeconfig that authenticates as ServiceAccount `namespace/name` with a fresh token, and
-/// nothing else.
-async fn service_account_kubeconfig(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-) -> std::path::PathBuf {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(client.clone(), namespace);
-    let token = sas
-        .create_token_request(
-            name,
-            &Default::default(),
-            &TokenRequest {
-                metadata: Default::default(),
-                spec: Some(TokenRequestSpec {
-                    audiences: None,
-                    expiration_seconds: Some(3600),
-                    bound_object_ref: None,
-                }),
-                status: None,
-            },
-        )
-        .await
-        .expect("a token for the chart's ServiceAccount")
-        .status
-        .and_then(|s| s.token)
-        .expect("a token");
-    let admin = std::fs::read_to_string(kubeconfig_path()).expect("the test bed's kubeconfig");
-    let server = admin
-        .lines()
-        .find_map(|l| l.split("server: \"").nth(1))
-        .and_then(|s| s.split('"').next())
-        .expect("the apiserver's address in the kubeconfig")
-        .to_string();
-    let path = std::env::temp_dir().join(format!("{namespace}-{name}.kubeconfig"));
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: sa, user: {{token: \"{token}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: sa}}}}]\ncurrent-context: c\n",
-            state_dir().join("pki/ca.crt").display()
-        ),
-    )
-    .expect("write the ServiceAccount's kubeconfig");
-    path
-}
-
 /// Issue #11 item 2, end to end: the operator never depends on its own webhook to let a run go.
 /// The webhook is registered as the chart renders it (failurePolicy Fail, its matchConditions),
 /// pointing at an endpoint that is down. A user's spec edit (and label edit) of the run is
@@ -690,12 +636,10 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
 
     // The operator as that ServiceAccount, watching the runs' namespace (kwok plays the node).
     let store_url = format!("file://{}", host_dir("store-whdown").display());
-    let op = Operator::start_as(
-        &kubeconfig,
-        &runs_ns.name,
-        &store_url,
-        &["--pod-namespace", &op_ns.name],
-    );
+    let op = Operator::builder(&runs_ns.name, &store_url)
+        .kubeconfig(&kubeconfig)
+        .flags(&["--pod-namespace", &op_ns.name])
+        .start();
     let out = host_dir("whdown-out");
     std::fs::write(out.join("result.txt"), b"kept\n").expect("write");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &runs_ns.name);
@@ -777,16 +721,7 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
     runs.delete("held", &DeleteParams::default())
         .await
         .expect("delete the run");
-    eventually_or_log(
-        "the run's deletion to complete",
-        Duration::from_secs(90),
-        &op,
-        || {
-            let runs = runs.clone();
-            async move { runs.get_opt("held").await.ok()?.is_none().then_some(()) }
-        },
-    )
-    .await;
+    wait_gone(&runs, "held", &op, Duration::from_secs(90)).await;
     let (store, prefix) =
         sandboxrun_operator::store::store_from_url(&store_url, &[]).expect("the store");
     let manifests =

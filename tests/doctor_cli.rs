@@ -1,9 +1,13 @@
 //! `doctor` through its public entry point, in-process (the binary's wiring lives in main.rs).
 
+mod support;
+
 use sandboxrun_operator::admission::doctor::{run, DoctorArgs, Output};
 use sandboxrun_operator::admission::RuleSettings;
 use sandboxrun_operator::caps::CapSettings;
 use sandboxrun_operator::units::GIB;
+
+use support::ports::free_port;
 
 const RUN: &str = "apiVersion: sandbox.iterion.io/v1alpha1
 kind: SandboxRun
@@ -130,9 +134,7 @@ async fn usage_errors_win_over_failures_and_are_reported_in_json() {
 #[tokio::test]
 async fn check_images_reports_an_unreachable_registry_as_a_warning() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-    let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
-    drop(listener);
+    let port = free_port();
     let (_d, f) = file(&RUN.replace("alpine:3.20", &format!("127.0.0.1:{port}/team/app:v1")));
     let args = DoctorArgs {
         files: vec![f],

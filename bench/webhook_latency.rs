@@ -1,6 +1,6 @@
-//! Latency of the ADR-006 validating webhook as the apiserver sees it: AdmissionReviews over TLS on
-//! loopback at a steady, open-loop rate (requests are sent on schedule, never gated on earlier
-//! answers), side by side with a trivial always-allow axum TLS endpoint on the same machine.
+//! Latency of the validating webhook (docs/contract.md, "ADR-006") as the apiserver sees it:
+//! AdmissionReviews over TLS on loopback at a steady, open-loop rate (requests are sent on
+//! schedule, never gated on earlier answers), side by side with a trivial always-allow axum TLS endpoint on the same machine.
 //!
 //! `cargo bench --bench webhook_latency -- [--rate 200] [--seconds 20]`
 //!
@@ -8,7 +8,9 @@
 //! rustls) with a certificate from `admission::certs::generate` — the same code path
 //! `run --webhook-cert-mode self-managed` serves. The peer shares that stack and only swaps the
 //! handler for "parse the review, answer allowed". The ratio is therefore the cost of the rules.
-//! Prints p50/p99/max; the p99 ≤ 10 ms target is reported, not asserted.
+//! Prints p50/p99/max; the p99 ≤ 10 ms target is reported, not asserted. With `BENCH_RESULTS`
+//! set (hack/bench.sh sets it), each number is also appended to that file as one JSON object a
+//! line: `{"bench", "case", "metric", "value", "unit"}`.
 
 use std::net::SocketAddr;
 use std::sync::mpsc;
@@ -204,6 +206,28 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
+/// Appends one measurement to `$BENCH_RESULTS` (JSON lines), when it is set.
+fn record(case: &str, metric: &str, value: f64, unit: &str) {
+    let Some(path) = std::env::var_os("BENCH_RESULTS") else {
+        return;
+    };
+    let line = json!({
+        "bench": "webhook_latency",
+        "case": case,
+        "metric": metric,
+        "value": value,
+        "unit": unit,
+    });
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()));
+    if let Err(e) = written {
+        eprintln!("cannot append to {}: {e}", path.to_string_lossy());
+    }
+}
+
 fn main() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let o = options();
@@ -286,6 +310,16 @@ fn main() {
             if let Some(e) = &r.first_error {
                 println!("  first error: {e}");
             }
+            record(
+                name,
+                "requests",
+                (r.latencies.len() + r.errors) as f64,
+                "count",
+            );
+            record(name, "errors", r.errors as f64, "count");
+            record(name, "p50", ms(quantile(&r.latencies, 0.50)), "ms");
+            record(name, "p99", ms(quantile(&r.latencies, 0.99)), "ms");
+            record(name, "max", ms(quantile(&r.latencies, 1.0)), "ms");
         }
         let (a, b) = (&results[0].1.latencies, &results[1].1.latencies);
         let ratio = |q: f64| ms(quantile(a, q)) / ms(quantile(b, q)).max(f64::EPSILON);
@@ -298,6 +332,9 @@ fn main() {
             ratio(0.99),
             ratio(1.0)
         );
+        for (metric, q) in [("p50", 0.50), ("p99", 0.99), ("max", 1.0)] {
+            record("ratio webhook / peer", metric, ratio(q), "ratio");
+        }
         let p99 = quantile(a, 0.99);
         println!(
             "target p99 <= {} ms: {} (webhook p99 {:.3} ms)",
