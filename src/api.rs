@@ -364,6 +364,16 @@ pub enum Compression {
 }
 
 impl Compression {
+    /// The name as the spec writes it (`none`, `gzip`, `zstd`): also the `compression` label of
+    /// the drained-bytes metric, so renaming a variant cannot silently change it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Zstd => "zstd",
+        }
+    }
+
     /// File extension of an archive with this compression.
     pub fn extension(self) -> &'static str {
         match self {
@@ -617,6 +627,9 @@ mod tests {
         }
         for p in ReadBackPhase::ALL {
             assert_eq!(serde_json::to_value(p).unwrap(), p.as_str(), "{p:?}");
+        }
+        for c in [Compression::None, Compression::Gzip, Compression::Zstd] {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
         }
     }
     use kube::CustomResourceExt;

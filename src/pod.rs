@@ -15,9 +15,11 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
+use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use crate::api::{parse_user, MountType, SandboxRun};
+use crate::inpod::holder::HolderCommand;
 
 /// Name of the user's container.
 pub const WORKLOAD_CONTAINER: &str = "workload";
@@ -31,8 +33,13 @@ pub const READBACK_PATHS_ENV: &str = "SANDBOXRUN_READBACK_PATHS";
 pub const RUN_UID_LABEL: &str = "sandbox.iterion.io/run-uid";
 /// Label carrying the owning run's name when it fits in a label value.
 pub const RUN_NAME_LABEL: &str = "sandbox.iterion.io/run";
-/// Where the holder keeps its drain marker (an emptyDir of its own: its root may be read-only).
-pub const HOLDER_STATE_DIR: &str = "/var/run/sandboxrun";
+pub use crate::inpod::holder::HOLDER_STATE_DIR;
+/// Label every object the operator creates carries, with value [`MANAGED_BY`].
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY: &str = "sandboxrun-operator";
+/// Default of `run --holder-image`: the operator's own image.
+pub const DEFAULT_HOLDER_IMAGE: &str = "ghcr.io/iterion/sandboxrun-operator:latest";
 /// Volume-name prefix of the emptyDir serving read-back path N.
 pub const READBACK_VOLUME_PREFIX: &str = "readback-";
 /// Label and annotation prefix the operator keeps for itself on run pods.
@@ -67,7 +74,7 @@ pub struct PodSettings {
 impl Default for PodSettings {
     fn default() -> Self {
         PodSettings {
-            holder_image: "ghcr.io/iterion/sandboxrun-operator:latest".to_string(),
+            holder_image: DEFAULT_HOLDER_IMAGE.to_string(),
             default_drain_timeout_seconds: 300,
             max_drain_timeout_seconds: 3600,
             holder_resources: HolderResources::default(),
@@ -148,9 +155,9 @@ impl HolderResources {
             if text.is_empty() {
                 return Ok(None);
             }
-            quantity_value(text)
+            crate::units::quantity_value(text)
                 .map(|v| Some((Quantity(text.to_string()), v)))
-                .ok_or_else(|| HolderResourcesError::NotAQuantity {
+                .map_err(|_| HolderResourcesError::NotAQuantity {
                     flag,
                     value: text.to_string(),
                 })
@@ -199,48 +206,6 @@ impl HolderResources {
     }
 }
 
-/// The value of a Kubernetes quantity (the apimachinery grammar: a non-negative decimal number,
-/// then a binary suffix `Ki`…`Ei`, a decimal suffix `m` `k` `M` `G` `T` `P` `E`, or an exponent
-/// `e<n>`/`E<n>`), None when `text` is not one. Precise enough to compare two settings.
-pub fn quantity_value(text: &str) -> Option<f64> {
-    let s = text.strip_prefix('+').unwrap_or(text);
-    let end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, suffix) = s.split_at(end);
-    let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
-    if (int_part.is_empty() && frac_part.is_empty()) || frac_part.contains('.') {
-        return None;
-    }
-    let value: f64 = format!("{int_part}.{frac_part}0").parse().ok()?;
-    let multiplier = match suffix {
-        "" => 1.0,
-        "m" => 1e-3,
-        "k" => 1e3,
-        "M" => 1e6,
-        "G" => 1e9,
-        "T" => 1e12,
-        "P" => 1e15,
-        "E" => 1e18,
-        "Ki" => 1024f64,
-        "Mi" => 1024f64.powi(2),
-        "Gi" => 1024f64.powi(3),
-        "Ti" => 1024f64.powi(4),
-        "Pi" => 1024f64.powi(5),
-        "Ei" => 1024f64.powi(6),
-        other => {
-            let exp = other.strip_prefix(['e', 'E'])?;
-            let digits = exp.strip_prefix(['+', '-']).unwrap_or(exp);
-            if digits.is_empty() || digits.len() > 3 || !digits.bytes().all(|b| b.is_ascii_digit())
-            {
-                return None;
-            }
-            10f64.powi(exp.parse::<i32>().ok()?)
-        }
-    };
-    Some(value * multiplier)
-}
-
 /// A run the builder cannot turn into a pod. Admission refuses all of these first; the builder
 /// refuses again so that a run admitted without the webhook never gets a half-served pod.
 #[derive(Debug, Error, PartialEq)]
@@ -286,10 +251,16 @@ pub fn pod_name(run_name: &str) -> String {
     if run_name.len() + SUFFIX.len() <= 253 {
         return format!("{run_name}{SUFFIX}");
     }
-    let digest = crate::util::short_hash(run_name);
+    let digest = short_hash(run_name);
     let keep = 253 - SUFFIX.len() - digest.len() - 1;
     let head = run_name[..keep].trim_end_matches(['-', '.']);
     format!("{head}-{digest}{SUFFIX}")
+}
+
+/// First 8 hex characters of the sha256 of `text`: a stable, short disambiguator for names.
+fn short_hash(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    hex::encode(&digest[..4])
 }
 
 /// The drain timeout of a run, in seconds.
@@ -301,13 +272,18 @@ pub fn drain_timeout_seconds(run: &SandboxRun, settings: &PodSettings) -> Result
         .and_then(|r| r.drain_timeout.as_deref())
     {
         None => Ok(settings.default_drain_timeout_seconds),
-        Some(text) => crate::util::parse_duration(text)
+        Some(text) => crate::units::parse_duration(text)
             .map(|d| i64::try_from(d.as_secs().max(1)).unwrap_or(i64::MAX))
             .map_err(|_| BuildError::BadDrainTimeout(text.to_string())),
     }
     // Admission refuses a longer one; a run admitted before the maximum was lowered (or with the
     // webhook off) is held to it too.
     .map(|secs| secs.min(settings.max_drain_timeout_seconds.max(1)))
+}
+
+/// The label selector of every object the operator manages.
+pub fn managed_by_selector() -> String {
+    format!("{MANAGED_BY_LABEL}={MANAGED_BY}")
 }
 
 /// Builds the pod of a run.
@@ -511,14 +487,8 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
     let holder = Container {
         name: HOLDER_CONTAINER.to_string(),
         image: Some(settings.holder_image.clone()),
-        command: Some(vec![
-            "sandboxrun-operator".to_string(),
-            "holder".to_string(),
-        ]),
-        args: Some(vec![
-            "--state-dir".to_string(),
-            HOLDER_STATE_DIR.to_string(),
-        ]),
+        command: Some(HolderCommand::program()),
+        args: Some(HolderCommand::Idle.args()),
         resources: Some(settings.holder_resources.requirements()),
         volume_mounts: Some(holder_mounts),
         // A pod deleted or evicted gracefully keeps its emptyDirs until the holder stops: the hook
@@ -526,14 +496,12 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
         lifecycle: Some(Lifecycle {
             pre_stop: Some(LifecycleHandler {
                 exec: Some(ExecAction {
-                    command: Some(vec![
-                        "sandboxrun-operator".to_string(),
-                        "holder".to_string(),
-                        "--state-dir".to_string(),
-                        HOLDER_STATE_DIR.to_string(),
-                        "--wait-drained".to_string(),
-                        format!("{}s", drain_timeout + GRACE_MARGIN_SECONDS / 2),
-                    ]),
+                    command: Some(
+                        HolderCommand::WaitDrained {
+                            seconds: drain_timeout + GRACE_MARGIN_SECONDS / 2,
+                        }
+                        .argv(),
+                    ),
                 }),
                 ..LifecycleHandler::default()
             }),
@@ -547,10 +515,7 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
     };
 
     let mut labels = BTreeMap::from([
-        (
-            "app.kubernetes.io/managed-by".to_string(),
-            "sandboxrun-operator".to_string(),
-        ),
+        (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
         (
             "app.kubernetes.io/name".to_string(),
             "sandboxrun".to_string(),
@@ -1109,15 +1074,15 @@ mod tests {
     }
 
     #[test]
+    fn short_hash_is_stable_and_short() {
+        assert_eq!(short_hash("a"), short_hash("a"));
+        assert_ne!(short_hash("a"), short_hash("b"));
+        assert_eq!(short_hash("a").len(), 8);
+    }
+
+    #[test]
     fn holder_resources_must_be_quantities_with_requests_within_limits() {
-        for good in ["10m", "0.5", "1", ".5", "64Mi", "1Gi", "1e3", "2k", "+1"] {
-            assert!(quantity_value(good).is_some(), "{good} refused");
-        }
-        for bad in ["lots", "-1", "1.2.3", "10mi", "1 Gi", "Mi", "1e", "."] {
-            assert_eq!(quantity_value(bad), None, "{bad} accepted");
-        }
-        assert_eq!(quantity_value("500m"), Some(0.5));
-        assert_eq!(quantity_value("1Ki"), Some(1024.0));
+        // The quantity grammar itself is tested in `crate::units`.
         assert_eq!(
             HolderResources::parse("10m", "16MB", None, "128Mi"),
             Err(HolderResourcesError::NotAQuantity {

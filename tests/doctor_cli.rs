@@ -4,7 +4,8 @@ mod support;
 
 use sandboxrun_operator::admission::doctor::{run, DoctorArgs, Output};
 use sandboxrun_operator::admission::RuleSettings;
-use sandboxrun_operator::config::{CapSettings, GIB};
+use sandboxrun_operator::caps::CapSettings;
+use sandboxrun_operator::units::GIB;
 
 use support::ports::free_port;
 

@@ -20,9 +20,9 @@ use kube::api::DeleteParams;
 use kube::{Api, ResourceExt};
 use object_store::{ObjectStore, ObjectStoreExt};
 use sandboxrun_operator::api::{Compression, Phase, ReadBackPhase, SandboxRun};
-use sandboxrun_operator::drain::MemberKind;
 use sandboxrun_operator::files::extract_verified;
 use sandboxrun_operator::store::{list_manifests, store_from_url, Manifest};
+use sandboxrun_operator::tar::sanitize::MemberKind;
 
 use support::s3_server::PrivateS3;
 use support::*;
@@ -709,8 +709,10 @@ async fn assert_hostile(case: &HostileCase, run: &SandboxRun, store_url: &str, n
                     let mut listing = Vec::new();
                     let args = sandboxrun_operator::files::FilesArgs {
                         command: sandboxrun_operator::files::FilesCommand::Ls { run: name.into() },
-                        store_url: store_url.to_string(),
-                        store_options: Vec::new(),
+                        store: sandboxrun_operator::store::StoreArgs {
+                            store_url: store_url.to_string(),
+                            store_options: Vec::new(),
+                        },
                         namespace: namespace.to_string(),
                         uid: None,
                     };

@@ -417,7 +417,7 @@ async fn a_tree_round_trips_through_azure_with_sas_tokens_write_for_the_operator
         .await;
     match denied {
         Err(e) => assert!(
-            sandboxrun_operator::store_credentials::is_refused(&e),
+            sandboxrun_operator::store::credentials::is_refused(&e),
             "a refusal, not {e}"
         ),
         Ok(_) => panic!("a read/list SAS wrote an object"),

@@ -80,11 +80,11 @@ impl DoctorArgs {
         let mut settings = base;
         let cap = |flag: &str, text: &str| {
             let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(text.to_string());
-            super::rules::quantity_to_bytes(&q).map_err(|e| format!("--{flag} {text:?}: {e}"))
+            crate::units::quantity_to_bytes(&q).map_err(|e| format!("--{flag} {text:?}: {e}"))
         };
         if let Some(text) = &self.max_cap {
             settings.caps.max_bytes = cap("max-cap", text)?;
-            if settings.caps.max_bytes < crate::config::MIB {
+            if settings.caps.max_bytes < crate::units::MIB {
                 return Err(format!("--max-cap {text:?} is below 1Mi"));
             }
         }
@@ -92,7 +92,7 @@ impl DoctorArgs {
             settings.caps.default_bytes = cap("default-cap", text)?;
         }
         if let Some(text) = &self.max_drain_timeout {
-            let d = crate::util::parse_duration(text)
+            let d = crate::units::parse_duration(text)
                 .map_err(|e| format!("--max-drain-timeout {text:?}: {e}"))?;
             settings.max_drain_timeout = Some(d);
         }

@@ -299,7 +299,7 @@ fn end_status(
         .as_ref()
         .or(run.metadata.creation_timestamp.as_ref())
         .map(|t| t.0);
-    status.duration = began.map(|b| crate::util::short_duration(now.duration_since(b)));
+    status.duration = began.map(|b| crate::units::short_duration(now.duration_since(b)));
     status.observed_generation = generation;
     set_ending_conditions(
         &mut status,

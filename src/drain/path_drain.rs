@@ -28,16 +28,16 @@ use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::archive::{drain_stream, DrainError, DrainErrorKind, DrainOptions, DrainOutcome};
+use super::archive::{drain_stream, DrainError, DrainErrorKind, DrainOptions};
 use super::exec::{pack_argv, ExecError, PackExec};
-use super::sanitize::MemberKind;
 use crate::api::{Compression, ReadBackPhase, ReadBackStatus};
 use crate::metrics::Metrics;
+use crate::store::credentials;
 use crate::store::{
-    archive_writer, object_keys, try_read_manifest, write_manifest, Manifest, ManifestContext,
-    ManifestWrite, ObjectKeys, RunRef, StoreError,
+    archive_writer, object_keys, try_read_manifest, write_manifest, DrainOutcome, Manifest,
+    ManifestContext, ManifestWrite, ObjectKeys, RunRef, StoreError,
 };
-use crate::store_credentials;
+use crate::tar::sanitize::MemberKind;
 
 /// Longest pause between two attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
@@ -135,10 +135,10 @@ impl AttemptError {
     /// the manifest.
     pub fn store_refused_credentials(&self) -> bool {
         match self {
-            AttemptError::Store(e) => store_credentials::store_is_refused(e),
+            AttemptError::Store(e) => credentials::store_is_refused(e),
             AttemptError::Drain(e) => match &e.kind {
-                DrainErrorKind::Store(e) => store_credentials::store_is_refused(e),
-                DrainErrorKind::Write(e) => store_credentials::io_is_refused(e),
+                DrainErrorKind::Store(e) => credentials::store_is_refused(e),
+                DrainErrorKind::Write(e) => credentials::io_is_refused(e),
                 _ => false,
             },
             _ => false,
@@ -176,7 +176,7 @@ fn start_status(e: &kube::Error) -> Option<u16> {
 /// Words for a failure, with what to do when the cause is the operator's own RBAC.
 fn describe_failure(e: &AttemptError, store_url: &str) -> String {
     match e {
-        e if e.store_refused_credentials() => store_credentials::refused_message(store_url, &e.to_string()),
+        e if e.store_refused_credentials() => credentials::refused_message(store_url, &e.to_string()),
         AttemptError::Exec(ExecError::Start { source, .. }) if start_status(source) == Some(403) => format!(
             "{e} (Forbidden: the operator's ServiceAccount needs create/get on pods/exec in this namespace)"
         ),
@@ -273,7 +273,7 @@ pub fn nothing_readable(outcome: &DrainOutcome, notes: &[String]) -> Option<Stri
     let unreadable: Vec<&str> = notes
         .iter()
         .map(String::as_str)
-        .filter(|l| l.starts_with(crate::pack::UNREADABLE_NOTE))
+        .filter(|l| l.starts_with(crate::inpod::pack::UNREADABLE_NOTE))
         .collect();
     if unreadable.is_empty() {
         return None;
@@ -328,7 +328,7 @@ async fn check_commit(
             Err(e) => e,
         };
         // Refused credentials do not heal by retrying: fail at once, naming the settings.
-        if store_credentials::store_is_refused(&error) {
+        if credentials::store_is_refused(&error) {
             return Err(error);
         }
         warn!(path = job.path, manifest = %keys.manifest, error = %error, "cannot read the manifest; not uploading until the store answers");
@@ -404,8 +404,8 @@ pub async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
                 );
                 return None;
             }
-            Err(e) if store_credentials::store_is_refused(&e) => {
-                let message = store_credentials::refused_message(job.store_url, &e.to_string());
+            Err(e) if credentials::store_is_refused(&e) => {
+                let message = credentials::refused_message(job.store_url, &e.to_string());
                 let status = failed(job.path, attempts, message);
                 return Some(finish(job, status, started, Some("store_credentials")));
             }
@@ -458,7 +458,7 @@ pub async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
             attempt(job, &keys, &opts, ctx, budget, &mut last_written),
         );
         let result = tokio::select! {
-            // Dropping the attempt drops its upload, which aborts itself (src/upload_guard.rs).
+            // Dropping the attempt drops its upload, which aborts itself (src/store/upload_guard.rs).
             () = job.cancel.cancelled() => {
                 info!(path = job.path, attempt = attempts, "drain cancelled mid-attempt; leaving the path to the next leader");
                 return None;
@@ -535,15 +535,15 @@ fn finish(
     started: Instant,
     failure: Option<&str>,
 ) -> ReadBackStatus {
-    let phase = format!("{:?}", status.phase);
-    job.metrics.drains.with_label_values(&[&phase]).inc();
+    let phase = status.phase.as_str();
+    job.metrics.drains.with_label_values(&[phase]).inc();
     job.metrics
         .drain_duration
-        .with_label_values(&[&phase])
+        .with_label_values(&[phase])
         .observe(started.elapsed().as_secs_f64());
     job.metrics
         .drained_bytes
-        .with_label_values(&[&format!("{:?}", job.compression).to_lowercase()])
+        .with_label_values(&[job.compression.as_str()])
         .inc_by(status.bytes);
     if let Some(reason) = failure {
         job.metrics
@@ -578,7 +578,11 @@ async fn attempt(
     let mut exec = PackExec::start(job.pods, job.pod_name, argv).await?;
     let stdout = exec.take_stdout().ok_or(AttemptError::NoStdout)?;
     let started = jiff::Timestamp::now();
-    let mut writer = archive_writer(Arc::clone(job.store), keys.archive.clone(), opts);
+    let mut writer = archive_writer(
+        Arc::clone(job.store),
+        keys.archive.clone(),
+        opts.max_input_bytes,
+    );
     let outcome = match drain_stream(stdout, &mut writer, opts).await {
         Ok(outcome) => outcome,
         Err(e) => {
@@ -613,8 +617,14 @@ async fn attempt(
         delete_archive(job, keys).await;
         return Err(AttemptError::NothingReadable(message));
     }
-    let mut manifest =
-        Manifest::from_outcome(&ctx, keys, opts, outcome, started, jiff::Timestamp::now());
+    let mut manifest = Manifest::from_outcome(
+        &ctx,
+        keys,
+        opts.stored(),
+        outcome,
+        started,
+        jiff::Timestamp::now(),
+    );
     manifest.pod_notes = notes.lines;
     if notes.truncated_bytes > 0 {
         manifest.pod_notes.push(format!(
@@ -662,8 +672,8 @@ async fn delete_archive(job: &PathJob<'_>, keys: &ObjectKeys) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::drain::archive::{DroppedRecord, MemberRecord, RejectedRecord};
-    use crate::drain::sanitize::Reason;
+    use crate::store::{DroppedRecord, MemberRecord, RejectedRecord};
+    use crate::tar::sanitize::Reason;
 
     #[test]
     fn object_urls_keep_scheme_and_bucket() {
@@ -807,7 +817,7 @@ mod tests {
         };
         let now = jiff::Timestamp::now();
         let opts = DrainOptions::new(1 << 20, Compression::None);
-        let manifest = Manifest::new(&ctx, &keys, &opts, &outcome, now, now);
+        let manifest = Manifest::new(&ctx, &keys, opts.stored(), &outcome, now, now);
         let status = committed_status("/out", &manifest, &keys, "file:///s", 1);
         assert_eq!(status.phase, ReadBackPhase::Capped);
         let message = status.message.unwrap_or_default();
@@ -1074,7 +1084,7 @@ mod tests {
             ..Default::default()
         };
         let opts = DrainOptions::new(1 << 20, Compression::None);
-        let manifest = Manifest::new(&ctx, &keys, &opts, &outcome, now, now);
+        let manifest = Manifest::new(&ctx, &keys, opts.stored(), &outcome, now, now);
         write_manifest(&bed.store, &keys.manifest, &manifest)
             .await
             .expect("commit");

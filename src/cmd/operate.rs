@@ -1,5 +1,6 @@
-//! `sandboxrun-operator run`: wires the client, the store, metrics/health, the admission webhook,
-//! leader election and the controller together.
+//! `sandboxrun-operator run`, the operating part: wires the client, the store, metrics/health,
+//! the admission webhook, leader election and the controller together (the flags are
+//! [`super::run`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -10,10 +11,11 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 use kube::Client;
+use std::process::ExitCode;
 use thiserror::Error;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
-use crate::cli::{self, RunArgs};
+use super::run::{caps, holder_resources, LogFormat, RunArgs};
 use crate::controller::decide::DecideSettings;
 use crate::controller::{self, Context};
 use crate::metrics::Metrics;
@@ -55,26 +57,67 @@ pub enum OperatorError {
     Leader(String),
 }
 
+/// Runs `run`: logs set up from the flags, then the operator until SIGTERM.
+pub async fn main(args: RunArgs) -> ExitCode {
+    init_tracing(args.log_format, &args.log_level);
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = %e, "operator stopped");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Resolves after SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => futures::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    info!("shutdown requested");
+}
+
 /// Runs the operator until SIGTERM.
 pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     // Checked before anything connects: a bad value is a startup error, not a pod every run fails.
-    let holder_resources = cli::holder_resources(&args)?;
+    let holder_resources = holder_resources(&args)?;
     let client = Client::try_default().await?;
-    let caps = cli::caps(&args).map_err(OperatorError::Config)?;
-    let options = crate::util::parse_options(&args.store_options).map_err(OperatorError::Config)?;
-    let (store, store_prefix) = crate::store::store_from_url(&args.store_url, &options)?;
+    let caps = caps(&args).map_err(OperatorError::Config)?;
+    let options = args.store.options().map_err(OperatorError::Config)?;
+    let (store, store_prefix) = crate::store::store_from_url(&args.store.store_url, &options)?;
     // Never a startup error: without it, killed attempts' uploads are left to the lifecycle rule.
     let open_uploads =
-        match crate::store::open_uploads::OpenUploads::for_store(&args.store_url, &options) {
+        match crate::store::open_uploads::OpenUploads::for_store(&args.store.store_url, &options) {
             Ok(cleaner) => cleaner.map(Arc::new),
             Err(e) => {
                 warn!(error = %e, "open multipart uploads will not be cleaned before attempts");
                 None
             }
         };
-    let drain_timeout = crate::util::parse_duration(&args.drain_timeout)
+    let drain_timeout = crate::units::parse_duration(&args.drain_timeout)
         .map_err(|e| OperatorError::Config(format!("--drain-timeout: {e}")))?;
-    let max_drain_timeout = crate::util::parse_duration(&args.max_drain_timeout)
+    let max_drain_timeout = crate::units::parse_duration(&args.max_drain_timeout)
         .map_err(|e| OperatorError::Config(format!("--max-drain-timeout: {e}")))?;
     if drain_timeout > max_drain_timeout {
         return Err(OperatorError::Config(format!(
@@ -82,7 +125,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             args.drain_timeout, args.max_drain_timeout
         )));
     }
-    let image_pull_timeout = crate::util::parse_duration(&args.image_pull_timeout)
+    let image_pull_timeout = crate::units::parse_duration(&args.image_pull_timeout)
         .map_err(|e| OperatorError::Config(format!("--image-pull-timeout: {e}")))?;
     let pack_command: Vec<String> = args
         .pack_command
@@ -132,7 +175,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             client.clone(),
             store,
             store_prefix,
-            args.store_url.clone(),
+            args.store.store_url.clone(),
             PodSettings {
                 holder_image: args.holder_image.clone(),
                 default_drain_timeout_seconds: i64::try_from(drain_timeout.as_secs().max(1))
@@ -165,7 +208,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             ctx,
             args.namespaces.clone(),
             args.concurrency,
-            cli::shutdown_signal(),
+            shutdown_signal(),
         )
         .await;
         settle_drains(&drains).await;
@@ -185,7 +228,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     // Ready before leading: a standby replica is healthy and must not be restarted for waiting.
     ready.store(true, Ordering::SeqCst);
     info!(lease = %args.lease_name, identity = %args.pod_name, "waiting for the lease");
-    let shutdown = futures::FutureExt::shared(Box::pin(cli::shutdown_signal()));
+    let shutdown = futures::FutureExt::shared(Box::pin(shutdown_signal()));
     loop {
         if *leading.borrow_and_update() {
             break;
@@ -255,7 +298,7 @@ async fn settle_drains(ctx: &Context) {
 
 /// Waits for the aborts of cancelled uploads before the process exits (Drop cannot await them).
 async fn settle_uploads() {
-    let left = crate::upload_guard::wait_for_pending_aborts(ABORT_GRACE).await;
+    let left = crate::store::upload_guard::wait_for_pending_aborts(ABORT_GRACE).await;
     if left > 0 {
         warn!(
             left,
