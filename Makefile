@@ -10,7 +10,7 @@ demo-kwok:   ## the quick path on the kwok node only (no container runs; the dem
 test:        ## the whole suite (what CI runs): static checks, control plane up, every test, down
 	hack/test.sh
 
-crds:        ## regenerate crds/ and the chart's CRD copy from src/api.rs
+crds:        ## regenerate crds/ and the chart's CRD copy from src/api.rs, config/rbac from the chart
 	hack/gen.sh
 
 tools:       ## build the pinned control-plane and real-node binaries into the cache
@@ -22,5 +22,5 @@ cluster-up:
 cluster-down:
 	hack/local-cluster.sh down
 
-bench:       ## benchmarks (ratios against peers), see docs/performance.md
-	hack/bench.sh
+bench:       ## every benchmark in bench/ (or BENCH="webhook_latency drain_memory"), JSON in target/bench-results/
+	hack/bench.sh $(BENCH)

@@ -8,6 +8,8 @@ set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 FILES=${1:-1000000}
 cd "$REPO"
+# shellcheck source=bench/lib.sh
+. "$REPO/bench/lib.sh"
 nice -n 10 cargo build --example drain_memory >&2
 BIN=$REPO/target/debug/examples/drain_memory
 run() {
@@ -19,6 +21,10 @@ run() {
   printf '== %s\n' "$label"
   grep -E '^(drained|refused|VmRSS)' "$log"
   grep -E 'Maximum resident set size|Elapsed \(wall clock\)' "$log" | sed 's/^[[:space:]]*/  /'
+  result drain_memory "$label" peak_rss "$(awk -F': ' '/Maximum resident set size/ { print $2 }' "$log")" KiB
+  result drain_memory "$label" wall "$(awk -F'): ' '/Elapsed \(wall clock\)/ {
+    n = split($2, t, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + t[i]; print s }' "$log")" s
+  result drain_memory "$label" outcome "$(grep -m1 -E '^(drained|refused)' "$log")" ""
   rm -f "$log"
 }
 run "a 2 GiB GNU long name (cap 16 GiB)" long-name

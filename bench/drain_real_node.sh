@@ -41,7 +41,7 @@ ensure_crd
 
 kubectl create ns "$NS" >/dev/null
 until kubectl get sa default -n "$NS" >/dev/null 2>&1; do sleep 0.2; done
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+port=$(free_port)
 "$BIN" run --namespaces "$NS" --store-url "file://$WORK/store" --metrics-addr "127.0.0.1:$port" \
   --webhook-addr '' --holder-image "$HOLDER" --pod-name "operator-$NS" --max-cap 64Gi \
   >"$WORK/operator.log" 2>&1 &
@@ -92,3 +92,13 @@ printf '\nreal node: %s bytes (%s MiB in 4 files + %s small files), drained read
 print_contenders "$bytes" "$drain_s" "stop->Stopped" "$wall_s" "$cp_s" "$cp_bytes" "$raw_s"
 printf '  throughput ratio ours/kubectl-cp %s, ours/raw %s; wall stop->Stopped vs kubectl cp %s; operator peak RSS %s MiB\n' \
   "$(ratio "$cp_s" "$drain_s")" "$(ratio "$raw_s" "$drain_s")" "$(ratio "$cp_s" "$wall_s")" "$((rss_kb / 1024))"
+c="${BIG_MIB}MiB+${SMALL}files"
+result drain_real_node "$c" bytes "$bytes" bytes
+result drain_real_node "$c" outcome "$outcome" ""
+result drain_real_node "$c" ours_drain_metric "$drain_s" s
+result drain_real_node "$c" ours_wall "$wall_s" s
+result drain_real_node "$c" kubectl_cp "$cp_s" s
+result drain_real_node "$c" raw_pack "$raw_s" s
+result drain_real_node "$c" ratio_ours_vs_kubectl_cp "$(ratio "$cp_s" "$drain_s")" ratio
+result drain_real_node "$c" ratio_ours_vs_raw "$(ratio "$raw_s" "$drain_s")" ratio
+result drain_real_node "$c" operator_peak_rss "$((rss_kb / 1024))" MiB

@@ -30,7 +30,6 @@ fi
 [ -x "$BIN" ] || { echo "no $BIN (cargo build --release --bins, or BIN=…)" >&2; exit 1; }
 # shellcheck source=bench/lib.sh
 . "$REPO/bench/lib.sh"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # Private emulators (their own state and ports), so the GiBs they store go away with them.
 EMU=(env SANDBOXRUN_STATE="$WORK/emu" GCS_PORT="$(free_port)" AZURITE_PORT="$(free_port)" hack/store-emulators.sh)
@@ -107,6 +106,9 @@ YAML
     printf '%-6s %-8s (%s)  peak RSS %4s MiB\n' "$backend" "$drained" \
       "$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.readBack[0].message}' | tr '\n' ' ' | cut -c1-200)" "$((rss_kb / 1024))"
   fi
+  result drain_store_backends "$backend" phase "$drained" ""
+  result drain_store_backends "$backend" drain_metric "${secs:-}" s
+  result drain_store_backends "$backend" operator_peak_rss "$((rss_kb / 1024))" MiB
   kubectl delete sbr bench -n "$NS" --wait=true --timeout=120s >/dev/null
   kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true; OP_PID=
   kubectl delete ns "$NS" --wait=false >/dev/null; NS=

@@ -80,7 +80,7 @@ for gib in "${SIZES[@]}"; do
 
   kubectl create ns "$NS" >/dev/null
   until kubectl get sa default -n "$NS" >/dev/null 2>&1; do sleep 0.2; done
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  port=$(free_port)
   "$BIN" run --namespaces "$NS" --store-url "file://$store" --metrics-addr "127.0.0.1:$port" \
     --webhook-addr '' --holder-image sandboxrun-operator:bench --pod-name "operator-$NS" \
     --pack-command "$BIN pack" --max-cap 64Gi >"$WORK/operator-$gib.log" 2>&1 &
@@ -125,6 +125,16 @@ YAML
   printf '  throughput ratio ours/kubectl-cp %s, ours/raw %s; operator peak RSS (VmHWM) %s MiB\n' \
     "$(ratio "$cp_s" "$drain_s")" "$(ratio "$raw_s" "$drain_s")" "$((rss_kb / 1024))"
   results+=("$gib:$rss_kb")
+  c="${gib}GiB"
+  result drain_vs_kubectl_cp "$c" bytes "$bytes" bytes
+  result drain_vs_kubectl_cp "$c" phase "$phase" ""
+  result drain_vs_kubectl_cp "$c" ours_drain_metric "$drain_s" s
+  result drain_vs_kubectl_cp "$c" ours_wall "$wall_s" s
+  result drain_vs_kubectl_cp "$c" kubectl_cp "$cp_s" s
+  result drain_vs_kubectl_cp "$c" raw_pack "$raw_s" s
+  result drain_vs_kubectl_cp "$c" ratio_ours_vs_kubectl_cp "$(ratio "$cp_s" "$drain_s")" ratio
+  result drain_vs_kubectl_cp "$c" ratio_ours_vs_raw "$(ratio "$raw_s" "$drain_s")" ratio
+  result drain_vs_kubectl_cp "$c" operator_peak_rss "$((rss_kb / 1024))" MiB
 
   kubectl delete sbr bench -n "$NS" --wait=true --timeout=120s >/dev/null
   kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true; OP_PID=

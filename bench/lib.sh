@@ -20,3 +20,13 @@ ensure_crd() {
   kubectl apply --server-side --force-conflicts -f "$REPO/crds/sandboxruns.sandbox.iterion.io.yaml" >/dev/null
   kubectl wait --for condition=established --timeout=60s crd/sandboxruns.sandbox.iterion.io >/dev/null
 }
+# free_port: a loopback TCP port that was free a moment ago
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# result <bench> <case> <metric> <value> <unit>: one measurement, appended as a JSON line to
+# $BENCH_RESULTS when it is set (hack/bench.sh sets it); a value that is not a number is a string.
+result() {
+  [ -n "${BENCH_RESULTS:-}" ] || return 0
+  jq -cn --arg bench "$1" --arg case "$2" --arg metric "$3" --arg value "$4" --arg unit "$5" \
+    '{bench: $bench, case: $case, metric: $metric, value: ($value | tonumber? // $value), unit: $unit}' \
+    >>"$BENCH_RESULTS"
+}

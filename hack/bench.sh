@@ -1,17 +1,70 @@
 #!/usr/bin/env bash
-# Every benchmark, each printed as a ratio against a peer run side by side (docs/performance.md):
-#   the webhook vs an always-allow peer, the drain vs kubectl cp and raw exec on the kwok node
-#   (1 GiB) and on the real node (256 MiB + 1000 small files), and the drain's peak memory into
-#   S3, Azure and GCS side by side (1 GiB, kwok node). Needs the local cluster for the
-#   drains (`hack/local-cluster.sh up`) and the operator image for the real node
-#   (`hack/images.sh operator`). Asserts nothing.
+# Every benchmark in bench/, each printed as a ratio against a peer run side by side
+# (docs/performance.md), and each number also written machine-readable:
+#   target/bench-results/<bench>.jsonl   one JSON object a measurement
+#                                        {"bench","case","metric","value","unit"}
+#   target/bench-results/results.json    {"started","finished","commit","benchmarks":
+#                                        [{"name","status","seconds","log","results":[…]}]}
+#   target/bench-results/<bench>.log     what the benchmark printed
+#
+#   hack/bench.sh                        every benchmark, in the order below
+#   hack/bench.sh webhook_latency drain_memory    only these (make bench BENCH="…")
+#
+# The benchmarks: the webhook vs an always-allow peer (webhook_latency); the drain's peak memory
+# against hostile streams, in-process (drain_memory); the drain vs kubectl cp and raw exec on the
+# kwok node (drain_vs_kubectl_cp, 1 GiB) and on the real node (drain_real_node, 256 MiB + 1000
+# small files); the drain's peak memory into S3, Azure and GCS side by side (drain_store_backends,
+# 1 GiB). The drains need the local cluster (`hack/local-cluster.sh up`) and drain_real_node the
+# operator image (`hack/images.sh operator`). Asserts nothing; a benchmark that fails is recorded
+# as failed, the others still run, and the exit status is 1.
+# Sizes: WEBHOOK_ARGS, DRAIN_MEMORY_FILES, DRAIN_GIB, REAL_NODE_MIB, REAL_NODE_SMALL.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "== webhook latency (cargo bench --bench webhook_latency)" >&2
-cargo bench --bench webhook_latency -- --rate 200 --seconds 20
-echo "== drain on the kwok node (bench/drain_vs_kubectl_cp.sh 1)" >&2
-bench/drain_vs_kubectl_cp.sh 1
-echo "== drain memory per store backend (bench/drain_store_backends.sh 1)" >&2
-bench/drain_store_backends.sh 1
-echo "== drain on the real node (bench/drain_real_node.sh)" >&2
-bench/drain_real_node.sh
+ALL=(webhook_latency drain_memory drain_vs_kubectl_cp drain_real_node drain_store_backends)
+OUT=${BENCH_OUT:-target/bench-results}
+
+command_of() {  # the command line of one benchmark
+  case "$1" in
+    webhook_latency) echo "nice -n 10 cargo bench --bench webhook_latency -- ${WEBHOOK_ARGS:---rate 200 --seconds 20}" ;;
+    drain_memory) echo "bench/drain_memory.sh ${DRAIN_MEMORY_FILES:-1000000}" ;;
+    drain_vs_kubectl_cp) echo "bench/drain_vs_kubectl_cp.sh ${DRAIN_GIB:-1}" ;;
+    drain_real_node) echo "bench/drain_real_node.sh ${REAL_NODE_MIB:-256} ${REAL_NODE_SMALL:-1000}" ;;
+    drain_store_backends) echo "bench/drain_store_backends.sh ${DRAIN_GIB:-1}" ;;
+    *) return 1 ;;
+  esac
+}
+
+if [ "$#" -gt 0 ]; then names=("$@"); else names=("${ALL[@]}"); fi
+for n in "${names[@]}"; do
+  command_of "$n" >/dev/null || { echo "unknown benchmark $n (one of: ${ALL[*]})" >&2; exit 2; }
+done
+
+mkdir -p "$OUT"
+started=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+summary=$OUT/summary.jsonl
+: >"$summary"
+failed=0
+for n in "${names[@]}"; do
+  cmd=$(command_of "$n")
+  log=$OUT/$n.log
+  export BENCH_RESULTS=$OUT/$n.jsonl
+  : >"$BENCH_RESULTS"
+  echo "== $n ($cmd)" >&2
+  t0=$(date +%s)
+  # The benchmark's output goes to the terminal and to its log (tee reads all of it; pipefail
+  # gives the benchmark's own status).
+  if bash -c "$cmd" 2>&1 | tee "$log"; then status=ok; else status=failed; failed=1; fi
+  t1=$(date +%s)
+  jq -cn --arg name "$n" --arg status "$status" --arg cmd "$cmd" --arg log "$log" \
+    --argjson seconds "$((t1 - t0))" --slurpfile results "$BENCH_RESULTS" \
+    '{name: $name, status: $status, command: $cmd, seconds: $seconds, log: $log, results: $results}' \
+    >>"$summary"
+  echo "== $n: $status in $((t1 - t0)) s, $(wc -l <"$BENCH_RESULTS") measurements in $BENCH_RESULTS" >&2
+done
+jq -s --arg started "$started" --arg finished "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
+  --arg commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" \
+  '{started: $started, finished: $finished, commit: $commit, benchmarks: .}' "$summary" \
+  >"$OUT/results.json"
+rm -f "$summary"
+echo "wrote $OUT/results.json" >&2
+exit "$failed"

@@ -6,7 +6,9 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{
+    Affinity, ConfigMapKeySelector, ResourceRequirements, SecretKeySelector, Toleration,
+};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{CustomResource, KubeSchema};
@@ -40,7 +42,11 @@ pub const MAX_TTL_SECONDS_AFTER_FINISHED: i64 = 31_536_000;
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Drained","type":"string","jsonPath":".status.conditions[?(@.type==\"Drained\")].status"}"#,
     printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".status.podName"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Exit","type":"integer","priority":1,"description":"Exit code of the workload container","jsonPath":".status.exitCode"}"#,
+    printcolumn = r#"{"name":"Duration","type":"string","priority":1,"description":"How long the run took, set when it ends","jsonPath":".status.duration"}"#,
+    printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Summary of the current phase","jsonPath":".status.message"}"#,
+    doc = "A SandboxRun runs one sandboxed workload in a pod and, at teardown (the workload exited, spec.stop, the deadline, or deletion), drains the container paths declared in spec.readBack into object storage, so the files the run was told to leave behind outlive its pod. status says how the workload ended and where each path was stored; a failed drain is a Warning Event and a Failed path, never an empty set."
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxRunSpec {
@@ -66,7 +72,8 @@ pub struct SandboxRunSpec {
     #[schemars(length(max = 4096))]
     pub working_dir: Option<String>,
 
-    /// Environment of the workload (plain name/value pairs).
+    /// Environment of the workload: name/value pairs, or a value taken from a Secret or ConfigMap
+    /// key of the run's namespace (`valueFrom.secretKeyRef` / `valueFrom.configMapKeyRef`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 256))]
     pub env: Vec<EnvVar>,
@@ -134,6 +141,33 @@ pub struct SandboxRunSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
 
+    /// RuntimeClass of the pod, e.g. `gvisor` or `kata`: the isolation a sandbox is for. The
+    /// RuntimeClass must exist; its handler runs both the workload and the holder.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub runtime_class_name: Option<String>,
+
+    /// ServiceAccount the pod runs as. Unset: the namespace's `default`, with no API token
+    /// mounted. Set: that account, with its token mounted (the workload is meant to use it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_account_name: Option<String>,
+
+    /// Labels added to the pod (e.g. for NetworkPolicies or cost allocation). Keys under
+    /// `sandbox.iterion.io/` and the operator's own `app.kubernetes.io/name` and
+    /// `app.kubernetes.io/managed-by` are reserved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_labels: Option<BTreeMap<String, String>>,
+
+    /// Annotations added to the pod (e.g. for a service mesh or a node-level agent). Keys under
+    /// `sandbox.iterion.io/` are reserved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_annotations: Option<BTreeMap<String, String>>,
+
+    /// Affinity passed through to the pod (node affinity, pod (anti-)affinity).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+
     /// Seconds after the run finished (condition Complete or Failed True, its drain settled) at
     /// which the operator deletes it, as on batch/v1 Jobs. Deletion goes through the finalizer;
     /// stored files follow `readBack.retention`. Unset: the run stays until deleted.
@@ -150,15 +184,32 @@ fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
     })
 }
 
-/// One environment variable of the workload.
+/// One environment variable of the workload: a `value`, or a `valueFrom` reference.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
 pub struct EnvVar {
     /// Variable name.
     #[schemars(length(min = 1, max = 256))]
     pub name: String,
-    /// Variable value.
+    /// Variable value (empty when valueFrom is set).
     #[serde(default)]
     pub value: String,
+    /// Where the value comes from instead: exactly one of secretKeyRef and configMapKeyRef.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<EnvVarSource>,
+}
+
+/// The source of an environment variable's value: a key of a Secret or of a ConfigMap in the
+/// run's namespace (the only sources a run may use: no fieldRef or resourceFieldRef).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvVarSource {
+    /// A key of a Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<SecretKeySelector>,
+    /// A key of a ConfigMap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<ConfigMapKeySelector>,
 }
 
 /// Host state sharing mode.
@@ -313,6 +364,16 @@ pub enum Compression {
 }
 
 impl Compression {
+    /// The name as the spec writes it (`none`, `gzip`, `zstd`): also the `compression` label of
+    /// the drained-bytes metric, so renaming a variant cannot silently change it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Zstd => "zstd",
+        }
+    }
+
     /// File extension of an archive with this compression.
     pub fn extension(self) -> &'static str {
         match self {
@@ -342,6 +403,10 @@ pub struct SandboxRunStatus {
     /// When the run reached a final phase.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_time: Option<Time>,
+    /// How long the run took, from startTime (else its creation, when the pod never started) to
+    /// completionTime, e.g. `1h2m3s`. Set when the run reaches a final phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<String>,
     /// Exit code of the workload container (batch runs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
@@ -563,6 +628,9 @@ mod tests {
         for p in ReadBackPhase::ALL {
             assert_eq!(serde_json::to_value(p).unwrap(), p.as_str(), "{p:?}");
         }
+        for c in [Compression::None, Compression::Gzip, Compression::Zstd] {
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
+        }
     }
     use kube::CustomResourceExt;
 
@@ -598,7 +666,26 @@ mod tests {
             .flatten()
             .map(|c| c.name.as_str())
             .collect();
-        assert_eq!(cols, ["Phase", "Drained", "Pod", "Age"]);
+        assert_eq!(
+            cols,
+            ["Phase", "Drained", "Pod", "Age", "Exit", "Duration", "Message"]
+        );
+        // The last three are for `kubectl get sbr -o wide` only.
+        let wide: Vec<_> = v
+            .additional_printer_columns
+            .iter()
+            .flatten()
+            .filter(|c| c.priority == Some(1))
+            .map(|c| (c.name.as_str(), c.json_path.as_str()))
+            .collect();
+        assert_eq!(
+            wide,
+            [
+                ("Exit", ".status.exitCode"),
+                ("Duration", ".status.duration"),
+                ("Message", ".status.message")
+            ]
+        );
     }
 
     #[test]

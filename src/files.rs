@@ -16,7 +16,6 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use async_compression::tokio::bufread::{GzipDecoder, ZstdDecoder};
@@ -29,10 +28,9 @@ use tokio::io::{AsyncRead, AsyncWriteExt, BufReader};
 use tokio_util::io::StreamReader;
 
 use crate::api::Compression;
-use crate::drain::sanitize::{
-    Decision, EntryInfo, EntryKind, Limits, MemberKind, Reason, Sanitizer,
-};
-use crate::store::{list_manifests, Manifest};
+use crate::store::{list_manifests, Manifest, StoreArgs};
+use crate::tar::entry::RawEntry;
+use crate::tar::sanitize::{Decision, Limits, MemberKind, Reason, Sanitizer};
 
 /// `files` arguments.
 #[derive(Args, Debug)]
@@ -40,22 +38,9 @@ pub struct FilesArgs {
     /// ls or get.
     #[command(subcommand)]
     pub command: FilesCommand,
-    /// Store URL (the operator's --store-url).
-    #[arg(
-        long,
-        global = true,
-        env = "SANDBOXRUN_STORE_URL",
-        default_value = "file:///var/lib/sandboxrun/store"
-    )]
-    pub store_url: String,
-    /// Store options as key=value (repeatable / comma-separated).
-    #[arg(
-        long = "store-option",
-        global = true,
-        env = "SANDBOXRUN_STORE_OPTIONS",
-        value_delimiter = ','
-    )]
-    pub store_options: Vec<String>,
+    /// The object store (the operator's --store-url and --store-option).
+    #[command(flatten)]
+    pub store: StoreArgs,
     /// Namespace of the run.
     #[arg(short = 'n', long, global = true, default_value = "default")]
     pub namespace: String,
@@ -120,35 +105,10 @@ pub enum FilesError {
     Verify(String),
 }
 
-/// Runs `files`.
-pub async fn run(args: FilesArgs) -> ExitCode {
-    let mut out = std::io::stdout();
-    let store_url = args.store_url.clone();
-    match run_to(args, &mut out).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(FilesError::Usage(m)) => {
-            eprintln!("{m}");
-            ExitCode::from(2)
-        }
-        Err(e) => {
-            eprintln!("files: {e}");
-            if let FilesError::Store(store_error) = &e {
-                if crate::store_credentials::store_is_refused(store_error) {
-                    eprintln!(
-                        "files: {}",
-                        crate::store_credentials::reader_refused_hint(&store_url)
-                    );
-                }
-            }
-            ExitCode::from(1)
-        }
-    }
-}
-
 /// Runs `files`, writing the report to `out`.
 pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesError> {
-    let options = crate::util::parse_options(&args.store_options).map_err(FilesError::Usage)?;
-    let (store, prefix) = crate::store::store_from_url(&args.store_url, &options)?;
+    let options = args.store.options().map_err(FilesError::Usage)?;
+    let (store, prefix) = crate::store::store_from_url(&args.store.store_url, &options)?;
     let run_name = match &args.command {
         FilesCommand::Ls { run } | FilesCommand::Get { run, .. } => run.clone(),
     };
@@ -169,9 +129,9 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
             for m in &manifests {
                 writeln!(
                     out,
-                    "{} [{:?}] {} member(s), {} byte(s), {} dropped, {} rejected (run uid {})",
+                    "{} [{}] {} member(s), {} byte(s), {} dropped, {} rejected (run uid {})",
                     printable(&m.declared_path),
-                    m.phase,
+                    m.phase.as_str(),
                     m.totals.members,
                     m.totals.bytes,
                     m.totals.dropped_members,
@@ -313,16 +273,16 @@ pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
 }
 
 /// Why a member was dropped, in words for `files ls`.
-fn dropped_why(d: &crate::drain::DroppedRecord) -> &str {
+fn dropped_why(d: &crate::store::DroppedRecord) -> &str {
     match (d.reason.as_str(), d.in_pod) {
-        (crate::drain::archive::DROPPED_OVER_CAP, true) => {
+        (crate::store::manifest::DROPPED_OVER_CAP, true) => {
             "over the cap, dropped in the pod: only a placeholder was sent"
         }
-        (crate::drain::archive::DROPPED_OVER_CAP, false) => "over the cap",
-        (crate::drain::archive::DROPPED_INPUT_BOUND, _) => {
+        (crate::store::manifest::DROPPED_OVER_CAP, false) => "over the cap",
+        (crate::store::manifest::DROPPED_INPUT_BOUND, _) => {
             "not read: it would have taken the stream past the drain's input bound"
         }
-        (crate::drain::archive::DROPPED_METADATA, _) => {
+        (crate::store::manifest::DROPPED_METADATA, _) => {
             "its name and link target would take the path's stored metadata past its allowance"
         }
         (other, _) => other,
@@ -491,26 +451,15 @@ pub async fn extract_verified(
             entry.map_err(|e| FilesError::Verify(format!("archive {key} is corrupt: {e}")))?;
         let corrupt =
             |e: std::io::Error| FilesError::Verify(format!("archive {key} is corrupt: {e}"));
-        let type_byte = entry.header().entry_type().as_byte();
-        let size = entry.effective_size();
-        let path_bytes = entry.path_bytes().map_err(corrupt)?.into_owned();
-        let link = entry
-            .link_name_bytes()
-            .map_err(corrupt)?
-            .map(|l| l.into_owned());
-        let info = EntryInfo {
-            path: &path_bytes,
-            kind: EntryKind::from_type_byte(type_byte),
-            link_target: link.as_deref(),
-            size,
-        };
-        let accepted = match sanitizer.check(&info) {
+        let raw = RawEntry::read(&entry).map_err(corrupt)?;
+        let path_bytes = &raw.path;
+        let accepted = match raw.judge(&mut sanitizer) {
             Decision::Accept(a) => a,
             Decision::Ignore => continue,
             Decision::Reject(Reason::FoldsOntoSymlink) => {
                 // Stored and listed, but here it would be written through a symlink: neutralized
                 // (not written), the rest of the path still extracts.
-                let raw = String::from_utf8_lossy(&path_bytes);
+                let raw = String::from_utf8_lossy(path_bytes);
                 let normalized: Vec<&str> = raw
                     .split('/')
                     .filter(|c| !c.is_empty() && *c != ".")
@@ -532,7 +481,7 @@ pub async fn extract_verified(
             Decision::Reject(reason) => {
                 return Err(FilesError::Verify(format!(
                     "archive {key} holds an unsafe member {} ({reason}); refusing to extract it",
-                    printable(&String::from_utf8_lossy(&path_bytes))
+                    printable(&String::from_utf8_lossy(path_bytes))
                 )))
             }
         };
@@ -701,7 +650,7 @@ pub async fn extract_verified(
 mod tests {
     use super::*;
     use crate::api::ReadBackPhase;
-    use crate::drain::MemberRecord;
+    use crate::store::MemberRecord;
     use crate::store::{RunRef, Totals, MANIFEST_SCHEMA_VERSION};
 
     /// (path in the archive, tar type byte, stored mode, content)
@@ -797,7 +746,7 @@ mod tests {
 
     #[test]
     fn dropped_members_say_why() {
-        let d = |reason: &str, in_pod| crate::drain::DroppedRecord {
+        let d = |reason: &str, in_pod| crate::store::DroppedRecord {
             path: "big".into(),
             size: 1,
             reason: reason.into(),
@@ -829,8 +778,10 @@ mod tests {
     fn args(store_url: &str, command: FilesCommand) -> FilesArgs {
         FilesArgs {
             command,
-            store_url: store_url.to_string(),
-            store_options: Vec::new(),
+            store: StoreArgs {
+                store_url: store_url.to_string(),
+                store_options: Vec::new(),
+            },
             namespace: "ns".into(),
             uid: None,
         }
@@ -862,7 +813,7 @@ mod tests {
         m.declared_path = "/out\nfake line".into();
         m.totals.members = 0;
         m.totals.dropped_members = 0;
-        m.dropped.push(crate::drain::DroppedRecord {
+        m.dropped.push(crate::store::DroppedRecord {
             path: "d\u{9b}31m".into(),
             size: u64::MAX,
             reason: "\x1b[31m".into(),

@@ -4,19 +4,16 @@
 
 pub mod admission;
 pub mod api;
-pub mod cli;
-pub mod config;
+pub mod caps;
+pub mod cmd;
 pub mod controller;
 pub mod crdgen;
 pub mod drain;
 pub mod egress;
 pub mod files;
-pub mod holder;
+pub mod inpod;
 pub mod metrics;
-pub mod operator;
-pub mod pack;
 pub mod pod;
 pub mod store;
-pub mod store_credentials;
-pub mod upload_guard;
-pub mod util;
+pub mod tar;
+pub mod units;

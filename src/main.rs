@@ -1,4 +1,4 @@
-//! `sandboxrun-operator`: see `sandboxrun_operator::cli`.
+//! `sandboxrun-operator`: see `sandboxrun_operator::cmd`.
 fn main() -> std::process::ExitCode {
-    sandboxrun_operator::cli::main()
+    sandboxrun_operator::cmd::main()
 }

@@ -1,8 +1,8 @@
 //! Prometheus metrics of the operator, served on `/metrics` of the metrics address.
 
 use prometheus::{
-    exponential_buckets, histogram_opts, opts, Encoder, HistogramVec, IntCounterVec, IntGaugeVec,
-    Registry, TextEncoder,
+    exponential_buckets, histogram_opts, opts, Encoder, HistogramVec, IntCounterVec, IntGauge,
+    IntGaugeVec, Registry, TextEncoder,
 };
 
 /// Every metric the controller and the drain record. Cheap to clone (the collectors are shared).
@@ -28,6 +28,9 @@ pub struct Metrics {
     pub drain_failures: IntCounterVec,
     /// Members dropped (cap) or rejected (sanitizer), by reason.
     pub members_refused: IntCounterVec,
+    /// 1 while this replica runs the controller (always without leader election, the lease
+    /// holder with it), 0 otherwise: the chart's SandboxRunNoLeader alert.
+    pub leader: IntGauge,
 }
 
 /// A metric could not be registered (a programming error: duplicate names).
@@ -87,7 +90,12 @@ impl Metrics {
         registry.register(Box::new(drain_duration.clone()))?;
         registry.register(Box::new(drains.clone()))?;
         registry.register(Box::new(drain_failures.clone()))?;
+        let leader = IntGauge::with_opts(opts!(
+            "leader",
+            "1 while this replica runs the controller (holds the lease), else 0"
+        ))?;
         registry.register(Box::new(members_refused.clone()))?;
+        registry.register(Box::new(leader.clone()))?;
         Ok(Metrics {
             registry,
             reconciles,
@@ -99,6 +107,7 @@ impl Metrics {
             drains,
             drain_failures,
             members_refused,
+            leader,
         })
     }
 

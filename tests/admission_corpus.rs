@@ -1,66 +1,32 @@
-//! Runs the ADR-006 engine and `doctor --strict` over every manifest in `tests/admission-corpus/`
-//! and checks each against the verdict its first line declares:
+//! Runs the admission engine (docs/contract.md, "ADR-006") and `doctor --strict` over every
+//! manifest in `tests/admission-corpus/` and checks each against the verdict its first line declares:
 //! `# expect: ok|warn|fail|usage [rule-id ...] [(schema)]`.
-//! The rule ids listed are exactly the set of rule ids the engine reports for the file.
+//! The rule ids listed are exactly the set of rule ids the engine reports for the file, together
+//! with what `doctor` judges as the apiserver would before the engine (`unknown-field`,
+//! `api-version-kind`).
+
+mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
 
 use sandboxrun_operator::admission::doctor::{self, DoctorArgs, Output};
-use sandboxrun_operator::admission::{check, RuleSettings, Severity};
+use sandboxrun_operator::admission::{check, Finding, RuleSettings, Severity};
 use sandboxrun_operator::api::SandboxRun;
 
-struct Expectation {
-    verdict: String,
-    rules: BTreeSet<String>,
-}
+use support::*;
 
-fn corpus() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/admission-corpus");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files
-}
-
-fn expectation(path: &Path, text: &str) -> Expectation {
-    let first = text.lines().next().unwrap_or_default();
-    let rest = first
-        .strip_prefix("# expect:")
-        .unwrap_or_else(|| panic!("{}: first line must be `# expect: ...`", path.display()));
-    let mut words = rest.split_whitespace().filter(|w| !w.starts_with('('));
-    let verdict = words.next().unwrap_or_default().to_string();
-    assert!(
-        ["ok", "warn", "fail", "usage"].contains(&verdict.as_str()),
-        "{}: bad verdict {verdict}",
-        path.display()
-    );
-    let name = path
-        .file_name()
-        .and_then(|n| n.to_str())
-        .unwrap_or_default();
-    assert!(
-        name.starts_with(&format!("{verdict}-")),
-        "{name}: file name must start with its verdict"
-    );
-    Expectation {
-        verdict,
-        rules: words.map(str::to_string).collect(),
-    }
-}
-
-/// The SandboxRuns of a file; None when the file is a usage error (does not parse / deserialize).
-fn runs(text: &str) -> Option<Vec<SandboxRun>> {
+/// The SandboxRuns of a file (and SandboxRun-like documents), each with what the cluster judges
+/// before the webhook (`doctor::document_findings`: apiVersion/kind, unknown fields); None when
+/// the file is a usage error (does not parse / deserialize).
+fn runs(text: &str) -> Option<Vec<(SandboxRun, Vec<Finding>)>> {
     let mut out = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(text) {
         let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).ok()?;
-        if value.get("kind").and_then(|k| k.as_str()) != Some("SandboxRun") {
+        let before = doctor::document_findings(&value);
+        if value.get("kind").and_then(|k| k.as_str()) != Some("SandboxRun") && before.is_empty() {
             continue;
         }
-        out.push(serde_yaml::from_value(value).ok()?);
+        out.push((serde_yaml::from_value(value).ok()?, before));
     }
     Some(out)
 }
@@ -111,7 +77,12 @@ fn engine_verdicts_match_the_corpus() {
         );
         let findings: Vec<_> = runs
             .iter()
-            .flat_map(|r| check(&r.spec, &RuleSettings::default()))
+            .flat_map(|(r, before)| {
+                before
+                    .iter()
+                    .cloned()
+                    .chain(check(&r.spec, &RuleSettings::default()))
+            })
             .collect();
         for f in &findings {
             assert!(

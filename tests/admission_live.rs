@@ -1,4 +1,4 @@
-//! ADR-006 admission end to end: the real operator binary serves the validating webhook on
+//! Admission (docs/contract.md, "ADR-006") end to end: the real operator binary serves the validating webhook on
 //! loopback with self-managed certificates (it patches the caBundle of a
 //! ValidatingWebhookConfiguration this test registers by URL), and the real apiserver calls it.
 //! The corpus in `tests/admission-corpus/` is checked three ways — the engine, `doctor --strict`
@@ -17,16 +17,13 @@
 mod support;
 
 use std::collections::BTreeSet;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use k8s_openapi::api::admissionregistration::v1::{
-    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
 use sandboxrun_operator::admission::{check, check_update, Finding, RuleSettings, Severity};
 use sandboxrun_operator::api::{Phase, SandboxRun, SandboxRunSpec, FINALIZER};
@@ -100,28 +97,6 @@ fn doctor(args: &[&str]) -> (i32, String, String) {
     )
 }
 
-/// A loopback port nobody listens on right now.
-fn unused_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral loopback port")
-}
-
-fn corpus_dir() -> PathBuf {
-    repo().join("tests/admission-corpus")
-}
-
-fn corpus() -> Vec<PathBuf> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(corpus_dir())
-        .expect("tests/admission-corpus")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files
-}
-
 fn run_from(value: Value) -> SandboxRun {
     serde_json::from_value(value).expect("a SandboxRun")
 }
@@ -166,38 +141,16 @@ impl LiveWebhook {
         let client = client().await;
         ensure_crd(&client).await;
         let ns = TestNamespace::new(&client, prefix).await;
-        let port = unused_port();
+        let port = free_port();
         let vwc = format!("sandboxrun-live-{}", ns.name);
-        let config = ValidatingWebhookConfiguration {
-            metadata: ObjectMeta {
-                name: Some(vwc.clone()),
-                ..Default::default()
-            },
-            webhooks: Some(vec![ValidatingWebhook {
-                name: "validate.sandbox.iterion.io".into(),
-                admission_review_versions: vec!["v1".into()],
-                side_effects: "None".into(),
-                failure_policy: Some("Fail".into()),
-                timeout_seconds: Some(5),
-                namespace_selector: Some(LabelSelector {
-                    match_labels: Some([("sandboxrun-test".to_string(), ns.name.clone())].into()),
-                    ..Default::default()
-                }),
-                client_config: WebhookClientConfig {
-                    url: Some(format!("https://127.0.0.1:{port}/validate-sandboxrun")),
-                    ca_bundle: None,
-                    service: None,
-                },
-                rules: Some(vec![RuleWithOperations {
-                    api_groups: Some(vec!["sandbox.iterion.io".into()]),
-                    api_versions: Some(vec!["v1alpha1".into()]),
-                    operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-                    resources: Some(vec!["sandboxruns".into()]),
-                    scope: Some("Namespaced".into()),
-                }]),
-                ..Default::default()
-            }]),
-        };
+        let config = loopback_webhook(
+            &vwc,
+            "validate.sandbox.iterion.io",
+            &ns.name,
+            format!("https://127.0.0.1:{port}/validate-sandboxrun"),
+            None,
+            sandboxrun_rule(),
+        );
         let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
         vwcs.create(&PostParams::default(), &config)
             .await
@@ -359,8 +312,7 @@ impl LiveWebhook {
 
 /// The operator binary watching `watched`, with `flags` (`--name value` pairs).
 fn start_operator(watched: &str, store_url: &str, flags: &[String]) -> Operator {
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    Operator::start_with(watched, store_url, &flags)
+    Operator::builder(watched, store_url).flags(flags).start()
 }
 
 fn dry_run() -> PostParams {
@@ -389,48 +341,14 @@ impl Drop for LiveWebhook {
 // ---------------------------------------------------------------------------------------------
 // The corpus, three ways
 
-/// `# expect: <verdict> [rules…] [(schema)]`.
-struct Expectation {
-    verdict: String,
-    rules: BTreeSet<String>,
-    schema: bool,
-}
-
-fn expectation(path: &Path, text: &str) -> Expectation {
-    let first = text.lines().next().unwrap_or_default();
-    let rest = first
-        .strip_prefix("# expect:")
-        .unwrap_or_else(|| panic!("{}: first line must be `# expect: ...`", path.display()));
-    let mut words = rest.split_whitespace();
-    let verdict = words.next().unwrap_or_default().to_string();
-    let mut rules = BTreeSet::new();
-    let mut schema = false;
-    for w in words {
-        if w == "(schema)" {
-            schema = true;
-        } else {
-            rules.insert(w.to_string());
-        }
-    }
-    Expectation {
-        verdict,
-        rules,
-        schema,
-    }
-}
-
 /// The engine over every SandboxRun of a file; None when the file does not parse/deserialize.
 fn engine(text: &str) -> Option<Vec<Finding>> {
-    let mut out = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let value: serde_yaml::Value = serde::Deserialize::deserialize(doc).ok()?;
-        if value.get("kind").and_then(|k| k.as_str()) != Some("SandboxRun") {
-            continue;
-        }
-        let run: SandboxRun = serde_yaml::from_value(value).ok()?;
-        out.extend(check(&run.spec, &RuleSettings::default()));
-    }
-    Some(out)
+    let runs = corpus_runs(text)?;
+    Some(
+        runs.iter()
+            .flat_map(|run| check(&run.spec, &RuleSettings::default()))
+            .collect(),
+    )
 }
 
 fn verdict_of(findings: &[Finding]) -> &'static str {
@@ -1146,27 +1064,28 @@ async fn a_configuration_created_after_the_operator_still_gets_its_ca_bundle() {
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "live-late").await;
-    let port = unused_port();
+    let port = free_port();
     let vwc_name = format!("sandboxrun-live-{}", ns.name);
     let store = std::env::temp_dir().join(format!("sandboxrun-live-store-{}", ns.name));
     std::fs::create_dir_all(&store).expect("store dir");
     let addr = format!("127.0.0.1:{port}");
-    let op = Operator::start_with(
+    let op = Operator::builder(
         &format!("{}-unwatched", ns.name),
         &format!("file://{}", store.display()),
-        &[
-            "--webhook-addr",
-            &addr,
-            "--webhook-hosts",
-            "127.0.0.1,localhost",
-            "--pod-namespace",
-            &ns.name,
-            "--webhook-secret",
-            "webhook-tls",
-            "--webhook-config",
-            &vwc_name,
-        ],
-    );
+    )
+    .flags(&[
+        "--webhook-addr",
+        &addr,
+        "--webhook-hosts",
+        "127.0.0.1,localhost",
+        "--pod-namespace",
+        &ns.name,
+        "--webhook-secret",
+        "webhook-tls",
+        "--webhook-config",
+        &vwc_name,
+    ])
+    .start();
     let secrets: Api<k8s_openapi::api::core::v1::Secret> =
         Api::namespaced(client.clone(), &ns.name);
     eventually("the operator to create its certificates", CONVERGE, || {
@@ -1176,35 +1095,14 @@ async fn a_configuration_created_after_the_operator_still_gets_its_ca_bundle() {
     .await;
 
     let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
-    let config = ValidatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(vwc_name.clone()),
-            ..Default::default()
-        },
-        webhooks: Some(vec![ValidatingWebhook {
-            name: "validate.sandbox.iterion.io".into(),
-            admission_review_versions: vec!["v1".into()],
-            side_effects: "None".into(),
-            failure_policy: Some("Fail".into()),
-            timeout_seconds: Some(5),
-            namespace_selector: Some(LabelSelector {
-                match_labels: Some([("sandboxrun-test".to_string(), ns.name.clone())].into()),
-                ..Default::default()
-            }),
-            client_config: WebhookClientConfig {
-                url: Some(format!("https://127.0.0.1:{port}/validate-sandboxrun")),
-                ..Default::default()
-            },
-            rules: Some(vec![RuleWithOperations {
-                api_groups: Some(vec!["sandbox.iterion.io".into()]),
-                api_versions: Some(vec!["v1alpha1".into()]),
-                operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-                resources: Some(vec!["sandboxruns".into()]),
-                scope: Some("Namespaced".into()),
-            }]),
-            ..Default::default()
-        }]),
-    };
+    let config = loopback_webhook(
+        &vwc_name,
+        "validate.sandbox.iterion.io",
+        &ns.name,
+        format!("https://127.0.0.1:{port}/validate-sandboxrun"),
+        None,
+        sandboxrun_rule(),
+    );
     vwcs.create(&PostParams::default(), &config)
         .await
         .expect("register the webhook configuration");
@@ -1515,7 +1413,7 @@ async fn check_images_resolves_against_the_real_registry_without_pulling() {
     assert_eq!(code, 1, "{out}{err}");
 
     // A stopped registry (nothing listens on the port) is transient: a warning, exit 0.
-    let closed = unused_port();
+    let closed = free_port();
     let down = run_manifest(dir.path(), "down", &format!("127.0.0.1:{closed}/{repo}:v1"));
     let (code, out, err) = doctor(&[
         "--strict",

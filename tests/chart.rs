@@ -37,12 +37,6 @@ fn ok(cmd: Command, stdin: Option<&[u8]>) -> String {
     stdout
 }
 
-fn helm(args: &[&str]) -> Command {
-    let mut cmd = tool("helm");
-    cmd.args(args);
-    cmd
-}
-
 fn kubectl(args: &[&str]) -> Command {
     let mut cmd = tool("kubectl");
     cmd.args(args);
@@ -679,54 +673,6 @@ impl Drop for ClusterObjects {
     }
 }
 
-/// A kubeconfig that authenticates as ServiceAccount `namespace/name` with a fresh token, and
-/// nothing else.
-async fn service_account_kubeconfig(
-    client: &kube::Client,
-    namespace: &str,
-    name: &str,
-) -> std::path::PathBuf {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        Api::namespaced(client.clone(), namespace);
-    let token = sas
-        .create_token_request(
-            name,
-            &Default::default(),
-            &TokenRequest {
-                metadata: Default::default(),
-                spec: Some(TokenRequestSpec {
-                    audiences: None,
-                    expiration_seconds: Some(3600),
-                    bound_object_ref: None,
-                }),
-                status: None,
-            },
-        )
-        .await
-        .expect("a token for the chart's ServiceAccount")
-        .status
-        .and_then(|s| s.token)
-        .expect("a token");
-    let admin = std::fs::read_to_string(kubeconfig_path()).expect("the test bed's kubeconfig");
-    let server = admin
-        .lines()
-        .find_map(|l| l.split("server: \"").nth(1))
-        .and_then(|s| s.split('"').next())
-        .expect("the apiserver's address in the kubeconfig")
-        .to_string();
-    let path = std::env::temp_dir().join(format!("{namespace}-{name}.kubeconfig"));
-    std::fs::write(
-        &path,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: sa, user: {{token: \"{token}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: sa}}}}]\ncurrent-context: c\n",
-            state_dir().join("pki/ca.crt").display()
-        ),
-    )
-    .expect("write the ServiceAccount's kubeconfig");
-    path
-}
-
 /// Issue #11 item 2, end to end: the operator never depends on its own webhook to let a run go.
 /// The webhook is registered as the chart renders it (failurePolicy Fail, its matchConditions),
 /// pointing at an endpoint that is down. A user's spec edit (and label edit) of the run is
@@ -826,12 +772,10 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
 
     // The operator as that ServiceAccount, watching the runs' namespace (kwok plays the node).
     let store_url = format!("file://{}", host_dir("store-whdown").display());
-    let op = Operator::start_as(
-        &kubeconfig,
-        &runs_ns.name,
-        &store_url,
-        &["--pod-namespace", &op_ns.name],
-    );
+    let op = Operator::builder(&runs_ns.name, &store_url)
+        .kubeconfig(&kubeconfig)
+        .flags(&["--pod-namespace", &op_ns.name])
+        .start();
     let out = host_dir("whdown-out");
     std::fs::write(out.join("result.txt"), b"kept\n").expect("write");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &runs_ns.name);
@@ -913,16 +857,7 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
     runs.delete("held", &DeleteParams::default())
         .await
         .expect("delete the run");
-    eventually_or_log(
-        "the run's deletion to complete",
-        Duration::from_secs(90),
-        &op,
-        || {
-            let runs = runs.clone();
-            async move { runs.get_opt("held").await.ok()?.is_none().then_some(()) }
-        },
-    )
-    .await;
+    wait_gone(&runs, "held", &op, Duration::from_secs(90)).await;
     let (store, prefix) =
         sandboxrun_operator::store::store_from_url(&store_url, &[]).expect("the store");
     let manifests =
@@ -1052,5 +987,250 @@ async fn the_store_snippets_of_the_docs_render_and_are_accepted() {
         }
         let secret_text = serde_yaml::to_string(&secret).expect("secret yaml");
         server_dry_run(&format!("{secret_text}---\n{rendered}"));
+    }
+}
+
+/// Every value of issue #14's chart work, on: what `helm lint --strict` and the server dry run get.
+const ALL_NEW: &[&str] = &[
+    "--set",
+    "replicas=2",
+    "--set",
+    "store.url=s3://b/p",
+    "--set",
+    "metrics.prometheusRule.enabled=true",
+    "--set",
+    "metrics.grafanaDashboard.enabled=true",
+    "--set",
+    "metrics.grafanaDashboard.folder=Sandboxes",
+    "--set",
+    "networkPolicy.enabled=true",
+    "--set",
+    "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+    "--set",
+    "networkPolicy.store.ports={443,9000}",
+    "--set",
+    "holderImagePullSecrets={regcred,mirror}",
+];
+
+#[test]
+fn the_new_templates_lint_strict_and_render() {
+    let mut args = vec!["lint", "--strict", CHART];
+    args.extend_from_slice(ALL_NEW);
+    ok(helm(&args), None);
+    let mut args = vec!["template", "demo", CHART, "-n", "sbr-sys"];
+    args.extend_from_slice(ALL_NEW);
+    let text = ok(helm(&args), None);
+    let docs = yaml_docs(&text);
+    // The PodDisruptionBudget comes with replicas > 1 ...
+    let pdb = only(&docs, "PodDisruptionBudget");
+    assert_eq!(pdb["spec"]["minAvailable"], serde_yaml::Value::from(1));
+    // ... and not with one replica, unless forced.
+    let one = ok(helm(&["template", "demo", CHART]), None);
+    assert!(!one.contains("kind: PodDisruptionBudget"), "{one}");
+    let forced = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "podDisruptionBudget.enabled=true",
+            "--set",
+            "podDisruptionBudget.maxUnavailable=1",
+        ]),
+        None,
+    );
+    let forced = yaml_docs(&forced);
+    assert_eq!(
+        only(&forced, "PodDisruptionBudget")["spec"]["maxUnavailable"],
+        serde_yaml::Value::from(1)
+    );
+    let off = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "replicas=2",
+            "--set",
+            "store.url=s3://b/p",
+            "--set",
+            "podDisruptionBudget.enabled=false",
+        ]),
+        None,
+    );
+    assert!(!off.contains("kind: PodDisruptionBudget"));
+    // startupProbe on /healthz, the holder's pull secrets as flags.
+    let deploy = only(&docs, "Deployment");
+    let container = &deploy["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["startupProbe"]["httpGet"]["path"],
+        serde_yaml::Value::from("/healthz")
+    );
+    assert!(text.contains("- --pod-image-pull-secret=regcred\n"));
+    assert!(text.contains("- --pod-image-pull-secret=mirror\n"));
+    // The NetworkPolicy: webhook and metrics in; DNS, the apiserver and the store out.
+    let np = only(&docs, "NetworkPolicy");
+    let np_text = serde_yaml::to_string(np).unwrap_or_default();
+    for want in [
+        "port: 9443",
+        "port: 8080",
+        "port: 53",
+        "cidr: 10.0.0.1/32",
+        "port: 9000",
+    ] {
+        assert!(np_text.contains(want), "{want} not in\n{np_text}");
+    }
+    // kubeVersion: the CRD's CEL rules and the webhook's matchConditions need 1.30.
+    let chart = std::fs::read_to_string(repo().join(CHART).join("Chart.yaml")).unwrap_or_default();
+    assert!(chart.contains("kubeVersion: \">=1.30.0-0\""), "{chart}");
+    let out = run(
+        helm(&["template", "demo", CHART, "--kube-version", "1.29.0"]),
+        None,
+    );
+    assert!(!out.status.success(), "rendered for 1.29");
+}
+
+/// The metric names a PromQL text uses (`sandboxrun_…`, histogram suffixes removed).
+fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut out = std::collections::BTreeSet::new();
+    let bytes = text.as_bytes();
+    let mut i = 0;
+    while let Some(pos) = text[i..].find("sandboxrun_") {
+        let start = i + pos;
+        let mut end = start;
+        while end < bytes.len() && (bytes[end].is_ascii_lowercase() || bytes[end] == b'_') {
+            end += 1;
+        }
+        let name = &text[start..end];
+        let base = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(name);
+        out.insert(base.to_string());
+        i = end;
+    }
+    out
+}
+
+#[test]
+fn alerts_and_dashboard_query_only_metrics_the_operator_exports() {
+    use prometheus::core::Collector;
+    use sandboxrun_operator::admission::webhook::WebhookMetrics;
+    use sandboxrun_operator::metrics::Metrics;
+
+    let m = Metrics::new().expect("metrics");
+    let w = WebhookMetrics::register(
+        &prometheus::Registry::new_custom(Some("sandboxrun".to_string()), None).expect("registry"),
+    )
+    .expect("webhook metrics");
+    let mut exported = std::collections::BTreeSet::new();
+    let descs = [
+        m.reconciles.desc(),
+        m.reconcile_duration.desc(),
+        m.reconcile_errors.desc(),
+        m.runs_by_phase.desc(),
+        m.drained_bytes.desc(),
+        m.drain_duration.desc(),
+        m.drains.desc(),
+        m.drain_failures.desc(),
+        m.members_refused.desc(),
+        m.leader.desc(),
+        w.reviews.desc(),
+        w.latency.desc(),
+    ];
+    // The registry adds the `sandboxrun_` prefix to every name (the leader gauge, with no labels,
+    // is always in the exposition: proof of the prefix).
+    assert!(
+        m.render().contains("\nsandboxrun_leader 0\n"),
+        "{}",
+        m.render()
+    );
+    for d in descs.iter().flatten() {
+        exported.insert(format!("sandboxrun_{}", d.fq_name));
+    }
+
+    let mut args = vec!["template", "demo", CHART, "-n", "sbr-sys"];
+    args.extend_from_slice(ALL_NEW);
+    let text = ok(helm(&args), None);
+    let docs = yaml_docs(&text);
+    let rule = only(&docs, "PrometheusRule");
+    let rules = rule["spec"]["groups"][0]["rules"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default();
+    let alerts: Vec<&str> = rules.iter().filter_map(|r| r["alert"].as_str()).collect();
+    assert_eq!(
+        alerts,
+        [
+            "SandboxRunDrainFailed",
+            "SandboxRunDrainCapped",
+            "SandboxRunReconcileErrors",
+            "SandboxRunWebhookSlow",
+            "SandboxRunWebhookDenials",
+            "SandboxRunNoLeader"
+        ]
+    );
+    let mut used = std::collections::BTreeSet::new();
+    for r in &rules {
+        let expr = r["expr"].as_str().unwrap_or_default();
+        assert!(
+            expr.contains("namespace=\"sbr-sys\""),
+            "not scoped to the release: {expr}"
+        );
+        used.extend(metric_names(expr));
+    }
+    let dashboard = only(&docs, "ConfigMap");
+    assert_eq!(
+        dashboard["metadata"]["labels"]["grafana_dashboard"],
+        serde_yaml::Value::from("1")
+    );
+    let json: serde_json::Value = serde_json::from_str(
+        dashboard["data"]["sandboxrun-operator.json"]
+            .as_str()
+            .unwrap_or_default(),
+    )
+    .expect("the dashboard is JSON");
+    let panels = json["panels"].as_array().cloned().unwrap_or_default();
+    assert!(panels.len() >= 8, "{} panels", panels.len());
+    for p in &panels {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            used.extend(metric_names(t["expr"].as_str().unwrap_or_default()));
+        }
+    }
+    let unknown: Vec<&String> = used.difference(&exported).collect();
+    assert!(
+        unknown.is_empty(),
+        "queried but not exported: {unknown:?}\nexported: {exported:?}"
+    );
+    // Every exported family is on the dashboard or in an alert.
+    let unused: Vec<&String> = exported.difference(&used).collect();
+    assert!(unused.is_empty(), "exported but never shown: {unused:?}");
+}
+
+#[tokio::test]
+async fn the_new_templates_are_accepted_by_the_apiserver() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "chart-new").await;
+    let mut args = vec!["template", "new", CHART, "--namespace", &ns.name];
+    args.extend_from_slice(ALL_NEW);
+    // The PrometheusRule needs the Prometheus Operator's CRDs, which the bed does not install:
+    // it is checked offline (alerts_and_dashboard_query_only_metrics_the_operator_exports).
+    for t in [
+        "templates/pdb.yaml",
+        "templates/networkpolicy.yaml",
+        "templates/grafana-dashboard.yaml",
+        "templates/deployment.yaml",
+    ] {
+        args.extend_from_slice(&["-s", t]);
+    }
+    let out = server_dry_run(&ok(helm(&args), None));
+    for kind in [
+        "poddisruptionbudget.policy/",
+        "networkpolicy.networking.k8s.io/",
+        "configmap/",
+        "deployment.apps/",
+    ] {
+        assert!(out.contains(kind), "no {kind} in:\n{out}");
     }
 }

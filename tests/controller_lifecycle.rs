@@ -5,79 +5,26 @@
 
 mod support;
 
-use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
-use sandboxrun_operator::api::{
-    Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec, FINALIZER,
-};
+use sandboxrun_operator::api::{Phase, ReadBackPhase, SandboxRun, FINALIZER};
 use sandboxrun_operator::pod::{self, promise_violations, ARTIFACT_FILES_ENV, READBACK_PATHS_ENV};
 use sandboxrun_operator::store::list_manifests;
 use serde_json::json;
 
 use support::*;
 
-fn spec(paths: &[&Path], command: Option<Vec<&str>>) -> SandboxRunSpec {
-    SandboxRunSpec {
-        image: Some("registry.example/tool@sha256:0000000000000000000000000000000000000000000000000000000000000000".into()),
-        command: command.map(|c| c.into_iter().map(String::from).collect()),
-        user: Some("1000:1000".into()),
-        read_back: Some(ReadBack {
-            paths: paths
-                .iter()
-                .map(|p| ReadBackPath { path: p.display().to_string(), ..Default::default() })
-                .collect(),
-            drain_timeout: Some("60s".into()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-async fn create(api: &Api<SandboxRun>, name: &str, spec: SandboxRunSpec) -> SandboxRun {
-    api.create(&PostParams::default(), &SandboxRun::new(name, spec))
-        .await
-        .expect("create SandboxRun")
-}
-
-async fn wait_phase(api: &Api<SandboxRun>, name: &str, want: Phase, op: &Operator) -> SandboxRun {
-    let what = format!("{name} to reach {want:?}");
-    let run = eventually_or_log(&what, Duration::from_secs(90), op, || {
-        let api = api.clone();
-        let name = name.to_string();
-        async move {
-            let r = api.get(&name).await.ok()?;
-            (r.status.as_ref()?.phase == Some(want)).then_some(r)
-        }
-    })
-    .await;
-    run
-}
-
-async fn finish_workload(pods: &Api<Pod>, pod_name: &str, code: i32) {
-    let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": code.to_string()}}});
-    pods.patch(pod_name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("annotate pod");
-}
-
-fn store_dir(tag: &str) -> (std::path::PathBuf, String) {
-    let dir = host_dir(&format!("store-{tag}"));
-    let url = format!("file://{}", dir.display());
-    (dir, url)
-}
-
 #[tokio::test]
 async fn the_pod_keeps_every_promise_and_a_batch_run_drains_then_succeeds() {
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "batch").await;
-    let (_store_dir, store_url) = store_dir("batch");
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let (_store_dir, store_url) = file_store("batch");
+    let op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("out");
     let logs = host_dir("logs");
     std::fs::create_dir_all(out.join("nested/deeper")).unwrap();
@@ -86,16 +33,12 @@ async fn the_pod_keeps_every_promise_and_a_batch_run_drains_then_succeeds() {
 
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    create(
-        &runs,
-        "batch",
-        spec(&[&out, &logs], Some(vec!["sh", "-c", "make report"])),
-    )
-    .await;
+    create(&runs, "batch", spec(&[&out, &logs]).sh("make report")).await;
     let run = wait_phase(&runs, "batch", Phase::Running, &op).await;
     assert!(run.finalizers().contains(&FINALIZER.to_string()));
 
-    // The pod the controller really created keeps the promise, both directions (ADR-143 §6).
+    // The pod the controller really created keeps the promise, both directions
+    // (docs/contract.md, "§6 The canary is rewritten").
     let pod_name = run.status.as_ref().unwrap().pod_name.clone().unwrap();
     let p = pods.get(&pod_name).await.unwrap();
     let declared = vec![out.display().to_string(), logs.display().to_string()];
@@ -181,15 +124,15 @@ async fn a_failing_workload_fails_the_run_but_its_files_are_still_drained() {
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "fail").await;
-    let (_d, store_url) = store_dir("fail");
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let (_d, store_url) = file_store("fail");
+    let op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("out");
     std::fs::write(out.join("crash.log"), b"boom\n").unwrap();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    create(&runs, "fails", spec(&[&out], Some(vec!["false"]))).await;
+    create(&runs, "fails", spec(&[&out]).command(Some(&["false"]))).await;
     let run = wait_phase(&runs, "fails", Phase::Running, &op).await;
-    finish_workload(&pods, &run.status.unwrap().pod_name.unwrap(), 3).await;
+    finish_workload(&pods, &pod_of(&run), 3).await;
     let run = wait_phase(&runs, "fails", Phase::Failed, &op).await;
     let status = run.status.unwrap();
     assert_eq!(status.exit_code, Some(3));
@@ -231,12 +174,12 @@ async fn stop_tears_a_long_lived_sandbox_down_and_kubectl_shows_it() {
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "stop").await;
-    let (_d, store_url) = store_dir("stop");
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let (_d, store_url) = file_store("stop");
+    let op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("out");
     std::fs::write(out.join("notes.md"), b"# notes\n").unwrap();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
-    create(&runs, "sandbox", spec(&[&out], None)).await;
+    create(&runs, "sandbox", spec(&[&out]).command(None)).await;
     wait_phase(&runs, "sandbox", Phase::Running, &op).await;
 
     // `kubectl get sbr` shows the printer columns.
@@ -301,21 +244,17 @@ async fn deleting_a_run_drains_it_before_the_finalizer_lets_go() {
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "delete").await;
-    let (_d, store_url) = store_dir("delete");
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let (_d, store_url) = file_store("delete");
+    let op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("out");
     std::fs::write(out.join("result.json"), b"{\"ok\":true}\n").unwrap();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
-    create(&runs, "gone", spec(&[&out], None)).await;
+    create(&runs, "gone", spec(&[&out]).command(None)).await;
     wait_phase(&runs, "gone", Phase::Running, &op).await;
     runs.delete("gone", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually_or_log("run deleted", Duration::from_secs(90), &op, || {
-        let runs = runs.clone();
-        async move { runs.get_opt("gone").await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    wait_gone(&runs, "gone", &op, Duration::from_secs(90)).await;
     let (store, prefix) = sandboxrun_operator::store::store_from_url(&store_url, &[]).unwrap();
     let manifests = list_manifests(&store, &prefix, &ns.name, "gone")
         .await
@@ -337,22 +276,18 @@ async fn foreground_deletion_drains_in_the_holder_grace_window() {
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "fg").await;
-    let (_d, store_url) = store_dir("fg");
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let (_d, store_url) = file_store("fg");
+    let op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("out");
     std::fs::write(out.join("a.txt"), b"a\n").unwrap();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
-    create(&runs, "fg", spec(&[&out], None)).await;
+    create(&runs, "fg", spec(&[&out]).command(None)).await;
     wait_phase(&runs, "fg", Phase::Running, &op).await;
     // The garbage collector deletes the pod (gracefully) while the finalizer still holds the run.
     runs.delete("fg", &DeleteParams::foreground())
         .await
         .expect("foreground delete");
-    eventually_or_log("run deleted", Duration::from_secs(120), &op, || {
-        let runs = runs.clone();
-        async move { runs.get_opt("fg").await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    wait_gone(&runs, "fg", &op, Duration::from_secs(120)).await;
     let (store, prefix) = sandboxrun_operator::store::store_from_url(&store_url, &[]).unwrap();
     let manifests = list_manifests(&store, &prefix, &ns.name, "fg")
         .await
@@ -370,12 +305,12 @@ async fn a_pod_deleted_out_from_under_a_run_is_reported_as_a_drain_failure() {
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "lost").await;
-    let (_d, store_url) = store_dir("lost");
-    let mut op = Operator::start(&ns.name, &store_url, &[]);
+    let (_d, store_url) = file_store("lost");
+    let mut op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("out");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    create(&runs, "lost", spec(&[&out], None)).await;
+    create(&runs, "lost", spec(&[&out]).command(None)).await;
     let run = wait_phase(&runs, "lost", Phase::Running, &op).await;
     let pod_name = run.status.unwrap().pod_name.unwrap();
     // The pod vanishes while no operator is looking (a watching operator would catch it in its
@@ -397,7 +332,7 @@ async fn a_pod_deleted_out_from_under_a_run_is_reported_as_a_drain_failure() {
         async move { pods.get_opt(&pod_name).await.ok()?.is_none().then_some(()) }
     })
     .await;
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let op = Operator::builder(&ns.name, &store_url).start();
     let run = wait_phase(&runs, "lost", Phase::Failed, &op).await;
     let status = run.status.unwrap();
     // Lost, never Empty: the path is Failed with its cause.
@@ -420,17 +355,14 @@ async fn a_pod_deleted_out_from_under_a_run_is_reported_as_a_drain_failure() {
         (drained.status.as_str(), drained.reason.as_str()),
         ("False", "DrainFailed")
     );
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    let found = eventually("the drain_failed Event", Duration::from_secs(30), || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("sandbox_runfiles_drain_failed"))
-        }
-    })
+    let found = wait_event(
+        &client,
+        &ns.name,
+        None,
+        "sandbox_runfiles_drain_failed",
+        Duration::from_secs(30),
+        &op,
+    )
     .await;
     assert_eq!(found.type_.as_deref(), Some("Warning"));
 }
@@ -440,13 +372,13 @@ async fn fifty_runs_created_at_once_all_reach_running() {
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "fifty").await;
-    let (_d, store_url) = store_dir("fifty");
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let (_d, store_url) = file_store("fifty");
+    let op = Operator::builder(&ns.name, &store_url).start();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let out = host_dir("out");
     let creates = (0..50).map(|i| {
         let runs = runs.clone();
-        let s = spec(&[&out], None);
+        let s = spec(&[&out]).command(None).build();
         async move { create(&runs, &format!("r{i:02}"), s).await }
     });
     futures::future::join_all(creates).await;
@@ -470,15 +402,15 @@ async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_w
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "awaited").await;
-    let (_d, store_url) = store_dir("awaited");
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let (_d, store_url) = file_store("awaited");
+    let op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("out");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
 
     // uid 0 passes the schema's pattern (only the webhook refuses it); without the webhook the
     // controller must refuse to build a pod, say why, and wait for a spec change — not hot-loop.
-    let mut root = spec(&[&out], None);
+    let mut root = spec(&[&out]).command(None).build();
     root.user = Some("0".into());
     create(&runs, "root", root).await;
     let run = eventually_or_log("InvalidSpec recorded", Duration::from_secs(30), &op, || {
@@ -514,7 +446,7 @@ async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_w
     wait_phase(&runs, "root", Phase::Running, &op).await;
 
     // A node selector no node matches: Pending, with the scheduler's words and an Event.
-    let mut nowhere = spec(&[&out], None);
+    let mut nowhere = spec(&[&out]).command(None).build();
     nowhere.node_selector = Some(
         [(
             "sandbox.iterion.io/no-such-node".to_string(),
@@ -544,24 +476,15 @@ async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_w
     )
     .await;
     assert_eq!(run.status.unwrap().phase, Some(Phase::Pending));
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
     // One PodStuck Event names the cause, and is related to the pod.
-    let stuck = eventually("PodStuck Event", Duration::from_secs(30), || {
-        let events = events.clone();
-        async move {
-            events
-                .list(&Default::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| {
-                    e.reason.as_deref() == Some("PodStuck")
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("nowhere")
-                })
-        }
-    })
+    let stuck = wait_event(
+        &client,
+        &ns.name,
+        Some("nowhere"),
+        "PodStuck",
+        Duration::from_secs(30),
+        &op,
+    )
     .await;
     assert_eq!(stuck.type_.as_deref(), Some("Warning"));
     assert!(
@@ -577,27 +500,6 @@ async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_w
         (related.kind.as_deref(), related.name.as_deref()),
         (Some("Pod"), Some(pod::pod_name("nowhere").as_str()))
     );
-}
-
-/// Events of `ns` with `reason` about the object named `name`.
-async fn events_of(
-    client: &kube::Client,
-    ns: &str,
-    name: &str,
-    reason: &str,
-) -> Vec<k8s_openapi::api::events::v1::Event> {
-    let events: Api<k8s_openapi::api::events::v1::Event> = Api::namespaced(client.clone(), ns);
-    events
-        .list(&Default::default())
-        .await
-        .map(|l| l.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some(reason)
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-        })
-        .collect()
 }
 
 /// `text` without the terminal colour codes of the operator's text log.
@@ -648,12 +550,12 @@ async fn a_pod_refused_by_a_quota_is_shown_retried_with_back_off_and_created_onc
         .create(&PostParams::default(), &quota)
         .await
         .expect("create the quota");
-    let (_store_dir, store_url) = store_dir("refused");
-    let mut op = Operator::start(&ns.name, &store_url, &[]);
+    let (_store_dir, store_url) = file_store("refused");
+    let mut op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("refused-out");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    create(&runs, "refused", spec(&[&out], None)).await;
+    create(&runs, "refused", spec(&[&out]).command(None)).await;
 
     let run = eventually_or_log(
         "Ready=False PodCreateFailed",
@@ -719,7 +621,9 @@ async fn a_pod_refused_by_a_quota_is_shown_retried_with_back_off_and_created_onc
     // The operator restarts with a holder CPU limit: it tries at once, and the quota now names
     // only the workload.
     op.kill();
-    let op = Operator::start(&ns.name, &store_url, &["--holder-cpu-limit", "100m"]);
+    let op = Operator::builder(&ns.name, &store_url)
+        .flags(&["--holder-cpu-limit", "100m"])
+        .start();
     eventually_or_log(
         "the quota names only the workload",
         Duration::from_secs(60),
@@ -788,11 +692,11 @@ async fn a_run_using_every_mount_type_passes_pod_security_restricted() {
         .patch(&ns.name, &PatchParams::default(), &Patch::Merge(&label))
         .await
         .expect("label the namespace restricted");
-    let (_store_dir, store_url) = store_dir("psa");
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let (_store_dir, store_url) = file_store("psa");
+    let op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("psa-out");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
-    let mut s = spec(&[&out], None);
+    let mut s = spec(&[&out]).command(None).build();
     s.mounts = serde_json::from_value(json!([
         {"name": "scratch", "type": "emptyDir", "target": "/scratch"},
         {"name": "cfg", "type": "configMap", "source": "cfg", "target": "/etc/cfg", "readOnly": true},
@@ -854,21 +758,19 @@ async fn holder_resources_are_configurable_so_a_quota_requiring_limits_admits_th
         .create(&PostParams::default(), &quota)
         .await
         .expect("create the quota");
-    let (_store_dir, store_url) = store_dir("quota");
-    let op = Operator::start(
-        &ns.name,
-        &store_url,
-        &[
+    let (_store_dir, store_url) = file_store("quota");
+    let op = Operator::builder(&ns.name, &store_url)
+        .flags(&[
             "--holder-cpu-limit",
             "100m",
             "--holder-memory-limit",
             "64Mi",
-        ],
-    );
+        ])
+        .start();
     let out = host_dir("quota-out");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    let mut s = spec(&[&out], Some(vec!["sh", "-c", "work"]));
+    let mut s = spec(&[&out]).build();
     s.resources = Some(
         serde_json::from_value(json!({"limits": {"cpu": "200m", "memory": "128Mi"}})).unwrap(),
     );

@@ -1,8 +1,13 @@
 //! `doctor` through its public entry point, in-process (the binary's wiring lives in main.rs).
 
+mod support;
+
 use sandboxrun_operator::admission::doctor::{run, DoctorArgs, Output};
 use sandboxrun_operator::admission::RuleSettings;
-use sandboxrun_operator::config::{CapSettings, GIB};
+use sandboxrun_operator::caps::CapSettings;
+use sandboxrun_operator::units::GIB;
+
+use support::ports::free_port;
 
 const RUN: &str = "apiVersion: sandbox.iterion.io/v1alpha1
 kind: SandboxRun
@@ -129,9 +134,7 @@ async fn usage_errors_win_over_failures_and_are_reported_in_json() {
 #[tokio::test]
 async fn check_images_reports_an_unreachable_registry_as_a_warning() {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-    let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
-    drop(listener);
+    let port = free_port();
     let (_d, f) = file(&RUN.replace("alpine:3.20", &format!("127.0.0.1:{port}/team/app:v1")));
     let args = DoctorArgs {
         files: vec![f],
@@ -149,4 +152,106 @@ async fn check_images_reports_an_unreachable_registry_as_a_warning() {
             && text.contains("kubelet may still pull"),
         "{text}"
     );
+}
+
+#[tokio::test]
+async fn caps_and_the_drain_timeout_maximum_come_from_the_operators_flags() {
+    let (_d, f) = file(&RUN.replace(
+        "        sizeLimit: 4Gi\n",
+        "        sizeLimit: 4Gi\n    drainTimeout: 30m\n",
+    ));
+    let with = |max_cap: Option<&str>, max_drain: Option<&str>| DoctorArgs {
+        files: vec![f.clone()],
+        strict: true,
+        max_cap: max_cap.map(str::to_string),
+        max_drain_timeout: max_drain.map(str::to_string),
+        ..Default::default()
+    };
+    // Defaults (16Gi, 1h): both fit.
+    let (code, text) = doctor(with(None, None), RuleSettings::default()).await;
+    assert_eq!(code, 0, "{text}");
+    // --max-cap 2Gi: the 4Gi sizeLimit is over the operator's maximum.
+    let (code, text) = doctor(with(Some("2Gi"), None), RuleSettings::default()).await;
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("read-back-size-limit spec.readBack.paths[0].sizeLimit"),
+        "{text}"
+    );
+    // --max-drain-timeout 10m: the 30m drainTimeout is over it.
+    let (code, text) = doctor(with(None, Some("10m")), RuleSettings::default()).await;
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains("read-back-drain-timeout spec.readBack.drainTimeout"),
+        "{text}"
+    );
+    // A flag that does not parse is a usage error, as the operator refuses to start with it.
+    let (code, text) = doctor(with(Some("lots"), None), RuleSettings::default()).await;
+    assert_eq!(code, 2, "{text}");
+    assert!(text.contains("--max-cap \"lots\""), "{text}");
+}
+
+#[tokio::test]
+async fn a_typo_and_a_wrong_kind_fail_strict_instead_of_passing_silently() {
+    let typo = RUN.replace("  readBack:\n", "  readback:\n");
+    let wrong_kind = RUN
+        .replace("kind: SandboxRun", "kind: Sandboxrun")
+        .replace("cli-run", "wrong-kind");
+    let (_d, f) = file(&format!("{typo}---\n{wrong_kind}"));
+    let args = DoctorArgs {
+        files: vec![f.clone()],
+        strict: true,
+        ..Default::default()
+    };
+    let (code, text) = doctor(args, RuleSettings::default()).await;
+    assert_eq!(code, 1, "{text}");
+    assert!(
+        text.contains(&format!(
+            "✗ {f}#0 team-a/cli-run unknown-field spec.readback"
+        )) && text.contains("hint: did you mean readBack?"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("✗ {f}#1 team-a/wrong-kind api-version-kind kind"))
+            && text.contains("hint: kind: SandboxRun"),
+        "{text}"
+    );
+    assert!(text.contains("2 checked, 0 skipped"), "{text}");
+}
+
+/// The binary as CI runs it from the image: manifests on stdin (`-f -`), the operator's settings
+/// from the same environment variables as its Deployment.
+#[test]
+fn the_binary_reads_stdin_and_takes_the_caps_from_the_operators_environment() {
+    use std::io::Write as _;
+    use std::process::{Command, Stdio};
+    let run = |env: &[(&str, &str)]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"));
+        cmd.args(["doctor", "--strict", "-f", "-"])
+            .env_remove("SANDBOXRUN_READBACK_CAP")
+            .env_remove("SANDBOXRUN_READBACK_DEFAULT_CAP")
+            .env_remove("SANDBOXRUN_MAX_DRAIN_TIMEOUT")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap_or_else(|e| panic!("{e}"));
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(RUN.as_bytes())
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+        let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let (code, text) = run(&[]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("<stdin>#0 team-a/cli-run"), "{text}");
+    let (code, text) = run(&[("SANDBOXRUN_READBACK_CAP", "2Gi")]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("read-back-size-limit"), "{text}");
 }

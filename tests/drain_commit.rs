@@ -20,12 +20,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use sandboxrun_operator::api::{
-    Compression, Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec,
-};
+use sandboxrun_operator::api::{Compression, Phase, ReadBackPhase, SandboxRun};
 use sandboxrun_operator::store::{list_manifests, object_keys, store_from_url, RunRef};
 use serde_json::json;
 
@@ -33,32 +30,6 @@ use support::s3_server::PrivateS3;
 use support::*;
 
 const MIB: u64 = 1024 * 1024;
-
-fn spec(path: &Path, size_limit: &str, drain_timeout: &str) -> SandboxRunSpec {
-    SandboxRunSpec {
-        image: Some("registry.example/tool@sha256:0000000000000000000000000000000000000000000000000000000000000000".into()),
-        command: Some(vec!["sh".to_string(), "-c".to_string(), "work".to_string()]),
-        user: Some("1000:1000".into()),
-        read_back: Some(ReadBack {
-            paths: vec![ReadBackPath {
-                path: path.display().to_string(),
-                size_limit: Some(Quantity(size_limit.to_string())),
-                ..Default::default()
-            }],
-            compression: Compression::None,
-            drain_timeout: Some(drain_timeout.into()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn store_flags(options: &[(String, String)]) -> Vec<String> {
-    options
-        .iter()
-        .flat_map(|(k, v)| ["--store-option".to_string(), format!("{k}={v}")])
-        .collect()
-}
 
 /// The packer the tests' operators exec: the declared directory says what to do (its `.mode`
 /// file); without one it is the real packer.
@@ -96,74 +67,6 @@ esac
     script
 }
 
-/// The first `sent` bytes of a tar whose one member claims `size` bytes.
-fn truncated_tar(size: u64, sent: u64) -> Vec<u8> {
-    let mut h = tar::Header::new_ustar();
-    h.set_path("big.bin").expect("path");
-    h.set_size(size);
-    h.set_mode(0o644);
-    h.set_mtime(1_700_000_000);
-    h.set_entry_type(tar::EntryType::Regular);
-    h.set_cksum();
-    let mut out = h.as_bytes().to_vec();
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    out.reserve(sent as usize);
-    for _ in 0..sent / 8 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out
-}
-
-async fn wait_phase(api: &Api<SandboxRun>, name: &str, want: Phase, op: &Operator) -> SandboxRun {
-    eventually_or_log(
-        &format!("{name} to reach {want:?}"),
-        Duration::from_secs(90),
-        op,
-        || {
-            let api = api.clone();
-            let name = name.to_string();
-            async move {
-                let r = api.get(&name).await.ok()?;
-                (r.status.as_ref()?.phase == Some(want)).then_some(r)
-            }
-        },
-    )
-    .await
-}
-
-async fn wait_final(
-    api: &Api<SandboxRun>,
-    name: &str,
-    op: &Operator,
-    timeout: Duration,
-) -> SandboxRun {
-    eventually_or_log(
-        &format!("{name} to reach a final phase"),
-        timeout,
-        op,
-        || {
-            let api = api.clone();
-            let name = name.to_string();
-            async move {
-                let r = api.get(&name).await.ok()?;
-                r.status.as_ref()?.phase.filter(|p| p.is_final())?;
-                Some(r)
-            }
-        },
-    )
-    .await
-}
-
-async fn finish_workload(pods: &Api<Pod>, pod_name: &str) {
-    let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": "0"}}});
-    pods.patch(pod_name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("annotate pod");
-}
-
 // ---------------------------------------------------------------------------------------------
 // No orphaned multipart uploads (issue #10 item 4)
 // ---------------------------------------------------------------------------------------------
@@ -176,10 +79,10 @@ async fn an_attempt_cancelled_by_the_drain_timeout_leaves_no_open_multipart_uplo
     let s3 = PrivateS3::new("orphan");
     let bin = host_dir("orphan-bin");
     let pack = format!("{} ", scripted_packer(&bin).display());
-    let mut flags = store_flags(&s3.options());
-    flags.extend(["--pack-command".to_string(), pack]);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let op = Operator::start(&ns.name, &s3.url(), &flags);
+    let op = Operator::builder(&ns.name, &s3.url())
+        .store_options(&s3.options())
+        .flags(&["--pack-command", &pack])
+        .start();
 
     // 12 MiB of a 64 MiB member, then the packer stalls: the archive is past its first 5 MiB
     // part, so it is a multipart upload with parts in the bucket when the drain timeout fires.
@@ -188,15 +91,14 @@ async fn an_attempt_cancelled_by_the_drain_timeout_leaves_no_open_multipart_uplo
     std::fs::write(out.join(".stream"), truncated_tar(64 * MIB, 12 * MIB)).expect("stream");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    let created = runs
-        .create(
-            &PostParams::default(),
-            &SandboxRun::new("stalls", spec(&out, "1Gi", "12s")),
-        )
-        .await
-        .expect("create");
+    let created = create(
+        &runs,
+        "stalls",
+        spec(&[&out]).size_limit("1Gi").drain_timeout("12s"),
+    )
+    .await;
     let run = wait_phase(&runs, "stalls", Phase::Running, &op).await;
-    finish_workload(&pods, &run.status.and_then(|s| s.pod_name).expect("pod")).await;
+    finish_workload(&pods, &pod_of(&run), 0).await;
 
     let run_ref = RunRef {
         namespace: ns.name.clone(),
@@ -359,26 +261,6 @@ async fn store_keys(store: &Arc<dyn ObjectStore>) -> Vec<String> {
     keys
 }
 
-/// `sandboxrun-operator files get` of the run into a fresh directory: Ok(dir) when it succeeds.
-fn files_get(ns: &str, name: &str, s3: &PrivateS3) -> Result<PathBuf, String> {
-    let dest = host_dir(&format!("{name}-get"));
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"));
-    cmd.args(["files", "get", name, "-n", ns, "--store-url", &s3.url()]);
-    for (k, v) in s3.options() {
-        cmd.args(["--store-option", &format!("{k}={v}")]);
-    }
-    let out = cmd.arg("-o").arg(&dest).output().expect("run files get");
-    if out.status.success() {
-        Ok(dest)
-    } else {
-        Err(format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ))
-    }
-}
-
 /// The store holds exactly one archive and its manifest for the run, the archive matches the
 /// manifest (`files get` verifies every member's sha256), and the path is Drained.
 async fn assert_one_verified_commit(
@@ -407,7 +289,7 @@ async fn assert_one_verified_commit(
         "{keys:?} lacks {}",
         manifests[0].1.archive_key
     );
-    let dest = files_get(ns, name, s3).unwrap_or_else(|e| {
+    let dest = files_get(ns, name, &s3.url(), &s3.options(), &[]).unwrap_or_else(|e| {
         panic!(
             "files get must succeed (the archive matches its manifest): {e}\n{}",
             op.log_text()
@@ -431,24 +313,24 @@ async fn a_manifest_put_whose_response_is_lost_is_recognized_not_redone() {
     let proxy = ManifestPutCutter::start(s3.port, Duration::from_secs(60)).await;
     let bin = host_dir("lostput-bin");
     let pack = format!("{} ", scripted_packer(&bin).display());
-    let mut flags = store_flags(&s3.options_via(&format!("http://127.0.0.1:{}", proxy.port)));
-    flags.extend(["--pack-command".to_string(), pack]);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let op = Operator::start(&ns.name, &s3.url(), &flags);
+    let op = Operator::builder(&ns.name, &s3.url())
+        .store_options(&s3.options_via(&format!("http://127.0.0.1:{}", proxy.port)))
+        .flags(&["--pack-command", &pack])
+        .start();
 
     let out = host_dir("lostput");
     std::fs::write(out.join(".mode"), "nonce").expect("mode");
     std::fs::write(out.join("result.json"), b"{\"ok\":true}\n").expect("result");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    runs.create(
-        &PostParams::default(),
-        &SandboxRun::new("lostput", spec(&out, "64Mi", "4m")),
+    create(
+        &runs,
+        "lostput",
+        spec(&[&out]).size_limit("64Mi").drain_timeout("4m"),
     )
-    .await
-    .expect("create");
+    .await;
     let run = wait_phase(&runs, "lostput", Phase::Running, &op).await;
-    finish_workload(&pods, &run.status.and_then(|s| s.pod_name).expect("pod")).await;
+    finish_workload(&pods, &pod_of(&run), 0).await;
     let run = wait_final(&runs, "lostput", &op, Duration::from_secs(240)).await;
     assert!(
         proxy.tripped.load(Ordering::SeqCst),
@@ -473,9 +355,9 @@ async fn a_leader_that_loses_its_lease_mid_drain_stops_and_the_next_one_commits_
     let pack = format!("{} ", scripted_packer(&bin).display());
     let lease = format!("lease-{}", ns.name);
     let start = |identity: &str| {
-        let mut flags = store_flags(&s3.options());
-        flags.extend(
-            [
+        Operator::builder(&ns.name, &s3.url())
+            .store_options(&s3.options())
+            .flags(&[
                 "--pack-command",
                 &pack,
                 "--leader-elect",
@@ -485,11 +367,8 @@ async fn a_leader_that_loses_its_lease_mid_drain_stops_and_the_next_one_commits_
                 &ns.name,
                 "--pod-name",
                 identity,
-            ]
-            .map(str::to_string),
-        );
-        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-        Operator::start_with(&ns.name, &s3.url(), &flags)
+            ])
+            .start()
     };
     let mut first = start("first");
     eventually_or_log(
@@ -511,14 +390,14 @@ async fn a_leader_that_loses_its_lease_mid_drain_stops_and_the_next_one_commits_
     std::fs::write(out.join("result.json"), b"{\"ok\":true}\n").expect("result");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    runs.create(
-        &PostParams::default(),
-        &SandboxRun::new("handover", spec(&out, "64Mi", "4m")),
+    create(
+        &runs,
+        "handover",
+        spec(&[&out]).size_limit("64Mi").drain_timeout("4m"),
     )
-    .await
-    .expect("create");
+    .await;
     let run = wait_phase(&runs, "handover", Phase::Running, &first).await;
-    finish_workload(&pods, &run.status.and_then(|s| s.pod_name).expect("pod")).await;
+    finish_workload(&pods, &pod_of(&run), 0).await;
     // The first leader's packer is running (and holds its stream back): freeze the leader, so
     // its lease runs out while its drain is in flight.
     let marker = out.join(".first");
@@ -591,31 +470,25 @@ async fn sixteen_stuck_drains_never_keep_a_new_run_from_running() {
     let bin = host_dir("starve-bin");
     let pack = format!("{} ", scripted_packer(&bin).display());
     // --concurrency stays at its default (16): as many reconcile workers as stuck drains.
-    let op = Operator::start(
-        &ns.name,
-        &store_url,
-        &[
+    let op = Operator::builder(&ns.name, &store_url)
+        .flags(&[
             "--pack-command",
             &pack,
             "--max-concurrent-drains",
             &MAX_DRAINS.to_string(),
-        ],
-    );
+        ])
+        .start();
     let out = host_dir("starve");
     std::fs::write(out.join(".mode"), "stuck").expect("mode");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let long_lived = |path: &Path| {
-        let mut s = spec(path, "1Mi", "3m");
-        s.command = None;
-        s
+        spec(&[path])
+            .size_limit("1Mi")
+            .drain_timeout("3m")
+            .command(None)
     };
     for i in 0..STUCK {
-        runs.create(
-            &PostParams::default(),
-            &SandboxRun::new(&format!("stuck-{i:02}"), long_lived(&out)),
-        )
-        .await
-        .expect("create");
+        create(&runs, &format!("stuck-{i:02}"), long_lived(&out)).await;
     }
     for i in 0..STUCK {
         wait_phase(&runs, &format!("stuck-{i:02}"), Phase::Running, &op).await;
@@ -652,12 +525,7 @@ async fn sixteen_stuck_drains_never_keep_a_new_run_from_running() {
     // A new run still gets its pod and reaches Running while every drain hangs (they hang for
     // 100 s, their drainTimeout is 3 min: a controller they starve could not do this before).
     let fresh = host_dir("starve-fresh");
-    runs.create(
-        &PostParams::default(),
-        &SandboxRun::new("fresh", long_lived(&fresh)),
-    )
-    .await
-    .expect("create");
+    create(&runs, "fresh", long_lived(&fresh)).await;
     eventually_or_log(
         "the new run to reach Running while 16 drains hang",
         Duration::from_secs(45),

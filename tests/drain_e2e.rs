@@ -10,26 +10,21 @@ mod support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::DeleteParams;
 use kube::{Api, ResourceExt};
 use object_store::{ObjectStore, ObjectStoreExt};
-use sandboxrun_operator::api::{
-    Compression, Phase, ReadBack, ReadBackPath, ReadBackPhase, ReadBackStatus, SandboxRun,
-    SandboxRunSpec,
-};
-use sandboxrun_operator::drain::MemberKind;
+use sandboxrun_operator::api::{Compression, Phase, ReadBackPhase, SandboxRun};
 use sandboxrun_operator::files::extract_verified;
 use sandboxrun_operator::store::{list_manifests, store_from_url, Manifest};
-use serde_json::json;
-use sha2::{Digest, Sha256};
+use sandboxrun_operator::tar::sanitize::MemberKind;
 
+use support::s3_server::PrivateS3;
 use support::*;
 
 const GIB: u64 = 1024 * 1024 * 1024;
@@ -39,151 +34,6 @@ const KIB: u64 = 1024;
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-/// Removes a (large) directory when the test ends, passed or failed: the disk is shared.
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-struct PathSpec<'a> {
-    path: &'a Path,
-    size_limit: Option<&'a str>,
-}
-
-fn p(path: &Path) -> PathSpec<'_> {
-    PathSpec {
-        path,
-        size_limit: None,
-    }
-}
-
-fn run_spec(
-    paths: &[PathSpec<'_>],
-    batch: bool,
-    compression: Compression,
-    drain_timeout: &str,
-) -> SandboxRunSpec {
-    SandboxRunSpec {
-        image: Some("registry.example/tool@sha256:0000000000000000000000000000000000000000000000000000000000000000".into()),
-        command: batch.then(|| vec!["sh".to_string(), "-c".to_string(), "work".to_string()]),
-        user: Some("1000:1000".into()),
-        read_back: Some(ReadBack {
-            paths: paths
-                .iter()
-                .map(|p| ReadBackPath {
-                    path: p.path.display().to_string(),
-                    size_limit: p.size_limit.map(|s| Quantity(s.to_string())),
-                    ..Default::default()
-                })
-                .collect(),
-            compression,
-            drain_timeout: Some(drain_timeout.into()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-async fn create(api: &Api<SandboxRun>, name: &str, spec: SandboxRunSpec) -> SandboxRun {
-    api.create(&PostParams::default(), &SandboxRun::new(name, spec))
-        .await
-        .expect("create SandboxRun")
-}
-
-/// Polls until `f` yields, panicking with the operator's log tail on timeout.
-async fn until<T, F, Fut>(what: &str, timeout: Duration, op: &Operator, f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    eventually_or_log(what, timeout, op, f).await
-}
-
-async fn wait_final(
-    api: &Api<SandboxRun>,
-    name: &str,
-    op: &Operator,
-    timeout: Duration,
-) -> SandboxRun {
-    until(
-        &format!("{name} to reach a final phase"),
-        timeout,
-        op,
-        || {
-            let api = api.clone();
-            let name = name.to_string();
-            async move {
-                let r = api.get(&name).await.ok()?;
-                r.status.as_ref()?.phase.filter(|p| p.is_final())?;
-                Some(r)
-            }
-        },
-    )
-    .await
-}
-
-async fn wait_phase(api: &Api<SandboxRun>, name: &str, want: Phase, op: &Operator) -> SandboxRun {
-    until(
-        &format!("{name} to reach {want:?}"),
-        Duration::from_secs(90),
-        op,
-        || {
-            let api = api.clone();
-            let name = name.to_string();
-            async move {
-                let r = api.get(&name).await.ok()?;
-                (r.status.as_ref()?.phase == Some(want)).then_some(r)
-            }
-        },
-    )
-    .await
-}
-
-async fn finish_workload(pods: &Api<Pod>, pod_name: &str, code: i32) {
-    let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": code.to_string()}}});
-    pods.patch(pod_name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("annotate pod");
-}
-
-/// Waits for Running, then ends the workload with exit code 0 (teardown begins).
-async fn run_then_finish(runs: &Api<SandboxRun>, pods: &Api<Pod>, name: &str, op: &Operator) {
-    let run = wait_phase(runs, name, Phase::Running, op).await;
-    let pod_name = run.status.unwrap().pod_name.unwrap();
-    finish_workload(pods, &pod_name, 0).await;
-}
-
-fn entry(run: &SandboxRun, i: usize) -> ReadBackStatus {
-    run.status.as_ref().expect("status").read_back[i].clone()
-}
-
-fn s3_options(s3: &S3) -> Vec<(String, String)> {
-    [
-        ("endpoint", s3.endpoint.as_str()),
-        ("allow_http", "true"),
-        ("access_key_id", s3.access_key.as_str()),
-        ("secret_access_key", s3.secret_key.as_str()),
-        ("region", "us-east-1"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
-}
-
-fn store_flags(options: &[(String, String)]) -> Vec<String> {
-    options
-        .iter()
-        .flat_map(|(k, v)| ["--store-option".to_string(), format!("{k}={v}")])
-        .collect()
-}
-
-fn as_strs(v: &[String]) -> Vec<&str> {
-    v.iter().map(String::as_str).collect()
-}
 
 /// Every key of the store under `prefix` (all of it when None).
 async fn all_keys(
@@ -198,64 +48,6 @@ async fn all_keys(
     let mut keys: Vec<String> = metas.into_iter().map(|m| m.location.to_string()).collect();
     keys.sort();
     keys
-}
-
-/// What a tree holds, by relative path (directories without trailing `/`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Node {
-    Dir,
-    File { size: u64, sha256: String },
-    Symlink(String),
-}
-
-fn sha256_file(path: &Path) -> String {
-    let len = std::fs::metadata(path).expect("stat").len();
-    if len >= 8 * MIB {
-        // The test profile builds sha2 unoptimized; coreutils hashes a GiB in seconds.
-        let out = Command::new("sha256sum")
-            .arg(path)
-            .output()
-            .expect("sha256sum");
-        assert!(out.status.success(), "sha256sum {}", path.display());
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .next()
-            .expect("sha256sum output")
-            .to_string()
-    } else {
-        hex::encode(Sha256::digest(std::fs::read(path).expect("read")))
-    }
-}
-
-fn snapshot(root: &Path) -> BTreeMap<String, Node> {
-    let mut out = BTreeMap::new();
-    for e in walkdir::WalkDir::new(root).min_depth(1).follow_links(false) {
-        let e = e.expect("walk");
-        let rel = e
-            .path()
-            .strip_prefix(root)
-            .expect("under root")
-            .to_string_lossy()
-            .into_owned();
-        let ft = e.file_type();
-        let node = if ft.is_symlink() {
-            Node::Symlink(
-                std::fs::read_link(e.path())
-                    .expect("readlink")
-                    .to_string_lossy()
-                    .into_owned(),
-            )
-        } else if ft.is_dir() {
-            Node::Dir
-        } else {
-            Node::File {
-                size: e.metadata().expect("stat").len(),
-                sha256: sha256_file(e.path()),
-            }
-        };
-        out.insert(rel, node);
-    }
-    out
 }
 
 fn manifest_nodes(m: &Manifest) -> BTreeMap<String, Node> {
@@ -275,29 +67,6 @@ fn manifest_nodes(m: &Manifest) -> BTreeMap<String, Node> {
         .collect()
 }
 
-/// A tree with nested and empty directories, in-tree symlinks, `small` small files and, when
-/// `big` > 0, one large file.
-fn make_tree(root: &Path, small: usize, big: u64) {
-    std::fs::create_dir_all(root.join("a/b/c/d")).unwrap();
-    std::fs::create_dir_all(root.join("empty")).unwrap();
-    std::fs::create_dir_all(root.join("a/b/empty-too")).unwrap();
-    std::fs::write(root.join("a/b/c/d/deep.txt"), b"deep\n").unwrap();
-    for i in 0..small {
-        let dir = root.join(format!("small/d{:02}", i % 40));
-        std::fs::create_dir_all(&dir).unwrap();
-        let len = (i * 37) % 3000;
-        let body: Vec<u8> = (0..len).map(|j| (i + j * 7) as u8).collect();
-        std::fs::write(dir.join(format!("f{i:04}.txt")), body).unwrap();
-    }
-    std::os::unix::fs::symlink("small/d00/f0000.txt", root.join("link-to-file")).unwrap();
-    std::os::unix::fs::symlink("../../small", root.join("a/b/up-to-small")).unwrap();
-    std::os::unix::fs::symlink("a/b/c", root.join("dir-link")).unwrap();
-    if big > 0 {
-        std::fs::create_dir_all(root.join("big")).unwrap();
-        write_pattern(&root.join("big/blob.bin"), big, 42);
-    }
-}
-
 /// Drains a tree into a store, then checks the store's copy against the source.
 async fn drain_tree_and_verify(
     tag: &str,
@@ -309,8 +78,9 @@ async fn drain_tree_and_verify(
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, tag).await;
-    let flags = store_flags(&options);
-    let op = Operator::start(&ns.name, store_url, &as_strs(&flags));
+    let op = Operator::builder(&ns.name, store_url)
+        .store_options(&options)
+        .start();
     let src = host_dir(tag);
     let _remove_src = RemoveOnDrop(src.clone());
     make_tree(&src, 2000, big);
@@ -319,14 +89,18 @@ async fn drain_tree_and_verify(
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     // Over the default 1Gi cap: the GiB tree must be drained whole, not Capped.
-    let path = PathSpec {
-        path: &src,
-        size_limit: Some("2Gi"),
-    };
-    create(&runs, "tree", run_spec(&[path], true, compression, "5m")).await;
+    create(
+        &runs,
+        "tree",
+        spec(&[&src])
+            .size_limit("2Gi")
+            .compression(compression)
+            .drain_timeout("5m"),
+    )
+    .await;
     run_then_finish(&runs, &pods, "tree", &op).await;
     let run = wait_final(&runs, "tree", &op, Duration::from_secs(240)).await;
-    let e = entry(&run, 0);
+    let e = read_back(&run, 0);
     assert_eq!(e.phase, ReadBackPhase::Drained, "{e:?}");
     assert_eq!(run.status.as_ref().unwrap().phase, Some(Phase::Succeeded));
     let want_bytes: u64 = want
@@ -392,9 +166,9 @@ async fn a_gib_tree_drains_into_s3_and_extracts_to_the_same_bytes() {
     // the key plus the upload id, and a long key overflows NAME_MAX (255) on the server's disk —
     // a limit of the test bed, not of S3 (1024-byte keys).
     let url = format!("s3://{}/g{:04x}", s3.bucket, rand_u32() & 0xffff);
-    drain_tree_and_verify("g", &url, s3_options(&s3), Compression::None, GIB).await;
+    drain_tree_and_verify("g", &url, s3.options(), Compression::None, GIB).await;
     // Leave nothing of the GiB behind on the S3 server's disk.
-    let (store, prefix) = store_from_url(&url, &s3_options(&s3)).expect("store");
+    let (store, prefix) = store_from_url(&url, &s3.options()).expect("store");
     for key in all_keys(&store, Some(&prefix)).await {
         let _ = store.delete(&key.as_str().into()).await;
     }
@@ -521,22 +295,90 @@ fn processes_mentioning(needle: &str) -> Vec<u32> {
     pids
 }
 
-#[tokio::test]
-async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_serving() {
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = TestNamespace::new(&client, "hostile").await;
-    let store_dir = host_dir("store-hostile");
-    let store_url = format!("file://{}", store_dir.display());
-    let bin = host_dir("hostile-bin");
-    let script = hostile_packer(&bin);
-    let pack = format!("{} ", script.display());
-    let mut op = Operator::start(&ns.name, &store_url, &["--pack-command", &pack]);
+/// What the hostile packer does for one case (its `.mode`, and the bytes it sends).
+enum Packer {
+    /// Sends these bytes and exits 0.
+    Stream(Vec<u8>),
+    /// Sends these bytes, then fails (exit 3, with a message on stderr).
+    Fail(Vec<u8>),
+    /// `yes`: garbage forever.
+    Yes,
+    /// Zeros forever.
+    Zeros,
+}
 
-    // Sentinels: where an escaping entry would land if anyone extracted it naively.
-    let sentinel = host_dir("hostile-sentinel");
-    let abs_target = sentinel.join("abs-pwned");
+impl Packer {
+    fn mode(&self) -> &'static str {
+        match self {
+            Packer::Stream(_) => "stream",
+            Packer::Fail(_) => "fail",
+            Packer::Yes => "yes",
+            Packer::Zeros => "zeros",
+        }
+    }
 
+    fn stream(&self) -> Option<&[u8]> {
+        match self {
+            Packer::Stream(s) | Packer::Fail(s) => Some(s),
+            Packer::Yes | Packer::Zeros => None,
+        }
+    }
+}
+
+/// What a hostile case must end in.
+enum Hostile {
+    /// Drained, the unsafe entries rejected and listed by reason, the rest stored and extracted.
+    Sanitized {
+        /// The stored members (sorted), which are also what `files get` extracts.
+        stored: &'static [&'static str],
+        /// (path, reason) of every rejected entry.
+        rejected: Vec<(String, &'static str)>,
+        /// `outer.bin`'s size: the PAX size wins over the ustar one.
+        outer_size: u64,
+    },
+    /// Failed, the entry's message containing `says` (and one of `and_one_of`, when not
+    /// empty), and nothing committed.
+    Failed {
+        says: &'static str,
+        and_one_of: &'static [&'static str],
+    },
+    /// Committed with (phase, members stored, members dropped, entries rejected), extracted by
+    /// `files get` and checked by `check`.
+    Committed {
+        phase: ReadBackPhase,
+        members: u64,
+        dropped: u64,
+        rejected: u64,
+        check: Extracted,
+    },
+}
+
+/// What a committed hostile case's extracted copy must show.
+enum Extracted {
+    /// Every dropped member was over the metadata allowance, the archive stayed near the 1 MiB
+    /// limit, and `result.txt` was kept.
+    NameFlood,
+    /// The last duplicate won, and `files ls` prints the control characters escaped.
+    Duplicates,
+    /// The member through the case-folded symlink is not written; the rest is.
+    CaseFold,
+}
+
+/// One hostile stream: the run's name, its packer, its path's sizeLimit, what it must end in.
+struct HostileCase {
+    name: &'static str,
+    packer: Packer,
+    size_limit: Option<&'static str>,
+    expect: Hostile,
+}
+
+/// The name-flood case: how many members, and the length of each one's (PAX) name.
+const FLOOD_FILES: usize = 2000;
+const FLOOD_NAME_BYTES: usize = 3968;
+
+/// Every hostile case. `abs_target` is where an absolute-path entry would land if extracted
+/// naively (a sentinel the test checks stays absent).
+fn hostile_cases(abs_target: &Path) -> Vec<HostileCase> {
     // (a) Unsafe entries among good ones: rejected and listed, the good ones stored.
     let mut t = Vec::new();
     craft::entry(&mut t, b'5', "./", None, b"");
@@ -571,18 +413,19 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
     t.extend_from_slice(&inner);
     craft::pad(&mut t);
     craft::end(&mut t);
-    let sanitized = hostile_dir("h-sanitized", "stream", Some(&t));
+    let sanitized = t;
 
     // (b) A stream cut in the middle of a member (transient: retried until the drain timeout).
     let mut t = Vec::new();
     craft::entry(&mut t, b'0', "whole.txt", None, b"whole\n");
     craft::entry(&mut t, b'0', "cut.bin", None, &[7u8; 4096]);
     let cut = t.len() - 2048;
-    let truncated = hostile_dir("h-truncated", "stream", Some(&t[..cut]));
+    t.truncate(cut);
+    let truncated = t;
 
     // (c) Garbage.
     let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    let garbage_bytes: Vec<u8> = (0..64 * 1024)
+    let garbage: Vec<u8> = (0..64 * 1024)
         .map(|_| {
             x ^= x << 13;
             x ^= x >> 7;
@@ -590,11 +433,6 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
             x as u8
         })
         .collect();
-    let garbage = hostile_dir("h-garbage", "stream", Some(&garbage_bytes));
-
-    // (d) Endless streams: `yes` (garbage forever) and zeros forever (past the input bound).
-    let endless_yes = hostile_dir("h-yes", "yes", None);
-    let endless_zeros = hostile_dir("h-zeros", "zeros", None);
 
     // (e) A valid archive from a packer that then exits non-zero.
     let mut t = Vec::new();
@@ -606,44 +444,42 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
         b"but the packer failed\n",
     );
     craft::end(&mut t);
-    let failing = hostile_dir("h-fail", "fail", Some(&t));
+    let failing = t;
 
     // (f) Junk after the end-of-archive marker.
     let mut t = Vec::new();
     craft::entry(&mut t, b'0', "a.txt", None, b"a\n");
     craft::end(&mut t);
     t.extend_from_slice(b"#!/bin/sh\nrm -rf /\n");
-    let trailing = hostile_dir("h-trailing", "stream", Some(&t));
+    let trailing = t;
 
     // (g) A flood of empty files with ~4 KiB names under `sizeLimit: 1Mi`: the names are metered
     // against the path's metadata allowance (1 MiB here), not stored without bound. (3968 bytes,
     // so that `files get` can still create them below the test's output directory: PATH_MAX.)
-    const NAME_BYTES: usize = 3968;
     let long_name = |i: usize| {
         let tail = format!("/f{i:06}");
         let mut name = vec!["d".repeat(250); 15].join("/");
         name.push_str(&tail);
-        name.push_str(&"n".repeat(NAME_BYTES - name.len()));
+        name.push_str(&"n".repeat(FLOOD_NAME_BYTES - name.len()));
         name
     };
-    let flood_files = 2000usize;
     let mut t = Vec::new();
     craft::entry(&mut t, b'0', "result.txt", None, b"kept\n");
-    for i in 0..flood_files {
+    for i in 0..FLOOD_FILES {
         craft::pax(&mut t, &craft::pax_record("path", &long_name(i)));
         craft::entry(&mut t, b'0', "placeholder", None, b"");
     }
     craft::end(&mut t);
-    let name_flood = hostile_dir("h-name-flood", "stream", Some(&t));
+    let name_flood = t;
     // result.txt costs 512 + 10 bytes of the allowance, each flood member 512 + its name.
-    let kept_of_flood = ((1024 * 1024 - 522) / (512 + NAME_BYTES)) as u64;
+    let kept_of_flood = ((1024 * 1024 - 522) / (512 + FLOOD_NAME_BYTES)) as u64;
 
     // (h) A GNU long name announcing a 2 GiB body (only its header is sent: the drain refuses
     // it before reading the body).
     let mut t = Vec::new();
     t.extend_from_slice(&craft::header(b'L', b"././@LongLink", None, 2 << 30));
     t.extend_from_slice(&[b'n'; 4096]);
-    let huge_long_name = hostile_dir("h-long-name", "stream", Some(&t));
+    let huge_long_name = t;
 
     // (i) Duplicate members and a name with control characters: the last duplicate wins, the
     // path extracts, and `files ls` prints the name escaped.
@@ -652,7 +488,7 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
     craft::entry(&mut t, b'0', "evil\x1b[2J\x07.txt", None, b"ctl\n");
     craft::entry(&mut t, b'0', "./same.txt", None, b"second\n");
     craft::end(&mut t);
-    let duplicates = hostile_dir("h-duplicates", "stream", Some(&t));
+    let duplicates = t;
 
     // (j) A member that folds onto a symlink: `LINK/x` is a path of its own on the pod's
     // filesystem, but on a case-insensitive one (macOS, Windows) it is `Link/x`, through the link.
@@ -662,247 +498,306 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
     craft::entry(&mut t, b'0', "LINK/x", None, b"through the link on APFS\n");
     craft::entry(&mut t, b'0', "ok.txt", None, b"ok\n");
     craft::end(&mut t);
-    let case_fold = hostile_dir("h-case-fold", "stream", Some(&t));
+    let case_fold = t;
+
+    let failed = |says| Hostile::Failed {
+        says,
+        and_one_of: &[],
+    };
+    let case = |name, packer, expect| HostileCase {
+        name,
+        packer,
+        size_limit: None,
+        expect,
+    };
+    vec![
+        case(
+            "sanitized",
+            Packer::Stream(sanitized),
+            Hostile::Sanitized {
+                stored: &["ok.txt", "outer.bin", "sub", "sub/inner.txt", "through"],
+                // `innocent.txt` is the PAX-renamed entry: it is judged (and reported) by its
+                // PAX path.
+                rejected: vec![
+                    (abs_target.display().to_string(), "absolute_path"),
+                    ("../../escape.txt".into(), "parent_dir"),
+                    ("sub/../../escape2.txt".into(), "parent_dir"),
+                    ("abs-link".into(), "symlink_escape"),
+                    ("up-link".into(), "symlink_escape"),
+                    ("through/smuggled.txt".into(), "through_symlink"),
+                    ("hard".into(), "hard_link"),
+                    ("tty".into(), "device"),
+                    ("disk".into(), "device"),
+                    ("pipe".into(), "fifo"),
+                    ("../pax-escape.txt".into(), "parent_dir"),
+                ],
+                outer_size: inner.len() as u64,
+            },
+        ),
+        case("truncated", Packer::Stream(truncated), failed("truncated")),
+        case("garbage", Packer::Stream(garbage), failed("malformed")),
+        // (d) Endless streams: `yes` (garbage forever) and zeros forever (past the input bound).
+        case("yes", Packer::Yes, failed("malformed")),
+        HostileCase {
+            size_limit: Some("1Mi"),
+            ..case("zeros", Packer::Zeros, failed("input bytes"))
+        },
+        case(
+            "exit-nonzero",
+            Packer::Fail(failing),
+            Hostile::Failed {
+                says: "hostile packer refuses on purpose",
+                and_one_of: &["exit code 3", "failed"],
+            },
+        ),
+        case(
+            "trailing",
+            Packer::Stream(trailing),
+            failed("end-of-archive"),
+        ),
+        HostileCase {
+            size_limit: Some("1Mi"),
+            ..case(
+                "name-flood",
+                Packer::Stream(name_flood),
+                Hostile::Committed {
+                    phase: ReadBackPhase::Capped,
+                    members: kept_of_flood + 1,
+                    dropped: FLOOD_FILES as u64 - kept_of_flood,
+                    rejected: 0,
+                    check: Extracted::NameFlood,
+                },
+            )
+        },
+        case(
+            "long-name",
+            Packer::Stream(huge_long_name),
+            failed("GNU long name announces a 2147483648-byte body"),
+        ),
+        case(
+            "duplicates",
+            Packer::Stream(duplicates),
+            Hostile::Committed {
+                phase: ReadBackPhase::Drained,
+                members: 3,
+                dropped: 0,
+                rejected: 0,
+                check: Extracted::Duplicates,
+            },
+        ),
+        case(
+            "case-fold",
+            Packer::Stream(case_fold),
+            Hostile::Committed {
+                phase: ReadBackPhase::Drained,
+                members: 4,
+                dropped: 0,
+                rejected: 0,
+                check: Extracted::CaseFold,
+            },
+        ),
+    ]
+}
+
+/// Asserts what `case` must end in, given its final run; `store_url` and `namespace` say where
+/// its archive is.
+async fn assert_hostile(case: &HostileCase, run: &SandboxRun, store_url: &str, namespace: &str) {
+    let name = case.name;
+    let e = read_back(run, 0);
+    let (store, prefix) = store_from_url(store_url, &[]).unwrap();
+    let m = list_manifests(&store, &prefix, namespace, name)
+        .await
+        .unwrap();
+    match &case.expect {
+        Hostile::Sanitized {
+            stored: want_stored,
+            rejected,
+            outer_size,
+        } => {
+            assert_eq!(e.phase, ReadBackPhase::Drained, "{e:?}");
+            assert_eq!(e.rejected_members, rejected.len() as u64, "{e:?}");
+            assert_eq!(m.len(), 1);
+            let manifest = &m[0].1;
+            let mut stored: Vec<&str> = manifest.members.iter().map(|m| m.path.as_str()).collect();
+            stored.sort();
+            assert_eq!(stored, *want_stored, "{manifest:?}");
+            let outer = manifest
+                .members
+                .iter()
+                .find(|m| m.path == "outer.bin")
+                .unwrap();
+            assert_eq!(
+                outer.size, *outer_size,
+                "the PAX size wins; nothing smuggled"
+            );
+            let mut reasons: Vec<(String, String)> = manifest
+                .rejected
+                .iter()
+                .map(|r| (r.path.clone(), r.reason.as_str().to_string()))
+                .collect();
+            reasons.sort();
+            let mut want: Vec<(String, String)> = rejected
+                .iter()
+                .map(|(p, r)| (p.clone(), r.to_string()))
+                .collect();
+            want.sort();
+            assert_eq!(reasons, want);
+            let out = host_dir("hostile-extracted");
+            extract_verified(&store, manifest, &out)
+                .await
+                .expect("the stored archive extracts cleanly");
+            let mut got: Vec<String> = snapshot(&out).into_keys().collect();
+            got.sort();
+            assert_eq!(got, *want_stored);
+            assert!(!out.parent().unwrap().join("pax-escape.txt").exists());
+            assert!(!out.join("sub/smuggled.txt").exists());
+        }
+        Hostile::Failed { says, and_one_of } => {
+            assert_eq!(e.phase, ReadBackPhase::Failed, "{name}: {e:?}");
+            let msg = e.message.clone().unwrap_or_default();
+            assert!(
+                msg.contains(says),
+                "{name}: message {msg:?} should say {says:?}"
+            );
+            assert!(
+                and_one_of.is_empty() || and_one_of.iter().any(|s| msg.contains(s)),
+                "{name}: message {msg:?} should say one of {and_one_of:?}"
+            );
+            assert!(
+                m.is_empty(),
+                "{name}: a failed drain commits nothing: {m:?}"
+            );
+        }
+        Hostile::Committed {
+            phase,
+            members,
+            dropped,
+            rejected,
+            check,
+        } => {
+            assert_eq!(
+                (e.phase, e.members, e.dropped_members, e.rejected_members),
+                (*phase, *members, *dropped, *rejected),
+                "{name}: {e:?}"
+            );
+            let manifest = &m[0].1;
+            let out = host_dir(&format!("hostile-extracted-{name}"));
+            extract_verified(&store, manifest, &out)
+                .await
+                .unwrap_or_else(|e| panic!("{name}: files get: {e}"));
+            match check {
+                Extracted::NameFlood => {
+                    assert!(manifest
+                        .dropped
+                        .iter()
+                        .all(|d| d.reason == "over_metadata_allowance"));
+                    assert!(
+                        manifest.totals.archive_bytes <= 2 * 1024 * 1024 + 64 * 1024,
+                        "{name}: the store holds {} archive bytes for a 1Mi path",
+                        manifest.totals.archive_bytes
+                    );
+                    assert_eq!(std::fs::read(out.join("result.txt")).unwrap(), b"kept\n");
+                }
+                Extracted::CaseFold => {
+                    // `files get` neutralizes it: not written, the rest extracted.
+                    assert!(!out.join("LINK").exists());
+                    assert!(!out.join("sub/x").exists());
+                    assert_eq!(std::fs::read(out.join("ok.txt")).unwrap(), b"ok\n");
+                }
+                Extracted::Duplicates => {
+                    assert_eq!(std::fs::read(out.join("same.txt")).unwrap(), b"second\n");
+                    let mut listing = Vec::new();
+                    let args = sandboxrun_operator::files::FilesArgs {
+                        command: sandboxrun_operator::files::FilesCommand::Ls { run: name.into() },
+                        store: sandboxrun_operator::store::StoreArgs {
+                            store_url: store_url.to_string(),
+                            store_options: Vec::new(),
+                        },
+                        namespace: namespace.to_string(),
+                        uid: None,
+                    };
+                    sandboxrun_operator::files::run_to(args, &mut listing)
+                        .await
+                        .expect("files ls");
+                    let text = String::from_utf8(listing).unwrap();
+                    assert!(text.contains("evil\\x1b[2J\\x07.txt"), "{text}");
+                    assert!(!text.contains('\x1b'), "{text:?}");
+                }
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_serving() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "hostile").await;
+    let store_dir = host_dir("store-hostile");
+    let store_url = format!("file://{}", store_dir.display());
+    let bin = host_dir("hostile-bin");
+    let script = hostile_packer(&bin);
+    let pack = format!("{} ", script.display());
+    let mut op = Operator::builder(&ns.name, &store_url)
+        .flags(&["--pack-command", &pack])
+        .start();
+
+    // Sentinels: where an escaping entry would land if anyone extracted it naively.
+    let sentinel = host_dir("hostile-sentinel");
+    let abs_target = sentinel.join("abs-pwned");
+    let cases = hostile_cases(&abs_target);
 
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    let cases: Vec<(&str, PathSpec<'_>)> = vec![
-        ("sanitized", p(&sanitized)),
-        ("truncated", p(&truncated)),
-        ("garbage", p(&garbage)),
-        ("yes", p(&endless_yes)),
-        (
-            "zeros",
-            PathSpec {
-                path: &endless_zeros,
-                size_limit: Some("1Mi"),
-            },
-        ),
-        ("exit-nonzero", p(&failing)),
-        ("trailing", p(&trailing)),
-        (
-            "name-flood",
-            PathSpec {
-                path: &name_flood,
-                size_limit: Some("1Mi"),
-            },
-        ),
-        ("long-name", p(&huge_long_name)),
-        ("duplicates", p(&duplicates)),
-        ("case-fold", p(&case_fold)),
-    ];
-    for (name, path) in &cases {
-        let spec = run_spec(
-            &[PathSpec {
-                path: path.path,
-                size_limit: path.size_limit,
-            }],
-            true,
-            Compression::None,
-            "20s",
+    for case in &cases {
+        let dir = hostile_dir(
+            &format!("h-{}", case.name),
+            case.packer.mode(),
+            case.packer.stream(),
         );
-        create(&runs, name, spec).await;
+        let mut s = spec(&[&dir]).drain_timeout("20s");
+        if let Some(limit) = case.size_limit {
+            s = s.size_limit(limit);
+        }
+        create(&runs, case.name, s).await;
     }
-    for (name, _) in &cases {
-        run_then_finish(&runs, &pods, name, &op).await;
+    for case in &cases {
+        run_then_finish(&runs, &pods, case.name, &op).await;
     }
     let mut finals = BTreeMap::new();
-    for (name, _) in &cases {
-        let run = wait_final(&runs, name, &op, Duration::from_secs(120)).await;
-        finals.insert(name.to_string(), run);
+    for case in &cases {
+        let run = wait_final(&runs, case.name, &op, Duration::from_secs(120)).await;
+        finals.insert(case.name, run);
     }
 
-    // (a) sanitized: Drained, every unsafe entry rejected and listed, the rest stored.
-    let run = &finals["sanitized"];
-    let e = entry(run, 0);
-    assert_eq!(e.phase, ReadBackPhase::Drained, "{e:?}");
-    assert_eq!(e.rejected_members, 11, "{e:?}");
-    let (store, prefix) = store_from_url(&store_url, &[]).unwrap();
-    let m = list_manifests(&store, &prefix, &ns.name, "sanitized")
-        .await
-        .unwrap();
-    assert_eq!(m.len(), 1);
-    let manifest = &m[0].1;
-    let mut stored: Vec<&str> = manifest.members.iter().map(|m| m.path.as_str()).collect();
-    stored.sort();
-    assert_eq!(
-        stored,
-        ["ok.txt", "outer.bin", "sub", "sub/inner.txt", "through"],
-        "{manifest:?}"
-    );
-    let outer = manifest
-        .members
-        .iter()
-        .find(|m| m.path == "outer.bin")
-        .unwrap();
-    assert_eq!(
-        outer.size,
-        inner.len() as u64,
-        "the PAX size wins; nothing smuggled"
-    );
-    let mut reasons: Vec<(String, String)> = manifest
-        .rejected
-        .iter()
-        .map(|r| (r.path.clone(), r.reason.as_str().to_string()))
-        .collect();
-    reasons.sort();
-    let mut want: Vec<(String, String)> = [
-        (abs_target.display().to_string(), "absolute_path"),
-        ("../../escape.txt".into(), "parent_dir"),
-        ("sub/../../escape2.txt".into(), "parent_dir"),
-        ("abs-link".into(), "symlink_escape"),
-        ("up-link".into(), "symlink_escape"),
-        ("through/smuggled.txt".into(), "through_symlink"),
-        ("hard".into(), "hard_link"),
-        ("tty".into(), "device"),
-        ("disk".into(), "device"),
-        ("pipe".into(), "fifo"),
-        ("../pax-escape.txt".into(), "parent_dir"),
-    ]
-    .into_iter()
-    .map(|(a, b)| (a, b.to_string()))
-    .collect();
-    // `innocent.txt` is the PAX-renamed entry: it is judged (and reported) by its PAX path.
-    want.sort();
-    assert_eq!(reasons, want);
-    let out = host_dir("hostile-extracted");
-    extract_verified(&store, manifest, &out)
-        .await
-        .expect("the stored archive extracts cleanly");
-    let mut got: Vec<String> = snapshot(&out).into_keys().collect();
-    got.sort();
-    assert_eq!(
-        got,
-        ["ok.txt", "outer.bin", "sub", "sub/inner.txt", "through"]
-    );
+    for case in &cases {
+        assert_hostile(case, &finals[case.name], &store_url, &ns.name).await;
+    }
     assert!(
         !abs_target.exists(),
         "nothing was written at the absolute path"
     );
-    assert!(!out.parent().unwrap().join("pax-escape.txt").exists());
-    assert!(!out.join("sub/smuggled.txt").exists());
-
-    // (b)..(f): Failed, with a message that says why, and nothing committed.
-    let expect_failed = [
-        ("truncated", "truncated"),
-        ("garbage", "malformed"),
-        ("yes", "malformed"),
-        ("zeros", "input bytes"),
-        ("exit-nonzero", "hostile packer refuses on purpose"),
-        ("trailing", "end-of-archive"),
-        (
-            "long-name",
-            "GNU long name announces a 2147483648-byte body",
-        ),
-    ];
-    for (name, says) in expect_failed {
-        let run = &finals[name];
-        let e = entry(run, 0);
-        assert_eq!(e.phase, ReadBackPhase::Failed, "{name}: {e:?}");
-        let msg = e.message.clone().unwrap_or_default();
-        assert!(
-            msg.contains(says),
-            "{name}: message {msg:?} should say {says:?}"
-        );
-        let m = list_manifests(&store, &prefix, &ns.name, name)
-            .await
-            .unwrap();
-        assert!(
-            m.is_empty(),
-            "{name}: a failed drain commits nothing: {m:?}"
-        );
-    }
-    let exit = entry(&finals["exit-nonzero"], 0)
-        .message
-        .unwrap_or_default();
-    assert!(
-        exit.contains("exit code 3") || exit.contains("failed"),
-        "{exit}"
-    );
 
     // Nothing in the store outside the runs' own keys; failed drains left no archive.
+    let (store, _) = store_from_url(&store_url, &[]).unwrap();
     let mut allowed: Vec<String> = Vec::new();
     for (name, run) in &finals {
         allowed.push(format!("{}/{name}/{}/", ns.name, run.uid().unwrap()));
     }
+    let committed: Vec<String> = cases
+        .iter()
+        .filter(|c| !matches!(c.expect, Hostile::Failed { .. }))
+        .map(|c| format!("/{}/", c.name))
+        .collect();
     for key in all_keys(&store, None).await {
         assert!(
             allowed.iter().any(|a| key.starts_with(a)),
             "{key} is outside every run's keys {allowed:?}"
         );
         assert!(
-            ["/sanitized/", "/name-flood/", "/duplicates/", "/case-fold/"]
-                .iter()
-                .any(|committed| key.contains(committed)),
+            committed.iter().any(|c| key.contains(c.as_str())),
             "only the runs expected to commit did: {key}"
         );
-    }
-
-    // (g), (i): committed, with (phase, members stored, members dropped, entries rejected), and
-    // extracted by `files get`.
-    let expect_committed = [
-        (
-            "name-flood",
-            ReadBackPhase::Capped,
-            kept_of_flood + 1,
-            flood_files as u64 - kept_of_flood,
-            0,
-        ),
-        ("duplicates", ReadBackPhase::Drained, 3, 0, 0),
-        ("case-fold", ReadBackPhase::Drained, 4, 0, 0),
-    ];
-    for (name, phase, members, dropped, rejected) in expect_committed {
-        let e = entry(&finals[name], 0);
-        assert_eq!(
-            (e.phase, e.members, e.dropped_members, e.rejected_members),
-            (phase, members, dropped, rejected),
-            "{name}: {e:?}"
-        );
-        let m = list_manifests(&store, &prefix, &ns.name, name)
-            .await
-            .unwrap();
-        let manifest = &m[0].1;
-        let out = host_dir(&format!("hostile-extracted-{name}"));
-        extract_verified(&store, manifest, &out)
-            .await
-            .unwrap_or_else(|e| panic!("{name}: files get: {e}"));
-        match name {
-            "name-flood" => {
-                assert!(manifest
-                    .dropped
-                    .iter()
-                    .all(|d| d.reason == "over_metadata_allowance"));
-                assert!(
-                    manifest.totals.archive_bytes <= 2 * 1024 * 1024 + 64 * 1024,
-                    "{name}: the store holds {} archive bytes for a 1Mi path",
-                    manifest.totals.archive_bytes
-                );
-                assert_eq!(std::fs::read(out.join("result.txt")).unwrap(), b"kept\n");
-            }
-            "case-fold" => {
-                // `files get` neutralizes it: not written, the rest extracted.
-                assert!(!out.join("LINK").exists());
-                assert!(!out.join("sub/x").exists());
-                assert_eq!(std::fs::read(out.join("ok.txt")).unwrap(), b"ok\n");
-            }
-            _ => {
-                assert_eq!(std::fs::read(out.join("same.txt")).unwrap(), b"second\n");
-                let mut listing = Vec::new();
-                let args = sandboxrun_operator::files::FilesArgs {
-                    command: sandboxrun_operator::files::FilesCommand::Ls { run: name.into() },
-                    store_url: store_url.clone(),
-                    store_options: Vec::new(),
-                    namespace: ns.name.clone(),
-                    uid: None,
-                };
-                sandboxrun_operator::files::run_to(args, &mut listing)
-                    .await
-                    .expect("files ls");
-                let text = String::from_utf8(listing).unwrap();
-                assert!(text.contains("evil\\x1b[2J\\x07.txt"), "{text}");
-                assert!(!text.contains('\x1b'), "{text:?}");
-            }
-        }
     }
 
     // The operator survived all of it, and still serves a normal run.
@@ -912,16 +807,16 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
     create(
         &runs,
         "normal",
-        run_spec(&[p(&normal)], true, Compression::Gzip, "60s"),
+        spec(&[&normal]).compression(Compression::Gzip),
     )
     .await;
     run_then_finish(&runs, &pods, "normal", &op).await;
     let run = wait_final(&runs, "normal", &op, Duration::from_secs(90)).await;
     assert_eq!(
-        entry(&run, 0).phase,
+        read_back(&run, 0).phase,
         ReadBackPhase::Drained,
         "{:?}",
-        entry(&run, 0)
+        read_back(&run, 0)
     );
     assert!(op.is_alive());
 
@@ -961,7 +856,7 @@ async fn a_path_over_its_cap_drops_one_member_and_keeps_the_rest() {
     let ns = TestNamespace::new(&client, "cap").await;
     let store_dir = host_dir("store-cap");
     let store_url = format!("file://{}", store_dir.display());
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("cap");
     write_pattern(&out.join("a.bin"), 600 * KIB, 1);
     write_pattern(&out.join("b.bin"), 600 * KIB, 2);
@@ -970,19 +865,15 @@ async fn a_path_over_its_cap_drops_one_member_and_keeps_the_rest() {
 
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    let path = PathSpec {
-        path: &out,
-        size_limit: Some("1Mi"),
-    };
     create(
         &runs,
         "capped",
-        run_spec(&[path], true, Compression::None, "60s"),
+        spec(&[&out]).size_limit("1Mi").drain_timeout("60s"),
     )
     .await;
     run_then_finish(&runs, &pods, "capped", &op).await;
     let run = wait_final(&runs, "capped", &op, Duration::from_secs(90)).await;
-    let e = entry(&run, 0);
+    let e = read_back(&run, 0);
     assert_eq!(e.phase, ReadBackPhase::Capped, "{e:?}");
     assert_eq!(e.dropped_members, 1, "{e:?}");
     assert_eq!(e.bytes, 700 * KIB, "{e:?}");
@@ -1013,17 +904,14 @@ async fn a_path_over_its_cap_drops_one_member_and_keeps_the_rest() {
     }
     assert!(!got.contains_key("b.bin"));
 
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    let ev = eventually("the readback_capped Event", Duration::from_secs(30), || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("sandbox_runfiles_readback_capped"))
-        }
-    })
+    let ev = wait_event(
+        &client,
+        &ns.name,
+        None,
+        "sandbox_runfiles_readback_capped",
+        Duration::from_secs(30),
+        &op,
+    )
     .await;
     assert!(ev.note.unwrap_or_default().contains("1 member(s) dropped"));
 }
@@ -1040,7 +928,7 @@ async fn a_huge_sparse_file_is_dropped_in_the_pod_and_the_small_result_is_kept_i
     let store_dir = host_dir("store-sparse");
     let _remove_store = RemoveOnDrop(store_dir.clone());
     let store_url = format!("file://{}", store_dir.display());
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("sparse");
     let _remove_out = RemoveOnDrop(out.clone());
     // Sparse: 64 GiB long, not one block on disk.
@@ -1053,19 +941,15 @@ async fn a_huge_sparse_file_is_dropped_in_the_pod_and_the_small_result_is_kept_i
 
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    let path = PathSpec {
-        path: &out,
-        size_limit: Some("1Mi"),
-    };
     create(
         &runs,
         "sparse",
-        run_spec(&[path], true, Compression::None, "2m"),
+        spec(&[&out]).size_limit("1Mi").drain_timeout("2m"),
     )
     .await;
     run_then_finish(&runs, &pods, "sparse", &op).await;
     let run = wait_final(&runs, "sparse", &op, Duration::from_secs(120)).await;
-    let e = entry(&run, 0);
+    let e = read_back(&run, 0);
     assert_eq!(e.phase, ReadBackPhase::Capped, "{e:?}");
     assert_eq!((e.members, e.bytes, e.dropped_members), (1, 10, 1), "{e:?}");
     assert!(
@@ -1123,17 +1007,14 @@ async fn a_huge_sparse_file_is_dropped_in_the_pod_and_the_small_result_is_kept_i
     assert_eq!(std::fs::read(extracted.join("result.txt")).unwrap(), result);
     assert!(!extracted.join("huge.bin").exists());
 
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    let ev = eventually("the readback_capped Event", Duration::from_secs(30), || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("sandbox_runfiles_readback_capped"))
-        }
-    })
+    let ev = wait_event(
+        &client,
+        &ns.name,
+        None,
+        "sandbox_runfiles_readback_capped",
+        Duration::from_secs(30),
+        &op,
+    )
     .await;
     assert!(ev.note.unwrap_or_default().contains("1 member(s) dropped"));
 }
@@ -1142,103 +1023,15 @@ async fn a_huge_sparse_file_is_dropped_in_the_pod_and_the_small_result_is_kept_i
 // 4. S3 outage
 // ---------------------------------------------------------------------------------------------
 
-/// A private s3s-fs for one test, stoppable and restartable on the same port and root.
-struct S3Server {
-    port: u16,
-    root: PathBuf,
-    child: Option<Child>,
-    bucket: String,
-}
-
-const S3_KEY: &str = "drain-e2e";
-const S3_SECRET: &str = "drain-e2e-secret";
-
-impl S3Server {
-    fn bin() -> PathBuf {
-        let home = std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_default();
-        let cache = std::env::var_os("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| home.join(".cache"));
-        cache.join("sandboxrun-operator/s3s-fs-0.14.1/bin/s3s-fs")
-    }
-
-    fn new(tag: &str) -> S3Server {
-        let root = host_dir(&format!("s3-{tag}"));
-        let bucket = "outage".to_string();
-        std::fs::create_dir_all(root.join(&bucket)).unwrap();
-        let mut s = S3Server {
-            port: free_port(),
-            root,
-            child: None,
-            bucket,
-        };
-        s.start();
-        s
-    }
-
-    fn start(&mut self) {
-        let log = std::fs::File::create(self.root.with_extension("log")).unwrap();
-        let child = Command::new(Self::bin())
-            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--access-key", S3_KEY, "--secret-key", S3_SECRET])
-            .arg(&self.root)
-            .stdout(Stdio::from(log.try_clone().unwrap()))
-            .stderr(Stdio::from(log))
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {}: {e}", Self::bin().display()));
-        self.child = Some(child);
-        let addr = format!("127.0.0.1:{}", self.port);
-        for _ in 0..100 {
-            if std::net::TcpStream::connect(&addr).is_ok() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        panic!("s3s-fs did not listen on {addr}");
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn url(&self) -> String {
-        format!("s3://{}/runs", self.bucket)
-    }
-
-    fn options(&self) -> Vec<(String, String)> {
-        [
-            ("endpoint", format!("http://127.0.0.1:{}", self.port)),
-            ("allow_http", "true".into()),
-            ("access_key_id", S3_KEY.into()),
-            ("secret_access_key", S3_SECRET.into()),
-            ("region", "us-east-1".into()),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .collect()
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        self.stop();
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
 #[tokio::test]
 async fn an_s3_outage_during_the_drain_is_retried_until_the_path_is_drained() {
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "s3-back").await;
-    let mut s3 = S3Server::new("back");
-    let flags = store_flags(&s3.options());
-    let op = Operator::start(&ns.name, &s3.url(), &as_strs(&flags));
+    let mut s3 = PrivateS3::new("back");
+    let op = Operator::builder(&ns.name, &s3.url())
+        .store_options(&s3.options())
+        .start();
     let out = host_dir("s3-back");
     make_tree(&out, 50, 8 * MIB);
     let want = snapshot(&out);
@@ -1247,26 +1040,28 @@ async fn an_s3_outage_during_the_drain_is_retried_until_the_path_is_drained() {
     create(
         &runs,
         "outage",
-        run_spec(&[p(&out)], true, Compression::Zstd, "90s"),
+        spec(&[&out])
+            .compression(Compression::Zstd)
+            .drain_timeout("90s"),
     )
     .await;
     let run = wait_phase(&runs, "outage", Phase::Running, &op).await;
 
     s3.stop();
-    finish_workload(&pods, &run.status.unwrap().pod_name.unwrap(), 0).await;
+    finish_workload(&pods, &pod_of(&run), 0).await;
     wait_phase(&runs, "outage", Phase::Draining, &op).await;
     // Let the drain run into the outage for a while (a delay, not an assertion).
     tokio::time::sleep(Duration::from_secs(4)).await;
     let during = runs.get("outage").await.unwrap();
     assert_eq!(
-        entry(&during, 0).phase,
+        read_back(&during, 0).phase,
         ReadBackPhase::Pending,
         "no store, so nothing can have been committed yet"
     );
     s3.start();
 
     let run = wait_final(&runs, "outage", &op, Duration::from_secs(150)).await;
-    let e = entry(&run, 0);
+    let e = read_back(&run, 0);
     assert_eq!(e.phase, ReadBackPhase::Drained, "{e:?}");
     assert_eq!(run.status.as_ref().unwrap().phase, Some(Phase::Succeeded));
     let (store, prefix) = store_from_url(&s3.url(), &s3.options()).unwrap();
@@ -1289,36 +1084,32 @@ async fn an_s3_outage_that_lasts_fails_the_drain_loudly_and_never_blocks_deletio
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "s3-down").await;
-    let mut s3 = S3Server::new("down");
-    let flags = store_flags(&s3.options());
-    let op = Operator::start(&ns.name, &s3.url(), &as_strs(&flags));
+    let mut s3 = PrivateS3::new("down");
+    let op = Operator::builder(&ns.name, &s3.url())
+        .store_options(&s3.options())
+        .start();
     let out = host_dir("s3-down");
     std::fs::write(out.join("result.json"), b"{\"ok\":true}\n").unwrap();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     // A batch run that ends, and a long-lived one that is deleted, both while S3 is down.
-    create(
-        &runs,
-        "ends",
-        run_spec(&[p(&out)], true, Compression::None, "15s"),
-    )
-    .await;
+    create(&runs, "ends", spec(&[&out]).drain_timeout("15s")).await;
     create(
         &runs,
         "deleted",
-        run_spec(&[p(&out)], false, Compression::None, "15s"),
+        spec(&[&out]).drain_timeout("15s").command(None),
     )
     .await;
     let ends = wait_phase(&runs, "ends", Phase::Running, &op).await;
     wait_phase(&runs, "deleted", Phase::Running, &op).await;
     s3.stop();
-    finish_workload(&pods, &ends.status.unwrap().pod_name.unwrap(), 0).await;
+    finish_workload(&pods, &pod_of(&ends), 0).await;
     runs.delete("deleted", &DeleteParams::default())
         .await
         .unwrap();
 
     let run = wait_final(&runs, "ends", &op, Duration::from_secs(90)).await;
-    let e = entry(&run, 0);
+    let e = read_back(&run, 0);
     assert_eq!(e.phase, ReadBackPhase::Failed, "{e:?}");
     assert!(
         e.message
@@ -1327,7 +1118,7 @@ async fn an_s3_outage_that_lasts_fails_the_drain_loudly_and_never_blocks_deletio
             .contains("drain timeout"),
         "{e:?}"
     );
-    let describe = until(
+    let describe = eventually_or_log(
         "kubectl describe to show the drain_failed Event",
         Duration::from_secs(30),
         &op,
@@ -1350,16 +1141,7 @@ async fn an_s3_outage_that_lasts_fails_the_drain_loudly_and_never_blocks_deletio
 
     // The deleted run goes away once its drain has failed (drainTimeout 15s), never stuck on the
     // finalizer.
-    until(
-        "the deleted run to disappear",
-        Duration::from_secs(75),
-        &op,
-        || {
-            let runs = runs.clone();
-            async move { runs.get_opt("deleted").await.ok()?.is_none().then_some(()) }
-        },
-    )
-    .await;
+    wait_gone(&runs, "deleted", &op, Duration::from_secs(75)).await;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1373,7 +1155,7 @@ async fn an_operator_killed_mid_drain_is_replaced_and_the_path_drains_once() {
     let ns = TestNamespace::new(&client, "restart").await;
     let store_dir = host_dir("store-restart");
     let store_url = format!("file://{}", store_dir.display());
-    let mut op = Operator::start(&ns.name, &store_url, &[]);
+    let mut op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("restart");
     let _remove_out = RemoveOnDrop(out.clone());
     let _remove_store = RemoveOnDrop(store_dir.clone());
@@ -1381,12 +1163,7 @@ async fn an_operator_killed_mid_drain_is_replaced_and_the_path_drains_once() {
     let want = snapshot(&out);
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    create(
-        &runs,
-        "restart",
-        run_spec(&[p(&out)], true, Compression::None, "5m"),
-    )
-    .await;
+    create(&runs, "restart", spec(&[&out]).drain_timeout("5m")).await;
     run_then_finish(&runs, &pods, "restart", &op).await;
     wait_phase(&runs, "restart", Phase::Draining, &op).await;
     // Kill it once the archive is being written (a part of it is on the store's disk).
@@ -1405,14 +1182,14 @@ async fn an_operator_killed_mid_drain_is_replaced_and_the_path_drains_once() {
     let mid = runs.get("restart").await.unwrap();
     op.kill();
     assert_eq!(
-        entry(&mid, 0).phase,
+        read_back(&mid, 0).phase,
         ReadBackPhase::Pending,
         "killed before the commit"
     );
 
-    let op2 = Operator::start(&ns.name, &store_url, &[]);
+    let op2 = Operator::builder(&ns.name, &store_url).start();
     let run = wait_final(&runs, "restart", &op2, Duration::from_secs(240)).await;
-    let e = entry(&run, 0);
+    let e = read_back(&run, 0);
     assert_eq!(e.phase, ReadBackPhase::Drained, "{e:?}");
     let (store, prefix) = store_from_url(&store_url, &[]).unwrap();
     let m = list_manifests(&store, &prefix, &ns.name, "restart")

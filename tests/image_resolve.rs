@@ -1,6 +1,8 @@
 //! The no-pull resolvability check against real HTTP: a tiny registry on 127.0.0.1 that answers
 //! `HEAD /v2/<repo>/manifests/<ref>` (plain HTTP is used for loopback registries).
 
+mod support;
+
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -14,6 +16,8 @@ use axum::Router;
 use sandboxrun_operator::admission::images::{
     ImageResolver, ImageSettings, RegistryCredentials, Resolution,
 };
+
+use support::ports::free_port;
 
 #[derive(Clone, Default)]
 struct Registry {
@@ -179,9 +183,7 @@ async fn a_hanging_registry_is_a_warning_within_the_timeout() {
 
 #[tokio::test]
 async fn nothing_listening_is_a_warning() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("{e}"));
-    let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
-    drop(listener);
+    let port = free_port();
     let v = resolver(Duration::from_secs(2))
         .resolve(&format!("127.0.0.1:{port}/team/app:v1"), None)
         .await;

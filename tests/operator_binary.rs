@@ -3,136 +3,33 @@
 
 mod support;
 
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::Api;
-use sandboxrun_operator::api::{
-    Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec, SKIP_DRAIN_ANNOTATION,
-};
+use sandboxrun_operator::api::{Phase, ReadBackPhase, SandboxRun, SKIP_DRAIN_ANNOTATION};
 use serde_json::json;
 
 use support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");
 
-fn spec(path: &std::path::Path, command: Option<&str>) -> SandboxRunSpec {
-    SandboxRunSpec {
-        image: Some("registry.example/tool:1".into()),
-        command: command.map(|c| vec!["sh".into(), "-c".into(), c.into()]),
-        user: Some("1000".into()),
-        read_back: Some(ReadBack {
-            paths: vec![ReadBackPath {
-                path: path.display().to_string(),
-                ..Default::default()
-            }],
-            drain_timeout: Some("60s".into()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
+/// These tests wait longer than most for a phase: some start two operators.
+const PROC_TIMEOUT: Duration = Duration::from_secs(120);
 
-/// A free loopback port (bound then released; good enough for a test on an idle machine).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap()
-}
-
-/// An operator process with exactly these arguments after `run`.
-struct Proc {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Proc {
-    fn start(args: &[String]) -> Proc {
-        let log = std::env::temp_dir().join(format!("sbr-op-{:08x}.log", rand_u32()));
-        let out = std::fs::File::create(&log).unwrap();
-        let err = out.try_clone().unwrap();
-        let child = Command::new(BIN)
-            .arg("run")
-            .args(args)
-            .env("KUBECONFIG", kubeconfig_path())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .unwrap();
-        Proc { child, log }
-    }
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-    fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-fn base_args(ns: &str, store_url: &str, metrics_port: u16, identity: &str) -> Vec<String> {
-    [
-        "--namespaces",
-        ns,
-        "--store-url",
-        store_url,
+/// The operator as a user starts it: its own metrics port, its pod name (`identity`, also its
+/// leader-election identity) and namespace.
+fn operator(ns: &str, store_url: &str, metrics_port: u16, identity: &str) -> OperatorBuilder {
+    Operator::builder(ns, store_url).flags(&[
         "--metrics-addr",
         &format!("127.0.0.1:{metrics_port}"),
-        "--webhook-addr",
-        "",
-        "--holder-image",
-        "sandboxrun-operator:test",
         "--pod-name",
         identity,
         "--pod-namespace",
         ns,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
-}
-
-async fn wait_phase(
-    api: &Api<SandboxRun>,
-    name: &str,
-    want: Phase,
-    logs: &dyn Fn() -> String,
-) -> SandboxRun {
-    let start = std::time::Instant::now();
-    loop {
-        if let Ok(r) = api.get(name).await {
-            if r.status.as_ref().and_then(|s| s.phase) == Some(want) {
-                return r;
-            }
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            panic!("{name} did not reach {want:?}; operator log:\n{}", logs());
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-async fn finish_workload(client: &kube::Client, ns: &str, run: &SandboxRun) {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let pod = run
-        .status
-        .as_ref()
-        .and_then(|s| s.pod_name.clone())
-        .expect("pod name in status");
-    let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": "0"}}});
-    pods.patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
+    ])
 }
 
 #[tokio::test]
@@ -143,7 +40,7 @@ async fn files_ls_and_get_read_a_drained_run_back_and_catch_tampering() {
     let store_dir = host_dir("store-files");
     let store_url = format!("file://{}", store_dir.display());
     let metrics_port = free_port();
-    let op = Proc::start(&base_args(&ns.name, &store_url, metrics_port, "files-op"));
+    let op = operator(&ns.name, &store_url, metrics_port, "files-op").start();
     let out = host_dir("out");
     std::fs::create_dir_all(out.join("sub")).unwrap();
     std::fs::write(out.join("a.txt"), b"alpha\n").unwrap();
@@ -156,15 +53,15 @@ async fn files_ls_and_get_read_a_drained_run_back_and_catch_tampering() {
         .unwrap();
     assert!(fifo.success());
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
-    runs.create(
-        &PostParams::default(),
-        &SandboxRun::new("files", spec(&out, Some("make"))),
+    create(
+        &runs,
+        "files",
+        spec(&[&out]).image(TAGGED_IMAGE).user("1000").sh("make"),
     )
-    .await
-    .unwrap();
-    let run = wait_phase(&runs, "files", Phase::Running, &|| op.log_text()).await;
-    finish_workload(&client, &ns.name, &run).await;
-    wait_phase(&runs, "files", Phase::Succeeded, &|| op.log_text()).await;
+    .await;
+    let run = wait_phase_within(&runs, "files", Phase::Running, &op, PROC_TIMEOUT).await;
+    finish_workload(&Api::namespaced(client.clone(), &ns.name), &pod_of(&run), 0).await;
+    wait_phase_within(&runs, "files", Phase::Succeeded, &op, PROC_TIMEOUT).await;
 
     // files ls: every member with size and hash.
     let ls = Command::new(BIN)
@@ -197,26 +94,7 @@ async fn files_ls_and_get_read_a_drained_run_back_and_catch_tampering() {
     }
 
     // files get: extracted and verified.
-    let dest = host_dir("dest");
-    let get = Command::new(BIN)
-        .args([
-            "files",
-            "get",
-            "files",
-            "-n",
-            &ns.name,
-            "--store-url",
-            &store_url,
-            "-o",
-        ])
-        .arg(&dest)
-        .output()
-        .unwrap();
-    assert!(
-        get.status.success(),
-        "{}",
-        String::from_utf8_lossy(&get.stderr)
-    );
+    let dest = files_get(&ns.name, "files", &store_url, &[], &[]).unwrap_or_else(|e| panic!("{e}"));
     let sub = std::fs::read_dir(&dest)
         .unwrap()
         .next()
@@ -313,16 +191,18 @@ async fn the_deadline_tears_down_and_skip_drain_releases_at_once() {
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "deadline").await;
     let store_url = format!("file://{}", host_dir("store-deadline").display());
-    let op = Proc::start(&base_args(&ns.name, &store_url, free_port(), "deadline-op"));
+    let op = operator(&ns.name, &store_url, free_port(), "deadline-op").start();
     let out = host_dir("out");
     std::fs::write(out.join("partial.txt"), b"half done\n").unwrap();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
-    let mut s = spec(&out, None);
+    let mut s = spec(&[&out])
+        .image(TAGGED_IMAGE)
+        .user("1000")
+        .command(None)
+        .build();
     s.active_deadline_seconds = Some(3);
-    runs.create(&PostParams::default(), &SandboxRun::new("deadline", s))
-        .await
-        .unwrap();
-    let run = wait_phase(&runs, "deadline", Phase::Stopped, &|| op.log_text()).await;
+    create(&runs, "deadline", s).await;
+    let run = wait_phase_within(&runs, "deadline", Phase::Stopped, &op, PROC_TIMEOUT).await;
     let status = run.status.unwrap();
     assert_eq!(
         status.read_back[0].phase,
@@ -332,13 +212,13 @@ async fn the_deadline_tears_down_and_skip_drain_releases_at_once() {
     assert!(status.message.unwrap_or_default().contains("stopped"));
 
     // skip-drain: deletion releases the finalizer at once, with an Event saying what was not drained.
-    runs.create(
-        &PostParams::default(),
-        &SandboxRun::new("skipped", spec(&out, None)),
+    create(
+        &runs,
+        "skipped",
+        spec(&[&out]).image(TAGGED_IMAGE).user("1000").command(None),
     )
-    .await
-    .unwrap();
-    wait_phase(&runs, "skipped", Phase::Running, &|| op.log_text()).await;
+    .await;
+    wait_phase_within(&runs, "skipped", Phase::Running, &op, PROC_TIMEOUT).await;
     let patch = json!({"metadata": {"annotations": {SKIP_DRAIN_ANNOTATION: "true"}}});
     runs.patch("skipped", &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -346,25 +226,15 @@ async fn the_deadline_tears_down_and_skip_drain_releases_at_once() {
     runs.delete("skipped", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("skipped run gone", Duration::from_secs(30), || {
-        let runs = runs.clone();
-        async move { runs.get_opt("skipped").await.ok()?.is_none().then_some(()) }
-    })
-    .await;
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    let ev = eventually("DrainSkipped Event", Duration::from_secs(20), || {
-        let events = events.clone();
-        async move {
-            events
-                .list(&Default::default())
-                .await
-                .ok()?
-                .items
-                .into_iter()
-                .find(|e| e.reason.as_deref() == Some("DrainSkipped"))
-        }
-    })
+    wait_gone(&runs, "skipped", &op, Duration::from_secs(30)).await;
+    let ev = wait_event(
+        &client,
+        &ns.name,
+        None,
+        "DrainSkipped",
+        Duration::from_secs(20),
+        &op,
+    )
     .await;
     assert!(ev.note.unwrap_or_default().contains("NOT drained"));
 }
@@ -376,16 +246,12 @@ async fn with_two_replicas_the_standby_finishes_the_run_when_the_leader_dies() {
     let ns = TestNamespace::new(&client, "ha").await;
     let store_url = format!("file://{}", host_dir("store-ha").display());
     let lease = format!("sbr-ha-{:08x}", rand_u32());
-    let args = |id: &str| {
-        let mut a = base_args(&ns.name, &store_url, free_port(), id);
-        a.extend([
-            "--leader-elect".to_string(),
-            "--lease-name".to_string(),
-            lease.clone(),
-        ]);
-        a
+    let replica = |id: &str| {
+        operator(&ns.name, &store_url, free_port(), id)
+            .flags(&["--leader-elect", "--lease-name", &lease])
+            .start()
     };
-    let mut a = Proc::start(&args("replica-a"));
+    let mut a = replica("replica-a");
     let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
     let holder = eventually("replica-a holds the lease", Duration::from_secs(60), || {
         let leases = leases.clone();
@@ -394,18 +260,13 @@ async fn with_two_replicas_the_standby_finishes_the_run_when_the_leader_dies() {
     })
     .await;
     assert_eq!(holder, "replica-a");
-    let mut b = Proc::start(&args("replica-b"));
+    let mut b = replica("replica-b");
 
     let out = host_dir("out");
     std::fs::write(out.join("result.txt"), b"42\n").unwrap();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
-    runs.create(
-        &PostParams::default(),
-        &SandboxRun::new("ha", spec(&out, Some("work"))),
-    )
-    .await
-    .unwrap();
-    let run = wait_phase(&runs, "ha", Phase::Running, &|| a.log_text()).await;
+    create(&runs, "ha", spec(&[&out]).image(TAGGED_IMAGE).user("1000")).await;
+    let run = wait_phase_within(&runs, "ha", Phase::Running, &a, PROC_TIMEOUT).await;
     assert!(
         !b.log_text().contains("leading: starting the controller"),
         "the standby must not reconcile"
@@ -413,8 +274,8 @@ async fn with_two_replicas_the_standby_finishes_the_run_when_the_leader_dies() {
 
     // The leader dies mid-run; the standby takes the lease and finishes the run.
     a.kill();
-    finish_workload(&client, &ns.name, &run).await;
-    let done = wait_phase(&runs, "ha", Phase::Succeeded, &|| b.log_text()).await;
+    finish_workload(&Api::namespaced(client.clone(), &ns.name), &pod_of(&run), 0).await;
+    let done = wait_phase_within(&runs, "ha", Phase::Succeeded, &b, PROC_TIMEOUT).await;
     assert_eq!(
         done.status.unwrap().read_back[0].phase,
         ReadBackPhase::Drained

@@ -6,21 +6,16 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, Role, RoleBinding, RoleRef, Subject,
 };
-use kube::api::{DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::Api;
-use sandboxrun_operator::api::{
-    NetworkMode, NetworkPolicy, Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun,
-    SandboxRunSpec,
-};
-use serde_json::json;
+use sandboxrun_operator::api::{NetworkMode, Phase, ReadBackPhase, SandboxRun};
 
 use support::*;
 
@@ -39,6 +34,7 @@ fn chart_rbac(release: &str, namespace: &str) -> (Vec<ClusterRole>, Vec<Role>, S
             namespace,
         ])
         .args(["--set", "leaderElection.enabled=true"])
+        .args(["--kube-version", &bed_kube_version()])
         .current_dir(repo())
         .output()
         .expect("helm template");
@@ -75,28 +71,6 @@ fn chart_rbac(release: &str, namespace: &str) -> (Vec<ClusterRole>, Vec<Role>, S
 }
 
 use serde::Deserialize;
-
-fn spec(path: &std::path::Path) -> SandboxRunSpec {
-    SandboxRunSpec {
-        image: Some("registry.example/tool:1".into()),
-        command: Some(vec!["true".into()]),
-        user: Some("1000".into()),
-        read_back: Some(ReadBack {
-            paths: vec![ReadBackPath {
-                path: path.display().to_string(),
-                ..Default::default()
-            }],
-            drain_timeout: Some("15s".into()),
-            ..Default::default()
-        }),
-        // Restricted egress: the operator applies the run's NetworkPolicy under the chart's rules.
-        network: Some(NetworkPolicy {
-            mode: NetworkMode::Denylist,
-            rules: vec!["169.254.169.254".into()],
-        }),
-        ..Default::default()
-    }
-}
 
 #[tokio::test]
 async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
@@ -188,61 +162,15 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
         .unwrap();
     }
 
-    // A token for that ServiceAccount and a kubeconfig that uses nothing else.
-    let token = sas
-        .create_token_request(
-            sa_name,
-            &PostParams::default(),
-            &TokenRequest {
-                metadata: Default::default(),
-                spec: Some(TokenRequestSpec {
-                    audiences: None,
-                    expiration_seconds: Some(3600),
-                    bound_object_ref: None,
-                }),
-                status: None,
-            },
-        )
-        .await
-        .unwrap()
-        .status
-        .and_then(|s| s.token)
-        .expect("a token");
-    let kc_text = std::fs::read_to_string(kubeconfig_path()).unwrap();
-    let server = kc_text
-        .lines()
-        .find_map(|l| l.split("server: \"").nth(1))
-        .and_then(|s| s.split('"').next())
-        .unwrap()
-        .to_string();
-    let ca = state_dir().join("pki/ca.crt");
-    let sa_kubeconfig = std::env::temp_dir().join(format!("{}-sa.kubeconfig", ns.name));
-    std::fs::write(
-        &sa_kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: sa, user: {{token: \"{token}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: sa}}}}]\ncurrent-context: c\n",
-            ca.display()
-        ),
-    )
-    .unwrap();
+    // A kubeconfig that authenticates as that ServiceAccount and nothing else.
+    let sa_kubeconfig = service_account_kubeconfig(&client, &ns.name, sa_name).await;
 
     let store_url = format!("file://{}", host_dir("store-rbac").display());
+    // The operator as the chart's ServiceAccount, started (and restarted) by `start`.
     let start = || {
-        let log = std::env::temp_dir().join(format!("{}-op-{:08x}.log", ns.name, rand_u32()));
-        let f = std::fs::File::create(&log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
-            .args([
-                "run",
-                "--namespaces",
-                &ns.name,
-                "--store-url",
-                &store_url,
-                "--metrics-addr",
-                "127.0.0.1:0",
-                "--webhook-addr",
-                "",
-            ])
-            .args([
+        Operator::builder(&ns.name, &store_url)
+            .kubeconfig(&sa_kubeconfig)
+            .flags(&[
                 "--pod-namespace",
                 &ns.name,
                 "--pod-name",
@@ -251,12 +179,7 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
                 "--lease-name",
                 &lease,
             ])
-            .env("KUBECONFIG", &sa_kubeconfig)
-            .stdout(Stdio::from(f.try_clone().unwrap()))
-            .stderr(Stdio::from(f))
-            .spawn()
-            .unwrap();
-        (child, log)
+            .start()
     };
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
@@ -266,9 +189,18 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
         async move {
             let out = host_dir("out");
             std::fs::write(out.join("x.txt"), b"x\n").unwrap();
-            runs.create(&PostParams::default(), &SandboxRun::new(name, spec(&out)))
-                .await
-                .unwrap();
+            create(
+                &runs,
+                name,
+                spec(&[&out])
+                    .image(TAGGED_IMAGE)
+                    .user("1000")
+                    .command(Some(&["true"]))
+                    .drain_timeout("15s")
+                    // Restricted egress: the run's NetworkPolicy is applied under the chart's rules.
+                    .network(NetworkMode::Denylist, &["169.254.169.254"]),
+            )
+            .await;
             let r = eventually(&format!("{name} Running"), Duration::from_secs(90), || {
                 let runs = runs.clone();
                 async move {
@@ -277,12 +209,7 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
                 }
             })
             .await;
-            let pod = r.status.unwrap().pod_name.unwrap();
-            let patch =
-                json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": "0"}}});
-            pods.patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .unwrap();
+            finish_workload(&pods, &pod_of(&r), 0).await;
             eventually(&format!("{name} final"), Duration::from_secs(90), || {
                 let runs = runs.clone();
                 async move {
@@ -295,20 +222,25 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
     };
 
     // 1. With the chart's rules: a full run and drain.
-    let (mut child, log) = start();
+    let mut op = start();
     let done = run_once("allowed").await;
     let status = done.status.unwrap();
     assert_eq!(
         status.phase,
         Some(Phase::Succeeded),
         "{status:?}\n{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
+        op.log_text()
     );
     assert_eq!(status.read_back[0].phase, ReadBackPhase::Drained);
 
     // ... and the delete of a run whose ttlSecondsAfterFinished passed.
     let out = host_dir("out");
-    let mut expiring = spec(&out);
+    let mut expiring = spec(&[&out])
+        .image(TAGGED_IMAGE)
+        .user("1000")
+        .command(Some(&["true"]))
+        .drain_timeout("15s")
+        .build();
     expiring.ttl_seconds_after_finished = Some(0);
     let created = runs
         .create(
@@ -330,20 +262,9 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
         }
     })
     .await;
-    let pod = r.status.unwrap().pod_name.unwrap();
-    let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": "0"}}});
-    pods.patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .unwrap();
-    let what = format!(
-        "expires deleted by the operator under the chart's rules; log:\n{}",
-        log.display()
-    );
-    eventually(&what, Duration::from_secs(90), || {
-        let runs = runs.clone();
-        async move { runs.get_opt("expires").await.ok()?.is_none().then_some(()) }
-    })
-    .await;
+    finish_workload(&pods, &pod_of(&r), 0).await;
+    // Deleted by the operator under the chart's rules.
+    wait_gone(&runs, "expires", &op, Duration::from_secs(90)).await;
 
     // 2. Without pods/exec: the drain is Forbidden, and says so.
     for name in &cr_names {
@@ -373,8 +294,7 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
         msg.contains("Forbidden") || msg.contains("forbidden"),
         "the failure must say Forbidden: {msg}"
     );
-    let _ = child.kill();
-    let _ = child.wait();
+    op.kill();
     for name in cr_names {
         let _ = crbs.delete(&name, &DeleteParams::default()).await;
         let _ = crs.delete(&name, &DeleteParams::default()).await;

@@ -17,7 +17,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Toleration};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use sandboxrun_operator::api::{
     Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec,
@@ -27,7 +27,6 @@ use serde_json::json;
 use support::*;
 
 const REAL_NODE_LABEL: &str = "sandbox.iterion.io/real-node";
-const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");
 
 /// A pinned image reference `hack/images.sh` pushed (`busybox`, `sandboxrun-operator`).
 fn image_ref(name: &str) -> String {
@@ -101,7 +100,9 @@ async fn restricted_namespace(client: &Client, prefix: &str) -> TestNamespace {
 /// The operator under test on this host, with the operator image as the holder of run pods.
 fn start_operator(ns: &str, store_url: &str) -> Operator {
     let holder = pod_image("sandboxrun-operator");
-    Operator::start_with(ns, store_url, &["--holder-image", &holder])
+    Operator::builder(ns, store_url)
+        .flags(&["--holder-image", &holder])
+        .start()
 }
 
 /// What every real-node test starts from: a client, a namespace enforcing `restricted`, a
@@ -132,18 +133,6 @@ impl RealBed {
     }
 }
 
-fn file_store(tag: &str) -> (PathBuf, String) {
-    let dir = host_dir(&format!("store-{tag}"));
-    let url = format!("file://{}", dir.display());
-    (dir, url)
-}
-
-async fn create(api: &Api<SandboxRun>, name: &str, spec: SandboxRunSpec) {
-    api.create(&PostParams::default(), &SandboxRun::new(name, spec))
-        .await
-        .expect("create SandboxRun");
-}
-
 /// Waits until the run satisfies `done` (real pulls and container starts take seconds).
 async fn wait_run(
     api: &Api<SandboxRun>,
@@ -152,65 +141,15 @@ async fn wait_run(
     op: &Operator,
     done: impl Fn(&SandboxRun) -> bool,
 ) -> SandboxRun {
-    eventually_or_log(
-        &format!("{name}: {what}"),
-        Duration::from_secs(180),
-        op,
-        || {
-            let api = api.clone();
-            let name = name.to_string();
-            let ok = &done;
-            async move {
-                let r = api.get(&name).await.ok()?;
-                ok(&r).then_some(r)
-            }
-        },
-    )
-    .await
+    wait_for(api, name, op, Duration::from_secs(180), what, done).await
 }
 
 fn phase_is(want: Phase) -> impl Fn(&SandboxRun) -> bool {
-    move |r| r.status.as_ref().and_then(|s| s.phase) == Some(want)
+    move |r| phase(r) == Some(want)
 }
 
 fn final_phase(r: &SandboxRun) -> bool {
-    matches!(
-        r.status.as_ref().and_then(|s| s.phase),
-        Some(Phase::Succeeded | Phase::Failed | Phase::Stopped)
-    )
-}
-
-fn pod_name_of(run: &SandboxRun) -> String {
-    run.status
-        .as_ref()
-        .and_then(|s| s.pod_name.clone())
-        .expect("status.podName")
-}
-
-/// Runs `sandboxrun-operator files get` into a fresh directory; returns `<dir>/<path's subdir>`.
-fn files_get(ns: &str, run: &str, store_url: &str, env: &[(&str, &str)]) -> PathBuf {
-    let dest = host_dir("get");
-    let out = Command::new(BIN)
-        .args([
-            "files",
-            "get",
-            run,
-            "-n",
-            ns,
-            "--store-url",
-            store_url,
-            "-o",
-        ])
-        .arg(&dest)
-        .envs(env.iter().copied())
-        .output()
-        .expect("run files get");
-    assert!(
-        out.status.success(),
-        "files get failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    dest
+    phase(r).is_some_and(Phase::is_final)
 }
 
 /// The extracted directory of declared path `index` under a `files get` destination.
@@ -382,7 +321,7 @@ async fn a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace() 
     }
 
     // Normal teardown: the holder's preStop sees the drained marker, the containers go at once.
-    let pod = pod_name_of(&run);
+    let pod = pod_of(&run);
     let took = containers_gone_within(&bed.ns.name, &pod, Duration::from_secs(30)).await;
     eprintln!("containers of {pod} gone {took:?} after the run reached its final phase");
 
@@ -394,7 +333,8 @@ async fn a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace() 
         assert!(events.contains(path), "no Event names {path}:\n{events}");
     }
 
-    let dest = files_get(&bed.ns.name, "batch", &bed.store_url, &[]);
+    let dest = files_get(&bed.ns.name, "batch", &bed.store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
     let out = extracted(&dest, 0);
     let logs = extracted(&dest, 1);
     let read = |p: &Path| std::fs::read_to_string(p).expect("read extracted file");
@@ -467,7 +407,7 @@ while true; do sleep 1; done"#;
             phase_is(Phase::Running),
         )
         .await;
-        pod_names.insert(name, pod_name_of(&run));
+        pod_names.insert(name, pod_of(&run));
     }
     // Give the workloads a moment to write (they run as soon as the pod is Running).
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -513,7 +453,8 @@ while true; do sleep 1; done"#;
         let took =
             containers_gone_within(&bed.ns.name, &pod_names[name], Duration::from_secs(30)).await;
         eprintln!("{name}: containers gone {took:?} after the drain was recorded");
-        let dest = files_get(&bed.ns.name, name, &bed.store_url, &[]);
+        let dest = files_get(&bed.ns.name, name, &bed.store_url, &[], &[])
+            .unwrap_or_else(|e| panic!("files get failed: {e}"));
         assert_eq!(
             std::fs::read_to_string(extracted(&dest, 0).join("evidence.txt"))
                 .expect("evidence.txt drained"),
@@ -562,7 +503,7 @@ echo partial > "$ITERION_ARTIFACT_FILES_DIR/partial.txt"; exec sleep 3600"#;
         phase_is(Phase::Running),
     )
     .await;
-    let pod = pod_name_of(&run);
+    let pod = pod_of(&run);
     // The workload is its container's PID 1, which ignores signals sent from inside its own PID
     // namespace; the kernel (an OOM kill) or the host can still kill it. Kill it from the host.
     let id = eventually("the workload container", Duration::from_secs(30), || {
@@ -619,7 +560,8 @@ echo partial > "$ITERION_ARTIFACT_FILES_DIR/partial.txt"; exec sleep 3600"#;
         events.contains("137"),
         "the exit code is in the Events:\n{events}"
     );
-    let dest = files_get(&bed.ns.name, "killed", &bed.store_url, &[]);
+    let dest = files_get(&bed.ns.name, "killed", &bed.store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
     assert_eq!(
         std::fs::read_to_string(extracted(&dest, 0).join("partial.txt")).expect("partial.txt"),
         "partial\n"
@@ -763,7 +705,7 @@ impl Drop for HelmRelease {
         if std::env::var_os("SANDBOXRUN_KEEP_NAMESPACES").is_some() {
             return;
         }
-        let _ = helm(&[
+        let _ = run_helm(&[
             "uninstall",
             &self.name,
             "-n",
@@ -773,12 +715,6 @@ impl Drop for HelmRelease {
             "2m",
         ]);
     }
-}
-
-fn helm(args: &[&str]) -> Output {
-    let mut cmd = tool("helm");
-    cmd.args(args);
-    run(cmd, None)
 }
 
 fn kubectl_apply(ns: &str, manifest: &str) -> Output {
@@ -845,7 +781,7 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
         name: fullname.clone(),
         namespace: release_ns.name.clone(),
     };
-    let installed = helm(&[
+    let installed = run_helm(&[
         "install",
         &fullname,
         &chart.display().to_string(),
@@ -984,7 +920,8 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
         ("AWS_ENDPOINT", s3.endpoint.as_str()),
         ("AWS_ALLOW_HTTP", "true"),
     ];
-    let dest = files_get(&runs_ns.name, "good", &store_url, &host_store_env);
+    let dest = files_get(&runs_ns.name, "good", &store_url, &[], &host_store_env)
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
     assert_eq!(
         std::fs::read_to_string(extracted(&dest, 0).join("report.txt")).expect("report.txt"),
         "from-helm\n"
@@ -1065,7 +1002,8 @@ chmod 0000 "$ITERION_ARTIFACT_FILES_DIR/locked.txt""#;
         took < jiff::SignedDuration::from_secs(60),
         "64 GiB never crossed the wire: the whole run took {took:?}"
     );
-    let dest = files_get(&bed.ns.name, "huge", &bed.store_url, &[]);
+    let dest = files_get(&bed.ns.name, "huge", &bed.store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
     let out = extracted(&dest, 0);
     assert_eq!(
         std::fs::read_to_string(out.join("result.txt")).expect("result.txt kept"),
@@ -1107,11 +1045,9 @@ async fn a_run_mounting_a_missing_config_map_is_shown_stuck_with_the_kubelets_fa
     ensure_crd(&client).await;
     let ns = restricted_namespace(&client, "real-stuck").await;
     let (_dir, store_url) = file_store("real-stuck");
-    let op = Operator::start_with(
-        &ns.name,
-        &store_url,
-        &["--holder-image", &pod_image("busybox")],
-    );
+    let op = Operator::builder(&ns.name, &store_url)
+        .flags(&["--holder-image", &pod_image("busybox")])
+        .start();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let mut spec = real_spec(Some("cat /etc/cfg/x"), &["/work/out"]);
     spec.mounts = serde_json::from_value(json!([{
@@ -1142,24 +1078,14 @@ async fn a_run_mounting_a_missing_config_map_is_shown_stuck_with_the_kubelets_fa
     );
     assert_eq!(status.message.as_deref(), Some(ready.message.as_str()));
 
-    let events: Api<k8s_openapi::api::events::v1::Event> =
-        Api::namespaced(client.clone(), &ns.name);
-    let stuck = || async {
-        events
-            .list(&ListParams::default())
-            .await
-            .expect("list events")
-            .items
-            .into_iter()
-            .filter(|e| {
-                e.reason.as_deref() == Some("PodStuck")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("stuck")
-            })
-            .collect::<Vec<_>>()
-    };
-    let first = eventually("the PodStuck Event", Duration::from_secs(30), || async {
-        stuck().await.into_iter().next()
-    })
+    let first = wait_event(
+        &client,
+        &ns.name,
+        Some("stuck"),
+        "PodStuck",
+        Duration::from_secs(30),
+        &op,
+    )
     .await;
     assert_eq!(first.type_.as_deref(), Some("Warning"));
     let note = first.note.clone().unwrap_or_default();
@@ -1170,12 +1096,12 @@ async fn a_run_mounting_a_missing_config_map_is_shown_stuck_with_the_kubelets_fa
     let related = first.related.clone().expect("related to the pod");
     assert_eq!(
         (related.kind.as_deref(), related.name.as_deref()),
-        (Some("Pod"), Some(pod_name_of(&run).as_str()))
+        (Some("Pod"), Some(pod_of(&run).as_str()))
     );
     // Told once: the operator looks at the pending pod again (every 5 s and more) and the
     // kubelet repeats FailedMount, but the cause is the same, so no second Event, no series.
     tokio::time::sleep(Duration::from_secs(15)).await;
-    let all = stuck().await;
+    let all = events_of(&client, &ns.name, "stuck", "PodStuck").await;
     assert_eq!(all.len(), 1, "{all:?}");
     assert!(all[0].series.is_none(), "published again: {:?}", all[0]);
 }

@@ -12,38 +12,19 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::Api;
 use object_store::{ObjectStore, ObjectStoreExt};
-use sandboxrun_operator::api::{
-    Phase, ReadBack, ReadBackPath, Retention, SandboxRun, SandboxRunSpec,
-};
+use sandboxrun_operator::api::{Phase, Retention, SandboxRun, SandboxRunSpec};
 use sandboxrun_operator::store::{list_manifests, run_dir, store_from_url, RunRef};
-use serde_json::json;
 
 use support::*;
-
-fn spec(out: &Path, retention: Option<Retention>, drain_timeout: &str) -> SandboxRunSpec {
-    SandboxRunSpec {
-        image: Some("registry.example/tool@sha256:0000000000000000000000000000000000000000000000000000000000000000".into()),
-        command: Some(vec!["sh".into(), "-c".into(), "work".into()]),
-        user: Some("1000:1000".into()),
-        read_back: Some(ReadBack {
-            paths: vec![ReadBackPath { path: out.display().to_string(), ..Default::default() }],
-            drain_timeout: Some(drain_timeout.into()),
-            retention,
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
 
 /// Waits until the apiserver serves the CRD's new fields. `ensure_crd` waits for Established, but
 /// an updated schema reaches the handler a moment later, and until then the fields are pruned
 /// from a created run (a run without its TTL would silently never expire).
 async fn wait_fields_served(api: &Api<SandboxRun>, out: &Path) {
-    let mut probe = spec(out, Some(Retention::Delete), "60s");
+    let mut probe = spec(&[out]).retention(Some(Retention::Delete)).build();
     probe.ttl_seconds_after_finished = Some(2);
     let params = PostParams {
         dry_run: true,
@@ -67,71 +48,17 @@ async fn wait_fields_served(api: &Api<SandboxRun>, out: &Path) {
     .await;
 }
 
-async fn create(api: &Api<SandboxRun>, name: &str, spec: SandboxRunSpec) -> SandboxRun {
-    api.create(&PostParams::default(), &SandboxRun::new(name, spec))
-        .await
-        .expect("create SandboxRun")
-}
-
-async fn wait_phase(api: &Api<SandboxRun>, name: &str, want: Phase, op: &Operator) -> SandboxRun {
-    let what = format!("{name} to reach {want:?}");
-    eventually_or_log(&what, Duration::from_secs(90), op, || {
-        let api = api.clone();
-        let name = name.to_string();
-        async move {
-            let r = api.get(&name).await.ok()?;
-            (r.status.as_ref()?.phase == Some(want)).then_some(r)
-        }
-    })
-    .await
-}
-
-async fn wait_gone(api: &Api<SandboxRun>, name: &str, op: &Operator) {
-    let what = format!("{name} to be deleted");
-    eventually_or_log(&what, Duration::from_secs(90), op, || {
-        let api = api.clone();
-        let name = name.to_string();
-        async move { api.get_opt(&name).await.ok()?.is_none().then_some(()) }
-    })
-    .await;
-}
-
 /// Runs `name` until its workload exits 0 and its drain settled (phase Succeeded).
 async fn run_to_success(
     runs: &Api<SandboxRun>,
     pods: &Api<Pod>,
     name: &str,
-    spec: SandboxRunSpec,
+    spec: impl Into<SandboxRunSpec>,
     op: &Operator,
 ) -> SandboxRun {
     create(runs, name, spec).await;
-    let run = wait_phase(runs, name, Phase::Running, op).await;
-    let pod_name = run
-        .status
-        .and_then(|s| s.pod_name)
-        .expect("a running run names its pod");
-    let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": "0"}}});
-    pods.patch(&pod_name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("annotate pod");
+    run_then_finish(runs, pods, name, op).await;
     wait_phase(runs, name, Phase::Succeeded, op).await
-}
-
-/// The Event with `reason` about run `name`, once it exists.
-async fn event(client: &kube::Client, ns: &str, name: &str, reason: &str, op: &Operator) -> Event {
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    let what = format!("a {reason} Event about {name}");
-    eventually_or_log(&what, Duration::from_secs(60), op, || {
-        let events = events.clone();
-        async move {
-            let list = events.list(&Default::default()).await.ok()?;
-            list.items.into_iter().find(|e| {
-                e.reason.as_deref() == Some(reason)
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
-            })
-        }
-    })
-    .await
 }
 
 async fn keys_under(store: &Arc<dyn ObjectStore>, dir: &object_store::path::Path) -> Vec<String> {
@@ -153,26 +80,6 @@ fn run_ref(ns: &str, run: &SandboxRun) -> RunRef {
     }
 }
 
-fn s3_options(s3: &S3, secret: &str) -> Vec<(String, String)> {
-    [
-        ("endpoint", s3.endpoint.as_str()),
-        ("allow_http", "true"),
-        ("access_key_id", s3.access_key.as_str()),
-        ("secret_access_key", secret),
-        ("region", "us-east-1"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect()
-}
-
-fn option_flags(options: &[(String, String)]) -> Vec<String> {
-    options
-        .iter()
-        .flat_map(|(k, v)| ["--store-option".to_string(), format!("{k}={v}")])
-        .collect()
-}
-
 /// A fresh S3 store URL (short prefix: s3s-fs names files after keys, see drain_e2e.rs).
 fn s3_url(s3: &S3) -> String {
     format!("s3://{}/r{:04x}", s3.bucket, rand_u32() & 0xffff)
@@ -185,7 +92,7 @@ async fn a_finished_run_with_a_ttl_is_deleted_and_keeps_its_files_while_one_with
     let ns = TestNamespace::new(&client, "ttl").await;
     let dir = host_dir("store-ttl");
     let store_url = format!("file://{}", dir.display());
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("out");
     std::fs::write(out.join("result.txt"), b"kept\n").unwrap();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
@@ -194,8 +101,8 @@ async fn a_finished_run_with_a_ttl_is_deleted_and_keeps_its_files_while_one_with
 
     // The run without a TTL finishes first: it is over for longer than the other's TTL by the
     // time that one is gone, and must still be there.
-    run_to_success(&runs, &pods, "stays", spec(&out, None, "60s"), &op).await;
-    let mut short = spec(&out, None, "60s");
+    run_to_success(&runs, &pods, "stays", spec(&[&out]), &op).await;
+    let mut short = spec(&[&out]).build();
     short.ttl_seconds_after_finished = Some(2);
     let finished = run_to_success(&runs, &pods, "short", short, &op).await;
     assert_eq!(
@@ -204,8 +111,16 @@ async fn a_finished_run_with_a_ttl_is_deleted_and_keeps_its_files_while_one_with
         "the CRD keeps the field"
     );
 
-    wait_gone(&runs, "short", &op).await;
-    let expired = event(&client, &ns.name, "short", "TTLExpired", &op).await;
+    wait_gone(&runs, "short", &op, PHASE_TIMEOUT).await;
+    let expired = wait_event(
+        &client,
+        &ns.name,
+        Some("short"),
+        "TTLExpired",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
     assert_eq!(expired.type_.as_deref(), Some("Normal"));
     assert!(
         expired
@@ -231,24 +146,21 @@ async fn a_finished_run_with_a_ttl_is_deleted_and_keeps_its_files_while_one_with
     runs.delete("stays", &DeleteParams::default())
         .await
         .unwrap();
-    wait_gone(&runs, "stays", &op).await;
+    wait_gone(&runs, "stays", &op, PHASE_TIMEOUT).await;
     let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test]
 async fn retention_delete_removes_only_the_runs_own_objects_from_s3_and_retain_keeps_them() {
     let s3 = s3();
-    let options = s3_options(&s3, &s3.secret_key);
+    let options = s3.options();
     let store_url = s3_url(&s3);
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "ret").await;
-    let flags = option_flags(&options);
-    let op = Operator::start(
-        &ns.name,
-        &store_url,
-        &flags.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
+    let op = Operator::builder(&ns.name, &store_url)
+        .store_options(&options)
+        .start();
     let out = host_dir("out");
     std::fs::write(out.join("result.txt"), b"to be deleted or kept\n").unwrap();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
@@ -260,7 +172,7 @@ async fn retention_delete_removes_only_the_runs_own_objects_from_s3_and_retain_k
         &runs,
         &pods,
         "a",
-        spec(&out, Some(Retention::Delete), "60s"),
+        spec(&[&out]).retention(Some(Retention::Delete)),
         &op,
     )
     .await;
@@ -269,7 +181,7 @@ async fn retention_delete_removes_only_the_runs_own_objects_from_s3_and_retain_k
         Some(Retention::Delete),
         "the CRD keeps the field"
     );
-    let ab = run_to_success(&runs, &pods, "ab", spec(&out, None, "60s"), &op).await;
+    let ab = run_to_success(&runs, &pods, "ab", spec(&[&out]), &op).await;
     crypto();
     let (store, prefix) = store_from_url(&store_url, &options).unwrap();
     let a_dir = run_dir(&prefix, &run_ref(&ns.name, &a));
@@ -284,8 +196,8 @@ async fn retention_delete_removes_only_the_runs_own_objects_from_s3_and_retain_k
 
     runs.delete("a", &DeleteParams::default()).await.unwrap();
     runs.delete("ab", &DeleteParams::default()).await.unwrap();
-    wait_gone(&runs, "a", &op).await;
-    wait_gone(&runs, "ab", &op).await;
+    wait_gone(&runs, "a", &op, PHASE_TIMEOUT).await;
+    wait_gone(&runs, "ab", &op, PHASE_TIMEOUT).await;
 
     assert_eq!(
         keys_under(&store, &a_dir).await,
@@ -297,7 +209,15 @@ async fn retention_delete_removes_only_the_runs_own_objects_from_s3_and_retain_k
         ab_keys,
         "the default retention (Retain) keeps every object"
     );
-    let deleted = event(&client, &ns.name, "a", "ArchivesDeleted", &op).await;
+    let deleted = wait_event(
+        &client,
+        &ns.name,
+        Some("a"),
+        "ArchivesDeleted",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
     assert_eq!(deleted.type_.as_deref(), Some("Normal"));
     assert!(
         deleted
@@ -319,13 +239,13 @@ async fn a_running_run_with_retention_delete_is_drained_then_its_files_deleted_o
     let ns = TestNamespace::new(&client, "retrun").await;
     let dir = host_dir("store-retrun");
     let store_url = format!("file://{}", dir.display());
-    let op = Operator::start(&ns.name, &store_url, &[]);
+    let op = Operator::builder(&ns.name, &store_url).start();
     let out = host_dir("out");
     std::fs::write(out.join("result.txt"), b"drained, then deleted\n").unwrap();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     wait_fields_served(&runs, &out).await;
     // A long-lived sandbox (no command): deleting it is what tears it down.
-    let mut s = spec(&out, Some(Retention::Delete), "60s");
+    let mut s = spec(&[&out]).retention(Some(Retention::Delete)).build();
     s.command = None;
     create(&runs, "live", s).await;
     let run = wait_phase(&runs, "live", Phase::Running, &op).await;
@@ -339,10 +259,18 @@ async fn a_running_run_with_retention_delete_is_drained_then_its_files_deleted_o
     );
 
     runs.delete("live", &DeleteParams::default()).await.unwrap();
-    wait_gone(&runs, "live", &op).await;
+    wait_gone(&runs, "live", &op, PHASE_TIMEOUT).await;
     // The drain stored archive + manifest (the Drained Event says so), then the finalizer deleted
     // both before letting go.
-    let drained = event(&client, &ns.name, "live", "Drained", &op).await;
+    let drained = wait_event(
+        &client,
+        &ns.name,
+        Some("live"),
+        "Drained",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
     assert!(
         drained
             .note
@@ -350,7 +278,15 @@ async fn a_running_run_with_retention_delete_is_drained_then_its_files_deleted_o
             .is_some_and(|n| n.contains("Drained")),
         "{drained:?}"
     );
-    let deleted = event(&client, &ns.name, "live", "ArchivesDeleted", &op).await;
+    let deleted = wait_event(
+        &client,
+        &ns.name,
+        Some("live"),
+        "ArchivesDeleted",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
     assert!(
         deleted
             .note
@@ -365,25 +301,29 @@ async fn a_running_run_with_retention_delete_is_drained_then_its_files_deleted_o
 #[tokio::test]
 async fn a_store_that_refuses_deletes_warns_and_still_releases_the_run_after_the_drain_timeout() {
     let s3 = s3();
-    let options = s3_options(&s3, &s3.secret_key);
+    let options = s3.options();
     let store_url = s3_url(&s3);
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "refuse").await;
     // Retention comes from the operator-wide default here (the run does not set it).
-    let mut flags = option_flags(&options);
-    flags.extend(["--default-retention".to_string(), "Delete".to_string()]);
-    let mut op = Operator::start(
-        &ns.name,
-        &store_url,
-        &flags.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
+    let mut op = Operator::builder(&ns.name, &store_url)
+        .store_options(&options)
+        .flags(&["--default-retention", "Delete"])
+        .start();
     let out = host_dir("out");
     std::fs::write(out.join("result.txt"), b"stays behind\n").unwrap();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     wait_fields_served(&runs, &out).await;
-    let run = run_to_success(&runs, &pods, "refused", spec(&out, None, "8s"), &op).await;
+    let run = run_to_success(
+        &runs,
+        &pods,
+        "refused",
+        spec(&[&out]).drain_timeout("8s"),
+        &op,
+    )
+    .await;
     crypto();
     let (store, prefix) = store_from_url(&store_url, &options).unwrap();
     let dir = run_dir(&prefix, &run_ref(&ns.name, &run));
@@ -392,21 +332,34 @@ async fn a_store_that_refuses_deletes_warns_and_still_releases_the_run_after_the
 
     // The same operator, now with credentials the store refuses.
     op.kill();
-    let mut bad = option_flags(&s3_options(&s3, "not-the-secret"));
-    bad.extend(["--default-retention".to_string(), "Delete".to_string()]);
-    let op = Operator::start(
-        &ns.name,
-        &store_url,
-        &bad.iter().map(String::as_str).collect::<Vec<_>>(),
-    );
+    let op = Operator::builder(&ns.name, &store_url)
+        .store_options(&s3.options_with_secret("not-the-secret"))
+        .flags(&["--default-retention", "Delete"])
+        .start();
     runs.delete("refused", &DeleteParams::default())
         .await
         .unwrap();
-    let failed = event(&client, &ns.name, "refused", "ArchiveDeleteFailed", &op).await;
+    let failed = wait_event(
+        &client,
+        &ns.name,
+        Some("refused"),
+        "ArchiveDeleteFailed",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
     assert_eq!(failed.type_.as_deref(), Some("Warning"));
     // Bounded by the drain timeout (8s): the run is released, with the files left in place.
-    wait_gone(&runs, "refused", &op).await;
-    let abandoned = event(&client, &ns.name, "refused", "ArchiveDeleteAbandoned", &op).await;
+    wait_gone(&runs, "refused", &op, PHASE_TIMEOUT).await;
+    let abandoned = wait_event(
+        &client,
+        &ns.name,
+        Some("refused"),
+        "ArchiveDeleteAbandoned",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
     assert_eq!(abandoned.type_.as_deref(), Some("Warning"));
     assert_eq!(
         keys_under(&store, &dir).await,
@@ -427,7 +380,7 @@ async fn the_apiserver_refuses_a_negative_or_absurd_ttl_with_a_hint_and_accepts_
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     wait_fields_served(&runs, &out).await;
     for bad in [-1, 31_536_001, i64::MAX] {
-        let mut s = spec(&out, None, "60s");
+        let mut s = spec(&[&out]).build();
         s.ttl_seconds_after_finished = Some(bad);
         let err = runs
             .create(&PostParams::default(), &SandboxRun::new("bad", s))
@@ -443,7 +396,7 @@ async fn the_apiserver_refuses_a_negative_or_absurd_ttl_with_a_hint_and_accepts_
     let api_resource = kube::discovery::ApiResource::erase::<SandboxRun>(&());
     let dynamic: Api<kube::api::DynamicObject> =
         Api::namespaced_with(client.clone(), &ns.name, &api_resource);
-    let mut value = serde_json::to_value(SandboxRun::new("null-ttl", spec(&out, None, "60s")))
+    let mut value = serde_json::to_value(SandboxRun::new("null-ttl", spec(&[&out]).build()))
         .expect("serialize");
     value["spec"]["ttlSecondsAfterFinished"] = serde_json::Value::Null;
     let object: kube::api::DynamicObject = serde_json::from_value(value).expect("dynamic object");

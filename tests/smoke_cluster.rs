@@ -7,11 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::{
-    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    RuleWithOperations, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Container, Node, Pod, PodSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
-use k8s_openapi::ByteString;
 use kube::api::{AttachParams, DeleteParams, ObjectMeta, PostParams};
 use kube::Api;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
@@ -239,36 +237,20 @@ async fn the_apiserver_calls_a_webhook_registered_by_url_with_a_ca_bundle() {
     );
 
     let name = format!("smoke-{}", ns.name);
-    let vwc = ValidatingWebhookConfiguration {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            ..Default::default()
+    let vwc = loopback_webhook(
+        &name,
+        "smoke.sandbox.iterion.io",
+        &ns.name,
+        format!("https://127.0.0.1:{port}/validate"),
+        Some(ca.pem().into_bytes()),
+        RuleWithOperations {
+            api_groups: Some(vec!["".into()]),
+            api_versions: Some(vec!["v1".into()]),
+            operations: Some(vec!["CREATE".into()]),
+            resources: Some(vec!["configmaps".into()]),
+            scope: Some("Namespaced".into()),
         },
-        webhooks: Some(vec![ValidatingWebhook {
-            name: "smoke.sandbox.iterion.io".into(),
-            admission_review_versions: vec!["v1".into()],
-            side_effects: "None".into(),
-            failure_policy: Some("Fail".into()),
-            timeout_seconds: Some(5),
-            namespace_selector: Some(LabelSelector {
-                match_labels: Some([("sandboxrun-test".to_string(), ns.name.clone())].into()),
-                ..Default::default()
-            }),
-            client_config: WebhookClientConfig {
-                url: Some(format!("https://127.0.0.1:{port}/validate")),
-                ca_bundle: Some(ByteString(ca.pem().into_bytes())),
-                service: None,
-            },
-            rules: Some(vec![RuleWithOperations {
-                api_groups: Some(vec!["".into()]),
-                api_versions: Some(vec!["v1".into()]),
-                operations: Some(vec!["CREATE".into()]),
-                resources: Some(vec!["configmaps".into()]),
-                scope: Some("Namespaced".into()),
-            }]),
-            ..Default::default()
-        }]),
-    };
+    );
     let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     vwcs.create(&PostParams::default(), &vwc)
         .await

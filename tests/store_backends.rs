@@ -26,7 +26,7 @@
 mod support;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -34,15 +34,11 @@ use std::time::{Duration, Instant};
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams, PostParams};
 use kube::Api;
 use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt};
-use sandboxrun_operator::api::{
-    Compression, Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec,
-};
+use sandboxrun_operator::api::{Compression, Phase, ReadBackPhase, SandboxRun};
 use sandboxrun_operator::store::{list_manifests, path_slug, run_prefix, store_from_url};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use support::*;
@@ -147,13 +143,6 @@ fn store_spec(backend: Backend, addr: &str, prefix: &str, secret: Option<&str>) 
     }
 }
 
-fn store_flags(options: &[(String, String)]) -> Vec<String> {
-    options
-        .iter()
-        .flat_map(|(k, v)| ["--store-option".to_string(), format!("{k}={v}")])
-        .collect()
-}
-
 fn prefix(tag: &str) -> String {
     format!("{tag}{:08x}", rand_u32())
 }
@@ -161,51 +150,6 @@ fn prefix(tag: &str) -> String {
 // ---------------------------------------------------------------------------------------------
 // Runs on the kwok node
 // ---------------------------------------------------------------------------------------------
-
-fn run_spec(path: &Path, drain_timeout: &str) -> SandboxRunSpec {
-    SandboxRunSpec {
-        image: Some("registry.example/tool@sha256:0000000000000000000000000000000000000000000000000000000000000000".into()),
-        command: Some(vec!["sh".into(), "-c".into(), "work".into()]),
-        user: Some("1000:1000".into()),
-        read_back: Some(ReadBack {
-            paths: vec![ReadBackPath {
-                path: path.display().to_string(),
-                ..Default::default()
-            }],
-            compression: Compression::Zstd,
-            drain_timeout: Some(drain_timeout.into()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-async fn wait_for<F>(
-    runs: &Api<SandboxRun>,
-    name: &str,
-    op: &Operator,
-    timeout: Duration,
-    what: &str,
-    pred: F,
-) -> SandboxRun
-where
-    F: Fn(&SandboxRun) -> bool,
-{
-    eventually_or_log(&format!("{name} {what}"), timeout, op, || {
-        let runs = runs.clone();
-        let name = name.to_string();
-        let ok = &pred;
-        async move {
-            let r = runs.get(&name).await.ok()?;
-            ok(&r).then_some(r)
-        }
-    })
-    .await
-}
-
-fn phase(r: &SandboxRun) -> Option<Phase> {
-    r.status.as_ref().and_then(|s| s.phase)
-}
 
 /// Creates a batch run draining `path`, lets its workload exit 0, and returns it once it is final.
 async fn drain(
@@ -216,99 +160,22 @@ async fn drain(
     path: &Path,
     drain_timeout: &str,
 ) -> SandboxRun {
-    runs.create(
-        &PostParams::default(),
-        &SandboxRun::new(name, run_spec(path, drain_timeout)),
+    create(
+        runs,
+        name,
+        spec(&[path])
+            .compression(Compression::Zstd)
+            .drain_timeout(drain_timeout),
     )
-    .await
-    .expect("create SandboxRun");
-    let running = wait_for(runs, name, op, Duration::from_secs(90), "Running", |r| {
-        phase(r) == Some(Phase::Running)
-    })
     .await;
-    let pod = running
-        .status
-        .and_then(|s| s.pod_name)
-        .expect("a running run names its pod");
-    let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": "0"}}});
-    pods.patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("end the workload");
-    wait_for(runs, name, op, Duration::from_secs(240), "final", |r| {
-        phase(r).is_some_and(|p| p.is_final())
-    })
-    .await
+    let running = wait_phase(runs, name, Phase::Running, op).await;
+    finish_workload(pods, &pod_of(&running), 0).await;
+    wait_final(runs, name, op, Duration::from_secs(240)).await
 }
 
 // ---------------------------------------------------------------------------------------------
 // Trees
 // ---------------------------------------------------------------------------------------------
-
-/// Removes a directory when the test ends, passed or failed: the disk is shared.
-struct RemoveOnDrop(PathBuf);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Nested and empty directories, in-tree symlinks (to a file, to a directory, upwards), 120 small
-/// files and one file of `big` bytes.
-fn make_tree(root: &Path, big: u64) {
-    std::fs::create_dir_all(root.join("a/b/c/d")).unwrap();
-    std::fs::create_dir_all(root.join("empty")).unwrap();
-    std::fs::write(root.join("a/b/c/d/deep.txt"), b"deep\n").unwrap();
-    for i in 0..120usize {
-        let dir = root.join(format!("small/d{:02}", i % 12));
-        std::fs::create_dir_all(&dir).unwrap();
-        let body: Vec<u8> = (0..(i * 53) % 4000).map(|j| (i + j * 7) as u8).collect();
-        std::fs::write(dir.join(format!("f{i:03}.txt")), body).unwrap();
-    }
-    std::os::unix::fs::symlink("small/d00/f000.txt", root.join("link-to-file")).unwrap();
-    std::os::unix::fs::symlink("../../small", root.join("a/b/up-to-small")).unwrap();
-    std::os::unix::fs::symlink("a/b/c", root.join("dir-link")).unwrap();
-    write_pattern(&root.join("a/big.bin"), big, 7);
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Node {
-    Dir,
-    File { size: u64, sha256: String },
-    Symlink(String),
-}
-
-/// What a tree holds, by relative path.
-fn snapshot(root: &Path) -> BTreeMap<String, Node> {
-    let mut out = BTreeMap::new();
-    for e in walkdir::WalkDir::new(root).min_depth(1).follow_links(false) {
-        let e = e.expect("walk");
-        let rel = e
-            .path()
-            .strip_prefix(root)
-            .expect("under root")
-            .to_string_lossy()
-            .into_owned();
-        let ft = e.file_type();
-        let node = if ft.is_symlink() {
-            Node::Symlink(
-                std::fs::read_link(e.path())
-                    .expect("readlink")
-                    .to_string_lossy()
-                    .into_owned(),
-            )
-        } else if ft.is_dir() {
-            Node::Dir
-        } else {
-            Node::File {
-                size: e.metadata().expect("stat").len(),
-                sha256: hex::encode(Sha256::digest(std::fs::read(e.path()).expect("read"))),
-            }
-        };
-        out.insert(rel, node);
-    }
-    out
-}
 
 /// `sandboxrun-operator files <args> --store-url … --store-option …`, as a reader runs it.
 fn files_cli(store: &StoreSpec, args: &[&str]) -> std::process::Output {
@@ -402,12 +269,12 @@ async fn round_trip(tag: &str, writer: &StoreSpec, store: &StoreSpec, copy_to_gc
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, &format!("be-{tag}")).await;
-    let flags = store_flags(&writer.options);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let op = Operator::start(&ns.name, &writer.url, &flags);
+    let op = Operator::builder(&ns.name, &writer.url)
+        .store_options(&writer.options)
+        .start();
     let src = host_dir(&format!("be-{tag}"));
     let _remove_src = RemoveOnDrop(src.clone());
-    make_tree(&src, 3 * MIB);
+    make_tree(&src, 120, 3 * MIB);
     let want = snapshot(&src);
 
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
@@ -550,7 +417,7 @@ async fn a_tree_round_trips_through_azure_with_sas_tokens_write_for_the_operator
         .await;
     match denied {
         Err(e) => assert!(
-            sandboxrun_operator::store_credentials::is_refused(&e),
+            sandboxrun_operator::store::credentials::is_refused(&e),
             "a refusal, not {e}"
         ),
         Ok(_) => panic!("a read/list SAS wrote an object"),
@@ -709,15 +576,6 @@ async fn azure_get(path: &str, query: &[(&str, &str)]) -> String {
     text
 }
 
-/// The texts of every `<tag>…</tag>` in `xml`, in order (the listings are flat and trusted).
-fn xml_texts(xml: &str, tag: &str) -> Vec<String> {
-    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-    xml.split(open.as_str())
-        .skip(1)
-        .filter_map(|s| s.split(close.as_str()).next().map(str::to_string))
-        .collect()
-}
-
 /// Azure: 24 MiB (random, so zstd keeps it) is five 5 MiB blocks; the proxy cuts every connection
 /// after 7 MiB, while blocks are in flight, and refuses connections for 5 s. The drain must end
 /// Drained, identical, with one archive and one manifest, and Azure's own listing (which can show
@@ -736,12 +594,12 @@ async fn an_azure_outage_mid_upload_is_retried_and_leaves_no_uncommitted_blocks(
         &key_prefix_text,
         None,
     );
-    let flags = store_flags(&via_proxy.options);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let op = Operator::start(&ns.name, &via_proxy.url, &flags);
+    let op = Operator::builder(&ns.name, &via_proxy.url)
+        .store_options(&via_proxy.options)
+        .start();
     let src = host_dir("be-az-outage");
     let _remove_src = RemoveOnDrop(src.clone());
-    make_tree(&src, 24 * MIB);
+    make_tree(&src, 120, 24 * MIB);
     let want = snapshot(&src);
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
@@ -868,9 +726,9 @@ async fn a_wrong_credential_fails_the_path_at_once(backend: Backend, wrong: &str
     let tag = format!("{backend:?}").to_lowercase();
     let ns = TestNamespace::new(&client, &format!("be-{tag}-cred")).await;
     let store = store_spec(backend, &server_addr(backend), &prefix(&tag), Some(wrong));
-    let flags = store_flags(&store.options);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let op = Operator::start(&ns.name, &store.url, &flags);
+    let op = Operator::builder(&ns.name, &store.url)
+        .store_options(&store.options)
+        .start();
     let src = host_dir(&format!("be-{tag}-cred"));
     let _remove_src = RemoveOnDrop(src.clone());
     std::fs::write(src.join("result.json"), b"{\"ok\":true}\n").expect("write");

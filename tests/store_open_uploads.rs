@@ -15,17 +15,13 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt, PutPayload};
-use sandboxrun_operator::api::{
-    Compression, Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec,
-};
+use sandboxrun_operator::api::{Compression, Phase, ReadBackPhase, SandboxRun};
 use sandboxrun_operator::store::open_uploads::{
     before_attempt, Cleared, OpenUploads, OpenUploadsError, LIST_PERMISSION,
 };
 use sandboxrun_operator::store::{object_keys, store_from_url, RunRef};
-use serde_json::json;
 
 use support::*;
 
@@ -40,22 +36,11 @@ struct Gofakes3 {
 
 fn gofakes3() -> Gofakes3 {
     let url = bed_setting("SANDBOXRUN_TEST_GOFAKES3_URL");
-    let options = [
-        ("endpoint", url.as_str()),
-        ("allow_http", "true"),
-        (
-            "access_key_id",
-            &bed_setting("SANDBOXRUN_TEST_GOFAKES3_ACCESS_KEY"),
-        ),
-        (
-            "secret_access_key",
-            &bed_setting("SANDBOXRUN_TEST_GOFAKES3_SECRET_KEY"),
-        ),
-        ("region", "us-east-1"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let options = s3_options(
+        &url,
+        &bed_setting("SANDBOXRUN_TEST_GOFAKES3_ACCESS_KEY"),
+        &bed_setting("SANDBOXRUN_TEST_GOFAKES3_SECRET_KEY"),
+    );
     Gofakes3 {
         bucket: bed_setting("SANDBOXRUN_TEST_GOFAKES3_BUCKET"),
         url,
@@ -104,16 +89,6 @@ impl Gofakes3 {
         let url = format!("{}/{}/{key}?uploadId={id}", self.url, self.bucket);
         let _ = reqwest::Client::new().delete(url).send().await;
     }
-}
-
-/// The texts of every `<tag>` element, in order (a listing's keys here are plain ASCII).
-fn xml_texts(xml: &str, tag: &str) -> Vec<String> {
-    let open = format!("<{tag}>");
-    let close = format!("</{tag}>");
-    xml.split(&open)
-        .skip(1)
-        .filter_map(|rest| rest.split_once(&close).map(|(t, _)| t.to_string()))
-        .collect()
 }
 
 /// Leaves an upload of `key` open with one part in it, as a process killed mid-upload does: the
@@ -218,70 +193,6 @@ async fn the_pre_attempt_clean_up_aborts_the_open_uploads_of_exactly_the_key() {
 // End to end: the operator drains into gofakes3
 // ---------------------------------------------------------------------------------------------
 
-fn spec(path: &Path, drain_timeout: &str) -> SandboxRunSpec {
-    SandboxRunSpec {
-        image: Some("registry.example/tool@sha256:0000000000000000000000000000000000000000000000000000000000000000".into()),
-        command: Some(vec!["sh".into(), "-c".into(), "work".into()]),
-        user: Some("1000:1000".into()),
-        read_back: Some(ReadBack {
-            paths: vec![ReadBackPath {
-                path: path.display().to_string(),
-                ..Default::default()
-            }],
-            compression: Compression::None,
-            drain_timeout: Some(drain_timeout.into()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-fn store_flags(options: &[(String, String)]) -> Vec<String> {
-    options
-        .iter()
-        .flat_map(|(k, v)| ["--store-option".to_string(), format!("{k}={v}")])
-        .collect()
-}
-
-async fn wait_for<F>(
-    runs: &Api<SandboxRun>,
-    name: &str,
-    op: &Operator,
-    timeout: Duration,
-    what: &str,
-    pred: F,
-) -> SandboxRun
-where
-    F: Fn(&SandboxRun) -> bool,
-{
-    eventually_or_log(&format!("{name} {what}"), timeout, op, || {
-        let runs = runs.clone();
-        let name = name.to_string();
-        let ok = &pred;
-        async move {
-            let r = runs.get(&name).await.ok()?;
-            ok(&r).then_some(r)
-        }
-    })
-    .await
-}
-
-fn phase(r: &SandboxRun) -> Option<Phase> {
-    r.status.as_ref().and_then(|s| s.phase)
-}
-
-async fn finish_workload(pods: &Api<Pod>, run: &SandboxRun) {
-    let pod = run
-        .status
-        .as_ref()
-        .and_then(|s| s.pod_name.clone())
-        .expect("a running run names its pod");
-    let patch = json!({"metadata": {"annotations": {"sandbox.iterion.io/test-exit-code": "0"}}});
-    pods.patch(&pod, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .expect("end the workload");
-}
-
 /// The archive key of path 0 of `run`.
 fn archive_key(prefix: &str, ns: &str, run: &SandboxRun, path: &Path) -> String {
     let run_ref = RunRef {
@@ -317,25 +228,17 @@ async fn an_upload_left_open_by_a_killed_attempt_is_aborted_before_the_next_atte
     let ns = TestNamespace::new(&client, "openup").await;
     let prefix = random_prefix("ou");
     let url = s3.store_url(&prefix);
-    let flags = store_flags(&s3.options);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let op = Operator::start(&ns.name, &url, &flags);
+    let op = Operator::builder(&ns.name, &url)
+        .store_options(&s3.options)
+        .start();
     let src = host_dir("openup");
     let _remove = RemoveOnDrop(src.clone());
     std::fs::write(src.join("result.txt"), "42\n").expect("write");
 
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    runs.create(
-        &PostParams::default(),
-        &SandboxRun::new("r", spec(&src, "2m")),
-    )
-    .await
-    .expect("create");
-    let running = wait_for(&runs, "r", &op, Duration::from_secs(90), "Running", |r| {
-        phase(r) == Some(Phase::Running)
-    })
-    .await;
+    create(&runs, "r", spec(&[&src]).drain_timeout("2m")).await;
+    let running = wait_phase(&runs, "r", Phase::Running, &op).await;
 
     // What a killed operator leaves: an open upload of the archive key (its drop guard never
     // ran), next to an open upload of another key that shares the prefix.
@@ -350,11 +253,8 @@ async fn an_upload_left_open_by_a_killed_attempt_is_aborted_before_the_next_atte
         "the orphan is open"
     );
 
-    finish_workload(&pods, &running).await;
-    let run = wait_for(&runs, "r", &op, Duration::from_secs(180), "final", |r| {
-        phase(r).is_some_and(|p| p.is_final())
-    })
-    .await;
+    finish_workload(&pods, &pod_of(&running), 0).await;
+    let run = wait_final(&runs, "r", &op, Duration::from_secs(180)).await;
     let entry = &run.status.as_ref().expect("status").read_back[0];
     assert_eq!(
         entry.phase,
@@ -395,26 +295,6 @@ fn hanging_packer(bin_dir: &Path) -> PathBuf {
     script
 }
 
-/// The first `sent` bytes of a tar whose one member claims `size` bytes.
-fn truncated_tar(size: u64, sent: u64) -> Vec<u8> {
-    let mut h = tar::Header::new_ustar();
-    h.set_path("big.bin").expect("path");
-    h.set_size(size);
-    h.set_mode(0o644);
-    h.set_mtime(1_700_000_000);
-    h.set_entry_type(tar::EntryType::Regular);
-    h.set_cksum();
-    let mut out = h.as_bytes().to_vec();
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    for _ in 0..sent / 8 {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out
-}
-
 #[tokio::test]
 async fn an_attempt_cancelled_by_its_timeout_leaves_no_open_upload_in_the_server_s_listing() {
     let s3 = gofakes3();
@@ -425,13 +305,11 @@ async fn an_attempt_cancelled_by_its_timeout_leaves_no_open_upload_in_the_server
     let url = s3.store_url(&prefix);
     let bin = host_dir("openup-bin");
     let _remove_bin = RemoveOnDrop(bin.clone());
-    let mut flags = store_flags(&s3.options);
-    flags.extend([
-        "--pack-command".to_string(),
-        format!("{} ", hanging_packer(&bin).display()),
-    ]);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    let op = Operator::start(&ns.name, &url, &flags);
+    let pack = format!("{} ", hanging_packer(&bin).display());
+    let op = Operator::builder(&ns.name, &url)
+        .store_options(&s3.options)
+        .flags(&["--pack-command", &pack])
+        .start();
 
     // 12 MiB of a 64 MiB member, then the packer stalls: past its first 5 MiB part, the archive
     // is a multipart upload with parts in the bucket when the drain timeout fires.
@@ -440,23 +318,10 @@ async fn an_attempt_cancelled_by_its_timeout_leaves_no_open_upload_in_the_server
     std::fs::write(src.join(".stream"), truncated_tar(64 * MIB, 12 * MIB)).expect("stream");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
-    runs.create(
-        &PostParams::default(),
-        &SandboxRun::new("stalls", spec(&src, "12s")),
-    )
-    .await
-    .expect("create");
-    let running = wait_for(
-        &runs,
-        "stalls",
-        &op,
-        Duration::from_secs(90),
-        "Running",
-        |r| phase(r) == Some(Phase::Running),
-    )
-    .await;
+    create(&runs, "stalls", spec(&[&src]).drain_timeout("12s")).await;
+    let running = wait_phase(&runs, "stalls", Phase::Running, &op).await;
     let key = archive_key(&prefix, &ns.name, &running, &src);
-    finish_workload(&pods, &running).await;
+    finish_workload(&pods, &pod_of(&running), 0).await;
 
     // The precondition that makes this test mean something: the server lists the upload open
     // mid-drain.
@@ -476,15 +341,7 @@ async fn an_attempt_cancelled_by_its_timeout_leaves_no_open_upload_in_the_server
     .await;
     assert_eq!(open.len(), 1, "one attempt, one upload: {open:?}");
 
-    let run = wait_for(
-        &runs,
-        "stalls",
-        &op,
-        Duration::from_secs(90),
-        "final",
-        |r| phase(r).is_some_and(|p| p.is_final()),
-    )
-    .await;
+    let run = wait_final(&runs, "stalls", &op, Duration::from_secs(90)).await;
     let entry = &run.status.as_ref().expect("status").read_back[0];
     assert_eq!(entry.phase, ReadBackPhase::Failed, "{entry:?}");
     assert!(
@@ -516,16 +373,7 @@ async fn an_attempt_cancelled_by_its_timeout_leaves_no_open_upload_in_the_server
 #[tokio::test]
 async fn a_server_without_the_listing_is_skipped_and_never_fails_the_attempt() {
     let s3 = s3();
-    let options: Vec<(String, String)> = [
-        ("endpoint", s3.endpoint.as_str()),
-        ("allow_http", "true"),
-        ("access_key_id", &s3.access_key),
-        ("secret_access_key", &s3.secret_key),
-        ("region", "us-east-1"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
+    let options = s3.options();
     let url = format!("s3://{}/{}", s3.bucket, random_prefix("ou"));
     let cleaner = OpenUploads::for_store(&url, &options)
         .expect("configures")

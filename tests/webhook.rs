@@ -9,7 +9,7 @@ use http::{Request, StatusCode};
 use sandboxrun_operator::admission::images::{ImageResolver, ImageSettings};
 use sandboxrun_operator::admission::webhook::{router, WebhookMetrics, WebhookState};
 use sandboxrun_operator::admission::RuleSettings;
-use sandboxrun_operator::config::CapSettings;
+use sandboxrun_operator::caps::CapSettings;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 

@@ -6,7 +6,8 @@ use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
 use sandboxrun_operator::api::{Compression, ReadBackPhase};
-use sandboxrun_operator::drain::{drain_stream, DrainOptions, MemberKind};
+use sandboxrun_operator::drain::{drain_stream, DrainOptions};
+use sandboxrun_operator::tar::sanitize::MemberKind;
 
 fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();

@@ -7,8 +7,9 @@ use std::collections::BTreeSet;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use sandboxrun_operator::drain::sanitize::{EntryInfo, EntryKind, Limits};
-use sandboxrun_operator::drain::{Decision, MemberKind, Sanitizer};
+use sandboxrun_operator::tar::sanitize::{
+    Decision, EntryInfo, EntryKind, Limits, MemberKind, Sanitizer,
+};
 
 #[derive(Arbitrary, Debug)]
 struct Entry {

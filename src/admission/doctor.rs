@@ -18,7 +18,7 @@ use serde_json::json;
 use thiserror::Error;
 
 use super::images::{ImageResolver, ImageSettings, RegistryCredentials};
-use super::rules::{check, sort_findings, Finding, RuleSettings, Severity};
+use super::rules::{check, ids, sort_findings, Finding, RuleSettings, Severity};
 use crate::api::SandboxRun;
 
 /// Report format.
@@ -61,6 +61,43 @@ pub struct DoctorArgs {
     /// Bound of one image check, in seconds.
     #[arg(long, default_value_t = 5)]
     pub image_timeout_seconds: u64,
+    /// The operator's `--max-cap` to judge `sizeLimit`s with (same variable as the operator's, so
+    /// CI can share the Deployment's settings). Default: the operator's default, 16Gi.
+    #[arg(long, env = "SANDBOXRUN_READBACK_CAP", value_name = "QUANTITY")]
+    pub max_cap: Option<String>,
+    /// The operator's `--default-cap` (the cap of a path without `sizeLimit`). Default: 1Gi.
+    #[arg(long, env = "SANDBOXRUN_READBACK_DEFAULT_CAP", value_name = "QUANTITY")]
+    pub default_cap: Option<String>,
+    /// The operator's `--max-drain-timeout` to judge `drainTimeout`s with. Default: 1h.
+    #[arg(long, env = "SANDBOXRUN_MAX_DRAIN_TIMEOUT", value_name = "DURATION")]
+    pub max_drain_timeout: Option<String>,
+}
+
+impl DoctorArgs {
+    /// `base` with the operator settings given as flags (or their environment variables) applied,
+    /// checked as the operator checks them at startup.
+    pub fn rule_settings(&self, base: RuleSettings) -> Result<RuleSettings, String> {
+        let mut settings = base;
+        let cap = |flag: &str, text: &str| {
+            let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(text.to_string());
+            crate::units::quantity_to_bytes(&q).map_err(|e| format!("--{flag} {text:?}: {e}"))
+        };
+        if let Some(text) = &self.max_cap {
+            settings.caps.max_bytes = cap("max-cap", text)?;
+            if settings.caps.max_bytes < crate::units::MIB {
+                return Err(format!("--max-cap {text:?} is below 1Mi"));
+            }
+        }
+        if let Some(text) = &self.default_cap {
+            settings.caps.default_bytes = cap("default-cap", text)?;
+        }
+        if let Some(text) = &self.max_drain_timeout {
+            let d = crate::units::parse_duration(text)
+                .map_err(|e| format!("--max-drain-timeout {text:?}: {e}"))?;
+            settings.max_drain_timeout = Some(d);
+        }
+        Ok(settings)
+    }
 }
 
 /// Group/version and kind of the documents the doctor checks.
@@ -80,6 +117,8 @@ enum UsageError {
     Credentials(String, String),
     #[error("cannot start the image checker: {0}")]
     Resolver(String),
+    #[error("operator settings: {0}")]
+    Settings(String),
 }
 
 /// What happened to one document.
@@ -106,6 +145,13 @@ struct DocReport {
 pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write) -> u8 {
     let mut errors: Vec<UsageError> = Vec::new();
     let mut docs: Vec<DocReport> = Vec::new();
+    let settings = match args.rule_settings(settings) {
+        Ok(s) => s,
+        Err(e) => {
+            errors.push(UsageError::Settings(e));
+            settings
+        }
+    };
 
     let resolver = if args.check_images {
         let s = ImageSettings {
@@ -163,8 +209,9 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
                 }
             };
             match classify(&label, index, value) {
-                Classified::Run(run, mut report) => {
-                    let mut findings = check(&run.spec, &settings);
+                Classified::Run(run, mut report, mut findings) => {
+                    findings.extend(check(&run.spec, &settings));
+                    sort_findings(&mut findings);
                     if let (Some(resolver), Some(image)) = (&resolver, run.spec.image.as_deref()) {
                         if !image.trim().is_empty() {
                             let verdict = resolver.resolve(image.trim(), creds.as_ref()).await;
@@ -231,8 +278,9 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
 
 /// What one YAML document is.
 enum Classified {
-    /// A SandboxRun to check.
-    Run(Box<SandboxRun>, DocReport),
+    /// A SandboxRun to check, with what the apiserver would judge before the rules
+    /// ([`document_findings`]).
+    Run(Box<SandboxRun>, DocReport, Vec<Finding>),
     /// Another kind: reported with a note.
     Skipped(DocReport),
     /// An empty document (e.g. a trailing `---`): ignored silently.
@@ -263,7 +311,9 @@ fn classify(label: &str, index: usize, value: serde_yaml::Value) -> Classified {
         note: None,
         findings: Vec::new(),
     };
-    if api_version.as_deref() != Some(API_VERSION) || kind.as_deref() != Some(KIND) {
+    let findings = document_findings(&value);
+    let like = sandbox_run_like(api_version.as_deref(), kind.as_deref());
+    if !like && (api_version.as_deref() != Some(API_VERSION) || kind.as_deref() != Some(KIND)) {
         report.status = "skipped";
         report.note = Some(format!(
             "not a {API_VERSION} {KIND} (apiVersion {}, kind {})",
@@ -273,9 +323,65 @@ fn classify(label: &str, index: usize, value: serde_yaml::Value) -> Classified {
         return Classified::Skipped(report);
     }
     match serde_yaml::from_value::<SandboxRun>(value) {
-        Ok(run) => Classified::Run(Box::new(run), report),
+        Ok(run) => Classified::Run(Box::new(run), report, findings),
         Err(e) => Classified::Invalid(UsageError::Deserialize(label.to_string(), index, e)),
     }
+}
+
+/// Whether a document is meant to be a SandboxRun even if its apiVersion or kind is off: our
+/// group with any version or kind, or a kind that is SandboxRun in another case, its plural, its
+/// short name or a near typo of it.
+fn sandbox_run_like(api_version: Option<&str>, kind: Option<&str>) -> bool {
+    let group = api_version.map(|v| v.split_once('/').map_or(v, |(g, _)| g));
+    if group == Some(crate::api::GROUP) {
+        return true;
+    }
+    kind.is_some_and(|k| {
+        let k = k.to_ascii_lowercase();
+        ["sandboxrun", "sandboxruns", "sbr"].contains(&k.as_str())
+            || strsim::damerau_levenshtein(&k, "sandboxrun") <= 2
+    })
+}
+
+/// What the cluster judges before the webhook sees a document that should be a SandboxRun: its
+/// apiVersion and kind ([`ids::API_VERSION_KIND`]) and the fields its structural schema does not
+/// know ([`super::schema::unknown_fields`]). Empty for a document that is not SandboxRun-like.
+pub fn document_findings(value: &serde_yaml::Value) -> Vec<Finding> {
+    let field = |k: &str| value.get(k).and_then(|v| v.as_str());
+    let (api_version, kind) = (field("apiVersion"), field("kind"));
+    if !sandbox_run_like(api_version, kind) {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    if api_version != Some(API_VERSION) {
+        out.push(Finding::fail(
+            ids::API_VERSION_KIND,
+            "apiVersion",
+            format!(
+                "apiVersion {} is not served for SandboxRuns: the cluster answers \"no matches for kind\"",
+                api_version.map_or_else(|| "unset".to_string(), |v| format!("{v:?}"))
+            ),
+            format!("apiVersion: {API_VERSION} (the only version the CRD serves)"),
+        ));
+    }
+    if kind != Some(KIND) {
+        out.push(Finding::fail(
+            ids::API_VERSION_KIND,
+            "kind",
+            format!(
+                "kind {} is not a kind the cluster serves in {}: kinds are case-sensitive",
+                kind.map_or_else(|| "unset".to_string(), |k| format!("{k:?}")),
+                crate::api::GROUP
+            ),
+            format!("kind: {KIND}"),
+        ));
+    }
+    match serde_json::to_value(value) {
+        Ok(json) => out.extend(super::schema::unknown_fields(&json)),
+        Err(e) => tracing::debug!(error = %e, "document is not JSON-shaped; fields not walked"),
+    }
+    sort_findings(&mut out);
+    out
 }
 
 /// (label, content) of every input, in order; unreadable inputs are recorded as usage errors.

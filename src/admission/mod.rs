@@ -3,7 +3,8 @@
 //! findings. [`ratchet`] decides what a review is judged by (CREATE in full; UPDATE ratcheted, so
 //! that a run admitted once can always be let go of). [`network`] owns the egress rule grammar,
 //! [`images`] the opt-in no-pull image resolvability check (the only I/O the rules know of),
-//! [`certs`] the webhook's own certificates, [`serve`] the wiring for `run`.
+//! [`certs`] the webhook's own certificates, [`schema`] the CRD's structural schema as `doctor`
+//! judges unknown fields, [`serve`] the wiring for `run`.
 
 pub mod certs;
 pub mod doctor;
@@ -11,6 +12,7 @@ pub mod images;
 pub mod network;
 pub mod ratchet;
 pub mod rules;
+pub mod schema;
 pub mod serve;
 pub mod webhook;
 

@@ -235,7 +235,7 @@ fn ratchet(finding: Finding, before: &[Finding]) -> Finding {
 mod tests {
     use super::*;
     use crate::admission::rules::ids;
-    use crate::config::CapSettings;
+    use crate::caps::CapSettings;
     use serde_json::json;
 
     const GI: u64 = 1 << 30;

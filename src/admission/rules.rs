@@ -14,14 +14,14 @@ use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
-use thiserror::Error;
 
 use super::network::{Rule, RuleError};
 use crate::api::{
     parse_user, HostState, Mount, MountType, NetworkMode, SandboxRunSpec, MAX_READBACK_PATHS,
     MAX_TTL_SECONDS_AFTER_FINISHED,
 };
-use crate::config::CapSettings;
+use crate::caps::CapSettings;
+use crate::units::{parse_duration, quantity_to_bytes};
 
 /// How bad a finding is. Only `Fail` denies admission or makes `doctor --strict` exit 1;
 /// warnings never change the verdict (ADR-006 §4).
@@ -177,6 +177,21 @@ pub mod ids {
     pub const UPDATE_IMMUTABLE: &str = "update-immutable";
     /// `stop` went from true back to false.
     pub const UPDATE_STOP_FINAL: &str = "update-stop-final";
+    /// `runtimeClassName` not a DNS-1123 subdomain.
+    pub const RUNTIME_CLASS_NAME: &str = "runtime-class-name";
+    /// `serviceAccountName` not a DNS-1123 subdomain.
+    pub const SERVICE_ACCOUNT_NAME: &str = "service-account-name";
+    /// A pod label or annotation with a malformed or reserved key, or a malformed label value.
+    pub const POD_METADATA: &str = "pod-metadata";
+    /// An env entry with both `value` and `valueFrom`, or a `valueFrom` without exactly one
+    /// complete reference.
+    pub const ENV_VALUE_FROM: &str = "env-value-from";
+    /// `doctor` only: a field the CRD's structural schema does not know (the apiserver rejects or
+    /// prunes it before the webhook; see [`super::super::schema`]).
+    pub const UNKNOWN_FIELD: &str = "unknown-field";
+    /// `doctor` only: a SandboxRun-like document whose apiVersion or kind the cluster does not
+    /// serve as a SandboxRun.
+    pub const API_VERSION_KIND: &str = "api-version-kind";
 }
 
 /// Checks a spec against every ADR-006 rule. Findings are sorted (see [`sort_findings`]).
@@ -190,6 +205,8 @@ pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
     check_read_back(spec, settings, &mut out);
     check_mounts(spec, &mut out);
     check_ttl(spec, &mut out);
+    check_pod_passthrough(spec, &mut out);
+    check_env(spec, &mut out);
     sort_findings(&mut out);
     out
 }
@@ -540,6 +557,148 @@ fn check_mount_name<'a>(
     }
 }
 
+// ---- 5c. pod passthrough: runtime class, service account, pod labels/annotations, env -------
+
+fn check_pod_passthrough(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    if let Some(rc) = &spec.runtime_class_name {
+        if !is_dns1123_subdomain(rc) {
+            out.push(Finding::fail(
+                ids::RUNTIME_CLASS_NAME,
+                "spec.runtimeClassName",
+                format!("runtimeClassName `{rc}` is not a valid object name"),
+                "name an existing RuntimeClass (kubectl get runtimeclass), e.g. gvisor or kata",
+            ));
+        }
+    }
+    if let Some(sa) = &spec.service_account_name {
+        if !is_dns1123_subdomain(sa) {
+            out.push(Finding::fail(
+                ids::SERVICE_ACCOUNT_NAME,
+                "spec.serviceAccountName",
+                format!("serviceAccountName `{sa}` is not a valid object name"),
+                "name a ServiceAccount of the run's namespace, or leave it unset for no API token",
+            ));
+        }
+    }
+    for (k, v) in spec.pod_labels.iter().flatten() {
+        let at = format!("spec.podLabels[{k}]");
+        if crate::pod::reserved_key(k) {
+            out.push(Finding::fail(
+                ids::POD_METADATA,
+                at,
+                format!("pod label `{k}` is reserved for the operator"),
+                "use a key of your own, e.g. team.example.com/owner",
+            ));
+        } else if !is_qualified_name(k) {
+            out.push(Finding::fail(
+                ids::POD_METADATA,
+                at,
+                format!("pod label key `{k}` is not a qualified name"),
+                "use [prefix/]name: a DNS subdomain prefix, a name of at most 63 of [A-Za-z0-9-_.]",
+            ));
+        } else if !is_label_value(v) {
+            out.push(Finding::fail(
+                ids::POD_METADATA,
+                at,
+                format!("pod label `{k}` has value `{v}`, which is not a label value"),
+                "use at most 63 of [A-Za-z0-9-_.], starting and ending alphanumeric, or empty",
+            ));
+        }
+    }
+    for k in spec.pod_annotations.iter().flatten().map(|(k, _)| k) {
+        let at = format!("spec.podAnnotations[{k}]");
+        if k.starts_with(crate::pod::RESERVED_PREFIX) {
+            out.push(Finding::fail(
+                ids::POD_METADATA,
+                at,
+                format!("pod annotation `{k}` is reserved for the operator"),
+                "use a key of your own; to skip a drain, annotate the SandboxRun, not its pod",
+            ));
+        } else if !is_qualified_name(k) {
+            out.push(Finding::fail(
+                ids::POD_METADATA,
+                at,
+                format!("pod annotation key `{k}` is not a qualified name"),
+                "use [prefix/]name: a DNS subdomain prefix, a name of at most 63 of [A-Za-z0-9-_.]",
+            ));
+        }
+    }
+}
+
+fn check_env(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    for (i, e) in spec.env.iter().enumerate() {
+        let Some(from) = &e.value_from else { continue };
+        let at = format!("spec.env[{i}].valueFrom");
+        if !e.value.is_empty() {
+            out.push(Finding::fail(
+                ids::ENV_VALUE_FROM,
+                at.clone(),
+                format!("env `{}` sets both value and valueFrom", e.name),
+                "keep one: value for a literal, valueFrom for a Secret or ConfigMap key",
+            ));
+        }
+        let refs = [
+            from.secret_key_ref
+                .as_ref()
+                .map(|r| ("secretKeyRef", r.name.as_str(), r.key.as_str())),
+            from.config_map_key_ref
+                .as_ref()
+                .map(|r| ("configMapKeyRef", r.name.as_str(), r.key.as_str())),
+        ];
+        let set: Vec<_> = refs.iter().flatten().collect();
+        match set.as_slice() {
+            [(which, name, key)] => {
+                if !is_dns1123_subdomain(name) || key.is_empty() {
+                    out.push(Finding::fail(
+                        ids::ENV_VALUE_FROM,
+                        format!("{at}.{which}"),
+                        format!(
+                            "env `{}` refers to name `{name}`, key `{key}`: both must be set",
+                            e.name
+                        ),
+                        "name the Secret or ConfigMap of the run's namespace and one of its keys",
+                    ));
+                }
+            }
+            _ => out.push(Finding::fail(
+                ids::ENV_VALUE_FROM,
+                at,
+                format!(
+                    "env `{}` valueFrom sets {} references; exactly one is needed",
+                    e.name,
+                    set.len()
+                ),
+                "set secretKeyRef {name, key} or configMapKeyRef {name, key}",
+            )),
+        }
+    }
+}
+
+/// DNS-1123 subdomain: at most 253 of `[a-z0-9-.]`, dot-separated DNS labels.
+pub fn is_dns1123_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
+}
+
+/// A label or annotation key: `[prefix/]name`, prefix a DNS subdomain, name 1-63 of
+/// `[A-Za-z0-9-_.]` starting and ending alphanumeric.
+pub fn is_qualified_name(s: &str) -> bool {
+    let (prefix, name) = match s.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, s),
+    };
+    prefix.is_none_or(is_dns1123_subdomain) && !name.is_empty() && is_label_value(name)
+}
+
+/// A label value: empty, or at most 63 of `[A-Za-z0-9-_.]` starting and ending alphanumeric.
+pub fn is_label_value(s: &str) -> bool {
+    s.is_empty()
+        || (s.len() <= 63
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+            && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric()))
+}
+
 /// DNS-1123 label: 1-63 of `[a-z0-9-]`, starting and ending alphanumeric.
 pub fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
@@ -658,7 +817,7 @@ fn check_read_back(spec: &SandboxRunSpec, settings: &RuleSettings, out: &mut Vec
         }
     }
     if let Some(t) = &rb.drain_timeout {
-        match parse_drain_timeout(t) {
+        match parse_duration(t) {
             Err(e) => out.push(Finding::fail(
                 ids::READ_BACK_DRAIN_TIMEOUT,
                 "spec.readBack.drainTimeout",
@@ -715,150 +874,6 @@ fn check_size_limit(q: &Quantity, field: &str, caps: &CapSettings, out: &mut Vec
         )),
         Ok(_) => {}
     }
-}
-
-/// Why a quantity is not a byte count.
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
-pub enum QuantityError {
-    /// Not of the form `<number><suffix>`.
-    #[error("not a quantity (expected e.g. 512Mi, 2Gi, 1.5G or 1000000)")]
-    Syntax,
-    /// Negative.
-    #[error("a byte quantity cannot be negative")]
-    Negative,
-    /// `m`, `u`, `n`: fractions of a byte.
-    #[error("suffix `{0}` is a fraction of a byte; use Ki, Mi, Gi, Ti, k, M, G or T")]
-    FractionalSuffix(String),
-    /// Larger than u64.
-    #[error("too large")]
-    Overflow,
-}
-
-/// Parses a Kubernetes quantity as a byte count: plain bytes, binary suffixes Ki Mi Gi Ti Pi Ei,
-/// decimal suffixes k M G T P E, decimal exponents (`1e9`), and decimals (`1.5Gi`); fractional
-/// results round up (as `Quantity.Value()` does in Go).
-pub fn quantity_to_bytes(q: &Quantity) -> Result<u64, QuantityError> {
-    let s = q.0.trim();
-    let s = match s.strip_prefix('+') {
-        Some(rest) => rest,
-        None if s.starts_with('-') => return Err(QuantityError::Negative),
-        None => s,
-    };
-    let num_end = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (number, suffix) = s.split_at(num_end);
-    let (int_part, frac_part) = number.split_once('.').unwrap_or((number, ""));
-    if (int_part.is_empty() && frac_part.is_empty())
-        || (number.contains('.') && frac_part.is_empty())
-    {
-        return Err(QuantityError::Syntax);
-    }
-    // multiplier = base^exp; value = digits / 10^frac_len * multiplier, computed in u128.
-    let (base, exp): (u128, u32) = match suffix {
-        "" => (10, 0),
-        "Ki" => (1024, 1),
-        "Mi" => (1024, 2),
-        "Gi" => (1024, 3),
-        "Ti" => (1024, 4),
-        "Pi" => (1024, 5),
-        "Ei" => (1024, 6),
-        "k" => (10, 3),
-        "M" => (10, 6),
-        "G" => (10, 9),
-        "T" => (10, 12),
-        "P" => (10, 15),
-        "E" => (10, 18),
-        "m" | "u" | "n" => return Err(QuantityError::FractionalSuffix(suffix.to_string())),
-        other => match other.strip_prefix(['e', 'E']) {
-            Some(e) if !e.is_empty() && e.bytes().all(|b| b.is_ascii_digit()) => {
-                (10, e.parse::<u32>().map_err(|_| QuantityError::Overflow)?)
-            }
-            Some(e) if e.starts_with('-') => {
-                return Err(QuantityError::FractionalSuffix(other.to_string()))
-            }
-            _ => return Err(QuantityError::Syntax),
-        },
-    };
-    let digits = format!("{int_part}{frac_part}");
-    let digits = digits.trim_start_matches('0');
-    if digits.len() > 30 {
-        return Err(QuantityError::Overflow);
-    }
-    let mantissa: u128 = if digits.is_empty() {
-        0
-    } else {
-        digits.parse().map_err(|_| QuantityError::Syntax)?
-    };
-    let multiplier = base.checked_pow(exp).ok_or(QuantityError::Overflow)?;
-    let divisor = 10u128
-        .checked_pow(frac_part.len() as u32)
-        .ok_or(QuantityError::Overflow)?;
-    let scaled = mantissa
-        .checked_mul(multiplier)
-        .ok_or(QuantityError::Overflow)?;
-    let bytes = scaled.div_ceil(divisor);
-    u64::try_from(bytes).map_err(|_| QuantityError::Overflow)
-}
-
-/// Why a drain timeout does not parse.
-#[derive(Debug, Error, Clone, PartialEq, Eq)]
-pub enum DrainTimeoutError {
-    /// Not `<number><unit>` repeated, with units ms, s, m, h (the CRD schema's grammar).
-    #[error("not a duration of the form 90s, 5m, 1h30m, 500ms (units: ms, s, m, h)")]
-    Syntax,
-    /// Zero.
-    #[error("the drain timeout must be positive")]
-    NotPositive,
-}
-
-/// Parses `spec.readBack.drainTimeout`. The text must match the CRD schema's grammar
-/// `^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$` — so the doctor (which has no schema) gives the same
-/// verdict as the apiserver — and then parse as a `jiff::SignedDuration` in friendly format.
-pub fn parse_drain_timeout(text: &str) -> Result<Duration, DrainTimeoutError> {
-    if !matches_schema_duration(text) {
-        return Err(DrainTimeoutError::Syntax);
-    }
-    let d: jiff::SignedDuration = text.parse().map_err(|_| DrainTimeoutError::Syntax)?;
-    if !d.is_positive() {
-        return Err(DrainTimeoutError::NotPositive);
-    }
-    Duration::try_from(d).map_err(|_| DrainTimeoutError::Syntax)
-}
-
-fn matches_schema_duration(text: &str) -> bool {
-    let b = text.as_bytes();
-    let mut i = 0;
-    if b.is_empty() {
-        return false;
-    }
-    while i < b.len() {
-        let start = i;
-        while i < b.len() && b[i].is_ascii_digit() {
-            i += 1;
-        }
-        if i == start {
-            return false;
-        }
-        if i < b.len() && b[i] == b'.' {
-            i += 1;
-            let fs = i;
-            while i < b.len() && b[i].is_ascii_digit() {
-                i += 1;
-            }
-            if i == fs {
-                return false;
-            }
-        }
-        if b[i..].starts_with(b"ms") {
-            i += 2;
-        } else if i < b.len() && matches!(b[i], b's' | b'm' | b'h') {
-            i += 1;
-        } else {
-            return false;
-        }
-    }
-    true
 }
 
 #[cfg(test)]
@@ -1291,46 +1306,8 @@ mod tests {
     }
 
     #[test]
-    fn quantities_parse_to_bytes() {
-        let b = |s: &str| quantity_to_bytes(&Quantity(s.into()));
-        assert_eq!(b("1024"), Ok(1024));
-        assert_eq!(b("1Ki"), Ok(1024));
-        assert_eq!(b("512Mi"), Ok(512 * 1024 * 1024));
-        assert_eq!(b("1.5Gi"), Ok(1536 * 1024 * 1024));
-        assert_eq!(b("2Ti"), Ok(2 << 40));
-        assert_eq!(b("1k"), Ok(1000));
-        assert_eq!(b("1.5M"), Ok(1_500_000));
-        assert_eq!(b("3G"), Ok(3_000_000_000));
-        assert_eq!(b("1T"), Ok(1_000_000_000_000));
-        assert_eq!(b("1e3"), Ok(1000));
-        assert_eq!(b("0.5"), Ok(1), "fractional bytes round up");
-        assert_eq!(b(".5Ki"), Ok(512));
-        assert_eq!(b("+1Ki"), Ok(1024));
-        assert_eq!(b("0"), Ok(0));
-        assert_eq!(b("-1"), Err(QuantityError::Negative));
-        assert_eq!(b("1m"), Err(QuantityError::FractionalSuffix("m".into())));
-        assert_eq!(b("100000000Ei"), Err(QuantityError::Overflow));
-        for bad in [
-            "", "Gi", "1.Gi", "1KiB", "1 Gi", "1.2.3", "0x10", "1e", "1kk",
-        ] {
-            assert_eq!(b(bad), Err(QuantityError::Syntax), "{bad}");
-        }
-    }
-
-    #[test]
     fn drain_timeout_parses_friendly_durations_and_refuses_the_rest() {
-        assert_eq!(parse_drain_timeout("90s"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_drain_timeout("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_drain_timeout("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_drain_timeout("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_drain_timeout("1.5s"), Ok(Duration::from_millis(1500)));
-        assert_eq!(
-            parse_drain_timeout("0s"),
-            Err(DrainTimeoutError::NotPositive)
-        );
-        for bad in ["", "5", "5 m", "PT5M", "-5m", "5min", "m", "1.s", "5d"] {
-            assert!(parse_drain_timeout(bad).is_err(), "{bad}");
-        }
+        // The grammar itself is tested in `crate::units`.
         let mut s = good();
         s.read_back = Some(ReadBack {
             paths: vec![],

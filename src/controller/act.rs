@@ -24,7 +24,8 @@ use super::observe::{self, Observation};
 use super::plan::{self, Effect, PathWork, Plan, Purge, Requeue, StepPlan, LOOK_AGAIN_MARGIN};
 use super::refusals;
 use crate::api::{SandboxRun, SandboxRunStatus, FINALIZER};
-use crate::drain::run::{drain_path, PathJob};
+use crate::drain::path_drain::{drain_path, PathJob};
+use crate::inpod::holder::HolderCommand;
 use crate::pod;
 use crate::store::purge::delete_run_archives;
 use crate::store::RunRef;
@@ -336,19 +337,6 @@ async fn publish(ctx: &Context, run: &SandboxRun, related: Option<&Pod>, event: 
     }
 }
 
-/// The exec that tells the holder's preStop hook the drain is done: argv.
-fn mark_drained_command() -> Vec<String> {
-    [
-        "sandboxrun-operator",
-        "holder",
-        "--state-dir",
-        pod::HOLDER_STATE_DIR,
-        "--mark-drained",
-    ]
-    .map(str::to_string)
-    .to_vec()
-}
-
 /// The exec that tells the holder's preStop hook the drain is done: streams. kube's client
 /// refuses, before sending anything, an exec with no stream attached (`AttachParams: one of
 /// stdin, stdout, or stderr must be true`), and the marker was then never written (issue #17):
@@ -367,7 +355,11 @@ fn mark_drained_params() -> AttachParams {
 /// grace period): a failure is a WARN with the exec's status, never an error.
 async fn mark_drained(pods: &Api<Pod>, pod_name: &str) {
     let mut process = match pods
-        .exec(pod_name, mark_drained_command(), &mark_drained_params())
+        .exec(
+            pod_name,
+            HolderCommand::MarkDrained.argv(),
+            &mark_drained_params(),
+        )
         .await
     {
         Ok(p) => p,
@@ -532,10 +524,10 @@ mod tests {
 
     #[test]
     fn mark_drained_execs_the_holder_mode_that_writes_the_marker() {
-        let argv = mark_drained_command();
+        let argv = HolderCommand::MarkDrained.argv();
         assert_eq!(argv[0], "sandboxrun-operator");
-        match crate::cli::Cli::try_parse_from(&argv).map(|c| c.command) {
-            Ok(crate::cli::Command::Holder(h)) => {
+        match crate::cmd::Cli::try_parse_from(&argv).map(|c| c.command) {
+            Ok(crate::cmd::Command::Holder(h)) => {
                 assert!(h.mark_drained);
                 assert_eq!(h.wait_drained, None);
                 assert_eq!(h.state_dir, std::path::Path::new(pod::HOLDER_STATE_DIR));

@@ -14,7 +14,7 @@ use super::decide::DecideSettings;
 use super::drain_pool::DrainPool;
 use super::observe::StoreView;
 use crate::api::{Retention, SandboxRun};
-use crate::config::CapSettings;
+use crate::caps::CapSettings;
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
 use crate::store::open_uploads::OpenUploads;

@@ -78,7 +78,7 @@ pub struct DecideSettings {
 impl Default for DecideSettings {
     fn default() -> Self {
         DecideSettings {
-            image_pull_timeout: crate::config::DEFAULT_IMAGE_PULL_TIMEOUT,
+            image_pull_timeout: crate::caps::DEFAULT_IMAGE_PULL_TIMEOUT,
         }
     }
 }

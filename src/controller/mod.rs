@@ -73,8 +73,7 @@ pub async fn run(
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let mut streams = Vec::new();
     for (runs, pods) in scopes {
-        let pods_cfg =
-            watcher::Config::default().labels("app.kubernetes.io/managed-by=sandboxrun-operator");
+        let pods_cfg = watcher::Config::default().labels(&crate::pod::managed_by_selector());
         let controller = Controller::new(runs, watcher::Config::default())
             .owns(pods, pods_cfg)
             .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));

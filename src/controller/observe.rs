@@ -474,7 +474,7 @@ pub async fn committed_entries(store: &StoreView<'_>, run: &SandboxRun) -> Vec<R
         let keys =
             crate::store::object_keys(store.prefix, &run_ref, index, &declared.path, compression);
         match crate::store::try_read_manifest(store.store, &keys.manifest).await {
-            Ok(Some(manifest)) => committed.push(crate::drain::run::committed_status(
+            Ok(Some(manifest)) => committed.push(crate::drain::path_drain::committed_status(
                 &declared.path,
                 &manifest,
                 &keys,

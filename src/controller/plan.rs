@@ -28,7 +28,7 @@ use super::status::{
 use crate::api::{
     Phase, ReadBackPhase, ReadBackStatus, Retention, SandboxRun, SandboxRunStatus, FINALIZER,
 };
-use crate::config::CapSettings;
+use crate::caps::CapSettings;
 use crate::pod::{self, PodSettings};
 
 /// How long after a time the run is looked at again, so the decision sees that time passed.
@@ -615,7 +615,7 @@ fn owed_paths(
             let requested = declared
                 .size_limit
                 .as_ref()
-                .and_then(|q| crate::admission::rules::quantity_to_bytes(q).ok());
+                .and_then(|q| crate::units::quantity_to_bytes(q).ok());
             PathWork::Drain {
                 cap_bytes: caps.effective(requested),
                 previous_attempts: status.read_back[entry].attempts,

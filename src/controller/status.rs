@@ -293,6 +293,13 @@ fn end_status(
     status.phase = Some(phase);
     status.message = Some(why.clone());
     status.completion_time = Some(Time(now));
+    // status.duration, for `kubectl get sbr -o wide`: from the pod's start, else the run's creation.
+    let began = status
+        .start_time
+        .as_ref()
+        .or(run.metadata.creation_timestamp.as_ref())
+        .map(|t| t.0);
+    status.duration = began.map(|b| crate::units::short_duration(now.duration_since(b)));
     status.observed_generation = generation;
     set_ending_conditions(
         &mut status,

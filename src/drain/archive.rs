@@ -20,7 +20,7 @@
 //! after that point was never seen.
 //!
 //! Members the packer dropped in the pod (`pack --budget`) arrive as zero-length placeholders with
-//! a `SANDBOXRUN.dropped` PAX record; they are validated ([`sanitize::dropped_in_pod`]) and listed
+//! a `SANDBOXRUN.dropped` PAX record; they are validated ([`crate::tar::sanitize::dropped_in_pod`]) and listed
 //! as dropped like the members this meter drops (docs/contract.md, "Unbounded size").
 
 use std::io;
@@ -32,17 +32,19 @@ use std::task::{ready, Context, Poll};
 use async_compression::tokio::write::{GzipEncoder, ZstdEncoder};
 use futures::StreamExt;
 use object_store::ObjectStore;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
-use crate::api::{Compression, ReadBackPhase};
-use crate::drain::cap::{self, Admit, CapMeter, MetadataMeter};
-use crate::drain::sanitize::{
-    self, Decision, EntryInfo, EntryKind, Limits, MemberKind, Reason, Sanitizer,
+use crate::api::Compression;
+use crate::caps::{self as cap, Admit, CapMeter, MetadataMeter};
+use crate::store::manifest::{
+    DrainOutcome, DroppedRecord, MemberRecord, RejectedRecord, DROPPED_INPUT_BOUND,
+    DROPPED_METADATA, DROPPED_OVER_CAP,
 };
-use crate::pack::ustar;
 use crate::store::{self, Manifest, ManifestContext, ObjectKeys, StoreError};
+use crate::tar::entry::RawEntry;
+use crate::tar::sanitize::{self, Decision, EntryKind, Limits, MemberKind, Reason, Sanitizer};
+use crate::tar::ustar;
 
 /// Default bound on the bytes the parser may read between two members (headers, PAX records, GNU
 /// long names, sparse maps, padding). The parser buffers extension records whole; each is also
@@ -64,15 +66,6 @@ pub const RECORD_OVERHEAD_BYTES: u64 = 64;
 pub const MAX_REJECTED_PATH_BYTES: usize = 1024;
 /// Input allowed on top of 4 × the cap by [`DrainOptions::new`].
 pub const INPUT_HEADROOM_BYTES: u64 = 256 * 1024 * 1024;
-/// [`DroppedRecord::reason`] of a file that would cross the cap (dropped by this meter, or by the
-/// packer in the pod: then [`DroppedRecord::in_pod`] is set).
-pub const DROPPED_OVER_CAP: &str = "over_cap";
-/// [`DroppedRecord::reason`] of a file that fit the cap but whose content would have taken the
-/// stream past the drain's input bound: the drain stopped reading before it.
-pub const DROPPED_INPUT_BOUND: &str = "input_bound";
-/// [`DroppedRecord::reason`] of a member whose name, link target and header would take the path's
-/// stored metadata past its allowance ([`cap::metadata_allowance`]).
-pub const DROPPED_METADATA: &str = "over_metadata_allowance";
 
 /// How one path is drained.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -112,128 +105,13 @@ impl DrainOptions {
             max_listed_record_bytes: MAX_LISTED_RECORD_BYTES,
         }
     }
-}
 
-/// One stored member, as listed in the manifest.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MemberRecord {
-    /// Normalized relative path (directories without trailing `/`).
-    pub path: String,
-    /// file | dir | symlink.
-    pub kind: MemberKind,
-    /// Content bytes (0 for directories and symlinks).
-    pub size: u64,
-    /// Hex SHA-256 of the content (files only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sha256: Option<String>,
-    /// Permission bits as stored (setuid/setgid/sticky are stripped).
-    pub mode: u32,
-    /// Symlink target (symlinks only).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub link_target: Option<String>,
-    /// A later member of the archive has the same path: it is stored (and metered) but replaced
-    /// on extraction — the last one wins, as with `tar -x` (docs/contract.md §3).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub superseded: bool,
-}
-
-/// A file dropped because it would cross the cap (or the input bound).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DroppedRecord {
-    /// Normalized relative path.
-    pub path: String,
-    /// Its content bytes (for a member dropped in the pod: as the packer declared it).
-    pub size: u64,
-    /// [`DROPPED_OVER_CAP`] or [`DROPPED_INPUT_BOUND`].
-    pub reason: String,
-    /// Dropped by the packer in the pod (`pack --budget`): only a placeholder crossed the wire,
-    /// and `size` is the pod's word, unverified.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub in_pod: bool,
-}
-
-/// An entry the sanitizer refused.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RejectedRecord {
-    /// The raw path, rendered lossily (it may be the very thing that was unsafe).
-    pub path: String,
-    /// The tar type flag, as a character.
-    pub entry_type: String,
-    /// Announced content bytes.
-    pub size: u64,
-    /// Why.
-    pub reason: Reason,
-}
-
-/// What a successful drain stored.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DrainOutcome {
-    /// Stored members, in stream order.
-    pub members: Vec<MemberRecord>,
-    /// Files dropped by the cap.
-    pub dropped: Vec<DroppedRecord>,
-    /// Entries rejected by the sanitizer.
-    pub rejected: Vec<RejectedRecord>,
-    /// Content bytes stored (what the cap meters).
-    pub bytes: u64,
-    /// Bytes read from the stream.
-    pub input_bytes: u64,
-    /// Bytes of the stored archive (after compression).
-    pub archive_bytes: u64,
-    /// Set (to the bound, in bytes) when the drain stopped reading at its input bound: the members
-    /// listed are the ones read before that point; whatever followed was never seen.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stopped_at_input_bound: Option<u64>,
-    /// Dropped files counted but not listed in `dropped` ([`MAX_LISTED_RECORD_BYTES`]).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub unlisted_dropped: u64,
-    /// Their content bytes (saturating: a size may be the pod's word).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub unlisted_dropped_bytes: u64,
-    /// Rejected entries counted but not listed in `rejected`.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub unlisted_rejected: u64,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-impl DrainOutcome {
-    /// The path's phase: Capped when anything was dropped or the input bound cut the stream,
-    /// Empty when the stream held nothing at all, Drained otherwise (rejected entries are listed,
-    /// and counted in the status).
-    pub fn phase(&self) -> ReadBackPhase {
-        if self.dropped_count() > 0 || self.stopped_at_input_bound.is_some() {
-            ReadBackPhase::Capped
-        } else if self.members.is_empty() && self.rejected_count() == 0 {
-            ReadBackPhase::Empty
-        } else {
-            ReadBackPhase::Drained
+    /// What the manifest records of these options: the compression and the cap.
+    pub fn stored(&self) -> store::Stored {
+        store::Stored {
+            compression: self.compression,
+            cap_bytes: self.cap_bytes,
         }
-    }
-
-    /// Files dropped, listed or not.
-    pub fn dropped_count(&self) -> u64 {
-        (self.dropped.len() as u64).saturating_add(self.unlisted_dropped)
-    }
-
-    /// Content bytes of the files dropped, listed or not (saturating).
-    pub fn dropped_bytes(&self) -> u64 {
-        self.dropped
-            .iter()
-            .fold(self.unlisted_dropped_bytes, |sum, d| {
-                sum.saturating_add(d.size)
-            })
-    }
-
-    /// Entries rejected, listed or not.
-    pub fn rejected_count(&self) -> u64 {
-        (self.rejected.len() as u64).saturating_add(self.unlisted_rejected)
     }
 }
 
@@ -378,7 +256,7 @@ where
         inner: output,
         count: Arc::clone(&archive_bytes),
     };
-    let mut run = Run {
+    let mut pipeline = Pipeline {
         opts,
         state,
         builder: tokio_tar::Builder::new_non_terminated(Encoder::new(counted, opts.compression)),
@@ -392,29 +270,29 @@ where
     let mut archive = tokio_tar::ArchiveBuilder::new(reader)
         .set_ignore_zeros(false)
         .build();
-    run.entries(&mut archive).await?;
-    if run.outcome.stopped_at_input_bound.is_none() {
-        run.trailer(&mut archive).await?;
+    pipeline.entries(&mut archive).await?;
+    if pipeline.outcome.stopped_at_input_bound.is_none() {
+        pipeline.trailer(&mut archive).await?;
     }
-    let progress = run.progress();
+    let progress = pipeline.progress();
     let write_failed = move |e| DrainError {
         kind: DrainErrorKind::Write(e),
         progress,
     };
-    let mut encoder = run.builder.into_inner().await.map_err(write_failed)?;
+    let mut encoder = pipeline.builder.into_inner().await.map_err(write_failed)?;
     encoder.shutdown().await.map_err(write_failed)?;
-    run.outcome.input_bytes = run.state.total.load(Ordering::Relaxed);
-    run.outcome.archive_bytes = archive_bytes.load(Ordering::Relaxed);
+    pipeline.outcome.input_bytes = pipeline.state.total.load(Ordering::Relaxed);
+    pipeline.outcome.archive_bytes = archive_bytes.load(Ordering::Relaxed);
     tracing::debug!(
-        members = run.outcome.members.len(),
-        dropped = run.outcome.dropped_count(),
-        rejected = run.outcome.rejected_count(),
-        bytes = run.outcome.bytes,
-        input_bytes = run.outcome.input_bytes,
-        stopped_at_input_bound = ?run.outcome.stopped_at_input_bound,
+        members = pipeline.outcome.members.len(),
+        dropped = pipeline.outcome.dropped_count(),
+        rejected = pipeline.outcome.rejected_count(),
+        bytes = pipeline.outcome.bytes,
+        input_bytes = pipeline.outcome.input_bytes,
+        stopped_at_input_bound = ?pipeline.outcome.stopped_at_input_bound,
         "drained tar stream"
     );
-    Ok(run.outcome)
+    Ok(pipeline.outcome)
 }
 
 /// Drains `input` into `keys.archive` with a constant-memory multipart upload, then commits it by
@@ -447,7 +325,11 @@ where
         return Ok((existing.outcome(), existing));
     }
     let started = jiff::Timestamp::now();
-    let mut writer = store::archive_writer(Arc::clone(store), keys.archive.clone(), opts);
+    let mut writer = store::archive_writer(
+        Arc::clone(store),
+        keys.archive.clone(),
+        opts.max_input_bytes,
+    );
     let outcome = match drain_stream(input, &mut writer, opts).await {
         Ok(outcome) => outcome,
         Err(err) => {
@@ -468,7 +350,7 @@ where
     let manifest = Manifest::from_outcome(
         &manifest_ctx,
         keys,
-        opts,
+        opts.stored(),
         outcome,
         started,
         jiff::Timestamp::now(),
@@ -494,8 +376,8 @@ where
     }
 }
 
-/// One drain in progress.
-struct Run<'o, W: AsyncWrite + Unpin + Send> {
+/// One drain in progress: parser, sanitizer, meters and re-emitter.
+struct Pipeline<'o, W: AsyncWrite + Unpin + Send> {
     opts: &'o DrainOptions,
     state: Arc<MeterState>,
     builder: tokio_tar::Builder<Encoder<CountingWriter<W>>>,
@@ -543,7 +425,7 @@ impl PathIndex {
     }
 }
 
-impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
+impl<W: AsyncWrite + Unpin + Send> Pipeline<'_, W> {
     fn progress(&self) -> Progress {
         Progress {
             input_bytes: self.state.total.load(Ordering::Relaxed),
@@ -698,42 +580,30 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
         entry: &mut tokio_tar::Entry<tokio_tar::Archive<R>>,
     ) -> Result<Next, DrainError> {
         let header = entry.header();
-        let type_byte = header.entry_type().as_byte();
         let mode = header.mode().unwrap_or(0o644) & 0o777;
         let mtime = header.mtime().unwrap_or(0);
-        let size = entry.effective_size();
-        let mut kind = EntryKind::from_type_byte(type_byte);
-        if kind == EntryKind::File && has_gnu_sparse_records(entry).await {
-            kind = EntryKind::Sparse;
+        let malformed = |e: io::Error| self.fail(DrainErrorKind::Malformed(e.to_string()));
+        let mut raw = RawEntry::read(entry).map_err(malformed)?;
+        if raw.kind == EntryKind::File && has_gnu_sparse_records(entry).await {
+            raw.kind = EntryKind::Sparse;
         }
-        let drop_record = match kind {
+        let drop_record = match raw.kind {
             EntryKind::File | EntryKind::Directory | EntryKind::Symlink => {
                 pax_value(entry, ustar::DROPPED_KEY).await
             }
             _ => None,
         };
-        let malformed = |e: io::Error| self.fail(DrainErrorKind::Malformed(e.to_string()));
-        let path = entry.path_bytes().map_err(malformed)?.into_owned();
-        let link = entry
-            .link_name_bytes()
-            .map_err(malformed)?
-            .map(|l| l.into_owned());
-        let info = EntryInfo {
-            path: &path,
-            kind,
-            link_target: link.as_deref(),
-            size,
-        };
+        let (type_byte, size, path) = (raw.type_byte, raw.size, &raw.path);
         let rejected = |reason: Reason| {
-            tracing::debug!(path = %String::from_utf8_lossy(&path), %reason, "rejected tar entry");
+            tracing::debug!(path = %String::from_utf8_lossy(path), %reason, "rejected tar entry");
             RejectedRecord {
-                path: bounded_lossy(&path, MAX_REJECTED_PATH_BYTES),
+                path: bounded_lossy(path, MAX_REJECTED_PATH_BYTES),
                 entry_type: char::from(type_byte).escape_default().to_string(),
                 size,
                 reason,
             }
         };
-        let accepted = match self.sanitizer.check(&info) {
+        let accepted = match raw.judge(&mut self.sanitizer) {
             Decision::Ignore => return Ok(Next::Continue),
             Decision::Reject(reason) if reason.is_fatal() => {
                 return Err(self.fail(DrainErrorKind::TooManyEntries {
@@ -910,19 +780,9 @@ impl<W: AsyncWrite + Unpin + Send> Run<'_, W> {
         let link = record.link_target.as_deref().map(str::as_bytes);
         let pax = ustar::fill(header.as_mut_bytes(), &path, link, size);
         if !pax.is_empty() {
-            let mut x = tokio_tar::Header::new_ustar();
-            x.set_entry_type(tokio_tar::EntryType::XHeader);
-            x.set_mode(0o644);
-            x.set_size(pax.len() as u64);
-            ustar::fill(
-                x.as_mut_bytes(),
-                ustar::PAX_HEADER_NAME,
-                None,
-                pax.len() as u64,
-            );
-            x.set_cksum();
+            let x = ustar::pax_header(pax.len() as u64);
             self.builder
-                .append(&x, pax.as_slice())
+                .append(tokio_tar::Header::from_byte_slice(&x), pax.as_slice())
                 .await
                 .map_err(|e| self.fail(DrainErrorKind::Write(e)))?;
         }
@@ -1363,6 +1223,7 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Encoder<W> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::ReadBackPhase;
     use crate::store::{object_keys, store_from_url, RunRef};
     use object_store::ObjectStoreExt;
     use std::io::Read as _;
@@ -1781,7 +1642,7 @@ mod tests {
         drop(big);
         std::fs::write(dir.path().join("result.txt"), b"0123456789").expect("write");
         let mut stream = Vec::new();
-        crate::pack::pack(dir.path(), Some(1 << 20), &mut stream, io::sink()).expect("pack");
+        crate::inpod::pack::pack(dir.path(), Some(1 << 20), &mut stream, io::sink()).expect("pack");
         let (outcome, out) = drain(&stream, &opts(1 << 20)).await.expect("drain");
         assert_eq!(outcome.phase(), ReadBackPhase::Capped);
         assert_eq!(
@@ -1870,7 +1731,7 @@ mod tests {
             Compression::None,
         );
         let now = jiff::Timestamp::now();
-        let m = Manifest::new(&ctx, &keys, &opts(1024), &outcome, now, now);
+        let m = Manifest::new(&ctx, &keys, opts(1024).stored(), &outcome, now, now);
         assert_eq!(m.totals.dropped_bytes, u64::MAX);
         assert_eq!(m.phase, ReadBackPhase::Capped);
     }
@@ -2107,7 +1968,7 @@ mod tests {
             Compression::None,
         );
         let now = jiff::Timestamp::now();
-        let m = Manifest::new(&ctx, &keys, &o, &outcome, now, now);
+        let m = Manifest::new(&ctx, &keys, o.stored(), &outcome, now, now);
         assert_eq!(m.totals.dropped_members, 20);
         assert_eq!(m.totals.dropped_bytes, 2000);
         assert_eq!(m.totals.rejected_members, 21);

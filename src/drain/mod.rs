@@ -2,19 +2,18 @@
 //! sanitized, metered against the path's cap, re-emitted (optionally compressed) and streamed into
 //! object storage, then committed by a create-only manifest.
 //!
-//! - [`sanitize`]: pure verdict on one tar entry (unsafe paths, links, devices…).
-//! - [`cap`]: pure cap meter (a dropped member and the rest of the run).
-//! - [`archive`]: the streaming pipeline and its upload into the store.
+//! - [`path_drain`]: one path end to end — exec, pipeline, commit, retries — to a status entry.
+//! - [`exec`]: the `pack` exec in the holder and its exit status.
+//! - [`archive`]: the streaming pipeline ([`archive::drain_stream`]) and its upload into the store.
+//!
+//! What the pipeline shares with others lives elsewhere: the entry verdict in
+//! [`crate::tar::sanitize`], the ustar writer in [`crate::tar::ustar`], the cap meter in
+//! [`crate::caps`], the manifest records in [`crate::store::manifest`].
 
 pub mod archive;
-pub mod cap;
 pub mod exec;
-pub mod run;
-pub mod sanitize;
+pub mod path_drain;
 
 pub use archive::{
-    drain_into_store, drain_stream, DrainError, DrainErrorKind, DrainOptions, DrainOutcome,
-    DroppedRecord, MemberRecord, Progress, RejectedRecord,
+    drain_into_store, drain_stream, DrainError, DrainErrorKind, DrainOptions, Progress,
 };
-pub use cap::{Admit, CapMeter};
-pub use sanitize::{Decision, MemberKind, Reason, Sanitizer};

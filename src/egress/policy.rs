@@ -110,7 +110,7 @@ pub fn policy_name(run_name: &str) -> String {
     if pod.len() + POLICY_SUFFIX.len() <= 253 {
         return format!("{pod}{POLICY_SUFFIX}");
     }
-    let digest = crate::util::short_hash(&pod);
+    let digest = crate::pod::short_hash(&pod);
     let keep = 253 - POLICY_SUFFIX.len() - digest.len() - 1;
     let head = pod[..keep].trim_end_matches(['-', '.']);
     format!("{head}-{digest}{POLICY_SUFFIX}")

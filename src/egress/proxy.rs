@@ -71,7 +71,7 @@ pub struct ProxyArgs {
         value_enum,
         default_value = "text"
     )]
-    pub log_format: crate::cli::LogFormat,
+    pub log_format: crate::cmd::run::LogFormat,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "SANDBOXRUN_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -624,7 +624,7 @@ pub fn read_secret(path: &std::path::Path) -> Result<Arc<[u8]>, String> {
 pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
     let secret = read_secret(&args.token_secret_file).map_err(ProxyError::Config)?;
     let dur = |flag: &str, text: &str| {
-        crate::util::parse_duration(text).map_err(|e| ProxyError::Config(format!("{flag}: {e}")))
+        crate::units::parse_duration(text).map_err(|e| ProxyError::Config(format!("{flag}: {e}")))
     };
     let timeouts = Timeouts {
         head: dur("--head-timeout", &args.head_timeout)?,
@@ -660,7 +660,7 @@ pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
             source,
         })?;
     info!(addr = %args.listen, "egress proxy listening");
-    serve(listener, state, crate::cli::shutdown_signal()).await;
+    serve(listener, state, crate::cmd::operate::shutdown_signal()).await;
     Ok(())
 }
 

@@ -1,7 +1,7 @@
 //! Open multipart uploads of an archive key, aborted before a new attempt uploads it
 //! (docs/contract.md, "What the store holds across attempts").
 //!
-//! A cancelled attempt aborts its own upload from a drop guard (`crate::upload_guard`), but a
+//! A cancelled attempt aborts its own upload from a drop guard (`crate::store::upload_guard`), but a
 //! process killed outright (SIGKILL, OOM, node loss) runs no guard and leaves its upload open:
 //! parts billed and invisible. object_store has no API to list open uploads, so for an `s3://`
 //! store this module speaks the two S3 calls itself, before each attempt of an archive key:

@@ -2,12 +2,38 @@
 //! `hack/local-cluster.sh up`, gives each test a fresh namespace (deleted afterwards), and runs the
 //! real operator binary against it. Without a running cluster every test that asks for one FAILS
 //! with a message saying how to start it — never a silent skip or pass.
-#![allow(dead_code)]
+//!
+//! One home for every helper the test files share: `runs` (specs, create, end a workload),
+//! `wait` (phases, polling), `operator` (`Operator::builder`), `ports`, `store` (S3 options,
+//! `files get`), `trees`, `tars`, `corpus`, `webhooks`, `s3_server`. Every test binary compiles
+//! all of it and uses a part, hence the allows.
+#![allow(dead_code, unused_imports)]
 
+pub mod corpus;
+pub mod events;
+pub mod operator;
+pub mod ports;
+pub mod runs;
 pub mod s3_server;
+pub mod store;
+pub mod tars;
+pub mod trees;
+pub mod wait;
+pub mod webhooks;
+
+pub use corpus::*;
+pub use events::*;
+pub use operator::{Operator, OperatorBuilder};
+pub use ports::free_port;
+pub use runs::*;
+pub use store::*;
+pub use tars::*;
+pub use trees::*;
+pub use wait::*;
+pub use webhooks::*;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -48,6 +74,18 @@ pub fn tools_bin() -> Option<PathBuf> {
             .and_then(|v| v.split(':').next())
             .map(PathBuf::from)
     })
+}
+
+/// The test bed's Kubernetes version (`K8S_VERSION` in hack/versions.env, without the `v`), for
+/// `helm template|lint --kube-version`: the chart's kubeVersion (>=1.30) is checked against it,
+/// and a Helm built with `go install` (the bed's) defaults to v1.20 without its release ldflags.
+pub fn bed_kube_version() -> String {
+    std::fs::read_to_string(repo().join("hack/versions.env"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("K8S_VERSION="))
+        .map(|v| v.trim().trim_start_matches('v').to_string())
+        .unwrap_or_else(|| "1.36.0".to_string())
 }
 
 const HOW_TO_START: &str =
@@ -185,14 +223,6 @@ pub fn rand_u32() -> u32 {
         ^ std::process::id()
 }
 
-/// The S3 server of the test bed, from `hack/local-cluster.sh env`.
-pub struct S3 {
-    pub endpoint: String,
-    pub bucket: String,
-    pub access_key: String,
-    pub secret_key: String,
-}
-
 /// One setting of the running test bed, as `hack/local-cluster.sh env` exports it (fails with
 /// instructions when absent: a test never skips silently).
 pub fn bed_setting(key: &str) -> String {
@@ -212,173 +242,52 @@ pub fn bed_setting(key: &str) -> String {
         .unwrap_or_else(|| panic!("{HOW_TO_START} ({key} missing from hack/local-cluster.sh env)"))
 }
 
-/// S3 settings of the running test bed (fails with instructions when absent).
-pub fn s3() -> S3 {
-    let get = bed_setting;
-    S3 {
-        endpoint: get("SANDBOXRUN_TEST_S3_ENDPOINT"),
-        bucket: get("SANDBOXRUN_TEST_S3_BUCKET"),
-        access_key: get("SANDBOXRUN_TEST_S3_ACCESS_KEY"),
-        secret_key: get("SANDBOXRUN_TEST_S3_SECRET_KEY"),
-    }
-}
-
-/// The operator binary under test, running against the local control plane.
-pub struct Operator {
-    child: Child,
-    pub log: PathBuf,
-}
-
-impl Operator {
-    /// Starts `sandboxrun-operator run` watching `namespace`, with `extra` flags.
-    pub fn start(namespace: &str, store_url: &str, extra: &[&str]) -> Operator {
-        let log = std::env::temp_dir().join(format!(
-            "sandboxrun-operator-{namespace}-{}.log",
-            rand_u32()
-        ));
-        let file = std::fs::File::create(&log).expect("operator log file");
-        let err = file.try_clone().expect("clone log file");
-        let mut args = vec![
-            "run".to_string(),
-            "--namespaces".to_string(),
-            namespace.to_string(),
-            "--store-url".to_string(),
-            store_url.to_string(),
-            "--metrics-addr".to_string(),
-            "127.0.0.1:0".to_string(),
-            "--webhook-addr".to_string(),
-            String::new(),
-            "--holder-image".to_string(),
-            "sandboxrun-operator:test".to_string(),
-            "--log-level".to_string(),
-            "info,sandboxrun_operator=debug".to_string(),
-            "--pod-name".to_string(),
-            format!("operator-{namespace}"),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let child = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
-            .args(&args)
-            .env("KUBECONFIG", kubeconfig_path())
-            .stdout(Stdio::from(file))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .expect("start the operator binary");
-        Operator { child, log }
-    }
-
-    /// Like [`Operator::start`], but a flag in `overrides` replaces the default of the same flag
-    /// instead of being appended after it: clap refuses a single-value flag given twice (e.g.
-    /// `--webhook-addr '' … --webhook-addr 127.0.0.1:9443` exits 2). Flags are `--name value`
-    /// pairs, or bare `--switch`es.
-    pub fn start_with(namespace: &str, store_url: &str, overrides: &[&str]) -> Operator {
-        Operator::start_as(&kubeconfig_path(), namespace, store_url, overrides)
-    }
-
-    /// [`Operator::start_with`], talking to the apiserver through `kubeconfig` (e.g. a
-    /// ServiceAccount's token) instead of the test bed's admin credentials.
-    pub fn start_as(
-        kubeconfig: &Path,
-        namespace: &str,
-        store_url: &str,
-        overrides: &[&str],
-    ) -> Operator {
-        let log = std::env::temp_dir().join(format!(
-            "sandboxrun-operator-{namespace}-{}.log",
-            rand_u32()
-        ));
-        let file = std::fs::File::create(&log).expect("operator log file");
-        let err = file.try_clone().expect("clone log file");
-        let pod_name = format!("operator-{namespace}");
-        let defaults: [(&str, &str); 7] = [
-            ("--namespaces", namespace),
-            ("--store-url", store_url),
-            ("--metrics-addr", "127.0.0.1:0"),
-            ("--webhook-addr", ""),
-            ("--holder-image", "sandboxrun-operator:test"),
-            ("--log-level", "info,sandboxrun_operator=debug"),
-            ("--pod-name", &pod_name),
-        ];
-        let overridden = |flag: &str| overrides.contains(&flag);
-        let mut args = vec!["run".to_string()];
-        for (flag, value) in defaults {
-            if !overridden(flag) {
-                args.push(flag.to_string());
-                args.push(value.to_string());
-            }
-        }
-        args.extend(overrides.iter().map(|s| s.to_string()));
-        let child = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
-            .args(&args)
-            .env("KUBECONFIG", kubeconfig)
-            .stdout(Stdio::from(file))
-            .stderr(Stdio::from(err))
-            .spawn()
-            .expect("start the operator binary");
-        Operator { child, log }
-    }
-
-    /// The operator's log so far (for assertion messages).
-    pub fn log_text(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Sends SIGKILL (a crash, for restart tests).
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Operator {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// Polls `f` every 200 ms until it returns Some or `timeout` passes (then panics with `what`).
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = std::time::Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        if start.elapsed() > timeout {
-            panic!("timed out after {timeout:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// [`eventually`], with the last lines of the operator's log in the failure message.
-pub async fn eventually_or_log<T, F, Fut>(
-    what: &str,
-    timeout: Duration,
-    op: &Operator,
-    mut f: F,
-) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let start = std::time::Instant::now();
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        if start.elapsed() > timeout {
-            let log = op.log_text();
-            let tail: Vec<&str> = log.lines().rev().take(60).collect();
-            panic!(
-                "timed out after {timeout:?} waiting for {what}; operator log (last lines):\n{}",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+/// A kubeconfig that authenticates as ServiceAccount `namespace/name` with a fresh token, and
+/// nothing else.
+pub async fn service_account_kubeconfig(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> std::path::PathBuf {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), namespace);
+    let token = sas
+        .create_token_request(
+            name,
+            &Default::default(),
+            &TokenRequest {
+                metadata: Default::default(),
+                spec: Some(TokenRequestSpec {
+                    audiences: None,
+                    expiration_seconds: Some(3600),
+                    bound_object_ref: None,
+                }),
+                status: None,
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("a token for ServiceAccount {namespace}/{name}: {e}"))
+        .status
+        .and_then(|s| s.token)
+        .expect("a token");
+    let admin = std::fs::read_to_string(kubeconfig_path()).expect("the test bed's kubeconfig");
+    let server = admin
+        .lines()
+        .find_map(|l| l.split("server: \"").nth(1))
+        .and_then(|s| s.split('"').next())
+        .expect("the apiserver's address in the kubeconfig")
+        .to_string();
+    let path = std::env::temp_dir().join(format!("{namespace}-{name}.kubeconfig"));
+    std::fs::write(
+        &path,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{server}\", certificate-authority: \"{}\"}}}}]\nusers: [{{name: sa, user: {{token: \"{token}\"}}}}]\ncontexts: [{{name: c, context: {{cluster: c, user: sa}}}}]\ncurrent-context: c\n",
+            state_dir().join("pki/ca.crt").display()
+        ),
+    )
+    .expect("write the ServiceAccount's kubeconfig");
+    path
 }
 
 /// A fresh host directory under the harness state (kwok's exec runs on this host, so a pod's
@@ -415,31 +324,11 @@ pub fn write_pattern(path: &Path, len: u64, seed: u64) {
     f.flush().expect("flush");
 }
 
-impl Operator {
-    /// The operator process id (e.g. to read its /proc entries).
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Whether the operator process is still running.
-    pub fn is_alive(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
-    }
-}
-
 /// The kubectl of the test bed (falls back to the one on PATH).
 pub fn kubectl() -> PathBuf {
     tools_bin()
         .map(|b| b.join("kubectl"))
         .unwrap_or_else(|| "kubectl".into())
-}
-
-/// A loopback TCP port that was free a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral loopback port")
 }
 
 /// A tool of the test bed (kubectl, helm) by path, so the test does not depend on the caller's PATH.
@@ -451,6 +340,24 @@ pub fn tool(name: &str) -> Command {
     let mut cmd = Command::new(path);
     cmd.current_dir(repo()).env("KUBECONFIG", kubeconfig_path());
     cmd
+}
+
+/// The test bed's helm with `args`.
+pub fn helm(args: &[&str]) -> Command {
+    let mut cmd = tool("helm");
+    cmd.args(args);
+    // Rendering offline checks the chart's kubeVersion against --kube-version: the bed's.
+    if matches!(args.first(), Some(&"template") | Some(&"lint"))
+        && !args.contains(&"--kube-version")
+    {
+        cmd.args(["--kube-version", &bed_kube_version()]);
+    }
+    cmd
+}
+
+/// [`helm`] with `args`, run to its end (see [`run`]).
+pub fn run_helm(args: &[&str]) -> std::process::Output {
+    run(helm(args), None)
 }
 
 /// Runs `cmd` to its end with `stdin` (or none) and its output captured; panics only when it

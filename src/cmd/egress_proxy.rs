@@ -1,0 +1,19 @@
+//! `egress-proxy`: the allowlisting proxy filtered runs' workloads go through (src/egress/proxy.rs).
+
+use std::process::ExitCode;
+
+use tracing::error;
+
+use crate::egress::proxy::ProxyArgs;
+
+/// Runs the egress proxy until SIGTERM.
+pub async fn main(args: ProxyArgs) -> ExitCode {
+    super::operate::init_tracing(args.log_format, &args.log_level);
+    match crate::egress::proxy::run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = %e, "egress proxy stopped");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -1,0 +1,213 @@
+//! The command line, one file per subcommand: `run` ([`run`] the flags, [`operate`] the wiring),
+//! `crd`, `doctor`, `holder`, `pack`, `files`, `egress-proxy`, `completion`.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub mod crd;
+pub mod doctor;
+pub mod egress_proxy;
+pub mod files;
+pub mod holder;
+pub mod operate;
+pub mod pack;
+pub mod run;
+
+/// sandboxrun-operator: runs SandboxRuns and drains their read-back paths into object storage.
+#[derive(Parser, Debug)]
+#[command(name = "sandboxrun-operator", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the controller, the admission webhook and the metrics endpoint.
+    Run(Box<run::RunArgs>),
+    /// Print the SandboxRun CustomResourceDefinition (YAML).
+    Crd,
+    /// Check SandboxRun manifests offline with the admission rules (ADR-006).
+    Doctor(crate::admission::doctor::DoctorArgs),
+    /// The holder container: idle, or the preStop wait, or mark the pod drained.
+    Holder(holder::HolderArgs),
+    /// Write a tar of a directory to stdout (exec'd in the holder by the drain).
+    Pack(pack::PackArgs),
+    /// List or fetch a run's drained files from the object store.
+    Files(crate::files::FilesArgs),
+    /// The egress proxy: enforces SandboxRuns' host rules for their pods.
+    EgressProxy(crate::egress::proxy::ProxyArgs),
+    /// Print a shell completion script (`source <(sandboxrun-operator completion bash)`).
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+/// The name the binary answers to: `kubectl sandboxrun` when it was installed (or symlinked) as
+/// the kubectl plugin `kubectl-sandboxrun`, else `sandboxrun-operator`.
+pub fn bin_name(argv0: &str) -> &'static str {
+    let file = std::path::Path::new(argv0)
+        .file_name()
+        .and_then(|f| f.to_str())
+        .unwrap_or_default();
+    if file.starts_with("kubectl-sandboxrun") {
+        "kubectl sandboxrun"
+    } else {
+        "sandboxrun-operator"
+    }
+}
+
+/// The command line, parsed under the name the binary was called by ([`bin_name`]), so usage and
+/// errors read `kubectl sandboxrun files ls …` when kubectl runs it as a plugin.
+fn parse_args() -> Result<Cli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let argv0 = std::env::args_os()
+        .next()
+        .map(|a| a.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let matches = Cli::command()
+        .bin_name(bin_name(&argv0))
+        .try_get_matches()?;
+    Cli::from_arg_matches(&matches)
+}
+
+/// Installs the process-wide rustls crypto provider once (kube and object_store would otherwise
+/// disagree on one and panic at the first TLS connection).
+pub fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    install_crypto_provider();
+    let cli = match parse_args() {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = e.print();
+            // ADR-006 §4: a usage error is exit 2 (clap's own code for --help/--version is 0).
+            return ExitCode::from(if e.use_stderr() { 2 } else { 0 });
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    runtime.block_on(dispatch(cli.command))
+}
+
+async fn dispatch(command: Command) -> ExitCode {
+    match command {
+        Command::Crd => crd::main(),
+        Command::Doctor(args) => doctor::main(args).await,
+        Command::Pack(args) => pack::main(args),
+        Command::Holder(args) => holder::main(args).await,
+        Command::Files(args) => files::main(args).await,
+        Command::EgressProxy(args) => egress_proxy::main(args).await,
+        Command::Completion { shell } => {
+            use clap::CommandFactory;
+            let argv0 = std::env::args().next().unwrap_or_default();
+            let name = bin_name(&argv0).replace(' ', "-");
+            clap_complete::generate(shell, &mut Cli::command(), name, &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Run(args) => operate::main(*args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_parses_every_subcommand() {
+        Cli::try_parse_from(["x", "crd"]).unwrap();
+        Cli::try_parse_from(["x", "pack", "/tmp"]).unwrap();
+        // The operator appends `--budget N` after the path (see drain::exec::pack_argv).
+        match Cli::try_parse_from(["x", "pack", "/tmp", "--budget", "1048576"])
+            .unwrap()
+            .command
+        {
+            Command::Pack(p) => assert_eq!(p.budget, Some(1 << 20)),
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(Cli::try_parse_from(["x", "pack", "/tmp", "--budget", "1Mi"]).is_err());
+        Cli::try_parse_from(["x", "holder", "--wait-drained", "5m"]).unwrap();
+        assert!(
+            Cli::try_parse_from(["x", "holder", "--wait-drained", "5m", "--mark-drained"]).is_err()
+        );
+        Cli::try_parse_from(["x", "run", "--namespaces", "a,b"]).unwrap();
+        // doctor takes manifests as arguments or kubectl-style -f, and needs at least one.
+        match Cli::try_parse_from([
+            "x", "doctor", "--strict", "-f", "a.yaml", "-f", "dir/", "c.yaml",
+        ])
+        .unwrap()
+        .command
+        {
+            Command::Doctor(d) => {
+                assert_eq!(d.files, ["c.yaml"]);
+                assert_eq!(d.filename, ["a.yaml", "dir/"]);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(Cli::try_parse_from(["x", "doctor", "--strict"]).is_err());
+        // The kubectl plugin name and shell completion.
+        assert_eq!(
+            bin_name("/usr/local/bin/kubectl-sandboxrun"),
+            "kubectl sandboxrun"
+        );
+        assert_eq!(bin_name("sandboxrun-operator"), "sandboxrun-operator");
+        for shell in ["bash", "zsh", "fish"] {
+            assert!(matches!(
+                Cli::try_parse_from(["x", "completion", shell]).map(|c| c.command),
+                Ok(Command::Completion { .. })
+            ));
+        }
+        let mut script = Vec::new();
+        clap_complete::generate(
+            clap_complete::Shell::Bash,
+            &mut <Cli as clap::CommandFactory>::command(),
+            "kubectl-sandboxrun",
+            &mut script,
+        );
+        let script = String::from_utf8_lossy(&script);
+        assert!(
+            script.contains("kubectl-sandboxrun") && script.contains("files"),
+            "{script}"
+        );
+    }
+
+    #[test]
+    fn run_and_files_take_the_same_store_flags() {
+        let want = crate::store::StoreArgs {
+            store_url: "s3://bucket/p".into(),
+            store_options: vec!["region=x".into(), "allow_http=true".into()],
+        };
+        let flags = [
+            "--store-url",
+            "s3://bucket/p",
+            "--store-option",
+            "region=x,allow_http=true",
+        ];
+        let run = ["x", "run"].iter().chain(&flags).copied();
+        match Cli::try_parse_from(run).unwrap().command {
+            Command::Run(args) => assert_eq!(args.store, want),
+            other => panic!("parsed as {other:?}"),
+        }
+        // After the `files` subcommand's own subcommand too (global flags).
+        let files = ["x", "files", "ls", "job"].iter().chain(&flags).copied();
+        match Cli::try_parse_from(files).unwrap().command {
+            Command::Files(args) => assert_eq!(args.store, want),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,359 @@
+//! `sandboxrun-operator run`, the operating part: wires the client, the store, metrics/health,
+//! the admission webhook, leader election and the controller together (the flags are
+//! [`super::run`]).
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+use kube::Client;
+use std::process::ExitCode;
+use thiserror::Error;
+use tracing::{error, info, warn};
+
+use super::run::{caps, egress_settings, holder_resources, LogFormat, RunArgs};
+use crate::controller::decide::DecideSettings;
+use crate::controller::{self, Context};
+use crate::metrics::Metrics;
+use crate::pod::PodSettings;
+
+/// Why the operator stopped.
+#[derive(Debug, Error)]
+pub enum OperatorError {
+    /// A flag or environment value is wrong.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A `--holder-*` resource value the pod could not carry.
+    #[error("configuration: {0}")]
+    HolderResources(#[from] crate::pod::HolderResourcesError),
+    /// The cluster cannot be reached or configured.
+    #[error("kubernetes client: {0}")]
+    Kube(#[from] kube::Error),
+    /// The object store cannot be configured.
+    #[error("object store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    /// Metrics cannot be registered.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
+    /// A listener cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The webhook cannot start.
+    #[error("webhook: {0}")]
+    Webhook(String),
+    /// Leader election failed, or leadership was lost (the process exits so a fresh start, or
+    /// the other replica, takes over cleanly).
+    #[error("leader election: {0}")]
+    Leader(String),
+}
+
+/// Runs `run`: logs set up from the flags, then the operator until SIGTERM.
+pub async fn main(args: RunArgs) -> ExitCode {
+    init_tracing(args.log_format, &args.log_level);
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!(error = %e, "operator stopped");
+            ExitCode::from(1)
+        }
+    }
+}
+
+pub(super) fn init_tracing(format: LogFormat, level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+}
+
+/// Resolves after SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => futures::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    info!("shutdown requested");
+}
+
+/// Runs the operator until SIGTERM.
+pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
+    // Checked before anything connects: a bad value is a startup error, not a pod every run fails.
+    let holder_resources = holder_resources(&args)?;
+    let egress = egress_settings(&args).map_err(OperatorError::Config)?;
+    let client = Client::try_default().await?;
+    let caps = caps(&args).map_err(OperatorError::Config)?;
+    let options = args.store.options().map_err(OperatorError::Config)?;
+    let (store, store_prefix) = crate::store::store_from_url(&args.store.store_url, &options)?;
+    // Never a startup error: without it, killed attempts' uploads are left to the lifecycle rule.
+    let open_uploads =
+        match crate::store::open_uploads::OpenUploads::for_store(&args.store.store_url, &options) {
+            Ok(cleaner) => cleaner.map(Arc::new),
+            Err(e) => {
+                warn!(error = %e, "open multipart uploads will not be cleaned before attempts");
+                None
+            }
+        };
+    let drain_timeout = crate::units::parse_duration(&args.drain_timeout)
+        .map_err(|e| OperatorError::Config(format!("--drain-timeout: {e}")))?;
+    let max_drain_timeout = crate::units::parse_duration(&args.max_drain_timeout)
+        .map_err(|e| OperatorError::Config(format!("--max-drain-timeout: {e}")))?;
+    if drain_timeout > max_drain_timeout {
+        return Err(OperatorError::Config(format!(
+            "--drain-timeout {} exceeds --max-drain-timeout {}",
+            args.drain_timeout, args.max_drain_timeout
+        )));
+    }
+    let image_pull_timeout = crate::units::parse_duration(&args.image_pull_timeout)
+        .map_err(|e| OperatorError::Config(format!("--image-pull-timeout: {e}")))?;
+    let pack_command: Vec<String> = args
+        .pack_command
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    if pack_command.is_empty() {
+        return Err(OperatorError::Config("--pack-command is empty".to_string()));
+    }
+    let metrics = Metrics::new()?;
+    if let Some(cleaner) = &open_uploads {
+        if let Err(e) = metrics.registry.register(Box::new(cleaner.metric())) {
+            warn!(error = %e, "registering the open multipart uploads metric");
+        }
+    }
+    let ready = Arc::new(AtomicBool::new(false));
+
+    let metrics_addr = serve_metrics(&args.metrics_addr, metrics.clone(), ready.clone()).await?;
+    info!(%metrics_addr, "metrics and health endpoints listening");
+
+    if !args.webhook_addr.trim().is_empty() {
+        let cfg = crate::admission::serve::ServeConfig {
+            addr: args.webhook_addr.parse().map_err(|e| {
+                OperatorError::Config(format!("--webhook-addr {:?}: {e}", args.webhook_addr))
+            })?,
+            cert_mode: args.webhook_cert_mode.clone(),
+            cert_dir: args.webhook_cert_dir.clone(),
+            secret: args.webhook_secret.clone(),
+            namespace: args.pod_namespace.clone(),
+            config: args.webhook_config.clone(),
+            hosts: args.webhook_hosts.clone(),
+            check_images: args.check_images,
+            settings: crate::admission::RuleSettings {
+                caps,
+                max_drain_timeout: Some(max_drain_timeout),
+                network_policy: egress.enforcement,
+            },
+        };
+        let addr = crate::admission::serve::start(&cfg, client.clone(), &metrics)
+            .await
+            .map_err(OperatorError::Webhook)?;
+        info!(%addr, "admission webhook listening");
+    }
+
+    let leader = metrics.leader.clone();
+    let ctx = Arc::new(
+        Context::new(
+            client.clone(),
+            store,
+            store_prefix,
+            args.store.store_url.clone(),
+            PodSettings {
+                holder_image: args.holder_image.clone(),
+                default_drain_timeout_seconds: i64::try_from(drain_timeout.as_secs().max(1))
+                    .unwrap_or(300),
+                max_drain_timeout_seconds: i64::try_from(max_drain_timeout.as_secs().max(1))
+                    .unwrap_or(i64::MAX),
+                holder_resources,
+                egress,
+                image_pull_secrets: args.pod_image_pull_secrets.clone(),
+            },
+            caps,
+            DecideSettings { image_pull_timeout },
+            pack_command,
+            metrics,
+            args.pod_name.clone(),
+            usize::from(args.max_concurrent_drains),
+        )
+        .with_default_retention(args.default_retention)
+        .with_open_uploads(open_uploads),
+    );
+
+    // Fired on a lost lease: in-flight drains stop at once (their uploads abort themselves)
+    // instead of finishing under a replica that no longer leads. On SIGTERM they get
+    // SHUTDOWN_DRAIN_GRACE to finish first (settle_drains).
+    let cancel = ctx.cancel.clone();
+    if !args.leader_elect {
+        leader.set(1);
+        ready.store(true, Ordering::SeqCst);
+        let drains = Arc::clone(&ctx);
+        controller::run(
+            ctx,
+            args.namespaces.clone(),
+            args.concurrency,
+            shutdown_signal(),
+        )
+        .await;
+        settle_drains(&drains).await;
+        settle_uploads().await;
+        return Ok(());
+    }
+
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+        .with_namespace(&args.pod_namespace)
+        .with_identity(&args.pod_name)
+        .with_duration(15)
+        .with_grace(5)
+        .build()
+        .await
+        .map_err(|e| OperatorError::Leader(e.to_string()))?;
+    let (mut leading, _task) = manager.watch().await;
+    // Ready before leading: a standby replica is healthy and must not be restarted for waiting.
+    ready.store(true, Ordering::SeqCst);
+    info!(lease = %args.lease_name, identity = %args.pod_name, "waiting for the lease");
+    let shutdown = futures::FutureExt::shared(Box::pin(shutdown_signal()));
+    loop {
+        if *leading.borrow_and_update() {
+            break;
+        }
+        tokio::select! {
+            changed = leading.changed() => {
+                changed.map_err(|e| OperatorError::Leader(e.to_string()))?;
+            }
+            _ = shutdown.clone() => return Ok(()),
+        }
+    }
+    info!(identity = %args.pod_name, "leading: starting the controller");
+    leader.set(1);
+    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
+    let stop = async move {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = lost_rx => {}
+        }
+    };
+    let watcher = tokio::spawn(async move {
+        loop {
+            if leading.changed().await.is_err() || !*leading.borrow_and_update() {
+                warn!("leadership lost; stopping in-flight drains");
+                leader.set(0);
+                cancel.cancel();
+                let _ = lost_tx.send(());
+                return;
+            }
+        }
+    });
+    let drains = Arc::clone(&ctx);
+    controller::run(ctx, args.namespaces.clone(), args.concurrency, stop).await;
+    settle_drains(&drains).await;
+    settle_uploads().await;
+    if watcher.is_finished() {
+        warn!("leadership lost; exiting so another replica takes over");
+        return Err(OperatorError::Leader("leadership lost".to_string()));
+    }
+    watcher.abort();
+    Ok(())
+}
+
+/// How long an exiting operator waits for the aborts of the multipart uploads its cancelled
+/// drains left open (docs/contract.md: no orphaned uploads).
+const ABORT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// How long drains in flight at SIGTERM may go on before they are cancelled: inside the chart's
+/// terminationGracePeriodSeconds (60) with room for the aborts that follow.
+const SHUTDOWN_DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(40);
+
+/// Lets the drains in flight finish (at most [`SHUTDOWN_DRAIN_GRACE`]; at once when the lease was
+/// lost, which cancelled them), then cancels the rest and waits for them to stop (a cancelled
+/// drain records nothing: the next leader resumes it).
+async fn settle_drains(ctx: &Context) {
+    if ctx.drains.wait(SHUTDOWN_DRAIN_GRACE).await {
+        return;
+    }
+    ctx.cancel.cancel();
+    if !ctx.drains.wait(ABORT_GRACE).await {
+        warn!(
+            left = ctx.drains.len(),
+            "exiting with drains still stopping; the next leader resumes them"
+        );
+    }
+}
+
+/// Waits for the aborts of cancelled uploads before the process exits (Drop cannot await them).
+async fn settle_uploads() {
+    let left = crate::store::upload_guard::wait_for_pending_aborts(ABORT_GRACE).await;
+    if left > 0 {
+        warn!(
+            left,
+            "exiting with multipart upload aborts still running; the bucket's lifecycle rule removes what they leave"
+        );
+    }
+}
+
+#[derive(Clone)]
+struct HealthState {
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+}
+
+async fn serve_metrics(
+    addr: &str,
+    metrics: Metrics,
+    ready: Arc<AtomicBool>,
+) -> Result<SocketAddr, OperatorError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| OperatorError::Listen {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| OperatorError::Listen {
+            addr: addr.to_string(),
+            source,
+        })?;
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(|State(s): State<HealthState>| async move { s.metrics.render() }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route(
+            "/readyz",
+            get(|State(s): State<HealthState>| async move {
+                if s.ready.load(Ordering::SeqCst) {
+                    (StatusCode::OK, "ready")
+                } else {
+                    (StatusCode::SERVICE_UNAVAILABLE, "starting")
+                }
+            }),
+        )
+        .with_state(HealthState { metrics, ready });
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, app).await {
+            warn!(error = %e, "metrics server stopped");
+        }
+    });
+    Ok(local)
+}

@@ -1,0 +1,459 @@
+//! The arguments of `sandboxrun-operator run` and what is derived from them before anything
+//! connects (caps, the holder's resources): a bad value stops the operator at startup instead of
+//! failing every run. The wiring itself is [`super::operate`].
+
+use std::path::PathBuf;
+
+use clap::{Args, ValueEnum};
+
+use crate::caps::CapSettings;
+use crate::store::StoreArgs;
+use crate::units::MIB;
+
+/// Log output format.
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Settings of `run`. Every flag has an environment variable.
+#[derive(Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Namespaces to watch (comma-separated); empty watches every namespace.
+    #[arg(long, env = "SANDBOXRUN_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+    /// The object store.
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// Cap of a read-back path that declares no sizeLimit (bytes or a quantity like 1Gi).
+    #[arg(long, env = "SANDBOXRUN_READBACK_DEFAULT_CAP", default_value = "1Gi")]
+    pub default_cap: String,
+    /// Highest cap any read-back path may get (ADR-143's escape hatch ITERION_SANDBOX_READBACK_CAP).
+    #[arg(
+        long = "max-cap",
+        env = "SANDBOXRUN_READBACK_CAP",
+        default_value = "16Gi"
+    )]
+    pub max_cap: String,
+    /// What deleting a run does to its stored archives and manifests when its spec sets no
+    /// readBack.retention: `Retain` (keep them) or `Delete` (delete them, after the drain).
+    #[arg(long, env = "SANDBOXRUN_DEFAULT_RETENTION", default_value = "Retain")]
+    pub default_retention: crate::api::Retention,
+    /// Drain timeout of a run that sets no readBack.drainTimeout.
+    #[arg(long, env = "SANDBOXRUN_DRAIN_TIMEOUT", default_value = "5m")]
+    pub drain_timeout: String,
+    /// Longest drain timeout any run gets: admission refuses a readBack.drainTimeout above it, and
+    /// a run admitted before it was lowered is drained within it (default: rules'
+    /// DEFAULT_MAX_DRAIN_TIMEOUT, which `doctor` judges with).
+    #[arg(long, env = "SANDBOXRUN_MAX_DRAIN_TIMEOUT", default_value = "1h")]
+    pub max_drain_timeout: String,
+    /// How long a pod's image pull may keep failing with a retryable error (ErrImagePull /
+    /// ImagePullBackOff) before the run is failed with reason ImagePullFailed, counted from the
+    /// pod's start (status.startTime, else its creation). A registry that answers "not found"
+    /// fails the run at once.
+    #[arg(long, env = "SANDBOXRUN_IMAGE_PULL_TIMEOUT", default_value = "5m")]
+    pub image_pull_timeout: String,
+    /// Image of the holder container (the operator's own image).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_HOLDER_IMAGE",
+        default_value = crate::pod::DEFAULT_HOLDER_IMAGE
+    )]
+    pub holder_image: String,
+    /// CPU request of the holder container (a Kubernetes quantity; empty: none).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_HOLDER_CPU_REQUEST",
+        default_value = crate::pod::DEFAULT_HOLDER_CPU_REQUEST
+    )]
+    pub holder_cpu_request: String,
+    /// Memory request of the holder container (a Kubernetes quantity; empty: none).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_HOLDER_MEMORY_REQUEST",
+        default_value = crate::pod::DEFAULT_HOLDER_MEMORY_REQUEST
+    )]
+    pub holder_memory_request: String,
+    /// CPU limit of the holder container (a Kubernetes quantity); none unless set, e.g. for a
+    /// namespace whose ResourceQuota requires limits.cpu.
+    #[arg(long, env = "SANDBOXRUN_HOLDER_CPU_LIMIT")]
+    pub holder_cpu_limit: Option<String>,
+    /// Memory limit of the holder container (a Kubernetes quantity; empty: none).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_HOLDER_MEMORY_LIMIT",
+        default_value = crate::pod::DEFAULT_HOLDER_MEMORY_LIMIT
+    )]
+    pub holder_memory_limit: String,
+    /// Secrets (type dockerconfigjson) added to every run pod's imagePullSecrets after the run's
+    /// own (repeatable / comma-separated), so a holder image from a private registry is pulled.
+    /// Each must exist in the runs' namespaces.
+    #[arg(
+        long = "pod-image-pull-secret",
+        env = "SANDBOXRUN_POD_IMAGE_PULL_SECRETS",
+        value_delimiter = ','
+    )]
+    pub pod_image_pull_secrets: Vec<String>,
+    /// The packer command exec'd in the holder; the path is appended.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_PACK_COMMAND",
+        default_value = "sandboxrun-operator pack"
+    )]
+    pub pack_command: String,
+    /// Reconciles running at once.
+    #[arg(long, env = "SANDBOXRUN_CONCURRENCY", default_value_t = 16)]
+    pub concurrency: u16,
+    /// Drains (teardowns) running at once, off the reconcile workers: a slow or stuck drain never
+    /// holds up the reconciles of other runs; teardowns beyond this wait for a slot.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_MAX_CONCURRENT_DRAINS",
+        default_value_t = 8,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub max_concurrent_drains: u16,
+    /// Metrics and health address (/metrics, /healthz, /readyz).
+    #[arg(long, env = "SANDBOXRUN_METRICS_ADDR", default_value = "0.0.0.0:8080")]
+    pub metrics_addr: String,
+    /// Webhook address (HTTPS); empty disables the webhook server.
+    #[arg(long, env = "SANDBOXRUN_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
+    pub webhook_addr: String,
+    /// Webhook certificates: `self-managed` (CA + serving cert kept in a Secret, caBundle patched),
+    /// or `files` (cert-manager or any mounted tls.crt/tls.key in --webhook-cert-dir).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_WEBHOOK_CERT_MODE",
+        default_value = "self-managed"
+    )]
+    pub webhook_cert_mode: String,
+    /// Directory with tls.crt and tls.key (cert mode `files`).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_WEBHOOK_CERT_DIR",
+        default_value = "/tmp/k8s-webhook-server/serving-certs"
+    )]
+    pub webhook_cert_dir: PathBuf,
+    /// Secret (in --pod-namespace) holding the self-managed CA and serving cert.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_WEBHOOK_SECRET",
+        default_value = "sandboxrun-operator-webhook-tls"
+    )]
+    pub webhook_secret: String,
+    /// ValidatingWebhookConfiguration whose caBundle the self-managed mode patches.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_WEBHOOK_CONFIG",
+        default_value = "sandboxrun-operator"
+    )]
+    pub webhook_config: String,
+    /// DNS names / IPs of the serving certificate (comma-separated).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_WEBHOOK_HOSTS",
+        value_delimiter = ',',
+        default_value = "sandboxrun-operator-webhook.sandboxrun-system.svc"
+    )]
+    pub webhook_hosts: Vec<String>,
+    /// Check image resolvability (no pull) in the webhook; a failure only warns when transient.
+    #[arg(long, env = "SANDBOXRUN_CHECK_IMAGES", default_value_t = false)]
+    pub check_images: bool,
+    /// Elect a leader on a Lease so several replicas can run.
+    #[arg(long, env = "SANDBOXRUN_LEADER_ELECT", default_value_t = false)]
+    pub leader_elect: bool,
+    /// Lease name.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_LEASE_NAME",
+        default_value = "sandboxrun-operator"
+    )]
+    pub lease_name: String,
+    /// Namespace of the operator itself (lease, webhook Secret).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "sandboxrun-system")]
+    pub pod_namespace: String,
+    /// This replica's identity (events, lease).
+    #[arg(long, env = "POD_NAME", default_value = "sandboxrun-operator-local")]
+    pub pod_name: String,
+    /// Whether this cluster's network plugin enforces NetworkPolicy: `enforced`, or
+    /// `unenforced-refuse` (a run whose spec.network restricts egress does not start) or
+    /// `unenforced-warn` (it starts with a Warning Event).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_NETWORK_POLICY",
+        value_enum,
+        default_value = "enforced"
+    )]
+    pub network_policy: crate::egress::PolicyEnforcement,
+    /// URL of the egress proxy the workloads of filtered runs use (empty: none, and host-name
+    /// rules are not enforced), e.g. http://sandboxrun-operator-egress-proxy.sandboxrun-system.svc:3128.
+    #[arg(long, env = "SANDBOXRUN_EGRESS_PROXY_URL", default_value = "")]
+    pub egress_proxy_url: String,
+    /// Namespace of the egress proxy's pods (default: --pod-namespace).
+    #[arg(long, env = "SANDBOXRUN_EGRESS_PROXY_NAMESPACE")]
+    pub egress_proxy_namespace: Option<String>,
+    /// Labels of the egress proxy's pods (key=value, comma-separated): what a run's
+    /// NetworkPolicy lets it reach.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_EGRESS_PROXY_SELECTOR",
+        value_delimiter = ',',
+        default_value = "app.kubernetes.io/component=egress-proxy"
+    )]
+    pub egress_proxy_selector: Vec<String>,
+    /// Port the egress proxy's pods listen on.
+    #[arg(long, env = "SANDBOXRUN_EGRESS_PROXY_PORT", default_value_t = 3128)]
+    pub egress_proxy_port: u16,
+    /// File with the secret the per-run proxy tokens are derived from (the proxy reads the same).
+    #[arg(long, env = "SANDBOXRUN_EGRESS_TOKEN_SECRET_FILE")]
+    pub egress_token_secret_file: Option<PathBuf>,
+    /// Namespace of the cluster DNS pods a filtered run may query.
+    #[arg(long, env = "SANDBOXRUN_DNS_NAMESPACE", default_value = "kube-system")]
+    pub dns_namespace: String,
+    /// Labels of the cluster DNS pods (key=value, comma-separated).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_DNS_SELECTOR",
+        value_delimiter = ',',
+        default_value = "k8s-app=kube-dns"
+    )]
+    pub dns_selector: Vec<String>,
+    /// NO_PROXY of a filtered run's workload: what it reaches without the proxy.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_NO_PROXY",
+        default_value = crate::egress::settings::DEFAULT_NO_PROXY
+    )]
+    pub no_proxy: String,
+    /// Log format.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax), e.g. info or sandboxrun_operator=debug.
+    #[arg(long, env = "SANDBOXRUN_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+/// Parses a cap given in bytes or as a Kubernetes quantity.
+pub fn parse_cap(text: &str) -> Result<u64, String> {
+    let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(text.to_string());
+    crate::units::quantity_to_bytes(&q).map_err(|e| format!("bad cap {text:?}: {e}"))
+}
+
+/// Cap settings from the run flags.
+pub fn caps(args: &RunArgs) -> Result<CapSettings, String> {
+    let caps = CapSettings {
+        default_bytes: parse_cap(&args.default_cap)?,
+        max_bytes: parse_cap(&args.max_cap)?,
+    };
+    if caps.max_bytes < MIB {
+        return Err(format!("--max-cap {} is below 1Mi", args.max_cap));
+    }
+    Ok(caps)
+}
+
+/// The holder container's resources from the run flags (checked as Kubernetes quantities, so a
+/// bad value stops the operator at startup instead of failing every pod).
+pub fn holder_resources(
+    args: &RunArgs,
+) -> Result<crate::pod::HolderResources, crate::pod::HolderResourcesError> {
+    crate::pod::HolderResources::parse(
+        &args.holder_cpu_request,
+        &args.holder_memory_request,
+        args.holder_cpu_limit.as_deref(),
+        &args.holder_memory_limit,
+    )
+}
+
+/// Egress settings from the run flags (checked at startup).
+pub fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSettings, String> {
+    use crate::egress::settings::parse_labels;
+    let dns = crate::egress::PeerSelector {
+        namespace: args.dns_namespace.clone(),
+        pod_labels: parse_labels("--dns-selector", &args.dns_selector)
+            .map_err(|e| e.to_string())?,
+    };
+    let token_secret = match &args.egress_token_secret_file {
+        Some(path) => Some(crate::egress::settings::TokenSecret(
+            crate::egress::proxy::read_secret(path)?,
+        )),
+        None => None,
+    };
+    let proxy = if args.egress_proxy_url.trim().is_empty() {
+        None
+    } else {
+        let url = url::Url::parse(args.egress_proxy_url.trim())
+            .map_err(|e| format!("--egress-proxy-url {:?}: {e}", args.egress_proxy_url))?;
+        if url.scheme() != "http" || url.host_str().is_none() {
+            return Err(format!(
+                "--egress-proxy-url {:?}: want http://host:port",
+                args.egress_proxy_url
+            ));
+        }
+        if token_secret.is_none() {
+            return Err(
+                "--egress-proxy-url needs --egress-token-secret-file (the proxy's secret)"
+                    .to_string(),
+            );
+        }
+        Some(crate::egress::ProxyPeer {
+            url: args
+                .egress_proxy_url
+                .trim()
+                .trim_end_matches('/')
+                .to_string(),
+            selector: crate::egress::PeerSelector {
+                namespace: args
+                    .egress_proxy_namespace
+                    .clone()
+                    .unwrap_or_else(|| args.pod_namespace.clone()),
+                pod_labels: parse_labels("--egress-proxy-selector", &args.egress_proxy_selector)
+                    .map_err(|e| e.to_string())?,
+            },
+            port: args.egress_proxy_port,
+        })
+    };
+    Ok(crate::egress::EgressSettings {
+        enforcement: args.network_policy,
+        dns,
+        proxy,
+        token_secret,
+        no_proxy: args.no_proxy.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::{Cli, Command};
+    use clap::Parser;
+    use std::time::Duration;
+
+    #[test]
+    fn caps_accept_quantities_and_options_need_equals() {
+        assert_eq!(parse_cap("1Gi"), Ok(1 << 30));
+        assert_eq!(parse_cap("1048576"), Ok(1 << 20));
+        assert!(parse_cap("lots").is_err());
+        assert_eq!(
+            crate::store::parse_options(&["endpoint=http://x".into(), "allow_http=true".into()]),
+            Ok(vec![
+                ("endpoint".into(), "http://x".into()),
+                ("allow_http".into(), "true".into())
+            ])
+        );
+        assert!(crate::store::parse_options(&["novalue".into()]).is_err());
+    }
+
+    #[test]
+    fn the_image_pull_timeout_defaults_to_five_minutes() {
+        let Command::Run(args) = Cli::try_parse_from(["x", "run"]).unwrap().command else {
+            panic!("not run");
+        };
+        assert_eq!(
+            crate::units::parse_duration(&args.image_pull_timeout),
+            Ok(crate::caps::DEFAULT_IMAGE_PULL_TIMEOUT)
+        );
+        let Command::Run(args) = Cli::try_parse_from(["x", "run", "--image-pull-timeout", "90s"])
+            .unwrap()
+            .command
+        else {
+            panic!("not run");
+        };
+        assert_eq!(
+            crate::units::parse_duration(&args.image_pull_timeout),
+            Ok(Duration::from_secs(90))
+        );
+    }
+
+    #[test]
+    fn holder_resource_flags_default_to_todays_values_and_are_checked() {
+        let run_args = |extra: &[&str]| {
+            let argv = ["x", "run"].iter().chain(extra).copied();
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Run(args) => *args,
+                other => panic!("parsed as {other:?}"),
+            }
+        };
+        assert_eq!(
+            holder_resources(&run_args(&[])),
+            Ok(crate::pod::HolderResources::default())
+        );
+        let set = holder_resources(&run_args(&[
+            "--holder-cpu-request=100m",
+            "--holder-memory-request=32Mi",
+            "--holder-cpu-limit=1",
+            "--holder-memory-limit=256Mi",
+        ]))
+        .unwrap();
+        let q = |s: &str| {
+            Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                s.into(),
+            ))
+        };
+        assert_eq!(
+            (
+                set.cpu_request,
+                set.memory_request,
+                set.cpu_limit,
+                set.memory_limit
+            ),
+            (q("100m"), q("32Mi"), q("1"), q("256Mi"))
+        );
+        assert!(matches!(
+            holder_resources(&run_args(&["--holder-cpu-limit=fast"])),
+            Err(crate::pod::HolderResourcesError::NotAQuantity { .. })
+        ));
+    }
+
+    #[test]
+    fn egress_flags_default_to_enforced_without_a_proxy_and_a_proxy_needs_the_secret() {
+        let run_args = |extra: &[&str]| {
+            let argv = ["x", "run"].iter().chain(extra).copied();
+            match Cli::try_parse_from(argv).unwrap().command {
+                Command::Run(args) => *args,
+                other => panic!("parsed as {other:?}"),
+            }
+        };
+        let plain = egress_settings(&run_args(&[])).unwrap();
+        assert_eq!(plain, crate::egress::EgressSettings::default());
+        assert!(egress_settings(&run_args(&["--egress-proxy-url=http://p.sys.svc:3128"])).is_err());
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("s");
+        std::fs::write(&secret, "0123456789abcdef0123\n").unwrap();
+        let secret_flag = format!("--egress-token-secret-file={}", secret.display());
+        let set = egress_settings(&run_args(&[
+            "--egress-proxy-url=http://p.sys.svc:3128/",
+            &secret_flag,
+            "--network-policy=unenforced-warn",
+            "--pod-namespace=sys",
+            "--egress-proxy-selector=a=b,c=d",
+        ]))
+        .unwrap();
+        assert_eq!(
+            set.enforcement,
+            crate::egress::PolicyEnforcement::UnenforcedWarn
+        );
+        let proxy = set.proxy.unwrap();
+        assert_eq!(proxy.url, "http://p.sys.svc:3128");
+        assert_eq!(proxy.selector.namespace, "sys");
+        assert_eq!(proxy.selector.pod_labels.len(), 2);
+        assert_eq!(
+            set.token_secret.map(|s| s.0.to_vec()),
+            Some(b"0123456789abcdef0123".to_vec())
+        );
+        assert!(egress_settings(&run_args(&[
+            "--egress-proxy-url=https://p:3128",
+            &secret_flag
+        ]))
+        .is_err());
+        assert!(Cli::try_parse_from(["x", "run", "--network-policy=maybe"]).is_err());
+        Cli::try_parse_from(["x", "egress-proxy", "--token-secret-file", "/s"]).unwrap();
+    }
+}

@@ -1,0 +1,1149 @@
+//! One declared path's drain, end to end: exec `pack` in the holder, stream its tar through the
+//! pipeline into the store, and commit — retrying transient failures with backoff until the run's
+//! drain deadline. The outcome is always a status entry: a failure is reported as Failed with its
+//! cause, never as an empty set (ADR-143 §4).
+//!
+//! Commit order matters: the archive is uploaded, THEN the exec status is checked, THEN the
+//! manifest is written create-only. A packer that exited non-zero (or a stream that lost its
+//! status) never gets a manifest, so no reader can mistake a partial archive for a result. The one
+//! exception is a stream that reached the drain's input bound: the drain stopped reading on
+//! purpose, so the packer is stopped too and the members read whole are committed as `Capped`
+//! (see `archive.rs`).
+//!
+//! The packer gets the path's cap as `--budget` so that members over it never cross the wire.
+//! Backward compatibility: a holder image that predates the flag (pods created before an upgrade
+//! keep their image) fails with a usage error that names it; the drain then retries at once
+//! without the flag, for that path, and meters the full stream as before.
+//!
+//! A path where nothing could be read is not an empty set: when the packer reported unreadable
+//! entries and stored no file, the path fails with the packer's notes ([`nothing_readable`]).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use object_store::{ObjectStore, ObjectStoreExt};
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::archive::{drain_stream, DrainError, DrainErrorKind, DrainOptions};
+use super::exec::{pack_argv, ExecError, PackExec};
+use crate::api::{Compression, ReadBackPhase, ReadBackStatus};
+use crate::metrics::Metrics;
+use crate::store::credentials;
+use crate::store::{
+    archive_writer, object_keys, try_read_manifest, write_manifest, DrainOutcome, Manifest,
+    ManifestContext, ManifestWrite, ObjectKeys, RunRef, StoreError,
+};
+use crate::tar::sanitize::MemberKind;
+
+/// Longest pause between two attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(15);
+
+/// Everything one path's drain needs.
+pub struct PathJob<'a> {
+    /// Pods of the run's namespace.
+    pub pods: &'a Api<Pod>,
+    /// The run's pod.
+    pub pod_name: &'a str,
+    /// argv of the packer (the path is appended).
+    pub pack_command: &'a [String],
+    /// The store.
+    pub store: &'a Arc<dyn ObjectStore>,
+    /// Aborts the archive key's open multipart uploads before each attempt (None: not S3).
+    pub open_uploads: Option<&'a crate::store::open_uploads::OpenUploads>,
+    /// Key prefix in the store.
+    pub store_prefix: &'a object_store::path::Path,
+    /// Store URL (to render object URLs).
+    pub store_url: &'a str,
+    /// Run namespace.
+    pub namespace: &'a str,
+    /// Run name.
+    pub run_name: &'a str,
+    /// Run uid.
+    pub run_uid: &'a str,
+    /// Position of the path in spec.readBack.paths.
+    pub index: usize,
+    /// The declared container path.
+    pub path: &'a str,
+    /// Effective cap.
+    pub cap_bytes: u64,
+    /// Compression.
+    pub compression: Compression,
+    /// When the run's drain timeout ends.
+    pub deadline: tokio::time::Instant,
+    /// Attempts already made (recorded in status by an earlier operator).
+    pub previous_attempts: u32,
+    /// Metrics.
+    pub metrics: &'a Metrics,
+    /// Cancelled when this replica must stop draining at once (its lease is lost, or it shuts
+    /// down): the attempt in flight is dropped (its upload aborts itself) and nothing is recorded,
+    /// so the next leader resumes the path.
+    pub cancel: &'a CancellationToken,
+}
+
+/// Why one attempt failed.
+#[derive(Debug, Error)]
+pub enum AttemptError {
+    /// The exec transport.
+    #[error(transparent)]
+    Exec(#[from] ExecError),
+    /// The stream or its upload.
+    #[error(transparent)]
+    Drain(#[from] DrainError),
+    /// The store (manifest).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The exec gave no stdout.
+    #[error("the exec of the packer has no stdout")]
+    NoStdout,
+    /// The packer could read nothing at the path (see [`nothing_readable`]).
+    #[error("{0}")]
+    NothingReadable(String),
+}
+
+impl AttemptError {
+    /// Whether another attempt may succeed.
+    pub fn is_transient(&self) -> bool {
+        // A store that refuses the credentials refuses them again.
+        if self.store_refused_credentials() {
+            return false;
+        }
+        match self {
+            AttemptError::Exec(ExecError::Start { source, .. }) => {
+                // Gone, forbidden or refused will not change by retrying.
+                !matches!(start_status(source), Some(400 | 403 | 404))
+            }
+            AttemptError::Exec(e) => e.is_transient(),
+            AttemptError::Drain(e) => matches!(
+                e.kind,
+                DrainErrorKind::Read(_)
+                    | DrainErrorKind::Write(_)
+                    | DrainErrorKind::Store(_)
+                    | DrainErrorKind::Truncated(_)
+            ),
+            AttemptError::Store(_) => true,
+            AttemptError::NoStdout => true,
+            // Permissions do not change by retrying.
+            AttemptError::NothingReadable(_) => false,
+        }
+    }
+
+    /// Whether the object store refused the credentials (HTTP 401/403), on the archive upload or
+    /// the manifest.
+    pub fn store_refused_credentials(&self) -> bool {
+        match self {
+            AttemptError::Store(e) => credentials::store_is_refused(e),
+            AttemptError::Drain(e) => match &e.kind {
+                DrainErrorKind::Store(e) => credentials::store_is_refused(e),
+                DrainErrorKind::Write(e) => credentials::io_is_refused(e),
+                _ => false,
+            },
+            _ => false,
+        }
+    }
+
+    /// Stable label for the failures metric.
+    pub fn metric_label(&self) -> &'static str {
+        if self.store_refused_credentials() {
+            return "store_credentials";
+        }
+        match self {
+            AttemptError::Exec(ExecError::Start { .. }) => "exec_start",
+            AttemptError::Exec(ExecError::Failed { .. }) => "pack_failed",
+            AttemptError::Exec(ExecError::NoStatus { .. }) => "exec_lost",
+            AttemptError::Drain(e) => e.metric_label(),
+            AttemptError::Store(_) => "store",
+            AttemptError::NoStdout => "exec_no_stdout",
+            AttemptError::NothingReadable(_) => "unreadable",
+        }
+    }
+}
+
+/// The HTTP status with which the apiserver refused to start an exec, if it did.
+fn start_status(e: &kube::Error) -> Option<u16> {
+    match e {
+        kube::Error::Api(ae) => Some(ae.code),
+        kube::Error::UpgradeConnection(kube::client::UpgradeConnectionError::ProtocolSwitch(
+            code,
+        )) => Some(code.as_u16()),
+        _ => None,
+    }
+}
+
+/// Words for a failure, with what to do when the cause is the operator's own RBAC.
+fn describe_failure(e: &AttemptError, store_url: &str) -> String {
+    match e {
+        e if e.store_refused_credentials() => credentials::refused_message(store_url, &e.to_string()),
+        AttemptError::Exec(ExecError::Start { source, .. }) if start_status(source) == Some(403) => format!(
+            "{e} (Forbidden: the operator's ServiceAccount needs create/get on pods/exec in this namespace)"
+        ),
+        _ => e.to_string(),
+    }
+}
+
+/// Renders the URL of an object of the store.
+pub fn object_url(store_url: &str, key: &object_store::path::Path) -> String {
+    // A file:// store is rooted at the URL's directory; elsewhere the key already carries the
+    // URL's prefix, so only scheme and bucket are kept.
+    match url::Url::parse(store_url) {
+        Ok(u) if u.scheme() == "file" => format!("{}/{key}", store_url.trim_end_matches('/')),
+        Ok(u) => format!(
+            "{}://{}/{key}",
+            u.scheme(),
+            u.host_str().unwrap_or_default()
+        ),
+        Err(_) => key.to_string(),
+    }
+}
+
+/// The status entry of a committed manifest.
+pub fn committed_status(
+    path: &str,
+    manifest: &Manifest,
+    keys: &ObjectKeys,
+    store_url: &str,
+    attempts: u32,
+) -> ReadBackStatus {
+    let phase = manifest.phase;
+    let message = match phase {
+        ReadBackPhase::Empty if !manifest.pod_notes.is_empty() => Some(format!(
+            "nothing was stored; the packer reported {} note(s), listed in the manifest's podNotes: {}",
+            manifest.pod_notes.len(),
+            manifest.pod_notes.first().map(String::as_str).unwrap_or_default()
+        )),
+        ReadBackPhase::Empty => Some("the workload wrote nothing at this path".to_string()),
+        ReadBackPhase::Capped => Some(capped_message(manifest)),
+        _ if manifest.totals.rejected_members > 0 => Some(format!(
+            "{} unsafe member(s) rejected, listed in the manifest",
+            manifest.totals.rejected_members
+        )),
+        _ if !manifest.pod_notes.is_empty() => Some(format!(
+            "the packer reported {} problem(s) in the pod (unreadable or special files), listed in the manifest's podNotes: {}",
+            manifest.pod_notes.len(),
+            manifest.pod_notes.first().map(String::as_str).unwrap_or_default()
+        )),
+        _ => None,
+    };
+    ReadBackStatus {
+        path: path.to_string(),
+        phase,
+        bytes: manifest.totals.bytes,
+        members: manifest.totals.members,
+        dropped_members: manifest.totals.dropped_members,
+        rejected_members: manifest.totals.rejected_members,
+        object: Some(object_url(store_url, &keys.archive)),
+        manifest: Some(object_url(store_url, &keys.manifest)),
+        attempts,
+        message,
+    }
+}
+
+/// The status message of a Capped path: what was dropped, and whether the input bound cut the
+/// stream.
+fn capped_message(manifest: &Manifest) -> String {
+    let mut text = format!(
+        "cap of {} bytes reached: {} member(s) ({} bytes) dropped, listed in the manifest",
+        manifest.cap_bytes, manifest.totals.dropped_members, manifest.totals.dropped_bytes
+    );
+    if let Some(bound) = manifest.stopped_at_input_bound {
+        text.push_str(&format!(
+            "; the stream reached the drain's input bound of {bound} bytes and was not read further: the {} member(s) read before it are kept",
+            manifest.totals.members
+        ));
+    }
+    text
+}
+
+/// Unreadable is not Empty (ADR-143 §4, docs/contract.md): a path that stored no file or symlink
+/// (directories alone are no content), dropped and rejected nothing, and whose packer reported
+/// unreadable entries, did not drain an empty set — the workload's files could not be read.
+/// Returns the failure message, with the packer's first notes, or None when the outcome stands.
+pub fn nothing_readable(outcome: &DrainOutcome, notes: &[String]) -> Option<String> {
+    let stored_content = outcome.members.iter().any(|m| m.kind != MemberKind::Dir);
+    if stored_content
+        || outcome.dropped_count() > 0
+        || outcome.rejected_count() > 0
+        || outcome.stopped_at_input_bound.is_some()
+    {
+        return None;
+    }
+    let unreadable: Vec<&str> = notes
+        .iter()
+        .map(String::as_str)
+        .filter(|l| l.starts_with(crate::inpod::pack::UNREADABLE_NOTE))
+        .collect();
+    if unreadable.is_empty() {
+        return None;
+    }
+    const SHOWN: usize = 3;
+    const NOTE_LIMIT: usize = 300;
+    let shown: Vec<&str> = unreadable
+        .iter()
+        .take(SHOWN)
+        .map(|note| {
+            let mut end = note.len().min(NOTE_LIMIT);
+            while !note.is_char_boundary(end) {
+                end -= 1;
+            }
+            &note[..end]
+        })
+        .collect();
+    let more = if unreadable.len() > SHOWN {
+        format!(" (and {} more)", unreadable.len() - SHOWN)
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "nothing at this path could be read: the packer stored no file and reported {} unreadable entr{}: {}{more}",
+        unreadable.len(),
+        if unreadable.len() == 1 { "y" } else { "ies" },
+        shown.join("; ")
+    ))
+}
+
+/// What the store says about a path's commit point before an attempt uploads anything.
+#[derive(Debug)]
+enum CommitCheck {
+    /// A manifest is there: the path is committed, and its archive must not be touched.
+    Committed(Box<Manifest>),
+    /// No manifest: an attempt may upload.
+    Open,
+}
+
+/// Reads the commit point until the store answers (docs/contract.md: a committed archive is never
+/// overwritten). A read ERROR is not "not committed": it is retried with backoff, never followed
+/// by an upload; at the deadline, or when cancelled, the last error is returned.
+async fn check_commit(
+    job: &PathJob<'_>,
+    keys: &ObjectKeys,
+    backoff: &mut Duration,
+) -> Result<CommitCheck, StoreError> {
+    loop {
+        let error = match try_read_manifest(job.store, &keys.manifest).await {
+            Ok(Some(m)) => return Ok(CommitCheck::Committed(Box::new(m))),
+            Ok(None) => return Ok(CommitCheck::Open),
+            Err(e) => e,
+        };
+        // Refused credentials do not heal by retrying: fail at once, naming the settings.
+        if credentials::store_is_refused(&error) {
+            return Err(error);
+        }
+        warn!(path = job.path, manifest = %keys.manifest, error = %error, "cannot read the manifest; not uploading until the store answers");
+        job.metrics
+            .drain_failures
+            .with_label_values(&["store"])
+            .inc();
+        let left = job
+            .deadline
+            .saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(error);
+        }
+        tokio::select! {
+            () = job.cancel.cancelled() => return Err(error),
+            () = tokio::time::sleep((*backoff).min(left)) => {}
+        }
+        *backoff = (*backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+/// Drains one path; never returns an error — a failure is a Failed entry with its cause. None
+/// when [`PathJob::cancel`] fired: nothing is recorded, the path stays Pending for the next
+/// leader.
+pub async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
+    let started = Instant::now();
+    let run = RunRef {
+        namespace: job.namespace.to_string(),
+        name: job.run_name.to_string(),
+        uid: job.run_uid.to_string(),
+    };
+    let keys = object_keys(job.store_prefix, &run, job.index, job.path, job.compression);
+    let opts = DrainOptions::new(job.cap_bytes, job.compression);
+    let mut attempts = job.previous_attempts;
+    let mut backoff = Duration::from_secs(1);
+    let mut last_error: Option<AttemptError> = None;
+    // The path's cap, for the packer (`pack --budget`); dropped for good when the holder's packer
+    // predates the flag.
+    let mut budget = Some(job.cap_bytes);
+
+    // The manifest this replica last tried to write: a PUT that failed on the wire may still have
+    // committed, and the next check tells it apart from someone else's commit.
+    let mut last_written: Option<Manifest> = None;
+
+    loop {
+        if job.cancel.is_cancelled() {
+            info!(
+                path = job.path,
+                "drain cancelled; leaving the path to the next leader"
+            );
+            return None;
+        }
+        // Before every attempt: is the path committed (by an earlier operator that died before
+        // recording it, or by our own last attempt whose manifest PUT lost its response)?
+        match check_commit(job, &keys, &mut backoff).await {
+            Ok(CommitCheck::Committed(manifest)) => {
+                let ours = last_written
+                    .as_ref()
+                    .is_some_and(|mine| mine.same_content(&manifest));
+                info!(path = job.path, manifest = %keys.manifest, committed_by_attempt = manifest.attempt, ours, "already committed; recording it");
+                return Some(finish(
+                    job,
+                    committed_status(job.path, &manifest, &keys, job.store_url, attempts),
+                    started,
+                    None,
+                ));
+            }
+            Ok(CommitCheck::Open) => {}
+            Err(_) if job.cancel.is_cancelled() => {
+                info!(
+                    path = job.path,
+                    "drain cancelled; leaving the path to the next leader"
+                );
+                return None;
+            }
+            Err(e) if credentials::store_is_refused(&e) => {
+                let message = credentials::refused_message(job.store_url, &e.to_string());
+                let status = failed(job.path, attempts, message);
+                return Some(finish(job, status, started, Some("store_credentials")));
+            }
+            Err(e) => {
+                let status = failed(
+                    job.path,
+                    attempts,
+                    format!(
+                        "drain timeout reached before the path was drained; the manifest (the commit point) could not be read, so nothing was uploaded over it: {e}"
+                    ),
+                );
+                return Some(finish(job, status, started, Some("timeout")));
+            }
+        }
+        let remaining = job
+            .deadline
+            .saturating_duration_since(tokio::time::Instant::now());
+        if remaining.is_zero() {
+            let cause = last_error
+                .as_ref()
+                .map(|e| format!("; last error: {e}"))
+                .unwrap_or_default();
+            let status = failed(
+                job.path,
+                attempts,
+                format!("drain timeout reached before the path was drained{cause}"),
+            );
+            return Some(finish(job, status, started, Some("timeout")));
+        }
+        // No orphaned multipart uploads (docs/contract.md): an upload of this key left open by an
+        // attempt whose process was killed (no drop guard ran) is aborted before a new one starts.
+        let clean = crate::store::open_uploads::before_attempt(
+            job.open_uploads,
+            &keys.archive,
+            remaining.min(crate::store::open_uploads::BUDGET),
+        );
+        tokio::select! {
+            () = job.cancel.cancelled() => return None,
+            _ = clean => {}
+        }
+        attempts += 1;
+        let ctx = ManifestContext {
+            run: run.clone(),
+            declared_path: job.path.to_string(),
+            index: job.index,
+            attempt: attempts,
+        };
+        let run_attempt = tokio::time::timeout(
+            remaining,
+            attempt(job, &keys, &opts, ctx, budget, &mut last_written),
+        );
+        let result = tokio::select! {
+            // Dropping the attempt drops its upload, which aborts itself (src/store/upload_guard.rs).
+            () = job.cancel.cancelled() => {
+                info!(path = job.path, attempt = attempts, "drain cancelled mid-attempt; leaving the path to the next leader");
+                return None;
+            }
+            result = run_attempt => result,
+        };
+        match result {
+            Ok(Ok(manifest)) => {
+                let status = committed_status(job.path, &manifest, &keys, job.store_url, attempts);
+                return Some(finish(job, status, started, None));
+            }
+            Ok(Err(AttemptError::Exec(e))) if budget.is_some() && e.refuses_budget_flag() => {
+                warn!(
+                    path = job.path,
+                    attempt = attempts,
+                    error = %e,
+                    "the holder's packer does not know --budget (an older holder image?); retrying without it, so members over the cap cross the wire before the drain drops them"
+                );
+                budget = None;
+                last_error = Some(AttemptError::Exec(e));
+            }
+            Ok(Err(e)) if e.is_transient() => {
+                warn!(path = job.path, attempt = attempts, error = %e, "drain attempt failed; retrying");
+                job.metrics
+                    .drain_failures
+                    .with_label_values(&[e.metric_label()])
+                    .inc();
+                let left = job
+                    .deadline
+                    .saturating_duration_since(tokio::time::Instant::now());
+                tokio::select! {
+                    () = job.cancel.cancelled() => return None,
+                    () = tokio::time::sleep(backoff.min(left)) => {}
+                }
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+                last_error = Some(e);
+            }
+            Ok(Err(e)) => {
+                let label = e.metric_label();
+                let status = failed(job.path, attempts, describe_failure(&e, job.store_url));
+                return Some(finish(job, status, started, Some(label)));
+            }
+            Err(_) => {
+                let cause = last_error
+                    .as_ref()
+                    .map(|e| format!("; last error: {e}"))
+                    .unwrap_or_default();
+                let status = failed(
+                    job.path,
+                    attempts,
+                    format!(
+                        "drain timeout reached while attempt {attempts} was still streaming{cause}"
+                    ),
+                );
+                return Some(finish(job, status, started, Some("timeout")));
+            }
+        }
+    }
+}
+
+fn failed(path: &str, attempts: u32, message: String) -> ReadBackStatus {
+    ReadBackStatus {
+        path: path.to_string(),
+        phase: ReadBackPhase::Failed,
+        attempts,
+        message: Some(message),
+        ..ReadBackStatus::default()
+    }
+}
+
+fn finish(
+    job: &PathJob<'_>,
+    status: ReadBackStatus,
+    started: Instant,
+    failure: Option<&str>,
+) -> ReadBackStatus {
+    let phase = status.phase.as_str();
+    job.metrics.drains.with_label_values(&[phase]).inc();
+    job.metrics
+        .drain_duration
+        .with_label_values(&[phase])
+        .observe(started.elapsed().as_secs_f64());
+    job.metrics
+        .drained_bytes
+        .with_label_values(&[job.compression.as_str()])
+        .inc_by(status.bytes);
+    if let Some(reason) = failure {
+        job.metrics
+            .drain_failures
+            .with_label_values(&[reason])
+            .inc();
+    }
+    if status.dropped_members > 0 {
+        job.metrics
+            .members_refused
+            .with_label_values(&["dropped", "cap"])
+            .inc_by(status.dropped_members);
+    }
+    if status.rejected_members > 0 {
+        job.metrics
+            .members_refused
+            .with_label_values(&["rejected", "sanitizer"])
+            .inc_by(status.rejected_members);
+    }
+    status
+}
+
+async fn attempt(
+    job: &PathJob<'_>,
+    keys: &ObjectKeys,
+    opts: &DrainOptions,
+    ctx: ManifestContext,
+    budget: Option<u64>,
+    last_written: &mut Option<Manifest>,
+) -> Result<Manifest, AttemptError> {
+    let argv = pack_argv(job.pack_command, job.path, budget);
+    let mut exec = PackExec::start(job.pods, job.pod_name, argv).await?;
+    let stdout = exec.take_stdout().ok_or(AttemptError::NoStdout)?;
+    let started = jiff::Timestamp::now();
+    let mut writer = archive_writer(
+        Arc::clone(job.store),
+        keys.archive.clone(),
+        opts.max_input_bytes,
+    );
+    let outcome = match drain_stream(stdout, &mut writer, opts).await {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            // No orphaned multipart parts: an aborted attempt leaves nothing behind.
+            if let Err(abort) = writer.abort().await {
+                warn!(archive = %keys.archive, error = %abort, "aborting the multipart upload failed");
+            }
+            // A stream that breaks because the packer failed is the packer's failure (its exit
+            // status and stderr say why, and retrying will not help); otherwise the stream's.
+            if let Ok(Err(exec_err @ ExecError::Failed { .. })) =
+                tokio::time::timeout(Duration::from_secs(2), exec.finish()).await
+            {
+                return Err(exec_err.into());
+            }
+            return Err(e.into());
+        }
+    };
+    // The archive is uploaded; it only becomes a result if the packer says it finished cleanly —
+    // unless the drain stopped reading at its input bound, when the packer never could finish.
+    let notes = if outcome.stopped_at_input_bound.is_some() {
+        exec.abandon().await
+    } else {
+        match exec.finish().await {
+            Ok(notes) => notes,
+            Err(e) => {
+                delete_archive(job, keys).await;
+                return Err(e.into());
+            }
+        }
+    };
+    if let Some(message) = nothing_readable(&outcome, &notes.lines) {
+        delete_archive(job, keys).await;
+        return Err(AttemptError::NothingReadable(message));
+    }
+    let mut manifest = Manifest::from_outcome(
+        &ctx,
+        keys,
+        opts.stored(),
+        outcome,
+        started,
+        jiff::Timestamp::now(),
+    );
+    manifest.pod_notes = notes.lines;
+    if notes.truncated_bytes > 0 {
+        manifest.pod_notes.push(format!(
+            "... and {} more byte(s) from the packer, not kept",
+            notes.truncated_bytes
+        ));
+    }
+    *last_written = Some(manifest.clone());
+    let written = match write_manifest(job.store, &keys.manifest, &manifest).await {
+        Ok(written) => written,
+        // The PUT may have committed before its response was lost (a create-only PUT is not
+        // retried by the store client): read it back before calling the attempt failed.
+        Err(e) => match try_read_manifest(job.store, &keys.manifest).await {
+            Ok(Some(existing)) if existing.same_content(&manifest) => {
+                info!(path = job.path, manifest = %keys.manifest, error = %e, "the manifest PUT failed on the wire but had committed");
+                return Ok(existing);
+            }
+            _ => return Err(e.into()),
+        },
+    };
+    match written {
+        ManifestWrite::Created => Ok(manifest),
+        // Someone committed between our start and our write (two operators draining at once,
+        // which leader election prevents): accept it only if it describes what we uploaded.
+        ManifestWrite::AlreadyCommitted(existing) if existing.same_content(&manifest) => {
+            Ok(*existing)
+        }
+        ManifestWrite::AlreadyCommitted(_) => Err(AttemptError::Drain(DrainError {
+            kind: DrainErrorKind::ManifestConflict {
+                key: keys.manifest.to_string(),
+            },
+            progress: Default::default(),
+        })),
+    }
+}
+
+/// Deletes the archive of an attempt that will not be committed (best effort: without a manifest
+/// no reader takes it for a result, and the next attempt overwrites the key).
+async fn delete_archive(job: &PathJob<'_>, keys: &ObjectKeys) {
+    if let Err(del) = job.store.delete(&keys.archive).await {
+        warn!(archive = %keys.archive, error = %del, "could not delete the archive of a failed attempt");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{DroppedRecord, MemberRecord, RejectedRecord};
+    use crate::tar::sanitize::Reason;
+
+    #[test]
+    fn object_urls_keep_scheme_and_bucket() {
+        let key = object_store::path::Path::from("runs/ns/a/u/00-out.tar");
+        assert_eq!(
+            object_url("s3://bucket/runs", &key),
+            "s3://bucket/runs/ns/a/u/00-out.tar"
+        );
+        assert_eq!(
+            object_url("file:///var/lib/store", &key),
+            "file:///var/lib/store/runs/ns/a/u/00-out.tar"
+        );
+    }
+
+    fn member(path: &str, kind: MemberKind) -> MemberRecord {
+        MemberRecord {
+            path: path.into(),
+            kind,
+            size: 0,
+            sha256: None,
+            mode: 0o755,
+            link_target: None,
+            superseded: false,
+        }
+    }
+
+    #[test]
+    fn a_path_whose_only_entries_were_unreadable_fails_with_the_notes_never_empty() {
+        let notes = vec![
+            "pack: skipped fifo pipe".to_string(),
+            "pack: unreadable secret.txt: Permission denied (os error 13)".to_string(),
+            "pack: unreadable private: IO error for operation on /out/private: Permission denied (os error 13)".to_string(),
+        ];
+        // Nothing stored at all.
+        let empty = DrainOutcome::default();
+        assert_eq!(
+            empty.phase(),
+            ReadBackPhase::Empty,
+            "what the stream alone says"
+        );
+        let message = nothing_readable(&empty, &notes).expect("a failure, not Empty");
+        assert!(message.contains("2 unreadable entries"), "{message}");
+        assert!(
+            message.contains("pack: unreadable secret.txt: Permission denied"),
+            "{message}"
+        );
+        assert!(message.contains("pack: unreadable private"), "{message}");
+        // Directories alone are no content: still a failure.
+        let dirs_only = DrainOutcome {
+            members: vec![member("private", MemberKind::Dir)],
+            ..Default::default()
+        };
+        assert!(nothing_readable(&dirs_only, &notes).is_some());
+        // It is a final failure, labelled for the metric.
+        let err = AttemptError::NothingReadable(message.clone());
+        assert!(!err.is_transient());
+        assert_eq!(err.metric_label(), "unreadable");
+        assert_eq!(err.to_string(), message);
+    }
+
+    #[test]
+    fn unreadable_notes_beside_stored_files_or_no_unreadable_note_change_nothing() {
+        let unreadable = vec!["pack: unreadable secret.txt: Permission denied".to_string()];
+        let with_file = DrainOutcome {
+            members: vec![member("report.txt", MemberKind::File)],
+            ..Default::default()
+        };
+        assert_eq!(nothing_readable(&with_file, &unreadable), None);
+        let with_link = DrainOutcome {
+            members: vec![member("l", MemberKind::Symlink)],
+            ..Default::default()
+        };
+        assert_eq!(nothing_readable(&with_link, &unreadable), None);
+        let capped = DrainOutcome {
+            dropped: vec![DroppedRecord {
+                path: "big".into(),
+                size: 9,
+                reason: "over_cap".into(),
+                in_pod: true,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(nothing_readable(&capped, &unreadable), None);
+        let rejected = DrainOutcome {
+            rejected: vec![RejectedRecord {
+                path: "/etc/x".into(),
+                entry_type: "0".into(),
+                size: 1,
+                reason: Reason::AbsolutePath,
+            }],
+            ..Default::default()
+        };
+        assert_eq!(nothing_readable(&rejected, &unreadable), None);
+        // Empty really is empty when nothing was unreadable (a skipped socket is not content).
+        let skipped = vec!["pack: skipped socket s.sock".to_string()];
+        assert_eq!(nothing_readable(&DrainOutcome::default(), &skipped), None);
+        assert_eq!(nothing_readable(&DrainOutcome::default(), &[]), None);
+    }
+
+    #[test]
+    fn many_unreadable_notes_are_summarized() {
+        let notes: Vec<String> = (0..10)
+            .map(|i| format!("pack: unreadable f{i}: {}", "x".repeat(1000)))
+            .collect();
+        let message = nothing_readable(&DrainOutcome::default(), &notes).expect("failure");
+        assert!(message.contains("10 unreadable entries"), "{message}");
+        assert!(message.contains("(and 7 more)"), "{message}");
+        assert!(message.len() < 1200, "{}", message.len());
+    }
+
+    #[test]
+    fn a_capped_message_says_when_the_input_bound_cut_the_stream() {
+        let outcome = DrainOutcome {
+            members: vec![member("a.txt", MemberKind::File)],
+            dropped: vec![DroppedRecord {
+                path: "big.bin".into(),
+                size: 1 << 36,
+                reason: "over_cap".into(),
+                in_pod: false,
+            }],
+            stopped_at_input_bound: Some(272_629_760),
+            ..Default::default()
+        };
+        let run = RunRef {
+            namespace: "ns".into(),
+            name: "r".into(),
+            uid: "u".into(),
+        };
+        let keys = object_keys(
+            &object_store::path::Path::from("p"),
+            &run,
+            0,
+            "/out",
+            Compression::None,
+        );
+        let ctx = ManifestContext {
+            run,
+            declared_path: "/out".into(),
+            index: 0,
+            attempt: 1,
+        };
+        let now = jiff::Timestamp::now();
+        let opts = DrainOptions::new(1 << 20, Compression::None);
+        let manifest = Manifest::new(&ctx, &keys, opts.stored(), &outcome, now, now);
+        let status = committed_status("/out", &manifest, &keys, "file:///s", 1);
+        assert_eq!(status.phase, ReadBackPhase::Capped);
+        let message = status.message.unwrap_or_default();
+        assert!(message.contains("1 member(s)"), "{message}");
+        assert!(
+            message.contains("input bound of 272629760 bytes and was not read further"),
+            "{message}"
+        );
+        assert!(
+            message.contains("the 1 member(s) read before it are kept"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn pack_refusal_is_final_a_lost_stream_is_retried() {
+        let refused = AttemptError::Exec(ExecError::Failed {
+            command: "pack /out".into(),
+            status: "exit code 1".into(),
+            stderr: vec![],
+        });
+        assert!(!refused.is_transient());
+        assert!(AttemptError::Exec(ExecError::NoStatus {
+            command: "pack".into()
+        })
+        .is_transient());
+        let malformed = AttemptError::Drain(DrainError {
+            kind: DrainErrorKind::Malformed("bad header".into()),
+            progress: Default::default(),
+        });
+        assert!(!malformed.is_transient());
+    }
+
+    /// An in-memory store whose reads can be made to fail (a store that cannot answer), and that
+    /// counts every write.
+    #[derive(Debug, Default)]
+    struct FlakyStore {
+        inner: object_store::memory::InMemory,
+        reads_fail: std::sync::atomic::AtomicBool,
+        reads_refused: std::sync::atomic::AtomicBool,
+        writes: std::sync::atomic::AtomicUsize,
+    }
+
+    impl std::fmt::Display for FlakyStore {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "FlakyStore")
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl ObjectStore for FlakyStore {
+        async fn put_opts(
+            &self,
+            location: &object_store::path::Path,
+            payload: object_store::PutPayload,
+            opts: object_store::PutOptions,
+        ) -> object_store::Result<object_store::PutResult> {
+            self.writes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.put_opts(location, payload, opts).await
+        }
+        async fn put_multipart_opts(
+            &self,
+            location: &object_store::path::Path,
+            opts: object_store::PutMultipartOptions,
+        ) -> object_store::Result<Box<dyn object_store::MultipartUpload>> {
+            self.writes
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            self.inner.put_multipart_opts(location, opts).await
+        }
+        async fn get_opts(
+            &self,
+            location: &object_store::path::Path,
+            options: object_store::GetOptions,
+        ) -> object_store::Result<object_store::GetResult> {
+            if self.reads_refused.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(object_store::Error::PermissionDenied {
+                    path: location.to_string(),
+                    source: "403 Forbidden".into(),
+                });
+            }
+            if self.reads_fail.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(object_store::Error::Generic {
+                    store: "FlakyStore",
+                    source: "connection reset by peer".into(),
+                });
+            }
+            self.inner.get_opts(location, options).await
+        }
+        fn delete_stream(
+            &self,
+            locations: futures::stream::BoxStream<
+                'static,
+                object_store::Result<object_store::path::Path>,
+            >,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::path::Path>>
+        {
+            self.inner.delete_stream(locations)
+        }
+        fn list(
+            &self,
+            prefix: Option<&object_store::path::Path>,
+        ) -> futures::stream::BoxStream<'static, object_store::Result<object_store::ObjectMeta>>
+        {
+            self.inner.list(prefix)
+        }
+        async fn list_with_delimiter(
+            &self,
+            prefix: Option<&object_store::path::Path>,
+        ) -> object_store::Result<object_store::ListResult> {
+            self.inner.list_with_delimiter(prefix).await
+        }
+        async fn copy_opts(
+            &self,
+            from: &object_store::path::Path,
+            to: &object_store::path::Path,
+            options: object_store::CopyOptions,
+        ) -> object_store::Result<()> {
+            self.inner.copy_opts(from, to, options).await
+        }
+    }
+
+    /// A kube client that counts the requests it gets (an exec of the packer is one) and refuses
+    /// them all.
+    fn counting_client() -> (kube::Client, Arc<std::sync::atomic::AtomicUsize>) {
+        let (service, mut handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let count = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let seen = Arc::clone(&count);
+        tokio::spawn(async move {
+            while let Some((_request, send)) = handle.next_request().await {
+                seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let body = serde_json::json!({
+                    "kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "message": "forbidden", "reason": "Forbidden", "code": 403
+                });
+                send.send_response(
+                    http::Response::builder()
+                        .status(403)
+                        .body(kube::client::Body::from(body.to_string().into_bytes()))
+                        .expect("response"),
+                );
+            }
+        });
+        (kube::Client::new(service, "ns"), count)
+    }
+
+    struct Bed {
+        pods: Api<Pod>,
+        execs: Arc<std::sync::atomic::AtomicUsize>,
+        flaky: Arc<FlakyStore>,
+        store: Arc<dyn ObjectStore>,
+        prefix: object_store::path::Path,
+        metrics: Metrics,
+        command: Vec<String>,
+    }
+
+    fn bed() -> Bed {
+        let (client, execs) = counting_client();
+        let flaky = Arc::new(FlakyStore::default());
+        Bed {
+            pods: Api::namespaced(client, "ns"),
+            execs,
+            store: flaky.clone(),
+            flaky,
+            prefix: object_store::path::Path::from("runs"),
+            metrics: Metrics::new().expect("metrics"),
+            command: vec!["pack".to_string()],
+        }
+    }
+
+    fn job<'a>(bed: &'a Bed, cancel: &'a CancellationToken, secs: u64) -> PathJob<'a> {
+        PathJob {
+            pods: &bed.pods,
+            pod_name: "p",
+            pack_command: &bed.command,
+            store: &bed.store,
+            open_uploads: None,
+            store_prefix: &bed.prefix,
+            store_url: "s3://bucket/runs",
+            namespace: "ns",
+            run_name: "r",
+            run_uid: "u",
+            index: 0,
+            path: "/out",
+            cap_bytes: 1 << 20,
+            compression: Compression::None,
+            deadline: tokio::time::Instant::now() + Duration::from_secs(secs),
+            previous_attempts: 0,
+            metrics: &bed.metrics,
+            cancel,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_manifest_read_error_is_retried_and_never_followed_by_an_upload() {
+        let bed = bed();
+        bed.flaky
+            .reads_fail
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let cancel = CancellationToken::new();
+        let status = drain_path(&job(&bed, &cancel, 2)).await.expect("a status");
+        assert_eq!(status.phase, ReadBackPhase::Failed, "{status:?}");
+        let message = status.message.unwrap_or_default();
+        assert!(
+            message.contains("the manifest (the commit point) could not be read"),
+            "{message}"
+        );
+        assert_eq!(
+            bed.execs.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "no packer was started, so nothing could be uploaded"
+        );
+        assert_eq!(
+            bed.flaky.writes.load(std::sync::atomic::Ordering::SeqCst),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn a_manifest_read_refused_for_credentials_fails_at_once_naming_the_settings() {
+        let bed = bed();
+        bed.flaky
+            .reads_refused
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        let cancel = CancellationToken::new();
+        // Retried reads would end at the deadline with the "could not be read" timeout message.
+        let status = drain_path(&job(&bed, &cancel, 3)).await.expect("a status");
+        assert_eq!(status.phase, ReadBackPhase::Failed, "{status:?}");
+        let message = status.message.unwrap_or_default();
+        assert!(
+            message.contains("refused the operator's credentials"),
+            "{message}"
+        );
+        assert!(message.contains("AWS_SECRET_ACCESS_KEY"), "{message}");
+        assert_eq!(bed.execs.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(
+            bed.flaky.writes.load(std::sync::atomic::Ordering::SeqCst),
+            0
+        );
+    }
+
+    #[tokio::test]
+    async fn a_committed_path_is_recorded_and_a_cancelled_drain_records_nothing() {
+        let bed = bed();
+        let run = RunRef {
+            namespace: "ns".into(),
+            name: "r".into(),
+            uid: "u".into(),
+        };
+        let keys = object_keys(&bed.prefix, &run, 0, "/out", Compression::None);
+        let ctx = ManifestContext {
+            run,
+            declared_path: "/out".into(),
+            index: 0,
+            attempt: 1,
+        };
+        let now = jiff::Timestamp::now();
+        let outcome = DrainOutcome {
+            members: vec![member("a.txt", MemberKind::File)],
+            bytes: 1,
+            ..Default::default()
+        };
+        let opts = DrainOptions::new(1 << 20, Compression::None);
+        let manifest = Manifest::new(&ctx, &keys, opts.stored(), &outcome, now, now);
+        write_manifest(&bed.store, &keys.manifest, &manifest)
+            .await
+            .expect("commit");
+        let writes = bed.flaky.writes.load(std::sync::atomic::Ordering::SeqCst);
+
+        let cancel = CancellationToken::new();
+        let status = drain_path(&job(&bed, &cancel, 5)).await.expect("a status");
+        assert_eq!(status.phase, ReadBackPhase::Drained, "{status:?}");
+        assert_eq!(status.members, 1);
+        assert_eq!(bed.execs.load(std::sync::atomic::Ordering::SeqCst), 0);
+        assert_eq!(
+            bed.flaky.writes.load(std::sync::atomic::Ordering::SeqCst),
+            writes,
+            "nothing written over a committed path"
+        );
+
+        // A replica told to stop (lost lease) records nothing and starts nothing.
+        let other = bed_uncommitted();
+        cancel.cancel();
+        assert_eq!(drain_path(&job(&other, &cancel, 5)).await, None);
+        assert_eq!(other.execs.load(std::sync::atomic::Ordering::SeqCst), 0);
+    }
+
+    fn bed_uncommitted() -> Bed {
+        bed()
+    }
+
+    #[test]
+    fn a_store_that_refuses_the_credentials_fails_the_path_at_once_naming_the_settings() {
+        let denied = || object_store::Error::PermissionDenied {
+            path: "runs/a.tar".into(),
+            source: "403 AuthorizationFailure".into(),
+        };
+        // On the archive upload (an io::Error out of the writer) and on the manifest.
+        let upload = AttemptError::Drain(DrainError {
+            kind: DrainErrorKind::Write(denied().into()),
+            progress: Default::default(),
+        });
+        let manifest = AttemptError::Store(StoreError::Object {
+            op: "writing manifest",
+            key: "runs/a.manifest.json".into(),
+            source: denied(),
+        });
+        for e in [&upload, &manifest] {
+            assert!(!e.is_transient(), "{e}");
+            assert_eq!(e.metric_label(), "store_credentials");
+            let message = describe_failure(e, "az://runs/prod");
+            assert!(
+                message.starts_with("Azure Blob Storage refused the operator's credentials"),
+                "{message}"
+            );
+            assert!(message.contains("AZURE_STORAGE_ACCOUNT_KEY"), "{message}");
+        }
+        // An unreachable store is still retried.
+        let unreachable = AttemptError::Drain(DrainError {
+            kind: DrainErrorKind::Write(std::io::Error::other("connection refused")),
+            progress: Default::default(),
+        });
+        assert!(unreachable.is_transient());
+        assert_eq!(unreachable.metric_label(), "write");
+    }
+}

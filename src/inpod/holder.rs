@@ -1,0 +1,139 @@
+//! The holder container's modes. The holder exists because exec into a terminated container is
+//! impossible: it idles beside the workload with every read-back emptyDir mounted, so the drain can
+//! exec `pack` into it after the workload exited, and no user image needs `tar`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+/// File whose presence says "the operator has drained this pod".
+pub const DRAINED_MARKER: &str = "drained";
+/// Where the holder keeps its drain marker (an emptyDir of its own: its root may be read-only).
+pub const HOLDER_STATE_DIR: &str = "/var/run/sandboxrun";
+/// The operator's binary, which the holder's image (the operator's own) runs.
+pub const BINARY: &str = "sandboxrun-operator";
+/// The subcommand that runs the holder's modes (`crate::cmd::holder`).
+pub const SUBCOMMAND: &str = "holder";
+
+/// One of the holder's modes as the operator starts or execs it: the pod builder's container
+/// command and preStop hook, and the controller's mark-drained exec. The argv is built here only;
+/// `sandboxrun-operator holder` parses it back (tested below).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HolderCommand {
+    /// The container's main process: idle until SIGTERM.
+    Idle,
+    /// The preStop hook: wait until the pod is marked drained, at most `seconds`.
+    WaitDrained {
+        /// The longest wait.
+        seconds: i64,
+    },
+    /// The exec after the drain: write the drained marker.
+    MarkDrained,
+}
+
+impl HolderCommand {
+    /// `sandboxrun-operator holder`: a container's `command`.
+    pub fn program() -> Vec<String> {
+        vec![BINARY.to_string(), SUBCOMMAND.to_string()]
+    }
+
+    /// The arguments after [`HolderCommand::program`]: a container's `args`.
+    pub fn args(&self) -> Vec<String> {
+        let mut args = vec!["--state-dir".to_string(), HOLDER_STATE_DIR.to_string()];
+        match self {
+            HolderCommand::Idle => {}
+            HolderCommand::WaitDrained { seconds } => {
+                args.extend(["--wait-drained".to_string(), format!("{seconds}s")]);
+            }
+            HolderCommand::MarkDrained => args.push("--mark-drained".to_string()),
+        }
+        args
+    }
+
+    /// The whole argv: an exec's or a hook's command.
+    pub fn argv(&self) -> Vec<String> {
+        let mut argv = Self::program();
+        argv.extend(self.args());
+        argv
+    }
+}
+
+/// Writes the drained marker (the operator execs this after the drain).
+pub fn mark_drained(state_dir: &Path) -> std::io::Result<PathBuf> {
+    let marker = state_dir.join(DRAINED_MARKER);
+    std::fs::write(&marker, b"drained\n")?;
+    Ok(marker)
+}
+
+/// The preStop hook: waits until the marker exists or `timeout` passes. Returns whether the
+/// marker appeared. Either way the hook then returns and the kubelet stops the container: a hook
+/// that never returned would only be killed at the end of the grace period anyway.
+pub async fn wait_drained(state_dir: &Path, timeout: Duration) -> bool {
+    let marker = state_dir.join(DRAINED_MARKER);
+    let start = Instant::now();
+    loop {
+        if marker.exists() {
+            return true;
+        }
+        if start.elapsed() >= timeout {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Idles until SIGTERM/SIGINT. The holder does nothing else: the drain comes to it by exec.
+pub async fn idle() -> std::io::Result<()> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        r = tokio::signal::ctrl_c() => r?,
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmd::{Cli, Command};
+    use clap::Parser;
+
+    #[test]
+    fn every_holder_command_parses_back_as_the_mode_it_names() {
+        for (command, wait, mark) in [
+            (HolderCommand::Idle, None, false),
+            (
+                HolderCommand::WaitDrained { seconds: 330 },
+                Some("330s".to_string()),
+                false,
+            ),
+            (HolderCommand::MarkDrained, None, true),
+        ] {
+            let argv = command.argv();
+            assert_eq!(argv[0], BINARY);
+            match Cli::try_parse_from(&argv).map(|c| c.command) {
+                Ok(Command::Holder(h)) => {
+                    assert_eq!(h.wait_drained, wait, "{argv:?}");
+                    assert_eq!(h.mark_drained, mark, "{argv:?}");
+                    assert_eq!(h.state_dir, Path::new(HOLDER_STATE_DIR));
+                }
+                other => panic!("{argv:?} parsed as {other:?}"),
+            }
+            if let HolderCommand::WaitDrained { .. } = command {
+                let wait = wait.unwrap_or_default();
+                assert!(crate::units::parse_duration(&wait).is_ok(), "{wait}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn prestop_returns_once_the_operator_marks_the_pod_drained() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!wait_drained(dir.path(), Duration::from_millis(300)).await);
+        let path = dir.path().to_path_buf();
+        let waiter =
+            tokio::spawn(async move { wait_drained(&path, Duration::from_secs(10)).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        mark_drained(dir.path()).unwrap();
+        assert!(waiter.await.unwrap());
+    }
+}

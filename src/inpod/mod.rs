@@ -1,0 +1,8 @@
+//! The code that runs inside the run's pod, in the holder container (docs/contract.md §2, §3):
+//!
+//! - [`holder`]: the holder's modes (idle, the preStop wait, the drained marker) and
+//!   [`holder::HolderCommand`], the argv the operator starts and execs them with.
+//! - [`pack`]: `sandboxrun-operator pack`, the tar of a read-back directory the drain reads.
+
+pub mod holder;
+pub mod pack;

@@ -1,0 +1,135 @@
+//! Where one run's archives and manifests live (docs/contract.md §3; drawn in docs/architecture.md).
+
+use object_store::path::Path;
+use serde::{Deserialize, Serialize};
+
+use crate::api::Compression;
+
+/// Suffix of manifest objects.
+pub const MANIFEST_SUFFIX: &str = ".manifest.json";
+/// Longest path slug in a key.
+pub const MAX_SLUG_BYTES: usize = 64;
+
+/// The run a drained path belongs to.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RunRef {
+    /// Namespace of the SandboxRun.
+    pub namespace: String,
+    /// Name of the SandboxRun.
+    pub name: String,
+    /// UID of the SandboxRun (a re-created run with the same name does not collide).
+    pub uid: String,
+}
+
+/// Where one declared path's archive and manifest live.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObjectKeys {
+    /// The archive: `<prefix>/<namespace>/<name>/<uid>/<index>-<slug>.<ext>`.
+    pub archive: Path,
+    /// The manifest: `<prefix>/<namespace>/<name>/<uid>/<index>-<slug>.manifest.json`.
+    pub manifest: Path,
+}
+
+/// The keys of the `index`-th declared path of a run.
+///
+/// Layout: `<prefix>/<namespace>/<name>/<uid>/<index>-<slug>.<ext>` for the archive (`ext` is
+/// `tar`, `tar.gz` or `tar.zst`) and `<…>/<index>-<slug>.manifest.json` for its manifest, where
+/// `index` is the path's position in `spec.readBack.paths`, zero-padded to 2 digits (it keeps two
+/// paths with the same slug apart) and `slug` is [`path_slug`]. The manifest key carries no
+/// compression extension on purpose: a reader finds the commit point from the run and the path
+/// alone, and the manifest names the archive key.
+pub fn object_keys(
+    prefix: &Path,
+    run: &RunRef,
+    index: usize,
+    declared_path: &str,
+    compression: Compression,
+) -> ObjectKeys {
+    let dir = run_dir(prefix, run);
+    let stem = format!("{index:02}-{}", path_slug(declared_path));
+    ObjectKeys {
+        archive: dir
+            .clone()
+            .join(format!("{stem}.{}", compression.extension()).as_str()),
+        manifest: dir.join(format!("{stem}{MANIFEST_SUFFIX}").as_str()),
+    }
+}
+
+/// `<prefix>/<namespace>/<name>/<uid>`: the directory of every key [`object_keys`] names for one
+/// run (this uid only), and the only prefix `readBack.retention: Delete` deletes under.
+pub fn run_dir(prefix: &Path, run: &RunRef) -> Path {
+    run_prefix(prefix, &run.namespace, &run.name).join(run.uid.as_str())
+}
+
+/// `<prefix>/<namespace>/<name>`: everything stored for a run name, all uids.
+pub fn run_prefix(prefix: &Path, namespace: &str, name: &str) -> Path {
+    prefix.clone().join(namespace).join(name)
+}
+
+/// A safe ASCII rendering of a declared path for object keys: `/work/out` → `work-out`. Keeps
+/// `[A-Za-z0-9_]`, turns every other run of bytes into one `-`, trims `-` at both ends, bounds the
+/// length to [`MAX_SLUG_BYTES`], and is never empty (`path` when nothing is left).
+pub fn path_slug(declared: &str) -> String {
+    let mut slug = String::with_capacity(declared.len().min(MAX_SLUG_BYTES));
+    for c in declared.chars() {
+        if c.is_ascii_alphanumeric() || c == '_' {
+            slug.push(c);
+        } else if !slug.is_empty() && !slug.ends_with('-') {
+            slug.push('-');
+        }
+        if slug.len() >= MAX_SLUG_BYTES {
+            break;
+        }
+    }
+    let slug = slug.trim_matches('-');
+    if slug.is_empty() {
+        "path".into()
+    } else {
+        slug.into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run() -> RunRef {
+        RunRef {
+            namespace: "ns".into(),
+            name: "job".into(),
+            uid: "1234-abcd".into(),
+        }
+    }
+
+    #[test]
+    fn slug_is_safe_ascii_bounded_and_never_empty() {
+        assert_eq!(path_slug("/work/out"), "work-out");
+        assert_eq!(path_slug("/a//b.c/Ü-x_y"), "a-b-c-x_y");
+        assert_eq!(path_slug("/"), "path");
+        assert_eq!(path_slug("/ü/é"), "path");
+        let long = format!("/{}", "x".repeat(500));
+        assert_eq!(path_slug(&long).len(), MAX_SLUG_BYTES);
+    }
+
+    #[test]
+    fn keys_follow_the_documented_layout() {
+        let keys = object_keys(
+            &Path::from("drains"),
+            &run(),
+            3,
+            "/work/out",
+            Compression::Zstd,
+        );
+        assert_eq!(
+            keys.archive.as_ref(),
+            "drains/ns/job/1234-abcd/03-work-out.tar.zst"
+        );
+        assert_eq!(
+            keys.manifest.as_ref(),
+            "drains/ns/job/1234-abcd/03-work-out.manifest.json"
+        );
+        let root = object_keys(&Path::default(), &run(), 0, "/out", Compression::None);
+        assert_eq!(root.archive.as_ref(), "ns/job/1234-abcd/00-out.tar");
+    }
+}

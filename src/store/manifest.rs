@@ -1,0 +1,567 @@
+//! The manifest: the commit point of one drained path and the record of what it holds — every
+//! member, every dropped or rejected entry with its reason (docs/contract.md §4). The record types
+//! live here, with the store that writes and reads them, not in the drain that fills them.
+
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+use serde::{Deserialize, Serialize};
+
+use super::keys::{run_prefix, ObjectKeys, RunRef, MANIFEST_SUFFIX};
+use super::StoreError;
+use crate::api::{Compression, ReadBackPhase};
+use crate::tar::sanitize::{MemberKind, Reason};
+
+/// Version of the manifest layout; bumped on any incompatible change.
+pub const MANIFEST_SCHEMA_VERSION: u32 = 1;
+
+/// What the drain caller knows about the path being drained.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManifestContext {
+    /// The run.
+    pub run: RunRef,
+    /// The declared container path.
+    pub declared_path: String,
+    /// Its position in `spec.readBack.paths`.
+    pub index: usize,
+    /// Drain attempt number (1-based).
+    pub attempt: u32,
+}
+
+/// How the drain stored a path: the archive's compression and the cap it metered against
+/// (`crate::drain::DrainOptions::stored` from the drain's options).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stored {
+    /// Compression of the archive.
+    pub compression: Compression,
+    /// The cap the drain metered against.
+    pub cap_bytes: u64,
+}
+
+/// Totals of a drained path.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Totals {
+    /// Members stored.
+    pub members: u64,
+    /// Content bytes stored.
+    pub bytes: u64,
+    /// Files dropped by the cap.
+    pub dropped_members: u64,
+    /// Their content bytes.
+    pub dropped_bytes: u64,
+    /// Entries rejected by the sanitizer.
+    pub rejected_members: u64,
+    /// Bytes read from the pod.
+    pub input_bytes: u64,
+    /// Bytes of the stored archive.
+    pub archive_bytes: u64,
+}
+
+/// The commit point of one drained path: present means the archive is complete
+/// (docs/contract.md §3). Lists every member and every dropped or rejected entry with its reason, so a reader
+/// can tell a failed drain from an empty one (ADR-143 §4).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Manifest {
+    /// [`MANIFEST_SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// The run.
+    pub run: RunRef,
+    /// The declared container path.
+    pub declared_path: String,
+    /// Its position in `spec.readBack.paths`.
+    pub index: usize,
+    /// Key of the archive this manifest commits.
+    pub archive_key: String,
+    /// Compression of the archive.
+    pub compression: Compression,
+    /// The cap the drain metered against.
+    pub cap_bytes: u64,
+    /// Drain attempt that committed.
+    pub attempt: u32,
+    /// When the committing attempt started (RFC 3339).
+    pub started_at: String,
+    /// When it finished (RFC 3339).
+    pub finished_at: String,
+    /// Drained, Empty or Capped.
+    pub phase: ReadBackPhase,
+    /// Totals.
+    pub totals: Totals,
+    /// Stored members, in archive order.
+    pub members: Vec<MemberRecord>,
+    /// Files dropped by the cap: by the drain's meter, or by the packer in the pod (`inPod`, only
+    /// a placeholder crossed the wire), or because the stream reached the input bound.
+    pub dropped: Vec<DroppedRecord>,
+    /// Entries rejected by the sanitizer, with reasons.
+    pub rejected: Vec<RejectedRecord>,
+    /// Set (to the bound, in bytes) when the drain stopped reading the stream at its input bound:
+    /// the members listed are the ones read before that point, the rest was never seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at_input_bound: Option<u64>,
+    /// What the packer in the pod reported on stderr: files it could not read, special files it
+    /// skipped, files that changed size while read. Never silent (docs/contract.md §3: an unreadable
+    /// file is recorded as such, never silently skipped).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pod_notes: Vec<String>,
+}
+
+impl Manifest {
+    /// The manifest of a successful drain.
+    pub fn new(
+        ctx: &ManifestContext,
+        keys: &ObjectKeys,
+        stored: Stored,
+        outcome: &DrainOutcome,
+        started: jiff::Timestamp,
+        finished: jiff::Timestamp,
+    ) -> Self {
+        Self::from_outcome(ctx, keys, stored, outcome.clone(), started, finished)
+    }
+
+    /// [`Manifest::new`], taking the outcome's records instead of copying them (a drain's records
+    /// may be tens of MiB: docs/contract.md, "Unbounded size").
+    pub fn from_outcome(
+        ctx: &ManifestContext,
+        keys: &ObjectKeys,
+        stored: Stored,
+        outcome: DrainOutcome,
+        started: jiff::Timestamp,
+        finished: jiff::Timestamp,
+    ) -> Self {
+        Manifest {
+            schema_version: MANIFEST_SCHEMA_VERSION,
+            run: ctx.run.clone(),
+            declared_path: ctx.declared_path.clone(),
+            index: ctx.index,
+            archive_key: keys.archive.to_string(),
+            compression: stored.compression,
+            cap_bytes: stored.cap_bytes,
+            attempt: ctx.attempt,
+            started_at: started.to_string(),
+            finished_at: finished.to_string(),
+            phase: outcome.phase(),
+            totals: Totals {
+                members: outcome.members.len() as u64,
+                bytes: outcome.bytes,
+                // Listed or not (docs/contract.md: past a bound, records are only counted).
+                dropped_members: outcome.dropped_count(),
+                // Saturating: a dropped size may be the pod's (forged) word.
+                dropped_bytes: outcome.dropped_bytes(),
+                rejected_members: outcome.rejected_count(),
+                input_bytes: outcome.input_bytes,
+                archive_bytes: outcome.archive_bytes,
+            },
+            members: outcome.members,
+            dropped: outcome.dropped,
+            rejected: outcome.rejected,
+            stopped_at_input_bound: outcome.stopped_at_input_bound,
+            pod_notes: Vec::new(),
+        }
+    }
+
+    /// The drain outcome this manifest records.
+    pub fn outcome(&self) -> DrainOutcome {
+        DrainOutcome {
+            members: self.members.clone(),
+            dropped: self.dropped.clone(),
+            rejected: self.rejected.clone(),
+            bytes: self.totals.bytes,
+            input_bytes: self.totals.input_bytes,
+            archive_bytes: self.totals.archive_bytes,
+            stopped_at_input_bound: self.stopped_at_input_bound,
+            unlisted_dropped: self
+                .totals
+                .dropped_members
+                .saturating_sub(self.dropped.len() as u64),
+            unlisted_dropped_bytes: self.totals.dropped_bytes.saturating_sub(
+                self.dropped
+                    .iter()
+                    .fold(0u64, |sum, d| sum.saturating_add(d.size)),
+            ),
+            unlisted_rejected: self
+                .totals
+                .rejected_members
+                .saturating_sub(self.rejected.len() as u64),
+        }
+    }
+
+    /// Whether two manifests describe the same stored content (timestamps and attempt aside).
+    pub fn same_content(&self, other: &Manifest) -> bool {
+        self.archive_key == other.archive_key
+            && self.compression == other.compression
+            && self.members == other.members
+            && self.dropped == other.dropped
+            && self.rejected == other.rejected
+            && self.stopped_at_input_bound == other.stopped_at_input_bound
+    }
+}
+
+/// Result of a create-only manifest write.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ManifestWrite {
+    /// This call committed the path.
+    Created,
+    /// A manifest was already there (an earlier attempt committed); here it is.
+    AlreadyCommitted(Box<Manifest>),
+}
+
+/// The manifest's JSON, allocated once at its exact size: a manifest may list tens of MiB of
+/// records (docs/contract.md, "Unbounded size"), and a buffer grown by doubling would hold up to
+/// three times that at once.
+fn manifest_json(manifest: &Manifest) -> serde_json::Result<Vec<u8>> {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer_pretty(&mut count, manifest)?;
+    let mut json = Vec::with_capacity(count.0);
+    serde_json::to_writer_pretty(&mut json, manifest)?;
+    Ok(json)
+}
+
+/// Writes a manifest create-only: the first complete attempt commits, later ones read it back.
+pub async fn write_manifest(
+    store: &Arc<dyn ObjectStore>,
+    key: &Path,
+    manifest: &Manifest,
+) -> Result<ManifestWrite, StoreError> {
+    let json = manifest_json(manifest).map_err(|source| StoreError::ManifestJson {
+        key: key.to_string(),
+        source,
+    })?;
+    let opts = PutOptions {
+        mode: PutMode::Create,
+        ..PutOptions::default()
+    };
+    match store.put_opts(key, PutPayload::from(json), opts).await {
+        Ok(_) => Ok(ManifestWrite::Created),
+        Err(
+            object_store::Error::AlreadyExists { .. } | object_store::Error::Precondition { .. },
+        ) => {
+            tracing::info!(manifest = %key, "manifest already committed by an earlier attempt");
+            Ok(ManifestWrite::AlreadyCommitted(Box::new(
+                read_manifest(store, key).await?,
+            )))
+        }
+        Err(source) => Err(StoreError::Object {
+            op: "writing manifest",
+            key: key.to_string(),
+            source,
+        }),
+    }
+}
+
+/// Reads a manifest.
+pub async fn read_manifest(
+    store: &Arc<dyn ObjectStore>,
+    key: &Path,
+) -> Result<Manifest, StoreError> {
+    let bytes = match store.get(key).await {
+        Ok(got) => got.bytes().await,
+        Err(e) => Err(e),
+    };
+    let bytes = bytes.map_err(|source| match source {
+        object_store::Error::NotFound { .. } => StoreError::NotFound {
+            key: key.to_string(),
+        },
+        source => StoreError::Object {
+            op: "reading manifest",
+            key: key.to_string(),
+            source,
+        },
+    })?;
+    serde_json::from_slice(&bytes).map_err(|source| StoreError::ManifestJson {
+        key: key.to_string(),
+        source,
+    })
+}
+
+/// Reads a manifest if there is one.
+pub async fn try_read_manifest(
+    store: &Arc<dyn ObjectStore>,
+    key: &Path,
+) -> Result<Option<Manifest>, StoreError> {
+    match read_manifest(store, key).await {
+        Ok(m) => Ok(Some(m)),
+        Err(StoreError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Every manifest stored for a run name (all uids, all paths), sorted by key: what `files ls`
+/// shows and `files get` picks from.
+pub async fn list_manifests(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+    namespace: &str,
+    name: &str,
+) -> Result<Vec<(Path, Manifest)>, StoreError> {
+    let dir = run_prefix(prefix, namespace, name);
+    let metas: Vec<_> = store
+        .list(Some(&dir))
+        .try_collect()
+        .await
+        .map_err(|source| StoreError::Object {
+            op: "listing",
+            key: dir.to_string(),
+            source,
+        })?;
+    let mut keys: Vec<Path> = metas
+        .into_iter()
+        .map(|m| m.location)
+        .filter(|p| p.filename().is_some_and(|f| f.ends_with(MANIFEST_SUFFIX)))
+        .collect();
+    keys.sort();
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        let manifest = read_manifest(store, &key).await?;
+        out.push((key, manifest));
+    }
+    Ok(out)
+}
+
+/// [`DroppedRecord::reason`] of a file that would cross the cap (dropped by this meter, or by the
+/// packer in the pod: then [`DroppedRecord::in_pod`] is set).
+pub const DROPPED_OVER_CAP: &str = "over_cap";
+/// [`DroppedRecord::reason`] of a file that fit the cap but whose content would have taken the
+/// stream past the drain's input bound: the drain stopped reading before it.
+pub const DROPPED_INPUT_BOUND: &str = "input_bound";
+/// [`DroppedRecord::reason`] of a member whose name, link target and header would take the path's
+/// stored metadata past its allowance (`crate::caps::metadata_allowance`).
+pub const DROPPED_METADATA: &str = "over_metadata_allowance";
+
+/// One stored member, as listed in the manifest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberRecord {
+    /// Normalized relative path (directories without trailing `/`).
+    pub path: String,
+    /// file | dir | symlink.
+    pub kind: MemberKind,
+    /// Content bytes (0 for directories and symlinks).
+    pub size: u64,
+    /// Hex SHA-256 of the content (files only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
+    /// Permission bits as stored (setuid/setgid/sticky are stripped).
+    pub mode: u32,
+    /// Symlink target (symlinks only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_target: Option<String>,
+    /// A later member of the archive has the same path: it is stored (and metered) but replaced
+    /// on extraction — the last one wins, as with `tar -x` (docs/contract.md §3).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub superseded: bool,
+}
+
+/// A file dropped because it would cross the cap (or the input bound).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DroppedRecord {
+    /// Normalized relative path.
+    pub path: String,
+    /// Its content bytes (for a member dropped in the pod: as the packer declared it).
+    pub size: u64,
+    /// [`DROPPED_OVER_CAP`] or [`DROPPED_INPUT_BOUND`].
+    pub reason: String,
+    /// Dropped by the packer in the pod (`pack --budget`): only a placeholder crossed the wire,
+    /// and `size` is the pod's word, unverified.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub in_pod: bool,
+}
+
+/// An entry the sanitizer refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RejectedRecord {
+    /// The raw path, rendered lossily (it may be the very thing that was unsafe).
+    pub path: String,
+    /// The tar type flag, as a character.
+    pub entry_type: String,
+    /// Announced content bytes.
+    pub size: u64,
+    /// Why.
+    pub reason: Reason,
+}
+
+/// What a successful drain stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DrainOutcome {
+    /// Stored members, in stream order.
+    pub members: Vec<MemberRecord>,
+    /// Files dropped by the cap.
+    pub dropped: Vec<DroppedRecord>,
+    /// Entries rejected by the sanitizer.
+    pub rejected: Vec<RejectedRecord>,
+    /// Content bytes stored (what the cap meters).
+    pub bytes: u64,
+    /// Bytes read from the stream.
+    pub input_bytes: u64,
+    /// Bytes of the stored archive (after compression).
+    pub archive_bytes: u64,
+    /// Set (to the bound, in bytes) when the drain stopped reading at its input bound: the members
+    /// listed are the ones read before that point; whatever followed was never seen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_at_input_bound: Option<u64>,
+    /// Dropped files counted but not listed in `dropped` (`crate::drain::archive::MAX_LISTED_RECORD_BYTES`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unlisted_dropped: u64,
+    /// Their content bytes (saturating: a size may be the pod's word).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unlisted_dropped_bytes: u64,
+    /// Rejected entries counted but not listed in `rejected`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unlisted_rejected: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl DrainOutcome {
+    /// The path's phase: Capped when anything was dropped or the input bound cut the stream,
+    /// Empty when the stream held nothing at all, Drained otherwise (rejected entries are listed,
+    /// and counted in the status).
+    pub fn phase(&self) -> ReadBackPhase {
+        if self.dropped_count() > 0 || self.stopped_at_input_bound.is_some() {
+            ReadBackPhase::Capped
+        } else if self.members.is_empty() && self.rejected_count() == 0 {
+            ReadBackPhase::Empty
+        } else {
+            ReadBackPhase::Drained
+        }
+    }
+
+    /// Files dropped, listed or not.
+    pub fn dropped_count(&self) -> u64 {
+        (self.dropped.len() as u64).saturating_add(self.unlisted_dropped)
+    }
+
+    /// Content bytes of the files dropped, listed or not (saturating).
+    pub fn dropped_bytes(&self) -> u64 {
+        self.dropped
+            .iter()
+            .fold(self.unlisted_dropped_bytes, |sum, d| {
+                sum.saturating_add(d.size)
+            })
+    }
+
+    /// Entries rejected, listed or not.
+    pub fn rejected_count(&self) -> u64 {
+        (self.rejected.len() as u64).saturating_add(self.unlisted_rejected)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::{object_keys, store_from_url};
+
+    fn run() -> RunRef {
+        RunRef {
+            namespace: "ns".into(),
+            name: "job".into(),
+            uid: "1234-abcd".into(),
+        }
+    }
+
+    fn manifest(attempt: u32) -> Manifest {
+        let keys = object_keys(&Path::default(), &run(), 0, "/out", Compression::None);
+        let ctx = ManifestContext {
+            run: run(),
+            declared_path: "/out".into(),
+            index: 0,
+            attempt,
+        };
+        let outcome = DrainOutcome {
+            bytes: 3,
+            ..DrainOutcome::default()
+        };
+        let t = jiff::Timestamp::UNIX_EPOCH;
+        Manifest::new(
+            &ctx,
+            &keys,
+            Stored {
+                compression: Compression::None,
+                cap_bytes: 10,
+            },
+            &outcome,
+            t,
+            t,
+        )
+    }
+
+    #[tokio::test]
+    async fn manifest_is_create_only_and_a_second_write_reads_the_first_back() {
+        let (store, _) = store_from_url("memory://", &[]).expect("memory store");
+        let key = Path::from("ns/job/uid/00-out.manifest.json");
+        let first = manifest(1);
+        assert_eq!(
+            write_manifest(&store, &key, &first).await.expect("write"),
+            ManifestWrite::Created
+        );
+        let second = write_manifest(&store, &key, &manifest(2))
+            .await
+            .expect("write");
+        assert_eq!(
+            second,
+            ManifestWrite::AlreadyCommitted(Box::new(first.clone()))
+        );
+        assert_eq!(read_manifest(&store, &key).await.expect("read").attempt, 1);
+        assert!(
+            first.started_at.ends_with('Z'),
+            "RFC 3339: {}",
+            first.started_at
+        );
+    }
+
+    #[tokio::test]
+    async fn list_manifests_returns_every_committed_path_of_a_run_and_nothing_else() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = url::Url::from_directory_path(dir.path())
+            .expect("url")
+            .to_string();
+        let (store, prefix) = store_from_url(&url, &[]).expect("file store");
+        let keys0 = object_keys(&prefix, &run(), 0, "/a", Compression::None);
+        let keys1 = object_keys(&prefix, &run(), 1, "/b", Compression::Gzip);
+        write_manifest(&store, &keys1.manifest, &manifest(1))
+            .await
+            .expect("write");
+        write_manifest(&store, &keys0.manifest, &manifest(1))
+            .await
+            .expect("write");
+        store
+            .put(&keys0.archive, PutPayload::from_static(b"tar"))
+            .await
+            .expect("put");
+        let other = RunRef {
+            name: "other".into(),
+            ..run()
+        };
+        let keys_other = object_keys(&prefix, &other, 0, "/a", Compression::None);
+        write_manifest(&store, &keys_other.manifest, &manifest(1))
+            .await
+            .expect("write");
+        let listed = list_manifests(&store, &prefix, "ns", "job")
+            .await
+            .expect("list");
+        let listed: Vec<_> = listed.into_iter().map(|(k, _)| k).collect();
+        assert_eq!(listed, vec![keys0.manifest, keys1.manifest]);
+        let missing = read_manifest(&store, &Path::from("nope.manifest.json")).await;
+        assert!(
+            matches!(missing, Err(StoreError::NotFound { .. })),
+            "{missing:?}"
+        );
+    }
+}

@@ -1,0 +1,10 @@
+//! The tar pieces the in-pod packer, the drain and `files get` share:
+//!
+//! - [`ustar`]: our ustar/PAX dialect, written by the packer and by the drain's re-emitter.
+//! - [`sanitize`]: the pure verdict on one entry of an untrusted archive.
+//! - [`entry`]: one parsed entry's header fields, handed to the sanitizer (the drain and the
+//!   extraction of `files get` read entries the same way).
+
+pub mod entry;
+pub mod sanitize;
+pub mod ustar;
