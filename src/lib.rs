@@ -14,6 +14,7 @@ pub mod files;
 pub mod inpod;
 pub mod metrics;
 pub mod pod;
+pub mod process;
 pub mod store;
 pub mod tar;
 pub mod units;

@@ -8,7 +8,7 @@ use crate::egress::proxy::ProxyArgs;
 
 /// Runs the egress proxy until SIGTERM.
 pub async fn main(args: ProxyArgs) -> ExitCode {
-    super::operate::init_tracing(args.log_format, &args.log_level);
+    crate::process::init_tracing(args.log_format, &args.log_level);
     match crate::egress::proxy::run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

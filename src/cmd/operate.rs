@@ -15,11 +15,12 @@ use std::process::ExitCode;
 use thiserror::Error;
 use tracing::{error, info, warn};
 
-use super::run::{caps, egress_settings, holder_resources, LogFormat, RunArgs};
+use super::run::{caps, egress_settings, holder_resources, RunArgs};
 use crate::controller::decide::DecideSettings;
 use crate::controller::{self, Context};
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
+use crate::process::{init_tracing, shutdown_signal};
 
 /// Why the operator stopped.
 #[derive(Debug, Error)]
@@ -67,35 +68,6 @@ pub async fn main(args: RunArgs) -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-pub(super) fn init_tracing(format: LogFormat, level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    let _ = match format {
-        LogFormat::Json => builder.json().try_init(),
-        LogFormat::Text => builder.try_init(),
-    };
-}
-
-/// Resolves after SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => futures::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        _ = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-    info!("shutdown requested");
 }
 
 /// Runs the operator until SIGTERM.

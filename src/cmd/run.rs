@@ -4,20 +4,12 @@
 
 use std::path::PathBuf;
 
-use clap::{Args, ValueEnum};
+use clap::Args;
 
 use crate::caps::CapSettings;
+use crate::process::LogFormat;
 use crate::store::StoreArgs;
 use crate::units::MIB;
-
-/// Log output format.
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
 
 /// Settings of `run`. Every flag has an environment variable.
 #[derive(Args, Debug, Clone)]

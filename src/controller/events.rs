@@ -54,9 +54,10 @@ pub const ARCHIVE_DELETE_FAILED: &str = "ArchiveDeleteFailed";
 pub const ARCHIVE_DELETE_ABANDONED: &str = "ArchiveDeleteAbandoned";
 
 /// The run's NetworkPolicy is in place; the note says what it lets out and who enforces it.
-pub const EGRESS_POLICY_APPLIED: &str = crate::egress::apply::REASON_EGRESS_POLICY_APPLIED;
-/// The run restricts egress and NetworkPolicy is declared unenforced (`--network-policy`).
-pub const EGRESS_POLICY_UNENFORCED: &str = crate::egress::apply::REASON_EGRESS_POLICY_UNENFORCED;
+pub const EGRESS_POLICY_APPLIED: &str = "EgressPolicyApplied";
+/// The run restricts egress and NetworkPolicy is declared unenforced (`--network-policy`): a
+/// Warning Event, and the Ready reason of a run that does not start (`unenforced-refuse`).
+pub const EGRESS_POLICY_UNENFORCED: &str = "EgressPolicyUnenforced";
 
 /// The two reasons whose spelling the contract fixes (not CamelCase).
 pub const CONTRACT_REASONS: [&str; 2] = [DRAIN_FAILED, CAPPED];

@@ -14,17 +14,14 @@ use tracing::{info, warn};
 
 use crate::api::{Phase, SandboxRun};
 use crate::controller::conditions::{self, set_condition, READY};
-use crate::controller::events::EVENT_NOTE_LIMIT;
+use crate::controller::events::{
+    EGRESS_POLICY_APPLIED as REASON_EGRESS_POLICY_APPLIED,
+    EGRESS_POLICY_UNENFORCED as REASON_EGRESS_POLICY_UNENFORCED, EVENT_NOTE_LIMIT,
+};
 use crate::controller::{Context, ControllerError, MANAGER};
-use crate::egress::policy::{build_policy, egress_of, Egress};
+use crate::egress::mode::{egress_of, Egress};
+use crate::egress::policy::build_policy;
 use crate::egress::settings::{EgressSettings, PolicyEnforcement};
-
-/// Event (Normal): the run's NetworkPolicy is in place; the note says what it lets out and who
-/// enforces it.
-pub const REASON_EGRESS_POLICY_APPLIED: &str = "EgressPolicyApplied";
-/// Event (Warning) and Ready reason: the run asks for egress restrictions and the cluster admin
-/// declared NetworkPolicy unenforced (`--network-policy=unenforced-*`).
-pub const REASON_EGRESS_POLICY_UNENFORCED: &str = "EgressPolicyUnenforced";
 
 /// What the Event says is enforced for a run (pure, for the note and the tests).
 pub fn describe(run: &SandboxRun, egress: &Egress, settings: &EgressSettings) -> String {

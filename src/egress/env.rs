@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::EnvVar;
 
 use crate::api::SandboxRun;
-use crate::egress::policy::{egress_of, Egress};
+use crate::egress::mode::{egress_of, Egress};
 use crate::egress::settings::EgressSettings;
 use crate::egress::token::token;
 

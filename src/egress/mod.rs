@@ -1,11 +1,12 @@
 //! Enforcement of `spec.network` (docs/contract.md "ADR-006 network rules: validated and
-//! enforced"): a per-run NetworkPolicy ([`policy`], applied by [`apply`] before the pod exists)
+//! enforced"): what the run asks for ([`mode`]), a per-run NetworkPolicy ([`policy`], applied by [`apply`] before the pod exists)
 //! for addresses, and the egress proxy ([`proxy`]) for host names, both judging with the one
 //! matcher admission validates with ([`crate::admission::network`]). The workload reaches the
 //! proxy through the variables of [`env`], authenticated by a per-run [`token`].
 
 pub mod apply;
 pub mod env;
+pub mod mode;
 pub mod policy;
 pub mod proxy;
 pub mod settings;

@@ -29,7 +29,7 @@ use tracing::{debug, info, warn};
 
 use crate::admission::network::{decide, Rule};
 use crate::api::{NetworkMode, SandboxRun};
-use crate::egress::policy::{egress_of, Egress};
+use crate::egress::mode::{egress_of, Egress};
 use crate::egress::token;
 
 /// Largest request head the proxy reads.
@@ -71,7 +71,7 @@ pub struct ProxyArgs {
         value_enum,
         default_value = "text"
     )]
-    pub log_format: crate::cmd::run::LogFormat,
+    pub log_format: crate::process::LogFormat,
     /// Log filter (tracing EnvFilter syntax).
     #[arg(long, env = "SANDBOXRUN_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
@@ -660,7 +660,7 @@ pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
             source,
         })?;
     info!(addr = %args.listen, "egress proxy listening");
-    serve(listener, state, crate::cmd::operate::shutdown_signal()).await;
+    serve(listener, state, crate::process::shutdown_signal()).await;
     Ok(())
 }
 
