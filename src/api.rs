@@ -16,16 +16,16 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// API group of every resource this operator owns.
-pub const GROUP: &str = "sandbox.iterion.io";
+pub(crate) const GROUP: &str = "sandbox.iterion.io";
 /// The finalizer that holds a SandboxRun until its read-back paths are drained (ADR-143 §3).
 pub const FINALIZER: &str = "sandbox.iterion.io/drain";
 /// Annotation that releases the finalizer at once, without draining (recorded with an Event).
 pub const SKIP_DRAIN_ANNOTATION: &str = "sandbox.iterion.io/skip-drain";
 /// Most read-back paths one run may declare (also enforced by the CRD schema).
-pub const MAX_READBACK_PATHS: usize = 16;
+pub(crate) const MAX_READBACK_PATHS: usize = 16;
 /// Largest `spec.ttlSecondsAfterFinished` (one year; also enforced by the CRD schema): beyond it a
 /// run is meant to stay, which is what leaving the field unset says.
-pub const MAX_TTL_SECONDS_AFTER_FINISHED: i64 = 31_536_000;
+pub(crate) const MAX_TTL_SECONDS_AFTER_FINISHED: i64 = 31_536_000;
 
 /// A sandboxed workload whose declared read-back paths are drained into object storage at teardown.
 #[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
@@ -474,7 +474,7 @@ pub enum Phase {
 
 impl Phase {
     /// Every phase, in the order of a run's life.
-    pub const ALL: [Phase; 6] = [
+    pub(crate) const ALL: [Phase; 6] = [
         Phase::Pending,
         Phase::Running,
         Phase::Draining,
@@ -559,8 +559,9 @@ pub enum ReadBackPhase {
 }
 
 impl ReadBackPhase {
+    #[cfg(test)]
     /// Every phase of a path.
-    pub const ALL: [ReadBackPhase; 5] = [
+    pub(crate) const ALL: [ReadBackPhase; 5] = [
         ReadBackPhase::Pending,
         ReadBackPhase::Drained,
         ReadBackPhase::Empty,
@@ -583,7 +584,7 @@ impl ReadBackPhase {
 
 impl SandboxRunSpec {
     /// The declared read-back paths, in declaration order.
-    pub fn read_back_paths(&self) -> &[ReadBackPath] {
+    pub(crate) fn read_back_paths(&self) -> &[ReadBackPath] {
         self.read_back
             .as_ref()
             .map(|r| r.paths.as_slice())
@@ -591,13 +592,13 @@ impl SandboxRunSpec {
     }
 
     /// Whether the run is a long-lived sandbox (no command: idles until stopped).
-    pub fn is_long_lived(&self) -> bool {
+    pub(crate) fn is_long_lived(&self) -> bool {
         self.command.as_ref().is_none_or(|c| c.is_empty())
     }
 }
 
 /// Parses `uid` or `uid:gid`. Returns None when the text is not of that form.
-pub fn parse_user(user: &str) -> Option<(i64, Option<i64>)> {
+pub(crate) fn parse_user(user: &str) -> Option<(i64, Option<i64>)> {
     let (uid, gid) = match user.split_once(':') {
         Some((u, g)) => (u, Some(g)),
         None => (user, None),

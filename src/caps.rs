@@ -37,7 +37,8 @@ use crate::units::GIB;
 
 /// Default of `run --image-pull-timeout`: how long a retryable image-pull error may last before
 /// the run is failed (see `controller::decide::DecideSettings`).
-pub const DEFAULT_IMAGE_PULL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5 * 60);
+pub(crate) const DEFAULT_IMAGE_PULL_TIMEOUT: std::time::Duration =
+    std::time::Duration::from_secs(5 * 60);
 
 /// The read-back cap bounds (ADR-143 "Unbounded size"): a path's `sizeLimit`, else `default_bytes`,
 /// never above `max_bytes`.
@@ -60,14 +61,14 @@ impl Default for CapSettings {
 
 impl CapSettings {
     /// The effective cap of a path that asked for `requested` bytes (None: no sizeLimit).
-    pub fn effective(&self, requested: Option<u64>) -> u64 {
+    pub(crate) fn effective(&self, requested: Option<u64>) -> u64 {
         requested.unwrap_or(self.default_bytes).min(self.max_bytes)
     }
 }
 
 /// Verdict on one member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Admit {
+pub(crate) enum Admit {
     /// Fits: store it (the meter has counted it).
     Keep,
     /// Would cross the cap: drop it whole (the meter has recorded it).
@@ -76,7 +77,7 @@ pub enum Admit {
 
 /// Counts the content bytes kept against a cap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct CapMeter {
+pub(crate) struct CapMeter {
     cap_bytes: u64,
     kept_bytes: u64,
     dropped_members: u64,
@@ -94,13 +95,14 @@ impl CapMeter {
         }
     }
 
+    #[cfg(test)]
     /// A meter for the next attempt of the same path: same cap, nothing counted (see module doc).
     pub fn fresh(&self) -> Self {
         CapMeter::new(self.cap_bytes)
     }
 
     /// Decides on a member of `size` content bytes and counts it.
-    pub fn admit(&mut self, size: u64) -> Admit {
+    pub(crate) fn admit(&mut self, size: u64) -> Admit {
         match self.kept_bytes.checked_add(size) {
             Some(total) if total <= self.cap_bytes => {
                 self.kept_bytes = total;
@@ -115,7 +117,7 @@ impl CapMeter {
     }
 
     /// Whether a member of `size` content bytes would be kept, without counting it.
-    pub fn fits(&self, size: u64) -> bool {
+    pub(crate) fn fits(&self, size: u64) -> bool {
         self.kept_bytes
             .checked_add(size)
             .is_some_and(|total| total <= self.cap_bytes)
@@ -123,33 +125,38 @@ impl CapMeter {
 
     /// Counts a member dropped for a reason the meter did not decide (dropped in the pod by the
     /// packer, or cut by the drain's input bound): it is never kept, whatever its size.
-    pub fn record_drop(&mut self, size: u64) {
+    pub(crate) fn record_drop(&mut self, size: u64) {
         self.dropped_members += 1;
         self.dropped_bytes = self.dropped_bytes.saturating_add(size);
     }
 
+    #[cfg(test)]
     /// The cap.
-    pub fn cap_bytes(&self) -> u64 {
+    pub(crate) fn cap_bytes(&self) -> u64 {
         self.cap_bytes
     }
 
+    #[cfg(test)]
     /// Content bytes kept so far.
-    pub fn kept_bytes(&self) -> u64 {
+    pub(crate) fn kept_bytes(&self) -> u64 {
         self.kept_bytes
     }
 
+    #[cfg(test)]
     /// Bytes still available under the cap.
-    pub fn remaining_bytes(&self) -> u64 {
+    pub(crate) fn remaining_bytes(&self) -> u64 {
         self.cap_bytes - self.kept_bytes
     }
 
+    #[cfg(test)]
     /// Members dropped so far.
     pub fn dropped_members(&self) -> u64 {
         self.dropped_members
     }
 
+    #[cfg(test)]
     /// Content bytes of the members dropped so far.
-    pub fn dropped_bytes(&self) -> u64 {
+    pub(crate) fn dropped_bytes(&self) -> u64 {
         self.dropped_bytes
     }
 }
@@ -157,22 +164,22 @@ impl CapMeter {
 /// Metadata bytes a stored member costs against its path's metadata allowance, on top of its
 /// content: one tar header block, plus its path and link target (which the re-emitted archive
 /// carries in a PAX record when they do not fit the header, and the manifest lists once more).
-pub const METADATA_BYTES_PER_MEMBER: u64 = 512;
+pub(crate) const METADATA_BYTES_PER_MEMBER: u64 = 512;
 /// Smallest metadata allowance of a path, whatever its cap.
-pub const MIN_METADATA_ALLOWANCE: u64 = 1024 * 1024;
+pub(crate) const MIN_METADATA_ALLOWANCE: u64 = 1024 * 1024;
 /// Largest metadata allowance of a path, whatever its cap: it bounds the member records the
 /// operator holds for one drain (and the manifest it writes) — docs/contract.md, "Unbounded size".
-pub const MAX_METADATA_ALLOWANCE: u64 = 32 * 1024 * 1024;
+pub(crate) const MAX_METADATA_ALLOWANCE: u64 = 32 * 1024 * 1024;
 
 /// The metadata allowance of a path with this content cap: the cap itself, at least
 /// [`MIN_METADATA_ALLOWANCE`] and at most [`MAX_METADATA_ALLOWANCE`].
-pub fn metadata_allowance(cap_bytes: u64) -> u64 {
+pub(crate) fn metadata_allowance(cap_bytes: u64) -> u64 {
     cap_bytes.clamp(MIN_METADATA_ALLOWANCE, MAX_METADATA_ALLOWANCE)
 }
 
 /// What one stored member costs against the metadata allowance (see
 /// [`METADATA_BYTES_PER_MEMBER`]).
-pub fn metadata_cost(path: &str, link_target: Option<&str>) -> u64 {
+pub(crate) fn metadata_cost(path: &str, link_target: Option<&str>) -> u64 {
     METADATA_BYTES_PER_MEMBER
         .saturating_add(path.len() as u64)
         .saturating_add(link_target.map_or(0, str::len) as u64)
@@ -183,7 +190,7 @@ pub fn metadata_cost(path: &str, link_target: Option<&str>) -> u64 {
 /// allowance is dropped whole, like a member over the content cap, and a later one that fits is
 /// still kept. Pure: it only counts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MetadataMeter {
+pub(crate) struct MetadataMeter {
     allowance: u64,
     used: u64,
 }
@@ -195,14 +202,14 @@ impl MetadataMeter {
     }
 
     /// Whether a member costing `cost` fits, without counting it.
-    pub fn fits(&self, cost: u64) -> bool {
+    pub(crate) fn fits(&self, cost: u64) -> bool {
         self.used
             .checked_add(cost)
             .is_some_and(|total| total <= self.allowance)
     }
 
     /// Decides on a member costing `cost` and counts it when it is kept.
-    pub fn admit(&mut self, cost: u64) -> Admit {
+    pub(crate) fn admit(&mut self, cost: u64) -> Admit {
         if self.fits(cost) {
             self.used += cost;
             Admit::Keep
@@ -211,14 +218,10 @@ impl MetadataMeter {
         }
     }
 
+    #[cfg(test)]
     /// Metadata bytes counted so far.
     pub fn used(&self) -> u64 {
         self.used
-    }
-
-    /// The allowance.
-    pub fn allowance(&self) -> u64 {
-        self.allowance
     }
 }
 

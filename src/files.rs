@@ -253,7 +253,7 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
 /// `text` as `files ls` prints it: control characters (C0, DEL, C1) and the backslash escaped
 /// (`\x1b`, `\u{9b}`, `\\`), so a name from the pod can never drive the terminal or pass for
 /// another line of the listing.
-pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     let needs = |c: char| c.is_control() || c == '\\';
     if !text.chars().any(needs) {
         return std::borrow::Cow::Borrowed(text);
@@ -327,7 +327,7 @@ fn latest(ms: &[Manifest]) -> String {
 /// The permission bits `files get` gives a member stored with `stored`: its rwx bits for user,
 /// group and others masked by `umask`, as `tar` does without `-p` for a non-root user. setuid,
 /// setgid and sticky are never kept (an archive is untrusted input).
-pub fn extracted_mode(stored: u32, umask: u32) -> u32 {
+pub(crate) fn extracted_mode(stored: u32, umask: u32) -> u32 {
     stored & 0o777 & !umask
 }
 

@@ -22,7 +22,7 @@ use crate::api::{parse_user, MountType, SandboxRun};
 use crate::inpod::holder::HolderCommand;
 
 /// Name of the user's container.
-pub const WORKLOAD_CONTAINER: &str = "workload";
+pub(crate) const WORKLOAD_CONTAINER: &str = "workload";
 /// Name of the operator-owned container the drain execs into.
 pub const HOLDER_CONTAINER: &str = "holder";
 /// The variable that names the run-files directory to the workload (ADR-143 Consequences).
@@ -32,21 +32,21 @@ pub const READBACK_PATHS_ENV: &str = "SANDBOXRUN_READBACK_PATHS";
 /// Label carrying the owning run's uid (names can exceed a label value's 63 characters).
 pub const RUN_UID_LABEL: &str = "sandbox.iterion.io/run-uid";
 /// Label carrying the owning run's name when it fits in a label value.
-pub const RUN_NAME_LABEL: &str = "sandbox.iterion.io/run";
+pub(crate) const RUN_NAME_LABEL: &str = "sandbox.iterion.io/run";
 pub use crate::inpod::holder::HOLDER_STATE_DIR;
 /// Label every object the operator creates carries, with value [`MANAGED_BY`].
-pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+pub(crate) const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY_LABEL`].
-pub const MANAGED_BY: &str = "sandboxrun-operator";
+pub(crate) const MANAGED_BY: &str = "sandboxrun-operator";
 /// Default of `run --holder-image`: the operator's own image.
-pub const DEFAULT_HOLDER_IMAGE: &str = "ghcr.io/iterion/sandboxrun-operator:latest";
+pub(crate) const DEFAULT_HOLDER_IMAGE: &str = "ghcr.io/iterion/sandboxrun-operator:latest";
 /// Volume-name prefix of the emptyDir serving read-back path N.
 pub const READBACK_VOLUME_PREFIX: &str = "readback-";
 /// Label and annotation prefix the operator keeps for itself on run pods.
-pub const RESERVED_PREFIX: &str = "sandbox.iterion.io/";
+pub(crate) const RESERVED_PREFIX: &str = "sandbox.iterion.io/";
 
 /// Whether a pod label key is the operator's: its prefix, or a key it sets itself.
-pub fn reserved_key(key: &str) -> bool {
+pub(crate) fn reserved_key(key: &str) -> bool {
     key.starts_with(RESERVED_PREFIX)
         || key == "app.kubernetes.io/managed-by"
         || key == "app.kubernetes.io/name"
@@ -87,11 +87,11 @@ impl Default for PodSettings {
 }
 
 /// Default of `run --holder-cpu-request`.
-pub const DEFAULT_HOLDER_CPU_REQUEST: &str = "10m";
+pub(crate) const DEFAULT_HOLDER_CPU_REQUEST: &str = "10m";
 /// Default of `run --holder-memory-request`.
-pub const DEFAULT_HOLDER_MEMORY_REQUEST: &str = "16Mi";
+pub(crate) const DEFAULT_HOLDER_MEMORY_REQUEST: &str = "16Mi";
 /// Default of `run --holder-memory-limit` (the holder has no CPU limit unless one is set).
-pub const DEFAULT_HOLDER_MEMORY_LIMIT: &str = "128Mi";
+pub(crate) const DEFAULT_HOLDER_MEMORY_LIMIT: &str = "128Mi";
 
 /// Requests and limits of the holder container. `None` leaves that entry out of the pod, so a
 /// namespace's LimitRange defaults (or nothing) apply to it. Build it with
@@ -193,7 +193,7 @@ impl HolderResources {
     }
 
     /// The container's `resources`: only the entries that are set; no map when none is.
-    pub fn requirements(&self) -> ResourceRequirements {
+    pub(crate) fn requirements(&self) -> ResourceRequirements {
         let map = |cpu: &Option<Quantity>, memory: &Option<Quantity>| {
             let m: BTreeMap<String, Quantity> = [("cpu", cpu), ("memory", memory)]
                 .into_iter()
@@ -212,7 +212,7 @@ impl HolderResources {
 /// A run the builder cannot turn into a pod. Admission refuses all of these first; the builder
 /// refuses again so that a run admitted without the webhook never gets a half-served pod.
 #[derive(Debug, Error, PartialEq)]
-pub enum BuildError {
+pub(crate) enum BuildError {
     /// The run has no uid/name yet (not read from the apiserver).
     #[error("the run has no {0} yet; it must be read from the apiserver first")]
     MissingMetadata(&'static str),
@@ -267,7 +267,10 @@ pub(crate) fn short_hash(text: &str) -> String {
 }
 
 /// The drain timeout of a run, in seconds.
-pub fn drain_timeout_seconds(run: &SandboxRun, settings: &PodSettings) -> Result<i64, BuildError> {
+pub(crate) fn drain_timeout_seconds(
+    run: &SandboxRun,
+    settings: &PodSettings,
+) -> Result<i64, BuildError> {
     match run
         .spec
         .read_back
@@ -285,12 +288,12 @@ pub fn drain_timeout_seconds(run: &SandboxRun, settings: &PodSettings) -> Result
 }
 
 /// The label selector of every object the operator manages.
-pub fn managed_by_selector() -> String {
+pub(crate) fn managed_by_selector() -> String {
     format!("{MANAGED_BY_LABEL}={MANAGED_BY}")
 }
 
 /// Builds the pod of a run.
-pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildError> {
+pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildError> {
     let name = run
         .metadata
         .name
@@ -604,7 +607,7 @@ pub fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod, BuildE
 
 /// Whether `pod` keeps the promise for `path`: an emptyDir volume (a mount the driver keeps)
 /// mounted at `path` in the workload AND in the holder (which the drain reads). Used by the canary.
-pub fn kept_mount_serves(pod: &Pod, path: &str) -> bool {
+pub(crate) fn kept_mount_serves(pod: &Pod, path: &str) -> bool {
     let Some(spec) = pod.spec.as_ref() else {
         return false;
     };

@@ -14,7 +14,7 @@ pub enum LogFormat {
 }
 
 /// Installs the process's log subscriber (stderr), from `--log-format` and `--log-level`.
-pub fn init_tracing(format: LogFormat, level: &str) {
+pub(crate) fn init_tracing(format: LogFormat, level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()
@@ -27,7 +27,7 @@ pub fn init_tracing(format: LogFormat, level: &str) {
 }
 
 /// Resolves after SIGTERM or Ctrl-C.
-pub async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {

@@ -25,7 +25,7 @@ pub const GIB: u64 = 1024 * MIB;
 
 /// Why a quantity is not a byte count (or not a quantity at all).
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
-pub enum QuantityError {
+pub(crate) enum QuantityError {
     /// Not of the form `<number><suffix>`.
     #[error("not a quantity (expected e.g. 512Mi, 2Gi, 1.5G or 1000000)")]
     Syntax,
@@ -114,7 +114,7 @@ fn parts(text: &str) -> Result<Parts<'_>, QuantityError> {
 /// A Kubernetes quantity as a byte count: plain bytes, binary suffixes, decimal suffixes from
 /// `k` up, exponents (`1e9`) and decimals (`1.5Gi`); fractional results round up (as
 /// `Quantity.Value()` does in Go).
-pub fn quantity_to_bytes(q: &Quantity) -> Result<u64, QuantityError> {
+pub(crate) fn quantity_to_bytes(q: &Quantity) -> Result<u64, QuantityError> {
     let p = parts(&q.0)?;
     if p.negative {
         return Err(QuantityError::Negative);
@@ -145,7 +145,7 @@ pub fn quantity_to_bytes(q: &Quantity) -> Result<u64, QuantityError> {
 
 /// A non-negative Kubernetes quantity as a number (`500m` is 0.5, `1Ki` 1024): precise enough to
 /// compare two settings, e.g. a request with its limit.
-pub fn quantity_value(text: &str) -> Result<f64, QuantityError> {
+pub(crate) fn quantity_value(text: &str) -> Result<f64, QuantityError> {
     let p = parts(text)?;
     if p.negative {
         return Err(QuantityError::Negative);
@@ -163,7 +163,7 @@ pub fn quantity_value(text: &str) -> Result<f64, QuantityError> {
 
 /// Why a duration does not parse.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
-pub enum DurationError {
+pub(crate) enum DurationError {
     /// Not `<number><unit>` repeated, with units ms, s, m, h (the CRD schema's grammar).
     #[error("not a duration of the form 90s, 5m, 1h30m, 500ms (units: ms, s, m, h)")]
     Syntax,
@@ -174,7 +174,7 @@ pub enum DurationError {
 
 /// Parses a positive duration in the CRD schema's grammar `^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
 /// (`90s`, `5m`, `1h30m`, `500ms`, `1.5s`).
-pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     if !matches_schema_duration(text) {
         return Err(DurationError::Syntax);
     }
@@ -221,7 +221,7 @@ fn matches_schema_duration(text: &str) -> bool {
 }
 
 /// A duration in short words, `kubectl get` style: `45s`, `2m30s`, `1h2m3s` (never negative).
-pub fn short_duration(d: jiff::SignedDuration) -> String {
+pub(crate) fn short_duration(d: jiff::SignedDuration) -> String {
     let total = d.as_secs().max(0);
     let (h, m, s) = (total / 3600, total % 3600 / 60, total % 60);
     let mut out = String::new();

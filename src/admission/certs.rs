@@ -19,13 +19,13 @@ use thiserror::Error;
 use tracing::info;
 
 /// Secret keys. `tls.crt`/`tls.key` make it a valid `kubernetes.io/tls` Secret.
-pub const TLS_CRT: &str = "tls.crt";
+pub(crate) const TLS_CRT: &str = "tls.crt";
 /// Serving key.
-pub const TLS_KEY: &str = "tls.key";
+pub(crate) const TLS_KEY: &str = "tls.key";
 /// CA certificate (the caBundle).
-pub const CA_CRT: &str = "ca.crt";
+pub(crate) const CA_CRT: &str = "ca.crt";
 /// CA key (kept so the serving cert can be re-issued without changing the caBundle).
-pub const CA_KEY: &str = "ca.key";
+pub(crate) const CA_KEY: &str = "ca.key";
 
 /// Subject of the private CA. Fixed, because re-issuing a serving cert from a stored CA key
 /// rebuilds the issuer from it.
@@ -110,7 +110,7 @@ pub fn generate(
 }
 
 /// Issues a serving certificate for `names` signed by the stored CA key. Returns (cert, key) PEM.
-pub fn issue_serving(
+pub(crate) fn issue_serving(
     ca_key_pem: &str,
     names: &[String],
     now: SystemTime,
@@ -140,7 +140,7 @@ pub fn issue_serving(
 }
 
 /// notAfter of a PEM certificate.
-pub fn not_after(cert_pem: &str) -> Result<SystemTime, CertError> {
+pub(crate) fn not_after(cert_pem: &str) -> Result<SystemTime, CertError> {
     let (_, pem) = x509_parser::pem::parse_x509_pem(cert_pem.as_bytes())
         .map_err(|e| CertError::Parse(e.to_string()))?;
     let cert = pem
@@ -186,7 +186,7 @@ pub fn subject_alt_names(cert_pem: &str) -> Result<Vec<String>, CertError> {
 
 /// Whether the certificate expires within `before` of `now` (or already has, or does not parse:
 /// a certificate we cannot read is one we must replace).
-pub fn needs_rotation(cert_pem: &str, now: SystemTime, before: Duration) -> bool {
+pub(crate) fn needs_rotation(cert_pem: &str, now: SystemTime, before: Duration) -> bool {
     match not_after(cert_pem) {
         Ok(end) => end <= now + before,
         Err(_) => true,
@@ -206,7 +206,12 @@ pub enum Plan {
 
 /// Decides rotation: the CA first (it must outlive the serving cert), then the serving cert's
 /// expiry and names (a renamed Service needs a new certificate).
-pub fn plan(bundle: &CertBundle, names: &[String], now: SystemTime, before: Duration) -> Plan {
+pub(crate) fn plan(
+    bundle: &CertBundle,
+    names: &[String],
+    now: SystemTime,
+    before: Duration,
+) -> Plan {
     if needs_rotation(&bundle.ca_cert_pem, now, before * 2)
         || KeyPair::from_pem(&bundle.ca_key_pem).is_err()
     {
@@ -221,7 +226,7 @@ pub fn plan(bundle: &CertBundle, names: &[String], now: SystemTime, before: Dura
 }
 
 /// The Secret holding `bundle`.
-pub fn bundle_to_secret(name: &str, namespace: &str, bundle: &CertBundle) -> Secret {
+pub(crate) fn bundle_to_secret(name: &str, namespace: &str, bundle: &CertBundle) -> Secret {
     let data: BTreeMap<String, ByteString> = [
         (TLS_CRT, &bundle.cert_pem),
         (TLS_KEY, &bundle.key_pem),
@@ -244,7 +249,7 @@ pub fn bundle_to_secret(name: &str, namespace: &str, bundle: &CertBundle) -> Sec
 }
 
 /// The bundle in a Secret.
-pub fn bundle_from_secret(secret: &Secret) -> Result<CertBundle, CertError> {
+pub(crate) fn bundle_from_secret(secret: &Secret) -> Result<CertBundle, CertError> {
     let name = secret.metadata.name.clone().unwrap_or_default();
     let data = secret.data.clone().unwrap_or_default();
     let get = |k: &'static str| -> Result<String, CertError> {
@@ -335,7 +340,7 @@ async fn ensure_secret_once(
 
 /// Sets `caBundle` of every webhook in the named ValidatingWebhookConfiguration. Returns false
 /// when it was already up to date.
-pub async fn patch_ca_bundle(
+pub(crate) async fn patch_ca_bundle(
     api: &Api<ValidatingWebhookConfiguration>,
     name: &str,
     ca_pem: &str,

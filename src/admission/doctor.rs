@@ -76,7 +76,7 @@ pub struct DoctorArgs {
 impl DoctorArgs {
     /// `base` with the operator settings given as flags (or their environment variables) applied,
     /// checked as the operator checks them at startup.
-    pub fn rule_settings(&self, base: RuleSettings) -> Result<RuleSettings, String> {
+    pub(crate) fn rule_settings(&self, base: RuleSettings) -> Result<RuleSettings, String> {
         let mut settings = base;
         let cap = |flag: &str, text: &str| {
             let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(text.to_string());

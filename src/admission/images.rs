@@ -36,7 +36,7 @@ application/vnd.docker.distribution.manifest.v2+json";
 
 /// Tag or digest of a reference.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Reference {
+pub(crate) enum Reference {
     /// `:tag` (`latest` when the reference names neither).
     Tag(String),
     /// `@algo:hex`.
@@ -45,7 +45,7 @@ pub enum Reference {
 
 /// A parsed image reference.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ImageRef {
+pub(crate) struct ImageRef {
     /// Registry as written (`docker.io` when none): `host[:port]`.
     pub registry: String,
     /// Repository path, e.g. `library/alpine`.
@@ -56,7 +56,7 @@ pub struct ImageRef {
 
 /// Why a reference does not parse.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
-pub enum ImageRefError {
+pub(crate) enum ImageRefError {
     /// Empty reference.
     #[error("the image reference is empty")]
     Empty,
@@ -146,7 +146,7 @@ impl ImageRef {
     }
 
     /// Host (and port) the registry API is served on.
-    pub fn api_host(&self) -> &str {
+    pub(crate) fn api_host(&self) -> &str {
         if self.registry == DOCKER_HUB {
             DOCKER_HUB_API
         } else {
@@ -155,7 +155,7 @@ impl ImageRef {
     }
 
     /// `/v2/<repo>/manifests/<tag or digest>`.
-    pub fn manifest_path(&self) -> String {
+    pub(crate) fn manifest_path(&self) -> String {
         let r = match &self.reference {
             Reference::Tag(t) | Reference::Digest(t) => t,
         };
@@ -163,7 +163,7 @@ impl ImageRef {
     }
 
     /// Whether the registry is on loopback (plain HTTP allowed).
-    pub fn is_loopback(&self) -> bool {
+    pub(crate) fn is_loopback(&self) -> bool {
         let host = host_without_port(&self.registry);
         host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
     }
@@ -307,7 +307,7 @@ impl RegistryCredentials {
     }
 
     /// Credentials for a registry as written in the reference.
-    pub fn for_registry(&self, registry: &str) -> Option<&(String, String)> {
+    pub(crate) fn for_registry(&self, registry: &str) -> Option<&(String, String)> {
         self.by_host.get(&normalize_auth_key(registry))
     }
 }
@@ -597,7 +597,7 @@ fn first_error_code(body: &str) -> String {
 
 /// A parsed `WWW-Authenticate` challenge.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Challenge {
+pub(crate) enum Challenge {
     /// `Bearer realm="…",service="…",scope="…"`.
     Bearer {
         /// Token endpoint.
@@ -612,7 +612,7 @@ pub enum Challenge {
 }
 
 /// Parses a `WWW-Authenticate` header value (Bearer or Basic).
-pub fn parse_challenge(value: &str) -> Option<Challenge> {
+pub(crate) fn parse_challenge(value: &str) -> Option<Challenge> {
     let (scheme, params) = value.trim().split_once(' ').unwrap_or((value.trim(), ""));
     if scheme.eq_ignore_ascii_case("basic") {
         return Some(Challenge::Basic);

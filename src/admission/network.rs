@@ -128,7 +128,7 @@ impl Rule {
     }
 
     /// Whether the rule is a CIDR written with host bits set (admission warns).
-    pub fn cidr_host_bits_set(&self) -> bool {
+    pub(crate) fn cidr_host_bits_set(&self) -> bool {
         matches!(
             self.pattern,
             Pattern::Cidr {
@@ -166,7 +166,7 @@ pub fn allows(mode: NetworkMode, rules: &[Rule], host: &str) -> bool {
 
 /// [`allows`], with the index of the rule that decided (None: the mode's default did). The egress
 /// proxy names it in a refusal.
-pub fn decide(mode: NetworkMode, rules: &[Rule], host: &str) -> (bool, Option<usize>) {
+pub(crate) fn decide(mode: NetworkMode, rules: &[Rule], host: &str) -> (bool, Option<usize>) {
     let default_allow = match mode {
         NetworkMode::Open => return (true, None),
         NetworkMode::Allowlist => false,
@@ -186,7 +186,7 @@ pub fn decide(mode: NetworkMode, rules: &[Rule], host: &str) -> (bool, Option<us
 
 impl Rule {
     /// Whether the rule is about addresses (an IP or a CIDR), not names.
-    pub fn is_address(&self) -> bool {
+    pub(crate) fn is_address(&self) -> bool {
         matches!(self.pattern, Pattern::Ip(_) | Pattern::Cidr { .. })
     }
 }

@@ -102,7 +102,7 @@ pub struct RuleSettings {
 
 /// The operator's default `--max-drain-timeout` (1h): `doctor` judges with it, so the offline
 /// verdict matches a webhook running with default flags.
-pub const DEFAULT_MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(3600);
+pub(crate) const DEFAULT_MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl Default for RuleSettings {
     /// The settings of an operator started with default flags.
@@ -118,80 +118,80 @@ impl Default for RuleSettings {
 /// Stable rule ids.
 pub mod ids {
     /// `spec.image` missing or empty.
-    pub const IMAGE_REQUIRED: &str = "image-required";
+    pub(crate) const IMAGE_REQUIRED: &str = "image-required";
     /// `spec.build` present.
-    pub const BUILD_LOCAL_ONLY: &str = "build-local-only";
+    pub(crate) const BUILD_LOCAL_ONLY: &str = "build-local-only";
     /// Image not pinned by digest (warn).
-    pub const IMAGE_DIGEST: &str = "image-digest";
+    pub(crate) const IMAGE_DIGEST: &str = "image-digest";
     /// Image manifest lookup (opt-in `--check-images`).
-    pub const IMAGE_RESOLVABLE: &str = "image-resolvable";
+    pub(crate) const IMAGE_RESOLVABLE: &str = "image-resolvable";
     /// `hostState: auto`.
-    pub const HOST_STATE_AUTO: &str = "host-state-auto";
+    pub(crate) const HOST_STATE_AUTO: &str = "host-state-auto";
     /// `spec.user` missing.
-    pub const USER_REQUIRED: &str = "user-required";
+    pub(crate) const USER_REQUIRED: &str = "user-required";
     /// `spec.user` not `uid` / `uid:gid`.
-    pub const USER_NUMERIC: &str = "user-numeric";
+    pub(crate) const USER_NUMERIC: &str = "user-numeric";
     /// uid 0.
-    pub const USER_NON_ROOT: &str = "user-non-root";
+    pub(crate) const USER_NON_ROOT: &str = "user-non-root";
     /// A network rule does not parse.
-    pub const NETWORK_RULE: &str = "network-rule";
+    pub(crate) const NETWORK_RULE: &str = "network-rule";
     /// A CIDR with host bits set (warn).
-    pub const NETWORK_CIDR_HOST_BITS: &str = "network-cidr-host-bits";
+    pub(crate) const NETWORK_CIDR_HOST_BITS: &str = "network-cidr-host-bits";
     /// `open` mode (warn).
-    pub const NETWORK_OPEN: &str = "network-open";
+    pub(crate) const NETWORK_OPEN: &str = "network-open";
     /// `open` mode with rules (warn).
-    pub const NETWORK_RULES_IGNORED: &str = "network-rules-ignored";
+    pub(crate) const NETWORK_RULES_IGNORED: &str = "network-rules-ignored";
     /// `allowlist` without rules: every host denied (warn).
-    pub const NETWORK_ALLOWLIST_EMPTY: &str = "network-allowlist-empty";
+    pub(crate) const NETWORK_ALLOWLIST_EMPTY: &str = "network-allowlist-empty";
     /// Egress restricted while the operator declares NetworkPolicy unenforced (warn).
-    pub const NETWORK_UNENFORCED: &str = "network-unenforced";
+    pub(crate) const NETWORK_UNENFORCED: &str = "network-unenforced";
     /// `type: bind`.
-    pub const MOUNT_BIND: &str = "mount-bind";
+    pub(crate) const MOUNT_BIND: &str = "mount-bind";
     /// Mount target not absolute / normalized / allowed.
-    pub const MOUNT_TARGET: &str = "mount-target";
+    pub(crate) const MOUNT_TARGET: &str = "mount-target";
     /// Two mounts at one target.
-    pub const MOUNT_TARGET_DUPLICATE: &str = "mount-target-duplicate";
+    pub(crate) const MOUNT_TARGET_DUPLICATE: &str = "mount-target-duplicate";
     /// Mount name not a DNS-1123 label.
-    pub const MOUNT_NAME: &str = "mount-name";
+    pub(crate) const MOUNT_NAME: &str = "mount-name";
     /// Two mounts with one name.
-    pub const MOUNT_NAME_DUPLICATE: &str = "mount-name-duplicate";
+    pub(crate) const MOUNT_NAME_DUPLICATE: &str = "mount-name-duplicate";
     /// configMap / secret / persistentVolumeClaim without `source`.
-    pub const MOUNT_SOURCE: &str = "mount-source";
+    pub(crate) const MOUNT_SOURCE: &str = "mount-source";
     /// A mount at, above or below a read-back path.
-    pub const MOUNT_SHADOWS_READ_BACK: &str = "mount-shadows-read-back";
+    pub(crate) const MOUNT_SHADOWS_READ_BACK: &str = "mount-shadows-read-back";
     /// Read-back path not absolute / normalized / allowed.
-    pub const READ_BACK_PATH: &str = "read-back-path";
+    pub(crate) const READ_BACK_PATH: &str = "read-back-path";
     /// A read-back path declared twice.
-    pub const READ_BACK_DUPLICATE: &str = "read-back-duplicate";
+    pub(crate) const READ_BACK_DUPLICATE: &str = "read-back-duplicate";
     /// A read-back path inside another.
-    pub const READ_BACK_NESTED: &str = "read-back-nested";
+    pub(crate) const READ_BACK_NESTED: &str = "read-back-nested";
     /// More than 16 read-back paths.
-    pub const READ_BACK_COUNT: &str = "read-back-count";
+    pub(crate) const READ_BACK_COUNT: &str = "read-back-count";
     /// `sizeLimit` not a quantity, zero, or above the operator maximum.
-    pub const READ_BACK_SIZE_LIMIT: &str = "read-back-size-limit";
+    pub(crate) const READ_BACK_SIZE_LIMIT: &str = "read-back-size-limit";
     /// `drainTimeout` does not parse or is not positive.
-    pub const READ_BACK_DRAIN_TIMEOUT: &str = "read-back-drain-timeout";
+    pub(crate) const READ_BACK_DRAIN_TIMEOUT: &str = "read-back-drain-timeout";
     /// `spec.ttlSecondsAfterFinished` negative or above a year.
-    pub const TTL_AFTER_FINISHED: &str = "ttl-after-finished";
+    pub(crate) const TTL_AFTER_FINISHED: &str = "ttl-after-finished";
     /// On UPDATE with a pod: a field other than `stop` changed.
-    pub const UPDATE_IMMUTABLE: &str = "update-immutable";
+    pub(crate) const UPDATE_IMMUTABLE: &str = "update-immutable";
     /// `stop` went from true back to false.
-    pub const UPDATE_STOP_FINAL: &str = "update-stop-final";
+    pub(crate) const UPDATE_STOP_FINAL: &str = "update-stop-final";
     /// `runtimeClassName` not a DNS-1123 subdomain.
-    pub const RUNTIME_CLASS_NAME: &str = "runtime-class-name";
+    pub(crate) const RUNTIME_CLASS_NAME: &str = "runtime-class-name";
     /// `serviceAccountName` not a DNS-1123 subdomain.
-    pub const SERVICE_ACCOUNT_NAME: &str = "service-account-name";
+    pub(crate) const SERVICE_ACCOUNT_NAME: &str = "service-account-name";
     /// A pod label or annotation with a malformed or reserved key, or a malformed label value.
-    pub const POD_METADATA: &str = "pod-metadata";
+    pub(crate) const POD_METADATA: &str = "pod-metadata";
     /// An env entry with both `value` and `valueFrom`, or a `valueFrom` without exactly one
     /// complete reference.
-    pub const ENV_VALUE_FROM: &str = "env-value-from";
+    pub(crate) const ENV_VALUE_FROM: &str = "env-value-from";
     /// `doctor` only: a field the CRD's structural schema does not know (the apiserver rejects or
     /// prunes it before the webhook; see [`super::super::schema`]).
-    pub const UNKNOWN_FIELD: &str = "unknown-field";
+    pub(crate) const UNKNOWN_FIELD: &str = "unknown-field";
     /// `doctor` only: a SandboxRun-like document whose apiVersion or kind the cluster does not
     /// serve as a SandboxRun.
-    pub const API_VERSION_KIND: &str = "api-version-kind";
+    pub(crate) const API_VERSION_KIND: &str = "api-version-kind";
 }
 
 /// Checks a spec against every ADR-006 rule. Findings are sorted (see [`sort_findings`]).
@@ -259,7 +259,7 @@ pub fn check_update(old: &SandboxRunSpec, new: &SandboxRunSpec, pod_exists: bool
 
 /// Sorts findings deterministically: by field (numbers inside `[..]` compared as numbers), then
 /// fails before warnings, then rule id and message.
-pub fn sort_findings(findings: &mut [Finding]) {
+pub(crate) fn sort_findings(findings: &mut [Finding]) {
     findings.sort_by(|a, b| {
         natural_cmp(&a.field, &b.field)
             .then(a.severity.cmp(&b.severity))
@@ -323,7 +323,7 @@ fn check_image(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
 }
 
 /// Whether the reference ends in `@sha256:` followed by 64 lowercase hex digits.
-pub fn is_digest_pinned(image: &str) -> bool {
+pub(crate) fn is_digest_pinned(image: &str) -> bool {
     image.rsplit_once("@sha256:").is_some_and(|(repo, hex)| {
         !repo.is_empty()
             && hex.len() == 64
@@ -675,13 +675,13 @@ fn check_env(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
 }
 
 /// DNS-1123 subdomain: at most 253 of `[a-z0-9-.]`, dot-separated DNS labels.
-pub fn is_dns1123_subdomain(s: &str) -> bool {
+pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 
 /// A label or annotation key: `[prefix/]name`, prefix a DNS subdomain, name 1-63 of
 /// `[A-Za-z0-9-_.]` starting and ending alphanumeric.
-pub fn is_qualified_name(s: &str) -> bool {
+pub(crate) fn is_qualified_name(s: &str) -> bool {
     let (prefix, name) = match s.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, s),
@@ -690,7 +690,7 @@ pub fn is_qualified_name(s: &str) -> bool {
 }
 
 /// A label value: empty, or at most 63 of `[A-Za-z0-9-_.]` starting and ending alphanumeric.
-pub fn is_label_value(s: &str) -> bool {
+pub(crate) fn is_label_value(s: &str) -> bool {
     s.is_empty()
         || (s.len() <= 63
             && s.bytes()
@@ -700,7 +700,7 @@ pub fn is_label_value(s: &str) -> bool {
 }
 
 /// DNS-1123 label: 1-63 of `[a-z0-9-]`, starting and ending alphanumeric.
-pub fn is_dns1123_label(s: &str) -> bool {
+pub(crate) fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
         && s.bytes()
@@ -712,7 +712,7 @@ pub fn is_dns1123_label(s: &str) -> bool {
 /// Validates a container path: absolute, normalized (no `..`, `.`, `//`, trailing `/`), not `/`,
 /// not under /proc, /sys or /dev (the kernel's and the runtime's, never the workload's).
 /// Returns a phrase completing "path `x` …".
-pub fn check_container_path(path: &str) -> Result<(), &'static str> {
+pub(crate) fn check_container_path(path: &str) -> Result<(), &'static str> {
     if !path.starts_with('/') {
         return Err("is not absolute");
     }

@@ -57,7 +57,7 @@ fn root_schema() -> &'static Value {
 /// know, as failing `unknown-field` findings with a "did you mean" hint where a known field is
 /// close. Values of the right name but the wrong type are not judged here (deserializing the run
 /// does that).
-pub fn unknown_fields(doc: &Value) -> Vec<Finding> {
+pub(crate) fn unknown_fields(doc: &Value) -> Vec<Finding> {
     let mut out = Vec::new();
     let Value::Object(top) = doc else {
         return out;
@@ -149,7 +149,7 @@ fn finding(parent: &str, field: &str, known: &[&str]) -> Finding {
 
 /// The known name `field` was most likely meant to be: the same word in another case, or one
 /// within a small edit distance (a typo) or with a high Jaro-Winkler similarity (a prefix kept).
-pub fn closest<'a>(field: &str, known: &[&'a str]) -> Option<&'a str> {
+pub(crate) fn closest<'a>(field: &str, known: &[&'a str]) -> Option<&'a str> {
     let lower = field.to_ascii_lowercase();
     if let Some(same) = known.iter().find(|k| k.to_ascii_lowercase() == lower) {
         return Some(same);

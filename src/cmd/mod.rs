@@ -17,7 +17,7 @@ pub mod run;
 /// sandboxrun-operator: runs SandboxRuns and drains their read-back paths into object storage.
 #[derive(Parser, Debug)]
 #[command(name = "sandboxrun-operator", version, about)]
-pub struct Cli {
+pub(crate) struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -49,7 +49,7 @@ pub enum Command {
 
 /// The name the binary answers to: `kubectl sandboxrun` when it was installed (or symlinked) as
 /// the kubectl plugin `kubectl-sandboxrun`, else `sandboxrun-operator`.
-pub fn bin_name(argv0: &str) -> &'static str {
+pub(crate) fn bin_name(argv0: &str) -> &'static str {
     let file = std::path::Path::new(argv0)
         .file_name()
         .and_then(|f| f.to_str())
@@ -77,7 +77,7 @@ fn parse_args() -> Result<Cli, clap::Error> {
 
 /// Installs the process-wide rustls crypto provider once (kube and object_store would otherwise
 /// disagree on one and panic at the first TLS connection).
-pub fn install_crypto_provider() {
+pub(crate) fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 

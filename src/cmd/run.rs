@@ -234,7 +234,7 @@ pub struct RunArgs {
 }
 
 /// Parses a cap given in bytes or as a Kubernetes quantity.
-pub fn parse_cap(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_cap(text: &str) -> Result<u64, String> {
     let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(text.to_string());
     crate::units::quantity_to_bytes(&q).map_err(|e| format!("bad cap {text:?}: {e}"))
 }
@@ -253,7 +253,7 @@ pub fn caps(args: &RunArgs) -> Result<CapSettings, String> {
 
 /// The holder container's resources from the run flags (checked as Kubernetes quantities, so a
 /// bad value stops the operator at startup instead of failing every pod).
-pub fn holder_resources(
+pub(crate) fn holder_resources(
     args: &RunArgs,
 ) -> Result<crate::pod::HolderResources, crate::pod::HolderResourcesError> {
     crate::pod::HolderResources::parse(
@@ -265,7 +265,7 @@ pub fn holder_resources(
 }
 
 /// Egress settings from the run flags (checked at startup).
-pub fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSettings, String> {
+pub(crate) fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSettings, String> {
     use crate::egress::settings::parse_labels;
     let dns = crate::egress::PeerSelector {
         namespace: args.dns_namespace.clone(),

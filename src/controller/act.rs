@@ -36,7 +36,7 @@ const MARK_DRAINED_TIMEOUT: Duration = Duration::from_secs(10);
 const MARK_DRAINED_OUTPUT_KEPT: usize = 1024;
 
 /// Carries out the plan of a step for the run `observation` describes.
-pub async fn carry_out_step(
+pub(crate) async fn carry_out_step(
     ctx: &Arc<Context>,
     run: &Arc<SandboxRun>,
     observation: &Observation,
@@ -54,7 +54,7 @@ pub async fn carry_out_step(
 
 /// Carries out `plan` for `run` and its pod `pod_name` (`pod`: as observed, the Events' `related`
 /// object): its Events, then its status, then its effects, in order. Returns when to look again.
-pub async fn carry_out(
+pub(crate) async fn carry_out(
     ctx: &Arc<Context>,
     run: &Arc<SandboxRun>,
     pod_name: &str,

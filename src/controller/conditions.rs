@@ -12,53 +12,53 @@ use crate::api::SandboxRunStatus;
 /// The pod runs (both containers started).
 pub const READY: &str = "Ready";
 /// The workload container terminated (batch runs).
-pub const WORKLOAD_FINISHED: &str = "WorkloadFinished";
+pub(crate) const WORKLOAD_FINISHED: &str = "WorkloadFinished";
 /// Every declared path has a final drain outcome, none failed.
 pub const DRAINED: &str = "Drained";
 /// The run ended successfully (batch/v1 Job semantics): phase `Succeeded`, or `Stopped` by
 /// `spec.stop` or deletion with no path `Failed`. Absent otherwise
 /// (`kubectl wait --for=condition=Complete`).
-pub const COMPLETE: &str = "Complete";
+pub(crate) const COMPLETE: &str = "Complete";
 /// The run ended in failure: phase `Failed`, a run stopped by its deadline or by its pod's
 /// deletion/eviction, or a stopped run with a path `Failed`. The reason says which
 /// ([`super::status::failure_reason`]). Absent otherwise (`kubectl wait --for=condition=Failed`).
 /// Exactly one of Complete and Failed is True once the run has a final phase.
-pub const FAILED: &str = "Failed";
+pub(crate) const FAILED: &str = "Failed";
 
 /// Failed reason: the batch workload exited non-zero.
-pub const REASON_WORKLOAD_FAILED: &str = "WorkloadFailed";
+pub(crate) const REASON_WORKLOAD_FAILED: &str = "WorkloadFailed";
 /// Failed reason (and Ready=False reason while draining): `spec.activeDeadlineSeconds` passed.
-pub const REASON_DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+pub(crate) const REASON_DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
 /// Failed reason (and Drained=False reason): a read-back path could not be drained.
-pub const REASON_CONDITION_DRAIN_FAILED: &str = "DrainFailed";
+pub(crate) const REASON_CONDITION_DRAIN_FAILED: &str = "DrainFailed";
 /// Failed reason: the pod vanished before teardown could drain it.
-pub const REASON_POD_LOST: &str = "PodLost";
+pub(crate) const REASON_POD_LOST: &str = "PodLost";
 /// Failed reason (and Ready=False reason while draining): someone else deleted or evicted the pod
 /// before the workload finished.
-pub const REASON_POD_DELETED: &str = "PodDeleted";
+pub(crate) const REASON_POD_DELETED: &str = "PodDeleted";
 /// Ready=False reason while the pod is created or starting and nothing is known to block it.
-pub const REASON_POD_PENDING: &str = "PodPending";
+pub(crate) const REASON_POD_PENDING: &str = "PodPending";
 /// Ready=True reason: both containers run.
-pub const REASON_POD_RUNNING: &str = "PodRunning";
+pub(crate) const REASON_POD_RUNNING: &str = "PodRunning";
 /// Ready=False reason right after the pod was created.
-pub const REASON_POD_CREATED: &str = "PodCreated";
+pub(crate) const REASON_POD_CREATED: &str = "PodCreated";
 /// Ready=False reason: the pod cannot be built from the spec.
-pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+pub(crate) const REASON_INVALID_SPEC: &str = "InvalidSpec";
 /// Ready=False reason once the run has a final phase (except [`REASON_IMAGE_PULL_FAILED`], which
 /// Ready keeps: the pod never ran and the kubelet's words say why).
-pub const REASON_RUN_ENDED: &str = "RunEnded";
+pub(crate) const REASON_RUN_ENDED: &str = "RunEnded";
 
 /// Ready=False reason while the scheduler cannot place the pod.
-pub const REASON_UNSCHEDULABLE: &str = "Unschedulable";
+pub(crate) const REASON_UNSCHEDULABLE: &str = "Unschedulable";
 
 /// Ready=False reason (and Event reason): the apiserver refused to create the run's pod.
-pub const REASON_POD_CREATE_FAILED: &str = "PodCreateFailed";
+pub(crate) const REASON_POD_CREATE_FAILED: &str = "PodCreateFailed";
 
 /// Event and condition reason of a run whose image cannot be pulled.
-pub const REASON_IMAGE_PULL_FAILED: &str = "ImagePullFailed";
+pub(crate) const REASON_IMAGE_PULL_FAILED: &str = "ImagePullFailed";
 
 /// Sets a condition, keeping its lastTransitionTime when the status does not change.
-pub fn set_condition(
+pub(crate) fn set_condition(
     conditions: &mut Vec<Condition>,
     type_: &str,
     status: bool,
@@ -80,7 +80,7 @@ pub fn set_condition(
 }
 
 /// Sets a condition to Unknown (e.g. Drained while draining).
-pub fn set_condition_unknown(
+pub(crate) fn set_condition_unknown(
     conditions: &mut Vec<Condition>,
     type_: &str,
     reason: &str,
@@ -126,7 +126,7 @@ fn set_condition_raw(
 }
 
 /// Removes condition `type_` (Complete and Failed are absent rather than False, like a Job's).
-pub fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) {
+pub(crate) fn remove_condition(conditions: &mut Vec<Condition>, type_: &str) {
     conditions.retain(|c| c.type_ != type_);
 }
 
@@ -138,7 +138,7 @@ fn condition_order(t: &str) -> usize {
 }
 
 /// The reason of Ready when it is False.
-pub fn ready_false_reason(status: &SandboxRunStatus) -> Option<&str> {
+pub(crate) fn ready_false_reason(status: &SandboxRunStatus) -> Option<&str> {
     status
         .conditions
         .iter()
@@ -147,7 +147,7 @@ pub fn ready_false_reason(status: &SandboxRunStatus) -> Option<&str> {
 }
 
 /// Whether condition `type_` of `status` is True (`None`: a run with no status yet, never).
-pub fn condition_true(status: Option<&SandboxRunStatus>, type_: &str) -> bool {
+pub(crate) fn condition_true(status: Option<&SandboxRunStatus>, type_: &str) -> bool {
     status.is_some_and(|s| {
         s.conditions
             .iter()
@@ -156,7 +156,7 @@ pub fn condition_true(status: Option<&SandboxRunStatus>, type_: &str) -> bool {
 }
 
 /// The kubelet's words when Ready=False says the image could not be pulled.
-pub fn image_pull_failure(status: &SandboxRunStatus) -> Option<String> {
+pub(crate) fn image_pull_failure(status: &SandboxRunStatus) -> Option<String> {
     status
         .conditions
         .iter()

@@ -63,13 +63,13 @@ pub struct Context {
 impl Context {
     /// The same context with `retention` as the operator-wide default of
     /// `spec.readBack.retention`.
-    pub fn with_default_retention(mut self, retention: Retention) -> Context {
+    pub(crate) fn with_default_retention(mut self, retention: Retention) -> Context {
         self.default_retention = retention;
         self
     }
 
     /// The same context with the clean-up of open multipart uploads before each attempt.
-    pub fn with_open_uploads(mut self, open_uploads: Option<Arc<OpenUploads>>) -> Context {
+    pub(crate) fn with_open_uploads(mut self, open_uploads: Option<Arc<OpenUploads>>) -> Context {
         self.open_uploads = open_uploads;
         self
     }
@@ -116,7 +116,7 @@ impl Context {
     }
 
     /// Where drained archives go, as the observe stage reads it.
-    pub fn store_view(&self) -> StoreView<'_> {
+    pub(crate) fn store_view(&self) -> StoreView<'_> {
         StoreView {
             store: &self.store,
             prefix: &self.store_prefix,
@@ -126,26 +126,26 @@ impl Context {
 
     /// The run's drain timeout in seconds (`spec.readBack.drainTimeout`, else the operator's
     /// default): the bound of its drain and of the retries of deleting its stored files.
-    pub fn drain_timeout_seconds(&self, run: &SandboxRun) -> i64 {
+    pub(crate) fn drain_timeout_seconds(&self, run: &SandboxRun) -> i64 {
         crate::pod::drain_timeout_seconds(run, &self.pod)
             .unwrap_or(self.pod.default_drain_timeout_seconds)
     }
 
     /// When this process last tried to create the run's pod and was refused.
-    pub fn last_create_attempt(&self, run: &SandboxRun) -> Option<Timestamp> {
+    pub(crate) fn last_create_attempt(&self, run: &SandboxRun) -> Option<Timestamp> {
         let uid = run.metadata.uid.as_deref()?;
         self.create_attempts.lock().ok()?.get(uid).copied()
     }
 
     /// Remembers a refused attempt to create the run's pod.
-    pub fn record_create_attempt(&self, run: &SandboxRun, at: Timestamp) {
+    pub(crate) fn record_create_attempt(&self, run: &SandboxRun, at: Timestamp) {
         if let (Some(uid), Ok(mut map)) = (run.metadata.uid.clone(), self.create_attempts.lock()) {
             map.insert(uid, at);
         }
     }
 
     /// Forgets the run's refused attempts (its pod was created, or the run is going).
-    pub fn forget_create_attempt(&self, run: &SandboxRun) {
+    pub(crate) fn forget_create_attempt(&self, run: &SandboxRun) {
         if let (Some(uid), Ok(mut map)) = (run.metadata.uid.as_deref(), self.create_attempts.lock())
         {
             map.remove(uid);

@@ -85,7 +85,7 @@ impl Default for DecideSettings {
 
 /// What an image-pull problem of the pod means at `now`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PullVerdict {
+pub(crate) enum PullVerdict {
     /// No image-pull problem.
     Clear,
     /// A retryable pull error: the kubelet keeps trying; look again after `left` at the latest.
@@ -99,7 +99,11 @@ pub enum PullVerdict {
 }
 
 /// Judges the pod's image-pull problem at `now` (the rule of [`DecideSettings`]).
-pub fn pull_verdict(pod: &PodView, now: Timestamp, settings: &DecideSettings) -> PullVerdict {
+pub(crate) fn pull_verdict(
+    pod: &PodView,
+    now: Timestamp,
+    settings: &DecideSettings,
+) -> PullVerdict {
     let Some(PodProblem::ImagePull { fatal, message }) = &pod.problem else {
         return PullVerdict::Clear;
     };
@@ -146,7 +150,7 @@ fn words(d: jiff::SignedDuration) -> String {
 
 /// The next step for a run.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Put the finalizer on the run before anything exists that would need draining.
     AddFinalizer,
     /// The run is gone or going and owes nothing: release the finalizer.
@@ -208,7 +212,7 @@ pub fn deadline(run: &SandboxRun) -> Option<Timestamp> {
 }
 
 /// Decides the next step from the run, its pod (if any), the time and the operator's settings.
-pub fn decide(
+pub(crate) fn decide(
     run: &SandboxRun,
     pod: Option<&PodView>,
     now: Timestamp,
@@ -344,7 +348,7 @@ fn image_pull_failed_message(run: &SandboxRun) -> Option<String> {
 /// deleted the pod, is reconciled again (the pod's deletion) with the pre-teardown run, and
 /// deciding "pod lost" on that stale copy would overwrite the recorded drain outcome with "the
 /// pod was gone". An unchanged run is the same decision; a changed one is decided again.
-pub fn pod_lost_holds(
+pub(crate) fn pod_lost_holds(
     cached: &SandboxRun,
     live: &SandboxRun,
     now: Timestamp,

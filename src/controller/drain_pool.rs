@@ -30,7 +30,7 @@ impl DrainPool {
     }
 
     /// Whether the run with this uid has a drain in flight.
-    pub fn is_in_flight(&self, uid: &str) -> bool {
+    pub(crate) fn is_in_flight(&self, uid: &str) -> bool {
         self.in_flight
             .lock()
             .map(|set| set.contains(uid))

@@ -22,7 +22,7 @@ pub enum ControllerError {
 impl ControllerError {
     /// The `kind` label of `sandboxrun_reconcile_errors_total` (docs/operations.md "Metrics").
     /// Written out, never the `Debug` text, so renaming a variant cannot rename a label.
-    pub fn metric_label(&self) -> &'static str {
+    pub(crate) fn metric_label(&self) -> &'static str {
         match self {
             ControllerError::Kube { .. } => "kube",
             ControllerError::Metadata(_) => "metadata",
@@ -31,7 +31,7 @@ impl ControllerError {
 }
 
 /// Wraps a client error with what was being done.
-pub fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> ControllerError {
+pub(crate) fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> ControllerError {
     let action = action.into();
     move |source| ControllerError::Kube { action, source }
 }

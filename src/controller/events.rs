@@ -14,56 +14,58 @@ use super::observe::PodProblem;
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRunStatus};
 
 /// The pod `<run>-sbr` was created.
-pub const POD_CREATED: &str = conditions::REASON_POD_CREATED;
+pub(crate) const POD_CREATED: &str = conditions::REASON_POD_CREATED;
 /// The apiserver refused the pod (quota, Pod Security, a webhook, RBAC); retried with back-off.
-pub const POD_CREATE_FAILED: &str = conditions::REASON_POD_CREATE_FAILED;
+pub(crate) const POD_CREATE_FAILED: &str = conditions::REASON_POD_CREATE_FAILED;
 /// The pod exists and cannot start; the note names the cause.
-pub const POD_STUCK: &str = "PodStuck";
+pub(crate) const POD_STUCK: &str = "PodStuck";
 /// The pod runs.
-pub const RUNNING: &str = "Running";
+pub(crate) const RUNNING: &str = "Running";
 /// Teardown began.
-pub const TEARING_DOWN: &str = "TearingDown";
+pub(crate) const TEARING_DOWN: &str = "TearingDown";
 /// Every path of a teardown drained (none failed or capped).
 pub const DRAINED: &str = "Drained";
 /// docs/contract.md §4: a path could not be drained (the contract fixes this name).
-pub const DRAIN_FAILED: &str = "sandbox_runfiles_drain_failed";
+pub(crate) const DRAIN_FAILED: &str = "sandbox_runfiles_drain_failed";
 /// A path hit its cap (the contract fixes this name).
-pub const CAPPED: &str = "sandbox_runfiles_readback_capped";
+pub(crate) const CAPPED: &str = "sandbox_runfiles_readback_capped";
 /// Final phase `Succeeded`.
-pub const SUCCEEDED: &str = "Succeeded";
+pub(crate) const SUCCEEDED: &str = "Succeeded";
 /// Final phase `Failed`.
-pub const FAILED: &str = "Failed";
+pub(crate) const FAILED: &str = "Failed";
 /// Final phase `Stopped`.
-pub const STOPPED: &str = "Stopped";
+pub(crate) const STOPPED: &str = "Stopped";
 /// The pod cannot be built from the spec.
-pub const INVALID_SPEC: &str = conditions::REASON_INVALID_SPEC;
+pub(crate) const INVALID_SPEC: &str = conditions::REASON_INVALID_SPEC;
 /// The image can never be pulled: the run fails.
-pub const IMAGE_PULL_FAILED: &str = conditions::REASON_IMAGE_PULL_FAILED;
+pub(crate) const IMAGE_PULL_FAILED: &str = conditions::REASON_IMAGE_PULL_FAILED;
 /// The skip-drain annotation released the finalizer.
-pub const DRAIN_SKIPPED: &str = "DrainSkipped";
+pub(crate) const DRAIN_SKIPPED: &str = "DrainSkipped";
 /// A pod with the run's pod name exists and is not the run's.
-pub const POD_NAME_CONFLICT: &str = "PodNameConflict";
+pub(crate) const POD_NAME_CONFLICT: &str = "PodNameConflict";
 
 /// `ttlSecondsAfterFinished` passed: the operator deleted the run.
-pub const TTL_EXPIRED: &str = "TTLExpired";
+pub(crate) const TTL_EXPIRED: &str = "TTLExpired";
 /// `retention: Delete`: the run's stored files were deleted.
-pub const ARCHIVES_DELETED: &str = "ArchivesDeleted";
+pub(crate) const ARCHIVES_DELETED: &str = "ArchivesDeleted";
 /// `retention: Delete`: the store refused a delete; retried.
-pub const ARCHIVE_DELETE_FAILED: &str = "ArchiveDeleteFailed";
+pub(crate) const ARCHIVE_DELETE_FAILED: &str = "ArchiveDeleteFailed";
 /// `retention: Delete`: the delete kept failing past the bound; the run was released.
-pub const ARCHIVE_DELETE_ABANDONED: &str = "ArchiveDeleteAbandoned";
+pub(crate) const ARCHIVE_DELETE_ABANDONED: &str = "ArchiveDeleteAbandoned";
 
 /// The run's NetworkPolicy is in place; the note says what it lets out and who enforces it.
-pub const EGRESS_POLICY_APPLIED: &str = "EgressPolicyApplied";
+pub(crate) const EGRESS_POLICY_APPLIED: &str = "EgressPolicyApplied";
 /// The run restricts egress and NetworkPolicy is declared unenforced (`--network-policy`): a
 /// Warning Event, and the Ready reason of a run that does not start (`unenforced-refuse`).
-pub const EGRESS_POLICY_UNENFORCED: &str = "EgressPolicyUnenforced";
+pub(crate) const EGRESS_POLICY_UNENFORCED: &str = "EgressPolicyUnenforced";
 
+#[cfg(test)]
 /// The two reasons whose spelling the contract fixes (not CamelCase).
-pub const CONTRACT_REASONS: [&str; 2] = [DRAIN_FAILED, CAPPED];
+pub(crate) const CONTRACT_REASONS: [&str; 2] = [DRAIN_FAILED, CAPPED];
 
+#[cfg(test)]
 /// Every Event reason the operator writes.
-pub const ALL: &[&str] = &[
+pub(crate) const ALL: &[&str] = &[
     POD_CREATED,
     POD_CREATE_FAILED,
     POD_STUCK,
@@ -88,7 +90,7 @@ pub const ALL: &[&str] = &[
 ];
 
 /// The reason of the Event that announces a final phase.
-pub fn phase_reason(phase: Phase) -> &'static str {
+pub(crate) fn phase_reason(phase: Phase) -> &'static str {
     match phase {
         Phase::Succeeded => SUCCEEDED,
         Phase::Stopped => STOPPED,
@@ -101,7 +103,7 @@ pub fn phase_reason(phase: Phase) -> &'static str {
 /// condition (batch/v1 Job semantics, docs/user-guide.md "Lifecycle"), not the phase: a run
 /// `Stopped` by the user whose drain failed, or stopped by its deadline, ended badly and says so
 /// with a Warning.
-pub fn ending_event(status: &SandboxRunStatus) -> (bool, &'static str) {
+pub(crate) fn ending_event(status: &SandboxRunStatus) -> (bool, &'static str) {
     let failed = condition_true(Some(status), conditions::FAILED);
     let phase = status.phase.unwrap_or(Phase::Failed);
     (failed || phase == Phase::Failed, phase_reason(phase))
@@ -144,7 +146,7 @@ impl PlannedEvent {
     }
 
     /// The same Event, naming the pod as `related`.
-    pub fn about_pod(mut self) -> Self {
+    pub(crate) fn about_pod(mut self) -> Self {
         self.about_pod = true;
         self
     }
@@ -154,7 +156,7 @@ impl PlannedEvent {
 /// name ([`newly_stuck`]). Its action is the cause: the Recorder folds Events that share type,
 /// reason and action into one series that keeps the FIRST note, so a second cause under one
 /// action would be hidden behind the first.
-pub fn stuck_event(
+pub(crate) fn stuck_event(
     before: &SandboxRunStatus,
     problem: Option<&PodProblem>,
 ) -> Option<PlannedEvent> {
@@ -166,7 +168,10 @@ pub fn stuck_event(
 /// The note of the PodStuck Event to publish when the pod's `problem` is a cause Ready (in the
 /// status `before` this reconcile) did not already name: `<reason>: <message>`. None when there
 /// is no problem or Ready already says exactly this, so each distinct cause is told once.
-pub fn newly_stuck(before: &SandboxRunStatus, problem: Option<&PodProblem>) -> Option<String> {
+pub(crate) fn newly_stuck(
+    before: &SandboxRunStatus,
+    problem: Option<&PodProblem>,
+) -> Option<String> {
     let problem = problem?;
     let told = before.conditions.iter().any(|c| {
         c.type_ == conditions::READY
@@ -181,7 +186,7 @@ pub fn newly_stuck(before: &SandboxRunStatus, problem: Option<&PodProblem>) -> O
 /// a Warning with reason [`IMAGE_PULL_FAILED`] and the kubelet's words (the run fails on
 /// it, possibly without any Track Event having said so); every other trigger is a Normal
 /// `TearingDown`.
-pub fn teardown_event(trigger: &Trigger) -> (bool, &'static str, String) {
+pub(crate) fn teardown_event(trigger: &Trigger) -> (bool, &'static str, String) {
     match trigger {
         Trigger::ImagePullFailed { message } => (
             true,
@@ -197,7 +202,7 @@ pub fn teardown_event(trigger: &Trigger) -> (bool, &'static str, String) {
 }
 
 /// Longest Event note we write: the Events API refuses a note over 1 KiB; this leaves room.
-pub const EVENT_NOTE_LIMIT: usize = 1000;
+pub(crate) const EVENT_NOTE_LIMIT: usize = 1000;
 /// Longest description of one path in a drain summary, so that one long failure message cannot
 /// hide every other path.
 const SUMMARY_PART_LIMIT: usize = 300;
@@ -206,7 +211,7 @@ const SUMMARY_ELISION_RESERVE: usize = 64;
 
 /// One Event that tells the outcome of every path of a teardown.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DrainSummary {
+pub(crate) struct DrainSummary {
     /// Warning when a path failed or was capped, else Normal.
     pub warning: bool,
     /// [`DRAIN_FAILED`] when any path failed (the contract requires that reason for a failed
@@ -219,7 +224,7 @@ pub struct DrainSummary {
 
 impl DrainSummary {
     /// The summary as an Event with `action`.
-    pub fn into_event(self, action: &'static str) -> PlannedEvent {
+    pub(crate) fn into_event(self, action: &'static str) -> PlannedEvent {
         PlannedEvent {
             warning: self.warning,
             reason: self.reason,
@@ -235,7 +240,7 @@ impl DrainSummary {
 /// kube-runtime's `Recorder` folds Events with the same type, reason, action and object into one
 /// series that keeps the FIRST note, so one Event per path showed a single path in `kubectl
 /// describe` (issue #17). Returns None when the run declares no path.
-pub fn drain_summary(entries: &[ReadBackStatus]) -> Option<DrainSummary> {
+pub(crate) fn drain_summary(entries: &[ReadBackStatus]) -> Option<DrainSummary> {
     if entries.is_empty() {
         return None;
     }
@@ -346,8 +351,9 @@ pub fn cut(text: &str, limit: usize) -> String {
     format!("{}{ellipsis}", &text[..end])
 }
 
+#[cfg(test)]
 /// CamelCase: an ASCII upper-case letter, then ASCII letters and digits only.
-pub fn is_camel_case(reason: &str) -> bool {
+pub(crate) fn is_camel_case(reason: &str) -> bool {
     let mut chars = reason.chars();
     chars.next().is_some_and(|c| c.is_ascii_uppercase()) && chars.all(|c| c.is_ascii_alphanumeric())
 }

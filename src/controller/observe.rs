@@ -93,7 +93,7 @@ impl PodProblem {
 /// distribution API's `MANIFEST_UNKNOWN`). The back-off state repeats the pull error in its
 /// message (`Back-off pulling image "…": ErrImagePull: rpc error: code = NotFound …`), so both
 /// states are judged alike.
-pub fn image_pull_is_definitive(reason: &str, message: &str) -> bool {
+pub(crate) fn image_pull_is_definitive(reason: &str, message: &str) -> bool {
     match reason {
         "InvalidImageName" | "ErrImageNeverPull" => true,
         "ErrImagePull" | "ImagePullBackOff" => {
@@ -215,7 +215,7 @@ impl PodView {
 /// Container waiting reasons that mean a container cannot be created or started (image pulls
 /// are [`PodProblem::ImagePull`]). `CreateContainerConfigError`: a referenced ConfigMap/Secret
 /// key is missing; `CreateContainerError`, `RunContainerError`: the runtime refused it.
-pub const STUCK_CONTAINER_REASONS: &[&str] = &[
+pub(crate) const STUCK_CONTAINER_REASONS: &[&str] = &[
     "CreateContainerConfigError",
     "CreateContainerError",
     "RunContainerError",
@@ -224,28 +224,28 @@ pub const STUCK_CONTAINER_REASONS: &[&str] = &[
 /// Warning Event reasons on a Pending pod that mean it cannot start: `FailedMount` (a missing
 /// ConfigMap, Secret or PVC; the kubelet reports it only as an Event), `FailedAttachVolume`,
 /// `FailedCreatePodSandBox` (network or runtime set-up).
-pub const STUCK_EVENT_REASONS: &[&str] = &[
+pub(crate) const STUCK_EVENT_REASONS: &[&str] = &[
     "FailedMount",
     "FailedAttachVolume",
     "FailedCreatePodSandBox",
 ];
 
 /// At most this many of a pod's Warning Events are read per look.
-pub const POD_EVENTS_LIMIT: u32 = 50;
+pub(crate) const POD_EVENTS_LIMIT: u32 = 50;
 /// A pod Pending for less than this is still starting: its Events are not read yet.
-pub const READ_EVENTS_AFTER: Duration = Duration::from_secs(5);
+pub(crate) const READ_EVENTS_AFTER: Duration = Duration::from_secs(5);
 /// Shortest and longest pause between two looks at a Pending pod.
 const RECHECK_MIN: Duration = Duration::from_secs(5);
 const RECHECK_MAX: Duration = Duration::from_secs(120);
 
 /// `reason` as the `&'static str` of `table`, None when it is not in it.
-pub fn known(reason: &str, table: &[&'static str]) -> Option<&'static str> {
+pub(crate) fn known(reason: &str, table: &[&'static str]) -> Option<&'static str> {
     table.iter().copied().find(|r| *r == reason)
 }
 
 /// One Warning Event about the pod, as read from the apiserver.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodEventFact {
+pub(crate) struct PodEventFact {
     /// Its reason (`FailedMount`, …).
     pub reason: String,
     /// Its message.
@@ -256,7 +256,7 @@ pub struct PodEventFact {
 
 /// The cause a pod's Warning Events give for not starting: the latest of those with a reason in
 /// [`STUCK_EVENT_REASONS`], None when there is none.
-pub fn stuck_from_events(events: &[PodEventFact]) -> Option<PodProblem> {
+pub(crate) fn stuck_from_events(events: &[PodEventFact]) -> Option<PodProblem> {
     events
         .iter()
         .filter_map(|e| Some((known(&e.reason, STUCK_EVENT_REASONS)?, e)))
@@ -269,7 +269,7 @@ pub fn stuck_from_events(events: &[PodEventFact]) -> Option<PodProblem> {
 
 /// Whether the pod's Events are worth reading: it is not running, its status names no problem,
 /// and it has been Pending for [`READ_EVENTS_AFTER`] at least.
-pub fn should_read_pod_events(pod: &PodView, now: Timestamp) -> bool {
+pub(crate) fn should_read_pod_events(pod: &PodView, now: Timestamp) -> bool {
     !pod.deleting
         && pod.problem.is_none()
         && pod.workload == WorkloadState::NotStarted
@@ -279,7 +279,7 @@ pub fn should_read_pod_events(pod: &PodView, now: Timestamp) -> bool {
 /// When to look again at a pod that has not started (its status may not change while it is
 /// stuck, e.g. on a missing volume): after as long as it has been Pending, between 5 s and 2 min.
 /// None once the workload started.
-pub fn pending_recheck(pod: &PodView, now: Timestamp) -> Option<Duration> {
+pub(crate) fn pending_recheck(pod: &PodView, now: Timestamp) -> Option<Duration> {
     if pod.workload != WorkloadState::NotStarted || pod.deleting {
         return None;
     }
@@ -296,7 +296,7 @@ fn pending_for(pod: &PodView, now: Timestamp) -> Option<Duration> {
 
 /// The declared paths of the run that have no outcome in its status yet (no entry, or a
 /// `Pending` one), in declaration order.
-pub fn undrained_paths(run: &SandboxRun) -> Vec<&str> {
+pub(crate) fn undrained_paths(run: &SandboxRun) -> Vec<&str> {
     let recorded = |path: &str| {
         run.status.as_ref().is_some_and(|s| {
             s.read_back
@@ -313,7 +313,7 @@ pub fn undrained_paths(run: &SandboxRun) -> Vec<&str> {
 }
 
 /// Whether every declared path has a final outcome in the run's status.
-pub fn drain_settled(run: &SandboxRun) -> bool {
+pub(crate) fn drain_settled(run: &SandboxRun) -> bool {
     undrained_paths(run).is_empty()
 }
 
@@ -349,7 +349,7 @@ pub enum Observed {
 
 /// Reads the run's pod and, when it has been Pending a while with nothing in its status, the
 /// Warning Events that may say why (FailedMount), bounded.
-pub async fn observe(
+pub(crate) async fn observe(
     client: &Client,
     run: &SandboxRun,
     now: Timestamp,
@@ -396,7 +396,7 @@ pub async fn observe(
 
 /// The run as the apiserver has it now (None: it is gone). The watch cache can lag behind this
 /// operator's own last status write.
-pub async fn live_run(
+pub(crate) async fn live_run(
     client: &Client,
     namespace: &str,
     name: &str,
@@ -441,7 +441,7 @@ async fn stuck_problem_from_events(client: &Client, ns: &str, pod: &Pod) -> Opti
 }
 
 /// Where the drained archives of a run go: the store, its key prefix and its URL.
-pub struct StoreView<'a> {
+pub(crate) struct StoreView<'a> {
     /// The store.
     pub store: &'a Arc<dyn ObjectStore>,
     /// Key prefix inside it.
@@ -453,7 +453,10 @@ pub struct StoreView<'a> {
 /// The status entries of the run's undrained paths whose manifest is already in the store (an
 /// operator committed them and died before recording it). A manifest that cannot be read is not
 /// taken for one: the path stays undrained (and is reported lost), with a warning.
-pub async fn committed_entries(store: &StoreView<'_>, run: &SandboxRun) -> Vec<ReadBackStatus> {
+pub(crate) async fn committed_entries(
+    store: &StoreView<'_>,
+    run: &SandboxRun,
+) -> Vec<ReadBackStatus> {
     let compression = run
         .spec
         .read_back

@@ -32,12 +32,12 @@ use crate::caps::CapSettings;
 use crate::pod::{self, PodSettings};
 
 /// How long after a time the run is looked at again, so the decision sees that time passed.
-pub const LOOK_AGAIN_MARGIN: Duration = Duration::from_millis(200);
+pub(crate) const LOOK_AGAIN_MARGIN: Duration = Duration::from_millis(200);
 /// How often a run whose drain is in flight is looked at again (a safety net: the drain's own
 /// status writes wake it when it ends).
-pub const IN_FLIGHT_REQUEUE: Duration = Duration::from_secs(30);
+pub(crate) const IN_FLIGHT_REQUEUE: Duration = Duration::from_secs(30);
 /// How often a run whose pod name is taken by a pod it does not own is looked at again.
-pub const NAME_CONFLICT_REQUEUE: Duration = Duration::from_secs(60);
+pub(crate) const NAME_CONFLICT_REQUEUE: Duration = Duration::from_secs(60);
 
 /// When the run is reconciled again without a watch event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +50,7 @@ pub enum Requeue {
 
 impl Requeue {
     /// The controller's action.
-    pub fn into_action(self) -> kube::runtime::controller::Action {
+    pub(crate) fn into_action(self) -> kube::runtime::controller::Action {
         match self {
             Requeue::AwaitChange => kube::runtime::controller::Action::await_change(),
             Requeue::After(d) => kube::runtime::controller::Action::requeue(d),
@@ -113,7 +113,7 @@ impl Plan {
 
 /// The plan of a step, or the I/O it needs first.
 #[derive(Clone, Debug, PartialEq)]
-pub enum StepPlan {
+pub(crate) enum StepPlan {
     /// Carry this out.
     Carry(Box<Plan>),
     /// Create this pod; the answer is planned by [`pod_created`] or [`pod_refused`].
@@ -124,7 +124,7 @@ pub enum StepPlan {
 
 /// What the plan of a step is made from, besides the step.
 #[derive(Clone, Copy, Debug)]
-pub struct Inputs<'a> {
+pub(crate) struct Inputs<'a> {
     /// The run (as the watch cache has it).
     pub run: &'a SandboxRun,
     /// The name of its pod.
@@ -142,7 +142,7 @@ pub struct Inputs<'a> {
 }
 
 /// Plans `step`.
-pub fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
+pub(crate) fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
     let run = inputs.run;
     let pod_exists = inputs.pod.is_some();
     let retention = retention::retention(run, inputs.default_retention);
@@ -185,7 +185,7 @@ pub fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
 }
 
 /// A pod with the run's pod name exists and the run does not own it: say so, touch nothing.
-pub fn name_conflict(run: &SandboxRun, pod_name: &str) -> Plan {
+pub(crate) fn name_conflict(run: &SandboxRun, pod_name: &str) -> Plan {
     let msg = format!(
         "a pod named {pod_name} exists and is not owned by this run; delete it or rename the run"
     );
@@ -247,7 +247,7 @@ fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
 }
 
 /// The pod is created (`created`), or already existed (the apiserver answered 409).
-pub fn pod_created(run: &SandboxRun, pod_name: &str, created: bool, now: Timestamp) -> Plan {
+pub(crate) fn pod_created(run: &SandboxRun, pod_name: &str, created: bool, now: Timestamp) -> Plan {
     let mut status = run.status.clone().unwrap_or_default();
     status.observed_generation = run.metadata.generation;
     status.phase = Some(Phase::Pending);
@@ -286,7 +286,7 @@ pub fn pod_created(run: &SandboxRun, pod_name: &str, created: bool, now: Timesta
 
 /// The apiserver refused the pod (quota, Pod Security, a webhook, RBAC): say so where the user
 /// looks, and try again after a back-off rather than every 10 s.
-pub fn pod_refused(run: &SandboxRun, message: &str, now: Timestamp) -> Plan {
+pub(crate) fn pod_refused(run: &SandboxRun, message: &str, now: Timestamp) -> Plan {
     let status = refusals::refused_status(run, message, now);
     let note = status.message.clone().unwrap_or_default();
     let since = refusals::refused_since_in(&status, run.metadata.generation).unwrap_or(now);
@@ -420,7 +420,7 @@ fn expired_event(run: &SandboxRun, retention: Retention) -> PlannedEvent {
 /// has its committed manifest (`committed`, docs/contract.md §4). A deleted run with retention
 /// Retain is released here; with Delete, the next reconcile (woken by this final status) deletes
 /// the stored files first ([`Step::ReleaseFinalizer`]).
-pub fn record_pod_lost(
+pub(crate) fn record_pod_lost(
     run: &SandboxRun,
     committed: &[ReadBackStatus],
     default_retention: Retention,
@@ -506,7 +506,7 @@ pub enum PathWork {
 }
 
 /// The message of a path that cannot be drained because the holder is not running.
-pub const HOLDER_NOT_RUNNING: &str = "the holder container is not running, so the path cannot be read (exec into a stopped container is impossible)";
+pub(crate) const HOLDER_NOT_RUNNING: &str = "the holder container is not running, so the path cannot be read (exec into a stopped container is impossible)";
 
 /// Plans a teardown begun (or resumed) at `now` with `trigger`, for the run's `pod` (None: gone).
 /// Each path still Pending gets its outcome from what is known: a workload that never started
@@ -638,7 +638,7 @@ fn owed_paths(
 /// is told the drain is done, the pod deleted at once, and a deleted run released (with
 /// retention Delete, after its stored files are deleted; a delete that fails is retried by the
 /// next reconciles, [`Step::ReleaseFinalizer`]).
-pub fn teardown_end(
+pub(crate) fn teardown_end(
     run: &SandboxRun,
     status: SandboxRunStatus,
     holder_running: bool,
@@ -682,7 +682,7 @@ pub fn teardown_end(
 
 /// What a delete of the run's stored files leaves to the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Purge {
+pub(crate) enum Purge {
     /// Nothing (more) to delete, or the retries ran out: release the finalizer.
     Done,
     /// The delete failed; try again after this long (the finalizer stays).
@@ -694,7 +694,7 @@ pub enum Purge {
 /// until the run's drain timeout (`bound_seconds`) has passed since the later of the deletion and
 /// the drain's end; then the files are left and the finalizer released (docs/contract.md
 /// "Stored files when a run is deleted").
-pub fn purged(
+pub(crate) fn purged(
     run: &SandboxRun,
     result: Result<usize, String>,
     location: &str,

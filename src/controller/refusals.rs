@@ -16,26 +16,29 @@ use super::status::ensure_pending_entries;
 use crate::api::{Phase, SandboxRun, SandboxRunStatus};
 
 /// First pause after the apiserver refused the pod.
-pub const FIRST_RETRY: Duration = Duration::from_secs(10);
+pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(10);
 /// Longest pause between two attempts to create a refused pod.
-pub const MAX_RETRY: Duration = Duration::from_secs(300);
+pub(crate) const MAX_RETRY: Duration = Duration::from_secs(300);
 
 /// Whether an apiserver error status answering a pod creation is a refusal the user must see
 /// (admission, quota, Pod Security, RBAC, a webhook that denied or could not be called). `409`
 /// (the pod exists) and `429` (throttled) are not: the first is fine, the second is retried
 /// quietly like a lost connection.
-pub fn is_refusal(code: u16) -> bool {
+pub(crate) fn is_refusal(code: u16) -> bool {
     (400..600).contains(&code) && code != 409 && code != 429
 }
 
 /// When the apiserver first refused this generation's pod: Ready's `lastTransitionTime` while
 /// Ready is False with reason [`REASON_POD_CREATE_FAILED`] for the run's current generation.
-pub fn refused_since(run: &SandboxRun) -> Option<Timestamp> {
+pub(crate) fn refused_since(run: &SandboxRun) -> Option<Timestamp> {
     refused_since_in(run.status.as_ref()?, run.metadata.generation)
 }
 
 /// [`refused_since`] of a status about to be written for `generation`.
-pub fn refused_since_in(status: &SandboxRunStatus, generation: Option<i64>) -> Option<Timestamp> {
+pub(crate) fn refused_since_in(
+    status: &SandboxRunStatus,
+    generation: Option<i64>,
+) -> Option<Timestamp> {
     let ready = status
         .conditions
         .iter()
@@ -50,7 +53,7 @@ pub fn refused_since_in(status: &SandboxRunStatus, generation: Option<i64>) -> O
 /// they have lasted, at least [`FIRST_RETRY`], at most [`MAX_RETRY`]. Attempts therefore come at
 /// 0, 10, 20, 40, 80, 160, 320 s, then every 5 min: a doubling that needs no counter, only the
 /// condition's clock.
-pub fn retry_delay(since: Timestamp, attempt: Timestamp) -> Duration {
+pub(crate) fn retry_delay(since: Timestamp, attempt: Timestamp) -> Duration {
     let lasted = Duration::try_from(since.duration_until(attempt)).unwrap_or(Duration::ZERO);
     lasted.clamp(FIRST_RETRY, MAX_RETRY)
 }
@@ -60,7 +63,7 @@ pub fn retry_delay(since: Timestamp, attempt: Timestamp) -> Duration {
 /// `last_attempt` is when this operator process last tried (unknown after a restart: then it
 /// tries at once, and the next pause is already as long as the refusals have lasted). A spec
 /// change starts over at once: the refused pod was built from the old spec.
-pub fn create_retry_wait(
+pub(crate) fn create_retry_wait(
     run: &SandboxRun,
     last_attempt: Option<Timestamp>,
     now: Timestamp,
@@ -78,7 +81,7 @@ pub fn create_retry_wait(
 /// Ready=False [`REASON_POD_CREATE_FAILED`]. Ready's `lastTransitionTime` is the back-off's clock:
 /// it is kept across refusals of the same generation and starts at `now` otherwise (Ready was
 /// absent, said something else, or described an older spec).
-pub fn refused_status(run: &SandboxRun, message: &str, now: Timestamp) -> SandboxRunStatus {
+pub(crate) fn refused_status(run: &SandboxRun, message: &str, now: Timestamp) -> SandboxRunStatus {
     let mut status = run.status.clone().unwrap_or_default();
     let generation = run.metadata.generation;
     if refused_since(run).is_none() {

@@ -12,9 +12,9 @@ use super::conditions;
 use crate::api::{Retention, SandboxRun};
 
 /// Shortest pause between two attempts at deleting stored files.
-pub const PURGE_RETRY_MIN: Duration = Duration::from_secs(1);
+pub(crate) const PURGE_RETRY_MIN: Duration = Duration::from_secs(1);
 /// Longest pause between two attempts at deleting stored files.
-pub const PURGE_RETRY_MAX: Duration = Duration::from_secs(60);
+pub(crate) const PURGE_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// When the run finished: it has condition Complete or Failed True (its drain settled; the
 /// contract's Job semantics), at `status.completionTime`, else at that condition's transition.
@@ -77,7 +77,7 @@ pub fn retention(run: &SandboxRun, operator_default: Retention) -> Retention {
 /// When retries of the delete of stored files may start counting: the later of the deletion
 /// request and the drain's end (the Drained condition's last transition), so a long drain does
 /// not eat the delete's time.
-pub fn purge_window_start(run: &SandboxRun, now: Timestamp) -> Timestamp {
+pub(crate) fn purge_window_start(run: &SandboxRun, now: Timestamp) -> Timestamp {
     let deleted = run.metadata.deletion_timestamp.as_ref().map(|t| t.0);
     let drained = run.status.as_ref().and_then(|s| {
         s.conditions
@@ -96,7 +96,11 @@ pub fn purge_window_start(run: &SandboxRun, now: Timestamp) -> Timestamp {
 /// released with the files left in place. The pause grows with the time already spent (half of
 /// it, between [`PURGE_RETRY_MIN`] and [`PURGE_RETRY_MAX`]), and never reaches past the bound by
 /// more than [`PURGE_RETRY_MIN`], so the last attempt falls at the bound.
-pub fn purge_retry_after(start: Timestamp, bound: Duration, now: Timestamp) -> Option<Duration> {
+pub(crate) fn purge_retry_after(
+    start: Timestamp,
+    bound: Duration,
+    now: Timestamp,
+) -> Option<Duration> {
     let spent = Duration::try_from(start.duration_until(now)).unwrap_or(Duration::ZERO);
     let left = bound.checked_sub(spent).filter(|d| !d.is_zero())?;
     let pause = (spent / 2).clamp(PURGE_RETRY_MIN, PURGE_RETRY_MAX);

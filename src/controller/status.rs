@@ -22,7 +22,7 @@ use crate::api::{
 use crate::pod::WORKLOAD_CONTAINER;
 
 /// The status of a run whose pod is being tracked (Pending or Running).
-pub fn tracked_status(
+pub(crate) fn tracked_status(
     run: &SandboxRun,
     pod_name: &str,
     pod: &PodView,
@@ -74,7 +74,7 @@ pub fn tracked_status(
 }
 
 /// Makes sure every declared path has a status entry (Pending until drained).
-pub fn ensure_pending_entries(run: &SandboxRun, status: &mut SandboxRunStatus) {
+pub(crate) fn ensure_pending_entries(run: &SandboxRun, status: &mut SandboxRunStatus) {
     for p in run.spec.read_back_paths() {
         if !status.read_back.iter().any(|e| e.path == p.path) {
             status.read_back.push(ReadBackStatus {
@@ -100,12 +100,12 @@ pub fn ensure_pending_entries(run: &SandboxRun, status: &mut SandboxRunStatus) {
 /// Most bytes of the workload's termination message kept in `status.workload.message`: the
 /// kubelet's own bound on a termination message (4 KiB), kept again here so that a status write
 /// never grows with whatever a pod reports.
-pub const MAX_WORKLOAD_MESSAGE_BYTES: usize = 4096;
+pub(crate) const MAX_WORKLOAD_MESSAGE_BYTES: usize = 4096;
 
 /// How the workload container of `pod` terminated, None while it has not. Read from its current
 /// state, else from its last terminated state (the pod never restarts it: restartPolicy Never).
 /// The message is cut to [`MAX_WORKLOAD_MESSAGE_BYTES`] on a character boundary.
-pub fn workload_termination(pod: &Pod) -> Option<WorkloadTermination> {
+pub(crate) fn workload_termination(pod: &Pod) -> Option<WorkloadTermination> {
     let cs = pod
         .status
         .as_ref()?
@@ -134,7 +134,7 @@ pub fn workload_termination(pod: &Pod) -> Option<WorkloadTermination> {
 /// The status at the start of teardown. `workload` is how the workload container terminated
 /// ([`workload_termination`] of the pod, read before the pod is deleted); it is recorded in
 /// `status.workload` whatever the trigger, and an earlier record is never cleared.
-pub fn draining_status(
+pub(crate) fn draining_status(
     run: &SandboxRun,
     trigger: &Trigger,
     workload: Option<WorkloadTermination>,
@@ -210,7 +210,7 @@ pub fn draining_status(
 
 /// The status once every path has an outcome: the final phase and the Drained, Complete/Failed and
 /// Ready conditions (see [`failure_reason`] and docs/user-guide.md "Lifecycle").
-pub fn finished_status(
+pub(crate) fn finished_status(
     run: &SandboxRun,
     status: SandboxRunStatus,
     now: Timestamp,
@@ -221,7 +221,7 @@ pub fn finished_status(
 /// What the end of a run says about it, read from its status before the final conditions are
 /// written: the inputs of the final phase and of [`failure_reason`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Ending {
+pub(crate) struct Ending {
     /// The final phase.
     pub phase: Phase,
     /// The workload container terminated (WorkloadFinished=True).
@@ -250,7 +250,7 @@ pub struct Ending {
 ///   `required` path failed);
 /// - phase `Stopped`: [`REASON_DEADLINE_EXCEEDED`], [`REASON_POD_DELETED`], then
 ///   [`REASON_CONDITION_DRAIN_FAILED`] when any path failed, else None (`spec.stop` or deletion, drained).
-pub fn failure_reason(e: &Ending) -> Option<&'static str> {
+pub(crate) fn failure_reason(e: &Ending) -> Option<&'static str> {
     match e.phase {
         Phase::Succeeded => None,
         Phase::Stopped => {
@@ -526,7 +526,7 @@ fn set_ending_conditions(
 /// `committed` holds the status entries of paths whose manifest the store already has (an
 /// operator that committed a path and died before recording it): such a path was drained, and
 /// keeps that outcome instead of being marked Failed (docs/contract.md §4).
-pub fn pod_lost_status(
+pub(crate) fn pod_lost_status(
     run: &SandboxRun,
     committed: &[ReadBackStatus],
     now: Timestamp,
@@ -562,7 +562,7 @@ pub fn pod_lost_status(
 
 /// The status entry of a declared path whose workload never started: it wrote nothing, so
 /// nothing is drained (`Empty`, no exec, no object), and the message says why.
-pub fn never_started_entry(path: &str, trigger: &Trigger) -> ReadBackStatus {
+pub(crate) fn never_started_entry(path: &str, trigger: &Trigger) -> ReadBackStatus {
     let message = match trigger {
         Trigger::ImagePullFailed { .. } => NEVER_STARTED_IMAGE_PULL,
         _ => "the workload never started, so it wrote nothing",
@@ -576,11 +576,11 @@ pub fn never_started_entry(path: &str, trigger: &Trigger) -> ReadBackStatus {
 }
 
 /// The message of a path whose workload never started because its image could not be pulled.
-pub const NEVER_STARTED_IMAGE_PULL: &str =
+pub(crate) const NEVER_STARTED_IMAGE_PULL: &str =
     "the workload never started because its image could not be pulled, so it wrote nothing; nothing was drained";
 
 /// Why the drain of a path failed when the pod was gone before teardown.
-pub const POD_GONE: &str =
+pub(crate) const POD_GONE: &str =
     "the pod was gone before teardown (deleted or evicted); its emptyDirs went with it and nothing could be drained";
 
 #[cfg(test)]

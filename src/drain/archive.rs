@@ -49,23 +49,23 @@ use crate::tar::ustar;
 /// Default bound on the bytes the parser may read between two members (headers, PAX records, GNU
 /// long names, sparse maps, padding). The parser buffers extension records whole; each is also
 /// bounded on its own by [`MAX_EXTENSION_BODY_BYTES`], checked before its body is read.
-pub const DEFAULT_MAX_HEADER_BYTES: u64 = 1024 * 1024;
+pub(crate) const DEFAULT_MAX_HEADER_BYTES: u64 = 1024 * 1024;
 /// Largest body of a PAX extended header (`x`) or a GNU long name or link (`L`, `K`), the records
 /// the parser holds in memory: a header announcing more is refused as malformed before a byte of
 /// its body is read (a path is at most 4 KiB, so no honest packer comes near it).
-pub const MAX_EXTENSION_BODY_BYTES: u64 = 64 * 1024;
+pub(crate) const MAX_EXTENSION_BODY_BYTES: u64 = 64 * 1024;
 /// Bytes of dropped and rejected records a drain lists (each counts its path plus
 /// [`RECORD_OVERHEAD_BYTES`]); past it, further ones are counted in the totals but not listed
 /// ([`DrainOutcome::unlisted_dropped`], [`DrainOutcome::unlisted_rejected`]), so the records the
 /// operator holds stay bounded whatever the pod wrote (docs/contract.md, "Unbounded size").
-pub const MAX_LISTED_RECORD_BYTES: u64 = 8 * 1024 * 1024;
+pub(crate) const MAX_LISTED_RECORD_BYTES: u64 = 8 * 1024 * 1024;
 /// What one listed record costs against [`MAX_LISTED_RECORD_BYTES`] besides its path.
-pub const RECORD_OVERHEAD_BYTES: u64 = 64;
+pub(crate) const RECORD_OVERHEAD_BYTES: u64 = 64;
 /// Longest raw path kept in a rejected record (a rejected path is not bounded by the sanitizer's
 /// path rules: it may be the very thing that broke them); longer ones are cut and say so.
-pub const MAX_REJECTED_PATH_BYTES: usize = 1024;
+pub(crate) const MAX_REJECTED_PATH_BYTES: usize = 1024;
 /// Input allowed on top of 4 × the cap by [`DrainOptions::new`].
-pub const INPUT_HEADROOM_BYTES: u64 = 256 * 1024 * 1024;
+pub(crate) const INPUT_HEADROOM_BYTES: u64 = 256 * 1024 * 1024;
 
 /// How one path is drained.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -150,7 +150,7 @@ pub struct DrainError {
 
 impl DrainError {
     /// A short stable label for metrics and Event reasons.
-    pub fn metric_label(&self) -> &'static str {
+    pub(crate) fn metric_label(&self) -> &'static str {
         self.kind.metric_label()
     }
 }
@@ -215,7 +215,7 @@ pub enum DrainErrorKind {
 
 impl DrainErrorKind {
     /// A short stable label for metrics and Event reasons.
-    pub fn metric_label(&self) -> &'static str {
+    pub(crate) fn metric_label(&self) -> &'static str {
         match self {
             DrainErrorKind::Truncated(_) => "truncated",
             DrainErrorKind::Malformed(_) => "malformed",

@@ -20,19 +20,19 @@ use tokio::task::JoinHandle;
 use crate::pod::HOLDER_CONTAINER;
 
 /// Most stderr bytes kept from one pack run (the rest are read, counted and discarded).
-pub const MAX_NOTE_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_NOTE_BYTES: usize = 64 * 1024;
 /// Longest stderr line kept (longer ones are cut).
 const MAX_NOTE_LEN: usize = 1024;
 /// How long the packer's notes are awaited once its exec was stopped.
 const NOTES_AFTER_ABORT: Duration = Duration::from_secs(2);
 /// The flag that passes the path's cap to the packer (`pack --budget`).
-pub const BUDGET_FLAG: &str = "--budget";
+pub(crate) const BUDGET_FLAG: &str = "--budget";
 /// Buffer between the websocket task and our reader; large enough not to throttle throughput.
 const STDOUT_BUFFER: usize = 1024 * 1024;
 
 /// What went wrong with the exec itself (not with the tar it carried).
 #[derive(Debug, Error)]
-pub enum ExecError {
+pub(crate) enum ExecError {
     /// The exec could not be started (pod gone, holder not running, RBAC, apiserver down…).
     #[error("could not exec into {pod}/{container}: {source}")]
     Start {
@@ -80,14 +80,14 @@ fn stderr_suffix(lines: &[String]) -> String {
 impl ExecError {
     /// Whether another attempt may succeed (a broken connection) rather than repeat the same
     /// failure (the packer refused the path).
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         !matches!(self, ExecError::Failed { .. })
     }
 
     /// Whether the packer failed because it does not know `--budget`: an older holder image (or a
     /// custom `--pack-command`) whose usage error names the flag (clap: "unexpected argument
     /// '--budget'", GNU tools: "unrecognized option '--budget'").
-    pub fn refuses_budget_flag(&self) -> bool {
+    pub(crate) fn refuses_budget_flag(&self) -> bool {
         match self {
             ExecError::Failed { stderr, .. } => {
                 stderr.iter().any(|line| line.contains(BUDGET_FLAG))
@@ -99,7 +99,7 @@ impl ExecError {
 
 /// The packer's argv: `command... <path>`, then `--budget <bytes>` when a budget is given. The
 /// flag comes after the path so that a packer reading its path as `$1` keeps working.
-pub fn pack_argv(command: &[String], path: &str, budget: Option<u64>) -> Vec<String> {
+pub(crate) fn pack_argv(command: &[String], path: &str, budget: Option<u64>) -> Vec<String> {
     let mut argv: Vec<String> = command.to_vec();
     argv.push(path.to_string());
     if let Some(bytes) = budget {
@@ -110,7 +110,7 @@ pub fn pack_argv(command: &[String], path: &str, budget: Option<u64>) -> Vec<Str
 }
 
 /// A running `pack` in the holder.
-pub struct PackExec {
+pub(crate) struct PackExec {
     process: AttachedProcess,
     stdout: Option<Box<dyn AsyncRead + Send + Unpin>>,
     notes: JoinHandle<PackNotes>,
@@ -119,7 +119,7 @@ pub struct PackExec {
 
 /// What the packer reported besides its archive.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct PackNotes {
+pub(crate) struct PackNotes {
     /// stderr lines (at most [`MAX_NOTE_BYTES`] in all, each cut to 1024 bytes, invalid UTF-8
     /// replaced), e.g. skipped special files and unreadable files.
     pub lines: Vec<String>,
@@ -130,7 +130,7 @@ pub struct PackNotes {
 /// Reads `reader` to its end (or to a read error), keeping its first `max_bytes` bytes and
 /// counting the rest. Never stops early: the writer of an exec stream must never block on a full
 /// pipe. Returns the kept bytes and the number discarded.
-pub async fn read_to_end_keeping<R: AsyncRead + Unpin>(
+pub(crate) async fn read_to_end_keeping<R: AsyncRead + Unpin>(
     mut reader: R,
     max_bytes: usize,
 ) -> (Vec<u8>, u64) {
@@ -154,7 +154,7 @@ pub async fn read_to_end_keeping<R: AsyncRead + Unpin>(
 
 /// Reads the packer's stderr to its end (see [`read_to_end_keeping`]), keeping its first
 /// `max_bytes` bytes as lines and counting the rest.
-pub async fn collect_notes<R: AsyncRead + Unpin>(reader: R, max_bytes: usize) -> PackNotes {
+pub(crate) async fn collect_notes<R: AsyncRead + Unpin>(reader: R, max_bytes: usize) -> PackNotes {
     let (kept, discarded) = read_to_end_keeping(reader, max_bytes).await;
     notes_from_bytes(&kept, discarded)
 }
@@ -226,7 +226,7 @@ impl PackExec {
     }
 
     /// The tar stream. Taken once.
-    pub fn take_stdout(&mut self) -> Option<Box<dyn AsyncRead + Send + Unpin>> {
+    pub(crate) fn take_stdout(&mut self) -> Option<Box<dyn AsyncRead + Send + Unpin>> {
         self.stdout.take()
     }
 
@@ -251,14 +251,9 @@ impl PackExec {
         }
     }
 
-    /// Stops the exec (e.g. the stream was refused mid-way); the holder sees a closed pipe.
-    pub fn abort(&self) {
-        self.process.abort();
-    }
-
     /// Stops the exec when the drain has read all it will (the input bound), and returns what
     /// the packer said on stderr until then; its exit status is not awaited (it never finished).
-    pub async fn abandon(mut self) -> PackNotes {
+    pub(crate) async fn abandon(mut self) -> PackNotes {
         self.process.abort();
         match tokio::time::timeout(NOTES_AFTER_ABORT, &mut self.notes).await {
             Ok(Ok(notes)) => notes,
@@ -272,7 +267,7 @@ impl PackExec {
 
 /// Renders an exec status: `exit code N` when the apiserver reports one (reason NonZeroExitCode,
 /// cause ExitCode), otherwise its reason and message (kwok may report InternalError instead).
-pub fn describe_status(s: &Status) -> String {
+pub(crate) fn describe_status(s: &Status) -> String {
     match exit_code(s) {
         Some(code) => format!("exit code {code}"),
         None => format!(

@@ -43,7 +43,7 @@ use crate::tar::sanitize::MemberKind;
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
 
 /// Everything one path's drain needs.
-pub struct PathJob<'a> {
+pub(crate) struct PathJob<'a> {
     /// Pods of the run's namespace.
     pub pods: &'a Api<Pod>,
     /// The run's pod.
@@ -86,7 +86,7 @@ pub struct PathJob<'a> {
 
 /// Why one attempt failed.
 #[derive(Debug, Error)]
-pub enum AttemptError {
+pub(crate) enum AttemptError {
     /// The exec transport.
     #[error(transparent)]
     Exec(#[from] ExecError),
@@ -106,7 +106,7 @@ pub enum AttemptError {
 
 impl AttemptError {
     /// Whether another attempt may succeed.
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         // A store that refuses the credentials refuses them again.
         if self.store_refused_credentials() {
             return false;
@@ -133,7 +133,7 @@ impl AttemptError {
 
     /// Whether the object store refused the credentials (HTTP 401/403), on the archive upload or
     /// the manifest.
-    pub fn store_refused_credentials(&self) -> bool {
+    pub(crate) fn store_refused_credentials(&self) -> bool {
         match self {
             AttemptError::Store(e) => credentials::store_is_refused(e),
             AttemptError::Drain(e) => match &e.kind {
@@ -146,7 +146,7 @@ impl AttemptError {
     }
 
     /// Stable label for the failures metric.
-    pub fn metric_label(&self) -> &'static str {
+    pub(crate) fn metric_label(&self) -> &'static str {
         if self.store_refused_credentials() {
             return "store_credentials";
         }
@@ -185,7 +185,7 @@ fn describe_failure(e: &AttemptError, store_url: &str) -> String {
 }
 
 /// Renders the URL of an object of the store.
-pub fn object_url(store_url: &str, key: &object_store::path::Path) -> String {
+pub(crate) fn object_url(store_url: &str, key: &object_store::path::Path) -> String {
     // A file:// store is rooted at the URL's directory; elsewhere the key already carries the
     // URL's prefix, so only scheme and bucket are kept.
     match url::Url::parse(store_url) {
@@ -200,7 +200,7 @@ pub fn object_url(store_url: &str, key: &object_store::path::Path) -> String {
 }
 
 /// The status entry of a committed manifest.
-pub fn committed_status(
+pub(crate) fn committed_status(
     path: &str,
     manifest: &Manifest,
     keys: &ObjectKeys,
@@ -261,7 +261,7 @@ fn capped_message(manifest: &Manifest) -> String {
 /// (directories alone are no content), dropped and rejected nothing, and whose packer reported
 /// unreadable entries, did not drain an empty set — the workload's files could not be read.
 /// Returns the failure message, with the packer's first notes, or None when the outcome stands.
-pub fn nothing_readable(outcome: &DrainOutcome, notes: &[String]) -> Option<String> {
+pub(crate) fn nothing_readable(outcome: &DrainOutcome, notes: &[String]) -> Option<String> {
     let stored_content = outcome.members.iter().any(|m| m.kind != MemberKind::Dir);
     if stored_content
         || outcome.dropped_count() > 0
@@ -353,7 +353,7 @@ async fn check_commit(
 /// Drains one path; never returns an error — a failure is a Failed entry with its cause. None
 /// when [`PathJob::cancel`] fired: nothing is recorded, the path stays Pending for the next
 /// leader.
-pub async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
+pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
     let started = Instant::now();
     let run = RunRef {
         namespace: job.namespace.to_string(),

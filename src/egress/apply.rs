@@ -54,7 +54,7 @@ pub fn describe(run: &SandboxRun, egress: &Egress, settings: &EgressSettings) ->
 /// Run before the pod is created: Ok(true) to go on creating it, Ok(false) when the run must not
 /// start (refused; its status says why). A policy the apiserver refuses is an error:
 /// the pod is not created without it.
-pub async fn before_pod(ctx: &Context, run: &SandboxRun) -> Result<bool, ControllerError> {
+pub(crate) async fn before_pod(ctx: &Context, run: &SandboxRun) -> Result<bool, ControllerError> {
     let settings = &ctx.pod.egress;
     // A rule that does not parse (admission refuses it; a run admitted before the webhook, or
     // with it off, may carry one) is an InvalidSpec like any spec the pod cannot be built from.
@@ -121,7 +121,7 @@ pub async fn before_pod(ctx: &Context, run: &SandboxRun) -> Result<bool, Control
 }
 
 /// Server-side applies `policy` in its namespace.
-pub async fn apply_policy(
+pub(crate) async fn apply_policy(
     client: &kube::Client,
     policy: &NetworkPolicy,
 ) -> Result<(), ControllerError> {

@@ -10,7 +10,7 @@ use crate::egress::settings::EgressSettings;
 use crate::egress::token::token;
 
 /// Every variable the operator sets for the proxy; a user's own value of one is dropped.
-pub const PROXY_ENV: [&str; 6] = [
+pub(crate) const PROXY_ENV: [&str; 6] = [
     "HTTP_PROXY",
     "HTTPS_PROXY",
     "NO_PROXY",

@@ -9,7 +9,7 @@ use crate::api::{NetworkMode, SandboxRun};
 
 /// Why no policy can be built for a run.
 #[derive(Debug, Error, PartialEq, Eq)]
-pub enum PolicyError {
+pub(crate) enum PolicyError {
     /// The run has no name or uid (a run read from the API always has both).
     #[error("the run has no {0}")]
     MissingMetadata(&'static str),
@@ -45,13 +45,13 @@ pub enum Egress {
 
 impl Egress {
     /// Whether the run asks for any egress restriction.
-    pub fn is_restricted(&self) -> bool {
+    pub(crate) fn is_restricted(&self) -> bool {
         !matches!(self, Egress::Open)
     }
 }
 
 /// Parses a run's `spec.network`.
-pub fn egress_of(run: &SandboxRun) -> Result<Egress, PolicyError> {
+pub(crate) fn egress_of(run: &SandboxRun) -> Result<Egress, PolicyError> {
     let Some(net) = &run.spec.network else {
         return Ok(Egress::Open);
     };
@@ -69,7 +69,7 @@ pub fn egress_of(run: &SandboxRun) -> Result<Egress, PolicyError> {
 }
 
 /// Parses rules as admission does, naming the first that does not parse.
-pub fn parse_rules(texts: &[String]) -> Result<Vec<Rule>, PolicyError> {
+pub(crate) fn parse_rules(texts: &[String]) -> Result<Vec<Rule>, PolicyError> {
     texts
         .iter()
         .enumerate()

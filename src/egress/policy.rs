@@ -25,7 +25,7 @@ use crate::egress::settings::{EgressSettings, PeerSelector};
 use crate::pod::{pod_name, RUN_UID_LABEL};
 
 /// Suffix of a run's NetworkPolicy name, after its pod's name ([`policy_name`]).
-pub const POLICY_SUFFIX: &str = "-egress";
+pub(crate) const POLICY_SUFFIX: &str = "-egress";
 
 /// Name of a run's NetworkPolicy: its pod's name plus [`POLICY_SUFFIX`] (pod names are at most
 /// 253 characters; the suffix is dropped into the hash when it would not fit).
@@ -41,7 +41,7 @@ pub fn policy_name(run_name: &str) -> String {
 }
 
 /// The NetworkPolicy of a run, or None when the run's egress is open.
-pub fn build_policy(
+pub(crate) fn build_policy(
     run: &SandboxRun,
     settings: &EgressSettings,
 ) -> Result<Option<NetworkPolicy>, PolicyError> {
@@ -253,7 +253,7 @@ impl Repr {
 /// space is split only where a rule's range begins inside a block, each uniform block is judged by
 /// the matcher itself at its network address, and the shortest of "the block minus its denied
 /// parts" and "its allowed parts, recursively" is kept.
-pub fn ip_blocks(mode: NetworkMode, rules: &[Rule]) -> Vec<IPBlock> {
+pub(crate) fn ip_blocks(mode: NetworkMode, rules: &[Rule]) -> Vec<IPBlock> {
     let carved = rule_blocks(rules);
     let mut out = Vec::new();
     for root in [v4_root(), v6_root()] {

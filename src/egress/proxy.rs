@@ -170,7 +170,7 @@ impl RunTable {
     }
 
     /// Whether the runs have been listed at least once.
-    pub fn is_synced(&self) -> bool {
+    pub(crate) fn is_synced(&self) -> bool {
         self.synced.load(std::sync::atomic::Ordering::SeqCst)
     }
 
@@ -226,13 +226,13 @@ pub struct ProxyState {
 /// Verdict labels of the metric.
 pub mod verdict {
     /// Allowed and connected.
-    pub const ALLOWED: &str = "allowed";
+    pub(crate) const ALLOWED: &str = "allowed";
     /// Refused by the rules (403).
-    pub const DENIED: &str = "denied";
+    pub(crate) const DENIED: &str = "denied";
     /// No or a wrong token (407).
-    pub const UNAUTHENTICATED: &str = "unauthenticated";
+    pub(crate) const UNAUTHENTICATED: &str = "unauthenticated";
     /// Malformed request (400) or an upstream that could not be reached (502/504).
-    pub const ERROR: &str = "error";
+    pub(crate) const ERROR: &str = "error";
 }
 
 impl ProxyState {
@@ -580,7 +580,7 @@ async fn deny(
 }
 
 /// Keeps `table` equal to the runs the apiserver has (a relist replaces it whole).
-pub async fn watch_runs(api: Api<SandboxRun>, table: Arc<RunTable>) {
+pub(crate) async fn watch_runs(api: Api<SandboxRun>, table: Arc<RunTable>) {
     let mut init: Vec<SandboxRun> = Vec::new();
     let stream = watcher(api, watcher::Config::default()).default_backoff();
     futures::pin_mut!(stream);
@@ -605,7 +605,7 @@ pub async fn watch_runs(api: Api<SandboxRun>, table: Arc<RunTable>) {
 }
 
 /// Reads the token secret from a file (trailing newline dropped); refuses an empty one.
-pub fn read_secret(path: &std::path::Path) -> Result<Arc<[u8]>, String> {
+pub(crate) fn read_secret(path: &std::path::Path) -> Result<Arc<[u8]>, String> {
     let raw = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let trimmed = raw
         .strip_suffix(b"\n")

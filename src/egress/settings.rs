@@ -75,7 +75,7 @@ impl fmt::Debug for TokenSecret {
 }
 
 /// Default `NO_PROXY`: loopback and cluster-local names (docs/contract.md "ADR-006 network rules").
-pub const DEFAULT_NO_PROXY: &str = "localhost,127.0.0.1,::1,.svc,.cluster.local";
+pub(crate) const DEFAULT_NO_PROXY: &str = "localhost,127.0.0.1,::1,.svc,.cluster.local";
 
 impl Default for EgressSettings {
     fn default() -> Self {
@@ -95,7 +95,7 @@ impl Default for EgressSettings {
 /// A selector flag that does not parse.
 #[derive(Debug, Error, PartialEq, Eq)]
 #[error("{flag}: {why} (want key=value[,key=value…])")]
-pub struct SelectorError {
+pub(crate) struct SelectorError {
     /// The flag.
     pub flag: &'static str,
     /// What is wrong.
@@ -103,7 +103,7 @@ pub struct SelectorError {
 }
 
 /// Parses `key=value,key=value` labels.
-pub fn parse_labels(
+pub(crate) fn parse_labels(
     flag: &'static str,
     items: &[String],
 ) -> Result<BTreeMap<String, String>, SelectorError> {

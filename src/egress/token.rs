@@ -23,7 +23,7 @@ pub fn verify(secret: &[u8], run_uid: &str, token: &str) -> bool {
 }
 
 /// The `(uid, token)` of a `Proxy-Authorization: Basic …` header value, if it is one.
-pub fn parse_basic(header: &str) -> Option<(String, String)> {
+pub(crate) fn parse_basic(header: &str) -> Option<(String, String)> {
     let (scheme, rest) = header.trim().split_once(' ')?;
     if !scheme.eq_ignore_ascii_case("basic") {
         return None;

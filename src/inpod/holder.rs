@@ -6,19 +6,19 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// File whose presence says "the operator has drained this pod".
-pub const DRAINED_MARKER: &str = "drained";
+pub(crate) const DRAINED_MARKER: &str = "drained";
 /// Where the holder keeps its drain marker (an emptyDir of its own: its root may be read-only).
 pub const HOLDER_STATE_DIR: &str = "/var/run/sandboxrun";
 /// The operator's binary, which the holder's image (the operator's own) runs.
-pub const BINARY: &str = "sandboxrun-operator";
+pub(crate) const BINARY: &str = "sandboxrun-operator";
 /// The subcommand that runs the holder's modes (`crate::cmd::holder`).
-pub const SUBCOMMAND: &str = "holder";
+pub(crate) const SUBCOMMAND: &str = "holder";
 
 /// One of the holder's modes as the operator starts or execs it: the pod builder's container
 /// command and preStop hook, and the controller's mark-drained exec. The argv is built here only;
 /// `sandboxrun-operator holder` parses it back (tested below).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum HolderCommand {
+pub(crate) enum HolderCommand {
     /// The container's main process: idle until SIGTERM.
     Idle,
     /// The preStop hook: wait until the pod is marked drained, at most `seconds`.
@@ -58,7 +58,7 @@ impl HolderCommand {
 }
 
 /// Writes the drained marker (the operator execs this after the drain).
-pub fn mark_drained(state_dir: &Path) -> std::io::Result<PathBuf> {
+pub(crate) fn mark_drained(state_dir: &Path) -> std::io::Result<PathBuf> {
     let marker = state_dir.join(DRAINED_MARKER);
     std::fs::write(&marker, b"drained\n")?;
     Ok(marker)
@@ -67,7 +67,7 @@ pub fn mark_drained(state_dir: &Path) -> std::io::Result<PathBuf> {
 /// The preStop hook: waits until the marker exists or `timeout` passes. Returns whether the
 /// marker appeared. Either way the hook then returns and the kubelet stops the container: a hook
 /// that never returned would only be killed at the end of the grace period anyway.
-pub async fn wait_drained(state_dir: &Path, timeout: Duration) -> bool {
+pub(crate) async fn wait_drained(state_dir: &Path, timeout: Duration) -> bool {
     let marker = state_dir.join(DRAINED_MARKER);
     let start = Instant::now();
     loop {
@@ -82,7 +82,7 @@ pub async fn wait_drained(state_dir: &Path, timeout: Duration) -> bool {
 }
 
 /// Idles until SIGTERM/SIGINT. The holder does nothing else: the drain comes to it by exec.
-pub async fn idle() -> std::io::Result<()> {
+pub(crate) async fn idle() -> std::io::Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => {}

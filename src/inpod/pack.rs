@@ -40,7 +40,7 @@ use crate::tar::ustar;
 /// How every note about an unreadable file or directory starts on stderr. The operator reads it
 /// back (a path whose only content was unreadable fails rather than drains empty), so it is part
 /// of the packer's interface: older packers write the same words.
-pub const UNREADABLE_NOTE: &str = "pack: unreadable ";
+pub(crate) const UNREADABLE_NOTE: &str = "pack: unreadable ";
 
 /// What the packer did not pack as-is.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -171,7 +171,7 @@ pub fn pack(
 /// writer, forever — and a drain stuck there holds the run's whole drain timeout), or a symlink
 /// (O_NOFOLLOW: the open fails with ELOOP). O_NONBLOCK does not change reads of a regular file;
 /// the caller checks the type and identity of what was opened on the open descriptor.
-pub fn open_listed_file(path: &Path) -> io::Result<File> {
+pub(crate) fn open_listed_file(path: &Path) -> io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     fs::OpenOptions::new()
         .read(true)

@@ -209,7 +209,7 @@ impl StoreConfig {
     /// then the options. The store and the clean-up of open multipart uploads
     /// (`open_uploads`) both start from it, so they sign with the same credentials and talk to
     /// the same endpoint.
-    pub fn s3_builder(&self) -> Result<AmazonS3Builder, StoreError> {
+    pub(crate) fn s3_builder(&self) -> Result<AmazonS3Builder, StoreError> {
         let invalid = |reason: &str| StoreError::InvalidUrl {
             url: redact_url(&self.url),
             reason: reason.into(),

@@ -32,14 +32,14 @@ pub fn is_refused(e: &object_store::Error) -> bool {
 
 /// [`is_refused`] for an error that crossed an `AsyncWrite` (the archive upload reports its
 /// object-store errors as `io::Error`s wrapping them).
-pub fn io_is_refused(e: &std::io::Error) -> bool {
+pub(crate) fn io_is_refused(e: &std::io::Error) -> bool {
     e.get_ref()
         .and_then(|inner| inner.downcast_ref::<object_store::Error>())
         .is_some_and(is_refused)
 }
 
 /// [`is_refused`] for a store operation's error.
-pub fn store_is_refused(e: &StoreError) -> bool {
+pub(crate) fn store_is_refused(e: &StoreError) -> bool {
     match e {
         StoreError::Object { source, .. } | StoreError::Build { source, .. } => is_refused(source),
         _ => false,
@@ -47,7 +47,7 @@ pub fn store_is_refused(e: &StoreError) -> bool {
 }
 
 /// The backend a store URL's scheme names, as users know it.
-pub fn backend_name(scheme: &str) -> &'static str {
+pub(crate) fn backend_name(scheme: &str) -> &'static str {
     match scheme {
         "s3" => "S3",
         "gs" => "Google Cloud Storage",
@@ -60,7 +60,7 @@ pub fn backend_name(scheme: &str) -> &'static str {
 
 /// The settings that carry a backend's credentials: the `--store-option` keys, the environment
 /// variables (the chart's `store.existingSecret`) and the platform identity, per scheme.
-pub fn credential_settings(scheme: &str) -> &'static str {
+pub(crate) fn credential_settings(scheme: &str) -> &'static str {
     match scheme {
         "s3" => {
             "options access_key_id/secret_access_key (and session_token), or AWS_ACCESS_KEY_ID/\
@@ -88,7 +88,7 @@ fn scheme_of(store_url: &str) -> String {
 }
 
 /// The message of a drain that failed because the store refused the credentials.
-pub fn refused_message(store_url: &str, error: &str) -> String {
+pub(crate) fn refused_message(store_url: &str, error: &str) -> String {
     let scheme = scheme_of(store_url);
     format!(
         "{} refused the operator's credentials ({error}); not retried: fix {}",
@@ -98,7 +98,7 @@ pub fn refused_message(store_url: &str, error: &str) -> String {
 }
 
 /// What `files` adds when the store refused a reader's credentials.
-pub fn reader_refused_hint(store_url: &str) -> String {
+pub(crate) fn reader_refused_hint(store_url: &str) -> String {
     let scheme = scheme_of(store_url);
     format!(
         "{} refused these credentials: fix {} (a reader needs list and read rights)",

@@ -123,7 +123,7 @@ impl Manifest {
 
     /// [`Manifest::new`], taking the outcome's records instead of copying them (a drain's records
     /// may be tens of MiB: docs/contract.md, "Unbounded size").
-    pub fn from_outcome(
+    pub(crate) fn from_outcome(
         ctx: &ManifestContext,
         keys: &ObjectKeys,
         stored: Stored,
@@ -189,7 +189,7 @@ impl Manifest {
     }
 
     /// Whether two manifests describe the same stored content (timestamps and attempt aside).
-    pub fn same_content(&self, other: &Manifest) -> bool {
+    pub(crate) fn same_content(&self, other: &Manifest) -> bool {
         self.archive_key == other.archive_key
             && self.compression == other.compression
             && self.members == other.members
@@ -332,13 +332,13 @@ pub async fn list_manifests(
 
 /// [`DroppedRecord::reason`] of a file that would cross the cap (dropped by this meter, or by the
 /// packer in the pod: then [`DroppedRecord::in_pod`] is set).
-pub const DROPPED_OVER_CAP: &str = "over_cap";
+pub(crate) const DROPPED_OVER_CAP: &str = "over_cap";
 /// [`DroppedRecord::reason`] of a file that fit the cap but whose content would have taken the
 /// stream past the drain's input bound: the drain stopped reading before it.
-pub const DROPPED_INPUT_BOUND: &str = "input_bound";
+pub(crate) const DROPPED_INPUT_BOUND: &str = "input_bound";
 /// [`DroppedRecord::reason`] of a member whose name, link target and header would take the path's
 /// stored metadata past its allowance (`crate::caps::metadata_allowance`).
-pub const DROPPED_METADATA: &str = "over_metadata_allowance";
+pub(crate) const DROPPED_METADATA: &str = "over_metadata_allowance";
 
 /// One stored member, as listed in the manifest.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -444,12 +444,12 @@ impl DrainOutcome {
     }
 
     /// Files dropped, listed or not.
-    pub fn dropped_count(&self) -> u64 {
+    pub(crate) fn dropped_count(&self) -> u64 {
         (self.dropped.len() as u64).saturating_add(self.unlisted_dropped)
     }
 
     /// Content bytes of the files dropped, listed or not (saturating).
-    pub fn dropped_bytes(&self) -> u64 {
+    pub(crate) fn dropped_bytes(&self) -> u64 {
         self.dropped
             .iter()
             .fold(self.unlisted_dropped_bytes, |sum, d| {
@@ -458,7 +458,7 @@ impl DrainOutcome {
     }
 
     /// Entries rejected, listed or not.
-    pub fn rejected_count(&self) -> u64 {
+    pub(crate) fn rejected_count(&self) -> u64 {
         (self.rejected.len() as u64).saturating_add(self.unlisted_rejected)
     }
 }

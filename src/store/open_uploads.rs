@@ -39,16 +39,16 @@ use serde::Deserialize;
 use tracing::{debug, info, warn};
 
 /// Most bytes of one response read into memory (a full page of 1,000 uploads is ~300 KiB).
-pub const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+pub(crate) const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 /// Most listing pages read for one key: open uploads of one key are a handful, not thousands.
-pub const MAX_PAGES: usize = 10;
+pub(crate) const MAX_PAGES: usize = 10;
 /// The longest the clean-up may hold up an attempt.
-pub const BUDGET: Duration = Duration::from_secs(30);
+pub(crate) const BUDGET: Duration = Duration::from_secs(30);
 
 /// The permission a listing needs.
 pub const LIST_PERMISSION: &str = "s3:ListBucketMultipartUploads";
 /// The permission an abort needs.
-pub const ABORT_PERMISSION: &str = "s3:AbortMultipartUpload";
+pub(crate) const ABORT_PERMISSION: &str = "s3:AbortMultipartUpload";
 
 /// Why the open uploads of a key could not be listed or aborted.
 #[derive(Debug, thiserror::Error)]
@@ -134,7 +134,7 @@ pub enum OpenUploadsError {
 /// One page of `ListMultipartUploads`, as far as the clean-up needs it.
 #[derive(Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename = "ListMultipartUploadsResult")]
-pub struct Listing {
+pub(crate) struct Listing {
     /// Whether more pages follow.
     #[serde(rename = "IsTruncated", default)]
     pub is_truncated: bool,
@@ -151,7 +151,7 @@ pub struct Listing {
 
 /// One open upload.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
-pub struct OpenUpload {
+pub(crate) struct OpenUpload {
     /// Its object key.
     #[serde(rename = "Key")]
     pub key: String,
@@ -169,7 +169,7 @@ struct ErrorBody {
 }
 
 /// Parses one page of the listing. Garbage, hostile or truncated XML is an error, never a panic.
-pub fn parse_listing(body: &[u8]) -> Result<Listing, OpenUploadsError> {
+pub(crate) fn parse_listing(body: &[u8]) -> Result<Listing, OpenUploadsError> {
     let text = std::str::from_utf8(body).map_err(|e| OpenUploadsError::Xml(e.to_string()))?;
     // The deserializer does not check the root element's name: an `<Error>` document would read
     // as an empty listing.
@@ -201,7 +201,7 @@ fn root_element(text: &str) -> Result<String, OpenUploadsError> {
 }
 
 /// The S3 error code of an error body, if it has one.
-pub fn error_code(body: &[u8]) -> Option<String> {
+pub(crate) fn error_code(body: &[u8]) -> Option<String> {
     let text = std::str::from_utf8(body).ok()?;
     let parsed: ErrorBody = quick_xml::de::from_str(text).ok()?;
     (!parsed.code.is_empty()).then_some(parsed.code)
@@ -209,7 +209,10 @@ pub fn error_code(body: &[u8]) -> Option<String> {
 
 /// The upload ids of `listing` whose key is exactly `key`: a listing by prefix also returns
 /// `key-other` and `key/below`, which belong to other paths and are left alone.
-pub fn uploads_of_key<'a>(listing: &'a Listing, key: &'a str) -> impl Iterator<Item = &'a str> {
+pub(crate) fn uploads_of_key<'a>(
+    listing: &'a Listing,
+    key: &'a str,
+) -> impl Iterator<Item = &'a str> {
     listing
         .uploads
         .iter()
@@ -218,7 +221,7 @@ pub fn uploads_of_key<'a>(listing: &'a Listing, key: &'a str) -> impl Iterator<I
 }
 
 /// What a listing's non-2xx status means.
-pub fn listing_failure(status: u16, body: &[u8]) -> ListingFailure {
+pub(crate) fn listing_failure(status: u16, body: &[u8]) -> ListingFailure {
     let code = error_code(body);
     match status {
         // gofakes3 answers a bucket that never had an upload with NoSuchUpload: nothing is open.
@@ -232,7 +235,7 @@ pub fn listing_failure(status: u16, body: &[u8]) -> ListingFailure {
 
 /// See [`listing_failure`].
 #[derive(Debug, PartialEq, Eq)]
-pub enum ListingFailure {
+pub(crate) enum ListingFailure {
     /// The server says no upload is open.
     NothingOpen,
     /// The server does not implement the listing.
@@ -245,7 +248,7 @@ pub enum ListingFailure {
 
 /// Where the next page starts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Marker {
+pub(crate) struct Marker {
     /// `key-marker`.
     pub key: String,
     /// `upload-id-marker`.
@@ -254,7 +257,7 @@ pub struct Marker {
 
 /// The marker of the page after `listing`: None when it is the last. A truncated page without
 /// markers, or with the markers it was asked with, would loop forever: an error.
-pub fn next_marker(
+pub(crate) fn next_marker(
     listing: &Listing,
     asked: Option<&Marker>,
 ) -> Result<Option<Marker>, OpenUploadsError> {
@@ -277,7 +280,7 @@ pub fn next_marker(
 /// The bucket's base URL, as object_store computes it: with an endpoint, `<endpoint>/<bucket>`
 /// (path style) or the endpoint itself (virtual-hosted style: it names the bucket); without one,
 /// AWS's regional endpoint.
-pub fn bucket_endpoint(
+pub(crate) fn bucket_endpoint(
     endpoint: Option<&str>,
     bucket: &str,
     region: &str,
@@ -294,7 +297,7 @@ pub fn bucket_endpoint(
 }
 
 /// `GET <bucket>?uploads&prefix=<key>[&key-marker=..&upload-id-marker=..]`.
-pub fn list_url(bucket: &url::Url, key: &str, marker: Option<&Marker>) -> url::Url {
+pub(crate) fn list_url(bucket: &url::Url, key: &str, marker: Option<&Marker>) -> url::Url {
     let mut url = bucket.clone();
     url.set_query(None);
     {
@@ -312,7 +315,7 @@ pub fn list_url(bucket: &url::Url, key: &str, marker: Option<&Marker>) -> url::U
 }
 
 /// `DELETE <bucket>/<key>?uploadId=<id>`, every key segment percent-encoded.
-pub fn abort_url(
+pub(crate) fn abort_url(
     bucket: &url::Url,
     key: &str,
     upload_id: &str,

@@ -13,7 +13,7 @@ use super::{run_dir, RunRef, StoreError, MANIFEST_SUFFIX};
 
 /// Why a run's stored files could not be deleted.
 #[derive(Debug, thiserror::Error)]
-pub enum PurgeError {
+pub(crate) enum PurgeError {
     /// A run reference with an empty part would widen the prefix to other runs' keys.
     #[error("refusing to delete stored files of a run with an empty {0}")]
     Incomplete(&'static str),
@@ -26,7 +26,7 @@ pub enum PurgeError {
 /// a delete cut short never leaves a manifest whose archive is gone (a manifest is the commit
 /// point: present means the archive is complete). Returns how many objects were deleted; an
 /// object that vanished meanwhile is not counted and not an error. Idempotent.
-pub async fn delete_run_archives(
+pub(crate) async fn delete_run_archives(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
     run: &RunRef,

@@ -32,7 +32,7 @@ static PENDING_ABORTS: LazyLock<TaskTracker> = LazyLock::new(TaskTracker::new);
 
 /// Waits (at most `limit`) for the aborts that dropped uploads spawned; returns how many were still
 /// running when the limit passed. Called by the operator before it exits, after its drains stopped.
-pub async fn wait_for_pending_aborts(limit: Duration) -> usize {
+pub(crate) async fn wait_for_pending_aborts(limit: Duration) -> usize {
     PENDING_ABORTS.close();
     let waited = tokio::time::timeout(limit, PENDING_ABORTS.wait()).await;
     PENDING_ABORTS.reopen();
@@ -45,7 +45,7 @@ pub async fn wait_for_pending_aborts(limit: Duration) -> usize {
 /// A store whose multipart uploads abort themselves when dropped unfinished. Everything else is
 /// passed through unchanged.
 #[derive(Debug)]
-pub struct AbortingStore {
+pub(crate) struct AbortingStore {
     inner: Arc<dyn ObjectStore>,
 }
 
@@ -124,7 +124,7 @@ impl ObjectStore for AbortingStore {
 /// had completed it, the abort fails harmlessly (the object stays, uncommitted, as a failed
 /// attempt's archive would).
 #[derive(Debug)]
-pub struct AbortOnDrop {
+pub(crate) struct AbortOnDrop {
     upload: Option<Box<dyn MultipartUpload>>,
     location: Path,
     settled: bool,

@@ -11,7 +11,7 @@ use super::sanitize::{Decision, EntryInfo, EntryKind, Sanitizer};
 
 /// The fields of one parsed entry the sanitizer judges.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RawEntry {
+pub(crate) struct RawEntry {
     /// The tar type flag.
     pub type_byte: u8,
     /// What the type flag says (the caller may refine it, e.g. a sparse file).

@@ -31,11 +31,11 @@ use serde::{Deserialize, Serialize};
 /// Default most entries one drained archive may hold (beyond it the drain fails: a stream with more
 /// entries is hostile or broken; the records the operator keeps are bounded separately, by the
 /// metadata allowance and the listed-record bound: docs/contract.md, "Unbounded size").
-pub const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
+pub(crate) const DEFAULT_MAX_ENTRIES: u64 = 1_000_000;
 /// Default longest path, in bytes (Linux PATH_MAX).
-pub const DEFAULT_MAX_PATH_BYTES: usize = 4096;
+pub(crate) const DEFAULT_MAX_PATH_BYTES: usize = 4096;
 /// Default longest path component, in bytes (Linux NAME_MAX).
-pub const DEFAULT_MAX_COMPONENT_BYTES: usize = 255;
+pub(crate) const DEFAULT_MAX_COMPONENT_BYTES: usize = 255;
 
 /// The type of a tar entry, as far as the sanitizer cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,7 +161,7 @@ impl Reason {
     }
 
     /// Whether the drain must stop rather than record the entry and go on.
-    pub fn is_fatal(self) -> bool {
+    pub(crate) fn is_fatal(self) -> bool {
         matches!(self, Reason::TooManyEntries)
     }
 }
@@ -261,7 +261,7 @@ impl Sanitizer {
     /// (`files get` on macOS or Windows): on top of the rules, an entry whose path folds onto an
     /// accepted symlink or below one ([`fold`]) is [`Reason::FoldsOntoSymlink`] — there it would
     /// be written through the link.
-    pub fn for_extraction(limits: Limits) -> Self {
+    pub(crate) fn for_extraction(limits: Limits) -> Self {
         Sanitizer {
             folded_symlinks: Some(BTreeSet::new()),
             ..Sanitizer::new(limits)
@@ -269,7 +269,7 @@ impl Sanitizer {
     }
 
     /// Entries seen so far.
-    pub fn entries_seen(&self) -> u64 {
+    pub(crate) fn entries_seen(&self) -> u64 {
         self.entries
     }
 
@@ -368,13 +368,13 @@ impl Sanitizer {
 }
 
 /// Largest size a `SANDBOXRUN.dropped` record may declare: `off_t` is signed, so no file is larger.
-pub const MAX_DECLARED_DROP_BYTES: u64 = i64::MAX as u64;
+pub(crate) const MAX_DECLARED_DROP_BYTES: u64 = i64::MAX as u64;
 /// Longest value of a `SANDBOXRUN.dropped` record (`i64::MAX` has 19 digits).
 const MAX_DROP_RECORD_DIGITS: usize = 19;
 
 /// Validates the `SANDBOXRUN.dropped` PAX record of an accepted entry (see the module doc): the
 /// size the packer says the dropped file had, or why the record is refused.
-pub fn dropped_in_pod(kind: MemberKind, size: u64, value: &[u8]) -> Result<u64, Reason> {
+pub(crate) fn dropped_in_pod(kind: MemberKind, size: u64, value: &[u8]) -> Result<u64, Reason> {
     if kind != MemberKind::File || size != 0 {
         return Err(Reason::InvalidDropRecord);
     }
@@ -396,7 +396,7 @@ pub fn dropped_in_pod(kind: MemberKind, size: u64, value: &[u8]) -> Result<u64, 
 
 /// Whether a regular file at `raw` (as the packer writes it) would be accepted by the path rules,
 /// so the packer's budget counts exactly what the operator's meter will count.
-pub fn path_is_storable(raw: &[u8], limits: &Limits) -> bool {
+pub(crate) fn path_is_storable(raw: &[u8], limits: &Limits) -> bool {
     normalize_path(raw, limits).is_ok_and(|components| !components.is_empty())
 }
 

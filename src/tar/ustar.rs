@@ -3,15 +3,15 @@
 //! its trailing `/` and non-UTF-8 names survive), PAX records for what does not fit.
 
 /// Name of the PAX `x` header entries we write (what a PAX-unaware reader would extract).
-pub const PAX_HEADER_NAME: &[u8] = b"PaxHeader";
+pub(crate) const PAX_HEADER_NAME: &[u8] = b"PaxHeader";
 /// Name field placeholder when the real path is in a PAX record. Safe on purpose: a reader that
 /// ignores PAX must not get a truncated path that could mean something else (`a/..`).
-pub const LONG_NAME_PLACEHOLDER: &[u8] = b"pax-long-name";
+pub(crate) const LONG_NAME_PLACEHOLDER: &[u8] = b"pax-long-name";
 /// Largest size the 11-digit octal ustar field holds.
-pub const USTAR_MAX_SIZE: u64 = 0o777_7777_7777;
+pub(crate) const USTAR_MAX_SIZE: u64 = 0o777_7777_7777;
 /// PAX key of a placeholder member: the file was dropped over the budget in the pod, and the
 /// value is its size in decimal bytes (a vendor key, ignored by other readers).
-pub const DROPPED_KEY: &[u8] = b"SANDBOXRUN.dropped";
+pub(crate) const DROPPED_KEY: &[u8] = b"SANDBOXRUN.dropped";
 
 const NAME: std::ops::Range<usize> = 0..100;
 const LINK: std::ops::Range<usize> = 157..257;
@@ -51,7 +51,7 @@ pub fn fill(block: &mut [u8; 512], path: &[u8], link: Option<&[u8]>, size: u64) 
 /// The PAX `x` header block that announces `records_len` bytes of PAX records (from [`fill`] and
 /// [`record`]): what both the packer and the drain's re-emitter write in front of an entry whose
 /// path, link target or size does not fit ustar.
-pub fn pax_header(records_len: u64) -> [u8; 512] {
+pub(crate) fn pax_header(records_len: u64) -> [u8; 512] {
     let mut x = ::tar::Header::new_ustar();
     x.set_entry_type(::tar::EntryType::XHeader);
     x.set_mode(0o644);
