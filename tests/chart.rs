@@ -369,7 +369,7 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
             "--set",
             "egressProxy.enabled=false",
             "--set",
-            "networkPolicy.enforcement=unenforced-warn",
+            "runNetworkPolicy.enforcement=unenforced-warn",
         ]),
         None,
     );
@@ -384,7 +384,7 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
             "demo",
             CHART,
             "--set",
-            "networkPolicy.enforcement=maybe",
+            "runNetworkPolicy.enforcement=maybe",
         ]),
         None,
     );
