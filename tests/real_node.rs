@@ -805,8 +805,9 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
             String::from_utf8_lossy(&installed.stderr)
         );
     }
+    // The operator's own pods (the chart's egress proxy runs beside them).
     let pod_names: Vec<String> = operator_pods
-        .list(&ListParams::default())
+        .list(&ListParams::default().labels("app.kubernetes.io/component=controller"))
         .await
         .expect("list operator pods")
         .items

@@ -14,7 +14,8 @@ pub struct Expectation {
     pub verdict: String,
     /// Exactly the rule ids the engine reports for the file.
     pub rules: BTreeSet<String>,
-    /// The CRD schema (or its CEL rules) refuses the file before the webhook sees it.
+    /// The apiserver refuses the file before the webhook sees it: the CRD schema, its CEL rules, an
+    /// unknown field (strict decoding), or a kind it does not serve.
     pub schema: bool,
 }
 
