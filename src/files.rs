@@ -28,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncWriteExt, BufReader};
 use tokio_util::io::StreamReader;
 
 use crate::api::Compression;
-use crate::store::{list_manifests, Manifest, StoreArgs};
+use crate::store::{list_manifests, Manifest, MemberRecord, StoreArgs};
 use crate::tar::entry::RawEntry;
 use crate::tar::sanitize::{Decision, Limits, MemberKind, Reason, Sanitizer};
 
@@ -120,134 +120,173 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
             run: run_name,
         });
     }
-    let io = |what: &str| {
-        let what = what.to_string();
-        move |source| FilesError::Io { what, source }
-    };
     match args.command {
         FilesCommand::Ls { .. } => {
             for m in &manifests {
-                writeln!(
-                    out,
-                    "{} [{}] {} member(s), {} byte(s), {} dropped, {} rejected (run uid {})",
-                    printable(&m.declared_path),
-                    m.phase.as_str(),
-                    m.totals.members,
-                    m.totals.bytes,
-                    m.totals.dropped_members,
-                    m.totals.rejected_members,
-                    printable(&m.run.uid)
-                )
-                .map_err(io("write"))?;
-                for member in &m.members {
-                    // A manifest is untrusted input too: a tampered sha may be any text.
-                    let sha = member
-                        .sha256
-                        .as_deref()
-                        .map(|s| printable(&s.chars().take(12).collect::<String>()).into_owned())
-                        .unwrap_or_else(|| "-".into());
-                    let link = member
-                        .link_target
-                        .as_deref()
-                        .map(|t| format!(" -> {}", printable(t)))
-                        .unwrap_or_default();
-                    writeln!(
-                        out,
-                        "  {:<7} {:>12}  {:<12}  {}{}",
-                        kind_word(member.kind),
-                        member.size,
-                        sha,
-                        printable(&member.path),
-                        link
-                    )
-                    .map_err(io("write"))?;
-                }
-                for d in &m.dropped {
-                    writeln!(
-                        out,
-                        "  DROPPED {:>12}  {:<12}  {} ({})",
-                        d.size,
-                        "-",
-                        printable(&d.path),
-                        printable(dropped_why(d))
-                    )
-                    .map_err(io("write"))?;
-                }
-                let unlisted = m
-                    .totals
-                    .dropped_members
-                    .saturating_sub(m.dropped.len() as u64);
-                if unlisted > 0 {
-                    writeln!(
-                        out,
-                        "  DROPPED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
-                    )
-                    .map_err(io("write"))?;
-                }
-                if let Some(bound) = m.stopped_at_input_bound {
-                    writeln!(
-                        out,
-                        "  STOPPED at the drain's input bound of {bound} bytes: anything after the last entry listed was not read"
-                    )
-                    .map_err(io("write"))?;
-                }
-                for note in &m.pod_notes {
-                    writeln!(out, "  NOTE     {}", printable(note)).map_err(io("write"))?;
-                }
-                for r in &m.rejected {
-                    writeln!(
-                        out,
-                        "  REJECTED {:>11}  {:<12}  {} ({})",
-                        "-",
-                        "-",
-                        printable(&r.path),
-                        r.reason
-                    )
-                    .map_err(io("write"))?;
-                }
-                let unlisted = m
-                    .totals
-                    .rejected_members
-                    .saturating_sub(m.rejected.len() as u64);
-                if unlisted > 0 {
-                    writeln!(
-                        out,
-                        "  REJECTED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
-                    )
-                    .map_err(io("write"))?;
-                }
+                write_listing(out, m)?;
             }
             Ok(())
         }
         FilesCommand::Get { path, output, .. } => {
-            let chosen: Vec<&Manifest> = manifests
-                .iter()
-                .filter(|m| path.as_deref().is_none_or(|p| p == m.declared_path))
-                .collect();
-            if chosen.is_empty() {
-                return Err(FilesError::Usage(format!(
-                    "{run_name} declares no stored path {:?}",
-                    path.unwrap_or_default()
-                )));
-            }
-            for m in chosen {
-                let dir = output.join(format!(
-                    "{:02}-{}",
-                    m.index,
-                    crate::store::path_slug(&m.declared_path)
-                ));
-                let n = extract_verified(&store, m, &dir).await?;
-                writeln!(
-                    out,
-                    "{} -> {} ({n} member(s) verified)",
-                    m.declared_path,
-                    dir.display()
-                )
-                .map_err(io("write"))?;
-            }
-            Ok(())
+            get_to(&store, &manifests, &run_name, path, &output, out).await
         }
     }
+}
+
+/// A failed write of the report.
+fn write_failed(source: std::io::Error) -> FilesError {
+    FilesError::Io {
+        what: "write".to_string(),
+        source,
+    }
+}
+
+/// `files ls` of one declared path: its totals, then every member, dropped, noted and rejected
+/// record.
+fn write_listing(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
+    writeln!(
+        out,
+        "{} [{}] {} member(s), {} byte(s), {} dropped, {} rejected (run uid {})",
+        printable(&m.declared_path),
+        m.phase.as_str(),
+        m.totals.members,
+        m.totals.bytes,
+        m.totals.dropped_members,
+        m.totals.rejected_members,
+        printable(&m.run.uid)
+    )
+    .map_err(write_failed)?;
+    for member in &m.members {
+        write_member(out, member)?;
+    }
+    write_dropped(out, m)?;
+    if let Some(bound) = m.stopped_at_input_bound {
+        writeln!(
+            out,
+            "  STOPPED at the drain's input bound of {bound} bytes: anything after the last entry listed was not read"
+        )
+        .map_err(write_failed)?;
+    }
+    for note in &m.pod_notes {
+        writeln!(out, "  NOTE     {}", printable(note)).map_err(write_failed)?;
+    }
+    write_rejected(out, m)
+}
+
+/// One member line of `files ls`.
+fn write_member(out: &mut impl Write, member: &MemberRecord) -> Result<(), FilesError> {
+    // A manifest is untrusted input too: a tampered sha may be any text.
+    let sha = member
+        .sha256
+        .as_deref()
+        .map(|s| printable(&s.chars().take(12).collect::<String>()).into_owned())
+        .unwrap_or_else(|| "-".into());
+    let link = member
+        .link_target
+        .as_deref()
+        .map(|t| format!(" -> {}", printable(t)))
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "  {:<7} {:>12}  {:<12}  {}{}",
+        kind_word(member.kind),
+        member.size,
+        sha,
+        printable(&member.path),
+        link
+    )
+    .map_err(write_failed)
+}
+
+/// The DROPPED lines of `files ls`, and how many more were counted but not listed.
+fn write_dropped(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
+    for d in &m.dropped {
+        writeln!(
+            out,
+            "  DROPPED {:>12}  {:<12}  {} ({})",
+            d.size,
+            "-",
+            printable(&d.path),
+            printable(dropped_why(d))
+        )
+        .map_err(write_failed)?;
+    }
+    let unlisted = m
+        .totals
+        .dropped_members
+        .saturating_sub(m.dropped.len() as u64);
+    if unlisted > 0 {
+        writeln!(
+            out,
+            "  DROPPED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
+        )
+        .map_err(write_failed)?;
+    }
+    Ok(())
+}
+
+/// The REJECTED lines of `files ls`, and how many more were counted but not listed.
+fn write_rejected(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
+    for r in &m.rejected {
+        writeln!(
+            out,
+            "  REJECTED {:>11}  {:<12}  {} ({})",
+            "-",
+            "-",
+            printable(&r.path),
+            r.reason
+        )
+        .map_err(write_failed)?;
+    }
+    let unlisted = m
+        .totals
+        .rejected_members
+        .saturating_sub(m.rejected.len() as u64);
+    if unlisted > 0 {
+        writeln!(
+            out,
+            "  REJECTED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
+        )
+        .map_err(write_failed)?;
+    }
+    Ok(())
+}
+
+/// `files get`: extracts every chosen declared path to `<output>/<index>-<slug>/`.
+async fn get_to(
+    store: &Arc<dyn ObjectStore>,
+    manifests: &[Manifest],
+    run_name: &str,
+    path: Option<String>,
+    output: &Path,
+    out: &mut impl Write,
+) -> Result<(), FilesError> {
+    let chosen: Vec<&Manifest> = manifests
+        .iter()
+        .filter(|m| path.as_deref().is_none_or(|p| p == m.declared_path))
+        .collect();
+    if chosen.is_empty() {
+        return Err(FilesError::Usage(format!(
+            "{run_name} declares no stored path {:?}",
+            path.unwrap_or_default()
+        )));
+    }
+    for m in chosen {
+        let dir = output.join(format!(
+            "{:02}-{}",
+            m.index,
+            crate::store::path_slug(&m.declared_path)
+        ));
+        let n = extract_verified(store, m, &dir).await?;
+        writeln!(
+            out,
+            "{} -> {} ({n} member(s) verified)",
+            m.declared_path,
+            dir.display()
+        )
+        .map_err(write_failed)?;
+    }
+    Ok(())
 }
 
 /// `text` as `files ls` prints it: control characters (C0, DEL, C1) and the backslash escaped
