@@ -28,7 +28,7 @@ use tokio::io::{AsyncRead, AsyncWriteExt, BufReader};
 use tokio_util::io::StreamReader;
 
 use crate::api::Compression;
-use crate::store::{list_manifests, Manifest, StoreArgs};
+use crate::store::{list_manifests, Manifest, MemberRecord, StoreArgs};
 use crate::tar::entry::RawEntry;
 use crate::tar::sanitize::{Decision, Limits, MemberKind, Reason, Sanitizer};
 
@@ -120,134 +120,173 @@ pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesEr
             run: run_name,
         });
     }
-    let io = |what: &str| {
-        let what = what.to_string();
-        move |source| FilesError::Io { what, source }
-    };
     match args.command {
         FilesCommand::Ls { .. } => {
             for m in &manifests {
-                writeln!(
-                    out,
-                    "{} [{}] {} member(s), {} byte(s), {} dropped, {} rejected (run uid {})",
-                    printable(&m.declared_path),
-                    m.phase.as_str(),
-                    m.totals.members,
-                    m.totals.bytes,
-                    m.totals.dropped_members,
-                    m.totals.rejected_members,
-                    printable(&m.run.uid)
-                )
-                .map_err(io("write"))?;
-                for member in &m.members {
-                    // A manifest is untrusted input too: a tampered sha may be any text.
-                    let sha = member
-                        .sha256
-                        .as_deref()
-                        .map(|s| printable(&s.chars().take(12).collect::<String>()).into_owned())
-                        .unwrap_or_else(|| "-".into());
-                    let link = member
-                        .link_target
-                        .as_deref()
-                        .map(|t| format!(" -> {}", printable(t)))
-                        .unwrap_or_default();
-                    writeln!(
-                        out,
-                        "  {:<7} {:>12}  {:<12}  {}{}",
-                        kind_word(member.kind),
-                        member.size,
-                        sha,
-                        printable(&member.path),
-                        link
-                    )
-                    .map_err(io("write"))?;
-                }
-                for d in &m.dropped {
-                    writeln!(
-                        out,
-                        "  DROPPED {:>12}  {:<12}  {} ({})",
-                        d.size,
-                        "-",
-                        printable(&d.path),
-                        printable(dropped_why(d))
-                    )
-                    .map_err(io("write"))?;
-                }
-                let unlisted = m
-                    .totals
-                    .dropped_members
-                    .saturating_sub(m.dropped.len() as u64);
-                if unlisted > 0 {
-                    writeln!(
-                        out,
-                        "  DROPPED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
-                    )
-                    .map_err(io("write"))?;
-                }
-                if let Some(bound) = m.stopped_at_input_bound {
-                    writeln!(
-                        out,
-                        "  STOPPED at the drain's input bound of {bound} bytes: anything after the last entry listed was not read"
-                    )
-                    .map_err(io("write"))?;
-                }
-                for note in &m.pod_notes {
-                    writeln!(out, "  NOTE     {}", printable(note)).map_err(io("write"))?;
-                }
-                for r in &m.rejected {
-                    writeln!(
-                        out,
-                        "  REJECTED {:>11}  {:<12}  {} ({})",
-                        "-",
-                        "-",
-                        printable(&r.path),
-                        r.reason
-                    )
-                    .map_err(io("write"))?;
-                }
-                let unlisted = m
-                    .totals
-                    .rejected_members
-                    .saturating_sub(m.rejected.len() as u64);
-                if unlisted > 0 {
-                    writeln!(
-                        out,
-                        "  REJECTED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
-                    )
-                    .map_err(io("write"))?;
-                }
+                write_listing(out, m)?;
             }
             Ok(())
         }
         FilesCommand::Get { path, output, .. } => {
-            let chosen: Vec<&Manifest> = manifests
-                .iter()
-                .filter(|m| path.as_deref().is_none_or(|p| p == m.declared_path))
-                .collect();
-            if chosen.is_empty() {
-                return Err(FilesError::Usage(format!(
-                    "{run_name} declares no stored path {:?}",
-                    path.unwrap_or_default()
-                )));
-            }
-            for m in chosen {
-                let dir = output.join(format!(
-                    "{:02}-{}",
-                    m.index,
-                    crate::store::path_slug(&m.declared_path)
-                ));
-                let n = extract_verified(&store, m, &dir).await?;
-                writeln!(
-                    out,
-                    "{} -> {} ({n} member(s) verified)",
-                    m.declared_path,
-                    dir.display()
-                )
-                .map_err(io("write"))?;
-            }
-            Ok(())
+            get_to(&store, &manifests, &run_name, path, &output, out).await
         }
     }
+}
+
+/// A failed write of the report.
+fn write_failed(source: std::io::Error) -> FilesError {
+    FilesError::Io {
+        what: "write".to_string(),
+        source,
+    }
+}
+
+/// `files ls` of one declared path: its totals, then every member, dropped, noted and rejected
+/// record.
+fn write_listing(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
+    writeln!(
+        out,
+        "{} [{}] {} member(s), {} byte(s), {} dropped, {} rejected (run uid {})",
+        printable(&m.declared_path),
+        m.phase.as_str(),
+        m.totals.members,
+        m.totals.bytes,
+        m.totals.dropped_members,
+        m.totals.rejected_members,
+        printable(&m.run.uid)
+    )
+    .map_err(write_failed)?;
+    for member in &m.members {
+        write_member(out, member)?;
+    }
+    write_dropped(out, m)?;
+    if let Some(bound) = m.stopped_at_input_bound {
+        writeln!(
+            out,
+            "  STOPPED at the drain's input bound of {bound} bytes: anything after the last entry listed was not read"
+        )
+        .map_err(write_failed)?;
+    }
+    for note in &m.pod_notes {
+        writeln!(out, "  NOTE     {}", printable(note)).map_err(write_failed)?;
+    }
+    write_rejected(out, m)
+}
+
+/// One member line of `files ls`.
+fn write_member(out: &mut impl Write, member: &MemberRecord) -> Result<(), FilesError> {
+    // A manifest is untrusted input too: a tampered sha may be any text.
+    let sha = member
+        .sha256
+        .as_deref()
+        .map(|s| printable(&s.chars().take(12).collect::<String>()).into_owned())
+        .unwrap_or_else(|| "-".into());
+    let link = member
+        .link_target
+        .as_deref()
+        .map(|t| format!(" -> {}", printable(t)))
+        .unwrap_or_default();
+    writeln!(
+        out,
+        "  {:<7} {:>12}  {:<12}  {}{}",
+        kind_word(member.kind),
+        member.size,
+        sha,
+        printable(&member.path),
+        link
+    )
+    .map_err(write_failed)
+}
+
+/// The DROPPED lines of `files ls`, and how many more were counted but not listed.
+fn write_dropped(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
+    for d in &m.dropped {
+        writeln!(
+            out,
+            "  DROPPED {:>12}  {:<12}  {} ({})",
+            d.size,
+            "-",
+            printable(&d.path),
+            printable(dropped_why(d))
+        )
+        .map_err(write_failed)?;
+    }
+    let unlisted = m
+        .totals
+        .dropped_members
+        .saturating_sub(m.dropped.len() as u64);
+    if unlisted > 0 {
+        writeln!(
+            out,
+            "  DROPPED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
+        )
+        .map_err(write_failed)?;
+    }
+    Ok(())
+}
+
+/// The REJECTED lines of `files ls`, and how many more were counted but not listed.
+fn write_rejected(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
+    for r in &m.rejected {
+        writeln!(
+            out,
+            "  REJECTED {:>11}  {:<12}  {} ({})",
+            "-",
+            "-",
+            printable(&r.path),
+            r.reason
+        )
+        .map_err(write_failed)?;
+    }
+    let unlisted = m
+        .totals
+        .rejected_members
+        .saturating_sub(m.rejected.len() as u64);
+    if unlisted > 0 {
+        writeln!(
+            out,
+            "  REJECTED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
+        )
+        .map_err(write_failed)?;
+    }
+    Ok(())
+}
+
+/// `files get`: extracts every chosen declared path to `<output>/<index>-<slug>/`.
+async fn get_to(
+    store: &Arc<dyn ObjectStore>,
+    manifests: &[Manifest],
+    run_name: &str,
+    path: Option<String>,
+    output: &Path,
+    out: &mut impl Write,
+) -> Result<(), FilesError> {
+    let chosen: Vec<&Manifest> = manifests
+        .iter()
+        .filter(|m| path.as_deref().is_none_or(|p| p == m.declared_path))
+        .collect();
+    if chosen.is_empty() {
+        return Err(FilesError::Usage(format!(
+            "{run_name} declares no stored path {:?}",
+            path.unwrap_or_default()
+        )));
+    }
+    for m in chosen {
+        let dir = output.join(format!(
+            "{:02}-{}",
+            m.index,
+            crate::store::path_slug(&m.declared_path)
+        ));
+        let n = extract_verified(store, m, &dir).await?;
+        writeln!(
+            out,
+            "{} -> {} ({n} member(s) verified)",
+            m.declared_path,
+            dir.display()
+        )
+        .map_err(write_failed)?;
+    }
+    Ok(())
 }
 
 /// `text` as `files ls` prints it: control characters (C0, DEL, C1) and the backslash escaped
@@ -415,235 +454,355 @@ pub async fn extract_verified(
     dir: &Path,
 ) -> Result<usize, FilesError> {
     let key = object_store::path::Path::from(manifest.archive_key.as_str());
-    let got = store.get(&key).await.map_err(|e| {
-        FilesError::Verify(format!(
-            "archive {key} listed by the manifest cannot be read: {e}"
-        ))
-    })?;
-    let stream = got.into_stream().map_err(std::io::Error::other);
-    let raw = BufReader::new(StreamReader::new(stream));
-    let reader: Box<dyn AsyncRead + Unpin + Send> = match manifest.compression {
-        Compression::None => Box::new(raw),
-        Compression::Gzip => Box::new(GzipDecoder::new(raw)),
-        Compression::Zstd => Box::new(ZstdDecoder::new(raw)),
-    };
+    let reader = open_archive(store, manifest, &key).await?;
     tokio::fs::create_dir_all(dir)
         .await
         .map_err(|source| FilesError::Io {
             what: format!("create {}", dir.display()),
             source,
         })?;
-    // The archive's members, in order, are the manifest's: each is checked against its record.
-    let mut expected = manifest.members.iter();
     let mut archive = tokio_tar::Archive::new(reader);
     let mut entries = archive
         .entries()
         .map_err(|e| FilesError::Verify(format!("archive {key}: {e}")))?;
-    // The extraction may land on a case-insensitive or normalizing filesystem (macOS, Windows).
-    let mut sanitizer = Sanitizer::for_extraction(Limits::default());
-    let mut written = 0usize;
-    let umask = process_umask(dir).await;
-    let mut skipped: Vec<String> = Vec::new();
-    // Directory modes are applied last: a 0500 directory must not block writing its children.
-    let mut dir_modes: Vec<(String, u32)> = Vec::new();
+    let mut extraction = Extraction {
+        key: &key,
+        dir,
+        // The archive's members, in order, are the manifest's: each is checked against its record.
+        expected: manifest.members.iter(),
+        // The extraction may land on a case-insensitive or normalizing filesystem (macOS, Windows).
+        sanitizer: Sanitizer::for_extraction(Limits::default()),
+        umask: process_umask(dir).await,
+        written: 0,
+        skipped: Vec::new(),
+        dir_modes: Vec::new(),
+    };
     while let Some(entry) = entries.next().await {
-        let mut entry =
+        let entry =
             entry.map_err(|e| FilesError::Verify(format!("archive {key} is corrupt: {e}")))?;
+        extraction.extract(entry).await?;
+    }
+    extraction.finish(manifest.members.len())
+}
+
+/// The decompressed byte stream of the stored archive of `manifest`.
+async fn open_archive(
+    store: &Arc<dyn ObjectStore>,
+    manifest: &Manifest,
+    key: &object_store::path::Path,
+) -> Result<ArchiveReader, FilesError> {
+    let got = store.get(key).await.map_err(|e| {
+        FilesError::Verify(format!(
+            "archive {key} listed by the manifest cannot be read: {e}"
+        ))
+    })?;
+    let stream = got.into_stream().map_err(std::io::Error::other);
+    let raw = BufReader::new(StreamReader::new(stream));
+    Ok(match manifest.compression {
+        Compression::None => Box::new(raw),
+        Compression::Gzip => Box::new(GzipDecoder::new(raw)),
+        Compression::Zstd => Box::new(ZstdDecoder::new(raw)),
+    })
+}
+
+/// The decompressed archive, whatever its compression.
+type ArchiveReader = Box<dyn AsyncRead + Unpin + Send>;
+/// One member of the archive being extracted.
+type ArchiveEntry = tokio_tar::Entry<tokio_tar::Archive<ArchiveReader>>;
+
+/// The state of one `extract_verified`: where it writes, what the manifest still expects, and what
+/// is left to do once every member is in place.
+struct Extraction<'a> {
+    /// The archive's key, for messages.
+    key: &'a object_store::path::Path,
+    /// The output directory.
+    dir: &'a Path,
+    /// The manifest's records not yet matched, in archive order.
+    expected: std::slice::Iter<'a, MemberRecord>,
+    sanitizer: Sanitizer,
+    umask: u32,
+    /// Members extracted, verified, or neutralized so far.
+    written: usize,
+    /// Members not written because they fold onto an extracted symlink.
+    skipped: Vec<String>,
+    /// Directory modes, applied last: a 0500 directory must not block writing its children.
+    dir_modes: Vec<(String, u32)>,
+}
+
+impl<'a> Extraction<'a> {
+    /// Judges one member, matches it to its manifest record, and writes (or verifies) it.
+    async fn extract(&mut self, mut entry: ArchiveEntry) -> Result<(), FilesError> {
+        let key = self.key;
         let corrupt =
             |e: std::io::Error| FilesError::Verify(format!("archive {key} is corrupt: {e}"));
         let raw = RawEntry::read(&entry).map_err(corrupt)?;
-        let path_bytes = &raw.path;
-        let accepted = match raw.judge(&mut sanitizer) {
+        let accepted = match raw.judge(&mut self.sanitizer) {
             Decision::Accept(a) => a,
-            Decision::Ignore => continue,
-            Decision::Reject(Reason::FoldsOntoSymlink) => {
-                // Stored and listed, but here it would be written through a symlink: neutralized
-                // (not written), the rest of the path still extracts.
-                let raw = String::from_utf8_lossy(path_bytes);
-                let normalized: Vec<&str> = raw
-                    .split('/')
-                    .filter(|c| !c.is_empty() && *c != ".")
-                    .collect();
-                let shown = printable(&normalized.join("/")).into_owned();
-                match expected.next() {
-                    Some(r) if r.path == normalized.join("/") => {}
-                    _ => {
-                        return Err(FilesError::Verify(format!(
-                            "archive {key} holds {shown}, which its manifest does not list there"
-                        )))
-                    }
-                }
-                tracing::warn!(member = %shown, "not extracted: on a case-insensitive or normalizing filesystem it would name an extracted symlink or a path below one");
-                skipped.push(shown);
-                written += 1;
-                continue;
-            }
+            Decision::Ignore => return Ok(()),
+            Decision::Reject(Reason::FoldsOntoSymlink) => return self.neutralize(&raw.path),
             Decision::Reject(reason) => {
                 return Err(FilesError::Verify(format!(
                     "archive {key} holds an unsafe member {} ({reason}); refusing to extract it",
-                    printable(&String::from_utf8_lossy(path_bytes))
+                    printable(&String::from_utf8_lossy(&raw.path))
                 )))
             }
         };
         let rel = accepted.path.trim_end_matches('/').to_string();
         let shown = printable(&rel).into_owned();
-        let record = match expected.next() {
-            Some(r) if r.path.trim_end_matches('/') == rel && r.kind == accepted.kind => r,
-            Some(r) => {
-                return Err(FilesError::Verify(format!(
-                    "archive {key} holds {shown} ({}) where its manifest lists {} ({})",
-                    kind_word(accepted.kind),
-                    printable(&r.path),
-                    kind_word(r.kind)
-                )))
-            }
-            None => {
-                return Err(FilesError::Verify(format!(
-                    "archive {key} holds {shown}, which its manifest does not list"
-                )))
-            }
-        };
-        let target = dir.join(&rel);
+        let record = self.next_record(&rel, accepted.kind, &shown)?;
+        let target = self.dir.join(&rel);
         let components: Vec<&str> = rel.split('/').collect();
         let ioe = |what: String| move |source| FilesError::Io { what, source };
-        let mode = extracted_mode(entry.header().mode().map_err(corrupt)?, umask);
+        let mode = extracted_mode(entry.header().mode().map_err(corrupt)?, self.umask);
         match accepted.kind {
             // A later member has the same path (last wins): verify this one, write nothing.
             MemberKind::File if record.superseded => {
-                let mut hasher = Sha256::new();
-                let mut total = 0u64;
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = tokio::io::AsyncReadExt::read(&mut entry, &mut buf)
-                        .await
-                        .map_err(|e| {
-                            FilesError::Verify(format!("archive {key}: reading {shown}: {e}"))
-                        })?;
-                    if n == 0 {
-                        break;
-                    }
-                    hasher.update(&buf[..n]);
-                    total += n as u64;
-                }
-                let sha = hex::encode(hasher.finalize());
-                if total != record.size || record.sha256.as_deref() != Some(sha.as_str()) {
-                    return Err(FilesError::Verify(format!(
-                        "{shown} (replaced by a later member): {total} bytes with sha256 {sha}, but the manifest says {} bytes with sha256 {}",
-                        record.size,
-                        printable(record.sha256.as_deref().unwrap_or("-"))
-                    )));
-                }
+                verify_superseded(&mut entry, record, key, &shown, &target).await?
             }
             MemberKind::Symlink if record.superseded => {}
             MemberKind::Dir if record.superseded => {
-                open_dir_nofollow(dir, &components)
+                open_dir_nofollow(self.dir, &components)
                     .map_err(ioe(format!("create {}", target.display())))?;
             }
-            MemberKind::Dir => {
-                let fd = open_dir_nofollow(dir, &components)
-                    .map_err(ioe(format!("create {}", target.display())))?;
-                rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o700)).map_err(|e| {
-                    FilesError::Io {
-                        what: format!("chmod {}", target.display()),
-                        source: e.into(),
-                    }
-                })?;
-                dir_modes.push((rel.clone(), mode));
-            }
+            MemberKind::Dir => self.create_dir(&components, &target, mode)?,
             MemberKind::Symlink => {
-                let parent = open_dir_nofollow(dir, parent_of(&components))
-                    .map_err(ioe(format!("create the parent of {}", target.display())))?;
-                let to = accepted.link_target.clone().unwrap_or_default();
-                rustix::fs::symlinkat(to.as_str(), &parent, leaf_of(&components)).map_err(|e| {
-                    FilesError::Io {
-                        what: format!("symlink {}", target.display()),
-                        source: e.into(),
-                    }
-                })?;
+                let to = accepted.link_target.as_deref().unwrap_or_default();
+                create_symlink(self.dir, &components, &target, to)?
             }
             MemberKind::File => {
-                let parent = open_dir_nofollow(dir, parent_of(&components))
-                    .map_err(ioe(format!("create the parent of {}", target.display())))?;
-                // O_EXCL | O_NOFOLLOW below a directory opened without following any link.
-                let fd = rustix::fs::openat(
-                    &parent,
-                    leaf_of(&components),
-                    rustix::fs::OFlags::WRONLY
-                        | rustix::fs::OFlags::CREATE
-                        | rustix::fs::OFlags::EXCL
-                        | rustix::fs::OFlags::NOFOLLOW
-                        | rustix::fs::OFlags::CLOEXEC,
-                    rustix::fs::Mode::from_raw_mode(0o600),
-                )
-                .map_err(|e| FilesError::Io {
-                    what: format!("create {}", target.display()),
-                    source: e.into(),
-                })?;
-                let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
-                let mut hasher = Sha256::new();
-                let mut total = 0u64;
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    let n = tokio::io::AsyncReadExt::read(&mut entry, &mut buf)
-                        .await
-                        .map_err(|e| {
-                            FilesError::Verify(format!("archive {key}: reading {shown}: {e}"))
-                        })?;
-                    if n == 0 {
-                        break;
-                    }
-                    hasher.update(&buf[..n]);
-                    total += n as u64;
-                    file.write_all(&buf[..n])
-                        .await
-                        .map_err(ioe(format!("write {}", target.display())))?;
-                }
-                file.flush()
-                    .await
-                    .map_err(ioe(format!("write {}", target.display())))?;
-                let sha = hex::encode(hasher.finalize());
-                if total != record.size || record.sha256.as_deref() != Some(sha.as_str()) {
-                    let _ = tokio::fs::remove_file(&target).await;
-                    return Err(FilesError::Verify(format!(
-                        "{shown}: {total} bytes with sha256 {sha}, but the manifest says {} bytes with sha256 {}",
-                        record.size,
-                        printable(record.sha256.as_deref().unwrap_or("-"))
-                    )));
-                }
-                file.set_permissions(std::fs::Permissions::from_mode(mode))
-                    .await
-                    .map_err(ioe(format!("chmod {}", target.display())))?;
+                self.write_file(&mut entry, record, &components, &target, &shown, mode)
+                    .await?
             }
         }
-        written += 1;
+        self.written += 1;
+        Ok(())
     }
-    if written != manifest.members.len() {
-        return Err(FilesError::Verify(format!(
-            "archive {key} holds {written} member(s) but its manifest lists {}",
-            manifest.members.len()
-        )));
+
+    /// Creates a directory 0700 (no link followed) and keeps `mode` for [`Extraction::finish`].
+    fn create_dir(
+        &mut self,
+        components: &[&str],
+        target: &Path,
+        mode: u32,
+    ) -> Result<(), FilesError> {
+        let fd = open_dir_nofollow(self.dir, components).map_err(|source| FilesError::Io {
+            what: format!("create {}", target.display()),
+            source,
+        })?;
+        rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(0o700)).map_err(|e| {
+            FilesError::Io {
+                what: format!("chmod {}", target.display()),
+                source: e.into(),
+            }
+        })?;
+        self.dir_modes.push((components.join("/"), mode));
+        Ok(())
     }
-    // Deepest first, so a directory that loses its owner's write or search bit does so only once
-    // everything below it is in place.
-    dir_modes.sort_by_key(|(rel, _)| std::cmp::Reverse(rel.split('/').count()));
-    for (rel, mode) in dir_modes {
-        let components: Vec<&str> = rel.split('/').collect();
-        let chmod = open_dir_nofollow(dir, &components).and_then(|fd| {
-            rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode)).map_err(Into::into)
-        });
-        chmod.map_err(|source| FilesError::Io {
-            what: format!("chmod {}", dir.join(&rel).display()),
+
+    /// A member stored and listed but that here would be written through a symlink: checked
+    /// against its record and not written; the rest of the path still extracts.
+    fn neutralize(&mut self, path_bytes: &[u8]) -> Result<(), FilesError> {
+        let raw = String::from_utf8_lossy(path_bytes);
+        let normalized: Vec<&str> = raw
+            .split('/')
+            .filter(|c| !c.is_empty() && *c != ".")
+            .collect();
+        let shown = printable(&normalized.join("/")).into_owned();
+        match self.expected.next() {
+            Some(r) if r.path == normalized.join("/") => {}
+            _ => {
+                return Err(FilesError::Verify(format!(
+                    "archive {} holds {shown}, which its manifest does not list there",
+                    self.key
+                )))
+            }
+        }
+        tracing::warn!(member = %shown, "not extracted: on a case-insensitive or normalizing filesystem it would name an extracted symlink or a path below one");
+        self.skipped.push(shown);
+        self.written += 1;
+        Ok(())
+    }
+
+    /// The manifest's next record, which must name `rel` as a member of `kind`.
+    fn next_record(
+        &mut self,
+        rel: &str,
+        kind: MemberKind,
+        shown: &str,
+    ) -> Result<&'a MemberRecord, FilesError> {
+        let key = self.key;
+        match self.expected.next() {
+            Some(r) if r.path.trim_end_matches('/') == rel && r.kind == kind => Ok(r),
+            Some(r) => Err(FilesError::Verify(format!(
+                "archive {key} holds {shown} ({}) where its manifest lists {} ({})",
+                kind_word(kind),
+                printable(&r.path),
+                kind_word(r.kind)
+            ))),
+            None => Err(FilesError::Verify(format!(
+                "archive {key} holds {shown}, which its manifest does not list"
+            ))),
+        }
+    }
+
+    /// Writes a regular file 0600 (no link followed, never over an existing file), checks it
+    /// against its record (removing it if it does not match), then gives it `mode`.
+    async fn write_file(
+        &self,
+        entry: &mut ArchiveEntry,
+        record: &MemberRecord,
+        components: &[&str],
+        target: &Path,
+        shown: &str,
+        mode: u32,
+    ) -> Result<(), FilesError> {
+        let ioe = |what: String| move |source| FilesError::Io { what, source };
+        let parent = open_dir_nofollow(self.dir, parent_of(components))
+            .map_err(ioe(format!("create the parent of {}", target.display())))?;
+        // O_EXCL | O_NOFOLLOW below a directory opened without following any link.
+        let fd = rustix::fs::openat(
+            &parent,
+            leaf_of(components),
+            rustix::fs::OFlags::WRONLY
+                | rustix::fs::OFlags::CREATE
+                | rustix::fs::OFlags::EXCL
+                | rustix::fs::OFlags::NOFOLLOW
+                | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| FilesError::Io {
+            what: format!("create {}", target.display()),
+            source: e.into(),
+        })?;
+        let mut file = tokio::fs::File::from_std(std::fs::File::from(fd));
+        let (total, sha) = copy_hashed(entry, Some(&mut file), self.key, shown, target).await?;
+        if !matches_record(record, total, &sha) {
+            let _ = tokio::fs::remove_file(target).await;
+            return Err(FilesError::Verify(format!(
+                "{shown}: {total} bytes with sha256 {sha}, but the manifest says {} bytes with sha256 {}",
+                record.size,
+                printable(record.sha256.as_deref().unwrap_or("-"))
+            )));
+        }
+        file.set_permissions(std::fs::Permissions::from_mode(mode))
+            .await
+            .map_err(ioe(format!("chmod {}", target.display())))
+    }
+
+    /// Checks every member was seen, applies the directory modes (deepest first) and reports the
+    /// neutralized members. Returns the number of members written.
+    fn finish(self, listed: usize) -> Result<usize, FilesError> {
+        if self.written != listed {
+            return Err(FilesError::Verify(format!(
+                "archive {} holds {} member(s) but its manifest lists {listed}",
+                self.key, self.written
+            )));
+        }
+        let mut dir_modes = self.dir_modes;
+        // Deepest first, so a directory that loses its owner's write or search bit does so only
+        // once everything below it is in place.
+        dir_modes.sort_by_key(|(rel, _)| std::cmp::Reverse(rel.split('/').count()));
+        for (rel, mode) in dir_modes {
+            let components: Vec<&str> = rel.split('/').collect();
+            let chmod = open_dir_nofollow(self.dir, &components).and_then(|fd| {
+                rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode)).map_err(Into::into)
+            });
+            chmod.map_err(|source| FilesError::Io {
+                what: format!("chmod {}", self.dir.join(&rel).display()),
+                source,
+            })?;
+        }
+        if let Some(first) = self.skipped.first() {
+            tracing::warn!(
+                count = self.skipped.len(),
+                first = %first,
+                "members not extracted: they fold onto an extracted symlink"
+            );
+        }
+        Ok(self.written)
+    }
+}
+
+/// Creates the symlink `components` pointing at `to`, below parents opened without following
+/// any link.
+fn create_symlink(
+    dir: &Path,
+    components: &[&str],
+    target: &Path,
+    to: &str,
+) -> Result<(), FilesError> {
+    let parent =
+        open_dir_nofollow(dir, parent_of(components)).map_err(|source| FilesError::Io {
+            what: format!("create the parent of {}", target.display()),
+            source,
+        })?;
+    rustix::fs::symlinkat(to, &parent, leaf_of(components)).map_err(|e| FilesError::Io {
+        what: format!("symlink {}", target.display()),
+        source: e.into(),
+    })
+}
+
+/// Checks a file member a later member replaces against its record, writing nothing.
+async fn verify_superseded(
+    entry: &mut ArchiveEntry,
+    record: &MemberRecord,
+    key: &object_store::path::Path,
+    shown: &str,
+    target: &Path,
+) -> Result<(), FilesError> {
+    let (total, sha) = copy_hashed(entry, None, key, shown, target).await?;
+    if matches_record(record, total, &sha) {
+        return Ok(());
+    }
+    Err(FilesError::Verify(format!(
+        "{shown} (replaced by a later member): {total} bytes with sha256 {sha}, but the manifest says {} bytes with sha256 {}",
+        record.size,
+        printable(record.sha256.as_deref().unwrap_or("-"))
+    )))
+}
+
+/// Reads a member to its end, hashing it and writing it to `file` if given. Returns its size and
+/// hex sha256.
+async fn copy_hashed(
+    entry: &mut ArchiveEntry,
+    mut file: Option<&mut tokio::fs::File>,
+    key: &object_store::path::Path,
+    shown: &str,
+    target: &Path,
+) -> Result<(u64, String), FilesError> {
+    let mut hasher = Sha256::new();
+    let mut total = 0u64;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = tokio::io::AsyncReadExt::read(&mut *entry, &mut buf)
+            .await
+            .map_err(|e| FilesError::Verify(format!("archive {key}: reading {shown}: {e}")))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        total += n as u64;
+        if let Some(file) = file.as_deref_mut() {
+            file.write_all(&buf[..n])
+                .await
+                .map_err(|source| FilesError::Io {
+                    what: format!("write {}", target.display()),
+                    source,
+                })?;
+        }
+    }
+    if let Some(file) = file {
+        file.flush().await.map_err(|source| FilesError::Io {
+            what: format!("write {}", target.display()),
             source,
         })?;
     }
-    if !skipped.is_empty() {
-        tracing::warn!(
-            count = skipped.len(),
-            first = %skipped[0],
-            "members not extracted: they fold onto an extracted symlink"
-        );
-    }
-    Ok(written)
+    Ok((total, hex::encode(hasher.finalize())))
+}
+
+/// Whether `total` bytes hashing to `sha` are what `record` lists.
+fn matches_record(record: &MemberRecord, total: u64, sha: &str) -> bool {
+    total == record.size && record.sha256.as_deref() == Some(sha)
 }
 
 #[cfg(test)]

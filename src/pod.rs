@@ -18,7 +18,7 @@ use kube::{Resource, ResourceExt};
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
-use crate::api::{parse_user, MountType, SandboxRun};
+use crate::api::{parse_user, Mount, MountType, ReadBackPath, SandboxRun, SandboxRunSpec};
 use crate::inpod::holder::HolderCommand;
 
 /// Name of the user's container.
@@ -310,6 +310,35 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
         .clone()
         .filter(|i| !i.trim().is_empty())
         .ok_or(BuildError::MissingImage)?;
+    let (user, group) = run_as(spec)?;
+    let drain_timeout = drain_timeout_seconds(run, settings)?;
+
+    let read_back = spec.read_back_paths();
+    let mounts = pod_volumes(spec, read_back)?;
+    let env = workload_env_vars(run, settings, read_back);
+    let restricted = restricted_security_context();
+    let workload = workload_container(spec, image, env, mounts.workload, restricted.clone());
+    let holder = holder_container(settings, mounts.holder, drain_timeout, restricted);
+
+    Ok(Pod {
+        metadata: pod_metadata(run, &name, uid),
+        spec: Some(PodSpec {
+            containers: vec![workload, holder],
+            volumes: Some(mounts.volumes),
+            restart_policy: Some("Never".to_string()),
+            // activeDeadlineSeconds is deliberately NOT set: the kubelet would kill the holder too
+            // and the read-back paths would go undrained. The operator enforces the deadline.
+            termination_grace_period_seconds: Some(drain_timeout + GRACE_MARGIN_SECONDS),
+            security_context: Some(pod_security_context(user, group)),
+            image_pull_secrets: image_pull_secrets(spec, settings),
+            ..passthrough_pod_spec(spec)
+        }),
+        status: None,
+    })
+}
+
+/// The numeric uid and gid the pod runs as: `spec.user`, non-root, the gid defaulting to the uid.
+fn run_as(spec: &SandboxRunSpec) -> Result<(i64, i64), BuildError> {
     let (user, group) = spec
         .user
         .as_deref()
@@ -319,68 +348,37 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
     // The holder reads what the workload wrote, so both run as the same uid/gid, and fsGroup makes
     // the emptyDirs group-owned by it (DESIGN: "the holder must be able to read what the workload
     // wrote").
-    let group = group.unwrap_or(user);
-    let drain_timeout = drain_timeout_seconds(run, settings)?;
+    Ok((user, group.unwrap_or(user)))
+}
 
+/// Every volume of the pod and where each container mounts it.
+struct PodVolumes {
+    /// The pod's volumes: the run's mounts, the holder's state, then one per read-back path.
+    volumes: Vec<Volume>,
+    /// The workload's mounts: the run's mounts, then the read-back paths.
+    workload: Vec<VolumeMount>,
+    /// The holder's mounts: its state, then the read-back paths (read-only).
+    holder: Vec<VolumeMount>,
+}
+
+/// The volumes and mounts of the pod: the run's own mounts, the holder's state directory and the
+/// read-back emptyDirs.
+fn pod_volumes(
+    spec: &SandboxRunSpec,
+    read_back: &[ReadBackPath],
+) -> Result<PodVolumes, BuildError> {
     let mut volumes = Vec::new();
-    let mut workload_mounts = Vec::new();
+    let mut workload = Vec::new();
     for (index, m) in spec.mounts.iter().enumerate() {
-        let volume_name = format!("mount-{index}");
-        let source = || {
-            m.source
-                .clone()
-                .filter(|s| !s.is_empty())
-                .ok_or_else(|| BuildError::MissingSource {
-                    index,
-                    name: m.name.clone(),
-                    kind: m.kind,
-                })
-        };
-        let mut volume = Volume {
-            name: volume_name.clone(),
-            ..Volume::default()
-        };
-        match m.kind {
-            MountType::EmptyDir => volume.empty_dir = Some(EmptyDirVolumeSource::default()),
-            MountType::ConfigMap => {
-                volume.config_map = Some(ConfigMapVolumeSource {
-                    name: source()?,
-                    ..Default::default()
-                })
-            }
-            MountType::Secret => {
-                volume.secret = Some(SecretVolumeSource {
-                    secret_name: Some(source()?),
-                    ..Default::default()
-                })
-            }
-            MountType::PersistentVolumeClaim => {
-                volume.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: source()?,
-                    read_only: Some(m.read_only),
-                })
-            }
-            MountType::Bind => {
-                return Err(BuildError::UnservableMount {
-                    index,
-                    name: m.name.clone(),
-                    kind: m.kind,
-                })
-            }
-        }
+        let (volume, mount) = run_mount(index, m)?;
         volumes.push(volume);
-        workload_mounts.push(VolumeMount {
-            name: volume_name,
-            mount_path: m.target.clone(),
-            read_only: m.read_only.then_some(true),
-            ..VolumeMount::default()
-        });
+        workload.push(mount);
     }
 
     // One emptyDir per declared read-back path, mounted at that path in the workload AND in the
     // holder. No sizeLimit, on purpose (ADR-143 "Unbounded size"): past it the kubelet evicts the
     // whole pod and nothing would be drained; the cap is metered by the drain instead.
-    let mut holder_mounts = vec![VolumeMount {
+    let mut holder = vec![VolumeMount {
         name: "holder-state".to_string(),
         mount_path: HOLDER_STATE_DIR.to_string(),
         ..VolumeMount::default()
@@ -390,7 +388,6 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Volume::default()
     });
-    let read_back = spec.read_back_paths();
     for (index, path) in read_back.iter().enumerate() {
         let volume_name = format!("{READBACK_VOLUME_PREFIX}{index}");
         volumes.push(Volume {
@@ -403,61 +400,145 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
             mount_path: path.path.clone(),
             ..VolumeMount::default()
         };
-        workload_mounts.push(mount.clone());
-        holder_mounts.push(VolumeMount {
+        workload.push(mount.clone());
+        holder.push(VolumeMount {
             read_only: Some(true),
             ..mount
         });
     }
+    Ok(PodVolumes {
+        volumes,
+        workload,
+        holder,
+    })
+}
 
+/// The volume serving `spec.mounts[index]` and the workload's mount of it.
+fn run_mount(index: usize, m: &Mount) -> Result<(Volume, VolumeMount), BuildError> {
+    let volume_name = format!("mount-{index}");
+    let source = || {
+        m.source
+            .clone()
+            .filter(|s| !s.is_empty())
+            .ok_or_else(|| BuildError::MissingSource {
+                index,
+                name: m.name.clone(),
+                kind: m.kind,
+            })
+    };
+    let mut volume = Volume {
+        name: volume_name.clone(),
+        ..Volume::default()
+    };
+    match m.kind {
+        MountType::EmptyDir => volume.empty_dir = Some(EmptyDirVolumeSource::default()),
+        MountType::ConfigMap => {
+            volume.config_map = Some(ConfigMapVolumeSource {
+                name: source()?,
+                ..Default::default()
+            })
+        }
+        MountType::Secret => {
+            volume.secret = Some(SecretVolumeSource {
+                secret_name: Some(source()?),
+                ..Default::default()
+            })
+        }
+        MountType::PersistentVolumeClaim => {
+            volume.persistent_volume_claim = Some(PersistentVolumeClaimVolumeSource {
+                claim_name: source()?,
+                read_only: Some(m.read_only),
+            })
+        }
+        MountType::Bind => {
+            return Err(BuildError::UnservableMount {
+                index,
+                name: m.name.clone(),
+                kind: m.kind,
+            })
+        }
+    }
+    let mount = VolumeMount {
+        name: volume_name,
+        mount_path: m.target.clone(),
+        read_only: m.read_only.then_some(true),
+        ..VolumeMount::default()
+    };
+    Ok((volume, mount))
+}
+
+/// The workload's environment: the run's variables, then the promise variables, then a filtered
+/// run's proxy variables.
+fn workload_env_vars(
+    run: &SandboxRun,
+    settings: &PodSettings,
+    read_back: &[ReadBackPath],
+) -> Vec<EnvVar> {
     // A filtered run's proxy variables (docs/contract.md "ADR-006 network rules: validated and
     // enforced") replace any the user set.
     let proxy_env = crate::egress::env::proxy_env(run, &settings.egress);
-    let mut env: Vec<EnvVar> = spec
+    let mut env: Vec<EnvVar> = run
+        .spec
         .env
         .iter()
         .filter(|e| e.name != ARTIFACT_FILES_ENV && e.name != READBACK_PATHS_ENV)
         .filter(|e| {
             proxy_env.is_empty() || !crate::egress::env::PROXY_ENV.contains(&e.name.as_str())
         })
-        .map(|e| match &e.value_from {
-            // Only the two sources a run may name (admission rule env-value-from).
-            Some(from) => EnvVar {
-                name: e.name.clone(),
-                value: None,
-                value_from: Some(EnvVarSource {
-                    secret_key_ref: from.secret_key_ref.clone(),
-                    config_map_key_ref: from.config_map_key_ref.clone(),
-                    ..EnvVarSource::default()
-                }),
-            },
-            None => EnvVar {
-                name: e.name.clone(),
-                value: Some(e.value.clone()),
-                value_from: None,
-            },
-        })
+        .map(run_env_var)
         .collect();
+    env.extend(promise_env(read_back));
+    env.extend(proxy_env);
+    env
+}
+
+/// One of the run's variables as the pod carries it: a value, or a secret/configMap key.
+fn run_env_var(e: &crate::api::EnvVar) -> EnvVar {
+    match &e.value_from {
+        // Only the two sources a run may name (admission rule env-value-from).
+        Some(from) => EnvVar {
+            name: e.name.clone(),
+            value: None,
+            value_from: Some(EnvVarSource {
+                secret_key_ref: from.secret_key_ref.clone(),
+                config_map_key_ref: from.config_map_key_ref.clone(),
+                ..EnvVarSource::default()
+            }),
+        },
+        None => EnvVar {
+            name: e.name.clone(),
+            value: Some(e.value.clone()),
+            value_from: None,
+        },
+    }
+}
+
+/// The promise variables: none without a read-back path.
+fn promise_env(read_back: &[ReadBackPath]) -> Vec<EnvVar> {
     // The promise (ADR-143 §3, §6): a path is named to the workload because it will be read back.
     // Named exactly when a kept mount serves it and the drain covers it — both hold for every
     // declared path here, and never for anything else (user env cannot forge the variables).
-    if let Some(first) = read_back.first() {
-        env.push(EnvVar {
+    let Some(first) = read_back.first() else {
+        return Vec::new();
+    };
+    let all: Vec<&str> = read_back.iter().map(|p| p.path.as_str()).collect();
+    vec![
+        EnvVar {
             name: ARTIFACT_FILES_ENV.to_string(),
             value: Some(first.path.clone()),
             value_from: None,
-        });
-        let all: Vec<&str> = read_back.iter().map(|p| p.path.as_str()).collect();
-        env.push(EnvVar {
+        },
+        EnvVar {
             name: READBACK_PATHS_ENV.to_string(),
             value: Some(all.join(":")),
             value_from: None,
-        });
-    }
+        },
+    ]
+}
 
-    env.extend(proxy_env);
-
-    let restricted = SecurityContext {
+/// The security context both containers share: no privilege escalation, no capabilities, non-root.
+fn restricted_security_context() -> SecurityContext {
+    SecurityContext {
         allow_privilege_escalation: Some(false),
         capabilities: Some(Capabilities {
             drop: Some(vec!["ALL".to_string()]),
@@ -465,8 +546,17 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
         }),
         run_as_non_root: Some(true),
         ..SecurityContext::default()
-    };
+    }
+}
 
+/// The user's container.
+fn workload_container(
+    spec: &SandboxRunSpec,
+    image: String,
+    env: Vec<EnvVar>,
+    mounts: Vec<VolumeMount>,
+    security: SecurityContext,
+) -> Container {
     // Without a command the run is a long-lived sandbox: the workload idles, driven by exec.
     let (command, args) = if spec.is_long_lived() && spec.args.as_ref().is_none_or(|a| a.is_empty())
     {
@@ -480,8 +570,7 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
             spec.args.clone(),
         )
     };
-
-    let workload = Container {
+    Container {
         name: WORKLOAD_CONTAINER.to_string(),
         image: Some(image),
         command,
@@ -489,22 +578,30 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
         working_dir: spec.working_dir.clone(),
         env: (!env.is_empty()).then_some(env),
         resources: spec.resources.clone(),
-        volume_mounts: Some(workload_mounts),
-        security_context: Some(restricted.clone()),
+        volume_mounts: Some(mounts),
+        security_context: Some(security),
         // Evidence that outlives the pod: without a termination message the kubelet puts the
         // last log lines in the terminated state's message, which teardown copies into
         // status.workload before the pod is deleted.
         termination_message_policy: Some("FallbackToLogsOnError".to_string()),
         ..Container::default()
-    };
+    }
+}
 
-    let holder = Container {
+/// The operator-owned container the drain execs into; its preStop hook holds the pod until drained.
+fn holder_container(
+    settings: &PodSettings,
+    mounts: Vec<VolumeMount>,
+    drain_timeout: i64,
+    restricted: SecurityContext,
+) -> Container {
+    Container {
         name: HOLDER_CONTAINER.to_string(),
         image: Some(settings.holder_image.clone()),
         command: Some(HolderCommand::program()),
         args: Some(HolderCommand::Idle.args()),
         resources: Some(settings.holder_resources.requirements()),
-        volume_mounts: Some(holder_mounts),
+        volume_mounts: Some(mounts),
         // A pod deleted or evicted gracefully keeps its emptyDirs until the holder stops: the hook
         // holds it until the operator has drained (or the grace period, set from drainTimeout, ends).
         lifecycle: Some(Lifecycle {
@@ -526,33 +623,29 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
             ..restricted
         }),
         ..Container::default()
-    };
+    }
+}
 
-    let mut labels = BTreeMap::from([
-        (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
-        (
-            "app.kubernetes.io/name".to_string(),
-            "sandboxrun".to_string(),
-        ),
-        (RUN_UID_LABEL.to_string(), uid.clone()),
-    ]);
-    if name.len() <= 63 {
-        labels.insert(RUN_NAME_LABEL.to_string(), name.clone());
+/// The pod's security context: the run's uid/gid, fsGroup for the emptyDirs, RuntimeDefault seccomp.
+fn pod_security_context(user: i64, group: i64) -> PodSecurityContext {
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(user),
+        run_as_group: Some(group),
+        fs_group: Some(group),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".to_string(),
+            localhost_profile: None,
+        }),
+        ..PodSecurityContext::default()
     }
-    // The run's own pod labels, under the operator's: the keys the operator sets (and every
-    // sandbox.iterion.io/ key) stay the operator's, whatever the spec says.
-    for (k, v) in spec.pod_labels.iter().flatten() {
-        if !reserved_key(k) {
-            labels.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-    }
-    let annotations: BTreeMap<String, String> = spec
-        .pod_annotations
-        .iter()
-        .flatten()
-        .filter(|(k, _)| !k.starts_with(RESERVED_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+}
+
+/// The run's imagePullSecrets, then the operator's, each name once; none when empty.
+fn image_pull_secrets(
+    spec: &SandboxRunSpec,
+    settings: &PodSettings,
+) -> Option<Vec<LocalObjectReference>> {
     let mut seen = std::collections::HashSet::new();
     let pull_secrets: Vec<LocalObjectReference> = spec
         .image_pull_secrets
@@ -561,48 +654,67 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
         .filter(|n| seen.insert(n.as_str()))
         .map(|n| LocalObjectReference { name: n.clone() })
         .collect();
+    (!pull_secrets.is_empty()).then_some(pull_secrets)
+}
 
-    Ok(Pod {
-        metadata: ObjectMeta {
-            name: Some(pod_name(&name)),
-            namespace: run.namespace(),
-            labels: Some(labels),
-            annotations: (!annotations.is_empty()).then_some(annotations),
-            owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![workload, holder],
-            volumes: Some(volumes),
-            restart_policy: Some("Never".to_string()),
-            // No API token unless the run names the account it is meant to act as.
-            service_account_name: spec.service_account_name.clone(),
-            automount_service_account_token: Some(spec.service_account_name.is_some()),
-            runtime_class_name: spec.runtime_class_name.clone(),
-            affinity: spec.affinity.clone(),
-            enable_service_links: Some(false),
-            // activeDeadlineSeconds is deliberately NOT set: the kubelet would kill the holder too
-            // and the read-back paths would go undrained. The operator enforces the deadline.
-            termination_grace_period_seconds: Some(drain_timeout + GRACE_MARGIN_SECONDS),
-            security_context: Some(PodSecurityContext {
-                run_as_non_root: Some(true),
-                run_as_user: Some(user),
-                run_as_group: Some(group),
-                fs_group: Some(group),
-                seccomp_profile: Some(SeccompProfile {
-                    type_: "RuntimeDefault".to_string(),
-                    localhost_profile: None,
-                }),
-                ..PodSecurityContext::default()
-            }),
-            image_pull_secrets: (!pull_secrets.is_empty()).then_some(pull_secrets),
-            node_selector: spec.node_selector.clone(),
-            tolerations: spec.tolerations.clone(),
-            priority_class_name: spec.priority_class_name.clone(),
-            ..PodSpec::default()
-        }),
-        status: None,
-    })
+/// The pod spec fields copied from the run (scheduling, runtime class, service account) and the
+/// fixed ones that do not depend on it.
+fn passthrough_pod_spec(spec: &SandboxRunSpec) -> PodSpec {
+    PodSpec {
+        // No API token unless the run names the account it is meant to act as.
+        service_account_name: spec.service_account_name.clone(),
+        automount_service_account_token: Some(spec.service_account_name.is_some()),
+        runtime_class_name: spec.runtime_class_name.clone(),
+        affinity: spec.affinity.clone(),
+        enable_service_links: Some(false),
+        node_selector: spec.node_selector.clone(),
+        tolerations: spec.tolerations.clone(),
+        priority_class_name: spec.priority_class_name.clone(),
+        ..PodSpec::default()
+    }
+}
+
+/// The pod's name, namespace, labels, annotations and owner reference.
+fn pod_metadata(run: &SandboxRun, name: &str, uid: String) -> ObjectMeta {
+    let annotations: BTreeMap<String, String> = run
+        .spec
+        .pod_annotations
+        .iter()
+        .flatten()
+        .filter(|(k, _)| !k.starts_with(RESERVED_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    ObjectMeta {
+        name: Some(pod_name(name)),
+        namespace: run.namespace(),
+        labels: Some(pod_labels(&run.spec, name, uid)),
+        annotations: (!annotations.is_empty()).then_some(annotations),
+        owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
+        ..ObjectMeta::default()
+    }
+}
+
+/// The operator's labels, then the run's own pod labels under them.
+fn pod_labels(spec: &SandboxRunSpec, name: &str, uid: String) -> BTreeMap<String, String> {
+    let mut labels = BTreeMap::from([
+        (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
+        (
+            "app.kubernetes.io/name".to_string(),
+            "sandboxrun".to_string(),
+        ),
+        (RUN_UID_LABEL.to_string(), uid),
+    ]);
+    if name.len() <= 63 {
+        labels.insert(RUN_NAME_LABEL.to_string(), name.to_string());
+    }
+    // The run's own pod labels, under the operator's: the keys the operator sets (and every
+    // sandbox.iterion.io/ key) stay the operator's, whatever the spec says.
+    for (k, v) in spec.pod_labels.iter().flatten() {
+        if !reserved_key(k) {
+            labels.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+    labels
 }
 
 /// Whether `pod` keeps the promise for `path`: an emptyDir volume (a mount the driver keeps)
