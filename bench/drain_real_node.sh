@@ -8,6 +8,9 @@
 # and the operator's peak RSS. Prints numbers and ratios; asserts nothing.
 #
 #   bench/drain_real_node.sh [MIB_BIG_FILES] [SMALL_FILES]      default: 256 1000
+#   DATA=text bench/drain_real_node.sh                  the big files are JSON log lines (about
+#                                                       10:1 for zstd) instead of random bytes
+#   WIRE=tar bench/drain_real_node.sh                   the operator's --drain-wire (default zstd)
 #
 # Needs the local cluster (hack/local-cluster.sh up) and the operator image (hack/images.sh
 # operator): the operator runs on this host from the image's static binary (profile `image`),
@@ -21,6 +24,10 @@ eval "$(hack/local-cluster.sh env)"
 hack/local-cluster.sh status >/dev/null
 BIG_MIB=${1:-256}
 SMALL=${2:-1000}
+DATA=${DATA:-random}
+WIRE=${WIRE:-zstd}
+case "$DATA" in random|text) ;; *) echo "DATA=random|text" >&2; exit 2 ;; esac
+case "$WIRE" in zstd|tar) ;; *) echo "WIRE=zstd|tar" >&2; exit 2 ;; esac
 STATE=$SANDBOXRUN_TEST_STATE
 BIN=$STATE/images/operator/usr/local/bin/sandboxrun-operator
 [ -x "$BIN" ] || { echo "no $BIN: run hack/images.sh operator" >&2; exit 1; }
@@ -43,7 +50,7 @@ kubectl create ns "$NS" >/dev/null
 until kubectl get sa default -n "$NS" >/dev/null 2>&1; do sleep 0.2; done
 port=$(free_port)
 "$BIN" run --namespaces "$NS" --store-url "file://$WORK/store" --metrics-addr "127.0.0.1:$port" \
-  --webhook-addr '' --holder-image "$HOLDER" --pod-name "operator-$NS" --max-cap 64Gi \
+  --webhook-addr '' --holder-image "$HOLDER" --pod-name "operator-$NS" --max-cap 64Gi --drain-wire "$WIRE" \
   >"$WORK/operator.log" 2>&1 &
 OP_PID=$!
 kubectl apply -f - >/dev/null <<YAML
@@ -62,10 +69,16 @@ spec:
 YAML
 until [ "$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.phase}' 2>/dev/null)" = Running ]; do sleep 0.5; done
 pod=$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.podName}')
-echo "== writing the data in the pod (${BIG_MIB} MiB in 4 files + ${SMALL} small files)" >&2
+echo "== writing the data in the pod (${BIG_MIB} MiB of $DATA data in 4 files + ${SMALL} small files)" >&2
+if [ "$DATA" = text ]; then
+  # JSON log lines (~110 bytes each), varied enough not to be a run of one line.
+  big="awk -v n=$((BIG_MIB * 1024 * 1024 / 4 / 110)) -v s=\$i 'BEGIN { srand(s); for (j = 0; j < n; j++) printf \"{\\\"ts\\\":%d,\\\"level\\\":\\\"info\\\",\\\"step\\\":%d,\\\"bytes\\\":%d,\\\"op\\\":\\\"op-%d\\\",\\\"msg\\\":\\\"processed item %d of the batch\\\"}\\n\", 1764500000 + j, j, int(rand() * 10000000), int(rand() * 40), j }'"
+else
+  big="head -c $((BIG_MIB * 1024 * 1024 / 4)) /dev/urandom"
+fi
 kubectl exec -n "$NS" "$pod" -c workload -- sh -c "
   set -e; mkdir -p /data/big /data/small
-  for i in 1 2 3 4; do head -c $((BIG_MIB * 1024 * 1024 / 4)) /dev/urandom > /data/big/part-\$i.bin; done
+  for i in 1 2 3 4; do $big > /data/big/part-\$i.bin; done
   i=0; while [ \$i -lt $SMALL ]; do d=/data/small/d\$((i % 50)); mkdir -p \$d
     head -c \$(( (i * 7919) % 16384 )) /dev/urandom > \$d/f\$i.txt; i=\$((i + 1)); done"
 bytes=$(kubectl exec -n "$NS" "$pod" -c workload -- du -sb /data | cut -f1)
@@ -86,15 +99,18 @@ t1=$(now)
 wall_s=$(elapsed "$t0" "$t1")
 drain_s=$(drain_seconds "$port")
 rss_kb=$(peak_rss_kb "$OP_PID")
+wire_bytes=$(curl -s "http://127.0.0.1:$port/metrics" | awk -v w="$WIRE" '$1 == "sandboxrun_drain_wire_bytes_total{wire=\"" w "\"}" {print $2}')
 outcome=$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.readBack[0].phase} {.status.readBack[0].members} {.status.readBack[0].bytes}')
 
-printf '\nreal node: %s bytes (%s MiB in 4 files + %s small files), drained read-back: %s\n' "$bytes" "$BIG_MIB" "$SMALL" "$outcome"
+printf '\nreal node: %s bytes (%s MiB of %s data in 4 files + %s small files), wire %s (%s bytes crossed it), drained read-back: %s\n' \
+  "$bytes" "$BIG_MIB" "$DATA" "$SMALL" "$WIRE" "${wire_bytes:-?}" "$outcome"
 print_contenders "$bytes" "$drain_s" "stop->Stopped" "$wall_s" "$cp_s" "$cp_bytes" "$raw_s"
 printf '  throughput ratio ours/kubectl-cp %s, ours/raw %s; wall stop->Stopped vs kubectl cp %s; operator peak RSS %s MiB\n' \
   "$(ratio "$cp_s" "$drain_s")" "$(ratio "$raw_s" "$drain_s")" "$(ratio "$cp_s" "$wall_s")" "$((rss_kb / 1024))"
-c="${BIG_MIB}MiB+${SMALL}files"
+c="${BIG_MIB}MiB-$DATA+${SMALL}files-$WIRE"
 result drain_real_node "$c" bytes "$bytes" bytes
 result drain_real_node "$c" outcome "$outcome" ""
+result drain_real_node "$c" wire_bytes "${wire_bytes:-0}" bytes
 result drain_real_node "$c" ours_drain_metric "$drain_s" s
 result drain_real_node "$c" ours_wall "$wall_s" s
 result drain_real_node "$c" kubectl_cp "$cp_s" s

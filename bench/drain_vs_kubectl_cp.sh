@@ -3,9 +3,13 @@
 #
 #   bench/drain_vs_kubectl_cp.sh [SIZE_GIB...]      default: 1 4
 #   SKIP_BUILD=1 bench/drain_vs_kubectl_cp.sh 1     reuse target/release/sandboxrun-operator
+#   DATA=text bench/drain_vs_kubectl_cp.sh 1         JSON log lines (about 10:1 for zstd) instead of
+#                                                     random bytes
+#   WIRE=tar bench/drain_vs_kubectl_cp.sh 1          the operator's --drain-wire (default zstd)
 #
 # For each size: one namespace, one operator (release build) and one batch SandboxRun whose
-# read-back path holds SIZE GiB of mixed data (4 big files per GiB + 4000 small ones). Measured on
+# read-back path holds SIZE GiB of mixed data (4 big files per GiB + 4000 small ones; random bytes,
+# or with DATA=text log lines that compress the way tool output does). Measured on
 # the same pod and the same directory:
 #   (a) ours      the operator's drain: sandboxrun_drain_duration_seconds from its /metrics (one
 #                 path, every attempt included), and the wall time annotate -> phase Succeeded
@@ -20,6 +24,10 @@ cd "$REPO"
 eval "$(hack/local-cluster.sh env)"
 hack/local-cluster.sh status >/dev/null
 SIZES=("${@:-1 4}")
+DATA=${DATA:-random}
+WIRE=${WIRE:-zstd}
+case "$DATA" in random|text) ;; *) echo "DATA=random|text" >&2; exit 2 ;; esac
+case "$WIRE" in zstd|tar) ;; *) echo "WIRE=zstd|tar" >&2; exit 2 ;; esac
 # shellcheck disable=SC2206
 SIZES=(${SIZES[*]})
 BIN=$REPO/target/release/sandboxrun-operator
@@ -53,7 +61,28 @@ make_data() {  # make_data <dir> <GiB>
   local dir=$1 gib=$2 i
   mkdir -p "$dir/big" "$dir/small"
   for i in $(seq 1 $((gib * 4))); do
-    head -c $((250 * 1024 * 1024)) /dev/urandom >"$dir/big/part-$i.bin"
+    if [ "$DATA" = text ]; then
+      python3 - "$dir/big/part-$i.bin" $((250 * 1024 * 1024)) "$i" <<'PY'
+import sys, random
+path, size, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+r = random.Random(seed)
+words = ["fetch", "parse", "compile", "link", "upload", "retry", "ok", "cache", "miss", "hit"]
+chunk = "".join(
+    f'{{"ts":"2026-12-01T06:{r.randrange(60):02d}:{r.randrange(60):02d}.{r.randrange(10**6):06d}Z",'
+    f'"level":"{r.choice(["info", "debug", "warn"])}","step":{n},"op":"{r.choice(words)}",'
+    f'"bytes":{r.randrange(10**7)},"msg":"{" ".join(r.choice(words) for _ in range(6))}"}}\n'
+    for n in range(20000)
+).encode()
+with open(path, "wb") as f:
+    written = 0
+    while written < size:
+        piece = chunk[: size - written]
+        f.write(piece)
+        written += len(piece)
+PY
+    else
+      head -c $((250 * 1024 * 1024)) /dev/urandom >"$dir/big/part-$i.bin"
+    fi
   done
   python3 - "$dir/small" <<'PY'
 import os, sys, random
@@ -83,7 +112,7 @@ for gib in "${SIZES[@]}"; do
   port=$(free_port)
   "$BIN" run --namespaces "$NS" --store-url "file://$store" --metrics-addr "127.0.0.1:$port" \
     --webhook-addr '' --holder-image sandboxrun-operator:bench --pod-name "operator-$NS" \
-    --pack-command "$BIN pack" --max-cap 64Gi >"$WORK/operator-$gib.log" 2>&1 &
+    --pack-command "$BIN pack" --max-cap 64Gi --drain-wire "$WIRE" >"$WORK/operator-$gib.log" 2>&1 &
   OP_PID=$!
   kubectl apply -f - >/dev/null <<YAML
 apiVersion: sandbox.iterion.io/v1alpha1
@@ -118,16 +147,19 @@ YAML
   wall_s=$(elapsed "$t0" "$t1")
   drain_s=$(drain_seconds "$port")
   rss_kb=$(peak_rss_kb "$OP_PID")
+  wire_bytes=$(curl -s "http://127.0.0.1:$port/metrics" | awk -v w="$WIRE" '$1 == "sandboxrun_drain_wire_bytes_total{wire=\"" w "\"}" {print $2}')
   phase=$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.readBack[0].phase} {.status.readBack[0].members} {.status.readBack[0].bytes}')
 
-  printf '\n%s GiB (%s bytes, %s files), drained read-back: %s\n' "$gib" "$bytes" "$files" "$phase"
+  printf '\n%s GiB of %s data (%s bytes, %s files), wire %s (%s bytes crossed it), drained read-back: %s\n' \
+    "$gib" "$DATA" "$bytes" "$files" "$WIRE" "${wire_bytes:-?}" "$phase"
   print_contenders "$bytes" "$drain_s" "annotate->Succeeded" "$wall_s" "$cp_s" "$cp_bytes" "$raw_s"
   printf '  throughput ratio ours/kubectl-cp %s, ours/raw %s; operator peak RSS (VmHWM) %s MiB\n' \
     "$(ratio "$cp_s" "$drain_s")" "$(ratio "$raw_s" "$drain_s")" "$((rss_kb / 1024))"
   results+=("$gib:$rss_kb")
-  c="${gib}GiB"
+  c="${gib}GiB-$DATA-$WIRE"
   result drain_vs_kubectl_cp "$c" bytes "$bytes" bytes
   result drain_vs_kubectl_cp "$c" phase "$phase" ""
+  result drain_vs_kubectl_cp "$c" wire_bytes "${wire_bytes:-0}" bytes
   result drain_vs_kubectl_cp "$c" ours_drain_metric "$drain_s" s
   result drain_vs_kubectl_cp "$c" ours_wall "$wall_s" s
   result drain_vs_kubectl_cp "$c" kubectl_cp "$cp_s" s

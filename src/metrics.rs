@@ -20,6 +20,9 @@ pub struct Metrics {
     pub runs_by_phase: IntGaugeVec,
     /// Bytes stored by drains.
     pub drained_bytes: IntCounterVec,
+    /// Bytes that crossed the exec stream from the packer, by encoding (`tar`, `zstd`): with
+    /// `drain_bytes_total`, what `pack --wire zstd` saves on the wire.
+    pub drain_wire_bytes: IntCounterVec,
     /// Duration of one path's drain (all attempts).
     pub drain_duration: HistogramVec,
     /// Drain outcomes by phase (Drained, Empty, Capped, Failed).
@@ -61,6 +64,13 @@ impl Metrics {
             opts!("drain_bytes_total", "Member bytes stored by drains"),
             &["compression"],
         )?;
+        let drain_wire_bytes = IntCounterVec::new(
+            opts!(
+                "drain_wire_bytes_total",
+                "Bytes read from the packer's exec stream, by wire encoding, every attempt included"
+            ),
+            &["wire"],
+        )?;
         let drain_duration = HistogramVec::new(
             histogram_opts!(
                 "drain_duration_seconds",
@@ -87,6 +97,7 @@ impl Metrics {
         registry.register(Box::new(reconcile_errors.clone()))?;
         registry.register(Box::new(runs_by_phase.clone()))?;
         registry.register(Box::new(drained_bytes.clone()))?;
+        registry.register(Box::new(drain_wire_bytes.clone()))?;
         registry.register(Box::new(drain_duration.clone()))?;
         registry.register(Box::new(drains.clone()))?;
         registry.register(Box::new(drain_failures.clone()))?;
@@ -103,6 +114,7 @@ impl Metrics {
             reconcile_errors,
             runs_by_phase,
             drained_bytes,
+            drain_wire_bytes,
             drain_duration,
             drains,
             drain_failures,

@@ -127,17 +127,25 @@ async fn dispatch(command: Command) -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::drain::wire::Wire;
 
     #[test]
     fn cli_parses_every_subcommand() {
         Cli::try_parse_from(["x", "crd"]).unwrap();
         Cli::try_parse_from(["x", "pack", "/tmp"]).unwrap();
-        // The operator appends `--budget N` after the path (see drain::exec::pack_argv).
+        // The operator appends `--budget N` and `--wire zstd` after the path (drain::exec::pack_argv).
         match Cli::try_parse_from(["x", "pack", "/tmp", "--budget", "1048576"])
             .unwrap()
             .command
         {
-            Command::Pack(p) => assert_eq!(p.budget, Some(1 << 20)),
+            Command::Pack(p) => assert_eq!((p.budget, p.wire), (Some(1 << 20), Wire::Tar)),
+            other => panic!("parsed as {other:?}"),
+        }
+        match Cli::try_parse_from(["x", "pack", "/tmp", "--budget", "1", "--wire", "zstd"])
+            .unwrap()
+            .command
+        {
+            Command::Pack(p) => assert_eq!(p.wire, Wire::Zstd),
             other => panic!("parsed as {other:?}"),
         }
         assert!(Cli::try_parse_from(["x", "pack", "/tmp", "--budget", "1Mi"]).is_err());

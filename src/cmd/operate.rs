@@ -168,6 +168,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             usize::from(args.max_concurrent_drains),
         )
         .with_default_retention(args.default_retention)
+        .with_drain_wire(args.drain_wire)
         .with_open_uploads(open_uploads),
     );
 

@@ -5,6 +5,8 @@ use std::process::ExitCode;
 
 use clap::Args;
 
+use crate::drain::wire::{zstd_writer, Wire};
+
 /// Arguments of `pack`.
 #[derive(Args, Debug)]
 pub struct PackArgs {
@@ -15,22 +17,40 @@ pub struct PackArgs {
     /// never crosses the wire). Without it every file is packed whole.
     #[arg(long, value_name = "BYTES")]
     pub budget: Option<u64>,
+    /// How the tar crosses the exec stream: as is, or in one zstd frame (the drain decodes it
+    /// before sanitizing, docs/contract.md "The drain").
+    #[arg(long, value_enum, default_value = "tar")]
+    pub wire: Wire,
 }
 
 /// Runs `pack`: the tar of `args.path` on stdout, notes on stderr.
 pub fn main(args: PackArgs) -> ExitCode {
-    let stdout = std::io::stdout().lock();
+    let stdout = std::io::BufWriter::with_capacity(256 * 1024, std::io::stdout().lock());
     let stderr = std::io::stderr();
-    match crate::inpod::pack::pack(
-        &args.path,
-        args.budget,
-        std::io::BufWriter::with_capacity(256 * 1024, stdout),
-        stderr,
-    ) {
-        Ok(_) => ExitCode::SUCCESS,
+    let packed = match args.wire {
+        Wire::Tar => crate::inpod::pack::pack(&args.path, args.budget, stdout, stderr)
+            .map(|_| ())
+            .map_err(|e| e.to_string()),
+        Wire::Zstd => zstd_pack(&args, stdout, stderr),
+    };
+    match packed {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("sandboxrun-operator pack: {e}");
             ExitCode::from(1)
         }
     }
+}
+
+/// The tar in one zstd frame, finished and flushed (an unfinished frame reads as truncated).
+fn zstd_pack(
+    args: &PackArgs,
+    stdout: impl std::io::Write,
+    stderr: impl std::io::Write,
+) -> Result<(), String> {
+    let mut encoder = zstd_writer(stdout).map_err(|e| format!("zstd: {e}"))?;
+    crate::inpod::pack::pack(&args.path, args.budget, &mut encoder, stderr)
+        .map_err(|e| e.to_string())?;
+    let mut stdout = encoder.finish().map_err(|e| format!("zstd: {e}"))?;
+    stdout.flush().map_err(|e| e.to_string())
 }

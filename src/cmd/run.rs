@@ -96,6 +96,11 @@ pub struct RunArgs {
         default_value = "sandboxrun-operator pack"
     )]
     pub pack_command: String,
+    /// How the holder's packer sends each path's tar over the exec stream: `tar` (as is) or
+    /// `zstd` (compressed in the pod at zstd's fastest level, decoded by the drain before
+    /// sanitizing; an older holder that does not know `pack --wire` gets a plain tar).
+    #[arg(long, env = "SANDBOXRUN_DRAIN_WIRE", value_enum, default_value = "tar")]
+    pub drain_wire: crate::drain::wire::Wire,
     /// Reconciles running at once.
     #[arg(long, env = "SANDBOXRUN_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,

@@ -220,6 +220,7 @@ async fn teardown(
                     path: &path.path,
                     cap_bytes,
                     compression,
+                    wire: ctx.drain_wire,
                     deadline,
                     previous_attempts,
                     metrics: &ctx.metrics,

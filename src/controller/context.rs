@@ -15,6 +15,7 @@ use super::drain_pool::DrainPool;
 use super::observe::StoreView;
 use crate::api::{Retention, SandboxRun};
 use crate::caps::CapSettings;
+use crate::drain::wire::Wire;
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
 use crate::store::open_uploads::OpenUploads;
@@ -40,6 +41,8 @@ pub struct Context {
     pub decide: DecideSettings,
     /// argv of the packer in the holder (the path is appended).
     pub pack_command: Vec<String>,
+    /// How the packer is asked to send its tar (`run --drain-wire`).
+    pub drain_wire: Wire,
     /// Publishes Events.
     pub recorder: Recorder,
     /// Metrics.
@@ -65,6 +68,12 @@ impl Context {
     /// `spec.readBack.retention`.
     pub(crate) fn with_default_retention(mut self, retention: Retention) -> Context {
         self.default_retention = retention;
+        self
+    }
+
+    /// The same context asking packers for `wire` (`run --drain-wire`).
+    pub(crate) fn with_drain_wire(mut self, wire: Wire) -> Context {
+        self.drain_wire = wire;
         self
     }
 
@@ -105,6 +114,7 @@ impl Context {
             caps,
             decide,
             pack_command,
+            drain_wire: Wire::default(),
             recorder,
             metrics,
             create_attempts: Default::default(),

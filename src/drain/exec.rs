@@ -17,6 +17,7 @@ use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::task::JoinHandle;
 
+use super::wire::{Wire, WIRE_FLAG};
 use crate::pod::HOLDER_CONTAINER;
 
 /// Most stderr bytes kept from one pack run (the rest are read, counted and discarded).
@@ -84,27 +85,35 @@ impl ExecError {
         !matches!(self, ExecError::Failed { .. })
     }
 
-    /// Whether the packer failed because it does not know `--budget`: an older holder image (or a
-    /// custom `--pack-command`) whose usage error names the flag (clap: "unexpected argument
-    /// '--budget'", GNU tools: "unrecognized option '--budget'").
-    pub(crate) fn refuses_budget_flag(&self) -> bool {
+    /// Whether the packer failed because it does not know `flag` (`--budget`, `--wire`): an older
+    /// holder image (or a custom `--pack-command`) whose usage error names the flag (clap:
+    /// "unexpected argument '--budget'", GNU tools: "unrecognized option '--budget'").
+    pub(crate) fn refuses_flag(&self, flag: &str) -> bool {
         match self {
-            ExecError::Failed { stderr, .. } => {
-                stderr.iter().any(|line| line.contains(BUDGET_FLAG))
-            }
+            ExecError::Failed { stderr, .. } => stderr.iter().any(|line| line.contains(flag)),
             _ => false,
         }
     }
 }
 
-/// The packer's argv: `command... <path>`, then `--budget <bytes>` when a budget is given. The
-/// flag comes after the path so that a packer reading its path as `$1` keeps working.
-pub(crate) fn pack_argv(command: &[String], path: &str, budget: Option<u64>) -> Vec<String> {
+/// The packer's argv: `command... <path>`, then `--budget <bytes>` when a budget is given and
+/// `--wire zstd` when the stream is to be compressed. The flags come after the path so that a
+/// packer reading its path as `$1` keeps working.
+pub(crate) fn pack_argv(
+    command: &[String],
+    path: &str,
+    budget: Option<u64>,
+    wire: Wire,
+) -> Vec<String> {
     let mut argv: Vec<String> = command.to_vec();
     argv.push(path.to_string());
     if let Some(bytes) = budget {
         argv.push(BUDGET_FLAG.to_string());
         argv.push(bytes.to_string());
+    }
+    if wire != Wire::Tar {
+        argv.push(WIRE_FLAG.to_string());
+        argv.push(wire.as_str().to_string());
     }
     argv
 }
@@ -418,16 +427,35 @@ mod tests {
     }
 
     #[test]
-    fn the_budget_follows_the_path_and_a_refusal_of_it_is_recognized() {
+    fn the_flags_follow_the_path_and_a_refusal_of_each_is_recognized() {
         let cmd = vec!["sandboxrun-operator".to_string(), "pack".to_string()];
         assert_eq!(
-            pack_argv(&cmd, "/out", Some(1 << 20)),
+            pack_argv(&cmd, "/out", Some(1 << 20), Wire::Tar),
             ["sandboxrun-operator", "pack", "/out", "--budget", "1048576"]
         );
         assert_eq!(
-            pack_argv(&cmd, "/out", None),
+            pack_argv(&cmd, "/out", None, Wire::Tar),
             ["sandboxrun-operator", "pack", "/out"]
         );
+        assert_eq!(
+            pack_argv(&cmd, "/out", Some(1), Wire::Zstd),
+            [
+                "sandboxrun-operator",
+                "pack",
+                "/out",
+                "--budget",
+                "1",
+                "--wire",
+                "zstd"
+            ]
+        );
+        let no_wire = ExecError::Failed {
+            command: "pack /out --budget 1 --wire zstd".into(),
+            status: "exit code 2".into(),
+            stderr: vec!["error: unexpected argument '--wire' found".into()],
+        };
+        assert!(no_wire.refuses_flag(WIRE_FLAG));
+        assert!(!no_wire.refuses_flag(BUDGET_FLAG));
         let old_holder = ExecError::Failed {
             command: "pack /out --budget 1".into(),
             status: "exit code 2".into(),
@@ -436,17 +464,17 @@ mod tests {
                 "Usage: sandboxrun-operator pack <PATH>".into(),
             ],
         };
-        assert!(old_holder.refuses_budget_flag());
+        assert!(old_holder.refuses_flag(BUDGET_FLAG));
         let other = ExecError::Failed {
             command: "pack /out --budget 1".into(),
             status: "exit code 1".into(),
             stderr: vec!["sandboxrun-operator pack: read-back path /out is not a directory".into()],
         };
-        assert!(!other.refuses_budget_flag());
+        assert!(!other.refuses_flag(BUDGET_FLAG));
         assert!(!ExecError::NoStatus {
             command: "pack".into()
         }
-        .refuses_budget_flag());
+        .refuses_flag(BUDGET_FLAG));
     }
 
     #[test]

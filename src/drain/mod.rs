@@ -4,6 +4,8 @@
 //!
 //! - [`path_drain`]: one path end to end — exec, pipeline, commit, retries — to a status entry.
 //! - [`exec`]: the `pack` exec in the holder and its exit status.
+//! - [`wire`]: the packer's stream as it crosses the exec (tar, or tar in zstd), decoded before the
+//!   pipeline.
 //! - [`archive`]: the streaming pipeline ([`archive::drain_stream`]) and its upload into the store.
 //!
 //! What the pipeline shares with others lives elsewhere: the entry verdict in
@@ -13,6 +15,7 @@
 pub mod archive;
 pub mod exec;
 pub mod path_drain;
+pub mod wire;
 
 pub use archive::{
     drain_into_store, drain_stream, DrainError, DrainErrorKind, DrainOptions, Progress,

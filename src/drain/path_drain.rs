@@ -29,7 +29,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::archive::{drain_stream, DrainError, DrainErrorKind, DrainOptions};
-use super::exec::{pack_argv, ExecError, PackExec};
+use super::exec::{pack_argv, ExecError, PackExec, BUDGET_FLAG};
+use super::wire::{Wire, WIRE_FLAG};
 use crate::api::{Compression, ReadBackPhase, ReadBackStatus};
 use crate::metrics::Metrics;
 use crate::store::credentials;
@@ -72,6 +73,8 @@ pub(crate) struct PathJob<'a> {
     pub cap_bytes: u64,
     /// Compression.
     pub compression: Compression,
+    /// How the packer is asked to send its tar (`pack --wire`).
+    pub wire: Wire,
     /// When the run's drain timeout ends.
     pub deadline: tokio::time::Instant,
     /// Attempts already made (recorded in status by an earlier operator).
@@ -117,6 +120,12 @@ impl AttemptError {
                 !matches!(start_status(source), Some(400 | 403 | 404))
             }
             AttemptError::Exec(e) => e.is_transient(),
+            // A zstd stream the decoder refuses is the packer's doing, not the transport's
+            // (src/drain/wire.rs): sent again, it is refused again.
+            AttemptError::Drain(DrainError {
+                kind: DrainErrorKind::Read(e),
+                ..
+            }) if e.kind() == std::io::ErrorKind::InvalidData => false,
             AttemptError::Drain(e) => matches!(
                 e.kind,
                 DrainErrorKind::Read(_)
@@ -368,6 +377,9 @@ pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
     // The path's cap, for the packer (`pack --budget`); dropped for good when the holder's packer
     // predates the flag.
     let mut budget = Some(job.cap_bytes);
+    // The encoding asked of the packer; plain tar for good when the holder's packer predates
+    // `--wire`.
+    let mut wire = job.wire;
 
     // The manifest this replica last tried to write: a PUT that failed on the wire may still have
     // committed, and the next check tells it apart from someone else's commit.
@@ -455,7 +467,7 @@ pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
         };
         let run_attempt = tokio::time::timeout(
             remaining,
-            attempt(job, &keys, &opts, ctx, budget, &mut last_written),
+            attempt(job, &keys, &opts, ctx, (budget, wire), &mut last_written),
         );
         let result = tokio::select! {
             // Dropping the attempt drops its upload, which aborts itself (src/store/upload_guard.rs).
@@ -470,7 +482,17 @@ pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
                 let status = committed_status(job.path, &manifest, &keys, job.store_url, attempts);
                 return Some(finish(job, status, started, None));
             }
-            Ok(Err(AttemptError::Exec(e))) if budget.is_some() && e.refuses_budget_flag() => {
+            Ok(Err(AttemptError::Exec(e))) if wire != Wire::Tar && e.refuses_flag(WIRE_FLAG) => {
+                warn!(
+                    path = job.path,
+                    attempt = attempts,
+                    error = %e,
+                    "the holder's packer does not know --wire (an older holder image?); retrying with a plain tar stream"
+                );
+                wire = Wire::Tar;
+                last_error = Some(AttemptError::Exec(e));
+            }
+            Ok(Err(AttemptError::Exec(e))) if budget.is_some() && e.refuses_flag(BUDGET_FLAG) => {
                 warn!(
                     path = job.path,
                     attempt = attempts,
@@ -571,19 +593,36 @@ async fn attempt(
     keys: &ObjectKeys,
     opts: &DrainOptions,
     ctx: ManifestContext,
-    budget: Option<u64>,
+    (budget, wire): (Option<u64>, Wire),
     last_written: &mut Option<Manifest>,
 ) -> Result<Manifest, AttemptError> {
-    let argv = pack_argv(job.pack_command, job.path, budget);
+    let argv = pack_argv(job.pack_command, job.path, budget, wire);
     let mut exec = PackExec::start(job.pods, job.pod_name, argv).await?;
     let stdout = exec.take_stdout().ok_or(AttemptError::NoStdout)?;
     let started = jiff::Timestamp::now();
+    // Whatever was asked, the stream says what it is (src/drain/wire.rs).
+    let decoded = match crate::drain::wire::decode(stdout).await {
+        Ok(decoded) => decoded,
+        Err(e) => {
+            return Err(AttemptError::Drain(DrainError {
+                kind: DrainErrorKind::Read(e),
+                progress: Default::default(),
+            }))
+        }
+    };
+    let (stdout, wire_bytes) = (decoded.tar, decoded.wire_bytes);
+    let wire_metric = job
+        .metrics
+        .drain_wire_bytes
+        .with_label_values(&[decoded.wire.as_str()]);
     let mut writer = archive_writer(
         Arc::clone(job.store),
         keys.archive.clone(),
         opts.max_input_bytes,
     );
-    let outcome = match drain_stream(stdout, &mut writer, opts).await {
+    let streamed = drain_stream(stdout, &mut writer, opts).await;
+    wire_metric.inc_by(wire_bytes.get());
+    let outcome = match streamed {
         Ok(outcome) => outcome,
         Err(e) => {
             // No orphaned multipart parts: an aborted attempt leaves nothing behind.
@@ -1007,6 +1046,7 @@ mod tests {
             path: "/out",
             cap_bytes: 1 << 20,
             compression: Compression::None,
+            wire: Wire::Zstd,
             deadline: tokio::time::Instant::now() + Duration::from_secs(secs),
             previous_attempts: 0,
             metrics: &bed.metrics,

@@ -1,0 +1,296 @@
+//! The encoding of the packer's stream on the exec wire (docs/contract.md "The drain"): a plain
+//! tar, or a tar in one zstd frame (`pack --wire zstd`) that the drain decompresses *before* the
+//! sanitizer and the cap meter, so they see the same tar whatever crossed the wire.
+//!
+//! The drain does not trust the packer to have honoured the flag (an older holder refuses it, a
+//! custom `--pack-command` may ignore it): it looks at the first four bytes and decodes only a
+//! stream that starts with the zstd magic number. The decoder is bounded: a frame that asks for a
+//! window over [`MAX_WINDOW_LOG`] is refused (a hostile pod cannot make the operator allocate
+//! more), and the decompressed tar is held to the drain's input bound like any other.
+
+use std::io;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use async_compression::tokio::bufread::ZstdDecoder;
+use async_compression::zstd::DParameter;
+use clap::ValueEnum;
+use tokio::io::{AsyncRead, AsyncReadExt, BufReader, ReadBuf};
+
+/// The flag that asks the packer for an encoding (`pack --wire`).
+pub(crate) const WIRE_FLAG: &str = "--wire";
+/// The first four bytes of every zstd frame (RFC 8878 §3.1.1).
+pub(crate) const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+/// Largest zstd window the drain accepts, as a power of two (8 MiB): `pack`'s level uses 512 KiB;
+/// a bigger window is a frame no packer of ours wrote.
+pub(crate) const MAX_WINDOW_LOG: u32 = 23;
+/// The zstd level `pack --wire zstd` uses: the fastest, since the holder's CPU is the workload's
+/// node's and the exec channel, not the CPU, is the drain's limit.
+pub(crate) const PACK_ZSTD_LEVEL: i32 = 1;
+
+/// How the packer's tar crosses the exec stream.
+#[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Wire {
+    /// The tar as is.
+    #[default]
+    Tar,
+    /// The tar in one zstd frame.
+    Zstd,
+}
+
+impl Wire {
+    /// The flag value and the metric label.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Wire::Tar => "tar",
+            Wire::Zstd => "zstd",
+        }
+    }
+}
+
+/// Bytes that crossed the exec wire (before any decompression), shared with the reader.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct WireBytes(Arc<AtomicU64>);
+
+impl WireBytes {
+    /// Bytes read from the wire so far.
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The packer's stream, decoded: what the drain reads, the encoding it found, and a counter of
+/// the bytes that crossed the wire.
+pub(crate) struct Decoded {
+    /// The tar stream.
+    pub tar: Box<dyn AsyncRead + Send + Unpin>,
+    /// The encoding found on the wire.
+    pub wire: Wire,
+    /// Bytes read from the wire.
+    pub wire_bytes: WireBytes,
+}
+
+/// Reads the first bytes of `stream` and returns the tar inside it: decoded when the stream
+/// starts with the zstd magic number, as is otherwise. An error reading those first bytes is the
+/// transport's and is returned as is.
+pub(crate) async fn decode<R>(stream: R) -> io::Result<Decoded>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+{
+    let transport_failed = Arc::new(AtomicBool::new(false));
+    let wire_bytes = WireBytes::default();
+    let mut counted = Counted {
+        inner: stream,
+        bytes: wire_bytes.clone(),
+        failed: Arc::clone(&transport_failed),
+    };
+    let mut head = [0u8; 4];
+    let mut filled = 0;
+    while filled < head.len() {
+        let n = counted.read(&mut head[filled..]).await?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    let rejoined = io::Cursor::new(head[..filled].to_vec()).chain(counted);
+    if filled == head.len() && head == ZSTD_MAGIC {
+        let decoder = ZstdDecoder::with_params(
+            BufReader::new(rejoined),
+            &[DParameter::window_log_max(MAX_WINDOW_LOG)],
+        );
+        Ok(Decoded {
+            tar: Box::new(Judged {
+                inner: decoder,
+                transport_failed,
+            }),
+            wire: Wire::Zstd,
+            wire_bytes,
+        })
+    } else {
+        Ok(Decoded {
+            tar: Box::new(rejoined),
+            wire: Wire::Tar,
+            wire_bytes,
+        })
+    }
+}
+
+/// Counts what the transport delivers and remembers whether it failed.
+struct Counted<R> {
+    inner: R,
+    bytes: WireBytes,
+    failed: Arc<AtomicBool>,
+}
+
+impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        match &polled {
+            Poll::Ready(Ok(())) => {
+                let n = (buf.filled().len() - before) as u64;
+                self.bytes.0.fetch_add(n, Ordering::Relaxed);
+            }
+            Poll::Ready(Err(_)) => self.failed.store(true, Ordering::Relaxed),
+            Poll::Pending => {}
+        }
+        polled
+    }
+}
+
+/// The decoder's output, with its errors told apart: the transport's pass through unchanged (a
+/// broken exec is worth another attempt), an end of the stream inside a frame ends the tar early or
+/// stays `UnexpectedEof` (a truncated stream, as a cut tar is), and anything else the decoder refuses is
+/// `InvalidData` naming the zstd stream: the packer sent something no retry will fix.
+struct Judged<D> {
+    inner: D,
+    transport_failed: Arc<AtomicBool>,
+}
+
+impl<D: AsyncRead + Unpin> AsyncRead for Judged<D> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Err(e))
+                if !self.transport_failed.load(Ordering::Relaxed)
+                    && e.kind() != io::ErrorKind::UnexpectedEof =>
+            {
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("the packer's zstd stream is corrupt: {e}"),
+                )))
+            }
+            other => other,
+        }
+    }
+}
+
+/// Compresses the packer's output into one zstd frame (`pack --wire zstd`); the frame is complete
+/// once the encoder's `finish` returns.
+pub(crate) fn zstd_writer<W: io::Write>(
+    out: W,
+) -> io::Result<zstd::stream::write::Encoder<'static, W>> {
+    zstd::stream::write::Encoder::new(out, PACK_ZSTD_LEVEL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    async fn read_all(stream: Vec<u8>) -> (io::Result<Vec<u8>>, Wire, u64) {
+        let decoded = decode(io::Cursor::new(stream)).await.unwrap();
+        let mut tar = decoded.tar;
+        let mut out = Vec::new();
+        let result = tar.read_to_end(&mut out).await.map(|_| out);
+        (result, decoded.wire, decoded.wire_bytes.get())
+    }
+
+    fn zstd_of(data: &[u8]) -> Vec<u8> {
+        let mut w = zstd_writer(Vec::new()).unwrap();
+        w.write_all(data).unwrap();
+        w.finish().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_plain_tar_passes_through_and_a_zstd_frame_is_decoded_to_the_same_bytes() {
+        let tar: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| (i % 7).to_le_bytes())
+            .collect();
+        let (plain, wire, wire_bytes) = read_all(tar.clone()).await;
+        assert_eq!(plain.unwrap(), tar);
+        assert_eq!((wire, wire_bytes), (Wire::Tar, tar.len() as u64));
+
+        let packed = zstd_of(&tar);
+        assert!(
+            packed.len() * 10 < tar.len(),
+            "compressible data compresses"
+        );
+        let (decoded, wire, wire_bytes) = read_all(packed.clone()).await;
+        assert_eq!(decoded.unwrap(), tar);
+        assert_eq!((wire, wire_bytes), (Wire::Zstd, packed.len() as u64));
+    }
+
+    #[tokio::test]
+    async fn streams_shorter_than_the_magic_number_pass_through() {
+        for stream in [vec![], vec![0x28], vec![0x28, 0xB5, 0x2F]] {
+            let (out, wire, _) = read_all(stream.clone()).await;
+            assert_eq!((out.unwrap(), wire), (stream, Wire::Tar));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_corrupt_frame_is_invalid_data_and_a_cut_frame_is_a_cut_tar() {
+        let mut corrupt = ZSTD_MAGIC.to_vec();
+        corrupt.extend_from_slice(&[0xFF; 64]);
+        let err = read_all(corrupt).await.0.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains("zstd stream is corrupt"), "{err}");
+
+        let data: Vec<u8> = (0..1_000_000u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) as u8)
+            .collect();
+        let packed = zstd_of(&data);
+        let cut = packed[..packed.len() / 2].to_vec();
+        // A frame cut short ends the decoded stream early, or as UnexpectedEof: either way the tar
+        // inside is cut, which the pipeline reports as a truncated stream (retried).
+        match read_all(cut).await.0 {
+            Ok(prefix) => {
+                assert!(prefix.len() < data.len());
+                assert_eq!(prefix[..], data[..prefix.len()]);
+            }
+            Err(err) => assert_eq!(err.kind(), io::ErrorKind::UnexpectedEof, "{err}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_frame_asking_for_a_window_over_the_bound_is_refused() {
+        let data = vec![7u8; 1024];
+        let mut w = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
+        w.set_parameter(zstd::stream::raw::CParameter::WindowLog(MAX_WINDOW_LOG + 2))
+            .unwrap();
+        // Without the content size the decoder must trust the declared window.
+        w.include_contentsize(false).unwrap();
+        w.write_all(&data).unwrap();
+        let big_window = w.finish().unwrap();
+        let err = read_all(big_window).await.0.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_transport_error_passes_through_unchanged() {
+        struct Breaks(bool);
+        impl AsyncRead for Breaks {
+            fn poll_read(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                if self.0 {
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::ConnectionReset,
+                        "gone",
+                    )));
+                }
+                self.0 = true;
+                buf.put_slice(&ZSTD_MAGIC);
+                Poll::Ready(Ok(()))
+            }
+        }
+        let decoded = decode(Breaks(false)).await.unwrap();
+        assert_eq!(decoded.wire, Wire::Zstd);
+        let mut tar = decoded.tar;
+        let err = tar.read_to_end(&mut Vec::new()).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}");
+    }
+}
