@@ -113,7 +113,13 @@ async fn drain_with(tag: &str, flags: &[&str]) -> Drained {
 
     let got = files_get(&ns.name, "wire", &store_url, &[], &[]).expect("files get");
     let _remove_got = RemoveOnDrop(got.clone());
-    assert_eq!(snapshot(&got), want, "the tree comes back identical");
+    // `files get` writes each declared path under its slug (`00-<path>`).
+    let slugs: Vec<PathBuf> = std::fs::read_dir(&got)
+        .expect("read the files get output")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    assert_eq!(slugs.len(), 1, "{slugs:?}");
+    assert_eq!(snapshot(&slugs[0]), want, "the tree comes back identical");
     Drained {
         metrics: metrics_text(port).await,
         attempts: e.attempts,

@@ -1,7 +1,7 @@
 //! The ADR-006 rule engine: spec + settings → findings. Pure: no client, no clock, no network.
 //!
 //! Both front doors — the validating webhook and `doctor --strict` — call [`check`] and print the
-//! same [`Finding`]s (STYLE: "one rule engine, two front doors"); the webhook also runs
+//! same [`Finding`]s (one rule engine, two front doors); the webhook also runs
 //! [`check_update`], and on UPDATE only as far as [`super::ratchet`] decides (a spec admitted once
 //! is not re-judged).
 //! Every finding carries a remediation hint (ADR-006 Context: "a per-failure remediation hint").

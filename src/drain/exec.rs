@@ -5,7 +5,7 @@
 //! stderr is drained concurrently, to its end, into a buffer bounded in BYTES ([`collect_notes`]):
 //! past the bound, and whatever the bytes are (invalid UTF-8, no newline at all), it keeps
 //! reading and discarding, because an undrained stderr can stall the websocket and with it stdout
-//! (CRATES.md pitfall).
+//! (a known pitfall of kube's attached processes).
 
 use std::time::Duration;
 
