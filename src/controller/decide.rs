@@ -15,6 +15,7 @@ use super::conditions::{
 use super::observe::{PodProblem, PodView, WorkloadState};
 use super::retention;
 use crate::api::{Phase, SandboxRun, FINALIZER, SKIP_DRAIN_ANNOTATION};
+use crate::units::short_duration;
 
 /// Why a run is being torn down.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -119,8 +120,8 @@ pub(crate) fn pull_verdict(
     if lasted >= timeout {
         PullVerdict::Fatal(format!(
             "{message} (still failing {} after the pod started; --image-pull-timeout is {})",
-            words(lasted),
-            words(timeout)
+            short_duration(lasted),
+            short_duration(timeout)
         ))
     } else {
         PullVerdict::Retrying {
@@ -129,23 +130,6 @@ pub(crate) fn pull_verdict(
                 .and_then(|d| Duration::try_from(d).ok()),
         }
     }
-}
-
-/// A duration in short words: `5m`, `90s`, `1h2m3s`.
-fn words(d: jiff::SignedDuration) -> String {
-    let total = d.as_secs().max(0);
-    let (h, m, s) = (total / 3600, total % 3600 / 60, total % 60);
-    let mut out = String::new();
-    if h > 0 {
-        out.push_str(&format!("{h}h"));
-    }
-    if m > 0 {
-        out.push_str(&format!("{m}m"));
-    }
-    if s > 0 || out.is_empty() {
-        out.push_str(&format!("{s}s"));
-    }
-    out
 }
 
 /// The next step for a run.
