@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
@@ -307,18 +306,9 @@ pub async fn list_manifests(
     name: &str,
 ) -> Result<Vec<(Path, Manifest)>, StoreError> {
     let dir = run_prefix(prefix, namespace, name);
-    let metas: Vec<_> = store
-        .list(Some(&dir))
-        .try_collect()
-        .await
-        .map_err(|source| StoreError::Object {
-            op: "listing",
-            key: dir.to_string(),
-            source,
-        })?;
-    let mut keys: Vec<Path> = metas
+    let mut keys: Vec<Path> = super::list_keys(store, &dir)
+        .await?
         .into_iter()
-        .map(|m| m.location)
         .filter(|p| p.filename().is_some_and(|f| f.ends_with(MANIFEST_SUFFIX)))
         .collect();
     keys.sort();

@@ -5,7 +5,6 @@
 
 use std::sync::Arc;
 
-use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
@@ -41,20 +40,11 @@ pub(crate) async fn delete_run_archives(
         }
     }
     let dir = run_dir(prefix, run);
-    let listed: Vec<_> = store
-        .list(Some(&dir))
-        .try_collect()
-        .await
-        .map_err(|source| StoreError::Object {
-            op: "listing",
-            key: dir.to_string(),
-            source,
-        })?;
     // object_store lists by path segments already; checked again here because a store that
     // matched raw string prefixes would hand back another run's keys.
-    let mut keys: Vec<Path> = listed
+    let mut keys: Vec<Path> = super::list_keys(store, &dir)
+        .await?
         .into_iter()
-        .map(|m| m.location)
         .filter(|k| k.prefix_matches(&dir) && *k != dir)
         .collect();
     keys.sort_by_key(|k| {
@@ -86,6 +76,7 @@ mod tests {
     use super::*;
     use crate::api::Compression;
     use crate::store::object_keys;
+    use futures::TryStreamExt;
     use object_store::memory::InMemory;
     use object_store::PutPayload;
 
