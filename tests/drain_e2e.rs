@@ -916,6 +916,93 @@ async fn a_path_over_its_cap_drops_one_member_and_keeps_the_rest() {
     assert!(ev.note.unwrap_or_default().contains("1 member(s) dropped"));
 }
 
+/// The packer of the parallel-paths test: it marks its path as started, waits (up to 15 s) for
+/// the path named in `.peer` to be started too, writes what it saw into `saw-peer`, then packs.
+/// Drained one after the other, the first path's packer gives up waiting and writes `no`.
+fn rendezvous_packer(bin_dir: &Path) -> PathBuf {
+    let script = bin_dir.join("rendezvous-pack.sh");
+    let real = env!("CARGO_BIN_EXE_sandboxrun-operator");
+    let text = format!(
+        r#"#!/bin/sh
+d="$1"; shift
+peer=$(cat "$d/.peer")
+: > "$d.started"
+i=0
+while [ ! -e "$peer.started" ] && [ "$i" -lt 150 ]; do sleep 0.1; i=$((i+1)); done
+if [ -e "$peer.started" ]; then echo yes > "$d/saw-peer"; else echo no > "$d/saw-peer"; fi
+exec "{real}" pack "$d" "$@"
+"#
+    );
+    std::fs::write(&script, text).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+/// Drains a run of two paths through the rendezvous packer under `flags`, and returns what each
+/// path's packer saw of the other (the `saw-peer` file of each stored archive).
+async fn saw_peer_when_draining_two_paths(tag: &str, flags: &[&str]) -> Vec<String> {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, tag).await;
+    let store_dir = host_dir(&format!("store-{tag}"));
+    let store_url = format!("file://{}", store_dir.display());
+    let bin = host_dir(&format!("{tag}-bin"));
+    let pack = format!("{} ", rendezvous_packer(&bin).display());
+    let mut all = vec!["--pack-command", pack.as_str()];
+    all.extend_from_slice(flags);
+    let op = Operator::builder(&ns.name, &store_url).flags(&all).start();
+    let a = host_dir(&format!("{tag}-a"));
+    let b = host_dir(&format!("{tag}-b"));
+    std::fs::write(a.join(".peer"), b.display().to_string()).unwrap();
+    std::fs::write(b.join(".peer"), a.display().to_string()).unwrap();
+
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "two", spec(&[&a, &b]).drain_timeout("120s")).await;
+    run_then_finish(&runs, &pods, "two", &op).await;
+    let run = wait_final(&runs, "two", &op, Duration::from_secs(150)).await;
+    for i in 0..2 {
+        assert_eq!(read_back(&run, i).phase, ReadBackPhase::Drained, "{run:?}");
+    }
+    let (store, prefix) = store_from_url(&store_url, &[]).unwrap();
+    let manifests = list_manifests(&store, &prefix, &ns.name, "two")
+        .await
+        .unwrap();
+    assert_eq!(manifests.len(), 2, "one manifest per path");
+    let mut saw = Vec::new();
+    for (i, (_, manifest)) in manifests.iter().enumerate() {
+        let out = host_dir(&format!("{tag}-extracted-{i}"));
+        extract_verified(&store, manifest, &out)
+            .await
+            .expect("extract");
+        saw.push(
+            std::fs::read_to_string(out.join("saw-peer"))
+                .unwrap()
+                .trim()
+                .to_string(),
+        );
+    }
+    saw.sort();
+    saw
+}
+
+/// Issue #15 item 3: the declared paths of a run drain in parallel — each path's packer sees the
+/// other's started — and `--max-concurrent-path-drains` bounds them: with one slot, the first
+/// path's packer waits for a peer that never comes.
+#[tokio::test]
+async fn the_paths_of_a_run_drain_in_parallel_up_to_the_path_slots() {
+    let parallel = saw_peer_when_draining_two_paths("par", &[]).await;
+    assert_eq!(parallel, ["yes", "yes"], "both packers ran at once");
+    let one_slot =
+        saw_peer_when_draining_two_paths("par1", &["--max-concurrent-path-drains", "1"]).await;
+    assert_eq!(
+        one_slot,
+        ["no", "yes"],
+        "one slot: the paths drained one after the other"
+    );
+}
+
 /// Issue #10: a 64 GiB sparse file next to a 10-byte result, under a 1Mi cap. The packer gets the
 /// cap as `--budget` and sends the big file as a zero-length placeholder, so nothing of it crosses
 /// the wire: the path ends Capped (not Failed after 260 MiB of zeros), the result is kept, and the

@@ -169,6 +169,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         )
         .with_default_retention(args.default_retention)
         .with_drain_wire(args.drain_wire)
+        .with_path_slots(usize::from(args.max_concurrent_path_drains))
         .with_open_uploads(open_uploads),
     );
 

@@ -113,6 +113,16 @@ pub struct RunArgs {
         value_parser = clap::value_parser!(u16).range(1..)
     )]
     pub max_concurrent_drains: u16,
+    /// Paths drained at once, across every run: the declared paths of a run drain in parallel,
+    /// each holding one of these slots, which bound the drain memory (see docs/operations.md,
+    /// "Sizing").
+    #[arg(
+        long,
+        env = "SANDBOXRUN_MAX_CONCURRENT_PATH_DRAINS",
+        default_value_t = 8,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub max_concurrent_path_drains: u16,
     /// Metrics and health address (/metrics, /healthz, /readyz).
     #[arg(long, env = "SANDBOXRUN_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub metrics_addr: String,

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{AttachParams, DeleteParams, Patch, PatchParams, PostParams};
@@ -198,44 +199,68 @@ async fn teardown(
         .map(|r| r.compression)
         .unwrap_or_default();
     let mut status = planned.status;
-    for path in planned.paths {
+    // The owed paths drain at once, each waiting for one of the operator-wide path slots
+    // (`--max-concurrent-path-drains`), which bound the drain memory whatever the number of runs
+    // and paths; each outcome is recorded as it is had, in the order they finish.
+    let (pods, pod_name, ns, name, uid) = (&pods, pod_name.as_str(), ns.as_str(), &name, &uid);
+    let work = planned.paths.into_iter().map(move |path| async move {
         let outcome = match path.work {
-            PathWork::Record(outcome) => outcome,
+            PathWork::Record(outcome) => Some(outcome),
             PathWork::Drain {
                 cap_bytes,
                 previous_attempts,
             } => {
-                let job = PathJob {
-                    pods: &pods,
-                    pod_name: &pod_name,
-                    pack_command: &ctx.pack_command,
-                    store: &ctx.store,
-                    open_uploads: ctx.open_uploads.as_deref(),
-                    store_prefix: &ctx.store_prefix,
-                    store_url: &ctx.store_url,
-                    namespace: &ns,
-                    run_name: &name,
-                    run_uid: &uid,
-                    index: path.index,
-                    path: &path.path,
-                    cap_bytes,
-                    compression,
-                    wire: ctx.drain_wire,
-                    deadline,
-                    previous_attempts,
-                    metrics: &ctx.metrics,
-                    cancel: &ctx.cancel,
+                let slot = tokio::select! {
+                    slot = ctx.path_slots.acquire() => slot.ok(),
+                    () = ctx.cancel.cancelled() => None,
                 };
-                match drain_path(&job).await {
-                    Some(outcome) => outcome,
-                    // This replica stops draining (lost lease, shutdown): record nothing, so the
-                    // next leader resumes the path from the store's commit point.
-                    None => return Ok(()),
+                match slot {
+                    Some(_slot) => {
+                        let job = PathJob {
+                            pods,
+                            pod_name,
+                            pack_command: &ctx.pack_command,
+                            store: &ctx.store,
+                            open_uploads: ctx.open_uploads.as_deref(),
+                            store_prefix: &ctx.store_prefix,
+                            store_url: &ctx.store_url,
+                            namespace: ns,
+                            run_name: name,
+                            run_uid: uid,
+                            index: path.index,
+                            path: &path.path,
+                            cap_bytes,
+                            compression,
+                            wire: ctx.drain_wire,
+                            deadline,
+                            previous_attempts,
+                            metrics: &ctx.metrics,
+                            cancel: &ctx.cancel,
+                        };
+                        drain_path(&job).await
+                    }
+                    None => None,
                 }
             }
         };
-        status.read_back[path.entry] = outcome;
-        apply_status(&runs, &name, &status).await?;
+        (path.entry, outcome)
+    });
+    let mut finished = futures::stream::iter(work).buffer_unordered(usize::MAX);
+    let mut stopped = false;
+    while let Some((entry, outcome)) = finished.next().await {
+        match outcome {
+            Some(outcome) if !stopped => {
+                status.read_back[entry] = outcome;
+                apply_status(&runs, name, &status).await?;
+            }
+            // This replica stops draining (lost lease, shutdown): record nothing more, so the
+            // next leader resumes the unrecorded paths from the store's commit point. The other
+            // paths' drains see the same cancellation and end without recording either.
+            _ => stopped = true,
+        }
+    }
+    if stopped {
+        return Ok(());
     }
     let end = plan::teardown_end(
         run,
@@ -245,7 +270,7 @@ async fn teardown(
         ctx.default_retention,
         Timestamp::now(),
     );
-    carry_out(ctx, run, &pod_name, pod, end).await?;
+    carry_out(ctx, run, pod_name, pod, end).await?;
     Ok(())
 }
 

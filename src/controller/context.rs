@@ -8,6 +8,7 @@ use jiff::Timestamp;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 use object_store::ObjectStore;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::decide::DecideSettings;
@@ -59,6 +60,9 @@ pub struct Context {
     pub cancel: CancellationToken,
     /// The drains in flight, off the reconcile workers.
     pub drains: DrainPool,
+    /// Paths being drained at once, across every run (`run --max-concurrent-path-drains`): the
+    /// paths of one run drain in parallel, and this bounds the operator's drain memory.
+    pub path_slots: Semaphore,
     /// Aborts an S3 archive key's open multipart uploads before each attempt (None: not S3).
     pub open_uploads: Option<Arc<OpenUploads>>,
 }
@@ -68,6 +72,13 @@ impl Context {
     /// `spec.readBack.retention`.
     pub(crate) fn with_default_retention(mut self, retention: Retention) -> Context {
         self.default_retention = retention;
+        self
+    }
+
+    /// The same context with at most `max` paths drained at once, across every run, at least 1
+    /// (`run --max-concurrent-path-drains`).
+    pub(crate) fn with_path_slots(mut self, max: usize) -> Context {
+        self.path_slots = Semaphore::new(max.max(1));
         self
     }
 
@@ -121,6 +132,7 @@ impl Context {
             default_retention: Retention::default(),
             cancel: CancellationToken::new(),
             drains: DrainPool::new(max_concurrent_drains),
+            path_slots: Semaphore::new(max_concurrent_drains.max(1)),
             open_uploads: None,
         }
     }
