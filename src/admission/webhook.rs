@@ -23,7 +23,6 @@ use tracing::{debug, info, warn};
 use super::images::{ImageResolver, RegistryCredentials};
 use super::ratchet::{judge, Review, Stored};
 use super::rules::{sort_findings, Finding, RuleSettings};
-use crate::api::SandboxRunStatus;
 
 /// Admission metrics, registered into the operator's registry.
 #[derive(Clone)]
@@ -164,14 +163,14 @@ async fn review_request(
         .as_ref()
         .map(|o| (spec_value(o), pod_exists(o)));
     let review = if req.operation == Operation::Create {
-        Review::Create { spec: &new_spec }
+        Review::Create { spec: new_spec }
     } else {
         Review::Update {
             old: old.as_ref().map(|(spec, pod_exists)| Stored {
                 spec,
                 pod_exists: *pod_exists,
             }),
-            spec: &new_spec,
+            spec: new_spec,
             // The finalizer release and every other update of a run on its way out.
             deleting: object.metadata.deletion_timestamp.is_some()
                 || req
@@ -248,21 +247,21 @@ fn respond(
     (resp, "denied")
 }
 
-/// The object's `.spec`, raw; an empty object when it has none.
-fn spec_value(obj: &DynamicObject) -> serde_json::Value {
-    obj.data
-        .get("spec")
-        .cloned()
-        .unwrap_or(serde_json::Value::Object(Default::default()))
+/// The object's `.spec`, raw and borrowed (no copy on the hot path); an empty object when it has
+/// none.
+fn spec_value(obj: &DynamicObject) -> &serde_json::Value {
+    static EMPTY: std::sync::LazyLock<serde_json::Value> =
+        std::sync::LazyLock::new(|| serde_json::Value::Object(Default::default()));
+    obj.data.get("spec").unwrap_or(&EMPTY)
 }
 
-/// Whether the object's status names its pod.
+/// Whether the object's status names its pod (read in place: the status is neither copied nor
+/// parsed whole for one field).
 fn pod_exists(obj: &DynamicObject) -> bool {
     obj.data
-        .get("status")
-        .cloned()
-        .and_then(|s| serde_json::from_value::<SandboxRunStatus>(s).ok())
-        .is_some_and(|s| s.pod_name.is_some())
+        .pointer("/status/podName")
+        .and_then(serde_json::Value::as_str)
+        .is_some()
 }
 
 /// Credentials from the run's pull secrets; unreadable secrets are skipped (the check then warns
