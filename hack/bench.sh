@@ -12,22 +12,25 @@
 #
 # The benchmarks: the webhook vs an always-allow peer (webhook_latency); the drain's peak memory
 # against hostile streams, in-process (drain_memory); the drain vs kubectl cp and raw exec on the
-# kwok node (drain_vs_kubectl_cp, 1 GiB) and on the real node (drain_real_node, 256 MiB + 1000
+# kwok node (drain_vs_kubectl_cp, 1 GiB), 8 drains at once vs 8 kubectl cp at once (drain_parallel,
+# 8 x 256 MiB) and on the real node (drain_real_node, 256 MiB + 1000
 # small files); the drain's peak memory into S3, Azure and GCS side by side (drain_store_backends,
 # 1 GiB). The drains need the local cluster (`hack/local-cluster.sh up`) and drain_real_node the
 # operator image (`hack/images.sh operator`). Asserts nothing; a benchmark that fails is recorded
 # as failed, the others still run, and the exit status is 1.
-# Sizes: WEBHOOK_ARGS, DRAIN_MEMORY_FILES, DRAIN_GIB, REAL_NODE_MIB, REAL_NODE_SMALL.
+# Sizes: WEBHOOK_ARGS, DRAIN_MEMORY_FILES, DRAIN_GIB, PARALLEL_N, PARALLEL_MIB, REAL_NODE_MIB,
+# REAL_NODE_SMALL. At the end, hack/plot.sh renders the plots (docs/plots/) when gnuplot is here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ALL=(webhook_latency drain_memory drain_vs_kubectl_cp drain_real_node drain_store_backends)
+ALL=(webhook_latency drain_memory drain_vs_kubectl_cp drain_parallel drain_real_node drain_store_backends)
 OUT=${BENCH_OUT:-target/bench-results}
 
 command_of() {  # the command line of one benchmark
   case "$1" in
-    webhook_latency) echo "nice -n 10 cargo bench --bench webhook_latency -- ${WEBHOOK_ARGS:---rate 200 --seconds 20}" ;;
+    webhook_latency) echo "nice -n 10 cargo bench --bench webhook_latency -- ${WEBHOOK_ARGS:---rate 200,1000 --seconds 20}" ;;
     drain_memory) echo "bench/drain_memory.sh ${DRAIN_MEMORY_FILES:-1000000}" ;;
     drain_vs_kubectl_cp) echo "bench/drain_vs_kubectl_cp.sh ${DRAIN_GIB:-1}" ;;
+    drain_parallel) echo "bench/drain_parallel.sh ${PARALLEL_N:-8} ${PARALLEL_MIB:-256}" ;;
     drain_real_node) echo "bench/drain_real_node.sh ${REAL_NODE_MIB:-256} ${REAL_NODE_SMALL:-1000}" ;;
     drain_store_backends) echo "bench/drain_store_backends.sh ${DRAIN_GIB:-1}" ;;
     *) return 1 ;;
@@ -67,4 +70,9 @@ jq -s --arg started "$started" --arg finished "$(date -u +%Y-%m-%dT%H:%M:%SZ)" \
   >"$OUT/results.json"
 rm -f "$summary"
 echo "wrote $OUT/results.json" >&2
+if command -v gnuplot >/dev/null; then
+  hack/plot.sh "$OUT" "${PLOTS_OUT:-docs/plots}" || failed=1
+else
+  echo "gnuplot not found (apt-get install gnuplot-nox): plots not rendered" >&2
+fi
 exit "$failed"

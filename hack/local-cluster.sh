@@ -88,10 +88,17 @@ KC
 kwok_config() {
   local stages=$(go env GOMODCACHE)/sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage
   {
-    for f in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease pod/fast/pod-ready; do
+    # pod-complete ends pods owned by a Job (bench/lifecycle_vs_jobs.sh's peer); no test makes Jobs.
+    for f in node/fast/node-initialize node/heartbeat-with-lease/node-heartbeat-with-lease pod/fast/pod-ready pod/fast/pod-complete; do
       echo '---'; cat "$stages/$f.yaml"
     done
     echo '---'; cat "$HERE/kwok/sandboxrun-stages.yaml"
+    # The same workload exit keyed by an annotation a run may set through spec.podAnnotations
+    # (sandbox.iterion.io/ keys are reserved there): the lifecycle benchmark's runs end on their own.
+    echo '---'
+    awk '/^---/ { exit } { print }' "$HERE/kwok/sandboxrun-stages.yaml" |
+      sed -e 's#sandbox.iterion.io/test-exit-code#bench.sandboxrun.test/exit-code#g' \
+          -e 's#name: sandboxrun-workload-exit#name: bench-workload-exit#'
   } >"$STATE/kwok-stages.yaml"
 }
 

@@ -1,0 +1,248 @@
+#!/usr/bin/env python3
+"""Full lifecycles per minute: N SandboxRuns against N batch/v1 Jobs, side by side on the kwok node.
+
+Run by bench/lifecycle_vs_jobs.sh (which builds the operator and sets the environment); prints
+numbers and ratios, asserts nothing. For each N:
+
+  runs   N SandboxRuns created at once (one `kubectl create -f` of N documents), each declaring
+         one read-back path holding ~1 MiB (the same host directory: kwok's exec runs the packer
+         on this host). Each pod carries the bench's exit annotation, so kwok ends its workload
+         200 ms after Running (the bed's bench-workload-exit Stage); the operator then drains the
+         path into a file:// store and the run reaches Succeeded.
+  jobs   N Jobs created the same way, one pod each, completed by kwok's stock pod-complete Stage;
+         kube-controller-manager's Job controller at its defaults.
+
+Reported: lifecycles per minute (N over first create -> last final phase), create -> Running
+and Running -> Succeeded p50/p99 for runs (from a watch, receipt times), create -> Complete
+p50/p99 for Jobs, the operator's peak RSS (VmHWM) and CPU seconds, and the apiserver's
+mutating requests per lifecycle (apiserver_request_total, verbs other than GET/LIST/WATCH,
+over the whole window: everything the cluster wrote meanwhile is included, for both sides).
+Every measurement is also appended to $BENCH_RESULTS (JSON lines) when set, and the per-run
+latencies go to lifecycle_cdf.csv beside it (for the plots).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+TIMEOUT_S = float(os.environ.get("LIFECYCLE_TIMEOUT", "1800"))
+
+
+def kubectl(*args, stdin=None):
+    return subprocess.run(
+        ["kubectl", *args], input=stdin, capture_output=True, text=True, check=True
+    ).stdout
+
+
+def result(case, metric, value, unit):
+    path = os.environ.get("BENCH_RESULTS")
+    if not path:
+        return
+    with open(path, "a") as f:
+        f.write(json.dumps({"bench": "lifecycle_vs_jobs", "case": case, "metric": metric,
+                            "value": value, "unit": unit}) + "\n")
+
+
+def quantile(values, q):
+    if not values:
+        return float("nan")
+    s = sorted(values)
+    i = max(1, min(len(s), int(-(-len(s) * q // 1))))
+    return s[i - 1]
+
+
+def apiserver_writes():
+    """Sum of apiserver_request_total over mutating verbs."""
+    total = 0.0
+    for line in kubectl("get", "--raw", "/metrics").splitlines():
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        labels, value = line.rsplit(" ", 1)
+        verb = labels.split('verb="', 1)[1].split('"', 1)[0] if 'verb="' in labels else ""
+        if verb not in ("GET", "LIST", "WATCH", "CONNECT"):
+            total += float(value)
+    return total
+
+
+class Watch:
+    """`kubectl get KIND -w`, one line an event: name and a state, stamped on receipt."""
+
+    def __init__(self, namespace, kind, template):
+        self.first_seen = {}
+        self.seen = {}  # (name, state) -> first receipt time
+        self.proc = subprocess.Popen(
+            ["kubectl", "get", kind, "-n", namespace, "-w", "--no-headers",
+             "-o", f"jsonpath={template}"],
+            stdout=subprocess.PIPE, text=True)
+        self.thread = threading.Thread(target=self.read, daemon=True)
+        self.thread.start()
+
+    def read(self):
+        for line in self.proc.stdout:
+            now = time.time()
+            parts = line.split()
+            if not parts:
+                continue
+            name, state = parts[0], " ".join(parts[1:])
+            self.first_seen.setdefault(name, now)
+            self.seen.setdefault((name, state), now)
+
+    def count(self, state):
+        return sum(1 for (_, s) in self.seen if s == state)
+
+    def times(self, state):
+        return {n: t for (n, s), t in self.seen.items() if s == state}
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def proc_stats(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    rss = 0
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                rss = int(line.split()[1]) // 1024
+    return cpu, rss
+
+
+def wait_for(check, what):
+    deadline = time.time() + TIMEOUT_S
+    while not check():
+        if time.time() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(0.5)
+
+
+def run_side(n, namespace, documents, kind, template, final_state, failed_state, op_pid=None):
+    watch = Watch(namespace, kind, template)
+    time.sleep(1.0)  # the watch is established before the first create
+    writes0 = apiserver_writes()
+    cpu0 = proc_stats(op_pid)[0] if op_pid else 0.0
+    t0 = time.time()
+    kubectl("create", "-f", "-", stdin=documents)
+    wait_for(lambda: watch.count(final_state) + watch.count(failed_state) >= n,
+             f"{n} {kind} to end")
+    t1 = max(watch.times(final_state).values(), default=time.time())
+    writes1 = apiserver_writes()
+    stats = proc_stats(op_pid) if op_pid else (0.0, 0)
+    watch.stop()
+    return {
+        "watch": watch, "t0": t0, "seconds": t1 - t0, "failed": watch.count(failed_state),
+        "writes": writes1 - writes0, "cpu": stats[0] - cpu0, "rss": stats[1],
+    }
+
+
+def runs_yaml(n, namespace, data_dir):
+    docs = []
+    for i in range(n):
+        docs.append(f"""apiVersion: sandbox.iterion.io/v1alpha1
+kind: SandboxRun
+metadata: {{name: r{i:05d}, namespace: {namespace}}}
+spec:
+  image: registry.example/tool@sha256:{"0" * 64}
+  command: [sh, -c, work]
+  user: "1000:1000"
+  podAnnotations: {{bench.sandboxrun.test/exit-code: "0"}}
+  readBack:
+    compression: none
+    paths: [{{path: "{data_dir}", sizeLimit: 8Mi}}]
+""")
+    return "---\n".join(docs)
+
+
+def jobs_yaml(n, namespace):
+    docs = []
+    for i in range(n):
+        docs.append(f"""apiVersion: batch/v1
+kind: Job
+metadata: {{name: j{i:05d}, namespace: {namespace}}}
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      containers:
+      - {{name: work, image: registry.example/tool@sha256:{"0" * 64}, command: [sh, -c, work]}}
+""")
+    return "---\n".join(docs)
+
+
+def main():
+    n = int(sys.argv[1])
+    runs_ns, jobs_ns, data_dir, op_pid = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
+    case = f"N={n}"
+
+    print(f"== N={n}: {n} SandboxRuns (create -> Running -> workload exit -> drain -> Succeeded)",
+          file=sys.stderr)
+    runs = run_side(n, runs_ns, runs_yaml(n, runs_ns, data_dir), "sandboxruns",
+                    '{.metadata.name} {.status.phase}{"\\n"}', "Succeeded", "Failed", op_pid)
+    print(f"== N={n}: {n} Jobs (create -> Complete)", file=sys.stderr)
+    jobs = run_side(n, jobs_ns, jobs_yaml(n, jobs_ns), "jobs",
+                    '{.metadata.name} {.status.succeeded}/{.status.failed}{"\\n"}', "1/", "/1")
+
+    rw, jw = runs["watch"], jobs["watch"]
+    running = rw.times("Running")
+    succeeded = rw.times("Succeeded")
+    create_to_running = [running[k] - rw.first_seen[k] for k in running if k in rw.first_seen]
+    running_to_done = [succeeded[k] - running[k] for k in succeeded if k in running]
+    create_to_done = [succeeded[k] - rw.first_seen[k] for k in succeeded if k in rw.first_seen]
+    job_done = jw.times("1/")
+    job_create_to_done = [job_done[k] - jw.first_seen[k] for k in job_done if k in jw.first_seen]
+
+    runs_per_min = n / runs["seconds"] * 60
+    jobs_per_min = n / jobs["seconds"] * 60
+    ms = lambda v: v * 1000  # noqa: E731
+    print(f"\nN = {n} on the kwok node")
+    print(f"  SandboxRuns: {runs_per_min:8.0f} lifecycles/min ({runs['seconds']:.1f} s, "
+          f"{runs['failed']} failed); create->Running p50 {ms(quantile(create_to_running, .5)):.0f} ms "
+          f"p99 {ms(quantile(create_to_running, .99)):.0f} ms; Running->Succeeded (exit + drain) "
+          f"p50 {ms(quantile(running_to_done, .5)):.0f} ms p99 {ms(quantile(running_to_done, .99)):.0f} ms")
+    print(f"  Jobs:        {jobs_per_min:8.0f} completions/min ({jobs['seconds']:.1f} s, "
+          f"{jobs['failed']} failed); create->Complete p50 {ms(quantile(job_create_to_done, .5)):.0f} ms "
+          f"p99 {ms(quantile(job_create_to_done, .99)):.0f} ms")
+    print(f"  ratio runs/Jobs per minute: {runs_per_min / jobs_per_min:.2f}x (target >= 2x at N = 1,000)")
+    print(f"  operator: peak RSS {runs['rss']} MiB (target <= 256 MiB at N = 10,000), "
+          f"CPU {runs['cpu']:.1f} s ({runs['cpu'] / n * 1000:.1f} ms a run)")
+    print(f"  apiserver mutating requests per lifecycle: runs {runs['writes'] / n:.1f} "
+          f"(target <= 12), Jobs {jobs['writes'] / n:.1f} (whole cluster, both windows)")
+
+    for metric, value, unit in [
+        ("runs_per_minute", runs_per_min, "1/min"), ("jobs_per_minute", jobs_per_min, "1/min"),
+        ("ratio_runs_vs_jobs", runs_per_min / jobs_per_min, "ratio"),
+        ("runs_failed", runs["failed"], "count"), ("jobs_failed", jobs["failed"], "count"),
+        ("run_create_to_running_p50", ms(quantile(create_to_running, .5)), "ms"),
+        ("run_create_to_running_p99", ms(quantile(create_to_running, .99)), "ms"),
+        ("run_running_to_succeeded_p50", ms(quantile(running_to_done, .5)), "ms"),
+        ("run_running_to_succeeded_p99", ms(quantile(running_to_done, .99)), "ms"),
+        ("job_create_to_complete_p50", ms(quantile(job_create_to_done, .5)), "ms"),
+        ("job_create_to_complete_p99", ms(quantile(job_create_to_done, .99)), "ms"),
+        ("operator_peak_rss", runs["rss"], "MiB"), ("operator_cpu", runs["cpu"], "s"),
+        ("apiserver_writes_per_run", runs["writes"] / n, "requests"),
+        ("apiserver_writes_per_job", jobs["writes"] / n, "requests"),
+    ]:
+        result(case, metric, value, unit)
+
+    path = os.environ.get("BENCH_RESULTS")
+    if path:
+        cdf = os.path.join(os.path.dirname(path), "lifecycle_cdf.csv")
+        new = not os.path.exists(cdf)
+        with open(cdf, "a") as f:
+            if new:
+                f.write("side,n,quantile,seconds\n")
+            for side, values in (("SandboxRun create->Succeeded", create_to_done),
+                                 ("Job create->Complete", job_create_to_done)):
+                for i in range(1, 201):
+                    f.write(f"{side},{n},{i / 200:.3f},{quantile(values, i / 200):.4f}\n")
+
+
+if __name__ == "__main__":
+    main()

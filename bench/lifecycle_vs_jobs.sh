@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Full lifecycles per minute, SandboxRuns vs batch/v1 Jobs, on the local control plane's kwok node
+# (hack/local-cluster.sh up). What is measured and how: bench/lifecycle_vs_jobs.py.
+#
+#   bench/lifecycle_vs_jobs.sh [N...]          default: 100 1000 (10000 works on kwok too)
+#   SKIP_BUILD=1 bench/lifecycle_vs_jobs.sh    reuse target/release/sandboxrun-operator
+#
+# One operator (release build, chart defaults: --concurrency 16, 8 drains) per N, watching only
+# the runs' namespace; the Jobs live in a namespace of their own. Everything it creates is
+# removed at the end.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+eval "$(hack/local-cluster.sh env)"
+hack/local-cluster.sh status >/dev/null
+SIZES=("${@:-100 1000}")
+# shellcheck disable=SC2206
+SIZES=(${SIZES[*]})
+BIN=$REPO/target/release/sandboxrun-operator
+STATE=${SANDBOXRUN_TEST_STATE:-$REPO/.k8s-local}
+WORK=$STATE/paths/bench-life-$$
+mkdir -p "$WORK/data"
+if [ -z "${SKIP_BUILD:-}" ]; then
+  echo "building the release binary" >&2
+  cargo build --release --bins >&2
+fi
+[ -x "$BIN" ] || { echo "no $BIN (cargo build --release --bins)" >&2; exit 1; }
+
+OP_PID=
+NAMESPACES=()
+cleanup() {
+  if [ -n "$OP_PID" ] && kill -0 "$OP_PID" 2>/dev/null; then
+    # Runs still held by the finalizer would keep their namespace: release them first.
+    for ns in "${NAMESPACES[@]}"; do
+      kubectl delete sbr --all -n "$ns" --wait=true --timeout=600s >/dev/null 2>&1 || true
+    done
+    kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true
+  fi
+  for ns in "${NAMESPACES[@]}"; do kubectl delete ns "$ns" --wait=false >/dev/null 2>&1 || true; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+# shellcheck source=bench/lib.sh
+. "$REPO/bench/lib.sh"
+ensure_crd
+
+# ~1 MiB a run: 16 files of 64 KiB (the same directory for every run: kwok's exec runs the packer
+# on this host).
+for i in $(seq 1 16); do dd if=/dev/urandom of="$WORK/data/f$i" bs=64K count=1 status=none; done
+
+for n in "${SIZES[@]}"; do
+  runs_ns=bench-life-runs-$n-$$
+  jobs_ns=bench-life-jobs-$n-$$
+  for ns in "$runs_ns" "$jobs_ns"; do
+    kubectl create ns "$ns" >/dev/null
+    NAMESPACES+=("$ns")
+    until kubectl get sa default -n "$ns" >/dev/null 2>&1; do sleep 0.2; done
+  done
+  port=$(free_port)
+  "$BIN" run --namespaces "$runs_ns" --store-url "file://$WORK/store-$n" \
+    --metrics-addr "127.0.0.1:$port" --webhook-addr '' --holder-image sandboxrun-operator:bench \
+    --pod-name "operator-$runs_ns" --pack-command "$BIN pack" >"$WORK/operator-$n.log" 2>&1 &
+  OP_PID=$!
+  until curl -sf "http://127.0.0.1:$port/readyz" >/dev/null; do sleep 0.2; done
+  python3 "$REPO/bench/lifecycle_vs_jobs.py" "$n" "$runs_ns" "$jobs_ns" "$WORK/data" "$OP_PID"
+  kubectl delete sbr --all -n "$runs_ns" --wait=true --timeout=600s >/dev/null
+  kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true; OP_PID=
+  kubectl delete ns "$runs_ns" "$jobs_ns" --wait=false >/dev/null
+done
