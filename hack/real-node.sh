@@ -337,13 +337,17 @@ up() {
 }
 
 ipt_chain_gone() {  # ipt_chain_gone <iptables|ip6tables> <table> <chain>: drop every jump to it, then it
-  local ipt=$1 t=$2 c=$3 rule rules
+  local ipt=$1 t=$2 c=$3 from froms n nums rules
+  # Jumps are deleted by chain and rule number, the last first so the numbers stay valid. Replaying
+  # a rule's words from `-S` (`-D` + the rule) fails on any jump with a comment: kube-router's and
+  # kube-proxy's carry quoted spaces ("kube-router netpol - …"), which word splitting breaks
+  # ("Bad argument"), so the jump stayed and the chain could not be deleted.
   rules=$($ipt -t "$t" -S 2>/dev/null || true)
-  while read -r rule; do
-    [ -n "$rule" ] || continue
-    # shellcheck disable=SC2086
-    $ipt -t "$t" ${rule/#-A /-D } 2>/dev/null || true
-  done < <(grep -E -- "-j $c( |\$)" <<<"$rules" || true)
+  froms=$(awk -v c="$c" '$1 == "-A" { for (i = 3; i < NF; i++) if (($i == "-j" || $i == "-g") && $(i+1) == c) { print $2; break } }' <<<"$rules" | sort -u)
+  for from in $froms; do
+    nums=$({ $ipt -t "$t" -L "$from" --line-numbers -n 2>/dev/null || true; } | awk -v c="$c" '$2 == c {print $1}' | sort -rn)
+    for n in $nums; do $ipt -t "$t" -D "$from" "$n" 2>/dev/null || true; done
+  done
   $ipt -t "$t" -F "$c" 2>/dev/null || true; $ipt -t "$t" -X "$c" 2>/dev/null || true
 }
 
