@@ -402,7 +402,10 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         })
         .expect("proxy Deployment");
     let placed_spec = &placed_proxy["spec"]["template"]["spec"];
-    assert_eq!(placed_spec["nodeSelector"]["pool"].as_str(), Some("sandbox"));
+    assert_eq!(
+        placed_spec["nodeSelector"]["pool"].as_str(),
+        Some("sandbox")
+    );
     assert_eq!(placed_spec["tolerations"][0]["key"].as_str(), Some("pool"));
     assert!(
         operator_deployment(&placed_docs)["spec"]["template"]["spec"]["nodeSelector"].is_null(),
