@@ -699,12 +699,31 @@ fn the_image_built_without_docker_matches_the_dockerfile() {
 struct HelmRelease {
     name: String,
     namespace: String,
+    /// The namespaces its operator watches.
+    runs_namespaces: Vec<String>,
 }
 
 impl Drop for HelmRelease {
     fn drop(&mut self) {
         if std::env::var_os("SANDBOXRUN_KEEP_NAMESPACES").is_some() {
             return;
+        }
+        // The runs first, while the release's operator still runs: it holds their drain
+        // finalizer, and once it is uninstalled nothing releases it (the namespace then stays
+        // Terminating for good).
+        for ns in &self.runs_namespaces {
+            let mut cmd = tool("kubectl");
+            cmd.args([
+                "delete",
+                "sandboxruns",
+                "--all",
+                "-n",
+                ns,
+                "--wait",
+                "--timeout",
+                "90s",
+            ]);
+            let _ = run(cmd, None);
         }
         let _ = run_helm(&[
             "uninstall",
@@ -769,12 +788,21 @@ fn install_operator_by_helm(
     if let (Some(all), serde_json::Value::Object(extra)) = (all.as_object_mut(), values) {
         all.extend(extra);
     }
+    let runs_namespaces = all["watchNamespaces"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|n| n.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
     let values_file = host_dir("helm-values").join("values.json");
     std::fs::write(&values_file, all.to_string()).expect("write values");
     let chart = repo().join("charts/sandboxrun-operator");
     let release = HelmRelease {
         name: fullname.to_string(),
         namespace: release_ns.to_string(),
+        runs_namespaces,
     };
     let installed = run_helm(&[
         "install",
