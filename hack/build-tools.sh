@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Build the local Kubernetes test bed from published Go modules (no Docker, no release downloads):
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, and the real
-# node's kubelet, kube-proxy, containerd (+shim, ctr), CNI plugins, crane and crictl.
+# node's kubelet, kube-proxy, containerd (+shim, ctr), CNI plugins, crane, crictl and kube-router
+# (its NetworkPolicy enforcer, in a cache directory of its own).
 # Output goes to a cache outside the repo, keyed by the pinned versions, so a second run is instant.
 #   usage: hack/build-tools.sh            # builds if missing, prints the bin dir on the last line
 set -euo pipefail
@@ -11,12 +12,26 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 CACHE_ROOT=${SANDBOXRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sandboxrun-operator}
 OUT=$CACHE_ROOT/$(tools_dir_name)
 BIN=$OUT/bin
-if [ -f "$OUT/.complete" ]; then echo "$BIN"; exit 0; fi
-WORK=$OUT/src
-mkdir -p "$BIN" "$WORK/k8s" "$WORK/etcd"
 export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 log() { echo "build-tools: $*" >&2; }
 start=$(date +%s)
+
+# ---- the real node's NetworkPolicy enforcer: kube-router (only its firewall controller runs, see
+# hack/real-node.sh). Its own cache directory, keyed by its version alone, and built before the
+# `.complete` shortcut below, so a bed whose Kubernetes is already cached gains it without a
+# rebuild. A plain go install (its go.mod has no replace directive).
+KUBE_ROUTER_BIN=$CACHE_ROOT/$(kube_router_dir_name)/bin
+if [ ! -x "$KUBE_ROUTER_BIN/kube-router" ]; then
+  log "building kube-router $KUBE_ROUTER_VERSION"
+  mkdir -p "$KUBE_ROUTER_BIN"
+  KR=github.com/cloudnativelabs/kube-router/v2
+  GOBIN=$KUBE_ROUTER_BIN go install -trimpath -ldflags "-s -w -X $KR/pkg/version.Version=$KUBE_ROUTER_VERSION" \
+    "$KR/cmd/kube-router@$KUBE_ROUTER_VERSION"
+fi
+
+if [ -f "$OUT/.complete" ]; then echo "$BIN"; exit 0; fi
+WORK=$OUT/src
+mkdir -p "$BIN" "$WORK/k8s" "$WORK/etcd"
 
 # ---- k8s.io/kubernetes: its go.mod points every k8s.io/<staging> module at ./staging with v0.0.0,
 # so `go install k8s.io/kubernetes/cmd/...@v` fails. A wrapper module replaces each staging module

@@ -17,6 +17,10 @@ bed_defaults() {
   # The real node's name and address (its bridge's; the apiserver advertises it, see real-node.sh).
   REAL_NODE_NAME=${REAL_NODE_NAME:-real-node-0}
   REAL_NODE_IP=${REAL_NODE_IP:-10.244.0.1}
+  # The Service ClusterIP range (the apiserver's --service-cluster-ip-range; kube-router, the real
+  # node's NetworkPolicy enforcer, must be told it too). Fixed: the apiserver's certificate names
+  # its first address, 10.0.0.1 (hack/local-cluster.sh pki).
+  SERVICE_CIDR=10.0.0.0/24
   # The object-store emulators (hack/store-emulators.sh): fake-gcs-server and Azurite's blob service.
   GCS_PORT=${GCS_PORT:-19100}
   AZURITE_PORT=${AZURITE_PORT:-19200}
@@ -34,6 +38,12 @@ emulators_dir_name() {
 # other emulators' cache (and the beds already using it) untouched.
 gofakes3_dir_name() {
   echo "gofakes3-$GOFAKES3_VERSION"
+}
+
+# The cache directory of the real node's NetworkPolicy enforcer (kube-router), keyed by its version
+# alone, like gofakes3's: adding or bumping it leaves the Kubernetes build untouched.
+kube_router_dir_name() {
+  echo "kube-router-$KUBE_ROUTER_VERSION"
 }
 
 # The cache directory of the Go-built tools, keyed by every pinned version, so a version bump
@@ -73,9 +83,11 @@ host_state_snapshot() {
   for ipt in iptables ip6tables; do for t in nat filter mangle; do
     { $ipt -t "$t" -S 2>/dev/null || true; } | awk -v p="$ipt $t" '/^-N /{print "chain " p " " $2}'
   done; done | sort
+  # kube-router (the real node's NetworkPolicy enforcer) keeps its peers' addresses in ipsets.
+  { ipset list -n 2>/dev/null || true; } | sed 's/^/ipset /' | sort
   awk '$2 ~ /kubelet|containerd|netns|k8s-local/ {print "mount " $2}' /proc/self/mounts | sort
   for s in /run/containerd /var/lib/cni /run/netns; do [ ! -e "$s" ] || echo "path $s"; done
   for s in /sys/fs/cgroup/*/kubepods; do [ ! -d "$s" ] || echo "cgroup $s"; done
   local procs; procs=$(ps -eo comm=)
-  { grep -x -E 'kubelet|containerd|kube-proxy|containerd-shim' <<<"$procs" || true; } | sed 's/^/process /' | sort
+  { grep -x -E 'kubelet|containerd|kube-proxy|containerd-shim|kube-router' <<<"$procs" || true; } | sed 's/^/process /' | sort
 }

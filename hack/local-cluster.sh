@@ -160,7 +160,7 @@ up() {
     --kubelet-client-certificate="$P/apiserver-kubelet-client.crt" --kubelet-client-key="$P/apiserver-kubelet-client.key" \
     --kubelet-certificate-authority="$P/ca.crt" \
     --service-account-issuer="https://127.0.0.1:$APISERVER_PORT" --service-account-key-file="$P/sa.pub" \
-    --service-account-signing-key-file="$P/sa.key" --service-cluster-ip-range=10.0.0.0/24 \
+    --service-account-signing-key-file="$P/sa.key" --service-cluster-ip-range="$SERVICE_CIDR" \
     --authorization-mode=Node,RBAC --allow-privileged=true \
     --enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultStorageClass,ResourceQuota,PodSecurity,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
     --kubelet-preferred-address-types=InternalIP,Hostname

@@ -4,10 +4,11 @@
 # hack/local-cluster.sh calls this; run it by hand only to debug the node.
 #
 #   hack/real-node.sh up       preflight, bridge, PKI, configs; start containerd, kubelet,
-#                              kube-proxy and the pod-facing forwards; wait until the node is Ready
+#                              kube-proxy, kube-router (NetworkPolicy) and the pod-facing forwards;
+#                              wait until the node is Ready and NetworkPolicy is enforced
 #   hack/real-node.sh down     remove every pod sandbox (CNI DEL), stop what `up` started (by PID),
 #                              then restore every host setting it changed (sysctls, iptables chains,
-#                              the bridge, mounts, /run/containerd, /var/lib/cni, cgroups)
+#                              ipsets, the bridge, mounts, /run/containerd, /var/lib/cni, cgroups)
 #   hack/real-node.sh status   exit 0 when the node is Ready
 #
 # The node is tainted sandbox.iterion.io/real-node=true:NoSchedule and labelled
@@ -17,7 +18,11 @@
 # http://$NODE_IP:$S3_PORT (another forward). Images come from the local registry, which the node
 # pulls as localhost:$REGISTRY_PORT over plain HTTP.
 #
-# Needs root, runc, iptables, conntrack and socat (Debian packages; .ci/run installs them).
+# NetworkPolicy is ENFORCED on this node: bridge CNI does not enforce it, so kube-router runs beside
+# kube-proxy with only its network policy controller on (iptables + ipset; docs/user-guide.md
+# "Egress: what is enforced, and by whom"). A pod no policy selects is not filtered.
+#
+# Needs root, runc, iptables, ipset, conntrack and socat (Debian packages; .ci/run installs them).
 # Every pitfall this machine showed is written next to the line that handles it.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -32,6 +37,9 @@ KUBELET_PORT=${REAL_NODE_KUBELET_PORT:-11250}     # 10250 is kwok's
 KUBELET_HEALTHZ_PORT=${REAL_NODE_KUBELET_HEALTHZ_PORT:-11248}
 KUBE_PROXY_HEALTHZ_PORT=${REAL_NODE_PROXY_HEALTHZ_PORT:-11256}
 KUBE_PROXY_METRICS_PORT=${REAL_NODE_PROXY_METRICS_PORT:-11249}
+KUBE_ROUTER_HEALTH_PORT=${REAL_NODE_KUBE_ROUTER_HEALTH_PORT:-11257}
+# In a cache directory of its own (hack/build-tools.sh builds it; hack/lib.sh kube_router_dir_name).
+KUBE_ROUTER=$CACHE_ROOT/$(kube_router_dir_name)/bin/kube-router
 TAINT=sandbox.iterion.io/real-node
 REG=localhost:$REGISTRY_PORT
 N=$STATE/node; P=$N/pki; R=$N/run; LOGS=$N/logs; C=$N/containerd
@@ -82,11 +90,12 @@ preflight() {
   for b in kubelet kube-proxy containerd containerd-shim-runc-v2 crictl cni/bridge cni/host-local cni/loopback cni/portmap; do
     [ -x "$BIN/$b" ] || missing="$missing $b"
   done
+  [ -x "$KUBE_ROUTER" ] || missing="$missing $KUBE_ROUTER"
   [ -z "$missing" ] || die "missing$missing in $BIN: run hack/build-tools.sh"
-  for b in "$RUNC" iptables ip6tables conntrack socat ip; do
+  for b in "$RUNC" iptables ip6tables ipset conntrack socat ip curl; do
     command -v "$b" >/dev/null 2>&1 || missing="$missing $b"
   done
-  [ -z "$missing" ] || die "missing$missing: apt-get install -y runc iptables conntrack socat iproute2"
+  [ -z "$missing" ] || die "missing$missing: apt-get install -y runc iptables ipset conntrack socat iproute2 curl"
   [ -f "$CAKEY" ] || die "no control plane at $STATE (hack/local-cluster.sh up starts it, then this)"
   [ -d /sys/fs/cgroup ] || die "no /sys/fs/cgroup: kubelet cannot run here"
   # A unix socket path is at most 107 bytes; containerd appends .ttrpc to its socket.
@@ -101,7 +110,7 @@ preflight() {
     mkdir -p "$N"; touch "$N/bridge.ours"
   fi
   local port
-  for port in "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT" "$KUBE_PROXY_HEALTHZ_PORT" "$KUBE_PROXY_METRICS_PORT"; do
+  for port in "$KUBELET_PORT" "$KUBELET_HEALTHZ_PORT" "$KUBE_PROXY_HEALTHZ_PORT" "$KUBE_PROXY_METRICS_PORT" "$KUBE_ROUTER_HEALTH_PORT"; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then die "port $port is taken (set the REAL_NODE_*_PORT variables)"; fi
   done
 }
@@ -115,6 +124,7 @@ save_host_state() {  # first `up` only: what `down` must restore or leave alone
   [ ! -d /run/containerd ] || touch "$N/run-containerd.existed"   # another containerd's shim dir
   [ ! -d /var/lib/cni ] || touch "$N/var-lib-cni.existed"
   [ ! -d /run/netns ] || touch "$N/run-netns.existed"   # bridge CNI puts the pods' netns here
+  { ipset list -n 2>/dev/null || true; } >"$N/ipset.before"   # kube-router's sets are the others
   local s
   for s in $SYSCTLS; do echo "$s=$(sysctl -n "$s")"; done >"$N/sysctl.orig"   # written last: the marker
 }
@@ -291,22 +301,53 @@ up() {
     --root-dir "$N/kubelet" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \
     --node-labels "$TAINT=true" --v=1
   start kube-proxy "$BIN/kube-proxy" --config "$N/kube-proxy-config.yaml" --v=1
+  # NetworkPolicy: bridge CNI ignores it, so kube-router's network policy controller enforces it,
+  # as a host process like kube-proxy (its DaemonSet would need the CNI it replaces to start).
+  # - Only the firewall: --run-router would speak BGP and rewrite routes, --run-service-proxy
+  #   would replace kube-proxy with IPVS; --enable-cni=false leaves CNI to the bridge plugin.
+  # - It filters pods by rules in filter INPUT/FORWARD/OUTPUT (chains KUBE-ROUTER-*, KUBE-POD-FW-*,
+  #   KUBE-NWPLCY-*; `down` removes every KUBE- chain that was not there before) and ipsets of
+  #   peers (`down` destroys those that were not there before). Pod-to-pod traffic on our bridge is
+  #   seen by iptables because the bridge is br_netfilter'd (net.bridge.bridge-nf-call-iptables=1).
+  # - A pod's egress to THIS host (the node IP, the host's own addresses) goes through INPUT and is
+  #   filtered too, except: the Service range (--service-cluster-ip-range) and NodePorts on a local
+  #   address (--service-node-port-range, 30000-32767) are let through before any policy.
+  # - Its health server binds ":port" (every address; there is no flag for the address); metrics off.
+  # - It learns the node IP from the Node object, so it starts after kubelet registered the node
+  #   (it exits when the Node does not exist yet). It looks the Node up by $NODE_NAME, then by this
+  #   host's hostname, and only then by --hostname-override: NODE_NAME is set so that a host whose
+  #   hostname is another node's name cannot make it enforce that node's pods here.
+  # - The admin kubeconfig: it lists/watches pods, namespaces, NetworkPolicies and nodes.
+  # - Not kube-network-policies: it needs the nftables `queue` expression, which this kernel lacks.
+  wait_for "node $NODE_NAME registered" 120 kc get node "$NODE_NAME"
+  start kube-router env NODE_NAME="$NODE_NAME" "$KUBE_ROUTER" --kubeconfig "$KUBECONFIG_ADMIN" --hostname-override "$NODE_NAME" \
+    --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
+    --enable-ipv4=true --enable-ipv6=false --service-cluster-ip-range "$SERVICE_CIDR" \
+    --health-port "$KUBE_ROUTER_HEALTH_PORT" --metrics-port 0 --v=1
   # Pods reach the apiserver's and the S3 server's loopback ports through the node IP.
   start forward-apiserver socat "TCP-LISTEN:$APISERVER_PORT,bind=$NODE_IP,fork,reuseaddr" "TCP:127.0.0.1:$APISERVER_PORT"
   start forward-s3 socat "TCP-LISTEN:$S3_PORT,bind=$NODE_IP,fork,reuseaddr" "TCP:127.0.0.1:$S3_PORT"
   wait_for "node $NODE_NAME Ready" 180 node_ready
   wait_for kube-proxy 60 bash -c "exec 3<>/dev/tcp/127.0.0.1/$KUBE_PROXY_HEALTHZ_PORT"
-  log "node $NODE_NAME Ready in $(( $(date +%s) - t0 ))s (containerd, kubelet, kube-proxy; taint $TAINT=true:NoSchedule)"
+  # Healthy once its controller has synced; its top-level chain is there once its first full sync
+  # ran (before that, a policy would not be enforced yet).
+  wait_for kube-router 120 curl -fsS "http://127.0.0.1:$KUBE_ROUTER_HEALTH_PORT/healthz"
+  wait_for "kube-router's chains" 60 iptables -t filter -S KUBE-ROUTER-FORWARD
+  log "node $NODE_NAME Ready in $(( $(date +%s) - t0 ))s (containerd, kubelet, kube-proxy, kube-router; taint $TAINT=true:NoSchedule)"
 }
 
 ipt_chain_gone() {  # ipt_chain_gone <iptables|ip6tables> <table> <chain>: drop every jump to it, then it
-  local ipt=$1 t=$2 c=$3 rule rules
+  local ipt=$1 t=$2 c=$3 from froms n nums rules
+  # Jumps are deleted by chain and rule number, the last first so the numbers stay valid. Replaying
+  # a rule's words from `-S` (`-D` + the rule) fails on any jump with a comment: kube-router's and
+  # kube-proxy's carry quoted spaces ("kube-router netpol - …"), which word splitting breaks
+  # ("Bad argument"), so the jump stayed and the chain could not be deleted.
   rules=$($ipt -t "$t" -S 2>/dev/null || true)
-  while read -r rule; do
-    [ -n "$rule" ] || continue
-    # shellcheck disable=SC2086
-    $ipt -t "$t" ${rule/#-A /-D } 2>/dev/null || true
-  done < <(grep -E -- "-j $c( |\$)" <<<"$rules" || true)
+  froms=$(awk -v c="$c" '$1 == "-A" { for (i = 3; i < NF; i++) if (($i == "-j" || $i == "-g") && $(i+1) == c) { print $2; break } }' <<<"$rules" | sort -u)
+  for from in $froms; do
+    nums=$({ $ipt -t "$t" -L "$from" --line-numbers -n 2>/dev/null || true; } | awk -v c="$c" '$2 == c {print $1}' | sort -rn)
+    for n in $nums; do $ipt -t "$t" -D "$from" "$n" 2>/dev/null || true; done
+  done
   $ipt -t "$t" -F "$c" 2>/dev/null || true; $ipt -t "$t" -X "$c" 2>/dev/null || true
 }
 
@@ -317,6 +358,8 @@ down() {
     kc delete pods -A --field-selector "spec.nodeName=$NODE_NAME" --grace-period=1 --wait=false >/dev/null 2>&1 || true
   fi
   stop forward-apiserver; stop forward-s3
+  # kube-router first: it would re-add its chains while we remove them (step 3 removes them).
+  stop kube-router
   stop kube-proxy
   "$BIN/kube-proxy" --cleanup --v=0 >/dev/null 2>&1 || true
   stop kubelet
@@ -349,6 +392,14 @@ down() {
       grep -qx "$ipt $t $c" "$N/iptables.before" 2>/dev/null || ipt_chain_gone "$ipt" "$t" "$c"
     done
   done; done
+  # kube-router's ipsets (KUBE-SRC-*, KUBE-DST-*) that were not there before, once no rule refers
+  # to them (a set in use cannot be destroyed).
+  local set sets
+  sets=$(ipset list -n 2>/dev/null || true)
+  for set in $sets; do
+    case $set in KUBE-SRC-*|KUBE-DST-*) ;; *) continue ;; esac
+    grep -qxF -- "$set" "$N/ipset.before" 2>/dev/null || ipset destroy "$set" 2>/dev/null || true
+  done
   # 4. cgroups kubelet created (the pods are gone, so rmdir leaf-first succeeds).
   local h
   for h in /sys/fs/cgroup/*/; do

@@ -378,6 +378,39 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         "no proxy objects when disabled"
     );
     assert!(off.contains("- --network-policy=unenforced-warn\n"));
+
+    // Placed by its own values, not the operator's (the real-node test puts both on the real node).
+    assert!(spec["nodeSelector"].is_null() && spec["tolerations"].is_null());
+    let placed = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "egressProxy.nodeSelector.pool=sandbox",
+            "--set",
+            "egressProxy.tolerations[0].key=pool,egressProxy.tolerations[0].operator=Exists",
+        ]),
+        None,
+    );
+    let placed_docs = yaml_docs(&placed);
+    let placed_proxy = placed_docs
+        .iter()
+        .find(|d| {
+            d["kind"].as_str() == Some("Deployment")
+                && d["metadata"]["name"].as_str() == Some("demo-sandboxrun-operator-egress-proxy")
+        })
+        .expect("proxy Deployment");
+    let placed_spec = &placed_proxy["spec"]["template"]["spec"];
+    assert_eq!(
+        placed_spec["nodeSelector"]["pool"].as_str(),
+        Some("sandbox")
+    );
+    assert_eq!(placed_spec["tolerations"][0]["key"].as_str(), Some("pool"));
+    assert!(
+        operator_deployment(&placed_docs)["spec"]["template"]["spec"]["nodeSelector"].is_null(),
+        "the operator keeps its own placement"
+    );
     let bad = run(
         helm(&[
             "template",

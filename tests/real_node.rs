@@ -14,6 +14,7 @@ mod support;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Toleration};
@@ -698,12 +699,31 @@ fn the_image_built_without_docker_matches_the_dockerfile() {
 struct HelmRelease {
     name: String,
     namespace: String,
+    /// The namespaces its operator watches.
+    runs_namespaces: Vec<String>,
 }
 
 impl Drop for HelmRelease {
     fn drop(&mut self) {
         if std::env::var_os("SANDBOXRUN_KEEP_NAMESPACES").is_some() {
             return;
+        }
+        // The runs first, while the release's operator still runs: it holds their drain
+        // finalizer, and once it is uninstalled nothing releases it (the namespace then stays
+        // Terminating for good).
+        for ns in &self.runs_namespaces {
+            let mut cmd = tool("kubectl");
+            cmd.args([
+                "delete",
+                "sandboxruns",
+                "--all",
+                "-n",
+                ns,
+                "--wait",
+                "--timeout",
+                "90s",
+            ]);
+            let _ = run(cmd, None);
         }
         let _ = run_helm(&[
             "uninstall",
@@ -723,6 +743,98 @@ fn kubectl_apply(ns: &str, manifest: &str) -> Output {
     run(cmd, Some(manifest.as_bytes()))
 }
 
+/// `helm install` of charts/ into `release_ns` as release `fullname`, with the operator image
+/// built without Docker, the S3 store of the bed (credentials in a Secret, as
+/// config/samples/s3-store.yaml says), the operator on the real node, and `values` on top (each
+/// top-level key replaces the default). Waits until the release is ready; fails with the pods'
+/// description when it is not.
+fn install_operator_by_helm(
+    release_ns: &str,
+    fullname: &str,
+    store_url: &str,
+    values: serde_json::Value,
+) -> HelmRelease {
+    let s3 = s3();
+    let secret = json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "store", "namespace": release_ns},
+        "stringData": {
+            "AWS_ACCESS_KEY_ID": s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": s3.secret_key,
+            "AWS_REGION": "us-east-1",
+        },
+    });
+    let applied = kubectl_apply(release_ns, &secret.to_string());
+    assert!(applied.status.success(), "{applied:?}");
+
+    let image = pod_image("sandboxrun-operator");
+    let (repository, digest) = image.split_once('@').expect("pinned image");
+    let mut all = json!({
+        "fullnameOverride": fullname,
+        "image": {"repository": repository, "digest": digest},
+        "store": {
+            "url": store_url,
+            "existingSecret": "store",
+            "options": [
+                format!("endpoint={}", bed_setting("SANDBOXRUN_TEST_POD_S3_ENDPOINT")),
+                "allow_http=true",
+            ],
+        },
+        "readBack": {"drainTimeout": "2m"},
+        "log": {"format": "text"},
+        "nodeSelector": {REAL_NODE_LABEL: "true"},
+        "tolerations": [real_node_toleration()],
+    });
+    if let (Some(all), serde_json::Value::Object(extra)) = (all.as_object_mut(), values) {
+        all.extend(extra);
+    }
+    let runs_namespaces = all["watchNamespaces"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|n| n.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let values_file = host_dir("helm-values").join("values.json");
+    std::fs::write(&values_file, all.to_string()).expect("write values");
+    let chart = repo().join("charts/sandboxrun-operator");
+    let release = HelmRelease {
+        name: fullname.to_string(),
+        namespace: release_ns.to_string(),
+        runs_namespaces,
+    };
+    let installed = run_helm(&[
+        "install",
+        fullname,
+        &chart.display().to_string(),
+        "-n",
+        release_ns,
+        "-f",
+        &values_file.display().to_string(),
+        "--wait",
+        "--timeout",
+        "4m",
+    ]);
+    if !installed.status.success() {
+        let described = Command::new(kubectl())
+            .args(["describe", "pods", "-n", release_ns])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default();
+        panic!(
+            "helm install failed: {}\n{described}",
+            String::from_utf8_lossy(&installed.stderr)
+        );
+    }
+    release
+}
+
+/// The toleration of the real node's taint, as a chart value.
+fn real_node_toleration() -> serde_json::Value {
+    json!({"key": REAL_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"})
+}
+
 /// The operator as users install it: `helm install` of charts/ with the image built without
 /// Docker, two replicas (leader election), the S3 store, the webhook behind the chart's Service.
 /// It runs in the cluster with only the chart's ServiceAccount and RBAC; the apiserver reaches
@@ -736,75 +848,19 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
     let runs_ns = restricted_namespace(&client, "helm-runs").await;
     let s3 = s3();
     let fullname = format!("sbr-{:08x}", rand_u32());
-    let prefix = format!("helm-{fullname}");
-    let store_url = format!("s3://{}/{prefix}", s3.bucket);
-
-    // Store credentials in a Secret, as config/samples/s3-store.yaml says.
-    let secret = json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "store", "namespace": release_ns.name},
-        "stringData": {
-            "AWS_ACCESS_KEY_ID": s3.access_key,
-            "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-            "AWS_REGION": "us-east-1",
-        },
-    });
-    let applied = kubectl_apply(&release_ns.name, &secret.to_string());
-    assert!(applied.status.success(), "{applied:?}");
-
-    let image = pod_image("sandboxrun-operator");
-    let (repository, digest) = image.split_once('@').expect("pinned image");
-    let values = json!({
-        "fullnameOverride": fullname,
-        "image": {"repository": repository, "digest": digest},
-        "replicas": 2,
-        "watchNamespaces": [runs_ns.name],
-        "store": {
-            "url": store_url,
-            "existingSecret": "store",
-            "options": [
-                format!("endpoint={}", bed_setting("SANDBOXRUN_TEST_POD_S3_ENDPOINT")),
-                "allow_http=true",
-            ],
-        },
-        "readBack": {"drainTimeout": "2m"},
-        // Only this test's namespace goes through this release's webhook.
-        "webhook": {"namespaceSelector": {"matchLabels": {"sandboxrun-test": runs_ns.name}}},
-        "log": {"format": "text"},
-        "nodeSelector": {REAL_NODE_LABEL: "true"},
-        "tolerations": [{"key": REAL_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
-    });
-    let values_file = host_dir("helm-values").join("values.json");
-    std::fs::write(&values_file, values.to_string()).expect("write values");
-    let chart = repo().join("charts/sandboxrun-operator");
-    let _release = HelmRelease {
-        name: fullname.clone(),
-        namespace: release_ns.name.clone(),
-    };
-    let installed = run_helm(&[
-        "install",
-        &fullname,
-        &chart.display().to_string(),
-        "-n",
+    let store_url = format!("s3://{}/helm-{fullname}", s3.bucket);
+    let _release = install_operator_by_helm(
         &release_ns.name,
-        "-f",
-        &values_file.display().to_string(),
-        "--wait",
-        "--timeout",
-        "4m",
-    ]);
+        &fullname,
+        &store_url,
+        json!({
+            "replicas": 2,
+            "watchNamespaces": [runs_ns.name],
+            // Only this test's namespace goes through this release's webhook.
+            "webhook": {"namespaceSelector": {"matchLabels": {"sandboxrun-test": runs_ns.name}}},
+        }),
+    );
     let operator_pods: Api<Pod> = Api::namespaced(client.clone(), &release_ns.name);
-    if !installed.status.success() {
-        let described = Command::new(kubectl())
-            .args(["describe", "pods", "-n", &release_ns.name])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-            .unwrap_or_default();
-        panic!(
-            "helm install failed: {}\n{described}",
-            String::from_utf8_lossy(&installed.stderr)
-        );
-    }
     // The operator's own pods (the chart's egress proxy runs beside them).
     let pod_names: Vec<String> = operator_pods
         .list(&ListParams::default().labels("app.kubernetes.io/component=controller"))
@@ -955,6 +1011,339 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
     )
     .await;
     assert!(text.contains("sandboxrun_"), "{text}");
+}
+
+/// What a run's workload does in the egress test: waits for the test's go-ahead (the enforcer has
+/// programmed this pod), then tries each address directly and, when the operator gave it a proxy,
+/// through the egress proxy, and writes one `name=ok|fail <answer>` line per attempt to its
+/// termination message. busybox's applets are called through `busybox` (the image links only a
+/// few); its wget has no timeout option, hence `timeout`.
+const EGRESS_PROBE: &str = r#"bb=/bin/busybox
+i=0; while [ ! -e /tmp/go ] && [ $i -lt 600 ]; do sleep 0.2; i=$((i+1)); done
+try() {
+  name=$1; shift
+  if r=$($bb timeout 10 $bb wget -q -O - "$@" 2>&1); then echo "$name=ok $r"; else echo "$name=fail $r"; fi
+}
+{
+  try direct_allowed -Y off "http://$ALLOWED/"
+  try direct_denied -Y off "http://$DENIED/"
+  if [ -n "${http_proxy:-}" ]; then
+    echo "proxy_host=${http_proxy##*@}"
+    # The bed has no cluster DNS: the proxy's Service name is swapped for its ClusterIP; the
+    # scheme, the run's uid:token and the port stay the operator's.
+    export http_proxy="${http_proxy%@*}@$PROXY_ADDR:${http_proxy##*:}"
+    try proxy_allowed "http://$ALLOWED/"
+    try proxy_denied "http://$DENIED/"
+  fi
+} > /dev/termination-log
+cat /dev/termination-log
+"#;
+
+/// An HTTP server on `ip` (a port outside the NodePort range, which kube-router lets through to
+/// local addresses before any policy) answering every request with `<name> from <peer address>`;
+/// the peers it served, in order.
+async fn echo_listener(ip: &str, name: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind((ip, 0))
+        .await
+        .unwrap_or_else(|e| panic!("listen on {ip}: {e}"));
+    let addr = listener.local_addr().expect("local addr");
+    assert!(
+        !(30000..=32767).contains(&addr.port()),
+        "{addr} is in the NodePort range"
+    );
+    let peers = Arc::new(Mutex::new(Vec::new()));
+    let seen = peers.clone();
+    tokio::spawn(async move {
+        while let Ok((mut conn, peer)) = listener.accept().await {
+            let peer = peer.ip().to_string();
+            seen.lock().expect("peers").push(peer.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") && got.len() < 64 * 1024 {
+                    match tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await {
+                        Ok(Ok(n)) if n > 0 => got.extend_from_slice(&buf[..n]),
+                        _ => break,
+                    }
+                }
+                let body = format!("{name} from {peer}\n");
+                let reply = format!(
+                    "HTTP/1.0 200 OK\r\nContent-Type: text/plain\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(reply.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    (addr.to_string(), peers)
+}
+
+/// An IPv4 address of this host other than the real node's (its bridge's): pods reach it through
+/// their gateway, so it is on the node network without being the node IP.
+fn other_host_address(node_ip: &str) -> String {
+    let out = Command::new("ip")
+        .args(["-o", "-4", "addr", "show", "scope", "global"])
+        .output()
+        .expect("run ip addr");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .filter_map(|cidr| cidr.split('/').next())
+        .find(|a| *a != node_ip)
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no global IPv4 address on this host besides {node_ip}"))
+}
+
+/// The termination message of a finished run as `name -> answer` (`ok …` or `fail …`).
+fn probe_lines(run: &SandboxRun) -> BTreeMap<String, String> {
+    run.status
+        .as_ref()
+        .and_then(|s| s.workload.as_ref())
+        .and_then(|w| w.message.clone())
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Starts the run's probe once the NetworkPolicy enforcer (kube-router, hack/real-node.sh) has
+/// programmed its pod: a plugin applies a new pod's rules a moment after the pod got its address,
+/// so the workload waits for the go-ahead instead of racing it. Returns the pod's IP.
+async fn release_probe(pods: &Api<Pod>, ns: &str, run: &SandboxRun) -> String {
+    let pod = pod_of(run);
+    let ip = eventually(
+        "the run's pod to get an IP",
+        Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            let pod = pod.clone();
+            async move { pods.get(&pod).await.ok()?.status?.pod_ip }
+        },
+    )
+    .await;
+    let rule = format!("-s {ip}/32 ");
+    eventually(
+        "kube-router to program the pod",
+        Duration::from_secs(60),
+        || {
+            let out = Command::new("iptables")
+                .args(["-t", "filter", "-S", "KUBE-ROUTER-FORWARD"])
+                .output();
+            let programmed = out
+                .map(|o| String::from_utf8_lossy(&o.stdout).contains(&rule))
+                .unwrap_or(false);
+            async move { programmed.then_some(()) }
+        },
+    )
+    .await;
+    let go = Command::new(kubectl())
+        .args([
+            "exec",
+            "-n",
+            ns,
+            &pod,
+            "-c",
+            "workload",
+            "--",
+            "/bin/touch",
+            "/tmp/go",
+        ])
+        .output()
+        .expect("kubectl exec");
+    assert!(go.status.success(), "{go:?}");
+    ip
+}
+
+/// Issue 13 on the real node, where kube-router enforces NetworkPolicy (hack/real-node.sh): from
+/// inside real containers, a run whose `spec.network` allows one address and denies another
+/// (docs/contract.md "ADR-006 network rules: validated and enforced").
+/// - Control: a run with open egress reaches BOTH addresses directly, so the network works and
+///   the denied address is reachable without the policy.
+/// - Filtered (`allowlist`: `<host>/32`, `10.244.0.0/24`, `!<node IP>/32`): the allowed address
+///   is reached directly, the denied one is not (its listener never sees this pod); through the
+///   chart's egress proxy (with the run's token), the allowed address is fetched — the listener
+///   sees the proxy pod, not the run's — and the denied one is refused with 403.
+#[tokio::test]
+async fn a_runs_network_policy_and_egress_proxy_are_enforced_from_inside_a_real_container() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let release_ns = TestNamespace::new(&client, "egress").await;
+    let runs_ns = restricted_namespace(&client, "egress-runs").await;
+    let fullname = format!("sbr-{:08x}", rand_u32());
+    let store_url = format!("s3://{}/egress-{fullname}", s3().bucket);
+    let _release = install_operator_by_helm(
+        &release_ns.name,
+        &fullname,
+        &store_url,
+        json!({
+            "replicas": 1,
+            "watchNamespaces": [runs_ns.name],
+            "webhook": {"enabled": false},
+            "egressProxy": {
+                "replicas": 1,
+                "pdb": {"enabled": false},
+                "nodeSelector": {REAL_NODE_LABEL: "true"},
+                "tolerations": [real_node_toleration()],
+            },
+        }),
+    );
+    let services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client.clone(), &release_ns.name);
+    let proxy_svc = format!("{fullname}-egress-proxy");
+    let proxy_addr = services
+        .get(&proxy_svc)
+        .await
+        .expect("egress proxy Service")
+        .spec
+        .and_then(|s| s.cluster_ip)
+        .expect("egress proxy ClusterIP");
+    let proxy_pod_ips: Vec<String> = Api::<Pod>::namespaced(client.clone(), &release_ns.name)
+        .list(&ListParams::default().labels("app.kubernetes.io/component=egress-proxy"))
+        .await
+        .expect("list egress proxy pods")
+        .items
+        .into_iter()
+        .filter_map(|p| p.status?.pod_ip)
+        .collect();
+    assert!(!proxy_pod_ips.is_empty(), "the egress proxy runs");
+
+    let node_ip = bed_setting("SANDBOXRUN_TEST_NODE_IP");
+    let host_ip = other_host_address(&node_ip);
+    let (allowed, allowed_peers) = echo_listener(&host_ip, "allowed").await;
+    let (denied, denied_peers) = echo_listener(&node_ip, "denied").await;
+
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &runs_ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &runs_ns.name);
+    let probe_spec = |network: Option<sandboxrun_operator::api::NetworkPolicy>| {
+        let mut spec = real_spec(Some(EGRESS_PROBE), &[]);
+        spec.env = vec![
+            env_var("ALLOWED", &allowed),
+            env_var("DENIED", &denied),
+            env_var("PROXY_ADDR", &proxy_addr),
+        ];
+        spec.network = network;
+        spec
+    };
+    let finished = |name: &'static str| {
+        let runs = runs.clone();
+        async move {
+            eventually("the probe run to finish", Duration::from_secs(180), || {
+                let runs = runs.clone();
+                async move { runs.get(name).await.ok().filter(final_phase) }
+            })
+            .await
+        }
+    };
+
+    // Control: open egress, no NetworkPolicy.
+    let open = create(&runs, "open", probe_spec(None)).await;
+    let open = wait_for_pod_name(&runs, open).await;
+    let open_ip = release_probe(&pods, &runs_ns.name, &open).await;
+    let open_done = finished("open").await;
+    let lines = probe_lines(&open_done);
+    assert_eq!(
+        lines.get("direct_allowed").map(String::as_str),
+        Some(format!("ok allowed from {open_ip}").as_str()),
+        "{:?}",
+        open_done.status
+    );
+    assert_eq!(
+        lines.get("direct_denied").map(String::as_str),
+        Some(format!("ok denied from {open_ip}").as_str()),
+        "without a policy the denied address is reachable: {:?}",
+        open_done.status
+    );
+    assert!(
+        !lines.contains_key("proxy_host"),
+        "open egress gets no proxy: {lines:?}"
+    );
+
+    // Filtered: allowlist, one address allowed, the node IP carved out of the range it is in.
+    let rules = vec![
+        format!("{host_ip}/32"),
+        "10.244.0.0/24".to_string(),
+        format!("!{node_ip}/32"),
+    ];
+    let filtered = create(
+        &runs,
+        "filtered",
+        probe_spec(Some(sandboxrun_operator::api::NetworkPolicy {
+            mode: sandboxrun_operator::api::NetworkMode::Allowlist,
+            rules,
+        })),
+    )
+    .await;
+    let filtered = wait_for_pod_name(&runs, filtered).await;
+    let filtered_ip = release_probe(&pods, &runs_ns.name, &filtered).await;
+    let done = finished("filtered").await;
+    let lines = probe_lines(&done);
+    let line = |k: &str| lines.get(k).cloned().unwrap_or_default();
+    assert_eq!(
+        line("direct_allowed"),
+        format!("ok allowed from {filtered_ip}"),
+        "{lines:?}"
+    );
+    assert!(
+        line("direct_denied").starts_with("fail"),
+        "the NetworkPolicy stops a direct connection to the denied address: {lines:?}"
+    );
+    assert_eq!(
+        line("proxy_host"),
+        format!("{proxy_svc}.{}.svc:3128", release_ns.name),
+        "the operator pointed the workload at the chart's proxy: {lines:?}"
+    );
+    let through_proxy = line("proxy_allowed");
+    assert!(
+        proxy_pod_ips
+            .iter()
+            .any(|ip| through_proxy == format!("ok allowed from {ip}")),
+        "the allowed address is fetched through the proxy (peer is a proxy pod {proxy_pod_ips:?}): {lines:?}"
+    );
+    let refused = line("proxy_denied");
+    assert!(
+        refused.starts_with("fail") && refused.contains("403"),
+        "the proxy refuses the denied address with 403: {lines:?}"
+    );
+    // The denied listener only ever saw the control run.
+    let denied_seen = denied_peers.lock().expect("peers").clone();
+    assert_eq!(
+        denied_seen,
+        vec![open_ip.clone()],
+        "peers of the denied address"
+    );
+    let allowed_seen = allowed_peers.lock().expect("peers").clone();
+    assert!(allowed_seen.contains(&filtered_ip), "{allowed_seen:?}");
+}
+
+/// The run, once its status names its pod.
+async fn wait_for_pod_name(runs: &Api<SandboxRun>, run: SandboxRun) -> SandboxRun {
+    let name = run.name_any();
+    eventually(
+        "the run's pod to be created",
+        Duration::from_secs(120),
+        || {
+            let runs = runs.clone();
+            let name = name.clone();
+            async move {
+                runs.get(&name)
+                    .await
+                    .ok()
+                    .filter(|r| r.status.as_ref().is_some_and(|s| s.pod_name.is_some()))
+            }
+        },
+    )
+    .await
+}
+
+fn env_var(name: &str, value: &str) -> sandboxrun_operator::api::EnvVar {
+    sandboxrun_operator::api::EnvVar {
+        name: name.into(),
+        value: value.into(),
+        value_from: None,
+    }
 }
 
 /// The cap on a real container: a 64 GiB sparse file beside a small result, under `sizeLimit:
