@@ -11,6 +11,11 @@
 #   DATA=text bench/drain_real_node.sh                  the big files are JSON log lines (about
 #                                                       10:1 for zstd) instead of random bytes
 #   WIRE=tar bench/drain_real_node.sh                   the operator's --drain-wire (default zstd)
+#   LINK_MBIT=200 bench/drain_real_node.sh              a link of that rate between the control
+#                                                       plane and the node: the kubelet's port is
+#                                                       shaped on lo (tc htb, root) while the three
+#                                                       contenders run, both ways; every exec
+#                                                       stream of the real node crosses it
 #
 # Needs the local cluster (hack/local-cluster.sh up) and the operator image (hack/images.sh
 # operator): the operator runs on this host from the image's static binary (profile `image`),
@@ -26,6 +31,8 @@ BIG_MIB=${1:-256}
 SMALL=${2:-1000}
 DATA=${DATA:-random}
 WIRE=${WIRE:-zstd}
+LINK_MBIT=${LINK_MBIT:-}
+KUBELET_PORT=${REAL_NODE_KUBELET_PORT:-11250}
 case "$DATA" in random|text) ;; *) echo "DATA=random|text" >&2; exit 2 ;; esac
 case "$WIRE" in zstd|tar) ;; *) echo "WIRE=zstd|tar" >&2; exit 2 ;; esac
 STATE=$SANDBOXRUN_TEST_STATE
@@ -36,7 +43,22 @@ BUSYBOX=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/busybox
 WORK=$(mktemp -d)
 NS=bench-real-$$
 OP_PID=
+SHAPED=
+# shape: the apiserver <-> kubelet traffic (to or from the kubelet's port, over lo: the node IP is
+# local) through one htb class of LINK_MBIT; everything else through an unlimited default class.
+shape() {
+  tc qdisc add dev lo root handle 1: htb default 20
+  SHAPED=1
+  tc class add dev lo parent 1: classid 1:10 htb rate "${LINK_MBIT}mbit"
+  tc class add dev lo parent 1: classid 1:20 htb rate 100gbit
+  tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip dport "$KUBELET_PORT" 0xffff flowid 1:10
+  tc filter add dev lo parent 1: protocol ip prio 1 u32 match ip sport "$KUBELET_PORT" 0xffff flowid 1:10
+}
+unshape() {
+  if [ -n "$SHAPED" ]; then tc qdisc del dev lo root 2>/dev/null || true; SHAPED=; fi
+}
 cleanup() {
+  unshape
   kubectl delete ns "$NS" --wait=false >/dev/null 2>&1 || true
   if [ -n "$OP_PID" ] && kill -0 "$OP_PID" 2>/dev/null; then kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true; fi
   rm -rf "$WORK"
@@ -83,12 +105,18 @@ kubectl exec -n "$NS" "$pod" -c workload -- sh -c "
     head -c \$(( (i * 7919) % 16384 )) /dev/urandom > \$d/f\$i.txt; i=\$((i + 1)); done"
 bytes=$(kubectl exec -n "$NS" "$pod" -c workload -- du -sb /data | cut -f1)
 
+if [ -n "$LINK_MBIT" ]; then
+  echo "== shaping the kubelet's port ($KUBELET_PORT) to $LINK_MBIT Mbit/s" >&2
+  shape
+fi
 echo "== kubectl cp" >&2
 t0=$(now); kubectl cp "$NS/$pod:/data" "$WORK/cp" -c workload >/dev/null 2>&1; t1=$(now)
 cp_s=$(elapsed "$t0" "$t1"); cp_bytes=$(du -sb "$WORK/cp" | cut -f1); rm -rf "$WORK/cp"
 
 echo "== raw pack over exec" >&2
-t0=$(now); kubectl exec -n "$NS" "$pod" -c holder -- sandboxrun-operator pack /data | cat >/dev/null; t1=$(now)
+# The same wire the operator asks for (pack --wire zstd compresses in the pod).
+wire_args=(); [ "$WIRE" = tar ] || wire_args=(--wire "$WIRE")
+t0=$(now); kubectl exec -n "$NS" "$pod" -c holder -- sandboxrun-operator pack /data "${wire_args[@]}" | cat >/dev/null; t1=$(now)
 raw_s=$(elapsed "$t0" "$t1")
 
 echo "== our drain (spec.stop)" >&2
@@ -96,18 +124,19 @@ t0=$(now)
 kubectl patch sbr bench -n "$NS" --type merge -p '{"spec":{"stop":true}}' >/dev/null
 until [ "$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.phase}')" = Stopped ]; do sleep 0.2; done
 t1=$(now)
+unshape
 wall_s=$(elapsed "$t0" "$t1")
 drain_s=$(drain_seconds "$port")
 rss_kb=$(peak_rss_kb "$OP_PID")
 wire_bytes=$(curl -s "http://127.0.0.1:$port/metrics" | awk -v w="$WIRE" '$1 == "sandboxrun_drain_wire_bytes_total{wire=\"" w "\"}" {print $2}')
 outcome=$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.readBack[0].phase} {.status.readBack[0].members} {.status.readBack[0].bytes}')
 
-printf '\nreal node: %s bytes (%s MiB of %s data in 4 files + %s small files), wire %s (%s bytes crossed it), drained read-back: %s\n' \
-  "$bytes" "$BIG_MIB" "$DATA" "$SMALL" "$WIRE" "${wire_bytes:-?}" "$outcome"
+printf '\nreal node%s: %s bytes (%s MiB of %s data in 4 files + %s small files), wire %s (%s bytes crossed it), drained read-back: %s\n' \
+  "${LINK_MBIT:+ over a $LINK_MBIT Mbit/s link}" "$bytes" "$BIG_MIB" "$DATA" "$SMALL" "$WIRE" "${wire_bytes:-?}" "$outcome"
 print_contenders "$bytes" "$drain_s" "stop->Stopped" "$wall_s" "$cp_s" "$cp_bytes" "$raw_s"
 printf '  throughput ratio ours/kubectl-cp %s, ours/raw %s; wall stop->Stopped vs kubectl cp %s; operator peak RSS %s MiB\n' \
   "$(ratio "$cp_s" "$drain_s")" "$(ratio "$raw_s" "$drain_s")" "$(ratio "$cp_s" "$wall_s")" "$((rss_kb / 1024))"
-c="${BIG_MIB}MiB-$DATA+${SMALL}files-$WIRE"
+c="${BIG_MIB}MiB-$DATA+${SMALL}files-$WIRE${LINK_MBIT:+-${LINK_MBIT}Mbit}"
 result drain_real_node "$c" bytes "$bytes" bytes
 result drain_real_node "$c" outcome "$outcome" ""
 result drain_real_node "$c" wire_bytes "${wire_bytes:-0}" bytes

@@ -1,9 +1,9 @@
 //! The packer's stream on the exec wire (docs/contract.md "The stream on the wire",
-//! src/drain/wire.rs): with `--drain-wire zstd` the holder compresses its tar and the drain decodes
-//! it before the sanitizer, so the same tree lands in the store byte for byte, with far fewer bytes
-//! on the wire for compressible output; by default the tar goes as is; a packer that predates `pack --wire`
-//! (its usage error names the flag) gets one more attempt with a plain tar. The operator's
-//! `/metrics` say which encoding crossed the wire and how many bytes.
+//! src/drain/wire.rs): by default (`--drain-wire zstd`) the holder compresses its tar and the drain
+//! decodes it before the sanitizer, so the same tree lands in the store byte for byte, with far
+//! fewer bytes on the wire for compressible output; with `--drain-wire tar` the tar goes as is; a
+//! packer that predates `pack --wire` (its usage error names the flag) gets one more attempt with a
+//! plain tar. The operator's `/metrics` say which encoding crossed the wire and how many bytes.
 //!
 //! kwok plays the node (its exec runs the packer as a local process), as in tests/drain_e2e.rs.
 
@@ -128,8 +128,8 @@ async fn drain_with(tag: &str, flags: &[&str]) -> Drained {
 }
 
 #[tokio::test]
-async fn with_drain_wire_zstd_the_tar_crosses_the_wire_compressed_and_lands_identical() {
-    let d = drain_with("wire-zstd", &["--drain-wire", "zstd"]).await;
+async fn by_default_the_tar_crosses_the_wire_zstd_compressed_and_lands_identical() {
+    let d = drain_with("wire-zstd", &[]).await;
     let zstd = metric(
         &d.metrics,
         "sandboxrun_drain_wire_bytes_total{wire=\"zstd\"}",
@@ -150,8 +150,8 @@ async fn with_drain_wire_zstd_the_tar_crosses_the_wire_compressed_and_lands_iden
 }
 
 #[tokio::test]
-async fn by_default_the_stream_is_the_plain_tar() {
-    let d = drain_with("wire-tar", &[]).await;
+async fn with_drain_wire_tar_the_stream_is_the_plain_tar() {
+    let d = drain_with("wire-tar", &["--drain-wire", "tar"]).await;
     let zstd = metric(
         &d.metrics,
         "sandboxrun_drain_wire_bytes_total{wire=\"zstd\"}",

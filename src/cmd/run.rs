@@ -96,10 +96,12 @@ pub struct RunArgs {
         default_value = "sandboxrun-operator pack"
     )]
     pub pack_command: String,
-    /// How the holder's packer sends each path's tar over the exec stream: `tar` (as is) or
-    /// `zstd` (compressed in the pod at zstd's fastest level, decoded by the drain before
-    /// sanitizing; an older holder that does not know `pack --wire` gets a plain tar).
-    #[arg(long, env = "SANDBOXRUN_DRAIN_WIRE", value_enum, default_value = "tar")]
+    /// How the holder's packer sends each path's tar over the exec stream: `zstd` (compressed in
+    /// the pod at zstd's fastest level, decoded by the drain before sanitizing; an older holder
+    /// that does not know `pack --wire` gets a plain tar) or `tar` (as is). zstd is the default:
+    /// never slower on incompressible data, several times faster on text over a real link
+    /// (docs/performance.md, "Compression on the wire").
+    #[arg(long, env = "SANDBOXRUN_DRAIN_WIRE", value_enum, default_value = "zstd")]
     pub drain_wire: crate::drain::wire::Wire,
     /// Reconciles running at once.
     #[arg(long, env = "SANDBOXRUN_CONCURRENCY", default_value_t = 16)]
