@@ -56,16 +56,27 @@ def quantile(values, q):
 
 
 def apiserver_writes():
-    """Sum of apiserver_request_total over mutating verbs."""
-    total = 0.0
+    """apiserver_request_total over mutating verbs, by resource (subresource joined with '/')."""
+    by_resource = {}
     for line in kubectl("get", "--raw", "/metrics").splitlines():
         if not line.startswith("apiserver_request_total{"):
             continue
         labels, value = line.rsplit(" ", 1)
-        verb = labels.split('verb="', 1)[1].split('"', 1)[0] if 'verb="' in labels else ""
-        if verb not in ("GET", "LIST", "WATCH", "CONNECT"):
-            total += float(value)
-    return total
+        fields = dict(
+            part.split("=", 1) for part in labels[len("apiserver_request_total{"):-1].split('",')
+            if "=" in part)
+        fields = {k: v.strip('"') for k, v in fields.items()}
+        if fields.get("verb", "") in ("GET", "LIST", "WATCH", "CONNECT"):
+            continue
+        resource = fields.get("resource", "")
+        if fields.get("subresource"):
+            resource += "/" + fields["subresource"]
+        by_resource[resource] = by_resource.get(resource, 0.0) + float(value)
+    return by_resource
+
+
+def writes_between(before, after):
+    return {k: after[k] - before.get(k, 0.0) for k in after if after[k] - before.get(k, 0.0) > 0}
 
 
 class Watch:
@@ -132,12 +143,12 @@ def run_side(n, namespace, documents, kind, template, final_state, failed_state,
     wait_for(lambda: watch.count(final_state) + watch.count(failed_state) >= n,
              f"{n} {kind} to end")
     t1 = max(watch.times(final_state).values(), default=time.time())
-    writes1 = apiserver_writes()
+    writes = writes_between(writes0, apiserver_writes())
     stats = proc_stats(op_pid) if op_pid else (0.0, 0)
     watch.stop()
     return {
         "watch": watch, "t0": t0, "seconds": t1 - t0, "failed": watch.count(failed_state),
-        "writes": writes1 - writes0, "cpu": stats[0] - cpu0, "rss": stats[1],
+        "writes": sum(writes.values()), "by_resource": writes, "cpu": stats[0] - cpu0, "rss": stats[1],
     }
 
 
@@ -214,6 +225,10 @@ def main():
           f"CPU {runs['cpu']:.1f} s ({runs['cpu'] / n * 1000:.1f} ms a run)")
     print(f"  apiserver mutating requests per lifecycle: runs {runs['writes'] / n:.1f} "
           f"(target <= 12), Jobs {jobs['writes'] / n:.1f} (whole cluster, both windows)")
+    for side, w in (("runs", runs), ("Jobs", jobs)):
+        top = sorted(w["by_resource"].items(), key=lambda kv: -kv[1])[:8]
+        print(f"    {side} window, per lifecycle: "
+              + ", ".join(f"{k} {v / n:.1f}" for k, v in top))
 
     for metric, value, unit in [
         ("runs_per_minute", runs_per_min, "1/min"), ("jobs_per_minute", jobs_per_min, "1/min"),
@@ -228,7 +243,10 @@ def main():
         ("operator_peak_rss", runs["rss"], "MiB"), ("operator_cpu", runs["cpu"], "s"),
         ("apiserver_writes_per_run", runs["writes"] / n, "requests"),
         ("apiserver_writes_per_job", jobs["writes"] / n, "requests"),
-    ]:
+    ] + [(f"apiserver_writes_per_run_{k}", v / n, "requests")
+         for k, v in runs["by_resource"].items()] + [
+        (f"apiserver_writes_per_job_{k}", v / n, "requests")
+        for k, v in jobs["by_resource"].items()]:
         result(case, metric, value, unit)
 
     path = os.environ.get("BENCH_RESULTS")
