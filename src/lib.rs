@@ -13,6 +13,7 @@ pub mod egress;
 pub mod files;
 pub mod inpod;
 pub mod metrics;
+pub mod plugin;
 pub mod pod;
 pub mod process;
 pub mod store;
