@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod plugin;
 pub mod pod;
 pub mod process;
+pub mod selftest;
 pub mod store;
 pub mod tar;
 pub mod units;

@@ -1,5 +1,5 @@
 //! The command line, one file per subcommand: `run` ([`run`] the flags, [`operate`] the wiring),
-//! `crd`, `doctor`, `holder`, `pack`, `files`, `logs`, `egress-proxy`, `completion`.
+//! `crd`, `doctor`, `holder`, `pack`, `files`, `logs`, `selftest`, `egress-proxy`, `completion`.
 
 use std::process::ExitCode;
 
@@ -14,6 +14,7 @@ pub mod logs;
 pub mod operate;
 pub mod pack;
 pub mod run;
+pub mod selftest;
 
 /// sandboxrun-operator: runs SandboxRuns and drains their read-back paths into object storage.
 #[derive(Parser, Debug)]
@@ -42,6 +43,8 @@ pub enum Command {
     Files(crate::files::FilesArgs),
     /// How a run ended, from its status: exit code, termination message, each path's drain.
     Logs(crate::plugin::logs::LogsArgs),
+    /// Apply a tiny SandboxRun, wait until it drained, delete it (the chart's `helm test`).
+    Selftest(crate::selftest::SelftestArgs),
     /// The egress proxy: enforces SandboxRuns' host rules for their pods.
     EgressProxy(crate::egress::proxy::ProxyArgs),
     /// Print a shell completion script (`source <(sandboxrun-operator completion bash)`).
@@ -117,6 +120,7 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Holder(args) => holder::main(args).await,
         Command::Files(args) => files::main(args).await,
         Command::Logs(args) => logs::main(args).await,
+        Command::Selftest(args) => selftest::main(args).await,
         Command::EgressProxy(args) => egress_proxy::main(args).await,
         Command::Completion { shell } => {
             use clap::CommandFactory;
