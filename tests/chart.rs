@@ -448,8 +448,17 @@ async fn helm_template_is_accepted_by_the_apiserver() {
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "chart-tpl").await;
     let release = format!("tpl{:06x}", rand_u32() & 0xffffff);
+    // `--skip-tests`: the `helm test` hooks are not the install, and their pod needs its
+    // ServiceAccount to exist first (the_helm_test_hook_and_its_run_are_accepted_by_the_apiserver).
     let manifests = ok(
-        helm(&["template", &release, CHART, "--namespace", &ns.name]),
+        helm(&[
+            "template",
+            &release,
+            CHART,
+            "--namespace",
+            &ns.name,
+            "--skip-tests",
+        ]),
         None,
     );
     let out = server_dry_run(&manifests);
@@ -463,7 +472,7 @@ async fn helm_template_is_accepted_by_the_apiserver() {
         assert!(out.contains(kind), "no {kind} in:\n{out}");
     }
     // The `helm template … | kubectl apply` of the README, in the default namespace.
-    server_dry_run(&ok(helm(&["template", "t", CHART]), None));
+    server_dry_run(&ok(helm(&["template", "t", CHART, "--skip-tests"]), None));
 }
 
 #[tokio::test]
@@ -920,6 +929,9 @@ async fn the_store_snippets_of_the_docs_render_and_are_accepted() {
                 &ns.name,
                 "-f",
                 &file.display().to_string(),
+                // The `helm test` hooks are dry-run on their own (their pod needs its
+                // ServiceAccount to exist first): the_helm_test_hook_and_its_run_are_accepted….
+                "--skip-tests",
             ]),
             None,
         );
@@ -1388,6 +1400,13 @@ async fn the_helm_test_hook_and_its_run_are_accepted_by_the_apiserver() {
     ];
     args.extend_from_slice(&SELFTEST_VALUES[2..]);
     let rendered = ok(helm(&args), None);
+    // Helm creates the ServiceAccount first (hook weight -1); a pod's dry run needs it to exist.
+    let docs = yaml_docs(&rendered);
+    let account = serde_yaml::to_string(only(&docs, "ServiceAccount")).expect("yaml");
+    ok(
+        kubectl(&["apply", "-n", &ns.name, "-f", "-"]),
+        Some(account.as_bytes()),
+    );
     let out = server_dry_run(&rendered);
     for kind in [
         "serviceaccount/",
@@ -1397,7 +1416,7 @@ async fn the_helm_test_hook_and_its_run_are_accepted_by_the_apiserver() {
     ] {
         assert!(out.contains(kind), "no {kind} in:\n{out}");
     }
-    let mut run = selftest_run(&yaml_docs(&rendered));
+    let mut run = selftest_run(&docs);
     // generateName is not supported by `kubectl apply`: name it for the dry run.
     run["metadata"]["name"] = "selftest-dry-run".into();
     let out = ok(
