@@ -28,13 +28,13 @@ use support::*;
 
 const REAL_NODE_LABEL: &str = "sandbox.iterion.io/real-node";
 
-/// The operator image's name among hack/images.sh's refs: `sandboxrun-operator`, or
-/// `sandboxrun-operator-<tag>` when `SANDBOXRUN_OPERATOR_TAG` names another tag (a branch's image,
-/// pushed beside the `:dev` one by `SANDBOXRUN_OPERATOR_TAG=<tag> hack/images.sh operator`).
-fn operator_image_name() -> String {
-    match std::env::var("SANDBOXRUN_OPERATOR_TAG") {
-        Ok(tag) if !tag.is_empty() && tag != "dev" => format!("sandboxrun-operator-{tag}"),
-        _ => "sandboxrun-operator".to_string(),
+/// The pinned operator image: `SANDBOXRUN_TEST_OPERATOR_IMAGE` when set (a branch's image pushed
+/// beside `:dev`, e.g. `$(SANDBOXRUN_OPERATOR_TAG=mine hack/images.sh operator | tail -1)`), else
+/// the `:dev` one `hack/images.sh operator` pinned.
+fn operator_ref() -> String {
+    match std::env::var("SANDBOXRUN_TEST_OPERATOR_IMAGE") {
+        Ok(pinned) if !pinned.trim().is_empty() => pinned.trim().to_string(),
+        _ => image_ref("sandboxrun-operator"),
     }
 }
 
@@ -53,7 +53,12 @@ fn image_ref(name: &str) -> String {
 
 /// The same reference as the real node pulls it (localhost:<port>/…).
 fn pod_image(name: &str) -> String {
-    let pinned = image_ref(name);
+    pod_ref(&image_ref(name))
+}
+
+/// `pinned` (as pushed) as the real node pulls it (localhost:<port>/…).
+fn pod_ref(pinned: &str) -> String {
+    let pinned = pinned.to_string();
     let registry = bed_setting("SANDBOXRUN_TEST_POD_REGISTRY");
     match pinned.split_once('/') {
         Some((_, rest)) => format!("{registry}/{rest}"),
@@ -109,7 +114,7 @@ async fn restricted_namespace(client: &Client, prefix: &str) -> TestNamespace {
 
 /// The operator under test on this host, with the operator image as the holder of run pods.
 fn start_operator(ns: &str, store_url: &str) -> Operator {
-    let holder = pod_image(&operator_image_name());
+    let holder = pod_ref(&operator_ref());
     Operator::builder(ns, store_url)
         .flags(&["--holder-image", &holder])
         .start()
@@ -657,7 +662,7 @@ fn the_image_built_without_docker_matches_the_dockerfile() {
         .to_string();
 
     let crane = tools_bin().expect("tools bin").join("crane");
-    let reference = image_ref(&operator_image_name());
+    let reference = operator_ref();
     let run = |args: &[&str]| -> Output {
         let out = Command::new(&crane).args(args).output().expect("run crane");
         assert!(
@@ -762,7 +767,7 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
     let applied = kubectl_apply(&release_ns.name, &secret.to_string());
     assert!(applied.status.success(), "{applied:?}");
 
-    let image = pod_image(&operator_image_name());
+    let image = pod_ref(&operator_ref());
     let (repository, digest) = image.split_once('@').expect("pinned image");
     let values = json!({
         "fullnameOverride": fullname,
