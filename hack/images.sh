@@ -10,6 +10,12 @@
 #                             /usr/local/bin/sandboxrun-operator, user 65532:65532, no shell,
 #                             ENTRYPOINT ["sandboxrun-operator"], CMD ["run"]. Prints the pushed
 #                             reference with its digest on the last line.
+#                             SANDBOXRUN_OPERATOR_TAG=<tag> pushes sandboxrun-operator:<tag>
+#                             instead, built in its own directory and pinned in
+#                             sandboxrun-operator-<tag>.ref, so a branch's image can be tried
+#                             without replacing the :dev one others test against
+#                             (tests/real_node.rs takes the printed reference as
+#                             SANDBOXRUN_TEST_OPERATOR_IMAGE).
 #
 # Images are pushed to $SANDBOXRUN_TEST_REGISTRY (default 127.0.0.1:15000) and the node pulls them
 # as localhost:<port>/<name>. The operator binary is built with the `image` profile (release
@@ -37,9 +43,10 @@ layer() {  # layer <dir> <out.tar>: numeric root ownership (unless the tree says
   tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=@0 --format=gnu -C "$1" -cf "$2" $entries
 }
 image() {  # image <name:tag> <layer.tar> <crane mutate args...>: push, print ref@digest
-  local name=${1%%:*} ref=$REG/$1 tar=$2; shift 2
+  # The pinned reference goes to $W/<name>.ref, or $W/$REF_NAME.ref when REF_NAME is set.
+  local name=${REF_NAME:-${1%%:*}} ref=$REG/$1 tar=$2; shift 2
   # crane logs every blob on stderr: keep it in a file, show it only when a step fails.
-  local clog=$W/crane.log
+  local clog=$W/crane-$name.log
   "$CRANE" append --insecure --oci-empty-base -f "$tar" -t "$ref" >/dev/null 2>"$clog" || { cat "$clog" >&2; die "crane append $ref failed"; }
   # The empty base's config has os/arch "": stamp linux/amd64 so platform matching never trips.
   "$CRANE" mutate --insecure "$ref" --set-platform linux/amd64 "$@" -t "$ref" >/dev/null 2>"$clog" || { cat "$clog" >&2; die "crane mutate $ref failed"; }
@@ -73,6 +80,9 @@ base() {
 }
 
 operator() {
+  local tag=${SANDBOXRUN_OPERATOR_TAG:-dev} suffix=""
+  [[ $tag =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]] || die "SANDBOXRUN_OPERATOR_TAG=$tag is not an image tag"
+  [ "$tag" = dev ] || suffix=-$tag
   local binary=${SANDBOXRUN_IMAGE_BINARY:-}
   if [ -z "$binary" ]; then
     local target=x86_64-unknown-linux-musl
@@ -87,7 +97,7 @@ operator() {
   [ -x "$binary" ] || die "no operator binary at $binary"
   # distroless/static has no libc: the binary must not need one.
   is_static "$binary" || die "$binary is not static"
-  local O=$W/operator
+  local O=$W/operator$suffix
   rm -rf "$O"; mkdir -p "$O/usr/local/bin" "$O/etc/ssl/certs" "$O/tmp"
   cp "$binary" "$O/usr/local/bin/sandboxrun-operator"; chmod 0755 "$O/usr/local/bin/sandboxrun-operator"
   # What distroless/static gives the binary: users, a CA bundle for the cloud stores, /tmp.
@@ -95,9 +105,9 @@ operator() {
   printf 'root:x:0:\nnobody:x:65534:\nnonroot:x:65532:\n' >"$O/etc/group"
   if [ -f /etc/ssl/certs/ca-certificates.crt ]; then cp /etc/ssl/certs/ca-certificates.crt "$O/etc/ssl/certs/"; fi
   chmod 1777 "$O/tmp"
-  layer "$O" "$W/operator.tar"
+  layer "$O" "$W/operator$suffix.tar"
   # 65532 = distroless "nonroot", as in the Dockerfile's USER.
-  image sandboxrun-operator:dev "$W/operator.tar" --entrypoint sandboxrun-operator --cmd run --user 65532:65532 \
+  REF_NAME=sandboxrun-operator$suffix image "sandboxrun-operator:$tag" "$W/operator$suffix.tar" --entrypoint sandboxrun-operator --cmd run --user 65532:65532 \
     --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt
 }
 

@@ -1,6 +1,11 @@
 //! `sandboxrun-operator files ls|get`: read a run's drained files back from the object store, from
-//! anywhere that has the store URL (a laptop, a CI job). Also usable as `kubectl sandboxrun files`
+//! anywhere that can read the store (a laptop, a CI job). Also usable as `kubectl sandboxrun files`
 //! when the binary is installed as `kubectl-sandboxrun`.
+//!
+//! Where: `--store-url` (or `SANDBOXRUN_STORE_URL`) names the store, and the run instance is the
+//! one drained last (or `--uid`); this needs no cluster. Without it, the run is read from the
+//! cluster and its `status.readBack[].object` names both the store and the instance
+//! (`crate::plugin::locate`). The namespace is `-n`, else the kubeconfig context's, as kubectl's.
 //!
 //! `get` extracts through the same sanitizer as the drain and verifies every file against the
 //! manifest's sha256: a stored archive is untrusted input too (an object store response).
@@ -28,7 +33,10 @@ use tokio::io::{AsyncRead, AsyncWriteExt, BufReader};
 use tokio_util::io::StreamReader;
 
 use crate::api::Compression;
-use crate::store::{list_manifests, Manifest, MemberRecord, StoreArgs};
+use crate::api::SandboxRun;
+use crate::plugin::cluster::{self, ClusterArgs, ClusterError};
+use crate::plugin::locate::{store_of_run, LocateError};
+use crate::store::{list_manifests, Manifest, MemberRecord};
 use crate::tar::entry::RawEntry;
 use crate::tar::sanitize::{Decision, Limits, MemberKind, Reason, Sanitizer};
 
@@ -40,12 +48,42 @@ pub struct FilesArgs {
     pub command: FilesCommand,
     /// The object store (the operator's --store-url and --store-option).
     #[command(flatten)]
-    pub store: StoreArgs,
-    /// Namespace of the run.
-    #[arg(short = 'n', long, global = true, default_value = "default")]
-    pub namespace: String,
-    /// Pick the run instance by uid (default: the most recently drained one).
+    pub store: FilesStoreArgs,
+    /// Which cluster and namespace.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+    /// Pick the run instance by uid (default: the one the run's status names, or with
+    /// --store-url the most recently drained one).
     #[arg(long, global = true)]
+    pub uid: Option<String>,
+}
+
+/// The store flags of `files`: the operator's (`crate::store::StoreArgs`), except that the URL
+/// has no default: without it the run's status names the store.
+#[derive(Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct FilesStoreArgs {
+    /// Object store URL: file:///dir, s3://bucket/prefix, gs://…, az://… (default: the store the
+    /// run's status.readBack[].object names, read from the cluster).
+    #[arg(long, global = true, env = "SANDBOXRUN_STORE_URL")]
+    pub store_url: Option<String>,
+    /// Store options as key=value (repeatable / comma-separated), e.g. endpoint=http://…,allow_http=true.
+    #[arg(
+        long = "store-option",
+        global = true,
+        env = "SANDBOXRUN_STORE_OPTIONS",
+        value_delimiter = ','
+    )]
+    pub store_options: Vec<String>,
+}
+
+/// Which store, namespace and instance `files` reads: see [`resolve`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// The store URL.
+    pub store_url: String,
+    /// The run's namespace.
+    pub namespace: String,
+    /// The run instance, when known (else the most recently drained one).
     pub uid: Option<String>,
 }
 
@@ -91,6 +129,31 @@ pub enum FilesError {
         /// Run.
         run: String,
     },
+    /// The cluster could not be read to find the run's store.
+    #[error("{0}; pass --store-url to read the store without the cluster")]
+    Cluster(#[from] ClusterError),
+    /// The run is not in the cluster (a deleted run's files are read with --store-url).
+    #[error("no SandboxRun {namespace}/{run} in the cluster (pass -n, or --store-url to read a deleted run's files)")]
+    NoRun {
+        /// Namespace.
+        namespace: String,
+        /// Run.
+        run: String,
+    },
+    /// Reading the run failed.
+    #[error("cannot read SandboxRun {namespace}/{run}: {source}")]
+    ReadRun {
+        /// Namespace.
+        namespace: String,
+        /// Run.
+        run: String,
+        /// The error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The run's status does not say where its files are.
+    #[error(transparent)]
+    Locate(#[from] LocateError),
     /// Reading or writing.
     #[error("{what}: {source}")]
     Io {
@@ -105,18 +168,72 @@ pub enum FilesError {
     Verify(String),
 }
 
+impl FilesArgs {
+    /// The run name.
+    pub fn run_name(&self) -> &str {
+        match &self.command {
+            FilesCommand::Ls { run } | FilesCommand::Get { run, .. } => run,
+        }
+    }
+}
+
+/// The store, namespace and instance to read: with `--store-url`, that store, `-n` (else the
+/// kubeconfig context's namespace, else `default`) and `--uid`; without it, the run is read from
+/// the cluster and its `status.readBack[].object` names the store and the instance (`--uid`
+/// still wins).
+pub async fn resolve(args: &FilesArgs) -> Result<Target, FilesError> {
+    if let Some(store_url) = &args.store.store_url {
+        return Ok(Target {
+            store_url: store_url.clone(),
+            namespace: cluster::namespace(&args.cluster).await?,
+            uid: args.uid.clone(),
+        });
+    }
+    let (client, namespace) = cluster::connect(&args.cluster).await?;
+    let run_name = args.run_name();
+    let runs: kube::Api<SandboxRun> = kube::Api::namespaced(client, &namespace);
+    let run = runs
+        .get_opt(run_name)
+        .await
+        .map_err(|source| FilesError::ReadRun {
+            namespace: namespace.clone(),
+            run: run_name.to_string(),
+            source,
+        })?
+        .ok_or_else(|| FilesError::NoRun {
+            namespace: namespace.clone(),
+            run: run_name.to_string(),
+        })?;
+    let located = store_of_run(&run)?;
+    tracing::debug!(store = %located.store_url, uid = %located.uid, "store found in the run's status");
+    Ok(Target {
+        store_url: located.store_url,
+        namespace,
+        uid: Some(args.uid.clone().unwrap_or(located.uid)),
+    })
+}
+
 /// Runs `files`, writing the report to `out`.
 pub async fn run_to(args: FilesArgs, out: &mut impl Write) -> Result<(), FilesError> {
-    let options = args.store.options().map_err(FilesError::Usage)?;
-    let (store, prefix) = crate::store::store_from_url(&args.store.store_url, &options)?;
-    let run_name = match &args.command {
-        FilesCommand::Ls { run } | FilesCommand::Get { run, .. } => run.clone(),
-    };
-    let all = list_manifests(&store, &prefix, &args.namespace, &run_name).await?;
-    let manifests = pick_instance(all, args.uid.as_deref());
+    let target = resolve(&args).await?;
+    run_at(args, &target, out).await
+}
+
+/// Runs `files` against `target` (see [`resolve`]), writing the report to `out`.
+pub async fn run_at(
+    args: FilesArgs,
+    target: &Target,
+    out: &mut impl Write,
+) -> Result<(), FilesError> {
+    let options =
+        crate::store::parse_options(&args.store.store_options).map_err(FilesError::Usage)?;
+    let (store, prefix) = crate::store::store_from_url(&target.store_url, &options)?;
+    let run_name = args.run_name().to_string();
+    let all = list_manifests(&store, &prefix, &target.namespace, &run_name).await?;
+    let manifests = pick_instance(all, target.uid.as_deref());
     if manifests.is_empty() {
         return Err(FilesError::NotFound {
-            namespace: args.namespace.clone(),
+            namespace: target.namespace.clone(),
             run: run_name,
         });
     }
@@ -937,11 +1054,14 @@ mod tests {
     fn args(store_url: &str, command: FilesCommand) -> FilesArgs {
         FilesArgs {
             command,
-            store: StoreArgs {
-                store_url: store_url.to_string(),
+            store: FilesStoreArgs {
+                store_url: Some(store_url.to_string()),
                 store_options: Vec::new(),
             },
-            namespace: "ns".into(),
+            cluster: ClusterArgs {
+                namespace: Some("ns".into()),
+                ..Default::default()
+            },
             uid: None,
         }
     }

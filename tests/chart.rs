@@ -481,8 +481,17 @@ async fn helm_template_is_accepted_by_the_apiserver() {
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "chart-tpl").await;
     let release = format!("tpl{:06x}", rand_u32() & 0xffffff);
+    // `--skip-tests`: the `helm test` hooks are not the install, and their pod needs its
+    // ServiceAccount to exist first (the_helm_test_hook_and_its_run_are_accepted_by_the_apiserver).
     let manifests = ok(
-        helm(&["template", &release, CHART, "--namespace", &ns.name]),
+        helm(&[
+            "template",
+            &release,
+            CHART,
+            "--namespace",
+            &ns.name,
+            "--skip-tests",
+        ]),
         None,
     );
     let out = server_dry_run(&manifests);
@@ -496,7 +505,7 @@ async fn helm_template_is_accepted_by_the_apiserver() {
         assert!(out.contains(kind), "no {kind} in:\n{out}");
     }
     // The `helm template … | kubectl apply` of the README, in the default namespace.
-    server_dry_run(&ok(helm(&["template", "t", CHART]), None));
+    server_dry_run(&ok(helm(&["template", "t", CHART, "--skip-tests"]), None));
 }
 
 #[tokio::test]
@@ -727,6 +736,8 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
         "webhook.namespaceSelector.matchLabels.sandboxrun-test={}",
         runs_ns.name
     );
+    // The operator's identity only: `--skip-tests` leaves out the `helm test` hooks (their own
+    // ServiceAccount and Role, templates/tests/).
     let rendered = ok(
         helm(&[
             "template",
@@ -736,6 +747,7 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
             &op_ns.name,
             "--set",
             &selector,
+            "--skip-tests",
         ]),
         None,
     );
@@ -950,6 +962,9 @@ async fn the_store_snippets_of_the_docs_render_and_are_accepted() {
                 &ns.name,
                 "-f",
                 &file.display().to_string(),
+                // The `helm test` hooks are dry-run on their own (their pod needs its
+                // ServiceAccount to exist first): the_helm_test_hook_and_its_run_are_accepted….
+                "--skip-tests",
             ]),
             None,
         );
@@ -1279,4 +1294,170 @@ async fn the_new_templates_are_accepted_by_the_apiserver() {
     ] {
         assert!(out.contains(kind), "no {kind} in:\n{out}");
     }
+}
+
+/// `helm test`'s hook objects (templates/tests/selftest.yaml) rendered with `values`.
+fn selftest_docs(namespace: &str, values: &[&str]) -> Vec<serde_yaml::Value> {
+    let mut args = vec![
+        "template",
+        "st",
+        CHART,
+        "--namespace",
+        namespace,
+        "-s",
+        "templates/tests/selftest.yaml",
+    ];
+    args.extend_from_slice(values);
+    yaml_docs(&ok(helm(&args), None))
+}
+
+/// The tiny SandboxRun the selftest pod creates (its `SANDBOXRUN_SELFTEST_RUN`).
+fn selftest_run(docs: &[serde_yaml::Value]) -> serde_json::Value {
+    let pod = only(docs, "Pod");
+    let env = &pod["spec"]["containers"][0]["env"][0];
+    assert_eq!(env["name"].as_str(), Some("SANDBOXRUN_SELFTEST_RUN"));
+    serde_json::from_str(env["value"].as_str().unwrap_or_default()).expect("the run is JSON")
+}
+
+const SELFTEST_VALUES: &[&str] = &[
+    "--set",
+    "watchNamespaces={runs-a,runs-b}",
+    "--set",
+    "test.image=registry.example/busybox:1.35",
+    "--set",
+    "test.timeout=90s",
+    "--set-json",
+    r#"test.nodeSelector={"sandbox.iterion.io/real-node":"true"}"#,
+    "--set-json",
+    r#"test.tolerations=[{"key":"sandbox.iterion.io/real-node","operator":"Equal","value":"true","effect":"NoSchedule"}]"#,
+];
+
+/// Issue #14 item 5's `helm test`: every object is a test hook deleted when the test passes, the
+/// Role allows only create/get/delete of SandboxRuns in a namespace the operator watches, the pod
+/// runs this chart's image as `selftest`, and the tiny run carries the test values.
+#[test]
+fn the_helm_test_hook_lints_strict_and_is_least_privilege() {
+    let mut args = vec!["lint", "--strict", CHART];
+    args.extend_from_slice(SELFTEST_VALUES);
+    ok(helm(&args), None);
+    let docs = selftest_docs("sbr-sys", SELFTEST_VALUES);
+    let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
+    assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding", "Pod"]);
+    for d in &docs {
+        let a = &d["metadata"]["annotations"];
+        assert_eq!(a["helm.sh/hook"].as_str(), Some("test"), "{d:?}");
+        assert_eq!(
+            a["helm.sh/hook-delete-policy"].as_str(),
+            Some("before-hook-creation,hook-succeeded"),
+            "{d:?}"
+        );
+    }
+    let role = only(&docs, "Role");
+    assert_eq!(role["metadata"]["namespace"].as_str(), Some("runs-a"));
+    let rules = serde_json::to_value(&role["rules"]).expect("rules");
+    assert_eq!(
+        rules,
+        serde_json::json!([{"apiGroups": ["sandbox.iterion.io"], "resources": ["sandboxruns"], "verbs": ["create", "get", "delete"]}])
+    );
+    let binding = only(&docs, "RoleBinding");
+    assert_eq!(
+        binding["subjects"][0]["namespace"].as_str(),
+        Some("sbr-sys")
+    );
+    let pod = only(&docs, "Pod");
+    let container = &pod["spec"]["containers"][0];
+    let full = ok(
+        helm(&["template", "st", CHART, "--namespace", "sbr-sys"]),
+        None,
+    );
+    let operator_image = operator_deployment(&yaml_docs(&full))["spec"]["template"]["spec"]
+        ["containers"][0]["image"]
+        .clone();
+    assert_eq!(container["image"], operator_image, "the chart's own image");
+    let args: Vec<&str> = container["args"]
+        .as_sequence()
+        .map(|s| s.iter().filter_map(|a| a.as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(args, ["selftest", "--namespace=runs-a", "--timeout=90s"]);
+    assert_eq!(
+        pod["spec"]["serviceAccountName"], role["metadata"]["name"],
+        "its own ServiceAccount"
+    );
+    let tiny = selftest_run(&docs);
+    assert_eq!(tiny["spec"]["image"], "registry.example/busybox:1.35");
+    assert_eq!(
+        tiny["spec"]["nodeSelector"]["sandbox.iterion.io/real-node"],
+        "true"
+    );
+    assert_eq!(tiny["spec"]["tolerations"][0]["effect"], "NoSchedule");
+    assert_eq!(tiny["spec"]["readBack"]["paths"][0]["path"], "/work/out");
+    // The release namespace when nothing is watched explicitly; nothing at all when disabled.
+    let docs = selftest_docs("sbr-sys", &[]);
+    assert_eq!(
+        only(&docs, "Role")["metadata"]["namespace"].as_str(),
+        Some("sbr-sys")
+    );
+    let off = run(
+        helm(&[
+            "template",
+            "st",
+            CHART,
+            "-s",
+            "templates/tests/selftest.yaml",
+            "--set",
+            "test.enabled=false",
+        ]),
+        None,
+    );
+    assert!(
+        !off.status.success() && String::from_utf8_lossy(&off.stderr).contains("could not find"),
+        "disabled renders nothing: {off:?}"
+    );
+}
+
+/// The `helm test` objects and the tiny run they create pass a server-side dry run (the run
+/// against the CRD's schema and CEL rules).
+#[tokio::test]
+async fn the_helm_test_hook_and_its_run_are_accepted_by_the_apiserver() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "chart-selftest").await;
+    let mut args = vec![
+        "template",
+        "st",
+        CHART,
+        "--namespace",
+        &ns.name,
+        "-s",
+        "templates/tests/selftest.yaml",
+    ];
+    args.extend_from_slice(&SELFTEST_VALUES[2..]);
+    let rendered = ok(helm(&args), None);
+    // Helm creates the ServiceAccount first (hook weight -1); a pod's dry run needs it to exist.
+    let docs = yaml_docs(&rendered);
+    let account = serde_yaml::to_string(only(&docs, "ServiceAccount")).expect("yaml");
+    ok(
+        kubectl(&["apply", "-n", &ns.name, "-f", "-"]),
+        Some(account.as_bytes()),
+    );
+    let out = server_dry_run(&rendered);
+    for kind in [
+        "serviceaccount/",
+        "role.rbac.authorization.k8s.io/",
+        "rolebinding.rbac.authorization.k8s.io/",
+        "pod/",
+    ] {
+        assert!(out.contains(kind), "no {kind} in:\n{out}");
+    }
+    let mut run = selftest_run(&docs);
+    // generateName is not supported by `kubectl apply`: name it for the dry run.
+    run["metadata"]["name"] = "selftest-dry-run".into();
+    let out = ok(
+        kubectl(&["create", "--dry-run=server", "-n", &ns.name, "-f", "-"]),
+        Some(run.to_string().as_bytes()),
+    );
+    assert!(
+        out.contains("sandboxrun.sandbox.iterion.io/selftest-dry-run"),
+        "{out}"
+    );
 }

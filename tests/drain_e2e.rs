@@ -709,11 +709,14 @@ async fn assert_hostile(case: &HostileCase, run: &SandboxRun, store_url: &str, n
                     let mut listing = Vec::new();
                     let args = sandboxrun_operator::files::FilesArgs {
                         command: sandboxrun_operator::files::FilesCommand::Ls { run: name.into() },
-                        store: sandboxrun_operator::store::StoreArgs {
-                            store_url: store_url.to_string(),
+                        store: sandboxrun_operator::files::FilesStoreArgs {
+                            store_url: Some(store_url.to_string()),
                             store_options: Vec::new(),
                         },
-                        namespace: namespace.to_string(),
+                        cluster: sandboxrun_operator::plugin::cluster::ClusterArgs {
+                            namespace: Some(namespace.to_string()),
+                            ..Default::default()
+                        },
                         uid: None,
                     };
                     sandboxrun_operator::files::run_to(args, &mut listing)

@@ -1,10 +1,21 @@
 //! What `kubectl` shows a user of the CRD on the real control plane: `kubectl explain` with the
-//! CRD's own root description, and the `-o wide` columns (Exit, Duration, Message).
+//! CRD's own root description, the `-o wide` columns (Exit, Duration, Message), and the binary as
+//! the kubectl plugin `kubectl sandboxrun` (files found from the run's status in the context's
+//! namespace, `logs` from the status).
 
 mod support;
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
+use sandboxrun_operator::api::{Phase, ReadBackPhase, SandboxRun};
+
+use support::operator::Operator;
+use support::runs::{create, finish_workload, pod_of, read_back, spec};
+use support::wait::{wait_final, wait_phase};
 use support::*;
 
 fn kubectl(args: &[&str]) -> Command {
@@ -99,10 +110,8 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
     );
 }
 
-/// The binary as a kubectl plugin: on PATH as `kubectl-sandboxrun`, `kubectl sandboxrun …` runs
-/// it and it names itself that way (no cluster needed).
-#[test]
-fn kubectl_runs_the_binary_as_the_sandboxrun_plugin() {
+/// A directory holding the binary as `kubectl-sandboxrun`, and a PATH that starts with it.
+fn plugin_path() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
     let link = dir.path().join("kubectl-sandboxrun");
     std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sandboxrun-operator"), &link)
@@ -112,6 +121,58 @@ fn kubectl_runs_the_binary_as_the_sandboxrun_plugin() {
         dir.path().display(),
         std::env::var("PATH").unwrap_or_default()
     );
+    (dir, path)
+}
+
+/// `kubectl sandboxrun args…` with the plugin on `path`, no store URL from the environment, and
+/// `kubeconfig` (the test bed's when None).
+fn plugin(path: &str, kubeconfig: Option<&Path>, args: &[&str]) -> Command {
+    let mut cmd = kubectl(&["sandboxrun"]);
+    cmd.args(args)
+        .env("PATH", path)
+        .env_remove("SANDBOXRUN_STORE_URL")
+        .env_remove("SANDBOXRUN_STORE_OPTIONS");
+    if let Some(k) = kubeconfig {
+        cmd.env("KUBECONFIG", k);
+    }
+    cmd
+}
+
+/// Runs `cmd`, which must fail with exit code 1; returns its stderr.
+fn fails(cmd: Command) -> String {
+    let what = format!("{cmd:?}");
+    let out = run(cmd, None);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// A copy of the test bed's kubeconfig whose current context's namespace is `namespace`.
+fn kubeconfig_in(dir: &Path, namespace: &str) -> PathBuf {
+    let copy = dir.join("kubeconfig");
+    std::fs::copy(kubeconfig_path(), &copy).unwrap_or_else(|e| panic!("copy kubeconfig: {e}"));
+    let mut cmd = kubectl(&[
+        "config",
+        "set-context",
+        "--current",
+        "--namespace",
+        namespace,
+    ]);
+    cmd.env("KUBECONFIG", &copy);
+    ok(cmd, None);
+    copy
+}
+
+/// The binary as a kubectl plugin: on PATH as `kubectl-sandboxrun`, `kubectl sandboxrun …` runs
+/// it and it names itself that way (no cluster needed).
+#[test]
+fn kubectl_runs_the_binary_as_the_sandboxrun_plugin() {
+    let (_dir, path) = plugin_path();
     let mut cmd = kubectl(&["sandboxrun", "files", "--help"]);
     cmd.env("PATH", &path);
     let help = ok(cmd, None);
@@ -127,4 +188,139 @@ fn kubectl_runs_the_binary_as_the_sandboxrun_plugin() {
         Some(b"apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {name: p}\nspec:\n  image: busybox@sha256:0000000000000000000000000000000000000000000000000000000000000000\n  user: \"1000\"\n"),
     );
     assert!(report.contains("all checks passed"), "{report}");
+}
+
+/// Issue #14 item 7 on the control plane (kwok plays the node, the operator binary drains into a
+/// file:// store): `kubectl sandboxrun files ls|get RUN` with no `--store-url` and no `-n` finds
+/// the store and the instance from the run's `status.readBack[].object`, in the kubeconfig
+/// context's namespace; `kubectl sandboxrun logs RUN` prints how the workload ended and each
+/// path's drain.
+#[tokio::test]
+async fn the_plugin_reads_a_runs_files_from_its_status_in_the_contexts_namespace() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "plugin").await;
+    let store_dir = host_dir("store-plugin");
+    let store_url = format!("file://{}", store_dir.display());
+    let op = Operator::builder(&ns.name, &store_url).start();
+    let out = host_dir("plugin-out");
+    std::fs::write(out.join("report.txt"), b"plugin report\n").expect("write the report");
+
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "report", spec(&[&out])).await;
+    let running = wait_phase(&runs, "report", Phase::Running, &op).await;
+    finish_workload(&pods, &pod_of(&running), 3).await;
+    let run = wait_final(&runs, "report", &op, Duration::from_secs(90)).await;
+    let entry = read_back(&run, 0);
+    assert_eq!(entry.phase, ReadBackPhase::Drained, "{entry:?}");
+
+    let (plugin_dir, path) = plugin_path();
+    let kubeconfig = kubeconfig_in(plugin_dir.path(), &ns.name);
+    let listing = ok(
+        plugin(&path, Some(&kubeconfig), &["files", "ls", "report"]),
+        None,
+    );
+    assert!(
+        listing.contains(&out.display().to_string()) && listing.contains("report.txt"),
+        "{listing}"
+    );
+    let uid = run.metadata.uid.clone().unwrap_or_default();
+    assert!(listing.contains(&format!("run uid {uid}")), "{listing}");
+    let target = plugin_dir.path().join("got");
+    let target_arg = target.display().to_string();
+    ok(
+        plugin(
+            &path,
+            Some(&kubeconfig),
+            &["files", "get", "report", "-o", &target_arg],
+        ),
+        None,
+    );
+    let slug = sandboxrun_operator::store::path_slug(&out.display().to_string());
+    assert_eq!(
+        std::fs::read(target.join(format!("00-{slug}/report.txt"))).expect("extracted"),
+        b"plugin report\n"
+    );
+
+    // The same command in another namespace (the bed's context has none: `default`) does not
+    // find the run, and says so; -n finds it again.
+    let err = fails(plugin(&path, None, &["files", "ls", "report"]));
+    assert!(
+        err.contains("no SandboxRun default/report") && err.contains("-n"),
+        "{err}"
+    );
+    let listing = ok(
+        plugin(&path, None, &["files", "ls", "report", "-n", &ns.name]),
+        None,
+    );
+    assert!(listing.contains("report.txt"), "{listing}");
+
+    let logs = ok(plugin(&path, Some(&kubeconfig), &["logs", "report"]), None);
+    assert!(
+        logs.contains(&format!("SandboxRun {}/report: Failed", ns.name)),
+        "{logs}"
+    );
+    assert!(logs.contains("Workload: exited 3"), "{logs}");
+    assert!(logs.contains("Drained  1 member(s)"), "{logs}");
+    assert!(
+        logs.contains("Drain: every path has an outcome, none failed (1 path(s))"),
+        "{logs}"
+    );
+}
+
+/// `kubectl sandboxrun logs` and `files` on a run whose drain failed and whose workload left no
+/// evidence (its status as the operator writes it, set here): both say so in words; `files` names
+/// the failed path instead of guessing a store.
+#[tokio::test]
+async fn the_plugin_says_when_there_is_no_evidence_and_the_drain_failed() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "plugin-failed").await;
+    let run_yaml = "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata:\n  name: lost\nspec:\n  image: busybox@sha256:0000000000000000000000000000000000000000000000000000000000000000\n  user: \"1000\"\n  command: [\"true\"]\n  readBack:\n    paths: [{path: /out}]\n";
+    ok(
+        kubectl(&["apply", "-n", &ns.name, "-f", "-"]),
+        Some(run_yaml.as_bytes()),
+    );
+    ok(
+        kubectl(&[
+            "patch",
+            "sandboxrun",
+            "lost",
+            "-n",
+            &ns.name,
+            "--subresource=status",
+            "--type=merge",
+            "-p",
+            r#"{"status":{"phase":"Failed","message":"the pod was lost","readBack":[{"path":"/out","phase":"Failed","attempts":3,"message":"exec into the holder refused"}]}}"#,
+        ]),
+        None,
+    );
+    let (_dir, path) = plugin_path();
+    let logs = ok(plugin(&path, None, &["logs", "lost", "-n", &ns.name]), None);
+    assert!(
+        logs.contains("No termination evidence: the workload never terminated"),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("/out  Failed  (exec into the holder refused)"),
+        "{logs}"
+    );
+    assert!(logs.contains("Drain: FAILED for 1 of 1 path(s)"), "{logs}");
+    let err = fails(plugin(
+        &path,
+        None,
+        &["files", "ls", "lost", "-n", &ns.name],
+    ));
+    assert!(
+        err.contains("has no stored object")
+            && err.contains("/out Failed: exec into the holder refused")
+            && err.contains("--store-url"),
+        "{err}"
+    );
+    let err = fails(plugin(&path, None, &["logs", "nope", "-n", &ns.name]));
+    assert!(
+        err.contains(&format!("no SandboxRun {}/nope", ns.name)),
+        "{err}"
+    );
 }

@@ -29,6 +29,16 @@ use support::*;
 
 const REAL_NODE_LABEL: &str = "sandbox.iterion.io/real-node";
 
+/// The pinned operator image: `SANDBOXRUN_TEST_OPERATOR_IMAGE` when set (a branch's image pushed
+/// beside `:dev`, e.g. `$(SANDBOXRUN_OPERATOR_TAG=mine hack/images.sh operator | tail -1)`), else
+/// the `:dev` one `hack/images.sh operator` pinned.
+fn operator_ref() -> String {
+    match std::env::var("SANDBOXRUN_TEST_OPERATOR_IMAGE") {
+        Ok(pinned) if !pinned.trim().is_empty() => pinned.trim().to_string(),
+        _ => image_ref("sandboxrun-operator"),
+    }
+}
+
 /// A pinned image reference `hack/images.sh` pushed (`busybox`, `sandboxrun-operator`).
 fn image_ref(name: &str) -> String {
     let file = state_dir().join("images").join(format!("{name}.ref"));
@@ -44,7 +54,12 @@ fn image_ref(name: &str) -> String {
 
 /// The same reference as the real node pulls it (localhost:<port>/…).
 fn pod_image(name: &str) -> String {
-    let pinned = image_ref(name);
+    pod_ref(&image_ref(name))
+}
+
+/// `pinned` (as pushed) as the real node pulls it (localhost:<port>/…).
+fn pod_ref(pinned: &str) -> String {
+    let pinned = pinned.to_string();
     let registry = bed_setting("SANDBOXRUN_TEST_POD_REGISTRY");
     match pinned.split_once('/') {
         Some((_, rest)) => format!("{registry}/{rest}"),
@@ -100,7 +115,7 @@ async fn restricted_namespace(client: &Client, prefix: &str) -> TestNamespace {
 
 /// The operator under test on this host, with the operator image as the holder of run pods.
 fn start_operator(ns: &str, store_url: &str) -> Operator {
-    let holder = pod_image("sandboxrun-operator");
+    let holder = pod_ref(&operator_ref());
     Operator::builder(ns, store_url)
         .flags(&["--holder-image", &holder])
         .start()
@@ -648,7 +663,7 @@ fn the_image_built_without_docker_matches_the_dockerfile() {
         .to_string();
 
     let crane = tools_bin().expect("tools bin").join("crane");
-    let reference = image_ref("sandboxrun-operator");
+    let reference = operator_ref();
     let run = |args: &[&str]| -> Output {
         let out = Command::new(&crane).args(args).output().expect("run crane");
         assert!(
@@ -767,7 +782,7 @@ fn install_operator_by_helm(
     let applied = kubectl_apply(release_ns, &secret.to_string());
     assert!(applied.status.success(), "{applied:?}");
 
-    let image = pod_image("sandboxrun-operator");
+    let image = pod_ref(&operator_ref());
     let (repository, digest) = image.split_once('@').expect("pinned image");
     let mut all = json!({
         "fullnameOverride": fullname,
@@ -858,6 +873,13 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
             "watchNamespaces": [runs_ns.name],
             // Only this test's namespace goes through this release's webhook.
             "webhook": {"namespaceSelector": {"matchLabels": {"sandboxrun-test": runs_ns.name}}},
+            // `helm test`: its tiny run in the watched namespace, on the real node.
+            "test": {
+                "image": pod_image("busybox"),
+                "timeout": "3m",
+                "nodeSelector": {REAL_NODE_LABEL: "true"},
+                "tolerations": [real_node_toleration()],
+            },
         }),
     );
     let operator_pods: Api<Pod> = Api::namespaced(client.clone(), &release_ns.name);
@@ -1011,6 +1033,113 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
     )
     .await;
     assert!(text.contains("sandboxrun_"), "{text}");
+
+    let chart = repo().join("charts/sandboxrun-operator");
+    helm_test_passes_then_fails_when_the_run_cannot_drain(
+        &client,
+        &fullname,
+        &release_ns.name,
+        &runs_ns.name,
+        &chart,
+    )
+    .await;
+}
+
+/// Issue #14 item 5: `helm test` of the release above. Its pod (the operator image, `selftest`)
+/// creates a tiny run on the real node, which drains into S3, and deletes it: the test passes and
+/// leaves no run behind. Then, with a workload that leaves only a file the holder cannot read
+/// (`test.script`), the path ends `Failed`: `helm test` fails and the pod's log says why.
+async fn helm_test_passes_then_fails_when_the_run_cannot_drain(
+    client: &Client,
+    release: &str,
+    release_ns: &str,
+    runs_ns: &str,
+    chart: &Path,
+) {
+    let test_pod = format!("{release}-selftest");
+    let pod_log = || {
+        Command::new(kubectl())
+            .args(["logs", "-n", release_ns, &test_pod])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+            .unwrap_or_default()
+    };
+    let tested = run_helm(&["test", release, "-n", release_ns, "--timeout", "5m"]);
+    let stdout = String::from_utf8_lossy(&tested.stdout).to_string();
+    assert!(
+        tested.status.success(),
+        "helm test failed: {stdout}{}\n{}",
+        String::from_utf8_lossy(&tested.stderr),
+        pod_log()
+    );
+    // Helm lists each test hook with its phase; the pod is among them.
+    let phases: Vec<&str> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("Phase:"))
+        .map(str::trim)
+        .collect();
+    assert!(
+        stdout.contains(&test_pod)
+            && !phases.is_empty()
+            && phases.iter().all(|p| *p == "Succeeded"),
+        "{stdout}"
+    );
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), runs_ns);
+    let left = runs
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=helm-test"))
+        .await
+        .expect("list runs");
+    assert!(
+        left.items.is_empty(),
+        "the selftest deleted its run: {left:?}"
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), release_ns);
+    assert!(
+        pods.get_opt(&test_pod).await.expect("get pod").is_none(),
+        "a passing test pod is deleted (hook-succeeded)"
+    );
+
+    let unreadable = r#"echo locked > "$ITERION_ARTIFACT_FILES_DIR/locked.txt"; chmod 0000 "$ITERION_ARTIFACT_FILES_DIR/locked.txt""#;
+    let upgraded = run_helm(&[
+        "upgrade",
+        release,
+        &chart.display().to_string(),
+        "-n",
+        release_ns,
+        "--reuse-values",
+        "--set-string",
+        &format!("test.script={unreadable}"),
+        "--wait",
+        "--timeout",
+        "4m",
+    ]);
+    assert!(
+        upgraded.status.success(),
+        "helm upgrade: {}",
+        String::from_utf8_lossy(&upgraded.stderr)
+    );
+    let tested = run_helm(&["test", release, "-n", release_ns, "--timeout", "5m"]);
+    assert!(
+        !tested.status.success(),
+        "helm test passed with an undrainable run: {}",
+        String::from_utf8_lossy(&tested.stdout)
+    );
+    let log = pod_log();
+    assert!(
+        log.contains("selftest: FAIL")
+            && log.contains("path /work/out ended Failed, not Drained")
+            && log.contains("locked.txt"),
+        "the failed test pod says why: {log}\n{}",
+        String::from_utf8_lossy(&tested.stderr)
+    );
+    let left = runs
+        .list(&ListParams::default().labels("app.kubernetes.io/managed-by=helm-test"))
+        .await
+        .expect("list runs");
+    assert!(
+        left.items.is_empty(),
+        "a failed selftest deletes its run too: {left:?}"
+    );
 }
 
 /// What a run's workload does in the egress test: waits for the test's go-ahead (the enforcer has

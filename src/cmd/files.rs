@@ -3,25 +3,30 @@
 
 use std::process::ExitCode;
 
-use crate::files::{run_to, FilesArgs, FilesError};
+use crate::files::{resolve, run_at, FilesArgs, FilesError};
 
 /// Runs `files`.
 pub async fn main(args: FilesArgs) -> ExitCode {
     let mut out = std::io::stdout();
-    let store_url = args.store.store_url.clone();
-    match run_to(args, &mut out).await {
+    let result = match resolve(&args).await {
+        Ok(target) => run_at(args, &target, &mut out)
+            .await
+            .map_err(|e| (e, Some(target.store_url))),
+        Err(e) => Err((e, None)),
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(FilesError::Usage(m)) => {
+        Err((FilesError::Usage(m), _)) => {
             eprintln!("{m}");
             ExitCode::from(2)
         }
-        Err(e) => {
+        Err((e, store_url)) => {
             eprintln!("files: {e}");
-            if let FilesError::Store(store_error) = &e {
+            if let (FilesError::Store(store_error), Some(url)) = (&e, store_url) {
                 if crate::store::credentials::store_is_refused(store_error) {
                     eprintln!(
                         "files: {}",
-                        crate::store::credentials::reader_refused_hint(&store_url)
+                        crate::store::credentials::reader_refused_hint(&url)
                     );
                 }
             }

@@ -1,5 +1,5 @@
 //! The command line, one file per subcommand: `run` ([`run`] the flags, [`operate`] the wiring),
-//! `crd`, `doctor`, `holder`, `pack`, `files`, `egress-proxy`, `completion`.
+//! `crd`, `doctor`, `holder`, `pack`, `files`, `logs`, `selftest`, `egress-proxy`, `completion`.
 
 use std::process::ExitCode;
 
@@ -10,9 +10,11 @@ pub mod doctor;
 pub mod egress_proxy;
 pub mod files;
 pub mod holder;
+pub mod logs;
 pub mod operate;
 pub mod pack;
 pub mod run;
+pub mod selftest;
 
 /// sandboxrun-operator: runs SandboxRuns and drains their read-back paths into object storage.
 #[derive(Parser, Debug)]
@@ -36,8 +38,13 @@ pub enum Command {
     Holder(holder::HolderArgs),
     /// Write a tar of a directory to stdout (exec'd in the holder by the drain).
     Pack(pack::PackArgs),
-    /// List or fetch a run's drained files from the object store.
+    /// List or fetch a run's drained files from the object store (found from the run's status,
+    /// or --store-url).
     Files(crate::files::FilesArgs),
+    /// How a run ended, from its status: exit code, termination message, each path's drain.
+    Logs(crate::plugin::logs::LogsArgs),
+    /// Apply a tiny SandboxRun, wait until it drained, delete it (the chart's `helm test`).
+    Selftest(crate::selftest::SelftestArgs),
     /// The egress proxy: enforces SandboxRuns' host rules for their pods.
     EgressProxy(crate::egress::proxy::ProxyArgs),
     /// Print a shell completion script (`source <(sandboxrun-operator completion bash)`).
@@ -112,6 +119,8 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Pack(args) => pack::main(args),
         Command::Holder(args) => holder::main(args).await,
         Command::Files(args) => files::main(args).await,
+        Command::Logs(args) => logs::main(args).await,
+        Command::Selftest(args) => selftest::main(args).await,
         Command::EgressProxy(args) => egress_proxy::main(args).await,
         Command::Completion { shell } => {
             use clap::CommandFactory;
@@ -168,6 +177,31 @@ mod tests {
             other => panic!("parsed as {other:?}"),
         }
         assert!(Cli::try_parse_from(["x", "doctor", "--strict"]).is_err());
+        // The plugin's run commands take kubectl's -n/--context/--kubeconfig, after the run too.
+        match Cli::try_parse_from(["x", "logs", "job", "-n", "jobs", "--context", "prod"])
+            .unwrap()
+            .command
+        {
+            Command::Logs(l) => {
+                assert_eq!(l.run, "job");
+                assert_eq!(l.cluster.namespace.as_deref(), Some("jobs"));
+                assert_eq!(l.cluster.context.as_deref(), Some("prod"));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        match Cli::try_parse_from(["x", "files", "get", "job", "-o", "d", "--kubeconfig", "k"])
+            .unwrap()
+            .command
+        {
+            Command::Files(f) => {
+                assert_eq!(
+                    f.cluster.namespace, None,
+                    "the context's namespace by default"
+                );
+                assert_eq!(f.cluster.kubeconfig, Some("k".into()));
+            }
+            other => panic!("parsed as {other:?}"),
+        }
         // The kubectl plugin name and shell completion.
         assert_eq!(
             bin_name("/usr/local/bin/kubectl-sandboxrun"),
@@ -214,7 +248,13 @@ mod tests {
         // After the `files` subcommand's own subcommand too (global flags).
         let files = ["x", "files", "ls", "job"].iter().chain(&flags).copied();
         match Cli::try_parse_from(files).unwrap().command {
-            Command::Files(args) => assert_eq!(args.store, want),
+            Command::Files(args) => {
+                assert_eq!(
+                    args.store.store_url.as_deref(),
+                    Some(want.store_url.as_str())
+                );
+                assert_eq!(args.store.store_options, want.store_options);
+            }
             other => panic!("parsed as {other:?}"),
         }
     }

@@ -1,0 +1,8 @@
+//! What the binary does as the kubectl plugin `kubectl sandboxrun` beyond reading a store: talk to
+//! the cluster as kubectl would ([`cluster`]: `--kubeconfig`, `--context`, the context's
+//! namespace), find where a run's files were stored from its status ([`locate`]), and print the
+//! evidence of how a run ended ([`logs`]).
+
+pub mod cluster;
+pub mod locate;
+pub mod logs;

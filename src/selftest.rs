@@ -1,0 +1,349 @@
+//! `sandboxrun-operator selftest`: the chart's `helm test` (templates/tests/): applies one tiny
+//! SandboxRun, waits until it ends `Succeeded` with every read-back path `Drained` and stored
+//! (`status.readBack[].object` set), deletes it and waits until it is gone (the finalizer's
+//! teardown, docs/contract.md §3), then says in one line what passed or why not. Only the
+//! Kubernetes API is needed: the test pod runs the operator image, no kubectl.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, ResourceExt};
+use thiserror::Error;
+
+use crate::api::{Phase, ReadBackPhase, SandboxRun};
+use crate::files::printable;
+use crate::plugin::cluster::{connect, ClusterArgs, ClusterError};
+
+/// `selftest` arguments.
+#[derive(Args, Debug)]
+pub struct SelftestArgs {
+    /// The SandboxRun to create, as YAML or JSON text (`metadata.generateName` keeps reruns apart).
+    #[arg(long, env = "SANDBOXRUN_SELFTEST_RUN")]
+    pub run: String,
+    /// How long the run may take to end with its paths drained.
+    #[arg(long, default_value = "3m", value_parser = duration)]
+    pub timeout: Duration,
+    /// How long its deletion (teardown, finalizer) may take once it ended.
+    #[arg(long, default_value = "1m", value_parser = duration)]
+    pub delete_timeout: Duration,
+    /// Which cluster and namespace (in a pod: its own ServiceAccount and namespace).
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+fn duration(text: &str) -> Result<Duration, String> {
+    crate::units::parse_duration(text).map_err(|e| e.to_string())
+}
+
+/// Why the selftest failed.
+#[derive(Debug, Error)]
+pub enum SelftestError {
+    /// The manifest is not a SandboxRun.
+    #[error("the run to create is not a SandboxRun manifest: {0}")]
+    Manifest(String),
+    /// No cluster.
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    /// The apiserver refused or failed a request.
+    #[error("{what}: {source}")]
+    Api {
+        /// What was being done.
+        what: String,
+        /// The error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The run did not end as it should.
+    #[error("{0}")]
+    Verdict(String),
+}
+
+/// What the run's status says so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Judgement {
+    /// Not over yet: the phase so far.
+    Pending(String),
+    /// Succeeded and drained: the summary.
+    Passed(String),
+    /// Over, and not as it should: why.
+    Failed(String),
+}
+
+/// Judges `run`: it must end `Succeeded` with at least one read-back path, each `Drained`, with
+/// members stored and its object named in status.
+pub fn judge(run: &SandboxRun) -> Judgement {
+    let status = run.status.clone().unwrap_or_default();
+    let Some(phase) = status.phase.filter(|p| p.is_final()) else {
+        let so_far = status.phase.map(|p| p.as_str()).unwrap_or("no phase yet");
+        let message = status.message.as_deref().map(printable).unwrap_or_default();
+        return Judgement::Pending(format!("{so_far} {message}").trim().to_string());
+    };
+    let declared = run.spec.read_back_paths().len();
+    let mut problems = Vec::new();
+    if phase != Phase::Succeeded {
+        problems.push(format!(
+            "it ended {} ({})",
+            phase.as_str(),
+            printable(status.message.as_deref().unwrap_or("no message"))
+        ));
+        if let Some(w) = &status.workload {
+            let said = w
+                .message
+                .as_deref()
+                .map(|m| format!(": {}", printable(m.trim())))
+                .unwrap_or_default();
+            problems.push(format!("the workload exited {}{said}", w.exit_code));
+        }
+    }
+    if declared == 0 {
+        problems.push("it declares no read-back path, so nothing was drained".into());
+    }
+    if status.read_back.len() < declared {
+        problems.push(format!(
+            "status.readBack lists {} of {declared} declared path(s)",
+            status.read_back.len()
+        ));
+    }
+    let mut drained = Vec::new();
+    for e in &status.read_back {
+        let path = printable(&e.path);
+        match (&e.phase, &e.object) {
+            (ReadBackPhase::Drained, Some(object)) if e.members > 0 => drained.push(format!(
+                "{path} Drained ({} member(s), {} byte(s)) at {}",
+                e.members,
+                e.bytes,
+                printable(object)
+            )),
+            (ReadBackPhase::Drained, None) => problems.push(format!(
+                "{path} is Drained but status names no stored object"
+            )),
+            (phase, _) => problems.push(format!(
+                "path {path} ended {}, not Drained{}",
+                phase.as_str(),
+                e.message
+                    .as_deref()
+                    .map(|m| format!(": {}", printable(m)))
+                    .unwrap_or_default()
+            )),
+        }
+    }
+    if problems.is_empty() {
+        Judgement::Passed(drained.join("; "))
+    } else {
+        Judgement::Failed(problems.join("; "))
+    }
+}
+
+/// Runs the selftest; `Ok` is the one-line summary of a pass.
+pub async fn run(args: SelftestArgs) -> Result<String, SelftestError> {
+    let mut manifest: SandboxRun =
+        serde_yaml::from_str(&args.run).map_err(|e| SelftestError::Manifest(e.to_string()))?;
+    if manifest.metadata.name.is_none() && manifest.metadata.generate_name.is_none() {
+        manifest.metadata.generate_name = Some("sandboxrun-selftest-".into());
+    }
+    let (client, context_namespace) = connect(&args.cluster).await?;
+    let namespace = args
+        .cluster
+        .namespace
+        .clone()
+        .or_else(|| manifest.metadata.namespace.clone())
+        .unwrap_or(context_namespace);
+    manifest.metadata.namespace = Some(namespace.clone());
+    let runs: Api<SandboxRun> = Api::namespaced(client, &namespace);
+    let created = runs
+        .create(&PostParams::default(), &manifest)
+        .await
+        .map_err(|source| SelftestError::Api {
+            what: format!("create a SandboxRun in {namespace}"),
+            source,
+        })?;
+    let name = created.name_any();
+    println!("selftest: created SandboxRun {namespace}/{name}");
+    let outcome = wait_judged(&runs, &name, args.timeout).await;
+    let deleted = delete_and_wait(&runs, &name, args.delete_timeout).await;
+    let label = format!("{namespace}/{name}");
+    match (outcome, deleted) {
+        (Ok(summary), Ok(())) => Ok(format!("{label} Succeeded; {summary}; deleted")),
+        (Ok(_), Err(e)) => Err(SelftestError::Verdict(format!("{label} passed, but {e}"))),
+        (Err(e), Ok(())) => Err(SelftestError::Verdict(format!("{label}: {e} (deleted)"))),
+        (Err(e), Err(d)) => Err(SelftestError::Verdict(format!("{label}: {e}; and {d}"))),
+    }
+}
+
+/// Polls the run until [`judge`] has a verdict or `timeout` passes; prints each new phase.
+async fn wait_judged(
+    runs: &Api<SandboxRun>,
+    name: &str,
+    timeout: Duration,
+) -> Result<String, String> {
+    let start = Instant::now();
+    let mut last = String::new();
+    loop {
+        match runs.get_opt(name).await {
+            Ok(Some(run)) => match judge(&run) {
+                Judgement::Passed(summary) => return Ok(summary),
+                Judgement::Failed(why) => return Err(why),
+                Judgement::Pending(now) => {
+                    if now != last {
+                        println!("selftest: {name}: {now}");
+                        last = now;
+                    }
+                }
+            },
+            Ok(None) => return Err("the run was deleted by someone else before it ended".into()),
+            Err(e) => tracing::warn!(error = %e, "reading the run failed; retrying"),
+        }
+        if start.elapsed() > timeout {
+            return Err(format!(
+                "it did not end within {}s (last seen: {})",
+                timeout.as_secs(),
+                if last.is_empty() { "nothing" } else { &last }
+            ));
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Deletes the run and waits until the operator's finalizer let it go.
+async fn delete_and_wait(
+    runs: &Api<SandboxRun>,
+    name: &str,
+    timeout: Duration,
+) -> Result<(), String> {
+    if let Err(e) = runs.delete(name, &DeleteParams::default()).await {
+        return Err(format!("deleting it failed: {e}"));
+    }
+    let start = Instant::now();
+    loop {
+        match runs.get_opt(name).await {
+            Ok(None) => return Ok(()),
+            Ok(Some(_)) | Err(_) if start.elapsed() > timeout => {
+                return Err(format!(
+                    "it was still there {}s after its deletion (is the operator running and its finalizer done?)",
+                    timeout.as_secs()
+                ))
+            }
+            _ => tokio::time::sleep(Duration::from_secs(1)).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{
+        ReadBack, ReadBackPath, ReadBackStatus, SandboxRunSpec, SandboxRunStatus,
+        WorkloadTermination,
+    };
+
+    fn run(phase: Option<Phase>, entries: Vec<ReadBackStatus>) -> SandboxRun {
+        let spec = SandboxRunSpec {
+            read_back: Some(ReadBack {
+                paths: vec![ReadBackPath {
+                    path: "/work/out".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut r = SandboxRun::new("t", spec);
+        r.status = Some(SandboxRunStatus {
+            phase,
+            read_back: entries,
+            ..Default::default()
+        });
+        r
+    }
+
+    fn entry(phase: ReadBackPhase, object: Option<&str>, members: u64) -> ReadBackStatus {
+        ReadBackStatus {
+            path: "/work/out".into(),
+            phase,
+            object: object.map(str::to_string),
+            members,
+            message: (phase == ReadBackPhase::Failed).then(|| "no permission".to_string()),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_succeeded_run_with_every_path_drained_and_stored_passes() {
+        let ok = run(
+            Some(Phase::Succeeded),
+            vec![entry(
+                ReadBackPhase::Drained,
+                Some("s3://b/ns/t/u/00-work-out.tar"),
+                1,
+            )],
+        );
+        assert!(
+            matches!(judge(&ok), Judgement::Passed(s) if s.contains("/work/out Drained (1 member(s)") && s.contains("s3://b/")),
+        );
+        assert!(
+            matches!(judge(&run(Some(Phase::Running), vec![])), Judgement::Pending(p) if p.starts_with("Running"))
+        );
+        assert!(matches!(judge(&run(None, vec![])), Judgement::Pending(_)));
+        let empty = run(
+            Some(Phase::Succeeded),
+            vec![entry(ReadBackPhase::Empty, None, 0)],
+        );
+        assert!(
+            matches!(judge(&empty), Judgement::Failed(w) if w.contains("path /work/out ended Empty, not Drained"))
+        );
+        let no_object = run(
+            Some(Phase::Succeeded),
+            vec![entry(ReadBackPhase::Drained, None, 1)],
+        );
+        assert!(
+            matches!(judge(&no_object), Judgement::Failed(w) if w.contains("names no stored object"))
+        );
+        let missing = run(Some(Phase::Succeeded), vec![]);
+        assert!(matches!(judge(&missing), Judgement::Failed(w) if w.contains("lists 0 of 1")));
+    }
+
+    #[test]
+    fn the_run_the_chart_renders_parses_as_a_sandboxrun() {
+        // templates/tests/selftest.yaml passes it through `toJson`, which escapes `>` as \u003e.
+        let text = r#"{"apiVersion":"sandbox.iterion.io/v1alpha1","kind":"SandboxRun","metadata":{"generateName":"r-selftest-"},"spec":{"command":["sh","-c","echo ok \u003e \"$ITERION_ARTIFACT_FILES_DIR/x\""],"image":"busybox","user":"1000:1000","readBack":{"paths":[{"path":"/work/out","required":true}]}}}"#;
+        let run: SandboxRun = serde_yaml::from_str(text).expect("parses");
+        assert_eq!(
+            run.spec
+                .command
+                .as_deref()
+                .and_then(|c| c.get(2))
+                .map(String::as_str),
+            Some("echo ok > \"$ITERION_ARTIFACT_FILES_DIR/x\"")
+        );
+        assert_eq!(run.spec.read_back_paths().len(), 1);
+        assert!(serde_yaml::from_str::<SandboxRun>("kind: Pod\nspec: 3").is_err());
+    }
+
+    #[test]
+    fn a_failed_run_says_how_the_workload_and_the_drain_ended() {
+        let mut failed = run(
+            Some(Phase::Failed),
+            vec![entry(ReadBackPhase::Failed, None, 0)],
+        );
+        if let Some(s) = failed.status.as_mut() {
+            s.message = Some("a required path failed".into());
+            s.workload = Some(WorkloadTermination {
+                exit_code: 0,
+                ..Default::default()
+            });
+        }
+        let Judgement::Failed(why) = judge(&failed) else {
+            panic!("{:?}", judge(&failed))
+        };
+        assert!(
+            why.contains("it ended Failed (a required path failed)"),
+            "{why}"
+        );
+        assert!(why.contains("the workload exited 0"), "{why}");
+        assert!(
+            why.contains("path /work/out ended Failed, not Drained: no permission"),
+            "{why}"
+        );
+    }
+}
