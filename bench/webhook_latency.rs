@@ -85,7 +85,10 @@ fn pin_to(cpu: usize) {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu % cpus, &mut set);
         if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            eprintln!("cannot pin a thread to CPU {cpu}: {}", std::io::Error::last_os_error());
+            eprintln!(
+                "cannot pin a thread to CPU {cpu}: {}",
+                std::io::Error::last_os_error()
+            );
         }
     }
 }

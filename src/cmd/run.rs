@@ -101,7 +101,12 @@ pub struct RunArgs {
     /// that does not know `pack --wire` gets a plain tar) or `tar` (as is). zstd is the default:
     /// never slower on incompressible data, several times faster on text over a real link
     /// (docs/performance.md, "Compression on the wire").
-    #[arg(long, env = "SANDBOXRUN_DRAIN_WIRE", value_enum, default_value = "zstd")]
+    #[arg(
+        long,
+        env = "SANDBOXRUN_DRAIN_WIRE",
+        value_enum,
+        default_value = "zstd"
+    )]
     pub drain_wire: crate::drain::wire::Wire,
     /// Reconciles running at once.
     #[arg(long, env = "SANDBOXRUN_CONCURRENCY", default_value_t = 16)]
