@@ -250,6 +250,39 @@ fn the_chart_renders_what_the_operator_expects() {
     }
 }
 
+#[test]
+fn the_image_preflight_is_a_chart_value_that_brings_its_secret_rule() {
+    let secrets_rule = "resources: [secrets]\n    verbs: [get]\n";
+    let manager_rules = |text: &str| -> String {
+        text.split("kind: ClusterRole\n")
+            .nth(1)
+            .and_then(|r| r.split("---").next())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let off = ok(helm(&["template", "demo", CHART]), None);
+    assert!(!off.contains("--preflight-images"), "off by default");
+    assert!(
+        !manager_rules(&off).contains(secrets_rule),
+        "no cluster-wide Secret reads by default"
+    );
+    let on = ok(
+        helm(&["template", "demo", CHART, "--set", "preflightImages=true"]),
+        None,
+    );
+    assert!(on.contains("            - --preflight-images\n"));
+    assert!(
+        manager_rules(&on).contains(secrets_rule),
+        "the pre-flight reads the runs' imagePullSecrets: {}",
+        manager_rules(&on)
+    );
+    let out = run(
+        helm(&["template", "demo", CHART, "--set", "preflightImages=maybe"]),
+        None,
+    );
+    assert!(!out.status.success(), "preflightImages=maybe rendered");
+}
+
 /// The documents of a multi-document YAML stream.
 fn yaml_docs(text: &str) -> Vec<serde_yaml::Value> {
     serde_yaml::Deserializer::from_str(text)

@@ -143,6 +143,15 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         info!(%addr, "admission webhook listening");
     }
 
+    let preflight = if args.preflight_images {
+        let resolver = crate::admission::images::ImageResolver::new(
+            crate::admission::images::ImageSettings::default(),
+        )
+        .map_err(|e| OperatorError::Config(format!("--preflight-images: {e}")))?;
+        Some(Arc::new(resolver))
+    } else {
+        None
+    };
     let leader = metrics.leader.clone();
     let ctx = Arc::new(
         Context::new(
@@ -170,7 +179,8 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_default_retention(args.default_retention)
         .with_drain_wire(args.drain_wire)
         .with_path_slots(usize::from(args.max_concurrent_path_drains))
-        .with_open_uploads(open_uploads),
+        .with_open_uploads(open_uploads)
+        .with_preflight(preflight),
     );
 
     // Fired on a lost lease: in-flight drains stop at once (their uploads abort themselves)
