@@ -138,6 +138,11 @@ fn the_chart_renders_what_the_operator_expects() {
     assert!(text.contains("readOnlyRootFilesystem: true"));
     assert!(text.contains("type: RuntimeDefault"));
     assert!(text.contains("--image-pull-timeout=5m\n"));
+    // The operator publishes its settings for `doctor --context` in a ConfigMap only it writes.
+    assert!(text.contains("- --settings-configmap=demo-sandboxrun-operator-settings\n"));
+    assert!(text.contains(
+        "resources: [configmaps]\n    resourceNames: [demo-sandboxrun-operator-settings]\n    verbs: [patch]\n"
+    ));
     // Deleting a run keeps its stored files unless told otherwise (readBack.retention).
     assert!(text.contains("- --default-retention=Retain\n"));
     let deleting = ok(

@@ -175,6 +175,15 @@ pub struct RunArgs {
     /// connection refused) creates the pod with a Warning Event. Reads the pods' imagePullSecrets.
     #[arg(long, env = "SANDBOXRUN_PREFLIGHT_IMAGES", default_value_t = false)]
     pub preflight_images: bool,
+    /// ConfigMap (in --pod-namespace) the operator publishes its live settings in (caps, drain
+    /// timeouts, network-policy mode, drain wire, image checks) and refreshes every minute while
+    /// Ready, for `doctor --context`; empty: not published.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_SETTINGS_CONFIGMAP",
+        default_value = crate::admission::published::DEFAULT_SETTINGS_CONFIGMAP
+    )]
+    pub settings_configmap: String,
     /// Elect a leader on a Lease so several replicas can run.
     #[arg(long, env = "SANDBOXRUN_LEADER_ELECT", default_value_t = false)]
     pub leader_elect: bool,
