@@ -268,7 +268,7 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
     let mut cluster_report: Option<ClusterReport> = None;
     let mut cluster: Option<live::Cluster> = None;
     if args.require_context && !live {
-        errors.push(UsageError::Settings(
+        errors.push(UsageError::Context(
             "--require-context needs --context or --kubeconfig".to_string(),
         ));
     }
@@ -278,7 +278,7 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
             required: args.require_context,
         };
         match parse_timeout(&args.timeout) {
-            Err(e) => errors.push(UsageError::Settings(e)),
+            Err(e) => errors.push(UsageError::Context(e)),
             Ok(timeout) => {
                 match live::connect(
                     args.context.as_deref(),
@@ -759,6 +759,97 @@ mod tests {
 
     const GOOD: &str = "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {name: good}\nspec:\n  image: ghcr.io/a/b@sha256:0000000000000000000000000000000000000000000000000000000000000000\n  user: \"1000\"\n";
     const ROOT: &str = "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {name: root, namespace: dev}\nspec:\n  image: alpine:3\n  user: \"0\"\n";
+
+    #[test]
+    fn the_probe_timeout_is_a_positive_duration_defaulting_to_five_seconds() {
+        assert_eq!(parse_timeout(""), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_timeout("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_timeout("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_timeout("0s").is_err());
+        assert!(parse_timeout("soon").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_live_probe_needs_a_context_and_a_kubeconfig_that_names_it() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let f = write(dir.path(), "good.yaml", GOOD);
+        let mut buf = Vec::new();
+        let args = DoctorArgs {
+            files: vec![f.clone()],
+            require_context: true,
+            ..Default::default()
+        };
+        let code = run(args, RuleSettings::default(), &mut buf).await;
+        let out = String::from_utf8_lossy(&buf).into_owned();
+        assert_eq!(code, 2, "{out}");
+        assert!(
+            out.contains("--require-context needs --context or --kubeconfig"),
+            "{out}"
+        );
+        // A context the kubeconfig does not have: a usage error, before any connection.
+        let kubeconfig = write(
+            dir.path(),
+            "kubeconfig",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n\
+             users:\n- name: u\n  user: {token: t}\ncontexts:\n- name: here\n  context: {cluster: c, user: u}\n\
+             current-context: here\n",
+        );
+        let mut buf = Vec::new();
+        let args = DoctorArgs {
+            files: vec![f],
+            strict: true,
+            context: Some("elsewhere".into()),
+            kubeconfig: Some(PathBuf::from(kubeconfig)),
+            ..Default::default()
+        };
+        let code = run(args, RuleSettings::default(), &mut buf).await;
+        let out = String::from_utf8_lossy(&buf).into_owned();
+        assert_eq!(code, 2, "{out}");
+        assert!(out.contains("\"elsewhere\": no such context"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_cluster_only_warns_unless_required_and_every_probe_is_bounded() {
+        // Nothing listens on port 1: every probe fails at once; the verdicts of the rules stand.
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let f = write(dir.path(), "good.yaml", GOOD);
+        let kubeconfig = write(
+            dir.path(),
+            "kubeconfig",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n\
+             users:\n- name: u\n  user: {token: t}\ncontexts:\n- name: here\n  context: {cluster: c, user: u}\n\
+             current-context: here\n",
+        );
+        let probe = |require: bool| {
+            let (f, kubeconfig) = (f.clone(), kubeconfig.clone());
+            async move {
+                let mut buf = Vec::new();
+                let args = DoctorArgs {
+                    files: vec![f],
+                    strict: true,
+                    kubeconfig: Some(PathBuf::from(kubeconfig)),
+                    require_context: require,
+                    timeout: "2s".into(),
+                    ..Default::default()
+                };
+                let started = std::time::Instant::now();
+                let code = run(args, RuleSettings::default(), &mut buf).await;
+                (
+                    code,
+                    String::from_utf8_lossy(&buf).into_owned(),
+                    started.elapsed(),
+                )
+            }
+        };
+        let (code, out, took) = probe(false).await;
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("⚠ cluster here cluster-probe"), "{out}");
+        assert!(!out.contains('✗'), "{out}");
+        assert!(took < Duration::from_secs(60), "bounded: {took:?}");
+        let (code, out, _) = probe(true).await;
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("✗ cluster here cluster-probe"), "{out}");
+    }
 
     #[tokio::test]
     async fn strict_exits_one_on_a_failure_and_zero_without_strict() {

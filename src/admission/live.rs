@@ -76,6 +76,8 @@ pub async fn connect(
     timeout: Duration,
     probe: Probe,
 ) -> Result<Cluster, String> {
+    // The client's TLS needs the process-wide provider; doctor may be called as a library.
+    crate::cmd::install_crypto_provider();
     let file = match kubeconfig {
         Some(path) => Kubeconfig::read_from(path)
             .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?,
@@ -313,6 +315,7 @@ impl Cluster {
         let probe = self.probe;
         let mut findings = Vec::new();
         let selector = format!("{SETTINGS_LABEL}={SETTINGS_FORMAT}");
+        let mut listed = false;
         for ns in namespaces {
             let api: Api<ConfigMap> = Api::namespaced(self.client.clone(), ns);
             let list = match self
@@ -325,6 +328,7 @@ impl Cluster {
                     continue;
                 }
             };
+            listed = true;
             let Some(cm) = list.items.into_iter().next() else {
                 continue;
             };
@@ -344,6 +348,10 @@ impl Cluster {
             };
             findings.extend(self.judge_operator(ns, &source, &settings).await);
             return (findings, Some(Published { source, settings }));
+        }
+        if !listed {
+            // Every listing failed: that is the finding, not "nothing is published".
+            return (findings, None);
         }
         findings.push(probe.finding(
             ids::CLUSTER_SETTINGS,
