@@ -167,14 +167,17 @@ impl Bed {
 
 impl Drop for Bed {
     fn drop(&mut self) {
-        let client = self.client.clone();
         let name = self.vwc.clone();
+        // Drop cannot await: a short-lived runtime on its own thread deletes the configuration,
+        // with its own client (the test's has its worker on the test's runtime, blocked in this
+        // join: sharing it would deadlock).
         let _ = std::thread::spawn(move || {
             if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
             {
                 rt.block_on(async move {
+                    let client = client().await;
                     let _ = Api::<ValidatingWebhookConfiguration>::all(client)
                         .delete(&name, &DeleteParams::default())
                         .await;

@@ -10,6 +10,7 @@ mod support;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::DeleteParams;
 use kube::Api;
 use sandboxrun_operator::api::{Phase, ReadBackPhase, SandboxRun};
 use sandboxrun_operator::pod;
@@ -28,6 +29,17 @@ fn condition(run: &SandboxRun, type_: &str) -> Option<(String, String)> {
 
 fn pair(status: &str, reason: &str) -> Option<(String, String)> {
     Some((status.to_string(), reason.to_string()))
+}
+
+/// Deletes the runs while the operator still runs (it releases their finalizers, draining the
+/// started ones), so the test namespace can go once the test ends.
+async fn delete_runs(runs: &Api<SandboxRun>, names: &[&str], op: &Operator) {
+    for name in names {
+        let _ = runs.delete(name, &DeleteParams::default()).await;
+    }
+    for name in names {
+        wait_gone(runs, name, op, Duration::from_secs(60)).await;
+    }
 }
 
 #[tokio::test]
@@ -115,6 +127,7 @@ async fn a_missing_tag_fails_the_run_without_a_pod_and_an_existing_image_gets_it
         Some(Phase::Failed),
         "the run stays Failed"
     );
+    delete_runs(&runs, &["missing", "present"], &op).await;
 }
 
 #[tokio::test]
@@ -157,6 +170,7 @@ async fn an_unreachable_registry_is_a_warning_and_the_pod_is_created_anyway() {
             .await
             .is_empty()
     );
+    delete_runs(&runs, &["unverified"], &op).await;
 }
 
 /// The flag's opposite: without `--preflight-images` the same missing tag gets its pod (the
@@ -175,4 +189,5 @@ async fn without_the_flag_a_missing_tag_still_gets_its_pod() {
     create(&runs, "unchecked", spec(&[&out]).image(&missing)).await;
     let started = wait_phase(&runs, "unchecked", Phase::Running, &op).await;
     assert_eq!(pod_of(&started), pod::pod_name("unchecked"));
+    delete_runs(&runs, &["unchecked"], &op).await;
 }
