@@ -257,11 +257,14 @@ fn the_chart_renders_what_the_operator_expects() {
 
 #[test]
 fn the_image_preflight_is_a_chart_value_that_brings_its_secret_rule() {
-    let secrets_rule = "resources: [secrets]\n    verbs: [get]\n";
+    let secrets_rule = "resources: [secrets]\n    verbs: [get]";
+    // The operator's own ClusterRole (not the egress proxy's).
     let manager_rules = |text: &str| -> String {
-        text.split("kind: ClusterRole\n")
-            .nth(1)
-            .and_then(|r| r.split("---").next())
+        text.split("\n---")
+            .find(|d| {
+                d.contains("kind: ClusterRole\n")
+                    && d.contains("  name: demo-sandboxrun-operator-manager\n")
+            })
             .unwrap_or_default()
             .to_string()
     };
