@@ -135,6 +135,7 @@ fn main() {
         .build()
         .expect("runtime");
     let mut in_process = Vec::with_capacity(o.rounds);
+    let mut summary = String::new();
     for _ in 0..o.rounds {
         let args = DoctorArgs {
             files: vec![path.clone()],
@@ -145,11 +146,9 @@ fn main() {
         let t = Instant::now();
         let code = rt.block_on(run(args, RuleSettings::default(), &mut sink));
         in_process.push(t.elapsed());
-        assert!(
-            code <= 1,
-            "doctor exited {code}: {}",
-            String::from_utf8_lossy(&sink)
-        );
+        let text = String::from_utf8_lossy(&sink).into_owned();
+        assert!(code <= 1, "doctor exited {code}: {text}");
+        summary = text.lines().last().unwrap_or_default().to_string();
     }
     let mut binary = Vec::with_capacity(o.rounds);
     for _ in 0..o.rounds {
@@ -171,6 +170,7 @@ fn main() {
         o.rounds,
         BUDGET.as_millis()
     );
+    println!("report: {summary}");
     report("in_process", in_process, o.manifests);
     report("binary", binary, o.manifests);
     let _ = std::fs::remove_dir_all(&dir);
