@@ -10,7 +10,8 @@
 #   hack/bench.sh                        every benchmark, in the order below
 #   hack/bench.sh webhook_latency drain_memory    only these (make bench BENCH="…")
 #
-# The benchmarks: the webhook vs an always-allow peer (webhook_latency); the drain's peak memory
+# The benchmarks: the webhook vs an always-allow peer (webhook_latency); doctor --strict offline
+# on 50 manifests against its ~1 s budget (doctor_offline); the drain's peak memory
 # against hostile streams, in-process (drain_memory); the drain vs kubectl cp and raw exec on the
 # kwok node (drain_vs_kubectl_cp, 1 GiB), 8 drains at once vs 8 kubectl cp at once (drain_parallel,
 # 8 x 256 MiB) and on the real node (drain_real_node, 256 MiB + 1000
@@ -18,16 +19,18 @@
 # 1 GiB). The drains need the local cluster (`hack/local-cluster.sh up`) and drain_real_node the
 # operator image (`hack/images.sh operator`). Asserts nothing; a benchmark that fails is recorded
 # as failed, the others still run, and the exit status is 1.
-# Sizes: WEBHOOK_ARGS, DRAIN_MEMORY_FILES, DRAIN_GIB, PARALLEL_N, PARALLEL_MIB, REAL_NODE_MIB,
-# REAL_NODE_SMALL. At the end, hack/plot.sh renders the plots (docs/plots/) when gnuplot is here.
+# Sizes: WEBHOOK_ARGS, DOCTOR_ARGS, DRAIN_MEMORY_FILES, DRAIN_GIB, PARALLEL_N, PARALLEL_MIB,
+# REAL_NODE_MIB, REAL_NODE_SMALL. At the end, hack/plot.sh renders the plots (docs/plots/) when
+# gnuplot is here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ALL=(webhook_latency drain_memory drain_vs_kubectl_cp drain_parallel drain_real_node drain_store_backends)
+ALL=(webhook_latency doctor_offline drain_memory drain_vs_kubectl_cp drain_parallel drain_real_node drain_store_backends)
 OUT=${BENCH_OUT:-target/bench-results}
 
 command_of() {  # the command line of one benchmark
   case "$1" in
     webhook_latency) echo "nice -n 10 cargo bench --bench webhook_latency -- ${WEBHOOK_ARGS:---rate 200,1000 --seconds 20}" ;;
+    doctor_offline) echo "nice -n 10 cargo bench --bench doctor_offline -- ${DOCTOR_ARGS:---manifests 50 --rounds 20}" ;;
     drain_memory) echo "bench/drain_memory.sh ${DRAIN_MEMORY_FILES:-1000000}" ;;
     drain_vs_kubectl_cp) echo "bench/drain_vs_kubectl_cp.sh ${DRAIN_GIB:-1}" ;;
     drain_parallel) echo "bench/drain_parallel.sh ${PARALLEL_N:-8} ${PARALLEL_MIB:-256}" ;;

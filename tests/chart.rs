@@ -138,6 +138,11 @@ fn the_chart_renders_what_the_operator_expects() {
     assert!(text.contains("readOnlyRootFilesystem: true"));
     assert!(text.contains("type: RuntimeDefault"));
     assert!(text.contains("--image-pull-timeout=5m\n"));
+    // The operator publishes its settings for `doctor --context` in a ConfigMap only it writes.
+    assert!(text.contains("- --settings-configmap=demo-sandboxrun-operator-settings\n"));
+    assert!(text.contains(
+        "resources: [configmaps]\n    resourceNames: [demo-sandboxrun-operator-settings]\n    verbs: [patch]\n"
+    ));
     // Deleting a run keeps its stored files unless told otherwise (readBack.retention).
     assert!(text.contains("- --default-retention=Retain\n"));
     let deleting = ok(
@@ -248,6 +253,42 @@ fn the_chart_renders_what_the_operator_expects() {
         );
         assert_eq!(webhook_skips(&yaml_docs(&text)), account, "--set {set}");
     }
+}
+
+#[test]
+fn the_image_preflight_is_a_chart_value_that_brings_its_secret_rule() {
+    let secrets_rule = "resources: [secrets]\n    verbs: [get]";
+    // The operator's own ClusterRole (not the egress proxy's).
+    let manager_rules = |text: &str| -> String {
+        text.split("\n---")
+            .find(|d| {
+                d.contains("kind: ClusterRole\n")
+                    && d.contains("  name: demo-sandboxrun-operator-manager\n")
+            })
+            .unwrap_or_default()
+            .to_string()
+    };
+    let off = ok(helm(&["template", "demo", CHART]), None);
+    assert!(!off.contains("--preflight-images"), "off by default");
+    assert!(
+        !manager_rules(&off).contains(secrets_rule),
+        "no cluster-wide Secret reads by default"
+    );
+    let on = ok(
+        helm(&["template", "demo", CHART, "--set", "preflightImages=true"]),
+        None,
+    );
+    assert!(on.contains("            - --preflight-images\n"));
+    assert!(
+        manager_rules(&on).contains(secrets_rule),
+        "the pre-flight reads the runs' imagePullSecrets: {}",
+        manager_rules(&on)
+    );
+    let out = run(
+        helm(&["template", "demo", CHART, "--set", "preflightImages=maybe"]),
+        None,
+    );
+    assert!(!out.status.success(), "preflightImages=maybe rendered");
 }
 
 /// The documents of a multi-document YAML stream.

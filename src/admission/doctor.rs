@@ -8,6 +8,7 @@
 //! the same report is printed, but failing findings do not make the exit non-zero (a report for
 //! humans; `--strict` is the gate for scripts and CI).
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -18,6 +19,8 @@ use serde_json::json;
 use thiserror::Error;
 
 use super::images::{ImageResolver, ImageSettings, RegistryCredentials};
+use super::live;
+use super::live_verdicts::{Probe, RefKind, StreamObject};
 use super::rules::{check, ids, sort_findings, Finding, RuleSettings, Severity};
 use crate::api::SandboxRun;
 
@@ -71,6 +74,31 @@ pub struct DoctorArgs {
     /// The operator's `--max-drain-timeout` to judge `drainTimeout`s with. Default: 1h.
     #[arg(long, env = "SANDBOXRUN_MAX_DRAIN_TIMEOUT", value_name = "DURATION")]
     pub max_drain_timeout: Option<String>,
+    /// Also probe this kubeconfig context (ADR-006's live probe, advisory): the CRD, the webhook
+    /// and its endpoint, the operator's heartbeat and published settings (which then replace
+    /// the cap and timeout flags), a server-side dry run of each manifest and the objects its
+    /// pod needs. Without it (and without --kubeconfig) doctor never contacts a cluster.
+    #[arg(long, value_name = "NAME")]
+    pub context: Option<String>,
+    /// The kubeconfig of the live probe (its current context unless --context names one).
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// A probe that cannot be made or finds the cluster not ready fails (exit 1) instead of
+    /// warning; implies --strict. Needs --context or --kubeconfig.
+    #[arg(long)]
+    pub require_context: bool,
+    /// Bound of each live probe (a duration: 5s, 500ms).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_DOCTOR_TIMEOUT",
+        value_name = "DURATION",
+        default_value = "5s"
+    )]
+    pub timeout: String,
+    /// Namespace of the operator, where its published settings are (default: that of the
+    /// webhook's Service, else sandboxrun-system).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub operator_namespace: Option<String>,
 }
 
 impl DoctorArgs {
@@ -119,6 +147,8 @@ enum UsageError {
     Resolver(String),
     #[error("operator settings: {0}")]
     Settings(String),
+    #[error("cluster: {0}")]
+    Context(String),
 }
 
 /// What happened to one document.
@@ -198,6 +228,11 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
         .chain(args.filename.iter())
         .cloned()
         .collect();
+    // Read everything first: the live probe needs every namespace, and what the stream brings.
+    // `docs` holds every report in input order; `runs` the checkable ones (their index in docs).
+    let mut runs: Vec<PendingRun> = Vec::new();
+    let mut stream: BTreeSet<StreamObject> = BTreeSet::new();
+    let mut stream_namespaces: BTreeSet<String> = BTreeSet::new();
     for (label, text) in read_inputs(&inputs, &mut errors) {
         for (index, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
             let value = match <serde_yaml::Value as serde::Deserialize>::deserialize(doc) {
@@ -208,18 +243,16 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
                     break;
                 }
             };
+            note_stream_object(&value, &mut stream, &mut stream_namespaces);
+            let json = serde_json::to_value(&value).unwrap_or_default();
             match classify(&label, index, value) {
-                Classified::Run(run, mut report, mut findings) => {
-                    findings.extend(check(&run.spec, &settings));
-                    sort_findings(&mut findings);
-                    if let (Some(resolver), Some(image)) = (&resolver, run.spec.image.as_deref()) {
-                        if !image.trim().is_empty() {
-                            let verdict = resolver.resolve(image.trim(), creds.as_ref()).await;
-                            findings.extend(verdict.finding(image.trim()));
-                            sort_findings(&mut findings);
-                        }
-                    }
-                    report.findings = findings;
+                Classified::Run(run, report, findings) => {
+                    runs.push(PendingRun {
+                        doc: docs.len(),
+                        run,
+                        json,
+                        findings,
+                    });
                     docs.push(report);
                 }
                 Classified::Empty => {}
@@ -229,19 +262,111 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
         }
     }
 
-    let failures = docs
-        .iter()
-        .flat_map(|d| &d.findings)
-        .filter(|f| f.is_fail())
-        .count();
-    let warnings = docs
-        .iter()
-        .flat_map(|d| &d.findings)
+    // The live probe (`--context` / `--kubeconfig`): the cluster's state, and the operator's
+    // published settings, which replace the flags when they can be read.
+    let live = args.context.is_some() || args.kubeconfig.is_some();
+    let mut cluster_report: Option<ClusterReport> = None;
+    let mut cluster: Option<live::Cluster> = None;
+    if args.require_context && !live {
+        errors.push(UsageError::Context(
+            "--require-context needs --context or --kubeconfig".to_string(),
+        ));
+    }
+    let mut settings = settings;
+    if live && errors.is_empty() {
+        let probe = Probe {
+            required: args.require_context,
+        };
+        match parse_timeout(&args.timeout) {
+            Err(e) => errors.push(UsageError::Context(e)),
+            Ok(timeout) => {
+                match live::connect(
+                    args.context.as_deref(),
+                    args.kubeconfig.as_ref(),
+                    timeout,
+                    probe,
+                )
+                .await
+                {
+                    Err(e) => errors.push(UsageError::Context(e)),
+                    Ok(c) => {
+                        let namespaces: BTreeSet<String> = runs
+                            .iter()
+                            .map(|r| namespace_of(&r.run, &c.default_namespace))
+                            .collect();
+                        let found = c
+                            .probe_cluster(&namespaces, args.operator_namespace.as_deref())
+                            .await;
+                        let mut report = ClusterReport {
+                            context: c.context.clone(),
+                            settings_source: None,
+                            settings: None,
+                            findings: found.findings,
+                        };
+                        if let Some(published) = found.published {
+                            settings = published.settings.rules;
+                            report.settings = Some(published.settings.describe());
+                            report.settings_source = Some(published.source);
+                        }
+                        cluster_report = Some(report);
+                        cluster = Some(c);
+                    }
+                }
+            }
+        }
+    }
+
+    for pending in &mut runs {
+        let run = &pending.run;
+        pending.findings.extend(check(&run.spec, &settings));
+        if let (Some(resolver), Some(image)) = (&resolver, run.spec.image.as_deref()) {
+            if !image.trim().is_empty() {
+                let verdict = resolver.resolve(image.trim(), creds.as_ref()).await;
+                pending.findings.extend(verdict.finding(image.trim()));
+            }
+        }
+    }
+    if let Some(c) = &cluster {
+        let targets: Vec<(&serde_json::Value, &SandboxRun, String)> = runs
+            .iter()
+            .map(|r| {
+                (
+                    &r.json,
+                    r.run.as_ref(),
+                    namespace_of(&r.run, &c.default_namespace),
+                )
+            })
+            .collect();
+        let probed = live::probe_runs(c, &targets, &stream, &stream_namespaces).await;
+        for (pending, found) in runs.iter_mut().zip(probed) {
+            pending.findings.extend(found);
+        }
+    }
+    for pending in runs {
+        let mut findings = pending.findings;
+        sort_findings(&mut findings);
+        if let Some(report) = docs.get_mut(pending.doc) {
+            report.findings = findings;
+        }
+    }
+
+    let cluster_findings = cluster_report
+        .as_ref()
+        .map(|c| c.findings.as_slice())
+        .unwrap_or_default();
+    let all_findings = || {
+        docs.iter()
+            .flat_map(|d| &d.findings)
+            .chain(cluster_findings)
+    };
+    let failures = all_findings().filter(|f| f.is_fail()).count();
+    let warnings = all_findings()
         .filter(|f| f.severity == Severity::Warn)
         .count();
+    let strict = args.strict || args.require_context;
     let code: u8 = if !errors.is_empty() {
         2
-    } else if args.strict && failures > 0 {
+    } else if strict && failures > 0 {
         1
     } else {
         0
@@ -249,9 +374,9 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
     let checked = docs.iter().filter(|d| d.status == "checked").count();
     let written = match args.output {
         Output::Json => {
-            let report = json!({
+            let mut report = json!({
                 "version": 1,
-                "strict": args.strict,
+                "strict": strict,
                 "documents": docs,
                 "errors": errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
                 "summary": {
@@ -263,17 +388,102 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
                 },
                 "exitCode": code,
             });
+            if let (Some(c), Some(obj)) = (&cluster_report, report.as_object_mut()) {
+                obj.insert("cluster".into(), json!(c));
+            }
             serde_json::to_writer_pretty(&mut *out, &report)
                 .map_err(std::io::Error::other)
                 .and_then(|()| writeln!(out))
         }
-        Output::Text => write_text(out, &docs, &errors, failures, warnings, code, args.strict),
+        Output::Text => {
+            let tally = Tally {
+                failures,
+                warnings,
+                code,
+                strict,
+            };
+            write_text(out, cluster_report.as_ref(), &docs, &errors, &tally)
+        }
     };
     if let Err(e) = written {
         tracing::error!(error = %e, "cannot write the doctor report");
         return 2;
     }
     code
+}
+
+/// A SandboxRun read from the input, checked once the settings are known.
+struct PendingRun {
+    /// Its report's index in the list of documents.
+    doc: usize,
+    run: Box<SandboxRun>,
+    /// The document as written (for the server-side dry run).
+    json: serde_json::Value,
+    findings: Vec<Finding>,
+}
+
+/// What the live probe found about the cluster (JSON: the report's `cluster`).
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ClusterReport {
+    context: String,
+    /// `namespace/name` of the operator's published settings, when they were used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    settings_source: Option<String>,
+    /// Those settings, in words.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    settings: Option<String>,
+    findings: Vec<Finding>,
+}
+
+/// The namespace `run` goes to: its own, else the context's.
+fn namespace_of(run: &SandboxRun, default: &str) -> String {
+    run.metadata
+        .namespace
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| default.to_string())
+}
+
+/// `--timeout` (empty: 5 s).
+fn parse_timeout(text: &str) -> Result<Duration, String> {
+    if text.trim().is_empty() {
+        return Ok(DEFAULT_PROBE_TIMEOUT);
+    }
+    match crate::units::parse_duration(text.trim()) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        Ok(_) => Err(format!("--timeout {text:?}: must be positive")),
+        Err(e) => Err(format!("--timeout {text:?}: {e}")),
+    }
+}
+
+/// The default bound of each live probe (ADR-006: 5 s).
+const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Records an object of the input a run may reference (a Secret, a PVC, a Namespace, …).
+fn note_stream_object(
+    value: &serde_yaml::Value,
+    stream: &mut BTreeSet<StreamObject>,
+    namespaces: &mut BTreeSet<String>,
+) {
+    let text = |v: Option<&serde_yaml::Value>| v.and_then(|v| v.as_str()).map(str::to_string);
+    let kind = text(value.get("kind")).unwrap_or_default();
+    let meta = value.get("metadata");
+    let Some(name) = text(meta.and_then(|m| m.get("name"))) else {
+        return;
+    };
+    if kind == "Namespace" {
+        namespaces.insert(name);
+        return;
+    }
+    if let Some(k) = RefKind::of_kind(&kind) {
+        let ns = if k.namespaced() {
+            text(meta.and_then(|m| m.get("namespace"))).unwrap_or_else(|| "default".to_string())
+        } else {
+            String::new()
+        };
+        stream.insert((k, ns, name));
+    }
 }
 
 /// What one YAML document is.
@@ -435,15 +645,54 @@ fn manifests_in(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(paths)
 }
 
-fn write_text(
-    out: &mut impl Write,
-    docs: &[DocReport],
-    errors: &[UsageError],
+/// The totals the report ends with.
+struct Tally {
     failures: usize,
     warnings: usize,
     code: u8,
     strict: bool,
+}
+
+fn write_text(
+    out: &mut impl Write,
+    cluster: Option<&ClusterReport>,
+    docs: &[DocReport],
+    errors: &[UsageError],
+    tally: &Tally,
 ) -> std::io::Result<()> {
+    let Tally {
+        failures,
+        warnings,
+        code,
+        strict,
+    } = *tally;
+    if let Some(c) = cluster {
+        let who = format!("cluster {}", c.context);
+        match (&c.settings_source, &c.settings) {
+            (Some(source), Some(settings)) => writeln!(
+                out,
+                "- {who}: judged with the operator's published settings ({source}): {settings}"
+            )?,
+            _ => writeln!(
+                out,
+                "- {who}: judged with doctor's own settings (flags or defaults)"
+            )?,
+        }
+        if c.findings.is_empty() {
+            writeln!(
+                out,
+                "✓ {who} CRD served, webhook ready with its caBundle, operator Ready"
+            )?;
+        }
+        for f in &c.findings {
+            let mark = if f.is_fail() { "✗" } else { "⚠" };
+            writeln!(
+                out,
+                "{mark} {who} {} {}: {} — hint: {}",
+                f.rule, f.field, f.message, f.hint
+            )?;
+        }
+    }
     for d in docs {
         let who = format!(
             "{}#{} {}/{}",
@@ -510,6 +759,97 @@ mod tests {
 
     const GOOD: &str = "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {name: good}\nspec:\n  image: ghcr.io/a/b@sha256:0000000000000000000000000000000000000000000000000000000000000000\n  user: \"1000\"\n";
     const ROOT: &str = "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {name: root, namespace: dev}\nspec:\n  image: alpine:3\n  user: \"0\"\n";
+
+    #[test]
+    fn the_probe_timeout_is_a_positive_duration_defaulting_to_five_seconds() {
+        assert_eq!(parse_timeout(""), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_timeout("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_timeout("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_timeout("0s").is_err());
+        assert!(parse_timeout("soon").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_live_probe_needs_a_context_and_a_kubeconfig_that_names_it() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let f = write(dir.path(), "good.yaml", GOOD);
+        let mut buf = Vec::new();
+        let args = DoctorArgs {
+            files: vec![f.clone()],
+            require_context: true,
+            ..Default::default()
+        };
+        let code = run(args, RuleSettings::default(), &mut buf).await;
+        let out = String::from_utf8_lossy(&buf).into_owned();
+        assert_eq!(code, 2, "{out}");
+        assert!(
+            out.contains("--require-context needs --context or --kubeconfig"),
+            "{out}"
+        );
+        // A context the kubeconfig does not have: a usage error, before any connection.
+        let kubeconfig = write(
+            dir.path(),
+            "kubeconfig",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n\
+             users:\n- name: u\n  user: {token: t}\ncontexts:\n- name: here\n  context: {cluster: c, user: u}\n\
+             current-context: here\n",
+        );
+        let mut buf = Vec::new();
+        let args = DoctorArgs {
+            files: vec![f],
+            strict: true,
+            context: Some("elsewhere".into()),
+            kubeconfig: Some(PathBuf::from(kubeconfig)),
+            ..Default::default()
+        };
+        let code = run(args, RuleSettings::default(), &mut buf).await;
+        let out = String::from_utf8_lossy(&buf).into_owned();
+        assert_eq!(code, 2, "{out}");
+        assert!(out.contains("\"elsewhere\": no such context"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_cluster_only_warns_unless_required_and_every_probe_is_bounded() {
+        // Nothing listens on port 1: every probe fails at once; the verdicts of the rules stand.
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let f = write(dir.path(), "good.yaml", GOOD);
+        let kubeconfig = write(
+            dir.path(),
+            "kubeconfig",
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:1'}\n\
+             users:\n- name: u\n  user: {token: t}\ncontexts:\n- name: here\n  context: {cluster: c, user: u}\n\
+             current-context: here\n",
+        );
+        let probe = |require: bool| {
+            let (f, kubeconfig) = (f.clone(), kubeconfig.clone());
+            async move {
+                let mut buf = Vec::new();
+                let args = DoctorArgs {
+                    files: vec![f],
+                    strict: true,
+                    kubeconfig: Some(PathBuf::from(kubeconfig)),
+                    require_context: require,
+                    timeout: "2s".into(),
+                    ..Default::default()
+                };
+                let started = std::time::Instant::now();
+                let code = run(args, RuleSettings::default(), &mut buf).await;
+                (
+                    code,
+                    String::from_utf8_lossy(&buf).into_owned(),
+                    started.elapsed(),
+                )
+            }
+        };
+        let (code, out, took) = probe(false).await;
+        assert_eq!(code, 0, "{out}");
+        assert!(out.contains("⚠ cluster here cluster-probe"), "{out}");
+        assert!(!out.contains('✗'), "{out}");
+        assert!(took < Duration::from_secs(60), "bounded: {took:?}");
+        let (code, out, _) = probe(true).await;
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("✗ cluster here cluster-probe"), "{out}");
+    }
 
     #[tokio::test]
     async fn strict_exits_one_on_a_failure_and_zero_without_strict() {

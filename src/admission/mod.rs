@@ -4,12 +4,18 @@
 //! that a run admitted once can always be let go of). [`network`] owns the egress rule grammar,
 //! [`images`] the opt-in no-pull image resolvability check (the only I/O the rules know of),
 //! [`certs`] the webhook's own certificates, [`schema`] the CRD's structural schema as `doctor`
-//! judges unknown fields, [`serve`] the wiring for `run`.
+//! judges unknown fields, [`serve`] the wiring for `run`. [`published`] is the operator's live
+//! settings as it publishes them ([`publish`]) and `doctor --context` reads them; [`live`] is
+//! that live probe (I/O) and [`live_verdicts`] what its answers mean.
 
 pub mod certs;
 pub mod doctor;
 pub mod images;
+pub mod live;
+pub mod live_verdicts;
 pub mod network;
+pub mod publish;
+pub mod published;
 pub mod ratchet;
 pub mod rules;
 pub mod schema;

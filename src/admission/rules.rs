@@ -192,6 +192,23 @@ pub mod ids {
     /// `doctor` only: a SandboxRun-like document whose apiVersion or kind the cluster does not
     /// serve as a SandboxRun.
     pub(crate) const API_VERSION_KIND: &str = "api-version-kind";
+    /// `doctor --context`: the SandboxRun CRD is missing, does not serve our version, or is not
+    /// Established (a probe: warn, fail under `--require-context`).
+    pub(crate) const CLUSTER_CRD: &str = "cluster-crd";
+    /// `doctor --context`: a webhook that would judge the run has no caBundle or no endpoint
+    /// serving, or none would judge it (a probe).
+    pub(crate) const CLUSTER_WEBHOOK: &str = "cluster-webhook";
+    /// `doctor --context`: the operator is not running or not Ready (a probe).
+    pub(crate) const CLUSTER_OPERATOR: &str = "cluster-operator";
+    /// `doctor --context`: the operator's published settings cannot be read (a probe).
+    pub(crate) const CLUSTER_SETTINGS: &str = "cluster-settings";
+    /// `doctor --context`: a probe could not be made (timeout, forbidden, unreachable).
+    pub(crate) const CLUSTER_PROBE: &str = "cluster-probe";
+    /// `doctor --context`: the cluster refused the manifest in a server-side dry run.
+    pub(crate) const DRY_RUN: &str = "dry-run";
+    /// `doctor --context`: an object the run's pod needs (Secret, ConfigMap, PVC, ServiceAccount,
+    /// PriorityClass, RuntimeClass, the namespace) is neither in the cluster nor in the manifests.
+    pub(crate) const REFERENCE_MISSING: &str = "reference-missing";
 }
 
 /// Checks a spec against every ADR-006 rule. Findings are sorted (see [`sort_findings`]).

@@ -265,8 +265,9 @@ fn pod_exists(obj: &DynamicObject) -> bool {
 }
 
 /// Credentials from the run's pull secrets; unreadable secrets are skipped (the check then warns
-/// at worst, per ADR-006's transient bucket).
-async fn pull_credentials(
+/// at worst, per ADR-006's transient bucket). Also the controller's pre-flight's
+/// (`run --preflight-images`).
+pub(crate) async fn pull_credentials(
     client: &Client,
     namespace: &str,
     names: &[String],

@@ -143,6 +143,40 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         info!(%addr, "admission webhook listening");
     }
 
+    if !args.settings_configmap.trim().is_empty() {
+        let published = crate::admission::published::PublishedSettings {
+            rules: crate::admission::RuleSettings {
+                caps,
+                max_drain_timeout: Some(max_drain_timeout),
+                network_policy: egress.enforcement,
+            },
+            default_drain_timeout: drain_timeout,
+            drain_wire: args.drain_wire,
+            image_pull_timeout,
+            check_images: args.check_images,
+            preflight_images: args.preflight_images,
+            webhook: !args.webhook_addr.trim().is_empty(),
+            pod: args.pod_name.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            heartbeat: None,
+        };
+        tokio::spawn(crate::admission::publish::publish_forever(
+            client.clone(),
+            args.pod_namespace.clone(),
+            args.settings_configmap.trim().to_string(),
+            published,
+            ready.clone(),
+        ));
+    }
+    let preflight = if args.preflight_images {
+        let resolver = crate::admission::images::ImageResolver::new(
+            crate::admission::images::ImageSettings::default(),
+        )
+        .map_err(|e| OperatorError::Config(format!("--preflight-images: {e}")))?;
+        Some(Arc::new(resolver))
+    } else {
+        None
+    };
     let leader = metrics.leader.clone();
     let ctx = Arc::new(
         Context::new(
@@ -170,7 +204,8 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_default_retention(args.default_retention)
         .with_drain_wire(args.drain_wire)
         .with_path_slots(usize::from(args.max_concurrent_path_drains))
-        .with_open_uploads(open_uploads),
+        .with_open_uploads(open_uploads)
+        .with_preflight(preflight),
     );
 
     // Fired on a lost lease: in-flight drains stop at once (their uploads abort themselves)

@@ -176,6 +176,21 @@ pub struct RunArgs {
     /// Check image resolvability (no pull) in the webhook; a failure only warns when transient.
     #[arg(long, env = "SANDBOXRUN_CHECK_IMAGES", default_value_t = false)]
     pub check_images: bool,
+    /// Resolve each run's image against its registry (the manifest only, never a pull) before its
+    /// pod is created: a definitive miss (manifest unknown, repository not found) fails the run
+    /// at once with reason ImageUnresolvable and no pod; a transient error (timeout, 5xx,
+    /// connection refused) creates the pod with a Warning Event. Reads the pods' imagePullSecrets.
+    #[arg(long, env = "SANDBOXRUN_PREFLIGHT_IMAGES", default_value_t = false)]
+    pub preflight_images: bool,
+    /// ConfigMap (in --pod-namespace) the operator publishes its live settings in (caps, drain
+    /// timeouts, network-policy mode, drain wire, image checks) and refreshes every minute while
+    /// Ready, for `doctor --context`; empty: not published.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_SETTINGS_CONFIGMAP",
+        default_value = crate::admission::published::DEFAULT_SETTINGS_CONFIGMAP
+    )]
+    pub settings_configmap: String,
     /// Elect a leader on a Lease so several replicas can run.
     #[arg(long, env = "SANDBOXRUN_LEADER_ELECT", default_value_t = false)]
     pub leader_elect: bool,
@@ -384,6 +399,16 @@ mod tests {
             crate::units::parse_duration(&args.image_pull_timeout),
             Ok(Duration::from_secs(90))
         );
+    }
+
+    #[test]
+    fn the_image_preflight_is_off_unless_asked_for() {
+        let parsed = |argv: &[&str]| match Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(Command::Run(args)) => args.preflight_images,
+            other => panic!("parsed as {other:?}"),
+        };
+        assert!(!parsed(&["x", "run"]));
+        assert!(parsed(&["x", "run", "--preflight-images"]));
     }
 
     #[test]

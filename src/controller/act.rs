@@ -18,12 +18,14 @@ use tokio::io::AsyncRead;
 use tracing::{info, warn};
 
 use super::context::{Context, MANAGER};
-use super::decide::{self, Trigger};
+use super::decide::{self, Preflight, Trigger};
 use super::error::{kube_err, ControllerError};
 use super::events::{PlannedEvent, EVENT_NOTE_LIMIT};
 use super::observe::{self, Observation};
 use super::plan::{self, Effect, PathWork, Plan, Purge, Requeue, StepPlan, LOOK_AGAIN_MARGIN};
 use super::refusals;
+use crate::admission::images::ImageResolver;
+use crate::admission::webhook::pull_credentials;
 use crate::api::{SandboxRun, SandboxRunStatus, FINALIZER};
 use crate::drain::path_drain::{drain_path, PathJob};
 use crate::inpod::holder::HolderCommand;
@@ -101,12 +103,32 @@ async fn create_pod(
     run: &Arc<SandboxRun>,
     pod: Pod,
 ) -> Result<Requeue, ControllerError> {
-    // The egress policy first: the pod never runs unfiltered (src/egress/apply.rs).
+    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    // The pre-flight (`--preflight-images`) first: a run whose image does not exist gets no pod,
+    // no NetworkPolicy, and fails at once (docs/contract.md ADR-006 §5).
+    let mut unverified = None;
+    if let Some(resolver) = &ctx.preflight {
+        match preflight_image(ctx, resolver, run, &pod).await {
+            Preflight::Proceed => {}
+            Preflight::ProceedUnverified { message } => {
+                warn!(run = %run.name_any(), %message, "image not verified; creating the pod anyway");
+                unverified = Some(plan::image_unverified(&message));
+            }
+            Preflight::Unresolvable { message, hint } => {
+                warn!(run = %run.name_any(), %message, "image does not resolve; the run fails");
+                let plan = plan::image_unresolvable(run, &message, &hint, Timestamp::now());
+                return carry_out(ctx, run, &pod_name, None, plan).await;
+            }
+        }
+    }
+    // The egress policy next: the pod never runs unfiltered (src/egress/apply.rs).
     if !crate::egress::apply::before_pod(ctx, run).await? {
         return Ok(Requeue::AwaitChange);
     }
+    if let Some(event) = &unverified {
+        publish(ctx, run, None, event).await;
+    }
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &run.namespace().unwrap_or_default());
-    let pod_name = pod.metadata.name.clone().unwrap_or_default();
     let now = Timestamp::now();
     match pods.create(&PostParams::default(), &pod).await {
         Ok(created) => {
@@ -128,6 +150,36 @@ async fn create_pod(
         }
         Err(e) => Err(kube_err(format!("create pod {pod_name}"))(e)),
     }
+}
+
+/// Resolves the image of `pod`'s workload container without pulling it, with the credentials of
+/// the pod's imagePullSecrets (the run's and the operator's, read in the run's namespace; one
+/// that cannot be read only makes a private image unverifiable), and judges the answer.
+async fn preflight_image(
+    ctx: &Context,
+    resolver: &ImageResolver,
+    run: &SandboxRun,
+    pod: &Pod,
+) -> Preflight {
+    let spec = pod.spec.as_ref();
+    let image = spec
+        .and_then(|s| {
+            s.containers
+                .iter()
+                .find(|c| c.name == pod::WORKLOAD_CONTAINER)
+        })
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default();
+    let secrets: Vec<String> = spec
+        .and_then(|s| s.image_pull_secrets.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| r.name.clone())
+        .collect();
+    let namespace = run.namespace().unwrap_or_default();
+    let creds = pull_credentials(&ctx.client, &namespace, &secrets).await;
+    let resolution = resolver.resolve(&image, creds.as_ref()).await;
+    decide::preflight(&image, &resolution)
 }
 
 /// Reports the run's undrained paths lost, on the live run (see [`decide::pod_lost_holds`]) and

@@ -57,6 +57,11 @@ pub(crate) const REASON_POD_CREATE_FAILED: &str = "PodCreateFailed";
 /// Event and condition reason of a run whose image cannot be pulled.
 pub(crate) const REASON_IMAGE_PULL_FAILED: &str = "ImagePullFailed";
 
+/// Event and condition reason (Ready=False, Failed=True) of a run whose image the pre-flight
+/// (`run --preflight-images`) found missing from its registry: its pod is never created
+/// (docs/contract.md ADR-006 §5).
+pub(crate) const REASON_IMAGE_UNRESOLVABLE: &str = "ImageUnresolvable";
+
 /// Sets a condition, keeping its lastTransitionTime when the status does not change.
 pub(crate) fn set_condition(
     conditions: &mut Vec<Condition>,

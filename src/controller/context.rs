@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::decide::DecideSettings;
 use super::drain_pool::DrainPool;
 use super::observe::StoreView;
+use crate::admission::images::ImageResolver;
 use crate::api::{Retention, SandboxRun};
 use crate::caps::CapSettings;
 use crate::drain::wire::Wire;
@@ -65,6 +66,8 @@ pub struct Context {
     pub path_slots: Semaphore,
     /// Aborts an S3 archive key's open multipart uploads before each attempt (None: not S3).
     pub open_uploads: Option<Arc<OpenUploads>>,
+    /// Resolves a run's image before its pod is created (`run --preflight-images`; None: off).
+    pub preflight: Option<Arc<ImageResolver>>,
 }
 
 impl Context {
@@ -91,6 +94,13 @@ impl Context {
     /// The same context with the clean-up of open multipart uploads before each attempt.
     pub(crate) fn with_open_uploads(mut self, open_uploads: Option<Arc<OpenUploads>>) -> Context {
         self.open_uploads = open_uploads;
+        self
+    }
+
+    /// The same context resolving each run's image before its pod is created
+    /// (`run --preflight-images`).
+    pub(crate) fn with_preflight(mut self, resolver: Option<Arc<ImageResolver>>) -> Context {
+        self.preflight = resolver;
         self
     }
 
@@ -134,6 +144,7 @@ impl Context {
             drains: DrainPool::new(max_concurrent_drains),
             path_slots: Semaphore::new(max_concurrent_drains.max(1)),
             open_uploads: None,
+            preflight: None,
         }
     }
 

@@ -14,6 +14,7 @@ use super::conditions::{
 };
 use super::observe::{PodProblem, PodView, WorkloadState};
 use super::retention;
+use crate::admission::images::Resolution;
 use crate::api::{Phase, SandboxRun, FINALIZER, SKIP_DRAIN_ANNOTATION};
 use crate::units::short_duration;
 
@@ -129,6 +130,46 @@ pub(crate) fn pull_verdict(
                 .checked_sub(lasted)
                 .and_then(|d| Duration::try_from(d).ok()),
         }
+    }
+}
+
+/// What the pre-flight resolution of a run's image (`run --preflight-images`, done by the act
+/// stage before it creates the pod) means for that pod (docs/contract.md ADR-006 §5): only a
+/// definitive "does not exist" keeps it from being created.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Preflight {
+    /// The registry has the manifest: create the pod.
+    Proceed,
+    /// The registry could not be asked or gave no clear answer (timeout, 5xx, connection
+    /// refused, auth): create the pod anyway (the kubelet may still pull it) and warn.
+    ProceedUnverified {
+        /// Why, with the hint.
+        message: String,
+    },
+    /// The registry says the manifest or repository does not exist: fail the run, no pod.
+    Unresolvable {
+        /// What the registry said.
+        message: String,
+        /// What to do about it.
+        hint: String,
+    },
+}
+
+/// Judges the pre-flight `resolution` of `image` (the verdicts of admission's image check, the
+/// same words and hints).
+pub(crate) fn preflight(image: &str, resolution: &Resolution) -> Preflight {
+    match resolution.finding(image) {
+        None => Preflight::Proceed,
+        Some(f) if f.is_fail() => Preflight::Unresolvable {
+            message: f.message,
+            hint: f.hint,
+        },
+        Some(f) => Preflight::ProceedUnverified {
+            message: format!(
+                "{}; the pod is created anyway (hint: {})",
+                f.message, f.hint
+            ),
+        },
     }
 }
 
@@ -349,6 +390,40 @@ mod tests {
     use crate::controller::fixtures::*;
     use crate::controller::observe::image_pull_is_definitive;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    #[test]
+    fn only_a_definitive_miss_keeps_the_pod_from_being_created() {
+        let image = "localhost:5000/team/app:v2";
+        assert_eq!(
+            preflight(image, &Resolution::Resolvable),
+            Preflight::Proceed
+        );
+        match preflight(
+            image,
+            &Resolution::NotFound("localhost:5000 answered 404".into()),
+        ) {
+            Preflight::Unresolvable { message, hint } => {
+                assert!(message.contains(image), "{message}");
+                assert!(message.contains("answered 404"), "{message}");
+                assert!(hint.contains("push the image"), "{hint}");
+            }
+            other => panic!("a 404 must fail the run: {other:?}"),
+        }
+        for transient in [
+            "registry localhost:5000 did not answer within 5s",
+            "cannot connect to the registry: connection refused",
+            "unexpected registry answer 503 Service Unavailable",
+            "localhost:5000 refused access (401 Unauthorized); a private repository needs a pull secret",
+        ] {
+            match preflight(image, &Resolution::Unknown(transient.into())) {
+                Preflight::ProceedUnverified { message } => {
+                    assert!(message.contains(transient), "{message}");
+                    assert!(message.contains("created anyway"), "{message}");
+                }
+                other => panic!("{transient} must not fail the run: {other:?}"),
+            }
+        }
+    }
 
     #[test]
     fn new_run_gets_the_finalizer_first_then_a_pod() {

@@ -39,6 +39,11 @@ pub(crate) const STOPPED: &str = "Stopped";
 pub(crate) const INVALID_SPEC: &str = conditions::REASON_INVALID_SPEC;
 /// The image can never be pulled: the run fails.
 pub(crate) const IMAGE_PULL_FAILED: &str = conditions::REASON_IMAGE_PULL_FAILED;
+/// The pre-flight found the image missing from its registry: the run fails without a pod.
+pub(crate) const IMAGE_UNRESOLVABLE: &str = conditions::REASON_IMAGE_UNRESOLVABLE;
+/// The pre-flight could not tell whether the image resolves (timeout, 5xx, connection refused,
+/// auth): the pod is created anyway and the kubelet has the last word.
+pub(crate) const IMAGE_UNVERIFIED: &str = "ImageUnverified";
 /// The skip-drain annotation released the finalizer.
 pub(crate) const DRAIN_SKIPPED: &str = "DrainSkipped";
 /// A pod with the run's pod name exists and is not the run's.
@@ -79,6 +84,8 @@ pub(crate) const ALL: &[&str] = &[
     STOPPED,
     INVALID_SPEC,
     IMAGE_PULL_FAILED,
+    IMAGE_UNRESOLVABLE,
+    IMAGE_UNVERIFIED,
     DRAIN_SKIPPED,
     POD_NAME_CONFLICT,
     TTL_EXPIRED,

@@ -22,8 +22,8 @@ use super::observe::{drain_settled, pending_recheck, undrained_paths, PodView, W
 use super::refusals;
 use super::retention::{self, Ttl};
 use super::status::{
-    draining_status, ensure_pending_entries, finished_status, never_started_entry, pod_lost_status,
-    tracked_status, workload_termination,
+    draining_status, ensure_pending_entries, finished_status, image_unresolvable_status,
+    never_started_entry, pod_lost_status, tracked_status, workload_termination,
 };
 use crate::api::{
     Phase, ReadBackPhase, ReadBackStatus, Retention, SandboxRun, SandboxRunStatus, FINALIZER,
@@ -282,6 +282,34 @@ pub(crate) fn pod_created(run: &SandboxRun, pod_name: &str, created: bool, now: 
         effects,
         requeue: Requeue::AwaitChange,
     }
+}
+
+/// The pre-flight found the run's image missing from its registry (docs/contract.md ADR-006 §5):
+/// no pod is created; the run fails at once with reason `ImageUnresolvable`, a Warning Event
+/// and the final status both carrying the registry's words and the hint.
+pub(crate) fn image_unresolvable(
+    run: &SandboxRun,
+    message: &str,
+    hint: &str,
+    now: Timestamp,
+) -> Plan {
+    let words = format!("{message}; the pod was not created (hint: {hint})");
+    Plan {
+        events: vec![PlannedEvent::warning(
+            events::IMAGE_UNRESOLVABLE,
+            words.clone(),
+            "Preflight",
+        )],
+        status: Some(image_unresolvable_status(run, &words, now)),
+        effects: vec![Effect::ForgetCreateAttempts],
+        requeue: Requeue::AwaitChange,
+    }
+}
+
+/// The pre-flight could not tell whether the run's image resolves: the pod is created anyway
+/// (the kubelet may still pull it), and this Warning says the image was not verified.
+pub(crate) fn image_unverified(message: &str) -> PlannedEvent {
+    PlannedEvent::warning(events::IMAGE_UNVERIFIED, message, "Preflight")
 }
 
 /// The apiserver refused the pod (quota, Pod Security, a webhook, RBAC): say so where the user
@@ -812,6 +840,85 @@ mod tests {
             StepPlan::CreatePod(pod) => format!("create {}", pod.metadata.name.unwrap_or_default()),
             StepPlan::RecordPodLost => "read the live run and the store".to_string(),
         }
+    }
+
+    #[test]
+    fn an_unresolvable_image_fails_the_run_at_once_and_no_pod_is_ever_created() {
+        use crate::controller::decide::decide;
+        let r = with_generation(run_with(&[("/out", true), ("/logs", false)]));
+        let pod_settings = PodSettings::default();
+        // Before the pre-flight the step is to create the pod…
+        assert!(step_line(plan_step(
+            decide(&r, None, now(), &settings()),
+            &inputs(&r, None, &pod_settings)
+        ))
+        .starts_with("create "));
+        let plan = image_unresolvable(
+            &r,
+            "image `localhost:5000/app:nope` does not resolve: localhost:5000 answered 404",
+            "push the image first",
+            now(),
+        );
+        assert_eq!(
+            line(&plan),
+            "[!ImageUnresolvable/Preflight] | Failed | [ForgetCreateAttempts] | await"
+        );
+        let note = &plan.events[0].note;
+        assert!(
+            note.contains("answered 404") && note.contains("hint: push the image first"),
+            "{note}"
+        );
+        let status = plan.status.clone().unwrap_or_default();
+        assert_one_ending(&status);
+        assert_eq!(
+            cond_of(&status, conditions::FAILED),
+            pair("True", "ImageUnresolvable")
+        );
+        assert_eq!(
+            cond_of(&status, conditions::READY),
+            pair("False", "ImageUnresolvable")
+        );
+        assert_eq!(status.message.as_deref(), Some(note.as_str()));
+        // The workload never ran: every path is Empty, not a drain failure; Drained=True.
+        assert_eq!(
+            status
+                .read_back
+                .iter()
+                .map(|e| (e.path.as_str(), e.phase))
+                .collect::<Vec<_>>(),
+            [
+                ("/out", ReadBackPhase::Empty),
+                ("/logs", ReadBackPhase::Empty)
+            ]
+        );
+        assert_eq!(
+            cond_of(&status, conditions::DRAINED),
+            pair("True", "Drained")
+        );
+        assert_eq!(status.pod_name, None);
+        assert!(status.completion_time.is_some());
+        // …and after it, the run is over: nothing creates a pod again, deletion lets it go.
+        let mut failed = r.clone();
+        failed.status = Some(status);
+        let next = decide(&failed, None, later(60), &settings());
+        assert_eq!(next, Step::DeleteFinishedPod);
+        assert_eq!(
+            line(&delete_finished_pod(&failed, None, later(60))),
+            "[] | - | [] | await"
+        );
+        let gone = deleting(failed);
+        assert_eq!(
+            decide(&gone, None, later(60), &settings()),
+            Step::ReleaseFinalizer
+        );
+    }
+
+    #[test]
+    fn an_unverified_image_is_a_warning_about_the_run() {
+        let e = image_unverified("cannot prove image `x` resolvable: the registry timed out");
+        assert!(e.warning && !e.about_pod);
+        assert_eq!((e.reason, e.action), ("ImageUnverified", "Preflight"));
+        assert!(e.note.contains("timed out"));
     }
 
     fn deleting(mut r: SandboxRun) -> SandboxRun {

@@ -10,8 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::conditions::{
     self, condition_true, image_pull_failure, ready_false_reason, remove_condition, set_condition,
     set_condition_unknown, REASON_CONDITION_DRAIN_FAILED, REASON_DEADLINE_EXCEEDED,
-    REASON_IMAGE_PULL_FAILED, REASON_POD_DELETED, REASON_POD_LOST, REASON_POD_PENDING,
-    REASON_POD_RUNNING, REASON_RUN_ENDED, REASON_WORKLOAD_FAILED,
+    REASON_IMAGE_PULL_FAILED, REASON_IMAGE_UNRESOLVABLE, REASON_POD_DELETED, REASON_POD_LOST,
+    REASON_POD_PENDING, REASON_POD_RUNNING, REASON_RUN_ENDED, REASON_WORKLOAD_FAILED,
 };
 use super::decide::Trigger;
 use super::events;
@@ -574,6 +574,57 @@ pub(crate) fn never_started_entry(path: &str, trigger: &Trigger) -> ReadBackStat
         ..Default::default()
     }
 }
+
+/// The final status of a run whose image the pre-flight (`run --preflight-images`) found missing
+/// from its registry (docs/contract.md ADR-006 §5): its pod was never created, so the run fails
+/// at once — phase `Failed`, `Failed=True` and `Ready=False` with reason
+/// [`REASON_IMAGE_UNRESOLVABLE`] and `message` (the registry's words and the hint) — and every
+/// declared path is `Empty` (the workload never ran, so it wrote nothing; never a drain failure).
+pub(crate) fn image_unresolvable_status(
+    run: &SandboxRun,
+    message: &str,
+    now: Timestamp,
+) -> SandboxRunStatus {
+    let mut status = run.status.clone().unwrap_or_default();
+    let generation = run.metadata.generation;
+    ensure_pending_entries(run, &mut status);
+    for e in status
+        .read_back
+        .iter_mut()
+        .filter(|e| e.phase == ReadBackPhase::Pending)
+    {
+        e.phase = ReadBackPhase::Empty;
+        e.message = Some(NEVER_STARTED_UNRESOLVABLE.to_string());
+    }
+    set_drained(run, &mut status, now);
+    status.observed_generation = generation;
+    status.phase = Some(Phase::Failed);
+    status.message = Some(message.to_string());
+    status.completion_time = Some(Time(now));
+    status.duration = run
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map(|t| crate::units::short_duration(now.duration_since(t.0)));
+    for type_ in [conditions::FAILED, conditions::READY] {
+        set_condition(
+            &mut status.conditions,
+            type_,
+            type_ == conditions::FAILED,
+            REASON_IMAGE_UNRESOLVABLE,
+            message,
+            generation,
+            now,
+        );
+    }
+    remove_condition(&mut status.conditions, conditions::COMPLETE);
+    status
+}
+
+/// The message of a path whose workload never started because the pre-flight found its image
+/// missing.
+pub(crate) const NEVER_STARTED_UNRESOLVABLE: &str =
+    "the workload never started because its image does not resolve, so it wrote nothing; nothing was drained";
 
 /// The message of a path whose workload never started because its image could not be pulled.
 pub(crate) const NEVER_STARTED_IMAGE_PULL: &str =

@@ -1,0 +1,328 @@
+//! The operator's live settings, published for `doctor --context` (docs/contract.md ADR-006 §3):
+//! the operator writes them into a ConfigMap it owns (`run --settings-configmap`, in its own
+//! namespace, labelled [`SETTINGS_LABEL`]) when it starts and again every
+//! [`HEARTBEAT_INTERVAL`] while it is Ready, so `doctor` judges manifests with the caps, drain
+//! timeout maximum and network-policy mode the cluster really runs with, and can tell a live
+//! operator from a stale record ([`Freshness`]). Pure: the ConfigMap's data, both ways.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use clap::ValueEnum;
+use jiff::Timestamp;
+use thiserror::Error;
+
+use super::rules::RuleSettings;
+use crate::caps::CapSettings;
+use crate::drain::wire::Wire;
+use crate::egress::PolicyEnforcement;
+
+/// The label (and its value, the format's version) that marks the settings ConfigMap: `doctor`
+/// finds it by this label in the operator's namespace, whatever the release called it.
+pub const SETTINGS_LABEL: &str = "sandbox.iterion.io/operator-settings";
+/// The format version the label carries.
+pub const SETTINGS_FORMAT: &str = "v1";
+/// The ConfigMap's name when `run --settings-configmap` is not given.
+pub const DEFAULT_SETTINGS_CONFIGMAP: &str = "sandboxrun-operator-settings";
+/// How often a Ready operator rewrites its settings (the heartbeat).
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(60);
+/// A heartbeat older than this means the operator is not running (or not Ready): three missed
+/// beats, so one slow write is not an outage.
+pub const HEARTBEAT_STALE: Duration = Duration::from_secs(180);
+
+/// What a running operator publishes about itself.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PublishedSettings {
+    /// What admission judges with: caps, the drain timeout maximum, the network-policy mode.
+    pub rules: RuleSettings,
+    /// `run --drain-timeout`: the drain timeout of a run that sets none.
+    pub default_drain_timeout: Duration,
+    /// `run --drain-wire`.
+    pub drain_wire: Wire,
+    /// `run --image-pull-timeout`.
+    pub image_pull_timeout: Duration,
+    /// The webhook resolves images (`run --check-images`).
+    pub check_images: bool,
+    /// The controller resolves images before creating pods (`run --preflight-images`).
+    pub preflight_images: bool,
+    /// The operator serves the webhook (`run --webhook-addr` not empty).
+    pub webhook: bool,
+    /// The pod (`POD_NAME`) that wrote this.
+    pub pod: String,
+    /// The operator's version.
+    pub version: String,
+    /// When it was written (the heartbeat); None in a record that has none.
+    pub heartbeat: Option<Timestamp>,
+}
+
+/// Why a published record cannot be read.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum PublishedError {
+    /// A key the format requires is absent.
+    #[error("key {0} is missing")]
+    Missing(&'static str),
+    /// A key's value does not parse.
+    #[error("key {key} = {value:?} does not parse")]
+    Invalid {
+        /// The key.
+        key: &'static str,
+        /// Its value.
+        value: String,
+    },
+}
+
+mod keys {
+    pub const MAX_CAP: &str = "maxCapBytes";
+    pub const DEFAULT_CAP: &str = "defaultCapBytes";
+    pub const MAX_DRAIN_TIMEOUT: &str = "maxDrainTimeoutSeconds";
+    pub const DRAIN_TIMEOUT: &str = "drainTimeoutSeconds";
+    pub const NETWORK_POLICY: &str = "networkPolicy";
+    pub const DRAIN_WIRE: &str = "drainWire";
+    pub const IMAGE_PULL_TIMEOUT: &str = "imagePullTimeoutSeconds";
+    pub const CHECK_IMAGES: &str = "checkImages";
+    pub const PREFLIGHT_IMAGES: &str = "preflightImages";
+    pub const WEBHOOK: &str = "webhook";
+    pub const POD: &str = "pod";
+    pub const VERSION: &str = "operatorVersion";
+    pub const HEARTBEAT: &str = "heartbeat";
+}
+
+impl PublishedSettings {
+    /// The ConfigMap's `data`. Numbers are plain integers (bytes, seconds): no unit grammar for
+    /// a reader to get wrong.
+    pub fn to_data(&self) -> BTreeMap<String, String> {
+        let mut d = BTreeMap::new();
+        let mut put = |k: &str, v: String| {
+            d.insert(k.to_string(), v);
+        };
+        put(keys::MAX_CAP, self.rules.caps.max_bytes.to_string());
+        put(keys::DEFAULT_CAP, self.rules.caps.default_bytes.to_string());
+        if let Some(max) = self.rules.max_drain_timeout {
+            put(keys::MAX_DRAIN_TIMEOUT, max.as_secs().to_string());
+        }
+        put(
+            keys::DRAIN_TIMEOUT,
+            self.default_drain_timeout.as_secs().to_string(),
+        );
+        put(keys::NETWORK_POLICY, self.rules.network_policy.to_string());
+        put(keys::DRAIN_WIRE, self.drain_wire.as_str().to_string());
+        put(
+            keys::IMAGE_PULL_TIMEOUT,
+            self.image_pull_timeout.as_secs().to_string(),
+        );
+        put(keys::CHECK_IMAGES, self.check_images.to_string());
+        put(keys::PREFLIGHT_IMAGES, self.preflight_images.to_string());
+        put(keys::WEBHOOK, self.webhook.to_string());
+        put(keys::POD, self.pod.clone());
+        put(keys::VERSION, self.version.clone());
+        if let Some(t) = self.heartbeat {
+            put(keys::HEARTBEAT, t.to_string());
+        }
+        d
+    }
+
+    /// Reads a ConfigMap's `data` back. The rule settings are required; the rest is reported
+    /// when present and defaulted when not (a newer operator may add keys, an older one lack some).
+    pub fn from_data(data: &BTreeMap<String, String>) -> Result<Self, PublishedError> {
+        fn get<'a>(
+            d: &'a BTreeMap<String, String>,
+            k: &'static str,
+        ) -> Result<&'a str, PublishedError> {
+            d.get(k)
+                .map(String::as_str)
+                .ok_or(PublishedError::Missing(k))
+        }
+        fn parse<T: std::str::FromStr>(k: &'static str, v: &str) -> Result<T, PublishedError> {
+            v.trim().parse().map_err(|_| PublishedError::Invalid {
+                key: k,
+                value: v.to_string(),
+            })
+        }
+        let number = |k: &'static str| -> Result<u64, PublishedError> { parse(k, get(data, k)?) };
+        let optional_secs = |k: &'static str| -> Result<Option<Duration>, PublishedError> {
+            data.get(k)
+                .map(|v| parse::<u64>(k, v).map(Duration::from_secs))
+                .transpose()
+        };
+        let flag = |k: &'static str| -> Result<bool, PublishedError> {
+            data.get(k).map_or(Ok(false), |v| parse(k, v))
+        };
+        let enum_of = |k: &'static str, v: &str| PublishedError::Invalid {
+            key: k,
+            value: v.to_string(),
+        };
+        let policy = get(data, keys::NETWORK_POLICY)?;
+        let network_policy = PolicyEnforcement::from_str(policy, false)
+            .map_err(|_| enum_of(keys::NETWORK_POLICY, policy))?;
+        let drain_wire = match data.get(keys::DRAIN_WIRE) {
+            Some(w) => Wire::from_str(w, false).map_err(|_| enum_of(keys::DRAIN_WIRE, w))?,
+            None => Wire::default(),
+        };
+        let heartbeat = match data.get(keys::HEARTBEAT) {
+            Some(t) => Some(parse::<Timestamp>(keys::HEARTBEAT, t)?),
+            None => None,
+        };
+        Ok(PublishedSettings {
+            rules: RuleSettings {
+                caps: CapSettings {
+                    default_bytes: number(keys::DEFAULT_CAP)?,
+                    max_bytes: number(keys::MAX_CAP)?,
+                },
+                max_drain_timeout: optional_secs(keys::MAX_DRAIN_TIMEOUT)?,
+                network_policy,
+            },
+            default_drain_timeout: optional_secs(keys::DRAIN_TIMEOUT)?.unwrap_or_default(),
+            drain_wire,
+            image_pull_timeout: optional_secs(keys::IMAGE_PULL_TIMEOUT)?.unwrap_or_default(),
+            check_images: flag(keys::CHECK_IMAGES)?,
+            preflight_images: flag(keys::PREFLIGHT_IMAGES)?,
+            webhook: flag(keys::WEBHOOK)?,
+            pod: data.get(keys::POD).cloned().unwrap_or_default(),
+            version: data.get(keys::VERSION).cloned().unwrap_or_default(),
+            heartbeat,
+        })
+    }
+
+    /// One line for a report: what the operator runs with.
+    pub fn describe(&self) -> String {
+        let max_drain = self
+            .rules
+            .max_drain_timeout
+            .map_or_else(|| "none".to_string(), |d| format!("{}s", d.as_secs()));
+        format!(
+            "max-cap {} B, default-cap {} B, max-drain-timeout {max_drain}, network-policy {}, \
+             drain-wire {}, check-images {}, preflight-images {}",
+            self.rules.caps.max_bytes,
+            self.rules.caps.default_bytes,
+            self.rules.network_policy,
+            self.drain_wire.as_str(),
+            self.check_images,
+            self.preflight_images
+        )
+    }
+}
+
+/// Whether a published record shows a live operator at `now`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Freshness {
+    /// Written within [`HEARTBEAT_STALE`]: the operator is running and Ready.
+    Live,
+    /// Older: the operator stopped, or is not Ready (it only beats while Ready).
+    Stale(Duration),
+    /// No heartbeat in the record.
+    Unknown,
+}
+
+/// Judges the record's heartbeat at `now` (a clock skew that puts it in the future counts as live).
+pub fn freshness(settings: &PublishedSettings, now: Timestamp) -> Freshness {
+    let Some(beat) = settings.heartbeat else {
+        return Freshness::Unknown;
+    };
+    let age = Duration::try_from(beat.duration_until(now)).unwrap_or(Duration::ZERO);
+    if age <= HEARTBEAT_STALE {
+        Freshness::Live
+    } else {
+        Freshness::Stale(age)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> PublishedSettings {
+        PublishedSettings {
+            rules: RuleSettings {
+                caps: CapSettings {
+                    default_bytes: 1 << 20,
+                    max_bytes: 64 << 20,
+                },
+                max_drain_timeout: Some(Duration::from_secs(600)),
+                network_policy: PolicyEnforcement::UnenforcedRefuse,
+            },
+            default_drain_timeout: Duration::from_secs(120),
+            drain_wire: Wire::Zstd,
+            image_pull_timeout: Duration::from_secs(90),
+            check_images: true,
+            preflight_images: false,
+            webhook: true,
+            pod: "sandboxrun-operator-5d9c-x".into(),
+            version: "0.1.0".into(),
+            heartbeat: Some(Timestamp::from_second(1_800_000_000).unwrap_or_default()),
+        }
+    }
+
+    #[test]
+    fn the_record_reads_back_what_was_written() {
+        let s = sample();
+        let data = s.to_data();
+        assert_eq!(
+            data.get("maxCapBytes").map(String::as_str),
+            Some("67108864")
+        );
+        assert_eq!(
+            data.get("networkPolicy").map(String::as_str),
+            Some("unenforced-refuse")
+        );
+        assert_eq!(PublishedSettings::from_data(&data), Ok(s.clone()));
+        let mut no_max = s;
+        no_max.rules.max_drain_timeout = None;
+        no_max.heartbeat = None;
+        assert_eq!(
+            PublishedSettings::from_data(&no_max.to_data()),
+            Ok(no_max.clone())
+        );
+    }
+
+    #[test]
+    fn a_record_without_the_rule_settings_or_with_garbage_is_refused() {
+        let mut data = sample().to_data();
+        data.remove("maxCapBytes");
+        assert_eq!(
+            PublishedSettings::from_data(&data),
+            Err(PublishedError::Missing("maxCapBytes"))
+        );
+        for (key, bad) in [
+            ("defaultCapBytes", "1Gi"),
+            ("networkPolicy", "sometimes"),
+            ("drainWire", "gzip"),
+            ("heartbeat", "yesterday"),
+            ("checkImages", "yes"),
+        ] {
+            let mut data = sample().to_data();
+            data.insert(key.into(), bad.into());
+            assert!(
+                matches!(PublishedSettings::from_data(&data), Err(PublishedError::Invalid { key: k, .. }) if k == key),
+                "{key}={bad}"
+            );
+        }
+        // Keys a newer operator adds are ignored; optional ones an older one lacks default.
+        let mut data = sample().to_data();
+        data.insert("somethingNew".into(), "x".into());
+        data.remove("drainWire");
+        let read = PublishedSettings::from_data(&data);
+        assert_eq!(read.map(|s| s.drain_wire), Ok(Wire::Tar));
+    }
+
+    #[test]
+    fn a_heartbeat_older_than_three_beats_is_stale() {
+        let s = sample();
+        let beat = s.heartbeat.unwrap_or_default();
+        let at = |secs: i64| {
+            beat.checked_add(jiff::SignedDuration::from_secs(secs))
+                .unwrap_or_default()
+        };
+        assert_eq!(freshness(&s, at(0)), Freshness::Live);
+        assert_eq!(freshness(&s, at(180)), Freshness::Live);
+        assert_eq!(
+            freshness(&s, at(181)),
+            Freshness::Stale(Duration::from_secs(181))
+        );
+        assert_eq!(freshness(&s, at(-30)), Freshness::Live, "clock skew");
+        let none = PublishedSettings {
+            heartbeat: None,
+            ..s
+        };
+        assert_eq!(freshness(&none, at(0)), Freshness::Unknown);
+    }
+}

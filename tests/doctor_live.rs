@@ -1,0 +1,330 @@
+//! `doctor --context` / `--kubeconfig` against the real control plane (docs/contract.md ADR-006
+//! §3): the real operator binary serves its webhook on loopback (registered by URL for this
+//! test's namespace only, self-managed certificates) and publishes its settings; the real
+//! `doctor` binary probes the cluster. With the webhook up a good manifest is clean; with the
+//! operator killed the same manifest gets warnings (exit 0), and `--require-context` turns them
+//! into exit 1. A manifest that mounts a Secret the cluster does not have fails; the operator's
+//! published `--max-cap` is what a `sizeLimit` is judged by, not doctor's default.
+
+mod support;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{DeleteParams, PostParams};
+use kube::config::Kubeconfig;
+use kube::{Api, Client};
+
+use support::*;
+
+const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");
+const DIGEST_IMAGE: &str =
+    "ghcr.io/iterion/workload@sha256:3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f";
+/// How long the apiserver may take to see a new webhook configuration.
+const CONVERGE: Duration = Duration::from_secs(60);
+
+/// The real binary's `doctor` with the test bed's kubeconfig and `args`; `stdin` piped in.
+/// Returns (exit code, stdout, stderr).
+fn doctor(args: &[&str], stdin: &str) -> (i32, String, String) {
+    use std::io::Write;
+    let kubeconfig = kubeconfig_path();
+    let mut child = Command::new(BIN)
+        .arg("doctor")
+        .args(["--kubeconfig", &kubeconfig.display().to_string()])
+        .args(args)
+        .args(["-f", "-"])
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run sandboxrun-operator doctor");
+    if let Some(mut pipe) = child.stdin.take() {
+        pipe.write_all(stdin.as_bytes()).expect("doctor stdin");
+    }
+    let out = child.wait_with_output().expect("doctor output");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The current context's name in the test bed's kubeconfig.
+fn current_context() -> String {
+    Kubeconfig::read_from(kubeconfig_path())
+        .ok()
+        .and_then(|k| k.current_context)
+        .expect("the test bed's kubeconfig names a current context")
+}
+
+fn run_yaml(ns: &str, name: &str, extra_spec: &str) -> String {
+    format!(
+        "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  image: {DIGEST_IMAGE}\n  user: \"1000\"\n  command: [sh, -c, 'true']\n{extra_spec}"
+    )
+}
+
+/// The operator's webhook for the test namespace, and the operator publishing its settings in
+/// that namespace with `--max-cap 2Gi`.
+struct Bed {
+    client: Client,
+    ns: TestNamespace,
+    vwc: String,
+    op: Operator,
+}
+
+impl Bed {
+    async fn start() -> Bed {
+        let client = client().await;
+        ensure_crd(&client).await;
+        let ns = TestNamespace::new(&client, "doctor-live").await;
+        let port = free_port();
+        let vwc = format!("sandboxrun-doctor-{}", ns.name);
+        let config = loopback_webhook(
+            &vwc,
+            "validate.sandbox.iterion.io",
+            &ns.name,
+            format!("https://127.0.0.1:{port}/validate-sandboxrun"),
+            None,
+            sandboxrun_rule(),
+        );
+        let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+        vwcs.create(&PostParams::default(), &config)
+            .await
+            .expect("register the webhook configuration");
+        let (_dir, store_url) = file_store("doctor-live");
+        let addr = format!("127.0.0.1:{port}");
+        // The controller watches a namespace that does not exist: only the webhook and the
+        // settings publisher matter here.
+        let op = Operator::builder(&format!("{}-unwatched", ns.name), &store_url)
+            .flags(&[
+                "--webhook-addr",
+                &addr,
+                "--webhook-cert-mode",
+                "self-managed",
+                "--webhook-hosts",
+                "127.0.0.1,localhost",
+                "--pod-namespace",
+                &ns.name,
+                "--webhook-secret",
+                "doctor-live-tls",
+                "--webhook-config",
+                &vwc,
+                "--max-cap",
+                "2Gi",
+                "--settings-configmap",
+                "sbr-settings",
+            ])
+            .start();
+        let bed = Bed {
+            client,
+            ns,
+            vwc,
+            op,
+        };
+        // Ready when the caBundle is patched, the settings are published and the apiserver
+        // judges a bad run through the webhook.
+        let cms: Api<ConfigMap> = Api::namespaced(bed.client.clone(), &bed.ns.name);
+        eventually_or_log("the settings ConfigMap", CONVERGE, &bed.op, || {
+            let cms = cms.clone();
+            async move { cms.get_opt("sbr-settings").await.ok().flatten() }
+        })
+        .await;
+        let bad: sandboxrun_operator::api::SandboxRun = serde_yaml::from_str(
+            &run_yaml(&bed.ns.name, "probe-root", "").replace("user: \"1000\"", "user: \"0\""),
+        )
+        .expect("a SandboxRun");
+        let runs: Api<sandboxrun_operator::api::SandboxRun> =
+            Api::namespaced(bed.client.clone(), &bed.ns.name);
+        eventually_or_log("the webhook to judge", CONVERGE, &bed.op, || {
+            let runs = runs.clone();
+            let bad = bad.clone();
+            async move {
+                let dry = PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                };
+                match runs.create(&dry, &bad).await {
+                    Err(kube::Error::Api(e)) if e.message.contains("refused by ADR-006") => {
+                        Some(())
+                    }
+                    _ => None,
+                }
+            }
+        })
+        .await;
+        bed
+    }
+
+    fn doctor(&self, extra: &[&str], stdin: &str) -> (i32, String, String) {
+        let mut args = vec!["--strict", "--operator-namespace", self.ns.name.as_str()];
+        args.extend_from_slice(extra);
+        doctor(&args, stdin)
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let name = self.vwc.clone();
+        // Drop cannot await: a short-lived runtime on its own thread deletes the configuration,
+        // with its own client (the test's has its worker on the test's runtime, blocked in this
+        // join: sharing it would deadlock).
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                rt.block_on(async move {
+                    let client = client().await;
+                    let _ = Api::<ValidatingWebhookConfiguration>::all(client)
+                        .delete(&name, &DeleteParams::default())
+                        .await;
+                });
+            }
+        })
+        .join();
+    }
+}
+
+#[tokio::test]
+async fn with_the_webhook_up_a_good_manifest_is_clean_and_down_it_warns_unless_required() {
+    let mut bed = Bed::start().await;
+    let good = run_yaml(&bed.ns.name, "good", "");
+    let context = current_context();
+
+    let (code, out, err) = bed.doctor(&["--context", &context], &good);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains(&format!("✓ cluster {context} CRD served, webhook ready")),
+        "{out}"
+    );
+    assert!(!out.contains('⚠') && !out.contains('✗'), "clean: {out}");
+    assert!(
+        out.contains(&format!(
+            "judged with the operator's published settings ({}/sbr-settings)",
+            bed.ns.name
+        )),
+        "{out}"
+    );
+    assert!(out.contains("all checks passed"), "{out}");
+
+    // The operator goes away: its webhook endpoint is dead, the dry run cannot be judged.
+    bed.op.kill();
+    let (code, out, err) = bed.doctor(&[], &good);
+    assert_eq!(code, 0, "probe failures only warn: {out}{err}");
+    assert!(
+        out.contains("⚠ cluster") && out.contains("cluster-webhook"),
+        "{out}"
+    );
+    assert!(out.contains("endpoint is not serving"), "{out}");
+    assert!(
+        out.contains("cluster-probe") && out.contains("failed calling webhook"),
+        "the dry run through the dead webhook: {out}"
+    );
+    assert!(!out.contains('✗'), "{out}");
+
+    let (code, out, err) = bed.doctor(&["--require-context"], &good);
+    assert_eq!(code, 1, "--require-context fails on them: {out}{err}");
+    assert!(
+        out.contains("✗ cluster") && out.contains("cluster-webhook"),
+        "{out}"
+    );
+
+    // JSON carries the cluster section.
+    let (code, out, _) = bed.doctor(&["-o", "json"], &good);
+    assert_eq!(code, 0, "{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+    assert_eq!(v["cluster"]["context"], context.as_str(), "{out}");
+    assert!(
+        v["cluster"]["findings"]
+            .as_array()
+            .is_some_and(|f| f.iter().any(|f| f["rule"] == "cluster-webhook")),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_secret_fails_and_the_operators_published_cap_is_the_one_judged() {
+    let bed = Bed::start().await;
+    let ns = bed.ns.name.clone();
+    let mount =
+        "  mounts:\n    - {name: creds, type: secret, source: no-such-secret, target: /creds}\n";
+    let (code, out, err) = bed.doctor(&[], &run_yaml(&ns, "needs-secret", mount));
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("✗")
+            && out.contains("reference-missing spec.mounts[0].source")
+            && out.contains(&format!(
+                "Secret \"no-such-secret\" in namespace {ns} does not exist"
+            )),
+        "{out}"
+    );
+    // The same Secret in the manifests themselves satisfies the reference.
+    let with_secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: no-such-secret, namespace: {ns}}}\n---\n{}",
+        run_yaml(&ns, "needs-secret", mount)
+    );
+    let (code, out, err) = bed.doctor(&[], &with_secret);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(!out.contains("reference-missing"), "{out}");
+
+    // The operator runs with --max-cap 2Gi; doctor's own default is 16Gi. A 4Gi sizeLimit fails
+    // because doctor judges with the published settings (the webhook's dry run agrees).
+    let big = "  readBack:\n    paths:\n      - {path: /out, sizeLimit: 4Gi}\n";
+    let (code, out, err) = bed.doctor(&[], &run_yaml(&ns, "big", big));
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("read-back-size-limit spec.readBack.paths[0].sizeLimit"),
+        "{out}"
+    );
+    assert!(out.contains("dry-run"), "the cluster refuses it too: {out}");
+    // Offline, the same manifest passes: the flags' default is larger.
+    let offline = Command::new(BIN)
+        .args(["doctor", "--strict", "-f", "-"])
+        .env_remove("SANDBOXRUN_READBACK_CAP")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            if let Some(mut p) = c.stdin.take() {
+                p.write_all(run_yaml(&ns, "big", big).as_bytes())?;
+            }
+            c.wait_with_output()
+        })
+        .expect("offline doctor");
+    assert_eq!(
+        offline.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&offline.stdout)
+    );
+}
+
+#[tokio::test]
+async fn a_context_that_does_not_exist_is_a_usage_error() {
+    let (code, out, err) = doctor(
+        &["--strict", "--context", "no-such-context"],
+        &run_yaml("default", "x", ""),
+    );
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(out.contains("no such context"), "{out}");
+    let (code, out, _) = Command::new(BIN)
+        .args(["doctor", "--require-context", "-f", "/dev/null"])
+        .output()
+        .map(|o| {
+            (
+                o.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&o.stdout).into_owned(),
+                (),
+            )
+        })
+        .expect("doctor");
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("--require-context needs --context or --kubeconfig"),
+        "{out}"
+    );
+}
