@@ -72,10 +72,17 @@ fn options() -> Options {
     o
 }
 
+/// The machine's online CPUs (not the calling thread's mask, which pinning narrows).
+fn online_cpus() -> usize {
+    // SAFETY: sysconf only reads a system setting.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(1).max(1)
+}
+
 /// Pins the calling thread to `cpu` (when the machine has it), so the servers and the client
 /// never take each other's core: the latency measured is the server's, not the scheduler's.
 fn pin_to(cpu: usize) {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let cpus = online_cpus();
     if cpus < 2 {
         return;
     }
@@ -362,9 +369,7 @@ fn main() {
             o.seconds,
             PAYLOAD_FILE,
             body.len(),
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(0),
+            online_cpus(),
             if o.pin {
                 "servers pinned to CPU 0, client to CPU 1"
             } else {

@@ -5,6 +5,8 @@
 #                           (kwok node and real node; random and text data; tar and zstd wire)
 #   webhook-latency-cdf.png the latency distribution of the webhook and its always-allow peer at
 #                           every measured rate (log scale)
+#   lifecycle-cdf.png       create -> final phase of every SandboxRun and every Job, per N
+#                           (bench/lifecycle_vs_jobs.sh)
 #
 #   hack/plot.sh [RESULTS_DIR [PLOTS_DIR]]     defaults: target/bench-results docs/plots
 # A plot whose data is missing is skipped with a note; exits 1 only when gnuplot is missing.
@@ -81,4 +83,31 @@ GP
   echo "wrote $OUT/webhook-latency-cdf.png" >&2
 else
   echo "no $cdf: webhook-latency-cdf.png skipped" >&2
+fi
+
+# --- lifecycle CDF: one line a side and N.
+life=$IN/lifecycle_cdf.csv
+if [ -s "$life" ]; then
+  plots=()
+  while IFS=, read -r side n; do
+    awk -F, -v s="$side" -v n="$n" 'NR > 1 && $1 == s && $2 == n { print $4, $3 }' "$life" \
+      >"$tmp/life-${#plots[@]}.dat"
+    plots+=("\"$tmp/life-${#plots[@]}.dat\" using 1:2 with lines lw 2 title \"$side, N = $n\"")
+  done < <(awk -F, 'NR > 1 && !seen[$1 "," $2]++ { print $1 "," $2 }' "$life")
+  joined=$(IFS=,; echo "${plots[*]}")
+  gnuplot <<GP
+set terminal pngcairo size 900,520 noenhanced font ",10"
+set output "$OUT/lifecycle-cdf.png"
+set title "Full lifecycle latency, SandboxRuns vs Jobs on the kwok node (all created at once)"
+set xlabel "seconds from create to Succeeded / Complete (log scale)"
+set ylabel "fraction of the N done"
+set logscale x
+set yrange [0:1.001]
+set grid
+set key bottom right
+plot $joined
+GP
+  echo "wrote $OUT/lifecycle-cdf.png" >&2
+else
+  echo "no $life: lifecycle-cdf.png skipped" >&2
 fi
