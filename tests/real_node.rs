@@ -1624,3 +1624,112 @@ async fn a_run_mounting_a_missing_config_map_is_shown_stuck_with_the_kubelets_fa
     assert_eq!(all.len(), 1, "{all:?}");
     assert!(all[0].series.is_none(), "published again: {:?}", all[0]);
 }
+
+/// Issue #14 item 6 on a real container: the pod passthrough fields a sandbox needs reach the
+/// kubelet and the container — `runtimeClassName` (a RuntimeClass whose handler is the node's
+/// runc), `serviceAccountName` (its token mounted), `env` from a Secret key and a ConfigMap key,
+/// pod labels and annotations, and a node affinity — under Pod Security `restricted`.
+#[tokio::test]
+async fn the_pod_passthrough_fields_reach_a_real_container() {
+    let bed = RealBed::new("real-pass").await;
+    let ns = bed.ns.name.clone();
+    let objects = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: tool-secret, namespace: {ns}}}\n\
+         stringData: {{token: s3cr3t}}\n---\n\
+         apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: tool-config, namespace: {ns}}}\n\
+         data: {{mode: fast}}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: tool-sa, namespace: {ns}}}\n---\n\
+         apiVersion: node.k8s.io/v1\nkind: RuntimeClass\nmetadata: {{name: sandboxrun-test-runc}}\n\
+         handler: runc\n"
+    );
+    let applied = kubectl_apply(&ns, &objects);
+    assert!(applied.status.success(), "{applied:?}");
+
+    // The workload stays up a few seconds so the test can read its pod, then reports what it got.
+    let script = "sleep 8\n\
+        echo \"$TOOL_TOKEN\" > /work/out/token.txt\n\
+        echo \"$TOOL_MODE\" > /work/out/mode.txt\n\
+        if [ -s /var/run/secrets/kubernetes.io/serviceaccount/token ]; then echo yes; else echo no; fi > /work/out/sa-token.txt";
+    let mut spec = serde_json::to_value(real_spec(Some(script), &["/work/out"])).expect("spec");
+    let extra = json!({
+        "runtimeClassName": "sandboxrun-test-runc",
+        "serviceAccountName": "tool-sa",
+        "podLabels": {"team": "qa"},
+        "podAnnotations": {"example.com/note": "hello"},
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{"matchExpressions": [
+                {"key": REAL_NODE_LABEL, "operator": "In", "values": ["true"]}
+            ]}]
+        }}},
+        "env": [
+            {"name": "TOOL_TOKEN", "valueFrom": {"secretKeyRef": {"name": "tool-secret", "key": "token"}}},
+            {"name": "TOOL_MODE", "valueFrom": {"configMapKeyRef": {"name": "tool-config", "key": "mode"}}},
+        ],
+    });
+    if let (Some(spec), Some(extra)) = (spec.as_object_mut(), extra.as_object()) {
+        spec.extend(extra.clone());
+    }
+    create(
+        &bed.runs,
+        "pass",
+        serde_json::from_value::<SandboxRunSpec>(spec).expect("a SandboxRun spec"),
+    )
+    .await;
+
+    let running = wait_run(
+        &bed.runs,
+        "pass",
+        "Running",
+        &bed.op,
+        phase_is(Phase::Running),
+    )
+    .await;
+    let pods: Api<Pod> = Api::namespaced(bed.client.clone(), &ns);
+    let pod = pods.get(&pod_of(&running)).await.expect("the run's pod");
+    let pod_spec = pod.spec.clone().expect("pod spec");
+    assert_eq!(
+        pod_spec.runtime_class_name.as_deref(),
+        Some("sandboxrun-test-runc")
+    );
+    assert_eq!(pod_spec.service_account_name.as_deref(), Some("tool-sa"));
+    assert_eq!(
+        pod.labels().get("team").map(String::as_str),
+        Some("qa"),
+        "{:?}",
+        pod.labels()
+    );
+    assert_eq!(
+        pod.annotations()
+            .get("example.com/note")
+            .map(String::as_str),
+        Some("hello")
+    );
+    assert!(
+        pod_spec
+            .affinity
+            .and_then(|a| a.node_affinity)
+            .and_then(|n| n.required_during_scheduling_ignored_during_execution)
+            .is_some(),
+        "the node affinity reached the pod"
+    );
+
+    let run = wait_run(&bed.runs, "pass", "a final phase", &bed.op, final_phase).await;
+    let status = run.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let dest = files_get(&ns, "pass", &bed.store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    let out = extracted(&dest, 0);
+    let read = |name: &str| {
+        std::fs::read_to_string(out.join(name))
+            .unwrap_or_else(|e| panic!("{name}: {e}"))
+            .trim()
+            .to_string()
+    };
+    assert_eq!(read("token.txt"), "s3cr3t", "env from the Secret key");
+    assert_eq!(read("mode.txt"), "fast", "env from the ConfigMap key");
+    assert_eq!(
+        read("sa-token.txt"),
+        "yes",
+        "a named ServiceAccount gets its token mounted"
+    );
+}
