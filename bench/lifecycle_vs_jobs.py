@@ -152,7 +152,16 @@ def run_side(n, namespace, documents, kind, template, final_state, failed_state,
     }
 
 
+NODE = os.environ.get("LIFECYCLE_NODE", "kwok")
+WORKLOAD_IMAGE = os.environ.get("LIFECYCLE_WORKLOAD_IMAGE", "")
+REAL_PLACEMENT = """  nodeSelector: {sandbox.iterion.io/real-node: "true"}
+  tolerations: [{key: sandbox.iterion.io/real-node, operator: Equal, value: "true", effect: NoSchedule}]
+"""
+
+
 def runs_yaml(n, namespace, data_dir):
+    if NODE == "real":
+        return "---\n".join(real_runs_yaml(i, namespace) for i in range(n))
     docs = []
     for i in range(n):
         docs.append(f"""apiVersion: sandbox.iterion.io/v1alpha1
@@ -170,7 +179,40 @@ spec:
     return "---\n".join(docs)
 
 
+def real_runs_yaml(i, namespace):
+    """A real container writing 1 MiB into its read-back path and exiting."""
+    return f"""apiVersion: sandbox.iterion.io/v1alpha1
+kind: SandboxRun
+metadata: {{name: r{i:05d}, namespace: {namespace}}}
+spec:
+  image: {WORKLOAD_IMAGE}
+  command: [sh, -c, "head -c 1048576 /dev/urandom > /work/out/blob"]
+  user: "1000:1000"
+{REAL_PLACEMENT}  readBack:
+    compression: none
+    paths: [{{path: /work/out, sizeLimit: 8Mi}}]
+"""
+
+
+def real_jobs_yaml(i, namespace):
+    """The same work as a Job: a real container writing 1 MiB (kept nowhere) and exiting."""
+    return f"""apiVersion: batch/v1
+kind: Job
+metadata: {{name: j{i:05d}, namespace: {namespace}}}
+spec:
+  backoffLimit: 0
+  template:
+    spec:
+      restartPolicy: Never
+      securityContext: {{runAsUser: 1000, runAsGroup: 1000}}
+{REAL_PLACEMENT.replace("  ", "      ", 1).replace(chr(10) + "  tolerations", chr(10) + "      tolerations")}      containers:
+      - {{name: work, image: {WORKLOAD_IMAGE}, command: [sh, -c, "head -c 1048576 /dev/urandom > /tmp/blob"]}}
+"""
+
+
 def jobs_yaml(n, namespace):
+    if NODE == "real":
+        return "---\n".join(real_jobs_yaml(i, namespace) for i in range(n))
     docs = []
     for i in range(n):
         docs.append(f"""apiVersion: batch/v1
@@ -190,7 +232,7 @@ spec:
 def main():
     n = int(sys.argv[1])
     runs_ns, jobs_ns, data_dir, op_pid = sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5])
-    case = f"N={n}"
+    case = f"N={n}-{NODE}"
 
     print(f"== N={n}: {n} SandboxRuns (create -> Running -> workload exit -> drain -> Succeeded)",
           file=sys.stderr)
@@ -212,7 +254,7 @@ def main():
     runs_per_min = n / runs["seconds"] * 60
     jobs_per_min = n / jobs["seconds"] * 60
     ms = lambda v: v * 1000  # noqa: E731
-    print(f"\nN = {n} on the kwok node")
+    print(f"\nN = {n} on the {NODE} node")
     print(f"  SandboxRuns: {runs_per_min:8.0f} lifecycles/min ({runs['seconds']:.1f} s, "
           f"{runs['failed']} failed); create->Running p50 {ms(quantile(create_to_running, .5)):.0f} ms "
           f"p99 {ms(quantile(create_to_running, .99)):.0f} ms; Running->Succeeded (exit + drain) "
@@ -256,8 +298,8 @@ def main():
         with open(cdf, "a") as f:
             if new:
                 f.write("side,n,quantile,seconds\n")
-            for side, values in (("SandboxRun create->Succeeded", create_to_done),
-                                 ("Job create->Complete", job_create_to_done)):
+            for side, values in ((f"SandboxRun ({NODE}) create->Succeeded", create_to_done),
+                                 (f"Job ({NODE}) create->Complete", job_create_to_done)):
                 for i in range(1, 201):
                     f.write(f"{side},{n},{i / 200:.3f},{quantile(values, i / 200):.4f}\n")
 

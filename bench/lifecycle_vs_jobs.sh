@@ -4,6 +4,9 @@
 #
 #   bench/lifecycle_vs_jobs.sh [N...]          default: 100 1000 (10000 works on kwok too)
 #   SKIP_BUILD=1 bench/lifecycle_vs_jobs.sh    reuse target/release/sandboxrun-operator
+#   NODE=real bench/lifecycle_vs_jobs.sh 10    on the REAL node: real containers (busybox) writing
+#                                              1 MiB, the holder is the operator image
+#                                              (hack/images.sh operator); Jobs do the same work
 #
 # One operator (release build, chart defaults: --concurrency 16, 8 drains) per N, watching only
 # the runs' namespace; the Jobs live in a namespace of their own. Everything it creates is
@@ -13,7 +16,9 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 cd "$REPO"
 eval "$(hack/local-cluster.sh env)"
 hack/local-cluster.sh status >/dev/null
-SIZES=("${@:-100 1000}")
+NODE=${NODE:-kwok}
+case "$NODE" in kwok|real) ;; *) echo "NODE=kwok|real" >&2; exit 2 ;; esac
+if [ "$NODE" = real ]; then SIZES=("${@:-10}"); else SIZES=("${@:-100 1000}"); fi
 # shellcheck disable=SC2206
 SIZES=(${SIZES[*]})
 BIN=$REPO/target/release/sandboxrun-operator
@@ -48,9 +53,21 @@ ensure_crd
 # on this host).
 for i in $(seq 1 16); do dd if=/dev/urandom of="$WORK/data/f$i" bs=64K count=1 status=none; done
 
+HOLDER=sandboxrun-operator:bench
+# kwok's exec runs the packer on this host; a real holder has its own.
+PACK=(--pack-command "$BIN pack")
+export LIFECYCLE_NODE=$NODE
+if [ "$NODE" = real ]; then
+  [ -s "$STATE/images/sandboxrun-operator.ref" ] || { echo "no operator image: hack/images.sh operator" >&2; exit 1; }
+  HOLDER=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/sandboxrun-operator.ref")
+  LIFECYCLE_WORKLOAD_IMAGE=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/busybox.ref")
+  export LIFECYCLE_WORKLOAD_IMAGE
+  PACK=()
+fi
+
 for n in "${SIZES[@]}"; do
-  runs_ns=bench-life-runs-$n-$$
-  jobs_ns=bench-life-jobs-$n-$$
+  runs_ns=bench-life-$NODE-runs-$n-$$
+  jobs_ns=bench-life-$NODE-jobs-$n-$$
   for ns in "$runs_ns" "$jobs_ns"; do
     kubectl create ns "$ns" >/dev/null
     NAMESPACES+=("$ns")
@@ -58,8 +75,8 @@ for n in "${SIZES[@]}"; do
   done
   port=$(free_port)
   "$BIN" run --namespaces "$runs_ns" --store-url "file://$WORK/store-$n" \
-    --metrics-addr "127.0.0.1:$port" --webhook-addr '' --holder-image sandboxrun-operator:bench \
-    --pod-name "operator-$runs_ns" --pack-command "$BIN pack" >"$WORK/operator-$n.log" 2>&1 &
+    --metrics-addr "127.0.0.1:$port" --webhook-addr '' --holder-image "$HOLDER" \
+    --pod-name "operator-$runs_ns" "${PACK[@]}" >"$WORK/operator-$n.log" 2>&1 &
   OP_PID=$!
   until curl -sf "http://127.0.0.1:$port/readyz" >/dev/null; do sleep 0.2; done
   python3 "$REPO/bench/lifecycle_vs_jobs.py" "$n" "$runs_ns" "$jobs_ns" "$WORK/data" "$OP_PID"
