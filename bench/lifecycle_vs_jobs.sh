@@ -21,11 +21,12 @@ case "$NODE" in kwok|real) ;; *) echo "NODE=kwok|real" >&2; exit 2 ;; esac
 if [ "$NODE" = real ]; then SIZES=("${@:-10}"); else SIZES=("${@:-100 1000}"); fi
 # shellcheck disable=SC2206
 SIZES=(${SIZES[*]})
-BIN=$REPO/target/release/sandboxrun-operator
+# OPERATOR_BIN: another operator binary (e.g. the image's static one, .k8s-local/images/operator/…).
+BIN=${OPERATOR_BIN:-$REPO/target/release/sandboxrun-operator}
 STATE=${SANDBOXRUN_TEST_STATE:-$REPO/.k8s-local}
 WORK=$STATE/paths/bench-life-$$
 mkdir -p "$WORK/data"
-if [ -z "${SKIP_BUILD:-}" ]; then
+if [ -z "${SKIP_BUILD:-}" ] && [ -z "${OPERATOR_BIN:-}" ]; then
   echo "building the release binary" >&2
   cargo build --release --bins >&2
 fi
