@@ -98,7 +98,7 @@ if [ -s "$life" ]; then
   gnuplot <<GP
 set terminal pngcairo size 900,520 noenhanced font ",10"
 set output "$OUT/lifecycle-cdf.png"
-set title "Full lifecycle latency, SandboxRuns vs Jobs on the kwok node (all created at once)"
+set title "Full lifecycle latency, SandboxRuns vs Jobs, all created at once (kwok node and real node)"
 set xlabel "seconds from create to Succeeded / Complete (log scale)"
 set ylabel "fraction of the N done"
 set logscale x
