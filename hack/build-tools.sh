@@ -2,7 +2,8 @@
 # Build the local Kubernetes test bed from published Go modules (no Docker, no release downloads):
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, and the real
 # node's kubelet, kube-proxy, containerd (+shim, ctr), CNI plugins, crane, crictl and kube-router
-# (its NetworkPolicy enforcer, in a cache directory of its own).
+# (its NetworkPolicy enforcer, in a cache directory of its own), plus the Prometheus Operator's
+# PrometheusRule/ServiceMonitor CRD YAML from its module (for the chart's server dry runs).
 # Output goes to a cache outside the repo, keyed by the pinned versions, so a second run is instant.
 #   usage: hack/build-tools.sh            # builds if missing, prints the bin dir on the last line
 set -euo pipefail
@@ -27,6 +28,17 @@ if [ ! -x "$KUBE_ROUTER_BIN/kube-router" ]; then
   KR=github.com/cloudnativelabs/kube-router/v2
   GOBIN=$KUBE_ROUTER_BIN go install -trimpath -ldflags "-s -w -X $KR/pkg/version.Version=$KUBE_ROUTER_VERSION" \
     "$KR/cmd/kube-router@$KUBE_ROUTER_VERSION"
+fi
+
+# ---- the Prometheus Operator's PrometheusRule and ServiceMonitor CRDs, from its Go module (only
+# the YAML: nothing is built), so tests/chart.rs can server-dry-run the chart's monitoring objects.
+PROM_CRDS=$CACHE_ROOT/$(prometheus_crds_dir_name)
+if [ ! -s "$PROM_CRDS/monitoring.coreos.com_prometheusrules.yaml" ]; then
+  log "fetching the Prometheus Operator CRDs $PROMETHEUS_OPERATOR_VERSION"
+  go mod download github.com/prometheus-operator/prometheus-operator@"$PROMETHEUS_OPERATOR_VERSION"
+  src="$(go env GOMODCACHE)/github.com/prometheus-operator/prometheus-operator@$PROMETHEUS_OPERATOR_VERSION/example/prometheus-operator-crd"
+  mkdir -p "$PROM_CRDS"
+  cp "$src/monitoring.coreos.com_prometheusrules.yaml" "$src/monitoring.coreos.com_servicemonitors.yaml" "$PROM_CRDS/"
 fi
 
 if [ -f "$OUT/.complete" ]; then echo "$BIN"; exit 0; fi

@@ -46,6 +46,12 @@ kube_router_dir_name() {
   echo "kube-router-$KUBE_ROUTER_VERSION"
 }
 
+# The cache directory of the Prometheus Operator's CRDs (for the chart's dry runs), keyed by its
+# version alone.
+prometheus_crds_dir_name() {
+  echo "prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION"
+}
+
 # The cache directory of the Go-built tools, keyed by every pinned version, so a version bump
 # builds afresh and an old cache is never half-reused.
 tools_dir_name() {

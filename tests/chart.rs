@@ -1502,3 +1502,82 @@ async fn the_helm_test_hook_and_its_run_are_accepted_by_the_apiserver() {
         "{out}"
     );
 }
+
+/// The Prometheus Operator's CRD `file` (PrometheusRule, ServiceMonitor), which hack/build-tools.sh
+/// fetched from its Go module (PROMETHEUS_OPERATOR_VERSION in hack/versions.env) into the tool
+/// cache beside the bed's binaries.
+fn prometheus_operator_crd(file: &str) -> std::path::PathBuf {
+    let versions =
+        std::fs::read_to_string(repo().join("hack/versions.env")).expect("hack/versions.env");
+    let version = versions
+        .lines()
+        .find_map(|l| l.strip_prefix("PROMETHEUS_OPERATOR_VERSION="))
+        .expect("PROMETHEUS_OPERATOR_VERSION in hack/versions.env")
+        .trim()
+        .to_string();
+    let cache = tools_bin()
+        .and_then(|bin| Some(bin.parent()?.parent()?.to_path_buf()))
+        .expect("the bed's tool cache (hack/local-cluster.sh env)");
+    let path = cache
+        .join(format!("prometheus-operator-crds-{version}"))
+        .join(file);
+    assert!(
+        path.exists(),
+        "{} is missing: hack/build-tools.sh fetches it",
+        path.display()
+    );
+    path
+}
+
+/// Issue #14 item 5: the PrometheusRule and the ServiceMonitor are accepted by an apiserver that
+/// serves the Prometheus Operator's CRDs (their OpenAPI schemas judge the objects' shape).
+#[tokio::test]
+async fn the_monitoring_templates_are_accepted_by_the_prometheus_operator_crds() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    for file in [
+        "monitoring.coreos.com_prometheusrules.yaml",
+        "monitoring.coreos.com_servicemonitors.yaml",
+    ] {
+        let crd = prometheus_operator_crd(file);
+        ok(
+            kubectl(&[
+                "apply",
+                "--server-side",
+                "--force-conflicts",
+                "-f",
+                &crd.display().to_string(),
+            ]),
+            None,
+        );
+    }
+    ok(
+        kubectl(&[
+            "wait",
+            "--for",
+            "condition=established",
+            "--timeout=60s",
+            "crd/prometheusrules.monitoring.coreos.com",
+            "crd/servicemonitors.monitoring.coreos.com",
+        ]),
+        None,
+    );
+    let ns = TestNamespace::new(&client, "chart-mon").await;
+    let mut args = vec!["template", "mon", CHART, "--namespace", &ns.name];
+    args.extend_from_slice(ALL_NEW);
+    args.extend_from_slice(&[
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "-s",
+        "templates/prometheusrule.yaml",
+        "-s",
+        "templates/servicemonitor.yaml",
+    ]);
+    let out = server_dry_run(&ok(helm(&args), None));
+    for kind in [
+        "prometheusrule.monitoring.coreos.com/",
+        "servicemonitor.monitoring.coreos.com/",
+    ] {
+        assert!(out.contains(kind), "{kind} not applied:\n{out}");
+    }
+}
