@@ -168,23 +168,11 @@ impl Bed {
 impl Drop for Bed {
     fn drop(&mut self) {
         let name = self.vwc.clone();
-        // Drop cannot await: a short-lived runtime on its own thread deletes the configuration,
-        // with its own client (the test's has its worker on the test's runtime, blocked in this
-        // join: sharing it would deadlock).
-        let _ = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                rt.block_on(async move {
-                    let client = client().await;
-                    let _ = Api::<ValidatingWebhookConfiguration>::all(client)
-                        .delete(&name, &DeleteParams::default())
-                        .await;
-                });
-            }
-        })
-        .join();
+        clean_up_from_drop(move |client| async move {
+            let _ = Api::<ValidatingWebhookConfiguration>::all(client)
+                .delete(&name, &DeleteParams::default())
+                .await;
+        });
     }
 }
 

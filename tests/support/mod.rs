@@ -189,24 +189,31 @@ impl Drop for TestNamespace {
             return;
         }
         let name = self.name.clone();
-        // Drop cannot await; a short-lived runtime on its own thread deletes the namespace. It
-        // builds its own client: the test's client has its worker task on the test's runtime,
-        // which is blocked in this join (sharing it would deadlock).
-        let _ = std::thread::spawn(move || {
-            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                rt.block_on(async move {
-                    let client = client().await;
-                    let _ = Api::<Namespace>::all(client)
-                        .delete(&name, &DeleteParams::background())
-                        .await;
-                });
-            }
-        })
-        .join();
+        clean_up_from_drop(move |client| async move {
+            let _ = Api::<Namespace>::all(client)
+                .delete(&name, &DeleteParams::background())
+                .await;
+        });
     }
+}
+
+/// Runs an async clean-up from a `Drop`, which cannot await: on a short-lived runtime of its own
+/// thread, joined, with a client of its own (the test's client has its worker task on the test's
+/// runtime, which is blocked in this join: sharing it would deadlock).
+pub fn clean_up_from_drop<F, Fut>(clean_up: F)
+where
+    F: FnOnce(Client) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let _ = std::thread::spawn(move || {
+        if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            rt.block_on(async move { clean_up(client().await).await });
+        }
+    })
+    .join();
 }
 
 /// A pseudo-random u32 (time and a counter; uniqueness is all tests need).
