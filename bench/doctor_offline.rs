@@ -11,13 +11,15 @@
 //! p50 and max of each; with `BENCH_RESULTS` set (hack/bench.sh sets it) each number is also
 //! appended to that file as one JSON object a line: `{"bench","case","metric","value","unit"}`.
 
+#[path = "results.rs"]
+mod results;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use sandboxrun_operator::admission::doctor::{run, DoctorArgs};
 use sandboxrun_operator::admission::RuleSettings;
-use serde_json::json;
 
 const BUDGET: Duration = Duration::from_secs(1);
 const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");
@@ -86,24 +88,7 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 /// Appends one measurement to `$BENCH_RESULTS` (JSON lines), when it is set.
 fn record(case: &str, metric: &str, value: f64, unit: &str) {
-    let Some(path) = std::env::var_os("BENCH_RESULTS") else {
-        return;
-    };
-    let line = json!({
-        "bench": "doctor_offline",
-        "case": case,
-        "metric": metric,
-        "value": value,
-        "unit": unit,
-    });
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()));
-    if let Err(e) = written {
-        eprintln!("cannot append to {}: {e}", path.to_string_lossy());
-    }
+    results::record("doctor_offline", case, metric, value, unit);
 }
 
 fn report(case: &str, mut times: Vec<Duration>, manifests: usize) {

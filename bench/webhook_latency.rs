@@ -16,6 +16,9 @@
 //! JSON object a line: `{"bench", "case", "metric", "value", "unit"}`, and the distributions go
 //! to `webhook_latency_cdf.csv` beside it (for the plots).
 
+#[path = "results.rs"]
+mod results;
+
 use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime};
@@ -264,24 +267,7 @@ fn ms(d: Duration) -> f64 {
 
 /// Appends one measurement to `$BENCH_RESULTS` (JSON lines), when it is set.
 fn record(case: &str, metric: &str, value: f64, unit: &str) {
-    let Some(path) = std::env::var_os("BENCH_RESULTS") else {
-        return;
-    };
-    let line = json!({
-        "bench": "webhook_latency",
-        "case": case,
-        "metric": metric,
-        "value": value,
-        "unit": unit,
-    });
-    let written = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)
-        .and_then(|mut f| std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()));
-    if let Err(e) = written {
-        eprintln!("cannot append to {}: {e}", path.to_string_lossy());
-    }
+    results::record("webhook_latency", case, metric, value, unit);
 }
 
 /// The latency distribution of one endpoint at one rate, as written for plots: one CSV row a
