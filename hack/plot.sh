@@ -58,56 +58,40 @@ else
   echo "no drain results in $IN: drain-throughput.png skipped" >&2
 fi
 
-# --- webhook latency CDF: one line an endpoint and rate.
-cdf=$IN/webhook_latency_cdf.csv
-if [ -s "$cdf" ]; then
-  plots=()
-  while IFS=, read -r endpoint rate; do
-    awk -F, -v e="$endpoint" -v r="$rate" 'NR > 1 && $1 == e && $2 == r { print $4, $3 }' "$cdf" \
+# cdf_plot <csv> <png> <title> <xlabel> <ylabel> <line label format>: one line a (column 1,
+# column 2) pair of a `name,group,quantile,value` CSV, value on a log x axis; the label format is a
+# printf format of the two columns.
+cdf_plot() {
+  local csv=$1 png=$2 title=$3 xlabel=$4 ylabel=$5 label=$6 plots=() a b joined
+  if [ ! -s "$csv" ]; then
+    echo "no $csv: $(basename "$png") skipped" >&2
+    return 0
+  fi
+  while IFS=, read -r a b; do
+    awk -F, -v a="$a" -v b="$b" 'NR > 1 && $1 == a && $2 == b { print $4, $3 }' "$csv" \
       >"$tmp/cdf-${#plots[@]}.dat"
-    plots+=("\"$tmp/cdf-${#plots[@]}.dat\" using 1:2 with lines lw 2 title \"$endpoint @ $rate/s\"")
-  done < <(awk -F, 'NR > 1 && !seen[$1 "," $2]++ { print $1 "," $2 }' "$cdf")
+    # shellcheck disable=SC2059  # the label format is this script's own
+    plots+=("\"$tmp/cdf-${#plots[@]}.dat\" using 1:2 with lines lw 2 title \"$(printf "$label" "$a" "$b")\"")
+  done < <(awk -F, 'NR > 1 && !seen[$1 "," $2]++ { print $1 "," $2 }' "$csv")
   joined=$(IFS=,; echo "${plots[*]}")
   gnuplot <<GP
 set terminal pngcairo size 900,520 noenhanced font ",10"
-set output "$OUT/webhook-latency-cdf.png"
-set title "Webhook latency CDF, open loop over TLS on loopback"
-set xlabel "latency (ms, log scale)"
-set ylabel "fraction of reviews answered"
+set output "$png"
+set title "$title"
+set xlabel "$xlabel"
+set ylabel "$ylabel"
 set logscale x
 set yrange [0:1.001]
 set grid
 set key bottom right
 plot $joined
 GP
-  echo "wrote $OUT/webhook-latency-cdf.png" >&2
-else
-  echo "no $cdf: webhook-latency-cdf.png skipped" >&2
-fi
+  echo "wrote $png" >&2
+}
 
-# --- lifecycle CDF: one line a side and N.
-life=$IN/lifecycle_cdf.csv
-if [ -s "$life" ]; then
-  plots=()
-  while IFS=, read -r side n; do
-    awk -F, -v s="$side" -v n="$n" 'NR > 1 && $1 == s && $2 == n { print $4, $3 }' "$life" \
-      >"$tmp/life-${#plots[@]}.dat"
-    plots+=("\"$tmp/life-${#plots[@]}.dat\" using 1:2 with lines lw 2 title \"$side, N = $n\"")
-  done < <(awk -F, 'NR > 1 && !seen[$1 "," $2]++ { print $1 "," $2 }' "$life")
-  joined=$(IFS=,; echo "${plots[*]}")
-  gnuplot <<GP
-set terminal pngcairo size 900,520 noenhanced font ",10"
-set output "$OUT/lifecycle-cdf.png"
-set title "Full lifecycle latency, SandboxRuns vs Jobs, all created at once (kwok node and real node)"
-set xlabel "seconds from create to Succeeded / Complete (log scale)"
-set ylabel "fraction of the N done"
-set logscale x
-set yrange [0:1.001]
-set grid
-set key bottom right
-plot $joined
-GP
-  echo "wrote $OUT/lifecycle-cdf.png" >&2
-else
-  echo "no $life: lifecycle-cdf.png skipped" >&2
-fi
+cdf_plot "$IN/webhook_latency_cdf.csv" "$OUT/webhook-latency-cdf.png" \
+  "Webhook latency CDF, open loop over TLS on loopback" "latency (ms, log scale)" \
+  "fraction of reviews answered" "%s @ %s/s"
+cdf_plot "$IN/lifecycle_cdf.csv" "$OUT/lifecycle-cdf.png" \
+  "Full lifecycle latency, SandboxRuns vs Jobs, all created at once (kwok node and real node)" \
+  "seconds from create to Succeeded / Complete (log scale)" "fraction of the N done" "%s, N = %s"
