@@ -23,13 +23,9 @@ BIN=${BIN:-$REPO/target/release/sandboxrun-operator}
 STATE=${SANDBOXRUN_TEST_STATE:-$REPO/.k8s-local}
 WORK=$STATE/paths/bs-$$
 mkdir -p "$WORK"
-if [ -z "${SKIP_BUILD:-}" ]; then
-  echo "building the release binary" >&2
-  cargo build --release --bins >&2
-fi
-[ -x "$BIN" ] || { echo "no $BIN (cargo build --release --bins, or BIN=…)" >&2; exit 1; }
 # shellcheck source=bench/lib.sh
 . "$REPO/bench/lib.sh"
+release_binary "$BIN"
 
 # Private emulators (their own state and ports), so the GiBs they store go away with them.
 EMU=(env SANDBOXRUN_STATE="$WORK/emu" GCS_PORT="$(free_port)" AZURITE_PORT="$(free_port)" hack/store-emulators.sh)

@@ -35,26 +35,12 @@ STATE=${SANDBOXRUN_TEST_STATE:-$REPO/.k8s-local}
 WORK=$STATE/paths/bench-$$
 mkdir -p "$WORK"
 
-if [ -z "${SKIP_BUILD:-}" ]; then  # SKIP_BUILD=1 reuses target/release as it is
-  echo "building the release binary" >&2
-  cargo build --release --bins >&2
-fi
-[ -x "$BIN" ] || { echo "no $BIN (cargo build --release --bins)" >&2; exit 1; }
-
-OP_PID=
-NS=
-cleanup() {
-  if [ -n "$NS" ]; then
-    kubectl delete sbr --all -n "$NS" --wait=true --timeout=120s >/dev/null 2>&1 || true
-    kubectl delete ns "$NS" --wait=false >/dev/null 2>&1 || true
-  fi
-  if [ -n "$OP_PID" ] && kill -0 "$OP_PID" 2>/dev/null; then kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true; fi
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
 # shellcheck source=bench/lib.sh
 . "$REPO/bench/lib.sh"
+release_binary "$BIN"
+OP_PID=
+NS=
+trap stop_namespace_and_operator EXIT
 ensure_crd
 
 make_data() {  # make_data <dir> <GiB>

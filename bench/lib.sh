@@ -30,3 +30,24 @@ result() {
     '{bench: $bench, case: $case, metric: $metric, value: ($value | tonumber? // $value), unit: $unit}' \
     >>"$BENCH_RESULTS"
 }
+# release_binary <path>: builds the release binaries (`cargo build --release --bins`) unless
+# SKIP_BUILD=1 (reuse target/release as it is) or NO_BUILD is set (the caller was given a binary),
+# then insists that <path> is there.
+release_binary() {
+  if [ -z "${SKIP_BUILD:-}" ] && [ -z "${NO_BUILD:-}" ]; then
+    echo "building the release binary" >&2
+    cargo build --release --bins >&2
+  fi
+  [ -x "$1" ] || { echo "no $1 (cargo build --release --bins)" >&2; exit 1; }
+}
+# stop_namespace_and_operator: the EXIT trap of a one-namespace drain benchmark: its runs deleted
+# while its operator ($OP_PID) still runs (it holds their drain finalizer), the namespace ($NS), the
+# operator, the work directory ($WORK).
+stop_namespace_and_operator() {
+  if [ -n "${NS:-}" ]; then
+    kubectl delete sbr --all -n "$NS" --wait=true --timeout=300s >/dev/null 2>&1 || true
+    kubectl delete ns "$NS" --wait=false >/dev/null 2>&1 || true
+  fi
+  if [ -n "${OP_PID:-}" ] && kill -0 "$OP_PID" 2>/dev/null; then kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true; fi
+  rm -rf "$WORK"
+}

@@ -26,11 +26,9 @@ BIN=${OPERATOR_BIN:-$REPO/target/release/sandboxrun-operator}
 STATE=${SANDBOXRUN_TEST_STATE:-$REPO/.k8s-local}
 WORK=$STATE/paths/bench-life-$$
 mkdir -p "$WORK/data"
-if [ -z "${SKIP_BUILD:-}" ] && [ -z "${OPERATOR_BIN:-}" ]; then
-  echo "building the release binary" >&2
-  cargo build --release --bins >&2
-fi
-[ -x "$BIN" ] || { echo "no $BIN (cargo build --release --bins)" >&2; exit 1; }
+# shellcheck source=bench/lib.sh
+. "$REPO/bench/lib.sh"
+NO_BUILD=${OPERATOR_BIN:-} release_binary "$BIN"
 
 OP_PID=
 NAMESPACES=()
@@ -46,8 +44,6 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-# shellcheck source=bench/lib.sh
-. "$REPO/bench/lib.sh"
 ensure_crd
 
 # ~1 MiB a run: 16 files of 64 KiB (the same directory for every run: kwok's exec runs the packer
