@@ -299,15 +299,22 @@ def main():
     path = os.environ.get("BENCH_RESULTS")
     if path:
         cdf = os.path.join(os.path.dirname(path), "lifecycle_cdf.csv")
-        new = not os.path.exists(cdf)
-        with open(cdf, "a") as f:
-            if new:
-                f.write("side,n,quantile,seconds\n")
-            for side, values in ((f"SandboxRun ({NODE}) create->Succeeded", create_to_done),
-                                 (f"Job ({NODE}) create->Complete", job_create_to_done)):
+        sides = ((f"SandboxRun ({NODE}) create->Succeeded", create_to_done),
+                 (f"Job ({NODE}) create->Complete", job_create_to_done))
+        # A re-run replaces its own lines (same side and N) and keeps the others (the other node,
+        # the other sizes), so the plot never draws one case twice.
+        replaced = {(side, str(n)) for side, _ in sides}
+        kept = []
+        if os.path.exists(cdf):
+            with open(cdf) as f:
+                kept = [line for line in f.readlines()[1:]
+                        if tuple(line.split(",", 2)[:2]) not in replaced]
+        with open(cdf, "w") as f:
+            f.write("side,n,quantile,seconds\n")
+            f.writelines(kept)
+            for side, values in sides:
                 for i in range(1, 201):
                     f.write(f"{side},{n},{i / 200:.3f},{quantile(values, i / 200):.4f}\n")
-
 
 if __name__ == "__main__":
     main()
