@@ -8,6 +8,7 @@ mod support;
 use std::process::Command;
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
@@ -795,4 +796,110 @@ async fn holder_resources_are_configurable_so_a_quota_requiring_limits_admits_th
         .unwrap();
     assert_eq!(limits["cpu"].0, "100m");
     assert_eq!(limits["memory"].0, "64Mi");
+}
+
+#[tokio::test]
+async fn a_prompt_run_is_written_twice_and_told_once() {
+    // docs/contract.md "A quiet lifecycle": a run whose pod runs and whose drain ends within the
+    // quiet window is written Running, then its final phase, and gets one Event, the end's,
+    // which carries the drain's summary. The window is wide here so a loaded machine still
+    // counts as prompt; a run that outlasts it is unit tested (src/controller/plan.rs).
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "quiet").await;
+    let (_store_dir, store_url) = file_store("quiet");
+    let op = Operator::builder(&ns.name, &store_url)
+        .flags(&["--quiet-window", "20s"])
+        .start();
+    let out = host_dir("out");
+    let logs = host_dir("logs");
+    std::fs::write(out.join("report.txt"), b"all good\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+
+    // Every version of the run's status, as a watch sees it (from before the run exists).
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::<serde_json::Value>::new()));
+    let watch = {
+        let runs = runs.clone();
+        let seen = seen.clone();
+        let params = kube::api::WatchParams::default().fields("metadata.name=quiet");
+        let mut stream = runs.watch(&params, "0").await.unwrap().boxed();
+        tokio::spawn(async move {
+            while let Some(event) = stream.next().await {
+                let run = match event {
+                    Ok(kube::api::WatchEvent::Added(r) | kube::api::WatchEvent::Modified(r)) => r,
+                    Ok(other) => {
+                        eprintln!("watch: {other:?}");
+                        continue;
+                    }
+                    Err(e) => {
+                        eprintln!("watch error: {e}");
+                        break;
+                    }
+                };
+                let status = serde_json::to_value(&run.status).unwrap_or_default();
+                let mut seen = seen.lock().unwrap();
+                if seen.last() != Some(&status) {
+                    seen.push(status);
+                }
+            }
+        })
+    };
+
+    create(&runs, "quiet", spec(&[&out, &logs]).sh("make report")).await;
+    let run = wait_phase(&runs, "quiet", Phase::Running, &op).await;
+    let pod_name = run.status.as_ref().unwrap().pod_name.clone().unwrap();
+    finish_workload(&pods, &pod_name, 0).await;
+    let done = wait_phase(&runs, "quiet", Phase::Succeeded, &op).await;
+    let entries = &done.status.as_ref().unwrap().read_back;
+    assert_eq!(
+        entries.iter().map(|e| e.phase).collect::<Vec<_>>(),
+        [ReadBackPhase::Drained, ReadBackPhase::Empty]
+    );
+    // The end's Event, with both paths in its note.
+    let ended = eventually("the Succeeded Event", Duration::from_secs(30), || {
+        let client = client.clone();
+        let ns = ns.name.clone();
+        async move {
+            events_of(&client, &ns, "quiet", "Succeeded")
+                .await
+                .into_iter()
+                .next()
+        }
+    })
+    .await;
+    let note = ended.note.unwrap_or_default();
+    assert!(
+        note.starts_with(
+            "workload succeeded and its read-back paths are stored. 2 path(s): 1 Drained, 1 Empty."
+        ),
+        "{note}"
+    );
+    assert!(
+        note.contains(&format!("{}: Drained", out.display())),
+        "{note}"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    watch.abort();
+
+    // Two status versions: Running, then Succeeded (never Pending, never Draining).
+    let phases: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|s| s["phase"].as_str().unwrap_or("none").to_string())
+        .collect();
+    assert_eq!(
+        phases,
+        ["none", "Running", "Succeeded"],
+        "{:#?}",
+        seen.lock().unwrap()
+    );
+    // One Event about the run, from the operator: the end's.
+    let reasons: Vec<String> = events_about(&client, &ns.name, "quiet")
+        .await
+        .into_iter()
+        .map(|e| e.reason.unwrap_or_default())
+        .collect();
+    assert_eq!(reasons, ["Succeeded"]);
 }

@@ -260,13 +260,13 @@ async fn a_running_run_with_retention_delete_is_drained_then_its_files_deleted_o
 
     runs.delete("live", &DeleteParams::default()).await.unwrap();
     wait_gone(&runs, "live", &op, PHASE_TIMEOUT).await;
-    // The drain stored archive + manifest (the Drained Event says so), then the finalizer deleted
-    // both before letting go.
+    // The drain stored archive + manifest (the Event announcing the end says so), then the
+    // finalizer deleted both before letting go.
     let drained = wait_event(
         &client,
         &ns.name,
         Some("live"),
-        "Drained",
+        "Stopped",
         Duration::from_secs(60),
         &op,
     )
@@ -275,7 +275,7 @@ async fn a_running_run_with_retention_delete_is_drained_then_its_files_deleted_o
         drained
             .note
             .as_deref()
-            .is_some_and(|n| n.contains("Drained")),
+            .is_some_and(|n| n.contains("1 Drained")),
         "{drained:?}"
     );
     let deleted = wait_event(

@@ -100,6 +100,12 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     }
     let image_pull_timeout = crate::units::parse_duration(&args.image_pull_timeout)
         .map_err(|e| OperatorError::Config(format!("--image-pull-timeout: {e}")))?;
+    // 0s is a quiet window too: none (every state reported as it is seen).
+    let quiet_window = match args.quiet_window.trim() {
+        "0" | "0s" => std::time::Duration::ZERO,
+        window => crate::units::parse_duration(window)
+            .map_err(|e| OperatorError::Config(format!("--quiet-window: {e}")))?,
+    };
     let pack_command: Vec<String> = args
         .pack_command
         .split_whitespace()
@@ -203,6 +209,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         )
         .with_default_retention(args.default_retention)
         .with_drain_wire(args.drain_wire)
+        .with_quiet_window(quiet_window)
         .with_path_slots(usize::from(args.max_concurrent_path_drains))
         .with_open_uploads(open_uploads)
         .with_preflight(preflight),

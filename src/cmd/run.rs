@@ -48,6 +48,12 @@ pub struct RunArgs {
     /// fails the run at once.
     #[arg(long, env = "SANDBOXRUN_IMAGE_PULL_TIMEOUT", default_value = "5m")]
     pub image_pull_timeout: String,
+    /// How long a run's passing states may last unreported (docs/contract.md "A quiet
+    /// lifecycle"): a fresh run's pod that runs within it is first written Running, a teardown
+    /// that drains within it is written once with its final phase; 0s reports every state as
+    /// it is seen (two more status writes and three more Events a run).
+    #[arg(long, env = "SANDBOXRUN_QUIET_WINDOW", default_value = "2s")]
+    pub quiet_window: String,
     /// Image of the holder container (the operator's own image).
     #[arg(
         long,

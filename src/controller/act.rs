@@ -92,6 +92,7 @@ pub(crate) async fn carry_out(
             }
             Effect::RecordCreateAttempt(at) => ctx.record_create_attempt(run, at),
             Effect::ForgetCreateAttempts => ctx.forget_create_attempt(run),
+            Effect::RememberUnreportedPod => ctx.remember_unreported_pod(run),
         }
     }
     Ok(plan.requeue)
@@ -132,11 +133,11 @@ async fn create_pod(
     let now = Timestamp::now();
     match pods.create(&PostParams::default(), &pod).await {
         Ok(created) => {
-            let plan = plan::pod_created(run, &pod_name, true, now);
+            let plan = plan::pod_created(run, &pod_name, true, ctx.settle, now);
             carry_out(ctx, run, &pod_name, Some(&created), plan).await
         }
         Err(kube::Error::Api(ae)) if ae.code == 409 => {
-            let plan = plan::pod_created(run, &pod_name, false, now);
+            let plan = plan::pod_created(run, &pod_name, false, ctx.settle, now);
             carry_out(ctx, run, &pod_name, None, plan).await
         }
         Err(kube::Error::Api(ae)) if refusals::is_refusal(ae.code) => {
@@ -194,10 +195,11 @@ async fn record_pod_lost(
     else {
         return Ok(Requeue::AwaitChange);
     };
+    let live = ctx.with_unreported_pod(Arc::new(live));
     if !decide::pod_lost_holds(run, &live, Timestamp::now(), &ctx.decide) {
         return Ok(Requeue::After(LOOK_AGAIN_MARGIN));
     }
-    let run = Arc::new(live);
+    let run = live;
     let committed = observe::committed_entries(&ctx.store_view(), &run).await;
     let plan = plan::record_pod_lost(&run, &committed, ctx.default_retention, Timestamp::now());
     carry_out(ctx, &run, &observation.pod_name, None, plan).await
@@ -243,7 +245,16 @@ async fn teardown(
     let timeout = ctx.drain_timeout_seconds(run);
     let planned = plan::teardown(run, pod, trigger, &ctx.caps, timeout, Timestamp::now());
     let deadline = tokio::time::Instant::now() + planned.drain_left;
-    carry_out(ctx, run, &pod_name, pod, planned.opening).await?;
+    // The opening is written now, or once `--quiet-window` has passed with paths still draining
+    // (`opening_waits`): a teardown that drains within it is written once, at its end.
+    let mut opening = Some(planned.opening);
+    if !planned.opening_waits || ctx.settle.is_zero() {
+        if let Some(now) = opening.take() {
+            carry_out(ctx, run, &pod_name, pod, now).await?;
+        }
+    }
+    let settled = tokio::time::sleep(ctx.settle);
+    tokio::pin!(settled);
     let compression = run
         .spec
         .read_back
@@ -297,13 +308,32 @@ async fn teardown(
         };
         (path.entry, outcome)
     });
+    let mut owed = work.len();
     let mut finished = futures::stream::iter(work).buffer_unordered(usize::MAX);
     let mut stopped = false;
-    while let Some((entry, outcome)) = finished.next().await {
+    loop {
+        let (entry, outcome) = tokio::select! {
+            next = finished.next() => match next {
+                Some(done) => done,
+                None => break,
+            },
+            () = &mut settled, if opening.is_some() && !stopped => {
+                if let Some(mut late) = opening.take() {
+                    late.status = Some(status.clone());
+                    carry_out(ctx, run, pod_name, pod, late).await?;
+                }
+                continue;
+            }
+        };
+        owed = owed.saturating_sub(1);
         match outcome {
             Some(outcome) if !stopped => {
                 status.read_back[entry] = outcome;
-                apply_status(&runs, name, &status).await?;
+                // Each outcome is written as it is had once the run is reported Draining; the
+                // last one goes with the end.
+                if opening.is_none() && owed > 0 {
+                    apply_status(&runs, name, &status).await?;
+                }
             }
             // This replica stops draining (lost lease, shutdown): record nothing more, so the
             // next leader resumes the unrecorded paths from the store's commit point. The other

@@ -1,12 +1,13 @@
 //! What the controller needs besides the cluster: the store, the settings of every stage, the
 //! Event recorder, the metrics and the pool of drains in flight.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use jiff::Timestamp;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::Client;
+use kube::{Client, ResourceExt};
 use object_store::ObjectStore;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -45,6 +46,9 @@ pub struct Context {
     pub pack_command: Vec<String>,
     /// How the packer is asked to send its tar (`run --drain-wire`).
     pub drain_wire: Wire,
+    /// How long a run's passing states may last unreported (`run --quiet-window`,
+    /// docs/contract.md "A quiet lifecycle").
+    pub settle: Duration,
     /// Publishes Events.
     pub recorder: Recorder,
     /// Metrics.
@@ -53,6 +57,9 @@ pub struct Context {
     /// of [`super::refusals::create_retry_wait`]. Lost on restart by design (the next attempt is
     /// then immediate, and its pause already as long as the refusals have lasted).
     pub create_attempts: Mutex<HashMap<String, Timestamp>>,
+    /// The uids of the runs whose pod this replica created and has not reported yet
+    /// ([`super::plan::SETTLE`]): what the status would have said, kept in memory meanwhile.
+    pub unreported_pods: Mutex<HashSet<String>>,
     /// What deleting a run does to its stored files when its spec does not say
     /// (`run --default-retention`).
     pub default_retention: Retention,
@@ -82,6 +89,12 @@ impl Context {
     /// (`run --max-concurrent-path-drains`).
     pub(crate) fn with_path_slots(mut self, max: usize) -> Context {
         self.path_slots = Semaphore::new(max.max(1));
+        self
+    }
+
+    /// The same context with `settle` as its quiet window (`run --quiet-window`).
+    pub(crate) fn with_quiet_window(mut self, settle: Duration) -> Context {
+        self.settle = settle;
         self
     }
 
@@ -136,9 +149,11 @@ impl Context {
             decide,
             pack_command,
             drain_wire: Wire::default(),
+            settle: super::plan::SETTLE,
             recorder,
             metrics,
             create_attempts: Default::default(),
+            unreported_pods: Default::default(),
             default_retention: Retention::default(),
             cancel: CancellationToken::new(),
             drains: DrainPool::new(max_concurrent_drains),
@@ -177,11 +192,52 @@ impl Context {
         }
     }
 
-    /// Forgets the run's refused attempts (its pod was created, or the run is going).
+    /// Forgets the run's refused attempts and its unreported pod (its pod was created, or the
+    /// run is going).
     pub(crate) fn forget_create_attempt(&self, run: &SandboxRun) {
-        if let (Some(uid), Ok(mut map)) = (run.metadata.uid.as_deref(), self.create_attempts.lock())
-        {
+        let Some(uid) = run.metadata.uid.as_deref() else {
+            return;
+        };
+        if let Ok(mut map) = self.create_attempts.lock() {
             map.remove(uid);
         }
+        if let Ok(mut set) = self.unreported_pods.lock() {
+            set.remove(uid);
+        }
+    }
+
+    /// Remembers that this replica created the run's pod and has not reported it yet.
+    pub(crate) fn remember_unreported_pod(&self, run: &SandboxRun) {
+        if let (Some(uid), Ok(mut set)) = (run.metadata.uid.clone(), self.unreported_pods.lock()) {
+            set.insert(uid);
+        }
+    }
+
+    /// The run as the decision must see it: when this replica created its pod and has not
+    /// reported it yet, with that pod's name in its status (in memory only), so a pod that
+    /// vanished before it was reported makes the run lost, not given a second pod
+    /// (docs/contract.md "A quiet lifecycle"). A run that has a phase was reported: it is forgotten.
+    pub(crate) fn with_unreported_pod(&self, run: Arc<SandboxRun>) -> Arc<SandboxRun> {
+        let Some(uid) = run.metadata.uid.as_deref() else {
+            return run;
+        };
+        let Ok(mut set) = self.unreported_pods.lock() else {
+            return run;
+        };
+        let reported = run.status.as_ref().is_some_and(|s| s.phase.is_some());
+        if reported {
+            set.remove(uid);
+            return run;
+        }
+        if !set.contains(uid) {
+            return run;
+        }
+        let pod_name = crate::pod::pod_name(&run.name_any());
+        let mut seen = (*run).clone();
+        let status = seen.status.get_or_insert_with(Default::default);
+        if status.pod_name.is_none() {
+            status.pod_name = Some(pod_name);
+        }
+        Arc::new(seen)
     }
 }

@@ -13,17 +13,20 @@ use super::decide::Trigger;
 use super::observe::PodProblem;
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRunStatus};
 
-/// The pod `<run>-sbr` was created.
+/// The pod `<run>-sbr` was created and has not run within [`super::plan::SETTLE`] (a pod that
+/// runs at once is not announced: docs/contract.md "A quiet lifecycle").
 pub(crate) const POD_CREATED: &str = conditions::REASON_POD_CREATED;
 /// The apiserver refused the pod (quota, Pod Security, a webhook, RBAC); retried with back-off.
 pub(crate) const POD_CREATE_FAILED: &str = conditions::REASON_POD_CREATE_FAILED;
 /// The pod exists and cannot start; the note names the cause.
 pub(crate) const POD_STUCK: &str = "PodStuck";
-/// The pod runs.
+/// The pod runs, after the run was reported Pending.
 pub(crate) const RUNNING: &str = "Running";
-/// Teardown began.
+/// Teardown began, and its paths have not all drained within [`super::plan::SETTLE`] (or the
+/// teardown begins with a Warning).
 pub(crate) const TEARING_DOWN: &str = "TearingDown";
-/// Every path of a teardown drained (none failed or capped).
+/// The reason of a drain summary where every path drained (none failed or capped). Never an
+/// Event of its own: that summary is told in the note of the Event announcing the end.
 pub const DRAINED: &str = "Drained";
 /// docs/contract.md §4: a path could not be drained (the contract fixes this name).
 pub(crate) const DRAIN_FAILED: &str = "sandbox_runfiles_drain_failed";
@@ -76,7 +79,6 @@ pub(crate) const ALL: &[&str] = &[
     POD_STUCK,
     RUNNING,
     TEARING_DOWN,
-    DRAINED,
     DRAIN_FAILED,
     CAPPED,
     SUCCEEDED,

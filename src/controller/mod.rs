@@ -136,6 +136,7 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
     if ctx.drains.is_in_flight(&run.uid().unwrap_or_default()) {
         return Ok(Action::requeue(IN_FLIGHT_REQUEUE));
     }
+    let run = ctx.with_unreported_pod(run);
     let now = Timestamp::now();
     let observation = match observe::observe(&ctx.client, &run, now).await? {
         Observed::Run(observation) => observation,
@@ -158,6 +159,7 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         pod_settings: &ctx.pod,
         last_create_attempt: ctx.last_create_attempt(&run),
         default_retention: ctx.default_retention,
+        settle: ctx.settle,
     };
     let step_plan = plan::plan_step(step, &inputs);
     let requeue = act::carry_out_step(&ctx, &run, &observation, step_plan).await?;

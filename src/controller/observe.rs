@@ -290,7 +290,8 @@ pub(crate) fn pending_recheck(pod: &PodView, now: Timestamp) -> Option<Duration>
     )
 }
 
-fn pending_for(pod: &PodView, now: Timestamp) -> Option<Duration> {
+/// How long the pod has been trying to start (from [`PodView::pending_since`]).
+pub(crate) fn pending_for(pod: &PodView, now: Timestamp) -> Option<Duration> {
     Duration::try_from(pod.pending_since?.duration_until(now)).ok()
 }
 

@@ -18,7 +18,9 @@ use kube::ResourceExt;
 use super::conditions::{self, set_condition, REASON_INVALID_SPEC, REASON_POD_CREATED};
 use super::decide::{Step, Trigger};
 use super::events::{self, drain_summary, stuck_event, teardown_event, PlannedEvent};
-use super::observe::{drain_settled, pending_recheck, undrained_paths, PodView, WorkloadState};
+use super::observe::{
+    drain_settled, pending_for, pending_recheck, undrained_paths, PodView, WorkloadState,
+};
 use super::refusals;
 use super::retention::{self, Ttl};
 use super::status::{
@@ -36,6 +38,13 @@ pub(crate) const LOOK_AGAIN_MARGIN: Duration = Duration::from_millis(200);
 /// How often a run whose drain is in flight is looked at again (a safety net: the drain's own
 /// status writes wake it when it ends).
 pub(crate) const IN_FLIGHT_REQUEUE: Duration = Duration::from_secs(30);
+/// How long a prompt run's passing states may last unreported by default (`run --quiet-window`,
+/// docs/contract.md "A quiet lifecycle"): a fresh run's pod that runs within it is never reported
+/// `Pending` (no status write, no `PodCreated` Event), and a teardown whose paths all drain
+/// within it is never reported `Draining` (no `TearingDown` Event): such a run is written when it
+/// runs and when it ends. A state that outlasts it is reported then, with its Event; a problem
+/// is reported at once.
+pub const SETTLE: Duration = Duration::from_secs(2);
 /// How often a run whose pod name is taken by a pod it does not own is looked at again.
 pub(crate) const NAME_CONFLICT_REQUEUE: Duration = Duration::from_secs(60);
 
@@ -84,6 +93,10 @@ pub enum Effect {
     RecordCreateAttempt(Timestamp),
     /// Forget the run's refused creation attempts.
     ForgetCreateAttempts,
+    /// Remember that this replica created the run's pod and has not reported it yet (the pod
+    /// name is not in the status before [`SETTLE`]): should the pod vanish before it is
+    /// reported, the run is reported lost, never given a second pod without a word.
+    RememberUnreportedPod,
 }
 
 /// What one reconcile writes, publishes and does, in that order.
@@ -139,6 +152,8 @@ pub(crate) struct Inputs<'a> {
     pub last_create_attempt: Option<Timestamp>,
     /// What deleting a run does to its stored files when its spec does not say.
     pub default_retention: Retention,
+    /// How long a passing state may last unreported ([`SETTLE`] by default).
+    pub settle: Duration,
 }
 
 /// Plans `step`.
@@ -152,9 +167,14 @@ pub(crate) fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
             ..Plan::wait(Requeue::AwaitChange)
         },
         Step::CreatePod => return create_pod(run, inputs),
-        Step::TrackPod { requeue } => {
-            track_pod(run, inputs.pod_name, inputs.pod, requeue, inputs.now)
-        }
+        Step::TrackPod { requeue } => track_pod(
+            run,
+            inputs.pod_name,
+            inputs.pod,
+            requeue,
+            inputs.now,
+            inputs.settle,
+        ),
         Step::Teardown(trigger) => Plan {
             effects: vec![Effect::StartTeardown(trigger)],
             ..Plan::wait(Requeue::After(IN_FLIGHT_REQUEUE))
@@ -247,7 +267,13 @@ fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
 }
 
 /// The pod is created (`created`), or already existed (the apiserver answered 409).
-pub(crate) fn pod_created(run: &SandboxRun, pod_name: &str, created: bool, now: Timestamp) -> Plan {
+pub(crate) fn pod_created(
+    run: &SandboxRun,
+    pod_name: &str,
+    created: bool,
+    settle: Duration,
+    now: Timestamp,
+) -> Plan {
     let mut status = run.status.clone().unwrap_or_default();
     status.observed_generation = run.metadata.generation;
     status.phase = Some(Phase::Pending);
@@ -263,14 +289,17 @@ pub(crate) fn pod_created(run: &SandboxRun, pod_name: &str, created: bool, now: 
         now,
     );
     ensure_pending_entries(run, &mut status);
+    // A fresh run's pod is reported Pending only if it is still starting after `settle`
+    // ([`track_pod`]): a pod that runs at once is written once, Running.
+    if created && unreported(run) && !settle.is_zero() {
+        return Plan {
+            effects: vec![Effect::ForgetCreateAttempts, Effect::RememberUnreportedPod],
+            ..Plan::wait(Requeue::After(settle + LOOK_AGAIN_MARGIN))
+        };
+    }
     let (events, effects) = if created {
         (
-            vec![PlannedEvent::normal(
-                events::POD_CREATED,
-                format!("created pod {pod_name}"),
-                "CreatePod",
-            )
-            .about_pod()],
+            vec![pod_created_event(pod_name)],
             vec![Effect::ForgetCreateAttempts],
         )
     } else {
@@ -282,6 +311,20 @@ pub(crate) fn pod_created(run: &SandboxRun, pod_name: &str, created: bool, now: 
         effects,
         requeue: Requeue::AwaitChange,
     }
+}
+
+/// Whether nothing was ever reported about the run: it has no phase yet.
+fn unreported(run: &SandboxRun) -> bool {
+    run.status.as_ref().and_then(|s| s.phase).is_none()
+}
+
+fn pod_created_event(pod_name: &str) -> PlannedEvent {
+    PlannedEvent::normal(
+        events::POD_CREATED,
+        format!("created pod {pod_name}"),
+        "CreatePod",
+    )
+    .about_pod()
 }
 
 /// The pre-flight found the run's image missing from its registry (docs/contract.md ADR-006 §5):
@@ -337,6 +380,7 @@ fn track_pod(
     pod: Option<&PodView>,
     requeue: Option<Duration>,
     now: Timestamp,
+    settle: Duration,
 ) -> Plan {
     let absent = PodView {
         deleting: false,
@@ -349,11 +393,28 @@ fn track_pod(
     let view = pod.unwrap_or(&absent);
     let status = tracked_status(run, pod_name, view, now);
     let before = run.status.clone().unwrap_or_default();
+    // A fresh run's pod starting without a problem is not reported before `settle` has passed:
+    // a pod that runs within it is written once, Running (docs/contract.md "A quiet lifecycle").
+    let starting_for = pending_for(view, now).unwrap_or(Duration::ZERO);
+    if unreported(run)
+        && pod.is_some()
+        && status.phase == Some(Phase::Pending)
+        && view.problem.is_none()
+        && starting_for < settle
+    {
+        let left = settle.saturating_sub(starting_for) + LOOK_AGAIN_MARGIN;
+        return Plan::wait(Requeue::After(requeue.map_or(left, |r| r.min(left))));
+    }
     // One PodStuck Event per distinct cause (Ready's reason and message), not one per reconcile.
     let mut events: Vec<PlannedEvent> = stuck_event(&before, view.problem.as_ref())
         .into_iter()
         .collect();
-    if before.phase != Some(Phase::Running) && status.phase == Some(Phase::Running) {
+    // The pod's creation is told when the run is first reported Pending (its pod did not run
+    // at once); its running is told only after that Pending was.
+    if before.phase.is_none() && status.phase == Some(Phase::Pending) && pod.is_some() {
+        events.push(pod_created_event(pod_name));
+    }
+    if before.phase == Some(Phase::Pending) && status.phase == Some(Phase::Running) {
         events.push(
             PlannedEvent::normal(
                 events::RUNNING,
@@ -495,6 +556,10 @@ pub struct TeardownPlan {
     /// The opening: its Event (not when resumed) and the Draining status, written when the
     /// teardown begins or a resumed one learned how the workload ended.
     pub opening: Plan,
+    /// Whether the opening waits [`SETTLE`]: a teardown that begins with a Normal Event is
+    /// reported `Draining` only if its paths have not all drained by then (the opening is then
+    /// written with the outcomes had so far); a Warning (a failed image pull) is told at once.
+    pub opening_waits: bool,
     /// The status the drains record their outcomes in.
     pub status: SandboxRunStatus,
     /// Time left for the drains: the deadline runs from the start of teardown (the
@@ -550,36 +615,37 @@ pub fn teardown(
 ) -> TeardownPlan {
     // Read before the pod is deleted: the evidence must outlive it.
     let workload = pod.and_then(workload_termination);
-    let (status, opening) = if run.status.as_ref().and_then(|s| s.phase) == Some(Phase::Draining) {
-        // A teardown resumed after a restart, or begun before the workload exited.
-        let mut s = run.status.clone().unwrap_or_default();
-        ensure_pending_entries(run, &mut s);
-        let learned = s.workload.is_none() && workload.is_some();
-        if learned {
-            s.workload = workload;
-        }
-        let opening = Plan {
-            status: learned.then(|| s.clone()),
-            ..Plan::wait(Requeue::AwaitChange)
+    let (status, opening, opening_waits) =
+        if run.status.as_ref().and_then(|s| s.phase) == Some(Phase::Draining) {
+            // A teardown resumed after a restart, or begun before the workload exited.
+            let mut s = run.status.clone().unwrap_or_default();
+            ensure_pending_entries(run, &mut s);
+            let learned = s.workload.is_none() && workload.is_some();
+            if learned {
+                s.workload = workload;
+            }
+            let opening = Plan {
+                status: learned.then(|| s.clone()),
+                ..Plan::wait(Requeue::AwaitChange)
+            };
+            (s, opening, false)
+        } else {
+            let s = draining_status(run, trigger, workload, now);
+            let (warning, reason, note) = teardown_event(trigger);
+            let event = PlannedEvent {
+                warning,
+                reason,
+                note,
+                action: "Teardown",
+                about_pod: true,
+            };
+            let opening = Plan {
+                events: vec![event],
+                status: Some(s.clone()),
+                ..Plan::wait(Requeue::AwaitChange)
+            };
+            (s, opening, !warning)
         };
-        (s, opening)
-    } else {
-        let s = draining_status(run, trigger, workload, now);
-        let (warning, reason, note) = teardown_event(trigger);
-        let event = PlannedEvent {
-            warning,
-            reason,
-            note,
-            action: "Teardown",
-            about_pod: true,
-        };
-        let opening = Plan {
-            events: vec![event],
-            status: Some(s.clone()),
-            ..Plan::wait(Requeue::AwaitChange)
-        };
-        (s, opening)
-    };
     let began = status
         .conditions
         .iter()
@@ -600,6 +666,7 @@ pub fn teardown(
     let paths = owed_paths(run, &status, trigger, never_started, holder_running, caps);
     TeardownPlan {
         opening,
+        opening_waits,
         status,
         drain_left,
         paths,
@@ -674,16 +741,22 @@ pub(crate) fn teardown_end(
     default_retention: Retention,
     now: Timestamp,
 ) -> Plan {
-    let mut events: Vec<PlannedEvent> = drain_summary(&status.read_back)
-        .map(|s| s.into_event("Drain").about_pod())
-        .into_iter()
-        .collect();
+    // A drain with a failed or capped path has its own Warning (the contract's reasons); a clean
+    // one is told in the Event that announces the end, one Event for the whole teardown.
+    let summary = drain_summary(&status.read_back);
     let status = finished_status(run, status, now);
+    let mut note = status.message.clone().unwrap_or_default();
+    let mut events = Vec::new();
+    match summary {
+        Some(s) if s.warning => events.push(s.into_event("Drain").about_pod()),
+        Some(s) => note = format!("{note}. {}", s.note),
+        None => {}
+    }
     let (warning, reason) = events::ending_event(&status);
     events.push(PlannedEvent {
         warning,
         reason,
-        note: status.message.clone().unwrap_or_default(),
+        note,
         action: "Teardown",
         about_pod: true,
     });
@@ -784,6 +857,7 @@ mod tests {
             now: now(),
             pod_settings: settings,
             last_create_attempt: None,
+            settle: SETTLE,
             default_retention: Retention::Retain,
         }
     }
@@ -1168,8 +1242,9 @@ mod tests {
 
     #[test]
     fn a_created_pod_is_announced_and_one_that_existed_is_not() {
-        let r = run_with(&[("/out", false)]);
-        let created = pod_created(&r, "demo-sbr", true, now());
+        // A run already reported (here: its pod was refused before) is told at once.
+        let r = with_phase(run_with(&[("/out", false)]), Phase::Pending);
+        let created = pod_created(&r, "demo-sbr", true, SETTLE, now());
         assert_eq!(
             line(&created),
             "[PodCreated/CreatePod@pod] | Pending | [ForgetCreateAttempts] | await"
@@ -1178,8 +1253,73 @@ mod tests {
         assert_eq!(status.pod_name.as_deref(), Some("demo-sbr"));
         assert_eq!(status.read_back.len(), 1, "every path is Pending");
         assert_eq!(
-            line(&pod_created(&r, "demo-sbr", false, now())),
+            line(&pod_created(&r, "demo-sbr", false, SETTLE, now())),
             "[] | Pending | [] | await"
+        );
+    }
+
+    #[test]
+    fn a_fresh_runs_pod_is_reported_only_if_it_has_not_run_within_the_settle_time() {
+        let fresh = run_with(&[("/out", false)]);
+        // Created: nothing written, remembered, looked at again when SETTLE has passed.
+        assert_eq!(
+            line(&pod_created(&fresh, "demo-sbr", true, SETTLE, now())),
+            "[] | - | [ForgetCreateAttempts RememberUnreportedPod] | 2.2s"
+        );
+        let starting = |since: i64| PodView {
+            holder_running: false,
+            workload: WorkloadState::NotStarted,
+            started_at: None,
+            pending_since: Some(later(-since)),
+            ..running()
+        };
+        // Just created and starting: still quiet, looked at again at the end of SETTLE.
+        let quiet = track_pod(&fresh, "demo-sbr", Some(&starting(0)), None, now(), SETTLE);
+        assert_eq!(line(&quiet), "[] | - | [] | 2.2s");
+        // Running within SETTLE: one write, Running, and no Event (nothing to notice).
+        let ran = track_pod(&fresh, "demo-sbr", Some(&running()), None, now(), SETTLE);
+        assert_eq!(line(&ran), "[] | Running | [] | await");
+        assert_eq!(
+            ran.status.and_then(|s| s.pod_name).as_deref(),
+            Some("demo-sbr")
+        );
+        // Still starting after SETTLE: reported Pending, and the pod's creation told then.
+        let slow = track_pod(&fresh, "demo-sbr", Some(&starting(3)), None, now(), SETTLE);
+        assert_eq!(
+            line(&slow),
+            "[PodCreated/CreatePod@pod] | Pending | [] | 5.2s"
+        );
+        // ...and its running told after that Pending.
+        let pending = with_phase(fresh.clone(), Phase::Pending);
+        assert_eq!(
+            line(&track_pod(
+                &pending,
+                "demo-sbr",
+                Some(&running()),
+                None,
+                now(),
+                SETTLE
+            )),
+            "[Running/Track@pod] | Running | [] | await"
+        );
+        // A problem is reported at once, however young the pod.
+        let stuck = PodView {
+            problem: Some(PodProblem::Stuck {
+                reason: "FailedMount",
+                message: "configmap \"cfg\" not found".into(),
+            }),
+            ..starting(0)
+        };
+        assert_eq!(
+            line(&track_pod(
+                &fresh,
+                "demo-sbr",
+                Some(&stuck),
+                None,
+                now(),
+                SETTLE
+            )),
+            "[!PodStuck/FailedMount@pod PodCreated/CreatePod@pod] | Pending | [] | 5.2s"
         );
     }
 
@@ -1339,13 +1479,36 @@ mod tests {
         let r = with_phase(run_with(&[("/out", false)]), Phase::Running);
         let draining = drained(r.clone()).status.unwrap_or_default();
         assert_eq!(
-            line(&teardown_end(&r, draining.clone(), true, true, Retention::Retain, now())),
-            "[Drained/Drain@pod Stopped/Teardown@pod] | Stopped | [MarkDrained DeletePod { at_once: true }] | await"
+            line(&teardown_end(
+                &r,
+                draining.clone(),
+                true,
+                true,
+                Retention::Retain,
+                now()
+            )),
+            "[Stopped/Teardown@pod] | Stopped | [MarkDrained DeletePod { at_once: true }] | await"
+        );
+        // A clean drain is told in the Event that announces the end, with every path.
+        let end = teardown_end(&r, draining.clone(), true, true, Retention::Retain, now());
+        assert!(
+            end.events[0].note.starts_with(
+                "run stopped; read-back paths drained. 1 path(s): 1 Drained. /out: Drained"
+            ),
+            "{}",
+            end.events[0].note
         );
         let gone = deleting(r.clone());
         assert_eq!(
-            line(&teardown_end(&gone, draining.clone(), false, false, Retention::Delete, now())),
-            "[Drained/Drain@pod Stopped/Teardown@pod] | Stopped | [PurgeStoredFiles RemoveFinalizer] | await"
+            line(&teardown_end(
+                &gone,
+                draining.clone(),
+                false,
+                false,
+                Retention::Delete,
+                now()
+            )),
+            "[Stopped/Teardown@pod] | Stopped | [PurgeStoredFiles RemoveFinalizer] | await"
         );
         let mut failed = draining;
         failed.read_back[0].phase = ReadBackPhase::Failed;

@@ -30,6 +30,25 @@ pub async fn events_of(client: &Client, ns: &str, name: &str, reason: &str) -> V
         .collect()
 }
 
+/// Every Event in `ns` about the object named `name`, oldest first.
+pub async fn events_about(client: &Client, ns: &str, name: &str) -> Vec<Event> {
+    let events: Api<Event> = Api::namespaced(client.clone(), ns);
+    let mut about: Vec<Event> = events
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect();
+    about.sort_by(|a, b| {
+        a.metadata
+            .creation_timestamp
+            .cmp(&b.metadata.creation_timestamp)
+    });
+    about
+}
+
 /// Waits (up to `timeout`) for an Event in `ns` with `reason`, about any object (`about: None`)
 /// or about the object named `about`; returns the first one listed. The failure message carries
 /// the operator's log tail.
