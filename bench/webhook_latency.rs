@@ -1,7 +1,9 @@
 //! Latency of the validating webhook (docs/contract.md, "ADR-006") as the apiserver sees it:
 //! AdmissionReviews over TLS on loopback at a steady, open-loop rate (requests are sent on
 //! schedule, never gated on earlier answers), side by side with a trivial always-allow axum TLS
-//! endpoint on the same machine.
+//! endpoint on the same machine: both are loaded in the same seconds, their requests interleaved
+//! (each at the rate, the peer's half a period after ours), so a hiccup of a shared machine lands
+//! on both rather than on whichever happened to be measured then.
 //!
 //! `cargo bench --bench webhook_latency -- [--rate 200,1000] [--seconds 20] [--no-pin]`
 //!
@@ -204,35 +206,57 @@ struct Run {
 }
 
 /// Sends `rate` reviews per second for `seconds` on schedule; checks every answer allows the run.
-async fn load(client: &reqwest::Client, url: &str, body: &[u8], rate: u32, seconds: u32) -> Run {
+/// Sends `rate` reviews per second to EACH of `urls` for `seconds`, on schedule and interleaved
+/// (the second endpoint's requests half a period after the first's), so both endpoints are
+/// measured in the same seconds under the same machine load: a hiccup of the machine lands on
+/// both, not on whichever was measured at that time. Checks every answer allows the run.
+async fn load_side_by_side(
+    client: &reqwest::Client,
+    urls: &[String; 2],
+    body: &[u8],
+    rate: u32,
+    seconds: u32,
+) -> [Run; 2] {
     let interval = Duration::from_secs_f64(1.0 / f64::from(rate));
     let total = rate * seconds;
     let start = tokio::time::Instant::now();
-    let mut tasks = Vec::with_capacity(total as usize);
+    let mut tasks: [Vec<_>; 2] = [
+        Vec::with_capacity(total as usize),
+        Vec::with_capacity(total as usize),
+    ];
     for i in 0..total {
-        tokio::time::sleep_until(start + interval * i).await;
-        let (client, url, body) = (client.clone(), url.to_string(), body.to_vec());
-        tasks.push(tokio::spawn(async move {
-            let sent = Instant::now();
-            let resp = client
-                .post(&url)
-                .header("content-type", "application/json")
-                .body(body)
-                .send()
-                .await
-                .map_err(|e| format!("send: {e}"))?;
-            let status = resp.status();
-            let bytes = resp.bytes().await.map_err(|e| format!("body: {e}"))?;
-            let took = sent.elapsed();
-            let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("json: {e}"))?;
-            if !status.is_success() || v["response"]["allowed"] != json!(true) {
-                return Err(format!("{status}: {v}"));
-            }
-            Ok::<Duration, String>(took)
-        }));
+        for (side, url) in urls.iter().enumerate() {
+            let offset = if side == 0 { Duration::ZERO } else { interval / 2 };
+            tokio::time::sleep_until(start + interval * i + offset).await;
+            let (client, url, body) = (client.clone(), url.clone(), body.to_vec());
+            tasks[side].push(tokio::spawn(async move {
+                let sent = Instant::now();
+                let resp = client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(|e| format!("send: {e}"))?;
+                let status = resp.status();
+                let bytes = resp.bytes().await.map_err(|e| format!("body: {e}"))?;
+                let took = sent.elapsed();
+                let v: Value =
+                    serde_json::from_slice(&bytes).map_err(|e| format!("json: {e}"))?;
+                if !status.is_success() || v["response"]["allowed"] != json!(true) {
+                    return Err(format!("{status}: {v}"));
+                }
+                Ok::<Duration, String>(took)
+            }));
+        }
     }
+    let [ours, peer] = tasks;
+    [collect(ours).await, collect(peer).await]
+}
+
+async fn collect(tasks: Vec<tokio::task::JoinHandle<Result<Duration, String>>>) -> Run {
     let mut run = Run {
-        latencies: Vec::with_capacity(total as usize),
+        latencies: Vec::with_capacity(tasks.len()),
         errors: 0,
         first_error: None,
     };
@@ -363,13 +387,13 @@ fn main() {
             },
         );
         let mut results = Vec::new();
+        let urls = [endpoints[0].1.clone(), endpoints[1].1.clone()];
         for &rate in &o.rates {
-            for (name, url, _) in &endpoints {
-                // Warm up (connections, TLS sessions, allocator) for one second; not recorded.
-                let _ = load(&client, url, &body, rate, 1).await;
-                let run = load(&client, url, &body, rate, o.seconds).await;
-                results.push((name.to_string(), rate, run));
-            }
+            // Warm up (connections, TLS sessions, allocator) for one second; not recorded.
+            let _ = load_side_by_side(&client, &urls, &body, rate, 1).await;
+            let [ours, peer] = load_side_by_side(&client, &urls, &body, rate, o.seconds).await;
+            results.push((endpoints[0].0.to_string(), rate, ours));
+            results.push((endpoints[1].0.to_string(), rate, peer));
         }
         println!(
             "{:<42} {:>6} {:>8} {:>6} {:>8} {:>8} {:>8} {:>8}",

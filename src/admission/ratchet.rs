@@ -30,6 +30,7 @@
 //! stored spec this build can no longer read — say after a downgrade — never blocks a metadata
 //! update), then on the parsed spec (so `stop: false` written out, or left out, is the same spec).
 
+use serde::Deserialize;
 use serde_json::Value;
 use thiserror::Error;
 
@@ -132,7 +133,7 @@ pub fn judge(review: Review<'_>, settings: &RuleSettings) -> Result<Judgement, I
             full(&new, settings, None)
         };
     };
-    let stored: SandboxRunSpec = match serde_json::from_value(old.spec.clone()) {
+    let stored = match SandboxRunSpec::deserialize(old.spec) {
         Ok(s) => s,
         Err(e) if deleting => {
             return Ok(Judgement {
@@ -169,8 +170,9 @@ pub fn judge(review: Review<'_>, settings: &RuleSettings) -> Result<Judgement, I
     })
 }
 
+/// The typed spec, read from the review's JSON in place (no copy of the tree on the hot path).
 fn parse(spec: &Value) -> Result<SandboxRunSpec, InvalidSpec> {
-    serde_json::from_value(spec.clone()).map_err(InvalidSpec)
+    SandboxRunSpec::deserialize(spec).map_err(InvalidSpec)
 }
 
 fn allowed(scope: Scope) -> Judgement {
