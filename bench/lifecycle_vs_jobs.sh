@@ -4,6 +4,9 @@
 #
 #   bench/lifecycle_vs_jobs.sh [N...]          default: 100 1000 (10000 works on kwok too)
 #   SKIP_BUILD=1 bench/lifecycle_vs_jobs.sh    reuse target/release/sandboxrun-operator
+#   LIFECYCLE_JOBS_UP_TO=1000 bench/lifecycle_vs_jobs.sh 1000 10000
+#                                              the Jobs side only up to that N (10,000 Jobs take
+#                                              ~50 min on 2 CPUs; the runs' RSS target is at 10,000)
 #   NODE=real bench/lifecycle_vs_jobs.sh 10    on the REAL node: real containers (busybox) writing
 #                                              1 MiB, the holder is the operator image
 #                                              (hack/images.sh operator); Jobs do the same work

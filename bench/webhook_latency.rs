@@ -226,7 +226,11 @@ async fn load_side_by_side(
     ];
     for i in 0..total {
         for (side, url) in urls.iter().enumerate() {
-            let offset = if side == 0 { Duration::ZERO } else { interval / 2 };
+            let offset = if side == 0 {
+                Duration::ZERO
+            } else {
+                interval / 2
+            };
             tokio::time::sleep_until(start + interval * i + offset).await;
             let (client, url, body) = (client.clone(), url.clone(), body.to_vec());
             tasks[side].push(tokio::spawn(async move {
@@ -241,8 +245,7 @@ async fn load_side_by_side(
                 let status = resp.status();
                 let bytes = resp.bytes().await.map_err(|e| format!("body: {e}"))?;
                 let took = sent.elapsed();
-                let v: Value =
-                    serde_json::from_slice(&bytes).map_err(|e| format!("json: {e}"))?;
+                let v: Value = serde_json::from_slice(&bytes).map_err(|e| format!("json: {e}"))?;
                 if !status.is_success() || v["response"]["allowed"] != json!(true) {
                     return Err(format!("{status}: {v}"));
                 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use kube::runtime::events::{Recorder, Reporter};
-use kube::{Client, ResourceExt};
+use kube::Client;
 use object_store::ObjectStore;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -218,26 +218,9 @@ impl Context {
     /// vanished before it was reported makes the run lost, not given a second pod
     /// (docs/contract.md "A quiet lifecycle"). A run that has a phase was reported: it is forgotten.
     pub(crate) fn with_unreported_pod(&self, run: Arc<SandboxRun>) -> Arc<SandboxRun> {
-        let Some(uid) = run.metadata.uid.as_deref() else {
-            return run;
-        };
-        let Ok(mut set) = self.unreported_pods.lock() else {
-            return run;
-        };
-        let reported = run.status.as_ref().is_some_and(|s| s.phase.is_some());
-        if reported {
-            set.remove(uid);
-            return run;
+        match self.unreported_pods.lock() {
+            Ok(mut remembered) => super::decide::with_unreported_pod(run, &mut remembered),
+            Err(_) => run,
         }
-        if !set.contains(uid) {
-            return run;
-        }
-        let pod_name = crate::pod::pod_name(&run.name_any());
-        let mut seen = (*run).clone();
-        let status = seen.status.get_or_insert_with(Default::default);
-        if status.pod_name.is_none() {
-            status.pod_name = Some(pod_name);
-        }
-        Arc::new(seen)
     }
 }

@@ -264,7 +264,9 @@ pub(crate) fn decide(
         }
         return match pod {
             Some(_) => Step::Teardown(Trigger::Deleting),
-            None if current.is_none() || current == Some(Phase::Pending) && !drain_needed(run) => {
+            None if (current.is_none() || current == Some(Phase::Pending))
+                && !drain_needed(run) =>
+            {
                 Step::ReleaseFinalizer
             }
             None => Step::RecordPodLost,
@@ -381,6 +383,34 @@ pub(crate) fn pod_lost_holds(
 ) -> bool {
     live.metadata.resource_version == cached.metadata.resource_version
         || decide(live, None, now, settings) == Step::RecordPodLost
+}
+
+/// The run as the decision must see it, given the uids of the runs whose pod this replica
+/// created and has not reported yet (`remembered`, docs/contract.md "A quiet lifecycle"): such a
+/// run gets its pod's name in its status (in memory only), so a pod that vanished before it was
+/// reported makes the run lost ([`Step::RecordPodLost`]), never given a second pod. A run that
+/// has a phase was reported: it is forgotten.
+pub(crate) fn with_unreported_pod(
+    run: std::sync::Arc<SandboxRun>,
+    remembered: &mut std::collections::HashSet<String>,
+) -> std::sync::Arc<SandboxRun> {
+    let Some(uid) = run.metadata.uid.as_deref() else {
+        return run;
+    };
+    if phase(&run).is_some() {
+        remembered.remove(uid);
+        return run;
+    }
+    if !remembered.contains(uid) {
+        return run;
+    }
+    let pod_name = crate::pod::pod_name(&run.name_any());
+    let mut seen = (*run).clone();
+    let status = seen.status.get_or_insert_with(Default::default);
+    if status.pod_name.is_none() {
+        status.pod_name = Some(pod_name);
+    }
+    std::sync::Arc::new(seen)
 }
 
 #[cfg(test)]
@@ -660,6 +690,36 @@ mod tests {
             decide(&r, Some(&starting), at(3600), &s),
             Step::TrackPod { requeue: None }
         );
+    }
+
+    #[test]
+    fn a_pod_that_vanishes_before_it_was_reported_makes_the_run_lost_not_a_second_pod() {
+        let mut fresh = run_with(&[("/out", true)]);
+        fresh.status = None;
+        fresh.metadata.uid = Some("u1".into());
+        let fresh = std::sync::Arc::new(fresh);
+        let mut remembered = std::collections::HashSet::new();
+        // Nothing remembered: a run with no status and no pod gets its pod.
+        let seen = with_unreported_pod(fresh.clone(), &mut remembered);
+        assert_eq!(decide(&seen, None, now(), &settings()), Step::CreatePod);
+        // This replica created it and has not reported it: its pod vanished, the run is lost.
+        remembered.insert("u1".to_string());
+        let seen = with_unreported_pod(fresh.clone(), &mut remembered);
+        assert_eq!(
+            seen.status.as_ref().and_then(|s| s.pod_name.as_deref()),
+            Some("demo-sbr")
+        );
+        assert_eq!(decide(&seen, None, now(), &settings()), Step::RecordPodLost);
+        assert!(fresh.status.is_none(), "the cached run itself is untouched");
+        // Deleted meanwhile: reported lost too, not released without a word.
+        let mut deleted = (*fresh).clone();
+        deleted.metadata.deletion_timestamp = Some(Time(now()));
+        let seen = with_unreported_pod(std::sync::Arc::new(deleted), &mut remembered);
+        assert_eq!(decide(&seen, None, now(), &settings()), Step::RecordPodLost);
+        // Once the run has a phase it was reported: forgotten.
+        let reported = std::sync::Arc::new(with_phase((*fresh).clone(), Phase::Running));
+        let _ = with_unreported_pod(reported, &mut remembered);
+        assert!(remembered.is_empty());
     }
 
     #[test]
