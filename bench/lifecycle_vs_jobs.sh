@@ -38,8 +38,15 @@ NAMESPACES=()
 cleanup() {
   if [ -n "$OP_PID" ] && kill -0 "$OP_PID" 2>/dev/null; then
     # Runs still held by the finalizer would keep their namespace: release them first.
+    # (kubectl's own --wait follows 10,000 deletions one by one for minutes after they are done:
+    # poll the count instead.)
     for ns in "${NAMESPACES[@]}"; do
-      kubectl delete sbr --all -n "$ns" --wait=true --timeout=600s >/dev/null 2>&1 || true
+      kubectl delete sbr --all -n "$ns" --wait=false >/dev/null 2>&1 || true
+      for _ in $(seq 1 300); do
+        left=$(kubectl get sbr -n "$ns" -o name 2>/dev/null || true)
+        [ -z "$left" ] && break
+        sleep 2
+      done
     done
     kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true
   fi

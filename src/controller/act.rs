@@ -83,7 +83,7 @@ pub(crate) async fn carry_out(
             Effect::RemoveFinalizer => remove_finalizer(&runs, run).await?,
             Effect::DeletePod { at_once } => delete_pod(&pods, pod_name, at_once).await?,
             Effect::MarkDrained => mark_drained(&pods, pod_name).await,
-            Effect::StartTeardown(trigger) => start_teardown(ctx, run, pod.cloned(), trigger),
+            Effect::StartTeardown(trigger) => start_teardown(ctx, run, trigger),
             Effect::DeleteExpiredRun(event) => delete_expired_run(ctx, run, &runs, &event).await?,
             Effect::PurgeStoredFiles => {
                 if let Purge::RetryAfter(pause) = purge_stored_files(ctx, run).await {
@@ -206,15 +206,20 @@ async fn record_pod_lost(
 }
 
 /// Starts the run's teardown in the drain pool, unless one is in flight. The teardown waits for
-/// a slot (or for this replica to stop), runs, and leaves the run to its next reconcile; a
+/// a slot (or for this replica to stop), reads the pod as it is then (a queued teardown holds no
+/// copy of it: thousands may wait at once), runs, and leaves the run to its next reconcile; a
 /// teardown that fails is counted, logged, and retried by a later reconcile after a pause.
-fn start_teardown(ctx: &Arc<Context>, run: &Arc<SandboxRun>, pod: Option<Pod>, trigger: Trigger) {
+fn start_teardown(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger) {
     let uid = run.uid().unwrap_or_default();
     let job_ctx = Arc::clone(ctx);
     let run = Arc::clone(run);
-    ctx.drains.start(uid, ctx.cancel.clone(), async move {
+    ctx.drains.start(uid, ctx.cancel.clone(), move || async move {
         let ctx = job_ctx;
-        if let Err(error) = teardown(&ctx, &run, pod.as_ref(), &trigger).await {
+        let result = match observe::own_pod(&ctx.client, &run).await {
+            Ok(pod) => teardown(&ctx, &run, pod.as_ref(), &trigger).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = result {
             ctx.metrics
                 .reconcile_errors
                 .with_label_values(&[error.metric_label()])

@@ -50,16 +50,21 @@ impl DrainPool {
         release(&self.in_flight, uid);
     }
 
-    /// Runs `job` (the teardown of the run with this uid) in the pool, unless that run has one in
-    /// flight: the task waits for a slot (or for `cancel`: then `job` never runs), runs `job`,
-    /// and frees the run for its next reconcile. `job` does nothing until it has a slot, so what
-    /// it reads of the clock (the drain's deadline) starts then. False when one was in flight.
-    pub fn start(
+    /// Runs the job `make` makes (the teardown of the run with this uid) in the pool, unless that
+    /// run has one in flight: the task waits for a slot (or for `cancel`: then the job is never
+    /// made), makes the job then, runs it, and frees the run for its next reconcile. What the job
+    /// reads of the clock (the drain's deadline) starts when it has its slot. A waiting task
+    /// holds only `make` (the job's future, large, is boxed when it starts), so thousands of
+    /// queued teardowns cost little memory. False when one was in flight.
+    pub fn start<Job>(
         &self,
         uid: String,
         cancel: CancellationToken,
-        job: impl Future<Output = ()> + Send + 'static,
-    ) -> bool {
+        make: impl FnOnce() -> Job + Send + 'static,
+    ) -> bool
+    where
+        Job: Future<Output = ()> + Send + 'static,
+    {
         if !self.claim(&uid) {
             return false;
         }
@@ -71,7 +76,7 @@ impl DrainPool {
                 () = cancel.cancelled() => None,
             };
             if let Some(_permit) = permit {
-                job.await;
+                Box::pin(make()).await;
             }
             release(&in_flight, &uid);
         });
@@ -150,11 +155,13 @@ mod tests {
         let pool = DrainPool::new(1);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let cancel = CancellationToken::new();
-        assert!(pool.start("uid-a".into(), cancel.clone(), async move {
-            let _ = rx.await;
-        }));
         assert!(
-            !pool.start("uid-a".into(), cancel.clone(), async {}),
+            pool.start("uid-a".into(), cancel.clone(), move || async move {
+                let _ = rx.await;
+            })
+        );
+        assert!(
+            !pool.start("uid-a".into(), cancel.clone(), || async {}),
             "a teardown in flight is not started twice"
         );
         assert!(pool.is_in_flight("uid-a"));

@@ -395,6 +395,27 @@ pub(crate) async fn observe(
     Ok(Observed::Run(observation))
 }
 
+/// The run's pod as the apiserver has it now, without its managedFields; None when it is gone
+/// or is not the run's.
+pub(crate) async fn own_pod(
+    client: &Client,
+    run: &SandboxRun,
+) -> Result<Option<Pod>, ControllerError> {
+    let namespace = run
+        .namespace()
+        .ok_or(ControllerError::Metadata("namespace"))?;
+    let pod_name = pod::pod_name(&run.name_any());
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let found = pods
+        .get_opt(&pod_name)
+        .await
+        .map_err(kube_err(format!("get pod {namespace}/{pod_name}")))?;
+    Ok(found.filter(|p| pod::owned_by(p, run)).map(|mut p| {
+        p.metadata.managed_fields = None;
+        p
+    }))
+}
+
 /// The run as the apiserver has it now (None: it is gone). The watch cache can lag behind this
 /// operator's own last status write.
 pub(crate) async fn live_run(
