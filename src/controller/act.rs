@@ -71,7 +71,7 @@ pub(crate) async fn carry_out(
         publish(ctx, run, pod.filter(|_| event.about_pod), event).await;
     }
     if let Some(status) = &plan.status {
-        apply_status(&runs, &run.name_any(), status).await?;
+        apply_status(ctx, &runs, run, status).await?;
     }
     for effect in plan.effects {
         match effect {
@@ -80,7 +80,10 @@ pub(crate) async fn carry_out(
                 finalizers.push(FINALIZER.to_string());
                 patch_finalizers(&runs, run, finalizers).await?;
             }
-            Effect::RemoveFinalizer => remove_finalizer(&runs, run).await?,
+            Effect::RemoveFinalizer => {
+                remove_finalizer(&runs, run).await?;
+                ctx.forget_written_status(run);
+            }
             Effect::DeletePod { at_once } => delete_pod(&pods, pod_name, at_once).await?,
             Effect::MarkDrained => mark_drained(&pods, pod_name).await,
             Effect::StartTeardown(trigger) => start_teardown(ctx, run, trigger),
@@ -337,7 +340,7 @@ async fn teardown(
                 // Each outcome is written as it is had once the run is reported Draining; the
                 // last one goes with the end.
                 if opening.is_none() && owed > 0 {
-                    apply_status(&runs, name, &status).await?;
+                    apply_status(ctx, &runs, run, &status).await?;
                 }
             }
             // This replica stops draining (lost lease, shutdown): record nothing more, so the
@@ -534,11 +537,21 @@ async fn read_bounded(stream: Option<impl AsyncRead + Unpin>, keep: usize) -> St
     String::from_utf8_lossy(&kept).trim().to_string()
 }
 
+/// Writes `status` (server-side apply), unless this replica wrote exactly it already and the
+/// cached `run` is still the one it wrote over or the one the write made: a reconcile woken
+/// before the watch delivered our own write would otherwise write it again (a no-op for the
+/// apiserver, still a request).
 async fn apply_status(
+    ctx: &Context,
     runs: &Api<SandboxRun>,
-    name: &str,
+    run: &SandboxRun,
     status: &SandboxRunStatus,
 ) -> Result<(), ControllerError> {
+    let name = run.name_any();
+    let written = ctx.written_status(run, status);
+    if written.already {
+        return Ok(());
+    }
     let patch = json!({
         "apiVersion": "sandbox.iterion.io/v1alpha1",
         "kind": "SandboxRun",
@@ -546,13 +559,16 @@ async fn apply_status(
     });
     match runs
         .patch_status(
-            name,
+            &name,
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&patch),
         )
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(after) => {
+            ctx.remember_written_status(run, written.digest, after.resource_version());
+            Ok(())
+        }
         // The run is gone (finalizer released elsewhere): nothing left to report on.
         Err(kube::Error::Api(ae)) if ae.code == 404 => Ok(()),
         Err(e) => Err(kube_err(format!("apply status of {name}"))(e)),

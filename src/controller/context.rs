@@ -16,7 +16,7 @@ use super::decide::DecideSettings;
 use super::drain_pool::DrainPool;
 use super::observe::StoreView;
 use crate::admission::images::ImageResolver;
-use crate::api::{Retention, SandboxRun};
+use crate::api::{Retention, SandboxRun, SandboxRunStatus};
 use crate::caps::CapSettings;
 use crate::drain::wire::Wire;
 use crate::metrics::Metrics;
@@ -57,6 +57,9 @@ pub struct Context {
     /// of [`super::refusals::create_retry_wait`]. Lost on restart by design (the next attempt is
     /// then immediate, and its pause already as long as the refusals have lasted).
     pub create_attempts: Mutex<HashMap<String, Timestamp>>,
+    /// The last status this replica wrote of each run: (its digest, the resourceVersion the run
+    /// had when it was written, the one the write made). See [`Context::written_status`].
+    pub written: Mutex<HashMap<String, WrittenStatus>>,
     /// The uids of the runs whose pod this replica created and has not reported yet
     /// ([`super::plan::SETTLE`]): what the status would have said, kept in memory meanwhile.
     pub unreported_pods: Mutex<HashSet<String>>,
@@ -154,6 +157,7 @@ impl Context {
             metrics,
             create_attempts: Default::default(),
             unreported_pods: Default::default(),
+            written: Default::default(),
             default_retention: Retention::default(),
             cancel: CancellationToken::new(),
             drains: DrainPool::new(max_concurrent_drains),
@@ -206,6 +210,49 @@ impl Context {
         }
     }
 
+    /// Whether `status` is what this replica last wrote of `run` while the cached `run` is still
+    /// the object it wrote over or the one its write made (so nothing else changed it since),
+    /// and the digest to remember once it is written.
+    pub(crate) fn written_status(&self, run: &SandboxRun, status: &SandboxRunStatus) -> Written {
+        let digest = status_digest(status);
+        let already = run.metadata.uid.as_deref().is_some_and(|uid| {
+            self.written.lock().is_ok_and(|map| {
+                already_written(
+                    map.get(uid),
+                    digest,
+                    run.metadata.resource_version.as_deref(),
+                )
+            })
+        });
+        Written { digest, already }
+    }
+
+    /// Remembers the status just written of `run` (`made`: the resourceVersion the write made).
+    pub(crate) fn remember_written_status(
+        &self,
+        run: &SandboxRun,
+        digest: u64,
+        made: Option<String>,
+    ) {
+        if let (Some(uid), Ok(mut map)) = (run.metadata.uid.clone(), self.written.lock()) {
+            map.insert(
+                uid,
+                WrittenStatus {
+                    digest,
+                    over: run.metadata.resource_version.clone(),
+                    made,
+                },
+            );
+        }
+    }
+
+    /// Forgets what was written of the run (it is going).
+    pub(crate) fn forget_written_status(&self, run: &SandboxRun) {
+        if let (Some(uid), Ok(mut map)) = (run.metadata.uid.as_deref(), self.written.lock()) {
+            map.remove(uid);
+        }
+    }
+
     /// Remembers that this replica created the run's pod and has not reported it yet.
     pub(crate) fn remember_unreported_pod(&self, run: &SandboxRun) {
         if let (Some(uid), Ok(mut set)) = (run.metadata.uid.clone(), self.unreported_pods.lock()) {
@@ -222,5 +269,77 @@ impl Context {
             Ok(mut remembered) => super::decide::with_unreported_pod(run, &mut remembered),
             Err(_) => run,
         }
+    }
+}
+
+/// The last status this replica wrote of a run.
+#[derive(Clone, Debug)]
+pub struct WrittenStatus {
+    digest: u64,
+    over: Option<String>,
+    made: Option<String>,
+}
+
+/// What [`Context::written_status`] found.
+pub(crate) struct Written {
+    /// The digest of the status to write.
+    pub digest: u64,
+    /// This replica wrote exactly it and nothing changed the run since.
+    pub already: bool,
+}
+
+/// A digest of a status (of its JSON: the exact bytes a write would send).
+fn status_digest(status: &SandboxRunStatus) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_vec(status)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
+}
+
+/// Whether a status with `digest` is `last` written, on a run whose cached resourceVersion is
+/// `cached`: the same digest, and the cache shows the object the write went over or the one it
+/// made (anything newer means someone else wrote since: write again).
+fn already_written(last: Option<&WrittenStatus>, digest: u64, cached: Option<&str>) -> bool {
+    last.is_some_and(|w| {
+        w.digest == digest
+            && cached
+                .is_some_and(|rv| Some(rv) == w.over.as_deref() || Some(rv) == w.made.as_deref())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_status_just_written_is_not_written_again_until_someone_else_changed_the_run() {
+        let status = SandboxRunStatus {
+            message: Some("workload running".into()),
+            ..Default::default()
+        };
+        let digest = status_digest(&status);
+        let last = WrittenStatus {
+            digest,
+            over: Some("10".into()),
+            made: Some("11".into()),
+        };
+        // The watch has not delivered our write yet (10), or has (11): nothing to write.
+        assert!(already_written(Some(&last), digest, Some("10")));
+        assert!(already_written(Some(&last), digest, Some("11")));
+        // Someone wrote since (12), or another status is wanted, or nothing was written: write.
+        assert!(!already_written(Some(&last), digest, Some("12")));
+        let other = SandboxRunStatus {
+            message: Some("waiting for the pod to run".into()),
+            ..Default::default()
+        };
+        assert!(!already_written(
+            Some(&last),
+            status_digest(&other),
+            Some("11")
+        ));
+        assert!(!already_written(None, digest, Some("11")));
+        assert!(!already_written(Some(&last), digest, None));
     }
 }
