@@ -214,8 +214,8 @@ spec:
 """
 
 
-def real_jobs_yaml(i, namespace):
-    """The same work as a Job: a real container writing 1 MiB (kept nowhere) and exiting."""
+def job_yaml(i, namespace, image, script, pod_extra=""):
+    """One batch/v1 Job running `script` once in `image` (`pod_extra`: more pod spec lines)."""
     return f"""apiVersion: batch/v1
 kind: Job
 metadata: {{name: j{i:05d}, namespace: {namespace}}}
@@ -224,29 +224,22 @@ spec:
   template:
     spec:
       restartPolicy: Never
-      securityContext: {{runAsUser: 1000, runAsGroup: 1000}}
-{REAL_PLACEMENT.replace("  ", "      ", 1).replace(chr(10) + "  tolerations", chr(10) + "      tolerations")}      containers:
-      - {{name: work, image: {WORKLOAD_IMAGE}, command: [sh, -c, "head -c 1048576 /dev/urandom > /tmp/blob"]}}
+{pod_extra}      containers:
+      - {{name: work, image: {image}, command: [sh, -c, "{script}"]}}
 """
 
 
 def jobs_yaml(n, namespace):
     if NODE == "real":
-        return "---\n".join(real_jobs_yaml(i, namespace) for i in range(n))
-    docs = []
-    for i in range(n):
-        docs.append(f"""apiVersion: batch/v1
-kind: Job
-metadata: {{name: j{i:05d}, namespace: {namespace}}}
-spec:
-  backoffLimit: 0
-  template:
-    spec:
-      restartPolicy: Never
-      containers:
-      - {{name: work, image: registry.example/tool@sha256:{"0" * 64}, command: [sh, -c, work]}}
-""")
-    return "---\n".join(docs)
+        # The same work as a run: a real container writing 1 MiB (kept nowhere) and exiting.
+        extra = ("      securityContext: {runAsUser: 1000, runAsGroup: 1000}\n"
+                 + REAL_PLACEMENT.replace("  ", "      ", 1)
+                 .replace(chr(10) + "  tolerations", chr(10) + "      tolerations"))
+        return "---\n".join(
+            job_yaml(i, namespace, WORKLOAD_IMAGE, "head -c 1048576 /dev/urandom > /tmp/blob", extra)
+            for i in range(n))
+    return "---\n".join(job_yaml(i, namespace, f"registry.example/tool@sha256:{'0' * 64}", "work")
+                         for i in range(n))
 
 
 def main():

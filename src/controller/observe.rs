@@ -355,20 +355,12 @@ pub(crate) async fn observe(
     run: &SandboxRun,
     now: Timestamp,
 ) -> Result<Observed, ControllerError> {
-    let namespace = run
-        .namespace()
-        .ok_or(ControllerError::Metadata("namespace"))?;
     let name = run
         .metadata
         .name
         .clone()
         .ok_or(ControllerError::Metadata("name"))?;
-    let pod_name = pod::pod_name(&name);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
-    let found = pods
-        .get_opt(&pod_name)
-        .await
-        .map_err(kube_err(format!("get pod {namespace}/{pod_name}")))?;
+    let (namespace, pod_name, found) = get_pod(client, run).await?;
     let mut observation = Observation {
         namespace,
         name,
@@ -401,6 +393,19 @@ pub(crate) async fn own_pod(
     client: &Client,
     run: &SandboxRun,
 ) -> Result<Option<Pod>, ControllerError> {
+    let (_, _, found) = get_pod(client, run).await?;
+    Ok(found.filter(|p| pod::owned_by(p, run)).map(|mut p| {
+        p.metadata.managed_fields = None;
+        p
+    }))
+}
+
+/// The pod named after the run, whoever owns it, as the apiserver has it now: (the run's
+/// namespace, the pod's name, the pod).
+async fn get_pod(
+    client: &Client,
+    run: &SandboxRun,
+) -> Result<(String, String, Option<Pod>), ControllerError> {
     let namespace = run
         .namespace()
         .ok_or(ControllerError::Metadata("namespace"))?;
@@ -410,10 +415,7 @@ pub(crate) async fn own_pod(
         .get_opt(&pod_name)
         .await
         .map_err(kube_err(format!("get pod {namespace}/{pod_name}")))?;
-    Ok(found.filter(|p| pod::owned_by(p, run)).map(|mut p| {
-        p.metadata.managed_fields = None;
-        p
-    }))
+    Ok((namespace, pod_name, found))
 }
 
 /// The run as the apiserver has it now (None: it is gone). The watch cache can lag behind this

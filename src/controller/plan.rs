@@ -274,6 +274,14 @@ pub(crate) fn pod_created(
     settle: Duration,
     now: Timestamp,
 ) -> Plan {
+    // A fresh run's pod is reported Pending only if it is still starting after `settle`
+    // ([`track_pod`]): a pod that runs at once is written once, Running.
+    if created && unreported(run) && !settle.is_zero() {
+        return Plan {
+            effects: vec![Effect::ForgetCreateAttempts, Effect::RememberUnreportedPod],
+            ..Plan::wait(Requeue::After(settle + LOOK_AGAIN_MARGIN))
+        };
+    }
     let mut status = run.status.clone().unwrap_or_default();
     status.observed_generation = run.metadata.generation;
     status.phase = Some(Phase::Pending);
@@ -289,14 +297,6 @@ pub(crate) fn pod_created(
         now,
     );
     ensure_pending_entries(run, &mut status);
-    // A fresh run's pod is reported Pending only if it is still starting after `settle`
-    // ([`track_pod`]): a pod that runs at once is written once, Running.
-    if created && unreported(run) && !settle.is_zero() {
-        return Plan {
-            effects: vec![Effect::ForgetCreateAttempts, Effect::RememberUnreportedPod],
-            ..Plan::wait(Requeue::After(settle + LOOK_AGAIN_MARGIN))
-        };
-    }
     let (events, effects) = if created {
         (
             vec![pod_created_event(pod_name)],

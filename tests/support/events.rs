@@ -8,14 +8,20 @@ use kube::{Api, Client};
 use super::operator::Operator;
 use super::wait::eventually_or_log;
 
-/// The Events in `ns` with `reason`, about any object (empty when they cannot be listed).
-pub async fn events_with_reason(client: &Client, ns: &str, reason: &str) -> Vec<Event> {
+/// Every Event in `ns` (empty when they cannot be listed).
+async fn all_events(client: &Client, ns: &str) -> Vec<Event> {
     let events: Api<Event> = Api::namespaced(client.clone(), ns);
     events
         .list(&Default::default())
         .await
         .map(|l| l.items)
         .unwrap_or_default()
+}
+
+/// The Events in `ns` with `reason`, about any object.
+pub async fn events_with_reason(client: &Client, ns: &str, reason: &str) -> Vec<Event> {
+    all_events(client, ns)
+        .await
         .into_iter()
         .filter(|e| e.reason.as_deref() == Some(reason))
         .collect()
@@ -23,21 +29,17 @@ pub async fn events_with_reason(client: &Client, ns: &str, reason: &str) -> Vec<
 
 /// The Events in `ns` with `reason` about the object named `name`.
 pub async fn events_of(client: &Client, ns: &str, name: &str, reason: &str) -> Vec<Event> {
-    events_with_reason(client, ns, reason)
+    events_about(client, ns, name)
         .await
         .into_iter()
-        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .filter(|e| e.reason.as_deref() == Some(reason))
         .collect()
 }
 
 /// Every Event in `ns` about the object named `name`, oldest first.
 pub async fn events_about(client: &Client, ns: &str, name: &str) -> Vec<Event> {
-    let events: Api<Event> = Api::namespaced(client.clone(), ns);
-    let mut about: Vec<Event> = events
-        .list(&Default::default())
+    let mut about: Vec<Event> = all_events(client, ns)
         .await
-        .map(|l| l.items)
-        .unwrap_or_default()
         .into_iter()
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
         .collect();
