@@ -17,7 +17,9 @@ NS=${DEMO_NAMESPACE:-sandboxrun-demo}
 OPERATOR_NS=sandboxrun-system
 RELEASE=sandboxrun
 
-log "local cluster: control plane, kwok node, real node, S3, registry (first run builds the tools: tens of minutes)"
+log "prerequisites (hack/setup.sh: packages, the musl target, the tools from their Go modules; the first run builds them)"
+hack/setup.sh
+log "local cluster: control plane, kwok node, real node, S3, registry"
 hack/local-cluster.sh up
 eval "$(hack/local-cluster.sh env)"
 STATE=$SANDBOXRUN_TEST_STATE

@@ -95,7 +95,7 @@ preflight() {
   for b in "$RUNC" iptables ip6tables ipset conntrack socat ip curl; do
     command -v "$b" >/dev/null 2>&1 || missing="$missing $b"
   done
-  [ -z "$missing" ] || die "missing$missing: apt-get install -y runc iptables ipset conntrack socat iproute2 curl"
+  [ -z "$missing" ] || die "missing$missing: run hack/setup.sh (it installs every prerequisite of the test bed)"
   [ -f "$CAKEY" ] || die "no control plane at $STATE (hack/local-cluster.sh up starts it, then this)"
   [ -d /sys/fs/cgroup ] || die "no /sys/fs/cgroup: kubelet cannot run here"
   # A unix socket path is at most 107 bytes; containerd appends .ttrpc to its socket.

@@ -23,6 +23,8 @@ summary() {
   for line in "${PHASES[@]}"; do echo "   $line" >&2; done
 }
 
+phase "prerequisites (hack/setup.sh)"
+hack/setup.sh
 phase "cargo fmt --check"
 cargo fmt --all -- --check
 phase "cargo clippy --all-targets -- -D warnings"
