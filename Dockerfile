@@ -1,9 +1,9 @@
 # syntax=docker/dockerfile:1
 # The operator image: one static binary, run as non-root, on distroless/static.
 # The same image is the controller (`sandboxrun-operator run`) AND the holder container of every
-# SandboxRun pod: the pod builder runs `sandboxrun-operator holder …` and the drain execs
-# `sandboxrun-operator pack <path>` by name, so the binary must be on PATH
-# (/usr/local/bin is on distroless's default PATH).
+# SandboxRun pod: the pod builder runs `/usr/local/bin/sandboxrun-operator holder …` and the drain
+# execs `/usr/local/bin/sandboxrun-operator pack <path>` by that absolute path (`run
+# --holder-binary`'s default; never a PATH lookup, so no file a workload writes can stand in).
 #
 #   docker build -t ghcr.io/iterion/sandboxrun-operator:dev .
 

@@ -31,7 +31,7 @@ if [ -f "$STATE/run/operator.pid" ] && kill -0 "$(cat "$STATE/run/operator.pid")
 else
   log "starting the operator (store: file://$STORE, log: $STATE/logs/operator.log)"
   nohup "$BIN" run --store-url "file://$STORE" --webhook-addr '' --metrics-addr 127.0.0.1:18080 \
-    --holder-image sandboxrun-operator:dev --namespaces default \
+    --holder-image sandboxrun-operator:dev --holder-binary "$BIN" --namespaces default \
     >"$STATE/logs/operator.log" 2>&1 </dev/null &
   echo $! >"$STATE/run/operator.pid"
 fi

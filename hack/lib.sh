@@ -92,7 +92,7 @@ host_state_snapshot() {
   # kube-router (the real node's NetworkPolicy enforcer) keeps its peers' addresses in ipsets.
   { ipset list -n 2>/dev/null || true; } | sed 's/^/ipset /' | sort
   awk '$2 ~ /kubelet|containerd|netns|k8s-local/ {print "mount " $2}' /proc/self/mounts | sort
-  for s in /run/containerd /var/lib/cni /run/netns; do [ ! -e "$s" ] || echo "path $s"; done
+  for s in /run/containerd /var/lib/cni /run/netns /sandboxrun-readback; do [ ! -e "$s" ] || echo "path $s"; done
   for s in /sys/fs/cgroup/*/kubepods; do [ ! -d "$s" ] || echo "cgroup $s"; done
   local procs; procs=$(ps -eo comm=)
   { grep -x -E 'kubelet|containerd|kube-proxy|containerd-shim|kube-router' <<<"$procs" || true; } | sed 's/^/process /' | sort

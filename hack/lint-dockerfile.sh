@@ -4,7 +4,8 @@
 #   - every FROM names a tag or digest, never :latest (reproducible builds);
 #   - the final stage runs as a numeric non-root USER (the chart sets runAsNonRoot);
 #   - the binary lands at /usr/local/bin/sandboxrun-operator (the pod builder runs
-#     `sandboxrun-operator holder` and the drain execs `sandboxrun-operator pack` by name, via PATH);
+#     `/usr/local/bin/sandboxrun-operator holder` and the drain execs its `pack` by that absolute
+#     path: `run --holder-binary`'s default, never a PATH lookup);
 #   - ENTRYPOINT/CMD are exec form (signals reach the process: SIGTERM starts the graceful stop);
 #   - the build is for the static musl target (distroless/static has no libc);
 #   - .dockerignore keeps target/ and .k8s-local/ out of the build context.

@@ -105,7 +105,8 @@ kwok_config() {
 exec_path() { echo "${SANDBOXRUN_EXEC_PATH:-${CARGO_TARGET_DIR:-$REPO/target}/debug}"; }
 
 # The ClusterExec that serves every exec as a local process. PATH puts the project's freshly built
-# binary first, so `sandboxrun-operator pack <path>` in the holder is the code under test.
+# binary first (for the tests' own scripts); the operator execs the packer by absolute path (the
+# tests pass their binary as --holder-binary), so `pack <path>` in the holder is the code under test.
 cluster_exec() {
   cat <<YAML
 apiVersion: kwok.x-k8s.io/v1alpha1
@@ -132,11 +133,25 @@ preflight() {
   command -v docker-registry >/dev/null || missing="$missing docker-registry"
   command -v curl >/dev/null || missing="$missing curl"
   command -v npm >/dev/null || missing="$missing npm"
-  [ -z "$missing" ] || { log "missing$missing: apt-get install -y$missing (.ci/run installs every package the test bed needs)"; exit 1; }
+  [ -z "$missing" ] || { log "missing$missing: run hack/setup.sh (it installs every prerequisite of the test bed)"; exit 1; }
+}
+
+# The kwok node has no mounts: a holder's read-back path `/sandboxrun-readback/<declared path>`
+# (src/inpod/holder.rs HOLDER_READBACK_ROOT) is served on this host by a link to `/`, so the
+# packer exec'd there reads the directory a test declared. Created by up, removed by down.
+KWOK_READBACK_LINK=/sandboxrun-readback
+kwok_readback_link() {
+  if [ -L "$KWOK_READBACK_LINK" ] && [ "$(readlink "$KWOK_READBACK_LINK")" = / ]; then return 0; fi
+  [ ! -e "$KWOK_READBACK_LINK" ] || { log "$KWOK_READBACK_LINK exists and is not ours (a link to /): remove it"; exit 1; }
+  ln -s / "$KWOK_READBACK_LINK"
+}
+kwok_readback_unlink() {
+  if [ -L "$KWOK_READBACK_LINK" ] && [ "$(readlink "$KWOK_READBACK_LINK")" = / ]; then rm -f "$KWOK_READBACK_LINK"; fi
 }
 
 up() {
   preflight
+  kwok_readback_link
   if [ ! -f "$BIN/../.complete" ]; then
     log "building the tools (cached in $CACHE_ROOT)"
     "$HERE/build-tools.sh" >/dev/null
@@ -226,6 +241,7 @@ down() {
     fi
   done
   rm -rf "$STATE"
+  kwok_readback_unlink
 }
 
 env_() {
@@ -257,7 +273,7 @@ status() {
 
 case "${1:-}" in
   # A bed brought up before the emulators existed gets them on the next `up` (idempotent).
-  up) if status >/dev/null 2>&1; then log "already up"; "$HERE/store-emulators.sh" up; else up; fi ;;
+  up) if status >/dev/null 2>&1; then log "already up"; kwok_readback_link; "$HERE/store-emulators.sh" up; else up; fi ;;
   down) down ;;
   env) env_ ;;
   status) status ;;

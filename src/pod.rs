@@ -33,7 +33,7 @@ pub const READBACK_PATHS_ENV: &str = "SANDBOXRUN_READBACK_PATHS";
 pub const RUN_UID_LABEL: &str = "sandbox.iterion.io/run-uid";
 /// Label carrying the owning run's name when it fits in a label value.
 pub(crate) const RUN_NAME_LABEL: &str = "sandbox.iterion.io/run";
-pub use crate::inpod::holder::HOLDER_STATE_DIR;
+pub use crate::inpod::holder::{HOLDER_BINARY, HOLDER_STATE_DIR};
 /// Label every object the operator creates carries, with value [`MANAGED_BY`].
 pub(crate) const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
 /// Value of [`MANAGED_BY_LABEL`].
@@ -60,6 +60,9 @@ const GRACE_MARGIN_SECONDS: i64 = 30;
 pub struct PodSettings {
     /// Image of the holder container: the operator's own image.
     pub holder_image: String,
+    /// Absolute path of the operator's binary in the holder image (`run --holder-binary`): the
+    /// holder's program and the packer, never looked up through PATH.
+    pub holder_binary: String,
     /// How long teardown may drain when the run does not say.
     pub default_drain_timeout_seconds: i64,
     /// The longest drain timeout any run gets (`run --max-drain-timeout`), whatever it says.
@@ -77,6 +80,7 @@ impl Default for PodSettings {
     fn default() -> Self {
         PodSettings {
             holder_image: DEFAULT_HOLDER_IMAGE.to_string(),
+            holder_binary: HOLDER_BINARY.to_string(),
             default_drain_timeout_seconds: 300,
             max_drain_timeout_seconds: 3600,
             holder_resources: HolderResources::default(),
@@ -318,11 +322,13 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
     let env = workload_env_vars(run, settings, read_back);
     let restricted = restricted_security_context();
     let workload = workload_container(spec, image, env, mounts.workload, restricted.clone());
+    let gate = egress_gate_container(run, settings, restricted.clone());
     let holder = holder_container(settings, mounts.holder, drain_timeout, restricted);
 
     Ok(Pod {
         metadata: pod_metadata(run, &name, uid),
         spec: Some(PodSpec {
+            init_containers: gate.map(|g| vec![g]),
             containers: vec![workload, holder],
             volumes: Some(mounts.volumes),
             restart_policy: Some("Never".to_string()),
@@ -400,11 +406,14 @@ fn pod_volumes(
             mount_path: path.path.clone(),
             ..VolumeMount::default()
         };
-        workload.push(mount.clone());
+        // The holder sees it below a root of its own (docs/contract.md "The holder runs only the
+        // operator's code"): never on its PATH, never over its binary.
         holder.push(VolumeMount {
             read_only: Some(true),
-            ..mount
+            mount_path: crate::inpod::holder::holder_path(&path.path),
+            ..mount.clone()
         });
+        workload.push(mount);
     }
     Ok(PodVolumes {
         volumes,
@@ -598,7 +607,7 @@ fn holder_container(
     Container {
         name: HOLDER_CONTAINER.to_string(),
         image: Some(settings.holder_image.clone()),
-        command: Some(HolderCommand::program()),
+        command: Some(HolderCommand::program(&settings.holder_binary)),
         args: Some(HolderCommand::Idle.args()),
         resources: Some(settings.holder_resources.requirements()),
         volume_mounts: Some(mounts),
@@ -611,7 +620,7 @@ fn holder_container(
                         HolderCommand::WaitDrained {
                             seconds: drain_timeout + GRACE_MARGIN_SECONDS / 2,
                         }
-                        .argv(),
+                        .argv(&settings.holder_binary),
                     ),
                 }),
                 ..LifecycleHandler::default()
@@ -624,6 +633,61 @@ fn holder_container(
         }),
         ..Container::default()
     }
+}
+
+/// The egress gate (docs/contract.md "A filtered run never has an unfiltered instant"): the init
+/// container that holds the workload of a run whose egress is restricted until the run's
+/// NetworkPolicy is in force for this pod. None when the egress is open, when the cluster does not
+/// enforce NetworkPolicy (`run --network-policy unenforced-*`: nothing to wait for), or when the
+/// gate is off (`run --egress-gate-probe off`).
+fn egress_gate_container(
+    run: &SandboxRun,
+    settings: &PodSettings,
+    restricted: SecurityContext,
+) -> Option<Container> {
+    use crate::api::NetworkMode;
+    use crate::egress::mode::{egress_of, Egress};
+    use crate::egress::PolicyEnforcement;
+    use crate::inpod::gate::GateProbe;
+    let gate = settings.egress.gate?;
+    if settings.egress.enforcement != PolicyEnforcement::Enforced {
+        return None;
+    }
+    match egress_of(run).ok()? {
+        Egress::Open => return None,
+        // A denylist policy allows the node's address unless the run denies it, so only a fixed
+        // probe (which every run's policy denies: egress::policy) can tell it is in force.
+        Egress::Filtered {
+            mode: NetworkMode::Denylist,
+            ..
+        } if matches!(gate.probe, GateProbe::Node(_)) => return None,
+        Egress::DenyAll | Egress::Filtered { .. } => {}
+    }
+    Some(Container {
+        name: crate::inpod::gate::GATE_CONTAINER.to_string(),
+        image: Some(settings.holder_image.clone()),
+        command: Some(vec![settings.holder_binary.clone()]),
+        args: Some(gate.args()),
+        env: Some(vec![EnvVar {
+            name: crate::inpod::gate::HOST_IP_ENV.to_string(),
+            value: None,
+            value_from: Some(k8s_openapi::api::core::v1::EnvVarSource {
+                field_ref: Some(k8s_openapi::api::core::v1::ObjectFieldSelector {
+                    field_path: "status.hostIP".to_string(),
+                    api_version: None,
+                }),
+                ..Default::default()
+            }),
+        }]),
+        resources: Some(settings.holder_resources.requirements()),
+        // Its refusal (stderr) becomes the run's message.
+        termination_message_policy: Some("FallbackToLogsOnError".to_string()),
+        security_context: Some(SecurityContext {
+            read_only_root_filesystem: Some(true),
+            ..restricted
+        }),
+        ..Container::default()
+    })
 }
 
 /// The pod's security context: the run's uid/gid, fsGroup for the emptyDirs, RuntimeDefault seccomp.
@@ -718,7 +782,8 @@ fn pod_labels(spec: &SandboxRunSpec, name: &str, uid: String) -> BTreeMap<String
 }
 
 /// Whether `pod` keeps the promise for `path`: an emptyDir volume (a mount the driver keeps)
-/// mounted at `path` in the workload AND in the holder (which the drain reads). Used by the canary.
+/// mounted at `path` in the workload AND, the same volume, below the holder's own read-back root in
+/// the holder (which the drain reads). Used by the canary.
 pub(crate) fn kept_mount_serves(pod: &Pod, path: &str) -> bool {
     let Some(spec) = pod.spec.as_ref() else {
         return false;
@@ -730,18 +795,37 @@ pub(crate) fn kept_mount_serves(pod: &Pod, path: &str) -> bool {
         .filter(|v| v.empty_dir.is_some())
         .map(|v| v.name.as_str())
         .collect();
-    let mounted_in = |container: &str| {
+    // The emptyDir the container mounts at `at`, if any.
+    let volume_at = |container: &str, at: &str| -> Option<String> {
         spec.containers
             .iter()
             .filter(|c| c.name == container)
-            .any(|c| {
-                c.volume_mounts
-                    .iter()
-                    .flatten()
-                    .any(|m| m.mount_path == path && empty_dirs.contains(&m.name.as_str()))
-            })
+            .flat_map(|c| c.volume_mounts.iter().flatten())
+            .find(|m| m.mount_path == at && empty_dirs.contains(&m.name.as_str()))
+            .map(|m| m.name.clone())
     };
-    mounted_in(WORKLOAD_CONTAINER) && mounted_in(HOLDER_CONTAINER)
+    // The same emptyDir: at the path in the workload, below the holder's own root in the holder.
+    let holder_at = crate::inpod::holder::holder_path(path);
+    match (
+        volume_at(WORKLOAD_CONTAINER, path),
+        volume_at(HOLDER_CONTAINER, &holder_at),
+    ) {
+        (Some(w), Some(h)) => w == h,
+        _ => false,
+    }
+}
+
+/// Where the holder of `pod` mounts the emptyDir of read-back path `index`, if it does.
+pub(crate) fn holder_mount(pod: &Pod, index: usize) -> Option<String> {
+    let volume = format!("{READBACK_VOLUME_PREFIX}{index}");
+    pod.spec
+        .as_ref()?
+        .containers
+        .iter()
+        .filter(|c| c.name == HOLDER_CONTAINER)
+        .flat_map(|c| c.volume_mounts.iter().flatten())
+        .find(|m| m.name == volume)
+        .map(|m| m.mount_path.clone())
 }
 
 /// The value of an env variable of the workload container, if set.
@@ -876,6 +960,119 @@ mod tests {
             .flatten()
             .filter(|m| m.name.starts_with(READBACK_VOLUME_PREFIX))
             .all(|m| m.read_only == Some(true)));
+    }
+
+    #[test]
+    fn the_holder_runs_its_binary_by_absolute_path_and_no_read_back_path_lands_on_its_path() {
+        // A run declaring the holder's own PATH directories (admission refuses these too; the pod
+        // must be safe without it): docs/contract.md "The holder runs only the operator's code".
+        let declared = ["/usr/local/sbin", "/usr/local/bin", "/bin"];
+        let pod = build_pod(&run(spec_with_paths(&declared)), &PodSettings::default()).unwrap();
+        let holder = container(&pod, HOLDER_CONTAINER);
+        let command = holder.command.clone().unwrap();
+        assert_eq!(command[0], HOLDER_BINARY);
+        assert!(command[0].starts_with('/'));
+        let hook = holder
+            .lifecycle
+            .as_ref()
+            .unwrap()
+            .pre_stop
+            .as_ref()
+            .unwrap();
+        let hook = hook.exec.as_ref().unwrap().command.clone().unwrap();
+        assert_eq!(hook[0], HOLDER_BINARY);
+        let binary_dir = std::path::Path::new(HOLDER_BINARY).parent().unwrap();
+        for m in holder.volume_mounts.iter().flatten() {
+            let at = std::path::Path::new(&m.mount_path);
+            assert!(
+                !binary_dir.starts_with(at) && !at.starts_with(binary_dir),
+                "{at:?}"
+            );
+            for dir in ["/usr", "/bin", "/sbin", "/lib"] {
+                assert!(!at.starts_with(dir), "holder mounts {at:?} over {dir}");
+            }
+        }
+        for path in declared {
+            assert!(kept_mount_serves(&pod, path), "{path} not served");
+            let workload = container(&pod, WORKLOAD_CONTAINER);
+            assert!(workload
+                .volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.mount_path == path));
+        }
+    }
+
+    #[test]
+    fn a_restricted_run_waits_behind_the_egress_gate_an_open_one_does_not() {
+        use crate::api::{NetworkMode, NetworkPolicy};
+        use crate::egress::PolicyEnforcement;
+        let with_network = |mode: NetworkMode, rules: &[&str]| {
+            let mut spec = spec_with_paths(&["/out"]);
+            spec.network = Some(NetworkPolicy {
+                mode,
+                rules: rules.iter().map(|r| r.to_string()).collect(),
+            });
+            run(spec)
+        };
+        let gates = |r: &SandboxRun, settings: &PodSettings| -> Option<Container> {
+            let pod = build_pod(r, settings).unwrap();
+            let init = pod.spec.unwrap().init_containers.unwrap_or_default();
+            assert!(init.len() <= 1, "{init:?}");
+            init.into_iter().next()
+        };
+        let settings = PodSettings::default();
+        let mut fixed = PodSettings::default();
+        if let Some(gate) = fixed.egress.gate.as_mut() {
+            gate.probe = crate::inpod::gate::GateProbe::Addr("10.9.9.9:9".parse().unwrap());
+        }
+        for (r, settings) in [
+            (
+                with_network(NetworkMode::Allowlist, &["example.com"]),
+                &settings,
+            ),
+            (with_network(NetworkMode::Allowlist, &[]), &settings),
+            (with_network(NetworkMode::Denylist, &["10.0.0.0/8"]), &fixed),
+        ] {
+            let gate = gates(&r, settings).expect("a restricted run is gated");
+            assert_eq!(gate.name, crate::inpod::gate::GATE_CONTAINER);
+            assert_eq!(gate.command.clone().unwrap(), [HOLDER_BINARY]);
+            let args = gate.args.clone().unwrap();
+            assert_eq!(args[0], "egress-gate");
+            let env = gate.env.clone().unwrap();
+            let host_ip = env[0]
+                .value_from
+                .as_ref()
+                .unwrap()
+                .field_ref
+                .as_ref()
+                .unwrap();
+            assert_eq!(host_ip.field_path, "status.hostIP");
+            let sc = gate.security_context.clone().unwrap();
+            assert_eq!(sc.read_only_root_filesystem, Some(true));
+            assert_eq!(sc.allow_privilege_escalation, Some(false));
+        }
+        let node_probe = gates(&with_network(NetworkMode::Allowlist, &[]), &settings).unwrap();
+        assert!(node_probe
+            .args
+            .unwrap()
+            .contains(&"$(SANDBOXRUN_HOST_IP)".to_string()));
+        // A denylist run allows the node unless it says otherwise: only a fixed probe gates it.
+        assert!(gates(
+            &with_network(NetworkMode::Denylist, &["10.0.0.0/8"]),
+            &settings
+        )
+        .is_none());
+        // Open egress, no spec.network, an unenforcing cluster or the gate off: no gate.
+        assert!(gates(&with_network(NetworkMode::Open, &[]), &settings).is_none());
+        assert!(gates(&run(spec_with_paths(&["/out"])), &settings).is_none());
+        let mut unenforced = PodSettings::default();
+        unenforced.egress.enforcement = PolicyEnforcement::UnenforcedWarn;
+        let filtered = with_network(NetworkMode::Allowlist, &["example.com"]);
+        assert!(gates(&filtered, &unenforced).is_none());
+        let mut off = PodSettings::default();
+        off.egress.gate = None;
+        assert!(gates(&filtered, &off).is_none());
     }
 
     #[test]

@@ -115,9 +115,20 @@ async fn restricted_namespace(client: &Client, prefix: &str) -> TestNamespace {
 
 /// The operator under test on this host, with the operator image as the holder of run pods.
 fn start_operator(ns: &str, store_url: &str) -> Operator {
+    start_operator_with(ns, store_url, &[])
+}
+
+/// [`start_operator`] with more flags.
+fn start_operator_with(ns: &str, store_url: &str, flags: &[&str]) -> Operator {
     let holder = pod_ref(&operator_ref());
     Operator::builder(ns, store_url)
-        .flags(&["--holder-image", &holder])
+        .flags(&[
+            "--holder-image",
+            &holder,
+            "--holder-binary",
+            "/usr/local/bin/sandboxrun-operator",
+        ])
+        .flags(flags)
         .start()
 }
 
@@ -1445,6 +1456,110 @@ async fn a_runs_network_policy_and_egress_proxy_are_enforced_from_inside_a_real_
     );
     let allowed_seen = allowed_peers.lock().expect("peers").clone();
     assert!(allowed_seen.contains(&filtered_ip), "{allowed_seen:?}");
+}
+
+/// The real node's kubelet port, as its Node says (the egress gate's default probe is the node's
+/// kubelet port; the bed's is not 10250, which kwok has).
+async fn real_kubelet_port(client: &Client) -> i32 {
+    let node = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone())
+        .get(&bed_setting("SANDBOXRUN_TEST_REAL_NODE"))
+        .await
+        .expect("the real node");
+    node.status
+        .and_then(|s| s.daemon_endpoints)
+        .and_then(|d| d.kubelet_endpoint)
+        .map(|k| k.port)
+        .expect("the real node's kubelet port")
+}
+
+/// The workload of [`a_filtered_runs_first_instruction_is_already_filtered`]: its FIRST
+/// instruction connects to `$DENIED`, with no wait of any kind.
+/// (It stays 5 s more, so that the test sees its pod's gate before the pod is deleted.)
+const FIRST_INSTRUCTION_PROBE: &str = r#"if r=$(/bin/busybox timeout 5 /bin/busybox wget -q -O - -Y off "http://$DENIED/" 2>&1); then echo "first=ok $r"; else echo "first=fail $r"; fi > /dev/termination-log; sleep 5"#;
+
+/// Issue 25 item 6 on the real node (docs/contract.md "A filtered run never has an unfiltered
+/// instant"): kube-router programs a pod's NetworkPolicy only after the pod has its address, so a
+/// workload that connects at once used to reach what its policy denies. With the egress gate (an
+/// init container holding the workload until a probe the policy denies is refused):
+/// - control: a run with open egress reaches the address in its first instruction (no gate);
+/// - filtered: the same first instruction, from a run whose allowlist does not cover the address,
+///   is refused, the address's listener never sees that pod, and the gate exited 0.
+#[tokio::test]
+async fn a_filtered_runs_first_instruction_is_already_filtered() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "gate").await;
+    let (_dir, store_url) = file_store("gate");
+    let probe = format!("node:{}", real_kubelet_port(&client).await);
+    let op = start_operator_with(&ns.name, &store_url, &["--egress-gate-probe", &probe]);
+    let node_ip = bed_setting("SANDBOXRUN_TEST_NODE_IP");
+    let (denied, denied_peers) = echo_listener(&node_ip, "denied").await;
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let spec = |network: Option<sandboxrun_operator::api::NetworkPolicy>| {
+        let mut spec = real_spec(Some(FIRST_INSTRUCTION_PROBE), &[]);
+        spec.env = vec![env_var("DENIED", &denied)];
+        spec.network = network;
+        spec
+    };
+    let first_line = |run: &SandboxRun| probe_lines(run).get("first").cloned().unwrap_or_default();
+
+    // Control: open egress, no gate, and the address is reached at once.
+    create(&runs, "open", spec(None)).await;
+    let open = wait_run(&runs, "open", "the open run to end", &op, final_phase).await;
+    assert!(
+        first_line(&open).starts_with("ok denied from"),
+        "{:?}",
+        open.status
+    );
+
+    // Filtered: allowlist of a range that does not hold the node's address.
+    let filtered = spec(Some(sandboxrun_operator::api::NetworkPolicy {
+        mode: sandboxrun_operator::api::NetworkMode::Allowlist,
+        rules: vec!["192.0.2.0/24".to_string()],
+    }));
+    create(&runs, "filtered", filtered).await;
+    let pod_name =
+        pod_of(&wait_for_pod_name(&runs, runs.get("filtered").await.expect("run")).await);
+    let gate = eventually("the egress gate to end", Duration::from_secs(120), || {
+        let (pods, pod_name) = (pods.clone(), pod_name.clone());
+        async move {
+            pods.get(&pod_name)
+                .await
+                .ok()?
+                .status?
+                .init_container_statuses?
+                .into_iter()
+                .find(|c| c.name == "egress-gate")?
+                .state?
+                .terminated
+        }
+    })
+    .await;
+    assert_eq!(
+        gate.exit_code, 0,
+        "the gate saw the policy in force: {gate:?}"
+    );
+    let done = wait_run(
+        &runs,
+        "filtered",
+        "the filtered run to end",
+        &op,
+        final_phase,
+    )
+    .await;
+    let line = first_line(&done);
+    assert!(
+        line.starts_with("fail"),
+        "the first instruction was filtered: {line:?} {:?}",
+        done.status
+    );
+    let seen = denied_peers.lock().expect("peers").clone();
+    assert_eq!(
+        seen.len(),
+        1,
+        "only the open run reached the denied address: {seen:?}"
+    );
 }
 
 /// The run, once its status names its pod.

@@ -8,6 +8,7 @@
 //! settings as it publishes them ([`publish`]) and `doctor --context` reads them; [`live`] is
 //! that live probe (I/O) and [`live_verdicts`] what its answers mean.
 
+pub mod access;
 pub mod certs;
 pub mod doctor;
 pub mod images;

@@ -765,6 +765,19 @@ fn is_within(inner: &str, outer: &str) -> bool {
         .is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
+/// The directories a workload image needs for its own programs and libraries: a read-back path
+/// (an empty emptyDir) at or below one of them would hide them. The holder never sees a read-back
+/// path there (docs/contract.md "The holder runs only the operator's code"); this refusal spares
+/// the workload a broken image, and says so up front.
+pub(crate) const SYSTEM_DIRS: [&str; 9] = [
+    "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/usr", "/etc", "/boot",
+];
+
+/// The system directory `path` is at or below, if any.
+pub(crate) fn system_dir_of(path: &str) -> Option<&'static str> {
+    SYSTEM_DIRS.into_iter().find(|dir| is_within(path, dir))
+}
+
 // ---- 5b. lifetime ----------------------------------------------------------------------------
 
 fn check_ttl(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
@@ -807,6 +820,16 @@ fn check_read_back(spec: &SandboxRunSpec, settings: &RuleSettings, out: &mut Vec
                 at("path"),
                 format!("read-back path `{}` {why}", p.path),
                 "use an absolute, normalized directory outside /proc, /sys and /dev, e.g. /work/out",
+            )),
+            Ok(()) if system_dir_of(&p.path).is_some() => out.push(Finding::fail(
+                ids::READ_BACK_PATH,
+                at("path"),
+                format!(
+                    "read-back path `{}` is in {}, a system directory the workload's image needs (an empty volume there would hide its programs)",
+                    p.path,
+                    system_dir_of(&p.path).unwrap_or_default()
+                ),
+                "declare a directory of the run's own, e.g. /work/out or /var/tmp/out, and write the results there",
             )),
             Ok(()) => {
                 if let Some((j, _)) = valid.iter().find(|(_, q)| *q == p.path) {
@@ -1268,6 +1291,46 @@ mod tests {
         rejects(&s, ids::READ_BACK_NESTED);
         s.read_back = read_back(&["/a", "/ab"]);
         accepts(&s);
+    }
+
+    #[test]
+    fn read_back_paths_over_the_images_system_directories_are_refused_with_a_hint() {
+        // The holder's PATH directories among them: docs/contract.md "The holder runs only the
+        // operator's code".
+        for bad in [
+            "/usr/local/sbin",
+            "/usr/local/bin",
+            "/bin",
+            "/sbin",
+            "/usr",
+            "/etc/ssl",
+            "/lib64",
+        ] {
+            let spec = SandboxRunSpec {
+                read_back: read_back(&[bad]),
+                ..good()
+            };
+            let f = rejects(&spec, ids::READ_BACK_PATH);
+            assert!(
+                f.message.contains("system directory"),
+                "{bad}: {}",
+                f.message
+            );
+            assert!(f.hint.contains("/work/out"), "{bad}: {}", f.hint);
+        }
+        for ok in [
+            "/work/out",
+            "/var/tmp/out",
+            "/opt/results",
+            "/usrdata",
+            "/home/u/out",
+            "/binaries",
+        ] {
+            accepts(&SandboxRunSpec {
+                read_back: read_back(&[ok]),
+                ..good()
+            });
+        }
     }
 
     #[test]

@@ -73,6 +73,7 @@ pub async fn start(
         metrics: Some(webhook_metrics),
         images,
         client: Some(client.clone()),
+        access_checks: true,
     };
 
     let tls = match config.cert_mode.as_str() {

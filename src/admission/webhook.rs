@@ -63,8 +63,12 @@ pub struct WebhookState {
     pub metrics: Option<WebhookMetrics>,
     /// Opt-in image resolvability check (adds a registry round trip, bounded by its timeout).
     pub images: Option<Arc<ImageResolver>>,
-    /// Client to read the run's `imagePullSecrets` for the image check.
+    /// Client to read the run's `imagePullSecrets` for the image check, and to ask the apiserver
+    /// whether the requesting user holds the rights a run exercises.
     pub client: Option<Client>,
+    /// Whether a run may only use what its author may (`super::access`): on in the operator's
+    /// webhook; without a client every such run is refused (fail closed).
+    pub access_checks: bool,
 }
 
 /// The webhook's routes: `POST /validate-sandboxrun`, `GET /healthz`.
@@ -204,8 +208,41 @@ async fn review_request(
                 .finding(&wanted.image),
         );
     }
+    if state.access_checks {
+        let old_spec = old.as_ref().map(|(spec, _)| *spec);
+        findings.extend(access_findings(state, req, new_spec, old_spec).await);
+    }
     sort_findings(&mut findings);
     respond(resp, &who, &findings)
+}
+
+/// The rights the run exercises (what it adds, on UPDATE) that the requesting user does not hold
+/// (docs/contract.md "A run uses only its author's rights").
+async fn access_findings(
+    state: &WebhookState,
+    req: &AdmissionRequest<DynamicObject>,
+    new: &serde_json::Value,
+    old: Option<&serde_json::Value>,
+) -> Vec<Finding> {
+    use serde::Deserialize;
+    // A spec that does not parse was refused by the rules already.
+    let Ok(new) = crate::api::SandboxRunSpec::deserialize(new) else {
+        return Vec::new();
+    };
+    let old = old.and_then(|o| crate::api::SandboxRunSpec::deserialize(o).ok());
+    let wanted = super::access::added(old.as_ref(), &new);
+    if wanted.is_empty() {
+        return Vec::new();
+    }
+    match (&state.client, req.namespace.as_deref()) {
+        (Some(client), Some(ns)) => super::access::check(client, &req.user_info, ns, &wanted).await,
+        _ => vec![Finding::fail(
+            super::access::ACCESS_RULE,
+            "spec",
+            "the webhook cannot check the requesting user's rights (no client or namespace)",
+            "report this to the operator's admin",
+        )],
+    }
 }
 
 /// Builds the response from the findings: deny with every failure, warn with every warning.

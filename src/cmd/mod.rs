@@ -1,5 +1,5 @@
 //! The command line, one file per subcommand: `run` ([`run`] the flags, [`operate`] the wiring),
-//! `crd`, `doctor`, `holder`, `pack`, `files`, `logs`, `selftest`, `egress-proxy`, `completion`.
+//! `crd`, `doctor`, `holder`, `egress-gate`, `pack`, `files`, `logs`, `selftest`, `egress-proxy`, `completion`.
 
 use std::process::ExitCode;
 
@@ -9,6 +9,7 @@ pub mod crd;
 pub mod doctor;
 pub mod egress_proxy;
 pub mod files;
+pub mod gate;
 pub mod holder;
 pub mod logs;
 pub mod operate;
@@ -38,6 +39,9 @@ pub enum Command {
     Holder(holder::HolderArgs),
     /// Write a tar of a directory to stdout (exec'd in the holder by the drain).
     Pack(pack::PackArgs),
+    /// The egress gate: a filtered run's init container, which holds the workload until the
+    /// run's NetworkPolicy is in force.
+    EgressGate(gate::GateArgs),
     /// List or fetch a run's drained files from the object store (found from the run's status,
     /// or --store-url).
     Files(crate::files::FilesArgs),
@@ -118,6 +122,7 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Doctor(args) => doctor::main(args).await,
         Command::Pack(args) => pack::main(args),
         Command::Holder(args) => holder::main(args).await,
+        Command::EgressGate(args) => gate::main(args).await,
         Command::Files(args) => files::main(args).await,
         Command::Logs(args) => logs::main(args).await,
         Command::Selftest(args) => selftest::main(args).await,

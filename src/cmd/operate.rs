@@ -106,14 +106,8 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         window => crate::units::parse_duration(window)
             .map_err(|e| OperatorError::Config(format!("--quiet-window: {e}")))?,
     };
-    let pack_command: Vec<String> = args
-        .pack_command
-        .split_whitespace()
-        .map(str::to_string)
-        .collect();
-    if pack_command.is_empty() {
-        return Err(OperatorError::Config("--pack-command is empty".to_string()));
-    }
+    let pack_command = holder_programs(&args.holder_binary, args.pack_command.as_deref())
+        .map_err(OperatorError::Config)?;
     let metrics = Metrics::new()?;
     if let Some(cleaner) = &open_uploads {
         if let Err(e) = metrics.registry.register(Box::new(cleaner.metric())) {
@@ -192,6 +186,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             args.store.store_url.clone(),
             PodSettings {
                 holder_image: args.holder_image.clone(),
+                holder_binary: args.holder_binary.clone(),
                 default_drain_timeout_seconds: i64::try_from(drain_timeout.as_secs().max(1))
                     .unwrap_or(300),
                 max_drain_timeout_seconds: i64::try_from(max_drain_timeout.as_secs().max(1))
@@ -372,4 +367,51 @@ async fn serve_metrics(
         }
     });
     Ok(local)
+}
+
+/// The packer's argv from `run --holder-binary` and `--pack-command` (default: `<binary> pack`),
+/// or why the flags are refused: both programs must be absolute paths, so nothing a workload can
+/// write into a directory on the holder's PATH is ever run in its place (docs/contract.md "The
+/// holder runs only the operator's code").
+fn holder_programs(binary: &str, pack_command: Option<&str>) -> Result<Vec<String>, String> {
+    if !binary.starts_with('/') {
+        return Err(format!(
+            "--holder-binary `{binary}` must be an absolute path (it is never looked up through PATH)"
+        ));
+    }
+    let pack: Vec<String> = match pack_command {
+        Some(command) => command.split_whitespace().map(str::to_string).collect(),
+        None => vec![binary.to_string(), "pack".to_string()],
+    };
+    match pack.first() {
+        None => Err("--pack-command is empty".to_string()),
+        Some(program) if !program.starts_with('/') => Err(format!(
+            "--pack-command's program `{program}` must be an absolute path (it is never looked up through PATH)"
+        )),
+        Some(_) => Ok(pack),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::holder_programs;
+
+    #[test]
+    fn the_holders_programs_are_absolute_paths_and_the_packer_defaults_to_the_holder_binary() {
+        let bin = "/usr/local/bin/sandboxrun-operator";
+        assert_eq!(holder_programs(bin, None).unwrap(), [bin, "pack"]);
+        assert_eq!(
+            holder_programs(bin, Some("/opt/pack --fast")).unwrap(),
+            ["/opt/pack", "--fast"]
+        );
+        assert!(holder_programs("sandboxrun-operator", None)
+            .unwrap_err()
+            .contains("--holder-binary"));
+        assert!(holder_programs(bin, Some("sandboxrun-operator pack"))
+            .unwrap_err()
+            .contains("absolute"));
+        assert!(holder_programs(bin, Some("  "))
+            .unwrap_err()
+            .contains("empty"));
+    }
 }

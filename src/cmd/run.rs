@@ -95,13 +95,19 @@ pub struct RunArgs {
         value_delimiter = ','
     )]
     pub pod_image_pull_secrets: Vec<String>,
-    /// The packer command exec'd in the holder; the path is appended.
+    /// Absolute path of the operator's binary in the holder image: the holder's program, its
+    /// preStop hook and mark-drained exec, and (unless --pack-command says otherwise) the packer.
+    /// Never looked up through PATH (docs/contract.md "The holder runs only the operator's code").
     #[arg(
         long,
-        env = "SANDBOXRUN_PACK_COMMAND",
-        default_value = "sandboxrun-operator pack"
+        env = "SANDBOXRUN_HOLDER_BINARY",
+        default_value = crate::pod::HOLDER_BINARY
     )]
-    pub pack_command: String,
+    pub holder_binary: String,
+    /// The packer command exec'd in the holder, its program an absolute path; the path is
+    /// appended. Default: `<--holder-binary> pack`.
+    #[arg(long, env = "SANDBOXRUN_PACK_COMMAND")]
+    pub pack_command: Option<String>,
     /// How the holder's packer sends each path's tar over the exec stream: `zstd` (compressed in
     /// the pod at zstd's fastest level, decoded by the drain before sanitizing; an older holder
     /// that does not know `pack --wire` gets a plain tar) or `tar` (as is). zstd is the default:
@@ -256,6 +262,23 @@ pub struct RunArgs {
         default_value = "k8s-app=kube-dns"
     )]
     pub dns_selector: Vec<String>,
+    /// What the egress gate of a filtered run's pod probes until the run's NetworkPolicy denies
+    /// it, before the workload starts: `node:<port>` (the pod's node IP: its kubelet port is
+    /// served on every node the drain can exec into), `<ip>:<port>`, or `off` (the workload
+    /// starts at once and may race its policy). The address must be one no run's rules allow.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_EGRESS_GATE_PROBE",
+        default_value = crate::inpod::gate::DEFAULT_GATE_PROBE
+    )]
+    pub egress_gate_probe: String,
+    /// How long the egress gate waits for the policy before the run fails (`EgressNotEnforced`).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_EGRESS_GATE_TIMEOUT",
+        default_value = crate::inpod::gate::DEFAULT_GATE_TIMEOUT
+    )]
+    pub egress_gate_timeout: String,
     /// NO_PROXY of a filtered run's workload: what it reaches without the proxy.
     #[arg(
         long,
@@ -355,12 +378,23 @@ pub(crate) fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSet
             port: args.egress_proxy_port,
         })
     };
+    let gate = match crate::inpod::gate::parse_probe(&args.egress_gate_probe)
+        .map_err(|e| e.to_string())?
+    {
+        None => None,
+        Some(probe) => Some(crate::inpod::gate::GateSettings {
+            probe,
+            timeout: crate::units::parse_duration(&args.egress_gate_timeout)
+                .map_err(|e| format!("--egress-gate-timeout: {e}"))?,
+        }),
+    };
     Ok(crate::egress::EgressSettings {
         enforcement: args.network_policy,
         dns,
         proxy,
         token_secret,
         no_proxy: args.no_proxy.clone(),
+        gate,
     })
 }
 

@@ -85,7 +85,7 @@ pub(crate) async fn carry_out(
                 ctx.forget_written_status(run);
             }
             Effect::DeletePod { at_once } => delete_pod(&pods, pod_name, at_once).await?,
-            Effect::MarkDrained => mark_drained(&pods, pod_name).await,
+            Effect::MarkDrained => mark_drained(&pods, pod_name, &ctx.pod.holder_binary).await,
             Effect::StartTeardown(trigger) => start_teardown(ctx, run, trigger),
             Effect::DeleteExpiredRun(event) => delete_expired_run(ctx, run, &runs, &event).await?,
             Effect::PurgeStoredFiles => {
@@ -280,6 +280,7 @@ async fn teardown(
             PathWork::Drain {
                 cap_bytes,
                 previous_attempts,
+                holder_path,
             } => {
                 let slot = tokio::select! {
                     slot = ctx.path_slots.acquire() => slot.ok(),
@@ -300,6 +301,7 @@ async fn teardown(
                             run_uid: uid,
                             index: path.index,
                             path: &path.path,
+                            holder_path: &holder_path,
                             cap_bytes,
                             compression,
                             wire: ctx.drain_wire,
@@ -469,11 +471,11 @@ fn mark_drained_params() -> AttachParams {
 /// Tells the holder's preStop hook that the drain is done, so a pod deleted gracefully stops at
 /// once instead of at the end of its grace period. Best effort (the pod is deleted next with no
 /// grace period): a failure is a WARN with the exec's status, never an error.
-async fn mark_drained(pods: &Api<Pod>, pod_name: &str) {
+async fn mark_drained(pods: &Api<Pod>, pod_name: &str, holder_binary: &str) {
     let mut process = match pods
         .exec(
             pod_name,
-            HolderCommand::MarkDrained.argv(),
+            HolderCommand::MarkDrained.argv(holder_binary),
             &mark_drained_params(),
         )
         .await
@@ -653,8 +655,8 @@ mod tests {
 
     #[test]
     fn mark_drained_execs_the_holder_mode_that_writes_the_marker() {
-        let argv = HolderCommand::MarkDrained.argv();
-        assert_eq!(argv[0], "sandboxrun-operator");
+        let argv = HolderCommand::MarkDrained.argv(pod::HOLDER_BINARY);
+        assert_eq!(argv[0], "/usr/local/bin/sandboxrun-operator");
         match crate::cmd::Cli::try_parse_from(&argv).map(|c| c.command) {
             Ok(crate::cmd::Command::Holder(h)) => {
                 assert!(h.mark_drained);

@@ -57,6 +57,43 @@ pub(crate) const REASON_POD_CREATE_FAILED: &str = "PodCreateFailed";
 /// Event and condition reason of a run whose image cannot be pulled.
 pub(crate) const REASON_IMAGE_PULL_FAILED: &str = "ImagePullFailed";
 
+/// Event and condition reason of a run whose egress gate never saw its NetworkPolicy in force
+/// (docs/contract.md "A filtered run never has an unfiltered instant").
+pub(crate) const REASON_EGRESS_NOT_ENFORCED: &str = "EgressNotEnforced";
+
+/// Why a pod never started its workload, so the run fails without draining.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum StartFailure {
+    /// An image cannot be pulled.
+    ImagePull,
+    /// The egress gate never saw the run's NetworkPolicy in force.
+    EgressGate,
+}
+
+impl StartFailure {
+    /// Ready's reason, the Failed condition's and the Event's.
+    pub(crate) fn reason(self) -> &'static str {
+        match self {
+            StartFailure::ImagePull => REASON_IMAGE_PULL_FAILED,
+            StartFailure::EgressGate => REASON_EGRESS_NOT_ENFORCED,
+        }
+    }
+
+    /// Completes "the workload never started because …".
+    pub(crate) fn because(self) -> &'static str {
+        match self {
+            StartFailure::ImagePull => "its image could not be pulled",
+            StartFailure::EgressGate => "its egress policy was not seen in force",
+        }
+    }
+
+    fn of_reason(reason: &str) -> Option<StartFailure> {
+        [StartFailure::ImagePull, StartFailure::EgressGate]
+            .into_iter()
+            .find(|f| f.reason() == reason)
+    }
+}
+
 /// Event and condition reason (Ready=False, Failed=True) of a run whose image the pre-flight
 /// (`run --preflight-images`) found missing from its registry: its pod is never created
 /// (docs/contract.md ADR-006 §5).
@@ -160,13 +197,14 @@ pub(crate) fn condition_true(status: Option<&SandboxRunStatus>, type_: &str) -> 
     })
 }
 
-/// The kubelet's words when Ready=False says the image could not be pulled.
-pub(crate) fn image_pull_failure(status: &SandboxRunStatus) -> Option<String> {
+/// Why the workload never started and the words that say so, when Ready=False says it (an image
+/// that could not be pulled, an egress gate that gave up).
+pub(crate) fn start_failure(status: &SandboxRunStatus) -> Option<(StartFailure, String)> {
     status
         .conditions
         .iter()
-        .find(|c| c.type_ == READY && c.status == "False" && c.reason == REASON_IMAGE_PULL_FAILED)
-        .map(|c| c.message.clone())
+        .filter(|c| c.type_ == READY && c.status == "False")
+        .find_map(|c| StartFailure::of_reason(&c.reason).map(|f| (f, c.message.clone())))
 }
 
 #[cfg(test)]

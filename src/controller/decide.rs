@@ -9,8 +9,8 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::conditions::{
-    self, condition_true, image_pull_failure, ready_false_reason, REASON_DEADLINE_EXCEEDED,
-    REASON_POD_DELETED,
+    self, condition_true, ready_false_reason, start_failure, StartFailure,
+    REASON_DEADLINE_EXCEEDED, REASON_POD_DELETED,
 };
 use super::observe::{PodProblem, PodView, WorkloadState};
 use super::retention;
@@ -42,6 +42,13 @@ pub enum Trigger {
         /// The kubelet's words (`container <name>: <reason>: <message>`).
         message: String,
     },
+    /// The egress gate gave up: the run's NetworkPolicy was never seen in force, so the workload
+    /// never started; the run fails with reason
+    /// [`super::conditions::REASON_EGRESS_NOT_ENFORCED`].
+    EgressGateFailed {
+        /// The gate's words (its termination message).
+        message: String,
+    },
 }
 
 impl Trigger {
@@ -58,6 +65,25 @@ impl Trigger {
             Trigger::ImagePullFailed { message } => {
                 format!("the image could not be pulled ({message})")
             }
+            Trigger::EgressGateFailed { message } => {
+                format!("the egress gate gave up ({message})")
+            }
+        }
+    }
+
+    /// Why the workload never started, and the words, when this trigger says so.
+    pub(crate) fn start_failure(&self) -> Option<(StartFailure, &str)> {
+        match self {
+            Trigger::ImagePullFailed { message } => Some((StartFailure::ImagePull, message)),
+            Trigger::EgressGateFailed { message } => Some((StartFailure::EgressGate, message)),
+            _ => None,
+        }
+    }
+
+    fn of_start_failure(failure: StartFailure, message: String) -> Trigger {
+        match failure {
+            StartFailure::ImagePull => Trigger::ImagePullFailed { message },
+            StartFailure::EgressGate => Trigger::EgressGateFailed { message },
         }
     }
 }
@@ -314,6 +340,11 @@ pub(crate) fn decide(
         Some(when) => Duration::try_from(now.duration_until(when)).ok(),
         None => None,
     };
+    if let Some(PodProblem::EgressGate(message)) = &pod.problem {
+        return Step::Teardown(Trigger::EgressGateFailed {
+            message: message.clone(),
+        });
+    }
     let pull_left = match pull_verdict(pod, now, settings) {
         PullVerdict::Fatal(message) => return Step::Teardown(Trigger::ImagePullFailed { message }),
         PullVerdict::Retrying { left } => left,
@@ -348,8 +379,8 @@ fn resume_trigger(run: &SandboxRun, pod: &PodView) -> Trigger {
             exit_code: run.status.as_ref().and_then(|s| s.exit_code).unwrap_or(-1),
         };
     }
-    if let Some(message) = image_pull_failed_message(run) {
-        return Trigger::ImagePullFailed { message };
+    if let Some((failure, message)) = run.status.as_ref().and_then(start_failure) {
+        return Trigger::of_start_failure(failure, message);
     }
     match run.status.as_ref().and_then(ready_false_reason) {
         Some(REASON_DEADLINE_EXCEEDED) => return Trigger::Deadline,
@@ -361,12 +392,6 @@ fn resume_trigger(run: &SandboxRun, pod: &PodView) -> Trigger {
     } else {
         Trigger::Deadline
     }
-}
-
-/// The kubelet's words when the run is being (or was) torn down because its image could not be
-/// pulled: the message of its Ready=False condition with reason [`super::conditions::REASON_IMAGE_PULL_FAILED`].
-fn image_pull_failed_message(run: &SandboxRun) -> Option<String> {
-    image_pull_failure(run.status.as_ref()?)
 }
 
 /// Whether [`Step::RecordPodLost`], decided on the watch cache's copy of the run, holds for the
@@ -631,6 +656,73 @@ mod tests {
                 other => panic!("{reason}: {other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_failed_egress_gate_fails_the_run_without_draining() {
+        use crate::controller::status::{draining_status, finished_status, never_started_entry};
+        use k8s_openapi::api::core::v1::{
+            ContainerState, ContainerStateTerminated, ContainerStatus,
+        };
+        let words = "egress gate: 10.0.0.1:10250 was still reachable after 60s (300 attempts)";
+        let gate = |exit_code: i32| ContainerStatus {
+            name: crate::inpod::gate::GATE_CONTAINER.into(),
+            state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated {
+                    exit_code,
+                    message: Some(format!("{words}\n")),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut pod = pulling_pod("PodInitializing", "");
+        let r = pending(run_with(&[("/out", true)]));
+        // A gate that opened is no problem.
+        pod.status.as_mut().unwrap().init_container_statuses = Some(vec![gate(0)]);
+        assert_eq!(PodView::of(&pod).problem, None);
+        assert!(matches!(
+            decide(&r, Some(&PodView::of(&pod)), now(), &settings()),
+            Step::TrackPod { .. }
+        ));
+        // One that gave up fails the run at once, with its words.
+        pod.status.as_mut().unwrap().init_container_statuses = Some(vec![gate(1)]);
+        let view = PodView::of(&pod);
+        assert_eq!(
+            view.problem,
+            Some(PodProblem::EgressGate(words.to_string()))
+        );
+        let trigger = match decide(&r, Some(&view), now(), &settings()) {
+            Step::Teardown(t @ Trigger::EgressGateFailed { .. }) => t,
+            other => panic!("{other:?}"),
+        };
+        let mut s = draining_status(&r, &trigger, None, now());
+        for e in s.read_back.iter_mut() {
+            *e = never_started_entry(&e.path, &trigger);
+            assert_eq!(e.phase, crate::api::ReadBackPhase::Empty);
+        }
+        // A teardown resumed after a restart finds the same trigger in the status.
+        let mut resumed = r.clone();
+        resumed.status = Some(s.clone());
+        assert_eq!(resume_trigger(&resumed, &view), trigger);
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Failed));
+        let failed = done
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::FAILED)
+            .unwrap();
+        assert_eq!(failed.reason, conditions::REASON_EGRESS_NOT_ENFORCED);
+        let message = done.message.unwrap_or_default();
+        assert!(
+            message.contains("egress policy was not seen in force"),
+            "{message}"
+        );
+        assert!(message.contains(words), "{message}");
+        let (warning, reason, _) = crate::controller::events::teardown_event(&trigger);
+        assert!(warning);
+        assert_eq!(reason, "EgressNotEnforced");
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub(crate) const STOPPED: &str = "Stopped";
 pub(crate) const INVALID_SPEC: &str = conditions::REASON_INVALID_SPEC;
 /// The image can never be pulled: the run fails.
 pub(crate) const IMAGE_PULL_FAILED: &str = conditions::REASON_IMAGE_PULL_FAILED;
+/// The egress gate never saw the run's NetworkPolicy in force: the run fails, its workload never
+/// started.
+pub(crate) const EGRESS_NOT_ENFORCED: &str = conditions::REASON_EGRESS_NOT_ENFORCED;
 /// The pre-flight found the image missing from its registry: the run fails without a pod.
 pub(crate) const IMAGE_UNRESOLVABLE: &str = conditions::REASON_IMAGE_UNRESOLVABLE;
 /// The pre-flight could not tell whether the image resolves (timeout, 5xx, connection refused,
@@ -86,6 +89,7 @@ pub(crate) const ALL: &[&str] = &[
     STOPPED,
     INVALID_SPEC,
     IMAGE_PULL_FAILED,
+    EGRESS_NOT_ENFORCED,
     IMAGE_UNRESOLVABLE,
     IMAGE_UNVERIFIED,
     DRAIN_SKIPPED,
@@ -197,17 +201,21 @@ pub(crate) fn newly_stuck(
 /// `TearingDown`.
 pub(crate) fn teardown_event(trigger: &Trigger) -> (bool, &'static str, String) {
     match trigger {
-        Trigger::ImagePullFailed { message } => (
-            true,
-            IMAGE_PULL_FAILED,
-            format!("{message}; the workload never started, the run fails without draining"),
-        ),
+        Trigger::ImagePullFailed { message } => (true, IMAGE_PULL_FAILED, never_started(message)),
+        Trigger::EgressGateFailed { message } => {
+            (true, EGRESS_NOT_ENFORCED, never_started(message))
+        }
         _ => (
             false,
             TEARING_DOWN,
             format!("{}; draining", trigger.describe()),
         ),
     }
+}
+
+/// The note of a teardown whose workload never started.
+fn never_started(message: &str) -> String {
+    format!("{message}; the workload never started, the run fails without draining")
 }
 
 /// Longest Event note we write: the Events API refuses a note over 1 KiB; this leaves room.

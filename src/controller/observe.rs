@@ -62,6 +62,8 @@ pub enum PodProblem {
         /// Its words (`container <name>: <message>` for a container).
         message: String,
     },
+    /// The egress gate gave up: the run's NetworkPolicy was never seen in force (its words).
+    EgressGate(String),
 }
 
 impl PodProblem {
@@ -71,13 +73,14 @@ impl PodProblem {
             PodProblem::Unschedulable(_) => REASON_UNSCHEDULABLE,
             PodProblem::ImagePull { .. } => REASON_IMAGE_PULL_FAILED,
             PodProblem::Stuck { reason, .. } => reason,
+            PodProblem::EgressGate(_) => super::conditions::REASON_EGRESS_NOT_ENFORCED,
         }
     }
 
     /// Its words, for Ready's message, `.status.message` and the PodStuck Event.
     pub fn message(&self) -> &str {
         match self {
-            PodProblem::Unschedulable(m) => m,
+            PodProblem::Unschedulable(m) | PodProblem::EgressGate(m) => m,
             PodProblem::ImagePull { message, .. } | PodProblem::Stuck { message, .. } => message,
         }
     }
@@ -198,6 +201,10 @@ impl PodView {
                 problem = Some(p.clone());
             }
         }
+        // The egress gate gave up: nothing else about this pod matters, it will never run.
+        if let Some(words) = egress_gate_failure(status) {
+            problem = Some(PodProblem::EgressGate(words));
+        }
         PodView {
             deleting: pod.metadata.deletion_timestamp.is_some(),
             holder_running,
@@ -210,6 +217,26 @@ impl PodView {
             problem,
         }
     }
+}
+
+/// The egress gate's words when it exited non-zero (docs/contract.md "A filtered run never has an
+/// unfiltered instant"): its termination message, else its exit code.
+fn egress_gate_failure(status: Option<&k8s_openapi::api::core::v1::PodStatus>) -> Option<String> {
+    let gate = status?
+        .init_container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == crate::inpod::gate::GATE_CONTAINER)?;
+    let ended = gate.state.as_ref()?.terminated.as_ref()?;
+    if ended.exit_code == 0 {
+        return None;
+    }
+    let words = ended.message.as_deref().map(str::trim).unwrap_or_default();
+    Some(if words.is_empty() {
+        format!("egress gate exited with code {}", ended.exit_code)
+    } else {
+        words.to_string()
+    })
 }
 
 /// Container waiting reasons that mean a container cannot be created or started (image pulls

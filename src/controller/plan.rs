@@ -595,6 +595,9 @@ pub enum PathWork {
         cap_bytes: u64,
         /// Attempts already made (a resumed teardown).
         previous_attempts: u32,
+        /// Where the holder mounts the path: the packer's argument (read from the pod, so a pod
+        /// built by an older operator is drained where its holder sees the path).
+        holder_path: String,
     },
 }
 
@@ -663,7 +666,8 @@ pub fn teardown(
         .as_ref()
         .is_none_or(|v| v.workload == WorkloadState::NotStarted)
         && status.start_time.is_none();
-    let paths = owed_paths(run, &status, trigger, never_started, holder_running, caps);
+    let holder = holder_running.then_some(pod).flatten();
+    let paths = owed_paths(run, &status, trigger, never_started, holder, caps);
     TeardownPlan {
         opening,
         opening_waits,
@@ -676,13 +680,13 @@ pub fn teardown(
 
 /// The paths of `status` still Pending, each with how its outcome is had: a workload that never
 /// started wrote nothing (`Empty`), a holder that is not running cannot be read (`Failed`), else
-/// the path is drained within its cap.
+/// the path is drained within its cap. `running_holder` is the pod when its holder runs.
 fn owed_paths(
     run: &SandboxRun,
     status: &SandboxRunStatus,
     trigger: &Trigger,
     never_started: bool,
-    holder_running: bool,
+    running_holder: Option<&Pod>,
     caps: &CapSettings,
 ) -> Vec<PathPlan> {
     let mut paths = Vec::new();
@@ -699,7 +703,7 @@ fn owed_paths(
         }
         let work = if never_started {
             PathWork::Record(never_started_entry(&declared.path, trigger))
-        } else if !holder_running {
+        } else if running_holder.is_none() {
             PathWork::Record(ReadBackStatus {
                 path: declared.path.clone(),
                 phase: ReadBackPhase::Failed,
@@ -714,6 +718,9 @@ fn owed_paths(
             PathWork::Drain {
                 cap_bytes: caps.effective(requested),
                 previous_attempts: status.read_back[entry].attempts,
+                holder_path: running_holder
+                    .and_then(|pod| crate::pod::holder_mount(pod, index))
+                    .unwrap_or_else(|| crate::inpod::holder::holder_path(&declared.path)),
             }
         };
         paths.push(PathPlan {
@@ -1419,7 +1426,8 @@ mod tests {
         assert!(plan.holder_running);
         assert!(matches!(
             plan.paths[0].work,
-            PathWork::Drain { cap_bytes, previous_attempts: 0 } if cap_bytes == caps.default_bytes
+            PathWork::Drain { cap_bytes, previous_attempts: 0, ref holder_path }
+                if cap_bytes == caps.default_bytes && holder_path == "/sandboxrun-readback/out"
         ));
         // The holder is not running: the paths cannot be read.
         let plan = teardown(

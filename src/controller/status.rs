@@ -8,9 +8,9 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::conditions::{
-    self, condition_true, image_pull_failure, ready_false_reason, remove_condition, set_condition,
-    set_condition_unknown, REASON_CONDITION_DRAIN_FAILED, REASON_DEADLINE_EXCEEDED,
-    REASON_IMAGE_PULL_FAILED, REASON_IMAGE_UNRESOLVABLE, REASON_POD_DELETED, REASON_POD_LOST,
+    self, condition_true, ready_false_reason, remove_condition, set_condition,
+    set_condition_unknown, start_failure, StartFailure, REASON_CONDITION_DRAIN_FAILED,
+    REASON_DEADLINE_EXCEEDED, REASON_IMAGE_UNRESOLVABLE, REASON_POD_DELETED, REASON_POD_LOST,
     REASON_POD_PENDING, REASON_POD_RUNNING, REASON_RUN_ENDED, REASON_WORKLOAD_FAILED,
 };
 use super::decide::Trigger;
@@ -182,7 +182,10 @@ pub(crate) fn draining_status(
     // A deadline and a pod deleted by someone else are recorded in Ready's reason too: they fail
     // the run (finished_status reads them there), and a resumed teardown finds its trigger again.
     let (ready_reason, ready_message) = match trigger {
-        Trigger::ImagePullFailed { message } => (REASON_IMAGE_PULL_FAILED, message.clone()),
+        Trigger::ImagePullFailed { .. } | Trigger::EgressGateFailed { .. } => trigger
+            .start_failure()
+            .map(|(failure, message)| (failure.reason(), message.to_string()))
+            .unwrap_or_default(),
         Trigger::Deadline => (REASON_DEADLINE_EXCEEDED, trigger.describe()),
         Trigger::PodDeleting => (REASON_POD_DELETED, trigger.describe()),
         _ => ("TearingDown", trigger.describe()),
@@ -228,8 +231,8 @@ pub(crate) struct Ending {
     pub workload_finished: bool,
     /// Its exit code, when it did.
     pub exit_code: Option<i32>,
-    /// The workload never started because an image could not be pulled.
-    pub image_pull_failed: bool,
+    /// The workload never started, and why (an image could not be pulled, the egress gate).
+    pub start_failed: Option<StartFailure>,
     /// The pod vanished before teardown drained it ([`pod_lost_status`]).
     pub pod_vanished: bool,
     /// The teardown was triggered by `spec.activeDeadlineSeconds`.
@@ -245,7 +248,8 @@ pub(crate) struct Ending {
 /// Complete=True). The first cause that applies, in this order:
 ///
 /// - phase `Succeeded` → None (a failed optional path shows only in Drained=False);
-/// - phase `Failed`: [`REASON_IMAGE_PULL_FAILED`], [`REASON_WORKLOAD_FAILED`] (non-zero exit),
+/// - phase `Failed`: the [`StartFailure`]'s reason (`ImagePullFailed`, `EgressNotEnforced`),
+///   [`REASON_WORKLOAD_FAILED`] (non-zero exit),
 ///   [`REASON_POD_LOST`] (the pod vanished before teardown), else [`REASON_CONDITION_DRAIN_FAILED`] (a
 ///   `required` path failed);
 /// - phase `Stopped`: [`REASON_DEADLINE_EXCEEDED`], [`REASON_POD_DELETED`], then
@@ -265,8 +269,8 @@ pub(crate) fn failure_reason(e: &Ending) -> Option<&'static str> {
             }
         }
         // Failed (and, defensively, any phase that is not final: never a success).
-        _ => Some(if e.image_pull_failed {
-            REASON_IMAGE_PULL_FAILED
+        _ => Some(if let Some(failure) = e.start_failed {
+            failure.reason()
         } else if e.workload_finished && e.exit_code != Some(0) {
             REASON_WORKLOAD_FAILED
         } else if e.pod_vanished {
@@ -289,6 +293,7 @@ fn end_status(
     let required_failed = set_drained(run, &mut status, now);
     let (ending, pull_failed) = ending_of(run, &status, pod_vanished, required_failed);
     let why = ending_message(&ending, &status, required_failed, pull_failed.as_deref());
+    let pull_failed = ending.start_failed;
     let phase = ending.phase;
     status.phase = Some(phase);
     status.message = Some(why.clone());
@@ -380,7 +385,14 @@ fn ending_of(
     // The workload never started because an image could not be pulled (Ready=False with reason
     // ImagePullFailed, kept by draining_status): the run failed, and the kubelet's words say why.
     let pull_failed = !finished && status.start_time.is_none() && status.exit_code.is_none();
-    let pull_failed = pull_failed.then(|| image_pull_failure(status)).flatten();
+    let never_started = pull_failed.then(|| start_failure(status)).flatten();
+    let start_failed = never_started.as_ref().map(|(failure, _)| *failure);
+    let pull_failed = never_started.map(|(failure, message)| {
+        format!(
+            "the workload never started: {}: {message}",
+            failure.because()
+        )
+    });
     // How teardown began, recorded in Ready's reason by draining_status (read before Ready says
     // the run ended).
     let ready_reason = ready_false_reason(status);
@@ -404,7 +416,7 @@ fn ending_of(
         phase,
         workload_finished: finished,
         exit_code: status.exit_code,
-        image_pull_failed: pull_failed.is_some(),
+        start_failed,
         pod_vanished,
         deadline,
         pod_deleted,
@@ -428,10 +440,7 @@ fn ending_message(
         (Phase::Succeeded, _) => {
             "workload succeeded and its read-back paths are stored".to_string()
         }
-        _ if pull_failed.is_some() => format!(
-            "the workload never started: its image could not be pulled: {}",
-            pull_failed.unwrap_or_default()
-        ),
+        _ if pull_failed.is_some() => pull_failed.unwrap_or_default().to_string(),
         _ if pod_lost => POD_GONE.to_string(),
         (Phase::Failed, false) if e.workload_finished => {
             format!(
@@ -565,6 +574,7 @@ pub(crate) fn pod_lost_status(
 pub(crate) fn never_started_entry(path: &str, trigger: &Trigger) -> ReadBackStatus {
     let message = match trigger {
         Trigger::ImagePullFailed { .. } => NEVER_STARTED_IMAGE_PULL,
+        Trigger::EgressGateFailed { .. } => NEVER_STARTED_EGRESS_GATE,
         _ => "the workload never started, so it wrote nothing",
     };
     ReadBackStatus {
@@ -630,6 +640,10 @@ pub(crate) const NEVER_STARTED_UNRESOLVABLE: &str =
 pub(crate) const NEVER_STARTED_IMAGE_PULL: &str =
     "the workload never started because its image could not be pulled, so it wrote nothing; nothing was drained";
 
+/// The message of a path whose workload never started because the egress gate gave up.
+pub(crate) const NEVER_STARTED_EGRESS_GATE: &str =
+    "the workload never started because its egress policy was not seen in force, so it wrote nothing; nothing was drained";
+
 /// Why the drain of a path failed when the pod was gone before teardown.
 pub(crate) const POD_GONE: &str =
     "the pod was gone before teardown (deleted or evicted); its emptyDirs went with it and nothing could be drained";
@@ -637,6 +651,7 @@ pub(crate) const POD_GONE: &str =
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::conditions::REASON_IMAGE_PULL_FAILED;
     use crate::controller::decide::{decide, Step};
     use crate::controller::events::teardown_event;
     use crate::controller::fixtures::*;
@@ -1151,7 +1166,7 @@ mod tests {
             phase: Phase::Failed,
             workload_finished: true,
             exit_code: Some(1),
-            image_pull_failed: false,
+            start_failed: None,
             pod_vanished: false,
             deadline: false,
             pod_deleted: false,

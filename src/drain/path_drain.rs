@@ -69,6 +69,9 @@ pub(crate) struct PathJob<'a> {
     pub index: usize,
     /// The declared container path.
     pub path: &'a str,
+    /// Where the holder mounts it: the packer's argument (docs/contract.md "The holder runs only
+    /// the operator's code").
+    pub holder_path: &'a str,
     /// Effective cap.
     pub cap_bytes: u64,
     /// Compression.
@@ -596,7 +599,7 @@ async fn attempt(
     (budget, wire): (Option<u64>, Wire),
     last_written: &mut Option<Manifest>,
 ) -> Result<Manifest, AttemptError> {
-    let argv = pack_argv(job.pack_command, job.path, budget, wire);
+    let argv = pack_argv(job.pack_command, job.holder_path, budget, wire);
     let mut exec = PackExec::start(job.pods, job.pod_name, argv).await?;
     let stdout = exec.take_stdout().ok_or(AttemptError::NoStdout)?;
     let started = jiff::Timestamp::now();
@@ -1044,6 +1047,7 @@ mod tests {
             run_uid: "u",
             index: 0,
             path: "/out",
+            holder_path: "/sandboxrun-readback/out",
             cap_bytes: 1 << 20,
             compression: Compression::None,
             wire: Wire::Zstd,

@@ -58,7 +58,13 @@ pub(crate) fn build_policy(
     let egress_rules = match egress_of(run)? {
         Egress::Open => return Ok(None),
         Egress::DenyAll => Vec::new(),
-        Egress::Filtered { mode, rules } => {
+        Egress::Filtered { mode, mut rules } => {
+            // The egress gate's fixed probe is denied to every restricted run, whatever its
+            // rules, so the gate can see the policy in force (docs/contract.md "A filtered run
+            // never has an unfiltered instant"). Last match wins.
+            if let Some(probe) = fixed_gate_probe(settings) {
+                rules.push(deny_rule(mode, probe));
+            }
             let mut out = vec![dns_rule(&settings.dns)];
             if let Some(proxy) = &settings.proxy {
                 out.push(NetworkPolicyEgressRule {
@@ -111,6 +117,23 @@ pub(crate) fn build_policy(
             egress: Some(egress_rules),
         }),
     }))
+}
+
+/// The egress gate's probe address when it is a fixed one (`run --egress-gate-probe <ip>:<port>`).
+fn fixed_gate_probe(settings: &EgressSettings) -> Option<IpAddr> {
+    match settings.gate?.probe {
+        crate::inpod::gate::GateProbe::Addr(addr) => Some(addr.ip()),
+        crate::inpod::gate::GateProbe::Node(_) => None,
+    }
+}
+
+/// The rule that denies `addr` in `mode`: an allowlist denies with `!`, a denylist with the bare
+/// address.
+fn deny_rule(mode: NetworkMode, addr: IpAddr) -> Rule {
+    Rule {
+        negated: mode != NetworkMode::Denylist,
+        pattern: crate::admission::network::Pattern::Ip(addr),
+    }
 }
 
 fn dns_rule(dns: &PeerSelector) -> NetworkPolicyEgressRule {
@@ -422,6 +445,44 @@ mod tests {
             (NetworkMode::Denylist, vec![]),
         ] {
             agree(mode, &texts);
+        }
+    }
+
+    #[test]
+    fn a_fixed_gate_probe_is_denied_to_every_restricted_run_whatever_its_rules() {
+        let probe: IpAddr = "10.9.9.9".parse().unwrap();
+        let mut gated = settings();
+        gated.gate = Some(crate::inpod::gate::GateSettings {
+            probe: crate::inpod::gate::GateProbe::Addr(std::net::SocketAddr::new(probe, 9)),
+            timeout: std::time::Duration::from_secs(60),
+        });
+        let blocks_of = |r: &SandboxRun, s: &EgressSettings| -> Vec<IPBlock> {
+            let policy = build_policy(r, s).unwrap().unwrap();
+            policy
+                .spec
+                .unwrap()
+                .egress
+                .unwrap()
+                .into_iter()
+                .flat_map(|rule| rule.to.unwrap_or_default())
+                .filter_map(|p| p.ip_block)
+                .collect()
+        };
+        for (mode, rules) in [
+            (NetworkMode::Allowlist, vec!["10.0.0.0/8".to_string()]),
+            (NetworkMode::Denylist, vec!["192.168.0.0/16".to_string()]),
+        ] {
+            let r = run(Some(NetSpec { mode, rules }));
+            // Without a fixed probe the run's rules alone allow it; with one it is carved out.
+            assert!(
+                policy_allows(&blocks_of(&r, &settings()), probe),
+                "{mode:?}"
+            );
+            assert!(!policy_allows(&blocks_of(&r, &gated), probe), "{mode:?}");
+            assert!(policy_allows(
+                &blocks_of(&r, &gated),
+                "10.9.9.8".parse().unwrap()
+            ));
         }
     }
 

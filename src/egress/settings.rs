@@ -62,6 +62,8 @@ pub struct EgressSettings {
     pub token_secret: Option<TokenSecret>,
     /// What the workload reaches without the proxy (`NO_PROXY`).
     pub no_proxy: String,
+    /// The egress gate of filtered runs' pods (`run --egress-gate-probe`; None: off).
+    pub gate: Option<crate::inpod::gate::GateSettings>,
 }
 
 /// The proxy token secret; its Debug never shows it (settings are logged).
@@ -88,6 +90,10 @@ impl Default for EgressSettings {
             proxy: None,
             token_secret: None,
             no_proxy: DEFAULT_NO_PROXY.to_string(),
+            gate: Some(crate::inpod::gate::GateSettings {
+                probe: crate::inpod::gate::GateProbe::Node(10250),
+                timeout: std::time::Duration::from_secs(60),
+            }),
         }
     }
 }

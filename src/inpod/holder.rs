@@ -9,8 +9,14 @@ use std::time::{Duration, Instant};
 pub(crate) const DRAINED_MARKER: &str = "drained";
 /// Where the holder keeps its drain marker (an emptyDir of its own: its root may be read-only).
 pub const HOLDER_STATE_DIR: &str = "/var/run/sandboxrun";
-/// The operator's binary, which the holder's image (the operator's own) runs.
-pub(crate) const BINARY: &str = "sandboxrun-operator";
+/// Where the operator's image keeps its binary: the holder's program and the packer, always
+/// exec'd by this absolute path (`run --holder-binary`), never found through PATH
+/// (docs/contract.md "The holder runs only the operator's code").
+pub const HOLDER_BINARY: &str = "/usr/local/bin/sandboxrun-operator";
+/// Where the holder mounts the read-back paths: each declared path `P` at this root followed by
+/// `P`, read-only. Never on the holder's PATH nor over its binary, whatever the run declares: a
+/// file the workload writes can never stand where the holder looks for a program.
+pub const HOLDER_READBACK_ROOT: &str = "/sandboxrun-readback";
 /// The subcommand that runs the holder's modes (`crate::cmd::holder`).
 pub(crate) const SUBCOMMAND: &str = "holder";
 
@@ -31,9 +37,9 @@ pub(crate) enum HolderCommand {
 }
 
 impl HolderCommand {
-    /// `sandboxrun-operator holder`: a container's `command`.
-    pub fn program() -> Vec<String> {
-        vec![BINARY.to_string(), SUBCOMMAND.to_string()]
+    /// `<binary> holder`: a container's `command`, `binary` an absolute path.
+    pub fn program(binary: &str) -> Vec<String> {
+        vec![binary.to_string(), SUBCOMMAND.to_string()]
     }
 
     /// The arguments after [`HolderCommand::program`]: a container's `args`.
@@ -50,11 +56,17 @@ impl HolderCommand {
     }
 
     /// The whole argv: an exec's or a hook's command.
-    pub fn argv(&self) -> Vec<String> {
-        let mut argv = Self::program();
+    pub fn argv(&self, binary: &str) -> Vec<String> {
+        let mut argv = Self::program(binary);
         argv.extend(self.args());
         argv
     }
+}
+
+/// Where the holder sees declared read-back path `declared` (absolute, normalized: admission's
+/// rule): below [`HOLDER_READBACK_ROOT`]. The packer is exec'd on this path.
+pub(crate) fn holder_path(declared: &str) -> String {
+    format!("{HOLDER_READBACK_ROOT}{declared}")
 }
 
 /// Writes the drained marker (the operator execs this after the drain).
@@ -108,8 +120,8 @@ mod tests {
             ),
             (HolderCommand::MarkDrained, None, true),
         ] {
-            let argv = command.argv();
-            assert_eq!(argv[0], BINARY);
+            let argv = command.argv(HOLDER_BINARY);
+            assert_eq!(argv[0], HOLDER_BINARY);
             match Cli::try_parse_from(&argv).map(|c| c.command) {
                 Ok(Command::Holder(h)) => {
                     assert_eq!(h.wait_drained, wait, "{argv:?}");
@@ -123,6 +135,20 @@ mod tests {
                 assert!(crate::units::parse_duration(&wait).is_ok(), "{wait}");
             }
         }
+    }
+
+    #[test]
+    fn a_read_back_path_is_seen_by_the_holder_below_its_own_root_never_on_its_path() {
+        for declared in ["/usr/local/sbin", "/usr/local/bin", "/bin", "/work/out"] {
+            let seen = holder_path(declared);
+            assert_eq!(seen, format!("/sandboxrun-readback{declared}"));
+            assert!(
+                !seen.starts_with("/usr/") && !seen.starts_with("/bin"),
+                "{seen}"
+            );
+        }
+        assert!(!Path::new(HOLDER_BINARY).starts_with(HOLDER_READBACK_ROOT));
+        assert!(Path::new(HOLDER_BINARY).is_absolute());
     }
 
     #[tokio::test]

@@ -113,6 +113,18 @@ pub async fn client() -> Client {
     client
 }
 
+/// A client of the test bed acting as `user` (impersonated by the bed's admin credentials).
+pub async fn client_as(user: &str) -> Client {
+    crypto();
+    let path = kubeconfig_path();
+    let kc = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("{HOW_TO_START} ({e})"));
+    let mut config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("{HOW_TO_START} ({e})"));
+    config.auth_info.impersonate = Some(user.to_string());
+    Client::try_from(config).unwrap_or_else(|e| panic!("{HOW_TO_START} ({e})"))
+}
+
 /// Applies the committed CRD (the same file users apply) and waits until it is established.
 pub async fn ensure_crd(client: &Client) {
     static DONE: OnceLock<()> = OnceLock::new();

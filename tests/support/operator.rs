@@ -90,12 +90,14 @@ impl OperatorBuilder {
     /// The full argument list: `run`, every default not overridden, then the test's flags.
     pub fn args(&self) -> Vec<String> {
         let pod_name = format!("operator-{}", self.namespace);
-        let defaults: [(&str, &str); 7] = [
+        // The kwok node's exec runs on this host: the holder's binary is this build's.
+        let defaults: [(&str, &str); 8] = [
             ("--namespaces", &self.namespace),
             ("--store-url", &self.store_url),
             ("--metrics-addr", "127.0.0.1:0"),
             ("--webhook-addr", ""),
             ("--holder-image", "sandboxrun-operator:test"),
+            ("--holder-binary", env!("CARGO_BIN_EXE_sandboxrun-operator")),
             ("--log-level", "info,sandboxrun_operator=debug"),
             ("--pod-name", &pod_name),
         ];

@@ -1,0 +1,344 @@
+//! A run uses only its author's rights (docs/contract.md "A run uses only its author's rights").
+//! The operator creates the run's pod with its own ServiceAccount, so without this check a user
+//! who may create SandboxRuns, but not pods and not read Secrets, would get a pod running as any
+//! ServiceAccount of the namespace, with any Secret mounted. The webhook asks the apiserver, with
+//! a SubjectAccessReview for the requesting user (the AdmissionReview's userInfo), for each right
+//! the run's spec exercises:
+//!
+//! - `create pods` in the namespace when the run names a `serviceAccountName` (its token is
+//!   mounted), a `runtimeClassName`, a `priorityClassName` or `tolerations`: what Kubernetes
+//!   itself requires of someone creating that pod;
+//! - `get secrets/<name>` for each Secret mount, `secretKeyRef` and the run's own
+//!   `imagePullSecrets`; `get configmaps/<name>` for each ConfigMap mount and `configMapKeyRef`;
+//!   `get persistentvolumeclaims/<name>` for each PVC mount.
+//!
+//! [`required`] is the pure part (which rights a spec exercises); [`check`] asks the apiserver.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::authentication::v1::UserInfo;
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+use kube::Client;
+
+use super::rules::Finding;
+use crate::api::{MountType, SandboxRunSpec};
+
+/// The rule id of every finding of this module.
+pub(crate) const ACCESS_RULE: &str = "access";
+
+/// One right a run's spec exercises.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Right {
+    /// The verb (`create`, `get`).
+    pub verb: &'static str,
+    /// The core-group resource (`pods`, `secrets`, …).
+    pub resource: &'static str,
+    /// The object's name; None: any (a `create`).
+    pub name: Option<String>,
+}
+
+impl Right {
+    fn get(resource: &'static str, name: &str) -> Right {
+        Right {
+            verb: "get",
+            resource,
+            name: Some(name.to_string()),
+        }
+    }
+
+    /// `kubectl auth can-i` arguments for this right.
+    fn can_i(&self, namespace: &str, user: &str) -> String {
+        let what = match &self.name {
+            Some(name) => format!("{}/{name}", self.resource),
+            None => self.resource.to_string(),
+        };
+        format!(
+            "kubectl auth can-i {} {what} -n {namespace} --as {user}",
+            self.verb
+        )
+    }
+}
+
+/// Every right `spec` exercises, each with the fields that exercise it, in a stable order.
+pub(crate) fn required(spec: &SandboxRunSpec) -> BTreeMap<Right, Vec<String>> {
+    let mut out: BTreeMap<Right, Vec<String>> = BTreeMap::new();
+    let mut need = |right: Right, field: String| out.entry(right).or_default().push(field);
+    let create_pods = || Right {
+        verb: "create",
+        resource: "pods",
+        name: None,
+    };
+    if spec.service_account_name.is_some() {
+        need(create_pods(), "spec.serviceAccountName".to_string());
+    }
+    if spec.runtime_class_name.is_some() {
+        need(create_pods(), "spec.runtimeClassName".to_string());
+    }
+    if spec.priority_class_name.is_some() {
+        need(create_pods(), "spec.priorityClassName".to_string());
+    }
+    if spec.tolerations.as_ref().is_some_and(|t| !t.is_empty()) {
+        need(create_pods(), "spec.tolerations".to_string());
+    }
+    for (i, m) in spec.mounts.iter().enumerate() {
+        let resource = match m.kind {
+            MountType::Secret => "secrets",
+            MountType::ConfigMap => "configmaps",
+            MountType::PersistentVolumeClaim => "persistentvolumeclaims",
+            MountType::EmptyDir | MountType::Bind => continue,
+        };
+        if let Some(source) = &m.source {
+            need(
+                Right::get(resource, source),
+                format!("spec.mounts[{i}].source"),
+            );
+        }
+    }
+    for (i, e) in spec.env.iter().enumerate() {
+        let Some(from) = &e.value_from else { continue };
+        if let Some(s) = &from.secret_key_ref {
+            let field = format!("spec.env[{i}].valueFrom.secretKeyRef");
+            need(Right::get("secrets", &s.name), field);
+        }
+        if let Some(c) = &from.config_map_key_ref {
+            let field = format!("spec.env[{i}].valueFrom.configMapKeyRef");
+            need(Right::get("configmaps", &c.name), field);
+        }
+    }
+    for (i, name) in spec.image_pull_secrets.iter().enumerate() {
+        need(
+            Right::get("secrets", name),
+            format!("spec.imagePullSecrets[{i}]"),
+        );
+    }
+    out
+}
+
+/// The rights `new` exercises that `old` did not (all of them on CREATE): an UPDATE is judged
+/// only for what it adds, so a user who may stop a run need not hold its author's rights.
+pub(crate) fn added(
+    old: Option<&SandboxRunSpec>,
+    new: &SandboxRunSpec,
+) -> BTreeMap<Right, Vec<String>> {
+    let mut wanted = required(new);
+    if let Some(old) = old {
+        for right in required(old).into_keys() {
+            wanted.remove(&right);
+        }
+    }
+    wanted
+}
+
+/// The refusal of one right the user does not hold.
+fn refused(right: &Right, fields: &[String], namespace: &str, user: &str, why: &str) -> Finding {
+    let what = match &right.name {
+        Some(name) => format!("{} {} \"{name}\"", right.verb, right.resource),
+        None => format!("{} {}", right.verb, right.resource),
+    };
+    Finding::fail(
+        ACCESS_RULE,
+        fields.join(", "),
+        format!(
+            "{user} may not {what} in namespace {namespace}{why}; a run may use only what its author may"
+        ),
+        format!(
+            "ask for that right, or drop the field; check with `{}`",
+            right.can_i(namespace, user)
+        ),
+    )
+}
+
+/// Asks the apiserver whether `user` holds each right in `wanted`: a finding for each one it
+/// does not hold, or that could not be asked (fail closed: the apiserver's words in the message).
+pub(crate) async fn check(
+    client: &Client,
+    user: &UserInfo,
+    namespace: &str,
+    wanted: &BTreeMap<Right, Vec<String>>,
+) -> Vec<Finding> {
+    let api: Api<SubjectAccessReview> = Api::all(client.clone());
+    let name = user.username.clone().unwrap_or_default();
+    let asks = wanted.iter().map(|(right, fields)| {
+        let api = api.clone();
+        let review = review_of(user, namespace, right);
+        let name = name.clone();
+        async move {
+            match api.create(&PostParams::default(), &review).await {
+                Ok(answer) if answer.status.as_ref().is_some_and(|s| s.allowed) => None,
+                Ok(answer) => {
+                    let reason = answer
+                        .status
+                        .and_then(|s| s.reason)
+                        .filter(|r| !r.is_empty())
+                        .map(|r| format!(" ({r})"))
+                        .unwrap_or_default();
+                    Some(refused(right, fields, namespace, &name, &reason))
+                }
+                Err(e) => Some(refused(
+                    right,
+                    fields,
+                    namespace,
+                    &name,
+                    &format!(" (the access check could not be made: {e})"),
+                )),
+            }
+        }
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
+
+/// The SubjectAccessReview of `right` for `user` in `namespace`.
+fn review_of(user: &UserInfo, namespace: &str, right: &Right) -> SubjectAccessReview {
+    SubjectAccessReview {
+        spec: SubjectAccessReviewSpec {
+            user: user.username.clone(),
+            groups: user.groups.clone(),
+            uid: user.uid.clone(),
+            extra: user.extra.clone(),
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(namespace.to_string()),
+                verb: Some(right.verb.to_string()),
+                group: Some(String::new()),
+                resource: Some(right.resource.to_string()),
+                name: right.name.clone(),
+                ..ResourceAttributes::default()
+            }),
+            ..SubjectAccessReviewSpec::default()
+        },
+        ..SubjectAccessReview::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{EnvVar, EnvVarSource, Mount};
+    use k8s_openapi::api::core::v1::{ConfigMapKeySelector, SecretKeySelector, Toleration};
+
+    fn mount(kind: MountType, source: &str) -> Mount {
+        Mount {
+            name: format!("m-{source}"),
+            kind,
+            source: Some(source.to_string()),
+            target: format!("/m/{source}"),
+            read_only: true,
+        }
+    }
+
+    fn names(rights: &BTreeMap<Right, Vec<String>>) -> Vec<String> {
+        rights
+            .iter()
+            .map(|(r, f)| {
+                let name = r.name.clone().unwrap_or_else(|| "*".into());
+                format!("{} {}/{name} <- {}", r.verb, r.resource, f.join(","))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_plain_run_exercises_no_right_of_its_author() {
+        assert!(required(&SandboxRunSpec::default()).is_empty());
+    }
+
+    #[test]
+    fn every_field_that_reaches_beyond_the_run_needs_its_right() {
+        let spec = SandboxRunSpec {
+            service_account_name: Some("builder".into()),
+            runtime_class_name: Some("gvisor".into()),
+            tolerations: Some(vec![Toleration::default()]),
+            mounts: vec![
+                mount(MountType::Secret, "db"),
+                mount(MountType::ConfigMap, "cfg"),
+                mount(MountType::PersistentVolumeClaim, "data"),
+                mount(MountType::EmptyDir, "scratch"),
+            ],
+            env: vec![
+                EnvVar {
+                    name: "TOKEN".into(),
+                    value: String::new(),
+                    value_from: Some(EnvVarSource {
+                        secret_key_ref: Some(SecretKeySelector {
+                            name: "api".into(),
+                            key: "token".into(),
+                            optional: None,
+                        }),
+                        config_map_key_ref: None,
+                    }),
+                },
+                EnvVar {
+                    name: "MODE".into(),
+                    value: String::new(),
+                    value_from: Some(EnvVarSource {
+                        secret_key_ref: None,
+                        config_map_key_ref: Some(ConfigMapKeySelector {
+                            name: "cfg".into(),
+                            key: "mode".into(),
+                            optional: None,
+                        }),
+                    }),
+                },
+            ],
+            image_pull_secrets: vec!["db".into()],
+            ..SandboxRunSpec::default()
+        };
+        assert_eq!(
+            names(&required(&spec)),
+            [
+                "create pods/* <- spec.serviceAccountName,spec.runtimeClassName,spec.tolerations",
+                "get configmaps/cfg <- spec.mounts[1].source,spec.env[1].valueFrom.configMapKeyRef",
+                "get persistentvolumeclaims/data <- spec.mounts[2].source",
+                "get secrets/api <- spec.env[0].valueFrom.secretKeyRef",
+                "get secrets/db <- spec.mounts[0].source,spec.imagePullSecrets[0]",
+            ]
+        );
+    }
+
+    #[test]
+    fn an_update_is_judged_only_for_the_rights_it_adds() {
+        let old = SandboxRunSpec {
+            mounts: vec![mount(MountType::Secret, "db")],
+            ..SandboxRunSpec::default()
+        };
+        let mut new = old.clone();
+        assert!(added(Some(&old), &new).is_empty());
+        new.mounts.push(mount(MountType::Secret, "other"));
+        assert_eq!(
+            names(&added(Some(&old), &new)),
+            ["get secrets/other <- spec.mounts[1].source"]
+        );
+        assert_eq!(added(None, &new).len(), 2);
+    }
+
+    #[test]
+    fn a_refusal_names_the_user_the_right_and_the_can_i_line() {
+        let right = Right::get("secrets", "db");
+        let f = refused(
+            &right,
+            &["spec.mounts[0].source".into()],
+            "team",
+            "alice",
+            "",
+        );
+        assert_eq!(f.rule, ACCESS_RULE);
+        assert_eq!(f.field, "spec.mounts[0].source");
+        assert!(
+            f.message
+                .contains("alice may not get secrets \"db\" in namespace team"),
+            "{}",
+            f.message
+        );
+        assert!(
+            f.hint
+                .contains("kubectl auth can-i get secrets/db -n team --as alice"),
+            "{}",
+            f.hint
+        );
+    }
+}

@@ -1,0 +1,255 @@
+//! The egress gate (docs/contract.md "A filtered run never has an unfiltered instant"): the first
+//! init container of every pod whose run restricts egress. A network plugin programs a pod's
+//! NetworkPolicy only after the pod has an address, so a workload that started at once could
+//! reach what its policy denies in its first second. The gate, the operator's own code in the
+//! operator's image, connects to a probe address the run's policy denies (by default the node's
+//! kubelet port, which every node that can be exec'd into serves) until the connection is
+//! refused, then exits 0 and the workload starts. Still reachable after its bound: it exits 1
+//! with the reason as its termination message, and the run fails with `EgressNotEnforced`.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use thiserror::Error;
+
+/// The gate's container name.
+pub(crate) const GATE_CONTAINER: &str = "egress-gate";
+/// The subcommand the gate runs (`crate::cmd::gate`).
+pub(crate) const SUBCOMMAND: &str = "egress-gate";
+/// The gate's env variable holding the node's IP (downward API `status.hostIP`).
+pub(crate) const HOST_IP_ENV: &str = "SANDBOXRUN_HOST_IP";
+/// Bound of one connection attempt: a policy that drops (rather than rejects) is seen as a
+/// timeout.
+pub(crate) const TRY_TIMEOUT: Duration = Duration::from_millis(700);
+/// Pause between two attempts that reached the probe.
+pub(crate) const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// What the gate probes (`run --egress-gate-probe`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GateProbe {
+    /// The node's IP (the pod's `status.hostIP`) at this port: `node:<port>`.
+    Node(u16),
+    /// A fixed address: `<ip>:<port>`, `[<ipv6>]:<port>`.
+    Addr(SocketAddr),
+}
+
+/// The gate's settings; `None` in [`crate::egress::EgressSettings::gate`] turns it off.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GateSettings {
+    /// What to probe.
+    pub probe: GateProbe,
+    /// How long the probe may stay reachable before the run fails.
+    pub timeout: Duration,
+}
+
+/// Default of `run --egress-gate-probe`: the kubelet's port on the pod's node.
+pub const DEFAULT_GATE_PROBE: &str = "node:10250";
+/// Default of `run --egress-gate-timeout`.
+pub const DEFAULT_GATE_TIMEOUT: &str = "60s";
+
+/// A `--egress-gate-probe` value that does not parse.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("--egress-gate-probe {0:?}: want off, node:<port> or <ip>:<port>")]
+pub struct ProbeError(pub String);
+
+/// Parses `--egress-gate-probe`: `off` (None), `node:<port>` or a socket address.
+pub fn parse_probe(text: &str) -> Result<Option<GateProbe>, ProbeError> {
+    let text = text.trim();
+    if text == "off" {
+        return Ok(None);
+    }
+    let bad = || ProbeError(text.to_string());
+    if let Some(port) = text.strip_prefix("node:") {
+        let port: u16 = port.parse().map_err(|_| bad())?;
+        return (port != 0)
+            .then_some(Some(GateProbe::Node(port)))
+            .ok_or_else(bad);
+    }
+    let addr: SocketAddr = text.parse().map_err(|_| bad())?;
+    (addr.port() != 0)
+        .then_some(Some(GateProbe::Addr(addr)))
+        .ok_or_else(bad)
+}
+
+impl GateSettings {
+    /// The gate container's arguments after its program (`<binary>`): the probe, with the node's
+    /// IP as `$(SANDBOXRUN_HOST_IP)` for the kubelet to expand, and the bound.
+    pub(crate) fn args(&self) -> Vec<String> {
+        let (host, port) = match self.probe {
+            GateProbe::Node(port) => (format!("$({HOST_IP_ENV})"), port),
+            GateProbe::Addr(addr) => (addr.ip().to_string(), addr.port()),
+        };
+        vec![
+            SUBCOMMAND.to_string(),
+            "--probe-host".to_string(),
+            host,
+            "--probe-port".to_string(),
+            port.to_string(),
+            "--timeout".to_string(),
+            format!("{}s", self.timeout.as_secs().max(1)),
+        ]
+    }
+}
+
+/// What one connection attempt to the probe found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// The probe answered: the policy is not in force for this pod yet.
+    Reached,
+    /// Refused, unreachable or timed out: the policy denies it.
+    Denied,
+}
+
+/// What the gate does after an attempt.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GateStep {
+    /// The policy is in force: let the workload start.
+    Open,
+    /// Try again after [`RETRY_PAUSE`].
+    Retry,
+    /// The bound passed with the probe still reachable: fail the run.
+    GiveUp,
+}
+
+/// The gate's rule: open on the first denied attempt; retry while within `limit`.
+pub(crate) fn next_step(attempt: Attempt, elapsed: Duration, limit: Duration) -> GateStep {
+    match attempt {
+        Attempt::Denied => GateStep::Open,
+        Attempt::Reached if elapsed >= limit => GateStep::GiveUp,
+        Attempt::Reached => GateStep::Retry,
+    }
+}
+
+/// Why the gate kept the workload from starting.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum GateError {
+    /// The probe stayed reachable.
+    #[error(
+        "egress gate: {probe} was still reachable after {secs}s ({attempts} attempts), so this pod's NetworkPolicy was not seen in force and the workload was not started; check that the network plugin enforces NetworkPolicy (run --network-policy) and that no rule of the run allows {probe} (run --egress-gate-probe)"
+    )]
+    StillReachable {
+        /// The probe address.
+        probe: SocketAddr,
+        /// Seconds waited.
+        secs: u64,
+        /// Attempts made.
+        attempts: u32,
+    },
+}
+
+/// One attempt: a TCP connection to `probe` within [`TRY_TIMEOUT`].
+async fn attempt(probe: SocketAddr) -> Attempt {
+    match tokio::time::timeout(TRY_TIMEOUT, tokio::net::TcpStream::connect(probe)).await {
+        Ok(Ok(_)) => Attempt::Reached,
+        Ok(Err(_)) | Err(_) => Attempt::Denied,
+    }
+}
+
+/// Probes `host:port` until it is denied (Ok: how long it took) or `limit` passes.
+pub(crate) async fn wait_until_denied(
+    host: IpAddr,
+    port: u16,
+    limit: Duration,
+) -> Result<Duration, GateError> {
+    let probe = SocketAddr::new(host, port);
+    let start = tokio::time::Instant::now();
+    let mut attempts = 0u32;
+    loop {
+        attempts = attempts.saturating_add(1);
+        let found = attempt(probe).await;
+        match next_step(found, start.elapsed(), limit) {
+            GateStep::Open => return Ok(start.elapsed()),
+            GateStep::GiveUp => {
+                return Err(GateError::StillReachable {
+                    probe,
+                    secs: start.elapsed().as_secs(),
+                    attempts,
+                })
+            }
+            GateStep::Retry => tokio::time::sleep(RETRY_PAUSE).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_gate_opens_on_the_first_denied_attempt_and_gives_up_only_past_its_bound() {
+        let limit = Duration::from_secs(60);
+        let early = Duration::from_secs(1);
+        assert_eq!(next_step(Attempt::Denied, early, limit), GateStep::Open);
+        assert_eq!(next_step(Attempt::Reached, early, limit), GateStep::Retry);
+        assert_eq!(next_step(Attempt::Reached, limit, limit), GateStep::GiveUp);
+        // Denied at the very end still opens: the policy is in force.
+        assert_eq!(next_step(Attempt::Denied, limit * 2, limit), GateStep::Open);
+    }
+
+    #[test]
+    fn probes_parse_as_off_node_port_or_address() {
+        assert_eq!(parse_probe("off"), Ok(None));
+        assert_eq!(parse_probe("node:10250"), Ok(Some(GateProbe::Node(10250))));
+        assert_eq!(
+            parse_probe("10.0.0.1:80"),
+            Ok(Some(GateProbe::Addr("10.0.0.1:80".parse().unwrap())))
+        );
+        assert_eq!(
+            parse_probe("[fd00::1]:443"),
+            Ok(Some(GateProbe::Addr("[fd00::1]:443".parse().unwrap())))
+        );
+        for bad in [
+            "",
+            "node:",
+            "node:0",
+            "node:x",
+            "example.com:80",
+            "10.0.0.1",
+            "1.2.3.4:0",
+        ] {
+            assert!(parse_probe(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_node_probe_is_expanded_by_the_kubelet_from_the_host_ip_variable() {
+        let gate = GateSettings {
+            probe: GateProbe::Node(11250),
+            timeout: Duration::from_secs(30),
+        };
+        assert_eq!(
+            gate.args(),
+            [
+                "egress-gate",
+                "--probe-host",
+                "$(SANDBOXRUN_HOST_IP)",
+                "--probe-port",
+                "11250",
+                "--timeout",
+                "30s"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_listening_probe_keeps_the_gate_shut_and_a_closed_one_opens_it() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let accept = tokio::spawn(async move {
+            while let Ok((conn, _)) = listener.accept().await {
+                drop(conn);
+            }
+        });
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        let shut = wait_until_denied(loopback, port, Duration::from_millis(600)).await;
+        assert!(
+            matches!(shut, Err(GateError::StillReachable { attempts, .. }) if attempts >= 2),
+            "{shut:?}"
+        );
+        accept.abort();
+        let _ = accept.await;
+        // Nothing listens now (the listener was dropped with its task): refused, so open.
+        let open = wait_until_denied(loopback, port, Duration::from_secs(5)).await;
+        assert!(open.is_ok(), "{open:?}");
+    }
+}
