@@ -3,6 +3,8 @@
 //! - [`holder`]: the holder's modes (idle, the preStop wait, the drained marker) and
 //!   [`holder::HolderCommand`], the argv the operator starts and execs them with.
 //! - [`pack`]: `sandboxrun-operator pack`, the tar of a read-back directory the drain reads.
+//! - [`walk`]: the packer's descriptor-relative walk of that directory (`openat`, never a path).
 
 pub mod holder;
 pub mod pack;
+pub(crate) mod walk;
