@@ -332,13 +332,19 @@ fn set_drained(run: &SandboxRun, status: &mut SandboxRunStatus, now: Timestamp) 
             .iter()
             .filter(|e| e.phase == ReadBackPhase::Capped)
             .count();
-        let msg = if capped > 0 {
+        let mut msg = if capped > 0 {
             format!(
                 "every path drained; {capped} capped (dropped members are listed in the manifest)"
             )
         } else {
             "every read-back path drained".to_string()
         };
+        let changed: u64 = status.read_back.iter().map(|e| e.changed_members).sum();
+        if changed > 0 {
+            msg.push_str(&format!(
+                "; {changed} stored file(s) changed while read (listed in the manifests' changed)"
+            ));
+        }
         set_condition(
             &mut status.conditions,
             conditions::DRAINED,
