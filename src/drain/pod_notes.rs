@@ -72,11 +72,17 @@ fn from_stderr(stderr: PackNotes) -> PodNotes {
 }
 
 fn from_in_band(outcome: &DrainOutcome, notes: &InBandNotes) -> PodNotes {
-    let lossy = |p: &[u8]| String::from_utf8_lossy(p).into_owned();
+    let lossy = one_line;
     let mut lines: Vec<String> = notes
         .listed_unreadable
         .iter()
-        .map(|n| format!("{UNREADABLE_NOTE}{}: {}", lossy(&n.path), n.error))
+        .map(|n| {
+            format!(
+                "{UNREADABLE_NOTE}{}: {}",
+                lossy(&n.path),
+                lossy(n.error.as_bytes())
+            )
+        })
         .collect();
     let unlisted_unreadable = notes
         .unreadable
@@ -90,12 +96,13 @@ fn from_in_band(outcome: &DrainOutcome, notes: &InBandNotes) -> PodNotes {
             n.read
         )
     }));
-    lines.extend(
-        notes
-            .listed_skipped
-            .iter()
-            .map(|n| format!("pack: skipped {} {}", n.kind, lossy(&n.path))),
-    );
+    lines.extend(notes.listed_skipped.iter().map(|n| {
+        format!(
+            "pack: skipped {} {}",
+            lossy(n.kind.as_bytes()),
+            lossy(&n.path)
+        )
+    }));
     for (count, listed, what) in [
         (
             notes.unreadable,
@@ -124,6 +131,19 @@ fn from_in_band(outcome: &DrainOutcome, notes: &InBandNotes) -> PodNotes {
         changed_total,
         in_band: true,
     }
+}
+
+/// `bytes` as one line of a note: lossy UTF-8, a control character (a newline in a name) escaped.
+fn one_line(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len());
+    for c in String::from_utf8_lossy(bytes).chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// The changed files that are stored members (a changed file dropped or rejected is not in the
@@ -270,6 +290,18 @@ mod tests {
             pod_notes(&outcome, PackNotes::default()).lines,
             ["pack: skipped socket s.sock"]
         );
+    }
+
+    #[test]
+    fn a_name_with_a_newline_is_one_escaped_note() {
+        let mut in_band = InBandNotes::default();
+        in_band.push_unreadable(b"a\nNOTE forged", "denied");
+        let outcome = DrainOutcome {
+            in_band_notes: Some(in_band),
+            ..Default::default()
+        };
+        let notes = pod_notes(&outcome, PackNotes::default());
+        assert_eq!(notes.lines, ["pack: unreadable a\\nNOTE forged: denied"]);
     }
 
     #[tokio::test]

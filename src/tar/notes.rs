@@ -14,9 +14,10 @@
 //! - one record per listed entry, NUL-separated fields, each percent-escaped
 //!   ([`escape`]: control bytes and `%`), so no field holds a NUL or a newline:
 //!   `SANDBOXRUN.unreadable=<path>\0<error>`, `SANDBOXRUN.skipped=<kind>\0<path>`,
-//!   `SANDBOXRUN.changed=<reason>\0<stat size>\0<bytes read>\0<path>`. The escaping matters:
-//!   the `tar` parsers split PAX records on newlines whatever their length prefix says, so a file
-//!   name with a newline could otherwise break its own record and smuggle another one in.
+//!   `SANDBOXRUN.changed=<reason>\0<stat size>\0<bytes read>\0<path>`. The drain's parser
+//!   (`astral-tokio-tar`) honours the length prefix, but the `tar` crate's splits PAX records on
+//!   newlines: escaped, a file name with a newline can break no record and smuggle none in,
+//!   whichever parser reads the notes.
 //!
 //! Bounded both ways: each kind lists at most [`MAX_LISTED_BYTES_PER_KIND`] bytes of entries (a
 //! flood of FIFOs cannot push an unreadable file out: each kind has its own room), past which
@@ -446,9 +447,10 @@ mod tests {
         records.extend(ustar::record(UNREADABLE_COUNT, b"1"));
         let mut notes = decode(&records).expect("notes");
         assert_eq!((notes.unreadable, notes.changed), (2, 0));
-        let mut other = InBandNotes::default();
-        other.unreadable = 5;
-        notes.absorb(other);
+        notes.absorb(InBandNotes {
+            unreadable: 5,
+            ..InBandNotes::default()
+        });
         assert_eq!(notes.unreadable, 7);
     }
 }
