@@ -41,6 +41,9 @@ pub(crate) const MAX_LISTED_PATH_BYTES: usize = crate::tar::sanitize::DEFAULT_MA
 /// Longest error text listed.
 pub(crate) const MAX_ERROR_BYTES: usize = 256;
 
+/// What one listed record costs besides its escaped fields: length prefix, key, `=`, NULs, `\n`.
+const RECORD_OVERHEAD: usize = 32;
+
 const UNREADABLE_COUNT: &[u8] = b"SANDBOXRUN.notes.unreadable";
 const SKIPPED_COUNT: &[u8] = b"SANDBOXRUN.notes.skipped";
 const CHANGED_COUNT: &[u8] = b"SANDBOXRUN.notes.changed";
@@ -161,7 +164,8 @@ impl InBandNotes {
             path: cut(path, MAX_LISTED_PATH_BYTES),
             error: cut_text(error, MAX_ERROR_BYTES),
         };
-        if take(&mut self.used[0], note.path.len() + note.error.len() + 32) {
+        let cost = escaped_len(&note.path) + escaped_len(note.error.as_bytes()) + RECORD_OVERHEAD;
+        if take(&mut self.used[0], cost) {
             self.listed_unreadable.push(note);
         }
     }
@@ -173,7 +177,8 @@ impl InBandNotes {
             kind: cut_text(kind, 32),
             path: cut(path, MAX_LISTED_PATH_BYTES),
         };
-        if take(&mut self.used[1], note.path.len() + note.kind.len() + 32) {
+        let cost = escaped_len(&note.path) + escaped_len(note.kind.as_bytes()) + RECORD_OVERHEAD;
+        if take(&mut self.used[1], cost) {
             self.listed_skipped.push(note);
         }
     }
@@ -182,8 +187,9 @@ impl InBandNotes {
     /// is only counted: a cut path would name another file).
     pub fn push_changed(&mut self, note: ChangedNote) {
         self.changed = self.changed.saturating_add(1);
-        if note.path.len() <= MAX_LISTED_PATH_BYTES && take(&mut self.used[2], note.path.len() + 64)
-        {
+        // The reason and two sizes (at most 20 digits each) on top of the record's overhead.
+        let cost = escaped_len(&note.path) + RECORD_OVERHEAD + 64;
+        if note.path.len() <= MAX_LISTED_PATH_BYTES && take(&mut self.used[2], cost) {
             self.listed_changed.push(note);
         }
     }
@@ -324,11 +330,25 @@ fn split(value: &[u8], n: usize) -> Option<Vec<Vec<u8>>> {
     (fields.len() == n).then_some(fields)
 }
 
+/// Whether [`escape`] escapes `b`.
+fn needs_escape(b: u8) -> bool {
+    b < 0x20 || b == 0x7f || b == b'%'
+}
+
+/// The length of `bytes` once escaped: what it costs against [`MAX_LISTED_BYTES_PER_KIND`], so
+/// the encoded notes stay under the drain's bound on a PAX body whatever the names hold.
+fn escaped_len(bytes: &[u8]) -> usize {
+    bytes
+        .iter()
+        .map(|&b| if needs_escape(b) { 3 } else { 1 })
+        .sum()
+}
+
 /// Percent-escapes control bytes (newline and NUL among them), DEL and `%`.
 pub(crate) fn escape(bytes: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(bytes.len());
     for &b in bytes {
-        if b < 0x20 || b == 0x7f || b == b'%' {
+        if needs_escape(b) {
             out.extend_from_slice(format!("%{b:02X}").as_bytes());
         } else {
             out.push(b);
@@ -417,6 +437,36 @@ mod tests {
         assert_eq!(back.unreadable, 2);
         assert_eq!(back.listed_unreadable[0].path, name);
         assert_eq!(unescape(&escape(b"%zz%4")), b"%zz%4");
+    }
+
+    #[test]
+    fn the_encoded_notes_stay_under_the_drains_pax_bound_whatever_the_names_hold() {
+        let mut notes = InBandNotes::default();
+        // Names of 255 control bytes: three bytes each once escaped.
+        for i in 0..2_000u32 {
+            let mut name = vec![1u8; 251];
+            name.extend_from_slice(&i.to_be_bytes());
+            notes.push_unreadable(&name, &"\u{1}".repeat(MAX_ERROR_BYTES));
+            notes.push_skipped(&name, "fifo");
+            notes.push_changed(ChangedNote {
+                path: name.clone(),
+                reason: ChangeReason::ReadError,
+                stat_size: u64::MAX,
+                read: u64::MAX,
+            });
+        }
+        let encoded = notes.encode();
+        assert!(
+            (encoded.len() as u64) < crate::drain::archive::MAX_EXTENSION_BODY_BYTES,
+            "{} bytes",
+            encoded.len()
+        );
+        let back = decode(&encoded).expect("notes");
+        assert_eq!(
+            (back.unreadable, back.skipped, back.changed),
+            (2_000, 2_000, 2_000)
+        );
+        assert!(!back.listed_unreadable.is_empty() && !back.listed_changed.is_empty());
     }
 
     #[test]
