@@ -807,6 +807,32 @@ mod tests {
     }
 
     #[test]
+    fn the_drained_condition_counts_changed_members_without_failing_the_run() {
+        let r = run_with(&[("/out", true), ("/logs", false)]);
+        let t = Trigger::WorkloadFinished { exit_code: 0 };
+        let mut s = draining_status(&r, &t, None, now());
+        s.read_back
+            .iter_mut()
+            .for_each(|e| e.phase = ReadBackPhase::Drained);
+        s.read_back[0].changed_members = 2;
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Succeeded));
+        let drained = done
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::DRAINED)
+            .expect("Drained");
+        assert_eq!(drained.status, "True");
+        assert!(
+            drained
+                .message
+                .contains("2 stored file(s) changed while read"),
+            "{}",
+            drained.message
+        );
+    }
+
+    #[test]
     fn an_image_that_cannot_be_pulled_fails_the_run_and_drains_nothing() {
         let r = pending(run_with(&[("/out", true), ("/logs", false)]));
         let message = format!("container workload: ErrImagePull: {NOT_FOUND}");
