@@ -3,8 +3,10 @@
 //! - [`holder`]: the holder's modes (idle, the preStop wait, the drained marker) and
 //!   [`holder::HolderCommand`], the argv the operator starts and execs them with.
 //! - [`pack`]: `sandboxrun-operator pack`, the tar of a read-back directory the drain reads.
+//! - [`sized`]: reading a file that may change under the packer, to exactly its listed size.
 //! - [`walk`]: the packer's descriptor-relative walk of that directory (`openat`, never a path).
 
 pub mod holder;
 pub mod pack;
+pub(crate) mod sized;
 pub(crate) mod walk;
