@@ -527,6 +527,11 @@ pub struct ReadBackStatus {
     #[serde(default)]
     #[schemars(extend("format" = "int64"))]
     pub rejected_members: u64,
+    /// Stored files whose content changed while the packer read them: zero-padded or cut at
+    /// their size when listed, listed in the manifest's `changed` (a Warning Event says so).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    #[schemars(extend("format" = "int64"))]
+    pub changed_members: u64,
     /// URL of the stored archive.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<String>,
@@ -540,6 +545,10 @@ pub struct ReadBackStatus {
     /// What happened, in words (always set when Failed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Outcome of a path's drain. A failure is never reported as an empty set (ADR-143 §4).

@@ -263,13 +263,14 @@ fn write_failed(source: std::io::Error) -> FilesError {
 fn write_listing(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
     writeln!(
         out,
-        "{} [{}] {} member(s), {} byte(s), {} dropped, {} rejected (run uid {})",
+        "{} [{}] {} member(s), {} byte(s), {} dropped, {} rejected{} (run uid {})",
         printable(&m.declared_path),
         m.phase.as_str(),
         m.totals.members,
         m.totals.bytes,
         m.totals.dropped_members,
         m.totals.rejected_members,
+        changed_count(m),
         printable(&m.run.uid)
     )
     .map_err(write_failed)?;
@@ -277,6 +278,7 @@ fn write_listing(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
         write_member(out, member)?;
     }
     write_dropped(out, m)?;
+    write_changed(out, m)?;
     if let Some(bound) = m.stopped_at_input_bound {
         writeln!(
             out,
@@ -342,6 +344,53 @@ fn write_dropped(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
     Ok(())
 }
 
+/// The CHANGED lines of `files ls`: stored files whose content changed while the packer read
+/// them (docs/contract.md, "A changed file is never stored as a clean one").
+fn write_changed(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
+    for c in &m.changed {
+        writeln!(
+            out,
+            "  CHANGED {:>12}  {:<12}  {} ({})",
+            c.stat_size,
+            "-",
+            printable(&c.path),
+            changed_why(c)
+        )
+        .map_err(write_failed)?;
+    }
+    let unlisted = m
+        .totals
+        .changed_members
+        .saturating_sub(m.changed.len() as u64);
+    if unlisted > 0 {
+        writeln!(
+            out,
+            "  CHANGED ... and {unlisted} more, counted but not listed (the packer's bound on listed notes)"
+        )
+        .map_err(write_failed)?;
+    }
+    Ok(())
+}
+
+/// What a changed member holds, in words.
+fn changed_why(c: &crate::store::manifest::ChangedRecord) -> String {
+    match c.reason.as_str() {
+        "grew" => format!(
+            "it grew while read: the first {} bytes are stored",
+            c.stat_size
+        ),
+        "shrunk" => format!(
+            "it shrank while read: {} bytes read, zero-padded to {}",
+            c.read_size, c.stat_size
+        ),
+        "read_error" => format!(
+            "a read failed after {} bytes: zero-padded to {}",
+            c.read_size, c.stat_size
+        ),
+        other => format!("changed while read ({})", printable(other)),
+    }
+}
+
 /// The REJECTED lines of `files ls`, and how many more were counted but not listed.
 fn write_rejected(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
     for r in &m.rejected {
@@ -367,6 +416,14 @@ fn write_rejected(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> 
         .map_err(write_failed)?;
     }
     Ok(())
+}
+
+/// `, N changed` when files changed while the packer read them, else nothing.
+fn changed_count(m: &Manifest) -> String {
+    match m.totals.changed_members {
+        0 => String::new(),
+        n => format!(", {n} changed while read"),
+    }
 }
 
 /// `files get`: extracts every chosen declared path to `<output>/<index>-<slug>/`.
@@ -397,11 +454,21 @@ async fn get_to(
         let n = extract_verified(store, m, &dir).await?;
         writeln!(
             out,
-            "{} -> {} ({n} member(s) verified)",
-            m.declared_path,
-            dir.display()
+            "{} -> {} ({n} member(s) verified{})",
+            printable(&m.declared_path),
+            dir.display(),
+            changed_count(m)
         )
         .map_err(write_failed)?;
+        if m.totals.changed_members > 0 {
+            writeln!(
+                out,
+                "  warning: {} file(s) changed while the packer read them: their content is zero-padded or cut, not the file at any one moment (see `files ls`):",
+                m.totals.changed_members
+            )
+            .map_err(write_failed)?;
+            write_changed(out, m)?;
+        }
     }
     Ok(())
 }
@@ -998,7 +1065,48 @@ mod tests {
             rejected: Vec::new(),
             stopped_at_input_bound: None,
             pod_notes: Vec::new(),
+            changed: Vec::new(),
         }
+    }
+
+    #[tokio::test]
+    async fn changed_members_are_listed_by_files_ls_and_get_warns() {
+        let (store, mut m) = stored(&[("log", b'0', 0o644, &[b'x', 0, 0, 0])]).await;
+        m.changed = vec![crate::store::manifest::ChangedRecord {
+            path: "log".into(),
+            reason: "shrunk".into(),
+            stat_size: 4,
+            read_size: 1,
+        }];
+        m.totals.changed_members = 3;
+        let mut out = Vec::new();
+        write_listing(&mut out, &m).expect("ls");
+        let ls = String::from_utf8_lossy(&out).into_owned();
+        assert!(ls.contains(", 3 changed while read (run uid"), "{ls}");
+        assert!(
+            ls.contains("CHANGED            4  -             log (it shrank while read: 1 bytes read, zero-padded to 4)"),
+            "{ls}"
+        );
+        assert!(
+            ls.contains("CHANGED ... and 2 more, counted but not listed"),
+            "{ls}"
+        );
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut out = Vec::new();
+        get_to(&store, &[m], "job", None, dir.path(), &mut out)
+            .await
+            .expect("get");
+        let got = String::from_utf8_lossy(&out).into_owned();
+        assert!(
+            got.contains("(1 member(s) verified, 3 changed while read)"),
+            "{got}"
+        );
+        assert!(
+            got.contains("warning: 3 file(s) changed while the packer read them"),
+            "{got}"
+        );
+        assert!(got.contains("CHANGED            4"), "{got}");
     }
 
     fn mode_of(path: &Path) -> u32 {

@@ -32,6 +32,10 @@ pub const DRAINED: &str = "Drained";
 pub(crate) const DRAIN_FAILED: &str = "sandbox_runfiles_drain_failed";
 /// A path hit its cap (the contract fixes this name).
 pub(crate) const CAPPED: &str = "sandbox_runfiles_readback_capped";
+/// No path failed or was capped, and a path stored files that changed while the packer read them
+/// (zero-padded or cut): a Warning, so a changed file never passes for a clean one
+/// (docs/contract.md, "A changed file is never stored as a clean one").
+pub(crate) const READ_BACK_CHANGED: &str = "ReadBackChanged";
 /// Final phase `Succeeded`.
 pub(crate) const SUCCEEDED: &str = "Succeeded";
 /// Final phase `Failed`.
@@ -84,6 +88,7 @@ pub(crate) const ALL: &[&str] = &[
     TEARING_DOWN,
     DRAIN_FAILED,
     CAPPED,
+    READ_BACK_CHANGED,
     SUCCEEDED,
     FAILED,
     STOPPED,
@@ -229,10 +234,11 @@ const SUMMARY_ELISION_RESERVE: usize = 64;
 /// One Event that tells the outcome of every path of a teardown.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct DrainSummary {
-    /// Warning when a path failed or was capped, else Normal.
+    /// Warning when a path failed, was capped or stored changed files, else Normal.
     pub warning: bool,
     /// [`DRAIN_FAILED`] when any path failed (the contract requires that reason for a failed
-    /// drain), else [`CAPPED`] when any path was capped, else [`DRAINED`].
+    /// drain), else [`CAPPED`] when any path was capped, else [`READ_BACK_CHANGED`] when a path
+    /// stored changed files, else [`DRAINED`].
     pub reason: &'static str,
     /// Every path's phase, members, bytes, dropped members and message, most severe first;
     /// at most [`EVENT_NOTE_LIMIT`] bytes, saying how many paths did not fit.
@@ -273,6 +279,8 @@ pub(crate) fn drain_summary(entries: &[ReadBackStatus]) -> Option<DrainSummary> 
         (true, DRAIN_FAILED)
     } else if any(ReadBackPhase::Capped) {
         (true, CAPPED)
+    } else if entries.iter().any(|e| e.changed_members > 0) {
+        (true, READ_BACK_CHANGED)
     } else {
         (false, DRAINED)
     };
@@ -340,6 +348,12 @@ fn describe_entry(e: &ReadBackStatus) -> String {
     }
     if e.rejected_members > 0 {
         out.push_str(&format!(", {} member(s) rejected", e.rejected_members));
+    }
+    if e.changed_members > 0 {
+        out.push_str(&format!(
+            ", {} member(s) changed while read",
+            e.changed_members
+        ));
     }
     if e.phase == ReadBackPhase::Failed {
         out.push_str(&format!(", after {} attempt(s)", e.attempts));
@@ -503,6 +517,29 @@ mod tests {
 mod summary_tests {
     use super::*;
     use crate::controller::fixtures::*;
+
+    #[test]
+    fn a_changed_member_makes_the_summary_a_warning() {
+        let mut changed = entry("/out", ReadBackPhase::Drained, None);
+        changed.changed_members = 2;
+        let s =
+            drain_summary(&[changed.clone(), entry("/logs", ReadBackPhase::Empty, None)]).unwrap();
+        assert_eq!((s.warning, s.reason), (true, READ_BACK_CHANGED));
+        assert!(
+            s.note.contains("2 member(s) changed while read"),
+            "{}",
+            s.note
+        );
+        // The contract's reasons win; the note still says it.
+        let capped = entry("/big", ReadBackPhase::Capped, None);
+        let s = drain_summary(&[changed, capped]).unwrap();
+        assert_eq!((s.warning, s.reason), (true, CAPPED));
+        assert!(
+            s.note.contains("2 member(s) changed while read"),
+            "{}",
+            s.note
+        );
+    }
 
     #[test]
     fn one_drain_event_shows_every_path() {

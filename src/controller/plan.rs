@@ -748,8 +748,9 @@ pub(crate) fn teardown_end(
     default_retention: Retention,
     now: Timestamp,
 ) -> Plan {
-    // A drain with a failed or capped path has its own Warning (the contract's reasons); a clean
-    // one is told in the Event that announces the end, one Event for the whole teardown.
+    // A drain with a failed or capped path has its own Warning (the contract's reasons), as has
+    // one that stored changed files (`ReadBackChanged`); a clean one is told in the Event that
+    // announces the end, one Event for the whole teardown.
     let summary = drain_summary(&status.read_back);
     let status = finished_status(run, status, now);
     let mut note = status.message.clone().unwrap_or_default();

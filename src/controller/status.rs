@@ -337,13 +337,19 @@ fn set_drained(run: &SandboxRun, status: &mut SandboxRunStatus, now: Timestamp) 
             .iter()
             .filter(|e| e.phase == ReadBackPhase::Capped)
             .count();
-        let msg = if capped > 0 {
+        let mut msg = if capped > 0 {
             format!(
                 "every path drained; {capped} capped (dropped members are listed in the manifest)"
             )
         } else {
             "every read-back path drained".to_string()
         };
+        let changed: u64 = status.read_back.iter().map(|e| e.changed_members).sum();
+        if changed > 0 {
+            msg.push_str(&format!(
+                "; {changed} stored file(s) changed while read (listed in the manifests' changed)"
+            ));
+        }
         set_condition(
             &mut status.conditions,
             conditions::DRAINED,
@@ -813,6 +819,32 @@ mod tests {
             .conditions
             .iter()
             .any(|c| c.type_ == conditions::COMPLETE && c.status == "True"));
+    }
+
+    #[test]
+    fn the_drained_condition_counts_changed_members_without_failing_the_run() {
+        let r = run_with(&[("/out", true), ("/logs", false)]);
+        let t = Trigger::WorkloadFinished { exit_code: 0 };
+        let mut s = draining_status(&r, &t, None, now());
+        s.read_back
+            .iter_mut()
+            .for_each(|e| e.phase = ReadBackPhase::Drained);
+        s.read_back[0].changed_members = 2;
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Succeeded));
+        let drained = done
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::DRAINED)
+            .expect("Drained");
+        assert_eq!(drained.status, "True");
+        assert!(
+            drained
+                .message
+                .contains("2 stored file(s) changed while read"),
+            "{}",
+            drained.message
+        );
     }
 
     #[test]

@@ -43,6 +43,7 @@ use crate::store::manifest::{
 };
 use crate::store::{self, Manifest, ManifestContext, ObjectKeys, StoreError};
 use crate::tar::entry::RawEntry;
+use crate::tar::notes::InBandNotes;
 use crate::tar::sanitize::{self, Decision, EntryKind, Limits, MemberKind, Reason, Sanitizer};
 use crate::tar::ustar;
 
@@ -604,7 +605,13 @@ impl<W: AsyncWrite + Unpin + Send> Pipeline<'_, W> {
             }
         };
         let accepted = match raw.judge(&mut self.sanitizer) {
-            Decision::Ignore => return Ok(Next::Continue),
+            Decision::Ignore => {
+                // The root entry: the packer's in-band notes ride on it (crate::tar::notes).
+                if raw.kind == EntryKind::Directory {
+                    self.take_notes(entry).await;
+                }
+                return Ok(Next::Continue);
+            }
             Decision::Reject(reason) if reason.is_fatal() => {
                 return Err(self.fail(DrainErrorKind::TooManyEntries {
                     limit: self.opts.limits.max_entries,
@@ -753,6 +760,22 @@ impl<W: AsyncWrite + Unpin + Send> Pipeline<'_, W> {
                 // A directory or link has no content; whatever a hostile header claims, the
                 // parser skips.
                 Ok(Next::Continue)
+            }
+        }
+    }
+
+    /// Keeps the packer's notes if the root entry carries them: never stored, only recorded
+    /// ([`DrainOutcome::in_band_notes`]; docs/contract.md, "The packer's notes travel in-band").
+    /// Reads nothing from the stream: a directory's PAX records are already held.
+    async fn take_notes<R: AsyncRead + Unpin>(&mut self, entry: &mut tokio_tar::Entry<R>) {
+        let Ok(Some(records)) = entry.pax_extensions().await else {
+            return;
+        };
+        let pairs = records.flatten().map(|r| (r.key_bytes(), r.value_bytes()));
+        if let Some(notes) = InBandNotes::decode(pairs) {
+            match &mut self.outcome.in_band_notes {
+                Some(earlier) => earlier.absorb(notes),
+                None => self.outcome.in_band_notes = Some(notes),
             }
         }
     }

@@ -6,6 +6,8 @@
 //! - [`exec`]: the `pack` exec in the holder and its exit status.
 //! - [`wire`]: the packer's stream as it crosses the exec (tar, or tar in zstd), decoded before the
 //!   pipeline.
+//! - [`pod_notes`]: what the manifest keeps of the packer's notes (in band, or an older packer's
+//!   stderr), and the changed members they name.
 //! - [`archive`]: the streaming pipeline ([`archive::drain_stream`]) and its upload into the store.
 //!
 //! What the pipeline shares with others lives elsewhere: the entry verdict in
@@ -15,6 +17,7 @@
 pub mod archive;
 pub mod exec;
 pub mod path_drain;
+pub(crate) mod pod_notes;
 pub mod wire;
 
 pub use archive::{

@@ -30,6 +30,7 @@ use tracing::{info, warn};
 
 use super::archive::{drain_stream, DrainError, DrainErrorKind, DrainOptions};
 use super::exec::{pack_argv, ExecError, PackExec, BUDGET_FLAG};
+use super::pod_notes::pod_notes;
 use super::wire::{Wire, WIRE_FLAG};
 use crate::api::{Compression, ReadBackPhase, ReadBackStatus};
 use crate::metrics::Metrics;
@@ -239,6 +240,7 @@ pub(crate) fn committed_status(
         )),
         _ => None,
     };
+    let message = with_changed(message, manifest.totals.changed_members);
     ReadBackStatus {
         path: path.to_string(),
         phase,
@@ -246,11 +248,27 @@ pub(crate) fn committed_status(
         members: manifest.totals.members,
         dropped_members: manifest.totals.dropped_members,
         rejected_members: manifest.totals.rejected_members,
+        changed_members: manifest.totals.changed_members,
         object: Some(object_url(store_url, &keys.archive)),
         manifest: Some(object_url(store_url, &keys.manifest)),
         attempts,
         message,
     }
+}
+
+/// A path with changed members says so first, whatever else its message says (docs/contract.md,
+/// "A changed file is never stored as a clean one").
+fn with_changed(message: Option<String>, changed: u64) -> Option<String> {
+    if changed == 0 {
+        return message;
+    }
+    let head = format!(
+        "{changed} stored file(s) changed while the packer read them (zero-padded or cut at their listed size), listed in the manifest's changed"
+    );
+    Some(match message {
+        Some(rest) => format!("{head}; {rest}"),
+        None => head,
+    })
 }
 
 /// The status message of a Capped path: what was dropped, and whether the input bound cut the
@@ -273,7 +291,11 @@ fn capped_message(manifest: &Manifest) -> String {
 /// (directories alone are no content), dropped and rejected nothing, and whose packer reported
 /// unreadable entries, did not drain an empty set — the workload's files could not be read.
 /// Returns the failure message, with the packer's first notes, or None when the outcome stands.
-pub(crate) fn nothing_readable(outcome: &DrainOutcome, notes: &[String]) -> Option<String> {
+pub(crate) fn nothing_readable(
+    outcome: &DrainOutcome,
+    notes: &[String],
+    unlisted: u64,
+) -> Option<String> {
     let stored_content = outcome.members.iter().any(|m| m.kind != MemberKind::Dir);
     if stored_content
         || outcome.dropped_count() > 0
@@ -287,7 +309,8 @@ pub(crate) fn nothing_readable(outcome: &DrainOutcome, notes: &[String]) -> Opti
         .map(String::as_str)
         .filter(|l| l.starts_with(crate::inpod::pack::UNREADABLE_NOTE))
         .collect();
-    if unreadable.is_empty() {
+    let total = (unreadable.len() as u64).saturating_add(unlisted);
+    if total == 0 {
         return None;
     }
     const SHOWN: usize = 3;
@@ -303,15 +326,14 @@ pub(crate) fn nothing_readable(outcome: &DrainOutcome, notes: &[String]) -> Opti
             &note[..end]
         })
         .collect();
-    let more = if unreadable.len() > SHOWN {
-        format!(" (and {} more)", unreadable.len() - SHOWN)
+    let more = if total > shown.len() as u64 {
+        format!(" (and {} more)", total - shown.len() as u64)
     } else {
         String::new()
     };
     Some(format!(
-        "nothing at this path could be read: the packer stored no file and reported {} unreadable entr{}: {}{more}",
-        unreadable.len(),
-        if unreadable.len() == 1 { "y" } else { "ies" },
+        "nothing at this path could be read: the packer stored no file and reported {total} unreadable entr{}: {}{more}",
+        if total == 1 { "y" } else { "ies" },
         shown.join("; ")
     ))
 }
@@ -655,7 +677,10 @@ async fn attempt(
             }
         }
     };
-    if let Some(message) = nothing_readable(&outcome, &notes.lines) {
+    // The archive's in-band notes when the packer wrote them, else its stderr (docs/contract.md,
+    // "The packer's notes travel in-band").
+    let notes = pod_notes(&outcome, notes);
+    if let Some(message) = nothing_readable(&outcome, &notes.lines, notes.unlisted_unreadable) {
         delete_archive(job, keys).await;
         return Err(AttemptError::NothingReadable(message));
     }
@@ -667,13 +692,7 @@ async fn attempt(
         started,
         jiff::Timestamp::now(),
     );
-    manifest.pod_notes = notes.lines;
-    if notes.truncated_bytes > 0 {
-        manifest.pod_notes.push(format!(
-            "... and {} more byte(s) from the packer, not kept",
-            notes.truncated_bytes
-        ));
-    }
+    notes.record_in(&mut manifest);
     *last_written = Some(manifest.clone());
     let written = match write_manifest(job.store, &keys.manifest, &manifest).await {
         Ok(written) => written,
@@ -756,7 +775,7 @@ mod tests {
             ReadBackPhase::Empty,
             "what the stream alone says"
         );
-        let message = nothing_readable(&empty, &notes).expect("a failure, not Empty");
+        let message = nothing_readable(&empty, &notes, 0).expect("a failure, not Empty");
         assert!(message.contains("2 unreadable entries"), "{message}");
         assert!(
             message.contains("pack: unreadable secret.txt: Permission denied"),
@@ -768,7 +787,7 @@ mod tests {
             members: vec![member("private", MemberKind::Dir)],
             ..Default::default()
         };
-        assert!(nothing_readable(&dirs_only, &notes).is_some());
+        assert!(nothing_readable(&dirs_only, &notes, 0).is_some());
         // It is a final failure, labelled for the metric.
         let err = AttemptError::NothingReadable(message.clone());
         assert!(!err.is_transient());
@@ -783,12 +802,12 @@ mod tests {
             members: vec![member("report.txt", MemberKind::File)],
             ..Default::default()
         };
-        assert_eq!(nothing_readable(&with_file, &unreadable), None);
+        assert_eq!(nothing_readable(&with_file, &unreadable, 0), None);
         let with_link = DrainOutcome {
             members: vec![member("l", MemberKind::Symlink)],
             ..Default::default()
         };
-        assert_eq!(nothing_readable(&with_link, &unreadable), None);
+        assert_eq!(nothing_readable(&with_link, &unreadable, 0), None);
         let capped = DrainOutcome {
             dropped: vec![DroppedRecord {
                 path: "big".into(),
@@ -798,7 +817,7 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert_eq!(nothing_readable(&capped, &unreadable), None);
+        assert_eq!(nothing_readable(&capped, &unreadable, 0), None);
         let rejected = DrainOutcome {
             rejected: vec![RejectedRecord {
                 path: "/etc/x".into(),
@@ -808,11 +827,14 @@ mod tests {
             }],
             ..Default::default()
         };
-        assert_eq!(nothing_readable(&rejected, &unreadable), None);
+        assert_eq!(nothing_readable(&rejected, &unreadable, 0), None);
         // Empty really is empty when nothing was unreadable (a skipped socket is not content).
         let skipped = vec!["pack: skipped socket s.sock".to_string()];
-        assert_eq!(nothing_readable(&DrainOutcome::default(), &skipped), None);
-        assert_eq!(nothing_readable(&DrainOutcome::default(), &[]), None);
+        assert_eq!(
+            nothing_readable(&DrainOutcome::default(), &skipped, 0),
+            None
+        );
+        assert_eq!(nothing_readable(&DrainOutcome::default(), &[], 0), None);
     }
 
     #[test]
@@ -820,7 +842,7 @@ mod tests {
         let notes: Vec<String> = (0..10)
             .map(|i| format!("pack: unreadable f{i}: {}", "x".repeat(1000)))
             .collect();
-        let message = nothing_readable(&DrainOutcome::default(), &notes).expect("failure");
+        let message = nothing_readable(&DrainOutcome::default(), &notes, 0).expect("failure");
         assert!(message.contains("10 unreadable entries"), "{message}");
         assert!(message.contains("(and 7 more)"), "{message}");
         assert!(message.len() < 1200, "{}", message.len());

@@ -3,9 +3,13 @@
 //! - [`holder`]: the holder's modes (idle, the preStop wait, the drained marker) and
 //!   [`holder::HolderCommand`], the argv the operator starts and execs them with.
 //! - [`pack`]: `sandboxrun-operator pack`, the tar of a read-back directory the drain reads.
+//! - [`sized`]: reading a file that may change under the packer, to exactly its listed size.
+//! - [`walk`]: the packer's descriptor-relative walk of that directory (`openat`, never a path).
 //! - [`gate`]: the egress gate, the init container that holds a filtered run's workload until its
 //!   NetworkPolicy is in force.
 
 pub mod gate;
 pub mod holder;
 pub mod pack;
+pub(crate) mod sized;
+pub(crate) mod walk;

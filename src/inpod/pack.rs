@@ -4,11 +4,17 @@
 //! The archive is POSIX: ustar headers, with a PAX `x` header in front of an entry whose path or
 //! link target does not fit ustar (never GNU long-name entries). Paths are relative to the root
 //! (`a/b.txt`, directories `a/`), in a deterministic order (depth-first, siblings sorted by name).
-//! Symlinks are archived as symlinks, never followed. FIFOs, sockets and devices are skipped.
+//! Symlinks are archived as symlinks, never followed. FIFOs, sockets and devices are skipped. The
+//! walk ([`super::walk`]) goes through directory descriptors, never re-resolving a path, so a
+//! directory swapped for a symlink mid-walk cannot lead it out of the root (docs/contract.md,
+//! "The packer walks what it listed").
 //!
 //! The packer never stays silent about what it did not pack (DESIGN: "an unreadable file is
 //! recorded as such, never silently skipped"; ADR-143 §4): every skipped, unreadable or changing
-//! file is reported on `diag` (the exec's stderr) and in the returned [`PackReport`]. Only a missing
+//! file is reported on `diag` (the exec's stderr, for humans), in the returned [`PackReport`], and
+//! in band: the archive ends with a marker entry (`./`) whose PAX records carry the counts and the
+//! first entries of each kind ([`crate::tar::notes`]; docs/contract.md, "The packer's notes travel
+//! in-band"), which the operator reads however much stderr a workload's names filled. Only a missing
 //! or unreadable ROOT is an error: then there is nothing meaningful to send and the caller exits
 //! non-zero so the drain records a failure rather than an empty set.
 //!
@@ -25,17 +31,21 @@
 //! anyway are not charged to the budget, exactly as the operator's meter never sees them. Without
 //! `--budget` every file is sent whole (what an operator that predates the flag expects).
 
+use std::ffi::CString;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use walkdir::WalkDir;
-
 use crate::caps::{Admit, CapMeter};
+use crate::tar::notes::{ChangeReason, ChangedNote, InBandNotes, MARKER_PATH};
 use crate::tar::sanitize::{path_is_storable, Limits};
 use crate::tar::ustar;
+
+pub use super::sized::Change;
+use super::sized::SizedSource;
+use super::walk::{self, At, Found, Meta};
 
 /// How every note about an unreadable file or directory starts on stderr. The operator reads it
 /// back (a path whose only content was unreadable fails rather than drains empty), so it is part
@@ -101,25 +111,6 @@ pub struct Changed {
     pub change: Change,
 }
 
-/// How a file's content departed from its header size.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Change {
-    /// The file ended after `read` bytes; the rest was padded with zeros.
-    Shrunk {
-        /// Bytes actually read.
-        read: u64,
-    },
-    /// The file had more bytes than the header says; the extra bytes were not packed.
-    Grew,
-    /// Reading failed after `read` bytes; the rest was padded with zeros.
-    ReadError {
-        /// Bytes read before the error.
-        read: u64,
-        /// The error, in words.
-        error: String,
-    },
-}
-
 /// Why the packer could not produce an archive at all.
 #[derive(Debug, thiserror::Error)]
 pub enum PackError {
@@ -163,30 +154,44 @@ pub fn pack(
     out: impl Write,
     diag: impl Write,
 ) -> Result<PackReport, PackError> {
-    pack_with_opener(root, budget, out, diag, &open_listed_file)
+    pack_with_opener(root, budget, out, diag, &|at, _| walk::open_file_at(at))
 }
 
-/// Opens a file the walk listed as regular, without ever blocking or following a link: the
-/// workload may have swapped a FIFO in after the listing (a plain open of a FIFO waits for a
-/// writer, forever — and a drain stuck there holds the run's whole drain timeout), or a symlink
-/// (O_NOFOLLOW: the open fails with ELOOP). O_NONBLOCK does not change reads of a regular file;
-/// the caller checks the type and identity of what was opened on the open descriptor.
-pub(crate) fn open_listed_file(path: &Path) -> io::Result<File> {
-    use std::os::unix::fs::OpenOptionsExt;
-    fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK | libc::O_NOFOLLOW)
-        .open(path)
-}
+/// Opens a regular file the walk listed (`walk::open_file_at`), given with its path relative to
+/// the root; injected so tests can make a file unreadable even as root, or swap it mid-walk.
+pub(crate) type Opener<'o> = dyn Fn(At<'_>, &Path) -> io::Result<File> + 'o;
 
-/// [`pack`] with the file opener injected, so tests can make a file unreadable even as root.
-fn pack_with_opener(
+/// [`pack`] with the file opener injected.
+pub(crate) fn pack_with_opener(
     root: &Path,
     budget: Option<u64>,
     out: impl Write,
     mut diag: impl Write,
-    open: &dyn Fn(&Path) -> io::Result<File>,
+    open: &Opener<'_>,
 ) -> Result<PackReport, PackError> {
+    let (root_fd, names) = open_root(root)?;
+    let mut packer = Packer {
+        builder: tar::Builder::new(out),
+        report: PackReport::default(),
+        meter: budget.map(CapMeter::new),
+        entries: 0,
+        diag: &mut diag,
+        open,
+    };
+    let walked = walk::walk(root_fd, names, &mut |found| packer.add(found));
+    let entries = packer.entries;
+    let write_err = |source| PackError::Write { entries, source };
+    walked.map_err(write_err)?;
+    let report = std::mem::take(&mut packer.report);
+    write_notes(&mut packer.builder, &in_band_notes(&report)).map_err(write_err)?;
+    let mut out = packer.builder.into_inner().map_err(write_err)?;
+    out.flush().map_err(write_err)?;
+    Ok(report)
+}
+
+/// Opens and lists the root (its last component not followed): the errors that leave nothing
+/// meaningful to send.
+fn open_root(root: &Path) -> Result<(OwnedFd, Vec<CString>), PackError> {
     let meta = fs::symlink_metadata(root).map_err(|source| PackError::RootMissing {
         path: root.to_path_buf(),
         source,
@@ -196,75 +201,129 @@ fn pack_with_opener(
             path: root.to_path_buf(),
         });
     }
-    fs::read_dir(root).map_err(|source| PackError::RootUnreadable {
+    let unreadable = |source| PackError::RootUnreadable {
         path: root.to_path_buf(),
         source,
-    })?;
+    };
+    let fd = walk::open_root(root).map_err(unreadable)?;
+    let names = walk::list(fd.as_fd()).map_err(unreadable)?;
+    Ok((fd, names))
+}
 
-    let mut report = PackReport::default();
-    let mut meter = budget.map(CapMeter::new);
-    let mut builder = tar::Builder::new(out);
-    let mut entries = 0u64;
-    let write_err = |entries: u64| move |source| PackError::Write { entries, source };
+/// The archive being written, and what the packer reports about it.
+struct Packer<'p, W: Write, D: Write> {
+    builder: tar::Builder<W>,
+    report: PackReport,
+    meter: Option<CapMeter>,
+    /// Entries fully written.
+    entries: u64,
+    diag: &'p mut D,
+    open: &'p Opener<'p>,
+}
 
-    let walk = WalkDir::new(root)
-        .min_depth(1)
-        .follow_links(false)
-        .sort_by_file_name();
-    for item in walk {
-        let entry = match item {
-            Ok(e) => e,
-            Err(err) => {
-                let path = err.path().map(|p| relative(root, p)).unwrap_or_default();
-                let error = err.to_string();
-                let _ = writeln!(diag, "{UNREADABLE_NOTE}{}: {error}", path.display());
-                report.unreadable.push(Unreadable { path, error });
-                continue;
+impl<W: Write, D: Write> Packer<'_, W, D> {
+    /// Packs one name the walk found; only an error writing the archive is returned.
+    fn add(&mut self, found: Found<'_>) -> io::Result<()> {
+        let (rel, outcome) = match found {
+            Found::Dir { rel, meta } => (rel, add_dir(&mut self.builder, &meta, rel)),
+            Found::Symlink { rel, meta, target } => {
+                (rel, add_symlink(&mut self.builder, &meta, rel, &target))
             }
+            Found::File { rel, lstat, at } => {
+                let file = FileToPack { rel, lstat, at };
+                let meter = self.meter.as_mut();
+                let added = add_file(&mut self.builder, file, &mut self.report, meter, self.open);
+                (rel, added)
+            }
+            Found::Special { rel, kind } => {
+                let _ = writeln!(self.diag, "pack: skipped {kind} {}", rel.display());
+                self.report.skipped.push(Skipped {
+                    path: rel.to_path_buf(),
+                    kind,
+                });
+                return Ok(());
+            }
+            Found::Unreadable { rel, error } => (rel, Ok(Added::Unreadable(error))),
         };
-        let rel = relative(root, entry.path());
-        let ft = entry.file_type();
-        let outcome = if ft.is_dir() {
-            add_dir(&mut builder, entry.path(), &rel, &mut report)
-        } else if ft.is_symlink() {
-            add_symlink(&mut builder, entry.path(), &rel, &mut report)
-        } else if ft.is_file() {
-            add_file(
-                &mut builder,
-                entry.path(),
-                &rel,
-                &mut report,
-                meter.as_mut(),
-                open,
-            )
-        } else {
-            let kind = special_kind(&ft);
-            let _ = writeln!(diag, "pack: skipped {kind} {}", rel.display());
-            report.skipped.push(Skipped { path: rel, kind });
-            continue;
-        };
-        match outcome {
-            Ok(Added::Yes) => entries += 1,
-            Ok(Added::Changed(c)) => {
-                entries += 1;
+        self.record(rel, outcome?);
+        Ok(())
+    }
+
+    /// Counts what [`Packer::add`] wrote, and notes what it did not write as-is.
+    fn record(&mut self, rel: &Path, added: Added) {
+        match added {
+            Added::Dir => {
+                self.entries += 1;
+                self.report.dirs += 1;
+            }
+            Added::Symlink => {
+                self.entries += 1;
+                self.report.symlinks += 1;
+            }
+            Added::Yes => self.entries += 1,
+            Added::Changed(c) => {
+                self.entries += 1;
                 let _ = writeln!(
-                    diag,
+                    self.diag,
                     "pack: {} changed while read: {}",
                     c.path.display(),
                     describe(&c)
                 );
-                report.changed.push(c);
+                self.report.changed.push(c);
             }
-            Ok(Added::Unreadable(error)) => {
-                let _ = writeln!(diag, "{UNREADABLE_NOTE}{}: {error}", rel.display());
-                report.unreadable.push(Unreadable { path: rel, error });
+            Added::Unreadable(error) => {
+                let _ = writeln!(self.diag, "{UNREADABLE_NOTE}{}: {error}", rel.display());
+                self.report.unreadable.push(Unreadable {
+                    path: rel.to_path_buf(),
+                    error,
+                });
             }
-            Err(e) => return Err(write_err(entries)(e)),
         }
     }
-    let mut out = builder.into_inner().map_err(write_err(entries))?;
-    out.flush().map_err(write_err(entries))?;
-    Ok(report)
+}
+
+/// The report's notes, bounded, for the marker entry that ends the archive (`crate::tar::notes`):
+/// the operator reads them there, whatever flooded stderr.
+fn in_band_notes(report: &PackReport) -> InBandNotes {
+    let mut notes = InBandNotes::default();
+    for u in &report.unreadable {
+        notes.push_unreadable(u.path.as_os_str().as_bytes(), &u.error);
+    }
+    for s in &report.skipped {
+        notes.push_skipped(s.path.as_os_str().as_bytes(), s.kind);
+    }
+    for c in &report.changed {
+        let (reason, read) = match &c.change {
+            Change::Shrunk { read } => (ChangeReason::Shrunk, *read),
+            Change::Grew => (ChangeReason::Grew, c.header_size),
+            Change::ReadError { read, .. } => (ChangeReason::ReadError, *read),
+        };
+        notes.push_changed(ChangedNote {
+            path: c.path.as_os_str().as_bytes().to_vec(),
+            reason,
+            stat_size: c.header_size,
+            read,
+        });
+    }
+    notes
+}
+
+/// Writes the notes' marker entry: the archive root `./`, which no operator stores.
+fn write_notes<W: Write>(builder: &mut tar::Builder<W>, notes: &InBandNotes) -> io::Result<()> {
+    let mut header = tar::Header::new_ustar();
+    header.set_entry_type(tar::EntryType::Directory);
+    header.set_mode(0o755);
+    header.set_mtime(0);
+    header.set_size(0);
+    let records = notes.encode();
+    append(
+        builder,
+        &mut header,
+        MARKER_PATH,
+        None,
+        io::empty(),
+        &records,
+    )
 }
 
 fn describe(c: &Changed) -> String {
@@ -286,68 +345,30 @@ fn describe(c: &Changed) -> String {
 
 enum Added {
     Yes,
+    Dir,
+    Symlink,
     Changed(Changed),
     Unreadable(String),
 }
 
-fn relative(root: &Path, path: &Path) -> PathBuf {
-    path.strip_prefix(root).unwrap_or(path).to_path_buf()
-}
-
-fn special_kind(ft: &fs::FileType) -> &'static str {
-    if ft.is_fifo() {
-        "fifo"
-    } else if ft.is_socket() {
-        "socket"
-    } else if ft.is_char_device() {
-        "char_device"
-    } else if ft.is_block_device() {
-        "block_device"
-    } else {
-        "unknown"
-    }
-}
-
-fn add_dir<W: Write>(
-    builder: &mut tar::Builder<W>,
-    full: &Path,
-    rel: &Path,
-    report: &mut PackReport,
-) -> io::Result<Added> {
-    let meta = match fs::symlink_metadata(full) {
-        Ok(m) => m,
-        Err(e) => return Ok(Added::Unreadable(e.to_string())),
-    };
+fn add_dir<W: Write>(builder: &mut tar::Builder<W>, meta: &Meta, rel: &Path) -> io::Result<Added> {
     let mut name = rel.as_os_str().as_bytes().to_vec();
     name.push(b'/');
-    let mut header = base_header(&meta, tar::EntryType::Directory, 0);
+    let mut header = base_header(meta, tar::EntryType::Directory, 0);
     append(builder, &mut header, &name, None, io::empty(), &[])?;
-    report.dirs += 1;
-    Ok(Added::Yes)
+    Ok(Added::Dir)
 }
 
 fn add_symlink<W: Write>(
     builder: &mut tar::Builder<W>,
-    full: &Path,
+    meta: &Meta,
     rel: &Path,
-    report: &mut PackReport,
+    target: &[u8],
 ) -> io::Result<Added> {
-    let (meta, target) = match (fs::symlink_metadata(full), fs::read_link(full)) {
-        (Ok(m), Ok(t)) => (m, t),
-        (Err(e), _) | (_, Err(e)) => return Ok(Added::Unreadable(e.to_string())),
-    };
-    let mut header = base_header(&meta, tar::EntryType::Symlink, 0);
-    let target = target.as_os_str().as_bytes();
-    append(
-        builder,
-        &mut header,
-        rel.as_os_str().as_bytes(),
-        Some(target),
-        io::empty(),
-        &[],
-    )?;
-    report.symlinks += 1;
-    Ok(Added::Yes)
+    let mut header = base_header(meta, tar::EntryType::Symlink, 0);
+    let path = rel.as_os_str().as_bytes();
+    append(builder, &mut header, path, Some(target), io::empty(), &[])?;
+    Ok(Added::Symlink)
 }
 
 /// Whether the budget keeps a file of `size` bytes, counting it when the operator will count it
@@ -360,41 +381,45 @@ fn budget_keeps(meter: &mut CapMeter, charged: bool, size: u64) -> bool {
     }
 }
 
+/// A regular file the walk listed, not opened yet.
+struct FileToPack<'a> {
+    rel: &'a Path,
+    /// `lstat` of its name at listing time.
+    lstat: Meta,
+    at: At<'a>,
+}
+
 fn add_file<W: Write>(
     builder: &mut tar::Builder<W>,
-    full: &Path,
-    rel: &Path,
+    listed: FileToPack<'_>,
     report: &mut PackReport,
     mut meter: Option<&mut CapMeter>,
-    open: &dyn Fn(&Path) -> io::Result<File>,
+    open: &Opener<'_>,
 ) -> io::Result<Added> {
-    let lstat = match fs::symlink_metadata(full) {
-        Ok(m) => m,
-        Err(e) => return Ok(Added::Unreadable(e.to_string())),
-    };
+    let FileToPack { rel, lstat, at } = listed;
     let charged = path_is_storable(rel.as_os_str().as_bytes(), &Limits::default());
     // Over the budget already at stat time: never opened, never read.
     if let Some(m) = meter.as_deref_mut() {
-        if !m.fits(lstat.len()) {
+        if !m.fits(lstat.size) {
             if charged {
-                m.record_drop(lstat.len());
+                m.record_drop(lstat.size);
             }
-            return add_placeholder(builder, &lstat, rel, lstat.len(), report);
+            return add_placeholder(builder, &lstat, rel, lstat.size, report);
         }
     }
-    let file = match open(full) {
+    let file = match open(at, rel) {
         Ok(f) => f,
-        Err(e) => return Ok(Added::Unreadable(e.to_string())),
+        Err(e) => return Ok(Added::Unreadable(opened_error(e))),
     };
     // The walk saw a regular file; if the name now opens something else (swapped for a symlink,
     // a FIFO or a device between the walk and the open), it is not read: the type and identity
     // are checked on the open descriptor.
-    let meta = match file.metadata() {
-        Ok(m) if m.dev() == lstat.dev() && m.ino() == lstat.ino() && m.is_file() => m,
-        Ok(_) => return Ok(Added::Unreadable("replaced while being packed".into())),
+    let meta = match walk::fstat(&file) {
+        Ok(m) if m.same_file(&lstat) && m.kind == rustix::fs::FileType::RegularFile => m,
+        Ok(_) => return Ok(Added::Unreadable(walk::REPLACED.into())),
         Err(e) => return Ok(Added::Unreadable(e.to_string())),
     };
-    let size = meta.len();
+    let size = meta.size;
     // The decision is made on the size the header will carry, the one the operator meters.
     if let Some(m) = meter {
         if !budget_keeps(m, charged, size) {
@@ -423,11 +448,19 @@ fn add_file<W: Write>(
     })
 }
 
+/// Words for a failed open of a listed file: a symlink swapped in (`ELOOP`) says "replaced".
+fn opened_error(e: io::Error) -> String {
+    match e.raw_os_error() {
+        Some(code) => walk::replaced_or(rustix::io::Errno::from_raw_os_error(code)),
+        None => e.to_string(),
+    }
+}
+
 /// Writes the zero-length placeholder of a file dropped over the budget: its PAX record
 /// `SANDBOXRUN.dropped=<size>` tells the operator what was dropped.
 fn add_placeholder<W: Write>(
     builder: &mut tar::Builder<W>,
-    meta: &fs::Metadata,
+    meta: &Meta,
     rel: &Path,
     size: u64,
     report: &mut PackReport,
@@ -449,13 +482,13 @@ fn add_placeholder<W: Write>(
     Ok(Added::Yes)
 }
 
-fn base_header(meta: &fs::Metadata, kind: tar::EntryType, size: u64) -> tar::Header {
+fn base_header(meta: &Meta, kind: tar::EntryType, size: u64) -> tar::Header {
     let mut header = tar::Header::new_ustar();
     header.set_entry_type(kind);
-    header.set_mode(meta.mode() & 0o7777);
-    header.set_uid(u64::from(meta.uid()));
-    header.set_gid(u64::from(meta.gid()));
-    header.set_mtime(u64::try_from(meta.mtime()).unwrap_or(0));
+    header.set_mode(meta.mode & 0o7777);
+    header.set_uid(u64::from(meta.uid));
+    header.set_gid(u64::from(meta.gid));
+    header.set_mtime(u64::try_from(meta.mtime).unwrap_or(0));
     header.set_size(size);
     header
 }
@@ -481,78 +514,6 @@ fn append<W: Write, R: Read>(
     builder.append(header, data)
 }
 
-/// Reads exactly `size` bytes from a file that may change under it: zero padding when it ends
-/// early or a read fails, truncation when it grows. Records which happened.
-struct SizedSource<R> {
-    inner: R,
-    size: u64,
-    read: u64,
-    emitted: u64,
-    change: Option<Change>,
-}
-
-impl<R: Read> SizedSource<R> {
-    fn new(inner: R, size: u64) -> Self {
-        SizedSource {
-            inner,
-            size,
-            read: 0,
-            emitted: 0,
-            change: None,
-        }
-    }
-
-    /// After the copy: how the file departed from its size, if it did.
-    fn finish(mut self) -> Option<Change> {
-        if self.change.is_none() {
-            let mut probe = [0u8; 1];
-            if matches!(self.inner.read(&mut probe), Ok(n) if n > 0) {
-                self.change = Some(Change::Grew);
-            }
-        }
-        self.change
-    }
-}
-
-impl<R: Read> Read for SizedSource<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let left = self.size - self.emitted;
-        if left == 0 || buf.is_empty() {
-            return Ok(0);
-        }
-        let want = usize::try_from(left).unwrap_or(usize::MAX).min(buf.len());
-        let buf = &mut buf[..want];
-        let n = if self.change.is_some() {
-            0
-        } else {
-            loop {
-                match self.inner.read(buf) {
-                    Ok(n) => break n,
-                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                    Err(e) => {
-                        self.change = Some(Change::ReadError {
-                            read: self.read,
-                            error: e.to_string(),
-                        });
-                        break 0;
-                    }
-                }
-            }
-        };
-        if n == 0 {
-            if self.change.is_none() {
-                self.change = Some(Change::Shrunk { read: self.read });
-            }
-            buf.fill(0);
-            self.emitted += want as u64;
-            return Ok(want);
-        }
-        self.read += n as u64;
-        self.emitted += n as u64;
-        Ok(n)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -564,6 +525,9 @@ mod tests {
         for e in ar.entries().expect("entries") {
             let mut e = e.expect("entry");
             let path = String::from_utf8_lossy(&e.path_bytes()).into_owned();
+            if path.as_bytes() == MARKER_PATH {
+                continue; // the notes' marker, not a member (see `notes_of`)
+            }
             let kind = e.header().entry_type();
             let link = e
                 .link_name_bytes()
@@ -683,11 +647,11 @@ mod tests {
         fs::write(dir.path().join("a"), b"1").expect("write");
         fs::write(dir.path().join("secret"), b"2").expect("write");
         fs::write(dir.path().join("z"), b"3").expect("write");
-        let deny = |p: &Path| {
-            if p.ends_with("secret") {
+        let deny = |at: At<'_>, rel: &Path| {
+            if rel.ends_with("secret") {
                 Err(io::Error::from(io::ErrorKind::PermissionDenied))
             } else {
-                File::open(p)
+                walk::open_file_at(at)
             }
         };
         let mut out = Vec::new();
@@ -708,18 +672,20 @@ mod tests {
         fs::write(dir.path().join("z"), b"3").expect("write");
         // Between the walk and the open, the workload replaces the file with a FIFO that no one
         // ever writes to (a real FIFO: mkfifo(1)).
-        let swap = |p: &Path| {
-            if p.ends_with("swapped") {
-                fs::remove_file(p).expect("remove");
+        let root = dir.path().to_path_buf();
+        let base = root.clone();
+        let swap = move |at: At<'_>, rel: &Path| {
+            if rel.ends_with("swapped") {
+                let p = base.join(rel);
+                fs::remove_file(&p).expect("remove");
                 let made = std::process::Command::new("mkfifo")
-                    .arg(p)
+                    .arg(&p)
                     .status()
                     .expect("mkfifo");
                 assert!(made.success());
             }
-            open_listed_file(p)
+            walk::open_file_at(at)
         };
-        let root = dir.path().to_path_buf();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
             let mut out = Vec::new();
@@ -750,12 +716,14 @@ mod tests {
         fs::write(outside.path().join("secret"), b"not yours").expect("write");
         fs::write(dir.path().join("f"), b"listed as a file").expect("write");
         let target = outside.path().join("secret");
-        let swap = move |p: &Path| {
-            if p.ends_with("f") {
-                fs::remove_file(p).expect("remove");
-                std::os::unix::fs::symlink(&target, p).expect("symlink");
+        let base = dir.path().to_path_buf();
+        let swap = move |at: At<'_>, rel: &Path| {
+            if rel.ends_with("f") {
+                let p = base.join(rel);
+                fs::remove_file(&p).expect("remove");
+                std::os::unix::fs::symlink(&target, &p).expect("symlink");
             }
-            open_listed_file(p)
+            walk::open_file_at(at)
         };
         let mut out = Vec::new();
         let mut diag = Vec::new();
@@ -763,26 +731,6 @@ mod tests {
         assert_eq!(report.unreadable.len(), 1);
         assert!(entries(&out).is_empty());
         assert!(!String::from_utf8_lossy(&out).contains("not yours"));
-    }
-
-    #[test]
-    fn a_file_that_shrinks_is_padded_and_one_that_grows_is_cut_at_the_header_size() {
-        let mut shrunk = SizedSource::new(&b"abcd"[..], 10);
-        let mut buf = Vec::new();
-        shrunk.read_to_end(&mut buf).expect("read");
-        assert_eq!(buf, b"abcd\0\0\0\0\0\0");
-        assert_eq!(shrunk.finish(), Some(Change::Shrunk { read: 4 }));
-
-        let mut grown = SizedSource::new(&b"abcdefghijklmno"[..], 10);
-        let mut buf = Vec::new();
-        grown.read_to_end(&mut buf).expect("read");
-        assert_eq!(buf, b"abcdefghij");
-        assert_eq!(grown.finish(), Some(Change::Grew));
-
-        let mut same = SizedSource::new(&b"abc"[..], 3);
-        let mut buf = Vec::new();
-        same.read_to_end(&mut buf).expect("read");
-        assert_eq!(same.finish(), None);
     }
 
     #[test]
@@ -808,6 +756,9 @@ mod tests {
         for e in ar.entries().expect("entries") {
             let mut e = e.expect("entry");
             let path = String::from_utf8_lossy(&e.path_bytes()).into_owned();
+            if path.as_bytes() == MARKER_PATH {
+                continue; // the notes' marker, not a member (see `notes_of`)
+            }
             let size = e.header().size().expect("size");
             let mut dropped = None;
             if let Some(records) = e.pax_extensions().expect("pax") {
@@ -919,6 +870,73 @@ mod tests {
         let mut out = Vec::new();
         let report = pack(dir.path(), None, &mut out, io::sink()).expect("pack");
         assert_eq!(report, PackReport::default());
-        assert_eq!(out, vec![0u8; 1024], "just the end-of-archive marker");
+        assert!(entries(&out).is_empty());
+        assert_eq!(
+            notes_of(&out),
+            Some(InBandNotes::default()),
+            "only the notes' marker, saying there is nothing to note"
+        );
+        assert_eq!(
+            &out[out.len() - 1024..],
+            &[0u8; 1024][..],
+            "then the end-of-archive marker"
+        );
+    }
+
+    /// The in-band notes of the archive's marker entry (`./`), if it has one.
+    fn notes_of(archive: &[u8]) -> Option<InBandNotes> {
+        let mut ar = tar::Archive::new(archive);
+        let mut found = None;
+        for e in ar.entries().expect("entries") {
+            let mut e = e.expect("entry");
+            if e.path_bytes().as_ref() != MARKER_PATH {
+                continue;
+            }
+            let records: Vec<(Vec<u8>, Vec<u8>)> = e
+                .pax_extensions()
+                .expect("pax")
+                .expect("records")
+                .map(|r| {
+                    let r = r.expect("record");
+                    (r.key_bytes().to_vec(), r.value_bytes().to_vec())
+                })
+                .collect();
+            found = InBandNotes::decode(records.iter().map(|(k, v)| (k.as_slice(), v.as_slice())));
+        }
+        found
+    }
+
+    #[test]
+    fn the_notes_travel_in_band_in_the_last_entry() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join("a"), b"1").expect("write");
+        fs::write(dir.path().join("secret"), b"2").expect("write");
+        let _sock =
+            std::os::unix::net::UnixListener::bind(dir.path().join("s.sock")).expect("bind");
+        let deny = |at: At<'_>, rel: &Path| {
+            if rel.ends_with("secret") {
+                Err(io::Error::from(io::ErrorKind::PermissionDenied))
+            } else {
+                walk::open_file_at(at)
+            }
+        };
+        let mut out = Vec::new();
+        pack_with_opener(dir.path(), None, &mut out, io::sink(), &deny).expect("pack");
+        let notes = notes_of(&out).expect("in-band notes");
+        assert_eq!((notes.unreadable, notes.skipped, notes.changed), (1, 1, 0));
+        assert_eq!(notes.listed_unreadable[0].path, b"secret");
+        assert_eq!(notes.listed_skipped[0].path, b"s.sock");
+        let mut ar = tar::Archive::new(&out[..]);
+        let last = ar
+            .entries()
+            .expect("entries")
+            .last()
+            .expect("an entry")
+            .expect("entry");
+        assert_eq!(
+            last.path_bytes().as_ref(),
+            MARKER_PATH,
+            "the marker is last"
+        );
     }
 }

@@ -57,6 +57,10 @@ pub struct Totals {
     pub input_bytes: u64,
     /// Bytes of the stored archive.
     pub archive_bytes: u64,
+    /// Stored files whose content changed while the packer read them ([`Manifest::changed`]),
+    /// listed or not.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub changed_members: u64,
 }
 
 /// The commit point of one drained path: present means the archive is complete
@@ -105,6 +109,12 @@ pub struct Manifest {
     /// file is recorded as such, never silently skipped).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pod_notes: Vec<String>,
+    /// Stored files that changed while the packer read them (docs/contract.md, "A changed file is
+    /// never stored as a clean one"): their member is zero-padded (`shrunk`, `read_error`) or cut
+    /// at the stat size (`grew`), and its sha256 covers that. The first ones the packer listed;
+    /// `totals.changedMembers` counts them all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changed: Vec<ChangedRecord>,
 }
 
 impl Manifest {
@@ -152,12 +162,15 @@ impl Manifest {
                 rejected_members: outcome.rejected_count(),
                 input_bytes: outcome.input_bytes,
                 archive_bytes: outcome.archive_bytes,
+                // The packer's notes say it, not the stream (`crate::drain::pod_notes`).
+                changed_members: 0,
             },
             members: outcome.members,
             dropped: outcome.dropped,
             rejected: outcome.rejected,
             stopped_at_input_bound: outcome.stopped_at_input_bound,
             pod_notes: Vec::new(),
+            changed: Vec::new(),
         }
     }
 
@@ -184,6 +197,7 @@ impl Manifest {
                 .totals
                 .rejected_members
                 .saturating_sub(self.rejected.len() as u64),
+            in_band_notes: None,
         }
     }
 
@@ -195,6 +209,12 @@ impl Manifest {
             && self.dropped == other.dropped
             && self.rejected == other.rejected
             && self.stopped_at_input_bound == other.stopped_at_input_bound
+            && self.changed == other.changed
+    }
+
+    /// The changed member at `path`, if the manifest lists it.
+    pub fn changed_member(&self, path: &str) -> Option<&ChangedRecord> {
+        self.changed.iter().find(|c| c.path == path)
     }
 }
 
@@ -354,6 +374,22 @@ pub struct MemberRecord {
     pub superseded: bool,
 }
 
+/// A stored file whose content changed while the packer read it: its member is not the file's
+/// content at any one moment (docs/contract.md, "A changed file is never stored as a clean one").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChangedRecord {
+    /// Normalized relative path of the stored member.
+    pub path: String,
+    /// `shrunk` (zero-padded after `readSize`), `grew` (cut at `statSize`) or `read_error`
+    /// (zero-padded after `readSize`).
+    pub reason: String,
+    /// Its size when the packer listed it: the member's size.
+    pub stat_size: u64,
+    /// Content bytes the packer actually read into the member.
+    pub read_size: u64,
+}
+
 /// A file dropped because it would cross the cap (or the input bound).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -413,6 +449,11 @@ pub struct DrainOutcome {
     /// Rejected entries counted but not listed in `rejected`.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub unlisted_rejected: u64,
+    /// The packer's notes, read from its archive's marker entry (`crate::tar::notes`); None from
+    /// a packer that predates them (its stderr is all there is). Not a record of its own: the
+    /// manifest keeps what is decided from it.
+    #[serde(skip)]
+    pub in_band_notes: Option<crate::tar::notes::InBandNotes>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -2,9 +2,11 @@
 //!
 //! - [`ustar`]: our ustar/PAX dialect, written by the packer and by the drain's re-emitter.
 //! - [`sanitize`]: the pure verdict on one entry of an untrusted archive.
+//! - [`notes`]: the packer's notes (unreadable, skipped, changed), carried in band by its archive.
 //! - [`entry`]: one parsed entry's header fields, handed to the sanitizer (the drain and the
 //!   extraction of `files get` read entries the same way).
 
 pub mod entry;
+pub mod notes;
 pub mod sanitize;
 pub mod ustar;
