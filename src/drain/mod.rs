@@ -6,6 +6,7 @@
 //! - [`exec`]: the `pack` exec in the holder and its exit status.
 //! - [`wire`]: the packer's stream as it crosses the exec (tar, or tar in zstd), decoded before the
 //!   pipeline.
+//! - [`idle`]: the per-path idle bound on the exec's stdout (a trickling packer is cut off).
 //! - [`archive`]: the streaming pipeline ([`archive::drain_stream`]) and its upload into the store.
 //!
 //! What the pipeline shares with others lives elsewhere: the entry verdict in
@@ -14,6 +15,7 @@
 
 pub mod archive;
 pub mod exec;
+pub(crate) mod idle;
 pub mod path_drain;
 pub mod wire;
 
