@@ -61,6 +61,23 @@ pub struct PackReport {
     pub changed: Vec<Changed>,
     /// Files over the budget, written as zero-length placeholders (`--budget` only).
     pub dropped: Vec<Dropped>,
+    /// Records past [`MAX_REPORTED`] in any of the lists above: counted, not kept.
+    pub unlisted: u64,
+}
+
+/// Most records each list of a [`PackReport`] keeps: the packer runs under the holder's memory
+/// limit and the pod chooses how many files it drops or makes unreadable (docs/contract.md "Drain
+/// memory"); every one is still written (a placeholder, a note on stderr), only the report stops
+/// listing them.
+pub(crate) const MAX_REPORTED: usize = 1024;
+
+/// Keeps `item` in `list` while it holds fewer than [`MAX_REPORTED`], else counts it in `unlisted`.
+fn listed<T>(list: &mut Vec<T>, unlisted: &mut u64, item: T) {
+    if list.len() < MAX_REPORTED {
+        list.push(item);
+    } else {
+        *unlisted = unlisted.saturating_add(1);
+    }
 }
 
 /// A file over the budget: only a placeholder member was written.
@@ -218,7 +235,11 @@ fn pack_with_opener(
                 let path = err.path().map(|p| relative(root, p)).unwrap_or_default();
                 let error = err.to_string();
                 let _ = writeln!(diag, "{UNREADABLE_NOTE}{}: {error}", path.display());
-                report.unreadable.push(Unreadable { path, error });
+                listed(
+                    &mut report.unreadable,
+                    &mut report.unlisted,
+                    Unreadable { path, error },
+                );
                 continue;
             }
         };
@@ -240,7 +261,11 @@ fn pack_with_opener(
         } else {
             let kind = special_kind(&ft);
             let _ = writeln!(diag, "pack: skipped {kind} {}", rel.display());
-            report.skipped.push(Skipped { path: rel, kind });
+            listed(
+                &mut report.skipped,
+                &mut report.unlisted,
+                Skipped { path: rel, kind },
+            );
             continue;
         };
         match outcome {
@@ -253,11 +278,15 @@ fn pack_with_opener(
                     c.path.display(),
                     describe(&c)
                 );
-                report.changed.push(c);
+                listed(&mut report.changed, &mut report.unlisted, c);
             }
             Ok(Added::Unreadable(error)) => {
                 let _ = writeln!(diag, "{UNREADABLE_NOTE}{}: {error}", rel.display());
-                report.unreadable.push(Unreadable { path: rel, error });
+                listed(
+                    &mut report.unreadable,
+                    &mut report.unlisted,
+                    Unreadable { path: rel, error },
+                );
             }
             Err(e) => return Err(write_err(entries)(e)),
         }
@@ -442,10 +471,11 @@ fn add_placeholder<W: Write>(
         io::empty(),
         &record,
     )?;
-    report.dropped.push(Dropped {
+    let dropped = Dropped {
         path: rel.to_path_buf(),
         size,
-    });
+    };
+    listed(&mut report.dropped, &mut report.unlisted, dropped);
     Ok(Added::Yes)
 }
 
@@ -821,6 +851,27 @@ mod tests {
             out.push((path, size, dropped));
         }
         out
+    }
+
+    #[test]
+    fn the_report_lists_a_bounded_number_of_drops_and_counts_the_rest() {
+        // docs/contract.md "Drain memory": the packer used to keep every dropped file's path,
+        // so a pod with 1M over-budget files could push it past the holder's memory limit.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let extra = 10;
+        for i in 0..MAX_REPORTED + extra {
+            fs::write(dir.path().join(format!("f{i:05}")), b"xy").expect("write");
+        }
+        let mut out = Vec::new();
+        let report = pack(dir.path(), Some(1), &mut out, io::sink()).expect("pack");
+        assert_eq!(report.dropped.len(), MAX_REPORTED);
+        assert_eq!(report.unlisted, extra as u64);
+        // Every one still crossed the wire as a placeholder.
+        let placeholders = drop_records(&out)
+            .into_iter()
+            .filter(|(_, size, record)| *size == 0 && record.as_deref() == Some("2"))
+            .count();
+        assert_eq!(placeholders, MAX_REPORTED + extra);
     }
 
     #[test]
