@@ -4,9 +4,16 @@
 //! (`drain::drain_into_store`) — fed in-process by a generated tar stream.
 //!
 //! ```text
-//! drain_memory flood [FILES] [CAP_BYTES]   FILES empty files with 4 KiB names (default 1,000,000;
-//!                                          cap 16 GiB, so the whole stream is within the input bound)
-//! drain_memory long-name                   one GNU `L` header announcing a 2 GiB body, then zeros
+//! drain_memory flood [FILES] [CAP_BYTES]     FILES empty files with 4 KiB names (default 1,000,000;
+//!                                            cap 16 GiB, so the whole stream is within the input bound)
+//! drain_memory symlinks [COUNT] [CAP_BYTES]  symlinks with 3.9 KiB names (15 nested 255-byte
+//!                                            directories; issue #25 item 1), default cap 1 GiB
+//! drain_memory dirs [COUNT] [CAP_BYTES]      directories with 4 KiB names, default cap 1 GiB
+//! drain_memory dropped [COUNT] [CAP_BYTES]   placeholders of files the packer dropped in the pod
+//!                                            (`SANDBOXRUN.dropped`), 4 KiB names, default cap 1 GiB
+//! drain_memory rejected [COUNT] [CAP_BYTES]  files with 8 KiB names (rejected `path_too_long`),
+//!                                            default cap 1 GiB
+//! drain_memory long-name                     one GNU `L` header announcing a 2 GiB body, then zeros
 //! ```
 //!
 //! Prints what was stored and the process's VmRSS / VmHWM (from /proc/self/status); run it under
@@ -38,10 +45,38 @@ struct Generated {
 
 #[derive(Clone, Copy)]
 enum Mode {
-    /// `count` empty files with [`NAME_BYTES`]-byte names (a PAX `path` record each).
-    Flood,
+    /// `count` entries of one kind with long names (a PAX `path` record each).
+    Flood(Kind),
     /// One `L` header announcing 2 GiB, then zeros for as long as anyone reads.
     LongName,
+}
+
+/// What a flood is made of.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// Empty files, [`NAME_BYTES`]-byte names.
+    File,
+    /// Symlinks to `t`, 3.9 KiB names of 15 nested 255-byte directories.
+    Symlink,
+    /// Directories, [`NAME_BYTES`]-byte names.
+    Dir,
+    /// Placeholders of files dropped in the pod (`SANDBOXRUN.dropped=4096`), [`NAME_BYTES`]-byte names.
+    Dropped,
+    /// Empty files with 8 KiB names: rejected (`path_too_long`).
+    Rejected,
+}
+
+/// Path of the `i`th entry of a `kind` flood, unique by `i`.
+fn flood_name(kind: Kind, i: u64) -> String {
+    match kind {
+        Kind::Symlink => {
+            let mut name = vec!["s".repeat(255); 15].join("/");
+            name.push_str(&format!("/l{i:08}"));
+            name
+        }
+        Kind::Rejected => format!("{}/{}", long_name(i), long_name(i)),
+        _ => long_name(i),
+    }
 }
 
 fn pax_record(key: &str, value: &str) -> Vec<u8> {
@@ -84,21 +119,35 @@ impl Generated {
         self.buf.clear();
         self.pos = 0;
         match self.mode {
-            Mode::Flood if self.next < self.count => {
-                let records = pax_record("path", &long_name(self.next));
+            Mode::Flood(kind) if self.next < self.count => {
+                let mut records = pax_record("path", &flood_name(kind, self.next));
+                if kind == Kind::Dropped {
+                    records.extend_from_slice(&pax_record("SANDBOXRUN.dropped", "4096"));
+                }
                 self.buf
                     .extend_from_slice(&header(b'x', "PaxHeader", records.len() as u64));
                 self.buf.extend_from_slice(&records);
                 self.buf.resize(self.buf.len().div_ceil(512) * 512, 0);
-                self.buf
-                    .extend_from_slice(&header(b'0', &format!("f{}", self.next), 0));
+                let (ty, link) = match kind {
+                    Kind::Symlink => (b'2', Some("t")),
+                    Kind::Dir => (b'5', None),
+                    _ => (b'0', None),
+                };
+                let mut block = header(ty, &format!("f{}", self.next), 0);
+                if let Some(link) = link {
+                    block[157..157 + link.len()].copy_from_slice(link.as_bytes());
+                    let mut h = tar::Header::from_byte_slice(&block).clone();
+                    h.set_cksum();
+                    block = *h.as_bytes();
+                }
+                self.buf.extend_from_slice(&block);
                 self.next += 1;
             }
-            Mode::Flood if !self.ended => {
+            Mode::Flood(_) if !self.ended => {
                 self.buf.extend_from_slice(&[0u8; 1024]);
                 self.ended = true;
             }
-            Mode::Flood => {}
+            Mode::Flood(_) => {}
             Mode::LongName if self.next == 0 => {
                 self.buf
                     .extend_from_slice(&header(b'L', "././@LongLink", 2 << 30));
@@ -141,14 +190,27 @@ fn rss() -> (u64, u64) {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (mode, count, cap) = match args.first().map(String::as_str) {
-        Some("flood") => (
-            Mode::Flood,
+    let kind = match args.first().map(String::as_str) {
+        Some("flood") => Some(Kind::File),
+        Some("symlinks") => Some(Kind::Symlink),
+        Some("dirs") => Some(Kind::Dir),
+        Some("dropped") => Some(Kind::Dropped),
+        Some("rejected") => Some(Kind::Rejected),
+        Some("long-name") => None,
+        _ => return Err("usage: drain_memory flood|symlinks|dirs|dropped|rejected [COUNT] [CAP_BYTES] | long-name".into()),
+    };
+    let default_cap = if kind == Some(Kind::File) {
+        16u64 << 30
+    } else {
+        1 << 30
+    };
+    let (mode, count, cap) = match kind {
+        Some(kind) => (
+            Mode::Flood(kind),
             args.get(1).map_or(Ok(1_000_000), |a| a.parse())?,
-            args.get(2).map_or(Ok(16u64 << 30), |a| a.parse())?,
+            args.get(2).map_or(Ok(default_cap), |a| a.parse())?,
         ),
-        Some("long-name") => (Mode::LongName, 0, 16u64 << 30),
-        _ => return Err("usage: drain_memory flood [FILES] [CAP_BYTES] | long-name".into()),
+        None => (Mode::LongName, 0, 16u64 << 30),
     };
     let dir = tempfile::tempdir()?;
     let url = url::Url::from_directory_path(dir.path())

@@ -3,10 +3,13 @@
 # possible (docs/performance.md, "Drain memory"). Builds bench/drain_memory.rs (dev profile) and
 # runs each case under /usr/bin/time -v; prints, never asserts.
 #
-#   bench/drain_memory.sh [FILES]      # default 1,000,000 empty files with 4 KiB names
+#   bench/drain_memory.sh [FILES] [FLOOD]  # FILES (default 1,000,000) empty files with 4 KiB names;
+#                                          # FLOOD (default 150,000) symlinks, directories, dropped
+#                                          # placeholders and rejected long names, cap 1 GiB (issue #25)
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 FILES=${1:-1000000}
+FLOOD=${2:-150000}
 cd "$REPO"
 # shellcheck source=bench/lib.sh
 . "$REPO/bench/lib.sh"
@@ -30,3 +33,7 @@ run() {
 run "a 2 GiB GNU long name (cap 16 GiB)" long-name
 run "$FILES empty files with 4 KiB names, cap 1 MiB" flood "$FILES" 1048576
 run "$FILES empty files with 4 KiB names, cap 16 GiB (the largest metadata allowance)" flood "$FILES" 17179869184
+run "$FLOOD symlinks with 3.9 KiB names, cap 1 GiB" symlinks "$FLOOD" 1073741824
+run "$FLOOD directories with 4 KiB names, cap 1 GiB" dirs "$FLOOD" 1073741824
+run "$FILES placeholders dropped in the pod with 4 KiB names, cap 1 GiB" dropped "$FILES" 1073741824
+run "$FLOOD files with 8 KiB names (rejected), cap 1 GiB" rejected "$FLOOD" 1073741824

@@ -88,6 +88,8 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
                 None
             }
         };
+    let drain_idle = crate::units::parse_duration(&args.drain_idle_timeout)
+        .map_err(|e| OperatorError::Config(format!("--drain-idle-timeout: {e}")))?;
     let drain_timeout = crate::units::parse_duration(&args.drain_timeout)
         .map_err(|e| OperatorError::Config(format!("--drain-timeout: {e}")))?;
     let max_drain_timeout = crate::units::parse_duration(&args.max_drain_timeout)
@@ -204,6 +206,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         )
         .with_default_retention(args.default_retention)
         .with_drain_wire(args.drain_wire)
+        .with_drain_idle(drain_idle)
         .with_quiet_window(quiet_window)
         .with_path_slots(usize::from(args.max_concurrent_path_drains))
         .with_open_uploads(open_uploads)

@@ -42,6 +42,12 @@ pub struct RunArgs {
     /// DEFAULT_MAX_DRAIN_TIMEOUT, which `doctor` judges with).
     #[arg(long, env = "SANDBOXRUN_MAX_DRAIN_TIMEOUT", default_value = "1h")]
     pub max_drain_timeout: String,
+    /// Per-path idle bound of a drain: a packer that keeps the drain waiting this long in all
+    /// without sending 64 KiB (stalled, or trickling a byte every few seconds) is cut off and the
+    /// path ends Failed, so it cannot hold a drain slot until the run's drain timeout
+    /// (docs/contract.md "Drain memory").
+    #[arg(long, env = "SANDBOXRUN_DRAIN_IDLE_TIMEOUT", default_value = "60s")]
+    pub drain_idle_timeout: String,
     /// How long a pod's image pull may keep failing with a retryable error (ErrImagePull /
     /// ImagePullBackOff) before the run is failed with reason ImagePullFailed, counted from the
     /// pod's start (status.startTime, else its creation). A registry that answers "not found"

@@ -305,6 +305,7 @@ async fn teardown(
                             cap_bytes,
                             compression,
                             wire: ctx.drain_wire,
+                            idle: ctx.drain_idle,
                             deadline,
                             previous_attempts,
                             metrics: &ctx.metrics,

@@ -46,6 +46,8 @@ pub struct Context {
     pub pack_command: Vec<String>,
     /// How the packer is asked to send its tar (`run --drain-wire`).
     pub drain_wire: Wire,
+    /// Per-path idle bound of a drain (`run --drain-idle-timeout`, src/drain/idle.rs).
+    pub drain_idle: Duration,
     /// How long a run's passing states may last unreported (`run --quiet-window`,
     /// docs/contract.md "A quiet lifecycle").
     pub settle: Duration,
@@ -101,6 +103,12 @@ impl Context {
         self
     }
 
+    /// The same context cutting off a packer idle for `idle` (`run --drain-idle-timeout`).
+    pub(crate) fn with_drain_idle(mut self, idle: Duration) -> Context {
+        self.drain_idle = idle;
+        self
+    }
+
     /// The same context asking packers for `wire` (`run --drain-wire`).
     pub(crate) fn with_drain_wire(mut self, wire: Wire) -> Context {
         self.drain_wire = wire;
@@ -152,6 +160,7 @@ impl Context {
             decide,
             pack_command,
             drain_wire: Wire::default(),
+            drain_idle: crate::drain::idle::DEFAULT_IDLE_TIMEOUT,
             settle: super::plan::SETTLE,
             recorder,
             metrics,

@@ -8,6 +8,7 @@
 //!   pipeline.
 //! - [`pod_notes`]: what the manifest keeps of the packer's notes (in band, or an older packer's
 //!   stderr), and the changed members they name.
+//! - [`idle`]: the per-path idle bound on the exec's stdout (a trickling packer is cut off).
 //! - [`archive`]: the streaming pipeline ([`archive::drain_stream`]) and its upload into the store.
 //!
 //! What the pipeline shares with others lives elsewhere: the entry verdict in
@@ -16,6 +17,7 @@
 
 pub mod archive;
 pub mod exec;
+pub(crate) mod idle;
 pub mod path_drain;
 pub(crate) mod pod_notes;
 pub mod wire;

@@ -18,6 +18,7 @@
 //! A path where nothing could be read is not an empty set: when the packer reported unreadable
 //! entries and stored no file, the path fails with the packer's notes ([`nothing_readable`]).
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,6 +31,7 @@ use tracing::{info, warn};
 
 use super::archive::{drain_stream, DrainError, DrainErrorKind, DrainOptions};
 use super::exec::{pack_argv, ExecError, PackExec, BUDGET_FLAG};
+use super::idle::IdleGuard;
 use super::pod_notes::pod_notes;
 use super::wire::{Wire, WIRE_FLAG};
 use crate::api::{Compression, ReadBackPhase, ReadBackStatus};
@@ -79,6 +81,8 @@ pub(crate) struct PathJob<'a> {
     pub compression: Compression,
     /// How the packer is asked to send its tar (`pack --wire`).
     pub wire: Wire,
+    /// Per-path idle bound (`run --drain-idle-timeout`, src/drain/idle.rs).
+    pub idle: Duration,
     /// When the run's drain timeout ends.
     pub deadline: tokio::time::Instant,
     /// Attempts already made (recorded in status by an earlier operator).
@@ -109,6 +113,9 @@ pub(crate) enum AttemptError {
     /// The packer could read nothing at the path (see [`nothing_readable`]).
     #[error("{0}")]
     NothingReadable(String),
+    /// The packer kept the drain waiting past the idle bound (src/drain/idle.rs).
+    #[error("{0}")]
+    Idle(String),
 }
 
 impl AttemptError {
@@ -141,6 +148,8 @@ impl AttemptError {
             AttemptError::NoStdout => true,
             // Permissions do not change by retrying.
             AttemptError::NothingReadable(_) => false,
+            // The same pod would trickle again, holding the slot once more.
+            AttemptError::Idle(_) => false,
         }
     }
 
@@ -171,6 +180,7 @@ impl AttemptError {
             AttemptError::Store(_) => "store",
             AttemptError::NoStdout => "exec_no_stdout",
             AttemptError::NothingReadable(_) => "unreadable",
+            AttemptError::Idle(_) => "idle",
         }
     }
 }
@@ -408,7 +418,8 @@ pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
 
     // The manifest this replica last tried to write: a PUT that failed on the wire may still have
     // committed, and the next check tells it apart from someone else's commit.
-    let mut last_written: Option<Manifest> = None;
+    // Its digest only: not a second copy of its records (docs/contract.md "Drain memory").
+    let mut last_written: Option<[u8; 32]> = None;
 
     loop {
         if job.cancel.is_cancelled() {
@@ -422,9 +433,7 @@ pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
         // recording it, or by our own last attempt whose manifest PUT lost its response)?
         match check_commit(job, &keys, &mut backoff).await {
             Ok(CommitCheck::Committed(manifest)) => {
-                let ours = last_written
-                    .as_ref()
-                    .is_some_and(|mine| mine.same_content(&manifest));
+                let ours = last_written.is_some_and(|mine| mine == manifest.content_digest());
                 info!(path = job.path, manifest = %keys.manifest, committed_by_attempt = manifest.attempt, ours, "already committed; recording it");
                 return Some(finish(
                     job,
@@ -619,15 +628,21 @@ async fn attempt(
     opts: &DrainOptions,
     ctx: ManifestContext,
     (budget, wire): (Option<u64>, Wire),
-    last_written: &mut Option<Manifest>,
+    last_written: &mut Option<[u8; 32]>,
 ) -> Result<Manifest, AttemptError> {
     let argv = pack_argv(job.pack_command, job.holder_path, budget, wire);
     let mut exec = PackExec::start(job.pods, job.pod_name, argv).await?;
     let stdout = exec.take_stdout().ok_or(AttemptError::NoStdout)?;
+    // docs/contract.md "Drain memory": a packer that stalls or trickles is cut off.
+    let (stdout, idled) = IdleGuard::new(stdout, job.idle);
     let started = jiff::Timestamp::now();
     // Whatever was asked, the stream says what it is (src/drain/wire.rs).
-    let decoded = match crate::drain::wire::decode(stdout).await {
+    let decoded = match crate::drain::wire::decode(stdout, opts.max_input_bytes).await {
         Ok(decoded) => decoded,
+        Err(e) if idled.load(Ordering::Relaxed) => {
+            exec.abandon().await;
+            return Err(AttemptError::Idle(e.to_string()));
+        }
         Err(e) => {
             return Err(AttemptError::Drain(DrainError {
                 kind: DrainErrorKind::Read(e),
@@ -653,6 +668,10 @@ async fn attempt(
             // No orphaned multipart parts: an aborted attempt leaves nothing behind.
             if let Err(abort) = writer.abort().await {
                 warn!(archive = %keys.archive, error = %abort, "aborting the multipart upload failed");
+            }
+            if idled.load(Ordering::Relaxed) {
+                exec.abandon().await;
+                return Err(AttemptError::Idle(idle_message(job.idle, &e)));
             }
             // A stream that breaks because the packer failed is the packer's failure (its exit
             // status and stderr say why, and retrying will not help); otherwise the stream's.
@@ -693,7 +712,7 @@ async fn attempt(
         jiff::Timestamp::now(),
     );
     notes.record_in(&mut manifest);
-    *last_written = Some(manifest.clone());
+    *last_written = Some(manifest.content_digest());
     let written = match write_manifest(job.store, &keys.manifest, &manifest).await {
         Ok(written) => written,
         // The PUT may have committed before its response was lost (a create-only PUT is not
@@ -720,6 +739,16 @@ async fn attempt(
             progress: Default::default(),
         })),
     }
+}
+
+/// The status message of a path cut off by the idle bound.
+fn idle_message(idle: Duration, e: &DrainError) -> String {
+    format!(
+        "the packer kept the drain waiting {}s in all without sending {} bytes (the per-path idle bound, --drain-idle-timeout): cut off, nothing committed ({})",
+        idle.as_secs(),
+        super::idle::MIN_PROGRESS_BYTES,
+        e.progress
+    )
 }
 
 /// Deletes the archive of an attempt that will not be committed (best effort: without a manifest
@@ -894,6 +923,26 @@ mod tests {
             message.contains("the 1 member(s) read before it are kept"),
             "{message}"
         );
+    }
+
+    #[test]
+    fn an_idle_cut_off_is_final_and_says_why() {
+        // docs/contract.md "Drain memory": a trickling pod would trickle again; the path fails at
+        // once and releases its slot.
+        let e = DrainError {
+            kind: DrainErrorKind::Read(std::io::Error::from(std::io::ErrorKind::TimedOut)),
+            progress: crate::drain::Progress {
+                input_bytes: 11,
+                ..Default::default()
+            },
+        };
+        let idle = AttemptError::Idle(idle_message(Duration::from_secs(60), &e));
+        assert!(!idle.is_transient());
+        assert_eq!(idle.metric_label(), "idle");
+        let message = idle.to_string();
+        assert!(message.contains("waiting 60s in all"), "{message}");
+        assert!(message.contains("--drain-idle-timeout"), "{message}");
+        assert!(message.contains("after 11 input bytes"), "{message}");
     }
 
     #[test]
@@ -1073,6 +1122,7 @@ mod tests {
             cap_bytes: 1 << 20,
             compression: Compression::None,
             wire: Wire::Zstd,
+            idle: crate::drain::idle::DEFAULT_IDLE_TIMEOUT,
             deadline: tokio::time::Instant::now() + Duration::from_secs(secs),
             previous_attempts: 0,
             metrics: &bed.metrics,

@@ -7,6 +7,13 @@
 //! stream that starts with the zstd magic number. The decoder is bounded: a frame that asks for a
 //! window over [`MAX_WINDOW_LOG`] is refused (a hostile pod cannot make the operator allocate
 //! more), and the decompressed tar is held to the drain's input bound like any other.
+//!
+//! Every byte that crosses the wire is read and judged (docs/contract.md "The stream on the
+//! wire"): the decoder goes on past the first frame, so a second frame is decoded into the same
+//! tar (data after the end-of-archive marker then fails the drain as trailing garbage) and bytes
+//! that are not a frame fail it as a corrupt stream — a stream is never cut at a frame boundary
+//! and called complete. Frames that decode to nothing (zstd's skippable frames) cannot stretch the
+//! stream either: the wire bytes are bounded by [`max_wire_bytes`] of the input bound.
 
 use std::io;
 use std::pin::Pin;
@@ -50,6 +57,15 @@ impl Wire {
     }
 }
 
+/// Most bytes a stream may send over the wire when the decoded tar is bounded at `max_input`:
+/// the input bound plus zstd's worst-case expansion of incompressible data (1/128, generously)
+/// and 1 MiB. Only a stream padded with frames that decode to nothing comes near it.
+pub(crate) fn max_wire_bytes(max_input: u64) -> u64 {
+    max_input
+        .saturating_add(max_input / 128)
+        .saturating_add(1024 * 1024)
+}
+
 /// Bytes that crossed the exec wire (before any decompression), shared with the reader.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct WireBytes(Arc<AtomicU64>);
@@ -74,8 +90,9 @@ pub(crate) struct Decoded {
 
 /// Reads the first bytes of `stream` and returns the tar inside it: decoded when the stream
 /// starts with the zstd magic number, as is otherwise. An error reading those first bytes is the
-/// transport's and is returned as is.
-pub(crate) async fn decode<R>(stream: R) -> io::Result<Decoded>
+/// transport's and is returned as is. `max_input` is the drain's input bound (the wire is held
+/// to [`max_wire_bytes`] of it).
+pub(crate) async fn decode<R>(stream: R, max_input: u64) -> io::Result<Decoded>
 where
     R: AsyncRead + Send + Unpin + 'static,
 {
@@ -85,6 +102,7 @@ where
         inner: stream,
         bytes: wire_bytes.clone(),
         failed: Arc::clone(&transport_failed),
+        limit: max_wire_bytes(max_input),
     };
     let mut head = [0u8; 4];
     let mut filled = 0;
@@ -97,10 +115,12 @@ where
     }
     let rejoined = io::Cursor::new(head[..filled].to_vec()).chain(counted);
     if filled == head.len() && head == ZSTD_MAGIC {
-        let decoder = ZstdDecoder::with_params(
+        let mut decoder = ZstdDecoder::with_params(
             BufReader::new(rejoined),
             &[DParameter::window_log_max(MAX_WINDOW_LOG)],
         );
+        // Past the first frame too: what follows it is judged, never left unread.
+        decoder.multiple_members(true);
         Ok(Decoded {
             tar: Box::new(Judged {
                 inner: decoder,
@@ -118,11 +138,13 @@ where
     }
 }
 
-/// Counts what the transport delivers and remembers whether it failed.
+/// Counts what the transport delivers, remembers whether it failed, and refuses to deliver past
+/// `limit` bytes (an `InvalidData` error: the pod's doing, not the transport's).
 struct Counted<R> {
     inner: R,
     bytes: WireBytes,
     failed: Arc<AtomicBool>,
+    limit: u64,
 }
 
 impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
@@ -131,18 +153,41 @@ impl<R: AsyncRead + Unpin> AsyncRead for Counted<R> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        let limit = self.limit;
+        if self.bytes.get() > limit {
+            return Poll::Ready(Err(over_wire_bound(limit)));
+        }
         let before = buf.filled().len();
         let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
         match &polled {
             Poll::Ready(Ok(())) => {
                 let n = (buf.filled().len() - before) as u64;
-                self.bytes.0.fetch_add(n, Ordering::Relaxed);
+                if self
+                    .bytes
+                    .0
+                    .fetch_add(n, Ordering::Relaxed)
+                    .saturating_add(n)
+                    > limit
+                {
+                    // An error delivers no bytes.
+                    buf.set_filled(before);
+                    return Poll::Ready(Err(over_wire_bound(limit)));
+                }
             }
             Poll::Ready(Err(_)) => self.failed.store(true, Ordering::Relaxed),
             Poll::Pending => {}
         }
         polled
     }
+}
+
+fn over_wire_bound(limit: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "more than {limit} bytes crossed the wire (the drain's bound on the encoded stream)"
+        ),
+    )
 }
 
 /// The decoder's output, with its errors told apart: the transport's pass through unchanged (a
@@ -160,11 +205,17 @@ impl<D: AsyncRead + Unpin> AsyncRead for Judged<D> {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
         match Pin::new(&mut self.inner).poll_read(cx, buf) {
-            Poll::Ready(Err(e))
-                if !self.transport_failed.load(Ordering::Relaxed)
-                    && e.kind() != io::ErrorKind::UnexpectedEof =>
-            {
+            Poll::Ready(Err(e)) => {
+                // The decoder may have decoded some bytes before its input failed; an error
+                // delivers none (the stream fails anyway).
+                buf.set_filled(before);
+                if self.transport_failed.load(Ordering::Relaxed)
+                    || e.kind() == io::ErrorKind::UnexpectedEof
+                {
+                    return Poll::Ready(Err(e));
+                }
                 Poll::Ready(Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!("the packer's zstd stream is corrupt: {e}"),
@@ -189,7 +240,7 @@ mod tests {
     use std::io::Write;
 
     async fn read_all(stream: Vec<u8>) -> (io::Result<Vec<u8>>, Wire, u64) {
-        let decoded = decode(io::Cursor::new(stream)).await.unwrap();
+        let decoded = decode(io::Cursor::new(stream), u64::MAX).await.unwrap();
         let mut tar = decoded.tar;
         let mut out = Vec::new();
         let result = tar.read_to_end(&mut out).await.map(|_| out);
@@ -287,10 +338,76 @@ mod tests {
                 Poll::Ready(Ok(()))
             }
         }
-        let decoded = decode(Breaks(false)).await.unwrap();
+        let decoded = decode(Breaks(false), u64::MAX).await.unwrap();
         assert_eq!(decoded.wire, Wire::Zstd);
         let mut tar = decoded.tar;
         let err = tar.read_to_end(&mut Vec::new()).await.unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::ConnectionReset, "{err}");
+    }
+
+    /// A zstd skippable frame (RFC 8878 §3.1.2) of `len` bytes: it decodes to nothing.
+    fn skippable(len: u32) -> Vec<u8> {
+        let mut frame = vec![0x50, 0x2A, 0x4D, 0x18];
+        frame.extend_from_slice(&len.to_le_bytes());
+        frame.resize(8 + len as usize, 0xAB);
+        frame
+    }
+
+    #[tokio::test]
+    async fn bytes_after_the_first_frame_are_decoded_not_left_unread() {
+        let (first, second) = (vec![1u8; 5000], vec![2u8; 7000]);
+        let mut stream = zstd_of(&first);
+        stream.extend_from_slice(&zstd_of(&second));
+        let wire = stream.len() as u64;
+        let (decoded, _, wire_bytes) = read_all(stream).await;
+        assert_eq!(decoded.unwrap(), [first, second].concat());
+        assert_eq!(wire_bytes, wire, "every byte on the wire was read");
+    }
+
+    #[tokio::test]
+    async fn bytes_after_the_first_frame_that_are_no_frame_are_a_corrupt_stream() {
+        let mut stream = zstd_of(&[3u8; 4096]);
+        stream.extend_from_slice(b"not zstd at all, and never read by the old decoder");
+        let err = read_all(stream).await.0.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains("zstd stream is corrupt"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn frames_that_decode_to_nothing_cannot_stretch_the_wire_past_its_bound() {
+        let mut stream = zstd_of(&[4u8; 1000]);
+        for _ in 0..40 {
+            stream.extend_from_slice(&skippable(64 * 1024));
+        }
+        // Bounded at 1,000 decoded bytes, the wire may carry ~1 MiB: 40 × 64 KiB is over it.
+        let decoded = decode(io::Cursor::new(stream), 1000).await.unwrap();
+        let mut tar = decoded.tar;
+        let err = tar.read_to_end(&mut Vec::new()).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+        assert!(err.to_string().contains("crossed the wire"), "{err}");
+        assert!(decoded.wire_bytes.get() <= max_wire_bytes(1000) + 64 * 1024);
+    }
+
+    #[tokio::test]
+    async fn a_second_frame_after_a_complete_tar_fails_the_drain_instead_of_committing() {
+        use crate::drain::archive::{drain_stream, DrainErrorKind, DrainOptions};
+        let mut tar = tar::Builder::new(Vec::new());
+        let mut header = tar::Header::new_ustar();
+        header.set_size(5);
+        header.set_mode(0o644);
+        header.set_cksum();
+        tar.append_data(&mut header, "kept.txt", &b"hello"[..])
+            .unwrap();
+        let tar = tar.into_inner().unwrap();
+        let mut stream = zstd_of(&tar);
+        stream.extend_from_slice(&zstd_of(b"smuggled after the end of the archive"));
+        let opts = DrainOptions::new(1 << 20, crate::api::Compression::None);
+        let decoded = decode(io::Cursor::new(stream), opts.max_input_bytes)
+            .await
+            .unwrap();
+        let err = drain_stream(decoded.tar, tokio::io::sink(), &opts)
+            .await
+            .unwrap_err();
+        assert!(matches!(err.kind, DrainErrorKind::TrailingGarbage), "{err}");
     }
 }

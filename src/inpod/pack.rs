@@ -71,6 +71,22 @@ pub struct PackReport {
     pub changed: Vec<Changed>,
     /// Files over the budget, written as zero-length placeholders (`--budget` only).
     pub dropped: Vec<Dropped>,
+    /// Records past [`MAX_REPORTED`] in any of the lists above: counted, not kept (the in-band
+    /// notes count every one of each kind).
+    pub unlisted: u64,
+}
+
+/// Most records each list of [`PackReport`] keeps: 1M over-budget files must not grow the
+/// report past the holder's memory limit (docs/contract.md "Drain memory").
+pub(crate) const MAX_REPORTED: usize = 1024;
+
+/// Keeps `item` in `list` while it holds fewer than [`MAX_REPORTED`], else counts it in `unlisted`.
+fn listed<T>(list: &mut Vec<T>, unlisted: &mut u64, item: T) {
+    if list.len() < MAX_REPORTED {
+        list.push(item);
+    } else {
+        *unlisted = unlisted.saturating_add(1);
+    }
 }
 
 /// A file over the budget: only a placeholder member was written.
@@ -173,6 +189,7 @@ pub(crate) fn pack_with_opener(
     let mut packer = Packer {
         builder: tar::Builder::new(out),
         report: PackReport::default(),
+        notes: InBandNotes::default(),
         meter: budget.map(CapMeter::new),
         entries: 0,
         diag: &mut diag,
@@ -183,7 +200,8 @@ pub(crate) fn pack_with_opener(
     let write_err = |source| PackError::Write { entries, source };
     walked.map_err(write_err)?;
     let report = std::mem::take(&mut packer.report);
-    write_notes(&mut packer.builder, &in_band_notes(&report)).map_err(write_err)?;
+    // The operator reads the notes there, whatever flooded stderr.
+    write_notes(&mut packer.builder, &packer.notes).map_err(write_err)?;
     let mut out = packer.builder.into_inner().map_err(write_err)?;
     out.flush().map_err(write_err)?;
     Ok(report)
@@ -214,6 +232,8 @@ fn open_root(root: &Path) -> Result<(OwnedFd, Vec<CString>), PackError> {
 struct Packer<'p, W: Write, D: Write> {
     builder: tar::Builder<W>,
     report: PackReport,
+    /// The notes for the marker entry, counted as they happen (bounded lists, exact counts).
+    notes: InBandNotes,
     meter: Option<CapMeter>,
     /// Entries fully written.
     entries: u64,
@@ -237,10 +257,12 @@ impl<W: Write, D: Write> Packer<'_, W, D> {
             }
             Found::Special { rel, kind } => {
                 let _ = writeln!(self.diag, "pack: skipped {kind} {}", rel.display());
-                self.report.skipped.push(Skipped {
+                self.notes.push_skipped(rel.as_os_str().as_bytes(), kind);
+                let skipped = Skipped {
                     path: rel.to_path_buf(),
                     kind,
-                });
+                };
+                listed(&mut self.report.skipped, &mut self.report.unlisted, skipped);
                 return Ok(());
             }
             Found::Unreadable { rel, error } => (rel, Ok(Added::Unreadable(error))),
@@ -269,43 +291,40 @@ impl<W: Write, D: Write> Packer<'_, W, D> {
                     c.path.display(),
                     describe(&c)
                 );
-                self.report.changed.push(c);
+                self.notes.push_changed(changed_note(&c));
+                listed(&mut self.report.changed, &mut self.report.unlisted, c);
             }
             Added::Unreadable(error) => {
                 let _ = writeln!(self.diag, "{UNREADABLE_NOTE}{}: {error}", rel.display());
-                self.report.unreadable.push(Unreadable {
+                self.notes
+                    .push_unreadable(rel.as_os_str().as_bytes(), &error);
+                let unreadable = Unreadable {
                     path: rel.to_path_buf(),
                     error,
-                });
+                };
+                listed(
+                    &mut self.report.unreadable,
+                    &mut self.report.unlisted,
+                    unreadable,
+                );
             }
         }
     }
 }
 
-/// The report's notes, bounded, for the marker entry that ends the archive (`crate::tar::notes`):
-/// the operator reads them there, whatever flooded stderr.
-fn in_band_notes(report: &PackReport) -> InBandNotes {
-    let mut notes = InBandNotes::default();
-    for u in &report.unreadable {
-        notes.push_unreadable(u.path.as_os_str().as_bytes(), &u.error);
+/// The in-band note of a changed file.
+fn changed_note(c: &Changed) -> ChangedNote {
+    let (reason, read) = match &c.change {
+        Change::Shrunk { read } => (ChangeReason::Shrunk, *read),
+        Change::Grew => (ChangeReason::Grew, c.header_size),
+        Change::ReadError { read, .. } => (ChangeReason::ReadError, *read),
+    };
+    ChangedNote {
+        path: c.path.as_os_str().as_bytes().to_vec(),
+        reason,
+        stat_size: c.header_size,
+        read,
     }
-    for s in &report.skipped {
-        notes.push_skipped(s.path.as_os_str().as_bytes(), s.kind);
-    }
-    for c in &report.changed {
-        let (reason, read) = match &c.change {
-            Change::Shrunk { read } => (ChangeReason::Shrunk, *read),
-            Change::Grew => (ChangeReason::Grew, c.header_size),
-            Change::ReadError { read, .. } => (ChangeReason::ReadError, *read),
-        };
-        notes.push_changed(ChangedNote {
-            path: c.path.as_os_str().as_bytes().to_vec(),
-            reason,
-            stat_size: c.header_size,
-            read,
-        });
-    }
-    notes
 }
 
 /// Writes the notes' marker entry: the archive root `./`, which no operator stores.
@@ -475,10 +494,14 @@ fn add_placeholder<W: Write>(
         io::empty(),
         &record,
     )?;
-    report.dropped.push(Dropped {
-        path: rel.to_path_buf(),
-        size,
-    });
+    listed(
+        &mut report.dropped,
+        &mut report.unlisted,
+        Dropped {
+            path: rel.to_path_buf(),
+            size,
+        },
+    );
     Ok(Added::Yes)
 }
 
@@ -772,6 +795,51 @@ mod tests {
             out.push((path, size, dropped));
         }
         out
+    }
+
+    #[test]
+    fn the_report_lists_a_bounded_number_of_drops_and_counts_the_rest() {
+        // docs/contract.md "Drain memory": the packer used to keep every dropped file's path,
+        // so a pod with 1M over-budget files could push it past the holder's memory limit.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let extra = 10;
+        for i in 0..MAX_REPORTED + extra {
+            fs::write(dir.path().join(format!("f{i:05}")), b"xy").expect("write");
+        }
+        let mut out = Vec::new();
+        let report = pack(dir.path(), Some(1), &mut out, io::sink()).expect("pack");
+        assert_eq!(report.dropped.len(), MAX_REPORTED);
+        assert_eq!(report.unlisted, extra as u64);
+        // Every one still crossed the wire as a placeholder.
+        let placeholders = drop_records(&out)
+            .into_iter()
+            .filter(|(_, size, record)| *size == 0 && record.as_deref() == Some("2"))
+            .count();
+        assert_eq!(placeholders, MAX_REPORTED + extra);
+    }
+
+    #[test]
+    fn a_flood_of_skipped_fifos_is_counted_whole_in_band_while_the_report_stays_bounded() {
+        // The report's lists are bounded (docs/contract.md "Drain memory"); the in-band notes,
+        // which the operator decides on, still count every one.
+        let dir = tempfile::tempdir().expect("tempdir");
+        let extra = 5;
+        for i in 0..MAX_REPORTED + extra {
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                dir.path().join(format!("p{i:05}")),
+                rustix::fs::FileType::Fifo,
+                rustix::fs::Mode::from_raw_mode(0o600),
+                0,
+            )
+            .expect("mkfifo");
+        }
+        let mut out = Vec::new();
+        let report = pack(dir.path(), None, &mut out, io::sink()).expect("pack");
+        assert_eq!(report.skipped.len(), MAX_REPORTED);
+        assert_eq!(report.unlisted, extra as u64);
+        let notes = notes_of(&out).expect("in-band notes");
+        assert_eq!(notes.skipped, (MAX_REPORTED + extra) as u64);
     }
 
     #[test]

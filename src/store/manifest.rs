@@ -201,6 +201,34 @@ impl Manifest {
         }
     }
 
+    /// A SHA-256 of what [`Manifest::same_content`] compares, streamed (nothing the size of the
+    /// records is allocated): what a drain remembers of the manifest it last tried to write,
+    /// instead of a second copy of its records (docs/contract.md "Drain memory").
+    pub(crate) fn content_digest(&self) -> [u8; 32] {
+        struct Hashing(sha2::Sha256);
+        impl std::io::Write for Hashing {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                sha2::Digest::update(&mut self.0, buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let mut out = Hashing(<sha2::Sha256 as sha2::Digest>::new());
+        let content = (
+            &self.archive_key,
+            self.compression,
+            &self.members,
+            &self.dropped,
+            &self.rejected,
+            self.stopped_at_input_bound,
+        );
+        // Writing into a hasher cannot fail, and these types always serialize.
+        let _ = serde_json::to_writer(&mut out, &content);
+        sha2::Digest::finalize(out.0).into()
+    }
+
     /// Whether two manifests describe the same stored content (timestamps and attempt aside).
     pub(crate) fn same_content(&self, other: &Manifest) -> bool {
         self.archive_key == other.archive_key

@@ -24,7 +24,9 @@
 //!   Anything else is [`Reason::InvalidDropRecord`]. A hostile pod can forge the record; all it
 //!   achieves is to lose its own file, and the size it claims is listed as the pod's word.
 
-use std::collections::BTreeSet;
+use std::collections::hash_map::RandomState;
+use std::collections::HashSet;
+use std::hash::BuildHasher;
 
 use serde::{Deserialize, Serialize};
 
@@ -230,13 +232,23 @@ impl Default for Limits {
 
 /// Stateful sanitizer for one archive: it remembers accepted symlinks so that a later entry cannot
 /// pass through one, and counts entries.
+///
+/// Memory (docs/contract.md "Drain memory"): a symlink is remembered as a 64-bit hash of its path
+/// under a per-sanitizer random key, never as the path, so each costs the same few bytes whatever
+/// its name; and the drain forgets a symlink it did not store ([`Sanitizer::forget_symlink`]), so
+/// the set holds at most the stored symlinks (bounded by the metadata allowance). A collision can
+/// only reject an entry (`through_symlink`), never let one through: the safe direction.
 #[derive(Debug, Default)]
 pub struct Sanitizer {
     limits: Limits,
     entries: u64,
-    symlinks: BTreeSet<String>,
-    /// [`fold`]ed paths of the accepted symlinks, when extracting ([`Sanitizer::for_extraction`]).
-    folded_symlinks: Option<BTreeSet<String>>,
+    /// Keyed hashes of the accepted symlinks' paths.
+    symlinks: HashSet<u64>,
+    /// Keyed hashes of the [`fold`]ed paths of the accepted symlinks, when extracting
+    /// ([`Sanitizer::for_extraction`]).
+    folded_symlinks: Option<HashSet<u64>>,
+    /// The random key of the hashes.
+    hasher: RandomState,
 }
 
 /// A path as a case-insensitive, normalizing filesystem compares it: lower-cased and in Unicode
@@ -252,8 +264,9 @@ impl Sanitizer {
         Sanitizer {
             limits,
             entries: 0,
-            symlinks: BTreeSet::new(),
+            symlinks: HashSet::new(),
             folded_symlinks: None,
+            hasher: RandomState::new(),
         }
     }
 
@@ -263,7 +276,7 @@ impl Sanitizer {
     /// be written through the link.
     pub(crate) fn for_extraction(limits: Limits) -> Self {
         Sanitizer {
-            folded_symlinks: Some(BTreeSet::new()),
+            folded_symlinks: Some(HashSet::new()),
             ..Sanitizer::new(limits)
         }
     }
@@ -271,6 +284,21 @@ impl Sanitizer {
     /// Entries seen so far.
     pub(crate) fn entries_seen(&self) -> u64 {
         self.entries
+    }
+
+    /// Symlinks remembered (what the sanitizer holds per entry: one hash each).
+    #[cfg(test)]
+    pub(crate) fn symlinks_remembered(&self) -> usize {
+        self.symlinks.len()
+    }
+
+    /// Forgets the accepted symlink at `path` because it was not stored (the drain dropped it over
+    /// the metadata allowance): an entry below a link that is not in the archive cannot be written
+    /// through it, so remembering it would only cost memory the pod chose (docs/contract.md
+    /// "Drain memory"). When extracting, the folded path stays (extraction stores every symlink).
+    pub(crate) fn forget_symlink(&mut self, path: &str) {
+        let key = self.hasher.hash_one(path);
+        self.symlinks.remove(&key);
     }
 
     /// Decides on the next entry of the archive (entries must be passed in stream order).
@@ -302,10 +330,10 @@ impl Sanitizer {
             };
         }
         let path = components.join("/");
-        if self.is_at_or_below_symlink(&components) {
+        if self.is_at_or_below_symlink(&path) {
             return Decision::Reject(Reason::ThroughSymlink);
         }
-        if self.folds_onto_symlink(&components) {
+        if self.folds_onto_symlink(&path) {
             return Decision::Reject(Reason::FoldsOntoSymlink);
         }
         let (kind, link_target) = match entry.kind {
@@ -321,9 +349,9 @@ impl Sanitizer {
         };
         if kind == MemberKind::Symlink {
             if let Some(folded) = self.folded_symlinks.as_mut() {
-                folded.insert(fold(&path));
+                folded.insert(self.hasher.hash_one(fold(&path)));
             }
-            self.symlinks.insert(path.clone());
+            self.symlinks.insert(self.hasher.hash_one(path.as_str()));
         }
         Decision::Accept(Accepted {
             path,
@@ -332,39 +360,30 @@ impl Sanitizer {
         })
     }
 
-    /// Whether `components`, folded, name an accepted symlink or something below one (only when
-    /// extracting).
-    fn folds_onto_symlink(&self, components: &[&str]) -> bool {
+    /// Whether `path` (normalized), folded, names an accepted symlink or something below one
+    /// (only when extracting).
+    fn folds_onto_symlink(&self, path: &str) -> bool {
         let Some(folded) = self.folded_symlinks.as_ref().filter(|f| !f.is_empty()) else {
             return false;
         };
-        let mut prefix = String::new();
-        components.iter().enumerate().any(|(i, c)| {
-            if i > 0 {
-                prefix.push('/');
-            }
-            prefix.push_str(c);
-            folded.contains(&fold(&prefix))
-        })
+        prefixes(path).any(|prefix| folded.contains(&self.hasher.hash_one(fold(prefix))))
     }
 
-    /// Whether `components` names an accepted symlink or something below one.
-    fn is_at_or_below_symlink(&self, components: &[&str]) -> bool {
+    /// Whether `path` (normalized) names an accepted symlink or something below one.
+    fn is_at_or_below_symlink(&self, path: &str) -> bool {
         if self.symlinks.is_empty() {
             return false;
         }
-        let mut prefix = String::new();
-        for (i, c) in components.iter().enumerate() {
-            if i > 0 {
-                prefix.push('/');
-            }
-            prefix.push_str(c);
-            if self.symlinks.contains(&prefix) {
-                return true;
-            }
-        }
-        false
+        prefixes(path).any(|prefix| self.symlinks.contains(&self.hasher.hash_one(prefix)))
     }
+}
+
+/// The component prefixes of a normalized path, shortest first: `a`, `a/b`, `a/b/c` (slices of
+/// it, nothing allocated).
+fn prefixes(path: &str) -> impl Iterator<Item = &str> {
+    path.match_indices('/')
+        .map(|(i, _)| &path[..i])
+        .chain(std::iter::once(path))
 }
 
 /// Largest size a `SANDBOXRUN.dropped` record may declare: `off_t` is signed, so no file is larger.
@@ -678,6 +697,45 @@ mod tests {
         );
         // A sibling with a common prefix is not "through" the link.
         assert!(matches!(s.check(&file("outside.txt")), Decision::Accept(_)));
+    }
+
+    #[test]
+    fn symlinks_are_remembered_one_hash_each_and_a_forgotten_one_no_longer_blocks() {
+        // docs/contract.md "Drain memory": what the sanitizer holds per symlink does not grow
+        // with its name, and the drain forgets the ones it did not store.
+        let mut s = Sanitizer::default_limits();
+        let deep = vec!["s".repeat(255); 15].join("/");
+        for i in 0..2_000 {
+            let path = format!("{deep}/l{i}");
+            assert!(matches!(s.check(&link(&path, "t")), Decision::Accept(_)));
+        }
+        assert_eq!(s.symlinks_remembered(), 2_000);
+        assert_eq!(
+            s.check(&file(&format!("{deep}/l7/x"))),
+            Decision::Reject(Reason::ThroughSymlink)
+        );
+        for i in 0..1_999 {
+            s.forget_symlink(&format!("{deep}/l{i}"));
+        }
+        assert_eq!(s.symlinks_remembered(), 1);
+        // Not stored, so nothing can be written through it: an entry below it is a plain path.
+        assert!(matches!(
+            s.check(&file(&format!("{deep}/l7/x"))),
+            Decision::Accept(_)
+        ));
+        // The one still remembered still blocks, at and below it.
+        assert_eq!(
+            s.check(&file(&format!("{deep}/l1999"))),
+            Decision::Reject(Reason::ThroughSymlink)
+        );
+        assert_eq!(
+            s.check(&file(&format!("{deep}/l1999/y/z"))),
+            Decision::Reject(Reason::ThroughSymlink)
+        );
+        assert_eq!(
+            prefixes("a/bb/c").collect::<Vec<_>>(),
+            ["a", "a/bb", "a/bb/c"]
+        );
     }
 
     #[test]
