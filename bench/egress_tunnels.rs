@@ -229,7 +229,7 @@ async fn hold_until_stdin_closes<T>(held: Vec<T>) {
 /// One flood connection: Some(stream) while the proxy holds it, None once refused.
 async fn flood_one(i: usize, port: u16, target: SocketAddr, auth: &str) -> Option<TcpStream> {
     let mut s = from(POD, port).await.ok()?;
-    if i % 2 == 0 {
+    if i.is_multiple_of(2) {
         // A slow head: its first line, then nothing.
         s.write_all(format!("CONNECT {target} HTTP/1.1\r\n").as_bytes())
             .await

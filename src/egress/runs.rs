@@ -112,7 +112,7 @@ pub(crate) fn authorize<'a>(
         return Err(AuthRefusal::RunEnded);
     }
     let peer = canonical(peer);
-    let own = pods.any(|(ns, ips)| ns == run.namespace && ips.iter().any(|ip| *ip == peer));
+    let own = pods.any(|(ns, ips)| ns == run.namespace && ips.contains(&peer));
     if own {
         Ok(())
     } else {

@@ -136,7 +136,11 @@ mod tests {
             "600 s of traffic, never 300 s quiet"
         );
         tokio::time::sleep(Duration::from_secs(301)).await;
-        let ended = relayed.await.map_err(|e| e.to_string());
+        // Bounded: a relay that never ends fails the test instead of hanging it.
+        let ended = tokio::time::timeout(Duration::from_secs(10), relayed)
+            .await
+            .map_err(|_| "still open 10 s after the idle timeout".to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()));
         assert!(
             matches!(ended, Ok(Ok(Ended::Idle))),
             "quiet for 301 s: {ended:?}"
