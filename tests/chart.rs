@@ -365,7 +365,33 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
     let role = named("ClusterRole", "demo-sandboxrun-operator-egress-proxy");
     assert_eq!(
         serde_yaml::to_string(&role["rules"]).expect("rules"),
-        "- apiGroups:\n  - sandbox.iterion.io\n  resources:\n  - sandboxruns\n  verbs:\n  - list\n  - watch\n"
+        "- apiGroups:\n  - sandbox.iterion.io\n  resources:\n  - sandboxruns\n  verbs:\n  - list\n  - watch\n- apiGroups:\n  - ''\n  resources:\n  - pods\n  verbs:\n  - list\n  - watch\n"
+    );
+    // Its bounds (docs/operations.md "Egress proxy"), and only run pods reach its port.
+    for want in [
+        "--head-timeout=10s",
+        "--idle-timeout=5m",
+        "--max-connections=4096",
+        "--max-per-run=512",
+        "--max-pending-per-source=256",
+        "--accept-backlog=1024",
+    ] {
+        assert!(args.contains(&want), "{want} in {args:?}");
+    }
+    let np = named("NetworkPolicy", "demo-sandboxrun-operator-egress-proxy");
+    assert_eq!(np["spec"]["policyTypes"][0].as_str(), Some("Ingress"));
+    let from = &np["spec"]["ingress"][0]["from"][0];
+    assert_eq!(
+        np["spec"]["ingress"][0]["ports"][0]["port"].as_u64(),
+        Some(3128)
+    );
+    assert_eq!(
+        from["podSelector"]["matchLabels"]["app.kubernetes.io/managed-by"].as_str(),
+        Some("sandboxrun-operator")
+    );
+    assert_eq!(
+        from["podSelector"]["matchExpressions"][0]["key"].as_str(),
+        Some("sandbox.iterion.io/run-uid")
     );
     // The operator: told where the proxy is and which pods it runs in; may apply policies.
     let op = operator_deployment(&docs);

@@ -395,6 +395,32 @@ async fn the_proxy_binary_follows_the_runs_on_the_apiserver() {
     )
     .await;
     let uid = run.uid().expect("uid");
+    // The run's pod, as the proxy's pod watch sees it: labelled by the operator, at the address
+    // the test connects from. Held by a scheduling gate so that no node (kwok) rewrites its status.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "proxied-pod", "labels": {
+            "app.kubernetes.io/managed-by": "sandboxrun-operator",
+            RUN_UID_LABEL: uid,
+        }},
+        "spec": {
+            "schedulingGates": [{"name": "sandboxrun-test/held"}],
+            "containers": [{"name": "c", "image": "registry.example/none:1"}],
+        },
+    }))
+    .expect("pod");
+    pods.create(&Default::default(), &pod)
+        .await
+        .expect("create the run's pod");
+    pods.patch_status(
+        "proxied-pod",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&serde_json::json!({"status": {
+            "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+        }})),
+    )
+    .await
+    .expect("the pod's address");
 
     // A local echo server the run may reach.
     let echo = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -496,6 +522,24 @@ async fn the_proxy_binary_follows_the_runs_on_the_apiserver() {
     })
     .await;
     assert!(denied.contains("the default of mode allowlist"), "{denied}");
+
+    // Ended (not yet deleted): its token opens nothing.
+    runs.patch_status(
+        "proxied",
+        &PatchParams::default(),
+        &Patch::Merge(&serde_json::json!({"status": {"phase": "Succeeded"}})),
+    )
+    .await
+    .expect("end the run");
+    let ended = eventually("the end to take effect", Duration::from_secs(30), || {
+        let ask = ask(auth.clone());
+        async move {
+            let head = ask.await;
+            head.starts_with("HTTP/1.1 407").then_some(head)
+        }
+    })
+    .await;
+    assert!(ended.contains("has ended"), "{ended}");
 
     // Deleted: its token opens nothing.
     runs.delete("proxied", &DeleteParams::default())

@@ -7,7 +7,10 @@
 //! - `!` before a pattern negates it (a bare `!` or a double `!!` is refused);
 //! - `**` any host; `*.x` exactly one label before `x`; `**.x` one or more labels before `x`;
 //! - a literal host (a valid DNS name, case-insensitive, one optional trailing dot);
-//! - an IPv4/IPv6 literal (IPv6 optionally in brackets) or a CIDR `addr/prefix`.
+//! - an IPv4/IPv6 literal (IPv6 optionally in brackets) or a CIDR `addr/prefix`;
+//! - a host-name rule (a literal host or a `*.`/`**.` glob) may end in `:port` (1-65535): it then
+//!   matches that port only; without a port a rule matches every port. Address rules (IP, CIDR,
+//!   `**`) carry no port: the NetworkPolicy enforces them for every port.
 //!
 //! Evaluation is last-match-wins (see [`allows`]).
 //!
@@ -53,6 +56,8 @@ pub struct Rule {
     pub negated: bool,
     /// What the rule matches.
     pub pattern: Pattern,
+    /// The one port it matches (host-name rules only); None: every port.
+    pub port: Option<u16>,
 }
 
 /// Why a rule does not parse. The message is shown to the user with the rule and its index.
@@ -79,6 +84,9 @@ pub enum RuleError {
     /// A CIDR whose address or prefix does not parse.
     #[error("bad CIDR: {0}")]
     BadCidr(&'static str),
+    /// A `:port` that is not 1-65535, or on a rule that cannot carry one.
+    #[error("bad port: {0}")]
+    BadPort(&'static str),
 }
 
 impl Rule {
@@ -100,10 +108,29 @@ impl Rule {
         if body.starts_with('!') {
             return Err(RuleError::DoubleNegation);
         }
+        let (body, port) = split_port(body)?;
+        let pattern = parse_pattern(body)?;
+        if port.is_some()
+            && matches!(
+                pattern,
+                Pattern::AnyHost | Pattern::Ip(_) | Pattern::Cidr { .. }
+            )
+        {
+            return Err(RuleError::BadPort(
+                "only host-name rules carry a port (an address rule covers every port)",
+            ));
+        }
         Ok(Rule {
             negated,
-            pattern: parse_pattern(body)?,
+            pattern,
+            port,
         })
+    }
+
+    /// Whether the rule matches `host` on `port` (None: a judgment on the host alone, which a rule
+    /// with a port never matches).
+    pub fn matches_at(&self, host: &str, port: Option<u16>) -> bool {
+        self.port.is_none_or(|p| Some(p) == port) && self.matches(host)
     }
 
     /// Whether the pattern matches `host` (a DNS name or an IP literal), negation aside.
@@ -153,6 +180,10 @@ impl fmt::Display for Rule {
             Pattern::Cidr {
                 network, prefix, ..
             } => write!(f, "{network}/{prefix}"),
+        }?;
+        match self.port {
+            Some(p) => write!(f, ":{p}"),
+            None => Ok(()),
         }
     }
 }
@@ -160,13 +191,19 @@ impl fmt::Display for Rule {
 /// Whether egress to `host` is allowed under `mode` and `rules`: the LAST matching rule decides.
 /// In `allowlist` a plain match allows and a negated match denies (default: deny); in `denylist`
 /// a plain match denies and a negated match allows (default: allow); `open` allows everything.
+/// Judged on the host alone: a rule with a port never matches here.
 pub fn allows(mode: NetworkMode, rules: &[Rule], host: &str) -> bool {
-    decide(mode, rules, host).0
+    decide(mode, rules, host, None).0
 }
 
-/// [`allows`], with the index of the rule that decided (None: the mode's default did). The egress
-/// proxy names it in a refusal.
-pub(crate) fn decide(mode: NetworkMode, rules: &[Rule], host: &str) -> (bool, Option<usize>) {
+/// [`allows`] on `host` and `port`, with the index of the rule that decided (None: the mode's
+/// default did). The egress proxy judges with the port and names the rule in a refusal.
+pub(crate) fn decide(
+    mode: NetworkMode,
+    rules: &[Rule],
+    host: &str,
+    port: Option<u16>,
+) -> (bool, Option<usize>) {
     let default_allow = match mode {
         NetworkMode::Open => return (true, None),
         NetworkMode::Allowlist => false,
@@ -176,7 +213,7 @@ pub(crate) fn decide(mode: NetworkMode, rules: &[Rule], host: &str) -> (bool, Op
         .iter()
         .enumerate()
         .rev()
-        .find(|(_, r)| r.matches(host))
+        .find(|(_, r)| r.matches_at(host, port))
     {
         None => (default_allow, None),
         // A plain match flips the default; a negated match restores it.
@@ -188,6 +225,30 @@ impl Rule {
     /// Whether the rule is about addresses (an IP or a CIDR), not names.
     pub(crate) fn is_address(&self) -> bool {
         matches!(self.pattern, Pattern::Ip(_) | Pattern::Cidr { .. })
+    }
+}
+
+/// `body` without a trailing `:port`, and the port: `name:port`, or `[v6]:port` (which its
+/// pattern then refuses). An unbracketed IPv6 literal (several `:`) has no port.
+fn split_port(body: &str) -> Result<(&str, Option<u16>), RuleError> {
+    let split = if body.contains("://") {
+        None
+    } else if body.starts_with('[') {
+        body.rfind("]:").map(|i| (&body[..=i], &body[i + 2..]))
+    } else if body.matches(':').count() == 1 {
+        body.rsplit_once(':')
+    } else {
+        None
+    };
+    let Some((host, port)) = split else {
+        return Ok((body, None));
+    };
+    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(RuleError::BadPort("a port is a number from 1 to 65535"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok((host, Some(p))),
+        _ => Err(RuleError::BadPort("a port is a number from 1 to 65535")),
     }
 }
 
@@ -462,7 +523,6 @@ mod tests {
             "a..b",
             ".x.com",
             "1.2.3",
-            "x.com:443",
             "https://x.com",
             "[x.com]",
         ] {
@@ -514,6 +574,52 @@ mod tests {
         assert!(!rule("2001:db8::/32").matches("10.0.0.1"));
         assert!(!rule("example.com").matches("10.0.0.1"));
         assert!(rule("example.com").matches("EXAMPLE.com"));
+    }
+
+    #[test]
+    fn host_rules_may_carry_a_port_and_match_only_it() {
+        let r = rule("api.example.com:443");
+        assert_eq!(r.port, Some(443));
+        assert_eq!(r.to_string(), "api.example.com:443");
+        assert!(r.matches_at("api.example.com", Some(443)));
+        assert!(!r.matches_at("api.example.com", Some(22)));
+        assert!(
+            !r.matches_at("api.example.com", None),
+            "a host-only judgment"
+        );
+        assert_eq!(rule("!*.example.com:80").to_string(), "!*.example.com:80");
+        assert_eq!(rule("**.example.com:8443").port, Some(8443));
+        // Without a port: every port (the default).
+        assert!(rule("api.example.com").matches_at("api.example.com", Some(22)));
+        let rules: Vec<Rule> = ["**.example.com:443", "!ads.example.com"]
+            .iter()
+            .map(|s| rule(s))
+            .collect();
+        let at = |host, port| decide(NetworkMode::Allowlist, &rules, host, Some(port)).0;
+        assert!(at("api.example.com", 443));
+        assert!(!at("api.example.com", 22));
+        assert!(!at("ads.example.com", 443));
+        for bad in [
+            "x.com:0",
+            "x.com:65536",
+            "x.com:",
+            "x.com:https",
+            "x.com:+443",
+            "10.0.0.1:443",
+            "10.0.0.0/8:443",
+            "[::1]:443",
+            "**:443",
+        ] {
+            assert!(
+                matches!(Rule::parse(bad), Err(RuleError::BadPort(_))),
+                "{bad} should be a bad port: {:?}",
+                Rule::parse(bad)
+            );
+        }
+        assert!(
+            matches!(rule("::1").pattern, Pattern::Ip(_)),
+            "IPv6 is not a port"
+        );
     }
 
     #[test]

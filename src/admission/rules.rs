@@ -477,8 +477,9 @@ fn network_hint(e: &RuleError) -> &'static str {
         RuleError::Empty | RuleError::Whitespace => "remove the empty or padded rule; write a host, glob, IP or CIDR",
         RuleError::BareNegation | RuleError::DoubleNegation => "write `!` once, directly before a pattern, e.g. `!ads.example.com`",
         RuleError::BadGlob => "use `*.example.com` (one label), `**.example.com` (one or more labels) or `**` (any host)",
-        RuleError::BadHost(..) => "write a bare DNS name (no scheme, port or path), an IP literal or a CIDR",
+        RuleError::BadHost(..) => "write a bare DNS name (no scheme or path; a port as host:443), an IP literal or a CIDR",
         RuleError::BadCidr(_) => "write addr/prefix with prefix ≤ 32 (IPv4) or ≤ 128 (IPv6), e.g. 10.0.0.0/8",
+        RuleError::BadPort(_) => "write host:port with a port from 1 to 65535 on a host-name rule, e.g. api.example.com:443; an IP or CIDR rule covers every port",
     }
 }
 

@@ -2,14 +2,22 @@
 //! enforced"): what the run asks for ([`mode`]), a per-run NetworkPolicy ([`policy`], applied by [`apply`] before the pod exists)
 //! for addresses, and the egress proxy ([`proxy`]) for host names, both judging with the one
 //! matcher admission validates with ([`crate::admission::network`]). The workload reaches the
-//! proxy through the variables of [`env`], authenticated by a per-run [`token`].
+//! proxy through the variables of [`env`], authenticated by a per-run [`token`]. The proxy is
+//! [`proxy`] (flags, accept loop, metrics), [`request`] (one connection, step by step), [`head`]
+//! (request heads), [`runs`] (what it knows of runs and their pods), [`limits`] (connection
+//! slots) and [`tunnel`] (the relay with its idle timeout).
 
 pub mod apply;
 pub mod env;
+pub(crate) mod head;
+pub mod limits;
 pub mod mode;
 pub mod policy;
 pub mod proxy;
+pub(crate) mod request;
+pub mod runs;
 pub mod settings;
 pub mod token;
+pub(crate) mod tunnel;
 
 pub use settings::{EgressSettings, PeerSelector, PolicyEnforcement, ProxyPeer};

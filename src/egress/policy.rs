@@ -133,6 +133,7 @@ fn deny_rule(mode: NetworkMode, addr: IpAddr) -> Rule {
     Rule {
         negated: mode != NetworkMode::Denylist,
         pattern: crate::admission::network::Pattern::Ip(addr),
+        port: None,
     }
 }
 

@@ -2,43 +2,45 @@
 //! (docs/contract.md "ADR-006 network rules: validated and enforced").
 //!
 //! - `CONNECT host:port` is a TLS passthrough (no interception): after the verdict, bytes are
-//!   copied both ways as they come (`copy_bidirectional`, fixed buffers, no body is held);
-//! - a plain-HTTP request with an absolute URI is forwarded with `Connection: close` and without
-//!   the proxy's own headers, then streamed the same way (one request per connection);
-//! - `Proxy-Authorization: Basic <run uid>:<token>` finds the run; a missing or wrong token is a
-//!   407; the verdict is the admission matcher's ([`crate::admission::network::decide`]) on the
+//!   copied both ways as they come ([`crate::egress::tunnel`]);
+//! - a plain-HTTP request with an absolute URI is forwarded in origin form with `Connection:
+//!   close`, without the proxy's own headers and with the URI's host as its `Host`
+//!   ([`crate::egress::head::forward_head`]), then streamed the same way;
+//! - `Proxy-Authorization: Basic <run uid>:<token>` finds the run; the token opens nothing once
+//!   the run is being torn down or has ended, nor from an address that is not one of the run's
+//!   pods ([`crate::egress::runs`]); any of these is a 407;
+//! - the verdict is the admission matcher's ([`crate::admission::network::decide`]) on the
 //!   run's CURRENT rules (a watch keeps them), and a refusal is a 403 whose body names the rule;
-//! - a name that resolves to an address an IP/CIDR rule denies is refused too (so
-//!   `!169.254.169.254` holds against a name pointing there);
-//! - reading the request head, resolving and connecting each have a bound.
+//! - names are resolved fully qualified (no search list), and a name that resolves to an address
+//!   an IP/CIDR rule denies is refused too (so `!169.254.169.254` holds against a name pointing
+//!   there);
+//! - connections are bounded globally, per run and, before a run is known, per source address
+//!   ([`crate::egress::limits`]); reading the head, resolving, connecting and an idle tunnel each
+//!   have a time bound; every refusal is counted by reason.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use futures::StreamExt;
-use kube::runtime::{watcher, WatchStreamExt};
-use kube::{Api, Client, ResourceExt};
-use prometheus::{opts, IntCounterVec, Registry};
+use futures::future::BoxFuture;
+use kube::{Api, Client};
+use prometheus::{opts, IntCounter, IntCounterVec, IntGauge, Registry};
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tracing::{debug, info, warn};
 
-use crate::admission::network::{decide, Rule};
-use crate::api::{NetworkMode, SandboxRun};
-use crate::egress::mode::{egress_of, Egress};
-use crate::egress::token;
+use crate::egress::limits::Slots;
+use crate::egress::request::handle;
+use crate::egress::runs::{canonical, watch_pods, watch_runs};
 
-/// Largest request head the proxy reads.
-const MAX_HEAD: usize = 16 * 1024;
+pub use crate::egress::limits::Limits;
+pub use crate::egress::runs::{RunRules, RunTable};
 
 /// Settings of `egress-proxy`. Every flag has an environment variable.
 #[derive(Args, Debug, Clone)]
 pub struct ProxyArgs {
-    /// Address the proxy listens on.
+    /// Address the proxy listens on (an IP and a port).
     #[arg(long, env = "SANDBOXRUN_EGRESS_LISTEN", default_value = "0.0.0.0:3128")]
     pub listen: String,
     /// Metrics and health address (/metrics, /healthz, /readyz).
@@ -55,8 +57,8 @@ pub struct ProxyArgs {
     /// --egress-token-secret-file).
     #[arg(long, env = "SANDBOXRUN_EGRESS_TOKEN_SECRET_FILE")]
     pub token_secret_file: std::path::PathBuf,
-    /// Bound on reading a request head.
-    #[arg(long, env = "SANDBOXRUN_EGRESS_HEAD_TIMEOUT", default_value = "30s")]
+    /// Bound on reading a request head (from the accept; a 408 after it).
+    #[arg(long, env = "SANDBOXRUN_EGRESS_HEAD_TIMEOUT", default_value = "10s")]
     pub head_timeout: String,
     /// Bound on resolving a host name.
     #[arg(long, env = "SANDBOXRUN_EGRESS_RESOLVE_TIMEOUT", default_value = "5s")]
@@ -64,6 +66,29 @@ pub struct ProxyArgs {
     /// Bound on connecting to the destination.
     #[arg(long, env = "SANDBOXRUN_EGRESS_CONNECT_TIMEOUT", default_value = "10s")]
     pub connect_timeout: String,
+    /// A tunnel or forwarded request on which no byte moved either way for this long is closed.
+    #[arg(long, env = "SANDBOXRUN_EGRESS_IDLE_TIMEOUT", default_value = "5m")]
+    pub idle_timeout: String,
+    /// Connections open at once, all runs together; more are refused with a 503.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_EGRESS_MAX_CONNECTIONS",
+        default_value_t = 4096
+    )]
+    pub max_connections: usize,
+    /// Connections of one run open at once; more are refused with a 429.
+    #[arg(long, env = "SANDBOXRUN_EGRESS_MAX_PER_RUN", default_value_t = 512)]
+    pub max_per_run: usize,
+    /// Connections from one source address still sending their request head; more are refused.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_EGRESS_MAX_PENDING_PER_SOURCE",
+        default_value_t = 256
+    )]
+    pub max_pending_per_source: usize,
+    /// Length of the kernel's queue of connections not yet accepted.
+    #[arg(long, env = "SANDBOXRUN_EGRESS_ACCEPT_BACKLOG", default_value_t = 1024)]
+    pub accept_backlog: u32,
     /// Log format.
     #[arg(
         long,
@@ -100,97 +125,7 @@ pub enum ProxyError {
     Metrics(#[from] prometheus::Error),
 }
 
-/// What the proxy knows of one run.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct RunRules {
-    /// `namespace/name`, for logs and refusals.
-    pub run: String,
-    /// The mode.
-    pub mode: NetworkMode,
-    /// Its parsed rules.
-    pub rules: Vec<Rule>,
-}
-
-impl RunRules {
-    /// The rules of a run; None when its rules do not parse (every request is then refused with
-    /// 407, the same as an unknown run: the run cannot have started).
-    pub fn of(run: &SandboxRun) -> Option<RunRules> {
-        let (mode, rules) = match egress_of(run).ok()? {
-            Egress::Open => (NetworkMode::Open, Vec::new()),
-            Egress::DenyAll => (NetworkMode::Allowlist, Vec::new()),
-            Egress::Filtered { mode, rules } => (mode, rules),
-        };
-        Some(RunRules {
-            run: format!("{}/{}", run.namespace().unwrap_or_default(), run.name_any()),
-            mode,
-            rules,
-        })
-    }
-}
-
-/// The runs by uid, kept current by [`watch_runs`] (tests fill it directly).
-#[derive(Default)]
-pub struct RunTable {
-    runs: RwLock<HashMap<String, Arc<RunRules>>>,
-    /// Set once the first list is in: before it every token would be "unknown" (readiness).
-    synced: std::sync::atomic::AtomicBool,
-}
-
-impl RunTable {
-    /// Adds or replaces a run.
-    pub fn upsert(&self, run: &SandboxRun) {
-        let Some(uid) = run.metadata.uid.clone() else {
-            return;
-        };
-        if let Ok(mut map) = self.runs.write() {
-            match RunRules::of(run) {
-                Some(r) => map.insert(uid, Arc::new(r)),
-                None => map.remove(&uid),
-            };
-        }
-    }
-
-    /// Forgets a run.
-    pub fn remove(&self, uid: &str) {
-        if let Ok(mut map) = self.runs.write() {
-            map.remove(uid);
-        }
-    }
-
-    /// Replaces every run (a watch relist).
-    pub fn replace(&self, runs: &[SandboxRun]) {
-        let fresh: HashMap<String, Arc<RunRules>> = runs
-            .iter()
-            .filter_map(|r| Some((r.metadata.uid.clone()?, Arc::new(RunRules::of(r)?))))
-            .collect();
-        if let Ok(mut map) = self.runs.write() {
-            *map = fresh;
-        }
-        self.synced.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    /// Whether the runs have been listed at least once.
-    pub(crate) fn is_synced(&self) -> bool {
-        self.synced.load(std::sync::atomic::Ordering::SeqCst)
-    }
-
-    /// The rules of the run with this uid.
-    pub fn get(&self, uid: &str) -> Option<Arc<RunRules>> {
-        self.runs.read().ok()?.get(uid).cloned()
-    }
-
-    /// Runs known.
-    pub fn len(&self) -> usize {
-        self.runs.read().map(|m| m.len()).unwrap_or(0)
-    }
-
-    /// Whether no run is known.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
-/// Bounds of one request.
+/// Time bounds of one connection.
 #[derive(Clone, Copy, Debug)]
 pub struct Timeouts {
     /// Reading the request head.
@@ -199,15 +134,45 @@ pub struct Timeouts {
     pub resolve: Duration,
     /// Connecting.
     pub connect: Duration,
+    /// No byte in either direction of an allowed connection.
+    pub idle: Duration,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
         Timeouts {
-            head: Duration::from_secs(30),
+            head: Duration::from_secs(10),
             resolve: Duration::from_secs(5),
             connect: Duration::from_secs(10),
+            idle: Duration::from_secs(300),
         }
+    }
+}
+
+/// Resolves a host name to addresses (the system resolver; tests give their own).
+pub trait Resolve: Send + Sync {
+    /// The addresses of `name` (fully qualified by the caller) with `port`.
+    fn resolve(
+        &self,
+        name: String,
+        port: u16,
+    ) -> BoxFuture<'static, std::io::Result<Vec<SocketAddr>>>;
+}
+
+/// The system resolver (`getaddrinfo`).
+pub struct SystemResolver;
+
+impl Resolve for SystemResolver {
+    fn resolve(
+        &self,
+        name: String,
+        port: u16,
+    ) -> BoxFuture<'static, std::io::Result<Vec<SocketAddr>>> {
+        Box::pin(async move {
+            tokio::net::lookup_host((name.as_str(), port))
+                .await
+                .map(|a| a.collect())
+        })
     }
 }
 
@@ -221,22 +186,46 @@ pub struct ProxyState {
     pub timeouts: Timeouts,
     /// `sandboxrun_egress_requests_total{verdict}`.
     pub requests: IntCounterVec,
+    /// `sandboxrun_egress_refused_total{reason}`.
+    pub refused: IntCounterVec,
+    /// `sandboxrun_egress_idle_closed_total`.
+    pub idle_closed: IntCounter,
+    /// `sandboxrun_egress_connections`.
+    pub connections: IntGauge,
+    slots: Arc<Slots>,
+    pub(crate) resolver: Arc<dyn Resolve>,
 }
 
-/// Verdict labels of the metric.
+/// Verdict labels of `sandboxrun_egress_requests_total`.
 pub mod verdict {
     /// Allowed and connected.
     pub(crate) const ALLOWED: &str = "allowed";
     /// Refused by the rules (403).
     pub(crate) const DENIED: &str = "denied";
-    /// No or a wrong token (407).
+    /// No or a wrong token, an ended run, another pod (407).
     pub(crate) const UNAUTHENTICATED: &str = "unauthenticated";
-    /// Malformed request (400) or an upstream that could not be reached (502/504).
+    /// Malformed request (400), a slow head (408), a limit (429/503) or an upstream that could
+    /// not be reached (502/504).
     pub(crate) const ERROR: &str = "error";
 }
 
+/// Reason labels of `sandboxrun_egress_refused_total`.
+pub const REFUSAL_REASONS: [&str; 7] = [
+    "global_limit",
+    "source_limit",
+    "run_limit",
+    "head_timeout",
+    "bad_credentials",
+    "run_ended",
+    "wrong_source",
+];
+
+/// `head_timeout`: no complete request head within the bound.
+pub(crate) const HEAD_TIMEOUT: &str = "head_timeout";
+
 impl ProxyState {
-    /// A state with its metric (register [`ProxyState::requests`] to expose it).
+    /// A state with the default limits and the system resolver (register its metrics with
+    /// [`ProxyState::register`]).
     pub fn new(
         runs: Arc<RunTable>,
         secret: Arc<[u8]>,
@@ -249,20 +238,84 @@ impl ProxyState {
             ),
             &["verdict"],
         )?;
+        let refused = IntCounterVec::new(
+            opts!(
+                "sandboxrun_egress_refused_total",
+                "Egress proxy refusals other than by a run's rules, by reason"
+            ),
+            &["reason"],
+        )?;
+        for reason in REFUSAL_REASONS {
+            refused.with_label_values(&[reason]);
+        }
+        let idle_closed = IntCounter::new(
+            "sandboxrun_egress_idle_closed_total",
+            "Allowed connections closed because no byte moved either way for the idle timeout",
+        )?;
+        let connections = IntGauge::new(
+            "sandboxrun_egress_connections",
+            "Connections the egress proxy holds open",
+        )?;
         Ok(ProxyState {
             runs,
             secret,
             timeouts,
             requests,
+            refused,
+            idle_closed,
+            slots: Slots::new(Limits::default(), connections.clone()),
+            connections,
+            resolver: Arc::new(SystemResolver),
         })
     }
 
-    fn count(&self, verdict: &str) {
+    /// The same state with other connection limits.
+    pub fn with_limits(mut self, limits: Limits) -> ProxyState {
+        self.slots = Slots::new(limits, self.connections.clone());
+        self
+    }
+
+    /// The same state with another resolver.
+    pub fn with_resolver(mut self, resolver: Arc<dyn Resolve>) -> ProxyState {
+        self.resolver = resolver;
+        self
+    }
+
+    /// Registers every metric of the proxy.
+    pub fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
+        registry.register(Box::new(self.requests.clone()))?;
+        registry.register(Box::new(self.refused.clone()))?;
+        registry.register(Box::new(self.idle_closed.clone()))?;
+        registry.register(Box::new(self.connections.clone()))?;
+        Ok(())
+    }
+
+    pub(crate) fn count(&self, verdict: &str) {
         self.requests.with_label_values(&[verdict]).inc();
+    }
+
+    pub(crate) fn refuse(&self, reason: &str) {
+        self.refused.with_label_values(&[reason]).inc();
     }
 }
 
-/// Accepts connections until `shutdown` resolves; each is served by its own task.
+/// Binds `addr` (an IP and a port) with a kernel accept queue of `backlog` connections.
+pub fn bind(addr: &str, backlog: u32) -> std::io::Result<TcpListener> {
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
+/// Accepts connections until `shutdown` resolves; each one with a slot is served by its own
+/// task, the others are refused at once.
 pub async fn serve(
     listener: TcpListener,
     state: Arc<ProxyState>,
@@ -273,14 +326,7 @@ pub async fn serve(
         tokio::select! {
             _ = &mut shutdown => return,
             accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let state = Arc::clone(&state);
-                    tokio::spawn(async move {
-                        if let Err(e) = handle(stream, &state).await {
-                            debug!(%peer, error = %e, "egress connection ended with an error");
-                        }
-                    });
-                }
+                Ok((stream, peer)) => admit(stream, peer, &state),
                 Err(e) => {
                     warn!(error = %e, "accept failed");
                     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -290,318 +336,97 @@ pub async fn serve(
     }
 }
 
-/// A parsed request head.
-struct Head {
-    method: String,
-    target: String,
-    headers: Vec<(String, Vec<u8>)>,
-    /// Bytes read past the head (the start of a body, or of the tunnel).
-    rest: Vec<u8>,
-}
-
-async fn read_head(stream: &mut TcpStream) -> Result<Option<Head>, std::io::Error> {
-    let mut buf: Vec<u8> = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 2048];
-    loop {
-        let n = stream.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(None);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        let mut headers = [httparse::EMPTY_HEADER; 64];
-        let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&buf) {
-            Ok(httparse::Status::Complete(len)) => {
-                let head = Head {
-                    method: req.method.unwrap_or_default().to_string(),
-                    target: req.path.unwrap_or_default().to_string(),
-                    headers: req
-                        .headers
-                        .iter()
-                        .map(|h| (h.name.to_string(), h.value.to_vec()))
-                        .collect(),
-                    rest: buf[len..].to_vec(),
-                };
-                return Ok(Some(head));
-            }
-            Ok(httparse::Status::Partial) if buf.len() < MAX_HEAD => continue,
-            _ => return Ok(None),
-        }
-    }
-}
-
-async fn respond(stream: &mut TcpStream, status: &str, extra: &str, body: &str) {
-    let text = format!(
-        "HTTP/1.1 {status}\r\n{extra}Content-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = stream.write_all(text.as_bytes()).await;
-    let _ = stream.shutdown().await;
-}
-
-/// `host`, `port` of a CONNECT target (`host:port`, `[v6]:port`).
-fn split_authority(authority: &str) -> Option<(String, u16)> {
-    let (host, port) = authority.rsplit_once(':')?;
-    let port: u16 = port.parse().ok()?;
-    let host = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    (!host.is_empty()).then(|| (host.to_string(), port))
-}
-
-fn header<'a>(head: &'a Head, name: &str) -> Option<&'a [u8]> {
-    head.headers
-        .iter()
-        .find(|(n, _)| n.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v.as_slice())
-}
-
-async fn handle(mut client: TcpStream, state: &ProxyState) -> Result<(), std::io::Error> {
-    let head = match tokio::time::timeout(state.timeouts.head, read_head(&mut client)).await {
-        Ok(Ok(Some(h))) => h,
-        Ok(Ok(None)) => {
-            state.count(verdict::ERROR);
-            respond(&mut client, "400 Bad Request", "", "malformed request\n").await;
-            return Ok(());
-        }
-        Ok(Err(e)) => return Err(e),
-        Err(_) => {
-            state.count(verdict::ERROR);
-            respond(
-                &mut client,
-                "408 Request Timeout",
-                "",
-                "request head timed out\n",
-            )
-            .await;
-            return Ok(());
-        }
-    };
-
-    // Who is asking.
-    let run = header(&head, "proxy-authorization")
-        .and_then(|v| std::str::from_utf8(v).ok())
-        .and_then(token::parse_basic)
-        .and_then(|(uid, tok)| {
-            let run = state.runs.get(&uid)?;
-            token::verify(&state.secret, &uid, &tok).then_some(run)
-        });
-    let Some(run) = run else {
-        state.count(verdict::UNAUTHENTICATED);
-        respond(
-            &mut client,
-            "407 Proxy Authentication Required",
-            "Proxy-Authenticate: Basic realm=\"sandboxrun-egress\"\r\n",
-            "this proxy serves SandboxRun pods only: use the HTTP_PROXY the operator set\n",
-        )
-        .await;
-        return Ok(());
-    };
-
-    // Where to.
-    let connect = head.method.eq_ignore_ascii_case("CONNECT");
-    let (host, port, path) = if connect {
-        match split_authority(&head.target) {
-            Some((h, p)) => (h, p, String::new()),
-            None => {
-                state.count(verdict::ERROR);
-                respond(
-                    &mut client,
-                    "400 Bad Request",
-                    "",
-                    "CONNECT wants host:port\n",
-                )
-                .await;
-                return Ok(());
-            }
-        }
-    } else {
-        match url::Url::parse(&head.target) {
-            Ok(u) if u.scheme() == "http" && u.host_str().is_some() => {
-                let host = u.host_str().unwrap_or_default();
-                let host = host
-                    .strip_prefix('[')
-                    .and_then(|h| h.strip_suffix(']'))
-                    .unwrap_or(host)
-                    .to_string();
-                let mut path = u.path().to_string();
-                if let Some(q) = u.query() {
-                    path.push('?');
-                    path.push_str(q);
+/// Gives a connection just accepted its slot and its task, or refuses it without waiting on it.
+fn admit(stream: TcpStream, peer: SocketAddr, state: &Arc<ProxyState>) {
+    match state.slots.accept(canonical(peer.ip())) {
+        Ok(slot) => {
+            let state = Arc::clone(state);
+            tokio::spawn(async move {
+                if let Err(e) = handle(stream, peer, slot, &state).await {
+                    debug!(%peer, error = %e, "egress connection ended with an error");
                 }
-                (host, u.port().unwrap_or(80), path)
-            }
-            _ => {
-                state.count(verdict::ERROR);
-                respond(
-                    &mut client,
-                    "400 Bad Request",
-                    "",
-                    "a proxied request is `CONNECT host:port` or an absolute http:// URI\n",
-                )
-                .await;
-                return Ok(());
-            }
+            });
         }
-    };
-
-    // The verdict on the name, then on every address it resolves to.
-    let (allowed, by) = decide(run.mode, &run.rules, &host);
-    if !allowed {
-        return deny(&mut client, state, &run, &host, port, by, None).await;
+        Err(why) => {
+            state.refuse(why.label());
+            state.count(verdict::ERROR);
+            debug!(%peer, reason = why.label(), "egress connection refused a slot");
+            // Best effort, never awaited: a refused peer cannot hold the accept loop.
+            let _ = stream.try_write(
+                b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+            );
+        }
     }
-    let addrs: Vec<SocketAddr> = match tokio::time::timeout(
-        state.timeouts.resolve,
-        tokio::net::lookup_host((host.as_str(), port)),
-    )
-    .await
-    {
-        Ok(Ok(a)) => a.collect(),
-        Ok(Err(e)) => {
-            state.count(verdict::ERROR);
-            let body = format!("cannot resolve {host}: {e}\n");
-            respond(&mut client, "502 Bad Gateway", "", &body).await;
-            return Ok(());
-        }
-        Err(_) => {
-            state.count(verdict::ERROR);
-            let body = format!("resolving {host} timed out\n");
-            respond(&mut client, "504 Gateway Timeout", "", &body).await;
-            return Ok(());
-        }
-    };
-    let address_rules: Vec<(usize, Rule)> = run
-        .rules
+}
+
+/// `sandboxrun-operator egress-proxy`.
+pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
+    let secret = read_secret(&args.token_secret_file).map_err(ProxyError::Config)?;
+    let timeouts = timeouts_of(&args)?;
+    let limits = limits_of(&args)?;
+    let client = Client::try_default().await?;
+    let table = Arc::new(RunTable::default());
+    let namespaces: Vec<String> = args
+        .namespaces
         .iter()
-        .enumerate()
-        .filter(|(_, r)| r.is_address())
-        .map(|(i, r)| (i, r.clone()))
+        .filter(|n| !n.trim().is_empty())
+        .cloned()
         .collect();
-    let only: Vec<Rule> = address_rules.iter().map(|(_, r)| r.clone()).collect();
-    for addr in &addrs {
-        let ip = addr.ip().to_string();
-        if let (false, Some(j)) = decide(run.mode, &only, &ip) {
-            let by = address_rules.get(j).map(|(i, _)| *i);
-            return deny(&mut client, state, &run, &host, port, by, Some(&ip)).await;
-        }
-    }
-
-    // Connect (first address that answers, within the bound).
-    let upstream = tokio::time::timeout(state.timeouts.connect, async {
-        let mut last = None;
-        for addr in &addrs {
-            match TcpStream::connect(addr).await {
-                Ok(s) => return Ok(s),
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(last.unwrap_or_else(|| std::io::Error::other("no address")))
-    })
-    .await;
-    let mut upstream = match upstream {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            state.count(verdict::ERROR);
-            let body = format!("cannot connect to {host}:{port}: {e}\n");
-            respond(&mut client, "502 Bad Gateway", "", &body).await;
-            return Ok(());
-        }
-        Err(_) => {
-            state.count(verdict::ERROR);
-            let body = format!("connecting to {host}:{port} timed out\n");
-            respond(&mut client, "504 Gateway Timeout", "", &body).await;
-            return Ok(());
-        }
-    };
-    let _ = upstream.set_nodelay(true);
-    state.count(verdict::ALLOWED);
-    debug!(run = %run.run, %host, port, connect, "egress allowed");
-
-    if connect {
-        client
-            .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-            .await?;
+    if namespaces.is_empty() {
+        tokio::spawn(watch_runs(Api::all(client.clone()), Arc::clone(&table)));
+        tokio::spawn(watch_pods(Api::all(client.clone()), Arc::clone(&table)));
     } else {
-        let mut out = format!("{} {} HTTP/1.1\r\n", head.method, path).into_bytes();
-        for (name, value) in &head.headers {
-            let lower = name.to_ascii_lowercase();
-            if matches!(
-                lower.as_str(),
-                "proxy-authorization" | "proxy-connection" | "connection" | "keep-alive"
-            ) {
-                continue;
-            }
-            out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(value);
-            out.extend_from_slice(b"\r\n");
+        for ns in &namespaces {
+            tokio::spawn(watch_runs(
+                Api::namespaced(client.clone(), ns),
+                Arc::clone(&table),
+            ));
+            tokio::spawn(watch_pods(
+                Api::namespaced(client.clone(), ns),
+                Arc::clone(&table),
+            ));
         }
-        out.extend_from_slice(b"Connection: close\r\n\r\n");
-        upstream.write_all(&out).await?;
     }
-    if !head.rest.is_empty() {
-        upstream.write_all(&head.rest).await?;
-    }
-    tokio::io::copy_bidirectional(&mut client, &mut upstream).await?;
+    let state = Arc::new(ProxyState::new(table, secret, timeouts)?.with_limits(limits));
+    let registry = Registry::new();
+    state.register(&registry)?;
+    serve_metrics(&args.metrics_addr, registry, Arc::clone(&state.runs)).await?;
+    let listener =
+        bind(&args.listen, args.accept_backlog).map_err(|source| ProxyError::Listen {
+            addr: args.listen.clone(),
+            source,
+        })?;
+    info!(addr = %args.listen, ?limits, ?timeouts, "egress proxy listening");
+    serve(listener, state, crate::process::shutdown_signal()).await;
     Ok(())
 }
 
-async fn deny(
-    client: &mut TcpStream,
-    state: &ProxyState,
-    run: &RunRules,
-    host: &str,
-    port: u16,
-    by: Option<usize>,
-    address: Option<&str>,
-) -> Result<(), std::io::Error> {
-    state.count(verdict::DENIED);
-    let mode = match run.mode {
-        NetworkMode::Allowlist => "allowlist",
-        NetworkMode::Denylist => "denylist",
-        NetworkMode::Open => "open",
+fn timeouts_of(args: &ProxyArgs) -> Result<Timeouts, ProxyError> {
+    let dur = |flag: &str, text: &str| {
+        crate::units::parse_duration(text).map_err(|e| ProxyError::Config(format!("{flag}: {e}")))
     };
-    let why = match by.and_then(|i| run.rules.get(i).map(|r| (i, r))) {
-        Some((i, rule)) => format!("rule spec.network.rules[{i}] `{rule}`"),
-        None => format!("the default of mode {mode} (no rule matches)"),
-    };
-    let target = match address {
-        Some(a) => format!("{host}:{port} (resolved to {a})"),
-        None => format!("{host}:{port}"),
-    };
-    warn!(run = %run.run, host, port, address, rule = %why, "egress denied");
-    let body = format!(
-        "egress to {target} denied by {why} of SandboxRun {}\n",
-        run.run
-    );
-    respond(client, "403 Forbidden", "", &body).await;
-    Ok(())
+    Ok(Timeouts {
+        head: dur("--head-timeout", &args.head_timeout)?,
+        resolve: dur("--resolve-timeout", &args.resolve_timeout)?,
+        connect: dur("--connect-timeout", &args.connect_timeout)?,
+        idle: dur("--idle-timeout", &args.idle_timeout)?,
+    })
 }
 
-/// Keeps `table` equal to the runs the apiserver has (a relist replaces it whole).
-pub(crate) async fn watch_runs(api: Api<SandboxRun>, table: Arc<RunTable>) {
-    let mut init: Vec<SandboxRun> = Vec::new();
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    futures::pin_mut!(stream);
-    while let Some(event) = stream.next().await {
-        match event {
-            Ok(watcher::Event::Apply(run)) => table.upsert(&run),
-            Ok(watcher::Event::Delete(run)) => {
-                if let Some(uid) = run.metadata.uid.as_deref() {
-                    table.remove(uid);
-                }
-            }
-            Ok(watcher::Event::Init) => init.clear(),
-            Ok(watcher::Event::InitApply(run)) => init.push(run),
-            Ok(watcher::Event::InitDone) => {
-                table.replace(&init);
-                info!(runs = table.len(), "egress proxy: runs listed");
-                init.clear();
-            }
-            Err(e) => warn!(error = %e, "watching SandboxRuns"),
-        }
+fn limits_of(args: &ProxyArgs) -> Result<Limits, ProxyError> {
+    let limits = Limits {
+        max_connections: args.max_connections,
+        max_per_run: args.max_per_run,
+        max_pending_per_source: args.max_pending_per_source,
+    };
+    if limits.max_connections == 0 || limits.max_per_run == 0 || limits.max_pending_per_source == 0
+    {
+        return Err(ProxyError::Config(
+            "--max-connections, --max-per-run and --max-pending-per-source must be at least 1"
+                .to_string(),
+        ));
     }
+    Ok(limits)
 }
 
 /// Reads the token secret from a file (trailing newline dropped); refuses an empty one.
@@ -618,50 +443,6 @@ pub(crate) fn read_secret(path: &std::path::Path) -> Result<Arc<[u8]>, String> {
         ));
     }
     Ok(Arc::from(trimmed))
-}
-
-/// `sandboxrun-operator egress-proxy`.
-pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
-    let secret = read_secret(&args.token_secret_file).map_err(ProxyError::Config)?;
-    let dur = |flag: &str, text: &str| {
-        crate::units::parse_duration(text).map_err(|e| ProxyError::Config(format!("{flag}: {e}")))
-    };
-    let timeouts = Timeouts {
-        head: dur("--head-timeout", &args.head_timeout)?,
-        resolve: dur("--resolve-timeout", &args.resolve_timeout)?,
-        connect: dur("--connect-timeout", &args.connect_timeout)?,
-    };
-    let client = Client::try_default().await?;
-    let table = Arc::new(RunTable::default());
-    let namespaces: Vec<String> = args
-        .namespaces
-        .iter()
-        .filter(|n| !n.trim().is_empty())
-        .cloned()
-        .collect();
-    if namespaces.is_empty() {
-        tokio::spawn(watch_runs(Api::all(client.clone()), Arc::clone(&table)));
-    } else {
-        for ns in &namespaces {
-            tokio::spawn(watch_runs(
-                Api::namespaced(client.clone(), ns),
-                Arc::clone(&table),
-            ));
-        }
-    }
-    let state = Arc::new(ProxyState::new(table, secret, timeouts)?);
-    let registry = Registry::new();
-    registry.register(Box::new(state.requests.clone()))?;
-    serve_metrics(&args.metrics_addr, registry, Arc::clone(&state.runs)).await?;
-    let listener = TcpListener::bind(&args.listen)
-        .await
-        .map_err(|source| ProxyError::Listen {
-            addr: args.listen.clone(),
-            source,
-        })?;
-    info!(addr = %args.listen, "egress proxy listening");
-    serve(listener, state, crate::process::shutdown_signal()).await;
-    Ok(())
 }
 
 async fn serve_metrics(
@@ -721,30 +502,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn authorities_split() {
-        assert_eq!(split_authority("a.com:443"), Some(("a.com".into(), 443)));
-        assert_eq!(split_authority("[::1]:80"), Some(("::1".into(), 80)));
-        assert_eq!(split_authority("a.com"), None);
-        assert_eq!(split_authority(":80"), None);
-    }
-
-    #[test]
-    fn the_table_is_synced_by_the_first_list_only() {
-        let table = RunTable::default();
-        let mut run = SandboxRun::new("r", crate::api::SandboxRunSpec::default());
-        run.metadata.uid = Some("u".into());
-        table.upsert(&run);
-        assert!(!table.is_synced(), "a single event is not a list");
-        table.replace(&[]);
-        assert!(table.is_synced());
-        assert!(
-            table.get("u").is_none(),
-            "a relist replaces the table whole"
-        );
-    }
-
-    #[test]
-    fn the_metric_registers() {
+    fn the_metrics_register() {
         let state = ProxyState::new(
             Arc::new(RunTable::default()),
             Arc::from(b"0123456789abcdef".as_slice()),
@@ -752,13 +510,31 @@ mod tests {
         )
         .unwrap();
         let registry = Registry::new();
-        registry.register(Box::new(state.requests.clone())).unwrap();
+        state.register(&registry).unwrap();
         state.count(verdict::DENIED);
-        let names: Vec<String> = registry
+        let mut names: Vec<String> = registry
             .gather()
             .iter()
             .map(|m| m.name().to_string())
             .collect();
-        assert_eq!(names, ["sandboxrun_egress_requests_total"]);
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "sandboxrun_egress_connections",
+                "sandboxrun_egress_idle_closed_total",
+                "sandboxrun_egress_refused_total",
+                "sandboxrun_egress_requests_total"
+            ]
+        );
+    }
+
+    #[test]
+    fn the_default_bounds_are_short_for_heads_and_finite_for_tunnels() {
+        let t = Timeouts::default();
+        assert_eq!(t.head, Duration::from_secs(10));
+        assert_eq!(t.idle, Duration::from_secs(300));
+        let l = Limits::default();
+        assert!(l.max_per_run + l.max_pending_per_source < l.max_connections);
     }
 }

@@ -1,0 +1,345 @@
+//! One connection of the egress proxy, step by step (src/egress/proxy.rs accepts it and gives it
+//! its slot): the request head (bounded in time), who is asking (a live run, from its own pod),
+//! the run's share of connections, where to, the verdict on the name and on every address it
+//! resolves to, the upstream connection, then the relay until both sides close or it goes idle.
+//! Each step either passes or is the [`Reply`] the connection gets.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tracing::{debug, warn};
+
+use crate::admission::network::{decide, Rule};
+use crate::api::NetworkMode;
+use crate::egress::head::{forward_head, fqdn, header, read_head, target_of, Head, Target};
+use crate::egress::limits::{LimitRefusal, Slot};
+use crate::egress::proxy::{verdict, ProxyState, HEAD_TIMEOUT};
+use crate::egress::runs::{AuthRefusal, RunRules};
+use crate::egress::token;
+use crate::egress::tunnel::{relay, Ended};
+
+/// What the proxy answers a connection it does not serve, and how it is counted.
+#[derive(Debug)]
+struct Reply {
+    /// Status line; empty: close without answering (the peer is gone).
+    status: &'static str,
+    /// Extra header lines.
+    extra: &'static str,
+    body: String,
+    verdict: &'static str,
+    /// The `sandboxrun_egress_refused_total` reason, when it is one.
+    reason: Option<&'static str>,
+}
+
+impl Reply {
+    fn error(status: &'static str, body: impl Into<String>) -> Reply {
+        Reply {
+            status,
+            extra: "",
+            body: body.into(),
+            verdict: verdict::ERROR,
+            reason: None,
+        }
+    }
+
+    fn gone() -> Reply {
+        Reply::error("", "")
+    }
+
+    fn unauthenticated(why: AuthRefusal, run: Option<&str>) -> Reply {
+        let body = match (why, run) {
+            (AuthRefusal::RunEnded, Some(run)) => {
+                format!("SandboxRun {run} has ended: its proxy token no longer opens anything\n")
+            }
+            (AuthRefusal::WrongSource, Some(run)) => format!(
+                "this token is SandboxRun {run}'s and opens nothing from any pod but the run's\n"
+            ),
+            _ => "this proxy serves SandboxRun pods only: use the HTTP_PROXY the operator set\n"
+                .to_string(),
+        };
+        Reply {
+            status: "407 Proxy Authentication Required",
+            extra: "Proxy-Authenticate: Basic realm=\"sandboxrun-egress\"\r\n",
+            body,
+            verdict: verdict::UNAUTHENTICATED,
+            reason: Some(why.label()),
+        }
+    }
+
+    fn limit(why: LimitRefusal) -> Reply {
+        let status = match why {
+            LimitRefusal::Run => "429 Too Many Requests",
+            LimitRefusal::Global | LimitRefusal::Source => "503 Service Unavailable",
+        };
+        let body = match why {
+            LimitRefusal::Run => "this run holds as many proxy connections as it may\n",
+            _ => "the egress proxy is at capacity\n",
+        };
+        Reply {
+            reason: Some(why.label()),
+            ..Reply::error(status, body)
+        }
+    }
+}
+
+/// Writes a short answer and closes (bounded: a peer that does not read cannot keep it open).
+async fn send(client: &mut TcpStream, state: &ProxyState, reply: Reply) {
+    state.count(reply.verdict);
+    if let Some(reason) = reply.reason {
+        state.refuse(reason);
+    }
+    if reply.status.is_empty() {
+        return;
+    }
+    let text = format!(
+        "HTTP/1.1 {}\r\n{}Content-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+        reply.status,
+        reply.extra,
+        reply.body.len(),
+        reply.body
+    );
+    let _ = tokio::time::timeout(state.timeouts.head, async {
+        let _ = client.write_all(text.as_bytes()).await;
+        let _ = client.shutdown().await;
+    })
+    .await;
+}
+
+/// A request that passed every check, with its upstream connected.
+struct Ready {
+    head: Head,
+    target: Target,
+    run: Arc<RunRules>,
+    upstream: TcpStream,
+}
+
+pub(crate) async fn handle(
+    mut client: TcpStream,
+    peer: SocketAddr,
+    mut slot: Slot,
+    state: &ProxyState,
+) -> Result<(), std::io::Error> {
+    match prepare(&mut client, peer, &mut slot, state).await {
+        Ok(ready) => relay_allowed(client, ready, state).await,
+        Err(reply) => {
+            send(&mut client, state, reply).await;
+            Ok(())
+        }
+    }
+}
+
+/// Head, authentication, the run's share, target, verdict, upstream: the first that fails is
+/// the answer.
+async fn prepare(
+    client: &mut TcpStream,
+    peer: SocketAddr,
+    slot: &mut Slot,
+    state: &ProxyState,
+) -> Result<Ready, Reply> {
+    let head = read_request(client, state).await?;
+    let (uid, run) = authenticate(state, &head, peer)?;
+    slot.bind(&uid).map_err(Reply::limit)?;
+    let target = target_of(&head).map_err(|why| Reply::error("400 Bad Request", why))?;
+    let addrs = judge(state, &run, &target).await?;
+    let upstream = connect(state, &target, &addrs).await?;
+    Ok(Ready {
+        head,
+        target,
+        run,
+        upstream,
+    })
+}
+
+/// The request head, within the head timeout (counted from the accept).
+async fn read_request(client: &mut TcpStream, state: &ProxyState) -> Result<Head, Reply> {
+    match tokio::time::timeout(state.timeouts.head, read_head(client)).await {
+        Ok(Ok(Some(head))) => Ok(head),
+        Ok(Ok(None)) => Err(Reply::error("400 Bad Request", "malformed request\n")),
+        Ok(Err(_)) => Err(Reply::gone()),
+        Err(_) => Err(Reply {
+            reason: Some(HEAD_TIMEOUT),
+            ..Reply::error("408 Request Timeout", "request head timed out\n")
+        }),
+    }
+}
+
+/// The run whose verified token the request carries, if that run is live and `peer` is its pod.
+fn authenticate(
+    state: &ProxyState,
+    head: &Head,
+    peer: SocketAddr,
+) -> Result<(String, Arc<RunRules>), Reply> {
+    let verified = header(head, "proxy-authorization")
+        .and_then(|v| std::str::from_utf8(v).ok())
+        .and_then(token::parse_basic)
+        .filter(|(uid, tok)| token::verify(&state.secret, uid, tok));
+    let Some((uid, _)) = verified else {
+        return Err(Reply::unauthenticated(AuthRefusal::BadCredentials, None));
+    };
+    match state.runs.authorize(&uid, peer.ip()) {
+        Ok(run) => Ok((uid, run)),
+        Err(why) => {
+            let name = state.runs.get(&uid).map(|r| r.run.clone());
+            warn!(run = name.as_deref(), %peer, reason = why.label(), "egress token refused");
+            Err(Reply::unauthenticated(why, name.as_deref()))
+        }
+    }
+}
+
+/// The verdict on the name, then on every address it resolves to; the addresses when allowed.
+async fn judge(
+    state: &ProxyState,
+    run: &RunRules,
+    target: &Target,
+) -> Result<Vec<SocketAddr>, Reply> {
+    let (allowed, by) = decide(run.mode, &run.rules, &target.host, Some(target.port));
+    if !allowed {
+        return Err(denied(run, target, by, None));
+    }
+    let addrs = resolve(state, target).await?;
+    let address_rules: Vec<(usize, Rule)> = run
+        .rules
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.is_address())
+        .map(|(i, r)| (i, r.clone()))
+        .collect();
+    let only: Vec<_> = address_rules.iter().map(|(_, r)| r.clone()).collect();
+    for addr in &addrs {
+        let ip = addr.ip().to_string();
+        if let (false, Some(j)) = decide(run.mode, &only, &ip, Some(target.port)) {
+            let by = address_rules.get(j).map(|(i, _)| *i);
+            return Err(denied(run, target, by, Some(&ip)));
+        }
+    }
+    Ok(addrs)
+}
+
+/// The addresses of the target's host (an IP literal is its own), resolved fully qualified
+/// within the bound.
+async fn resolve(state: &ProxyState, target: &Target) -> Result<Vec<SocketAddr>, Reply> {
+    let host = &target.host;
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, target.port)]);
+    }
+    let lookup = state.resolver.resolve(fqdn(host), target.port);
+    match tokio::time::timeout(state.timeouts.resolve, lookup).await {
+        Ok(Ok(addrs)) if !addrs.is_empty() => Ok(addrs),
+        Ok(Ok(_)) => Err(Reply::error(
+            "502 Bad Gateway",
+            format!("cannot resolve {host}: no address\n"),
+        )),
+        Ok(Err(e)) => Err(Reply::error(
+            "502 Bad Gateway",
+            format!("cannot resolve {host}: {e}\n"),
+        )),
+        Err(_) => Err(Reply::error(
+            "504 Gateway Timeout",
+            format!("resolving {host} timed out\n"),
+        )),
+    }
+}
+
+/// The first address that answers, within the bound.
+async fn connect(
+    state: &ProxyState,
+    target: &Target,
+    addrs: &[SocketAddr],
+) -> Result<TcpStream, Reply> {
+    let (host, port) = (&target.host, target.port);
+    let attempt = tokio::time::timeout(state.timeouts.connect, async {
+        let mut last = None;
+        for addr in addrs {
+            match TcpStream::connect(addr).await {
+                Ok(s) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("no address")))
+    })
+    .await;
+    match attempt {
+        Ok(Ok(s)) => {
+            let _ = s.set_nodelay(true);
+            Ok(s)
+        }
+        Ok(Err(e)) => Err(Reply::error(
+            "502 Bad Gateway",
+            format!("cannot connect to {host}:{port}: {e}\n"),
+        )),
+        Err(_) => Err(Reply::error(
+            "504 Gateway Timeout",
+            format!("connecting to {host}:{port} timed out\n"),
+        )),
+    }
+}
+
+/// The 403 of a denied target, naming the rule that decided (or the mode's default).
+fn denied(run: &RunRules, target: &Target, by: Option<usize>, address: Option<&str>) -> Reply {
+    let (host, port) = (&target.host, target.port);
+    let mode = match run.mode {
+        NetworkMode::Allowlist => "allowlist",
+        NetworkMode::Denylist => "denylist",
+        NetworkMode::Open => "open",
+    };
+    let why = match by.and_then(|i| run.rules.get(i).map(|r| (i, r))) {
+        Some((i, rule)) => format!("rule spec.network.rules[{i}] `{rule}`"),
+        None => format!("the default of mode {mode} (no rule matches)"),
+    };
+    let shown = match address {
+        Some(a) => format!("{host}:{port} (resolved to {a})"),
+        None => format!("{host}:{port}"),
+    };
+    warn!(run = %run.run, %host, port, address, rule = %why, "egress denied");
+    Reply {
+        verdict: verdict::DENIED,
+        ..Reply::error(
+            "403 Forbidden",
+            format!(
+                "egress to {shown} denied by {why} of SandboxRun {}\n",
+                run.run
+            ),
+        )
+    }
+}
+
+/// Answers the CONNECT (or forwards the plain-HTTP head), then relays until both sides close or
+/// the connection goes idle.
+async fn relay_allowed(
+    mut client: TcpStream,
+    ready: Ready,
+    state: &ProxyState,
+) -> Result<(), std::io::Error> {
+    let Ready {
+        head,
+        target,
+        run,
+        mut upstream,
+    } = ready;
+    state.count(verdict::ALLOWED);
+    debug!(run = %run.run, host = %target.host, port = target.port, connect = target.connect, "egress allowed");
+    let opening = async {
+        if target.connect {
+            client
+                .write_all(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+                .await?;
+        } else {
+            upstream.write_all(&forward_head(&head, &target)).await?;
+        }
+        if !head.rest.is_empty() {
+            upstream.write_all(&head.rest).await?;
+        }
+        Ok::<(), std::io::Error>(())
+    };
+    tokio::time::timeout(state.timeouts.idle, opening)
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    let ended = relay(client.split(), upstream.split(), state.timeouts.idle).await?;
+    if ended == Ended::Idle {
+        state.idle_closed.inc();
+        debug!(run = %run.run, host = %target.host, "egress connection idle: closed");
+    }
+    Ok(())
+}

@@ -1,0 +1,460 @@
+//! What the egress proxy knows of the runs (docs/contract.md "ADR-006 network rules: validated
+//! and enforced"): each run's rules, whether it is still live, and the addresses of its pods.
+//! Two watches keep it current ([`watch_runs`], [`watch_pods`]); [`authorize`] is the pure
+//! decision on a credential the proxy has verified: the run must be live and the connection must
+//! come from one of the run's own pods.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Api, ResourceExt};
+use tracing::{info, warn};
+
+use crate::admission::network::Rule;
+use crate::api::{NetworkMode, Phase, SandboxRun};
+use crate::egress::mode::{egress_of, Egress};
+use crate::pod::RUN_UID_LABEL;
+
+/// What the proxy knows of one run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunRules {
+    /// `namespace/name`, for logs and refusals.
+    pub run: String,
+    /// The run's namespace (its pods must be in it).
+    pub namespace: String,
+    /// The mode.
+    pub mode: NetworkMode,
+    /// Its parsed rules.
+    pub rules: Vec<Rule>,
+    /// Whether the run is over or being torn down: its token no longer opens anything.
+    pub ended: bool,
+}
+
+/// Whether a run's workload may still use the proxy: not once the run is being torn down
+/// (Draining), has ended (Succeeded, Failed, Stopped) or is being deleted.
+pub(crate) fn run_ended(phase: Option<Phase>, deleting: bool) -> bool {
+    deleting || phase.is_some_and(|p| p == Phase::Draining || p.is_final())
+}
+
+impl RunRules {
+    /// The rules of a run; None when its rules do not parse (every request is then refused with
+    /// 407, the same as an unknown run: the run cannot have started).
+    pub fn of(run: &SandboxRun) -> Option<RunRules> {
+        let (mode, rules) = match egress_of(run).ok()? {
+            Egress::Open => (NetworkMode::Open, Vec::new()),
+            Egress::DenyAll => (NetworkMode::Allowlist, Vec::new()),
+            Egress::Filtered { mode, rules } => (mode, rules),
+        };
+        let namespace = run.namespace().unwrap_or_default();
+        Some(RunRules {
+            run: format!("{namespace}/{}", run.name_any()),
+            namespace,
+            mode,
+            rules,
+            ended: run_ended(
+                run.status.as_ref().and_then(|s| s.phase),
+                run.metadata.deletion_timestamp.is_some(),
+            ),
+        })
+    }
+}
+
+/// Why a verified credential opens nothing (a 407, counted by reason).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthRefusal {
+    /// No `Proxy-Authorization`, a token that does not verify, or a run the proxy does not know.
+    BadCredentials,
+    /// The run is being torn down, has ended or is being deleted.
+    RunEnded,
+    /// The connection does not come from one of the run's pods.
+    WrongSource,
+}
+
+impl AuthRefusal {
+    /// The `reason` label of `sandboxrun_egress_refused_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            AuthRefusal::BadCredentials => "bad_credentials",
+            AuthRefusal::RunEnded => "run_ended",
+            AuthRefusal::WrongSource => "wrong_source",
+        }
+    }
+}
+
+/// One pod of a run, as the pod watch last saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct RunPod {
+    namespace: String,
+    ips: Vec<IpAddr>,
+}
+
+/// IPv4-mapped IPv6 addresses compare as IPv4 (a dual-stack listener reports them).
+pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    }
+}
+
+/// The decision on a run whose token verified: live, and asked from one of its pods' addresses
+/// (`pods`: the namespace and addresses of each pod labelled with the run's uid).
+pub(crate) fn authorize<'a>(
+    run: &RunRules,
+    mut pods: impl Iterator<Item = (&'a str, &'a [IpAddr])>,
+    peer: IpAddr,
+) -> Result<(), AuthRefusal> {
+    if run.ended {
+        return Err(AuthRefusal::RunEnded);
+    }
+    let peer = canonical(peer);
+    let own = pods.any(|(ns, ips)| ns == run.namespace && ips.contains(&peer));
+    if own {
+        Ok(())
+    } else {
+        Err(AuthRefusal::WrongSource)
+    }
+}
+
+/// The runs by uid and their pods' addresses, kept current by [`watch_runs`] and [`watch_pods`]
+/// (tests fill it directly).
+#[derive(Default)]
+pub struct RunTable {
+    runs: RwLock<HashMap<String, Arc<RunRules>>>,
+    /// Run uid → pod `namespace/name` → the pod.
+    pods: RwLock<HashMap<String, BTreeMap<String, RunPod>>>,
+    /// Set once the first list of runs is in: before it every token would be "unknown".
+    synced: AtomicBool,
+    /// Set once the first list of pods is in: before it every source would be "wrong".
+    pods_synced: AtomicBool,
+}
+
+/// The run uid a pod is labelled with, its `namespace/name` key, and its addresses (none when
+/// it has finished or shares its node's network: such an address is not the run's alone).
+fn pod_entry(pod: &Pod) -> Option<(String, String, RunPod)> {
+    let uid = pod.labels().get(RUN_UID_LABEL)?.clone();
+    let namespace = pod.namespace().unwrap_or_default();
+    let key = format!("{namespace}/{}", pod.name_any());
+    let host_network = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.host_network)
+        .unwrap_or(false);
+    let status = pod.status.as_ref();
+    let finished = status
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Succeeded" || p == "Failed");
+    let mut ips: Vec<IpAddr> = Vec::new();
+    if !host_network && !finished {
+        let listed = status.and_then(|s| s.pod_ips.as_ref());
+        let texts = listed
+            .into_iter()
+            .flatten()
+            .map(|p| p.ip.as_str())
+            .chain(status.and_then(|s| s.pod_ip.as_deref()));
+        for ip in texts
+            .filter_map(|t| t.parse::<IpAddr>().ok())
+            .map(canonical)
+        {
+            if !ips.contains(&ip) {
+                ips.push(ip);
+            }
+        }
+    }
+    Some((uid, key, RunPod { namespace, ips }))
+}
+
+impl RunTable {
+    /// Adds or replaces a run.
+    pub fn upsert(&self, run: &SandboxRun) {
+        let Some(uid) = run.metadata.uid.clone() else {
+            return;
+        };
+        if let Ok(mut map) = self.runs.write() {
+            match RunRules::of(run) {
+                Some(r) => map.insert(uid, Arc::new(r)),
+                None => map.remove(&uid),
+            };
+        }
+    }
+
+    /// Forgets a run.
+    pub fn remove(&self, uid: &str) {
+        if let Ok(mut map) = self.runs.write() {
+            map.remove(uid);
+        }
+    }
+
+    /// Replaces every run (a watch relist).
+    pub fn replace(&self, runs: &[SandboxRun]) {
+        let fresh: HashMap<String, Arc<RunRules>> = runs
+            .iter()
+            .filter_map(|r| Some((r.metadata.uid.clone()?, Arc::new(RunRules::of(r)?))))
+            .collect();
+        if let Ok(mut map) = self.runs.write() {
+            *map = fresh;
+        }
+        self.synced.store(true, Ordering::SeqCst);
+    }
+
+    /// Adds or replaces a pod of a run (one labelled with a run uid; others are ignored).
+    pub fn upsert_pod(&self, pod: &Pod) {
+        let Some((uid, key, entry)) = pod_entry(pod) else {
+            return;
+        };
+        if let Ok(mut map) = self.pods.write() {
+            map.entry(uid).or_default().insert(key, entry);
+        }
+    }
+
+    /// Forgets a pod.
+    pub fn remove_pod(&self, pod: &Pod) {
+        let Some((uid, key, _)) = pod_entry(pod) else {
+            return;
+        };
+        if let Ok(mut map) = self.pods.write() {
+            if let Some(pods) = map.get_mut(&uid) {
+                pods.remove(&key);
+                if pods.is_empty() {
+                    map.remove(&uid);
+                }
+            }
+        }
+    }
+
+    /// Replaces every pod (a watch relist).
+    pub fn replace_pods(&self, pods: &[Pod]) {
+        let mut fresh: HashMap<String, BTreeMap<String, RunPod>> = HashMap::new();
+        for (uid, key, entry) in pods.iter().filter_map(pod_entry) {
+            fresh.entry(uid).or_default().insert(key, entry);
+        }
+        if let Ok(mut map) = self.pods.write() {
+            *map = fresh;
+        }
+        self.pods_synced.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether runs and pods have been listed at least once.
+    pub(crate) fn is_synced(&self) -> bool {
+        self.synced.load(Ordering::SeqCst) && self.pods_synced.load(Ordering::SeqCst)
+    }
+
+    /// The rules of the run with this uid.
+    pub fn get(&self, uid: &str) -> Option<Arc<RunRules>> {
+        self.runs.read().ok()?.get(uid).cloned()
+    }
+
+    /// The run with this uid if a connection from `peer` may use its (verified) token.
+    pub fn authorize(&self, uid: &str, peer: IpAddr) -> Result<Arc<RunRules>, AuthRefusal> {
+        let run = self.get(uid).ok_or(AuthRefusal::BadCredentials)?;
+        let pods = self.pods.read().map_err(|_| AuthRefusal::WrongSource)?;
+        let entries = pods.get(uid).into_iter().flat_map(|m| m.values());
+        authorize(
+            &run,
+            entries.map(|p| (p.namespace.as_str(), p.ips.as_slice())),
+            peer,
+        )?;
+        Ok(run)
+    }
+
+    /// Runs known.
+    pub fn len(&self) -> usize {
+        self.runs.read().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Whether no run is known.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Keeps the runs of `table` equal to the runs the apiserver has (a relist replaces them whole).
+pub(crate) async fn watch_runs(api: Api<SandboxRun>, table: Arc<RunTable>) {
+    let mut init: Vec<SandboxRun> = Vec::new();
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    futures::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(run)) => table.upsert(&run),
+            Ok(watcher::Event::Delete(run)) => {
+                if let Some(uid) = run.metadata.uid.as_deref() {
+                    table.remove(uid);
+                }
+            }
+            Ok(watcher::Event::Init) => init.clear(),
+            Ok(watcher::Event::InitApply(run)) => init.push(run),
+            Ok(watcher::Event::InitDone) => {
+                table.replace(&init);
+                info!(runs = table.len(), "egress proxy: runs listed");
+                init.clear();
+            }
+            Err(e) => warn!(error = %e, "watching SandboxRuns"),
+        }
+    }
+}
+
+/// Keeps the pods of `table` equal to the operator's pods the apiserver has (labelled
+/// managed-by=sandboxrun-operator; a relist replaces them whole).
+pub(crate) async fn watch_pods(api: Api<Pod>, table: Arc<RunTable>) {
+    let mut init: Vec<Pod> = Vec::new();
+    let config = watcher::Config::default().labels(&crate::pod::managed_by_selector());
+    let stream = watcher(api, config).default_backoff();
+    futures::pin_mut!(stream);
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(watcher::Event::Apply(pod)) => table.upsert_pod(&pod),
+            Ok(watcher::Event::Delete(pod)) => table.remove_pod(&pod),
+            Ok(watcher::Event::Init) => init.clear(),
+            Ok(watcher::Event::InitApply(pod)) => init.push(pod),
+            Ok(watcher::Event::InitDone) => {
+                table.replace_pods(&init);
+                info!(pods = init.len(), "egress proxy: run pods listed");
+                init.clear();
+            }
+            Err(e) => warn!(error = %e, "watching run pods"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodIP, PodSpec, PodStatus};
+
+    fn rules(ended: bool) -> RunRules {
+        RunRules {
+            run: "ns/r".into(),
+            namespace: "ns".into(),
+            mode: NetworkMode::Allowlist,
+            rules: Vec::new(),
+            ended,
+        }
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))
+    }
+
+    #[test]
+    fn a_run_ends_with_its_teardown_not_only_its_deletion() {
+        assert!(!run_ended(None, false));
+        assert!(!run_ended(Some(Phase::Pending), false));
+        assert!(!run_ended(Some(Phase::Running), false));
+        for p in [
+            Phase::Draining,
+            Phase::Succeeded,
+            Phase::Failed,
+            Phase::Stopped,
+        ] {
+            assert!(run_ended(Some(p), false), "{p:?}");
+        }
+        assert!(run_ended(Some(Phase::Running), true), "being deleted");
+    }
+
+    #[test]
+    fn only_a_live_run_from_its_own_pod_is_authorized() {
+        let pod_ips = [ip("10.0.0.5"), ip("fd00::5")];
+        let pods = || [("ns", pod_ips.as_slice())].into_iter();
+        assert_eq!(authorize(&rules(false), pods(), ip("10.0.0.5")), Ok(()));
+        assert_eq!(authorize(&rules(false), pods(), ip("fd00::5")), Ok(()));
+        assert_eq!(
+            authorize(&rules(false), pods(), ip("::ffff:10.0.0.5")),
+            Ok(()),
+            "a v4-mapped peer is its v4 address"
+        );
+        assert_eq!(
+            authorize(&rules(false), pods(), ip("10.0.0.6")),
+            Err(AuthRefusal::WrongSource)
+        );
+        assert_eq!(
+            authorize(&rules(true), pods(), ip("10.0.0.5")),
+            Err(AuthRefusal::RunEnded)
+        );
+        assert_eq!(
+            authorize(&rules(false), std::iter::empty(), ip("10.0.0.5")),
+            Err(AuthRefusal::WrongSource),
+            "no pod known: nothing is its source"
+        );
+        let other_ns = [("other", pod_ips.as_slice())];
+        assert_eq!(
+            authorize(&rules(false), other_ns.into_iter(), ip("10.0.0.5")),
+            Err(AuthRefusal::WrongSource),
+            "a pod in another namespace labelled with the run's uid is not the run's"
+        );
+    }
+
+    fn pod(name: &str, uid: &str, phase: &str, host_network: bool, ips: &[&str]) -> Pod {
+        let mut pod = Pod {
+            spec: Some(PodSpec {
+                host_network: Some(host_network),
+                ..PodSpec::default()
+            }),
+            status: Some(PodStatus {
+                phase: Some(phase.into()),
+                pod_ip: ips.first().map(|s| s.to_string()),
+                pod_ips: Some(ips.iter().map(|s| PodIP { ip: s.to_string() }).collect()),
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        };
+        pod.metadata.name = Some(name.into());
+        pod.metadata.namespace = Some("ns".into());
+        pod.metadata.labels = Some([(RUN_UID_LABEL.to_string(), uid.to_string())].into());
+        pod
+    }
+
+    #[test]
+    fn the_table_knows_the_addresses_of_running_pods_only() {
+        let table = RunTable::default();
+        let mut run = SandboxRun::new("r", crate::api::SandboxRunSpec::default());
+        run.metadata.namespace = Some("ns".into());
+        run.metadata.uid = Some("u".into());
+        table.upsert(&run);
+        let peer = ip("10.0.0.5");
+        assert_eq!(
+            table.authorize("u", peer).err(),
+            Some(AuthRefusal::WrongSource)
+        );
+        table.upsert_pod(&pod("p", "u", "Running", false, &["10.0.0.5"]));
+        assert!(table.authorize("u", peer).is_ok());
+        table.upsert_pod(&pod("p", "u", "Succeeded", false, &["10.0.0.5"]));
+        assert_eq!(
+            table.authorize("u", peer).err(),
+            Some(AuthRefusal::WrongSource),
+            "a finished pod's address may already be another pod's"
+        );
+        table.upsert_pod(&pod("p", "u", "Running", true, &["10.0.0.5"]));
+        assert!(
+            table.authorize("u", peer).is_err(),
+            "a host-network pod's address is its node's"
+        );
+        table.upsert_pod(&pod("p", "u", "Running", false, &["10.0.0.5"]));
+        table.remove_pod(&pod("p", "u", "Running", false, &[]));
+        assert!(table.authorize("u", peer).is_err(), "deleted");
+        assert_eq!(
+            table.authorize("nobody", peer).err(),
+            Some(AuthRefusal::BadCredentials)
+        );
+    }
+
+    #[test]
+    fn the_table_is_synced_by_the_first_lists_only() {
+        let table = RunTable::default();
+        let mut run = SandboxRun::new("r", crate::api::SandboxRunSpec::default());
+        run.metadata.uid = Some("u".into());
+        table.upsert(&run);
+        assert!(!table.is_synced(), "a single event is not a list");
+        table.replace(&[]);
+        assert!(!table.is_synced(), "the pods are not listed yet");
+        table.replace_pods(&[]);
+        assert!(table.is_synced());
+        assert!(
+            table.get("u").is_none(),
+            "a relist replaces the table whole"
+        );
+    }
+}
