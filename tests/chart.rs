@@ -1196,8 +1196,24 @@ fn the_new_templates_lint_strict_and_render() {
     );
     assert!(text.contains("- --pod-image-pull-secret=regcred\n"));
     assert!(text.contains("- --pod-image-pull-secret=mirror\n"));
-    // The NetworkPolicy: webhook and metrics in; DNS, the apiserver and the store out.
-    let np = only(&docs, "NetworkPolicy");
+    // The operator's NetworkPolicy: webhook and metrics in; DNS, the apiserver and the store
+    // out. (The egress proxy has its own, ingress only: the proxy port from run pods.)
+    let component = |d: &serde_yaml::Value| {
+        d["metadata"]["labels"]["app.kubernetes.io/component"]
+            .as_str()
+            .map(str::to_string)
+    };
+    let policies: Vec<&serde_yaml::Value> = docs
+        .iter()
+        .filter(|d| d["kind"].as_str() == Some("NetworkPolicy"))
+        .collect();
+    let (proxy_np, operator_np): (Vec<_>, Vec<_>) = policies
+        .into_iter()
+        .partition(|d| component(d).as_deref() == Some("egress-proxy"));
+    assert_eq!((operator_np.len(), proxy_np.len()), (1, 1), "{text}");
+    let proxy_np_text = serde_yaml::to_string(proxy_np[0]).unwrap_or_default();
+    assert!(proxy_np_text.contains("port: 3128"), "{proxy_np_text}");
+    let np = operator_np[0];
     let np_text = serde_yaml::to_string(np).unwrap_or_default();
     for want in [
         "port: 9443",
@@ -1422,8 +1438,20 @@ fn the_helm_test_hook_lints_strict_and_is_least_privilege() {
     let role = only(&docs, "Role");
     assert_eq!(role["metadata"]["namespace"].as_str(), Some("runs-a"));
     let rules = serde_json::to_value(&role["rules"]).expect("rules");
+    // Its run tolerates the real node's taint, and a run's tolerations need its author's right to
+    // create pods (the webhook's access check, src/admission/access.rs): that, and nothing else.
     assert_eq!(
         rules,
+        serde_json::json!([
+            {"apiGroups": ["sandbox.iterion.io"], "resources": ["sandboxruns"], "verbs": ["create", "get", "delete"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]},
+        ])
+    );
+    // Without tolerations the run exercises no right of its author: runs only.
+    let plain = selftest_docs("sbr-sys", &SELFTEST_VALUES[..SELFTEST_VALUES.len() - 2]);
+    let plain_rules = serde_json::to_value(&only(&plain, "Role")["rules"]).expect("rules");
+    assert_eq!(
+        plain_rules,
         serde_json::json!([{"apiGroups": ["sandbox.iterion.io"], "resources": ["sandboxruns"], "verbs": ["create", "get", "delete"]}])
     );
     let binding = only(&docs, "RoleBinding");
