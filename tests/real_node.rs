@@ -325,6 +325,46 @@ cd "$o/private/nested/deeper" && sha256sum blob.bin > /work/logs/blob.sha256
 echo 'log line' > /work/logs/run.log
 "#;
 
+/// The workload of [`a_program_the_workload_drops_on_the_holders_path_is_stored_never_run`]:
+/// a `sandboxrun-operator` in `/usr/local/sbin` (first on the holder image's PATH) that exits 0
+/// at once, with a copy of busybox as its interpreter, and a real result beside it.
+const FAKE_HOLDER_PROGRAM: &str = r#"set -e
+cp /bin/busybox /usr/local/sbin/busybox
+printf '#!/usr/local/sbin/busybox sh\necho fake >&2\nexit 0\n' > /usr/local/sbin/sandboxrun-operator
+chmod 0755 /usr/local/sbin/sandboxrun-operator
+echo 'real result' > /work/out/result.txt
+"#;
+
+/// Issue 25 item 2 on the real node (docs/contract.md "The holder runs only the operator's
+/// code"). The run declares `/usr/local/sbin` (the operator runs here without its webhook, which
+/// would refuse that path) and drops a fake `sandboxrun-operator` there. Before, the holder
+/// mounted the path at the same place and ran its program by name: the fake one exited 0 at once
+/// and the drain failed. Now the holder sees the path below its own root and runs its binary by
+/// absolute path: it keeps running, both paths are drained, and the fake program is stored as
+/// the plain file the workload wrote.
+#[tokio::test]
+async fn a_program_the_workload_drops_on_the_holders_path_is_stored_never_run() {
+    let bed = RealBed::new("real-fake-holder").await;
+    let spec = real_spec(Some(FAKE_HOLDER_PROGRAM), &["/usr/local/sbin", "/work/out"]);
+    create(&bed.runs, "fake", spec).await;
+    let run = wait_run(&bed.runs, "fake", "a final phase", &bed.op, final_phase).await;
+    let status = run.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    for entry in &status.read_back {
+        assert_eq!(entry.phase, ReadBackPhase::Drained, "{entry:?}");
+    }
+    let dest = files_get(&bed.ns.name, "fake", &bed.store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    let sbin = extracted(&dest, 0);
+    let fake = std::fs::read_to_string(sbin.join("sandboxrun-operator")).expect("the fake program");
+    assert!(fake.contains("echo fake"), "{fake}");
+    let out = extracted(&dest, 1);
+    assert_eq!(
+        std::fs::read_to_string(out.join("result.txt")).expect("result"),
+        "real result\n"
+    );
+}
+
 #[tokio::test]
 async fn a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace() {
     let bed = RealBed::new("real-batch").await;
