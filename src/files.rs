@@ -319,53 +319,43 @@ fn write_member(out: &mut impl Write, member: &MemberRecord) -> Result<(), Files
 
 /// The DROPPED lines of `files ls`, and how many more were counted but not listed.
 fn write_dropped(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
-    for d in &m.dropped {
-        writeln!(
-            out,
-            "  DROPPED {:>12}  {:<12}  {} ({})",
-            d.size,
-            "-",
-            printable(&d.path),
-            printable(dropped_why(d))
-        )
-        .map_err(write_failed)?;
-    }
-    let unlisted = m
-        .totals
-        .dropped_members
-        .saturating_sub(m.dropped.len() as u64);
-    if unlisted > 0 {
-        writeln!(
-            out,
-            "  DROPPED ... and {unlisted} more, counted but not listed (the manifest's bound on listed records)"
-        )
-        .map_err(write_failed)?;
-    }
-    Ok(())
+    let rows = m
+        .dropped
+        .iter()
+        .map(|d| (d.size, printable(&d.path), printable(dropped_why(d))));
+    let bound = "the manifest's bound on listed records";
+    write_records(out, "DROPPED", rows, m.totals.dropped_members, bound)
 }
 
 /// The CHANGED lines of `files ls`: stored files whose content changed while the packer read
 /// them (docs/contract.md, "A changed file is never stored as a clean one").
 fn write_changed(out: &mut impl Write, m: &Manifest) -> Result<(), FilesError> {
-    for c in &m.changed {
-        writeln!(
-            out,
-            "  CHANGED {:>12}  {:<12}  {} ({})",
-            c.stat_size,
-            "-",
-            printable(&c.path),
-            changed_why(c)
-        )
-        .map_err(write_failed)?;
+    let rows = m
+        .changed
+        .iter()
+        .map(|c| (c.stat_size, printable(&c.path), changed_why(c)));
+    let bound = "the packer's bound on listed notes";
+    write_records(out, "CHANGED", rows, m.totals.changed_members, bound)
+}
+
+/// One `<label>` line per listed record (size, path, why), then how many of the `total` were
+/// counted but not listed (`bound` says why).
+fn write_records<P: std::fmt::Display, W: std::fmt::Display>(
+    out: &mut impl Write,
+    label: &str,
+    rows: impl ExactSizeIterator<Item = (u64, P, W)>,
+    total: u64,
+    bound: &str,
+) -> Result<(), FilesError> {
+    let listed = rows.len() as u64;
+    for (size, path, why) in rows {
+        writeln!(out, "  {label} {size:>12}  {:<12}  {path} ({why})", "-").map_err(write_failed)?;
     }
-    let unlisted = m
-        .totals
-        .changed_members
-        .saturating_sub(m.changed.len() as u64);
+    let unlisted = total.saturating_sub(listed);
     if unlisted > 0 {
         writeln!(
             out,
-            "  CHANGED ... and {unlisted} more, counted but not listed (the packer's bound on listed notes)"
+            "  {label} ... and {unlisted} more, counted but not listed ({bound})"
         )
         .map_err(write_failed)?;
     }

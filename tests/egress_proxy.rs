@@ -323,10 +323,17 @@ async fn a_rule_change_on_the_run_takes_effect_on_the_next_request() {
     assert!(head.starts_with("HTTP/1.1 407"), "{head}");
 }
 
-#[tokio::test]
-async fn plain_http_is_forwarded_in_origin_form_without_the_proxy_credentials() {
-    let p = proxy().await;
-    // An upstream that answers with the request head it received.
+/// Sends `req` to the proxy at `addr` and reads the answer to its end.
+async fn exchange(addr: std::net::SocketAddr, req: &str) -> String {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(req.as_bytes()).await.expect("write");
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.expect("read");
+    out
+}
+
+/// An upstream that answers one request with the request head it received.
+async fn head_echo_upstream() -> std::net::SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let upstream = listener.local_addr().expect("addr");
     tokio::spawn(async move {
@@ -343,15 +350,20 @@ async fn plain_http_is_forwarded_in_origin_form_without_the_proxy_credentials() 
         s.write_all(reply.as_bytes()).await.expect("write");
         s.write_all(&head).await.expect("write");
     });
+    upstream
+}
+
+#[tokio::test]
+async fn plain_http_is_forwarded_in_origin_form_without_the_proxy_credentials() {
+    let p = proxy().await;
+    // An upstream that answers with the request head it received.
+    let upstream = head_echo_upstream().await;
     p.add(run("u7", NetworkMode::Allowlist, &["127.0.0.1"]));
-    let mut s = TcpStream::connect(p.addr).await.expect("connect");
     let req = format!(
         "GET http://{upstream}/path?q=1 HTTP/1.1\r\nHost: {upstream}\r\nProxy-Authorization: {}\r\nProxy-Connection: keep-alive\r\n\r\n",
         auth("u7")
     );
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
+    let out = exchange(p.addr, &req).await;
     assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
     assert!(out.contains("GET /path?q=1 HTTP/1.1\r\n"), "{out}");
     assert!(
@@ -500,32 +512,14 @@ async fn read_until_closed(s: &mut TcpStream) -> Option<String> {
 #[tokio::test]
 async fn plain_http_is_forwarded_with_the_uri_host_never_the_clients_host_header() {
     let p = proxy().await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let upstream = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        let (mut s, _) = listener.accept().await.expect("accept");
-        let mut head = Vec::new();
-        let mut byte = [0u8; 1];
-        while !head.ends_with(b"\r\n\r\n") {
-            if s.read(&mut byte).await.expect("read") == 0 {
-                break;
-            }
-            head.push(byte[0]);
-        }
-        let reply = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", head.len());
-        s.write_all(reply.as_bytes()).await.expect("write");
-        s.write_all(&head).await.expect("write");
-    });
+    let upstream = head_echo_upstream().await;
     // Allowed: 127.0.0.1. The Host header names a host the rules deny.
     p.add(run("h1", NetworkMode::Allowlist, &["127.0.0.1"]));
-    let mut s = TcpStream::connect(p.addr).await.expect("connect");
     let req = format!(
         "GET http://{upstream}/ HTTP/1.1\r\nHost: metadata.google.internal\r\nProxy-Authorization: {}\r\n\r\n",
         auth("h1")
     );
-    s.write_all(req.as_bytes()).await.expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.expect("read");
+    let out = exchange(p.addr, &req).await;
     assert!(out.starts_with("HTTP/1.1 200 OK"), "{out}");
     assert!(
         out.contains(&format!("\r\nHost: {upstream}\r\n")),
