@@ -1319,6 +1319,28 @@ async fn release_probe(pods: &Api<Pod>, ns: &str, run: &SandboxRun) -> String {
         },
     )
     .await;
+    // A filtered run's pod starts with the egress gate (an init container): its IP exists while
+    // the gate waits for the policy, and the workload container does not yet.
+    eventually(
+        "the workload container to run",
+        Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            let pod = pod.clone();
+            async move {
+                pods.get(&pod)
+                    .await
+                    .ok()?
+                    .status?
+                    .container_statuses?
+                    .into_iter()
+                    .find(|c| c.name == "workload")?
+                    .state?
+                    .running
+            }
+        },
+    )
+    .await;
     let go = Command::new(kubectl())
         .args([
             "exec",
