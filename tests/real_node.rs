@@ -1910,3 +1910,176 @@ async fn the_pod_passthrough_fields_reach_a_real_container() {
         "a named ServiceAccount gets its token mounted"
     );
 }
+
+/// The workload of [`a_file_shrunk_and_a_directory_swapped_mid_drain_are_recorded_never_followed`]:
+/// a 256 MiB file of random bytes (first in the packer's sorted walk, so it streams for seconds),
+/// then a directory `tree` holding one file; `inside.txt` is written last, as the go-ahead. Then it
+/// keeps running: the drain happens on `stop`, with the workload alive.
+const SWAP_RACE: &str = r#"set -e
+o=/work/swap-race
+head -c 268435456 /dev/urandom > "$o/a-big.bin"
+mkdir -p "$o/tree/sub"
+echo inside > "$o/tree/sub/inside.txt"
+exec sleep 3600
+"#;
+
+/// The pid of the packer draining `holder_path` on this host (the real node shares the host's
+/// process table), once it runs.
+fn packer_pid(holder_path: &str) -> Option<u32> {
+    let wanted = format!("\0pack\0{holder_path}\0");
+    std::fs::read_dir("/proc").ok()?.find_map(|entry| {
+        let entry = entry.ok()?;
+        let pid: u32 = entry.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(entry.path().join("cmdline")).ok()?;
+        String::from_utf8_lossy(&cmdline)
+            .contains(&wanted)
+            .then_some(pid)
+    })
+}
+
+/// Issue 25 items 5 and 7 on a real container, with the workload still running when `stop`
+/// arrives (docs/contract.md "A changed file is never stored as a clean one", "The packer walks
+/// what it listed"). While the packer streams the big file (it listed the root already), the test
+/// execs into the workload: `tree` is swapped for a symlink to `/` and the big file is truncated.
+/// - The big file is stored zero-padded to its listed size and recorded as changed (`shrunk`):
+///   status `changedMembers` 1, a `ReadBackChanged` Event, a CHANGED line in `files ls`. Before
+///   the fix it was stored as a clean member and the path said only `Drained`.
+/// - Nothing of the holder's own filesystem enters the archive: `tree` is the symlink the walk
+///   found (rejected), a name reported replaced, or the directory the walk holds a descriptor of.
+///   A walk that lists a directory's types first and descends by path name later (the walkdir
+///   walk before the fix) would list the holder's `/` under `tree/` (what the unit test
+///   `a_directory_swapped_for_a_symlink_to_slash_mid_walk_never_brings_the_holders_view_in` shows).
+#[tokio::test]
+async fn a_file_shrunk_and_a_directory_swapped_mid_drain_are_recorded_never_followed() {
+    let bed = RealBed::new("real-swap-race").await;
+    let mut spec = real_spec(Some(SWAP_RACE), &["/work/swap-race"]);
+    if let Some(read_back) = spec.read_back.as_mut() {
+        read_back.paths[0].size_limit = Some(
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("1Gi".into()),
+        );
+    }
+    create(&bed.runs, "race", spec).await;
+    let run = wait_run(&bed.runs, "race", "its pod", &bed.op, |r| {
+        r.status.as_ref().is_some_and(|s| s.pod_name.is_some())
+    })
+    .await;
+    let pod = pod_of(&run);
+    let ns = bed.ns.name.clone();
+    let exec = |script: &str| {
+        Command::new(kubectl())
+            .args([
+                "exec", "-n", &ns, &pod, "-c", "workload", "--", "sh", "-c", script,
+            ])
+            .output()
+            .expect("kubectl exec")
+    };
+    let ready = "/work/swap-race/tree/sub/inside.txt";
+    eventually(
+        "the workload to write its files",
+        Duration::from_secs(120),
+        || {
+            let ok = exec(&format!("test -f {ready}")).status.success();
+            async move { ok.then_some(()) }
+        },
+    )
+    .await;
+
+    bed.runs
+        .patch(
+            "race",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"stop": true}})),
+        )
+        .await
+        .expect("stop");
+    let holder_path = "/sandboxrun-readback/work/swap-race";
+    eventually("the packer to start", Duration::from_secs(60), || {
+        let pid = packer_pid(holder_path);
+        async move { pid }
+    })
+    .await;
+    // The packer lists the root at once, then streams the 256 MiB file for seconds.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let swap = exec(
+        "cd /work/swap-race && mv tree tree.away && ln -s / tree && : > a-big.bin && echo swapped",
+    );
+    assert!(swap.status.success(), "{swap:?}");
+
+    let done = wait_run(&bed.runs, "race", "a final phase", &bed.op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    let path = &status.read_back[0];
+    assert_eq!(path.phase, ReadBackPhase::Drained, "{path:?}");
+    // The swap came before the truncation in one exec: a truncation that landed while the file
+    // streamed (a `shrunk` record) also proves the swap landed before the walk reached `tree`.
+    assert_eq!(path.changed_members, 1, "the truncated file: {path:?}");
+
+    let events = run_events(&bed.client, &ns, "race").await.join("\n");
+    assert!(events.contains("ReadBackChanged"), "{events}");
+
+    let ls = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
+        .args([
+            "files",
+            "ls",
+            "race",
+            "-n",
+            &ns,
+            "--store-url",
+            &bed.store_url,
+        ])
+        .output()
+        .expect("files ls");
+    let listing = String::from_utf8_lossy(&ls.stdout).to_string();
+    assert!(ls.status.success(), "{ls:?}");
+    assert!(
+        listing.contains("CHANGED") && listing.contains("a-big.bin") && listing.contains("shrank"),
+        "{listing}"
+    );
+
+    let dest = files_get(&ns, "race", &bed.store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    let root = extracted(&dest, 0);
+    let big = std::fs::read(root.join("a-big.bin")).expect("the big file");
+    assert_eq!(big.len(), 268_435_456, "padded to its listed size");
+    assert!(
+        big[big.len() - 4096..].iter().all(|b| *b == 0),
+        "zero-padded"
+    );
+    let stored: Vec<String> = walk_relative(&root);
+    let allowed = ["a-big.bin", "tree", "tree/sub", "tree/sub/inside.txt"];
+    assert!(
+        stored.iter().all(|p| allowed.contains(&p.as_str())),
+        "only what the workload wrote is stored, never the holder's view through `tree`: {stored:?}"
+    );
+    // What the walk made of `tree` depends on when it got there: the symlink it found (stored as
+    // a symlink, which the operator rejects: its target leaves the path), a name that changed
+    // between its stat and its open (reported replaced), or the directory it already held.
+    let as_symlink = listing.contains("tree (symlink_escape)");
+    let replaced = listing.contains("replaced while being packed");
+    let held = stored.iter().any(|p| p == "tree/sub/inside.txt");
+    assert!(
+        as_symlink || replaced || held,
+        "`tree` is a rejected symlink, a replaced name or the held directory:\n{listing}\n{stored:?}"
+    );
+    eprintln!("tree: symlink {as_symlink}, replaced {replaced}, held {held}; stored {stored:?}");
+}
+
+/// Every path below `root` (files, directories, symlinks, not followed), relative and sorted.
+fn walk_relative(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir)
+            .expect("read extracted dir")
+            .flatten()
+        {
+            let path = entry.path();
+            let rel = path.strip_prefix(root).expect("below root");
+            out.push(rel.to_string_lossy().to_string());
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
