@@ -1512,4 +1512,45 @@ mod tests {
         );
         assert!(check_update(&old, &old, true).is_empty());
     }
+
+    /// The docs that say what may change once the pod exists name what `check_update` lets
+    /// change (issue #27: some said "only `stop`"), and `check_update` lets exactly those change.
+    #[test]
+    fn the_docs_name_the_three_fields_that_may_change_once_the_pod_exists() {
+        let mut old = good();
+        old.read_back = read_back(&["/work/out"]);
+        let mut network = old.clone();
+        network.network = Some(crate::api::NetworkPolicy {
+            mode: crate::api::NetworkMode::Allowlist,
+            rules: vec!["example.com".into()],
+        });
+        assert_eq!(
+            check_update(&old, &network, true)
+                .iter()
+                .map(|f| f.field.as_str())
+                .collect::<Vec<_>>(),
+            ["spec.network"],
+            "network rules are fixed once the pod exists"
+        );
+        let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let claim = "only `stop`, `ttlSecondsAfterFinished` and `readBack.retention` may change";
+        for doc in [
+            "docs/user-guide.md",
+            "docs/operations.md",
+            "docs/gitops.md",
+            "charts/sandboxrun-operator/values.yaml",
+        ] {
+            let text = std::fs::read_to_string(repo.join(doc)).expect("read the doc");
+            let words = text
+                .replace('#', " ")
+                .split_whitespace()
+                .collect::<Vec<_>>()
+                .join(" ");
+            assert!(words.contains(claim), "{doc} does not say: {claim}");
+            assert!(
+                !words.contains("only `stop` may change") && !words.contains("next request"),
+                "{doc} still says a spec edit other than the three takes effect"
+            );
+        }
+    }
 }
