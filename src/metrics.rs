@@ -1,5 +1,6 @@
 //! Prometheus metrics of the operator, served on `/metrics` of the metrics address.
 
+use prometheus::core::Collector;
 use prometheus::{
     exponential_buckets, histogram_opts, opts, Encoder, HistogramVec, IntCounterVec, IntGauge,
     IntGaugeVec, Registry, TextEncoder,
@@ -10,6 +11,8 @@ use prometheus::{
 pub struct Metrics {
     /// The registry the collectors live in (the webhook registers its own into it too).
     pub registry: Registry,
+    /// The full names (`sandboxrun_…`) of the metrics registered here, as exported.
+    pub names: Vec<String>,
     /// Reconciles by outcome step.
     pub reconciles: IntCounterVec,
     /// Reconcile duration.
@@ -44,7 +47,7 @@ pub struct MetricsError(#[from] prometheus::Error);
 impl Metrics {
     /// Creates and registers every metric into a fresh registry.
     pub fn new() -> Result<Metrics, MetricsError> {
-        let registry = Registry::new_custom(Some("sandboxrun".to_string()), None)?;
+        let registry = Registry::new_custom(Some(PREFIX.to_string()), None)?;
         let reconciles =
             IntCounterVec::new(opts!("reconciles_total", "Reconciles by step"), &["step"])?;
         let reconcile_duration = HistogramVec::new(
@@ -92,23 +95,27 @@ impl Metrics {
             ),
             &["outcome", "reason"],
         )?;
-        registry.register(Box::new(reconciles.clone()))?;
-        registry.register(Box::new(reconcile_duration.clone()))?;
-        registry.register(Box::new(reconcile_errors.clone()))?;
-        registry.register(Box::new(runs_by_phase.clone()))?;
-        registry.register(Box::new(drained_bytes.clone()))?;
-        registry.register(Box::new(drain_wire_bytes.clone()))?;
-        registry.register(Box::new(drain_duration.clone()))?;
-        registry.register(Box::new(drains.clone()))?;
-        registry.register(Box::new(drain_failures.clone()))?;
         let leader = IntGauge::with_opts(opts!(
             "leader",
             "1 while this replica runs the controller (holds the lease), else 0"
         ))?;
-        registry.register(Box::new(members_refused.clone()))?;
-        registry.register(Box::new(leader.clone()))?;
+        let collectors: [Box<dyn Collector>; 11] = [
+            Box::new(reconciles.clone()),
+            Box::new(reconcile_duration.clone()),
+            Box::new(reconcile_errors.clone()),
+            Box::new(runs_by_phase.clone()),
+            Box::new(drained_bytes.clone()),
+            Box::new(drain_wire_bytes.clone()),
+            Box::new(drain_duration.clone()),
+            Box::new(drains.clone()),
+            Box::new(drain_failures.clone()),
+            Box::new(members_refused.clone()),
+            Box::new(leader.clone()),
+        ];
+        let names = register_all(&registry, collectors)?;
         Ok(Metrics {
             registry,
+            names,
             reconciles,
             reconcile_duration,
             reconcile_errors,
@@ -134,6 +141,28 @@ impl Metrics {
     }
 }
 
+/// Registers `collectors` into `registry` (one made with [`PREFIX`] as its namespace) and returns
+/// their exported names, prefixed: the list docs/operations.md's metrics table is checked against.
+pub fn register_all<const N: usize>(
+    registry: &Registry,
+    collectors: [Box<dyn Collector>; N],
+) -> Result<Vec<String>, prometheus::Error> {
+    let mut names = Vec::new();
+    for collector in collectors {
+        names.extend(
+            collector
+                .desc()
+                .iter()
+                .map(|d| format!("{PREFIX}_{}", d.fq_name)),
+        );
+        registry.register(collector)?;
+    }
+    Ok(names)
+}
+
+/// The prefix of every metric name (the registries' namespace).
+pub const PREFIX: &str = "sandboxrun";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,5 +181,38 @@ mod tests {
             text.contains("sandboxrun_drain_failures_total{reason=\"exec\"} 1"),
             "{text}"
         );
+    }
+
+    /// docs/operations.md's metrics tables list exactly what the operator, its webhook and the
+    /// egress proxy register (issue #27: `drain_wire_bytes_total` was missing).
+    #[test]
+    fn the_operations_guide_lists_every_metric_and_only_those() {
+        let m = Metrics::new().unwrap();
+        let mut exported: std::collections::BTreeSet<String> = m.names.iter().cloned().collect();
+        let webhook = crate::admission::webhook::WebhookMetrics::register(&m.registry).unwrap();
+        exported.extend(webhook.names);
+        let runs = std::sync::Arc::new(crate::egress::runs::RunTable::default());
+        let state = crate::egress::proxy::ProxyState::new(
+            runs,
+            std::sync::Arc::from(b"secret".as_slice()),
+            crate::egress::proxy::Timeouts::default(),
+        )
+        .unwrap();
+        exported.extend(state.register(&prometheus::Registry::new()).unwrap());
+        exported.insert(format!(
+            "{PREFIX}_{}",
+            crate::store::open_uploads::OPEN_UPLOADS_METRIC
+        ));
+        let doc = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"),
+        )
+        .unwrap();
+        let documented: std::collections::BTreeSet<String> = doc
+            .lines()
+            .filter_map(|l| l.strip_prefix("| `sandboxrun_"))
+            .filter_map(|l| l.split_once('`'))
+            .map(|(name, _)| format!("sandboxrun_{name}"))
+            .collect();
+        assert_eq!(documented, exported);
     }
 }

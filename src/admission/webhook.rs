@@ -31,6 +31,8 @@ pub struct WebhookMetrics {
     pub reviews: IntCounterVec,
     /// Time spent on one review (rules and, when enabled, the image check).
     pub latency: Histogram,
+    /// The exported names of the two (`sandboxrun_admission_…`).
+    pub names: Vec<String>,
 }
 
 impl WebhookMetrics {
@@ -48,9 +50,15 @@ impl WebhookMetrics {
             "Duration of one SandboxRun admission review",
             prometheus::exponential_buckets(0.0005, 2.0, 16)?
         ))?;
-        registry.register(Box::new(reviews.clone()))?;
-        registry.register(Box::new(latency.clone()))?;
-        Ok(WebhookMetrics { reviews, latency })
+        let names = crate::metrics::register_all(
+            registry,
+            [Box::new(reviews.clone()), Box::new(latency.clone())],
+        )?;
+        Ok(WebhookMetrics {
+            reviews,
+            latency,
+            names,
+        })
     }
 }
 

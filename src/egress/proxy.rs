@@ -281,13 +281,21 @@ impl ProxyState {
         self
     }
 
-    /// Registers every metric of the proxy.
-    pub fn register(&self, registry: &Registry) -> Result<(), prometheus::Error> {
-        registry.register(Box::new(self.requests.clone()))?;
-        registry.register(Box::new(self.refused.clone()))?;
-        registry.register(Box::new(self.idle_closed.clone()))?;
-        registry.register(Box::new(self.connections.clone()))?;
-        Ok(())
+    /// Registers every metric of the proxy (their names carry the `sandboxrun_` prefix
+    /// themselves) and returns their names.
+    pub fn register(&self, registry: &Registry) -> Result<Vec<String>, prometheus::Error> {
+        let collectors: [Box<dyn prometheus::core::Collector>; 4] = [
+            Box::new(self.requests.clone()),
+            Box::new(self.refused.clone()),
+            Box::new(self.idle_closed.clone()),
+            Box::new(self.connections.clone()),
+        ];
+        let mut names = Vec::new();
+        for collector in collectors {
+            names.extend(collector.desc().iter().map(|d| d.fq_name.clone()));
+            registry.register(collector)?;
+        }
+        Ok(names)
     }
 
     pub(crate) fn count(&self, verdict: &str) {

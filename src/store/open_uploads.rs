@@ -38,6 +38,9 @@ use prometheus::{IntCounterVec, Opts};
 use serde::Deserialize;
 use tracing::{debug, info, warn};
 
+/// The counter of open uploads found before an attempt (`sandboxrun_` + this; docs/operations.md).
+pub(crate) const OPEN_UPLOADS_METRIC: &str = "open_multipart_uploads_total";
+
 /// Most bytes of one response read into memory (a full page of 1,000 uploads is ~300 KiB).
 pub(crate) const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
 /// Most listing pages read for one key: open uploads of one key are a handful, not thousands.
@@ -437,7 +440,7 @@ impl OpenUploads {
             .clone();
         let counter = IntCounterVec::new(
             Opts::new(
-                "open_multipart_uploads_total",
+                OPEN_UPLOADS_METRIC,
                 "Open multipart uploads of an archive key found before an attempt, by outcome",
             )
             .namespace("sandboxrun"),
