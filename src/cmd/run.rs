@@ -126,7 +126,8 @@ pub struct RunArgs {
         default_value = "zstd"
     )]
     pub drain_wire: crate::drain::wire::Wire,
-    /// Reconciles running at once.
+    /// Reconciles running at once per controller: one controller for every namespace, or one per
+    /// namespace of --namespaces (each with this many workers).
     #[arg(long, env = "SANDBOXRUN_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
     /// Drains (teardowns) running at once, off the reconcile workers: a slow or stuck drain never
