@@ -168,7 +168,76 @@ async fn wait_run(
     op: &Operator,
     done: impl Fn(&SandboxRun) -> bool,
 ) -> SandboxRun {
-    wait_for(api, name, op, Duration::from_secs(180), what, done).await
+    wait_for_reporting(
+        api,
+        name,
+        op,
+        Duration::from_secs(180),
+        what,
+        done,
+        node_report,
+    )
+    .await
+}
+
+/// What the real node says about itself, for a wait that timed out (issue #27: a run stuck
+/// because the kubelet was evicting under DiskPressure said nothing of it): the node's
+/// conditions, then the Events about the node and every `Evicted` Event, newest last.
+fn node_report() -> String {
+    let node = bed_setting("SANDBOXRUN_TEST_REAL_NODE");
+    let kubectl_out = |args: &[&str]| {
+        Command::new(kubectl())
+            .args(args)
+            .output()
+            .map(|o| {
+                format!(
+                    "{}{}",
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                )
+            })
+            .unwrap_or_else(|e| format!("kubectl: {e}\n"))
+    };
+    let conditions = kubectl_out(&[
+        "get",
+        "node",
+        &node,
+        "-o",
+        r#"jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}"#,
+    ]);
+    let node_events = kubectl_out(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        &format!("involvedObject.kind=Node,involvedObject.name={node}"),
+        "--sort-by=.lastTimestamp",
+    ]);
+    let evictions = kubectl_out(&[
+        "get",
+        "events",
+        "-A",
+        "--field-selector",
+        "reason=Evicted",
+        "--sort-by=.lastTimestamp",
+    ]);
+    format!(
+        "\n; the real node {node}'s conditions:\n{conditions}; its Events:\n{node_events}; Evicted Events:\n{evictions}"
+    )
+}
+
+/// The report a timed-out wait prints names the node's pressure conditions.
+#[test]
+fn a_timed_out_wait_reports_the_nodes_pressure_conditions() {
+    let report = node_report();
+    for condition in [
+        "MemoryPressure=",
+        "DiskPressure=",
+        "PIDPressure=",
+        "Ready=True",
+    ] {
+        assert!(report.contains(condition), "{report}");
+    }
 }
 
 fn phase_is(want: Phase) -> impl Fn(&SandboxRun) -> bool {

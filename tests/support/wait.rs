@@ -48,15 +48,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    poll(what, timeout, f, || {
-        let log = op.log_text();
-        let tail: Vec<&str> = log.lines().rev().take(60).collect();
-        format!(
-            "; operator log (last lines):\n{}",
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-        )
-    })
-    .await
+    poll(what, timeout, f, || log_tail(op)).await
 }
 
 /// Waits (up to `timeout`) until the run `name` satisfies `pred`; `what` says what was awaited.
@@ -71,16 +63,49 @@ pub async fn wait_for<F>(
 where
     F: Fn(&SandboxRun) -> bool,
 {
-    eventually_or_log(&format!("{name} {what}"), timeout, op, || {
-        let runs = runs.clone();
-        let name = name.to_string();
-        let ok = &pred;
-        async move {
-            let r = runs.get(&name).await.ok()?;
-            ok(&r).then_some(r)
-        }
-    })
+    wait_for_reporting(runs, name, op, timeout, what, pred, String::new).await
+}
+
+/// [`wait_for`], adding `report()` (e.g. the node's pressure conditions) to the failure message
+/// after the operator's log.
+pub async fn wait_for_reporting<F>(
+    runs: &Api<SandboxRun>,
+    name: &str,
+    op: &Operator,
+    timeout: Duration,
+    what: &str,
+    pred: F,
+    report: impl Fn() -> String,
+) -> SandboxRun
+where
+    F: Fn(&SandboxRun) -> bool,
+{
+    let what = format!("{name} {what}");
+    let ok = &pred;
+    poll(
+        &what,
+        timeout,
+        || {
+            let runs = runs.clone();
+            let name = name.to_string();
+            async move {
+                let r = runs.get(&name).await.ok()?;
+                ok(&r).then_some(r)
+            }
+        },
+        || format!("{}{}", log_tail(op), report()),
+    )
     .await
+}
+
+/// The last lines of the operator's log, for a failure message.
+fn log_tail(op: &Operator) -> String {
+    let log = op.log_text();
+    let tail: Vec<&str> = log.lines().rev().take(60).collect();
+    format!(
+        "; operator log (last lines):\n{}",
+        tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+    )
 }
 
 /// Waits (up to [`PHASE_TIMEOUT`]) until the run `name` is in phase `want`.
