@@ -1619,3 +1619,98 @@ async fn the_monitoring_templates_are_accepted_by_the_prometheus_operator_crds()
         assert!(out.contains(kind), "{kind} not applied:\n{out}");
     }
 }
+
+/// The chart as it was released before (commit b62eb4e, packaged with `helm package`): the one
+/// `helm upgrade` must move from.
+const PREVIOUS_CHART: &str = "tests/chart-previous/sandboxrun-operator-0.1.0-b62eb4e.tgz";
+
+/// Issue #27: `helm upgrade` from the previous chart to this one must work (a Deployment's
+/// selector is immutable: a chart that changes it can only be installed fresh). Installs the
+/// previous chart, upgrades to this one with the same values, and checks the Deployment kept its
+/// selector and runs the new template.
+#[tokio::test]
+async fn helm_upgrade_from_the_previous_chart_keeps_the_release() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "chart-upgrade").await;
+    let release = format!("sbr{:06x}", rand_u32() & 0xffffff);
+    let fullname = format!("{release}-sandboxrun-operator");
+    let selector = format!(
+        "webhook.namespaceSelector.matchLabels.sandboxrun-test={}",
+        ns.name
+    );
+    let values = [
+        "--set",
+        selector.as_str(),
+        "--set",
+        "webhook.failurePolicy=Ignore",
+        "--set",
+        "image.repository=sandboxrun-operator",
+        "--set",
+        "image.tag=test",
+        "--timeout",
+        "60s",
+    ];
+    let install = |verb: &str, chart: &str| {
+        let mut args = vec![verb, release.as_str(), chart, "--namespace", &ns.name];
+        args.extend_from_slice(&values);
+        ok(helm(&args), None)
+    };
+    install("install", PREVIOUS_CHART);
+    let _uninstall = Uninstall {
+        release: release.clone(),
+        namespace: ns.name.clone(),
+    };
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), &ns.name);
+    let before = deployments.get(&fullname).await.expect("deployment");
+    install("upgrade", CHART);
+    let after = deployments.get(&fullname).await.expect("deployment");
+    let selector_of = |d: &Deployment| d.spec.as_ref().map(|s| s.selector.clone());
+    assert_eq!(
+        selector_of(&before),
+        selector_of(&after),
+        "the selector is kept"
+    );
+    assert!(
+        after.metadata.generation > before.metadata.generation,
+        "the upgrade changed the Deployment's template"
+    );
+    // The upgraded Deployment is this chart's: its args are the ones `helm template` renders now.
+    let rendered = ok(
+        helm(&[
+            "template",
+            &release,
+            CHART,
+            "--namespace",
+            &ns.name,
+            "--set",
+            &selector,
+            "--set",
+            "webhook.failurePolicy=Ignore",
+            "--set",
+            "image.repository=sandboxrun-operator",
+            "--set",
+            "image.tag=test",
+            "--show-only",
+            "templates/deployment.yaml",
+        ]),
+        None,
+    );
+    let args = after
+        .spec
+        .and_then(|s| s.template.spec)
+        .map(|p| p.containers[0].args.clone().unwrap_or_default())
+        .unwrap_or_default();
+    for arg in &args {
+        assert!(
+            rendered.contains(arg.as_str()),
+            "{arg} is not in:\n{rendered}"
+        );
+    }
+    assert!(
+        args.iter().any(|a| a.starts_with("--egress-gate-probe=")),
+        "the new chart's flags are in the Deployment: {args:?}"
+    );
+    let status = ok(helm(&["status", &release, "--namespace", &ns.name]), None);
+    assert!(status.contains("REVISION: 2"), "{status}");
+}
