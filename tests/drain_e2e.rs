@@ -260,6 +260,7 @@ case "$mode" in
   fail) cat "$d/.stream"; echo "hostile packer refuses on purpose" >&2; exit 3 ;;
   zeros) cat /dev/zero; exit $? ;;
   yes) yes; exit $? ;;
+  trickle) while :; do printf x; sleep 2; done ;;
   *) exec "{real}" pack "$d" ;;
 esac
 "#
@@ -305,6 +306,8 @@ enum Packer {
     Yes,
     /// Zeros forever.
     Zeros,
+    /// One byte every 2 s, forever: alive, but never 64 KiB within the idle bound.
+    Trickle,
 }
 
 impl Packer {
@@ -314,13 +317,14 @@ impl Packer {
             Packer::Fail(_) => "fail",
             Packer::Yes => "yes",
             Packer::Zeros => "zeros",
+            Packer::Trickle => "trickle",
         }
     }
 
     fn stream(&self) -> Option<&[u8]> {
         match self {
             Packer::Stream(s) | Packer::Fail(s) => Some(s),
-            Packer::Yes | Packer::Zeros => None,
+            Packer::Yes | Packer::Zeros | Packer::Trickle => None,
         }
     }
 }
@@ -542,6 +546,9 @@ fn hostile_cases(abs_target: &Path) -> Vec<HostileCase> {
             size_limit: Some("1Mi"),
             ..case("zeros", Packer::Zeros, failed("input bytes"))
         },
+        // (e) A packer that stays alive but trickles: cut off at the idle bound (the operator runs
+        // this test with `--drain-idle-timeout 8s`), not held until the drain timeout.
+        case("trickle", Packer::Trickle, failed("kept the drain waiting")),
         case(
             "exit-nonzero",
             Packer::Fail(failing),
@@ -742,7 +749,7 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
     let script = hostile_packer(&bin);
     let pack = format!("{} ", script.display());
     let mut op = Operator::builder(&ns.name, &store_url)
-        .flags(&["--pack-command", &pack])
+        .flags(&["--pack-command", &pack, "--drain-idle-timeout", "8s"])
         .start();
 
     // Sentinels: where an escaping entry would land if anyone extracted it naively.
