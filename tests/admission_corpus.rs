@@ -3,7 +3,7 @@
 //! `# expect: ok|warn|fail|usage [rule-id ...] [(schema)]`.
 //! The rule ids listed are exactly the set of rule ids the engine reports for the file, together
 //! with what `doctor` judges as the apiserver would before the engine (`unknown-field`,
-//! `api-version-kind`).
+//! `invalid-value`, `api-version-kind`).
 
 mod support;
 
@@ -16,8 +16,9 @@ use sandboxrun_operator::api::SandboxRun;
 use support::*;
 
 /// The SandboxRuns of a file (and SandboxRun-like documents), each with what the cluster judges
-/// before the webhook (`doctor::document_findings`: apiVersion/kind, unknown fields); None when
-/// the file is a usage error (does not parse / deserialize).
+/// before the webhook (`doctor::document_findings`: apiVersion/kind, unknown fields, values outside
+/// their type or enum, which are left out of what is judged); None when the file is a usage error
+/// (does not parse, or is no SandboxRun even without those values).
 fn runs(text: &str) -> Option<Vec<(SandboxRun, Vec<Finding>)>> {
     let mut out = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(text) {
@@ -26,7 +27,8 @@ fn runs(text: &str) -> Option<Vec<(SandboxRun, Vec<Finding>)>> {
         if value.get("kind").and_then(|k| k.as_str()) != Some("SandboxRun") && before.is_empty() {
             continue;
         }
-        out.push((serde_yaml::from_value(value).ok()?, before));
+        let judged = doctor::without_invalid_values(&value);
+        out.push((serde_yaml::from_value(judged).ok()?, before));
     }
     Some(out)
 }

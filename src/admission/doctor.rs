@@ -532,9 +532,16 @@ fn classify(label: &str, index: usize, value: serde_yaml::Value) -> Classified {
         ));
         return Classified::Skipped(report);
     }
-    match serde_yaml::from_value::<SandboxRun>(value) {
+    // A value outside its type or enum is a finding (in `findings`); the rest is still judged.
+    match serde_yaml::from_value::<SandboxRun>(without_invalid_values(&value)) {
         Ok(run) => Classified::Run(Box::new(run), report, findings),
-        Err(e) => Classified::Invalid(UsageError::Deserialize(label.to_string(), index, e)),
+        // Still not a SandboxRun: the error of the document as written says why.
+        Err(e) => {
+            let e = serde_yaml::from_value::<SandboxRun>(value)
+                .err()
+                .unwrap_or(e);
+            Classified::Invalid(UsageError::Deserialize(label.to_string(), index, e))
+        }
     }
 }
 
@@ -553,9 +560,19 @@ fn sandbox_run_like(api_version: Option<&str>, kind: Option<&str>) -> bool {
     })
 }
 
+/// `value` without the values its structural schema refuses ([`super::schema::invalid_values`]):
+/// what `doctor` deserializes and judges, so that one bad value does not hide the other rules.
+pub fn without_invalid_values(value: &serde_yaml::Value) -> serde_yaml::Value {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|json| serde_yaml::to_value(super::schema::invalid_values(&json).1).ok())
+        .unwrap_or_else(|| value.clone())
+}
+
 /// What the cluster judges before the webhook sees a document that should be a SandboxRun: its
-/// apiVersion and kind ([`ids::API_VERSION_KIND`]) and the fields its structural schema does not
-/// know ([`super::schema::unknown_fields`]). Empty for a document that is not SandboxRun-like.
+/// apiVersion and kind ([`ids::API_VERSION_KIND`]), the fields its structural schema does not
+/// know ([`super::schema::unknown_fields`]) and the values outside their type or enum
+/// ([`super::schema::invalid_values`]). Empty for a document that is not SandboxRun-like.
 pub fn document_findings(value: &serde_yaml::Value) -> Vec<Finding> {
     let field = |k: &str| value.get(k).and_then(|v| v.as_str());
     let (api_version, kind) = (field("apiVersion"), field("kind"));
@@ -587,7 +604,10 @@ pub fn document_findings(value: &serde_yaml::Value) -> Vec<Finding> {
         ));
     }
     match serde_json::to_value(value) {
-        Ok(json) => out.extend(super::schema::unknown_fields(&json)),
+        Ok(json) => {
+            out.extend(super::schema::unknown_fields(&json));
+            out.extend(super::schema::invalid_values(&json).0);
+        }
         Err(e) => tracing::debug!(error = %e, "document is not JSON-shaped; fields not walked"),
     }
     sort_findings(&mut out);
@@ -901,10 +921,38 @@ mod tests {
         assert!(out.contains("cannot read"), "{out}");
         let bad = write(dir.path(), "bad.yaml", "a: [unclosed\n");
         assert_eq!(doctor(vec![bad], false, Output::Text).await.0, 2);
-        let wrong = write(dir.path(), "wrong.yaml", "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {name: w}\nspec:\n  hostState: sometimes\n");
+        let wrong = write(dir.path(), "wrong.yaml", "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {name: w}\nspec: 42\n");
         let (code, out) = doctor(vec![wrong], false, Output::Text).await;
         assert_eq!(code, 2);
         assert!(out.contains("not a valid SandboxRun"), "{out}");
+    }
+
+    /// Issue #27: a value outside its enum or type used to be a usage error (exit 2, "0
+    /// checked", no other rule run); it is a config finding (exit 1 with --strict) that lists the
+    /// valid values, and the document's other rules are still judged.
+    #[tokio::test]
+    async fn a_bad_enum_value_is_a_finding_and_the_other_rules_still_run() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let text = GOOD.replace(
+            "spec:\n",
+            "spec:\n  hostState: sometimes\n  activeDeadlineSeconds: soon\n  readBack:\n    paths: [{path: /etc}]\n",
+        );
+        assert_ne!(text, GOOD, "GOOD has a spec to add to");
+        let f = write(dir.path(), "enum.yaml", &text);
+        let (code, out) = doctor(vec![f], true, Output::Text).await;
+        assert_eq!(code, 1, "{out}");
+        assert!(out.contains("invalid-value spec.hostState"), "{out}");
+        assert!(out.contains(r#"one of: "none", "auto""#), "{out}");
+        assert!(
+            out.contains("invalid-value spec.activeDeadlineSeconds")
+                && out.contains("not an integer"),
+            "{out}"
+        );
+        assert!(
+            out.contains("read-back-path spec.readBack.paths[0].path"),
+            "the other rules still run: {out}"
+        );
+        assert!(out.contains("1 checked, 0 skipped, 3 failure(s)"), "{out}");
     }
 
     #[tokio::test]

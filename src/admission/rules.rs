@@ -189,6 +189,9 @@ pub mod ids {
     /// `doctor` only: a field the CRD's structural schema does not know (the apiserver rejects or
     /// prunes it before the webhook; see [`super::super::schema`]).
     pub(crate) const UNKNOWN_FIELD: &str = "unknown-field";
+    /// A field whose value is outside its type or its enum in the CRD schema (doctor only: the
+    /// apiserver refuses it before admission).
+    pub(crate) const INVALID_VALUE: &str = "invalid-value";
     /// `doctor` only: a SandboxRun-like document whose apiVersion or kind the cluster does not
     /// serve as a SandboxRun.
     pub(crate) const API_VERSION_KIND: &str = "api-version-kind";

@@ -120,6 +120,119 @@ fn walk(value: &Value, schema: &Value, path: &str, out: &mut Vec<Finding>) {
     }
 }
 
+/// Every value of `doc` (a whole SandboxRun manifest) outside its type or its `enum` in the CRD's
+/// structural schema, as failing `invalid-value` findings that list the valid values, and `doc`
+/// without them: the apiserver refuses such a manifest before any webhook, and `doctor` goes on to
+/// judge the rest of it (a bad value is a config finding, exit 1, not a usage error).
+pub(crate) fn invalid_values(doc: &Value) -> (Vec<Finding>, Value) {
+    let mut out = Vec::new();
+    let mut cleaned = doc.clone();
+    if let (Value::Object(top), Some(props)) = (
+        &mut cleaned,
+        root_schema().get("properties").and_then(Value::as_object),
+    ) {
+        top.retain(|key, value| match props.get(key) {
+            Some(sub) if key != "metadata" => keep_valid(value, sub, key, &mut out),
+            _ => true,
+        });
+    }
+    (out, cleaned)
+}
+
+/// Checks `value` against `schema` at `path`: drops the invalid values inside it and returns
+/// whether `value` itself is valid (a finding is pushed when it is not).
+fn keep_valid(value: &mut Value, schema: &Value, path: &str, out: &mut Vec<Finding>) -> bool {
+    if value.is_null()
+        || schema
+            .get("x-kubernetes-preserve-unknown-fields")
+            .and_then(Value::as_bool)
+            == Some(true)
+    {
+        return true;
+    }
+    if let Some(why) = type_mismatch(value, schema) {
+        out.push(Finding::fail(
+            ids::INVALID_VALUE,
+            path,
+            format!("{path} is {}: not {why}", short_json(value)),
+            format!("write {why}"),
+        ));
+        return false;
+    }
+    if let Some(allowed) = schema.get("enum").and_then(Value::as_array) {
+        if !allowed.contains(value) {
+            let names: Vec<String> = allowed.iter().map(short_json).collect();
+            out.push(Finding::fail(
+                ids::INVALID_VALUE,
+                path,
+                format!(
+                    "{path} is {}: not one of its values, so the apiserver refuses the manifest",
+                    short_json(value)
+                ),
+                format!("one of: {}", names.join(", ")),
+            ));
+            return false;
+        }
+    }
+    match value {
+        Value::Object(map) => {
+            let props = schema.get("properties").and_then(Value::as_object);
+            let extra = schema.get("additionalProperties").filter(|s| s.is_object());
+            map.retain(|k, v| match props.and_then(|p| p.get(k)).or(extra) {
+                Some(sub) => keep_valid(v, sub, &format!("{path}.{k}"), out),
+                None => true,
+            });
+        }
+        Value::Array(items) => {
+            if let Some(sub) = schema.get("items").filter(|s| s.is_object()) {
+                let mut i = 0;
+                items.retain_mut(|v| {
+                    let keep = keep_valid(v, sub, &format!("{path}[{i}]"), out);
+                    i += 1;
+                    keep
+                });
+            }
+        }
+        _ => {}
+    }
+    true
+}
+
+/// Why `value` is not of the schema's `type`, in words ("a string", …), or None when it is (or
+/// the schema says int-or-string and it is either).
+fn type_mismatch(value: &Value, schema: &Value) -> Option<&'static str> {
+    if schema
+        .get("x-kubernetes-int-or-string")
+        .and_then(Value::as_bool)
+        == Some(true)
+    {
+        let ok = value.is_string() || value.as_i64().is_some() || value.as_u64().is_some();
+        return (!ok).then_some("an integer or a string");
+    }
+    let (ok, words) = match schema.get("type").and_then(Value::as_str)? {
+        "string" => (value.is_string(), "a string"),
+        "integer" => (
+            value.as_i64().is_some() || value.as_u64().is_some(),
+            "an integer",
+        ),
+        "number" => (value.is_number(), "a number"),
+        "boolean" => (value.is_boolean(), "true or false"),
+        "array" => (value.is_array(), "a list"),
+        "object" => (value.is_object(), "a map"),
+        _ => return None,
+    };
+    (!ok).then_some(words)
+}
+
+/// A value as JSON, cut to 80 characters on a char boundary.
+fn short_json(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(80) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text,
+    }
+}
+
 /// The finding for `field` under `parent`, with the closest of `known` as the hint.
 fn finding(parent: &str, field: &str, known: &[&str]) -> Finding {
     let at = if parent.is_empty() {
@@ -250,5 +363,48 @@ specs: {}
         assert_eq!(closest("imgae", &["image", "user"]), Some("image"));
         assert_eq!(closest("usr", &["image", "user"]), Some("user"));
         assert_eq!(closest("completely", &["image", "user"]), None);
+    }
+
+    #[test]
+    fn a_value_outside_its_enum_or_type_is_a_finding_and_is_left_out() {
+        let doc = serde_json::json!({
+            "apiVersion": "sandbox.iterion.io/v1alpha1",
+            "kind": "SandboxRun",
+            "metadata": {"name": "x"},
+            "spec": {
+                "image": "busybox",
+                "user": 1000,
+                "env": [{"name": "A", "value": "1"}, "oops"],
+                "readBack": {
+                    "paths": [{"path": "/out", "sizeLimit": "1Gi"}],
+                    "compression": "brotli",
+                    "retention": "Delete"
+                }
+            }
+        });
+        let (findings, cleaned) = invalid_values(&doc);
+        let fields: Vec<&str> = findings.iter().map(|f| f.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["spec.env[1]", "spec.readBack.compression", "spec.user"],
+            "{findings:?}"
+        );
+        assert!(findings.iter().all(|f| f.rule == ids::INVALID_VALUE));
+        assert!(
+            findings[1].hint.contains(r#""none", "gzip", "zstd""#),
+            "{findings:?}"
+        );
+        let spec = &cleaned["spec"];
+        assert!(spec.get("user").is_none() && spec["readBack"].get("compression").is_none());
+        assert_eq!(spec["env"].as_array().map(Vec::len), Some(1));
+        assert_eq!(
+            spec["readBack"]["retention"], "Delete",
+            "valid values are kept"
+        );
+        assert_eq!(spec["readBack"]["paths"][0]["sizeLimit"], "1Gi");
+        assert!(
+            invalid_values(&cleaned).0.is_empty(),
+            "what is left is valid"
+        );
     }
 }
