@@ -291,6 +291,62 @@ fn the_image_preflight_is_a_chart_value_that_brings_its_secret_rule() {
     assert!(!out.status.success(), "preflightImages=maybe rendered");
 }
 
+/// The run policy (`runPolicy.*`) becomes the operator's `--allowed-*` flags: a list as its
+/// comma-joined names, `[]` as an empty value (nothing allowed), null (the default) as no flag.
+#[test]
+fn the_run_policy_values_become_the_operators_flags() {
+    let off = ok(helm(&["template", "demo", CHART]), None);
+    assert!(!off.contains("--allowed-"), "no restriction by default");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let values = dir.path().join("policy.yaml");
+    std::fs::write(
+        &values,
+        "runPolicy:\n  runtimeClasses: [gvisor, kata]\n  priorityClasses: [batch-low]\n  tolerationKeys: []\n",
+    )
+    .expect("write values");
+    let on = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "-f",
+            &values.display().to_string(),
+        ]),
+        None,
+    );
+    let docs = yaml_docs(&on);
+    let args: Vec<String> = operator_deployment(&docs)["spec"]["template"]["spec"]["containers"][0]
+        ["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str().map(str::to_string))
+        .filter(|a| a.starts_with("--allowed-"))
+        .collect();
+    assert_eq!(
+        args,
+        [
+            "--allowed-runtime-classes=gvisor,kata",
+            "--allowed-priority-classes=batch-low",
+            "--allowed-toleration-keys=",
+        ]
+    );
+    let out = run(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "runPolicy.runtimeClasses=gvisor",
+        ]),
+        None,
+    );
+    assert!(
+        !out.status.success(),
+        "a string where a list belongs rendered"
+    );
+}
+
 /// The documents of a multi-document YAML stream.
 fn yaml_docs(text: &str) -> Vec<serde_yaml::Value> {
     serde_yaml::Deserializer::from_str(text)

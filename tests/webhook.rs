@@ -461,3 +461,103 @@ async fn healthz_answers() {
         .unwrap_or_else(|e| match e {});
     assert_eq!(resp.status(), StatusCode::OK);
 }
+
+/// The cluster's run policy (docs/contract.md "A run uses only its author's rights": the runtime
+/// classes, priority classes and toleration keys a run may ask for), one table through both
+/// front doors: the webhook refuses exactly what `doctor --strict` fails, naming the field and the
+/// `run-policy` rule, and allows the rest.
+#[tokio::test]
+async fn the_run_policy_is_enforced_alike_by_the_webhook_and_doctor() {
+    use sandboxrun_operator::admission::doctor::{self, DoctorArgs, Output};
+    use sandboxrun_operator::admission::policy::RunPolicy;
+
+    let policy = RunPolicy {
+        runtime_classes: Some(vec!["gvisor".into()]),
+        priority_classes: Some(vec!["batch-low".into()]),
+        toleration_keys: Some(vec!["sandbox".into()]),
+    };
+    let settings = RuleSettings {
+        policy,
+        ..RuleSettings::default()
+    };
+    let cases = [
+        (json!({"runtimeClassName": "gvisor"}), None),
+        (
+            json!({"runtimeClassName": "runc"}),
+            Some("spec.runtimeClassName"),
+        ),
+        (json!({"priorityClassName": "batch-low"}), None),
+        (
+            json!({"priorityClassName": "system-node-critical"}),
+            Some("spec.priorityClassName"),
+        ),
+        (
+            json!({"tolerations": [{"key": "sandbox", "operator": "Exists"}]}),
+            None,
+        ),
+        (
+            json!({"tolerations": [{"key": "sandbox", "operator": "Exists"}, {"key": "gpu", "operator": "Exists"}]}),
+            Some("spec.tolerations[1]"),
+        ),
+        (
+            json!({"tolerations": [{"operator": "Exists"}]}),
+            Some("spec.tolerations[0]"),
+        ),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (i, (fields, refused)) in cases.iter().enumerate() {
+        let mut spec = json!({"image": DIGEST_IMAGE, "user": "1000"});
+        for (k, v) in fields.as_object().expect("fields") {
+            spec[k] = v.clone();
+        }
+        let state = WebhookState {
+            settings: settings.clone(),
+            ..WebhookState::default()
+        };
+        let (_, body) = post(
+            state,
+            review("CREATE", Some(run_object(spec.clone(), json!({}))), None),
+        )
+        .await;
+        let allowed = body["response"]["allowed"].as_bool();
+        let msg = body["response"]["status"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        assert_eq!(allowed, Some(refused.is_none()), "case {i}: {msg}");
+        if let Some(field) = refused {
+            assert!(
+                msg.contains("run-policy") && msg.contains(field),
+                "case {i}: {msg}"
+            );
+        }
+
+        let manifest = json!({
+            "apiVersion": "sandbox.iterion.io/v1alpha1",
+            "kind": "SandboxRun",
+            "metadata": {"name": format!("case-{i}")},
+            "spec": spec,
+        });
+        let file = dir.path().join(format!("case-{i}.yaml"));
+        std::fs::write(&file, serde_yaml::to_string(&manifest).expect("yaml")).expect("write");
+        let args = DoctorArgs {
+            files: vec![file.display().to_string()],
+            strict: true,
+            output: Output::Text,
+            allowed_runtime_classes: Some("gvisor".into()),
+            allowed_priority_classes: Some("batch-low".into()),
+            allowed_toleration_keys: Some("sandbox".into()),
+            ..Default::default()
+        };
+        let mut out = Vec::new();
+        let code = doctor::run(args, RuleSettings::default(), &mut out).await;
+        let text = String::from_utf8_lossy(&out);
+        assert_eq!(code, u8::from(refused.is_some()), "case {i}: {text}");
+        if let Some(field) = refused {
+            assert!(
+                text.contains(&format!("run-policy {field}")),
+                "case {i}: {text}"
+            );
+        }
+    }
+}

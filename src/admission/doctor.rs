@@ -74,6 +74,19 @@ pub struct DoctorArgs {
     /// The operator's `--max-drain-timeout` to judge `drainTimeout`s with. Default: 1h.
     #[arg(long, env = "SANDBOXRUN_MAX_DRAIN_TIMEOUT", value_name = "DURATION")]
     pub max_drain_timeout: Option<String>,
+    /// The operator's `--allowed-runtime-classes` (the run policy; unset: any, empty: none).
+    #[arg(long, env = "SANDBOXRUN_ALLOWED_RUNTIME_CLASSES", value_name = "NAMES")]
+    pub allowed_runtime_classes: Option<String>,
+    /// The operator's `--allowed-priority-classes`.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_ALLOWED_PRIORITY_CLASSES",
+        value_name = "NAMES"
+    )]
+    pub allowed_priority_classes: Option<String>,
+    /// The operator's `--allowed-toleration-keys`.
+    #[arg(long, env = "SANDBOXRUN_ALLOWED_TOLERATION_KEYS", value_name = "KEYS")]
+    pub allowed_toleration_keys: Option<String>,
     /// Also probe this kubeconfig context (ADR-006's live probe, advisory): the CRD, the webhook
     /// and its endpoint, the operator's heartbeat and published settings (which then replace
     /// the cap and timeout flags), a server-side dry run of each manifest and the objects its
@@ -123,6 +136,25 @@ impl DoctorArgs {
             let d = crate::units::parse_duration(text)
                 .map_err(|e| format!("--max-drain-timeout {text:?}: {e}"))?;
             settings.max_drain_timeout = Some(d);
+        }
+        use super::policy::parse_list;
+        for (flag, field) in [
+            (
+                &self.allowed_runtime_classes,
+                &mut settings.policy.runtime_classes,
+            ),
+            (
+                &self.allowed_priority_classes,
+                &mut settings.policy.priority_classes,
+            ),
+            (
+                &self.allowed_toleration_keys,
+                &mut settings.policy.toleration_keys,
+            ),
+        ] {
+            if flag.is_some() {
+                *field = parse_list(flag.as_deref());
+            }
         }
         Ok(settings)
     }
@@ -175,7 +207,7 @@ struct DocReport {
 pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write) -> u8 {
     let mut errors: Vec<UsageError> = Vec::new();
     let mut docs: Vec<DocReport> = Vec::new();
-    let settings = match args.rule_settings(settings) {
+    let settings = match args.rule_settings(settings.clone()) {
         Ok(s) => s,
         Err(e) => {
             errors.push(UsageError::Settings(e));
@@ -304,7 +336,7 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
                             findings: found.findings,
                         };
                         if let Some(published) = found.published {
-                            settings = published.settings.rules;
+                            settings = published.settings.rules.clone();
                             report.settings = Some(published.settings.describe());
                             report.settings_source = Some(published.source);
                         }

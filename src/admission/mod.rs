@@ -1,7 +1,7 @@
 //! Admission: the ADR-006 rules as one pure engine ([`rules`]) with two front doors — the
 //! validating webhook ([`webhook`]) and `doctor --strict` ([`doctor`]) — which print the same
 //! findings. [`ratchet`] decides what a review is judged by (CREATE in full; UPDATE ratcheted, so
-//! that a run admitted once can always be let go of). [`network`] owns the egress rule grammar,
+//! that a run admitted once can always be let go of). [`network`] owns the egress rule grammar, [`policy`] the cluster's run policy,
 //! [`images`] the opt-in no-pull image resolvability check (the only I/O the rules know of),
 //! [`certs`] the webhook's own certificates, [`schema`] the CRD's structural schema as `doctor`
 //! judges unknown fields, [`serve`] the wiring for `run`. [`published`] is the operator's live
@@ -15,6 +15,7 @@ pub mod images;
 pub mod live;
 pub mod live_verdicts;
 pub mod network;
+pub mod policy;
 pub mod publish;
 pub mod published;
 pub mod ratchet;

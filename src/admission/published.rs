@@ -12,6 +12,7 @@ use clap::ValueEnum;
 use jiff::Timestamp;
 use thiserror::Error;
 
+use super::policy::{parse_list, RunPolicy};
 use super::rules::RuleSettings;
 use crate::caps::CapSettings;
 use crate::drain::wire::Wire;
@@ -85,6 +86,9 @@ mod keys {
     pub const POD: &str = "pod";
     pub const VERSION: &str = "operatorVersion";
     pub const HEARTBEAT: &str = "heartbeat";
+    pub const RUNTIME_CLASSES: &str = "allowedRuntimeClasses";
+    pub const PRIORITY_CLASSES: &str = "allowedPriorityClasses";
+    pub const TOLERATION_KEYS: &str = "allowedTolerationKeys";
 }
 
 impl PublishedSettings {
@@ -117,6 +121,18 @@ impl PublishedSettings {
         put(keys::VERSION, self.version.clone());
         if let Some(t) = self.heartbeat {
             put(keys::HEARTBEAT, t.to_string());
+        }
+        // The run policy: a key per restricted field (comma-separated; "" allows none); absent
+        // when the field is unrestricted, as in a record from an operator without a policy.
+        let policy = &self.rules.policy;
+        for (key, list) in [
+            (keys::RUNTIME_CLASSES, &policy.runtime_classes),
+            (keys::PRIORITY_CLASSES, &policy.priority_classes),
+            (keys::TOLERATION_KEYS, &policy.toleration_keys),
+        ] {
+            if let Some(list) = list {
+                put(key, list.join(","));
+            }
         }
         d
     }
@@ -170,6 +186,17 @@ impl PublishedSettings {
                 },
                 max_drain_timeout: optional_secs(keys::MAX_DRAIN_TIMEOUT)?,
                 network_policy,
+                policy: RunPolicy {
+                    runtime_classes: parse_list(
+                        data.get(keys::RUNTIME_CLASSES).map(String::as_str),
+                    ),
+                    priority_classes: parse_list(
+                        data.get(keys::PRIORITY_CLASSES).map(String::as_str),
+                    ),
+                    toleration_keys: parse_list(
+                        data.get(keys::TOLERATION_KEYS).map(String::as_str),
+                    ),
+                },
             },
             default_drain_timeout: optional_secs(keys::DRAIN_TIMEOUT)?.unwrap_or_default(),
             drain_wire,
@@ -191,13 +218,14 @@ impl PublishedSettings {
             .map_or_else(|| "none".to_string(), |d| format!("{}s", d.as_secs()));
         format!(
             "max-cap {} B, default-cap {} B, max-drain-timeout {max_drain}, network-policy {}, \
-             drain-wire {}, check-images {}, preflight-images {}",
+             drain-wire {}, check-images {}, preflight-images {}, run policy: {}",
             self.rules.caps.max_bytes,
             self.rules.caps.default_bytes,
             self.rules.network_policy,
             self.drain_wire.as_str(),
             self.check_images,
-            self.preflight_images
+            self.preflight_images,
+            self.rules.policy.describe()
         )
     }
 }
@@ -239,6 +267,11 @@ mod tests {
                 },
                 max_drain_timeout: Some(Duration::from_secs(600)),
                 network_policy: PolicyEnforcement::UnenforcedRefuse,
+                policy: RunPolicy {
+                    runtime_classes: Some(vec!["gvisor".into(), "kata".into()]),
+                    priority_classes: Some(Vec::new()),
+                    toleration_keys: None,
+                },
             },
             default_drain_timeout: Duration::from_secs(120),
             drain_wire: Wire::Zstd,

@@ -89,7 +89,7 @@ impl Finding {
 }
 
 /// Operator settings the rules depend on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleSettings {
     /// Read-back caps: a `sizeLimit` above `caps.max_bytes` is refused.
     pub caps: CapSettings,
@@ -98,6 +98,9 @@ pub struct RuleSettings {
     /// Whether this cluster enforces NetworkPolicy (`run --network-policy`): when it does not, a
     /// run that restricts egress is warned (the controller refuses or warns again at start).
     pub network_policy: crate::egress::PolicyEnforcement,
+    /// The cluster's run policy: the runtime classes, priority classes and toleration keys runs
+    /// may ask for (`super::policy`).
+    pub policy: super::policy::RunPolicy,
 }
 
 /// The operator's default `--max-drain-timeout` (1h): `doctor` judges with it, so the offline
@@ -111,6 +114,7 @@ impl Default for RuleSettings {
             caps: CapSettings::default(),
             max_drain_timeout: Some(DEFAULT_MAX_DRAIN_TIMEOUT),
             network_policy: crate::egress::PolicyEnforcement::Enforced,
+            policy: super::policy::RunPolicy::default(),
         }
     }
 }
@@ -179,6 +183,9 @@ pub mod ids {
     pub(crate) const UPDATE_STOP_FINAL: &str = "update-stop-final";
     /// `runtimeClassName` not a DNS-1123 subdomain.
     pub(crate) const RUNTIME_CLASS_NAME: &str = "runtime-class-name";
+    /// `runtimeClassName`, `priorityClassName` or a toleration key outside the cluster's run
+    /// policy (`--allowed-runtime-classes`, …; `super::super::policy`).
+    pub(crate) const RUN_POLICY: &str = "run-policy";
     /// `serviceAccountName` not a DNS-1123 subdomain.
     pub(crate) const SERVICE_ACCOUNT_NAME: &str = "service-account-name";
     /// A pod label or annotation with a malformed or reserved key, or a malformed label value.
@@ -226,6 +233,7 @@ pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
     check_mounts(spec, &mut out);
     check_ttl(spec, &mut out);
     check_pod_passthrough(spec, &mut out);
+    super::policy::check(spec, &settings.policy, &mut out);
     check_env(spec, &mut out);
     sort_findings(&mut out);
     out

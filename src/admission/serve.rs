@@ -69,7 +69,7 @@ pub async fn start(
         None
     };
     let state = WebhookState {
-        settings: config.settings,
+        settings: config.settings.clone(),
         metrics: Some(webhook_metrics),
         images,
         client: Some(client.clone()),

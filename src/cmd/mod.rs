@@ -233,6 +233,31 @@ mod tests {
         );
     }
 
+    /// The chart renders `--allowed-toleration-keys=` for `runPolicy.tolerationKeys: []`: an empty
+    /// value is an empty list (nothing allowed), an absent flag no restriction.
+    #[test]
+    fn the_run_policy_flags_parse_into_lists_and_an_empty_one_allows_nothing() {
+        let parsed = Cli::try_parse_from([
+            "x",
+            "run",
+            "--store-url",
+            "file:///tmp/s",
+            "--allowed-runtime-classes=gvisor,kata",
+            "--allowed-toleration-keys=",
+        ])
+        .unwrap();
+        let Command::Run(args) = parsed.command else {
+            panic!("not run");
+        };
+        let policy = args.run_policy();
+        assert_eq!(
+            policy.runtime_classes,
+            Some(vec!["gvisor".to_string(), "kata".to_string()])
+        );
+        assert_eq!(policy.priority_classes, None);
+        assert_eq!(policy.toleration_keys, Some(Vec::new()));
+    }
+
     #[test]
     fn run_and_files_take_the_same_store_flags() {
         let want = crate::store::StoreArgs {

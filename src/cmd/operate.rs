@@ -137,6 +137,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
                 caps,
                 max_drain_timeout: Some(max_drain_timeout),
                 network_policy: egress.enforcement,
+                policy: args.run_policy(),
             },
         };
         let addr = crate::admission::serve::start(&cfg, client.clone(), &metrics)
@@ -151,6 +152,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
                 caps,
                 max_drain_timeout: Some(max_drain_timeout),
                 network_policy: egress.enforcement,
+                policy: args.run_policy(),
             },
             default_drain_timeout: drain_timeout,
             drain_wire: args.drain_wire,

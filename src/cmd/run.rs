@@ -192,6 +192,21 @@ pub struct RunArgs {
         default_value = "sandboxrun-operator-webhook.sandboxrun-system.svc"
     )]
     pub webhook_hosts: Vec<String>,
+    /// The run policy: the runtime classes runs may set (comma-separated; unset: any, empty:
+    /// none). The webhook refuses others (docs/contract.md "A run uses only its author's rights").
+    #[arg(long, env = "SANDBOXRUN_ALLOWED_RUNTIME_CLASSES", value_name = "NAMES")]
+    pub allowed_runtime_classes: Option<String>,
+    /// The priority classes runs may set (comma-separated; unset: any, empty: none).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_ALLOWED_PRIORITY_CLASSES",
+        value_name = "NAMES"
+    )]
+    pub allowed_priority_classes: Option<String>,
+    /// The toleration keys runs may set (comma-separated; `*` also allows a toleration without a
+    /// key, which tolerates every taint; unset: any, empty: none).
+    #[arg(long, env = "SANDBOXRUN_ALLOWED_TOLERATION_KEYS", value_name = "KEYS")]
+    pub allowed_toleration_keys: Option<String>,
     /// Check image resolvability (no pull) in the webhook; a failure only warns when transient.
     #[arg(long, env = "SANDBOXRUN_CHECK_IMAGES", default_value_t = false)]
     pub check_images: bool,
@@ -304,6 +319,19 @@ pub struct RunArgs {
     /// Log filter (tracing EnvFilter syntax), e.g. info or sandboxrun_operator=debug.
     #[arg(long, env = "SANDBOXRUN_LOG_LEVEL", default_value = "info")]
     pub log_level: String,
+}
+
+impl RunArgs {
+    /// The run policy of `--allowed-runtime-classes`, `--allowed-priority-classes` and
+    /// `--allowed-toleration-keys`.
+    pub fn run_policy(&self) -> crate::admission::policy::RunPolicy {
+        use crate::admission::policy::parse_list;
+        crate::admission::policy::RunPolicy {
+            runtime_classes: parse_list(self.allowed_runtime_classes.as_deref()),
+            priority_classes: parse_list(self.allowed_priority_classes.as_deref()),
+            toleration_keys: parse_list(self.allowed_toleration_keys.as_deref()),
+        }
+    }
 }
 
 /// Parses a cap given in bytes or as a Kubernetes quantity.
