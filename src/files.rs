@@ -39,6 +39,7 @@ use crate::plugin::locate::{store_of_run, LocateError};
 use crate::store::{list_manifests, Manifest, MemberRecord};
 use crate::tar::entry::RawEntry;
 use crate::tar::sanitize::{Decision, Limits, MemberKind, Reason, Sanitizer};
+use crate::text::printable;
 
 /// `files` arguments.
 #[derive(Args, Debug)]
@@ -461,28 +462,6 @@ async fn get_to(
         }
     }
     Ok(())
-}
-
-/// `text` as `files ls` prints it: control characters (C0, DEL, C1) and the backslash escaped
-/// (`\x1b`, `\u{9b}`, `\\`), so a name from the pod can never drive the terminal or pass for
-/// another line of the listing.
-pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    let needs = |c: char| c.is_control() || c == '\\';
-    if !text.chars().any(needs) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x80 && c.is_control() => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    std::borrow::Cow::Owned(out)
 }
 
 /// Why a member was dropped, in words for `files ls`.

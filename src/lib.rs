@@ -19,4 +19,5 @@ pub mod process;
 pub mod selftest;
 pub mod store;
 pub mod tar;
+pub(crate) mod text;
 pub mod units;

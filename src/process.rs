@@ -1,5 +1,6 @@
-//! Process-wide setup shared by the long-running subcommands (`run`, `egress-proxy`): the log
-//! format and subscriber, and the shutdown signal.
+//! Process-wide setup: the rustls crypto provider (every subcommand, and the live doctor probe),
+//! and what the long-running subcommands (`run`, `egress-proxy`) share: the log format and
+//! subscriber, and the shutdown signal.
 
 use clap::ValueEnum;
 use tracing::info;
@@ -11,6 +12,12 @@ pub enum LogFormat {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// Installs the process-wide rustls crypto provider once (kube and object_store would otherwise
+/// disagree on one and panic at the first TLS connection).
+pub(crate) fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// Installs the process's log subscriber (stderr), from `--log-format` and `--log-level`.

@@ -157,9 +157,9 @@ impl AttemptError {
     /// the manifest.
     pub(crate) fn store_refused_credentials(&self) -> bool {
         match self {
-            AttemptError::Store(e) => credentials::store_is_refused(e),
+            AttemptError::Store(e) => e.is_refused(),
             AttemptError::Drain(e) => match &e.kind {
-                DrainErrorKind::Store(e) => credentials::store_is_refused(e),
+                DrainErrorKind::Store(e) => e.is_refused(),
                 DrainErrorKind::Write(e) => credentials::io_is_refused(e),
                 _ => false,
             },
@@ -328,13 +328,7 @@ pub(crate) fn nothing_readable(
     let shown: Vec<&str> = unreadable
         .iter()
         .take(SHOWN)
-        .map(|note| {
-            let mut end = note.len().min(NOTE_LIMIT);
-            while !note.is_char_boundary(end) {
-                end -= 1;
-            }
-            &note[..end]
-        })
+        .map(|note| crate::text::prefix(note, NOTE_LIMIT))
         .collect();
     let more = if total > shown.len() as u64 {
         format!(" (and {} more)", total - shown.len() as u64)
@@ -372,7 +366,7 @@ async fn check_commit(
             Err(e) => e,
         };
         // Refused credentials do not heal by retrying: fail at once, naming the settings.
-        if credentials::store_is_refused(&error) {
+        if error.is_refused() {
             return Err(error);
         }
         warn!(path = job.path, manifest = %keys.manifest, error = %error, "cannot read the manifest; not uploading until the store answers");
@@ -450,7 +444,7 @@ pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
                 );
                 return None;
             }
-            Err(e) if credentials::store_is_refused(&e) => {
+            Err(e) if e.is_refused() => {
                 let message = credentials::refused_message(job.store_url, &e.to_string());
                 let status = failed(job.path, attempts, message);
                 return Some(finish(job, status, started, Some("store_credentials")));

@@ -15,7 +15,7 @@ use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{BackoffConfig, ObjectStore, RetryConfig};
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// The store flags, the same for every subcommand that needs the store (`run`, `files`):
 /// flattened into their arguments. Global, so `files ls RUN --store-url …` works after the
