@@ -67,14 +67,9 @@ pub struct FilesStoreArgs {
     /// run's status.readBack[].object names, read from the cluster).
     #[arg(long, global = true, env = "SANDBOXRUN_STORE_URL")]
     pub store_url: Option<String>,
-    /// Store options as key=value (repeatable / comma-separated), e.g. endpoint=http://…,allow_http=true.
-    #[arg(
-        long = "store-option",
-        global = true,
-        env = "SANDBOXRUN_STORE_OPTIONS",
-        value_delimiter = ','
-    )]
-    pub store_options: Vec<String>,
+    /// `--store-option`, as the operator's.
+    #[command(flatten)]
+    pub store_options: crate::store::StoreOptions,
 }
 
 /// Which store, namespace and instance `files` reads: see [`resolve`].
@@ -226,8 +221,11 @@ pub async fn run_at(
     target: &Target,
     out: &mut impl Write,
 ) -> Result<(), FilesError> {
-    let options =
-        crate::store::parse_options(&args.store.store_options).map_err(FilesError::Usage)?;
+    let options = args
+        .store
+        .store_options
+        .parse()
+        .map_err(FilesError::Usage)?;
     let (store, prefix) = crate::store::store_from_url(&target.store_url, &options)?;
     let run_name = args.run_name().to_string();
     let all = list_manifests(&store, &prefix, &target.namespace, &run_name).await?;
@@ -1133,7 +1131,7 @@ mod tests {
             command,
             store: FilesStoreArgs {
                 store_url: Some(store_url.to_string()),
-                store_options: Vec::new(),
+                store_options: Default::default(),
             },
             cluster: ClusterArgs {
                 namespace: Some("ns".into()),

@@ -231,7 +231,9 @@ mod tests {
     fn run_and_files_take_the_same_store_flags() {
         let want = crate::store::StoreArgs {
             store_url: "s3://bucket/p".into(),
-            store_options: vec!["region=x".into(), "allow_http=true".into()],
+            store_options: crate::store::StoreOptions {
+                options: vec!["region=x".into(), "allow_http=true".into()],
+            },
         };
         let flags = [
             "--store-url",

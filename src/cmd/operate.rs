@@ -20,7 +20,7 @@ use crate::controller::decide::DecideSettings;
 use crate::controller::{self, Context};
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
-use crate::process::{init_tracing, shutdown_signal};
+use crate::process::shutdown_signal;
 
 /// Why the operator stopped.
 #[derive(Debug, Error)]
@@ -60,7 +60,7 @@ pub enum OperatorError {
 
 /// Runs `run`: logs set up from the flags, then the operator until SIGTERM.
 pub async fn main(args: RunArgs) -> ExitCode {
-    init_tracing(args.log_format, &args.log_level);
+    args.log.init_tracing();
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

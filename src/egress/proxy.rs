@@ -89,17 +89,9 @@ pub struct ProxyArgs {
     /// Length of the kernel's queue of connections not yet accepted.
     #[arg(long, env = "SANDBOXRUN_EGRESS_ACCEPT_BACKLOG", default_value_t = 1024)]
     pub accept_backlog: u32,
-    /// Log format.
-    #[arg(
-        long,
-        env = "SANDBOXRUN_LOG_FORMAT",
-        value_enum,
-        default_value = "text"
-    )]
-    pub log_format: crate::process::LogFormat,
-    /// Log filter (tracing EnvFilter syntax).
-    #[arg(long, env = "SANDBOXRUN_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
+    /// `--log-format`, `--log-level`.
+    #[command(flatten)]
+    pub log: crate::process::LogArgs,
 }
 
 /// Why the proxy stopped.

@@ -26,7 +26,7 @@ pub mod purge;
 pub mod upload;
 pub mod upload_guard;
 
-pub use config::{parse_options, store_from_url, StoreArgs, StoreConfig};
+pub use config::{parse_options, store_from_url, StoreArgs, StoreConfig, StoreOptions};
 pub use error::StoreError;
 pub use keys::{
     object_keys, path_slug, run_dir, run_prefix, ObjectKeys, RunRef, MANIFEST_SUFFIX,
