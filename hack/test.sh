@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole suite, as the README and CI run it:
-#   static checks (fmt, clippy, generated files) → local cluster up (control plane, kwok node,
+#   static checks (fmt, clippy, generated files, import cycles, the Dockerfile lint) → local cluster up (control plane, kwok node,
 #   real node, S3, registry) → the operator image → every test → the demo → down.
 # A cluster that was already up (e.g. `hack/local-cluster.sh up` by hand) is left running.
 # Ends with a per-phase timing summary.
@@ -31,6 +31,9 @@ phase "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --locked -- -D warnings
 phase "generated files are up to date"
 hack/gen.sh --check
+phase "static checks (import cycles, Dockerfile lint)"
+python3 hack/import-cycles.py src
+hack/lint-dockerfile.sh
 
 # shellcheck source=hack/lib.sh
 . hack/lib.sh

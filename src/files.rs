@@ -39,6 +39,7 @@ use crate::plugin::locate::{store_of_run, LocateError};
 use crate::store::{list_manifests, Manifest, MemberRecord};
 use crate::tar::entry::RawEntry;
 use crate::tar::sanitize::{Decision, Limits, MemberKind, Reason, Sanitizer};
+use crate::text::printable;
 
 /// `files` arguments.
 #[derive(Args, Debug)]
@@ -66,14 +67,9 @@ pub struct FilesStoreArgs {
     /// run's status.readBack[].object names, read from the cluster).
     #[arg(long, global = true, env = "SANDBOXRUN_STORE_URL")]
     pub store_url: Option<String>,
-    /// Store options as key=value (repeatable / comma-separated), e.g. endpoint=http://…,allow_http=true.
-    #[arg(
-        long = "store-option",
-        global = true,
-        env = "SANDBOXRUN_STORE_OPTIONS",
-        value_delimiter = ','
-    )]
-    pub store_options: Vec<String>,
+    /// `--store-option`, as the operator's.
+    #[command(flatten)]
+    pub store_options: crate::store::StoreOptions,
 }
 
 /// Which store, namespace and instance `files` reads: see [`resolve`].
@@ -225,8 +221,11 @@ pub async fn run_at(
     target: &Target,
     out: &mut impl Write,
 ) -> Result<(), FilesError> {
-    let options =
-        crate::store::parse_options(&args.store.store_options).map_err(FilesError::Usage)?;
+    let options = args
+        .store
+        .store_options
+        .parse()
+        .map_err(FilesError::Usage)?;
     let (store, prefix) = crate::store::store_from_url(&target.store_url, &options)?;
     let run_name = args.run_name().to_string();
     let all = list_manifests(&store, &prefix, &target.namespace, &run_name).await?;
@@ -461,28 +460,6 @@ async fn get_to(
         }
     }
     Ok(())
-}
-
-/// `text` as `files ls` prints it: control characters (C0, DEL, C1) and the backslash escaped
-/// (`\x1b`, `\u{9b}`, `\\`), so a name from the pod can never drive the terminal or pass for
-/// another line of the listing.
-pub(crate) fn printable(text: &str) -> std::borrow::Cow<'_, str> {
-    let needs = |c: char| c.is_control() || c == '\\';
-    if !text.chars().any(needs) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x80 && c.is_control() => {
-                out.push_str(&format!("\\x{:02x}", c as u32));
-            }
-            c if c.is_control() => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    std::borrow::Cow::Owned(out)
 }
 
 /// Why a member was dropped, in words for `files ls`.
@@ -1154,7 +1131,7 @@ mod tests {
             command,
             store: FilesStoreArgs {
                 store_url: Some(store_url.to_string()),
-                store_options: Vec::new(),
+                store_options: Default::default(),
             },
             cluster: ClusterArgs {
                 namespace: Some("ns".into()),

@@ -48,8 +48,7 @@ impl Metrics {
     /// Creates and registers every metric into a fresh registry.
     pub fn new() -> Result<Metrics, MetricsError> {
         let registry = Registry::new_custom(Some(PREFIX.to_string()), None)?;
-        let reconciles =
-            IntCounterVec::new(opts!("reconciles_total", "Reconciles by step"), &["step"])?;
+        let reconciles = counter("reconciles_total", "Reconciles by step", &["step"])?;
         let reconcile_duration = HistogramVec::new(
             histogram_opts!(
                 "reconcile_duration_seconds",
@@ -58,20 +57,20 @@ impl Metrics {
             ),
             &["step"],
         )?;
-        let reconcile_errors = IntCounterVec::new(
-            opts!("reconcile_errors_total", "Reconcile errors by kind"),
+        let reconcile_errors = counter(
+            "reconcile_errors_total",
+            "Reconcile errors by kind",
             &["kind"],
         )?;
         let runs_by_phase = IntGaugeVec::new(opts!("runs", "Runs by phase"), &["phase"])?;
-        let drained_bytes = IntCounterVec::new(
-            opts!("drain_bytes_total", "Member bytes stored by drains"),
+        let drained_bytes = counter(
+            "drain_bytes_total",
+            "Member bytes stored by drains",
             &["compression"],
         )?;
-        let drain_wire_bytes = IntCounterVec::new(
-            opts!(
-                "drain_wire_bytes_total",
-                "Bytes read from the packer's exec stream, by wire encoding, every attempt included"
-            ),
+        let drain_wire_bytes = counter(
+            "drain_wire_bytes_total",
+            "Bytes read from the packer's exec stream, by wire encoding, every attempt included",
             &["wire"],
         )?;
         let drain_duration = HistogramVec::new(
@@ -82,17 +81,15 @@ impl Metrics {
             ),
             &["phase"],
         )?;
-        let drains =
-            IntCounterVec::new(opts!("drains_total", "Drain outcomes by phase"), &["phase"])?;
-        let drain_failures = IntCounterVec::new(
-            opts!("drain_failures_total", "Drain failures by reason"),
+        let drains = counter("drains_total", "Drain outcomes by phase", &["phase"])?;
+        let drain_failures = counter(
+            "drain_failures_total",
+            "Drain failures by reason",
             &["reason"],
         )?;
-        let members_refused = IntCounterVec::new(
-            opts!(
-                "drain_members_refused_total",
-                "Members dropped by the cap or rejected by the sanitizer"
-            ),
+        let members_refused = counter(
+            "drain_members_refused_total",
+            "Members dropped by the cap or rejected by the sanitizer",
             &["outcome", "reason"],
         )?;
         let leader = IntGauge::with_opts(opts!(
@@ -160,6 +157,11 @@ pub fn register_all<const N: usize>(
     Ok(names)
 }
 
+/// A counter vector named `name` (the registry adds the prefix) with `labels`.
+fn counter(name: &str, help: &str, labels: &[&str]) -> Result<IntCounterVec, prometheus::Error> {
+    IntCounterVec::new(opts!(name, help), labels)
+}
+
 /// The prefix of every metric name (the registries' namespace).
 pub const PREFIX: &str = "sandboxrun";
 
@@ -192,10 +194,10 @@ mod tests {
         let webhook = crate::admission::webhook::WebhookMetrics::register(&m.registry).unwrap();
         exported.extend(webhook.names);
         let runs = std::sync::Arc::new(crate::egress::runs::RunTable::default());
-        let state = crate::egress::proxy::ProxyState::new(
+        let state = crate::egress::state::ProxyState::new(
             runs,
             std::sync::Arc::from(b"secret".as_slice()),
-            crate::egress::proxy::Timeouts::default(),
+            crate::egress::state::Timeouts::default(),
         )
         .unwrap();
         exported.extend(state.register(&prometheus::Registry::new()).unwrap());

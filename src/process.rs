@@ -1,5 +1,6 @@
-//! Process-wide setup shared by the long-running subcommands (`run`, `egress-proxy`): the log
-//! format and subscriber, and the shutdown signal.
+//! Process-wide setup: the rustls crypto provider (every subcommand, and the live doctor probe),
+//! and what the long-running subcommands (`run`, `egress-proxy`) share: the log format and
+//! subscriber, and the shutdown signal.
 
 use clap::ValueEnum;
 use tracing::info;
@@ -13,8 +14,37 @@ pub enum LogFormat {
     Json,
 }
 
+/// Installs the process-wide rustls crypto provider once (kube and object_store would otherwise
+/// disagree on one and panic at the first TLS connection).
+pub(crate) fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// The log flags of the long-running subcommands.
+#[derive(clap::Args, Debug, Clone)]
+pub struct LogArgs {
+    /// Log format.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    pub log_format: LogFormat,
+    /// Log filter (tracing EnvFilter syntax), e.g. info or sandboxrun_operator=debug.
+    #[arg(long, env = "SANDBOXRUN_LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+}
+
+impl LogArgs {
+    /// Installs the process's log subscriber (stderr) these flags describe.
+    pub(crate) fn init_tracing(&self) {
+        init_tracing(self.log_format, &self.log_level);
+    }
+}
+
 /// Installs the process's log subscriber (stderr), from `--log-format` and `--log-level`.
-pub(crate) fn init_tracing(format: LogFormat, level: &str) {
+fn init_tracing(format: LogFormat, level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(level)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let builder = tracing_subscriber::fmt()

@@ -12,8 +12,8 @@ use kube::{Api, ResourceExt};
 use thiserror::Error;
 
 use crate::api::{Phase, ReadBackPhase, SandboxRun};
-use crate::files::printable;
 use crate::plugin::cluster::{connect, ClusterArgs, ClusterError};
+use crate::text::printable;
 
 /// `selftest` arguments.
 #[derive(Args, Debug)]

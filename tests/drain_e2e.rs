@@ -718,7 +718,7 @@ async fn assert_hostile(case: &HostileCase, run: &SandboxRun, store_url: &str, n
                         command: sandboxrun_operator::files::FilesCommand::Ls { run: name.into() },
                         store: sandboxrun_operator::files::FilesStoreArgs {
                             store_url: Some(store_url.to_string()),
-                            store_options: Vec::new(),
+                            store_options: Default::default(),
                         },
                         cluster: sandboxrun_operator::plugin::cluster::ClusterArgs {
                             namespace: Some(namespace.to_string()),

@@ -206,54 +206,12 @@ struct DocReport {
 /// `{"version":1,"strict":bool,"documents":[{"file","index","namespace"?,"name"?,"status":"checked"|"skipped","note"?,"findings":[{"rule","severity":"fail"|"warn","field","message","hint"}]}],"errors":[string],"summary":{"documents","checked","skipped","failures","warnings"},"exitCode":n}`.
 pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write) -> u8 {
     let mut errors: Vec<UsageError> = Vec::new();
-    let mut docs: Vec<DocReport> = Vec::new();
-    let settings = match args.rule_settings(settings.clone()) {
-        Ok(s) => s,
-        Err(e) => {
-            errors.push(UsageError::Settings(e));
-            settings
-        }
-    };
-
-    let resolver = if args.check_images {
-        let s = ImageSettings {
-            timeout: Duration::from_secs(args.image_timeout_seconds.max(1)),
-            insecure_registries: args.insecure_registries.clone(),
-            ..Default::default()
-        };
-        match ImageResolver::new(s) {
-            Ok(r) => Some(r),
-            Err(e) => {
-                errors.push(UsageError::Resolver(e.to_string()));
-                None
-            }
-        }
-    } else {
-        None
-    };
-    let creds = match &args.docker_config {
-        None => None,
-        Some(p) => match std::fs::read(p) {
-            Ok(bytes) => match RegistryCredentials::from_docker_config(&bytes) {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    errors.push(UsageError::Credentials(
-                        p.display().to_string(),
-                        e.to_string(),
-                    ));
-                    None
-                }
-            },
-            Err(e) => {
-                errors.push(UsageError::Credentials(
-                    p.display().to_string(),
-                    e.to_string(),
-                ));
-                None
-            }
-        },
-    };
-
+    let settings = args.rule_settings(settings.clone()).unwrap_or_else(|e| {
+        errors.push(UsageError::Settings(e));
+        settings
+    });
+    let resolver = image_checker(&args, &mut errors);
+    let creds = registry_credentials(&args, &mut errors);
     let inputs: Vec<String> = args
         .files
         .iter()
@@ -261,11 +219,80 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
         .cloned()
         .collect();
     // Read everything first: the live probe needs every namespace, and what the stream brings.
-    // `docs` holds every report in input order; `runs` the checkable ones (their index in docs).
-    let mut runs: Vec<PendingRun> = Vec::new();
-    let mut stream: BTreeSet<StreamObject> = BTreeSet::new();
-    let mut stream_namespaces: BTreeSet<String> = BTreeSet::new();
-    for (label, text) in read_inputs(&inputs, &mut errors) {
+    let mut read = read_documents(&inputs, &mut errors);
+    let live = connect_live(&args, &read.runs, settings, &mut errors).await;
+    for pending in &mut read.runs {
+        pending.findings.extend(
+            offline_findings(
+                &pending.run,
+                &live.settings,
+                resolver.as_ref(),
+                creds.as_ref(),
+            )
+            .await,
+        );
+    }
+    if let Some(c) = &live.cluster {
+        read.probe_runs(c).await;
+    }
+    let docs = read.into_reports();
+    let tally = Tally::of(&args, &docs, live.report.as_ref(), &errors);
+    let written = match args.output {
+        Output::Json => write_json(out, live.report.as_ref(), &docs, &errors, &tally),
+        Output::Text => write_text(out, live.report.as_ref(), &docs, &errors, &tally),
+    };
+    if let Err(e) = written {
+        tracing::error!(error = %e, "cannot write the doctor report");
+        return 2;
+    }
+    tally.code
+}
+
+/// The registry checker of `--check-images` (None without it, or when it cannot start).
+fn image_checker(args: &DoctorArgs, errors: &mut Vec<UsageError>) -> Option<ImageResolver> {
+    if !args.check_images {
+        return None;
+    }
+    let s = ImageSettings {
+        timeout: Duration::from_secs(args.image_timeout_seconds.max(1)),
+        insecure_registries: args.insecure_registries.clone(),
+        ..Default::default()
+    };
+    ImageResolver::new(s)
+        .map_err(|e| errors.push(UsageError::Resolver(e.to_string())))
+        .ok()
+}
+
+/// The registry credentials of `--docker-config`, when given and readable.
+fn registry_credentials(
+    args: &DoctorArgs,
+    errors: &mut Vec<UsageError>,
+) -> Option<RegistryCredentials> {
+    let p = args.docker_config.as_ref()?;
+    std::fs::read(p)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| {
+            RegistryCredentials::from_docker_config(&bytes).map_err(|e| e.to_string())
+        })
+        .map_err(|e| errors.push(UsageError::Credentials(p.display().to_string(), e)))
+        .ok()
+}
+
+/// Every document of the input: its report (in input order), the checkable runs, and the
+/// objects the stream brings along (what a run may reference).
+#[derive(Default)]
+struct ReadDocuments {
+    docs: Vec<DocReport>,
+    /// The checkable runs (each names its report's index in `docs`).
+    runs: Vec<PendingRun>,
+    stream: BTreeSet<StreamObject>,
+    stream_namespaces: BTreeSet<String>,
+}
+
+/// Reads and classifies every document of `inputs`.
+fn read_documents(inputs: &[String], errors: &mut Vec<UsageError>) -> ReadDocuments {
+    let mut read = ReadDocuments::default();
+    for (label, text) in read_inputs(inputs, errors) {
         for (index, doc) in serde_yaml::Deserializer::from_str(&text).enumerate() {
             let value = match <serde_yaml::Value as serde::Deserialize>::deserialize(doc) {
                 Ok(v) => v,
@@ -275,91 +302,33 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
                     break;
                 }
             };
-            note_stream_object(&value, &mut stream, &mut stream_namespaces);
+            note_stream_object(&value, &mut read.stream, &mut read.stream_namespaces);
             let json = serde_json::to_value(&value).unwrap_or_default();
             match classify(&label, index, value) {
                 Classified::Run(run, report, findings) => {
-                    runs.push(PendingRun {
-                        doc: docs.len(),
+                    read.runs.push(PendingRun {
+                        doc: read.docs.len(),
                         run,
                         json,
                         findings,
                     });
-                    docs.push(report);
+                    read.docs.push(report);
                 }
                 Classified::Empty => {}
-                Classified::Skipped(report) => docs.push(report),
+                Classified::Skipped(report) => read.docs.push(report),
                 Classified::Invalid(e) => errors.push(e),
             }
         }
     }
+    read
+}
 
-    // The live probe (`--context` / `--kubeconfig`): the cluster's state, and the operator's
-    // published settings, which replace the flags when they can be read.
-    let live = args.context.is_some() || args.kubeconfig.is_some();
-    let mut cluster_report: Option<ClusterReport> = None;
-    let mut cluster: Option<live::Cluster> = None;
-    if args.require_context && !live {
-        errors.push(UsageError::Context(
-            "--require-context needs --context or --kubeconfig".to_string(),
-        ));
-    }
-    let mut settings = settings;
-    if live && errors.is_empty() {
-        let probe = Probe {
-            required: args.require_context,
-        };
-        match parse_timeout(&args.timeout) {
-            Err(e) => errors.push(UsageError::Context(e)),
-            Ok(timeout) => {
-                match live::connect(
-                    args.context.as_deref(),
-                    args.kubeconfig.as_ref(),
-                    timeout,
-                    probe,
-                )
-                .await
-                {
-                    Err(e) => errors.push(UsageError::Context(e)),
-                    Ok(c) => {
-                        let namespaces: BTreeSet<String> = runs
-                            .iter()
-                            .map(|r| namespace_of(&r.run, &c.default_namespace))
-                            .collect();
-                        let found = c
-                            .probe_cluster(&namespaces, args.operator_namespace.as_deref())
-                            .await;
-                        let mut report = ClusterReport {
-                            context: c.context.clone(),
-                            settings_source: None,
-                            settings: None,
-                            findings: found.findings,
-                        };
-                        if let Some(published) = found.published {
-                            settings = published.settings.rules.clone();
-                            report.settings = Some(published.settings.describe());
-                            report.settings_source = Some(published.source);
-                        }
-                        cluster_report = Some(report);
-                        cluster = Some(c);
-                    }
-                }
-            }
-        }
-    }
-
-    for pending in &mut runs {
-        let run = &pending.run;
-        pending.findings.extend(check(&run.spec, &settings));
-        if let (Some(resolver), Some(image)) = (&resolver, run.spec.image.as_deref()) {
-            if !image.trim().is_empty() {
-                let verdict = resolver.resolve(image.trim(), creds.as_ref()).await;
-                pending.findings.extend(verdict.finding(image.trim()));
-            }
-        }
-    }
-    if let Some(c) = &cluster {
-        let targets: Vec<(&serde_json::Value, &SandboxRun, String)> = runs
+impl ReadDocuments {
+    /// Adds what the live probe finds about each run (the server-side dry run, the objects its
+    /// pod needs).
+    async fn probe_runs(&mut self, c: &live::Cluster) {
+        let targets: Vec<(&serde_json::Value, &SandboxRun, String)> = self
+            .runs
             .iter()
             .map(|r| {
                 (
@@ -369,79 +338,115 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
                 )
             })
             .collect();
-        let probed = live::probe_runs(c, &targets, &stream, &stream_namespaces).await;
-        for (pending, found) in runs.iter_mut().zip(probed) {
+        let probed = live::probe_runs(c, &targets, &self.stream, &self.stream_namespaces).await;
+        for (pending, found) in self.runs.iter_mut().zip(probed) {
             pending.findings.extend(found);
         }
     }
-    for pending in runs {
-        let mut findings = pending.findings;
-        sort_findings(&mut findings);
-        if let Some(report) = docs.get_mut(pending.doc) {
-            report.findings = findings;
-        }
-    }
 
-    let cluster_findings = cluster_report
-        .as_ref()
-        .map(|c| c.findings.as_slice())
-        .unwrap_or_default();
-    let all_findings = || {
-        docs.iter()
-            .flat_map(|d| &d.findings)
-            .chain(cluster_findings)
-    };
-    let failures = all_findings().filter(|f| f.is_fail()).count();
-    let warnings = all_findings()
-        .filter(|f| f.severity == Severity::Warn)
-        .count();
-    let strict = args.strict || args.require_context;
-    let code: u8 = if !errors.is_empty() {
-        2
-    } else if strict && failures > 0 {
-        1
-    } else {
-        0
-    };
-    let checked = docs.iter().filter(|d| d.status == "checked").count();
-    let written = match args.output {
-        Output::Json => {
-            let mut report = json!({
-                "version": 1,
-                "strict": strict,
-                "documents": docs,
-                "errors": errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
-                "summary": {
-                    "documents": docs.len(),
-                    "checked": checked,
-                    "skipped": docs.len() - checked,
-                    "failures": failures,
-                    "warnings": warnings,
-                },
-                "exitCode": code,
-            });
-            if let (Some(c), Some(obj)) = (&cluster_report, report.as_object_mut()) {
-                obj.insert("cluster".into(), json!(c));
+    /// The reports, each run's findings sorted into its own.
+    fn into_reports(self) -> Vec<DocReport> {
+        let mut docs = self.docs;
+        for pending in self.runs {
+            let mut findings = pending.findings;
+            sort_findings(&mut findings);
+            if let Some(report) = docs.get_mut(pending.doc) {
+                report.findings = findings;
             }
-            serde_json::to_writer_pretty(&mut *out, &report)
-                .map_err(std::io::Error::other)
-                .and_then(|()| writeln!(out))
         }
-        Output::Text => {
-            let tally = Tally {
-                failures,
-                warnings,
-                code,
-                strict,
-            };
-            write_text(out, cluster_report.as_ref(), &docs, &errors, &tally)
+        docs
+    }
+}
+
+/// The rules' findings about `run`, and with `--check-images` its image's.
+async fn offline_findings(
+    run: &SandboxRun,
+    settings: &RuleSettings,
+    resolver: Option<&ImageResolver>,
+    creds: Option<&RegistryCredentials>,
+) -> Vec<Finding> {
+    let mut findings = check(&run.spec, settings);
+    if let (Some(resolver), Some(image)) = (resolver, run.spec.image.as_deref()) {
+        if !image.trim().is_empty() {
+            let verdict = resolver.resolve(image.trim(), creds).await;
+            findings.extend(verdict.finding(image.trim()));
+        }
+    }
+    findings
+}
+
+/// What the live probe brings: the cluster (to probe each run), its report, and the settings
+/// to judge with (the operator's published ones when they can be read).
+struct Live {
+    cluster: Option<live::Cluster>,
+    report: Option<ClusterReport>,
+    settings: RuleSettings,
+}
+
+/// The live probe (`--context` / `--kubeconfig`), when asked for and nothing went wrong so far.
+async fn connect_live(
+    args: &DoctorArgs,
+    runs: &[PendingRun],
+    settings: RuleSettings,
+    errors: &mut Vec<UsageError>,
+) -> Live {
+    let mut live = Live {
+        cluster: None,
+        report: None,
+        settings,
+    };
+    let wanted = args.context.is_some() || args.kubeconfig.is_some();
+    if args.require_context && !wanted {
+        errors.push(UsageError::Context(
+            "--require-context needs --context or --kubeconfig".to_string(),
+        ));
+    }
+    if !wanted || !errors.is_empty() {
+        return live;
+    }
+    let probe = Probe {
+        required: args.require_context,
+    };
+    let connected = match parse_timeout(&args.timeout) {
+        Err(e) => Err(e),
+        Ok(timeout) => {
+            live::connect(
+                args.context.as_deref(),
+                args.kubeconfig.as_ref(),
+                timeout,
+                probe,
+            )
+            .await
         }
     };
-    if let Err(e) = written {
-        tracing::error!(error = %e, "cannot write the doctor report");
-        return 2;
+    let c = match connected {
+        Ok(c) => c,
+        Err(e) => {
+            errors.push(UsageError::Context(e));
+            return live;
+        }
+    };
+    let namespaces: BTreeSet<String> = runs
+        .iter()
+        .map(|r| namespace_of(&r.run, &c.default_namespace))
+        .collect();
+    let found = c
+        .probe_cluster(&namespaces, args.operator_namespace.as_deref())
+        .await;
+    let mut report = ClusterReport {
+        context: c.context.clone(),
+        settings_source: None,
+        settings: None,
+        findings: found.findings,
+    };
+    if let Some(published) = found.published {
+        live.settings = published.settings.rules.clone();
+        report.settings = Some(published.settings.describe());
+        report.settings_source = Some(published.source);
     }
-    code
+    live.report = Some(report);
+    live.cluster = Some(c);
+    live
 }
 
 /// A SandboxRun read from the input, checked once the settings are known.
@@ -705,6 +710,74 @@ struct Tally {
     strict: bool,
 }
 
+impl Tally {
+    /// The counts and the exit code: 2 on a usage error, 1 with `--strict` (or
+    /// `--require-context`) and a failure, else 0.
+    fn of(
+        args: &DoctorArgs,
+        docs: &[DocReport],
+        cluster: Option<&ClusterReport>,
+        errors: &[UsageError],
+    ) -> Tally {
+        let cluster_findings = cluster.map(|c| c.findings.as_slice()).unwrap_or_default();
+        let all_findings = || {
+            docs.iter()
+                .flat_map(|d| &d.findings)
+                .chain(cluster_findings)
+        };
+        let failures = all_findings().filter(|f| f.is_fail()).count();
+        let warnings = all_findings()
+            .filter(|f| f.severity == Severity::Warn)
+            .count();
+        let strict = args.strict || args.require_context;
+        let code: u8 = if !errors.is_empty() {
+            2
+        } else if strict && failures > 0 {
+            1
+        } else {
+            0
+        };
+        Tally {
+            failures,
+            warnings,
+            code,
+            strict,
+        }
+    }
+}
+
+/// The JSON report (its format: [`run`]).
+fn write_json(
+    out: &mut impl Write,
+    cluster: Option<&ClusterReport>,
+    docs: &[DocReport],
+    errors: &[UsageError],
+    tally: &Tally,
+) -> std::io::Result<()> {
+    let checked = docs.iter().filter(|d| d.status == "checked").count();
+    let mut report = json!({
+        "version": 1,
+        "strict": tally.strict,
+        "documents": docs,
+        "errors": errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "summary": {
+            "documents": docs.len(),
+            "checked": checked,
+            "skipped": docs.len() - checked,
+            "failures": tally.failures,
+            "warnings": tally.warnings,
+        },
+        "exitCode": tally.code,
+    });
+    if let (Some(c), Some(obj)) = (cluster, report.as_object_mut()) {
+        obj.insert("cluster".into(), json!(c));
+    }
+    serde_json::to_writer_pretty(&mut *out, &report)
+        .map_err(std::io::Error::other)
+        .and_then(|()| writeln!(out))
+}
+
+/// The text report: the cluster, each document, the usage errors, then the totals.
 fn write_text(
     out: &mut impl Write,
     cluster: Option<&ClusterReport>,
@@ -719,55 +792,10 @@ fn write_text(
         strict,
     } = *tally;
     if let Some(c) = cluster {
-        let who = format!("cluster {}", c.context);
-        match (&c.settings_source, &c.settings) {
-            (Some(source), Some(settings)) => writeln!(
-                out,
-                "- {who}: judged with the operator's published settings ({source}): {settings}"
-            )?,
-            _ => writeln!(
-                out,
-                "- {who}: judged with doctor's own settings (flags or defaults)"
-            )?,
-        }
-        if c.findings.is_empty() {
-            writeln!(
-                out,
-                "✓ {who} CRD served, webhook ready with its caBundle, operator Ready"
-            )?;
-        }
-        for f in &c.findings {
-            let mark = if f.is_fail() { "✗" } else { "⚠" };
-            writeln!(
-                out,
-                "{mark} {who} {} {}: {} — hint: {}",
-                f.rule, f.field, f.message, f.hint
-            )?;
-        }
+        write_cluster(out, c)?;
     }
     for d in docs {
-        let who = format!(
-            "{}#{} {}/{}",
-            d.file,
-            d.index,
-            d.namespace.as_deref().unwrap_or("-"),
-            d.name.as_deref().unwrap_or("-")
-        );
-        if d.status == "skipped" {
-            writeln!(out, "- {who} skipped: {}", d.note.as_deref().unwrap_or(""))?;
-            continue;
-        }
-        if d.findings.is_empty() {
-            writeln!(out, "✓ {who} all checks passed")?;
-        }
-        for f in &d.findings {
-            let mark = if f.is_fail() { "✗" } else { "⚠" };
-            writeln!(
-                out,
-                "{mark} {who} {} {}: {} — hint: {}",
-                f.rule, f.field, f.message, f.hint
-            )?;
-        }
+        write_document(out, d)?;
     }
     for e in errors {
         writeln!(out, "✗ error: {e}")?;
@@ -785,6 +813,59 @@ fn write_text(
         docs.len() - checked,
         errors.len()
     )
+}
+
+/// The live probe's lines: which settings judged, then its findings (or that all is well).
+fn write_cluster(out: &mut impl Write, c: &ClusterReport) -> std::io::Result<()> {
+    let who = format!("cluster {}", c.context);
+    match (&c.settings_source, &c.settings) {
+        (Some(source), Some(settings)) => writeln!(
+            out,
+            "- {who}: judged with the operator's published settings ({source}): {settings}"
+        )?,
+        _ => writeln!(
+            out,
+            "- {who}: judged with doctor's own settings (flags or defaults)"
+        )?,
+    }
+    if c.findings.is_empty() {
+        writeln!(
+            out,
+            "✓ {who} CRD served, webhook ready with its caBundle, operator Ready"
+        )?;
+    }
+    write_findings(out, &who, &c.findings)
+}
+
+/// One document's lines: skipped, all passed, or its findings.
+fn write_document(out: &mut impl Write, d: &DocReport) -> std::io::Result<()> {
+    let who = format!(
+        "{}#{} {}/{}",
+        d.file,
+        d.index,
+        d.namespace.as_deref().unwrap_or("-"),
+        d.name.as_deref().unwrap_or("-")
+    );
+    if d.status == "skipped" {
+        return writeln!(out, "- {who} skipped: {}", d.note.as_deref().unwrap_or(""));
+    }
+    if d.findings.is_empty() {
+        writeln!(out, "✓ {who} all checks passed")?;
+    }
+    write_findings(out, &who, &d.findings)
+}
+
+/// A line per finding about `who`: its mark, rule, field, message and hint.
+fn write_findings(out: &mut impl Write, who: &str, findings: &[Finding]) -> std::io::Result<()> {
+    for f in findings {
+        let mark = if f.is_fail() { "✗" } else { "⚠" };
+        writeln!(
+            out,
+            "{mark} {who} {} {}: {} — hint: {}",
+            f.rule, f.field, f.message, f.hint
+        )?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -77,7 +77,7 @@ pub async fn connect(
     probe: Probe,
 ) -> Result<Cluster, String> {
     // The client's TLS needs the process-wide provider; doctor may be called as a library.
-    crate::cmd::install_crypto_provider();
+    crate::process::install_crypto_provider();
     let file = match kubeconfig {
         Some(path) => Kubeconfig::read_from(path)
             .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?,

@@ -7,8 +7,6 @@
 
 use crate::api::SandboxRunSpec;
 
-use super::rules::{ids, Finding};
-
 /// The lists a run's pod fields must come from. `None`: anything the other rules accept; an
 /// empty list: the field may not be set at all.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -60,8 +58,21 @@ pub fn parse_list(value: Option<&str>) -> Option<Vec<String>> {
     })
 }
 
-/// Pushes a finding for every field of `spec` the policy does not allow.
-pub(crate) fn check(spec: &SandboxRunSpec, policy: &RunPolicy, out: &mut Vec<Finding>) {
+/// A field of a run the policy does not allow (the rules engine turns it into a `run-policy`
+/// finding).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// The field (`spec.runtimeClassName`, `spec.tolerations[1]`, …).
+    pub field: String,
+    /// The refused value, in words.
+    pub message: String,
+    /// The hint: the allowed values and the setting that lists them.
+    pub hint: String,
+}
+
+/// Every field of `spec` the policy does not allow.
+pub(crate) fn violations(spec: &SandboxRunSpec, policy: &RunPolicy) -> Vec<Violation> {
+    let mut out = Vec::new();
     if let (Some(allowed), Some(rc)) = (&policy.runtime_classes, &spec.runtime_class_name) {
         if !allowed.contains(rc) {
             out.push(refusal(
@@ -105,24 +116,24 @@ pub(crate) fn check(spec: &SandboxRunSpec, policy: &RunPolicy, out: &mut Vec<Fin
             }
         }
     }
+    out
 }
 
-/// The finding for `what` at `field`, refused by the policy `setting` that allows `allowed`.
-fn refusal(field: &str, what: &str, allowed: &[String], setting: &str) -> Finding {
+/// The violation of `what` at `field`, refused by the policy `setting` that allows `allowed`.
+fn refusal(field: &str, what: &str, allowed: &[String], setting: &str) -> Violation {
     let allowed_text = if allowed.is_empty() {
         "none is allowed".to_string()
     } else {
         format!("allowed: {}", allowed.join(", "))
     };
-    Finding::fail(
-        ids::RUN_POLICY,
-        field,
-        format!("{what} is not allowed by the cluster's run policy ({allowed_text})"),
-        format!(
+    Violation {
+        field: field.to_string(),
+        message: format!("{what} is not allowed by the cluster's run policy ({allowed_text})"),
+        hint: format!(
             "use an allowed value or leave the field unset; the platform team sets the list with \
              the operator's {setting}"
         ),
-    )
+    }
 }
 
 #[cfg(test)]
@@ -139,10 +150,10 @@ mod tests {
     }
 
     fn judged(spec: &SandboxRunSpec, policy: &RunPolicy) -> Vec<String> {
-        let mut out = Vec::new();
-        check(spec, policy, &mut out);
-        assert!(out.iter().all(|f| f.rule == ids::RUN_POLICY && f.is_fail()));
-        out.into_iter().map(|f| f.field).collect()
+        violations(spec, policy)
+            .into_iter()
+            .map(|v| v.field)
+            .collect()
     }
 
     #[test]
@@ -192,8 +203,7 @@ mod tests {
             tolerations: Some(vec![toleration(None)]),
             ..Default::default()
         };
-        let mut out = Vec::new();
-        check(&spec, &none, &mut out);
+        let out = violations(&spec, &none);
         assert_eq!(out.len(), 1);
         assert!(out[0].message.contains("none is allowed"), "{out:?}");
         let star = RunPolicy {

@@ -17,8 +17,8 @@ use serde::Serialize;
 
 use super::network::{Rule, RuleError};
 use crate::api::{
-    parse_user, HostState, Mount, MountType, NetworkMode, SandboxRunSpec, MAX_READBACK_PATHS,
-    MAX_TTL_SECONDS_AFTER_FINISHED,
+    parse_user, HostState, Mount, MountType, NetworkMode, ReadBackPath, SandboxRunSpec,
+    MAX_READBACK_PATHS, MAX_TTL_SECONDS_AFTER_FINISHED,
 };
 use crate::caps::CapSettings;
 use crate::units::{parse_duration, quantity_to_bytes};
@@ -233,7 +233,9 @@ pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
     check_mounts(spec, &mut out);
     check_ttl(spec, &mut out);
     check_pod_passthrough(spec, &mut out);
-    super::policy::check(spec, &settings.policy, &mut out);
+    for v in super::policy::violations(spec, &settings.policy) {
+        out.push(Finding::fail(ids::RUN_POLICY, v.field, v.message, v.hint));
+    }
     check_env(spec, &mut out);
     sort_findings(&mut out);
     out
@@ -823,8 +825,17 @@ fn check_read_back(spec: &SandboxRunSpec, settings: &RuleSettings, out: &mut Vec
             "declare a common parent directory instead of many siblings",
         ));
     }
+    check_read_back_paths(&rb.paths, settings, out);
+    if let Some(t) = &rb.drain_timeout {
+        check_drain_timeout(t, settings, out);
+    }
+}
+
+/// Each declared path: a safe directory of the run's own, declared once, nested in no other;
+/// and its `sizeLimit`.
+fn check_read_back_paths(paths: &[ReadBackPath], settings: &RuleSettings, out: &mut Vec<Finding>) {
     let mut valid: Vec<(usize, &str)> = Vec::new();
-    for (i, p) in rb.paths.iter().enumerate() {
+    for (i, p) in paths.iter().enumerate() {
         let at = |f: &str| format!("spec.readBack.paths[{i}].{f}");
         match check_container_path(&p.path) {
             Err(why) => out.push(Finding::fail(
@@ -868,31 +879,33 @@ fn check_read_back(spec: &SandboxRunSpec, settings: &RuleSettings, out: &mut Vec
             check_size_limit(q, &at("sizeLimit"), &settings.caps, out);
         }
     }
-    if let Some(t) = &rb.drain_timeout {
-        match parse_duration(t) {
-            Err(e) => out.push(Finding::fail(
+}
+
+/// `drainTimeout`: a positive duration within the operator's maximum.
+fn check_drain_timeout(t: &str, settings: &RuleSettings, out: &mut Vec<Finding>) {
+    match parse_duration(t) {
+        Err(e) => out.push(Finding::fail(
+            ids::READ_BACK_DRAIN_TIMEOUT,
+            "spec.readBack.drainTimeout",
+            format!("drainTimeout `{t}`: {e}"),
+            "write a positive duration such as 90s, 5m or 1h30m, or leave it unset for the operator default",
+        )),
+        // A drain holds a slot of the operator's drain pool for up to its timeout.
+        Ok(d) => match settings.max_drain_timeout {
+            Some(max) if d > max => out.push(Finding::fail(
                 ids::READ_BACK_DRAIN_TIMEOUT,
                 "spec.readBack.drainTimeout",
-                format!("drainTimeout `{t}`: {e}"),
-                "write a positive duration such as 90s, 5m or 1h30m, or leave it unset for the operator default",
+                format!(
+                    "drainTimeout `{t}` exceeds the operator maximum of {}s",
+                    max.as_secs()
+                ),
+                format!(
+                    "lower drainTimeout to at most {}s (ask the operator admin to raise --max-drain-timeout)",
+                    max.as_secs()
+                ),
             )),
-            // A drain holds a slot of the operator's drain pool for up to its timeout.
-            Ok(d) => match settings.max_drain_timeout {
-                Some(max) if d > max => out.push(Finding::fail(
-                    ids::READ_BACK_DRAIN_TIMEOUT,
-                    "spec.readBack.drainTimeout",
-                    format!(
-                        "drainTimeout `{t}` exceeds the operator maximum of {}s",
-                        max.as_secs()
-                    ),
-                    format!(
-                        "lower drainTimeout to at most {}s (ask the operator admin to raise --max-drain-timeout)",
-                        max.as_secs()
-                    ),
-                )),
-                _ => {}
-            },
-        }
+            _ => {}
+        },
     }
 }
 

@@ -8,7 +8,7 @@ use crate::egress::proxy::ProxyArgs;
 
 /// Runs the egress proxy until SIGTERM.
 pub async fn main(args: ProxyArgs) -> ExitCode {
-    crate::process::init_tracing(args.log_format, &args.log_level);
+    args.log.init_tracing();
     match crate::egress::proxy::run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

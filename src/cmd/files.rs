@@ -23,7 +23,7 @@ pub async fn main(args: FilesArgs) -> ExitCode {
         Err((e, store_url)) => {
             eprintln!("files: {e}");
             if let (FilesError::Store(store_error), Some(url)) = (&e, store_url) {
-                if crate::store::credentials::store_is_refused(store_error) {
+                if store_error.is_refused() {
                     eprintln!(
                         "files: {}",
                         crate::store::credentials::reader_refused_hint(&url)

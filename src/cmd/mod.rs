@@ -86,15 +86,9 @@ fn parse_args() -> Result<Cli, clap::Error> {
     Cli::from_arg_matches(&matches)
 }
 
-/// Installs the process-wide rustls crypto provider once (kube and object_store would otherwise
-/// disagree on one and panic at the first TLS connection).
-pub(crate) fn install_crypto_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
-    install_crypto_provider();
+    crate::process::install_crypto_provider();
     let cli = match parse_args() {
         Ok(c) => c,
         Err(e) => {
@@ -262,7 +256,9 @@ mod tests {
     fn run_and_files_take_the_same_store_flags() {
         let want = crate::store::StoreArgs {
             store_url: "s3://bucket/p".into(),
-            store_options: vec!["region=x".into(), "allow_http=true".into()],
+            store_options: crate::store::StoreOptions {
+                options: vec!["region=x".into(), "allow_http=true".into()],
+            },
         };
         let flags = [
             "--store-url",

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -20,7 +21,7 @@ use crate::controller::decide::DecideSettings;
 use crate::controller::{self, Context};
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
-use crate::process::{init_tracing, shutdown_signal};
+use crate::process::shutdown_signal;
 
 /// Why the operator stopped.
 #[derive(Debug, Error)]
@@ -60,7 +61,7 @@ pub enum OperatorError {
 
 /// Runs `run`: logs set up from the flags, then the operator until SIGTERM.
 pub async fn main(args: RunArgs) -> ExitCode {
-    init_tracing(args.log_format, &args.log_level);
+    args.log.init_tracing();
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -79,35 +80,8 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let caps = caps(&args).map_err(OperatorError::Config)?;
     let options = args.store.options().map_err(OperatorError::Config)?;
     let (store, store_prefix) = crate::store::store_from_url(&args.store.store_url, &options)?;
-    // Never a startup error: without it, killed attempts' uploads are left to the lifecycle rule.
-    let open_uploads =
-        match crate::store::open_uploads::OpenUploads::for_store(&args.store.store_url, &options) {
-            Ok(cleaner) => cleaner.map(Arc::new),
-            Err(e) => {
-                warn!(error = %e, "open multipart uploads will not be cleaned before attempts");
-                None
-            }
-        };
-    let drain_idle = crate::units::parse_duration(&args.drain_idle_timeout)
-        .map_err(|e| OperatorError::Config(format!("--drain-idle-timeout: {e}")))?;
-    let drain_timeout = crate::units::parse_duration(&args.drain_timeout)
-        .map_err(|e| OperatorError::Config(format!("--drain-timeout: {e}")))?;
-    let max_drain_timeout = crate::units::parse_duration(&args.max_drain_timeout)
-        .map_err(|e| OperatorError::Config(format!("--max-drain-timeout: {e}")))?;
-    if drain_timeout > max_drain_timeout {
-        return Err(OperatorError::Config(format!(
-            "--drain-timeout {} exceeds --max-drain-timeout {}",
-            args.drain_timeout, args.max_drain_timeout
-        )));
-    }
-    let image_pull_timeout = crate::units::parse_duration(&args.image_pull_timeout)
-        .map_err(|e| OperatorError::Config(format!("--image-pull-timeout: {e}")))?;
-    // 0s is a quiet window too: none (every state reported as it is seen).
-    let quiet_window = match args.quiet_window.trim() {
-        "0" | "0s" => std::time::Duration::ZERO,
-        window => crate::units::parse_duration(window)
-            .map_err(|e| OperatorError::Config(format!("--quiet-window: {e}")))?,
-    };
+    let open_uploads = open_uploads_cleaner(&args.store.store_url, &options);
+    let durations = Durations::parse(&args)?;
     let pack_command = holder_programs(&args.holder_binary, args.pack_command.as_deref())
         .map_err(OperatorError::Config)?;
     let metrics = Metrics::new()?;
@@ -121,86 +95,42 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let metrics_addr = serve_metrics(&args.metrics_addr, metrics.clone(), ready.clone()).await?;
     info!(%metrics_addr, "metrics and health endpoints listening");
 
-    if !args.webhook_addr.trim().is_empty() {
-        let cfg = crate::admission::serve::ServeConfig {
-            addr: args.webhook_addr.parse().map_err(|e| {
-                OperatorError::Config(format!("--webhook-addr {:?}: {e}", args.webhook_addr))
-            })?,
-            cert_mode: args.webhook_cert_mode.clone(),
-            cert_dir: args.webhook_cert_dir.clone(),
-            secret: args.webhook_secret.clone(),
-            namespace: args.pod_namespace.clone(),
-            config: args.webhook_config.clone(),
-            hosts: args.webhook_hosts.clone(),
-            check_images: args.check_images,
-            settings: crate::admission::RuleSettings {
-                caps,
-                max_drain_timeout: Some(max_drain_timeout),
-                network_policy: egress.enforcement,
-                policy: args.run_policy(),
-            },
-        };
-        let addr = crate::admission::serve::start(&cfg, client.clone(), &metrics)
-            .await
-            .map_err(OperatorError::Webhook)?;
-        info!(%addr, "admission webhook listening");
-    }
-
-    if !args.settings_configmap.trim().is_empty() {
-        let published = crate::admission::published::PublishedSettings {
-            rules: crate::admission::RuleSettings {
-                caps,
-                max_drain_timeout: Some(max_drain_timeout),
-                network_policy: egress.enforcement,
-                policy: args.run_policy(),
-            },
-            default_drain_timeout: drain_timeout,
-            drain_wire: args.drain_wire,
-            image_pull_timeout,
-            check_images: args.check_images,
-            preflight_images: args.preflight_images,
-            webhook: !args.webhook_addr.trim().is_empty(),
-            pod: args.pod_name.clone(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            heartbeat: None,
-        };
-        tokio::spawn(crate::admission::publish::publish_forever(
-            client.clone(),
-            args.pod_namespace.clone(),
-            args.settings_configmap.trim().to_string(),
-            published,
-            ready.clone(),
-        ));
-    }
-    let preflight = if args.preflight_images {
-        let resolver = crate::admission::images::ImageResolver::new(
-            crate::admission::images::ImageSettings::default(),
-        )
-        .map_err(|e| OperatorError::Config(format!("--preflight-images: {e}")))?;
-        Some(Arc::new(resolver))
-    } else {
-        None
+    let rules = crate::admission::RuleSettings {
+        caps,
+        max_drain_timeout: Some(durations.max_drain_timeout),
+        network_policy: egress.enforcement,
+        policy: args.run_policy(),
     };
+    if !args.webhook_addr.trim().is_empty() {
+        start_webhook(&args, client.clone(), &metrics, rules.clone()).await?;
+    }
+    if !args.settings_configmap.trim().is_empty() {
+        publish_settings(&args, client.clone(), rules, &durations, ready.clone());
+    }
+    let preflight = preflight(&args)?;
     let leader = metrics.leader.clone();
+    let pod = PodSettings {
+        holder_image: args.holder_image.clone(),
+        holder_binary: args.holder_binary.clone(),
+        default_drain_timeout_seconds: i64::try_from(durations.drain_timeout.as_secs().max(1))
+            .unwrap_or(300),
+        max_drain_timeout_seconds: i64::try_from(durations.max_drain_timeout.as_secs().max(1))
+            .unwrap_or(i64::MAX),
+        holder_resources,
+        egress,
+        image_pull_secrets: args.pod_image_pull_secrets.clone(),
+    };
     let ctx = Arc::new(
         Context::new(
             client.clone(),
             store,
             store_prefix,
             args.store.store_url.clone(),
-            PodSettings {
-                holder_image: args.holder_image.clone(),
-                holder_binary: args.holder_binary.clone(),
-                default_drain_timeout_seconds: i64::try_from(drain_timeout.as_secs().max(1))
-                    .unwrap_or(300),
-                max_drain_timeout_seconds: i64::try_from(max_drain_timeout.as_secs().max(1))
-                    .unwrap_or(i64::MAX),
-                holder_resources,
-                egress,
-                image_pull_secrets: args.pod_image_pull_secrets.clone(),
-            },
+            pod,
             caps,
-            DecideSettings { image_pull_timeout },
+            DecideSettings {
+                image_pull_timeout: durations.image_pull_timeout,
+            },
             pack_command,
             metrics,
             args.pod_name.clone(),
@@ -208,34 +138,171 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
         )
         .with_default_retention(args.default_retention)
         .with_drain_wire(args.drain_wire)
-        .with_drain_idle(drain_idle)
-        .with_quiet_window(quiet_window)
+        .with_drain_idle(durations.drain_idle)
+        .with_quiet_window(durations.quiet_window)
         .with_path_slots(usize::from(args.max_concurrent_path_drains))
         .with_open_uploads(open_uploads)
         .with_preflight(preflight),
     );
-
-    // Fired on a lost lease: in-flight drains stop at once (their uploads abort themselves)
-    // instead of finishing under a replica that no longer leads. On SIGTERM they get
-    // SHUTDOWN_DRAIN_GRACE to finish first (settle_drains).
-    let cancel = ctx.cancel.clone();
-    if !args.leader_elect {
+    if args.leader_elect {
+        run_elected(&args, client, ctx, &ready, leader).await
+    } else {
         leader.set(1);
         ready.store(true, Ordering::SeqCst);
-        let drains = Arc::clone(&ctx);
-        controller::run(
-            ctx,
-            args.namespaces.clone(),
-            args.concurrency,
-            shutdown_signal(),
-        )
-        .await;
-        settle_drains(&drains).await;
-        settle_uploads().await;
-        return Ok(());
+        run_controller(&args, ctx, shutdown_signal()).await;
+        Ok(())
     }
+}
 
-    let manager = kube_lease_manager::LeaseManagerBuilder::new(client.clone(), &args.lease_name)
+/// The duration flags of `run`, parsed and checked against each other.
+struct Durations {
+    drain_idle: Duration,
+    drain_timeout: Duration,
+    max_drain_timeout: Duration,
+    image_pull_timeout: Duration,
+    quiet_window: Duration,
+}
+
+impl Durations {
+    fn parse(args: &RunArgs) -> Result<Durations, OperatorError> {
+        let parse = |flag: &str, text: &str| {
+            crate::units::parse_duration(text)
+                .map_err(|e| OperatorError::Config(format!("{flag}: {e}")))
+        };
+        let drain_idle = parse("--drain-idle-timeout", &args.drain_idle_timeout)?;
+        let drain_timeout = parse("--drain-timeout", &args.drain_timeout)?;
+        let max_drain_timeout = parse("--max-drain-timeout", &args.max_drain_timeout)?;
+        if drain_timeout > max_drain_timeout {
+            return Err(OperatorError::Config(format!(
+                "--drain-timeout {} exceeds --max-drain-timeout {}",
+                args.drain_timeout, args.max_drain_timeout
+            )));
+        }
+        let image_pull_timeout = parse("--image-pull-timeout", &args.image_pull_timeout)?;
+        // 0s is a quiet window too: none (every state reported as it is seen).
+        let quiet_window = match args.quiet_window.trim() {
+            "0" | "0s" => Duration::ZERO,
+            window => parse("--quiet-window", window)?,
+        };
+        Ok(Durations {
+            drain_idle,
+            drain_timeout,
+            max_drain_timeout,
+            image_pull_timeout,
+            quiet_window,
+        })
+    }
+}
+
+/// The clean-up of open multipart uploads before attempts, when the store has them. Never a
+/// startup error: without it, killed attempts' uploads are left to the lifecycle rule.
+fn open_uploads_cleaner(
+    store_url: &str,
+    options: &[(String, String)],
+) -> Option<Arc<crate::store::open_uploads::OpenUploads>> {
+    match crate::store::open_uploads::OpenUploads::for_store(store_url, options) {
+        Ok(cleaner) => cleaner.map(Arc::new),
+        Err(e) => {
+            warn!(error = %e, "open multipart uploads will not be cleaned before attempts");
+            None
+        }
+    }
+}
+
+/// Starts the admission webhook on `--webhook-addr`.
+async fn start_webhook(
+    args: &RunArgs,
+    client: Client,
+    metrics: &Metrics,
+    settings: crate::admission::RuleSettings,
+) -> Result<(), OperatorError> {
+    let cfg = crate::admission::serve::ServeConfig {
+        addr: args.webhook_addr.parse().map_err(|e| {
+            OperatorError::Config(format!("--webhook-addr {:?}: {e}", args.webhook_addr))
+        })?,
+        cert_mode: args.webhook_cert_mode.clone(),
+        cert_dir: args.webhook_cert_dir.clone(),
+        secret: args.webhook_secret.clone(),
+        namespace: args.pod_namespace.clone(),
+        config: args.webhook_config.clone(),
+        hosts: args.webhook_hosts.clone(),
+        check_images: args.check_images,
+        settings,
+    };
+    let addr = crate::admission::serve::start(&cfg, client, metrics)
+        .await
+        .map_err(OperatorError::Webhook)?;
+    info!(%addr, "admission webhook listening");
+    Ok(())
+}
+
+/// Publishes the operator's settings in `--settings-configmap`, for `doctor --context`, from now
+/// on (a heartbeat while `ready`).
+fn publish_settings(
+    args: &RunArgs,
+    client: Client,
+    rules: crate::admission::RuleSettings,
+    durations: &Durations,
+    ready: Arc<AtomicBool>,
+) {
+    let published = crate::admission::published::PublishedSettings {
+        rules,
+        default_drain_timeout: durations.drain_timeout,
+        drain_wire: args.drain_wire,
+        image_pull_timeout: durations.image_pull_timeout,
+        check_images: args.check_images,
+        preflight_images: args.preflight_images,
+        webhook: !args.webhook_addr.trim().is_empty(),
+        pod: args.pod_name.clone(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        heartbeat: None,
+    };
+    tokio::spawn(crate::admission::publish::publish_forever(
+        client,
+        args.pod_namespace.clone(),
+        args.settings_configmap.trim().to_string(),
+        published,
+        ready,
+    ));
+}
+
+/// The image checker of `--preflight-images`.
+fn preflight(
+    args: &RunArgs,
+) -> Result<Option<Arc<crate::admission::images::ImageResolver>>, OperatorError> {
+    if !args.preflight_images {
+        return Ok(None);
+    }
+    let resolver = crate::admission::images::ImageResolver::new(
+        crate::admission::images::ImageSettings::default(),
+    )
+    .map_err(|e| OperatorError::Config(format!("--preflight-images: {e}")))?;
+    Ok(Some(Arc::new(resolver)))
+}
+
+/// Runs the controller until `stop`, then lets its drains and their uploads settle.
+async fn run_controller(
+    args: &RunArgs,
+    ctx: Arc<Context>,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let drains = Arc::clone(&ctx);
+    controller::run(ctx, args.namespaces.clone(), args.concurrency, stop).await;
+    settle_drains(&drains).await;
+    settle_uploads().await;
+}
+
+/// With `--leader-elect`: Ready at once, the controller only while this replica holds the
+/// lease; a lost lease stops the drains in flight at once and ends the process with an error
+/// (so a fresh start, or the other replica, takes over cleanly).
+async fn run_elected(
+    args: &RunArgs,
+    client: Client,
+    ctx: Arc<Context>,
+    ready: &AtomicBool,
+    leader: prometheus::IntGauge,
+) -> Result<(), OperatorError> {
+    let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &args.lease_name)
         .with_namespace(&args.pod_namespace)
         .with_identity(&args.pod_name)
         .with_duration(15)
@@ -268,6 +335,10 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             _ = lost_rx => {}
         }
     };
+    // Fired on a lost lease: in-flight drains stop at once (their uploads abort themselves)
+    // instead of finishing under a replica that no longer leads. On SIGTERM they get
+    // SHUTDOWN_DRAIN_GRACE to finish first (settle_drains).
+    let cancel = ctx.cancel.clone();
     let watcher = tokio::spawn(async move {
         loop {
             if leading.changed().await.is_err() || !*leading.borrow_and_update() {
@@ -279,10 +350,7 @@ pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
             }
         }
     });
-    let drains = Arc::clone(&ctx);
-    controller::run(ctx, args.namespaces.clone(), args.concurrency, stop).await;
-    settle_drains(&drains).await;
-    settle_uploads().await;
+    run_controller(args, ctx, stop).await;
     if watcher.is_finished() {
         warn!("leadership lost; exiting so another replica takes over");
         return Err(OperatorError::Leader("leadership lost".to_string()));

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use crate::caps::CapSettings;
-use crate::process::LogFormat;
+use crate::process::LogArgs;
 use crate::store::StoreArgs;
 use crate::units::MIB;
 
@@ -308,17 +308,9 @@ pub struct RunArgs {
         default_value = crate::egress::settings::DEFAULT_NO_PROXY
     )]
     pub no_proxy: String,
-    /// Log format.
-    #[arg(
-        long,
-        env = "SANDBOXRUN_LOG_FORMAT",
-        value_enum,
-        default_value = "text"
-    )]
-    pub log_format: LogFormat,
-    /// Log filter (tracing EnvFilter syntax), e.g. info or sandboxrun_operator=debug.
-    #[arg(long, env = "SANDBOXRUN_LOG_LEVEL", default_value = "info")]
-    pub log_level: String,
+    /// `--log-format`, `--log-level`.
+    #[command(flatten)]
+    pub log: LogArgs,
 }
 
 impl RunArgs {

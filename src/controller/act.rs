@@ -238,6 +238,9 @@ fn start_teardown(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger) {
 
 /// One teardown, planned now (it has its slot in the pool): the opening, every path's outcome
 /// recorded as it is had, then the end.
+// TEMPORARY (issue #26): over the 80-line limit until the controller round splits it; remove
+// this allow with the split. No other function may carry it.
+#[allow(clippy::too_many_lines)]
 async fn teardown(
     ctx: &Arc<Context>,
     run: &Arc<SandboxRun>,

@@ -263,6 +263,9 @@ pub fn deadline(run: &SandboxRun) -> Option<Timestamp> {
 }
 
 /// Decides the next step from the run, its pod (if any), the time and the operator's settings.
+// TEMPORARY (issue #26): over the 80-line limit until the controller round splits it; remove
+// this allow with the split. No other function may carry it.
+#[allow(clippy::too_many_lines)]
 pub(crate) fn decide(
     run: &SandboxRun,
     pod: Option<&PodView>,

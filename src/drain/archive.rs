@@ -603,16 +603,6 @@ impl<W: AsyncWrite + Unpin + Send> Pipeline<'_, W> {
             }
             _ => None,
         };
-        let (type_byte, size, path) = (raw.type_byte, raw.size, &raw.path);
-        let rejected = |reason: Reason| {
-            tracing::debug!(path = %String::from_utf8_lossy(path), %reason, "rejected tar entry");
-            RejectedRecord {
-                path: bounded_lossy(path, MAX_REJECTED_PATH_BYTES),
-                entry_type: char::from(type_byte).escape_default().to_string(),
-                size,
-                reason,
-            }
-        };
         let accepted = match raw.judge(&mut self.sanitizer) {
             Decision::Ignore => {
                 // The root entry: the packer's in-band notes ride on it (crate::tar::notes).
@@ -627,33 +617,17 @@ impl<W: AsyncWrite + Unpin + Send> Pipeline<'_, W> {
                 }));
             }
             Decision::Reject(reason) => {
-                let record = rejected(reason);
-                self.push_rejected(record);
+                self.push_rejected(rejected_record(&raw, reason));
                 return Ok(Next::Continue);
             }
             Decision::Accept(accepted) => accepted,
         };
         if let Some(value) = drop_record {
-            self.not_stored(accepted.kind, &accepted.path);
-            match sanitize::dropped_in_pod(accepted.kind, size, &value) {
-                Ok(declared) => {
-                    self.meter.record_drop(declared);
-                    self.push_dropped(DroppedRecord {
-                        path: accepted.path,
-                        size: declared,
-                        reason: DROPPED_OVER_CAP.into(),
-                        in_pod: true,
-                    });
-                }
-                Err(reason) => {
-                    let record = rejected(reason);
-                    self.push_rejected(record);
-                }
-            }
+            self.dropped_in_pod(&raw, accepted, &value);
             return Ok(Next::Continue);
         }
         let metadata_cost = cap::metadata_cost(&accepted.path, accepted.link_target.as_deref());
-        let mut record = MemberRecord {
+        let record = MemberRecord {
             path: accepted.path,
             kind: accepted.kind,
             size: 0,
@@ -673,107 +647,164 @@ impl<W: AsyncWrite + Unpin + Send> Pipeline<'_, W> {
         if let Some(i) = earlier {
             let kind = self.outcome.members[i].kind;
             if kind != record.kind && (kind == MemberKind::Dir || record.kind == MemberKind::Dir) {
-                let reason = rejected(Reason::DuplicatePath);
-                self.push_rejected(reason);
+                self.push_rejected(rejected_record(&raw, Reason::DuplicatePath));
                 self.not_stored(record.kind, &record.path);
                 return Ok(Next::Continue);
             }
         }
-        match accepted.kind {
-            MemberKind::File => {
-                if self.would_cross_input_bound(size) {
-                    // Its content cannot be read whole within the bound: stop before it, so the
-                    // stored archive never holds a member cut short.
-                    let reason = if self.meter.fits(size) {
-                        self.meter.record_drop(size);
-                        DROPPED_INPUT_BOUND
-                    } else {
-                        self.meter.admit(size);
-                        DROPPED_OVER_CAP
-                    };
-                    self.push_dropped(DroppedRecord {
-                        path: record.path,
-                        size,
-                        reason: reason.into(),
-                        in_pod: false,
-                    });
-                    return Ok(Next::Stop);
-                }
-                if self.meter.fits(size) && !self.metadata.fits(metadata_cost) {
-                    // Its content fits the cap, but its name would take the stored metadata past
-                    // the path's allowance (docs/contract.md, "Unbounded size").
-                    self.meter.record_drop(size);
-                    self.push_dropped(DroppedRecord {
-                        path: record.path,
-                        size,
-                        reason: DROPPED_METADATA.into(),
-                        in_pod: false,
-                    });
-                    return Ok(Next::Continue);
-                }
-                if self.meter.admit(size) == Admit::Drop {
-                    self.push_dropped(DroppedRecord {
-                        path: record.path,
-                        size,
-                        reason: DROPPED_OVER_CAP.into(),
-                        in_pod: false,
-                    });
-                    return Ok(Next::Continue);
-                }
-                self.metadata.admit(metadata_cost);
-                let header = self
-                    .header(tokio_tar::EntryType::Regular, &record, size, mtime)
-                    .await?;
-                let mut source = HashingReader::new(&mut *entry, size);
-                if let Err(e) = self.builder.append(&header, &mut source).await {
-                    let state = &self.state;
-                    let input_side = state.tripped.load(Ordering::Relaxed) != TRIPPED_NONE
-                        || state.read_failed.load(Ordering::Relaxed);
-                    let cut_short = source.short || state.eof.load(Ordering::Relaxed);
-                    return Err(if !input_side && cut_short {
-                        self.fail(DrainErrorKind::Truncated(format!(
-                            "member {:?} ended after {} of {size} bytes",
-                            record.path, source.read
-                        )))
-                    } else if input_side || source.failed {
-                        self.read_failure(e)
-                    } else {
-                        self.fail(DrainErrorKind::Write(e))
-                    });
-                }
-                record.size = size;
-                record.sha256 = Some(hex::encode(source.hasher.finalize()));
-                self.outcome.bytes += size;
-                self.keep(record, earlier);
-                Ok(Next::Continue)
-            }
-            MemberKind::Dir | MemberKind::Symlink => {
-                if self.metadata.admit(metadata_cost) == Admit::Drop {
-                    self.not_stored(record.kind, &record.path);
-                    self.push_dropped(DroppedRecord {
-                        path: record.path,
-                        size: 0,
-                        reason: DROPPED_METADATA.into(),
-                        in_pod: false,
-                    });
-                    return Ok(Next::Continue);
-                }
-                let ty = if accepted.kind == MemberKind::Dir {
-                    tokio_tar::EntryType::Directory
-                } else {
-                    tokio_tar::EntryType::Symlink
-                };
-                let header = self.header(ty, &record, 0, mtime).await?;
-                self.builder
-                    .append(&header, tokio::io::empty())
-                    .await
-                    .map_err(|e| self.fail(DrainErrorKind::Write(e)))?;
-                self.keep(record, earlier);
-                // A directory or link has no content; whatever a hostile header claims, the
-                // parser skips.
-                Ok(Next::Continue)
-            }
+        let stored = Stored {
+            record,
+            earlier,
+            mtime,
+            metadata_cost,
+        };
+        match stored.record.kind {
+            MemberKind::File => self.file(entry, stored, raw.size).await,
+            MemberKind::Dir | MemberKind::Symlink => self.dir_or_link(stored).await,
         }
+    }
+
+    /// An entry the packer dropped in the pod (a placeholder with its PAX drop record): listed
+    /// as dropped with the size it declares, or rejected when the record does not add up.
+    fn dropped_in_pod(&mut self, raw: &RawEntry, accepted: sanitize::Accepted, value: &[u8]) {
+        self.not_stored(accepted.kind, &accepted.path);
+        match sanitize::dropped_in_pod(accepted.kind, raw.size, value) {
+            Ok(declared) => {
+                self.meter.record_drop(declared);
+                self.push_dropped(DroppedRecord {
+                    path: accepted.path,
+                    size: declared,
+                    reason: DROPPED_OVER_CAP.into(),
+                    in_pod: true,
+                });
+            }
+            Err(reason) => self.push_rejected(rejected_record(raw, reason)),
+        }
+    }
+
+    /// A regular file: stopped before at the input bound, dropped over the cap or the metadata
+    /// allowance, else its content streamed into the archive and hashed.
+    async fn file<R: AsyncRead + Unpin + Send>(
+        &mut self,
+        entry: &mut tokio_tar::Entry<tokio_tar::Archive<R>>,
+        stored: Stored,
+        size: u64,
+    ) -> Result<Next, DrainError> {
+        if let Some(next) = self.file_not_stored(&stored, size) {
+            return Ok(next);
+        }
+        let Stored {
+            mut record,
+            earlier,
+            mtime,
+            metadata_cost,
+        } = stored;
+        self.metadata.admit(metadata_cost);
+        let header = self
+            .header(tokio_tar::EntryType::Regular, &record, size, mtime)
+            .await?;
+        let mut source = HashingReader::new(&mut *entry, size);
+        if let Err(e) = self.builder.append(&header, &mut source).await {
+            return Err(self.append_failure(e, &source, &record.path, size));
+        }
+        record.size = size;
+        record.sha256 = Some(hex::encode(source.hasher.finalize()));
+        self.outcome.bytes += size;
+        self.keep(record, earlier);
+        Ok(Next::Continue)
+    }
+
+    /// Whether a file of `size` bytes is left out (listed as dropped), and what the drain does
+    /// then; None when it is to be stored.
+    fn file_not_stored(&mut self, stored: &Stored, size: u64) -> Option<Next> {
+        let (next, reason) = if self.would_cross_input_bound(size) {
+            // Its content cannot be read whole within the bound: stop before it, so the
+            // stored archive never holds a member cut short.
+            let reason = if self.meter.fits(size) {
+                self.meter.record_drop(size);
+                DROPPED_INPUT_BOUND
+            } else {
+                self.meter.admit(size);
+                DROPPED_OVER_CAP
+            };
+            (Next::Stop, reason)
+        } else if self.meter.fits(size) && !self.metadata.fits(stored.metadata_cost) {
+            // Its content fits the cap, but its name would take the stored metadata past
+            // the path's allowance (docs/contract.md, "Unbounded size").
+            self.meter.record_drop(size);
+            (Next::Continue, DROPPED_METADATA)
+        } else if self.meter.admit(size) == Admit::Drop {
+            (Next::Continue, DROPPED_OVER_CAP)
+        } else {
+            return None;
+        };
+        self.push_dropped(DroppedRecord {
+            path: stored.record.path.clone(),
+            size,
+            reason: reason.into(),
+            in_pod: false,
+        });
+        Some(next)
+    }
+
+    /// Whose failure a file's append is: the input's (cut short, or a read that failed) or the
+    /// archive writer's.
+    fn append_failure<E>(
+        &self,
+        e: io::Error,
+        source: &HashingReader<E>,
+        path: &str,
+        size: u64,
+    ) -> DrainError {
+        let state = &self.state;
+        let input_side = state.tripped.load(Ordering::Relaxed) != TRIPPED_NONE
+            || state.read_failed.load(Ordering::Relaxed);
+        let cut_short = source.short || state.eof.load(Ordering::Relaxed);
+        if !input_side && cut_short {
+            self.fail(DrainErrorKind::Truncated(format!(
+                "member {path:?} ended after {} of {size} bytes",
+                source.read
+            )))
+        } else if input_side || source.failed {
+            self.read_failure(e)
+        } else {
+            self.fail(DrainErrorKind::Write(e))
+        }
+    }
+
+    /// A directory or a symlink: stored (no content) unless it would take the stored metadata
+    /// past the path's allowance.
+    async fn dir_or_link(&mut self, stored: Stored) -> Result<Next, DrainError> {
+        let Stored {
+            record,
+            earlier,
+            mtime,
+            metadata_cost,
+        } = stored;
+        if self.metadata.admit(metadata_cost) == Admit::Drop {
+            self.not_stored(record.kind, &record.path);
+            self.push_dropped(DroppedRecord {
+                path: record.path,
+                size: 0,
+                reason: DROPPED_METADATA.into(),
+                in_pod: false,
+            });
+            return Ok(Next::Continue);
+        }
+        let ty = if record.kind == MemberKind::Dir {
+            tokio_tar::EntryType::Directory
+        } else {
+            tokio_tar::EntryType::Symlink
+        };
+        let header = self.header(ty, &record, 0, mtime).await?;
+        self.builder
+            .append(&header, tokio::io::empty())
+            .await
+            .map_err(|e| self.fail(DrainErrorKind::Write(e)))?;
+        self.keep(record, earlier);
+        // A directory or link has no content; whatever a hostile header claims, the
+        // parser skips.
+        Ok(Next::Continue)
     }
 
     /// Keeps the packer's notes if the root entry carries them: never stored, only recorded
@@ -843,6 +874,28 @@ impl<W: AsyncWrite + Unpin + Send> Pipeline<'_, W> {
                 return Err(self.fail(DrainErrorKind::TrailingGarbage));
             }
         }
+    }
+}
+
+/// A member the sanitizer accepted, on its way into the archive.
+struct Stored {
+    record: MemberRecord,
+    /// The stored member of the same path it supersedes, if any.
+    earlier: Option<usize>,
+    mtime: u64,
+    /// What its name and link target take of the path's metadata allowance.
+    metadata_cost: u64,
+}
+
+/// The record of a rejected entry, its path bounded.
+fn rejected_record(raw: &RawEntry, reason: Reason) -> RejectedRecord {
+    let path = &raw.path;
+    tracing::debug!(path = %String::from_utf8_lossy(path), %reason, "rejected tar entry");
+    RejectedRecord {
+        path: bounded_lossy(path, MAX_REJECTED_PATH_BYTES),
+        entry_type: char::from(raw.type_byte).escape_default().to_string(),
+        size: raw.size,
+        reason,
     }
 }
 

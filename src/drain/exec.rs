@@ -178,14 +178,8 @@ fn notes_from_bytes(kept: &[u8], truncated_bytes: u64) -> PackNotes {
         .map(|raw| {
             let mut line =
                 String::from_utf8_lossy(&raw[..raw.len().min(MAX_NOTE_LEN)]).into_owned();
-            if line.len() > MAX_NOTE_LEN {
-                // Replacement characters are wider than the bytes they replace.
-                let mut cut = MAX_NOTE_LEN;
-                while !line.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                line.truncate(cut);
-            }
+            // Replacement characters are wider than the bytes they replace.
+            crate::text::truncate(&mut line, MAX_NOTE_LEN);
             line
         })
         .collect();

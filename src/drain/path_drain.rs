@@ -18,6 +18,7 @@
 //! A path where nothing could be read is not an empty set: when the packer reported unreadable
 //! entries and stored no file, the path fails with the packer's notes ([`nothing_readable`]).
 
+use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -157,9 +158,9 @@ impl AttemptError {
     /// the manifest.
     pub(crate) fn store_refused_credentials(&self) -> bool {
         match self {
-            AttemptError::Store(e) => credentials::store_is_refused(e),
+            AttemptError::Store(e) => e.is_refused(),
             AttemptError::Drain(e) => match &e.kind {
-                DrainErrorKind::Store(e) => credentials::store_is_refused(e),
+                DrainErrorKind::Store(e) => e.is_refused(),
                 DrainErrorKind::Write(e) => credentials::io_is_refused(e),
                 _ => false,
             },
@@ -328,13 +329,7 @@ pub(crate) fn nothing_readable(
     let shown: Vec<&str> = unreadable
         .iter()
         .take(SHOWN)
-        .map(|note| {
-            let mut end = note.len().min(NOTE_LIMIT);
-            while !note.is_char_boundary(end) {
-                end -= 1;
-            }
-            &note[..end]
-        })
+        .map(|note| crate::text::prefix(note, NOTE_LIMIT))
         .collect();
     let more = if total > shown.len() as u64 {
         format!(" (and {} more)", total - shown.len() as u64)
@@ -372,7 +367,7 @@ async fn check_commit(
             Err(e) => e,
         };
         // Refused credentials do not heal by retrying: fail at once, naming the settings.
-        if credentials::store_is_refused(&error) {
+        if error.is_refused() {
             return Err(error);
         }
         warn!(path = job.path, manifest = %keys.manifest, error = %error, "cannot read the manifest; not uploading until the store answers");
@@ -398,29 +393,7 @@ async fn check_commit(
 /// when [`PathJob::cancel`] fired: nothing is recorded, the path stays Pending for the next
 /// leader.
 pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
-    let started = Instant::now();
-    let run = RunRef {
-        namespace: job.namespace.to_string(),
-        name: job.run_name.to_string(),
-        uid: job.run_uid.to_string(),
-    };
-    let keys = object_keys(job.store_prefix, &run, job.index, job.path, job.compression);
-    let opts = DrainOptions::new(job.cap_bytes, job.compression);
-    let mut attempts = job.previous_attempts;
-    let mut backoff = Duration::from_secs(1);
-    let mut last_error: Option<AttemptError> = None;
-    // The path's cap, for the packer (`pack --budget`); dropped for good when the holder's packer
-    // predates the flag.
-    let mut budget = Some(job.cap_bytes);
-    // The encoding asked of the packer; plain tar for good when the holder's packer predates
-    // `--wire`.
-    let mut wire = job.wire;
-
-    // The manifest this replica last tried to write: a PUT that failed on the wire may still have
-    // committed, and the next check tells it apart from someone else's commit.
-    // Its digest only: not a second copy of its records (docs/contract.md "Drain memory").
-    let mut last_written: Option<[u8; 32]> = None;
-
+    let mut drain = PathDrain::new(job);
     loop {
         if job.cancel.is_cancelled() {
             info!(
@@ -431,147 +404,251 @@ pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
         }
         // Before every attempt: is the path committed (by an earlier operator that died before
         // recording it, or by our own last attempt whose manifest PUT lost its response)?
-        match check_commit(job, &keys, &mut backoff).await {
-            Ok(CommitCheck::Committed(manifest)) => {
-                let ours = last_written.is_some_and(|mine| mine == manifest.content_digest());
-                info!(path = job.path, manifest = %keys.manifest, committed_by_attempt = manifest.attempt, ours, "already committed; recording it");
-                return Some(finish(
-                    job,
-                    committed_status(job.path, &manifest, &keys, job.store_url, attempts),
-                    started,
-                    None,
-                ));
-            }
-            Ok(CommitCheck::Open) => {}
-            Err(_) if job.cancel.is_cancelled() => {
-                info!(
-                    path = job.path,
-                    "drain cancelled; leaving the path to the next leader"
-                );
-                return None;
-            }
-            Err(e) if credentials::store_is_refused(&e) => {
-                let message = credentials::refused_message(job.store_url, &e.to_string());
-                let status = failed(job.path, attempts, message);
-                return Some(finish(job, status, started, Some("store_credentials")));
-            }
-            Err(e) => {
-                let status = failed(
-                    job.path,
-                    attempts,
-                    format!(
-                        "drain timeout reached before the path was drained; the manifest (the commit point) could not be read, so nothing was uploaded over it: {e}"
-                    ),
-                );
-                return Some(finish(job, status, started, Some("timeout")));
-            }
+        if let ControlFlow::Break(end) = drain.check_commit().await {
+            return end;
         }
-        let remaining = job
-            .deadline
-            .saturating_duration_since(tokio::time::Instant::now());
-        if remaining.is_zero() {
-            let cause = last_error
-                .as_ref()
-                .map(|e| format!("; last error: {e}"))
-                .unwrap_or_default();
-            let status = failed(
-                job.path,
-                attempts,
-                format!("drain timeout reached before the path was drained{cause}"),
-            );
-            return Some(finish(job, status, started, Some("timeout")));
-        }
+        let remaining = match drain.remaining() {
+            ControlFlow::Continue(remaining) => remaining,
+            ControlFlow::Break(timed_out) => return timed_out,
+        };
         // No orphaned multipart uploads (docs/contract.md): an upload of this key left open by an
         // attempt whose process was killed (no drop guard ran) is aborted before a new one starts.
         let clean = crate::store::open_uploads::before_attempt(
             job.open_uploads,
-            &keys.archive,
+            &drain.keys.archive,
             remaining.min(crate::store::open_uploads::BUDGET),
         );
         tokio::select! {
             () = job.cancel.cancelled() => return None,
             _ = clean => {}
         }
-        attempts += 1;
+        drain.attempts += 1;
         let ctx = ManifestContext {
-            run: run.clone(),
+            run: drain.run.clone(),
             declared_path: job.path.to_string(),
             index: job.index,
-            attempt: attempts,
+            attempt: drain.attempts,
         };
         let run_attempt = tokio::time::timeout(
             remaining,
-            attempt(job, &keys, &opts, ctx, (budget, wire), &mut last_written),
+            attempt(
+                job,
+                &drain.keys,
+                &drain.opts,
+                ctx,
+                (drain.budget, drain.wire),
+                &mut drain.last_written,
+            ),
         );
         let result = tokio::select! {
             // Dropping the attempt drops its upload, which aborts itself (src/store/upload_guard.rs).
             () = job.cancel.cancelled() => {
-                info!(path = job.path, attempt = attempts, "drain cancelled mid-attempt; leaving the path to the next leader");
+                info!(path = job.path, attempt = drain.attempts, "drain cancelled mid-attempt; leaving the path to the next leader");
                 return None;
             }
             result = run_attempt => result,
         };
+        if let ControlFlow::Break(end) = drain.after_attempt(result).await {
+            return end;
+        }
+    }
+}
+
+/// One path's drain in progress: what carries over from one attempt to the next.
+struct PathDrain<'j, 'a> {
+    job: &'j PathJob<'a>,
+    run: RunRef,
+    keys: ObjectKeys,
+    opts: DrainOptions,
+    started: Instant,
+    attempts: u32,
+    backoff: Duration,
+    last_error: Option<AttemptError>,
+    /// The path's cap, for the packer (`pack --budget`); dropped for good when the holder's
+    /// packer predates the flag.
+    budget: Option<u64>,
+    /// The encoding asked of the packer; plain tar for good when the holder's packer predates
+    /// `--wire`.
+    wire: Wire,
+    /// The manifest this replica last tried to write: a PUT that failed on the wire may still
+    /// have committed, and the next check tells it apart from someone else's commit.
+    /// Its digest only: not a second copy of its records (docs/contract.md "Drain memory").
+    last_written: Option<[u8; 32]>,
+}
+
+/// What one step of a drain says: go on (`Continue`), or the drain ends with this entry (None:
+/// cancelled, nothing recorded).
+type Next = ControlFlow<Option<ReadBackStatus>>;
+
+impl<'j, 'a> PathDrain<'j, 'a> {
+    fn new(job: &'j PathJob<'a>) -> Self {
+        let run = RunRef {
+            namespace: job.namespace.to_string(),
+            name: job.run_name.to_string(),
+            uid: job.run_uid.to_string(),
+        };
+        let keys = object_keys(job.store_prefix, &run, job.index, job.path, job.compression);
+        PathDrain {
+            job,
+            run,
+            keys,
+            opts: DrainOptions::new(job.cap_bytes, job.compression),
+            started: Instant::now(),
+            attempts: job.previous_attempts,
+            backoff: Duration::from_secs(1),
+            last_error: None,
+            budget: Some(job.cap_bytes),
+            wire: job.wire,
+            last_written: None,
+        }
+    }
+
+    /// The drain ends with `status`, counted in the metrics.
+    fn end(&self, status: ReadBackStatus, failure: Option<&str>) -> Next {
+        ControlFlow::Break(Some(finish(self.job, status, self.started, failure)))
+    }
+
+    /// The drain ends Failed with `message`.
+    fn fail(&self, message: String, failure: &str) -> Next {
+        self.end(failed(self.job.path, self.attempts, message), Some(failure))
+    }
+
+    /// "; last error: …", or nothing before the first failed attempt.
+    fn last_cause(&self) -> String {
+        self.last_error
+            .as_ref()
+            .map(|e| format!("; last error: {e}"))
+            .unwrap_or_default()
+    }
+
+    /// The commit point before an attempt: already committed ends the drain with it; an
+    /// unreadable one ends it Failed (never an upload over it).
+    async fn check_commit(&mut self) -> Next {
+        let job = self.job;
+        match check_commit(job, &self.keys, &mut self.backoff).await {
+            Ok(CommitCheck::Committed(manifest)) => {
+                let ours = self
+                    .last_written
+                    .is_some_and(|mine| mine == manifest.content_digest());
+                info!(path = job.path, manifest = %self.keys.manifest, committed_by_attempt = manifest.attempt, ours, "already committed; recording it");
+                let status =
+                    committed_status(job.path, &manifest, &self.keys, job.store_url, self.attempts);
+                self.end(status, None)
+            }
+            Ok(CommitCheck::Open) => ControlFlow::Continue(()),
+            Err(_) if job.cancel.is_cancelled() => {
+                info!(
+                    path = job.path,
+                    "drain cancelled; leaving the path to the next leader"
+                );
+                ControlFlow::Break(None)
+            }
+            Err(e) if e.is_refused() => self.fail(
+                credentials::refused_message(job.store_url, &e.to_string()),
+                "store_credentials",
+            ),
+            Err(e) => self.fail(
+                format!(
+                    "drain timeout reached before the path was drained; the manifest (the commit point) could not be read, so nothing was uploaded over it: {e}"
+                ),
+                "timeout",
+            ),
+        }
+    }
+
+    /// The time left before the drain deadline, or the Failed entry of a drain that ran out.
+    fn remaining(&self) -> ControlFlow<Option<ReadBackStatus>, Duration> {
+        let remaining = self
+            .job
+            .deadline
+            .saturating_duration_since(tokio::time::Instant::now());
+        if !remaining.is_zero() {
+            return ControlFlow::Continue(remaining);
+        }
+        let message = format!(
+            "drain timeout reached before the path was drained{}",
+            self.last_cause()
+        );
+        let status = failed(self.job.path, self.attempts, message);
+        ControlFlow::Break(Some(finish(
+            self.job,
+            status,
+            self.started,
+            Some("timeout"),
+        )))
+    }
+
+    /// What an attempt's result means: committed, retried (at once with fewer flags for an
+    /// older packer, after a backoff when transient), or failed for good.
+    async fn after_attempt(
+        &mut self,
+        result: Result<Result<Manifest, AttemptError>, tokio::time::error::Elapsed>,
+    ) -> Next {
+        let job = self.job;
+        let attempts = self.attempts;
         match result {
             Ok(Ok(manifest)) => {
-                let status = committed_status(job.path, &manifest, &keys, job.store_url, attempts);
-                return Some(finish(job, status, started, None));
+                let status =
+                    committed_status(job.path, &manifest, &self.keys, job.store_url, attempts);
+                self.end(status, None)
             }
-            Ok(Err(AttemptError::Exec(e))) if wire != Wire::Tar && e.refuses_flag(WIRE_FLAG) => {
+            Ok(Err(AttemptError::Exec(e)))
+                if self.wire != Wire::Tar && e.refuses_flag(WIRE_FLAG) =>
+            {
                 warn!(
                     path = job.path,
                     attempt = attempts,
                     error = %e,
                     "the holder's packer does not know --wire (an older holder image?); retrying with a plain tar stream"
                 );
-                wire = Wire::Tar;
-                last_error = Some(AttemptError::Exec(e));
+                self.wire = Wire::Tar;
+                self.last_error = Some(AttemptError::Exec(e));
+                ControlFlow::Continue(())
             }
-            Ok(Err(AttemptError::Exec(e))) if budget.is_some() && e.refuses_flag(BUDGET_FLAG) => {
+            Ok(Err(AttemptError::Exec(e)))
+                if self.budget.is_some() && e.refuses_flag(BUDGET_FLAG) =>
+            {
                 warn!(
                     path = job.path,
                     attempt = attempts,
                     error = %e,
                     "the holder's packer does not know --budget (an older holder image?); retrying without it, so members over the cap cross the wire before the drain drops them"
                 );
-                budget = None;
-                last_error = Some(AttemptError::Exec(e));
+                self.budget = None;
+                self.last_error = Some(AttemptError::Exec(e));
+                ControlFlow::Continue(())
             }
-            Ok(Err(e)) if e.is_transient() => {
-                warn!(path = job.path, attempt = attempts, error = %e, "drain attempt failed; retrying");
-                job.metrics
-                    .drain_failures
-                    .with_label_values(&[e.metric_label()])
-                    .inc();
-                let left = job
-                    .deadline
-                    .saturating_duration_since(tokio::time::Instant::now());
-                tokio::select! {
-                    () = job.cancel.cancelled() => return None,
-                    () = tokio::time::sleep(backoff.min(left)) => {}
-                }
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-                last_error = Some(e);
-            }
-            Ok(Err(e)) => {
-                let label = e.metric_label();
-                let status = failed(job.path, attempts, describe_failure(&e, job.store_url));
-                return Some(finish(job, status, started, Some(label)));
-            }
-            Err(_) => {
-                let cause = last_error
-                    .as_ref()
-                    .map(|e| format!("; last error: {e}"))
-                    .unwrap_or_default();
-                let status = failed(
-                    job.path,
-                    attempts,
-                    format!(
-                        "drain timeout reached while attempt {attempts} was still streaming{cause}"
-                    ),
-                );
-                return Some(finish(job, status, started, Some("timeout")));
-            }
+            Ok(Err(e)) if e.is_transient() => self.back_off(e).await,
+            Ok(Err(e)) => self.fail(describe_failure(&e, job.store_url), e.metric_label()),
+            Err(_) => self.fail(
+                format!(
+                    "drain timeout reached while attempt {attempts} was still streaming{}",
+                    self.last_cause()
+                ),
+                "timeout",
+            ),
         }
+    }
+
+    /// A transient failure: counted, then a pause (doubling up to [`MAX_BACKOFF`], never past
+    /// the deadline) before the next attempt.
+    async fn back_off(&mut self, e: AttemptError) -> Next {
+        let job = self.job;
+        warn!(path = job.path, attempt = self.attempts, error = %e, "drain attempt failed; retrying");
+        job.metrics
+            .drain_failures
+            .with_label_values(&[e.metric_label()])
+            .inc();
+        let left = job
+            .deadline
+            .saturating_duration_since(tokio::time::Instant::now());
+        tokio::select! {
+            () = job.cancel.cancelled() => return ControlFlow::Break(None),
+            () = tokio::time::sleep(self.backoff.min(left)) => {}
+        }
+        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+        self.last_error = Some(e);
+        ControlFlow::Continue(())
     }
 }
 
@@ -622,6 +699,8 @@ fn finish(
     status
 }
 
+/// One attempt: exec the packer, stream its tar into the archive, check how the packer ended,
+/// then commit the manifest.
 async fn attempt(
     job: &PathJob<'_>,
     keys: &ObjectKeys,
@@ -633,9 +712,33 @@ async fn attempt(
     let argv = pack_argv(job.pack_command, job.holder_path, budget, wire);
     let mut exec = PackExec::start(job.pods, job.pod_name, argv).await?;
     let stdout = exec.take_stdout().ok_or(AttemptError::NoStdout)?;
+    let started = jiff::Timestamp::now();
+    let (outcome, exec) = stream_archive(job, keys, opts, exec, stdout).await?;
+    let notes = packer_notes(job, keys, &outcome, exec).await?;
+    let mut manifest = Manifest::from_outcome(
+        &ctx,
+        keys,
+        opts.stored(),
+        outcome,
+        started,
+        jiff::Timestamp::now(),
+    );
+    notes.record_in(&mut manifest);
+    *last_written = Some(manifest.content_digest());
+    commit(job, keys, manifest).await
+}
+
+/// Streams the packer's stdout (whatever its wire encoding) through the pipeline into the
+/// archive upload; on failure the upload is aborted and the error says whose failure it was.
+async fn stream_archive(
+    job: &PathJob<'_>,
+    keys: &ObjectKeys,
+    opts: &DrainOptions,
+    exec: PackExec,
+    stdout: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+) -> Result<(DrainOutcome, PackExec), AttemptError> {
     // docs/contract.md "Drain memory": a packer that stalls or trickles is cut off.
     let (stdout, idled) = IdleGuard::new(stdout, job.idle);
-    let started = jiff::Timestamp::now();
     // Whatever was asked, the stream says what it is (src/drain/wire.rs).
     let decoded = match crate::drain::wire::decode(stdout, opts.max_input_bytes).await {
         Ok(decoded) => decoded,
@@ -662,29 +765,37 @@ async fn attempt(
     );
     let streamed = drain_stream(stdout, &mut writer, opts).await;
     wire_metric.inc_by(wire_bytes.get());
-    let outcome = match streamed {
-        Ok(outcome) => outcome,
-        Err(e) => {
-            // No orphaned multipart parts: an aborted attempt leaves nothing behind.
-            if let Err(abort) = writer.abort().await {
-                warn!(archive = %keys.archive, error = %abort, "aborting the multipart upload failed");
-            }
-            if idled.load(Ordering::Relaxed) {
-                exec.abandon().await;
-                return Err(AttemptError::Idle(idle_message(job.idle, &e)));
-            }
-            // A stream that breaks because the packer failed is the packer's failure (its exit
-            // status and stderr say why, and retrying will not help); otherwise the stream's.
-            if let Ok(Err(exec_err @ ExecError::Failed { .. })) =
-                tokio::time::timeout(Duration::from_secs(2), exec.finish()).await
-            {
-                return Err(exec_err.into());
-            }
-            return Err(e.into());
-        }
+    let e = match streamed {
+        Ok(outcome) => return Ok((outcome, exec)),
+        Err(e) => e,
     };
-    // The archive is uploaded; it only becomes a result if the packer says it finished cleanly —
-    // unless the drain stopped reading at its input bound, when the packer never could finish.
+    // No orphaned multipart parts: an aborted attempt leaves nothing behind.
+    if let Err(abort) = writer.abort().await {
+        warn!(archive = %keys.archive, error = %abort, "aborting the multipart upload failed");
+    }
+    if idled.load(Ordering::Relaxed) {
+        exec.abandon().await;
+        return Err(AttemptError::Idle(idle_message(job.idle, &e)));
+    }
+    // A stream that breaks because the packer failed is the packer's failure (its exit
+    // status and stderr say why, and retrying will not help); otherwise the stream's.
+    if let Ok(Err(exec_err @ ExecError::Failed { .. })) =
+        tokio::time::timeout(Duration::from_secs(2), exec.finish()).await
+    {
+        return Err(exec_err.into());
+    }
+    Err(e.into())
+}
+
+/// How the packer ended, and its notes. The archive is uploaded; it only becomes a result if the
+/// packer says it finished cleanly — unless the drain stopped reading at its input bound, when
+/// the packer never could finish — and stored something readable (else it is deleted).
+async fn packer_notes(
+    job: &PathJob<'_>,
+    keys: &ObjectKeys,
+    outcome: &DrainOutcome,
+    exec: PackExec,
+) -> Result<super::pod_notes::PodNotes, AttemptError> {
     let notes = if outcome.stopped_at_input_bound.is_some() {
         exec.abandon().await
     } else {
@@ -698,21 +809,20 @@ async fn attempt(
     };
     // The archive's in-band notes when the packer wrote them, else its stderr (docs/contract.md,
     // "The packer's notes travel in-band").
-    let notes = pod_notes(&outcome, notes);
-    if let Some(message) = nothing_readable(&outcome, &notes.lines, notes.unlisted_unreadable) {
+    let notes = pod_notes(outcome, notes);
+    if let Some(message) = nothing_readable(outcome, &notes.lines, notes.unlisted_unreadable) {
         delete_archive(job, keys).await;
         return Err(AttemptError::NothingReadable(message));
     }
-    let mut manifest = Manifest::from_outcome(
-        &ctx,
-        keys,
-        opts.stored(),
-        outcome,
-        started,
-        jiff::Timestamp::now(),
-    );
-    notes.record_in(&mut manifest);
-    *last_written = Some(manifest.content_digest());
+    Ok(notes)
+}
+
+/// Writes `manifest` create-only: the commit point (docs/contract.md).
+async fn commit(
+    job: &PathJob<'_>,
+    keys: &ObjectKeys,
+    manifest: Manifest,
+) -> Result<Manifest, AttemptError> {
     let written = match write_manifest(job.store, &keys.manifest, &manifest).await {
         Ok(written) => written,
         // The PUT may have committed before its response was lost (a create-only PUT is not

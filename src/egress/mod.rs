@@ -3,7 +3,8 @@
 //! for addresses, and the egress proxy ([`proxy`]) for host names, both judging with the one
 //! matcher admission validates with ([`crate::admission::network`]). The workload reaches the
 //! proxy through the variables of [`env`], authenticated by a per-run [`token`]. The proxy is
-//! [`proxy`] (flags, accept loop, metrics), [`request`] (one connection, step by step), [`head`]
+//! [`proxy`] (flags, accept loop, metrics endpoint), [`state`] (what connections share: bounds,
+//! resolver, metrics), [`request`] (one connection, step by step), [`head`]
 //! (request heads), [`runs`] (what it knows of runs and their pods), [`limits`] (connection
 //! slots) and [`tunnel`] (the relay with its idle timeout).
 
@@ -17,6 +18,7 @@ pub mod proxy;
 pub(crate) mod request;
 pub mod runs;
 pub mod settings;
+pub(crate) mod state;
 pub mod token;
 pub(crate) mod tunnel;
 

@@ -15,8 +15,8 @@ use crate::admission::network::{decide, Rule};
 use crate::api::NetworkMode;
 use crate::egress::head::{forward_head, fqdn, header, read_head, target_of, Head, Target};
 use crate::egress::limits::{LimitRefusal, Slot};
-use crate::egress::proxy::{verdict, ProxyState, HEAD_TIMEOUT};
 use crate::egress::runs::{AuthRefusal, RunRules};
+use crate::egress::state::{verdict, ProxyState, HEAD_TIMEOUT};
 use crate::egress::token;
 use crate::egress::tunnel::{relay, Ended};
 

@@ -120,7 +120,7 @@ fn state_words(run: &SandboxRun) -> String {
         .iter()
         .map(|e| match (e.phase, e.message.as_deref()) {
             (ReadBackPhase::Failed, Some(m)) => {
-                format!("{} Failed: {}", e.path, crate::files::printable(m))
+                format!("{} Failed: {}", e.path, crate::text::printable(m))
             }
             (phase, _) => format!("{} {}", e.path, phase.as_str()),
         })

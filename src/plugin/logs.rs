@@ -11,7 +11,7 @@ use clap::Args;
 use kube::ResourceExt;
 
 use crate::api::{Phase, ReadBackPhase, SandboxRun, WorkloadTermination};
-use crate::files::printable;
+use crate::text::printable;
 
 use super::cluster::ClusterArgs;
 

@@ -15,7 +15,7 @@ use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{BackoffConfig, ObjectStore, RetryConfig};
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// The store flags, the same for every subcommand that needs the store (`run`, `files`):
 /// flattened into their arguments. Global, so `files ls RUN --store-url …` works after the
@@ -30,6 +30,22 @@ pub struct StoreArgs {
         default_value = "file:///var/lib/sandboxrun/store"
     )]
     pub store_url: String,
+    /// `--store-option`.
+    #[command(flatten)]
+    pub store_options: StoreOptions,
+}
+
+impl StoreArgs {
+    /// The options as `(key, value)` pairs ([`parse_options`]).
+    pub fn options(&self) -> Result<Vec<(String, String)>, String> {
+        self.store_options.parse()
+    }
+}
+
+/// `--store-option`, the one flag every subcommand that opens the store takes (`run`'s
+/// [`StoreArgs`], `files`'s `FilesStoreArgs`, whose URL has no default).
+#[derive(clap::Args, Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreOptions {
     /// Store options as key=value (repeatable / comma-separated), e.g. endpoint=http://…,allow_http=true.
     #[arg(
         long = "store-option",
@@ -37,13 +53,13 @@ pub struct StoreArgs {
         env = "SANDBOXRUN_STORE_OPTIONS",
         value_delimiter = ','
     )]
-    pub store_options: Vec<String>,
+    pub options: Vec<String>,
 }
 
-impl StoreArgs {
+impl StoreOptions {
     /// The options as `(key, value)` pairs ([`parse_options`]).
-    pub fn options(&self) -> Result<Vec<(String, String)>, String> {
-        parse_options(&self.store_options)
+    pub fn parse(&self) -> Result<Vec<(String, String)>, String> {
+        parse_options(&self.options)
     }
 }
 

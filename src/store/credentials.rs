@@ -4,8 +4,6 @@
 //! the backend and the settings (docs/contract.md: a failed drain is never an empty set, and says
 //! why).
 
-use crate::store::StoreError;
-
 /// Whether an object-store error is the store refusing the credentials (HTTP 401 or 403).
 ///
 /// object_store maps a 401/403 to `Unauthenticated`/`PermissionDenied` on object requests, but
@@ -36,14 +34,6 @@ pub(crate) fn io_is_refused(e: &std::io::Error) -> bool {
     e.get_ref()
         .and_then(|inner| inner.downcast_ref::<object_store::Error>())
         .is_some_and(is_refused)
-}
-
-/// [`is_refused`] for a store operation's error.
-pub(crate) fn store_is_refused(e: &StoreError) -> bool {
-    match e {
-        StoreError::Object { source, .. } | StoreError::Build { source, .. } => is_refused(source),
-        _ => false,
-    }
 }
 
 /// The backend a store URL's scheme names, as users know it.
@@ -110,6 +100,7 @@ pub(crate) fn reader_refused_hint(store_url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::StoreError;
 
     fn denied() -> object_store::Error {
         object_store::Error::PermissionDenied {
@@ -156,8 +147,8 @@ mod tests {
             key: "k".into(),
             source: denied(),
         };
-        assert!(store_is_refused(&store));
-        assert!(!store_is_refused(&StoreError::NotFound { key: "k".into() }));
+        assert!(store.is_refused());
+        assert!(!StoreError::NotFound { key: "k".into() }.is_refused());
     }
 
     #[test]

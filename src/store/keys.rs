@@ -90,6 +90,24 @@ pub fn path_slug(declared: &str) -> String {
     }
 }
 
+/// Every key under `dir` (the store's listing, read whole), or the listing's error naming `dir`.
+pub(crate) async fn list_keys(
+    store: &dyn object_store::ObjectStore,
+    dir: &object_store::path::Path,
+) -> Result<Vec<object_store::path::Path>, super::error::StoreError> {
+    use futures::TryStreamExt;
+    let metas: Vec<_> = store
+        .list(Some(dir))
+        .try_collect()
+        .await
+        .map_err(|source| super::error::StoreError::Object {
+            op: "listing",
+            key: dir.to_string(),
+            source,
+        })?;
+    Ok(metas.into_iter().map(|m| m.location).collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

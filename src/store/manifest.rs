@@ -8,8 +8,8 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
 
+use super::error::StoreError;
 use super::keys::{run_prefix, ObjectKeys, RunRef, MANIFEST_SUFFIX};
-use super::StoreError;
 use crate::api::{Compression, ReadBackPhase};
 use crate::tar::sanitize::{MemberKind, Reason};
 
@@ -354,7 +354,7 @@ pub async fn list_manifests(
     name: &str,
 ) -> Result<Vec<(Path, Manifest)>, StoreError> {
     let dir = run_prefix(prefix, namespace, name);
-    let mut keys: Vec<Path> = super::list_keys(store, &dir)
+    let mut keys: Vec<Path> = super::keys::list_keys(store, &dir)
         .await?
         .into_iter()
         .filter(|p| p.filename().is_some_and(|f| f.ends_with(MANIFEST_SUFFIX)))

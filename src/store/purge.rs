@@ -8,7 +8,8 @@ use std::sync::Arc;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
-use super::{run_dir, RunRef, StoreError, MANIFEST_SUFFIX};
+use super::error::StoreError;
+use super::keys::{run_dir, RunRef, MANIFEST_SUFFIX};
 
 /// Why a run's stored files could not be deleted.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +43,7 @@ pub(crate) async fn delete_run_archives(
     let dir = run_dir(prefix, run);
     // object_store lists by path segments already; checked again here because a store that
     // matched raw string prefixes would hand back another run's keys.
-    let mut keys: Vec<Path> = super::list_keys(store, &dir)
+    let mut keys: Vec<Path> = super::keys::list_keys(store, &dir)
         .await?
         .into_iter()
         .filter(|k| k.prefix_matches(&dir) && *k != dir)

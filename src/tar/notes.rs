@@ -149,11 +149,7 @@ fn cut(bytes: &[u8], limit: usize) -> Vec<u8> {
 
 /// `text` cut to at most `limit` bytes, on a character boundary, with NULs replaced.
 fn cut_text(text: &str, limit: usize) -> String {
-    let mut end = text.len().min(limit);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].replace('\0', " ")
+    crate::text::prefix(text, limit).replace('\0', " ")
 }
 
 impl InBandNotes {
