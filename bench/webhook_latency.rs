@@ -187,6 +187,7 @@ fn start_servers(bundle: &certs::CertBundle, pin: bool) -> (SocketAddr, SocketAd
                 // On, as in the operator: the bench's spec exercises no right, so no
                 // SubjectAccessReview is made, but the spec is read for it.
                 access_checks: true,
+                watched_namespaces: Vec::new(),
             };
             let (ours, peer) = (unused_port(), unused_port());
             tokio::spawn(serve_tls(ours, tls.clone(), router(state)));

@@ -353,7 +353,7 @@ fn engine(text: &str) -> Option<Vec<Finding>> {
 
 /// Rules doctor applies to the document around the spec (src/admission/schema.rs), which the
 /// apiserver applies itself on a live cluster before any webhook.
-const DOCUMENT_RULES: [&str; 2] = ["unknown-field", "api-version-kind"];
+const DOCUMENT_RULES: [&str; 3] = ["unknown-field", "api-version-kind", "invalid-value"];
 
 fn verdict_of(findings: &[Finding]) -> &'static str {
     if findings.iter().any(Finding::is_fail) {

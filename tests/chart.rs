@@ -347,6 +347,52 @@ fn the_run_policy_values_become_the_operators_flags() {
     );
 }
 
+/// Issue #27: the webhook is tied to `watchNamespaces`. By default (`refuse`) it sees every
+/// namespace and the operator refuses runs outside the watched ones (`--webhook-refuse-unwatched`);
+/// with `ignore` its namespaceSelector is narrowed to them instead; without `watchNamespaces`,
+/// neither.
+#[test]
+fn the_webhook_is_tied_to_the_watched_namespaces() {
+    let render = |sets: &[&str]| {
+        let mut args = vec!["template", "demo", CHART];
+        for s in sets {
+            args.extend_from_slice(&["--set", s]);
+        }
+        let docs = yaml_docs(&ok(helm(&args), None));
+        let flags: Vec<String> = operator_deployment(&docs)["spec"]["template"]["spec"]
+            ["containers"][0]["args"]
+            .as_sequence()
+            .expect("args")
+            .iter()
+            .filter_map(|a| a.as_str().map(str::to_string))
+            .collect();
+        let selector = serde_json::to_value(
+            &only(&docs, "ValidatingWebhookConfiguration")["webhooks"][0]["namespaceSelector"],
+        )
+        .expect("selector");
+        (flags, selector)
+    };
+    let refuse_flag = "--webhook-refuse-unwatched".to_string();
+    let narrowed = |selector: &serde_json::Value| {
+        selector["matchExpressions"]
+            .as_array()
+            .expect("expressions")
+            .iter()
+            .any(|e| e["operator"] == "In" && e["values"] == serde_json::json!(["a", "b"]))
+    };
+    let (flags, selector) = render(&[]);
+    assert!(!flags.contains(&refuse_flag) && !narrowed(&selector));
+    let (flags, selector) = render(&["watchNamespaces={a,b}"]);
+    assert!(flags.contains(&refuse_flag), "{flags:?}");
+    assert!(!narrowed(&selector), "{selector}");
+    let (flags, selector) = render(&[
+        "watchNamespaces={a,b}",
+        "webhook.unwatchedNamespaces=ignore",
+    ]);
+    assert!(!flags.contains(&refuse_flag), "{flags:?}");
+    assert!(narrowed(&selector), "{selector}");
+}
+
 /// The documents of a multi-document YAML stream.
 fn yaml_docs(text: &str) -> Vec<serde_yaml::Value> {
     serde_yaml::Deserializer::from_str(text)

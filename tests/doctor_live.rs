@@ -96,9 +96,9 @@ impl Bed {
             .expect("register the webhook configuration");
         let (_dir, store_url) = file_store("doctor-live");
         let addr = format!("127.0.0.1:{port}");
-        // The controller watches a namespace that does not exist: only the webhook and the
-        // settings publisher matter here.
-        let op = Operator::builder(&format!("{}-unwatched", ns.name), &store_url)
+        // The controller watches the test's namespace (doctor only dry-runs there: nothing is
+        // created); the webhook and the settings publisher matter here.
+        let op = Operator::builder(&ns.name, &store_url)
             .flags(&[
                 "--webhook-addr",
                 &addr,
@@ -197,6 +197,17 @@ async fn with_the_webhook_up_a_good_manifest_is_clean_and_down_it_warns_unless_r
         "{out}"
     );
     assert!(out.contains("all checks passed"), "{out}");
+
+    // Issue #27: a run bound for a namespace the operator does not watch would sit with no
+    // status for ever; doctor --context says so from the published settings.
+    let elsewhere = run_yaml("default", "elsewhere", "");
+    let (code, out, err) = bed.doctor(&["--context", &context], &elsewhere);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("namespace-not-watched metadata.namespace")
+            && out.contains(&format!("it watches {}", bed.ns.name)),
+        "{out}"
+    );
 
     // The operator goes away: its webhook endpoint is dead, the dry run cannot be judged.
     bed.op.kill();

@@ -561,3 +561,38 @@ async fn the_run_policy_is_enforced_alike_by_the_webhook_and_doctor() {
         }
     }
 }
+
+/// Issue #27: a run created in a namespace the operator does not watch used to be admitted and
+/// sit with no status for ever. With the watched namespaces given (`--webhook-refuse-unwatched`),
+/// the webhook refuses it on CREATE naming them; an UPDATE (e.g. letting an older run go) and an
+/// operator watching every namespace are never refused for it.
+#[tokio::test]
+async fn a_run_in_a_namespace_the_operator_does_not_watch_is_refused_on_create() {
+    let spec = json!({"image": DIGEST_IMAGE, "user": "1000"});
+    let state = |watched: &[&str]| WebhookState {
+        watched_namespaces: watched.iter().map(|s| s.to_string()).collect(),
+        ..WebhookState::default()
+    };
+    let create = || review("CREATE", Some(run_object(spec.clone(), json!({}))), None);
+    // review() puts the run in namespace `dev`.
+    let (_, body) = post(state(&["team-a", "team-b"]), create()).await;
+    let msg = body["response"]["status"]["message"]
+        .as_str()
+        .unwrap_or_default();
+    assert_eq!(body["response"]["allowed"], false, "{body}");
+    assert!(
+        msg.contains("namespace-not-watched") && msg.contains("team-a, team-b"),
+        "{msg}"
+    );
+    let (_, body) = post(state(&["dev"]), create()).await;
+    assert_eq!(body["response"]["allowed"], true, "{body}");
+    let (_, body) = post(state(&[]), create()).await;
+    assert_eq!(body["response"]["allowed"], true, "{body}");
+    let update = review(
+        "UPDATE",
+        Some(run_object(spec.clone(), json!({}))),
+        Some(run_object(spec.clone(), json!({}))),
+    );
+    let (_, body) = post(state(&["team-a"]), update).await;
+    assert_eq!(body["response"]["allowed"], true, "{body}");
+}

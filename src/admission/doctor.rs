@@ -233,7 +233,7 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
         );
     }
     if let Some(c) = &live.cluster {
-        read.probe_runs(c).await;
+        read.probe_runs(c, &live.watched).await;
     }
     let docs = read.into_reports();
     let tally = Tally::of(&args, &docs, live.report.as_ref(), &errors);
@@ -325,8 +325,8 @@ fn read_documents(inputs: &[String], errors: &mut Vec<UsageError>) -> ReadDocume
 
 impl ReadDocuments {
     /// Adds what the live probe finds about each run (the server-side dry run, the objects its
-    /// pod needs).
-    async fn probe_runs(&mut self, c: &live::Cluster) {
+    /// pod needs, a namespace the operator does not watch).
+    async fn probe_runs(&mut self, c: &live::Cluster, watched: &[String]) {
         let targets: Vec<(&serde_json::Value, &SandboxRun, String)> = self
             .runs
             .iter()
@@ -339,8 +339,12 @@ impl ReadDocuments {
             })
             .collect();
         let probed = live::probe_runs(c, &targets, &self.stream, &self.stream_namespaces).await;
-        for (pending, found) in self.runs.iter_mut().zip(probed) {
+        let namespaces: Vec<String> = targets.into_iter().map(|(_, _, ns)| ns).collect();
+        for ((pending, found), namespace) in self.runs.iter_mut().zip(probed).zip(namespaces) {
             pending.findings.extend(found);
+            pending
+                .findings
+                .extend(super::rules::unwatched_namespace(Some(&namespace), watched));
         }
     }
 
@@ -381,6 +385,8 @@ struct Live {
     cluster: Option<live::Cluster>,
     report: Option<ClusterReport>,
     settings: RuleSettings,
+    /// The namespaces the operator watches, as it published them (empty: every namespace).
+    watched: Vec<String>,
 }
 
 /// The live probe (`--context` / `--kubeconfig`), when asked for and nothing went wrong so far.
@@ -394,6 +400,7 @@ async fn connect_live(
         cluster: None,
         report: None,
         settings,
+        watched: Vec::new(),
     };
     let wanted = args.context.is_some() || args.kubeconfig.is_some();
     if args.require_context && !wanted {
@@ -441,6 +448,7 @@ async fn connect_live(
     };
     if let Some(published) = found.published {
         live.settings = published.settings.rules.clone();
+        live.watched = published.settings.watched_namespaces.clone();
         report.settings = Some(published.settings.describe());
         report.settings_source = Some(published.source);
     }

@@ -108,6 +108,7 @@ mod tests {
             pod: "p".into(),
             version: "v".into(),
             heartbeat: None,
+            watched_namespaces: Vec::new(),
         };
         let cm = settings_configmap("sys", "sbr-settings", &s);
         let labels = cm.metadata.labels.clone().unwrap_or_default();

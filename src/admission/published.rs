@@ -54,6 +54,8 @@ pub struct PublishedSettings {
     pub version: String,
     /// When it was written (the heartbeat); None in a record that has none.
     pub heartbeat: Option<Timestamp>,
+    /// The namespaces its controller watches (`run --namespaces`); empty: every namespace.
+    pub watched_namespaces: Vec<String>,
 }
 
 /// Why a published record cannot be read.
@@ -89,6 +91,7 @@ mod keys {
     pub const RUNTIME_CLASSES: &str = "allowedRuntimeClasses";
     pub const PRIORITY_CLASSES: &str = "allowedPriorityClasses";
     pub const TOLERATION_KEYS: &str = "allowedTolerationKeys";
+    pub const WATCHED_NAMESPACES: &str = "watchNamespaces";
 }
 
 impl PublishedSettings {
@@ -121,6 +124,9 @@ impl PublishedSettings {
         put(keys::VERSION, self.version.clone());
         if let Some(t) = self.heartbeat {
             put(keys::HEARTBEAT, t.to_string());
+        }
+        if !self.watched_namespaces.is_empty() {
+            put(keys::WATCHED_NAMESPACES, self.watched_namespaces.join(","));
         }
         // The run policy: a key per restricted field (comma-separated; "" allows none); absent
         // when the field is unrestricted, as in a record from an operator without a policy.
@@ -207,6 +213,8 @@ impl PublishedSettings {
             pod: data.get(keys::POD).cloned().unwrap_or_default(),
             version: data.get(keys::VERSION).cloned().unwrap_or_default(),
             heartbeat,
+            watched_namespaces: parse_list(data.get(keys::WATCHED_NAMESPACES).map(String::as_str))
+                .unwrap_or_default(),
         })
     }
 
@@ -282,6 +290,7 @@ mod tests {
             pod: "sandboxrun-operator-5d9c-x".into(),
             version: "0.1.0".into(),
             heartbeat: Some(Timestamp::from_second(1_800_000_000).unwrap_or_default()),
+            watched_namespaces: vec!["team-a".into(), "team-b".into()],
         }
     }
 

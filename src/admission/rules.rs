@@ -186,6 +186,9 @@ pub mod ids {
     /// `runtimeClassName`, `priorityClassName` or a toleration key outside the cluster's run
     /// policy (`--allowed-runtime-classes`, …; `super::super::policy`).
     pub(crate) const RUN_POLICY: &str = "run-policy";
+    /// A run in a namespace the operator does not watch (`run --namespaces`): refused by the
+    /// webhook, reported by `doctor --context`; nothing would ever run it.
+    pub(crate) const NAMESPACE_NOT_WATCHED: &str = "namespace-not-watched";
     /// `serviceAccountName` not a DNS-1123 subdomain.
     pub(crate) const SERVICE_ACCOUNT_NAME: &str = "service-account-name";
     /// A pod label or annotation with a malformed or reserved key, or a malformed label value.
@@ -239,6 +242,29 @@ pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
     check_env(spec, &mut out);
     sort_findings(&mut out);
     out
+}
+
+/// The refusal of a run bound for `namespace` when the operator watches only `watched` (empty:
+/// every namespace) and not it: the run would sit with no status for ever.
+pub fn unwatched_namespace(namespace: Option<&str>, watched: &[String]) -> Option<Finding> {
+    let ns = namespace?;
+    if watched.is_empty() || watched.iter().any(|w| w == ns) {
+        return None;
+    }
+    Some(Finding::fail(
+        ids::NAMESPACE_NOT_WATCHED,
+        "metadata.namespace",
+        format!(
+            "namespace {ns} is not watched by the operator (it watches {}): nothing would ever \
+             run this SandboxRun",
+            watched.join(", ")
+        ),
+        format!(
+            "create it in one of {}, or add {ns} to the chart's watchNamespaces (the operator's \
+             --namespaces)",
+            watched.join(", ")
+        ),
+    ))
 }
 
 /// Rules that compare the stored object with the update (ADR-006 applies to the spec a run
@@ -1576,5 +1602,23 @@ mod tests {
                 "{doc} still says a spec edit other than the three takes effect"
             );
         }
+    }
+
+    #[test]
+    fn a_run_outside_the_watched_namespaces_is_refused_with_them_named() {
+        let watched = vec!["team-a".to_string(), "team-b".to_string()];
+        assert!(unwatched_namespace(Some("team-a"), &watched).is_none());
+        assert!(
+            unwatched_namespace(Some("other"), &[]).is_none(),
+            "every namespace watched"
+        );
+        assert!(unwatched_namespace(None, &watched).is_none());
+        let f = unwatched_namespace(Some("other"), &watched).unwrap();
+        assert_eq!(f.rule, ids::NAMESPACE_NOT_WATCHED);
+        assert!(f.is_fail());
+        assert!(
+            f.message.contains("team-a, team-b") && f.hint.contains("watchNamespaces"),
+            "{f:?}"
+        );
     }
 }

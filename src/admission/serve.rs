@@ -50,6 +50,8 @@ pub struct ServeConfig {
     pub check_images: bool,
     /// Settings the rules read.
     pub settings: RuleSettings,
+    /// The namespaces the controller watches (`run --namespaces`); empty: every namespace.
+    pub watched_namespaces: Vec<String>,
 }
 
 /// Starts the webhook in the background; returns the address it listens on.
@@ -70,6 +72,7 @@ pub async fn start(
     };
     let state = WebhookState {
         settings: config.settings.clone(),
+        watched_namespaces: config.watched_namespaces.clone(),
         metrics: Some(webhook_metrics),
         images,
         client: Some(client.clone()),

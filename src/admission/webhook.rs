@@ -77,6 +77,9 @@ pub struct WebhookState {
     /// Whether a run may only use what its author may (`super::access`): on in the operator's
     /// webhook; without a client every such run is refused (fail closed).
     pub access_checks: bool,
+    /// The namespaces the operator's controller watches; empty: every namespace. A run created
+    /// anywhere else is refused (nothing would ever run it).
+    pub watched_namespaces: Vec<String>,
 }
 
 /// The webhook's routes: `POST /validate-sandboxrun`, `GET /healthz`.
@@ -169,6 +172,13 @@ async fn review_request(
             "invalid",
         );
     };
+    if req.operation == Operation::Create {
+        if let Some(refusal) =
+            super::rules::unwatched_namespace(req.namespace.as_deref(), &state.watched_namespaces)
+        {
+            return respond(resp, &who, &[refusal]);
+        }
+    }
     let new_spec = spec_value(object);
     let old = req
         .old_object

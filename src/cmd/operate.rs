@@ -228,6 +228,11 @@ async fn start_webhook(
         hosts: args.webhook_hosts.clone(),
         check_images: args.check_images,
         settings,
+        watched_namespaces: if args.webhook_refuse_unwatched {
+            args.namespaces.clone()
+        } else {
+            Vec::new()
+        },
     };
     let addr = crate::admission::serve::start(&cfg, client, metrics)
         .await
@@ -256,6 +261,7 @@ fn publish_settings(
         pod: args.pod_name.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         heartbeat: None,
+        watched_namespaces: args.namespaces.clone(),
     };
     tokio::spawn(crate::admission::publish::publish_forever(
         client,

@@ -207,6 +207,14 @@ pub struct RunArgs {
     /// key, which tolerates every taint; unset: any, empty: none).
     #[arg(long, env = "SANDBOXRUN_ALLOWED_TOLERATION_KEYS", value_name = "KEYS")]
     pub allowed_toleration_keys: Option<String>,
+    /// With --namespaces: the webhook refuses a SandboxRun created in any other namespace (rule
+    /// namespace-not-watched; nothing would ever run it). Chart: webhook.unwatchedNamespaces=refuse.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_WEBHOOK_REFUSE_UNWATCHED",
+        default_value_t = false
+    )]
+    pub webhook_refuse_unwatched: bool,
     /// Check image resolvability (no pull) in the webhook; a failure only warns when transient.
     #[arg(long, env = "SANDBOXRUN_CHECK_IMAGES", default_value_t = false)]
     pub check_images: bool,
