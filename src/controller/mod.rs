@@ -28,6 +28,8 @@ pub mod status;
 
 #[cfg(test)]
 mod fixtures;
+#[cfg(test)]
+mod gitops_fixtures;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
