@@ -31,7 +31,7 @@ if [ ! -x "$KUBE_ROUTER_BIN/kube-router" ]; then
 fi
 
 # ---- the Prometheus Operator's PrometheusRule and ServiceMonitor CRDs, from its Go module (only
-# the YAML: nothing is built), so tests/chart.rs can server-dry-run the chart's monitoring objects.
+# the YAML: nothing is built), so tests/it/chart.rs can server-dry-run the chart's monitoring objects.
 PROM_CRDS=$CACHE_ROOT/$(prometheus_crds_dir_name)
 if [ ! -s "$PROM_CRDS/monitoring.coreos.com_prometheusrules.yaml" ]; then
   log "fetching the Prometheus Operator CRDs $PROMETHEUS_OPERATOR_VERSION"

@@ -2,7 +2,10 @@
 # Regenerates every generated artefact from its one source:
 #   - the CRD in crds/ and its copy in the chart, from the code (src/api.rs);
 #   - config/rbac/rbac.yaml (the kustomize install's ServiceAccount and RBAC), from the chart's
-#     templates/serviceaccount.yaml and templates/rbac.yaml (`helm template`).
+#     templates/serviceaccount.yaml and templates/rbac.yaml (`helm template`);
+#   - tests/gitops-fixtures/*.yaml (the runs the GitOps health checks are judged on), from the
+#     controller's status builders (src/controller/gitops_fixtures.rs, a unit test that writes
+#     them when SANDBOXRUN_WRITE_GITOPS_FIXTURES names a directory).
 #   hack/gen.sh           write them
 #   hack/gen.sh --check   fail (exit 1) when a committed file differs from its source
 set -euo pipefail
@@ -15,6 +18,13 @@ trap 'rm -rf "$tmp"' EXIT
 
 # ---- the CRD, from src/api.rs
 cargo run --quiet --locked --bin sandboxrun-operator -- crd >"$tmp/crd.yaml"
+
+# ---- tests/gitops-fixtures, from the controller's status builders
+fixtures_test=controller::gitops_fixtures::the_gitops_fixtures_are_what_the_status_builders_write
+if ! SANDBOXRUN_WRITE_GITOPS_FIXTURES="$tmp/gitops-fixtures" \
+  cargo test --quiet --locked --lib "$fixtures_test" -- --exact >"$tmp/fixtures.log" 2>&1; then
+  cat "$tmp/fixtures.log" >&2; echo "gen.sh: generating tests/gitops-fixtures failed" >&2; exit 1
+fi
 
 # ---- config/rbac/rbac.yaml, from the chart
 # The chart renders as release `sandboxrun-operator` in namespace `system` (config/default sets the
@@ -55,6 +65,15 @@ targets=(
   "charts/sandboxrun-operator/crds/sandboxruns.sandbox.iterion.io.yaml:crd.yaml:src/api.rs"
   "config/rbac/rbac.yaml:rbac.yaml:the chart's RBAC templates"
 )
+for f in "$tmp"/gitops-fixtures/*.yaml; do
+  name=$(basename "$f")
+  targets+=("tests/gitops-fixtures/$name:gitops-fixtures/$name:the status builders (src/controller/gitops_fixtures.rs)")
+done
+# A committed fixture that is no longer generated.
+stale_fixtures=()
+for f in tests/gitops-fixtures/*.yaml; do
+  [ -e "$tmp/gitops-fixtures/$(basename "$f")" ] || stale_fixtures+=("$f")
+done
 if [ "${1:-}" = "--check" ]; then
   rc=0
   for t in "${targets[@]}"; do
@@ -63,8 +82,12 @@ if [ "${1:-}" = "--check" ]; then
       echo "$path is out of date with $source: run \`hack/gen.sh\` and commit it" >&2; rc=1
     fi
   done
+  for f in "${stale_fixtures[@]}"; do
+    echo "$f is no longer generated (src/controller/gitops_fixtures.rs): run \`hack/gen.sh\` and commit" >&2; rc=1
+  done
   exit $rc
 fi
+for f in "${stale_fixtures[@]}"; do rm -f "$f"; echo "removed: $f"; done
 for t in "${targets[@]}"; do
   IFS=: read -r path generated _ <<<"$t"
   mkdir -p "$(dirname "$path")"

@@ -81,7 +81,37 @@ phase "cargo build (the binary kwok's exec runs as the in-pod packer)"
 cargo build --locked --bins
 
 phase "cargo test (unit + integration: kwok node and real node)"
-cargo test --locked --no-fail-fast -- --test-threads="${TEST_THREADS:-4}"
+threads="${TEST_THREADS:-4}"
+failed=()
+# The unit tests (the library's and the binaries'), then the doc tests: every target but the
+# integration tests.
+cargo test --locked --no-fail-fast --lib --bins -- --test-threads="$threads" ||
+  failed+=("unit tests: cargo test --lib --bins")
+cargo test --locked --doc || failed+=("doc tests: cargo test --doc")
+# The integration tests are ONE binary (tests/it/main.rs), run once per area (its module), one
+# area after the other: each area keeps the process of its own and the bed to itself that it had
+# when it was a binary of its own (tests/it/main.rs says what depends on that). The areas are
+# main.rs's modules; every test must be in exactly one, so none is skipped or run twice.
+cargo test --locked --test it --no-run
+areas=$(sed -n 's/^mod \([a-z0-9_]*\);$/\1/p' tests/it/main.rs | grep -vx support)
+count_tests() { cargo test --quiet --locked --test it -- "$@" --list --format terse | grep -c ': test$' || true; }
+all=$(count_tests)
+in_areas=0
+for area in $areas; do in_areas=$(( in_areas + $(count_tests "$area::") )); done
+if [ "$all" != "$in_areas" ]; then
+  echo "== tests/it: $all tests, $in_areas in the areas' filters (a test outside an area, or in two)" >&2
+  failed+=("integration: the areas do not partition the tests")
+fi
+for area in $areas; do
+  log "integration area $area"
+  cargo test --locked --test it -- "$area::" --test-threads="$threads" ||
+    failed+=("integration area $area: cargo test --test it -- $area::")
+done
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "== cargo test: ${#failed[@]} failed:" >&2
+  printf '   %s\n' "${failed[@]}" >&2
+  exit 1
+fi
 
 # The README's main job, end to end on the real node: the demo must end with the sample's files
 # listed from the store.

@@ -1398,9 +1398,25 @@ mod tests {
 
     #[test]
     fn short_hash_is_stable_and_short() {
-        assert_eq!(short_hash("a"), short_hash("a"));
-        assert_ne!(short_hash("a"), short_hash("b"));
-        assert_eq!(short_hash("a").len(), 8);
+        // Stable across calls and across releases (a long run's pod name is built with it, and
+        // a new operator must find the pods an old one created): the first 4 bytes of sha256.
+        assert_eq!(short_hash("a"), "ca978112");
+        assert_eq!(short_hash(""), "e3b0c442");
+        let inputs = ["a", "b", "", "run-1", "run-2", "ünïcode", &"x".repeat(300)];
+        let hashes: Vec<String> = inputs.iter().map(|t| short_hash(t)).collect();
+        for (text, hash) in inputs.iter().zip(&hashes) {
+            assert_eq!(&short_hash(text), hash, "{text}");
+            assert_eq!(hash.len(), 8, "{text}");
+            assert!(
+                hash.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+                "{hash} is not lower-case hex"
+            );
+        }
+        let mut distinct = hashes.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), hashes.len(), "{hashes:?}");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 -- Argo CD resource health for sandbox.iterion.io/SandboxRun (install: docs/gitops.md).
 -- Argo CD runs it with the live object as the global `obj` and reads back {status, message}.
--- Written for Argo CD's Lua (5.1 semantics); tested under Debian's lua5.4 (tests/gitops.rs).
+-- Written for Argo CD's Lua (5.1 semantics); tested under Debian's lua5.4 (tests/it/gitops.rs).
 --
 --   Healthy      the run ended well (condition Complete=True, every path drained), or a
 --                long-lived sandbox (no spec.command) is Running

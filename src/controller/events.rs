@@ -424,12 +424,6 @@ mod tests {
     }
 
     #[test]
-    fn drain_failed_reason_is_the_contract_string() {
-        assert_eq!(DRAIN_FAILED, "sandbox_runfiles_drain_failed");
-        assert!(DRAIN_FAILED.len() <= 128);
-    }
-
-    #[test]
     fn phases_have_explicit_reasons() {
         assert_eq!(phase_reason(Phase::Succeeded), "Succeeded");
         assert_eq!(phase_reason(Phase::Failed), "Failed");

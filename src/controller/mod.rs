@@ -28,6 +28,8 @@ pub mod status;
 
 #[cfg(test)]
 mod fixtures;
+#[cfg(test)]
+mod gitops_fixtures;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -185,13 +187,9 @@ fn report(metrics: &Metrics, step: &'static str, started: Instant) {
 
 #[cfg(test)]
 mod tests {
+    // The run resource's group and scope are asserted on the CRD generated from src/api.rs by
+    // `crate::api::tests::crd_names_match_the_contract`.
     use super::*;
-    use kube::Resource;
-
-    #[test]
-    fn run_resource_is_namespaced_in_our_group() {
-        assert_eq!(SandboxRun::group(&()), crate::api::GROUP);
-    }
 
     #[test]
     fn metric_labels_are_the_documented_ones() {

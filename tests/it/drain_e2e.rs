@@ -6,8 +6,6 @@
 //! Each test runs its own operator binary against its own namespace. kwok plays the node: its exec
 //! runs the packer as a local process, so a declared "container path" is a host directory.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -24,8 +22,8 @@ use sandboxrun_operator::files::extract_verified;
 use sandboxrun_operator::store::{list_manifests, store_from_url, Manifest};
 use sandboxrun_operator::tar::sanitize::MemberKind;
 
-use support::s3_server::PrivateS3;
-use support::*;
+use crate::support::s3_server::PrivateS3;
+use crate::support::*;
 
 const GIB: u64 = 1024 * 1024 * 1024;
 const MIB: u64 = 1024 * 1024;
@@ -251,7 +249,7 @@ fn hostile_packer(bin_dir: &Path) -> PathBuf {
     let real = env!("CARGO_BIN_EXE_sandboxrun-operator");
     let text = format!(
         r#"#!/bin/sh
-# Hostile packer of tests/drain_e2e.rs. $1 is the declared path.
+# Hostile packer of tests/it/drain_e2e.rs. $1 is the declared path.
 d="$1"
 mode=real
 [ -f "$d/.mode" ] && mode=$(cat "$d/.mode")

@@ -1,14 +1,12 @@
 //! Self-managed webhook certificates on the real apiserver: replicas starting together agree.
 
-mod support;
-
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Api;
 use sandboxrun_operator::admission::certs::ensure_secret;
 
-use support::*;
+use crate::support::*;
 
 #[tokio::test]
 async fn replicas_racing_to_create_the_webhook_secret_end_up_serving_the_same_certificate() {

@@ -1,8 +1,6 @@
 //! The operator binary as users run it: reading results back with `files`, the metrics endpoint,
 //! the deadline, the skip-drain annotation, and two replicas with leader election.
 
-mod support;
-
 use std::process::Command;
 use std::time::Duration;
 
@@ -12,7 +10,7 @@ use kube::Api;
 use sandboxrun_operator::api::{Phase, ReadBackPhase, SandboxRun, SKIP_DRAIN_ANNOTATION};
 use serde_json::json;
 
-use support::*;
+use crate::support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");
 

@@ -5,9 +5,7 @@
 //! packer that predates `pack --wire` (its usage error names the flag) gets one more attempt with a
 //! plain tar. The operator's `/metrics` say which encoding crossed the wire and how many bytes.
 //!
-//! kwok plays the node (its exec runs the packer as a local process), as in tests/drain_e2e.rs.
-
-mod support;
+//! kwok plays the node (its exec runs the packer as a local process), as in tests/it/drain_e2e.rs.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -16,7 +14,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use sandboxrun_operator::api::{Phase, ReadBackPhase, SandboxRun};
 
-use support::*;
+use crate::support::*;
 
 /// ~6 MiB of JSON-like log lines (compresses well, as tool output does) and 1 MiB of noise.
 fn compressible_tree(root: &Path) {
@@ -57,7 +55,7 @@ fn packer_without_wire(bin_dir: &Path) -> PathBuf {
     let real = env!("CARGO_BIN_EXE_sandboxrun-operator");
     let text = format!(
         r#"#!/bin/sh
-# A packer from before `pack --wire` (tests/drain_wire.rs).
+# A packer from before `pack --wire` (tests/it/drain_wire.rs).
 for a in "$@"; do
   if [ "$a" = "--wire" ]; then
     echo "error: unexpected argument '--wire' found" >&2

@@ -3,8 +3,6 @@
 //! Each test runs the real operator binary against a fresh namespace; kwok plays the node, and
 //! its exec runs `sandboxrun-operator pack` on this host, so declared paths are host directories.
 
-mod support;
-
 use std::process::Command;
 use std::time::Duration;
 
@@ -17,7 +15,7 @@ use sandboxrun_operator::pod::{self, promise_violations, ARTIFACT_FILES_ENV, REA
 use sandboxrun_operator::store::list_manifests;
 use serde_json::json;
 
-use support::*;
+use crate::support::*;
 
 #[tokio::test]
 async fn the_pod_keeps_every_promise_and_a_batch_run_drains_then_succeeds() {
@@ -679,7 +677,7 @@ async fn a_pod_refused_by_a_quota_is_shown_retried_with_back_off_and_created_onc
 /// sets runAsNonRoot, a non-zero uid, seccomp RuntimeDefault, no privilege escalation, every
 /// capability dropped, and only emptyDir/configMap/secret/PVC volumes). The pod of a run using
 /// every mount type is admitted in a namespace that enforces it (the real node runs one there:
-/// `a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace`, tests/real_node.rs).
+/// `a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace`, tests/it/real_node.rs).
 #[tokio::test]
 async fn a_run_using_every_mount_type_passes_pod_security_restricted() {
     let client = client().await;

@@ -4,8 +4,6 @@
 //! real S3 server, only under the run's own prefix, and never holding the run forever when the
 //! store refuses. kwok plays the node; its exec runs `sandboxrun-operator pack` on this host.
 
-mod support;
-
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,7 +16,7 @@ use object_store::{ObjectStore, ObjectStoreExt};
 use sandboxrun_operator::api::{Phase, Retention, SandboxRun, SandboxRunSpec};
 use sandboxrun_operator::store::{list_manifests, run_dir, store_from_url, RunRef};
 
-use support::*;
+use crate::support::*;
 
 /// Waits until the apiserver serves the CRD's new fields. `ensure_crd` waits for Established, but
 /// an updated schema reaches the handler a moment later, and until then the fields are pruned

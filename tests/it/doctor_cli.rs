@@ -1,13 +1,11 @@
 //! `doctor` through its public entry point, in-process (the binary's wiring lives in main.rs).
 
-mod support;
-
 use sandboxrun_operator::admission::doctor::{run, DoctorArgs, Output};
 use sandboxrun_operator::admission::RuleSettings;
 use sandboxrun_operator::caps::CapSettings;
 use sandboxrun_operator::units::GIB;
 
-use support::ports::free_port;
+use crate::support::ports::free_port;
 
 const RUN: &str = "apiVersion: sandbox.iterion.io/v1alpha1
 kind: SandboxRun

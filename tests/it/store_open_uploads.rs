@@ -7,9 +7,7 @@
 //! is open goes through gofakes3's own listing (`GET /<bucket>?uploads`), read by this file's own
 //! small parser, not the operator's.
 //!
-//! kwok plays the node (its exec runs the packer as a local process), as in tests/drain_e2e.rs.
-
-mod support;
+//! kwok plays the node (its exec runs the packer as a local process), as in tests/it/drain_e2e.rs.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -23,7 +21,7 @@ use sandboxrun_operator::store::open_uploads::{
 };
 use sandboxrun_operator::store::{object_keys, store_from_url, RunRef};
 
-use support::*;
+use crate::support::*;
 
 const MIB: u64 = 1024 * 1024;
 
@@ -287,7 +285,7 @@ fn hanging_packer(bin_dir: &Path) -> PathBuf {
     let script = bin_dir.join("hang-pack.sh");
     std::fs::write(
         &script,
-        "#!/bin/sh\n# tests/store_open_uploads.rs: $1 is the declared path.\ncat \"$1/.stream\"; sleep 40; exit 0\n",
+        "#!/bin/sh\n# tests/it/store_open_uploads.rs: $1 is the declared path.\ncat \"$1/.stream\"; sleep 40; exit 0\n",
     )
     .expect("write the packer");
     use std::os::unix::fs::PermissionsExt;

@@ -8,13 +8,11 @@
 //! doctor's exit codes, and `--check-images` against the test bed's real registry.
 //!
 //! The configurations here are registered by URL, without the chart's matchConditions (which
-//! spare the operator's ServiceAccount; tests/chart.rs checks them): the operator runs with the
+//! spare the operator's ServiceAccount; tests/it/chart.rs checks them): the operator runs with the
 //! test bed's kubeconfig, and its own writes go through the webhook like anyone's.
 //!
 //! Every webhook configuration selects only its own test namespace (`sandboxrun-test=<ns>`), so
 //! tests running in parallel, and other test binaries, are unaffected.
-
-mod support;
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -30,7 +28,7 @@ use sandboxrun_operator::api::{Phase, SandboxRun, SandboxRunSpec, FINALIZER};
 use sandboxrun_operator::store::{list_manifests, store_from_url};
 use serde_json::{json, Value};
 
-use support::*;
+use crate::support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");
 const DIGEST_IMAGE: &str =

@@ -1,8 +1,6 @@
 //! The no-pull resolvability check against real HTTP: a tiny registry on 127.0.0.1 that answers
 //! `HEAD /v2/<repo>/manifests/<ref>` (plain HTTP is used for loopback registries).
 
-mod support;
-
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,7 +15,7 @@ use sandboxrun_operator::admission::images::{
     ImageResolver, ImageSettings, RegistryCredentials, Resolution,
 };
 
-use support::ports::free_port;
+use crate::support::ports::free_port;
 
 #[derive(Clone, Default)]
 struct Registry {

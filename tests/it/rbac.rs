@@ -4,8 +4,6 @@
 //! ttlSecondsAfterFinished passed; with one rule removed
 //! (pods/exec) the drain fails with a clear Forbidden in status and in the drain_failed Event.
 
-mod support;
-
 use std::process::Command;
 use std::time::Duration;
 
@@ -17,7 +15,7 @@ use kube::api::{DeleteParams, ObjectMeta, PostParams};
 use kube::Api;
 use sandboxrun_operator::api::{NetworkMode, Phase, ReadBackPhase, SandboxRun};
 
-use support::*;
+use crate::support::*;
 
 /// The chart's RBAC objects and the Deployment's `--lease-name`, rendered by `helm template` with
 /// leader election on (so the Lease rules are part of what is proven).

@@ -5,15 +5,13 @@
 //! with what `doctor` judges as the apiserver would before the engine (`unknown-field`,
 //! `invalid-value`, `api-version-kind`).
 
-mod support;
-
 use std::collections::BTreeSet;
 
 use sandboxrun_operator::admission::doctor::{self, DoctorArgs, Output};
 use sandboxrun_operator::admission::{check, Finding, RuleSettings, Severity};
 use sandboxrun_operator::api::SandboxRun;
 
-use support::*;
+use crate::support::*;
 
 /// The SandboxRuns of a file (and SandboxRun-like documents), each with what the cluster judges
 /// before the webhook (`doctor::document_findings`: apiVersion/kind, unknown fields, values outside

@@ -1,8 +1,6 @@
 //! Smoke tests of the test bed itself: the channels the operator depends on, proven on the real
 //! local control plane (kube-apiserver + etcd + kwok) and the real S3 server.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +14,7 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncReadExt;
 
-use support::*;
+use crate::support::*;
 
 async fn running_pod(client: &kube::Client, ns: &str, name: &str) -> Api<Pod> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);

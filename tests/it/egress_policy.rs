@@ -6,8 +6,6 @@
 //! `egress-proxy` binary follows runs (rules, deletion) through its watch of the apiserver.
 //! Enforcement by a network plugin is not tested here (the bed's plugins do not enforce it).
 
-mod support;
-
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
@@ -19,7 +17,7 @@ use sandboxrun_operator::egress::policy::policy_name;
 use sandboxrun_operator::egress::token;
 use sandboxrun_operator::pod::{pod_name, workload_env, RUN_UID_LABEL};
 
-use support::*;
+use crate::support::*;
 
 const SECRET: &str = "bed-egress-token-secret-0123456789";
 

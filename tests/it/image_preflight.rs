@@ -5,8 +5,6 @@
 //! and the pod is created anyway. kwok plays the node, so no pod ever pulls: what is shown is the
 //! operator's own decision.
 
-mod support;
-
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
@@ -15,7 +13,7 @@ use kube::Api;
 use sandboxrun_operator::api::{Phase, ReadBackPhase, SandboxRun};
 use sandboxrun_operator::pod;
 
-use support::*;
+use crate::support::*;
 
 /// The run's condition `type_` as (status, reason).
 fn condition(run: &SandboxRun, type_: &str) -> Option<(String, String)> {

@@ -6,8 +6,6 @@
 //! SandboxRuns are sent to it, its namespaceSelector selects only this test's namespace (where no
 //! SandboxRun is created) and its failurePolicy is Ignore.
 
-mod support;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -18,7 +16,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::Api;
 use serde_json::json;
 
-use support::*;
+use crate::support::*;
 
 const CHART: &str = "charts/sandboxrun-operator";
 const CRD_FILE: &str = "sandboxruns.sandbox.iterion.io.yaml";

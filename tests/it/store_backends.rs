@@ -21,9 +21,7 @@
 //! fake-gcs-server checks no credentials either, so the GCS "wrong credential" case is a
 //! service-account file that cannot be read.
 //!
-//! kwok plays the node (its exec runs the packer as a local process), as in tests/drain_e2e.rs.
-
-mod support;
+//! kwok plays the node (its exec runs the packer as a local process), as in tests/it/drain_e2e.rs.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -41,7 +39,7 @@ use sandboxrun_operator::store::{list_manifests, path_slug, run_prefix, store_fr
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use support::*;
+use crate::support::*;
 
 const MIB: u64 = 1024 * 1024;
 

@@ -3,8 +3,6 @@
 //! the kubectl plugin `kubectl sandboxrun` (files found from the run's status in the context's
 //! namespace, `logs` from the status).
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -13,10 +11,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use sandboxrun_operator::api::{Phase, ReadBackPhase, SandboxRun};
 
-use support::operator::Operator;
-use support::runs::{create, finish_workload, pod_of, read_back, spec};
-use support::wait::{wait_final, wait_phase};
-use support::*;
+use crate::support::operator::Operator;
+use crate::support::runs::{create, finish_workload, pod_of, read_back, spec};
+use crate::support::wait::{wait_final, wait_phase};
+use crate::support::*;
 
 fn kubectl(args: &[&str]) -> Command {
     let mut cmd = tool("kubectl");

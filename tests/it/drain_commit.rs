@@ -6,8 +6,6 @@
 //! the node: its exec runs the packer as a local process, so a declared "container path" is a host
 //! directory, and the packer is a script of the test's.
 
-mod support;
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,8 +24,8 @@ use sandboxrun_operator::api::{Compression, Phase, ReadBackPhase, SandboxRun};
 use sandboxrun_operator::store::{list_manifests, object_keys, store_from_url, RunRef};
 use serde_json::json;
 
-use support::s3_server::PrivateS3;
-use support::*;
+use crate::support::s3_server::PrivateS3;
+use crate::support::*;
 
 const MIB: u64 = 1024 * 1024;
 
@@ -46,7 +44,7 @@ fn scripted_packer(bin_dir: &Path) -> PathBuf {
     let real = env!("CARGO_BIN_EXE_sandboxrun-operator");
     let text = format!(
         r#"#!/bin/sh
-# Scripted packer of tests/drain_commit.rs. $1 is the declared path.
+# Scripted packer of tests/it/drain_commit.rs. $1 is the declared path.
 d="$1"
 mode=real
 [ -f "$d/.mode" ] && mode=$(cat "$d/.mode")

@@ -6,8 +6,6 @@
 //! into exit 1. A manifest that mounts a Secret the cluster does not have fails; the operator's
 //! published `--max-cap` is what a `sizeLimit` is judged by, not doctor's default.
 
-mod support;
-
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -17,7 +15,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::config::Kubeconfig;
 use kube::{Api, Client};
 
-use support::*;
+use crate::support::*;
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");
 const DIGEST_IMAGE: &str =

@@ -9,8 +9,6 @@
 //! every run pod is the operator image (`hack/images.sh operator`, built from this checkout).
 //! Nothing here skips: without the real node or the image every test fails and says why.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -25,7 +23,7 @@ use sandboxrun_operator::api::{
 };
 use serde_json::json;
 
-use support::*;
+use crate::support::*;
 
 const REAL_NODE_LABEL: &str = "sandbox.iterion.io/real-node";
 
