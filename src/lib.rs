@@ -15,6 +15,8 @@ pub mod egress;
 pub mod files;
 pub mod inpod;
 pub mod metrics;
+#[cfg(test)]
+mod module_map;
 pub mod plugin;
 pub mod pod;
 pub mod process;
