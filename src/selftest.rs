@@ -17,19 +17,19 @@ use crate::text::printable;
 
 /// `selftest` arguments.
 #[derive(Args, Debug)]
-pub struct SelftestArgs {
+pub(crate) struct SelftestArgs {
     /// The SandboxRun to create, as YAML or JSON text (`metadata.generateName` keeps reruns apart).
     #[arg(long, env = "SANDBOXRUN_SELFTEST_RUN")]
-    pub run: String,
+    pub(crate) run: String,
     /// How long the run may take to end with its paths drained.
     #[arg(long, default_value = "3m", value_parser = duration)]
-    pub timeout: Duration,
+    pub(crate) timeout: Duration,
     /// How long its deletion (teardown, finalizer) may take once it ended.
     #[arg(long, default_value = "1m", value_parser = duration)]
-    pub delete_timeout: Duration,
+    pub(crate) delete_timeout: Duration,
     /// Which cluster and namespace (in a pod: its own ServiceAccount and namespace).
     #[command(flatten)]
-    pub cluster: ClusterArgs,
+    pub(crate) cluster: ClusterArgs,
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
@@ -38,7 +38,7 @@ fn duration(text: &str) -> Result<Duration, String> {
 
 /// Why the selftest failed.
 #[derive(Debug, Error)]
-pub enum SelftestError {
+pub(crate) enum SelftestError {
     /// The manifest is not a SandboxRun.
     #[error("the run to create is not a SandboxRun manifest: {0}")]
     Manifest(String),
@@ -61,7 +61,7 @@ pub enum SelftestError {
 
 /// What the run's status says so far.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Judgement {
+pub(crate) enum Judgement {
     /// Not over yet: the phase so far.
     Pending(String),
     /// Succeeded and drained: the summary.
@@ -72,7 +72,7 @@ pub enum Judgement {
 
 /// Judges `run`: it must end `Succeeded` with at least one read-back path, each `Drained`, with
 /// members stored and its object named in status.
-pub fn judge(run: &SandboxRun) -> Judgement {
+pub(crate) fn judge(run: &SandboxRun) -> Judgement {
     let status = run.status.clone().unwrap_or_default();
     let Some(phase) = status.phase.filter(|p| p.is_final()) else {
         let so_far = status.phase.map(|p| p.as_str()).unwrap_or("no phase yet");
@@ -136,7 +136,7 @@ pub fn judge(run: &SandboxRun) -> Judgement {
 }
 
 /// Runs the selftest; `Ok` is the one-line summary of a pass.
-pub async fn run(args: SelftestArgs) -> Result<String, SelftestError> {
+pub(crate) async fn run(args: SelftestArgs) -> Result<String, SelftestError> {
     let mut manifest: SandboxRun =
         serde_yaml::from_str(&args.run).map_err(|e| SelftestError::Manifest(e.to_string()))?;
     if manifest.metadata.name.is_none() && manifest.metadata.generate_name.is_none() {

@@ -33,11 +33,11 @@ pub(crate) const ACCESS_RULE: &str = "access";
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Right {
     /// The verb (`create`, `get`).
-    pub verb: &'static str,
+    pub(crate) verb: &'static str,
     /// The core-group resource (`pods`, `secrets`, …).
-    pub resource: &'static str,
+    pub(crate) resource: &'static str,
     /// The object's name; None: any (a `create`).
-    pub name: Option<String>,
+    pub(crate) name: Option<String>,
 }
 
 impl Right {

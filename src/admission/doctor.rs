@@ -236,16 +236,21 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
         read.probe_runs(c, &live.watched).await;
     }
     let docs = read.into_reports();
-    let tally = Tally::of(&args, &docs, live.report.as_ref(), &errors);
+    let report = Report {
+        tally: Tally::of(&args, &docs, live.report.as_ref(), &errors),
+        cluster: live.report.as_ref(),
+        docs: &docs,
+        errors: &errors,
+    };
     let written = match args.output {
-        Output::Json => write_json(out, live.report.as_ref(), &docs, &errors, &tally),
-        Output::Text => write_text(out, live.report.as_ref(), &docs, &errors, &tally),
+        Output::Json => report.write_json(out),
+        Output::Text => report.write_text(out),
     };
     if let Err(e) = written {
         tracing::error!(error = %e, "cannot write the doctor report");
         return 2;
     }
-    tally.code
+    report.tally.code
 }
 
 /// The registry checker of `--check-images` (None without it, or when it cannot start).
@@ -754,73 +759,80 @@ impl Tally {
     }
 }
 
-/// The JSON report (its format: [`run`]).
-fn write_json(
-    out: &mut impl Write,
-    cluster: Option<&ClusterReport>,
-    docs: &[DocReport],
-    errors: &[UsageError],
-    tally: &Tally,
-) -> std::io::Result<()> {
-    let checked = docs.iter().filter(|d| d.status == "checked").count();
-    let mut report = json!({
-        "version": 1,
-        "strict": tally.strict,
-        "documents": docs,
-        "errors": errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
-        "summary": {
-            "documents": docs.len(),
-            "checked": checked,
-            "skipped": docs.len() - checked,
-            "failures": tally.failures,
-            "warnings": tally.warnings,
-        },
-        "exitCode": tally.code,
-    });
-    if let (Some(c), Some(obj)) = (cluster, report.as_object_mut()) {
-        obj.insert("cluster".into(), json!(c));
-    }
-    serde_json::to_writer_pretty(&mut *out, &report)
-        .map_err(std::io::Error::other)
-        .and_then(|()| writeln!(out))
+/// Everything the report says: the live probe's cluster, each document, the usage errors and
+/// the totals.
+struct Report<'a> {
+    cluster: Option<&'a ClusterReport>,
+    docs: &'a [DocReport],
+    errors: &'a [UsageError],
+    tally: Tally,
 }
 
-/// The text report: the cluster, each document, the usage errors, then the totals.
-fn write_text(
-    out: &mut impl Write,
-    cluster: Option<&ClusterReport>,
-    docs: &[DocReport],
-    errors: &[UsageError],
-    tally: &Tally,
-) -> std::io::Result<()> {
-    let Tally {
-        failures,
-        warnings,
-        code,
-        strict,
-    } = *tally;
-    if let Some(c) = cluster {
-        write_cluster(out, c)?;
+impl Report<'_> {
+    /// The JSON report (its format: [`run`]).
+    fn write_json(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let Report {
+            cluster,
+            docs,
+            errors,
+            tally,
+        } = self;
+        let checked = docs.iter().filter(|d| d.status == "checked").count();
+        let mut report = json!({
+            "version": 1,
+            "strict": tally.strict,
+            "documents": docs,
+            "errors": errors.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "summary": {
+                "documents": docs.len(),
+                "checked": checked,
+                "skipped": docs.len() - checked,
+                "failures": tally.failures,
+                "warnings": tally.warnings,
+            },
+            "exitCode": tally.code,
+        });
+        if let (Some(c), Some(obj)) = (cluster, report.as_object_mut()) {
+            obj.insert("cluster".into(), json!(c));
+        }
+        serde_json::to_writer_pretty(&mut *out, &report)
+            .map_err(std::io::Error::other)
+            .and_then(|()| writeln!(out))
     }
-    for d in docs {
-        write_document(out, d)?;
+
+    /// The text report: the cluster, each document, the usage errors, then the totals.
+    fn write_text(&self, out: &mut impl Write) -> std::io::Result<()> {
+        let Tally {
+            failures,
+            warnings,
+            code,
+            strict,
+        } = self.tally;
+        if let Some(c) = self.cluster {
+            write_cluster(out, c)?;
+        }
+        for d in self.docs {
+            write_document(out, d)?;
+        }
+        for e in self.errors {
+            writeln!(out, "✗ error: {e}")?;
+        }
+        let checked = self.docs.iter().filter(|d| d.status == "checked").count();
+        let verdict = match code {
+            2 => "usage error".to_string(),
+            1 => "failed (--strict)".to_string(),
+            _ if failures > 0 && !strict => {
+                "failures reported (exit 0 without --strict)".to_string()
+            }
+            _ => "ok".to_string(),
+        };
+        writeln!(
+            out,
+            "{checked} checked, {} skipped, {failures} failure(s), {warnings} warning(s), {} error(s): {verdict}",
+            self.docs.len() - checked,
+            self.errors.len()
+        )
     }
-    for e in errors {
-        writeln!(out, "✗ error: {e}")?;
-    }
-    let checked = docs.iter().filter(|d| d.status == "checked").count();
-    let verdict = match code {
-        2 => "usage error".to_string(),
-        1 => "failed (--strict)".to_string(),
-        _ if failures > 0 && !strict => "failures reported (exit 0 without --strict)".to_string(),
-        _ => "ok".to_string(),
-    };
-    writeln!(
-        out,
-        "{checked} checked, {} skipped, {failures} failure(s), {warnings} warning(s), {} error(s): {verdict}",
-        docs.len() - checked,
-        errors.len()
-    )
 }
 
 /// The live probe's lines: which settings judged, then its findings (or that all is well).

@@ -35,42 +35,42 @@ use crate::api::SandboxRun;
 /// The field manager of doctor's dry runs.
 const DOCTOR_MANAGER: &str = "sandboxrun-doctor";
 /// Where the operator runs when nothing says otherwise (the chart's documented namespace).
-pub const DEFAULT_OPERATOR_NAMESPACE: &str = "sandboxrun-system";
+pub(crate) const DEFAULT_OPERATOR_NAMESPACE: &str = "sandboxrun-system";
 /// At most this many manifests are probed at once.
 const MANIFESTS_AT_ONCE: usize = 8;
 
 /// A connection to the cluster doctor probes.
-pub struct Cluster {
+pub(crate) struct Cluster {
     client: Client,
     /// The context's name.
-    pub context: String,
+    pub(crate) context: String,
     /// The context's namespace ("default" when it names none): where a manifest without one goes.
-    pub default_namespace: String,
+    pub(crate) default_namespace: String,
     timeout: Duration,
     probe: Probe,
 }
 
 /// The operator's settings as doctor found them.
 #[derive(Clone, Debug)]
-pub struct Published {
+pub(crate) struct Published {
     /// `namespace/name` of the ConfigMap.
-    pub source: String,
+    pub(crate) source: String,
     /// What it says.
-    pub settings: PublishedSettings,
+    pub(crate) settings: PublishedSettings,
 }
 
 /// What the cluster-wide probes found.
 #[derive(Debug, Default)]
-pub struct ClusterProbe {
+pub(crate) struct ClusterProbe {
     /// Probe findings (warnings, failures under `--require-context`).
-    pub findings: Vec<Finding>,
+    pub(crate) findings: Vec<Finding>,
     /// The operator's published settings, when they could be read.
-    pub published: Option<Published>,
+    pub(crate) published: Option<Published>,
 }
 
 /// Connects to `context` of `kubeconfig` (each: the default when None), every request bounded by
 /// `timeout`. An error is a usage error: the context or the file does not exist.
-pub async fn connect(
+pub(crate) async fn connect(
     context: Option<&str>,
     kubeconfig: Option<&PathBuf>,
     timeout: Duration,
@@ -148,7 +148,7 @@ impl Cluster {
     /// judge them and their endpoints, the operator's published settings and heartbeat
     /// (looked for in `operator_namespace`, else the namespaces of the webhooks' Services, else
     /// [`DEFAULT_OPERATOR_NAMESPACE`]).
-    pub async fn probe_cluster(
+    pub(crate) async fn probe_cluster(
         &self,
         namespaces: &BTreeSet<String>,
         operator_namespace: Option<&str>,
@@ -426,7 +426,7 @@ impl Cluster {
     /// The probes of one run bound for `namespace`: a server-side dry run of `document` (the
     /// manifest as written) and every object its pod needs that `stream` (the manifests being
     /// checked) does not bring.
-    pub async fn probe_run(
+    pub(crate) async fn probe_run(
         &self,
         document: &serde_json::Value,
         run: &SandboxRun,
@@ -561,7 +561,7 @@ impl Cluster {
 
 /// Probes `runs` (document, run, namespace) at most [`MANIFESTS_AT_ONCE`] at a time; the
 /// findings of each, in order.
-pub async fn probe_runs(
+pub(crate) async fn probe_runs(
     cluster: &Cluster,
     runs: &[(&serde_json::Value, &SandboxRun, String)],
     stream: &BTreeSet<StreamObject>,

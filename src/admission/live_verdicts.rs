@@ -21,18 +21,18 @@ use super::rules::{ids, Finding};
 use crate::api::{MountType, SandboxRun};
 
 /// The CRD's name.
-pub const CRD_NAME: &str = "sandboxruns.sandbox.iterion.io";
+pub(crate) const CRD_NAME: &str = "sandboxruns.sandbox.iterion.io";
 
 /// How probe findings are reported: warnings, or failures under `--require-context`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Probe {
+pub(crate) struct Probe {
     /// `--require-context`.
-    pub required: bool,
+    pub(crate) required: bool,
 }
 
 impl Probe {
     /// A probe finding.
-    pub fn finding(
+    pub(crate) fn finding(
         self,
         rule: &'static str,
         field: impl Into<String>,
@@ -47,7 +47,7 @@ impl Probe {
     }
 
     /// A probe that could not be made (timeout, forbidden, unreachable).
-    pub fn unanswered(self, what: &str, why: &str) -> Finding {
+    pub(crate) fn unanswered(self, what: &str, why: &str) -> Finding {
         self.finding(
             ids::CLUSTER_PROBE,
             what,
@@ -64,7 +64,7 @@ fn our_version() -> String {
 }
 
 /// Judges the CRD as read (None: not found): installed, serving our version, established.
-pub fn judge_crd(probe: Probe, crd: Option<&CustomResourceDefinition>) -> Option<Finding> {
+pub(crate) fn judge_crd(probe: Probe, crd: Option<&CustomResourceDefinition>) -> Option<Finding> {
     let version = our_version();
     let hint = "kubectl apply --server-side -f crds/sandboxruns.sandbox.iterion.io.yaml \
                 (Helm installs CRDs only on first install)";
@@ -117,7 +117,7 @@ pub fn judge_crd(probe: Probe, crd: Option<&CustomResourceDefinition>) -> Option
 }
 
 /// Whether `selector` selects `labels` (`matchLabels` and `matchExpressions`; none selects all).
-pub fn selector_matches(
+pub(crate) fn selector_matches(
     selector: Option<&LabelSelector>,
     labels: &BTreeMap<String, String>,
 ) -> bool {
@@ -150,7 +150,7 @@ fn matches_any(list: Option<&Vec<String>>, want: &[&str]) -> bool {
 
 /// The webhooks of `configs` that judge a CREATE of a SandboxRun labelled `object_labels` in a
 /// namespace labelled `namespace_labels`, with the name of their configuration.
-pub fn webhooks_for_runs<'a>(
+pub(crate) fn webhooks_for_runs<'a>(
     configs: &'a [ValidatingWebhookConfiguration],
     namespace_labels: &BTreeMap<String, String>,
     object_labels: &BTreeMap<String, String>,
@@ -179,7 +179,7 @@ pub fn webhooks_for_runs<'a>(
 
 /// Where the apiserver sends a webhook's reviews.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     /// A Service (`namespace/name`, port): it needs ready endpoints.
     Service {
         /// Its namespace.
@@ -196,7 +196,7 @@ pub enum Endpoint {
 }
 
 /// The endpoint of `webhook`.
-pub fn endpoint(webhook: &ValidatingWebhook) -> Endpoint {
+pub(crate) fn endpoint(webhook: &ValidatingWebhook) -> Endpoint {
     let c = &webhook.client_config;
     if let Some(s) = &c.service {
         return Endpoint::Service {
@@ -212,7 +212,11 @@ pub fn endpoint(webhook: &ValidatingWebhook) -> Endpoint {
 }
 
 /// The caBundle finding of `webhook` (in configuration `config`), if its bundle is empty.
-pub fn judge_ca_bundle(probe: Probe, config: &str, webhook: &ValidatingWebhook) -> Option<Finding> {
+pub(crate) fn judge_ca_bundle(
+    probe: Probe,
+    config: &str,
+    webhook: &ValidatingWebhook,
+) -> Option<Finding> {
     let empty = webhook
         .client_config
         .ca_bundle
@@ -233,7 +237,7 @@ pub fn judge_ca_bundle(probe: Probe, config: &str, webhook: &ValidatingWebhook) 
 
 /// Whether any endpoint of `slices` is ready (an endpoint whose `ready` is unset counts as
 /// ready, as the EndpointSlice API says).
-pub fn any_ready(slices: &[EndpointSlice]) -> bool {
+pub(crate) fn any_ready(slices: &[EndpointSlice]) -> bool {
     slices.iter().any(|s| {
         s.endpoints
             .iter()
@@ -243,7 +247,7 @@ pub fn any_ready(slices: &[EndpointSlice]) -> bool {
 }
 
 /// The finding of a webhook whose endpoint is not there.
-pub fn endpoint_down(probe: Probe, config: &str, webhook: &str, what: &str) -> Finding {
+pub(crate) fn endpoint_down(probe: Probe, config: &str, webhook: &str, what: &str) -> Finding {
     probe.finding(
         ids::CLUSTER_WEBHOOK,
         format!("validatingwebhookconfiguration/{config} {webhook}"),
@@ -255,18 +259,18 @@ pub fn endpoint_down(probe: Probe, config: &str, webhook: &str, what: &str) -> F
 
 /// An object a run's pod needs besides its image.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Reference {
+pub(crate) struct Reference {
     /// Its kind.
-    pub kind: RefKind,
+    pub(crate) kind: RefKind,
     /// Its name.
-    pub name: String,
+    pub(crate) name: String,
     /// The field of the run that names it.
-    pub field: String,
+    pub(crate) field: String,
 }
 
 /// Kinds of referenced objects.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum RefKind {
+pub(crate) enum RefKind {
     /// A Secret (mount, env `secretKeyRef`, `imagePullSecrets`).
     Secret,
     /// A ConfigMap (mount, env `configMapKeyRef`).
@@ -283,7 +287,7 @@ pub enum RefKind {
 
 impl RefKind {
     /// The kind as Kubernetes spells it.
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             RefKind::Secret => "Secret",
             RefKind::ConfigMap => "ConfigMap",
@@ -295,12 +299,12 @@ impl RefKind {
     }
 
     /// Whether objects of this kind live in a namespace.
-    pub fn namespaced(self) -> bool {
+    pub(crate) fn namespaced(self) -> bool {
         !matches!(self, RefKind::PriorityClass | RefKind::RuntimeClass)
     }
 
     /// The kind of a manifest's `kind`, if it is one a run can reference.
-    pub fn of_kind(kind: &str) -> Option<RefKind> {
+    pub(crate) fn of_kind(kind: &str) -> Option<RefKind> {
         [
             RefKind::Secret,
             RefKind::ConfigMap,
@@ -317,7 +321,7 @@ impl RefKind {
 /// Every object `run`'s pod needs that the cluster must already have, each once (the first
 /// field that names it), in a stable order. `default` is not a reference: every namespace has
 /// that ServiceAccount.
-pub fn references(run: &SandboxRun) -> Vec<Reference> {
+pub(crate) fn references(run: &SandboxRun) -> Vec<Reference> {
     let spec = &run.spec;
     let mut out: Vec<Reference> = Vec::new();
     let mut push = |kind: RefKind, name: &str, field: String| {
@@ -386,10 +390,10 @@ pub fn references(run: &SandboxRun) -> Vec<Reference> {
 }
 
 /// (kind, namespace — empty for cluster-scoped —, name) of an object in the manifests themselves.
-pub type StreamObject = (RefKind, String, String);
+pub(crate) type StreamObject = (RefKind, String, String);
 
 /// The finding of a reference the cluster does not have and the manifests do not bring.
-pub fn missing_reference(r: &Reference, namespace: &str) -> Finding {
+pub(crate) fn missing_reference(r: &Reference, namespace: &str) -> Finding {
     let place = if r.kind.namespaced() {
         format!(" in namespace {namespace}")
     } else {
@@ -419,14 +423,14 @@ pub fn missing_reference(r: &Reference, namespace: &str) -> Finding {
 }
 
 /// Whether the manifests being checked bring `r` themselves.
-pub fn in_stream(r: &Reference, namespace: &str, stream: &BTreeSet<StreamObject>) -> bool {
+pub(crate) fn in_stream(r: &Reference, namespace: &str, stream: &BTreeSet<StreamObject>) -> bool {
     let ns = if r.kind.namespaced() { namespace } else { "" };
     stream.contains(&(r.kind, ns.to_string(), r.name.clone()))
 }
 
 /// What a refused server-side dry run means.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum DryRun {
+pub(crate) enum DryRun {
     /// The cluster judged the manifest and refused it (schema, webhook denial, immutability).
     Refused(String),
     /// The manifest's namespace does not exist.
@@ -437,7 +441,7 @@ pub enum DryRun {
 }
 
 /// Classifies the apiserver's refusal of a dry run: its HTTP `code`, `reason` and `message`.
-pub fn classify_dry_run(code: u16, reason: &str, message: &str) -> DryRun {
+pub(crate) fn classify_dry_run(code: u16, reason: &str, message: &str) -> DryRun {
     let text = message.to_string();
     if message.contains("failed calling webhook") {
         return DryRun::Unanswered(text);
@@ -452,7 +456,7 @@ pub fn classify_dry_run(code: u16, reason: &str, message: &str) -> DryRun {
 }
 
 /// The finding of a dry run the cluster refused.
-pub fn dry_run_refused(message: &str) -> Finding {
+pub(crate) fn dry_run_refused(message: &str) -> Finding {
     Finding::fail(
         ids::DRY_RUN,
         "metadata",

@@ -8,21 +8,20 @@
 //! settings as it publishes them ([`publish`]) and `doctor --context` reads them; [`live`] is
 //! that live probe (I/O) and [`live_verdicts`] what its answers mean.
 
-pub mod access;
+pub(crate) mod access;
 pub mod certs;
 pub mod doctor;
 pub mod images;
-pub mod live;
-pub mod live_verdicts;
-pub mod network;
+pub(crate) mod live;
+pub(crate) mod live_verdicts;
+pub(crate) mod network;
 pub mod policy;
-pub mod publish;
-pub mod published;
-pub mod ratchet;
-pub mod rules;
-pub mod schema;
-pub mod serve;
+pub(crate) mod publish;
+pub(crate) mod published;
+pub(crate) mod ratchet;
+pub(crate) mod rules;
+pub(crate) mod schema;
+pub(crate) mod serve;
 pub mod webhook;
 
-pub use ratchet::{judge, Judgement, Review, Scope, Stored};
 pub use rules::{check, check_update, Finding, RuleSettings, Severity};

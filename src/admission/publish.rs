@@ -46,7 +46,7 @@ pub(crate) fn settings_configmap(
 
 /// Publishes `settings` as `namespace/name` as soon as `ready` holds and at every beat while it
 /// does, until the process ends. Spawn it.
-pub async fn publish_forever(
+pub(crate) async fn publish_forever(
     client: Client,
     namespace: String,
     name: String,

@@ -20,47 +20,47 @@ use crate::egress::PolicyEnforcement;
 
 /// The label (and its value, the format's version) that marks the settings ConfigMap: `doctor`
 /// finds it by this label in the operator's namespace, whatever the release called it.
-pub const SETTINGS_LABEL: &str = "sandbox.iterion.io/operator-settings";
+pub(crate) const SETTINGS_LABEL: &str = "sandbox.iterion.io/operator-settings";
 /// The format version the label carries.
-pub const SETTINGS_FORMAT: &str = "v1";
+pub(crate) const SETTINGS_FORMAT: &str = "v1";
 /// The ConfigMap's name when `run --settings-configmap` is not given.
-pub const DEFAULT_SETTINGS_CONFIGMAP: &str = "sandboxrun-operator-settings";
+pub(crate) const DEFAULT_SETTINGS_CONFIGMAP: &str = "sandboxrun-operator-settings";
 /// How often a Ready operator rewrites its settings (the heartbeat).
-pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(60);
+pub(crate) const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(60);
 /// A heartbeat older than this means the operator is not running (or not Ready): three missed
 /// beats, so one slow write is not an outage.
-pub const HEARTBEAT_STALE: Duration = Duration::from_secs(180);
+pub(crate) const HEARTBEAT_STALE: Duration = Duration::from_secs(180);
 
 /// What a running operator publishes about itself.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PublishedSettings {
+pub(crate) struct PublishedSettings {
     /// What admission judges with: caps, the drain timeout maximum, the network-policy mode.
-    pub rules: RuleSettings,
+    pub(crate) rules: RuleSettings,
     /// `run --drain-timeout`: the drain timeout of a run that sets none.
-    pub default_drain_timeout: Duration,
+    pub(crate) default_drain_timeout: Duration,
     /// `run --drain-wire`.
-    pub drain_wire: Wire,
+    pub(crate) drain_wire: Wire,
     /// `run --image-pull-timeout`.
-    pub image_pull_timeout: Duration,
+    pub(crate) image_pull_timeout: Duration,
     /// The webhook resolves images (`run --check-images`).
-    pub check_images: bool,
+    pub(crate) check_images: bool,
     /// The controller resolves images before creating pods (`run --preflight-images`).
-    pub preflight_images: bool,
+    pub(crate) preflight_images: bool,
     /// The operator serves the webhook (`run --webhook-addr` not empty).
-    pub webhook: bool,
+    pub(crate) webhook: bool,
     /// The pod (`POD_NAME`) that wrote this.
-    pub pod: String,
+    pub(crate) pod: String,
     /// The operator's version.
-    pub version: String,
+    pub(crate) version: String,
     /// When it was written (the heartbeat); None in a record that has none.
-    pub heartbeat: Option<Timestamp>,
+    pub(crate) heartbeat: Option<Timestamp>,
     /// The namespaces its controller watches (`run --namespaces`); empty: every namespace.
-    pub watched_namespaces: Vec<String>,
+    pub(crate) watched_namespaces: Vec<String>,
 }
 
 /// Why a published record cannot be read.
 #[derive(Debug, Error, PartialEq, Eq)]
-pub enum PublishedError {
+pub(crate) enum PublishedError {
     /// A key the format requires is absent.
     #[error("key {0} is missing")]
     Missing(&'static str),
@@ -75,29 +75,29 @@ pub enum PublishedError {
 }
 
 mod keys {
-    pub const MAX_CAP: &str = "maxCapBytes";
-    pub const DEFAULT_CAP: &str = "defaultCapBytes";
-    pub const MAX_DRAIN_TIMEOUT: &str = "maxDrainTimeoutSeconds";
-    pub const DRAIN_TIMEOUT: &str = "drainTimeoutSeconds";
-    pub const NETWORK_POLICY: &str = "networkPolicy";
-    pub const DRAIN_WIRE: &str = "drainWire";
-    pub const IMAGE_PULL_TIMEOUT: &str = "imagePullTimeoutSeconds";
-    pub const CHECK_IMAGES: &str = "checkImages";
-    pub const PREFLIGHT_IMAGES: &str = "preflightImages";
-    pub const WEBHOOK: &str = "webhook";
-    pub const POD: &str = "pod";
-    pub const VERSION: &str = "operatorVersion";
-    pub const HEARTBEAT: &str = "heartbeat";
-    pub const RUNTIME_CLASSES: &str = "allowedRuntimeClasses";
-    pub const PRIORITY_CLASSES: &str = "allowedPriorityClasses";
-    pub const TOLERATION_KEYS: &str = "allowedTolerationKeys";
-    pub const WATCHED_NAMESPACES: &str = "watchNamespaces";
+    pub(crate) const MAX_CAP: &str = "maxCapBytes";
+    pub(crate) const DEFAULT_CAP: &str = "defaultCapBytes";
+    pub(crate) const MAX_DRAIN_TIMEOUT: &str = "maxDrainTimeoutSeconds";
+    pub(crate) const DRAIN_TIMEOUT: &str = "drainTimeoutSeconds";
+    pub(crate) const NETWORK_POLICY: &str = "networkPolicy";
+    pub(crate) const DRAIN_WIRE: &str = "drainWire";
+    pub(crate) const IMAGE_PULL_TIMEOUT: &str = "imagePullTimeoutSeconds";
+    pub(crate) const CHECK_IMAGES: &str = "checkImages";
+    pub(crate) const PREFLIGHT_IMAGES: &str = "preflightImages";
+    pub(crate) const WEBHOOK: &str = "webhook";
+    pub(crate) const POD: &str = "pod";
+    pub(crate) const VERSION: &str = "operatorVersion";
+    pub(crate) const HEARTBEAT: &str = "heartbeat";
+    pub(crate) const RUNTIME_CLASSES: &str = "allowedRuntimeClasses";
+    pub(crate) const PRIORITY_CLASSES: &str = "allowedPriorityClasses";
+    pub(crate) const TOLERATION_KEYS: &str = "allowedTolerationKeys";
+    pub(crate) const WATCHED_NAMESPACES: &str = "watchNamespaces";
 }
 
 impl PublishedSettings {
     /// The ConfigMap's `data`. Numbers are plain integers (bytes, seconds): no unit grammar for
     /// a reader to get wrong.
-    pub fn to_data(&self) -> BTreeMap<String, String> {
+    pub(crate) fn to_data(&self) -> BTreeMap<String, String> {
         let mut d = BTreeMap::new();
         let mut put = |k: &str, v: String| {
             d.insert(k.to_string(), v);
@@ -145,7 +145,7 @@ impl PublishedSettings {
 
     /// Reads a ConfigMap's `data` back. The rule settings are required; the rest is reported
     /// when present and defaulted when not (a newer operator may add keys, an older one lack some).
-    pub fn from_data(data: &BTreeMap<String, String>) -> Result<Self, PublishedError> {
+    pub(crate) fn from_data(data: &BTreeMap<String, String>) -> Result<Self, PublishedError> {
         fn get<'a>(
             d: &'a BTreeMap<String, String>,
             k: &'static str,
@@ -219,7 +219,7 @@ impl PublishedSettings {
     }
 
     /// One line for a report: what the operator runs with.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         let max_drain = self
             .rules
             .max_drain_timeout
@@ -240,7 +240,7 @@ impl PublishedSettings {
 
 /// Whether a published record shows a live operator at `now`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Freshness {
+pub(crate) enum Freshness {
     /// Written within [`HEARTBEAT_STALE`]: the operator is running and Ready.
     Live,
     /// Older: the operator stopped, or is not Ready (it only beats while Ready).
@@ -250,7 +250,7 @@ pub enum Freshness {
 }
 
 /// Judges the record's heartbeat at `now` (a clock skew that puts it in the future counts as live).
-pub fn freshness(settings: &PublishedSettings, now: Timestamp) -> Freshness {
+pub(crate) fn freshness(settings: &PublishedSettings, now: Timestamp) -> Freshness {
     let Some(beat) = settings.heartbeat else {
         return Freshness::Unknown;
     };

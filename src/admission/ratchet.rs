@@ -39,16 +39,16 @@ use crate::api::SandboxRunSpec;
 
 /// The stored object an UPDATE is compared with.
 #[derive(Clone, Copy, Debug)]
-pub struct Stored<'a> {
+pub(crate) struct Stored<'a> {
     /// Its `.spec`, raw (an empty object when it has none).
-    pub spec: &'a Value,
+    pub(crate) spec: &'a Value,
     /// Its status names the run's pod: the spec is frozen but for `stop`.
-    pub pod_exists: bool,
+    pub(crate) pod_exists: bool,
 }
 
 /// One admission request, as far as the rules are concerned.
 #[derive(Clone, Copy, Debug)]
-pub enum Review<'a> {
+pub(crate) enum Review<'a> {
     /// A new object, with its raw `.spec`.
     Create {
         /// The object's `.spec`.
@@ -67,7 +67,7 @@ pub enum Review<'a> {
 
 /// Which rules ran, and why (for the log and the tests).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scope {
+pub(crate) enum Scope {
     /// Every rule: a CREATE, or an UPDATE whose stored spec is missing or unreadable.
     Full,
     /// An UPDATE that leaves the spec alone: no rule ran.
@@ -80,34 +80,34 @@ pub enum Scope {
 
 /// The verdict of the pure rules, and what the webhook must still do.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Judgement {
+pub(crate) struct Judgement {
     /// Which rules ran.
-    pub scope: Scope,
+    pub(crate) scope: Scope,
     /// Findings, sorted ([`sort_findings`]); a `Fail` denies.
-    pub findings: Vec<Finding>,
+    pub(crate) findings: Vec<Finding>,
     /// The image to resolve against its registry when `--check-images` is on: the new object's
     /// image on CREATE, and on UPDATE only when it changed.
-    pub resolve_image: Option<ImageCheck>,
+    pub(crate) resolve_image: Option<ImageCheck>,
     /// The stored spec did not parse (the new one is then judged in full); for the log.
-    pub stored_unreadable: Option<String>,
+    pub(crate) stored_unreadable: Option<String>,
 }
 
 /// An image the webhook resolves (no pull), with the run's pull secrets for the registry.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ImageCheck {
+pub(crate) struct ImageCheck {
     /// `spec.image`, trimmed.
-    pub image: String,
+    pub(crate) image: String,
     /// `spec.imagePullSecrets`.
-    pub pull_secrets: Vec<String>,
+    pub(crate) pull_secrets: Vec<String>,
 }
 
 /// The new object's spec is not a SandboxRun spec: the review is denied as invalid.
 #[derive(Debug, Error)]
 #[error("the object is not a valid SandboxRun: {0}")]
-pub struct InvalidSpec(#[source] serde_json::Error);
+pub(crate) struct InvalidSpec(#[source] serde_json::Error);
 
 /// Decides what a review is judged by, and judges it.
-pub fn judge(review: Review<'_>, settings: &RuleSettings) -> Result<Judgement, InvalidSpec> {
+pub(crate) fn judge(review: Review<'_>, settings: &RuleSettings) -> Result<Judgement, InvalidSpec> {
     let (old, raw_new, deleting) = match review {
         Review::Create { spec } => return full(&parse(spec)?, settings, None),
         Review::Update {

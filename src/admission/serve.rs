@@ -31,31 +31,31 @@ const ROTATION_CHECK: Duration = Duration::from_secs(30);
 
 /// What the webhook needs from the `run` flags (`--webhook-*`, `--check-images`, the caps).
 #[derive(Clone, Debug)]
-pub struct ServeConfig {
+pub(crate) struct ServeConfig {
     /// Listen address.
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     /// `self-managed` or `files`.
-    pub cert_mode: String,
+    pub(crate) cert_mode: String,
     /// Directory with tls.crt / tls.key (mode `files`).
-    pub cert_dir: std::path::PathBuf,
+    pub(crate) cert_dir: std::path::PathBuf,
     /// Secret holding the self-managed certificates.
-    pub secret: String,
+    pub(crate) secret: String,
     /// Namespace of that Secret (the operator's).
-    pub namespace: String,
+    pub(crate) namespace: String,
     /// ValidatingWebhookConfiguration whose caBundle is patched.
-    pub config: String,
+    pub(crate) config: String,
     /// DNS names / IPs of the serving certificate.
-    pub hosts: Vec<String>,
+    pub(crate) hosts: Vec<String>,
     /// Opt-in image resolvability check.
-    pub check_images: bool,
+    pub(crate) check_images: bool,
     /// Settings the rules read.
-    pub settings: RuleSettings,
+    pub(crate) settings: RuleSettings,
     /// The namespaces the controller watches (`run --namespaces`); empty: every namespace.
-    pub watched_namespaces: Vec<String>,
+    pub(crate) watched_namespaces: Vec<String>,
 }
 
 /// Starts the webhook in the background; returns the address it listens on.
-pub async fn start(
+pub(crate) async fn start(
     config: &ServeConfig,
     client: Client,
     metrics: &Metrics,

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 /// Prints the CRD.
-pub fn main() -> ExitCode {
+pub(crate) fn main() -> ExitCode {
     match crate::crdgen::crd_yaml() {
         Ok(yaml) => {
             print!("{yaml}");

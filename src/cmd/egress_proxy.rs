@@ -7,7 +7,7 @@ use tracing::error;
 use crate::egress::proxy::ProxyArgs;
 
 /// Runs the egress proxy until SIGTERM.
-pub async fn main(args: ProxyArgs) -> ExitCode {
+pub(crate) async fn main(args: ProxyArgs) -> ExitCode {
     args.log.init_tracing();
     match crate::egress::proxy::run(args).await {
         Ok(()) => ExitCode::SUCCESS,

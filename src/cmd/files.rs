@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use crate::files::{resolve, run_at, FilesArgs, FilesError};
 
 /// Runs `files`.
-pub async fn main(args: FilesArgs) -> ExitCode {
+pub(crate) async fn main(args: FilesArgs) -> ExitCode {
     let mut out = std::io::stdout();
     let result = match resolve(&args).await {
         Ok(target) => run_at(args, &target, &mut out)

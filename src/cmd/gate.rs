@@ -9,21 +9,21 @@ use clap::Args;
 
 /// Arguments of `egress-gate`.
 #[derive(Args, Debug)]
-pub struct GateArgs {
+pub(crate) struct GateArgs {
     /// The probe's address: one the run's NetworkPolicy denies (the node's IP by default).
     #[arg(long)]
-    pub probe_host: String,
+    pub(crate) probe_host: String,
     /// The probe's port.
     #[arg(long)]
-    pub probe_port: u16,
+    pub(crate) probe_port: u16,
     /// How long the probe may stay reachable before the gate gives up (e.g. 60s).
     #[arg(long, default_value = crate::inpod::gate::DEFAULT_GATE_TIMEOUT)]
-    pub timeout: String,
+    pub(crate) timeout: String,
 }
 
 /// Runs `egress-gate`: 0 once the probe is denied, 1 when it stayed reachable (the reason on
 /// stderr, which the kubelet keeps as the container's termination message), 2 on bad flags.
-pub async fn main(args: GateArgs) -> ExitCode {
+pub(crate) async fn main(args: GateArgs) -> ExitCode {
     let host: IpAddr = match args.probe_host.trim().parse() {
         Ok(ip) => ip,
         Err(_) => {

@@ -9,20 +9,20 @@ use tracing::info;
 
 /// Arguments of `holder`.
 #[derive(Args, Debug)]
-pub struct HolderArgs {
+pub(crate) struct HolderArgs {
     /// The holder's own directory (drain marker).
     #[arg(long, default_value = crate::inpod::holder::HOLDER_STATE_DIR)]
-    pub state_dir: PathBuf,
+    pub(crate) state_dir: PathBuf,
     /// preStop mode: wait until the operator marks the pod drained, at most this long (e.g. 5m).
     #[arg(long, value_name = "DURATION", conflicts_with = "mark_drained")]
-    pub wait_drained: Option<String>,
+    pub(crate) wait_drained: Option<String>,
     /// Mark the pod drained (exec'd by the operator after the drain).
     #[arg(long)]
-    pub mark_drained: bool,
+    pub(crate) mark_drained: bool,
 }
 
 /// Runs `holder`.
-pub async fn main(args: HolderArgs) -> ExitCode {
+pub(crate) async fn main(args: HolderArgs) -> ExitCode {
     if args.mark_drained {
         return match crate::inpod::holder::mark_drained(&args.state_dir) {
             Ok(_) => ExitCode::SUCCESS,

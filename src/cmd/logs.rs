@@ -10,7 +10,7 @@ use crate::plugin::cluster::connect;
 use crate::plugin::logs::{render, LogsArgs};
 
 /// Runs `logs`.
-pub async fn main(args: LogsArgs) -> ExitCode {
+pub(crate) async fn main(args: LogsArgs) -> ExitCode {
     let (client, namespace) = match connect(&args.cluster).await {
         Ok(c) => c,
         Err(e) => {

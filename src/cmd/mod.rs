@@ -5,17 +5,17 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-pub mod crd;
-pub mod doctor;
-pub mod egress_proxy;
-pub mod files;
-pub mod gate;
-pub mod holder;
-pub mod logs;
-pub mod operate;
-pub mod pack;
-pub mod run;
-pub mod selftest;
+pub(crate) mod crd;
+pub(crate) mod doctor;
+pub(crate) mod egress_proxy;
+pub(crate) mod files;
+pub(crate) mod gate;
+pub(crate) mod holder;
+pub(crate) mod logs;
+pub(crate) mod operate;
+pub(crate) mod pack;
+pub(crate) mod run;
+pub(crate) mod selftest;
 
 /// sandboxrun-operator: runs SandboxRuns and drains their read-back paths into object storage.
 #[derive(Parser, Debug)]
@@ -23,12 +23,12 @@ pub mod selftest;
 pub(crate) struct Cli {
     /// What to do.
     #[command(subcommand)]
-    pub command: Command,
+    pub(crate) command: Command,
 }
 
 /// Subcommands.
 #[derive(Subcommand, Debug)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the controller, the admission webhook and the metrics endpoint.
     Run(Box<run::RunArgs>),
     /// Print the SandboxRun CustomResourceDefinition (YAML).

@@ -25,7 +25,7 @@ use crate::process::shutdown_signal;
 
 /// Why the operator stopped.
 #[derive(Debug, Error)]
-pub enum OperatorError {
+pub(crate) enum OperatorError {
     /// A flag or environment value is wrong.
     #[error("configuration: {0}")]
     Config(String),
@@ -60,7 +60,7 @@ pub enum OperatorError {
 }
 
 /// Runs `run`: logs set up from the flags, then the operator until SIGTERM.
-pub async fn main(args: RunArgs) -> ExitCode {
+pub(crate) async fn main(args: RunArgs) -> ExitCode {
     args.log.init_tracing();
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
@@ -72,7 +72,7 @@ pub async fn main(args: RunArgs) -> ExitCode {
 }
 
 /// Runs the operator until SIGTERM.
-pub async fn run(args: RunArgs) -> Result<(), OperatorError> {
+pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     // Checked before anything connects: a bad value is a startup error, not a pod every run fails.
     let holder_resources = holder_resources(&args)?;
     let egress = egress_settings(&args).map_err(OperatorError::Config)?;

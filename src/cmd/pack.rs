@@ -9,22 +9,22 @@ use crate::drain::wire::{zstd_writer, Wire};
 
 /// Arguments of `pack`.
 #[derive(Args, Debug)]
-pub struct PackArgs {
+pub(crate) struct PackArgs {
     /// Directory to archive.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// The path's cap in bytes: a file that would take the packed total over it is written as a
     /// zero-length placeholder carrying the PAX record `SANDBOXRUN.dropped=<size>` (its content
     /// never crosses the wire). Without it every file is packed whole.
     #[arg(long, value_name = "BYTES")]
-    pub budget: Option<u64>,
+    pub(crate) budget: Option<u64>,
     /// How the tar crosses the exec stream: as is, or in one zstd frame (the drain decodes it
     /// before sanitizing, docs/contract.md "The drain").
     #[arg(long, value_enum, default_value = "tar")]
-    pub wire: Wire,
+    pub(crate) wire: Wire,
 }
 
 /// Runs `pack`: the tar of `args.path` on stdout, notes on stderr.
-pub fn main(args: PackArgs) -> ExitCode {
+pub(crate) fn main(args: PackArgs) -> ExitCode {
     let stdout = std::io::BufWriter::with_capacity(256 * 1024, std::io::stdout().lock());
     let stderr = std::io::stderr();
     let packed = match args.wire {

@@ -13,85 +13,85 @@ use crate::units::MIB;
 
 /// Settings of `run`. Every flag has an environment variable.
 #[derive(Args, Debug, Clone)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// Namespaces to watch (comma-separated); empty watches every namespace.
     #[arg(long, env = "SANDBOXRUN_NAMESPACES", value_delimiter = ',')]
-    pub namespaces: Vec<String>,
+    pub(crate) namespaces: Vec<String>,
     /// The object store.
     #[command(flatten)]
-    pub store: StoreArgs,
+    pub(crate) store: StoreArgs,
     /// Cap of a read-back path that declares no sizeLimit (bytes or a quantity like 1Gi).
     #[arg(long, env = "SANDBOXRUN_READBACK_DEFAULT_CAP", default_value = "1Gi")]
-    pub default_cap: String,
+    pub(crate) default_cap: String,
     /// Highest cap any read-back path may get (ADR-143's escape hatch ITERION_SANDBOX_READBACK_CAP).
     #[arg(
         long = "max-cap",
         env = "SANDBOXRUN_READBACK_CAP",
         default_value = "16Gi"
     )]
-    pub max_cap: String,
+    pub(crate) max_cap: String,
     /// What deleting a run does to its stored archives and manifests when its spec sets no
     /// readBack.retention: `Retain` (keep them) or `Delete` (delete them, after the drain).
     #[arg(long, env = "SANDBOXRUN_DEFAULT_RETENTION", default_value = "Retain")]
-    pub default_retention: crate::api::Retention,
+    pub(crate) default_retention: crate::api::Retention,
     /// Drain timeout of a run that sets no readBack.drainTimeout.
     #[arg(long, env = "SANDBOXRUN_DRAIN_TIMEOUT", default_value = "5m")]
-    pub drain_timeout: String,
+    pub(crate) drain_timeout: String,
     /// Longest drain timeout any run gets: admission refuses a readBack.drainTimeout above it, and
     /// a run admitted before it was lowered is drained within it (default: rules'
     /// DEFAULT_MAX_DRAIN_TIMEOUT, which `doctor` judges with).
     #[arg(long, env = "SANDBOXRUN_MAX_DRAIN_TIMEOUT", default_value = "1h")]
-    pub max_drain_timeout: String,
+    pub(crate) max_drain_timeout: String,
     /// Per-path idle bound of a drain: a packer that keeps the drain waiting this long in all
     /// without sending 64 KiB (stalled, or trickling a byte every few seconds) is cut off and the
     /// path ends Failed, so it cannot hold a drain slot until the run's drain timeout
     /// (docs/contract.md "Drain memory").
     #[arg(long, env = "SANDBOXRUN_DRAIN_IDLE_TIMEOUT", default_value = "60s")]
-    pub drain_idle_timeout: String,
+    pub(crate) drain_idle_timeout: String,
     /// How long a pod's image pull may keep failing with a retryable error (ErrImagePull /
     /// ImagePullBackOff) before the run is failed with reason ImagePullFailed, counted from the
     /// pod's start (status.startTime, else its creation). A registry that answers "not found"
     /// fails the run at once.
     #[arg(long, env = "SANDBOXRUN_IMAGE_PULL_TIMEOUT", default_value = "5m")]
-    pub image_pull_timeout: String,
+    pub(crate) image_pull_timeout: String,
     /// How long a run's passing states may last unreported (docs/contract.md "A quiet
     /// lifecycle"): a fresh run's pod that runs within it is first written Running, a teardown
     /// that drains within it is written once with its final phase; 0s reports every state as
     /// it is seen (two more status writes and three more Events a run).
     #[arg(long, env = "SANDBOXRUN_QUIET_WINDOW", default_value = "2s")]
-    pub quiet_window: String,
+    pub(crate) quiet_window: String,
     /// Image of the holder container (the operator's own image).
     #[arg(
         long,
         env = "SANDBOXRUN_HOLDER_IMAGE",
         default_value = crate::pod::DEFAULT_HOLDER_IMAGE
     )]
-    pub holder_image: String,
+    pub(crate) holder_image: String,
     /// CPU request of the holder container (a Kubernetes quantity; empty: none).
     #[arg(
         long,
         env = "SANDBOXRUN_HOLDER_CPU_REQUEST",
         default_value = crate::pod::DEFAULT_HOLDER_CPU_REQUEST
     )]
-    pub holder_cpu_request: String,
+    pub(crate) holder_cpu_request: String,
     /// Memory request of the holder container (a Kubernetes quantity; empty: none).
     #[arg(
         long,
         env = "SANDBOXRUN_HOLDER_MEMORY_REQUEST",
         default_value = crate::pod::DEFAULT_HOLDER_MEMORY_REQUEST
     )]
-    pub holder_memory_request: String,
+    pub(crate) holder_memory_request: String,
     /// CPU limit of the holder container (a Kubernetes quantity); none unless set, e.g. for a
     /// namespace whose ResourceQuota requires limits.cpu.
     #[arg(long, env = "SANDBOXRUN_HOLDER_CPU_LIMIT")]
-    pub holder_cpu_limit: Option<String>,
+    pub(crate) holder_cpu_limit: Option<String>,
     /// Memory limit of the holder container (a Kubernetes quantity; empty: none).
     #[arg(
         long,
         env = "SANDBOXRUN_HOLDER_MEMORY_LIMIT",
         default_value = crate::pod::DEFAULT_HOLDER_MEMORY_LIMIT
     )]
-    pub holder_memory_limit: String,
+    pub(crate) holder_memory_limit: String,
     /// Secrets (type dockerconfigjson) added to every run pod's imagePullSecrets after the run's
     /// own (repeatable / comma-separated), so a holder image from a private registry is pulled.
     /// Each must exist in the runs' namespaces.
@@ -100,7 +100,7 @@ pub struct RunArgs {
         env = "SANDBOXRUN_POD_IMAGE_PULL_SECRETS",
         value_delimiter = ','
     )]
-    pub pod_image_pull_secrets: Vec<String>,
+    pub(crate) pod_image_pull_secrets: Vec<String>,
     /// Absolute path of the operator's binary in the holder image: the holder's program, its
     /// preStop hook and mark-drained exec, and (unless --pack-command says otherwise) the packer.
     /// Never looked up through PATH (docs/contract.md "The holder runs only the operator's code").
@@ -109,11 +109,11 @@ pub struct RunArgs {
         env = "SANDBOXRUN_HOLDER_BINARY",
         default_value = crate::pod::HOLDER_BINARY
     )]
-    pub holder_binary: String,
+    pub(crate) holder_binary: String,
     /// The packer command exec'd in the holder, its program an absolute path; the path is
     /// appended. Default: `<--holder-binary> pack`.
     #[arg(long, env = "SANDBOXRUN_PACK_COMMAND")]
-    pub pack_command: Option<String>,
+    pub(crate) pack_command: Option<String>,
     /// How the holder's packer sends each path's tar over the exec stream: `zstd` (compressed in
     /// the pod at zstd's fastest level, decoded by the drain before sanitizing; an older holder
     /// that does not know `pack --wire` gets a plain tar) or `tar` (as is). zstd is the default:
@@ -125,11 +125,11 @@ pub struct RunArgs {
         value_enum,
         default_value = "zstd"
     )]
-    pub drain_wire: crate::drain::wire::Wire,
+    pub(crate) drain_wire: crate::drain::wire::Wire,
     /// Reconciles running at once per controller: one controller for every namespace, or one per
     /// namespace of --namespaces (each with this many workers).
     #[arg(long, env = "SANDBOXRUN_CONCURRENCY", default_value_t = 16)]
-    pub concurrency: u16,
+    pub(crate) concurrency: u16,
     /// Drains (teardowns) running at once, off the reconcile workers: a slow or stuck drain never
     /// holds up the reconciles of other runs; teardowns beyond this wait for a slot.
     #[arg(
@@ -138,7 +138,7 @@ pub struct RunArgs {
         default_value_t = 8,
         value_parser = clap::value_parser!(u16).range(1..)
     )]
-    pub max_concurrent_drains: u16,
+    pub(crate) max_concurrent_drains: u16,
     /// Paths drained at once, across every run: the declared paths of a run drain in parallel,
     /// each holding one of these slots, which bound the drain memory (see docs/operations.md,
     /// "Sizing").
@@ -148,13 +148,13 @@ pub struct RunArgs {
         default_value_t = 8,
         value_parser = clap::value_parser!(u16).range(1..)
     )]
-    pub max_concurrent_path_drains: u16,
+    pub(crate) max_concurrent_path_drains: u16,
     /// Metrics and health address (/metrics, /healthz, /readyz).
     #[arg(long, env = "SANDBOXRUN_METRICS_ADDR", default_value = "0.0.0.0:8080")]
-    pub metrics_addr: String,
+    pub(crate) metrics_addr: String,
     /// Webhook address (HTTPS); empty disables the webhook server.
     #[arg(long, env = "SANDBOXRUN_WEBHOOK_ADDR", default_value = "0.0.0.0:9443")]
-    pub webhook_addr: String,
+    pub(crate) webhook_addr: String,
     /// Webhook certificates: `self-managed` (CA + serving cert kept in a Secret, caBundle patched),
     /// or `files` (cert-manager or any mounted tls.crt/tls.key in --webhook-cert-dir).
     #[arg(
@@ -162,28 +162,28 @@ pub struct RunArgs {
         env = "SANDBOXRUN_WEBHOOK_CERT_MODE",
         default_value = "self-managed"
     )]
-    pub webhook_cert_mode: String,
+    pub(crate) webhook_cert_mode: String,
     /// Directory with tls.crt and tls.key (cert mode `files`).
     #[arg(
         long,
         env = "SANDBOXRUN_WEBHOOK_CERT_DIR",
         default_value = "/tmp/k8s-webhook-server/serving-certs"
     )]
-    pub webhook_cert_dir: PathBuf,
+    pub(crate) webhook_cert_dir: PathBuf,
     /// Secret (in --pod-namespace) holding the self-managed CA and serving cert.
     #[arg(
         long,
         env = "SANDBOXRUN_WEBHOOK_SECRET",
         default_value = "sandboxrun-operator-webhook-tls"
     )]
-    pub webhook_secret: String,
+    pub(crate) webhook_secret: String,
     /// ValidatingWebhookConfiguration whose caBundle the self-managed mode patches.
     #[arg(
         long,
         env = "SANDBOXRUN_WEBHOOK_CONFIG",
         default_value = "sandboxrun-operator"
     )]
-    pub webhook_config: String,
+    pub(crate) webhook_config: String,
     /// DNS names / IPs of the serving certificate (comma-separated).
     #[arg(
         long,
@@ -191,22 +191,22 @@ pub struct RunArgs {
         value_delimiter = ',',
         default_value = "sandboxrun-operator-webhook.sandboxrun-system.svc"
     )]
-    pub webhook_hosts: Vec<String>,
+    pub(crate) webhook_hosts: Vec<String>,
     /// The run policy: the runtime classes runs may set (comma-separated; unset: any, empty:
     /// none). The webhook refuses others (docs/contract.md "A run uses only its author's rights").
     #[arg(long, env = "SANDBOXRUN_ALLOWED_RUNTIME_CLASSES", value_name = "NAMES")]
-    pub allowed_runtime_classes: Option<String>,
+    pub(crate) allowed_runtime_classes: Option<String>,
     /// The priority classes runs may set (comma-separated; unset: any, empty: none).
     #[arg(
         long,
         env = "SANDBOXRUN_ALLOWED_PRIORITY_CLASSES",
         value_name = "NAMES"
     )]
-    pub allowed_priority_classes: Option<String>,
+    pub(crate) allowed_priority_classes: Option<String>,
     /// The toleration keys runs may set (comma-separated; `*` also allows a toleration without a
     /// key, which tolerates every taint; unset: any, empty: none).
     #[arg(long, env = "SANDBOXRUN_ALLOWED_TOLERATION_KEYS", value_name = "KEYS")]
-    pub allowed_toleration_keys: Option<String>,
+    pub(crate) allowed_toleration_keys: Option<String>,
     /// With --namespaces: the webhook refuses a SandboxRun created in any other namespace (rule
     /// namespace-not-watched; nothing would ever run it). Chart: webhook.unwatchedNamespaces=refuse.
     #[arg(
@@ -214,16 +214,16 @@ pub struct RunArgs {
         env = "SANDBOXRUN_WEBHOOK_REFUSE_UNWATCHED",
         default_value_t = false
     )]
-    pub webhook_refuse_unwatched: bool,
+    pub(crate) webhook_refuse_unwatched: bool,
     /// Check image resolvability (no pull) in the webhook; a failure only warns when transient.
     #[arg(long, env = "SANDBOXRUN_CHECK_IMAGES", default_value_t = false)]
-    pub check_images: bool,
+    pub(crate) check_images: bool,
     /// Resolve each run's image against its registry (the manifest only, never a pull) before its
     /// pod is created: a definitive miss (manifest unknown, repository not found) fails the run
     /// at once with reason ImageUnresolvable and no pod; a transient error (timeout, 5xx,
     /// connection refused) creates the pod with a Warning Event. Reads the pods' imagePullSecrets.
     #[arg(long, env = "SANDBOXRUN_PREFLIGHT_IMAGES", default_value_t = false)]
-    pub preflight_images: bool,
+    pub(crate) preflight_images: bool,
     /// ConfigMap (in --pod-namespace) the operator publishes its live settings in (caps, drain
     /// timeouts, network-policy mode, drain wire, image checks) and refreshes every minute while
     /// Ready, for `doctor --context`; empty: not published.
@@ -232,23 +232,23 @@ pub struct RunArgs {
         env = "SANDBOXRUN_SETTINGS_CONFIGMAP",
         default_value = crate::admission::published::DEFAULT_SETTINGS_CONFIGMAP
     )]
-    pub settings_configmap: String,
+    pub(crate) settings_configmap: String,
     /// Elect a leader on a Lease so several replicas can run.
     #[arg(long, env = "SANDBOXRUN_LEADER_ELECT", default_value_t = false)]
-    pub leader_elect: bool,
+    pub(crate) leader_elect: bool,
     /// Lease name.
     #[arg(
         long,
         env = "SANDBOXRUN_LEASE_NAME",
         default_value = "sandboxrun-operator"
     )]
-    pub lease_name: String,
+    pub(crate) lease_name: String,
     /// Namespace of the operator itself (lease, webhook Secret).
     #[arg(long, env = "POD_NAMESPACE", default_value = "sandboxrun-system")]
-    pub pod_namespace: String,
+    pub(crate) pod_namespace: String,
     /// This replica's identity (events, lease).
     #[arg(long, env = "POD_NAME", default_value = "sandboxrun-operator-local")]
-    pub pod_name: String,
+    pub(crate) pod_name: String,
     /// Whether this cluster's network plugin enforces NetworkPolicy: `enforced`, or
     /// `unenforced-refuse` (a run whose spec.network restricts egress does not start) or
     /// `unenforced-warn` (it starts with a Warning Event).
@@ -258,14 +258,14 @@ pub struct RunArgs {
         value_enum,
         default_value = "enforced"
     )]
-    pub network_policy: crate::egress::PolicyEnforcement,
+    pub(crate) network_policy: crate::egress::PolicyEnforcement,
     /// URL of the egress proxy the workloads of filtered runs use (empty: none, and host-name
     /// rules are not enforced), e.g. http://sandboxrun-operator-egress-proxy.sandboxrun-system.svc:3128.
     #[arg(long, env = "SANDBOXRUN_EGRESS_PROXY_URL", default_value = "")]
-    pub egress_proxy_url: String,
+    pub(crate) egress_proxy_url: String,
     /// Namespace of the egress proxy's pods (default: --pod-namespace).
     #[arg(long, env = "SANDBOXRUN_EGRESS_PROXY_NAMESPACE")]
-    pub egress_proxy_namespace: Option<String>,
+    pub(crate) egress_proxy_namespace: Option<String>,
     /// Labels of the egress proxy's pods (key=value, comma-separated): what a run's
     /// NetworkPolicy lets it reach.
     #[arg(
@@ -274,16 +274,16 @@ pub struct RunArgs {
         value_delimiter = ',',
         default_value = "app.kubernetes.io/component=egress-proxy"
     )]
-    pub egress_proxy_selector: Vec<String>,
+    pub(crate) egress_proxy_selector: Vec<String>,
     /// Port the egress proxy's pods listen on.
     #[arg(long, env = "SANDBOXRUN_EGRESS_PROXY_PORT", default_value_t = 3128)]
-    pub egress_proxy_port: u16,
+    pub(crate) egress_proxy_port: u16,
     /// File with the secret the per-run proxy tokens are derived from (the proxy reads the same).
     #[arg(long, env = "SANDBOXRUN_EGRESS_TOKEN_SECRET_FILE")]
-    pub egress_token_secret_file: Option<PathBuf>,
+    pub(crate) egress_token_secret_file: Option<PathBuf>,
     /// Namespace of the cluster DNS pods a filtered run may query.
     #[arg(long, env = "SANDBOXRUN_DNS_NAMESPACE", default_value = "kube-system")]
-    pub dns_namespace: String,
+    pub(crate) dns_namespace: String,
     /// Labels of the cluster DNS pods (key=value, comma-separated).
     #[arg(
         long,
@@ -291,7 +291,7 @@ pub struct RunArgs {
         value_delimiter = ',',
         default_value = "k8s-app=kube-dns"
     )]
-    pub dns_selector: Vec<String>,
+    pub(crate) dns_selector: Vec<String>,
     /// What the egress gate of a filtered run's pod probes until the run's NetworkPolicy denies
     /// it, before the workload starts: `node:<port>` (the pod's node IP: its kubelet port is
     /// served on every node the drain can exec into), `<ip>:<port>`, or `off` (the workload
@@ -301,24 +301,24 @@ pub struct RunArgs {
         env = "SANDBOXRUN_EGRESS_GATE_PROBE",
         default_value = crate::inpod::gate::DEFAULT_GATE_PROBE
     )]
-    pub egress_gate_probe: String,
+    pub(crate) egress_gate_probe: String,
     /// How long the egress gate waits for the policy before the run fails (`EgressNotEnforced`).
     #[arg(
         long,
         env = "SANDBOXRUN_EGRESS_GATE_TIMEOUT",
         default_value = crate::inpod::gate::DEFAULT_GATE_TIMEOUT
     )]
-    pub egress_gate_timeout: String,
+    pub(crate) egress_gate_timeout: String,
     /// NO_PROXY of a filtered run's workload: what it reaches without the proxy.
     #[arg(
         long,
         env = "SANDBOXRUN_NO_PROXY",
         default_value = crate::egress::settings::DEFAULT_NO_PROXY
     )]
-    pub no_proxy: String,
+    pub(crate) no_proxy: String,
     /// `--log-format`, `--log-level`.
     #[command(flatten)]
-    pub log: LogArgs,
+    pub(crate) log: LogArgs,
 }
 
 impl RunArgs {
@@ -341,7 +341,7 @@ pub(crate) fn parse_cap(text: &str) -> Result<u64, String> {
 }
 
 /// Cap settings from the run flags.
-pub fn caps(args: &RunArgs) -> Result<CapSettings, String> {
+pub(crate) fn caps(args: &RunArgs) -> Result<CapSettings, String> {
     let caps = CapSettings {
         default_bytes: parse_cap(&args.default_cap)?,
         max_bytes: parse_cap(&args.max_cap)?,

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use crate::selftest::{run, SelftestArgs, SelftestError};
 
 /// Runs `selftest`.
-pub async fn main(args: SelftestArgs) -> ExitCode {
+pub(crate) async fn main(args: SelftestArgs) -> ExitCode {
     match run(args).await {
         Ok(summary) => {
             println!("selftest: PASS: {summary}");

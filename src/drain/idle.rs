@@ -75,9 +75,9 @@ impl IdleClock {
 #[error("the packer kept the drain waiting {idle:?} in all without sending {min_progress} bytes (the per-path idle bound, --drain-idle-timeout): the stream was cut off")]
 pub(crate) struct IdleTimeout {
     /// The bound.
-    pub idle: Duration,
+    pub(crate) idle: Duration,
     /// [`MIN_PROGRESS_BYTES`].
-    pub min_progress: u64,
+    pub(crate) min_progress: u64,
 }
 
 /// Reads the exec's stdout under the idle bound (see the module doc).

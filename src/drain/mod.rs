@@ -15,12 +15,12 @@
 //! [`crate::tar::sanitize`], the ustar writer in [`crate::tar::ustar`], the cap meter in
 //! [`crate::caps`], the manifest records in [`crate::store::manifest`].
 
-pub mod archive;
+pub(crate) mod archive;
 pub mod exec;
 pub(crate) mod idle;
-pub mod path_drain;
+pub(crate) mod path_drain;
 pub(crate) mod pod_notes;
-pub mod wire;
+pub(crate) mod wire;
 
 pub use archive::{
     drain_into_store, drain_stream, DrainError, DrainErrorKind, DrainOptions, Progress,

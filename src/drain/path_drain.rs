@@ -50,50 +50,50 @@ const MAX_BACKOFF: Duration = Duration::from_secs(15);
 /// Everything one path's drain needs.
 pub(crate) struct PathJob<'a> {
     /// Pods of the run's namespace.
-    pub pods: &'a Api<Pod>,
+    pub(crate) pods: &'a Api<Pod>,
     /// The run's pod.
-    pub pod_name: &'a str,
+    pub(crate) pod_name: &'a str,
     /// argv of the packer (the path is appended).
-    pub pack_command: &'a [String],
+    pub(crate) pack_command: &'a [String],
     /// The store.
-    pub store: &'a Arc<dyn ObjectStore>,
+    pub(crate) store: &'a Arc<dyn ObjectStore>,
     /// Aborts the archive key's open multipart uploads before each attempt (None: not S3).
-    pub open_uploads: Option<&'a crate::store::open_uploads::OpenUploads>,
+    pub(crate) open_uploads: Option<&'a crate::store::open_uploads::OpenUploads>,
     /// Key prefix in the store.
-    pub store_prefix: &'a object_store::path::Path,
+    pub(crate) store_prefix: &'a object_store::path::Path,
     /// Store URL (to render object URLs).
-    pub store_url: &'a str,
+    pub(crate) store_url: &'a str,
     /// Run namespace.
-    pub namespace: &'a str,
+    pub(crate) namespace: &'a str,
     /// Run name.
-    pub run_name: &'a str,
+    pub(crate) run_name: &'a str,
     /// Run uid.
-    pub run_uid: &'a str,
+    pub(crate) run_uid: &'a str,
     /// Position of the path in spec.readBack.paths.
-    pub index: usize,
+    pub(crate) index: usize,
     /// The declared container path.
-    pub path: &'a str,
+    pub(crate) path: &'a str,
     /// Where the holder mounts it: the packer's argument (docs/contract.md "The holder runs only
     /// the operator's code").
-    pub holder_path: &'a str,
+    pub(crate) holder_path: &'a str,
     /// Effective cap.
-    pub cap_bytes: u64,
+    pub(crate) cap_bytes: u64,
     /// Compression.
-    pub compression: Compression,
+    pub(crate) compression: Compression,
     /// How the packer is asked to send its tar (`pack --wire`).
-    pub wire: Wire,
+    pub(crate) wire: Wire,
     /// Per-path idle bound (`run --drain-idle-timeout`, src/drain/idle.rs).
-    pub idle: Duration,
+    pub(crate) idle: Duration,
     /// When the run's drain timeout ends.
-    pub deadline: tokio::time::Instant,
+    pub(crate) deadline: tokio::time::Instant,
     /// Attempts already made (recorded in status by an earlier operator).
-    pub previous_attempts: u32,
+    pub(crate) previous_attempts: u32,
     /// Metrics.
-    pub metrics: &'a Metrics,
+    pub(crate) metrics: &'a Metrics,
     /// Cancelled when this replica must stop draining at once (its lease is lost, or it shuts
     /// down): the attempt in flight is dropped (its upload aborts itself) and nothing is recorded,
     /// so the next leader resumes the path.
-    pub cancel: &'a CancellationToken,
+    pub(crate) cancel: &'a CancellationToken,
 }
 
 /// Why one attempt failed.

@@ -21,15 +21,15 @@ use crate::tar::sanitize::MemberKind;
 pub(crate) struct PodNotes {
     /// The manifest's `podNotes`: one line per note (unreadable ones start with
     /// [`UNREADABLE_NOTE`]), then how many were not listed.
-    pub lines: Vec<String>,
+    pub(crate) lines: Vec<String>,
     /// Unreadable entries counted but not in `lines`.
-    pub unlisted_unreadable: u64,
+    pub(crate) unlisted_unreadable: u64,
     /// Stored members whose file changed while read.
-    pub changed: Vec<ChangedRecord>,
+    pub(crate) changed: Vec<ChangedRecord>,
     /// Changed files, listed or not.
-    pub changed_total: u64,
+    pub(crate) changed_total: u64,
     /// Whether these came in band (else from stderr).
-    pub in_band: bool,
+    pub(crate) in_band: bool,
 }
 
 impl PodNotes {

@@ -139,12 +139,8 @@ impl Slots {
         })
     }
 
-    /// The bounds.
-    pub fn limits(&self) -> &Limits {
-        &self.limits
-    }
-
     /// Connections open.
+    #[cfg(test)]
     pub fn open(&self) -> usize {
         self.counts().open
     }

@@ -8,16 +8,16 @@
 //! (request heads), [`runs`] (what it knows of runs and their pods), [`limits`] (connection
 //! slots) and [`tunnel`] (the relay with its idle timeout).
 
-pub mod apply;
+pub(crate) mod apply;
 pub mod env;
 pub(crate) mod head;
-pub mod limits;
-pub mod mode;
+pub(crate) mod limits;
+pub(crate) mod mode;
 pub mod policy;
 pub mod proxy;
 pub(crate) mod request;
-pub mod runs;
-pub mod settings;
+pub(crate) mod runs;
+pub(crate) mod settings;
 pub(crate) mod state;
 pub mod token;
 pub(crate) mod tunnel;

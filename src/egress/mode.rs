@@ -29,7 +29,7 @@ pub(crate) enum PolicyError {
 
 /// What a run's egress is, once parsed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Egress {
+pub(crate) enum Egress {
     /// No `spec.network`, or mode `open`: nothing is filtered, no policy.
     Open,
     /// `allowlist` without rules: nothing leaves the pod (no DNS, no proxy).

@@ -16,7 +16,7 @@ pub const HOLDER_BINARY: &str = "/usr/local/bin/sandboxrun-operator";
 /// Where the holder mounts the read-back paths: each declared path `P` at this root followed by
 /// `P`, read-only. Never on the holder's PATH nor over its binary, whatever the run declares: a
 /// file the workload writes can never stand where the holder looks for a program.
-pub const HOLDER_READBACK_ROOT: &str = "/sandboxrun-readback";
+pub(crate) const HOLDER_READBACK_ROOT: &str = "/sandboxrun-readback";
 /// The subcommand that runs the holder's modes (`crate::cmd::holder`).
 pub(crate) const SUBCOMMAND: &str = "holder";
 
@@ -38,12 +38,12 @@ pub(crate) enum HolderCommand {
 
 impl HolderCommand {
     /// `<binary> holder`: a container's `command`, `binary` an absolute path.
-    pub fn program(binary: &str) -> Vec<String> {
+    pub(crate) fn program(binary: &str) -> Vec<String> {
         vec![binary.to_string(), SUBCOMMAND.to_string()]
     }
 
     /// The arguments after [`HolderCommand::program`]: a container's `args`.
-    pub fn args(&self) -> Vec<String> {
+    pub(crate) fn args(&self) -> Vec<String> {
         let mut args = vec!["--state-dir".to_string(), HOLDER_STATE_DIR.to_string()];
         match self {
             HolderCommand::Idle => {}
@@ -56,7 +56,7 @@ impl HolderCommand {
     }
 
     /// The whole argv: an exec's or a hook's command.
-    pub fn argv(&self, binary: &str) -> Vec<String> {
+    pub(crate) fn argv(&self, binary: &str) -> Vec<String> {
         let mut argv = Self::program(binary);
         argv.extend(self.args());
         argv

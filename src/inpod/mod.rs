@@ -8,8 +8,8 @@
 //! - [`gate`]: the egress gate, the init container that holds a filtered run's workload until its
 //!   NetworkPolicy is in force.
 
-pub mod gate;
-pub mod holder;
-pub mod pack;
+pub(crate) mod gate;
+pub(crate) mod holder;
+pub(crate) mod pack;
 pub(crate) mod sized;
 pub(crate) mod walk;

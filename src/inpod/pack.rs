@@ -43,7 +43,7 @@ use crate::tar::notes::{ChangeReason, ChangedNote, InBandNotes, MARKER_PATH};
 use crate::tar::sanitize::{path_is_storable, Limits};
 use crate::tar::ustar;
 
-pub use super::sized::Change;
+pub(crate) use super::sized::Change;
 use super::sized::SizedSource;
 use super::walk::{self, At, Found, Meta};
 
@@ -54,26 +54,26 @@ pub(crate) const UNREADABLE_NOTE: &str = "pack: unreadable ";
 
 /// What the packer did not pack as-is.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PackReport {
+pub(crate) struct PackReport {
     /// Regular files packed (changed ones included).
-    pub files: u64,
+    pub(crate) files: u64,
     /// Directories packed.
-    pub dirs: u64,
+    pub(crate) dirs: u64,
     /// Symlinks packed.
-    pub symlinks: u64,
+    pub(crate) symlinks: u64,
     /// Content bytes written (header sizes of the packed files).
-    pub bytes: u64,
+    pub(crate) bytes: u64,
     /// Special files not packed (fifo, socket, char_device, block_device).
-    pub skipped: Vec<Skipped>,
+    pub(crate) skipped: Vec<Skipped>,
     /// Files or directories that could not be read; not packed (or, for a directory, its content).
-    pub unreadable: Vec<Unreadable>,
+    pub(crate) unreadable: Vec<Unreadable>,
     /// Files packed whose content did not match their stat size while read.
-    pub changed: Vec<Changed>,
+    pub(crate) changed: Vec<Changed>,
     /// Files over the budget, written as zero-length placeholders (`--budget` only).
-    pub dropped: Vec<Dropped>,
+    pub(crate) dropped: Vec<Dropped>,
     /// Records past [`MAX_REPORTED`] in any of the lists above: counted, not kept (the in-band
     /// notes count every one of each kind).
-    pub unlisted: u64,
+    pub(crate) unlisted: u64,
 }
 
 /// Most records each list of [`PackReport`] keeps: 1M over-budget files must not grow the
@@ -91,45 +91,45 @@ fn listed<T>(list: &mut Vec<T>, unlisted: &mut u64, item: T) {
 
 /// A file over the budget: only a placeholder member was written.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Dropped {
+pub(crate) struct Dropped {
     /// Path relative to the root.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Its size at stat time (what the placeholder's PAX record says).
-    pub size: u64,
+    pub(crate) size: u64,
 }
 
 /// A special file that was skipped.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Skipped {
+pub(crate) struct Skipped {
     /// Path relative to the root.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// `fifo`, `socket`, `char_device`, `block_device` or `unknown`.
-    pub kind: &'static str,
+    pub(crate) kind: &'static str,
 }
 
 /// An entry that could not be read.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Unreadable {
+pub(crate) struct Unreadable {
     /// Path relative to the root.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// The error, in words.
-    pub error: String,
+    pub(crate) error: String,
 }
 
 /// A file whose content changed while it was packed.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Changed {
+pub(crate) struct Changed {
     /// Path relative to the root.
-    pub path: PathBuf,
+    pub(crate) path: PathBuf,
     /// Size written in the header (stat time).
-    pub header_size: u64,
+    pub(crate) header_size: u64,
     /// What happened.
-    pub change: Change,
+    pub(crate) change: Change,
 }
 
 /// Why the packer could not produce an archive at all.
 #[derive(Debug, thiserror::Error)]
-pub enum PackError {
+pub(crate) enum PackError {
     /// The root does not exist or cannot be stat'ed.
     #[error("read-back path {path} cannot be inspected (is the emptyDir mounted in the holder?): {source}")]
     RootMissing {
@@ -164,7 +164,7 @@ pub enum PackError {
 
 /// Packs the content of `root` as a tar on `out`, reporting anything not packed as-is on `diag`.
 /// With a `budget` (bytes), files over it are written as placeholders (see the module doc).
-pub fn pack(
+pub(crate) fn pack(
     root: &Path,
     budget: Option<u64>,
     out: impl Write,

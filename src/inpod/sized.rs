@@ -7,7 +7,7 @@ use std::io::{self, Read};
 
 /// How a file's content departed from its header size.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Change {
+pub(crate) enum Change {
     /// The file ended after `read` bytes; the rest was padded with zeros.
     Shrunk {
         /// Bytes actually read.

@@ -37,21 +37,21 @@ pub(crate) const REPLACED: &str = "replaced while being packed";
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Meta {
     /// The file type.
-    pub kind: FileType,
+    pub(crate) kind: FileType,
     /// Permission bits (and setuid/setgid/sticky).
-    pub mode: u32,
+    pub(crate) mode: u32,
     /// Owner.
-    pub uid: u32,
+    pub(crate) uid: u32,
     /// Group.
-    pub gid: u32,
+    pub(crate) gid: u32,
     /// Modification time, seconds since the epoch.
-    pub mtime: i64,
+    pub(crate) mtime: i64,
     /// Size in bytes.
-    pub size: u64,
+    pub(crate) size: u64,
     /// Device of the filesystem.
-    pub dev: u64,
+    pub(crate) dev: u64,
     /// Inode number.
-    pub ino: u64,
+    pub(crate) ino: u64,
 }
 
 impl From<&Stat> for Meta {
@@ -72,7 +72,7 @@ impl From<&Stat> for Meta {
 
 impl Meta {
     /// Whether `other` is the same file (device and inode).
-    pub fn same_file(&self, other: &Meta) -> bool {
+    pub(crate) fn same_file(&self, other: &Meta) -> bool {
         self.dev == other.dev && self.ino == other.ino
     }
 }
@@ -81,9 +81,9 @@ impl Meta {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct At<'a> {
     /// The directory the name was listed in.
-    pub dir: BorrowedFd<'a>,
+    pub(crate) dir: BorrowedFd<'a>,
     /// The name.
-    pub name: &'a CStr,
+    pub(crate) name: &'a CStr,
 }
 
 /// One name the walk found.

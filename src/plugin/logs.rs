@@ -17,16 +17,16 @@ use super::cluster::ClusterArgs;
 
 /// `logs` arguments.
 #[derive(Args, Debug)]
-pub struct LogsArgs {
+pub(crate) struct LogsArgs {
     /// The SandboxRun name.
-    pub run: String,
+    pub(crate) run: String,
     /// Which cluster and namespace.
     #[command(flatten)]
-    pub cluster: ClusterArgs,
+    pub(crate) cluster: ClusterArgs,
 }
 
 /// Writes the report of `run` to `out`.
-pub fn render(run: &SandboxRun, out: &mut impl Write) -> std::io::Result<()> {
+pub(crate) fn render(run: &SandboxRun, out: &mut impl Write) -> std::io::Result<()> {
     let namespace = run.namespace().unwrap_or_default();
     let name = run.name_any();
     let status = run.status.clone().unwrap_or_default();

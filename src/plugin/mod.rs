@@ -4,5 +4,5 @@
 //! evidence of how a run ended ([`logs`]).
 
 pub mod cluster;
-pub mod locate;
-pub mod logs;
+pub(crate) mod locate;
+pub(crate) mod logs;

@@ -16,15 +16,15 @@
 //! - [`open_uploads`]: the clean-up of open S3 multipart uploads before an attempt.
 //! - [`purge`]: deleting what one run stored.
 
-pub mod config;
+pub(crate) mod config;
 pub mod credentials;
-pub mod error;
-pub mod keys;
-pub mod manifest;
+pub(crate) mod error;
+pub(crate) mod keys;
+pub(crate) mod manifest;
 pub mod open_uploads;
-pub mod purge;
-pub mod upload;
-pub mod upload_guard;
+pub(crate) mod purge;
+pub(crate) mod upload;
+pub(crate) mod upload_guard;
 
 pub use config::{parse_options, store_from_url, StoreArgs, StoreConfig, StoreOptions};
 pub use error::StoreError;

@@ -51,7 +51,7 @@ pub(crate) struct AbortingStore {
 
 impl AbortingStore {
     /// Wraps `inner`.
-    pub fn new(inner: Arc<dyn ObjectStore>) -> AbortingStore {
+    pub(crate) fn new(inner: Arc<dyn ObjectStore>) -> AbortingStore {
         AbortingStore { inner }
     }
 }

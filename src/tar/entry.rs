@@ -13,20 +13,20 @@ use super::sanitize::{Decision, EntryInfo, EntryKind, Sanitizer};
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct RawEntry {
     /// The tar type flag.
-    pub type_byte: u8,
+    pub(crate) type_byte: u8,
     /// What the type flag says (the caller may refine it, e.g. a sparse file).
-    pub kind: EntryKind,
+    pub(crate) kind: EntryKind,
     /// Content bytes (a PAX `size` record overrides the ustar field).
-    pub size: u64,
+    pub(crate) size: u64,
     /// The raw path (PAX `path` or GNU long name included).
-    pub path: Vec<u8>,
+    pub(crate) path: Vec<u8>,
     /// The raw link target, if any.
-    pub link: Option<Vec<u8>>,
+    pub(crate) link: Option<Vec<u8>>,
 }
 
 impl RawEntry {
     /// Reads the fields of `entry`; an error means the entry is malformed.
-    pub fn read<R: AsyncRead + Unpin>(entry: &tokio_tar::Entry<R>) -> io::Result<Self> {
+    pub(crate) fn read<R: AsyncRead + Unpin>(entry: &tokio_tar::Entry<R>) -> io::Result<Self> {
         let type_byte = entry.header().entry_type().as_byte();
         Ok(RawEntry {
             type_byte,
@@ -38,7 +38,7 @@ impl RawEntry {
     }
 
     /// What the sanitizer is shown.
-    pub fn info(&self) -> EntryInfo<'_> {
+    pub(crate) fn info(&self) -> EntryInfo<'_> {
         EntryInfo {
             path: &self.path,
             kind: self.kind,
@@ -48,7 +48,7 @@ impl RawEntry {
     }
 
     /// The sanitizer's verdict on this entry (the sanitizer counts it).
-    pub fn judge(&self, sanitizer: &mut Sanitizer) -> Decision {
+    pub(crate) fn judge(&self, sanitizer: &mut Sanitizer) -> Decision {
         sanitizer.check(&self.info())
     }
 }

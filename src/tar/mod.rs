@@ -6,7 +6,7 @@
 //! - [`entry`]: one parsed entry's header fields, handed to the sanitizer (the drain and the
 //!   extraction of `files get` read entries the same way).
 
-pub mod entry;
-pub mod notes;
+pub(crate) mod entry;
+pub(crate) mod notes;
 pub mod sanitize;
-pub mod ustar;
+pub(crate) mod ustar;

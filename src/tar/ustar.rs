@@ -19,7 +19,7 @@ const PREFIX: std::ops::Range<usize> = 345..500;
 
 /// Writes path and link target into a ustar header block; returns the PAX records needed for
 /// what did not fit (path, linkpath, size), empty when none are.
-pub fn fill(block: &mut [u8; 512], path: &[u8], link: Option<&[u8]>, size: u64) -> Vec<u8> {
+pub(crate) fn fill(block: &mut [u8; 512], path: &[u8], link: Option<&[u8]>, size: u64) -> Vec<u8> {
     let mut pax = Vec::new();
     block[NAME].fill(0);
     block[PREFIX].fill(0);
@@ -80,7 +80,7 @@ fn split(path: &[u8]) -> Option<(&[u8], &[u8])> {
 }
 
 /// One PAX record: `"<len> <key>=<value>\n"`, where len counts the whole record.
-pub fn record(key: &[u8], value: &[u8]) -> Vec<u8> {
+pub(crate) fn record(key: &[u8], value: &[u8]) -> Vec<u8> {
     let base = key.len() + value.len() + 3;
     let mut len = base + 1;
     while len != base + len.to_string().len() {
