@@ -18,13 +18,16 @@ pub mod conditions;
 pub mod context;
 pub mod decide;
 pub mod drain_pool;
+mod drive;
 pub mod error;
 pub mod events;
 pub mod observe;
+mod pipeline;
 pub mod plan;
 pub mod refusals;
 pub mod retention;
 pub mod status;
+mod teardown;
 
 #[cfg(test)]
 mod fixtures;
@@ -38,7 +41,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
-use tracing::{info, warn};
+use tracing::warn;
 
 pub use context::{Context, MANAGER};
 pub use drain_pool::DrainPool;
@@ -46,8 +49,7 @@ pub use error::ControllerError;
 
 use crate::api::{Phase, SandboxRun};
 use crate::metrics::Metrics;
-use observe::Observed;
-use plan::{Inputs, IN_FLIGHT_REQUEUE};
+use plan::IN_FLIGHT_REQUEUE;
 
 /// Runs the controller until `shutdown` resolves. `namespaces` empty = every namespace.
 pub async fn run(
@@ -144,34 +146,11 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::requeue(IN_FLIGHT_REQUEUE));
     }
     let run = ctx.with_unreported_pod(run);
-    let now = Timestamp::now();
-    let observation = match observe::observe(&ctx.client, &run, now).await? {
-        Observed::Run(observation) => observation,
-        // A pod with our name that the run does not own is not ours to drain or delete.
-        Observed::NameTaken { observation, other } => {
-            let plan = plan::name_conflict(&run, &observation.pod_name);
-            let pod_name = &observation.pod_name;
-            let requeue = act::carry_out(&ctx, &run, pod_name, Some(other.as_ref()), plan).await?;
-            return Ok(requeue.into_action());
-        }
-    };
-    let step = decide::decide(&run, observation.view.as_ref(), now, &ctx.decide);
-    let label = step.as_str();
-    info!(run = %observation.name, namespace = %observation.namespace, step = label, "reconcile");
-    let inputs = Inputs {
-        run: &run,
-        pod_name: &observation.pod_name,
-        pod: observation.view.as_ref(),
-        now,
-        pod_settings: &ctx.pod,
-        last_create_attempt: ctx.last_create_attempt(&run),
-        default_retention: ctx.default_retention,
-        settle: ctx.settle,
-    };
-    let step_plan = plan::plan_step(step, &inputs);
-    let requeue = act::carry_out_step(&ctx, &run, &observation, step_plan).await?;
-    report(&ctx.metrics, label, started);
-    Ok(requeue.into_action())
+    let reconciled = pipeline::reconcile(&ctx, &run, Timestamp::now()).await?;
+    if let Some(step) = reconciled.step {
+        report(&ctx.metrics, step, started);
+    }
+    Ok(reconciled.requeue.into_action())
 }
 
 /// Report: counts the reconcile and its duration under its step's label.

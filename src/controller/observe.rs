@@ -21,6 +21,8 @@ use tracing::warn;
 
 use super::conditions::{REASON_IMAGE_PULL_FAILED, REASON_UNSCHEDULABLE};
 use super::error::{kube_err, ControllerError};
+use crate::admission::images::{ImageResolver, Resolution};
+use crate::admission::webhook::pull_credentials;
 use crate::api::{ReadBackPhase, ReadBackStatus, SandboxRun};
 use crate::pod::{self, HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 
@@ -456,6 +458,33 @@ pub(crate) async fn live_run(
     runs.get_opt(name)
         .await
         .map_err(kube_err(format!("get {namespace}/{name}")))
+}
+
+/// The image of `pod`'s workload container, resolved without pulling it (the pre-flight of
+/// `--preflight-images`, docs/contract.md ADR-006 §5) with the credentials of the pod's
+/// imagePullSecrets (the run's and the operator's, read in the run's namespace; one that cannot
+/// be read only makes a private image unverifiable): the image and what its registry said.
+pub(crate) async fn resolve_image(
+    client: &Client,
+    resolver: &ImageResolver,
+    run: &SandboxRun,
+    pod: &Pod,
+) -> (String, Resolution) {
+    let spec = pod.spec.as_ref();
+    let image = spec
+        .and_then(|s| s.containers.iter().find(|c| c.name == WORKLOAD_CONTAINER))
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default();
+    let secrets: Vec<String> = spec
+        .and_then(|s| s.image_pull_secrets.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| r.name.clone())
+        .collect();
+    let namespace = run.namespace().unwrap_or_default();
+    let creds = pull_credentials(client, &namespace, &secrets).await;
+    let resolution = resolver.resolve(&image, creds.as_ref()).await;
+    (image, resolution)
 }
 
 /// The cause a Pending pod's Warning Events give for not starting (FailedMount, …), reading at

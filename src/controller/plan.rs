@@ -15,8 +15,8 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-use super::conditions::{self, set_condition, REASON_INVALID_SPEC, REASON_POD_CREATED};
-use super::decide::{Step, Trigger};
+use super::conditions::{self, REASON_INVALID_SPEC, REASON_POD_CREATED};
+use super::decide::{Preflight, Step, Trigger};
 use super::events::{self, drain_summary, stuck_event, teardown_event, PlannedEvent};
 use super::observe::{
     drain_settled, pending_for, pending_recheck, undrained_paths, PodView, WorkloadState,
@@ -25,13 +25,15 @@ use super::refusals;
 use super::retention::{self, Ttl};
 use super::status::{
     draining_status, ensure_pending_entries, finished_status, image_unresolvable_status,
-    never_started_entry, pod_lost_status, tracked_status, workload_termination,
+    never_started_entry, pending_status, pod_lost_status, tracked_status, workload_termination,
 };
 use crate::api::{
     Phase, ReadBackPhase, ReadBackStatus, Retention, SandboxRun, SandboxRunStatus, FINALIZER,
 };
 use crate::caps::CapSettings;
+use crate::egress::verdict::{EgressVerdict, Refusal};
 use crate::pod::{self, PodSettings};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 /// How long after a time the run is looked at again, so the decision sees that time passed.
 pub(crate) const LOOK_AGAIN_MARGIN: Duration = Duration::from_millis(200);
@@ -82,8 +84,6 @@ pub enum Effect {
     },
     /// Tell the holder's preStop hook the drain is done, so the pod stops at once.
     MarkDrained,
-    /// Start the teardown in the drain pool (unless one is in flight).
-    StartTeardown(Trigger),
     /// Delete the run whose TTL passed (preconditioned on its uid), then publish this Event.
     DeleteExpiredRun(PlannedEvent),
     /// Delete every stored file of the run (`retention: Delete`). A delete that must be retried
@@ -97,6 +97,13 @@ pub enum Effect {
     /// name is not in the status before [`SETTLE`]): should the pod vanish before it is
     /// reported, the run is reported lost, never given a second pod without a word.
     RememberUnreportedPod,
+    /// Publish this Event now (after the effects before it, e.g. once a policy is applied).
+    Publish(PlannedEvent),
+    /// Apply the run's NetworkPolicy (server-side apply) before its pod exists: a policy the
+    /// apiserver refuses is an error, and the pod is not created without it.
+    ApplyNetworkPolicy(Box<NetworkPolicy>),
+    /// Create the run's pod; what the apiserver answers ([`Answer`]) is planned by [`after`].
+    CreatePod(Box<Pod>),
 }
 
 /// What one reconcile writes, publishes and does, in that order.
@@ -129,8 +136,11 @@ impl Plan {
 pub(crate) enum StepPlan {
     /// Carry this out.
     Carry(Box<Plan>),
-    /// Create this pod; the answer is planned by [`pod_created`] or [`pod_refused`].
+    /// Pre-flight this pod's image, then plan its creation with [`create`].
     CreatePod(Box<Pod>),
+    /// Start the teardown in the drain pool (unless one is in flight); look again after
+    /// [`IN_FLIGHT_REQUEUE`].
+    Teardown(Trigger),
     /// Read the live run and the committed manifests; then plan with [`record_pod_lost`].
     RecordPodLost,
 }
@@ -175,10 +185,7 @@ pub(crate) fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
             inputs.now,
             inputs.settle,
         ),
-        Step::Teardown(trigger) => Plan {
-            effects: vec![Effect::StartTeardown(trigger)],
-            ..Plan::wait(Requeue::After(IN_FLIGHT_REQUEUE))
-        },
+        Step::Teardown(trigger) => return StepPlan::Teardown(trigger),
         Step::RecordPodLost => return StepPlan::RecordPodLost,
         Step::DeleteFinishedPod => delete_finished_pod(run, inputs.pod, inputs.now),
         Step::DeleteExpiredRun => Plan {
@@ -235,30 +242,17 @@ fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
         // A malformed run is recorded and awaited (a spec change wakes it), not retried hot.
         Err(e) => {
             let msg = format!("cannot build the pod: {e}");
-            let mut status = run.status.clone().unwrap_or_default();
-            status.observed_generation = run.metadata.generation;
             let mut events = Vec::new();
-            if status.message.as_deref() != Some(msg.as_str()) {
+            if run.status.as_ref().and_then(|s| s.message.as_deref()) != Some(msg.as_str()) {
                 events.push(PlannedEvent::warning(
                     events::INVALID_SPEC,
                     msg.clone(),
                     "CreatePod",
                 ));
             }
-            status.phase = Some(Phase::Pending);
-            status.message = Some(msg.clone());
-            set_condition(
-                &mut status.conditions,
-                conditions::READY,
-                false,
-                REASON_INVALID_SPEC,
-                msg,
-                run.metadata.generation,
-                now,
-            );
             StepPlan::Carry(Box::new(Plan {
                 events,
-                status: Some(status),
+                status: Some(pending_status(run, REASON_INVALID_SPEC, &msg, now)),
                 effects: Vec::new(),
                 requeue: Requeue::AwaitChange,
             }))
@@ -282,20 +276,8 @@ pub(crate) fn pod_created(
             ..Plan::wait(Requeue::After(settle + LOOK_AGAIN_MARGIN))
         };
     }
-    let mut status = run.status.clone().unwrap_or_default();
-    status.observed_generation = run.metadata.generation;
-    status.phase = Some(Phase::Pending);
+    let mut status = pending_status(run, REASON_POD_CREATED, "waiting for the pod to run", now);
     status.pod_name = Some(pod_name.to_string());
-    status.message = Some("waiting for the pod to run".to_string());
-    set_condition(
-        &mut status.conditions,
-        conditions::READY,
-        false,
-        REASON_POD_CREATED,
-        "waiting for the pod to run",
-        run.metadata.generation,
-        now,
-    );
     ensure_pending_entries(run, &mut status);
     let (events, effects) = if created {
         (
@@ -325,6 +307,173 @@ fn pod_created_event(pod_name: &str) -> PlannedEvent {
         "CreatePod",
     )
     .about_pod()
+}
+
+/// The `Events API` action of the egress Events.
+const EGRESS_ACTION: &str = "ApplyEgressPolicy";
+
+/// Creating the run's `pod`, once the pre-flight judged its image (`preflight`, docs/contract.md
+/// ADR-006 §5) and the run's egress was judged (`egress`, docs/contract.md "ADR-006 network
+/// rules: validated and enforced"): a run whose image does not exist gets no pod and no
+/// NetworkPolicy and fails at once; a run whose egress cannot be enforced is refused (no pod);
+/// otherwise its NetworkPolicy is applied first, so the pod never runs unfiltered, then the pod
+/// is created and the apiserver's answer planned by [`after`].
+pub(crate) fn create(
+    run: &SandboxRun,
+    pod: Pod,
+    preflight: Preflight,
+    egress: EgressVerdict,
+    now: Timestamp,
+) -> Plan {
+    let unverified = match preflight {
+        Preflight::Proceed => None,
+        Preflight::ProceedUnverified { message } => Some(image_unverified(&message)),
+        Preflight::Unresolvable { message, hint } => {
+            return image_unresolvable(run, &message, &hint, now)
+        }
+    };
+    let mut effects = Vec::new();
+    match egress {
+        EgressVerdict::Open => {}
+        EgressVerdict::Refuse { refusal, message } => {
+            return egress_refused(run, refusal, &message, now)
+        }
+        EgressVerdict::Apply {
+            policy,
+            note,
+            unenforced,
+        } => {
+            if let Some(warning) = unenforced {
+                effects.push(Effect::Publish(PlannedEvent::warning(
+                    events::EGRESS_POLICY_UNENFORCED,
+                    warning,
+                    EGRESS_ACTION,
+                )));
+            }
+            effects.push(Effect::ApplyNetworkPolicy(policy));
+            effects.push(Effect::Publish(PlannedEvent::normal(
+                events::EGRESS_POLICY_APPLIED,
+                note,
+                EGRESS_ACTION,
+            )));
+        }
+    }
+    effects.extend(unverified.map(Effect::Publish));
+    effects.push(Effect::CreatePod(Box::new(pod)));
+    Plan {
+        effects,
+        ..Plan::wait(Requeue::AwaitChange)
+    }
+}
+
+/// The run's egress cannot be enforced: it does not start; its status and a Warning say why,
+/// once (a run that already says exactly this is left as it is, until its spec changes).
+fn egress_refused(run: &SandboxRun, refusal: Refusal, message: &str, now: Timestamp) -> Plan {
+    if run.status.as_ref().and_then(|s| s.message.as_deref()) == Some(message) {
+        return Plan::wait(Requeue::AwaitChange);
+    }
+    let (event_reason, reason) = match refusal {
+        Refusal::InvalidSpec => (events::INVALID_SPEC, REASON_INVALID_SPEC),
+        Refusal::Unenforced => (
+            events::EGRESS_POLICY_UNENFORCED,
+            events::EGRESS_POLICY_UNENFORCED,
+        ),
+    };
+    Plan {
+        events: vec![PlannedEvent::warning(event_reason, message, EGRESS_ACTION)],
+        status: Some(pending_status(run, reason, message, now)),
+        effects: Vec::new(),
+        requeue: Requeue::AwaitChange,
+    }
+}
+
+/// What the world answered an effect whose follow-up is planned by [`after`].
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Answer {
+    /// The pod was created (as the apiserver returned it).
+    PodCreated(Box<Pod>),
+    /// A pod with its name already exists (409).
+    PodExists,
+    /// The apiserver refused the pod (quota, Pod Security, a webhook, RBAC: see
+    /// [`refusals::is_refusal`]).
+    PodRefused {
+        /// The HTTP status.
+        code: u16,
+        /// The apiserver's words.
+        message: String,
+    },
+    /// The run's stored files under `location` were deleted (how many objects) or not (why).
+    FilesPurged {
+        /// The count, or the store's words.
+        result: Result<usize, String>,
+        /// Where (for the Event).
+        location: String,
+    },
+}
+
+impl Answer {
+    /// The pod the follow-up's Events name as `related`: the one just created.
+    pub(crate) fn created_pod(&self) -> Option<&Pod> {
+        match self {
+            Answer::PodCreated(pod) => Some(pod),
+            _ => None,
+        }
+    }
+}
+
+/// What the follow-up of an [`Answer`] is planned from, besides the answer.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AfterInputs<'a> {
+    /// The run.
+    pub run: &'a SandboxRun,
+    /// The name of its pod.
+    pub pod_name: &'a str,
+    /// How long a passing state may last unreported ([`SETTLE`] by default).
+    pub settle: Duration,
+    /// The run's drain timeout: the bound of a failing delete of its stored files.
+    pub drain_timeout_seconds: i64,
+    /// The reconcile's `now`.
+    pub now: Timestamp,
+}
+
+/// The plan that follows `answer`: `rest` are the effects of the plan that were left when the
+/// answer came, `requeue` its requeue. A delete of the stored files that must be retried drops
+/// `rest` (the finalizer stays) and looks again after the back-off.
+pub(crate) fn after(
+    answer: &Answer,
+    rest: Vec<Effect>,
+    requeue: Requeue,
+    inputs: &AfterInputs<'_>,
+) -> Plan {
+    let (run, now) = (inputs.run, inputs.now);
+    let mut plan = match answer {
+        Answer::PodCreated(_) => pod_created(run, inputs.pod_name, true, inputs.settle, now),
+        Answer::PodExists => pod_created(run, inputs.pod_name, false, inputs.settle, now),
+        Answer::PodRefused { message, .. } => pod_refused(run, message, now),
+        Answer::FilesPurged { result, location } => {
+            let (event, purge) = purged(
+                run,
+                result.clone(),
+                location,
+                inputs.drain_timeout_seconds,
+                now,
+            );
+            return match purge {
+                Purge::Done => Plan {
+                    events: vec![event],
+                    status: None,
+                    effects: rest,
+                    requeue,
+                },
+                Purge::RetryAfter(pause) => Plan {
+                    events: vec![event],
+                    ..Plan::wait(Requeue::After(pause))
+                },
+            };
+        }
+    };
+    plan.effects.extend(rest);
+    plan
 }
 
 /// The pre-flight found the run's image missing from its registry (docs/contract.md ADR-006 §5):
@@ -789,6 +938,95 @@ pub(crate) fn teardown_end(
     }
 }
 
+/// A teardown as its drains report (docs/contract.md "A quiet lifecycle"): what to write, and
+/// when. The opening is written when the teardown begins, or, when it waits the quiet window,
+/// once the window has passed with paths still draining (with the outcomes had by then); once
+/// it is written each outcome is written as it is had, but the last, which goes with the end. A
+/// drain that reports no outcome means this replica stops draining (lost lease, shutdown):
+/// nothing more is recorded, so the next leader resumes from the store's commit point.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct TeardownProgress {
+    status: SandboxRunStatus,
+    opening: Option<Plan>,
+    owed: usize,
+    stopped: bool,
+}
+
+impl TeardownProgress {
+    /// The progress of `planned`'s drains, and the opening to write now (None: it waits out
+    /// `settle`).
+    pub(crate) fn begin(
+        opening: Plan,
+        opening_waits: bool,
+        status: SandboxRunStatus,
+        owed: usize,
+        settle: Duration,
+    ) -> (TeardownProgress, Option<Plan>) {
+        let waits = opening_waits && !settle.is_zero();
+        let progress = TeardownProgress {
+            status,
+            opening: None,
+            owed,
+            stopped: false,
+        };
+        if waits {
+            (
+                TeardownProgress {
+                    opening: Some(opening),
+                    ..progress
+                },
+                None,
+            )
+        } else {
+            (progress, Some(opening))
+        }
+    }
+
+    /// Whether the quiet window still matters: the opening is unwritten and draining goes on.
+    pub(crate) fn waits_for_quiet_window(&self) -> bool {
+        self.opening.is_some() && !self.stopped
+    }
+
+    /// The quiet window passed with paths still draining: the opening to write now, with the
+    /// outcomes had so far.
+    pub(crate) fn quiet_window_passed(&mut self) -> Option<Plan> {
+        if self.stopped {
+            return None;
+        }
+        let mut late = self.opening.take()?;
+        late.status = Some(self.status.clone());
+        Some(late)
+    }
+
+    /// One path's drain ended with `outcome` for status entry `entry` (None: this replica stops
+    /// draining). Returns the status to write now, if any.
+    pub(crate) fn outcome(
+        &mut self,
+        entry: usize,
+        outcome: Option<ReadBackStatus>,
+    ) -> Option<SandboxRunStatus> {
+        self.owed = self.owed.saturating_sub(1);
+        match outcome {
+            Some(outcome) if !self.stopped => {
+                if let Some(slot) = self.status.read_back.get_mut(entry) {
+                    *slot = outcome;
+                }
+                (self.opening.is_none() && self.owed > 0).then(|| self.status.clone())
+            }
+            _ => {
+                self.stopped = true;
+                None
+            }
+        }
+    }
+
+    /// Every drain reported: the status the end is planned from ([`teardown_end`]); None when
+    /// this replica stopped draining.
+    pub(crate) fn finish(self) -> Option<SandboxRunStatus> {
+        (!self.stopped).then_some(self.status)
+    }
+}
+
 /// What a delete of the run's stored files leaves to the caller.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Purge {
@@ -848,6 +1086,7 @@ pub(crate) fn purged(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::controller::conditions::set_condition;
     use crate::controller::conditions::set_condition_unknown;
     use crate::controller::fixtures::*;
     use crate::controller::observe::PodProblem;
@@ -921,6 +1160,9 @@ mod tests {
             StepPlan::Carry(plan) => line(&plan),
             StepPlan::CreatePod(pod) => format!("create {}", pod.metadata.name.unwrap_or_default()),
             StepPlan::RecordPodLost => "read the live run and the store".to_string(),
+            StepPlan::Teardown(trigger) => {
+                format!("[] | - | [StartTeardown({trigger:?})] | {IN_FLIGHT_REQUEUE:?}")
+            }
         }
     }
 
@@ -1554,5 +1796,121 @@ mod tests {
             (events::ARCHIVE_DELETE_ABANDONED, Purge::Done)
         );
         assert!(event.warning);
+    }
+
+    mod teardown_progress {
+        use super::*;
+
+        fn opening() -> Plan {
+            Plan {
+                events: vec![PlannedEvent::normal(
+                    events::TEARING_DOWN,
+                    "tearing down",
+                    "Teardown",
+                )],
+                status: Some(status_with(&["/a", "/b", "/c"])),
+                ..Plan::wait(Requeue::AwaitChange)
+            }
+        }
+
+        fn status_with(paths: &[&str]) -> SandboxRunStatus {
+            SandboxRunStatus {
+                phase: Some(Phase::Draining),
+                read_back: paths
+                    .iter()
+                    .map(|p| ReadBackStatus {
+                        path: p.to_string(),
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }
+        }
+
+        fn drained(path: &str) -> Option<ReadBackStatus> {
+            Some(ReadBackStatus {
+                path: path.to_string(),
+                phase: ReadBackPhase::Drained,
+                ..Default::default()
+            })
+        }
+
+        fn begin(waits: bool, settle: Duration) -> (TeardownProgress, Option<Plan>) {
+            TeardownProgress::begin(
+                opening(),
+                waits,
+                status_with(&["/a", "/b", "/c"]),
+                3,
+                settle,
+            )
+        }
+
+        #[test]
+        fn an_opening_that_does_not_wait_is_written_at_once_then_each_outcome_but_the_last() {
+            let (mut p, now) = begin(false, SETTLE);
+            assert_eq!(now, Some(opening()));
+            assert!(!p.waits_for_quiet_window());
+            let first = p.outcome(0, drained("/a")).expect("written at once");
+            assert_eq!(first.read_back[0].phase, ReadBackPhase::Drained);
+            assert!(p.outcome(2, drained("/c")).is_some());
+            assert_eq!(
+                p.outcome(1, drained("/b")),
+                None,
+                "the last goes with the end"
+            );
+            let end = p.finish().expect("not stopped");
+            assert!(end
+                .read_back
+                .iter()
+                .all(|e| e.phase == ReadBackPhase::Drained));
+        }
+
+        #[test]
+        fn a_waiting_opening_is_written_only_when_the_quiet_window_passes_with_what_is_known() {
+            let (mut p, now) = begin(true, SETTLE);
+            assert_eq!(now, None);
+            assert!(p.waits_for_quiet_window());
+            assert_eq!(
+                p.outcome(0, drained("/a")),
+                None,
+                "before the window: nothing"
+            );
+            let late = p.quiet_window_passed().expect("the opening, late");
+            assert_eq!(late.events, opening().events);
+            let status = late.status.expect("with the outcomes so far");
+            assert_eq!(status.read_back[0].phase, ReadBackPhase::Drained);
+            assert_eq!(status.read_back[1].phase, ReadBackPhase::Pending);
+            assert!(!p.waits_for_quiet_window());
+            assert_eq!(p.quiet_window_passed(), None, "written once");
+            assert!(p.outcome(1, drained("/b")).is_some());
+            assert_eq!(p.outcome(2, drained("/c")), None);
+            assert!(p.finish().is_some());
+        }
+
+        #[test]
+        fn a_teardown_that_drains_within_the_window_writes_nothing_before_its_end() {
+            let (mut p, _) = begin(true, SETTLE);
+            for (i, path) in ["/a", "/b", "/c"].iter().enumerate() {
+                assert_eq!(p.outcome(i, drained(path)), None);
+            }
+            assert!(p.finish().is_some());
+        }
+
+        #[test]
+        fn no_quiet_window_means_no_wait() {
+            let (p, now) = begin(true, Duration::ZERO);
+            assert!(now.is_some());
+            assert!(!p.waits_for_quiet_window());
+        }
+
+        #[test]
+        fn a_replica_that_stops_draining_records_nothing_more_and_plans_no_end() {
+            let (mut p, _) = begin(true, SETTLE);
+            assert_eq!(p.outcome(0, None), None);
+            assert!(!p.waits_for_quiet_window());
+            assert_eq!(p.quiet_window_passed(), None);
+            assert_eq!(p.outcome(1, drained("/b")), None, "stopped: not recorded");
+            assert_eq!(p.finish(), None);
+        }
     }
 }

@@ -73,6 +73,41 @@ pub(crate) fn tracked_status(
     status
 }
 
+/// The status of a run that is not running yet, with why: phase `Pending`, the message, and
+/// Ready=False with `reason` (the one home of "Pending + Ready=False", docs/contract.md).
+pub(crate) fn pending_status(
+    run: &SandboxRun,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> SandboxRunStatus {
+    let mut status = run.status.clone().unwrap_or_default();
+    set_pending(run, &mut status, reason, message, now);
+    status
+}
+
+/// Makes `status` say the run is not running yet ([`pending_status`]), keeping what else it holds.
+pub(crate) fn set_pending(
+    run: &SandboxRun,
+    status: &mut SandboxRunStatus,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) {
+    status.observed_generation = run.metadata.generation;
+    status.phase = Some(Phase::Pending);
+    status.message = Some(message.to_string());
+    set_condition(
+        &mut status.conditions,
+        conditions::READY,
+        false,
+        reason,
+        message,
+        run.metadata.generation,
+        now,
+    );
+}
+
 /// Makes sure every declared path has a status entry (Pending until drained).
 pub(crate) fn ensure_pending_entries(run: &SandboxRun, status: &mut SandboxRunStatus) {
     for p in run.spec.read_back_paths() {
