@@ -302,14 +302,7 @@ async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Answer {
 /// `related`, kube's `secondary`), so `kubectl get events` links the two.
 async fn publish(ctx: &Context, run: &SandboxRun, related: Option<&Pod>, event: &PlannedEvent) {
     // The apiserver caps an Event note at 1 KiB.
-    let mut note = event.note.clone();
-    if note.len() > EVENT_NOTE_LIMIT {
-        let mut cut = EVENT_NOTE_LIMIT;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-    }
+    let note = super::text::truncate(event.note.clone(), EVENT_NOTE_LIMIT);
     let published = Event {
         type_: if event.warning {
             EventType::Warning

@@ -11,6 +11,7 @@
 use super::conditions::{self, condition_true};
 use super::decide::Trigger;
 use super::observe::PodProblem;
+pub(crate) use super::text::cut;
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRunStatus};
 
 /// The pod `<run>-sbr` was created and has not run within [`super::plan::SETTLE`] (a pod that
@@ -367,19 +368,6 @@ fn describe_entry(e: &ReadBackStatus) -> String {
         _ => {}
     }
     out
-}
-
-/// `text` cut to at most `limit` bytes on a character boundary, ending in `…` when cut.
-pub fn cut(text: &str, limit: usize) -> String {
-    if text.len() <= limit {
-        return text.to_string();
-    }
-    let ellipsis = "…";
-    let mut end = limit.saturating_sub(ellipsis.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{ellipsis}", &text[..end])
 }
 
 #[cfg(test)]

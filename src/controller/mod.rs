@@ -27,7 +27,8 @@ pub mod plan;
 pub mod refusals;
 pub mod retention;
 pub mod status;
-mod teardown;
+mod teardown_job;
+mod text;
 
 #[cfg(test)]
 mod fixtures;

@@ -23,7 +23,7 @@ use super::conditions::{REASON_IMAGE_PULL_FAILED, REASON_UNSCHEDULABLE};
 use super::error::{kube_err, ControllerError};
 use crate::admission::images::{ImageResolver, Resolution};
 use crate::admission::webhook::pull_credentials;
-use crate::api::{ReadBackPhase, ReadBackStatus, SandboxRun};
+use crate::api::{ReadBackPhase, ReadBackStatus, SandboxRun, WorkloadTermination};
 use crate::pod::{self, HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 
 /// What the workload container is doing, as the pod reports it.
@@ -345,6 +345,40 @@ pub(crate) fn undrained_paths(run: &SandboxRun) -> Vec<&str> {
 /// Whether every declared path has a final outcome in the run's status.
 pub(crate) fn drain_settled(run: &SandboxRun) -> bool {
     undrained_paths(run).is_empty()
+}
+
+/// Most bytes of the workload's termination message kept in `status.workload.message`: the
+/// kubelet's own bound on a termination message (4 KiB), kept again here so that a status write
+/// never grows with whatever a pod reports.
+pub(crate) const MAX_WORKLOAD_MESSAGE_BYTES: usize = 4096;
+
+/// How the workload container of `pod` terminated, None while it has not. Read from its current
+/// state, else from its last terminated state (the pod never restarts it: restartPolicy Never).
+/// The message is cut to [`MAX_WORKLOAD_MESSAGE_BYTES`] on a character boundary.
+pub(crate) fn workload_termination(pod: &Pod) -> Option<WorkloadTermination> {
+    let cs = pod
+        .status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == WORKLOAD_CONTAINER)?;
+    let t = cs
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .or_else(|| cs.last_state.as_ref()?.terminated.as_ref())?;
+    fn text(s: &Option<String>) -> Option<&str> {
+        s.as_deref().filter(|s| !s.is_empty())
+    }
+    Some(WorkloadTermination {
+        exit_code: t.exit_code,
+        signal: t.signal,
+        reason: text(&t.reason).map(str::to_string),
+        message: text(&t.message).map(|m| super::text::cut(m, MAX_WORKLOAD_MESSAGE_BYTES)),
+        started_at: t.started_at.clone(),
+        finished_at: t.finished_at.clone(),
+    })
 }
 
 /// What a reconcile found: the run's own pod (if any) and the facts read from it.
@@ -750,5 +784,58 @@ mod pod_view_tests {
             PodView::of(&pod).problem.map(|p| p.reason()),
             Some(REASON_IMAGE_PULL_FAILED)
         );
+    }
+}
+
+#[cfg(test)]
+mod workload_termination_tests {
+    use super::*;
+    use crate::controller::fixtures::*;
+    use k8s_openapi::api::core::v1::{ContainerStateRunning, ContainerStateWaiting};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    #[test]
+    fn workload_termination_is_copied_from_the_pod_and_bounded() {
+        let w =
+            workload_termination(&pod_with_workload(oom_killed("out of memory\n"), None)).unwrap();
+        assert_eq!(
+            w,
+            WorkloadTermination {
+                exit_code: 137,
+                signal: Some(9),
+                reason: Some("OOMKilled".into()),
+                message: Some("out of memory\n".into()),
+                started_at: Some(Time("2026-11-30T11:59:00Z".parse().unwrap())),
+                finished_at: Some(Time(now())),
+            }
+        );
+
+        // A long message (the log tail, multi-byte characters) is cut on a char boundary.
+        let long = "é".repeat(3000); // 6000 bytes
+        let w = workload_termination(&pod_with_workload(oom_killed(&long), None)).unwrap();
+        let m = w.message.unwrap();
+        assert!(m.len() <= MAX_WORKLOAD_MESSAGE_BYTES, "{} bytes", m.len());
+        assert!(m.len() > MAX_WORKLOAD_MESSAGE_BYTES - 8, "cut too short");
+        assert!(m.ends_with('…') && m.starts_with("éé"));
+        // Empty strings are absent, not "".
+        let w = workload_termination(&pod_with_workload(oom_killed(""), None)).unwrap();
+        assert_eq!(w.message, None);
+
+        // Still running: nothing to record. Waiting after a terminated run: the last state.
+        let running = ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            workload_termination(&pod_with_workload(running, None)),
+            None
+        );
+        let waiting = ContainerState {
+            waiting: Some(ContainerStateWaiting::default()),
+            ..Default::default()
+        };
+        let w = workload_termination(&pod_with_workload(waiting, Some(oom_killed("x"))));
+        assert_eq!(w.map(|w| w.exit_code), Some(137));
+        assert_eq!(workload_termination(&Pod::default()), None);
     }
 }

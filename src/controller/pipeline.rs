@@ -16,7 +16,7 @@ use super::drive;
 use super::error::ControllerError;
 use super::observe::{self, Observation, Observed};
 use super::plan::{self, Inputs, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN};
-use super::teardown;
+use super::teardown_job;
 use crate::api::SandboxRun;
 use crate::egress::verdict::verdict;
 
@@ -70,7 +70,7 @@ pub(crate) async fn reconcile(
         StepPlan::CreatePod(pod) => create_pod(ctx, run, *pod, now).await?,
         StepPlan::RecordPodLost => record_pod_lost(ctx, run, &observation, now).await?,
         StepPlan::Teardown(trigger) => {
-            teardown::start(ctx, run, trigger);
+            teardown_job::start(ctx, run, trigger);
             Requeue::After(IN_FLIGHT_REQUEUE)
         }
     };
