@@ -13,23 +13,25 @@
 //!
 //! This file is the wiring: the watches, the reconcile loop and its error policy.
 
-pub mod act;
-pub mod conditions;
-pub mod context;
-pub mod decide;
-pub mod drain_pool;
+pub(crate) mod act;
+pub(crate) mod conditions;
+pub(crate) mod context;
+pub(crate) mod decide;
+pub(crate) mod drain_pool;
 mod drive;
-pub mod error;
-pub mod events;
-pub mod observe;
+pub(crate) mod error;
+pub(crate) mod events;
+pub(crate) mod observe;
 mod pipeline;
-pub mod plan;
-pub mod refusals;
-pub mod retention;
-pub mod status;
+pub(crate) mod plan;
+pub(crate) mod refusals;
+pub(crate) mod retention;
+pub(crate) mod status;
 mod teardown_job;
 mod text;
 
+#[cfg(test)]
+mod act_scenarios;
 #[cfg(test)]
 mod fixtures;
 
@@ -44,16 +46,15 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use tracing::warn;
 
-pub use context::{Context, MANAGER};
-pub use drain_pool::DrainPool;
-pub use error::ControllerError;
+pub(crate) use context::{Context, MANAGER};
+pub(crate) use error::ControllerError;
 
 use crate::api::{Phase, SandboxRun};
 use crate::metrics::Metrics;
 use plan::IN_FLIGHT_REQUEUE;
 
 /// Runs the controller until `shutdown` resolves. `namespaces` empty = every namespace.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     namespaces: Vec<String>,
     concurrency: u16,

@@ -28,7 +28,7 @@ use crate::pod::{self, HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 
 /// What the workload container is doing, as the pod reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WorkloadState {
+pub(crate) enum WorkloadState {
     /// Not started (pod pending, image pulling, …).
     NotStarted,
     /// Running.
@@ -42,7 +42,7 @@ pub enum WorkloadState {
 
 /// A reason the pod cannot make progress, worth telling the user.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PodProblem {
+pub(crate) enum PodProblem {
     /// The scheduler cannot place the pod (may resolve itself as the cluster changes).
     Unschedulable(String),
     /// An image cannot be pulled.
@@ -70,7 +70,7 @@ pub enum PodProblem {
 
 impl PodProblem {
     /// Ready's reason while the problem lasts.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             PodProblem::Unschedulable(_) => REASON_UNSCHEDULABLE,
             PodProblem::ImagePull { .. } => REASON_IMAGE_PULL_FAILED,
@@ -80,7 +80,7 @@ impl PodProblem {
     }
 
     /// Its words, for Ready's message, `.status.message` and the PodStuck Event.
-    pub fn message(&self) -> &str {
+    pub(crate) fn message(&self) -> &str {
         match self {
             PodProblem::Unschedulable(m) | PodProblem::EgressGate(m) => m,
             PodProblem::ImagePull { message, .. } | PodProblem::Stuck { message, .. } => message,
@@ -120,7 +120,7 @@ fn is_image_pull_reason(reason: &str) -> bool {
 
 /// The facts of a pod the decision needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodView {
+pub(crate) struct PodView {
     /// The pod has a deletionTimestamp.
     pub deleting: bool,
     /// The holder container is running (the drain can exec into it).
@@ -139,7 +139,7 @@ pub struct PodView {
 
 impl PodView {
     /// Reads the facts out of a pod.
-    pub fn of(pod: &Pod) -> PodView {
+    pub(crate) fn of(pod: &Pod) -> PodView {
         let status = pod.status.as_ref();
         let statuses = status.and_then(|s| s.container_statuses.as_ref());
         let state_of = |name: &str| -> Option<&ContainerState> {
@@ -383,7 +383,7 @@ pub(crate) fn workload_termination(pod: &Pod) -> Option<WorkloadTermination> {
 
 /// What a reconcile found: the run's own pod (if any) and the facts read from it.
 #[derive(Clone, Debug)]
-pub struct Observation {
+pub(crate) struct Observation {
     /// The run's namespace.
     pub namespace: String,
     /// The run's name.
@@ -398,7 +398,7 @@ pub struct Observation {
 
 /// What reading the world found.
 #[derive(Clone, Debug)]
-pub enum Observed {
+pub(crate) enum Observed {
     /// The run and its pod (or the absence of one).
     Run(Observation),
     /// A pod with the run's pod name exists and the run does not own it: it is not ours to drain

@@ -11,7 +11,7 @@
 pub mod env;
 pub(crate) mod head;
 pub mod limits;
-pub mod mode;
+pub(crate) mod mode;
 pub mod policy;
 pub mod proxy;
 pub(crate) mod request;

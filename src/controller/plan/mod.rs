@@ -54,14 +54,14 @@ pub(crate) const IN_FLIGHT_REQUEUE: Duration = Duration::from_secs(30);
 /// within it is never reported `Draining` (no `TearingDown` Event): such a run is written when it
 /// runs and when it ends. A state that outlasts it is reported then, with its Event; a problem
 /// is reported at once.
-pub const SETTLE: Duration = Duration::from_secs(2);
+pub(crate) const SETTLE: Duration = Duration::from_secs(2);
 
 /// How often a run whose pod name is taken by a pod it does not own is looked at again.
 pub(crate) const NAME_CONFLICT_REQUEUE: Duration = Duration::from_secs(60);
 
 /// When the run is reconciled again without a watch event.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Requeue {
+pub(crate) enum Requeue {
     /// Only on a change of the run or its pod.
     AwaitChange,
     /// After this long (or earlier on a change).
@@ -80,7 +80,7 @@ impl Requeue {
 
 /// Something the act stage does besides writing status and publishing Events.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Effect {
+pub(crate) enum Effect {
     /// Put [`FINALIZER`] on the run.
     AddFinalizer,
     /// Take [`FINALIZER`] off the run.
@@ -117,7 +117,7 @@ pub enum Effect {
 
 /// What one reconcile writes, publishes and does, in that order.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Plan {
+pub(crate) struct Plan {
     /// The Events to publish, first, in order.
     pub events: Vec<PlannedEvent>,
     /// The status to write next (server-side apply); None: nothing to write.
@@ -130,7 +130,7 @@ pub struct Plan {
 
 impl Plan {
     /// A plan that only waits.
-    pub fn wait(requeue: Requeue) -> Plan {
+    pub(crate) fn wait(requeue: Requeue) -> Plan {
         Plan {
             events: Vec::new(),
             status: None,

@@ -21,7 +21,7 @@ use crate::caps::CapSettings;
 
 /// What a teardown does before and during its drains.
 #[derive(Clone, Debug, PartialEq)]
-pub struct TeardownPlan {
+pub(crate) struct TeardownPlan {
     /// The opening: its Event (not when resumed) and the Draining status, written when the
     /// teardown begins or a resumed one learned how the workload ended.
     pub opening: Plan,
@@ -42,7 +42,7 @@ pub struct TeardownPlan {
 
 /// One path a teardown owes an outcome.
 #[derive(Clone, Debug, PartialEq)]
-pub struct PathPlan {
+pub(crate) struct PathPlan {
     /// Its entry in `status.readBack`.
     pub entry: usize,
     /// Its index among the declared paths (its object keys).
@@ -55,7 +55,7 @@ pub struct PathPlan {
 
 /// How a path's outcome is had.
 #[derive(Clone, Debug, PartialEq)]
-pub enum PathWork {
+pub(crate) enum PathWork {
     /// Known without draining: record it.
     Record(ReadBackStatus),
     /// Drain it from the holder.
@@ -77,7 +77,7 @@ pub(crate) const HOLDER_NOT_RUNNING: &str = "the holder container is not running
 /// Each path still Pending gets its outcome from what is known: a workload that never started
 /// wrote nothing (`Empty`), a holder that is not running cannot be read (`Failed`), else the path
 /// is drained within `drain_timeout_seconds` of the teardown's start.
-pub fn teardown(
+pub(crate) fn teardown(
     run: &SandboxRun,
     pod: Option<&Pod>,
     trigger: &Trigger,
