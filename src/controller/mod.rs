@@ -7,9 +7,13 @@
 //! - [`plan`] turns the step into the status to write, the Events to publish and the effects to
 //!   have (pure; statuses from [`status`], conditions from [`conditions`], Events from
 //!   [`events`], creation back-off from [`refusals`], TTL and retention from [`retention`]);
-//! - [`act`] carries the plan out — the only stage that changes the world — and runs the
-//!   teardowns (the drains) in the [`drain_pool`], off the reconcile workers;
+//! - [`act`] carries the plan out — the only stage that changes the world — and answers
+//!   (pod created / exists / refused, files purged) instead of deciding: `plan::after` plans the
+//!   follow-up (`drive.rs` alternates the two); a teardown runs in the [`drain_pool`]
+//!   (`teardown_job.rs`), off the reconcile workers, over act's stream of drains;
 //! - [`report`] counts the reconcile by step in the metrics.
+//!
+//! `pipeline.rs` runs the stages of one reconcile in order, with one `now`.
 //!
 //! This file is the wiring: the watches, the reconcile loop and its error policy.
 

@@ -4,10 +4,15 @@
 //! outcome is unit tested here; [`super::act`] only carries a plan out.
 //!
 //! A plan is carried out in one order: its Events first, then its status, then its effects.
-//! Steps whose outcome depends on what the apiserver answers are planned in two halves: creating
-//! the pod ([`StepPlan::CreatePod`], then [`pod_created`] or [`pod_refused`]), reporting a lost
-//! pod (the live run and the committed manifests are read first, then [`record_pod_lost`]), and
-//! the teardown ([`teardown`] before the drains, [`teardown_end`] after them).
+//! An effect whose outcome is the world's answer (creating the pod, deleting the stored files)
+//! ends the carrying out with an [`Answer`], and [`after`] plans what follows. Steps that need a
+//! read first are planned once it is had: creating the pod ([`StepPlan::CreatePod`]: the image
+//! pre-flight, then [`create`]), reporting a lost pod (the live run and the committed manifests,
+//! then [`record_pod_lost`]); the teardown is planned in the drain pool ([`teardown`] before the
+//! drains, [`TeardownProgress`] as they report, [`teardown_end`] after them).
+//!
+//! By concept: [`create`](mod@create), [`track`], [`teardown`](mod@teardown), [`finish`] (after
+//! the end), [`after`](mod@after) (the answers' follow-up).
 
 mod after;
 mod create;

@@ -13,7 +13,6 @@ use super::super::conditions::{
 use super::super::decide::Trigger;
 use super::super::events;
 use super::ensure_pending_entries;
-use super::lost::POD_GONE;
 use crate::api::{
     Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus, WorkloadTermination,
 };
@@ -420,6 +419,10 @@ pub(super) fn set_ending_conditions(
         ready.observed_generation = generation;
     }
 }
+
+/// Why the drain of a path failed when the pod was gone before teardown.
+pub(crate) const POD_GONE: &str =
+    "the pod was gone before teardown (deleted or evicted); its emptyDirs went with it and nothing could be drained";
 
 #[cfg(test)]
 mod tests {

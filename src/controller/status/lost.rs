@@ -6,7 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::super::conditions::{self, remove_condition, set_condition, REASON_IMAGE_UNRESOLVABLE};
 use super::super::decide::Trigger;
-use super::ending::{end_status, set_drained};
+use super::ending::{end_status, set_drained, POD_GONE};
 use super::ensure_pending_entries;
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus};
 
@@ -125,10 +125,6 @@ pub(crate) const NEVER_STARTED_IMAGE_PULL: &str =
 /// The message of a path whose workload never started because the egress gate gave up.
 pub(crate) const NEVER_STARTED_EGRESS_GATE: &str =
     "the workload never started because its egress policy was not seen in force, so it wrote nothing; nothing was drained";
-
-/// Why the drain of a path failed when the pod was gone before teardown.
-pub(crate) const POD_GONE: &str =
-    "the pod was gone before teardown (deleted or evicted); its emptyDirs went with it and nothing could be drained";
 
 #[cfg(test)]
 mod tests {
