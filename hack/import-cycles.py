@@ -79,8 +79,12 @@ for m, f in files.items():
         if head == "crate":
             target = resolve(rest)
         elif head == "super":
+            # `super::super::x`: one level up per `super`.
             base = parent(m)
-            target = resolve(base + "::" + rest) if base else resolve(rest)
+            while rest == "super" or rest.startswith("super::"):
+                base = parent(base)
+                rest = rest[len("super::"):] if rest.startswith("super::") else ""
+            target = resolve((base + "::" + rest) if base else rest) if rest else None
             if target is None:
                 target = base if base in mods else None
         else:  # self

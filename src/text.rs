@@ -40,6 +40,19 @@ pub(crate) fn printable(text: &str) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// `text` cut to at most `limit` bytes on a character boundary, ending in `…` when cut (Event
+/// notes, the workload's termination message in status).
+pub(crate) fn cut(text: &str, limit: usize) -> String {
+    if text.len() <= limit {
+        return text.to_string();
+    }
+    let ellipsis = "…";
+    format!(
+        "{}{ellipsis}",
+        prefix(text, limit.saturating_sub(ellipsis.len()))
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,5 +74,12 @@ mod tests {
         let mut s = "short".to_string();
         truncate(&mut s, 10);
         assert_eq!(s, "short");
+    }
+
+    #[test]
+    fn cutting_keeps_whole_characters_and_marks_the_cut() {
+        assert_eq!(cut("abc", 3), "abc");
+        assert_eq!(cut("abcdef", 5), "ab…");
+        assert_eq!(cut("ééé", 5), "é…");
     }
 }

@@ -1,15 +1,15 @@
 //! Act: the only stage that changes the world. It carries out a [`Plan`] — publishes its
 //! Events, writes its status (server-side apply, one field manager), then does its effects in
-//! order: finalizers, the pod, the drain pool, the holder's mark-drained exec, the stored files —
-//! and runs the teardowns (the drains) in the drain pool. Nothing here decides: every choice is
-//! made in [`super::decide`] and [`super::plan`].
+//! order: finalizers, the run's NetworkPolicy, the pod, the holder's mark-drained exec, the
+//! stored files — and runs a teardown's drains ([`drain_paths`]). Nothing here decides: an
+//! effect whose follow-up depends on the answer (creating the pod, deleting the stored files)
+//! ends the carrying out with a typed [`Answer`], which [`super::plan::after`] plans.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use jiff::Timestamp;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::api::{AttachParams, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
@@ -18,15 +18,11 @@ use tokio::io::AsyncRead;
 use tracing::{info, warn};
 
 use super::context::{Context, MANAGER};
-use super::decide::{self, Preflight, Trigger};
 use super::error::{kube_err, ControllerError};
 use super::events::{PlannedEvent, EVENT_NOTE_LIMIT};
-use super::observe::{self, Observation};
-use super::plan::{self, Effect, PathWork, Plan, Purge, Requeue, StepPlan, LOOK_AGAIN_MARGIN};
+use super::plan::{Answer, Effect, PathPlan, PathWork, Plan, Requeue};
 use super::refusals;
-use crate::admission::images::ImageResolver;
-use crate::admission::webhook::pull_credentials;
-use crate::api::{SandboxRun, SandboxRunStatus, FINALIZER};
+use crate::api::{Compression, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
 use crate::drain::path_drain::{drain_path, PathJob};
 use crate::inpod::holder::HolderCommand;
 use crate::pod;
@@ -38,336 +34,218 @@ const MARK_DRAINED_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes of the mark-drained exec's output kept for the log (the rest is read and discarded).
 const MARK_DRAINED_OUTPUT_KEPT: usize = 1024;
 
-/// Carries out the plan of a step for the run `observation` describes.
-pub(crate) async fn carry_out_step(
-    ctx: &Arc<Context>,
-    run: &Arc<SandboxRun>,
-    observation: &Observation,
-    step_plan: StepPlan,
-) -> Result<Requeue, ControllerError> {
-    let pod_name = observation.pod_name.as_str();
-    match step_plan {
-        StepPlan::Carry(plan) => {
-            carry_out(ctx, run, pod_name, observation.pod.as_ref(), *plan).await
-        }
-        StepPlan::CreatePod(pod) => create_pod(ctx, run, *pod).await,
-        StepPlan::RecordPodLost => record_pod_lost(ctx, run, observation).await,
-    }
+/// How far a plan was carried out.
+#[derive(Debug)]
+pub(crate) enum Carried {
+    /// All of it; look again per its requeue.
+    Done(Requeue),
+    /// Up to an effect whose follow-up depends on `answer`: `rest` are the effects left,
+    /// `requeue` the plan's.
+    Answer {
+        /// What the world answered.
+        answer: Answer,
+        /// The effects not carried out yet.
+        rest: Vec<Effect>,
+        /// The plan's requeue.
+        requeue: Requeue,
+    },
 }
 
 /// Carries out `plan` for `run` and its pod `pod_name` (`pod`: as observed, the Events' `related`
-/// object): its Events, then its status, then its effects, in order. Returns when to look again.
+/// object): its Events, then its status, then its effects, in order, up to the first that
+/// answers.
 pub(crate) async fn carry_out(
-    ctx: &Arc<Context>,
-    run: &Arc<SandboxRun>,
+    ctx: &Context,
+    run: &SandboxRun,
     pod_name: &str,
     pod: Option<&Pod>,
     plan: Plan,
-) -> Result<Requeue, ControllerError> {
-    let ns = run.namespace().unwrap_or_default();
-    let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+) -> Result<Carried, ControllerError> {
     for event in &plan.events {
         publish(ctx, run, pod.filter(|_| event.about_pod), event).await;
     }
     if let Some(status) = &plan.status {
-        apply_status(ctx, &runs, run, status).await?;
+        write_status(ctx, run, status).await?;
     }
-    for effect in plan.effects {
-        match effect {
-            Effect::AddFinalizer => {
-                let mut finalizers = run.finalizers().to_vec();
-                finalizers.push(FINALIZER.to_string());
-                patch_finalizers(&runs, run, finalizers).await?;
-            }
-            Effect::RemoveFinalizer => {
-                remove_finalizer(&runs, run).await?;
-                ctx.forget_written_status(run);
-            }
-            Effect::DeletePod { at_once } => delete_pod(&pods, pod_name, at_once).await?,
-            Effect::MarkDrained => mark_drained(&pods, pod_name, &ctx.pod.holder_binary).await,
-            Effect::StartTeardown(trigger) => start_teardown(ctx, run, trigger),
-            Effect::DeleteExpiredRun(event) => delete_expired_run(ctx, run, &runs, &event).await?,
-            Effect::PurgeStoredFiles => {
-                if let Purge::RetryAfter(pause) = purge_stored_files(ctx, run).await {
-                    return Ok(Requeue::After(pause));
-                }
-            }
-            Effect::RecordCreateAttempt(at) => ctx.record_create_attempt(run, at),
-            Effect::ForgetCreateAttempts => ctx.forget_create_attempt(run),
-            Effect::RememberUnreportedPod => ctx.remember_unreported_pod(run),
+    let mut effects = plan.effects.into_iter();
+    while let Some(effect) = effects.next() {
+        if let Some(answer) = effect_of(ctx, run, pod_name, pod, effect).await? {
+            return Ok(Carried::Answer {
+                answer,
+                rest: effects.collect(),
+                requeue: plan.requeue,
+            });
         }
     }
-    Ok(plan.requeue)
+    Ok(Carried::Done(plan.requeue))
 }
 
-/// Creates the run's pod and carries out the plan of the apiserver's answer.
-async fn create_pod(
-    ctx: &Arc<Context>,
-    run: &Arc<SandboxRun>,
-    pod: Pod,
-) -> Result<Requeue, ControllerError> {
-    let pod_name = pod.metadata.name.clone().unwrap_or_default();
-    // The pre-flight (`--preflight-images`) first: a run whose image does not exist gets no pod,
-    // no NetworkPolicy, and fails at once (docs/contract.md ADR-006 §5).
-    let mut unverified = None;
-    if let Some(resolver) = &ctx.preflight {
-        match preflight_image(ctx, resolver, run, &pod).await {
-            Preflight::Proceed => {}
-            Preflight::ProceedUnverified { message } => {
-                warn!(run = %run.name_any(), %message, "image not verified; creating the pod anyway");
-                unverified = Some(plan::image_unverified(&message));
-            }
-            Preflight::Unresolvable { message, hint } => {
-                warn!(run = %run.name_any(), %message, "image does not resolve; the run fails");
-                let plan = plan::image_unresolvable(run, &message, &hint, Timestamp::now());
-                return carry_out(ctx, run, &pod_name, None, plan).await;
-            }
-        }
-    }
-    // The egress policy next: the pod never runs unfiltered (src/egress/apply.rs).
-    if !crate::egress::apply::before_pod(ctx, run).await? {
-        return Ok(Requeue::AwaitChange);
-    }
-    if let Some(event) = &unverified {
-        publish(ctx, run, None, event).await;
-    }
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &run.namespace().unwrap_or_default());
-    let now = Timestamp::now();
-    match pods.create(&PostParams::default(), &pod).await {
-        Ok(created) => {
-            let plan = plan::pod_created(run, &pod_name, true, ctx.settle, now);
-            carry_out(ctx, run, &pod_name, Some(&created), plan).await
-        }
-        Err(kube::Error::Api(ae)) if ae.code == 409 => {
-            let plan = plan::pod_created(run, &pod_name, false, ctx.settle, now);
-            carry_out(ctx, run, &pod_name, None, plan).await
-        }
-        Err(kube::Error::Api(ae)) if refusals::is_refusal(ae.code) => {
-            let plan = plan::pod_refused(run, &ae.message, now);
-            if let Requeue::After(retry) = plan.requeue {
-                warn!(run = %run.name_any(), pod = %pod_name, code = ae.code, apiserver = %ae.message,
-                    retry_seconds = retry.saturating_sub(LOOK_AGAIN_MARGIN).as_secs(),
-                    "pod creation refused by the apiserver");
-            }
-            carry_out(ctx, run, &pod_name, None, plan).await
-        }
-        Err(e) => Err(kube_err(format!("create pod {pod_name}"))(e)),
-    }
-}
-
-/// Resolves the image of `pod`'s workload container without pulling it, with the credentials of
-/// the pod's imagePullSecrets (the run's and the operator's, read in the run's namespace; one
-/// that cannot be read only makes a private image unverifiable), and judges the answer.
-async fn preflight_image(
+/// Does one effect; Some: its answer, which the plan's follow-up depends on.
+async fn effect_of(
     ctx: &Context,
-    resolver: &ImageResolver,
     run: &SandboxRun,
-    pod: &Pod,
-) -> Preflight {
-    let spec = pod.spec.as_ref();
-    let image = spec
-        .and_then(|s| {
-            s.containers
-                .iter()
-                .find(|c| c.name == pod::WORKLOAD_CONTAINER)
-        })
-        .and_then(|c| c.image.clone())
-        .unwrap_or_default();
-    let secrets: Vec<String> = spec
-        .and_then(|s| s.image_pull_secrets.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|r| r.name.clone())
-        .collect();
-    let namespace = run.namespace().unwrap_or_default();
-    let creds = pull_credentials(&ctx.client, &namespace, &secrets).await;
-    let resolution = resolver.resolve(&image, creds.as_ref()).await;
-    decide::preflight(&image, &resolution)
-}
-
-/// Reports the run's undrained paths lost, on the live run (see [`decide::pod_lost_holds`]) and
-/// with the paths whose manifest the store already has.
-async fn record_pod_lost(
-    ctx: &Arc<Context>,
-    run: &Arc<SandboxRun>,
-    observation: &Observation,
-) -> Result<Requeue, ControllerError> {
-    let Some(live) =
-        observe::live_run(&ctx.client, &observation.namespace, &observation.name).await?
-    else {
-        return Ok(Requeue::AwaitChange);
-    };
-    let live = ctx.with_unreported_pod(Arc::new(live));
-    if !decide::pod_lost_holds(run, &live, Timestamp::now(), &ctx.decide) {
-        return Ok(Requeue::After(LOOK_AGAIN_MARGIN));
-    }
-    let run = live;
-    let committed = observe::committed_entries(&ctx.store_view(), &run).await;
-    let plan = plan::record_pod_lost(&run, &committed, ctx.default_retention, Timestamp::now());
-    carry_out(ctx, &run, &observation.pod_name, None, plan).await
-}
-
-/// Starts the run's teardown in the drain pool, unless one is in flight. The teardown waits for
-/// a slot (or for this replica to stop), reads the pod as it is then (a queued teardown holds no
-/// copy of it: thousands may wait at once), runs, and leaves the run to its next reconcile; a
-/// teardown that fails is counted, logged, and retried by a later reconcile after a pause.
-fn start_teardown(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger) {
-    let uid = run.uid().unwrap_or_default();
-    let job_ctx = Arc::clone(ctx);
-    let run = Arc::clone(run);
-    ctx.drains.start(uid, ctx.cancel.clone(), move || async move {
-        let ctx = job_ctx;
-        let result = match observe::own_pod(&ctx.client, &run).await {
-            Ok(pod) => teardown(&ctx, &run, pod.as_ref(), &trigger).await,
-            Err(error) => Err(error),
-        };
-        if let Err(error) = result {
-            ctx.metrics
-                .reconcile_errors
-                .with_label_values(&[error.metric_label()])
-                .inc();
-            warn!(run = %run.name_any(), namespace = ?run.namespace(), %error, "teardown failed; retrying in 10s");
-            tokio::select! {
-                () = tokio::time::sleep(Duration::from_secs(10)) => {}
-                () = ctx.cancel.cancelled() => {}
-            }
-        }
-    });
-}
-
-/// One teardown, planned now (it has its slot in the pool): the opening, every path's outcome
-/// recorded as it is had, then the end.
-// TEMPORARY (issue #26): over the 80-line limit until the controller round splits it; remove
-// this allow with the split. No other function may carry it.
-#[allow(clippy::too_many_lines)]
-async fn teardown(
-    ctx: &Arc<Context>,
-    run: &Arc<SandboxRun>,
+    pod_name: &str,
     pod: Option<&Pod>,
-    trigger: &Trigger,
-) -> Result<(), ControllerError> {
-    let name = run.name_any();
+    effect: Effect,
+) -> Result<Option<Answer>, ControllerError> {
     let ns = run.namespace().unwrap_or_default();
-    let uid = run.uid().unwrap_or_default();
-    let pod_name = pod::pod_name(&name);
     let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &ns);
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let timeout = ctx.drain_timeout_seconds(run);
-    let planned = plan::teardown(run, pod, trigger, &ctx.caps, timeout, Timestamp::now());
-    let deadline = tokio::time::Instant::now() + planned.drain_left;
-    // The opening is written now, or once `--quiet-window` has passed with paths still draining
-    // (`opening_waits`): a teardown that drains within it is written once, at its end.
-    let mut opening = Some(planned.opening);
-    if !planned.opening_waits || ctx.settle.is_zero() {
-        if let Some(now) = opening.take() {
-            carry_out(ctx, run, &pod_name, pod, now).await?;
+    match effect {
+        Effect::AddFinalizer => {
+            let mut finalizers = run.finalizers().to_vec();
+            finalizers.push(FINALIZER.to_string());
+            patch_finalizers(&runs, run, finalizers).await?;
         }
-    }
-    let settled = tokio::time::sleep(ctx.settle);
-    tokio::pin!(settled);
-    let compression = run
-        .spec
-        .read_back
-        .as_ref()
-        .map(|r| r.compression)
-        .unwrap_or_default();
-    let mut status = planned.status;
-    // The owed paths drain at once, each waiting for one of the operator-wide path slots
-    // (`--max-concurrent-path-drains`), which bound the drain memory whatever the number of runs
-    // and paths; each outcome is recorded as it is had, in the order they finish.
-    let (pods, pod_name, ns, name, uid) = (&pods, pod_name.as_str(), ns.as_str(), &name, &uid);
-    let work = planned.paths.into_iter().map(move |path| async move {
-        let outcome = match path.work {
-            PathWork::Record(outcome) => Some(outcome),
-            PathWork::Drain {
-                cap_bytes,
-                previous_attempts,
-                holder_path,
-            } => {
-                let slot = tokio::select! {
-                    slot = ctx.path_slots.acquire() => slot.ok(),
-                    () = ctx.cancel.cancelled() => None,
-                };
-                match slot {
-                    Some(_slot) => {
-                        let job = PathJob {
-                            pods,
-                            pod_name,
-                            pack_command: &ctx.pack_command,
-                            store: &ctx.store,
-                            open_uploads: ctx.open_uploads.as_deref(),
-                            store_prefix: &ctx.store_prefix,
-                            store_url: &ctx.store_url,
-                            namespace: ns,
-                            run_name: name,
-                            run_uid: uid,
-                            index: path.index,
-                            path: &path.path,
-                            holder_path: &holder_path,
-                            cap_bytes,
-                            compression,
-                            wire: ctx.drain_wire,
-                            idle: ctx.drain_idle,
-                            deadline,
-                            previous_attempts,
-                            metrics: &ctx.metrics,
-                            cancel: &ctx.cancel,
-                        };
-                        drain_path(&job).await
-                    }
-                    None => None,
-                }
-            }
-        };
-        (path.entry, outcome)
-    });
-    let mut owed = work.len();
-    let mut finished = futures::stream::iter(work).buffer_unordered(usize::MAX);
-    let mut stopped = false;
-    loop {
-        let (entry, outcome) = tokio::select! {
-            next = finished.next() => match next {
-                Some(done) => done,
-                None => break,
-            },
-            () = &mut settled, if opening.is_some() && !stopped => {
-                if let Some(mut late) = opening.take() {
-                    late.status = Some(status.clone());
-                    carry_out(ctx, run, pod_name, pod, late).await?;
-                }
-                continue;
-            }
-        };
-        owed = owed.saturating_sub(1);
-        match outcome {
-            Some(outcome) if !stopped => {
-                status.read_back[entry] = outcome;
-                // Each outcome is written as it is had once the run is reported Draining; the
-                // last one goes with the end.
-                if opening.is_none() && owed > 0 {
-                    apply_status(ctx, &runs, run, &status).await?;
-                }
-            }
-            // This replica stops draining (lost lease, shutdown): record nothing more, so the
-            // next leader resumes the unrecorded paths from the store's commit point. The other
-            // paths' drains see the same cancellation and end without recording either.
-            _ => stopped = true,
+        Effect::RemoveFinalizer => {
+            remove_finalizer(&runs, run).await?;
+            ctx.forget_written_status(run);
         }
+        Effect::DeletePod { at_once } => delete_pod(&pods, pod_name, at_once).await?,
+        Effect::MarkDrained => mark_drained(&pods, pod_name, &ctx.pod.holder_binary).await,
+        Effect::DeleteExpiredRun(event) => delete_expired_run(ctx, run, &runs, &event).await?,
+        Effect::PurgeStoredFiles => return Ok(Some(purge_stored_files(ctx, run).await)),
+        Effect::RecordCreateAttempt(at) => ctx.record_create_attempt(run, at),
+        Effect::ForgetCreateAttempts => ctx.forget_create_attempt(run),
+        Effect::RememberUnreportedPod => ctx.remember_unreported_pod(run),
+        Effect::Publish(event) => publish(ctx, run, pod.filter(|_| event.about_pod), &event).await,
+        Effect::ApplyNetworkPolicy(policy) => apply_network_policy(&ctx.client, &policy).await?,
+        Effect::CreatePod(new) => return create_pod(&pods, &new).await.map(Some),
     }
-    if stopped {
-        return Ok(());
+    Ok(None)
+}
+
+/// Creates `pod`: the apiserver's answer, typed. A refusal (quota, Pod Security, a webhook,
+/// RBAC) and a name already taken are answers; anything else is an error.
+async fn create_pod(pods: &Api<Pod>, pod: &Pod) -> Result<Answer, ControllerError> {
+    match pods.create(&PostParams::default(), pod).await {
+        Ok(created) => Ok(Answer::PodCreated(Box::new(created))),
+        Err(kube::Error::Api(ae)) if ae.code == 409 => Ok(Answer::PodExists),
+        Err(kube::Error::Api(ae)) if refusals::is_refusal(ae.code) => Ok(Answer::PodRefused {
+            code: ae.code,
+            message: ae.message,
+        }),
+        Err(e) => Err(kube_err(format!(
+            "create pod {}",
+            pod.metadata.name.as_deref().unwrap_or_default()
+        ))(e)),
     }
-    let end = plan::teardown_end(
-        run,
-        status,
-        planned.holder_running,
-        pod.is_some(),
-        ctx.default_retention,
-        Timestamp::now(),
-    );
-    carry_out(ctx, run, pod_name, pod, end).await?;
+}
+
+/// Server-side applies the run's NetworkPolicy in its namespace.
+async fn apply_network_policy(
+    client: &kube::Client,
+    policy: &NetworkPolicy,
+) -> Result<(), ControllerError> {
+    let ns = policy.metadata.namespace.clone().unwrap_or_default();
+    let name = policy.metadata.name.clone().unwrap_or_default();
+    let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+    let body = crate::egress::verdict::apply_body(policy);
+    api.patch(
+        &name,
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(kube_err(format!("apply NetworkPolicy {name}")))?;
+    info!(namespace = %ns, policy = %name, "egress policy applied");
     Ok(())
+}
+
+/// Where a teardown's drains read from and write to.
+pub(crate) struct DrainTarget {
+    pods: Api<Pod>,
+    pod_name: String,
+    namespace: String,
+    name: String,
+    uid: String,
+    compression: Compression,
+    deadline: tokio::time::Instant,
+}
+
+impl DrainTarget {
+    /// The drains of `run`'s pod, each ending by `deadline`.
+    pub(crate) fn new(ctx: &Context, run: &SandboxRun, deadline: tokio::time::Instant) -> Self {
+        let namespace = run.namespace().unwrap_or_default();
+        let name = run.name_any();
+        DrainTarget {
+            pods: Api::namespaced(ctx.client.clone(), &namespace),
+            pod_name: pod::pod_name(&name),
+            compression: run
+                .spec
+                .read_back
+                .as_ref()
+                .map(|r| r.compression)
+                .unwrap_or_default(),
+            uid: run.uid().unwrap_or_default(),
+            namespace,
+            name,
+            deadline,
+        }
+    }
+}
+
+/// The owed `paths` drained at once, each waiting for one of the operator-wide path slots
+/// (`--max-concurrent-path-drains`, which bound the drain memory whatever the number of runs
+/// and paths): each path's status entry and outcome, in the order they finish. No outcome: this
+/// replica stops draining (cancelled).
+pub(crate) fn drain_paths<'a>(
+    ctx: &'a Context,
+    target: &'a DrainTarget,
+    paths: Vec<PathPlan>,
+) -> impl Stream<Item = (usize, Option<ReadBackStatus>)> + 'a {
+    futures::stream::iter(
+        paths
+            .into_iter()
+            .map(move |path| drain_one(ctx, target, path)),
+    )
+    .buffer_unordered(usize::MAX)
+}
+
+async fn drain_one(
+    ctx: &Context,
+    target: &DrainTarget,
+    path: PathPlan,
+) -> (usize, Option<ReadBackStatus>) {
+    let (cap_bytes, previous_attempts, holder_path) = match path.work {
+        PathWork::Record(outcome) => return (path.entry, Some(outcome)),
+        PathWork::Drain {
+            cap_bytes,
+            previous_attempts,
+            holder_path,
+        } => (cap_bytes, previous_attempts, holder_path),
+    };
+    let slot = tokio::select! {
+        slot = ctx.path_slots.acquire() => slot.ok(),
+        () = ctx.cancel.cancelled() => None,
+    };
+    let Some(_slot) = slot else {
+        return (path.entry, None);
+    };
+    let job = PathJob {
+        pods: &target.pods,
+        pod_name: &target.pod_name,
+        pack_command: &ctx.pack_command,
+        store: &ctx.store,
+        open_uploads: ctx.open_uploads.as_deref(),
+        store_prefix: &ctx.store_prefix,
+        store_url: &ctx.store_url,
+        namespace: &target.namespace,
+        run_name: &target.name,
+        run_uid: &target.uid,
+        index: path.index,
+        path: &path.path,
+        holder_path: &holder_path,
+        cap_bytes,
+        compression: target.compression,
+        wire: ctx.drain_wire,
+        idle: ctx.drain_idle,
+        deadline: target.deadline,
+        previous_attempts,
+        metrics: &ctx.metrics,
+        cancel: &ctx.cancel,
+    };
+    (path.entry, drain_path(&job).await)
 }
 
 /// Deletes a run whose `spec.ttlSecondsAfterFinished` passed, then publishes `event`.
@@ -396,9 +274,9 @@ async fn delete_expired_run(
     Ok(())
 }
 
-/// Deletes everything the run stored (only its own `<prefix>/<namespace>/<name>/<uid>/`) and
-/// publishes what came of it ([`plan::purged`]).
-async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Purge {
+/// Deletes everything the run stored (only its own `<prefix>/<namespace>/<name>/<uid>/`): how
+/// many objects, or why not.
+async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Answer {
     let reference = RunRef {
         namespace: run.namespace().unwrap_or_default(),
         name: run.name_any(),
@@ -409,26 +287,15 @@ async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Purge {
     let result = delete_run_archives(&ctx.store, &ctx.store_prefix, &reference)
         .await
         .map_err(|e| e.to_string());
-    let (event, purge) = plan::purged(
-        run,
-        result.clone(),
-        &location,
-        ctx.drain_timeout_seconds(run),
-        Timestamp::now(),
-    );
-    match (&result, purge) {
-        (Ok(count), _) => {
+    match &result {
+        Ok(count) => {
             info!(run = %reference.name, namespace = %reference.namespace, count, "deleted the run's stored files");
         }
-        (Err(e), Purge::RetryAfter(_)) => {
-            warn!(run = %reference.name, namespace = %reference.namespace, error = %e, "deleting the run's stored files failed; retrying");
-        }
-        (Err(e), Purge::Done) => {
-            warn!(run = %reference.name, namespace = %reference.namespace, error = %e, "giving up deleting the run's stored files; releasing the finalizer");
+        Err(e) => {
+            warn!(run = %reference.name, namespace = %reference.namespace, error = %e, "deleting the run's stored files failed");
         }
     }
-    publish(ctx, run, None, &event).await;
-    purge
+    Answer::FilesPurged { result, location }
 }
 
 /// Publishes `event` about `run`, `related` to its pod when there is one (the Events API's
@@ -436,13 +303,7 @@ async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Purge {
 async fn publish(ctx: &Context, run: &SandboxRun, related: Option<&Pod>, event: &PlannedEvent) {
     // The apiserver caps an Event note at 1 KiB.
     let mut note = event.note.clone();
-    if note.len() > EVENT_NOTE_LIMIT {
-        let mut cut = EVENT_NOTE_LIMIT;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-    }
+    crate::text::truncate(&mut note, EVENT_NOTE_LIMIT);
     let published = Event {
         type_: if event.warning {
             EventType::Warning
@@ -547,9 +408,8 @@ async fn read_bounded(stream: Option<impl AsyncRead + Unpin>, keep: usize) -> St
 /// cached `run` is still the one it wrote over or the one the write made: a reconcile woken
 /// before the watch delivered our own write would otherwise write it again (a no-op for the
 /// apiserver, still a request).
-async fn apply_status(
+pub(crate) async fn write_status(
     ctx: &Context,
-    runs: &Api<SandboxRun>,
     run: &SandboxRun,
     status: &SandboxRunStatus,
 ) -> Result<(), ControllerError> {
@@ -558,16 +418,13 @@ async fn apply_status(
     if written.already {
         return Ok(());
     }
-    let patch = json!({
-        "apiVersion": "sandbox.iterion.io/v1alpha1",
-        "kind": "SandboxRun",
-        "status": status,
-    });
+    let runs: Api<SandboxRun> =
+        Api::namespaced(ctx.client.clone(), &run.namespace().unwrap_or_default());
     match runs
         .patch_status(
             &name,
             &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
+            &Patch::Apply(&status_body(status)),
         )
         .await
     {
@@ -579,6 +436,16 @@ async fn apply_status(
         Err(kube::Error::Api(ae)) if ae.code == 404 => Ok(()),
         Err(e) => Err(kube_err(format!("apply status of {name}"))(e)),
     }
+}
+
+/// The body of the status server-side apply: the whole status, under this operator's one field
+/// manager.
+fn status_body(status: &SandboxRunStatus) -> serde_json::Value {
+    json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRun",
+        "status": status,
+    })
 }
 
 async fn patch_finalizers(

@@ -10,11 +10,11 @@ use crate::api::SandboxRunStatus;
 // Condition types written on every run.
 
 /// The pod runs (both containers started).
-pub const READY: &str = "Ready";
+pub(crate) const READY: &str = "Ready";
 /// The workload container terminated (batch runs).
 pub(crate) const WORKLOAD_FINISHED: &str = "WorkloadFinished";
 /// Every declared path has a final drain outcome, none failed.
-pub const DRAINED: &str = "Drained";
+pub(crate) const DRAINED: &str = "Drained";
 /// The run ended successfully (batch/v1 Job semantics): phase `Succeeded`, or `Stopped` by
 /// `spec.stop` or deletion with no path `Failed`. Absent otherwise
 /// (`kubectl wait --for=condition=Complete`).

@@ -24,10 +24,10 @@ use crate::pod::PodSettings;
 use crate::store::open_uploads::OpenUploads;
 
 /// Field manager of every status write (server-side apply, one manager), and the Events' reporter.
-pub const MANAGER: &str = "sandboxrun-operator";
+pub(crate) const MANAGER: &str = "sandboxrun-operator";
 
 /// What the controller needs besides the cluster.
-pub struct Context {
+pub(crate) struct Context {
     /// The cluster.
     pub client: Client,
     /// Where drained archives go.
@@ -130,7 +130,7 @@ impl Context {
 
     /// A context with an Event recorder reporting as `instance`.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         client: Client,
         store: Arc<dyn ObjectStore>,
         store_prefix: object_store::path::Path,
@@ -283,7 +283,7 @@ impl Context {
 
 /// The last status this replica wrote of a run.
 #[derive(Clone, Debug)]
-pub struct WrittenStatus {
+pub(crate) struct WrittenStatus {
     digest: u64,
     over: Option<String>,
     made: Option<String>,

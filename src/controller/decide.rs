@@ -20,7 +20,7 @@ use crate::units::short_duration;
 
 /// Why a run is being torn down.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Trigger {
+pub(crate) enum Trigger {
     /// The workload container exited.
     WorkloadFinished {
         /// Its exit code.
@@ -53,7 +53,7 @@ pub enum Trigger {
 
 impl Trigger {
     /// Words for status messages and Events.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match self {
             Trigger::WorkloadFinished { exit_code } => {
                 format!("workload exited with code {exit_code}")
@@ -90,7 +90,7 @@ impl Trigger {
 
 /// Operator-wide inputs to [`decide`] that come from `run` flags.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DecideSettings {
+pub(crate) struct DecideSettings {
     /// How long a retryable image-pull error (`ErrImagePull` / `ImagePullBackOff` whose message
     /// is not a definitive "not found") may last before the run is failed (`run
     /// --image-pull-timeout`, `SANDBOXRUN_IMAGE_PULL_TIMEOUT`).
@@ -229,7 +229,7 @@ impl Step {
     /// The step's `step` label on `sandboxrun_reconciles_total` and
     /// `sandboxrun_reconcile_duration_seconds` (docs/operations.md "Metrics"). Written out, never
     /// the `Debug` text, so renaming a variant cannot rename a label.
-    pub fn as_str(&self) -> &'static str {
+    pub(crate) fn as_str(&self) -> &'static str {
         match self {
             Step::AddFinalizer => "add_finalizer",
             Step::ReleaseFinalizer => "release_finalizer",
@@ -249,7 +249,7 @@ fn phase(run: &SandboxRun) -> Option<Phase> {
 }
 
 /// When the run's deadline passes, if it has one.
-pub fn deadline(run: &SandboxRun) -> Option<Timestamp> {
+pub(crate) fn deadline(run: &SandboxRun) -> Option<Timestamp> {
     let secs = run.spec.active_deadline_seconds?;
     let start = run
         .status
@@ -263,9 +263,6 @@ pub fn deadline(run: &SandboxRun) -> Option<Timestamp> {
 }
 
 /// Decides the next step from the run, its pod (if any), the time and the operator's settings.
-// TEMPORARY (issue #26): over the 80-line limit until the controller round splits it; remove
-// this allow with the split. No other function may carry it.
-#[allow(clippy::too_many_lines)]
 pub(crate) fn decide(
     run: &SandboxRun,
     pod: Option<&PodView>,
@@ -273,59 +270,70 @@ pub(crate) fn decide(
     settings: &DecideSettings,
 ) -> Step {
     let has_finalizer = run.finalizers().iter().any(|f| f == FINALIZER);
-    let current = phase(run);
-    let is_final = current.is_some_and(Phase::is_final);
-
     if run.metadata.deletion_timestamp.is_some() {
-        if !has_finalizer {
-            return Step::DeleteFinishedPod;
-        }
-        if run
-            .annotations()
-            .get(SKIP_DRAIN_ANNOTATION)
-            .map(String::as_str)
-            == Some("true")
-        {
-            return Step::SkipDrain;
-        }
-        if is_final {
-            return Step::ReleaseFinalizer;
-        }
-        return match pod {
-            Some(_) => Step::Teardown(Trigger::Deleting),
-            None if (current.is_none() || current == Some(Phase::Pending))
-                && !drain_needed(run) =>
-            {
-                Step::ReleaseFinalizer
-            }
-            None => Step::RecordPodLost,
-        };
+        return while_deleted(run, pod, has_finalizer);
     }
-
     if !has_finalizer {
         return Step::AddFinalizer;
     }
-    if is_final {
+    if phase(run).is_some_and(Phase::is_final) {
         if retention::ttl(run, now) == retention::Ttl::Expired {
             return Step::DeleteExpiredRun;
         }
         return Step::DeleteFinishedPod;
     }
-    let Some(pod) = pod else {
-        return match current {
-            None | Some(Phase::Pending)
-                if run
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.pod_name.as_ref())
-                    .is_none() =>
-            {
-                Step::CreatePod
-            }
-            _ => Step::RecordPodLost,
-        };
-    };
-    if current == Some(Phase::Draining) {
+    match pod {
+        Some(pod) => with_pod(run, pod, now, settings),
+        None => without_pod(run),
+    }
+}
+
+/// The next step of a run being deleted.
+fn while_deleted(run: &SandboxRun, pod: Option<&PodView>, has_finalizer: bool) -> Step {
+    let current = phase(run);
+    if !has_finalizer {
+        return Step::DeleteFinishedPod;
+    }
+    if run
+        .annotations()
+        .get(SKIP_DRAIN_ANNOTATION)
+        .map(String::as_str)
+        == Some("true")
+    {
+        return Step::SkipDrain;
+    }
+    if current.is_some_and(Phase::is_final) {
+        return Step::ReleaseFinalizer;
+    }
+    match pod {
+        Some(_) => Step::Teardown(Trigger::Deleting),
+        None if (current.is_none() || current == Some(Phase::Pending)) && !drain_needed(run) => {
+            Step::ReleaseFinalizer
+        }
+        None => Step::RecordPodLost,
+    }
+}
+
+/// The next step of a live, unfinished run that has no pod: create it, unless it had one.
+fn without_pod(run: &SandboxRun) -> Step {
+    match phase(run) {
+        None | Some(Phase::Pending)
+            if run
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_name.as_ref())
+                .is_none() =>
+        {
+            Step::CreatePod
+        }
+        _ => Step::RecordPodLost,
+    }
+}
+
+/// The next step of a live, unfinished run whose pod exists: tear down when something ended it,
+/// else track it and look again at the deadline or when the image-pull timeout passes.
+fn with_pod(run: &SandboxRun, pod: &PodView, now: Timestamp, settings: &DecideSettings) -> Step {
+    if phase(run) == Some(Phase::Draining) {
         // A teardown already began (e.g. the operator restarted mid-drain): finish it.
         return Step::Teardown(resume_trigger(run, pod));
     }

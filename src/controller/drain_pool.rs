@@ -13,7 +13,7 @@ use tokio_util::task::TaskTracker;
 /// drain never holds a reconcile worker: the reconcile that starts one returns at once, and the
 /// run is reconciled again when the drain's status writes (or the requeue below) wake it. A run
 /// whose drain is in flight is not started twice: its reconciles wait for the drain to end.
-pub struct DrainPool {
+pub(crate) struct DrainPool {
     permits: Arc<Semaphore>,
     in_flight: Arc<Mutex<HashSet<String>>>,
     tasks: TaskTracker,
@@ -21,7 +21,7 @@ pub struct DrainPool {
 
 impl DrainPool {
     /// A pool of `max` concurrent drains (at least 1).
-    pub fn new(max: usize) -> DrainPool {
+    pub(crate) fn new(max: usize) -> DrainPool {
         DrainPool {
             permits: Arc::new(Semaphore::new(max.max(1))),
             in_flight: Arc::new(Mutex::new(HashSet::new())),
@@ -56,7 +56,7 @@ impl DrainPool {
     /// reads of the clock (the drain's deadline) starts when it has its slot. A waiting task
     /// holds only `make` (the job's future, large, is boxed when it starts), so thousands of
     /// queued teardowns cost little memory. False when one was in flight.
-    pub fn start<Job>(
+    pub(crate) fn start<Job>(
         &self,
         uid: String,
         cancel: CancellationToken,
@@ -84,17 +84,12 @@ impl DrainPool {
     }
 
     /// Drains in flight or waiting for a slot.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.in_flight.lock().map(|set| set.len()).unwrap_or(0)
     }
 
-    /// Whether no drain is in flight.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
     /// Waits (at most `limit`) for the drain tasks to end: after a cancel they stop promptly.
-    pub async fn wait(&self, limit: Duration) -> bool {
+    pub(crate) async fn wait(&self, limit: Duration) -> bool {
         self.tasks.close();
         tokio::time::timeout(limit, self.tasks.wait()).await.is_ok()
     }

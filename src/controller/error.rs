@@ -4,7 +4,7 @@ use thiserror::Error;
 
 /// A reconcile that could not finish; retried with a pause (never a hot loop).
 #[derive(Debug, Error)]
-pub enum ControllerError {
+pub(crate) enum ControllerError {
     /// A call to the apiserver failed.
     #[error("{action} failed: {source}")]
     Kube {

@@ -12,6 +12,7 @@ use super::conditions::{self, condition_true};
 use super::decide::Trigger;
 use super::observe::PodProblem;
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRunStatus};
+pub(crate) use crate::text::cut;
 
 /// The pod `<run>-sbr` was created and has not run within [`super::plan::SETTLE`] (a pod that
 /// runs at once is not announced: docs/contract.md "A quiet lifecycle").
@@ -27,7 +28,7 @@ pub(crate) const RUNNING: &str = "Running";
 pub(crate) const TEARING_DOWN: &str = "TearingDown";
 /// The reason of a drain summary where every path drained (none failed or capped). Never an
 /// Event of its own: that summary is told in the note of the Event announcing the end.
-pub const DRAINED: &str = "Drained";
+pub(crate) const DRAINED: &str = "Drained";
 /// docs/contract.md §4: a path could not be drained (the contract fixes this name).
 pub(crate) const DRAIN_FAILED: &str = "sandbox_runfiles_drain_failed";
 /// A path hit its cap (the contract fixes this name).
@@ -130,7 +131,7 @@ pub(crate) fn ending_event(status: &SandboxRunStatus) -> (bool, &'static str) {
 /// An Event a stage plans: [`super::act`] publishes it about the run, with the run's pod as
 /// `related` (the Events API's `related`, kube's `secondary`) when `about_pod`.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PlannedEvent {
+pub(crate) struct PlannedEvent {
     /// Warning, else Normal.
     pub warning: bool,
     /// One of [`ALL`].
@@ -145,7 +146,11 @@ pub struct PlannedEvent {
 
 impl PlannedEvent {
     /// A Normal Event.
-    pub fn normal(reason: &'static str, note: impl Into<String>, action: &'static str) -> Self {
+    pub(crate) fn normal(
+        reason: &'static str,
+        note: impl Into<String>,
+        action: &'static str,
+    ) -> Self {
         PlannedEvent {
             warning: false,
             reason,
@@ -156,7 +161,11 @@ impl PlannedEvent {
     }
 
     /// A Warning Event.
-    pub fn warning(reason: &'static str, note: impl Into<String>, action: &'static str) -> Self {
+    pub(crate) fn warning(
+        reason: &'static str,
+        note: impl Into<String>,
+        action: &'static str,
+    ) -> Self {
         PlannedEvent {
             warning: true,
             ..PlannedEvent::normal(reason, note, action)
@@ -367,19 +376,6 @@ fn describe_entry(e: &ReadBackStatus) -> String {
         _ => {}
     }
     out
-}
-
-/// `text` cut to at most `limit` bytes on a character boundary, ending in `…` when cut.
-pub fn cut(text: &str, limit: usize) -> String {
-    if text.len() <= limit {
-        return text.to_string();
-    }
-    let ellipsis = "…";
-    let mut end = limit.saturating_sub(ellipsis.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}{ellipsis}", &text[..end])
 }
 
 #[cfg(test)]

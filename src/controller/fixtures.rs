@@ -116,7 +116,7 @@ pub(crate) fn oom_killed(message: &str) -> ContainerState {
     }
 }
 
-pub fn at(secs: i64) -> Timestamp {
+pub(crate) fn at(secs: i64) -> Timestamp {
     now()
         .checked_add(jiff::SignedDuration::from_secs(secs))
         .unwrap()

@@ -7,25 +7,34 @@
 //! - [`plan`] turns the step into the status to write, the Events to publish and the effects to
 //!   have (pure; statuses from [`status`], conditions from [`conditions`], Events from
 //!   [`events`], creation back-off from [`refusals`], TTL and retention from [`retention`]);
-//! - [`act`] carries the plan out — the only stage that changes the world — and runs the
-//!   teardowns (the drains) in the [`drain_pool`], off the reconcile workers;
+//! - [`act`] carries the plan out — the only stage that changes the world — and answers
+//!   (pod created / exists / refused, files purged) instead of deciding: `plan::after` plans the
+//!   follow-up (`drive.rs` alternates the two); a teardown runs in the [`drain_pool`]
+//!   (`teardown_job.rs`), off the reconcile workers, over act's stream of drains;
 //! - [`report`] counts the reconcile by step in the metrics.
+//!
+//! `pipeline.rs` runs the stages of one reconcile in order, with one `now`.
 //!
 //! This file is the wiring: the watches, the reconcile loop and its error policy.
 
-pub mod act;
-pub mod conditions;
-pub mod context;
-pub mod decide;
-pub mod drain_pool;
-pub mod error;
-pub mod events;
-pub mod observe;
-pub mod plan;
-pub mod refusals;
-pub mod retention;
-pub mod status;
+pub(crate) mod act;
+pub(crate) mod conditions;
+pub(crate) mod context;
+pub(crate) mod decide;
+pub(crate) mod drain_pool;
+mod drive;
+pub(crate) mod error;
+pub(crate) mod events;
+pub(crate) mod observe;
+mod pipeline;
+pub(crate) mod plan;
+pub(crate) mod refusals;
+pub(crate) mod retention;
+pub(crate) mod status;
+mod teardown_job;
 
+#[cfg(test)]
+mod act_scenarios;
 #[cfg(test)]
 mod fixtures;
 #[cfg(test)]
@@ -40,19 +49,17 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
-use tracing::{info, warn};
+use tracing::warn;
 
-pub use context::{Context, MANAGER};
-pub use drain_pool::DrainPool;
-pub use error::ControllerError;
+pub(crate) use context::{Context, MANAGER};
+pub(crate) use error::ControllerError;
 
 use crate::api::{Phase, SandboxRun};
 use crate::metrics::Metrics;
-use observe::Observed;
-use plan::{Inputs, IN_FLIGHT_REQUEUE};
+use plan::IN_FLIGHT_REQUEUE;
 
 /// Runs the controller until `shutdown` resolves. `namespaces` empty = every namespace.
-pub async fn run(
+pub(crate) async fn run(
     ctx: Arc<Context>,
     namespaces: Vec<String>,
     concurrency: u16,
@@ -146,34 +153,11 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::requeue(IN_FLIGHT_REQUEUE));
     }
     let run = ctx.with_unreported_pod(run);
-    let now = Timestamp::now();
-    let observation = match observe::observe(&ctx.client, &run, now).await? {
-        Observed::Run(observation) => observation,
-        // A pod with our name that the run does not own is not ours to drain or delete.
-        Observed::NameTaken { observation, other } => {
-            let plan = plan::name_conflict(&run, &observation.pod_name);
-            let pod_name = &observation.pod_name;
-            let requeue = act::carry_out(&ctx, &run, pod_name, Some(other.as_ref()), plan).await?;
-            return Ok(requeue.into_action());
-        }
-    };
-    let step = decide::decide(&run, observation.view.as_ref(), now, &ctx.decide);
-    let label = step.as_str();
-    info!(run = %observation.name, namespace = %observation.namespace, step = label, "reconcile");
-    let inputs = Inputs {
-        run: &run,
-        pod_name: &observation.pod_name,
-        pod: observation.view.as_ref(),
-        now,
-        pod_settings: &ctx.pod,
-        last_create_attempt: ctx.last_create_attempt(&run),
-        default_retention: ctx.default_retention,
-        settle: ctx.settle,
-    };
-    let step_plan = plan::plan_step(step, &inputs);
-    let requeue = act::carry_out_step(&ctx, &run, &observation, step_plan).await?;
-    report(&ctx.metrics, label, started);
-    Ok(requeue.into_action())
+    let reconciled = pipeline::reconcile(&ctx, &run, Timestamp::now()).await?;
+    if let Some(step) = reconciled.step {
+        report(&ctx.metrics, step, started);
+    }
+    Ok(reconciled.requeue.into_action())
 }
 
 /// Report: counts the reconcile and its duration under its step's label.

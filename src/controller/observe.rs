@@ -21,12 +21,14 @@ use tracing::warn;
 
 use super::conditions::{REASON_IMAGE_PULL_FAILED, REASON_UNSCHEDULABLE};
 use super::error::{kube_err, ControllerError};
-use crate::api::{ReadBackPhase, ReadBackStatus, SandboxRun};
+use crate::admission::images::{ImageResolver, Resolution};
+use crate::admission::webhook::pull_credentials;
+use crate::api::{ReadBackPhase, ReadBackStatus, SandboxRun, WorkloadTermination};
 use crate::pod::{self, HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 
 /// What the workload container is doing, as the pod reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WorkloadState {
+pub(crate) enum WorkloadState {
     /// Not started (pod pending, image pulling, …).
     NotStarted,
     /// Running.
@@ -40,7 +42,7 @@ pub enum WorkloadState {
 
 /// A reason the pod cannot make progress, worth telling the user.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PodProblem {
+pub(crate) enum PodProblem {
     /// The scheduler cannot place the pod (may resolve itself as the cluster changes).
     Unschedulable(String),
     /// An image cannot be pulled.
@@ -68,7 +70,7 @@ pub enum PodProblem {
 
 impl PodProblem {
     /// Ready's reason while the problem lasts.
-    pub fn reason(&self) -> &'static str {
+    pub(crate) fn reason(&self) -> &'static str {
         match self {
             PodProblem::Unschedulable(_) => REASON_UNSCHEDULABLE,
             PodProblem::ImagePull { .. } => REASON_IMAGE_PULL_FAILED,
@@ -78,7 +80,7 @@ impl PodProblem {
     }
 
     /// Its words, for Ready's message, `.status.message` and the PodStuck Event.
-    pub fn message(&self) -> &str {
+    pub(crate) fn message(&self) -> &str {
         match self {
             PodProblem::Unschedulable(m) | PodProblem::EgressGate(m) => m,
             PodProblem::ImagePull { message, .. } | PodProblem::Stuck { message, .. } => message,
@@ -118,7 +120,7 @@ fn is_image_pull_reason(reason: &str) -> bool {
 
 /// The facts of a pod the decision needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodView {
+pub(crate) struct PodView {
     /// The pod has a deletionTimestamp.
     pub deleting: bool,
     /// The holder container is running (the drain can exec into it).
@@ -137,7 +139,7 @@ pub struct PodView {
 
 impl PodView {
     /// Reads the facts out of a pod.
-    pub fn of(pod: &Pod) -> PodView {
+    pub(crate) fn of(pod: &Pod) -> PodView {
         let status = pod.status.as_ref();
         let statuses = status.and_then(|s| s.container_statuses.as_ref());
         let state_of = |name: &str| -> Option<&ContainerState> {
@@ -345,9 +347,43 @@ pub(crate) fn drain_settled(run: &SandboxRun) -> bool {
     undrained_paths(run).is_empty()
 }
 
+/// Most bytes of the workload's termination message kept in `status.workload.message`: the
+/// kubelet's own bound on a termination message (4 KiB), kept again here so that a status write
+/// never grows with whatever a pod reports.
+pub(crate) const MAX_WORKLOAD_MESSAGE_BYTES: usize = 4096;
+
+/// How the workload container of `pod` terminated, None while it has not. Read from its current
+/// state, else from its last terminated state (the pod never restarts it: restartPolicy Never).
+/// The message is cut to [`MAX_WORKLOAD_MESSAGE_BYTES`] on a character boundary.
+pub(crate) fn workload_termination(pod: &Pod) -> Option<WorkloadTermination> {
+    let cs = pod
+        .status
+        .as_ref()?
+        .container_statuses
+        .as_ref()?
+        .iter()
+        .find(|c| c.name == WORKLOAD_CONTAINER)?;
+    let t = cs
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .or_else(|| cs.last_state.as_ref()?.terminated.as_ref())?;
+    fn text(s: &Option<String>) -> Option<&str> {
+        s.as_deref().filter(|s| !s.is_empty())
+    }
+    Some(WorkloadTermination {
+        exit_code: t.exit_code,
+        signal: t.signal,
+        reason: text(&t.reason).map(str::to_string),
+        message: text(&t.message).map(|m| crate::text::cut(m, MAX_WORKLOAD_MESSAGE_BYTES)),
+        started_at: t.started_at.clone(),
+        finished_at: t.finished_at.clone(),
+    })
+}
+
 /// What a reconcile found: the run's own pod (if any) and the facts read from it.
 #[derive(Clone, Debug)]
-pub struct Observation {
+pub(crate) struct Observation {
     /// The run's namespace.
     pub namespace: String,
     /// The run's name.
@@ -362,7 +398,7 @@ pub struct Observation {
 
 /// What reading the world found.
 #[derive(Clone, Debug)]
-pub enum Observed {
+pub(crate) enum Observed {
     /// The run and its pod (or the absence of one).
     Run(Observation),
     /// A pod with the run's pod name exists and the run does not own it: it is not ours to drain
@@ -456,6 +492,33 @@ pub(crate) async fn live_run(
     runs.get_opt(name)
         .await
         .map_err(kube_err(format!("get {namespace}/{name}")))
+}
+
+/// The image of `pod`'s workload container, resolved without pulling it (the pre-flight of
+/// `--preflight-images`, docs/contract.md ADR-006 §5) with the credentials of the pod's
+/// imagePullSecrets (the run's and the operator's, read in the run's namespace; one that cannot
+/// be read only makes a private image unverifiable): the image and what its registry said.
+pub(crate) async fn resolve_image(
+    client: &Client,
+    resolver: &ImageResolver,
+    run: &SandboxRun,
+    pod: &Pod,
+) -> (String, Resolution) {
+    let spec = pod.spec.as_ref();
+    let image = spec
+        .and_then(|s| s.containers.iter().find(|c| c.name == WORKLOAD_CONTAINER))
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default();
+    let secrets: Vec<String> = spec
+        .and_then(|s| s.image_pull_secrets.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| r.name.clone())
+        .collect();
+    let namespace = run.namespace().unwrap_or_default();
+    let creds = pull_credentials(client, &namespace, &secrets).await;
+    let resolution = resolver.resolve(&image, creds.as_ref()).await;
+    (image, resolution)
 }
 
 /// The cause a Pending pod's Warning Events give for not starting (FailedMount, …), reading at
@@ -721,5 +784,58 @@ mod pod_view_tests {
             PodView::of(&pod).problem.map(|p| p.reason()),
             Some(REASON_IMAGE_PULL_FAILED)
         );
+    }
+}
+
+#[cfg(test)]
+mod workload_termination_tests {
+    use super::*;
+    use crate::controller::fixtures::*;
+    use k8s_openapi::api::core::v1::{ContainerStateRunning, ContainerStateWaiting};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+    #[test]
+    fn workload_termination_is_copied_from_the_pod_and_bounded() {
+        let w =
+            workload_termination(&pod_with_workload(oom_killed("out of memory\n"), None)).unwrap();
+        assert_eq!(
+            w,
+            WorkloadTermination {
+                exit_code: 137,
+                signal: Some(9),
+                reason: Some("OOMKilled".into()),
+                message: Some("out of memory\n".into()),
+                started_at: Some(Time("2026-11-30T11:59:00Z".parse().unwrap())),
+                finished_at: Some(Time(now())),
+            }
+        );
+
+        // A long message (the log tail, multi-byte characters) is cut on a char boundary.
+        let long = "é".repeat(3000); // 6000 bytes
+        let w = workload_termination(&pod_with_workload(oom_killed(&long), None)).unwrap();
+        let m = w.message.unwrap();
+        assert!(m.len() <= MAX_WORKLOAD_MESSAGE_BYTES, "{} bytes", m.len());
+        assert!(m.len() > MAX_WORKLOAD_MESSAGE_BYTES - 8, "cut too short");
+        assert!(m.ends_with('…') && m.starts_with("éé"));
+        // Empty strings are absent, not "".
+        let w = workload_termination(&pod_with_workload(oom_killed(""), None)).unwrap();
+        assert_eq!(w.message, None);
+
+        // Still running: nothing to record. Waiting after a terminated run: the last state.
+        let running = ContainerState {
+            running: Some(ContainerStateRunning::default()),
+            ..Default::default()
+        };
+        assert_eq!(
+            workload_termination(&pod_with_workload(running, None)),
+            None
+        );
+        let waiting = ContainerState {
+            waiting: Some(ContainerStateWaiting::default()),
+            ..Default::default()
+        };
+        let w = workload_termination(&pod_with_workload(waiting, Some(oom_killed("x"))));
+        assert_eq!(w.map(|w| w.exit_code), Some(137));
+        assert_eq!(workload_termination(&Pod::default()), None);
     }
 }

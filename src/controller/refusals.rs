@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use jiff::{SignedDuration, Timestamp};
 
-use super::conditions::{self, remove_condition, set_condition, REASON_POD_CREATE_FAILED};
-use super::status::ensure_pending_entries;
-use crate::api::{Phase, SandboxRun, SandboxRunStatus};
+use super::conditions::{self, remove_condition, REASON_POD_CREATE_FAILED};
+use super::status::{ensure_pending_entries, set_pending};
+use crate::api::{SandboxRun, SandboxRunStatus};
 
 /// First pause after the apiserver refused the pod.
 pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(10);
@@ -83,23 +83,11 @@ pub(crate) fn create_retry_wait(
 /// absent, said something else, or described an older spec).
 pub(crate) fn refused_status(run: &SandboxRun, message: &str, now: Timestamp) -> SandboxRunStatus {
     let mut status = run.status.clone().unwrap_or_default();
-    let generation = run.metadata.generation;
     if refused_since(run).is_none() {
         remove_condition(&mut status.conditions, conditions::READY);
     }
     let message = format!("the apiserver refused the pod: {message}");
-    status.observed_generation = generation;
-    status.phase = Some(Phase::Pending);
-    status.message = Some(message.clone());
-    set_condition(
-        &mut status.conditions,
-        conditions::READY,
-        false,
-        REASON_POD_CREATE_FAILED,
-        message,
-        generation,
-        now,
-    );
+    set_pending(run, &mut status, REASON_POD_CREATE_FAILED, &message, now);
     ensure_pending_entries(run, &mut status);
     status
 }
@@ -107,7 +95,9 @@ pub(crate) fn refused_status(run: &SandboxRun, message: &str, now: Timestamp) ->
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::Phase;
     use crate::api::SandboxRunSpec;
+    use crate::controller::conditions::set_condition;
 
     fn at(secs: i64) -> Timestamp {
         let t0: Timestamp = "2026-11-30T12:00:00Z".parse().unwrap();

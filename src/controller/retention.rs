@@ -18,7 +18,7 @@ pub(crate) const PURGE_RETRY_MAX: Duration = Duration::from_secs(60);
 
 /// When the run finished: it has condition Complete or Failed True (its drain settled; the
 /// contract's Job semantics), at `status.completionTime`, else at that condition's transition.
-pub fn finished_at(run: &SandboxRun) -> Option<Timestamp> {
+pub(crate) fn finished_at(run: &SandboxRun) -> Option<Timestamp> {
     let status = run.status.as_ref()?;
     let ended = status.conditions.iter().find(|c| {
         (c.type_ == conditions::COMPLETE || c.type_ == conditions::FAILED) && c.status == "True"
@@ -34,7 +34,7 @@ pub fn finished_at(run: &SandboxRun) -> Option<Timestamp> {
 
 /// What `spec.ttlSecondsAfterFinished` asks of a run now.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Ttl {
+pub(crate) enum Ttl {
     /// No TTL, or the run has not finished: nothing to do.
     Keep,
     /// Finished; delete it this much later (requeue then, no polling).
@@ -44,7 +44,7 @@ pub enum Ttl {
 }
 
 /// The TTL decision for `run` at `now`.
-pub fn ttl(run: &SandboxRun, now: Timestamp) -> Ttl {
+pub(crate) fn ttl(run: &SandboxRun, now: Timestamp) -> Ttl {
     let Some(secs) = run.spec.ttl_seconds_after_finished else {
         return Ttl::Keep;
     };
@@ -66,7 +66,7 @@ pub fn ttl(run: &SandboxRun, now: Timestamp) -> Ttl {
 }
 
 /// The retention that applies to the run: its `spec.readBack.retention`, else the operator's.
-pub fn retention(run: &SandboxRun, operator_default: Retention) -> Retention {
+pub(crate) fn retention(run: &SandboxRun, operator_default: Retention) -> Retention {
     run.spec
         .read_back
         .as_ref()

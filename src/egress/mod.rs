@@ -1,5 +1,6 @@
 //! Enforcement of `spec.network` (docs/contract.md "ADR-006 network rules: validated and
-//! enforced"): what the run asks for ([`mode`]), a per-run NetworkPolicy ([`policy`], applied by [`apply`] before the pod exists)
+//! enforced"): what the run asks for ([`mode`]), a per-run NetworkPolicy ([`policy`], judged by [`verdict`] and applied by the controller before
+//! the pod exists)
 //! for addresses, and the egress proxy ([`proxy`]) for host names, both judging with the one
 //! matcher admission validates with ([`crate::admission::network`]). The workload reaches the
 //! proxy through the variables of [`env`], authenticated by a per-run [`token`]. The proxy is
@@ -8,7 +9,6 @@
 //! (request heads), [`runs`] (what it knows of runs and their pods), [`limits`] (connection
 //! slots) and [`tunnel`] (the relay with its idle timeout).
 
-pub(crate) mod apply;
 pub mod env;
 pub(crate) mod head;
 pub(crate) mod limits;
@@ -21,5 +21,6 @@ pub(crate) mod settings;
 pub(crate) mod state;
 pub mod token;
 pub(crate) mod tunnel;
+pub(crate) mod verdict;
 
 pub use settings::{EgressSettings, PeerSelector, PolicyEnforcement, ProxyPeer};

@@ -1,135 +1,21 @@
-//! The status a run is given at each stage of its life — tracked (Pending/Running), tearing down
-//! (Draining), finished, its pod lost — built purely from the run, what was observed and `now`
-//! (no client, no clock). Conditions are set through [`super::conditions`]; the stage that writes
-//! each status is chosen in [`super::plan`].
+//! The status of a run that ends: Draining while its paths drain, then its final phase, the
+//! `Complete`/`Failed` conditions with the first cause, and `Drained` (docs/contract.md).
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::conditions::{
+use super::super::conditions::{
     self, condition_true, ready_false_reason, remove_condition, set_condition,
     set_condition_unknown, start_failure, StartFailure, REASON_CONDITION_DRAIN_FAILED,
-    REASON_DEADLINE_EXCEEDED, REASON_IMAGE_UNRESOLVABLE, REASON_POD_DELETED, REASON_POD_LOST,
-    REASON_POD_PENDING, REASON_POD_RUNNING, REASON_RUN_ENDED, REASON_WORKLOAD_FAILED,
+    REASON_DEADLINE_EXCEEDED, REASON_POD_DELETED, REASON_POD_LOST, REASON_RUN_ENDED,
+    REASON_WORKLOAD_FAILED,
 };
-use super::decide::Trigger;
-use super::events;
-use super::observe::{PodView, WorkloadState};
+use super::super::decide::Trigger;
+use super::super::events;
+use super::entries::ensure_pending_entries;
 use crate::api::{
     Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus, WorkloadTermination,
 };
-use crate::pod::WORKLOAD_CONTAINER;
-
-/// The status of a run whose pod is being tracked (Pending or Running).
-pub(crate) fn tracked_status(
-    run: &SandboxRun,
-    pod_name: &str,
-    pod: &PodView,
-    now: Timestamp,
-) -> SandboxRunStatus {
-    let mut status = run.status.clone().unwrap_or_default();
-    let generation = run.metadata.generation;
-    status.observed_generation = generation;
-    status.pod_name = Some(pod_name.to_string());
-    let running = pod.workload == WorkloadState::Running && pod.holder_running;
-    if running {
-        status.phase = Some(Phase::Running);
-        if status.start_time.is_none() {
-            status.start_time = Some(Time(pod.started_at.unwrap_or(now)));
-        }
-        status.message = Some(if run.spec.is_long_lived() {
-            "long-lived sandbox running; set spec.stop to tear it down".to_string()
-        } else {
-            "workload running".to_string()
-        });
-        set_condition(
-            &mut status.conditions,
-            conditions::READY,
-            true,
-            REASON_POD_RUNNING,
-            "",
-            generation,
-            now,
-        );
-    } else {
-        status.phase = Some(Phase::Pending);
-        let (reason, message) = match &pod.problem {
-            Some(p) => (p.reason(), p.message().to_string()),
-            None => (REASON_POD_PENDING, "waiting for the pod to run".to_string()),
-        };
-        status.message = Some(message.clone());
-        set_condition(
-            &mut status.conditions,
-            conditions::READY,
-            false,
-            reason,
-            message,
-            generation,
-            now,
-        );
-    }
-    ensure_pending_entries(run, &mut status);
-    status
-}
-
-/// Makes sure every declared path has a status entry (Pending until drained).
-pub(crate) fn ensure_pending_entries(run: &SandboxRun, status: &mut SandboxRunStatus) {
-    for p in run.spec.read_back_paths() {
-        if !status.read_back.iter().any(|e| e.path == p.path) {
-            status.read_back.push(ReadBackStatus {
-                path: p.path.clone(),
-                ..Default::default()
-            });
-        }
-    }
-    let order: Vec<&str> = run
-        .spec
-        .read_back_paths()
-        .iter()
-        .map(|p| p.path.as_str())
-        .collect();
-    status
-        .read_back
-        .retain(|e| order.contains(&e.path.as_str()));
-    status
-        .read_back
-        .sort_by_key(|e| order.iter().position(|p| *p == e.path));
-}
-
-/// Most bytes of the workload's termination message kept in `status.workload.message`: the
-/// kubelet's own bound on a termination message (4 KiB), kept again here so that a status write
-/// never grows with whatever a pod reports.
-pub(crate) const MAX_WORKLOAD_MESSAGE_BYTES: usize = 4096;
-
-/// How the workload container of `pod` terminated, None while it has not. Read from its current
-/// state, else from its last terminated state (the pod never restarts it: restartPolicy Never).
-/// The message is cut to [`MAX_WORKLOAD_MESSAGE_BYTES`] on a character boundary.
-pub(crate) fn workload_termination(pod: &Pod) -> Option<WorkloadTermination> {
-    let cs = pod
-        .status
-        .as_ref()?
-        .container_statuses
-        .as_ref()?
-        .iter()
-        .find(|c| c.name == WORKLOAD_CONTAINER)?;
-    let t = cs
-        .state
-        .as_ref()
-        .and_then(|s| s.terminated.as_ref())
-        .or_else(|| cs.last_state.as_ref()?.terminated.as_ref())?;
-    fn text(s: &Option<String>) -> Option<&str> {
-        s.as_deref().filter(|s| !s.is_empty())
-    }
-    Some(WorkloadTermination {
-        exit_code: t.exit_code,
-        signal: t.signal,
-        reason: text(&t.reason).map(str::to_string),
-        message: text(&t.message).map(|m| events::cut(m, MAX_WORKLOAD_MESSAGE_BYTES)),
-        started_at: t.started_at.clone(),
-        finished_at: t.finished_at.clone(),
-    })
-}
 
 /// The status at the start of teardown. `workload` is how the workload container terminated
 /// ([`workload_termination`] of the pod, read before the pod is deleted); it is recorded in
@@ -283,7 +169,7 @@ pub(crate) fn failure_reason(e: &Ending) -> Option<&'static str> {
 
 /// [`finished_status`]; `pod_vanished` when the pod was gone before teardown drained it
 /// ([`pod_lost_status`]).
-fn end_status(
+pub(super) fn end_status(
     run: &SandboxRun,
     mut status: SandboxRunStatus,
     pod_vanished: bool,
@@ -318,7 +204,7 @@ fn end_status(
 }
 
 /// Sets Drained from the outcome of every path; whether a `required` path failed.
-fn set_drained(run: &SandboxRun, status: &mut SandboxRunStatus, now: Timestamp) -> bool {
+pub(super) fn set_drained(run: &SandboxRun, status: &mut SandboxRunStatus, now: Timestamp) -> bool {
     let generation = run.metadata.generation;
     let failed: Vec<&ReadBackStatus> = status
         .read_back
@@ -381,7 +267,7 @@ fn set_drained(run: &SandboxRun, status: &mut SandboxRunStatus, now: Timestamp) 
 /// What the end says about the run, read from its status before the final conditions are
 /// written, and the kubelet's words when the workload never started because an image could not
 /// be pulled.
-fn ending_of(
+pub(super) fn ending_of(
     run: &SandboxRun,
     status: &SandboxRunStatus,
     pod_vanished: bool,
@@ -435,7 +321,7 @@ fn ending_of(
 }
 
 /// The final `status.message`: why the run ended as it did.
-fn ending_message(
+pub(super) fn ending_message(
     e: &Ending,
     status: &SandboxRunStatus,
     required_failed: bool,
@@ -478,7 +364,7 @@ fn ending_message(
 }
 
 /// Sets Complete or Failed (exactly one, [`failure_reason`]) and Ready once the run ended.
-fn set_ending_conditions(
+pub(super) fn set_ending_conditions(
     status: &mut SandboxRunStatus,
     ending: &Ending,
     why: String,
@@ -534,122 +420,6 @@ fn set_ending_conditions(
     }
 }
 
-/// The status when the pod vanished before teardown: every undrained path is a failure, never an
-/// empty set (docs/contract.md §4), and the run failed (Failed=True, reason [`REASON_POD_LOST`]) unless
-/// its workload had already finished and every required path had drained.
-///
-/// `committed` holds the status entries of paths whose manifest the store already has (an
-/// operator that committed a path and died before recording it): such a path was drained, and
-/// keeps that outcome instead of being marked Failed (docs/contract.md §4).
-pub(crate) fn pod_lost_status(
-    run: &SandboxRun,
-    committed: &[ReadBackStatus],
-    now: Timestamp,
-) -> SandboxRunStatus {
-    let mut status = run.status.clone().unwrap_or_default();
-    ensure_pending_entries(run, &mut status);
-    for e in status
-        .read_back
-        .iter_mut()
-        .filter(|e| e.phase == ReadBackPhase::Pending)
-    {
-        match committed.iter().find(|c| c.path == e.path) {
-            Some(c) => *e = c.clone(),
-            None => {
-                e.phase = ReadBackPhase::Failed;
-                e.message = Some(POD_GONE.to_string());
-            }
-        }
-    }
-    let generation = run.metadata.generation;
-    set_condition(
-        &mut status.conditions,
-        conditions::READY,
-        false,
-        "PodGone",
-        POD_GONE,
-        generation,
-        now,
-    );
-    status.message = Some(POD_GONE.to_string());
-    end_status(run, status, true, now)
-}
-
-/// The status entry of a declared path whose workload never started: it wrote nothing, so
-/// nothing is drained (`Empty`, no exec, no object), and the message says why.
-pub(crate) fn never_started_entry(path: &str, trigger: &Trigger) -> ReadBackStatus {
-    let message = match trigger {
-        Trigger::ImagePullFailed { .. } => NEVER_STARTED_IMAGE_PULL,
-        Trigger::EgressGateFailed { .. } => NEVER_STARTED_EGRESS_GATE,
-        _ => "the workload never started, so it wrote nothing",
-    };
-    ReadBackStatus {
-        path: path.to_string(),
-        phase: ReadBackPhase::Empty,
-        message: Some(message.to_string()),
-        ..Default::default()
-    }
-}
-
-/// The final status of a run whose image the pre-flight (`run --preflight-images`) found missing
-/// from its registry (docs/contract.md ADR-006 §5): its pod was never created, so the run fails
-/// at once — phase `Failed`, `Failed=True` and `Ready=False` with reason
-/// [`REASON_IMAGE_UNRESOLVABLE`] and `message` (the registry's words and the hint) — and every
-/// declared path is `Empty` (the workload never ran, so it wrote nothing; never a drain failure).
-pub(crate) fn image_unresolvable_status(
-    run: &SandboxRun,
-    message: &str,
-    now: Timestamp,
-) -> SandboxRunStatus {
-    let mut status = run.status.clone().unwrap_or_default();
-    let generation = run.metadata.generation;
-    ensure_pending_entries(run, &mut status);
-    for e in status
-        .read_back
-        .iter_mut()
-        .filter(|e| e.phase == ReadBackPhase::Pending)
-    {
-        e.phase = ReadBackPhase::Empty;
-        e.message = Some(NEVER_STARTED_UNRESOLVABLE.to_string());
-    }
-    set_drained(run, &mut status, now);
-    status.observed_generation = generation;
-    status.phase = Some(Phase::Failed);
-    status.message = Some(message.to_string());
-    status.completion_time = Some(Time(now));
-    status.duration = run
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .map(|t| crate::units::short_duration(now.duration_since(t.0)));
-    for type_ in [conditions::FAILED, conditions::READY] {
-        set_condition(
-            &mut status.conditions,
-            type_,
-            type_ == conditions::FAILED,
-            REASON_IMAGE_UNRESOLVABLE,
-            message,
-            generation,
-            now,
-        );
-    }
-    remove_condition(&mut status.conditions, conditions::COMPLETE);
-    status
-}
-
-/// The message of a path whose workload never started because the pre-flight found its image
-/// missing.
-pub(crate) const NEVER_STARTED_UNRESOLVABLE: &str =
-    "the workload never started because its image does not resolve, so it wrote nothing; nothing was drained";
-
-/// The message of a path whose workload never started because its image could not be pulled.
-pub(crate) const NEVER_STARTED_IMAGE_PULL: &str =
-    "the workload never started because its image could not be pulled, so it wrote nothing; nothing was drained";
-
-/// The message of a path whose workload never started because the egress gate gave up.
-pub(crate) const NEVER_STARTED_EGRESS_GATE: &str =
-    "the workload never started because its egress policy was not seen in force, so it wrote nothing; nothing was drained";
-
 /// Why the drain of a path failed when the pod was gone before teardown.
 pub(crate) const POD_GONE: &str =
     "the pod was gone before teardown (deleted or evicted); its emptyDirs went with it and nothing could be drained";
@@ -658,81 +428,13 @@ pub(crate) const POD_GONE: &str =
 mod tests {
     use super::*;
     use crate::controller::conditions::REASON_IMAGE_PULL_FAILED;
+
+    use super::super::lost::*;
     use crate::controller::decide::{decide, Step};
     use crate::controller::events::teardown_event;
     use crate::controller::fixtures::*;
-    use k8s_openapi::api::core::v1::{
-        ContainerState, ContainerStateRunning, ContainerStateWaiting,
-    };
-
-    #[test]
-    fn pod_gone_before_teardown_is_a_loss_never_an_empty_set() {
-        let r = with_phase(
-            run_with(&[("/out", true), ("/logs", false)]),
-            Phase::Running,
-        );
-        assert_eq!(decide(&r, None, now(), &settings()), Step::RecordPodLost);
-        let s = pod_lost_status(&r, &[], now());
-        assert_eq!(s.phase, Some(Phase::Failed));
-        assert!(s
-            .read_back
-            .iter()
-            .all(|e| e.phase == ReadBackPhase::Failed && e.message.is_some()));
-        let drained = s
-            .conditions
-            .iter()
-            .find(|c| c.type_ == conditions::DRAINED)
-            .unwrap();
-        assert_eq!(
-            (drained.status.as_str(), drained.reason.as_str()),
-            ("False", "DrainFailed")
-        );
-    }
-
-    #[test]
-    fn workload_termination_is_copied_from_the_pod_and_bounded() {
-        let w =
-            workload_termination(&pod_with_workload(oom_killed("out of memory\n"), None)).unwrap();
-        assert_eq!(
-            w,
-            WorkloadTermination {
-                exit_code: 137,
-                signal: Some(9),
-                reason: Some("OOMKilled".into()),
-                message: Some("out of memory\n".into()),
-                started_at: Some(Time("2026-11-30T11:59:00Z".parse().unwrap())),
-                finished_at: Some(Time(now())),
-            }
-        );
-
-        // A long message (the log tail, multi-byte characters) is cut on a char boundary.
-        let long = "é".repeat(3000); // 6000 bytes
-        let w = workload_termination(&pod_with_workload(oom_killed(&long), None)).unwrap();
-        let m = w.message.unwrap();
-        assert!(m.len() <= MAX_WORKLOAD_MESSAGE_BYTES, "{} bytes", m.len());
-        assert!(m.len() > MAX_WORKLOAD_MESSAGE_BYTES - 8, "cut too short");
-        assert!(m.ends_with('…') && m.starts_with("éé"));
-        // Empty strings are absent, not "".
-        let w = workload_termination(&pod_with_workload(oom_killed(""), None)).unwrap();
-        assert_eq!(w.message, None);
-
-        // Still running: nothing to record. Waiting after a terminated run: the last state.
-        let running = ContainerState {
-            running: Some(ContainerStateRunning::default()),
-            ..Default::default()
-        };
-        assert_eq!(
-            workload_termination(&pod_with_workload(running, None)),
-            None
-        );
-        let waiting = ContainerState {
-            waiting: Some(ContainerStateWaiting::default()),
-            ..Default::default()
-        };
-        let w = workload_termination(&pod_with_workload(waiting, Some(oom_killed("x"))));
-        assert_eq!(w.map(|w| w.exit_code), Some(137));
-        assert_eq!(workload_termination(&Pod::default()), None);
-    }
+    use crate::controller::observe::workload_termination;
+    use crate::controller::status::*;
 
     #[test]
     fn workload_evidence_survives_every_later_status_write() {
@@ -1087,108 +789,6 @@ mod tests {
         assert_eq!(
             cond_of(&done, conditions::READY),
             pair("False", REASON_IMAGE_PULL_FAILED)
-        );
-    }
-
-    #[test]
-    fn a_path_committed_before_the_pod_was_lost_keeps_its_committed_outcome() {
-        // An operator committed /out's manifest and died before recording it; the pod is gone
-        // when its successor looks. /out was drained: it is not a loss. /logs was not.
-        let r = with_generation(with_phase(
-            run_with(&[("/out", true), ("/logs", false)]),
-            Phase::Running,
-        ));
-        let committed = ReadBackStatus {
-            path: "/out".into(),
-            phase: ReadBackPhase::Drained,
-            bytes: 3,
-            members: 1,
-            object: Some("file:///s/ns/r/u/00-out.tar".into()),
-            manifest: Some("file:///s/ns/r/u/00-out.manifest.json".into()),
-            attempts: 1,
-            ..Default::default()
-        };
-        let done = pod_lost_status(&r, std::slice::from_ref(&committed), now());
-        let out = done
-            .read_back
-            .iter()
-            .find(|e| e.path == "/out")
-            .expect("/out");
-        assert_eq!(out, &committed);
-        let logs = done
-            .read_back
-            .iter()
-            .find(|e| e.path == "/logs")
-            .expect("/logs");
-        assert_eq!(logs.phase, ReadBackPhase::Failed);
-        assert_eq!(logs.message.as_deref(), Some(POD_GONE));
-        // The required path was drained: the run is not failed for a lost required path... but
-        // the pod is still gone, which the run's ending says.
-        assert_eq!(done.message.as_deref(), Some(POD_GONE));
-        // Without the committed entry, both paths are losses (as before).
-        let lost = pod_lost_status(&r, &[], now());
-        assert!(lost
-            .read_back
-            .iter()
-            .all(|e| e.phase == ReadBackPhase::Failed));
-    }
-
-    #[test]
-    fn a_lost_pod_is_failed_with_pod_lost() {
-        let r = with_generation(with_phase(
-            run_with(&[("/out", true), ("/logs", false)]),
-            Phase::Running,
-        ));
-        let done = pod_lost_status(&r, &[], now());
-        assert_eq!(done.phase, Some(Phase::Failed));
-        assert_one_ending(&done);
-        assert_eq!(
-            cond_of(&done, conditions::FAILED),
-            pair("True", REASON_POD_LOST)
-        );
-        assert_eq!(cond_of(&done, conditions::COMPLETE), None);
-        assert_eq!(done.message.as_deref(), Some(POD_GONE));
-
-        // Also with no path at all, and while a deadline teardown was draining.
-        let r = with_generation(with_phase(run_with(&[]), Phase::Running));
-        let done = pod_lost_status(&r, &[], now());
-        assert_eq!(
-            cond_of(&done, conditions::FAILED),
-            pair("True", REASON_POD_LOST)
-        );
-        let mut r = with_generation(with_phase(run_with(&[("/out", false)]), Phase::Running));
-        r.status = Some(draining_status(&r, &Trigger::Deadline, None, now()));
-        let done = pod_lost_status(&r, &[], now());
-        assert_eq!(
-            cond_of(&done, conditions::FAILED),
-            pair("True", REASON_POD_LOST)
-        );
-    }
-
-    #[test]
-    fn a_workload_that_succeeded_before_its_pod_was_lost_keeps_its_drained_outcome() {
-        let r = with_generation(with_phase(run_with(&[("/out", true)]), Phase::Running));
-        let t = Trigger::WorkloadFinished { exit_code: 0 };
-        let mut r2 = r.clone();
-        r2.status = Some(drain_all(
-            draining_status(&r, &t, None, now()),
-            ReadBackPhase::Drained,
-        ));
-        let done = pod_lost_status(&r2, &[], now());
-        assert_eq!(done.phase, Some(Phase::Succeeded));
-        assert_one_ending(&done);
-        assert_eq!(
-            cond_of(&done, conditions::COMPLETE),
-            pair("True", "Succeeded")
-        );
-        // A required path still pending when the pod vanished: the pod's loss is why.
-        let mut r3 = r.clone();
-        r3.status = Some(draining_status(&r, &t, None, now()));
-        let done = pod_lost_status(&r3, &[], now());
-        assert_eq!(done.phase, Some(Phase::Failed));
-        assert_eq!(
-            cond_of(&done, conditions::FAILED),
-            pair("True", REASON_POD_LOST)
         );
     }
 

@@ -1,0 +1,133 @@
+//! One reconcile, stage by stage, with one `now`: observe → decide → plan → act (through
+//! [`drive`], which plans each answer's follow-up). The steps whose plan needs a read first —
+//! creating the pod (the image pre-flight), reporting a lost pod (the live run and the store) —
+//! read it through [`observe`] here, then plan.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use tracing::{info, warn};
+
+use super::context::Context;
+use super::decide::{self, Preflight};
+use super::drive;
+use super::error::ControllerError;
+use super::observe::{self, Observation, Observed};
+use super::plan::{self, Inputs, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN};
+use super::teardown_job;
+use crate::api::SandboxRun;
+use crate::egress::verdict::verdict;
+
+/// What a reconcile did: its step's metric label (None: the run's pod name is taken, no step
+/// was decided) and when to look again.
+pub(crate) struct Reconciled {
+    /// The step's label ([`decide::Step::as_str`]).
+    pub step: Option<&'static str>,
+    /// When to look again.
+    pub requeue: Requeue,
+}
+
+/// Reconciles `run` once at `now`.
+pub(crate) async fn reconcile(
+    ctx: &Arc<Context>,
+    run: &Arc<SandboxRun>,
+    now: Timestamp,
+) -> Result<Reconciled, ControllerError> {
+    let observation = match observe::observe(&ctx.client, run, now).await? {
+        Observed::Run(observation) => observation,
+        // A pod with our name that the run does not own is not ours to drain or delete.
+        Observed::NameTaken { observation, other } => {
+            let plan = plan::name_conflict(run, &observation.pod_name);
+            let pod_name = &observation.pod_name;
+            let requeue =
+                drive::carry_out(ctx, run, pod_name, Some(other.as_ref()), plan, now).await?;
+            return Ok(Reconciled {
+                step: None,
+                requeue,
+            });
+        }
+    };
+    let step = decide::decide(run, observation.view.as_ref(), now, &ctx.decide);
+    let label = step.as_str();
+    info!(run = %observation.name, namespace = %observation.namespace, step = label, "reconcile");
+    let inputs = Inputs {
+        run,
+        pod_name: &observation.pod_name,
+        pod: observation.view.as_ref(),
+        now,
+        pod_settings: &ctx.pod,
+        last_create_attempt: ctx.last_create_attempt(run),
+        default_retention: ctx.default_retention,
+        settle: ctx.settle,
+    };
+    let pod_name = observation.pod_name.as_str();
+    let requeue = match plan::plan_step(step, &inputs) {
+        StepPlan::Carry(plan) => {
+            drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), *plan, now).await?
+        }
+        StepPlan::CreatePod(pod) => create_pod(ctx, run, *pod, now).await?,
+        StepPlan::RecordPodLost => record_pod_lost(ctx, run, &observation, now).await?,
+        StepPlan::Teardown(trigger) => {
+            teardown_job::start(ctx, run, trigger);
+            Requeue::After(IN_FLIGHT_REQUEUE)
+        }
+    };
+    Ok(Reconciled {
+        step: Some(label),
+        requeue,
+    })
+}
+
+/// Creates the run's pod: the pre-flight of its image first (`--preflight-images`), its egress
+/// judged, then the plan of both carried out.
+async fn create_pod(
+    ctx: &Context,
+    run: &SandboxRun,
+    pod: Pod,
+    now: Timestamp,
+) -> Result<Requeue, ControllerError> {
+    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    let preflight = match &ctx.preflight {
+        Some(resolver) => {
+            let (image, resolution) =
+                observe::resolve_image(&ctx.client, resolver, run, &pod).await;
+            decide::preflight(&image, &resolution)
+        }
+        None => Preflight::Proceed,
+    };
+    match &preflight {
+        Preflight::Proceed => {}
+        Preflight::ProceedUnverified { message } => {
+            warn!(run = %run.name_any(), %message, "image not verified; creating the pod anyway");
+        }
+        Preflight::Unresolvable { message, .. } => {
+            warn!(run = %run.name_any(), %message, "image does not resolve; the run fails");
+        }
+    }
+    let plan = plan::create(run, pod, preflight, verdict(run, &ctx.pod.egress), now);
+    drive::carry_out(ctx, run, &pod_name, None, plan, now).await
+}
+
+/// Reports the run's undrained paths lost, on the live run (see [`decide::pod_lost_holds`]) and
+/// with the paths whose manifest the store already has.
+async fn record_pod_lost(
+    ctx: &Context,
+    run: &Arc<SandboxRun>,
+    observation: &Observation,
+    now: Timestamp,
+) -> Result<Requeue, ControllerError> {
+    let Some(live) =
+        observe::live_run(&ctx.client, &observation.namespace, &observation.name).await?
+    else {
+        return Ok(Requeue::AwaitChange);
+    };
+    let live = ctx.with_unreported_pod(Arc::new(live));
+    if !decide::pod_lost_holds(run, &live, now, &ctx.decide) {
+        return Ok(Requeue::After(LOOK_AGAIN_MARGIN));
+    }
+    let committed = observe::committed_entries(&ctx.store_view(), &live).await;
+    let plan = plan::record_pod_lost(&live, &committed, ctx.default_retention, now);
+    drive::carry_out(ctx, &live, &observation.pod_name, None, plan, now).await
+}

@@ -1,0 +1,439 @@
+//! Planning the pod's creation: the pre-flight's and the egress verdicts turned into effects
+//! (docs/contract.md ADR-006 §5, "ADR-006 network rules: validated and enforced"), a pod that
+//! cannot be built, and what the apiserver's answer means (created, already there, refused).
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+
+use super::super::conditions::{REASON_INVALID_SPEC, REASON_POD_CREATED};
+use super::super::decide::Preflight;
+use super::super::events::{self, PlannedEvent};
+use super::super::refusals;
+use super::super::status::{ensure_pending_entries, image_unresolvable_status, pending_status};
+use super::model::{Effect, Plan, Requeue, LOOK_AGAIN_MARGIN};
+use super::model::{Inputs, StepPlan};
+use crate::api::SandboxRun;
+use crate::egress::verdict::{EgressVerdict, Refusal};
+use crate::pod::{self};
+
+pub(super) fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
+    let now = inputs.now;
+    // The apiserver refused this run's pod before: wait out the back-off (a watch event, such as
+    // our own status write, must not turn it into a hot loop).
+    if let Some(wait) = refusals::create_retry_wait(run, inputs.last_create_attempt, now) {
+        return StepPlan::Carry(Box::new(Plan::wait(Requeue::After(
+            wait + LOOK_AGAIN_MARGIN,
+        ))));
+    }
+    match pod::build_pod(run, inputs.pod_settings) {
+        Ok(pod) => StepPlan::CreatePod(Box::new(pod)),
+        // A malformed run is recorded and awaited (a spec change wakes it), not retried hot.
+        Err(e) => {
+            let msg = format!("cannot build the pod: {e}");
+            let mut events = Vec::new();
+            if run.status.as_ref().and_then(|s| s.message.as_deref()) != Some(msg.as_str()) {
+                events.push(PlannedEvent::warning(
+                    events::INVALID_SPEC,
+                    msg.clone(),
+                    "CreatePod",
+                ));
+            }
+            StepPlan::Carry(Box::new(Plan {
+                events,
+                status: Some(pending_status(run, REASON_INVALID_SPEC, &msg, now)),
+                effects: Vec::new(),
+                requeue: Requeue::AwaitChange,
+            }))
+        }
+    }
+}
+
+/// The pod is created (`created`), or already existed (the apiserver answered 409).
+pub(crate) fn pod_created(
+    run: &SandboxRun,
+    pod_name: &str,
+    created: bool,
+    settle: Duration,
+    now: Timestamp,
+) -> Plan {
+    // A fresh run's pod is reported Pending only if it is still starting after `settle`
+    // ([`track_pod`]): a pod that runs at once is written once, Running.
+    if created && unreported(run) && !settle.is_zero() {
+        return Plan {
+            effects: vec![Effect::ForgetCreateAttempts, Effect::RememberUnreportedPod],
+            ..Plan::wait(Requeue::After(settle + LOOK_AGAIN_MARGIN))
+        };
+    }
+    let mut status = pending_status(run, REASON_POD_CREATED, "waiting for the pod to run", now);
+    status.pod_name = Some(pod_name.to_string());
+    ensure_pending_entries(run, &mut status);
+    let (events, effects) = if created {
+        (
+            vec![pod_created_event(pod_name)],
+            vec![Effect::ForgetCreateAttempts],
+        )
+    } else {
+        (Vec::new(), Vec::new())
+    };
+    Plan {
+        events,
+        status: Some(status),
+        effects,
+        requeue: Requeue::AwaitChange,
+    }
+}
+
+/// Whether nothing was ever reported about the run: it has no phase yet.
+pub(super) fn unreported(run: &SandboxRun) -> bool {
+    run.status.as_ref().and_then(|s| s.phase).is_none()
+}
+
+pub(super) fn pod_created_event(pod_name: &str) -> PlannedEvent {
+    PlannedEvent::normal(
+        events::POD_CREATED,
+        format!("created pod {pod_name}"),
+        "CreatePod",
+    )
+    .about_pod()
+}
+
+/// The `Events API` action of the egress Events.
+pub(super) const EGRESS_ACTION: &str = "ApplyEgressPolicy";
+
+/// Creating the run's `pod`, once the pre-flight judged its image (`preflight`, docs/contract.md
+/// ADR-006 §5) and the run's egress was judged (`egress`, docs/contract.md "ADR-006 network
+/// rules: validated and enforced"): a run whose image does not exist gets no pod and no
+/// NetworkPolicy and fails at once; a run whose egress cannot be enforced is refused (no pod);
+/// otherwise its NetworkPolicy is applied first, so the pod never runs unfiltered, then the pod
+/// is created and the apiserver's answer planned by [`after`].
+pub(crate) fn create(
+    run: &SandboxRun,
+    pod: Pod,
+    preflight: Preflight,
+    egress: EgressVerdict,
+    now: Timestamp,
+) -> Plan {
+    let unverified = match preflight {
+        Preflight::Proceed => None,
+        Preflight::ProceedUnverified { message } => Some(image_unverified(&message)),
+        Preflight::Unresolvable { message, hint } => {
+            return image_unresolvable(run, &message, &hint, now)
+        }
+    };
+    let mut effects = Vec::new();
+    match egress {
+        EgressVerdict::Open => {}
+        EgressVerdict::Refuse { refusal, message } => {
+            return egress_refused(run, refusal, &message, now)
+        }
+        EgressVerdict::Apply {
+            policy,
+            note,
+            unenforced,
+        } => {
+            if let Some(warning) = unenforced {
+                effects.push(Effect::Publish(PlannedEvent::warning(
+                    events::EGRESS_POLICY_UNENFORCED,
+                    warning,
+                    EGRESS_ACTION,
+                )));
+            }
+            effects.push(Effect::ApplyNetworkPolicy(policy));
+            effects.push(Effect::Publish(PlannedEvent::normal(
+                events::EGRESS_POLICY_APPLIED,
+                note,
+                EGRESS_ACTION,
+            )));
+        }
+    }
+    effects.extend(unverified.map(Effect::Publish));
+    effects.push(Effect::CreatePod(Box::new(pod)));
+    Plan {
+        effects,
+        ..Plan::wait(Requeue::AwaitChange)
+    }
+}
+
+/// The run's egress cannot be enforced: it does not start; its status and a Warning say why,
+/// once (a run that already says exactly this is left as it is, until its spec changes).
+pub(super) fn egress_refused(
+    run: &SandboxRun,
+    refusal: Refusal,
+    message: &str,
+    now: Timestamp,
+) -> Plan {
+    if run.status.as_ref().and_then(|s| s.message.as_deref()) == Some(message) {
+        return Plan::wait(Requeue::AwaitChange);
+    }
+    let (event_reason, reason) = match refusal {
+        Refusal::InvalidSpec => (events::INVALID_SPEC, REASON_INVALID_SPEC),
+        Refusal::Unenforced => (
+            events::EGRESS_POLICY_UNENFORCED,
+            events::EGRESS_POLICY_UNENFORCED,
+        ),
+    };
+    Plan {
+        events: vec![PlannedEvent::warning(event_reason, message, EGRESS_ACTION)],
+        status: Some(pending_status(run, reason, message, now)),
+        effects: Vec::new(),
+        requeue: Requeue::AwaitChange,
+    }
+}
+
+/// The pre-flight found the run's image missing from its registry (docs/contract.md ADR-006 §5):
+/// no pod is created; the run fails at once with reason `ImageUnresolvable`, a Warning Event
+/// and the final status both carrying the registry's words and the hint.
+pub(crate) fn image_unresolvable(
+    run: &SandboxRun,
+    message: &str,
+    hint: &str,
+    now: Timestamp,
+) -> Plan {
+    let words = format!("{message}; the pod was not created (hint: {hint})");
+    Plan {
+        events: vec![PlannedEvent::warning(
+            events::IMAGE_UNRESOLVABLE,
+            words.clone(),
+            "Preflight",
+        )],
+        status: Some(image_unresolvable_status(run, &words, now)),
+        effects: vec![Effect::ForgetCreateAttempts],
+        requeue: Requeue::AwaitChange,
+    }
+}
+
+/// The pre-flight could not tell whether the run's image resolves: the pod is created anyway
+/// (the kubelet may still pull it), and this Warning says the image was not verified.
+pub(crate) fn image_unverified(message: &str) -> PlannedEvent {
+    PlannedEvent::warning(events::IMAGE_UNVERIFIED, message, "Preflight")
+}
+
+/// The apiserver refused the pod (quota, Pod Security, a webhook, RBAC): say so where the user
+/// looks, and try again after a back-off rather than every 10 s.
+pub(crate) fn pod_refused(run: &SandboxRun, message: &str, now: Timestamp) -> Plan {
+    let status = refusals::refused_status(run, message, now);
+    let note = status.message.clone().unwrap_or_default();
+    let since = refusals::refused_since_in(&status, run.metadata.generation).unwrap_or(now);
+    let retry = refusals::retry_delay(since, now);
+    Plan {
+        events: vec![PlannedEvent::warning(
+            events::POD_CREATE_FAILED,
+            note,
+            "CreatePod",
+        )],
+        status: Some(status),
+        effects: vec![Effect::RecordCreateAttempt(now)],
+        requeue: Requeue::After(retry + LOOK_AGAIN_MARGIN),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{Phase, ReadBackPhase};
+    use crate::controller::conditions;
+
+    use crate::controller::decide::Step;
+
+    use crate::controller::fixtures::*;
+    use crate::controller::observe::PodProblem;
+    use crate::controller::observe::{PodView, WorkloadState};
+    use crate::controller::plan::testing::*;
+    use crate::controller::plan::*;
+
+    use crate::pod::PodSettings;
+
+    #[test]
+    fn an_unresolvable_image_fails_the_run_at_once_and_no_pod_is_ever_created() {
+        use crate::controller::decide::decide;
+        let r = with_generation(run_with(&[("/out", true), ("/logs", false)]));
+        let pod_settings = PodSettings::default();
+        // Before the pre-flight the step is to create the pod…
+        assert!(step_line(plan_step(
+            decide(&r, None, now(), &settings()),
+            &inputs(&r, None, &pod_settings)
+        ))
+        .starts_with("create "));
+        let plan = image_unresolvable(
+            &r,
+            "image `localhost:5000/app:nope` does not resolve: localhost:5000 answered 404",
+            "push the image first",
+            now(),
+        );
+        assert_eq!(
+            line(&plan),
+            "[!ImageUnresolvable/Preflight] | Failed | [ForgetCreateAttempts] | await"
+        );
+        let note = &plan.events[0].note;
+        assert!(
+            note.contains("answered 404") && note.contains("hint: push the image first"),
+            "{note}"
+        );
+        let status = plan.status.clone().unwrap_or_default();
+        assert_one_ending(&status);
+        assert_eq!(
+            cond_of(&status, conditions::FAILED),
+            pair("True", "ImageUnresolvable")
+        );
+        assert_eq!(
+            cond_of(&status, conditions::READY),
+            pair("False", "ImageUnresolvable")
+        );
+        assert_eq!(status.message.as_deref(), Some(note.as_str()));
+        // The workload never ran: every path is Empty, not a drain failure; Drained=True.
+        assert_eq!(
+            status
+                .read_back
+                .iter()
+                .map(|e| (e.path.as_str(), e.phase))
+                .collect::<Vec<_>>(),
+            [
+                ("/out", ReadBackPhase::Empty),
+                ("/logs", ReadBackPhase::Empty)
+            ]
+        );
+        assert_eq!(
+            cond_of(&status, conditions::DRAINED),
+            pair("True", "Drained")
+        );
+        assert_eq!(status.pod_name, None);
+        assert!(status.completion_time.is_some());
+        // …and after it, the run is over: nothing creates a pod again, deletion lets it go.
+        let mut failed = r.clone();
+        failed.status = Some(status);
+        let next = decide(&failed, None, later(60), &settings());
+        assert_eq!(next, Step::DeleteFinishedPod);
+        assert_eq!(
+            line(&delete_finished_pod(&failed, None, later(60))),
+            "[] | - | [] | await"
+        );
+        let gone = deleting(failed);
+        assert_eq!(
+            decide(&gone, None, later(60), &settings()),
+            Step::ReleaseFinalizer
+        );
+    }
+
+    #[test]
+    fn an_unverified_image_is_a_warning_about_the_run() {
+        let e = image_unverified("cannot prove image `x` resolvable: the registry timed out");
+        assert!(e.warning && !e.about_pod);
+        assert_eq!((e.reason, e.action), ("ImageUnverified", "Preflight"));
+        assert!(e.note.contains("timed out"));
+    }
+
+    #[test]
+    fn an_invalid_spec_is_told_once_and_a_refused_pod_waits_out_its_back_off() {
+        let settings = PodSettings::default();
+        let mut r = run_with(&[("/out", false)]);
+        r.spec.user = Some("root".into());
+        let StepPlan::Carry(first) = plan_step(Step::CreatePod, &inputs(&r, None, &settings))
+        else {
+            panic!("an invalid spec is recorded");
+        };
+        r.status = first.status.clone();
+        let again = step_line(plan_step(Step::CreatePod, &inputs(&r, None, &settings)));
+        assert_eq!(again, "[] | Pending | [] | await", "told once");
+
+        let r = run_with(&[("/out", false)]);
+        let refused = pod_refused(&r, "exceeded quota", now());
+        assert_eq!(
+            line(&refused),
+            "[!PodCreateFailed/CreatePod] | Pending | [RecordCreateAttempt] | 10.2s"
+        );
+        let mut r2 = r.clone();
+        r2.status = refused.status;
+        let mut waiting = inputs(&r2, None, &settings);
+        waiting.last_create_attempt = Some(now());
+        waiting.now = later(4);
+        assert_eq!(
+            step_line(plan_step(Step::CreatePod, &waiting)),
+            "[] | - | [] | 6.2s"
+        );
+    }
+
+    #[test]
+    fn a_created_pod_is_announced_and_one_that_existed_is_not() {
+        // A run already reported (here: its pod was refused before) is told at once.
+        let r = with_phase(run_with(&[("/out", false)]), Phase::Pending);
+        let created = pod_created(&r, "demo-sbr", true, SETTLE, now());
+        assert_eq!(
+            line(&created),
+            "[PodCreated/CreatePod@pod] | Pending | [ForgetCreateAttempts] | await"
+        );
+        let status = created.status.unwrap_or_default();
+        assert_eq!(status.pod_name.as_deref(), Some("demo-sbr"));
+        assert_eq!(status.read_back.len(), 1, "every path is Pending");
+        assert_eq!(
+            line(&pod_created(&r, "demo-sbr", false, SETTLE, now())),
+            "[] | Pending | [] | await"
+        );
+    }
+
+    #[test]
+    fn a_fresh_runs_pod_is_reported_only_if_it_has_not_run_within_the_settle_time() {
+        let fresh = run_with(&[("/out", false)]);
+        // Created: nothing written, remembered, looked at again when SETTLE has passed.
+        assert_eq!(
+            line(&pod_created(&fresh, "demo-sbr", true, SETTLE, now())),
+            "[] | - | [ForgetCreateAttempts RememberUnreportedPod] | 2.2s"
+        );
+        let starting = |since: i64| PodView {
+            holder_running: false,
+            workload: WorkloadState::NotStarted,
+            started_at: None,
+            pending_since: Some(later(-since)),
+            ..running()
+        };
+        // Just created and starting: still quiet, looked at again at the end of SETTLE.
+        let quiet = track_pod(&fresh, "demo-sbr", Some(&starting(0)), None, now(), SETTLE);
+        assert_eq!(line(&quiet), "[] | - | [] | 2.2s");
+        // Running within SETTLE: one write, Running, and no Event (nothing to notice).
+        let ran = track_pod(&fresh, "demo-sbr", Some(&running()), None, now(), SETTLE);
+        assert_eq!(line(&ran), "[] | Running | [] | await");
+        assert_eq!(
+            ran.status.and_then(|s| s.pod_name).as_deref(),
+            Some("demo-sbr")
+        );
+        // Still starting after SETTLE: reported Pending, and the pod's creation told then.
+        let slow = track_pod(&fresh, "demo-sbr", Some(&starting(3)), None, now(), SETTLE);
+        assert_eq!(
+            line(&slow),
+            "[PodCreated/CreatePod@pod] | Pending | [] | 5.2s"
+        );
+        // ...and its running told after that Pending.
+        let pending = with_phase(fresh.clone(), Phase::Pending);
+        assert_eq!(
+            line(&track_pod(
+                &pending,
+                "demo-sbr",
+                Some(&running()),
+                None,
+                now(),
+                SETTLE
+            )),
+            "[Running/Track@pod] | Running | [] | await"
+        );
+        // A problem is reported at once, however young the pod.
+        let stuck = PodView {
+            problem: Some(PodProblem::Stuck {
+                reason: "FailedMount",
+                message: "configmap \"cfg\" not found".into(),
+            }),
+            ..starting(0)
+        };
+        assert_eq!(
+            line(&track_pod(
+                &fresh,
+                "demo-sbr",
+                Some(&stuck),
+                None,
+                now(),
+                SETTLE
+            )),
+            "[!PodStuck/FailedMount@pod PodCreated/CreatePod@pod] | Pending | [] | 5.2s"
+        );
+    }
+}

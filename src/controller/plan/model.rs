@@ -1,0 +1,149 @@
+//! The plan's vocabulary: what a plan is ([`Plan`], [`Effect`], [`Requeue`], [`StepPlan`]), what
+//! it is made from ([`Inputs`]) and the controller's timing constants. Every planner (the parent
+//! module's children) builds from these; nothing here plans.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use crate::api::{Retention, SandboxRun, SandboxRunStatus};
+use crate::controller::decide::Trigger;
+use crate::controller::events::PlannedEvent;
+use crate::controller::observe::PodView;
+use crate::pod::PodSettings;
+
+/// How long after a time the run is looked at again, so the decision sees that time passed.
+pub(crate) const LOOK_AGAIN_MARGIN: Duration = Duration::from_millis(200);
+
+/// How often a run whose drain is in flight is looked at again (a safety net: the drain's own
+/// status writes wake it when it ends).
+pub(crate) const IN_FLIGHT_REQUEUE: Duration = Duration::from_secs(30);
+
+/// How long a prompt run's passing states may last unreported by default (`run --quiet-window`,
+/// docs/contract.md "A quiet lifecycle"): a fresh run's pod that runs within it is never reported
+/// `Pending` (no status write, no `PodCreated` Event), and a teardown whose paths all drain
+/// within it is never reported `Draining` (no `TearingDown` Event): such a run is written when it
+/// runs and when it ends. A state that outlasts it is reported then, with its Event; a problem
+/// is reported at once.
+pub(crate) const SETTLE: Duration = Duration::from_secs(2);
+
+/// How often a run whose pod name is taken by a pod it does not own is looked at again.
+pub(crate) const NAME_CONFLICT_REQUEUE: Duration = Duration::from_secs(60);
+
+/// When the run is reconciled again without a watch event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Requeue {
+    /// Only on a change of the run or its pod.
+    AwaitChange,
+    /// After this long (or earlier on a change).
+    After(Duration),
+}
+
+impl Requeue {
+    /// The controller's action.
+    pub(crate) fn into_action(self) -> kube::runtime::controller::Action {
+        match self {
+            Requeue::AwaitChange => kube::runtime::controller::Action::await_change(),
+            Requeue::After(d) => kube::runtime::controller::Action::requeue(d),
+        }
+    }
+}
+
+/// Something the act stage does besides writing status and publishing Events.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Effect {
+    /// Put `FINALIZER` on the run.
+    AddFinalizer,
+    /// Take `FINALIZER` off the run.
+    RemoveFinalizer,
+    /// Delete the run's pod; `at_once`: with no grace period (nothing in it is owed any more),
+    /// else the holder's grace period (set from the drain timeout) applies.
+    DeletePod {
+        /// No grace period.
+        at_once: bool,
+    },
+    /// Tell the holder's preStop hook the drain is done, so the pod stops at once.
+    MarkDrained,
+    /// Delete the run whose TTL passed (preconditioned on its uid), then publish this Event.
+    DeleteExpiredRun(PlannedEvent),
+    /// Delete every stored file of the run (`retention: Delete`). A delete that must be retried
+    /// ends the plan there: the effects after it wait for a later reconcile.
+    PurgeStoredFiles,
+    /// Remember that the apiserver refused the run's pod now (the creation back-off).
+    RecordCreateAttempt(Timestamp),
+    /// Forget the run's refused creation attempts.
+    ForgetCreateAttempts,
+    /// Remember that this replica created the run's pod and has not reported it yet (the pod
+    /// name is not in the status before [`SETTLE`]): should the pod vanish before it is
+    /// reported, the run is reported lost, never given a second pod without a word.
+    RememberUnreportedPod,
+    /// Publish this Event now (after the effects before it, e.g. once a policy is applied).
+    Publish(PlannedEvent),
+    /// Apply the run's NetworkPolicy (server-side apply) before its pod exists: a policy the
+    /// apiserver refuses is an error, and the pod is not created without it.
+    ApplyNetworkPolicy(Box<NetworkPolicy>),
+    /// Create the run's pod; what the apiserver answers (`Answer`) is planned by `after`.
+    CreatePod(Box<Pod>),
+}
+
+/// What one reconcile writes, publishes and does, in that order.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Plan {
+    /// The Events to publish, first, in order.
+    pub events: Vec<PlannedEvent>,
+    /// The status to write next (server-side apply); None: nothing to write.
+    pub status: Option<SandboxRunStatus>,
+    /// Then these, in order.
+    pub effects: Vec<Effect>,
+    /// When to look again.
+    pub requeue: Requeue,
+}
+
+impl Plan {
+    /// A plan that only waits.
+    pub(crate) fn wait(requeue: Requeue) -> Plan {
+        Plan {
+            events: Vec::new(),
+            status: None,
+            effects: Vec::new(),
+            requeue,
+        }
+    }
+}
+
+/// The plan of a step, or the I/O it needs first.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum StepPlan {
+    /// Carry this out.
+    Carry(Box<Plan>),
+    /// Pre-flight this pod's image, then plan its creation with `create`.
+    CreatePod(Box<Pod>),
+    /// Start the teardown in the drain pool (unless one is in flight); look again after
+    /// [`IN_FLIGHT_REQUEUE`].
+    Teardown(Trigger),
+    /// Read the live run and the committed manifests; then plan with `record_pod_lost`.
+    RecordPodLost,
+}
+
+/// What the plan of a step is made from, besides the step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Inputs<'a> {
+    /// The run (as the watch cache has it).
+    pub run: &'a SandboxRun,
+    /// The name of its pod.
+    pub pod_name: &'a str,
+    /// The facts of its pod; None when it has none.
+    pub pod: Option<&'a PodView>,
+    /// Now.
+    pub now: Timestamp,
+    /// The pod builder's settings.
+    pub pod_settings: &'a PodSettings,
+    /// When this process last tried to create the run's pod and was refused.
+    pub last_create_attempt: Option<Timestamp>,
+    /// What deleting a run does to its stored files when its spec does not say.
+    pub default_retention: Retention,
+    /// How long a passing state may last unreported ([`SETTLE`] by default).
+    pub settle: Duration,
+}

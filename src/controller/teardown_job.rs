@@ -1,0 +1,127 @@
+//! A teardown, in the drain pool (off the reconcile workers): planned when it gets its slot
+//! ([`plan::teardown`]), its drains run by [`act::drain_paths`], what to write and when decided
+//! by [`TeardownProgress`] (pure), and its end planned by [`plan::teardown_end`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
+use tracing::warn;
+
+use super::act::{self, DrainTarget};
+use super::context::Context;
+use super::decide::Trigger;
+use super::drive;
+use super::error::ControllerError;
+use super::observe;
+use super::plan::{self, TeardownPlan, TeardownProgress};
+use crate::api::{ReadBackStatus, SandboxRun};
+use crate::pod;
+
+/// Starts the run's teardown in the drain pool, unless one is in flight. The teardown waits for
+/// a slot (or for this replica to stop), reads the pod as it is then (a queued teardown holds no
+/// copy of it: thousands may wait at once), runs, and leaves the run to its next reconcile; a
+/// teardown that fails is counted, logged, and retried by a later reconcile after a pause.
+pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger) {
+    let uid = run.uid().unwrap_or_default();
+    let job_ctx = Arc::clone(ctx);
+    let run = Arc::clone(run);
+    ctx.drains.start(uid, ctx.cancel.clone(), move || async move {
+        let ctx = job_ctx;
+        let result = match observe::own_pod(&ctx.client, &run).await {
+            Ok(pod) => teardown(&ctx, &run, pod.as_ref(), &trigger).await,
+            Err(error) => Err(error),
+        };
+        if let Err(error) = result {
+            ctx.metrics
+                .reconcile_errors
+                .with_label_values(&[error.metric_label()])
+                .inc();
+            warn!(run = %run.name_any(), namespace = ?run.namespace(), %error, "teardown failed; retrying in 10s");
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_secs(10)) => {}
+                () = ctx.cancel.cancelled() => {}
+            }
+        }
+    });
+}
+
+/// What happened next while draining.
+enum Next {
+    /// A path's drain ended (no outcome: this replica stops draining).
+    Outcome(usize, Option<ReadBackStatus>),
+    /// The quiet window passed.
+    QuietWindowPassed,
+    /// Every drain ended.
+    Drained,
+}
+
+/// One teardown, planned now (it has its slot in the pool): the opening, every path's outcome
+/// recorded as it is had, then the end.
+async fn teardown(
+    ctx: &Context,
+    run: &SandboxRun,
+    pod: Option<&Pod>,
+    trigger: &Trigger,
+) -> Result<(), ControllerError> {
+    let pod_name = pod::pod_name(&run.name_any());
+    let now = Timestamp::now();
+    let timeout = ctx.drain_timeout_seconds(run);
+    let TeardownPlan {
+        opening,
+        opening_waits,
+        status,
+        drain_left,
+        paths,
+        holder_running,
+    } = plan::teardown(run, pod, trigger, &ctx.caps, timeout, now);
+    let target = DrainTarget::new(ctx, run, tokio::time::Instant::now() + drain_left);
+    let (mut progress, opening) =
+        TeardownProgress::begin(opening, opening_waits, status, paths.len(), ctx.settle);
+    if let Some(opening) = opening {
+        drive::carry_out(ctx, run, &pod_name, pod, opening, now).await?;
+    }
+    let settled = tokio::time::sleep(ctx.settle);
+    tokio::pin!(settled);
+    let mut drains = act::drain_paths(ctx, &target, paths);
+    loop {
+        let next = tokio::select! {
+            next = drains.next() => match next {
+                Some((entry, outcome)) => Next::Outcome(entry, outcome),
+                None => Next::Drained,
+            },
+            () = &mut settled, if progress.waits_for_quiet_window() => Next::QuietWindowPassed,
+        };
+        match next {
+            Next::Outcome(entry, outcome) => {
+                if let Some(status) = progress.outcome(entry, outcome) {
+                    act::write_status(ctx, run, &status).await?;
+                }
+            }
+            Next::QuietWindowPassed => {
+                if let Some(late) = progress.quiet_window_passed() {
+                    drive::carry_out(ctx, run, &pod_name, pod, late, now).await?;
+                }
+            }
+            Next::Drained => break,
+        }
+    }
+    // This replica stopped draining (lost lease, shutdown): the next leader ends it.
+    let Some(status) = progress.finish() else {
+        return Ok(());
+    };
+    let now = Timestamp::now();
+    let end = plan::teardown_end(
+        run,
+        status,
+        holder_running,
+        pod.is_some(),
+        ctx.default_retention,
+        now,
+    );
+    drive::carry_out(ctx, run, &pod_name, pod, end, now).await?;
+    Ok(())
+}
