@@ -600,6 +600,14 @@ impl SandboxRunSpec {
             .unwrap_or(&[])
     }
 
+    /// The compression of the run's stored archives (`readBack.compression`, `none` by default).
+    pub(crate) fn compression(&self) -> Compression {
+        self.read_back
+            .as_ref()
+            .map(|r| r.compression)
+            .unwrap_or_default()
+    }
+
     /// Whether the run is a long-lived sandbox (no command: idles until stopped).
     pub(crate) fn is_long_lived(&self) -> bool {
         self.command.as_ref().is_none_or(|c| c.is_empty())

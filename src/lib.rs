@@ -8,7 +8,7 @@ pub mod admission;
 pub mod api;
 pub mod caps;
 pub mod cmd;
-pub mod controller;
+pub(crate) mod controller;
 pub(crate) mod crdgen;
 pub mod drain;
 pub mod egress;

@@ -171,12 +171,7 @@ impl DrainTarget {
         DrainTarget {
             pods: Api::namespaced(ctx.client.clone(), &namespace),
             pod_name: pod::pod_name(&name),
-            compression: run
-                .spec
-                .read_back
-                .as_ref()
-                .map(|r| r.compression)
-                .unwrap_or_default(),
+            compression: run.spec.compression(),
             uid: run.uid().unwrap_or_default(),
             namespace,
             name,

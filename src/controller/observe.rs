@@ -571,12 +571,7 @@ pub(crate) async fn committed_entries(
     store: &StoreView<'_>,
     run: &SandboxRun,
 ) -> Vec<ReadBackStatus> {
-    let compression = run
-        .spec
-        .read_back
-        .as_ref()
-        .map(|r| r.compression)
-        .unwrap_or_default();
+    let compression = run.spec.compression();
     let run_ref = crate::store::RunRef {
         namespace: run.namespace().unwrap_or_default(),
         name: run.name_any(),
