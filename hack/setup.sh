@@ -92,7 +92,7 @@ rust_parts() {
 step "rust: rustfmt, clippy, the musl target" rust_parts
 [ "$check_only" = 1 ] && { echo "setup: nothing missing that --check looks at" >&2; exit 0; }
 
-step "tools from their Go modules (cold: ~12 min on 2 cores)" bash -c "'$HERE/build-tools.sh' >/dev/null"
+step "tools from their Go modules (cold: ~25 min on 2 cores)" bash -c "'$HERE/build-tools.sh' >/dev/null"
 install_s3s() {
   [ -x "$S3S_BIN" ] && return 0
   cargo install s3s-fs --version "$S3S_FS_VERSION" --features binary --locked \
