@@ -2032,14 +2032,7 @@ async fn a_file_shrunk_and_a_directory_swapped_mid_drain_are_recorded_never_foll
     .await;
     let pod = pod_of(&run);
     let ns = bed.ns.name.clone();
-    let exec = |script: &str| {
-        Command::new(kubectl())
-            .args([
-                "exec", "-n", &ns, &pod, "-c", "workload", "--", "sh", "-c", script,
-            ])
-            .output()
-            .expect("kubectl exec")
-    };
+    let exec = |script: &str| exec_in_workload(&ns, &pod, script);
     let ready = "/work/swap-race/tree/sub/inside.txt";
     eventually(
         "the workload to write its files",
@@ -2111,7 +2104,7 @@ async fn a_file_shrunk_and_a_directory_swapped_mid_drain_are_recorded_never_foll
         big[big.len() - 4096..].iter().all(|b| *b == 0),
         "zero-padded"
     );
-    let stored: Vec<String> = walk_relative(&root);
+    let stored: Vec<String> = snapshot(&root).into_keys().collect();
     let allowed = ["a-big.bin", "tree", "tree/sub", "tree/sub/inside.txt"];
     assert!(
         stored.iter().all(|p| allowed.contains(&p.as_str())),
@@ -2130,25 +2123,14 @@ async fn a_file_shrunk_and_a_directory_swapped_mid_drain_are_recorded_never_foll
     eprintln!("tree: symlink {as_symlink}, replaced {replaced}, held {held}; stored {stored:?}");
 }
 
-/// Every path below `root` (files, directories, symlinks, not followed), relative and sorted.
-fn walk_relative(root: &Path) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut todo = vec![root.to_path_buf()];
-    while let Some(dir) = todo.pop() {
-        for entry in std::fs::read_dir(&dir)
-            .expect("read extracted dir")
-            .flatten()
-        {
-            let path = entry.path();
-            let rel = path.strip_prefix(root).expect("below root");
-            out.push(rel.to_string_lossy().to_string());
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                todo.push(path);
-            }
-        }
-    }
-    out.sort();
-    out
+/// `kubectl exec` of `sh -c script` in the workload container of `pod`.
+fn exec_in_workload(ns: &str, pod: &str, script: &str) -> Output {
+    Command::new(kubectl())
+        .args([
+            "exec", "-n", ns, pod, "-c", "workload", "--", "sh", "-c", script,
+        ])
+        .output()
+        .expect("kubectl exec")
 }
 
 /// Issue #27: every sample in config/samples runs on the bed to the end its header documents,
@@ -2209,15 +2191,11 @@ async fn every_sample_runs_on_the_bed_to_its_documented_end() {
     )
     .await;
     let pod = pod_of(&sandbox);
-    let exec = Command::new(kubectl())
-        .args(["exec", "-n", &ns.name, &pod, "-c", "workload", "--"])
-        .args([
-            "sh",
-            "-c",
-            "cat /etc/devbox/settings.toml > /home/dev/artifacts/out.txt",
-        ])
-        .output()
-        .expect("kubectl exec");
+    let exec = exec_in_workload(
+        &ns.name,
+        &pod,
+        "cat /etc/devbox/settings.toml > /home/dev/artifacts/out.txt",
+    );
     assert!(exec.status.success(), "{exec:?}");
     runs.patch(
         "dev-sandbox",
