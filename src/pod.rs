@@ -645,23 +645,16 @@ fn egress_gate_container(
     settings: &PodSettings,
     restricted: SecurityContext,
 ) -> Option<Container> {
-    use crate::api::NetworkMode;
-    use crate::egress::mode::{egress_of, Egress};
+    use crate::egress::mode::egress_of;
     use crate::egress::PolicyEnforcement;
-    use crate::inpod::gate::GateProbe;
     let gate = settings.egress.gate?;
     if settings.egress.enforcement != PolicyEnforcement::Enforced {
         return None;
     }
-    match egress_of(run).ok()? {
-        Egress::Open => return None,
-        // A denylist policy allows the node's address unless the run denies it, so only a fixed
-        // probe (which every run's policy denies: egress::policy) can tell it is in force.
-        Egress::Filtered {
-            mode: NetworkMode::Denylist,
-            ..
-        } if matches!(gate.probe, GateProbe::Node(_)) => return None,
-        Egress::DenyAll | Egress::Filtered { .. } => {}
+    // Every restricted run is gated: its policy denies the probe (a fixed probe from the start,
+    // the node's address once the pod is scheduled: egress::policy::policy_on_node).
+    if !egress_of(run).ok()?.is_restricted() {
+        return None;
     }
     Some(Container {
         name: crate::inpod::gate::GATE_CONTAINER.to_string(),
@@ -1033,6 +1026,7 @@ mod tests {
             ),
             (with_network(NetworkMode::Allowlist, &[]), &settings),
             (with_network(NetworkMode::Denylist, &["10.0.0.0/8"]), &fixed),
+            (with_network(NetworkMode::Denylist, &["10.0.0.0/8"]), &settings),
         ] {
             let gate = gates(&r, settings).expect("a restricted run is gated");
             assert_eq!(gate.name, crate::inpod::gate::GATE_CONTAINER);
@@ -1057,12 +1051,6 @@ mod tests {
             .args
             .unwrap()
             .contains(&"$(SANDBOXRUN_HOST_IP)".to_string()));
-        // A denylist run allows the node unless it says otherwise: only a fixed probe gates it.
-        assert!(gates(
-            &with_network(NetworkMode::Denylist, &["10.0.0.0/8"]),
-            &settings
-        )
-        .is_none());
         // Open egress, no spec.network, an unenforcing cluster or the gate off: no gate.
         assert!(gates(&with_network(NetworkMode::Open, &[]), &settings).is_none());
         assert!(gates(&run(spec_with_paths(&["/out"])), &settings).is_none());

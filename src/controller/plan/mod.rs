@@ -29,7 +29,7 @@ use super::retention;
 use crate::api::{Retention, SandboxRun};
 use create::create_pod;
 use finish::{delete_finished_pod, expired_event, skip_drain};
-use track::track_pod;
+use track::{gate_policy, track_pod};
 
 pub(crate) use after::{after, AfterInputs, Answer};
 pub(crate) use create::create;
@@ -56,14 +56,19 @@ pub(crate) fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
             ..Plan::wait(Requeue::AwaitChange)
         },
         Step::CreatePod => return create_pod(run, inputs),
-        Step::TrackPod { requeue } => track_pod(
-            run,
-            inputs.pod_name,
-            inputs.pod,
-            requeue,
-            inputs.now,
-            inputs.settle,
-        ),
+        Step::TrackPod { requeue } => {
+            let mut plan = track_pod(
+                run,
+                inputs.pod_name,
+                inputs.pod,
+                requeue,
+                inputs.now,
+                inputs.settle,
+            );
+            let egress = &inputs.pod_settings.egress;
+            plan.effects.extend(gate_policy(run, inputs.pod, egress));
+            plan
+        }
         Step::Teardown(trigger) => return StepPlan::Teardown(trigger),
         Step::RecordPodLost => return StepPlan::RecordPodLost,
         Step::DeleteFinishedPod => delete_finished_pod(run, inputs.pod, inputs.now),
