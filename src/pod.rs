@@ -1026,7 +1026,10 @@ mod tests {
             ),
             (with_network(NetworkMode::Allowlist, &[]), &settings),
             (with_network(NetworkMode::Denylist, &["10.0.0.0/8"]), &fixed),
-            (with_network(NetworkMode::Denylist, &["10.0.0.0/8"]), &settings),
+            (
+                with_network(NetworkMode::Denylist, &["10.0.0.0/8"]),
+                &settings,
+            ),
         ] {
             let gate = gates(&r, settings).expect("a restricted run is gated");
             assert_eq!(gate.name, crate::inpod::gate::GATE_CONTAINER);

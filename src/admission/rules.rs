@@ -101,6 +101,9 @@ pub struct RuleSettings {
     /// The cluster's run policy: the runtime classes, priority classes and toleration keys runs
     /// may ask for (`super::policy`).
     pub policy: super::policy::RunPolicy,
+    /// The platform's namespace policies (`run --namespace-policies`): judged with the labels of
+    /// the run's namespace, so by the webhook and `doctor` beside [`check`], not inside it.
+    pub namespace_policies: Vec<super::namespace_policy::Compiled>,
 }
 
 /// The operator's default `--max-drain-timeout` (1h): `doctor` judges with it, so the offline
@@ -115,6 +118,7 @@ impl Default for RuleSettings {
             max_drain_timeout: Some(DEFAULT_MAX_DRAIN_TIMEOUT),
             network_policy: crate::egress::PolicyEnforcement::Enforced,
             policy: super::policy::RunPolicy::default(),
+            namespace_policies: Vec::new(),
         }
     }
 }

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use thiserror::Error;
 use tracing::{error, info, warn};
 
-use super::run::{caps, egress_settings, holder_resources, RunArgs};
+use super::run::{caps, egress_settings, holder_resources, namespace_policies, RunArgs};
 use crate::controller::decide::DecideSettings;
 use crate::controller::{self, Context};
 use crate::metrics::Metrics;
@@ -100,6 +100,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         max_drain_timeout: Some(durations.max_drain_timeout),
         network_policy: egress.enforcement,
         policy: args.run_policy(),
+        namespace_policies: namespace_policies(&args).map_err(OperatorError::Config)?,
     };
     if !args.webhook_addr.trim().is_empty() {
         start_webhook(&args, client.clone(), &metrics, rules.clone()).await?;

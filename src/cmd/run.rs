@@ -207,6 +207,11 @@ pub(crate) struct RunArgs {
     /// key, which tolerates every taint; unset: any, empty: none).
     #[arg(long, env = "SANDBOXRUN_ALLOWED_TOLERATION_KEYS", value_name = "KEYS")]
     pub(crate) allowed_toleration_keys: Option<String>,
+    /// A YAML file of the platform's namespace policies (docs/contract.md "The platform's
+    /// namespace policies"): the webhook refuses a run that breaks one, naming it. Chart:
+    /// runPolicy.namespacePolicies. A file that does not parse stops the operator at start.
+    #[arg(long, env = "SANDBOXRUN_NAMESPACE_POLICIES", value_name = "FILE")]
+    pub(crate) namespace_policies: Option<std::path::PathBuf>,
     /// With --namespaces: the webhook refuses a SandboxRun created in any other namespace (rule
     /// namespace-not-watched; nothing would ever run it). Chart: webhook.unwatchedNamespaces=refuse.
     #[arg(
@@ -332,6 +337,19 @@ impl RunArgs {
             toleration_keys: parse_list(self.allowed_toleration_keys.as_deref()),
         }
     }
+}
+
+/// The namespace policies of `--namespace-policies` (none when unset).
+pub(crate) fn namespace_policies(
+    args: &RunArgs,
+) -> Result<Vec<crate::admission::namespace_policy::Compiled>, String> {
+    let Some(path) = &args.namespace_policies else {
+        return Ok(Vec::new());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--namespace-policies {}: {e}", path.display()))?;
+    crate::admission::namespace_policy::load(&text)
+        .map_err(|e| format!("--namespace-policies {}: {e}", path.display()))
 }
 
 /// Parses a cap given in bytes or as a Kubernetes quantity.
