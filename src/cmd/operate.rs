@@ -81,6 +81,12 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let options = args.store.options().map_err(OperatorError::Config)?;
     let (store, store_prefix) = crate::store::store_from_url(&args.store.store_url, &options)?;
     let open_uploads = open_uploads_cleaner(&args.store.store_url, &options);
+    let tenant_endpoints =
+        crate::store::tenant::TenantEndpoints::parse(&args.tenant_store_endpoints)
+            .map_err(OperatorError::Config)?;
+    if tenant_endpoints.enabled() {
+        info!(endpoints = ?args.tenant_store_endpoints, "tenant stores on");
+    }
     let durations = Durations::parse(&args)?;
     let pack_command = holder_programs(&args.holder_binary, args.pack_command.as_deref())
         .map_err(OperatorError::Config)?;
@@ -143,6 +149,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_quiet_window(durations.quiet_window)
         .with_path_slots(usize::from(args.max_concurrent_path_drains))
         .with_open_uploads(open_uploads)
+        .with_tenant_endpoints(tenant_endpoints)
         .with_preflight(preflight),
     );
     if args.leader_elect {
@@ -228,6 +235,10 @@ async fn start_webhook(
         config: args.webhook_config.clone(),
         hosts: args.webhook_hosts.clone(),
         check_images: args.check_images,
+        tenant_stores: args
+            .tenant_store_endpoints
+            .iter()
+            .any(|p| !p.trim().is_empty()),
         settings,
         watched_namespaces: if args.webhook_refuse_unwatched {
             args.namespaces.clone()

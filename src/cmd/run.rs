@@ -207,6 +207,17 @@ pub(crate) struct RunArgs {
     /// key, which tolerates every taint; unset: any, empty: none).
     #[arg(long, env = "SANDBOXRUN_ALLOWED_TOLERATION_KEYS", value_name = "KEYS")]
     pub(crate) allowed_toleration_keys: Option<String>,
+    /// The endpoints tenant stores may send their credentials to (docs/contract.md "A store per
+    /// namespace"), comma-separated: URL prefixes (`http://minio.storage:9000`) or HTTPS hosts
+    /// (`*.amazonaws.com`). Unset: tenant stores are off and every run uses --store-url. On, the
+    /// operator needs get on configmaps and secrets in run namespaces (chart: tenantStores).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_TENANT_STORE_ENDPOINTS",
+        value_name = "PATTERNS",
+        value_delimiter = ','
+    )]
+    pub(crate) tenant_store_endpoints: Vec<String>,
     /// A YAML file of the platform's namespace policies (docs/contract.md "The platform's
     /// namespace policies"): the webhook refuses a run that breaks one, naming it. Chart:
     /// runPolicy.namespacePolicies. A file that does not parse stops the operator at start.

@@ -127,7 +127,15 @@ async fn record_pod_lost(
     if !decide::pod_lost_holds(run, &live, now, &ctx.decide) {
         return Ok(Requeue::After(LOOK_AGAIN_MARGIN));
     }
-    let committed = observe::committed_entries(&ctx.store_view(), &live).await;
+    // The run's own store (docs/contract.md "A store per namespace"); one that cannot be read
+    // holds no committed path this record could keep.
+    let committed = match ctx.run_store(&live).await {
+        Ok(store) => observe::committed_entries(&Context::store_view(&store), &live).await,
+        Err(error) => {
+            warn!(run = %live.name_any(), %error, "the run's store cannot be used; its undrained paths are recorded lost");
+            Vec::new()
+        }
+    };
     let plan = plan::record_pod_lost(&live, &committed, ctx.default_retention, now);
     drive::carry_out(ctx, &live, &observation.pod_name, None, plan, now).await
 }

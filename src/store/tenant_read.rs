@@ -1,0 +1,154 @@
+//! A store per namespace, the reads (docs/contract.md "A store per namespace"): the store a run
+//! uses, resolved when it is needed (a drain, a pod-lost record, a retention delete, `files`)
+//! from its namespace's store ConfigMap and Secret with the caller's client, and built at once.
+//! Nothing is cached: the credentials live as long as the returned store, one run's teardown.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::{Api, Client};
+use object_store::path::Path;
+use object_store::ObjectStore;
+
+use super::tenant::{self, StoreChoice, TenantEndpoints, TenantStoreError, KEY_SECRET_NAME};
+
+/// The store one run uses.
+#[derive(Clone)]
+pub struct RunStore {
+    /// The store.
+    pub store: Arc<dyn ObjectStore>,
+    /// Key prefix inside it.
+    pub prefix: Path,
+    /// Its URL (object URLs in status).
+    pub url: String,
+    /// `namespace/name` of the tenant's store ConfigMap; None: the operator's store.
+    pub tenant: Option<String>,
+}
+
+impl std::fmt::Debug for RunStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunStore")
+            .field("url", &self.url)
+            .field("tenant", &self.tenant)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunStore {
+    /// How a message names this store.
+    pub fn describe(&self) -> String {
+        match &self.tenant {
+            Some(cm) => format!("the store of ConfigMap {cm} ({})", self.url),
+            None => format!("the operator's store ({})", self.url),
+        }
+    }
+}
+
+/// The store the run in `namespace` with `store_ref` uses: `operator` when its namespace names
+/// none (or tenant stores are off), else the tenant store its ConfigMap and Secret describe, read
+/// with `client`. Never the operator's store in place of a tenant's that cannot be used.
+pub async fn resolve(
+    client: &Client,
+    namespace: &str,
+    store_ref: Option<&str>,
+    endpoints: &TenantEndpoints,
+    operator: impl FnOnce() -> RunStore,
+) -> Result<RunStore, TenantStoreError> {
+    let (name, named_by_run) = match tenant::choose(namespace, store_ref, endpoints)? {
+        StoreChoice::Operator => return Ok(operator()),
+        StoreChoice::ConfigMap { name, named_by_run } => (name, named_by_run),
+    };
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let configmap = match configmaps.get_opt(&name).await {
+        Ok(Some(cm)) => cm,
+        Ok(None) if !named_by_run => return Ok(operator()),
+        Ok(None) => return Err(missing("ConfigMap", namespace, &name)),
+        Err(e) => return Err(unreadable("ConfigMap", namespace, &name, &e)),
+    };
+    let data = configmap.data.unwrap_or_default();
+    let store = format!("{namespace}/{name}");
+    let secret_name = data
+        .get(KEY_SECRET_NAME)
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| TenantStoreError::Invalid {
+            store: store.clone(),
+            reason: format!(
+                "it has no {KEY_SECRET_NAME:?} key (the Secret of this namespace holding its credentials)"
+            ),
+        })?;
+    let secret = read_secret(client, namespace, &secret_name).await?;
+    let tenant = tenant::tenant_store(&store, &data, &secret, endpoints)?;
+    let (built, prefix) = tenant
+        .config
+        .build()
+        .map_err(|source| TenantStoreError::Store {
+            store: store.clone(),
+            source,
+        })?;
+    Ok(RunStore {
+        store: built,
+        prefix,
+        url: tenant.url,
+        tenant: Some(store),
+    })
+}
+
+/// The Secret's data as text (a key that is not UTF-8 is refused by name).
+async fn read_secret(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<BTreeMap<String, String>, TenantStoreError> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    let secret = match secrets.get_opt(name).await {
+        Ok(Some(secret)) => secret,
+        Ok(None) => return Err(missing("Secret", namespace, name)),
+        Err(e) => return Err(unreadable("Secret", namespace, name, &e)),
+    };
+    let mut out = BTreeMap::new();
+    for (key, value) in secret.data.unwrap_or_default() {
+        let text = String::from_utf8(value.0).map_err(|_| TenantStoreError::Unreadable {
+            kind: "Secret",
+            namespace: namespace.into(),
+            name: name.into(),
+            reason: format!("its key {key:?} is not UTF-8 text"),
+        })?;
+        out.insert(key, text);
+    }
+    for (key, value) in secret.string_data.unwrap_or_default() {
+        out.insert(key, value);
+    }
+    Ok(out)
+}
+
+fn missing(kind: &'static str, namespace: &str, name: &str) -> TenantStoreError {
+    TenantStoreError::Missing {
+        kind,
+        namespace: namespace.into(),
+        name: name.into(),
+    }
+}
+
+fn unreadable(
+    kind: &'static str,
+    namespace: &str,
+    name: &str,
+    e: &kube::Error,
+) -> TenantStoreError {
+    let reason = match e {
+        kube::Error::Api(ae) if ae.code == 403 => format!(
+            "Forbidden ({}): the reader needs get on {}s in this namespace (the operator's: chart value tenantStores.enabled)",
+            ae.message,
+            kind.to_ascii_lowercase()
+        ),
+        other => other.to_string(),
+    };
+    TenantStoreError::Unreadable {
+        kind,
+        namespace: namespace.into(),
+        name: name.into(),
+        reason,
+    }
+}
