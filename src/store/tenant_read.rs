@@ -78,7 +78,13 @@ pub async fn resolve(
                 "it has no {KEY_SECRET_NAME:?} key (the Secret of this namespace holding its credentials)"
             ),
         })?;
-    let secret = read_secret(client, namespace, &secret_name).await?;
+    // The Secret's errors name the store too: a drain that fails says which store it was.
+    let secret = read_secret(client, namespace, &secret_name)
+        .await
+        .map_err(|e| TenantStoreError::Invalid {
+            store: store.clone(),
+            reason: format!("its credentials: {e}"),
+        })?;
     let tenant = tenant::tenant_store(&store, &data, &secret, endpoints)?;
     let (built, prefix) = tenant
         .config

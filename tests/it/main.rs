@@ -48,5 +48,6 @@ mod retention_ttl;
 mod smoke_cluster;
 mod store_backends;
 mod store_open_uploads;
+mod tenant_stores;
 mod webhook;
 mod webhook_certs;
