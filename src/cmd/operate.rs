@@ -81,12 +81,6 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let options = args.store.options().map_err(OperatorError::Config)?;
     let (store, store_prefix) = crate::store::store_from_url(&args.store.store_url, &options)?;
     let open_uploads = open_uploads_cleaner(&args.store.store_url, &options);
-    let tenant_endpoints =
-        crate::store::tenant::TenantEndpoints::parse(&args.tenant_store_endpoints)
-            .map_err(OperatorError::Config)?;
-    if tenant_endpoints.enabled() {
-        info!(endpoints = ?args.tenant_store_endpoints, "tenant stores on");
-    }
     let durations = Durations::parse(&args)?;
     let pack_command = holder_programs(&args.holder_binary, args.pack_command.as_deref())
         .map_err(OperatorError::Config)?;
@@ -149,7 +143,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_quiet_window(durations.quiet_window)
         .with_path_slots(usize::from(args.max_concurrent_path_drains))
         .with_open_uploads(open_uploads)
-        .with_tenant_endpoints(tenant_endpoints)
+        .with_tenant_endpoints(tenant_endpoints(&args)?)
         .with_preflight(preflight),
     );
     if args.leader_elect {
@@ -160,6 +154,18 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         run_controller(&args, ctx, shutdown_signal()).await;
         Ok(())
     }
+}
+
+/// `--tenant-store-endpoints`, parsed (a bad pattern stops the operator at start).
+fn tenant_endpoints(
+    args: &RunArgs,
+) -> Result<crate::store::tenant::TenantEndpoints, OperatorError> {
+    let endpoints = crate::store::tenant::TenantEndpoints::parse(&args.tenant_store_endpoints)
+        .map_err(OperatorError::Config)?;
+    if endpoints.enabled() {
+        info!(endpoints = ?args.tenant_store_endpoints, "tenant stores on");
+    }
+    Ok(endpoints)
 }
 
 /// The duration flags of `run`, parsed and checked against each other.

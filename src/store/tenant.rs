@@ -87,7 +87,7 @@ pub enum TenantStoreError {
         /// `namespace/name` of the ConfigMap.
         store: String,
         /// Why.
-        source: StoreError,
+        source: Box<StoreError>,
     },
 }
 
@@ -303,7 +303,7 @@ pub fn tenant_store(
     let config = StoreConfig::new(&url, &options)
         .map_err(|source| TenantStoreError::Store {
             store: store.into(),
-            source,
+            source: Box::new(source),
         })?
         .isolated();
     Ok(TenantStore {

@@ -91,7 +91,7 @@ pub async fn resolve(
         .build()
         .map_err(|source| TenantStoreError::Store {
             store: store.clone(),
-            source,
+            source: Box::new(source),
         })?;
     Ok(RunStore {
         store: built,
