@@ -268,6 +268,27 @@ pub fn tenant_store(
     secret: &BTreeMap<String, String>,
     endpoints: &TenantEndpoints,
 ) -> Result<TenantStore, TenantStoreError> {
+    described(store, data, secret, |endpoint| endpoints.allows(endpoint))
+}
+
+/// The tenant store as a reader (`files`, with the reader's own right to the Secret) opens it:
+/// the same rules, except the platform's endpoint allowlist, which is the operator's (the
+/// reader sends the namespace's own credentials where the namespace's ConfigMap says).
+pub fn for_reader(
+    store: &str,
+    data: &BTreeMap<String, String>,
+    secret: &BTreeMap<String, String>,
+) -> Result<TenantStore, TenantStoreError> {
+    described(store, data, secret, |_| true)
+}
+
+/// The tenant store `data` and `secret` describe, refused unless `allowed` its endpoint.
+fn described(
+    store: &str,
+    data: &BTreeMap<String, String>,
+    secret: &BTreeMap<String, String>,
+    allowed: impl Fn(&str) -> bool,
+) -> Result<TenantStore, TenantStoreError> {
     let invalid = |reason: String| TenantStoreError::Invalid {
         store: store.into(),
         reason,
@@ -293,7 +314,7 @@ pub fn tenant_store(
     let mut options = tenant_options(data, allowed_options).map_err(invalid)?;
     options.extend(secret_options(secret, secret_keys, &scheme).map_err(invalid)?);
     let endpoint = endpoint_of(&scheme, &options).map_err(invalid)?;
-    if !endpoints.allows(&endpoint) {
+    if !allowed(&endpoint) {
         return Err(TenantStoreError::EndpointRefused {
             store: store.into(),
             url,

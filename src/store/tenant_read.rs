@@ -101,6 +101,33 @@ pub async fn resolve(
     })
 }
 
+/// The namespace's store as `files` reads it, with the reader's own `client` (its right to read
+/// the ConfigMap and the Secret): None when the namespace names none (the run's `storeRef`, else
+/// `sandboxrun-store`). No platform allowlist: the reader is not the operator.
+pub async fn for_reader(
+    client: &Client,
+    namespace: &str,
+    store_ref: Option<&str>,
+) -> Result<Option<tenant::TenantStore>, TenantStoreError> {
+    let name = store_ref.unwrap_or(tenant::DEFAULT_STORE_CONFIGMAP);
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
+    let configmap = match configmaps.get_opt(name).await {
+        Ok(Some(cm)) => cm,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(unreadable("ConfigMap", namespace, name, &e)),
+    };
+    let data = configmap.data.unwrap_or_default();
+    let store = format!("{namespace}/{name}");
+    let Some(secret_name) = data.get(KEY_SECRET_NAME).map(|s| s.trim().to_string()) else {
+        return Err(TenantStoreError::Invalid {
+            store,
+            reason: format!("it has no {KEY_SECRET_NAME:?} key"),
+        });
+    };
+    let secret = read_secret(client, namespace, &secret_name).await?;
+    tenant::for_reader(&store, &data, &secret).map(Some)
+}
+
 /// The Secret's data as text (a key that is not UTF-8 is refused by name).
 async fn read_secret(
     client: &Client,

@@ -159,6 +159,40 @@ fn files_in(dir: &Path) -> Vec<String> {
     out
 }
 
+/// `sandboxrun-operator files get <run> -n <ns>` with no --store-url and no store credentials
+/// in its environment: the run's status names the store, its namespace's ConfigMap and Secret
+/// give the credentials.
+fn files_get_from_namespace(ns: &str, run: &str) -> std::path::PathBuf {
+    let dest = host_dir(&format!("{run}-get"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
+        .args(["files", "get", run, "-n", ns, "-o"])
+        .arg(&dest)
+        .env("KUBECONFIG", kubeconfig_path())
+        .env_remove("SANDBOXRUN_STORE_URL")
+        .env_remove("SANDBOXRUN_STORE_OPTIONS")
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AZURE_STORAGE_ACCOUNT_KEY")
+        .output()
+        .expect("run files get");
+    assert!(
+        out.status.success(),
+        "files get -n {ns} {run}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dest
+}
+
+/// The first file under `dir`.
+fn first_file(dir: &Path) -> std::path::PathBuf {
+    files_in(dir)
+        .into_iter()
+        .next()
+        .map(std::path::PathBuf::from)
+        .unwrap_or_default()
+}
+
 /// Waits until the apiserver serves `spec.readBack.storeRef` (an updated CRD reaches the handler
 /// a moment after it is Established; until then the field is pruned).
 async fn wait_store_ref_served(api: &Api<SandboxRun>, out: &Path) {
@@ -281,6 +315,20 @@ async fn two_namespaces_drain_side_by_side_each_into_its_own_store_and_delete_on
         Vec::<String>::new(),
         "nothing in the operator's store"
     );
+
+    // `files get` without --store-url reads each run back from its namespace's store, with the
+    // caller's right to read the ConfigMap and the Secret (no store credentials in its
+    // environment).
+    for ns in [&ns_a.name, &ns_b.name] {
+        let dest = files_get_from_namespace(ns, "job");
+        let got = std::fs::read_to_string(dest.join("00-out/result.txt"))
+            .or_else(|_| std::fs::read_to_string(first_file(&dest)))
+            .unwrap_or_default();
+        assert_eq!(
+            got, "tenant data\n",
+            "files get -n {ns} read its namespace's store"
+        );
+    }
 
     // retention: Delete deletes A's run from A's store, with A's credentials; B's run (Retain)
     // keeps its objects in B's store.
