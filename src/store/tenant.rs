@@ -60,6 +60,20 @@ pub enum TenantStoreError {
         /// The apiserver's words.
         reason: String,
     },
+    /// The store ConfigMap or its Secret could not be read for a reason that may pass (the
+    /// apiserver unreachable, overloaded or failing): the caller retries rather than failing
+    /// the drain.
+    #[error("the store {kind} {namespace}/{name} could not be read (retried): {source}")]
+    Transient {
+        /// `ConfigMap` or `Secret`.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The client's error.
+        source: Box<kube::Error>,
+    },
     /// The ConfigMap or the Secret does not describe a store a tenant may use.
     #[error("the store ConfigMap {store}: {reason}")]
     Invalid {

@@ -64,7 +64,7 @@ pub async fn resolve(
         Ok(Some(cm)) => cm,
         Ok(None) if !named_by_run => return Ok(operator()),
         Ok(None) => return Err(missing("ConfigMap", namespace, &name)),
-        Err(e) => return Err(unreadable("ConfigMap", namespace, &name, &e)),
+        Err(e) => return Err(unreadable("ConfigMap", namespace, &name, e)),
     };
     let data = configmap.data.unwrap_or_default();
     let store = format!("{namespace}/{name}");
@@ -81,9 +81,12 @@ pub async fn resolve(
     // The Secret's errors name the store too: a drain that fails says which store it was.
     let secret = read_secret(client, namespace, &secret_name)
         .await
-        .map_err(|e| TenantStoreError::Invalid {
-            store: store.clone(),
-            reason: format!("its credentials: {e}"),
+        .map_err(|e| match e {
+            e @ TenantStoreError::Transient { .. } => e,
+            e => TenantStoreError::Invalid {
+                store: store.clone(),
+                reason: format!("its credentials: {e}"),
+            },
         })?;
     let tenant = tenant::tenant_store(&store, &data, &secret, endpoints)?;
     let (built, prefix) = tenant
@@ -114,7 +117,7 @@ pub async fn for_reader(
     let configmap = match configmaps.get_opt(name).await {
         Ok(Some(cm)) => cm,
         Ok(None) => return Ok(None),
-        Err(e) => return Err(unreadable("ConfigMap", namespace, name, &e)),
+        Err(e) => return Err(unreadable("ConfigMap", namespace, name, e)),
     };
     let data = configmap.data.unwrap_or_default();
     let store = format!("{namespace}/{name}");
@@ -138,7 +141,7 @@ async fn read_secret(
     let secret = match secrets.get_opt(name).await {
         Ok(Some(secret)) => secret,
         Ok(None) => return Err(missing("Secret", namespace, name)),
-        Err(e) => return Err(unreadable("Secret", namespace, name, &e)),
+        Err(e) => return Err(unreadable("Secret", namespace, name, e)),
     };
     let mut out = BTreeMap::new();
     for (key, value) in secret.data.unwrap_or_default() {
@@ -164,24 +167,65 @@ fn missing(kind: &'static str, namespace: &str, name: &str) -> TenantStoreError 
     }
 }
 
-fn unreadable(
-    kind: &'static str,
-    namespace: &str,
-    name: &str,
-    e: &kube::Error,
-) -> TenantStoreError {
-    let reason = match e {
+fn unreadable(kind: &'static str, namespace: &str, name: &str, e: kube::Error) -> TenantStoreError {
+    let reason = match &e {
         kube::Error::Api(ae) if ae.code == 403 => format!(
             "Forbidden ({}): the reader needs get on {}s in this namespace (the operator's: chart value tenantStores.enabled)",
             ae.message,
             kind.to_ascii_lowercase()
         ),
-        other => other.to_string(),
+        kube::Error::Api(ae) if ae.code < 500 && ae.code != 429 => e.to_string(),
+        // Unreachable, overloaded or failing: may pass.
+        _ => {
+            return TenantStoreError::Transient {
+                kind,
+                namespace: namespace.into(),
+                name: name.into(),
+                source: Box::new(e),
+            }
+        }
     };
     TenantStoreError::Unreadable {
         kind,
         namespace: namespace.into(),
         name: name.into(),
         reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn api(code: u16) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("words", "Reason")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn a_read_that_may_pass_is_transient_and_a_refusal_is_a_verdict_with_its_fix() {
+        for code in [500, 503, 429] {
+            assert!(
+                matches!(
+                    unreadable("Secret", "team", "creds", api(code)),
+                    TenantStoreError::Transient { .. }
+                ),
+                "{code}"
+            );
+        }
+        let forbidden = unreadable("Secret", "team", "creds", api(403)).to_string();
+        assert!(
+            forbidden.contains("team/creds")
+                && forbidden.contains("get on secrets")
+                && forbidden.contains("tenantStores.enabled"),
+            "{forbidden}"
+        );
+        assert!(matches!(
+            unreadable("ConfigMap", "team", "s", api(400)),
+            TenantStoreError::Unreadable { .. }
+        ));
     }
 }
