@@ -89,6 +89,10 @@ async fn create_pod(
     now: Timestamp,
 ) -> Result<Requeue, ControllerError> {
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    if let Some(message) = store_unusable(ctx, run).await? {
+        let plan = plan::store_unusable(run, &message, now);
+        return drive::carry_out(ctx, run, &pod_name, None, plan, now).await;
+    }
     let preflight = match &ctx.preflight {
         Some(resolver) => {
             let (image, resolution) =
@@ -108,6 +112,34 @@ async fn create_pod(
     }
     let plan = plan::create(run, pod, preflight, verdict(run, &ctx.pod.egress), now);
     drive::carry_out(ctx, run, &pod_name, None, plan, now).await
+}
+
+/// Why the run's store cannot be used, before its pod is created (docs/contract.md "A store
+/// per namespace"): only with tenant stores on and paths to drain; a read that may pass is an
+/// error (retried), never a verdict.
+async fn store_unusable(
+    ctx: &Context,
+    run: &SandboxRun,
+) -> Result<Option<String>, ControllerError> {
+    if !ctx.tenant_endpoints.enabled() || run.spec.read_back_paths().is_empty() {
+        return Ok(None);
+    }
+    match ctx.run_store(run).await {
+        Ok(_) => Ok(None),
+        Err(crate::store::tenant::TenantStoreError::Transient {
+            kind,
+            namespace,
+            name,
+            source,
+        }) => Err(ControllerError::Kube {
+            action: format!("read the store {kind} {namespace}/{name}"),
+            source: *source,
+        }),
+        Err(error) => {
+            warn!(run = %run.name_any(), %error, "the run's store cannot be used; its pod is not created");
+            Ok(Some(error.to_string()))
+        }
+    }
 }
 
 /// Reports the run's undrained paths lost, on the live run (see [`decide::pod_lost_holds`]) and

@@ -3,9 +3,11 @@
 //! different credentials (the bed's S3 server s3s-fs and Azure's Azurite, each checking its own
 //! key) in their `sandboxrun-store` ConfigMaps; their runs drain side by side, each into its own
 //! store only, nothing into the operator's; `retention: Delete` deletes from the tenant's store
-//! only that run's objects; a deleted Secret, a ConfigMap the run names that does not exist and
-//! an endpoint the platform did not allow each fail the drain loudly, naming the store, and
-//! nothing falls back to the operator's store. kwok plays the node; its exec runs
+//! only that run's objects; `files get -n` reads each back from its namespace's store. A store
+//! that cannot be used when a run would start (a Secret not there yet, a named ConfigMap that
+//! does not exist, an endpoint the platform did not allow) holds the run without a pod, naming
+//! it; a Secret deleted mid-run fails the drain loudly, naming the store; nothing falls back to
+//! the operator's store. kwok plays the node; its exec runs
 //! `sandboxrun-operator pack` on this host.
 
 use std::collections::BTreeMap;
@@ -18,7 +20,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 use object_store::{ObjectStore, ObjectStoreExt};
-use sandboxrun_operator::api::{Phase, ReadBackPhase, Retention, SandboxRun, SandboxRunSpec};
+use sandboxrun_operator::api::{Phase, ReadBackPhase, Retention, SandboxRun};
 use sandboxrun_operator::store::{run_dir, store_from_url, RunRef};
 
 use crate::support::*;
@@ -105,14 +107,7 @@ async fn publish_store(client: &Client, ns: &str, name: &str, store: &TenantStor
         ),
         ..Default::default()
     };
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(secret_name),
-            ..Default::default()
-        },
-        string_data: Some(store.secret.clone()),
-        ..Default::default()
-    };
+    let secret = store_secret(&secret_name, store);
     Api::<ConfigMap>::namespaced(client.clone(), ns)
         .create(&PostParams::default(), &configmap)
         .await
@@ -121,6 +116,18 @@ async fn publish_store(client: &Client, ns: &str, name: &str, store: &TenantStor
         .create(&PostParams::default(), &secret)
         .await
         .expect("create the store Secret");
+}
+
+/// The Secret `name` holding `store`'s credentials.
+fn store_secret(name: &str, store: &TenantStore) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        string_data: Some(store.secret.clone()),
+        ..Default::default()
+    }
 }
 
 async fn keys_under(store: &Arc<dyn ObjectStore>, dir: &object_store::path::Path) -> Vec<String> {
@@ -219,17 +226,23 @@ async fn wait_store_ref_served(api: &Api<SandboxRun>, out: &Path) {
     .await;
 }
 
-/// Runs `name` to a final phase (its workload exits 0).
-async fn run_to_end(
-    runs: &Api<SandboxRun>,
-    pods: &Api<Pod>,
-    name: &str,
-    spec: impl Into<SandboxRunSpec>,
-    op: &Operator,
-) -> SandboxRun {
-    create(runs, name, spec).await;
-    run_then_finish(runs, pods, name, op).await;
-    wait_final(runs, name, op, PHASE_TIMEOUT).await
+/// Waits until the run `name` is held before its pod: Ready=False, reason StoreUnusable.
+async fn wait_held(runs: &Api<SandboxRun>, name: &str, op: &Operator) -> SandboxRun {
+    wait_for(
+        runs,
+        name,
+        op,
+        PHASE_TIMEOUT,
+        "Ready=False StoreUnusable",
+        |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "Ready" && c.status == "False" && c.reason == "StoreUnusable"
+                })
+            })
+        },
+    )
+    .await
 }
 
 #[tokio::test]
@@ -418,6 +431,38 @@ async fn an_unusable_store_fails_the_drain_loudly_naming_it_and_never_falls_back
         s
     };
 
+    // A run whose store's Secret does not exist yet gets no pod: Ready=False StoreUnusable,
+    // naming the store; once the Secret exists it starts and drains into that store.
+    publish_store(&client, &ns.name, "later", &tenant).await;
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns.name);
+    secrets
+        .delete("later-creds", &DeleteParams::default())
+        .await
+        .expect("delete the Secret");
+    create(&runs, "held", named("later")).await;
+    let held = wait_held(&runs, "held", &op).await;
+    let message = held.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(
+        message.contains(&format!("{}/later", ns.name))
+            && message.contains("later-creds does not exist"),
+        "{message}"
+    );
+    assert!(
+        pods.get_opt("held-sbr").await.expect("get pod").is_none(),
+        "no pod while the store cannot be used"
+    );
+    secrets
+        .create(
+            &PostParams::default(),
+            &store_secret("later-creds", &tenant),
+        )
+        .await
+        .expect("create the Secret");
+    run_then_finish(&runs, &pods, "held", &op).await;
+    let started = wait_phase(&runs, "held", Phase::Succeeded, &op).await;
+    let object = read_back(&started, 0).object.expect("object");
+    assert!(object.starts_with(&format!("{}/", tenant.url)), "{object}");
+
     // The namespace's Secret is deleted while the run runs: its drain fails, naming the store.
     create(&runs, "no-secret", spec(&[&out])).await;
     let running = wait_phase(&runs, "no-secret", Phase::Running, &op).await;
@@ -451,24 +496,33 @@ async fn an_unusable_store_fails_the_drain_loudly_naming_it_and_never_falls_back
         "{event:?}"
     );
 
-    // A store the run names that does not exist, and one whose endpoint is not allowed.
-    let missing = run_to_end(&runs, &pods, "missing", named("nope"), &op).await;
-    let path = read_back(&missing, 0);
-    assert_eq!(path.phase, ReadBackPhase::Failed, "{path:?}");
-    let message = path.message.unwrap_or_default();
-    assert!(
-        message.contains(&format!("ConfigMap {}/nope does not exist", ns.name)),
-        "{message}"
-    );
-    let refused = run_to_end(&runs, &pods, "rogue", named("rogue"), &op).await;
-    let path = read_back(&refused, 0);
-    assert_eq!(path.phase, ReadBackPhase::Failed, "{path:?}");
-    let message = path.message.unwrap_or_default();
-    assert!(
-        message.contains(&format!("{}/rogue", ns.name))
-            && message.contains("not in the platform's --tenant-store-endpoints"),
-        "{message}"
-    );
+    // A store the run names that does not exist, and one whose endpoint is not allowed: the run
+    // is held before its pod, naming the store and the reason.
+    for (name, store, words) in [
+        (
+            "missing",
+            "nope",
+            format!("ConfigMap {}/nope does not exist", ns.name),
+        ),
+        (
+            "rogue",
+            "rogue",
+            "not in the platform's --tenant-store-endpoints".to_string(),
+        ),
+    ] {
+        create(&runs, name, named(store)).await;
+        let held = wait_held(&runs, name, &op).await;
+        let message = held.status.and_then(|s| s.message).unwrap_or_default();
+        assert!(
+            message.contains(&format!("{}/{store}", ns.name)) && message.contains(&words),
+            "{name}: {message}"
+        );
+        assert!(pods
+            .get_opt(&format!("{name}-sbr"))
+            .await
+            .expect("get pod")
+            .is_none());
+    }
 
     // Never a fallback: the operator's own store got nothing, the rogue endpoint nothing.
     assert_eq!(
