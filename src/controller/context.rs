@@ -21,6 +21,7 @@ use crate::caps::CapSettings;
 use crate::drain::wire::Wire;
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
+use crate::shard::gate::{ShardGate, ShardGuard};
 use crate::store::open_uploads::OpenUploads;
 
 /// Field manager of every status write (server-side apply, one manager), and the Events' reporter.
@@ -80,6 +81,8 @@ pub(crate) struct Context {
     pub open_uploads: Option<Arc<OpenUploads>>,
     /// Resolves a run's image before its pod is created (`run --preflight-images`; None: off).
     pub preflight: Option<Arc<ImageResolver>>,
+    /// The shards this replica owns (`run --sharding`; None: every run is this replica's).
+    pub shards: Option<Arc<ShardGate>>,
 }
 
 impl Context {
@@ -128,6 +131,29 @@ impl Context {
         self
     }
 
+    /// The same context working only on the runs of the shards `gate` owns (`run --sharding`).
+    pub(crate) fn with_shards(mut self, gate: Option<Arc<ShardGate>>) -> Context {
+        self.shards = gate;
+        self
+    }
+
+    /// What may work on `run` now: `Some(None)` without sharding, `Some(guard)` when this
+    /// replica owns the run's shard, None when another replica's (docs/contract.md "Shards").
+    pub(crate) fn enter_shard(&self, run: &SandboxRun) -> Option<Option<ShardGuard>> {
+        let Some(gate) = &self.shards else {
+            return Some(None);
+        };
+        let uid = run.metadata.uid.as_deref()?;
+        gate.enter(gate.shard_of(uid)).map(Some)
+    }
+
+    /// A guard for the teardown a guarded reconcile of `run` starts (None without sharding).
+    pub(crate) fn join_shard(&self, run: &SandboxRun) -> Option<ShardGuard> {
+        let gate = self.shards.as_ref()?;
+        let uid = run.metadata.uid.as_deref()?;
+        gate.join(gate.shard_of(uid))
+    }
+
     /// A context with an Event recorder reporting as `instance`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
@@ -173,6 +199,7 @@ impl Context {
             path_slots: Semaphore::new(max_concurrent_drains.max(1)),
             open_uploads: None,
             preflight: None,
+            shards: None,
         }
     }
 

@@ -92,6 +92,7 @@ pub(crate) async fn run(
             .applied_objects();
         let controller = Controller::for_stream(cached, reader)
             .owns(pods, pods_cfg)
+            .reconcile_all_on(acquisitions(&ctx))
             .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
         spawn_phase_gauge(controller.store(), ctx.metrics.clone());
         let stream = controller
@@ -105,6 +106,19 @@ pub(crate) async fn run(
         streams.push(stream);
     }
     futures::future::join_all(streams).await;
+}
+
+/// Fires whenever this replica acquires a shard (never without sharding): its runs are then
+/// reconciled, whatever their last reconcile answered while another replica owned them.
+fn acquisitions(ctx: &Context) -> futures::stream::BoxStream<'static, ()> {
+    let Some(gate) = &ctx.shards else {
+        return futures::stream::pending().boxed();
+    };
+    futures::stream::unfold(gate.acquisitions(), |mut rx| async move {
+        rx.changed().await.ok()?;
+        Some(((), rx))
+    })
+    .boxed()
 }
 
 /// Keeps `sandboxrun_runs{phase}` up to date from the watch cache, every 10 s. A run with no
@@ -148,6 +162,11 @@ fn error_policy(run: Arc<SandboxRun>, error: &ControllerError, ctx: Arc<Context>
 /// One reconcile: observe → decide → plan → act → report.
 async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
     let started = Instant::now();
+    // Sharded: only the runs of this replica's shards, each while its shard is held (a shard
+    // acquired later reconciles every run again: `reconcile_all_on` below).
+    let Some(_shard) = ctx.enter_shard(&run) else {
+        return Ok(Action::await_change());
+    };
     // The run's drain owns it until the drain ends (its status writes, then this requeue, wake it).
     if ctx.drains.is_in_flight(&run.uid().unwrap_or_default()) {
         return Ok(Action::requeue(IN_FLIGHT_REQUEUE));
