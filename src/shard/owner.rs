@@ -122,13 +122,7 @@ impl Owner {
                 self.gate.start_release(shard);
             }
         }
-        for shard in decision.acquire {
-            self.acquire(
-                shard,
-                by_name.get(&shard_lease_name(&self.settings.group, shard)),
-            )
-            .await;
-        }
+        self.acquire(&decision.acquire, &by_name).await;
         Ok(())
     }
 
@@ -174,8 +168,10 @@ impl Owner {
         }
     }
 
-    /// Renews the owned shards, and gives back those being released once idle.
+    /// Renews the owned shards, and gives back those being released once idle: every write at
+    /// once, so a round takes one write's time however many shards this replica holds.
     async fn keep_owned(&mut self, by_name: &BTreeMap<String, Lease>) -> Result<(), ShardError> {
+        let mut writes = Vec::new();
         for (shard, releasing) in self.gate.owned() {
             let name = shard_lease_name(&self.settings.group, shard);
             let Some(current) = by_name.get(&name) else {
@@ -188,42 +184,55 @@ impl Owner {
             if holder != Some(self.leases.identity()) {
                 return self.lose(shard, "another replica holds its lease");
             }
-            let sent = Instant::now();
-            if releasing && self.gate.is_idle(shard) {
-                match self.leases.release(current).await {
-                    Ok(Written::Done) => {
-                        info!(shard, "released the shard");
-                        self.gate.forget(shard);
-                        self.renewed.remove(&shard);
-                    }
-                    Ok(Written::Lost) => debug!(shard, "release raced; next round"),
-                    Err(e) => warn!(shard, error = %e, "releasing the shard's lease failed"),
+            let release = releasing && self.gate.is_idle(shard);
+            let leases = &self.leases;
+            writes.push(async move {
+                let sent = Instant::now();
+                let written = if release {
+                    leases.release(current).await
+                } else {
+                    leases.renew(current).await
+                };
+                (shard, release, sent, written)
+            });
+        }
+        for (shard, release, sent, written) in futures::future::join_all(writes).await {
+            match (written, release) {
+                (Ok(Written::Done), true) => {
+                    info!(shard, "released the shard");
+                    self.gate.forget(shard);
+                    self.renewed.remove(&shard);
                 }
-                continue;
-            }
-            match self.leases.renew(current).await {
-                Ok(Written::Done) => {
+                (Ok(Written::Done), false) => {
                     self.renewed.insert(shard, sent);
                 }
-                Ok(Written::Lost) => debug!(shard, "renewal raced; next round"),
-                Err(e) => warn!(shard, error = %e, "renewing the shard's lease failed"),
+                (Ok(Written::Lost), _) => debug!(shard, "the lease's write raced; next round"),
+                (Err(e), _) => warn!(shard, error = %e, "writing the shard's lease failed"),
             }
         }
         Ok(())
     }
 
-    /// Takes shard `shard` (free, as decided).
-    async fn acquire(&mut self, shard: u32, current: Option<&Lease>) {
-        let name = shard_lease_name(&self.settings.group, shard);
-        let sent = Instant::now();
-        match self.leases.acquire(&name, SHARD_KIND, current).await {
-            Ok(Written::Done) => {
-                info!(shard, "acquired the shard");
-                self.renewed.insert(shard, sent);
-                self.gate.own(shard, &self.cancel);
+    /// Takes the free shards `shards` (as decided), every write at once.
+    async fn acquire(&mut self, shards: &[u32], by_name: &BTreeMap<String, Lease>) {
+        let leases = &self.leases;
+        let group = &self.settings.group;
+        let writes = shards.iter().map(|&shard| async move {
+            let name = shard_lease_name(group, shard);
+            let sent = Instant::now();
+            let written = leases.acquire(&name, SHARD_KIND, by_name.get(&name)).await;
+            (shard, sent, written)
+        });
+        for (shard, sent, written) in futures::future::join_all(writes).await {
+            match written {
+                Ok(Written::Done) => {
+                    info!(shard, "acquired the shard");
+                    self.renewed.insert(shard, sent);
+                    self.gate.own(shard, &self.cancel);
+                }
+                Ok(Written::Lost) => debug!(shard, "another replica took the shard first"),
+                Err(e) => warn!(shard, error = %e, "acquiring the shard's lease failed"),
             }
-            Ok(Written::Lost) => debug!(shard, "another replica took the shard first"),
-            Err(e) => warn!(shard, error = %e, "acquiring the shard's lease failed"),
         }
     }
 
