@@ -123,6 +123,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         holder_resources,
         egress,
         image_pull_secrets: args.pod_image_pull_secrets.clone(),
+        shards: shards.as_ref().map(|gate| gate.shards()),
     };
     let ctx = Arc::new(
         Context::new(

@@ -4,7 +4,7 @@
 //! drain slot, and is idle once every guard is dropped: only then does the owner loop clear the
 //! Lease's holder, so a run is never worked on by two replicas at once.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::watch;
@@ -28,6 +28,8 @@ pub(crate) struct ShardGate {
     owned: Mutex<BTreeMap<u32, Owned>>,
     /// Bumped whenever a shard is acquired: the controller reconciles every run again then.
     acquired: watch::Sender<u64>,
+    /// The shards owned and not being released: what the watches select.
+    serving: watch::Sender<BTreeSet<u32>>,
 }
 
 /// A reconcile or a teardown at work on a run of `shard`; dropping it lets a release go on.
@@ -46,6 +48,7 @@ impl ShardGate {
             shards: shards.max(1),
             owned: Mutex::new(BTreeMap::new()),
             acquired: watch::channel(0).0,
+            serving: watch::channel(BTreeSet::new()).0,
         })
     }
 
@@ -97,6 +100,9 @@ impl ShardGate {
                 },
             );
         }
+        self.serving.send_modify(|set| {
+            set.insert(shard);
+        });
         self.acquired.send_modify(|n| *n += 1);
     }
 
@@ -109,6 +115,7 @@ impl ShardGate {
                 o.cancel.cancel();
             }
         }
+        self.serving.send_if_modified(|set| set.remove(&shard));
     }
 
     /// Whether `shard` is being released and nothing works in it any more.
@@ -128,6 +135,7 @@ impl ShardGate {
         if let Ok(mut owned) = self.owned.lock() {
             owned.remove(&shard);
         }
+        self.serving.send_if_modified(|set| set.remove(&shard));
     }
 
     /// The shards owned (releasing ones included) and whether each is being released.
@@ -136,6 +144,11 @@ impl ShardGate {
             .lock()
             .map(|owned| owned.iter().map(|(k, o)| (*k, o.releasing)).collect())
             .unwrap_or_default()
+    }
+
+    /// The shards owned and not being released, as they change.
+    pub(crate) fn serving(&self) -> watch::Receiver<BTreeSet<u32>> {
+        self.serving.subscribe()
     }
 
     /// Changes whenever a shard is acquired.
@@ -179,6 +192,7 @@ mod tests {
         );
         assert!(!parent.is_cancelled());
         assert!(gate.enter(1).is_none(), "releasing: no one new");
+        assert!(gate.serving().borrow().is_empty(), "no longer watched");
         assert!(!gate.is_idle(1));
         drop(reconcile);
         assert!(!gate.is_idle(1), "the teardown it started still runs");
@@ -199,5 +213,6 @@ mod tests {
         parent.cancel();
         assert!(guard.cancel.is_cancelled());
         assert_eq!(gate.owned(), BTreeMap::from([(0, false), (3, false)]));
+        assert_eq!(*gate.serving().borrow(), BTreeSet::from([0, 3]));
     }
 }

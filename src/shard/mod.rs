@@ -11,13 +11,17 @@
 //!   reconciled now?), and the reconciles and teardowns in flight per shard, which a release
 //!   waits for;
 //! - [`lease`]: the Lease reads and writes (the only I/O), guarded by resourceVersion;
-//! - [`owner`]: the loop that ties them: observe the Leases, decide, write.
+//! - [`owner`]: the loop that ties them: observe the Leases, decide, write;
+//! - [`watches`]: the label-selected watches of the owned shards' runs and pods, restarted when
+//!   the owned set changes; [`label`]: the shard label written on runs that have none yet.
 
 pub(crate) mod assign;
 pub(crate) mod gate;
+pub(crate) mod label;
 pub(crate) mod lease;
 pub(crate) mod owner;
 pub(crate) mod sightings;
+pub(crate) mod watches;
 
 /// The label on the shard Leases and the replicas' heartbeat Leases, valued with the operator's
 /// `--lease-name` (the group: replicas of one operator share it).
@@ -26,8 +30,9 @@ pub const LEASE_GROUP_LABEL: &str = "sandbox.iterion.io/shard-group";
 /// The label telling a shard Lease (`shard`) from a replica's heartbeat Lease (`replica`).
 pub const LEASE_KIND_LABEL: &str = "sandbox.iterion.io/lease-kind";
 
-/// The label on the pods this operator creates: the shard of their run (never changes: it is a
-/// function of the run's uid).
+/// The label on the runs (written once by the owner of their shard, [`label`]) and on the pods
+/// this operator creates: the shard of the run (never changes: it is a function of the run's
+/// uid). The sharded watches select on it.
 pub const SHARD_LABEL: &str = "sandbox.iterion.io/shard";
 
 /// The default number of shards (`run --shards`).

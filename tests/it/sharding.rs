@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use sandboxrun_operator::api::{Phase, SandboxRun};
-use sandboxrun_operator::shard::{shard_of, shard_of_lease_name};
+use sandboxrun_operator::shard::{shard_of, shard_of_lease_name, SHARD_LABEL};
 use sandboxrun_operator::store::{list_manifests, store_from_url};
 
 use crate::support::*;
@@ -43,10 +43,12 @@ fn slow_packer(dir: &Path, attempts: &Path, seconds: u32) -> PathBuf {
     script
 }
 
-/// A sharded replica named `id` of the test's operator.
-fn replica(ns: &str, store_url: &str, id: &str, packer: &Path) -> Operator {
+/// A sharded replica named `id` of the test's operator, its metrics on `metrics`.
+fn replica(ns: &str, store_url: &str, id: &str, packer: &Path, metrics: u16) -> Operator {
     Operator::builder(ns, store_url)
         .flags(&[
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics}"),
             "--sharding",
             "--shards",
             &SHARDS.to_string(),
@@ -64,6 +66,21 @@ fn replica(ns: &str, store_url: &str, id: &str, packer: &Path) -> Operator {
             &packer.display().to_string(),
         ])
         .start()
+}
+
+/// The runs in a replica's cache: the sum of its `sandboxrun_runs{phase}` gauge.
+async fn cached_runs(metrics: u16) -> Option<u64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{metrics}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let mut sum = 0;
+    for line in text.lines().filter(|l| l.starts_with("sandboxrun_runs{")) {
+        sum += line.rsplit(' ').next()?.parse::<u64>().ok()?;
+    }
+    Some(sum)
 }
 
 /// Each shard's holder, from the shard Leases (released ones: absent).
@@ -211,8 +228,12 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
     let src = work.join("src");
 
     let mut ops: BTreeMap<&str, Operator> = BTreeMap::new();
+    let mut ports: BTreeMap<&str, u16> = BTreeMap::new();
+    for id in ["sharding-a", "sharding-b", "sharding-c", "sharding-d"] {
+        ports.insert(id, free_port());
+    }
     for id in ["sharding-a", "sharding-b", "sharding-c"] {
-        ops.insert(id, replica(&ns.name, &store_url, id, &packer));
+        ops.insert(id, replica(&ns.name, &store_url, id, &packer, ports[id]));
     }
     let logs = |ops: &BTreeMap<&str, Operator>| {
         ops.iter()
@@ -269,6 +290,36 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
         );
     }
 
+    // Each replica caches only its shards' runs (label-selected watches): its gauge counts the
+    // runs whose shard it holds, not all of them; every run carries its shard label.
+    let listed = runs
+        .list(&ListParams::default())
+        .await
+        .expect("list runs")
+        .items;
+    for r in &listed {
+        let want = shard_of(&r.uid().unwrap_or_default(), SHARDS).to_string();
+        assert_eq!(r.labels().get(SHARD_LABEL), Some(&want), "{}", r.name_any());
+    }
+    let holders = shard_holders(&client, &ns.name).await;
+    for (id, port) in ports.iter().filter(|(id, _)| ops.contains_key(*id)) {
+        let mine = listed
+            .iter()
+            .filter(|r| {
+                let shard = shard_of(&r.uid().unwrap_or_default(), SHARDS);
+                holders.get(&shard).map(String::as_str) == Some(*id)
+            })
+            .count() as u64;
+        // The gauge is refreshed every 10 s.
+        eventually(
+            &format!("{id} to cache its {mine} runs of {RUNS_BEFORE}"),
+            Duration::from_secs(30),
+            || async move { (cached_runs(*port).await == Some(mine)).then_some(()) },
+        )
+        .await;
+        println!("{id} caches {mine} of {RUNS_BEFORE} runs");
+    }
+
     // 2. SIGKILL one replica while drains are in flight in its shards; start another later.
     let during = create_runs(&runs, &src, "during", RUNS_DURING).await;
     run_then_finish_all(&runs, &pods, &during).await;
@@ -307,7 +358,13 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
     );
     ops.insert(
         "sharding-d",
-        replica(&ns.name, &store_url, "sharding-d", &packer),
+        replica(
+            &ns.name,
+            &store_url,
+            "sharding-d",
+            &packer,
+            ports["sharding-d"],
+        ),
     );
     let all: Vec<String> = before.iter().chain(&during).cloned().collect();
     let ended = wait_all_final(&runs, &all, Duration::from_secs(150), || logs(&ops)).await;
