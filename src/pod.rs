@@ -755,7 +755,7 @@ fn pod_metadata(run: &SandboxRun, name: &str, uid: String, shards: Option<u32>) 
     ObjectMeta {
         name: Some(pod_name(name)),
         namespace: run.namespace(),
-        labels: Some(pod_labels(&run.spec, name, uid, shards)),
+        labels: Some(pod_labels(run, name, uid, shards)),
         annotations: (!annotations.is_empty()).then_some(annotations),
         owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
         ..ObjectMeta::default()
@@ -764,14 +764,16 @@ fn pod_metadata(run: &SandboxRun, name: &str, uid: String, shards: Option<u32>) 
 
 /// The operator's labels, then the run's own pod labels under them.
 fn pod_labels(
-    spec: &SandboxRunSpec,
+    run: &SandboxRun,
     name: &str,
     uid: String,
     shards: Option<u32>,
 ) -> BTreeMap<String, String> {
+    let spec = &run.spec;
     let mut labels = BTreeMap::new();
     if let Some(shards) = shards {
-        let shard = crate::shard::shard_of(&uid, shards);
+        let run_labels = run.metadata.labels.clone().unwrap_or_default();
+        let shard = crate::shard::shard_of_run(&run_labels, &uid, shards);
         labels.insert(crate::shard::SHARD_LABEL.to_string(), shard.to_string());
     }
     labels.extend([

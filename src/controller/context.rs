@@ -143,15 +143,13 @@ impl Context {
         let Some(gate) = &self.shards else {
             return Some(None);
         };
-        let uid = run.metadata.uid.as_deref()?;
-        gate.enter(gate.shard_of(uid)).map(Some)
+        gate.enter(gate.shard_of(run)?).map(Some)
     }
 
     /// A guard for the teardown a guarded reconcile of `run` starts (None without sharding).
     pub(crate) fn join_shard(&self, run: &SandboxRun) -> Option<ShardGuard> {
         let gate = self.shards.as_ref()?;
-        let uid = run.metadata.uid.as_deref()?;
-        gate.join(gate.shard_of(uid))
+        gate.join(gate.shard_of(run)?)
     }
 
     /// A context with an Event recorder reporting as `instance`.

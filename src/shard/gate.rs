@@ -57,9 +57,11 @@ impl ShardGate {
         self.shards
     }
 
-    /// The shard of the run with this uid.
-    pub(crate) fn shard_of(&self, uid: &str) -> u32 {
-        super::shard_of(uid, self.shards)
+    /// The shard of `run` ([`super::shard_of_run`]); None without a uid.
+    pub(crate) fn shard_of(&self, run: &crate::api::SandboxRun) -> Option<u32> {
+        let uid = run.metadata.uid.as_deref()?;
+        let labels = run.metadata.labels.clone().unwrap_or_default();
+        Some(super::shard_of_run(&labels, uid, self.shards))
     }
 
     /// A guard on `shard` when this replica owns it and is not releasing it.

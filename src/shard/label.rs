@@ -3,7 +3,8 @@
 //! replica. Every replica watches the runs that have no such label (only the ones just created,
 //! or created before sharding: the label takes them out of this watch) and labels those of the
 //! shards it owns, again whenever it acquires a shard. The value is the shard of the run's uid
-//! ([`super::shard_of`]), so it never changes and whoever writes it writes the same.
+//! ([`super::shard_of`]), so whoever writes it writes the same, and it is never changed
+//! ([`super::shard_of_run`]: a written label stays the run's shard).
 
 use std::sync::Arc;
 
@@ -47,10 +48,9 @@ pub(crate) async fn label_new_runs(api: Api<SandboxRun>, gate: Arc<ShardGate>) {
 
 /// Labels `run` with its shard when this replica owns that shard.
 async fn label(api: &Api<SandboxRun>, gate: &Arc<ShardGate>, run: &SandboxRun) {
-    let Some(uid) = run.metadata.uid.as_deref() else {
+    let Some(shard) = gate.shard_of(run) else {
         return;
     };
-    let shard = gate.shard_of(uid);
     if run.labels().contains_key(SHARD_LABEL) || gate.enter(shard).is_none() {
         return;
     }

@@ -52,6 +52,20 @@ pub fn shard_of(uid: &str, shards: u32) -> u32 {
     u32::try_from(hash % shards).unwrap_or(0)
 }
 
+/// The shard of a run: its [`SHARD_LABEL`] when it has one below `shards` (written once, it
+/// stays the run's shard even if `--shards` grows later), else [`shard_of`] its uid.
+pub fn shard_of_run(
+    labels: &std::collections::BTreeMap<String, String>,
+    uid: &str,
+    shards: u32,
+) -> u32 {
+    labels
+        .get(SHARD_LABEL)
+        .and_then(|v| v.parse::<u32>().ok())
+        .filter(|k| *k < shards.max(1))
+        .unwrap_or_else(|| shard_of(uid, shards))
+}
+
 /// The name of shard `k`'s Lease: `<group>-shard-<k>`.
 pub fn shard_lease_name(group: &str, shard: u32) -> String {
     format!("{group}-shard-{shard}")
@@ -92,6 +106,31 @@ mod tests {
             counts.iter().all(|&c| (50..=150).contains(&c)),
             "uids spread over the shards: {counts:?}"
         );
+    }
+
+    #[test]
+    fn a_runs_label_is_its_shard_once_written() {
+        let uid = "0b7c6a2e-0001-4f6e-9d1a-5d2c3b4a5e6f";
+        let none = std::collections::BTreeMap::new();
+        assert_eq!(shard_of_run(&none, uid, 32), shard_of(uid, 32));
+        let label =
+            |v: &str| std::collections::BTreeMap::from([(SHARD_LABEL.to_string(), v.to_string())]);
+        assert_eq!(
+            shard_of_run(&label("5"), uid, 32),
+            5,
+            "the label, whatever the hash"
+        );
+        assert_eq!(
+            shard_of_run(&label("5"), uid, 64),
+            5,
+            "kept when --shards grows"
+        );
+        assert_eq!(
+            shard_of_run(&label("40"), uid, 32),
+            shard_of(uid, 32),
+            "out of range: the hash"
+        );
+        assert_eq!(shard_of_run(&label("x"), uid, 32), shard_of(uid, 32));
     }
 
     #[test]
