@@ -1,7 +1,8 @@
 //! Active-active replicas sharing the runs through shard Leases (`run --sharding`, issue #28,
 //! docs/contract.md "Shards"): three operator processes on this host against the bed, runs on the
 //! kwok node drained into a file store by a packer that takes a few seconds, then one replica
-//! killed with SIGKILL while drains are in flight and another started later.
+//! killed with SIGKILL while drains are in flight and another started later, then one stopped
+//! with SIGTERM (it gives its shards back before it exits).
 //!
 //! kwok plays the node: its exec runs the packer as a local process, so a declared path is a host
 //! directory (one per run).
@@ -407,4 +408,52 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
     for (id, op) in ops.iter_mut().filter(|(id, _)| **id != victim) {
         assert!(op.is_alive(), "{id} still runs:\n{}", tail(op));
     }
+
+    // 4. SIGTERM (a rolling update's stop): the replica gives its shards back and deletes its
+    // heartbeat before it exits, so the others take them without waiting for an expiry.
+    let leaving = "sharding-a";
+    let stopped_at = Instant::now();
+    let pid = ops[leaving].pid().to_string();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+    let op = ops.get_mut(leaving).expect("leaving");
+    eventually(
+        "the stopped replica to exit",
+        Duration::from_secs(60),
+        || {
+            let alive = op.is_alive();
+            async move { (!alive).then_some(()) }
+        },
+    )
+    .await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let heartbeat = format!("{GROUP}-replica-{leaving}");
+    assert!(
+        leases
+            .get_opt(&heartbeat)
+            .await
+            .expect("get lease")
+            .is_none(),
+        "the heartbeat of a replica stopped with SIGTERM is deleted:\n{}",
+        tail(&ops[leaving])
+    );
+    let holders = shard_holders(&client, &ns.name).await;
+    assert!(
+        holders.values().all(|h| h != leaving),
+        "every shard given back: {holders:?}"
+    );
+    wait_balanced(
+        &client,
+        &ns.name,
+        &["sharding-c", "sharding-d"],
+        Duration::from_secs(60),
+    )
+    .await;
+    println!(
+        "handoff: every shard of {leaving} (SIGTERM) held by the others {:?} after the signal",
+        stopped_at.elapsed()
+    );
 }
