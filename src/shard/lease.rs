@@ -194,3 +194,125 @@ pub(crate) fn record_of(lease: &Lease) -> Record {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The Lease writes against a mock apiserver (tower-test, no cluster): each write of an
+    //! existing Lease is a PUT carrying the resourceVersion read, and 409 is a lost race.
+
+    use std::sync::{Arc, Mutex};
+
+    use http::{Request, Response};
+    use kube::client::Body;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    type SeenLog = Arc<Mutex<Vec<(String, String, Value)>>>;
+
+    /// A mock apiserver answering every request with `status` and `body`.
+    fn apiserver(status: u16, body: Value) -> (Client, SeenLog) {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        tokio::spawn(async move {
+            while let Some((request, send)) = handle.next_request().await {
+                let (parts, payload) = request.into_parts();
+                let bytes = payload.collect_bytes().await.unwrap_or_default();
+                log.lock().unwrap().push((
+                    parts.method.to_string(),
+                    parts.uri.to_string(),
+                    serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+                ));
+                send.send_response(
+                    Response::builder()
+                        .status(status)
+                        .body(Body::from(body.to_string().into_bytes()))
+                        .unwrap(),
+                );
+            }
+        });
+        (Client::new(service, "sys"), seen)
+    }
+
+    fn held(holder: &str, version: &str) -> Lease {
+        serde_json::from_value(json!({
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "op-shard-3", "namespace": "sys", "resourceVersion": version},
+            "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15, "leaseTransitions": 2}
+        }))
+        .unwrap()
+    }
+
+    fn leases(client: Client) -> Leases {
+        Leases::new(client, "sys", "op", "me", Duration::from_secs(15))
+    }
+
+    #[tokio::test]
+    async fn a_taken_lease_is_a_guarded_put_and_a_conflict_is_a_lost_race() {
+        let conflict = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "Conflict", "code": 409, "message": "the object has been modified"});
+        let (client, seen) = apiserver(409, conflict);
+        let answer = leases(client)
+            .acquire("op-shard-3", SHARD_KIND, Some(&held("", "41")))
+            .await
+            .unwrap();
+        assert!(matches!(answer, Written::Lost), "{answer:?}");
+        let seen = seen.lock().unwrap();
+        let (method, uri, body) = &seen[0];
+        assert_eq!(method, "PUT");
+        assert!(uri.contains("/namespaces/sys/leases/op-shard-3"), "{uri}");
+        assert_eq!(
+            body["metadata"]["resourceVersion"], "41",
+            "guarded by what was read"
+        );
+        assert_eq!(body["spec"]["holderIdentity"], "me");
+        assert_eq!(body["spec"]["leaseTransitions"], 3);
+    }
+
+    #[tokio::test]
+    async fn a_release_clears_the_holder_and_a_renewal_keeps_it_both_guarded() {
+        let (client, seen) = apiserver(200, serde_json::to_value(held("me", "42")).unwrap());
+        let l = leases(client);
+        assert!(matches!(
+            l.renew(&held("me", "41")).await.unwrap(),
+            Written::Done
+        ));
+        assert!(matches!(
+            l.release(&held("me", "42")).await.unwrap(),
+            Written::Done
+        ));
+        let seen = seen.lock().unwrap();
+        let (renew, release) = (&seen[0].2, &seen[1].2);
+        assert_eq!(renew["metadata"]["resourceVersion"], "41");
+        assert_eq!(renew["spec"]["holderIdentity"], "me");
+        assert!(renew["spec"]["renewTime"].is_string());
+        assert_eq!(release["metadata"]["resourceVersion"], "42");
+        assert!(release["spec"]["holderIdentity"].is_null(), "{release}");
+        assert!(seen.iter().all(|(method, _, _)| method == "PUT"));
+    }
+
+    #[tokio::test]
+    async fn a_new_lease_is_created_labelled_with_its_group_and_kind() {
+        let exists = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": "AlreadyExists", "code": 409, "message": "already exists"});
+        let (client, seen) = apiserver(409, exists);
+        let answer = leases(client)
+            .acquire("op-shard-3", SHARD_KIND, None)
+            .await
+            .unwrap();
+        assert!(
+            matches!(answer, Written::Lost),
+            "another replica created it first"
+        );
+        let seen = seen.lock().unwrap();
+        let (method, _, body) = &seen[0];
+        assert_eq!(method, "POST");
+        assert_eq!(body["metadata"]["labels"][LEASE_GROUP_LABEL], "op");
+        assert_eq!(body["metadata"]["labels"][LEASE_KIND_LABEL], "shard");
+        assert_eq!(body["spec"]["holderIdentity"], "me");
+        assert_eq!(record_of(&held("x", "1")).holder.as_deref(), Some("x"));
+        assert_eq!(kind_of(&held("x", "1")), None);
+    }
+}
