@@ -292,3 +292,176 @@ impl Owner {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Two owner loops against one fake Lease store (a mock apiserver that keeps the Leases and
+    //! checks resourceVersions like the real one): a shard is never in both replicas' gates, a
+    //! shard given back waits for its work in flight, and the shards end balanced.
+
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::{Arc, Mutex};
+
+    use http::{Request, Response};
+    use kube::client::Body;
+    use kube::Client;
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    /// The fake apiserver's Leases: name → (resourceVersion, object).
+    type Store = Arc<Mutex<BTreeMap<String, (u64, Value)>>>;
+
+    fn status(code: u16, reason: &str) -> (u16, Value) {
+        let body = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "reason": reason, "code": code, "message": reason});
+        (code, body)
+    }
+
+    /// Answers one request as the apiserver would (list, create, guarded replace, delete).
+    fn answer(store: &Store, method: &str, path: &str, body: Value) -> (u16, Value) {
+        let mut leases = store.lock().unwrap();
+        let name = path.rsplit('/').next().unwrap_or_default().to_string();
+        let next_version = leases.values().map(|(v, _)| *v).max().unwrap_or(0) + 1;
+        let stamp = |mut lease: Value, version: u64| {
+            lease["metadata"]["resourceVersion"] = json!(version.to_string());
+            lease
+        };
+        match method {
+            "GET" => {
+                let items: Vec<Value> = leases.values().map(|(_, l)| l.clone()).collect();
+                (
+                    200,
+                    json!({"apiVersion": "coordination.k8s.io/v1", "kind": "LeaseList",
+                    "metadata": {}, "items": items}),
+                )
+            }
+            "POST" => {
+                let name = body["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                if leases.contains_key(&name) {
+                    return status(409, "AlreadyExists");
+                }
+                let lease = stamp(body, next_version);
+                leases.insert(name, (next_version, lease.clone()));
+                (201, lease)
+            }
+            "PUT" => {
+                let sent: u64 = body["metadata"]["resourceVersion"]
+                    .as_str()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                match leases.get(&name) {
+                    Some((version, _)) if *version == sent => {
+                        let lease = stamp(body, next_version);
+                        leases.insert(name, (next_version, lease.clone()));
+                        (200, lease)
+                    }
+                    Some(_) => status(409, "Conflict"),
+                    None => status(404, "NotFound"),
+                }
+            }
+            "DELETE" => {
+                leases.remove(&name);
+                (
+                    200,
+                    json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+                )
+            }
+            _ => status(405, "MethodNotAllowed"),
+        }
+    }
+
+    fn apiserver(store: Store) -> Client {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        tokio::spawn(async move {
+            while let Some((request, send)) = handle.next_request().await {
+                let (parts, payload) = request.into_parts();
+                let bytes = payload.collect_bytes().await.unwrap_or_default();
+                let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let (code, reply) = answer(&store, parts.method.as_str(), parts.uri.path(), body);
+                send.send_response(
+                    Response::builder()
+                        .status(code)
+                        .body(Body::from(reply.to_string().into_bytes()))
+                        .unwrap(),
+                );
+            }
+        });
+        Client::new(service, "sys")
+    }
+
+    fn owner(store: &Store, identity: &str) -> Owner {
+        let duration = Duration::from_secs(15);
+        Owner {
+            leases: Leases::new(
+                apiserver(Arc::clone(store)),
+                "sys",
+                "op",
+                identity,
+                duration,
+            ),
+            settings: OwnerSettings {
+                group: "op".into(),
+                duration,
+                round: Duration::from_secs(2),
+            },
+            gate: ShardGate::new(8),
+            cancel: CancellationToken::new(),
+            sightings: Sightings::default(),
+            renewed: HashMap::new(),
+        }
+    }
+
+    fn owned(o: &Owner) -> BTreeSet<u32> {
+        o.gate.owned().into_keys().collect()
+    }
+
+    #[tokio::test]
+    async fn two_replicas_never_own_a_shard_at_once_and_a_release_waits_for_its_work() {
+        let store: Store = Arc::default();
+        let mut a = owner(&store, "a");
+        a.round().await.unwrap();
+        assert_eq!(owned(&a).len(), 8, "alone, a takes every shard");
+        // Work in flight in a's highest shard (the first it gives back).
+        let busy = a.gate.enter(7).expect("owned");
+        let mut b = owner(&store, "b");
+        for i in 0..12 {
+            b.round().await.unwrap();
+            a.round().await.unwrap();
+            let (in_a, in_b) = (owned(&a), owned(&b));
+            assert!(in_a.is_disjoint(&in_b), "round {i}: {in_a:?} and {in_b:?}");
+            assert!(
+                !in_b.contains(&7),
+                "round {i}: 7 taken while a still works in it"
+            );
+        }
+        assert_eq!(
+            a.gate.owned().get(&7),
+            Some(&true),
+            "7 is being given back, not yet"
+        );
+        drop(busy);
+        for i in 0..6 {
+            a.round().await.unwrap();
+            b.round().await.unwrap();
+            assert!(owned(&a).is_disjoint(&owned(&b)), "round {i}");
+        }
+        assert_eq!(
+            (owned(&a).len(), owned(&b).len()),
+            (4, 4),
+            "{:?} {:?}",
+            owned(&a),
+            owned(&b)
+        );
+        assert!(owned(&b).contains(&7), "once idle, 7 moved");
+        // b stops: it gives its shards back and deletes its heartbeat; a takes them at once.
+        b.release_all().await;
+        assert!(!store.lock().unwrap().contains_key("op-replica-b"));
+        a.round().await.unwrap();
+        a.round().await.unwrap();
+        assert_eq!(owned(&a).len(), 8, "{:?}", owned(&a));
+    }
+}
