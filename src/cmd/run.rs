@@ -207,6 +207,11 @@ pub(crate) struct RunArgs {
     /// key, which tolerates every taint; unset: any, empty: none).
     #[arg(long, env = "SANDBOXRUN_ALLOWED_TOLERATION_KEYS", value_name = "KEYS")]
     pub(crate) allowed_toleration_keys: Option<String>,
+    /// The runtime class of a run that names none (e.g. gvisor); it must be among
+    /// --allowed-runtime-classes when those are set. A namespace policy's defaultRuntimeClass
+    /// wins over it. Chart: runPolicy.defaultRuntimeClass.
+    #[arg(long, env = "SANDBOXRUN_DEFAULT_RUNTIME_CLASS", value_name = "NAME")]
+    pub(crate) default_runtime_class: Option<String>,
     /// A YAML file of the platform's namespace policies (docs/contract.md "The platform's
     /// namespace policies"): the webhook refuses a run that breaks one, naming it. Chart:
     /// runPolicy.namespacePolicies. A file that does not parse stops the operator at start.
@@ -337,6 +342,31 @@ impl RunArgs {
             toleration_keys: parse_list(self.allowed_toleration_keys.as_deref()),
         }
     }
+}
+
+/// `--default-runtime-class`, checked: a DNS-1123 subdomain, among `--allowed-runtime-classes`
+/// when those are set (else every run without one would be refused by its own default's pod).
+pub(crate) fn default_runtime_class(args: &RunArgs) -> Result<Option<String>, String> {
+    let Some(class) = args.default_runtime_class.as_deref().map(str::trim) else {
+        return Ok(None);
+    };
+    if class.is_empty() {
+        return Ok(None);
+    }
+    if !crate::admission::rules::is_dns1123_subdomain(class) {
+        return Err(format!(
+            "--default-runtime-class {class:?} is not a DNS-1123 subdomain"
+        ));
+    }
+    if let Some(allowed) = args.run_policy().runtime_classes {
+        if !allowed.iter().any(|a| a == class) {
+            return Err(format!(
+                "--default-runtime-class {class:?} is not among --allowed-runtime-classes ({})",
+                allowed.join(",")
+            ));
+        }
+    }
+    Ok(Some(class.to_string()))
 }
 
 /// The namespace policies of `--namespace-policies` (none when unset).

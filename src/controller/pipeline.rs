@@ -106,8 +106,31 @@ async fn create_pod(
             warn!(run = %run.name_any(), %message, "image does not resolve; the run fails");
         }
     }
+    let pod = namespace_default(ctx, run, pod).await?;
     let plan = plan::create(run, pod, preflight, verdict(run, &ctx.pod.egress), now);
     drive::carry_out(ctx, run, &pod_name, None, plan, now).await
+}
+
+/// The pod with its namespace policies' default runtime class when the run names none: the
+/// namespace's labels are read only when a policy gives a default (docs/contract.md "The
+/// platform's namespace policies"). A namespace that cannot be read is an error (the reconcile
+/// is retried): the pod is never created without the default its policy sets.
+async fn namespace_default(
+    ctx: &Context,
+    run: &SandboxRun,
+    pod: Pod,
+) -> Result<Pod, ControllerError> {
+    let policies = &ctx.pod.namespace_policies;
+    if run.spec.runtime_class_name.is_some()
+        || !crate::admission::namespace_policy::gives_defaults(policies)
+    {
+        return Ok(pod);
+    }
+    let namespace = run.namespace().unwrap_or_default();
+    let labels = observe::namespace_labels(&ctx.client, &namespace).await?;
+    Ok(crate::pod::with_namespace_default(
+        pod, run, &labels, policies,
+    ))
 }
 
 /// Reports the run's undrained paths lost, on the live run (see [`decide::pod_lost_holds`]) and

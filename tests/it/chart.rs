@@ -369,7 +369,7 @@ fn the_namespace_policies_value_becomes_the_file_the_operator_reads() {
     let values = dir.path().join("policies.yaml");
     std::fs::write(
         &values,
-        "runPolicy:\n  namespacePolicies:\n  - name: free-tier\n    namespaceSelector: {matchLabels: {tier: free}}\n    images: [\"registry.corp.example/**\"]\n    maxSizeLimit: 1Gi\n    secrets: false\n",
+        "runPolicy:\n  defaultRuntimeClass: gvisor\n  namespacePolicies:\n  - name: free-tier\n    namespaceSelector: {matchLabels: {tier: free}}\n    images: [\"registry.corp.example/**\"]\n    maxSizeLimit: 1Gi\n    secrets: false\n",
     )
     .expect("write values");
     let docs = yaml_docs(&ok(
@@ -412,6 +412,7 @@ fn the_namespace_policies_value_becomes_the_file_the_operator_reads() {
         args.contains(&"--namespace-policies=/etc/sandboxrun/policies/namespace-policies.yaml"),
         "{args:?}"
     );
+    assert!(args.contains(&"--default-runtime-class=gvisor"), "{args:?}");
     let mounted = container["volumeMounts"]
         .as_sequence()
         .expect("mounts")
