@@ -168,7 +168,7 @@ pub fn compile(policies: Vec<NamespacePolicy>) -> Result<Vec<Compiled>, PolicyFi
                 policy: policy.name.clone(),
                 message,
             };
-            if !crate::admission::rules::is_dns1123_label(&policy.name) {
+            if !crate::names::is_dns1123_label(&policy.name) {
                 return Err(invalid("the name must be a DNS-1123 label".into()));
             }
             if !seen.insert(policy.name.clone()) {
@@ -187,7 +187,7 @@ pub fn compile(policies: Vec<NamespacePolicy>) -> Result<Vec<Compiled>, PolicyFi
                 }
             }
             if let Some(class) = &policy.default_runtime_class {
-                if !crate::admission::rules::is_dns1123_subdomain(class) {
+                if !crate::names::is_dns1123_subdomain(class) {
                     return Err(invalid(format!(
                         "defaultRuntimeClass `{class}` is not a DNS-1123 subdomain"
                     )));

@@ -353,7 +353,7 @@ pub(crate) fn default_runtime_class(args: &RunArgs) -> Result<Option<String>, St
     if class.is_empty() {
         return Ok(None);
     }
-    if !crate::admission::rules::is_dns1123_subdomain(class) {
+    if !crate::names::is_dns1123_subdomain(class) {
         return Err(format!(
             "--default-runtime-class {class:?} is not a DNS-1123 subdomain"
         ));
