@@ -22,6 +22,7 @@ pub(crate) mod conditions;
 pub(crate) mod context;
 pub(crate) mod decide;
 pub(crate) mod drain_pool;
+pub(crate) mod drain_queue;
 mod drive;
 pub(crate) mod error;
 pub(crate) mod events;
