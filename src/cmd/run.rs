@@ -149,6 +149,16 @@ pub(crate) struct RunArgs {
         value_parser = clap::value_parser!(u16).range(1..)
     )]
     pub(crate) max_concurrent_path_drains: u16,
+    /// Path slots one run may hold at once: a run declaring many slow paths leaves the other
+    /// slots to other runs; its other paths wait their turn (docs/contract.md "Fair drain
+    /// slots").
+    #[arg(
+        long,
+        env = "SANDBOXRUN_MAX_PATH_DRAINS_PER_RUN",
+        default_value_t = 4,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub(crate) max_path_drains_per_run: u16,
     /// Metrics and health address (/metrics, /healthz, /readyz).
     #[arg(long, env = "SANDBOXRUN_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub(crate) metrics_addr: String,

@@ -41,6 +41,10 @@ pub(crate) struct Position {
     pub place: usize,
     /// Every waiter.
     pub waiting: usize,
+    /// When it came.
+    pub since: Instant,
+    /// It is served first.
+    pub urgent: bool,
 }
 
 /// The fair queue of a pool of slots.
@@ -154,6 +158,7 @@ impl FairQueue {
     }
 
     /// Slots held.
+    #[cfg(test)]
     pub(crate) fn held(&self) -> usize {
         self.held
     }
@@ -173,6 +178,8 @@ impl FairQueue {
             return Some(Position {
                 place: ahead + 1,
                 waiting: waiters,
+                since: waiting.since,
+                urgent: true,
             });
         }
         let namespace = &waiting.waiter.namespace;
@@ -202,6 +209,8 @@ impl FairQueue {
         Some(Position {
             place: urgent + ahead + 1,
             waiting: waiters,
+            since: waiting.since,
+            urgent: false,
         })
     }
 
