@@ -44,7 +44,9 @@ pub struct Metrics {
 /// The queue of teardowns waiting for a drain slot, made visible.
 #[derive(Clone)]
 pub struct DrainQueueMetrics {
-    /// Teardowns waiting for a slot, by namespace (a namespace that waits no more is removed).
+    /// Teardowns waiting for a slot, by the runs' namespace (label `run_namespace`, apart from
+    /// the `namespace` Prometheus gives the operator's own pod; a namespace that waits no more is
+    /// removed).
     pub waiting: IntGaugeVec,
     /// How long each teardown waited for its slot.
     pub slot_wait: Histogram,
@@ -60,7 +62,7 @@ impl DrainQueueMetrics {
                     "drain_queue_waiting",
                     "Teardowns waiting for a drain slot, by namespace"
                 ),
-                &["namespace"],
+                &["run_namespace"],
             )?,
             slot_wait: Histogram::with_opts(histogram_opts!(
                 "drain_slot_wait_seconds",
