@@ -172,6 +172,19 @@ async fn a_second_namespaces_run_drains_before_the_first_namespaces_queue_emptie
     create(&runs_b, "b0", spec(&[&dir])).await;
     run_then_finish(&runs_b, &pods_b, "b0", &op).await;
     wait_teardown_queued(&op, &ns_b.name, "b0").await;
+    // Past the quiet window, `kubectl describe` of the waiting run shows it queued, with its
+    // place: next, though 3 of A's teardowns came before it.
+    let queued = wait_event(
+        &client,
+        &ns_b.name,
+        Some("b0"),
+        "DrainQueued",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
+    let note = queued.note.unwrap_or_default();
+    assert!(note.contains("place 1 of 4 waiting teardowns"), "{note}");
 
     std::fs::remove_file(&hold).unwrap();
     for (runs, name) in [
@@ -196,16 +209,6 @@ async fn a_second_namespaces_run_drains_before_the_first_namespaces_queue_emptie
         "namespace B's run is served before the 3 of A queued before it: {order:?}"
     );
     assert_eq!(order.len(), 5, "{order:?}");
-    // It waited past the quiet window: `kubectl describe` shows it queued, with its place.
-    let queued = events_of(&client, &ns_b.name, "b0", "DrainQueued").await;
-    let note = queued
-        .first()
-        .and_then(|e| e.note.clone())
-        .unwrap_or_default();
-    assert!(
-        note.contains("place 1 of 4 waiting teardowns"),
-        "{queued:?}"
-    );
 }
 
 /// Issue #28 item 4, the eviction test: with the only slot held and two teardowns queued, a run
