@@ -303,3 +303,65 @@ async fn a_run_whose_pod_is_deleted_while_the_slots_are_full_is_drained_first() 
         );
     }
 }
+
+/// Issue #28 item 4: a run declaring 6 held paths holds at most `--max-path-drains-per-run` (2)
+/// of the 8 path slots, so another run's path still drains meanwhile; released, its other paths
+/// drain in turn.
+#[tokio::test]
+async fn one_run_holds_at_most_its_share_of_the_path_slots() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "fair-cap").await;
+    let (_d, store_url) = file_store("fair-cap");
+    let bin = host_dir("fair-cap-bin");
+    let order = bin.join("order.log");
+    let pack = format!("{} ", gate_packer(&bin, &order).display());
+    let op = Operator::builder(&ns.name, &store_url)
+        .flags(&[
+            "--pack-command",
+            pack.as_str(),
+            "--max-concurrent-drains",
+            "4",
+            "--max-concurrent-path-drains",
+            "8",
+            "--max-path-drains-per-run",
+            "2",
+            "--drain-idle-timeout",
+            "10m",
+        ])
+        .start();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+
+    let wide: Vec<PathBuf> = (0..6).map(|i| path_dir("cap", &format!("w{i}"))).collect();
+    let holds: Vec<PathBuf> = wide
+        .iter()
+        .map(|d| PathBuf::from(format!("{}.hold", d.display())))
+        .collect();
+    for hold in &holds {
+        std::fs::write(hold, b"").unwrap();
+    }
+    let refs: Vec<&Path> = wide.iter().map(PathBuf::as_path).collect();
+    create(&runs, "wide", spec(&refs)).await;
+    run_then_finish(&runs, &pods, "wide", &op).await;
+    wait_holding(&wide[0], &op).await;
+    wait_holding(&wide[1], &op).await;
+    // Another run drains meanwhile: a free slot was left to it.
+    let dir = path_dir("cap", "narrow");
+    create(&runs, "narrow", spec(&[&dir])).await;
+    run_then_finish(&runs, &pods, "narrow", &op).await;
+    let narrow = wait_final(&runs, "narrow", &op, Duration::from_secs(120)).await;
+    assert_eq!(read_back(&narrow, 0).phase, ReadBackPhase::Drained);
+    let started = wide
+        .iter()
+        .filter(|d| PathBuf::from(format!("{}.waiting", d.display())).exists())
+        .count();
+    assert_eq!(started, 2, "the wide run holds 2 path slots, not 6 of 8");
+    for hold in &holds {
+        std::fs::remove_file(hold).unwrap();
+    }
+    let run = wait_final(&runs, "wide", &op, Duration::from_secs(120)).await;
+    for i in 0..6 {
+        assert_eq!(read_back(&run, i).phase, ReadBackPhase::Drained, "{run:?}");
+    }
+}
