@@ -87,12 +87,10 @@ impl Metrics {
     pub fn new() -> Result<Metrics, MetricsError> {
         let registry = Registry::new_custom(Some(PREFIX.to_string()), None)?;
         let reconciles = counter("reconciles_total", "Reconciles by step", &["step"])?;
-        let reconcile_duration = HistogramVec::new(
-            histogram_opts!(
-                "reconcile_duration_seconds",
-                "Reconcile duration",
-                exponential_buckets(0.005, 2.0, 16)?
-            ),
+        let reconcile_duration = histograms(
+            "reconcile_duration_seconds",
+            "Reconcile duration",
+            exponential_buckets(0.005, 2.0, 16)?,
             &["step"],
         )?;
         let reconcile_errors = counter(
@@ -111,12 +109,10 @@ impl Metrics {
             "Bytes read from the packer's exec stream, by wire encoding, every attempt included",
             &["wire"],
         )?;
-        let drain_duration = HistogramVec::new(
-            histogram_opts!(
-                "drain_duration_seconds",
-                "Duration of one path's drain, every attempt included",
-                exponential_buckets(0.05, 2.0, 16)?
-            ),
+        let drain_duration = histograms(
+            "drain_duration_seconds",
+            "Duration of one path's drain, every attempt included",
+            exponential_buckets(0.05, 2.0, 16)?,
             &["phase"],
         )?;
         let drains = counter("drains_total", "Drain outcomes by phase", &["phase"])?;
@@ -198,6 +194,16 @@ pub fn register_all<const N: usize>(
         registry.register(collector)?;
     }
     Ok(names)
+}
+
+/// A histogram vector named `name` (the registry adds the prefix) with `buckets` and `labels`.
+fn histograms(
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+    labels: &[&str],
+) -> Result<HistogramVec, prometheus::Error> {
+    HistogramVec::new(histogram_opts!(name, help, buckets), labels)
 }
 
 /// A counter vector named `name` (the registry adds the prefix) with `labels`.

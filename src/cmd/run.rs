@@ -342,6 +342,15 @@ pub(crate) struct RunArgs {
 }
 
 impl RunArgs {
+    /// The path slots (`--max-concurrent-path-drains`) and how many one run may hold
+    /// (`--max-path-drains-per-run`).
+    pub(crate) fn path_slots(&self) -> (usize, usize) {
+        (
+            usize::from(self.max_concurrent_path_drains),
+            usize::from(self.max_path_drains_per_run),
+        )
+    }
+
     /// The run policy of `--allowed-runtime-classes`, `--allowed-priority-classes` and
     /// `--allowed-toleration-keys`.
     pub fn run_policy(&self) -> crate::admission::policy::RunPolicy {

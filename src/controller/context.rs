@@ -97,7 +97,7 @@ impl Context {
     /// The same context with at most `max` paths drained at once, across every run, at least 1
     /// (`run --max-concurrent-path-drains`), at most `per_run` of them one run's
     /// (`run --max-path-drains-per-run`).
-    pub(crate) fn with_path_slots(mut self, max: usize, per_run: usize) -> Context {
+    pub(crate) fn with_path_slots(mut self, (max, per_run): (usize, usize)) -> Context {
         self.path_slots = FairSlots::new(max, per_run, None);
         self
     }
