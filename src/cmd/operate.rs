@@ -155,7 +155,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_drain_wire(args.drain_wire)
         .with_drain_idle(durations.drain_idle)
         .with_quiet_window(durations.quiet_window)
-        .with_path_slots(usize::from(args.max_concurrent_path_drains))
+        .with_path_slots(args.path_slots())
         .with_open_uploads(open_uploads)
         .with_preflight(preflight),
     );

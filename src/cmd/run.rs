@@ -149,6 +149,16 @@ pub(crate) struct RunArgs {
         value_parser = clap::value_parser!(u16).range(1..)
     )]
     pub(crate) max_concurrent_path_drains: u16,
+    /// Path slots one run may hold at once: a run declaring many slow paths leaves the other
+    /// slots to other runs; its other paths wait their turn (docs/contract.md "Fair drain
+    /// slots").
+    #[arg(
+        long,
+        env = "SANDBOXRUN_MAX_PATH_DRAINS_PER_RUN",
+        default_value_t = 4,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub(crate) max_path_drains_per_run: u16,
     /// Metrics and health address (/metrics, /healthz, /readyz).
     #[arg(long, env = "SANDBOXRUN_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub(crate) metrics_addr: String,
@@ -332,6 +342,15 @@ pub(crate) struct RunArgs {
 }
 
 impl RunArgs {
+    /// The path slots (`--max-concurrent-path-drains`) and how many one run may hold
+    /// (`--max-path-drains-per-run`).
+    pub(crate) fn path_slots(&self) -> (usize, usize) {
+        (
+            usize::from(self.max_concurrent_path_drains),
+            usize::from(self.max_path_drains_per_run),
+        )
+    }
+
     /// The run policy of `--allowed-runtime-classes`, `--allowed-priority-classes` and
     /// `--allowed-toleration-keys`.
     pub fn run_policy(&self) -> crate::admission::policy::RunPolicy {

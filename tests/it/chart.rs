@@ -1476,7 +1476,8 @@ fn alerts_and_dashboard_query_only_metrics_the_operator_exports() {
             "SandboxRunReconcileErrors",
             "SandboxRunWebhookSlow",
             "SandboxRunWebhookDenials",
-            "SandboxRunNoLeader"
+            "SandboxRunNoLeader",
+            "SandboxRunDrainQueueGrowing"
         ]
     );
     let mut used = std::collections::BTreeSet::new();
