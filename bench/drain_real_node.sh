@@ -11,6 +11,11 @@
 #   DATA=text bench/drain_real_node.sh                  the big files are JSON log lines (about
 #                                                       10:1 for zstd) instead of random bytes
 #   WIRE=tar bench/drain_real_node.sh                   the operator's --drain-wire (default zstd)
+#   FLOOD=150000 bench/drain_real_node.sh               instead of the data: that many symlinks
+#                                                       whose paths are 3.9 KiB (15 nested 255-byte
+#                                                       directories; issue #25 item 1's stream),
+#                                                       under a 1Gi cap; only our drain runs, for
+#                                                       its outcome and the operator's peak RSS
 #   LINK_MBIT=200 bench/drain_real_node.sh              a link of that rate between the control
 #                                                       plane and the node: the kubelet's port is
 #                                                       shaped on lo (tc htb, root) while the three
@@ -32,6 +37,9 @@ SMALL=${2:-1000}
 DATA=${DATA:-random}
 WIRE=${WIRE:-zstd}
 LINK_MBIT=${LINK_MBIT:-}
+FLOOD=${FLOOD:-}
+case "$FLOOD" in ''|*[!0-9]*) [ -z "$FLOOD" ] || { echo "FLOOD=<number of symlinks>" >&2; exit 2; } ;; esac
+CAP=60Gi; [ -z "$FLOOD" ] || CAP=1Gi
 KUBELET_PORT=${REAL_NODE_KUBELET_PORT:-11250}
 case "$DATA" in random|text) ;; *) echo "DATA=random|text" >&2; exit 2 ;; esac
 case "$WIRE" in zstd|tar) ;; *) echo "WIRE=zstd|tar" >&2; exit 2 ;; esac
@@ -87,10 +95,37 @@ spec:
   readBack:
     compression: none
     drainTimeout: 30m
-    paths: [{path: /data, sizeLimit: 60Gi}]
+    paths: [{path: /data, sizeLimit: $CAP}]
 YAML
+# FLOOD: the symlinks, then our drain alone; its outcome and the operator's peak RSS.
+flood() {
+  local pod=$1 t0 t1
+  echo "== writing $FLOOD symlinks with 3.9 KiB paths in the pod" >&2
+  kubectl exec -n "$NS" "$pod" -c workload -- sh -c "
+    set -e; d=/data; i=0
+    while [ \$i -lt 15 ]; do d=\$d/\$(printf '%0255d' \$i); i=\$((i + 1)); done
+    mkdir -p \$d; cd \$d; i=0
+    while [ \$i -lt $FLOOD ]; do ln -s target l\$i; i=\$((i + 1)); done"
+  echo "== our drain (spec.stop)" >&2
+  t0=$(now)
+  kubectl patch sbr bench -n "$NS" --type merge -p '{"spec":{"stop":true}}' >/dev/null
+  until [ "$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.phase}')" = Stopped ]; do sleep 0.5; done
+  t1=$(now)
+  local rss_kb outcome c="${FLOOD}symlinks-3.9KiB-paths-$WIRE"
+  rss_kb=$(peak_rss_kb "$OP_PID")
+  outcome=$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.readBack[0].phase} members={.status.readBack[0].members} dropped={.status.readBack[0].droppedMembers} bytes={.status.readBack[0].bytes}')
+  printf '\nreal node: %s symlinks with 3.9 KiB paths, cap 1Gi, wire %s: %s in %ss; operator peak RSS %s MiB\n' \
+    "$FLOOD" "$WIRE" "$outcome" "$(elapsed "$t0" "$t1")" "$((rss_kb / 1024))"
+  result drain_real_node "$c" outcome "$outcome" ""
+  result drain_real_node "$c" ours_wall "$(elapsed "$t0" "$t1")" s
+  result drain_real_node "$c" operator_peak_rss "$((rss_kb / 1024))" MiB
+}
 until [ "$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.phase}' 2>/dev/null)" = Running ]; do sleep 0.5; done
 pod=$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.podName}')
+if [ -n "$FLOOD" ]; then
+  flood "$pod"
+  exit 0
+fi
 echo "== writing the data in the pod (${BIG_MIB} MiB of $DATA data in 4 files + ${SMALL} small files)" >&2
 if [ "$DATA" = text ]; then
   # JSON log lines (~110 bytes each), varied enough not to be a run of one line.

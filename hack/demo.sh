@@ -18,9 +18,9 @@ OPERATOR_NS=sandboxrun-system
 RELEASE=sandboxrun
 
 log "prerequisites (hack/setup.sh: packages, the musl target, the tools from their Go modules; the first run builds them)"
-hack/setup.sh
+hack/setup.sh --demo
 log "local cluster: control plane, kwok node, real node, S3, registry"
-hack/local-cluster.sh up
+SANDBOXRUN_STORE_EMULATORS=off hack/local-cluster.sh up
 eval "$(hack/local-cluster.sh env)"
 STATE=$SANDBOXRUN_TEST_STATE
 

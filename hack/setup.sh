@@ -5,6 +5,8 @@
 # `make test` and .ci/run call it; a second run only checks (a few seconds).
 #
 #   hack/setup.sh            install what is missing (as root, with apt), one line per step
+#   hack/setup.sh --demo     the same, less what only the tests use (the GCS/Azure/gofakes3
+#                            store emulators: hack/test.sh installs them on its first run)
 #   hack/setup.sh --check    install nothing: list what is missing, exit 2 if anything is
 #
 # Not root, or no apt: it prints every missing prerequisite at once, with the command that
@@ -15,8 +17,13 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 . "$HERE/lib.sh"
 bed_defaults
 S3S_BIN=$CACHE_ROOT/s3s-fs-$S3S_FS_VERSION/bin/s3s-fs
-check_only=0
-[ "${1:-}" = "--check" ] && check_only=1
+check_only=0 demo_only=0
+case "${1:-}" in
+  --check) check_only=1 ;;
+  --demo) demo_only=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--check|--demo]" >&2; exit 2 ;;
+esac
 
 # <command it provides>:<Debian package>. A package is skipped when its command already exists
 # (e.g. npm from a Node.js installed another way). What each is for:
@@ -99,5 +106,10 @@ install_s3s() {
     --root "$CACHE_ROOT/s3s-fs-$S3S_FS_VERSION" >/dev/null 2>&1
 }
 step "s3s-fs $S3S_FS_VERSION (the S3 server)" install_s3s
-step "store emulators (fake-gcs-server, gofakes3, Azurite)" bash -c "'$HERE/store-emulators.sh' install >/dev/null"
+if [ "$demo_only" = 1 ]; then
+  printf 'setup: %-52s %s\n' "store emulators (fake-gcs-server, gofakes3, Azurite)" \
+    "deferred (the demo stores in S3 only; make test installs them)" >&2
+else
+  step "store emulators (fake-gcs-server, gofakes3, Azurite)" bash -c "'$HERE/store-emulators.sh' install >/dev/null"
+fi
 echo "setup: ready in $(( $(date +%s) - t_all ))s" >&2

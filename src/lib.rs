@@ -17,6 +17,7 @@ pub(crate) mod inpod;
 pub mod metrics;
 #[cfg(test)]
 mod module_map;
+pub(crate) mod names;
 pub mod plugin;
 pub mod pod;
 pub(crate) mod process;

@@ -77,6 +77,11 @@ pub struct PodSettings {
     /// With `run --sharding`: the number of shards; the pod is labelled with its run's shard
     /// (`sandbox.iterion.io/shard`), which the sharded replica's pod watch selects on.
     pub shards: Option<u32>,
+    /// The runtime class of a run that names none (`run --default-runtime-class`).
+    pub default_runtime_class: Option<String>,
+    /// The platform's namespace policies, for their `defaultRuntimeClass` (the controller reads
+    /// the run's namespace's labels before it builds the pod: [`with_namespace_default`]).
+    pub namespace_policies: Vec<crate::admission::namespace_policy::Compiled>,
 }
 
 impl Default for PodSettings {
@@ -90,8 +95,30 @@ impl Default for PodSettings {
             egress: crate::egress::EgressSettings::default(),
             image_pull_secrets: Vec::new(),
             shards: None,
+            default_runtime_class: None,
+            namespace_policies: Vec::new(),
         }
     }
+}
+
+/// `pod` with the runtime class the namespace policies governing a namespace with `labels` give a
+/// run that names none (docs/contract.md "The platform's namespace policies"): a namespace
+/// policy's `defaultRuntimeClass` wins over `run --default-runtime-class`; a run's own
+/// `runtimeClassName` over both.
+pub(crate) fn with_namespace_default(
+    mut pod: Pod,
+    run: &SandboxRun,
+    labels: &BTreeMap<String, String>,
+    policies: &[crate::admission::namespace_policy::Compiled],
+) -> Pod {
+    if run.spec.runtime_class_name.is_some() {
+        return pod;
+    }
+    let chosen = crate::admission::namespace_policy::default_runtime_class(labels, policies);
+    if let (Some(class), Some(spec)) = (chosen, pod.spec.as_mut()) {
+        spec.runtime_class_name = Some(class.to_string());
+    }
+    pod
 }
 
 /// Default of `run --holder-cpu-request`.
@@ -341,7 +368,7 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
             termination_grace_period_seconds: Some(drain_timeout + GRACE_MARGIN_SECONDS),
             security_context: Some(pod_security_context(user, group)),
             image_pull_secrets: image_pull_secrets(spec, settings),
-            ..passthrough_pod_spec(spec)
+            ..passthrough_pod_spec(spec, settings.default_runtime_class.as_deref())
         }),
         status: None,
     })
@@ -649,23 +676,16 @@ fn egress_gate_container(
     settings: &PodSettings,
     restricted: SecurityContext,
 ) -> Option<Container> {
-    use crate::api::NetworkMode;
-    use crate::egress::mode::{egress_of, Egress};
+    use crate::egress::mode::egress_of;
     use crate::egress::PolicyEnforcement;
-    use crate::inpod::gate::GateProbe;
     let gate = settings.egress.gate?;
     if settings.egress.enforcement != PolicyEnforcement::Enforced {
         return None;
     }
-    match egress_of(run).ok()? {
-        Egress::Open => return None,
-        // A denylist policy allows the node's address unless the run denies it, so only a fixed
-        // probe (which every run's policy denies: egress::policy) can tell it is in force.
-        Egress::Filtered {
-            mode: NetworkMode::Denylist,
-            ..
-        } if matches!(gate.probe, GateProbe::Node(_)) => return None,
-        Egress::DenyAll | Egress::Filtered { .. } => {}
+    // Every restricted run is gated: its policy denies the probe (a fixed probe from the start,
+    // the node's address once the pod is scheduled: egress::policy::policy_on_node).
+    if !egress_of(run).ok()?.is_restricted() {
+        return None;
     }
     Some(Container {
         name: crate::inpod::gate::GATE_CONTAINER.to_string(),
@@ -725,14 +745,17 @@ fn image_pull_secrets(
     (!pull_secrets.is_empty()).then_some(pull_secrets)
 }
 
-/// The pod spec fields copied from the run (scheduling, runtime class, service account) and the
-/// fixed ones that do not depend on it.
-fn passthrough_pod_spec(spec: &SandboxRunSpec) -> PodSpec {
+/// The pod spec fields copied from the run (scheduling, runtime class — else the operator's
+/// default —, service account) and the fixed ones that do not depend on it.
+fn passthrough_pod_spec(spec: &SandboxRunSpec, default_runtime_class: Option<&str>) -> PodSpec {
     PodSpec {
         // No API token unless the run names the account it is meant to act as.
         service_account_name: spec.service_account_name.clone(),
         automount_service_account_token: Some(spec.service_account_name.is_some()),
-        runtime_class_name: spec.runtime_class_name.clone(),
+        runtime_class_name: spec
+            .runtime_class_name
+            .clone()
+            .or_else(|| default_runtime_class.map(str::to_string)),
         affinity: spec.affinity.clone(),
         enable_service_links: Some(false),
         node_selector: spec.node_selector.clone(),
@@ -1049,6 +1072,10 @@ mod tests {
             ),
             (with_network(NetworkMode::Allowlist, &[]), &settings),
             (with_network(NetworkMode::Denylist, &["10.0.0.0/8"]), &fixed),
+            (
+                with_network(NetworkMode::Denylist, &["10.0.0.0/8"]),
+                &settings,
+            ),
         ] {
             let gate = gates(&r, settings).expect("a restricted run is gated");
             assert_eq!(gate.name, crate::inpod::gate::GATE_CONTAINER);
@@ -1073,12 +1100,6 @@ mod tests {
             .args
             .unwrap()
             .contains(&"$(SANDBOXRUN_HOST_IP)".to_string()));
-        // A denylist run allows the node unless it says otherwise: only a fixed probe gates it.
-        assert!(gates(
-            &with_network(NetworkMode::Denylist, &["10.0.0.0/8"]),
-            &settings
-        )
-        .is_none());
         // Open egress, no spec.network, an unenforcing cluster or the gate off: no gate.
         assert!(gates(&with_network(NetworkMode::Open, &[]), &settings).is_none());
         assert!(gates(&run(spec_with_paths(&["/out"])), &settings).is_none());
@@ -1089,6 +1110,40 @@ mod tests {
         let mut off = PodSettings::default();
         off.egress.gate = None;
         assert!(gates(&filtered, &off).is_none());
+    }
+
+    #[test]
+    fn a_run_without_a_runtime_class_gets_its_namespaces_default_else_the_operators() {
+        let class = |pod: &Pod| pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone());
+        let plain = run(spec_with_paths(&["/out"]));
+        let mut own = spec_with_paths(&["/out"]);
+        own.runtime_class_name = Some("kata".into());
+        let own = run(own);
+        let mut settings = PodSettings::default();
+        assert_eq!(class(&build_pod(&plain, &settings).unwrap()), None);
+        settings.default_runtime_class = Some("gvisor".into());
+        assert_eq!(
+            class(&build_pod(&plain, &settings).unwrap()).as_deref(),
+            Some("gvisor")
+        );
+        assert_eq!(
+            class(&build_pod(&own, &settings).unwrap()).as_deref(),
+            Some("kata")
+        );
+        let policies = crate::admission::namespace_policy::load(
+            "- name: free-tier\n  namespaceSelector: {matchLabels: {tier: free}}\n  defaultRuntimeClass: sandboxed\n",
+        )
+        .unwrap();
+        let free = BTreeMap::from([("tier".to_string(), "free".to_string())]);
+        let pod = |r: &SandboxRun| build_pod(r, &settings).unwrap();
+        // The namespace policy's default wins over the operator's; the run's own over both; a
+        // namespace the policy does not select keeps the operator's.
+        let given = with_namespace_default(pod(&plain), &plain, &free, &policies);
+        assert_eq!(class(&given).as_deref(), Some("sandboxed"));
+        let kept = with_namespace_default(pod(&own), &own, &free, &policies);
+        assert_eq!(class(&kept).as_deref(), Some("kata"));
+        let elsewhere = with_namespace_default(pod(&plain), &plain, &BTreeMap::new(), &policies);
+        assert_eq!(class(&elsewhere).as_deref(), Some("gvisor"));
     }
 
     #[test]

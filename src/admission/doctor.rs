@@ -8,7 +8,7 @@
 //! the same report is printed, but failing findings do not make the exit non-zero (a report for
 //! humans; `--strict` is the gate for scripts and CI).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -87,6 +87,15 @@ pub struct DoctorArgs {
     /// The operator's `--allowed-toleration-keys`.
     #[arg(long, env = "SANDBOXRUN_ALLOWED_TOLERATION_KEYS", value_name = "KEYS")]
     pub allowed_toleration_keys: Option<String>,
+    /// The operator's `--namespace-policies` file (docs/contract.md "The platform's namespace
+    /// policies"), judged with --namespace-labels offline, with the namespace's own labels under
+    /// --context (which reads the operator's published policies instead).
+    #[arg(long, env = "SANDBOXRUN_NAMESPACE_POLICIES", value_name = "FILE")]
+    pub namespace_policies: Option<PathBuf>,
+    /// Offline: the labels (`k=v,k2=v2`) of the namespace the manifests go to, for the namespace
+    /// policies that select namespaces by label (without it those are reported, not judged).
+    #[arg(long, value_name = "LABELS")]
+    pub namespace_labels: Option<String>,
     /// Also probe this kubeconfig context (ADR-006's live probe, advisory): the CRD, the webhook
     /// and its endpoint, the operator's heartbeat and published settings (which then replace
     /// the cap and timeout flags), a server-side dry run of each manifest and the objects its
@@ -156,8 +165,69 @@ impl DoctorArgs {
                 *field = parse_list(flag.as_deref());
             }
         }
+        if let Some(path) = &self.namespace_policies {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| format!("--namespace-policies {}: {e}", path.display()))?;
+            settings.namespace_policies = super::namespace_policy::load(&text)
+                .map_err(|e| format!("--namespace-policies {}: {e}", path.display()))?;
+        }
         Ok(settings)
     }
+
+    /// `--namespace-labels` as a map (None when not given).
+    pub(crate) fn namespace_labels(&self) -> Result<Option<BTreeMap<String, String>>, String> {
+        let Some(text) = &self.namespace_labels else {
+            return Ok(None);
+        };
+        text.split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(|pair| match pair.split_once('=') {
+                Some((k, v)) if !k.trim().is_empty() => {
+                    Ok((k.trim().to_string(), v.trim().to_string()))
+                }
+                _ => Err(format!("--namespace-labels: `{pair}` is not key=value")),
+            })
+            .collect::<Result<BTreeMap<_, _>, _>>()
+            .map(Some)
+    }
+}
+
+/// The namespace policies' findings about `spec` in a namespace with `labels` (None: unknown
+/// offline; a policy that selects by label is then reported as not judged, a warning).
+pub(crate) fn namespace_policy_findings(
+    spec: &crate::api::SandboxRunSpec,
+    policies: &[super::namespace_policy::Compiled],
+    labels: Option<&BTreeMap<String, String>>,
+) -> Vec<Finding> {
+    let Some(labels) = labels else {
+        let (selecting, everywhere): (Vec<_>, Vec<_>) =
+            policies.iter().cloned().partition(|p| p.needs_labels());
+        let mut out: Vec<Finding> = selecting
+            .iter()
+            .map(|p| {
+                Finding::warn(
+                    ids::RUN_POLICY,
+                    "metadata.namespace",
+                    format!(
+                        "namespace policy `{}` selects namespaces by label and was not judged",
+                        p.policy.name
+                    ),
+                    "pass --namespace-labels with the namespace's labels, or --context",
+                )
+            })
+            .collect();
+        out.extend(namespace_policy_findings(
+            spec,
+            &everywhere,
+            Some(&BTreeMap::new()),
+        ));
+        return out;
+    };
+    super::namespace_policy::violations(spec, labels, policies)
+        .into_iter()
+        .map(|v| Finding::fail(ids::RUN_POLICY, v.field, v.message, v.hint))
+        .collect()
 }
 
 /// Group/version and kind of the documents the doctor checks.
@@ -220,6 +290,10 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
         .collect();
     // Read everything first: the live probe needs every namespace, and what the stream brings.
     let mut read = read_documents(&inputs, &mut errors);
+    let labels = args.namespace_labels().unwrap_or_else(|e| {
+        errors.push(UsageError::Settings(e));
+        None
+    });
     let live = connect_live(&args, &read.runs, settings, &mut errors).await;
     for pending in &mut read.runs {
         pending.findings.extend(
@@ -231,9 +305,17 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
             )
             .await,
         );
+        // Offline, the namespace policies are judged with --namespace-labels; live, with the
+        // namespace's own labels (below).
+        if live.cluster.is_none() {
+            let policies = &live.settings.namespace_policies;
+            let found = namespace_policy_findings(&pending.run.spec, policies, labels.as_ref());
+            pending.findings.extend(found);
+        }
     }
     if let Some(c) = &live.cluster {
-        read.probe_runs(c, &live.watched).await;
+        read.probe_runs(c, &live.watched, &live.settings.namespace_policies)
+            .await;
     }
     let docs = read.into_reports();
     let report = Report {
@@ -331,7 +413,12 @@ fn read_documents(inputs: &[String], errors: &mut Vec<UsageError>) -> ReadDocume
 impl ReadDocuments {
     /// Adds what the live probe finds about each run (the server-side dry run, the objects its
     /// pod needs, a namespace the operator does not watch).
-    async fn probe_runs(&mut self, c: &live::Cluster, watched: &[String]) {
+    async fn probe_runs(
+        &mut self,
+        c: &live::Cluster,
+        watched: &[String],
+        policies: &[super::namespace_policy::Compiled],
+    ) {
         let targets: Vec<(&serde_json::Value, &SandboxRun, String)> = self
             .runs
             .iter()
@@ -345,11 +432,24 @@ impl ReadDocuments {
             .collect();
         let probed = live::probe_runs(c, &targets, &self.stream, &self.stream_namespaces).await;
         let namespaces: Vec<String> = targets.into_iter().map(|(_, _, ns)| ns).collect();
+        let mut labels: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         for ((pending, found), namespace) in self.runs.iter_mut().zip(probed).zip(namespaces) {
             pending.findings.extend(found);
             pending
                 .findings
                 .extend(super::rules::unwatched_namespace(Some(&namespace), watched));
+            if policies.is_empty() {
+                continue;
+            }
+            if !labels.contains_key(&namespace) {
+                // A namespace that does not exist (or cannot be read) is reported by the dry run;
+                // its policies are then judged as for a namespace without labels.
+                let read = c.namespace_labels(&namespace).await.ok().flatten();
+                labels.insert(namespace.clone(), read.unwrap_or_default());
+            }
+            let found =
+                namespace_policy_findings(&pending.run.spec, policies, labels.get(&namespace));
+            pending.findings.extend(found);
         }
     }
 

@@ -144,6 +144,18 @@ impl Cluster {
         self.bounded(api.get_opt(name)).await
     }
 
+    /// The labels of namespace `name` (None: it does not exist), bounded.
+    pub(crate) async fn namespace_labels(
+        &self,
+        name: &str,
+    ) -> Result<Option<BTreeMap<String, String>>, String> {
+        let api: Api<Namespace> = Api::all(self.client.clone());
+        Ok(self
+            .get_opt(api, name)
+            .await?
+            .map(|n| n.metadata.labels.unwrap_or_default()))
+    }
+
     /// The cluster-wide probes for runs going to `namespaces`: the CRD, the webhooks that would
     /// judge them and their endpoints, the operator's published settings and heartbeat
     /// (looked for in `operator_namespace`, else the namespaces of the webhooks' Services, else

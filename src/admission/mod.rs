@@ -2,6 +2,7 @@
 //! validating webhook ([`webhook`]) and `doctor --strict` ([`doctor`]) — which print the same
 //! findings. [`ratchet`] decides what a review is judged by (CREATE in full; UPDATE ratcheted, so
 //! that a run admitted once can always be let go of). [`network`] owns the egress rule grammar, [`policy`] the cluster's run policy,
+//! [`namespace_policy`] the platform's named policies for the namespaces a label selector picks,
 //! [`images`] the opt-in no-pull image resolvability check (the only I/O the rules know of),
 //! [`certs`] the webhook's own certificates, [`schema`] the CRD's structural schema as `doctor`
 //! judges unknown fields, [`serve`] the wiring for `run`. [`published`] is the operator's live
@@ -14,6 +15,7 @@ pub mod doctor;
 pub mod images;
 pub(crate) mod live;
 pub(crate) mod live_verdicts;
+pub mod namespace_policy;
 pub(crate) mod network;
 pub mod policy;
 pub(crate) mod publish;

@@ -12,6 +12,7 @@ use clap::ValueEnum;
 use jiff::Timestamp;
 use thiserror::Error;
 
+use super::namespace_policy::{compile, NamespacePolicy};
 use super::policy::{parse_list, RunPolicy};
 use super::rules::RuleSettings;
 use crate::caps::CapSettings;
@@ -92,6 +93,7 @@ mod keys {
     pub(crate) const PRIORITY_CLASSES: &str = "allowedPriorityClasses";
     pub(crate) const TOLERATION_KEYS: &str = "allowedTolerationKeys";
     pub(crate) const WATCHED_NAMESPACES: &str = "watchNamespaces";
+    pub(crate) const NAMESPACE_POLICIES: &str = "namespacePolicies";
 }
 
 impl PublishedSettings {
@@ -140,6 +142,19 @@ impl PublishedSettings {
                 put(key, list.join(","));
             }
         }
+        // The namespace policies as the file wrote them (JSON), absent when there are none.
+        let namespace_policies: Vec<&NamespacePolicy> = self
+            .rules
+            .namespace_policies
+            .iter()
+            .map(|c| &c.policy)
+            .collect();
+        if !namespace_policies.is_empty() {
+            put(
+                keys::NAMESPACE_POLICIES,
+                serde_json::to_string(&namespace_policies).unwrap_or_default(),
+            );
+        }
         d
     }
 
@@ -184,6 +199,13 @@ impl PublishedSettings {
             Some(t) => Some(parse::<Timestamp>(keys::HEARTBEAT, t)?),
             None => None,
         };
+        let namespace_policies = match data.get(keys::NAMESPACE_POLICIES) {
+            Some(text) => serde_json::from_str::<Vec<NamespacePolicy>>(text)
+                .ok()
+                .and_then(|p| compile(p).ok())
+                .ok_or_else(|| enum_of(keys::NAMESPACE_POLICIES, text))?,
+            None => Vec::new(),
+        };
         Ok(PublishedSettings {
             rules: RuleSettings {
                 caps: CapSettings {
@@ -203,6 +225,7 @@ impl PublishedSettings {
                         data.get(keys::TOLERATION_KEYS).map(String::as_str),
                     ),
                 },
+                namespace_policies,
             },
             default_drain_timeout: optional_secs(keys::DRAIN_TIMEOUT)?.unwrap_or_default(),
             drain_wire,
@@ -226,16 +249,30 @@ impl PublishedSettings {
             .map_or_else(|| "none".to_string(), |d| format!("{}s", d.as_secs()));
         format!(
             "max-cap {} B, default-cap {} B, max-drain-timeout {max_drain}, network-policy {}, \
-             drain-wire {}, check-images {}, preflight-images {}, run policy: {}",
+             drain-wire {}, check-images {}, preflight-images {}, run policy: {}; namespace \
+             policies: {}",
             self.rules.caps.max_bytes,
             self.rules.caps.default_bytes,
             self.rules.network_policy,
             self.drain_wire.as_str(),
             self.check_images,
             self.preflight_images,
-            self.rules.policy.describe()
+            self.rules.policy.describe(),
+            describe_policies(&self.rules.namespace_policies)
         )
     }
+}
+
+/// The namespace policies' names, or `none`.
+fn describe_policies(policies: &[crate::admission::namespace_policy::Compiled]) -> String {
+    if policies.is_empty() {
+        return "none".to_string();
+    }
+    policies
+        .iter()
+        .map(|c| c.policy.name.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Whether a published record shows a live operator at `now`.
@@ -280,6 +317,11 @@ mod tests {
                     priority_classes: Some(Vec::new()),
                     toleration_keys: None,
                 },
+                namespace_policies: crate::admission::namespace_policy::load(
+                    "- name: free-tier\n  namespaceSelector: {matchLabels: {tier: free}}\n  \
+                     images: [\"registry.corp.example/**\"]\n  maxSizeLimit: 1Gi\n  secrets: false\n",
+                )
+                .unwrap(),
             },
             default_drain_timeout: Duration::from_secs(120),
             drain_wire: Wire::Zstd,

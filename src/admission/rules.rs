@@ -8,6 +8,7 @@
 //!
 //! Rule ids are stable: scripts and the test corpus (`tests/admission-corpus/`) match on them.
 
+use crate::names::{is_dns1123_label, is_dns1123_subdomain, is_label_value, is_qualified_name};
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
@@ -101,6 +102,9 @@ pub struct RuleSettings {
     /// The cluster's run policy: the runtime classes, priority classes and toleration keys runs
     /// may ask for (`super::policy`).
     pub policy: super::policy::RunPolicy,
+    /// The platform's namespace policies (`run --namespace-policies`): judged with the labels of
+    /// the run's namespace, so by the webhook and `doctor` beside [`check`], not inside it.
+    pub namespace_policies: Vec<super::namespace_policy::Compiled>,
 }
 
 /// The operator's default `--max-drain-timeout` (1h): `doctor` judges with it, so the offline
@@ -115,6 +119,7 @@ impl Default for RuleSettings {
             max_drain_timeout: Some(DEFAULT_MAX_DRAIN_TIMEOUT),
             network_policy: crate::egress::PolicyEnforcement::Enforced,
             policy: super::policy::RunPolicy::default(),
+            namespace_policies: Vec::new(),
         }
     }
 }
@@ -729,41 +734,6 @@ fn check_env(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
             )),
         }
     }
-}
-
-/// DNS-1123 subdomain: at most 253 of `[a-z0-9-.]`, dot-separated DNS labels.
-pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
-}
-
-/// A label or annotation key: `[prefix/]name`, prefix a DNS subdomain, name 1-63 of
-/// `[A-Za-z0-9-_.]` starting and ending alphanumeric.
-pub(crate) fn is_qualified_name(s: &str) -> bool {
-    let (prefix, name) = match s.split_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, s),
-    };
-    prefix.is_none_or(is_dns1123_subdomain) && !name.is_empty() && is_label_value(name)
-}
-
-/// A label value: empty, or at most 63 of `[A-Za-z0-9-_.]` starting and ending alphanumeric.
-pub(crate) fn is_label_value(s: &str) -> bool {
-    s.is_empty()
-        || (s.len() <= 63
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-            && s.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-            && s.bytes().last().is_some_and(|b| b.is_ascii_alphanumeric()))
-}
-
-/// DNS-1123 label: 1-63 of `[a-z0-9-]`, starting and ending alphanumeric.
-pub(crate) fn is_dns1123_label(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 63
-        && s.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !s.starts_with('-')
-        && !s.ends_with('-')
 }
 
 /// Validates a container path: absolute, normalized (no `..`, `.`, `//`, trailing `/`), not `/`,

@@ -226,9 +226,12 @@ async fn review_request(
                 .finding(&wanted.image),
         );
     }
+    let old_spec = old.as_ref().map(|(spec, _)| *spec);
     if state.access_checks {
-        let old_spec = old.as_ref().map(|(spec, _)| *spec);
         findings.extend(access_findings(state, req, new_spec, old_spec).await);
+    }
+    if !state.settings.namespace_policies.is_empty() {
+        findings.extend(namespace_policy_findings(state, req, new_spec, old_spec).await);
     }
     sort_findings(&mut findings);
     respond(resp, &who, &findings)
@@ -261,6 +264,52 @@ async fn access_findings(
             "report this to the operator's admin",
         )],
     }
+}
+
+/// What the run breaks of the namespace policies that govern its namespace (docs/contract.md
+/// "The platform's namespace policies"), on UPDATE only what the update adds. The namespace's
+/// labels are read when a policy selects by them; a namespace that cannot be read refuses.
+async fn namespace_policy_findings(
+    state: &WebhookState,
+    req: &AdmissionRequest<DynamicObject>,
+    new: &serde_json::Value,
+    old: Option<&serde_json::Value>,
+) -> Vec<Finding> {
+    use super::rules::ids::RUN_POLICY;
+    use serde::Deserialize;
+    // A spec that does not parse was refused by the rules already.
+    let Ok(new) = crate::api::SandboxRunSpec::deserialize(new) else {
+        return Vec::new();
+    };
+    let old = old.and_then(|o| crate::api::SandboxRunSpec::deserialize(o).ok());
+    let policies = &state.settings.namespace_policies;
+    let mut labels = std::collections::BTreeMap::new();
+    if policies.iter().any(|p| p.needs_labels()) {
+        let read = match (&state.client, req.namespace.as_deref()) {
+            (Some(client), Some(ns)) => {
+                Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
+                    .get(ns)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            _ => Err("no client or namespace".to_string()),
+        };
+        match read {
+            Ok(ns) => labels = ns.metadata.labels.unwrap_or_default(),
+            Err(e) => {
+                return vec![Finding::fail(
+                    RUN_POLICY,
+                    "metadata.namespace",
+                    format!("the namespace's labels cannot be read to judge the namespace policies: {e}"),
+                    "the operator needs get on namespaces (chart runPolicy.namespacePolicies grants it)",
+                )]
+            }
+        }
+    }
+    super::namespace_policy::added_violations(&new, old.as_ref(), &labels, policies)
+        .into_iter()
+        .map(|v| Finding::fail(RUN_POLICY, v.field, v.message, v.hint))
+        .collect()
 }
 
 /// Builds the response from the findings: deny with every failure, warn with every warning.

@@ -16,7 +16,9 @@ use std::process::ExitCode;
 use thiserror::Error;
 use tracing::{error, info, warn};
 
-use super::run::{caps, egress_settings, holder_resources, RunArgs};
+use super::run::{
+    caps, default_runtime_class, egress_settings, holder_resources, namespace_policies, RunArgs,
+};
 use crate::controller::decide::DecideSettings;
 use crate::controller::{self, Context};
 use crate::metrics::Metrics;
@@ -62,6 +64,22 @@ pub(crate) enum OperatorError {
     Shard(#[from] crate::shard::owner::ShardError),
 }
 
+/// The pod builder's settings that come straight from the flags (the holder's resources, the
+/// egress settings and the namespace policies are set by the caller, which checked them first).
+fn pod_settings(args: &RunArgs, durations: &Durations) -> Result<PodSettings, OperatorError> {
+    Ok(PodSettings {
+        holder_image: args.holder_image.clone(),
+        holder_binary: args.holder_binary.clone(),
+        default_drain_timeout_seconds: i64::try_from(durations.drain_timeout.as_secs().max(1))
+            .unwrap_or(300),
+        max_drain_timeout_seconds: i64::try_from(durations.max_drain_timeout.as_secs().max(1))
+            .unwrap_or(i64::MAX),
+        image_pull_secrets: args.pod_image_pull_secrets.clone(),
+        default_runtime_class: default_runtime_class(args).map_err(OperatorError::Config)?,
+        ..PodSettings::default()
+    })
+}
+
 /// Runs `run`: logs set up from the flags, then the operator until SIGTERM.
 pub(crate) async fn main(args: RunArgs) -> ExitCode {
     args.log.init_tracing();
@@ -99,11 +117,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let metrics_addr = serve_metrics(&args.metrics_addr, metrics.clone(), ready.clone()).await?;
     info!(%metrics_addr, "metrics and health endpoints listening");
 
+    let namespace_policies = namespace_policies(&args).map_err(OperatorError::Config)?;
     let rules = crate::admission::RuleSettings {
         caps,
         max_drain_timeout: Some(durations.max_drain_timeout),
         network_policy: egress.enforcement,
         policy: args.run_policy(),
+        namespace_policies: namespace_policies.clone(),
     };
     if !args.webhook_addr.trim().is_empty() {
         start_webhook(&args, client.clone(), &metrics, rules.clone()).await?;
@@ -114,16 +134,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let preflight = preflight(&args)?;
     let leader = metrics.leader.clone();
     let pod = PodSettings {
-        holder_image: args.holder_image.clone(),
-        holder_binary: args.holder_binary.clone(),
-        default_drain_timeout_seconds: i64::try_from(durations.drain_timeout.as_secs().max(1))
-            .unwrap_or(300),
-        max_drain_timeout_seconds: i64::try_from(durations.max_drain_timeout.as_secs().max(1))
-            .unwrap_or(i64::MAX),
         holder_resources,
         egress,
-        image_pull_secrets: args.pod_image_pull_secrets.clone(),
+        namespace_policies,
         shards: shards.as_ref().map(|gate| gate.shards()),
+        ..pod_settings(&args, &durations)?
     };
     let ctx = Arc::new(
         Context::new(
@@ -145,7 +160,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_drain_wire(args.drain_wire)
         .with_drain_idle(durations.drain_idle)
         .with_quiet_window(durations.quiet_window)
-        .with_path_slots(usize::from(args.max_concurrent_path_drains))
+        .with_path_slots(args.path_slots())
         .with_open_uploads(open_uploads)
         .with_preflight(preflight)
         .with_shards(shards.clone()),

@@ -149,6 +149,16 @@ pub(crate) struct RunArgs {
         value_parser = clap::value_parser!(u16).range(1..)
     )]
     pub(crate) max_concurrent_path_drains: u16,
+    /// Path slots one run may hold at once: a run declaring many slow paths leaves the other
+    /// slots to other runs; its other paths wait their turn (docs/contract.md "Fair drain
+    /// slots").
+    #[arg(
+        long,
+        env = "SANDBOXRUN_MAX_PATH_DRAINS_PER_RUN",
+        default_value_t = 4,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub(crate) max_path_drains_per_run: u16,
     /// Metrics and health address (/metrics, /healthz, /readyz).
     #[arg(long, env = "SANDBOXRUN_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub(crate) metrics_addr: String,
@@ -207,6 +217,16 @@ pub(crate) struct RunArgs {
     /// key, which tolerates every taint; unset: any, empty: none).
     #[arg(long, env = "SANDBOXRUN_ALLOWED_TOLERATION_KEYS", value_name = "KEYS")]
     pub(crate) allowed_toleration_keys: Option<String>,
+    /// The runtime class of a run that names none (e.g. gvisor); it must be among
+    /// --allowed-runtime-classes when those are set. A namespace policy's defaultRuntimeClass
+    /// wins over it. Chart: runPolicy.defaultRuntimeClass.
+    #[arg(long, env = "SANDBOXRUN_DEFAULT_RUNTIME_CLASS", value_name = "NAME")]
+    pub(crate) default_runtime_class: Option<String>,
+    /// A YAML file of the platform's namespace policies (docs/contract.md "The platform's
+    /// namespace policies"): the webhook refuses a run that breaks one, naming it. Chart:
+    /// runPolicy.namespacePolicies. A file that does not parse stops the operator at start.
+    #[arg(long, env = "SANDBOXRUN_NAMESPACE_POLICIES", value_name = "FILE")]
+    pub(crate) namespace_policies: Option<std::path::PathBuf>,
     /// With --namespaces: the webhook refuses a SandboxRun created in any other namespace (rule
     /// namespace-not-watched; nothing would ever run it). Chart: webhook.unwatchedNamespaces=refuse.
     #[arg(
@@ -337,6 +357,15 @@ pub(crate) struct RunArgs {
 }
 
 impl RunArgs {
+    /// The path slots (`--max-concurrent-path-drains`) and how many one run may hold
+    /// (`--max-path-drains-per-run`).
+    pub(crate) fn path_slots(&self) -> (usize, usize) {
+        (
+            usize::from(self.max_concurrent_path_drains),
+            usize::from(self.max_path_drains_per_run),
+        )
+    }
+
     /// The run policy of `--allowed-runtime-classes`, `--allowed-priority-classes` and
     /// `--allowed-toleration-keys`.
     pub fn run_policy(&self) -> crate::admission::policy::RunPolicy {
@@ -347,6 +376,44 @@ impl RunArgs {
             toleration_keys: parse_list(self.allowed_toleration_keys.as_deref()),
         }
     }
+}
+
+/// `--default-runtime-class`, checked: a DNS-1123 subdomain, among `--allowed-runtime-classes`
+/// when those are set (else every run without one would be refused by its own default's pod).
+pub(crate) fn default_runtime_class(args: &RunArgs) -> Result<Option<String>, String> {
+    let Some(class) = args.default_runtime_class.as_deref().map(str::trim) else {
+        return Ok(None);
+    };
+    if class.is_empty() {
+        return Ok(None);
+    }
+    if !crate::names::is_dns1123_subdomain(class) {
+        return Err(format!(
+            "--default-runtime-class {class:?} is not a DNS-1123 subdomain"
+        ));
+    }
+    if let Some(allowed) = args.run_policy().runtime_classes {
+        if !allowed.iter().any(|a| a == class) {
+            return Err(format!(
+                "--default-runtime-class {class:?} is not among --allowed-runtime-classes ({})",
+                allowed.join(",")
+            ));
+        }
+    }
+    Ok(Some(class.to_string()))
+}
+
+/// The namespace policies of `--namespace-policies` (none when unset).
+pub(crate) fn namespace_policies(
+    args: &RunArgs,
+) -> Result<Vec<crate::admission::namespace_policy::Compiled>, String> {
+    let Some(path) = &args.namespace_policies else {
+        return Ok(Vec::new());
+    };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("--namespace-policies {}: {e}", path.display()))?;
+    crate::admission::namespace_policy::load(&text)
+        .map_err(|e| format!("--namespace-policies {}: {e}", path.display()))
 }
 
 /// Parses a cap given in bytes or as a Kubernetes quantity.

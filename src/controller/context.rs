@@ -9,11 +9,10 @@ use jiff::Timestamp;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 use object_store::ObjectStore;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::decide::DecideSettings;
-use super::drain_pool::DrainPool;
+use super::drain_pool::{DrainPool, FairSlots};
 use super::observe::StoreView;
 use crate::admission::images::ImageResolver;
 use crate::api::{Retention, SandboxRun, SandboxRunStatus};
@@ -26,6 +25,9 @@ use crate::store::open_uploads::OpenUploads;
 
 /// Field manager of every status write (server-side apply, one manager), and the Events' reporter.
 pub(crate) const MANAGER: &str = "sandboxrun-operator";
+
+/// Path slots one run may hold at once unless told (`run --max-path-drains-per-run`).
+pub(crate) const DEFAULT_PATH_DRAINS_PER_RUN: usize = 4;
 
 /// What the controller needs besides the cluster.
 pub(crate) struct Context {
@@ -75,8 +77,10 @@ pub(crate) struct Context {
     /// The drains in flight, off the reconcile workers.
     pub drains: DrainPool,
     /// Paths being drained at once, across every run (`run --max-concurrent-path-drains`): the
-    /// paths of one run drain in parallel, and this bounds the operator's drain memory.
-    pub path_slots: Semaphore,
+    /// paths of one run drain in parallel, at most `run --max-path-drains-per-run` of them, and
+    /// this bounds the operator's drain memory. Handed out fairly (docs/contract.md "Fair drain
+    /// slots").
+    pub path_slots: FairSlots,
     /// Aborts an S3 archive key's open multipart uploads before each attempt (None: not S3).
     pub open_uploads: Option<Arc<OpenUploads>>,
     /// Resolves a run's image before its pod is created (`run --preflight-images`; None: off).
@@ -94,9 +98,10 @@ impl Context {
     }
 
     /// The same context with at most `max` paths drained at once, across every run, at least 1
-    /// (`run --max-concurrent-path-drains`).
-    pub(crate) fn with_path_slots(mut self, max: usize) -> Context {
-        self.path_slots = Semaphore::new(max.max(1));
+    /// (`run --max-concurrent-path-drains`), at most `per_run` of them one run's
+    /// (`run --max-path-drains-per-run`).
+    pub(crate) fn with_path_slots(mut self, (max, per_run): (usize, usize)) -> Context {
+        self.path_slots = FairSlots::new(max, per_run, None);
         self
     }
 
@@ -174,6 +179,7 @@ impl Context {
                 instance: Some(instance),
             },
         );
+        let drains = DrainPool::new(max_concurrent_drains, Some(metrics.drain_queue.clone()));
         Context {
             client,
             store,
@@ -193,8 +199,8 @@ impl Context {
             written: Default::default(),
             default_retention: Retention::default(),
             cancel: CancellationToken::new(),
-            drains: DrainPool::new(max_concurrent_drains),
-            path_slots: Semaphore::new(max_concurrent_drains.max(1)),
+            drains,
+            path_slots: FairSlots::new(max_concurrent_drains, DEFAULT_PATH_DRAINS_PER_RUN, None),
             open_uploads: None,
             preflight: None,
             shards: None,

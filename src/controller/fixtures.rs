@@ -56,6 +56,8 @@ pub(crate) fn running() -> PodView {
         started_at: Some(now()),
         pending_since: Some(now()),
         problem: None,
+        host_ip: None,
+        gate_waiting: false,
     }
 }
 

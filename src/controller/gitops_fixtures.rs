@@ -77,6 +77,8 @@ fn view(holder_running: bool, workload: WorkloadState) -> PodView {
         started_at: holder_running.then(|| at(-50)),
         pending_since: Some(at(-55)),
         problem: None,
+        host_ip: None,
+        gate_waiting: false,
     }
 }
 

@@ -22,6 +22,7 @@ pub(crate) mod conditions;
 pub(crate) mod context;
 pub(crate) mod decide;
 pub(crate) mod drain_pool;
+pub(crate) mod drain_queue;
 mod drive;
 pub(crate) mod error;
 pub(crate) mod events;
@@ -56,7 +57,6 @@ pub(crate) use error::ControllerError;
 
 use crate::api::{Phase, SandboxRun};
 use crate::metrics::Metrics;
-use plan::IN_FLIGHT_REQUEUE;
 
 /// Runs the controller until `shutdown` resolves. `namespaces` empty = every namespace.
 pub(crate) async fn run(
@@ -80,6 +80,7 @@ pub(crate) async fn run(
             .collect()
     };
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
+    spawn_queue_gauge(Arc::downgrade(&ctx));
     let mut streams = Vec::new();
     for (runs, pods) in scopes {
         if let Some(gate) = &ctx.shards {
@@ -174,6 +175,20 @@ fn spawn_phase_gauge(store: kube::runtime::reflector::Store<SandboxRun>, metrics
     });
 }
 
+/// Keeps the age of the oldest teardown waiting for a drain slot up to date, every 5 s (the
+/// queue's other gauges follow each change of it), while the controller's context lives.
+fn spawn_queue_gauge(ctx: std::sync::Weak<Context>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let Some(ctx) = ctx.upgrade() else {
+                break;
+            };
+            ctx.drains.refresh_metrics();
+        }
+    });
+}
+
 /// The `phase` label of runs that have no phase yet.
 const NEW_PHASE_LABEL: &str = "New";
 
@@ -194,9 +209,11 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
     let Some(_shard) = ctx.enter_shard(&run) else {
         return Ok(Action::await_change());
     };
-    // The run's drain owns it until the drain ends (its status writes, then this requeue, wake it).
+    // The run's drain owns it until the drain ends (its status writes, then the requeue, wake
+    // it); while it waits for a slot, the reconcile only tells so.
     if ctx.drains.is_in_flight(&run.uid().unwrap_or_default()) {
-        return Ok(Action::requeue(IN_FLIGHT_REQUEUE));
+        let requeue = pipeline::in_flight(&ctx, &run, Timestamp::now()).await?;
+        return Ok(requeue.into_action());
     }
     let run = ctx.with_unreported_pod(run);
     let reconciled = pipeline::reconcile(&ctx, &run, Timestamp::now()).await?;

@@ -135,6 +135,11 @@ pub(crate) struct PodView {
     pub pending_since: Option<Timestamp>,
     /// Something blocking the pod.
     pub problem: Option<PodProblem>,
+    /// The address of the pod's node (`status.hostIP`), once the kubelet has it.
+    pub host_ip: Option<std::net::IpAddr>,
+    /// The pod has an egress gate that has not ended yet: the workload waits for the run's
+    /// NetworkPolicy to be in force.
+    pub gate_waiting: bool,
 }
 
 impl PodView {
@@ -217,8 +222,30 @@ impl PodView {
                 .or(pod.metadata.creation_timestamp.as_ref())
                 .map(|t| t.0),
             problem,
+            host_ip: status
+                .and_then(|s| s.host_ip.as_deref())
+                .and_then(|ip| ip.parse().ok()),
+            gate_waiting: gate_waiting(pod),
         }
     }
+}
+
+/// Whether `pod` has an egress gate that has not ended (no status yet, waiting or running).
+fn gate_waiting(pod: &Pod) -> bool {
+    let gate = crate::inpod::gate::GATE_CONTAINER;
+    let declared = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.init_containers.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.name == gate));
+    let ended = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.init_container_statuses.as_ref())
+        .and_then(|c| c.iter().find(|c| c.name == gate))
+        .and_then(|c| c.state.as_ref())
+        .is_some_and(|s| s.terminated.is_some());
+    declared && !ended
 }
 
 /// The egress gate's words when it exited non-zero (docs/contract.md "A filtered run never has an
@@ -494,6 +521,19 @@ pub(crate) async fn live_run(
         .map_err(kube_err(format!("get {namespace}/{name}")))
 }
 
+/// The labels of namespace `name` (none when it has none).
+pub(crate) async fn namespace_labels(
+    client: &Client,
+    name: &str,
+) -> Result<std::collections::BTreeMap<String, String>, ControllerError> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = namespaces
+        .get(name)
+        .await
+        .map_err(kube_err(format!("get namespace {name}")))?;
+    Ok(ns.metadata.labels.unwrap_or_default())
+}
+
 /// The image of `pod`'s workload container, resolved without pulling it (the pre-flight of
 /// `--preflight-images`, docs/contract.md ADR-006 §5) with the credentials of the pod's
 /// imagePullSecrets (the run's and the operator's, read in the run's namespace; one that cannot
@@ -655,7 +695,49 @@ mod tests {
             started_at: None,
             pending_since: Some(at(since)),
             problem: None,
+            host_ip: None,
+            gate_waiting: false,
         }
+    }
+
+    #[test]
+    fn the_view_reads_the_nodes_address_and_whether_the_egress_gate_still_waits() {
+        use k8s_openapi::api::core::v1::{
+            Container, ContainerState, ContainerStateTerminated, ContainerStatus, PodSpec,
+            PodStatus,
+        };
+        let gate = crate::inpod::gate::GATE_CONTAINER;
+        let mut pod = Pod {
+            spec: Some(PodSpec {
+                init_containers: Some(vec![Container {
+                    name: gate.into(),
+                    ..Container::default()
+                }]),
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        };
+        // Declared, no status yet: waiting, node unknown.
+        let view = PodView::of(&pod);
+        assert!(view.gate_waiting);
+        assert_eq!(view.host_ip, None);
+        pod.status = Some(PodStatus {
+            host_ip: Some("10.1.2.3".into()),
+            init_container_statuses: Some(vec![ContainerStatus {
+                name: gate.into(),
+                state: Some(ContainerState {
+                    terminated: Some(ContainerStateTerminated::default()),
+                    ..ContainerState::default()
+                }),
+                ..ContainerStatus::default()
+            }]),
+            ..PodStatus::default()
+        });
+        let view = PodView::of(&pod);
+        assert!(!view.gate_waiting, "the gate ended");
+        assert_eq!(view.host_ip, "10.1.2.3".parse().ok());
+        // No gate declared: nothing waits.
+        assert!(!PodView::of(&Pod::default()).gate_waiting);
     }
 
     #[test]

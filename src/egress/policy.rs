@@ -45,6 +45,34 @@ pub(crate) fn build_policy(
     run: &SandboxRun,
     settings: &EgressSettings,
 ) -> Result<Option<NetworkPolicy>, PolicyError> {
+    build(run, settings, None)
+}
+
+/// The NetworkPolicy of a run whose pod runs on the node at `node`, when the egress gate probes
+/// that node (`run --egress-gate-probe node:<port>`): the node's address is denied to it whatever
+/// its rules, so the gate can see the policy in force for a denylist run too, and no restricted
+/// workload reaches its node's kubelet (docs/contract.md "A filtered run never has an unfiltered
+/// instant"). None when the egress is open, when nothing may leave at all (the node is denied
+/// already), or when the gate does not probe the node (nothing to add after scheduling).
+pub(crate) fn policy_on_node(
+    run: &SandboxRun,
+    settings: &EgressSettings,
+    node: IpAddr,
+) -> Result<Option<NetworkPolicy>, PolicyError> {
+    let probes_node = settings
+        .gate
+        .is_some_and(|g| matches!(g.probe, crate::inpod::gate::GateProbe::Node(_)));
+    if !probes_node || !matches!(egress_of(run)?, Egress::Filtered { .. }) {
+        return Ok(None);
+    }
+    build(run, settings, Some(node))
+}
+
+fn build(
+    run: &SandboxRun,
+    settings: &EgressSettings,
+    node: Option<IpAddr>,
+) -> Result<Option<NetworkPolicy>, PolicyError> {
     let name = run
         .metadata
         .name
@@ -64,6 +92,9 @@ pub(crate) fn build_policy(
             // never has an unfiltered instant"). Last match wins.
             if let Some(probe) = fixed_gate_probe(settings) {
                 rules.push(deny_rule(mode, probe));
+            }
+            if let Some(node) = node {
+                rules.push(deny_rule(mode, node));
             }
             let mut out = vec![dns_rule(&settings.dns)];
             if let Some(proxy) = &settings.proxy {
@@ -485,6 +516,54 @@ mod tests {
                 "10.9.9.8".parse().unwrap()
             ));
         }
+    }
+
+    #[test]
+    fn a_node_probed_run_is_denied_its_nodes_address_once_scheduled_whatever_its_rules() {
+        let node: IpAddr = "10.1.2.3".parse().unwrap();
+        let gated = settings();
+        assert!(matches!(
+            gated.gate.map(|g| g.probe),
+            Some(crate::inpod::gate::GateProbe::Node(10250))
+        ));
+        let blocks_of = |p: NetworkPolicy| -> Vec<IPBlock> {
+            p.spec
+                .unwrap()
+                .egress
+                .unwrap()
+                .into_iter()
+                .flat_map(|rule| rule.to.unwrap_or_default())
+                .filter_map(|p| p.ip_block)
+                .collect()
+        };
+        for (mode, rules) in [
+            (NetworkMode::Allowlist, vec!["10.0.0.0/8".to_string()]),
+            (NetworkMode::Denylist, vec!["192.168.0.0/16".to_string()]),
+        ] {
+            let r = run(Some(NetSpec { mode, rules }));
+            // Before scheduling the run's rules alone allow the node; on it, it is carved out
+            // and its neighbour is not.
+            let before = build_policy(&r, &gated).unwrap().unwrap();
+            assert!(policy_allows(&blocks_of(before), node), "{mode:?}");
+            let on_node = policy_on_node(&r, &gated, node).unwrap().unwrap();
+            let blocks = blocks_of(on_node);
+            assert!(!policy_allows(&blocks, node), "{mode:?}");
+            assert!(policy_allows(&blocks, "10.1.2.4".parse().unwrap()));
+        }
+        let denylist = run(Some(NetSpec {
+            mode: NetworkMode::Denylist,
+            rules: vec![],
+        }));
+        // Nothing to add: the gate does not probe the node, egress is open, or nothing may leave.
+        let mut off = settings();
+        off.gate = None;
+        assert!(policy_on_node(&denylist, &off, node).unwrap().is_none());
+        assert!(policy_on_node(&run(None), &gated, node).unwrap().is_none());
+        let deny_all = run(Some(NetSpec {
+            mode: NetworkMode::Allowlist,
+            rules: vec![],
+        }));
+        assert!(policy_on_node(&deny_all, &gated, node).unwrap().is_none());
     }
 
     #[test]

@@ -1622,3 +1622,149 @@ async fn check_images_resolves_against_the_real_registry_without_pulling() {
     );
     assert_eq!(report["summary"]["failures"], 0, "{out}");
 }
+
+/// The platform's namespace policies (issue #29 item 2; docs/contract.md "The platform's
+/// namespace policies"), one table through the live webhook and through `doctor`: each rule of a
+/// policy that selects `tier=free` namespaces refuses its field, naming the policy, while the
+/// namespace carries `tier=free`, and lets the same run through once the namespace is relabelled
+/// `tier=paid` (the webhook reads the labels at each review). `doctor` judges the same runs with
+/// `--namespace-policies` and `--namespace-labels`, and says a selecting policy was not judged
+/// when it is given no labels.
+#[tokio::test]
+async fn namespace_policies_refuse_each_field_where_they_select_naming_the_policy() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("policies.yaml");
+    std::fs::write(
+        &file,
+        "- name: free-tier
+  namespaceSelector: {matchLabels: {sandboxrun-test-tier: free}}
+  runtimeClasses: [gvisor]
+  priorityClasses: []
+  images: [\"ghcr.io/iterion/**\"]
+  maxSizeLimit: 1Gi
+  maxDrainTimeout: 10m
+  serviceAccounts: false
+  secrets: false
+",
+    )
+    .expect("write the policies");
+    let path = file.display().to_string();
+    let live =
+        LiveWebhook::start_with("live-nspolicy", false, &["--namespace-policies", &path]).await;
+    let ns = live.ns.name.clone();
+    let label = |tier: &str| {
+        let (code, out, err) = kubectl_run(
+            &[
+                "label",
+                "namespace",
+                &ns,
+                "--overwrite",
+                &format!("sandboxrun-test-tier={tier}"),
+            ],
+            None,
+        );
+        assert_eq!(code, 0, "{out}{err}");
+    };
+    let read_back = |size: &str, timeout: &str| json!({"paths": [{"path": "/out", "sizeLimit": size}], "drainTimeout": timeout});
+    let cases: Vec<(&str, Value)> = vec![
+        ("spec.runtimeClassName", json!({"runtimeClassName": "runc"})),
+        (
+            "spec.priorityClassName",
+            json!({"priorityClassName": "high"}),
+        ),
+        (
+            "spec.image",
+            json!({"image": "docker.io/evil/miner@sha256:3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f"}),
+        ),
+        (
+            "spec.readBack.paths[0].sizeLimit",
+            json!({"readBack": read_back("2Gi", "5m")}),
+        ),
+        (
+            "spec.readBack.drainTimeout",
+            json!({"readBack": read_back("1Gi", "30m")}),
+        ),
+        (
+            "spec.serviceAccountName",
+            json!({"serviceAccountName": "default"}),
+        ),
+        (
+            "spec.env[0].valueFrom.secretKeyRef",
+            json!({"env": [{"name": "X", "valueFrom": {"secretKeyRef": {"name": "db", "key": "k"}}}]}),
+        ),
+        (
+            "spec.mounts[0]",
+            json!({"mounts": [{"name": "m", "type": "secret", "source": "db", "target": "/m", "readOnly": true}]}),
+        ),
+    ];
+    let manifest = |extra: &Value| {
+        let mut spec = json!({"image": DIGEST_IMAGE, "user": "1000", "runtimeClassName": "gvisor"});
+        for (k, v) in extra.as_object().expect("an object") {
+            spec[k] = v.clone();
+        }
+        json!({
+            "apiVersion": "sandbox.iterion.io/v1alpha1",
+            "kind": "SandboxRun",
+            "metadata": {"name": "r", "namespace": ns},
+            "spec": spec,
+        })
+    };
+    let runs = live.runs();
+    label("free");
+    // The webhook converges on the labels: a plain run passes, a refused one names the policy.
+    let plain = run_from(manifest(&json!({})));
+    runs.create(&dry_run(), &plain)
+        .await
+        .expect("a run within the policy passes");
+    for (field, extra) in &cases {
+        let run = run_from(manifest(extra));
+        let err = runs.create(&dry_run(), &run).await.expect_err(field);
+        let kube::Error::Api(status) = err else {
+            panic!("{field}: not an apiserver refusal: {err:?}");
+        };
+        assert_eq!(status.code, 422, "{field}: {status:?}");
+        assert!(
+            status.message.contains(&format!("- [run-policy] {field}:"))
+                && status.message.contains("namespace policy `free-tier`"),
+            "{field}: {}",
+            status.message
+        );
+        // doctor, offline, with the namespace's labels: the same field, the same policy.
+        let doc = dir.path().join("run.yaml");
+        std::fs::write(&doc, serde_yaml::to_string(&manifest(extra)).expect("yaml"))
+            .expect("write");
+        let doc = doc.display().to_string();
+        let policies = ["--strict", "--namespace-policies", path.as_str()];
+        let (code, out, err) = doctor(&[
+            &doc,
+            policies[0],
+            policies[1],
+            policies[2],
+            "--namespace-labels",
+            "sandboxrun-test-tier=free",
+        ]);
+        assert_eq!(code, 1, "{field}: {out}{err}");
+        assert!(
+            out.contains(field) && out.contains("free-tier"),
+            "{field}: {out}"
+        );
+        let (code, out, err) = doctor(&[
+            &doc,
+            policies[0],
+            policies[1],
+            policies[2],
+            "--namespace-labels",
+            "sandboxrun-test-tier=paid",
+        ]);
+        assert_eq!(code, 0, "{field}: {out}{err}");
+        let (_, out, _) = doctor(&[&doc, policies[0], policies[1], policies[2]]);
+        assert!(out.contains("was not judged"), "{field}: {out}");
+    }
+    // Relabelled out of the policy's selector: every run passes.
+    label("paid");
+    for (field, extra) in &cases {
+        runs.create(&dry_run(), &run_from(manifest(extra)))
+            .await
+            .unwrap_or_else(|e| panic!("{field}: allowed outside the policy's namespaces: {e}"));
+    }
+}

@@ -365,6 +365,87 @@ fn the_run_policy_values_become_the_operators_flags() {
     );
 }
 
+/// Issue #29 item 2: `runPolicy.namespacePolicies` becomes a ConfigMap the operator's own parser
+/// reads back as written, mounted where `--namespace-policies` points, with a checksum that rolls
+/// the pods when the list changes and `get namespaces` granted only then.
+#[test]
+fn the_namespace_policies_value_becomes_the_file_the_operator_reads() {
+    let grants_namespaces = |docs: &[serde_yaml::Value]| {
+        docs.iter()
+            .filter(|d| d["kind"].as_str() == Some("ClusterRole"))
+            .flat_map(|d| d["rules"].as_sequence().cloned().unwrap_or_default())
+            .any(|r| {
+                r["resources"]
+                    .as_sequence()
+                    .is_some_and(|v| v.iter().any(|x| x.as_str() == Some("namespaces")))
+            })
+    };
+    let off = yaml_docs(&ok(helm(&["template", "demo", CHART]), None));
+    assert!(
+        !grants_namespaces(&off),
+        "no get namespaces without policies"
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    let values = dir.path().join("policies.yaml");
+    std::fs::write(
+        &values,
+        "runPolicy:\n  defaultRuntimeClass: gvisor\n  namespacePolicies:\n  - name: free-tier\n    namespaceSelector: {matchLabels: {tier: free}}\n    images: [\"registry.corp.example/**\"]\n    maxSizeLimit: 1Gi\n    secrets: false\n",
+    )
+    .expect("write values");
+    let docs = yaml_docs(&ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "-f",
+            &values.display().to_string(),
+        ]),
+        None,
+    ));
+    assert!(grants_namespaces(&docs));
+    let config = docs
+        .iter()
+        .find(|d| {
+            d["kind"].as_str() == Some("ConfigMap")
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.ends_with("-namespace-policies"))
+        })
+        .expect("the policies' ConfigMap");
+    let text = config["data"]["namespace-policies.yaml"]
+        .as_str()
+        .expect("the file");
+    let read = sandboxrun_operator::admission::namespace_policy::load(text).expect("it parses");
+    assert_eq!(read.len(), 1);
+    assert_eq!(read[0].policy.name, "free-tier");
+    assert!(!read[0].policy.secrets);
+    assert_eq!(read[0].policy.max_size_limit.as_deref(), Some("1Gi"));
+    let pod = &operator_deployment(&docs)["spec"]["template"];
+    let container = &pod["spec"]["containers"][0];
+    let args: Vec<&str> = container["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(
+        args.contains(&"--namespace-policies=/etc/sandboxrun/policies/namespace-policies.yaml"),
+        "{args:?}"
+    );
+    assert!(args.contains(&"--default-runtime-class=gvisor"), "{args:?}");
+    let mounted = container["volumeMounts"]
+        .as_sequence()
+        .expect("mounts")
+        .iter()
+        .any(|m| m["mountPath"].as_str() == Some("/etc/sandboxrun/policies"));
+    assert!(mounted);
+    assert!(
+        pod["metadata"]["annotations"]["checksum/namespace-policies"]
+            .as_str()
+            .is_some()
+    );
+}
+
 /// Issue #27: the webhook is tied to `watchNamespaces`. By default (`refuse`) it sees every
 /// namespace and the operator refuses runs outside the watched ones (`--webhook-refuse-unwatched`);
 /// with `ignore` its namespaceSelector is narrowed to them instead; without `watchNamespaces`,
@@ -1415,7 +1496,8 @@ fn alerts_and_dashboard_query_only_metrics_the_operator_exports() {
             "SandboxRunReconcileErrors",
             "SandboxRunWebhookSlow",
             "SandboxRunWebhookDenials",
-            "SandboxRunNoLeader"
+            "SandboxRunNoLeader",
+            "SandboxRunDrainQueueGrowing"
         ]
     );
     let mut used = std::collections::BTreeSet::new();

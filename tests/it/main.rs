@@ -34,6 +34,7 @@ mod doctor_cli;
 mod doctor_live;
 mod drain_commit;
 mod drain_e2e;
+mod drain_fair;
 mod drain_wire;
 mod egress_policy;
 mod egress_proxy;

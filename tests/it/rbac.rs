@@ -461,7 +461,11 @@ fn the_operations_rbac_table_is_the_charts_rbac() {
     let (cluster_roles, roles, _) = chart_rbac(
         "doc",
         "doc-sys",
-        &["webhook.checkImages=true", "preflightImages=true"],
+        &[
+            "webhook.checkImages=true",
+            "preflightImages=true",
+            "runPolicy.namespacePolicies[0].name=doc",
+        ],
     );
     let rules = cluster_roles
         .iter()

@@ -1611,8 +1611,10 @@ const FIRST_INSTRUCTION_PROBE: &str = r#"if r=$(/bin/busybox timeout 5 /bin/busy
 /// workload that connects at once used to reach what its policy denies. With the egress gate (an
 /// init container holding the workload until a probe the policy denies is refused):
 /// - control: a run with open egress reaches the address in its first instruction (no gate);
-/// - filtered: the same first instruction, from a run whose allowlist does not cover the address,
-///   is refused, the address's listener never sees that pod, and the gate exited 0.
+/// - restricted: the same first instruction, from a run whose allowlist does not cover the
+///   address, from a denylist run that lists it, and from a denylist run of another range (the
+///   node is denied to a node-probed run once scheduled), is refused, the address's listener never
+///   sees those pods, and each gate exited 0.
 #[tokio::test]
 async fn a_filtered_runs_first_instruction_is_already_filtered() {
     let client = client().await;
@@ -1642,53 +1644,56 @@ async fn a_filtered_runs_first_instruction_is_already_filtered() {
         open.status
     );
 
-    // Filtered: allowlist of a range that does not hold the node's address.
-    let filtered = spec(Some(sandboxrun_operator::api::NetworkPolicy {
-        mode: sandboxrun_operator::api::NetworkMode::Allowlist,
-        rules: vec!["192.0.2.0/24".to_string()],
-    }));
-    create(&runs, "filtered", filtered).await;
-    let pod_name =
-        pod_of(&wait_for_pod_name(&runs, runs.get("filtered").await.expect("run")).await);
-    let gate = eventually("the egress gate to end", Duration::from_secs(120), || {
-        let (pods, pod_name) = (pods.clone(), pod_name.clone());
-        async move {
-            pods.get(&pod_name)
-                .await
-                .ok()?
-                .status?
-                .init_container_statuses?
-                .into_iter()
-                .find(|c| c.name == "egress-gate")?
-                .state?
-                .terminated
-        }
-    })
-    .await;
-    assert_eq!(
-        gate.exit_code, 0,
-        "the gate saw the policy in force: {gate:?}"
-    );
-    let done = wait_run(
-        &runs,
-        "filtered",
-        "the filtered run to end",
-        &op,
-        final_phase,
-    )
-    .await;
-    let line = first_line(&done);
-    assert!(
-        line.starts_with("fail"),
-        "the first instruction was filtered: {line:?} {:?}",
-        done.status
-    );
-    let seen = denied_peers.lock().expect("peers").clone();
-    assert_eq!(
-        seen.len(),
-        1,
-        "only the open run reached the denied address: {seen:?}"
-    );
+    // Restricted, three ways: an allowlist of a range that does not hold the node's address; a
+    // denylist that lists the address (it used to start ungated and reach it at once); a denylist
+    // of another range (the gate probes the node, so the node is denied to it once scheduled).
+    let restricted = |mode, rule: &str| {
+        spec(Some(sandboxrun_operator::api::NetworkPolicy {
+            mode,
+            rules: vec![rule.to_string()],
+        }))
+    };
+    use sandboxrun_operator::api::NetworkMode::{Allowlist, Denylist};
+    for (name, filtered) in [
+        ("filtered", restricted(Allowlist, "192.0.2.0/24")),
+        ("denylist-listed", restricted(Denylist, &node_ip)),
+        ("denylist-other", restricted(Denylist, "192.0.2.0/24")),
+    ] {
+        create(&runs, name, filtered).await;
+        let pod_name = pod_of(&wait_for_pod_name(&runs, runs.get(name).await.expect("run")).await);
+        let gate = eventually("the egress gate to end", Duration::from_secs(120), || {
+            let (pods, pod_name) = (pods.clone(), pod_name.clone());
+            async move {
+                pods.get(&pod_name)
+                    .await
+                    .ok()?
+                    .status?
+                    .init_container_statuses?
+                    .into_iter()
+                    .find(|c| c.name == "egress-gate")?
+                    .state?
+                    .terminated
+            }
+        })
+        .await;
+        assert_eq!(
+            gate.exit_code, 0,
+            "{name}: the gate saw the policy in force: {gate:?}"
+        );
+        let done = wait_run(&runs, name, "the restricted run to end", &op, final_phase).await;
+        let line = first_line(&done);
+        assert!(
+            line.starts_with("fail"),
+            "{name}: the first instruction was filtered: {line:?} {:?}",
+            done.status
+        );
+        let seen = denied_peers.lock().expect("peers").clone();
+        assert_eq!(
+            seen.len(),
+            1,
+            "{name}: only the open run reached the denied address: {seen:?}"
+        );
+    }
 }
 
 /// The run, once its status names its pod.

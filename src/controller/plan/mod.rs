@@ -18,6 +18,7 @@ mod after;
 mod create;
 mod finish;
 mod model;
+mod queued;
 mod teardown;
 #[cfg(test)]
 mod testing;
@@ -29,7 +30,7 @@ use super::retention;
 use crate::api::{Retention, SandboxRun};
 use create::create_pod;
 use finish::{delete_finished_pod, expired_event, skip_drain};
-use track::track_pod;
+use track::{gate_policy, track_pod};
 
 pub(crate) use after::{after, AfterInputs, Answer};
 pub(crate) use create::create;
@@ -41,6 +42,7 @@ pub(crate) use model::{
     Effect, Inputs, Plan, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN,
     NAME_CONFLICT_REQUEUE, SETTLE,
 };
+pub(crate) use queued::queued;
 pub(crate) use teardown::{
     teardown, teardown_end, PathPlan, PathWork, TeardownPlan, TeardownProgress,
 };
@@ -56,14 +58,19 @@ pub(crate) fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
             ..Plan::wait(Requeue::AwaitChange)
         },
         Step::CreatePod => return create_pod(run, inputs),
-        Step::TrackPod { requeue } => track_pod(
-            run,
-            inputs.pod_name,
-            inputs.pod,
-            requeue,
-            inputs.now,
-            inputs.settle,
-        ),
+        Step::TrackPod { requeue } => {
+            let mut plan = track_pod(
+                run,
+                inputs.pod_name,
+                inputs.pod,
+                requeue,
+                inputs.now,
+                inputs.settle,
+            );
+            let egress = &inputs.pod_settings.egress;
+            plan.effects.extend(gate_policy(run, inputs.pod, egress));
+            plan
+        }
         Step::Teardown(trigger) => return StepPlan::Teardown(trigger),
         Step::RecordPodLost => return StepPlan::RecordPodLost,
         Step::DeleteFinishedPod => delete_finished_pod(run, inputs.pod, inputs.now),

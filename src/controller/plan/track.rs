@@ -9,8 +9,9 @@ use super::super::events::{self, stuck_event, PlannedEvent};
 use super::super::observe::{pending_for, pending_recheck, PodView, WorkloadState};
 use super::super::status::tracked_status;
 use super::create::{pod_created_event, unreported};
-use super::model::{Plan, Requeue, LOOK_AGAIN_MARGIN};
+use super::model::{Effect, Plan, Requeue, LOOK_AGAIN_MARGIN};
 use crate::api::{Phase, SandboxRun};
+use crate::egress::settings::EgressSettings;
 
 pub(super) fn track_pod(
     run: &SandboxRun,
@@ -27,6 +28,8 @@ pub(super) fn track_pod(
         started_at: None,
         pending_since: None,
         problem: None,
+        host_ip: None,
+        gate_waiting: false,
     };
     let view = pod.unwrap_or(&absent);
     let status = tracked_status(run, pod_name, view, now);
@@ -76,5 +79,77 @@ pub(super) fn track_pod(
             Some(d) => Requeue::After(d + LOOK_AGAIN_MARGIN),
             None => Requeue::AwaitChange,
         },
+    }
+}
+
+/// While the pod's egress gate waits and its node is known, the run's NetworkPolicy with that
+/// node's address denied (docs/contract.md "A filtered run never has an unfiltered instant"): the
+/// gate probes the node, so a policy that allows it (a denylist, an allowlist of a range holding
+/// it) would keep the gate shut. Applied on each look while the gate waits (server-side apply of
+/// the same object changes nothing); None once it opened, or when there is nothing to add.
+pub(super) fn gate_policy(
+    run: &SandboxRun,
+    pod: Option<&PodView>,
+    egress: &EgressSettings,
+) -> Option<Effect> {
+    let pod = pod.filter(|p| p.gate_waiting && !p.deleting)?;
+    let policy = crate::egress::policy::policy_on_node(run, egress, pod.host_ip?).ok()??;
+    Some(Effect::ApplyNetworkPolicy(Box::new(policy)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{NetworkMode, NetworkPolicy};
+    use crate::controller::fixtures::{run_with, running};
+
+    #[test]
+    fn a_waiting_gate_on_a_known_node_gets_the_policy_that_denies_that_node() {
+        let mut run = run_with(&[("/out", false)]);
+        run.spec.network = Some(NetworkPolicy {
+            mode: NetworkMode::Denylist,
+            rules: vec!["192.0.2.0/24".to_string()],
+        });
+        let egress = EgressSettings::default();
+        let node = "10.1.2.3";
+        let waiting = PodView {
+            host_ip: node.parse().ok(),
+            gate_waiting: true,
+            ..running()
+        };
+        let Some(Effect::ApplyNetworkPolicy(policy)) = gate_policy(&run, Some(&waiting), &egress)
+        else {
+            panic!("a waiting gate on a known node gets its policy");
+        };
+        let excepted: Vec<String> = policy
+            .spec
+            .and_then(|s| s.egress)
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|r| r.to.unwrap_or_default())
+            .filter_map(|p| p.ip_block)
+            .flat_map(|b| b.except.unwrap_or_default())
+            .collect();
+        assert!(excepted.contains(&format!("{node}/32")), "{excepted:?}");
+        // Not before the node is known, not once the gate opened, not for a pod being deleted,
+        // not for an open run.
+        let unscheduled = PodView {
+            host_ip: None,
+            ..waiting.clone()
+        };
+        let opened = PodView {
+            gate_waiting: false,
+            ..waiting.clone()
+        };
+        let deleting = PodView {
+            deleting: true,
+            ..waiting.clone()
+        };
+        for pod in [&unscheduled, &opened, &deleting] {
+            assert_eq!(gate_policy(&run, Some(pod), &egress), None, "{pod:?}");
+        }
+        assert_eq!(gate_policy(&run, None, &egress), None);
+        let open = run_with(&[("/out", false)]);
+        assert_eq!(gate_policy(&open, Some(&waiting), &egress), None);
     }
 }
