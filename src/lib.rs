@@ -22,6 +22,7 @@ pub mod plugin;
 pub mod pod;
 pub(crate) mod process;
 pub(crate) mod selftest;
+pub mod shard;
 pub mod store;
 pub mod tar;
 pub(crate) mod text;

@@ -74,6 +74,9 @@ pub struct PodSettings {
     /// Secrets added to every pod's imagePullSecrets after the run's own
     /// (`run --pod-image-pull-secret`): a holder image from a private registry.
     pub image_pull_secrets: Vec<String>,
+    /// With `run --sharding`: the number of shards; the pod is labelled with its run's shard
+    /// (`sandbox.iterion.io/shard`), which the sharded replica's pod watch selects on.
+    pub shards: Option<u32>,
     /// The runtime class of a run that names none (`run --default-runtime-class`).
     pub default_runtime_class: Option<String>,
     /// The platform's namespace policies, for their `defaultRuntimeClass` (the controller reads
@@ -91,6 +94,7 @@ impl Default for PodSettings {
             holder_resources: HolderResources::default(),
             egress: crate::egress::EgressSettings::default(),
             image_pull_secrets: Vec::new(),
+            shards: None,
             default_runtime_class: None,
             namespace_policies: Vec::new(),
         }
@@ -353,7 +357,7 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
     let holder = holder_container(settings, mounts.holder, drain_timeout, restricted);
 
     Ok(Pod {
-        metadata: pod_metadata(run, &name, uid),
+        metadata: pod_metadata(run, &name, uid, settings.shards),
         spec: Some(PodSpec {
             init_containers: gate.map(|g| vec![g]),
             containers: vec![workload, holder],
@@ -762,7 +766,7 @@ fn passthrough_pod_spec(spec: &SandboxRunSpec, default_runtime_class: Option<&st
 }
 
 /// The pod's name, namespace, labels, annotations and owner reference.
-fn pod_metadata(run: &SandboxRun, name: &str, uid: String) -> ObjectMeta {
+fn pod_metadata(run: &SandboxRun, name: &str, uid: String, shards: Option<u32>) -> ObjectMeta {
     let annotations: BTreeMap<String, String> = run
         .spec
         .pod_annotations
@@ -774,7 +778,7 @@ fn pod_metadata(run: &SandboxRun, name: &str, uid: String) -> ObjectMeta {
     ObjectMeta {
         name: Some(pod_name(name)),
         namespace: run.namespace(),
-        labels: Some(pod_labels(&run.spec, name, uid)),
+        labels: Some(pod_labels(run, name, uid, shards)),
         annotations: (!annotations.is_empty()).then_some(annotations),
         owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
         ..ObjectMeta::default()
@@ -782,8 +786,20 @@ fn pod_metadata(run: &SandboxRun, name: &str, uid: String) -> ObjectMeta {
 }
 
 /// The operator's labels, then the run's own pod labels under them.
-fn pod_labels(spec: &SandboxRunSpec, name: &str, uid: String) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::from([
+fn pod_labels(
+    run: &SandboxRun,
+    name: &str,
+    uid: String,
+    shards: Option<u32>,
+) -> BTreeMap<String, String> {
+    let spec = &run.spec;
+    let mut labels = BTreeMap::new();
+    if let Some(shards) = shards {
+        let run_labels = run.metadata.labels.clone().unwrap_or_default();
+        let shard = crate::shard::shard_of_run(&run_labels, &uid, shards);
+        labels.insert(crate::shard::SHARD_LABEL.to_string(), shard.to_string());
+    }
+    labels.extend([
         (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
         (
             "app.kubernetes.io/name".to_string(),
@@ -1227,6 +1243,36 @@ mod tests {
         assert_eq!(ps.service_account_name, None);
         assert_eq!(ps.automount_service_account_token, Some(false));
         assert_eq!(plain.metadata.annotations, None);
+    }
+
+    #[test]
+    fn a_sharded_operators_pod_carries_its_runs_shard_and_the_run_cannot_set_it() {
+        let mut spec = spec_with_paths(&["/out"]);
+        spec.pod_labels = Some(BTreeMap::from([(
+            crate::shard::SHARD_LABEL.to_string(),
+            "999".to_string(),
+        )]));
+        let r = run(spec);
+        let uid = r.metadata.uid.clone().unwrap();
+        let plain = build_pod(&r, &PodSettings::default()).unwrap();
+        let labels = plain.metadata.labels.unwrap_or_default();
+        assert!(
+            !labels.contains_key(crate::shard::SHARD_LABEL),
+            "{labels:?}"
+        );
+        let settings = PodSettings {
+            shards: Some(32),
+            ..PodSettings::default()
+        };
+        let labels = build_pod(&r, &settings)
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap_or_default();
+        assert_eq!(
+            labels.get(crate::shard::SHARD_LABEL),
+            Some(&crate::shard::shard_of(&uid, 32).to_string())
+        );
     }
 
     #[test]

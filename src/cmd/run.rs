@@ -256,7 +256,22 @@ pub(crate) struct RunArgs {
     /// Elect a leader on a Lease so several replicas can run.
     #[arg(long, env = "SANDBOXRUN_LEADER_ELECT", default_value_t = false)]
     pub(crate) leader_elect: bool,
-    /// Lease name.
+    /// Share the runs among every replica (active-active, docs/operations.md "Scaling"): each
+    /// run belongs to one of --shards shards, each shard is owned by one replica through its own
+    /// Lease (`<--lease-name>-shard-<k>` in --pod-namespace), and a replica reconciles and drains
+    /// only the runs of its shards. Not with --leader-elect.
+    #[arg(long, env = "SANDBOXRUN_SHARDING", default_value_t = false)]
+    pub(crate) sharding: bool,
+    /// The number of shards with --sharding: the same on every replica (a change moves runs
+    /// between shards: change it only with every replica stopped).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_SHARDS",
+        default_value_t = crate::shard::DEFAULT_SHARDS,
+        value_parser = clap::value_parser!(u32).range(1..=4096)
+    )]
+    pub(crate) shards: u32,
+    /// Lease name (leader election), or the prefix of the shard and replica Leases (--sharding).
     #[arg(
         long,
         env = "SANDBOXRUN_LEASE_NAME",
@@ -266,7 +281,7 @@ pub(crate) struct RunArgs {
     /// Namespace of the operator itself (lease, webhook Secret).
     #[arg(long, env = "POD_NAMESPACE", default_value = "sandboxrun-system")]
     pub(crate) pod_namespace: String,
-    /// This replica's identity (events, lease).
+    /// This replica's identity (events, leases): unique per replica.
     #[arg(long, env = "POD_NAME", default_value = "sandboxrun-operator-local")]
     pub(crate) pod_name: String,
     /// Whether this cluster's network plugin enforces NetworkPolicy: `enforced`, or

@@ -20,6 +20,7 @@ use crate::caps::CapSettings;
 use crate::drain::wire::Wire;
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
+use crate::shard::gate::{ShardGate, ShardGuard};
 use crate::store::open_uploads::OpenUploads;
 
 /// Field manager of every status write (server-side apply, one manager), and the Events' reporter.
@@ -84,6 +85,8 @@ pub(crate) struct Context {
     pub open_uploads: Option<Arc<OpenUploads>>,
     /// Resolves a run's image before its pod is created (`run --preflight-images`; None: off).
     pub preflight: Option<Arc<ImageResolver>>,
+    /// The shards this replica owns (`run --sharding`; None: every run is this replica's).
+    pub shards: Option<Arc<ShardGate>>,
 }
 
 impl Context {
@@ -133,6 +136,27 @@ impl Context {
         self
     }
 
+    /// The same context working only on the runs of the shards `gate` owns (`run --sharding`).
+    pub(crate) fn with_shards(mut self, gate: Option<Arc<ShardGate>>) -> Context {
+        self.shards = gate;
+        self
+    }
+
+    /// What may work on `run` now: `Some(None)` without sharding, `Some(guard)` when this
+    /// replica owns the run's shard, None when another replica's (docs/contract.md "Shards").
+    pub(crate) fn enter_shard(&self, run: &SandboxRun) -> Option<Option<ShardGuard>> {
+        let Some(gate) = &self.shards else {
+            return Some(None);
+        };
+        gate.enter(gate.shard_of(run)?).map(Some)
+    }
+
+    /// A guard for the teardown a guarded reconcile of `run` starts (None without sharding).
+    pub(crate) fn join_shard(&self, run: &SandboxRun) -> Option<ShardGuard> {
+        let gate = self.shards.as_ref()?;
+        gate.join(gate.shard_of(run)?)
+    }
+
     /// A context with an Event recorder reporting as `instance`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
@@ -179,6 +203,7 @@ impl Context {
             path_slots: FairSlots::new(max_concurrent_drains, DEFAULT_PATH_DRAINS_PER_RUN, None),
             open_uploads: None,
             preflight: None,
+            shards: None,
         }
     }
 

@@ -83,16 +83,20 @@ pub(crate) async fn run(
     spawn_queue_gauge(Arc::downgrade(&ctx));
     let mut streams = Vec::new();
     for (runs, pods) in scopes {
-        let pods_cfg = watcher::Config::default().labels(&crate::pod::managed_by_selector());
+        if let Some(gate) = &ctx.shards {
+            tokio::spawn(crate::shard::label::label_new_runs(
+                runs.clone(),
+                Arc::clone(gate),
+            ));
+        }
         // The runs are cached without their managedFields, which nothing here reads and which
         // are a fifth of a run's bytes (the cache is most of the operator's memory at 10,000 runs).
         let (reader, writer) = kube::runtime::reflector::store();
-        let cached = watcher(runs, watcher::Config::default())
+        let cached = run_events(&ctx, runs)
             .modify(|run: &mut SandboxRun| run.managed_fields_mut().clear())
             .reflect(writer)
             .applied_objects();
-        let controller = Controller::for_stream(cached, reader)
-            .owns(pods, pods_cfg)
+        let controller = with_pods(Controller::for_stream(cached, reader), &ctx, pods)
             .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
         spawn_phase_gauge(controller.store(), ctx.metrics.clone());
         let stream = controller
@@ -106,6 +110,43 @@ pub(crate) async fn run(
         streams.push(stream);
     }
     futures::future::join_all(streams).await;
+}
+
+/// The runs' watch events: every run, or with sharding only the runs labelled with the shards
+/// this replica owns (restarted when they change: docs/contract.md "Shards").
+fn run_events(
+    ctx: &Context,
+    runs: Api<SandboxRun>,
+) -> futures::stream::BoxStream<'static, Result<watcher::Event<SandboxRun>, watcher::Error>> {
+    match &ctx.shards {
+        Some(gate) => {
+            crate::shard::watches::owned_watch(runs, watcher::Config::default(), gate.serving())
+        }
+        None => watcher(runs, watcher::Config::default()).boxed(),
+    }
+}
+
+/// The run pods that wake their run: every pod this operator made, or with sharding the pods of
+/// the shards this replica owns plus those with no shard label (made before sharding).
+fn with_pods(
+    controller: Controller<SandboxRun>,
+    ctx: &Context,
+    pods: Api<Pod>,
+) -> Controller<SandboxRun> {
+    let managed = crate::pod::managed_by_selector();
+    let Some(gate) = &ctx.shards else {
+        return controller.owns(pods, watcher::Config::default().labels(&managed));
+    };
+    let unlabelled = format!("{managed},!{}", crate::shard::SHARD_LABEL);
+    let labelled = crate::shard::watches::owned_watch(
+        pods.clone(),
+        watcher::Config::default().labels(&managed),
+        gate.serving(),
+    )
+    .touched_objects();
+    controller
+        .owns_stream(labelled)
+        .owns(pods, watcher::Config::default().labels(&unlabelled))
 }
 
 /// Keeps `sandboxrun_runs{phase}` up to date from the watch cache, every 10 s. A run with no
@@ -163,6 +204,11 @@ fn error_policy(run: Arc<SandboxRun>, error: &ControllerError, ctx: Arc<Context>
 /// One reconcile: observe → decide → plan → act → report.
 async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
     let started = Instant::now();
+    // Sharded: only the runs of this replica's shards, each while its shard is held (a shard
+    // acquired later restarts the run watch, whose fresh list reconciles its runs).
+    let Some(_shard) = ctx.enter_shard(&run) else {
+        return Ok(Action::await_change());
+    };
     // The run's drain owns it until the drain ends (its status writes, then the requeue, wake
     // it); while it waits for a slot, the reconcile only tells so.
     if ctx.drains.is_in_flight(&run.uid().unwrap_or_default()) {

@@ -36,7 +36,14 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger)
     };
     let job_ctx = Arc::clone(ctx);
     let run = Arc::clone(run);
-    ctx.drains.start(waiter, ctx.cancel.clone(), move || async move {
+    // Sharded: the teardown holds its shard until it ends, and one still waiting for a slot is
+    // cancelled when the shard is released (docs/contract.md "Shards").
+    let shard = ctx.join_shard(&run);
+    let cancel = shard
+        .as_ref()
+        .map_or_else(|| ctx.cancel.clone(), |guard| guard.cancel.clone());
+    ctx.drains.start(waiter, cancel, move || async move {
+        let _shard = shard;
         let ctx = job_ctx;
         let result = match observe::own_pod(&ctx.client, &run).await {
             Ok(pod) => teardown(&ctx, &run, pod.as_ref(), &trigger).await,

@@ -169,6 +169,7 @@ fn the_chart_renders_what_the_operator_expects() {
         "readBack.retention=Sometimes rendered"
     );
     assert!(!text.contains("--leader-elect"), "one replica: no election");
+    assert!(!text.contains("- --sharding\n"), "one replica: no shards");
     // The holder's resources: today's defaults, and no CPU limit unless one is set.
     assert!(text.contains("- --holder-cpu-request=10m\n"));
     assert!(text.contains("- --holder-memory-request=16Mi\n"));
@@ -211,8 +212,27 @@ fn the_chart_renders_what_the_operator_expects() {
         ]),
         None,
     );
-    assert!(ha.contains("--leader-elect\n"));
-    assert!(ha.contains("kind: Role\n") && ha.contains("resources: [leases]"));
+    // Several replicas run active-active by default (sharding, docs/operations.md "Scaling"), with
+    // the shard Leases' Role; sharding.enabled=false (or leaderElection.enabled) elects a leader.
+    assert!(ha.contains("- --sharding\n") && ha.contains("- --shards=32\n"));
+    assert!(!ha.contains("--leader-elect\n"), "sharded: no election");
+    assert!(ha.contains("kind: Role\n") && ha.contains("verbs: [list, create, update, delete]"));
+    let elected = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "replicas=2",
+            "--set",
+            "store.url=s3://b/p",
+            "--set",
+            "sharding.enabled=false",
+        ]),
+        None,
+    );
+    assert!(elected.contains("--leader-elect\n") && !elected.contains("- --sharding\n"));
+    assert!(elected.contains("resources: [leases]"));
     let files = ok(
         helm(&[
             "template",

@@ -46,6 +46,7 @@ mod operator_binary;
 mod rbac;
 mod real_node;
 mod retention_ttl;
+mod sharding;
 mod smoke_cluster;
 mod store_backends;
 mod store_open_uploads;
