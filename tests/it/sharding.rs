@@ -2,7 +2,8 @@
 //! docs/contract.md "Shards"): three operator processes on this host against the bed, runs on the
 //! kwok node drained into a file store by a packer that takes a few seconds, then one replica
 //! killed with SIGKILL while drains are in flight and another started later, then one stopped
-//! with SIGTERM (it gives its shards back before it exits).
+//! with SIGTERM (it gives its shards back before it exits); and a rolling replacement of every
+//! replica during 200 lifecycles.
 //!
 //! kwok plays the node: its exec runs the packer as a local process, so a declared path is a host
 //! directory (one per run).
@@ -455,5 +456,105 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
     println!(
         "handoff: every shard of {leaving} (SIGTERM) held by the others {:?} after the signal",
         stopped_at.elapsed()
+    );
+}
+
+/// Issue #28's rolling upgrade: every replica is replaced, one by one, the way a Deployment's
+/// rolling update does it (the old one stopped with SIGTERM, its successor started, the shards
+/// balanced again before the next), while 200 runs run and drain. Every run ends `Succeeded` with
+/// exactly one committed manifest, and every path was packed (at least once).
+#[tokio::test]
+async fn a_rolling_replacement_of_every_replica_during_200_lifecycles_loses_none() {
+    const RUNS: usize = 200;
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "sharding-roll").await;
+    let (store_dir, store_url) = file_store("sharding-roll");
+    let _remove_store = RemoveOnDrop(store_dir.clone());
+    let work = host_dir("sharding-roll");
+    let _remove_work = RemoveOnDrop(work.clone());
+    let attempts = work.join("attempts.log");
+    let packer = slow_packer(&work, &attempts, 2);
+    let src = work.join("src");
+    let ids = [
+        "roll-a", "roll-b", "roll-c", "roll-a2", "roll-b2", "roll-c2",
+    ];
+    let ports: BTreeMap<&str, u16> = ids.iter().map(|id| (*id, free_port())).collect();
+    let mut ops: BTreeMap<&str, Operator> = BTreeMap::new();
+    for id in &ids[..3] {
+        ops.insert(id, replica(&ns.name, &store_url, id, &packer, ports[id]));
+    }
+    let logs = |ops: &BTreeMap<&str, Operator>| {
+        ops.iter()
+            .map(|(id, op)| format!("--- {id}:\n{}", tail(op)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    wait_balanced(&client, &ns.name, &ids[..3], Duration::from_secs(60)).await;
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let names = create_runs(&runs, &src, "roll", RUNS).await;
+    run_then_finish_all(&runs, &pods, &names).await;
+
+    // The drains are under way: replace each replica in turn.
+    let started = Instant::now();
+    let listed = runs
+        .list(&ListParams::default())
+        .await
+        .expect("list runs")
+        .items;
+    let open = listed
+        .iter()
+        .filter(|r| !phase(r).is_some_and(Phase::is_final))
+        .count();
+    println!("{open} of {RUNS} runs not ended when the first replica is stopped");
+    assert!(open > 0, "the replacement happens during the lifecycles");
+    for (old, new) in [
+        ("roll-a", "roll-a2"),
+        ("roll-b", "roll-b2"),
+        ("roll-c", "roll-c2"),
+    ] {
+        let pid = ops[old].pid().to_string();
+        let term = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill -TERM");
+        assert!(term.success());
+        let op = ops.get_mut(old).expect("old replica");
+        eventually("the old replica to exit", Duration::from_secs(90), || {
+            let alive = op.is_alive();
+            async move { (!alive).then_some(()) }
+        })
+        .await;
+        ops.remove(old);
+        ops.insert(new, replica(&ns.name, &store_url, new, &packer, ports[new]));
+        let live: Vec<&str> = ops.keys().copied().collect();
+        wait_balanced(&client, &ns.name, &live, Duration::from_secs(90)).await;
+        println!("replaced {old} by {new} after {:?}", started.elapsed());
+    }
+    let ended = wait_all_final(&runs, &names, Duration::from_secs(300), || logs(&ops)).await;
+    assert!(
+        ended.iter().all(|r| phase(r) == Some(Phase::Succeeded)),
+        "no run lost: {:?}",
+        ended
+            .iter()
+            .filter(|r| phase(r) != Some(Phase::Succeeded))
+            .map(|r| (r.name_any(), r.status.clone()))
+            .collect::<Vec<_>>()
+    );
+    let (store, prefix) = store_from_url(&store_url, &[]).expect("store");
+    for name in &names {
+        let manifests = list_manifests(&store, &prefix, &ns.name, name)
+            .await
+            .expect("list manifests");
+        assert_eq!(manifests.len(), 1, "{name}: one committed manifest");
+    }
+    let log = std::fs::read_to_string(&attempts).unwrap_or_default();
+    let packed: BTreeSet<&str> = log.lines().collect();
+    assert_eq!(packed.len(), RUNS, "every path packed");
+    println!(
+        "rolling replacement: {RUNS} runs ended, {} pack attempts for {RUNS} paths, {:?} in all",
+        log.lines().count(),
+        started.elapsed()
     );
 }
