@@ -17,10 +17,12 @@ pub(crate) mod inpod;
 pub mod metrics;
 #[cfg(test)]
 mod module_map;
+pub(crate) mod names;
 pub mod plugin;
 pub mod pod;
 pub(crate) mod process;
 pub(crate) mod selftest;
+pub mod shard;
 pub mod store;
 pub mod tar;
 pub(crate) mod text;

@@ -2,8 +2,8 @@
 
 use prometheus::core::Collector;
 use prometheus::{
-    exponential_buckets, histogram_opts, opts, Encoder, HistogramVec, IntCounterVec, IntGauge,
-    IntGaugeVec, Registry, TextEncoder,
+    exponential_buckets, histogram_opts, opts, Encoder, Gauge, Histogram, HistogramVec,
+    IntCounterVec, IntGauge, IntGaugeVec, Registry, TextEncoder,
 };
 
 /// Every metric the controller and the drain record. Cheap to clone (the collectors are shared).
@@ -37,6 +37,44 @@ pub struct Metrics {
     /// 1 while this replica runs the controller (always without leader election, the lease
     /// holder with it), 0 otherwise: the chart's SandboxRunNoLeader alert.
     pub leader: IntGauge,
+    /// The queue of teardowns waiting for a drain slot (docs/contract.md "Fair drain slots").
+    pub drain_queue: DrainQueueMetrics,
+}
+
+/// The queue of teardowns waiting for a drain slot, made visible.
+#[derive(Clone)]
+pub struct DrainQueueMetrics {
+    /// Teardowns waiting for a slot, by the runs' namespace (label `run_namespace`, apart from
+    /// the `namespace` Prometheus gives the operator's own pod; a namespace that waits no more is
+    /// removed).
+    pub waiting: IntGaugeVec,
+    /// How long each teardown waited for its slot.
+    pub slot_wait: Histogram,
+    /// Age of the oldest waiting teardown (0: none waits).
+    pub oldest_age: Gauge,
+}
+
+impl DrainQueueMetrics {
+    fn new() -> Result<DrainQueueMetrics, prometheus::Error> {
+        Ok(DrainQueueMetrics {
+            waiting: IntGaugeVec::new(
+                opts!(
+                    "drain_queue_waiting",
+                    "Teardowns waiting for a drain slot, by namespace"
+                ),
+                &["run_namespace"],
+            )?,
+            slot_wait: Histogram::with_opts(histogram_opts!(
+                "drain_slot_wait_seconds",
+                "How long a teardown waited for its drain slot",
+                exponential_buckets(0.01, 2.0, 20)?
+            ))?,
+            oldest_age: Gauge::with_opts(opts!(
+                "drain_queue_oldest_age_seconds",
+                "Age of the oldest teardown waiting for a drain slot (0: none waits)"
+            ))?,
+        })
+    }
 }
 
 /// A metric could not be registered (a programming error: duplicate names).
@@ -49,12 +87,10 @@ impl Metrics {
     pub fn new() -> Result<Metrics, MetricsError> {
         let registry = Registry::new_custom(Some(PREFIX.to_string()), None)?;
         let reconciles = counter("reconciles_total", "Reconciles by step", &["step"])?;
-        let reconcile_duration = HistogramVec::new(
-            histogram_opts!(
-                "reconcile_duration_seconds",
-                "Reconcile duration",
-                exponential_buckets(0.005, 2.0, 16)?
-            ),
+        let reconcile_duration = histograms(
+            "reconcile_duration_seconds",
+            "Reconcile duration",
+            exponential_buckets(0.005, 2.0, 16)?,
             &["step"],
         )?;
         let reconcile_errors = counter(
@@ -73,12 +109,10 @@ impl Metrics {
             "Bytes read from the packer's exec stream, by wire encoding, every attempt included",
             &["wire"],
         )?;
-        let drain_duration = HistogramVec::new(
-            histogram_opts!(
-                "drain_duration_seconds",
-                "Duration of one path's drain, every attempt included",
-                exponential_buckets(0.05, 2.0, 16)?
-            ),
+        let drain_duration = histograms(
+            "drain_duration_seconds",
+            "Duration of one path's drain, every attempt included",
+            exponential_buckets(0.05, 2.0, 16)?,
             &["phase"],
         )?;
         let drains = counter("drains_total", "Drain outcomes by phase", &["phase"])?;
@@ -96,7 +130,8 @@ impl Metrics {
             "leader",
             "1 while this replica runs the controller (holds the lease), else 0"
         ))?;
-        let collectors: [Box<dyn Collector>; 11] = [
+        let drain_queue = DrainQueueMetrics::new()?;
+        let collectors: [Box<dyn Collector>; 14] = [
             Box::new(reconciles.clone()),
             Box::new(reconcile_duration.clone()),
             Box::new(reconcile_errors.clone()),
@@ -108,6 +143,9 @@ impl Metrics {
             Box::new(drain_failures.clone()),
             Box::new(members_refused.clone()),
             Box::new(leader.clone()),
+            Box::new(drain_queue.waiting.clone()),
+            Box::new(drain_queue.slot_wait.clone()),
+            Box::new(drain_queue.oldest_age.clone()),
         ];
         let names = register_all(&registry, collectors)?;
         Ok(Metrics {
@@ -124,6 +162,7 @@ impl Metrics {
             drain_failures,
             members_refused,
             leader,
+            drain_queue,
         })
     }
 
@@ -155,6 +194,16 @@ pub fn register_all<const N: usize>(
         registry.register(collector)?;
     }
     Ok(names)
+}
+
+/// A histogram vector named `name` (the registry adds the prefix) with `buckets` and `labels`.
+fn histograms(
+    name: &str,
+    help: &str,
+    buckets: Vec<f64>,
+    labels: &[&str],
+) -> Result<HistogramVec, prometheus::Error> {
+    HistogramVec::new(histogram_opts!(name, help, buckets), labels)
 }
 
 /// A counter vector named `name` (the registry adds the prefix) with `labels`.

@@ -74,6 +74,14 @@ pub struct PodSettings {
     /// Secrets added to every pod's imagePullSecrets after the run's own
     /// (`run --pod-image-pull-secret`): a holder image from a private registry.
     pub image_pull_secrets: Vec<String>,
+    /// With `run --sharding`: the number of shards; the pod is labelled with its run's shard
+    /// (`sandbox.iterion.io/shard`), which the sharded replica's pod watch selects on.
+    pub shards: Option<u32>,
+    /// The runtime class of a run that names none (`run --default-runtime-class`).
+    pub default_runtime_class: Option<String>,
+    /// The platform's namespace policies, for their `defaultRuntimeClass` (the controller reads
+    /// the run's namespace's labels before it builds the pod: [`with_namespace_default`]).
+    pub namespace_policies: Vec<crate::admission::namespace_policy::Compiled>,
 }
 
 impl Default for PodSettings {
@@ -86,8 +94,31 @@ impl Default for PodSettings {
             holder_resources: HolderResources::default(),
             egress: crate::egress::EgressSettings::default(),
             image_pull_secrets: Vec::new(),
+            shards: None,
+            default_runtime_class: None,
+            namespace_policies: Vec::new(),
         }
     }
+}
+
+/// `pod` with the runtime class the namespace policies governing a namespace with `labels` give a
+/// run that names none (docs/contract.md "The platform's namespace policies"): a namespace
+/// policy's `defaultRuntimeClass` wins over `run --default-runtime-class`; a run's own
+/// `runtimeClassName` over both.
+pub(crate) fn with_namespace_default(
+    mut pod: Pod,
+    run: &SandboxRun,
+    labels: &BTreeMap<String, String>,
+    policies: &[crate::admission::namespace_policy::Compiled],
+) -> Pod {
+    if run.spec.runtime_class_name.is_some() {
+        return pod;
+    }
+    let chosen = crate::admission::namespace_policy::default_runtime_class(labels, policies);
+    if let (Some(class), Some(spec)) = (chosen, pod.spec.as_mut()) {
+        spec.runtime_class_name = Some(class.to_string());
+    }
+    pod
 }
 
 /// Default of `run --holder-cpu-request`.
@@ -326,7 +357,7 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
     let holder = holder_container(settings, mounts.holder, drain_timeout, restricted);
 
     Ok(Pod {
-        metadata: pod_metadata(run, &name, uid),
+        metadata: pod_metadata(run, &name, uid, settings.shards),
         spec: Some(PodSpec {
             init_containers: gate.map(|g| vec![g]),
             containers: vec![workload, holder],
@@ -337,7 +368,7 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
             termination_grace_period_seconds: Some(drain_timeout + GRACE_MARGIN_SECONDS),
             security_context: Some(pod_security_context(user, group)),
             image_pull_secrets: image_pull_secrets(spec, settings),
-            ..passthrough_pod_spec(spec)
+            ..passthrough_pod_spec(spec, settings.default_runtime_class.as_deref())
         }),
         status: None,
     })
@@ -714,14 +745,17 @@ fn image_pull_secrets(
     (!pull_secrets.is_empty()).then_some(pull_secrets)
 }
 
-/// The pod spec fields copied from the run (scheduling, runtime class, service account) and the
-/// fixed ones that do not depend on it.
-fn passthrough_pod_spec(spec: &SandboxRunSpec) -> PodSpec {
+/// The pod spec fields copied from the run (scheduling, runtime class — else the operator's
+/// default —, service account) and the fixed ones that do not depend on it.
+fn passthrough_pod_spec(spec: &SandboxRunSpec, default_runtime_class: Option<&str>) -> PodSpec {
     PodSpec {
         // No API token unless the run names the account it is meant to act as.
         service_account_name: spec.service_account_name.clone(),
         automount_service_account_token: Some(spec.service_account_name.is_some()),
-        runtime_class_name: spec.runtime_class_name.clone(),
+        runtime_class_name: spec
+            .runtime_class_name
+            .clone()
+            .or_else(|| default_runtime_class.map(str::to_string)),
         affinity: spec.affinity.clone(),
         enable_service_links: Some(false),
         node_selector: spec.node_selector.clone(),
@@ -732,7 +766,7 @@ fn passthrough_pod_spec(spec: &SandboxRunSpec) -> PodSpec {
 }
 
 /// The pod's name, namespace, labels, annotations and owner reference.
-fn pod_metadata(run: &SandboxRun, name: &str, uid: String) -> ObjectMeta {
+fn pod_metadata(run: &SandboxRun, name: &str, uid: String, shards: Option<u32>) -> ObjectMeta {
     let annotations: BTreeMap<String, String> = run
         .spec
         .pod_annotations
@@ -744,7 +778,7 @@ fn pod_metadata(run: &SandboxRun, name: &str, uid: String) -> ObjectMeta {
     ObjectMeta {
         name: Some(pod_name(name)),
         namespace: run.namespace(),
-        labels: Some(pod_labels(&run.spec, name, uid)),
+        labels: Some(pod_labels(run, name, uid, shards)),
         annotations: (!annotations.is_empty()).then_some(annotations),
         owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
         ..ObjectMeta::default()
@@ -752,8 +786,20 @@ fn pod_metadata(run: &SandboxRun, name: &str, uid: String) -> ObjectMeta {
 }
 
 /// The operator's labels, then the run's own pod labels under them.
-fn pod_labels(spec: &SandboxRunSpec, name: &str, uid: String) -> BTreeMap<String, String> {
-    let mut labels = BTreeMap::from([
+fn pod_labels(
+    run: &SandboxRun,
+    name: &str,
+    uid: String,
+    shards: Option<u32>,
+) -> BTreeMap<String, String> {
+    let spec = &run.spec;
+    let mut labels = BTreeMap::new();
+    if let Some(shards) = shards {
+        let run_labels = run.metadata.labels.clone().unwrap_or_default();
+        let shard = crate::shard::shard_of_run(&run_labels, &uid, shards);
+        labels.insert(crate::shard::SHARD_LABEL.to_string(), shard.to_string());
+    }
+    labels.extend([
         (MANAGED_BY_LABEL.to_string(), MANAGED_BY.to_string()),
         (
             "app.kubernetes.io/name".to_string(),
@@ -1067,6 +1113,40 @@ mod tests {
     }
 
     #[test]
+    fn a_run_without_a_runtime_class_gets_its_namespaces_default_else_the_operators() {
+        let class = |pod: &Pod| pod.spec.as_ref().and_then(|s| s.runtime_class_name.clone());
+        let plain = run(spec_with_paths(&["/out"]));
+        let mut own = spec_with_paths(&["/out"]);
+        own.runtime_class_name = Some("kata".into());
+        let own = run(own);
+        let mut settings = PodSettings::default();
+        assert_eq!(class(&build_pod(&plain, &settings).unwrap()), None);
+        settings.default_runtime_class = Some("gvisor".into());
+        assert_eq!(
+            class(&build_pod(&plain, &settings).unwrap()).as_deref(),
+            Some("gvisor")
+        );
+        assert_eq!(
+            class(&build_pod(&own, &settings).unwrap()).as_deref(),
+            Some("kata")
+        );
+        let policies = crate::admission::namespace_policy::load(
+            "- name: free-tier\n  namespaceSelector: {matchLabels: {tier: free}}\n  defaultRuntimeClass: sandboxed\n",
+        )
+        .unwrap();
+        let free = BTreeMap::from([("tier".to_string(), "free".to_string())]);
+        let pod = |r: &SandboxRun| build_pod(r, &settings).unwrap();
+        // The namespace policy's default wins over the operator's; the run's own over both; a
+        // namespace the policy does not select keeps the operator's.
+        let given = with_namespace_default(pod(&plain), &plain, &free, &policies);
+        assert_eq!(class(&given).as_deref(), Some("sandboxed"));
+        let kept = with_namespace_default(pod(&own), &own, &free, &policies);
+        assert_eq!(class(&kept).as_deref(), Some("kata"));
+        let elsewhere = with_namespace_default(pod(&plain), &plain, &BTreeMap::new(), &policies);
+        assert_eq!(class(&elsewhere).as_deref(), Some("gvisor"));
+    }
+
+    #[test]
     fn variable_named_exactly_when_a_kept_mount_serves_it() {
         let declared = vec!["/out".to_string(), "/logs".to_string()];
         let pod = build_pod(
@@ -1163,6 +1243,36 @@ mod tests {
         assert_eq!(ps.service_account_name, None);
         assert_eq!(ps.automount_service_account_token, Some(false));
         assert_eq!(plain.metadata.annotations, None);
+    }
+
+    #[test]
+    fn a_sharded_operators_pod_carries_its_runs_shard_and_the_run_cannot_set_it() {
+        let mut spec = spec_with_paths(&["/out"]);
+        spec.pod_labels = Some(BTreeMap::from([(
+            crate::shard::SHARD_LABEL.to_string(),
+            "999".to_string(),
+        )]));
+        let r = run(spec);
+        let uid = r.metadata.uid.clone().unwrap();
+        let plain = build_pod(&r, &PodSettings::default()).unwrap();
+        let labels = plain.metadata.labels.unwrap_or_default();
+        assert!(
+            !labels.contains_key(crate::shard::SHARD_LABEL),
+            "{labels:?}"
+        );
+        let settings = PodSettings {
+            shards: Some(32),
+            ..PodSettings::default()
+        };
+        let labels = build_pod(&r, &settings)
+            .unwrap()
+            .metadata
+            .labels
+            .unwrap_or_default();
+        assert_eq!(
+            labels.get(crate::shard::SHARD_LABEL),
+            Some(&crate::shard::shard_of(&uid, 32).to_string())
+        );
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub struct NamespacePolicy {
     /// The longest `readBack.drainTimeout` a run may declare (`10m`, `1h`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_drain_timeout: Option<String>,
+    /// The runtime class the controller gives a run of these namespaces that names none (the
+    /// first governing policy that has one, in the file's order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_runtime_class: Option<String>,
     /// Whether a run may name a `serviceAccountName` (default true).
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub service_accounts: bool,
@@ -164,7 +168,7 @@ pub fn compile(policies: Vec<NamespacePolicy>) -> Result<Vec<Compiled>, PolicyFi
                 policy: policy.name.clone(),
                 message,
             };
-            if !crate::admission::rules::is_dns1123_label(&policy.name) {
+            if !crate::names::is_dns1123_label(&policy.name) {
                 return Err(invalid("the name must be a DNS-1123 label".into()));
             }
             if !seen.insert(policy.name.clone()) {
@@ -179,6 +183,23 @@ pub fn compile(policies: Vec<NamespacePolicy>) -> Result<Vec<Compiled>, PolicyFi
                     return Err(invalid(format!(
                         "matchExpressions operator `{}` (In, NotIn, Exists or DoesNotExist)",
                         r.operator
+                    )));
+                }
+            }
+            if let Some(class) = &policy.default_runtime_class {
+                if !crate::names::is_dns1123_subdomain(class) {
+                    return Err(invalid(format!(
+                        "defaultRuntimeClass `{class}` is not a DNS-1123 subdomain"
+                    )));
+                }
+                if let Some(allowed) = policy
+                    .runtime_classes
+                    .as_ref()
+                    .filter(|a| !a.contains(class))
+                {
+                    return Err(invalid(format!(
+                        "defaultRuntimeClass `{class}` is not among its runtimeClasses ({})",
+                        allowed.join(", ")
                     )));
                 }
             }
@@ -209,6 +230,25 @@ fn quantity_bytes(text: &str) -> Result<u64, String> {
         text.to_string(),
     ))
     .map_err(|e| e.to_string())
+}
+
+/// The `defaultRuntimeClass` of the first policy governing a namespace with `labels` that has one.
+pub fn default_runtime_class<'a>(
+    labels: &BTreeMap<String, String>,
+    policies: &'a [Compiled],
+) -> Option<&'a str> {
+    policies
+        .iter()
+        .filter(|p| p.governs(labels))
+        .find_map(|p| p.policy.default_runtime_class.as_deref())
+}
+
+/// Whether any policy gives a default runtime class (the controller then reads namespaces'
+/// labels before it creates pods).
+pub fn gives_defaults(policies: &[Compiled]) -> bool {
+    policies
+        .iter()
+        .any(|p| p.policy.default_runtime_class.is_some())
 }
 
 /// Every way `spec`, bound for a namespace with `labels`, breaks the policies that govern it.
@@ -579,6 +619,35 @@ mod tests {
         assert_eq!(added.len(), 1);
         assert_eq!(added[0].field, "spec.runtimeClassName");
         assert_eq!(added_violations(&stored, None, &free, &policies).len(), 1);
+    }
+
+    #[test]
+    fn the_first_governing_policy_with_a_default_runtime_class_gives_it() {
+        let policies = load(
+            "- name: free-tier
+  namespaceSelector: {matchLabels: {tier: free}}
+  runtimeClasses: [gvisor]
+  defaultRuntimeClass: gvisor
+- name: everyone
+  defaultRuntimeClass: kata
+- name: late
+  defaultRuntimeClass: runc
+",
+        )
+        .unwrap();
+        assert_eq!(
+            default_runtime_class(&labels(&[("tier", "free")]), &policies),
+            Some("gvisor")
+        );
+        assert_eq!(default_runtime_class(&labels(&[]), &policies), Some("kata"));
+        assert!(gives_defaults(&policies));
+        assert!(!gives_defaults(&load(FILE).unwrap()));
+        // A default outside the policy's own list, or not a name, is refused at load.
+        let err = load("- name: a\n  runtimeClasses: [gvisor]\n  defaultRuntimeClass: runc\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not among its runtimeClasses"), "{err}");
+        assert!(load("- name: a\n  defaultRuntimeClass: Not_A_Name\n").is_err());
     }
 
     #[test]

@@ -253,6 +253,40 @@ mod tests {
     }
 
     #[test]
+    fn the_default_runtime_class_must_be_a_name_among_the_allowed_ones() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["x", "run", "--store-url", "file:///tmp/s"];
+            argv.extend_from_slice(extra);
+            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("not run");
+            };
+            super::run::default_runtime_class(&args)
+        };
+        assert_eq!(parse(&[]), Ok(None));
+        assert_eq!(
+            parse(&["--default-runtime-class", "gvisor"]),
+            Ok(Some("gvisor".to_string()))
+        );
+        assert_eq!(
+            parse(&[
+                "--default-runtime-class",
+                "gvisor",
+                "--allowed-runtime-classes",
+                "gvisor,kata"
+            ]),
+            Ok(Some("gvisor".to_string()))
+        );
+        let outside = parse(&[
+            "--default-runtime-class",
+            "runc",
+            "--allowed-runtime-classes",
+            "gvisor",
+        ]);
+        assert!(outside.unwrap_err().contains("not among"));
+        assert!(parse(&["--default-runtime-class", "Not_A_Name"]).is_err());
+    }
+
+    #[test]
     fn run_and_files_take_the_same_store_flags() {
         let want = crate::store::StoreArgs {
             store_url: "s3://bucket/p".into(),

@@ -16,7 +16,9 @@ use std::process::ExitCode;
 use thiserror::Error;
 use tracing::{error, info, warn};
 
-use super::run::{caps, egress_settings, holder_resources, namespace_policies, RunArgs};
+use super::run::{
+    caps, default_runtime_class, egress_settings, holder_resources, namespace_policies, RunArgs,
+};
 use crate::controller::decide::DecideSettings;
 use crate::controller::{self, Context};
 use crate::metrics::Metrics;
@@ -57,6 +59,25 @@ pub(crate) enum OperatorError {
     /// the other replica, takes over cleanly).
     #[error("leader election: {0}")]
     Leader(String),
+    /// A shard's Lease was lost (the process exits; the other replicas take its shards).
+    #[error("sharding: {0}")]
+    Shard(#[from] crate::shard::owner::ShardError),
+}
+
+/// The pod builder's settings that come straight from the flags (the holder's resources, the
+/// egress settings and the namespace policies are set by the caller, which checked them first).
+fn pod_settings(args: &RunArgs, durations: &Durations) -> Result<PodSettings, OperatorError> {
+    Ok(PodSettings {
+        holder_image: args.holder_image.clone(),
+        holder_binary: args.holder_binary.clone(),
+        default_drain_timeout_seconds: i64::try_from(durations.drain_timeout.as_secs().max(1))
+            .unwrap_or(300),
+        max_drain_timeout_seconds: i64::try_from(durations.max_drain_timeout.as_secs().max(1))
+            .unwrap_or(i64::MAX),
+        image_pull_secrets: args.pod_image_pull_secrets.clone(),
+        default_runtime_class: default_runtime_class(args).map_err(OperatorError::Config)?,
+        ..PodSettings::default()
+    })
 }
 
 /// Runs `run`: logs set up from the flags, then the operator until SIGTERM.
@@ -75,6 +96,7 @@ pub(crate) async fn main(args: RunArgs) -> ExitCode {
 pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     // Checked before anything connects: a bad value is a startup error, not a pod every run fails.
     let holder_resources = holder_resources(&args)?;
+    let shards = sharding(&args)?;
     let egress = egress_settings(&args).map_err(OperatorError::Config)?;
     let client = Client::try_default().await?;
     let caps = caps(&args).map_err(OperatorError::Config)?;
@@ -95,12 +117,13 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let metrics_addr = serve_metrics(&args.metrics_addr, metrics.clone(), ready.clone()).await?;
     info!(%metrics_addr, "metrics and health endpoints listening");
 
+    let namespace_policies = namespace_policies(&args).map_err(OperatorError::Config)?;
     let rules = crate::admission::RuleSettings {
         caps,
         max_drain_timeout: Some(durations.max_drain_timeout),
         network_policy: egress.enforcement,
         policy: args.run_policy(),
-        namespace_policies: namespace_policies(&args).map_err(OperatorError::Config)?,
+        namespace_policies: namespace_policies.clone(),
     };
     if !args.webhook_addr.trim().is_empty() {
         start_webhook(&args, client.clone(), &metrics, rules.clone()).await?;
@@ -111,15 +134,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let preflight = preflight(&args)?;
     let leader = metrics.leader.clone();
     let pod = PodSettings {
-        holder_image: args.holder_image.clone(),
-        holder_binary: args.holder_binary.clone(),
-        default_drain_timeout_seconds: i64::try_from(durations.drain_timeout.as_secs().max(1))
-            .unwrap_or(300),
-        max_drain_timeout_seconds: i64::try_from(durations.max_drain_timeout.as_secs().max(1))
-            .unwrap_or(i64::MAX),
         holder_resources,
         egress,
-        image_pull_secrets: args.pod_image_pull_secrets.clone(),
+        namespace_policies,
+        shards: shards.as_ref().map(|gate| gate.shards()),
+        ..pod_settings(&args, &durations)?
     };
     let ctx = Arc::new(
         Context::new(
@@ -141,17 +160,33 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_drain_wire(args.drain_wire)
         .with_drain_idle(durations.drain_idle)
         .with_quiet_window(durations.quiet_window)
-        .with_path_slots(usize::from(args.max_concurrent_path_drains))
+        .with_path_slots(args.path_slots())
         .with_open_uploads(open_uploads)
         .with_tenant_endpoints(tenant_endpoints(&args)?)
-        .with_preflight(preflight),
+        .with_preflight(preflight)
+        .with_shards(shards.clone()),
     );
-    if args.leader_elect {
-        run_elected(&args, client, ctx, &ready, leader).await
+    operate(&args, client, ctx, &ready, leader).await
+}
+
+/// Runs the controller as the flags say: sharded, elected, or alone.
+async fn operate(
+    args: &RunArgs,
+    client: Client,
+    ctx: Arc<Context>,
+    ready: &AtomicBool,
+    leader: prometheus::IntGauge,
+) -> Result<(), OperatorError> {
+    if let Some(gate) = ctx.shards.clone() {
+        leader.set(1);
+        ready.store(true, Ordering::SeqCst);
+        run_sharded(args, client, ctx, gate).await
+    } else if args.leader_elect {
+        run_elected(args, client, ctx, ready, leader).await
     } else {
         leader.set(1);
         ready.store(true, Ordering::SeqCst);
-        run_controller(&args, ctx, shutdown_signal()).await;
+        run_controller(args, ctx, shutdown_signal()).await;
         Ok(())
     }
 }
@@ -166,6 +201,19 @@ fn tenant_endpoints(
         info!(endpoints = ?args.tenant_store_endpoints, "tenant stores on");
     }
     Ok(endpoints)
+}
+
+/// The shard gate of `--sharding` (None without).
+fn sharding(args: &RunArgs) -> Result<Option<Arc<crate::shard::gate::ShardGate>>, OperatorError> {
+    if args.sharding && args.leader_elect {
+        return Err(OperatorError::Config(
+            "--sharding and --leader-elect exclude each other (every sharded replica runs the controller)"
+                .to_string(),
+        ));
+    }
+    Ok(args
+        .sharding
+        .then(|| crate::shard::gate::ShardGate::new(args.shards)))
 }
 
 /// The duration flags of `run`, parsed and checked against each other.
@@ -381,6 +429,67 @@ async fn run_elected(
     }
     watcher.abort();
     Ok(())
+}
+
+/// How long a shard's Lease lasts unrenewed: a killed replica's shards are taken this long
+/// (plus a round) after its last renewal.
+const SHARD_LEASE_DURATION: Duration = Duration::from_secs(15);
+
+/// How often a sharded replica renews its Leases and rebalances.
+const SHARD_ROUND: Duration = Duration::from_secs(2);
+
+/// With `--sharding`: the owner loop takes this replica's fair share of the shards and the
+/// controller runs at once on the runs of the shards owned (docs/contract.md "Shards"). A lost
+/// shard stops every drain in flight and ends the process with an error; on SIGTERM the drains
+/// settle first, then every shard is given back and the heartbeat deleted.
+async fn run_sharded(
+    args: &RunArgs,
+    client: Client,
+    ctx: Arc<Context>,
+    gate: Arc<crate::shard::gate::ShardGate>,
+) -> Result<(), OperatorError> {
+    use crate::shard::{lease::Leases, owner};
+    let leases = Leases::new(
+        client,
+        &args.pod_namespace,
+        &args.lease_name,
+        &args.pod_name,
+        SHARD_LEASE_DURATION,
+    );
+    let settings = owner::OwnerSettings {
+        group: args.lease_name.clone(),
+        duration: SHARD_LEASE_DURATION,
+        round: SHARD_ROUND,
+    };
+    info!(identity = %args.pod_name, shards = gate.shards(), "sharding: taking a fair share of the shards");
+    let stop_owner = tokio_util::sync::CancellationToken::new();
+    let owner = tokio::spawn(owner::run(
+        leases,
+        settings,
+        gate,
+        ctx.cancel.clone(),
+        stop_owner.clone(),
+    ));
+    // A lost shard cancels ctx.cancel: the controller stops too.
+    let lost = ctx.cancel.clone();
+    let stop = async move {
+        tokio::select! {
+            () = shutdown_signal() => {}
+            () = lost.cancelled() => {}
+        }
+    };
+    run_controller(args, ctx, stop).await;
+    stop_owner.cancel();
+    match tokio::time::timeout(ABORT_GRACE, owner).await {
+        Ok(Ok(result)) => result.map_err(OperatorError::from),
+        Ok(Err(e)) => Err(OperatorError::Config(format!(
+            "the shard owner loop failed: {e}"
+        ))),
+        Err(_) => {
+            warn!("the shards were not given back in time; their leases expire");
+            Ok(())
+        }
+    }
 }
 
 /// How long an exiting operator waits for the aborts of the multipart uploads its cancelled

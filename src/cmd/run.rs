@@ -149,6 +149,16 @@ pub(crate) struct RunArgs {
         value_parser = clap::value_parser!(u16).range(1..)
     )]
     pub(crate) max_concurrent_path_drains: u16,
+    /// Path slots one run may hold at once: a run declaring many slow paths leaves the other
+    /// slots to other runs; its other paths wait their turn (docs/contract.md "Fair drain
+    /// slots").
+    #[arg(
+        long,
+        env = "SANDBOXRUN_MAX_PATH_DRAINS_PER_RUN",
+        default_value_t = 4,
+        value_parser = clap::value_parser!(u16).range(1..)
+    )]
+    pub(crate) max_path_drains_per_run: u16,
     /// Metrics and health address (/metrics, /healthz, /readyz).
     #[arg(long, env = "SANDBOXRUN_METRICS_ADDR", default_value = "0.0.0.0:8080")]
     pub(crate) metrics_addr: String,
@@ -218,6 +228,11 @@ pub(crate) struct RunArgs {
         value_delimiter = ','
     )]
     pub(crate) tenant_store_endpoints: Vec<String>,
+    /// The runtime class of a run that names none (e.g. gvisor); it must be among
+    /// --allowed-runtime-classes when those are set. A namespace policy's defaultRuntimeClass
+    /// wins over it. Chart: runPolicy.defaultRuntimeClass.
+    #[arg(long, env = "SANDBOXRUN_DEFAULT_RUNTIME_CLASS", value_name = "NAME")]
+    pub(crate) default_runtime_class: Option<String>,
     /// A YAML file of the platform's namespace policies (docs/contract.md "The platform's
     /// namespace policies"): the webhook refuses a run that breaks one, naming it. Chart:
     /// runPolicy.namespacePolicies. A file that does not parse stops the operator at start.
@@ -252,7 +267,22 @@ pub(crate) struct RunArgs {
     /// Elect a leader on a Lease so several replicas can run.
     #[arg(long, env = "SANDBOXRUN_LEADER_ELECT", default_value_t = false)]
     pub(crate) leader_elect: bool,
-    /// Lease name.
+    /// Share the runs among every replica (active-active, docs/operations.md "Scaling"): each
+    /// run belongs to one of --shards shards, each shard is owned by one replica through its own
+    /// Lease (`<--lease-name>-shard-<k>` in --pod-namespace), and a replica reconciles and drains
+    /// only the runs of its shards. Not with --leader-elect.
+    #[arg(long, env = "SANDBOXRUN_SHARDING", default_value_t = false)]
+    pub(crate) sharding: bool,
+    /// The number of shards with --sharding: the same on every replica (a change moves runs
+    /// between shards: change it only with every replica stopped).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_SHARDS",
+        default_value_t = crate::shard::DEFAULT_SHARDS,
+        value_parser = clap::value_parser!(u32).range(1..=4096)
+    )]
+    pub(crate) shards: u32,
+    /// Lease name (leader election), or the prefix of the shard and replica Leases (--sharding).
     #[arg(
         long,
         env = "SANDBOXRUN_LEASE_NAME",
@@ -262,7 +292,7 @@ pub(crate) struct RunArgs {
     /// Namespace of the operator itself (lease, webhook Secret).
     #[arg(long, env = "POD_NAMESPACE", default_value = "sandboxrun-system")]
     pub(crate) pod_namespace: String,
-    /// This replica's identity (events, lease).
+    /// This replica's identity (events, leases): unique per replica.
     #[arg(long, env = "POD_NAME", default_value = "sandboxrun-operator-local")]
     pub(crate) pod_name: String,
     /// Whether this cluster's network plugin enforces NetworkPolicy: `enforced`, or
@@ -338,6 +368,15 @@ pub(crate) struct RunArgs {
 }
 
 impl RunArgs {
+    /// The path slots (`--max-concurrent-path-drains`) and how many one run may hold
+    /// (`--max-path-drains-per-run`).
+    pub(crate) fn path_slots(&self) -> (usize, usize) {
+        (
+            usize::from(self.max_concurrent_path_drains),
+            usize::from(self.max_path_drains_per_run),
+        )
+    }
+
     /// The run policy of `--allowed-runtime-classes`, `--allowed-priority-classes` and
     /// `--allowed-toleration-keys`.
     pub fn run_policy(&self) -> crate::admission::policy::RunPolicy {
@@ -348,6 +387,31 @@ impl RunArgs {
             toleration_keys: parse_list(self.allowed_toleration_keys.as_deref()),
         }
     }
+}
+
+/// `--default-runtime-class`, checked: a DNS-1123 subdomain, among `--allowed-runtime-classes`
+/// when those are set (else every run without one would be refused by its own default's pod).
+pub(crate) fn default_runtime_class(args: &RunArgs) -> Result<Option<String>, String> {
+    let Some(class) = args.default_runtime_class.as_deref().map(str::trim) else {
+        return Ok(None);
+    };
+    if class.is_empty() {
+        return Ok(None);
+    }
+    if !crate::names::is_dns1123_subdomain(class) {
+        return Err(format!(
+            "--default-runtime-class {class:?} is not a DNS-1123 subdomain"
+        ));
+    }
+    if let Some(allowed) = args.run_policy().runtime_classes {
+        if !allowed.iter().any(|a| a == class) {
+            return Err(format!(
+                "--default-runtime-class {class:?} is not among --allowed-runtime-classes ({})",
+                allowed.join(",")
+            ));
+        }
+    }
+    Ok(Some(class.to_string()))
 }
 
 /// The namespace policies of `--namespace-policies` (none when unset).

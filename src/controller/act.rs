@@ -18,6 +18,7 @@ use tokio::io::AsyncRead;
 use tracing::{info, warn};
 
 use super::context::{Context, MANAGER};
+use super::drain_queue::Waiter;
 use super::error::{kube_err, ControllerError};
 use super::events::{PlannedEvent, EVENT_NOTE_LIMIT};
 use super::plan::{Answer, Effect, PathPlan, PathWork, Plan, Requeue};
@@ -165,6 +166,7 @@ pub(crate) struct DrainTarget {
     uid: String,
     compression: Compression,
     deadline: tokio::time::Instant,
+    urgent: bool,
 }
 
 impl DrainTarget {
@@ -186,14 +188,23 @@ impl DrainTarget {
             namespace,
             name,
             deadline,
+            urgent: false,
         }
+    }
+
+    /// The same target, its paths served first by the path slots: its pod is being deleted or
+    /// evicted (docs/contract.md "Fair drain slots").
+    pub(crate) fn urgent(mut self, urgent: bool) -> Self {
+        self.urgent = urgent;
+        self
     }
 }
 
 /// The owed `paths` drained at once, each waiting for one of the operator-wide path slots
 /// (`--max-concurrent-path-drains`, which bound the drain memory whatever the number of runs
-/// and paths): each path's status entry and outcome, in the order they finish. No outcome: this
-/// replica stops draining (cancelled).
+/// and paths; at most `--max-path-drains-per-run` held by one run, handed out fairly across
+/// namespaces: docs/contract.md "Fair drain slots"): each path's status entry and outcome, in
+/// the order they finish. No outcome: this replica stops draining (cancelled).
 pub(crate) fn drain_paths<'a>(
     ctx: &'a Context,
     target: &'a DrainTarget,
@@ -220,11 +231,12 @@ async fn drain_one(
             holder_path,
         } => (cap_bytes, previous_attempts, holder_path),
     };
-    let slot = tokio::select! {
-        slot = ctx.path_slots.acquire() => slot.ok(),
-        () = ctx.cancel.cancelled() => None,
+    let waiter = Waiter {
+        namespace: target.namespace.clone(),
+        run: target.uid.clone(),
+        urgent: target.urgent,
     };
-    let Some(_slot) = slot else {
+    let Some(_slot) = ctx.path_slots.acquire(waiter, ctx.cancel.clone()).await else {
         return (path.entry, None);
     };
     let store = match &target.store {

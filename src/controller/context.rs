@@ -9,11 +9,10 @@ use jiff::Timestamp;
 use kube::runtime::events::{Recorder, Reporter};
 use kube::Client;
 use object_store::ObjectStore;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 
 use super::decide::DecideSettings;
-use super::drain_pool::DrainPool;
+use super::drain_pool::{DrainPool, FairSlots};
 use super::observe::StoreView;
 use crate::admission::images::ImageResolver;
 use crate::api::{Retention, SandboxRun, SandboxRunStatus};
@@ -21,12 +20,16 @@ use crate::caps::CapSettings;
 use crate::drain::wire::Wire;
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
+use crate::shard::gate::{ShardGate, ShardGuard};
 use crate::store::open_uploads::OpenUploads;
 use crate::store::tenant::{TenantEndpoints, TenantStoreError};
 use crate::store::tenant_read::{self, RunStore};
 
 /// Field manager of every status write (server-side apply, one manager), and the Events' reporter.
 pub(crate) const MANAGER: &str = "sandboxrun-operator";
+
+/// Path slots one run may hold at once unless told (`run --max-path-drains-per-run`).
+pub(crate) const DEFAULT_PATH_DRAINS_PER_RUN: usize = 4;
 
 /// What the controller needs besides the cluster.
 pub(crate) struct Context {
@@ -76,8 +79,10 @@ pub(crate) struct Context {
     /// The drains in flight, off the reconcile workers.
     pub drains: DrainPool,
     /// Paths being drained at once, across every run (`run --max-concurrent-path-drains`): the
-    /// paths of one run drain in parallel, and this bounds the operator's drain memory.
-    pub path_slots: Semaphore,
+    /// paths of one run drain in parallel, at most `run --max-path-drains-per-run` of them, and
+    /// this bounds the operator's drain memory. Handed out fairly (docs/contract.md "Fair drain
+    /// slots").
+    pub path_slots: FairSlots,
     /// Aborts an S3 archive key's open multipart uploads before each attempt (None: not S3).
     pub open_uploads: Option<Arc<OpenUploads>>,
     /// Resolves a run's image before its pod is created (`run --preflight-images`; None: off).
@@ -86,6 +91,8 @@ pub(crate) struct Context {
     /// --tenant-store-endpoints`; empty: tenant stores off). docs/contract.md "A store per
     /// namespace".
     pub tenant_endpoints: TenantEndpoints,
+    /// The shards this replica owns (`run --sharding`; None: every run is this replica's).
+    pub shards: Option<Arc<ShardGate>>,
 }
 
 impl Context {
@@ -97,9 +104,10 @@ impl Context {
     }
 
     /// The same context with at most `max` paths drained at once, across every run, at least 1
-    /// (`run --max-concurrent-path-drains`).
-    pub(crate) fn with_path_slots(mut self, max: usize) -> Context {
-        self.path_slots = Semaphore::new(max.max(1));
+    /// (`run --max-concurrent-path-drains`), at most `per_run` of them one run's
+    /// (`run --max-path-drains-per-run`).
+    pub(crate) fn with_path_slots(mut self, (max, per_run): (usize, usize)) -> Context {
+        self.path_slots = FairSlots::new(max, per_run, None);
         self
     }
 
@@ -134,6 +142,27 @@ impl Context {
         self
     }
 
+    /// The same context working only on the runs of the shards `gate` owns (`run --sharding`).
+    pub(crate) fn with_shards(mut self, gate: Option<Arc<ShardGate>>) -> Context {
+        self.shards = gate;
+        self
+    }
+
+    /// What may work on `run` now: `Some(None)` without sharding, `Some(guard)` when this
+    /// replica owns the run's shard, None when another replica's (docs/contract.md "Shards").
+    pub(crate) fn enter_shard(&self, run: &SandboxRun) -> Option<Option<ShardGuard>> {
+        let Some(gate) = &self.shards else {
+            return Some(None);
+        };
+        gate.enter(gate.shard_of(run)?).map(Some)
+    }
+
+    /// A guard for the teardown a guarded reconcile of `run` starts (None without sharding).
+    pub(crate) fn join_shard(&self, run: &SandboxRun) -> Option<ShardGuard> {
+        let gate = self.shards.as_ref()?;
+        gate.join(gate.shard_of(run)?)
+    }
+
     /// A context with an Event recorder reporting as `instance`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
@@ -156,6 +185,7 @@ impl Context {
                 instance: Some(instance),
             },
         );
+        let drains = DrainPool::new(max_concurrent_drains, Some(metrics.drain_queue.clone()));
         Context {
             client,
             store,
@@ -175,11 +205,12 @@ impl Context {
             written: Default::default(),
             default_retention: Retention::default(),
             cancel: CancellationToken::new(),
-            drains: DrainPool::new(max_concurrent_drains),
-            path_slots: Semaphore::new(max_concurrent_drains.max(1)),
+            drains,
+            path_slots: FairSlots::new(max_concurrent_drains, DEFAULT_PATH_DRAINS_PER_RUN, None),
             open_uploads: None,
             preflight: None,
             tenant_endpoints: TenantEndpoints::default(),
+            shards: None,
         }
     }
 

@@ -52,6 +52,12 @@ pub(crate) enum Trigger {
 }
 
 impl Trigger {
+    /// Whether the teardown is served before the others (docs/contract.md "Fair drain slots"):
+    /// the pod is being deleted or evicted, and its emptyDirs vanish when its grace period ends.
+    pub(crate) fn is_urgent(&self) -> bool {
+        matches!(self, Trigger::PodDeleting)
+    }
+
     /// Words for status messages and Events.
     pub(crate) fn describe(&self) -> String {
         match self {

@@ -1,48 +1,91 @@
-//! The pool the teardowns (the drains) run in, off the reconcile workers.
+//! The pool the teardowns (the drains) run in, off the reconcile workers, and the fair slots
+//! both the teardowns and the paths wait in ([`FairSlots`], ordered by [`FairQueue`]).
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
 
-use tokio::sync::Semaphore;
+use tokio::sync::oneshot;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+use super::drain_queue::{FairQueue, Position, Ticket, Waiter};
+use crate::metrics::DrainQueueMetrics;
 
 /// Teardowns (the drains) run as tasks of their own, at most `max` at once, so a slow or stuck
 /// drain never holds a reconcile worker: the reconcile that starts one returns at once, and the
 /// run is reconciled again when the drain's status writes (or the requeue below) wake it. A run
 /// whose drain is in flight is not started twice: its reconciles wait for the drain to end.
+/// The slots are handed out fairly (docs/contract.md "Fair drain slots").
 pub(crate) struct DrainPool {
-    permits: Arc<Semaphore>,
+    slots: FairSlots,
     in_flight: Arc<Mutex<HashSet<String>>>,
+    /// The runs whose wait was announced (the `DrainQueued` Event), until their drain ends.
+    announced: Arc<Mutex<HashSet<String>>>,
     tasks: TaskTracker,
 }
 
+/// A teardown waiting for its slot, as the reconcile of its run sees it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Queued {
+    /// Where it stands.
+    pub position: Position,
+    /// How long it has waited.
+    pub waited: Duration,
+    /// Its wait was announced already.
+    pub announced: bool,
+}
+
 impl DrainPool {
-    /// A pool of `max` concurrent drains (at least 1).
-    pub(crate) fn new(max: usize) -> DrainPool {
+    /// A pool of `max` concurrent drains (at least 1), its queue shown in `metrics`.
+    pub(crate) fn new(max: usize, metrics: Option<DrainQueueMetrics>) -> DrainPool {
         DrainPool {
-            permits: Arc::new(Semaphore::new(max.max(1))),
+            slots: FairSlots::new(max, 1, metrics),
             in_flight: Arc::new(Mutex::new(HashSet::new())),
+            announced: Arc::new(Mutex::new(HashSet::new())),
             tasks: TaskTracker::new(),
         }
     }
 
     /// Whether the run with this uid has a drain in flight.
     pub(crate) fn is_in_flight(&self, uid: &str) -> bool {
-        self.in_flight
-            .lock()
-            .map(|set| set.contains(uid))
-            .unwrap_or(false)
+        lock(&self.in_flight).contains(uid)
+    }
+
+    /// Where the run's teardown stands in the queue (None: it does not wait).
+    pub(crate) fn position(&self, uid: &str) -> Option<Position> {
+        self.slots.position(uid)
+    }
+
+    /// The run's teardown, if it waits for a slot.
+    pub(crate) fn queued(&self, uid: &str) -> Option<Queued> {
+        let position = self.slots.position(uid)?;
+        Some(Queued {
+            position,
+            waited: position.since.elapsed(),
+            announced: lock(&self.announced).contains(uid),
+        })
+    }
+
+    /// The run's wait was announced: not again until its next teardown.
+    pub(crate) fn mark_announced(&self, uid: &str) {
+        lock(&self.announced).insert(uid.to_string());
+    }
+
+    /// Serves the run's waiting teardown first: its pod began deleting while it waited.
+    pub(crate) fn make_urgent(&self, uid: &str) {
+        self.slots.make_urgent(uid);
+    }
+
+    /// Sets the queue's age gauge to now (the other gauges follow every change).
+    pub(crate) fn refresh_metrics(&self) {
+        lock(&self.slots.shared).publish();
     }
 
     /// Marks the run as draining; false when it already was.
     fn claim(&self, uid: &str) -> bool {
-        self.in_flight
-            .lock()
-            .map(|mut set| set.insert(uid.to_string()))
-            .unwrap_or(false)
+        lock(&self.in_flight).insert(uid.to_string())
     }
 
     #[cfg(test)]
@@ -50,32 +93,32 @@ impl DrainPool {
         release(&self.in_flight, uid);
     }
 
-    /// Runs the job `make` makes (the teardown of the run with this uid) in the pool, unless that
-    /// run has one in flight: the task waits for a slot (or for `cancel`: then the job is never
-    /// made), makes the job then, runs it, and frees the run for its next reconcile. What the job
-    /// reads of the clock (the drain's deadline) starts when it has its slot. A waiting task
-    /// holds only `make` (the job's future, large, is boxed when it starts), so thousands of
-    /// queued teardowns cost little memory. False when one was in flight.
+    /// Runs the job `make` makes (the teardown of `waiter`'s run, by uid) in the pool, unless
+    /// that run has one in flight: the task waits for a slot (or for `cancel`: then the job is
+    /// never made), makes the job then, runs it, and frees the run for its next reconcile. What
+    /// the job reads of the clock (the drain's deadline) starts when it has its slot. A waiting
+    /// task holds only `make` (the job's future, large, is boxed when it starts), so thousands
+    /// of queued teardowns cost little memory. False when one was in flight.
     pub(crate) fn start<Job>(
         &self,
-        uid: String,
+        waiter: Waiter,
         cancel: CancellationToken,
         make: impl FnOnce() -> Job + Send + 'static,
     ) -> bool
     where
         Job: Future<Output = ()> + Send + 'static,
     {
+        let uid = waiter.run.clone();
         if !self.claim(&uid) {
             return false;
         }
-        let permits = Arc::clone(&self.permits);
+        let acquire = self.slots.acquire(waiter, cancel);
         let in_flight = Arc::clone(&self.in_flight);
+        let announced = Arc::clone(&self.announced);
         self.tasks.spawn(async move {
-            let permit = tokio::select! {
-                permit = permits.acquire_owned() => permit.ok(),
-                () = cancel.cancelled() => None,
-            };
-            if let Some(_permit) = permit {
+            let slot = acquire.await;
+            release(&announced, &uid);
+            if let Some(_slot) = slot {
                 Box::pin(make()).await;
             }
             release(&in_flight, &uid);
@@ -85,7 +128,7 @@ impl DrainPool {
 
     /// Drains in flight or waiting for a slot.
     pub(crate) fn len(&self) -> usize {
-        self.in_flight.lock().map(|set| set.len()).unwrap_or(0)
+        lock(&self.in_flight).len()
     }
 
     /// Waits (at most `limit`) for the drain tasks to end: after a cancel they stop promptly.
@@ -95,19 +138,209 @@ impl DrainPool {
     }
 }
 
-fn release(in_flight: &Mutex<HashSet<String>>, uid: &str) {
-    if let Ok(mut set) = in_flight.lock() {
-        set.remove(uid);
+fn release(set: &Mutex<HashSet<String>>, uid: &str) {
+    lock(set).remove(uid);
+}
+
+/// The state behind a mutex stays consistent between statements: a panic elsewhere does not
+/// make it unusable.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Slots handed out by a [`FairQueue`]: the waiters' tasks are woken in its order.
+pub(crate) struct FairSlots {
+    shared: Arc<Mutex<Shared>>,
+}
+
+struct Shared {
+    queue: FairQueue,
+    wakers: HashMap<Ticket, oneshot::Sender<()>>,
+    metrics: Option<DrainQueueMetrics>,
+    /// The namespaces the waiting gauge has a series for.
+    published: BTreeSet<String>,
+}
+
+impl Shared {
+    /// Grants every slot it can, waking the waiters; a waiter gone meanwhile gives its slot back.
+    fn dispatch(&mut self) {
+        loop {
+            let granted = self.queue.grant();
+            if granted.is_empty() {
+                break;
+            }
+            for (ticket, waiter, _) in granted {
+                let woken = self
+                    .wakers
+                    .remove(&ticket)
+                    .is_some_and(|waker| waker.send(()).is_ok());
+                if !woken {
+                    self.queue.release(&waiter.run);
+                }
+            }
+        }
+        self.publish();
+    }
+
+    /// The queue's gauges, as it is now.
+    fn publish(&mut self) {
+        let Some(metrics) = &self.metrics else {
+            return;
+        };
+        let waiting = self.queue.waiting_by_namespace();
+        for gone in self
+            .published
+            .iter()
+            .filter(|ns| !waiting.contains_key(*ns))
+        {
+            let _ = metrics.waiting.remove_label_values(&[gone]);
+        }
+        for (namespace, count) in &waiting {
+            metrics
+                .waiting
+                .with_label_values(&[namespace])
+                .set(i64::try_from(*count).unwrap_or(i64::MAX));
+        }
+        self.published = waiting.into_keys().collect();
+        let oldest = self
+            .queue
+            .oldest_since()
+            .map_or(0.0, |since| since.elapsed().as_secs_f64());
+        metrics.oldest_age.set(oldest);
+    }
+}
+
+/// A slot held: given back when dropped.
+pub(crate) struct Slot {
+    shared: Arc<Mutex<Shared>>,
+    run: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut shared = lock(&self.shared);
+        shared.queue.release(&self.run);
+        shared.dispatch();
+    }
+}
+
+/// A waiter not yet given its slot. Dropped so (cancelled, or its task or stream dropped), it
+/// leaves the queue, or gives back the slot granted meanwhile, so no slot is ever lost.
+struct Pending {
+    shared: Arc<Mutex<Shared>>,
+    ticket: Ticket,
+    run: String,
+    /// None once the slot is held by a [`Slot`].
+    woken: Option<oneshot::Receiver<()>>,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(mut woken) = self.woken.take() else {
+            return;
+        };
+        let mut state = lock(&self.shared);
+        state.wakers.remove(&self.ticket);
+        if !state.queue.cancel(self.ticket) && woken.try_recv().is_ok() {
+            state.queue.release(&self.run);
+        }
+        state.dispatch();
+    }
+}
+
+impl FairSlots {
+    /// `capacity` slots (at least 1), at most `per_run_cap` (at least 1) held by one run.
+    pub(crate) fn new(
+        capacity: usize,
+        per_run_cap: usize,
+        metrics: Option<DrainQueueMetrics>,
+    ) -> FairSlots {
+        FairSlots {
+            shared: Arc::new(Mutex::new(Shared {
+                queue: FairQueue::new(capacity, per_run_cap),
+                wakers: HashMap::new(),
+                metrics,
+                published: BTreeSet::new(),
+            })),
+        }
+    }
+
+    /// Queues `waiter` now, and waits for its slot (None: `cancel` came first). The wait is
+    /// observed in the slot-wait histogram when the slots have metrics.
+    pub(crate) fn acquire(
+        &self,
+        waiter: Waiter,
+        cancel: CancellationToken,
+    ) -> impl Future<Output = Option<Slot>> + Send + 'static {
+        let shared = Arc::clone(&self.shared);
+        let run = waiter.run.clone();
+        let (waker, woken) = oneshot::channel();
+        let came = Instant::now();
+        let ticket = {
+            let mut state = lock(&shared);
+            let ticket = state.queue.enqueue(waiter, came);
+            state.wakers.insert(ticket, waker);
+            state.dispatch();
+            ticket
+        };
+        let mut pending = Pending {
+            shared,
+            ticket,
+            run,
+            woken: Some(woken),
+        };
+        async move {
+            let woken = pending.woken.as_mut()?;
+            let granted = tokio::select! {
+                biased;
+                granted = woken => granted.is_ok(),
+                () = cancel.cancelled() => false,
+            };
+            if !granted {
+                return None;
+            }
+            pending.woken = None;
+            let state = lock(&pending.shared);
+            if let Some(metrics) = &state.metrics {
+                metrics.slot_wait.observe(came.elapsed().as_secs_f64());
+            }
+            drop(state);
+            Some(Slot {
+                shared: Arc::clone(&pending.shared),
+                run: std::mem::take(&mut pending.run),
+            })
+        }
+    }
+
+    /// Where the first waiter of `run` stands (None: it does not wait).
+    pub(crate) fn position(&self, run: &str) -> Option<Position> {
+        lock(&self.shared).queue.position(run)
+    }
+
+    /// Serves `run`'s waiters first.
+    pub(crate) fn make_urgent(&self, run: &str) {
+        let mut shared = lock(&self.shared);
+        shared.queue.make_urgent(run);
+        shared.dispatch();
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+
+    fn waiter(namespace: &str, run: &str) -> Waiter {
+        Waiter {
+            namespace: namespace.into(),
+            run: run.into(),
+            urgent: false,
+        }
+    }
 
     #[tokio::test]
     async fn a_run_is_drained_once_at_a_time_and_the_pool_waits_for_its_tasks() {
-        let pool = DrainPool::new(2);
+        let pool = DrainPool::new(2, None);
         assert!(pool.claim("uid-a"));
         assert!(
             !pool.claim("uid-a"),
@@ -117,24 +350,28 @@ mod tests {
         assert!(pool.is_in_flight("uid-a") && pool.is_in_flight("uid-b"));
         assert_eq!(pool.len(), 2);
         pool.release("uid-a");
+        pool.release("uid-b");
         assert!(!pool.is_in_flight("uid-a"));
         assert!(pool.claim("uid-a"), "claimable again once ended");
-        // Tasks beyond the pool's size wait for a permit; the pool waits for all of them.
-        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        pool.release("uid-a");
+        // Jobs beyond the pool's size wait for a slot; the pool waits for all of them.
         let done = Arc::new(AtomicUsize::new(0));
         let running = Arc::new(AtomicUsize::new(0));
         let most = Arc::new(AtomicUsize::new(0));
-        for _ in 0..5 {
-            let permits = Arc::clone(&pool.permits);
+        for i in 0..5 {
             let (done, running, most) = (done.clone(), running.clone(), most.clone());
-            pool.tasks.spawn(async move {
-                let _permit = permits.acquire_owned().await;
-                let now = running.fetch_add(1, SeqCst) + 1;
-                most.fetch_max(now, SeqCst);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                running.fetch_sub(1, SeqCst);
-                done.fetch_add(1, SeqCst);
-            });
+            let cancel = CancellationToken::new();
+            assert!(pool.start(
+                waiter("ns", &format!("run-{i}")),
+                cancel,
+                move || async move {
+                    let now = running.fetch_add(1, SeqCst) + 1;
+                    most.fetch_max(now, SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    running.fetch_sub(1, SeqCst);
+                    done.fetch_add(1, SeqCst);
+                }
+            ));
         }
         assert!(pool.wait(Duration::from_secs(10)).await);
         assert_eq!(done.load(SeqCst), 5);
@@ -147,16 +384,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_started_job_runs_once_per_run_and_frees_the_run_when_it_ends() {
-        let pool = DrainPool::new(1);
+        let pool = DrainPool::new(1, None);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let cancel = CancellationToken::new();
         assert!(
-            pool.start("uid-a".into(), cancel.clone(), move || async move {
+            pool.start(waiter("ns", "uid-a"), cancel.clone(), move || async move {
                 let _ = rx.await;
             })
         );
         assert!(
-            !pool.start("uid-a".into(), cancel.clone(), || async {}),
+            !pool.start(waiter("ns", "uid-a"), cancel.clone(), || async {}),
             "a teardown in flight is not started twice"
         );
         assert!(pool.is_in_flight("uid-a"));
@@ -166,5 +403,64 @@ mod tests {
             !pool.is_in_flight("uid-a"),
             "the run is free once its job ended"
         );
+    }
+
+    /// The pool serves its queue in the fair order: with the slot held, a second namespace's
+    /// teardown starts before the first namespace's next, and an urgent one before both; the
+    /// queue's gauges follow.
+    #[tokio::test]
+    async fn the_pool_starts_waiting_teardowns_in_the_fair_order() {
+        let metrics = crate::metrics::Metrics::new().unwrap();
+        let pool = DrainPool::new(1, Some(metrics.drain_queue.clone()));
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let cancel = CancellationToken::new();
+        pool.start(waiter("a", "a-0"), cancel.clone(), move || async move {
+            let _ = rx.await;
+        });
+        let runs = [("a", "a-1"), ("a", "a-2"), ("b", "b-0"), ("a", "a-evicted")];
+        for (namespace, run) in runs {
+            let order = Arc::clone(&order);
+            let started = run.to_string();
+            pool.start(waiter(namespace, run), cancel.clone(), move || async move {
+                lock(&order).push(started);
+            });
+        }
+        pool.make_urgent("a-evicted");
+        assert_eq!(pool.position("a-evicted").map(|p| p.place), Some(1));
+        assert_eq!(pool.position("b-0").map(|p| p.place), Some(2));
+        assert_eq!(
+            metrics.drain_queue.waiting.with_label_values(&["a"]).get(),
+            3
+        );
+        let _ = tx.send(());
+        assert!(pool.wait(Duration::from_secs(10)).await);
+        assert_eq!(*lock(&order), ["a-evicted", "b-0", "a-1", "a-2"]);
+        assert_eq!(metrics.drain_queue.slot_wait.get_sample_count(), 5);
+        pool.refresh_metrics();
+        assert_eq!(metrics.drain_queue.oldest_age.get(), 0.0);
+        assert!(!metrics.render().contains("drain_queue_waiting{"));
+    }
+
+    /// A waiter dropped or cancelled (its stream dropped by a teardown that failed) never keeps
+    /// a slot: the next waiter gets it.
+    #[tokio::test]
+    async fn a_dropped_or_cancelled_waiter_loses_no_slot() {
+        let slots = FairSlots::new(1, 1, None);
+        let cancel = CancellationToken::new();
+        let held = slots.acquire(waiter("a", "a-0"), cancel.clone()).await;
+        assert!(held.is_some());
+        let dropped = slots.acquire(waiter("a", "a-1"), cancel.clone());
+        let stop = CancellationToken::new();
+        let cancelled = slots.acquire(waiter("b", "b-0"), stop.clone());
+        stop.cancel();
+        assert!(cancelled.await.is_none(), "cancelled before its turn");
+        assert!(slots.position("b-0").is_none(), "and out of the queue");
+        // Granted while nobody polls it, then dropped: the slot comes back.
+        drop(held);
+        drop(dropped);
+        let last = slots.acquire(waiter("c", "c-0"), cancel.clone());
+        let got = tokio::time::timeout(Duration::from_secs(5), last).await;
+        assert!(matches!(got, Ok(Some(_))), "the slot was lost");
     }
 }

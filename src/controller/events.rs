@@ -26,6 +26,9 @@ pub(crate) const RUNNING: &str = "Running";
 /// Teardown began, and its paths have not all drained within [`super::plan::SETTLE`] (or the
 /// teardown begins with a Warning).
 pub(crate) const TEARING_DOWN: &str = "TearingDown";
+/// The teardown has waited for a drain slot past the quiet window; the note gives its place in
+/// the queue (docs/contract.md "Fair drain slots").
+pub(crate) const DRAIN_QUEUED: &str = "DrainQueued";
 /// The reason of a drain summary where every path drained (none failed or capped). Never an
 /// Event of its own: that summary is told in the note of the Event announcing the end.
 pub(crate) const DRAINED: &str = "Drained";
@@ -91,6 +94,7 @@ pub(crate) const ALL: &[&str] = &[
     POD_STUCK,
     RUNNING,
     TEARING_DOWN,
+    DRAIN_QUEUED,
     DRAIN_FAILED,
     CAPPED,
     READ_BACK_CHANGED,

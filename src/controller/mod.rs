@@ -22,6 +22,7 @@ pub(crate) mod conditions;
 pub(crate) mod context;
 pub(crate) mod decide;
 pub(crate) mod drain_pool;
+pub(crate) mod drain_queue;
 mod drive;
 pub(crate) mod error;
 pub(crate) mod events;
@@ -56,7 +57,6 @@ pub(crate) use error::ControllerError;
 
 use crate::api::{Phase, SandboxRun};
 use crate::metrics::Metrics;
-use plan::IN_FLIGHT_REQUEUE;
 
 /// Runs the controller until `shutdown` resolves. `namespaces` empty = every namespace.
 pub(crate) async fn run(
@@ -80,18 +80,23 @@ pub(crate) async fn run(
             .collect()
     };
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
+    spawn_queue_gauge(Arc::downgrade(&ctx));
     let mut streams = Vec::new();
     for (runs, pods) in scopes {
-        let pods_cfg = watcher::Config::default().labels(&crate::pod::managed_by_selector());
+        if let Some(gate) = &ctx.shards {
+            tokio::spawn(crate::shard::label::label_new_runs(
+                runs.clone(),
+                Arc::clone(gate),
+            ));
+        }
         // The runs are cached without their managedFields, which nothing here reads and which
         // are a fifth of a run's bytes (the cache is most of the operator's memory at 10,000 runs).
         let (reader, writer) = kube::runtime::reflector::store();
-        let cached = watcher(runs, watcher::Config::default())
+        let cached = run_events(&ctx, runs)
             .modify(|run: &mut SandboxRun| run.managed_fields_mut().clear())
             .reflect(writer)
             .applied_objects();
-        let controller = Controller::for_stream(cached, reader)
-            .owns(pods, pods_cfg)
+        let controller = with_pods(Controller::for_stream(cached, reader), &ctx, pods)
             .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
         spawn_phase_gauge(controller.store(), ctx.metrics.clone());
         let stream = controller
@@ -105,6 +110,43 @@ pub(crate) async fn run(
         streams.push(stream);
     }
     futures::future::join_all(streams).await;
+}
+
+/// The runs' watch events: every run, or with sharding only the runs labelled with the shards
+/// this replica owns (restarted when they change: docs/contract.md "Shards").
+fn run_events(
+    ctx: &Context,
+    runs: Api<SandboxRun>,
+) -> futures::stream::BoxStream<'static, Result<watcher::Event<SandboxRun>, watcher::Error>> {
+    match &ctx.shards {
+        Some(gate) => {
+            crate::shard::watches::owned_watch(runs, watcher::Config::default(), gate.serving())
+        }
+        None => watcher(runs, watcher::Config::default()).boxed(),
+    }
+}
+
+/// The run pods that wake their run: every pod this operator made, or with sharding the pods of
+/// the shards this replica owns plus those with no shard label (made before sharding).
+fn with_pods(
+    controller: Controller<SandboxRun>,
+    ctx: &Context,
+    pods: Api<Pod>,
+) -> Controller<SandboxRun> {
+    let managed = crate::pod::managed_by_selector();
+    let Some(gate) = &ctx.shards else {
+        return controller.owns(pods, watcher::Config::default().labels(&managed));
+    };
+    let unlabelled = format!("{managed},!{}", crate::shard::SHARD_LABEL);
+    let labelled = crate::shard::watches::owned_watch(
+        pods.clone(),
+        watcher::Config::default().labels(&managed),
+        gate.serving(),
+    )
+    .touched_objects();
+    controller
+        .owns_stream(labelled)
+        .owns(pods, watcher::Config::default().labels(&unlabelled))
 }
 
 /// Keeps `sandboxrun_runs{phase}` up to date from the watch cache, every 10 s. A run with no
@@ -133,6 +175,20 @@ fn spawn_phase_gauge(store: kube::runtime::reflector::Store<SandboxRun>, metrics
     });
 }
 
+/// Keeps the age of the oldest teardown waiting for a drain slot up to date, every 5 s (the
+/// queue's other gauges follow each change of it), while the controller's context lives.
+fn spawn_queue_gauge(ctx: std::sync::Weak<Context>) {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let Some(ctx) = ctx.upgrade() else {
+                break;
+            };
+            ctx.drains.refresh_metrics();
+        }
+    });
+}
+
 /// The `phase` label of runs that have no phase yet.
 const NEW_PHASE_LABEL: &str = "New";
 
@@ -148,9 +204,16 @@ fn error_policy(run: Arc<SandboxRun>, error: &ControllerError, ctx: Arc<Context>
 /// One reconcile: observe → decide → plan → act → report.
 async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action, ControllerError> {
     let started = Instant::now();
-    // The run's drain owns it until the drain ends (its status writes, then this requeue, wake it).
+    // Sharded: only the runs of this replica's shards, each while its shard is held (a shard
+    // acquired later restarts the run watch, whose fresh list reconciles its runs).
+    let Some(_shard) = ctx.enter_shard(&run) else {
+        return Ok(Action::await_change());
+    };
+    // The run's drain owns it until the drain ends (its status writes, then the requeue, wake
+    // it); while it waits for a slot, the reconcile only tells so.
     if ctx.drains.is_in_flight(&run.uid().unwrap_or_default()) {
-        return Ok(Action::requeue(IN_FLIGHT_REQUEUE));
+        let requeue = pipeline::in_flight(&ctx, &run, Timestamp::now()).await?;
+        return Ok(requeue.into_action());
     }
     let run = ctx.with_unreported_pod(run);
     let reconciled = pipeline::reconcile(&ctx, &run, Timestamp::now()).await?;

@@ -521,6 +521,19 @@ pub(crate) async fn live_run(
         .map_err(kube_err(format!("get {namespace}/{name}")))
 }
 
+/// The labels of namespace `name` (none when it has none).
+pub(crate) async fn namespace_labels(
+    client: &Client,
+    name: &str,
+) -> Result<std::collections::BTreeMap<String, String>, ControllerError> {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns = namespaces
+        .get(name)
+        .await
+        .map_err(kube_err(format!("get namespace {name}")))?;
+    Ok(ns.metadata.labels.unwrap_or_default())
+}
+
 /// The image of `pod`'s workload container, resolved without pulling it (the pre-flight of
 /// `--preflight-images`, docs/contract.md ADR-006 §5) with the credentials of the pod's
 /// imagePullSecrets (the run's and the operator's, read in the run's namespace; one that cannot

@@ -71,13 +71,53 @@ pub(crate) async fn reconcile(
         StepPlan::RecordPodLost => record_pod_lost(ctx, run, &observation, now).await?,
         StepPlan::Teardown(trigger) => {
             teardown_job::start(ctx, run, trigger);
-            Requeue::After(IN_FLIGHT_REQUEUE)
+            // A teardown that waits for a slot is looked at again after the quiet window.
+            match ctx.drains.position(&run.uid().unwrap_or_default()) {
+                Some(_) => Requeue::After(ctx.settle + LOOK_AGAIN_MARGIN),
+                None => Requeue::After(IN_FLIGHT_REQUEUE),
+            }
         }
     };
     Ok(Reconciled {
         step: Some(label),
         requeue,
     })
+}
+
+/// Reconciles `run` while its teardown is in flight: a teardown that runs owns the run (its
+/// status writes, then [`IN_FLIGHT_REQUEUE`], wake it); one that waits for a slot is served
+/// first once its pod is being deleted or evicted, and its wait is announced past the quiet
+/// window (docs/contract.md "Fair drain slots").
+pub(crate) async fn in_flight(
+    ctx: &Context,
+    run: &SandboxRun,
+    now: Timestamp,
+) -> Result<Requeue, ControllerError> {
+    let uid = run.uid().unwrap_or_default();
+    let Some(queued) = ctx.drains.queued(&uid) else {
+        return Ok(Requeue::After(IN_FLIGHT_REQUEUE));
+    };
+    let pod = observe::own_pod(&ctx.client, run).await?;
+    if !queued.position.urgent
+        && pod
+            .as_ref()
+            .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
+    {
+        info!(run = %run.name_any(), "its pod is being deleted: its teardown is served first");
+        ctx.drains.make_urgent(&uid);
+    }
+    // Read again: the place changed if it was made urgent.
+    let Some(queued) = ctx.drains.queued(&uid) else {
+        return Ok(Requeue::After(IN_FLIGHT_REQUEUE));
+    };
+    let plan = plan::queued(&queued, ctx.settle);
+    let announces = !plan.events.is_empty();
+    let pod_name = crate::pod::pod_name(&run.name_any());
+    let requeue = drive::carry_out(ctx, run, &pod_name, pod.as_ref(), plan, now).await?;
+    if announces {
+        ctx.drains.mark_announced(&uid);
+    }
+    Ok(requeue)
 }
 
 /// Creates the run's pod: the pre-flight of its image first (`--preflight-images`), its egress
@@ -110,6 +150,7 @@ async fn create_pod(
             warn!(run = %run.name_any(), %message, "image does not resolve; the run fails");
         }
     }
+    let pod = namespace_default(ctx, run, pod).await?;
     let plan = plan::create(run, pod, preflight, verdict(run, &ctx.pod.egress), now);
     drive::carry_out(ctx, run, &pod_name, None, plan, now).await
 }
@@ -140,6 +181,28 @@ async fn store_unusable(
             Ok(Some(error.to_string()))
         }
     }
+}
+
+/// The pod with its namespace policies' default runtime class when the run names none: the
+/// namespace's labels are read only when a policy gives a default (docs/contract.md "The
+/// platform's namespace policies"). A namespace that cannot be read is an error (the reconcile
+/// is retried): the pod is never created without the default its policy sets.
+async fn namespace_default(
+    ctx: &Context,
+    run: &SandboxRun,
+    pod: Pod,
+) -> Result<Pod, ControllerError> {
+    let policies = &ctx.pod.namespace_policies;
+    if run.spec.runtime_class_name.is_some()
+        || !crate::admission::namespace_policy::gives_defaults(policies)
+    {
+        return Ok(pod);
+    }
+    let namespace = run.namespace().unwrap_or_default();
+    let labels = observe::namespace_labels(&ctx.client, &namespace).await?;
+    Ok(crate::pod::with_namespace_default(
+        pod, run, &labels, policies,
+    ))
 }
 
 /// Reports the run's undrained paths lost, on the live run (see [`decide::pod_lost_holds`]) and

@@ -14,6 +14,7 @@ use tracing::warn;
 use super::act::{self, DrainTarget};
 use super::context::Context;
 use super::decide::Trigger;
+use super::drain_queue::Waiter;
 use super::drive;
 use super::error::ControllerError;
 use super::observe;
@@ -24,14 +25,27 @@ use crate::store::tenant::TenantStoreError;
 use crate::store::tenant_read::RunStore;
 
 /// Starts the run's teardown in the drain pool, unless one is in flight. The teardown waits for
-/// a slot (or for this replica to stop), reads the pod as it is then (a queued teardown holds no
-/// copy of it: thousands may wait at once), runs, and leaves the run to its next reconcile; a
-/// teardown that fails is counted, logged, and retried by a later reconcile after a pause.
+/// a slot (or for this replica to stop) in the fair queue — first when its pod is being deleted
+/// or evicted (docs/contract.md "Fair drain slots") —, reads the pod as it is then (a queued
+/// teardown holds no copy of it: thousands may wait at once), runs, and leaves the run to its
+/// next reconcile; a teardown that fails is counted, logged, and retried by a later reconcile
+/// after a pause.
 pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger) {
-    let uid = run.uid().unwrap_or_default();
+    let waiter = Waiter {
+        namespace: run.namespace().unwrap_or_default(),
+        run: run.uid().unwrap_or_default(),
+        urgent: trigger.is_urgent(),
+    };
     let job_ctx = Arc::clone(ctx);
     let run = Arc::clone(run);
-    ctx.drains.start(uid, ctx.cancel.clone(), move || async move {
+    // Sharded: the teardown holds its shard until it ends, and one still waiting for a slot is
+    // cancelled when the shard is released (docs/contract.md "Shards").
+    let shard = ctx.join_shard(&run);
+    let cancel = shard
+        .as_ref()
+        .map_or_else(|| ctx.cancel.clone(), |guard| guard.cancel.clone());
+    ctx.drains.start(waiter, cancel, move || async move {
+        let _shard = shard;
         let ctx = job_ctx;
         let result = match observe::own_pod(&ctx.client, &run).await {
             Ok(pod) => teardown(&ctx, &run, pod.as_ref(), &trigger).await,
@@ -113,7 +127,9 @@ async fn teardown(
         holder_running,
     } = plan::teardown(run, pod, trigger, &ctx.caps, timeout, now);
     let store = teardown_store(ctx, run, &paths).await?;
-    let target = DrainTarget::new(ctx, run, store, tokio::time::Instant::now() + drain_left);
+    let deleting = pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some());
+    let target = DrainTarget::new(ctx, run, store, tokio::time::Instant::now() + drain_left)
+        .urgent(deleting);
     let (mut progress, opening) =
         TeardownProgress::begin(opening, opening_waits, status, paths.len(), ctx.settle);
     if let Some(opening) = opening {

@@ -169,6 +169,7 @@ fn the_chart_renders_what_the_operator_expects() {
         "readBack.retention=Sometimes rendered"
     );
     assert!(!text.contains("--leader-elect"), "one replica: no election");
+    assert!(!text.contains("- --sharding\n"), "one replica: no shards");
     // The holder's resources: today's defaults, and no CPU limit unless one is set.
     assert!(text.contains("- --holder-cpu-request=10m\n"));
     assert!(text.contains("- --holder-memory-request=16Mi\n"));
@@ -211,8 +212,27 @@ fn the_chart_renders_what_the_operator_expects() {
         ]),
         None,
     );
-    assert!(ha.contains("--leader-elect\n"));
-    assert!(ha.contains("kind: Role\n") && ha.contains("resources: [leases]"));
+    // Several replicas run active-active by default (sharding, docs/operations.md "Scaling"), with
+    // the shard Leases' Role; sharding.enabled=false (or leaderElection.enabled) elects a leader.
+    assert!(ha.contains("- --sharding\n") && ha.contains("- --shards=32\n"));
+    assert!(!ha.contains("--leader-elect\n"), "sharded: no election");
+    assert!(ha.contains("kind: Role\n") && ha.contains("verbs: [list, create, update, delete]"));
+    let elected = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "replicas=2",
+            "--set",
+            "store.url=s3://b/p",
+            "--set",
+            "sharding.enabled=false",
+        ]),
+        None,
+    );
+    assert!(elected.contains("--leader-elect\n") && !elected.contains("- --sharding\n"));
+    assert!(elected.contains("resources: [leases]"));
     let files = ok(
         helm(&[
             "template",
@@ -420,7 +440,7 @@ fn the_namespace_policies_value_becomes_the_file_the_operator_reads() {
     let values = dir.path().join("policies.yaml");
     std::fs::write(
         &values,
-        "runPolicy:\n  namespacePolicies:\n  - name: free-tier\n    namespaceSelector: {matchLabels: {tier: free}}\n    images: [\"registry.corp.example/**\"]\n    maxSizeLimit: 1Gi\n    secrets: false\n",
+        "runPolicy:\n  defaultRuntimeClass: gvisor\n  namespacePolicies:\n  - name: free-tier\n    namespaceSelector: {matchLabels: {tier: free}}\n    images: [\"registry.corp.example/**\"]\n    maxSizeLimit: 1Gi\n    secrets: false\n",
     )
     .expect("write values");
     let docs = yaml_docs(&ok(
@@ -463,6 +483,7 @@ fn the_namespace_policies_value_becomes_the_file_the_operator_reads() {
         args.contains(&"--namespace-policies=/etc/sandboxrun/policies/namespace-policies.yaml"),
         "{args:?}"
     );
+    assert!(args.contains(&"--default-runtime-class=gvisor"), "{args:?}");
     let mounted = container["volumeMounts"]
         .as_sequence()
         .expect("mounts")
@@ -1526,7 +1547,8 @@ fn alerts_and_dashboard_query_only_metrics_the_operator_exports() {
             "SandboxRunReconcileErrors",
             "SandboxRunWebhookSlow",
             "SandboxRunWebhookDenials",
-            "SandboxRunNoLeader"
+            "SandboxRunNoLeader",
+            "SandboxRunDrainQueueGrowing"
         ]
     );
     let mut used = std::collections::BTreeSet::new();

@@ -901,3 +901,65 @@ async fn a_prompt_run_is_written_twice_and_told_once() {
         .collect();
     assert_eq!(reasons, ["Succeeded"]);
 }
+
+/// Issue #29 item 2: a namespace policy's `defaultRuntimeClass` reaches the pod of a run that names
+/// none, in the namespaces the policy selects (the controller reads the namespace's labels before
+/// it creates the pod); a run's own runtime class is kept.
+#[tokio::test]
+async fn a_namespace_policys_default_runtime_class_reaches_the_pod() {
+    use k8s_openapi::api::node::v1::RuntimeClass;
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "rtclass").await;
+    // The apiserver refuses a pod whose RuntimeClass does not exist: make both (on the kwok node
+    // the handler is never run).
+    let classes: Api<RuntimeClass> = Api::all(client.clone());
+    for name in ["sandboxrun-test-sandboxed", "sandboxrun-test-own"] {
+        let rc: RuntimeClass = serde_json::from_value(json!({
+            "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+            "metadata": {"name": name}, "handler": "runc",
+        }))
+        .expect("a RuntimeClass");
+        match classes.create(&Default::default(), &rc).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => panic!("create RuntimeClass {name}: {e}"),
+        }
+    }
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            &ns.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"sandboxrun-test-tier": "free"}}})),
+        )
+        .await
+        .expect("label the namespace");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("policies.yaml");
+    std::fs::write(
+        &file,
+        "- name: free-tier\n  namespaceSelector: {matchLabels: {sandboxrun-test-tier: free}}\n  defaultRuntimeClass: sandboxrun-test-sandboxed\n",
+    )
+    .expect("write the policies");
+    let (_d, store_url) = file_store("rtclass");
+    let op = Operator::builder(&ns.name, &store_url)
+        .flags(&["--namespace-policies", &file.display().to_string()])
+        .start();
+    let out = host_dir("out");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "plain", spec(&[&out])).await;
+    let mut own = spec(&[&out]).build();
+    own.runtime_class_name = Some("sandboxrun-test-own".into());
+    create(&runs, "own", own).await;
+    for (name, want) in [
+        ("plain", "sandboxrun-test-sandboxed"),
+        ("own", "sandboxrun-test-own"),
+    ] {
+        let run = wait_phase(&runs, name, Phase::Running, &op).await;
+        let pod = pods.get(&pod_of(&run)).await.expect("the pod");
+        let class = pod.spec.and_then(|s| s.runtime_class_name);
+        assert_eq!(class.as_deref(), Some(want), "{name}");
+    }
+}

@@ -75,6 +75,11 @@ struct Bed {
 
 impl Bed {
     async fn start() -> Bed {
+        Bed::start_with(&[]).await
+    }
+
+    /// The bed with `extra` operator flags.
+    async fn start_with(extra: &[&str]) -> Bed {
         let client = client().await;
         ensure_crd(&client).await;
         let ns = TestNamespace::new(&client, "doctor-live").await;
@@ -115,6 +120,7 @@ impl Bed {
                 "--settings-configmap",
                 "sbr-settings",
             ])
+            .flags(extra)
             .start();
         let bed = Bed {
             client,
@@ -298,6 +304,50 @@ async fn a_missing_secret_fails_and_the_operators_published_cap_is_the_one_judge
         "{}",
         String::from_utf8_lossy(&offline.stdout)
     );
+}
+
+/// Issue #29 item 2: `doctor --context` judges the operator's published namespace policies with
+/// the labels the namespace has in the cluster, naming the policy; relabelled out of its
+/// selector, the same manifest is clean.
+#[tokio::test]
+async fn the_published_namespace_policies_are_judged_with_the_namespaces_own_labels() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("policies.yaml");
+    std::fs::write(
+        &file,
+        "- name: free-tier\n  namespaceSelector: {matchLabels: {sandboxrun-test-tier: free}}\n  serviceAccounts: false\n",
+    )
+    .expect("write the policies");
+    let bed = Bed::start_with(&["--namespace-policies", &file.display().to_string()]).await;
+    let ns = bed.ns.name.clone();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(bed.client.clone());
+    let label = |tier: &'static str| {
+        let (namespaces, ns) = (namespaces.clone(), ns.clone());
+        let patch = serde_json::json!({"metadata": {"labels": {"sandboxrun-test-tier": tier}}});
+        async move {
+            namespaces
+                .patch(
+                    &ns,
+                    &kube::api::PatchParams::default(),
+                    &kube::api::Patch::Merge(patch),
+                )
+                .await
+                .expect("label the namespace");
+        }
+    };
+    let manifest = run_yaml(&ns, "with-sa", "  serviceAccountName: default\n");
+    label("free").await;
+    let (code, out, err) = bed.doctor(&[], &manifest);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("run-policy spec.serviceAccountName")
+            && out.contains("namespace policy `free-tier`"),
+        "{out}"
+    );
+    assert!(out.contains("namespace policies: free-tier"), "{out}");
+    label("paid").await;
+    let (code, out, err) = bed.doctor(&[], &manifest);
+    assert_eq!(code, 0, "{out}{err}");
 }
 
 #[tokio::test]

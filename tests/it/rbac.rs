@@ -77,17 +77,18 @@ fn chart_rbac(
 
 use serde::Deserialize;
 
-#[tokio::test]
-async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = TestNamespace::new(&client, "rbac").await;
-    let release = format!("rbac{:06x}", rand_u32() & 0xffffff);
-    let (cluster_roles, roles, lease) = chart_rbac(&release, &ns.name, &[]);
-
+/// A ServiceAccount of the test's namespace bound to exactly `cluster_roles` (renamed after the
+/// namespace) and `roles`: the names of the ClusterRoles made, and a kubeconfig that
+/// authenticates as it and nothing else.
+async fn bind_service_account(
+    client: &kube::Client,
+    ns: &str,
+    cluster_roles: Vec<ClusterRole>,
+    roles: Vec<Role>,
+) -> (Vec<String>, std::path::PathBuf) {
     // The chart's ServiceAccount identity, bound to exactly the chart's rules.
     let sa_name = "sandboxrun-operator-under-test";
-    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns.name);
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), ns);
     sas.create(
         &PostParams::default(),
         &ServiceAccount {
@@ -103,18 +104,14 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
     let subject = Subject {
         kind: "ServiceAccount".into(),
         name: sa_name.into(),
-        namespace: Some(ns.name.clone()),
+        namespace: Some(ns.to_string()),
         api_group: None,
     };
     let crs: Api<ClusterRole> = Api::all(client.clone());
     let crbs: Api<ClusterRoleBinding> = Api::all(client.clone());
     let mut cr_names = Vec::new();
     for mut cr in cluster_roles {
-        let name = format!(
-            "{}-{}",
-            ns.name,
-            cr.metadata.name.clone().unwrap_or_default()
-        );
+        let name = format!("{}-{}", ns, cr.metadata.name.clone().unwrap_or_default());
         cr.metadata = ObjectMeta {
             name: Some(name.clone()),
             ..Default::default()
@@ -139,8 +136,8 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
         .unwrap();
         cr_names.push(name);
     }
-    let rs: Api<Role> = Api::namespaced(client.clone(), &ns.name);
-    let rbs: Api<RoleBinding> = Api::namespaced(client.clone(), &ns.name);
+    let rs: Api<Role> = Api::namespaced(client.clone(), ns);
+    let rbs: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
     for mut r in roles {
         let name = r.metadata.name.clone().unwrap_or_default();
         r.metadata = ObjectMeta {
@@ -168,7 +165,22 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
     }
 
     // A kubeconfig that authenticates as that ServiceAccount and nothing else.
-    let sa_kubeconfig = service_account_kubeconfig(&client, &ns.name, sa_name).await;
+    let sa_kubeconfig = service_account_kubeconfig(client, ns, sa_name).await;
+    (cr_names, sa_kubeconfig)
+}
+
+#[tokio::test]
+async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "rbac").await;
+    let release = format!("rbac{:06x}", rand_u32() & 0xffffff);
+    let (cluster_roles, roles, lease) = chart_rbac(&release, &ns.name, &[]);
+
+    let (cr_names, sa_kubeconfig) =
+        bind_service_account(&client, &ns.name, cluster_roles, roles).await;
+    let crs: Api<ClusterRole> = Api::all(client.clone());
+    let crbs: Api<ClusterRoleBinding> = Api::all(client.clone());
 
     let store_url = format!("file://{}", host_dir("store-rbac").display());
     // The operator as the chart's ServiceAccount, started (and restarted) by `start`.
@@ -300,6 +312,140 @@ async fn the_chart_rbac_is_enough_for_a_full_run_and_each_rule_is_needed() {
         "the failure must say Forbidden: {msg}"
     );
     op.kill();
+    for name in cr_names {
+        let _ = crbs.delete(&name, &DeleteParams::default()).await;
+        let _ = crs.delete(&name, &DeleteParams::default()).await;
+    }
+}
+
+/// A sharded replica (`--sharding`) under exactly the chart's rules: it creates and renews its
+/// shard and heartbeat Leases, labels a new run with its shard and runs it to the end; without
+/// the chart's sharding Role it holds no shard and says Forbidden.
+#[tokio::test]
+async fn the_chart_rbac_is_enough_for_a_sharded_replica_and_its_role_is_needed() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "rbacshard").await;
+    let release = format!("rbac{:06x}", rand_u32() & 0xffffff);
+    let (cluster_roles, roles, lease) = chart_rbac(&release, &ns.name, &[]);
+    assert!(
+        roles.iter().any(|r| r
+            .metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.ends_with("-sharding"))),
+        "the chart renders the sharding Role by default"
+    );
+    let (cr_names, sa_kubeconfig) =
+        bind_service_account(&client, &ns.name, cluster_roles, roles).await;
+    let store_url = format!("file://{}", host_dir("store-rbacshard").display());
+    let start = || {
+        Operator::builder(&ns.name, &store_url)
+            .kubeconfig(&sa_kubeconfig)
+            .flags(&[
+                "--pod-namespace",
+                &ns.name,
+                "--pod-name",
+                "rbac-shard-op",
+                "--sharding",
+                "--shards",
+                "4",
+                "--lease-name",
+                &lease,
+                "--settings-configmap",
+                "",
+            ])
+            .start()
+    };
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let held = || async {
+        let listed = leases.list(&Default::default()).await.ok()?.items;
+        let shards = listed
+            .iter()
+            .filter(|l| {
+                l.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with(&format!("{lease}-shard-")))
+            })
+            .filter(|l| {
+                l.spec.as_ref().and_then(|s| s.holder_identity.as_deref()) == Some("rbac-shard-op")
+            })
+            .count();
+        let heartbeat = listed
+            .iter()
+            .any(|l| l.metadata.name.as_deref() == Some(&format!("{lease}-replica-rbac-shard-op")));
+        Some((shards, heartbeat))
+    };
+    let op = start();
+    eventually_or_log(
+        "the 4 shards and the heartbeat held",
+        Duration::from_secs(60),
+        &op,
+        || async { (held().await == Some((4, true))).then_some(()) },
+    )
+    .await;
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let out = host_dir("out-rbacshard");
+    std::fs::write(out.join("x.txt"), b"x\n").unwrap();
+    create(
+        &runs,
+        "sharded",
+        spec(&[&out])
+            .image(TAGGED_IMAGE)
+            .user("1000")
+            .drain_timeout("15s"),
+    )
+    .await;
+    run_then_finish(&runs, &pods, "sharded", &op).await;
+    let done = wait_final(&runs, "sharded", &op, Duration::from_secs(90)).await;
+    assert_eq!(
+        done.status.as_ref().and_then(|s| s.phase),
+        Some(Phase::Succeeded),
+        "{}",
+        op.log_text()
+    );
+    assert!(
+        done.metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key("sandbox.iterion.io/shard"),
+        "labelled with its shard under the chart's rules"
+    );
+    drop(op);
+
+    // Without the sharding Role: no shard is ever held, and the log says Forbidden.
+    let rs: Api<Role> = Api::namespaced(client.clone(), &ns.name);
+    let name = format!("{release}-sandboxrun-operator-sharding");
+    rs.delete(&name, &DeleteParams::default())
+        .await
+        .expect("delete the sharding Role");
+    for l in leases.list(&Default::default()).await.unwrap().items {
+        let _ = leases
+            .delete(
+                l.metadata.name.as_deref().unwrap(),
+                &DeleteParams::default(),
+            )
+            .await;
+    }
+    let op = start();
+    eventually_or_log(
+        "a Forbidden lease write",
+        Duration::from_secs(60),
+        &op,
+        || async { op.log_text().contains("forbidden").then_some(()) },
+    )
+    .await;
+    assert_eq!(
+        held().await.map(|h| h.0),
+        Some(0),
+        "no shard held without the Role"
+    );
+    drop(op);
+    let crs: Api<ClusterRole> = Api::all(client.clone());
+    let crbs: Api<ClusterRoleBinding> = Api::all(client.clone());
     for name in cr_names {
         let _ = crbs.delete(&name, &DeleteParams::default()).await;
         let _ = crs.delete(&name, &DeleteParams::default()).await;

@@ -55,9 +55,15 @@ app.kubernetes.io/part-of: sandboxrun-operator
 {{- default (include "sbr.image" .) .Values.holderImage -}}
 {{- end -}}
 
-{{/* Leader election: on when asked, and always with more than one replica. */}}
+{{/* Sharding (active-active): with more than one replica, unless turned off or leader election
+is forced. */}}
+{{- define "sbr.sharding" -}}
+{{- if and .Values.sharding.enabled (gt (int .Values.replicas) 1) (not .Values.leaderElection.enabled) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Leader election: on when asked, and with more than one replica when sharding is off. */}}
 {{- define "sbr.leaderElect" -}}
-{{- if or .Values.leaderElection.enabled (gt (int .Values.replicas) 1) -}}true{{- end -}}
+{{- if and (not (include "sbr.sharding" .)) (or .Values.leaderElection.enabled (gt (int .Values.replicas) 1)) -}}true{{- end -}}
 {{- end -}}
 
 {{- define "sbr.leaseName" -}}

@@ -18,6 +18,7 @@ mod after;
 mod create;
 mod finish;
 mod model;
+mod queued;
 mod teardown;
 #[cfg(test)]
 mod testing;
@@ -42,6 +43,7 @@ pub(crate) use model::{
     Effect, Inputs, Plan, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN,
     NAME_CONFLICT_REQUEUE, SETTLE,
 };
+pub(crate) use queued::queued;
 pub(crate) use teardown::{
     teardown, teardown_end, PathPlan, PathWork, TeardownPlan, TeardownProgress,
 };

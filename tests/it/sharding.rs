@@ -1,0 +1,560 @@
+//! Active-active replicas sharing the runs through shard Leases (`run --sharding`, issue #28,
+//! docs/contract.md "Shards"): three operator processes on this host against the bed, runs on the
+//! kwok node drained into a file store by a packer that takes a few seconds, then one replica
+//! killed with SIGKILL while drains are in flight and another started later, then one stopped
+//! with SIGTERM (it gives its shards back before it exits); and a rolling replacement of every
+//! replica during 200 lifecycles.
+//!
+//! kwok plays the node: its exec runs the packer as a local process, so a declared path is a host
+//! directory (one per run).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::ListParams;
+use kube::{Api, Client, ResourceExt};
+use sandboxrun_operator::api::{Phase, SandboxRun};
+use sandboxrun_operator::shard::{shard_of, shard_of_lease_name, SHARD_LABEL};
+use sandboxrun_operator::store::{list_manifests, store_from_url};
+
+use crate::support::*;
+
+/// The shards of the test's replicas (the default).
+const SHARDS: u32 = 32;
+/// Runs before the kill (the balance is counted on them) and during it.
+const RUNS_BEFORE: usize = 90;
+const RUNS_DURING: usize = 45;
+/// The Lease group (`--lease-name`).
+const GROUP: &str = "sharding-test";
+
+/// A packer that waits `seconds` first (so drains are in flight long enough to be interrupted)
+/// and logs every attempt (its path) to `attempts`.
+fn slow_packer(dir: &Path, attempts: &Path, seconds: u32) -> PathBuf {
+    let script = dir.join("slow-pack.sh");
+    let real = env!("CARGO_BIN_EXE_sandboxrun-operator");
+    let text = format!(
+        "#!/bin/sh\n# Packer of tests/it/sharding.rs: logs the attempt, waits, packs.\necho \"$1\" >> \"{}\"\nsleep {seconds}\nexec \"{real}\" pack \"$@\"\n",
+        attempts.display()
+    );
+    std::fs::write(&script, text).expect("write the packer");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    script
+}
+
+/// A sharded replica named `id` of the test's operator, its metrics on `metrics`.
+fn replica(ns: &str, store_url: &str, id: &str, packer: &Path, metrics: u16) -> Operator {
+    Operator::builder(ns, store_url)
+        .flags(&[
+            "--metrics-addr",
+            &format!("127.0.0.1:{metrics}"),
+            "--sharding",
+            "--shards",
+            &SHARDS.to_string(),
+            "--lease-name",
+            GROUP,
+            "--pod-namespace",
+            ns,
+            "--pod-name",
+            id,
+            "--settings-configmap",
+            "",
+            "--quiet-window",
+            "0s",
+            "--pack-command",
+            &packer.display().to_string(),
+        ])
+        .start()
+}
+
+/// The runs in a replica's cache: the sum of its `sandboxrun_runs{phase}` gauge.
+async fn cached_runs(metrics: u16) -> Option<u64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{metrics}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let mut sum = 0;
+    for line in text.lines().filter(|l| l.starts_with("sandboxrun_runs{")) {
+        sum += line.rsplit(' ').next()?.parse::<u64>().ok()?;
+    }
+    Some(sum)
+}
+
+/// Each shard's holder, from the shard Leases (released ones: absent).
+async fn shard_holders(client: &Client, ns: &str) -> BTreeMap<u32, String> {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), ns);
+    let listed = leases
+        .list(&ListParams::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    listed
+        .iter()
+        .filter_map(|l| {
+            let shard = shard_of_lease_name(GROUP, &l.name_any())?;
+            let holder = l.spec.as_ref()?.holder_identity.clone()?;
+            (!holder.is_empty()).then_some((shard, holder))
+        })
+        .collect()
+}
+
+/// Shards held per replica.
+fn counts(holders: &BTreeMap<u32, String>) -> BTreeMap<String, u32> {
+    let mut counts = BTreeMap::new();
+    for h in holders.values() {
+        *counts.entry(h.clone()).or_default() += 1;
+    }
+    counts
+}
+
+/// Waits until every shard is held by `ids` only, each holding ⌊N/R⌋ or ⌈N/R⌉.
+async fn wait_balanced(client: &Client, ns: &str, ids: &[&str], timeout: Duration) {
+    let want: BTreeSet<String> = ids.iter().map(|s| s.to_string()).collect();
+    let r = ids.len() as u32;
+    eventually(
+        &format!("the {SHARDS} shards balanced over {ids:?}"),
+        timeout,
+        || async {
+            let holders = shard_holders(client, ns).await;
+            let counts = counts(&holders);
+            let ok = holders.len() as u32 == SHARDS
+                && counts.keys().cloned().collect::<BTreeSet<_>>() == want
+                && counts
+                    .values()
+                    .all(|c| *c == SHARDS / r || *c == SHARDS.div_ceil(r));
+            ok.then_some(())
+        },
+    )
+    .await;
+}
+
+/// Creates runs `prefix-0..n`, each reading back its own host directory under `src`.
+async fn create_runs(runs: &Api<SandboxRun>, src: &Path, prefix: &str, n: usize) -> Vec<String> {
+    let mut names = Vec::new();
+    for i in 0..n {
+        let name = format!("{prefix}-{i}");
+        let dir = src.join(&name);
+        std::fs::create_dir_all(&dir).expect("run dir");
+        write_pattern(&dir.join("out.bin"), 64 * 1024, i as u64);
+        create(runs, &name, spec(&[&dir]).drain_timeout("3m")).await;
+        names.push(name);
+    }
+    names
+}
+
+/// Waits until every run of `names` is Running, then ends every workload.
+async fn run_then_finish_all(runs: &Api<SandboxRun>, pods: &Api<Pod>, names: &[String]) {
+    let running = eventually("every run Running", Duration::from_secs(120), || async {
+        let listed = runs.list(&ListParams::default()).await.ok()?.items;
+        let running: BTreeMap<String, String> = listed
+            .iter()
+            .filter(|r| phase(r) == Some(Phase::Running))
+            .filter_map(|r| Some((r.name_any(), r.status.as_ref()?.pod_name.clone()?)))
+            .collect();
+        names
+            .iter()
+            .all(|n| running.contains_key(n))
+            .then_some(running)
+    })
+    .await;
+    for name in names {
+        finish_workload(pods, &running[name], 0).await;
+    }
+}
+
+/// Waits until every run of `names` has ended; returns them.
+async fn wait_all_final(
+    runs: &Api<SandboxRun>,
+    names: &[String],
+    timeout: Duration,
+    logs: impl Fn() -> String,
+) -> Vec<SandboxRun> {
+    let start = Instant::now();
+    loop {
+        let listed = runs
+            .list(&ListParams::default())
+            .await
+            .expect("list runs")
+            .items;
+        let ended: Vec<SandboxRun> = listed
+            .into_iter()
+            .filter(|r| names.contains(&r.name_any()))
+            .filter(|r| phase(r).is_some_and(Phase::is_final))
+            .collect();
+        if ended.len() == names.len() {
+            return ended;
+        }
+        if start.elapsed() > timeout {
+            let done: BTreeSet<String> = ended.iter().map(|r| r.name_any()).collect();
+            let stuck: Vec<&String> = names.iter().filter(|n| !done.contains(*n)).collect();
+            panic!("runs not ended after {timeout:?}: {stuck:?}\n{}", logs());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The replica that announced each run's end (its `Succeeded` Event's reporting instance).
+async fn enders(client: &Client, ns: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut by_run: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for e in events_with_reason(client, ns, "Succeeded").await {
+        let run = e.regarding.as_ref().and_then(|r| r.name.clone());
+        if let (Some(run), Some(instance)) = (run, e.reporting_instance.clone()) {
+            by_run.entry(run).or_default().insert(instance);
+        }
+    }
+    by_run
+}
+
+fn tail(op: &Operator) -> String {
+    let log = op.log_text();
+    let lines: Vec<&str> = log.lines().rev().take(25).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
+#[tokio::test]
+async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "sharding").await;
+    let (store_dir, store_url) = file_store("sharding");
+    let _remove_store = RemoveOnDrop(store_dir.clone());
+    let work = host_dir("sharding");
+    let _remove_work = RemoveOnDrop(work.clone());
+    let attempts = work.join("attempts.log");
+    let packer = slow_packer(&work, &attempts, 3);
+    let src = work.join("src");
+
+    let mut ops: BTreeMap<&str, Operator> = BTreeMap::new();
+    let mut ports: BTreeMap<&str, u16> = BTreeMap::new();
+    for id in ["sharding-a", "sharding-b", "sharding-c", "sharding-d"] {
+        ports.insert(id, free_port());
+    }
+    for id in ["sharding-a", "sharding-b", "sharding-c"] {
+        ops.insert(id, replica(&ns.name, &store_url, id, &packer, ports[id]));
+    }
+    let logs = |ops: &BTreeMap<&str, Operator>| {
+        ops.iter()
+            .map(|(id, op)| format!("--- {id}:\n{}", tail(op)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    wait_balanced(
+        &client,
+        &ns.name,
+        &["sharding-a", "sharding-b", "sharding-c"],
+        Duration::from_secs(60),
+    )
+    .await;
+    println!(
+        "shards: {:?}",
+        counts(&shard_holders(&client, &ns.name).await)
+    );
+
+    // 1. The runs are shared: each replica ends between 20 % and 50 % of them.
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let before = create_runs(&runs, &src, "before", RUNS_BEFORE).await;
+    run_then_finish_all(&runs, &pods, &before).await;
+    let ended = wait_all_final(&runs, &before, Duration::from_secs(150), || logs(&ops)).await;
+    assert!(
+        ended.iter().all(|r| phase(r) == Some(Phase::Succeeded)),
+        "every run succeeded: {:?}",
+        ended
+            .iter()
+            .map(|r| (r.name_any(), phase(r)))
+            .collect::<Vec<_>>()
+    );
+    let by_run = enders(&client, &ns.name).await;
+    let mut per_replica: BTreeMap<String, usize> = BTreeMap::new();
+    for name in &before {
+        let instances = by_run.get(name).cloned().unwrap_or_default();
+        assert_eq!(
+            instances.len(),
+            1,
+            "{name} ended by exactly one replica: {instances:?}"
+        );
+        *per_replica
+            .entry(instances.into_iter().next().unwrap())
+            .or_default() += 1;
+    }
+    println!("runs ended per replica: {per_replica:?} of {RUNS_BEFORE}");
+    assert_eq!(per_replica.len(), 3, "{per_replica:?}");
+    for (id, n) in &per_replica {
+        let share = *n as f64 / RUNS_BEFORE as f64;
+        assert!(
+            (0.2..=0.5).contains(&share),
+            "{id} ended {n} of {RUNS_BEFORE}"
+        );
+    }
+
+    // Each replica caches only its shards' runs (label-selected watches): its gauge counts the
+    // runs whose shard it holds, not all of them; every run carries its shard label.
+    let listed = runs
+        .list(&ListParams::default())
+        .await
+        .expect("list runs")
+        .items;
+    for r in &listed {
+        let want = shard_of(&r.uid().unwrap_or_default(), SHARDS).to_string();
+        assert_eq!(r.labels().get(SHARD_LABEL), Some(&want), "{}", r.name_any());
+    }
+    let holders = shard_holders(&client, &ns.name).await;
+    for (id, port) in ports.iter().filter(|(id, _)| ops.contains_key(*id)) {
+        let mine = listed
+            .iter()
+            .filter(|r| {
+                let shard = shard_of(&r.uid().unwrap_or_default(), SHARDS);
+                holders.get(&shard).map(String::as_str) == Some(*id)
+            })
+            .count() as u64;
+        // The gauge is refreshed every 10 s.
+        eventually(
+            &format!("{id} to cache its {mine} runs of {RUNS_BEFORE}"),
+            Duration::from_secs(30),
+            || async move { (cached_runs(*port).await == Some(mine)).then_some(()) },
+        )
+        .await;
+        println!("{id} caches {mine} of {RUNS_BEFORE} runs");
+    }
+
+    // 2. SIGKILL one replica while drains are in flight in its shards; start another later.
+    let during = create_runs(&runs, &src, "during", RUNS_DURING).await;
+    run_then_finish_all(&runs, &pods, &during).await;
+    let victim = "sharding-b";
+    eventually(
+        "a drain in flight in the victim's shards",
+        Duration::from_secs(60),
+        || async {
+            let holders = shard_holders(&client, &ns.name).await;
+            let listed = runs.list(&ListParams::default()).await.ok()?.items;
+            listed
+                .iter()
+                .any(|r| {
+                    let shard = shard_of(&r.uid().unwrap_or_default(), SHARDS);
+                    phase(r) == Some(Phase::Draining)
+                        && holders.get(&shard).map(String::as_str) == Some(victim)
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let killed_at = Instant::now();
+    ops.get_mut(victim).expect("victim").kill();
+    println!("killed {victim} (SIGKILL) with drains in flight");
+    // The survivors take its shards once its Leases expire.
+    wait_balanced(
+        &client,
+        &ns.name,
+        &["sharding-a", "sharding-c"],
+        Duration::from_secs(60),
+    )
+    .await;
+    println!(
+        "takeover: every shard held by a survivor {:?} after the kill",
+        killed_at.elapsed()
+    );
+    ops.insert(
+        "sharding-d",
+        replica(
+            &ns.name,
+            &store_url,
+            "sharding-d",
+            &packer,
+            ports["sharding-d"],
+        ),
+    );
+    let all: Vec<String> = before.iter().chain(&during).cloned().collect();
+    let ended = wait_all_final(&runs, &all, Duration::from_secs(150), || logs(&ops)).await;
+    assert!(
+        ended.iter().all(|r| phase(r) == Some(Phase::Succeeded)),
+        "no run lost: {:?}",
+        ended
+            .iter()
+            .filter(|r| phase(r) != Some(Phase::Succeeded))
+            .map(|r| (r.name_any(), r.status.clone()))
+            .collect::<Vec<_>>()
+    );
+    wait_balanced(
+        &client,
+        &ns.name,
+        &["sharding-a", "sharding-c", "sharding-d"],
+        Duration::from_secs(60),
+    )
+    .await;
+
+    // 3. Each path committed exactly once; the interrupted ones were attempted again.
+    let (store, prefix) = store_from_url(&store_url, &[]).expect("store");
+    for name in &all {
+        let manifests = list_manifests(&store, &prefix, &ns.name, name)
+            .await
+            .expect("list manifests");
+        assert_eq!(manifests.len(), 1, "{name}: one committed manifest");
+    }
+    let log = std::fs::read_to_string(&attempts).unwrap_or_default();
+    let mut tries: BTreeMap<&str, usize> = BTreeMap::new();
+    for line in log.lines() {
+        *tries.entry(line).or_default() += 1;
+    }
+    assert_eq!(tries.len(), all.len(), "every path packed");
+    let again = tries.values().filter(|n| **n > 1).count();
+    println!(
+        "paths attempted again after the kill: {again} of {}",
+        all.len()
+    );
+    for (id, op) in ops.iter_mut().filter(|(id, _)| **id != victim) {
+        assert!(op.is_alive(), "{id} still runs:\n{}", tail(op));
+    }
+
+    // 4. SIGTERM (a rolling update's stop): the replica gives its shards back and deletes its
+    // heartbeat before it exits, so the others take them without waiting for an expiry.
+    let leaving = "sharding-a";
+    let stopped_at = Instant::now();
+    let pid = ops[leaving].pid().to_string();
+    let term = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .expect("kill -TERM");
+    assert!(term.success());
+    let op = ops.get_mut(leaving).expect("leaving");
+    eventually(
+        "the stopped replica to exit",
+        Duration::from_secs(60),
+        || {
+            let alive = op.is_alive();
+            async move { (!alive).then_some(()) }
+        },
+    )
+    .await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let heartbeat = format!("{GROUP}-replica-{leaving}");
+    assert!(
+        leases
+            .get_opt(&heartbeat)
+            .await
+            .expect("get lease")
+            .is_none(),
+        "the heartbeat of a replica stopped with SIGTERM is deleted:\n{}",
+        tail(&ops[leaving])
+    );
+    let holders = shard_holders(&client, &ns.name).await;
+    assert!(
+        holders.values().all(|h| h != leaving),
+        "every shard given back: {holders:?}"
+    );
+    wait_balanced(
+        &client,
+        &ns.name,
+        &["sharding-c", "sharding-d"],
+        Duration::from_secs(60),
+    )
+    .await;
+    println!(
+        "handoff: every shard of {leaving} (SIGTERM) held by the others {:?} after the signal",
+        stopped_at.elapsed()
+    );
+}
+
+/// Issue #28's rolling upgrade: every replica is replaced, one by one, the way a Deployment's
+/// rolling update does it (the old one stopped with SIGTERM, its successor started, the shards
+/// balanced again before the next), while 200 runs run and drain. Every run ends `Succeeded` with
+/// exactly one committed manifest, and every path was packed (at least once).
+#[tokio::test]
+async fn a_rolling_replacement_of_every_replica_during_200_lifecycles_loses_none() {
+    const RUNS: usize = 200;
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "sharding-roll").await;
+    let (store_dir, store_url) = file_store("sharding-roll");
+    let _remove_store = RemoveOnDrop(store_dir.clone());
+    let work = host_dir("sharding-roll");
+    let _remove_work = RemoveOnDrop(work.clone());
+    let attempts = work.join("attempts.log");
+    let packer = slow_packer(&work, &attempts, 2);
+    let src = work.join("src");
+    let ids = [
+        "roll-a", "roll-b", "roll-c", "roll-a2", "roll-b2", "roll-c2",
+    ];
+    let ports: BTreeMap<&str, u16> = ids.iter().map(|id| (*id, free_port())).collect();
+    let mut ops: BTreeMap<&str, Operator> = BTreeMap::new();
+    for id in &ids[..3] {
+        ops.insert(id, replica(&ns.name, &store_url, id, &packer, ports[id]));
+    }
+    let logs = |ops: &BTreeMap<&str, Operator>| {
+        ops.iter()
+            .map(|(id, op)| format!("--- {id}:\n{}", tail(op)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    wait_balanced(&client, &ns.name, &ids[..3], Duration::from_secs(60)).await;
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let names = create_runs(&runs, &src, "roll", RUNS).await;
+    run_then_finish_all(&runs, &pods, &names).await;
+
+    // The drains are under way: replace each replica in turn.
+    let started = Instant::now();
+    let listed = runs
+        .list(&ListParams::default())
+        .await
+        .expect("list runs")
+        .items;
+    let open = listed
+        .iter()
+        .filter(|r| !phase(r).is_some_and(Phase::is_final))
+        .count();
+    println!("{open} of {RUNS} runs not ended when the first replica is stopped");
+    assert!(open > 0, "the replacement happens during the lifecycles");
+    for (old, new) in [
+        ("roll-a", "roll-a2"),
+        ("roll-b", "roll-b2"),
+        ("roll-c", "roll-c2"),
+    ] {
+        let pid = ops[old].pid().to_string();
+        let term = std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill -TERM");
+        assert!(term.success());
+        let op = ops.get_mut(old).expect("old replica");
+        eventually("the old replica to exit", Duration::from_secs(90), || {
+            let alive = op.is_alive();
+            async move { (!alive).then_some(()) }
+        })
+        .await;
+        ops.remove(old);
+        ops.insert(new, replica(&ns.name, &store_url, new, &packer, ports[new]));
+        let live: Vec<&str> = ops.keys().copied().collect();
+        wait_balanced(&client, &ns.name, &live, Duration::from_secs(90)).await;
+        println!("replaced {old} by {new} after {:?}", started.elapsed());
+    }
+    let ended = wait_all_final(&runs, &names, Duration::from_secs(300), || logs(&ops)).await;
+    assert!(
+        ended.iter().all(|r| phase(r) == Some(Phase::Succeeded)),
+        "no run lost: {:?}",
+        ended
+            .iter()
+            .filter(|r| phase(r) != Some(Phase::Succeeded))
+            .map(|r| (r.name_any(), r.status.clone()))
+            .collect::<Vec<_>>()
+    );
+    let (store, prefix) = store_from_url(&store_url, &[]).expect("store");
+    for name in &names {
+        let manifests = list_manifests(&store, &prefix, &ns.name, name)
+            .await
+            .expect("list manifests");
+        assert_eq!(manifests.len(), 1, "{name}: one committed manifest");
+    }
+    let log = std::fs::read_to_string(&attempts).unwrap_or_default();
+    let packed: BTreeSet<&str> = log.lines().collect();
+    assert_eq!(packed.len(), RUNS, "every path packed");
+    println!(
+        "rolling replacement: {RUNS} runs ended, {} pack attempts for {RUNS} paths, {:?} in all",
+        log.lines().count(),
+        started.elapsed()
+    );
+}
