@@ -308,6 +308,17 @@ pub struct ReadBack {
     /// Default: the operator's `--default-retention` (itself `Retain` unless set).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retention: Option<Retention>,
+    /// The store ConfigMap, in the run's namespace, whose store the drain uses (its `url`,
+    /// `options` and the Secret its `secretName` names). Default: the namespace's
+    /// `sandboxrun-store` ConfigMap when it has one, else the operator's store. Honoured only
+    /// where the platform turned tenant stores on (`--tenant-store-endpoints`); the author must
+    /// be able to read the ConfigMap and its Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub store_ref: Option<String>,
 }
 
 /// What deleting the run does to its stored archives and manifests: `Retain` keeps them,
@@ -598,6 +609,12 @@ impl SandboxRunSpec {
             .as_ref()
             .map(|r| r.paths.as_slice())
             .unwrap_or(&[])
+    }
+
+    /// The store ConfigMap the run names (`readBack.storeRef`; docs/contract.md "A store per
+    /// namespace").
+    pub fn store_ref(&self) -> Option<&str> {
+        self.read_back.as_ref().and_then(|r| r.store_ref.as_deref())
     }
 
     /// The compression of the run's stored archives (`readBack.compression`, `none` by default).

@@ -81,6 +81,10 @@ pub struct Target {
     pub namespace: String,
     /// The run instance, when known (else the most recently drained one).
     pub uid: Option<String>,
+    /// The namespace's own store, with its Secret's credentials, when the run's status names it
+    /// and no `--store-url`/`--store-option` was given (docs/contract.md "A store per
+    /// namespace"); None: the URL with the options and the environment.
+    pub store_config: Option<crate::store::StoreConfig>,
 }
 
 /// `files` subcommands.
@@ -183,11 +187,12 @@ pub async fn resolve(args: &FilesArgs) -> Result<Target, FilesError> {
             store_url: store_url.clone(),
             namespace: cluster::namespace(&args.cluster).await?,
             uid: args.uid.clone(),
+            store_config: None,
         });
     }
     let (client, namespace) = cluster::connect(&args.cluster).await?;
     let run_name = args.run_name();
-    let runs: kube::Api<SandboxRun> = kube::Api::namespaced(client, &namespace);
+    let runs: kube::Api<SandboxRun> = kube::Api::namespaced(client.clone(), &namespace);
     let run = runs
         .get_opt(run_name)
         .await
@@ -202,11 +207,46 @@ pub async fn resolve(args: &FilesArgs) -> Result<Target, FilesError> {
         })?;
     let located = store_of_run(&run)?;
     tracing::debug!(store = %located.store_url, uid = %located.uid, "store found in the run's status");
+    let store_config = if args.store.store_options.options.is_empty() {
+        namespace_store(&client, &namespace, &run, &located.store_url).await
+    } else {
+        None
+    };
     Ok(Target {
         store_url: located.store_url,
         namespace,
         uid: Some(args.uid.clone().unwrap_or(located.uid)),
+        store_config,
     })
+}
+
+/// The namespace's own store (its ConfigMap and Secret, read with the caller's rights) when it
+/// is the store the run's status names; else None, and the environment's credentials are used
+/// (a ConfigMap or Secret the caller cannot read is said, not fatal: the environment may hold
+/// the credentials).
+async fn namespace_store(
+    client: &kube::Client,
+    namespace: &str,
+    run: &SandboxRun,
+    located_url: &str,
+) -> Option<crate::store::StoreConfig> {
+    match crate::store::tenant_read::for_reader(client, namespace, run.spec.store_ref()).await {
+        Ok(Some(tenant)) if same_store(&tenant.url, located_url) => Some(tenant.config),
+        Ok(Some(tenant)) => {
+            tracing::debug!(namespace_store = %tenant.url, run_store = %located_url, "the run's files are not in its namespace's store now");
+            None
+        }
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "the namespace's store is not used; reading with the environment's credentials");
+            None
+        }
+    }
+}
+
+/// Whether two store URLs name the same bucket and prefix.
+fn same_store(a: &str, b: &str) -> bool {
+    a.trim_end_matches('/') == b.trim_end_matches('/')
 }
 
 /// Runs `files`, writing the report to `out`.
@@ -226,7 +266,10 @@ pub async fn run_at(
         .store_options
         .parse()
         .map_err(FilesError::Usage)?;
-    let (store, prefix) = crate::store::store_from_url(&target.store_url, &options)?;
+    let (store, prefix) = match &target.store_config {
+        Some(config) => config.build()?,
+        None => crate::store::store_from_url(&target.store_url, &options)?,
+    };
     let run_name = args.run_name().to_string();
     let all = list_manifests(&store, &prefix, &target.namespace, &run_name).await?;
     let manifests = pick_instance(all, target.uid.as_deref());

@@ -10,7 +10,11 @@
 //!   itself requires of someone creating that pod;
 //! - `get secrets/<name>` for each Secret mount, `secretKeyRef` and the run's own
 //!   `imagePullSecrets`; `get configmaps/<name>` for each ConfigMap mount and `configMapKeyRef`;
-//!   `get persistentvolumeclaims/<name>` for each PVC mount.
+//!   `get persistentvolumeclaims/<name>` for each PVC mount;
+//! - `get configmaps/<name>` for the store ConfigMap `spec.readBack.storeRef` names, and `get
+//!   secrets/<name>` for the Secret that ConfigMap names ([`store_secret`]; docs/contract.md "A
+//!   store per namespace"): a run author who could not read a store's credentials does not get
+//!   the operator to write with them.
 //!
 //! [`required`] is the pure part (which rights a spec exercises); [`check`] asks the apiserver.
 
@@ -29,6 +33,21 @@ use crate::api::{MountType, SandboxRunSpec};
 /// The rule id of every finding of this module.
 pub(crate) const ACCESS_RULE: &str = "access";
 
+/// The field that names a run's store ConfigMap.
+pub(crate) const STORE_REF_FIELD: &str = "spec.readBack.storeRef";
+
+/// The Secret right a store ConfigMap's `data` adds (its `secretName`), with the field to name.
+pub(crate) fn store_secret(data: &BTreeMap<String, String>) -> Option<(Right, String)> {
+    let name = data
+        .get(crate::store::tenant::KEY_SECRET_NAME)
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())?;
+    Some((
+        Right::get("secrets", name),
+        format!("{STORE_REF_FIELD} (its ConfigMap's secretName)"),
+    ))
+}
+
 /// One right a run's spec exercises.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Right {
@@ -41,7 +60,7 @@ pub(crate) struct Right {
 }
 
 impl Right {
-    fn get(resource: &'static str, name: &str) -> Right {
+    pub(crate) fn get(resource: &'static str, name: &str) -> Right {
         Right {
             verb: "get",
             resource,
@@ -107,6 +126,9 @@ pub(crate) fn required(spec: &SandboxRunSpec) -> BTreeMap<Right, Vec<String>> {
             let field = format!("spec.env[{i}].valueFrom.configMapKeyRef");
             need(Right::get("configmaps", &c.name), field);
         }
+    }
+    if let Some(store) = spec.store_ref() {
+        need(Right::get("configmaps", store), STORE_REF_FIELD.to_string());
     }
     for (i, name) in spec.image_pull_secrets.iter().enumerate() {
         need(
@@ -340,5 +362,29 @@ mod tests {
             "{}",
             f.hint
         );
+    }
+
+    #[test]
+    fn a_named_store_needs_its_configmap_and_the_secret_it_names() {
+        let spec = SandboxRunSpec {
+            read_back: Some(crate::api::ReadBack {
+                store_ref: Some("fast".into()),
+                ..Default::default()
+            }),
+            ..SandboxRunSpec::default()
+        };
+        assert_eq!(
+            names(&required(&spec)),
+            ["get configmaps/fast <- spec.readBack.storeRef"]
+        );
+        let data: BTreeMap<String, String> = [
+            ("url".to_string(), "s3://b/p".to_string()),
+            ("secretName".to_string(), "fast-creds".to_string()),
+        ]
+        .into();
+        let (right, field) = store_secret(&data).expect("secret right");
+        assert_eq!(right, Right::get("secrets", "fast-creds"));
+        assert!(field.starts_with(STORE_REF_FIELD), "{field}");
+        assert_eq!(store_secret(&BTreeMap::new()), None);
     }
 }

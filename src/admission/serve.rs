@@ -50,6 +50,8 @@ pub(crate) struct ServeConfig {
     pub(crate) check_images: bool,
     /// Settings the rules read.
     pub(crate) settings: RuleSettings,
+    /// Whether tenant stores are on (`run --tenant-store-endpoints`).
+    pub(crate) tenant_stores: bool,
     /// The namespaces the controller watches (`run --namespaces`); empty: every namespace.
     pub(crate) watched_namespaces: Vec<String>,
 }
@@ -77,6 +79,7 @@ pub(crate) async fn start(
         images,
         client: Some(client.clone()),
         access_checks: true,
+        tenant_stores: config.tenant_stores,
     };
 
     let tls = match config.cert_mode.as_str() {

@@ -80,6 +80,9 @@ pub struct WebhookState {
     /// The namespaces the operator's controller watches; empty: every namespace. A run created
     /// anywhere else is refused (nothing would ever run it).
     pub watched_namespaces: Vec<String>,
+    /// Whether tenant stores are on (`run --tenant-store-endpoints`): off, a run naming a store
+    /// (`spec.readBack.storeRef`) is refused (docs/contract.md "A store per namespace").
+    pub tenant_stores: bool,
 }
 
 /// The webhook's routes: `POST /validate-sandboxrun`, `GET /healthz`.
@@ -251,18 +254,80 @@ async fn access_findings(
         return Vec::new();
     };
     let old = old.and_then(|o| crate::api::SandboxRunSpec::deserialize(o).ok());
-    let wanted = super::access::added(old.as_ref(), &new);
+    let mut wanted = super::access::added(old.as_ref(), &new);
     if wanted.is_empty() {
         return Vec::new();
     }
     match (&state.client, req.namespace.as_deref()) {
-        (Some(client), Some(ns)) => super::access::check(client, &req.user_info, ns, &wanted).await,
+        (Some(client), Some(ns)) => {
+            let store = store_ref_findings(state, client, ns, &new, &mut wanted).await;
+            let mut findings = super::access::check(client, &req.user_info, ns, &wanted).await;
+            findings.extend(store);
+            findings
+        }
         _ => vec![Finding::fail(
             super::access::ACCESS_RULE,
             "spec",
             "the webhook cannot check the requesting user's rights (no client or namespace)",
             "report this to the operator's admin",
         )],
+    }
+}
+
+/// The store a run names (`spec.readBack.storeRef`, when the update adds it): refused when
+/// tenant stores are off or its ConfigMap is missing; else the right to read the Secret its
+/// ConfigMap names joins `wanted` (docs/contract.md "A store per namespace").
+async fn store_ref_findings(
+    state: &WebhookState,
+    client: &Client,
+    namespace: &str,
+    new: &crate::api::SandboxRunSpec,
+    wanted: &mut std::collections::BTreeMap<super::access::Right, Vec<String>>,
+) -> Vec<Finding> {
+    use super::access::{Right, STORE_REF_FIELD};
+    let Some(name) = new.store_ref() else {
+        return Vec::new();
+    };
+    if !wanted.contains_key(&Right::get("configmaps", name)) {
+        return Vec::new();
+    }
+    let refuse = |message: String, hint: &str| {
+        vec![Finding::fail(
+            super::access::ACCESS_RULE,
+            STORE_REF_FIELD,
+            message,
+            hint,
+        )]
+    };
+    if !state.tenant_stores {
+        return refuse(
+            crate::store::tenant::TenantStoreError::Off {
+                namespace: namespace.into(),
+                name: name.into(),
+            }
+            .to_string(),
+            "drop spec.readBack.storeRef (the operator's store is used), or ask the platform to turn tenant stores on",
+        );
+    }
+    let configmaps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), namespace);
+    match configmaps.get_opt(name).await {
+        Ok(Some(cm)) => {
+            if let Some((right, field)) =
+                super::access::store_secret(&cm.data.unwrap_or_default())
+            {
+                wanted.entry(right).or_default().push(field);
+            }
+            Vec::new()
+        }
+        Ok(None) => refuse(
+            format!("the store ConfigMap {namespace}/{name} does not exist"),
+            "create it (keys url, options, secretName; docs/user-guide.md \"Your namespace's store\"), or drop spec.readBack.storeRef",
+        ),
+        Err(e) => refuse(
+            format!("the store ConfigMap {namespace}/{name} could not be read by the webhook: {e}"),
+            "the operator needs get on configmaps in this namespace (chart value tenantStores.enabled)",
+        ),
     }
 }
 

@@ -162,6 +162,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_quiet_window(durations.quiet_window)
         .with_path_slots(args.path_slots())
         .with_open_uploads(open_uploads)
+        .with_tenant_endpoints(tenant_endpoints(&args)?)
         .with_preflight(preflight)
         .with_shards(shards.clone()),
     );
@@ -188,6 +189,18 @@ async fn operate(
         run_controller(args, ctx, shutdown_signal()).await;
         Ok(())
     }
+}
+
+/// `--tenant-store-endpoints`, parsed (a bad pattern stops the operator at start).
+fn tenant_endpoints(
+    args: &RunArgs,
+) -> Result<crate::store::tenant::TenantEndpoints, OperatorError> {
+    let endpoints = crate::store::tenant::TenantEndpoints::parse(&args.tenant_store_endpoints)
+        .map_err(OperatorError::Config)?;
+    if endpoints.enabled() {
+        info!(endpoints = ?args.tenant_store_endpoints, "tenant stores on");
+    }
+    Ok(endpoints)
 }
 
 /// The shard gate of `--sharding` (None without).
@@ -276,6 +289,10 @@ async fn start_webhook(
         config: args.webhook_config.clone(),
         hosts: args.webhook_hosts.clone(),
         check_images: args.check_images,
+        tenant_stores: args
+            .tenant_store_endpoints
+            .iter()
+            .any(|p| !p.trim().is_empty()),
         settings,
         watched_namespaces: if args.webhook_refuse_unwatched {
             args.namespaces.clone()

@@ -217,6 +217,17 @@ pub(crate) struct RunArgs {
     /// key, which tolerates every taint; unset: any, empty: none).
     #[arg(long, env = "SANDBOXRUN_ALLOWED_TOLERATION_KEYS", value_name = "KEYS")]
     pub(crate) allowed_toleration_keys: Option<String>,
+    /// The endpoints tenant stores may send their credentials to (docs/contract.md "A store per
+    /// namespace"), comma-separated: URL prefixes (`http://minio.storage:9000`) or HTTPS hosts
+    /// (`*.amazonaws.com`). Unset: tenant stores are off and every run uses --store-url. On, the
+    /// operator needs get on configmaps and secrets in run namespaces (chart: tenantStores).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_TENANT_STORE_ENDPOINTS",
+        value_name = "PATTERNS",
+        value_delimiter = ','
+    )]
+    pub(crate) tenant_store_endpoints: Vec<String>,
     /// The runtime class of a run that names none (e.g. gvisor); it must be among
     /// --allowed-runtime-classes when those are set. A namespace policy's defaultRuntimeClass
     /// wins over it. Chart: runPolicy.defaultRuntimeClass.

@@ -28,6 +28,7 @@ use crate::drain::path_drain::{drain_path, PathJob};
 use crate::inpod::holder::HolderCommand;
 use crate::pod;
 use crate::store::purge::delete_run_archives;
+use crate::store::tenant_read::RunStore;
 use crate::store::RunRef;
 
 /// How long the operator waits for `holder --mark-drained` to report its status.
@@ -155,6 +156,9 @@ async fn apply_network_policy(
 
 /// Where a teardown's drains read from and write to.
 pub(crate) struct DrainTarget {
+    /// The store the run uses, resolved when its teardown started (docs/contract.md "A store per
+    /// namespace"), or why it cannot be used: then every path it drains fails, naming it.
+    store: Result<RunStore, String>,
     pods: Api<Pod>,
     pod_name: String,
     namespace: String,
@@ -166,11 +170,17 @@ pub(crate) struct DrainTarget {
 }
 
 impl DrainTarget {
-    /// The drains of `run`'s pod, each ending by `deadline`.
-    pub(crate) fn new(ctx: &Context, run: &SandboxRun, deadline: tokio::time::Instant) -> Self {
+    /// The drains of `run`'s pod into `store`, each ending by `deadline`.
+    pub(crate) fn new(
+        ctx: &Context,
+        run: &SandboxRun,
+        store: Result<RunStore, String>,
+        deadline: tokio::time::Instant,
+    ) -> Self {
         let namespace = run.namespace().unwrap_or_default();
         let name = run.name_any();
         DrainTarget {
+            store,
             pods: Api::namespaced(ctx.client.clone(), &namespace),
             pod_name: pod::pod_name(&name),
             compression: run.spec.compression(),
@@ -229,14 +239,28 @@ async fn drain_one(
     let Some(_slot) = ctx.path_slots.acquire(waiter, ctx.cancel.clone()).await else {
         return (path.entry, None);
     };
+    let store = match &target.store {
+        Ok(store) => store,
+        Err(why) => {
+            // Loud, never a fallback to another store (docs/contract.md "A store per namespace").
+            let failed =
+                crate::drain::path_drain::store_unusable(&path.path, previous_attempts, why);
+            return (path.entry, Some(failed));
+        }
+    };
     let job = PathJob {
         pods: &target.pods,
         pod_name: &target.pod_name,
         pack_command: &ctx.pack_command,
-        store: &ctx.store,
-        open_uploads: ctx.open_uploads.as_deref(),
-        store_prefix: &ctx.store_prefix,
-        store_url: &ctx.store_url,
+        store: &store.store,
+        // A tenant's store is cleaned by its own lifecycle rule: the clean-up signs with the
+        // operator's credentials.
+        open_uploads: ctx
+            .open_uploads
+            .as_deref()
+            .filter(|_| store.tenant.is_none()),
+        store_prefix: &store.prefix,
+        store_url: &store.url,
         namespace: &target.namespace,
         run_name: &target.name,
         run_uid: &target.uid,
@@ -281,19 +305,37 @@ async fn delete_expired_run(
     Ok(())
 }
 
-/// Deletes everything the run stored (only its own `<prefix>/<namespace>/<name>/<uid>/`): how
-/// many objects, or why not.
+/// Deletes everything the run stored (only its own `<prefix>/<namespace>/<name>/<uid>/`), from
+/// the store it used and with that store's credentials (docs/contract.md "A store per
+/// namespace"): how many objects, or why not.
 async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Answer {
     let reference = RunRef {
         namespace: run.namespace().unwrap_or_default(),
         name: run.name_any(),
         uid: run.uid().unwrap_or_default(),
     };
-    let dir = crate::store::run_dir(&ctx.store_prefix, &reference);
-    let location = format!("{}/{dir}/", ctx.store_url.trim_end_matches('/'));
-    let result = delete_run_archives(&ctx.store, &ctx.store_prefix, &reference)
-        .await
-        .map_err(|e| e.to_string());
+    let store = match ctx.run_store(run).await {
+        Ok(store) => store,
+        Err(e) => {
+            warn!(run = %reference.name, namespace = %reference.namespace, error = %e, "the run's store cannot be used; its stored files are not deleted");
+            let location = format!("the store of {}/{}", reference.namespace, reference.name);
+            return Answer::FilesPurged {
+                result: Err(e.to_string()),
+                location,
+            };
+        }
+    };
+    let dir = crate::store::run_dir(&store.prefix, &reference);
+    let location = format!("{}/{dir}/", store.url.trim_end_matches('/'));
+    let result = match crate::controller::retention::stored_elsewhere(run, &store.url, &dir) {
+        Some(object) => Err(format!(
+            "the run stored {object}, which is not in {} any more; nothing deleted there",
+            store.describe()
+        )),
+        None => delete_run_archives(&store.store, &store.prefix, &reference)
+            .await
+            .map_err(|e| format!("{}: {e}", store.describe())),
+    };
     match &result {
         Ok(count) => {
             info!(run = %reference.name, namespace = %reference.namespace, count, "deleted the run's stored files");

@@ -22,6 +22,8 @@ use crate::metrics::Metrics;
 use crate::pod::PodSettings;
 use crate::shard::gate::{ShardGate, ShardGuard};
 use crate::store::open_uploads::OpenUploads;
+use crate::store::tenant::{TenantEndpoints, TenantStoreError};
+use crate::store::tenant_read::{self, RunStore};
 
 /// Field manager of every status write (server-side apply, one manager), and the Events' reporter.
 pub(crate) const MANAGER: &str = "sandboxrun-operator";
@@ -85,6 +87,10 @@ pub(crate) struct Context {
     pub open_uploads: Option<Arc<OpenUploads>>,
     /// Resolves a run's image before its pod is created (`run --preflight-images`; None: off).
     pub preflight: Option<Arc<ImageResolver>>,
+    /// The endpoints tenant stores may send their credentials to (`run
+    /// --tenant-store-endpoints`; empty: tenant stores off). docs/contract.md "A store per
+    /// namespace".
+    pub tenant_endpoints: TenantEndpoints,
     /// The shards this replica owns (`run --sharding`; None: every run is this replica's).
     pub shards: Option<Arc<ShardGate>>,
 }
@@ -203,16 +209,48 @@ impl Context {
             path_slots: FairSlots::new(max_concurrent_drains, DEFAULT_PATH_DRAINS_PER_RUN, None),
             open_uploads: None,
             preflight: None,
+            tenant_endpoints: TenantEndpoints::default(),
             shards: None,
         }
     }
 
-    /// Where drained archives go, as the observe stage reads it.
-    pub(crate) fn store_view(&self) -> StoreView<'_> {
+    /// The same context with tenant stores allowed at `endpoints` (`run --tenant-store-endpoints`).
+    pub(crate) fn with_tenant_endpoints(mut self, endpoints: TenantEndpoints) -> Context {
+        self.tenant_endpoints = endpoints;
+        self
+    }
+
+    /// The store `run` uses (docs/contract.md "A store per namespace"): its `storeRef`, else its
+    /// namespace's default store ConfigMap, else the operator's. Read now, for this use only:
+    /// a tenant's credentials are never kept beyond the returned store.
+    pub(crate) async fn run_store(&self, run: &SandboxRun) -> Result<RunStore, TenantStoreError> {
+        let namespace = run.metadata.namespace.clone().unwrap_or_default();
+        tenant_read::resolve(
+            &self.client,
+            &namespace,
+            run.spec.store_ref(),
+            &self.tenant_endpoints,
+            || self.operator_store(),
+        )
+        .await
+    }
+
+    /// The operator's own store (`--store-url`).
+    pub(crate) fn operator_store(&self) -> RunStore {
+        RunStore {
+            store: Arc::clone(&self.store),
+            prefix: self.store_prefix.clone(),
+            url: self.store_url.clone(),
+            tenant: None,
+        }
+    }
+
+    /// Where the drained archives of a run that uses `store` are, as the observe stage reads it.
+    pub(crate) fn store_view(store: &RunStore) -> StoreView<'_> {
         StoreView {
-            store: &self.store,
-            prefix: &self.store_prefix,
-            url: &self.store_url,
+            store: &store.store,
+            prefix: &store.prefix,
+            url: &store.url,
         }
     }
 

@@ -78,6 +78,10 @@ pub(crate) const EGRESS_POLICY_APPLIED: &str = "EgressPolicyApplied";
 /// Warning Event, and the Ready reason of a run that does not start (`unenforced-refuse`).
 pub(crate) const EGRESS_POLICY_UNENFORCED: &str = "EgressPolicyUnenforced";
 
+/// The run's store cannot be used (docs/contract.md "A store per namespace"): a Warning Event,
+/// and the Ready reason of a run whose pod is not created until it can.
+pub(crate) const STORE_UNUSABLE: &str = "StoreUnusable";
+
 #[cfg(test)]
 /// The two reasons whose spelling the contract fixes (not CamelCase).
 pub(crate) const CONTRACT_REASONS: [&str; 2] = [DRAIN_FAILED, CAPPED];
@@ -110,6 +114,7 @@ pub(crate) const ALL: &[&str] = &[
     ARCHIVE_DELETE_ABANDONED,
     EGRESS_POLICY_APPLIED,
     EGRESS_POLICY_UNENFORCED,
+    STORE_UNUSABLE,
 ];
 
 /// The reason of the Event that announces a final phase.

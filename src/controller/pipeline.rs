@@ -129,6 +129,10 @@ async fn create_pod(
     now: Timestamp,
 ) -> Result<Requeue, ControllerError> {
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    if let Some(message) = store_unusable(ctx, run).await? {
+        let plan = plan::store_unusable(run, &message, now);
+        return drive::carry_out(ctx, run, &pod_name, None, plan, now).await;
+    }
     let preflight = match &ctx.preflight {
         Some(resolver) => {
             let (image, resolution) =
@@ -149,6 +153,34 @@ async fn create_pod(
     let pod = namespace_default(ctx, run, pod).await?;
     let plan = plan::create(run, pod, preflight, verdict(run, &ctx.pod.egress), now);
     drive::carry_out(ctx, run, &pod_name, None, plan, now).await
+}
+
+/// Why the run's store cannot be used, before its pod is created (docs/contract.md "A store
+/// per namespace"): only with tenant stores on and paths to drain; a read that may pass is an
+/// error (retried), never a verdict.
+async fn store_unusable(
+    ctx: &Context,
+    run: &SandboxRun,
+) -> Result<Option<String>, ControllerError> {
+    if !ctx.tenant_endpoints.enabled() || run.spec.read_back_paths().is_empty() {
+        return Ok(None);
+    }
+    match ctx.run_store(run).await {
+        Ok(_) => Ok(None),
+        Err(crate::store::tenant::TenantStoreError::Transient {
+            kind,
+            namespace,
+            name,
+            source,
+        }) => Err(ControllerError::Kube {
+            action: format!("read the store {kind} {namespace}/{name}"),
+            source: *source,
+        }),
+        Err(error) => {
+            warn!(run = %run.name_any(), %error, "the run's store cannot be used; its pod is not created");
+            Ok(Some(error.to_string()))
+        }
+    }
 }
 
 /// The pod with its namespace policies' default runtime class when the run names none: the
@@ -190,7 +222,15 @@ async fn record_pod_lost(
     if !decide::pod_lost_holds(run, &live, now, &ctx.decide) {
         return Ok(Requeue::After(LOOK_AGAIN_MARGIN));
     }
-    let committed = observe::committed_entries(&ctx.store_view(), &live).await;
+    // The run's own store (docs/contract.md "A store per namespace"); one that cannot be read
+    // holds no committed path this record could keep.
+    let committed = match ctx.run_store(&live).await {
+        Ok(store) => observe::committed_entries(&Context::store_view(&store), &live).await,
+        Err(error) => {
+            warn!(run = %live.name_any(), %error, "the run's store cannot be used; its undrained paths are recorded lost");
+            Vec::new()
+        }
+    };
     let plan = plan::record_pod_lost(&live, &committed, ctx.default_retention, now);
     drive::carry_out(ctx, &live, &observation.pod_name, None, plan, now).await
 }

@@ -107,6 +107,31 @@ pub(crate) fn purge_retry_after(
     Some(pause.min(left.max(PURGE_RETRY_MIN)))
 }
 
+/// The first object the run's status records outside its run directory `dir` of the store at
+/// `store_url` (the store the run uses now): its files are in another store (its namespace's
+/// store ConfigMap changed since its drain), which a delete must not guess at (docs/contract.md
+/// "A store per namespace"). None: every recorded object is there (or none is recorded).
+pub(crate) fn stored_elsewhere(
+    run: &SandboxRun,
+    store_url: &str,
+    dir: &object_store::path::Path,
+) -> Option<String> {
+    let base = crate::drain::path_drain::object_url(store_url, dir);
+    let inside = |object: &str| {
+        object
+            .strip_prefix(base.as_str())
+            .is_some_and(|rest| rest.starts_with('/'))
+    };
+    run.status
+        .as_ref()?
+        .read_back
+        .iter()
+        .flat_map(|p| [p.object.as_deref(), p.manifest.as_deref()])
+        .flatten()
+        .find(|object| !inside(object))
+        .map(str::to_string)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,5 +284,30 @@ mod tests {
         assert_eq!(purge_window_start(&run, at(50)), at(20));
         run.metadata.deletion_timestamp = Some(Time(at(40)));
         assert_eq!(purge_window_start(&run, at(50)), at(40));
+    }
+
+    #[test]
+    fn a_delete_is_refused_when_the_run_stored_its_files_in_another_store() {
+        use crate::api::{ReadBackStatus, SandboxRunStatus};
+        let dir = object_store::path::Path::from("runs/team/r/u-1");
+        let mut run = SandboxRun::new("r", SandboxRunSpec::default());
+        assert_eq!(stored_elsewhere(&run, "s3://tenant-a/runs", &dir), None);
+        run.status = Some(SandboxRunStatus {
+            read_back: vec![ReadBackStatus {
+                path: "/out".into(),
+                object: Some("s3://tenant-a/runs/team/r/u-1/00-out.tar".into()),
+                manifest: Some("s3://tenant-a/runs/team/r/u-1/00-out.tar.manifest.json".into()),
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        assert_eq!(stored_elsewhere(&run, "s3://tenant-a/runs", &dir), None);
+        assert_eq!(
+            stored_elsewhere(&run, "s3://tenant-b/runs", &dir).as_deref(),
+            Some("s3://tenant-a/runs/team/r/u-1/00-out.tar")
+        );
+        // A sibling run directory is not this run's.
+        let other = object_store::path::Path::from("runs/team/r/u-10");
+        assert!(stored_elsewhere(&run, "s3://tenant-a/runs", &other).is_some());
     }
 }

@@ -21,6 +21,8 @@ use super::observe;
 use super::plan::{self, TeardownPlan, TeardownProgress};
 use crate::api::{ReadBackStatus, SandboxRun};
 use crate::pod;
+use crate::store::tenant::TenantStoreError;
+use crate::store::tenant_read::RunStore;
 
 /// Starts the run's teardown in the drain pool, unless one is in flight. The teardown waits for
 /// a slot (or for this replica to stop) in the fair queue — first when its pod is being deleted
@@ -63,6 +65,38 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger)
     });
 }
 
+/// The store the teardown drains into, resolved now (docs/contract.md "A store per namespace"):
+/// read only when a path is still to drain; why not, when it cannot be used. A read that may
+/// pass (the apiserver unreachable or failing) is an error: the teardown is retried.
+async fn teardown_store(
+    ctx: &Context,
+    run: &SandboxRun,
+    paths: &[plan::PathPlan],
+) -> Result<Result<RunStore, String>, ControllerError> {
+    if !paths
+        .iter()
+        .any(|p| matches!(p.work, plan::PathWork::Drain { .. }))
+    {
+        return Ok(Ok(ctx.operator_store()));
+    }
+    match ctx.run_store(run).await {
+        Ok(store) => Ok(Ok(store)),
+        Err(TenantStoreError::Transient {
+            kind,
+            namespace,
+            name,
+            source,
+        }) => Err(ControllerError::Kube {
+            action: format!("read the store {kind} {namespace}/{name}"),
+            source: *source,
+        }),
+        Err(error) => {
+            warn!(run = %run.name_any(), namespace = ?run.namespace(), %error, "the run's store cannot be used; its drains fail");
+            Ok(Err(error.to_string()))
+        }
+    }
+}
+
 /// What happened next while draining.
 enum Next {
     /// A path's drain ended (no outcome: this replica stops draining).
@@ -92,9 +126,10 @@ async fn teardown(
         paths,
         holder_running,
     } = plan::teardown(run, pod, trigger, &ctx.caps, timeout, now);
+    let store = teardown_store(ctx, run, &paths).await?;
     let deleting = pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some());
-    let target =
-        DrainTarget::new(ctx, run, tokio::time::Instant::now() + drain_left).urgent(deleting);
+    let target = DrainTarget::new(ctx, run, store, tokio::time::Instant::now() + drain_left)
+        .urgent(deleting);
     let (mut progress, opening) =
         TeardownProgress::begin(opening, opening_waits, status, paths.len(), ctx.settle);
     if let Some(opening) = opening {

@@ -652,6 +652,12 @@ impl<'j, 'a> PathDrain<'j, 'a> {
     }
 }
 
+/// The outcome of a path whose run's store cannot be used (`why` names it): Failed, counted as
+/// such, nothing read from the pod.
+pub(crate) fn store_unusable(path: &str, attempts: u32, why: &str) -> ReadBackStatus {
+    failed(path, attempts, format!("not drained: {why}"))
+}
+
 fn failed(path: &str, attempts: u32, message: String) -> ReadBackStatus {
     ReadBackStatus {
         path: path.to_string(),

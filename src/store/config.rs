@@ -81,6 +81,9 @@ pub fn parse_options(raw: &[String]) -> Result<Vec<(String, String)>, String> {
 pub struct StoreConfig {
     url: String,
     options: Vec<(String, String)>,
+    /// Built from its URL and options only, never from the operator's environment (a tenant's
+    /// store: docs/contract.md "A store per namespace").
+    isolated: bool,
 }
 
 impl fmt::Debug for StoreConfig {
@@ -218,7 +221,16 @@ impl StoreConfig {
         Ok(StoreConfig {
             url: url.into(),
             options: options.to_vec(),
+            isolated: false,
         })
+    }
+
+    /// The same configuration built from its URL and options only: no `AWS_*`/`AZURE_*`/
+    /// `GOOGLE_*` variable of the operator's environment reaches it (a tenant's store never
+    /// borrows the operator's credentials or endpoint; docs/contract.md "A store per namespace").
+    pub(crate) fn isolated(mut self) -> Self {
+        self.isolated = true;
+        self
     }
 
     /// The S3 client settings this configuration names: the environment, then the URL's bucket,
@@ -239,7 +251,12 @@ impl StoreConfig {
                 ))
             }
         };
-        let mut b = AmazonS3Builder::from_env().with_url(bucket);
+        let base = if self.isolated {
+            AmazonS3Builder::new()
+        } else {
+            AmazonS3Builder::from_env()
+        };
+        let mut b = base.with_url(bucket);
         for (k, v) in &self.options {
             let key = AmazonS3ConfigKey::from_str(k).map_err(|source| StoreError::Build {
                 scheme: "s3".into(),
@@ -291,9 +308,12 @@ impl StoreConfig {
                     .map_err(build_err)?,
             ),
             "gs" => {
-                let mut b = GoogleCloudStorageBuilder::from_env()
-                    .with_url(bucket()?)
-                    .with_retry(retry_config());
+                let base = if self.isolated {
+                    GoogleCloudStorageBuilder::new()
+                } else {
+                    GoogleCloudStorageBuilder::from_env()
+                };
+                let mut b = base.with_url(bucket()?).with_retry(retry_config());
                 for (k, v) in &self.options {
                     let key = GoogleConfigKey::from_str(k).map_err(build_err)?;
                     b = b.with_config(key, v);
@@ -301,9 +321,12 @@ impl StoreConfig {
                 Arc::new(b.build().map_err(build_err)?)
             }
             "az" => {
-                let mut b = MicrosoftAzureBuilder::from_env()
-                    .with_url(bucket()?)
-                    .with_retry(retry_config());
+                let base = if self.isolated {
+                    MicrosoftAzureBuilder::new()
+                } else {
+                    MicrosoftAzureBuilder::from_env()
+                };
+                let mut b = base.with_url(bucket()?).with_retry(retry_config());
                 for (k, v) in &self.options {
                     let key = AzureConfigKey::from_str(k).map_err(build_err)?;
                     b = b.with_config(key, v);

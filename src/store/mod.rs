@@ -15,6 +15,9 @@
 //! - [`credentials`]: which store errors mean "refused who we are", and what to fix.
 //! - [`open_uploads`]: the clean-up of open S3 multipart uploads before an attempt.
 //! - [`purge`]: deleting what one run stored.
+//! - [`tenant`]: a store per namespace, the pure part (precedence, the tenant store a ConfigMap
+//!   and its Secret describe, the endpoints tenant credentials may go to).
+//! - [`tenant_read`]: a store per namespace, the reads (the store one run uses).
 
 pub(crate) mod config;
 pub mod credentials;
@@ -23,6 +26,8 @@ pub(crate) mod keys;
 pub(crate) mod manifest;
 pub mod open_uploads;
 pub(crate) mod purge;
+pub mod tenant;
+pub mod tenant_read;
 pub(crate) mod upload;
 pub(crate) mod upload_guard;
 

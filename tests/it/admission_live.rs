@@ -807,6 +807,106 @@ subjects:
     );
 }
 
+/// Issue 29 item 1 (docs/contract.md "A store per namespace"): a run that names a store
+/// (`spec.readBack.storeRef`) needs its author to read that ConfigMap and the Secret it names,
+/// through the live webhook, as impersonated users. carol may read the ConfigMap but not its
+/// Secret: refused, naming the Secret; dave may read both: allowed. A store ConfigMap that does
+/// not exist is refused for anyone.
+#[tokio::test]
+async fn a_run_naming_a_store_needs_its_author_to_read_the_store_and_its_secret() {
+    let endpoint = bed_setting("SANDBOXRUN_TEST_S3_ENDPOINT");
+    let live = LiveWebhook::start_with(
+        "live-store",
+        false,
+        &["--tenant-store-endpoints", &endpoint],
+    )
+    .await;
+    let ns = live.ns.name.clone();
+    let objects = format!(
+        "apiVersion: v1
+kind: ConfigMap
+metadata: {{name: fast, namespace: {ns}}}
+data: {{url: 's3://sandboxrun-test/x', options: 'endpoint={endpoint}', secretName: fast-creds}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: fast-creds, namespace: {ns}}}
+stringData: {{AWS_ACCESS_KEY_ID: a, AWS_SECRET_ACCESS_KEY: b}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: runs-and-store, namespace: {ns}}}
+rules:
+- {{apiGroups: [sandbox.iterion.io], resources: [sandboxruns], verbs: [create, get]}}
+- {{apiGroups: [''], resources: [configmaps], resourceNames: [fast, nope], verbs: [get]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: store-secret, namespace: {ns}}}
+rules:
+- {{apiGroups: [''], resources: [secrets], resourceNames: [fast-creds], verbs: [get]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: runs-and-store, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: runs-and-store}}
+subjects:
+- {{apiGroup: rbac.authorization.k8s.io, kind: User, name: carol}}
+- {{apiGroup: rbac.authorization.k8s.io, kind: User, name: dave}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: store-secret, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: store-secret}}
+subjects:
+- {{apiGroup: rbac.authorization.k8s.io, kind: User, name: dave}}
+"
+    );
+    let (code, out, err) = kubectl_run(&["apply", "-f", "-"], Some(&objects));
+    assert_eq!(code, 0, "{out}{err}");
+    let run_with = |store: &str| {
+        run_from(json!({
+            "apiVersion": "sandbox.iterion.io/v1alpha1",
+            "kind": "SandboxRun",
+            "metadata": {"name": "r"},
+            "spec": {"image": DIGEST_IMAGE, "user": "1000",
+                     "readBack": {"paths": [{"path": "/out"}], "storeRef": store}},
+        }))
+    };
+    let carol: Api<SandboxRun> = Api::namespaced(client_as("carol").await, &ns);
+    let dave: Api<SandboxRun> = Api::namespaced(client_as("dave").await, &ns);
+    // RBAC, the CRD's new field and the webhook converge: dave's run passes.
+    live.wait("dave to create a run naming the store", || {
+        let (dave, run) = (dave.clone(), run_with("fast"));
+        async move { dave.create(&dry_run(), &run).await.ok() }
+    })
+    .await;
+    let err = carol
+        .create(&dry_run(), &run_with("fast"))
+        .await
+        .expect_err("carol may not read the store's Secret");
+    let kube::Error::Api(status) = err else {
+        panic!("not an apiserver refusal: {err:?}");
+    };
+    assert_eq!(status.code, 422, "{status:?}");
+    assert!(
+        status.message.contains(&format!(
+            "carol may not get secrets \"fast-creds\" in namespace {ns}"
+        )) && status.message.contains("spec.readBack.storeRef"),
+        "{}",
+        status.message
+    );
+    let err = dave
+        .create(&dry_run(), &run_with("nope"))
+        .await
+        .expect_err("a store that does not exist");
+    assert!(
+        err.to_string()
+            .contains(&format!("the store ConfigMap {ns}/nope does not exist")),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn a_good_run_pinned_by_tag_is_accepted_with_a_warning() {
     let live = LiveWebhook::start("live-tag").await;

@@ -309,6 +309,57 @@ fn the_image_preflight_is_a_chart_value_that_brings_its_secret_rule() {
     assert!(!out.status.success(), "preflightImages=maybe rendered");
 }
 
+/// Issue #29 item 1 (docs/contract.md "A store per namespace"): `tenantStores` renders
+/// `--tenant-store-endpoints` and grants `get` on configmaps and secrets only when enabled with
+/// endpoints; off (the default) neither the flag nor the rules.
+#[test]
+fn tenant_stores_are_a_chart_value_that_brings_its_configmap_and_secret_rules() {
+    let manager_rules = |text: &str| -> String {
+        text.split("\n---")
+            .find(|d| {
+                d.contains("kind: ClusterRole\n")
+                    && d.contains("  name: demo-sandboxrun-operator-manager\n")
+            })
+            .unwrap_or_default()
+            .to_string()
+    };
+    let configmaps_rule = "resources: [configmaps]\n    verbs: [get]";
+    let secrets_rule = "resources: [secrets]\n    verbs: [get]";
+    let off = ok(helm(&["template", "demo", CHART]), None);
+    assert!(!off.contains("--tenant-store-endpoints"), "off by default");
+    assert!(!manager_rules(&off).contains(configmaps_rule));
+    assert!(!manager_rules(&off).contains(secrets_rule));
+    let on = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "tenantStores.enabled=true",
+            "--set",
+            "tenantStores.endpoints={*.amazonaws.com,http://minio.storage:9000}",
+        ]),
+        None,
+    );
+    assert!(
+        on.contains(
+            "            - --tenant-store-endpoints=*.amazonaws.com,http://minio.storage:9000\n"
+        ),
+        "{on}"
+    );
+    let rules = manager_rules(&on);
+    assert!(rules.contains(configmaps_rule), "{rules}");
+    assert!(rules.contains(secrets_rule), "{rules}");
+    let out = run(
+        helm(&["template", "demo", CHART, "--set", "tenantStores.bogus=1"]),
+        None,
+    );
+    assert!(
+        !out.status.success(),
+        "an unknown tenantStores key rendered"
+    );
+}
+
 /// The run policy (`runPolicy.*`) becomes the operator's `--allowed-*` flags: a list as its
 /// comma-joined names, `[]` as an empty value (nothing allowed), null (the default) as no flag.
 #[test]

@@ -50,5 +50,6 @@ mod sharding;
 mod smoke_cluster;
 mod store_backends;
 mod store_open_uploads;
+mod tenant_stores;
 mod webhook;
 mod webhook_certs;

@@ -465,6 +465,7 @@ fn the_operations_rbac_table_is_the_charts_rbac() {
             "webhook.checkImages=true",
             "preflightImages=true",
             "runPolicy.namespacePolicies[0].name=doc",
+            "tenantStores.enabled=true",
         ],
     );
     let rules = cluster_roles

@@ -182,6 +182,32 @@ pub(super) fn egress_refused(
     }
 }
 
+/// How soon a run held for its store is looked at again: its store ConfigMap and Secret are not
+/// watched.
+pub(crate) const STORE_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The run's store cannot be used (docs/contract.md "A store per namespace"): its pod is not
+/// created (nothing it wrote could be drained), `Ready=False` with reason `StoreUnusable` and the
+/// store's words, one Warning Event per distinct message, looked at again every
+/// [`STORE_RECHECK`] until the store is fixed or the run is deleted.
+pub(crate) fn store_unusable(run: &SandboxRun, message: &str, now: Timestamp) -> Plan {
+    let requeue = Requeue::After(STORE_RECHECK);
+    let words = format!("{message}; the pod is not created until the store can be used");
+    if run.status.as_ref().and_then(|s| s.message.as_deref()) == Some(words.as_str()) {
+        return Plan::wait(requeue);
+    }
+    Plan {
+        events: vec![PlannedEvent::warning(
+            events::STORE_UNUSABLE,
+            words.clone(),
+            "Start",
+        )],
+        status: Some(pending_status(run, events::STORE_UNUSABLE, &words, now)),
+        effects: Vec::new(),
+        requeue,
+    }
+}
+
 /// The pre-flight found the run's image missing from its registry (docs/contract.md ADR-006 §5):
 /// no pod is created; the run fails at once with reason `ImageUnresolvable`, a Warning Event
 /// and the final status both carrying the registry's words and the hint.
@@ -244,6 +270,39 @@ mod tests {
     use crate::controller::plan::*;
 
     use crate::pod::PodSettings;
+
+    #[test]
+    fn a_run_whose_store_cannot_be_used_waits_ready_false_without_a_pod_and_says_it_once() {
+        let mut r = with_generation(run_with(&[("/out", true)]));
+        let why = "the store ConfigMap team/sandboxrun-store: its credentials: the store Secret team/creds does not exist";
+        let plan = store_unusable(&r, why, now());
+        assert!(plan.effects.is_empty(), "no pod, no policy");
+        assert_eq!(plan.requeue, Requeue::After(STORE_RECHECK));
+        assert_eq!(plan.events.len(), 1);
+        assert!(plan.events[0].warning);
+        assert_eq!(plan.events[0].reason, "StoreUnusable");
+        assert!(plan.events[0].note.contains("team/creds does not exist"));
+        let status = plan.status.clone().unwrap_or_default();
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::READY)
+            .expect("Ready");
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_str()),
+            ("False", "StoreUnusable")
+        );
+        assert!(
+            ready.message.contains("team/sandboxrun-store"),
+            "{}",
+            ready.message
+        );
+        // Said once: the same words again are only a later look.
+        r.status = Some(status);
+        let again = store_unusable(&r, why, now());
+        assert!(again.events.is_empty() && again.status.is_none());
+        assert_eq!(again.requeue, Requeue::After(STORE_RECHECK));
+    }
 
     #[test]
     fn an_unresolvable_image_fails_the_run_at_once_and_no_pod_is_ever_created() {

@@ -1,0 +1,647 @@
+//! A store per namespace, the pure part (docs/contract.md "A store per namespace"): which store a
+//! run's drain uses (its `spec.readBack.storeRef`, else its namespace's default store ConfigMap,
+//! else the operator's `--store-url`), the tenant store a ConfigMap and its Secret describe, and
+//! the platform's allowlist of the endpoints tenant credentials may be sent to
+//! (`run --tenant-store-endpoints`). Reading the ConfigMap and the Secret is
+//! [`super::tenant_read`]'s.
+//!
+//! A tenant's store is built from the ConfigMap and the Secret only, never from the operator's
+//! environment ([`super::StoreConfig`]'s isolated build): no tenant borrows the operator's
+//! identity, and no tenant's credentials reach an endpoint the platform did not allow.
+
+use std::collections::BTreeMap;
+
+use super::config::StoreConfig;
+use super::error::StoreError;
+
+/// The well-known name of a namespace's default store ConfigMap.
+pub const DEFAULT_STORE_CONFIGMAP: &str = "sandboxrun-store";
+
+/// The store ConfigMap's keys.
+pub const KEY_URL: &str = "url";
+/// `k=v` store options, one a line or comma-separated (as `--store-option` takes them).
+pub const KEY_OPTIONS: &str = "options";
+/// The Secret, in the same namespace, holding the store's credentials.
+pub const KEY_SECRET_NAME: &str = "secretName";
+
+/// Why a tenant store could not be used. Every message names the store it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum TenantStoreError {
+    /// A run names a store while this cluster has tenant stores off.
+    #[error(
+        "spec.readBack.storeRef names the store ConfigMap {namespace}/{name}, but tenant stores \
+         are off in this cluster (the operator runs without --tenant-store-endpoints)"
+    )]
+    Off {
+        /// The run's namespace.
+        namespace: String,
+        /// The ConfigMap named.
+        name: String,
+    },
+    /// The store ConfigMap or its Secret does not exist.
+    #[error("the store {kind} {namespace}/{name} does not exist")]
+    Missing {
+        /// `ConfigMap` or `Secret`.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// The store ConfigMap or its Secret could not be read.
+    #[error("the store {kind} {namespace}/{name} could not be read: {reason}")]
+    Unreadable {
+        /// `ConfigMap` or `Secret`.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The apiserver's words.
+        reason: String,
+    },
+    /// The store ConfigMap or its Secret could not be read for a reason that may pass (the
+    /// apiserver unreachable, overloaded or failing): the caller retries rather than failing
+    /// the drain.
+    #[error("the store {kind} {namespace}/{name} could not be read (retried): {source}")]
+    Transient {
+        /// `ConfigMap` or `Secret`.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The client's error.
+        source: Box<kube::Error>,
+    },
+    /// The ConfigMap or the Secret does not describe a store a tenant may use.
+    #[error("the store ConfigMap {store}: {reason}")]
+    Invalid {
+        /// `namespace/name` of the ConfigMap.
+        store: String,
+        /// What is wrong (never a credential's value).
+        reason: String,
+    },
+    /// The store's endpoint is not one the platform allows tenant credentials to be sent to.
+    #[error(
+        "the store ConfigMap {store} ({url}) sends its credentials to {endpoint}, which is not \
+         in the platform's --tenant-store-endpoints; refused"
+    )]
+    EndpointRefused {
+        /// `namespace/name` of the ConfigMap.
+        store: String,
+        /// The store URL.
+        url: String,
+        /// The endpoint its requests would go to.
+        endpoint: String,
+    },
+    /// The store could not be configured.
+    #[error("the store ConfigMap {store}: {source}")]
+    Store {
+        /// `namespace/name` of the ConfigMap.
+        store: String,
+        /// Why.
+        source: Box<StoreError>,
+    },
+}
+
+/// One pattern of `--tenant-store-endpoints`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum EndpointPattern {
+    /// A URL prefix (`http://10.0.0.5:9000`, `https://minio.example.com/`), matched on a path
+    /// boundary: the endpoint is it, or continues it with `/`.
+    Prefix(String),
+    /// An HTTPS host (`s3.eu-west-1.amazonaws.com`) or a host suffix (`*.blob.core.windows.net`):
+    /// matched against `https://` endpoints only (plain HTTP needs a URL prefix naming it).
+    Host(String),
+}
+
+/// The endpoints tenant stores may send their credentials to (`run --tenant-store-endpoints`).
+/// Empty: tenant stores are off, every run uses the operator's store.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TenantEndpoints {
+    patterns: Vec<EndpointPattern>,
+}
+
+impl TenantEndpoints {
+    /// Parses the flag's patterns (blank ones skipped).
+    pub fn parse(raw: &[String]) -> Result<TenantEndpoints, String> {
+        let mut patterns = Vec::new();
+        for p in raw.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
+            if p.contains("://") {
+                let url = url::Url::parse(p)
+                    .map_err(|e| format!("--tenant-store-endpoints: {p:?} is not a URL: {e}"))?;
+                if url.host_str().is_none_or(str::is_empty) {
+                    return Err(format!("--tenant-store-endpoints: {p:?} names no host"));
+                }
+                patterns.push(EndpointPattern::Prefix(p.trim_end_matches('/').to_string()));
+            } else {
+                let host = p.to_ascii_lowercase();
+                let bare = host.strip_prefix("*.").unwrap_or(&host);
+                if bare.is_empty() || bare.contains(['/', '*', ':', '@']) {
+                    return Err(format!(
+                        "--tenant-store-endpoints: {p:?} is neither a URL prefix nor a host (or *.suffix)"
+                    ));
+                }
+                patterns.push(EndpointPattern::Host(host));
+            }
+        }
+        Ok(TenantEndpoints { patterns })
+    }
+
+    /// Whether tenant stores are on.
+    pub fn enabled(&self) -> bool {
+        !self.patterns.is_empty()
+    }
+
+    /// Whether credentials may be sent to `endpoint` (a URL).
+    pub fn allows(&self, endpoint: &str) -> bool {
+        let Ok(url) = url::Url::parse(endpoint) else {
+            return false;
+        };
+        // No userinfo: nothing but the platform's host may be named.
+        if !url.username().is_empty() || url.password().is_some() {
+            return false;
+        }
+        let host = url.host_str().unwrap_or_default().to_ascii_lowercase();
+        let text = endpoint.trim_end_matches('/');
+        self.patterns.iter().any(|p| match p {
+            EndpointPattern::Prefix(prefix) => {
+                text == prefix
+                    || text
+                        .strip_prefix(prefix.as_str())
+                        .is_some_and(|rest| rest.starts_with('/'))
+            }
+            EndpointPattern::Host(pattern) => {
+                url.scheme() == "https"
+                    && match pattern.strip_prefix("*.") {
+                        Some(suffix) => host
+                            .strip_suffix(suffix)
+                            .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+                        None => host == *pattern,
+                    }
+            }
+        })
+    }
+}
+
+/// Where a run's drain looks for its store, before anything is read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreChoice {
+    /// The operator's `--store-url`.
+    Operator,
+    /// A store ConfigMap of the run's namespace.
+    ConfigMap {
+        /// Its name.
+        name: String,
+        /// Named by the run (`spec.readBack.storeRef`): its absence is an error. Otherwise the
+        /// namespace's default, whose absence means the operator's store.
+        named_by_run: bool,
+    },
+}
+
+/// The precedence (docs/contract.md "A store per namespace"): the run's `storeRef`, else the
+/// namespace's default ConfigMap, else the operator's store. Tenant stores off: the operator's
+/// store, and a run that names one is refused.
+pub fn choose(
+    namespace: &str,
+    store_ref: Option<&str>,
+    endpoints: &TenantEndpoints,
+) -> Result<StoreChoice, TenantStoreError> {
+    match (store_ref, endpoints.enabled()) {
+        (Some(name), false) => Err(TenantStoreError::Off {
+            namespace: namespace.into(),
+            name: name.into(),
+        }),
+        (None, false) => Ok(StoreChoice::Operator),
+        (Some(name), true) => Ok(StoreChoice::ConfigMap {
+            name: name.into(),
+            named_by_run: true,
+        }),
+        (None, true) => Ok(StoreChoice::ConfigMap {
+            name: DEFAULT_STORE_CONFIGMAP.into(),
+            named_by_run: false,
+        }),
+    }
+}
+
+/// A tenant's store, as its ConfigMap and Secret describe it (credentials inside: never logged;
+/// its `Debug` redacts them).
+#[derive(Debug)]
+pub struct TenantStore {
+    /// `namespace/name` of the ConfigMap.
+    pub store: String,
+    /// The store URL.
+    pub url: String,
+    /// Where its requests (and so its credentials) go.
+    pub endpoint: String,
+    /// The store, built from these only.
+    pub config: StoreConfig,
+}
+
+/// The Secret key (environment style, as the operator's own store Secret has them) of each
+/// credential a tenant store takes, and the store option it sets.
+const S3_SECRET_KEYS: &[(&str, &str)] = &[
+    ("AWS_ACCESS_KEY_ID", "access_key_id"),
+    ("AWS_SECRET_ACCESS_KEY", "secret_access_key"),
+    ("AWS_SESSION_TOKEN", "session_token"),
+];
+const AZURE_SECRET_KEYS: &[(&str, &str)] = &[
+    ("AZURE_STORAGE_ACCOUNT_NAME", "account_name"),
+    ("AZURE_STORAGE_ACCOUNT_KEY", "access_key"),
+    ("AZURE_STORAGE_SAS_KEY", "sas_key"),
+];
+
+/// The options a tenant's ConfigMap may set: where the store is and how to talk to it, never a
+/// credential (those are the Secret's), a file of the operator's, a proxy or an identity of the
+/// platform's (IMDS, web identity, managed identity).
+const S3_TENANT_OPTIONS: &[&str] = &[
+    "endpoint",
+    "region",
+    "allow_http",
+    "virtual_hosted_style_request",
+    "conditional_put",
+    "checksum_algorithm",
+    "unsigned_payload",
+    "timeout",
+    "connect_timeout",
+];
+const AZURE_TENANT_OPTIONS: &[&str] = &[
+    "endpoint",
+    "account_name",
+    "allow_http",
+    "timeout",
+    "connect_timeout",
+];
+
+/// The tenant store the ConfigMap `store` (`namespace/name`) describes with `data`, and its
+/// Secret's `secret` data; refused unless its endpoint is one `endpoints` allows.
+pub fn tenant_store(
+    store: &str,
+    data: &BTreeMap<String, String>,
+    secret: &BTreeMap<String, String>,
+    endpoints: &TenantEndpoints,
+) -> Result<TenantStore, TenantStoreError> {
+    described(store, data, secret, |endpoint| endpoints.allows(endpoint))
+}
+
+/// The tenant store as a reader (`files`, with the reader's own right to the Secret) opens it:
+/// the same rules, except the platform's endpoint allowlist, which is the operator's (the
+/// reader sends the namespace's own credentials where the namespace's ConfigMap says).
+pub fn for_reader(
+    store: &str,
+    data: &BTreeMap<String, String>,
+    secret: &BTreeMap<String, String>,
+) -> Result<TenantStore, TenantStoreError> {
+    described(store, data, secret, |_| true)
+}
+
+/// The tenant store `data` and `secret` describe, refused unless `allowed` its endpoint.
+fn described(
+    store: &str,
+    data: &BTreeMap<String, String>,
+    secret: &BTreeMap<String, String>,
+    allowed: impl Fn(&str) -> bool,
+) -> Result<TenantStore, TenantStoreError> {
+    let invalid = |reason: String| TenantStoreError::Invalid {
+        store: store.into(),
+        reason,
+    };
+    let url = data
+        .get(KEY_URL)
+        .map(|u| u.trim().to_string())
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| invalid(format!("it has no {KEY_URL:?} key (the store URL)")))?;
+    let scheme = url::Url::parse(&url)
+        .map(|u| u.scheme().to_string())
+        .map_err(|e| invalid(format!("{KEY_URL} {url:?} is not a URL: {e}")))?;
+    let (allowed_options, secret_keys) = match scheme.as_str() {
+        "s3" => (S3_TENANT_OPTIONS, S3_SECRET_KEYS),
+        "az" => (AZURE_TENANT_OPTIONS, AZURE_SECRET_KEYS),
+        other => {
+            return Err(invalid(format!(
+                "a tenant store is s3:// or az:// ({other}:// is not: the operator's own disk, \
+                 its memory and gs:// are not offered to tenants)"
+            )))
+        }
+    };
+    let mut options = tenant_options(data, allowed_options).map_err(invalid)?;
+    options.extend(secret_options(secret, secret_keys, &scheme).map_err(invalid)?);
+    let endpoint = endpoint_of(&scheme, &options).map_err(invalid)?;
+    if !allowed(&endpoint) {
+        return Err(TenantStoreError::EndpointRefused {
+            store: store.into(),
+            url,
+            endpoint,
+        });
+    }
+    let config = StoreConfig::new(&url, &options)
+        .map_err(|source| TenantStoreError::Store {
+            store: store.into(),
+            source: Box::new(source),
+        })?
+        .isolated();
+    Ok(TenantStore {
+        store: store.into(),
+        url,
+        endpoint,
+        config,
+    })
+}
+
+/// The ConfigMap's options, each one a tenant may set.
+fn tenant_options(
+    data: &BTreeMap<String, String>,
+    allowed: &[&str],
+) -> Result<Vec<(String, String)>, String> {
+    let raw: Vec<String> = data
+        .get(KEY_OPTIONS)
+        .map(|o| o.split(['\n', ',']).map(str::to_string).collect())
+        .unwrap_or_default();
+    let options = super::parse_options(&raw)?;
+    for (key, _) in &options {
+        if !allowed.contains(&key.as_str()) {
+            return Err(format!(
+                "option {key:?} is not one a tenant store may set (accepted: {}; credentials \
+                 belong in the Secret named by {KEY_SECRET_NAME})",
+                allowed.join(", ")
+            ));
+        }
+    }
+    Ok(options)
+}
+
+/// The Secret's credentials as store options: only the keys the scheme takes, and enough of them
+/// to sign (a tenant store never falls back to the operator's identity).
+fn secret_options(
+    secret: &BTreeMap<String, String>,
+    keys: &[(&str, &str)],
+    scheme: &str,
+) -> Result<Vec<(String, String)>, String> {
+    let accepted = || keys.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ");
+    let mut out = Vec::new();
+    for (key, value) in secret {
+        let Some((_, option)) = keys.iter().find(|(k, _)| k == key) else {
+            return Err(format!(
+                "its Secret has the key {key:?}, which a {scheme}:// tenant store does not take (accepted: {})",
+                accepted()
+            ));
+        };
+        out.push(((*option).to_string(), value.trim().to_string()));
+    }
+    let has = |option: &str| out.iter().any(|(k, v)| k == option && !v.is_empty());
+    let signs = match scheme {
+        "s3" => has("access_key_id") && has("secret_access_key"),
+        _ => has("access_key") || has("sas_key"),
+    };
+    if !signs {
+        let needed = match scheme {
+            "s3" => "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+            _ => "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_KEY",
+        };
+        return Err(format!(
+            "its Secret lacks {needed} (a tenant store signs with its own credentials, never the operator's)"
+        ));
+    }
+    Ok(out)
+}
+
+/// Where a store's requests go: its `endpoint` option, else the cloud's own endpoint.
+fn endpoint_of(scheme: &str, options: &[(String, String)]) -> Result<String, String> {
+    let get = |key: &str| {
+        options
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.clone())
+    };
+    if let Some(endpoint) = get("endpoint") {
+        return Ok(endpoint);
+    }
+    match scheme {
+        "s3" => Ok(format!(
+            "https://s3.{}.amazonaws.com",
+            get("region").unwrap_or_else(|| "us-east-1".into())
+        )),
+        _ => get("account_name")
+            .map(|account| format!("https://{account}.blob.core.windows.net"))
+            .ok_or_else(|| {
+                "an az:// store needs an account: option account_name or AZURE_STORAGE_ACCOUNT_NAME in its Secret, or an endpoint".into()
+            }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn endpoints(patterns: &[&str]) -> TenantEndpoints {
+        TenantEndpoints::parse(&patterns.iter().map(|p| p.to_string()).collect::<Vec<_>>())
+            .expect("patterns")
+    }
+
+    fn s3_secret() -> BTreeMap<String, String> {
+        map(&[
+            ("AWS_ACCESS_KEY_ID", "AKIATENANT"),
+            ("AWS_SECRET_ACCESS_KEY", "hunter2"),
+        ])
+    }
+
+    #[test]
+    fn the_run_s_store_ref_then_the_namespace_default_then_the_operator_s_store() {
+        let on = endpoints(&["*.amazonaws.com"]);
+        assert_eq!(
+            choose("team", Some("fast"), &on).expect("choice"),
+            StoreChoice::ConfigMap {
+                name: "fast".into(),
+                named_by_run: true
+            }
+        );
+        assert_eq!(
+            choose("team", None, &on).expect("choice"),
+            StoreChoice::ConfigMap {
+                name: DEFAULT_STORE_CONFIGMAP.into(),
+                named_by_run: false
+            }
+        );
+        // Off: the operator's store, and a run naming a store is refused, never served by the
+        // operator's store instead.
+        let off = TenantEndpoints::default();
+        assert_eq!(
+            choose("team", None, &off).expect("choice"),
+            StoreChoice::Operator
+        );
+        let err = choose("team", Some("fast"), &off).expect_err("off");
+        assert!(err.to_string().contains("team/fast"), "{err}");
+        assert!(
+            err.to_string().contains("--tenant-store-endpoints"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn endpoint_patterns_match_on_boundaries_and_hosts_only_over_https() {
+        let e = endpoints(&[
+            "http://127.0.0.1:19000",
+            "https://minio.example.com/tenants/",
+            "*.amazonaws.com",
+            "blob.example.net",
+        ]);
+        assert!(e.enabled());
+        assert!(e.allows("http://127.0.0.1:19000"));
+        assert!(e.allows("http://127.0.0.1:19000/"));
+        assert!(!e.allows("http://127.0.0.1:190001"));
+        assert!(!e.allows("http://127.0.0.1:19001"));
+        assert!(e.allows("https://minio.example.com/tenants/a"));
+        assert!(!e.allows("https://minio.example.com/other"));
+        assert!(!e.allows("https://minio.example.com.evil.io/tenants"));
+        assert!(e.allows("https://s3.eu-west-1.amazonaws.com"));
+        assert!(!e.allows("http://s3.eu-west-1.amazonaws.com"));
+        assert!(!e.allows("https://amazonaws.com.evil.io"));
+        assert!(!e.allows("https://evilamazonaws.com"));
+        assert!(e.allows("https://blob.example.net"));
+        assert!(!e.allows("https://x.blob.example.net"));
+        assert!(!e.allows("http://user@127.0.0.1:19000"));
+        assert!(!e.allows("not a url"));
+        assert!(TenantEndpoints::parse(&["*".into()]).is_err());
+        assert!(TenantEndpoints::parse(&["http://".into()]).is_err());
+        assert!(!TenantEndpoints::parse(&[" ".into()])
+            .expect("blank")
+            .enabled());
+    }
+
+    #[test]
+    fn a_tenant_s3_store_signs_with_its_secret_at_an_allowed_endpoint() {
+        let cm = map(&[
+            ("url", "s3://tenant-a/runs"),
+            (
+                "options",
+                "endpoint=http://127.0.0.1:19000\nregion=us-east-1,allow_http=true",
+            ),
+            ("secretName", "store-creds"),
+        ]);
+        let store = tenant_store(
+            "team/sandboxrun-store",
+            &cm,
+            &s3_secret(),
+            &endpoints(&["http://127.0.0.1:19000"]),
+        )
+        .expect("tenant store");
+        assert_eq!(store.url, "s3://tenant-a/runs");
+        assert_eq!(store.endpoint, "http://127.0.0.1:19000");
+        let shown = format!("{store:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        // No endpoint: the cloud's, which must itself be allowed.
+        let aws = map(&[("url", "s3://b/p"), ("options", "region=eu-west-1")]);
+        let store =
+            tenant_store("t/s", &aws, &s3_secret(), &endpoints(&["*.amazonaws.com"])).expect("aws");
+        assert_eq!(store.endpoint, "https://s3.eu-west-1.amazonaws.com");
+    }
+
+    #[test]
+    fn an_endpoint_the_platform_did_not_allow_is_refused_naming_the_store() {
+        let cm = map(&[
+            ("url", "s3://b/p"),
+            ("options", "endpoint=https://collector.evil.io"),
+        ]);
+        let err = tenant_store(
+            "team/sandboxrun-store",
+            &cm,
+            &s3_secret(),
+            &endpoints(&["*.amazonaws.com"]),
+        )
+        .expect_err("refused");
+        assert!(
+            matches!(err, TenantStoreError::EndpointRefused { .. }),
+            "{err}"
+        );
+        let text = err.to_string();
+        assert!(
+            text.contains("team/sandboxrun-store") && text.contains("https://collector.evil.io"),
+            "{text}"
+        );
+        assert!(!text.contains("hunter2"), "{text}");
+    }
+
+    #[test]
+    fn the_operator_s_disk_memory_and_identity_are_not_offered_to_tenants() {
+        let on = endpoints(&["http://127.0.0.1:19000", "*.amazonaws.com"]);
+        for url in ["file:///var/lib/sandboxrun/store", "memory://", "gs://b/p"] {
+            let cm = map(&[("url", url)]);
+            let err = tenant_store("t/s", &cm, &s3_secret(), &on).expect_err(url);
+            assert!(err.to_string().contains("s3:// or az://"), "{url}: {err}");
+        }
+        // No credentials: refused, never signed with the operator's identity.
+        let cm = map(&[("url", "s3://b/p")]);
+        let err = tenant_store("t/s", &cm, &BTreeMap::new(), &on).expect_err("no creds");
+        assert!(err.to_string().contains("AWS_SECRET_ACCESS_KEY"), "{err}");
+        let half = map(&[("AWS_ACCESS_KEY_ID", "a")]);
+        assert!(tenant_store("t/s", &cm, &half, &on).is_err());
+        // Credentials, files of the operator's and identities are not options a tenant sets.
+        for option in [
+            "secret_access_key=x",
+            "web_identity_token_file=/var/run/secrets/token",
+            "imdsv1_fallback=true",
+            "proxy_url=http://proxy",
+        ] {
+            let cm = map(&[("url", "s3://b/p"), ("options", option)]);
+            let err = tenant_store("t/s", &cm, &s3_secret(), &on).expect_err(option);
+            assert!(
+                err.to_string().contains("not one a tenant store may set"),
+                "{option}: {err}"
+            );
+        }
+        // A Secret key the scheme does not take is named (never its value).
+        let mut odd = s3_secret();
+        odd.insert("AWS_WEB_IDENTITY_TOKEN_FILE".into(), "/token".into());
+        let err = tenant_store("t/s", &cm, &odd, &on).expect_err("odd key");
+        assert!(
+            err.to_string().contains("AWS_WEB_IDENTITY_TOKEN_FILE"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_missing_url_key_is_refused_by_name() {
+        let on = endpoints(&["*.amazonaws.com"]);
+        let err = tenant_store("t/s", &map(&[("secretName", "c")]), &s3_secret(), &on)
+            .expect_err("no url");
+        assert!(err.to_string().contains("no \"url\" key"), "{err}");
+    }
+
+    #[test]
+    fn a_tenant_azure_store_needs_a_key_or_sas_and_its_account_endpoint_allowed() {
+        let cm = map(&[
+            ("url", "az://runs/p"),
+            (
+                "options",
+                "endpoint=http://127.0.0.1:19200/acct,allow_http=true",
+            ),
+        ]);
+        let secret = map(&[
+            ("AZURE_STORAGE_ACCOUNT_NAME", "acct"),
+            ("AZURE_STORAGE_ACCOUNT_KEY", "a2V5"),
+        ]);
+        let on = endpoints(&["http://127.0.0.1:19200"]);
+        let store = tenant_store("t/s", &cm, &secret, &on).expect("azure");
+        assert_eq!(store.endpoint, "http://127.0.0.1:19200/acct");
+        let name_only = map(&[("AZURE_STORAGE_ACCOUNT_NAME", "acct")]);
+        assert!(tenant_store("t/s", &cm, &name_only, &on).is_err());
+        let cloud = map(&[("url", "az://runs/p")]);
+        let err = tenant_store("t/s", &cloud, &secret, &on).expect_err("not allowed");
+        assert!(
+            err.to_string()
+                .contains("https://acct.blob.core.windows.net"),
+            "{err}"
+        );
+        let emulator = map(&[("url", "az://runs/p"), ("options", "use_emulator=true")]);
+        assert!(tenant_store("t/s", &emulator, &secret, &on).is_err());
+    }
+}

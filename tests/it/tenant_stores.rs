@@ -1,0 +1,549 @@
+//! A store per namespace (docs/contract.md "A store per namespace"; issue #29 item 1), on the
+//! real control plane with the bed's real object stores: two namespaces name two stores with
+//! different credentials (the bed's S3 server s3s-fs and Azure's Azurite, each checking its own
+//! key) in their `sandboxrun-store` ConfigMaps; their runs drain side by side, each into its own
+//! store only, nothing into the operator's; `retention: Delete` deletes from the tenant's store
+//! only that run's objects; `files get -n` reads each back from its namespace's store. A store
+//! that cannot be used when a run would start (a Secret not there yet, a named ConfigMap that
+//! does not exist, an endpoint the platform did not allow) holds the run without a pod, naming
+//! it; a Secret deleted mid-run fails the drain loudly, naming the store; nothing falls back to
+//! the operator's store. kwok plays the node; its exec runs
+//! `sandboxrun-operator pack` on this host.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::TryStreamExt;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{DeleteParams, PostParams};
+use kube::{Api, Client};
+use object_store::{ObjectStore, ObjectStoreExt};
+use sandboxrun_operator::api::{Phase, ReadBackPhase, Retention, SandboxRun};
+use sandboxrun_operator::store::{run_dir, store_from_url, RunRef};
+
+use crate::support::*;
+
+/// A tenant store of the bed: its ConfigMap data (without `secretName`), its Secret's data, and
+/// how the test itself opens it (URL and options) to look inside.
+struct TenantStore {
+    url: String,
+    options_line: String,
+    secret: BTreeMap<String, String>,
+    reader_options: Vec<(String, String)>,
+}
+
+/// The bed's S3 server (s3s-fs) under a fresh short prefix (s3s-fs names files after keys).
+fn s3_tenant() -> TenantStore {
+    let s3 = s3();
+    TenantStore {
+        url: format!("s3://{}/ta{:04x}", s3.bucket, rand_u32() & 0xffff),
+        options_line: format!(
+            "endpoint={}\nallow_http=true\nregion=us-east-1",
+            s3.endpoint
+        ),
+        secret: [
+            ("AWS_ACCESS_KEY_ID".to_string(), s3.access_key.clone()),
+            ("AWS_SECRET_ACCESS_KEY".to_string(), s3.secret_key.clone()),
+        ]
+        .into(),
+        reader_options: s3.options(),
+    }
+}
+
+/// The bed's Azurite under a fresh prefix.
+fn azure_tenant() -> TenantStore {
+    let account = bed_setting("SANDBOXRUN_TEST_AZURE_ACCOUNT");
+    let key = bed_setting("SANDBOXRUN_TEST_AZURE_KEY");
+    let endpoint = bed_setting("SANDBOXRUN_TEST_AZURE_ENDPOINT");
+    let container = bed_setting("SANDBOXRUN_TEST_AZURE_CONTAINER");
+    TenantStore {
+        url: format!("az://{container}/tb{:04x}", rand_u32() & 0xffff),
+        options_line: format!("endpoint={endpoint},allow_http=true"),
+        secret: [
+            ("AZURE_STORAGE_ACCOUNT_NAME".to_string(), account.clone()),
+            ("AZURE_STORAGE_ACCOUNT_KEY".to_string(), key.clone()),
+        ]
+        .into(),
+        reader_options: [
+            ("account_name", account.as_str()),
+            ("access_key", key.as_str()),
+            ("endpoint", endpoint.as_str()),
+            ("allow_http", "true"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect(),
+    }
+}
+
+/// The endpoints the platform allows in these tests: the bed's S3 server and Azurite only.
+fn allowed_endpoints() -> String {
+    let azure = url::Url::parse(&bed_setting("SANDBOXRUN_TEST_AZURE_ENDPOINT")).expect("url");
+    format!(
+        "{},http://{}:{}",
+        bed_setting("SANDBOXRUN_TEST_S3_ENDPOINT"),
+        azure.host_str().expect("host"),
+        azure.port().expect("port")
+    )
+}
+
+/// Creates the store ConfigMap `name` and its Secret `<name>-creds` in `ns`.
+async fn publish_store(client: &Client, ns: &str, name: &str, store: &TenantStore) {
+    let secret_name = format!("{name}-creds");
+    let configmap = ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        data: Some(
+            [
+                ("url".to_string(), store.url.clone()),
+                ("options".to_string(), store.options_line.clone()),
+                ("secretName".to_string(), secret_name.clone()),
+            ]
+            .into(),
+        ),
+        ..Default::default()
+    };
+    let secret = store_secret(&secret_name, store);
+    Api::<ConfigMap>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &configmap)
+        .await
+        .expect("create the store ConfigMap");
+    Api::<Secret>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("create the store Secret");
+}
+
+/// The Secret `name` holding `store`'s credentials.
+fn store_secret(name: &str, store: &TenantStore) -> Secret {
+    Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        string_data: Some(store.secret.clone()),
+        ..Default::default()
+    }
+}
+
+async fn keys_under(store: &Arc<dyn ObjectStore>, dir: &object_store::path::Path) -> Vec<String> {
+    let metas: Vec<_> = store
+        .list(Some(dir))
+        .try_collect()
+        .await
+        .expect("list the store");
+    let mut keys: Vec<String> = metas.into_iter().map(|m| m.location.to_string()).collect();
+    keys.sort();
+    keys
+}
+
+fn run_ref(ns: &str, run: &SandboxRun) -> RunRef {
+    RunRef {
+        namespace: ns.to_string(),
+        name: run.metadata.name.clone().expect("name"),
+        uid: run.metadata.uid.clone().expect("uid"),
+    }
+}
+
+/// Every file under `dir` (the operator's own file:// store).
+fn files_in(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else {
+                out.push(path.display().to_string());
+            }
+        }
+    }
+    out
+}
+
+/// `sandboxrun-operator files get <run> -n <ns>` with no --store-url and no store credentials
+/// in its environment: the run's status names the store, its namespace's ConfigMap and Secret
+/// give the credentials.
+fn files_get_from_namespace(ns: &str, run: &str) -> std::path::PathBuf {
+    let dest = host_dir(&format!("{run}-get"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
+        .args(["files", "get", run, "-n", ns, "-o"])
+        .arg(&dest)
+        .env("KUBECONFIG", kubeconfig_path())
+        .env_remove("SANDBOXRUN_STORE_URL")
+        .env_remove("SANDBOXRUN_STORE_OPTIONS")
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AZURE_STORAGE_ACCOUNT_KEY")
+        .output()
+        .expect("run files get");
+    assert!(
+        out.status.success(),
+        "files get -n {ns} {run}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dest
+}
+
+/// The first file under `dir`.
+fn first_file(dir: &Path) -> std::path::PathBuf {
+    files_in(dir)
+        .into_iter()
+        .next()
+        .map(std::path::PathBuf::from)
+        .unwrap_or_default()
+}
+
+/// Waits until the apiserver serves `spec.readBack.storeRef` (an updated CRD reaches the handler
+/// a moment after it is Established; until then the field is pruned).
+async fn wait_store_ref_served(api: &Api<SandboxRun>, out: &Path) {
+    let mut probe = spec(&[out]).build();
+    if let Some(r) = probe.read_back.as_mut() {
+        r.store_ref = Some("probe".into());
+    }
+    let params = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    eventually(
+        "the CRD to serve readBack.storeRef",
+        Duration::from_secs(30),
+        || {
+            let (api, params) = (api.clone(), params.clone());
+            let run = SandboxRun::new("probe", probe.clone());
+            async move {
+                let served = api.create(&params, &run).await.ok()?;
+                (served.spec.store_ref() == Some("probe")).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// Waits until the run `name` is held before its pod: Ready=False, reason StoreUnusable.
+async fn wait_held(runs: &Api<SandboxRun>, name: &str, op: &Operator) -> SandboxRun {
+    wait_for(
+        runs,
+        name,
+        op,
+        PHASE_TIMEOUT,
+        "Ready=False StoreUnusable",
+        |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "Ready" && c.status == "False" && c.reason == "StoreUnusable"
+                })
+            })
+        },
+    )
+    .await
+}
+
+#[tokio::test]
+async fn two_namespaces_drain_side_by_side_each_into_its_own_store_and_delete_only_their_own() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns_a = TestNamespace::new(&client, "tenant-stores-a").await;
+    let ns_b = TestNamespace::new(&client, "tenant-stores-b").await;
+    let (a, b) = (s3_tenant(), azure_tenant());
+    publish_store(&client, &ns_a.name, "sandboxrun-store", &a).await;
+    publish_store(&client, &ns_b.name, "sandboxrun-store", &b).await;
+    let own = host_dir("tenant-stores-operator");
+    let op = Operator::builder(
+        &format!("{},{}", ns_a.name, ns_b.name),
+        &format!("file://{}", own.display()),
+    )
+    .flags(&["--tenant-store-endpoints", &allowed_endpoints()])
+    .start();
+    let out = host_dir("out");
+    std::fs::write(out.join("result.txt"), b"tenant data\n").unwrap();
+    let runs_a: Api<SandboxRun> = Api::namespaced(client.clone(), &ns_a.name);
+    let runs_b: Api<SandboxRun> = Api::namespaced(client.clone(), &ns_b.name);
+    let pods_a: Api<Pod> = Api::namespaced(client.clone(), &ns_a.name);
+    let pods_b: Api<Pod> = Api::namespaced(client.clone(), &ns_b.name);
+
+    // Side by side: both created, then both ended. The same run name in both namespaces.
+    create(
+        &runs_a,
+        "job",
+        spec(&[&out]).retention(Some(Retention::Delete)),
+    )
+    .await;
+    create(
+        &runs_b,
+        "job",
+        spec(&[&out]).retention(Some(Retention::Retain)),
+    )
+    .await;
+    run_then_finish(&runs_a, &pods_a, "job", &op).await;
+    run_then_finish(&runs_b, &pods_b, "job", &op).await;
+    let run_a = wait_phase(&runs_a, "job", Phase::Succeeded, &op).await;
+    let run_b = wait_phase(&runs_b, "job", Phase::Succeeded, &op).await;
+
+    // Each status names its own tenant's store.
+    let object_a = read_back(&run_a, 0).object.expect("object");
+    let object_b = read_back(&run_b, 0).object.expect("object");
+    assert!(
+        object_a.starts_with(&format!("{}/", a.url)),
+        "{object_a} not in {}",
+        a.url
+    );
+    assert!(
+        object_b.starts_with(&format!("{}/", b.url)),
+        "{object_b} not in {}",
+        b.url
+    );
+
+    // Each archive is in its own store, under its own namespace, and nowhere else.
+    crypto();
+    let (store_a, prefix_a) = store_from_url(&a.url, &a.reader_options).unwrap();
+    let (store_b, prefix_b) = store_from_url(&b.url, &b.reader_options).unwrap();
+    let dir_a = run_dir(&prefix_a, &run_ref(&ns_a.name, &run_a));
+    let dir_b = run_dir(&prefix_b, &run_ref(&ns_b.name, &run_b));
+    assert_eq!(
+        keys_under(&store_a, &dir_a).await.len(),
+        2,
+        "archive + manifest"
+    );
+    let kept_b = keys_under(&store_b, &dir_b).await;
+    assert_eq!(kept_b.len(), 2, "archive + manifest");
+    assert_eq!(
+        keys_under(&store_a, &prefix_a.clone().join(ns_b.name.as_str())).await,
+        Vec::<String>::new(),
+        "namespace B stored nothing in A's store"
+    );
+    assert_eq!(
+        keys_under(&store_b, &prefix_b.clone().join(ns_a.name.as_str())).await,
+        Vec::<String>::new(),
+        "namespace A stored nothing in B's store"
+    );
+    assert_eq!(
+        files_in(&own),
+        Vec::<String>::new(),
+        "nothing in the operator's store"
+    );
+
+    // `files get` without --store-url reads each run back from its namespace's store, with the
+    // caller's right to read the ConfigMap and the Secret (no store credentials in its
+    // environment).
+    for ns in [&ns_a.name, &ns_b.name] {
+        let dest = files_get_from_namespace(ns, "job");
+        let got = std::fs::read_to_string(dest.join("00-out/result.txt"))
+            .or_else(|_| std::fs::read_to_string(first_file(&dest)))
+            .unwrap_or_default();
+        assert_eq!(
+            got, "tenant data\n",
+            "files get -n {ns} read its namespace's store"
+        );
+    }
+
+    // retention: Delete deletes A's run from A's store, with A's credentials; B's run (Retain)
+    // keeps its objects in B's store.
+    runs_a
+        .delete("job", &DeleteParams::default())
+        .await
+        .unwrap();
+    runs_b
+        .delete("job", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&runs_a, "job", &op, PHASE_TIMEOUT).await;
+    wait_gone(&runs_b, "job", &op, PHASE_TIMEOUT).await;
+    let deleted = wait_event(
+        &client,
+        &ns_a.name,
+        Some("job"),
+        "ArchivesDeleted",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
+    assert!(
+        deleted
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("deleted 2 stored objects")),
+        "{deleted:?}"
+    );
+    assert_eq!(keys_under(&store_a, &dir_a).await, Vec::<String>::new());
+    assert_eq!(
+        keys_under(&store_b, &dir_b).await,
+        kept_b,
+        "B's run is Retain"
+    );
+    // No secret reached the operator's log (key ids and account names are not secrets).
+    let log = op.log_text();
+    let secrets = [&a.secret, &b.secret]
+        .into_iter()
+        .flat_map(|s| s.iter())
+        .filter(|(k, _)| k.contains("SECRET") || k.ends_with("ACCOUNT_KEY"))
+        .map(|(_, v)| v.as_str())
+        .collect::<Vec<_>>();
+    assert_eq!(secrets.len(), 2);
+    for secret in secrets {
+        assert!(
+            !log.contains(secret),
+            "a tenant secret is in the operator's log"
+        );
+    }
+    for key in kept_b {
+        let _ = store_b.delete(&key.as_str().into()).await;
+    }
+}
+
+#[tokio::test]
+async fn an_unusable_store_fails_the_drain_loudly_naming_it_and_never_falls_back() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "tenant-stores-fail").await;
+    let tenant = s3_tenant();
+    publish_store(&client, &ns.name, "sandboxrun-store", &tenant).await;
+    // A store the run names whose endpoint the platform did not allow (the bed's other S3
+    // server): its credentials must never be sent there.
+    let rogue = TenantStore {
+        options_line: format!(
+            "endpoint={},allow_http=true,region=us-east-1",
+            bed_setting("SANDBOXRUN_TEST_GOFAKES3_URL")
+        ),
+        ..s3_tenant()
+    };
+    publish_store(&client, &ns.name, "rogue", &rogue).await;
+    let own = host_dir("tenant-stores-fail-operator");
+    let op = Operator::builder(&ns.name, &format!("file://{}", own.display()))
+        .flags(&["--tenant-store-endpoints", &allowed_endpoints()])
+        .start();
+    let out = host_dir("out");
+    std::fs::write(out.join("result.txt"), b"tenant data\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    wait_store_ref_served(&runs, &out).await;
+    let named = |store: &str| {
+        let mut s = spec(&[&out]).build();
+        if let Some(r) = s.read_back.as_mut() {
+            r.store_ref = Some(store.to_string());
+        }
+        s
+    };
+
+    // A run whose store's Secret does not exist yet gets no pod: Ready=False StoreUnusable,
+    // naming the store; once the Secret exists it starts and drains into that store.
+    publish_store(&client, &ns.name, "later", &tenant).await;
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns.name);
+    secrets
+        .delete("later-creds", &DeleteParams::default())
+        .await
+        .expect("delete the Secret");
+    create(&runs, "held", named("later")).await;
+    let held = wait_held(&runs, "held", &op).await;
+    let message = held.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(
+        message.contains(&format!("{}/later", ns.name))
+            && message.contains("later-creds does not exist"),
+        "{message}"
+    );
+    assert!(
+        pods.get_opt("held-sbr").await.expect("get pod").is_none(),
+        "no pod while the store cannot be used"
+    );
+    secrets
+        .create(
+            &PostParams::default(),
+            &store_secret("later-creds", &tenant),
+        )
+        .await
+        .expect("create the Secret");
+    run_then_finish(&runs, &pods, "held", &op).await;
+    let started = wait_phase(&runs, "held", Phase::Succeeded, &op).await;
+    let object = read_back(&started, 0).object.expect("object");
+    assert!(object.starts_with(&format!("{}/", tenant.url)), "{object}");
+
+    // The namespace's Secret is deleted while the run runs: its drain fails, naming the store.
+    create(&runs, "no-secret", spec(&[&out])).await;
+    let running = wait_phase(&runs, "no-secret", Phase::Running, &op).await;
+    Api::<Secret>::namespaced(client.clone(), &ns.name)
+        .delete("sandboxrun-store-creds", &DeleteParams::default())
+        .await
+        .expect("delete the Secret");
+    finish_workload(&pods, &pod_of(&running), 0).await;
+    let ended = wait_final(&runs, "no-secret", &op, PHASE_TIMEOUT).await;
+    let path = read_back(&ended, 0);
+    assert_eq!(path.phase, ReadBackPhase::Failed, "{path:?}");
+    let message = path.message.unwrap_or_default();
+    let store = format!("{}/sandboxrun-store", ns.name);
+    assert!(
+        message.contains(&store) && message.contains("sandboxrun-store-creds does not exist"),
+        "{message}"
+    );
+    assert_eq!(path.object, None, "nothing stored anywhere");
+    let event = wait_event(
+        &client,
+        &ns.name,
+        Some("no-secret"),
+        "sandbox_runfiles_drain_failed",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(
+        event.note.as_deref().is_some_and(|n| n.contains(&store)),
+        "{event:?}"
+    );
+
+    // A store the run names that does not exist, and one whose endpoint is not allowed: the run
+    // is held before its pod, naming the store and the reason.
+    for (name, store, words) in [
+        (
+            "missing",
+            "nope",
+            format!("ConfigMap {}/nope does not exist", ns.name),
+        ),
+        (
+            "rogue",
+            "rogue",
+            "not in the platform's --tenant-store-endpoints".to_string(),
+        ),
+    ] {
+        create(&runs, name, named(store)).await;
+        let held = wait_held(&runs, name, &op).await;
+        let message = held.status.and_then(|s| s.message).unwrap_or_default();
+        assert!(
+            message.contains(&format!("{}/{store}", ns.name)) && message.contains(&words),
+            "{name}: {message}"
+        );
+        assert!(pods
+            .get_opt(&format!("{name}-sbr"))
+            .await
+            .expect("get pod")
+            .is_none());
+    }
+
+    // Never a fallback: the operator's own store got nothing, the rogue endpoint nothing.
+    assert_eq!(
+        files_in(&own),
+        Vec::<String>::new(),
+        "nothing in the operator's store"
+    );
+    crypto();
+    let gofakes3 = s3_options(
+        &bed_setting("SANDBOXRUN_TEST_GOFAKES3_URL"),
+        &bed_setting("SANDBOXRUN_TEST_GOFAKES3_ACCESS_KEY"),
+        &bed_setting("SANDBOXRUN_TEST_GOFAKES3_SECRET_KEY"),
+    );
+    let rogue_url = rogue.url.replace(
+        &s3().bucket,
+        &bed_setting("SANDBOXRUN_TEST_GOFAKES3_BUCKET"),
+    );
+    let (rogue_store, rogue_prefix) = store_from_url(&rogue_url, &gofakes3).unwrap();
+    assert_eq!(
+        keys_under(&rogue_store, &rogue_prefix).await,
+        Vec::<String>::new(),
+        "nothing sent to the endpoint the platform did not allow"
+    );
+}
