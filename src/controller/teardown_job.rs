@@ -97,6 +97,24 @@ async fn teardown_store(
     }
 }
 
+/// Whether the run's read-back status is still what this teardown started from, and this replica
+/// still drains: the late opening (the status a teardown writes once it outlasts the quiet
+/// window) is written only then. A replica that was stalled (frozen, starved) past its lease
+/// wakes with its quiet-window timer due before it learns the lease is gone; the next owner may
+/// have ended the run meanwhile, and the stale opening would overwrite its `Drained` with
+/// `Pending` (docs/contract.md "What the store holds across attempts").
+async fn unchanged_since_start(ctx: &Context, run: &SandboxRun) -> Result<bool, ControllerError> {
+    if ctx.cancel.is_cancelled() {
+        return Ok(false);
+    }
+    let namespace = run.namespace().unwrap_or_default();
+    let Some(live) = observe::live_run(&ctx.client, &namespace, &run.name_any()).await? else {
+        return Ok(false);
+    };
+    let read_back = |r: &SandboxRun| r.status.as_ref().map(|s| s.read_back.clone());
+    Ok(read_back(&live) == read_back(run))
+}
+
 /// What happened next while draining.
 enum Next {
     /// A path's drain ended (no outcome: this replica stops draining).
@@ -154,7 +172,9 @@ async fn teardown(
             }
             Next::QuietWindowPassed => {
                 if let Some(late) = progress.quiet_window_passed() {
-                    drive::carry_out(ctx, run, &pod_name, pod, late, now).await?;
+                    if unchanged_since_start(ctx, run).await? {
+                        drive::carry_out(ctx, run, &pod_name, pod, late, now).await?;
+                    }
                 }
             }
             Next::Drained => break,
