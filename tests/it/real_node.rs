@@ -969,7 +969,7 @@ fn real_node_toleration() -> serde_json::Value {
 }
 
 /// The operator as users install it: `helm install` of charts/ with the image built without
-/// Docker, two replicas (leader election), the S3 store, the webhook behind the chart's Service.
+/// Docker, two replicas (active-active, sharing the shard Leases), the S3 store, the webhook behind the chart's Service.
 /// It runs in the cluster with only the chart's ServiceAccount and RBAC; the apiserver reaches
 /// its webhook through the Service (denial of a bad run, a warning for a tag, via `kubectl
 /// apply`); a run on the real node is drained into S3; `/metrics` answers through its Service.
@@ -1025,25 +1025,33 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
             .join("\n")
     };
 
-    // Leader election: one replica holds the Lease.
+    // Two replicas run active-active by default (issue #28): each holds some of the shard Leases
+    // (`<lease-name>-shard-<k>`, the lease name being the release's fullname).
     let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
         Api::namespaced(client.clone(), &release_ns.name);
-    let holder = eventually(
-        "a replica to hold the Lease",
-        Duration::from_secs(60),
+    let holders = eventually(
+        "both replicas to hold shards",
+        Duration::from_secs(90),
         || {
             let leases = leases.clone();
-            let fullname = fullname.clone();
+            let prefix = format!("{fullname}-shard-");
+            let pod_names = pod_names.clone();
             async move {
-                let lease = leases.get_opt(&fullname).await.ok()??;
-                lease.spec?.holder_identity
+                let listed = leases.list(&ListParams::default()).await.ok()?.items;
+                let holders: std::collections::BTreeSet<String> = listed
+                    .iter()
+                    .filter(|l| l.name_any().starts_with(&prefix))
+                    .filter_map(|l| l.spec.as_ref()?.holder_identity.clone())
+                    .filter(|h| !h.is_empty())
+                    .collect();
+                (pod_names.iter().all(|p| holders.contains(p))).then_some(holders)
             }
         },
     )
     .await;
     assert!(
-        pod_names.contains(&holder),
-        "the Lease holder {holder} is one of {pod_names:?}"
+        holders.iter().all(|h| pod_names.contains(h)),
+        "the shard holders {holders:?} are the replicas {pod_names:?}"
     );
 
     // The webhook, reached by the apiserver through the chart's Service: a run breaking the
