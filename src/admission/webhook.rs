@@ -240,6 +240,23 @@ async fn review_request(
     respond(resp, &who, &findings)
 }
 
+/// The review's new and stored specs, typed (None when the new one does not parse; a stored one
+/// that does not parse counts as absent).
+fn typed_specs(
+    new: &serde_json::Value,
+    old: Option<&serde_json::Value>,
+) -> Option<(
+    crate::api::SandboxRunSpec,
+    Option<crate::api::SandboxRunSpec>,
+)> {
+    use serde::Deserialize;
+    let new = crate::api::SandboxRunSpec::deserialize(new).ok()?;
+    Some((
+        new,
+        old.and_then(|o| crate::api::SandboxRunSpec::deserialize(o).ok()),
+    ))
+}
+
 /// The rights the run exercises (what it adds, on UPDATE) that the requesting user does not hold
 /// (docs/contract.md "A run uses only its author's rights").
 async fn access_findings(
@@ -248,12 +265,10 @@ async fn access_findings(
     new: &serde_json::Value,
     old: Option<&serde_json::Value>,
 ) -> Vec<Finding> {
-    use serde::Deserialize;
     // A spec that does not parse was refused by the rules already.
-    let Ok(new) = crate::api::SandboxRunSpec::deserialize(new) else {
+    let Some((new, old)) = typed_specs(new, old) else {
         return Vec::new();
     };
-    let old = old.and_then(|o| crate::api::SandboxRunSpec::deserialize(o).ok());
     let mut wanted = super::access::added(old.as_ref(), &new);
     if wanted.is_empty() {
         return Vec::new();
@@ -341,12 +356,10 @@ async fn namespace_policy_findings(
     old: Option<&serde_json::Value>,
 ) -> Vec<Finding> {
     use super::rules::ids::RUN_POLICY;
-    use serde::Deserialize;
     // A spec that does not parse was refused by the rules already.
-    let Ok(new) = crate::api::SandboxRunSpec::deserialize(new) else {
+    let Some((new, old)) = typed_specs(new, old) else {
         return Vec::new();
     };
-    let old = old.and_then(|o| crate::api::SandboxRunSpec::deserialize(o).ok());
     let policies = &state.settings.namespace_policies;
     let mut labels = std::collections::BTreeMap::new();
     if policies.iter().any(|p| p.needs_labels()) {

@@ -480,6 +480,19 @@ mod tests {
         }
     }
 
+    /// Every ipBlock of `policy`'s egress rules.
+    fn ip_blocks_of(policy: NetworkPolicy) -> Vec<IPBlock> {
+        policy
+            .spec
+            .unwrap()
+            .egress
+            .unwrap()
+            .into_iter()
+            .flat_map(|rule| rule.to.unwrap_or_default())
+            .filter_map(|p| p.ip_block)
+            .collect()
+    }
+
     #[test]
     fn a_fixed_gate_probe_is_denied_to_every_restricted_run_whatever_its_rules() {
         let probe: IpAddr = "10.9.9.9".parse().unwrap();
@@ -488,18 +501,8 @@ mod tests {
             probe: crate::inpod::gate::GateProbe::Addr(std::net::SocketAddr::new(probe, 9)),
             timeout: std::time::Duration::from_secs(60),
         });
-        let blocks_of = |r: &SandboxRun, s: &EgressSettings| -> Vec<IPBlock> {
-            let policy = build_policy(r, s).unwrap().unwrap();
-            policy
-                .spec
-                .unwrap()
-                .egress
-                .unwrap()
-                .into_iter()
-                .flat_map(|rule| rule.to.unwrap_or_default())
-                .filter_map(|p| p.ip_block)
-                .collect()
-        };
+        let blocks_of =
+            |r: &SandboxRun, s: &EgressSettings| ip_blocks_of(build_policy(r, s).unwrap().unwrap());
         for (mode, rules) in [
             (NetworkMode::Allowlist, vec!["10.0.0.0/8".to_string()]),
             (NetworkMode::Denylist, vec!["192.168.0.0/16".to_string()]),
@@ -526,16 +529,6 @@ mod tests {
             gated.gate.map(|g| g.probe),
             Some(crate::inpod::gate::GateProbe::Node(10250))
         ));
-        let blocks_of = |p: NetworkPolicy| -> Vec<IPBlock> {
-            p.spec
-                .unwrap()
-                .egress
-                .unwrap()
-                .into_iter()
-                .flat_map(|rule| rule.to.unwrap_or_default())
-                .filter_map(|p| p.ip_block)
-                .collect()
-        };
         for (mode, rules) in [
             (NetworkMode::Allowlist, vec!["10.0.0.0/8".to_string()]),
             (NetworkMode::Denylist, vec!["192.168.0.0/16".to_string()]),
@@ -544,9 +537,9 @@ mod tests {
             // Before scheduling the run's rules alone allow the node; on it, it is carved out
             // and its neighbour is not.
             let before = build_policy(&r, &gated).unwrap().unwrap();
-            assert!(policy_allows(&blocks_of(before), node), "{mode:?}");
+            assert!(policy_allows(&ip_blocks_of(before), node), "{mode:?}");
             let on_node = policy_on_node(&r, &gated, node).unwrap().unwrap();
-            let blocks = blocks_of(on_node);
+            let blocks = ip_blocks_of(on_node);
             assert!(!policy_allows(&blocks, node), "{mode:?}");
             assert!(policy_allows(&blocks, "10.1.2.4".parse().unwrap()));
         }
