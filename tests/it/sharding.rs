@@ -133,6 +133,61 @@ async fn wait_balanced(client: &Client, ns: &str, ids: &[&str], timeout: Duratio
     .await;
 }
 
+/// What each test here starts from: the cluster, a namespace, a file store, and the packer that
+/// logs its attempts to `attempts`, reading the runs' directories under `src` (the store and the
+/// work directory go with `_removed`).
+struct Bed {
+    client: Client,
+    ns: TestNamespace,
+    store_url: String,
+    attempts: PathBuf,
+    packer: PathBuf,
+    src: PathBuf,
+    _removed: (RemoveOnDrop, RemoveOnDrop),
+}
+
+impl Bed {
+    /// The bed of a test named `prefix`, its packer waiting `seconds` before it packs.
+    async fn new(prefix: &str, seconds: u32) -> Bed {
+        let client = client().await;
+        ensure_crd(&client).await;
+        let ns = TestNamespace::new(&client, prefix).await;
+        let (store_dir, store_url) = file_store(prefix);
+        let work = host_dir(prefix);
+        let attempts = work.join("attempts.log");
+        let packer = slow_packer(&work, &attempts, seconds);
+        let src = work.join("src");
+        Bed {
+            client,
+            ns,
+            store_url,
+            attempts,
+            packer,
+            src,
+            _removed: (RemoveOnDrop(store_dir), RemoveOnDrop(work)),
+        }
+    }
+}
+
+/// The last lines of every replica's log.
+fn logs(ops: &BTreeMap<&str, Operator>) -> String {
+    ops.iter()
+        .map(|(id, op)| format!("--- {id}:\n{}", tail(op)))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Each run of `names` has exactly one committed manifest in the store.
+async fn assert_one_manifest_each(store_url: &str, namespace: &str, names: &[String]) {
+    let (store, prefix) = store_from_url(store_url, &[]).expect("store");
+    for name in names {
+        let manifests = list_manifests(&store, &prefix, namespace, name)
+            .await
+            .expect("list manifests");
+        assert_eq!(manifests.len(), 1, "{name}: one committed manifest");
+    }
+}
+
 /// Creates runs `prefix-0..n`, each reading back its own host directory under `src`.
 async fn create_runs(runs: &Api<SandboxRun>, src: &Path, prefix: &str, n: usize) -> Vec<String> {
     let mut names = Vec::new();
@@ -218,16 +273,15 @@ fn tail(op: &Operator) -> String {
 
 #[tokio::test]
 async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = TestNamespace::new(&client, "sharding").await;
-    let (store_dir, store_url) = file_store("sharding");
-    let _remove_store = RemoveOnDrop(store_dir.clone());
-    let work = host_dir("sharding");
-    let _remove_work = RemoveOnDrop(work.clone());
-    let attempts = work.join("attempts.log");
-    let packer = slow_packer(&work, &attempts, 3);
-    let src = work.join("src");
+    let Bed {
+        client,
+        ns,
+        store_url,
+        attempts,
+        packer,
+        src,
+        _removed,
+    } = Bed::new("sharding", 3).await;
 
     let mut ops: BTreeMap<&str, Operator> = BTreeMap::new();
     let mut ports: BTreeMap<&str, u16> = BTreeMap::new();
@@ -237,12 +291,6 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
     for id in ["sharding-a", "sharding-b", "sharding-c"] {
         ops.insert(id, replica(&ns.name, &store_url, id, &packer, ports[id]));
     }
-    let logs = |ops: &BTreeMap<&str, Operator>| {
-        ops.iter()
-            .map(|(id, op)| format!("--- {id}:\n{}", tail(op)))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
     wait_balanced(
         &client,
         &ns.name,
@@ -388,13 +436,7 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
     .await;
 
     // 3. Each path committed exactly once; the interrupted ones were attempted again.
-    let (store, prefix) = store_from_url(&store_url, &[]).expect("store");
-    for name in &all {
-        let manifests = list_manifests(&store, &prefix, &ns.name, name)
-            .await
-            .expect("list manifests");
-        assert_eq!(manifests.len(), 1, "{name}: one committed manifest");
-    }
+    assert_one_manifest_each(&store_url, &ns.name, &all).await;
     let log = std::fs::read_to_string(&attempts).unwrap_or_default();
     let mut tries: BTreeMap<&str, usize> = BTreeMap::new();
     for line in log.lines() {
@@ -466,16 +508,15 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
 #[tokio::test]
 async fn a_rolling_replacement_of_every_replica_during_200_lifecycles_loses_none() {
     const RUNS: usize = 200;
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = TestNamespace::new(&client, "sharding-roll").await;
-    let (store_dir, store_url) = file_store("sharding-roll");
-    let _remove_store = RemoveOnDrop(store_dir.clone());
-    let work = host_dir("sharding-roll");
-    let _remove_work = RemoveOnDrop(work.clone());
-    let attempts = work.join("attempts.log");
-    let packer = slow_packer(&work, &attempts, 2);
-    let src = work.join("src");
+    let Bed {
+        client,
+        ns,
+        store_url,
+        attempts,
+        packer,
+        src,
+        _removed,
+    } = Bed::new("sharding-roll", 2).await;
     let ids = [
         "roll-a", "roll-b", "roll-c", "roll-a2", "roll-b2", "roll-c2",
     ];
@@ -484,12 +525,6 @@ async fn a_rolling_replacement_of_every_replica_during_200_lifecycles_loses_none
     for id in &ids[..3] {
         ops.insert(id, replica(&ns.name, &store_url, id, &packer, ports[id]));
     }
-    let logs = |ops: &BTreeMap<&str, Operator>| {
-        ops.iter()
-            .map(|(id, op)| format!("--- {id}:\n{}", tail(op)))
-            .collect::<Vec<_>>()
-            .join("\n")
-    };
     wait_balanced(&client, &ns.name, &ids[..3], Duration::from_secs(60)).await;
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
@@ -542,13 +577,7 @@ async fn a_rolling_replacement_of_every_replica_during_200_lifecycles_loses_none
             .map(|r| (r.name_any(), r.status.clone()))
             .collect::<Vec<_>>()
     );
-    let (store, prefix) = store_from_url(&store_url, &[]).expect("store");
-    for name in &names {
-        let manifests = list_manifests(&store, &prefix, &ns.name, name)
-            .await
-            .expect("list manifests");
-        assert_eq!(manifests.len(), 1, "{name}: one committed manifest");
-    }
+    assert_one_manifest_each(&store_url, &ns.name, &names).await;
     let log = std::fs::read_to_string(&attempts).unwrap_or_default();
     let packed: BTreeSet<&str> = log.lines().collect();
     assert_eq!(packed.len(), RUNS, "every path packed");
