@@ -95,6 +95,17 @@ fn doctor(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// The apiserver's refusal of a create (`result`), which must be a 422 (`what` names the case).
+fn refused_422(result: Result<SandboxRun, kube::Error>, what: &str) -> Box<kube::core::Status> {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{what}: {status:?}");
+            status
+        }
+        other => panic!("{what}: not an apiserver refusal: {other:?}"),
+    }
+}
+
 fn run_from(value: Value) -> SandboxRun {
     serde_json::from_value(value).expect("a SandboxRun")
 }
@@ -613,15 +624,10 @@ async fn a_run_failing_many_rules_is_denied_with_every_problem_and_its_hint() {
         "the fixture must fail 3+ rules: {expected:?}"
     );
 
-    let err = live
-        .runs()
-        .create(&PostParams::default(), &run)
-        .await
-        .expect_err("the webhook must deny the run");
-    let kube::Error::Api(status) = err else {
-        panic!("not an apiserver refusal: {err:?}");
-    };
-    assert_eq!(status.code, 422, "{status:?}");
+    let status = refused_422(
+        live.runs().create(&PostParams::default(), &run).await,
+        "the webhook must deny the run",
+    );
     assert!(
         status.message.contains(&format!(
             "SandboxRun {}/wrong-everywhere {DENIED_BY_US} ({} failing check(s))",
@@ -764,14 +770,7 @@ subjects:
     })
     .await;
     for (what, extra, refusal) in &cases {
-        let err = alice
-            .create(&dry, &run_with("r", extra))
-            .await
-            .expect_err(what);
-        let kube::Error::Api(status) = err else {
-            panic!("{what}: not an apiserver refusal: {err:?}");
-        };
-        assert_eq!(status.code, 422, "{what}: {status:?}");
+        let status = refused_422(alice.create(&dry, &run_with("r", extra)).await, what);
         assert!(
             status.message.contains("- [access] spec."),
             "{what}: {}",
@@ -881,14 +880,10 @@ subjects:
         async move { dave.create(&dry_run(), &run).await.ok() }
     })
     .await;
-    let err = carol
-        .create(&dry_run(), &run_with("fast"))
-        .await
-        .expect_err("carol may not read the store's Secret");
-    let kube::Error::Api(status) = err else {
-        panic!("not an apiserver refusal: {err:?}");
-    };
-    assert_eq!(status.code, 422, "{status:?}");
+    let status = refused_422(
+        carol.create(&dry_run(), &run_with("fast")).await,
+        "carol may not read the store's Secret",
+    );
     assert!(
         status.message.contains(&format!(
             "carol may not get secrets \"fast-creds\" in namespace {ns}"
@@ -1108,14 +1103,10 @@ async fn with_the_webhook_down_the_failure_policy_decides_and_the_schema_still_g
         "metadata": {"name": "root-name"},
         "spec": {"image": DIGEST_IMAGE, "user": "root"},
     }));
-    let err = api
-        .create(&PostParams::default(), &root_name)
-        .await
-        .expect_err("the schema pattern refuses a user name");
-    let kube::Error::Api(status) = err else {
-        panic!("not an apiserver refusal: {err:?}");
-    };
-    assert_eq!(status.code, 422, "{status:?}");
+    let status = refused_422(
+        api.create(&PostParams::default(), &root_name).await,
+        "the schema pattern refuses a user name",
+    );
     assert!(
         status.message.contains("spec.user") && status.message.contains("should match"),
         "{}",
@@ -1818,11 +1809,7 @@ async fn namespace_policies_refuse_each_field_where_they_select_naming_the_polic
         .expect("a run within the policy passes");
     for (field, extra) in &cases {
         let run = run_from(manifest(extra));
-        let err = runs.create(&dry_run(), &run).await.expect_err(field);
-        let kube::Error::Api(status) = err else {
-            panic!("{field}: not an apiserver refusal: {err:?}");
-        };
-        assert_eq!(status.code, 422, "{field}: {status:?}");
+        let status = refused_422(runs.create(&dry_run(), &run).await, field);
         assert!(
             status.message.contains(&format!("- [run-policy] {field}:"))
                 && status.message.contains("namespace policy `free-tier`"),
