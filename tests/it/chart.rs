@@ -402,7 +402,7 @@ fn tenant_store_secret_names_narrow_the_operators_secret_rule_to_those_names() {
         wide.contains("resources: [secrets]\n    verbs: [get]"),
         "{wide}"
     );
-    assert!(!wide.contains("resourceNames"), "{wide}");
+    assert!(!wide.contains("resourceNames:"), "{wide}");
     let mut bad = base.to_vec();
     bad.extend(["--set", "tenantStores.secretNames={Not_A_Name}"]);
     assert!(
