@@ -9,7 +9,8 @@
 #   SKIP_BUILD=1 bench/scale_replicas.sh        reuse target/release/sandboxrun-operator
 #   SCALE_LIMIT=20000000                        each replica's --max-drain-bytes-per-second (B/s)
 #   SCALE_RUNS=100                              runs per replica in the throughput part (N = this
-#                                               x replicas, so every replica drains as much)
+#                                               x replicas, so every replica drains as much; 0:
+#                                               skip it)
 #   SCALE_MIB=8                                 MiB each run drains
 #   SCALE_RSS_N=10000                           runs of the RSS part (0: skip it); it runs with 1
 #                                               replica and with the most replicas of the list,
@@ -134,6 +135,7 @@ export SCALE_APISERVER_PID SCALE_KWOK_PID
 export SCALE_SUMMARY=$WORK/summary.jsonl
 : >"$SCALE_SUMMARY"
 for r in "${REPLICAS[@]}"; do
+  [ "$RUNS_EACH" -gt 0 ] || break
   start_replicas "$r" tp "$LIMIT"
   python3 "$REPO/bench/scale_replicas.py" throughput "$r" $((RUNS_EACH * r)) "$NS" "$WORK/big" \
     "$(joined "${PORTS[@]}")" "$(joined "${PIDS[@]}")" "$LIMIT"
