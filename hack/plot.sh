@@ -7,6 +7,8 @@
 #                           every measured rate (log scale)
 #   lifecycle-cdf.png       create -> final phase of every SandboxRun and every Job, per N
 #                           (bench/lifecycle_vs_jobs.sh)
+#   scale-out.png           aggregate drain MB/s and lifecycles/min of 1, 2, 4 sharded replicas
+#                           as multiples of one replica's (bench/scale_replicas.sh)
 #
 #   hack/plot.sh [RESULTS_DIR [PLOTS_DIR]]     defaults: target/bench-results docs/plots
 # A plot whose data is missing is skipped with a note; exits 1 only when gnuplot is missing.
@@ -95,3 +97,36 @@ cdf_plot "$IN/webhook_latency_cdf.csv" "$OUT/webhook-latency-cdf.png" \
 cdf_plot "$IN/lifecycle_cdf.csv" "$OUT/lifecycle-cdf.png" \
   "Full lifecycle latency, SandboxRuns vs Jobs, all created at once (kwok node and real node)" \
   "seconds from create to Succeeded / Complete (log scale)" "fraction of the N done" "%s, N = %s"
+
+# --- scale-out: aggregate drain MB/s and lifecycles/min of R sharded replicas, each held to the
+# same drain bandwidth, as a multiple of one replica's, against the ideal (bench/scale_replicas.sh).
+if [ -s "$IN/scale_replicas.jsonl" ]; then
+  jq -rs '
+    map(select(.case | startswith("R=")))
+    | group_by(.case)[]
+    | (map({(.metric): .value}) | add) as $m
+    | select($m.ratio_drain_mbps_vs_one and $m.ratio_lifecycles_vs_one)
+    | [(.[0].case | ltrimstr("R=") | tonumber), $m.ratio_drain_mbps_vs_one,
+       $m.ratio_lifecycles_vs_one, $m.aggregate_drain_mbps]
+    | @tsv' "$IN/scale_replicas.jsonl" | sort -n >"$tmp/scale.tsv"
+  if [ -s "$tmp/scale.tsv" ]; then
+    gnuplot <<GP
+set terminal pngcairo size 800,520 noenhanced font ",10"
+set output "$OUT/scale-out.png"
+set title "Scale-out: R replicas, each held to the same drain bandwidth (kwok node)"
+set xlabel "replicas"
+set ylabel "multiple of one replica"
+set xtics 1
+set grid
+set key top left
+set datafile separator "\t"
+plot "$tmp/scale.tsv" using 1:2 with linespoints lw 2 pt 7 title "aggregate drain MB/s", \
+     "" using 1:3 with linespoints lw 2 pt 5 title "lifecycles/min", \
+     "" using 1:2:(sprintf("%.0f MB/s", \$4)) with labels offset 0,1 notitle, \
+     x with lines dt 2 lc rgb "gray" title "ideal (R x one replica)"
+GP
+    echo "wrote $OUT/scale-out.png" >&2
+  fi
+else
+  echo "no scale_replicas results in $IN: scale-out.png skipped" >&2
+fi

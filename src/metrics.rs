@@ -37,6 +37,9 @@ pub struct Metrics {
     /// 1 while this replica runs the controller (always without leader election, the lease
     /// holder with it), 0 otherwise: the chart's SandboxRunNoLeader alert.
     pub leader: IntGauge,
+    /// The shards this replica owns (`run --sharding`; 0 without): their Leases held, the
+    /// ones being handed back included.
+    pub shards_owned: IntGauge,
     /// The queue of teardowns waiting for a drain slot (docs/contract.md "Fair drain slots").
     pub drain_queue: DrainQueueMetrics,
 }
@@ -98,7 +101,6 @@ impl Metrics {
             "Reconcile errors by kind",
             &["kind"],
         )?;
-        let runs_by_phase = IntGaugeVec::new(opts!("runs", "Runs by phase"), &["phase"])?;
         let drained_bytes = counter(
             "drain_bytes_total",
             "Member bytes stored by drains",
@@ -126,12 +128,9 @@ impl Metrics {
             "Members dropped by the cap or rejected by the sanitizer",
             &["outcome", "reason"],
         )?;
-        let leader = IntGauge::with_opts(opts!(
-            "leader",
-            "1 while this replica runs the controller (holds the lease), else 0"
-        ))?;
+        let (runs_by_phase, leader, shards_owned) = replica_gauges()?;
         let drain_queue = DrainQueueMetrics::new()?;
-        let collectors: [Box<dyn Collector>; 14] = [
+        let collectors: [Box<dyn Collector>; 15] = [
             Box::new(reconciles.clone()),
             Box::new(reconcile_duration.clone()),
             Box::new(reconcile_errors.clone()),
@@ -143,6 +142,7 @@ impl Metrics {
             Box::new(drain_failures.clone()),
             Box::new(members_refused.clone()),
             Box::new(leader.clone()),
+            Box::new(shards_owned.clone()),
             Box::new(drain_queue.waiting.clone()),
             Box::new(drain_queue.slot_wait.clone()),
             Box::new(drain_queue.oldest_age.clone()),
@@ -162,6 +162,7 @@ impl Metrics {
             drain_failures,
             members_refused,
             leader,
+            shards_owned,
             drain_queue,
         })
     }
@@ -194,6 +195,20 @@ pub fn register_all<const N: usize>(
         registry.register(collector)?;
     }
     Ok(names)
+}
+
+/// What this replica works on: runs by phase, whether it runs the controller, the shards it owns.
+fn replica_gauges() -> Result<(IntGaugeVec, IntGauge, IntGauge), prometheus::Error> {
+    let runs_by_phase = IntGaugeVec::new(opts!("runs", "Runs by phase"), &["phase"])?;
+    let leader = IntGauge::with_opts(opts!(
+        "leader",
+        "1 while this replica runs the controller (holds the lease), else 0"
+    ))?;
+    let shards_owned = IntGauge::with_opts(opts!(
+        "shards_owned",
+        "Shards whose Lease this replica holds (--sharding), the ones being handed back included"
+    ))?;
+    Ok((runs_by_phase, leader, shards_owned))
 }
 
 /// A histogram vector named `name` (the registry adds the prefix) with `buckets` and `labels`.

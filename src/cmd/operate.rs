@@ -17,7 +17,8 @@ use thiserror::Error;
 use tracing::{error, info, warn};
 
 use super::run::{
-    caps, default_runtime_class, egress_settings, holder_resources, namespace_policies, RunArgs,
+    caps, default_runtime_class, drain_bandwidth, egress_settings, holder_resources,
+    namespace_policies, RunArgs,
 };
 use crate::controller::decide::DecideSettings;
 use crate::controller::{self, Context};
@@ -96,7 +97,10 @@ pub(crate) async fn main(args: RunArgs) -> ExitCode {
 pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     // Checked before anything connects: a bad value is a startup error, not a pod every run fails.
     let holder_resources = holder_resources(&args)?;
-    let shards = sharding(&args)?;
+    let bandwidth = drain_bandwidth(&args).map_err(OperatorError::Config)?;
+    // The metrics first: the shard gate keeps the shards-owned gauge.
+    let metrics = Metrics::new()?;
+    let shards = sharding(&args, &metrics)?;
     let egress = egress_settings(&args).map_err(OperatorError::Config)?;
     let client = Client::try_default().await?;
     let caps = caps(&args).map_err(OperatorError::Config)?;
@@ -106,7 +110,6 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let durations = Durations::parse(&args)?;
     let pack_command = holder_programs(&args.holder_binary, args.pack_command.as_deref())
         .map_err(OperatorError::Config)?;
-    let metrics = Metrics::new()?;
     register_open_uploads(&metrics, open_uploads.as_deref());
     let ready = Arc::new(AtomicBool::new(false));
 
@@ -165,6 +168,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_default_retention(args.default_retention)
         .with_drain_wire(args.drain_wire)
         .with_drain_idle(durations.drain_idle)
+        .with_drain_bandwidth(bandwidth)
         .with_quiet_window(durations.quiet_window)
         .with_path_slots(args.path_slots())
         .with_open_uploads(open_uploads)
@@ -214,7 +218,10 @@ fn tenant_stores(args: &RunArgs) -> Result<crate::store::tenant::TenantStorePoli
 }
 
 /// The shard gate of `--sharding` (None without).
-fn sharding(args: &RunArgs) -> Result<Option<Arc<crate::shard::gate::ShardGate>>, OperatorError> {
+fn sharding(
+    args: &RunArgs,
+    metrics: &Metrics,
+) -> Result<Option<Arc<crate::shard::gate::ShardGate>>, OperatorError> {
     if args.sharding && args.leader_elect {
         return Err(OperatorError::Config(
             "--sharding and --leader-elect exclude each other (every sharded replica runs the controller)"
@@ -223,7 +230,7 @@ fn sharding(args: &RunArgs) -> Result<Option<Arc<crate::shard::gate::ShardGate>>
     }
     Ok(args
         .sharding
-        .then(|| crate::shard::gate::ShardGate::new(args.shards)))
+        .then(|| crate::shard::gate::ShardGate::counted(args.shards, metrics.shards_owned.clone())))
 }
 
 /// The duration flags of `run`, parsed and checked against each other.

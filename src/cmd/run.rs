@@ -48,6 +48,15 @@ pub(crate) struct RunArgs {
     /// (docs/contract.md "Drain memory").
     #[arg(long, env = "SANDBOXRUN_DRAIN_IDLE_TIMEOUT", default_value = "60s")]
     pub(crate) drain_idle_timeout: String,
+    /// Bytes a second this replica's drains may read together from the packers' exec streams
+    /// (bytes or a quantity: 50M, 100Mi); 0 is unlimited. Every drained byte crosses the
+    /// apiserver: this bounds what one replica makes it carry (docs/operations.md "Scaling").
+    #[arg(
+        long,
+        env = "SANDBOXRUN_MAX_DRAIN_BYTES_PER_SECOND",
+        default_value = "0"
+    )]
+    pub(crate) max_drain_bytes_per_second: String,
     /// How long a pod's image pull may keep failing with a retryable error (ErrImagePull /
     /// ImagePullBackOff) before the run is failed with reason ImagePullFailed, counted from the
     /// pod's start (status.startTime, else its creation). A registry that answers "not found"
@@ -443,6 +452,26 @@ pub(crate) fn parse_cap(text: &str) -> Result<u64, String> {
     crate::units::quantity_to_bytes(&q).map_err(|e| format!("bad cap {text:?}: {e}"))
 }
 
+/// `--max-drain-bytes-per-second`: the replica's drain bandwidth (0: unlimited).
+pub(crate) fn drain_bandwidth(
+    args: &RunArgs,
+) -> Result<crate::drain::bandwidth::DrainBandwidth, String> {
+    let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+        args.max_drain_bytes_per_second.clone(),
+    );
+    let rate = crate::units::quantity_to_bytes(&q).map_err(|e| {
+        format!(
+            "--max-drain-bytes-per-second {:?}: {e}",
+            args.max_drain_bytes_per_second
+        )
+    })?;
+    let bandwidth = crate::drain::bandwidth::DrainBandwidth::new(rate);
+    if bandwidth.is_limited() {
+        tracing::info!(bytes_per_second = %args.max_drain_bytes_per_second, "drain bandwidth limited");
+    }
+    Ok(bandwidth)
+}
+
 /// Cap settings from the run flags.
 pub(crate) fn caps(args: &RunArgs) -> Result<CapSettings, String> {
     let caps = CapSettings {
@@ -542,6 +571,30 @@ mod tests {
     use crate::cmd::{Cli, Command};
     use clap::Parser;
     use std::time::Duration;
+
+    #[test]
+    fn the_drain_bandwidth_is_unlimited_unless_set_and_a_bad_value_stops_the_start() {
+        let bandwidth = |extra: &[&str]| {
+            let argv: Vec<&str> = ["x", "run"].iter().chain(extra).copied().collect();
+            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else {
+                panic!("run")
+            };
+            drain_bandwidth(&args)
+        };
+        assert!(!bandwidth(&[]).unwrap().is_limited());
+        assert!(!bandwidth(&["--max-drain-bytes-per-second", "0"])
+            .unwrap()
+            .is_limited());
+        assert!(bandwidth(&["--max-drain-bytes-per-second", "50M"])
+            .unwrap()
+            .is_limited());
+        assert!(bandwidth(&["--max-drain-bytes-per-second=100Mi"])
+            .unwrap()
+            .is_limited());
+        let bad = bandwidth(&["--max-drain-bytes-per-second", "fast"]).unwrap_err();
+        assert!(bad.contains("--max-drain-bytes-per-second"), "{bad}");
+        assert!(bandwidth(&["--max-drain-bytes-per-second=-1M"]).is_err());
+    }
 
     #[test]
     fn caps_accept_quantities_and_options_need_equals() {

@@ -271,6 +271,7 @@ async fn drain_one(
         compression: target.compression,
         wire: ctx.drain_wire,
         idle: ctx.drain_idle,
+        bandwidth: &ctx.drain_bandwidth,
         deadline: target.deadline,
         previous_attempts,
         metrics: &ctx.metrics,

@@ -17,6 +17,7 @@ use super::observe::StoreView;
 use crate::admission::images::ImageResolver;
 use crate::api::{Retention, SandboxRun, SandboxRunStatus};
 use crate::caps::CapSettings;
+use crate::drain::bandwidth::DrainBandwidth;
 use crate::drain::wire::Wire;
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
@@ -53,6 +54,9 @@ pub(crate) struct Context {
     pub drain_wire: Wire,
     /// Per-path idle bound of a drain (`run --drain-idle-timeout`, src/drain/idle.rs).
     pub drain_idle: Duration,
+    /// Bytes a second all this replica's drains may read together from the packers' exec
+    /// streams (`run --max-drain-bytes-per-second`, src/drain/bandwidth.rs; default unlimited).
+    pub drain_bandwidth: DrainBandwidth,
     /// How long a run's passing states may last unreported (`run --quiet-window`,
     /// docs/contract.md "A quiet lifecycle").
     pub settle: Duration,
@@ -120,6 +124,13 @@ impl Context {
     /// The same context cutting off a packer idle for `idle` (`run --drain-idle-timeout`).
     pub(crate) fn with_drain_idle(mut self, idle: Duration) -> Context {
         self.drain_idle = idle;
+        self
+    }
+
+    /// The same context pacing its drains to `bandwidth` together
+    /// (`run --max-drain-bytes-per-second`).
+    pub(crate) fn with_drain_bandwidth(mut self, bandwidth: DrainBandwidth) -> Context {
+        self.drain_bandwidth = bandwidth;
         self
     }
 
@@ -197,6 +208,7 @@ impl Context {
             pack_command,
             drain_wire: Wire::default(),
             drain_idle: crate::drain::idle::DEFAULT_IDLE_TIMEOUT,
+            drain_bandwidth: DrainBandwidth::default(),
             settle: super::plan::SETTLE,
             recorder,
             metrics,

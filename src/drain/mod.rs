@@ -9,6 +9,8 @@
 //! - [`pod_notes`]: what the manifest keeps of the packer's notes (in band, or an older packer's
 //!   stderr), and the changed members they name.
 //! - [`idle`]: the per-path idle bound on the exec's stdout (a trickling packer is cut off).
+//! - [`bandwidth`]: the replica's drain bandwidth, one token bucket shared by its drains
+//!   (`run --max-drain-bytes-per-second`).
 //! - [`archive`]: the streaming pipeline ([`archive::drain_stream`]) and its upload into the store.
 //!
 //! What the pipeline shares with others lives elsewhere: the entry verdict in
@@ -16,6 +18,7 @@
 //! [`crate::caps`], the manifest records in [`crate::store::manifest`].
 
 pub(crate) mod archive;
+pub(crate) mod bandwidth;
 pub mod exec;
 pub(crate) mod idle;
 pub(crate) mod path_drain;

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::archive::{drain_stream, DrainError, DrainErrorKind, DrainOptions};
+use super::bandwidth::DrainBandwidth;
 use super::exec::{pack_argv, ExecError, PackExec, BUDGET_FLAG};
 use super::idle::IdleGuard;
 use super::pod_notes::pod_notes;
@@ -84,6 +85,9 @@ pub(crate) struct PathJob<'a> {
     pub(crate) wire: Wire,
     /// Per-path idle bound (`run --drain-idle-timeout`, src/drain/idle.rs).
     pub(crate) idle: Duration,
+    /// The replica's drain bandwidth, shared by all its drains (`run
+    /// --max-drain-bytes-per-second`, src/drain/bandwidth.rs).
+    pub(crate) bandwidth: &'a DrainBandwidth,
     /// When the run's drain timeout ends.
     pub(crate) deadline: tokio::time::Instant,
     /// Attempts already made (recorded in status by an earlier operator).
@@ -745,6 +749,9 @@ async fn stream_archive(
 ) -> Result<(DrainOutcome, PackExec), AttemptError> {
     // docs/contract.md "Drain memory": a packer that stalls or trickles is cut off.
     let (stdout, idled) = IdleGuard::new(stdout, job.idle);
+    // Paced outside the idle bound: a drain waiting on its replica's bandwidth is not waiting on
+    // the pod (src/drain/bandwidth.rs).
+    let stdout = job.bandwidth.throttle(stdout);
     // Whatever was asked, the stream says what it is (src/drain/wire.rs).
     let decoded = match crate::drain::wire::decode(stdout, opts.max_input_bytes).await {
         Ok(decoded) => decoded,
@@ -1204,6 +1211,7 @@ mod tests {
         prefix: object_store::path::Path,
         metrics: Metrics,
         command: Vec<String>,
+        bandwidth: DrainBandwidth,
     }
 
     fn bed() -> Bed {
@@ -1217,6 +1225,7 @@ mod tests {
             prefix: object_store::path::Path::from("runs"),
             metrics: Metrics::new().expect("metrics"),
             command: vec!["pack".to_string()],
+            bandwidth: DrainBandwidth::default(),
         }
     }
 
@@ -1239,6 +1248,7 @@ mod tests {
             compression: Compression::None,
             wire: Wire::Zstd,
             idle: crate::drain::idle::DEFAULT_IDLE_TIMEOUT,
+            bandwidth: &bed.bandwidth,
             deadline: tokio::time::Instant::now() + Duration::from_secs(secs),
             previous_attempts: 0,
             metrics: &bed.metrics,

@@ -30,6 +30,8 @@ pub(crate) struct ShardGate {
     acquired: watch::Sender<u64>,
     /// The shards owned and not being released: what the watches select.
     serving: watch::Sender<BTreeSet<u32>>,
+    /// Set to the number of shards owned whenever it changes (`sandboxrun_shards_owned`).
+    owned_gauge: Option<prometheus::IntGauge>,
 }
 
 /// A reconcile or a teardown at work on a run of `shard`; dropping it lets a release go on.
@@ -42,14 +44,33 @@ pub(crate) struct ShardGuard {
 }
 
 impl ShardGate {
-    /// A gate over `shards` shards (at least 1), owning none.
+    /// A gate over `shards` shards (at least 1), owning none, counted by no gauge.
+    #[cfg(test)]
     pub(crate) fn new(shards: u32) -> Arc<ShardGate> {
+        Self::with_gauge(shards, None)
+    }
+
+    /// A gate like [`ShardGate::new`] that keeps `gauge` at the number of shards it owns.
+    pub(crate) fn counted(shards: u32, gauge: prometheus::IntGauge) -> Arc<ShardGate> {
+        gauge.set(0);
+        Self::with_gauge(shards, Some(gauge))
+    }
+
+    fn with_gauge(shards: u32, owned_gauge: Option<prometheus::IntGauge>) -> Arc<ShardGate> {
         Arc::new(ShardGate {
             shards: shards.max(1),
             owned: Mutex::new(BTreeMap::new()),
             acquired: watch::channel(0).0,
             serving: watch::channel(BTreeSet::new()).0,
+            owned_gauge,
         })
+    }
+
+    /// Brings the gauge to `owned`'s size.
+    fn count(&self, owned: &BTreeMap<u32, Owned>) {
+        if let Some(gauge) = &self.owned_gauge {
+            gauge.set(i64::try_from(owned.len()).unwrap_or(i64::MAX));
+        }
     }
 
     /// The number of shards.
@@ -101,6 +122,7 @@ impl ShardGate {
                     cancel: parent.child_token(),
                 },
             );
+            self.count(&owned);
         }
         self.serving.send_modify(|set| {
             set.insert(shard);
@@ -136,6 +158,7 @@ impl ShardGate {
     pub(crate) fn forget(&self, shard: u32) {
         if let Ok(mut owned) = self.owned.lock() {
             owned.remove(&shard);
+            self.count(&owned);
         }
         self.serving.send_if_modified(|set| set.remove(&shard));
     }
@@ -203,6 +226,34 @@ mod tests {
         gate.forget(1);
         assert!(gate.owned().is_empty());
         assert!(!gate.is_idle(1));
+    }
+
+    #[test]
+    fn the_shards_owned_gauge_follows_the_leases_held_releases_included() {
+        let metrics = crate::metrics::Metrics::new().unwrap();
+        metrics.shards_owned.set(99);
+        let gate = ShardGate::counted(8, metrics.shards_owned.clone());
+        assert_eq!(metrics.shards_owned.get(), 0, "a fresh replica owns none");
+        let parent = CancellationToken::new();
+        gate.own(2, &parent);
+        gate.own(5, &parent);
+        gate.own(5, &parent);
+        assert_eq!(metrics.shards_owned.get(), 2);
+        gate.start_release(2);
+        assert_eq!(
+            metrics.shards_owned.get(),
+            2,
+            "a shard being handed back still has its Lease held"
+        );
+        gate.forget(2);
+        assert_eq!(metrics.shards_owned.get(), 1);
+        gate.forget(7);
+        assert_eq!(
+            metrics.shards_owned.get(),
+            1,
+            "never owned: nothing changes"
+        );
+        assert!(metrics.render().contains("sandboxrun_shards_owned 1"));
     }
 
     #[test]
