@@ -49,25 +49,6 @@ fn path_dir(tag: &str, name: &str) -> PathBuf {
     dir
 }
 
-/// The operator's log without its terminal colours.
-fn plain_log(op: &Operator) -> String {
-    let text = op.log_text();
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// Waits until the operator has logged a reconcile of run `name` in `ns` with step `teardown`:
 /// the reconcile that queues its teardown (synchronously, right after that line).
 async fn wait_teardown_queued(op: &Operator, ns: &str, name: &str) {
@@ -77,7 +58,7 @@ async fn wait_teardown_queued(op: &Operator, ns: &str, name: &str) {
         Duration::from_secs(60),
         op,
         || {
-            let found = plain_log(op).contains(&line);
+            let found = op.plain_log_text().contains(&line);
             async move { found.then_some(()) }
         },
     )
@@ -255,7 +236,7 @@ async fn a_run_whose_pod_is_deleted_while_the_slots_are_full_is_drained_first() 
         Duration::from_secs(60),
         &op,
         || {
-            let found = plain_log(&op).contains(&promoted);
+            let found = op.plain_log_text().contains(&promoted);
             async move { found.then_some(()) }
         },
     )
