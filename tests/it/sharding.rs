@@ -726,3 +726,148 @@ async fn a_rolling_replacement_of_every_replica_during_200_lifecycles_loses_none
         started.elapsed()
     );
 }
+
+/// Issue #28's self-fencing (docs/contract.md "Shards": a replica that cannot renew stops before
+/// anyone may take its shards). Two replicas; `fence-a` talks to the apiserver through a proxy
+/// the test owns. With `fence-a`'s drains in flight the proxy is cut — a partition that drops the
+/// packets, so no call of `fence-a` fails, none is answered. `fence-a` must cancel its drains and
+/// exit by itself before `fence-b` takes its shards: its exit, as this test sees it (an upper
+/// bound), comes before the `acquireTime` `fence-b` writes in each of those Leases. Then
+/// `fence-b` holds every shard and every run ends `Succeeded` with one manifest per path, the
+/// paths `fence-a` left mid-drain attempted again.
+#[tokio::test]
+async fn a_replica_cut_off_from_the_apiserver_exits_before_another_takes_its_shards() {
+    const RUNS: usize = 32;
+    let Bed {
+        client,
+        ns,
+        store_url,
+        attempts,
+        packer,
+        src,
+        _removed,
+    } = Bed::new("sharding-fence", 10).await;
+    let proxy = ApiserverProxy::start().await;
+    let (cut_off, other) = ("fence-a", "fence-b");
+    let mut ops: BTreeMap<&str, Operator> = BTreeMap::new();
+    let builder = replica_builder(&ns.name, &store_url, cut_off, &packer, free_port());
+    ops.insert(cut_off, builder.kubeconfig(proxy.kubeconfig()).start());
+    let builder = replica_builder(&ns.name, &store_url, other, &packer, free_port());
+    ops.insert(other, builder.start());
+    wait_balanced(
+        &client,
+        &ns.name,
+        &[cut_off, other],
+        Duration::from_secs(60),
+    )
+    .await;
+
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let names = create_runs(&runs, &src, "fence", RUNS).await;
+    run_then_finish_all(&runs, &pods, &names).await;
+    // A drain of the replica to cut off is in flight (its packer waits 10 s before it sends).
+    eventually(
+        "a drain in flight in the replica to cut off",
+        Duration::from_secs(60),
+        || {
+            let started = drain_lines(&ops, &ns.name, ATTEMPT_STARTED);
+            let committed = drain_lines(&ops, &ns.name, COMMITTED);
+            let in_flight = started
+                .iter()
+                .any(|(run, by)| by.contains_key(cut_off) && !committed.contains_key(run));
+            async move { in_flight.then_some(()) }
+        },
+    )
+    .await;
+    let shards: BTreeSet<u32> = shard_holders(&client, &ns.name)
+        .await
+        .into_iter()
+        .filter_map(|(shard, holder)| (holder == cut_off).then_some(shard))
+        .collect();
+    assert!(!shards.is_empty());
+    let cut_at = Instant::now();
+    proxy.cut();
+
+    // It exits by itself; when, as seen from here every 50 ms (at or after the exit).
+    let op = ops.get_mut(cut_off).expect("the replica cut off");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while op.is_alive() {
+        assert!(
+            Instant::now() < deadline,
+            "the replica cut off from the apiserver still runs 90 s later:\n{}",
+            tail(op)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let exited = jiff::Timestamp::now();
+    let exited_after = cut_at.elapsed();
+    let status = op.exit_status().expect("exited");
+    assert!(!status.success(), "it exits with an error: {status}");
+    let log = op.plain_log_text();
+    assert!(
+        log.contains("shard lost; stopping every drain in flight"),
+        "it says why:\n{}",
+        tail(op)
+    );
+
+    // The other replica takes every shard, each of the cut-off replica's after it exited.
+    wait_balanced(&client, &ns.name, &[other], Duration::from_secs(90)).await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let mut first_taken: Option<jiff::Timestamp> = None;
+    for shard in &shards {
+        let name = sandboxrun_operator::shard::shard_lease_name(GROUP, *shard);
+        let lease = leases.get(&name).await.expect("get the shard's lease");
+        let spec = lease.spec.expect("a lease spec");
+        assert_eq!(spec.holder_identity.as_deref(), Some(other), "{name}");
+        let acquired = spec.acquire_time.expect("an acquireTime").0;
+        assert!(
+            exited < acquired,
+            "{name}: taken by {other} at {acquired}, before {cut_off} exited (seen at {exited})"
+        );
+        first_taken = Some(first_taken.map_or(acquired, |t| t.min(acquired)));
+    }
+    let first_taken = first_taken.expect("shards taken");
+    println!(
+        "partition: {cut_off} exited {exited_after:?} after the cut; {other} took its first shard \
+         {:.1} s after that exit",
+        first_taken.duration_since(exited).as_secs_f64()
+    );
+
+    // Every run ends, each path committed once; the drains the partition interrupted were
+    // cancelled by the replica cut off (its log says so) and attempted again by the other.
+    let ended = wait_all_final(&runs, &names, Duration::from_secs(240), || logs(&ops)).await;
+    assert!(
+        ended.iter().all(|r| phase(r) == Some(Phase::Succeeded)),
+        "no run lost: {:?}",
+        ended
+            .iter()
+            .filter(|r| phase(r) != Some(Phase::Succeeded))
+            .map(|r| (r.name_any(), r.status.clone()))
+            .collect::<Vec<_>>()
+    );
+    assert_one_manifest_each(&store_url, &ns.name, &names).await;
+    let count = count_uploads(&ops, &ns.name, &names, &src, &attempts, cut_off);
+    assert!(count.interrupted > 0, "a drain was in flight at the cut");
+    let started = drain_lines(&ops, &ns.name, ATTEMPT_STARTED);
+    let committed = drain_lines(&ops, &ns.name, COMMITTED);
+    for name in &names {
+        let left = started.get(name).is_some_and(|by| by.contains_key(cut_off))
+            && !committed
+                .get(name)
+                .is_some_and(|by| by.contains_key(cut_off));
+        let path = format!("\"{}\"", src.join(name).display());
+        assert!(
+            !left
+                || log
+                    .lines()
+                    .any(|l| l.contains("drain cancelled") && l.contains(&path)),
+            "{name}: the drain {cut_off} left was cancelled"
+        );
+    }
+    println!(
+        "{RUNS} runs: {} commits, {} upload attempts ({} packer runs), {} drains cancelled by \
+         the partition and done again by {other}",
+        count.commits, count.attempts, count.packed, count.interrupted
+    );
+}
