@@ -10,11 +10,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use thiserror::Error;
+// The runtime's monotonic clock (the system's, unless a test pauses it to run the deadlines in
+// virtual time).
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -82,7 +85,7 @@ pub(crate) async fn run(
         let next = Instant::now() + owner.settings.round;
         let wake = owner.deadline().map_or(next, |d| d.min(next));
         tokio::select! {
-            () = tokio::time::sleep_until(wake.into()) => {}
+            () = tokio::time::sleep_until(wake) => {}
             () = stop.cancelled() => break,
         }
     }
@@ -99,7 +102,7 @@ impl Owner {
     async fn bounded_round(&mut self) -> Result<(), ShardError> {
         let deadline = self.deadline();
         let limit = deadline.unwrap_or_else(|| Instant::now() + self.settings.duration);
-        match tokio::time::timeout_at(limit.into(), self.round()).await {
+        match tokio::time::timeout_at(limit, self.round()).await {
             Ok(result) => result,
             Err(_) => {
                 warn!("the shard leases' round got no answer from the apiserver in time");
@@ -172,7 +175,9 @@ impl Owner {
         let mut live = BTreeSet::from([me.clone()]);
         let mut holders = BTreeMap::new();
         for (name, lease) in by_name {
-            let holder = self.sightings.see(name, lease::record_of(lease), now);
+            let holder = self
+                .sightings
+                .see(name, lease::record_of(lease), now.into_std());
             match (lease::kind_of(lease), holder) {
                 (Some(REPLICA_KIND), Some(holder)) => {
                     live.insert(holder);
