@@ -500,7 +500,7 @@ async fn run_sharded(
     };
     info!(identity = %args.pod_name, shards = gate.shards(), "sharding: taking a fair share of the shards");
     let stop_owner = tokio_util::sync::CancellationToken::new();
-    let owner = tokio::spawn(owner::run(
+    let mut owner = tokio::spawn(owner::run(
         leases,
         settings,
         gate,
@@ -515,7 +515,23 @@ async fn run_sharded(
             () = lost.cancelled() => {}
         }
     };
-    run_controller(args, ctx, stop).await;
+    let controller = run_controller(args, ctx, stop);
+    tokio::pin!(controller);
+    tokio::select! {
+        () = &mut controller => {}
+        // The owner loop ends by itself only when a shard is lost (it cancelled every drain):
+        // the process exits before another replica may take the shard, without waiting for
+        // reconciles stuck on an apiserver that does not answer (docs/contract.md "Shards").
+        ended = &mut owner => {
+            if tokio::time::timeout(FENCE_GRACE, &mut controller).await.is_err() {
+                warn!("a shard was lost and the controller did not stop in time; exiting");
+            }
+            return match ended {
+                Ok(result) => result.map_err(OperatorError::from),
+                Err(e) => Err(OperatorError::Config(format!("the shard owner loop failed: {e}"))),
+            };
+        }
+    }
     stop_owner.cancel();
     match tokio::time::timeout(ABORT_GRACE, owner).await {
         Ok(Ok(result)) => result.map_err(OperatorError::from),
@@ -528,6 +544,11 @@ async fn run_sharded(
         }
     }
 }
+
+/// How long a replica that lost a shard waits for its controller to stop before it exits: within
+/// the two rounds between its renewal deadline and the moment another replica may take the shard
+/// (docs/contract.md "Shards"). Its drains were cancelled when the shard was lost.
+const FENCE_GRACE: Duration = Duration::from_secs(1);
 
 /// How long an exiting operator waits for the aborts of the multipart uploads its cancelled
 /// drains left open (docs/contract.md: no orphaned uploads).

@@ -427,6 +427,7 @@ pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
             _ = clean => {}
         }
         drain.attempts += 1;
+        info!(run = %job.run_name, namespace = %job.namespace, path = %job.path, attempt = drain.attempts, "drain attempt started");
         let ctx = ManifestContext {
             run: drain.run.clone(),
             declared_path: job.path.to_string(),
@@ -849,7 +850,10 @@ async fn commit(
         },
     };
     match written {
-        ManifestWrite::Created => Ok(manifest),
+        ManifestWrite::Created => {
+            info!(run = %job.run_name, namespace = %job.namespace, path = %job.path, manifest = %keys.manifest, "committed the path's manifest");
+            Ok(manifest)
+        }
         // Someone committed between our start and our write (two operators draining at once,
         // which leader election prevents): accept it only if it describes what we uploaded.
         ManifestWrite::AlreadyCommitted(existing) if existing.same_content(&manifest) => {

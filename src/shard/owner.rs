@@ -10,11 +10,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::ResourceExt;
 use thiserror::Error;
+// The runtime's monotonic clock (the system's, unless a test pauses it to run the deadlines in
+// virtual time).
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -77,9 +80,12 @@ pub(crate) async fn run(
         renewed: HashMap::new(),
     };
     loop {
-        owner.round().await?;
+        owner.bounded_round().await?;
+        // Woken at the next deadline too: a shard goes unrenewed past it only by that much.
+        let next = Instant::now() + owner.settings.round;
+        let wake = owner.deadline().map_or(next, |d| d.min(next));
         tokio::select! {
-            () = tokio::time::sleep(owner.settings.round) => {}
+            () = tokio::time::sleep_until(wake) => {}
             () = stop.cancelled() => break,
         }
     }
@@ -88,6 +94,38 @@ pub(crate) async fn run(
 }
 
 impl Owner {
+    /// A round that is cut off at the deadline of the owned shards: the Lease calls have no
+    /// timeout of their own, and an apiserver that stops answering (a partition that drops the
+    /// packets) would otherwise hold the round, and this check, past the moment another replica
+    /// may take the shards. A round cut off owning nothing is only logged (it held nothing);
+    /// it is bounded by a Lease's duration.
+    async fn bounded_round(&mut self) -> Result<(), ShardError> {
+        let deadline = self.deadline();
+        let limit = deadline.unwrap_or_else(|| Instant::now() + self.settings.duration);
+        match tokio::time::timeout_at(limit, self.round()).await {
+            Ok(result) => result,
+            Err(_) => {
+                warn!("the shard leases' round got no answer from the apiserver in time");
+                self.check_deadlines(Instant::now())
+            }
+        }
+    }
+
+    /// The moment the first owned shard counts as lost unless renewed before: the send of its
+    /// last renewal that succeeded plus `duration - 2 × round`. None when none is owned.
+    fn deadline(&self) -> Option<Instant> {
+        let limit = self
+            .settings
+            .duration
+            .saturating_sub(self.settings.round * 2);
+        let now = Instant::now();
+        self.gate
+            .owned()
+            .into_keys()
+            .map(|shard| self.renewed.get(&shard).copied().unwrap_or(now) + limit)
+            .min()
+    }
+
     /// One round: observe, keep, decide, write.
     async fn round(&mut self) -> Result<(), ShardError> {
         let now = Instant::now();
@@ -137,7 +175,9 @@ impl Owner {
         let mut live = BTreeSet::from([me.clone()]);
         let mut holders = BTreeMap::new();
         for (name, lease) in by_name {
-            let holder = self.sightings.see(name, lease::record_of(lease), now);
+            let holder = self
+                .sightings
+                .see(name, lease::record_of(lease), now.into_std());
             match (lease::kind_of(lease), holder) {
                 (Some(REPLICA_KIND), Some(holder)) => {
                     live.insert(holder);
@@ -300,6 +340,7 @@ mod tests {
     //! shard given back waits for its work in flight, and the shards end balanced.
 
     use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::{Arc, Mutex};
 
     use http::{Request, Response};
@@ -375,9 +416,20 @@ mod tests {
     }
 
     fn apiserver(store: Store) -> Client {
+        apiserver_cut_by(store, Arc::default())
+    }
+
+    /// [`apiserver`] until `cut` is set; then every request is held unanswered (a partition
+    /// that drops the packets: no error, no answer).
+    fn apiserver_cut_by(store: Store, cut: Arc<AtomicBool>) -> Client {
         let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         tokio::spawn(async move {
+            let mut held = Vec::new();
             while let Some((request, send)) = handle.next_request().await {
+                if cut.load(Ordering::SeqCst) {
+                    held.push(send);
+                    continue;
+                }
                 let (parts, payload) = request.into_parts();
                 let bytes = payload.collect_bytes().await.unwrap_or_default();
                 let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
@@ -463,5 +515,58 @@ mod tests {
         a.round().await.unwrap();
         a.round().await.unwrap();
         assert_eq!(owned(&a).len(), 8, "{:?}", owned(&a));
+    }
+
+    /// A replica whose apiserver stops answering (no error, no answer: the Lease calls have no
+    /// timeout) stops before its Leases may be taken: its round is cut off at the renewal
+    /// deadline, every drain is cancelled and the loop ends with `Lost`, within
+    /// `duration - 2 × round` of its last renewal (virtual time).
+    #[tokio::test(start_paused = true)]
+    async fn a_replica_the_apiserver_stops_answering_stops_before_its_leases_may_be_taken() {
+        let store: Store = Arc::default();
+        let cut = Arc::new(AtomicBool::new(false));
+        let duration = Duration::from_secs(15);
+        let round = Duration::from_secs(2);
+        let leases = Leases::new(
+            apiserver_cut_by(Arc::clone(&store), Arc::clone(&cut)),
+            "sys",
+            "op",
+            "a",
+            duration,
+        );
+        let settings = OwnerSettings {
+            group: "op".into(),
+            duration,
+            round,
+        };
+        let gate = ShardGate::new(8);
+        let cancel = CancellationToken::new();
+        let stop = CancellationToken::new();
+        let owner = tokio::spawn(run(
+            leases,
+            settings,
+            Arc::clone(&gate),
+            cancel.clone(),
+            stop.clone(),
+        ));
+        while gate.owned().len() < 8 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The shards were just acquired (their last renewal): the apiserver goes silent.
+        let cut_at = Instant::now();
+        cut.store(true, Ordering::SeqCst);
+        let ended = tokio::time::timeout(Duration::from_secs(120), owner)
+            .await
+            .expect("the loop ends by itself, not stuck in a round")
+            .expect("the loop does not panic");
+        assert!(matches!(ended, Err(ShardError::Lost { .. })), "{ended:?}");
+        assert!(cancel.is_cancelled(), "every drain is cancelled");
+        let stopped_after = cut_at.elapsed();
+        assert!(
+            stopped_after <= duration - round * 2,
+            "stopped {stopped_after:?} after its last renewal: another replica may take its \
+             shards {duration:?} after it"
+        );
+        assert!(!stop.is_cancelled());
     }
 }

@@ -49,25 +49,6 @@ fn path_dir(tag: &str, name: &str) -> PathBuf {
     dir
 }
 
-/// The operator's log without its terminal colours.
-fn plain_log(op: &Operator) -> String {
-    let text = op.log_text();
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c.is_ascii_alphabetic() {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// Waits until the operator has logged a reconcile of run `name` in `ns` with step `teardown`:
 /// the reconcile that queues its teardown (synchronously, right after that line).
 async fn wait_teardown_queued(op: &Operator, ns: &str, name: &str) {
@@ -77,7 +58,7 @@ async fn wait_teardown_queued(op: &Operator, ns: &str, name: &str) {
         Duration::from_secs(60),
         op,
         || {
-            let found = plain_log(op).contains(&line);
+            let found = op.plain_log_text().contains(&line);
             async move { found.then_some(()) }
         },
     )
@@ -255,7 +236,7 @@ async fn a_run_whose_pod_is_deleted_while_the_slots_are_full_is_drained_first() 
         Duration::from_secs(60),
         &op,
         || {
-            let found = plain_log(&op).contains(&promoted);
+            let found = op.plain_log_text().contains(&promoted);
             async move { found.then_some(()) }
         },
     )
@@ -364,4 +345,234 @@ async fn one_run_holds_at_most_its_share_of_the_path_slots() {
     for i in 0..6 {
         assert_eq!(read_back(&run, i).phase, ReadBackPhase::Drained, "{run:?}");
     }
+}
+
+/// The packer of the 500-run test: waits while `hold` exists (one gate for every path), then
+/// appends `<the path's directory name> <unix time>` to `order` and packs.
+fn held_packer(bin_dir: &Path, hold: &Path, order: &Path) -> PathBuf {
+    let script = bin_dir.join("held-pack.sh");
+    let real = env!("CARGO_BIN_EXE_sandboxrun-operator");
+    let text = format!(
+        r#"#!/bin/sh
+d="$1"; shift
+while [ -e "{hold}" ]; do sleep 0.2; done
+echo "$(basename "$d") $(date +%s.%N)" >> "{order}"
+exec "{real}" pack "$d" "$@"
+"#,
+        hold = hold.display(),
+        order = order.display()
+    );
+    std::fs::write(&script, text).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    script
+}
+
+/// The operator's `sandboxrun_drain_queue_waiting{run_namespace=ns}` (teardowns waiting for a
+/// slot), read from its metrics on `port`.
+async fn queue_waiting(port: u16, ns: &str) -> Option<u64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let series = format!("sandboxrun_drain_queue_waiting{{run_namespace=\"{ns}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map(|v| v as u64)
+}
+
+/// Now, in seconds since the epoch (the packer's `date +%s.%N` clock).
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// Creates runs `<prefix>-0..n` in `runs`, each reading back its own directory under `src`
+/// (named as the run), waits until each is Running and ends its workload; returns each run's
+/// name and the time its workload was ended (its teardown's start).
+async fn finished_runs(
+    runs: &Api<SandboxRun>,
+    pods: &Api<Pod>,
+    src: &Path,
+    prefix: &str,
+    n: usize,
+    op: &Operator,
+) -> Vec<(String, f64)> {
+    let mut names = Vec::new();
+    for i in 0..n {
+        let name = format!("{prefix}-{i}");
+        let dir = src.join(&name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("result.txt"), format!("{name}\n")).unwrap();
+        create(runs, &name, spec(&[&dir]).drain_timeout("10m")).await;
+        names.push(name);
+    }
+    let mut finished = Vec::new();
+    for name in names {
+        let run =
+            wait_phase_within(runs, &name, Phase::Running, op, Duration::from_secs(300)).await;
+        finish_workload(pods, &pod_of(&run), 0).await;
+        finished.push((name, unix_now()));
+    }
+    finished
+}
+
+/// The waits (seconds from the teardown's start to its packer's start) of `finished`, from the
+/// order log's times: (median, max).
+fn waits(finished: &[(String, f64)], served: &[(String, f64)]) -> (f64, f64) {
+    let mut w: Vec<f64> = finished
+        .iter()
+        .filter_map(|(name, end)| {
+            let (_, at) = served.iter().find(|(n, _)| n == name)?;
+            Some(at - end)
+        })
+        .collect();
+    w.sort_by(f64::total_cmp);
+    (
+        w.get(w.len() / 2).copied().unwrap_or(0.0),
+        w.last().copied().unwrap_or(0.0),
+    )
+}
+
+/// Issue #28's fairness at scale: namespace A finishes 500 runs, their teardowns queued behind
+/// the 4 slots (held by a gate until the queue is built), then namespace B finishes 5: once the
+/// gate opens, B's 5 are served and end while most of A's queue still waits (FIFO would serve
+/// them after all 500). B's wait is printed beside A's.
+#[tokio::test]
+async fn five_runs_of_a_second_namespace_end_before_the_first_namespaces_500_drain() {
+    const RUNS_A: usize = 500;
+    const RUNS_B: usize = 5;
+    const SLOTS: usize = 4;
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns_a = TestNamespace::new(&client, "fair-scale-a").await;
+    let ns_b = TestNamespace::new(&client, "fair-scale-b").await;
+    let (_d, store_url) = file_store("fair-scale");
+    let work = host_dir("fair-scale");
+    let _removed = RemoveOnDrop(work.clone());
+    let (hold, order) = (work.join("hold"), work.join("order.log"));
+    std::fs::write(&hold, b"").unwrap();
+    let pack = format!("{} ", held_packer(&work, &hold, &order).display());
+    let port = free_port();
+    let slots = SLOTS.to_string();
+    let op = Operator::builder(&ns_a.name, &store_url)
+        .flags(&[
+            "--namespaces",
+            &format!("{},{}", ns_a.name, ns_b.name),
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+            "--pack-command",
+            &pack,
+            "--max-concurrent-drains",
+            &slots,
+            "--max-concurrent-path-drains",
+            &slots,
+            "--drain-idle-timeout",
+            "10m",
+        ])
+        .start();
+    let runs_a: Api<SandboxRun> = Api::namespaced(client.clone(), &ns_a.name);
+    let runs_b: Api<SandboxRun> = Api::namespaced(client.clone(), &ns_b.name);
+    let src = work.join("src");
+
+    // A's 500 teardowns: SLOTS of them hold the slots at the gate, the others queue.
+    let pods_a: Api<Pod> = Api::namespaced(client.clone(), &ns_a.name);
+    let finished_a = finished_runs(&runs_a, &pods_a, &src, "a", RUNS_A, &op).await;
+    let queued = (RUNS_A - SLOTS) as u64;
+    eventually_or_log(
+        &format!("{queued} of A's teardowns queued"),
+        Duration::from_secs(300),
+        &op,
+        || async { (queue_waiting(port, &ns_a.name).await == Some(queued)).then_some(()) },
+    )
+    .await;
+    // Then B's 5.
+    let pods_b: Api<Pod> = Api::namespaced(client.clone(), &ns_b.name);
+    let finished_b = finished_runs(&runs_b, &pods_b, &src, "b", RUNS_B, &op).await;
+    eventually_or_log(
+        "B's 5 teardowns queued",
+        Duration::from_secs(120),
+        &op,
+        || async { (queue_waiting(port, &ns_b.name).await == Some(RUNS_B as u64)).then_some(()) },
+    )
+    .await;
+
+    // The gate opens: B's runs end while A's are still queued.
+    let opened = unix_now();
+    std::fs::remove_file(&hold).unwrap();
+    let a_open = eventually_or_log("B's runs to end", Duration::from_secs(300), &op, || async {
+        let b = runs_b.list(&Default::default()).await.ok()?.items;
+        let ended = b.iter().filter(|r| phase(r).is_some_and(Phase::is_final));
+        if ended.count() < RUNS_B {
+            return None;
+        }
+        let a = runs_a.list(&Default::default()).await.ok()?.items;
+        Some(
+            a.iter()
+                .filter(|r| !phase(r).is_some_and(Phase::is_final))
+                .count(),
+        )
+    })
+    .await;
+    let b_done = unix_now();
+    for i in 0..RUNS_B {
+        let run = runs_b.get(&format!("b-{i}")).await.unwrap();
+        assert_eq!(phase(&run), Some(Phase::Succeeded), "{run:?}");
+        assert_eq!(read_back(&run, 0).phase, ReadBackPhase::Drained, "{run:?}");
+    }
+    assert!(
+        a_open > 0,
+        "B's runs ended before A's queue drained: none of A's runs was still open"
+    );
+    eventually_or_log("A's runs to end", Duration::from_secs(600), &op, || async {
+        let a = runs_a.list(&Default::default()).await.ok()?.items;
+        (a.iter()
+            .filter(|r| phase(r).is_some_and(Phase::is_final))
+            .count()
+            == RUNS_A)
+            .then_some(())
+    })
+    .await;
+    let a_done = unix_now();
+
+    // The order of service: B's 5 among the first served, most of A's after them.
+    let served: Vec<(String, f64)> = std::fs::read_to_string(&order)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (name, at) = l.split_once(' ')?;
+            Some((name.to_string(), at.trim().parse().ok()?))
+        })
+        .collect();
+    let names: Vec<&str> = served.iter().map(|(n, _)| n.as_str()).collect();
+    let last_b = names
+        .iter()
+        .rposition(|n| n.starts_with("b-"))
+        .expect("B's paths served");
+    let a_after_b = names[last_b..]
+        .iter()
+        .filter(|n| n.starts_with("a-"))
+        .count();
+    let (a_median, a_max) = waits(&finished_a, &served);
+    let (b_median, b_max) = waits(&finished_b, &served);
+    println!(
+        "500 vs 5: B's wait (teardown start to drain start) median {b_median:.1}s, max \
+         {b_max:.1}s; A's median {a_median:.1}s, max {a_max:.1}s. After the gate opened: B's \
+         runs ended in {:.1}s with {a_open} of A's still open, A's all ended in {:.1}s; {a_after_b} \
+         of A's paths were served after B's last",
+        b_done - opened,
+        a_done - opened
+    );
+    let distinct: std::collections::BTreeSet<&str> = names.iter().copied().collect();
+    assert_eq!(distinct.len(), RUNS_A + RUNS_B, "every path drained");
+    assert!(
+        a_after_b >= RUNS_A / 2,
+        "B's 5 are served before most of A's queue (FIFO serves them after all {queued}): \
+         {a_after_b} of A's after B's last"
+    );
 }

@@ -24,9 +24,9 @@ use crate::support::*;
 
 /// The shards of the test's replicas (the default).
 const SHARDS: u32 = 32;
-/// Runs before the kill (the balance is counted on them) and during it.
-const RUNS_BEFORE: usize = 90;
-const RUNS_DURING: usize = 45;
+/// Runs before the kill (the balance is counted on them) and during it: issue #28's 300 in all.
+const RUNS_BEFORE: usize = 210;
+const RUNS_DURING: usize = 90;
 /// The Lease group (`--lease-name`).
 const GROUP: &str = "sharding-test";
 
@@ -47,27 +47,36 @@ fn slow_packer(dir: &Path, attempts: &Path, seconds: u32) -> PathBuf {
 
 /// A sharded replica named `id` of the test's operator, its metrics on `metrics`.
 fn replica(ns: &str, store_url: &str, id: &str, packer: &Path, metrics: u16) -> Operator {
-    Operator::builder(ns, store_url)
-        .flags(&[
-            "--metrics-addr",
-            &format!("127.0.0.1:{metrics}"),
-            "--sharding",
-            "--shards",
-            &SHARDS.to_string(),
-            "--lease-name",
-            GROUP,
-            "--pod-namespace",
-            ns,
-            "--pod-name",
-            id,
-            "--settings-configmap",
-            "",
-            "--quiet-window",
-            "0s",
-            "--pack-command",
-            &packer.display().to_string(),
-        ])
-        .start()
+    replica_builder(ns, store_url, id, packer, metrics).start()
+}
+
+/// [`replica`], not started yet.
+fn replica_builder(
+    ns: &str,
+    store_url: &str,
+    id: &str,
+    packer: &Path,
+    metrics: u16,
+) -> OperatorBuilder {
+    Operator::builder(ns, store_url).flags(&[
+        "--metrics-addr",
+        &format!("127.0.0.1:{metrics}"),
+        "--sharding",
+        "--shards",
+        &SHARDS.to_string(),
+        "--lease-name",
+        GROUP,
+        "--pod-namespace",
+        ns,
+        "--pod-name",
+        id,
+        "--settings-configmap",
+        "",
+        "--quiet-window",
+        "0s",
+        "--pack-command",
+        &packer.display().to_string(),
+    ])
 }
 
 /// The runs in a replica's cache: the sum of its `sandboxrun_runs{phase}` gauge.
@@ -204,7 +213,7 @@ async fn create_runs(runs: &Api<SandboxRun>, src: &Path, prefix: &str, n: usize)
 
 /// Waits until every run of `names` is Running, then ends every workload.
 async fn run_then_finish_all(runs: &Api<SandboxRun>, pods: &Api<Pod>, names: &[String]) {
-    let running = eventually("every run Running", Duration::from_secs(120), || async {
+    let running = eventually("every run Running", Duration::from_secs(300), || async {
         let listed = runs.list(&ListParams::default()).await.ok()?.items;
         let running: BTreeMap<String, String> = listed
             .iter()
@@ -253,6 +262,97 @@ async fn wait_all_final(
     }
 }
 
+/// Each replica's count of the runs lies between 20 % and 50 % of them (3 replicas).
+fn assert_spread(what: &str, per_replica: &BTreeMap<String, usize>) {
+    assert_eq!(per_replica.len(), 3, "{what}: {per_replica:?}");
+    for (id, n) in per_replica {
+        let share = *n as f64 / RUNS_BEFORE as f64;
+        assert!(
+            (0.2..=0.5).contains(&share),
+            "{id} {what} {n} of {RUNS_BEFORE}"
+        );
+    }
+}
+
+/// The commits and upload attempts of a test's runs.
+struct Uploads {
+    commits: usize,
+    attempts: usize,
+    packed: usize,
+    again: usize,
+    interrupted: usize,
+}
+
+/// Counts the commits and upload attempts of `names` (each reading back `src/<name>`) in the
+/// replicas' logs and the packer's (`packer_log`), and checks them: one commit per path in all;
+/// every path attempted, the packer run at most once per attempt the operator logged (each run
+/// of it follows an attempt's start); a path attempted more than once was interrupted by the
+/// kill (`victim` attempted it and did not commit it) or retried after a failed attempt
+/// (logged).
+fn count_uploads(
+    ops: &BTreeMap<&str, Operator>,
+    ns: &str,
+    names: &[String],
+    src: &Path,
+    packer_log: &Path,
+    victim: &str,
+) -> Uploads {
+    let commits = drain_lines(ops, ns, COMMITTED);
+    let attempts = drain_lines(ops, ns, ATTEMPT_STARTED);
+    let packer = std::fs::read_to_string(packer_log).unwrap_or_default();
+    let logs: String = ops.values().map(Operator::plain_log_text).collect();
+    let retried: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("drain attempt failed; retrying") || l.contains("; retrying with"))
+        .collect();
+    let mut count = Uploads {
+        commits: 0,
+        attempts: 0,
+        packed: 0,
+        again: 0,
+        interrupted: 0,
+    };
+    for name in names {
+        let committed: usize = commits.get(name).map_or(0, |by| by.values().sum());
+        assert_eq!(
+            committed,
+            1,
+            "{name}: committed once: {:?}",
+            commits.get(name)
+        );
+        let by = attempts.get(name).cloned().unwrap_or_default();
+        let tried: usize = by.values().sum();
+        let path = src.join(name).display().to_string();
+        // The packer logs the path it was given (the holder's view of it): matched by its
+        // last component, the run's name.
+        let packed = packer
+            .lines()
+            .filter(|l| Path::new(l.trim()).file_name() == Some(std::ffi::OsStr::new(name)))
+            .count();
+        assert!(
+            (1..=tried).contains(&packed),
+            "{name}: {packed} packer runs for {tried} attempts logged: {by:?}; the packer's \
+             log begins {:?}",
+            packer.lines().take(3).collect::<Vec<_>>()
+        );
+        let interrupted =
+            by.contains_key(victim) && commits.get(name).is_none_or(|c| !c.contains_key(victim));
+        if tried > 1 {
+            let retry = retried.iter().any(|l| l.contains(&path));
+            assert!(
+                interrupted || retry,
+                "{name} uploaded {tried} times, not interrupted by the kill nor retried: {by:?}"
+            );
+            count.again += 1;
+        }
+        count.interrupted += usize::from(interrupted);
+        count.commits += committed;
+        count.attempts += tried;
+        count.packed += packed;
+    }
+    count
+}
+
 /// The replica that announced each run's end (its `Succeeded` Event's reporting instance).
 async fn enders(client: &Client, ns: &str) -> BTreeMap<String, BTreeSet<String>> {
     let mut by_run: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
@@ -264,6 +364,42 @@ async fn enders(client: &Client, ns: &str) -> BTreeMap<String, BTreeSet<String>>
     }
     by_run
 }
+
+/// The value of `field=` in a log line of the text format (values logged with `%`: unquoted).
+fn field<'l>(line: &'l str, field: &str) -> Option<&'l str> {
+    let key = format!("{field}=");
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(key.as_str()))
+}
+
+/// Per run of `ns`, per replica: how many of the log lines `message` (a drain's "drain attempt
+/// started" or "committed the path's manifest") the replica wrote. Every replica's log counts,
+/// a killed one's too (its file stays).
+fn drain_lines(
+    ops: &BTreeMap<&str, Operator>,
+    ns: &str,
+    message: &str,
+) -> BTreeMap<String, BTreeMap<String, usize>> {
+    let mut by_run: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    for (id, op) in ops {
+        for line in op.plain_log_text().lines() {
+            if !line.contains(message) || field(line, "namespace") != Some(ns) {
+                continue;
+            }
+            if let Some(run) = field(line, "run") {
+                *by_run
+                    .entry(run.to_string())
+                    .or_default()
+                    .entry(id.to_string())
+                    .or_default() += 1;
+            }
+        }
+    }
+    by_run
+}
+
+const ATTEMPT_STARTED: &str = "drain attempt started";
+const COMMITTED: &str = "committed the path's manifest";
 
 fn tail(op: &Operator) -> String {
     let log = op.log_text();
@@ -308,7 +444,7 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let before = create_runs(&runs, &src, "before", RUNS_BEFORE).await;
     run_then_finish_all(&runs, &pods, &before).await;
-    let ended = wait_all_final(&runs, &before, Duration::from_secs(150), || logs(&ops)).await;
+    let ended = wait_all_final(&runs, &before, Duration::from_secs(300), || logs(&ops)).await;
     assert!(
         ended.iter().all(|r| phase(r) == Some(Phase::Succeeded)),
         "every run succeeded: {:?}",
@@ -331,14 +467,21 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
             .or_default() += 1;
     }
     println!("runs ended per replica: {per_replica:?} of {RUNS_BEFORE}");
-    assert_eq!(per_replica.len(), 3, "{per_replica:?}");
-    for (id, n) in &per_replica {
-        let share = *n as f64 / RUNS_BEFORE as f64;
-        assert!(
-            (0.2..=0.5).contains(&share),
-            "{id} ended {n} of {RUNS_BEFORE}"
+    assert_spread("ended", &per_replica);
+    // The drains themselves: the replica that committed each run's manifest, from its log.
+    let commits = drain_lines(&ops, &ns.name, COMMITTED);
+    let mut drained: BTreeMap<String, usize> = BTreeMap::new();
+    for name in &before {
+        let by = commits.get(name).cloned().unwrap_or_default();
+        assert_eq!(
+            by.values().sum::<usize>(),
+            1,
+            "{name}: one commit in the replicas' logs: {by:?}"
         );
+        *drained.entry(by.into_keys().next().unwrap()).or_default() += 1;
     }
+    println!("runs drained per replica: {drained:?} of {RUNS_BEFORE}");
+    assert_spread("drained", &drained);
 
     // Each replica caches only its shards' runs (label-selected watches): its gauge counts the
     // runs whose shard it holds, not all of them; every run carries its shard label.
@@ -417,7 +560,7 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
         ),
     );
     let all: Vec<String> = before.iter().chain(&during).cloned().collect();
-    let ended = wait_all_final(&runs, &all, Duration::from_secs(150), || logs(&ops)).await;
+    let ended = wait_all_final(&runs, &all, Duration::from_secs(300), || logs(&ops)).await;
     assert!(
         ended.iter().all(|r| phase(r) == Some(Phase::Succeeded)),
         "no run lost: {:?}",
@@ -435,18 +578,21 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
     )
     .await;
 
-    // 3. Each path committed exactly once; the interrupted ones were attempted again.
+    // 3. Each path committed exactly once (one manifest in the store, one commit in the
+    // replicas' logs); the upload attempts, counted from the replicas' logs and checked against
+    // the packer's own count, were repeated only where the kill interrupted them.
     assert_one_manifest_each(&store_url, &ns.name, &all).await;
-    let log = std::fs::read_to_string(&attempts).unwrap_or_default();
-    let mut tries: BTreeMap<&str, usize> = BTreeMap::new();
-    for line in log.lines() {
-        *tries.entry(line).or_default() += 1;
-    }
-    assert_eq!(tries.len(), all.len(), "every path packed");
-    let again = tries.values().filter(|n| **n > 1).count();
+    let count = count_uploads(&ops, &ns.name, &all, &src, &attempts, victim);
     println!(
-        "paths attempted again after the kill: {again} of {}",
-        all.len()
+        "{} paths: {} manifests, {} commits and {} upload attempts in the replicas' logs \
+         ({} packer runs); {} paths attempted again, {} of them interrupted by the kill",
+        all.len(),
+        all.len(),
+        count.commits,
+        count.attempts,
+        count.packed,
+        count.again,
+        count.interrupted
     );
     for (id, op) in ops.iter_mut().filter(|(id, _)| **id != victim) {
         assert!(op.is_alive(), "{id} still runs:\n{}", tail(op));
@@ -585,5 +731,150 @@ async fn a_rolling_replacement_of_every_replica_during_200_lifecycles_loses_none
         "rolling replacement: {RUNS} runs ended, {} pack attempts for {RUNS} paths, {:?} in all",
         log.lines().count(),
         started.elapsed()
+    );
+}
+
+/// Issue #28's self-fencing (docs/contract.md "Shards": a replica that cannot renew stops before
+/// anyone may take its shards). Two replicas; `fence-a` talks to the apiserver through a proxy
+/// the test owns. With `fence-a`'s drains in flight the proxy is cut — a partition that drops the
+/// packets, so no call of `fence-a` fails, none is answered. `fence-a` must cancel its drains and
+/// exit by itself before `fence-b` takes its shards: its exit, as this test sees it (an upper
+/// bound), comes before the `acquireTime` `fence-b` writes in each of those Leases. Then
+/// `fence-b` holds every shard and every run ends `Succeeded` with one manifest per path, the
+/// paths `fence-a` left mid-drain attempted again.
+#[tokio::test]
+async fn a_replica_cut_off_from_the_apiserver_exits_before_another_takes_its_shards() {
+    const RUNS: usize = 32;
+    let Bed {
+        client,
+        ns,
+        store_url,
+        attempts,
+        packer,
+        src,
+        _removed,
+    } = Bed::new("sharding-fence", 10).await;
+    let proxy = ApiserverProxy::start().await;
+    let (cut_off, other) = ("fence-a", "fence-b");
+    let mut ops: BTreeMap<&str, Operator> = BTreeMap::new();
+    let builder = replica_builder(&ns.name, &store_url, cut_off, &packer, free_port());
+    ops.insert(cut_off, builder.kubeconfig(proxy.kubeconfig()).start());
+    let builder = replica_builder(&ns.name, &store_url, other, &packer, free_port());
+    ops.insert(other, builder.start());
+    wait_balanced(
+        &client,
+        &ns.name,
+        &[cut_off, other],
+        Duration::from_secs(60),
+    )
+    .await;
+
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let names = create_runs(&runs, &src, "fence", RUNS).await;
+    run_then_finish_all(&runs, &pods, &names).await;
+    // A drain of the replica to cut off is in flight (its packer waits 10 s before it sends).
+    eventually(
+        "a drain in flight in the replica to cut off",
+        Duration::from_secs(60),
+        || {
+            let started = drain_lines(&ops, &ns.name, ATTEMPT_STARTED);
+            let committed = drain_lines(&ops, &ns.name, COMMITTED);
+            let in_flight = started
+                .iter()
+                .any(|(run, by)| by.contains_key(cut_off) && !committed.contains_key(run));
+            async move { in_flight.then_some(()) }
+        },
+    )
+    .await;
+    let shards: BTreeSet<u32> = shard_holders(&client, &ns.name)
+        .await
+        .into_iter()
+        .filter_map(|(shard, holder)| (holder == cut_off).then_some(shard))
+        .collect();
+    assert!(!shards.is_empty());
+    let cut_at = Instant::now();
+    proxy.cut();
+
+    // It exits by itself; when, as seen from here every 50 ms (at or after the exit).
+    let op = ops.get_mut(cut_off).expect("the replica cut off");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while op.is_alive() {
+        assert!(
+            Instant::now() < deadline,
+            "the replica cut off from the apiserver still runs 90 s later:\n{}",
+            tail(op)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let exited = jiff::Timestamp::now();
+    let exited_after = cut_at.elapsed();
+    let status = op.exit_status().expect("exited");
+    assert!(!status.success(), "it exits with an error: {status}");
+    let log = op.plain_log_text();
+    assert!(
+        log.contains("shard lost; stopping every drain in flight"),
+        "it says why:\n{}",
+        tail(op)
+    );
+
+    // The other replica takes every shard, each of the cut-off replica's after it exited.
+    wait_balanced(&client, &ns.name, &[other], Duration::from_secs(90)).await;
+    let leases: Api<Lease> = Api::namespaced(client.clone(), &ns.name);
+    let mut first_taken: Option<jiff::Timestamp> = None;
+    for shard in &shards {
+        let name = sandboxrun_operator::shard::shard_lease_name(GROUP, *shard);
+        let lease = leases.get(&name).await.expect("get the shard's lease");
+        let spec = lease.spec.expect("a lease spec");
+        assert_eq!(spec.holder_identity.as_deref(), Some(other), "{name}");
+        let acquired = spec.acquire_time.expect("an acquireTime").0;
+        assert!(
+            exited < acquired,
+            "{name}: taken by {other} at {acquired}, before {cut_off} exited (seen at {exited})"
+        );
+        first_taken = Some(first_taken.map_or(acquired, |t| t.min(acquired)));
+    }
+    let first_taken = first_taken.expect("shards taken");
+    println!(
+        "partition: {cut_off} exited {exited_after:?} after the cut; {other} took its first shard \
+         {:.1} s after that exit",
+        first_taken.duration_since(exited).as_secs_f64()
+    );
+
+    // Every run ends, each path committed once; the drains the partition interrupted were
+    // cancelled by the replica cut off (its log says so) and attempted again by the other.
+    let ended = wait_all_final(&runs, &names, Duration::from_secs(240), || logs(&ops)).await;
+    assert!(
+        ended.iter().all(|r| phase(r) == Some(Phase::Succeeded)),
+        "no run lost: {:?}",
+        ended
+            .iter()
+            .filter(|r| phase(r) != Some(Phase::Succeeded))
+            .map(|r| (r.name_any(), r.status.clone()))
+            .collect::<Vec<_>>()
+    );
+    assert_one_manifest_each(&store_url, &ns.name, &names).await;
+    let count = count_uploads(&ops, &ns.name, &names, &src, &attempts, cut_off);
+    assert!(count.interrupted > 0, "a drain was in flight at the cut");
+    let started = drain_lines(&ops, &ns.name, ATTEMPT_STARTED);
+    let committed = drain_lines(&ops, &ns.name, COMMITTED);
+    for name in &names {
+        let left = started.get(name).is_some_and(|by| by.contains_key(cut_off))
+            && !committed
+                .get(name)
+                .is_some_and(|by| by.contains_key(cut_off));
+        let path = format!("\"{}\"", src.join(name).display());
+        assert!(
+            !left
+                || log
+                    .lines()
+                    .any(|l| l.contains("drain cancelled") && l.contains(&path)),
+            "{name}: the drain {cut_off} left was cancelled"
+        );
+    }
+    println!(
+        "{RUNS} runs: {} commits, {} upload attempts ({} packer runs), {} drains cancelled by \
+         the partition and done again by {other}",
+        count.commits, count.attempts, count.packed, count.interrupted
     );
 }

@@ -4,7 +4,8 @@
 //! with a message saying how to start it — never a silent skip or pass.
 //!
 //! One home for every helper the test files share: `runs` (specs, create, end a workload),
-//! `wait` (phases, polling), `operator` (`Operator::builder`), `ports`, `store` (S3 options,
+//! `wait` (phases, polling), `operator` (`Operator::builder`), `partition` (an apiserver
+//! partition for one process), `ports`, `store` (S3 options,
 //! `files get`), `trees`, `tars`, `corpus`, `webhooks`, `s3_server`. Every test binary compiles
 //! all of it and uses a part, hence the allows.
 #![allow(dead_code, unused_imports)]
@@ -12,6 +13,7 @@
 pub mod corpus;
 pub mod events;
 pub mod operator;
+pub mod partition;
 pub mod ports;
 pub mod runs;
 pub mod s3_server;
@@ -24,6 +26,7 @@ pub mod webhooks;
 pub use corpus::*;
 pub use events::*;
 pub use operator::{Operator, OperatorBuilder};
+pub use partition::ApiserverProxy;
 pub use ports::free_port;
 pub use runs::*;
 pub use store::*;

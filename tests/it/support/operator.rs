@@ -42,6 +42,26 @@ impl Operator {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The operator's log so far without its terminal colours (tracing's text format colours
+    /// the level and the field names), for tests that look for a line or read its fields.
+    pub fn plain_log_text(&self) -> String {
+        let text = self.log_text();
+        let mut out = String::with_capacity(text.len());
+        let mut chars = text.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                for c in chars.by_ref() {
+                    if c.is_ascii_alphabetic() {
+                        break;
+                    }
+                }
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    }
+
     /// Sends SIGKILL (a crash, for restart tests).
     pub fn kill(&mut self) {
         let _ = self.child.kill();
@@ -56,6 +76,11 @@ impl Operator {
     /// Whether the operator process is still running.
     pub fn is_alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// How the process ended; None while it runs.
+    pub fn exit_status(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 }
 
