@@ -287,7 +287,9 @@ pub struct AppliedTemplate {
     /// The template's `metadata.generation` when it was resolved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generation: Option<i64>,
-    /// The template's spec as resolved.
+    /// The template's spec as resolved (its `template` and `openFields`; kept as written, its
+    /// schema is the SandboxRunTemplate CRD's).
+    #[schemars(schema_with = "free_form_object")]
     pub spec: SandboxRunTemplateSpec,
 }
 

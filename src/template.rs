@@ -9,10 +9,12 @@
 //! template's (a variable the template sets stays the template's). `stop` and `templateRef`
 //! are always the run's own.
 
+use kube::ResourceExt;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
-use crate::api::{OpenField, SandboxRunSpec, SandboxRunTemplateSpec};
+use crate::api::SandboxRunTemplateSpec;
+use crate::api::{AppliedTemplate, OpenField, SandboxRun, SandboxRunSpec, SandboxRunTemplate};
 
 /// The spec fields that are always the run's: its lifecycle switch and the reference itself.
 const RUN_OWN: [&str; 2] = ["stop", "templateRef"];
@@ -201,6 +203,54 @@ pub(crate) fn merge(
     overlay(template, name, run)
 }
 
+/// The run as it runs once its template is recorded (`status.template`): its spec is the
+/// recorded template's with the run's open fields ([`overlay`]: a locked field the run sets never
+/// reaches it). None: the run names no template, or its status records none for the name it
+/// names (the template must be resolved: [`resolve`]).
+pub(crate) fn recorded(run: &SandboxRun) -> Option<SandboxRun> {
+    let name = &run.spec.template_ref.as_ref()?.name;
+    let applied = run.status.as_ref()?.template.as_ref()?;
+    if &applied.name != name {
+        return None;
+    }
+    let spec = overlay(&applied.spec, name, &run.spec).ok()?;
+    Some(SandboxRun {
+        spec,
+        ..run.clone()
+    })
+}
+
+/// The run made from `template` (None: it does not exist), before its pod exists: its spec
+/// merged ([`merge`]: a locked field it sets refuses it), and `status.template` recording the
+/// template's name, generation and spec, which the run keeps for the rest of its life. Err: why
+/// the run cannot be made, in words (the run is held, never run with its own spec).
+pub(crate) fn resolve(
+    run: &SandboxRun,
+    template: Option<&SandboxRunTemplate>,
+) -> Result<SandboxRun, String> {
+    let Some(name) = run.spec.template_ref.as_ref().map(|t| t.name.as_str()) else {
+        return Ok(run.clone());
+    };
+    let namespace = run.namespace().unwrap_or_default();
+    let Some(template) = template else {
+        return Err(format!(
+            "the SandboxRunTemplate {namespace}/{name} does not exist"
+        ));
+    };
+    let spec = merge(&template.spec, name, &run.spec).map_err(|e| e.to_string())?;
+    let mut status = run.status.clone().unwrap_or_default();
+    status.template = Some(AppliedTemplate {
+        name: name.to_string(),
+        generation: template.metadata.generation,
+        spec: template.spec.clone(),
+    });
+    Ok(SandboxRun {
+        spec,
+        status: Some(status),
+        ..run.clone()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,6 +398,76 @@ mod tests {
         let mut stops = template();
         stops.template.stop = true;
         assert!(merge(&stops, "t", &run(SandboxRunSpec::default())).is_err());
+    }
+
+    fn templated_run() -> SandboxRun {
+        let mut r = SandboxRun::new(
+            "r",
+            run(SandboxRunSpec {
+                command: Some(vec!["make".into()]),
+                ..SandboxRunSpec::default()
+            }),
+        );
+        r.metadata.namespace = Some("team".into());
+        r
+    }
+
+    fn stored_template(generation: i64) -> SandboxRunTemplate {
+        let mut t = SandboxRunTemplate::new("locked", template());
+        t.metadata.generation = Some(generation);
+        t
+    }
+
+    #[test]
+    fn a_run_resolved_before_its_pod_keeps_that_template_whatever_happens_to_it_since() {
+        let r = templated_run();
+        assert!(
+            recorded(&r).is_none(),
+            "nothing recorded yet: resolve first"
+        );
+        let made = resolve(&r, Some(&stored_template(3))).unwrap();
+        assert_eq!(made.spec.image.as_deref(), Some(IMAGE));
+        assert_eq!(made.spec.command, r.spec.command);
+        let applied = made.status.as_ref().unwrap().template.clone().unwrap();
+        assert_eq!(
+            (applied.name.as_str(), applied.generation),
+            ("locked", Some(3))
+        );
+        // The stored run (its own spec, the record in its status) is made the same way later,
+        // with no template read: an edited or deleted template changes nothing.
+        let stored = SandboxRun {
+            status: made.status.clone(),
+            ..r.clone()
+        };
+        assert_eq!(recorded(&stored).unwrap().spec, made.spec);
+    }
+
+    #[test]
+    fn a_missing_template_or_a_locked_field_holds_the_run_in_words() {
+        let r = templated_run();
+        let why = resolve(&r, None).unwrap_err();
+        assert_eq!(why, "the SandboxRunTemplate team/locked does not exist");
+        let mut bad = r.clone();
+        bad.spec.image = Some("evil:1".into());
+        let why = resolve(&bad, Some(&stored_template(1))).unwrap_err();
+        assert!(
+            why.contains("spec.image") && why.contains("locked"),
+            "{why}"
+        );
+    }
+
+    #[test]
+    fn a_record_of_another_template_is_not_used() {
+        let r = templated_run();
+        let made = resolve(&r, Some(&stored_template(1))).unwrap();
+        let mut renamed = SandboxRun {
+            status: made.status,
+            ..r
+        };
+        renamed.spec.template_ref = Some(TemplateRef {
+            name: "other".into(),
+        });
+        assert!(recorded(&renamed).is_none());
     }
 
     #[test]

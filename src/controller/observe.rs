@@ -521,6 +521,18 @@ pub(crate) async fn live_run(
         .map_err(kube_err(format!("get {namespace}/{name}")))
 }
 
+/// The SandboxRunTemplate `name` of `namespace` (None: it does not exist).
+pub(crate) async fn template(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<crate::api::SandboxRunTemplate>, ControllerError> {
+    let templates: Api<crate::api::SandboxRunTemplate> = Api::namespaced(client.clone(), namespace);
+    templates.get_opt(name).await.map_err(kube_err(format!(
+        "get sandboxruntemplate {namespace}/{name}"
+    )))
+}
+
 /// The labels of namespace `name` (none when it has none).
 pub(crate) async fn namespace_labels(
     client: &Client,

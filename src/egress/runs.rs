@@ -45,7 +45,10 @@ impl RunRules {
     /// The rules of a run; None when its rules do not parse (every request is then refused with
     /// 407, the same as an unknown run: the run cannot have started).
     pub fn of(run: &SandboxRun) -> Option<RunRules> {
-        let (mode, rules) = match egress_of(run).ok()? {
+        // A run made from a template runs with the template's network (docs/contract.md
+        // "Templates"), recorded in its status before its pod exists.
+        let made = crate::template::recorded(run);
+        let (mode, rules) = match egress_of(made.as_ref().unwrap_or(run)).ok()? {
             Egress::Open => (NetworkMode::Open, Vec::new()),
             Egress::DenyAll => (NetworkMode::Allowlist, Vec::new()),
             Egress::Filtered { mode, rules } => (mode, rules),
