@@ -291,6 +291,33 @@ mod tests {
     }
 
     #[test]
+    fn a_run_made_from_a_template_needs_get_on_that_template_and_only_on_what_it_sets() {
+        let spec = SandboxRunSpec {
+            template_ref: Some(crate::api::TemplateRef { name: "ci".into() }),
+            command: Some(vec!["make".into()]),
+            ..SandboxRunSpec::default()
+        };
+        let rights = required(&spec);
+        assert_eq!(
+            rights.get(&Right::get(TEMPLATES, "ci")),
+            Some(&vec!["spec.templateRef.name".to_string()])
+        );
+        assert_eq!(rights.len(), 1, "{rights:?}");
+        let right = Right::get(TEMPLATES, "ci");
+        assert_eq!(right.group(), "sandbox.iterion.io");
+        assert_eq!(
+            right.can_i("team", "alice"),
+            "kubectl auth can-i get sandboxruntemplates.sandbox.iterion.io/ci -n team --as alice"
+        );
+        // Stopping a templated run adds no right.
+        let stopped = SandboxRunSpec {
+            stop: true,
+            ..spec.clone()
+        };
+        assert!(added(Some(&spec), &stopped).is_empty());
+    }
+
+    #[test]
     fn a_plain_run_exercises_no_right_of_its_author() {
         assert!(required(&SandboxRunSpec::default()).is_empty());
     }

@@ -2,7 +2,8 @@
 //! SandboxRunTemplate locks is refused by the live webhook, naming the field and the template;
 //! a run that sets only open fields gets the pod the template says, with its own command and
 //! variables, and keeps the template it was made from when the template is edited or deleted;
-//! a run naming a template that does not exist is held with no pod until it does.
+//! a run naming a template that does not exist is held with no pod until it does; the author
+//! must be able to read the template.
 //! The operator runs as a process on this host, its webhook registered by URL for the test's
 //! namespace only; kwok plays the node.
 
@@ -182,6 +183,78 @@ async fn refusal(runs: &Api<SandboxRun>, name: &str, spec: SandboxRunSpec) -> St
     }
 }
 
+/// A user who may create runs but not read the template: refused with the right named; once the
+/// template may be read, admitted (dry run).
+async fn the_author_must_read_the_template(client: &Client, ns: &str, mine: &SandboxRunSpec) {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    let role = |name: &str, rules: Vec<PolicyRule>| Role {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        rules: Some(rules),
+    };
+    let rule = |resource: &str, names: Option<Vec<String>>, verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec!["sandbox.iterion.io".into()]),
+        resources: Some(vec![resource.into()]),
+        resource_names: names,
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..Default::default()
+    };
+    let binding = |name: &str| RoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: name.into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: "tmpl-alice".into(),
+            namespace: None,
+        }]),
+    };
+    let roles: Api<Role> = Api::namespaced(client.clone(), ns);
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
+    let pp = PostParams::default();
+    roles
+        .create(
+            &pp,
+            &role("runs", vec![rule("sandboxruns", None, &["create", "get"])]),
+        )
+        .await
+        .unwrap();
+    bindings.create(&pp, &binding("runs")).await.unwrap();
+    let alice: Api<SandboxRun> = Api::namespaced(client_as("tmpl-alice").await, ns);
+    let message = refusal(&alice, "alice", mine.clone()).await;
+    assert!(
+        message.contains("[access] spec.templateRef.name")
+            && message.contains("sandboxruntemplates"),
+        "{message}"
+    );
+    let read = rule("sandboxruntemplates", Some(vec!["locked".into()]), &["get"]);
+    roles
+        .create(&pp, &role("template", vec![read]))
+        .await
+        .unwrap();
+    bindings.create(&pp, &binding("template")).await.unwrap();
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    eventually("alice may use the template she may read", CONVERGE, || {
+        let alice = alice.clone();
+        let run = SandboxRun::new("alice", mine.clone());
+        let dry = dry.clone();
+        async move { alice.create(&dry, &run).await.ok() }
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn a_locked_field_is_refused_and_the_merged_pod_is_what_the_template_says() {
     let client = client().await;
@@ -250,6 +323,7 @@ async fn a_locked_field_is_refused_and_the_merged_pod_is_what_the_template_says(
             ..Default::default()
         },
     );
+    the_author_must_read_the_template(&client, &ns.name, &mine).await;
     create(&runs, "made", mine).await;
     let run = wait_phase(&runs, "made", Phase::Running, &op).await;
     let applied = run
