@@ -147,7 +147,7 @@ async fn made_from_template(
         warn!(run = %observation.name, "the run's pod exists and its status records no template; resolving it now");
     }
     let template = observe::template(&ctx.client, &observation.namespace, &name).await?;
-    match crate::template::resolve(run, template.as_ref()) {
+    match template.and_then(|t| crate::template::resolve(run, t.as_ref())) {
         Ok(made) => Ok(Made::Run {
             run: Arc::new(made),
             resolved: true,
