@@ -220,6 +220,17 @@ pub(crate) fn recorded(run: &SandboxRun) -> Option<SandboxRun> {
     })
 }
 
+/// Whether the run's recorded template is the one it is made from: once its pod was created
+/// (`has_pod`, or its status names a pod, or it ended). Before that the template is read again
+/// and the record rewritten when the pod is created: a template edited meanwhile applies, and a
+/// record nobody but the operator should write is not trusted before it made a pod.
+pub(crate) fn record_holds(run: &SandboxRun, has_pod: bool) -> bool {
+    let status = run.status.as_ref();
+    has_pod
+        || status.is_some_and(|s| s.pod_name.is_some())
+        || status.and_then(|s| s.phase).is_some_and(|p| p.is_final())
+}
+
 /// The run made from `template` (None: it does not exist), before its pod exists: its spec
 /// merged ([`merge`]: a locked field it sets refuses it), and `status.template` recording the
 /// template's name, generation and spec, which the run keeps for the rest of its life. Err: why
@@ -454,6 +465,32 @@ mod tests {
             why.contains("spec.image") && why.contains("locked"),
             "{why}"
         );
+    }
+
+    #[test]
+    fn the_record_holds_once_the_pod_was_created_or_the_run_ended() {
+        use crate::api::{Phase, SandboxRunStatus};
+        let mut r = templated_run();
+        assert!(
+            !record_holds(&r, false),
+            "no pod yet: read the template again"
+        );
+        assert!(record_holds(&r, true));
+        r.status = Some(SandboxRunStatus {
+            phase: Some(Phase::Pending),
+            ..Default::default()
+        });
+        assert!(!record_holds(&r, false), "held before its pod");
+        r.status = Some(SandboxRunStatus {
+            pod_name: Some("r-sbr".into()),
+            ..Default::default()
+        });
+        assert!(record_holds(&r, false), "its pod was created (and is gone)");
+        r.status = Some(SandboxRunStatus {
+            phase: Some(Phase::Failed),
+            ..Default::default()
+        });
+        assert!(record_holds(&r, false), "ended before a pod");
     }
 
     #[test]

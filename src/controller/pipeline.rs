@@ -107,8 +107,8 @@ enum Made {
 }
 
 /// The run made from its template (docs/contract.md "Templates"): from the template its status
-/// records, once its pod exists (or was about to); else, before its pod exists, from the template
-/// read now, which the pod's creation records. A template that cannot make the run holds it: its
+/// records, once its pod was created ([`crate::template::record_holds`]); else, before that,
+/// from the template read now, which the pod's creation records. A template that cannot make the run holds it: its
 /// pod is never created with the run's own spec. A run being deleted with no pod is its own: no
 /// pod will ever be created for it.
 async fn made_from_template(
@@ -124,10 +124,12 @@ async fn made_from_template(
     let Some(name) = run.spec.template_ref.as_ref().map(|t| t.name.clone()) else {
         return Ok(plain(run.clone()));
     };
-    if let Some(made) = crate::template::recorded(run) {
-        return Ok(plain(Arc::new(made)));
-    }
     let has_pod = observation.view.is_some();
+    if crate::template::record_holds(run, has_pod) {
+        if let Some(made) = crate::template::recorded(run) {
+            return Ok(plain(Arc::new(made)));
+        }
+    }
     if run.metadata.deletion_timestamp.is_some() && !has_pod {
         return Ok(plain(run.clone()));
     }
