@@ -188,7 +188,7 @@ fn start_servers(bundle: &certs::CertBundle, pin: bool) -> (SocketAddr, SocketAd
                 // SubjectAccessReview is made, but the spec is read for it.
                 access_checks: true,
                 watched_namespaces: Vec::new(),
-                tenant_stores: false,
+                tenant_stores: Default::default(),
             };
             let (ours, peer) = (unused_port(), unused_port());
             tokio::spawn(serve_tls(ours, tls.clone(), router(state)));

@@ -315,8 +315,7 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
         }
     }
     if let Some(c) = &live.cluster {
-        read.probe_runs(c, &live.watched, &live.settings.namespace_policies)
-            .await;
+        read.probe_runs(c, &live).await;
     }
     let docs = read.into_reports();
     let report = Report {
@@ -419,13 +418,9 @@ fn read_documents(inputs: &[String], errors: &mut Vec<UsageError>) -> ReadDocume
 
 impl ReadDocuments {
     /// Adds what the live probe finds about each run (the server-side dry run, the objects its
-    /// pod needs, a namespace the operator does not watch).
-    async fn probe_runs(
-        &mut self,
-        c: &live::Cluster,
-        watched: &[String],
-        policies: &[super::namespace_policy::Compiled],
-    ) {
+    /// pod needs, a namespace the operator does not watch, its store, its namespace's policies).
+    async fn probe_runs(&mut self, c: &live::Cluster, live: &Live) {
+        let policies = &live.settings.namespace_policies;
         let targets: Vec<(&serde_json::Value, &SandboxRun, String)> = self
             .runs
             .iter()
@@ -442,9 +437,20 @@ impl ReadDocuments {
         let mut labels: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         for ((pending, found), namespace) in self.runs.iter_mut().zip(probed).zip(namespaces) {
             pending.findings.extend(found);
-            pending
-                .findings
-                .extend(super::rules::unwatched_namespace(Some(&namespace), watched));
+            pending.findings.extend(super::rules::unwatched_namespace(
+                Some(&namespace),
+                &live.watched,
+            ));
+            // The store, as the operator would resolve it (only with its published rules: an
+            // older operator's record has none; the dry run still judges a named store).
+            if let Some(tenant) = &live.tenant {
+                if !pending.run.spec.read_back_paths().is_empty() {
+                    let found = c
+                        .probe_store(&pending.run, &namespace, tenant, &self.stream)
+                        .await;
+                    pending.findings.extend(found);
+                }
+            }
             if policies.is_empty() {
                 continue;
             }
@@ -542,6 +548,8 @@ struct Live {
     settings: RuleSettings,
     /// The namespaces the operator watches, as it published them (empty: every namespace).
     watched: Vec<String>,
+    /// The operator's tenant-store rules, as it published them (None: not published).
+    tenant: Option<crate::store::tenant::TenantStorePolicy>,
 }
 
 /// The live probe (`--context` / `--kubeconfig`), when asked for and nothing went wrong so far.
@@ -556,6 +564,7 @@ async fn connect_live(
         report: None,
         settings,
         watched: Vec::new(),
+        tenant: None,
     };
     let wanted = args.context.is_some() || args.kubeconfig.is_some();
     if args.require_context && !wanted {
@@ -604,6 +613,7 @@ async fn connect_live(
     if let Some(published) = found.published {
         live.settings = published.settings.rules.clone();
         live.watched = published.settings.watched_namespaces.clone();
+        live.tenant = published.settings.tenant_stores.clone();
         report.settings = Some(published.settings.describe());
         report.settings_source = Some(published.source);
     }

@@ -31,6 +31,7 @@ use super::live_verdicts::{
 use super::published::{freshness, Freshness, PublishedSettings, SETTINGS_FORMAT, SETTINGS_LABEL};
 use super::rules::{ids, Finding};
 use crate::api::SandboxRun;
+use crate::store::tenant::TenantStorePolicy;
 
 /// The field manager of doctor's dry runs.
 const DOCTOR_MANAGER: &str = "sandboxrun-doctor";
@@ -488,6 +489,28 @@ impl Cluster {
             }
         }
         findings
+    }
+
+    /// What stops the store `run` would drain into from being used, judged as the operator
+    /// judges it (`policy`: its published tenant-store rules) with doctor's identity.
+    pub(crate) async fn probe_store(
+        &self,
+        run: &SandboxRun,
+        namespace: &str,
+        policy: &TenantStorePolicy,
+        stream: &BTreeSet<StreamObject>,
+    ) -> Option<Finding> {
+        let store_ref = run.spec.store_ref();
+        let call = crate::store::tenant_read::tenant_of(&self.client, namespace, store_ref, policy);
+        match tokio::time::timeout(self.timeout, call).await {
+            Ok(resolved) => {
+                verdicts::store_finding(resolved.map(|_| ()), namespace, stream, self.probe)
+            }
+            Err(_) => Some(self.probe.unanswered(
+                "the run's store",
+                &format!("no answer within {:?}", self.timeout),
+            )),
+        }
     }
 
     /// A server-side dry run of `document` in `namespace`, as `kubectl apply --server-side

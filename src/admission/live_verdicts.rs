@@ -19,6 +19,7 @@ use kube::Resource;
 
 use super::rules::{ids, Finding};
 use crate::api::{MountType, SandboxRun};
+use crate::store::tenant::TenantStoreError;
 
 /// The CRD's name.
 pub(crate) const CRD_NAME: &str = "sandboxruns.sandbox.iterion.io";
@@ -428,6 +429,50 @@ pub(crate) fn in_stream(r: &Reference, namespace: &str, stream: &BTreeSet<Stream
     stream.contains(&(r.kind, ns.to_string(), r.name.clone()))
 }
 
+/// The finding about the store a run would drain into (docs/contract.md "A store per
+/// namespace"), from the operator's own resolution of it with doctor's client: None when it can
+/// be used, or when what is missing is in the manifests checked; a read doctor's identity could
+/// not make is a probe, not a verdict.
+pub(crate) fn store_finding(
+    resolved: Result<(), TenantStoreError>,
+    namespace: &str,
+    stream: &BTreeSet<StreamObject>,
+    probe: Probe,
+) -> Option<Finding> {
+    let error = match resolved {
+        Ok(()) => return None,
+        Err(e) => e,
+    };
+    let cause = match &error {
+        TenantStoreError::Credentials { source, .. } => source.as_ref(),
+        other => other,
+    };
+    match cause {
+        TenantStoreError::Missing { kind, name, .. } => {
+            let kind = RefKind::of_kind(kind)?;
+            let brought = stream.contains(&(kind, namespace.to_string(), name.clone()));
+            if brought {
+                return None;
+            }
+        }
+        TenantStoreError::Unreadable { .. } | TenantStoreError::Transient { .. } => {
+            return Some(probe.unanswered("the run's store", &error.to_string()));
+        }
+        _ => {}
+    }
+    Some(Finding::fail(
+        ids::STORE_UNUSABLE,
+        STORE_FIELD,
+        error.to_string(),
+        "the operator holds this run with no pod (Ready=False, StoreUnusable) until its store can \
+         be used: fix the store ConfigMap or its Secret (docs/user-guide.md \"Your namespace's \
+         store\"), or name another store with spec.readBack.storeRef",
+    ))
+}
+
+/// The field a store finding points at.
+const STORE_FIELD: &str = "spec.readBack";
+
 /// What a refused server-side dry run means.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum DryRun {
@@ -759,5 +804,53 @@ mod tests {
             classify_dry_run(504, "Timeout", "timeout"),
             DryRun::Unanswered(_)
         ));
+    }
+
+    #[test]
+    fn a_store_that_cannot_be_used_fails_unless_the_manifests_bring_what_is_missing() {
+        let probe = Probe { required: false };
+        let none = BTreeSet::new();
+        assert!(store_finding(Ok(()), "t", &none, probe).is_none());
+        let secret_missing = || TenantStoreError::Credentials {
+            store: "t/sandboxrun-store".into(),
+            source: Box::new(TenantStoreError::Missing {
+                kind: "Secret",
+                namespace: "t".into(),
+                name: "creds".into(),
+            }),
+        };
+        let f = store_finding(Err(secret_missing()), "t", &none, probe).expect("finding");
+        assert_eq!(f.rule, ids::STORE_UNUSABLE);
+        assert!(
+            f.message.contains("t/sandboxrun-store") && f.message.contains("t/creds"),
+            "{}",
+            f.message
+        );
+        let brought: BTreeSet<StreamObject> =
+            [(RefKind::Secret, "t".to_string(), "creds".to_string())].into();
+        assert!(store_finding(Err(secret_missing()), "t", &brought, probe).is_none());
+        // A Secret of the same name in another namespace does not count.
+        let elsewhere: BTreeSet<StreamObject> =
+            [(RefKind::Secret, "u".to_string(), "creds".to_string())].into();
+        assert!(store_finding(Err(secret_missing()), "t", &elsewhere, probe).is_some());
+        let refused = TenantStoreError::SecretRefused {
+            store: "t/s".into(),
+            secret: "default-token".into(),
+            allowed: "store-creds".into(),
+        };
+        let f = store_finding(Err(refused), "t", &brought, probe).expect("finding");
+        assert_eq!(f.rule, ids::STORE_UNUSABLE);
+        // What doctor's identity could not read is a probe (a warning), not a verdict.
+        let forbidden = TenantStoreError::Credentials {
+            store: "t/s".into(),
+            source: Box::new(TenantStoreError::Unreadable {
+                kind: "Secret",
+                namespace: "t".into(),
+                name: "creds".into(),
+                reason: "403 Forbidden".into(),
+            }),
+        };
+        let f = store_finding(Err(forbidden), "t", &none, probe).expect("finding");
+        assert_eq!(f.rule, ids::CLUSTER_PROBE);
     }
 }

@@ -109,6 +109,7 @@ mod tests {
             version: "v".into(),
             heartbeat: None,
             watched_namespaces: Vec::new(),
+            tenant_stores: None,
         };
         let cm = settings_configmap("sys", "sbr-settings", &s);
         let labels = cm.metadata.labels.clone().unwrap_or_default();

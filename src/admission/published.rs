@@ -18,6 +18,7 @@ use super::rules::RuleSettings;
 use crate::caps::CapSettings;
 use crate::drain::wire::Wire;
 use crate::egress::PolicyEnforcement;
+use crate::store::tenant::TenantStorePolicy;
 
 /// The label (and its value, the format's version) that marks the settings ConfigMap: `doctor`
 /// finds it by this label in the operator's namespace, whatever the release called it.
@@ -57,6 +58,9 @@ pub(crate) struct PublishedSettings {
     pub(crate) heartbeat: Option<Timestamp>,
     /// The namespaces its controller watches (`run --namespaces`); empty: every namespace.
     pub(crate) watched_namespaces: Vec<String>,
+    /// Its tenant store rules (`run --tenant-store-endpoints`, `--tenant-store-secret-names`);
+    /// None in a record from an operator that did not publish them.
+    pub(crate) tenant_stores: Option<TenantStorePolicy>,
 }
 
 /// Why a published record cannot be read.
@@ -94,6 +98,8 @@ mod keys {
     pub(crate) const TOLERATION_KEYS: &str = "allowedTolerationKeys";
     pub(crate) const WATCHED_NAMESPACES: &str = "watchNamespaces";
     pub(crate) const NAMESPACE_POLICIES: &str = "namespacePolicies";
+    pub(crate) const TENANT_STORE_ENDPOINTS: &str = "tenantStoreEndpoints";
+    pub(crate) const TENANT_STORE_SECRET_NAMES: &str = "tenantStoreSecretNames";
 }
 
 impl PublishedSettings {
@@ -155,6 +161,13 @@ impl PublishedSettings {
                 serde_json::to_string(&namespace_policies).unwrap_or_default(),
             );
         }
+        // Tenant stores: the endpoints ("" when off), and the Secret names when narrowed.
+        if let Some(t) = &self.tenant_stores {
+            put(keys::TENANT_STORE_ENDPOINTS, t.patterns().join(","));
+            if !t.secret_names().is_empty() {
+                put(keys::TENANT_STORE_SECRET_NAMES, t.secret_names().join(","));
+            }
+        }
         d
     }
 
@@ -206,6 +219,7 @@ impl PublishedSettings {
                 .ok_or_else(|| enum_of(keys::NAMESPACE_POLICIES, text))?,
             None => Vec::new(),
         };
+        let tenant_stores = tenant_stores_of(data)?;
         Ok(PublishedSettings {
             rules: RuleSettings {
                 caps: CapSettings {
@@ -238,6 +252,7 @@ impl PublishedSettings {
             heartbeat,
             watched_namespaces: parse_list(data.get(keys::WATCHED_NAMESPACES).map(String::as_str))
                 .unwrap_or_default(),
+            tenant_stores,
         })
     }
 
@@ -250,7 +265,7 @@ impl PublishedSettings {
         format!(
             "max-cap {} B, default-cap {} B, max-drain-timeout {max_drain}, network-policy {}, \
              drain-wire {}, check-images {}, preflight-images {}, run policy: {}; namespace \
-             policies: {}",
+             policies: {}; tenant stores: {}",
             self.rules.caps.max_bytes,
             self.rules.caps.default_bytes,
             self.rules.network_policy,
@@ -258,8 +273,43 @@ impl PublishedSettings {
             self.check_images,
             self.preflight_images,
             self.rules.policy.describe(),
-            describe_policies(&self.rules.namespace_policies)
+            describe_policies(&self.rules.namespace_policies),
+            describe_tenant_stores(self.tenant_stores.as_ref())
         )
+    }
+}
+
+/// The tenant-store rules a record carries (None: an operator that published none).
+fn tenant_stores_of(
+    data: &BTreeMap<String, String>,
+) -> Result<Option<TenantStorePolicy>, PublishedError> {
+    let Some(raw) = data.get(keys::TENANT_STORE_ENDPOINTS) else {
+        return Ok(None);
+    };
+    let invalid = |key: &'static str, value: &str| PublishedError::Invalid {
+        key,
+        value: value.to_string(),
+    };
+    let list = |v: &str| v.split(',').map(str::to_string).collect::<Vec<_>>();
+    let names = data.get(keys::TENANT_STORE_SECRET_NAMES);
+    TenantStorePolicy::parse(&list(raw))
+        .map_err(|_| invalid(keys::TENANT_STORE_ENDPOINTS, raw))?
+        .with_secret_names(&names.map(|n| list(n)).unwrap_or_default())
+        .map_err(|_| invalid(keys::TENANT_STORE_SECRET_NAMES, names.map_or("", |n| n)))
+        .map(Some)
+}
+
+/// The tenant-store rules in words: `off`, `not published`, or the endpoints and Secret names.
+fn describe_tenant_stores(policy: Option<&TenantStorePolicy>) -> String {
+    match policy {
+        None => "not published".to_string(),
+        Some(p) if !p.enabled() => "off".to_string(),
+        Some(p) if p.secret_names().is_empty() => p.patterns().join(","),
+        Some(p) => format!(
+            "{} (store Secrets: {})",
+            p.patterns().join(","),
+            p.secret_names().join(",")
+        ),
     }
 }
 
@@ -333,6 +383,11 @@ mod tests {
             version: "0.1.0".into(),
             heartbeat: Some(Timestamp::from_second(1_800_000_000).unwrap_or_default()),
             watched_namespaces: vec!["team-a".into(), "team-b".into()],
+            tenant_stores: Some(
+                TenantStorePolicy::parse(&["http://minio.storage:9000".into(), "*.amazonaws.com".into()])
+                    .and_then(|p| p.with_secret_names(&["store-creds".into()]))
+                    .unwrap(),
+            ),
         }
     }
 
@@ -349,6 +404,20 @@ mod tests {
             Some("unenforced-refuse")
         );
         assert_eq!(PublishedSettings::from_data(&data), Ok(s.clone()));
+        // A record from an operator that did not publish its tenant-store rules: unknown, not off.
+        let mut older = data.clone();
+        older.remove("tenantStoreEndpoints");
+        older.remove("tenantStoreSecretNames");
+        let read = PublishedSettings::from_data(&older).expect("older record");
+        assert_eq!(read.tenant_stores, None);
+        let off = PublishedSettings {
+            tenant_stores: Some(TenantStorePolicy::default()),
+            ..s.clone()
+        };
+        assert_eq!(
+            PublishedSettings::from_data(&off.to_data()),
+            Ok(off.clone())
+        );
         let mut no_max = s;
         no_max.rules.max_drain_timeout = None;
         no_max.heartbeat = None;

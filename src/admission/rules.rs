@@ -232,6 +232,11 @@ pub mod ids {
     /// `doctor --context`: an object the run's pod needs (Secret, ConfigMap, PVC, ServiceAccount,
     /// PriorityClass, RuntimeClass, the namespace) is neither in the cluster nor in the manifests.
     pub(crate) const REFERENCE_MISSING: &str = "reference-missing";
+    /// `doctor --context`: the store the run would drain into cannot be used as the operator
+    /// judges it (its store ConfigMap or Secret missing, an endpoint or a Secret name the
+    /// platform refuses, a description a tenant store may not have): the run would be held
+    /// with no pod (`StoreUnusable`) or refused.
+    pub(crate) const STORE_UNUSABLE: &str = "store-unusable";
 }
 
 /// Checks a spec against every ADR-006 rule. Findings are sorted (see [`sort_findings`]).

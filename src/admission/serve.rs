@@ -50,8 +50,8 @@ pub(crate) struct ServeConfig {
     pub(crate) check_images: bool,
     /// Settings the rules read.
     pub(crate) settings: RuleSettings,
-    /// Whether tenant stores are on (`run --tenant-store-endpoints`).
-    pub(crate) tenant_stores: bool,
+    /// The tenant store rules (`run --tenant-store-endpoints`, `--tenant-store-secret-names`).
+    pub(crate) tenant_stores: crate::store::tenant::TenantStorePolicy,
     /// The namespaces the controller watches (`run --namespaces`); empty: every namespace.
     pub(crate) watched_namespaces: Vec<String>,
 }
@@ -79,7 +79,7 @@ pub(crate) async fn start(
         images,
         client: Some(client.clone()),
         access_checks: true,
-        tenant_stores: config.tenant_stores,
+        tenant_stores: config.tenant_stores.clone(),
     };
 
     let tls = match config.cert_mode.as_str() {

@@ -82,7 +82,7 @@ pub struct WebhookState {
     pub watched_namespaces: Vec<String>,
     /// Whether tenant stores are on (`run --tenant-store-endpoints`): off, a run naming a store
     /// (`spec.readBack.storeRef`) is refused (docs/contract.md "A store per namespace").
-    pub tenant_stores: bool,
+    pub tenant_stores: crate::store::tenant::TenantStorePolicy,
 }
 
 /// The webhook's routes: `POST /validate-sandboxrun`, `GET /healthz`.
@@ -393,7 +393,7 @@ async fn store_ref_findings(
             hint,
         )]
     };
-    if !state.tenant_stores {
+    if !state.tenant_stores.enabled() {
         return refuse(
             crate::store::tenant::TenantStoreError::Off {
                 namespace: namespace.into(),
@@ -407,11 +407,19 @@ async fn store_ref_findings(
         Api::namespaced(client.clone(), namespace);
     match configmaps.get_opt(name).await {
         Ok(Some(cm)) => {
-            if let Some((right, field)) =
-                super::access::store_secret(&cm.data.unwrap_or_default())
-            {
-                wanted.entry(right).or_default().push(field);
+            let Some((right, field)) = super::access::store_secret(&cm.data.unwrap_or_default())
+            else {
+                return Vec::new();
+            };
+            let secret = right.name.clone().unwrap_or_default();
+            let store = format!("{namespace}/{name}");
+            if let Some(refused) = state.tenant_stores.secret_refused(&store, &secret) {
+                return refuse(
+                    refused.to_string(),
+                    "name a store whose ConfigMap names one of those Secrets, or drop spec.readBack.storeRef",
+                );
             }
+            wanted.entry(right).or_default().push(field);
             Vec::new()
         }
         Ok(None) => refuse(

@@ -107,11 +107,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let pack_command = holder_programs(&args.holder_binary, args.pack_command.as_deref())
         .map_err(OperatorError::Config)?;
     let metrics = Metrics::new()?;
-    if let Some(cleaner) = &open_uploads {
-        if let Err(e) = metrics.registry.register(Box::new(cleaner.metric())) {
-            warn!(error = %e, "registering the open multipart uploads metric");
-        }
-    }
+    register_open_uploads(&metrics, open_uploads.as_deref());
     let ready = Arc::new(AtomicBool::new(false));
 
     let metrics_addr = serve_metrics(&args.metrics_addr, metrics.clone(), ready.clone()).await?;
@@ -125,12 +121,22 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         policy: args.run_policy(),
         namespace_policies: namespace_policies.clone(),
     };
-    if !args.webhook_addr.trim().is_empty() {
-        start_webhook(&args, client.clone(), &metrics, rules.clone()).await?;
-    }
-    if !args.settings_configmap.trim().is_empty() {
-        publish_settings(&args, client.clone(), rules, &durations, ready.clone());
-    }
+    let tenant = tenant_stores(&args)?;
+    start_webhook(
+        &args,
+        client.clone(),
+        &metrics,
+        rules.clone(),
+        tenant.clone(),
+    )
+    .await?;
+    publish_settings(
+        &args,
+        client.clone(),
+        (rules, tenant.clone()),
+        &durations,
+        &ready,
+    );
     let preflight = preflight(&args)?;
     let leader = metrics.leader.clone();
     let pod = PodSettings {
@@ -162,7 +168,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_quiet_window(durations.quiet_window)
         .with_path_slots(args.path_slots())
         .with_open_uploads(open_uploads)
-        .with_tenant_endpoints(tenant_endpoints(&args)?)
+        .with_tenant_stores(tenant)
         .with_preflight(preflight)
         .with_shards(shards.clone()),
     );
@@ -191,16 +197,20 @@ async fn operate(
     }
 }
 
-/// `--tenant-store-endpoints`, parsed (a bad pattern stops the operator at start).
-fn tenant_endpoints(
-    args: &RunArgs,
-) -> Result<crate::store::tenant::TenantEndpoints, OperatorError> {
-    let endpoints = crate::store::tenant::TenantEndpoints::parse(&args.tenant_store_endpoints)
+/// `--tenant-store-endpoints` and `--tenant-store-secret-names`, parsed (a bad pattern or name
+/// stops the operator at start).
+fn tenant_stores(args: &RunArgs) -> Result<crate::store::tenant::TenantStorePolicy, OperatorError> {
+    let policy = crate::store::tenant::TenantStorePolicy::parse(&args.tenant_store_endpoints)
+        .and_then(|p| p.with_secret_names(&args.tenant_store_secret_names))
         .map_err(OperatorError::Config)?;
-    if endpoints.enabled() {
-        info!(endpoints = ?args.tenant_store_endpoints, "tenant stores on");
+    if policy.enabled() {
+        info!(
+            endpoints = ?args.tenant_store_endpoints,
+            secret_names = ?policy.secret_names(),
+            "tenant stores on"
+        );
     }
-    Ok(endpoints)
+    Ok(policy)
 }
 
 /// The shard gate of `--sharding` (None without).
@@ -271,13 +281,29 @@ fn open_uploads_cleaner(
     }
 }
 
-/// Starts the admission webhook on `--webhook-addr`.
+/// Registers the open multipart uploads cleaner's metric (when there is a cleaner).
+fn register_open_uploads(
+    metrics: &Metrics,
+    cleaner: Option<&crate::store::open_uploads::OpenUploads>,
+) {
+    if let Some(cleaner) = cleaner {
+        if let Err(e) = metrics.registry.register(Box::new(cleaner.metric())) {
+            warn!(error = %e, "registering the open multipart uploads metric");
+        }
+    }
+}
+
+/// Starts the admission webhook on `--webhook-addr` (none when it is empty).
 async fn start_webhook(
     args: &RunArgs,
     client: Client,
     metrics: &Metrics,
     settings: crate::admission::RuleSettings,
+    tenant_stores: crate::store::tenant::TenantStorePolicy,
 ) -> Result<(), OperatorError> {
+    if args.webhook_addr.trim().is_empty() {
+        return Ok(());
+    }
     let cfg = crate::admission::serve::ServeConfig {
         addr: args.webhook_addr.parse().map_err(|e| {
             OperatorError::Config(format!("--webhook-addr {:?}: {e}", args.webhook_addr))
@@ -289,10 +315,7 @@ async fn start_webhook(
         config: args.webhook_config.clone(),
         hosts: args.webhook_hosts.clone(),
         check_images: args.check_images,
-        tenant_stores: args
-            .tenant_store_endpoints
-            .iter()
-            .any(|p| !p.trim().is_empty()),
+        tenant_stores,
         settings,
         watched_namespaces: if args.webhook_refuse_unwatched {
             args.namespaces.clone()
@@ -307,15 +330,21 @@ async fn start_webhook(
     Ok(())
 }
 
-/// Publishes the operator's settings in `--settings-configmap`, for `doctor --context`, from now
-/// on (a heartbeat while `ready`).
+/// Publishes the operator's settings in `--settings-configmap` (unless empty), for `doctor
+/// --context`, from now on (a heartbeat while `ready`).
 fn publish_settings(
     args: &RunArgs,
     client: Client,
-    rules: crate::admission::RuleSettings,
+    (rules, tenant_stores): (
+        crate::admission::RuleSettings,
+        crate::store::tenant::TenantStorePolicy,
+    ),
     durations: &Durations,
-    ready: Arc<AtomicBool>,
+    ready: &Arc<AtomicBool>,
 ) {
+    if args.settings_configmap.trim().is_empty() {
+        return;
+    }
     let published = crate::admission::published::PublishedSettings {
         rules,
         default_drain_timeout: durations.drain_timeout,
@@ -328,13 +357,14 @@ fn publish_settings(
         version: env!("CARGO_PKG_VERSION").to_string(),
         heartbeat: None,
         watched_namespaces: args.namespaces.clone(),
+        tenant_stores: Some(tenant_stores),
     };
     tokio::spawn(crate::admission::publish::publish_forever(
         client,
         args.pod_namespace.clone(),
         args.settings_configmap.trim().to_string(),
         published,
-        ready,
+        ready.clone(),
     ));
 }
 

@@ -228,6 +228,16 @@ pub(crate) struct RunArgs {
         value_delimiter = ','
     )]
     pub(crate) tenant_store_endpoints: Vec<String>,
+    /// The only Secret names a store ConfigMap may name (comma-separated; unset: any name). A
+    /// store naming another is refused (the run is held, `StoreUnusable`) before any Secret is
+    /// read, and the chart (tenantStores.secretNames) grants `get` on those names only.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_TENANT_STORE_SECRET_NAMES",
+        value_name = "NAMES",
+        value_delimiter = ','
+    )]
+    pub(crate) tenant_store_secret_names: Vec<String>,
     /// The runtime class of a run that names none (e.g. gvisor); it must be among
     /// --allowed-runtime-classes when those are set. A namespace policy's defaultRuntimeClass
     /// wins over it. Chart: runPolicy.defaultRuntimeClass.

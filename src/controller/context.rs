@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::pod::PodSettings;
 use crate::shard::gate::{ShardGate, ShardGuard};
 use crate::store::open_uploads::OpenUploads;
-use crate::store::tenant::{TenantEndpoints, TenantStoreError};
+use crate::store::tenant::{TenantStoreError, TenantStorePolicy};
 use crate::store::tenant_read::{self, RunStore};
 
 /// Field manager of every status write (server-side apply, one manager), and the Events' reporter.
@@ -90,7 +90,7 @@ pub(crate) struct Context {
     /// The endpoints tenant stores may send their credentials to (`run
     /// --tenant-store-endpoints`; empty: tenant stores off). docs/contract.md "A store per
     /// namespace".
-    pub tenant_endpoints: TenantEndpoints,
+    pub tenant_stores: TenantStorePolicy,
     /// The shards this replica owns (`run --sharding`; None: every run is this replica's).
     pub shards: Option<Arc<ShardGate>>,
 }
@@ -209,14 +209,14 @@ impl Context {
             path_slots: FairSlots::new(max_concurrent_drains, DEFAULT_PATH_DRAINS_PER_RUN, None),
             open_uploads: None,
             preflight: None,
-            tenant_endpoints: TenantEndpoints::default(),
+            tenant_stores: TenantStorePolicy::default(),
             shards: None,
         }
     }
 
     /// The same context with tenant stores allowed at `endpoints` (`run --tenant-store-endpoints`).
-    pub(crate) fn with_tenant_endpoints(mut self, endpoints: TenantEndpoints) -> Context {
-        self.tenant_endpoints = endpoints;
+    pub(crate) fn with_tenant_stores(mut self, endpoints: TenantStorePolicy) -> Context {
+        self.tenant_stores = endpoints;
         self
     }
 
@@ -229,7 +229,7 @@ impl Context {
             &self.client,
             &namespace,
             run.spec.store_ref(),
-            &self.tenant_endpoints,
+            &self.tenant_stores,
             || self.operator_store(),
         )
         .await

@@ -249,7 +249,7 @@ async fn store_unusable(
     ctx: &Context,
     run: &SandboxRun,
 ) -> Result<Option<String>, ControllerError> {
-    if !ctx.tenant_endpoints.enabled() || run.spec.read_back_paths().is_empty() {
+    if !ctx.tenant_stores.enabled() || run.spec.read_back_paths().is_empty() {
         return Ok(None);
     }
     match ctx.run_store(run).await {

@@ -2,7 +2,8 @@
 //! run's drain uses (its `spec.readBack.storeRef`, else its namespace's default store ConfigMap,
 //! else the operator's `--store-url`), the tenant store a ConfigMap and its Secret describe, and
 //! the platform's allowlist of the endpoints tenant credentials may be sent to
-//! (`run --tenant-store-endpoints`). Reading the ConfigMap and the Secret is
+//! (`run --tenant-store-endpoints`) and of the Secret names a store may name
+//! (`run --tenant-store-secret-names`). Reading the ConfigMap and the Secret is
 //! [`super::tenant_read`]'s.
 //!
 //! A tenant's store is built from the ConfigMap and the Secret only, never from the operator's
@@ -95,6 +96,28 @@ pub enum TenantStoreError {
         /// The endpoint its requests would go to.
         endpoint: String,
     },
+    /// The Secret a store ConfigMap names is missing or cannot be read.
+    #[error("the store ConfigMap {store}: its credentials: {source}")]
+    Credentials {
+        /// `namespace/name` of the ConfigMap.
+        store: String,
+        /// What went wrong with the Secret ([`TenantStoreError::Missing`] or
+        /// [`TenantStoreError::Unreadable`], or the Secret's data refused).
+        source: Box<TenantStoreError>,
+    },
+    /// The ConfigMap names a Secret the platform does not let the operator read.
+    #[error(
+        "the store ConfigMap {store} names the Secret {secret:?}, but the platform lets the \
+         operator read only the store Secrets named {allowed} (--tenant-store-secret-names); refused"
+    )]
+    SecretRefused {
+        /// `namespace/name` of the ConfigMap.
+        store: String,
+        /// The Secret it names.
+        secret: String,
+        /// The names allowed, comma-separated.
+        allowed: String,
+    },
     /// The store could not be configured.
     #[error("the store ConfigMap {store}: {source}")]
     Store {
@@ -116,16 +139,19 @@ enum EndpointPattern {
     Host(String),
 }
 
-/// The endpoints tenant stores may send their credentials to (`run --tenant-store-endpoints`).
-/// Empty: tenant stores are off, every run uses the operator's store.
+/// The platform's rules for tenant stores: the endpoints their credentials may be sent to (`run
+/// --tenant-store-endpoints`; empty: tenant stores are off, every run uses the operator's store)
+/// and, when the platform narrows them, the only Secret names a store ConfigMap may name (`run
+/// --tenant-store-secret-names`; the chart grants the operator `get` on those names only).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TenantEndpoints {
+pub struct TenantStorePolicy {
     patterns: Vec<EndpointPattern>,
+    secret_names: Vec<String>,
 }
 
-impl TenantEndpoints {
+impl TenantStorePolicy {
     /// Parses the flag's patterns (blank ones skipped).
-    pub fn parse(raw: &[String]) -> Result<TenantEndpoints, String> {
+    pub fn parse(raw: &[String]) -> Result<TenantStorePolicy, String> {
         let mut patterns = Vec::new();
         for p in raw.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
             if p.contains("://") {
@@ -146,7 +172,56 @@ impl TenantEndpoints {
                 patterns.push(EndpointPattern::Host(host));
             }
         }
-        Ok(TenantEndpoints { patterns })
+        Ok(TenantStorePolicy {
+            patterns,
+            secret_names: Vec::new(),
+        })
+    }
+
+    /// The same policy with store Secrets narrowed to `names` (blank ones skipped; none: any
+    /// name). Each must be a Secret's name (a DNS subdomain).
+    pub fn with_secret_names(mut self, names: &[String]) -> Result<TenantStorePolicy, String> {
+        let mut kept: Vec<String> = Vec::new();
+        for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
+            if !crate::names::is_dns1123_subdomain(name) {
+                return Err(format!(
+                    "--tenant-store-secret-names: {name:?} is not a Secret name (a DNS subdomain)"
+                ));
+            }
+            if !kept.iter().any(|k| k == name) {
+                kept.push(name.to_string());
+            }
+        }
+        self.secret_names = kept;
+        Ok(self)
+    }
+
+    /// The endpoint patterns as the flag takes them (normalised), for a record of the settings.
+    pub fn patterns(&self) -> Vec<String> {
+        self.patterns
+            .iter()
+            .map(|p| match p {
+                EndpointPattern::Prefix(p) | EndpointPattern::Host(p) => p.clone(),
+            })
+            .collect()
+    }
+
+    /// The Secret names store ConfigMaps may name (empty: any).
+    pub fn secret_names(&self) -> &[String] {
+        &self.secret_names
+    }
+
+    /// Why the store ConfigMap `store` may not name the Secret `secret`: None when it may
+    /// (checked before the Secret is read, so a refused name is never fetched).
+    pub fn secret_refused(&self, store: &str, secret: &str) -> Option<TenantStoreError> {
+        if self.secret_names.is_empty() || self.secret_names.iter().any(|n| n == secret) {
+            return None;
+        }
+        Some(TenantStoreError::SecretRefused {
+            store: store.into(),
+            secret: secret.into(),
+            allowed: self.secret_names.join(", "),
+        })
     }
 
     /// Whether tenant stores are on.
@@ -206,7 +281,7 @@ pub enum StoreChoice {
 pub fn choose(
     namespace: &str,
     store_ref: Option<&str>,
-    endpoints: &TenantEndpoints,
+    endpoints: &TenantStorePolicy,
 ) -> Result<StoreChoice, TenantStoreError> {
     match (store_ref, endpoints.enabled()) {
         (Some(name), false) => Err(TenantStoreError::Off {
@@ -280,7 +355,7 @@ pub fn tenant_store(
     store: &str,
     data: &BTreeMap<String, String>,
     secret: &BTreeMap<String, String>,
-    endpoints: &TenantEndpoints,
+    endpoints: &TenantStorePolicy,
 ) -> Result<TenantStore, TenantStoreError> {
     described(store, data, secret, |endpoint| endpoints.allows(endpoint))
 }
@@ -442,8 +517,8 @@ mod tests {
             .collect()
     }
 
-    fn endpoints(patterns: &[&str]) -> TenantEndpoints {
-        TenantEndpoints::parse(&patterns.iter().map(|p| p.to_string()).collect::<Vec<_>>())
+    fn endpoints(patterns: &[&str]) -> TenantStorePolicy {
+        TenantStorePolicy::parse(&patterns.iter().map(|p| p.to_string()).collect::<Vec<_>>())
             .expect("patterns")
     }
 
@@ -473,7 +548,7 @@ mod tests {
         );
         // Off: the operator's store, and a run naming a store is refused, never served by the
         // operator's store instead.
-        let off = TenantEndpoints::default();
+        let off = TenantStorePolicy::default();
         assert_eq!(
             choose("team", None, &off).expect("choice"),
             StoreChoice::Operator
@@ -510,9 +585,9 @@ mod tests {
         assert!(!e.allows("https://x.blob.example.net"));
         assert!(!e.allows("http://user@127.0.0.1:19000"));
         assert!(!e.allows("not a url"));
-        assert!(TenantEndpoints::parse(&["*".into()]).is_err());
-        assert!(TenantEndpoints::parse(&["http://".into()]).is_err());
-        assert!(!TenantEndpoints::parse(&[" ".into()])
+        assert!(TenantStorePolicy::parse(&["*".into()]).is_err());
+        assert!(TenantStorePolicy::parse(&["http://".into()]).is_err());
+        assert!(!TenantStorePolicy::parse(&[" ".into()])
             .expect("blank")
             .enabled());
     }
@@ -606,6 +681,34 @@ mod tests {
             err.to_string().contains("AWS_WEB_IDENTITY_TOKEN_FILE"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn narrowed_secret_names_refuse_any_other_name_and_unnarrowed_ones_refuse_none() {
+        let open = endpoints(&["*.amazonaws.com"]);
+        assert!(open.secret_refused("t/s", "anything").is_none());
+        let names = [
+            "store-creds".to_string(),
+            " ".to_string(),
+            "store-creds".to_string(),
+        ];
+        let narrowed = open.clone().with_secret_names(&names).expect("names");
+        assert_eq!(narrowed.secret_names(), ["store-creds".to_string()]);
+        assert!(narrowed.secret_refused("t/s", "store-creds").is_none());
+        let refused = narrowed
+            .secret_refused("t/s", "default-token")
+            .expect("refused")
+            .to_string();
+        assert!(
+            refused.contains("t/s")
+                && refused.contains("\"default-token\"")
+                && refused.contains("store-creds"),
+            "{refused}"
+        );
+        let bad = open
+            .with_secret_names(&["Not_A_Name".to_string()])
+            .unwrap_err();
+        assert!(bad.contains("--tenant-store-secret-names"), "{bad}");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use kube::{Api, Client};
 use object_store::path::Path;
 use object_store::ObjectStore;
 
-use super::tenant::{self, StoreChoice, TenantEndpoints, TenantStoreError, KEY_SECRET_NAME};
+use super::tenant::{self, StoreChoice, TenantStoreError, TenantStorePolicy, KEY_SECRET_NAME};
 
 /// The store one run uses.
 #[derive(Clone)]
@@ -52,17 +52,44 @@ pub async fn resolve(
     client: &Client,
     namespace: &str,
     store_ref: Option<&str>,
-    endpoints: &TenantEndpoints,
+    policy: &TenantStorePolicy,
     operator: impl FnOnce() -> RunStore,
 ) -> Result<RunStore, TenantStoreError> {
-    let (name, named_by_run) = match tenant::choose(namespace, store_ref, endpoints)? {
-        StoreChoice::Operator => return Ok(operator()),
+    let Some(tenant) = tenant_of(client, namespace, store_ref, policy).await? else {
+        return Ok(operator());
+    };
+    let (built, prefix) = tenant
+        .config
+        .build()
+        .map_err(|source| TenantStoreError::Store {
+            store: tenant.store.clone(),
+            source: Box::new(source),
+        })?;
+    Ok(RunStore {
+        store: built,
+        prefix,
+        url: tenant.url,
+        tenant: Some(tenant.store),
+    })
+}
+
+/// The tenant store the run in `namespace` with `store_ref` uses, judged as the operator judges
+/// it (`policy`: the endpoints, the Secret names), read with `client`: None when the run uses the
+/// operator's store. `doctor --context` asks the same question with its user's client.
+pub async fn tenant_of(
+    client: &Client,
+    namespace: &str,
+    store_ref: Option<&str>,
+    policy: &TenantStorePolicy,
+) -> Result<Option<tenant::TenantStore>, TenantStoreError> {
+    let (name, named_by_run) = match tenant::choose(namespace, store_ref, policy)? {
+        StoreChoice::Operator => return Ok(None),
         StoreChoice::ConfigMap { name, named_by_run } => (name, named_by_run),
     };
     let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let configmap = match configmaps.get_opt(&name).await {
         Ok(Some(cm)) => cm,
-        Ok(None) if !named_by_run => return Ok(operator()),
+        Ok(None) if !named_by_run => return Ok(None),
         Ok(None) => return Err(missing("ConfigMap", namespace, &name)),
         Err(e) => return Err(unreadable("ConfigMap", namespace, &name, e)),
     };
@@ -78,30 +105,20 @@ pub async fn resolve(
                 "it has no {KEY_SECRET_NAME:?} key (the Secret of this namespace holding its credentials)"
             ),
         })?;
+    if let Some(refused) = policy.secret_refused(&store, &secret_name) {
+        return Err(refused);
+    }
     // The Secret's errors name the store too: a drain that fails says which store it was.
     let secret = read_secret(client, namespace, &secret_name)
         .await
         .map_err(|e| match e {
             e @ TenantStoreError::Transient { .. } => e,
-            e => TenantStoreError::Invalid {
+            e => TenantStoreError::Credentials {
                 store: store.clone(),
-                reason: format!("its credentials: {e}"),
+                source: Box::new(e),
             },
         })?;
-    let tenant = tenant::tenant_store(&store, &data, &secret, endpoints)?;
-    let (built, prefix) = tenant
-        .config
-        .build()
-        .map_err(|source| TenantStoreError::Store {
-            store: store.clone(),
-            source: Box::new(source),
-        })?;
-    Ok(RunStore {
-        store: built,
-        prefix,
-        url: tenant.url,
-        tenant: Some(store),
-    })
+    tenant::tenant_store(&store, &data, &secret, policy).map(Some)
 }
 
 /// The namespace's store as `files` reads it, with the reader's own `client` (its right to read

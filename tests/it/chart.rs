@@ -366,6 +366,57 @@ fn tenant_stores_are_a_chart_value_that_brings_its_configmap_and_secret_rules() 
     );
 }
 
+/// Issue #29 item 1 ("offer the chart option to restrict it to labelled Secrets"): RBAC cannot
+/// select Secrets by label, so `tenantStores.secretNames` narrows the operator's `get` on
+/// secrets to those names (resourceNames) and tells the operator the same names
+/// (`--tenant-store-secret-names`); with an image check on, which reads imagePullSecrets of any
+/// name, the rule cannot be narrowed and is not.
+#[test]
+fn tenant_store_secret_names_narrow_the_operators_secret_rule_to_those_names() {
+    let manager_rules = |text: &str| -> String {
+        text.split("\n---")
+            .find(|d| {
+                d.contains("kind: ClusterRole\n")
+                    && d.contains("  name: demo-sandboxrun-operator-manager\n")
+            })
+            .unwrap_or_default()
+            .to_string()
+    };
+    let narrowed = "resources: [secrets]\n    verbs: [get]\n    resourceNames: [\"store-creds\",\"team-store\"]";
+    let base = [
+        "template",
+        "demo",
+        CHART,
+        "--set",
+        "tenantStores.enabled=true",
+        "--set",
+        "tenantStores.endpoints={http://minio.storage:9000}",
+        "--set",
+        "tenantStores.secretNames={store-creds,team-store}",
+    ];
+    let on = ok(helm(&base), None);
+    assert!(
+        on.contains("            - --tenant-store-secret-names=store-creds,team-store\n"),
+        "{on}"
+    );
+    let rules = manager_rules(&on);
+    assert!(rules.contains(narrowed), "{rules}");
+    let mut with_preflight = base.to_vec();
+    with_preflight.extend(["--set", "preflightImages=true"]);
+    let wide = manager_rules(&ok(helm(&with_preflight), None));
+    assert!(
+        wide.contains("resources: [secrets]\n    verbs: [get]"),
+        "{wide}"
+    );
+    assert!(!wide.contains("resourceNames:"), "{wide}");
+    let mut bad = base.to_vec();
+    bad.extend(["--set", "tenantStores.secretNames={Not_A_Name}"]);
+    assert!(
+        !run(helm(&bad), None).status.success(),
+        "a bad name rendered"
+    );
+}
+
 /// The run policy (`runPolicy.*`) becomes the operator's `--allowed-*` flags: a list as its
 /// comma-joined names, `[]` as an empty value (nothing allowed), null (the default) as no flag.
 #[test]

@@ -350,6 +350,82 @@ async fn the_published_namespace_policies_are_judged_with_the_namespaces_own_lab
     assert_eq!(code, 0, "{out}{err}");
 }
 
+/// Issue #29 item 1: `doctor --context` reports a run whose store cannot be used, judged as the
+/// operator would with the tenant-store rules it publishes: the namespace's default store names
+/// a Secret that does not exist (a failure, unless the manifests bring it), a store the run
+/// names whose Secret is not among `--tenant-store-secret-names` (the webhook's dry-run refusal
+/// and doctor's own finding); once the Secret exists the run is clean.
+#[tokio::test]
+async fn doctor_judges_a_runs_store_as_the_operator_would() {
+    let endpoint = bed_setting("SANDBOXRUN_TEST_S3_ENDPOINT");
+    let bed = Bed::start_with(&[
+        "--tenant-store-endpoints",
+        &endpoint,
+        "--tenant-store-secret-names",
+        "team-creds",
+    ])
+    .await;
+    let ns = bed.ns.name.clone();
+    let configmaps: Api<ConfigMap> = Api::namespaced(bed.client.clone(), &ns);
+    for (name, secret) in [
+        ("sandboxrun-store", "team-creds"),
+        ("rogue", "default-token"),
+    ] {
+        let yaml = format!(
+            "metadata: {{name: {name}}}\n\
+             data: {{url: 's3://sandboxrun-test/doctor', options: 'endpoint={endpoint},allow_http=true', secretName: {secret}}}\n"
+        );
+        let cm: ConfigMap = serde_yaml::from_str(&yaml).expect("a ConfigMap");
+        configmaps
+            .create(&PostParams::default(), &cm)
+            .await
+            .expect("create the store ConfigMap");
+    }
+    let secret = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: team-creds, namespace: {ns}}}\n\
+         stringData: {{AWS_ACCESS_KEY_ID: a, AWS_SECRET_ACCESS_KEY: b}}\n"
+    );
+    let paths = "  readBack:\n    paths:\n    - path: /out\n";
+    let manifest = run_yaml(&ns, "default-store", paths);
+    let (code, out, err) = bed.doctor(&[], &manifest);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("store-unusable")
+            && out.contains(&format!("{ns}/sandboxrun-store"))
+            && out.contains(&format!("{ns}/team-creds does not exist")),
+        "{out}"
+    );
+    assert!(
+        out.contains("store Secrets: team-creds"),
+        "the published rules are described: {out}"
+    );
+    // The manifests bring the Secret: nothing is missing.
+    let (code, out, err) = bed.doctor(&[], &format!("{secret}---\n{manifest}"));
+    assert_eq!(code, 0, "{out}{err}");
+    // A named store whose Secret the platform does not let the operator read.
+    let named = run_yaml(&ns, "rogue-store", &format!("{paths}    storeRef: rogue\n"));
+    let (code, out, err) = bed.doctor(&[], &named);
+    assert_eq!(code, 1, "{out}{err}");
+    assert!(
+        out.contains("store-unusable")
+            && out.contains("\"default-token\"")
+            && out.contains("--tenant-store-secret-names"),
+        "{out}"
+    );
+    assert!(
+        out.contains("dry-run") && out.contains("team-creds"),
+        "the webhook refuses it too: {out}"
+    );
+    let typed: k8s_openapi::api::core::v1::Secret =
+        serde_yaml::from_str(&secret).expect("a Secret");
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(bed.client.clone(), &ns)
+        .create(&PostParams::default(), &typed)
+        .await
+        .expect("create the Secret");
+    let (code, out, err) = bed.doctor(&[], &manifest);
+    assert_eq!(code, 0, "{out}{err}");
+}
+
 #[tokio::test]
 async fn a_context_that_does_not_exist_is_a_usage_error() {
     let (code, out, err) = doctor(

@@ -547,3 +547,46 @@ async fn an_unusable_store_fails_the_drain_loudly_naming_it_and_never_falls_back
         "nothing sent to the endpoint the platform did not allow"
     );
 }
+
+/// Issue #29 item 1 (the chart's narrowed Secrets): with `--tenant-store-secret-names`, a
+/// namespace whose default store names another Secret holds its run before any pod, naming the
+/// Secret and the names the platform allows; nothing is stored anywhere (without the flag the
+/// same store drains, `two_namespaces_drain_side_by_side_each_into_its_own_store_and_delete_only_their_own`).
+#[tokio::test]
+async fn a_store_naming_a_secret_the_platform_did_not_name_is_refused_and_held() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "tenant-stores-names").await;
+    let tenant = s3_tenant();
+    publish_store(&client, &ns.name, "sandboxrun-store", &tenant).await;
+    let own = host_dir("tenant-stores-names-operator");
+    let op = Operator::builder(&ns.name, &format!("file://{}", own.display()))
+        .flags(&[
+            "--tenant-store-endpoints",
+            &allowed_endpoints(),
+            "--tenant-store-secret-names",
+            "team-store-creds,other-creds",
+        ])
+        .start();
+    let out = host_dir("out");
+    std::fs::write(out.join("result.txt"), b"tenant data\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "narrowed", spec(&[&out])).await;
+    let held = wait_held(&runs, "narrowed", &op).await;
+    let message = held.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(
+        message.contains(&format!("{}/sandboxrun-store", ns.name))
+            && message.contains("\"sandboxrun-store-creds\"")
+            && message.contains("team-store-creds, other-creds"),
+        "{message}"
+    );
+    assert!(
+        pods.get_opt("narrowed-sbr")
+            .await
+            .expect("get pod")
+            .is_none(),
+        "no pod while the store names a Secret the platform did not name"
+    );
+    assert_eq!(files_in(&own), Vec::<String>::new(), "nothing stored");
+}
