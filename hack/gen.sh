@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates every generated artefact from its one source:
-#   - the CRD in crds/ and its copy in the chart, from the code (src/api.rs);
+#   - the CRDs (SandboxRun, SandboxRunTemplate) in crds/ and their copies in the chart, from the
+#     code (src/api.rs);
 #   - config/rbac/rbac.yaml (the kustomize install's ServiceAccount and RBAC), from the chart's
 #     templates/serviceaccount.yaml and templates/rbac.yaml (`helm template`);
 #   - tests/gitops-fixtures/*.yaml (the runs the GitOps health checks are judged on), from the
@@ -18,6 +19,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 # ---- the CRD, from src/api.rs
 cargo run --quiet --locked --bin sandboxrun-operator -- crd >"$tmp/crd.yaml"
+cargo run --quiet --locked --bin sandboxrun-operator -- crd --template >"$tmp/template-crd.yaml"
 
 # ---- tests/gitops-fixtures, from the controller's status builders
 fixtures_test=controller::gitops_fixtures::the_gitops_fixtures_are_what_the_status_builders_write
@@ -63,6 +65,8 @@ release=sandboxrun-operator
 targets=(
   "crds/sandboxruns.sandbox.iterion.io.yaml:crd.yaml:src/api.rs"
   "charts/sandboxrun-operator/crds/sandboxruns.sandbox.iterion.io.yaml:crd.yaml:src/api.rs"
+  "crds/sandboxruntemplates.sandbox.iterion.io.yaml:template-crd.yaml:src/api.rs"
+  "charts/sandboxrun-operator/crds/sandboxruntemplates.sandbox.iterion.io.yaml:template-crd.yaml:src/api.rs"
   "config/rbac/rbac.yaml:rbac.yaml:the chart's RBAC templates"
 )
 for f in "$tmp"/gitops-fixtures/*.yaml; do

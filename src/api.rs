@@ -46,6 +46,7 @@ pub(crate) const MAX_TTL_SECONDS_AFTER_FINISHED: i64 = 31_536_000;
     printcolumn = r#"{"name":"Exit","type":"integer","priority":1,"description":"Exit code of the workload container","jsonPath":".status.exitCode"}"#,
     printcolumn = r#"{"name":"Duration","type":"string","priority":1,"description":"How long the run took, set when it ends","jsonPath":".status.duration"}"#,
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Summary of the current phase","jsonPath":".status.message"}"#,
+    printcolumn = r#"{"name":"Template","type":"string","priority":1,"description":"The SandboxRunTemplate the run is made from","jsonPath":".spec.templateRef.name"}"#,
     doc = "A SandboxRun runs one sandboxed workload in a pod and, at teardown (the workload exited, spec.stop, the deadline, or deletion), drains the container paths declared in spec.readBack into object storage, so the files the run was told to leave behind outlive its pod. status says how the workload ended and where each path was stored; a failed drain is a Warning Event and a Failed path, never an empty set."
 )]
 #[serde(rename_all = "camelCase")]
@@ -174,6 +175,122 @@ pub struct SandboxRunSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[x_kube(validation = Rule::new("self >= 0 && self <= 31536000").message("ttlSecondsAfterFinished must be between 0 and 31536000 (one year): give the seconds to keep a finished run, e.g. 3600, or leave it unset to keep the run until it is deleted"))]
     pub ttl_seconds_after_finished: Option<i64>,
+
+    /// The SandboxRunTemplate, in the run's namespace, the run is made from: the template's spec
+    /// is the run's, and the run may set only the fields the template's `openFields` leave open
+    /// (and `stop`). Admission judges the merged spec; the operator resolves the template once,
+    /// before the pod exists, and records what it used in `status.template`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_ref: Option<TemplateRef>,
+}
+
+/// A reference to a SandboxRunTemplate in the run's namespace.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateRef {
+    /// Name of the SandboxRunTemplate.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+    )]
+    pub name: String,
+}
+
+/// A run spec a platform team locks: runs that name it (`spec.templateRef`) get its spec and may
+/// set only the fields it leaves open (docs/contract.md "Templates").
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "sandbox.iterion.io",
+    version = "v1alpha1",
+    kind = "SandboxRunTemplate",
+    plural = "sandboxruntemplates",
+    singular = "sandboxruntemplate",
+    shortname = "sbrt",
+    category = "sandbox",
+    namespaced,
+    printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.template.image"}"#,
+    printcolumn = r#"{"name":"Open","type":"string","description":"The fields a run may set","jsonPath":".spec.openFields"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    doc = "A SandboxRunTemplate holds a SandboxRun spec that a platform team locks. A SandboxRun that names it in spec.templateRef (same namespace) is made from spec.template and may set only the fields spec.openFields lists (and spec.stop); admission refuses any other field it sets, naming it, and judges the merged spec by every rule. The operator resolves the template once, before the run's pod exists, and records the generation it used in the run's status.template: editing or deleting the template never changes a run whose pod exists."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxRunTemplateSpec {
+    /// The run spec every run made from this template gets: the fields of a SandboxRun's spec,
+    /// without `templateRef` (templates do not nest) and without `stop` (the run's own).
+    #[x_kube(validation = Rule::new("!has(self.templateRef) && (!has(self.stop) || !self.stop)").message("a template's spec may set neither templateRef (templates do not nest) nor stop (the run's own)"))]
+    pub template: SandboxRunSpec,
+    /// The top-level spec fields a run may set, e.g. `[command, args, env]`. An open field the
+    /// run sets replaces the template's value, except `env`: the run's variables are added to the
+    /// template's, and a variable the template sets stays locked. Every other field is locked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub open_fields: Vec<OpenField>,
+}
+
+/// A top-level SandboxRun spec field a template may leave open to its runs.
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+#[serde(rename_all = "camelCase")]
+pub enum OpenField {
+    /// `image`.
+    Image,
+    /// `command`.
+    Command,
+    /// `args`.
+    Args,
+    /// `workingDir`.
+    WorkingDir,
+    /// `env` (added to the template's variables).
+    Env,
+    /// `user`.
+    User,
+    /// `resources`.
+    Resources,
+    /// `activeDeadlineSeconds`.
+    ActiveDeadlineSeconds,
+    /// `mounts`.
+    Mounts,
+    /// `network`.
+    Network,
+    /// `readBack`.
+    ReadBack,
+    /// `imagePullSecrets`.
+    ImagePullSecrets,
+    /// `nodeSelector`.
+    NodeSelector,
+    /// `tolerations`.
+    Tolerations,
+    /// `priorityClassName`.
+    PriorityClassName,
+    /// `runtimeClassName`.
+    RuntimeClassName,
+    /// `serviceAccountName`.
+    ServiceAccountName,
+    /// `podLabels`.
+    PodLabels,
+    /// `podAnnotations`.
+    PodAnnotations,
+    /// `affinity`.
+    Affinity,
+    /// `ttlSecondsAfterFinished`.
+    TtlSecondsAfterFinished,
+}
+
+/// The template a run was made from, as the operator resolved it before creating the run's pod:
+/// the run keeps this spec for its whole life, whatever happens to the template since.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AppliedTemplate {
+    /// The template's name.
+    pub name: String,
+    /// The template's `metadata.generation` when it was resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// The template's spec as resolved (its `template` and `openFields`; kept as written, its
+    /// schema is the SandboxRunTemplate CRD's).
+    #[schemars(schema_with = "free_form_object")]
+    pub spec: SandboxRunTemplateSpec,
 }
 
 fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -437,6 +554,10 @@ pub struct SandboxRunStatus {
     /// One entry per declared read-back path, filled by the drain.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_back: Vec<ReadBackStatus>,
+    /// The template the run is made from (`spec.templateRef`), as resolved before its pod was
+    /// created: its name, generation and spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<AppliedTemplate>,
 }
 
 /// How the workload container terminated: the kubelet's terminated state of the container
@@ -703,9 +824,9 @@ mod tests {
             .collect();
         assert_eq!(
             cols,
-            ["Phase", "Drained", "Pod", "Age", "Exit", "Duration", "Message"]
+            ["Phase", "Drained", "Pod", "Age", "Exit", "Duration", "Message", "Template"]
         );
-        // The last three are for `kubectl get sbr -o wide` only.
+        // The last four are for `kubectl get sbr -o wide` only.
         let wide: Vec<_> = v
             .additional_printer_columns
             .iter()
@@ -718,9 +839,21 @@ mod tests {
             [
                 ("Exit", ".status.exitCode"),
                 ("Duration", ".status.duration"),
-                ("Message", ".status.message")
+                ("Message", ".status.message"),
+                ("Template", ".spec.templateRef.name")
             ]
         );
+    }
+
+    #[test]
+    fn the_template_crd_is_namespaced_in_the_same_group() {
+        let crd = SandboxRunTemplate::crd();
+        assert_eq!(crd.spec.group, "sandbox.iterion.io");
+        assert_eq!(crd.spec.names.kind, "SandboxRunTemplate");
+        assert_eq!(crd.spec.names.plural, "sandboxruntemplates");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["sbrt".to_string()]));
+        assert_eq!(crd.spec.scope, "Namespaced");
+        assert_eq!(crd.spec.versions[0].name, "v1alpha1");
     }
 
     #[test]

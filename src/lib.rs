@@ -25,5 +25,6 @@ pub(crate) mod selftest;
 pub mod shard;
 pub mod store;
 pub mod tar;
+pub(crate) mod template;
 pub(crate) mod text;
 pub mod units;

@@ -11,6 +11,10 @@
 //! - `get secrets/<name>` for each Secret mount, `secretKeyRef` and the run's own
 //!   `imagePullSecrets`; `get configmaps/<name>` for each ConfigMap mount and `configMapKeyRef`;
 //!   `get persistentvolumeclaims/<name>` for each PVC mount;
+//! - `get sandboxruntemplates/<name>` for the template `spec.templateRef` names (docs/contract.md
+//!   "Templates"): a template is used only by those who may read it, so a platform team can keep
+//!   a template to the users its RBAC names. The rights the template's own spec exercises are
+//!   not asked of the author: its writer granted them (only what the run itself sets is);
 //! - `get configmaps/<name>` for the store ConfigMap `spec.readBack.storeRef` names, and `get
 //!   secrets/<name>` for the Secret that ConfigMap names ([`store_secret`]; docs/contract.md "A
 //!   store per namespace"): a run author who could not read a store's credentials does not get
@@ -48,6 +52,9 @@ pub(crate) fn store_secret(data: &BTreeMap<String, String>) -> Option<(Right, St
     ))
 }
 
+/// The resource of the templates a run may name (`sandbox.iterion.io`).
+pub(crate) const TEMPLATES: &str = "sandboxruntemplates";
+
 /// One right a run's spec exercises.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) struct Right {
@@ -68,11 +75,24 @@ impl Right {
         }
     }
 
+    /// The API group of the resource: the core group, but for the templates.
+    fn group(&self) -> &'static str {
+        if self.resource == TEMPLATES {
+            crate::api::GROUP
+        } else {
+            ""
+        }
+    }
+
     /// `kubectl auth can-i` arguments for this right.
     fn can_i(&self, namespace: &str, user: &str) -> String {
+        let resource = match self.group() {
+            "" => self.resource.to_string(),
+            group => format!("{}.{group}", self.resource),
+        };
         let what = match &self.name {
-            Some(name) => format!("{}/{name}", self.resource),
-            None => self.resource.to_string(),
+            Some(name) => format!("{resource}/{name}"),
+            None => resource,
         };
         format!(
             "kubectl auth can-i {} {what} -n {namespace} --as {user}",
@@ -129,6 +149,12 @@ pub(crate) fn required(spec: &SandboxRunSpec) -> BTreeMap<Right, Vec<String>> {
     }
     if let Some(store) = spec.store_ref() {
         need(Right::get("configmaps", store), STORE_REF_FIELD.to_string());
+    }
+    if let Some(template) = &spec.template_ref {
+        need(
+            Right::get(TEMPLATES, &template.name),
+            "spec.templateRef.name".to_string(),
+        );
     }
     for (i, name) in spec.image_pull_secrets.iter().enumerate() {
         need(
@@ -227,7 +253,7 @@ fn review_of(user: &UserInfo, namespace: &str, right: &Right) -> SubjectAccessRe
             resource_attributes: Some(ResourceAttributes {
                 namespace: Some(namespace.to_string()),
                 verb: Some(right.verb.to_string()),
-                group: Some(String::new()),
+                group: Some(right.group().to_string()),
                 resource: Some(right.resource.to_string()),
                 name: right.name.clone(),
                 ..ResourceAttributes::default()
@@ -262,6 +288,33 @@ mod tests {
                 format!("{} {}/{name} <- {}", r.verb, r.resource, f.join(","))
             })
             .collect()
+    }
+
+    #[test]
+    fn a_run_made_from_a_template_needs_get_on_that_template_and_only_on_what_it_sets() {
+        let spec = SandboxRunSpec {
+            template_ref: Some(crate::api::TemplateRef { name: "ci".into() }),
+            command: Some(vec!["make".into()]),
+            ..SandboxRunSpec::default()
+        };
+        let rights = required(&spec);
+        assert_eq!(
+            rights.get(&Right::get(TEMPLATES, "ci")),
+            Some(&vec!["spec.templateRef.name".to_string()])
+        );
+        assert_eq!(rights.len(), 1, "{rights:?}");
+        let right = Right::get(TEMPLATES, "ci");
+        assert_eq!(right.group(), "sandbox.iterion.io");
+        assert_eq!(
+            right.can_i("team", "alice"),
+            "kubectl auth can-i get sandboxruntemplates.sandbox.iterion.io/ci -n team --as alice"
+        );
+        // Stopping a templated run adds no right.
+        let stopped = SandboxRunSpec {
+            stop: true,
+            ..spec.clone()
+        };
+        assert!(added(Some(&spec), &stopped).is_empty());
     }
 
     #[test]

@@ -294,6 +294,7 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
         errors.push(UsageError::Settings(e));
         None
     });
+    read.merge_templates();
     let live = connect_live(&args, &read.runs, settings, &mut errors).await;
     for pending in &mut read.runs {
         pending.findings.extend(
@@ -373,6 +374,8 @@ struct ReadDocuments {
     runs: Vec<PendingRun>,
     stream: BTreeSet<StreamObject>,
     stream_namespaces: BTreeSet<String>,
+    /// The SandboxRunTemplates of the inputs: a run that names one is judged merged with it.
+    templates: Vec<crate::api::SandboxRunTemplate>,
 }
 
 /// Reads and classifies every document of `inputs`.
@@ -401,6 +404,10 @@ fn read_documents(inputs: &[String], errors: &mut Vec<UsageError>) -> ReadDocume
                     read.docs.push(report);
                 }
                 Classified::Empty => {}
+                Classified::Template(template, report) => {
+                    read.templates.push(*template);
+                    read.docs.push(report);
+                }
                 Classified::Skipped(report) => read.docs.push(report),
                 Classified::Invalid(e) => errors.push(e),
             }
@@ -456,6 +463,49 @@ impl ReadDocuments {
             let found =
                 namespace_policy_findings(&pending.run.spec, policies, labels.get(&namespace));
             pending.findings.extend(found);
+        }
+    }
+
+    /// Each run that names a template (docs/contract.md "Templates") is judged as the webhook
+    /// judges it: merged with the template of the same name and namespace in the inputs, a
+    /// locked field it sets refused by name. A template not in the inputs is a warning, and the
+    /// run's own spec is judged.
+    fn merge_templates(&mut self) {
+        for pending in &mut self.runs {
+            let Some(name) = pending
+                .run
+                .spec
+                .template_ref
+                .as_ref()
+                .map(|t| t.name.clone())
+            else {
+                continue;
+            };
+            let ns = pending.run.metadata.namespace.clone();
+            let template = self.templates.iter().find(|t| {
+                t.metadata.name.as_deref() == Some(name.as_str()) && t.metadata.namespace == ns
+            });
+            let Some(template) = template else {
+                pending.findings.push(Finding::warn(
+                    super::rules::ids::TEMPLATE_UNUSABLE,
+                    "spec.templateRef.name",
+                    format!("the SandboxRunTemplate {name} is not in these inputs: the run's own spec is judged, not the spec it would run with"),
+                    "give doctor the template's manifest too (same namespace)",
+                ));
+                continue;
+            };
+            let ns = ns.unwrap_or_else(|| "-".into());
+            use super::templates::{judge_with, Templated};
+            match judge_with(Some(&template.spec), &ns, &name, &pending.run.spec, None) {
+                Templated::Merged { new, .. } => {
+                    if let Ok(spec) = serde_json::from_value(new) {
+                        pending.run.spec = spec;
+                    }
+                }
+                Templated::Refused(findings) | Templated::Plain(findings) => {
+                    pending.findings.extend(findings)
+                }
+            }
         }
     }
 
@@ -651,6 +701,9 @@ enum Classified {
     /// A SandboxRun to check, with what the apiserver would judge before the rules
     /// ([`document_findings`]).
     Run(Box<SandboxRun>, DocReport, Vec<Finding>),
+    /// A SandboxRunTemplate: the runs that name it are judged merged with it (reported as
+    /// skipped, with a note).
+    Template(Box<crate::api::SandboxRunTemplate>, DocReport),
     /// Another kind: reported with a note.
     Skipped(DocReport),
     /// An empty document (e.g. a trailing `---`): ignored silently.
@@ -681,6 +734,20 @@ fn classify(label: &str, index: usize, value: serde_yaml::Value) -> Classified {
         note: None,
         findings: Vec::new(),
     };
+    if kind.as_deref() == Some("SandboxRunTemplate") && api_version.as_deref() == Some(API_VERSION)
+    {
+        report.status = "skipped";
+        return match serde_yaml::from_value::<crate::api::SandboxRunTemplate>(value) {
+            Ok(template) => {
+                report.note = Some("a SandboxRunTemplate: the runs of these inputs that name it are judged merged with it".into());
+                Classified::Template(Box::new(template), report)
+            }
+            Err(e) => {
+                report.note = Some(format!("a SandboxRunTemplate that does not parse: {e}"));
+                Classified::Skipped(report)
+            }
+        };
+    }
     let findings = document_findings(&value);
     let like = sandbox_run_like(api_version.as_deref(), kind.as_deref());
     if !like && (api_version.as_deref() != Some(API_VERSION) || kind.as_deref() != Some(KIND)) {
@@ -1149,6 +1216,44 @@ mod tests {
             "{out}"
         );
         assert!(out.contains("1 checked, 1 skipped, 0 failure(s)"), "{out}");
+    }
+
+    #[tokio::test]
+    async fn a_run_is_judged_merged_with_a_template_of_the_inputs_and_refused_for_a_locked_field() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let template = "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRunTemplate\nmetadata: {name: ci, namespace: dev}\nspec:\n  openFields: [command]\n  template:\n    image: ghcr.io/a/b@sha256:0000000000000000000000000000000000000000000000000000000000000000\n    user: \"1000\"\n";
+        let run = |extra: &str| {
+            format!("apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {{name: r, namespace: dev}}\nspec:\n  templateRef: {{name: ci}}\n  command: [make]\n{extra}")
+        };
+        let open = write(
+            dir.path(),
+            "open.yaml",
+            &format!("{template}---\n{}", run("")),
+        );
+        let (code, out) = doctor(vec![open], true, Output::Text).await;
+        assert_eq!(
+            code, 0,
+            "merged: the template gives the image and the user\n{out}"
+        );
+        assert!(out.contains("open.yaml#0 dev/ci skipped"), "{out}");
+        let locked = write(
+            dir.path(),
+            "locked.yaml",
+            &format!("{template}---\n{}", run("  user: \"0\"\n")),
+        );
+        let (code, out) = doctor(vec![locked], true, Output::Text).await;
+        assert_eq!(code, 1, "{out}");
+        assert!(
+            out.contains("template-locked") && out.contains("spec.user"),
+            "{out}"
+        );
+        let alone = write(dir.path(), "alone.yaml", &run(""));
+        let (code, out) = doctor(vec![alone], true, Output::Text).await;
+        assert_eq!(code, 1, "judged on its own: no image\n{out}");
+        assert!(
+            out.contains("template-unusable") && out.contains("not in these inputs"),
+            "{out}"
+        );
     }
 
     #[tokio::test]

@@ -5,7 +5,7 @@
 //! [`namespace_policy`] the platform's named policies for the namespaces a label selector picks,
 //! [`images`] the opt-in no-pull image resolvability check (the only I/O the rules know of),
 //! [`certs`] the webhook's own certificates, [`schema`] the CRD's structural schema as `doctor`
-//! judges unknown fields, [`serve`] the wiring for `run`. [`published`] is the operator's live
+//! judges unknown fields, [`serve`] the wiring for `run`, [`templates`] how a run made from a SandboxRunTemplate is judged (its merged spec). [`published`] is the operator's live
 //! settings as it publishes them ([`publish`]) and `doctor --context` reads them; [`live`] is
 //! that live probe (I/O) and [`live_verdicts`] what its answers mean.
 
@@ -24,6 +24,7 @@ pub(crate) mod ratchet;
 pub(crate) mod rules;
 pub(crate) mod schema;
 pub(crate) mod serve;
+pub(crate) mod templates;
 pub mod webhook;
 
 pub use rules::{check, check_update, Finding, RuleSettings, Severity};

@@ -224,6 +224,11 @@ pub mod ids {
     pub(crate) const CLUSTER_PROBE: &str = "cluster-probe";
     /// `doctor --context`: the cluster refused the manifest in a server-side dry run.
     pub(crate) const DRY_RUN: &str = "dry-run";
+    /// A run made from a SandboxRunTemplate sets a field the template locks (docs/contract.md
+    /// "Templates").
+    pub(crate) const TEMPLATE_LOCKED: &str = "template-locked";
+    /// The SandboxRunTemplate a run names does not exist, cannot be read or is invalid.
+    pub(crate) const TEMPLATE_UNUSABLE: &str = "template-unusable";
     /// `doctor --context`: an object the run's pod needs (Secret, ConfigMap, PVC, ServiceAccount,
     /// PriorityClass, RuntimeClass, the namespace) is neither in the cluster nor in the manifests.
     pub(crate) const REFERENCE_MISSING: &str = "reference-missing";

@@ -182,32 +182,119 @@ async fn review_request(
             return respond(resp, &who, &[refusal]);
         }
     }
+    match findings_of(state, req, object).await {
+        Ok(mut findings) => {
+            sort_findings(&mut findings);
+            respond(resp, &who, &findings)
+        }
+        Err(invalid) => (resp.deny(format!("{who}: {invalid}")), "invalid"),
+    }
+}
+
+/// The specs a review is judged by: the run's own, or, for a run made from a template, its
+/// merged ones (docs/contract.md "Templates").
+struct Judged<'a> {
+    new: std::borrow::Cow<'a, serde_json::Value>,
+    old: Option<std::borrow::Cow<'a, serde_json::Value>>,
+    /// The template's name, when merged.
+    template: Option<String>,
+}
+
+/// Every finding on the review's object; Err: the object is not a SandboxRun.
+async fn findings_of(
+    state: &WebhookState,
+    req: &AdmissionRequest<DynamicObject>,
+    object: &DynamicObject,
+) -> Result<Vec<Finding>, String> {
+    use std::borrow::Cow;
     let new_spec = spec_value(object);
     let old = req
         .old_object
         .as_ref()
         .map(|o| (spec_value(o), pod_exists(o)));
+    let old_spec = old.as_ref().map(|(spec, _)| *spec);
+    // The finalizer release and every other update of a run on its way out.
+    let deleting = object.metadata.deletion_timestamp.is_some()
+        || req
+            .old_object
+            .as_ref()
+            .is_some_and(|o| o.metadata.deletion_timestamp.is_some());
+    let mut findings = Vec::new();
+    let judged = if req.operation == Operation::Create || (!deleting && old_spec != Some(new_spec))
+    {
+        use super::templates::{resolve, Templated};
+        match resolve(
+            state.client.as_ref(),
+            req.namespace.as_deref(),
+            new_spec,
+            old_spec,
+        )
+        .await
+        {
+            Templated::Refused(refusals) => return Ok(refusals),
+            Templated::Plain(notes) => {
+                findings.extend(notes);
+                None
+            }
+            Templated::Merged { name, new, old } => Some(Judged {
+                new: Cow::Owned(new),
+                old: old.map(Cow::Owned),
+                template: Some(name),
+            }),
+        }
+    } else {
+        None
+    };
+    let judged = judged.unwrap_or(Judged {
+        new: Cow::Borrowed(new_spec),
+        old: old_spec.map(Cow::Borrowed),
+        template: None,
+    });
     let review = if req.operation == Operation::Create {
-        Review::Create { spec: new_spec }
+        Review::Create { spec: &judged.new }
     } else {
         Review::Update {
-            old: old.as_ref().map(|(spec, pod_exists)| Stored {
-                spec,
-                pod_exists: *pod_exists,
-            }),
-            spec: new_spec,
-            // The finalizer release and every other update of a run on its way out.
-            deleting: object.metadata.deletion_timestamp.is_some()
-                || req
-                    .old_object
-                    .as_ref()
-                    .is_some_and(|o| o.metadata.deletion_timestamp.is_some()),
+            old: judged
+                .old
+                .as_deref()
+                .zip(old.as_ref())
+                .map(|(spec, (_, pod_exists))| Stored {
+                    spec,
+                    pod_exists: *pod_exists,
+                }),
+            spec: &judged.new,
+            deleting,
         }
     };
-    let judgement = match judge(review, &state.settings) {
-        Ok(j) => j,
-        Err(e) => return (resp.deny(format!("{who}: {e}")), "invalid"),
-    };
+    findings.extend(judged_findings(state, req, review).await?);
+    if let Some(name) = &judged.template {
+        findings = findings
+            .into_iter()
+            .map(|f| super::templates::blame_template(f, name, new_spec))
+            .collect();
+    }
+    if state.access_checks {
+        findings.extend(access_findings(state, req, new_spec, old_spec).await);
+    }
+    if !state.settings.namespace_policies.is_empty() {
+        let old = judged.old.as_deref();
+        findings.extend(namespace_policy_findings(state, req, &judged.new, old).await);
+    }
+    Ok(findings)
+}
+
+/// The rules' findings on `review` ([`judge`]) and, when on, the image check's.
+async fn judged_findings(
+    state: &WebhookState,
+    req: &AdmissionRequest<DynamicObject>,
+    review: Review<'_>,
+) -> Result<Vec<Finding>, String> {
+    let who = format!(
+        "SandboxRun {}/{}",
+        req.namespace.as_deref().unwrap_or("-"),
+        req.name
+    );
+    let judgement = judge(review, &state.settings).map_err(|e| e.to_string())?;
     if let Some(e) = &judgement.stored_unreadable {
         // The stored object should always parse; if it does not, the spec rules still protect the
         // new object, and the update rules cannot run.
@@ -229,15 +316,7 @@ async fn review_request(
                 .finding(&wanted.image),
         );
     }
-    let old_spec = old.as_ref().map(|(spec, _)| *spec);
-    if state.access_checks {
-        findings.extend(access_findings(state, req, new_spec, old_spec).await);
-    }
-    if !state.settings.namespace_policies.is_empty() {
-        findings.extend(namespace_policy_findings(state, req, new_spec, old_spec).await);
-    }
-    sort_findings(&mut findings);
-    respond(resp, &who, &findings)
+    Ok(findings)
 }
 
 /// The review's new and stored specs, typed (None when the new one does not parse; a stored one

@@ -31,8 +31,9 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Run the controller, the admission webhook and the metrics endpoint.
     Run(Box<run::RunArgs>),
-    /// Print the SandboxRun CustomResourceDefinition (YAML).
-    Crd,
+    /// Print the SandboxRun CustomResourceDefinition (YAML); `--template`: the
+    /// SandboxRunTemplate one.
+    Crd(crd::CrdArgs),
     /// Check SandboxRun manifests offline with the admission rules (ADR-006).
     Doctor(crate::admission::doctor::DoctorArgs),
     /// The holder container: idle, or the preStop wait, or mark the pod drained.
@@ -112,7 +113,7 @@ pub fn main() -> ExitCode {
 
 async fn dispatch(command: Command) -> ExitCode {
     match command {
-        Command::Crd => crd::main(),
+        Command::Crd(args) => crd::main(&args),
         Command::Doctor(args) => doctor::main(args).await,
         Command::Pack(args) => pack::main(args),
         Command::Holder(args) => holder::main(args).await,

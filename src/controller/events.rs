@@ -82,6 +82,11 @@ pub(crate) const EGRESS_POLICY_UNENFORCED: &str = "EgressPolicyUnenforced";
 /// and the Ready reason of a run whose pod is not created until it can.
 pub(crate) const STORE_UNUSABLE: &str = "StoreUnusable";
 
+/// The run's template cannot make its spec (docs/contract.md "Templates": it does not exist, or
+/// the run sets a field it locks): a Warning Event, and the Ready reason of a run whose pod is
+/// not created until it can.
+pub(crate) const TEMPLATE_UNUSABLE: &str = "TemplateUnusable";
+
 #[cfg(test)]
 /// The two reasons whose spelling the contract fixes (not CamelCase).
 pub(crate) const CONTRACT_REASONS: [&str; 2] = [DRAIN_FAILED, CAPPED];
@@ -115,6 +120,7 @@ pub(crate) const ALL: &[&str] = &[
     EGRESS_POLICY_APPLIED,
     EGRESS_POLICY_UNENFORCED,
     STORE_UNUSABLE,
+    TEMPLATE_UNUSABLE,
 ];
 
 /// The reason of the Event that announces a final phase.

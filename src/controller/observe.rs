@@ -521,6 +521,25 @@ pub(crate) async fn live_run(
         .map_err(kube_err(format!("get {namespace}/{name}")))
 }
 
+/// The SandboxRunTemplate `name` of `namespace` (None: it does not exist). A read the operator
+/// is forbidden is a verdict in words (Err inside: the run is held saying so); any other error
+/// is retried.
+pub(crate) async fn template(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Result<Option<crate::api::SandboxRunTemplate>, String>, ControllerError> {
+    let templates: Api<crate::api::SandboxRunTemplate> = Api::namespaced(client.clone(), namespace);
+    match templates.get_opt(name).await {
+        Ok(found) => Ok(Ok(found)),
+        Err(kube::Error::Api(ae)) if ae.code == 403 => Ok(Err(format!(
+            "the operator may not read the SandboxRunTemplate {namespace}/{name} ({}): it needs get on sandboxruntemplates",
+            ae.message
+        ))),
+        Err(e) => Err(kube_err(format!("get sandboxruntemplate {namespace}/{name}"))(e)),
+    }
+}
+
 /// The labels of namespace `name` (none when it has none).
 pub(crate) async fn namespace_labels(
     client: &Client,

@@ -20,8 +20,8 @@ use super::teardown_job;
 use crate::api::SandboxRun;
 use crate::egress::verdict::verdict;
 
-/// What a reconcile did: its step's metric label (None: the run's pod name is taken, no step
-/// was decided) and when to look again.
+/// What a reconcile did: its step's metric label (None: the run's pod name is taken, or its
+/// template cannot make it: no step was decided) and when to look again.
 pub(crate) struct Reconciled {
     /// The step's label ([`decide::Step::as_str`]).
     pub step: Option<&'static str>,
@@ -49,6 +49,16 @@ pub(crate) async fn reconcile(
             });
         }
     };
+    let (run, resolved) = match made_from_template(ctx, run, &observation, now).await? {
+        Made::Run { run, resolved } => (run, resolved),
+        Made::Held(requeue) => {
+            return Ok(Reconciled {
+                step: None,
+                requeue,
+            })
+        }
+    };
+    let run = &run;
     let step = decide::decide(run, observation.view.as_ref(), now, &ctx.decide);
     let label = step.as_str();
     info!(run = %observation.name, namespace = %observation.namespace, step = label, "reconcile");
@@ -67,7 +77,7 @@ pub(crate) async fn reconcile(
         StepPlan::Carry(plan) => {
             drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), *plan, now).await?
         }
-        StepPlan::CreatePod(pod) => create_pod(ctx, run, *pod, now).await?,
+        StepPlan::CreatePod(pod) => create_pod(ctx, run, *pod, resolved, now).await?,
         StepPlan::RecordPodLost => record_pod_lost(ctx, run, &observation, now).await?,
         StepPlan::Teardown(trigger) => {
             teardown_job::start(ctx, run, trigger);
@@ -82,6 +92,76 @@ pub(crate) async fn reconcile(
         step: Some(label),
         requeue,
     })
+}
+
+/// The run a reconcile works on: the run itself, or the run made from its template.
+enum Made {
+    /// Reconcile this run; `resolved`: its template was read in this reconcile (the status that
+    /// records it is not stored yet).
+    Run {
+        run: Arc<SandboxRun>,
+        resolved: bool,
+    },
+    /// The template cannot make the run: it was held (no pod), look again then.
+    Held(Requeue),
+}
+
+/// The run made from its template (docs/contract.md "Templates"): from the template its status
+/// records, once its pod was created ([`crate::template::record_holds`]); else, before that,
+/// from the template read now, which the pod's creation records. A template that cannot make the run holds it: its
+/// pod is never created with the run's own spec. A run being deleted with no pod is its own: no
+/// pod will ever be created for it.
+async fn made_from_template(
+    ctx: &Context,
+    run: &Arc<SandboxRun>,
+    observation: &Observation,
+    now: Timestamp,
+) -> Result<Made, ControllerError> {
+    let plain = |run: Arc<SandboxRun>| Made::Run {
+        run,
+        resolved: false,
+    };
+    let Some(name) = run.spec.template_ref.as_ref().map(|t| t.name.clone()) else {
+        return Ok(plain(run.clone()));
+    };
+    let has_pod = observation.view.is_some();
+    if crate::template::record_holds(run, has_pod) {
+        if let Some(made) = crate::template::recorded(run) {
+            return Ok(plain(Arc::new(made)));
+        }
+    }
+    if run.metadata.deletion_timestamp.is_some() && !has_pod {
+        return Ok(plain(run.clone()));
+    }
+    if has_pod {
+        // The record is written before the pod is created: the watch cache lags behind it.
+        let live =
+            observe::live_run(&ctx.client, &observation.namespace, &observation.name).await?;
+        let applied = live.and_then(|l| l.status.and_then(|s| s.template));
+        let mut with_record = SandboxRun::clone(run);
+        with_record
+            .status
+            .get_or_insert_with(Default::default)
+            .template = applied;
+        if let Some(made) = crate::template::recorded(&with_record) {
+            return Ok(plain(Arc::new(made)));
+        }
+        warn!(run = %observation.name, "the run's pod exists and its status records no template; resolving it now");
+    }
+    let template = observe::template(&ctx.client, &observation.namespace, &name).await?;
+    match template.and_then(|t| crate::template::resolve(run, t.as_ref())) {
+        Ok(made) => Ok(Made::Run {
+            run: Arc::new(made),
+            resolved: true,
+        }),
+        Err(message) => {
+            warn!(run = %observation.name, %message, "the run's template cannot make it; its pod is not created");
+            let plan = plan::template_unusable(run, &message, now);
+            let pod = observation.pod.as_ref();
+            let requeue = drive::carry_out(ctx, run, &observation.pod_name, pod, plan, now).await?;
+            Ok(Made::Held(requeue))
+        }
+    }
 }
 
 /// Reconciles `run` while its teardown is in flight: a teardown that runs owns the run (its
@@ -121,11 +201,13 @@ pub(crate) async fn in_flight(
 }
 
 /// Creates the run's pod: the pre-flight of its image first (`--preflight-images`), its egress
-/// judged, then the plan of both carried out.
+/// judged, then the plan of both carried out. `resolved`: the run's template was read in this
+/// reconcile, and the status that records it is written before the pod is created.
 async fn create_pod(
     ctx: &Context,
     run: &SandboxRun,
     pod: Pod,
+    resolved: bool,
     now: Timestamp,
 ) -> Result<Requeue, ControllerError> {
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
@@ -152,6 +234,11 @@ async fn create_pod(
     }
     let pod = namespace_default(ctx, run, pod).await?;
     let plan = plan::create(run, pod, preflight, verdict(run, &ctx.pod.egress), now);
+    let plan = if resolved {
+        plan::recording_template(plan, run)
+    } else {
+        plan
+    };
     drive::carry_out(ctx, run, &pod_name, None, plan, now).await
 }
 
@@ -218,6 +305,8 @@ async fn record_pod_lost(
     else {
         return Ok(Requeue::AwaitChange);
     };
+    // The live run as it runs: made from the template its status records.
+    let live = crate::template::recorded(&live).unwrap_or(live);
     let live = ctx.with_unreported_pod(Arc::new(live));
     if !decide::pod_lost_holds(run, &live, now, &ctx.decide) {
         return Ok(Requeue::After(LOOK_AGAIN_MARGIN));

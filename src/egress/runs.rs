@@ -45,7 +45,14 @@ impl RunRules {
     /// The rules of a run; None when its rules do not parse (every request is then refused with
     /// 407, the same as an unknown run: the run cannot have started).
     pub fn of(run: &SandboxRun) -> Option<RunRules> {
-        let (mode, rules) = match egress_of(run).ok()? {
+        // A run made from a template runs with the template's network (docs/contract.md
+        // "Templates"), recorded in its status before its pod exists.
+        let made = crate::template::recorded(run);
+        // Not recorded yet: its pod does not exist, and its own spec is not what it runs.
+        if run.spec.template_ref.is_some() && made.is_none() {
+            return None;
+        }
+        let (mode, rules) = match egress_of(made.as_ref().unwrap_or(run)).ok()? {
             Egress::Open => (NetworkMode::Open, Vec::new()),
             Egress::DenyAll => (NetworkMode::Allowlist, Vec::new()),
             Egress::Filtered { mode, rules } => (mode, rules),
@@ -337,6 +344,43 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap_or(IpAddr::from([0, 0, 0, 0]))
+    }
+
+    #[test]
+    fn a_run_made_from_a_template_has_the_recorded_templates_rules_and_none_before() {
+        use crate::api::{
+            AppliedTemplate, NetworkPolicy, SandboxRunSpec, SandboxRunStatus,
+            SandboxRunTemplateSpec, TemplateRef,
+        };
+        let mut run = SandboxRun::new(
+            "r",
+            SandboxRunSpec {
+                template_ref: Some(TemplateRef { name: "t".into() }),
+                ..SandboxRunSpec::default()
+            },
+        );
+        run.metadata.namespace = Some("ns".into());
+        assert!(RunRules::of(&run).is_none(), "no record: unknown");
+        run.status = Some(SandboxRunStatus {
+            template: Some(AppliedTemplate {
+                name: "t".into(),
+                generation: Some(1),
+                spec: SandboxRunTemplateSpec {
+                    template: SandboxRunSpec {
+                        network: Some(NetworkPolicy {
+                            mode: NetworkMode::Allowlist,
+                            rules: vec!["mirror.example.com".into()],
+                        }),
+                        ..SandboxRunSpec::default()
+                    },
+                    open_fields: Vec::new(),
+                },
+            }),
+            ..SandboxRunStatus::default()
+        });
+        let rules = RunRules::of(&run).expect("recorded");
+        assert_eq!(rules.mode, NetworkMode::Allowlist);
+        assert_eq!(rules.rules.len(), 1);
     }
 
     #[test]

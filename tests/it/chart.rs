@@ -19,7 +19,10 @@ use serde_json::json;
 use crate::support::*;
 
 const CHART: &str = "charts/sandboxrun-operator";
-const CRD_FILE: &str = "sandboxruns.sandbox.iterion.io.yaml";
+const CRD_FILES: [&str; 2] = [
+    "sandboxruns.sandbox.iterion.io.yaml",
+    "sandboxruntemplates.sandbox.iterion.io.yaml",
+];
 
 /// Runs and asserts success, showing stdout and stderr when it fails.
 fn ok(cmd: Command, stdin: Option<&[u8]>) -> String {
@@ -56,15 +59,17 @@ fn server_dry_run(manifests: &str) -> String {
 
 #[test]
 fn the_chart_crd_is_a_byte_identical_copy_of_the_generated_one() {
-    let top = std::fs::read(repo().join("crds").join(CRD_FILE)).expect("crds/ CRD");
-    let chart = std::fs::read(repo().join(CHART).join("crds").join(CRD_FILE))
-        .expect("the chart's crds/ CRD");
-    assert!(
-        top == chart,
-        "{CHART}/crds/{CRD_FILE} differs from crds/{CRD_FILE}: run `make crds` (hack/gen.sh) and commit both"
-    );
-    // Only the CRD in the chart's crds/: Helm would install anything else there, never upgrade it.
-    let entries: Vec<String> = std::fs::read_dir(repo().join(CHART).join("crds"))
+    for file in CRD_FILES {
+        let top = std::fs::read(repo().join("crds").join(file)).expect("crds/ CRD");
+        let chart = std::fs::read(repo().join(CHART).join("crds").join(file))
+            .expect("the chart's crds/ CRD");
+        assert!(
+            top == chart,
+            "{CHART}/crds/{file} differs from crds/{file}: run `make crds` (hack/gen.sh) and commit both"
+        );
+    }
+    // Only the CRDs in the chart's crds/: Helm would install anything else there, never upgrade it.
+    let mut entries: Vec<String> = std::fs::read_dir(repo().join(CHART).join("crds"))
         .expect("read the chart's crds/")
         .map(|e| {
             e.expect("dir entry")
@@ -73,7 +78,8 @@ fn the_chart_crd_is_a_byte_identical_copy_of_the_generated_one() {
                 .into_owned()
         })
         .collect();
-    assert_eq!(entries, vec![CRD_FILE.to_string()]);
+    entries.sort();
+    assert_eq!(entries, CRD_FILES.map(String::from));
 }
 
 #[test]

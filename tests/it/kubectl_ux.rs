@@ -1,5 +1,5 @@
 //! What `kubectl` shows a user of the CRD on the real control plane: `kubectl explain` with the
-//! CRD's own root description, the `-o wide` columns (Exit, Duration, Message), and the binary as
+//! CRD's own root description, the `-o wide` columns (Exit, Duration, Message, Template), and the binary as
 //! the kubectl plugin `kubectl sandboxrun` (files found from the run's status in the context's
 //! namespace, `logs` from the status).
 
@@ -63,7 +63,7 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "wide").await;
-    let run_yaml = "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata:\n  name: wide\nspec:\n  image: busybox@sha256:0000000000000000000000000000000000000000000000000000000000000000\n  user: \"1000\"\n  command: [\"true\"]\n";
+    let run_yaml = "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata:\n  name: wide\nspec:\n  image: busybox@sha256:0000000000000000000000000000000000000000000000000000000000000000\n  user: \"1000\"\n  command: [\"true\"]\n  templateRef: {name: ci}\n";
     ok(
         kubectl(&["apply", "-n", &ns.name, "-f", "-"]),
         Some(run_yaml.as_bytes()),
@@ -96,14 +96,15 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
         .collect();
     assert_eq!(
         header,
-        ["NAME", "PHASE", "DRAINED", "POD", "AGE", "EXIT", "DURATION", "MESSAGE"],
+        ["NAME", "PHASE", "DRAINED", "POD", "AGE", "EXIT", "DURATION", "MESSAGE", "TEMPLATE"],
         "{wide}"
     );
     let row = lines.next().unwrap_or_default();
     assert!(
         row.contains(" 3 ")
             && row.contains("1m2s")
-            && row.ends_with("workload failed with exit code 3"),
+            && row.contains("workload failed with exit code 3")
+            && row.ends_with(" ci"),
         "{wide}"
     );
 }

@@ -50,6 +50,7 @@ mod sharding;
 mod smoke_cluster;
 mod store_backends;
 mod store_open_uploads;
+mod templates;
 mod tenant_stores;
 mod webhook;
 mod webhook_certs;

@@ -208,6 +208,46 @@ pub(crate) fn store_unusable(run: &SandboxRun, message: &str, now: Timestamp) ->
     }
 }
 
+/// How soon a run held for its template is looked at again: templates are not watched.
+pub(crate) const TEMPLATE_RECHECK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The run's template cannot make its spec (docs/contract.md "Templates"): its pod is not
+/// created (the run never runs with its own spec), `Ready=False` with reason `TemplateUnusable`
+/// and the words, one Warning Event per distinct message, looked at again every
+/// [`TEMPLATE_RECHECK`] until the template is there or the run is changed or deleted.
+pub(crate) fn template_unusable(run: &SandboxRun, message: &str, now: Timestamp) -> Plan {
+    let requeue = Requeue::After(TEMPLATE_RECHECK);
+    let words = format!("{message}; the pod is not created until the template can make the run");
+    if run.status.as_ref().and_then(|s| s.message.as_deref()) == Some(words.as_str()) {
+        return Plan::wait(requeue);
+    }
+    Plan {
+        events: vec![PlannedEvent::warning(
+            events::TEMPLATE_UNUSABLE,
+            words.clone(),
+            "Start",
+        )],
+        status: Some(pending_status(run, events::TEMPLATE_UNUSABLE, &words, now)),
+        effects: Vec::new(),
+        requeue,
+    }
+}
+
+/// `plan` for a run whose template was resolved in this reconcile (`run.status.template`, not
+/// yet stored): the status that records it is written before the pod is created, so the run
+/// keeps that template whatever happens to it since (docs/contract.md "Templates"). A plan that
+/// writes a status already carries it (every status is built from the run's).
+pub(crate) fn recording_template(mut plan: Plan, run: &SandboxRun) -> Plan {
+    let creates = plan
+        .effects
+        .iter()
+        .any(|e| matches!(e, Effect::CreatePod(_)));
+    if creates && plan.status.is_none() {
+        plan.status = Some(run.status.clone().unwrap_or_default());
+    }
+    plan
+}
+
 /// The pre-flight found the run's image missing from its registry (docs/contract.md ADR-006 §5):
 /// no pod is created; the run fails at once with reason `ImageUnresolvable`, a Warning Event
 /// and the final status both carrying the registry's words and the hint.
@@ -302,6 +342,59 @@ mod tests {
         let again = store_unusable(&r, why, now());
         assert!(again.events.is_empty() && again.status.is_none());
         assert_eq!(again.requeue, Requeue::After(STORE_RECHECK));
+    }
+
+    #[test]
+    fn a_run_whose_template_cannot_make_it_waits_ready_false_without_a_pod_and_says_it_once() {
+        let mut r = with_generation(run_with(&[("/out", true)]));
+        let why = "the SandboxRunTemplate team/locked does not exist";
+        let plan = template_unusable(&r, why, now());
+        assert!(plan.effects.is_empty(), "no pod, no policy");
+        assert_eq!(plan.requeue, Requeue::After(TEMPLATE_RECHECK));
+        assert_eq!(plan.events.len(), 1);
+        assert!(plan.events[0].warning);
+        assert_eq!(plan.events[0].reason, "TemplateUnusable");
+        let status = plan.status.clone().unwrap_or_default();
+        assert_eq!(
+            cond_of(&status, conditions::READY),
+            pair("False", "TemplateUnusable")
+        );
+        assert_eq!(status.phase, Some(Phase::Pending));
+        assert!(status.message.as_deref().unwrap_or_default().contains(why));
+        r.status = Some(status);
+        let again = template_unusable(&r, why, now());
+        assert!(again.events.is_empty() && again.status.is_none());
+    }
+
+    #[test]
+    fn the_template_a_run_is_made_from_is_recorded_before_its_pod_is_created() {
+        let mut r = with_generation(run_with(&[("/out", true)]));
+        r.status.get_or_insert_with(Default::default).template =
+            Some(crate::api::AppliedTemplate {
+                name: "locked".into(),
+                generation: Some(4),
+                ..Default::default()
+            });
+        let pod = crate::pod::build_pod(&r, &PodSettings::default()).unwrap();
+        let plan = create(
+            &r,
+            pod,
+            Preflight::Proceed,
+            crate::egress::verdict::EgressVerdict::Open,
+            now(),
+        );
+        assert!(plan.status.is_none(), "a fresh run's pod is quiet");
+        let plan = recording_template(plan, &r);
+        // The plan's status is written before its effects, the pod's creation among them.
+        let recorded = plan.status.and_then(|s| s.template).expect("recorded");
+        assert_eq!(
+            (recorded.name.as_str(), recorded.generation),
+            ("locked", Some(4))
+        );
+        assert!(plan
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::CreatePod(_))));
     }
 
     #[test]

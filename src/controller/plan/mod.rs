@@ -38,6 +38,7 @@ pub(crate) use create::create;
 #[cfg(test)]
 pub(crate) use create::pod_refused;
 pub(crate) use create::store_unusable;
+pub(crate) use create::{recording_template, template_unusable};
 pub(crate) use finish::record_pod_lost;
 pub(crate) use model::{
     Effect, Inputs, Plan, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN,

@@ -128,39 +128,47 @@ pub async fn client_as(user: &str) -> Client {
     Client::try_from(config).unwrap_or_else(|e| panic!("{HOW_TO_START} ({e})"))
 }
 
-/// Applies the committed CRD (the same file users apply) and waits until it is established.
+/// Applies the committed CRDs (the same files users apply: SandboxRun and SandboxRunTemplate)
+/// and waits until they are established.
 pub async fn ensure_crd(client: &Client) {
     static DONE: OnceLock<()> = OnceLock::new();
     if DONE.get().is_some() {
         return;
     }
-    let text = std::fs::read_to_string(repo().join("crds/sandboxruns.sandbox.iterion.io.yaml"))
-        .expect("crds/sandboxruns.sandbox.iterion.io.yaml (run `make crds`)");
+    for name in [
+        "sandboxruns.sandbox.iterion.io",
+        "sandboxruntemplates.sandbox.iterion.io",
+    ] {
+        apply_crd(client, name).await;
+    }
+    let _ = DONE.set(());
+}
+
+/// Applies `crds/<name>.yaml` and waits until it is established.
+async fn apply_crd(client: &Client, name: &str) {
+    let text = std::fs::read_to_string(repo().join(format!("crds/{name}.yaml")))
+        .unwrap_or_else(|e| panic!("crds/{name}.yaml (run `make crds`): {e}"));
     let crd: CustomResourceDefinition = serde_yaml::from_str(&text).expect("CRD parses");
     let api: Api<CustomResourceDefinition> = Api::all(client.clone());
     api.patch(
-        "sandboxruns.sandbox.iterion.io",
+        name,
         &PatchParams::apply("sandboxrun-tests").force(),
         &Patch::Apply(&crd),
     )
     .await
     .expect("apply CRD");
     for _ in 0..100 {
-        let c = api
-            .get("sandboxruns.sandbox.iterion.io")
-            .await
-            .expect("get CRD");
+        let c = api.get(name).await.expect("get CRD");
         let established = c.status.and_then(|s| s.conditions).is_some_and(|cs| {
             cs.iter()
                 .any(|c| c.type_ == "Established" && c.status == "True")
         });
         if established {
-            let _ = DONE.set(());
             return;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("CRD not established");
+    panic!("CRD {name} not established");
 }
 
 /// A namespace that exists for one test and is deleted when dropped.

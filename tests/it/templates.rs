@@ -1,0 +1,463 @@
+//! Templates for platform teams (docs/contract.md "Templates"): a run that sets a field its
+//! SandboxRunTemplate locks is refused by the live webhook, naming the field and the template;
+//! a run that sets only open fields gets the pod the template says, with its own command and
+//! variables, and keeps the template it was made from when the template is edited or deleted;
+//! a run naming a template that does not exist is held with no pod until it does; the author
+//! must be able to read the template.
+//! The operator runs as a process on this host, its webhook registered by URL for the test's
+//! namespace only; kwok plays the node.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client};
+use sandboxrun_operator::api::{
+    EnvVar, OpenField, Phase, ReadBackPhase, SandboxRun, SandboxRunSpec, SandboxRunTemplate,
+    SandboxRunTemplateSpec, TemplateRef,
+};
+use serde_json::json;
+
+use crate::support::*;
+
+/// How long the tests wait for the webhook or a status.
+const CONVERGE: Duration = Duration::from_secs(90);
+
+/// The platform team's template: image, user, pod labels, a variable and the read-back path
+/// locked; `command` and `env` open.
+fn template_spec(out: &std::path::Path) -> SandboxRunTemplateSpec {
+    let locked = spec(&[out]).build();
+    SandboxRunTemplateSpec {
+        template: SandboxRunSpec {
+            command: Some(vec!["/bin/true".into()]),
+            env: vec![var("HTTPS_PROXY", "http://proxy.platform:3128")],
+            pod_labels: Some(BTreeMap::from([("tier".into(), "locked".into())])),
+            ..locked
+        },
+        open_fields: vec![OpenField::Command, OpenField::Env],
+    }
+}
+
+fn var(name: &str, value: &str) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: value.into(),
+        value_from: None,
+    }
+}
+
+/// A run made from the template `name` that sets `extra` besides the reference.
+fn from_template(name: &str, extra: SandboxRunSpec) -> SandboxRunSpec {
+    SandboxRunSpec {
+        template_ref: Some(TemplateRef { name: name.into() }),
+        ..extra
+    }
+}
+
+async fn put_template(api: &Api<SandboxRunTemplate>, name: &str, spec: SandboxRunTemplateSpec) {
+    api.create(&PostParams::default(), &SandboxRunTemplate::new(name, spec))
+        .await
+        .unwrap_or_else(|e| panic!("create SandboxRunTemplate {name}: {e}"));
+}
+
+/// The workload container of `pod`.
+fn workload(pod: &Pod) -> &Container {
+    pod.spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == "workload"))
+        .expect("the pod has a workload container")
+}
+
+/// Deletes the webhook configuration when the test ends, however it ends.
+struct WebhookConfig(String);
+
+impl Drop for WebhookConfig {
+    fn drop(&mut self) {
+        let kubeconfig = kubeconfig_path();
+        let _ = std::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["delete", "validatingwebhookconfiguration", &self.0])
+            .args(["--ignore-not-found", "--wait=false"])
+            .env("PATH", tools_path())
+            .output();
+    }
+}
+
+/// The tools directory of the bed first on PATH (kubectl).
+fn tools_path() -> String {
+    let bin = tools_bin()
+        .map(|b| b.display().to_string())
+        .unwrap_or_default();
+    format!("{bin}:{}", std::env::var("PATH").unwrap_or_default())
+}
+
+/// Starts an operator that serves the webhook for `ns` (registered by URL) and reconciles its
+/// runs; returns once the apiserver refuses a bad run through it.
+async fn operator_with_webhook(
+    client: &Client,
+    ns: &str,
+    store_url: &str,
+) -> (Operator, WebhookConfig) {
+    let port = free_port();
+    let name = format!("sandboxrun-templates-{ns}");
+    let config = loopback_webhook(
+        &name,
+        "validate.sandbox.iterion.io",
+        ns,
+        format!("https://127.0.0.1:{port}/validate-sandboxrun"),
+        None,
+        sandboxrun_rule(),
+    );
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
+    vwcs.create(&PostParams::default(), &config)
+        .await
+        .expect("register the webhook configuration");
+    let guard = WebhookConfig(name.clone());
+    let addr = format!("127.0.0.1:{port}");
+    let secret = format!("webhook-tls-{:08x}", rand_u32());
+    let flags = [
+        "--webhook-addr",
+        &addr,
+        "--webhook-cert-mode",
+        "self-managed",
+        "--webhook-hosts",
+        "127.0.0.1,localhost",
+        "--pod-namespace",
+        ns,
+        "--webhook-secret",
+        &secret,
+        "--webhook-config",
+        &name,
+    ];
+    let op = Operator::builder(ns, store_url).flags(&flags).start();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), ns);
+    let bad = SandboxRun::new(
+        "probe-root",
+        SandboxRunSpec {
+            user: Some("0".into()),
+            ..spec(&[]).build()
+        },
+    );
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    eventually_or_log(
+        "the apiserver to refuse a bad run through the webhook",
+        CONVERGE,
+        &op,
+        || {
+            let runs = runs.clone();
+            let bad = bad.clone();
+            let dry = dry.clone();
+            async move {
+                match runs.create(&dry, &bad).await {
+                    Err(kube::Error::Api(e))
+                        if e.message.contains("refused by ADR-006 admission") =>
+                    {
+                        Some(())
+                    }
+                    _ => None,
+                }
+            }
+        },
+    )
+    .await;
+    (op, guard)
+}
+
+/// The apiserver's refusal (422) of creating `spec` as `name`: its message.
+async fn refusal(runs: &Api<SandboxRun>, name: &str, spec: SandboxRunSpec) -> String {
+    match runs
+        .create(&PostParams::default(), &SandboxRun::new(name, spec))
+        .await
+    {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{name}: {status:?}");
+            status.message
+        }
+        other => panic!("{name}: admitted, or not an apiserver refusal: {other:?}"),
+    }
+}
+
+/// A user who may create runs but not read the template: refused with the right named; once the
+/// template may be read, admitted (dry run).
+async fn the_author_must_read_the_template(client: &Client, ns: &str, mine: &SandboxRunSpec) {
+    use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
+    let role = |name: &str, rules: Vec<PolicyRule>| Role {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        rules: Some(rules),
+    };
+    let rule = |resource: &str, names: Option<Vec<String>>, verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec!["sandbox.iterion.io".into()]),
+        resources: Some(vec![resource.into()]),
+        resource_names: names,
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..Default::default()
+    };
+    let binding = |name: &str| RoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: name.into(),
+        },
+        subjects: Some(vec![Subject {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "User".into(),
+            name: "tmpl-alice".into(),
+            namespace: None,
+        }]),
+    };
+    let roles: Api<Role> = Api::namespaced(client.clone(), ns);
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), ns);
+    let pp = PostParams::default();
+    roles
+        .create(
+            &pp,
+            &role("runs", vec![rule("sandboxruns", None, &["create", "get"])]),
+        )
+        .await
+        .unwrap();
+    bindings.create(&pp, &binding("runs")).await.unwrap();
+    let alice: Api<SandboxRun> = Api::namespaced(client_as("tmpl-alice").await, ns);
+    let message = refusal(&alice, "alice", mine.clone()).await;
+    assert!(
+        message.contains("[access] spec.templateRef.name")
+            && message.contains("sandboxruntemplates"),
+        "{message}"
+    );
+    let read = rule("sandboxruntemplates", Some(vec!["locked".into()]), &["get"]);
+    roles
+        .create(&pp, &role("template", vec![read]))
+        .await
+        .unwrap();
+    bindings.create(&pp, &binding("template")).await.unwrap();
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    eventually("alice may use the template she may read", CONVERGE, || {
+        let alice = alice.clone();
+        let run = SandboxRun::new("alice", mine.clone());
+        let dry = dry.clone();
+        async move { alice.create(&dry, &run).await.ok() }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_locked_field_is_refused_and_the_merged_pod_is_what_the_template_says() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "templates").await;
+    let (_store_dir, store_url) = file_store("templates");
+    let (op, _webhook) = operator_with_webhook(&client, &ns.name, &store_url).await;
+    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let out = host_dir("out");
+    std::fs::write(out.join("report.txt"), b"made from a template\n").unwrap();
+    put_template(&templates, "locked", template_spec(&out)).await;
+
+    // A run that sets locked fields: refused, each field and the template named.
+    let evil = from_template(
+        "locked",
+        SandboxRunSpec {
+            image: Some("registry.example/evil:1".into()),
+            user: Some("0".into()),
+            command: Some(vec!["id".into()]),
+            ..Default::default()
+        },
+    );
+    let message = refusal(&runs, "evil", evil).await;
+    for want in [
+        "[template-locked] spec.image",
+        "spec.user",
+        "SandboxRunTemplate locked",
+        "open: command, env",
+    ] {
+        assert!(message.contains(want), "{want:?} not in: {message}");
+    }
+    // A variable the template sets is locked too, even with env open.
+    let proxy = from_template(
+        "locked",
+        SandboxRunSpec {
+            env: vec![var("HTTPS_PROXY", "http://mine")],
+            ..Default::default()
+        },
+    );
+    let message = refusal(&runs, "proxy", proxy).await;
+    assert!(
+        message.contains("spec.env[0].name") && message.contains("HTTPS_PROXY"),
+        "{message}"
+    );
+    // A template that does not exist: refused.
+    let message = refusal(
+        &runs,
+        "nowhere",
+        from_template("nope", SandboxRunSpec::default()),
+    )
+    .await;
+    assert!(
+        message.contains("[template-unusable]") && message.contains("does not exist"),
+        "{message}"
+    );
+
+    // Only open fields: admitted, and the pod is the template's with the run's command and env.
+    let command = vec!["sh".to_string(), "-c".into(), "make report".into()];
+    let mine = from_template(
+        "locked",
+        SandboxRunSpec {
+            command: Some(command.clone()),
+            env: vec![var("TARGET", "unit")],
+            ..Default::default()
+        },
+    );
+    the_author_must_read_the_template(&client, &ns.name, &mine).await;
+    create(&runs, "made", mine).await;
+    let run = wait_phase(&runs, "made", Phase::Running, &op).await;
+    let applied = run
+        .status
+        .as_ref()
+        .and_then(|s| s.template.clone())
+        .expect("status.template");
+    let stored = templates.get("locked").await.unwrap();
+    assert_eq!(applied.name, "locked");
+    assert_eq!(applied.generation, stored.metadata.generation);
+    let pod = pods.get(&pod_of(&run)).await.unwrap();
+    let w = workload(&pod);
+    assert_eq!(
+        w.image.as_deref(),
+        Some(DIGEST_IMAGE),
+        "the template's image"
+    );
+    assert_eq!(w.command.as_ref(), Some(&command), "the run's command");
+    let env: BTreeMap<&str, &str> = w
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(
+        env.get("HTTPS_PROXY"),
+        Some(&"http://proxy.platform:3128"),
+        "{env:?}"
+    );
+    assert_eq!(env.get("TARGET"), Some(&"unit"), "{env:?}");
+    let sc = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.security_context.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        (sc.run_as_user, sc.run_as_group),
+        (Some(1000), Some(1000)),
+        "the template's user"
+    );
+    let labels = pod.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("tier").map(String::as_str), Some("locked"));
+
+    // The template edited, then deleted: the run keeps what it was made from, to its drain.
+    let edit = json!({"spec": {"template": {"podLabels": {"tier": "edited"}}}});
+    templates
+        .patch("locked", &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .unwrap();
+    templates
+        .delete("locked", &DeleteParams::default())
+        .await
+        .unwrap();
+    finish_workload(&pods, &pod_of(&run), 0).await;
+    let done = wait_phase(&runs, "made", Phase::Succeeded, &op).await;
+    let status = done.status.unwrap();
+    assert_eq!(
+        status.template.as_ref().map(|t| t.generation),
+        Some(applied.generation)
+    );
+    assert_eq!(
+        status.read_back.len(),
+        1,
+        "the template's read-back path: {status:?}"
+    );
+    assert_eq!(status.read_back[0].path, out.display().to_string());
+    assert_eq!(
+        status.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "{status:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_run_whose_template_is_missing_is_held_without_a_pod_until_it_exists() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    // No webhook here: the controller alone must never run a run without its template.
+    let ns = TestNamespace::new(&client, "templates-held").await;
+    let (_store_dir, store_url) = file_store("templates-held");
+    let op = Operator::builder(&ns.name, &store_url).start();
+    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let out = host_dir("out");
+    let mine = from_template(
+        "later",
+        SandboxRunSpec {
+            command: Some(vec!["sh".into(), "-c".into(), "work".into()]),
+            ..Default::default()
+        },
+    );
+    create(&runs, "held", mine).await;
+    let held = wait_for(
+        &runs,
+        "held",
+        &op,
+        CONVERGE,
+        "Ready=False TemplateUnusable",
+        |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.conditions.iter().any(|c| {
+                    c.type_ == "Ready" && c.status == "False" && c.reason == "TemplateUnusable"
+                })
+            })
+        },
+    )
+    .await;
+    let status = held.status.unwrap();
+    assert_eq!(status.phase, Some(Phase::Pending));
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("later does not exist"),
+        "{status:?}"
+    );
+    assert_eq!(status.pod_name, None);
+    assert!(
+        pods.get_opt("held-sbr").await.unwrap().is_none(),
+        "no pod without its template"
+    );
+
+    // The template appears: the run starts from it (templates are not watched: within 30 s).
+    put_template(&templates, "later", template_spec(&out)).await;
+    let run = wait_phase(&runs, "held", Phase::Running, &op).await;
+    let pod = pods.get(&pod_of(&run)).await.unwrap();
+    assert_eq!(workload(&pod).image.as_deref(), Some(DIGEST_IMAGE));
+    assert_eq!(
+        run.status
+            .and_then(|s| s.template)
+            .map(|t| t.name)
+            .as_deref(),
+        Some("later")
+    );
+}
