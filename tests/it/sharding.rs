@@ -671,7 +671,7 @@ async fn a_rolling_replacement_of_every_replica_during_200_lifecycles_loses_none
     for id in &ids[..3] {
         ops.insert(id, replica(&ns.name, &store_url, id, &packer, ports[id]));
     }
-    wait_balanced(&client, &ns.name, &ids[..3], Duration::from_secs(60)).await;
+    wait_balanced(&client, &ns.name, &ids[..3], Duration::from_secs(120)).await;
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let names = create_runs(&runs, &src, "roll", RUNS).await;
@@ -710,7 +710,7 @@ async fn a_rolling_replacement_of_every_replica_during_200_lifecycles_loses_none
         ops.remove(old);
         ops.insert(new, replica(&ns.name, &store_url, new, &packer, ports[new]));
         let live: Vec<&str> = ops.keys().copied().collect();
-        wait_balanced(&client, &ns.name, &live, Duration::from_secs(90)).await;
+        wait_balanced(&client, &ns.name, &live, Duration::from_secs(240)).await;
         println!("replaced {old} by {new} after {:?}", started.elapsed());
     }
     let ended = wait_all_final(&runs, &names, Duration::from_secs(300), || logs(&ops)).await;
