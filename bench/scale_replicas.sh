@@ -63,7 +63,7 @@ stop_replicas() {
 delete_runs() {
   kubectl delete sbr --all -n "$NS" --wait=false >/dev/null 2>&1 || true
   for _ in $(seq 1 600); do
-    [ -z "$(kubectl get sbr -n "$NS" -o name 2>/dev/null | head -1)" ] && return 0
+    [ -z "$(kubectl get sbr -n "$NS" -o name 2>/dev/null)" ] && return 0
     sleep 2
   done
   echo "runs of $NS still there after 20 min" >&2
