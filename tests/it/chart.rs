@@ -279,23 +279,25 @@ fn the_chart_renders_what_the_operator_expects() {
     }
 }
 
+/// The rules of the operator's own ClusterRole (not the egress proxy's) in a `helm template` of
+/// release `demo`.
+fn manager_rules_of(text: &str) -> String {
+    text.split("\n---")
+        .find(|d| {
+            d.contains("kind: ClusterRole\n")
+                && d.contains("  name: demo-sandboxrun-operator-manager\n")
+        })
+        .unwrap_or_default()
+        .to_string()
+}
+
 #[test]
 fn the_image_preflight_is_a_chart_value_that_brings_its_secret_rule() {
     let secrets_rule = "resources: [secrets]\n    verbs: [get]";
-    // The operator's own ClusterRole (not the egress proxy's).
-    let manager_rules = |text: &str| -> String {
-        text.split("\n---")
-            .find(|d| {
-                d.contains("kind: ClusterRole\n")
-                    && d.contains("  name: demo-sandboxrun-operator-manager\n")
-            })
-            .unwrap_or_default()
-            .to_string()
-    };
     let off = ok(helm(&["template", "demo", CHART]), None);
     assert!(!off.contains("--preflight-images"), "off by default");
     assert!(
-        !manager_rules(&off).contains(secrets_rule),
+        !manager_rules_of(&off).contains(secrets_rule),
         "no cluster-wide Secret reads by default"
     );
     let on = ok(
@@ -304,9 +306,9 @@ fn the_image_preflight_is_a_chart_value_that_brings_its_secret_rule() {
     );
     assert!(on.contains("            - --preflight-images\n"));
     assert!(
-        manager_rules(&on).contains(secrets_rule),
+        manager_rules_of(&on).contains(secrets_rule),
         "the pre-flight reads the runs' imagePullSecrets: {}",
-        manager_rules(&on)
+        manager_rules_of(&on)
     );
     let out = run(
         helm(&["template", "demo", CHART, "--set", "preflightImages=maybe"]),
@@ -320,21 +322,12 @@ fn the_image_preflight_is_a_chart_value_that_brings_its_secret_rule() {
 /// endpoints; off (the default) neither the flag nor the rules.
 #[test]
 fn tenant_stores_are_a_chart_value_that_brings_its_configmap_and_secret_rules() {
-    let manager_rules = |text: &str| -> String {
-        text.split("\n---")
-            .find(|d| {
-                d.contains("kind: ClusterRole\n")
-                    && d.contains("  name: demo-sandboxrun-operator-manager\n")
-            })
-            .unwrap_or_default()
-            .to_string()
-    };
     let configmaps_rule = "resources: [configmaps]\n    verbs: [get]";
     let secrets_rule = "resources: [secrets]\n    verbs: [get]";
     let off = ok(helm(&["template", "demo", CHART]), None);
     assert!(!off.contains("--tenant-store-endpoints"), "off by default");
-    assert!(!manager_rules(&off).contains(configmaps_rule));
-    assert!(!manager_rules(&off).contains(secrets_rule));
+    assert!(!manager_rules_of(&off).contains(configmaps_rule));
+    assert!(!manager_rules_of(&off).contains(secrets_rule));
     let on = ok(
         helm(&[
             "template",
@@ -353,7 +346,7 @@ fn tenant_stores_are_a_chart_value_that_brings_its_configmap_and_secret_rules() 
         ),
         "{on}"
     );
-    let rules = manager_rules(&on);
+    let rules = manager_rules_of(&on);
     assert!(rules.contains(configmaps_rule), "{rules}");
     assert!(rules.contains(secrets_rule), "{rules}");
     let out = run(
@@ -373,15 +366,6 @@ fn tenant_stores_are_a_chart_value_that_brings_its_configmap_and_secret_rules() 
 /// name, the rule cannot be narrowed and is not.
 #[test]
 fn tenant_store_secret_names_narrow_the_operators_secret_rule_to_those_names() {
-    let manager_rules = |text: &str| -> String {
-        text.split("\n---")
-            .find(|d| {
-                d.contains("kind: ClusterRole\n")
-                    && d.contains("  name: demo-sandboxrun-operator-manager\n")
-            })
-            .unwrap_or_default()
-            .to_string()
-    };
     let narrowed = "resources: [secrets]\n    verbs: [get]\n    resourceNames: [\"store-creds\",\"team-store\"]";
     let base = [
         "template",
@@ -399,11 +383,11 @@ fn tenant_store_secret_names_narrow_the_operators_secret_rule_to_those_names() {
         on.contains("            - --tenant-store-secret-names=store-creds,team-store\n"),
         "{on}"
     );
-    let rules = manager_rules(&on);
+    let rules = manager_rules_of(&on);
     assert!(rules.contains(narrowed), "{rules}");
     let mut with_preflight = base.to_vec();
     with_preflight.extend(["--set", "preflightImages=true"]);
-    let wide = manager_rules(&ok(helm(&with_preflight), None));
+    let wide = manager_rules_of(&ok(helm(&with_preflight), None));
     assert!(
         wide.contains("resources: [secrets]\n    verbs: [get]"),
         "{wide}"

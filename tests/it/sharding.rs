@@ -121,6 +121,16 @@ fn counts(holders: &BTreeMap<u32, String>) -> BTreeMap<String, u32> {
     counts
 }
 
+/// Every run of `ended` Succeeded: none lost (the ones that did not are listed).
+fn assert_all_succeeded(ended: &[SandboxRun]) {
+    let lost: Vec<_> = ended
+        .iter()
+        .filter(|r| phase(r) != Some(Phase::Succeeded))
+        .map(|r| (r.name_any(), r.status.clone()))
+        .collect();
+    assert!(lost.is_empty(), "no run lost: {lost:?}");
+}
+
 /// Waits until every shard is held by `ids` only, each holding ⌊N/R⌋ or ⌈N/R⌉.
 async fn wait_balanced(client: &Client, ns: &str, ids: &[&str], timeout: Duration) {
     let want: BTreeSet<String> = ids.iter().map(|s| s.to_string()).collect();
@@ -561,15 +571,7 @@ async fn three_replicas_share_the_runs_and_survive_a_killed_one() {
     );
     let all: Vec<String> = before.iter().chain(&during).cloned().collect();
     let ended = wait_all_final(&runs, &all, Duration::from_secs(300), || logs(&ops)).await;
-    assert!(
-        ended.iter().all(|r| phase(r) == Some(Phase::Succeeded)),
-        "no run lost: {:?}",
-        ended
-            .iter()
-            .filter(|r| phase(r) != Some(Phase::Succeeded))
-            .map(|r| (r.name_any(), r.status.clone()))
-            .collect::<Vec<_>>()
-    );
+    assert_all_succeeded(&ended);
     wait_balanced(
         &client,
         &ns.name,
@@ -714,15 +716,7 @@ async fn a_rolling_replacement_of_every_replica_during_200_lifecycles_loses_none
         println!("replaced {old} by {new} after {:?}", started.elapsed());
     }
     let ended = wait_all_final(&runs, &names, Duration::from_secs(300), || logs(&ops)).await;
-    assert!(
-        ended.iter().all(|r| phase(r) == Some(Phase::Succeeded)),
-        "no run lost: {:?}",
-        ended
-            .iter()
-            .filter(|r| phase(r) != Some(Phase::Succeeded))
-            .map(|r| (r.name_any(), r.status.clone()))
-            .collect::<Vec<_>>()
-    );
+    assert_all_succeeded(&ended);
     assert_one_manifest_each(&store_url, &ns.name, &names).await;
     let log = std::fs::read_to_string(&attempts).unwrap_or_default();
     let packed: BTreeSet<&str> = log.lines().collect();
@@ -844,15 +838,7 @@ async fn a_replica_cut_off_from_the_apiserver_exits_before_another_takes_its_sha
     // Every run ends, each path committed once; the drains the partition interrupted were
     // cancelled by the replica cut off (its log says so) and attempted again by the other.
     let ended = wait_all_final(&runs, &names, Duration::from_secs(240), || logs(&ops)).await;
-    assert!(
-        ended.iter().all(|r| phase(r) == Some(Phase::Succeeded)),
-        "no run lost: {:?}",
-        ended
-            .iter()
-            .filter(|r| phase(r) != Some(Phase::Succeeded))
-            .map(|r| (r.name_any(), r.status.clone()))
-            .collect::<Vec<_>>()
-    );
+    assert_all_succeeded(&ended);
     assert_one_manifest_each(&store_url, &ns.name, &names).await;
     let count = count_uploads(&ops, &ns.name, &names, &src, &attempts, cut_off);
     assert!(count.interrupted > 0, "a drain was in flight at the cut");

@@ -319,13 +319,7 @@ pub async fn service_account_kubeconfig(
         .status
         .and_then(|s| s.token)
         .expect("a token");
-    let admin = std::fs::read_to_string(kubeconfig_path()).expect("the test bed's kubeconfig");
-    let server = admin
-        .lines()
-        .find_map(|l| l.split("server: \"").nth(1))
-        .and_then(|s| s.split('"').next())
-        .expect("the apiserver's address in the kubeconfig")
-        .to_string();
+    let server = apiserver_url();
     let path = std::env::temp_dir().join(format!("{namespace}-{name}.kubeconfig"));
     std::fs::write(
         &path,
@@ -430,4 +424,15 @@ pub fn run(mut cmd: Command, stdin: Option<&[u8]>) -> std::process::Output {
     child
         .wait_with_output()
         .unwrap_or_else(|e| panic!("waiting for {what}: {e}"))
+}
+
+/// The apiserver's address in the test bed's kubeconfig.
+pub fn apiserver_url() -> String {
+    let admin = std::fs::read_to_string(kubeconfig_path()).expect("the test bed's kubeconfig");
+    admin
+        .lines()
+        .find_map(|l| l.split("server: \"").nth(1))
+        .and_then(|s| s.split('"').next())
+        .expect("the apiserver's address in the kubeconfig")
+        .to_string()
 }

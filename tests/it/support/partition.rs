@@ -12,7 +12,7 @@ use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::{kubeconfig_path, rand_u32};
+use super::{apiserver_url, kubeconfig_path, rand_u32};
 
 /// A proxy in front of the apiserver; relays until [`ApiserverProxy::cut`].
 pub struct ApiserverProxy {
@@ -27,12 +27,7 @@ impl ApiserverProxy {
     /// kubeconfig that goes through the proxy.
     pub async fn start() -> ApiserverProxy {
         let admin = std::fs::read_to_string(kubeconfig_path()).expect("the bed's kubeconfig");
-        let server = admin
-            .lines()
-            .find_map(|l| l.split("server: \"").nth(1))
-            .and_then(|s| s.split('"').next())
-            .expect("the apiserver's address in the kubeconfig")
-            .to_string();
+        let server = apiserver_url();
         let upstream = server
             .strip_prefix("https://")
             .expect("an https apiserver")
