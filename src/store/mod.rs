@@ -17,6 +17,8 @@
 //! - [`purge`]: deleting what one run stored.
 //! - [`tenant`]: a store per namespace, the pure part (precedence, the tenant store a ConfigMap
 //!   and its Secret describe, the endpoints tenant credentials may go to).
+//! - [`tenant_gcs`]: a tenant's gs:// store, its service-account key judged (the endpoints it
+//!   names, the fields it may carry).
 //! - [`tenant_read`]: a store per namespace, the reads (the store one run uses).
 
 pub(crate) mod config;
@@ -27,6 +29,7 @@ pub(crate) mod manifest;
 pub mod open_uploads;
 pub(crate) mod purge;
 pub mod tenant;
+pub(crate) mod tenant_gcs;
 pub mod tenant_read;
 pub(crate) mod upload;
 pub(crate) mod upload_guard;

@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 
 use super::config::StoreConfig;
 use super::error::StoreError;
+use super::tenant_gcs;
 
 /// The well-known name of a namespace's default store ConfigMap.
 pub const DEFAULT_STORE_CONFIGMAP: &str = "sandboxrun-store";
@@ -326,6 +327,8 @@ const AZURE_SECRET_KEYS: &[(&str, &str)] = &[
     ("AZURE_STORAGE_ACCOUNT_KEY", "access_key"),
     ("AZURE_STORAGE_SAS_KEY", "sas_key"),
 ];
+/// The service-account key itself (its JSON), judged by [`super::tenant_gcs`].
+const GCS_SECRET_KEYS: &[(&str, &str)] = &[(tenant_gcs::SECRET_KEY, "service_account_key")];
 
 /// The options a tenant's ConfigMap may set: where the store is and how to talk to it, never a
 /// credential (those are the Secret's), a file of the operator's, a proxy or an identity of the
@@ -348,6 +351,9 @@ const AZURE_TENANT_OPTIONS: &[&str] = &[
     "timeout",
     "connect_timeout",
 ];
+/// gs://: where the store is comes from its key (`gcs_base_url`), judged there; never a key file
+/// (`service_account`), application-default credentials or the metadata server.
+const GCS_TENANT_OPTIONS: &[&str] = &["allow_http", "timeout", "connect_timeout"];
 
 /// The tenant store the ConfigMap `store` (`namespace/name`) describes with `data`, and its
 /// Secret's `secret` data; refused unless its endpoint is one `endpoints` allows.
@@ -393,23 +399,25 @@ fn described(
     let (allowed_options, secret_keys) = match scheme.as_str() {
         "s3" => (S3_TENANT_OPTIONS, S3_SECRET_KEYS),
         "az" => (AZURE_TENANT_OPTIONS, AZURE_SECRET_KEYS),
+        "gs" => (GCS_TENANT_OPTIONS, GCS_SECRET_KEYS),
         other => {
             return Err(invalid(format!(
-                "a tenant store is s3:// or az:// ({other}:// is not: the operator's own disk, \
-                 its memory and gs:// are not offered to tenants)"
+                "a tenant store is s3://, az:// or gs:// ({other}:// is not: the operator's own \
+                 disk and its memory are not offered to tenants)"
             )))
         }
     };
     let mut options = tenant_options(data, allowed_options).map_err(invalid)?;
     options.extend(secret_options(secret, secret_keys, &scheme).map_err(invalid)?);
-    let endpoint = endpoint_of(&scheme, &options).map_err(invalid)?;
-    if !allowed(&endpoint) {
+    let endpoints = endpoints_of(&scheme, &mut options).map_err(invalid)?;
+    if let Some(refused) = endpoints.iter().find(|e| !allowed(e)) {
         return Err(TenantStoreError::EndpointRefused {
             store: store.into(),
             url,
-            endpoint,
+            endpoint: refused.clone(),
         });
     }
+    let endpoint = endpoints.into_iter().next().unwrap_or_default();
     let config = StoreConfig::new(&url, &options)
         .map_err(|source| TenantStoreError::Store {
             store: store.into(),
@@ -467,11 +475,13 @@ fn secret_options(
     let has = |option: &str| out.iter().any(|(k, v)| k == option && !v.is_empty());
     let signs = match scheme {
         "s3" => has("access_key_id") && has("secret_access_key"),
+        "gs" => has("service_account_key"),
         _ => has("access_key") || has("sas_key"),
     };
     if !signs {
         let needed = match scheme {
             "s3" => "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+            "gs" => "GOOGLE_SERVICE_ACCOUNT_KEY (a service account's key file, its JSON)",
             _ => "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_KEY",
         };
         return Err(format!(
@@ -479,6 +489,21 @@ fn secret_options(
         ));
     }
     Ok(out)
+}
+
+/// Every endpoint a store's credentials go to, where its requests go first. gs://: those its
+/// service-account key names (or their defaults), the key judged and replaced by its rebuilt
+/// form ([`tenant_gcs::judged`]); else the one [`endpoint_of`] says.
+fn endpoints_of(scheme: &str, options: &mut [(String, String)]) -> Result<Vec<String>, String> {
+    if scheme != "gs" {
+        return endpoint_of(scheme, options).map(|e| vec![e]);
+    }
+    let Some((_, key)) = options.iter_mut().find(|(k, _)| k == "service_account_key") else {
+        return Err(format!("its Secret lacks {}", tenant_gcs::SECRET_KEY));
+    };
+    let judged = tenant_gcs::judged(key)?;
+    *key = judged.json;
+    Ok(judged.endpoints.into_iter().map(|(_, url)| url).collect())
 }
 
 /// Where a store's requests go: its `endpoint` option, else the cloud's own endpoint.
@@ -648,10 +673,13 @@ mod tests {
     #[test]
     fn the_operator_s_disk_memory_and_identity_are_not_offered_to_tenants() {
         let on = endpoints(&["http://127.0.0.1:19000", "*.amazonaws.com"]);
-        for url in ["file:///var/lib/sandboxrun/store", "memory://", "gs://b/p"] {
+        for url in ["file:///var/lib/sandboxrun/store", "memory://"] {
             let cm = map(&[("url", url)]);
             let err = tenant_store("t/s", &cm, &s3_secret(), &on).expect_err(url);
-            assert!(err.to_string().contains("s3:// or az://"), "{url}: {err}");
+            assert!(
+                err.to_string().contains("s3://, az:// or gs://"),
+                "{url}: {err}"
+            );
         }
         // No credentials: refused, never signed with the operator's identity.
         let cm = map(&[("url", "s3://b/p")]);
@@ -717,6 +745,237 @@ mod tests {
         let err = tenant_store("t/s", &map(&[("secretName", "c")]), &s3_secret(), &on)
             .expect_err("no url");
         assert!(err.to_string().contains("no \"url\" key"), "{err}");
+    }
+
+    /// Stands in for a private key in the pure tests (never parsed here).
+    const KEY_MATERIAL: &str = "MIIEvQIBADANBgkqhkiG9w0BAQEFAASCBKcwggSjAgEAAoIBAQDtenantsecret";
+
+    /// A service-account key as Google issues it, with `extra` fields set (a `null` removes one).
+    fn gcs_key(extra: serde_json::Value) -> String {
+        let mut key = serde_json::json!({
+            "type": "service_account",
+            "project_id": "team-a",
+            "private_key_id": "0123abcd",
+            "private_key": format!("-----BEGIN PRIVATE KEY-----\n{KEY_MATERIAL}\n-----END PRIVATE KEY-----\n"),
+            "client_email": "runs@team-a.iam.gserviceaccount.com",
+            "client_id": "1234",
+            "auth_uri": "https://accounts.google.com/o/oauth2/auth",
+            "token_uri": "https://oauth2.googleapis.com/token",
+            "auth_provider_x509_cert_url": "https://www.googleapis.com/oauth2/v1/certs",
+            "client_x509_cert_url": "https://www.googleapis.com/robot/v1/metadata/x509/runs",
+            "universe_domain": "googleapis.com",
+        });
+        for (k, v) in extra.as_object().expect("object") {
+            if v.is_null() {
+                key.as_object_mut().expect("object").remove(k);
+            } else {
+                key[k] = v.clone();
+            }
+        }
+        key.to_string()
+    }
+
+    fn gcs_store(
+        key: &str,
+        options: &str,
+        policy: &[&str],
+    ) -> Result<TenantStore, TenantStoreError> {
+        let cm = map(&[("url", "gs://team-a-runs/p"), ("options", options)]);
+        let secret = map(&[("GOOGLE_SERVICE_ACCOUNT_KEY", key)]);
+        tenant_store("team/sandboxrun-store", &cm, &secret, &endpoints(policy))
+    }
+
+    #[test]
+    fn a_tenant_gcs_store_signs_with_its_key_and_every_url_of_the_key_must_be_allowed() {
+        use serde_json::json;
+        let google = ["storage.googleapis.com", "oauth2.googleapis.com"];
+        let bed = ["http://127.0.0.1:19100"];
+        let local = json!({"gcs_base_url": "http://127.0.0.1:19100/", "token_uri": "http://127.0.0.1:19100/token"});
+        // (the key's extra fields, the allowed endpoints, Ok(the store's endpoint) or Err(the
+        // endpoint refused)).
+        let cases: [(serde_json::Value, &[&str], Result<&str, &str>); 7] = [
+            // A key as Google issues it: the defaults are judged, both must be allowed.
+            (json!({}), &google, Ok("https://storage.googleapis.com")),
+            (
+                json!({"token_uri": null}),
+                &google,
+                Ok("https://storage.googleapis.com"),
+            ),
+            (
+                json!({}),
+                &["storage.googleapis.com"],
+                Err("https://oauth2.googleapis.com/token"),
+            ),
+            (
+                json!({"token_uri": null}),
+                &["oauth2.googleapis.com"],
+                Err("https://storage.googleapis.com"),
+            ),
+            // The bed's server named by the key, allowed as a URL prefix.
+            (local.clone(), &bed, Ok("http://127.0.0.1:19100")),
+            // A key sending its token request, or every request, elsewhere.
+            (
+                json!({"token_uri": "https://collector.evil.io/token"}),
+                &google,
+                Err("https://collector.evil.io/token"),
+            ),
+            (
+                json!({"gcs_base_url": "https://storage.googleapis.com.evil.io"}),
+                &google,
+                Err("https://storage.googleapis.com.evil.io"),
+            ),
+        ];
+        for (extra, policy, expected) in cases {
+            let got = gcs_store(&gcs_key(extra.clone()), "allow_http=true", policy);
+            match (got, expected) {
+                (Ok(store), Ok(endpoint)) => {
+                    assert_eq!(store.endpoint, endpoint, "{extra}");
+                    let shown = format!("{store:?}");
+                    assert!(!shown.contains(KEY_MATERIAL), "{shown}");
+                }
+                (Err(e @ TenantStoreError::EndpointRefused { .. }), Err(endpoint)) => {
+                    let text = e.to_string();
+                    assert!(
+                        text.contains("team/sandboxrun-store") && text.contains(endpoint),
+                        "{extra}: {text}"
+                    );
+                    assert!(!text.contains(KEY_MATERIAL), "{text}");
+                }
+                (got, expected) => panic!("{extra}: got {got:?}, expected {expected:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_gcs_key_that_is_not_a_service_account_s_own_is_refused_by_name_never_echoed() {
+        use serde_json::json;
+        let google = ["storage.googleapis.com", "oauth2.googleapis.com"];
+        let whole = gcs_key(json!({}));
+        // (the Secret's key, words the refusal must carry).
+        let cases: Vec<(String, &str)> = vec![
+            (whole[..whole.len() / 2].to_string(), "is not JSON"),
+            (
+                whole[..whole.find(KEY_MATERIAL).expect("key") + KEY_MATERIAL.len()].to_string(),
+                "is not JSON",
+            ),
+            (whole.replace("\\n", "\n"), "is not JSON"),
+            ("[1, 2]".into(), "not a JSON object"),
+            (
+                gcs_key(json!({"type": "authorized_user"})),
+                "\"authorized_user\"",
+            ),
+            (
+                gcs_key(json!({"type": "external_account"})),
+                "not a service account's key",
+            ),
+            (
+                gcs_key(json!({"type": KEY_MATERIAL})),
+                "not one Google issues",
+            ),
+            (gcs_key(json!({"type": null})), "\"type\" is missing"),
+            (
+                gcs_key(json!({"private_key": null})),
+                "lacks \"private_key\"",
+            ),
+            (
+                gcs_key(json!({"private_key": " "})),
+                "lacks \"private_key\"",
+            ),
+            (
+                gcs_key(json!({"private_key": KEY_MATERIAL})),
+                "not a PEM private key",
+            ),
+            (
+                gcs_key(json!({"client_email": null})),
+                "lacks \"client_email\"",
+            ),
+            (
+                gcs_key(json!({"private_key_id": 7})),
+                "\"private_key_id\" is not a string",
+            ),
+            (
+                gcs_key(json!({"token_uri": 7})),
+                "\"token_uri\" is not a string",
+            ),
+            (gcs_key(json!({"disable_oauth": true})), "\"disable_oauth\""),
+            (
+                gcs_key(json!({"universe_domain": "evil.io"})),
+                "\"universe_domain\"",
+            ),
+            // Fields other clients call, and any field outside a service-account key's.
+            (
+                gcs_key(json!({"service_account_impersonation_url": "https://evil.io"})),
+                "\"service_account_impersonation_url\"",
+            ),
+            (
+                gcs_key(json!({"credential_source": {"url": "http://169.254.169.254"}})),
+                "\"credential_source\"",
+            ),
+            (
+                gcs_key(json!({"quota_project_id": "x"})),
+                "\"quota_project_id\"",
+            ),
+        ];
+        for (key, words) in cases {
+            let err = gcs_store(&key, "", &google).expect_err(words);
+            assert!(
+                matches!(err, TenantStoreError::Invalid { .. }),
+                "{words}: {err}"
+            );
+            let text = err.to_string();
+            assert!(
+                text.contains("team/sandboxrun-store")
+                    && text.contains("GOOGLE_SERVICE_ACCOUNT_KEY")
+                    && text.contains(words),
+                "{words}: {text}"
+            );
+            assert!(!text.contains(KEY_MATERIAL), "the key is echoed: {text}");
+        }
+    }
+
+    #[test]
+    fn a_gcs_tenant_store_takes_no_key_file_identity_proxy_or_endpoint_option() {
+        let google = ["storage.googleapis.com", "oauth2.googleapis.com"];
+        let key = gcs_key(serde_json::json!({}));
+        for option in [
+            "service_account=/var/run/secrets/google/key.json",
+            "application_credentials=/root/.config/gcloud/application_default_credentials.json",
+            "service_account_key={}",
+            "proxy_url=http://proxy",
+            "allow_invalid_certificates=true",
+            "base_url=https://evil.io",
+            "skip_signature=true",
+            "bearer_token=x",
+        ] {
+            let err = gcs_store(&key, option, &google).expect_err(option);
+            assert!(
+                err.to_string().contains("not one a tenant store may set"),
+                "{option}: {err}"
+            );
+        }
+        // No key: refused, never the operator's application-default credentials or metadata
+        // server (workload identity).
+        let cm = map(&[("url", "gs://b/p")]);
+        let err =
+            tenant_store("t/s", &cm, &BTreeMap::new(), &endpoints(&google)).expect_err("no key");
+        assert!(
+            err.to_string().contains("lacks GOOGLE_SERVICE_ACCOUNT_KEY"),
+            "{err}"
+        );
+        for odd in ["GOOGLE_APPLICATION_CREDENTIALS", "GOOGLE_SERVICE_ACCOUNT"] {
+            let secret = map(&[("GOOGLE_SERVICE_ACCOUNT_KEY", &key), (odd, "/key.json")]);
+            let err = tenant_store("t/s", &cm, &secret, &endpoints(&google)).expect_err(odd);
+            assert!(err.to_string().contains(odd), "{err}");
+            assert!(!err.to_string().contains(KEY_MATERIAL), "{err}");
+        }
+        // A reader (`files`) is held to the same key rules, not to the operator's allowlist.
+        let secret = map(&[("GOOGLE_SERVICE_ACCOUNT_KEY", key.as_str())]);
+        assert!(for_reader("t/s", &cm, &secret).is_ok());
+        let unsigned = map(&[(
+            "GOOGLE_SERVICE_ACCOUNT_KEY",
+            &gcs_key(serde_json::json!({"disable_oauth": true})),
+        )]);
+        assert!(for_reader("t/s", &cm, &unsigned).is_err());
     }
 
     #[test]

@@ -9,6 +9,11 @@
 //! it; a Secret deleted mid-run fails the drain loudly, naming the store; nothing falls back to
 //! the operator's store. kwok plays the node; its exec runs
 //! `sandboxrun-operator pack` on this host.
+//!
+//! A gs:// tenant store (its Secret a service-account key whose URLs name the bed's
+//! fake-gcs-server) is proven on the reader's side only, as in tests/it/store_backends.rs:
+//! fake-gcs-server takes none of object_store's XML writes, so a drain into it fails (loudly, and
+//! that is checked), and the objects `files` reads back are copied in through its JSON API.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,7 +22,7 @@ use std::time::Duration;
 
 use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use object_store::{ObjectStore, ObjectStoreExt};
 use sandboxrun_operator::api::{Phase, ReadBackPhase, Retention, SandboxRun};
@@ -75,6 +80,102 @@ fn azure_tenant() -> TenantStore {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect(),
+    }
+}
+
+/// A private key of a service account of the test's own (RSA, PEM), made now.
+fn rsa_private_key_pem() -> String {
+    let out = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ])
+        .output()
+        .expect("openssl (the test makes its service account's key with it)");
+    assert!(
+        out.status.success(),
+        "openssl genpkey: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("PEM")
+}
+
+/// The bed's fake-gcs-server under a fresh prefix, with a service account's key whose
+/// `gcs_base_url` is the server and whose `token_uri` is `token_uri` (default: the server's
+/// `/token`). The bed's own key file is unsigned (`disable_oauth`) and keyless, which a tenant's
+/// may not be: the test's key is a service account's, signed with a key of its own
+/// (fake-gcs-server checks no signature).
+fn gcs_tenant(token_uri: Option<String>) -> TenantStore {
+    let endpoint = bed_setting("SANDBOXRUN_TEST_GCS_ENDPOINT");
+    let bed_file = bed_setting("SANDBOXRUN_TEST_GCS_SERVICE_ACCOUNT");
+    let text = std::fs::read_to_string(&bed_file).expect("the bed's GCS service account");
+    let mut key: serde_json::Value = serde_json::from_str(&text).expect("service account");
+    key.as_object_mut().expect("object").remove("disable_oauth");
+    key["type"] = serde_json::json!("service_account");
+    key["private_key"] = serde_json::json!(rsa_private_key_pem());
+    key["private_key_id"] = serde_json::json!("tenant-stores-gcs");
+    key["client_email"] = serde_json::json!("runs@tenant-stores.iam.gserviceaccount.com");
+    key["gcs_base_url"] = serde_json::json!(endpoint);
+    key["token_uri"] = serde_json::json!(token_uri.unwrap_or(format!("{endpoint}/token")));
+    let key = key.to_string();
+    TenantStore {
+        url: format!(
+            "gs://{}/tg{:04x}",
+            bed_setting("SANDBOXRUN_TEST_GCS_BUCKET"),
+            rand_u32() & 0xffff
+        ),
+        options_line: "allow_http=true".into(),
+        secret: [("GOOGLE_SERVICE_ACCOUNT_KEY".to_string(), key.clone())].into(),
+        reader_options: vec![
+            ("service_account_key".into(), key),
+            ("allow_http".into(), "true".into()),
+        ],
+    }
+}
+
+/// The base64 lines of a PEM key (what must never reach a log).
+fn key_material(tenant: &TenantStore) -> Vec<String> {
+    let key: serde_json::Value =
+        serde_json::from_str(&tenant.secret["GOOGLE_SERVICE_ACCOUNT_KEY"]).expect("json");
+    key["private_key"]
+        .as_str()
+        .expect("private_key")
+        .lines()
+        .filter(|l| !l.starts_with("-----") && l.len() > 40)
+        .map(str::to_string)
+        .collect()
+}
+
+/// Copies every object under `dir` of `from` (a store with no prefix) into fake-gcs-server's
+/// bucket under `prefix/<key>`, through its JSON API's media upload (the module doc says why not
+/// through the drain).
+async fn copy_into_gcs(from: &Arc<dyn ObjectStore>, dir: &object_store::path::Path, prefix: &str) {
+    let bucket = bed_setting("SANDBOXRUN_TEST_GCS_BUCKET");
+    let endpoint = bed_setting("SANDBOXRUN_TEST_GCS_ENDPOINT");
+    let http = reqwest::Client::new();
+    for key in keys_under(from, dir).await {
+        let body = from
+            .get(&key.as_str().into())
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("read");
+        let mut url = url::Url::parse(&format!(
+            "{endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=media"
+        ))
+        .expect("url");
+        url.query_pairs_mut()
+            .append_pair("name", &format!("{prefix}/{key}"));
+        let resp = http.post(url).body(body).send().await.expect("upload");
+        assert!(
+            resp.status().is_success(),
+            "upload {key}: {}",
+            resp.status()
+        );
     }
 }
 
@@ -171,24 +272,34 @@ fn files_in(dir: &Path) -> Vec<String> {
 /// give the credentials.
 fn files_get_from_namespace(ns: &str, run: &str) -> std::path::PathBuf {
     let dest = host_dir(&format!("{run}-get"));
+    files_from_namespace(&["get", run, "-n", ns, "-o", &dest.display().to_string()]);
+    dest
+}
+
+/// `sandboxrun-operator files ARGS` with no store settings or credentials in its environment;
+/// its standard output.
+fn files_from_namespace(args: &[&str]) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
-        .args(["files", "get", run, "-n", ns, "-o"])
-        .arg(&dest)
+        .arg("files")
+        .args(args)
         .env("KUBECONFIG", kubeconfig_path())
         .env_remove("SANDBOXRUN_STORE_URL")
         .env_remove("SANDBOXRUN_STORE_OPTIONS")
         .env_remove("AWS_ACCESS_KEY_ID")
         .env_remove("AWS_SECRET_ACCESS_KEY")
         .env_remove("AZURE_STORAGE_ACCOUNT_KEY")
+        .env_remove("GOOGLE_SERVICE_ACCOUNT")
+        .env_remove("GOOGLE_SERVICE_ACCOUNT_KEY")
+        .env_remove("GOOGLE_APPLICATION_CREDENTIALS")
         .output()
-        .expect("run files get");
+        .expect("run files");
     assert!(
         out.status.success(),
-        "files get -n {ns} {run}: {}{}",
+        "files {args:?}: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    dest
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// The first file under `dir`.
@@ -587,6 +698,184 @@ async fn a_store_naming_a_secret_the_platform_did_not_name_is_refused_and_held()
             .expect("get pod")
             .is_none(),
         "no pod while the store names a Secret the platform did not name"
+    );
+    assert_eq!(files_in(&own), Vec::<String>::new(), "nothing stored");
+}
+
+/// Issue #29 item 1, gs://: a namespace's GCS store, its Secret a service account's key naming
+/// the bed's fake-gcs-server (`gcs_base_url`, `token_uri`), which the platform allows. A run
+/// draining into it fails loudly (fake-gcs-server takes no XML write: the module doc), naming the
+/// store, and nothing falls back to the operator's store; a run drained earlier (into the
+/// operator's store, before the namespace had one) whose objects are copied into the GCS store is
+/// read back by `files ls|get -n` with the namespace's key only (no store setting or credential
+/// in its environment: without the key the client would go to storage.googleapis.com).
+#[tokio::test]
+async fn a_namespace_s_gcs_store_is_read_back_with_its_own_key_and_a_drain_into_it_fails_loudly() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "tenant-stores-gcs").await;
+    let own = host_dir("tenant-stores-gcs-operator");
+    let mut op = Operator::builder(&ns.name, &format!("file://{}", own.display()))
+        .flags(&[
+            "--tenant-store-endpoints",
+            &bed_setting("SANDBOXRUN_TEST_GCS_ENDPOINT"),
+        ])
+        .start();
+    let out = host_dir("out");
+    std::fs::write(out.join("result.txt"), b"tenant data\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+
+    // Before the namespace has a store: the operator's.
+    create(&runs, "job", spec(&[&out])).await;
+    run_then_finish(&runs, &pods, "job", &op).await;
+    let job = wait_phase(&runs, "job", Phase::Succeeded, &op).await;
+
+    // The namespace's GCS store; a run now drains into it, and fails loudly.
+    let tenant = gcs_tenant(None);
+    publish_store(&client, &ns.name, "sandboxrun-store", &tenant).await;
+    create(&runs, "to-gcs", spec(&[&out]).drain_timeout("30s")).await;
+    run_then_finish(&runs, &pods, "to-gcs", &op).await;
+    let ended = wait_final(&runs, "to-gcs", &op, PHASE_TIMEOUT).await;
+    let path = read_back(&ended, 0);
+    assert_eq!(path.phase, ReadBackPhase::Failed, "{path:?}");
+    assert_eq!(path.object, None, "{path:?}");
+    let event = wait_event(
+        &client,
+        &ns.name,
+        Some("to-gcs"),
+        "sandbox_runfiles_drain_failed",
+        Duration::from_secs(60),
+        &op,
+    )
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.clone().unwrap_or_default();
+    assert!(note.contains(&tenant.url), "{note}");
+    assert_eq!(
+        files_in(&own)
+            .iter()
+            .filter(|f| f.contains("/to-gcs/"))
+            .count(),
+        0,
+        "nothing of the GCS store's run in the operator's store"
+    );
+    let log = op.log_text();
+    for line in key_material(&tenant) {
+        assert!(
+            !log.contains(&line),
+            "the tenant's key is in the operator's log"
+        );
+    }
+    op.kill();
+
+    // The first run's objects into the GCS store, and its status naming them there (what a
+    // drain into GCS would have written; the bed's server cannot take one).
+    let (file_store, _) = store_from_url(&format!("file://{}", own.display()), &[]).unwrap();
+    let dir = run_dir(
+        &object_store::path::Path::default(),
+        &run_ref(&ns.name, &job),
+    );
+    let prefix = tenant.url.rsplit('/').next().expect("prefix").to_string();
+    copy_into_gcs(&file_store, &dir, &prefix).await;
+    let own_url = format!("file://{}", own.display());
+    let moved: Vec<serde_json::Value> = job
+        .status
+        .as_ref()
+        .expect("status")
+        .read_back
+        .iter()
+        .map(|entry| {
+            let mut entry = serde_json::to_value(entry).expect("entry");
+            for field in ["object", "manifest"] {
+                if let Some(text) = entry[field].as_str() {
+                    entry[field] = serde_json::json!(text.replace(&own_url, &tenant.url));
+                }
+            }
+            entry
+        })
+        .collect();
+    assert!(
+        moved[0]["object"]
+            .as_str()
+            .is_some_and(|o| o.starts_with(&format!("{}/", tenant.url))),
+        "{moved:?}"
+    );
+    runs.patch_status(
+        "job",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"status": {"readBack": moved}})),
+    )
+    .await
+    .expect("patch the status");
+
+    // `files ls|get -n` read it from the namespace's GCS store, with its key.
+    let listing = files_from_namespace(&["ls", "job", "-n", &ns.name]);
+    assert!(
+        listing.contains("[Drained]") && listing.contains("result.txt"),
+        "{listing}"
+    );
+    let dest = files_get_from_namespace(&ns.name, "job");
+    let got = std::fs::read_to_string(dest.join("00-out/result.txt"))
+        .or_else(|_| std::fs::read_to_string(first_file(&dest)))
+        .unwrap_or_default();
+    assert_eq!(
+        got, "tenant data\n",
+        "files get read the namespace's GCS store"
+    );
+    crypto();
+    let (gcs, gcs_prefix) = store_from_url(&tenant.url, &tenant.reader_options).unwrap();
+    assert_eq!(
+        keys_under(
+            &gcs,
+            &gcs_prefix.clone().join(ns.name.as_str()).join("to-gcs")
+        )
+        .await,
+        Vec::<String>::new(),
+        "the failed drain left nothing in the GCS store"
+    );
+    for key in keys_under(&gcs, &gcs_prefix).await {
+        let _ = gcs.delete(&key.as_str().into()).await;
+    }
+}
+
+/// Issue #29 item 1, gs://: a service-account key whose `token_uri` is not an endpoint the
+/// platform allows holds the run before its pod, naming the store and the URL (the key's
+/// `gcs_base_url`, the bed's fake-gcs-server, is allowed: every URL of the key is judged).
+#[tokio::test]
+async fn a_gcs_key_naming_a_token_uri_the_platform_did_not_allow_holds_the_run() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "tenant-stores-gcs-held").await;
+    let rogue_token = format!("{}/token", bed_setting("SANDBOXRUN_TEST_S3_ENDPOINT"));
+    let tenant = gcs_tenant(Some(rogue_token.clone()));
+    publish_store(&client, &ns.name, "sandboxrun-store", &tenant).await;
+    let own = host_dir("tenant-stores-gcs-held-operator");
+    let op = Operator::builder(&ns.name, &format!("file://{}", own.display()))
+        .flags(&[
+            "--tenant-store-endpoints",
+            &bed_setting("SANDBOXRUN_TEST_GCS_ENDPOINT"),
+        ])
+        .start();
+    let out = host_dir("out");
+    std::fs::write(out.join("result.txt"), b"tenant data\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "held", spec(&[&out])).await;
+    let held = wait_held(&runs, "held", &op).await;
+    let message = held.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(
+        message.contains(&format!("{}/sandboxrun-store", ns.name))
+            && message.contains(&rogue_token)
+            && message.contains("not in the platform's --tenant-store-endpoints"),
+        "{message}"
+    );
+    for line in key_material(&tenant) {
+        assert!(!message.contains(&line), "the key is in the message");
+    }
+    assert!(
+        pods.get_opt("held-sbr").await.expect("get pod").is_none(),
+        "no pod while the store's key names a URL the platform did not allow"
     );
     assert_eq!(files_in(&own), Vec::<String>::new(), "nothing stored");
 }
