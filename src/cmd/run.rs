@@ -228,8 +228,10 @@ pub(crate) struct RunArgs {
     pub(crate) allowed_toleration_keys: Option<String>,
     /// The endpoints tenant stores may send their credentials to (docs/contract.md "A store per
     /// namespace"), comma-separated: URL prefixes (`http://minio.storage:9000`) or HTTPS hosts
-    /// (`*.amazonaws.com`). Unset: tenant stores are off and every run uses --store-url. On, the
-    /// operator needs get on configmaps and secrets in run namespaces (chart: tenantStores).
+    /// (`*.amazonaws.com`; GCS: `storage.googleapis.com`, `oauth2.googleapis.com`, every URL a
+    /// service-account key names is judged). Unset: tenant stores are off and every run uses
+    /// --store-url. On, the operator needs get on configmaps and secrets in run namespaces
+    /// (chart: tenantStores).
     #[arg(
         long,
         env = "SANDBOXRUN_TENANT_STORE_ENDPOINTS",
