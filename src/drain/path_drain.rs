@@ -160,6 +160,18 @@ impl AttemptError {
 
     /// Whether the object store refused the credentials (HTTP 401/403), on the archive upload or
     /// the manifest.
+    /// Whether the store failed (not the pod, the exec or the stream): its failure names the
+    /// store, a tenant's among them (docs/contract.md "A store per namespace").
+    pub(crate) fn is_store_side(&self) -> bool {
+        match self {
+            AttemptError::Store(_) => true,
+            AttemptError::Drain(e) => {
+                matches!(e.kind, DrainErrorKind::Store(_) | DrainErrorKind::Write(_))
+            }
+            _ => false,
+        }
+    }
+
     pub(crate) fn store_refused_credentials(&self) -> bool {
         match self {
             AttemptError::Store(e) => e.is_refused(),
@@ -208,6 +220,7 @@ fn describe_failure(e: &AttemptError, store_url: &str) -> String {
         AttemptError::Exec(ExecError::Start { source, .. }) if start_status(source) == Some(403) => format!(
             "{e} (Forbidden: the operator's ServiceAccount needs create/get on pods/exec in this namespace)"
         ),
+        e if e.is_store_side() => format!("the store {store_url}: {e}"),
         _ => e.to_string(),
     }
 }
@@ -522,7 +535,7 @@ impl<'j, 'a> PathDrain<'j, 'a> {
     fn last_cause(&self) -> String {
         self.last_error
             .as_ref()
-            .map(|e| format!("; last error: {e}"))
+            .map(|e| format!("; last error: {}", describe_failure(e, self.job.store_url)))
             .unwrap_or_default()
     }
 
@@ -1391,5 +1404,15 @@ mod tests {
         });
         assert!(unreachable.is_transient());
         assert_eq!(unreachable.metric_label(), "write");
+        // A store's failure names the store (a tenant's among them); the pod's does not.
+        let named = describe_failure(&unreachable, "gs://tenant-bucket/runs");
+        assert!(
+            named.starts_with("the store gs://tenant-bucket/runs: drain failed: writing"),
+            "{named}"
+        );
+        assert_eq!(
+            describe_failure(&AttemptError::NoStdout, "gs://tenant-bucket/runs"),
+            "the exec of the packer has no stdout"
+        );
     }
 }

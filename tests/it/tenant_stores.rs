@@ -122,11 +122,7 @@ fn gcs_tenant(token_uri: Option<String>) -> TenantStore {
     key["token_uri"] = serde_json::json!(token_uri.unwrap_or(format!("{endpoint}/token")));
     let key = key.to_string();
     TenantStore {
-        url: format!(
-            "gs://{}/tg{:04x}",
-            bed_setting("SANDBOXRUN_TEST_GCS_BUCKET"),
-            rand_u32() & 0xffff
-        ),
+        url: format!("gs://{}", bed_setting("SANDBOXRUN_TEST_GCS_BUCKET")),
         options_line: "allow_http=true".into(),
         secret: [("GOOGLE_SERVICE_ACCOUNT_KEY".to_string(), key.clone())].into(),
         reader_options: vec![
@@ -152,7 +148,9 @@ fn key_material(tenant: &TenantStore) -> Vec<String> {
 /// Copies every object under `dir` of `from` (a store with no prefix) into fake-gcs-server's
 /// bucket under `prefix/<key>`, through its JSON API's media upload (the module doc says why not
 /// through the drain).
-async fn copy_into_gcs(from: &Arc<dyn ObjectStore>, dir: &object_store::path::Path, prefix: &str) {
+/// Copies every object of `from` under `dir` into fake-gcs-server's bucket under the same key
+/// (the manifest records its archives' keys: they must not move).
+async fn copy_into_gcs(from: &Arc<dyn ObjectStore>, dir: &object_store::path::Path) {
     let bucket = bed_setting("SANDBOXRUN_TEST_GCS_BUCKET");
     let endpoint = bed_setting("SANDBOXRUN_TEST_GCS_ENDPOINT");
     let http = reqwest::Client::new();
@@ -168,8 +166,7 @@ async fn copy_into_gcs(from: &Arc<dyn ObjectStore>, dir: &object_store::path::Pa
             "{endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=media"
         ))
         .expect("url");
-        url.query_pairs_mut()
-            .append_pair("name", &format!("{prefix}/{key}"));
+        url.query_pairs_mut().append_pair("name", key.as_str());
         let resp = http.post(url).body(body).send().await.expect("upload");
         assert!(
             resp.status().is_success(),
@@ -714,8 +711,13 @@ async fn a_namespace_s_gcs_store_is_read_back_with_its_own_key_and_a_drain_into_
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "tenant-stores-gcs").await;
+    // The GCS store has no prefix (its runs' keys start with the test's own namespace), so the
+    // first run's keys in the operator's file:// store, which its manifest records, are the keys
+    // it would have had in the GCS store.
+    let tenant = gcs_tenant(None);
     let own = host_dir("tenant-stores-gcs-operator");
-    let mut op = Operator::builder(&ns.name, &format!("file://{}", own.display()))
+    let own_url = format!("file://{}", own.display());
+    let mut op = Operator::builder(&ns.name, &own_url)
         .flags(&[
             "--tenant-store-endpoints",
             &bed_setting("SANDBOXRUN_TEST_GCS_ENDPOINT"),
@@ -732,7 +734,6 @@ async fn a_namespace_s_gcs_store_is_read_back_with_its_own_key_and_a_drain_into_
     let job = wait_phase(&runs, "job", Phase::Succeeded, &op).await;
 
     // The namespace's GCS store; a run now drains into it, and fails loudly.
-    let tenant = gcs_tenant(None);
     publish_store(&client, &ns.name, "sandboxrun-store", &tenant).await;
     create(&runs, "to-gcs", spec(&[&out]).drain_timeout("30s")).await;
     run_then_finish(&runs, &pods, "to-gcs", &op).await;
@@ -776,9 +777,7 @@ async fn a_namespace_s_gcs_store_is_read_back_with_its_own_key_and_a_drain_into_
         &object_store::path::Path::default(),
         &run_ref(&ns.name, &job),
     );
-    let prefix = tenant.url.rsplit('/').next().expect("prefix").to_string();
-    copy_into_gcs(&file_store, &dir, &prefix).await;
-    let own_url = format!("file://{}", own.display());
+    copy_into_gcs(&file_store, &dir).await;
     let moved: Vec<serde_json::Value> = job
         .status
         .as_ref()
@@ -834,7 +833,7 @@ async fn a_namespace_s_gcs_store_is_read_back_with_its_own_key_and_a_drain_into_
         Vec::<String>::new(),
         "the failed drain left nothing in the GCS store"
     );
-    for key in keys_under(&gcs, &gcs_prefix).await {
+    for key in keys_under(&gcs, &gcs_prefix.clone().join(ns.name.as_str())).await {
         let _ = gcs.delete(&key.as_str().into()).await;
     }
 }
