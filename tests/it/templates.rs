@@ -51,7 +51,7 @@ fn var(name: &str, value: &str) -> EnvVar {
 /// A run made from the template `name` that sets `extra` besides the reference.
 fn from_template(name: &str, extra: SandboxRunSpec) -> SandboxRunSpec {
     SandboxRunSpec {
-        template_ref: Some(TemplateRef { name: name.into() }),
+        template_ref: Some(TemplateRef::namespaced(name)),
         ..extra
     }
 }
