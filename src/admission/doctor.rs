@@ -515,11 +515,16 @@ impl ReadDocuments {
             let Some(reference) = &pending.run.spec.template_ref else {
                 continue;
             };
+            let same = if reference.kind.namespaced() {
+                " (same namespace)"
+            } else {
+                ""
+            };
             pending.findings.push(Finding::warn(
                 super::rules::ids::TEMPLATE_UNUSABLE,
                 "spec.templateRef.name",
                 format!("the {} is not in these inputs: the run's own spec is judged, not the spec it would run with", reference.label()),
-                "give doctor the template's manifest too (a SandboxRunTemplate of the run's namespace), or --context to read it from the cluster",
+                format!("give doctor the template's manifest too{same}, or --context to read it from the cluster"),
             ));
         }
     }
