@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Regenerates every generated artefact from its one source:
-#   - the CRDs (SandboxRun, SandboxRunTemplate) in crds/ and their copies in the chart, from the
+#   - the CRDs (SandboxRun, SandboxRunTemplate, ClusterSandboxRunTemplate) in crds/ and their
+#     copies in the chart, from the
 #     code (src/api.rs);
 #   - config/rbac/rbac.yaml (the kustomize install's ServiceAccount and RBAC), from the chart's
 #     templates/serviceaccount.yaml and templates/rbac.yaml (`helm template`);
@@ -20,6 +21,7 @@ trap 'rm -rf "$tmp"' EXIT
 # ---- the CRD, from src/api.rs
 cargo run --quiet --locked --bin sandboxrun-operator -- crd >"$tmp/crd.yaml"
 cargo run --quiet --locked --bin sandboxrun-operator -- crd --template >"$tmp/template-crd.yaml"
+cargo run --quiet --locked --bin sandboxrun-operator -- crd --cluster-template >"$tmp/cluster-template-crd.yaml"
 
 # ---- tests/gitops-fixtures, from the controller's status builders
 fixtures_test=controller::gitops_fixtures::the_gitops_fixtures_are_what_the_status_builders_write
@@ -67,6 +69,8 @@ targets=(
   "charts/sandboxrun-operator/crds/sandboxruns.sandbox.iterion.io.yaml:crd.yaml:src/api.rs"
   "crds/sandboxruntemplates.sandbox.iterion.io.yaml:template-crd.yaml:src/api.rs"
   "charts/sandboxrun-operator/crds/sandboxruntemplates.sandbox.iterion.io.yaml:template-crd.yaml:src/api.rs"
+  "crds/clustersandboxruntemplates.sandbox.iterion.io.yaml:cluster-template-crd.yaml:src/api.rs"
+  "charts/sandboxrun-operator/crds/clustersandboxruntemplates.sandbox.iterion.io.yaml:cluster-template-crd.yaml:src/api.rs"
   "config/rbac/rbac.yaml:rbac.yaml:the chart's RBAC templates"
 )
 for f in "$tmp"/gitops-fixtures/*.yaml; do

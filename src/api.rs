@@ -46,7 +46,8 @@ pub(crate) const MAX_TTL_SECONDS_AFTER_FINISHED: i64 = 31_536_000;
     printcolumn = r#"{"name":"Exit","type":"integer","priority":1,"description":"Exit code of the workload container","jsonPath":".status.exitCode"}"#,
     printcolumn = r#"{"name":"Duration","type":"string","priority":1,"description":"How long the run took, set when it ends","jsonPath":".status.duration"}"#,
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Summary of the current phase","jsonPath":".status.message"}"#,
-    printcolumn = r#"{"name":"Template","type":"string","priority":1,"description":"The SandboxRunTemplate the run is made from","jsonPath":".spec.templateRef.name"}"#,
+    printcolumn = r#"{"name":"Template","type":"string","priority":1,"description":"The template the run is made from (its kind is the TemplateKind column)","jsonPath":".spec.templateRef.name"}"#,
+    printcolumn = r#"{"name":"TemplateKind","type":"string","priority":1,"description":"The kind of the template the run is made from: SandboxRunTemplate (the run's namespace) or ClusterSandboxRunTemplate","jsonPath":".spec.templateRef.kind"}"#,
     doc = "A SandboxRun runs one sandboxed workload in a pod and, at teardown (the workload exited, spec.stop, the deadline, or deletion), drains the container paths declared in spec.readBack into object storage, so the files the run was told to leave behind outlive its pod. status says how the workload ended and where each path was stored; a failed drain is a Warning Event and a Failed path, never an empty set."
 )]
 #[serde(rename_all = "camelCase")]
@@ -176,24 +177,98 @@ pub struct SandboxRunSpec {
     #[x_kube(validation = Rule::new("self >= 0 && self <= 31536000").message("ttlSecondsAfterFinished must be between 0 and 31536000 (one year): give the seconds to keep a finished run, e.g. 3600, or leave it unset to keep the run until it is deleted"))]
     pub ttl_seconds_after_finished: Option<i64>,
 
-    /// The SandboxRunTemplate, in the run's namespace, the run is made from: the template's spec
-    /// is the run's, and the run may set only the fields the template's `openFields` leave open
-    /// (and `stop`). Admission judges the merged spec; the operator resolves the template once,
-    /// before the pod exists, and records what it used in `status.template`.
+    /// The template the run is made from: a SandboxRunTemplate of the run's namespace, or with
+    /// `kind: ClusterSandboxRunTemplate` a cluster-scoped one. The template's spec is the run's,
+    /// and the run may set only the fields the template's `openFields` leave open (and `stop`).
+    /// Admission judges the merged spec; the operator resolves the template once, before the pod
+    /// exists, and records what it used in `status.template`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_ref: Option<TemplateRef>,
 }
 
-/// A reference to a SandboxRunTemplate in the run's namespace.
+/// A reference to the template a run is made from (docs/contract.md "Templates").
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateRef {
-    /// Name of the SandboxRunTemplate.
+    /// The template's kind: `SandboxRunTemplate` (the default: in the run's namespace) or
+    /// `ClusterSandboxRunTemplate` (cluster-scoped, the platform's for every namespace).
+    #[serde(default)]
+    pub kind: TemplateKind,
+    /// Name of the template.
     #[schemars(
         length(min = 1, max = 253),
         regex(pattern = r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
     )]
     pub name: String,
+}
+
+impl TemplateRef {
+    /// A reference to the SandboxRunTemplate `name` of the run's namespace.
+    pub fn namespaced(name: impl Into<String>) -> TemplateRef {
+        TemplateRef {
+            kind: TemplateKind::SandboxRunTemplate,
+            name: name.into(),
+        }
+    }
+
+    /// A reference to the ClusterSandboxRunTemplate `name`.
+    pub fn cluster(name: impl Into<String>) -> TemplateRef {
+        TemplateRef {
+            kind: TemplateKind::ClusterSandboxRunTemplate,
+            name: name.into(),
+        }
+    }
+
+    /// The template as messages name it: `SandboxRunTemplate ci`, `ClusterSandboxRunTemplate ci`.
+    pub(crate) fn label(&self) -> String {
+        format!("{} {}", self.kind.as_str(), self.name)
+    }
+
+    /// The template with its namespace, for a run of `namespace`: `SandboxRunTemplate team/ci`,
+    /// `ClusterSandboxRunTemplate ci` (cluster-scoped: no namespace).
+    pub(crate) fn describe(&self, namespace: &str) -> String {
+        match self.kind {
+            TemplateKind::SandboxRunTemplate => {
+                format!("SandboxRunTemplate {namespace}/{}", self.name)
+            }
+            TemplateKind::ClusterSandboxRunTemplate => self.label(),
+        }
+    }
+}
+
+/// The kind of a template (`spec.templateRef.kind`); any other is refused by the CRD's schema.
+#[derive(
+    Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub enum TemplateKind {
+    /// A `SandboxRunTemplate` of the run's namespace.
+    #[default]
+    SandboxRunTemplate,
+    /// A cluster-scoped `ClusterSandboxRunTemplate`.
+    ClusterSandboxRunTemplate,
+}
+
+impl TemplateKind {
+    /// The kind's name.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            TemplateKind::SandboxRunTemplate => "SandboxRunTemplate",
+            TemplateKind::ClusterSandboxRunTemplate => "ClusterSandboxRunTemplate",
+        }
+    }
+
+    /// The kind's resource (plural), as RBAC names it.
+    pub(crate) fn resource(self) -> &'static str {
+        match self {
+            TemplateKind::SandboxRunTemplate => "sandboxruntemplates",
+            TemplateKind::ClusterSandboxRunTemplate => "clustersandboxruntemplates",
+        }
+    }
+
+    /// Whether templates of this kind live in a namespace (the run's).
+    pub(crate) fn namespaced(self) -> bool {
+        self == TemplateKind::SandboxRunTemplate
+    }
 }
 
 /// A run spec a platform team locks: runs that name it (`spec.templateRef`) get its spec and may
@@ -226,6 +301,26 @@ pub struct SandboxRunTemplateSpec {
     #[schemars(length(max = 32))]
     pub open_fields: Vec<OpenField>,
 }
+
+/// A run spec a platform team locks for every namespace: the spec of a SandboxRunTemplate; a
+/// run names it with `spec.templateRef.kind: ClusterSandboxRunTemplate` (docs/contract.md
+/// "Templates").
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "sandbox.iterion.io",
+    version = "v1alpha1",
+    kind = "ClusterSandboxRunTemplate",
+    plural = "clustersandboxruntemplates",
+    singular = "clustersandboxruntemplate",
+    shortname = "csbrt",
+    category = "sandbox",
+    printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.template.image"}"#,
+    printcolumn = r#"{"name":"Open","type":"string","description":"The fields a run may set","jsonPath":".spec.openFields"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    doc = "A ClusterSandboxRunTemplate holds a SandboxRun spec that a platform team locks for every namespace: the cluster-scoped twin of a SandboxRunTemplate, with the same spec. A SandboxRun of any namespace names it in spec.templateRef with kind: ClusterSandboxRunTemplate, and its author needs get on it (a ClusterRole bound with a ClusterRoleBinding). The run is made from spec.template and may set only the fields spec.openFields lists (and spec.stop); admission refuses any other field it sets, naming it, and judges the merged spec by every rule. The operator resolves the template once, before the run's pod exists, and records its kind, name and generation in the run's status.template: editing or deleting the template never changes a run whose pod exists."
+)]
+#[serde(transparent)]
+pub struct ClusterSandboxRunTemplateSpec(pub SandboxRunTemplateSpec);
 
 /// A top-level SandboxRun spec field a template may leave open to its runs.
 #[derive(
@@ -282,6 +377,10 @@ pub enum OpenField {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AppliedTemplate {
+    /// The template's kind (absent in records written before cluster templates: a
+    /// SandboxRunTemplate).
+    #[serde(default)]
+    pub kind: TemplateKind,
     /// The template's name.
     pub name: String,
     /// The template's `metadata.generation` when it was resolved.
@@ -788,6 +887,7 @@ mod tests {
             assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
         }
     }
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::CustomResourceExt;
 
     #[test]
@@ -824,9 +924,19 @@ mod tests {
             .collect();
         assert_eq!(
             cols,
-            ["Phase", "Drained", "Pod", "Age", "Exit", "Duration", "Message", "Template"]
+            [
+                "Phase",
+                "Drained",
+                "Pod",
+                "Age",
+                "Exit",
+                "Duration",
+                "Message",
+                "Template",
+                "TemplateKind"
+            ]
         );
-        // The last four are for `kubectl get sbr -o wide` only.
+        // The last five are for `kubectl get sbr -o wide` only.
         let wide: Vec<_> = v
             .additional_printer_columns
             .iter()
@@ -840,9 +950,57 @@ mod tests {
                 ("Exit", ".status.exitCode"),
                 ("Duration", ".status.duration"),
                 ("Message", ".status.message"),
-                ("Template", ".spec.templateRef.name")
+                ("Template", ".spec.templateRef.name"),
+                ("TemplateKind", ".spec.templateRef.kind")
             ]
         );
+    }
+
+    #[test]
+    fn the_cluster_template_crd_is_cluster_scoped_with_the_namespaced_ones_spec() {
+        let crd = ClusterSandboxRunTemplate::crd();
+        assert_eq!(crd.spec.group, "sandbox.iterion.io");
+        assert_eq!(crd.spec.names.kind, "ClusterSandboxRunTemplate");
+        assert_eq!(crd.spec.names.plural, "clustersandboxruntemplates");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["csbrt".to_string()]));
+        assert_eq!(crd.spec.scope, "Cluster");
+        let spec = |crd: CustomResourceDefinition| {
+            let v = serde_json::to_value(crd).unwrap();
+            v["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"].clone()
+        };
+        let (cluster, namespaced) = (spec(crd), spec(SandboxRunTemplate::crd()));
+        assert_eq!(cluster["properties"], namespaced["properties"]);
+        assert_eq!(cluster["required"], namespaced["required"]);
+        assert!(
+            cluster["properties"]["template"]["x-kubernetes-validations"].is_array(),
+            "the template's own rule (no templateRef, no stop) holds for both: {cluster}"
+        );
+    }
+
+    #[test]
+    fn a_template_ref_kind_defaults_to_the_namespaced_template_and_no_other_kind_is_taken() {
+        let crd = serde_json::to_value(SandboxRun::crd()).unwrap();
+        let kind = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            ["properties"]["templateRef"]["properties"]["kind"];
+        assert_eq!(kind["default"], "SandboxRunTemplate", "{kind}");
+        assert_eq!(
+            kind["enum"],
+            serde_json::json!(["SandboxRunTemplate", "ClusterSandboxRunTemplate"])
+        );
+        // A run written before the kind existed names the namespaced template.
+        let old: TemplateRef = serde_json::from_value(serde_json::json!({"name": "ci"})).unwrap();
+        assert_eq!(old, TemplateRef::namespaced("ci"));
+        let cluster: TemplateRef = serde_json::from_value(
+            serde_json::json!({"kind": "ClusterSandboxRunTemplate", "name": "ci"}),
+        )
+        .unwrap();
+        assert_eq!(cluster, TemplateRef::cluster("ci"));
+        assert!(serde_json::from_value::<TemplateRef>(
+            serde_json::json!({"kind": "ConfigMap", "name": "ci"})
+        )
+        .is_err());
+        assert_eq!(cluster.describe("team"), "ClusterSandboxRunTemplate ci");
+        assert_eq!(old.describe("team"), "SandboxRunTemplate team/ci");
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Templates for platform teams (docs/contract.md "Templates"): a run made from a
-//! `SandboxRunTemplate` gets the template's spec and may set only the fields the template leaves
-//! open. Pure: [`locked`] names every field a run sets that it may not, [`overlay`] builds the
+//! `SandboxRunTemplate` (or a cluster-scoped `ClusterSandboxRunTemplate`, the same spec) gets the
+//! template's spec and may set only the fields the template leaves open. Pure: [`locked`] names every field a run sets that it may not, [`overlay`] builds the
 //! spec the run is judged and run with, [`merge`] does both. The webhook and the controller read
 //! the template; nothing here does I/O.
 //!
@@ -8,13 +8,19 @@
 //! run's value replaces the template's, except `env`, whose variables are added to the
 //! template's (a variable the template sets stays the template's). `stop` and `templateRef`
 //! are always the run's own.
+//!
+//! `label` in the functions below is the template as messages name it, its kind with its name
+//! ([`crate::api::TemplateRef::label`]: `SandboxRunTemplate ci`, `ClusterSandboxRunTemplate ci`).
 
 use kube::ResourceExt;
 use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::api::SandboxRunTemplateSpec;
-use crate::api::{AppliedTemplate, OpenField, SandboxRun, SandboxRunSpec, SandboxRunTemplate};
+use crate::api::{
+    AppliedTemplate, ClusterSandboxRunTemplate, OpenField, SandboxRun, SandboxRunSpec,
+    SandboxRunTemplate,
+};
 
 /// The spec fields that are always the run's: its lifecycle switch and the reference itself.
 const RUN_OWN: [&str; 2] = ["stop", "templateRef"];
@@ -40,7 +46,7 @@ pub(crate) enum MergeError {
         locked: Vec<Locked>,
     },
     /// The template's spec sets what a template may not (the CRD refuses it too).
-    #[error("the SandboxRunTemplate {template} is invalid: {why}")]
+    #[error("the {template} is invalid: {why}")]
     Invalid {
         /// The template's name.
         template: String,
@@ -48,7 +54,7 @@ pub(crate) enum MergeError {
         why: &'static str,
     },
     /// The merged spec is not a SandboxRun spec (cannot happen with typed inputs).
-    #[error("the spec merged with the SandboxRunTemplate {template} does not parse: {source}")]
+    #[error("the spec merged with the {template} does not parse: {source}")]
     Json {
         /// The template's name.
         template: String,
@@ -61,7 +67,7 @@ pub(crate) enum MergeError {
 fn locked_words(template: &str, locked: &[Locked]) -> String {
     let fields: Vec<&str> = locked.iter().map(|l| l.field.as_str()).collect();
     format!(
-        "the run sets {} which the SandboxRunTemplate {template} locks",
+        "the run sets {} which the {template} locks",
         fields.join(", ")
     )
 }
@@ -97,11 +103,11 @@ fn invalid(template: &SandboxRunTemplateSpec) -> Option<&'static str> {
     None
 }
 
-/// Every field `run` sets that `template` locks, in spec order: a top-level field not open, and
-/// with `env` open, a variable whose name the template sets.
+/// Every field `run` sets that `template` (named `label`) locks, in spec order: a top-level field
+/// not open, and with `env` open, a variable whose name the template sets.
 pub(crate) fn locked(
     template: &SandboxRunTemplateSpec,
-    name: &str,
+    label: &str,
     run: &SandboxRunSpec,
 ) -> Vec<Locked> {
     let mut out = Vec::new();
@@ -113,7 +119,7 @@ pub(crate) fn locked(
             out.push(Locked {
                 field: format!("spec.{key}"),
                 message: format!(
-                    "spec.{key} is locked by the SandboxRunTemplate {name} (open: {})",
+                    "spec.{key} is locked by the {label} (open: {})",
                     open_list(template)
                 ),
             });
@@ -125,7 +131,7 @@ pub(crate) fn locked(
                 out.push(Locked {
                     field: format!("spec.env[{i}].name"),
                     message: format!(
-                        "the variable {} is set by the SandboxRunTemplate {name}; a run may add variables, not change the template's",
+                        "the variable {} is set by the {label}; a run may add variables, not change the template's",
                         var.name
                     ),
                 });
@@ -153,7 +159,7 @@ pub(crate) fn open_list(template: &SandboxRunTemplateSpec) -> String {
 /// ignored here ([`locked`] names them).
 pub(crate) fn overlay(
     template: &SandboxRunTemplateSpec,
-    name: &str,
+    label: &str,
     run: &SandboxRunSpec,
 ) -> Result<SandboxRunSpec, MergeError> {
     let mut merged = as_map(&template.template);
@@ -175,7 +181,7 @@ pub(crate) fn overlay(
         }
     }
     serde_json::from_value(Value::Object(merged)).map_err(|source| MergeError::Json {
-        template: name.to_string(),
+        template: label.to_string(),
         source,
     })
 }
@@ -184,36 +190,37 @@ pub(crate) fn overlay(
 /// template is invalid.
 pub(crate) fn merge(
     template: &SandboxRunTemplateSpec,
-    name: &str,
+    label: &str,
     run: &SandboxRunSpec,
 ) -> Result<SandboxRunSpec, MergeError> {
     if let Some(why) = invalid(template) {
         return Err(MergeError::Invalid {
-            template: name.to_string(),
+            template: label.to_string(),
             why,
         });
     }
-    let locked = locked(template, name, run);
+    let locked = locked(template, label, run);
     if !locked.is_empty() {
         return Err(MergeError::Locked {
-            template: name.to_string(),
+            template: label.to_string(),
             locked,
         });
     }
-    overlay(template, name, run)
+    overlay(template, label, run)
 }
 
 /// The run as it runs once its template is recorded (`status.template`): its spec is the
 /// recorded template's with the run's open fields ([`overlay`]: a locked field the run sets never
-/// reaches it). None: the run names no template, or its status records none for the name it
-/// names (the template must be resolved: [`resolve`]).
+/// reaches it). None: the run names no template, or its status records none for the kind and
+/// name it names (the template must be resolved: [`resolve`]). A record without a kind (written
+/// before cluster templates) is of a SandboxRunTemplate.
 pub(crate) fn recorded(run: &SandboxRun) -> Option<SandboxRun> {
-    let name = &run.spec.template_ref.as_ref()?.name;
+    let reference = run.spec.template_ref.as_ref()?;
     let applied = run.status.as_ref()?.template.as_ref()?;
-    if &applied.name != name {
+    if applied.name != reference.name || applied.kind != reference.kind {
         return None;
     }
-    let spec = overlay(&applied.spec, name, &run.spec).ok()?;
+    let spec = overlay(&applied.spec, &reference.label(), &run.spec).ok()?;
     Some(SandboxRun {
         spec,
         ..run.clone()
@@ -231,28 +238,54 @@ pub(crate) fn record_holds(run: &SandboxRun, has_pod: bool) -> bool {
         || status.and_then(|s| s.phase).is_some_and(|p| p.is_final())
 }
 
+/// A template as read from the cluster, of either kind: its spec and `metadata.generation`.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Fetched {
+    /// The template's spec.
+    pub(crate) spec: SandboxRunTemplateSpec,
+    /// Its `metadata.generation`.
+    pub(crate) generation: Option<i64>,
+}
+
+impl From<SandboxRunTemplate> for Fetched {
+    fn from(t: SandboxRunTemplate) -> Fetched {
+        Fetched {
+            spec: t.spec,
+            generation: t.metadata.generation,
+        }
+    }
+}
+
+impl From<ClusterSandboxRunTemplate> for Fetched {
+    fn from(t: ClusterSandboxRunTemplate) -> Fetched {
+        Fetched {
+            spec: t.spec.0,
+            generation: t.metadata.generation,
+        }
+    }
+}
+
 /// The run made from `template` (None: it does not exist), before its pod exists: its spec
 /// merged ([`merge`]: a locked field it sets refuses it), and `status.template` recording the
-/// template's name, generation and spec, which the run keeps for the rest of its life. Err: why
-/// the run cannot be made, in words (the run is held, never run with its own spec).
-pub(crate) fn resolve(
-    run: &SandboxRun,
-    template: Option<&SandboxRunTemplate>,
-) -> Result<SandboxRun, String> {
-    let Some(name) = run.spec.template_ref.as_ref().map(|t| t.name.as_str()) else {
+/// template's kind, name, generation and spec, which the run keeps for the rest of its life.
+/// Err: why the run cannot be made, in words (the run is held, never run with its own spec).
+pub(crate) fn resolve(run: &SandboxRun, template: Option<&Fetched>) -> Result<SandboxRun, String> {
+    let Some(reference) = run.spec.template_ref.as_ref() else {
         return Ok(run.clone());
     };
     let namespace = run.namespace().unwrap_or_default();
     let Some(template) = template else {
         return Err(format!(
-            "the SandboxRunTemplate {namespace}/{name} does not exist"
+            "the {} does not exist",
+            reference.describe(&namespace)
         ));
     };
-    let spec = merge(&template.spec, name, &run.spec).map_err(|e| e.to_string())?;
+    let spec = merge(&template.spec, &reference.label(), &run.spec).map_err(|e| e.to_string())?;
     let mut status = run.status.clone().unwrap_or_default();
     status.template = Some(AppliedTemplate {
-        name: name.to_string(),
-        generation: template.metadata.generation,
+        kind: reference.kind,
+        name: reference.name.clone(),
+        generation: template.generation,
         spec: template.spec.clone(),
     });
     Ok(SandboxRun {
@@ -268,6 +301,7 @@ mod tests {
     use crate::api::{EnvVar, TemplateRef};
     use kube::CustomResourceExt;
 
+    const LABEL: &str = "SandboxRunTemplate locked";
     const IMAGE: &str =
         "registry.example/tools@sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
@@ -297,9 +331,7 @@ mod tests {
 
     fn run(spec: SandboxRunSpec) -> SandboxRunSpec {
         SandboxRunSpec {
-            template_ref: Some(TemplateRef {
-                name: "locked".into(),
-            }),
+            template_ref: Some(TemplateRef::namespaced("locked")),
             ..spec
         }
     }
@@ -312,7 +344,7 @@ mod tests {
             stop: true,
             ..SandboxRunSpec::default()
         });
-        let merged = merge(&template(), "locked", &mine).unwrap();
+        let merged = merge(&template(), LABEL, &mine).unwrap();
         assert_eq!(merged.image.as_deref(), Some(IMAGE));
         assert_eq!(merged.user.as_deref(), Some("1000:1000"));
         assert_eq!(merged.runtime_class_name.as_deref(), Some("gvisor"));
@@ -330,13 +362,11 @@ mod tests {
 
     #[test]
     fn a_run_that_sets_nothing_is_the_template() {
-        let merged = merge(&template(), "locked", &run(SandboxRunSpec::default())).unwrap();
+        let merged = merge(&template(), LABEL, &run(SandboxRunSpec::default())).unwrap();
         assert_eq!(
             merged,
             SandboxRunSpec {
-                template_ref: Some(TemplateRef {
-                    name: "locked".into()
-                }),
+                template_ref: Some(TemplateRef::namespaced("locked")),
                 ..template().template
             }
         );
@@ -351,7 +381,7 @@ mod tests {
             env: vec![var("HTTPS_PROXY", "http://elsewhere"), var("OK", "1")],
             ..SandboxRunSpec::default()
         });
-        let err = merge(&template(), "locked", &mine).unwrap_err();
+        let err = merge(&template(), LABEL, &mine).unwrap_err();
         let MergeError::Locked { locked, .. } = &err else {
             panic!("{err}");
         };
@@ -365,7 +395,7 @@ mod tests {
         );
         assert!(err.to_string().contains("spec.image"), "{err}");
         // What merge refuses, overlay ignores: the locked values never reach the spec.
-        let overlaid = overlay(&template(), "locked", &mine).unwrap();
+        let overlaid = overlay(&template(), LABEL, &mine).unwrap();
         assert_eq!(overlaid.image.as_deref(), Some(IMAGE));
         assert_eq!(overlaid.user.as_deref(), Some("1000:1000"));
         assert_eq!(
@@ -381,7 +411,7 @@ mod tests {
             "env": [], "mounts": [], "stop": false, "imagePullSecrets": []
         });
         let mine: SandboxRunSpec = serde_json::from_value(raw).unwrap();
-        assert!(locked(&template(), "locked", &mine).is_empty());
+        assert!(locked(&template(), LABEL, &mine).is_empty());
     }
 
     #[test]
@@ -394,7 +424,7 @@ mod tests {
             working_dir: Some("/work".into()),
             ..SandboxRunSpec::default()
         });
-        let merged = merge(&t, "locked", &mine).unwrap();
+        let merged = merge(&t, LABEL, &mine).unwrap();
         assert_eq!(merged.working_dir.as_deref(), Some("/work"));
         // Open but not set by the run: the template's value stays.
         assert_eq!(merged.args, Some(vec!["--fast".to_string()]));
@@ -403,12 +433,22 @@ mod tests {
     #[test]
     fn a_template_that_nests_or_stops_is_invalid() {
         let mut nested = template();
-        nested.template.template_ref = Some(TemplateRef { name: "x".into() });
-        let err = merge(&nested, "t", &run(SandboxRunSpec::default())).unwrap_err();
+        nested.template.template_ref = Some(TemplateRef::namespaced("x"));
+        let err = merge(
+            &nested,
+            "SandboxRunTemplate t",
+            &run(SandboxRunSpec::default()),
+        )
+        .unwrap_err();
         assert!(matches!(err, MergeError::Invalid { .. }), "{err}");
         let mut stops = template();
         stops.template.stop = true;
-        assert!(merge(&stops, "t", &run(SandboxRunSpec::default())).is_err());
+        assert!(merge(
+            &stops,
+            "SandboxRunTemplate t",
+            &run(SandboxRunSpec::default())
+        )
+        .is_err());
     }
 
     fn templated_run() -> SandboxRun {
@@ -423,10 +463,10 @@ mod tests {
         r
     }
 
-    fn stored_template(generation: i64) -> SandboxRunTemplate {
+    fn stored_template(generation: i64) -> Fetched {
         let mut t = SandboxRunTemplate::new("locked", template());
         t.metadata.generation = Some(generation);
-        t
+        t.into()
     }
 
     #[test]
@@ -501,10 +541,77 @@ mod tests {
             status: made.status,
             ..r
         };
-        renamed.spec.template_ref = Some(TemplateRef {
-            name: "other".into(),
-        });
+        renamed.spec.template_ref = Some(TemplateRef::namespaced("other"));
         assert!(recorded(&renamed).is_none());
+    }
+
+    #[test]
+    fn a_cluster_template_makes_the_run_names_itself_with_its_kind_and_records_it() {
+        let mut r = templated_run();
+        r.spec.template_ref = Some(TemplateRef::cluster("locked"));
+        let fetched: Fetched = {
+            let mut t = ClusterSandboxRunTemplate::new(
+                "locked",
+                crate::api::ClusterSandboxRunTemplateSpec(template()),
+            );
+            t.metadata.generation = Some(7);
+            t.into()
+        };
+        let made = resolve(&r, Some(&fetched)).unwrap();
+        assert_eq!(made.spec.image.as_deref(), Some(IMAGE));
+        assert_eq!(made.spec.runtime_class_name.as_deref(), Some("gvisor"));
+        let applied = made.status.clone().unwrap().template.unwrap();
+        assert_eq!(
+            (applied.kind, applied.name.as_str(), applied.generation),
+            (
+                crate::api::TemplateKind::ClusterSandboxRunTemplate,
+                "locked",
+                Some(7)
+            )
+        );
+        let stored = SandboxRun {
+            status: made.status.clone(),
+            ..r.clone()
+        };
+        assert_eq!(recorded(&stored).unwrap().spec, made.spec);
+        // Missing: named with its kind and without a namespace.
+        assert_eq!(
+            resolve(&r, None).unwrap_err(),
+            "the ClusterSandboxRunTemplate locked does not exist"
+        );
+        // A locked field: the cluster template is named with its kind.
+        let mut bad = r.clone();
+        bad.spec.user = Some("0".into());
+        let why = resolve(&bad, Some(&fetched)).unwrap_err();
+        assert!(
+            why.contains("spec.user") && why.contains("ClusterSandboxRunTemplate locked"),
+            "{why}"
+        );
+        // The namespaced template of the same name is another template: its record is not used.
+        let mut namespaced = stored.clone();
+        namespaced.spec.template_ref = Some(TemplateRef::namespaced("locked"));
+        assert!(recorded(&namespaced).is_none());
+    }
+
+    #[test]
+    fn a_record_without_a_kind_is_of_the_namespaced_template() {
+        let r = templated_run();
+        let made = resolve(&r, Some(&stored_template(2))).unwrap();
+        let mut status = serde_json::to_value(made.status.unwrap()).unwrap();
+        assert_eq!(status["template"]["kind"], "SandboxRunTemplate");
+        // As an operator of before cluster templates wrote it.
+        status["template"].as_object_mut().unwrap().remove("kind");
+        let old = SandboxRun {
+            status: Some(serde_json::from_value(status).unwrap()),
+            ..r.clone()
+        };
+        assert_eq!(recorded(&old).unwrap().spec.image.as_deref(), Some(IMAGE));
+        let mut cluster = old.clone();
+        cluster.spec.template_ref = Some(TemplateRef::cluster("locked"));
+        assert!(
+            recorded(&cluster).is_none(),
+            "a kindless record is not a cluster template's"
+        );
     }
 
     #[test]

@@ -14,7 +14,9 @@
 //! - `get sandboxruntemplates/<name>` for the template `spec.templateRef` names (docs/contract.md
 //!   "Templates"): a template is used only by those who may read it, so a platform team can keep
 //!   a template to the users its RBAC names. The rights the template's own spec exercises are
-//!   not asked of the author: its writer granted them (only what the run itself sets is);
+//!   not asked of the author: its writer granted them (only what the run itself sets is); for a
+//!   `ClusterSandboxRunTemplate`, `get clustersandboxruntemplates/<name>`, asked cluster-wide
+//!   (no namespace in the review: a ClusterRoleBinding grants it);
 //! - `get configmaps/<name>` for the store ConfigMap `spec.readBack.storeRef` names, and `get
 //!   secrets/<name>` for the Secret that ConfigMap names ([`store_secret`]; docs/contract.md "A
 //!   store per namespace"): a run author who could not read a store's credentials does not get
@@ -54,6 +56,8 @@ pub(crate) fn store_secret(data: &BTreeMap<String, String>) -> Option<(Right, St
 
 /// The resource of the templates a run may name (`sandbox.iterion.io`).
 pub(crate) const TEMPLATES: &str = "sandboxruntemplates";
+/// The resource of the cluster-scoped templates a run may name (`sandbox.iterion.io`).
+pub(crate) const CLUSTER_TEMPLATES: &str = "clustersandboxruntemplates";
 
 /// One right a run's spec exercises.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -77,10 +81,24 @@ impl Right {
 
     /// The API group of the resource: the core group, but for the templates.
     fn group(&self) -> &'static str {
-        if self.resource == TEMPLATES {
+        if self.resource == TEMPLATES || self.resource == CLUSTER_TEMPLATES {
             crate::api::GROUP
         } else {
             ""
+        }
+    }
+
+    /// Whether the resource is cluster-scoped (asked with no namespace).
+    fn cluster_scoped(&self) -> bool {
+        self.resource == CLUSTER_TEMPLATES
+    }
+
+    /// Where the right is asked, in words: `in namespace team`, `cluster-wide`.
+    fn scope(&self, namespace: &str) -> String {
+        if self.cluster_scoped() {
+            "cluster-wide".to_string()
+        } else {
+            format!("in namespace {namespace}")
         }
     }
 
@@ -94,8 +112,13 @@ impl Right {
             Some(name) => format!("{resource}/{name}"),
             None => resource,
         };
+        let namespace = if self.cluster_scoped() {
+            String::new()
+        } else {
+            format!(" -n {namespace}")
+        };
         format!(
-            "kubectl auth can-i {} {what} -n {namespace} --as {user}",
+            "kubectl auth can-i {} {what}{namespace} --as {user}",
             self.verb
         )
     }
@@ -152,7 +175,7 @@ pub(crate) fn required(spec: &SandboxRunSpec) -> BTreeMap<Right, Vec<String>> {
     }
     if let Some(template) = &spec.template_ref {
         need(
-            Right::get(TEMPLATES, &template.name),
+            Right::get(template.kind.resource(), &template.name),
             "spec.templateRef.name".to_string(),
         );
     }
@@ -190,7 +213,8 @@ fn refused(right: &Right, fields: &[String], namespace: &str, user: &str, why: &
         ACCESS_RULE,
         fields.join(", "),
         format!(
-            "{user} may not {what} in namespace {namespace}{why}; a run may use only what its author may"
+            "{user} may not {what} {}{why}; a run may use only what its author may",
+            right.scope(namespace)
         ),
         format!(
             "ask for that right, or drop the field; check with `{}`",
@@ -251,7 +275,7 @@ fn review_of(user: &UserInfo, namespace: &str, right: &Right) -> SubjectAccessRe
             uid: user.uid.clone(),
             extra: user.extra.clone(),
             resource_attributes: Some(ResourceAttributes {
-                namespace: Some(namespace.to_string()),
+                namespace: (!right.cluster_scoped()).then(|| namespace.to_string()),
                 verb: Some(right.verb.to_string()),
                 group: Some(right.group().to_string()),
                 resource: Some(right.resource.to_string()),
@@ -293,7 +317,7 @@ mod tests {
     #[test]
     fn a_run_made_from_a_template_needs_get_on_that_template_and_only_on_what_it_sets() {
         let spec = SandboxRunSpec {
-            template_ref: Some(crate::api::TemplateRef { name: "ci".into() }),
+            template_ref: Some(crate::api::TemplateRef::namespaced("ci")),
             command: Some(vec!["make".into()]),
             ..SandboxRunSpec::default()
         };
@@ -315,6 +339,62 @@ mod tests {
             ..spec.clone()
         };
         assert!(added(Some(&spec), &stopped).is_empty());
+    }
+
+    #[test]
+    fn a_run_made_from_a_cluster_template_needs_get_on_it_asked_cluster_wide() {
+        let spec = SandboxRunSpec {
+            template_ref: Some(crate::api::TemplateRef::cluster("ci")),
+            ..SandboxRunSpec::default()
+        };
+        let rights = required(&spec);
+        let right = Right::get(CLUSTER_TEMPLATES, "ci");
+        assert_eq!(
+            rights.keys().collect::<Vec<_>>(),
+            [&right],
+            "not the namespaced template of the same name"
+        );
+        assert_eq!(right.group(), "sandbox.iterion.io");
+        assert_eq!(
+            right.can_i("team", "alice"),
+            "kubectl auth can-i get clustersandboxruntemplates.sandbox.iterion.io/ci --as alice"
+        );
+        let user = UserInfo {
+            username: Some("alice".into()),
+            ..UserInfo::default()
+        };
+        let attrs = review_of(&user, "team", &right)
+            .spec
+            .resource_attributes
+            .unwrap();
+        assert_eq!(attrs.namespace, None, "a cluster-scoped right");
+        assert_eq!(
+            (
+                attrs.group.as_deref(),
+                attrs.resource.as_deref(),
+                attrs.name.as_deref()
+            ),
+            (
+                Some("sandbox.iterion.io"),
+                Some(CLUSTER_TEMPLATES),
+                Some("ci")
+            )
+        );
+        let namespaced = review_of(&user, "team", &Right::get(TEMPLATES, "ci"));
+        let attrs = namespaced.spec.resource_attributes.unwrap();
+        assert_eq!(attrs.namespace.as_deref(), Some("team"));
+        let finding = refused(
+            &right,
+            &["spec.templateRef.name".into()],
+            "team",
+            "alice",
+            "",
+        );
+        assert!(
+            finding.message.contains("cluster-wide") && !finding.message.contains("namespace team"),
+            "{}",
+            finding.message
+        );
     }
 
     #[test]

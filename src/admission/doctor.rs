@@ -22,7 +22,7 @@ use super::images::{ImageResolver, ImageSettings, RegistryCredentials};
 use super::live;
 use super::live_verdicts::{Probe, RefKind, StreamObject};
 use super::rules::{check, ids, sort_findings, Finding, RuleSettings, Severity};
-use crate::api::SandboxRun;
+use crate::api::{SandboxRun, SandboxRunTemplateSpec, TemplateKind, TemplateRef};
 
 /// Report format.
 #[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -294,8 +294,12 @@ pub async fn run(args: DoctorArgs, settings: RuleSettings, out: &mut impl Write)
         errors.push(UsageError::Settings(e));
         None
     });
-    read.merge_templates();
+    let not_given = read.merge_templates();
     let live = connect_live(&args, &read.runs, settings, &mut errors).await;
+    match &live.cluster {
+        Some(c) => read.templates_from_cluster(c, &not_given).await,
+        None => read.templates_not_given(&not_given),
+    }
     for pending in &mut read.runs {
         pending.findings.extend(
             offline_findings(
@@ -374,8 +378,8 @@ struct ReadDocuments {
     runs: Vec<PendingRun>,
     stream: BTreeSet<StreamObject>,
     stream_namespaces: BTreeSet<String>,
-    /// The SandboxRunTemplates of the inputs: a run that names one is judged merged with it.
-    templates: Vec<crate::api::SandboxRunTemplate>,
+    /// The templates of the inputs: a run that names one is judged merged with it.
+    templates: Vec<InputTemplate>,
 }
 
 /// Reads and classifies every document of `inputs`.
@@ -467,45 +471,87 @@ impl ReadDocuments {
     }
 
     /// Each run that names a template (docs/contract.md "Templates") is judged as the webhook
-    /// judges it: merged with the template of the same name and namespace in the inputs, a
-    /// locked field it sets refused by name. A template not in the inputs is a warning, and the
-    /// run's own spec is judged.
-    fn merge_templates(&mut self) {
-        for pending in &mut self.runs {
-            let Some(name) = pending
-                .run
-                .spec
-                .template_ref
-                .as_ref()
-                .map(|t| t.name.clone())
-            else {
+    /// judges it: merged with the template of the same kind and name (and namespace, for a
+    /// SandboxRunTemplate) in the inputs, a locked field it sets refused by name. Returns the
+    /// runs (their index) whose template is not in the inputs.
+    fn merge_templates(&mut self) -> Vec<usize> {
+        let mut not_given = Vec::new();
+        for (i, pending) in self.runs.iter_mut().enumerate() {
+            let Some(reference) = pending.run.spec.template_ref.clone() else {
                 continue;
             };
             let ns = pending.run.metadata.namespace.clone();
-            let template = self.templates.iter().find(|t| {
-                t.metadata.name.as_deref() == Some(name.as_str()) && t.metadata.namespace == ns
-            });
-            let Some(template) = template else {
-                pending.findings.push(Finding::warn(
-                    super::rules::ids::TEMPLATE_UNUSABLE,
-                    "spec.templateRef.name",
-                    format!("the SandboxRunTemplate {name} is not in these inputs: the run's own spec is judged, not the spec it would run with"),
-                    "give doctor the template's manifest too (same namespace)",
-                ));
+            let template = self
+                .templates
+                .iter()
+                .find(|t| t.is(&reference, ns.as_deref()));
+            match template {
+                Some(t) => {
+                    let ns = ns.unwrap_or_else(|| "-".into());
+                    let judged = super::templates::judge_with(
+                        Some(&t.spec),
+                        &ns,
+                        &reference,
+                        &pending.run.spec,
+                        None,
+                    );
+                    pending.made_from(judged);
+                }
+                None => not_given.push(i),
+            }
+        }
+        not_given
+    }
+
+    /// Offline, a run whose template is not in the inputs (`not_given`) is judged on its own
+    /// spec, with a warning.
+    fn templates_not_given(&mut self, not_given: &[usize]) {
+        for (_, pending) in self
+            .runs
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| not_given.contains(i))
+        {
+            let Some(reference) = &pending.run.spec.template_ref else {
                 continue;
             };
-            let ns = ns.unwrap_or_else(|| "-".into());
-            use super::templates::{judge_with, Templated};
-            match judge_with(Some(&template.spec), &ns, &name, &pending.run.spec, None) {
-                Templated::Merged { new, .. } => {
-                    if let Ok(spec) = serde_json::from_value(new) {
-                        pending.run.spec = spec;
-                    }
-                }
-                Templated::Refused(findings) | Templated::Plain(findings) => {
-                    pending.findings.extend(findings)
-                }
-            }
+            let same = if reference.kind.namespaced() {
+                " (same namespace)"
+            } else {
+                ""
+            };
+            pending.findings.push(Finding::warn(
+                super::rules::ids::TEMPLATE_UNUSABLE,
+                "spec.templateRef.name",
+                format!("the {} is not in these inputs: the run's own spec is judged, not the spec it would run with", reference.label()),
+                format!("give doctor the template's manifest too{same}, or --context to read it from the cluster"),
+            ));
+        }
+    }
+
+    /// With `--context`, a run whose template is not in the inputs (`not_given`) is judged
+    /// merged with the template read from the cluster, as the webhook would judge it
+    /// ([`super::live_verdicts::template_from_cluster`]).
+    async fn templates_from_cluster(&mut self, c: &live::Cluster, not_given: &[usize]) {
+        for (_, pending) in self
+            .runs
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| not_given.contains(i))
+        {
+            let Some(reference) = pending.run.spec.template_ref.clone() else {
+                continue;
+            };
+            let ns = namespace_of(&pending.run, &c.default_namespace);
+            let read = c.template(&reference, &ns).await;
+            let judged = super::live_verdicts::template_from_cluster(
+                c.probe(),
+                &reference,
+                &ns,
+                read,
+                &pending.run.spec,
+            );
+            pending.made_from(judged);
         }
     }
 
@@ -632,6 +678,24 @@ struct PendingRun {
     findings: Vec<Finding>,
 }
 
+impl PendingRun {
+    /// The run as its template makes it: judged as the merged spec, or with the template's
+    /// findings (a locked field, a template that cannot be used or read).
+    fn made_from(&mut self, judged: super::templates::Templated) {
+        use super::templates::Templated;
+        match judged {
+            Templated::Merged { new, .. } => {
+                if let Ok(spec) = serde_json::from_value(new) {
+                    self.run.spec = spec;
+                }
+            }
+            Templated::Refused(findings) | Templated::Plain(findings) => {
+                self.findings.extend(findings)
+            }
+        }
+    }
+}
+
 /// What the live probe found about the cluster (JSON: the report's `cluster`).
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -701,9 +765,9 @@ enum Classified {
     /// A SandboxRun to check, with what the apiserver would judge before the rules
     /// ([`document_findings`]).
     Run(Box<SandboxRun>, DocReport, Vec<Finding>),
-    /// A SandboxRunTemplate: the runs that name it are judged merged with it (reported as
-    /// skipped, with a note).
-    Template(Box<crate::api::SandboxRunTemplate>, DocReport),
+    /// A SandboxRunTemplate or ClusterSandboxRunTemplate: the runs that name it are judged
+    /// merged with it (reported as skipped, with a note).
+    Template(Box<InputTemplate>, DocReport),
     /// Another kind: reported with a note.
     Skipped(DocReport),
     /// An empty document (e.g. a trailing `---`): ignored silently.
@@ -734,16 +798,18 @@ fn classify(label: &str, index: usize, value: serde_yaml::Value) -> Classified {
         note: None,
         findings: Vec::new(),
     };
-    if kind.as_deref() == Some("SandboxRunTemplate") && api_version.as_deref() == Some(API_VERSION)
-    {
+    if let Some(template_kind) = template_kind(api_version.as_deref(), kind.as_deref()) {
         report.status = "skipped";
-        return match serde_yaml::from_value::<crate::api::SandboxRunTemplate>(value) {
+        let what = template_kind.as_str();
+        return match InputTemplate::of(template_kind, value) {
             Ok(template) => {
-                report.note = Some("a SandboxRunTemplate: the runs of these inputs that name it are judged merged with it".into());
+                report.note = Some(format!(
+                    "a {what}: the runs of these inputs that name it are judged merged with it"
+                ));
                 Classified::Template(Box::new(template), report)
             }
             Err(e) => {
-                report.note = Some(format!("a SandboxRunTemplate that does not parse: {e}"));
+                report.note = Some(format!("a {what} that does not parse: {e}"));
                 Classified::Skipped(report)
             }
         };
@@ -769,6 +835,60 @@ fn classify(label: &str, index: usize, value: serde_yaml::Value) -> Classified {
                 .unwrap_or(e);
             Classified::Invalid(UsageError::Deserialize(label.to_string(), index, e))
         }
+    }
+}
+
+/// The template kind of a document of our group and version (None: not a template).
+fn template_kind(api_version: Option<&str>, kind: Option<&str>) -> Option<TemplateKind> {
+    if api_version != Some(API_VERSION) {
+        return None;
+    }
+    [
+        TemplateKind::SandboxRunTemplate,
+        TemplateKind::ClusterSandboxRunTemplate,
+    ]
+    .into_iter()
+    .find(|k| Some(k.as_str()) == kind)
+}
+
+/// A template of the inputs (either kind).
+#[derive(Debug)]
+struct InputTemplate {
+    kind: TemplateKind,
+    /// Its namespace (a SandboxRunTemplate's; None for a cluster template).
+    namespace: Option<String>,
+    name: String,
+    spec: SandboxRunTemplateSpec,
+}
+
+impl InputTemplate {
+    fn of(
+        kind: TemplateKind,
+        value: serde_yaml::Value,
+    ) -> Result<InputTemplate, serde_yaml::Error> {
+        let (meta, spec) = match kind {
+            TemplateKind::SandboxRunTemplate => {
+                let t: crate::api::SandboxRunTemplate = serde_yaml::from_value(value)?;
+                (t.metadata, t.spec)
+            }
+            TemplateKind::ClusterSandboxRunTemplate => {
+                let t: crate::api::ClusterSandboxRunTemplate = serde_yaml::from_value(value)?;
+                (t.metadata, t.spec.0)
+            }
+        };
+        Ok(InputTemplate {
+            kind,
+            namespace: meta.namespace.filter(|_| kind.namespaced()),
+            name: meta.name.unwrap_or_default(),
+            spec,
+        })
+    }
+
+    /// Whether this is the template `reference` names for a run of `namespace`.
+    fn is(&self, reference: &TemplateRef, namespace: Option<&str>) -> bool {
+        self.kind == reference.kind
+            && self.name == reference.name
+            && (!self.kind.namespaced() || self.namespace.as_deref() == namespace)
     }
 }
 
@@ -1252,6 +1372,53 @@ mod tests {
         assert_eq!(code, 1, "judged on its own: no image\n{out}");
         assert!(
             out.contains("template-unusable") && out.contains("not in these inputs"),
+            "{out}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_run_is_judged_merged_with_a_cluster_template_of_the_inputs_by_kind() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let template = |kind: &str, meta: &str| {
+            format!("apiVersion: sandbox.iterion.io/v1alpha1\nkind: {kind}\nmetadata: {meta}\nspec:\n  openFields: [command]\n  template:\n    image: ghcr.io/a/b@sha256:0000000000000000000000000000000000000000000000000000000000000000\n    user: \"1000\"\n")
+        };
+        let cluster = template("ClusterSandboxRunTemplate", "{name: ci}");
+        let run = |reference: &str, extra: &str| {
+            format!("apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {{name: r, namespace: dev}}\nspec:\n  templateRef: {reference}\n  command: [make]\n{extra}")
+        };
+        let by_kind = "{kind: ClusterSandboxRunTemplate, name: ci}";
+        let open = write(
+            dir.path(),
+            "open.yaml",
+            &format!("{cluster}---\n{}", run(by_kind, "")),
+        );
+        let (code, out) = doctor(vec![open], true, Output::Text).await;
+        assert_eq!(code, 0, "merged with the cluster template\n{out}");
+        assert!(out.contains("a ClusterSandboxRunTemplate"), "{out}");
+        let locked = write(
+            dir.path(),
+            "locked.yaml",
+            &format!("{cluster}---\n{}", run(by_kind, "  user: \"0\"\n")),
+        );
+        let (code, out) = doctor(vec![locked], true, Output::Text).await;
+        assert_eq!(code, 1, "{out}");
+        assert!(
+            out.contains("template-locked")
+                && out.contains("spec.user")
+                && out.contains("ClusterSandboxRunTemplate ci"),
+            "{out}"
+        );
+        // A run naming the namespaced template of the same name is not made from the cluster one.
+        let other = write(
+            dir.path(),
+            "other.yaml",
+            &format!("{cluster}---\n{}", run("{name: ci}", "")),
+        );
+        let (code, out) = doctor(vec![other], true, Output::Text).await;
+        assert_eq!(code, 1, "judged on its own: no image\n{out}");
+        assert!(
+            out.contains("template-unusable")
+                && out.contains("SandboxRunTemplate ci is not in these inputs"),
             "{out}"
         );
     }

@@ -145,6 +145,22 @@ impl Cluster {
         self.bounded(api.get_opt(name)).await
     }
 
+    /// How this probe's findings are reported.
+    pub(crate) fn probe(&self) -> Probe {
+        self.probe
+    }
+
+    /// The spec of the template `reference` names for a run of `namespace` (a SandboxRunTemplate
+    /// there, or a ClusterSandboxRunTemplate; None: it does not exist), bounded.
+    pub(crate) async fn template(
+        &self,
+        reference: &crate::api::TemplateRef,
+        namespace: &str,
+    ) -> Result<Option<crate::api::SandboxRunTemplateSpec>, String> {
+        let read = super::templates::read(&self.client, namespace, reference);
+        self.bounded(read).await
+    }
+
     /// The labels of namespace `name` (None: it does not exist), bounded.
     pub(crate) async fn namespace_labels(
         &self,

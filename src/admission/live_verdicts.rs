@@ -18,7 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Resource;
 
 use super::rules::{ids, Finding};
-use crate::api::{MountType, SandboxRun};
+use super::templates::{judge_with, Templated};
+use crate::api::{MountType, SandboxRun, SandboxRunSpec, SandboxRunTemplateSpec, TemplateRef};
 use crate::store::tenant::TenantStoreError;
 
 /// The CRD's name.
@@ -510,6 +511,29 @@ pub(crate) fn dry_run_refused(message: &str) -> Finding {
     )
 }
 
+/// A run's template as `doctor --context` read it from the cluster (docs/contract.md
+/// "Templates"): judged merged with it as the webhook would (a missing one is
+/// `template-unusable`, a locked field `template-locked`); a read that could not be made is a
+/// probe finding, and the run's own spec is judged.
+pub(crate) fn template_from_cluster(
+    probe: Probe,
+    reference: &TemplateRef,
+    namespace: &str,
+    read: Result<Option<SandboxRunTemplateSpec>, String>,
+    run: &SandboxRunSpec,
+) -> Templated {
+    match read {
+        Ok(template) => judge_with(template.as_ref(), namespace, reference, run, None),
+        Err(why) => {
+            let what = format!(
+                "the {} (spec.templateRef; the run's own spec is judged)",
+                reference.describe(namespace)
+            );
+            Templated::Plain(vec![probe.unanswered(&what, &why)])
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -764,6 +788,56 @@ mod tests {
         let cluster: BTreeSet<StreamObject> =
             [(RefKind::PriorityClass, String::new(), "high".to_string())].into();
         assert!(in_stream(prio, "anywhere", &cluster), "cluster-scoped");
+    }
+
+    #[test]
+    fn a_template_read_from_the_cluster_judges_the_run_missing_fails_and_unreadable_is_a_probe() {
+        use crate::api::{OpenField, SandboxRunTemplateSpec, TemplateRef};
+        let reference = TemplateRef::cluster("ci");
+        let run = SandboxRunSpec {
+            template_ref: Some(reference.clone()),
+            command: Some(vec!["make".into()]),
+            ..SandboxRunSpec::default()
+        };
+        let template = SandboxRunTemplateSpec {
+            template: SandboxRunSpec {
+                image: Some("registry.example/ci:1".into()),
+                ..SandboxRunSpec::default()
+            },
+            open_fields: vec![OpenField::Command],
+        };
+        let merged =
+            template_from_cluster(WARN, &reference, "dev", Ok(Some(template.clone())), &run);
+        assert!(
+            matches!(&merged, Templated::Merged { new, .. } if new["image"] == "registry.example/ci:1"),
+            "{merged:?}"
+        );
+        let mut locked = run.clone();
+        locked.user = Some("0".into());
+        let refused = template_from_cluster(WARN, &reference, "dev", Ok(Some(template)), &locked);
+        assert!(
+            matches!(&refused, Templated::Refused(f)
+                if f[0].rule == ids::TEMPLATE_LOCKED && f[0].field == "spec.user"),
+            "{refused:?}"
+        );
+        let missing = template_from_cluster(WARN, &reference, "dev", Ok(None), &run);
+        assert!(
+            matches!(&missing, Templated::Refused(f)
+                if f[0].rule == ids::TEMPLATE_UNUSABLE && f[0].is_fail()
+                    && f[0].message.contains("ClusterSandboxRunTemplate ci does not exist")),
+            "{missing:?}"
+        );
+        let forbidden = "403 Forbidden: cannot get clustersandboxruntemplates";
+        for (probe, fails) in [(WARN, false), (REQUIRE, true)] {
+            let unread =
+                template_from_cluster(probe, &reference, "dev", Err(forbidden.into()), &run);
+            assert!(
+                matches!(&unread, Templated::Plain(f)
+                    if f.len() == 1 && f[0].rule == ids::CLUSTER_PROBE && f[0].is_fail() == fails
+                        && f[0].message.contains(forbidden)),
+                "{unread:?}"
+            );
+        }
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The webhook's template step (docs/contract.md "Templates"): a run that names a
-//! SandboxRunTemplate is judged as the spec it would run with — the template's spec with the
+//! SandboxRunTemplate (or a ClusterSandboxRunTemplate) is judged as the spec it would run with — the template's spec with the
 //! run's open fields ([`crate::template`]) — and refused when it sets a field the template locks.
 //! [`resolve`] reads the template (the only I/O); [`judge_with`] is the pure verdict.
 //!
@@ -16,7 +16,10 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::rules::{ids, Finding};
-use crate::api::{SandboxRunSpec, SandboxRunTemplate, SandboxRunTemplateSpec};
+use crate::api::{
+    ClusterSandboxRunTemplate, SandboxRunSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
+    TemplateKind, TemplateRef,
+};
 use crate::template::{self, MergeError};
 
 /// The field a template refusal names.
@@ -32,7 +35,7 @@ pub(crate) enum Templated {
     Refused(Vec<Finding>),
     /// Judge these merged specs instead of the run's (the stored one on UPDATE).
     Merged {
-        /// The template's name.
+        /// The template as messages name it (its kind and name).
         name: String,
         /// The new run's spec merged with its template.
         new: Value,
@@ -41,9 +44,10 @@ pub(crate) enum Templated {
     },
 }
 
-/// Reads the template the new spec names (in `namespace`) and judges the review with it.
-/// `old`: the stored spec on UPDATE. Without a client every templated run is refused (fail
-/// closed: its spec alone is not what it would run).
+/// Reads the template the new spec names (a SandboxRunTemplate of `namespace`, or a
+/// ClusterSandboxRunTemplate) and judges the review with it. `old`: the stored spec on UPDATE.
+/// Without a client every templated run is refused (fail closed: its spec alone is not what it
+/// would run).
 pub(crate) async fn resolve(
     client: Option<&Client>,
     namespace: Option<&str>,
@@ -54,7 +58,7 @@ pub(crate) async fn resolve(
     let Ok(new) = SandboxRunSpec::deserialize(new) else {
         return Templated::Plain(Vec::new());
     };
-    let Some(name) = new.template_ref.as_ref().map(|t| t.name.clone()) else {
+    let Some(reference) = new.template_ref.clone() else {
         return Templated::Plain(Vec::new());
     };
     let old = old.and_then(|o| SandboxRunSpec::deserialize(o).ok());
@@ -64,37 +68,65 @@ pub(crate) async fn resolve(
             "report this to the operator's admin",
         )]);
     };
-    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), ns);
-    let found = match templates.get_opt(&name).await {
+    let found = match read(client, ns, &reference).await {
         Ok(found) => found,
         Err(e) => {
             return Templated::Refused(vec![unusable(
-                format!("the SandboxRunTemplate {ns}/{name} could not be read by the webhook: {e}"),
-                "the operator needs get on sandboxruntemplates (the chart grants it); try again",
+                format!(
+                    "the {} could not be read by the webhook: {e}",
+                    reference.describe(ns)
+                ),
+                &format!(
+                    "the operator needs get on {} (the chart grants it); try again",
+                    reference.kind.resource()
+                ),
             )])
         }
     };
-    judge_with(
-        found.as_ref().map(|t| &t.spec),
-        ns,
-        &name,
-        &new,
-        old.as_ref(),
-    )
+    judge_with(found.as_ref(), ns, &reference, &new, old.as_ref())
 }
 
-/// The verdict on a run that names the template `name` of namespace `ns`, which is `template`
-/// (None: it does not exist). Pure.
+/// The spec of the template `reference` names, for a run of `namespace` (None: it does not
+/// exist).
+pub(crate) async fn read(
+    client: &Client,
+    namespace: &str,
+    reference: &TemplateRef,
+) -> Result<Option<SandboxRunTemplateSpec>, kube::Error> {
+    Ok(match reference.kind {
+        TemplateKind::SandboxRunTemplate => {
+            let api: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), namespace);
+            api.get_opt(&reference.name).await?.map(|t| t.spec)
+        }
+        TemplateKind::ClusterSandboxRunTemplate => {
+            let api: Api<ClusterSandboxRunTemplate> = Api::all(client.clone());
+            api.get_opt(&reference.name).await?.map(|t| t.spec.0)
+        }
+    })
+}
+
+/// How to list the templates a run of `ns` may name of `kind`.
+fn listing(kind: TemplateKind, ns: &str) -> String {
+    match kind {
+        TemplateKind::SandboxRunTemplate => format!("kubectl get sandboxruntemplates -n {ns}"),
+        TemplateKind::ClusterSandboxRunTemplate => "kubectl get clustersandboxruntemplates".into(),
+    }
+}
+
+/// The verdict on a run of namespace `ns` that names the template `reference`, which is
+/// `template` (None: it does not exist). Pure.
 pub(crate) fn judge_with(
     template: Option<&SandboxRunTemplateSpec>,
     ns: &str,
-    name: &str,
+    reference: &TemplateRef,
     new: &SandboxRunSpec,
     old: Option<&SandboxRunSpec>,
 ) -> Templated {
     let same_ref = old.is_some_and(|o| o.template_ref == new.template_ref);
+    let name = reference.label();
+    let name = name.as_str();
     let Some(template) = template else {
-        let message = format!("the SandboxRunTemplate {ns}/{name} does not exist");
+        let message = format!("the {} does not exist", reference.describe(ns));
         if same_ref {
             return Templated::Plain(vec![Finding::warn(
                 ids::TEMPLATE_UNUSABLE,
@@ -105,7 +137,10 @@ pub(crate) fn judge_with(
         }
         return Templated::Refused(vec![unusable(
             message,
-            &format!("create it, or name one that exists: kubectl get sandboxruntemplates -n {ns}"),
+            &format!(
+                "create it, or name one that exists: {}",
+                listing(reference.kind, ns)
+            ),
         )]);
     };
     let refusals = refusals(template, name, new, old.filter(|_| same_ref));
@@ -158,7 +193,7 @@ fn refusals(
                     l.field,
                     l.message,
                     format!(
-                        "drop the field from the run (the template {name} sets it), or ask the platform team to list it in the template's spec.openFields"
+                        "drop the field from the run (the {name} sets it), or ask the platform team to list it in the template's spec.openFields"
                     ),
                 )
             })
@@ -172,7 +207,7 @@ fn unusable(message: String, hint: &str) -> Finding {
 }
 
 /// The hint added to a finding on a merged spec whose field the run did not set: the template
-/// set it, so the fix is the platform team's.
+/// (`name`: its kind and name) set it, so the fix is the platform team's.
 /// `run`: the run's own raw spec.
 pub(crate) fn blame_template(mut finding: Finding, name: &str, run: &Value) -> Finding {
     let top = finding
@@ -183,7 +218,7 @@ pub(crate) fn blame_template(mut finding: Finding, name: &str, run: &Value) -> F
     let set_by_run = run.get(top).is_some();
     if !top.is_empty() && !set_by_run {
         finding.hint = format!(
-            "{} (the value comes from the SandboxRunTemplate {name}: ask its platform team to fix it)",
+            "{} (the value comes from the {name}: ask its platform team to fix it)",
             finding.hint
         );
     }
@@ -194,6 +229,9 @@ pub(crate) fn blame_template(mut finding: Finding, name: &str, run: &Value) -> F
 mod tests {
     use super::*;
     use crate::api::{OpenField, TemplateRef};
+    use std::sync::LazyLock;
+
+    static T: LazyLock<TemplateRef> = LazyLock::new(|| TemplateRef::namespaced("t"));
 
     fn template() -> SandboxRunTemplateSpec {
         SandboxRunTemplateSpec {
@@ -210,7 +248,7 @@ mod tests {
         SandboxRunSpec {
             image: image.map(String::from),
             command: Some(vec!["make".into()]),
-            template_ref: Some(TemplateRef { name: "t".into() }),
+            template_ref: Some(T.clone()),
             ..SandboxRunSpec::default()
         }
     }
@@ -224,7 +262,7 @@ mod tests {
 
     #[test]
     fn a_create_that_sets_a_locked_field_is_refused_naming_it_and_the_template() {
-        let t = judge_with(Some(&template()), "ns", "t", &run(Some("evil:1")), None);
+        let t = judge_with(Some(&template()), "ns", &T, &run(Some("evil:1")), None);
         assert_eq!(
             refused_fields(&t),
             [(ids::TEMPLATE_LOCKED, "spec.image".to_string())]
@@ -239,8 +277,45 @@ mod tests {
     }
 
     #[test]
+    fn a_cluster_template_is_judged_the_same_and_named_with_its_kind() {
+        let cluster = TemplateRef::cluster("t");
+        let mut evil = run(Some("evil:1"));
+        evil.template_ref = Some(cluster.clone());
+        let t = judge_with(Some(&template()), "ns", &cluster, &evil, None);
+        let Templated::Refused(f) = &t else {
+            panic!("{t:?}")
+        };
+        assert_eq!(
+            (f[0].rule, f[0].field.as_str()),
+            (ids::TEMPLATE_LOCKED, "spec.image")
+        );
+        assert!(
+            f[0].message.contains("ClusterSandboxRunTemplate t"),
+            "{}",
+            f[0].message
+        );
+        let mut mine = run(None);
+        mine.template_ref = Some(cluster.clone());
+        let t = judge_with(Some(&template()), "ns", &cluster, &mine, None);
+        assert!(
+            matches!(&t, Templated::Merged { name, new, .. }
+                if name == "ClusterSandboxRunTemplate t" && new["user"] == "1000"),
+            "{t:?}"
+        );
+        let t = judge_with(None, "ns", &cluster, &mine, None);
+        let Templated::Refused(f) = &t else {
+            panic!("{t:?}")
+        };
+        assert!(
+            f[0].message == "the ClusterSandboxRunTemplate t does not exist"
+                && f[0].hint.contains("kubectl get clustersandboxruntemplates"),
+            "{f:?}"
+        );
+    }
+
+    #[test]
     fn a_create_with_open_fields_only_is_judged_as_the_merged_spec() {
-        let t = judge_with(Some(&template()), "ns", "t", &run(None), None);
+        let t = judge_with(Some(&template()), "ns", &T, &run(None), None);
         let Templated::Merged { new, old, .. } = t else {
             panic!("{t:?}")
         };
@@ -251,14 +326,14 @@ mod tests {
 
     #[test]
     fn a_missing_template_refuses_a_create_but_not_an_update_of_an_admitted_run() {
-        let t = judge_with(None, "ns", "t", &run(None), None);
+        let t = judge_with(None, "ns", &T, &run(None), None);
         assert_eq!(
             refused_fields(&t),
             [(ids::TEMPLATE_UNUSABLE, FIELD.to_string())]
         );
         let mut stopped = run(None);
         stopped.stop = true;
-        let t = judge_with(None, "ns", "t", &stopped, Some(&run(None)));
+        let t = judge_with(None, "ns", &T, &stopped, Some(&run(None)));
         assert!(
             matches!(&t, Templated::Plain(f) if f.len() == 1 && !f[0].is_fail()),
             "{t:?}"
@@ -271,10 +346,10 @@ mod tests {
         let old = run(Some("mine:1"));
         let mut new = old.clone();
         new.stop = true;
-        let t = judge_with(Some(&template()), "ns", "t", &new, Some(&old));
+        let t = judge_with(Some(&template()), "ns", &T, &new, Some(&old));
         assert!(matches!(t, Templated::Merged { .. }), "{t:?}");
         new.user = Some("0".into());
-        let t = judge_with(Some(&template()), "ns", "t", &new, Some(&old));
+        let t = judge_with(Some(&template()), "ns", &T, &new, Some(&old));
         assert_eq!(
             refused_fields(&t),
             [(ids::TEMPLATE_LOCKED, "spec.user".to_string())]
@@ -285,13 +360,16 @@ mod tests {
     fn a_finding_on_a_field_the_template_set_blames_the_template() {
         let f = Finding::fail(ids::USER_NON_ROOT, "spec.user", "uid 0", "use a uid");
         let raw = serde_json::to_value(run(None)).unwrap();
-        let blamed = blame_template(f.clone(), "t", &raw);
+        let blamed = blame_template(f.clone(), "SandboxRunTemplate t", &raw);
         assert!(
             blamed.hint.contains("SandboxRunTemplate t"),
             "{}",
             blamed.hint
         );
         let own = Finding::fail(ids::IMAGE_DIGEST, "spec.command", "x", "fix it");
-        assert_eq!(blame_template(own.clone(), "t", &raw), own);
+        assert_eq!(
+            blame_template(own.clone(), "SandboxRunTemplate t", &raw),
+            own
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! `sandboxrun-operator crd`: the SandboxRun CustomResourceDefinition as YAML (with
-//! `--template`, the SandboxRunTemplate one).
+//! `--template`, the SandboxRunTemplate one; with `--cluster-template`, the
+//! ClusterSandboxRunTemplate one).
 
 use std::process::ExitCode;
 
@@ -9,11 +10,20 @@ pub(crate) struct CrdArgs {
     /// Print the SandboxRunTemplate CRD instead (docs/contract.md "Templates").
     #[arg(long)]
     pub(crate) template: bool,
+    /// Print the ClusterSandboxRunTemplate CRD instead (docs/contract.md "Templates").
+    #[arg(long, conflicts_with = "template")]
+    pub(crate) cluster_template: bool,
 }
 
 /// Prints the CRD.
 pub(crate) fn main(args: &CrdArgs) -> ExitCode {
-    match crate::crdgen::crd_yaml(args.template) {
+    use crate::crdgen::Which;
+    let which = match (args.template, args.cluster_template) {
+        (_, true) => Which::ClusterTemplate,
+        (true, false) => Which::Template,
+        (false, false) => Which::Run,
+    };
+    match crate::crdgen::crd_yaml(which) {
         Ok(yaml) => {
             print!("{yaml}");
             ExitCode::SUCCESS

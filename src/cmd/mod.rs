@@ -32,7 +32,7 @@ pub(crate) enum Command {
     /// Run the controller, the admission webhook and the metrics endpoint.
     Run(Box<run::RunArgs>),
     /// Print the SandboxRun CustomResourceDefinition (YAML); `--template`: the
-    /// SandboxRunTemplate one.
+    /// SandboxRunTemplate one; `--cluster-template`: the ClusterSandboxRunTemplate one.
     Crd(crd::CrdArgs),
     /// Check SandboxRun manifests offline with the admission rules (ADR-006).
     Doctor(crate::admission::doctor::DoctorArgs),

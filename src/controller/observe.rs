@@ -521,22 +521,35 @@ pub(crate) async fn live_run(
         .map_err(kube_err(format!("get {namespace}/{name}")))
 }
 
-/// The SandboxRunTemplate `name` of `namespace` (None: it does not exist). A read the operator
-/// is forbidden is a verdict in words (Err inside: the run is held saying so); any other error
-/// is retried.
+/// The template `reference` names for a run of `namespace` (a SandboxRunTemplate there, or a
+/// ClusterSandboxRunTemplate; None: it does not exist). A read the operator is forbidden is a
+/// verdict in words (Err inside: the run is held saying so); any other error is retried.
 pub(crate) async fn template(
     client: &Client,
     namespace: &str,
-    name: &str,
-) -> Result<Result<Option<crate::api::SandboxRunTemplate>, String>, ControllerError> {
-    let templates: Api<crate::api::SandboxRunTemplate> = Api::namespaced(client.clone(), namespace);
-    match templates.get_opt(name).await {
+    reference: &crate::api::TemplateRef,
+) -> Result<Result<Option<crate::template::Fetched>, String>, ControllerError> {
+    use crate::api::{ClusterSandboxRunTemplate, SandboxRunTemplate, TemplateKind};
+    let name = reference.name.as_str();
+    let read = match reference.kind {
+        TemplateKind::SandboxRunTemplate => {
+            let api: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), namespace);
+            api.get_opt(name).await.map(|t| t.map(Into::into))
+        }
+        TemplateKind::ClusterSandboxRunTemplate => {
+            let api: Api<ClusterSandboxRunTemplate> = Api::all(client.clone());
+            api.get_opt(name).await.map(|t| t.map(Into::into))
+        }
+    };
+    let what = reference.describe(namespace);
+    match read {
         Ok(found) => Ok(Ok(found)),
         Err(kube::Error::Api(ae)) if ae.code == 403 => Ok(Err(format!(
-            "the operator may not read the SandboxRunTemplate {namespace}/{name} ({}): it needs get on sandboxruntemplates",
-            ae.message
+            "the operator may not read the {what} ({}): it needs get on {}",
+            ae.message,
+            reference.kind.resource()
         ))),
-        Err(e) => Err(kube_err(format!("get sandboxruntemplate {namespace}/{name}"))(e)),
+        Err(e) => Err(kube_err(format!("get {what}"))(e)),
     }
 }
 

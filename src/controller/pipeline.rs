@@ -121,7 +121,7 @@ async fn made_from_template(
         run,
         resolved: false,
     };
-    let Some(name) = run.spec.template_ref.as_ref().map(|t| t.name.clone()) else {
+    let Some(reference) = run.spec.template_ref.clone() else {
         return Ok(plain(run.clone()));
     };
     let has_pod = observation.view.is_some();
@@ -148,7 +148,7 @@ async fn made_from_template(
         }
         warn!(run = %observation.name, "the run's pod exists and its status records no template; resolving it now");
     }
-    let template = observe::template(&ctx.client, &observation.namespace, &name).await?;
+    let template = observe::template(&ctx.client, &observation.namespace, &reference).await?;
     match template.and_then(|t| crate::template::resolve(run, t.as_ref())) {
         Ok(made) => Ok(Made::Run {
             run: Arc::new(made),

@@ -350,12 +350,12 @@ mod tests {
     fn a_run_made_from_a_template_has_the_recorded_templates_rules_and_none_before() {
         use crate::api::{
             AppliedTemplate, NetworkPolicy, SandboxRunSpec, SandboxRunStatus,
-            SandboxRunTemplateSpec, TemplateRef,
+            SandboxRunTemplateSpec, TemplateKind, TemplateRef,
         };
         let mut run = SandboxRun::new(
             "r",
             SandboxRunSpec {
-                template_ref: Some(TemplateRef { name: "t".into() }),
+                template_ref: Some(TemplateRef::namespaced("t")),
                 ..SandboxRunSpec::default()
             },
         );
@@ -363,6 +363,7 @@ mod tests {
         assert!(RunRules::of(&run).is_none(), "no record: unknown");
         run.status = Some(SandboxRunStatus {
             template: Some(AppliedTemplate {
+                kind: TemplateKind::SandboxRunTemplate,
                 name: "t".into(),
                 generation: Some(1),
                 spec: SandboxRunTemplateSpec {
@@ -381,6 +382,18 @@ mod tests {
         let rules = RunRules::of(&run).expect("recorded");
         assert_eq!(rules.mode, NetworkMode::Allowlist);
         assert_eq!(rules.rules.len(), 1);
+        // A run made from the cluster template of the same name: that record is not its own.
+        let mut cluster = run.clone();
+        cluster.spec.template_ref = Some(TemplateRef::cluster("t"));
+        assert!(
+            RunRules::of(&cluster).is_none(),
+            "another template's record"
+        );
+        if let Some(t) = cluster.status.as_mut().and_then(|s| s.template.as_mut()) {
+            t.kind = TemplateKind::ClusterSandboxRunTemplate;
+        }
+        let rules = RunRules::of(&cluster).expect("its cluster template's record");
+        assert_eq!(rules.mode, NetworkMode::Allowlist);
     }
 
     #[test]

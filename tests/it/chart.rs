@@ -19,7 +19,8 @@ use serde_json::json;
 use crate::support::*;
 
 const CHART: &str = "charts/sandboxrun-operator";
-const CRD_FILES: [&str; 2] = [
+const CRD_FILES: [&str; 3] = [
+    "clustersandboxruntemplates.sandbox.iterion.io.yaml",
     "sandboxruns.sandbox.iterion.io.yaml",
     "sandboxruntemplates.sandbox.iterion.io.yaml",
 ];

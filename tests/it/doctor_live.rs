@@ -4,7 +4,8 @@
 //! `doctor` binary probes the cluster. With the webhook up a good manifest is clean; with the
 //! operator killed the same manifest gets warnings (exit 0), and `--require-context` turns them
 //! into exit 1. A manifest that mounts a Secret the cluster does not have fails; the operator's
-//! published `--max-cap` is what a `sizeLimit` is judged by, not doctor's default.
+//! published `--max-cap` is what a `sizeLimit` is judged by, not doctor's default. A run whose
+//! template is not among the manifests is judged merged with the template read from the cluster.
 
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -424,6 +425,140 @@ async fn doctor_judges_a_runs_store_as_the_operator_would() {
         .expect("create the Secret");
     let (code, out, err) = bed.doctor(&[], &manifest);
     assert_eq!(code, 0, "{out}{err}");
+}
+
+/// The findings of the first document of doctor's JSON report, as (rule, severity, field,
+/// message).
+fn findings(json: &str) -> Vec<(String, String, String, String)> {
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    let text = |f: &serde_json::Value, k: &str| f[k].as_str().unwrap_or_default().to_string();
+    v["documents"][0]["findings"]
+        .as_array()
+        .map(|all| {
+            all.iter()
+                .map(|f| {
+                    (
+                        text(f, "rule"),
+                        text(f, "severity"),
+                        text(f, "field"),
+                        text(f, "message"),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Issue #29 item 3: a run whose template is not among the inputs is judged with `--context`
+/// merged with the template read from the cluster (a ClusterSandboxRunTemplate, or a
+/// SandboxRunTemplate of its namespace), as the webhook would: a locked field refused by name
+/// (doctor's own finding, not only the dry run's), a missing template `template-unusable`.
+#[tokio::test]
+async fn doctor_judges_a_run_with_its_template_read_from_the_cluster() {
+    use sandboxrun_operator::api::{
+        ClusterSandboxRunTemplate, ClusterSandboxRunTemplateSpec, OpenField, SandboxRunSpec,
+        SandboxRunTemplate, SandboxRunTemplateSpec,
+    };
+    let bed = Bed::start().await;
+    let ns = bed.ns.name.clone();
+    let spec = SandboxRunTemplateSpec {
+        template: SandboxRunSpec {
+            image: Some(DIGEST_IMAGE.into()),
+            user: Some("1000".into()),
+            ..SandboxRunSpec::default()
+        },
+        open_fields: vec![OpenField::Command],
+    };
+    let cluster_name = format!("{ns}-ci");
+    let pp = PostParams::default();
+    let clusters: Api<ClusterSandboxRunTemplate> = Api::all(bed.client.clone());
+    clusters
+        .create(
+            &pp,
+            &ClusterSandboxRunTemplate::new(
+                &cluster_name,
+                ClusterSandboxRunTemplateSpec(spec.clone()),
+            ),
+        )
+        .await
+        .expect("create the ClusterSandboxRunTemplate");
+    let _cluster = ClusterTemplate(cluster_name.clone());
+    Api::<SandboxRunTemplate>::namespaced(bed.client.clone(), &ns)
+        .create(&pp, &SandboxRunTemplate::new("team-ci", spec))
+        .await
+        .expect("create the SandboxRunTemplate");
+    let run = |name: &str, reference: &str, extra: &str| {
+        format!(
+            "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  templateRef: {reference}\n  command: [sh, -c, 'true']\n{extra}"
+        )
+    };
+    let by_cluster = format!("{{kind: ClusterSandboxRunTemplate, name: {cluster_name}}}");
+    let template_findings = |out: &str| {
+        findings(out)
+            .into_iter()
+            .filter(|f| f.0.starts_with("template-"))
+            .collect::<Vec<_>>()
+    };
+
+    // Only open fields: the merged spec (the template's image and user) is clean.
+    for (name, reference) in [("open", by_cluster.as_str()), ("team", "{name: team-ci}")] {
+        let (code, out, err) = bed.doctor(&["-o", "json"], &run(name, reference, ""));
+        assert_eq!(
+            code, 0,
+            "{name}: merged with the cluster's template\n{out}{err}"
+        );
+        assert_eq!(template_findings(&out), [], "{name}: {out}");
+    }
+    // A locked field: doctor's own template-locked finding, naming the field and the template.
+    let (code, out, err) = bed.doctor(
+        &["-o", "json"],
+        &run("locked", &by_cluster, "  user: \"0\"\n"),
+    );
+    assert_eq!(code, 1, "{out}{err}");
+    let found = template_findings(&out);
+    assert!(
+        found
+            .iter()
+            .any(|(rule, severity, field, message)| rule == "template-locked"
+                && severity == "fail"
+                && field == "spec.user"
+                && message.contains(&format!("ClusterSandboxRunTemplate {cluster_name}"))),
+        "{out}"
+    );
+    // A template the cluster does not have: template-unusable, failing.
+    let missing = format!("{{kind: ClusterSandboxRunTemplate, name: {ns}-nope}}");
+    let (code, out, err) = bed.doctor(&["-o", "json"], &run("missing", &missing, ""));
+    assert_eq!(code, 1, "{out}{err}");
+    let found = template_findings(&out);
+    assert!(
+        found
+            .iter()
+            .any(|(rule, severity, _, message)| rule == "template-unusable"
+                && severity == "fail"
+                && message.contains(&format!(
+                    "ClusterSandboxRunTemplate {ns}-nope does not exist"
+                ))),
+        "{out}"
+    );
+    assert!(
+        !out.contains("not in these inputs"),
+        "read from the cluster, not warned about: {out}"
+    );
+}
+
+/// A ClusterSandboxRunTemplate of a test, deleted when the test ends, however it ends.
+struct ClusterTemplate(String);
+
+impl Drop for ClusterTemplate {
+    fn drop(&mut self) {
+        use sandboxrun_operator::api::ClusterSandboxRunTemplate;
+        let name = self.0.clone();
+        clean_up_from_drop(move |client| async move {
+            let _ = Api::<ClusterSandboxRunTemplate>::all(client)
+                .delete(&name, &DeleteParams::default())
+                .await;
+        });
+    }
 }
 
 #[tokio::test]

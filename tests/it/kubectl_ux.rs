@@ -1,5 +1,5 @@
 //! What `kubectl` shows a user of the CRD on the real control plane: `kubectl explain` with the
-//! CRD's own root description, the `-o wide` columns (Exit, Duration, Message, Template), and the binary as
+//! CRD's own root description, the `-o wide` columns (Exit, Duration, Message, Template, TemplateKind), and the binary as
 //! the kubectl plugin `kubectl sandboxrun` (files found from the run's status in the context's
 //! namespace, `logs` from the status).
 
@@ -96,7 +96,18 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
         .collect();
     assert_eq!(
         header,
-        ["NAME", "PHASE", "DRAINED", "POD", "AGE", "EXIT", "DURATION", "MESSAGE", "TEMPLATE"],
+        [
+            "NAME",
+            "PHASE",
+            "DRAINED",
+            "POD",
+            "AGE",
+            "EXIT",
+            "DURATION",
+            "MESSAGE",
+            "TEMPLATE",
+            "TEMPLATEKIND"
+        ],
         "{wide}"
     );
     let row = lines.next().unwrap_or_default();
@@ -104,8 +115,12 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
         row.contains(" 3 ")
             && row.contains("1m2s")
             && row.contains("workload failed with exit code 3")
-            && row.ends_with(" ci"),
-        "{wide}"
+            && row
+                .split_whitespace()
+                .rev()
+                .take(2)
+                .eq(["SandboxRunTemplate", "ci"]),
+        "the template, its kind defaulted to the namespaced template's: {wide}"
     );
 }
 

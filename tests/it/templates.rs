@@ -3,7 +3,8 @@
 //! a run that sets only open fields gets the pod the template says, with its own command and
 //! variables, and keeps the template it was made from when the template is edited or deleted;
 //! a run naming a template that does not exist is held with no pod until it does; the author
-//! must be able to read the template.
+//! must be able to read the template. The cluster-scoped ClusterSandboxRunTemplate does the same
+//! (`spec.templateRef.kind`), its reader granted by a ClusterRoleBinding.
 //! The operator runs as a process on this host, its webhook registered by URL for the test's
 //! namespace only; kwok plays the node.
 
@@ -15,8 +16,9 @@ use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
 use sandboxrun_operator::api::{
-    EnvVar, OpenField, Phase, ReadBackPhase, SandboxRun, SandboxRunSpec, SandboxRunTemplate,
-    SandboxRunTemplateSpec, TemplateRef,
+    ClusterSandboxRunTemplate, ClusterSandboxRunTemplateSpec, EnvVar, OpenField, Phase,
+    ReadBackPhase, SandboxRun, SandboxRunSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
+    TemplateKind, TemplateRef,
 };
 use serde_json::json;
 
@@ -51,7 +53,7 @@ fn var(name: &str, value: &str) -> EnvVar {
 /// A run made from the template `name` that sets `extra` besides the reference.
 fn from_template(name: &str, extra: SandboxRunSpec) -> SandboxRunSpec {
     SandboxRunSpec {
-        template_ref: Some(TemplateRef { name: name.into() }),
+        template_ref: Some(TemplateRef::namespaced(name)),
         ..extra
     }
 }
@@ -459,5 +461,332 @@ async fn a_run_whose_template_is_missing_is_held_without_a_pod_until_it_exists()
             .map(|t| t.name)
             .as_deref(),
         Some("later")
+    );
+}
+
+/// A ClusterSandboxRunTemplate of this test, deleted when the test ends, however it ends.
+struct ClusterTemplate(String);
+
+impl Drop for ClusterTemplate {
+    fn drop(&mut self) {
+        let name = self.0.clone();
+        clean_up_from_drop(move |client| async move {
+            let _ = Api::<ClusterSandboxRunTemplate>::all(client)
+                .delete(&name, &DeleteParams::default())
+                .await;
+        });
+    }
+}
+
+/// Cluster-scoped RBAC objects of this test (a ClusterRole and its ClusterRoleBinding, same
+/// name), deleted when the test ends.
+struct ClusterGrant(String);
+
+impl Drop for ClusterGrant {
+    fn drop(&mut self) {
+        use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+        let name = self.0.clone();
+        clean_up_from_drop(move |client| async move {
+            let dp = DeleteParams::default();
+            let _ = Api::<ClusterRoleBinding>::all(client.clone())
+                .delete(&name, &dp)
+                .await;
+            let _ = Api::<ClusterRole>::all(client).delete(&name, &dp).await;
+        });
+    }
+}
+
+/// A RuntimeClass for the pods of this area (the apiserver refuses a pod whose class does not
+/// exist; on the kwok node its handler is never run).
+const RUNTIME_CLASS: &str = "sandboxrun-test-templates";
+
+async fn ensure_runtime_class(client: &Client) {
+    use k8s_openapi::api::node::v1::RuntimeClass;
+    let classes: Api<RuntimeClass> = Api::all(client.clone());
+    let rc: RuntimeClass = serde_json::from_value(json!({
+        "apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+        "metadata": {"name": RUNTIME_CLASS}, "handler": "runc",
+    }))
+    .expect("a RuntimeClass");
+    match classes.create(&PostParams::default(), &rc).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("create RuntimeClass {RUNTIME_CLASS}: {e}"),
+    }
+}
+
+/// A user who may create runs in `ns` but not read the cluster template `template`: refused,
+/// the right named cluster-wide; once a ClusterRoleBinding lets them read it, admitted (dry run).
+async fn the_author_must_read_the_cluster_template(
+    client: &Client,
+    ns: &str,
+    template: &str,
+    mine: &SandboxRunSpec,
+) -> ClusterGrant {
+    use k8s_openapi::api::rbac::v1::{
+        ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+    };
+    let user = format!("ctpl-alice-{ns}");
+    let subject = Subject {
+        api_group: Some("rbac.authorization.k8s.io".into()),
+        kind: "User".into(),
+        name: user.clone(),
+        namespace: None,
+    };
+    let rule = |resource: &str, names: Option<Vec<String>>, verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec!["sandbox.iterion.io".into()]),
+        resources: Some(vec![resource.into()]),
+        resource_names: names,
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..Default::default()
+    };
+    let meta = |name: &str| kube::api::ObjectMeta {
+        name: Some(name.into()),
+        ..Default::default()
+    };
+    let pp = PostParams::default();
+    // A Role in the namespace that names the cluster template is no grant of it: RBAC would
+    // allow a namespaced review of that right, the webhook asks it cluster-wide.
+    let named = Some(vec![template.to_string()]);
+    let runs_role = Role {
+        metadata: meta("runs"),
+        rules: Some(vec![
+            rule("sandboxruns", None, &["create", "get"]),
+            rule("clustersandboxruntemplates", named, &["get"]),
+        ]),
+    };
+    Api::<Role>::namespaced(client.clone(), ns)
+        .create(&pp, &runs_role)
+        .await
+        .unwrap();
+    let runs_binding = RoleBinding {
+        metadata: meta("runs"),
+        role_ref: RoleRef {
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            kind: "Role".into(),
+            name: "runs".into(),
+        },
+        subjects: Some(vec![subject.clone()]),
+    };
+    Api::<RoleBinding>::namespaced(client.clone(), ns)
+        .create(&pp, &runs_binding)
+        .await
+        .unwrap();
+    let as_alice = client_as(&user).await;
+    eventually("alice's Role is in force", CONVERGE, || {
+        namespaced_review_allowed(as_alice.clone(), ns, template)
+    })
+    .await;
+    let alice: Api<SandboxRun> = Api::namespaced(as_alice, ns);
+    let message = refusal(&alice, "alice", mine.clone()).await;
+    for want in [
+        "[access] spec.templateRef.name",
+        &format!("clustersandboxruntemplates \"{template}\""),
+        "cluster-wide",
+    ] {
+        assert!(message.contains(want), "{want:?} not in: {message}");
+    }
+    let grant = ClusterGrant(format!("sandboxrun-test-{ns}"));
+    let read = rule(
+        "clustersandboxruntemplates",
+        Some(vec![template.into()]),
+        &["get"],
+    );
+    Api::<ClusterRole>::all(client.clone())
+        .create(
+            &pp,
+            &ClusterRole {
+                metadata: meta(&grant.0),
+                rules: Some(vec![read]),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .create(
+            &pp,
+            &ClusterRoleBinding {
+                metadata: meta(&grant.0),
+                role_ref: RoleRef {
+                    api_group: Some("rbac.authorization.k8s.io".into()),
+                    kind: "ClusterRole".into(),
+                    name: grant.0.clone(),
+                },
+                subjects: Some(vec![subject]),
+            },
+        )
+        .await
+        .unwrap();
+    let dry = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    eventually(
+        "alice may use the cluster template she may read",
+        CONVERGE,
+        || {
+            let alice = alice.clone();
+            let run = SandboxRun::new("alice", mine.clone());
+            let dry = dry.clone();
+            async move { alice.create(&dry, &run).await.ok() }
+        },
+    )
+    .await;
+    grant
+}
+
+/// Some(()) when `client`'s user may `get` the cluster template `template` as a review in
+/// namespace `ns` asks it (what a namespaced Role grants).
+async fn namespaced_review_allowed(client: Client, ns: &str, template: &str) -> Option<()> {
+    use k8s_openapi::api::authorization::v1::{
+        ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+    };
+    let review = SelfSubjectAccessReview {
+        spec: SelfSubjectAccessReviewSpec {
+            resource_attributes: Some(ResourceAttributes {
+                namespace: Some(ns.into()),
+                verb: Some("get".into()),
+                group: Some("sandbox.iterion.io".into()),
+                resource: Some("clustersandboxruntemplates".into()),
+                name: Some(template.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let api: Api<SelfSubjectAccessReview> = Api::all(client);
+    let answer = api.create(&PostParams::default(), &review).await.ok()?;
+    answer.status.is_some_and(|s| s.allowed).then_some(())
+}
+
+/// Issue #29 item 3: the cluster-scoped template does what the namespaced one does, through the
+/// live webhook and the controller: a locked field refused naming the field and the template
+/// with its kind, the author's `get` on it asked cluster-wide, the pod the template's (image,
+/// user, runtime class) with the run's command, and the kind in `status.template`.
+#[tokio::test]
+async fn a_cluster_template_locks_its_fields_is_read_only_by_whom_rbac_names_and_makes_the_pod() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    ensure_runtime_class(&client).await;
+    let ns = TestNamespace::new(&client, "templates-cluster").await;
+    let (_store_dir, store_url) = file_store("templates-cluster");
+    let (op, _webhook) = operator_with_webhook(&client, &ns.name, &store_url).await;
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let out = host_dir("out");
+    std::fs::write(out.join("report.txt"), b"made from a cluster template\n").unwrap();
+    let name = format!("{}-ci", ns.name);
+    let mut locked = template_spec(&out);
+    locked.template.runtime_class_name = Some(RUNTIME_CLASS.into());
+    let templates: Api<ClusterSandboxRunTemplate> = Api::all(client.clone());
+    templates
+        .create(
+            &PostParams::default(),
+            &ClusterSandboxRunTemplate::new(&name, ClusterSandboxRunTemplateSpec(locked)),
+        )
+        .await
+        .expect("create the ClusterSandboxRunTemplate");
+    let _template = ClusterTemplate(name.clone());
+    let made_from = |extra: SandboxRunSpec| SandboxRunSpec {
+        template_ref: Some(TemplateRef::cluster(&name)),
+        ..extra
+    };
+
+    // Locked fields: refused, each named, the template named with its kind.
+    let evil = made_from(SandboxRunSpec {
+        image: Some("registry.example/evil:1".into()),
+        runtime_class_name: Some("runc".into()),
+        ..Default::default()
+    });
+    let message = refusal(&runs, "evil", evil).await;
+    for want in [
+        "[template-locked] spec.image",
+        "spec.runtimeClassName",
+        &format!("ClusterSandboxRunTemplate {name}"),
+    ] {
+        assert!(message.contains(want), "{want:?} not in: {message}");
+    }
+    // The kind matters: no SandboxRunTemplate of that name exists in the namespace.
+    let namespaced = SandboxRunSpec {
+        template_ref: Some(TemplateRef::namespaced(&name)),
+        ..Default::default()
+    };
+    let message = refusal(&runs, "namespaced", namespaced).await;
+    assert!(
+        message.contains("[template-unusable]")
+            && message.contains(&format!(
+                "SandboxRunTemplate {}/{name} does not exist",
+                ns.name
+            )),
+        "{message}"
+    );
+
+    let command = vec!["sh".to_string(), "-c".into(), "make report".into()];
+    let mine = made_from(SandboxRunSpec {
+        command: Some(command.clone()),
+        env: vec![var("TARGET", "unit")],
+        ..Default::default()
+    });
+    let _grant = the_author_must_read_the_cluster_template(&client, &ns.name, &name, &mine).await;
+    create(&runs, "made", mine).await;
+    let run = wait_phase(&runs, "made", Phase::Running, &op).await;
+    let applied = run
+        .status
+        .as_ref()
+        .and_then(|s| s.template.clone())
+        .expect("status.template");
+    let stored = templates.get(&name).await.unwrap();
+    assert_eq!(
+        (applied.kind, applied.name.as_str(), applied.generation),
+        (
+            TemplateKind::ClusterSandboxRunTemplate,
+            name.as_str(),
+            stored.metadata.generation
+        )
+    );
+    let pod = pods.get(&pod_of(&run)).await.unwrap();
+    let w = workload(&pod);
+    assert_eq!(
+        w.image.as_deref(),
+        Some(DIGEST_IMAGE),
+        "the template's image"
+    );
+    assert_eq!(w.command.as_ref(), Some(&command), "the run's command");
+    let spec = pod.spec.clone().unwrap_or_default();
+    assert_eq!(
+        spec.runtime_class_name.as_deref(),
+        Some(RUNTIME_CLASS),
+        "the template's runtime class"
+    );
+    let sc = spec.security_context.unwrap_or_default();
+    assert_eq!(
+        (sc.run_as_user, sc.run_as_group),
+        (Some(1000), Some(1000)),
+        "the template's user"
+    );
+    let env: BTreeMap<&str, &str> = w
+        .env
+        .iter()
+        .flatten()
+        .map(|e| (e.name.as_str(), e.value.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(env.get("HTTPS_PROXY"), Some(&"http://proxy.platform:3128"));
+    assert_eq!(env.get("TARGET"), Some(&"unit"));
+
+    // Deleted: the run keeps what it was made from, to its drain.
+    templates
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    finish_workload(&pods, &pod_of(&run), 0).await;
+    let done = wait_phase(&runs, "made", Phase::Succeeded, &op).await;
+    let status = done.status.unwrap();
+    assert_eq!(status.read_back.len(), 1, "the template's path: {status:?}");
+    assert_eq!(
+        status.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "{status:?}"
     );
 }

@@ -128,7 +128,8 @@ pub async fn client_as(user: &str) -> Client {
     Client::try_from(config).unwrap_or_else(|e| panic!("{HOW_TO_START} ({e})"))
 }
 
-/// Applies the committed CRDs (the same files users apply: SandboxRun and SandboxRunTemplate)
+/// Applies the committed CRDs (the same files users apply: SandboxRun, SandboxRunTemplate and
+/// ClusterSandboxRunTemplate)
 /// and waits until they are established.
 pub async fn ensure_crd(client: &Client) {
     static DONE: OnceLock<()> = OnceLock::new();
@@ -138,6 +139,7 @@ pub async fn ensure_crd(client: &Client) {
     for name in [
         "sandboxruns.sandbox.iterion.io",
         "sandboxruntemplates.sandbox.iterion.io",
+        "clustersandboxruntemplates.sandbox.iterion.io",
     ] {
         apply_crd(client, name).await;
     }
