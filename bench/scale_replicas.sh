@@ -15,6 +15,7 @@
 #   SCALE_RSS_N=10000                           runs of the RSS part (0: skip it); it runs with 1
 #                                               replica and with the most replicas of the list,
 #                                               without the bandwidth limit, 1 MiB a run
+#   SCALE_RSS_ONLY=4                            the RSS part with these replica counts only
 #
 # Why a bandwidth limit: on this machine (2 CPUs, shared) every replica, the apiserver and kwok
 # share the same cores, so adding replicas adds no CPU. In a cluster each replica brings its own
@@ -145,7 +146,7 @@ done
 if [ "$RSS_N" -gt 0 ]; then
   most=1
   for r in "${REPLICAS[@]}"; do [ "$r" -gt "$most" ] && most=$r; done
-  for r in $(printf '%s\n' 1 "$most" | sort -nu); do
+  for r in ${SCALE_RSS_ONLY:-$(printf '%s\n' 1 "$most" | sort -nu)}; do
     start_replicas "$r" rss 0
     python3 "$REPO/bench/scale_replicas.py" rss "$r" "$RSS_N" "$NS" "$WORK/small" \
       "$(joined "${PORTS[@]}")" "$(joined "${PIDS[@]}")"
