@@ -5,16 +5,14 @@
 //! store refuses. kwok plays the node; its exec runs `sandboxrun-operator pack` on this host.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, PostParams};
 use kube::Api;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStoreExt;
 use sandboxrun_operator::api::{Phase, Retention, SandboxRun, SandboxRunSpec};
-use sandboxrun_operator::store::{list_manifests, run_dir, store_from_url, RunRef};
+use sandboxrun_operator::store::{list_manifests, run_dir, store_from_url};
 
 use crate::support::*;
 
@@ -57,25 +55,6 @@ async fn run_to_success(
     create(runs, name, spec).await;
     run_then_finish(runs, pods, name, op).await;
     wait_phase(runs, name, Phase::Succeeded, op).await
-}
-
-async fn keys_under(store: &Arc<dyn ObjectStore>, dir: &object_store::path::Path) -> Vec<String> {
-    let metas: Vec<_> = store
-        .list(Some(dir))
-        .try_collect()
-        .await
-        .expect("list the store");
-    let mut keys: Vec<String> = metas.into_iter().map(|m| m.location.to_string()).collect();
-    keys.sort();
-    keys
-}
-
-fn run_ref(ns: &str, run: &SandboxRun) -> RunRef {
-    RunRef {
-        namespace: ns.to_string(),
-        name: run.metadata.name.clone().expect("name"),
-        uid: run.metadata.uid.clone().expect("uid"),
-    }
 }
 
 /// A fresh S3 store URL (short prefix: s3s-fs names files after keys, see drain_e2e.rs).

@@ -205,34 +205,6 @@ async fn objects(
 // 1. A tree round-trips
 // ---------------------------------------------------------------------------------------------
 
-/// Copies every object under `prefix` of `from` into fake-gcs-server's bucket under the same key,
-/// through its JSON API's media upload (see the module doc for why not through the drain).
-async fn copy_into_gcs(from: &Arc<dyn ObjectStore>, prefix: &object_store::path::Path) {
-    let bucket = bed_setting("SANDBOXRUN_TEST_GCS_BUCKET");
-    let endpoint = bed_setting("SANDBOXRUN_TEST_GCS_ENDPOINT");
-    let http = reqwest::Client::new();
-    for (key, _) in objects(from, prefix).await {
-        let body = from
-            .get(&key.as_str().into())
-            .await
-            .expect("get")
-            .bytes()
-            .await
-            .expect("read");
-        let mut url = url::Url::parse(&format!(
-            "{endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=media"
-        ))
-        .expect("url");
-        url.query_pairs_mut().append_pair("name", &key);
-        let resp = http.post(url).body(body).send().await.expect("upload");
-        assert!(
-            resp.status().is_success(),
-            "upload {key}: {}",
-            resp.status()
-        );
-    }
-}
-
 /// The body of the round-trip tests: 3 MiB of data in 140 entries (nested and empty directories,
 /// symlinks). Azure's block upload (parts) is exercised by the outage test.
 async fn a_tree_round_trips(backend: Backend) {

@@ -17,16 +17,14 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client};
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStoreExt;
 use sandboxrun_operator::api::{Phase, ReadBackPhase, Retention, SandboxRun};
-use sandboxrun_operator::store::{run_dir, store_from_url, RunRef};
+use sandboxrun_operator::store::{run_dir, store_from_url};
 
 use crate::support::*;
 
@@ -145,37 +143,6 @@ fn key_material(tenant: &TenantStore) -> Vec<String> {
         .collect()
 }
 
-/// Copies every object under `dir` of `from` (a store with no prefix) into fake-gcs-server's
-/// bucket under `prefix/<key>`, through its JSON API's media upload (the module doc says why not
-/// through the drain).
-/// Copies every object of `from` under `dir` into fake-gcs-server's bucket under the same key
-/// (the manifest records its archives' keys: they must not move).
-async fn copy_into_gcs(from: &Arc<dyn ObjectStore>, dir: &object_store::path::Path) {
-    let bucket = bed_setting("SANDBOXRUN_TEST_GCS_BUCKET");
-    let endpoint = bed_setting("SANDBOXRUN_TEST_GCS_ENDPOINT");
-    let http = reqwest::Client::new();
-    for key in keys_under(from, dir).await {
-        let body = from
-            .get(&key.as_str().into())
-            .await
-            .expect("get")
-            .bytes()
-            .await
-            .expect("read");
-        let mut url = url::Url::parse(&format!(
-            "{endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=media"
-        ))
-        .expect("url");
-        url.query_pairs_mut().append_pair("name", key.as_str());
-        let resp = http.post(url).body(body).send().await.expect("upload");
-        assert!(
-            resp.status().is_success(),
-            "upload {key}: {}",
-            resp.status()
-        );
-    }
-}
-
 /// The endpoints the platform allows in these tests: the bed's S3 server and Azurite only.
 fn allowed_endpoints() -> String {
     let azure = url::Url::parse(&bed_setting("SANDBOXRUN_TEST_AZURE_ENDPOINT")).expect("url");
@@ -225,25 +192,6 @@ fn store_secret(name: &str, store: &TenantStore) -> Secret {
         },
         string_data: Some(store.secret.clone()),
         ..Default::default()
-    }
-}
-
-async fn keys_under(store: &Arc<dyn ObjectStore>, dir: &object_store::path::Path) -> Vec<String> {
-    let metas: Vec<_> = store
-        .list(Some(dir))
-        .try_collect()
-        .await
-        .expect("list the store");
-    let mut keys: Vec<String> = metas.into_iter().map(|m| m.location.to_string()).collect();
-    keys.sort();
-    keys
-}
-
-fn run_ref(ns: &str, run: &SandboxRun) -> RunRef {
-    RunRef {
-        namespace: ns.to_string(),
-        name: run.metadata.name.clone().expect("name"),
-        uid: run.metadata.uid.clone().expect("uid"),
     }
 }
 

@@ -1,6 +1,12 @@
 //! The object stores of the test bed, as flags and options the operator and the library take.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::TryStreamExt;
+use object_store::{ObjectStore, ObjectStoreExt};
+use sandboxrun_operator::api::SandboxRun;
+use sandboxrun_operator::store::RunRef;
 
 use super::{bed_setting, host_dir};
 
@@ -101,5 +107,58 @@ pub fn files_get(
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         ))
+    }
+}
+
+/// Every key under `dir` of `store`, sorted.
+pub async fn keys_under(
+    store: &Arc<dyn ObjectStore>,
+    dir: &object_store::path::Path,
+) -> Vec<String> {
+    let metas: Vec<_> = store
+        .list(Some(dir))
+        .try_collect()
+        .await
+        .expect("list the store");
+    let mut keys: Vec<String> = metas.into_iter().map(|m| m.location.to_string()).collect();
+    keys.sort();
+    keys
+}
+
+/// The store's name for `run` of namespace `ns`.
+pub fn run_ref(ns: &str, run: &SandboxRun) -> RunRef {
+    RunRef {
+        namespace: ns.to_string(),
+        name: run.metadata.name.clone().expect("name"),
+        uid: run.metadata.uid.clone().expect("uid"),
+    }
+}
+
+/// Copies every object under `dir` of `from` into fake-gcs-server's bucket under the same key
+/// (a manifest records its archives' keys: they must not move), through its JSON API's media
+/// upload: fake-gcs-server takes none of object_store's XML writes (store_backends' module doc).
+pub async fn copy_into_gcs(from: &Arc<dyn ObjectStore>, dir: &object_store::path::Path) {
+    let bucket = bed_setting("SANDBOXRUN_TEST_GCS_BUCKET");
+    let endpoint = bed_setting("SANDBOXRUN_TEST_GCS_ENDPOINT");
+    let http = reqwest::Client::new();
+    for key in keys_under(from, dir).await {
+        let body = from
+            .get(&key.as_str().into())
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("read");
+        let mut url = url::Url::parse(&format!(
+            "{endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=media"
+        ))
+        .expect("url");
+        url.query_pairs_mut().append_pair("name", &key);
+        let resp = http.post(url).body(body).send().await.expect("upload");
+        assert!(
+            resp.status().is_success(),
+            "upload {key}: {}",
+            resp.status()
+        );
     }
 }
