@@ -546,21 +546,6 @@ async fn doctor_judges_a_run_with_its_template_read_from_the_cluster() {
     );
 }
 
-/// A ClusterSandboxRunTemplate of a test, deleted when the test ends, however it ends.
-struct ClusterTemplate(String);
-
-impl Drop for ClusterTemplate {
-    fn drop(&mut self) {
-        use sandboxrun_operator::api::ClusterSandboxRunTemplate;
-        let name = self.0.clone();
-        clean_up_from_drop(move |client| async move {
-            let _ = Api::<ClusterSandboxRunTemplate>::all(client)
-                .delete(&name, &DeleteParams::default())
-                .await;
-        });
-    }
-}
-
 #[tokio::test]
 async fn a_context_that_does_not_exist_is_a_usage_error() {
     let (code, out, err) = doctor(

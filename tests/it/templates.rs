@@ -464,20 +464,6 @@ async fn a_run_whose_template_is_missing_is_held_without_a_pod_until_it_exists()
     );
 }
 
-/// A ClusterSandboxRunTemplate of this test, deleted when the test ends, however it ends.
-struct ClusterTemplate(String);
-
-impl Drop for ClusterTemplate {
-    fn drop(&mut self) {
-        let name = self.0.clone();
-        clean_up_from_drop(move |client| async move {
-            let _ = Api::<ClusterSandboxRunTemplate>::all(client)
-                .delete(&name, &DeleteParams::default())
-                .await;
-        });
-    }
-}
-
 /// Cluster-scoped RBAC objects of this test (a ClusterRole and its ClusterRoleBinding, same
 /// name), deleted when the test ends.
 struct ClusterGrant(String);

@@ -240,6 +240,22 @@ impl Drop for TestNamespace {
     }
 }
 
+/// A ClusterSandboxRunTemplate of a test, deleted when the test ends, however it ends
+/// (cluster-scoped: no test namespace takes it with it).
+pub struct ClusterTemplate(pub String);
+
+impl Drop for ClusterTemplate {
+    fn drop(&mut self) {
+        use sandboxrun_operator::api::ClusterSandboxRunTemplate;
+        let name = self.0.clone();
+        clean_up_from_drop(move |client| async move {
+            let _ = Api::<ClusterSandboxRunTemplate>::all(client)
+                .delete(&name, &DeleteParams::default())
+                .await;
+        });
+    }
+}
+
 /// Runs an async clean-up from a `Drop`, which cannot await: on a short-lived runtime of its own
 /// thread, joined, with a client of its own (the test's client has its worker task on the test's
 /// runtime, which is blocked in this join: sharing it would deadlock).
