@@ -158,8 +158,6 @@ impl AttemptError {
         }
     }
 
-    /// Whether the object store refused the credentials (HTTP 401/403), on the archive upload or
-    /// the manifest.
     /// Whether the store failed (not the pod, the exec or the stream): its failure names the
     /// store, a tenant's among them (docs/contract.md "A store per namespace").
     pub(crate) fn is_store_side(&self) -> bool {
@@ -172,6 +170,8 @@ impl AttemptError {
         }
     }
 
+    /// Whether the object store refused the credentials (HTTP 401/403), on the archive upload or
+    /// the manifest.
     pub(crate) fn store_refused_credentials(&self) -> bool {
         match self {
             AttemptError::Store(e) => e.is_refused(),
