@@ -307,6 +307,12 @@ def summary(path):
     if mem:
         (r1, n1), base = mem[0]
         print(f"\nPeak RSS per replica at N = {n1}:")
+        if len(mem) == 1:
+            # SCALE_RSS_ONLY with one count: nothing here to divide by (a ratio of 1.00 would lie).
+            m = base
+            print(f"  {r1} replica(s): largest {m['max_replica_peak_rss']} MiB, anonymous "
+                  f"{m.get('max_replica_peak_anon', 0):.0f} MiB (no other replica count in this run: no ratio)")
+            return
         for (r, n), m in mem:
             peaks = [v for k, v in m.items() if k.startswith("replica") and k.endswith("_peak_rss")]
             print(f"  {r} replica(s): largest {max(peaks)} MiB ({', '.join(f'{p:.0f}' for p in peaks)}), "
