@@ -261,6 +261,7 @@ async fn drain_one(
             .filter(|_| store.tenant.is_none()),
         store_prefix: &store.prefix,
         store_url: &store.url,
+        store_tenant: store.tenant.as_deref(),
         namespace: &target.namespace,
         run_name: &target.name,
         run_uid: &target.uid,

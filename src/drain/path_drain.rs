@@ -64,6 +64,9 @@ pub(crate) struct PathJob<'a> {
     pub(crate) store_prefix: &'a object_store::path::Path,
     /// Store URL (to render object URLs).
     pub(crate) store_url: &'a str,
+    /// The tenant store's ConfigMap (`namespace/name`); None: the operator's store. A refusal
+    /// of the credentials names whose they are.
+    pub(crate) store_tenant: Option<&'a str>,
     /// Run namespace.
     pub(crate) namespace: &'a str,
     /// Run name.
@@ -214,9 +217,11 @@ fn start_status(e: &kube::Error) -> Option<u16> {
 }
 
 /// Words for a failure, with what to do when the cause is the operator's own RBAC.
-fn describe_failure(e: &AttemptError, store_url: &str) -> String {
+fn describe_failure(e: &AttemptError, store_url: &str, tenant: Option<&str>) -> String {
     match e {
-        e if e.store_refused_credentials() => credentials::refused_message(store_url, &e.to_string()),
+        e if e.store_refused_credentials() => {
+            credentials::refused_message(store_url, tenant, &e.to_string())
+        }
         AttemptError::Exec(ExecError::Start { source, .. }) if start_status(source) == Some(403) => format!(
             "{e} (Forbidden: the operator's ServiceAccount needs create/get on pods/exec in this namespace)"
         ),
@@ -535,7 +540,12 @@ impl<'j, 'a> PathDrain<'j, 'a> {
     fn last_cause(&self) -> String {
         self.last_error
             .as_ref()
-            .map(|e| format!("; last error: {}", describe_failure(e, self.job.store_url)))
+            .map(|e| {
+                format!(
+                    "; last error: {}",
+                    describe_failure(e, self.job.store_url, self.job.store_tenant)
+                )
+            })
             .unwrap_or_default()
     }
 
@@ -562,7 +572,7 @@ impl<'j, 'a> PathDrain<'j, 'a> {
                 ControlFlow::Break(None)
             }
             Err(e) if e.is_refused() => self.fail(
-                credentials::refused_message(job.store_url, &e.to_string()),
+                credentials::refused_message(job.store_url, job.store_tenant, &e.to_string()),
                 "store_credentials",
             ),
             Err(e) => self.fail(
@@ -637,7 +647,10 @@ impl<'j, 'a> PathDrain<'j, 'a> {
                 ControlFlow::Continue(())
             }
             Ok(Err(e)) if e.is_transient() => self.back_off(e).await,
-            Ok(Err(e)) => self.fail(describe_failure(&e, job.store_url), e.metric_label()),
+            Ok(Err(e)) => self.fail(
+                describe_failure(&e, job.store_url, job.store_tenant),
+                e.metric_label(),
+            ),
             Err(_) => self.fail(
                 format!(
                     "drain timeout reached while attempt {attempts} was still streaming{}",
@@ -1255,6 +1268,7 @@ mod tests {
             open_uploads: None,
             store_prefix: &bed.prefix,
             store_url: "s3://bucket/runs",
+            store_tenant: None,
             namespace: "ns",
             run_name: "r",
             run_uid: "u",
@@ -1390,12 +1404,21 @@ mod tests {
         for e in [&upload, &manifest] {
             assert!(!e.is_transient(), "{e}");
             assert_eq!(e.metric_label(), "store_credentials");
-            let message = describe_failure(e, "az://runs/prod");
+            let message = describe_failure(e, "az://runs/prod", None);
             assert!(
                 message.starts_with("Azure Blob Storage refused the operator's credentials"),
                 "{message}"
             );
             assert!(message.contains("AZURE_STORAGE_ACCOUNT_KEY"), "{message}");
+            // A tenant store's refusal is the tenant's to fix: its ConfigMap, not the operator.
+            let message = describe_failure(e, "az://t/runs", Some("team/sandboxrun-store"));
+            assert!(
+                message.starts_with(
+                    "Azure Blob Storage refused the credentials of the namespace's store \
+                     (ConfigMap team/sandboxrun-store)"
+                ),
+                "{message}"
+            );
         }
         // An unreachable store is still retried.
         let unreachable = AttemptError::Drain(DrainError {
@@ -1405,13 +1428,17 @@ mod tests {
         assert!(unreachable.is_transient());
         assert_eq!(unreachable.metric_label(), "write");
         // A store's failure names the store (a tenant's among them); the pod's does not.
-        let named = describe_failure(&unreachable, "gs://tenant-bucket/runs");
+        let named = describe_failure(
+            &unreachable,
+            "gs://tenant-bucket/runs",
+            Some("t/sandboxrun-store"),
+        );
         assert!(
             named.starts_with("the store gs://tenant-bucket/runs: drain failed: writing"),
             "{named}"
         );
         assert_eq!(
-            describe_failure(&AttemptError::NoStdout, "gs://tenant-bucket/runs"),
+            describe_failure(&AttemptError::NoStdout, "gs://tenant-bucket/runs", None),
             "the exec of the packer has no stdout"
         );
     }

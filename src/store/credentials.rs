@@ -77,14 +77,37 @@ fn scheme_of(store_url: &str) -> String {
         .unwrap_or_default()
 }
 
-/// The message of a drain that failed because the store refused the credentials.
-pub(crate) fn refused_message(store_url: &str, error: &str) -> String {
+/// The message of a drain that failed because the store refused the credentials: the
+/// operator's own (`tenant` None), or those of the namespace's store, whose ConfigMap
+/// `tenant` names (`namespace/name`): its fix is that namespace's Secret, never the operator's
+/// settings (docs/contract.md "A store per namespace").
+pub(crate) fn refused_message(store_url: &str, tenant: Option<&str>, error: &str) -> String {
     let scheme = scheme_of(store_url);
-    format!(
-        "{} refused the operator's credentials ({error}); not retried: fix {}",
-        backend_name(&scheme),
-        credential_settings(&scheme)
-    )
+    match tenant {
+        None => format!(
+            "{} refused the operator's credentials ({error}); not retried: fix {}",
+            backend_name(&scheme),
+            credential_settings(&scheme)
+        ),
+        Some(config_map) => format!(
+            "{} refused the credentials of the namespace's store (ConfigMap {config_map}) \
+             ({error}); not retried: fix {} in the Secret that ConfigMap's secretName names",
+            backend_name(&scheme),
+            tenant_secret_keys(&scheme)
+        ),
+    }
+}
+
+/// The keys of a tenant store's Secret that carry its credentials, per scheme.
+fn tenant_secret_keys(scheme: &str) -> &'static str {
+    match scheme {
+        "s3" => "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN)",
+        "gs" => "GOOGLE_SERVICE_ACCOUNT_KEY",
+        "az" => {
+            "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_KEY"
+        }
+        _ => "the credentials",
+    }
 }
 
 /// What `files` adds when the store refused a reader's credentials.
@@ -153,13 +176,13 @@ mod tests {
 
     #[test]
     fn the_message_names_the_backend_and_the_settings_to_fix() {
-        let m = refused_message("az://runs/prod", "403");
+        let m = refused_message("az://runs/prod", None, "403");
         assert!(m.starts_with("Azure Blob Storage refused"), "{m}");
         assert!(
             m.contains("access_key") && m.contains("AZURE_STORAGE_ACCOUNT_KEY"),
             "{m}"
         );
-        let m = refused_message("s3://b/p", "403");
+        let m = refused_message("s3://b/p", None, "403");
         assert!(
             m.starts_with("S3 refused") && m.contains("secret_access_key"),
             "{m}"
@@ -169,10 +192,28 @@ mod tests {
             m.starts_with("S3 refused these credentials") && m.contains("AWS_SECRET_ACCESS_KEY"),
             "{m}"
         );
-        let m = refused_message("gs://b/p", "401");
+        let m = refused_message("gs://b/p", None, "401");
         assert!(
             m.starts_with("Google Cloud Storage refused") && m.contains("service_account"),
             "{m}"
         );
+    }
+
+    #[test]
+    fn a_tenant_store_s_refusal_names_its_config_map_and_secret_keys_not_the_operator_s_settings() {
+        for (url, key) in [
+            ("s3://t/p", "AWS_SECRET_ACCESS_KEY"),
+            ("gs://t/p", "GOOGLE_SERVICE_ACCOUNT_KEY"),
+            ("az://t/p", "AZURE_STORAGE_ACCOUNT_KEY"),
+        ] {
+            let m = refused_message(url, Some("team-a/sandboxrun-store"), "403");
+            assert!(m.contains("ConfigMap team-a/sandboxrun-store"), "{m}");
+            assert!(m.contains(key) && m.contains("Secret"), "{m}");
+            assert!(!m.contains("operator"), "{m}");
+            assert!(
+                !m.contains("IRSA") && !m.contains("workload identity"),
+                "{m}"
+            );
+        }
     }
 }

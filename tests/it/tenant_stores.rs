@@ -604,6 +604,58 @@ async fn an_unusable_store_fails_the_drain_loudly_naming_it_and_never_falls_back
     );
 }
 
+/// A namespace's store that refuses the namespace's own credentials (a wrong secret key in its
+/// Secret, checked by the bed's S3 server) fails the path at once, and the message is the
+/// tenant's to act on: it names the namespace's store ConfigMap and the Secret key to fix, not
+/// the operator's credentials or settings (which the tenant can neither see nor change, and
+/// which were not used). Fails on the code before this test: the path said "S3 refused the
+/// operator's credentials … fix options access_key_id/… or the IRSA role".
+#[tokio::test]
+async fn a_tenant_store_refusing_its_namespace_s_key_fails_at_once_naming_that_store_s_secret() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "tenant-stores-key").await;
+    let mut tenant = s3_tenant();
+    tenant
+        .secret
+        .insert("AWS_SECRET_ACCESS_KEY".into(), "not-the-secret".into());
+    publish_store(&client, &ns.name, "sandboxrun-store", &tenant).await;
+    let own = host_dir("tenant-stores-key-operator");
+    let op = Operator::builder(&ns.name, &format!("file://{}", own.display()))
+        .flags(&["--tenant-store-endpoints", &allowed_endpoints()])
+        .start();
+    let out = host_dir("out");
+    std::fs::write(out.join("result.txt"), b"tenant data\n").unwrap();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    // A drain timeout far longer than the test waits: a retried failure would still be Pending.
+    create(
+        &runs,
+        "wrong-key",
+        spec(&[&out]).drain_timeout("10m").build(),
+    )
+    .await;
+    run_then_finish(&runs, &pods, "wrong-key", &op).await;
+    let ended = wait_final(&runs, "wrong-key", &op, PHASE_TIMEOUT).await;
+    let path = read_back(&ended, 0);
+    assert_eq!(path.phase, ReadBackPhase::Failed, "{path:?}");
+    assert!(path.attempts <= 1, "final, not retried: {path:?}");
+    let message = path.message.unwrap_or_default();
+    let config_map = format!("ConfigMap {}/sandboxrun-store", ns.name);
+    for words in [
+        "S3 refused the credentials of the namespace's store",
+        config_map.as_str(),
+        "AWS_SECRET_ACCESS_KEY",
+    ] {
+        assert!(message.contains(words), "{words:?} missing from: {message}");
+    }
+    assert!(
+        !message.contains("operator") && !message.contains("IRSA"),
+        "{message}"
+    );
+    assert_eq!(files_in(&own), Vec::<String>::new(), "never a fallback");
+}
+
 /// Issue #29 item 1 (the chart's narrowed Secrets): with `--tenant-store-secret-names`, a
 /// namespace whose default store names another Secret holds its run before any pod, naming the
 /// Secret and the names the platform allows; nothing is stored anywhere (without the flag the
