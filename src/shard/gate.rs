@@ -80,9 +80,15 @@ impl ShardGate {
 
     /// The shard of `run` ([`super::shard_of_run`]); None without a uid.
     pub(crate) fn shard_of(&self, run: &crate::api::SandboxRun) -> Option<u32> {
-        let uid = run.metadata.uid.as_deref()?;
-        let labels = run.metadata.labels.clone().unwrap_or_default();
-        Some(super::shard_of_run(&labels, uid, self.shards))
+        self.shard_of_meta(&run.metadata)
+    }
+
+    /// [`Self::shard_of`] from a run's metadata alone (the labeller watches no more).
+    pub(crate) fn shard_of_meta(&self, meta: &kube::api::ObjectMeta) -> Option<u32> {
+        let uid = meta.uid.as_deref()?;
+        let empty = std::collections::BTreeMap::new();
+        let labels = meta.labels.as_ref().unwrap_or(&empty);
+        Some(super::shard_of_run(labels, uid, self.shards))
     }
 
     /// A guard on `shard` when this replica owns it and is not releasing it.

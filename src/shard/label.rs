@@ -4,14 +4,17 @@
 //! or created before sharding: the label takes them out of this watch) and labels those of the
 //! shards it owns, again whenever it acquires a shard. The value is the shard of the run's uid
 //! ([`super::shard_of`]), so whoever writes it writes the same, and it is never changed
-//! ([`super::shard_of_run`]: a written label stays the run's shard).
+//! ([`super::shard_of_run`]: a written label stays the run's shard). The watch is of the runs'
+//! metadata only: every replica holds this backlog (a burst of creates before they are
+//! labelled), so it holds their names, uids and labels, not their specs.
 
 use std::sync::Arc;
 
 use futures::StreamExt;
-use kube::api::{Patch, PatchParams};
+use kube::api::{ObjectMeta, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::{reflector, watcher, WatchStreamExt};
-use kube::{Api, ResourceExt};
+use kube::Api;
 use tracing::{debug, warn};
 
 use super::gate::ShardGate;
@@ -23,14 +26,21 @@ use crate::api::SandboxRun;
 pub(crate) async fn label_new_runs(api: Api<SandboxRun>, gate: Arc<ShardGate>) {
     let (reader, writer) = reflector::store();
     let config = watcher::Config::default().labels(&format!("!{SHARD_LABEL}"));
-    let mut unlabelled = std::pin::pin!(watcher(api.clone(), config)
+    // The same scope as `api`, metadata-only requests (kube asks for PartialObjectMetadata).
+    let client = api.clone().into_client();
+    let metadata: Api<PartialObjectMeta<SandboxRun>> = match api.namespace() {
+        Some(ns) => Api::namespaced(client, ns),
+        None => Api::all(client),
+    };
+    let mut unlabelled = std::pin::pin!(watcher(metadata, config)
+        .modify(|run| run.metadata.managed_fields = None)
         .reflect(writer)
         .applied_objects());
     let mut acquisitions = gate.acquisitions();
     loop {
         tokio::select! {
             run = unlabelled.next() => match run {
-                Some(Ok(run)) => label(&api, &gate, &run).await,
+                Some(Ok(run)) => label(&api, &gate, &run.metadata).await,
                 Some(Err(e)) => debug!(error = %e, "the watch of unlabelled runs restarts"),
                 None => return,
             },
@@ -39,34 +49,34 @@ pub(crate) async fn label_new_runs(api: Api<SandboxRun>, gate: Arc<ShardGate>) {
                     return;
                 }
                 for run in reader.state() {
-                    label(&api, &gate, &run).await;
+                    label(&api, &gate, &run.metadata).await;
                 }
             }
         }
     }
 }
 
-/// Labels `run` with its shard when this replica owns that shard.
-async fn label(api: &Api<SandboxRun>, gate: &Arc<ShardGate>, run: &SandboxRun) {
-    let Some(shard) = gate.shard_of(run) else {
+/// Labels the run of metadata `run` with its shard when this replica owns that shard.
+async fn label(api: &Api<SandboxRun>, gate: &Arc<ShardGate>, run: &ObjectMeta) {
+    let Some(shard) = gate.shard_of_meta(run) else {
         return;
     };
-    if run.labels().contains_key(SHARD_LABEL) || gate.enter(shard).is_none() {
+    let labelled = run
+        .labels
+        .as_ref()
+        .is_some_and(|l| l.contains_key(SHARD_LABEL));
+    if labelled || gate.enter(shard).is_none() {
         return;
     }
-    let Some(namespace) = run.namespace() else {
+    let (Some(namespace), Some(name)) = (run.namespace.as_deref(), run.name.as_deref()) else {
         return;
     };
     let patch = serde_json::json!({"metadata": {"labels": {SHARD_LABEL: shard.to_string()}}});
-    let api = Api::<SandboxRun>::namespaced(api.clone().into_client(), &namespace);
+    let api = Api::<SandboxRun>::namespaced(api.clone().into_client(), namespace);
     if let Err(e) = api
-        .patch(
-            &run.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        warn!(run = %run.name_any(), %namespace, error = %e, "labelling the run with its shard failed");
+        warn!(run = %name, %namespace, error = %e, "labelling the run with its shard failed");
     }
 }
