@@ -83,7 +83,7 @@ impl ShardGate {
         self.shard_of_meta(&run.metadata)
     }
 
-    /// [`Self::shard_of`] from a run's metadata alone (the labeller watches no more).
+    /// [`Self::shard_of`] from a run's metadata alone (all the labeller's watch holds).
     pub(crate) fn shard_of_meta(&self, meta: &kube::api::ObjectMeta) -> Option<u32> {
         let uid = meta.uid.as_deref()?;
         let empty = std::collections::BTreeMap::new();
