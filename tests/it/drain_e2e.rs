@@ -9,14 +9,12 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::time::Duration;
 
-use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DeleteParams;
 use kube::{Api, ResourceExt};
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStoreExt;
 use sandboxrun_operator::api::{Compression, Phase, ReadBackPhase, SandboxRun};
 use sandboxrun_operator::files::extract_verified;
 use sandboxrun_operator::store::{list_manifests, store_from_url, Manifest};
@@ -32,21 +30,6 @@ const KIB: u64 = 1024;
 // ---------------------------------------------------------------------------------------------
 // Helpers
 // ---------------------------------------------------------------------------------------------
-
-/// Every key of the store under `prefix` (all of it when None).
-async fn all_keys(
-    store: &Arc<dyn ObjectStore>,
-    prefix: Option<&object_store::path::Path>,
-) -> Vec<String> {
-    let metas: Vec<_> = store
-        .list(prefix)
-        .try_collect()
-        .await
-        .expect("list the store");
-    let mut keys: Vec<String> = metas.into_iter().map(|m| m.location.to_string()).collect();
-    keys.sort();
-    keys
-}
 
 fn manifest_nodes(m: &Manifest) -> BTreeMap<String, Node> {
     m.members
@@ -148,7 +131,7 @@ async fn drain_tree_and_verify(
         "{}/{uid}/",
         sandboxrun_operator::store::run_prefix(&prefix, &ns.name, "tree")
     );
-    for key in all_keys(&store, Some(&prefix)).await {
+    for key in keys_under(&store, &prefix).await {
         assert!(key.starts_with(&run_keys), "{key} is outside {run_keys}");
     }
 }
@@ -167,7 +150,7 @@ async fn a_gib_tree_drains_into_s3_and_extracts_to_the_same_bytes() {
     drain_tree_and_verify("g", &url, s3.options(), Compression::None, GIB).await;
     // Leave nothing of the GiB behind on the S3 server's disk.
     let (store, prefix) = store_from_url(&url, &s3.options()).expect("store");
-    for key in all_keys(&store, Some(&prefix)).await {
+    for key in keys_under(&store, &prefix).await {
         let _ = store.delete(&key.as_str().into()).await;
     }
 }
@@ -797,7 +780,7 @@ async fn hostile_streams_are_sanitized_or_fail_loudly_and_the_operator_keeps_ser
         .filter(|c| !matches!(c.expect, Hostile::Failed { .. }))
         .map(|c| format!("/{}/", c.name))
         .collect();
-    for key in all_keys(&store, None).await {
+    for key in keys_under(&store, &object_store::path::Path::default()).await {
         assert!(
             allowed.iter().any(|a| key.starts_with(a)),
             "{key} is outside every run's keys {allowed:?}"
@@ -1169,7 +1152,7 @@ async fn an_s3_outage_during_the_drain_is_retried_until_the_path_is_drained() {
         .await
         .expect("extract");
     assert_eq!(snapshot(&extracted), want);
-    let keys = all_keys(&store, Some(&prefix)).await;
+    let keys = keys_under(&store, &prefix).await;
     assert_eq!(keys.len(), 2, "one archive and one manifest: {keys:?}");
     let _ = std::fs::remove_dir_all(&extracted);
 }
@@ -1291,7 +1274,7 @@ async fn an_operator_killed_mid_drain_is_replaced_and_the_path_drains_once() {
         .await
         .unwrap();
     assert_eq!(m.len(), 1, "one commit");
-    let keys = all_keys(&store, None).await;
+    let keys = keys_under(&store, &object_store::path::Path::default()).await;
     assert_eq!(
         keys.len(),
         2,

@@ -16,7 +16,7 @@
 //! that is checked), and the objects `files` reads back are copied in through its JSON API.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
@@ -282,6 +282,19 @@ async fn wait_store_ref_served(api: &Api<SandboxRun>, out: &Path) {
     .await;
 }
 
+/// An operator watching `namespaces` with `flags` (tenant stores on), its own store a fresh
+/// file:// directory named after `tag` (returned: nothing may fall back to it), and the host
+/// path its runs read back, holding one file.
+fn tenant_bed(namespaces: &str, tag: &str, flags: &[&str]) -> (Operator, PathBuf, PathBuf) {
+    let own = host_dir(&format!("{tag}-operator"));
+    let op = Operator::builder(namespaces, &format!("file://{}", own.display()))
+        .flags(flags)
+        .start();
+    let out = host_dir("out");
+    std::fs::write(out.join("result.txt"), b"tenant data\n").unwrap();
+    (op, own, out)
+}
+
 /// Waits until the run `name` is held before its pod: Ready=False, reason StoreUnusable.
 async fn wait_held(runs: &Api<SandboxRun>, name: &str, op: &Operator) -> SandboxRun {
     wait_for(
@@ -310,15 +323,11 @@ async fn two_namespaces_drain_side_by_side_each_into_its_own_store_and_delete_on
     let (a, b) = (s3_tenant(), azure_tenant());
     publish_store(&client, &ns_a.name, "sandboxrun-store", &a).await;
     publish_store(&client, &ns_b.name, "sandboxrun-store", &b).await;
-    let own = host_dir("tenant-stores-operator");
-    let op = Operator::builder(
+    let (op, own, out) = tenant_bed(
         &format!("{},{}", ns_a.name, ns_b.name),
-        &format!("file://{}", own.display()),
-    )
-    .flags(&["--tenant-store-endpoints", &allowed_endpoints()])
-    .start();
-    let out = host_dir("out");
-    std::fs::write(out.join("result.txt"), b"tenant data\n").unwrap();
+        "tenant-stores",
+        &["--tenant-store-endpoints", &allowed_endpoints()],
+    );
     let runs_a: Api<SandboxRun> = Api::namespaced(client.clone(), &ns_a.name);
     let runs_b: Api<SandboxRun> = Api::namespaced(client.clone(), &ns_b.name);
     let pods_a: Api<Pod> = Api::namespaced(client.clone(), &ns_a.name);
@@ -470,12 +479,11 @@ async fn an_unusable_store_fails_the_drain_loudly_naming_it_and_never_falls_back
         ..s3_tenant()
     };
     publish_store(&client, &ns.name, "rogue", &rogue).await;
-    let own = host_dir("tenant-stores-fail-operator");
-    let op = Operator::builder(&ns.name, &format!("file://{}", own.display()))
-        .flags(&["--tenant-store-endpoints", &allowed_endpoints()])
-        .start();
-    let out = host_dir("out");
-    std::fs::write(out.join("result.txt"), b"tenant data\n").unwrap();
+    let (op, own, out) = tenant_bed(
+        &ns.name,
+        "tenant-stores-fail",
+        &["--tenant-store-endpoints", &allowed_endpoints()],
+    );
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     wait_store_ref_served(&runs, &out).await;
@@ -620,12 +628,11 @@ async fn a_tenant_store_refusing_its_namespace_s_key_fails_at_once_naming_that_s
         .secret
         .insert("AWS_SECRET_ACCESS_KEY".into(), "not-the-secret".into());
     publish_store(&client, &ns.name, "sandboxrun-store", &tenant).await;
-    let own = host_dir("tenant-stores-key-operator");
-    let op = Operator::builder(&ns.name, &format!("file://{}", own.display()))
-        .flags(&["--tenant-store-endpoints", &allowed_endpoints()])
-        .start();
-    let out = host_dir("out");
-    std::fs::write(out.join("result.txt"), b"tenant data\n").unwrap();
+    let (op, own, out) = tenant_bed(
+        &ns.name,
+        "tenant-stores-key",
+        &["--tenant-store-endpoints", &allowed_endpoints()],
+    );
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     // A drain timeout far longer than the test waits: a retried failure would still be Pending.
@@ -667,17 +674,16 @@ async fn a_store_naming_a_secret_the_platform_did_not_name_is_refused_and_held()
     let ns = TestNamespace::new(&client, "tenant-stores-names").await;
     let tenant = s3_tenant();
     publish_store(&client, &ns.name, "sandboxrun-store", &tenant).await;
-    let own = host_dir("tenant-stores-names-operator");
-    let op = Operator::builder(&ns.name, &format!("file://{}", own.display()))
-        .flags(&[
+    let (op, own, out) = tenant_bed(
+        &ns.name,
+        "tenant-stores-names",
+        &[
             "--tenant-store-endpoints",
             &allowed_endpoints(),
             "--tenant-store-secret-names",
             "team-store-creds,other-creds",
-        ])
-        .start();
-    let out = host_dir("out");
-    std::fs::write(out.join("result.txt"), b"tenant data\n").unwrap();
+        ],
+    );
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     create(&runs, "narrowed", spec(&[&out])).await;
@@ -849,15 +855,14 @@ async fn a_gcs_key_naming_a_token_uri_the_platform_did_not_allow_holds_the_run()
     let rogue_token = format!("{}/token", bed_setting("SANDBOXRUN_TEST_S3_ENDPOINT"));
     let tenant = gcs_tenant(Some(rogue_token.clone()));
     publish_store(&client, &ns.name, "sandboxrun-store", &tenant).await;
-    let own = host_dir("tenant-stores-gcs-held-operator");
-    let op = Operator::builder(&ns.name, &format!("file://{}", own.display()))
-        .flags(&[
+    let (op, own, out) = tenant_bed(
+        &ns.name,
+        "tenant-stores-gcs-held",
+        &[
             "--tenant-store-endpoints",
             &bed_setting("SANDBOXRUN_TEST_GCS_ENDPOINT"),
-        ])
-        .start();
-    let out = host_dir("out");
-    std::fs::write(out.join("result.txt"), b"tenant data\n").unwrap();
+        ],
+    );
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     create(&runs, "held", spec(&[&out])).await;
