@@ -66,24 +66,10 @@ kubectl create ns "$NS" >/dev/null
 until kubectl get sa default -n "$NS" >/dev/null 2>&1; do sleep 0.2; done
 
 echo "== $N runs ended by an unsharded operator (no shard label)"
-python3 - "$N" "$NS" "$WORK/data" <<'PY' | kubectl apply -f - >/dev/null
-import sys
-n, ns, data = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-doc = """apiVersion: sandbox.iterion.io/v1alpha1
-kind: SandboxRun
-metadata: {{name: r{i:05d}, namespace: {ns}}}
-spec:
-  image: registry.example/tool@sha256:{digest}
-  command: [sh, -c, work]
-  user: "1000:1000"
-  podAnnotations: {{bench.sandboxrun.test/exit-code: "0"}}
-  readBack:
-    compression: none
-    drainTimeout: 1h
-    paths: [{{path: "{data}"}}]
-"""
-print("---\n".join(doc.format(i=i, ns=ns, digest="0" * 64, data=data) for i in range(n)))
-PY
+# The runs of bench/scale_replicas.py (its runs_yaml), each draining one small file.
+python3 -B -c 'import sys; sys.path.insert(0, sys.argv[1]); from scale_replicas import runs_yaml
+print(runs_yaml(int(sys.argv[2]), sys.argv[3], sys.argv[4], "1Mi"))' \
+  "$REPO/bench" "$N" "$NS" "$WORK/data" | kubectl apply -f - >/dev/null
 start_operator plain
 succeeded() {
   kubectl get sbr -n "$NS" -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c Succeeded || true
@@ -91,28 +77,31 @@ succeeded() {
 until [ "$(succeeded)" -ge "$N" ]; do sleep 5; done
 stop_operator
 
-# sample_start <case>: starts the sharded replica, samples it, prints (stderr) and records its
-# peaks; its output is the peak RssAnon in kB
+# sample_start <case>: starts the sharded replica, samples it, prints and records its peaks;
+# PEAK is its peak RssAnon in kB
+PEAK=0
 sample_start() {
-  local peak=0 anon hwm labelled
+  local anon hwm labelled
+  PEAK=0
   kubectl delete lease --all -n "$NS" >/dev/null 2>&1 || true
   start_operator sharded
   for _ in $(seq 1 $((SECONDS_EACH * 2))); do
     anon=$(awk '/^RssAnon:/ { print $2 }' "/proc/$P/status")
-    [ "$anon" -gt "$peak" ] && peak=$anon
+    [ "$anon" -gt "$PEAK" ] && PEAK=$anon
     sleep 0.5
   done
   hwm=$(peak_rss_kb "$P")
   labelled=$(kubectl get sbr -n "$NS" -l sandbox.iterion.io/shard -o name | wc -l)
   stop_operator
   printf '  %-28s peak RssAnon %4d MiB   VmHWM %4d MiB   (%d of %d runs labelled after %d s)\n' \
-    "$1" $((peak / 1024)) $((hwm / 1024)) "$labelled" "$N" "$SECONDS_EACH" >&2
-  result shard_migration "$1" peak_rss_anon $((peak / 1024)) MiB
+    "$1" $((PEAK / 1024)) $((hwm / 1024)) "$labelled" "$N" "$SECONDS_EACH"
+  result shard_migration "$1" peak_rss_anon $((PEAK / 1024)) MiB
   result shard_migration "$1" vmhwm $((hwm / 1024)) MiB
-  echo "$peak"
 }
 echo "== one sharded replica, $SECONDS_EACH s each ($BIN)"
-migrating=$(sample_start "every run unlabelled")
-steady=$(sample_start "every run labelled (peer)")
+sample_start "every run unlabelled"
+migrating=$PEAK
+sample_start "every run labelled (peer)"
+steady=$PEAK
 echo "== the migration's peak anonymous memory is $(ratio "$migrating" "$steady")x the labelled start's"
 result shard_migration summary migration_over_steady "$(ratio "$migrating" "$steady")" ratio
