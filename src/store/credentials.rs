@@ -93,8 +93,20 @@ pub(crate) fn refused_message(store_url: &str, tenant: Option<&str>, error: &str
             "{} refused the credentials of the namespace's store (ConfigMap {config_map}) \
              ({error}); not retried: fix {} in the Secret that ConfigMap's secretName names",
             backend_name(&scheme),
-            super::tenant::secret_key_names(&scheme)
+            tenant_secret_keys(&scheme)
         ),
+    }
+}
+
+/// The keys of a tenant store's Secret that carry its credentials, per scheme.
+fn tenant_secret_keys(scheme: &str) -> &'static str {
+    match scheme {
+        "s3" => "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN)",
+        "gs" => "GOOGLE_SERVICE_ACCOUNT_KEY",
+        "az" => {
+            "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_KEY"
+        }
+        _ => "the credentials",
     }
 }
 

@@ -330,21 +330,6 @@ const AZURE_SECRET_KEYS: &[(&str, &str)] = &[
 /// The service-account key itself (its JSON), judged by [`super::tenant_gcs`].
 const GCS_SECRET_KEYS: &[(&str, &str)] = &[(tenant_gcs::SECRET_KEY, "service_account_key")];
 
-/// The names of the Secret keys that carry a tenant store's credentials for `scheme`, joined
-/// with `, ` (what a refusal of those credentials tells the tenant to fix).
-pub(crate) fn secret_key_names(scheme: &str) -> String {
-    let keys = match scheme {
-        "s3" => S3_SECRET_KEYS,
-        "az" => AZURE_SECRET_KEYS,
-        "gs" => GCS_SECRET_KEYS,
-        _ => &[],
-    };
-    keys.iter()
-        .map(|(key, _)| *key)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
 /// The options a tenant's ConfigMap may set: where the store is and how to talk to it, never a
 /// credential (those are the Secret's), a file of the operator's, a proxy or an identity of the
 /// platform's (IMDS, web identity, managed identity).
