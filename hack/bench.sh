@@ -19,7 +19,8 @@
 # 1 GiB); full lifecycles of N SandboxRuns vs N Jobs on the kwok node (lifecycle_vs_jobs, N = 100
 # and 1000); 1, 2 and 4 sharded replicas each held to the same drain bandwidth, and their peak RSS
 # at 10,000 runs (scale_replicas); a sharded replica starting against 1,500 unlabelled runs (the
-# move to sharding) vs against the same runs labelled (shard_migration). The drains and lifecycles need the local cluster
+# move to sharding) vs against the same runs labelled (shard_migration); an idle replica's memory
+# floor, executable pages and anonymous apart (replica_floor). The drains and lifecycles need the local cluster
 # (`hack/local-cluster.sh up`) and drain_real_node the operator image (`hack/images.sh operator`).
 # Asserts nothing; a benchmark that fails is recorded as failed, the others still run, and the
 # exit status is 1.
@@ -28,7 +29,7 @@
 # SCALE_*). At the end, hack/plot.sh renders the plots (docs/plots/) when gnuplot is here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ALL=(webhook_latency doctor_offline drain_memory drain_vs_kubectl_cp drain_parallel drain_real_node drain_store_backends lifecycle_vs_jobs scale_replicas shard_migration)
+ALL=(webhook_latency doctor_offline drain_memory drain_vs_kubectl_cp drain_parallel drain_real_node drain_store_backends lifecycle_vs_jobs scale_replicas shard_migration replica_floor)
 OUT=${BENCH_OUT:-target/bench-results}
 
 command_of() {  # the command line of one benchmark
@@ -40,6 +41,7 @@ command_of() {  # the command line of one benchmark
     lifecycle_vs_jobs) echo "bench/lifecycle_vs_jobs.sh ${LIFECYCLE_N:-100 1000}" ;;
     scale_replicas) echo "bench/scale_replicas.sh ${SCALE_REPLICAS:-1 2 4}" ;;
     shard_migration) echo "bench/shard_migration.sh ${MIGRATION_N:-1500}" ;;
+    replica_floor) echo "bench/replica_floor.sh" ;;
     drain_parallel) echo "bench/drain_parallel.sh ${PARALLEL_N:-8} ${PARALLEL_MIB:-256}" ;;
     drain_real_node) echo "bench/drain_real_node.sh ${REAL_NODE_MIB:-256} ${REAL_NODE_SMALL:-1000}" ;;
     drain_store_backends) echo "bench/drain_store_backends.sh ${DRAIN_GIB:-1}" ;;
