@@ -18,9 +18,9 @@
 #                             SANDBOXRUN_TEST_OPERATOR_IMAGE).
 #
 # Images are pushed to $SANDBOXRUN_TEST_REGISTRY (default 127.0.0.1:15000) and the node pulls them
-# as localhost:<port>/<name>. The operator binary is built with the `image` profile (release
-# without LTO, to keep CI inside its budget; see Cargo.toml) unless SANDBOXRUN_IMAGE_BINARY names
-# one that is already built.
+# as localhost:<port>/<name>. The operator binary is the release build the Dockerfile makes (static
+# musl, the size-optimised profile of Cargo.toml) unless SANDBOXRUN_IMAGE_BINARY names one that is
+# already built.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
@@ -89,10 +89,10 @@ operator() {
     local installed; installed=$(rustup target list --installed 2>/dev/null || true)
     grep -qx "$target" <<<"$installed" || rustup target add "$target" >&2
     command -v musl-gcc >/dev/null || die "no musl-gcc (ring and zstd-sys compile C): apt-get install -y musl-tools"
-    log "building the static operator binary (cargo --profile image --target $target)"
-    (cd "$REPO" && CC_x86_64_unknown_linux_musl=musl-gcc cargo build --locked --profile image \
+    log "building the static operator binary (cargo --release --target $target)"
+    (cd "$REPO" && CC_x86_64_unknown_linux_musl=musl-gcc cargo build --locked --release \
        --target "$target" --bin sandboxrun-operator >&2)
-    binary=${CARGO_TARGET_DIR:-$REPO/target}/$target/image/sandboxrun-operator
+    binary=${CARGO_TARGET_DIR:-$REPO/target}/$target/release/sandboxrun-operator
   fi
   [ -x "$binary" ] || die "no operator binary at $binary"
   # distroless/static has no libc: the binary must not need one.
