@@ -184,8 +184,9 @@ fn start_servers(bundle: &certs::CertBundle, pin: bool) -> (SocketAddr, SocketAd
                 metrics: Some(WebhookMetrics::register(&registry).expect("metrics")),
                 images: None,
                 client: None,
-                // On, as in the operator: the bench's spec exercises no right, so no
-                // SubjectAccessReview is made, but the spec is read for it.
+                // On, as in the operator. Without a client the check fails closed for a spec that
+                // uses a right (the payload mounts a ConfigMap): every review is then refused and
+                // counted as an error, and the bench reports nothing (below).
                 access_checks: true,
                 watched_namespaces: Vec::new(),
                 tenant_stores: Default::default(),
@@ -433,6 +434,15 @@ fn main() {
             for (metric, q) in QUANTILES {
                 record(&case, metric, ms(quantile(&r.latencies, q)), "ms");
             }
+        }
+        // A refused or failed review is not a latency: with any, no ratio or target is reported
+        // (an all-errors run once printed "met" with 0.00x) and the bench fails.
+        let failed: usize = results.iter().map(|(_, _, r)| r.errors).sum();
+        if failed > 0 {
+            eprintln!(
+                "NOT measured: {failed} requests failed (first errors above); no ratio or target reported"
+            );
+            std::process::exit(1);
         }
         for pair in results.chunks(2) {
             let [(_, rate, a), (_, _, b)] = pair else {
