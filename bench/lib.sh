@@ -22,6 +22,22 @@ ensure_crd() {
 }
 # free_port: a loopback TCP port that was free a moment ago
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+# start_replica <bin> <namespace> <store dir> <log> [flag...]: one operator on this host watching
+# <namespace>, draining into file://<store dir> (kwok's exec runs `<bin> pack` as the in-pod
+# packer), with the extra flags (e.g. --sharding …); its PID in P. stop_replica ends it.
+start_replica() {
+  local bin=$1 ns=$2 store=$3 log=$4 port
+  shift 4
+  port=$(free_port)
+  "$bin" run --namespaces "$ns" --store-url "file://$store" --metrics-addr "127.0.0.1:$port" \
+    --webhook-addr '' --settings-configmap '' --holder-image sandboxrun-operator:bench \
+    --pack-command "$bin pack" --drain-wire tar "$@" >>"$log" 2>&1 &
+  P=$!
+}
+stop_replica() {
+  if [ -n "${P:-}" ] && kill -0 "$P" 2>/dev/null; then kill "$P"; wait "$P" 2>/dev/null || true; fi
+  P=
+}
 # result <bench> <case> <metric> <value> <unit>: one measurement, appended as a JSON line to
 # $BENCH_RESULTS when it is set (hack/bench.sh sets it); a value that is not a number is a string.
 result() {

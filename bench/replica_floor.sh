@@ -25,7 +25,7 @@ NS=bench-floor-$$
 WORK=$(mktemp -d)
 P=
 cleanup() {
-  if [ -n "$P" ] && kill -0 "$P" 2>/dev/null; then kill "$P"; wait "$P" 2>/dev/null || true; fi
+  stop_replica
   kubectl delete ns "$NS" --wait=false >/dev/null 2>&1 || true
   rm -rf "$WORK"
 }
@@ -37,12 +37,8 @@ i=0
 for bin in "$@"; do
   [ -x "$bin" ] || { echo "no executable $bin" >&2; exit 2; }
   i=$((i + 1))
-  port=$(free_port)
-  "$bin" run --namespaces "$NS" --store-url "file://$WORK/store-$i" --metrics-addr "127.0.0.1:$port" \
-    --webhook-addr '' --settings-configmap '' --holder-image sandboxrun-operator:bench \
-    --pack-command "$bin pack" --drain-wire tar --sharding --shards 32 --lease-name "bench-floor-$i" \
-    --pod-namespace "$NS" --pod-name "r$i" >>"$WORK/operator.log" 2>&1 &
-  P=$!
+  start_replica "$bin" "$NS" "$WORK/store-$i" "$WORK/operator.log" \
+    --sharding --shards 32 --lease-name "bench-floor-$i" --pod-namespace "$NS" --pod-name "r$i"
   sleep "$SECONDS_EACH"
   kill -0 "$P" 2>/dev/null || { echo "the replica of $bin exited; its log:" >&2; cat "$WORK/operator.log" >&2; exit 1; }
   rss=$(kb Rss); file=$(kb Pss_File); anon=$(kb Anonymous)
@@ -53,6 +49,5 @@ for bin in "$@"; do
   result replica_floor "bin$i" file_backed_kb "$file" kB
   result replica_floor "bin$i" anonymous_kb "$anon" kB
   result replica_floor "bin$i" text_bytes "$text" bytes
-  kill "$P"; wait "$P" 2>/dev/null || true
-  P=
+  stop_replica
 done

@@ -30,24 +30,16 @@ mkdir -p "$WORK/data"
 echo "one small file" >"$WORK/data/f"
 NS=bench-migration-$$
 P=
-stop_operator() {
-  if [ -n "$P" ] && kill -0 "$P" 2>/dev/null; then kill "$P"; wait "$P" 2>/dev/null || true; fi
-  P=
-}
 # start_operator sharded|plain: one replica watching $NS
 start_operator() {
-  local extra=() port
+  local extra=()
   if [ "$1" = sharded ]; then
     extra=(--sharding --shards 32 --lease-name bench-migration --pod-namespace "$NS" --pod-name r0)
   fi
-  port=$(free_port)
-  "$BIN" run --namespaces "$NS" --store-url "file://$WORK/store" --metrics-addr "127.0.0.1:$port" \
-    --webhook-addr '' --settings-configmap '' --holder-image sandboxrun-operator:bench \
-    --pack-command "$BIN pack" --drain-wire tar "${extra[@]}" >>"$WORK/operator.log" 2>&1 &
-  P=$!
+  start_replica "$BIN" "$NS" "$WORK/store" "$WORK/operator.log" "${extra[@]}"
 }
 cleanup() {
-  stop_operator
+  stop_replica
   if kubectl get ns "$NS" >/dev/null 2>&1; then
     start_operator plain
     kubectl delete sbr --all -n "$NS" --wait=false >/dev/null 2>&1 || true
@@ -55,7 +47,7 @@ cleanup() {
       [ -z "$(kubectl get sbr -n "$NS" -o name 2>/dev/null)" ] && break
       sleep 2
     done
-    stop_operator
+    stop_replica
     kubectl delete ns "$NS" --wait=false >/dev/null 2>&1 || true
   fi
   rm -rf "$WORK"
@@ -75,7 +67,7 @@ succeeded() {
   kubectl get sbr -n "$NS" -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' | grep -c Succeeded || true
 }
 until [ "$(succeeded)" -ge "$N" ]; do sleep 5; done
-stop_operator
+stop_replica
 
 # sample_start <case>: starts the sharded replica, samples it, prints and records its peaks;
 # PEAK is its peak RssAnon in kB
@@ -92,7 +84,7 @@ sample_start() {
   done
   hwm=$(peak_rss_kb "$P")
   labelled=$(kubectl get sbr -n "$NS" -l sandbox.iterion.io/shard -o name | wc -l)
-  stop_operator
+  stop_replica
   printf '  %-28s peak RssAnon %4d MiB   VmHWM %4d MiB   (%d of %d runs labelled after %d s)\n' \
     "$1" $((PEAK / 1024)) $((hwm / 1024)) "$labelled" "$N" "$SECONDS_EACH"
   result shard_migration "$1" peak_rss_anon $((PEAK / 1024)) MiB
