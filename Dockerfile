@@ -22,7 +22,8 @@ ENV CC_x86_64_unknown_linux_musl=musl-gcc \
 WORKDIR /src
 # The whole crate (see .dockerignore): Cargo.toml may declare bench/test targets whose files must
 # exist for cargo to load the manifest at all. Dependencies are cached by BuildKit cache mounts
-# rather than a stub-crate layer, which would break on every new declared target.
+# rather than a stub-crate layer, which would break on every new declared target. build.rs links
+# the binary in link/hot-symbols.txt's order with the toolchain's rust-lld (hack/code-order.sh).
 COPY . .
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \

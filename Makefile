@@ -1,5 +1,5 @@
 # Entry points; each is a thin wrapper over a script in hack/.
-.PHONY: demo demo-kwok test crds cluster-up cluster-down tools bench
+.PHONY: demo demo-kwok test crds code-order cluster-up cluster-down tools bench
 
 demo:        ## local cluster with a real node, the operator installed by Helm, a sample SandboxRun
 	hack/demo.sh
@@ -12,6 +12,9 @@ test:        ## the whole suite (what CI runs): static checks, control plane up,
 
 crds:        ## regenerate crds/ and the chart's CRD copy from src/api.rs, config/rbac from the chart
 	hack/gen.sh
+
+code-order:  ## profile a replica on the local cluster and rewrite link/hot-symbols.txt (its link order)
+	hack/code-order.sh
 
 tools:       ## build the pinned control-plane and real-node binaries into the cache
 	hack/build-tools.sh

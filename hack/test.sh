@@ -76,6 +76,8 @@ eval "$(hack/local-cluster.sh env)"
 
 phase "operator image without Docker (static binary, pushed to the local registry)"
 hack/images.sh operator
+phase "the image's binary is linked in link/hot-symbols.txt's order (hack/code-order.sh --check)"
+hack/code-order.sh --check "${SANDBOXRUN_IMAGE_BINARY:-${CARGO_TARGET_DIR:-$PWD/target}/x86_64-unknown-linux-musl/release/sandboxrun-operator}"
 
 phase "cargo build (the binary kwok's exec runs as the in-pod packer)"
 cargo build --locked --bins
