@@ -86,12 +86,13 @@ def proc_stats(pid):
     return cpu, rss
 
 
-def rss_anon_mib(pid):
-    """The process's anonymous resident memory now (MiB): its private heap and stacks, without
-    the pages of its executable, which are file-backed and shared by every replica on a host."""
+def rss_mib(pid, field):
+    """One resident-memory field of the process now (MiB): `RssAnon`, its private heap and stacks;
+    `RssFile`, the pages of its executable it has mapped (file-backed, shared by every replica on a
+    host, but counted in each one's RSS and VmHWM)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("RssAnon:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
@@ -247,10 +248,12 @@ def rss(r, n, namespace, data_dir, ports, pids):
     case = f"rss-R={r}-N={n}"
     print(f"== R={r}: {n} runs kept, peak RSS of each replica", file=sys.stderr)
     anon = [0.0 for _ in pids]
+    files = [0.0 for _ in pids]
 
     def sample(_now):
         for i, pid in enumerate(pids):
-            anon[i] = max(anon[i], rss_anon_mib(pid))
+            anon[i] = max(anon[i], rss_mib(pid, "RssAnon"))
+            files[i] = max(files[i], rss_mib(pid, "RssFile"))
 
     t0, t1, failed = lifecycles(n, namespace, data_dir, ports, sample)
     # The runs stay: give the replicas a relist's worth of time with all of them cached.
@@ -262,7 +265,8 @@ def rss(r, n, namespace, data_dir, ports, pids):
     peaks = [s[1] for s in stats]
     print(f"\nR = {r} replicas, N = {n} runs ({n / (t1 - t0) * 60:.0f} lifecycles/min, {failed} failed)")
     for i, (cpu, peak) in enumerate(stats):
-        print(f"    replica {i}: peak RSS {peak} MiB, peak anonymous {anon[i]:.0f} MiB (sampled every 0.5 s), "
+        print(f"    replica {i}: peak RSS {peak} MiB, peak anonymous {anon[i]:.0f} MiB, "
+              f"peak file-backed {files[i]:.1f} MiB (both sampled every 0.5 s), "
               f"{cached[i]:.0f} runs cached, CPU {cpu:.1f} s")
     print(f"  largest replica peak RSS {max(peaks)} MiB, peak anonymous {max(anon):.0f} MiB")
     result(case, "max_replica_peak_rss", max(peaks), "MiB")
@@ -272,6 +276,7 @@ def rss(r, n, namespace, data_dir, ports, pids):
     for i, peak in enumerate(peaks):
         result(case, f"replica{i}_peak_rss", peak, "MiB")
         result(case, f"replica{i}_peak_anon", anon[i], "MiB")
+        result(case, f"replica{i}_peak_file", files[i], "MiB")
         result(case, f"replica{i}_cached_runs", cached[i], "count")
 
 

@@ -7,6 +7,8 @@
 #
 #   bench/scale_replicas.sh [REPLICAS...]       default: 1 2 4
 #   SKIP_BUILD=1 bench/scale_replicas.sh        reuse target/release/sandboxrun-operator
+#   SCALE_BIN=/path/to/sandboxrun-operator      this binary instead (e.g. the image's musl build,
+#                                               linked in hack/code-order.sh's order), no build
 #   SCALE_LIMIT=20000000                        each replica's --max-drain-bytes-per-second (B/s)
 #   SCALE_RUNS=100                              runs per replica in the throughput part (N = this
 #                                               x replicas, so every replica drains as much; 0:
@@ -40,7 +42,8 @@ RUNS_EACH=${SCALE_RUNS:-100}
 MIB=${SCALE_MIB:-8}
 RSS_N=${SCALE_RSS_N:-10000}
 SHARDS=32
-BIN=$REPO/target/release/sandboxrun-operator
+BIN=${SCALE_BIN:-$REPO/target/release/sandboxrun-operator}
+[ -z "${SCALE_BIN:-}" ] || NO_BUILD=1
 STATE=${SANDBOXRUN_TEST_STATE:-$REPO/.k8s-local}
 WORK=$STATE/paths/bench-scale-$$
 mkdir -p "$WORK/big" "$WORK/small"
