@@ -126,7 +126,10 @@ class Phases:
         self.proc.wait()
 
 
-def runs_yaml(n, namespace, data_dir, size_limit):
+def runs_yaml(n, namespace, data_dir, size_limit, compression="none"):
+    """N runs on the kwok node, each draining `data_dir`; `compression` None leaves the store's
+    compression at the API's default (hack/code-order.sh's profile)."""
+    line = "" if compression is None else f"\n    compression: {compression}"
     doc = """apiVersion: sandbox.iterion.io/v1alpha1
 kind: SandboxRun
 metadata: {{name: r{i:05d}, namespace: {ns}}}
@@ -135,13 +138,12 @@ spec:
   command: [sh, -c, work]
   user: "1000:1000"
   podAnnotations: {{bench.sandboxrun.test/exit-code: "0"}}
-  readBack:
-    compression: none
+  readBack:{compression}
     drainTimeout: 1h
     paths: [{{path: "{data}", sizeLimit: {limit}}}]
 """
     return "---\n".join(doc.format(i=i, ns=namespace, digest="0" * 64, data=data_dir,
-                                   limit=size_limit) for i in range(n))
+                                   limit=size_limit, compression=line) for i in range(n))
 
 
 def lifecycles(n, namespace, data_dir, ports, on_sample):

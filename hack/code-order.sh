@@ -115,23 +115,10 @@ profile() {
   for _ in $(seq 1 600); do curl -sf "http://127.0.0.1:$mport/readyz" >/dev/null && break; sleep 1; done
   curl -sf "http://127.0.0.1:$mport/readyz" >/dev/null || { tail -20 "$WORK/$name.log" >&2; exit 1; }
   sleep 20  # the Leases taken
-  python3 - "$RUNS" "$ns" "$WORK/data" <<'PY' | kubectl create -f - >/dev/null
-import sys
-n, ns, data = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-for i in range(n):
-    print(f"""---
-apiVersion: sandbox.iterion.io/v1alpha1
-kind: SandboxRun
-metadata: {{name: r{i:03d}, namespace: {ns}}}
-spec:
-  image: registry.example/tool@sha256:{'0' * 64}
-  command: [sh, -c, work]
-  user: "1000:1000"
-  podAnnotations: {{bench.sandboxrun.test/exit-code: "0"}}
-  readBack:
-    drainTimeout: 30m
-    paths: [{{path: "{data}", sizeLimit: 64Mi}}]""")
-PY
+  # bench/scale_replicas.py's runs, the store's compression left at the API's default.
+  python3 -B -c 'import sys; sys.path.insert(0, sys.argv[1]); from scale_replicas import runs_yaml
+print(runs_yaml(int(sys.argv[2]), sys.argv[3], sys.argv[4], "64Mi", compression=None))' \
+    "$REPO/bench" "$RUNS" "$ns" "$WORK/data" | kubectl create -f - >/dev/null
   ended=0
   for _ in $(seq 1 900); do
     ended=$(kubectl get sbr -n "$ns" -o jsonpath='{range .items[*]}{.status.phase}{"\n"}{end}' |
