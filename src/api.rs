@@ -452,8 +452,12 @@ pub struct Mount {
     /// those types; unused for emptyDir.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
-    /// Absolute container path the volume is mounted at.
-    #[schemars(length(min = 1, max = 4096))]
+    /// Absolute, normalized container path the volume is mounted at (no `..`, `.`, `//` or
+    /// trailing `/`; the CRD's pattern, as for read-back paths).
+    #[schemars(
+        length(min = 2, max = 4096),
+        regex(pattern = r"^(/([^/\x00.][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+))+$")
+    )]
     pub target: String,
     /// Mount read-only.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -564,8 +568,13 @@ impl std::str::FromStr for Retention {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ReadBackPath {
-    /// Absolute, normalized container path (no `..`, `.`, `//` or trailing `/`).
-    #[schemars(length(min = 2, max = 1024), regex(pattern = r"^/[^\x00]*[^/]$"))]
+    /// Absolute, normalized container path (no `..`, `.`, `//` or trailing `/`): the CRD's
+    /// pattern refuses what the pod builder refuses (docs/contract.md "The operator never builds
+    /// a pod its own rules refuse"), so `kubectl apply` does with no webhook.
+    #[schemars(
+        length(min = 2, max = 1024),
+        regex(pattern = r"^(/([^/\x00.][^/\x00]*|\.[^/\x00.][^/\x00]*|\.\.[^/\x00]+))+$")
+    )]
     pub path: String,
     /// Cap of the drained content of this path (e.g. `512Mi`). Metered by the drain on the
     /// operator side, never on the pod (ADR-143: a kubelet sizeLimit evicts the whole run).
@@ -889,6 +898,51 @@ mod tests {
     }
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     use kube::CustomResourceExt;
+
+    /// Issue #38: the CRD's pattern admitted `/../usr/local/bin`. Now a read-back path and a
+    /// mount target pass the schema exactly when the pod builder would mount them
+    /// ([`crate::names::unclean_path`]), so `kubectl apply` refuses them with no webhook.
+    #[test]
+    fn the_crds_path_pattern_refuses_what_the_pod_builder_refuses() {
+        let crd = serde_json::to_value(SandboxRun::crd()).unwrap();
+        let spec = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties";
+        let pattern_at = |field: &str| -> regex::Regex {
+            let at = format!("{spec}{field}/pattern");
+            let pattern = crd.pointer(&at).and_then(|v| v.as_str());
+            regex::Regex::new(pattern.unwrap_or_else(|| panic!("no pattern at {at}"))).unwrap()
+        };
+        let paths = pattern_at("/readBack/properties/paths/items/properties/path");
+        let targets = pattern_at("/mounts/items/properties/target");
+        let corpus = [
+            "/out",
+            "/work/out",
+            "/.cache",
+            "/..a",
+            "/...",
+            "/a.b/c..d",
+            "/a/.b",
+            "/x/y/z",
+            "/../usr/local/bin",
+            "/out/..",
+            "/out/../x",
+            "/./out",
+            "/out/.",
+            "/a//b",
+            "/out/",
+            "//out",
+            "/",
+            "out",
+            "",
+            "/a\0b",
+            "/.",
+            "/..",
+        ];
+        for path in corpus {
+            let clean = crate::names::unclean_path(path).is_none();
+            assert_eq!(paths.is_match(path), clean, "read-back path {path:?}");
+            assert_eq!(targets.is_match(path), clean, "mount target {path:?}");
+        }
+    }
 
     #[test]
     fn user_parses_uid_and_uid_gid_only() {

@@ -1,5 +1,31 @@
 //! Kubernetes' name grammars (DNS-1123 labels and subdomains, qualified label/annotation keys,
-//! label values), shared by admission, the namespace policies and the flags. Pure, a leaf.
+//! label values) and the grammar of a clean container path, shared by admission, the pod
+//! builder, the namespace policies and the flags. Pure, a leaf.
+
+/// Why `path` is not a clean absolute container path — absolute, not `/`, no NUL, no trailing
+/// `/`, no empty (`//`), `.` or `..` component — as a phrase completing "path `x` …"; None when
+/// it is clean. Admission refuses such paths and the pod builder refuses them again
+/// (docs/contract.md "The operator never builds a pod its own rules refuse"): a mount at
+/// `/sandboxrun-readback/../usr/local/bin` would land over the holder's own binary.
+pub(crate) fn unclean_path(path: &str) -> Option<&'static str> {
+    if !path.starts_with('/') {
+        return Some("is not absolute");
+    }
+    if path == "/" {
+        return Some("is the root directory");
+    }
+    if path.contains('\0') {
+        return Some("contains a NUL byte");
+    }
+    if path.ends_with('/') {
+        return Some("ends with `/` (not normalized)");
+    }
+    path[1..].split('/').find_map(|seg| match seg {
+        "" => Some("contains `//` (not normalized)"),
+        "." | ".." => Some("contains `.` or `..` segments (not normalized)"),
+        _ => None,
+    })
+}
 
 /// DNS-1123 subdomain: at most 253 of `[a-z0-9-.]`, dot-separated DNS labels.
 pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {

@@ -280,6 +280,31 @@ pub(crate) enum BuildError {
     /// The drain timeout does not parse.
     #[error("spec.readBack.drainTimeout {0:?} is not a duration like 90s or 5m")]
     BadDrainTimeout(String),
+    /// A mount path that is not a clean absolute path (docs/contract.md "The operator never
+    /// builds a pod its own rules refuse"): mounted as written, `..` would climb out of the
+    /// holder's read-back root, e.g. over its own binary.
+    #[error("{field} {path:?} {why}: no volume is mounted there")]
+    UncleanPath {
+        /// The field, e.g. `spec.readBack.paths[0].path`.
+        field: String,
+        /// The path as written.
+        path: String,
+        /// Why it is refused.
+        why: &'static str,
+    },
+}
+
+/// `path` when it is a clean absolute path ([`crate::names::unclean_path`]), else the refusal
+/// naming `field`.
+fn clean_path(field: impl FnOnce() -> String, path: &str) -> Result<(), BuildError> {
+    match crate::names::unclean_path(path) {
+        None => Ok(()),
+        Some(why) => Err(BuildError::UncleanPath {
+            field: field(),
+            path: path.to_string(),
+            why,
+        }),
+    }
 }
 
 /// Name of the pod of a run: the run's name with a suffix, shortened with a hash of the full name
@@ -426,6 +451,7 @@ fn pod_volumes(
         ..Volume::default()
     });
     for (index, path) in read_back.iter().enumerate() {
+        clean_path(|| format!("spec.readBack.paths[{index}].path"), &path.path)?;
         let volume_name = format!("{READBACK_VOLUME_PREFIX}{index}");
         volumes.push(Volume {
             name: volume_name.clone(),
@@ -455,6 +481,7 @@ fn pod_volumes(
 
 /// The volume serving `spec.mounts[index]` and the workload's mount of it.
 fn run_mount(index: usize, m: &Mount) -> Result<(Volume, VolumeMount), BuildError> {
+    clean_path(|| format!("spec.mounts[{index}].target"), &m.target)?;
     let volume_name = format!("mount-{index}");
     let source = || {
         m.source
@@ -1378,6 +1405,59 @@ mod tests {
             build_pod(&run(spec), &PodSettings::default()),
             Err(BuildError::MissingImage)
         );
+    }
+
+    /// Issue #38: `/../usr/local/bin` (admitted by the CRD's old pattern, refused only by the
+    /// webhook) became the holder's mount `/sandboxrun-readback/../usr/local/bin`, over its own
+    /// binary. The builder refuses every unclean path itself, read-back paths and mount targets.
+    #[test]
+    fn a_path_that_is_not_clean_and_absolute_is_never_mounted() {
+        for bad in [
+            "/../usr/local/bin",
+            "/out/../..",
+            "/./out",
+            "/a//b",
+            "/out/",
+            "out",
+            "/",
+        ] {
+            let spec = spec_with_paths(&[bad]);
+            let built = build_pod(&run(spec), &PodSettings::default());
+            assert!(
+                matches!(&built, Err(BuildError::UncleanPath { field, .. }) if field == "spec.readBack.paths[0].path"),
+                "read-back path {bad:?}: {built:?}"
+            );
+            let mut spec = spec_with_paths(&["/out"]);
+            spec.mounts.push(Mount {
+                name: "scratch".into(),
+                kind: MountType::EmptyDir,
+                source: None,
+                target: bad.into(),
+                read_only: false,
+            });
+            let built = build_pod(&run(spec), &PodSettings::default());
+            assert!(
+                matches!(&built, Err(BuildError::UncleanPath { field, .. }) if field == "spec.mounts[0].target"),
+                "mount target {bad:?}: {built:?}"
+            );
+        }
+        let holder_mounts = |pod: &Pod| -> Vec<String> {
+            let spec = pod
+                .spec
+                .as_ref()
+                .map(|s| s.containers.clone())
+                .unwrap_or_default();
+            spec.iter()
+                .flat_map(|c| c.volume_mounts.clone().unwrap_or_default())
+                .map(|m| m.mount_path)
+                .collect()
+        };
+        let pod = build_pod(
+            &run(spec_with_paths(&["/work/out"])),
+            &PodSettings::default(),
+        )
+        .expect("a clean path builds");
+        assert!(holder_mounts(&pod).iter().all(|p| !p.contains("/..")));
     }
 
     #[test]

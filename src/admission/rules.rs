@@ -750,24 +750,8 @@ fn check_env(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
 /// not under /proc, /sys or /dev (the kernel's and the runtime's, never the workload's).
 /// Returns a phrase completing "path `x` …".
 pub(crate) fn check_container_path(path: &str) -> Result<(), &'static str> {
-    if !path.starts_with('/') {
-        return Err("is not absolute");
-    }
-    if path == "/" {
-        return Err("is the root directory");
-    }
-    if path.contains('\0') {
-        return Err("contains a NUL byte");
-    }
-    if path.ends_with('/') {
-        return Err("ends with `/` (not normalized)");
-    }
-    for seg in path[1..].split('/') {
-        match seg {
-            "" => return Err("contains `//` (not normalized)"),
-            "." | ".." => return Err("contains `.` or `..` segments (not normalized)"),
-            _ => {}
-        }
+    if let Some(why) = crate::names::unclean_path(path) {
+        return Err(why);
     }
     if ["/proc", "/sys", "/dev"]
         .iter()
