@@ -125,6 +125,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         namespace_policies: namespace_policies.clone(),
     };
     let tenant = tenant_stores(&args)?;
+    let controller_rules = rules.clone();
     start_webhook(
         &args,
         client.clone(),
@@ -174,6 +175,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_open_uploads(open_uploads)
         .with_tenant_stores(tenant)
         .with_preflight(preflight)
+        .with_rules(controller_rules)
         .with_shards(shards.clone()),
     );
     operate(&args, client, ctx, &ready, leader).await

@@ -44,6 +44,8 @@ pub(crate) struct Context {
     pub store_url: String,
     /// Pod builder settings.
     pub pod: PodSettings,
+    /// The admission rules, judged again before a pod is built ([`Context::with_rules`]).
+    pub rules: crate::admission::RuleSettings,
     /// Read-back caps.
     pub caps: CapSettings,
     /// Settings of the pure decision (image-pull timeout).
@@ -148,6 +150,13 @@ impl Context {
 
     /// The same context resolving each run's image before its pod is created
     /// (`run --preflight-images`).
+    /// The same context judging runs by `rules` before it builds their pods (the rules the
+    /// webhook applies; docs/contract.md "The operator never builds a pod its own rules refuse").
+    pub(crate) fn with_rules(mut self, rules: crate::admission::RuleSettings) -> Context {
+        self.rules = rules;
+        self
+    }
+
     pub(crate) fn with_preflight(mut self, resolver: Option<Arc<ImageResolver>>) -> Context {
         self.preflight = resolver;
         self
@@ -203,6 +212,7 @@ impl Context {
             store_prefix,
             store_url,
             pod,
+            rules: crate::admission::RuleSettings::default(),
             caps,
             decide,
             pack_command,

@@ -85,6 +85,7 @@ fn view(holder_running: bool, workload: WorkloadState) -> PodView {
 /// One reconcile of `run` with its pod seen as `pod`: the run with the status it plans.
 fn reconciled(mut run: SandboxRun, pod: &PodView) -> SandboxRun {
     let pod_settings = PodSettings::default();
+    let rules = crate::admission::RuleSettings::default();
     let step = decide::decide(&run, Some(pod), now(), &settings());
     let inputs = Inputs {
         run: &run,
@@ -92,6 +93,7 @@ fn reconciled(mut run: SandboxRun, pod: &PodView) -> SandboxRun {
         pod: Some(pod),
         now: now(),
         pod_settings: &pod_settings,
+        rules: &rules,
         last_create_attempt: None,
         default_retention: Retention::Retain,
         settle: plan::SETTLE,

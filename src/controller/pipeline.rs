@@ -68,6 +68,7 @@ pub(crate) async fn reconcile(
         pod: observation.view.as_ref(),
         now,
         pod_settings: &ctx.pod,
+        rules: &ctx.rules,
         last_create_attempt: ctx.last_create_attempt(run),
         default_retention: ctx.default_retention,
         settle: ctx.settle,

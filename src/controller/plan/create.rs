@@ -27,7 +27,14 @@ pub(super) fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
             wait + LOOK_AGAIN_MARGIN,
         ))));
     }
-    match pod::build_pod(run, inputs.pod_settings) {
+    // The rules first (docs/contract.md "The operator never builds a pod its own rules
+    // refuse"): a run the webhook never judged (off, `failurePolicy: Ignore`, a namespace it
+    // does not cover) is judged here, by the same engine, before any pod exists.
+    let built = match refused_by_rules(run, inputs.rules) {
+        Some(refusal) => Err(refusal),
+        None => pod::build_pod(run, inputs.pod_settings).map_err(|e| e.to_string()),
+    };
+    match built {
         Ok(pod) => StepPlan::CreatePod(Box::new(pod)),
         // A malformed run is recorded and awaited (a spec change wakes it), not retried hot.
         Err(e) => {
@@ -49,6 +56,43 @@ pub(super) fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
         }
     }
 }
+
+/// The rules' refusal of `run` (`admission::rules::check`, the webhook's and `doctor`'s engine),
+/// in words: each failing rule with its field, message and hint, the first
+/// [`REFUSALS_SHOWN`] of them; None when no rule fails.
+pub(super) fn refused_by_rules(
+    run: &SandboxRun,
+    rules: &crate::admission::RuleSettings,
+) -> Option<String> {
+    let fails: Vec<_> = crate::admission::check(&run.spec, rules)
+        .into_iter()
+        .filter(|f| f.is_fail())
+        .collect();
+    if fails.is_empty() {
+        return None;
+    }
+    let shown: Vec<String> = fails
+        .iter()
+        .take(REFUSALS_SHOWN)
+        .map(|f| {
+            format!(
+                "rule {} at {}: {} (hint: {})",
+                f.rule, f.field, f.message, f.hint
+            )
+        })
+        .collect();
+    let more = match fails.len().saturating_sub(REFUSALS_SHOWN) {
+        0 => String::new(),
+        n => format!("; and {n} more (`sandboxrun-operator doctor --strict` lists them)"),
+    };
+    Some(format!(
+        "the operator's admission rules refuse the spec: {}{more}",
+        shown.join("; ")
+    ))
+}
+
+/// How many failing rules a held run's message spells out.
+const REFUSALS_SHOWN: usize = 3;
 
 /// The pod is created (`created`), or already existed (the apiserver answered 409).
 pub(crate) fn pod_created(
@@ -342,6 +386,51 @@ mod tests {
         let again = store_unusable(&r, why, now());
         assert!(again.events.is_empty() && again.status.is_none());
         assert_eq!(again.requeue, Requeue::After(STORE_RECHECK));
+    }
+
+    /// Issue #38: without the webhook, `/../usr/local/bin` got a pod whose holder mounted over
+    /// its own binary, and a run-policy violation got a pod. The controller judges the run by
+    /// the webhook's rules before it builds a pod: held, the rule and its hint said, no effect.
+    #[test]
+    fn a_run_the_rules_refuse_gets_no_pod_and_is_held_with_the_rule_and_its_hint() {
+        let settings = PodSettings::default();
+        let traversal = with_generation(run_with(&[("/../usr/local/bin", true)]));
+        let mut policy = with_generation(run_with(&[("/out", true)]));
+        policy.spec.runtime_class_name = Some("kata".into());
+        let rules = crate::admission::RuleSettings {
+            policy: crate::admission::policy::RunPolicy {
+                runtime_classes: Some(vec!["gvisor".into()]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        for (r, rule) in [(&traversal, "read-back-path"), (&policy, "run-policy")] {
+            let mut at = inputs(r, None, &settings);
+            at.rules = &rules;
+            let StepPlan::Carry(plan) = create_pod(r, &at) else {
+                panic!("{rule}: a pod was planned");
+            };
+            assert!(plan.effects.is_empty(), "{rule}: no pod, no policy");
+            assert_eq!(plan.requeue, Requeue::AwaitChange);
+            let status = plan.status.clone().unwrap_or_default();
+            assert_eq!(
+                cond_of(&status, conditions::READY),
+                pair("False", "InvalidSpec")
+            );
+            let message = status.message.unwrap_or_default();
+            assert!(
+                message.contains(&format!("rule {rule} at spec.")),
+                "{message}"
+            );
+            assert!(message.contains("hint: "), "{message}");
+            assert_eq!(plan.events.len(), 1);
+            assert_eq!(plan.events[0].reason, "InvalidSpec");
+        }
+        // A clean run with the same rules gets its pod.
+        let clean = with_generation(run_with(&[("/out", true)]));
+        let mut at = inputs(&clean, None, &settings);
+        at.rules = &rules;
+        assert!(matches!(create_pod(&clean, &at), StepPlan::CreatePod(_)));
     }
 
     #[test]

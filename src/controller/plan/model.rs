@@ -140,6 +140,9 @@ pub(crate) struct Inputs<'a> {
     pub now: Timestamp,
     /// The pod builder's settings.
     pub pod_settings: &'a PodSettings,
+    /// The admission rules the operator judges a run by again before it builds its pod
+    /// (docs/contract.md "The operator never builds a pod its own rules refuse").
+    pub rules: &'a crate::admission::RuleSettings,
     /// When this process last tried to create the run's pod and was refused.
     pub last_create_attempt: Option<Timestamp>,
     /// What deleting a run does to its stored files when its spec does not say.

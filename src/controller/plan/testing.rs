@@ -23,10 +23,18 @@ pub(crate) fn inputs<'a>(
         pod,
         now: now(),
         pod_settings: settings,
+        rules: default_rules(),
         last_create_attempt: None,
         settle: SETTLE,
         default_retention: Retention::Retain,
     }
+}
+
+/// The rules of an operator started with default flags.
+pub(crate) fn default_rules() -> &'static crate::admission::RuleSettings {
+    static RULES: std::sync::LazyLock<crate::admission::RuleSettings> =
+        std::sync::LazyLock::new(Default::default);
+    &RULES
 }
 
 pub(crate) fn later(secs: i64) -> Timestamp {
