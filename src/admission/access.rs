@@ -203,6 +203,35 @@ pub(crate) fn added(
     wanted
 }
 
+/// The rights an admission must verify for the requesting user (docs/contract.md "A run uses
+/// only its author's rights"): every right `new` exercises on CREATE, and on an UPDATE made
+/// before the run's pod exists that changes anything that shapes the pod (all but `stop`,
+/// `ttlSecondsAfterFinished` and `readBack.retention`) — whoever changes the command of
+/// another user's run before it starts must hold every right it uses, not only the ones the
+/// change adds (issue #38). Otherwise only what the update adds ([`added`]): a user who may
+/// stop a run need not hold its author's rights.
+pub(crate) fn to_verify(
+    old: Option<&SandboxRunSpec>,
+    new: &SandboxRunSpec,
+    pod_exists: bool,
+) -> BTreeMap<Right, Vec<String>> {
+    match old {
+        Some(old) if pod_exists || pod_shape(old) == pod_shape(new) => added(Some(old), new),
+        _ => required(new),
+    }
+}
+
+/// `spec` without the fields that never shape the pod.
+fn pod_shape(spec: &SandboxRunSpec) -> SandboxRunSpec {
+    let mut shape = spec.clone();
+    shape.stop = false;
+    shape.ttl_seconds_after_finished = None;
+    if let Some(rb) = shape.read_back.as_mut() {
+        rb.retention = None;
+    }
+    shape
+}
+
 /// The refusal of one right the user does not hold.
 fn refused(right: &Right, fields: &[String], namespace: &str, user: &str, why: &str) -> Finding {
     let what = match &right.name {
@@ -469,6 +498,33 @@ mod tests {
             ["get secrets/other <- spec.mounts[1].source"]
         );
         assert_eq!(added(None, &new).len(), 2);
+    }
+
+    /// Issue #38: user B, who may patch sandboxruns, changed the command of user A's run before
+    /// its pod existed and used A's Secret: only added rights were checked. Before the pod
+    /// exists every change that shapes the pod re-checks every right for the user making it;
+    /// a stop, a TTL or a retention change, and any change once the pod exists, only what it adds.
+    #[test]
+    fn a_change_before_the_pod_exists_re_checks_every_right_for_the_user_making_it() {
+        let old = SandboxRunSpec {
+            command: Some(vec!["true".into()]),
+            mounts: vec![mount(MountType::Secret, "a-secret")],
+            ..SandboxRunSpec::default()
+        };
+        let mut hijacked = old.clone();
+        hijacked.command = Some(vec!["sh".into(), "-c".into(), "cat /secret/*".into()]);
+        assert_eq!(
+            names(&to_verify(Some(&old), &hijacked, false)),
+            ["get secrets/a-secret <- spec.mounts[0].source"]
+        );
+        // Once the pod exists the spec is fixed (update-immutable): only what is added.
+        assert!(to_verify(Some(&old), &hijacked, true).is_empty());
+        // Stopping, or what happens after the end, exercises nothing new.
+        let mut stopped = old.clone();
+        stopped.stop = true;
+        stopped.ttl_seconds_after_finished = Some(60);
+        assert!(to_verify(Some(&old), &stopped, false).is_empty());
+        assert_eq!(to_verify(None, &old, false).len(), 1);
     }
 
     #[test]

@@ -274,7 +274,8 @@ async fn findings_of(
             .collect();
     }
     if state.access_checks {
-        findings.extend(access_findings(state, req, new_spec, old_spec).await);
+        let pod_exists = old.as_ref().is_some_and(|(_, exists)| *exists);
+        findings.extend(access_findings(state, req, new_spec, old_spec, pod_exists).await);
     }
     if !state.settings.namespace_policies.is_empty() {
         let old = judged.old.as_deref();
@@ -336,19 +337,21 @@ fn typed_specs(
     ))
 }
 
-/// The rights the run exercises (what it adds, on UPDATE) that the requesting user does not hold
+/// The rights the run exercises ([`super::access::to_verify`]: all of them on CREATE and on an
+/// UPDATE before its pod exists, what it adds after) that the requesting user does not hold
 /// (docs/contract.md "A run uses only its author's rights").
 async fn access_findings(
     state: &WebhookState,
     req: &AdmissionRequest<DynamicObject>,
     new: &serde_json::Value,
     old: Option<&serde_json::Value>,
+    pod_exists: bool,
 ) -> Vec<Finding> {
     // A spec that does not parse was refused by the rules already.
     let Some((new, old)) = typed_specs(new, old) else {
         return Vec::new();
     };
-    let mut wanted = super::access::added(old.as_ref(), &new);
+    let mut wanted = super::access::to_verify(old.as_ref(), &new, pod_exists);
     if wanted.is_empty() {
         return Vec::new();
     }
