@@ -152,7 +152,8 @@ impl AttemptError {
                     | DrainErrorKind::Store(_)
                     | DrainErrorKind::Truncated(_)
             ),
-            AttemptError::Store(_) => true,
+            // An oversized object at the manifest key is there again next time.
+            AttemptError::Store(e) => !e.is_permanent(),
             AttemptError::NoStdout => true,
             // Permissions do not change by retrying.
             AttemptError::NothingReadable(_) => false,
@@ -388,8 +389,9 @@ async fn check_commit(
             Ok(None) => return Ok(CommitCheck::Open),
             Err(e) => e,
         };
-        // Refused credentials do not heal by retrying: fail at once, naming the settings.
-        if error.is_refused() {
+        // Refused credentials, or an oversized object at the manifest key, do not heal by
+        // retrying: fail at once, naming the settings or the object.
+        if error.is_permanent() {
             return Err(error);
         }
         warn!(path = job.path, manifest = %keys.manifest, error = %error, "cannot read the manifest; not uploading until the store answers");
@@ -574,6 +576,10 @@ impl<'j, 'a> PathDrain<'j, 'a> {
             Err(e) if e.is_refused() => self.fail(
                 credentials::refused_message(job.store_url, job.store_tenant, &e.to_string()),
                 "store_credentials",
+            ),
+            Err(e @ StoreError::ManifestTooLarge { .. }) => self.fail(
+                format!("the path was not drained: {e}; nothing was uploaded over it"),
+                "manifest_too_large",
             ),
             Err(e) => self.fail(
                 format!(

@@ -64,6 +64,17 @@ pub enum StoreError {
         /// The key.
         key: String,
     },
+    /// An object at a manifest key larger than any manifest a drain writes (a tenant's own store
+    /// holds what the tenant put there): not read.
+    #[error("the object at the manifest key {key} is {size} bytes, more than the {max} bytes any manifest takes: not read (it was not written by a drain; delete it)")]
+    ManifestTooLarge {
+        /// The key.
+        key: String,
+        /// Its size as announced, or as far as it was read.
+        size: u64,
+        /// The bound.
+        max: u64,
+    },
     /// A manifest that does not parse.
     #[error("manifest {key} is not valid: {source}")]
     ManifestJson {
@@ -84,5 +95,11 @@ impl StoreError {
             }
             _ => false,
         }
+    }
+
+    /// Whether retrying cannot help: refused credentials, or an object at a manifest key that
+    /// no drain wrote ([`StoreError::ManifestTooLarge`]).
+    pub(crate) fn is_permanent(&self) -> bool {
+        self.is_refused() || matches!(self, StoreError::ManifestTooLarge { .. })
     }
 }

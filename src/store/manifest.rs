@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 use serde::{Deserialize, Serialize};
@@ -308,16 +309,29 @@ pub async fn write_manifest(
     }
 }
 
-/// Reads a manifest.
+/// The largest manifest the operator reads (docs/contract.md "Drain memory": a drain writes at
+/// most ~2 × A + 16 MiB of manifest, A ≤ [`crate::caps::MAX_METADATA_ALLOWANCE`]). A tenant holds
+/// its own store's credentials and can PUT anything at a manifest key: 1.2 GiB of zeros there
+/// was read whole before each drain attempt (peak RSS 1,239 MiB, issue #38). Larger objects are
+/// refused by their size before a byte is read, and the read stops at the bound whatever size
+/// the store announced.
+pub const MAX_MANIFEST_BYTES: u64 = 2 * crate::caps::MAX_METADATA_ALLOWANCE + 16 * 1024 * 1024;
+
+/// Reads a manifest, at most [`MAX_MANIFEST_BYTES`] of it.
 pub async fn read_manifest(
     store: &Arc<dyn ObjectStore>,
     key: &Path,
 ) -> Result<Manifest, StoreError> {
-    let bytes = match store.get(key).await {
-        Ok(got) => got.bytes().await,
-        Err(e) => Err(e),
-    };
-    let bytes = bytes.map_err(|source| match source {
+    read_manifest_within(store, key, MAX_MANIFEST_BYTES).await
+}
+
+/// Reads a manifest, at most `max` bytes of it.
+async fn read_manifest_within(
+    store: &Arc<dyn ObjectStore>,
+    key: &Path,
+    max: u64,
+) -> Result<Manifest, StoreError> {
+    let object_error = |source| match source {
         object_store::Error::NotFound { .. } => StoreError::NotFound {
             key: key.to_string(),
         },
@@ -326,8 +340,27 @@ pub async fn read_manifest(
             key: key.to_string(),
             source,
         },
-    })?;
-    serde_json::from_slice(&bytes).map_err(|source| StoreError::ManifestJson {
+    };
+    let too_large = |size: u64| StoreError::ManifestTooLarge {
+        key: key.to_string(),
+        size,
+        max,
+    };
+    let got = store.get(key).await.map_err(object_error)?;
+    if got.meta.size > max {
+        return Err(too_large(got.meta.size));
+    }
+    let mut body = Vec::with_capacity(usize::try_from(got.meta.size).unwrap_or(0));
+    let mut chunks = got.into_stream();
+    while let Some(chunk) = chunks.next().await {
+        let chunk = chunk.map_err(object_error)?;
+        let read = (body.len() + chunk.len()) as u64;
+        if read > max {
+            return Err(too_large(read));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice(&body).map_err(|source| StoreError::ManifestJson {
         key: key.to_string(),
         source,
     })
@@ -583,6 +616,33 @@ mod tests {
             "RFC 3339: {}",
             first.started_at
         );
+    }
+
+    /// Issue #38: a tenant's 1.2 GiB object at its run's manifest key was read whole before each
+    /// drain attempt. An object larger than any manifest is refused by its size, unread, and
+    /// named; the bound is what a drain can write at most.
+    #[tokio::test]
+    async fn an_object_at_a_manifest_key_larger_than_any_manifest_is_refused_unread() {
+        let store: Arc<dyn ObjectStore> = Arc::new(object_store::memory::InMemory::new());
+        let key = Path::from("ns/job/uid/00-out.manifest.json");
+        let json = serde_json::to_vec(&manifest(1)).expect("json");
+        store
+            .put(&key, PutPayload::from(json.clone()))
+            .await
+            .expect("put");
+        let max = json.len() as u64;
+        assert!(read_manifest_within(&store, &key, max).await.is_ok());
+        let refused = read_manifest_within(&store, &key, max - 1).await;
+        match refused {
+            Err(ref e @ StoreError::ManifestTooLarge { size, .. }) => {
+                assert_eq!(size, max);
+                assert!(e.is_permanent());
+                assert!(e.to_string().contains("00-out.manifest.json"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let largest_written = 2 * crate::caps::MAX_METADATA_ALLOWANCE + 16 * 1024 * 1024;
+        assert_eq!(MAX_MANIFEST_BYTES, largest_written);
     }
 
     #[tokio::test]

@@ -4,12 +4,20 @@
 //! same name (another uid) — are never listed, let alone deleted.
 
 use std::sync::Arc;
+use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt};
+use object_store::ObjectStore;
 
 use super::error::StoreError;
 use super::keys::{run_dir, RunRef, MANIFEST_SUFFIX};
+
+/// The longest one purge call works (docs/contract.md "Stored files when a run is deleted"):
+/// the tenant writes its own store, so the number of keys under a run is its to choose (100,000
+/// junk keys took ~330 s one delete at a time); past this the call reports itself unfinished and
+/// the finalizer's retry goes on from where it stopped, within the delete's retry bound.
+pub(crate) const PURGE_BUDGET: Duration = Duration::from_secs(30);
 
 /// Why a run's stored files could not be deleted.
 #[derive(Debug, thiserror::Error)]
@@ -20,16 +28,37 @@ pub(crate) enum PurgeError {
     /// The store refused a listing or a delete.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The budget ran out with keys left (more than a purge deletes in [`PURGE_BUDGET`]).
+    #[error("deleted {deleted} objects in {}s and more are left under the run's directory; the next attempt goes on", budget.as_secs())]
+    Unfinished {
+        /// Objects deleted by this call.
+        deleted: usize,
+        /// The budget that ran out.
+        budget: Duration,
+    },
 }
 
 /// Deletes every object stored for `run` (this namespace, name and uid), manifests first so that
 /// a delete cut short never leaves a manifest whose archive is gone (a manifest is the commit
-/// point: present means the archive is complete). Returns how many objects were deleted; an
-/// object that vanished meanwhile is not counted and not an error. Idempotent.
+/// point: present means the archive is complete), within [`PURGE_BUDGET`]. Returns how many
+/// objects were deleted; an object that vanished meanwhile is not counted and not an error.
+/// Idempotent.
 pub(crate) async fn delete_run_archives(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
     run: &RunRef,
+) -> Result<usize, PurgeError> {
+    delete_run_archives_within(store, prefix, run, PURGE_BUDGET).await
+}
+
+/// [`delete_run_archives`] within `budget`. The listing is streamed and the keys deleted in the
+/// store's batches (`delete_stream`: S3's DeleteObjects, 1,000 a request), so neither memory nor
+/// the number of requests grows with the keys a tenant wrote (issue #38).
+pub(crate) async fn delete_run_archives_within(
+    store: &Arc<dyn ObjectStore>,
+    prefix: &Path,
+    run: &RunRef,
+    budget: Duration,
 ) -> Result<usize, PurgeError> {
     for (part, value) in [
         ("namespace", &run.namespace),
@@ -41,28 +70,21 @@ pub(crate) async fn delete_run_archives(
         }
     }
     let dir = run_dir(prefix, run);
-    // object_store lists by path segments already; checked again here because a store that
-    // matched raw string prefixes would hand back another run's keys.
-    let mut keys: Vec<Path> = super::keys::list_keys(store, &dir)
-        .await?
-        .into_iter()
-        .filter(|k| k.prefix_matches(&dir) && *k != dir)
-        .collect();
-    keys.sort_by_key(|k| {
-        (
-            !k.filename().is_some_and(|f| f.ends_with(MANIFEST_SUFFIX)),
-            k.to_string(),
-        )
-    });
+    let deadline = tokio::time::Instant::now() + budget;
     let mut deleted = 0;
-    for key in keys {
-        match store.delete(&key).await {
-            Ok(()) => deleted += 1,
-            Err(object_store::Error::NotFound { .. }) => {}
-            Err(source) => {
+    for manifests in [true, false] {
+        match delete_pass(store, &dir, manifests, deadline).await {
+            Ok(count) => deleted += count,
+            Err(Pass::Unfinished(count)) => {
+                return Err(PurgeError::Unfinished {
+                    deleted: deleted + count,
+                    budget,
+                })
+            }
+            Err(Pass::Store(source)) => {
                 return Err(StoreError::Object {
-                    op: "deleting",
-                    key: key.to_string(),
+                    op: "deleting under",
+                    key: dir.to_string(),
                     source,
                 }
                 .into())
@@ -72,6 +94,49 @@ pub(crate) async fn delete_run_archives(
     Ok(deleted)
 }
 
+/// How one pass over the run's directory stopped short.
+enum Pass {
+    /// The deadline came first, after this many deletes.
+    Unfinished(usize),
+    /// The store refused the listing or a delete.
+    Store(object_store::Error),
+}
+
+/// Deletes the manifests under `dir` (`manifests`), or everything else, as the listing streams.
+async fn delete_pass(
+    store: &Arc<dyn ObjectStore>,
+    dir: &Path,
+    manifests: bool,
+    deadline: tokio::time::Instant,
+) -> Result<usize, Pass> {
+    // object_store lists by path segments already; checked again here because a store that
+    // matched raw string prefixes would hand back another run's keys.
+    let under = dir.clone();
+    let keys = store
+        .list(Some(dir))
+        .try_filter_map(move |meta| {
+            let key = meta.location;
+            let is_manifest = key.filename().is_some_and(|f| f.ends_with(MANIFEST_SUFFIX));
+            let ours = key.prefix_matches(&under) && key != under && is_manifest == manifests;
+            std::future::ready(Ok(ours.then_some(key)))
+        })
+        .boxed();
+    let mut results = store.delete_stream(keys);
+    let mut deleted = 0;
+    loop {
+        if tokio::time::Instant::now() >= deadline {
+            return Err(Pass::Unfinished(deleted));
+        }
+        match tokio::time::timeout_at(deadline, results.next()).await {
+            Err(_) => return Err(Pass::Unfinished(deleted)),
+            Ok(None) => return Ok(deleted),
+            Ok(Some(Ok(_))) => deleted += 1,
+            Ok(Some(Err(object_store::Error::NotFound { .. }))) => {}
+            Ok(Some(Err(source))) => return Err(Pass::Store(source)),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,7 +144,7 @@ mod tests {
     use crate::store::object_keys;
     use futures::TryStreamExt;
     use object_store::memory::InMemory;
-    use object_store::PutPayload;
+    use object_store::{ObjectStoreExt, PutPayload};
 
     fn run(name: &str, uid: &str) -> RunRef {
         RunRef {
@@ -152,6 +217,35 @@ mod tests {
         // Idempotent: nothing left to delete is not an error.
         assert_eq!(delete_run_archives(&store, &prefix, &a).await.unwrap(), 0);
         assert_eq!(all(&store).await, want);
+    }
+
+    /// Issue #38: 100,000 junk keys a tenant wrote under its run were deleted one request at a
+    /// time (~300/s, over 300 s in one finalizer call). The purge streams the listing into the
+    /// store's batch delete and stops at its budget with what is left reported, never holding a
+    /// reconcile for longer; the next call goes on. Manifests go first.
+    #[tokio::test]
+    async fn a_tenants_litter_is_deleted_in_batches_and_a_call_stops_at_its_budget() {
+        let store: Arc<dyn ObjectStore> = Arc::new(InMemory::new());
+        let prefix = Path::from("drains");
+        let a = run("a", "u1");
+        let own = put_paths(&store, &prefix, &a).await;
+        let dir = run_dir(&prefix, &a);
+        for i in 0..3_000 {
+            let key = dir.clone().join(format!("junk-{i}").as_str());
+            store
+                .put(&key, PutPayload::from_static(b"j"))
+                .await
+                .unwrap();
+        }
+        // A zero budget deletes nothing and says so.
+        let cut = delete_run_archives_within(&store, &prefix, &a, Duration::ZERO).await;
+        assert!(
+            matches!(cut, Err(PurgeError::Unfinished { deleted: 0, .. })),
+            "{cut:?}"
+        );
+        let deleted = delete_run_archives(&store, &prefix, &a).await.unwrap();
+        assert_eq!(deleted, 3_000 + own.len());
+        assert!(all(&store).await.is_empty());
     }
 
     #[tokio::test]
