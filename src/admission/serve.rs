@@ -54,6 +54,8 @@ pub(crate) struct ServeConfig {
     pub(crate) tenant_stores: crate::store::tenant::TenantStorePolicy,
     /// The namespaces the controller watches (`run --namespaces`); empty: every namespace.
     pub(crate) watched_namespaces: Vec<String>,
+    /// `run --shards` when the operator runs sharded (`--sharding`).
+    pub(crate) shards: Option<u32>,
 }
 
 /// Starts the webhook in the background; returns the address it listens on.
@@ -80,6 +82,7 @@ pub(crate) async fn start(
         client: Some(client.clone()),
         access_checks: true,
         tenant_stores: config.tenant_stores.clone(),
+        shards: config.shards,
     };
 
     let tls = match config.cert_mode.as_str() {

@@ -83,6 +83,9 @@ pub struct WebhookState {
     /// Whether tenant stores are on (`run --tenant-store-endpoints`): off, a run naming a store
     /// (`spec.readBack.storeRef`) is refused (docs/contract.md "A store per namespace").
     pub tenant_stores: crate::store::tenant::TenantStorePolicy,
+    /// The operator's `--shards` when it runs sharded: the shard label a request may write
+    /// ([`crate::shard::label_change_refusal`]).
+    pub shards: Option<u32>,
 }
 
 /// The webhook's routes: `POST /validate-sandboxrun`, `GET /healthz`.
@@ -219,7 +222,9 @@ async fn findings_of(
             .old_object
             .as_ref()
             .is_some_and(|o| o.metadata.deletion_timestamp.is_some());
-    let mut findings = Vec::new();
+    let mut findings: Vec<Finding> = shard_label_finding(state, req, object)
+        .into_iter()
+        .collect();
     let judged = if req.operation == Operation::Create || (!deleting && old_spec != Some(new_spec))
     {
         use super::templates::{resolve, Templated};
@@ -282,6 +287,37 @@ async fn findings_of(
         findings.extend(namespace_policy_findings(state, req, &judged.new, old).await);
     }
     Ok(findings)
+}
+
+/// The refusal of a request that writes the shard label as only the operator may (docs/contract.md
+/// "Shards"): the watches of the replicas select on it.
+fn shard_label_finding(
+    state: &WebhookState,
+    req: &AdmissionRequest<DynamicObject>,
+    object: &DynamicObject,
+) -> Option<Finding> {
+    use crate::shard::SHARD_LABEL;
+    let label = |o: &DynamicObject| o.metadata.labels.as_ref()?.get(SHARD_LABEL).cloned();
+    let old = req.old_object.as_ref().and_then(label);
+    let uid = object
+        .metadata
+        .uid
+        .as_deref()
+        .or_else(|| req.old_object.as_ref()?.metadata.uid.as_deref());
+    let create = req.operation == Operation::Create;
+    let why = crate::shard::label_change_refusal(
+        old.as_deref(),
+        label(object).as_deref(),
+        uid,
+        state.shards,
+        create,
+    )?;
+    Some(Finding::fail(
+        "shard-label",
+        format!("metadata.labels[{SHARD_LABEL}]"),
+        why,
+        "leave the label as it is (remove it from your manifest); the operator writes it",
+    ))
 }
 
 /// The rules' findings on `review` ([`judge`]) and, when on, the image check's.

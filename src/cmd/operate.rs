@@ -117,15 +117,8 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     info!(%metrics_addr, "metrics and health endpoints listening");
 
     let namespace_policies = namespace_policies(&args).map_err(OperatorError::Config)?;
-    let rules = crate::admission::RuleSettings {
-        caps,
-        max_drain_timeout: Some(durations.max_drain_timeout),
-        network_policy: egress.enforcement,
-        policy: args.run_policy(),
-        namespace_policies: namespace_policies.clone(),
-    };
+    let rules = rule_settings(&args, caps, &durations, &egress, &namespace_policies);
     let tenant = tenant_stores(&args)?;
-    let controller_rules = rules.clone();
     start_webhook(
         &args,
         client.clone(),
@@ -137,7 +130,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     publish_settings(
         &args,
         client.clone(),
-        (rules, tenant.clone()),
+        (rules.clone(), tenant.clone()),
         &durations,
         &ready,
     );
@@ -175,10 +168,28 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_open_uploads(open_uploads)
         .with_tenant_stores(tenant)
         .with_preflight(preflight)
-        .with_rules(controller_rules)
+        .with_rules(rules)
         .with_shards(shards.clone()),
     );
     operate(&args, client, ctx, &ready, leader).await
+}
+
+/// The rules the webhook, `doctor --context` (the published settings) and the controller judge
+/// runs by (docs/contract.md "The operator never builds a pod its own rules refuse").
+fn rule_settings(
+    args: &RunArgs,
+    caps: crate::caps::CapSettings,
+    durations: &Durations,
+    egress: &crate::egress::EgressSettings,
+    namespace_policies: &[crate::admission::namespace_policy::Compiled],
+) -> crate::admission::RuleSettings {
+    crate::admission::RuleSettings {
+        caps,
+        max_drain_timeout: Some(durations.max_drain_timeout),
+        network_policy: egress.enforcement,
+        policy: args.run_policy(),
+        namespace_policies: namespace_policies.to_vec(),
+    }
 }
 
 /// Runs the controller as the flags say: sharded, elected, or alone.
@@ -324,6 +335,7 @@ async fn start_webhook(
         config: args.webhook_config.clone(),
         hosts: args.webhook_hosts.clone(),
         check_images: args.check_images,
+        shards: args.sharding.then_some(args.shards),
         tenant_stores,
         settings,
         watched_namespaces: if args.webhook_refuse_unwatched {

@@ -1,8 +1,9 @@
 //! The shard label of new runs (docs/contract.md "Shards"): a sharded replica's run watch
 //! selects on `sandbox.iterion.io/shard`, so a run created without it would be seen by no
-//! replica. Every replica watches the runs that have no such label (only the ones just created,
-//! or created before sharding: the label takes them out of this watch) and labels those of the
-//! shards it owns, again whenever it acquires a shard. The value is the shard of the run's uid
+//! replica. Every replica watches the runs that have no such label, or one that is not
+//! canonical ([`super::canonical_label`]: a tenant may write its runs' labels; only the runs
+//! just created, created before sharding, or relabelled: the label takes them out of this
+//! watch) and labels those of the shards it owns, again whenever it acquires a shard. The value is the shard of the run's uid
 //! ([`super::shard_of`]), so whoever writes it writes the same, and it is never changed
 //! ([`super::shard_of_run`]: a written label stays the run's shard). The watch is of the runs'
 //! metadata only: every replica holds this backlog (a burst of creates before they are
@@ -25,7 +26,9 @@ use crate::api::SandboxRun;
 /// `gate` owns.
 pub(crate) async fn label_new_runs(api: Api<SandboxRun>, gate: Arc<ShardGate>) {
     let (reader, writer) = reflector::store();
-    let config = watcher::Config::default().labels(&format!("!{SHARD_LABEL}"));
+    // The runs without the label, or with one that is not canonical (a tenant may write its
+    // runs' labels): a value the watches would not match is written back.
+    let config = watcher::Config::default().labels(&super::uncanonical_selector(gate.shards()));
     // The same scope as `api`, metadata-only requests (kube asks for PartialObjectMetadata).
     let client = api.clone().into_client();
     let metadata: Api<PartialObjectMeta<SandboxRun>> = match api.namespace() {
@@ -67,7 +70,8 @@ async fn label(api: &Api<SandboxRun>, gate: &Arc<ShardGate>, run: &ObjectMeta) {
     let labelled = run
         .labels
         .as_ref()
-        .is_some_and(|l| l.contains_key(SHARD_LABEL));
+        .and_then(|l| l.get(SHARD_LABEL))
+        .is_some_and(|v| super::canonical_label(v, gate.shards()).is_some());
     if labelled || gate.enter(shard).is_none() {
         return;
     }
