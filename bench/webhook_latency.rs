@@ -194,6 +194,7 @@ fn start_servers(bundle: &certs::CertBundle, pin: bool) -> (SocketAddr, SocketAd
                 watched_namespaces: Vec::new(),
                 tenant_stores: Default::default(),
                 shards: None,
+                stamp_key: None,
             };
             let (ours, peer) = (unused_port(), unused_port());
             tokio::spawn(serve_tls(ours, tls.clone(), router(state)));

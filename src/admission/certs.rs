@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::ByteString;
@@ -346,19 +348,49 @@ pub(crate) async fn patch_ca_bundle(
     ca_pem: &str,
 ) -> Result<bool, CertError> {
     let mut vwc = api.get(name).await?;
-    let bundle = ByteString(ca_pem.as_bytes().to_vec());
-    let mut changed = false;
-    for hook in vwc.webhooks.iter_mut().flatten() {
-        if hook.client_config.ca_bundle.as_ref() != Some(&bundle) {
-            hook.client_config.ca_bundle = Some(bundle.clone());
-            changed = true;
-        }
-    }
+    let hooks = vwc.webhooks.iter_mut().flatten();
+    let changed = set_bundle(hooks.map(|h| &mut h.client_config), ca_pem);
     if changed {
         api.replace(name, &PostParams::default(), &vwc).await?;
         info!(config = name, "patched webhook caBundle");
     }
     Ok(changed)
+}
+
+/// Sets `caBundle` of every webhook in the named MutatingWebhookConfiguration (the admission
+/// stamps' half, docs/contract.md "A run uses only its author's rights"), when there is one.
+/// Returns false when it was already up to date or is not installed.
+pub(crate) async fn patch_mutating_ca_bundle(
+    api: &Api<MutatingWebhookConfiguration>,
+    name: &str,
+    ca_pem: &str,
+) -> Result<bool, CertError> {
+    let Some(mut mwc) = api.get_opt(name).await? else {
+        return Ok(false);
+    };
+    let hooks = mwc.webhooks.iter_mut().flatten();
+    let changed = set_bundle(hooks.map(|h| &mut h.client_config), ca_pem);
+    if changed {
+        api.replace(name, &PostParams::default(), &mwc).await?;
+        info!(config = name, "patched the mutating webhook's caBundle");
+    }
+    Ok(changed)
+}
+
+/// Sets `ca_pem` as the caBundle of each of `configs`; whether one changed.
+fn set_bundle<'a>(
+    configs: impl Iterator<Item = &'a mut WebhookClientConfig>,
+    ca_pem: &str,
+) -> bool {
+    let bundle = ByteString(ca_pem.as_bytes().to_vec());
+    let mut changed = false;
+    for config in configs {
+        if config.ca_bundle.as_ref() != Some(&bundle) {
+            config.ca_bundle = Some(bundle.clone());
+            changed = true;
+        }
+    }
+    changed
 }
 
 #[cfg(test)]

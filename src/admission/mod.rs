@@ -15,6 +15,7 @@ pub mod doctor;
 pub mod images;
 pub(crate) mod live;
 pub(crate) mod live_verdicts;
+pub(crate) mod mutate;
 pub mod namespace_policy;
 pub(crate) mod network;
 pub mod policy;
@@ -24,6 +25,8 @@ pub(crate) mod ratchet;
 pub(crate) mod rules;
 pub(crate) mod schema;
 pub(crate) mod serve;
+pub(crate) mod stamp;
+pub(crate) mod stamp_key;
 pub(crate) mod templates;
 pub mod webhook;
 

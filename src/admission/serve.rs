@@ -8,7 +8,9 @@ use std::time::{Duration, SystemTime};
 
 use axum_server::tls_rustls::RustlsConfig;
 use axum_server::Handle;
-use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, Client};
 use tracing::{debug, error, warn};
@@ -56,6 +58,8 @@ pub(crate) struct ServeConfig {
     pub(crate) watched_namespaces: Vec<String>,
     /// `run --shards` when the operator runs sharded (`--sharding`).
     pub(crate) shards: Option<u32>,
+    /// The admission stamps' key (`super::stamp`); None: nothing is stamped.
+    pub(crate) stamp_key: Option<super::stamp::StampKey>,
 }
 
 /// Starts the webhook in the background; returns the address it listens on.
@@ -83,6 +87,7 @@ pub(crate) async fn start(
         access_checks: true,
         tenant_stores: config.tenant_stores.clone(),
         shards: config.shards,
+        stamp_key: config.stamp_key.clone(),
     };
 
     let tls = match config.cert_mode.as_str() {
@@ -161,6 +166,11 @@ async fn ensure(r: &ServeConfig, client: &Client) -> Result<CertBundle, String> 
     // rotation check patches it.
     if let Err(e) = certs::patch_ca_bundle(&configs, &r.config, &bundle.ca_cert_pem).await {
         warn!(config = %r.config, error = %e, "cannot patch the webhook caBundle");
+    }
+    let mutating: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    if let Err(e) = certs::patch_mutating_ca_bundle(&mutating, &r.config, &bundle.ca_cert_pem).await
+    {
+        warn!(config = %r.config, error = %e, "cannot patch the mutating webhook's caBundle");
     }
     Ok(bundle)
 }

@@ -86,12 +86,17 @@ pub struct WebhookState {
     /// The operator's `--shards` when it runs sharded: the shard label a request may write
     /// ([`crate::shard::label_change_refusal`]).
     pub shards: Option<u32>,
+    /// The key the mutating half stamps the runs whose author's rights it verified with
+    /// ([`super::stamp`]); None: it stamps nothing (the controller then holds such runs).
+    pub stamp_key: Option<super::stamp::StampKey>,
 }
 
-/// The webhook's routes: `POST /validate-sandboxrun`, `GET /healthz`.
+/// The webhook's routes: `POST /validate-sandboxrun`, `POST /mutate-sandboxrun` (the same
+/// judgement, and the stamp of what it verified: [`super::mutate`]), `GET /healthz`.
 pub fn router(state: WebhookState) -> Router {
     Router::new()
         .route("/validate-sandboxrun", post(validate))
+        .route("/mutate-sandboxrun", post(super::mutate::mutate))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(Arc::new(state))
 }
@@ -109,31 +114,38 @@ pub async fn serve_tls(
         .await
 }
 
-async fn validate(State(state): State<Arc<WebhookState>>, body: Bytes) -> impl IntoResponse {
-    let started = Instant::now();
-    // Parse by hand: a review we cannot read still gets a review back (the apiserver then shows
-    // our message), rather than a bare 4xx from an extractor.
-    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(&body) {
+/// The reply to a review that cannot be read.
+pub(super) type Unreadable = (StatusCode, Json<AdmissionReview<DynamicObject>>);
+
+/// The request of an AdmissionReview body. Parsed by hand: a review we cannot read still gets a
+/// review back (the apiserver then shows our message), rather than a bare 4xx from an extractor.
+pub(super) fn read_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Box<Unreadable>> {
+    let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(e) => {
             warn!(error = %e, "unreadable AdmissionReview");
-            return (
+            return Err(Box::new((
                 StatusCode::BAD_REQUEST,
                 Json(
                     AdmissionResponse::invalid(format!("unreadable AdmissionReview: {e}"))
                         .into_review(),
                 ),
-            );
+            )));
         }
     };
-    let request: AdmissionRequest<DynamicObject> = match review.try_into() {
-        Ok(r) => r,
-        Err(_) => {
-            return (
-                StatusCode::BAD_REQUEST,
-                Json(AdmissionResponse::invalid("AdmissionReview without a request").into_review()),
-            );
-        }
+    review.try_into().map_err(|_| {
+        Box::new((
+            StatusCode::BAD_REQUEST,
+            Json(AdmissionResponse::invalid("AdmissionReview without a request").into_review()),
+        ))
+    })
+}
+
+async fn validate(State(state): State<Arc<WebhookState>>, body: Bytes) -> impl IntoResponse {
+    let started = Instant::now();
+    let request = match read_review(&body) {
+        Ok(request) => request,
+        Err(unreadable) => return *unreadable,
     };
     let (response, verdict) = review_request(&state, &request).await;
     if let Some(m) = &state.metrics {
@@ -156,7 +168,7 @@ fn operation_label(op: &Operation) -> &'static str {
 }
 
 /// The response and the verdict label.
-async fn review_request(
+pub(super) async fn review_request(
     state: &WebhookState,
     req: &AdmissionRequest<DynamicObject>,
 ) -> (AdmissionResponse, &'static str) {
@@ -358,7 +370,7 @@ async fn judged_findings(
 
 /// The review's new and stored specs, typed (None when the new one does not parse; a stored one
 /// that does not parse counts as absent).
-fn typed_specs(
+pub(super) fn typed_specs(
     new: &serde_json::Value,
     old: Option<&serde_json::Value>,
 ) -> Option<(
@@ -557,7 +569,7 @@ fn respond(
 
 /// The object's `.spec`, raw and borrowed (no copy on the hot path); an empty object when it has
 /// none.
-fn spec_value(obj: &DynamicObject) -> &serde_json::Value {
+pub(super) fn spec_value(obj: &DynamicObject) -> &serde_json::Value {
     static EMPTY: std::sync::LazyLock<serde_json::Value> =
         std::sync::LazyLock::new(|| serde_json::Value::Object(Default::default()));
     obj.data.get("spec").unwrap_or(&EMPTY)
@@ -565,7 +577,7 @@ fn spec_value(obj: &DynamicObject) -> &serde_json::Value {
 
 /// Whether the object's status names its pod (read in place: the status is neither copied nor
 /// parsed whole for one field).
-fn pod_exists(obj: &DynamicObject) -> bool {
+pub(super) fn pod_exists(obj: &DynamicObject) -> bool {
     obj.data
         .pointer("/status/podName")
         .and_then(serde_json::Value::as_str)

@@ -119,11 +119,12 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let namespace_policies = namespace_policies(&args).map_err(OperatorError::Config)?;
     let rules = rule_settings(&args, caps, &durations, &egress, &namespace_policies);
     let tenant = tenant_stores(&args)?;
+    let rights = rights_policy(&args, &client).await;
     start_webhook(
         &args,
         client.clone(),
         &metrics,
-        rules.clone(),
+        (rules.clone(), rights.key.clone()),
         tenant.clone(),
     )
     .await?;
@@ -169,6 +170,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_tenant_stores(tenant)
         .with_preflight(preflight)
         .with_rules(rules)
+        .with_rights(rights)
         .with_shards(shards.clone()),
     );
     operate(&args, client, ctx, &ready, leader).await
@@ -190,6 +192,29 @@ fn rule_settings(
         policy: args.run_policy(),
         namespace_policies: namespace_policies.to_vec(),
     }
+}
+
+/// The admission stamps (docs/contract.md "A run uses only its author's rights"): what the
+/// controller does without one, and the key, read (or created) when the webhook stamps or the
+/// controller checks. A key that cannot be had is logged: the webhook then stamps nothing and
+/// the controller holds every run that needs a stamp (fail closed).
+async fn rights_policy(args: &RunArgs, client: &Client) -> crate::admission::stamp::RightsPolicy {
+    use crate::admission::stamp::{RightsPolicy, UnadmittedReferences};
+    let unadmitted = args.unadmitted_references;
+    let needed = unadmitted == UnadmittedReferences::Hold || !args.webhook_addr.trim().is_empty();
+    let key = if needed {
+        let (namespace, name) = (&args.pod_namespace, &args.admission_key_secret);
+        match crate::admission::stamp_key::load_or_create(client.clone(), namespace, name).await {
+            Ok(key) => Some(key),
+            Err(e) => {
+                error!(error = %e, "no admission key: runs that use their author's rights are held");
+                None
+            }
+        }
+    } else {
+        None
+    };
+    RightsPolicy { unadmitted, key }
 }
 
 /// Runs the controller as the flags say: sharded, elected, or alone.
@@ -318,7 +343,10 @@ async fn start_webhook(
     args: &RunArgs,
     client: Client,
     metrics: &Metrics,
-    settings: crate::admission::RuleSettings,
+    (settings, stamp_key): (
+        crate::admission::RuleSettings,
+        Option<crate::admission::stamp::StampKey>,
+    ),
     tenant_stores: crate::store::tenant::TenantStorePolicy,
 ) -> Result<(), OperatorError> {
     if args.webhook_addr.trim().is_empty() {
@@ -336,6 +364,7 @@ async fn start_webhook(
         hosts: args.webhook_hosts.clone(),
         check_images: args.check_images,
         shards: args.sharding.then_some(args.shards),
+        stamp_key,
         tenant_stores,
         settings,
         watched_namespaces: if args.webhook_refuse_unwatched {

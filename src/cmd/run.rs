@@ -285,6 +285,27 @@ pub(crate) struct RunArgs {
         default_value = crate::admission::published::DEFAULT_SETTINGS_CONFIGMAP
     )]
     pub(crate) settings_configmap: String,
+    /// What the controller does with a run that uses a Secret, ConfigMap, PVC, ServiceAccount,
+    /// template or store its author's rights were not verified for by the operator's webhook (no
+    /// valid admission stamp, docs/contract.md "A run uses only its author's rights"): `hold`
+    /// keeps it Pending with no pod (Ready=False RightsUnverified); `trust` gives it a pod with
+    /// the operator's rights, for clusters whose every run author may use everything in the
+    /// namespace.
+    #[arg(
+        long,
+        value_enum,
+        env = "SANDBOXRUN_UNADMITTED_REFERENCES",
+        default_value = "hold"
+    )]
+    pub(crate) unadmitted_references: crate::admission::stamp::UnadmittedReferences,
+    /// The Secret in --pod-namespace that holds the key of the admission stamps; created with 32
+    /// random bytes by the first replica that finds none.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_ADMISSION_KEY_SECRET",
+        default_value = "sandboxrun-operator-admission-key"
+    )]
+    pub(crate) admission_key_secret: String,
     /// Elect a leader on a Lease so several replicas can run.
     #[arg(long, env = "SANDBOXRUN_LEADER_ELECT", default_value_t = false)]
     pub(crate) leader_elect: bool,

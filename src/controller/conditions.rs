@@ -44,6 +44,9 @@ pub(crate) const REASON_POD_RUNNING: &str = "PodRunning";
 pub(crate) const REASON_POD_CREATED: &str = "PodCreated";
 /// Ready=False reason: the pod cannot be built from the spec.
 pub(crate) const REASON_INVALID_SPEC: &str = "InvalidSpec";
+/// Ready=False: the run uses what its author's rights must cover and no admission verified them
+/// (docs/contract.md "A run uses only its author's rights"); no pod.
+pub(crate) const REASON_RIGHTS_UNVERIFIED: &str = "RightsUnverified";
 /// Ready=False reason once the run has a final phase (except [`REASON_IMAGE_PULL_FAILED`], which
 /// Ready keeps: the pod never ran and the kubelet's words say why).
 pub(crate) const REASON_RUN_ENDED: &str = "RunEnded";

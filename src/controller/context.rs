@@ -46,6 +46,9 @@ pub(crate) struct Context {
     pub pod: PodSettings,
     /// The admission rules, judged again before a pod is built ([`Context::with_rules`]).
     pub rules: crate::admission::RuleSettings,
+    /// The admission stamps a run that uses its author's rights needs before it gets a pod
+    /// ([`Context::with_rights`]).
+    pub rights: crate::admission::stamp::RightsPolicy,
     /// Read-back caps.
     pub caps: CapSettings,
     /// Settings of the pure decision (image-pull timeout).
@@ -157,6 +160,13 @@ impl Context {
         self
     }
 
+    /// The same context requiring admission stamps as `rights` says (docs/contract.md "A run
+    /// uses only its author's rights").
+    pub(crate) fn with_rights(mut self, rights: crate::admission::stamp::RightsPolicy) -> Context {
+        self.rights = rights;
+        self
+    }
+
     pub(crate) fn with_preflight(mut self, resolver: Option<Arc<ImageResolver>>) -> Context {
         self.preflight = resolver;
         self
@@ -213,6 +223,7 @@ impl Context {
             store_url,
             pod,
             rules: crate::admission::RuleSettings::default(),
+            rights: Default::default(),
             caps,
             decide,
             pack_command,

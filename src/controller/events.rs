@@ -48,6 +48,8 @@ pub(crate) const FAILED: &str = "Failed";
 pub(crate) const STOPPED: &str = "Stopped";
 /// The pod cannot be built from the spec.
 pub(crate) const INVALID_SPEC: &str = conditions::REASON_INVALID_SPEC;
+/// The run's author's rights were not verified by an admission: no pod.
+pub(crate) const RIGHTS_UNVERIFIED: &str = conditions::REASON_RIGHTS_UNVERIFIED;
 /// The image can never be pulled: the run fails.
 pub(crate) const IMAGE_PULL_FAILED: &str = conditions::REASON_IMAGE_PULL_FAILED;
 /// The egress gate never saw the run's NetworkPolicy in force: the run fails, its workload never
@@ -121,6 +123,7 @@ pub(crate) const ALL: &[&str] = &[
     EGRESS_POLICY_UNENFORCED,
     STORE_UNUSABLE,
     TEMPLATE_UNUSABLE,
+    RIGHTS_UNVERIFIED,
 ];
 
 /// The reason of the Event that announces a final phase.

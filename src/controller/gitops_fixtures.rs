@@ -94,6 +94,7 @@ fn reconciled(mut run: SandboxRun, pod: &PodView) -> SandboxRun {
         now: now(),
         pod_settings: &pod_settings,
         rules: &rules,
+        rights_unverified: None,
         last_create_attempt: None,
         default_retention: Retention::Retain,
         settle: plan::SETTLE,

@@ -35,6 +35,7 @@ pub(crate) async fn reconcile(
     run: &Arc<SandboxRun>,
     now: Timestamp,
 ) -> Result<Reconciled, ControllerError> {
+    let own: &SandboxRun = run;
     let observation = match observe::observe(&ctx.client, run, now).await? {
         Observed::Run(observation) => observation,
         // A pod with our name that the run does not own is not ours to drain or delete.
@@ -60,6 +61,10 @@ pub(crate) async fn reconcile(
     };
     let run = &run;
     let step = decide::decide(run, observation.view.as_ref(), now, &ctx.decide);
+    // The stamp covers the run's own spec (what its author wrote), not its template's merge.
+    let rights_unverified = matches!(step, decide::Step::CreatePod)
+        .then(|| crate::admission::stamp::unverified_rights(own, &ctx.rights))
+        .flatten();
     let label = step.as_str();
     info!(run = %observation.name, namespace = %observation.namespace, step = label, "reconcile");
     let inputs = Inputs {
@@ -69,6 +74,7 @@ pub(crate) async fn reconcile(
         now,
         pod_settings: &ctx.pod,
         rules: &ctx.rules,
+        rights_unverified: rights_unverified.as_deref(),
         last_create_attempt: ctx.last_create_attempt(run),
         default_retention: ctx.default_retention,
         settle: ctx.settle,

@@ -806,6 +806,161 @@ subjects:
     );
 }
 
+/// Issue #38 item 1 (docs/contract.md "A run uses only its author's rights"): with the webhook
+/// out of the way a run naming a Secret got a pod made with the operator's rights. The controller
+/// (`--unadmitted-references hold`, the chart's default) gives such a run a pod only with the
+/// stamp of the webhook's mutating half, which it writes after verifying every right for the
+/// requesting user. A run admitted by the validating half alone (no stamp), and one carrying a
+/// stamp copied from another run, are held `RightsUnverified` with no pod; a run that uses no
+/// right runs either way; re-applied through the mutating half, the held run gets its pod.
+/// On the old code every one of these runs got a pod.
+#[tokio::test]
+async fn a_run_whose_authors_rights_no_admission_verified_gets_no_pod() {
+    use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+    use k8s_openapi::api::core::v1::Pod;
+    let live =
+        LiveWebhook::start_with("live-stamp", true, &["--unadmitted-references", "hold"]).await;
+    let ns = live.ns.name.clone();
+    let runs = live.runs();
+    let pods: Api<Pod> = Api::namespaced(live.client.clone(), &ns);
+    let run = |name: &str, secret: bool| {
+        let mut spec = json!({"image": DIGEST_IMAGE, "user": "1000", "command": ["sleep", "3600"]});
+        if secret {
+            spec["mounts"] = json!([{"name": "db", "type": "secret", "source": "db", "target": "/db", "readOnly": true}]);
+        }
+        run_from(json!({
+            "apiVersion": "sandbox.iterion.io/v1alpha1",
+            "kind": "SandboxRun",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+    };
+    let reason_of = |r: &SandboxRun| {
+        let status = r.status.as_ref()?;
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready")?;
+        Some((
+            ready.reason.clone(),
+            status.message.clone().unwrap_or_default(),
+        ))
+    };
+    // The validating half alone: admitted, never stamped.
+    runs.create(&PostParams::default(), &run("unstamped", true))
+        .await
+        .expect("create");
+    runs.create(&PostParams::default(), &run("plain", false))
+        .await
+        .expect("create");
+    let held = live
+        .wait("the unstamped run held RightsUnverified", || {
+            let runs = runs.clone();
+            async move {
+                let r = runs.get("unstamped").await.ok()?;
+                reason_of(&r).filter(|(reason, _)| reason == "RightsUnverified")
+            }
+        })
+        .await;
+    assert!(
+        held.1.contains("spec.mounts[0].source") && held.1.contains("no admission stamp"),
+        "{}",
+        held.1
+    );
+    live.wait("the plain run's pod", || {
+        let pods = pods.clone();
+        async move { pods.get_opt("plain-sbr").await.ok().flatten() }
+    })
+    .await;
+    // The mutating half, trusting the CA the operator published in the validating one.
+    let vwcs: Api<ValidatingWebhookConfiguration> = Api::all(live.client.clone());
+    let vwc = vwcs
+        .get(&live.vwc)
+        .await
+        .expect("the validating configuration");
+    let ca = vwc.webhooks.unwrap_or_default()[0]
+        .client_config
+        .ca_bundle
+        .clone()
+        .expect("caBundle");
+    let mwcs: Api<MutatingWebhookConfiguration> = Api::all(live.client.clone());
+    let url = format!("https://127.0.0.1:{}/mutate-sandboxrun", live.port);
+    mwcs.create(
+        &PostParams::default(),
+        &loopback_mutating_webhook(&live.vwc, &ns, url, ca.0),
+    )
+    .await
+    .expect("register the mutating half");
+    let stamped = live
+        .wait(
+            "a run created through the mutating half to be stamped",
+            || {
+                let runs = runs.clone();
+                let fresh = run("stamped", true);
+                async move {
+                    let _ = runs.create(&PostParams::default(), &fresh).await;
+                    let r = runs.get("stamped").await.ok()?;
+                    r.annotations()
+                        .get("sandbox.iterion.io/admitted-rights")
+                        .cloned()
+                }
+            },
+        )
+        .await;
+    live.wait("the stamped run's pod", || {
+        let pods = pods.clone();
+        async move { pods.get_opt("stamped-sbr").await.ok().flatten() }
+    })
+    .await;
+    // Re-applied through the webhook (a change before the pod exists re-checks every right and
+    // stamps), the held run gets its pod.
+    runs.patch(
+        "unstamped",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"command": ["sleep", "3601"]}})),
+    )
+    .await
+    .expect("re-apply");
+    live.wait("the re-applied run's pod", || {
+        let pods = pods.clone();
+        async move { pods.get_opt("unstamped-sbr").await.ok().flatten() }
+    })
+    .await;
+    // Without the mutating half, a stamp copied from another run vouches for nothing.
+    mwcs.delete(&live.vwc, &DeleteParams::default())
+        .await
+        .expect("unregister");
+    // The apiserver's webhook cache lets go of it (a dry run returns the object as the mutating
+    // webhooks left it: no stamp once the mutating half is gone).
+    live.wait("the apiserver to stop calling the mutating half", || {
+        let runs = runs.clone();
+        let probe = run("probe", true);
+        async move {
+            let out = runs.create(&dry_run(), &probe).await.ok()?;
+            (!out.annotations().contains_key("sandbox.iterion.io/admitted-rights")).then_some(())
+        }
+    })
+    .await;
+    let mut copied = run("copied", true);
+    copied
+        .annotations_mut()
+        .insert("sandbox.iterion.io/admitted-rights".into(), stamped);
+    live.wait(
+        "the copied-stamp run created without the mutating half",
+        || {
+            let runs = runs.clone();
+            let copied = copied.clone();
+            async move {
+                let _ = runs.create(&PostParams::default(), &copied).await;
+                let r = runs.get("copied").await.ok()?;
+                reason_of(&r).filter(|(reason, _)| reason == "RightsUnverified")
+            }
+        },
+    )
+    .await;
+    assert!(
+        pods.get_opt("copied-sbr").await.expect("get").is_none(),
+        "no pod for a copied stamp"
+    );
+}
+
 /// Issue 29 item 1 (docs/contract.md "A store per namespace"): a run that names a store
 /// (`spec.readBack.storeRef`) needs its author to read that ConfigMap and the Secret it names,
 /// through the live webhook, as impersonated users. carol may read the ConfigMap but not its

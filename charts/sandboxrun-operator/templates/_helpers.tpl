@@ -79,6 +79,11 @@ is forced. */}}
 {{- end -}}
 
 {{/* The self-managed webhook Secret (--webhook-secret) and the cert-manager one. */}}
+{{/* The Secret holding the key of the admission stamps (--admission-key-secret). */}}
+{{- define "sbr.admissionKeySecret" -}}
+{{- printf "%s-admission-key" (include "sbr.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
 {{- define "sbr.webhookSecret" -}}
 {{- printf "%s-webhook-tls" (include "sbr.fullname" .) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}

@@ -7,7 +7,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::super::conditions::{REASON_INVALID_SPEC, REASON_POD_CREATED};
+use super::super::conditions::{REASON_INVALID_SPEC, REASON_POD_CREATED, REASON_RIGHTS_UNVERIFIED};
 use super::super::decide::Preflight;
 use super::super::events::{self, PlannedEvent};
 use super::super::refusals;
@@ -34,6 +34,11 @@ pub(super) fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
         Some(refusal) => Err(refusal),
         None => pod::build_pod(run, inputs.pod_settings).map_err(|e| e.to_string()),
     };
+    // Its author's rights unverified (docs/contract.md "A run uses only its author's rights"):
+    // held like a run its rules refuse, under its own reason.
+    if let (Ok(_), Some(why)) = (&built, inputs.rights_unverified) {
+        return StepPlan::Carry(Box::new(rights_unverified(run, why, now)));
+    }
     match built {
         Ok(pod) => StepPlan::CreatePod(Box::new(pod)),
         // A malformed run is recorded and awaited (a spec change wakes it), not retried hot.
@@ -89,6 +94,25 @@ pub(super) fn refused_by_rules(
         "the operator's admission rules refuse the spec: {}{more}",
         shown.join("; ")
     ))
+}
+
+/// The run's author's rights were not verified by an admission: no pod, `Ready=False
+/// RightsUnverified`, one Warning per distinct message, awaited (re-applying it through the
+/// webhook changes the run and wakes it).
+pub(super) fn rights_unverified(run: &SandboxRun, why: &str, now: Timestamp) -> Plan {
+    if run.status.as_ref().and_then(|s| s.message.as_deref()) == Some(why) {
+        return Plan::wait(Requeue::AwaitChange);
+    }
+    Plan {
+        events: vec![PlannedEvent::warning(
+            events::RIGHTS_UNVERIFIED,
+            why,
+            "CreatePod",
+        )],
+        status: Some(pending_status(run, REASON_RIGHTS_UNVERIFIED, why, now)),
+        effects: Vec::new(),
+        requeue: Requeue::AwaitChange,
+    }
 }
 
 /// How many failing rules a held run's message spells out.

@@ -24,6 +24,7 @@ pub(crate) fn inputs<'a>(
         now: now(),
         pod_settings: settings,
         rules: default_rules(),
+        rights_unverified: None,
         last_create_attempt: None,
         settle: SETTLE,
         default_retention: Retention::Retain,

@@ -1,7 +1,8 @@
 //! Validating webhook configurations that the tests register by URL on loopback.
 
 use k8s_openapi::api::admissionregistration::v1::{
-    RuleWithOperations, ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ValidatingWebhook,
+    ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::ByteString;
@@ -50,6 +51,42 @@ pub fn loopback_webhook(
                 service: None,
             },
             rules: Some(vec![rule]),
+            ..Default::default()
+        }]),
+    }
+}
+
+/// The mutating half of the operator's webhook (`/mutate-sandboxrun`, the admission stamps) as
+/// [`loopback_webhook`] registers the validating one: `name`, from the test namespace `ns` only,
+/// to `url`, trusting `ca_bundle`, failing closed after 5 s.
+pub fn loopback_mutating_webhook(
+    name: &str,
+    ns: &str,
+    url: String,
+    ca_bundle: Vec<u8>,
+) -> MutatingWebhookConfiguration {
+    MutatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        webhooks: Some(vec![MutatingWebhook {
+            name: "stamp.sandbox.iterion.io".into(),
+            admission_review_versions: vec!["v1".into()],
+            side_effects: "None".into(),
+            failure_policy: Some("Fail".into()),
+            reinvocation_policy: Some("Never".into()),
+            timeout_seconds: Some(5),
+            namespace_selector: Some(LabelSelector {
+                match_labels: Some([("sandboxrun-test".to_string(), ns.to_string())].into()),
+                ..Default::default()
+            }),
+            client_config: WebhookClientConfig {
+                url: Some(url),
+                ca_bundle: Some(ByteString(ca_bundle)),
+                service: None,
+            },
+            rules: Some(vec![sandboxrun_rule()]),
             ..Default::default()
         }]),
     }

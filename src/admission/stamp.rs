@@ -1,0 +1,328 @@
+//! What admission verified, recorded where only the operator can vouch for it (docs/contract.md
+//! "A run uses only its author's rights"; issue #38). The operator creates a run's pod with its
+//! own ServiceAccount, so a Secret, ConfigMap, PVC, ServiceAccount or store the run names is used
+//! with the operator's rights unless its author's were checked. Only the webhook sees who the
+//! author is; without it (disabled, `failurePolicy: Ignore` after a timeout, a namespace it does
+//! not cover) nothing was checked. So the webhook's mutating half writes, on the run it admitted
+//! with every right verified, the annotation [`STAMP_ANNOTATION`]: an HMAC under a key only the
+//! operator holds, over the run's namespace, its name (or `generateName`), the digest of its
+//! whole spec and the time it was issued. The controller gives a pod to a run that exercises a
+//! right only when the stamp verifies for that exact spec and was issued no earlier than the
+//! run's creation (less [`SKEW_SECONDS`]): a client cannot forge one, a stamp copied from another run
+//! names another run or spec, and one kept from a deleted run of the same name is older than
+//! the new run. Pure: the key is an argument.
+
+use ring::hmac;
+use sha2::{Digest, Sha256};
+
+use crate::api::SandboxRunSpec;
+
+/// The annotation the webhook writes on a run whose author's rights it verified.
+pub(crate) const STAMP_ANNOTATION: &str = "sandbox.iterion.io/admitted-rights";
+
+/// How far the webhook's clock and the apiserver's may disagree: a stamp issued up to this long
+/// before the run's creation (the mutating webhook sees a CREATE before the apiserver stamps
+/// `creationTimestamp`) still counts.
+pub(crate) const SKEW_SECONDS: i64 = 120;
+
+/// The version prefix of a stamp's value.
+const VERSION: &str = "v1";
+
+/// The key stamps are made and checked with (32 random bytes in a Secret of the operator's
+/// namespace, shared by its replicas).
+#[derive(Clone)]
+pub struct StampKey(hmac::Key);
+
+impl std::fmt::Debug for StampKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StampKey(..)")
+    }
+}
+
+impl StampKey {
+    /// The key of these bytes.
+    pub fn new(bytes: &[u8]) -> StampKey {
+        StampKey(hmac::Key::new(hmac::HMAC_SHA256, bytes))
+    }
+}
+
+/// What a stamp is bound to: the run's namespace and name (or, for a run created with
+/// `generateName` and judged before the apiserver named it, that prefix), and its spec.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Subject<'a> {
+    /// The run's namespace.
+    pub namespace: &'a str,
+    /// The run's name, or `generateName:<prefix>`.
+    pub name: &'a str,
+    /// The run's own spec (not a template's merge).
+    pub spec: &'a SandboxRunSpec,
+}
+
+/// The bytes the HMAC covers.
+fn message(subject: &Subject<'_>, issued: i64) -> Vec<u8> {
+    let spec = serde_json::to_vec(subject.spec).unwrap_or_default();
+    let digest = Sha256::digest(&spec);
+    let mut out = format!(
+        "{VERSION}\n{}\n{}\n{issued}\n",
+        subject.namespace, subject.name
+    )
+    .into_bytes();
+    out.extend_from_slice(&digest);
+    out
+}
+
+/// The stamp of `subject`, issued at `issued` (Unix seconds): `v1.<issued>.<hex HMAC>`.
+pub(crate) fn issue(key: &StampKey, subject: &Subject<'_>, issued: i64) -> String {
+    let tag = hmac::sign(&key.0, &message(subject, issued));
+    format!("{VERSION}.{issued}.{}", hex::encode(tag.as_ref()))
+}
+
+/// Why a run's stamp does not vouch for it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Unverified {
+    /// No stamp: the webhook did not admit this run (or did not verify every right it uses).
+    #[error("no admission stamp ({STAMP_ANNOTATION}): the operator's webhook did not verify its author's rights")]
+    Missing,
+    /// Not a stamp's shape.
+    #[error("the {STAMP_ANNOTATION} annotation is not a stamp the operator wrote")]
+    Malformed,
+    /// The HMAC does not match: forged, copied from another run, or the spec changed since.
+    #[error("the {STAMP_ANNOTATION} stamp does not match this run's namespace, name and spec (the spec changed after admission, or the stamp was not written for this run)")]
+    Mismatch,
+    /// Issued before the run existed: kept from an earlier run of the same name.
+    #[error("the {STAMP_ANNOTATION} stamp was issued before this run was created")]
+    Stale,
+}
+
+/// Checks `value` (the run's [`STAMP_ANNOTATION`]) for `subject`, a run created at `created`
+/// (Unix seconds). `generate_name`: the run's `metadata.generateName`, whose stamp may name that
+/// prefix instead of the name.
+pub(crate) fn verify(
+    key: &StampKey,
+    value: Option<&str>,
+    subject: &Subject<'_>,
+    generate_name: Option<&str>,
+    created: i64,
+) -> Result<(), Unverified> {
+    let value = value.ok_or(Unverified::Missing)?;
+    let mut parts = value.splitn(3, '.');
+    let (Some(VERSION), Some(issued), Some(tag)) = (parts.next(), parts.next(), parts.next())
+    else {
+        return Err(Unverified::Malformed);
+    };
+    let issued: i64 = issued.parse().map_err(|_| Unverified::Malformed)?;
+    let tag = hex::decode(tag).map_err(|_| Unverified::Malformed)?;
+    let prefixed = generate_name.map(|g| format!("generateName:{g}"));
+    let names = std::iter::once(subject.name).chain(prefixed.as_deref());
+    let matches = names.into_iter().any(|name| {
+        let bound = Subject { name, ..*subject };
+        hmac::verify(&key.0, &message(&bound, issued), &tag).is_ok()
+    });
+    if !matches {
+        return Err(Unverified::Mismatch);
+    }
+    if issued < created.saturating_sub(SKEW_SECONDS) {
+        return Err(Unverified::Stale);
+    }
+    Ok(())
+}
+
+/// The name a stamp binds for a request: the run's name, or `generateName:<prefix>` when the
+/// apiserver has not named it yet.
+pub(crate) fn bound_name(name: &str, generate_name: Option<&str>) -> String {
+    match generate_name {
+        Some(prefix) if name.is_empty() => format!("generateName:{prefix}"),
+        _ => name.to_string(),
+    }
+}
+
+/// What the controller does with a run that exercises a right no admission verified
+/// (`run --unadmitted-references`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UnadmittedReferences {
+    /// No pod: the run waits, `Ready=False RightsUnverified` (the default).
+    #[default]
+    Hold,
+    /// A pod all the same, with the operator's rights: only where every SandboxRun author may
+    /// use every Secret, ConfigMap, PVC and ServiceAccount of the namespace.
+    Trust,
+}
+
+/// The controller's side of the stamps: what it does without one, and the key it checks them
+/// with (None: the key could not be read; every run that needs a stamp is then held).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RightsPolicy {
+    /// Without a valid stamp.
+    pub unadmitted: UnadmittedReferences,
+    /// The key.
+    pub key: Option<StampKey>,
+}
+
+/// Why `run` may not have a pod yet (docs/contract.md "A run uses only its author's rights"):
+/// it exercises rights ([`super::access::required`]) and no stamp vouches that admission
+/// verified them for its spec. None: it may (no right used, a valid stamp, or `trust`).
+pub(crate) fn unverified_rights(
+    run: &crate::api::SandboxRun,
+    policy: &RightsPolicy,
+) -> Option<String> {
+    if policy.unadmitted == UnadmittedReferences::Trust {
+        return None;
+    }
+    let rights = super::access::required(&run.spec);
+    if rights.is_empty() {
+        return None;
+    }
+    let fields: std::collections::BTreeSet<&str> = rights
+        .values()
+        .flatten()
+        .map(|f| f.split(" (").next().unwrap_or(f))
+        .collect();
+    let why = match &policy.key {
+        None => "the operator could not read its admission key".to_string(),
+        Some(key) => {
+            let meta = &run.metadata;
+            let subject = Subject {
+                namespace: meta.namespace.as_deref().unwrap_or_default(),
+                name: meta.name.as_deref().unwrap_or_default(),
+                spec: &run.spec,
+            };
+            let created = meta
+                .creation_timestamp
+                .as_ref()
+                .map_or(0, |t| t.0.as_second());
+            let value = meta
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(STAMP_ANNOTATION));
+            let generate_name = meta.generate_name.as_deref();
+            verify(
+                key,
+                value.map(String::as_str),
+                &subject,
+                generate_name,
+                created,
+            )
+            .err()?
+            .to_string()
+        }
+    };
+    Some(format!(
+        "the run uses what its author's rights must cover ({}) and no admission verified them: {why}; \
+         the pod is not created. Create or update the run while the operator's webhook serves it \
+         (enabled, failurePolicy Fail, its namespaceSelector covering this namespace), or drop \
+         those fields; a platform whose every author may use everything in the namespace runs \
+         the operator with --unadmitted-references=trust",
+        fields.into_iter().collect::<Vec<_>>().join(", ")
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{Mount, MountType};
+
+    fn spec(command: &str) -> SandboxRunSpec {
+        SandboxRunSpec {
+            image: Some("img@sha256:abc".into()),
+            command: Some(vec!["sh".into(), "-c".into(), command.into()]),
+            mounts: vec![Mount {
+                name: "db".into(),
+                kind: MountType::Secret,
+                source: Some("db-credentials".into()),
+                target: "/secret".into(),
+                read_only: true,
+            }],
+            ..Default::default()
+        }
+    }
+
+    /// Issue #38: with the webhook out of the way, a run naming a Secret got a pod with the
+    /// operator's rights. Only a stamp the operator's key made for this very run and spec, no
+    /// older than the run, vouches that its author's rights were checked.
+    #[test]
+    fn a_stamp_vouches_only_for_the_run_and_spec_it_was_issued_for_after_its_creation() {
+        let key = StampKey::new(b"0123456789abcdef0123456789abcdef");
+        let admitted = spec("make report");
+        let subject = Subject {
+            namespace: "team-a",
+            name: "report",
+            spec: &admitted,
+        };
+        let created = 1_800_000_000;
+        let stamp = issue(&key, &subject, created - 1);
+        let check = |value: Option<&str>, subject: &Subject<'_>, created: i64| {
+            verify(&key, value, subject, None, created)
+        };
+        assert_eq!(check(Some(&stamp), &subject, created), Ok(()));
+        assert_eq!(check(None, &subject, created), Err(Unverified::Missing));
+        assert_eq!(
+            check(Some("v1.12.zz"), &subject, created),
+            Err(Unverified::Malformed)
+        );
+        // Another key (a forger's), another run, another namespace, another command.
+        let forged = issue(&StampKey::new(b"guess"), &subject, created);
+        assert_eq!(
+            check(Some(&forged), &subject, created),
+            Err(Unverified::Mismatch)
+        );
+        let other = Subject {
+            name: "other",
+            ..subject
+        };
+        assert_eq!(
+            check(Some(&stamp), &other, created),
+            Err(Unverified::Mismatch)
+        );
+        let elsewhere = Subject {
+            namespace: "team-b",
+            ..subject
+        };
+        assert_eq!(
+            check(Some(&stamp), &elsewhere, created),
+            Err(Unverified::Mismatch)
+        );
+        let hijacked = spec("cat /secret/*");
+        let changed = Subject {
+            spec: &hijacked,
+            ..subject
+        };
+        assert_eq!(
+            check(Some(&stamp), &changed, created),
+            Err(Unverified::Mismatch)
+        );
+        // A stamp kept from a deleted run of the same name: issued before this run existed.
+        let later = created + SKEW_SECONDS + 60;
+        assert_eq!(check(Some(&stamp), &subject, later), Err(Unverified::Stale));
+    }
+
+    #[test]
+    fn a_run_named_by_the_apiserver_is_bound_by_its_generate_name() {
+        let key = StampKey::new(b"k");
+        let admitted = spec("true");
+        let at_admission = bound_name("", Some("job-"));
+        assert_eq!(at_admission, "generateName:job-");
+        let stamp = issue(
+            &key,
+            &Subject {
+                namespace: "ns",
+                name: &at_admission,
+                spec: &admitted,
+            },
+            100,
+        );
+        let named = Subject {
+            namespace: "ns",
+            name: "job-x7k2p",
+            spec: &admitted,
+        };
+        assert_eq!(
+            verify(&key, Some(&stamp), &named, Some("job-"), 100),
+            Ok(())
+        );
+        assert_eq!(
+            verify(&key, Some(&stamp), &named, Some("other-"), 100),
+            Err(Unverified::Mismatch)
+        );
+        assert_eq!(bound_name("named", Some("job-")), "named");
+    }
+}
