@@ -829,7 +829,7 @@ data: {{url: 's3://sandboxrun-test/x', options: 'endpoint={endpoint}', secretNam
 ---
 apiVersion: v1
 kind: Secret
-metadata: {{name: fast-creds, namespace: {ns}}}
+metadata: {{name: fast-creds, namespace: {ns}, labels: {{sandbox.iterion.io/store-credentials: 'true'}}}}
 stringData: {{AWS_ACCESS_KEY_ID: a, AWS_SECRET_ACCESS_KEY: b}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
