@@ -21,6 +21,7 @@ pub mod policy;
 pub(crate) mod publish;
 pub(crate) mod published;
 pub(crate) mod ratchet;
+pub(crate) mod review_limit;
 pub(crate) mod rules;
 pub(crate) mod schema;
 pub(crate) mod serve;

@@ -355,7 +355,11 @@ async fn access_findings(
     match (&state.client, req.namespace.as_deref()) {
         (Some(client), Some(ns)) => {
             let store = store_ref_findings(state, client, ns, &new, &mut wanted).await;
-            let mut findings = super::access::check(client, &req.user_info, ns, &wanted).await;
+            // Bounded per review and in all: the endpoint is no RBAC oracle (issue #38 item 6).
+            let mut findings = match super::review_limit::admit(wanted.len()) {
+                Some(refused) => vec![refused],
+                None => super::access::check(client, &req.user_info, ns, &wanted).await,
+            };
             findings.extend(store);
             findings
         }
