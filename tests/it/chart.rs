@@ -1582,6 +1582,53 @@ fn the_webhook_port_is_open_to_the_apiserver_only() {
     );
 }
 
+/// Issue #38 item 5: the operator's memory limit is derived from the path slots
+/// (docs/operations.md "Sizing": `drainMemory.baselineMi + maxConcurrentPathDrains ×
+/// drainMemory.perPathDrainMi`), so the two cannot disagree; a limit set apart is refused.
+#[test]
+fn the_memory_limit_is_derived_from_the_path_slots() {
+    let limit = |extra: &[&str]| -> Option<String> {
+        let mut args = vec!["template", "demo", CHART];
+        args.extend_from_slice(extra);
+        let text = ok(helm(&args), None);
+        let docs = yaml_docs(&text);
+        let deploy = operator_deployment(&docs);
+        let container = &deploy["spec"]["template"]["spec"]["containers"][0];
+        container["resources"]["limits"]["memory"]
+            .as_str()
+            .map(str::to_string)
+    };
+    assert_eq!(limit(&[]).as_deref(), Some("1440Mi"), "128 + 8 × 164");
+    assert_eq!(
+        limit(&["--set", "maxConcurrentPathDrains=2"]).as_deref(),
+        Some("456Mi"),
+        "128 + 2 × 164"
+    );
+    assert_eq!(
+        limit(&[
+            "--set",
+            "maxConcurrentPathDrains=16",
+            "--set",
+            "drainMemory.baselineMi=256"
+        ])
+        .as_deref(),
+        Some("2880Mi")
+    );
+    let set_apart = run(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "resources.limits.memory=1Gi",
+        ]),
+        None,
+    );
+    assert!(!set_apart.status.success(), "a limit set apart renders");
+    let err = String::from_utf8_lossy(&set_apart.stderr);
+    assert!(err.contains("drainMemory.baselineMi"), "{err}");
+}
+
 /// The metric names a PromQL text uses (`sandboxrun_…`, histogram suffixes removed).
 fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
     let mut out = std::collections::BTreeSet::new();
