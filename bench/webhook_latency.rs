@@ -193,6 +193,7 @@ fn start_servers(bundle: &certs::CertBundle, pin: bool) -> (SocketAddr, SocketAd
                 access_checks: false,
                 watched_namespaces: Vec::new(),
                 tenant_stores: Default::default(),
+                platform_pull: Default::default(),
             };
             let (ours, peer) = (unused_port(), unused_port());
             tokio::spawn(serve_tls(ours, tls.clone(), router(state)));

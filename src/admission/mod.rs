@@ -17,6 +17,7 @@ pub(crate) mod live;
 pub(crate) mod live_verdicts;
 pub mod namespace_policy;
 pub(crate) mod network;
+pub mod platform_pull;
 pub mod policy;
 pub(crate) mod publish;
 pub(crate) mod published;

@@ -83,6 +83,9 @@ pub struct WebhookState {
     /// Whether tenant stores are on (`run --tenant-store-endpoints`): off, a run naming a store
     /// (`spec.readBack.storeRef`) is refused (docs/contract.md "A store per namespace").
     pub tenant_stores: crate::store::tenant::TenantStorePolicy,
+    /// The platform's pull Secrets: a workload image in the registry they serve is refused
+    /// (docs/contract.md "The platform's pull Secrets pull the holder, not the workload").
+    pub platform_pull: super::platform_pull::PlatformPull,
 }
 
 /// The webhook's routes: `POST /validate-sandboxrun`, `GET /healthz`.
@@ -280,6 +283,9 @@ async fn findings_of(
         let old = judged.old.as_deref();
         findings.extend(namespace_policy_findings(state, req, &judged.new, old).await);
     }
+    // The platform's pull Secrets pull the holder, not the workload (issue #38 item 3).
+    let old = judged.old.as_deref();
+    findings.extend(state.platform_pull.review_refusal(&judged.new, old));
     Ok(findings)
 }
 
