@@ -195,6 +195,7 @@ fn start_servers(bundle: &certs::CertBundle, pin: bool) -> (SocketAddr, SocketAd
                 tenant_stores: Default::default(),
                 shards: None,
                 stamp_key: None,
+                platform_pull: Default::default(),
             };
             let (ours, peer) = (unused_port(), unused_port());
             tokio::spawn(serve_tls(ours, tls.clone(), router(state)));

@@ -419,6 +419,10 @@ fn changed_why(c: &crate::store::manifest::ChangedRecord) -> String {
             "a read failed after {} bytes: zero-padded to {}",
             c.read_size, c.stat_size
         ),
+        "modified" => format!(
+            "it was written while read (same size, {} bytes): it may mix old and new content",
+            c.stat_size
+        ),
         other => format!("changed while read ({})", printable(other)),
     }
 }

@@ -72,8 +72,12 @@ pub struct PodSettings {
     /// Egress enforcement: the proxy variables a filtered run's workload gets.
     pub egress: crate::egress::EgressSettings,
     /// Secrets added to every pod's imagePullSecrets after the run's own
-    /// (`run --pod-image-pull-secret`): a holder image from a private registry.
+    /// (`run --pod-image-pull-secret`): a holder image from a private registry. Never on the pod
+    /// of a workload image in the holder image's registry (docs/contract.md "The platform's pull
+    /// Secrets pull the holder, not the workload").
     pub image_pull_secrets: Vec<String>,
+    /// `run --pod-image-pull-secret-serves-workloads`: those Secrets may pull workload images too.
+    pub image_pull_secrets_serve_workloads: bool,
     /// With `run --sharding`: the number of shards; the pod is labelled with its run's shard
     /// (`sandbox.iterion.io/shard`), which the sharded replica's pod watch selects on.
     pub shards: Option<u32>,
@@ -94,6 +98,7 @@ impl Default for PodSettings {
             holder_resources: HolderResources::default(),
             egress: crate::egress::EgressSettings::default(),
             image_pull_secrets: Vec::new(),
+            image_pull_secrets_serve_workloads: false,
             shards: None,
             default_runtime_class: None,
             namespace_policies: Vec::new(),
@@ -761,11 +766,17 @@ fn image_pull_secrets(
     spec: &SandboxRunSpec,
     settings: &PodSettings,
 ) -> Option<Vec<LocalObjectReference>> {
+    let platform = crate::admission::platform_pull::PlatformPull::new(
+        &settings.image_pull_secrets,
+        &settings.holder_image,
+        settings.image_pull_secrets_serve_workloads,
+    );
+    let image = spec.image.as_deref().unwrap_or_default();
     let mut seen = std::collections::HashSet::new();
     let pull_secrets: Vec<LocalObjectReference> = spec
         .image_pull_secrets
         .iter()
-        .chain(settings.image_pull_secrets.iter())
+        .chain(platform.secrets_for(image).iter())
         .filter(|n| seen.insert(n.as_str()))
         .map(|n| LocalObjectReference { name: n.clone() })
         .collect();
@@ -1322,6 +1333,30 @@ mod tests {
         assert_eq!(names, ["team", "mirror", "holder-registry"]);
         let bare = build_pod(&run(spec_with_paths(&["/out"])), &PodSettings::default()).unwrap();
         assert_eq!(bare.spec.unwrap().image_pull_secrets, None);
+    }
+
+    #[test]
+    fn the_operators_pull_secrets_never_pull_a_workload_from_the_holders_registry() {
+        let names = |image: &str, serve_workloads: bool| -> Vec<String> {
+            let mut spec = spec_with_paths(&["/out"]);
+            spec.image = Some(image.into());
+            spec.image_pull_secrets = vec!["team".into()];
+            let settings = PodSettings {
+                image_pull_secrets: vec!["holder-registry".into()],
+                image_pull_secrets_serve_workloads: serve_workloads,
+                ..PodSettings::default()
+            };
+            let pod = build_pod(&run(spec), &settings).unwrap();
+            let secrets = pod.spec.unwrap().image_pull_secrets.unwrap_or_default();
+            secrets.into_iter().map(|r| r.name).collect()
+        };
+        // The default holder image is on ghcr.io.
+        assert_eq!(names("ghcr.io/iterion/internal:1", false), ["team"]);
+        assert_eq!(
+            names("ghcr.io/iterion/internal:1", true),
+            ["team", "holder-registry"]
+        );
+        assert_eq!(names("busybox:1.37", false), ["team", "holder-registry"]);
     }
 
     #[test]

@@ -50,6 +50,8 @@ pub(crate) struct ServeConfig {
     pub(crate) hosts: Vec<String>,
     /// Opt-in image resolvability check.
     pub(crate) check_images: bool,
+    /// The platform's pull Secrets and the registry they serve (`run --pod-image-pull-secret`).
+    pub(crate) platform_pull: crate::admission::platform_pull::PlatformPull,
     /// Settings the rules read.
     pub(crate) settings: RuleSettings,
     /// The tenant store rules (`run --tenant-store-endpoints`, `--tenant-store-secret-names`).
@@ -88,6 +90,7 @@ pub(crate) async fn start(
         tenant_stores: config.tenant_stores.clone(),
         shards: config.shards,
         stamp_key: config.stamp_key.clone(),
+        platform_pull: config.platform_pull.clone(),
     };
 
     let tls = match config.cert_mode.as_str() {

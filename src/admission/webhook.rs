@@ -89,6 +89,9 @@ pub struct WebhookState {
     /// The key the mutating half stamps the runs whose author's rights it verified with
     /// ([`super::stamp`]); None: it stamps nothing (the controller then holds such runs).
     pub stamp_key: Option<super::stamp::StampKey>,
+    /// The platform's pull Secrets: a workload image in the registry they serve is refused
+    /// (docs/contract.md "The platform's pull Secrets pull the holder, not the workload").
+    pub platform_pull: super::platform_pull::PlatformPull,
 }
 
 /// The webhook's routes: `POST /validate-sandboxrun`, `POST /mutate-sandboxrun` (the same
@@ -199,6 +202,7 @@ pub(super) async fn review_request(
     }
     match findings_of(state, req, object).await {
         Ok(mut findings) => {
+            findings.extend(shard_label_finding(state, req, object));
             sort_findings(&mut findings);
             respond(resp, &who, &findings)
         }
@@ -234,9 +238,7 @@ async fn findings_of(
             .old_object
             .as_ref()
             .is_some_and(|o| o.metadata.deletion_timestamp.is_some());
-    let mut findings: Vec<Finding> = shard_label_finding(state, req, object)
-        .into_iter()
-        .collect();
+    let mut findings = Vec::new();
     let judged = if req.operation == Operation::Create || (!deleting && old_spec != Some(new_spec))
     {
         use super::templates::{resolve, Templated};
@@ -298,6 +300,9 @@ async fn findings_of(
         let old = judged.old.as_deref();
         findings.extend(namespace_policy_findings(state, req, &judged.new, old).await);
     }
+    // The platform's pull Secrets pull the holder, not the workload (issue #38 item 3).
+    let old = judged.old.as_deref();
+    findings.extend(state.platform_pull.review_refusal(&judged.new, old));
     Ok(findings)
 }
 
@@ -406,7 +411,11 @@ async fn access_findings(
     match (&state.client, req.namespace.as_deref()) {
         (Some(client), Some(ns)) => {
             let store = store_ref_findings(state, client, ns, &new, &mut wanted).await;
-            let mut findings = super::access::check(client, &req.user_info, ns, &wanted).await;
+            // Bounded per review and in all: the endpoint is no RBAC oracle (issue #38 item 6).
+            let mut findings = match super::review_limit::admit(wanted.len()) {
+                Some(refused) => vec![refused],
+                None => super::access::check(client, &req.user_info, ns, &wanted).await,
+            };
             findings.extend(store);
             findings
         }

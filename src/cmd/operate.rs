@@ -76,6 +76,7 @@ fn pod_settings(args: &RunArgs, durations: &Durations) -> Result<PodSettings, Op
         max_drain_timeout_seconds: i64::try_from(durations.max_drain_timeout.as_secs().max(1))
             .unwrap_or(i64::MAX),
         image_pull_secrets: args.pod_image_pull_secrets.clone(),
+        image_pull_secrets_serve_workloads: args.pod_image_pull_secret_serves_workloads,
         default_runtime_class: default_runtime_class(args).map_err(OperatorError::Config)?,
         ..PodSettings::default()
     })
@@ -365,6 +366,11 @@ async fn start_webhook(
         check_images: args.check_images,
         shards: args.sharding.then_some(args.shards),
         stamp_key,
+        platform_pull: crate::admission::platform_pull::PlatformPull::new(
+            &args.pod_image_pull_secrets,
+            &args.holder_image,
+            args.pod_image_pull_secret_serves_workloads,
+        ),
         tenant_stores,
         settings,
         watched_namespaces: if args.webhook_refuse_unwatched {

@@ -103,13 +103,24 @@ pub(crate) struct RunArgs {
     pub(crate) holder_memory_limit: String,
     /// Secrets (type dockerconfigjson) added to every run pod's imagePullSecrets after the run's
     /// own (repeatable / comma-separated), so a holder image from a private registry is pulled.
-    /// Each must exist in the runs' namespaces.
+    /// Each must exist in the runs' namespaces. They are taken to serve the holder image's
+    /// registry only: a run whose workload image is in that registry is refused by the webhook,
+    /// and its pod never carries them (imagePullSecrets are pod-wide: the workload would be
+    /// pulled with the platform's credentials), unless --pod-image-pull-secret-serves-workloads
+    /// (docs/contract.md "The platform's pull Secrets pull the holder, not the workload").
     #[arg(
         long = "pod-image-pull-secret",
         env = "SANDBOXRUN_POD_IMAGE_PULL_SECRETS",
         value_delimiter = ','
     )]
     pub(crate) pod_image_pull_secrets: Vec<String>,
+    /// Let the --pod-image-pull-secret Secrets pull workload images of the holder image's
+    /// registry too (off: such runs are refused, their pods carry no platform Secret).
+    #[arg(
+        long = "pod-image-pull-secret-serves-workloads",
+        env = "SANDBOXRUN_POD_IMAGE_PULL_SECRET_SERVES_WORKLOADS"
+    )]
+    pub(crate) pod_image_pull_secret_serves_workloads: bool,
     /// Absolute path of the operator's binary in the holder image: the holder's program, its
     /// preStop hook and mark-drained exec, and (unless --pack-command says otherwise) the packer.
     /// Never looked up through PATH (docs/contract.md "The holder runs only the operator's code").

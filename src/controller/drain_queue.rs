@@ -1,10 +1,13 @@
 //! Who gets the next drain slot (docs/contract.md "Fair drain slots"). Pure: no clock, no I/O.
 //!
 //! Waiters are keyed by namespace and run. A free slot goes, in this order, to
-//! 1. the oldest *urgent* waiter (its pod is being deleted or evicted: its emptyDirs vanish when
-//!    the grace period ends), then
-//! 2. the namespaces in turn (round robin, each namespace's waiters oldest first), so one
-//!    namespace with 1,000 finishing runs cannot keep another's one run waiting behind them all,
+//! 1. the *urgent* waiters (its pod is being deleted or evicted: its emptyDirs vanish when the
+//!    grace period ends), the namespaces in turn among them too (issue #38 item 1: a namespace
+//!    that deletes 20 of its runs at once cannot keep another's one urgent teardown behind
+//!    them all), then
+//! 2. the other waiters, the namespaces in turn (round robin, each namespace's waiters oldest
+//!    first), so one namespace with 1,000 finishing runs cannot keep another's one run waiting
+//!    behind them all,
 //!
 //! and never to a waiter whose run already holds `per_run_cap` slots (a run declaring 16 slow
 //! paths cannot hold every path slot). The same queue orders the teardowns (one slot per run)
@@ -163,34 +166,41 @@ impl FairQueue {
         self.held
     }
 
-    /// Where the first waiter of `run` stands (None: it does not wait). Counts the urgent
-    /// waiters, then the round robin's turns before it, each namespace giving at most as many
-    /// as the run's own namespace has before it (the per-run cap aside).
+    /// Where the first waiter of `run` stands (None: it does not wait). Counts, within its class
+    /// (urgent or not; every urgent waiter is ahead of the others), the round robin's turns
+    /// before it, each namespace giving at most as many as the run's own namespace has before it
+    /// (the per-run cap aside).
     pub(crate) fn position(&self, run: &str) -> Option<Position> {
         let (ticket, waiting) = self.waiting.iter().find(|(_, w)| w.waiter.run == run)?;
-        let waiters = self.waiting.len();
-        if waiting.waiter.urgent {
-            let ahead = self
-                .waiting
-                .iter()
-                .filter(|(t, w)| w.waiter.urgent && *t < ticket)
-                .count();
-            return Some(Position {
-                place: ahead + 1,
-                waiting: waiters,
-                since: waiting.since,
-                urgent: true,
-            });
-        }
-        let namespace = &waiting.waiter.namespace;
+        let urgent = waiting.waiter.urgent;
+        let ahead = self.ahead_in_class(&waiting.waiter.namespace, *ticket, urgent)?;
+        let urgent_before = if urgent {
+            0
+        } else {
+            self.waiting.values().filter(|w| w.waiter.urgent).count()
+        };
+        Some(Position {
+            place: urgent_before + ahead + 1,
+            waiting: self.waiting.len(),
+            since: waiting.since,
+            urgent,
+        })
+    }
+
+    /// The waiters of `ticket`'s class (`urgent` or not) served before it, `namespace` being its.
+    fn ahead_in_class(&self, namespace: &String, ticket: Ticket, urgent: bool) -> Option<usize> {
         let own = self.by_namespace.get(namespace)?;
-        let not_urgent = |t: &&Ticket| self.waiting.get(t).is_some_and(|w| !w.waiter.urgent);
+        let of_class = |t: &&Ticket| {
+            self.waiting
+                .get(t)
+                .is_some_and(|w| w.waiter.urgent == urgent)
+        };
         let rank = own
             .iter()
-            .filter(not_urgent)
-            .take_while(|t| *t != ticket)
+            .filter(of_class)
+            .take_while(|t| **t != ticket)
             .count();
-        let turn = self.turn();
+        let turn = self.turn(urgent);
         let own_turn = turn.iter().position(|ns| *ns == namespace).unwrap_or(0);
         let mut ahead = rank;
         for (index, other) in turn.iter().enumerate() {
@@ -200,32 +210,32 @@ impl FairQueue {
             let theirs = self
                 .by_namespace
                 .get(*other)
-                .map_or(0, |q| q.iter().filter(not_urgent).count());
+                .map_or(0, |q| q.iter().filter(of_class).count());
             // A namespace before ours in the turn is served once more than ours before it.
             let turns = if index < own_turn { rank + 1 } else { rank };
             ahead += theirs.min(turns);
         }
-        let urgent = self.waiting.values().filter(|w| w.waiter.urgent).count();
-        Some(Position {
-            place: urgent + ahead + 1,
-            waiting: waiters,
-            since: waiting.since,
-            urgent: false,
-        })
+        Some(ahead)
     }
 
     fn below_cap(&self, run: &str) -> bool {
         self.held_by_run.get(run).map_or(0, |(_, count)| *count) < self.per_run_cap
     }
 
-    /// The namespaces with waiters, the next to be served first: the least recently served
-    /// (never served first; ties: the oldest waiter first).
-    fn turn(&self) -> Vec<&String> {
+    /// The namespaces with waiters of a class (`urgent` or not), the next to be served first:
+    /// the least recently served (never served first; ties: the oldest waiter of the class
+    /// first). One record of service for both classes: a namespace served urgently has had its
+    /// turn.
+    fn turn(&self, urgent: bool) -> Vec<&String> {
         let mut turn: Vec<(u64, Ticket, &String)> = self
             .by_namespace
             .iter()
             .filter_map(|(namespace, queue)| {
-                let first = *queue.front()?;
+                let first = *queue.iter().find(|t| {
+                    self.waiting
+                        .get(t)
+                        .is_some_and(|w| w.waiter.urgent == urgent)
+                })?;
                 let served = self.last_served.get(namespace).copied().unwrap_or(0);
                 Some((served, first, namespace))
             })
@@ -244,20 +254,25 @@ impl FairQueue {
         }
     }
 
+    /// The oldest urgent waiter below the cap of the first namespace in the urgent turn that
+    /// has one.
     fn next_urgent(&self) -> Option<Ticket> {
-        self.waiting
-            .iter()
-            .find(|(_, w)| w.waiter.urgent && self.below_cap(&w.waiter.run))
-            .map(|(ticket, _)| *ticket)
+        self.next_of_class(true)
     }
 
     /// The oldest waiter below the cap of the first namespace in turn that has one.
     fn next_in_turn(&self) -> Option<Ticket> {
-        self.turn().into_iter().find_map(|namespace| {
+        self.next_of_class(false)
+    }
+
+    /// The oldest waiter of a class (`urgent` or not) below the cap, of the first namespace in
+    /// that class's turn that has one.
+    fn next_of_class(&self, urgent: bool) -> Option<Ticket> {
+        self.turn(urgent).into_iter().find_map(|namespace| {
             self.by_namespace.get(namespace)?.iter().copied().find(|t| {
                 self.waiting
                     .get(t)
-                    .is_some_and(|w| self.below_cap(&w.waiter.run))
+                    .is_some_and(|w| w.waiter.urgent == urgent && self.below_cap(&w.waiter.run))
             })
         })
     }
@@ -360,6 +375,38 @@ mod tests {
         assert_eq!(runs(&queue.grant()), ["a-9"]);
         queue.release("a-evicted");
         assert_eq!(runs(&queue.grant()), ["b-0"], "then the namespaces in turn");
+    }
+
+    #[test]
+    fn urgent_teardowns_take_turns_across_namespaces() {
+        let now = Instant::now();
+        let urgent = |namespace: &str, run: &str| Waiter {
+            urgent: true,
+            ..waiter(namespace, run)
+        };
+        let mut queue = FairQueue::new(1, 1);
+        // A deletes 20 of its runs with foreground cascade before B's one pod is deleted.
+        for i in 0..20 {
+            queue.enqueue(urgent("a", &format!("a-{i}")), now);
+        }
+        queue.enqueue(urgent("b", "b-0"), now);
+        queue.enqueue(waiter("c", "c-0"), now);
+        assert_eq!(queue.position("b-0").map(|p| p.place), Some(2));
+        assert_eq!(queue.position("a-1").map(|p| p.place), Some(3));
+        assert_eq!(queue.position("c-0").map(|p| p.place), Some(22));
+        let mut served = Vec::new();
+        for _ in 0..3 {
+            let granted = runs(&queue.grant());
+            served.extend(granted.iter().cloned());
+            for run in granted {
+                queue.release(&run);
+            }
+        }
+        assert_eq!(
+            served,
+            ["a-0", "b-0", "a-1"],
+            "B's urgent teardown is served within the first two slots, not after A's 20"
+        );
     }
 
     #[test]

@@ -318,6 +318,7 @@ fn changed_note(c: &Changed) -> ChangedNote {
         Change::Shrunk { read } => (ChangeReason::Shrunk, *read),
         Change::Grew => (ChangeReason::Grew, c.header_size),
         Change::ReadError { read, .. } => (ChangeReason::ReadError, *read),
+        Change::Modified => (ChangeReason::Modified, c.header_size),
     };
     ChangedNote {
         path: c.path.as_os_str().as_bytes().to_vec(),
@@ -357,6 +358,11 @@ fn describe(c: &Changed) -> String {
         ),
         Change::ReadError { read, error } => format!(
             "read failed after {read} of {} bytes ({error}); padded with zeros",
+            c.header_size
+        ),
+        Change::Modified => format!(
+            "it was written while read (its size, mtime or ctime moved; {} bytes packed), so the \
+             member may mix old and new content",
             c.header_size
         ),
     }
@@ -446,7 +452,7 @@ fn add_file<W: Write>(
         }
     }
     let mut header = base_header(&meta, tar::EntryType::Regular, size);
-    let mut source = SizedSource::new(file, size);
+    let mut source = SizedSource::new(&file, size);
     append(
         builder,
         &mut header,
@@ -457,7 +463,10 @@ fn add_file<W: Write>(
     )?;
     report.files += 1;
     report.bytes += size;
-    Ok(match source.finish() {
+    // A file rewritten in place with the same size reads whole: only its stat after the read
+    // tells (docs/contract.md "A changed file is never stored as a clean one").
+    let change = source.finish().or_else(|| written_while_read(&file, &meta));
+    Ok(match change {
         Some(change) => Added::Changed(Changed {
             path: rel.to_path_buf(),
             header_size: size,
@@ -465,6 +474,15 @@ fn add_file<W: Write>(
         }),
         None => Added::Yes,
     })
+}
+
+/// [`Change::Modified`] when the open `file`'s stat after the read is not `before`'s (size,
+/// mtime, ctime): it was written while read. A stat that fails cannot vouch for it either.
+fn written_while_read(file: &File, before: &Meta) -> Option<Change> {
+    match walk::fstat(file) {
+        Ok(after) if before.unwritten_since(&after) => None,
+        Ok(_) | Err(_) => Some(Change::Modified),
+    }
 }
 
 /// Words for a failed open of a listed file: a symlink swapped in (`ELOOP`) says "replaced".
@@ -972,6 +990,72 @@ mod tests {
             found = InBandNotes::decode(records.iter().map(|(k, v)| (k.as_slice(), v.as_slice())));
         }
         found
+    }
+
+    /// The archive's sink, rewriting `path` in place (same size, other bytes) at its first write
+    /// past the first header: the packer has stat'ed and opened the file and is reading it.
+    struct RewriteWhileRead {
+        out: Vec<u8>,
+        path: PathBuf,
+        done: bool,
+    }
+
+    impl Write for RewriteWhileRead {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            if !self.done && self.out.len() >= 512 {
+                self.done = true;
+                let len = fs::metadata(&self.path)?.len();
+                let mut file = fs::OpenOptions::new().write(true).open(&self.path)?;
+                file.write_all(&vec![b'b'; usize::try_from(len).unwrap_or(0)])?;
+            }
+            self.out.extend_from_slice(buf);
+            Ok(buf.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_file_rewritten_in_place_with_the_same_size_while_read_is_recorded_as_changed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("f");
+        fs::write(&path, vec![b'a'; 64 * 1024]).expect("write");
+        // An mtime in the past, so the rewrite moves it whatever the clock's granularity.
+        let old = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+        File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(old))
+            .expect("set mtime");
+        let mut sink = RewriteWhileRead {
+            out: Vec::new(),
+            path: path.clone(),
+            done: false,
+        };
+        let mut diag = Vec::new();
+        let report = pack(dir.path(), None, &mut sink, &mut diag).expect("pack");
+        assert!(sink.done, "the file was rewritten while packed");
+        assert_eq!(fs::metadata(&path).expect("stat").len(), 64 * 1024);
+        assert_eq!(
+            report.changed,
+            [Changed {
+                path: PathBuf::from("f"),
+                header_size: 64 * 1024,
+                change: Change::Modified,
+            }]
+        );
+        let notes = notes_of(&sink.out).expect("in-band notes");
+        assert_eq!(notes.changed, 1);
+        assert_eq!(notes.listed_changed[0].reason, ChangeReason::Modified);
+        assert_eq!(notes.listed_changed[0].path, b"f");
+        let diag = String::from_utf8_lossy(&diag);
+        assert!(diag.contains("f changed while read"), "{diag}");
+        // Untouched, the same file is clean.
+        let mut out = Vec::new();
+        let clean = pack(dir.path(), None, &mut out, io::sink()).expect("pack");
+        assert!(clean.changed.is_empty(), "{:?}", clean.changed);
     }
 
     #[test]

@@ -15,6 +15,10 @@ pub(crate) enum Change {
     },
     /// The file had more bytes than the header says; the extra bytes were not packed.
     Grew,
+    /// The whole size was read, but the file was written meanwhile (its size, mtime or ctime
+    /// after the read differ from before it: rewritten in place with the same size, say): the
+    /// member may mix old and new content. Found by the packer's stat after the read, not here.
+    Modified,
     /// Reading failed after `read` bytes; the rest was padded with zeros.
     ReadError {
         /// Bytes read before the error.

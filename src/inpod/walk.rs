@@ -46,6 +46,12 @@ pub(crate) struct Meta {
     pub(crate) gid: u32,
     /// Modification time, seconds since the epoch.
     pub(crate) mtime: i64,
+    /// Its nanoseconds.
+    pub(crate) mtime_nsec: i64,
+    /// Status change time (any write, truncate, chmod, rename), seconds since the epoch.
+    pub(crate) ctime: i64,
+    /// Its nanoseconds.
+    pub(crate) ctime_nsec: i64,
     /// Size in bytes.
     pub(crate) size: u64,
     /// Device of the filesystem.
@@ -63,6 +69,9 @@ impl From<&Stat> for Meta {
             uid: st.st_uid as u32,
             gid: st.st_gid as u32,
             mtime: st.st_mtime as i64,
+            mtime_nsec: st.st_mtime_nsec as i64,
+            ctime: st.st_ctime as i64,
+            ctime_nsec: st.st_ctime_nsec as i64,
             size: u64::try_from(st.st_size).unwrap_or(0),
             dev: st.st_dev as u64,
             ino: st.st_ino as u64,
@@ -74,6 +83,15 @@ impl Meta {
     /// Whether `other` is the same file (device and inode).
     pub(crate) fn same_file(&self, other: &Meta) -> bool {
         self.dev == other.dev && self.ino == other.ino
+    }
+
+    /// Whether `later` (a stat of the same file taken later) shows no write since this one: the
+    /// same size, mtime and ctime, to the nanosecond (docs/contract.md "A changed file is never
+    /// stored as a clean one").
+    pub(crate) fn unwritten_since(&self, later: &Meta) -> bool {
+        self.size == later.size
+            && (self.mtime, self.mtime_nsec) == (later.mtime, later.mtime_nsec)
+            && (self.ctime, self.ctime_nsec) == (later.ctime, later.ctime_nsec)
     }
 }
 

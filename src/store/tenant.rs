@@ -26,6 +26,12 @@ pub const KEY_OPTIONS: &str = "options";
 /// The Secret, in the same namespace, holding the store's credentials.
 pub const KEY_SECRET_NAME: &str = "secretName";
 
+/// The label by which a Secret consents to be a tenant store's credentials (value `"true"`):
+/// whoever may edit a store ConfigMap cannot point the operator at any other Secret of the
+/// namespace (docs/contract.md "A store per namespace", "A Secret is a store's credentials only
+/// when it says so").
+pub const CREDENTIALS_LABEL: &str = "sandbox.iterion.io/store-credentials";
+
 /// Why a tenant store could not be used. Every message names the store it is about.
 #[derive(Debug, thiserror::Error)]
 pub enum TenantStoreError {
@@ -118,6 +124,22 @@ pub enum TenantStoreError {
         secret: String,
         /// The names allowed, comma-separated.
         allowed: String,
+    },
+    /// The Secret a store ConfigMap names does not carry [`CREDENTIALS_LABEL`]: it never
+    /// consented to be a store's credentials.
+    #[error(
+        "the store ConfigMap {store} names the Secret {namespace}/{secret}, which is not marked \
+         as store credentials; refused: add the label sandbox.iterion.io/store-credentials=true \
+         to it (kubectl label secret -n {namespace} {secret} \
+         sandbox.iterion.io/store-credentials=true; only who may write that Secret can)"
+    )]
+    NotConsented {
+        /// `namespace/name` of the ConfigMap.
+        store: String,
+        /// The Secret's namespace.
+        namespace: String,
+        /// The Secret it names.
+        secret: String,
     },
     /// The store could not be configured.
     #[error("the store ConfigMap {store}: {source}")]
@@ -299,6 +321,29 @@ pub fn choose(
             named_by_run: false,
         }),
     }
+}
+
+/// Whether the Secret `secret` (in `namespace`, with `labels`), named by the store ConfigMap
+/// `store`, consented to be store credentials: it carries [`CREDENTIALS_LABEL`] `"true"`. Whoever
+/// may edit a store ConfigMap may name any Secret; only who may write that Secret can label it
+/// (docs/contract.md "A store per namespace").
+pub fn secret_consents(
+    store: &str,
+    namespace: &str,
+    secret: &str,
+    labels: Option<&BTreeMap<String, String>>,
+) -> Result<(), TenantStoreError> {
+    let marked = labels
+        .and_then(|labels| labels.get(CREDENTIALS_LABEL))
+        .is_some_and(|value| value == "true");
+    if marked {
+        return Ok(());
+    }
+    Err(TenantStoreError::NotConsented {
+        store: store.into(),
+        namespace: namespace.into(),
+        secret: secret.into(),
+    })
 }
 
 /// A tenant's store, as its ConfigMap and Secret describe it (credentials inside: never logged;
@@ -737,6 +782,30 @@ mod tests {
             .with_secret_names(&["Not_A_Name".to_string()])
             .unwrap_err();
         assert!(bad.contains("--tenant-store-secret-names"), "{bad}");
+    }
+
+    #[test]
+    fn a_secret_is_store_credentials_only_when_it_carries_the_label() {
+        let labelled = map(&[(CREDENTIALS_LABEL, "true")]);
+        assert!(secret_consents("t/sandboxrun-store", "t", "creds", Some(&labelled)).is_ok());
+        for labels in [
+            None,
+            Some(map(&[])),
+            Some(map(&[("app", "db")])),
+            Some(map(&[(CREDENTIALS_LABEL, "false")])),
+            Some(map(&[(CREDENTIALS_LABEL, "True")])),
+        ] {
+            let refused =
+                secret_consents("t/sandboxrun-store", "t", "db-password", labels.as_ref())
+                    .expect_err("no consent")
+                    .to_string();
+            assert!(
+                refused.contains("t/sandboxrun-store")
+                    && refused.contains("t/db-password")
+                    && refused.contains(&format!("{CREDENTIALS_LABEL}=true")),
+                "{labels:?}: {refused}"
+            );
+        }
     }
 
     #[test]

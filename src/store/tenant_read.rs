@@ -109,15 +109,24 @@ pub async fn tenant_of(
         return Err(refused);
     }
     // The Secret's errors name the store too: a drain that fails says which store it was.
-    let secret = read_secret(client, namespace, &secret_name)
+    let credentials = |e| match e {
+        e @ TenantStoreError::Transient { .. } => e,
+        e => TenantStoreError::Credentials {
+            store: store.clone(),
+            source: Box::new(e),
+        },
+    };
+    let secret = fetch_secret(client, namespace, &secret_name)
         .await
-        .map_err(|e| match e {
-            e @ TenantStoreError::Transient { .. } => e,
-            e => TenantStoreError::Credentials {
-                store: store.clone(),
-                source: Box::new(e),
-            },
-        })?;
+        .map_err(credentials)?;
+    // Whoever may edit the ConfigMap may name any Secret: only a Secret that says so is used.
+    tenant::secret_consents(
+        &store,
+        namespace,
+        &secret_name,
+        secret.metadata.labels.as_ref(),
+    )?;
+    let secret = secret_text(namespace, &secret_name, secret).map_err(credentials)?;
     tenant::tenant_store(&store, &data, &secret, policy).map(Some)
 }
 
@@ -154,12 +163,30 @@ async fn read_secret(
     namespace: &str,
     name: &str,
 ) -> Result<BTreeMap<String, String>, TenantStoreError> {
+    let secret = fetch_secret(client, namespace, name).await?;
+    secret_text(namespace, name, secret)
+}
+
+/// The Secret `namespace/name`, or why it cannot be had.
+async fn fetch_secret(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+) -> Result<Secret, TenantStoreError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    let secret = match secrets.get_opt(name).await {
-        Ok(Some(secret)) => secret,
-        Ok(None) => return Err(missing("Secret", namespace, name)),
-        Err(e) => return Err(unreadable("Secret", namespace, name, e)),
-    };
+    match secrets.get_opt(name).await {
+        Ok(Some(secret)) => Ok(secret),
+        Ok(None) => Err(missing("Secret", namespace, name)),
+        Err(e) => Err(unreadable("Secret", namespace, name, e)),
+    }
+}
+
+/// `secret`'s data as text (a key that is not UTF-8 is refused by name).
+fn secret_text(
+    namespace: &str,
+    name: &str,
+    secret: Secret,
+) -> Result<BTreeMap<String, String>, TenantStoreError> {
     let mut out = BTreeMap::new();
     for (key, value) in secret.data.unwrap_or_default() {
         let text = String::from_utf8(value.0).map_err(|_| TenantStoreError::Unreadable {

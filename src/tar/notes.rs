@@ -78,6 +78,9 @@ pub enum ChangeReason {
     Grew,
     /// A read failed: the rest of the member is zero padding.
     ReadError,
+    /// Read whole, but written meanwhile (same size, mtime or ctime moved): the member may mix
+    /// old and new content.
+    Modified,
 }
 
 impl ChangeReason {
@@ -87,6 +90,7 @@ impl ChangeReason {
             ChangeReason::Shrunk => "shrunk",
             ChangeReason::Grew => "grew",
             ChangeReason::ReadError => "read_error",
+            ChangeReason::Modified => "modified",
         }
     }
 
@@ -95,6 +99,7 @@ impl ChangeReason {
             b"shrunk" => Some(ChangeReason::Shrunk),
             b"grew" => Some(ChangeReason::Grew),
             b"read_error" => Some(ChangeReason::ReadError),
+            b"modified" => Some(ChangeReason::Modified),
             _ => None,
         }
     }

@@ -934,7 +934,10 @@ async fn a_run_whose_authors_rights_no_admission_verified_gets_no_pod() {
         let probe = run("probe", true);
         async move {
             let out = runs.create(&dry_run(), &probe).await.ok()?;
-            (!out.annotations().contains_key("sandbox.iterion.io/admitted-rights")).then_some(())
+            (!out
+                .annotations()
+                .contains_key("sandbox.iterion.io/admitted-rights"))
+            .then_some(())
         }
     })
     .await;
@@ -984,7 +987,7 @@ data: {{url: 's3://sandboxrun-test/x', options: 'endpoint={endpoint}', secretNam
 ---
 apiVersion: v1
 kind: Secret
-metadata: {{name: fast-creds, namespace: {ns}}}
+metadata: {{name: fast-creds, namespace: {ns}, labels: {{sandbox.iterion.io/store-credentials: 'true'}}}}
 stringData: {{AWS_ACCESS_KEY_ID: a, AWS_SECRET_ACCESS_KEY: b}}
 ---
 apiVersion: rbac.authorization.k8s.io/v1

@@ -1528,6 +1528,107 @@ fn the_new_templates_lint_strict_and_render() {
     assert!(!out.status.success(), "rendered for 1.29");
 }
 
+/// Issue #38 item 6a: the operator's NetworkPolicy opens the webhook's port to the apiserver
+/// only: `networkPolicy.webhookFrom` when set, else `apiServer.cidrs` as ipBlocks (docs/contract.md
+/// "The webhook is no RBAC oracle"); with neither, from anywhere (NOTES.txt warns).
+#[test]
+fn the_webhook_port_is_open_to_the_apiserver_only() {
+    let webhook_from = |extra: &[&str]| -> Option<serde_yaml::Value> {
+        let mut args = vec![
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "networkPolicy.enabled=true",
+        ];
+        args.extend_from_slice(extra);
+        let text = ok(helm(&args), None);
+        let docs = yaml_docs(&text);
+        let np = docs.iter().find(|d| {
+            d["kind"].as_str() == Some("NetworkPolicy")
+                && d["metadata"]["labels"]["app.kubernetes.io/component"].as_str()
+                    == Some("controller")
+        })?;
+        let rules = np["spec"]["ingress"].as_sequence()?;
+        let webhook = rules
+            .iter()
+            .find(|r| r["ports"][0]["port"].as_u64() == Some(9443))?;
+        Some(webhook["from"].clone())
+    };
+    let from_cidrs = webhook_from(&["--set", "networkPolicy.apiServer.cidrs={10.0.0.1/32}"])
+        .expect("a webhook rule");
+    assert_eq!(
+        from_cidrs[0]["ipBlock"]["cidr"].as_str(),
+        Some("10.0.0.1/32"),
+        "{from_cidrs:?}"
+    );
+    let from_peers = webhook_from(&[
+        "--set",
+        "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+        "--set-json",
+        r#"networkPolicy.webhookFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"kube-system"}}}]"#,
+    ])
+    .expect("a webhook rule");
+    assert_eq!(
+        from_peers[0]["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"].as_str(),
+        Some("kube-system"),
+        "{from_peers:?}"
+    );
+    assert!(from_peers[0]["ipBlock"].is_null(), "webhookFrom wins");
+    let anywhere = webhook_from(&[]).expect("a webhook rule");
+    assert!(
+        anywhere.is_null(),
+        "neither set: from anywhere, {anywhere:?}"
+    );
+}
+
+/// Issue #38 item 5: the operator's memory limit is derived from the path slots
+/// (docs/operations.md "Sizing": `drainMemory.baselineMi + maxConcurrentPathDrains ×
+/// drainMemory.perPathDrainMi`), so the two cannot disagree; a limit set apart is refused.
+#[test]
+fn the_memory_limit_is_derived_from_the_path_slots() {
+    let limit = |extra: &[&str]| -> Option<String> {
+        let mut args = vec!["template", "demo", CHART];
+        args.extend_from_slice(extra);
+        let text = ok(helm(&args), None);
+        let docs = yaml_docs(&text);
+        let deploy = operator_deployment(&docs);
+        let container = &deploy["spec"]["template"]["spec"]["containers"][0];
+        container["resources"]["limits"]["memory"]
+            .as_str()
+            .map(str::to_string)
+    };
+    assert_eq!(limit(&[]).as_deref(), Some("1440Mi"), "128 + 8 × 164");
+    assert_eq!(
+        limit(&["--set", "maxConcurrentPathDrains=2"]).as_deref(),
+        Some("456Mi"),
+        "128 + 2 × 164"
+    );
+    assert_eq!(
+        limit(&[
+            "--set",
+            "maxConcurrentPathDrains=16",
+            "--set",
+            "drainMemory.baselineMi=256"
+        ])
+        .as_deref(),
+        Some("2880Mi")
+    );
+    let set_apart = run(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "resources.limits.memory=1Gi",
+        ]),
+        None,
+    );
+    assert!(!set_apart.status.success(), "a limit set apart renders");
+    let err = String::from_utf8_lossy(&set_apart.stderr);
+    assert!(err.contains("drainMemory.baselineMi"), "{err}");
+}
+
 /// The metric names a PromQL text uses (`sandboxrun_…`, histogram suffixes removed).
 fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
     let mut out = std::collections::BTreeSet::new();

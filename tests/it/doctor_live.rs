@@ -383,7 +383,8 @@ async fn doctor_judges_a_runs_store_as_the_operator_would() {
             .expect("create the store ConfigMap");
     }
     let secret = format!(
-        "apiVersion: v1\nkind: Secret\nmetadata: {{name: team-creds, namespace: {ns}}}\n\
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: team-creds, namespace: {ns}, \
+         labels: {{sandbox.iterion.io/store-credentials: 'true'}}}}\n\
          stringData: {{AWS_ACCESS_KEY_ID: a, AWS_SECRET_ACCESS_KEY: b}}\n"
     );
     let paths = "  readBack:\n    paths:\n    - path: /out\n";

@@ -183,11 +183,19 @@ async fn publish_store(client: &Client, ns: &str, name: &str, store: &TenantStor
         .expect("create the store Secret");
 }
 
-/// The Secret `name` holding `store`'s credentials.
+/// The Secret `name` holding `store`'s credentials, labelled as store credentials (a Secret
+/// without the label is never used: docs/contract.md "A store per namespace").
 fn store_secret(name: &str, store: &TenantStore) -> Secret {
     Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.to_string()),
+            labels: Some(
+                [(
+                    "sandbox.iterion.io/store-credentials".to_string(),
+                    "true".to_string(),
+                )]
+                .into(),
+            ),
             ..Default::default()
         },
         string_data: Some(store.secret.clone()),
@@ -701,6 +709,57 @@ async fn a_store_naming_a_secret_the_platform_did_not_name_is_refused_and_held()
             .expect("get pod")
             .is_none(),
         "no pod while the store names a Secret the platform did not name"
+    );
+    assert_eq!(files_in(&own), Vec::<String>::new(), "nothing stored");
+}
+
+/// Issue #38 item 4: a Secret is a store's credentials only when it says so. The namespace's
+/// default store names a Secret without the label `sandbox.iterion.io/store-credentials: "true"`:
+/// the run is held before any pod (`StoreUnusable`), the message naming the store, the Secret and
+/// the label to add; nothing is stored anywhere. Labelled, the same Secret serves the run
+/// (`two_namespaces_drain_side_by_side_each_into_its_own_store_and_delete_only_their_own`).
+#[tokio::test]
+async fn an_unlabelled_store_secret_holds_the_run_naming_the_label_to_add() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "tenant-stores-consent").await;
+    let tenant = s3_tenant();
+    publish_store(&client, &ns.name, "sandboxrun-store", &tenant).await;
+    // The same credentials, without the label (any Secret of the namespace a ConfigMap editor
+    // could name).
+    let secrets = Api::<Secret>::namespaced(client.clone(), &ns.name);
+    let mut unlabelled = store_secret("sandboxrun-store-creds", &tenant);
+    unlabelled.metadata.labels = None;
+    secrets
+        .replace(
+            "sandboxrun-store-creds",
+            &PostParams::default(),
+            &unlabelled,
+        )
+        .await
+        .expect("replace the Secret without its label");
+    let (op, own, out) = tenant_bed(
+        &ns.name,
+        "tenant-stores-consent",
+        &["--tenant-store-endpoints", &allowed_endpoints()],
+    );
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "unconsented", spec(&[&out])).await;
+    let held = wait_held(&runs, "unconsented", &op).await;
+    let message = held.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(
+        message.contains(&format!("{}/sandboxrun-store", ns.name))
+            && message.contains(&format!("{}/sandboxrun-store-creds", ns.name))
+            && message.contains("sandbox.iterion.io/store-credentials=true"),
+        "{message}"
+    );
+    assert!(
+        pods.get_opt("unconsented-sbr")
+            .await
+            .expect("get pod")
+            .is_none(),
+        "no pod while the store's Secret has not consented"
     );
     assert_eq!(files_in(&own), Vec::<String>::new(), "nothing stored");
 }

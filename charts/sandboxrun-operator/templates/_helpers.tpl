@@ -120,3 +120,19 @@ is forced. */}}
 {{- end -}}
 {{- join "," $out -}}
 {{- end -}}
+
+{{/* The operator container's resources: .Values.resources with limits.memory derived from the
+path slots (docs/operations.md "Sizing"): drainMemory.baselineMi + maxConcurrentPathDrains x
+drainMemory.perPathDrainMi, in Mi. A limits.memory set apart from them is refused. */}}
+{{- define "sbr.resources" -}}
+{{- $r := deepCopy .Values.resources -}}
+{{- $limits := $r.limits | default (dict) -}}
+{{- if hasKey $limits "memory" -}}
+{{- fail "resources.limits.memory is derived from maxConcurrentPathDrains (drainMemory.baselineMi + maxConcurrentPathDrains x drainMemory.perPathDrainMi, docs/operations.md \"Sizing\"): set drainMemory.baselineMi or maxConcurrentPathDrains instead" -}}
+{{- end -}}
+{{- $dm := .Values.drainMemory -}}
+{{- $mi := add (int $dm.baselineMi) (mul (int .Values.maxConcurrentPathDrains) (int $dm.perPathDrainMi)) -}}
+{{- $_ := set $limits "memory" (printf "%dMi" $mi) -}}
+{{- $_ := set $r "limits" $limits -}}
+{{- toYaml $r -}}
+{{- end -}}
