@@ -942,3 +942,127 @@ async fn a_gcs_key_naming_a_token_uri_the_platform_did_not_allow_holds_the_run()
     );
     assert_eq!(files_in(&own), Vec::<String>::new(), "nothing stored");
 }
+
+/// Issue #38 item 2, on the bed with a tenant store on the S3 server: the tenant holds its
+/// bucket's credentials, so it PUTs 300 MiB at its long-lived run's manifest key and 100,000 junk
+/// keys under the run's directory, then stops the run and deletes it (`retention: Delete`). On
+/// the old code the drain read the object whole before each attempt (peak RSS 1,239 MiB with
+/// 1.2 GiB) until the drain timeout, and the finalizer deleted the junk one request at a time
+/// (~300/s, unfinished after 300 s). Now: the path fails at once naming the object, the purge
+/// deletes in batches within its budget, the operator's peak RSS stays far below the object's
+/// size, and the neighbouring namespace's run finishes meanwhile.
+#[tokio::test]
+async fn a_tenants_own_objects_cannot_make_the_operator_read_or_delete_without_bound() {
+    use futures::StreamExt;
+    use sandboxrun_operator::store::object_keys;
+    const OVERSIZED: usize = 300 * 1024 * 1024;
+    const JUNK: usize = 100_000;
+    let client = client().await;
+    ensure_crd(&client).await;
+    let hostile = TestNamespace::new(&client, "tenant-hostile").await;
+    let neighbour = TestNamespace::new(&client, "tenant-neighbour").await;
+    let (h, n) = (s3_tenant(), s3_tenant());
+    publish_store(&client, &hostile.name, "sandboxrun-store", &h).await;
+    publish_store(&client, &neighbour.name, "sandboxrun-store", &n).await;
+    let (op, _own, out) = tenant_bed(
+        &format!("{},{}", hostile.name, neighbour.name),
+        "tenant-hostile",
+        &["--tenant-store-endpoints", &allowed_endpoints()],
+    );
+    let runs_h: Api<SandboxRun> = Api::namespaced(client.clone(), &hostile.name);
+    let runs_n: Api<SandboxRun> = Api::namespaced(client.clone(), &neighbour.name);
+    let pods_n: Api<Pod> = Api::namespaced(client.clone(), &neighbour.name);
+    create(
+        &runs_h,
+        "long",
+        spec(&[&out]).retention(Some(Retention::Delete)),
+    )
+    .await;
+    let long = wait_phase(&runs_h, "long", Phase::Running, &op).await;
+
+    // The tenant's writes, with the tenant's own credentials.
+    crypto();
+    let (store, prefix) = store_from_url(&h.url, &h.reader_options).unwrap();
+    let reference = run_ref(&hostile.name, &long);
+    let keys = object_keys(
+        &prefix,
+        &reference,
+        0,
+        &out.display().to_string(),
+        Default::default(),
+    );
+    store
+        .put(&keys.manifest, vec![0u8; OVERSIZED].into())
+        .await
+        .expect("the tenant's oversized object at the manifest key");
+    let dir = run_dir(&prefix, &reference);
+    let junk = futures::stream::iter(0..JUNK)
+        .map(|i| {
+            let (store, key) = (
+                store.clone(),
+                dir.clone().join(format!("junk-{i:06}").as_str()),
+            );
+            async move { store.put(&key, b"j".to_vec().into()).await }
+        })
+        .buffer_unordered(64)
+        .filter(|r| std::future::ready(r.is_err()))
+        .count()
+        .await;
+    assert_eq!(junk, 0, "every junk key written");
+
+    // The neighbour's run starts and finishes while the hostile run is torn down.
+    create(&runs_n, "job", spec(&[&out])).await;
+    runs_h
+        .patch(
+            "long",
+            &PatchParams::default(),
+            &Patch::Merge(&serde_json::json!({"spec": {"stop": true}})),
+        )
+        .await
+        .expect("stop");
+    let stopped = std::time::Instant::now();
+    run_then_finish(&runs_n, &pods_n, "job", &op).await;
+    wait_phase(&runs_n, "job", Phase::Succeeded, &op).await;
+    let ended = wait_final(&runs_h, "long", &op, PHASE_TIMEOUT).await;
+    let path = read_back(&ended, 0);
+    assert_eq!(path.phase, ReadBackPhase::Failed, "{path:?}");
+    let message = path.message.clone().unwrap_or_default();
+    assert!(
+        message.contains(keys.manifest.as_ref()) && message.contains(&OVERSIZED.to_string()),
+        "the Failed path names the object and its size: {message}"
+    );
+    // At once, not after the drain timeout (60 s) of retried reads.
+    assert!(
+        stopped.elapsed() < Duration::from_secs(50),
+        "failed after {:?}",
+        stopped.elapsed()
+    );
+
+    // retention: Delete: the litter is deleted in batches; the finalizer lets go.
+    runs_h
+        .delete("long", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_gone(&runs_h, "long", &op, Duration::from_secs(180)).await;
+    assert_eq!(
+        keys_under(&store, &dir).await,
+        Vec::<String>::new(),
+        "the run's directory is empty"
+    );
+    let peak = peak_rss_kib(op.pid());
+    assert!(
+        peak < 200 * 1024,
+        "the operator's peak RSS was {peak} KiB with a {OVERSIZED}-byte object at the manifest key"
+    );
+}
+
+/// The peak resident set (`VmHWM`, KiB) of process `pid`.
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("VmHWM")
+}
