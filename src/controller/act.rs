@@ -328,13 +328,31 @@ async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Answer {
         }
     };
     let dir = crate::store::run_dir(&store.prefix, &reference);
+    // The commit points of its declared paths go first (their keys do not depend on the
+    // compression).
+    let manifests: Vec<_> = run
+        .spec
+        .read_back_paths()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let keys = crate::store::object_keys(
+                &store.prefix,
+                &reference,
+                i,
+                &p.path,
+                Default::default(),
+            );
+            keys.manifest
+        })
+        .collect();
     let location = format!("{}/{dir}/", store.url.trim_end_matches('/'));
     let result = match crate::controller::retention::stored_elsewhere(run, &store.url, &dir) {
         Some(object) => Err(format!(
             "the run stored {object}, which is not in {} any more; nothing deleted there",
             store.describe()
         )),
-        None => delete_run_archives(&store.store, &store.prefix, &reference)
+        None => delete_run_archives(&store.store, &store.prefix, &reference, &manifests)
             .await
             .map_err(|e| format!("{}: {e}", store.describe())),
     };

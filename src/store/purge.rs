@@ -8,16 +8,16 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
-use object_store::ObjectStore;
+use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::error::StoreError;
-use super::keys::{run_dir, RunRef, MANIFEST_SUFFIX};
+use super::keys::{run_dir, RunRef};
 
 /// The longest one purge call works (docs/contract.md "Stored files when a run is deleted"):
 /// the tenant writes its own store, so the number of keys under a run is its to choose (100,000
 /// junk keys took ~330 s one delete at a time); past this the call reports itself unfinished and
 /// the finalizer's retry goes on from where it stopped, within the delete's retry bound.
-pub(crate) const PURGE_BUDGET: Duration = Duration::from_secs(30);
+pub(crate) const PURGE_BUDGET: Duration = Duration::from_secs(10);
 
 /// Why a run's stored files could not be deleted.
 #[derive(Debug, thiserror::Error)]
@@ -38,26 +38,30 @@ pub(crate) enum PurgeError {
     },
 }
 
-/// Deletes every object stored for `run` (this namespace, name and uid), manifests first so that
-/// a delete cut short never leaves a manifest whose archive is gone (a manifest is the commit
-/// point: present means the archive is complete), within [`PURGE_BUDGET`]. Returns how many
-/// objects were deleted; an object that vanished meanwhile is not counted and not an error.
-/// Idempotent.
+/// Deletes every object stored for `run` (this namespace, name and uid), its `manifests` first
+/// (the keys of its declared paths' manifests: [`super::keys::object_keys`]) so that a delete cut
+/// short never leaves a manifest whose archive is gone (a manifest is the commit point: present
+/// means the archive is complete), within [`PURGE_BUDGET`]. Returns how many objects were
+/// deleted; an object that vanished meanwhile is not counted and not an error. Idempotent.
 pub(crate) async fn delete_run_archives(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
     run: &RunRef,
+    manifests: &[Path],
 ) -> Result<usize, PurgeError> {
-    delete_run_archives_within(store, prefix, run, PURGE_BUDGET).await
+    delete_run_archives_within(store, prefix, run, manifests, PURGE_BUDGET).await
 }
 
-/// [`delete_run_archives`] within `budget`. The listing is streamed and the keys deleted in the
-/// store's batches (`delete_stream`: S3's DeleteObjects, 1,000 a request), so neither memory nor
-/// the number of requests grows with the keys a tenant wrote (issue #38).
+/// [`delete_run_archives`] within `budget`. The manifests are deleted by their known keys (not
+/// found in a listing first: the directory holds what the tenant wrote, and a listing of 100,000
+/// keys is slow); then the listing is streamed and its keys deleted in the store's batches as they
+/// come (`delete_stream`: S3's DeleteObjects, 1,000 a request), so neither memory nor the number
+/// of requests grows with the keys a tenant wrote (issue #38), and each call makes progress.
 pub(crate) async fn delete_run_archives_within(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
     run: &RunRef,
+    manifests: &[Path],
     budget: Duration,
 ) -> Result<usize, PurgeError> {
     for (part, value) in [
@@ -71,9 +75,20 @@ pub(crate) async fn delete_run_archives_within(
     }
     let dir = run_dir(prefix, run);
     let deadline = tokio::time::Instant::now() + budget;
+    // Only keys under the run's own directory, whatever the caller passed.
+    let own: Vec<Path> = manifests
+        .iter()
+        .filter(|k| k.prefix_matches(&dir) && **k != dir)
+        .cloned()
+        .collect();
     let mut deleted = 0;
-    for manifests in [true, false] {
-        match delete_pass(store, &dir, manifests, deadline).await {
+    for pass in 0..2 {
+        // The listing is made after the manifests are gone (a store may list at the call).
+        let keys = match pass {
+            0 => existing(store, own.clone()),
+            _ => listed(store, &dir),
+        };
+        match delete_all(store, keys, deadline).await {
             Ok(count) => deleted += count,
             Err(Pass::Unfinished(count)) => {
                 return Err(PurgeError::Unfinished {
@@ -94,6 +109,44 @@ pub(crate) async fn delete_run_archives_within(
     Ok(deleted)
 }
 
+/// Those of `keys` the store has (a batch delete reports a key that is not there as deleted).
+fn existing(
+    store: &Arc<dyn ObjectStore>,
+    keys: Vec<Path>,
+) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
+    let store = Arc::clone(store);
+    futures::stream::iter(keys)
+        .filter_map(move |key| {
+            let store = Arc::clone(&store);
+            async move {
+                match store.head(&key).await {
+                    Ok(_) => Some(Ok(key)),
+                    Err(object_store::Error::NotFound { .. }) => None,
+                    Err(e) => Some(Err(e)),
+                }
+            }
+        })
+        .boxed()
+}
+
+/// Every key under `dir`, as the listing streams. object_store lists by path segments already;
+/// checked again here because a store that matched raw string prefixes would hand back another
+/// run's keys.
+fn listed(
+    store: &Arc<dyn ObjectStore>,
+    dir: &Path,
+) -> futures::stream::BoxStream<'static, object_store::Result<Path>> {
+    let under = dir.clone();
+    store
+        .list(Some(dir))
+        .try_filter_map(move |meta| {
+            let key = meta.location;
+            let ours = key.prefix_matches(&under) && key != under;
+            std::future::ready(Ok(ours.then_some(key)))
+        })
+        .boxed()
+}
+
 /// How one pass over the run's directory stopped short.
 enum Pass {
     /// The deadline came first, after this many deletes.
@@ -102,25 +155,12 @@ enum Pass {
     Store(object_store::Error),
 }
 
-/// Deletes the manifests under `dir` (`manifests`), or everything else, as the listing streams.
-async fn delete_pass(
+/// Deletes `keys` as they come, until the deadline.
+async fn delete_all(
     store: &Arc<dyn ObjectStore>,
-    dir: &Path,
-    manifests: bool,
+    keys: futures::stream::BoxStream<'static, object_store::Result<Path>>,
     deadline: tokio::time::Instant,
 ) -> Result<usize, Pass> {
-    // object_store lists by path segments already; checked again here because a store that
-    // matched raw string prefixes would hand back another run's keys.
-    let under = dir.clone();
-    let keys = store
-        .list(Some(dir))
-        .try_filter_map(move |meta| {
-            let key = meta.location;
-            let is_manifest = key.filename().is_some_and(|f| f.ends_with(MANIFEST_SUFFIX));
-            let ours = key.prefix_matches(&under) && key != under && is_manifest == manifests;
-            std::future::ready(Ok(ours.then_some(key)))
-        })
-        .boxed();
     let mut results = store.delete_stream(keys);
     let mut deleted = 0;
     loop {
@@ -144,7 +184,7 @@ mod tests {
     use crate::store::object_keys;
     use futures::TryStreamExt;
     use object_store::memory::InMemory;
-    use object_store::{ObjectStoreExt, PutPayload};
+    use object_store::PutPayload;
 
     fn run(name: &str, uid: &str) -> RunRef {
         RunRef {
@@ -152,6 +192,15 @@ mod tests {
             name: name.into(),
             uid: uid.into(),
         }
+    }
+
+    /// The manifest keys of [`put_paths`]' two paths.
+    fn manifests(prefix: &Path, run: &RunRef) -> Vec<Path> {
+        ["/work/out", "/logs"]
+            .iter()
+            .enumerate()
+            .map(|(i, p)| object_keys(prefix, run, i, p, Compression::Gzip).manifest)
+            .collect()
     }
 
     async fn put_paths(store: &Arc<dyn ObjectStore>, prefix: &Path, run: &RunRef) -> Vec<Path> {
@@ -210,12 +259,22 @@ mod tests {
             .unwrap();
         kept.push(lookalike);
 
-        assert_eq!(delete_run_archives(&store, &prefix, &a).await.unwrap(), 4);
+        assert_eq!(
+            delete_run_archives(&store, &prefix, &a, &manifests(&prefix, &a))
+                .await
+                .unwrap(),
+            4
+        );
         let mut want: Vec<String> = kept.iter().map(|k| k.to_string()).collect();
         want.sort();
         assert_eq!(all(&store).await, want);
         // Idempotent: nothing left to delete is not an error.
-        assert_eq!(delete_run_archives(&store, &prefix, &a).await.unwrap(), 0);
+        assert_eq!(
+            delete_run_archives(&store, &prefix, &a, &manifests(&prefix, &a))
+                .await
+                .unwrap(),
+            0
+        );
         assert_eq!(all(&store).await, want);
     }
 
@@ -238,12 +297,21 @@ mod tests {
                 .unwrap();
         }
         // A zero budget deletes nothing and says so.
-        let cut = delete_run_archives_within(&store, &prefix, &a, Duration::ZERO).await;
+        let cut = delete_run_archives_within(
+            &store,
+            &prefix,
+            &a,
+            &manifests(&prefix, &a),
+            Duration::ZERO,
+        )
+        .await;
         assert!(
             matches!(cut, Err(PurgeError::Unfinished { deleted: 0, .. })),
             "{cut:?}"
         );
-        let deleted = delete_run_archives(&store, &prefix, &a).await.unwrap();
+        let deleted = delete_run_archives(&store, &prefix, &a, &manifests(&prefix, &a))
+            .await
+            .unwrap();
         assert_eq!(deleted, 3_000 + own.len());
         assert!(all(&store).await.is_empty());
     }
@@ -254,7 +322,7 @@ mod tests {
         let prefix = Path::from("drains");
         let keys = put_paths(&store, &prefix, &run("a", "u1")).await;
         for bad in [run("a", ""), run("", "u1")] {
-            let err = delete_run_archives(&store, &prefix, &bad).await;
+            let err = delete_run_archives(&store, &prefix, &bad, &[]).await;
             assert!(matches!(err, Err(PurgeError::Incomplete(_))), "{err:?}");
         }
         assert_eq!(all(&store).await.len(), keys.len());
@@ -268,7 +336,12 @@ mod tests {
         let a = run("a", "u1");
         put_paths(&store, &prefix, &a).await;
         let kept = put_paths(&store, &prefix, &run("ab", "u1")).await;
-        assert_eq!(delete_run_archives(&store, &prefix, &a).await.unwrap(), 4);
+        assert_eq!(
+            delete_run_archives(&store, &prefix, &a, &manifests(&prefix, &a))
+                .await
+                .unwrap(),
+            4
+        );
         assert_eq!(all(&store).await.len(), kept.len());
     }
 }

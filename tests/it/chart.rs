@@ -254,10 +254,16 @@ fn the_chart_renders_what_the_operator_expects() {
     assert!(
         files.contains("cert-manager.io/inject-ca-from: default/demo-sandboxrun-operator-webhook")
     );
+    // No certificate Secret rights in cert-manager mode: the only Secret rule left is the admission
+    // stamps' key (get on its one name, create: docs/contract.md "A run uses only its author's
+    // rights").
     assert!(
-        !files.contains("resources: [secrets]"),
-        "cert-manager mode needs no Secret rights"
+        !files.contains("-webhook-certs"),
+        "cert-manager mode needs no certificate Secret rights"
     );
+    let secret_rules = files.matches("resources: [secrets]").count();
+    assert_eq!(secret_rules, 2, "only the admission key's get and create");
+    assert!(files.contains("resourceNames: [demo-sandboxrun-operator-admission-key]"));
 
     // The webhook never judges the operator's own requests (its finalizer release must not depend
     // on the webhook being up): the ServiceAccount the Deployment runs as, whatever it is named.
