@@ -1894,6 +1894,16 @@ fn the_helm_test_hook_lints_strict_and_is_least_privilege() {
         !off.status.success() && String::from_utf8_lossy(&off.stderr).contains("could not find"),
         "disabled renders nothing: {off:?}"
     );
+    // Issue #42: no default image any cluster could pull exists, so `helm test` is off until
+    // test.image is set (it defaulted to the local bed's registry).
+    let unset = run(
+        helm(&["template", "st", CHART, "-s", "templates/tests/selftest.yaml"]),
+        None,
+    );
+    assert!(
+        !unset.status.success() && String::from_utf8_lossy(&unset.stderr).contains("could not find"),
+        "without test.image nothing renders: {unset:?}"
+    );
 }
 
 /// The `helm test` objects and the tiny run they create pass a server-side dry run (the run
