@@ -1,5 +1,5 @@
 # Entry points; each is a thin wrapper over a script in hack/.
-.PHONY: demo demo-kwok test crds code-order cluster-up cluster-down tools bench
+.PHONY: demo demo-kwok test crds code-order cluster-up cluster-down tools bench release
 
 demo:        ## local cluster with a real node, the operator installed by Helm, a sample SandboxRun
 	hack/demo.sh
@@ -24,6 +24,9 @@ cluster-up:
 
 cluster-down:
 	hack/local-cluster.sh down
+
+release:     ## a versioned release into dist/VERSION/ (make release VERSION=x.y.z [REGISTRY=host:port] [PUSH=1])
+	hack/release.sh $(VERSION) $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(PUSH),--push)
 
 bench:       ## every benchmark in bench/ (or BENCH="webhook_latency drain_memory"), JSON in target/bench-results/
 	hack/bench.sh $(BENCH)

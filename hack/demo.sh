@@ -2,8 +2,11 @@
 # The main job, end to end on this machine, on a REAL node (kubelet + containerd + runc):
 #   1. the local cluster (control plane, kwok node, real node, S3 server, registry);
 #   2. the operator image, built without Docker and pushed to the local registry;
-#   3. the operator installed with Helm from charts/ as a pod (in-cluster config, the chart's
-#      ServiceAccount and RBAC, its webhook behind the chart's Service, the S3 store);
+#   3. a release of this tree made (hack/release.sh: the chart pinned to that image by digest) and
+#      pushed to the local registry, and the operator installed with Helm from it
+#      (`helm install oci://…/charts/sandboxrun-operator --version <chart version>`) as a pod
+#      (in-cluster config, the chart's ServiceAccount and RBAC, its webhook behind the chart's
+#      Service, the S3 store): the path a user takes;
 #   4. config/samples/real-node-run.yaml applied in a namespace that enforces Pod Security
 #      `restricted`: its real workload container writes a report and exits, the operator drains
 #      the read-back path through exec + tar into S3;
@@ -27,9 +30,12 @@ STATE=$SANDBOXRUN_TEST_STATE
 log "building the operator image without Docker (static binary, uid 65532) and pushing it"
 ref=$(hack/images.sh operator)
 ref=${ref##*$'\n'}
-digest=${ref##*@}
-repo_in_pods=$SANDBOXRUN_TEST_POD_REGISTRY/sandboxrun-operator
 echo "$ref"
+
+VERSION=$(awk '$1 == "version:" { print $2 }' charts/sandboxrun-operator/Chart.yaml)
+log "release $VERSION (hack/release.sh --push): the chart pinned to the image's digest, in the local registry"
+hack/release.sh "$VERSION" --push --registry "$SANDBOXRUN_TEST_REGISTRY" \
+  --image-repository "$SANDBOXRUN_TEST_POD_REGISTRY/sandboxrun-operator" >/dev/null
 
 log "installing the CRD (server-side apply: Helm never upgrades CRDs)"
 kubectl apply --server-side --force-conflicts -f crds/sandboxruns.sandbox.iterion.io.yaml
@@ -46,10 +52,8 @@ kubectl create secret generic sandboxrun-store-s3 -n "$OPERATOR_NS" --dry-run=cl
   --from-literal=AWS_ACCESS_KEY_ID="$SANDBOXRUN_TEST_S3_ACCESS_KEY" \
   --from-literal=AWS_SECRET_ACCESS_KEY="$SANDBOXRUN_TEST_S3_SECRET_KEY" \
   --from-literal=AWS_REGION=us-east-1 | kubectl apply -f - >/dev/null
+# The image comes from the release's chart (pinned by digest): no image values here.
 cat >"$STATE/demo-values.yaml" <<YAML
-image:
-  repository: $repo_in_pods
-  digest: $digest
 store:
   url: s3://$SANDBOXRUN_TEST_S3_BUCKET/demo
   existingSecret: sandboxrun-store-s3
@@ -67,13 +71,18 @@ nodeSelector: {sandbox.iterion.io/real-node: "true"}
 tolerations:
   - {key: sandbox.iterion.io/real-node, operator: Equal, value: "true", effect: NoSchedule}
 YAML
-helm upgrade --install "$RELEASE" charts/sandboxrun-operator -n "$OPERATOR_NS" \
-  -f "$STATE/demo-values.yaml" --wait --timeout 5m
+helm upgrade --install "$RELEASE" "oci://$SANDBOXRUN_TEST_REGISTRY/charts/sandboxrun-operator" \
+  --version "$VERSION" --plain-http -n "$OPERATOR_NS" -f "$STATE/demo-values.yaml" --wait --timeout 5m
+echo "installed chart $VERSION from oci://$SANDBOXRUN_TEST_REGISTRY/charts/sandboxrun-operator, image:"
+kubectl get deployment -n "$OPERATOR_NS" -o 'jsonpath={.items[0].spec.template.spec.containers[0].image}'
+echo
 kubectl get pods -n "$OPERATOR_NS" -o wide
-# The webhook is registered with a failurePolicy of Fail: wait until its caBundle is published.
+# The webhook (both halves) is registered with a failurePolicy of Fail: wait until the caBundles
+# are published.
 for _ in $(seq 1 120); do
   bundle=$(kubectl get validatingwebhookconfiguration -o 'jsonpath={.items[*].webhooks[*].clientConfig.caBundle}')
-  [ -z "$bundle" ] || break
+  stamps=$(kubectl get mutatingwebhookconfiguration -o 'jsonpath={.items[*].webhooks[*].clientConfig.caBundle}')
+  [ -z "$bundle" ] || [ -z "$stamps" ] || break
   sleep 0.5
 done
 

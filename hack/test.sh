@@ -31,9 +31,11 @@ phase "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets --locked -- -D warnings
 phase "generated files are up to date"
 hack/gen.sh --check
-phase "static checks (import cycles, Dockerfile lint)"
+phase "static checks (import cycles, Dockerfile lint, the chart bumped since its release)"
 python3 hack/import-cycles.py src
 hack/lint-dockerfile.sh
+hack/chart-released.sh
+python3 hack/release_krew.py deploy/krew/sandboxrun.yaml v0.0.0 https://example.invalid/x.tar.gz 0 >/dev/null
 
 # shellcheck source=hack/lib.sh
 . hack/lib.sh
