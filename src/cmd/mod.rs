@@ -16,6 +16,7 @@ pub(crate) mod operate;
 pub(crate) mod pack;
 pub(crate) mod run;
 pub(crate) mod selftest;
+pub(crate) mod session;
 
 /// sandboxrun-operator: runs SandboxRuns and drains their read-back paths into object storage.
 #[derive(Parser, Debug)]
@@ -48,6 +49,13 @@ pub(crate) enum Command {
     Files(crate::files::FilesArgs),
     /// How a run ended, from its status: exit code, termination message, each path's drain.
     Logs(crate::plugin::logs::LogsArgs),
+    /// Run a command in a live sandbox (its workload container) with your own rights; exits
+    /// with the command's exit code.
+    Exec(crate::plugin::session::ExecArgs),
+    /// An interactive shell in a live sandbox's workload (reads stdin; no terminal).
+    Shell(crate::plugin::session::ShellArgs),
+    /// Copy a file into or out of a live sandbox's read-back paths (RUN:PATH).
+    Cp(crate::plugin::session::CpArgs),
     /// Apply a tiny SandboxRun, wait until it drained, delete it (the chart's `helm test`).
     Selftest(crate::selftest::SelftestArgs),
     /// The egress proxy: enforces SandboxRuns' host rules for their pods.
@@ -120,6 +128,9 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::EgressGate(args) => gate::main(args).await,
         Command::Files(args) => files::main(args).await,
         Command::Logs(args) => logs::main(args).await,
+        Command::Exec(args) => session::exec(args).await,
+        Command::Shell(args) => session::shell(args).await,
+        Command::Cp(args) => session::cp(args).await,
         Command::Selftest(args) => selftest::main(args).await,
         Command::EgressProxy(args) => egress_proxy::main(args).await,
         Command::Completion { shell } => {
@@ -189,6 +200,26 @@ mod tests {
             }
             other => panic!("parsed as {other:?}"),
         }
+        // exec's command follows `--`, with its own flags left to it.
+        match Cli::try_parse_from(["x", "exec", "agent", "-n", "ns", "--", "ls", "-la", "/work"])
+            .unwrap()
+            .command
+        {
+            Command::Exec(e) => {
+                assert_eq!(
+                    (e.run.as_str(), e.container.as_str()),
+                    ("agent", "workload")
+                );
+                assert_eq!(e.command, ["ls", "-la", "/work"]);
+                assert_eq!(e.cluster.namespace.as_deref(), Some("ns"));
+                assert!(!e.stdin);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        assert!(
+            Cli::try_parse_from(["x", "exec", "agent"]).is_err(),
+            "a command is required"
+        );
         match Cli::try_parse_from(["x", "files", "get", "job", "-o", "d", "--kubeconfig", "k"])
             .unwrap()
             .command

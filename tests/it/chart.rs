@@ -1897,11 +1897,18 @@ fn the_helm_test_hook_lints_strict_and_is_least_privilege() {
     // Issue #42: no default image any cluster could pull exists, so `helm test` is off until
     // test.image is set (it defaulted to the local bed's registry).
     let unset = run(
-        helm(&["template", "st", CHART, "-s", "templates/tests/selftest.yaml"]),
+        helm(&[
+            "template",
+            "st",
+            CHART,
+            "-s",
+            "templates/tests/selftest.yaml",
+        ]),
         None,
     );
     assert!(
-        !unset.status.success() && String::from_utf8_lossy(&unset.stderr).contains("could not find"),
+        !unset.status.success()
+            && String::from_utf8_lossy(&unset.stderr).contains("could not find"),
         "without test.image nothing renders: {unset:?}"
     );
 }

@@ -338,3 +338,112 @@ async fn the_plugin_says_when_there_is_no_evidence_and_the_drain_failed() {
         "{err}"
     );
 }
+
+/// Issue #40 part 1: a live sandbox is a session. `kubectl sandboxrun exec RUN -- CMD` runs in
+/// its workload and exits with the command's own code; `cp` copies a file into and out of its
+/// read-back paths (binary-safe, and only there); both talk with the caller's own kubeconfig, so
+/// a caller who may read SandboxRuns but not `pods/exec` is refused by the apiserver, never served
+/// with the operator's rights. (On the kwok node the workload's exec runs on this host.)
+#[tokio::test]
+async fn exec_and_cp_reach_a_live_sandbox_with_the_callers_own_rights() {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use kube::api::PostParams;
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "session").await;
+    let store_dir = host_dir("store-session");
+    let op = Operator::builder(&ns.name, &format!("file://{}", store_dir.display())).start();
+    let out = host_dir("session-out");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "agent", spec(&[&out])).await;
+    wait_phase(&runs, "agent", Phase::Running, &op).await;
+    let (plugin_dir, path) = plugin_path();
+    let kubeconfig = kubeconfig_in(plugin_dir.path(), &ns.name);
+
+    // exec: the output comes back and the exit code passes through.
+    let script = "echo from the sandbox; echo to stderr >&2; exit 7";
+    let done = run(
+        plugin(
+            &path,
+            Some(&kubeconfig),
+            &["exec", "agent", "--", "sh", "-c", script],
+        ),
+        None,
+    );
+    assert_eq!(done.status.code(), Some(7), "{done:?}");
+    assert_eq!(String::from_utf8_lossy(&done.stdout), "from the sandbox\n");
+    assert!(
+        String::from_utf8_lossy(&done.stderr).contains("to stderr"),
+        "{done:?}"
+    );
+
+    // cp into a read-back path, then out again: every byte value, unchanged.
+    let bytes: Vec<u8> = (0..=255u8).cycle().take(200_000).collect();
+    let local = plugin_dir.path().join("in.bin");
+    std::fs::write(&local, &bytes).expect("write");
+    let inside = format!("agent:{}/notes/in.bin", out.display());
+    std::fs::create_dir_all(out.join("notes")).expect("mkdir");
+    ok(
+        plugin(
+            &path,
+            Some(&kubeconfig),
+            &["cp", &local.display().to_string(), &inside],
+        ),
+        None,
+    );
+    assert_eq!(
+        std::fs::read(out.join("notes/in.bin")).expect("copied in"),
+        bytes
+    );
+    let back = plugin_dir.path().join("back.bin");
+    ok(
+        plugin(
+            &path,
+            Some(&kubeconfig),
+            &["cp", &inside, &back.display().to_string()],
+        ),
+        None,
+    );
+    assert_eq!(std::fs::read(&back).expect("copied out"), bytes);
+    // Only inside the read-back paths.
+    let refused = fails(plugin(
+        &path,
+        Some(&kubeconfig),
+        &["cp", "agent:/etc/passwd", &back.display().to_string()],
+    ));
+    assert!(refused.contains("read-back paths"), "{refused}");
+
+    // A caller who may read runs but may not exec into pods is refused by the apiserver.
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), &ns.name);
+    let sa: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "reader"}})).expect("sa");
+    sas.create(&PostParams::default(), &sa)
+        .await
+        .expect("create sa");
+    let rbac = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: runs-reader, namespace: {ns}}}
+rules:
+- {{apiGroups: [sandbox.iterion.io], resources: [sandboxruns], verbs: [get]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: runs-reader, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: runs-reader}}
+subjects: [{{kind: ServiceAccount, name: reader, namespace: {ns}}}]
+",
+        ns = ns.name
+    );
+    ok(kubectl(&["apply", "-f", "-"]), Some(rbac.as_bytes()));
+    let reader = service_account_kubeconfig(&client, &ns.name, "reader").await;
+    let denied = fails(plugin(
+        &path,
+        Some(&reader),
+        &["exec", "agent", "-n", &ns.name, "--", "true"],
+    ));
+    assert!(
+        denied.contains("forbidden") || denied.contains("Forbidden"),
+        "{denied}"
+    );
+}

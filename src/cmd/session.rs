@@ -1,0 +1,230 @@
+//! `exec`, `shell` and `cp` (`crate::plugin::session`): a live sandbox reached with the caller's
+//! own kubeconfig. `exec` and `shell` exit with the command's own exit code (1 when the sandbox
+//! cannot be reached, with the reason on stderr); `cp` exits 0 once the file is copied.
+
+use std::process::ExitCode;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::AttachParams;
+use kube::{Api, Client};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+
+use crate::api::SandboxRun;
+use crate::plugin::cluster::{connect, ClusterArgs};
+use crate::plugin::session::{
+    copy_of, inside_read_back, live_pod, read_argv, write_argv, Copy, CpArgs, ExecArgs, ShellArgs,
+    WORKLOAD,
+};
+
+/// What one exec needs: where, what, and which local streams it is wired to.
+struct Exec<'a> {
+    client: &'a Client,
+    namespace: &'a str,
+    pod: &'a str,
+    container: &'a str,
+    argv: Vec<String>,
+}
+
+/// Runs `exec`.
+pub(crate) async fn exec(args: ExecArgs) -> ExitCode {
+    let input = args.stdin.then(tokio::io::stdin);
+    let command = args.command.clone();
+    session(&args.cluster, &args.run, &args.container, command, input).await
+}
+
+/// Runs `shell`: the workload's shell, reading this process's stdin.
+pub(crate) async fn shell(args: ShellArgs) -> ExitCode {
+    let argv = vec![args.shell.clone(), "-i".to_string()];
+    session(
+        &args.cluster,
+        &args.run,
+        WORKLOAD,
+        argv,
+        Some(tokio::io::stdin()),
+    )
+    .await
+}
+
+/// One exec in the run's live pod, this process's stdout and stderr wired to it.
+async fn session(
+    cluster: &ClusterArgs,
+    run: &str,
+    container: &str,
+    argv: Vec<String>,
+    input: Option<impl AsyncRead + Unpin + Send + 'static>,
+) -> ExitCode {
+    let reached = match reach(cluster, run).await {
+        Ok(r) => r,
+        Err(message) => return fail(&message),
+    };
+    let (client, namespace, _, pod) = &reached;
+    let exec = Exec {
+        client,
+        namespace,
+        pod,
+        container,
+        argv,
+    };
+    match run_exec(&exec, input, tokio::io::stdout()).await {
+        Ok(code) => exit_with(code),
+        Err(message) => fail(&message),
+    }
+}
+
+/// Runs `cp`.
+pub(crate) async fn cp(args: CpArgs) -> ExitCode {
+    let copy = match copy_of(&args.source, &args.destination) {
+        Ok(c) => c,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let name = match &copy {
+        Copy::Out { run, .. } | Copy::In { run, .. } => run.clone(),
+    };
+    let (client, namespace, run, pod) = match reach(&args.cluster, &name).await {
+        Ok(r) => r,
+        Err(message) => return fail(&message),
+    };
+    let copied = match &copy {
+        Copy::Out { path, local, .. } => {
+            copy_out(&client, &namespace, &run, &pod, path, local).await
+        }
+        Copy::In { local, path, .. } => copy_in(&client, &namespace, &run, &pod, local, path).await,
+    };
+    match copied {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => fail(&message),
+    }
+}
+
+/// `path` of the sandbox into the local file `local` (created or truncated).
+async fn copy_out(
+    client: &Client,
+    namespace: &str,
+    run: &SandboxRun,
+    pod: &str,
+    path: &str,
+    local: &str,
+) -> Result<(), String> {
+    let path = inside_read_back(run, path).map_err(|e| e.to_string())?;
+    let file = tokio::fs::File::create(local)
+        .await
+        .map_err(|e| format!("create {local}: {e}"))?;
+    let exec = Exec {
+        client,
+        namespace,
+        pod,
+        container: WORKLOAD,
+        argv: read_argv(path),
+    };
+    match run_exec(&exec, None::<tokio::io::Empty>, file).await? {
+        0 => Ok(()),
+        code => Err(format!("reading {path} in the sandbox exited {code}")),
+    }
+}
+
+/// The local file `local` into `path` of the sandbox.
+async fn copy_in(
+    client: &Client,
+    namespace: &str,
+    run: &SandboxRun,
+    pod: &str,
+    local: &str,
+    path: &str,
+) -> Result<(), String> {
+    let path = inside_read_back(run, path).map_err(|e| e.to_string())?;
+    let file = tokio::fs::File::open(local)
+        .await
+        .map_err(|e| format!("open {local}: {e}"))?;
+    let exec = Exec {
+        client,
+        namespace,
+        pod,
+        container: WORKLOAD,
+        argv: write_argv(path),
+    };
+    match run_exec(&exec, Some(file), tokio::io::stdout()).await? {
+        0 => Ok(()),
+        code => Err(format!("writing {path} in the sandbox exited {code}")),
+    }
+}
+
+/// The client, the namespace, the run and its live pod, or why not.
+async fn reach(
+    cluster: &ClusterArgs,
+    name: &str,
+) -> Result<(Client, String, SandboxRun, String), String> {
+    let (client, namespace) = connect(cluster).await.map_err(|e| e.to_string())?;
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &namespace);
+    let run = match runs.get_opt(name).await {
+        Ok(Some(run)) => run,
+        Ok(None) => return Err(format!("no SandboxRun {namespace}/{name}")),
+        Err(e) => return Err(format!("cannot read SandboxRun {namespace}/{name}: {e}")),
+    };
+    let pod = live_pod(&run).map_err(|e| e.to_string())?;
+    Ok((client, namespace, run, pod))
+}
+
+/// Runs `exec` with `input` as its stdin (none: closed) and its stdout into `output`, its stderr
+/// into this process's; the command's exit code.
+async fn run_exec(
+    exec: &Exec<'_>,
+    input: Option<impl AsyncRead + Unpin + Send + 'static>,
+    mut output: impl AsyncWrite + Unpin,
+) -> Result<i32, String> {
+    let pods: Api<Pod> = Api::namespaced(exec.client.clone(), exec.namespace);
+    let params = AttachParams::default()
+        .container(exec.container)
+        .stdin(input.is_some())
+        .stdout(true)
+        .stderr(true);
+    let mut attached = pods
+        .exec(exec.pod, exec.argv.clone(), &params)
+        .await
+        .map_err(|e| {
+            format!(
+                "exec in {}/{} ({}): {e}",
+                exec.namespace, exec.pod, exec.container
+            )
+        })?;
+    let status = attached.take_status();
+    if let (Some(mut input), Some(mut writer)) = (input, attached.stdin()) {
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut input, &mut writer).await;
+            let _ = writer.shutdown().await;
+        });
+    }
+    let errors = attached.stderr().map(|mut reader| {
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut reader, &mut tokio::io::stderr()).await;
+        })
+    });
+    if let Some(mut reader) = attached.stdout() {
+        tokio::io::copy(&mut reader, &mut output)
+            .await
+            .map_err(|e| format!("reading the command's output: {e}"))?;
+    }
+    output.flush().await.map_err(|e| format!("writing: {e}"))?;
+    if let Some(errors) = errors {
+        let _ = errors.await;
+    }
+    let status = match status {
+        Some(status) => status.await,
+        None => None,
+    };
+    let _ = attached.join().await;
+    status
+        .as_ref()
+        .and_then(crate::drain::exec::exit_code)
+        .ok_or_else(|| format!("the exec reported no exit code: {status:?}"))
+}
+
+/// The process's exit code for the command's `code` (0-255; anything else is 1).
+fn exit_with(code: i32) -> ExitCode {
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Says why on stderr; exit 1.
+fn fail(message: &str) -> ExitCode {
+    eprintln!("sandboxrun: {message}");
+    ExitCode::from(1)
+}

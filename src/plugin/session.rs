@@ -1,0 +1,277 @@
+//! A live sandbox as a session (issue #40; docs/user-guide.md "Sandboxes for agents"): `kubectl
+//! sandboxrun exec RUN -- CMD…`, `shell RUN` and `cp` into and out of its read-back paths. Every
+//! call is made with the caller's own kubeconfig ([`super::cluster`]): the apiserver checks the
+//! caller's `pods/exec`, never the operator's. This file is the pure part: which pod and
+//! container a run's session goes to, what a `cp` operand names, and that a copied path lies
+//! inside a declared read-back path; `crate::cmd::session` does the I/O.
+
+use clap::Args;
+use thiserror::Error;
+
+use super::cluster::ClusterArgs;
+use crate::api::{Phase, SandboxRun};
+
+/// The workload's container in a run's pod (`crate::pod`).
+pub(crate) const WORKLOAD: &str = "workload";
+
+/// Arguments of `exec`.
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// The SandboxRun.
+    pub run: String,
+    /// The container: `workload` (the run's own) or `holder`.
+    #[arg(short = 'c', long, default_value = WORKLOAD)]
+    pub container: String,
+    /// Pass this process's stdin to the command.
+    #[arg(short = 'i', long)]
+    pub stdin: bool,
+    /// The command and its arguments (after `--`).
+    #[arg(last = true, required = true)]
+    pub command: Vec<String>,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// Arguments of `shell`.
+#[derive(Args, Debug)]
+pub struct ShellArgs {
+    /// The SandboxRun.
+    pub run: String,
+    /// The shell to start in the workload (it must be in the image).
+    #[arg(long, default_value = "sh")]
+    pub shell: String,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// Arguments of `cp`.
+#[derive(Args, Debug)]
+pub struct CpArgs {
+    /// `RUN:PATH` to copy a file out of the sandbox, or a local file to copy in.
+    pub source: String,
+    /// A local file, or `RUN:PATH` (a file inside one of the run's read-back paths).
+    pub destination: String,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// Why a session cannot be had.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum SessionError {
+    /// The run has no live pod.
+    #[error("SandboxRun {0} is {1}: there is no live sandbox to reach")]
+    NotRunning(String, String),
+    /// Neither or both operands name a run.
+    #[error("cp copies between a local file and RUN:PATH: exactly one operand names a run ({0:?}, {1:?})")]
+    Operands(String, String),
+    /// The path is not a clean absolute path inside a declared read-back path.
+    #[error("{path:?} is not a file inside one of {run}'s read-back paths ({declared}): cp reaches only those")]
+    OutsideReadBack {
+        /// The run.
+        run: String,
+        /// The path asked for.
+        path: String,
+        /// The declared paths.
+        declared: String,
+    },
+}
+
+/// The run's live pod: its name, when the run is Running.
+pub fn live_pod(run: &SandboxRun) -> Result<String, SessionError> {
+    let name = run.metadata.name.clone().unwrap_or_default();
+    let status = run.status.as_ref();
+    let phase = status.and_then(|s| s.phase);
+    match (phase, status.and_then(|s| s.pod_name.clone())) {
+        (Some(Phase::Running), Some(pod)) => Ok(pod),
+        (phase, _) => Err(SessionError::NotRunning(
+            name,
+            phase.map_or("not started", |p| p.as_str()).to_string(),
+        )),
+    }
+}
+
+/// The two ends of a `cp`: which one is in the sandbox.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Copy {
+    /// From `path` in run `run` to the local file `local`.
+    Out {
+        /// The run.
+        run: String,
+        /// The path in the sandbox.
+        path: String,
+        /// The local file.
+        local: String,
+    },
+    /// From the local file `local` to `path` in run `run`.
+    In {
+        /// The local file.
+        local: String,
+        /// The run.
+        run: String,
+        /// The path in the sandbox.
+        path: String,
+    },
+}
+
+/// `RUN:PATH` split, when `operand` names a run (`:` before the first `/`, as `kubectl cp`).
+fn remote(operand: &str) -> Option<(&str, &str)> {
+    let (run, path) = operand.split_once(':')?;
+    (!run.is_empty() && !run.contains('/')).then_some((run, path))
+}
+
+/// What `cp SOURCE DESTINATION` copies.
+pub fn copy_of(source: &str, destination: &str) -> Result<Copy, SessionError> {
+    match (remote(source), remote(destination)) {
+        (Some((run, path)), None) => Ok(Copy::Out {
+            run: run.into(),
+            path: path.into(),
+            local: destination.into(),
+        }),
+        (None, Some((run, path))) => Ok(Copy::In {
+            local: source.into(),
+            run: run.into(),
+            path: path.into(),
+        }),
+        _ => Err(SessionError::Operands(source.into(), destination.into())),
+    }
+}
+
+/// `path` when it is a clean absolute path strictly inside one of the run's declared read-back
+/// paths (what the drain recovers: a file copied in there is drained with the rest).
+pub fn inside_read_back<'a>(run: &SandboxRun, path: &'a str) -> Result<&'a str, SessionError> {
+    let declared: Vec<&str> = run
+        .spec
+        .read_back_paths()
+        .iter()
+        .map(|p| p.path.as_str())
+        .collect();
+    let inside = crate::names::unclean_path(path).is_none()
+        && declared.iter().any(|d| {
+            path.strip_prefix(d)
+                .is_some_and(|rest| rest.starts_with('/') && rest.len() > 1)
+        });
+    if inside {
+        Ok(path)
+    } else {
+        Err(SessionError::OutsideReadBack {
+            run: run.metadata.name.clone().unwrap_or_default(),
+            path: path.into(),
+            declared: declared.join(", "),
+        })
+    }
+}
+
+/// The argv that writes its stdin to `path` in the workload (`sh` from the image; the path is an
+/// argument, never spliced into the script).
+pub fn write_argv(path: &str) -> Vec<String> {
+    ["sh", "-c", "cat > \"$1\"", "sh", path]
+        .map(String::from)
+        .to_vec()
+}
+
+/// The argv that writes `path` to stdout in the workload.
+pub fn read_argv(path: &str) -> Vec<String> {
+    ["cat", "--", path].map(String::from).to_vec()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ReadBack, ReadBackPath, SandboxRunSpec, SandboxRunStatus};
+
+    fn run(phase: Option<Phase>) -> SandboxRun {
+        let mut r = SandboxRun::new(
+            "agent",
+            SandboxRunSpec {
+                read_back: Some(ReadBack {
+                    paths: vec![ReadBackPath {
+                        path: "/work/out".into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        );
+        r.status = Some(SandboxRunStatus {
+            phase,
+            pod_name: Some("agent-sbr".into()),
+            ..Default::default()
+        });
+        r
+    }
+
+    #[test]
+    fn a_session_reaches_only_a_running_runs_pod() {
+        assert_eq!(live_pod(&run(Some(Phase::Running))), Ok("agent-sbr".into()));
+        for phase in [
+            None,
+            Some(Phase::Pending),
+            Some(Phase::Draining),
+            Some(Phase::Succeeded),
+        ] {
+            assert!(
+                matches!(live_pod(&run(phase)), Err(SessionError::NotRunning(..))),
+                "{phase:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn cp_names_exactly_one_run_end() {
+        assert_eq!(
+            copy_of("agent:/work/out/a.txt", "./a.txt"),
+            Ok(Copy::Out {
+                run: "agent".into(),
+                path: "/work/out/a.txt".into(),
+                local: "./a.txt".into()
+            })
+        );
+        assert_eq!(
+            copy_of("notes.md", "agent:/work/out/notes.md"),
+            Ok(Copy::In {
+                local: "notes.md".into(),
+                run: "agent".into(),
+                path: "/work/out/notes.md".into()
+            })
+        );
+        // A local path with a colon after a slash is local, as in kubectl cp.
+        assert!(matches!(
+            copy_of("./a:b", "x"),
+            Err(SessionError::Operands(..))
+        ));
+        assert!(matches!(
+            copy_of("a:/x", "b:/y"),
+            Err(SessionError::Operands(..))
+        ));
+    }
+
+    /// cp reaches only the run's read-back paths, and never climbs out of them.
+    #[test]
+    fn cp_reaches_only_files_inside_the_declared_read_back_paths() {
+        let r = run(Some(Phase::Running));
+        assert_eq!(
+            inside_read_back(&r, "/work/out/a/b.txt"),
+            Ok("/work/out/a/b.txt")
+        );
+        for bad in [
+            "/work/out",
+            "/work/outside/x",
+            "/etc/passwd",
+            "/work/out/../../etc/passwd",
+            "work/out/x",
+            "/work/out//x",
+            "/work/out/",
+        ] {
+            assert!(inside_read_back(&r, bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_path_is_an_argument_never_part_of_the_script() {
+        let argv = write_argv("/work/out/$(reboot)");
+        assert_eq!(argv[2], "cat > \"$1\"");
+        assert_eq!(argv[4], "/work/out/$(reboot)");
+        assert_eq!(read_argv("/work/out/-n"), ["cat", "--", "/work/out/-n"]);
+    }
+}
