@@ -16,6 +16,15 @@ use crate::plugin::session::{
     WORKLOAD,
 };
 
+/// The stdin of an exec.
+enum Input {
+    /// Closed at its end, so the command sees end of file (`exec -i`, `shell`).
+    Stream(Box<dyn AsyncRead + Unpin + Send>),
+    /// Kept open until the command exits: the command reads a count it was given (`cp` in; see
+    /// [`crate::plugin::session::write_argv`]).
+    Counted(tokio::fs::File),
+}
+
 /// What one exec needs: where, what, and which local streams it is wired to.
 struct Exec<'a> {
     client: &'a Client,
@@ -27,22 +36,20 @@ struct Exec<'a> {
 
 /// Runs `exec`.
 pub(crate) async fn exec(args: ExecArgs) -> ExitCode {
-    let input = args.stdin.then(tokio::io::stdin);
+    let input = args.stdin.then(stdin);
     let command = args.command.clone();
     session(&args.cluster, &args.run, &args.container, command, input).await
+}
+
+/// This process's stdin, closed at its end.
+fn stdin() -> Input {
+    Input::Stream(Box::new(tokio::io::stdin()))
 }
 
 /// Runs `shell`: the workload's shell, reading this process's stdin.
 pub(crate) async fn shell(args: ShellArgs) -> ExitCode {
     let argv = vec![args.shell.clone(), "-i".to_string()];
-    session(
-        &args.cluster,
-        &args.run,
-        WORKLOAD,
-        argv,
-        Some(tokio::io::stdin()),
-    )
-    .await
+    session(&args.cluster, &args.run, WORKLOAD, argv, Some(stdin())).await
 }
 
 /// One exec in the run's live pod, this process's stdout and stderr wired to it.
@@ -51,7 +58,7 @@ async fn session(
     run: &str,
     container: &str,
     argv: Vec<String>,
-    input: Option<impl AsyncRead + Unpin + Send + 'static>,
+    input: Option<Input>,
 ) -> ExitCode {
     let reached = match reach(cluster, run).await {
         Ok(r) => r,
@@ -116,7 +123,7 @@ async fn copy_out(
         container: WORKLOAD,
         argv: read_argv(path),
     };
-    match run_exec(&exec, None::<tokio::io::Empty>, file).await? {
+    match run_exec(&exec, None, file).await? {
         0 => Ok(()),
         code => Err(format!("reading {path} in the sandbox exited {code}")),
     }
@@ -135,14 +142,20 @@ async fn copy_in(
     let file = tokio::fs::File::open(local)
         .await
         .map_err(|e| format!("open {local}: {e}"))?;
+    let bytes = file
+        .metadata()
+        .await
+        .map_err(|e| format!("stat {local}: {e}"))?
+        .len();
     let exec = Exec {
         client,
         namespace,
         pod,
         container: WORKLOAD,
-        argv: write_argv(path),
+        argv: write_argv(path, bytes),
     };
-    match run_exec(&exec, Some(file), tokio::io::stdout()).await? {
+    let input = Input::Counted(file);
+    match run_exec(&exec, Some(input), tokio::io::stdout()).await? {
         0 => Ok(()),
         code => Err(format!("writing {path} in the sandbox exited {code}")),
     }
@@ -168,7 +181,7 @@ async fn reach(
 /// into this process's; the command's exit code.
 async fn run_exec(
     exec: &Exec<'_>,
-    input: Option<impl AsyncRead + Unpin + Send + 'static>,
+    input: Option<Input>,
     mut output: impl AsyncWrite + Unpin,
 ) -> Result<i32, String> {
     let pods: Api<Pod> = Api::namespaced(exec.client.clone(), exec.namespace);
@@ -187,12 +200,21 @@ async fn run_exec(
             )
         })?;
     let status = attached.take_status();
-    if let (Some(mut input), Some(mut writer)) = (input, attached.stdin()) {
-        tokio::spawn(async move {
+    // A counted stdin's writer comes back from its task and is dropped only after the exit.
+    let feeding = match (input, attached.stdin()) {
+        (Some(Input::Stream(mut input)), Some(mut writer)) => {
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut input, &mut writer).await;
+                let _ = writer.shutdown().await;
+            });
+            None
+        }
+        (Some(Input::Counted(mut input)), Some(mut writer)) => Some(tokio::spawn(async move {
             let _ = tokio::io::copy(&mut input, &mut writer).await;
-            let _ = writer.shutdown().await;
-        });
-    }
+            writer
+        })),
+        _ => None,
+    };
     let errors = attached.stderr().map(|mut reader| {
         tokio::spawn(async move {
             let _ = tokio::io::copy(&mut reader, &mut tokio::io::stderr()).await;
@@ -211,6 +233,11 @@ async fn run_exec(
         Some(status) => status.await,
         None => None,
     };
+    let open_until_now = match feeding {
+        Some(task) => task.await.ok(),
+        None => None,
+    };
+    drop(open_until_now);
     let _ = attached.join().await;
     status
         .as_ref()
