@@ -43,7 +43,7 @@ def env() -> Dict[str, str]:
     # The CRDs of this checkout (the Rust tests apply them the same way).
     bed.kubectl(
         settings, "apply", "--server-side", "--force-conflicts", "--field-manager", "sandboxrun-tests",
-        "-f", str(bed.REPO / "crds"),
+        *[a for f in sorted((bed.REPO / "crds").glob("*.sandbox.iterion.io.yaml")) for a in ("-f", str(f))],
     )
     return settings
 

@@ -71,3 +71,10 @@ def test_a_file_store_is_listed_and_fetched(tmp_path: Path) -> None:
     assert [run_files.fetch(f) for f in listed] == [b"hello", bytes(range(256))]
     (out,) = run_files.download(tmp_path / "dl")
     assert out.name == "00-work-out" and (out / "bin").read_bytes() == bytes(range(256))
+
+
+def test_stdin_is_counted_in_the_pod_instead_of_closed() -> None:
+    from sandboxrun.exec import with_counted_stdin
+
+    assert with_counted_stdin(["sh", "-c", 'cat > "$1"', "sh", "/out/x"], 5) == \
+        ["sh", "-c", 'head -c "$0" | "$@"', "5", "sh", "-c", 'cat > "$1"', "sh", "/out/x"]

@@ -80,9 +80,10 @@ class Sandbox:
         return result
 
     def write_file(self, path: str, data: Union[bytes, str], timeout: float = 300.0) -> None:
-        """Writes ``data`` to ``path`` in the sandbox (``sh -c 'cat > "$1"'``: the workload
-        image needs ``sh`` and ``cat``). The directory must exist and be writable by the run's
-        user (a read-back path is)."""
+        """Writes ``data`` to ``path`` in the sandbox: ``sh -c 'cat > "$1"' sh PATH`` fed the
+        bytes on stdin (through ``head -c``, see :func:`sandboxrun.exec.with_counted_stdin`), so
+        the workload image needs ``sh``, ``head`` and ``cat``. The directory must exist and be
+        writable by the run's user (a read-back path is)."""
         raw = data.encode() if isinstance(data, str) else bytes(data)
         self._checked(["sh", "-c", 'cat > "$1"', "sh", path], raw, timeout)
 

@@ -11,7 +11,7 @@ from typing import Any, List, Optional, Sequence, Union
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
-from kubernetes.stream.ws_client import ERROR_CHANNEL, STDIN_CHANNEL, V5_CHANNEL_PROTOCOL
+from kubernetes.stream.ws_client import ERROR_CHANNEL, STDIN_CHANNEL
 
 from .errors import ExecError, Timeout
 
@@ -84,13 +84,20 @@ def _open(api: CoreV1Api, namespace: str, pod: str, command: List[str], with_std
         raise ExecError(f"exec in pod {namespace}/{pod} refused: {e.reason}") from e
 
 
+def with_counted_stdin(command: List[str], size: int) -> List[str]:
+    """``command`` fed exactly ``size`` bytes of stdin by ``head -c``, then EOF.
+
+    The exec API's only EOF is closing the stdin stream (``v5.channel.k8s.io``), and on the
+    bed's apiserver (v1.36) a close sent right after the data overtakes its tail: the command
+    sees EOF early and the last bytes are lost, silently (observed: 32,768 of 562,151 bytes
+    arrived). Counting the bytes in the pod needs no close at all, on v4 or v5, and a transfer
+    cut short hangs until the timeout instead of leaving a truncated file."""
+    return ["sh", "-c", 'head -c "$0" | "$@"', str(size), *command]
+
+
 def _send_stdin(ws: Any, data: bytes) -> None:
-    if ws.subprotocol != V5_CHANNEL_PROTOCOL:
-        # v4 has no way to close stdin: the command would wait for EOF for ever.
-        raise ExecError(f"the apiserver speaks {ws.subprotocol}, not {V5_CHANNEL_PROTOCOL}: stdin cannot be closed")
     for start in range(0, len(data), _STDIN_CHUNK):
         ws.write_channel(STDIN_CHANNEL, data[start : start + _STDIN_CHUNK])
-    ws.close_channel(STDIN_CHANNEL)
 
 
 def exec_in(
@@ -101,8 +108,12 @@ def exec_in(
     stdin: Optional[bytes] = None,
     timeout: float = 300.0,
 ) -> ExecResult:
-    """Runs ``cmd`` in the workload container of ``pod`` and waits for it to end."""
+    """Runs ``cmd`` in the workload container of ``pod`` and waits for it to end. With
+    ``stdin``, the command reads exactly those bytes then EOF (see :func:`with_counted_stdin`:
+    the image needs ``sh`` and ``head``)."""
     command = as_command(cmd)
+    if stdin is not None:
+        command = with_counted_stdin(command, len(stdin))
     ws = _open(api, namespace, pod, command, stdin is not None)
     out, err = bytearray(), bytearray()
     deadline = time.monotonic() + timeout
