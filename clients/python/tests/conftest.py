@@ -5,17 +5,17 @@ bed's S3 server. Unit tests need none of them."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterator
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import bed  # noqa: E402
+import bed
 
-from sandboxrun import Sandboxes, StoreReader  # noqa: E402
+from sandboxrun import Sandboxes, StoreReader
 
 #: The template the docs' agent loop names (docs/user-guide.md, "Sandboxes for agents").
 AGENT_TEMPLATE = "agent-tools"
@@ -25,7 +25,7 @@ AGENT_TEMPLATE = "agent-tools"
 class Bed:
     """One namespace, its operator, a client of it, and where its runs drain to."""
 
-    env: Dict[str, str]
+    env: dict[str, str]
     namespace: str
     operator: bed.Operator
     sandboxes: Sandboxes
@@ -38,17 +38,22 @@ class Bed:
 
 
 @pytest.fixture(scope="session")
-def env() -> Dict[str, str]:
+def env() -> dict[str, str]:
     settings = bed.bed_env()
     # The CRDs of this checkout (the Rust tests apply them the same way).
     bed.kubectl(
-        settings, "apply", "--server-side", "--force-conflicts", "--field-manager", "sandboxrun-tests",
+        settings,
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager",
+        "sandboxrun-tests",
         *[a for f in sorted((bed.REPO / "crds").glob("*.sandbox.iterion.io.yaml")) for a in ("-f", str(f))],
     )
     return settings
 
 
-def _agent_template(env: Dict[str, str], namespace: str) -> None:
+def _agent_template(env: dict[str, str], namespace: str) -> None:
     spec = bed.real_node_spec(env, ["/work/out"], compression="zstd")
     template = {
         "apiVersion": "sandbox.iterion.io/v1alpha1",
@@ -61,7 +66,7 @@ def _agent_template(env: Dict[str, str], namespace: str) -> None:
     bed.kubectl(env, "apply", "-f", "-", stdin=json.dumps(template))
 
 
-def _bed(env: Dict[str, str], prefix: str, wrong_secret: bool) -> Iterator[Bed]:
+def _bed(env: dict[str, str], prefix: str, wrong_secret: bool) -> Iterator[Bed]:
     s3 = bed.S3.of(env)
     namespace = bed.restricted_namespace(env, prefix)
     store_url = f"s3://{s3.bucket}/{bed.unique('pyclient')}"
@@ -69,8 +74,9 @@ def _bed(env: Dict[str, str], prefix: str, wrong_secret: bool) -> Iterator[Bed]:
     operator = bed.Operator(env, namespace, store_url, flags)
     try:
         _agent_template(env, namespace)
-        reader = StoreReader(endpoint_url=s3.endpoint, access_key=s3.access_key, secret_key=s3.secret_key,
-                             region="us-east-1")
+        reader = StoreReader(
+            endpoint_url=s3.endpoint, access_key=s3.access_key, secret_key=s3.secret_key, region="us-east-1"
+        )
         sandboxes = Sandboxes(namespace, kubeconfig=env["KUBECONFIG"], store=reader)
         yield Bed(env, namespace, operator, sandboxes, s3, store_url)
     finally:
@@ -83,8 +89,13 @@ def _purge(s3: bed.S3, store_url: str) -> None:
     """Deletes what this run stored (its own prefix only)."""
     import boto3
 
-    client = boto3.client("s3", endpoint_url=s3.endpoint, aws_access_key_id=s3.access_key,
-                          aws_secret_access_key=s3.secret_key, region_name="us-east-1")
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3.endpoint,
+        aws_access_key_id=s3.access_key,
+        aws_secret_access_key=s3.secret_key,
+        region_name="us-east-1",
+    )
     prefix = store_url.split("/", 3)[3] + "/"
     listed = client.list_objects_v2(Bucket=s3.bucket, Prefix=prefix).get("Contents", [])
     for obj in listed:
@@ -92,12 +103,12 @@ def _purge(s3: bed.S3, store_url: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def good(env: Dict[str, str]) -> Iterator[Bed]:
+def good(env: dict[str, str]) -> Iterator[Bed]:
     """An operator storing into the bed's S3 server with its credentials."""
     yield from _bed(env, "py-client", wrong_secret=False)
 
 
 @pytest.fixture(scope="session")
-def broken(env: Dict[str, str]) -> Iterator[Bed]:
+def broken(env: dict[str, str]) -> Iterator[Bed]:
     """An operator whose S3 store refuses its credentials: every drain fails."""
     yield from _bed(env, "py-client-broken", wrong_secret=True)

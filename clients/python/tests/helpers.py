@@ -6,12 +6,12 @@ import hashlib
 import io
 import json
 import tarfile
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import zstandard
 
 
-def tar_of(entries: List[Tuple[str, Optional[bytes], Optional[str]]], compression: str = "none") -> bytes:
+def tar_of(entries: list[tuple[str, bytes | None, str | None]], compression: str = "none") -> bytes:
     """A tar of (name, content, symlink target): content for a file, a target for a symlink,
     neither for a directory."""
     buf = io.BytesIO()
@@ -37,8 +37,9 @@ def tar_of(entries: List[Tuple[str, Optional[bytes], Optional[str]]], compressio
     return raw
 
 
-def manifest_doc(files: Dict[str, bytes], archive_key: str, compression: str = "none",
-                 phase: str = "Drained") -> Dict[str, Any]:
+def manifest_doc(
+    files: dict[str, bytes], archive_key: str, compression: str = "none", phase: str = "Drained"
+) -> dict[str, Any]:
     """A manifest as the operator writes it (src/store/manifest.rs), for ``files``."""
     return {
         "schemaVersion": 1,
@@ -52,11 +53,23 @@ def manifest_doc(files: Dict[str, bytes], archive_key: str, compression: str = "
         "startedAt": "2026-12-04T00:00:00Z",
         "finishedAt": "2026-12-04T00:00:01Z",
         "phase": phase,
-        "totals": {"members": len(files), "bytes": sum(map(len, files.values())), "droppedMembers": 0,
-                   "droppedBytes": 0, "rejectedMembers": 0, "inputBytes": 0, "archiveBytes": 0},
+        "totals": {
+            "members": len(files),
+            "bytes": sum(map(len, files.values())),
+            "droppedMembers": 0,
+            "droppedBytes": 0,
+            "rejectedMembers": 0,
+            "inputBytes": 0,
+            "archiveBytes": 0,
+        },
         "members": [
-            {"path": name, "kind": "file", "size": len(content), "sha256": hashlib.sha256(content).hexdigest(),
-             "mode": 0o640}
+            {
+                "path": name,
+                "kind": "file",
+                "size": len(content),
+                "sha256": hashlib.sha256(content).hexdigest(),
+                "mode": 0o640,
+            }
             for name, content in files.items()
         ],
         "dropped": [],

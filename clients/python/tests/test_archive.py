@@ -20,8 +20,7 @@ def _extract(tmp_path: Path, entries: list, compression: str = "none", manifest=
 
 @pytest.mark.parametrize("compression", ["none", "gzip", "zstd"])
 def test_files_directories_and_inner_links_are_extracted(tmp_path: Path, compression: str) -> None:
-    dest = _extract(tmp_path, [("d", None, None), ("d/a.txt", b"hello", None), ("link", None, "d/a.txt")],
-                    compression)
+    dest = _extract(tmp_path, [("d", None, None), ("d/a.txt", b"hello", None), ("link", None, "d/a.txt")], compression)
     assert (dest / "d/a.txt").read_bytes() == b"hello"
     assert os.readlink(dest / "link") == "d/a.txt"
     assert (dest / "d/a.txt").stat().st_mode & 0o777 == 0o640

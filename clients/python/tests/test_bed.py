@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 
+import bed
 import pytest
 from conftest import AGENT_TEMPLATE, Bed
 
-import bed
 from sandboxrun import CommandFailed, DrainFailed, RunFailed, Sandbox
 
 pytestmark = pytest.mark.bed

@@ -10,14 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import bed
 import pytest
 from conftest import Bed
 
-import bed
-
 pytestmark = pytest.mark.bed
 
-_SNIPPET = re.compile(r"<!-- agent-loop[^>]*-->\s*```python\n(.*?)```\s*<!-- /agent-loop -->", re.S)
+_SNIPPET = re.compile(r"<!-- agent-loop[^>]*-->\s*```python\n(.*?)```\s*<!-- /agent-loop -->", re.DOTALL)
 
 
 def agent_loop(doc: Path) -> str:
@@ -38,16 +37,20 @@ def test_the_user_guides_agent_loop_runs_on_the_bed(good: Bed, tmp_path: Path) -
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(Path(good.env["KUBECONFIG"]).read_text())
     env = dict(good.env)
-    env.update({
-        "KUBECONFIG": str(kubeconfig),
-        "AWS_ENDPOINT_URL": good.s3.endpoint,
-        "AWS_ACCESS_KEY_ID": good.s3.access_key,
-        "AWS_SECRET_ACCESS_KEY": good.s3.secret_key,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "PYTHONPATH": str(bed.REPO / "clients/python/src"),
-    })
+    env.update(
+        {
+            "KUBECONFIG": str(kubeconfig),
+            "AWS_ENDPOINT_URL": good.s3.endpoint,
+            "AWS_ACCESS_KEY_ID": good.s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": good.s3.secret_key,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "PYTHONPATH": str(bed.REPO / "clients/python/src"),
+        }
+    )
     bed.kubectl(env, "config", "set-context", "--current", f"--namespace={good.namespace}")
-    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, str(script)], check=False, env=env, capture_output=True, text=True, timeout=240
+    )
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}{good.diagnose()}"
     assert done.stdout.splitlines() == [
         "$ echo hello > /work/out/hello.txt -> exit 0: ",

@@ -16,8 +16,12 @@ def test_success_is_exit_code_zero() -> None:
 
 
 def test_a_non_zero_exit_code_is_read_from_its_cause() -> None:
-    status = {"status": "Failure", "reason": "NonZeroExitCode", "message": "command terminated with non-zero exit code",
-              "details": {"causes": [{"reason": "ExitCode", "message": "42"}]}}
+    status = {
+        "status": "Failure",
+        "reason": "NonZeroExitCode",
+        "message": "command terminated with non-zero exit code",
+        "details": {"causes": [{"reason": "ExitCode", "message": "42"}]},
+    }
     assert exit_code_of(json.dumps(status)) == 42
 
 
@@ -34,14 +38,18 @@ def test_a_string_command_goes_through_sh() -> None:
 
 def test_s3_archive_keys_are_bucket_keys() -> None:
     m = parse_manifest(manifest_json({}, "prefix/ns/job/u-1/00-work-out.tar"))
-    assert archive_url("s3://bkt/prefix/ns/job/u-1/00-work-out.manifest.json", m) == \
-        "s3://bkt/prefix/ns/job/u-1/00-work-out.tar"
+    assert (
+        archive_url("s3://bkt/prefix/ns/job/u-1/00-work-out.manifest.json", m)
+        == "s3://bkt/prefix/ns/job/u-1/00-work-out.tar"
+    )
 
 
 def test_file_archive_keys_are_relative_to_the_store_directory() -> None:
     m = parse_manifest(manifest_json({}, "ns/job/u-1/00-work-out.tar.gz", "gzip"))
-    assert archive_url("file:///var/store/ns/job/u-1/00-work-out.manifest.json", m) == \
-        "file:///var/store/ns/job/u-1/00-work-out.tar.gz"
+    assert (
+        archive_url("file:///var/store/ns/job/u-1/00-work-out.manifest.json", m)
+        == "file:///var/store/ns/job/u-1/00-work-out.tar.gz"
+    )
 
 
 def test_an_archive_key_elsewhere_than_beside_its_manifest_is_refused() -> None:
@@ -62,9 +70,19 @@ def test_a_file_store_is_listed_and_fetched(tmp_path: Path) -> None:
     files = {"a.txt": b"hello", "bin": bytes(range(256))}
     (run_dir / "00-work-out.tar.zst").write_bytes(tar_of([(k, v, None) for k, v in files.items()], "zstd"))
     (run_dir / "00-work-out.manifest.json").write_bytes(manifest_json(files, "ns/job/u-1/00-work-out.tar.zst", "zstd"))
-    status = RunStatus.from_dict({"phase": "Stopped", "readBack": [{
-        "path": "/work/out", "phase": "Drained", "object": f"file://{run_dir}/00-work-out.tar.zst",
-        "manifest": f"file://{run_dir}/00-work-out.manifest.json"}]})
+    status = RunStatus.from_dict(
+        {
+            "phase": "Stopped",
+            "readBack": [
+                {
+                    "path": "/work/out",
+                    "phase": "Drained",
+                    "object": f"file://{run_dir}/00-work-out.tar.zst",
+                    "manifest": f"file://{run_dir}/00-work-out.manifest.json",
+                }
+            ],
+        }
+    )
     run_files = RunFiles("job", status, StoreReader())
     listed = run_files.files()
     assert [(f.container_path, f.size) for f in listed] == [("/work/out/a.txt", 5), ("/work/out/bin", 256)]
@@ -76,5 +94,14 @@ def test_a_file_store_is_listed_and_fetched(tmp_path: Path) -> None:
 def test_stdin_is_counted_in_the_pod_instead_of_closed() -> None:
     from sandboxrun.exec import with_counted_stdin
 
-    assert with_counted_stdin(["sh", "-c", 'cat > "$1"', "sh", "/out/x"], 5) == \
-        ["sh", "-c", 'head -c "$0" | "$@"', "5", "sh", "-c", 'cat > "$1"', "sh", "/out/x"]
+    assert with_counted_stdin(["sh", "-c", 'cat > "$1"', "sh", "/out/x"], 5) == [
+        "sh",
+        "-c",
+        'head -c "$0" | "$@"',
+        "5",
+        "sh",
+        "-c",
+        'cat > "$1"',
+        "sh",
+        "/out/x",
+    ]

@@ -5,18 +5,34 @@ import pytest
 from sandboxrun import DrainFailed, RunStatus
 from sandboxrun.status import check_drain
 
-DRAINED = {"path": "/work/out", "phase": "Drained", "bytes": 5, "members": 1,
-           "object": "s3://b/p/ns/r/u/00-work-out.tar", "manifest": "s3://b/p/ns/r/u/00-work-out.manifest.json",
-           "attempts": 1}
-EMPTY = {"path": "/work/empty", "phase": "Empty", "object": "s3://b/p/ns/r/u/01-work-empty.tar",
-         "manifest": "s3://b/p/ns/r/u/01-work-empty.manifest.json", "attempts": 1}
-FAILED = {"path": "/work/logs", "phase": "Failed", "attempts": 1,
-          "message": "the store s3://b/p: access denied"}
+DRAINED = {
+    "path": "/work/out",
+    "phase": "Drained",
+    "bytes": 5,
+    "members": 1,
+    "object": "s3://b/p/ns/r/u/00-work-out.tar",
+    "manifest": "s3://b/p/ns/r/u/00-work-out.manifest.json",
+    "attempts": 1,
+}
+EMPTY = {
+    "path": "/work/empty",
+    "phase": "Empty",
+    "object": "s3://b/p/ns/r/u/01-work-empty.tar",
+    "manifest": "s3://b/p/ns/r/u/01-work-empty.manifest.json",
+    "attempts": 1,
+}
+FAILED = {"path": "/work/logs", "phase": "Failed", "attempts": 1, "message": "the store s3://b/p: access denied"}
 
 
 def _status(*paths: dict, phase: str = "Stopped") -> RunStatus:
-    return RunStatus.from_dict({"phase": phase, "podName": "r-sbr", "readBack": list(paths),
-                                "conditions": [{"type": "Failed", "status": "True", "reason": "DrainFailed"}]})
+    return RunStatus.from_dict(
+        {
+            "phase": phase,
+            "podName": "r-sbr",
+            "readBack": list(paths),
+            "conditions": [{"type": "Failed", "status": "True", "reason": "DrainFailed"}],
+        }
+    )
 
 
 def test_an_empty_path_is_settled_and_not_an_error() -> None:

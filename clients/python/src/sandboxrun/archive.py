@@ -11,8 +11,9 @@ import os
 import posixpath
 import stat
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO, Dict, Iterator, Optional, Tuple
+from typing import IO, BinaryIO
 
 import zstandard
 
@@ -74,7 +75,7 @@ def _no_symlink_on_the_way(root: Path, rel: str) -> Path:
     return target
 
 
-def _write_file(src: BinaryIO, dest: Path, mode: int) -> str:
+def _write_file(src: IO[bytes], dest: Path, mode: int) -> str:
     """Copies ``src`` into a new ``dest`` (never following a link); returns its hex sha256."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     if dest.exists():
@@ -89,12 +90,12 @@ def _write_file(src: BinaryIO, dest: Path, mode: int) -> str:
     return digest.hexdigest()
 
 
-def extract(tar: tarfile.TarFile, dest: Path, manifest: Optional[Manifest] = None) -> int:
+def extract(tar: tarfile.TarFile, dest: Path, manifest: Manifest | None = None) -> int:
     """Extracts every member of ``tar`` under ``dest``; with ``manifest``, each file's sha256
     must match its record. Returns the number of members written."""
     dest.mkdir(parents=True, exist_ok=True)
     root = dest.resolve()
-    expected: Dict[str, str] = {}
+    expected: dict[str, str] = {}
     if manifest is not None:
         expected = {m.path: m.sha256 for m in manifest.members if m.kind == "file" and m.sha256}
     written = 0
@@ -122,7 +123,7 @@ def extract(tar: tarfile.TarFile, dest: Path, manifest: Optional[Manifest] = Non
     return written
 
 
-def iter_files(tar: tarfile.TarFile) -> Iterator[Tuple[str, bytes]]:
+def iter_files(tar: tarfile.TarFile) -> Iterator[tuple[str, bytes]]:
     """Every regular file of ``tar`` as (safe relative path, content), in archive order."""
     for info in tar:
         rel = safe_member_name(info.name)
@@ -132,12 +133,11 @@ def iter_files(tar: tarfile.TarFile) -> Iterator[Tuple[str, bytes]]:
             yield rel, src.read()
 
 
-def read_file(tar: tarfile.TarFile, path: str) -> Optional[bytes]:
+def read_file(tar: tarfile.TarFile, path: str) -> bytes | None:
     """The content of ``path`` in ``tar`` (its last version, as extraction would leave it)."""
     wanted = safe_member_name(path)
-    found: Optional[bytes] = None
+    found: bytes | None = None
     for rel, content in iter_files(tar):
         if rel == wanted:
             found = content
     return found
-

@@ -4,7 +4,8 @@ into it, stop it, wait for its drain and read its files back from its store."""
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -25,7 +26,7 @@ _POLL = 0.5
 class Sandbox:
     """One SandboxRun. Get one from :meth:`Sandboxes.create` or :meth:`Sandboxes.get`."""
 
-    def __init__(self, sandboxes: "Sandboxes", obj: Mapping[str, Any]) -> None:
+    def __init__(self, sandboxes: Sandboxes, obj: Mapping[str, Any]) -> None:
         self._sandboxes = sandboxes
         self.name: str = obj["metadata"]["name"]
         self.namespace: str = obj["metadata"]["namespace"]
@@ -38,7 +39,7 @@ class Sandbox:
 
     def status(self) -> RunStatus:
         """The run's status as the apiserver has it now."""
-        obj = self._sandboxes._custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
+        obj = self._sandboxes._get(self.name)
         return RunStatus.from_dict(obj.get("status"))
 
     def _wait(self, what: str, timeout: float, done: Callable[[RunStatus], bool]) -> RunStatus:
@@ -68,18 +69,18 @@ class Sandbox:
             raise NotRunning(f"{self.namespace}/{self.name} is {status.phase}: its pod does not run")
         return status.pod_name
 
-    def run(self, cmd: Union[str, Sequence[str]], stdin: Optional[bytes] = None, timeout: float = 300.0) -> ExecResult:
+    def run(self, cmd: str | Sequence[str], stdin: bytes | None = None, timeout: float = 300.0) -> ExecResult:
         """Runs ``cmd`` in the workload container (a string through ``sh -c``); a non-zero exit is
         a result, not an error."""
         return exec_in(self._sandboxes._core, self.namespace, self._pod(), cmd, stdin=stdin, timeout=timeout)
 
-    def _checked(self, cmd: List[str], stdin: Optional[bytes], timeout: float) -> ExecResult:
+    def _checked(self, cmd: list[str], stdin: bytes | None, timeout: float) -> ExecResult:
         result = self.run(cmd, stdin=stdin, timeout=timeout)
         if not result.ok:
             raise CommandFailed(cmd, result.exit_code, result.stderr)
         return result
 
-    def write_file(self, path: str, data: Union[bytes, str], timeout: float = 300.0) -> None:
+    def write_file(self, path: str, data: bytes | str, timeout: float = 300.0) -> None:
         """Writes ``data`` to ``path`` in the sandbox: ``sh -c 'cat > "$1"' sh PATH`` fed the
         bytes on stdin (through ``head -c``, see :func:`sandboxrun.exec.with_counted_stdin`), so
         the workload image needs ``sh``, ``head`` and ``cat``. The directory must exist and be
@@ -98,7 +99,7 @@ class Sandbox:
         body = {"spec": {"stop": True}}
         self._sandboxes._custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name, body)
 
-    def drain_failed_note(self) -> Optional[str]:
+    def drain_failed_note(self) -> str | None:
         """The note of the run's ``sandbox_runfiles_drain_failed`` Event, if there is one."""
         selector = f"involvedObject.name={self.name},involvedObject.kind={KIND},reason={DRAIN_FAILED_REASON}"
         try:
@@ -143,12 +144,12 @@ class Sandboxes:
 
     def __init__(
         self,
-        namespace: Optional[str] = None,
+        namespace: str | None = None,
         *,
-        kubeconfig: Optional[str] = None,
-        context: Optional[str] = None,
-        api_client: Optional[client.ApiClient] = None,
-        store: Optional[StoreReader] = None,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        api_client: client.ApiClient | None = None,
+        store: StoreReader | None = None,
     ) -> None:
         if api_client is None:
             api_client, default_ns = connect(kubeconfig, context)
@@ -162,31 +163,35 @@ class Sandboxes:
     def create(
         self,
         *,
-        template: Optional[str] = None,
+        template: str | None = None,
         template_kind: str = "SandboxRunTemplate",
-        name: Optional[str] = None,
+        name: str | None = None,
         generate_name: str = "sandbox-",
-        spec: Optional[Mapping[str, Any]] = None,
-        command: Optional[Sequence[str]] = None,
-        env: Optional[Mapping[str, str]] = None,
-        labels: Optional[Mapping[str, str]] = None,
+        spec: Mapping[str, Any] | None = None,
+        command: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> Sandbox:
         """Creates a run: from ``template`` (``spec.templateRef``; set only the fields it leaves
         open) and/or a ``spec``. Without a ``command`` the run is a long-lived sandbox driven by
         :meth:`Sandbox.run` until :meth:`Sandbox.stop`."""
-        body_spec: Dict[str, Any] = dict(spec or {})
+        body_spec: dict[str, Any] = dict(spec or {})
         if template:
             body_spec["templateRef"] = {"name": template, "kind": template_kind}
         if command is not None:
             body_spec["command"] = list(command)
         if env:
             body_spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
-        metadata: Dict[str, Any] = {"name": name} if name else {"generateName": generate_name}
+        metadata: dict[str, Any] = {"name": name} if name else {"generateName": generate_name}
         if labels:
             metadata["labels"] = dict(labels)
         body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": metadata, "spec": body_spec}
         obj = self._custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
-        return Sandbox(self, obj)
+        return Sandbox(self, cast(Mapping[str, Any], obj))
 
     def get(self, name: str) -> Sandbox:
-        return Sandbox(self, self._custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name))
+        return Sandbox(self, self._get(name))
+
+    def _get(self, name: str) -> Mapping[str, Any]:
+        obj = self._custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+        return cast(Mapping[str, Any], obj)

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 #: The Event reason the operator records when a teardown's drain failed (ADR-143).
 DRAIN_FAILED_REASON = "sandbox_runfiles_drain_failed"
@@ -27,7 +27,7 @@ class DrainFailed(SandboxError):
     """At least one read-back path could not be drained (``status.readBack[].phase == Failed``,
     Warning Event ``sandbox_runfiles_drain_failed``). Never raised for an empty path."""
 
-    def __init__(self, run: str, failed: Sequence[FailedPath], event_note: Optional[str] = None):
+    def __init__(self, run: str, failed: Sequence[FailedPath], event_note: str | None = None):
         self.run = run
         self.failed = list(failed)
         self.event_note = event_note

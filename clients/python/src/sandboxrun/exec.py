@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any
 
 from kubernetes.client import CoreV1Api
 from kubernetes.client.exceptions import ApiException
@@ -60,12 +61,12 @@ def exit_code_of(error_channel: str) -> int:
     raise ExecError(f"the exec failed: {status.get('message') or error_channel}")
 
 
-def as_command(cmd: Union[str, Sequence[str]]) -> List[str]:
+def as_command(cmd: str | Sequence[str]) -> list[str]:
     """A string is run by ``sh -c`` (the image needs ``sh``); a list is run as it is."""
     return ["sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
 
 
-def _open(api: CoreV1Api, namespace: str, pod: str, command: List[str], with_stdin: bool) -> Any:
+def _open(api: CoreV1Api, namespace: str, pod: str, command: list[str], with_stdin: bool) -> Any:
     try:
         return stream(
             api.connect_get_namespaced_pod_exec,
@@ -84,7 +85,7 @@ def _open(api: CoreV1Api, namespace: str, pod: str, command: List[str], with_std
         raise ExecError(f"exec in pod {namespace}/{pod} refused: {e.reason}") from e
 
 
-def with_counted_stdin(command: List[str], size: int) -> List[str]:
+def with_counted_stdin(command: list[str], size: int) -> list[str]:
     """``command`` fed exactly ``size`` bytes of stdin by ``head -c``, then EOF.
 
     The exec API's only EOF is closing the stdin stream (``v5.channel.k8s.io``), and on the
@@ -104,8 +105,8 @@ def exec_in(
     api: CoreV1Api,
     namespace: str,
     pod: str,
-    cmd: Union[str, Sequence[str]],
-    stdin: Optional[bytes] = None,
+    cmd: str | Sequence[str],
+    stdin: bytes | None = None,
     timeout: float = 300.0,
 ) -> ExecResult:
     """Runs ``cmd`` in the workload container of ``pod`` and waits for it to end. With

@@ -10,7 +10,7 @@ import io
 import posixpath
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 from . import archive
@@ -28,7 +28,7 @@ class StoredFile:
     declared_path: str
     path: str
     size: int
-    sha256: Optional[str]
+    sha256: str | None
     archive_url: str
     compression: str
 
@@ -47,9 +47,11 @@ class StoredPath:
     archive_url: str
 
     @property
-    def files(self) -> List[StoredFile]:
+    def files(self) -> list[StoredFile]:
         return [
-            StoredFile(self.manifest.declared_path, m.path, m.size, m.sha256, self.archive_url, self.manifest.compression)
+            StoredFile(
+                self.manifest.declared_path, m.path, m.size, m.sha256, self.archive_url, self.manifest.compression
+            )
             for m in self.manifest.files
         ]
 
@@ -61,10 +63,10 @@ class StoreReader:
 
     def __init__(
         self,
-        endpoint_url: Optional[str] = None,
-        access_key: Optional[str] = None,
-        secret_key: Optional[str] = None,
-        region: Optional[str] = None,
+        endpoint_url: str | None = None,
+        access_key: str | None = None,
+        secret_key: str | None = None,
+        region: str | None = None,
         s3_client: Any = None,
     ) -> None:
         self._endpoint_url = endpoint_url
@@ -105,7 +107,7 @@ class StoreReader:
             raise StoreError(f"{url}: {e}") from e
 
 
-def split_url(url: str) -> Tuple[str, str, str]:
+def split_url(url: str) -> tuple[str, str, str]:
     """(scheme, bucket, key) of an object URL; for ``file://`` the key is the local path."""
     parsed = urlparse(url)
     if parsed.scheme == "file":
@@ -141,10 +143,10 @@ class RunFiles:
         self.run = run
         self.status = status
         self.reader = reader
-        self._paths: Optional[List[StoredPath]] = None
-        self._archives: Dict[str, bytes] = {}
+        self._paths: list[StoredPath] | None = None
+        self._archives: dict[str, bytes] = {}
 
-    def paths(self) -> List[StoredPath]:
+    def paths(self) -> list[StoredPath]:
         """Every committed path (an ``Empty`` one too: its manifest lists no member)."""
         if self._paths is None:
             self._paths = []
@@ -155,7 +157,7 @@ class RunFiles:
                 self._paths.append(StoredPath(entry, manifest, archive_url(entry.manifest, manifest)))
         return self._paths
 
-    def files(self) -> List[StoredFile]:
+    def files(self) -> list[StoredFile]:
         """Every stored regular file of every path, in declared order."""
         return [f for p in self.paths() for f in p.files]
 
@@ -175,10 +177,10 @@ class RunFiles:
             raise UnsafeArchive(f"{stored.container_path}: sha256 {digest} differs from the manifest's {stored.sha256}")
         return content
 
-    def download(self, dest: Path) -> List[Path]:
+    def download(self, dest: Path) -> list[Path]:
         """Extracts every committed path into ``dest/<NN>-<slug>/`` (as ``files get`` does),
         safely and verified against its manifest; returns the directories."""
-        out: List[Path] = []
+        out: list[Path] = []
         for stored in self.paths():
             name = posixpath.basename(stored.status.manifest or "")[: -len(MANIFEST_SUFFIX)]
             target = Path(dest) / name

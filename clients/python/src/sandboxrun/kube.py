@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional, Tuple
 
 from kubernetes import client, config
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-def _kubeconfig_exists(path: Optional[str]) -> bool:
+def _kubeconfig_exists(path: str | None) -> bool:
     if path:
         return True
     env = os.environ.get("KUBECONFIG")
@@ -21,7 +20,7 @@ def _kubeconfig_exists(path: Optional[str]) -> bool:
     return Path("~/.kube/config").expanduser().exists()
 
 
-def connect(kubeconfig: Optional[str] = None, context: Optional[str] = None) -> Tuple[client.ApiClient, str]:
+def connect(kubeconfig: str | None = None, context: str | None = None) -> tuple[client.ApiClient, str]:
     """An API client and the namespace to use by default (the context's, as kubectl does; in a
     pod, the pod's own; else ``default``)."""
     if _kubeconfig_exists(kubeconfig) or context:

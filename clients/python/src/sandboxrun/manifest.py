@@ -4,8 +4,9 @@ the archive holds, member by member, and which archive key it commits."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional, Union
+from typing import Any
 
 from .errors import StoreError
 
@@ -22,9 +23,9 @@ class Member:
     path: str
     kind: str
     size: int = 0
-    sha256: Optional[str] = None
+    sha256: str | None = None
     mode: int = 0o644
-    link_target: Optional[str] = None
+    link_target: str | None = None
     superseded: bool = False
 
 
@@ -40,13 +41,13 @@ class Manifest:
     namespace: str
     run: str
     uid: str
-    members: List[Member] = field(default_factory=list)
-    dropped: List[str] = field(default_factory=list)
-    rejected: List[str] = field(default_factory=list)
-    changed: List[str] = field(default_factory=list)
+    members: list[Member] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    rejected: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
 
     @property
-    def files(self) -> List[Member]:
+    def files(self) -> list[Member]:
         """The regular files as extraction leaves them (a superseded member is replaced)."""
         return [m for m in self.members if m.kind == "file" and not m.superseded]
 
@@ -66,7 +67,7 @@ def _member(entry: Mapping[str, Any]) -> Member:
     )
 
 
-def parse_manifest(raw: Union[bytes, str, Mapping[str, Any]]) -> Manifest:
+def parse_manifest(raw: bytes | str | Mapping[str, Any]) -> Manifest:
     """Parses a manifest (its JSON text or the decoded object). Raises :class:`StoreError` when
     it is not one this client can read."""
     try:

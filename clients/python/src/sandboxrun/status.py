@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, List, Mapping, Optional
+from typing import Any
 
 from .errors import DrainFailed, FailedPath
 
@@ -21,10 +22,10 @@ class PathStatus:
     phase: str
     bytes: int = 0
     members: int = 0
-    object: Optional[str] = None
-    manifest: Optional[str] = None
+    object: str | None = None
+    manifest: str | None = None
     attempts: int = 0
-    message: Optional[str] = None
+    message: str | None = None
 
     @property
     def stored(self) -> bool:
@@ -32,7 +33,7 @@ class PathStatus:
         return self.manifest is not None and self.phase in ("Drained", "Empty", "Capped")
 
     @staticmethod
-    def from_dict(entry: Mapping[str, Any]) -> "PathStatus":
+    def from_dict(entry: Mapping[str, Any]) -> PathStatus:
         return PathStatus(
             path=str(entry.get("path", "")),
             phase=str(entry.get("phase", "Pending")),
@@ -58,14 +59,14 @@ class RunStatus:
     """``status`` of a SandboxRun."""
 
     phase: str = "Pending"
-    pod_name: Optional[str] = None
-    exit_code: Optional[int] = None
+    pod_name: str | None = None
+    exit_code: int | None = None
     message: str = ""
-    conditions: List[Condition] = field(default_factory=list)
-    read_back: List[PathStatus] = field(default_factory=list)
+    conditions: list[Condition] = field(default_factory=list)
+    read_back: list[PathStatus] = field(default_factory=list)
 
     @staticmethod
-    def from_dict(status: Optional[Mapping[str, Any]]) -> "RunStatus":
+    def from_dict(status: Mapping[str, Any] | None) -> RunStatus:
         status = status or {}
         return RunStatus(
             phase=str(status.get("phase") or "Pending"),
@@ -88,7 +89,7 @@ class RunStatus:
     def final(self) -> bool:
         return self.phase in FINAL_PHASES
 
-    def condition(self, type_: str) -> Optional[Condition]:
+    def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
 
     @property
@@ -97,7 +98,7 @@ class RunStatus:
         return self.final and all(p.phase in SETTLED_PATH_PHASES for p in self.read_back)
 
     @property
-    def failed_paths(self) -> List[FailedPath]:
+    def failed_paths(self) -> list[FailedPath]:
         return [
             FailedPath(p.path, p.message or "the drain failed (no message)", p.attempts)
             for p in self.read_back
@@ -113,7 +114,7 @@ class RunStatus:
         return ""
 
 
-def check_drain(run: str, status: RunStatus, event_note: Optional[str] = None) -> RunStatus:
+def check_drain(run: str, status: RunStatus, event_note: str | None = None) -> RunStatus:
     """Raises :class:`DrainFailed` when a path failed to drain; returns ``status`` otherwise
     (an ``Empty`` path is a success: the tool wrote nothing)."""
     failed = status.failed_paths
