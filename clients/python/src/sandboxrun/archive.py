@@ -11,9 +11,8 @@ import os
 import posixpath
 import stat
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO
 
 import zstandard
 
@@ -23,10 +22,10 @@ from .manifest import Manifest
 _CHUNK = 1 << 16
 
 
-def open_tar_stream(raw: BinaryIO, compression: str) -> tarfile.TarFile:
+def open_tar_stream(raw: IO[bytes], compression: str) -> tarfile.TarFile:
     """A streaming tar reader over ``raw`` decompressed as ``compression`` (none|gzip|zstd)."""
     if compression == "none":
-        stream: BinaryIO = raw
+        stream: IO[bytes] = raw
     elif compression == "gzip":
         stream = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
     elif compression == "zstd":
@@ -123,21 +122,14 @@ def extract(tar: tarfile.TarFile, dest: Path, manifest: Manifest | None = None) 
     return written
 
 
-def iter_files(tar: tarfile.TarFile) -> Iterator[tuple[str, bytes]]:
-    """Every regular file of ``tar`` as (safe relative path, content), in archive order."""
-    for info in tar:
-        rel = safe_member_name(info.name)
-        if info.isreg():
-            src = tar.extractfile(info)
-            assert src is not None
-            yield rel, src.read()
-
-
 def read_file(tar: tarfile.TarFile, path: str) -> bytes | None:
-    """The content of ``path`` in ``tar`` (its last version, as extraction would leave it)."""
+    """The content of ``path`` in ``tar`` (its last version, as extraction would leave it); the
+    other members are skipped, not read into memory."""
     wanted = safe_member_name(path)
     found: bytes | None = None
-    for rel, content in iter_files(tar):
-        if rel == wanted:
-            found = content
+    for info in tar:
+        if info.isreg() and safe_member_name(info.name) == wanted:
+            src = tar.extractfile(info)
+            assert src is not None
+            found = src.read()
     return found

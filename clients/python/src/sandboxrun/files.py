@@ -6,11 +6,12 @@ endpoint and credentials you pass, else boto3's own environment: ``AWS_ENDPOINT_
 from __future__ import annotations
 
 import hashlib
-import io
 import posixpath
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import unquote, urlparse
 
 from . import archive
@@ -106,6 +107,27 @@ class StoreReader:
         except (BotoCoreError, ClientError) as e:
             raise StoreError(f"{url}: {e}") from e
 
+    @contextmanager
+    def open(self, url: str) -> Iterator[IO[bytes]]:
+        """The object at ``url`` as a stream (an archive is never read into memory whole)."""
+        scheme, bucket, key = split_url(url)
+        if scheme == "file":
+            try:
+                stream: IO[bytes] = Path(key).open("rb")  # noqa: SIM115 (closed below, after the yield)
+            except OSError as e:
+                raise StoreError(f"{url}: {e}") from e
+        else:
+            from botocore.exceptions import BotoCoreError, ClientError
+
+            try:
+                stream = self._s3_client().get_object(Bucket=bucket, Key=key)["Body"]
+            except (BotoCoreError, ClientError) as e:
+                raise StoreError(f"{url}: {e}") from e
+        try:
+            yield stream
+        finally:
+            stream.close()
+
 
 def split_url(url: str) -> tuple[str, str, str]:
     """(scheme, bucket, key) of an object URL; for ``file://`` the key is the local path."""
@@ -144,7 +166,6 @@ class RunFiles:
         self.status = status
         self.reader = reader
         self._paths: list[StoredPath] | None = None
-        self._archives: dict[str, bytes] = {}
 
     def paths(self) -> list[StoredPath]:
         """Every committed path (an ``Empty`` one too: its manifest lists no member)."""
@@ -161,15 +182,10 @@ class RunFiles:
         """Every stored regular file of every path, in declared order."""
         return [f for p in self.paths() for f in p.files]
 
-    def _archive(self, url: str) -> bytes:
-        if url not in self._archives:
-            self._archives[url] = self.reader.get(url)
-        return self._archives[url]
-
     def fetch(self, stored: StoredFile) -> bytes:
         """The content of ``stored``, checked against the manifest's sha256."""
-        tar = archive.open_tar_stream(io.BytesIO(self._archive(stored.archive_url)), stored.compression)
-        content = archive.read_file(tar, stored.path)
+        with self.reader.open(stored.archive_url) as raw:
+            content = archive.read_file(archive.open_tar_stream(raw, stored.compression), stored.path)
         if content is None:
             raise StoreError(f"{stored.archive_url}: no member {stored.path!r}, though the manifest lists it")
         digest = hashlib.sha256(content).hexdigest()
@@ -184,7 +200,7 @@ class RunFiles:
         for stored in self.paths():
             name = posixpath.basename(stored.status.manifest or "")[: -len(MANIFEST_SUFFIX)]
             target = Path(dest) / name
-            raw = io.BytesIO(self._archive(stored.archive_url))
-            archive.extract(archive.open_tar_stream(raw, stored.manifest.compression), target, stored.manifest)
+            with self.reader.open(stored.archive_url) as raw:
+                archive.extract(archive.open_tar_stream(raw, stored.manifest.compression), target, stored.manifest)
             out.append(target)
         return out
