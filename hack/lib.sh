@@ -52,6 +52,14 @@ prometheus_crds_dir_name() {
   echo "prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION"
 }
 
+# The Python client's virtual environment (clients/python, its tests' packages), keyed by the
+# content of its one list of packages, so a change of a pin builds a fresh one. Needs bed_defaults.
+python_client_venv() {
+  local sum
+  sum=$(sha256sum "$LIB_DIR/../clients/python/requirements-test.txt" | cut -c1-12)
+  echo "$CACHE_ROOT/python-client-$sum"
+}
+
 # The cache directory of the Go-built tools, keyed by every pinned version, so a version bump
 # builds afresh and an old cache is never half-reused.
 tools_dir_name() {

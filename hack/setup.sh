@@ -30,10 +30,11 @@ esac
 #   openssl (test bed PKI), docker-registry (the local OCI registry), curl, npm (Azurite),
 #   make, runc iptables conntrack socat ip ipset (the real node; ipset for kube-router),
 #   busybox (static: the workload image), musl-gcc (the static operator image),
-#   lua5.4 (the Argo CD health script's test).
+#   lua5.4 (the Argo CD health script's test), python3 (the Python client, clients/python: its
+#   own packages go into a virtual environment, below, from clients/python/requirements-test.txt).
 PACKAGES="openssl:openssl docker-registry:docker-registry curl:curl npm:npm make:make runc:runc
 iptables:iptables conntrack:conntrack socat:socat ip:iproute2 ipset:ipset busybox:busybox-static
-musl-gcc:musl-tools lua5.4:lua5.4"
+musl-gcc:musl-tools lua5.4:lua5.4 python3:python3"
 
 t_all=$(date +%s)
 step() {  # step <what> <command...>: runs it, prints one line with its time
@@ -50,6 +51,10 @@ missing_packages() {
   for pair in $PACKAGES; do
     command -v "${pair%%:*}" >/dev/null 2>&1 || pkgs="$pkgs ${pair#*:}"
   done
+  # The Python client's tests run in a virtual environment (python_client_venv): python3 with venv.
+  if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    pkgs="$pkgs python3-venv"
+  fi
   # A dynamic busybox (Debian's `busybox`) cannot go into an image without a libc.
   if command -v busybox >/dev/null 2>&1 && ! is_static "$(command -v busybox)"; then
     pkgs="$pkgs busybox-static"
@@ -106,6 +111,21 @@ install_s3s() {
     --root "$CACHE_ROOT/s3s-fs-$S3S_FS_VERSION" >/dev/null 2>&1
 }
 step "s3s-fs $S3S_FS_VERSION (the S3 server)" install_s3s
+# The Python client's packages (kubernetes, boto3, zstandard, pytest: clients/python/requirements-test.txt,
+# pinned) in a virtual environment of the cache, never in the machine's own Python.
+PY_VENV=$(python_client_venv)
+install_python_client() {
+  [ -x "$PY_VENV/bin/python3" ] && "$PY_VENV/bin/python3" -c 'import kubernetes, boto3, zstandard, pytest' 2>/dev/null && return 0
+  rm -rf "$PY_VENV"
+  python3 -m venv "$PY_VENV" &&
+    "$PY_VENV/bin/python3" -m pip install --quiet --disable-pip-version-check \
+      -r "$HERE/../clients/python/requirements-test.txt" >/dev/null
+}
+if [ "$demo_only" = 1 ]; then
+  printf 'setup: %-52s %s\n' "python client's packages (clients/python)" "deferred (only make test uses them)" >&2
+else
+  step "python client's packages (a venv: kubernetes, boto3, …)" install_python_client
+fi
 if [ "$demo_only" = 1 ]; then
   printf 'setup: %-52s %s\n' "store emulators (fake-gcs-server, gofakes3, Azurite)" \
     "deferred (the demo stores in S3 only; make test installs them)" >&2

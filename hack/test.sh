@@ -111,8 +111,17 @@ for area in $areas; do
   cargo test --locked --test it -- "$area::" --test-threads="$threads" ||
     failed+=("integration area $area: cargo test --test it -- $area::")
 done
+
+# The Python client (clients/python) against the same bed: its unit tests, then real runs on the
+# real node through the operator binary built above (started by the tests, in namespaces of
+# their own), drained into the bed's S3 server, and the docs' agent loop as written. Any failure,
+# and pytest's exit 5 (no test collected), fails the suite.
+phase "python client (pytest)"
+"$(bed_defaults; python_client_venv)/bin/python3" -m pytest clients/python -q ||
+  failed+=("python client: python3 -m pytest clients/python -q (exit $?)")
+
 if [ "${#failed[@]}" -gt 0 ]; then
-  echo "== cargo test: ${#failed[@]} failed:" >&2
+  echo "== tests: ${#failed[@]} failed:" >&2
   printf '   %s\n' "${failed[@]}" >&2
   exit 1
 fi

@@ -1,0 +1,197 @@
+"""The run lifecycle: create a SandboxRun (from a template or a spec), wait until it runs, exec
+into it, stop it, wait for its drain and read its files back from its store."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .errors import DRAIN_FAILED_REASON, CommandFailed, NotRunning, RunFailed, SandboxError, Timeout
+from .exec import ExecResult, exec_in
+from .files import RunFiles, StoreReader
+from .kube import connect
+from .status import RunStatus, check_drain
+
+GROUP = "sandbox.iterion.io"
+VERSION = "v1alpha1"
+PLURAL = "sandboxruns"
+KIND = "SandboxRun"
+_POLL = 0.5
+
+
+class Sandbox:
+    """One SandboxRun. Get one from :meth:`Sandboxes.create` or :meth:`Sandboxes.get`."""
+
+    def __init__(self, sandboxes: Sandboxes, obj: Mapping[str, Any]) -> None:
+        self._sandboxes = sandboxes
+        self.name: str = obj["metadata"]["name"]
+        self.namespace: str = obj["metadata"]["namespace"]
+        self.uid: str = obj["metadata"]["uid"]
+
+    def __repr__(self) -> str:
+        return f"Sandbox({self.namespace}/{self.name})"
+
+    # --- state -------------------------------------------------------------------------------
+
+    def status(self) -> RunStatus:
+        """The run's status as the apiserver has it now."""
+        obj = self._sandboxes._get(self.name)
+        return RunStatus.from_dict(obj.get("status"))
+
+    def _wait(self, what: str, timeout: float, done: Callable[[RunStatus], bool]) -> RunStatus:
+        deadline = time.monotonic() + timeout
+        status = self.status()
+        while not done(status):
+            if time.monotonic() >= deadline:
+                ready = status.condition("Ready")
+                last = f"phase {status.phase}" + (f", Ready {ready.reason}: {ready.message}" if ready else "")
+                raise Timeout(f"{self.namespace}/{self.name} {what}", timeout, last)
+            time.sleep(_POLL)
+            status = self.status()
+        return status
+
+    def wait_running(self, timeout: float = 300.0) -> RunStatus:
+        """Waits until the pod runs. Raises :class:`RunFailed` if the run ends first."""
+        status = self._wait("to run", timeout, lambda s: s.final or (s.phase == "Running" and bool(s.pod_name)))
+        if status.final:
+            raise RunFailed(self.name, status.phase, status.failure_reason(), status.message)
+        return status
+
+    # --- inside the sandbox ------------------------------------------------------------------
+
+    def _pod(self) -> str:
+        status = self.status()
+        if status.phase != "Running" or not status.pod_name:
+            raise NotRunning(f"{self.namespace}/{self.name} is {status.phase}: its pod does not run")
+        return status.pod_name
+
+    def run(self, cmd: str | Sequence[str], stdin: bytes | None = None, timeout: float = 300.0) -> ExecResult:
+        """Runs ``cmd`` in the workload container (a string through ``sh -c``); a non-zero exit is
+        a result, not an error."""
+        return exec_in(self._sandboxes._core, self.namespace, self._pod(), cmd, stdin=stdin, timeout=timeout)
+
+    def _checked(self, cmd: list[str], stdin: bytes | None, timeout: float) -> ExecResult:
+        result = self.run(cmd, stdin=stdin, timeout=timeout)
+        if not result.ok:
+            raise CommandFailed(cmd, result.exit_code, result.stderr)
+        return result
+
+    def write_file(self, path: str, data: bytes | str, timeout: float = 300.0) -> None:
+        """Writes ``data`` to ``path`` in the sandbox: ``sh -c 'cat > "$1"' sh PATH`` fed the
+        bytes on stdin (through ``head -c``, see :func:`sandboxrun.exec.with_counted_stdin`), so
+        the workload image needs ``sh``, ``head`` and ``cat``. The directory must exist and be
+        writable by the run's user (a read-back path is)."""
+        raw = data.encode() if isinstance(data, str) else bytes(data)
+        self._checked(["sh", "-c", 'cat > "$1"', "sh", path], raw, timeout)
+
+    def read_file(self, path: str, timeout: float = 300.0) -> bytes:
+        """The content of ``path`` in the sandbox (``cat``)."""
+        return self._checked(["cat", "--", path], None, timeout).stdout_bytes
+
+    # --- the end -----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Asks the operator to tear the run down (``spec.stop: true``): drain, then release."""
+        body = {"spec": {"stop": True}}
+        self._sandboxes._custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name, body)
+
+    def drain_failed_note(self) -> str | None:
+        """The note of the run's ``sandbox_runfiles_drain_failed`` Event, if there is one."""
+        selector = f"involvedObject.name={self.name},involvedObject.kind={KIND},reason={DRAIN_FAILED_REASON}"
+        try:
+            events = self._sandboxes._core.list_namespaced_event(self.namespace, field_selector=selector).items
+        except ApiException as e:
+            if e.status in (401, 403):
+                return None  # not allowed to list Events: the status alone says which paths failed
+            raise
+        uid_events = [e for e in events if e.involved_object.uid in (None, self.uid)]
+        return uid_events[-1].message if uid_events else None
+
+    def wait_drained(self, timeout: float = 600.0) -> RunFiles:
+        """Waits until the run ended and every read-back path has an outcome. Raises
+        :class:`~sandboxrun.errors.DrainFailed` (with the failed paths, their messages and the
+        Event's note) when a path failed; an ``Empty`` path is a success with no file."""
+        status = self._wait("to end and drain", timeout, lambda s: s.drain_settled)
+        if status.failed_paths:
+            check_drain(self.name, status, self.drain_failed_note())
+        return RunFiles(self.name, status, self._sandboxes.store)
+
+    def files(self) -> RunFiles:
+        """The drained files of a run that has ended (see :meth:`wait_drained`)."""
+        status = self.status()
+        if not status.drain_settled:
+            raise SandboxError(f"{self.namespace}/{self.name} has not drained yet (phase {status.phase})")
+        return RunFiles(self.name, status, self._sandboxes.store)
+
+    def delete(self) -> None:
+        """Deletes the run (its files stay in the store unless its retention is ``Delete``)."""
+        try:
+            self._sandboxes._custom.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+class Sandboxes:
+    """SandboxRuns of one namespace, with the caller's own credentials (see :mod:`sandboxrun.kube`).
+
+    ``store`` reads the drained files back; by default a :class:`StoreReader` with boto3's
+    environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``)."""
+
+    def __init__(
+        self,
+        namespace: str | None = None,
+        *,
+        kubeconfig: str | None = None,
+        context: str | None = None,
+        api_client: client.ApiClient | None = None,
+        store: StoreReader | None = None,
+    ) -> None:
+        if api_client is None:
+            api_client, default_ns = connect(kubeconfig, context)
+        else:
+            default_ns = "default"
+        self.namespace = namespace or default_ns
+        self._custom = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+        self.store = store or StoreReader()
+
+    def create(
+        self,
+        *,
+        template: str | None = None,
+        template_kind: str = "SandboxRunTemplate",
+        name: str | None = None,
+        generate_name: str = "sandbox-",
+        spec: Mapping[str, Any] | None = None,
+        command: Sequence[str] | None = None,
+        env: Mapping[str, str] | None = None,
+        labels: Mapping[str, str] | None = None,
+    ) -> Sandbox:
+        """Creates a run: from ``template`` (``spec.templateRef``; set only the fields it leaves
+        open) and/or a ``spec``. Without a ``command`` the run is a long-lived sandbox driven by
+        :meth:`Sandbox.run` until :meth:`Sandbox.stop`."""
+        body_spec: dict[str, Any] = dict(spec or {})
+        if template:
+            body_spec["templateRef"] = {"name": template, "kind": template_kind}
+        if command is not None:
+            body_spec["command"] = list(command)
+        if env:
+            body_spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
+        metadata: dict[str, Any] = {"name": name} if name else {"generateName": generate_name}
+        if labels:
+            metadata["labels"] = dict(labels)
+        body = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": metadata, "spec": body_spec}
+        obj = self._custom.create_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, body)
+        return Sandbox(self, cast(Mapping[str, Any], obj))
+
+    def get(self, name: str) -> Sandbox:
+        return Sandbox(self, self._get(name))
+
+    def _get(self, name: str) -> Mapping[str, Any]:
+        obj = self._custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)
+        return cast(Mapping[str, Any], obj)

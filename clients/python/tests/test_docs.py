@@ -1,0 +1,60 @@
+"""The agent loop of the docs runs on the bed exactly as written: docs/user-guide.md's snippet
+(between ``<!-- agent-loop`` and ``<!-- /agent-loop -->``) is executed as a script, with only a
+kubeconfig whose context names the test's namespace and boto3's environment for the S3 server.
+README.md shows the same snippet."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import bed
+import pytest
+from conftest import Bed
+
+pytestmark = pytest.mark.bed
+
+_SNIPPET = re.compile(r"<!-- agent-loop[^>]*-->\s*```python\n(.*?)```\s*<!-- /agent-loop -->", re.DOTALL)
+
+
+def agent_loop(doc: Path) -> str:
+    found = _SNIPPET.findall(doc.read_text())
+    assert len(found) == 1, f"{doc}: expected one agent-loop snippet, found {len(found)}"
+    return found[0]
+
+
+def test_the_readme_shows_the_user_guides_loop() -> None:
+    assert agent_loop(bed.REPO / "README.md") == agent_loop(bed.REPO / "docs/user-guide.md")
+
+
+def test_the_user_guides_agent_loop_runs_on_the_bed(good: Bed, tmp_path: Path) -> None:
+    code = agent_loop(bed.REPO / "docs/user-guide.md")
+    assert 10 <= len([line for line in code.splitlines() if line.strip()]) <= 12, "about ten lines"
+    script = tmp_path / "agent_loop.py"
+    script.write_text(code)
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(Path(good.env["KUBECONFIG"]).read_text())
+    env = dict(good.env)
+    env.update(
+        {
+            "KUBECONFIG": str(kubeconfig),
+            "AWS_ENDPOINT_URL": good.s3.endpoint,
+            "AWS_ACCESS_KEY_ID": good.s3.access_key,
+            "AWS_SECRET_ACCESS_KEY": good.s3.secret_key,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "PYTHONPATH": str(bed.REPO / "clients/python/src"),
+        }
+    )
+    bed.kubectl(env, "config", "set-context", "--current", f"--namespace={good.namespace}")
+    done = subprocess.run(
+        [sys.executable, str(script)], check=False, env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}{good.diagnose()}"
+    assert done.stdout.splitlines() == [
+        "$ echo hello > /work/out/hello.txt -> exit 0: ",
+        "$ cat /work/out/hello.txt -> exit 0: hello",
+        "$ ls /nowhere -> exit 1: ",
+        "/work/out/hello.txt b'hello\\n'",
+    ], done.stdout
