@@ -63,8 +63,12 @@ IMAGE_REPOSITORY=${IMAGE_REPOSITORY:-${REGISTRY/127.0.0.1/localhost}/sandboxrun-
 
 DIST=$REPO/dist/$VERSION
 rm -rf "$DIST"; mkdir -p "$DIST/crds"
-tarball() {  # tarball <dir> <out.tar.gz>: no owners, no times, sorted
-  tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=@0 --format=gnu -C "$1" -c . | gzip -9n >"$2"
+tarball() {  # tarball <dir> <out.tar.gz>: its entries at the top, no owners, no times, sorted
+  local entries
+  entries=$(cd "$1" && LC_ALL=C ls -A)
+  # shellcheck disable=SC2086
+  tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=@0 --format=gnu -C "$1" -c $entries |
+    gzip -9n >"$2"
 }
 
 log "image (the static musl build the Dockerfile makes)"
@@ -112,11 +116,11 @@ PY
   -d "$chart_dir/out" >/dev/null
 # helm stamps the archive's entries with the packaging time: repacked without times.
 mkdir -p "$chart_dir/unpacked"
-tar -xzf "$chart_dir/out/sandboxrun-operator-$VERSION.tgz" -C "$chart_dir/unpacked"
+tar -xzmf "$chart_dir/out/sandboxrun-operator-$VERSION.tgz" -C "$chart_dir/unpacked"
 tarball "$chart_dir/unpacked" "$DIST/sandboxrun-operator-$VERSION.tgz"
 
 log "CRDs, changelog, checksums"
-cp "$REPO"/crds/*.yaml "$DIST/crds/"
+cp "$REPO"/crds/*.sandbox.iterion.io.yaml "$DIST/crds/"
 awk -v v="## $VERSION" 'index($0, v) == 1 { on = 1; print; next } on && /^## / { exit } on { print }' \
   "$REPO/CHANGELOG.md" >"$DIST/CHANGELOG.md"
 (cd "$DIST" && find . -type f ! -name SHA256SUMS ! -path './image/*' -printf '%P\n' | LC_ALL=C sort |
