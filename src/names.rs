@@ -27,6 +27,17 @@ pub(crate) fn unclean_path(path: &str) -> Option<&'static str> {
     })
 }
 
+/// Label and annotation prefix the operator keeps for itself on run pods.
+pub(crate) const RESERVED_PREFIX: &str = "sandbox.iterion.io/";
+
+/// Whether a pod label key is the operator's: its prefix, or a key it sets itself (the pod
+/// builder's labels; admission refuses them in `spec.podLabels`).
+pub(crate) fn reserved_key(key: &str) -> bool {
+    key.starts_with(RESERVED_PREFIX)
+        || key == "app.kubernetes.io/managed-by"
+        || key == "app.kubernetes.io/name"
+}
+
 /// DNS-1123 subdomain: at most 253 of `[a-z0-9-.]`, dot-separated DNS labels.
 pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
     !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)

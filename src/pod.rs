@@ -42,15 +42,7 @@ pub(crate) const MANAGED_BY: &str = "sandboxrun-operator";
 pub(crate) const DEFAULT_HOLDER_IMAGE: &str = "ghcr.io/iterion/sandboxrun-operator:latest";
 /// Volume-name prefix of the emptyDir serving read-back path N.
 pub const READBACK_VOLUME_PREFIX: &str = "readback-";
-/// Label and annotation prefix the operator keeps for itself on run pods.
-pub(crate) const RESERVED_PREFIX: &str = "sandbox.iterion.io/";
-
-/// Whether a pod label key is the operator's: its prefix, or a key it sets itself.
-pub(crate) fn reserved_key(key: &str) -> bool {
-    key.starts_with(RESERVED_PREFIX)
-        || key == "app.kubernetes.io/managed-by"
-        || key == "app.kubernetes.io/name"
-}
+pub(crate) use crate::names::{reserved_key, RESERVED_PREFIX};
 
 /// Seconds the pod's grace period adds to the drain timeout, so the holder outlives the drain.
 const GRACE_MARGIN_SECONDS: i64 = 30;

@@ -1,66 +1,53 @@
 //! The webhook's mutating half, `POST /mutate-sandboxrun` (docs/contract.md "A run uses only its
-//! author's rights"): the same judgement as `/validate-sandboxrun` ([`super::webhook`]), and on a
-//! run it admits after verifying every right the run exercises for the requesting user, the
-//! stamp of [`super::stamp`] in its annotations — what the controller requires before it gives
+//! author's rights"; the route is [`super::webhook`]'s, which judges the request as
+//! `/validate-sandboxrun` does): on a run it admits after verifying every right the run exercises
+//! for the requesting user, the stamp of [`super::stamp`] in its annotations — what the controller requires before it gives
 //! such a run a pod. The validating half still runs after every mutating webhook, so a spec
 //! another webhook changed later is judged as stored (and its stamp no longer matches it).
 
-use std::sync::Arc;
-
-use axum::body::Bytes;
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::response::IntoResponse;
-use axum::Json;
 use kube::core::admission::{AdmissionRequest, Operation};
 use kube::core::DynamicObject;
-use tracing::{debug, warn};
+use serde::Deserialize;
 
 use super::stamp::{self, StampKey, Subject, STAMP_ANNOTATION};
-use super::webhook::WebhookState;
-use super::webhook::{pod_exists, read_review, review_request, spec_value, typed_specs};
+use crate::api::SandboxRunSpec;
 
-/// Judges the review as `/validate-sandboxrun` does; an admitted run whose rights were all
-/// verified is stamped.
-pub(crate) async fn mutate(
-    State(state): State<Arc<WebhookState>>,
-    body: Bytes,
-) -> impl IntoResponse {
-    let request = match read_review(&body) {
-        Ok(request) => request,
-        Err(unreadable) => return *unreadable,
-    };
-    let (response, verdict) = review_request(&state, &request).await;
-    let response = match (response.allowed, stamp_patch(&state, &request, now())) {
-        (true, Some(patch)) => match response.clone().with_patch(patch) {
-            Ok(stamped) => stamped,
-            Err(e) => {
-                warn!(error = %e, name = %request.name, "the admission stamp could not be written; the run will be held");
-                response
-            }
-        },
-        _ => response,
-    };
-    debug!(uid = %request.uid, name = %request.name, verdict, "admission review (mutating)");
-    (StatusCode::OK, Json(response.into_review()))
+/// What the webhook stamps with: its key (None: nothing is stamped) and whether it checked the
+/// requesting user's rights at all.
+#[derive(Clone, Copy)]
+pub(crate) struct Stamping<'a> {
+    /// The key.
+    pub key: Option<&'a StampKey>,
+    /// Whether the access checks ran (without them nothing was verified).
+    pub access_checks: bool,
 }
 
-/// Now, in Unix seconds.
-fn now() -> i64 {
-    jiff::Timestamp::now().as_second()
+/// The object's spec, typed (None when it has none that parses).
+fn spec_of(object: &DynamicObject) -> Option<SandboxRunSpec> {
+    SandboxRunSpec::deserialize(object.data.get("spec")?).ok()
+}
+
+/// Whether the object's status names its pod.
+fn has_pod(object: &DynamicObject) -> bool {
+    object
+        .data
+        .pointer("/status/podName")
+        .and_then(serde_json::Value::as_str)
+        .is_some()
 }
 
 /// The JSON patch that stamps `req`'s run at `issued`, when this request verified every right
 /// the run exercises: a CREATE, or an UPDATE before its pod exists that changes what shapes the
 /// pod ([`super::access::to_verify`]), with the access checks on and a key. None otherwise —
-/// then a stamp the run already has is left as it is.
-fn stamp_patch(
-    state: &WebhookState,
+/// then a stamp the run already has is left as it is. Called by the webhook's mutating route
+/// once the same judgement as the validating one admitted the request.
+pub(crate) fn stamp_patch(
+    stamping: Stamping<'_>,
     req: &AdmissionRequest<DynamicObject>,
     issued: i64,
 ) -> Option<json_patch::Patch> {
-    let key: &StampKey = state.stamp_key.as_ref()?;
-    if !state.access_checks
+    let key = stamping.key?;
+    if !stamping.access_checks
         || !matches!(req.operation, Operation::Create | Operation::Update)
         || req.sub_resource.as_deref().is_some_and(|s| !s.is_empty())
     {
@@ -68,9 +55,10 @@ fn stamp_patch(
     }
     let object = req.object.as_ref()?;
     let old = req.old_object.as_ref();
-    let (spec, old_spec) = typed_specs(spec_value(object), old.map(spec_value))?;
+    let spec = spec_of(object)?;
+    let old_spec = old.and_then(spec_of);
     let required = super::access::required(&spec);
-    let verified = super::access::to_verify(old_spec.as_ref(), &spec, old.is_some_and(pod_exists));
+    let verified = super::access::to_verify(old_spec.as_ref(), &spec, old.is_some_and(has_pod));
     if required.is_empty() || verified.len() != required.len() {
         return None;
     }
@@ -150,11 +138,10 @@ mod tests {
         run
     }
 
-    fn state() -> WebhookState {
-        WebhookState {
+    fn stamping(key: &StampKey) -> Stamping<'_> {
+        Stamping {
+            key: Some(key),
             access_checks: true,
-            stamp_key: Some(StampKey::new(b"key")),
-            ..Default::default()
         }
     }
 
@@ -162,9 +149,10 @@ mod tests {
     /// it verifies for the run as the controller sees it.
     #[test]
     fn a_run_is_stamped_only_when_every_right_it_uses_was_verified_in_this_request() {
-        let state = state();
+        let key = StampKey::new(b"key");
+        let state = stamping(&key);
         let created = review("CREATE", run("make", false), None);
-        let patch = stamp_patch(&state, &created, 1_000).expect("a CREATE is stamped");
+        let patch = stamp_patch(state, &created, 1_000).expect("a CREATE is stamped");
         let value = match &patch.0[..] {
             [json_patch::PatchOperation::Add(add)] => add.value[STAMP_ANNOTATION].clone(),
             other => panic!("{other:?}"),
@@ -176,7 +164,6 @@ mod tests {
             name: "report",
             spec: &spec,
         };
-        let key = state.stamp_key.clone().unwrap();
         assert_eq!(
             stamp::verify(&key, value.as_str(), &subject, None, 1_000),
             Ok(())
@@ -187,20 +174,17 @@ mod tests {
             run("cat /secret/*", false),
             Some(run("make", false)),
         );
-        assert!(stamp_patch(&state, &changed, 1_001).is_some());
+        assert!(stamp_patch(state, &changed, 1_001).is_some());
         // A metadata-only update verified nothing: the stamp the run has is left alone.
         let same = review("UPDATE", run("make", false), Some(run("make", false)));
-        assert!(stamp_patch(&state, &same, 1_002).is_none());
+        assert!(stamp_patch(state, &same, 1_002).is_none());
         // Without the access checks, or a key, nothing was verified or can be vouched for.
-        let unchecked = WebhookState {
+        let unchecked = Stamping {
             access_checks: false,
-            ..state.clone()
-        };
-        assert!(stamp_patch(&unchecked, &created, 1_000).is_none());
-        let keyless = WebhookState {
-            stamp_key: None,
             ..state
         };
-        assert!(stamp_patch(&keyless, &created, 1_000).is_none());
+        assert!(stamp_patch(unchecked, &created, 1_000).is_none());
+        let keyless = Stamping { key: None, ..state };
+        assert!(stamp_patch(keyless, &created, 1_000).is_none());
     }
 }

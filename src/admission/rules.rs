@@ -654,7 +654,7 @@ fn check_pod_passthrough(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
     }
     for (k, v) in spec.pod_labels.iter().flatten() {
         let at = format!("spec.podLabels[{k}]");
-        if crate::pod::reserved_key(k) {
+        if crate::names::reserved_key(k) {
             out.push(Finding::fail(
                 ids::POD_METADATA,
                 at,
@@ -679,7 +679,7 @@ fn check_pod_passthrough(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
     }
     for k in spec.pod_annotations.iter().flatten().map(|(k, _)| k) {
         let at = format!("spec.podAnnotations[{k}]");
-        if k.starts_with(crate::pod::RESERVED_PREFIX) {
+        if k.starts_with(crate::names::RESERVED_PREFIX) {
             out.push(Finding::fail(
                 ids::POD_METADATA,
                 at,

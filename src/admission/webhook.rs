@@ -99,7 +99,7 @@ pub struct WebhookState {
 pub fn router(state: WebhookState) -> Router {
     Router::new()
         .route("/validate-sandboxrun", post(validate))
-        .route("/mutate-sandboxrun", post(super::mutate::mutate))
+        .route("/mutate-sandboxrun", post(mutate))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(Arc::new(state))
 }
@@ -158,6 +158,34 @@ async fn validate(State(state): State<Arc<WebhookState>>, body: Bytes) -> impl I
         m.latency.observe(started.elapsed().as_secs_f64());
     }
     debug!(uid = %request.uid, name = %request.name, verdict, "admission review");
+    (StatusCode::OK, Json(response.into_review()))
+}
+
+/// `/mutate-sandboxrun`: judges the review as [`validate`] does; an admitted run whose rights were
+/// all verified is stamped ([`super::mutate::stamp_patch`]).
+async fn mutate(State(state): State<Arc<WebhookState>>, body: Bytes) -> impl IntoResponse {
+    let request = match read_review(&body) {
+        Ok(request) => request,
+        Err(unreadable) => return *unreadable,
+    };
+    let (response, verdict) = review_request(&state, &request).await;
+    let stamping = super::mutate::Stamping {
+        key: state.stamp_key.as_ref(),
+        access_checks: state.access_checks,
+    };
+    let issued = jiff::Timestamp::now().as_second();
+    let patch = super::mutate::stamp_patch(stamping, &request, issued);
+    let response = match (response.allowed, patch) {
+        (true, Some(patch)) => match response.clone().with_patch(patch) {
+            Ok(stamped) => stamped,
+            Err(e) => {
+                warn!(error = %e, name = %request.name, "the admission stamp could not be written; the run will be held");
+                response
+            }
+        },
+        _ => response,
+    };
+    debug!(uid = %request.uid, name = %request.name, verdict, "admission review (mutating)");
     (StatusCode::OK, Json(response.into_review()))
 }
 
