@@ -376,6 +376,12 @@ pub(crate) struct RunArgs {
         default_value = crate::inpod::gate::DEFAULT_GATE_TIMEOUT
     )]
     pub(crate) egress_gate_timeout: String,
+    /// Let a denylist run's NetworkPolicy allow every address but its denied ones. Off: it
+    /// allows only DNS, the egress proxy and the ranges its `!` rules allow explicitly, so a
+    /// denylist run never reaches more than its namespace's own NetworkPolicies allow (they add
+    /// up); host names still go through the proxy, which applies the whole denylist.
+    #[arg(long, env = "SANDBOXRUN_EGRESS_DENYLIST_WIDE", default_value_t = false)]
+    pub(crate) egress_denylist_wide: bool,
     /// NO_PROXY of a filtered run's workload: what it reaches without the proxy.
     #[arg(
         long,
@@ -564,6 +570,7 @@ pub(crate) fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSet
         token_secret,
         no_proxy: args.no_proxy.clone(),
         gate,
+        denylist_wide: args.egress_denylist_wide,
     })
 }
 
@@ -725,6 +732,12 @@ mod tests {
             &secret_flag
         ]))
         .is_err());
+        assert!(
+            !plain.denylist_wide,
+            "a denylist run's policy is narrow by default"
+        );
+        let wide = egress_settings(&run_args(&["--egress-denylist-wide"])).unwrap();
+        assert!(wide.denylist_wide);
         assert!(Cli::try_parse_from(["x", "run", "--network-policy=maybe"]).is_err());
         Cli::try_parse_from(["x", "egress-proxy", "--token-secret-file", "/s"]).unwrap();
     }
