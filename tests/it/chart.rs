@@ -720,6 +720,22 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         );
     }
     assert!(text.contains("resources: [networkpolicies]") || text.contains("- networkpolicies"));
+    // A denylist run's policy is narrow unless the platform says otherwise (issue #38).
+    assert!(
+        !op_args.contains(&"--egress-denylist-wide"),
+        "narrow by default: {op_args:?}"
+    );
+    let wide = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "runNetworkPolicy.denylistWide=true",
+        ]),
+        None,
+    );
+    assert!(wide.contains("- --egress-denylist-wide\n"), "{wide}");
 
     // Off: no proxy objects and no proxy flags (host rules then unenforced, said in the Event).
     let off = ok(
