@@ -667,6 +667,7 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         "--idle-timeout=5m",
         "--max-connections=4096",
         "--max-per-run=512",
+        "--max-per-namespace=1024",
         "--max-pending-per-source=256",
         "--accept-backlog=1024",
     ] {
