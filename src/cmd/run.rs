@@ -376,6 +376,17 @@ pub(crate) struct RunArgs {
         default_value = crate::inpod::gate::DEFAULT_GATE_TIMEOUT
     )]
     pub(crate) egress_gate_timeout: String,
+    /// Give a filtered run's egress gate the egress proxy as its anchor: a denied probe opens the
+    /// gate only while the proxy (which the run's policy allows) answers, so a network that is
+    /// not up yet is not taken for the policy. `false` where the run pods cannot resolve the
+    /// proxy's Service name.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_EGRESS_GATE_ANCHOR",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub(crate) egress_gate_anchor: bool,
     /// Let a denylist run's NetworkPolicy allow every address but its denied ones. Off: it
     /// allows only DNS, the egress proxy and the ranges its `!` rules allow explicitly, so a
     /// denylist run never reaches more than its namespace's own NetworkPolicies allow (they add
@@ -561,6 +572,7 @@ pub(crate) fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSet
             probe,
             timeout: crate::units::parse_duration(&args.egress_gate_timeout)
                 .map_err(|e| format!("--egress-gate-timeout: {e}"))?,
+            anchor: args.egress_gate_anchor,
         }),
     };
     Ok(crate::egress::EgressSettings {
@@ -738,6 +750,8 @@ mod tests {
         );
         let wide = egress_settings(&run_args(&["--egress-denylist-wide"])).unwrap();
         assert!(wide.denylist_wide);
+        let unanchored = egress_settings(&run_args(&["--egress-gate-anchor=false"])).unwrap();
+        assert_eq!(unanchored.gate.map(|g| g.anchor), Some(false));
         assert!(Cli::try_parse_from(["x", "run", "--network-policy=maybe"]).is_err());
         Cli::try_parse_from(["x", "egress-proxy", "--token-secret-file", "/s"]).unwrap();
     }

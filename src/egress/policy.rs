@@ -528,6 +528,7 @@ mod tests {
         gated.gate = Some(crate::inpod::gate::GateSettings {
             probe: crate::inpod::gate::GateProbe::Addr(std::net::SocketAddr::new(probe, 9)),
             timeout: std::time::Duration::from_secs(60),
+            anchor: true,
         });
         let blocks_of =
             |r: &SandboxRun, s: &EgressSettings| ip_blocks_of(build_policy(r, s).unwrap().unwrap());

@@ -98,6 +98,7 @@ impl Default for EgressSettings {
             gate: Some(crate::inpod::gate::GateSettings {
                 probe: crate::inpod::gate::GateProbe::Node(10250),
                 timeout: std::time::Duration::from_secs(60),
+                anchor: true,
             }),
             denylist_wide: false,
         }

@@ -704,6 +704,7 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         "--egress-proxy-namespace=sbr-sys",
         "--egress-proxy-selector=app.kubernetes.io/component=egress-proxy,app.kubernetes.io/instance=demo,app.kubernetes.io/name=sandboxrun-operator",
         "--egress-token-secret-file=/etc/sandboxrun/egress/token-secret",
+        "--egress-gate-anchor=true",
     ] {
         assert!(op_args.contains(&want), "{want} in {op_args:?}");
     }
