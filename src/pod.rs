@@ -708,14 +708,19 @@ fn egress_gate_container(
     }
     // Every restricted run is gated: its policy denies the probe (a fixed probe from the start,
     // the node's address once the pod is scheduled: egress::policy::policy_on_node).
-    if !egress_of(run).ok()?.is_restricted() {
+    let egress = egress_of(run).ok()?;
+    if !egress.is_restricted() {
         return None;
     }
+    let anchor = gate
+        .anchor
+        .then(|| gate_anchor(&egress, &settings.egress))
+        .flatten();
     Some(Container {
         name: crate::inpod::gate::GATE_CONTAINER.to_string(),
         image: Some(settings.holder_image.clone()),
         command: Some(vec![settings.holder_binary.clone()]),
-        args: Some(gate.args()),
+        args: Some(gate.args(anchor.as_deref())),
         env: Some(vec![EnvVar {
             name: crate::inpod::gate::HOST_IP_ENV.to_string(),
             value: None,
@@ -736,6 +741,22 @@ fn egress_gate_container(
         }),
         ..Container::default()
     })
+}
+
+/// The gate's anchor (docs/contract.md "A filtered run never has an unfiltered instant"): the
+/// egress proxy's `host:port`, which a filtered run's policy allows, so a denied probe is believed
+/// only while the proxy answers. None for a run that may reach nothing (its policy allows no
+/// proxy) or without a proxy.
+fn gate_anchor(
+    egress: &crate::egress::mode::Egress,
+    settings: &crate::egress::EgressSettings,
+) -> Option<String> {
+    if !matches!(egress, crate::egress::mode::Egress::Filtered { .. }) {
+        return None;
+    }
+    let url = url::Url::parse(&settings.proxy.as_ref()?.url).ok()?;
+    let port = url.port_or_known_default()?;
+    Some(format!("{}:{port}", url.host_str()?))
 }
 
 /// The pod's security context: the run's uid/gid, fsGroup for the emptyDirs, RuntimeDefault seccomp.
@@ -1140,6 +1161,37 @@ mod tests {
         let mut off = PodSettings::default();
         off.egress.gate = None;
         assert!(gates(&filtered, &off).is_none());
+        // The egress proxy is the anchor of a filtered run's gate, not of one that may reach
+        // nothing (its policy allows no proxy), and not without a proxy.
+        let anchor_of = |r: &SandboxRun, settings: &PodSettings| {
+            let args = gates(r, settings).unwrap().args.unwrap();
+            let at = args.iter().position(|a| a == "--anchor")?;
+            args.get(at + 1).cloned()
+        };
+        assert_eq!(anchor_of(&filtered, &settings), None, "no proxy configured");
+        let mut proxied = PodSettings::default();
+        proxied.egress.proxy = Some(crate::egress::ProxyPeer {
+            url: "http://egress.sys.svc:3128".into(),
+            selector: crate::egress::PeerSelector {
+                namespace: "sys".into(),
+                pod_labels: [("app".to_string(), "proxy".to_string())].into(),
+            },
+            port: 3128,
+        });
+        assert_eq!(
+            anchor_of(&filtered, &proxied).as_deref(),
+            Some("egress.sys.svc:3128")
+        );
+        let deny_all = with_network(NetworkMode::Allowlist, &[]);
+        assert_eq!(anchor_of(&deny_all, &proxied), None);
+        if let Some(gate) = proxied.egress.gate.as_mut() {
+            gate.anchor = false;
+        }
+        assert_eq!(
+            anchor_of(&filtered, &proxied),
+            None,
+            "--egress-gate-anchor=false"
+        );
     }
 
     #[test]

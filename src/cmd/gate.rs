@@ -19,6 +19,10 @@ pub(crate) struct GateArgs {
     /// How long the probe may stay reachable before the gate gives up (e.g. 60s).
     #[arg(long, default_value = crate::inpod::gate::DEFAULT_GATE_TIMEOUT)]
     pub(crate) timeout: String,
+    /// A `host:port` the run's policy allows (the egress proxy): a denied probe opens the gate
+    /// only while it answers.
+    #[arg(long)]
+    pub(crate) anchor: Option<String>,
 }
 
 /// Runs `egress-gate`: 0 once the probe is denied, 1 when it stayed reachable (the reason on
@@ -41,7 +45,8 @@ pub(crate) async fn main(args: GateArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match crate::inpod::gate::wait_until_denied(host, args.probe_port, limit).await {
+    let anchor = args.anchor.as_deref();
+    match crate::inpod::gate::wait_until_denied(host, args.probe_port, anchor, limit).await {
         Ok(took) => {
             eprintln!(
                 "egress gate: {host}:{} denied after {} ms; the NetworkPolicy is in force, starting the workload",
@@ -68,9 +73,10 @@ mod tests {
         let gate = crate::inpod::gate::GateSettings {
             probe: crate::inpod::gate::GateProbe::Addr("127.0.0.1:9".parse().unwrap()),
             timeout: std::time::Duration::from_secs(5),
+            anchor: true,
         };
         let mut argv = vec!["sandboxrun-operator".to_string()];
-        argv.extend(gate.args());
+        argv.extend(gate.args(Some("proxy.sys.svc:3128")));
         let Ok(Command::EgressGate(args)) = Cli::try_parse_from(&argv).map(|c| c.command) else {
             panic!("{argv:?} does not parse as the gate");
         };
@@ -78,10 +84,12 @@ mod tests {
             (args.probe_host.as_str(), args.probe_port),
             ("127.0.0.1", 9)
         );
+        assert_eq!(args.anchor.as_deref(), Some("proxy.sys.svc:3128"));
         let bad = GateArgs {
             probe_host: "$(SANDBOXRUN_HOST_IP)".to_string(),
             probe_port: 9,
             timeout: "5s".to_string(),
+            anchor: None,
         };
         assert_eq!(main(bad).await, ExitCode::from(2));
     }

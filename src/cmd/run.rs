@@ -408,6 +408,23 @@ pub(crate) struct RunArgs {
         default_value = crate::inpod::gate::DEFAULT_GATE_TIMEOUT
     )]
     pub(crate) egress_gate_timeout: String,
+    /// Give a filtered run's egress gate the egress proxy as its anchor: a denied probe opens the
+    /// gate only while the proxy (which the run's policy allows) answers, so a network that is
+    /// not up yet is not taken for the policy. `false` where the run pods cannot resolve the
+    /// proxy's Service name.
+    #[arg(
+        long,
+        env = "SANDBOXRUN_EGRESS_GATE_ANCHOR",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub(crate) egress_gate_anchor: bool,
+    /// Let a denylist run's NetworkPolicy allow every address but its denied ones. Off: it
+    /// allows only DNS, the egress proxy and the ranges its `!` rules allow explicitly, so a
+    /// denylist run never reaches more than its namespace's own NetworkPolicies allow (they add
+    /// up); host names still go through the proxy, which applies the whole denylist.
+    #[arg(long, env = "SANDBOXRUN_EGRESS_DENYLIST_WIDE", default_value_t = false)]
+    pub(crate) egress_denylist_wide: bool,
     /// NO_PROXY of a filtered run's workload: what it reaches without the proxy.
     #[arg(
         long,
@@ -587,6 +604,7 @@ pub(crate) fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSet
             probe,
             timeout: crate::units::parse_duration(&args.egress_gate_timeout)
                 .map_err(|e| format!("--egress-gate-timeout: {e}"))?,
+            anchor: args.egress_gate_anchor,
         }),
     };
     Ok(crate::egress::EgressSettings {
@@ -596,6 +614,7 @@ pub(crate) fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSet
         token_secret,
         no_proxy: args.no_proxy.clone(),
         gate,
+        denylist_wide: args.egress_denylist_wide,
     })
 }
 
@@ -757,6 +776,14 @@ mod tests {
             &secret_flag
         ]))
         .is_err());
+        assert!(
+            !plain.denylist_wide,
+            "a denylist run's policy is narrow by default"
+        );
+        let wide = egress_settings(&run_args(&["--egress-denylist-wide"])).unwrap();
+        assert!(wide.denylist_wide);
+        let unanchored = egress_settings(&run_args(&["--egress-gate-anchor=false"])).unwrap();
+        assert_eq!(unanchored.gate.map(|g| g.anchor), Some(false));
         assert!(Cli::try_parse_from(["x", "run", "--network-policy=maybe"]).is_err());
         Cli::try_parse_from(["x", "egress-proxy", "--token-secret-file", "/s"]).unwrap();
     }

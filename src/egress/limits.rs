@@ -4,7 +4,9 @@
 //! - every connection takes a global slot when it is accepted (`max_connections`);
 //! - until its request head names a run, it also counts against its source address
 //!   (`max_pending_per_source`): unauthenticated heads come before a run is known;
-//! - once its token is accepted, it counts against that run instead (`max_per_run`).
+//! - once its token is accepted, it counts against that run instead (`max_per_run`) and against
+//!   the run's namespace (`max_per_namespace`): a tenant's runs together cannot fill the proxy
+//!   (docs/contract.md "ADR-006 network rules: validated and enforced").
 //!
 //! The decisions ([`admit_accept`], [`admit_run`]) are pure; [`Slots`] keeps the counts and hands
 //! out [`Slot`]s that give their place back when dropped.
@@ -24,6 +26,9 @@ pub struct Limits {
     pub max_per_run: usize,
     /// Connections from one source address whose request head has not named a run yet.
     pub max_pending_per_source: usize,
+    /// Connections of all the runs of one namespace open at once (after their tokens are
+    /// accepted).
+    pub max_per_namespace: usize,
 }
 
 impl Default for Limits {
@@ -32,6 +37,7 @@ impl Default for Limits {
             max_connections: 4096,
             max_per_run: 512,
             max_pending_per_source: 256,
+            max_per_namespace: 1024,
         }
     }
 }
@@ -45,6 +51,8 @@ pub enum LimitRefusal {
     Source,
     /// The run holds `max_per_run`.
     Run,
+    /// The run's namespace holds `max_per_namespace`.
+    Namespace,
 }
 
 impl LimitRefusal {
@@ -54,6 +62,7 @@ impl LimitRefusal {
             LimitRefusal::Global => "global_limit",
             LimitRefusal::Source => "source_limit",
             LimitRefusal::Run => "run_limit",
+            LimitRefusal::Namespace => "namespace_limit",
         }
     }
 }
@@ -74,10 +83,17 @@ pub fn admit_accept(
     }
 }
 
-/// Whether an authenticated connection may count against its run, which holds `run_open`.
-pub fn admit_run(limits: &Limits, run_open: usize) -> Result<(), LimitRefusal> {
+/// Whether an authenticated connection may count against its run, which holds `run_open`, and
+/// its run's namespace, which holds `namespace_open`.
+pub fn admit_run(
+    limits: &Limits,
+    run_open: usize,
+    namespace_open: usize,
+) -> Result<(), LimitRefusal> {
     if run_open >= limits.max_per_run {
         Err(LimitRefusal::Run)
+    } else if namespace_open >= limits.max_per_namespace {
+        Err(LimitRefusal::Namespace)
     } else {
         Ok(())
     }
@@ -88,6 +104,7 @@ struct Counts {
     open: usize,
     pending: HashMap<IpAddr, usize>,
     runs: HashMap<String, usize>,
+    namespaces: HashMap<String, usize>,
 }
 
 /// Decrements `map[key]`, dropping the entry at zero (the maps hold only live keys).
@@ -135,7 +152,7 @@ impl Slots {
         Ok(Slot {
             slots: Arc::clone(self),
             source,
-            run: None,
+            bound: None,
         })
     }
 
@@ -150,22 +167,34 @@ impl Slots {
 pub struct Slot {
     slots: Arc<Slots>,
     source: IpAddr,
-    /// The run it counts against, once authenticated.
-    run: Option<String>,
+    /// The run and the namespace it counts against, once authenticated.
+    bound: Option<Bound>,
+}
+
+/// What an authenticated connection counts against.
+struct Bound {
+    run: String,
+    namespace: String,
 }
 
 impl Slot {
-    /// Moves the connection from its source's unauthenticated count to its run's.
-    pub fn bind(&mut self, run_uid: &str) -> Result<(), LimitRefusal> {
-        if self.run.is_some() {
+    /// Moves the connection from its source's unauthenticated count to its run's and its run's
+    /// namespace's.
+    pub fn bind(&mut self, run_uid: &str, namespace: &str) -> Result<(), LimitRefusal> {
+        if self.bound.is_some() {
             return Ok(());
         }
         let mut c = self.slots.counts();
-        let held = c.runs.get(run_uid).copied().unwrap_or(0);
-        admit_run(&self.slots.limits, held)?;
+        let run_open = c.runs.get(run_uid).copied().unwrap_or(0);
+        let namespace_open = c.namespaces.get(namespace).copied().unwrap_or(0);
+        admit_run(&self.slots.limits, run_open, namespace_open)?;
         *c.runs.entry(run_uid.to_string()).or_insert(0) += 1;
+        *c.namespaces.entry(namespace.to_string()).or_insert(0) += 1;
         release(&mut c.pending, &self.source);
-        self.run = Some(run_uid.to_string());
+        self.bound = Some(Bound {
+            run: run_uid.to_string(),
+            namespace: namespace.to_string(),
+        });
         Ok(())
     }
 }
@@ -173,8 +202,11 @@ impl Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         let mut c = self.slots.counts();
-        match &self.run {
-            Some(run) => release(&mut c.runs, run),
+        match &self.bound {
+            Some(b) => {
+                release(&mut c.runs, &b.run);
+                release(&mut c.namespaces, &b.namespace);
+            }
             None => release(&mut c.pending, &self.source),
         }
         c.open = c.open.saturating_sub(1);
@@ -190,6 +222,7 @@ mod tests {
         max_connections: 4,
         max_per_run: 2,
         max_pending_per_source: 2,
+        max_per_namespace: 3,
     };
 
     fn gauge() -> IntGauge {
@@ -201,8 +234,14 @@ mod tests {
         assert_eq!(admit_accept(&LIMITS, 3, 1), Ok(()));
         assert_eq!(admit_accept(&LIMITS, 4, 0), Err(LimitRefusal::Global));
         assert_eq!(admit_accept(&LIMITS, 0, 2), Err(LimitRefusal::Source));
-        assert_eq!(admit_run(&LIMITS, 1), Ok(()));
-        assert_eq!(admit_run(&LIMITS, 2), Err(LimitRefusal::Run));
+        assert_eq!(admit_run(&LIMITS, 1, 2), Ok(()));
+        assert_eq!(admit_run(&LIMITS, 2, 0), Err(LimitRefusal::Run));
+        assert_eq!(admit_run(&LIMITS, 0, 3), Err(LimitRefusal::Namespace));
+        assert_eq!(
+            admit_run(&LIMITS, 2, 3),
+            Err(LimitRefusal::Run),
+            "the run's own first"
+        );
     }
 
     #[test]
@@ -237,15 +276,19 @@ mod tests {
             let Ok(mut s) = slots.accept(src) else {
                 panic!("accept")
             };
-            assert_eq!(s.bind("run-a"), Ok(()));
+            assert_eq!(s.bind("run-a", "ns"), Ok(()));
             held.push(s);
         }
         // Authenticated connections no longer count against the source.
         let Ok(mut third) = slots.accept(src) else {
             panic!("accept")
         };
-        assert_eq!(third.bind("run-a"), Err(LimitRefusal::Run));
-        assert_eq!(third.bind("run-b"), Ok(()), "another run has its own share");
+        assert_eq!(third.bind("run-a", "ns"), Err(LimitRefusal::Run));
+        assert_eq!(
+            third.bind("run-b", "ns"),
+            Ok(()),
+            "another run has its own share"
+        );
         assert_eq!(slots.open(), 3);
         held.clear();
         drop(third);
@@ -253,7 +296,7 @@ mod tests {
         let Ok(mut again) = slots.accept(src) else {
             panic!("accept")
         };
-        assert_eq!(again.bind("run-a"), Ok(()));
+        assert_eq!(again.bind("run-a", "ns"), Ok(()));
     }
 
     #[test]
@@ -273,5 +316,40 @@ mod tests {
             slots.accept([10, 0, 0, 9].into()).err(),
             Some(LimitRefusal::Global)
         );
+    }
+
+    #[test]
+    fn one_namespace_cannot_hold_more_than_its_share_and_another_is_served() {
+        let slots = Slots::new(
+            Limits {
+                max_connections: 10,
+                max_per_run: 2,
+                max_pending_per_source: 10,
+                max_per_namespace: 3,
+            },
+            gauge(),
+        );
+        let src: IpAddr = [10, 0, 0, 1].into();
+        let bound = |run: &str, ns: &str| {
+            let Ok(mut s) = slots.accept(src) else {
+                panic!("accept")
+            };
+            s.bind(run, ns).map(|()| s)
+        };
+        // Two runs of namespace a: 2 + 1, then a's share is full for either run and a third.
+        let mut held = vec![
+            bound("a1", "a").ok(),
+            bound("a1", "a").ok(),
+            bound("a2", "a").ok(),
+        ];
+        assert!(held.iter().all(Option::is_some));
+        assert_eq!(bound("a2", "a").err(), Some(LimitRefusal::Namespace));
+        assert_eq!(bound("a3", "a").err(), Some(LimitRefusal::Namespace));
+        assert!(bound("b1", "b").is_ok(), "namespace b has its own share");
+        held.extend([bound("b1", "b").ok()]);
+        assert!(held.iter().all(Option::is_some));
+        // A closed connection gives its namespace's place back.
+        held.remove(0);
+        assert!(bound("a3", "a").is_ok());
     }
 }

@@ -12,6 +12,8 @@
 pub mod env;
 pub(crate) mod head;
 pub(crate) mod limits;
+#[cfg(test)]
+mod loopback_tests;
 pub(crate) mod mode;
 pub mod policy;
 pub mod proxy;

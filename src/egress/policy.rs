@@ -5,7 +5,11 @@
 //! - `allowlist` with no rules (nothing may leave): every egress and ingress denied;
 //! - otherwise: ingress denied; egress only to DNS, to the egress proxy (which judges host
 //!   rules), and to the address ranges the IP/CIDR rules allow, computed with the same matcher
-//!   admission validates with ([`crate::admission::network::allows`]), so the two cannot disagree.
+//!   admission validates with ([`crate::admission::network::allows`]), so the two cannot disagree;
+//! - a `denylist` run's ranges are only those its rules allow explicitly (a `!` rule that is the
+//!   last match): NetworkPolicies add up, so "every address but the denied ones" would let the
+//!   run reach what its namespace's own policies deny. The wide form (the mode's default allow
+//!   as ipBlocks) only with `run --egress-denylist-wide` ([`address_blocks`]).
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -103,7 +107,7 @@ fn build(
                     ports: Some(vec![port("TCP", proxy.port)]),
                 });
             }
-            let blocks = ip_blocks(mode, &rules);
+            let blocks = address_blocks(mode, &rules, settings.denylist_wide);
             if !blocks.is_empty() {
                 out.push(NetworkPolicyEgressRule {
                     to: Some(
@@ -148,6 +152,28 @@ fn build(
             egress: Some(egress_rules),
         }),
     }))
+}
+
+/// The ipBlocks of a filtered run: what `allows(mode, rules, addr)` allows, except for a
+/// `denylist` run without `wide`: only the addresses a `!` rule allows explicitly (the last
+/// matching rule is a negated one), never the mode's default allow (docs/contract.md "ADR-006
+/// network rules: validated and enforced"). Host names go through the proxy, which applies the
+/// whole denylist.
+pub(crate) fn address_blocks(mode: NetworkMode, rules: &[Rule], wide: bool) -> Vec<IPBlock> {
+    if mode != NetworkMode::Denylist || wide {
+        return ip_blocks(mode, rules);
+    }
+    // In a denylist a `!` match allows; in an allowlist a plain match does, and no match
+    // denies. Flipping every rule's negation turns "allowed by an explicit rule" into the
+    // allowlist verdict of the flipped rules.
+    let flipped: Vec<Rule> = rules
+        .iter()
+        .map(|r| Rule {
+            negated: !r.negated,
+            ..r.clone()
+        })
+        .collect();
+    ip_blocks(NetworkMode::Allowlist, &flipped)
 }
 
 /// The egress gate's probe address when it is a fixed one (`run --egress-gate-probe <ip>:<port>`).
@@ -496,10 +522,13 @@ mod tests {
     #[test]
     fn a_fixed_gate_probe_is_denied_to_every_restricted_run_whatever_its_rules() {
         let probe: IpAddr = "10.9.9.9".parse().unwrap();
+        // The wide denylist: a narrow one allows nothing by address in the first place.
+        let settings = wide;
         let mut gated = settings();
         gated.gate = Some(crate::inpod::gate::GateSettings {
             probe: crate::inpod::gate::GateProbe::Addr(std::net::SocketAddr::new(probe, 9)),
             timeout: std::time::Duration::from_secs(60),
+            anchor: true,
         });
         let blocks_of =
             |r: &SandboxRun, s: &EgressSettings| ip_blocks_of(build_policy(r, s).unwrap().unwrap());
@@ -524,6 +553,8 @@ mod tests {
     #[test]
     fn a_node_probed_run_is_denied_its_nodes_address_once_scheduled_whatever_its_rules() {
         let node: IpAddr = "10.1.2.3".parse().unwrap();
+        // The wide denylist: a narrow one allows nothing by address in the first place.
+        let settings = wide;
         let gated = settings();
         assert!(matches!(
             gated.gate.map(|g| g.probe),
@@ -601,6 +632,105 @@ mod tests {
         }
     }
 
+    /// [`settings`] with `--egress-denylist-wide`.
+    fn wide() -> EgressSettings {
+        EgressSettings {
+            denylist_wide: true,
+            ..settings()
+        }
+    }
+
+    fn denylist(rules: &[&str]) -> SandboxRun {
+        run(Some(NetSpec {
+            mode: NetworkMode::Denylist,
+            rules: rules.iter().map(|r| r.to_string()).collect(),
+        }))
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn a_denylist_run_allows_by_address_only_what_its_rules_allow_explicitly() {
+        // Issue #38: in a namespace whose own policies deny all egress, a denylist run of
+        // 203.0.113.0/24 must not reach more than an open run (NetworkPolicies add up).
+        let p = build_policy(&denylist(&["203.0.113.0/24", "**.internal"]), &settings())
+            .unwrap()
+            .unwrap();
+        let egress = p.spec.clone().unwrap().egress.unwrap();
+        assert_eq!(egress.len(), 2, "DNS and the proxy only: {egress:?}");
+        let blocks = ip_blocks_of(p);
+        assert!(blocks.is_empty(), "no address range: {blocks:?}");
+        // A `!` rule allows its range explicitly, and a later plain rule carves it again.
+        let r = denylist(&["10.0.0.0/8", "!10.1.0.0/16", "10.1.2.0/24"]);
+        let blocks = ip_blocks_of(build_policy(&r, &settings()).unwrap().unwrap());
+        assert!(policy_allows(&blocks, ip("10.1.0.1")), "{blocks:?}");
+        for denied in [
+            "10.1.2.3",
+            "10.2.0.1",
+            "8.8.8.8",
+            "192.168.1.1",
+            "2001:db8::1",
+        ] {
+            assert!(!policy_allows(&blocks, ip(denied)), "{denied}: {blocks:?}");
+        }
+    }
+
+    #[test]
+    fn a_denylist_policy_allows_exactly_the_addresses_a_negated_rule_decides() {
+        for texts in [
+            vec!["203.0.113.0/24"],
+            vec![],
+            vec!["10.0.0.0/8", "!10.0.0.0/24"],
+            vec!["**", "!1.1.1.1"],
+            vec!["!**", "169.254.169.254"],
+            vec!["!2001:db8::/32", "2001:db8:1::/48", "**.internal"],
+        ] {
+            let rules = rules(&texts);
+            let blocks = address_blocks(NetworkMode::Denylist, &rules, false);
+            for addr in samples(&rules) {
+                let (allowed, by) = crate::admission::network::decide(
+                    NetworkMode::Denylist,
+                    &rules,
+                    &addr.to_string(),
+                    None,
+                );
+                assert_eq!(
+                    policy_allows(&blocks, addr),
+                    allowed && by.is_some(),
+                    "{texts:?} at {addr}: {blocks:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_wide_denylist_policy_is_only_for_a_platform_that_allows_it() {
+        assert!(!EgressSettings::default().denylist_wide, "off by default");
+        let r = denylist(&["203.0.113.0/24"]);
+        let narrow = ip_blocks_of(build_policy(&r, &settings()).unwrap().unwrap());
+        assert!(!policy_allows(&narrow, ip("8.8.8.8")), "{narrow:?}");
+        let wide_blocks = ip_blocks_of(build_policy(&r, &wide()).unwrap().unwrap());
+        assert!(
+            policy_allows(&wide_blocks, ip("8.8.8.8")),
+            "{wide_blocks:?}"
+        );
+        assert!(
+            !policy_allows(&wide_blocks, ip("203.0.113.7")),
+            "{wide_blocks:?}"
+        );
+        // The flag changes nothing for an allowlist.
+        let allow = run(Some(NetSpec {
+            mode: NetworkMode::Allowlist,
+            rules: vec!["10.0.0.0/8".into()],
+        }));
+        assert_eq!(
+            build_policy(&allow, &settings()),
+            build_policy(&allow, &wide())
+        );
+    }
+
     fn run(network: Option<NetSpec>) -> SandboxRun {
         let mut run = SandboxRun::new(
             "r1",
@@ -651,7 +781,7 @@ mod tests {
                 mode: NetworkMode::Denylist,
                 rules: vec!["169.254.169.254".into(), "**.internal".into()],
             })),
-            &settings(),
+            &wide(),
         )
         .unwrap()
         .unwrap();

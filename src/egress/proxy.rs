@@ -14,7 +14,8 @@
 //! - names are resolved fully qualified (no search list), and a name that resolves to an address
 //!   an IP/CIDR rule denies is refused too (so `!169.254.169.254` holds against a name pointing
 //!   there);
-//! - connections are bounded globally, per run and, before a run is known, per source address
+//! - connections are bounded globally, per run, per namespace and, before a run is known, per
+//!   source address
 //!   ([`crate::egress::limits`]); reading the head, resolving, connecting and an idle tunnel each
 //!   have a time bound; every refusal is counted by reason.
 
@@ -79,6 +80,14 @@ pub struct ProxyArgs {
     /// Connections of one run open at once; more are refused with a 429.
     #[arg(long, env = "SANDBOXRUN_EGRESS_MAX_PER_RUN", default_value_t = 512)]
     pub max_per_run: usize,
+    /// Connections of all the runs of one namespace open at once; more are refused with a 429
+    /// (a quarter of --max-connections by default: one tenant cannot fill the proxy).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_EGRESS_MAX_PER_NAMESPACE",
+        default_value_t = 1024
+    )]
+    pub max_per_namespace: usize,
     /// Connections from one source address still sending their request head; more are refused.
     #[arg(
         long,
@@ -236,11 +245,16 @@ fn limits_of(args: &ProxyArgs) -> Result<Limits, ProxyError> {
         max_connections: args.max_connections,
         max_per_run: args.max_per_run,
         max_pending_per_source: args.max_pending_per_source,
+        max_per_namespace: args.max_per_namespace,
     };
-    if limits.max_connections == 0 || limits.max_per_run == 0 || limits.max_pending_per_source == 0
+    if limits.max_connections == 0
+        || limits.max_per_run == 0
+        || limits.max_pending_per_source == 0
+        || limits.max_per_namespace == 0
     {
         return Err(ProxyError::Config(
-            "--max-connections, --max-per-run and --max-pending-per-source must be at least 1"
+            "--max-connections, --max-per-run, --max-per-namespace and --max-pending-per-source \
+             must be at least 1"
                 .to_string(),
         ));
     }
@@ -326,5 +340,8 @@ mod tests {
         assert_eq!(t.idle, Duration::from_secs(300));
         let l = Limits::default();
         assert!(l.max_per_run + l.max_pending_per_source < l.max_connections);
+        // One namespace's runs together hold at most a quarter of the proxy.
+        assert!(l.max_per_run <= l.max_per_namespace);
+        assert!(4 * l.max_per_namespace <= l.max_connections);
     }
 }

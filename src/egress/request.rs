@@ -1,7 +1,8 @@
 //! One connection of the egress proxy, step by step (src/egress/proxy.rs accepts it and gives it
 //! its slot): the request head (bounded in time), who is asking (a live run, from its own pod),
 //! the run's share of connections, where to, the verdict on the name and on every address it
-//! resolves to, the upstream connection, then the relay until both sides close or it goes idle.
+//! resolves to, the upstream connection, then the relay until both sides close, it goes idle or
+//! its run ends.
 //! Each step either passes or is the [`Reply`] the connection gets.
 
 use std::net::SocketAddr;
@@ -15,7 +16,7 @@ use crate::admission::network::{decide, Rule};
 use crate::api::NetworkMode;
 use crate::egress::head::{forward_head, fqdn, header, read_head, target_of, Head, Target};
 use crate::egress::limits::{LimitRefusal, Slot};
-use crate::egress::runs::{AuthRefusal, RunRules};
+use crate::egress::runs::{AuthRefusal, RunEnd, RunRules};
 use crate::egress::state::{verdict, ProxyState, HEAD_TIMEOUT};
 use crate::egress::token;
 use crate::egress::tunnel::{relay, Ended};
@@ -70,11 +71,14 @@ impl Reply {
 
     fn limit(why: LimitRefusal) -> Reply {
         let status = match why {
-            LimitRefusal::Run => "429 Too Many Requests",
+            LimitRefusal::Run | LimitRefusal::Namespace => "429 Too Many Requests",
             LimitRefusal::Global | LimitRefusal::Source => "503 Service Unavailable",
         };
         let body = match why {
             LimitRefusal::Run => "this run holds as many proxy connections as it may\n",
+            LimitRefusal::Namespace => {
+                "the runs of this namespace hold as many proxy connections as they may\n"
+            }
             _ => "the egress proxy is at capacity\n",
         };
         Reply {
@@ -112,6 +116,8 @@ struct Ready {
     head: Head,
     target: Target,
     run: Arc<RunRules>,
+    /// Fires when the run ends: the connection is closed then.
+    end: RunEnd,
     upstream: TcpStream,
 }
 
@@ -140,7 +146,9 @@ async fn prepare(
 ) -> Result<Ready, Reply> {
     let head = read_request(client, state).await?;
     let (uid, run) = authenticate(state, &head, peer)?;
-    slot.bind(&uid).map_err(Reply::limit)?;
+    // Taken after the run was seen live: a run that ends from here on closes the connection.
+    let end = state.runs.run_end(&uid);
+    slot.bind(&uid, &run.namespace).map_err(Reply::limit)?;
     let target = target_of(&head).map_err(|why| Reply::error("400 Bad Request", why))?;
     let addrs = judge(state, &run, &target).await?;
     let upstream = connect(state, &target, &addrs).await?;
@@ -148,6 +156,7 @@ async fn prepare(
         head,
         target,
         run,
+        end,
         upstream,
     })
 }
@@ -305,8 +314,9 @@ fn denied(run: &RunRules, target: &Target, by: Option<usize>, address: Option<&s
     }
 }
 
-/// Answers the CONNECT (or forwards the plain-HTTP head), then relays until both sides close or
-/// the connection goes idle.
+/// Answers the CONNECT (or forwards the plain-HTTP head), then relays until both sides close, the
+/// connection goes idle or its run ends (docs/contract.md "ADR-006 network rules: validated and
+/// enforced").
 async fn relay_allowed(
     mut client: TcpStream,
     ready: Ready,
@@ -316,6 +326,7 @@ async fn relay_allowed(
         head,
         target,
         run,
+        end,
         mut upstream,
     } = ready;
     state.count(verdict::ALLOWED);
@@ -333,13 +344,32 @@ async fn relay_allowed(
         }
         Ok::<(), std::io::Error>(())
     };
-    tokio::time::timeout(state.timeouts.idle, opening)
-        .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
-    let ended = relay(client.split(), upstream.split(), state.timeouts.idle).await?;
+    let end = end.ended();
+    tokio::pin!(end);
+    tokio::select! {
+        opened = tokio::time::timeout(state.timeouts.idle, opening) => opened
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??,
+        () = &mut end => {
+            run_ended(state, &run, &target);
+            return Ok(());
+        }
+    }
+    let ended = tokio::select! {
+        relayed = relay(client.split(), upstream.split(), state.timeouts.idle) => relayed?,
+        () = &mut end => {
+            run_ended(state, &run, &target);
+            return Ok(());
+        }
+    };
     if ended == Ended::Idle {
         state.idle_closed.inc();
         debug!(run = %run.run, host = %target.host, "egress connection idle: closed");
     }
     Ok(())
+}
+
+/// Counts a connection closed because its run ended (both sockets close when dropped).
+fn run_ended(state: &ProxyState, run: &RunRules, target: &Target) {
+    state.run_ended_closed.inc();
+    debug!(run = %run.run, host = %target.host, "egress connection closed: its run ended");
 }

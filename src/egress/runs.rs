@@ -2,7 +2,8 @@
 //! and enforced"): each run's rules, whether it is still live, and the addresses of its pods.
 //! Two watches keep it current ([`watch_runs`], [`watch_pods`]); [`authorize`] is the pure
 //! decision on a credential the proxy has verified: the run must be live and the connection must
-//! come from one of the run's own pods.
+//! come from one of the run's own pods. A live run holds a signal ([`RunEnd`]) that fires when
+//! the table learns it ended, was deleted or is gone from a relist: its open tunnels close then.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
@@ -13,6 +14,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::admission::network::Rule;
@@ -127,11 +129,51 @@ pub(crate) fn authorize<'a>(
     }
 }
 
+/// A run the table knows: its rules and, while it is live, the sender whose drop tells its
+/// tunnels that it ended.
+struct Known {
+    rules: Arc<RunRules>,
+    live: Option<watch::Sender<()>>,
+}
+
+impl Known {
+    /// `rules` as the table's entry, keeping the signal of the `previous` entry of the same run
+    /// while it stays live (an edit of its rules does not close its tunnels). An ended run has
+    /// none, so dropping `previous` fires it.
+    fn new(rules: RunRules, previous: Option<Known>) -> Known {
+        let live = if rules.ended {
+            None
+        } else {
+            previous
+                .and_then(|k| k.live)
+                .or_else(|| Some(watch::channel(()).0))
+        };
+        Known {
+            rules: Arc::new(rules),
+            live,
+        }
+    }
+}
+
+/// Resolves once a run is no longer live (docs/contract.md "ADR-006 network rules: validated and
+/// enforced": a run's tunnels close when it ends).
+pub(crate) struct RunEnd(Option<watch::Receiver<()>>);
+
+impl RunEnd {
+    /// Waits until the run ends; at once when it was not live when this was taken.
+    pub(crate) async fn ended(self) {
+        if let Some(mut rx) = self.0 {
+            // Nothing is ever sent: `changed` fails when the sender is dropped.
+            while rx.changed().await.is_ok() {}
+        }
+    }
+}
+
 /// The runs by uid and their pods' addresses, kept current by [`watch_runs`] and [`watch_pods`]
 /// (tests fill it directly).
 #[derive(Default)]
 pub struct RunTable {
-    runs: RwLock<HashMap<String, Arc<RunRules>>>,
+    runs: RwLock<HashMap<String, Known>>,
     /// Run uid → pod `namespace/name` → the pod.
     pods: RwLock<HashMap<String, BTreeMap<String, RunPod>>>,
     /// Set once the first list of runs is in: before it every token would be "unknown".
@@ -182,10 +224,11 @@ impl RunTable {
             return;
         };
         if let Ok(mut map) = self.runs.write() {
-            match RunRules::of(run) {
-                Some(r) => map.insert(uid, Arc::new(r)),
-                None => map.remove(&uid),
-            };
+            // The previous entry is dropped here when the run ended or no longer parses.
+            let previous = map.remove(&uid);
+            if let Some(r) = RunRules::of(run) {
+                map.insert(uid, Known::new(r, previous));
+            }
         }
     }
 
@@ -196,14 +239,17 @@ impl RunTable {
         }
     }
 
-    /// Replaces every run (a watch relist).
+    /// Replaces every run (a watch relist); a run left out has ended for its tunnels.
     pub fn replace(&self, runs: &[SandboxRun]) {
-        let fresh: HashMap<String, Arc<RunRules>> = runs
-            .iter()
-            .filter_map(|r| Some((r.metadata.uid.clone()?, Arc::new(RunRules::of(r)?))))
-            .collect();
         if let Ok(mut map) = self.runs.write() {
-            *map = fresh;
+            let mut old = std::mem::take(&mut *map);
+            for (uid, rules) in runs
+                .iter()
+                .filter_map(|r| Some((r.metadata.uid.clone()?, RunRules::of(r)?)))
+            {
+                let previous = old.remove(&uid);
+                map.insert(uid, Known::new(rules, previous));
+            }
         }
         self.synced.store(true, Ordering::SeqCst);
     }
@@ -252,7 +298,17 @@ impl RunTable {
 
     /// The rules of the run with this uid.
     pub fn get(&self, uid: &str) -> Option<Arc<RunRules>> {
-        self.runs.read().ok()?.get(uid).cloned()
+        let map = self.runs.read().ok()?;
+        map.get(uid).map(|k| Arc::clone(&k.rules))
+    }
+
+    /// The signal of the run's end; already fired when the run is not live now.
+    pub(crate) fn run_end(&self, uid: &str) -> RunEnd {
+        let rx = self.runs.read().ok().and_then(|map| {
+            let live = map.get(uid)?.live.as_ref()?;
+            Some(live.subscribe())
+        });
+        RunEnd(rx)
     }
 
     /// The run with this uid if a connection from `peer` may use its (verified) token.
@@ -496,6 +552,71 @@ mod tests {
             table.authorize("nobody", peer).err(),
             Some(AuthRefusal::BadCredentials)
         );
+    }
+
+    /// Whether `end` has fired (polled once, without waiting).
+    fn fired(end: &mut std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>) -> bool {
+        use futures::FutureExt;
+        end.as_mut().now_or_never().is_some()
+    }
+
+    fn live_run(uid: &str, rules: &[&str]) -> SandboxRun {
+        let mut run = SandboxRun::new(
+            uid,
+            crate::api::SandboxRunSpec {
+                network: Some(crate::api::NetworkPolicy {
+                    mode: NetworkMode::Allowlist,
+                    rules: rules.iter().map(|r| r.to_string()).collect(),
+                }),
+                ..crate::api::SandboxRunSpec::default()
+            },
+        );
+        run.metadata.namespace = Some("ns".into());
+        run.metadata.uid = Some(uid.into());
+        run
+    }
+
+    #[test]
+    fn a_runs_end_fires_when_it_ends_is_deleted_or_is_left_out_of_a_relist() {
+        let table = RunTable::default();
+        let end_of =
+            |uid: &str| -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+                Box::pin(table.run_end(uid).ended())
+            };
+        // Ended: its phase.
+        let mut run = live_run("u", &["a.example"]);
+        table.upsert(&run);
+        let mut end = end_of("u");
+        assert!(!fired(&mut end), "live");
+        run.spec.network = Some(crate::api::NetworkPolicy {
+            mode: NetworkMode::Allowlist,
+            rules: vec!["b.example".into()],
+        });
+        table.upsert(&run);
+        assert!(!fired(&mut end), "a rule edit does not end the run");
+        run.status = Some(crate::api::SandboxRunStatus {
+            phase: Some(Phase::Succeeded),
+            ..crate::api::SandboxRunStatus::default()
+        });
+        table.upsert(&run);
+        assert!(fired(&mut end), "ended");
+        assert!(
+            fired(&mut end_of("u")),
+            "an ended run's end has fired already"
+        );
+        // Deleted.
+        table.upsert(&live_run("v", &[]));
+        let mut end = end_of("v");
+        table.remove("v");
+        assert!(fired(&mut end), "deleted");
+        // Left out of a relist; a run kept by it stays live.
+        table.upsert(&live_run("w", &[]));
+        table.upsert(&live_run("x", &[]));
+        let (mut w, mut x) = (end_of("w"), end_of("x"));
+        table.replace(&[live_run("x", &[])]);
+        assert!(fired(&mut w), "not in the relist");
+        assert!(!fired(&mut x), "still listed");
+        assert!(fired(&mut end_of("nobody")), "an unknown run is not live");
     }
 
     #[test]

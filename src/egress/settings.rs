@@ -64,6 +64,11 @@ pub struct EgressSettings {
     pub no_proxy: String,
     /// The egress gate of filtered runs' pods (`run --egress-gate-probe`; None: off).
     pub gate: Option<crate::inpod::gate::GateSettings>,
+    /// `run --egress-denylist-wide`: a denylist run's NetworkPolicy allows every address but
+    /// the denied ones. Off (the default): it allows only DNS, the proxy and the ranges its `!`
+    /// rules allow explicitly, so it never reaches more than the namespace's own policies allow
+    /// (docs/contract.md "ADR-006 network rules: validated and enforced").
+    pub denylist_wide: bool,
 }
 
 /// The proxy token secret; its Debug never shows it (settings are logged).
@@ -93,7 +98,9 @@ impl Default for EgressSettings {
             gate: Some(crate::inpod::gate::GateSettings {
                 probe: crate::inpod::gate::GateProbe::Node(10250),
                 timeout: std::time::Duration::from_secs(60),
+                anchor: true,
             }),
+            denylist_wide: false,
         }
     }
 }

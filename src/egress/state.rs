@@ -76,6 +76,8 @@ pub struct ProxyState {
     pub refused: IntCounterVec,
     /// `sandboxrun_egress_idle_closed_total`.
     pub idle_closed: IntCounter,
+    /// `sandboxrun_egress_run_ended_closed_total`.
+    pub run_ended_closed: IntCounter,
     /// `sandboxrun_egress_connections`.
     pub connections: IntGauge,
     pub(crate) slots: Arc<Slots>,
@@ -96,10 +98,11 @@ pub mod verdict {
 }
 
 /// Reason labels of `sandboxrun_egress_refused_total`.
-pub const REFUSAL_REASONS: [&str; 7] = [
+pub const REFUSAL_REASONS: [&str; 8] = [
     "global_limit",
     "source_limit",
     "run_limit",
+    "namespace_limit",
     "head_timeout",
     "bad_credentials",
     "run_ended",
@@ -138,6 +141,10 @@ impl ProxyState {
             "sandboxrun_egress_idle_closed_total",
             "Allowed connections closed because no byte moved either way for the idle timeout",
         )?;
+        let run_ended_closed = IntCounter::new(
+            "sandboxrun_egress_run_ended_closed_total",
+            "Allowed connections closed because their run ended, was deleted or is no longer known",
+        )?;
         let connections = IntGauge::new(
             "sandboxrun_egress_connections",
             "Connections the egress proxy holds open",
@@ -149,6 +156,7 @@ impl ProxyState {
             requests,
             refused,
             idle_closed,
+            run_ended_closed,
             slots: Slots::new(Limits::default(), connections.clone()),
             connections,
             resolver: Arc::new(SystemResolver),
@@ -170,10 +178,11 @@ impl ProxyState {
     /// Registers every metric of the proxy (their names carry the `sandboxrun_` prefix
     /// themselves) and returns their names.
     pub fn register(&self, registry: &Registry) -> Result<Vec<String>, prometheus::Error> {
-        let collectors: [Box<dyn prometheus::core::Collector>; 4] = [
+        let collectors: [Box<dyn prometheus::core::Collector>; 5] = [
             Box::new(self.requests.clone()),
             Box::new(self.refused.clone()),
             Box::new(self.idle_closed.clone()),
+            Box::new(self.run_ended_closed.clone()),
             Box::new(self.connections.clone()),
         ];
         let mut names = Vec::new();
@@ -220,7 +229,8 @@ mod tests {
                 "sandboxrun_egress_connections",
                 "sandboxrun_egress_idle_closed_total",
                 "sandboxrun_egress_refused_total",
-                "sandboxrun_egress_requests_total"
+                "sandboxrun_egress_requests_total",
+                "sandboxrun_egress_run_ended_closed_total"
             ]
         );
     }

@@ -9,7 +9,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 use serde_json::json;
 
-use crate::api::SandboxRun;
+use crate::api::{NetworkMode, SandboxRun};
 use crate::egress::mode::{egress_of, Egress};
 use crate::egress::policy::build_policy;
 use crate::egress::settings::{EgressSettings, PolicyEnforcement};
@@ -120,16 +120,22 @@ pub(crate) fn describe(run: &SandboxRun, egress: &Egress, settings: &EgressSetti
         Egress::DenyAll => {
             format!("NetworkPolicy {name} denies all egress and ingress ({by})")
         }
-        Egress::Filtered { rules, .. } => {
+        Egress::Filtered { mode, rules } => {
             let hosts = match &settings.proxy {
                 Some(p) if settings.token_secret.is_some() => {
                     format!("host rules are judged by the egress proxy {}", p.url)
                 }
                 _ => "host rules are NOT enforced: no egress proxy is configured".to_string(),
             };
+            let ranges = if *mode == NetworkMode::Denylist && !settings.denylist_wide {
+                "the address ranges its `!` rules allow explicitly (a denylist never widens its \
+                 namespace's policies)"
+            } else {
+                "the address ranges its rules allow"
+            };
             format!(
-                "NetworkPolicy {name} allows egress only to DNS, the egress proxy and the address \
-                 ranges of the {} rule(s), denies ingress ({by}); {hosts}",
+                "NetworkPolicy {name} allows egress only to DNS, the egress proxy and {ranges} \
+                 ({} rule(s)), denies ingress ({by}); {hosts}",
                 rules.len()
             )
         }

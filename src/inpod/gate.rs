@@ -6,6 +6,12 @@
 //! kubelet port, which every node that can be exec'd into serves) until the connection is
 //! refused, then exits 0 and the workload starts. Still reachable after its bound: it exits 1
 //! with the reason as its termination message, and the run fails with `EgressNotEnforced`.
+//!
+//! A probe that does not answer proves nothing by itself: the pod's network may not be up yet.
+//! When the run's policy allows the egress proxy (a filtered run with a proxy configured), the
+//! gate is given it as its **anchor** (`--anchor host:port`): a denied probe opens the gate only
+//! in a round where the anchor answered; an anchor that does not answer is "cannot tell", which
+//! keeps the gate shut, up to the same bound and a clear failure (issue #38).
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
@@ -40,6 +46,9 @@ pub struct GateSettings {
     pub probe: GateProbe,
     /// How long the probe may stay reachable before the run fails.
     pub timeout: Duration,
+    /// Whether a filtered run's gate is given the egress proxy as its anchor
+    /// (`run --egress-gate-anchor`, on by default).
+    pub anchor: bool,
 }
 
 /// Default of `run --egress-gate-probe`: the kubelet's port on the pod's node.
@@ -73,13 +82,14 @@ pub fn parse_probe(text: &str) -> Result<Option<GateProbe>, ProbeError> {
 
 impl GateSettings {
     /// The gate container's arguments after its program (`<binary>`): the probe, with the node's
-    /// IP as `$(SANDBOXRUN_HOST_IP)` for the kubelet to expand, and the bound.
-    pub(crate) fn args(&self) -> Vec<String> {
+    /// IP as `$(SANDBOXRUN_HOST_IP)` for the kubelet to expand, the bound, and the anchor (a
+    /// `host:port` the run's policy allows: the egress proxy) when there is one.
+    pub(crate) fn args(&self, anchor: Option<&str>) -> Vec<String> {
         let (host, port) = match self.probe {
             GateProbe::Node(port) => (format!("$({HOST_IP_ENV})"), port),
             GateProbe::Addr(addr) => (addr.ip().to_string(), addr.port()),
         };
-        vec![
+        let mut args = vec![
             SUBCOMMAND.to_string(),
             "--probe-host".to_string(),
             host,
@@ -87,7 +97,11 @@ impl GateSettings {
             port.to_string(),
             "--timeout".to_string(),
             format!("{}s", self.timeout.as_secs().max(1)),
-        ]
+        ];
+        if let Some(anchor) = anchor {
+            args.extend(["--anchor".to_string(), anchor.to_string()]);
+        }
+        args
     }
 }
 
@@ -107,16 +121,37 @@ pub(crate) enum GateStep {
     Open,
     /// Try again after [`RETRY_PAUSE`].
     Retry,
-    /// The bound passed with the probe still reachable: fail the run.
-    GiveUp,
+    /// The bound passed without seeing the policy in force: fail the run.
+    GiveUp(Stuck),
 }
 
-/// The gate's rule: open on the first denied attempt; retry while within `limit`.
-pub(crate) fn next_step(attempt: Attempt, elapsed: Duration, limit: Duration) -> GateStep {
-    match attempt {
-        Attempt::Denied => GateStep::Open,
-        Attempt::Reached if elapsed >= limit => GateStep::GiveUp,
-        Attempt::Reached => GateStep::Retry,
+/// Why the gate could not see the policy in force.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stuck {
+    /// The probe answered.
+    ProbeReachable,
+    /// The probe did not answer, and neither did the anchor: the network may just not be up.
+    CannotTell,
+}
+
+/// The gate's rule on one round: `probe` is what the probe found, `anchor` what the anchor (a
+/// listener the policy allows) found, None when the gate has none. Open only on a denied probe
+/// with the anchor reached (or no anchor); otherwise retry while within `limit`.
+pub(crate) fn next_step(
+    probe: Attempt,
+    anchor: Option<Attempt>,
+    elapsed: Duration,
+    limit: Duration,
+) -> GateStep {
+    let stuck = match (probe, anchor) {
+        (Attempt::Denied, None | Some(Attempt::Reached)) => return GateStep::Open,
+        (Attempt::Reached, _) => Stuck::ProbeReachable,
+        (Attempt::Denied, Some(Attempt::Denied)) => Stuck::CannotTell,
+    };
+    if elapsed >= limit {
+        GateStep::GiveUp(stuck)
+    } else {
+        GateStep::Retry
     }
 }
 
@@ -135,6 +170,20 @@ pub enum GateError {
         /// Attempts made.
         attempts: u32,
     },
+    /// The anchor never answered while the probe was denied: no sign the network works.
+    #[error(
+        "egress gate: the egress proxy {anchor}, which this run's NetworkPolicy allows, did not answer in {secs}s ({attempts} attempts), so a denied probe ({probe}) could not be told from a network that is not up and the workload was not started; check that the egress proxy runs and that the network plugin enforces NetworkPolicy (run --network-policy)"
+    )]
+    CannotTell {
+        /// The anchor, as given.
+        anchor: String,
+        /// The probe address.
+        probe: SocketAddr,
+        /// Seconds waited.
+        secs: u64,
+        /// Attempts made.
+        attempts: u32,
+    },
 }
 
 /// One attempt: a TCP connection to `probe` within [`TRY_TIMEOUT`].
@@ -145,10 +194,27 @@ async fn attempt(probe: SocketAddr) -> Attempt {
     }
 }
 
-/// Probes `host:port` until it is denied (Ok: how long it took) or `limit` passes.
+/// One attempt at the anchor (`host:port`, resolved each time): Reached when any of its
+/// addresses answers within [`TRY_TIMEOUT`]; a name that does not resolve is Denied.
+async fn attempt_anchor(anchor: &str) -> Attempt {
+    let resolved = tokio::time::timeout(TRY_TIMEOUT, tokio::net::lookup_host(anchor)).await;
+    let Ok(Ok(addrs)) = resolved else {
+        return Attempt::Denied;
+    };
+    for addr in addrs {
+        if attempt(addr).await == Attempt::Reached {
+            return Attempt::Reached;
+        }
+    }
+    Attempt::Denied
+}
+
+/// Probes `host:port` (and `anchor`, when given) until the probe is denied while the anchor
+/// answers (Ok: how long it took) or `limit` passes.
 pub(crate) async fn wait_until_denied(
     host: IpAddr,
     port: u16,
+    anchor: Option<&str>,
     limit: Duration,
 ) -> Result<Duration, GateError> {
     let probe = SocketAddr::new(host, port);
@@ -157,12 +223,25 @@ pub(crate) async fn wait_until_denied(
     loop {
         attempts = attempts.saturating_add(1);
         let found = attempt(probe).await;
-        match next_step(found, start.elapsed(), limit) {
+        let anchored = match anchor {
+            Some(a) if found == Attempt::Denied => Some(attempt_anchor(a).await),
+            _ => None,
+        };
+        let secs = start.elapsed().as_secs();
+        match next_step(found, anchored, start.elapsed(), limit) {
             GateStep::Open => return Ok(start.elapsed()),
-            GateStep::GiveUp => {
+            GateStep::GiveUp(Stuck::ProbeReachable) => {
                 return Err(GateError::StillReachable {
                     probe,
-                    secs: start.elapsed().as_secs(),
+                    secs,
+                    attempts,
+                })
+            }
+            GateStep::GiveUp(Stuck::CannotTell) => {
+                return Err(GateError::CannotTell {
+                    anchor: anchor.unwrap_or_default().to_string(),
+                    probe,
+                    secs,
                     attempts,
                 })
             }
@@ -179,11 +258,81 @@ mod tests {
     fn the_gate_opens_on_the_first_denied_attempt_and_gives_up_only_past_its_bound() {
         let limit = Duration::from_secs(60);
         let early = Duration::from_secs(1);
-        assert_eq!(next_step(Attempt::Denied, early, limit), GateStep::Open);
-        assert_eq!(next_step(Attempt::Reached, early, limit), GateStep::Retry);
-        assert_eq!(next_step(Attempt::Reached, limit, limit), GateStep::GiveUp);
+        assert_eq!(
+            next_step(Attempt::Denied, None, early, limit),
+            GateStep::Open
+        );
+        assert_eq!(
+            next_step(Attempt::Reached, None, early, limit),
+            GateStep::Retry
+        );
+        assert_eq!(
+            next_step(Attempt::Reached, None, limit, limit),
+            GateStep::GiveUp(Stuck::ProbeReachable)
+        );
         // Denied at the very end still opens: the policy is in force.
-        assert_eq!(next_step(Attempt::Denied, limit * 2, limit), GateStep::Open);
+        assert_eq!(
+            next_step(Attempt::Denied, None, limit * 2, limit),
+            GateStep::Open
+        );
+    }
+
+    #[test]
+    fn a_denied_probe_opens_the_gate_only_when_the_anchor_answers() {
+        let limit = Duration::from_secs(60);
+        let early = Duration::from_secs(1);
+        let (reached, denied) = (Some(Attempt::Reached), Some(Attempt::Denied));
+        assert_eq!(
+            next_step(Attempt::Denied, reached, early, limit),
+            GateStep::Open
+        );
+        // Nothing answers at all: the network may not be up; cannot tell is shut.
+        assert_eq!(
+            next_step(Attempt::Denied, denied, early, limit),
+            GateStep::Retry
+        );
+        assert_eq!(
+            next_step(Attempt::Denied, denied, limit, limit),
+            GateStep::GiveUp(Stuck::CannotTell)
+        );
+        assert_eq!(
+            next_step(Attempt::Reached, reached, early, limit),
+            GateStep::Retry
+        );
+        assert_eq!(
+            next_step(Attempt::Reached, reached, limit, limit),
+            GateStep::GiveUp(Stuck::ProbeReachable)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_closed_probe_opens_the_gate_only_once_the_anchor_answers() {
+        let loopback: IpAddr = "127.0.0.1".parse().unwrap();
+        // A port nothing listens on: the probe and an anchor there are both refused.
+        let closed = {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let dead_anchor = format!("127.0.0.1:{closed}");
+        let shut = wait_until_denied(
+            loopback,
+            closed,
+            Some(&dead_anchor),
+            Duration::from_millis(600),
+        )
+        .await;
+        assert!(
+            matches!(shut, Err(GateError::CannotTell { attempts, .. }) if attempts >= 2),
+            "nothing answers: cannot tell, so shut: {shut:?}"
+        );
+        let anchor = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let live_anchor = anchor.local_addr().unwrap().to_string();
+        let open =
+            wait_until_denied(loopback, closed, Some(&live_anchor), Duration::from_secs(5)).await;
+        assert!(
+            open.is_ok(),
+            "the anchor answers and the probe is denied: {open:?}"
+        );
     }
 
     #[test]
@@ -216,9 +365,10 @@ mod tests {
         let gate = GateSettings {
             probe: GateProbe::Node(11250),
             timeout: Duration::from_secs(30),
+            anchor: true,
         };
         assert_eq!(
-            gate.args(),
+            gate.args(None),
             [
                 "egress-gate",
                 "--probe-host",
@@ -241,7 +391,7 @@ mod tests {
             }
         });
         let loopback: IpAddr = "127.0.0.1".parse().unwrap();
-        let shut = wait_until_denied(loopback, port, Duration::from_millis(600)).await;
+        let shut = wait_until_denied(loopback, port, None, Duration::from_millis(600)).await;
         assert!(
             matches!(shut, Err(GateError::StillReachable { attempts, .. }) if attempts >= 2),
             "{shut:?}"
@@ -249,7 +399,7 @@ mod tests {
         accept.abort();
         let _ = accept.await;
         // Nothing listens now (the listener was dropped with its task): refused, so open.
-        let open = wait_until_denied(loopback, port, Duration::from_secs(5)).await;
+        let open = wait_until_denied(loopback, port, None, Duration::from_secs(5)).await;
         assert!(open.is_ok(), "{open:?}");
     }
 }

@@ -673,6 +673,7 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         "--idle-timeout=5m",
         "--max-connections=4096",
         "--max-per-run=512",
+        "--max-per-namespace=1024",
         "--max-pending-per-source=256",
         "--accept-backlog=1024",
     ] {
@@ -709,6 +710,7 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         "--egress-proxy-namespace=sbr-sys",
         "--egress-proxy-selector=app.kubernetes.io/component=egress-proxy,app.kubernetes.io/instance=demo,app.kubernetes.io/name=sandboxrun-operator",
         "--egress-token-secret-file=/etc/sandboxrun/egress/token-secret",
+        "--egress-gate-anchor=true",
     ] {
         assert!(op_args.contains(&want), "{want} in {op_args:?}");
     }
@@ -726,6 +728,22 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         );
     }
     assert!(text.contains("resources: [networkpolicies]") || text.contains("- networkpolicies"));
+    // A denylist run's policy is narrow unless the platform says otherwise (issue #38).
+    assert!(
+        !op_args.contains(&"--egress-denylist-wide"),
+        "narrow by default: {op_args:?}"
+    );
+    let wide = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "runNetworkPolicy.denylistWide=true",
+        ]),
+        None,
+    );
+    assert!(wide.contains("- --egress-denylist-wide\n"), "{wide}");
 
     // Off: no proxy objects and no proxy flags (host rules then unenforced, said in the Event).
     let off = ok(

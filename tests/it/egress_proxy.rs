@@ -446,6 +446,7 @@ async fn a_thousand_tunnels_are_held_at_once() {
         max_per_run: TUNNELS,
         // All 1,000 connect at once, before the proxy reads any head.
         max_pending_per_source: TUNNELS,
+        max_per_namespace: TUNNELS,
     };
     let p = proxy_with(timeouts(), limits, None).await;
     let echo = echo_server().await;
@@ -676,6 +677,7 @@ async fn one_run_and_its_pod_cannot_take_the_proxy_from_another_run() {
         max_connections: 64,
         max_per_run: 4,
         max_pending_per_source: 3,
+        max_per_namespace: 64,
     };
     let p = proxy_with(timeouts(), limits, None).await;
     let echo = echo_server().await;
@@ -735,6 +737,7 @@ async fn the_global_limit_refuses_at_once_and_frees_with_the_connections() {
         max_connections: 3,
         max_per_run: 10,
         max_pending_per_source: 10,
+        max_per_namespace: 10,
     };
     let p = proxy_with(timeouts(), limits, None).await;
     let mut held = Vec::new();

@@ -1459,6 +1459,9 @@ async fn a_runs_network_policy_and_egress_proxy_are_enforced_from_inside_a_real_
             "replicas": 1,
             "watchNamespaces": [runs_ns.name],
             "webhook": {"enabled": false},
+            // The bed has no cluster DNS: the gate could not resolve the proxy's Service name
+            // to anchor on it (docs/contract.md "A filtered run never has an unfiltered instant").
+            "runNetworkPolicy": {"gate": {"anchor": false}},
             "egressProxy": {
                 "replicas": 1,
                 "pdb": {"enabled": false},
@@ -1700,6 +1703,100 @@ async fn a_filtered_runs_first_instruction_is_already_filtered() {
             seen.len(),
             1,
             "{name}: only the open run reached the denied address: {seen:?}"
+        );
+    }
+}
+
+/// The workload of [`no_run_reaches_what_its_namespaces_default_deny_egress_policy_denies`]:
+/// waits for the test's go-ahead (the enforcer has programmed this pod), then tries `$HOST`
+/// directly and writes `host=ok|fail <answer>` to its termination message.
+const HOST_PROBE: &str = r#"bb=/bin/busybox
+i=0; while [ ! -e /tmp/go ] && [ $i -lt 600 ]; do sleep 0.2; i=$((i+1)); done
+if r=$($bb timeout 10 $bb wget -q -O - -Y off "http://$HOST/" 2>&1); then echo "host=ok $r"; else echo "host=fail $r"; fi > /dev/termination-log
+cat /dev/termination-log
+"#;
+
+/// Issue #38 item 2 on the real node (docs/contract.md "ADR-006 network rules: validated and
+/// enforced"): NetworkPolicies add up, so a run's own policy must never allow what its
+/// namespace's policies deny. In a namespace whose own policy denies all egress:
+/// - control, before that policy exists: an open run reaches a listener on this host;
+/// - with it: an open run, an allowlist run (`192.0.2.0/24`) and a denylist run
+///   (`203.0.113.0/24`, whose policy used to allow `0.0.0.0/0` minus that range) all fail to
+///   reach the same listener, which never sees their pods.
+#[tokio::test]
+async fn no_run_reaches_what_its_namespaces_default_deny_egress_policy_denies() {
+    use sandboxrun_operator::api::NetworkMode::{Allowlist, Denylist};
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "deny-ns").await;
+    let (_dir, store_url) = file_store("deny-ns");
+    let probe = format!("node:{}", real_kubelet_port(&client).await);
+    let op = start_operator_with(&ns.name, &store_url, &["--egress-gate-probe", &probe]);
+    let node_ip = bed_setting("SANDBOXRUN_TEST_NODE_IP");
+    let host_ip = other_host_address(&node_ip);
+    let (host, host_peers) = echo_listener(&host_ip, "host").await;
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let spec = |network: Option<sandboxrun_operator::api::NetworkPolicy>| {
+        let mut spec = real_spec(Some(HOST_PROBE), &[]);
+        spec.env = vec![env_var("HOST", &host)];
+        spec.network = network;
+        spec
+    };
+    let restricted = |mode, rule: &str| {
+        spec(Some(sandboxrun_operator::api::NetworkPolicy {
+            mode,
+            rules: vec![rule.to_string()],
+        }))
+    };
+    let host_line = |run: &SandboxRun| probe_lines(run).get("host").cloned().unwrap_or_default();
+
+    // Control: no policy in the namespace yet, and an open run reaches the listener.
+    let control = create(&runs, "control", spec(None)).await;
+    let control = wait_for_pod_name(&runs, control).await;
+    let control_ip = release_probe(&pods, &ns.name, &control).await;
+    let done = wait_run(&runs, "control", "the control run to end", &op, final_phase).await;
+    assert_eq!(
+        host_line(&done),
+        format!("ok host from {control_ip}"),
+        "without a policy the host is reachable: {:?}",
+        done.status
+    );
+
+    // The namespace's own policy: no pod of it may send anything anywhere.
+    let default_deny: k8s_openapi::api::networking::v1::NetworkPolicy =
+        serde_json::from_value(json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "default-deny-egress"},
+            "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": []},
+        }))
+        .expect("a NetworkPolicy");
+    Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(client.clone(), &ns.name)
+        .create(&kube::api::PostParams::default(), &default_deny)
+        .await
+        .expect("create the namespace's default-deny egress policy");
+
+    for (name, run_spec) in [
+        ("open", spec(None)),
+        ("allowlist", restricted(Allowlist, "192.0.2.0/24")),
+        ("denylist", restricted(Denylist, "203.0.113.0/24")),
+    ] {
+        let run = create(&runs, name, run_spec).await;
+        let run = wait_for_pod_name(&runs, run).await;
+        release_probe(&pods, &ns.name, &run).await;
+        let done = wait_run(&runs, name, "the run to end", &op, final_phase).await;
+        let line = host_line(&done);
+        assert!(
+            line.starts_with("fail"),
+            "{name}: the namespace's default-deny holds: {line:?} {:?}",
+            done.status
+        );
+        let seen = host_peers.lock().expect("peers").clone();
+        assert_eq!(
+            seen,
+            vec![control_ip.clone()],
+            "{name}: only the control run reached the host"
         );
     }
 }

@@ -110,7 +110,11 @@ mod tests {
             mode: NetworkMode::Denylist,
             rules: vec!["192.0.2.0/24".to_string()],
         });
-        let egress = EgressSettings::default();
+        // The wide denylist (a narrow one allows no range the node could be carved from).
+        let egress = EgressSettings {
+            denylist_wide: true,
+            ..EgressSettings::default()
+        };
         let node = "10.1.2.3";
         let waiting = PodView {
             host_ip: node.parse().ok(),
