@@ -1891,7 +1891,10 @@ fn the_helm_test_hook_lints_strict_and_is_least_privilege() {
     assert_eq!(tiny["spec"]["tolerations"][0]["effect"], "NoSchedule");
     assert_eq!(tiny["spec"]["readBack"]["paths"][0]["path"], "/work/out");
     // The release namespace when nothing is watched explicitly; nothing at all when disabled.
-    let docs = selftest_docs("sbr-sys", &[]);
+    let docs = selftest_docs(
+        "sbr-sys",
+        &["--set", "test.image=registry.example/busybox:1.35"],
+    );
     assert_eq!(
         only(&docs, "Role")["metadata"]["namespace"].as_str(),
         Some("sbr-sys")
