@@ -557,7 +557,10 @@ mod tests {
             .iter()
             .find(|c| c.type_ == conditions::COMPLETE)
             .expect("Complete");
-        assert_eq!(complete.message, want, "the Complete condition and the Event");
+        assert_eq!(
+            complete.message, want,
+            "the Complete condition and the Event"
+        );
         assert!(!want.contains("are stored"));
 
         // Every path drained: the files are stored, and the message says so.
