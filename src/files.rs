@@ -1206,6 +1206,24 @@ mod tests {
         }
     }
 
+    /// config/samples/batch-run.yaml's header names the directory `files get` writes its first
+    /// path to (`<output>/<index>-<slug>/`).
+    #[test]
+    fn the_batch_sample_names_the_directory_files_get_writes() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/samples/batch-run.yaml");
+        let text = std::fs::read_to_string(path).expect("the sample");
+        let run: crate::api::SandboxRun = serde_yaml::from_str(&text).expect("a SandboxRun");
+        let first = &run.spec.read_back_paths()[0].path;
+        let dir = format!("./out/{:02}-{}/", 0, crate::store::path_slug(first));
+        let header: Vec<&str> = text.lines().take_while(|l| l.starts_with('#')).collect();
+        assert!(
+            header
+                .iter()
+                .any(|l| l.contains("files get") && l.contains(&dir)),
+            "the header's `files get` line should name {dir}: {header:#?}"
+        );
+    }
+
     #[tokio::test]
     async fn ls_on_an_empty_file_store_says_the_operators_files_are_in_its_pod() {
         let dir = tempfile::tempdir().expect("tempdir");
