@@ -13,7 +13,7 @@ step_name=""
 step_start=$start
 step() {  # step <name>: closes the previous step's timer and opens one for <name>
   local now; now=$(date +%s)
-  if [ -n "$step_name" ]; then times+=("$(printf '%-48s %5ss' "$step_name" $(( now - step_start )))"); fi
+  if [ -n "$step_name" ]; then times+=("$(printf '%-56s %5ss' "$step_name" $(( now - step_start )))"); fi
   step_name=${1:-}; step_start=$now
   if [ -n "$step_name" ]; then echo "== check: $step_name" >&2; fi
 }
