@@ -549,3 +549,36 @@ fn flux_gives_every_generated_fixture_its_expected_verdict() {
         .collect();
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }
+
+#[test]
+fn every_pod_problem_is_a_reason_the_health_checks_know() {
+    use super::observe::{STUCK_CONTAINER_REASONS, STUCK_EVENT_REASONS};
+    let reasons = super::status::cannot_start_reasons();
+    let mut problems = vec![
+        PodProblem::Unschedulable(String::new()),
+        PodProblem::ImagePull {
+            fatal: false,
+            message: String::new(),
+        },
+        PodProblem::EgressGate(String::new()),
+    ];
+    problems.extend(
+        STUCK_CONTAINER_REASONS
+            .iter()
+            .chain(STUCK_EVENT_REASONS)
+            .map(|reason| PodProblem::Stuck {
+                reason,
+                message: String::new(),
+            }),
+    );
+    for p in &problems {
+        // A new kind of problem fails to compile here until it is listed above.
+        match p {
+            PodProblem::Unschedulable(_)
+            | PodProblem::ImagePull { .. }
+            | PodProblem::Stuck { .. }
+            | PodProblem::EgressGate(_) => {}
+        }
+        assert!(reasons.contains(&p.reason()), "{p:?}");
+    }
+}
