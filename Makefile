@@ -1,5 +1,5 @@
 # Entry points; each is a thin wrapper over a script in hack/.
-.PHONY: demo demo-kwok test crds code-order cluster-up cluster-down tools bench release
+.PHONY: demo demo-kwok test check crds code-order cluster-up cluster-down tools bench release
 
 demo:        ## local cluster with a real node, the operator installed by Helm, a sample SandboxRun
 	hack/demo.sh
@@ -7,8 +7,11 @@ demo:        ## local cluster with a real node, the operator installed by Helm, 
 demo-kwok:   ## the quick path on the kwok node only (no container runs; the demo plays the workload)
 	hack/demo-kwok.sh
 
-test:        ## the whole suite (what CI runs): static checks, control plane up, every test, down
+test:        ## the whole suite (what CI runs): make check, control plane up, every test, down
 	hack/test.sh
+
+check:       ## every static check, no cluster: fmt, clippy, generated files, cycles, Dockerfile, fn length
+	hack/check.sh
 
 crds:        ## regenerate crds/ and the chart's CRD copy from src/api.rs, config/rbac from the chart
 	hack/gen.sh

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole suite, as the README and CI run it:
-#   static checks (fmt, clippy, generated files, import cycles, the Dockerfile lint) → local cluster up (control plane, kwok node,
+#   static checks (`make check`: hack/check.sh) → local cluster up (control plane, kwok node,
 #   real node, S3, registry) → the operator image → every test → the demo → down.
 # A cluster that was already up (e.g. `hack/local-cluster.sh up` by hand) is left running.
 # Ends with a per-phase timing summary.
@@ -25,15 +25,9 @@ summary() {
 
 phase "prerequisites (hack/setup.sh)"
 hack/setup.sh
-phase "cargo fmt --check"
-cargo fmt --all -- --check
-phase "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets --locked -- -D warnings
-phase "generated files are up to date"
-hack/gen.sh --check
-phase "static checks (import cycles, Dockerfile lint, the chart bumped since its release)"
-python3 hack/import-cycles.py src
-hack/lint-dockerfile.sh
+phase "make check (hack/check.sh: fmt, clippy, generated files, import cycles, Dockerfile lint, fn length)"
+hack/check.sh
+phase "release checks (the chart bumped since its release, the krew manifest renders)"
 hack/chart-released.sh
 python3 hack/release_krew.py deploy/krew/sandboxrun.yaml v0.0.0 https://example.invalid/x.tar.gz 0 >/dev/null
 

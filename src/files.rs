@@ -122,12 +122,14 @@ pub enum FilesError {
     #[error(transparent)]
     Store(#[from] crate::store::StoreError),
     /// Nothing stored for the run.
-    #[error("nothing is stored for {namespace}/{run} (no manifest: never drained, or a different store URL)")]
+    #[error("nothing is stored for {namespace}/{run} (no manifest: never drained, or a different store URL){where_}")]
     NotFound {
         /// Namespace.
         namespace: String,
         /// Run.
         run: String,
+        /// Where a `file://` store is ([`file_store_hint`]), empty for any other store.
+        where_: String,
     },
     /// The cluster could not be read to find the run's store.
     #[error("{0}; pass --store-url to read the store without the cluster")]
@@ -277,6 +279,7 @@ pub async fn run_at(
         return Err(FilesError::NotFound {
             namespace: target.namespace.clone(),
             run: run_name,
+            where_: file_store_hint(&target.store_url),
         });
     }
     match args.command {
@@ -290,6 +293,21 @@ pub async fn run_at(
             get_to(&store, &manifests, &run_name, path, &output, out).await
         }
     }
+}
+
+/// What to add to "nothing is stored" when the store is `file://`: that URL is a directory on the
+/// machine running this command, while the operator's `file://` store (the chart's default) is a
+/// directory inside the operator's pod (docs/operations.md "Stores"), so from a laptop it is
+/// always empty. Empty for any other store.
+pub(crate) fn file_store_hint(store_url: &str) -> String {
+    if !store_url.starts_with("file://") {
+        return String::new();
+    }
+    format!(
+        "; {store_url} is read on this machine, but the operator's file:// store is a directory \
+         inside the operator's pod (its volume), not here: read it from there \
+         (kubectl exec into the operator's pod) or give the operator an S3, GCS or Azure store"
+    )
 }
 
 /// A failed write of the report.
@@ -1186,6 +1204,44 @@ mod tests {
             },
             uid: None,
         }
+    }
+
+    /// config/samples/batch-run.yaml's header names the directory `files get` writes its first
+    /// path to (`<output>/<index>-<slug>/`).
+    #[test]
+    fn the_batch_sample_names_the_directory_files_get_writes() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/config/samples/batch-run.yaml");
+        let text = std::fs::read_to_string(path).expect("the sample");
+        let run: crate::api::SandboxRun = serde_yaml::from_str(&text).expect("a SandboxRun");
+        let first = &run.spec.read_back_paths()[0].path;
+        let dir = format!("./out/{:02}-{}/", 0, crate::store::path_slug(first));
+        let header: Vec<&str> = text.lines().take_while(|l| l.starts_with('#')).collect();
+        assert!(
+            header
+                .iter()
+                .any(|l| l.contains("files get") && l.contains(&dir)),
+            "the header's `files get` line should name {dir}: {header:#?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn ls_on_an_empty_file_store_says_the_operators_files_are_in_its_pod() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = url::Url::from_directory_path(dir.path())
+            .expect("url")
+            .to_string();
+        let mut out = Vec::new();
+        let err = run_to(args(&url, FilesCommand::Ls { run: "job".into() }), &mut out)
+            .await
+            .expect_err("nothing is stored");
+        let text = err.to_string();
+        assert!(text.starts_with("nothing is stored for ns/job"), "{text}");
+        assert!(text.contains("inside the operator's pod"), "{text}");
+        assert!(text.contains(&url), "names the URL it read: {text}");
+
+        // Any other store: the plain words.
+        assert_eq!(file_store_hint("s3://runs/prod"), "");
+        assert_eq!(file_store_hint("memory://"), "");
     }
 
     #[tokio::test]

@@ -5,8 +5,9 @@
 --   Healthy      the run ended well (condition Complete=True, every path drained), or a
 --                long-lived sandbox (no spec.command) is Running
 --   Degraded     the run ended badly (condition Failed=True, its reason and message), a path
---                failed to drain (Drained=False: files were lost), or the pod cannot start
---                (Ready=False: PodCreateFailed, PodStuck, Unschedulable, ImagePullFailed)
+--                failed to drain (Drained=False: files were lost), or the run cannot start
+--                (Pending, Ready=False with a reason of the `stuck` table below: the operator's
+--                own refusals and the kubelet's causes, e.g. FailedMount)
 --   Progressing  everything else: not picked up yet, status of an older generation, Pending,
 --                a batch workload Running, Draining, or being deleted (the finalizer drains)
 
@@ -38,7 +39,10 @@ local function says(c)
   return text
 end
 
-local stuck = { PodCreateFailed = true, PodStuck = true, Unschedulable = true, ImagePullFailed = true }
+-- The Ready reasons of a Pending run that cannot start until someone acts: exactly the
+-- operator's list (cannot_start_reasons in src/controller/status/tracked.rs; a unit test
+-- compares this line with it). PodPending and PodCreated are a pod still starting.
+local stuck = { PodCreateFailed = true, Unschedulable = true, ImagePullFailed = true, EgressNotEnforced = true, InvalidSpec = true, RightsUnverified = true, StoreUnusable = true, TemplateUnusable = true, EgressPolicyUnenforced = true, CreateContainerConfigError = true, CreateContainerError = true, RunContainerError = true, FailedMount = true, FailedAttachVolume = true, FailedCreatePodSandBox = true }
 
 local status = obj.status
 local phase = status and status.phase or nil

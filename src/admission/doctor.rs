@@ -2,8 +2,10 @@
 //! offline, runs the same engine as the webhook ([`super::rules::check`]) and prints every finding
 //! with its remediation hint.
 //!
-//! Exit codes (ADR-006 §4): 2 — usage error (unreadable file, YAML that does not parse, a
-//! SandboxRun that does not deserialize); 1 — `--strict` and at least one failing finding;
+//! Exit codes (ADR-006 §4, docs/contract.md "Exit codes split config from usage"): 2 — usage
+//! error (unreadable file, YAML that does not parse, a SandboxRun that does not deserialize even
+//! without its bad values, e.g. `spec: 42`); 1 — `--strict` and at least one failing finding (a
+//! value of the wrong type or outside its enum is one: `invalid-value`);
 //! 0 — otherwise. Warnings never change the exit code. Without `--strict` the same checks run and
 //! the same report is printed, but failing findings do not make the exit non-zero (a report for
 //! humans; `--strict` is the gate for scripts and CI).

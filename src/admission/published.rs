@@ -174,38 +174,15 @@ impl PublishedSettings {
     /// Reads a ConfigMap's `data` back. The rule settings are required; the rest is reported
     /// when present and defaulted when not (a newer operator may add keys, an older one lack some).
     pub(crate) fn from_data(data: &BTreeMap<String, String>) -> Result<Self, PublishedError> {
-        fn get<'a>(
-            d: &'a BTreeMap<String, String>,
-            k: &'static str,
-        ) -> Result<&'a str, PublishedError> {
-            d.get(k)
-                .map(String::as_str)
-                .ok_or(PublishedError::Missing(k))
-        }
-        fn parse<T: std::str::FromStr>(k: &'static str, v: &str) -> Result<T, PublishedError> {
-            v.trim().parse().map_err(|_| PublishedError::Invalid {
-                key: k,
-                value: v.to_string(),
-            })
-        }
-        let number = |k: &'static str| -> Result<u64, PublishedError> { parse(k, get(data, k)?) };
-        let optional_secs = |k: &'static str| -> Result<Option<Duration>, PublishedError> {
-            data.get(k)
-                .map(|v| parse::<u64>(k, v).map(Duration::from_secs))
-                .transpose()
-        };
+        let optional_secs = |k: &'static str| optional_secs(data, k);
         let flag = |k: &'static str| -> Result<bool, PublishedError> {
             data.get(k).map_or(Ok(false), |v| parse(k, v))
         };
-        let enum_of = |k: &'static str, v: &str| PublishedError::Invalid {
-            key: k,
-            value: v.to_string(),
-        };
-        let policy = get(data, keys::NETWORK_POLICY)?;
+        let policy = required(data, keys::NETWORK_POLICY)?;
         let network_policy = PolicyEnforcement::from_str(policy, false)
-            .map_err(|_| enum_of(keys::NETWORK_POLICY, policy))?;
+            .map_err(|_| invalid(keys::NETWORK_POLICY, policy))?;
         let drain_wire = match data.get(keys::DRAIN_WIRE) {
-            Some(w) => Wire::from_str(w, false).map_err(|_| enum_of(keys::DRAIN_WIRE, w))?,
+            Some(w) => Wire::from_str(w, false).map_err(|_| invalid(keys::DRAIN_WIRE, w))?,
             None => Wire::default(),
         };
         let heartbeat = match data.get(keys::HEARTBEAT) {
@@ -216,31 +193,12 @@ impl PublishedSettings {
             Some(text) => serde_json::from_str::<Vec<NamespacePolicy>>(text)
                 .ok()
                 .and_then(|p| compile(p).ok())
-                .ok_or_else(|| enum_of(keys::NAMESPACE_POLICIES, text))?,
+                .ok_or_else(|| invalid(keys::NAMESPACE_POLICIES, text))?,
             None => Vec::new(),
         };
         let tenant_stores = tenant_stores_of(data)?;
         Ok(PublishedSettings {
-            rules: RuleSettings {
-                caps: CapSettings {
-                    default_bytes: number(keys::DEFAULT_CAP)?,
-                    max_bytes: number(keys::MAX_CAP)?,
-                },
-                max_drain_timeout: optional_secs(keys::MAX_DRAIN_TIMEOUT)?,
-                network_policy,
-                policy: RunPolicy {
-                    runtime_classes: parse_list(
-                        data.get(keys::RUNTIME_CLASSES).map(String::as_str),
-                    ),
-                    priority_classes: parse_list(
-                        data.get(keys::PRIORITY_CLASSES).map(String::as_str),
-                    ),
-                    toleration_keys: parse_list(
-                        data.get(keys::TOLERATION_KEYS).map(String::as_str),
-                    ),
-                },
-                namespace_policies,
-            },
+            rules: rule_settings_of(data, network_policy, namespace_policies)?,
             default_drain_timeout: optional_secs(keys::DRAIN_TIMEOUT)?.unwrap_or_default(),
             drain_wire,
             image_pull_timeout: optional_secs(keys::IMAGE_PULL_TIMEOUT)?.unwrap_or_default(),
@@ -277,6 +235,64 @@ impl PublishedSettings {
             describe_tenant_stores(self.tenant_stores.as_ref())
         )
     }
+}
+
+/// The value of the required key `k` (`from_data`).
+fn required<'a>(
+    d: &'a BTreeMap<String, String>,
+    k: &'static str,
+) -> Result<&'a str, PublishedError> {
+    d.get(k)
+        .map(String::as_str)
+        .ok_or(PublishedError::Missing(k))
+}
+
+/// `v`, the value of key `k`, parsed.
+fn parse<T: std::str::FromStr>(k: &'static str, v: &str) -> Result<T, PublishedError> {
+    v.trim().parse().map_err(|_| invalid(k, v))
+}
+
+/// Key `k` holds the value `v`, which does not parse.
+fn invalid(k: &'static str, v: &str) -> PublishedError {
+    PublishedError::Invalid {
+        key: k,
+        value: v.to_string(),
+    }
+}
+
+/// The optional key `k`, a number of seconds.
+fn optional_secs(
+    d: &BTreeMap<String, String>,
+    k: &'static str,
+) -> Result<Option<Duration>, PublishedError> {
+    d.get(k)
+        .map(|v| parse::<u64>(k, v).map(Duration::from_secs))
+        .transpose()
+}
+
+/// The rule settings `from_data` reads back: the caps (required), the largest drain timeout and
+/// the run policy's lists, with the network policy and namespace policies already read.
+fn rule_settings_of(
+    data: &BTreeMap<String, String>,
+    network_policy: PolicyEnforcement,
+    namespace_policies: Vec<super::namespace_policy::Compiled>,
+) -> Result<RuleSettings, PublishedError> {
+    let number = |k: &'static str| -> Result<u64, PublishedError> { parse(k, required(data, k)?) };
+    let list = |k: &'static str| parse_list(data.get(k).map(String::as_str));
+    Ok(RuleSettings {
+        caps: CapSettings {
+            default_bytes: number(keys::DEFAULT_CAP)?,
+            max_bytes: number(keys::MAX_CAP)?,
+        },
+        max_drain_timeout: optional_secs(data, keys::MAX_DRAIN_TIMEOUT)?,
+        network_policy,
+        policy: RunPolicy {
+            runtime_classes: list(keys::RUNTIME_CLASSES),
+            priority_classes: list(keys::PRIORITY_CLASSES),
+            toleration_keys: list(keys::TOLERATION_KEYS),
+        },
+        namespace_policies,
+    })
 }
 
 /// The tenant-store rules a record carries (None: an operator that published none).

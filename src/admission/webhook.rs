@@ -247,26 +247,18 @@ struct Judged<'a> {
     template: Option<String>,
 }
 
-/// Every finding on the review's object; Err: the object is not a SandboxRun.
-async fn findings_of(
+/// The spec [`findings_of`] judges: the run's own, or merged with its template when a create or
+/// a spec change names one (its notes added to `findings`). Err: the template refuses the run
+/// (those refusals are the findings).
+async fn judged_spec<'a>(
     state: &WebhookState,
     req: &AdmissionRequest<DynamicObject>,
-    object: &DynamicObject,
-) -> Result<Vec<Finding>, String> {
+    new_spec: &'a serde_json::Value,
+    old_spec: Option<&'a serde_json::Value>,
+    deleting: bool,
+    findings: &mut Vec<Finding>,
+) -> Result<Judged<'a>, Vec<Finding>> {
     use std::borrow::Cow;
-    let new_spec = spec_value(object);
-    let old = req
-        .old_object
-        .as_ref()
-        .map(|o| (spec_value(o), pod_exists(o)));
-    let old_spec = old.as_ref().map(|(spec, _)| *spec);
-    // The finalizer release and every other update of a run on its way out.
-    let deleting = object.metadata.deletion_timestamp.is_some()
-        || req
-            .old_object
-            .as_ref()
-            .is_some_and(|o| o.metadata.deletion_timestamp.is_some());
-    let mut findings = Vec::new();
     let judged = if req.operation == Operation::Create || (!deleting && old_spec != Some(new_spec))
     {
         use super::templates::{resolve, Templated};
@@ -278,7 +270,7 @@ async fn findings_of(
         )
         .await
         {
-            Templated::Refused(refusals) => return Ok(refusals),
+            Templated::Refused(refusals) => return Err(refusals),
             Templated::Plain(notes) => {
                 findings.extend(notes);
                 None
@@ -292,11 +284,36 @@ async fn findings_of(
     } else {
         None
     };
-    let judged = judged.unwrap_or(Judged {
+    Ok(judged.unwrap_or(Judged {
         new: Cow::Borrowed(new_spec),
         old: old_spec.map(Cow::Borrowed),
         template: None,
-    });
+    }))
+}
+
+/// Every finding on the review's object; Err: the object is not a SandboxRun.
+async fn findings_of(
+    state: &WebhookState,
+    req: &AdmissionRequest<DynamicObject>,
+    object: &DynamicObject,
+) -> Result<Vec<Finding>, String> {
+    let new_spec = spec_value(object);
+    let old = req
+        .old_object
+        .as_ref()
+        .map(|o| (spec_value(o), pod_exists(o)));
+    let old_spec = old.as_ref().map(|(spec, _)| *spec);
+    // The finalizer release and every other update of a run on its way out.
+    let deleting = object.metadata.deletion_timestamp.is_some()
+        || req
+            .old_object
+            .as_ref()
+            .is_some_and(|o| o.metadata.deletion_timestamp.is_some());
+    let mut findings = Vec::new();
+    let judged = match judged_spec(state, req, new_spec, old_spec, deleting, &mut findings).await {
+        Ok(judged) => judged,
+        Err(refusals) => return Ok(refusals),
+    };
     let review = if req.operation == Operation::Create {
         Review::Create { spec: &judged.new }
     } else {

@@ -145,36 +145,44 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         shards: shards.as_ref().map(|gate| gate.shards()),
         ..pod_settings(&args, &durations)?
     };
-    let ctx = Arc::new(
-        Context::new(
-            client.clone(),
-            store,
-            store_prefix,
-            args.store.store_url.clone(),
-            pod,
-            caps,
-            DecideSettings {
-                image_pull_timeout: durations.image_pull_timeout,
-            },
-            pack_command,
-            metrics,
-            args.pod_name.clone(),
-            usize::from(args.max_concurrent_drains),
-        )
-        .with_default_retention(args.default_retention)
-        .with_drain_wire(args.drain_wire)
-        .with_drain_idle(durations.drain_idle)
-        .with_drain_bandwidth(bandwidth)
-        .with_quiet_window(durations.quiet_window)
-        .with_path_slots(args.path_slots())
+    let ctx = Context::new(
+        client.clone(),
+        store,
+        store_prefix,
+        args.store.store_url.clone(),
+        pod,
+        caps,
+        DecideSettings {
+            image_pull_timeout: durations.image_pull_timeout,
+        },
+        pack_command,
+        metrics,
+        args.pod_name.clone(),
+        usize::from(args.max_concurrent_drains),
+    );
+    let ctx = with_drain_flags(ctx, &args, &durations, bandwidth)
         .with_open_uploads(open_uploads)
         .with_tenant_stores(tenant)
         .with_preflight(preflight)
         .with_rules(rules)
         .with_rights(rights)
-        .with_shards(shards.clone()),
-    );
-    operate(&args, client, ctx, &ready, leader).await
+        .with_shards(shards.clone());
+    operate(&args, client, Arc::new(ctx), &ready, leader).await
+}
+
+/// `ctx` with the drain settings taken from the flags and the durations [`run`] parsed.
+fn with_drain_flags(
+    ctx: Context,
+    args: &RunArgs,
+    durations: &Durations,
+    bandwidth: crate::drain::bandwidth::DrainBandwidth,
+) -> Context {
+    ctx.with_default_retention(args.default_retention)
+        .with_drain_wire(args.drain_wire)
+        .with_drain_idle(durations.drain_idle)
+        .with_drain_bandwidth(bandwidth)
+        .with_quiet_window(durations.quiet_window)
+        .with_path_slots(args.path_slots())
 }
 
 /// The rules the webhook, `doctor --context` (the published settings) and the controller judge

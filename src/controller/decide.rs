@@ -463,6 +463,53 @@ mod tests {
     use crate::controller::observe::image_pull_is_definitive;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
+    /// Every step, for the label test below: a new variant fails to compile here until added.
+    fn every_step() -> Vec<Step> {
+        let all = vec![
+            Step::AddFinalizer,
+            Step::ReleaseFinalizer,
+            Step::SkipDrain,
+            Step::CreatePod,
+            Step::TrackPod { requeue: None },
+            Step::Teardown(Trigger::Stop),
+            Step::RecordPodLost,
+            Step::DeleteFinishedPod,
+            Step::DeleteExpiredRun,
+        ];
+        for step in &all {
+            match step {
+                Step::AddFinalizer
+                | Step::ReleaseFinalizer
+                | Step::SkipDrain
+                | Step::CreatePod
+                | Step::TrackPod { .. }
+                | Step::Teardown(_)
+                | Step::RecordPodLost
+                | Step::DeleteFinishedPod
+                | Step::DeleteExpiredRun => {}
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn docs_operations_lists_every_step_label() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/operations.md");
+        let doc = std::fs::read_to_string(path).unwrap();
+        let row = doc
+            .lines()
+            .find(|l| l.starts_with("| `sandboxrun_reconciles_total`"))
+            .expect("the sandboxrun_reconciles_total row");
+        for step in every_step() {
+            let label = step.as_str();
+            assert!(
+                row.split(|c: char| !(c.is_ascii_lowercase() || c == '_'))
+                    .any(|w| w == label),
+                "docs/operations.md's step labels miss {label}: {row}"
+            );
+        }
+    }
+
     #[test]
     fn only_a_definitive_miss_keeps_the_pod_from_being_created() {
         let image = "localhost:5000/team/app:v2";

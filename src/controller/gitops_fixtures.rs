@@ -18,7 +18,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::decide::{self, Step};
 use super::fixtures::{at, now, pod_with_workload, settings};
-use super::observe::{PodView, WorkloadState};
+use super::observe::{PodProblem, PodView, WorkloadState};
 use super::plan::{self, Inputs, PathWork, StepPlan, TeardownPlan};
 use crate::api::{ReadBack, ReadBackPath, ReadBackPhase, Retention, SandboxRun, SandboxRunSpec};
 use crate::caps::CapSettings;
@@ -207,6 +207,16 @@ fn refused() -> SandboxRun {
     run
 }
 
+/// A run whose pod the kubelet cannot start: a ConfigMap it mounts is missing.
+fn stuck() -> SandboxRun {
+    let mut pod = view(false, WorkloadState::NotStarted);
+    pod.problem = Some(PodProblem::Stuck {
+        reason: "FailedMount",
+        message: "MountVolume.SetUp failed for volume \"cfg\": configmap \"cfg\" not found".into(),
+    });
+    reconciled(held(false), &pod)
+}
+
 fn deleting() -> SandboxRun {
     let mut run = reconciled(held(false), &view(true, WorkloadState::Running));
     run.metadata.deletion_timestamp = Some(Time(now()));
@@ -252,6 +262,7 @@ fn all() -> Vec<Fixture> {
             reconciled(held(false), &still_pending),
         ),
         fixture("pending-pod-refused.yaml", "Degraded", "Failed", refused()),
+        fixture("pending-pod-stuck.yaml", "Degraded", "Failed", stuck()),
         fixture(
             "running-batch.yaml",
             "Progressing",
@@ -389,6 +400,7 @@ fn each_fixture_shows_the_moment_it_is_named_for() {
         ("new-no-status.yaml", "none"),
         ("pending.yaml", "Pending"),
         ("pending-pod-refused.yaml", "Pending"),
+        ("pending-pod-stuck.yaml", "Pending"),
         ("running-batch.yaml", "Running"),
         ("running-long-lived.yaml", "Running"),
         ("stop-not-observed-yet.yaml", "Running"),
@@ -404,4 +416,169 @@ fn each_fixture_shows_the_moment_it_is_named_for() {
         assert_eq!(phase(file), p, "{file}");
     }
     assert_eq!(by_file.len(), want.len());
+}
+
+// ---- The health checks against the code, without a cluster or a Lua interpreter.
+
+fn shipped(file: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The Flux `healthCheckExprs` for SandboxRuns: (inProgress, failed, current).
+fn flux_exprs() -> [String; 3] {
+    let doc: serde_yaml::Value =
+        serde_yaml::from_str(&shipped("deploy/gitops/flux-health-check-exprs.yaml"))
+            .unwrap_or_else(|e| panic!("{e}"));
+    let check = doc["healthCheckExprs"]
+        .as_sequence()
+        .and_then(|s| s.iter().find(|c| c["kind"].as_str() == Some("SandboxRun")))
+        .unwrap_or_else(|| panic!("no SandboxRun entry"));
+    ["inProgress", "failed", "current"].map(|k| {
+        check[k]
+            .as_str()
+            .unwrap_or_else(|| panic!("no {k} expression"))
+            .to_string()
+    })
+}
+
+/// Flux's verdict on `run`, as tests/it/gitops.rs computes it: inProgress, failed, current in
+/// that order, the first true wins; an evaluation error (no `status` yet) is waiting.
+fn flux_verdict(exprs: &[String; 3], run: &SandboxRun) -> &'static str {
+    let object = serde_json::to_value(run).unwrap_or_else(|e| panic!("{e}"));
+    let mut ctx = cel_interpreter::Context::default();
+    for (k, v) in object.as_object().into_iter().flatten() {
+        ctx.add_variable(k.as_str(), v.clone())
+            .unwrap_or_else(|e| panic!("{k}: {e}"));
+    }
+    for (expr, verdict) in exprs.iter().zip(["InProgress", "Failed", "Current"]) {
+        let program = cel_interpreter::Program::compile(expr)
+            .unwrap_or_else(|e| panic!("{verdict} does not compile: {e}"));
+        match program.execute(&ctx) {
+            Ok(cel_interpreter::Value::Bool(true)) => return verdict,
+            Ok(cel_interpreter::Value::Bool(false)) => {}
+            Ok(other) => panic!("{verdict} is not a bool: {other:?}"),
+            Err(_) => return "InProgress",
+        }
+    }
+    "Unknown"
+}
+
+fn sorted(v: impl IntoIterator<Item = String>) -> Vec<String> {
+    let mut v: Vec<String> = v.into_iter().collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+#[test]
+fn the_health_checks_name_exactly_the_reasons_a_run_cannot_start_with() {
+    let code = sorted(
+        super::status::cannot_start_reasons()
+            .into_iter()
+            .map(String::from),
+    );
+    // Argo CD: the `stuck` table of the Lua script.
+    let lua = shipped("deploy/gitops/argocd-health.lua");
+    let table = lua
+        .lines()
+        .find(|l| l.starts_with("local stuck = {"))
+        .unwrap_or_else(|| panic!("no `local stuck = {{` table in argocd-health.lua"));
+    let key = regex::Regex::new(r"(\w+) = true").unwrap_or_else(|e| panic!("{e}"));
+    let argocd = sorted(key.captures_iter(table).map(|c| c[1].to_string()));
+    assert_eq!(argocd, code, "argocd-health.lua's stuck table");
+    // Flux: each `c.reason in [...]` list of the expressions.
+    let list = regex::Regex::new(r"c\.reason in \[([^\]]*)\]").unwrap_or_else(|e| panic!("{e}"));
+    let exprs = flux_exprs();
+    let lists: Vec<Vec<String>> = exprs
+        .iter()
+        .flat_map(|e| {
+            list.captures_iter(e)
+                .map(|c| c[1].to_string())
+                .collect::<Vec<_>>()
+        })
+        .map(|l| {
+            sorted(
+                l.split(',')
+                    .map(|r| r.trim().trim_matches('\'').to_string()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        lists.len(),
+        2,
+        "inProgress and failed each list the reasons"
+    );
+    for l in lists {
+        assert_eq!(l, code, "a Flux expression's reason list");
+    }
+}
+
+#[test]
+fn flux_calls_a_pending_run_failed_exactly_when_the_code_says_it_cannot_start() {
+    let exprs = flux_exprs();
+    for reason in super::status::cannot_start_reasons() {
+        let mut run = held(false);
+        run.status = Some(super::status::pending_status(&run, reason, "why", now()));
+        assert_eq!(flux_verdict(&exprs, &run), "Failed", "{reason}");
+    }
+    for reason in [
+        super::conditions::REASON_POD_PENDING,
+        super::conditions::REASON_POD_CREATED,
+    ] {
+        let mut run = held(false);
+        run.status = Some(super::status::pending_status(
+            &run,
+            reason,
+            "starting",
+            now(),
+        ));
+        assert_eq!(flux_verdict(&exprs, &run), "InProgress", "{reason}");
+    }
+}
+
+#[test]
+fn flux_gives_every_generated_fixture_its_expected_verdict() {
+    let exprs = flux_exprs();
+    let wrong: Vec<String> = all()
+        .iter()
+        .filter_map(|f| {
+            let got = flux_verdict(&exprs, &f.run);
+            (got != f.flux).then(|| format!("{}: Flux {got}, expected {}", f.file, f.flux))
+        })
+        .collect();
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn every_pod_problem_is_a_reason_the_health_checks_know() {
+    use super::observe::{STUCK_CONTAINER_REASONS, STUCK_EVENT_REASONS};
+    let reasons = super::status::cannot_start_reasons();
+    let mut problems = vec![
+        PodProblem::Unschedulable(String::new()),
+        PodProblem::ImagePull {
+            fatal: false,
+            message: String::new(),
+        },
+        PodProblem::EgressGate(String::new()),
+    ];
+    problems.extend(
+        STUCK_CONTAINER_REASONS
+            .iter()
+            .chain(STUCK_EVENT_REASONS)
+            .map(|reason| PodProblem::Stuck {
+                reason,
+                message: String::new(),
+            }),
+    );
+    for p in &problems {
+        // A new kind of problem fails to compile here until it is listed above.
+        match p {
+            PodProblem::Unschedulable(_)
+            | PodProblem::ImagePull { .. }
+            | PodProblem::Stuck { .. }
+            | PodProblem::EgressGate(_) => {}
+        }
+        assert!(reasons.contains(&p.reason()), "{p:?}");
+    }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{ContainerState, Event as CoreEvent, Pod};
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStatus, Event as CoreEvent, Pod};
 use kube::api::ListParams;
 use kube::{Api, Client, ResourceExt};
 use object_store::ObjectStore;
@@ -169,44 +169,8 @@ impl PodView {
                 ));
             }
         }
-        // The workload's pull problem is reported before the holder's: it is the one the user
-        // can fix, and the one that keeps the workload from ever starting. The same holds for a
-        // container the kubelet cannot create (a missing ConfigMap/Secret key, …).
-        let mut pull_problems: Vec<(bool, PodProblem)> = Vec::new();
-        let mut stuck: Vec<(bool, PodProblem)> = Vec::new();
-        for cs in statuses.into_iter().flatten() {
-            if let Some(waiting) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
-                let reason = waiting.reason.as_deref().unwrap_or_default();
-                if let Some(reason) = known(reason, STUCK_CONTAINER_REASONS) {
-                    let message = waiting.message.as_deref().unwrap_or_default();
-                    stuck.push((
-                        cs.name == WORKLOAD_CONTAINER,
-                        PodProblem::Stuck {
-                            reason,
-                            message: format!("container {}: {message}", cs.name),
-                        },
-                    ));
-                }
-                if is_image_pull_reason(reason) {
-                    let message = waiting.message.as_deref().unwrap_or_default();
-                    pull_problems.push((
-                        cs.name == WORKLOAD_CONTAINER,
-                        PodProblem::ImagePull {
-                            fatal: image_pull_is_definitive(reason, message),
-                            message: format!("container {}: {reason}: {message}", cs.name),
-                        },
-                    ));
-                }
-            }
-        }
-        for found in [stuck, pull_problems] {
-            if let Some((_, p)) = found
-                .iter()
-                .find(|(workload, _)| *workload)
-                .or_else(|| found.first())
-            {
-                problem = Some(p.clone());
-            }
+        if let Some(p) = container_problem(statuses.map(Vec::as_slice).unwrap_or_default()) {
+            problem = Some(p);
         }
         // The egress gate gave up: nothing else about this pod matters, it will never run.
         if let Some(words) = egress_gate_failure(status) {
@@ -228,6 +192,51 @@ impl PodView {
             gate_waiting: gate_waiting(pod),
         }
     }
+}
+
+/// The problem the pod's containers are waiting on, if any: an image that cannot be pulled, else
+/// a container the kubelet cannot create ([`STUCK_CONTAINER_REASONS`]). The workload's problem is
+/// reported before the holder's: it is the one the user can fix, and the one that keeps the
+/// workload from ever starting.
+fn container_problem(statuses: &[ContainerStatus]) -> Option<PodProblem> {
+    let mut pull_problems: Vec<(bool, PodProblem)> = Vec::new();
+    let mut stuck: Vec<(bool, PodProblem)> = Vec::new();
+    for cs in statuses {
+        if let Some(waiting) = cs.state.as_ref().and_then(|s| s.waiting.as_ref()) {
+            let reason = waiting.reason.as_deref().unwrap_or_default();
+            if let Some(reason) = known(reason, STUCK_CONTAINER_REASONS) {
+                let message = waiting.message.as_deref().unwrap_or_default();
+                stuck.push((
+                    cs.name == WORKLOAD_CONTAINER,
+                    PodProblem::Stuck {
+                        reason,
+                        message: format!("container {}: {message}", cs.name),
+                    },
+                ));
+            }
+            if is_image_pull_reason(reason) {
+                let message = waiting.message.as_deref().unwrap_or_default();
+                pull_problems.push((
+                    cs.name == WORKLOAD_CONTAINER,
+                    PodProblem::ImagePull {
+                        fatal: image_pull_is_definitive(reason, message),
+                        message: format!("container {}: {reason}: {message}", cs.name),
+                    },
+                ));
+            }
+        }
+    }
+    let mut problem = None;
+    for found in [stuck, pull_problems] {
+        if let Some((_, p)) = found
+            .iter()
+            .find(|(workload, _)| *workload)
+            .or_else(|| found.first())
+        {
+            problem = Some(p.clone());
+        }
+    }
+    problem
 }
 
 /// Whether `pod` has an egress gate that has not ended (no status yet, waiting or running).

@@ -87,7 +87,46 @@ fn build(
         .uid
         .clone()
         .ok_or(PolicyError::MissingMetadata("uid"))?;
-    let egress_rules = match egress_of(run)? {
+    let Some(egress_rules) = egress_rules(run, settings, node)? else {
+        return Ok(None);
+    };
+    let labels = BTreeMap::from([
+        (
+            "app.kubernetes.io/managed-by".to_string(),
+            "sandboxrun-operator".to_string(),
+        ),
+        (RUN_UID_LABEL.to_string(), uid.clone()),
+    ]);
+    Ok(Some(NetworkPolicy {
+        metadata: ObjectMeta {
+            name: Some(policy_name(&name)),
+            namespace: run.namespace(),
+            labels: Some(labels),
+            owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(BTreeMap::from([(RUN_UID_LABEL.to_string(), uid)])),
+                match_expressions: None,
+            }),
+            // Both types listed and no ingress rule: nothing may connect to the pod (exec goes
+            // through the apiserver and the kubelet, not the pod network).
+            policy_types: Some(vec!["Ingress".to_string(), "Egress".to_string()]),
+            ingress: Some(Vec::new()),
+            egress: Some(egress_rules),
+        }),
+    }))
+}
+
+/// The policy's egress rules for `run`: DNS, the egress proxy and the address ranges its rules
+/// allow, the gate's probe and the node denied; None when its egress is open (no policy).
+fn egress_rules(
+    run: &SandboxRun,
+    settings: &EgressSettings,
+    node: Option<IpAddr>,
+) -> Result<Option<Vec<NetworkPolicyEgressRule>>, PolicyError> {
+    Ok(Some(match egress_of(run)? {
         Egress::Open => return Ok(None),
         Egress::DenyAll => Vec::new(),
         Egress::Filtered { mode, mut rules } => {
@@ -124,33 +163,6 @@ fn build(
             }
             out
         }
-    };
-    let labels = BTreeMap::from([
-        (
-            "app.kubernetes.io/managed-by".to_string(),
-            "sandboxrun-operator".to_string(),
-        ),
-        (RUN_UID_LABEL.to_string(), uid.clone()),
-    ]);
-    Ok(Some(NetworkPolicy {
-        metadata: ObjectMeta {
-            name: Some(policy_name(&name)),
-            namespace: run.namespace(),
-            labels: Some(labels),
-            owner_references: run.controller_owner_ref(&()).map(|o| vec![o]),
-            ..ObjectMeta::default()
-        },
-        spec: Some(NetworkPolicySpec {
-            pod_selector: Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([(RUN_UID_LABEL.to_string(), uid)])),
-                match_expressions: None,
-            }),
-            // Both types listed and no ingress rule: nothing may connect to the pod (exec goes
-            // through the apiserver and the kubelet, not the pod network).
-            policy_types: Some(vec!["Ingress".to_string(), "Egress".to_string()]),
-            ingress: Some(Vec::new()),
-            egress: Some(egress_rules),
-        }),
     }))
 }
 

@@ -1675,6 +1675,56 @@ fn metric_names(text: &str) -> std::collections::BTreeSet<String> {
     out
 }
 
+/// Sharded, every replica reports `sandboxrun_leader` 1, so `SandboxRunNoLeader` watches the shards
+/// held (`sandboxrun_shards_owned` summing to 0); with one replica or an elected leader, the leader
+/// gauge (docs/operations.md "Metrics").
+#[test]
+fn the_no_leader_alert_watches_the_shards_when_the_replicas_are_sharded() {
+    let expr = |extra: &[&str]| -> String {
+        let mut args = vec![
+            "template",
+            "demo",
+            CHART,
+            "-n",
+            "sbr-sys",
+            "--set",
+            "metrics.prometheusRule.enabled=true",
+            "--set",
+            "store.url=s3://b/p",
+        ];
+        args.extend_from_slice(extra);
+        let docs = yaml_docs(&ok(helm(&args), None));
+        let rule = only(&docs, "PrometheusRule");
+        rule["spec"]["groups"][0]["rules"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+            .find(|r| r["alert"].as_str() == Some("SandboxRunNoLeader"))
+            .and_then(|r| r["expr"].as_str())
+            .expect("SandboxRunNoLeader")
+            .to_string()
+    };
+    let sharded = expr(&["--set", "replicas=3"]);
+    assert!(
+        sharded.contains("sum(sandboxrun_shards_owned{"),
+        "{sharded}"
+    );
+    assert!(!sharded.contains("sandboxrun_leader"), "{sharded}");
+    for elected in [
+        vec!["--set", "replicas=1"],
+        vec![
+            "--set",
+            "replicas=2",
+            "--set",
+            "leaderElection.enabled=true",
+        ],
+        vec!["--set", "replicas=2", "--set", "sharding.enabled=false"],
+    ] {
+        let e = expr(&elected);
+        assert!(e.contains("max(sandboxrun_leader{"), "{elected:?}: {e}");
+    }
+}
+
 #[test]
 fn alerts_and_dashboard_query_only_metrics_the_operator_exports() {
     use sandboxrun_operator::admission::webhook::WebhookMetrics;

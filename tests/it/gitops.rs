@@ -183,6 +183,8 @@ fn argocd_messages_carry_the_operators_words() {
     assert!(m.starts_with("DrainFailed: drain failed for /out"), "{m}");
     let (_, m) = argocd_health(&lua_bin, &by_name("pending-pod-refused.yaml").object);
     assert!(m.contains("exceeded quota"), "{m}");
+    let (_, m) = argocd_health(&lua_bin, &by_name("pending-pod-stuck.yaml").object);
+    assert!(m.starts_with("FailedMount: "), "the kubelet's cause: {m}");
 }
 
 /// The Flux expressions for SandboxRuns from `deploy/gitops/flux-health-check-exprs.yaml`.

@@ -329,9 +329,7 @@ pub(super) fn ending_message(
 ) -> String {
     let pod_lost = e.pod_vanished && !e.workload_finished;
     match (e.phase, required_failed) {
-        (Phase::Succeeded, _) => {
-            "workload succeeded and its read-back paths are stored".to_string()
-        }
+        (Phase::Succeeded, _) => succeeded_message(status),
         _ if pull_failed.is_some() => pull_failed.unwrap_or_default().to_string(),
         _ if pod_lost => POD_GONE.to_string(),
         (Phase::Failed, false) if e.workload_finished => {
@@ -361,6 +359,25 @@ pub(super) fn ending_message(
             format!("{cause}; {drains}")
         }
     }
+}
+
+/// The final message of a `Succeeded` run: what became of its files. An optional path that
+/// failed keeps the success (docs/contract.md) but is said here, next to `Drained=False` and the
+/// `sandbox_runfiles_drain_failed` Event, never hidden behind "stored".
+fn succeeded_message(status: &SandboxRunStatus) -> String {
+    let total = status.read_back.len();
+    let failed = status
+        .read_back
+        .iter()
+        .filter(|e| e.phase == ReadBackPhase::Failed)
+        .count();
+    if failed == 0 {
+        return "workload succeeded and its read-back paths are stored".to_string();
+    }
+    format!(
+        "workload succeeded; {failed} of {total} read-back paths failed to drain \
+         (see the sandbox_runfiles_drain_failed Event)"
+    )
 }
 
 /// Sets Complete or Failed (exactly one, [`failure_reason`]) and Ready once the run ended.
@@ -521,6 +538,40 @@ mod tests {
             .conditions
             .iter()
             .any(|c| c.type_ == conditions::COMPLETE && c.status == "True"));
+    }
+
+    #[test]
+    fn a_success_whose_optional_path_failed_says_the_files_were_not_stored() {
+        let r = run_with(&[("/out", true), ("/logs", false)]);
+        let t = Trigger::WorkloadFinished { exit_code: 0 };
+        let mut s = draining_status(&r, &t, None, now());
+        s.read_back[0].phase = ReadBackPhase::Drained;
+        s.read_back[1].phase = ReadBackPhase::Failed;
+        let done = finished_status(&r, s, now());
+        assert_eq!(done.phase, Some(Phase::Succeeded));
+        let want = "workload succeeded; 1 of 2 read-back paths failed to drain \
+                    (see the sandbox_runfiles_drain_failed Event)";
+        assert_eq!(done.message.as_deref(), Some(want));
+        let complete = done
+            .conditions
+            .iter()
+            .find(|c| c.type_ == conditions::COMPLETE)
+            .expect("Complete");
+        assert_eq!(
+            complete.message, want,
+            "the Complete condition and the Event"
+        );
+        assert!(!want.contains("are stored"));
+
+        // Every path drained: the files are stored, and the message says so.
+        let mut s = draining_status(&r, &t, None, now());
+        s.read_back
+            .iter_mut()
+            .for_each(|e| e.phase = ReadBackPhase::Drained);
+        assert_eq!(
+            finished_status(&r, s, now()).message.as_deref(),
+            Some("workload succeeded and its read-back paths are stored")
+        );
     }
 
     #[test]

@@ -9,6 +9,39 @@ use super::super::observe::{PodView, WorkloadState};
 use super::entries::ensure_pending_entries;
 use crate::api::{Phase, SandboxRun, SandboxRunStatus};
 
+/// Every `Ready=False` reason of a `Pending` run that cannot start until someone acts (fixes the
+/// spec, a referenced object, the store, the template, the cluster): the reasons this module and
+/// the create plans write, and the kubelet's causes a stuck pod carries
+/// (`observe::STUCK_CONTAINER_REASONS`, `observe::STUCK_EVENT_REASONS`). `PodPending` and
+/// `PodCreated` (still starting) are not in it. The GitOps health checks of `deploy/gitops/` call
+/// such a run Degraded / Failed by exactly this list (docs/gitops.md "Health checks"), and a test fails when they differ
+/// (only tests read it: the operator writes each reason where it arises).
+#[cfg(test)]
+pub(crate) fn cannot_start_reasons() -> Vec<&'static str> {
+    use super::super::conditions::{
+        REASON_EGRESS_NOT_ENFORCED, REASON_IMAGE_PULL_FAILED, REASON_INVALID_SPEC,
+        REASON_POD_CREATE_FAILED, REASON_RIGHTS_UNVERIFIED, REASON_UNSCHEDULABLE,
+    };
+    use super::super::events;
+    use super::super::observe::{STUCK_CONTAINER_REASONS, STUCK_EVENT_REASONS};
+    let operator = [
+        REASON_POD_CREATE_FAILED,
+        REASON_UNSCHEDULABLE,
+        REASON_IMAGE_PULL_FAILED,
+        REASON_EGRESS_NOT_ENFORCED,
+        REASON_INVALID_SPEC,
+        REASON_RIGHTS_UNVERIFIED,
+        events::STORE_UNUSABLE,
+        events::TEMPLATE_UNUSABLE,
+        events::EGRESS_POLICY_UNENFORCED,
+    ];
+    operator
+        .into_iter()
+        .chain(STUCK_CONTAINER_REASONS.iter().copied())
+        .chain(STUCK_EVENT_REASONS.iter().copied())
+        .collect()
+}
+
 /// The status of a run whose pod is being tracked (Pending or Running).
 pub(crate) fn tracked_status(
     run: &SandboxRun,
