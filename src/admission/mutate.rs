@@ -7,7 +7,6 @@
 
 use kube::core::admission::{AdmissionRequest, Operation};
 use kube::core::DynamicObject;
-use serde::Deserialize;
 
 use super::stamp::{self, StampKey, Subject, STAMP_ANNOTATION};
 use crate::api::SandboxRunSpec;
@@ -22,18 +21,16 @@ pub(crate) struct Stamping<'a> {
     pub access_checks: bool,
 }
 
-/// The object's spec, typed (None when it has none that parses).
-fn spec_of(object: &DynamicObject) -> Option<SandboxRunSpec> {
-    SandboxRunSpec::deserialize(object.data.get("spec")?).ok()
-}
-
-/// Whether the object's status names its pod.
-fn has_pod(object: &DynamicObject) -> bool {
-    object
-        .data
-        .pointer("/status/podName")
-        .and_then(serde_json::Value::as_str)
-        .is_some()
+/// The request's specs as the webhook read them: the new one, the stored one (UPDATE), and
+/// whether the stored run names its pod.
+#[derive(Clone, Copy)]
+pub(crate) struct Specs<'a> {
+    /// The spec the request writes.
+    pub new: &'a SandboxRunSpec,
+    /// The stored spec, on UPDATE.
+    pub old: Option<&'a SandboxRunSpec>,
+    /// Whether the stored run's status names its pod.
+    pub pod_exists: bool,
 }
 
 /// The JSON patch that stamps `req`'s run at `issued`, when this request verified every right
@@ -44,6 +41,7 @@ fn has_pod(object: &DynamicObject) -> bool {
 pub(crate) fn stamp_patch(
     stamping: Stamping<'_>,
     req: &AdmissionRequest<DynamicObject>,
+    specs: Specs<'_>,
     issued: i64,
 ) -> Option<json_patch::Patch> {
     let key = stamping.key?;
@@ -54,11 +52,9 @@ pub(crate) fn stamp_patch(
         return None;
     }
     let object = req.object.as_ref()?;
-    let old = req.old_object.as_ref();
-    let spec = spec_of(object)?;
-    let old_spec = old.and_then(spec_of);
-    let required = super::access::required(&spec);
-    let verified = super::access::to_verify(old_spec.as_ref(), &spec, old.is_some_and(has_pod));
+    let spec = specs.new;
+    let required = super::access::required(spec);
+    let verified = super::access::to_verify(specs.old, spec, specs.pod_exists);
     if required.is_empty() || verified.len() != required.len() {
         return None;
     }
@@ -66,7 +62,7 @@ pub(crate) fn stamp_patch(
     let subject = Subject {
         namespace: req.namespace.as_deref()?,
         name: &name,
-        spec: &spec,
+        spec,
     };
     let value = stamp::issue(key, &subject, issued);
     Some(annotate(object, value))
@@ -138,6 +134,29 @@ mod tests {
         run
     }
 
+    /// [`stamp_patch`] with the specs read from the review, as the webhook reads them.
+    fn patched(
+        stamping: Stamping<'_>,
+        req: &AdmissionRequest<DynamicObject>,
+        issued: i64,
+    ) -> Option<json_patch::Patch> {
+        let spec = |o: &DynamicObject| -> SandboxRunSpec {
+            serde_json::from_value(o.data["spec"].clone()).unwrap()
+        };
+        let new = spec(req.object.as_ref().unwrap());
+        let old = req.old_object.as_ref().map(spec);
+        let pod_exists = req
+            .old_object
+            .as_ref()
+            .is_some_and(|o| o.data.pointer("/status/podName").is_some());
+        let specs = Specs {
+            new: &new,
+            old: old.as_ref(),
+            pod_exists,
+        };
+        stamp_patch(stamping, req, specs, issued)
+    }
+
     fn stamping(key: &StampKey) -> Stamping<'_> {
         Stamping {
             key: Some(key),
@@ -152,7 +171,7 @@ mod tests {
         let key = StampKey::new(b"key");
         let state = stamping(&key);
         let created = review("CREATE", run("make", false), None);
-        let patch = stamp_patch(state, &created, 1_000).expect("a CREATE is stamped");
+        let patch = patched(state, &created, 1_000).expect("a CREATE is stamped");
         let value = match &patch.0[..] {
             [json_patch::PatchOperation::Add(add)] => add.value[STAMP_ANNOTATION].clone(),
             other => panic!("{other:?}"),
@@ -174,17 +193,17 @@ mod tests {
             run("cat /secret/*", false),
             Some(run("make", false)),
         );
-        assert!(stamp_patch(state, &changed, 1_001).is_some());
+        assert!(patched(state, &changed, 1_001).is_some());
         // A metadata-only update verified nothing: the stamp the run has is left alone.
         let same = review("UPDATE", run("make", false), Some(run("make", false)));
-        assert!(stamp_patch(state, &same, 1_002).is_none());
+        assert!(patched(state, &same, 1_002).is_none());
         // Without the access checks, or a key, nothing was verified or can be vouched for.
         let unchecked = Stamping {
             access_checks: false,
             ..state
         };
-        assert!(stamp_patch(unchecked, &created, 1_000).is_none());
+        assert!(patched(unchecked, &created, 1_000).is_none());
         let keyless = Stamping { key: None, ..state };
-        assert!(stamp_patch(keyless, &created, 1_000).is_none());
+        assert!(patched(keyless, &created, 1_000).is_none());
     }
 }

@@ -118,11 +118,11 @@ pub async fn serve_tls(
 }
 
 /// The reply to a review that cannot be read.
-pub(super) type Unreadable = (StatusCode, Json<AdmissionReview<DynamicObject>>);
+type Unreadable = (StatusCode, Json<AdmissionReview<DynamicObject>>);
 
 /// The request of an AdmissionReview body. Parsed by hand: a review we cannot read still gets a
 /// review back (the apiserver then shows our message), rather than a bare 4xx from an extractor.
-pub(super) fn read_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Box<Unreadable>> {
+fn read_review(body: &[u8]) -> Result<AdmissionRequest<DynamicObject>, Box<Unreadable>> {
     let review: AdmissionReview<DynamicObject> = match serde_json::from_slice(body) {
         Ok(r) => r,
         Err(e) => {
@@ -174,7 +174,19 @@ async fn mutate(State(state): State<Arc<WebhookState>>, body: Bytes) -> impl Int
         access_checks: state.access_checks,
     };
     let issued = jiff::Timestamp::now().as_second();
-    let patch = super::mutate::stamp_patch(stamping, &request, issued);
+    let old = request.old_object.as_ref();
+    let typed = request
+        .object
+        .as_ref()
+        .and_then(|o| typed_specs(spec_value(o), old.map(spec_value)));
+    let patch = typed.and_then(|(new, old_spec)| {
+        let specs = super::mutate::Specs {
+            new: &new,
+            old: old_spec.as_ref(),
+            pod_exists: old.is_some_and(pod_exists),
+        };
+        super::mutate::stamp_patch(stamping, &request, specs, issued)
+    });
     let response = match (response.allowed, patch) {
         (true, Some(patch)) => match response.clone().with_patch(patch) {
             Ok(stamped) => stamped,
@@ -199,7 +211,7 @@ fn operation_label(op: &Operation) -> &'static str {
 }
 
 /// The response and the verdict label.
-pub(super) async fn review_request(
+async fn review_request(
     state: &WebhookState,
     req: &AdmissionRequest<DynamicObject>,
 ) -> (AdmissionResponse, &'static str) {
@@ -420,7 +432,7 @@ async fn judged_findings(
 
 /// The review's new and stored specs, typed (None when the new one does not parse; a stored one
 /// that does not parse counts as absent).
-pub(super) fn typed_specs(
+fn typed_specs(
     new: &serde_json::Value,
     old: Option<&serde_json::Value>,
 ) -> Option<(
@@ -623,7 +635,7 @@ fn respond(
 
 /// The object's `.spec`, raw and borrowed (no copy on the hot path); an empty object when it has
 /// none.
-pub(super) fn spec_value(obj: &DynamicObject) -> &serde_json::Value {
+fn spec_value(obj: &DynamicObject) -> &serde_json::Value {
     static EMPTY: std::sync::LazyLock<serde_json::Value> =
         std::sync::LazyLock::new(|| serde_json::Value::Object(Default::default()));
     obj.data.get("spec").unwrap_or(&EMPTY)
@@ -631,7 +643,7 @@ pub(super) fn spec_value(obj: &DynamicObject) -> &serde_json::Value {
 
 /// Whether the object's status names its pod (read in place: the status is neither copied nor
 /// parsed whole for one field).
-pub(super) fn pod_exists(obj: &DynamicObject) -> bool {
+fn pod_exists(obj: &DynamicObject) -> bool {
     obj.data
         .pointer("/status/podName")
         .and_then(serde_json::Value::as_str)

@@ -13,8 +13,8 @@ use crate::api::SandboxRun;
 use crate::plugin::cluster::{connect, ClusterArgs};
 use crate::plugin::session::{
     copy_of, inside_read_back, live_pod, read_argv, write_argv, Copy, CpArgs, ExecArgs, ShellArgs,
-    WORKLOAD,
 };
+use crate::pod::WORKLOAD_CONTAINER as WORKLOAD;
 
 /// The stdin of an exec.
 enum Input {

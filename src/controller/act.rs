@@ -328,23 +328,13 @@ async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Answer {
         }
     };
     let dir = crate::store::run_dir(&store.prefix, &reference);
-    // The commit points of its declared paths go first (their keys do not depend on the
-    // compression).
+    // The commit points of its declared paths go first.
     let manifests: Vec<_> = run
         .spec
         .read_back_paths()
         .iter()
         .enumerate()
-        .map(|(i, p)| {
-            let keys = crate::store::object_keys(
-                &store.prefix,
-                &reference,
-                i,
-                &p.path,
-                Default::default(),
-            );
-            keys.manifest
-        })
+        .map(|(i, p)| crate::store::keys::manifest_key(&store.prefix, &reference, i, &p.path))
         .collect();
     let location = format!("{}/{dir}/", store.url.trim_end_matches('/'));
     let result = match crate::controller::retention::stored_elsewhere(run, &store.url, &dir) {

@@ -11,16 +11,13 @@ use thiserror::Error;
 use super::cluster::ClusterArgs;
 use crate::api::{Phase, SandboxRun};
 
-/// The workload's container in a run's pod (`crate::pod`).
-pub(crate) const WORKLOAD: &str = "workload";
-
 /// Arguments of `exec`.
 #[derive(Args, Debug)]
 pub struct ExecArgs {
     /// The SandboxRun.
     pub run: String,
     /// The container: `workload` (the run's own) or `holder`.
-    #[arg(short = 'c', long, default_value = WORKLOAD)]
+    #[arg(short = 'c', long, default_value = crate::pod::WORKLOAD_CONTAINER)]
     pub container: String,
     /// Pass this process's stdin to the command.
     #[arg(short = 'i', long)]

@@ -52,8 +52,15 @@ pub fn object_keys(
         archive: dir
             .clone()
             .join(format!("{stem}.{}", compression.extension()).as_str()),
-        manifest: dir.join(format!("{stem}{MANIFEST_SUFFIX}").as_str()),
+        manifest: manifest_key(prefix, run, index, declared_path),
     }
+}
+
+/// The manifest key of the `index`-th declared path of a run ([`object_keys`]' `manifest`): it
+/// does not depend on the compression.
+pub fn manifest_key(prefix: &Path, run: &RunRef, index: usize, declared_path: &str) -> Path {
+    let stem = format!("{index:02}-{}", path_slug(declared_path));
+    run_dir(prefix, run).join(format!("{stem}{MANIFEST_SUFFIX}").as_str())
 }
 
 /// `<prefix>/<namespace>/<name>/<uid>`: the directory of every key [`object_keys`] names for one
@@ -117,6 +124,17 @@ mod tests {
             namespace: "ns".into(),
             name: "job".into(),
             uid: "1234-abcd".into(),
+        }
+    }
+
+    /// The purge deletes the manifests by [`manifest_key`] first: it must be the key a drain
+    /// commits, whatever the archive's compression.
+    #[test]
+    fn the_manifest_key_is_the_one_object_keys_names_for_every_compression() {
+        let prefix = Path::from("drains");
+        for compression in [Compression::None, Compression::Gzip, Compression::Zstd] {
+            let keys = object_keys(&prefix, &run(), 3, "/work/out", compression);
+            assert_eq!(manifest_key(&prefix, &run(), 3, "/work/out"), keys.manifest);
         }
     }
 

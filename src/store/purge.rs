@@ -199,7 +199,7 @@ mod tests {
         ["/work/out", "/logs"]
             .iter()
             .enumerate()
-            .map(|(i, p)| object_keys(prefix, run, i, p, Compression::Gzip).manifest)
+            .map(|(i, p)| crate::store::keys::manifest_key(prefix, run, i, p))
             .collect()
     }
 
