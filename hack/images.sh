@@ -37,10 +37,7 @@ die() { log "$*"; exit 1; }
 (exec 3<>"/dev/tcp/127.0.0.1/$REGISTRY_PORT") 2>/dev/null || die "no registry on 127.0.0.1:$REGISTRY_PORT: hack/local-cluster.sh up starts it"
 
 layer() {  # layer <dir> <out.tar>: numeric root ownership (unless the tree says otherwise), mtime 0
-  local entries
-  entries=$(cd "$1" && ls -A)
-  # shellcheck disable=SC2086
-  tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=@0 --format=gnu -C "$1" -cf "$2" $entries
+  tar_tree "$1" >"$2"
 }
 image() {  # image <name:tag> <layer.tar> <crane mutate args...>: push, print ref@digest
   # The pinned reference goes to $W/<name>.ref, or $W/$REF_NAME.ref when REF_NAME is set.

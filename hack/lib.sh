@@ -66,6 +66,16 @@ tools_dir_name() {
   echo "tools-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION-containerd-$CONTAINERD_VERSION-cni-$CNI_PLUGINS_VERSION-crane-$CRANE_VERSION-crictl-$CRICTL_VERSION"
 }
 
+# The tree under <dir> as a tar on stdout, reproducibly: its entries at the top, sorted, numeric
+# root ownership, mtime 0 (the images' layers, hack/images.sh; the release's archives,
+# hack/release.sh).
+tar_tree() {
+  local entries
+  entries=$(cd "$1" && LC_ALL=C ls -A)
+  # shellcheck disable=SC2086
+  tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=@0 --format=gnu -C "$1" -c $entries
+}
+
 # The first line of a command's output, read whole: `cmd | head -1` under `set -o pipefail` dies
 # of SIGPIPE whenever the producer writes after head has exited (a fresh machine's first
 # `make demo` died that way, exit 141, after 16 minutes).

@@ -63,12 +63,8 @@ IMAGE_REPOSITORY=${IMAGE_REPOSITORY:-${REGISTRY/127.0.0.1/localhost}/sandboxrun-
 
 DIST=$REPO/dist/$VERSION
 rm -rf "$DIST"; mkdir -p "$DIST/crds"
-tarball() {  # tarball <dir> <out.tar.gz>: its entries at the top, no owners, no times, sorted
-  local entries
-  entries=$(cd "$1" && LC_ALL=C ls -A)
-  # shellcheck disable=SC2086
-  tar --numeric-owner --owner=0 --group=0 --sort=name --mtime=@0 --format=gnu -C "$1" -c $entries |
-    gzip -9n >"$2"
+tarball() {  # tarball <dir> <out.tar.gz>: lib.sh's tar_tree, gzipped without a timestamp
+  tar_tree "$1" | gzip -9n >"$2"
 }
 
 log "image (the static musl build the Dockerfile makes)"
