@@ -166,8 +166,21 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_preflight(preflight)
         .with_rules(rules)
         .with_rights(rights)
-        .with_shards(shards.clone());
+        .with_shards(shards.clone())
+        .with_drain_claims(shards.as_ref().map(|_| drain_claims(&args, &client)));
     operate(&args, client, Arc::new(ctx), &ready, leader).await
+}
+
+/// The runs' drain claims of a sharded replica: in its namespace, its Lease group, as itself
+/// (src/shard/drain_claim.rs).
+fn drain_claims(args: &RunArgs, client: &Client) -> Arc<crate::shard::drain_claim::DrainClaims> {
+    Arc::new(crate::shard::drain_claim::DrainClaims::new(
+        client.clone(),
+        &args.pod_namespace,
+        &args.lease_name,
+        &args.pod_name,
+        SHARD_LEASE_DURATION,
+    ))
 }
 
 /// `ctx` with the drain settings taken from the flags and the durations [`run`] parsed.

@@ -167,6 +167,11 @@ pub(crate) struct DrainTarget {
     compression: Compression,
     deadline: tokio::time::Instant,
     urgent: bool,
+    /// Cancelled when this replica must stop draining the run: `ctx.cancel`, or its drain claim
+    /// lost (src/shard/drain_claim.rs).
+    cancel: tokio_util::sync::CancellationToken,
+    /// Asked before each manifest commit (the drain claim, when sharded).
+    fence: Option<crate::drain::Fence>,
 }
 
 impl DrainTarget {
@@ -189,7 +194,21 @@ impl DrainTarget {
             name,
             deadline,
             urgent: false,
+            cancel: ctx.cancel.clone(),
+            fence: None,
         }
+    }
+
+    /// The same target, its drains stopped when `cancel` fires and committed only while `fence`
+    /// holds: the run's drain claim (src/shard/drain_claim.rs).
+    pub(crate) fn claimed(
+        mut self,
+        cancel: tokio_util::sync::CancellationToken,
+        fence: crate::drain::Fence,
+    ) -> Self {
+        self.cancel = cancel;
+        self.fence = Some(fence);
+        self
     }
 
     /// The same target, its paths served first by the path slots: its pod is being deleted or
@@ -236,7 +255,7 @@ async fn drain_one(
         run: target.uid.clone(),
         urgent: target.urgent,
     };
-    let Some(_slot) = ctx.path_slots.acquire(waiter, ctx.cancel.clone()).await else {
+    let Some(_slot) = ctx.path_slots.acquire(waiter, target.cancel.clone()).await else {
         return (path.entry, None);
     };
     let store = match &target.store {
@@ -276,7 +295,8 @@ async fn drain_one(
         deadline: target.deadline,
         previous_attempts,
         metrics: &ctx.metrics,
-        cancel: &ctx.cancel,
+        cancel: &target.cancel,
+        fence: target.fence.as_ref(),
     };
     (path.entry, drain_path(&job).await)
 }

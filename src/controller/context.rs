@@ -21,6 +21,7 @@ use crate::drain::bandwidth::DrainBandwidth;
 use crate::drain::wire::Wire;
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
+use crate::shard::drain_claim::DrainClaims;
 use crate::shard::gate::{ShardGate, ShardGuard};
 use crate::store::open_uploads::OpenUploads;
 use crate::store::tenant::{TenantStoreError, TenantStorePolicy};
@@ -102,6 +103,9 @@ pub(crate) struct Context {
     pub tenant_stores: TenantStorePolicy,
     /// The shards this replica owns (`run --sharding`; None: every run is this replica's).
     pub shards: Option<Arc<ShardGate>>,
+    /// With sharding: the runs' drain claims, one teardown of a run at a time across replicas
+    /// whatever its shard label says (src/shard/drain_claim.rs).
+    pub drain_claims: Option<Arc<DrainClaims>>,
 }
 
 impl Context {
@@ -178,6 +182,12 @@ impl Context {
         self
     }
 
+    /// The same context taking each run's drain claim before its teardown (`run --sharding`).
+    pub(crate) fn with_drain_claims(mut self, claims: Option<Arc<DrainClaims>>) -> Context {
+        self.drain_claims = claims;
+        self
+    }
+
     /// What may work on `run` now: `Some(None)` without sharding, `Some(guard)` when this
     /// replica owns the run's shard, None when another replica's (docs/contract.md "Shards").
     pub(crate) fn enter_shard(&self, run: &SandboxRun) -> Option<Option<ShardGuard>> {
@@ -244,6 +254,7 @@ impl Context {
             preflight: None,
             tenant_stores: TenantStorePolicy::default(),
             shards: None,
+            drain_claims: None,
         }
     }
 

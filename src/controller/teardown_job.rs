@@ -9,18 +9,19 @@ use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
-use tracing::warn;
+use tracing::{info, warn};
 
 use super::act::{self, DrainTarget};
 use super::context::Context;
 use super::decide::Trigger;
 use super::drain_queue::Waiter;
 use super::drive;
-use super::error::ControllerError;
+use super::error::{kube_err, ControllerError};
 use super::observe;
 use super::plan::{self, TeardownPlan, TeardownProgress};
 use crate::api::{ReadBackStatus, SandboxRun};
 use crate::pod;
+use crate::shard::drain_claim::{Claim, DrainHold};
 use crate::store::tenant::TenantStoreError;
 use crate::store::tenant_read::RunStore;
 
@@ -47,10 +48,7 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger)
     ctx.drains.start(waiter, cancel, move || async move {
         let _shard = shard;
         let ctx = job_ctx;
-        let result = match observe::own_pod(&ctx.client, &run).await {
-            Ok(pod) => teardown(&ctx, &run, pod.as_ref(), &trigger).await,
-            Err(error) => Err(error),
-        };
+        let result = claimed_teardown(&ctx, &run, &trigger).await;
         if let Err(error) = result {
             ctx.metrics
                 .reconcile_errors
@@ -63,6 +61,55 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger)
             }
         }
     });
+}
+
+/// The teardown, once this replica holds the run's drain claim (with sharding; without, at
+/// once): one teardown of a run at a time across replicas, whatever its shard label says
+/// (src/shard/drain_claim.rs, issue #38). Claimed, the run is read afresh first: the cache may
+/// predate what the claim's previous holder wrote. Held by a live replica: nothing is done, a
+/// later reconcile asks again.
+async fn claimed_teardown(
+    ctx: &Context,
+    run: &SandboxRun,
+    trigger: &Trigger,
+) -> Result<(), ControllerError> {
+    let Some(claims) = ctx.drain_claims.as_ref() else {
+        let pod = observe::own_pod(&ctx.client, run).await?;
+        return teardown(ctx, run, pod.as_ref(), trigger, None).await;
+    };
+    let uid = run.uid().unwrap_or_default();
+    let hold = match claims
+        .claim(&uid, &ctx.cancel)
+        .await
+        .map_err(kube_err(format!("take the drain claim of run {uid}")))?
+    {
+        Claim::Held(hold) => hold,
+        Claim::Busy(holder) => {
+            info!(run = %run.name_any(), namespace = ?run.namespace(), %holder, "another replica drains this run; not draining it here");
+            return Ok(());
+        }
+    };
+    let result = fresh_teardown(ctx, run, trigger, &hold).await;
+    hold.release().await;
+    result
+}
+
+/// [`teardown`] of the run as the apiserver has it now, under `hold`.
+async fn fresh_teardown(
+    ctx: &Context,
+    run: &SandboxRun,
+    trigger: &Trigger,
+    hold: &DrainHold,
+) -> Result<(), ControllerError> {
+    let namespace = run.namespace().unwrap_or_default();
+    let Some(live) = observe::live_run(&ctx.client, &namespace, &run.name_any()).await? else {
+        return Ok(());
+    };
+    if live.uid() != run.uid() {
+        return Ok(());
+    }
+    let pod = observe::own_pod(&ctx.client, &live).await?;
+    teardown(ctx, &live, pod.as_ref(), trigger, Some(hold)).await
 }
 
 /// The store the teardown drains into, resolved now (docs/contract.md "A store per namespace"):
@@ -132,6 +179,7 @@ async fn teardown(
     run: &SandboxRun,
     pod: Option<&Pod>,
     trigger: &Trigger,
+    hold: Option<&DrainHold>,
 ) -> Result<(), ControllerError> {
     let pod_name = pod::pod_name(&run.name_any());
     let now = Timestamp::now();
@@ -146,8 +194,11 @@ async fn teardown(
     } = plan::teardown(run, pod, trigger, &ctx.caps, timeout, now);
     let store = teardown_store(ctx, run, &paths).await?;
     let deleting = pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some());
-    let target = DrainTarget::new(ctx, run, store, tokio::time::Instant::now() + drain_left)
+    let mut target = DrainTarget::new(ctx, run, store, tokio::time::Instant::now() + drain_left)
         .urgent(deleting);
+    if let Some(hold) = hold {
+        target = target.claimed(hold.lost().clone(), hold.fence());
+    }
     let (mut progress, opening) =
         TeardownProgress::begin(opening, opening_waits, status, paths.len(), ctx.settle);
     if let Some(opening) = opening {

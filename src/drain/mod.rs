@@ -20,6 +20,7 @@
 pub(crate) mod archive;
 pub(crate) mod bandwidth;
 pub mod exec;
+mod fence;
 pub(crate) mod idle;
 pub(crate) mod path_drain;
 pub(crate) mod pod_notes;
@@ -28,3 +29,4 @@ pub(crate) mod wire;
 pub use archive::{
     drain_into_store, drain_stream, DrainError, DrainErrorKind, DrainOptions, Progress,
 };
+pub use fence::Fence;

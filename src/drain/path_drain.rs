@@ -101,6 +101,9 @@ pub(crate) struct PathJob<'a> {
     /// down): the attempt in flight is dropped (its upload aborts itself) and nothing is recorded,
     /// so the next leader resumes the path.
     pub(crate) cancel: &'a CancellationToken,
+    /// Asked right before the manifest is committed (None: nothing to ask): a drain whose fence
+    /// says no commits nothing and records nothing (src/drain/fence.rs).
+    pub(crate) fence: Option<&'a super::Fence>,
 }
 
 /// Why one attempt failed.
@@ -124,6 +127,9 @@ pub(crate) enum AttemptError {
     /// The packer kept the drain waiting past the idle bound (src/drain/idle.rs).
     #[error("{0}")]
     Idle(String),
+    /// The fence said no before the commit: another replica drains the run (src/drain/fence.rs).
+    #[error("another replica holds the run's drain claim; not committing")]
+    Fenced,
 }
 
 impl AttemptError {
@@ -159,6 +165,8 @@ impl AttemptError {
             AttemptError::NothingReadable(_) => false,
             // The same pod would trickle again, holding the slot once more.
             AttemptError::Idle(_) => false,
+            // Handled before: the drain ends recording nothing.
+            AttemptError::Fenced => false,
         }
     }
 
@@ -202,6 +210,7 @@ impl AttemptError {
             AttemptError::NoStdout => "exec_no_stdout",
             AttemptError::NothingReadable(_) => "unreadable",
             AttemptError::Idle(_) => "idle",
+            AttemptError::Fenced => "fenced",
         }
     }
 }
@@ -652,6 +661,10 @@ impl<'j, 'a> PathDrain<'j, 'a> {
                 self.last_error = Some(AttemptError::Exec(e));
                 ControlFlow::Continue(())
             }
+            Ok(Err(AttemptError::Fenced)) => {
+                info!(path = job.path, attempt = attempts, "another replica holds the run's drain claim; leaving the path to it, nothing committed");
+                ControlFlow::Break(None)
+            }
             Ok(Err(e)) if e.is_transient() => self.back_off(e).await,
             Ok(Err(e)) => self.fail(
                 describe_failure(&e, job.store_url, job.store_tenant),
@@ -869,6 +882,13 @@ async fn commit(
     keys: &ObjectKeys,
     manifest: Manifest,
 ) -> Result<Manifest, AttemptError> {
+    // The fence (issue #38): a replica whose drain claim was taken over commits nothing. The
+    // archive it uploaded stays: the key may hold the claim holder's archive by now.
+    if let Some(fence) = job.fence {
+        if !fence.holds().await {
+            return Err(AttemptError::Fenced);
+        }
+    }
     let written = match write_manifest(job.store, &keys.manifest, &manifest).await {
         Ok(written) => written,
         // The PUT may have committed before its response was lost (a create-only PUT is not
@@ -1290,6 +1310,7 @@ mod tests {
             previous_attempts: 0,
             metrics: &bed.metrics,
             cancel,
+            fence: None,
         }
     }
 

@@ -13,9 +13,11 @@
 //! - [`lease`]: the Lease reads and writes (the only I/O), guarded by resourceVersion;
 //! - [`owner`]: the loop that ties them: observe the Leases, decide, write;
 //! - [`watches`]: the label-selected watches of the owned shards' runs and pods, restarted when
-//!   the owned set changes; [`label`]: the shard label written on runs that have none yet.
+//!   the owned set changes; [`label`]: the shard label written on runs that have none yet;
+//! - [`drain_claim`]: one teardown of a run at a time across replicas, whatever its label says.
 
 pub(crate) mod assign;
+pub(crate) mod drain_claim;
 pub(crate) mod gate;
 pub(crate) mod label;
 pub(crate) mod lease;

@@ -864,3 +864,96 @@ async fn a_replica_cut_off_from_the_apiserver_exits_before_another_takes_its_sha
         count.commits, count.attempts, count.packed, count.interrupted
     );
 }
+
+/// Issue #38: a tenant relabels its run's shard to another replica's while the run's path
+/// drains (the webhook, which refuses that, out of the way: the harness has none). The second
+/// replica must not drain it too — on the old code it did, and rewrote the archive the first had
+/// committed. With the drain claims (src/shard/drain_claim.rs) the second replica sees the run,
+/// finds the claim held by a live replica and leaves it: the packer ran once, one commit, the run
+/// Succeeded with its one manifest.
+#[tokio::test]
+async fn a_run_relabelled_to_another_replicas_shard_mid_drain_is_drained_once() {
+    let Bed {
+        client,
+        ns,
+        store_url,
+        attempts,
+        packer,
+        src,
+        _removed,
+    } = Bed::new("shard-relabel", 12).await;
+    let ids = ["relabel-a", "relabel-b"];
+    let mut ops: BTreeMap<&str, Operator> = BTreeMap::new();
+    for id in ids {
+        ops.insert(id, replica(&ns.name, &store_url, id, &packer, free_port()));
+    }
+    wait_balanced(&client, &ns.name, &ids, Duration::from_secs(60)).await;
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let names = create_runs(&runs, &src, "relabel", 1).await;
+    let name = names[0].clone();
+    run_then_finish_all(&runs, &pods, &names).await;
+
+    // The drain is under way: the packer logged its start (it then waits 12 s).
+    eventually("the packer started", Duration::from_secs(60), || async {
+        let log = std::fs::read_to_string(&attempts).unwrap_or_default();
+        (!log.trim().is_empty()).then_some(())
+    })
+    .await;
+    let drainer = drain_lines(&ops, &ns.name, ATTEMPT_STARTED)
+        .get(&name)
+        .and_then(|by| by.keys().next().cloned())
+        .unwrap_or_else(|| panic!("a replica logged the drain's start\n{}", logs(&ops)));
+    let other = ids.iter().find(|id| **id != drainer).expect("two replicas");
+    let holders = shard_holders(&client, &ns.name).await;
+    let target = holders
+        .iter()
+        .find(|(_, h)| h.as_str() == *other)
+        .map(|(shard, _)| *shard)
+        .expect("the other replica holds a shard");
+    let patch = serde_json::json!({"metadata": {"labels": {SHARD_LABEL: target.to_string()}}});
+    runs.patch(
+        &name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(&patch),
+    )
+    .await
+    .expect("relabel the run");
+
+    let ended = wait_all_final(&runs, &names, Duration::from_secs(120), || logs(&ops)).await;
+    assert_all_succeeded(&ended);
+    let packed = std::fs::read_to_string(&attempts).unwrap_or_default();
+    assert_eq!(
+        packed.lines().count(),
+        1,
+        "the packer ran once: {packed}\n{}",
+        logs(&ops)
+    );
+    let started = drain_lines(&ops, &ns.name, ATTEMPT_STARTED);
+    let committed = drain_lines(&ops, &ns.name, COMMITTED);
+    assert_eq!(
+        started.get(&name).map(|by| by.values().sum::<usize>()),
+        Some(1),
+        "one drain attempt in all: {started:?}"
+    );
+    assert_eq!(
+        committed
+            .get(&name)
+            .map(|by| by.keys().cloned().collect::<Vec<_>>()),
+        Some(vec![drainer.clone()]),
+        "committed once, by the replica that held the claim"
+    );
+    // The other replica did see the run in its shard, and left the drain to the claim's holder.
+    eventually(
+        "the other replica saw the relabelled run and left its drain",
+        Duration::from_secs(30),
+        || async {
+            let log = ops[*other].plain_log_text();
+            log.lines()
+                .any(|l| l.contains("another replica drains this run") && l.contains(&name))
+                .then_some(())
+        },
+    )
+    .await;
+    assert_one_manifest_each(&store_url, &ns.name, &names).await;
+}
