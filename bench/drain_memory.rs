@@ -14,6 +14,8 @@
 //! drain_memory rejected [COUNT] [CAP_BYTES]  files with 8 KiB names (rejected `path_too_long`),
 //!                                            default cap 1 GiB
 //! drain_memory long-name                     one GNU `L` header announcing a 2 GiB body, then zeros
+//! drain_memory emit KIND [COUNT]              the stream of KIND on stdout instead (a packer stand-in
+//!                                            for the real operator: bench/drain_floods.sh)
 //! ```
 //!
 //! Prints what was stored and the process's VmRSS / VmHWM (from /proc/self/status); run it under
@@ -189,7 +191,12 @@ fn rss() -> (u64, u64) {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    // `emit KIND [COUNT]`: the same stream on stdout, for a packer stand-in (bench/drain_floods.sh).
+    let emit = args.first().is_some_and(|a| a == "emit");
+    if emit {
+        args.remove(0);
+    }
     let kind = match args.first().map(String::as_str) {
         Some("flood") => Some(Kind::File),
         Some("symlinks") => Some(Kind::Symlink),
@@ -197,7 +204,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some("dropped") => Some(Kind::Dropped),
         Some("rejected") => Some(Kind::Rejected),
         Some("long-name") => None,
-        _ => return Err("usage: drain_memory flood|symlinks|dirs|dropped|rejected [COUNT] [CAP_BYTES] | long-name".into()),
+        _ => return Err("usage: drain_memory [emit] flood|symlinks|dirs|dropped|rejected [COUNT] [CAP_BYTES] | long-name".into()),
     };
     let default_cap = if kind == Some(Kind::File) {
         16u64 << 30
@@ -212,6 +219,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
         None => (Mode::LongName, 0, 16u64 << 30),
     };
+    if emit {
+        let mut input = Generated {
+            next: 0,
+            count,
+            buf: Vec::new(),
+            pos: 0,
+            mode,
+            ended: false,
+        };
+        tokio::io::copy(&mut input, &mut tokio::io::stdout()).await?;
+        return Ok(());
+    }
     let dir = tempfile::tempdir()?;
     let url = url::Url::from_directory_path(dir.path())
         .map_err(|()| "tempdir url")?
