@@ -24,7 +24,7 @@ N=${1:-8}
 MIB=${2:-256}
 WIRE=${WIRE:-tar}
 case "$WIRE" in zstd|tar) ;; *) echo "WIRE=zstd|tar" >&2; exit 2 ;; esac
-BIN=$REPO/target/release/sandboxrun-operator
+BIN=${BIN:-$REPO/target/release/sandboxrun-operator}
 STATE=${SANDBOXRUN_TEST_STATE:-$REPO/.k8s-local}
 WORK=$STATE/paths/bench-par-$$
 mkdir -p "$WORK"

@@ -30,7 +30,7 @@ case "$DATA" in random|text) ;; *) echo "DATA=random|text" >&2; exit 2 ;; esac
 case "$WIRE" in zstd|tar) ;; *) echo "WIRE=zstd|tar" >&2; exit 2 ;; esac
 # shellcheck disable=SC2206
 SIZES=(${SIZES[*]})
-BIN=$REPO/target/release/sandboxrun-operator
+BIN=${BIN:-$REPO/target/release/sandboxrun-operator}
 STATE=${SANDBOXRUN_TEST_STATE:-$REPO/.k8s-local}
 WORK=$STATE/paths/bench-$$
 mkdir -p "$WORK"
