@@ -1,7 +1,7 @@
 //! Admission: the ADR-006 rules as one pure engine ([`rules`]) with two front doors — the
 //! validating webhook ([`webhook`]) and `doctor --strict` ([`doctor`]) — which print the same
 //! findings. [`ratchet`] decides what a review is judged by (CREATE in full; UPDATE ratcheted, so
-//! that a run admitted once can always be let go of). [`network`] owns the egress rule grammar, [`policy`] the cluster's run policy,
+//! that a run admitted once can always be let go of). the egress rule grammar is `crate::egress::network`, [`policy`] the cluster's run policy,
 //! [`namespace_policy`] the platform's named policies for the namespaces a label selector picks,
 //! [`images`] the opt-in no-pull image resolvability check (the only I/O the rules know of),
 //! [`certs`] the webhook's own certificates, [`schema`] the CRD's structural schema as `doctor`
@@ -17,7 +17,6 @@ pub(crate) mod live;
 pub(crate) mod live_verdicts;
 pub(crate) mod mutate;
 pub mod namespace_policy;
-pub(crate) mod network;
 pub mod platform_pull;
 pub mod policy;
 pub(crate) mod publish;

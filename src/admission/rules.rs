@@ -16,12 +16,12 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
 
-use super::network::{Rule, RuleError};
 use crate::api::{
     parse_user, HostState, Mount, MountType, NetworkMode, ReadBackPath, SandboxRunSpec,
     MAX_READBACK_PATHS, MAX_TTL_SECONDS_AFTER_FINISHED,
 };
 use crate::caps::CapSettings;
+use crate::egress::network::{Rule, RuleError};
 use crate::units::{parse_duration, quantity_to_bytes};
 
 /// How bad a finding is. Only `Fail` denies admission or makes `doctor --strict` exit 1;

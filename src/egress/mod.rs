@@ -2,7 +2,7 @@
 //! enforced"): what the run asks for ([`mode`]), a per-run NetworkPolicy ([`policy`], judged by [`verdict`] and applied by the controller before
 //! the pod exists)
 //! for addresses, and the egress proxy ([`proxy`]) for host names, both judging with the one
-//! matcher admission validates with ([`crate::admission::network`]). The workload reaches the
+//! matcher admission validates with ([`crate::egress::network`]). The workload reaches the
 //! proxy through the variables of [`env`], authenticated by a per-run [`token`]. The proxy is
 //! [`proxy`] (flags, accept loop, metrics endpoint), [`state`] (what connections share: bounds,
 //! resolver, metrics), [`request`] (one connection, step by step), [`head`]
@@ -15,6 +15,7 @@ pub(crate) mod limits;
 #[cfg(test)]
 mod loopback_tests;
 pub(crate) mod mode;
+pub(crate) mod network;
 pub mod policy;
 pub mod proxy;
 pub(crate) mod request;

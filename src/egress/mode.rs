@@ -1,11 +1,11 @@
 //! What a run's `spec.network` asks for, parsed once with admission's rule grammar
-//! ([`crate::admission::network`]): the decision the policy, the proxy variables and the proxy
+//! ([`crate::egress::network`]): the decision the policy, the proxy variables and the proxy
 //! itself all start from (docs/contract.md "ADR-006 network rules: validated and enforced").
 
 use thiserror::Error;
 
-use crate::admission::network::{Rule, RuleError};
 use crate::api::{NetworkMode, SandboxRun};
+use crate::egress::network::{Rule, RuleError};
 
 /// Why no policy can be built for a run.
 #[derive(Debug, Error, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 //! - `allowlist` with no rules (nothing may leave): every egress and ingress denied;
 //! - otherwise: ingress denied; egress only to DNS, to the egress proxy (which judges host
 //!   rules), and to the address ranges the IP/CIDR rules allow, computed with the same matcher
-//!   admission validates with ([`crate::admission::network::allows`]), so the two cannot disagree;
+//!   admission validates with ([`crate::egress::network::allows`]), so the two cannot disagree;
 //! - a `denylist` run's ranges are only those its rules allow explicitly (a `!` rule that is the
 //!   last match): NetworkPolicies add up, so "every address but the denied ones" would let the
 //!   run reach what its namespace's own policies deny. The wide form (the mode's default allow
@@ -22,9 +22,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::{Resource, ResourceExt};
 
-use crate::admission::network::{allows, mask, Pattern, Rule};
 use crate::api::{NetworkMode, SandboxRun};
 use crate::egress::mode::{egress_of, Egress, PolicyError};
+use crate::egress::network::{allows, mask, Pattern, Rule};
 use crate::egress::settings::{EgressSettings, PeerSelector};
 use crate::pod::{pod_name, RUN_UID_LABEL};
 
@@ -201,7 +201,7 @@ fn fixed_gate_probe(settings: &EgressSettings) -> Option<IpAddr> {
 fn deny_rule(mode: NetworkMode, addr: IpAddr) -> Rule {
     Rule {
         negated: mode != NetworkMode::Denylist,
-        pattern: crate::admission::network::Pattern::Ip(addr),
+        pattern: crate::egress::network::Pattern::Ip(addr),
         port: None,
     }
 }
@@ -702,7 +702,7 @@ mod tests {
             let rules = rules(&texts);
             let blocks = address_blocks(NetworkMode::Denylist, &rules, false);
             for addr in samples(&rules) {
-                let (allowed, by) = crate::admission::network::decide(
+                let (allowed, by) = crate::egress::network::decide(
                     NetworkMode::Denylist,
                     &rules,
                     &addr.to_string(),

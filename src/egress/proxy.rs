@@ -9,7 +9,7 @@
 //! - `Proxy-Authorization: Basic <run uid>:<token>` finds the run; the token opens nothing once
 //!   the run is being torn down or has ended, nor from an address that is not one of the run's
 //!   pods ([`crate::egress::runs`]); any of these is a 407;
-//! - the verdict is the admission matcher's ([`crate::admission::network::decide`]) on the
+//! - the verdict is the admission matcher's ([`crate::egress::network::decide`]) on the
 //!   run's CURRENT rules (a watch keeps them), and a refusal is a 403 whose body names the rule;
 //! - names are resolved fully qualified (no search list), and a name that resolves to an address
 //!   an IP/CIDR rule denies is refused too (so `!169.254.169.254` holds against a name pointing

@@ -12,10 +12,10 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tracing::{debug, warn};
 
-use crate::admission::network::{decide, Rule};
 use crate::api::NetworkMode;
 use crate::egress::head::{forward_head, fqdn, header, read_head, target_of, Head, Target};
 use crate::egress::limits::{LimitRefusal, Slot};
+use crate::egress::network::{decide, Rule};
 use crate::egress::runs::{AuthRefusal, RunEnd, RunRules};
 use crate::egress::state::{verdict, ProxyState, HEAD_TIMEOUT};
 use crate::egress::token;

@@ -17,9 +17,9 @@ use kube::{Api, ResourceExt};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::admission::network::Rule;
 use crate::api::{NetworkMode, Phase, SandboxRun};
 use crate::egress::mode::{egress_of, Egress};
+use crate::egress::network::Rule;
 use crate::pod::RUN_UID_LABEL;
 
 /// What the proxy knows of one run.
