@@ -1,17 +1,33 @@
 #!/usr/bin/env python3
-"""Module-level import cycles in src/ (issues #12, #26), checked by hack/test.sh.
+"""Import cycles in src/ at two levels (issues #12, #26, #43), checked by `make check`.
 
-An edge a -> b for every path from module a that names module b outside `#[cfg(test)]` modules:
+Modules: an edge a -> b for every path from module a that names module b outside test code:
 `crate::b::..`, `super::..` (a's parent, or an item in it), `self::child::..` and a bare
 `child::..` of a's own child modules. Parent <-> child edges are kept: a child that calls back
-into its parent while the parent calls it is a cycle like any other.
+into its parent while the parent calls it is a cycle like any other. Test code is left out: a
+`#[cfg(test)] mod tests { .. }` at the end of a file, and a whole file its parent declares
+`#[cfg(test)] mod name;`.
+Areas: the same edges collapsed to the top-level modules (`controller::plan::create` is in the
+area `controller`); an area cycle is two areas that need each other through any of their files.
 src/main.rs is a separate crate (it names the library as `sandboxrun_operator::`) and is skipped.
 
-Usage: hack/import-cycles.py [src]
-Exit status: 0 when there is no cycle, 1 when there is one (each printed with its edges)."""
+Usage: hack/import-cycles.py [src]                  both levels; exit 1 on a cycle at either
+       hack/import-cycles.py --areas-mermaid [src]  the area graph as a Mermaid flowchart
+       hack/import-cycles.py --check-doc DOC [src]  exit 1 unless DOC holds that flowchart between
+                                                    the markers <!-- areas:begin --> / <!-- areas:end -->
+Each cycle is printed with its edges (for areas: the module edges behind each arrow)."""
 import os, re, sys
 
-root = sys.argv[1] if len(sys.argv) > 1 else "src"
+args = sys.argv[1:]
+mode = "check"
+doc = None
+if args and args[0] == "--areas-mermaid":
+    mode, args = "mermaid", args[1:]
+elif args and args[0] == "--check-doc":
+    if len(args) < 2:
+        sys.exit("usage: hack/import-cycles.py --check-doc DOC [src]")
+    mode, doc, args = "doc", args[1], args[2:]
+root = args[0] if args else "src"
 files = {}
 for d, _, fs in os.walk(root):
     for f in fs:
@@ -25,6 +41,16 @@ for d, _, fs in os.walk(root):
             parts = parts[:-1]
         files["::".join(parts)] = os.path.join(d, f)
 mods = set(files)
+
+# Files their parent declares `#[cfg(test)] mod name;` are test code, and so is all below them.
+test_only = set()
+for m, f in files.items():
+    for name in re.findall(r"#\[cfg\(test\)\]\s*(?:pub(?:\(crate\))?\s+)?mod\s+(\w+)\s*;", open(f).read()):
+        test_only.add((m + "::" + name) if m else name)
+for m in list(mods):
+    if any(m == t or m.startswith(t + "::") for t in test_only):
+        mods.discard(m)
+        del files[m]
 
 
 def strip_tests(text):
@@ -97,45 +123,96 @@ mods.discard("")
 for m in edges:
     edges[m].discard("")
 
-# Tarjan SCC
-idx, low, st, on, out, c = {}, {}, [], set(), [], [0]
 
 
-def sc(v):
-    idx[v] = low[v] = c[0]
-    c[0] += 1
-    st.append(v)
-    on.add(v)
-    for w in edges[v]:
-        if w not in idx:
-            sc(w)
-            low[v] = min(low[v], low[w])
-        elif w in on:
-            low[v] = min(low[v], idx[w])
-    if low[v] == idx[v]:
-        comp = []
-        while True:
-            w = st.pop()
-            on.discard(w)
-            comp.append(w)
-            if w == v:
-                break
-        out.append(comp)
+def sccs(graph):
+    """Strongly connected components of `graph` (node -> set of nodes) with more than one node."""
+    idx, low, st, on, out, c = {}, {}, [], set(), [], [0]
+
+    def sc(v):
+        idx[v] = low[v] = c[0]
+        c[0] += 1
+        st.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in idx:
+                sc(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], idx[w])
+        if low[v] == idx[v]:
+            comp = []
+            while True:
+                w = st.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            out.append(comp)
+
+    for v in sorted(graph):
+        if v not in idx:
+            sc(v)
+    return [sorted(x) for x in out if len(x) > 1]
 
 
 sys.setrecursionlimit(10000)
-for v in sorted(mods):
-    if v not in idx:
-        sc(v)
-cyc = [sorted(x) for x in out if len(x) > 1]
+area = lambda m: m.split("::")[0]
+areas = {area(m): set() for m in mods}
+behind = {}
+for a, bs in edges.items():
+    for b in bs:
+        if area(a) != area(b):
+            areas[area(a)].add(area(b))
+            behind.setdefault((area(a), area(b)), []).append(f"{a} -> {b}")
+
+
+def mermaid():
+    lines = ["```mermaid", "flowchart LR"]
+    for a in sorted(areas):
+        for b in sorted(areas[a]):
+            lines.append(f"    {a} --> {b}")
+    lines.append("```")
+    return "\n".join(lines)
+
+
+if mode == "mermaid":
+    print(mermaid())
+    sys.exit(0)
+if mode == "doc":
+    text = open(doc).read()
+    begin, end = "<!-- areas:begin -->", "<!-- areas:end -->"
+    if begin not in text or end not in text:
+        sys.exit(f"{doc}: no {begin} ... {end} section")
+    held = text[text.index(begin) + len(begin): text.index(end)].strip()
+    if held != mermaid():
+        print(f"{doc}: the drawing of the areas is not the code's; regenerate it with\n"
+              f"  python3 hack/import-cycles.py --areas-mermaid src\nand paste it between the markers")
+        sys.exit(1)
+    print(f"{doc}: the drawing of the areas is the code's")
+    sys.exit(0)
+
+failed = False
+cyc = sccs(edges)
 print(f"modules: {len(mods)}, edges: {sum(len(e) for e in edges.values())}")
 if not cyc:
     print("import cycles: none")
-    sys.exit(0)
 for comp in cyc:
+    failed = True
     s = set(comp)
     print("cycle:", " <-> ".join(comp))
     for a in comp:
         for b in sorted(edges[a] & s):
             print(f"   {a} -> {b}")
-sys.exit(1)
+acyc = sccs(areas)
+print(f"areas: {len(areas)}, arrows: {sum(len(e) for e in areas.values())}")
+if not acyc:
+    print("area cycles: none")
+for comp in acyc:
+    failed = True
+    s = set(comp)
+    print("area cycle:", " <-> ".join(comp))
+    for a in comp:
+        for b in sorted(areas[a] & s):
+            print(f"   {a} -> {b}: " + "; ".join(behind[(a, b)][:5]))
+sys.exit(1 if failed else 0)

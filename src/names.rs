@@ -1,6 +1,47 @@
 //! Kubernetes' name grammars (DNS-1123 labels and subdomains, qualified label/annotation keys,
 //! label values) and the grammar of a clean container path, shared by admission, the pod
-//! builder, the namespace policies and the flags. Pure, a leaf.
+//! builder, the namespace policies and the flags; and the names and labels the operator gives
+//! what it creates (its pods, their holder container, the labels that tie them to a run), which
+//! the pod builder, the drain, the egress proxy and the controller share. Pure, a leaf.
+
+use sha2::{Digest, Sha256};
+
+/// Name of the operator-owned container the drain execs into.
+pub const HOLDER_CONTAINER: &str = "holder";
+/// Label carrying the owning run's uid (names can exceed a label value's 63 characters).
+pub const RUN_UID_LABEL: &str = "sandbox.iterion.io/run-uid";
+
+/// Label every object the operator creates carries, with value [`MANAGED_BY`].
+pub(crate) const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`].
+pub(crate) const MANAGED_BY: &str = "sandboxrun-operator";
+
+/// Name of the pod of a run: the run's name with a suffix, shortened with a hash of the full name
+/// when it would exceed the 253 characters of a DNS subdomain.
+pub fn pod_name(run_name: &str) -> String {
+    const SUFFIX: &str = "-sbr";
+    if run_name.len() + SUFFIX.len() <= 253 {
+        return format!("{run_name}{SUFFIX}");
+    }
+    let digest = short_hash(run_name);
+    let keep = 253 - SUFFIX.len() - digest.len() - 1;
+    let head = run_name[..keep].trim_end_matches(['-', '.']);
+    format!("{head}-{digest}{SUFFIX}")
+}
+
+/// First 8 hex characters of the sha256 of `text`: a stable, short disambiguator for names.
+pub(crate) fn short_hash(text: &str) -> String {
+    let digest = Sha256::digest(text.as_bytes());
+    hex::encode(&digest[..4])
+}
+
+/// Field manager of every status write (server-side apply, one manager), and the Events' reporter.
+pub(crate) const MANAGER: &str = "sandboxrun-operator";
+
+/// The label selector of every object the operator manages.
+pub(crate) fn managed_by_selector() -> String {
+    format!("{MANAGED_BY_LABEL}={MANAGED_BY}")
+}
 
 /// Why `path` is not a clean absolute container path — absolute, not `/`, no NUL, no trailing
 /// `/`, no empty (`//`), `.` or `..` component — as a phrase completing "path `x` …"; None when

@@ -15,7 +15,6 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
-use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 use crate::api::{parse_user, Mount, MountType, ReadBackPath, SandboxRun, SandboxRunSpec};
@@ -23,21 +22,15 @@ use crate::inpod::holder::HolderCommand;
 
 /// Name of the user's container.
 pub(crate) const WORKLOAD_CONTAINER: &str = "workload";
-/// Name of the operator-owned container the drain execs into.
-pub const HOLDER_CONTAINER: &str = "holder";
+pub(crate) use crate::names::{managed_by_selector, MANAGED_BY, MANAGED_BY_LABEL};
+pub use crate::names::{pod_name, HOLDER_CONTAINER, RUN_UID_LABEL};
 /// The variable that names the run-files directory to the workload (ADR-143 Consequences).
 pub const ARTIFACT_FILES_ENV: &str = "ITERION_ARTIFACT_FILES_DIR";
 /// The variable that lists every declared read-back path (`:`-separated, declaration order).
 pub const READBACK_PATHS_ENV: &str = "SANDBOXRUN_READBACK_PATHS";
-/// Label carrying the owning run's uid (names can exceed a label value's 63 characters).
-pub const RUN_UID_LABEL: &str = "sandbox.iterion.io/run-uid";
 /// Label carrying the owning run's name when it fits in a label value.
 pub(crate) const RUN_NAME_LABEL: &str = "sandbox.iterion.io/run";
 pub use crate::inpod::holder::{HOLDER_BINARY, HOLDER_STATE_DIR};
-/// Label every object the operator creates carries, with value [`MANAGED_BY`].
-pub(crate) const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
-/// Value of [`MANAGED_BY_LABEL`].
-pub(crate) const MANAGED_BY: &str = "sandboxrun-operator";
 /// Default of `run --holder-image`: the operator's own image.
 pub(crate) const DEFAULT_HOLDER_IMAGE: &str = "ghcr.io/iterion/sandboxrun-operator:latest";
 /// Volume-name prefix of the emptyDir serving read-back path N.
@@ -304,25 +297,6 @@ fn clean_path(field: impl FnOnce() -> String, path: &str) -> Result<(), BuildErr
     }
 }
 
-/// Name of the pod of a run: the run's name with a suffix, shortened with a hash of the full name
-/// when it would exceed the 253 characters of a DNS subdomain.
-pub fn pod_name(run_name: &str) -> String {
-    const SUFFIX: &str = "-sbr";
-    if run_name.len() + SUFFIX.len() <= 253 {
-        return format!("{run_name}{SUFFIX}");
-    }
-    let digest = short_hash(run_name);
-    let keep = 253 - SUFFIX.len() - digest.len() - 1;
-    let head = run_name[..keep].trim_end_matches(['-', '.']);
-    format!("{head}-{digest}{SUFFIX}")
-}
-
-/// First 8 hex characters of the sha256 of `text`: a stable, short disambiguator for names.
-pub(crate) fn short_hash(text: &str) -> String {
-    let digest = Sha256::digest(text.as_bytes());
-    hex::encode(&digest[..4])
-}
-
 /// The drain timeout of a run, in seconds.
 pub(crate) fn drain_timeout_seconds(
     run: &SandboxRun,
@@ -342,11 +316,6 @@ pub(crate) fn drain_timeout_seconds(
     // Admission refuses a longer one; a run admitted before the maximum was lowered (or with the
     // webhook off) is held to it too.
     .map(|secs| secs.min(settings.max_drain_timeout_seconds.max(1)))
-}
-
-/// The label selector of every object the operator manages.
-pub(crate) fn managed_by_selector() -> String {
-    format!("{MANAGED_BY_LABEL}={MANAGED_BY}")
 }
 
 /// Builds the pod of a run.
@@ -1660,12 +1629,12 @@ mod tests {
     fn short_hash_is_stable_and_short() {
         // Stable across calls and across releases (a long run's pod name is built with it, and
         // a new operator must find the pods an old one created): the first 4 bytes of sha256.
-        assert_eq!(short_hash("a"), "ca978112");
-        assert_eq!(short_hash(""), "e3b0c442");
+        assert_eq!(crate::names::short_hash("a"), "ca978112");
+        assert_eq!(crate::names::short_hash(""), "e3b0c442");
         let inputs = ["a", "b", "", "run-1", "run-2", "ünïcode", &"x".repeat(300)];
-        let hashes: Vec<String> = inputs.iter().map(|t| short_hash(t)).collect();
+        let hashes: Vec<String> = inputs.iter().map(|t| crate::names::short_hash(t)).collect();
         for (text, hash) in inputs.iter().zip(&hashes) {
-            assert_eq!(&short_hash(text), hash, "{text}");
+            assert_eq!(&crate::names::short_hash(text), hash, "{text}");
             assert_eq!(hash.len(), 8, "{text}");
             assert!(
                 hash.bytes()

@@ -15,7 +15,7 @@ use kube::{Api, Client};
 use tracing::{debug, warn};
 
 use super::published::{PublishedSettings, HEARTBEAT_INTERVAL, SETTINGS_FORMAT, SETTINGS_LABEL};
-use crate::controller::MANAGER;
+use crate::names::MANAGER;
 
 /// How often a publisher waiting for the operator to be Ready looks again.
 const NOT_READY_POLL: std::time::Duration = std::time::Duration::from_secs(1);

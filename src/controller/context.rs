@@ -27,8 +27,7 @@ use crate::store::open_uploads::OpenUploads;
 use crate::store::tenant::{TenantStoreError, TenantStorePolicy};
 use crate::store::tenant_read::{self, RunStore};
 
-/// Field manager of every status write (server-side apply, one manager), and the Events' reporter.
-pub(crate) const MANAGER: &str = "sandboxrun-operator";
+pub(crate) use crate::names::MANAGER;
 
 /// Path slots one run may hold at once unless told (`run --max-path-drains-per-run`).
 pub(crate) const DEFAULT_PATH_DRAINS_PER_RUN: usize = 4;

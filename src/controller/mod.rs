@@ -52,7 +52,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use tracing::warn;
 
-pub(crate) use context::{Context, MANAGER};
+pub(crate) use context::Context;
 pub(crate) use error::ControllerError;
 
 use crate::api::{Phase, SandboxRun};

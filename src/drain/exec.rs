@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::task::JoinHandle;
 
 use super::wire::{Wire, WIRE_FLAG};
-use crate::pod::HOLDER_CONTAINER;
+use crate::names::HOLDER_CONTAINER;
 
 /// Most stderr bytes kept from one pack run (the rest are read, counted and discarded).
 pub(crate) const MAX_NOTE_BYTES: usize = 64 * 1024;

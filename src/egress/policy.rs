@@ -26,7 +26,7 @@ use crate::api::{NetworkMode, SandboxRun};
 use crate::egress::mode::{egress_of, Egress, PolicyError};
 use crate::egress::network::{allows, mask, Pattern, Rule};
 use crate::egress::settings::{EgressSettings, PeerSelector};
-use crate::pod::{pod_name, RUN_UID_LABEL};
+use crate::names::{pod_name, RUN_UID_LABEL};
 
 /// Suffix of a run's NetworkPolicy name, after its pod's name ([`policy_name`]).
 pub(crate) const POLICY_SUFFIX: &str = "-egress";
@@ -38,7 +38,7 @@ pub fn policy_name(run_name: &str) -> String {
     if pod.len() + POLICY_SUFFIX.len() <= 253 {
         return format!("{pod}{POLICY_SUFFIX}");
     }
-    let digest = crate::pod::short_hash(&pod);
+    let digest = crate::names::short_hash(&pod);
     let keep = 253 - POLICY_SUFFIX.len() - digest.len() - 1;
     let head = pod[..keep].trim_end_matches(['-', '.']);
     format!("{head}-{digest}{POLICY_SUFFIX}")

@@ -20,7 +20,7 @@ use tracing::{info, warn};
 use crate::api::{NetworkMode, Phase, SandboxRun};
 use crate::egress::mode::{egress_of, Egress};
 use crate::egress::network::Rule;
-use crate::pod::RUN_UID_LABEL;
+use crate::names::RUN_UID_LABEL;
 
 /// What the proxy knows of one run.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -364,7 +364,7 @@ pub(crate) async fn watch_runs(api: Api<SandboxRun>, table: Arc<RunTable>) {
 /// managed-by=sandboxrun-operator; a relist replaces them whole).
 pub(crate) async fn watch_pods(api: Api<Pod>, table: Arc<RunTable>) {
     let mut init: Vec<Pod> = Vec::new();
-    let config = watcher::Config::default().labels(&crate::pod::managed_by_selector());
+    let config = watcher::Config::default().labels(&crate::names::managed_by_selector());
     let stream = watcher(api, config).default_backoff();
     futures::pin_mut!(stream);
     while let Some(event) = stream.next().await {
