@@ -1,16 +1,13 @@
 //! `sandboxrun-operator run`, the operating part: wires the client, the store, metrics/health,
 //! the admission webhook, leader election and the controller together (the flags are
-//! [`super::run`]).
+//! [`super::run`]). By concern: this file (the settings from the flags, the context, which mode
+//! runs, the controller's end), [`elected`] (`--leader-elect`), [`sharded`] (`--sharding`),
+//! [`serve`] (the webhook, the published settings, metrics and health).
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::http::StatusCode;
-use axum::routing::get;
-use axum::Router;
 use kube::Client;
 use std::process::ExitCode;
 use thiserror::Error;
@@ -25,6 +22,14 @@ use crate::controller::{self, Context};
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
 use crate::process::shutdown_signal;
+
+mod elected;
+mod serve;
+mod sharded;
+
+use elected::run_elected;
+use serve::{publish_settings, serve_metrics, start_webhook};
+use sharded::{drain_claims, run_sharded};
 
 /// Why the operator stopped.
 #[derive(Debug, Error)]
@@ -169,18 +174,6 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_shards(shards.clone())
         .with_drain_claims(shards.as_ref().map(|_| drain_claims(&args, &client)));
     operate(&args, client, Arc::new(ctx), &ready, leader).await
-}
-
-/// The runs' drain claims of a sharded replica: in its namespace, its Lease group, as itself
-/// (src/shard/drain_claim.rs).
-fn drain_claims(args: &RunArgs, client: &Client) -> Arc<crate::shard::drain_claim::DrainClaims> {
-    Arc::new(crate::shard::drain_claim::DrainClaims::new(
-        client.clone(),
-        &args.pod_namespace,
-        &args.lease_name,
-        &args.pod_name,
-        SHARD_LEASE_DURATION,
-    ))
 }
 
 /// `ctx` with the drain settings taken from the flags and the durations [`run`] parsed.
@@ -360,91 +353,6 @@ fn register_open_uploads(
     }
 }
 
-/// Starts the admission webhook on `--webhook-addr` (none when it is empty).
-async fn start_webhook(
-    args: &RunArgs,
-    client: Client,
-    metrics: &Metrics,
-    (settings, stamp_key): (
-        crate::admission::RuleSettings,
-        Option<crate::admission::stamp::StampKey>,
-    ),
-    tenant_stores: crate::store::tenant::TenantStorePolicy,
-) -> Result<(), OperatorError> {
-    if args.webhook_addr.trim().is_empty() {
-        return Ok(());
-    }
-    let cfg = crate::admission::serve::ServeConfig {
-        addr: args.webhook_addr.parse().map_err(|e| {
-            OperatorError::Config(format!("--webhook-addr {:?}: {e}", args.webhook_addr))
-        })?,
-        cert_mode: args.webhook_cert_mode.clone(),
-        cert_dir: args.webhook_cert_dir.clone(),
-        secret: args.webhook_secret.clone(),
-        namespace: args.pod_namespace.clone(),
-        config: args.webhook_config.clone(),
-        hosts: args.webhook_hosts.clone(),
-        check_images: args.check_images,
-        shards: args.sharding.then_some(args.shards),
-        stamp_key,
-        platform_pull: crate::admission::platform_pull::PlatformPull::new(
-            &args.pod_image_pull_secrets,
-            &args.holder_image,
-            args.pod_image_pull_secret_serves_workloads,
-        ),
-        tenant_stores,
-        settings,
-        watched_namespaces: if args.webhook_refuse_unwatched {
-            args.namespaces.clone()
-        } else {
-            Vec::new()
-        },
-    };
-    let addr = crate::admission::serve::start(&cfg, client, metrics)
-        .await
-        .map_err(OperatorError::Webhook)?;
-    info!(%addr, "admission webhook listening");
-    Ok(())
-}
-
-/// Publishes the operator's settings in `--settings-configmap` (unless empty), for `doctor
-/// --context`, from now on (a heartbeat while `ready`).
-fn publish_settings(
-    args: &RunArgs,
-    client: Client,
-    (rules, tenant_stores): (
-        crate::admission::RuleSettings,
-        crate::store::tenant::TenantStorePolicy,
-    ),
-    durations: &Durations,
-    ready: &Arc<AtomicBool>,
-) {
-    if args.settings_configmap.trim().is_empty() {
-        return;
-    }
-    let published = crate::admission::published::PublishedSettings {
-        rules,
-        default_drain_timeout: durations.drain_timeout,
-        drain_wire: args.drain_wire,
-        image_pull_timeout: durations.image_pull_timeout,
-        check_images: args.check_images,
-        preflight_images: args.preflight_images,
-        webhook: !args.webhook_addr.trim().is_empty(),
-        pod: args.pod_name.clone(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        heartbeat: None,
-        watched_namespaces: args.namespaces.clone(),
-        tenant_stores: Some(tenant_stores),
-    };
-    tokio::spawn(crate::admission::publish::publish_forever(
-        client,
-        args.pod_namespace.clone(),
-        args.settings_configmap.trim().to_string(),
-        published,
-        ready.clone(),
-    ));
-}
-
 /// The image checker of `--preflight-images`.
 fn preflight(
     args: &RunArgs,
@@ -470,155 +378,6 @@ async fn run_controller(
     settle_drains(&drains).await;
     settle_uploads().await;
 }
-
-/// With `--leader-elect`: Ready at once, the controller only while this replica holds the
-/// lease; a lost lease stops the drains in flight at once and ends the process with an error
-/// (so a fresh start, or the other replica, takes over cleanly).
-async fn run_elected(
-    args: &RunArgs,
-    client: Client,
-    ctx: Arc<Context>,
-    ready: &AtomicBool,
-    leader: prometheus::IntGauge,
-) -> Result<(), OperatorError> {
-    let manager = kube_lease_manager::LeaseManagerBuilder::new(client, &args.lease_name)
-        .with_namespace(&args.pod_namespace)
-        .with_identity(&args.pod_name)
-        .with_duration(15)
-        .with_grace(5)
-        .build()
-        .await
-        .map_err(|e| OperatorError::Leader(e.to_string()))?;
-    let (mut leading, _task) = manager.watch().await;
-    // Ready before leading: a standby replica is healthy and must not be restarted for waiting.
-    ready.store(true, Ordering::SeqCst);
-    info!(lease = %args.lease_name, identity = %args.pod_name, "waiting for the lease");
-    let shutdown = futures::FutureExt::shared(Box::pin(shutdown_signal()));
-    loop {
-        if *leading.borrow_and_update() {
-            break;
-        }
-        tokio::select! {
-            changed = leading.changed() => {
-                changed.map_err(|e| OperatorError::Leader(e.to_string()))?;
-            }
-            _ = shutdown.clone() => return Ok(()),
-        }
-    }
-    info!(identity = %args.pod_name, "leading: starting the controller");
-    leader.set(1);
-    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
-    let stop = async move {
-        tokio::select! {
-            _ = shutdown => {}
-            _ = lost_rx => {}
-        }
-    };
-    // Fired on a lost lease: in-flight drains stop at once (their uploads abort themselves)
-    // instead of finishing under a replica that no longer leads. On SIGTERM they get
-    // SHUTDOWN_DRAIN_GRACE to finish first (settle_drains).
-    let cancel = ctx.cancel.clone();
-    let watcher = tokio::spawn(async move {
-        loop {
-            if leading.changed().await.is_err() || !*leading.borrow_and_update() {
-                warn!("leadership lost; stopping in-flight drains");
-                leader.set(0);
-                cancel.cancel();
-                let _ = lost_tx.send(());
-                return;
-            }
-        }
-    });
-    run_controller(args, ctx, stop).await;
-    if watcher.is_finished() {
-        warn!("leadership lost; exiting so another replica takes over");
-        return Err(OperatorError::Leader("leadership lost".to_string()));
-    }
-    watcher.abort();
-    Ok(())
-}
-
-/// How long a shard's Lease lasts unrenewed: a killed replica's shards are taken this long
-/// (plus a round) after its last renewal.
-const SHARD_LEASE_DURATION: Duration = Duration::from_secs(15);
-
-/// How often a sharded replica renews its Leases and rebalances.
-const SHARD_ROUND: Duration = Duration::from_secs(2);
-
-/// With `--sharding`: the owner loop takes this replica's fair share of the shards and the
-/// controller runs at once on the runs of the shards owned (docs/contract.md "Shards"). A lost
-/// shard stops every drain in flight and ends the process with an error; on SIGTERM the drains
-/// settle first, then every shard is given back and the heartbeat deleted.
-async fn run_sharded(
-    args: &RunArgs,
-    client: Client,
-    ctx: Arc<Context>,
-    gate: Arc<crate::shard::gate::ShardGate>,
-) -> Result<(), OperatorError> {
-    use crate::shard::{lease::Leases, owner};
-    let leases = Leases::new(
-        client,
-        &args.pod_namespace,
-        &args.lease_name,
-        &args.pod_name,
-        SHARD_LEASE_DURATION,
-    );
-    let settings = owner::OwnerSettings {
-        group: args.lease_name.clone(),
-        duration: SHARD_LEASE_DURATION,
-        round: SHARD_ROUND,
-    };
-    info!(identity = %args.pod_name, shards = gate.shards(), "sharding: taking a fair share of the shards");
-    let stop_owner = tokio_util::sync::CancellationToken::new();
-    let mut owner = tokio::spawn(owner::run(
-        leases,
-        settings,
-        gate,
-        ctx.cancel.clone(),
-        stop_owner.clone(),
-    ));
-    // A lost shard cancels ctx.cancel: the controller stops too.
-    let lost = ctx.cancel.clone();
-    let stop = async move {
-        tokio::select! {
-            () = shutdown_signal() => {}
-            () = lost.cancelled() => {}
-        }
-    };
-    let controller = run_controller(args, ctx, stop);
-    tokio::pin!(controller);
-    tokio::select! {
-        () = &mut controller => {}
-        // The owner loop ends by itself only when a shard is lost (it cancelled every drain):
-        // the process exits before another replica may take the shard, without waiting for
-        // reconciles stuck on an apiserver that does not answer (docs/contract.md "Shards").
-        ended = &mut owner => {
-            if tokio::time::timeout(FENCE_GRACE, &mut controller).await.is_err() {
-                warn!("a shard was lost and the controller did not stop in time; exiting");
-            }
-            return match ended {
-                Ok(result) => result.map_err(OperatorError::from),
-                Err(e) => Err(OperatorError::Config(format!("the shard owner loop failed: {e}"))),
-            };
-        }
-    }
-    stop_owner.cancel();
-    match tokio::time::timeout(ABORT_GRACE, owner).await {
-        Ok(Ok(result)) => result.map_err(OperatorError::from),
-        Ok(Err(e)) => Err(OperatorError::Config(format!(
-            "the shard owner loop failed: {e}"
-        ))),
-        Err(_) => {
-            warn!("the shards were not given back in time; their leases expire");
-            Ok(())
-        }
-    }
-}
-
-/// How long a replica that lost a shard waits for its controller to stop before it exits: within
-/// the two rounds between its renewal deadline and the moment another replica may take the shard
-/// (docs/contract.md "Shards"). Its drains were cancelled when the shard was lost.
-const FENCE_GRACE: Duration = Duration::from_secs(1);
 
 /// How long an exiting operator waits for the aborts of the multipart uploads its cancelled
 /// drains left open (docs/contract.md: no orphaned uploads).
@@ -653,54 +412,6 @@ async fn settle_uploads() {
             "exiting with multipart upload aborts still running; the bucket's lifecycle rule removes what they leave"
         );
     }
-}
-
-#[derive(Clone)]
-struct HealthState {
-    metrics: Metrics,
-    ready: Arc<AtomicBool>,
-}
-
-async fn serve_metrics(
-    addr: &str,
-    metrics: Metrics,
-    ready: Arc<AtomicBool>,
-) -> Result<SocketAddr, OperatorError> {
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(|source| OperatorError::Listen {
-            addr: addr.to_string(),
-            source,
-        })?;
-    let local = listener
-        .local_addr()
-        .map_err(|source| OperatorError::Listen {
-            addr: addr.to_string(),
-            source,
-        })?;
-    let app = Router::new()
-        .route(
-            "/metrics",
-            get(|State(s): State<HealthState>| async move { s.metrics.render() }),
-        )
-        .route("/healthz", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(|State(s): State<HealthState>| async move {
-                if s.ready.load(Ordering::SeqCst) {
-                    (StatusCode::OK, "ready")
-                } else {
-                    (StatusCode::SERVICE_UNAVAILABLE, "starting")
-                }
-            }),
-        )
-        .with_state(HealthState { metrics, ready });
-    tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, app).await {
-            warn!(error = %e, "metrics server stopped");
-        }
-    });
-    Ok(local)
 }
 
 /// The packer's argv from `run --holder-binary` and `--pack-command` (default: `<binary> pack`),
