@@ -22,8 +22,10 @@ pub(crate) mod bandwidth;
 pub mod exec;
 mod fence;
 pub(crate) mod idle;
+mod options;
 pub(crate) mod path_drain;
 pub(crate) mod pod_notes;
+mod stream_io;
 pub(crate) mod wire;
 
 pub use archive::{

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use kube::Client;
 use tracing::{info, warn};
 
-use super::{run_controller, OperatorError};
+use super::error::OperatorError;
+use super::lifecycle::run_controller;
 use crate::cmd::run::RunArgs;
 use crate::controller::Context;
 use crate::process::shutdown_signal;

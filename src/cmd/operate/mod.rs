@@ -1,16 +1,14 @@
 //! `sandboxrun-operator run`, the operating part: wires the client, the store, metrics/health,
 //! the admission webhook, leader election and the controller together (the flags are
 //! [`super::run`]). By concern: this file (the settings from the flags, the context, which mode
-//! runs, the controller's end), [`elected`] (`--leader-elect`), [`sharded`] (`--sharding`),
+//! runs, the controller's end: [`lifecycle`]), [`elected`] (`--leader-elect`), [`sharded`] (`--sharding`),
 //! [`serve`] (the webhook, the published settings, metrics and health).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use kube::Client;
 use std::process::ExitCode;
-use thiserror::Error;
 use tracing::{error, info, warn};
 
 use super::run::{
@@ -18,57 +16,25 @@ use super::run::{
     namespace_policies, RunArgs,
 };
 use crate::controller::decide::DecideSettings;
-use crate::controller::{self, Context};
+use crate::controller::Context;
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
 use crate::process::shutdown_signal;
 
+mod durations;
 mod elected;
+mod error;
+mod lifecycle;
 mod serve;
 mod sharded;
+
+use durations::Durations;
+pub(crate) use error::OperatorError;
+use lifecycle::run_controller;
 
 use elected::run_elected;
 use serve::{publish_settings, serve_metrics, start_webhook};
 use sharded::{drain_claims, run_sharded};
-
-/// Why the operator stopped.
-#[derive(Debug, Error)]
-pub(crate) enum OperatorError {
-    /// A flag or environment value is wrong.
-    #[error("configuration: {0}")]
-    Config(String),
-    /// A `--holder-*` resource value the pod could not carry.
-    #[error("configuration: {0}")]
-    HolderResources(#[from] crate::pod::HolderResourcesError),
-    /// The cluster cannot be reached or configured.
-    #[error("kubernetes client: {0}")]
-    Kube(#[from] kube::Error),
-    /// The object store cannot be configured.
-    #[error("object store: {0}")]
-    Store(#[from] crate::store::StoreError),
-    /// Metrics cannot be registered.
-    #[error(transparent)]
-    Metrics(#[from] crate::metrics::MetricsError),
-    /// A listener cannot be bound.
-    #[error("cannot listen on {addr}: {source}")]
-    Listen {
-        /// The address.
-        addr: String,
-        /// The OS error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The webhook cannot start.
-    #[error("webhook: {0}")]
-    Webhook(String),
-    /// Leader election failed, or leadership was lost (the process exits so a fresh start, or
-    /// the other replica, takes over cleanly).
-    #[error("leader election: {0}")]
-    Leader(String),
-    /// A shard's Lease was lost (the process exits; the other replicas take its shards).
-    #[error("sharding: {0}")]
-    Shard(#[from] crate::shard::owner::ShardError),
-}
 
 /// The pod builder's settings that come straight from the flags (the holder's resources, the
 /// egress settings and the namespace policies are set by the caller, which checked them first).
@@ -286,46 +252,6 @@ fn sharding(
         .then(|| crate::shard::gate::ShardGate::counted(args.shards, metrics.shards_owned.clone())))
 }
 
-/// The duration flags of `run`, parsed and checked against each other.
-struct Durations {
-    drain_idle: Duration,
-    drain_timeout: Duration,
-    max_drain_timeout: Duration,
-    image_pull_timeout: Duration,
-    quiet_window: Duration,
-}
-
-impl Durations {
-    fn parse(args: &RunArgs) -> Result<Durations, OperatorError> {
-        let parse = |flag: &str, text: &str| {
-            crate::units::parse_duration(text)
-                .map_err(|e| OperatorError::Config(format!("{flag}: {e}")))
-        };
-        let drain_idle = parse("--drain-idle-timeout", &args.drain_idle_timeout)?;
-        let drain_timeout = parse("--drain-timeout", &args.drain_timeout)?;
-        let max_drain_timeout = parse("--max-drain-timeout", &args.max_drain_timeout)?;
-        if drain_timeout > max_drain_timeout {
-            return Err(OperatorError::Config(format!(
-                "--drain-timeout {} exceeds --max-drain-timeout {}",
-                args.drain_timeout, args.max_drain_timeout
-            )));
-        }
-        let image_pull_timeout = parse("--image-pull-timeout", &args.image_pull_timeout)?;
-        // 0s is a quiet window too: none (every state reported as it is seen).
-        let quiet_window = match args.quiet_window.trim() {
-            "0" | "0s" => Duration::ZERO,
-            window => parse("--quiet-window", window)?,
-        };
-        Ok(Durations {
-            drain_idle,
-            drain_timeout,
-            max_drain_timeout,
-            image_pull_timeout,
-            quiet_window,
-        })
-    }
-}
-
 /// The clean-up of open multipart uploads before attempts, when the store has them. Never a
 /// startup error: without it, killed attempts' uploads are left to the lifecycle rule.
 fn open_uploads_cleaner(
@@ -365,53 +291,6 @@ fn preflight(
     )
     .map_err(|e| OperatorError::Config(format!("--preflight-images: {e}")))?;
     Ok(Some(Arc::new(resolver)))
-}
-
-/// Runs the controller until `stop`, then lets its drains and their uploads settle.
-async fn run_controller(
-    args: &RunArgs,
-    ctx: Arc<Context>,
-    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
-) {
-    let drains = Arc::clone(&ctx);
-    controller::run(ctx, args.namespaces.clone(), args.concurrency, stop).await;
-    settle_drains(&drains).await;
-    settle_uploads().await;
-}
-
-/// How long an exiting operator waits for the aborts of the multipart uploads its cancelled
-/// drains left open (docs/contract.md: no orphaned uploads).
-const ABORT_GRACE: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// How long drains in flight at SIGTERM may go on before they are cancelled: inside the chart's
-/// terminationGracePeriodSeconds (60) with room for the aborts that follow.
-const SHUTDOWN_DRAIN_GRACE: std::time::Duration = std::time::Duration::from_secs(40);
-
-/// Lets the drains in flight finish (at most [`SHUTDOWN_DRAIN_GRACE`]; at once when the lease was
-/// lost, which cancelled them), then cancels the rest and waits for them to stop (a cancelled
-/// drain records nothing: the next leader resumes it).
-async fn settle_drains(ctx: &Context) {
-    if ctx.drains.wait(SHUTDOWN_DRAIN_GRACE).await {
-        return;
-    }
-    ctx.cancel.cancel();
-    if !ctx.drains.wait(ABORT_GRACE).await {
-        warn!(
-            left = ctx.drains.len(),
-            "exiting with drains still stopping; the next leader resumes them"
-        );
-    }
-}
-
-/// Waits for the aborts of cancelled uploads before the process exits (Drop cannot await them).
-async fn settle_uploads() {
-    let left = crate::store::upload_guard::wait_for_pending_aborts(ABORT_GRACE).await;
-    if left > 0 {
-        warn!(
-            left,
-            "exiting with multipart upload aborts still running; the bucket's lifecycle rule removes what they leave"
-        );
-    }
 }
 
 /// The packer's argv from `run --holder-binary` and `--pack-command` (default: `<binary> pack`),

@@ -12,7 +12,8 @@ use axum::Router;
 use kube::Client;
 use tracing::{info, warn};
 
-use super::{Durations, OperatorError};
+use super::durations::Durations;
+use super::error::OperatorError;
 use crate::cmd::run::RunArgs;
 use crate::metrics::Metrics;
 

@@ -7,7 +7,8 @@ use std::time::Duration;
 use kube::Client;
 use tracing::{info, warn};
 
-use super::{run_controller, OperatorError, ABORT_GRACE};
+use super::error::OperatorError;
+use super::lifecycle::{run_controller, ABORT_GRACE};
 use crate::cmd::run::RunArgs;
 use crate::controller::Context;
 use crate::process::shutdown_signal;

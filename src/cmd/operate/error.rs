@@ -1,0 +1,42 @@
+//! Why the operator stopped.
+
+use thiserror::Error;
+
+/// Why the operator stopped.
+#[derive(Debug, Error)]
+pub(crate) enum OperatorError {
+    /// A flag or environment value is wrong.
+    #[error("configuration: {0}")]
+    Config(String),
+    /// A `--holder-*` resource value the pod could not carry.
+    #[error("configuration: {0}")]
+    HolderResources(#[from] crate::pod::HolderResourcesError),
+    /// The cluster cannot be reached or configured.
+    #[error("kubernetes client: {0}")]
+    Kube(#[from] kube::Error),
+    /// The object store cannot be configured.
+    #[error("object store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    /// Metrics cannot be registered.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
+    /// A listener cannot be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The webhook cannot start.
+    #[error("webhook: {0}")]
+    Webhook(String),
+    /// Leader election failed, or leadership was lost (the process exits so a fresh start, or
+    /// the other replica, takes over cleanly).
+    #[error("leader election: {0}")]
+    Leader(String),
+    /// A shard's Lease was lost (the process exits; the other replicas take its shards).
+    #[error("sharding: {0}")]
+    Shard(#[from] crate::shard::owner::ShardError),
+}
