@@ -421,6 +421,12 @@ async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_w
         }
     })
     .await;
+    // The shipped GitOps health checks, on this held run: stuck, not progressing (issue #42).
+    assert_eq!(
+        crate::gitops::health_of(&run),
+        ("Degraded".to_string(), "Failed".to_string()),
+        "Argo CD and Flux on the held run"
+    );
     assert_eq!(run.status.unwrap().phase, Some(Phase::Pending));
     assert!(pods
         .get_opt(&pod::pod_name("root"))
@@ -474,6 +480,11 @@ async fn a_malformed_run_is_recorded_and_awaited_and_an_unschedulable_one_says_w
         },
     )
     .await;
+    assert_eq!(
+        crate::gitops::health_of(&run),
+        ("Degraded".to_string(), "Failed".to_string()),
+        "Argo CD and Flux on the unschedulable run"
+    );
     assert_eq!(run.status.unwrap().phase, Some(Phase::Pending));
     // One PodStuck Event names the cause, and is related to the pod.
     let stuck = wait_event(

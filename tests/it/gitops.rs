@@ -94,6 +94,17 @@ fn lua_string(s: &str) -> String {
     out
 }
 
+/// What the shipped health checks say of a live run (issue #42 part 2: judged on the statuses of
+/// real runs on the bed, not only on the generated fixtures): (Argo CD's status, Flux's).
+pub(crate) fn health_of(run: &sandboxrun_operator::api::SandboxRun) -> (String, String) {
+    let mut object = serde_json::to_value(run).unwrap_or_else(|e| panic!("{e}"));
+    if let Some(meta) = object.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+        meta.remove("managedFields");
+    }
+    let (argocd, _) = argocd_health(&lua_binary(), &object);
+    (argocd, flux_status(&flux_exprs(), &object))
+}
+
 /// Runs the Argo CD script on `object` under lua5.4; returns (status, message).
 fn argocd_health(lua_bin: &Path, object: &serde_json::Value) -> (String, String) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));

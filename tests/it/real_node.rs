@@ -1985,6 +1985,12 @@ async fn a_run_mounting_a_missing_config_map_is_shown_stuck_with_the_kubelets_fa
         ready.message
     );
     assert_eq!(status.message.as_deref(), Some(ready.message.as_str()));
+    // The shipped GitOps health checks, on this real run: stuck, not progressing (issue #42).
+    assert_eq!(
+        crate::gitops::health_of(&run),
+        ("Degraded".to_string(), "Failed".to_string()),
+        "Argo CD and Flux on the stuck run"
+    );
 
     let first = wait_event(
         &client,
