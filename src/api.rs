@@ -43,6 +43,7 @@ pub(crate) const MAX_TTL_SECONDS_AFTER_FINISHED: i64 = 31_536_000;
     printcolumn = r#"{"name":"Drained","type":"string","jsonPath":".status.conditions[?(@.type==\"Drained\")].status"}"#,
     printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".status.podName"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Attempt","type":"integer","priority":1,"description":"The attempt the run is at (spec.retryPolicy; absent: its first)","jsonPath":".status.attempt"}"#,
     printcolumn = r#"{"name":"Exit","type":"integer","priority":1,"description":"Exit code of the workload container","jsonPath":".status.exitCode"}"#,
     printcolumn = r#"{"name":"Duration","type":"string","priority":1,"description":"How long the run took, set when it ends","jsonPath":".status.duration"}"#,
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Summary of the current phase","jsonPath":".status.message"}"#,
@@ -124,6 +125,12 @@ pub struct SandboxRunSpec {
     /// Set to true to tear a run down: drain every read-back path, then release the pod.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stop: bool,
+
+    /// Retries (docs/user-guide.md "Retries"): a failed attempt's pod is drained into that
+    /// attempt's own files and a new pod is created after a backoff, as the rules on the
+    /// workload's exit code and the pod's conditions say. Without it a run has one attempt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_policy: Option<RetryPolicy>,
 
     /// Names of Secrets (type dockerconfigjson) used to pull the image; also used by the
     /// no-pull resolvability check.
@@ -370,6 +377,8 @@ pub enum OpenField {
     Affinity,
     /// `ttlSecondsAfterFinished`.
     TtlSecondsAfterFinished,
+    /// `retryPolicy`.
+    RetryPolicy,
 }
 
 /// The template a run was made from, as the operator resolved it before creating the run's pod:
@@ -620,6 +629,138 @@ impl Compression {
     }
 }
 
+/// Largest `spec.retryPolicy.limit`.
+pub const MAX_RETRY_LIMIT: u32 = 100;
+/// Largest `spec.retryPolicy.backoff.capSeconds` (and `baseSeconds`).
+pub const MAX_RETRY_BACKOFF_SECONDS: u32 = 86_400;
+/// Most `spec.retryPolicy.rules`, and most values in one rule.
+pub const MAX_RETRY_RULES: usize = 16;
+/// Most exit codes one rule lists.
+pub const MAX_RETRY_RULE_VALUES: usize = 255;
+
+/// `spec.retryPolicy`, shaped after a Job's `backoffLimit` + `podFailurePolicy` and Argo's
+/// `retryStrategy`.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryPolicy {
+    /// Failed attempts retried at most this many times (the run has at most `limit + 1` counted
+    /// attempts; attempts ended by a disruption or an `Ignore` rule are not counted).
+    #[schemars(range(max = 100))]
+    pub limit: u32,
+    /// The wait before the next attempt: `baseSeconds × factor^(n−1)`, at most `capSeconds`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<RetryBackoff>,
+    /// Rules on how an attempt ended, first match wins. An attempt whose workload failed and that
+    /// no rule matches is retried (counted); a disruption (the pod evicted, preempted or deleted
+    /// by someone else: `DisruptionTarget`) is retried without counting unless a rule says
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub rules: Vec<RetryRule>,
+}
+
+/// The wait between attempts.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryBackoff {
+    /// The first wait, in seconds (default 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 86400))]
+    pub base_seconds: Option<u32>,
+    /// Each next wait is the last one times this (default 2, at least 1, at most 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10))]
+    pub factor: Option<u32>,
+    /// The longest wait, in seconds (default 300).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 86400))]
+    pub cap_seconds: Option<u32>,
+}
+
+/// One rule of `spec.retryPolicy.rules`: what an attempt that ended this way means.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RetryRule {
+    /// `Retry` (counted against the limit), `Ignore` (retried without counting) or `FailRun`
+    /// (the run fails now).
+    pub action: RetryAction,
+    /// Matches the workload container's exit code.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_exit_codes: Option<ExitCodeRule>,
+    /// Matches when the pod has one of these conditions set True (e.g. `DisruptionTarget`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub on_pod_conditions: Vec<PodConditionRule>,
+}
+
+/// What a rule does.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum RetryAction {
+    /// Retry, counted against the limit.
+    Retry,
+    /// Retry without counting against the limit.
+    Ignore,
+    /// Fail the run now.
+    FailRun,
+}
+
+/// Exit codes a rule matches.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExitCodeRule {
+    /// `In` (the code is one of `values`) or `NotIn`.
+    pub operator: ExitCodeOperator,
+    /// Exit codes, 0..=255.
+    #[schemars(length(min = 1, max = 255))]
+    pub values: Vec<i32>,
+}
+
+/// How `values` are matched.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ExitCodeOperator {
+    /// The exit code is one of the values.
+    In,
+    /// The exit code is none of the values.
+    NotIn,
+}
+
+/// A pod condition a rule matches.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+pub struct PodConditionRule {
+    /// The condition's type, e.g. `DisruptionTarget`.
+    #[serde(rename = "type")]
+    pub type_: String,
+}
+
+/// One ended attempt of a run with a retry policy (`status.attempts[]`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AttemptStatus {
+    /// The attempt's number, from 1.
+    pub index: u32,
+    /// Its pod.
+    pub pod_name: String,
+    /// The workload's exit code, when it exited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Why it ended (`WorkloadFailed`, `Disrupted`, …) and what the policy made of it.
+    pub reason: String,
+    /// In words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Whether it counts against `retryPolicy.limit`.
+    pub counted: bool,
+    /// When its pod started running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When it ended (its teardown recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end_time: Option<Time>,
+    /// Each read-back path's drain, into this attempt's own files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_back: Vec<ReadBackStatus>,
+}
+
 /// Observed state of a SandboxRun.
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -666,6 +807,18 @@ pub struct SandboxRunStatus {
     /// created: its name, generation and spec.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template: Option<AppliedTemplate>,
+    /// The attempts that ended before the current one (runs with `spec.retryPolicy`): each with
+    /// its exit code, why, and its own read-back drains. The current attempt is
+    /// `attempts.len() + 1`; `readBack` describes it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attempts: Vec<AttemptStatus>,
+    /// The attempt the run is at, from 1 (set once a retry made a second one: absent means the
+    /// first).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// When the next attempt's pod is created (set while a retry waits out its backoff).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_time: Option<Time>,
 }
 
 /// How the workload container terminated: the kubelet's terminated state of the container

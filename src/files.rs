@@ -57,6 +57,10 @@ pub struct FilesArgs {
     /// --store-url the most recently drained one).
     #[arg(long, global = true)]
     pub uid: Option<String>,
+    /// The attempt whose files to read, for a run with `spec.retryPolicy` (from 1; default: its
+    /// last attempt; docs/user-guide.md "Retries").
+    #[arg(long, global = true)]
+    pub attempt: Option<u32>,
 }
 
 /// The store flags of `files`: the operator's (`crate::store::StoreArgs`), except that the URL
@@ -274,7 +278,7 @@ pub async fn run_at(
     };
     let run_name = args.run_name().to_string();
     let all = list_manifests(&store, &prefix, &target.namespace, &run_name).await?;
-    let manifests = pick_instance(all, target.uid.as_deref());
+    let manifests = pick_attempt(pick_instance(all, target.uid.as_deref()), args.attempt);
     if manifests.is_empty() {
         return Err(FilesError::NotFound {
             namespace: target.namespace.clone(),
@@ -570,6 +574,18 @@ fn pick_instance(
     let mut v = chosen.unwrap_or_default();
     v.sort_by_key(|m| m.index);
     v
+}
+
+/// The manifests of one attempt of the run (`spec.retryPolicy`): `attempt`, else the last one
+/// stored.
+fn pick_attempt(manifests: Vec<Manifest>, attempt: Option<u32>) -> Vec<Manifest> {
+    let Some(want) = attempt.or_else(|| manifests.iter().map(|m| m.run_attempt).max()) else {
+        return manifests;
+    };
+    manifests
+        .into_iter()
+        .filter(|m| m.run_attempt == want)
+        .collect()
 }
 
 fn latest(ms: &[Manifest]) -> String {
@@ -1098,6 +1114,7 @@ mod tests {
             stopped_at_input_bound: None,
             pod_notes: Vec::new(),
             changed: Vec::new(),
+            run_attempt: 1,
         }
     }
 
@@ -1203,6 +1220,7 @@ mod tests {
                 ..Default::default()
             },
             uid: None,
+            attempt: None,
         }
     }
 

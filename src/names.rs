@@ -29,6 +29,23 @@ pub fn pod_name(run_name: &str) -> String {
     format!("{head}-{digest}{SUFFIX}")
 }
 
+/// Name of the pod of a run's `attempt`-th attempt (from 1; docs/user-guide.md "Retries"): the
+/// first attempt's is [`pod_name`], a later one's is that name with `-a<attempt>`. An attempt
+/// pod's name never ends in `-sbr`, so no run's first pod can take a later attempt's name.
+pub fn attempt_pod_name(run_name: &str, attempt: u32) -> String {
+    let first = pod_name(run_name);
+    if attempt <= 1 {
+        return first;
+    }
+    let suffix = format!("-a{attempt}");
+    if first.len() + suffix.len() <= 253 {
+        return format!("{first}{suffix}");
+    }
+    let keep = 253 - suffix.len();
+    let head = first[..keep].trim_end_matches(['-', '.']);
+    format!("{head}{suffix}")
+}
+
 /// First 8 hex characters of the sha256 of `text`: a stable, short disambiguator for names.
 pub(crate) fn short_hash(text: &str) -> String {
     let digest = Sha256::digest(text.as_bytes());

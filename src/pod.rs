@@ -22,10 +22,13 @@ use crate::inpod::holder::HolderCommand;
 
 /// Name of the user's container.
 pub(crate) const WORKLOAD_CONTAINER: &str = "workload";
+pub use crate::names::{attempt_pod_name, pod_name, HOLDER_CONTAINER, RUN_UID_LABEL};
 pub(crate) use crate::names::{managed_by_selector, MANAGED_BY, MANAGED_BY_LABEL};
-pub use crate::names::{pod_name, HOLDER_CONTAINER, RUN_UID_LABEL};
 /// The variable that names the run-files directory to the workload (ADR-143 Consequences).
 pub const ARTIFACT_FILES_ENV: &str = "ITERION_ARTIFACT_FILES_DIR";
+/// The variable that tells the workload which attempt it is (1, 2, …; docs/user-guide.md
+/// "Retries").
+pub const ATTEMPT_ENV: &str = "SANDBOXRUN_ATTEMPT";
 /// The variable that lists every declared read-back path (`:`-separated, declaration order).
 pub const READBACK_PATHS_ENV: &str = "SANDBOXRUN_READBACK_PATHS";
 /// Label carrying the owning run's name when it fits in a label value.
@@ -514,7 +517,9 @@ fn workload_env_vars(
         .spec
         .env
         .iter()
-        .filter(|e| e.name != ARTIFACT_FILES_ENV && e.name != READBACK_PATHS_ENV)
+        .filter(|e| {
+            e.name != ARTIFACT_FILES_ENV && e.name != READBACK_PATHS_ENV && e.name != ATTEMPT_ENV
+        })
         .filter(|e| {
             proxy_env.is_empty() || !crate::egress::env::PROXY_ENV.contains(&e.name.as_str())
         })
@@ -522,7 +527,25 @@ fn workload_env_vars(
         .collect();
     env.extend(promise_env(read_back));
     env.extend(proxy_env);
+    env.push(EnvVar {
+        name: ATTEMPT_ENV.to_string(),
+        value: Some(current_attempt(run).to_string()),
+        value_from: None,
+    });
     env
+}
+
+/// The attempt a run is at (from 1): one more than the attempts its status lists as ended.
+pub fn current_attempt(run: &SandboxRun) -> u32 {
+    let ended = run.status.as_ref().map_or(0, |s| s.attempts.len());
+    u32::try_from(ended)
+        .unwrap_or(u32::MAX - 1)
+        .saturating_add(1)
+}
+
+/// The name of the run's current pod: its current attempt's ([`attempt_pod_name`]).
+pub fn current_pod_name(run: &SandboxRun) -> String {
+    attempt_pod_name(&run.name_any(), current_attempt(run))
 }
 
 /// One of the run's variables as the pod carries it: a value, or a secret/configMap key.
@@ -796,7 +819,7 @@ fn pod_metadata(run: &SandboxRun, name: &str, uid: String, shards: Option<u32>) 
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     ObjectMeta {
-        name: Some(pod_name(name)),
+        name: Some(current_pod_name(run)),
         namespace: run.namespace(),
         labels: Some(pod_labels(run, name, uid, shards)),
         annotations: (!annotations.is_empty()).then_some(annotations),

@@ -17,8 +17,9 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde::Serialize;
 
 use crate::api::{
-    parse_user, HostState, Mount, MountType, NetworkMode, ReadBackPath, SandboxRunSpec,
-    MAX_READBACK_PATHS, MAX_TTL_SECONDS_AFTER_FINISHED,
+    parse_user, HostState, Mount, MountType, NetworkMode, ReadBackPath, RetryRule, SandboxRunSpec,
+    MAX_READBACK_PATHS, MAX_RETRY_BACKOFF_SECONDS, MAX_RETRY_LIMIT, MAX_RETRY_RULES,
+    MAX_RETRY_RULE_VALUES, MAX_TTL_SECONDS_AFTER_FINISHED,
 };
 use crate::caps::CapSettings;
 use crate::egress::network::{Rule, RuleError};
@@ -182,6 +183,9 @@ pub mod ids {
     pub(crate) const READ_BACK_DRAIN_TIMEOUT: &str = "read-back-drain-timeout";
     /// `spec.ttlSecondsAfterFinished` negative or above a year.
     pub(crate) const TTL_AFTER_FINISHED: &str = "ttl-after-finished";
+    /// `spec.retryPolicy` out of its bounds: a limit above 100, a backoff above a day, a rule
+    /// naming no matcher or both, an exit code outside 0..=255, too many rules or values.
+    pub(crate) const RETRY_POLICY: &str = "retry-policy";
     /// On UPDATE with a pod: a field other than `stop` changed.
     pub(crate) const UPDATE_IMMUTABLE: &str = "update-immutable";
     /// `stop` went from true back to false.
@@ -250,6 +254,7 @@ pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
     check_read_back(spec, settings, &mut out);
     check_mounts(spec, &mut out);
     check_ttl(spec, &mut out);
+    check_retry_policy(spec, &mut out);
     check_pod_passthrough(spec, &mut out);
     for v in super::policy::violations(spec, &settings.policy) {
         out.push(Finding::fail(ids::RUN_POLICY, v.field, v.message, v.hint));
@@ -797,6 +802,98 @@ fn check_ttl(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
             ),
             "give the seconds to keep a finished run, e.g. 3600, or leave it unset to keep the run until it is deleted",
         ));
+    }
+}
+
+/// `spec.retryPolicy` (docs/user-guide.md "Retries"): bounded, so no author makes a run retry
+/// for ever or keep its rules unbounded, and every rule says what it matches.
+fn check_retry_policy(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    let Some(policy) = &spec.retry_policy else {
+        return;
+    };
+    let mut fail = |field: String, message: String, hint: &str| {
+        out.push(Finding::fail(ids::RETRY_POLICY, field, message, hint));
+    };
+    if policy.limit > MAX_RETRY_LIMIT {
+        fail(
+            "spec.retryPolicy.limit".into(),
+            format!(
+                "limit is {}; at most {MAX_RETRY_LIMIT} retries are allowed",
+                policy.limit
+            ),
+            "give the retries a failed attempt may have, e.g. 3",
+        );
+    }
+    if let Some(b) = &policy.backoff {
+        for (name, value) in [
+            ("baseSeconds", b.base_seconds),
+            ("capSeconds", b.cap_seconds),
+        ] {
+            if value.is_some_and(|v| v > MAX_RETRY_BACKOFF_SECONDS) {
+                fail(
+                    format!("spec.retryPolicy.backoff.{name}"),
+                    format!("{name} is over {MAX_RETRY_BACKOFF_SECONDS} (a day)"),
+                    "give a wait in seconds of at most a day, e.g. 10 and a cap of 300",
+                );
+            }
+        }
+        if b.factor.is_some_and(|f| !(1..=10).contains(&f)) {
+            fail(
+                "spec.retryPolicy.backoff.factor".into(),
+                "factor must be between 1 and 10".into(),
+                "give the factor each wait grows by, e.g. 2",
+            );
+        }
+    }
+    if policy.rules.len() > MAX_RETRY_RULES {
+        fail(
+            "spec.retryPolicy.rules".into(),
+            format!(
+                "{} rules; at most {MAX_RETRY_RULES} are allowed",
+                policy.rules.len()
+            ),
+            "merge rules: one rule may list many exit codes",
+        );
+    }
+    for (i, rule) in policy.rules.iter().enumerate() {
+        check_retry_rule(i, rule, &mut fail);
+    }
+}
+
+/// One rule of `spec.retryPolicy.rules`: exactly one matcher, exit codes 0..=255.
+fn check_retry_rule(i: usize, rule: &RetryRule, fail: &mut impl FnMut(String, String, &str)) {
+    let field = format!("spec.retryPolicy.rules[{i}]");
+    match (&rule.on_exit_codes, rule.on_pod_conditions.is_empty()) {
+        (None, true) => fail(
+            field.clone(),
+            "the rule matches nothing: it names neither onExitCodes nor onPodConditions".into(),
+            "give onExitCodes {operator: In, values: [42]} or onPodConditions [{type: DisruptionTarget}]",
+        ),
+        (Some(_), false) => fail(
+            field.clone(),
+            "the rule names both onExitCodes and onPodConditions".into(),
+            "split it into two rules, one matcher each (as a Job's podFailurePolicy does)",
+        ),
+        _ => {}
+    }
+    if let Some(codes) = &rule.on_exit_codes {
+        if codes.values.is_empty() || codes.values.len() > MAX_RETRY_RULE_VALUES {
+            fail(
+                format!("{field}.onExitCodes.values"),
+                format!(
+                    "{} exit codes; give 1 to {MAX_RETRY_RULE_VALUES}",
+                    codes.values.len()
+                ),
+                "list the exit codes the rule is about, e.g. [42]",
+            );
+        }
+        if let Some(bad) = codes.values.iter().find(|v| !(0..=255).contains(*v)) {
+            fail(
+                format!("{field}.onExitCodes.values"),
+                format!("{bad} is not an exit code (0..=255)"),
+                "exit codes are 0 to 255; a signal's is 128 + its number",
+            );
+        }
     }
 }
 

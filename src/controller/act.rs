@@ -172,6 +172,8 @@ pub(crate) struct DrainTarget {
     cancel: tokio_util::sync::CancellationToken,
     /// Asked before each manifest commit (the drain claim, when sharded).
     fence: Option<crate::drain::Fence>,
+    /// The run's attempt being drained (`spec.retryPolicy`).
+    attempt: u32,
 }
 
 impl DrainTarget {
@@ -187,7 +189,7 @@ impl DrainTarget {
         DrainTarget {
             store,
             pods: Api::namespaced(ctx.client.clone(), &namespace),
-            pod_name: pod::pod_name(&name),
+            pod_name: pod::current_pod_name(run),
             compression: run.spec.compression(),
             uid: run.uid().unwrap_or_default(),
             namespace,
@@ -196,6 +198,7 @@ impl DrainTarget {
             urgent: false,
             cancel: ctx.cancel.clone(),
             fence: None,
+            attempt: pod::current_attempt(run),
         }
     }
 
@@ -297,6 +300,7 @@ async fn drain_one(
         metrics: &ctx.metrics,
         cancel: &target.cancel,
         fence: target.fence.as_ref(),
+        run_attempt: target.attempt,
     };
     (path.entry, drain_path(&job).await)
 }

@@ -11,6 +11,8 @@ use crate::api::SandboxRunStatus;
 
 /// The pod runs (both containers started).
 pub(crate) const READY: &str = "Ready";
+/// Ready=False while a run with `spec.retryPolicy` waits for its next attempt.
+pub(crate) const REASON_RETRYING: &str = "Retrying";
 /// The workload container terminated (batch runs).
 pub(crate) const WORKLOAD_FINISHED: &str = "WorkloadFinished";
 /// Every declared path has a final drain outcome, none failed.

@@ -229,6 +229,12 @@ pub(crate) enum Step {
     DeleteFinishedPod,
     /// The run finished `spec.ttlSecondsAfterFinished` ago: delete it (through the finalizer).
     DeleteExpiredRun,
+    /// An attempt ended and the next one waits out its backoff (`spec.retryPolicy`): look again
+    /// after `left`.
+    AwaitRetry {
+        /// What is left of the backoff.
+        left: Duration,
+    },
 }
 
 impl Step {
@@ -246,6 +252,7 @@ impl Step {
             Step::RecordPodLost => "pod_lost",
             Step::DeleteFinishedPod => "clean_up",
             Step::DeleteExpiredRun => "expire",
+            Step::AwaitRetry { .. } => "await_retry",
         }
     }
 }
@@ -290,7 +297,7 @@ pub(crate) fn decide(
     }
     match pod {
         Some(pod) => with_pod(run, pod, now, settings),
-        None => without_pod(run),
+        None => without_pod(run, now),
     }
 }
 
@@ -321,7 +328,16 @@ fn while_deleted(run: &SandboxRun, pod: Option<&PodView>, has_finalizer: bool) -
 }
 
 /// The next step of a live, unfinished run that has no pod: create it, unless it had one.
-fn without_pod(run: &SandboxRun) -> Step {
+fn without_pod(run: &SandboxRun, now: Timestamp) -> Step {
+    let next_attempt = run
+        .status
+        .as_ref()
+        .and_then(|s| s.next_attempt_time.as_ref())
+        .map(|t| t.0);
+    if let Some(at) = next_attempt.filter(|at| *at > now) {
+        let left = Duration::try_from(now.duration_until(at)).unwrap_or(Duration::ZERO);
+        return Step::AwaitRetry { left };
+    }
     match phase(run) {
         None | Some(Phase::Pending)
             if run
@@ -446,7 +462,7 @@ pub(crate) fn with_unreported_pod(
     if !remembered.contains(uid) {
         return run;
     }
-    let pod_name = crate::pod::pod_name(&run.name_any());
+    let pod_name = crate::pod::current_pod_name(&run);
     let mut seen = (*run).clone();
     let status = seen.status.get_or_insert_with(Default::default);
     if status.pod_name.is_none() {
@@ -475,6 +491,9 @@ mod tests {
             Step::RecordPodLost,
             Step::DeleteFinishedPod,
             Step::DeleteExpiredRun,
+            Step::AwaitRetry {
+                left: Duration::ZERO,
+            },
         ];
         for step in &all {
             match step {
@@ -486,7 +505,8 @@ mod tests {
                 | Step::Teardown(_)
                 | Step::RecordPodLost
                 | Step::DeleteFinishedPod
-                | Step::DeleteExpiredRun => {}
+                | Step::DeleteExpiredRun
+                | Step::AwaitRetry { .. } => {}
             }
         }
         all

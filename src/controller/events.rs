@@ -50,6 +50,9 @@ pub(crate) const STOPPED: &str = "Stopped";
 pub(crate) const INVALID_SPEC: &str = conditions::REASON_INVALID_SPEC;
 /// The run's author's rights were not verified by an admission: no pod.
 pub(crate) const RIGHTS_UNVERIFIED: &str = conditions::REASON_RIGHTS_UNVERIFIED;
+/// An attempt of a run with `spec.retryPolicy` ended and another follows (docs/user-guide.md
+/// "Retries").
+pub(crate) const ATTEMPT_FAILED: &str = "AttemptFailed";
 /// The image can never be pulled: the run fails.
 pub(crate) const IMAGE_PULL_FAILED: &str = conditions::REASON_IMAGE_PULL_FAILED;
 /// The egress gate never saw the run's NetworkPolicy in force: the run fails, its workload never
@@ -124,6 +127,7 @@ pub(crate) const ALL: &[&str] = &[
     STORE_UNUSABLE,
     TEMPLATE_UNUSABLE,
     RIGHTS_UNVERIFIED,
+    ATTEMPT_FAILED,
 ];
 
 /// The reason of the Event that announces a final phase.

@@ -31,6 +31,7 @@ mod pipeline;
 pub(crate) mod plan;
 pub(crate) mod refusals;
 pub(crate) mod retention;
+pub(crate) mod retry;
 pub(crate) mod status;
 mod teardown_job;
 

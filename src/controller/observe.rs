@@ -508,7 +508,7 @@ async fn get_pod(
     let namespace = run
         .namespace()
         .ok_or(ControllerError::Metadata("namespace"))?;
-    let pod_name = pod::pod_name(&run.name_any());
+    let pod_name = pod::current_pod_name(run);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
     let found = pods
         .get_opt(&pod_name)

@@ -199,7 +199,7 @@ pub(crate) async fn in_flight(
     };
     let plan = plan::queued(&queued, ctx.settle);
     let announces = !plan.events.is_empty();
-    let pod_name = crate::pod::pod_name(&run.name_any());
+    let pod_name = crate::pod::current_pod_name(run);
     let requeue = drive::carry_out(ctx, run, &pod_name, pod.as_ref(), plan, now).await?;
     if announces {
         ctx.drains.mark_announced(&uid);

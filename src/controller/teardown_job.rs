@@ -181,7 +181,7 @@ async fn teardown(
     trigger: &Trigger,
     hold: Option<&DrainHold>,
 ) -> Result<(), ControllerError> {
-    let pod_name = pod::pod_name(&run.name_any());
+    let pod_name = pod::current_pod_name(run);
     let now = Timestamp::now();
     let timeout = ctx.drain_timeout_seconds(run);
     let TeardownPlan {
@@ -236,12 +236,13 @@ async fn teardown(
         return Ok(());
     };
     let now = Timestamp::now();
-    let end = plan::teardown_end(
+    let attempt = super::retry::AttemptEnd::of(trigger, pod);
+    let end = plan::attempt_end(
         run,
         status,
-        holder_running,
-        pod.is_some(),
+        (holder_running, pod.is_some()),
         ctx.default_retention,
+        attempt.as_ref(),
         now,
     );
     drive::carry_out(ctx, run, &pod_name, pod, end, now).await?;

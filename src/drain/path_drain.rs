@@ -40,7 +40,7 @@ use crate::api::{Compression, ReadBackPhase, ReadBackStatus};
 use crate::metrics::Metrics;
 use crate::store::credentials;
 use crate::store::{
-    archive_writer, object_keys, try_read_manifest, write_manifest, DrainOutcome, Manifest,
+    archive_writer, attempt_object_keys, try_read_manifest, write_manifest, DrainOutcome, Manifest,
     ManifestContext, ManifestWrite, ObjectKeys, RunRef, StoreError,
 };
 use crate::tar::sanitize::MemberKind;
@@ -104,6 +104,8 @@ pub(crate) struct PathJob<'a> {
     /// Asked right before the manifest is committed (None: nothing to ask): a drain whose fence
     /// says no commits nothing and records nothing (src/drain/fence.rs).
     pub(crate) fence: Option<&'a super::Fence>,
+    /// The run's attempt whose files these are (`spec.retryPolicy`): its keys and manifest.
+    pub(crate) run_attempt: u32,
 }
 
 /// Why one attempt failed.
@@ -521,7 +523,14 @@ impl<'j, 'a> PathDrain<'j, 'a> {
             name: job.run_name.to_string(),
             uid: job.run_uid.to_string(),
         };
-        let keys = object_keys(job.store_prefix, &run, job.index, job.path, job.compression);
+        let keys = attempt_object_keys(
+            job.store_prefix,
+            &run,
+            job.run_attempt,
+            job.index,
+            job.path,
+            job.compression,
+        );
         PathDrain {
             job,
             run,
@@ -780,6 +789,7 @@ async fn attempt(
         jiff::Timestamp::now(),
     );
     notes.record_in(&mut manifest);
+    manifest.run_attempt = job.run_attempt;
     *last_written = Some(manifest.content_digest());
     commit(job, keys, manifest).await
 }
@@ -941,7 +951,7 @@ async fn delete_archive(job: &PathJob<'_>, keys: &ObjectKeys) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{DroppedRecord, MemberRecord, RejectedRecord};
+    use crate::store::{object_keys, DroppedRecord, MemberRecord, RejectedRecord};
     use crate::tar::sanitize::Reason;
 
     #[test]
@@ -1311,6 +1321,7 @@ mod tests {
             metrics: &bed.metrics,
             cancel,
             fence: None,
+            run_attempt: 1,
         }
     }
 

@@ -56,6 +56,31 @@ pub fn object_keys(
     }
 }
 
+/// The keys of the `index`-th declared path in the run's `attempt`-th attempt (`spec.retryPolicy`,
+/// docs/user-guide.md "Retries"): the first attempt's are [`object_keys`] (so a run without
+/// retries, and every run stored before them, keeps its layout); a later attempt's are the same
+/// names under `<uid>/attempt-<N>/`, inside the run's own directory (retention deletes them with
+/// it).
+pub fn attempt_object_keys(
+    prefix: &Path,
+    run: &RunRef,
+    attempt: u32,
+    index: usize,
+    declared_path: &str,
+    compression: Compression,
+) -> ObjectKeys {
+    let keys = object_keys(prefix, run, index, declared_path, compression);
+    if attempt <= 1 {
+        return keys;
+    }
+    let dir = run_dir(prefix, run).join(format!("attempt-{attempt}").as_str());
+    let name = |key: &Path| key.filename().unwrap_or_default().to_string();
+    ObjectKeys {
+        archive: dir.clone().join(name(&keys.archive).as_str()),
+        manifest: dir.join(name(&keys.manifest).as_str()),
+    }
+}
+
 /// The manifest key of the `index`-th declared path of a run ([`object_keys`]' `manifest`): it
 /// does not depend on the compression.
 pub fn manifest_key(prefix: &Path, run: &RunRef, index: usize, declared_path: &str) -> Path {
@@ -167,5 +192,28 @@ mod tests {
         );
         let root = object_keys(&Path::default(), &run(), 0, "/out", Compression::None);
         assert_eq!(root.archive.as_ref(), "ns/job/1234-abcd/00-out.tar");
+    }
+
+    #[test]
+    fn a_later_attempts_keys_are_its_own_inside_the_runs_directory() {
+        let p = Path::from("drains");
+        let first = attempt_object_keys(&p, &run(), 1, 3, "/work/out", Compression::Zstd);
+        assert_eq!(
+            first,
+            object_keys(&p, &run(), 3, "/work/out", Compression::Zstd)
+        );
+        let third = attempt_object_keys(&p, &run(), 3, 3, "/work/out", Compression::Zstd);
+        assert_eq!(
+            third.archive.as_ref(),
+            "drains/ns/job/1234-abcd/attempt-3/03-work-out.tar.zst"
+        );
+        assert_eq!(
+            third.manifest.as_ref(),
+            "drains/ns/job/1234-abcd/attempt-3/03-work-out.manifest.json"
+        );
+        assert!(third
+            .archive
+            .as_ref()
+            .starts_with(run_dir(&p, &run()).as_ref()));
     }
 }

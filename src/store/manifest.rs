@@ -116,6 +116,18 @@ pub struct Manifest {
     /// `totals.changedMembers` counts them all.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub changed: Vec<ChangedRecord>,
+    /// The run's attempt whose files these are (`spec.retryPolicy`; docs/user-guide.md
+    /// "Retries"): absent for the first attempt, so manifests written before retries read as it.
+    #[serde(default = "first_attempt", skip_serializing_if = "is_first_attempt")]
+    pub run_attempt: u32,
+}
+
+fn first_attempt() -> u32 {
+    1
+}
+
+fn is_first_attempt(attempt: &u32) -> bool {
+    *attempt <= 1
 }
 
 impl Manifest {
@@ -172,6 +184,7 @@ impl Manifest {
             stopped_at_input_bound: outcome.stopped_at_input_bound,
             pod_notes: Vec::new(),
             changed: Vec::new(),
+            run_attempt: 1,
         }
     }
 

@@ -706,6 +706,7 @@ async fn assert_hostile(case: &HostileCase, run: &SandboxRun, store_url: &str, n
                             ..Default::default()
                         },
                         uid: None,
+                        attempt: None,
                     };
                     sandboxrun_operator::files::run_to(args, &mut listing)
                         .await

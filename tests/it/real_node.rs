@@ -2365,3 +2365,111 @@ async fn every_sample_runs_on_the_bed_to_its_documented_end() {
     let out = std::fs::read_to_string(extracted(&dest, 0).join("out.txt")).expect("out.txt");
     assert_eq!(out, "editor = \"vi\"\n");
 }
+
+/// `files get --attempt N` of a run into a fresh directory: the extracted first path's directory.
+fn files_get_attempt(ns: &str, run: &str, store_url: &str, attempt: u32) -> PathBuf {
+    let dest = host_dir(&format!("{run}-get-a{attempt}"));
+    let out = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
+        .args(["files", "get", run, "-n", ns, "--store-url", store_url])
+        .args(["--attempt", &attempt.to_string(), "-o"])
+        .arg(&dest)
+        .output()
+        .expect("run files get");
+    assert!(
+        out.status.success(),
+        "files get --attempt {attempt}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    extracted(&dest, 0)
+}
+
+/// Issue #41 on real containers: a run whose workload exits 3 on its first two attempts and 0 on
+/// its third (it reads `SANDBOXRUN_ATTEMPT`) retries under `spec.retryPolicy` and Succeeds; each
+/// attempt's files are drained into their own generation (`files get --attempt N`) and listed in
+/// `status.attempts` with their exit code; a Warning `AttemptFailed` tells each retry. A second
+/// run whose exit code 42 a `FailRun` rule names fails at once, with one attempt. On the old code
+/// the first run ends `Failed` after its first attempt (no retry exists).
+#[tokio::test]
+async fn a_run_retries_by_exit_code_keeping_every_attempts_files_and_a_fatal_code_fails_at_once() {
+    use sandboxrun_operator::api::{
+        ExitCodeOperator, ExitCodeRule, RetryAction, RetryBackoff, RetryPolicy, RetryRule,
+    };
+    let bed = RealBed::new("real-retry").await;
+    let policy = RetryPolicy {
+        limit: 3,
+        backoff: Some(RetryBackoff {
+            base_seconds: Some(1),
+            factor: Some(2),
+            cap_seconds: Some(2),
+        }),
+        rules: vec![RetryRule {
+            action: RetryAction::FailRun,
+            on_exit_codes: Some(ExitCodeRule {
+                operator: ExitCodeOperator::In,
+                values: vec![42],
+            }),
+            on_pod_conditions: Vec::new(),
+        }],
+    };
+    let flaky = r#"echo "attempt $SANDBOXRUN_ATTEMPT" > "$ITERION_ARTIFACT_FILES_DIR/attempt.txt"
+[ "$SANDBOXRUN_ATTEMPT" -ge 3 ] || exit 3"#;
+    let mut spec = real_spec(Some(flaky), &["/work/out"]);
+    spec.retry_policy = Some(policy.clone());
+    create(&bed.runs, "flaky", spec).await;
+    let mut fatal = real_spec(
+        Some("echo doomed > \"$ITERION_ARTIFACT_FILES_DIR/x\"; exit 42"),
+        &["/work/out"],
+    );
+    fatal.retry_policy = Some(policy);
+    create(&bed.runs, "fatal", fatal).await;
+
+    let run = wait_run(&bed.runs, "flaky", "a final phase", &bed.op, final_phase).await;
+    let status = run.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let ended: Vec<(u32, Option<i32>, bool)> = status
+        .attempts
+        .iter()
+        .map(|a| (a.index, a.exit_code, a.counted))
+        .collect();
+    assert_eq!(
+        ended,
+        [(1, Some(3), true), (2, Some(3), true)],
+        "{status:?}"
+    );
+    for a in &status.attempts {
+        assert_eq!(a.read_back[0].phase, ReadBackPhase::Drained, "{a:?}");
+        assert_ne!(a.pod_name, status.pod_name.clone().unwrap_or_default());
+    }
+    assert_eq!(status.exit_code, Some(0));
+    assert_eq!(status.read_back[0].phase, ReadBackPhase::Drained);
+    for attempt in 1..=3 {
+        let dir = files_get_attempt(&bed.ns.name, "flaky", &bed.store_url, attempt);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("attempt.txt")).expect("attempt.txt"),
+            format!("attempt {attempt}\n"),
+            "attempt {attempt}'s own files"
+        );
+    }
+    let events = run_events(&bed.client, &bed.ns.name, "flaky")
+        .await
+        .join("\n");
+    assert!(
+        events.contains("AttemptFailed") && events.contains("attempt 2 ended"),
+        "each retry is told:\n{events}"
+    );
+
+    let run = wait_run(&bed.runs, "fatal", "a final phase", &bed.op, final_phase).await;
+    let status = run.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
+    assert!(status.attempts.is_empty(), "no retry: {status:?}");
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .contains("rule 1 of spec.retryPolicy fails the run"),
+        "{status:?}"
+    );
+    assert_eq!(status.read_back[0].phase, ReadBackPhase::Drained);
+}

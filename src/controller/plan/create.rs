@@ -136,6 +136,8 @@ pub(crate) fn pod_created(
     }
     let mut status = pending_status(run, REASON_POD_CREATED, "waiting for the pod to run", now);
     status.pod_name = Some(pod_name.to_string());
+    // The attempt's backoff is over: its pod exists (docs/user-guide.md "Retries").
+    status.next_attempt_time = None;
     ensure_pending_entries(run, &mut status);
     let (events, effects) = if created {
         (

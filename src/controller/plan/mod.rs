@@ -15,6 +15,7 @@
 //! the end), [`after`](mod@after) (the answers' follow-up).
 
 mod after;
+mod attempt;
 mod create;
 mod finish;
 mod model;
@@ -33,6 +34,7 @@ use finish::{delete_finished_pod, expired_event, skip_drain};
 use track::{gate_policy, track_pod};
 
 pub(crate) use after::{after, AfterInputs, Answer};
+pub(crate) use attempt::attempt_end;
 pub(crate) use create::create;
 /// The status a refused pod create leaves (the GitOps fixtures build one from it).
 #[cfg(test)]
@@ -95,6 +97,7 @@ pub(crate) fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
             }
         }
         Step::SkipDrain => skip_drain(run, pod_exists, retention),
+        Step::AwaitRetry { left } => Plan::wait(Requeue::After(left)),
     };
     StepPlan::Carry(Box::new(plan))
 }

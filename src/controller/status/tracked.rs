@@ -53,6 +53,7 @@ pub(crate) fn tracked_status(
     let generation = run.metadata.generation;
     status.observed_generation = generation;
     status.pod_name = Some(pod_name.to_string());
+    status.next_attempt_time = None;
     let running = pod.workload == WorkloadState::Running && pod.holder_running;
     if running {
         status.phase = Some(Phase::Running);

@@ -1,0 +1,156 @@
+//! The end of one attempt of a run with `spec.retryPolicy` (docs/user-guide.md "Retries", issue
+//! #41): what the policy makes of it ([`super::super::retry`]), and, when another attempt
+//! follows, the status that records this one in `status.attempts` — its exit code, why, and its
+//! own read-back drains — and waits out the backoff, the Events, and the effects (the pod marked
+//! drained and deleted). Pure.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::super::conditions::{self, remove_condition, set_condition};
+use super::super::events::{self, drain_summary, PlannedEvent};
+use super::super::retry::{self, AttemptEnd, Verdict};
+use super::super::status::ensure_pending_entries;
+use super::model::{Effect, Plan, Requeue};
+use super::teardown_end;
+use crate::api::{AttemptStatus, Phase, Retention, SandboxRun, SandboxRunStatus};
+
+/// The end of a teardown whose drains are done: another attempt when the run's retry policy says
+/// so ([`attempt_ended`]), else the run's end ([`teardown_end`]), with the policy's words when it
+/// is what ended the run. `end`: how the attempt ended, when it may be retried
+/// ([`AttemptEnd::of`]); a run being deleted is never retried.
+pub(crate) fn attempt_end(
+    run: &SandboxRun,
+    status: SandboxRunStatus,
+    (holder_running, pod_exists): (bool, bool),
+    default_retention: Retention,
+    end: Option<&AttemptEnd>,
+    now: Timestamp,
+) -> Plan {
+    let verdict = match end {
+        Some(end) if run.metadata.deletion_timestamp.is_none() => {
+            retry::judge(run.spec.retry_policy.as_ref(), end, &status.attempts)
+        }
+        _ => Verdict::Final,
+    };
+    match verdict {
+        Verdict::Retry {
+            counted,
+            after,
+            why,
+        } => attempt_ended(
+            run,
+            status,
+            (holder_running, pod_exists),
+            (counted, after, why),
+            end,
+            now,
+        ),
+        Verdict::Fail { why } => {
+            let mut plan = teardown_end(
+                run,
+                status,
+                holder_running,
+                pod_exists,
+                default_retention,
+                now,
+            );
+            if let Some(s) = plan.status.as_mut() {
+                s.message = Some(match s.message.take() {
+                    Some(m) => format!("{m}; {why}"),
+                    None => why,
+                });
+            }
+            plan
+        }
+        Verdict::Final => teardown_end(
+            run,
+            status,
+            holder_running,
+            pod_exists,
+            default_retention,
+            now,
+        ),
+    }
+}
+
+/// This attempt recorded, the next one waiting out `after`: the run is Pending again with no pod,
+/// its read-back entries Pending for the next attempt, Ready=False `Retrying`.
+fn attempt_ended(
+    run: &SandboxRun,
+    mut status: SandboxRunStatus,
+    (holder_running, pod_exists): (bool, bool),
+    (counted, after, why): (bool, Duration, String),
+    end: Option<&AttemptEnd>,
+    now: Timestamp,
+) -> Plan {
+    let index = crate::pod::current_attempt(run);
+    let generation = run.metadata.generation;
+    // This attempt's drain is told as any teardown's is (a failed path is this attempt's
+    // `sandbox_runfiles_drain_failed`, never hidden by a later attempt's success).
+    let mut events = Vec::new();
+    if let Some(summary) = drain_summary(&status.read_back) {
+        if summary.warning {
+            events.push(summary.into_event("Drain").about_pod());
+        }
+    }
+    let next_at = now
+        .checked_add(jiff::SignedDuration::try_from(after).unwrap_or_default())
+        .unwrap_or(now);
+    let message = format!(
+        "attempt {index} ended: {why}; attempt {} starts at {next_at}",
+        index + 1
+    );
+    status.attempts.push(AttemptStatus {
+        index,
+        pod_name: crate::pod::current_pod_name(run),
+        exit_code: end.and_then(|e| e.exit_code),
+        reason: if end.is_some_and(|e| e.exit_code.is_none()) {
+            "Disrupted".to_string()
+        } else {
+            "WorkloadFailed".to_string()
+        },
+        message: Some(why),
+        counted,
+        start_time: status.workload.as_ref().and_then(|w| w.started_at.clone()),
+        end_time: Some(Time(now)),
+        read_back: std::mem::take(&mut status.read_back),
+    });
+    status.phase = Some(Phase::Pending);
+    status.pod_name = None;
+    status.exit_code = None;
+    status.workload = None;
+    status.observed_generation = generation;
+    status.next_attempt_time = Some(Time(next_at));
+    status.attempt = Some(index + 1);
+    status.message = Some(message.clone());
+    for gone in [conditions::WORKLOAD_FINISHED, conditions::DRAINED] {
+        remove_condition(&mut status.conditions, gone);
+    }
+    set_condition(
+        &mut status.conditions,
+        conditions::READY,
+        false,
+        conditions::REASON_RETRYING,
+        message.clone(),
+        generation,
+        now,
+    );
+    ensure_pending_entries(run, &mut status);
+    events.push(PlannedEvent::warning(events::ATTEMPT_FAILED, message, "Retry").about_pod());
+    let mut effects = Vec::new();
+    if holder_running {
+        effects.push(Effect::MarkDrained);
+    }
+    if pod_exists {
+        effects.push(Effect::DeletePod { at_once: true });
+    }
+    Plan {
+        events,
+        status: Some(status),
+        effects,
+        requeue: Requeue::After(after),
+    }
+}
