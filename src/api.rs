@@ -126,6 +126,13 @@ pub struct SandboxRunSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub stop: bool,
 
+    /// Set to true to hold the run without a pod (docs/user-guide.md "Suspend"): before its pod
+    /// exists none is created; on a running run the pod is stopped with its files drained (an
+    /// attempt that does not count), and clearing it starts the next attempt. The deadline starts
+    /// again when the run resumes, as a Job's does.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspend: bool,
+
     /// Retries (docs/user-guide.md "Retries"): a failed attempt's pod is drained into that
     /// attempt's own files and a new pod is created after a backoff, as the rules on the
     /// workload's exit code and the pod's conditions say. Without it a run has one attempt.
@@ -1136,6 +1143,7 @@ mod tests {
                 "Drained",
                 "Pod",
                 "Age",
+                "Attempt",
                 "Exit",
                 "Duration",
                 "Message",
@@ -1143,7 +1151,7 @@ mod tests {
                 "TemplateKind"
             ]
         );
-        // The last five are for `kubectl get sbr -o wide` only.
+        // The last six are for `kubectl get sbr -o wide` only.
         let wide: Vec<_> = v
             .additional_printer_columns
             .iter()
@@ -1154,6 +1162,7 @@ mod tests {
         assert_eq!(
             wide,
             [
+                ("Attempt", ".status.attempt"),
                 ("Exit", ".status.exitCode"),
                 ("Duration", ".status.duration"),
                 ("Message", ".status.message"),

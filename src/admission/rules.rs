@@ -301,12 +301,14 @@ pub fn check_update(old: &SandboxRunSpec, new: &SandboxRunSpec, pod_exists: bool
     }
     if pod_exists {
         // The pod is built once from the spec; changing it afterwards would make the object lie
-        // about what runs. Compare everything but `stop` field by field to name what changed.
+        // about what runs. Compare everything but `stop` and `suspend` (which stop the pod, they do
+        // not reshape it) field by field to name what changed.
         // What happens after the end (`ttlSecondsAfterFinished`, `readBack.retention`) does not
         // shape the pod and may change, as a Job's TTL may.
         let as_map = |s: &SandboxRunSpec| -> BTreeMap<String, serde_json::Value> {
             let mut s = s.clone();
             s.stop = false;
+            s.suspend = false;
             s.ttl_seconds_after_finished = None;
             if let Some(rb) = s.read_back.as_mut() {
                 rb.retention = None;

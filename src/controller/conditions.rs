@@ -13,6 +13,8 @@ use crate::api::SandboxRunStatus;
 pub(crate) const READY: &str = "Ready";
 /// Ready=False while a run with `spec.retryPolicy` waits for its next attempt.
 pub(crate) const REASON_RETRYING: &str = "Retrying";
+/// Ready=False while `spec.suspend` holds the run without a pod.
+pub(crate) const REASON_SUSPENDED: &str = "Suspended";
 /// The workload container terminated (batch runs).
 pub(crate) const WORKLOAD_FINISHED: &str = "WorkloadFinished";
 /// Every declared path has a final drain outcome, none failed.

@@ -3,6 +3,7 @@
 //! argument, so every transition is unit tested. What a step writes and publishes is planned in
 //! [`super::plan`]; this module only chooses.
 
+use std::ops::Not;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -28,6 +29,8 @@ pub(crate) enum Trigger {
     },
     /// `spec.stop` was set.
     Stop,
+    /// `spec.suspend` was set on a run whose pod exists: drain, delete the pod, wait.
+    Suspend,
     /// `spec.activeDeadlineSeconds` passed.
     Deadline,
     /// The run is being deleted (the finalizer holds it).
@@ -65,6 +68,7 @@ impl Trigger {
                 format!("workload exited with code {exit_code}")
             }
             Trigger::Stop => "spec.stop was set".to_string(),
+            Trigger::Suspend => "spec.suspend was set".to_string(),
             Trigger::Deadline => "activeDeadlineSeconds passed".to_string(),
             Trigger::Deleting => "the run is being deleted".to_string(),
             Trigger::PodDeleting => "the pod is being deleted or evicted".to_string(),
@@ -229,6 +233,8 @@ pub(crate) enum Step {
     DeleteFinishedPod,
     /// The run finished `spec.ttlSecondsAfterFinished` ago: delete it (through the finalizer).
     DeleteExpiredRun,
+    /// `spec.suspend` holds the run without a pod: say so (once), create nothing.
+    Suspended,
     /// An attempt ended and the next one waits out its backoff (`spec.retryPolicy`): look again
     /// after `left`.
     AwaitRetry {
@@ -253,6 +259,7 @@ impl Step {
             Step::DeleteFinishedPod => "clean_up",
             Step::DeleteExpiredRun => "expire",
             Step::AwaitRetry { .. } => "await_retry",
+            Step::Suspended => "suspended",
         }
     }
 }
@@ -329,6 +336,9 @@ fn while_deleted(run: &SandboxRun, pod: Option<&PodView>, has_finalizer: bool) -
 
 /// The next step of a live, unfinished run that has no pod: create it, unless it had one.
 fn without_pod(run: &SandboxRun, now: Timestamp) -> Step {
+    if run.spec.suspend && run.spec.stop.not() && pod_not_expected(run) {
+        return Step::Suspended;
+    }
     let next_attempt = run
         .status
         .as_ref()
@@ -352,6 +362,12 @@ fn without_pod(run: &SandboxRun, now: Timestamp) -> Step {
     }
 }
 
+/// Whether a run without a pod is not owed one by a pod it had (it never had one, or its last
+/// attempt ended): a suspended run creates none then; a run whose pod vanished is still lost.
+fn pod_not_expected(run: &SandboxRun) -> bool {
+    run.status.as_ref().is_none_or(|s| s.pod_name.is_none())
+}
+
 /// The next step of a live, unfinished run whose pod exists: tear down when something ended it,
 /// else track it and look again at the deadline or when the image-pull timeout passes.
 fn with_pod(run: &SandboxRun, pod: &PodView, now: Timestamp, settings: &DecideSettings) -> Step {
@@ -367,6 +383,9 @@ fn with_pod(run: &SandboxRun, pod: &PodView, now: Timestamp, settings: &DecideSe
     }
     if run.spec.stop {
         return Step::Teardown(Trigger::Stop);
+    }
+    if run.spec.suspend {
+        return Step::Teardown(Trigger::Suspend);
     }
     let deadline_left = match deadline(run) {
         Some(when) if now >= when => return Step::Teardown(Trigger::Deadline),
@@ -422,6 +441,8 @@ fn resume_trigger(run: &SandboxRun, pod: &PodView) -> Trigger {
     }
     if run.spec.stop {
         Trigger::Stop
+    } else if run.spec.suspend {
+        Trigger::Suspend
     } else {
         Trigger::Deadline
     }
@@ -494,6 +515,7 @@ mod tests {
             Step::AwaitRetry {
                 left: Duration::ZERO,
             },
+            Step::Suspended,
         ];
         for step in &all {
             match step {
@@ -506,7 +528,8 @@ mod tests {
                 | Step::RecordPodLost
                 | Step::DeleteFinishedPod
                 | Step::DeleteExpiredRun
-                | Step::AwaitRetry { .. } => {}
+                | Step::AwaitRetry { .. }
+                | Step::Suspended => {}
             }
         }
         all
@@ -659,6 +682,39 @@ mod tests {
             decide(&r, Some(&running()), now(), &settings()),
             Step::Teardown(Trigger::Deleting)
         );
+    }
+
+    #[test]
+    fn a_suspended_run_gets_no_pod_a_running_one_is_stopped_and_a_retry_waits_its_backoff() {
+        // Suspended before its pod exists: nothing is created.
+        let mut r = run_with(&[("/out", false)]);
+        r.spec.suspend = true;
+        assert_eq!(decide(&r, None, now(), &settings()), Step::Suspended);
+        // Suspended while running: its pod is stopped with its files drained.
+        let mut r = with_phase(run_with(&[("/out", false)]), Phase::Running);
+        r.spec.suspend = true;
+        assert_eq!(
+            decide(&r, Some(&running()), now(), &settings()),
+            Step::Teardown(Trigger::Suspend)
+        );
+        // A pod that vanished is still lost, suspended or not.
+        r.status.get_or_insert_with(Default::default).pod_name = Some("job-sbr".into());
+        assert_eq!(decide(&r, None, now(), &settings()), Step::RecordPodLost);
+        // Resumed after an attempt ended: the next pod is created, after its backoff.
+        let mut r = with_phase(run_with(&[("/out", false)]), Phase::Pending);
+        let later = now()
+            .checked_add(jiff::SignedDuration::from_secs(30))
+            .unwrap();
+        let s = r.status.get_or_insert_with(Default::default);
+        s.next_attempt_time = Some(Time(later));
+        s.pod_name = None;
+        assert_eq!(
+            decide(&r, None, now(), &settings()),
+            Step::AwaitRetry {
+                left: Duration::from_secs(30)
+            }
+        );
+        assert_eq!(decide(&r, None, later, &settings()), Step::CreatePod);
     }
 
     #[test]

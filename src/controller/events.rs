@@ -53,6 +53,8 @@ pub(crate) const RIGHTS_UNVERIFIED: &str = conditions::REASON_RIGHTS_UNVERIFIED;
 /// An attempt of a run with `spec.retryPolicy` ended and another follows (docs/user-guide.md
 /// "Retries").
 pub(crate) const ATTEMPT_FAILED: &str = "AttemptFailed";
+/// `spec.suspend` holds the run without a pod.
+pub(crate) const SUSPENDED: &str = conditions::REASON_SUSPENDED;
 /// The image can never be pulled: the run fails.
 pub(crate) const IMAGE_PULL_FAILED: &str = conditions::REASON_IMAGE_PULL_FAILED;
 /// The egress gate never saw the run's NetworkPolicy in force: the run fails, its workload never
@@ -128,6 +130,7 @@ pub(crate) const ALL: &[&str] = &[
     TEMPLATE_UNUSABLE,
     RIGHTS_UNVERIFIED,
     ATTEMPT_FAILED,
+    SUSPENDED,
 ];
 
 /// The reason of the Event that announces a final phase.

@@ -30,6 +30,9 @@ pub(crate) struct AttemptEnd {
     pub disrupted: bool,
     /// The types of the pod's conditions that were True.
     pub pod_conditions: Vec<String>,
+    /// `spec.suspend` stopped it (docs/user-guide.md "Suspend"): never counted, the next attempt
+    /// waits until the run is resumed.
+    pub suspended: bool,
 }
 
 impl AttemptEnd {
@@ -40,6 +43,12 @@ impl AttemptEnd {
         let (exit_code, disrupted) = match trigger {
             Trigger::WorkloadFinished { exit_code } => (Some(*exit_code), false),
             Trigger::PodDeleting => (None, true),
+            Trigger::Suspend => {
+                return Some(AttemptEnd {
+                    suspended: true,
+                    ..AttemptEnd::default()
+                })
+            }
             _ => return None,
         };
         let pod_conditions = pod
@@ -56,6 +65,7 @@ impl AttemptEnd {
             exit_code,
             disrupted,
             pod_conditions,
+            suspended: false,
         })
     }
 
@@ -64,6 +74,9 @@ impl AttemptEnd {
     }
 
     fn words(&self) -> String {
+        if self.suspended {
+            return "spec.suspend was set".to_string();
+        }
         match self.exit_code {
             Some(code) => format!("the workload exited with code {code}"),
             None => "the pod was deleted or evicted".to_string(),
@@ -99,6 +112,13 @@ pub(crate) fn judge(
     end: &AttemptEnd,
     attempts: &[AttemptStatus],
 ) -> Verdict {
+    if end.suspended {
+        return Verdict::Retry {
+            counted: false,
+            after: Duration::ZERO,
+            why: "spec.suspend was set; the next attempt starts when it is cleared".to_string(),
+        };
+    }
     let Some(policy) = policy else {
         return Verdict::Final;
     };
@@ -299,6 +319,7 @@ mod tests {
             exit_code: None,
             disrupted: true,
             pod_conditions: vec![DISRUPTION_TARGET.into()],
+            suspended: false,
         };
         let p = policy(0, vec![]);
         assert!(matches!(
@@ -325,6 +346,20 @@ mod tests {
             judge(Some(&p), &evicted, &many),
             Verdict::Fail { .. }
         ));
+    }
+
+    #[test]
+    fn a_suspended_attempt_never_counts_and_needs_no_policy() {
+        let suspended = AttemptEnd {
+            suspended: true,
+            ..AttemptEnd::default()
+        };
+        for policy in [None, Some(policy(0, vec![]))] {
+            assert!(matches!(
+                judge(policy.as_ref(), &suspended, &ended(&[false; 20])),
+                Verdict::Retry { counted: false, after, .. } if after.is_zero()
+            ));
+        }
     }
 
     #[test]

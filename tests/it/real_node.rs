@@ -2473,3 +2473,99 @@ async fn a_run_retries_by_exit_code_keeping_every_attempts_files_and_a_fatal_cod
     );
     assert_eq!(status.read_back[0].phase, ReadBackPhase::Drained);
 }
+
+/// Issue #41 `spec.suspend` on real containers: a run created suspended gets no pod (Pending,
+/// Ready=False `Suspended`); resumed, it runs. Suspended while running, its pod is stopped with
+/// its files drained into that attempt's generation (an attempt that does not count, reason
+/// `Suspended`); resumed, attempt 2 runs in a new pod and the run ends with both generations
+/// stored. On the old code the field does not exist: the run starts at once.
+#[tokio::test]
+async fn a_suspended_run_has_no_pod_and_a_running_one_is_stopped_with_its_files_then_resumed() {
+    let bed = RealBed::new("real-suspend").await;
+    let pods: Api<Pod> = Api::namespaced(bed.client.clone(), &bed.ns.name);
+    let script = r#"echo "attempt $SANDBOXRUN_ATTEMPT" > "$ITERION_ARTIFACT_FILES_DIR/attempt.txt"
+[ "$SANDBOXRUN_ATTEMPT" -ge 2 ] || exec sleep 3600"#;
+    let mut spec = real_spec(Some(script), &["/work/out"]);
+    spec.suspend = true;
+    create(&bed.runs, "held", spec).await;
+    let held = wait_run(&bed.runs, "held", "Ready=False Suspended", &bed.op, |r| {
+        r.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.reason == "Suspended")
+        })
+    })
+    .await;
+    assert_eq!(
+        held.status.as_ref().and_then(|s| s.phase),
+        Some(Phase::Pending)
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let listed = pods.list(&ListParams::default()).await.expect("pods");
+    assert!(
+        listed.items.is_empty(),
+        "no pod while suspended: {:?}",
+        listed.items.len()
+    );
+
+    let set = |on: bool| json!({"spec": {"suspend": on}});
+    bed.runs
+        .patch("held", &PatchParams::default(), &Patch::Merge(&set(false)))
+        .await
+        .expect("resume");
+    wait_run(
+        &bed.runs,
+        "held",
+        "Running",
+        &bed.op,
+        phase_is(Phase::Running),
+    )
+    .await;
+    bed.runs
+        .patch("held", &PatchParams::default(), &Patch::Merge(&set(true)))
+        .await
+        .expect("suspend while running");
+    let stopped = wait_run(
+        &bed.runs,
+        "held",
+        "attempt 1 recorded, suspended",
+        &bed.op,
+        |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.attempts.len() == 1
+                    && s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.reason == "Suspended")
+            })
+        },
+    )
+    .await;
+    let status = stopped.status.clone().expect("status");
+    let first = &status.attempts[0];
+    assert_eq!(
+        (first.reason.as_str(), first.counted),
+        ("Suspended", false),
+        "{first:?}"
+    );
+    assert_eq!(
+        first.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "{first:?}"
+    );
+    assert_eq!(status.phase, Some(Phase::Pending));
+
+    bed.runs
+        .patch("held", &PatchParams::default(), &Patch::Merge(&set(false)))
+        .await
+        .expect("resume again");
+    let done = wait_run(&bed.runs, "held", "a final phase", &bed.op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    for attempt in 1..=2 {
+        let dir = files_get_attempt(&bed.ns.name, "held", &bed.store_url, attempt);
+        assert_eq!(
+            std::fs::read_to_string(dir.join("attempt.txt")).expect("attempt.txt"),
+            format!("attempt {attempt}\n")
+        );
+    }
+}

@@ -76,6 +76,40 @@ pub(crate) fn attempt_end(
     }
 }
 
+/// A suspended run without a pod (`spec.suspend`): Pending, Ready=False `Suspended`, told once.
+pub(crate) fn suspended(run: &SandboxRun, now: Timestamp) -> Plan {
+    let already = run.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == conditions::READY && c.reason == conditions::REASON_SUSPENDED)
+    });
+    if already {
+        return Plan::wait(Requeue::AwaitChange);
+    }
+    let mut status = run.status.clone().unwrap_or_default();
+    let generation = run.metadata.generation;
+    let message = "suspended (spec.suspend): no pod until it is cleared".to_string();
+    status.phase = Some(Phase::Pending);
+    status.observed_generation = generation;
+    status.message = Some(message.clone());
+    set_condition(
+        &mut status.conditions,
+        conditions::READY,
+        false,
+        conditions::REASON_SUSPENDED,
+        message.clone(),
+        generation,
+        now,
+    );
+    ensure_pending_entries(run, &mut status);
+    Plan {
+        events: vec![PlannedEvent::normal(events::SUSPENDED, message, "Suspend")],
+        status: Some(status),
+        effects: Vec::new(),
+        requeue: Requeue::AwaitChange,
+    }
+}
+
 /// This attempt recorded, the next one waiting out `after`: the run is Pending again with no pod,
 /// its read-back entries Pending for the next attempt, Ready=False `Retrying`.
 fn attempt_ended(
@@ -99,19 +133,24 @@ fn attempt_ended(
     let next_at = now
         .checked_add(jiff::SignedDuration::try_from(after).unwrap_or_default())
         .unwrap_or(now);
-    let message = format!(
-        "attempt {index} ended: {why}; attempt {} starts at {next_at}",
-        index + 1
-    );
+    let message = if end.is_some_and(|e| e.suspended) {
+        format!("attempt {index} ended: {why}")
+    } else {
+        format!(
+            "attempt {index} ended: {why}; attempt {} starts at {next_at}",
+            index + 1
+        )
+    };
     status.attempts.push(AttemptStatus {
         index,
         pod_name: crate::pod::current_pod_name(run),
         exit_code: end.and_then(|e| e.exit_code),
-        reason: if end.is_some_and(|e| e.exit_code.is_none()) {
-            "Disrupted".to_string()
-        } else {
-            "WorkloadFailed".to_string()
-        },
+        reason: match end {
+            Some(e) if e.suspended => "Suspended",
+            Some(e) if e.exit_code.is_none() => "Disrupted",
+            _ => "WorkloadFailed",
+        }
+        .to_string(),
         message: Some(why),
         counted,
         start_time: status.workload.as_ref().and_then(|w| w.started_at.clone()),
@@ -125,6 +164,12 @@ fn attempt_ended(
     status.observed_generation = generation;
     status.next_attempt_time = Some(Time(next_at));
     status.attempt = Some(index + 1);
+    if end.is_some_and(|e| e.suspended) {
+        // The deadline starts again when the run resumes, as a Job's does (docs/user-guide.md
+        // "Suspend"); a retried attempt keeps counting from the first start.
+        status.start_time = None;
+        status.next_attempt_time = None;
+    }
     status.message = Some(message.clone());
     for gone in [conditions::WORKLOAD_FINISHED, conditions::DRAINED] {
         remove_condition(&mut status.conditions, gone);

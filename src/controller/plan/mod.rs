@@ -98,6 +98,7 @@ pub(crate) fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
         }
         Step::SkipDrain => skip_drain(run, pod_exists, retention),
         Step::AwaitRetry { left } => Plan::wait(Requeue::After(left)),
+        Step::Suspended => attempt::suspended(run, inputs.now),
     };
     StepPlan::Carry(Box::new(plan))
 }
