@@ -2289,7 +2289,8 @@ fn exec_in_workload(ns: &str, pod: &str, script: &str) -> Output {
 /// - batch-run.yaml: Complete (`Succeeded`), `/work/out` drained with its report;
 /// - long-lived-sandbox.yaml (with its ConfigMap): Running until `stop`, a file written through
 ///   `kubectl exec` drained, the untouched path `Empty`, phase `Stopped`;
-/// - real-node-run.yaml (`make demo`'s): Complete.
+/// - real-node-run.yaml (`make demo`'s): Complete;
+/// - retries.yaml: Complete on its third attempt, the first attempt's files readable.
 #[tokio::test]
 async fn every_sample_runs_on_the_bed_to_its_documented_end() {
     let client = client().await;
@@ -2313,6 +2314,7 @@ async fn every_sample_runs_on_the_bed_to_its_documented_end() {
         "batch-run.yaml",
         "long-lived-sandbox.yaml",
         "real-node-run.yaml",
+        "retries.yaml",
     ] {
         let text = std::fs::read_to_string(samples.join(file)).expect("sample");
         let text = text.replace("localhost:15000/", &format!("{registry}/"));
@@ -2332,6 +2334,16 @@ async fn every_sample_runs_on_the_bed_to_its_documented_end() {
         .unwrap_or_else(|e| panic!("files get failed: {e}"));
     let report = std::fs::read_to_string(extracted(&dest, 0).join("report.md")).expect("report");
     assert!(report.contains("samples: 1000"), "{report}");
+    // retries.yaml: two failed attempts, then Complete, each attempt's report kept.
+    let flaky = wait_run(&runs, "flaky-job", "a final phase", &op, final_phase).await;
+    let status = flaky.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    assert_eq!(status.attempts.len(), 2, "{status:?}");
+    let first = files_get_attempt(&ns.name, "flaky-job", &store_url, 1);
+    assert_eq!(
+        std::fs::read_to_string(first.join("report.txt")).expect("report.txt"),
+        "attempt 1\n"
+    );
 
     let sandbox = wait_run(
         &runs,
