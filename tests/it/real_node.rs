@@ -2581,3 +2581,64 @@ async fn a_suspended_run_has_no_pod_and_a_running_one_is_stopped_with_its_files_
         );
     }
 }
+
+/// Issue #41: an attempt whose pod is evicted (a POST to pods/eviction, as `kubectl drain` does)
+/// is drained, recorded as `Disrupted` and retried **without counting**: with `limit: 0` (no
+/// counted retry at all) the run still gets its second attempt, which succeeds. On the old code
+/// the eviction ends the run `Stopped` (`PodDeleted`).
+#[tokio::test]
+async fn an_evicted_attempt_is_drained_and_retried_without_counting() {
+    use sandboxrun_operator::api::RetryPolicy;
+    let bed = RealBed::new("real-evict-retry").await;
+    let script = r#"echo "attempt $SANDBOXRUN_ATTEMPT" > "$ITERION_ARTIFACT_FILES_DIR/attempt.txt"
+[ "$SANDBOXRUN_ATTEMPT" -ge 2 ] || exec sleep 3600"#;
+    let mut spec = real_spec(Some(script), &["/work/out"]);
+    spec.retry_policy = Some(RetryPolicy {
+        limit: 0,
+        ..RetryPolicy::default()
+    });
+    create(&bed.runs, "evicted", spec).await;
+    let run = wait_run(
+        &bed.runs,
+        "evicted",
+        "Running",
+        &bed.op,
+        phase_is(Phase::Running),
+    )
+    .await;
+    let pod = pod_of(&run);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let eviction = json!({
+        "apiVersion": "policy/v1", "kind": "Eviction",
+        "metadata": {"name": pod, "namespace": bed.ns.name},
+    });
+    let req = http::Request::post(format!(
+        "/api/v1/namespaces/{}/pods/{}/eviction",
+        bed.ns.name, pod
+    ))
+    .header("content-type", "application/json")
+    .body(serde_json::to_vec(&eviction).expect("eviction json"))
+    .expect("eviction request");
+    let _: serde_json::Value = bed.client.request(req).await.expect("evict the pod");
+
+    let done = wait_run(&bed.runs, "evicted", "a final phase", &bed.op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    assert_eq!(status.attempts.len(), 1, "{status:?}");
+    let first = &status.attempts[0];
+    assert_eq!(
+        (first.reason.as_str(), first.counted, first.exit_code),
+        ("Disrupted", false, None),
+        "{first:?}"
+    );
+    assert_eq!(
+        first.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "{first:?}"
+    );
+    let dir = files_get_attempt(&bed.ns.name, "evicted", &bed.store_url, 1);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("attempt.txt")).expect("attempt.txt"),
+        "attempt 1\n"
+    );
+}
