@@ -10,7 +10,7 @@ use std::io::Write;
 use clap::Args;
 use kube::ResourceExt;
 
-use crate::api::{Phase, ReadBackPhase, SandboxRun, WorkloadTermination};
+use crate::api::{AttemptStatus, Phase, ReadBackPhase, SandboxRun, WorkloadTermination};
 use crate::text::printable;
 
 use super::cluster::ClusterArgs;
@@ -47,7 +47,46 @@ pub(crate) fn render(run: &SandboxRun, out: &mut impl Write) -> std::io::Result<
             no_workload_words(status.phase, &namespace, status.pod_name.as_deref())
         )?,
     }
+    write_attempts(out, &status.attempts)?;
     write_read_back(out, run)
+}
+
+/// The attempts that ended before the current one (`spec.retryPolicy`, `spec.suspend`): one line
+/// each, with its exit code, reason, whether it counted, and its paths' drains.
+fn write_attempts(out: &mut impl Write, attempts: &[AttemptStatus]) -> std::io::Result<()> {
+    if attempts.is_empty() {
+        return Ok(());
+    }
+    writeln!(out, "Earlier attempts:")?;
+    for a in attempts {
+        let exit = a
+            .exit_code
+            .map(|c| format!("exited {c}"))
+            .unwrap_or_else(|| "did not exit".to_string());
+        let counted = if a.counted { "counted" } else { "not counted" };
+        let drains: Vec<String> = a
+            .read_back
+            .iter()
+            .map(|e| format!("{} {}", printable(&e.path), e.phase.as_str()))
+            .collect();
+        writeln!(
+            out,
+            "  #{} {}: {exit}, {} ({counted}); files (--attempt {}): {}",
+            a.index,
+            printable(&a.pod_name),
+            printable(&a.reason),
+            a.index,
+            if drains.is_empty() {
+                "no paths".to_string()
+            } else {
+                drains.join(", ")
+            }
+        )?;
+        if let Some(message) = &a.message {
+            writeln!(out, "     {}", printable(message))?;
+        }
+    }
+    Ok(())
 }
 
 /// How the workload ended, and its termination message as indented lines.
@@ -226,6 +265,38 @@ mod tests {
         assert!(t.contains("/log  Failed  (exec refused)"), "{t}");
         assert!(t.contains("Drain: FAILED for 1 of 2 path(s)"), "{t}");
         assert!(!t.contains('\x1b'), "{t:?}");
+    }
+
+    #[test]
+    fn earlier_attempts_are_listed_with_their_exit_reason_and_drains() {
+        use crate::api::AttemptStatus;
+        let status = SandboxRunStatus {
+            phase: Some(Phase::Succeeded),
+            attempts: vec![AttemptStatus {
+                index: 1,
+                pod_name: "job-sbr".into(),
+                exit_code: Some(3),
+                reason: "WorkloadFailed".into(),
+                message: Some("the workload exited with code 3; retried".into()),
+                counted: true,
+                read_back: vec![ReadBackStatus {
+                    path: "/out".into(),
+                    phase: ReadBackPhase::Failed,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let text = text(&run(status, &["/out"]));
+        assert!(
+            text.contains("Earlier attempts:")
+                && text.contains("#1 job-sbr: exited 3, WorkloadFailed (counted); files (--attempt 1): /out Failed"),
+            "{text}"
+        );
+        // A run that never retried says nothing of attempts.
+        let plain = super::tests::text(&run(SandboxRunStatus::default(), &["/out"]));
+        assert!(!plain.contains("attempts"), "{plain}");
     }
 
     #[test]
