@@ -43,6 +43,10 @@ pub struct NamespacePolicy {
     /// The longest `readBack.drainTimeout` a run may declare (`10m`, `1h`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_drain_timeout: Option<String>,
+    /// The largest `retryPolicy.limit` a run may declare (0: no counted retry; docs/user-guide.md
+    /// "Retries").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retry_limit: Option<u32>,
     /// The runtime class the controller gives a run of these namespaces that names none (the
     /// first governing policy that has one, in the file's order).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -343,6 +347,15 @@ fn judge_limits(
     compiled: &Compiled,
     refuse: &mut impl FnMut(&str, String, String),
 ) {
+    if let (Some(max), Some(policy)) = (compiled.policy.max_retry_limit, &spec.retry_policy) {
+        if policy.limit > max {
+            refuse(
+                "spec.retryPolicy.limit",
+                format!("retryPolicy.limit {}", policy.limit),
+                format!("at most {max}"),
+            );
+        }
+    }
     let Some(rb) = &spec.read_back else { return };
     if let Some(max) = compiled.max_size_bytes {
         for (i, path) in rb.paths.iter().enumerate() {
@@ -462,6 +475,7 @@ mod tests {
   images: ["registry.corp.example/**", "docker.io/library/busybox:*"]
   maxSizeLimit: 1Gi
   maxDrainTimeout: 10m
+  maxRetryLimit: 2
   serviceAccounts: false
   secrets: false
 - name: everyone
@@ -541,6 +555,15 @@ mod tests {
                     if let Some(rb) = s.read_back.as_mut() {
                         rb.drain_timeout = Some("1h".into());
                     }
+                }),
+            ),
+            (
+                "spec.retryPolicy.limit",
+                Box::new(|s| {
+                    s.retry_policy = Some(crate::api::RetryPolicy {
+                        limit: 5,
+                        ..Default::default()
+                    })
                 }),
             ),
             (
