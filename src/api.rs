@@ -133,6 +133,13 @@ pub struct SandboxRunSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub suspend: bool,
 
+    /// A checkpoint request (docs/user-guide.md "Checkpoints"): set it to a new value (any token,
+    /// e.g. a counter or a time) and the running sandbox's read-back paths are drained now,
+    /// without stopping it, into a generation of their own (`status.checkpoints`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub checkpoint: Option<String>,
+
     /// Retries (docs/user-guide.md "Retries"): a failed attempt's pod is drained into that
     /// attempt's own files and a new pod is created after a backoff, as the rules on the
     /// workload's exit code and the pod's conditions say. Without it a run has one attempt.
@@ -739,6 +746,31 @@ pub struct PodConditionRule {
     pub type_: String,
 }
 
+/// Most checkpoints a run may have unless the operator says otherwise (`run --max-checkpoints`).
+pub const DEFAULT_MAX_CHECKPOINTS: u32 = 16;
+
+/// One checkpoint of a running sandbox (`status.checkpoints[]`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckpointStatus {
+    /// Its number, from 1 (`files ls/get --checkpoint N`).
+    pub index: u32,
+    /// The `spec.checkpoint` token it answered.
+    pub token: String,
+    /// The attempt the run was at.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// When it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<Time>,
+    /// Why it holds no files, when it was refused (the run's checkpoint limit).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Each read-back path's drain into this checkpoint's own files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub read_back: Vec<ReadBackStatus>,
+}
+
 /// One ended attempt of a run with a retry policy (`status.attempts[]`).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -823,6 +855,9 @@ pub struct SandboxRunStatus {
     /// first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
+    /// The checkpoints taken while the run ran (`spec.checkpoint`), oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checkpoints: Vec<CheckpointStatus>,
     /// When the next attempt's pod is created (set while a retry waits out its backoff).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_time: Option<Time>,
@@ -988,6 +1023,20 @@ impl ReadBackPhase {
             ReadBackPhase::Capped => "Capped",
             ReadBackPhase::Failed => "Failed",
         }
+    }
+}
+
+impl SandboxRun {
+    /// The `spec.checkpoint` token the run asks a checkpoint for (docs/user-guide.md
+    /// "Checkpoints"): set, and not the token its last checkpoint answered.
+    pub fn checkpoint_due(&self) -> Option<String> {
+        let token = self.spec.checkpoint.as_deref()?;
+        let last = self
+            .status
+            .as_ref()
+            .and_then(|s| s.checkpoints.last())
+            .map(|c| c.token.as_str());
+        (last != Some(token)).then(|| token.to_string())
     }
 }
 

@@ -61,6 +61,10 @@ pub struct FilesArgs {
     /// last attempt; docs/user-guide.md "Retries").
     #[arg(long, global = true)]
     pub attempt: Option<u32>,
+    /// The checkpoint whose files to read (`spec.checkpoint`, from 1; docs/user-guide.md
+    /// "Checkpoints"); without it, a teardown's files.
+    #[arg(long, global = true, conflicts_with = "attempt")]
+    pub checkpoint: Option<u32>,
 }
 
 /// The store flags of `files`: the operator's (`crate::store::StoreArgs`), except that the URL
@@ -278,7 +282,20 @@ pub async fn run_at(
     };
     let run_name = args.run_name().to_string();
     let all = list_manifests(&store, &prefix, &target.namespace, &run_name).await?;
-    let manifests = pick_attempt(pick_instance(all, target.uid.as_deref()), args.attempt);
+    let instance = pick_instance(all, target.uid.as_deref());
+    let manifests = match args.checkpoint {
+        Some(n) => instance
+            .into_iter()
+            .filter(|m| m.checkpoint == Some(n))
+            .collect(),
+        None => pick_attempt(
+            instance
+                .into_iter()
+                .filter(|m| m.checkpoint.is_none())
+                .collect(),
+            args.attempt,
+        ),
+    };
     if manifests.is_empty() {
         return Err(FilesError::NotFound {
             namespace: target.namespace.clone(),
@@ -1115,6 +1132,7 @@ mod tests {
             pod_notes: Vec::new(),
             changed: Vec::new(),
             run_attempt: 1,
+            checkpoint: None,
         }
     }
 
@@ -1221,6 +1239,7 @@ mod tests {
             },
             uid: None,
             attempt: None,
+            checkpoint: None,
         }
     }
 

@@ -23,7 +23,7 @@ use crate::api::{
 };
 
 /// The spec fields that are always the run's: its lifecycle switch and the reference itself.
-const RUN_OWN: [&str; 3] = ["stop", "suspend", "templateRef"];
+const RUN_OWN: [&str; 4] = ["stop", "suspend", "checkpoint", "templateRef"];
 
 /// A field the run sets that its template locks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -617,7 +617,14 @@ mod tests {
     #[test]
     fn every_settable_spec_field_can_be_opened_and_no_other() {
         // The run-own fields and the two never served on a cluster are not open fields.
-        let never = ["stop", "suspend", "templateRef", "hostState", "build"];
+        let never = [
+            "stop",
+            "suspend",
+            "checkpoint",
+            "templateRef",
+            "hostState",
+            "build",
+        ];
         let crd = serde_json::to_value(crate::api::SandboxRun::crd()).unwrap();
         let props = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
             ["properties"]

@@ -301,14 +301,15 @@ pub fn check_update(old: &SandboxRunSpec, new: &SandboxRunSpec, pod_exists: bool
     }
     if pod_exists {
         // The pod is built once from the spec; changing it afterwards would make the object lie
-        // about what runs. Compare everything but `stop` and `suspend` (which stop the pod, they do
-        // not reshape it) field by field to name what changed.
+        // about what runs. Compare everything but `stop`, `suspend` and `checkpoint` (which act on
+        // the pod, they do not reshape it) field by field to name what changed.
         // What happens after the end (`ttlSecondsAfterFinished`, `readBack.retention`) does not
         // shape the pod and may change, as a Job's TTL may.
         let as_map = |s: &SandboxRunSpec| -> BTreeMap<String, serde_json::Value> {
             let mut s = s.clone();
             s.stop = false;
             s.suspend = false;
+            s.checkpoint = None;
             s.ttl_seconds_after_finished = None;
             if let Some(rb) = s.read_back.as_mut() {
                 rb.retention = None;
@@ -1629,7 +1630,7 @@ mod tests {
     /// The docs that say what may change once the pod exists name what `check_update` lets
     /// change (issue #27: some said "only `stop`"), and `check_update` lets exactly those change.
     #[test]
-    fn the_docs_name_the_three_fields_that_may_change_once_the_pod_exists() {
+    fn the_docs_name_the_fields_that_may_change_once_the_pod_exists() {
         let mut old = good();
         old.read_back = read_back(&["/work/out"]);
         let mut network = old.clone();
@@ -1646,7 +1647,7 @@ mod tests {
             "network rules are fixed once the pod exists"
         );
         let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-        let claim = "only `stop`, `ttlSecondsAfterFinished` and `readBack.retention` may change";
+        let claim = "only `stop`, `suspend`, `checkpoint`, `ttlSecondsAfterFinished` and `readBack.retention` may change";
         for doc in [
             "docs/user-guide.md",
             "docs/operations.md",
@@ -1662,7 +1663,7 @@ mod tests {
             assert!(words.contains(claim), "{doc} does not say: {claim}");
             assert!(
                 !words.contains("only `stop` may change") && !words.contains("next request"),
-                "{doc} still says a spec edit other than the three takes effect"
+                "{doc} still says a spec edit other than these takes effect"
             );
         }
     }

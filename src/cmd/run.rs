@@ -159,6 +159,15 @@ pub(crate) struct RunArgs {
         value_parser = clap::value_parser!(u16).range(1..)
     )]
     pub(crate) max_concurrent_drains: u16,
+    /// Checkpoints one run may take (`spec.checkpoint`, docs/user-guide.md "Checkpoints"): each
+    /// drains every read-back path of a running sandbox into a generation of its own; past this
+    /// many a checkpoint is refused (a Warning, an entry saying why).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_MAX_CHECKPOINTS",
+        default_value_t = crate::api::DEFAULT_MAX_CHECKPOINTS
+    )]
+    pub(crate) max_checkpoints: u32,
     /// Paths drained at once, across every run: the declared paths of a run drain in parallel,
     /// each holding one of these slots, which bound the drain memory (see docs/operations.md,
     /// "Sizing").

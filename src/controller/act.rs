@@ -174,6 +174,8 @@ pub(crate) struct DrainTarget {
     fence: Option<crate::drain::Fence>,
     /// The run's attempt being drained (`spec.retryPolicy`).
     attempt: u32,
+    /// The checkpoint being taken (`spec.checkpoint`), None at a teardown.
+    checkpoint: Option<u32>,
 }
 
 impl DrainTarget {
@@ -199,7 +201,15 @@ impl DrainTarget {
             cancel: ctx.cancel.clone(),
             fence: None,
             attempt: pod::current_attempt(run),
+            checkpoint: None,
         }
+    }
+
+    /// The same target, draining into checkpoint `n` (`spec.checkpoint`) instead of the
+    /// attempt's teardown generation.
+    pub(crate) fn checkpoint(mut self, n: u32) -> Self {
+        self.checkpoint = Some(n);
+        self
     }
 
     /// The same target, its drains stopped when `cancel` fires and committed only while `fence`
@@ -301,6 +311,7 @@ async fn drain_one(
         cancel: &target.cancel,
         fence: target.fence.as_ref(),
         run_attempt: target.attempt,
+        checkpoint: target.checkpoint,
     };
     (path.entry, drain_path(&job).await)
 }

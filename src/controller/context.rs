@@ -105,6 +105,8 @@ pub(crate) struct Context {
     /// With sharding: the runs' drain claims, one teardown of a run at a time across replicas
     /// whatever its shard label says (src/shard/drain_claim.rs).
     pub drain_claims: Option<Arc<DrainClaims>>,
+    /// Checkpoints one run may take (`run --max-checkpoints`).
+    pub max_checkpoints: u32,
 }
 
 impl Context {
@@ -181,6 +183,12 @@ impl Context {
         self
     }
 
+    /// The same context allowing `max` checkpoints a run (`run --max-checkpoints`).
+    pub(crate) fn with_max_checkpoints(mut self, max: u32) -> Context {
+        self.max_checkpoints = max;
+        self
+    }
+
     /// The same context taking each run's drain claim before its teardown (`run --sharding`).
     pub(crate) fn with_drain_claims(mut self, claims: Option<Arc<DrainClaims>>) -> Context {
         self.drain_claims = claims;
@@ -254,6 +262,7 @@ impl Context {
             tenant_stores: TenantStorePolicy::default(),
             shards: None,
             drain_claims: None,
+            max_checkpoints: crate::api::DEFAULT_MAX_CHECKPOINTS,
         }
     }
 

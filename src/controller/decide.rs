@@ -235,6 +235,8 @@ pub(crate) enum Step {
     DeleteExpiredRun,
     /// `spec.suspend` holds the run without a pod: say so (once), create nothing.
     Suspended,
+    /// `spec.checkpoint` asks the running sandbox's paths to be drained now, without stopping it.
+    Checkpoint,
     /// An attempt ended and the next one waits out its backoff (`spec.retryPolicy`): look again
     /// after `left`.
     AwaitRetry {
@@ -260,6 +262,7 @@ impl Step {
             Step::DeleteExpiredRun => "expire",
             Step::AwaitRetry { .. } => "await_retry",
             Step::Suspended => "suspended",
+            Step::Checkpoint => "checkpoint",
         }
     }
 }
@@ -392,6 +395,12 @@ fn with_pod(run: &SandboxRun, pod: &PodView, now: Timestamp, settings: &DecideSe
         Some(when) => Duration::try_from(now.duration_until(when)).ok(),
         None => None,
     };
+    if pod.workload == WorkloadState::Running
+        && pod.holder_running
+        && run.checkpoint_due().is_some()
+    {
+        return Step::Checkpoint;
+    }
     if let Some(PodProblem::EgressGate(message)) = &pod.problem {
         return Step::Teardown(Trigger::EgressGateFailed {
             message: message.clone(),
@@ -516,6 +525,7 @@ mod tests {
                 left: Duration::ZERO,
             },
             Step::Suspended,
+            Step::Checkpoint,
         ];
         for step in &all {
             match step {
@@ -529,7 +539,8 @@ mod tests {
                 | Step::DeleteFinishedPod
                 | Step::DeleteExpiredRun
                 | Step::AwaitRetry { .. }
-                | Step::Suspended => {}
+                | Step::Suspended
+                | Step::Checkpoint => {}
             }
         }
         all

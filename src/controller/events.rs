@@ -55,6 +55,10 @@ pub(crate) const RIGHTS_UNVERIFIED: &str = conditions::REASON_RIGHTS_UNVERIFIED;
 pub(crate) const ATTEMPT_FAILED: &str = "AttemptFailed";
 /// `spec.suspend` holds the run without a pod.
 pub(crate) const SUSPENDED: &str = conditions::REASON_SUSPENDED;
+/// A checkpoint of a running sandbox was taken (`spec.checkpoint`).
+pub(crate) const CHECKPOINTED: &str = "Checkpointed";
+/// A checkpoint was refused: the run has its `--max-checkpoints`.
+pub(crate) const CHECKPOINT_REFUSED: &str = "CheckpointRefused";
 /// The image can never be pulled: the run fails.
 pub(crate) const IMAGE_PULL_FAILED: &str = conditions::REASON_IMAGE_PULL_FAILED;
 /// The egress gate never saw the run's NetworkPolicy in force: the run fails, its workload never
@@ -131,6 +135,8 @@ pub(crate) const ALL: &[&str] = &[
     RIGHTS_UNVERIFIED,
     ATTEMPT_FAILED,
     SUSPENDED,
+    CHECKPOINTED,
+    CHECKPOINT_REFUSED,
 ];
 
 /// The reason of the Event that announces a final phase.

@@ -18,6 +18,7 @@
 //! This file is the wiring: the watches, the reconcile loop and its error policy.
 
 pub(crate) mod act;
+mod checkpoint_job;
 pub(crate) mod conditions;
 pub(crate) mod context;
 pub(crate) mod decide;

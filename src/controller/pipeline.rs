@@ -16,7 +16,7 @@ use super::drive;
 use super::error::ControllerError;
 use super::observe::{self, Observation, Observed};
 use super::plan::{self, Inputs, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN};
-use super::teardown_job;
+use super::{checkpoint_job, teardown_job};
 use crate::api::SandboxRun;
 use crate::egress::verdict::verdict;
 
@@ -86,6 +86,10 @@ pub(crate) async fn reconcile(
         }
         StepPlan::CreatePod(pod) => create_pod(ctx, run, *pod, resolved, now).await?,
         StepPlan::RecordPodLost => record_pod_lost(ctx, run, &observation, now).await?,
+        StepPlan::Checkpoint => {
+            checkpoint_job::start(ctx, run);
+            Requeue::After(IN_FLIGHT_REQUEUE)
+        }
         StepPlan::Teardown(trigger) => {
             teardown_job::start(ctx, run, trigger);
             // A teardown that waits for a slot is looked at again after the quiet window.

@@ -115,7 +115,7 @@ async fn fresh_teardown(
 /// The store the teardown drains into, resolved now (docs/contract.md "A store per namespace"):
 /// read only when a path is still to drain; why not, when it cannot be used. A read that may
 /// pass (the apiserver unreachable or failing) is an error: the teardown is retried.
-async fn teardown_store(
+pub(super) async fn teardown_store(
     ctx: &Context,
     run: &SandboxRun,
     paths: &[plan::PathPlan],

@@ -40,8 +40,8 @@ use crate::api::{Compression, ReadBackPhase, ReadBackStatus};
 use crate::metrics::Metrics;
 use crate::store::credentials;
 use crate::store::{
-    archive_writer, attempt_object_keys, try_read_manifest, write_manifest, DrainOutcome, Manifest,
-    ManifestContext, ManifestWrite, ObjectKeys, RunRef, StoreError,
+    archive_writer, attempt_object_keys, checkpoint_object_keys, try_read_manifest, write_manifest,
+    DrainOutcome, Manifest, ManifestContext, ManifestWrite, ObjectKeys, RunRef, StoreError,
 };
 use crate::tar::sanitize::MemberKind;
 
@@ -106,6 +106,8 @@ pub(crate) struct PathJob<'a> {
     pub(crate) fence: Option<&'a super::Fence>,
     /// The run's attempt whose files these are (`spec.retryPolicy`): its keys and manifest.
     pub(crate) run_attempt: u32,
+    /// The checkpoint being taken (`spec.checkpoint`), None at a teardown: its keys and manifest.
+    pub(crate) checkpoint: Option<u32>,
 }
 
 /// Why one attempt failed.
@@ -523,14 +525,24 @@ impl<'j, 'a> PathDrain<'j, 'a> {
             name: job.run_name.to_string(),
             uid: job.run_uid.to_string(),
         };
-        let keys = attempt_object_keys(
-            job.store_prefix,
-            &run,
-            job.run_attempt,
-            job.index,
-            job.path,
-            job.compression,
-        );
+        let keys = match job.checkpoint {
+            Some(n) => checkpoint_object_keys(
+                job.store_prefix,
+                &run,
+                n,
+                job.index,
+                job.path,
+                job.compression,
+            ),
+            None => attempt_object_keys(
+                job.store_prefix,
+                &run,
+                job.run_attempt,
+                job.index,
+                job.path,
+                job.compression,
+            ),
+        };
         PathDrain {
             job,
             run,
@@ -790,6 +802,7 @@ async fn attempt(
     );
     notes.record_in(&mut manifest);
     manifest.run_attempt = job.run_attempt;
+    manifest.checkpoint = job.checkpoint;
     *last_written = Some(manifest.content_digest());
     commit(job, keys, manifest).await
 }
@@ -1322,6 +1335,7 @@ mod tests {
             cancel,
             fence: None,
             run_attempt: 1,
+            checkpoint: None,
         }
     }
 

@@ -73,7 +73,27 @@ pub fn attempt_object_keys(
     if attempt <= 1 {
         return keys;
     }
-    let dir = run_dir(prefix, run).join(format!("attempt-{attempt}").as_str());
+    in_generation(prefix, run, &format!("attempt-{attempt}"), keys)
+}
+
+/// The keys of the `index`-th declared path in the run's `checkpoint`-th checkpoint
+/// (`spec.checkpoint`, docs/user-guide.md "Checkpoints"): the same names under
+/// `<uid>/checkpoint-<N>/`, inside the run's own directory.
+pub fn checkpoint_object_keys(
+    prefix: &Path,
+    run: &RunRef,
+    checkpoint: u32,
+    index: usize,
+    declared_path: &str,
+    compression: Compression,
+) -> ObjectKeys {
+    let keys = object_keys(prefix, run, index, declared_path, compression);
+    in_generation(prefix, run, &format!("checkpoint-{checkpoint}"), keys)
+}
+
+/// `keys`' names under `<uid>/<generation>/`.
+fn in_generation(prefix: &Path, run: &RunRef, generation: &str, keys: ObjectKeys) -> ObjectKeys {
+    let dir = run_dir(prefix, run).join(generation);
     let name = |key: &Path| key.filename().unwrap_or_default().to_string();
     ObjectKeys {
         archive: dir.clone().join(name(&keys.archive).as_str()),
@@ -215,5 +235,10 @@ mod tests {
             .archive
             .as_ref()
             .starts_with(run_dir(&p, &run()).as_ref()));
+        let cp = checkpoint_object_keys(&p, &run(), 2, 3, "/work/out", Compression::Zstd);
+        assert_eq!(
+            cp.manifest.as_ref(),
+            "drains/ns/job/1234-abcd/checkpoint-2/03-work-out.manifest.json"
+        );
     }
 }

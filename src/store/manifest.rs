@@ -120,6 +120,10 @@ pub struct Manifest {
     /// "Retries"): absent for the first attempt, so manifests written before retries read as it.
     #[serde(default = "first_attempt", skip_serializing_if = "is_first_attempt")]
     pub run_attempt: u32,
+    /// The checkpoint whose files these are (`spec.checkpoint`; docs/user-guide.md
+    /// "Checkpoints"), absent for a teardown's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<u32>,
 }
 
 fn first_attempt() -> u32 {
@@ -185,6 +189,7 @@ impl Manifest {
             pod_notes: Vec::new(),
             changed: Vec::new(),
             run_attempt: 1,
+            checkpoint: None,
         }
     }
 

@@ -37,8 +37,8 @@ pub(crate) mod upload_guard;
 pub use config::{parse_options, store_from_url, StoreArgs, StoreConfig, StoreOptions};
 pub use error::StoreError;
 pub use keys::{
-    attempt_object_keys, object_keys, path_slug, run_dir, run_prefix, ObjectKeys, RunRef,
-    MANIFEST_SUFFIX, MAX_SLUG_BYTES,
+    attempt_object_keys, checkpoint_object_keys, object_keys, path_slug, run_dir, run_prefix,
+    ObjectKeys, RunRef, MANIFEST_SUFFIX, MAX_SLUG_BYTES,
 };
 pub use manifest::{
     list_manifests, read_manifest, try_read_manifest, write_manifest, DrainOutcome, DroppedRecord,

@@ -707,6 +707,7 @@ async fn assert_hostile(case: &HostileCase, run: &SandboxRun, store_url: &str, n
                         },
                         uid: None,
                         attempt: None,
+                        checkpoint: None,
                     };
                     sandboxrun_operator::files::run_to(args, &mut listing)
                         .await

@@ -2642,3 +2642,97 @@ async fn an_evicted_attempt_is_drained_and_retried_without_counting() {
         "attempt 1\n"
     );
 }
+
+/// Issue #40 part 2 on real containers: a running sandbox asked for a checkpoint
+/// (`spec.checkpoint: c1`) has its read-back path drained without stopping it — recorded in
+/// `status.checkpoints`, readable with `files get --checkpoint 1` — then writes more; a second
+/// checkpoint past `--max-checkpoints 1` is refused (recorded with why, nothing drained); then its
+/// pod is deleted with `--grace-period=0 --force`, so the teardown cannot read it: the
+/// checkpoint's files are still in the store. On the old code the field does not exist and a
+/// forced deletion loses everything.
+#[tokio::test]
+async fn a_checkpoint_saves_a_running_sandboxs_files_which_survive_a_forced_deletion() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "real-checkpoint").await;
+    let (_dir, store_url) = file_store("real-checkpoint");
+    let op = start_operator_with(&ns.name, &store_url, &["--max-checkpoints", "1"]);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let script = r#"echo first > "$ITERION_ARTIFACT_FILES_DIR/notes.txt"; exec sleep 3600"#;
+    create(&runs, "agent", real_spec(Some(script), &["/work/out"])).await;
+    let running = wait_run(&runs, "agent", "Running", &op, phase_is(Phase::Running)).await;
+    let pod = pod_of(&running);
+    let ask = |token: &str| json!({"spec": {"checkpoint": token}});
+    runs.patch("agent", &PatchParams::default(), &Patch::Merge(&ask("c1")))
+        .await
+        .expect("ask a checkpoint");
+    let saved = wait_run(&runs, "agent", "checkpoint 1 recorded", &op, |r| {
+        r.status.as_ref().is_some_and(|s| !s.checkpoints.is_empty())
+    })
+    .await;
+    let status = saved.status.clone().expect("status");
+    let cp = &status.checkpoints[0];
+    assert_eq!((cp.index, cp.token.as_str()), (1, "c1"), "{cp:?}");
+    assert_eq!(cp.read_back[0].phase, ReadBackPhase::Drained, "{cp:?}");
+    assert_eq!(
+        status.phase,
+        Some(Phase::Running),
+        "the sandbox keeps running"
+    );
+    let more = exec_in_workload(&ns.name, &pod, "echo second >> /work/out/notes.txt");
+    assert!(more.status.success(), "{more:?}");
+
+    runs.patch("agent", &PatchParams::default(), &Patch::Merge(&ask("c2")))
+        .await
+        .expect("ask a second checkpoint");
+    let refused = wait_run(&runs, "agent", "checkpoint 2 refused", &op, |r| {
+        r.status.as_ref().is_some_and(|s| s.checkpoints.len() == 2)
+    })
+    .await;
+    let second = &refused.status.as_ref().expect("status").checkpoints[1];
+    assert!(
+        second.read_back.is_empty()
+            && second
+                .message
+                .as_deref()
+                .unwrap_or_default()
+                .contains("--max-checkpoints"),
+        "{second:?}"
+    );
+
+    let mut force = tool("kubectl");
+    force.args([
+        "delete",
+        "pod",
+        &pod,
+        "-n",
+        &ns.name,
+        "--grace-period=0",
+        "--force",
+        "--wait=false",
+    ]);
+    let out = run(force, None);
+    assert!(out.status.success(), "{out:?}");
+    wait_run(&runs, "agent", "a final phase", &op, final_phase).await;
+    let dest = host_dir("agent-checkpoint-get");
+    let got = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
+        .args([
+            "files",
+            "get",
+            "agent",
+            "-n",
+            &ns.name,
+            "--store-url",
+            &store_url,
+        ])
+        .args(["--checkpoint", "1", "-o"])
+        .arg(&dest)
+        .output()
+        .expect("files get");
+    assert!(got.status.success(), "{got:?}");
+    assert_eq!(
+        std::fs::read_to_string(extracted(&dest, 0).join("notes.txt")).expect("notes.txt"),
+        "first\n",
+        "the checkpoint's copy, taken before the second line"
+    );
+}

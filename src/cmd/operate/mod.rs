@@ -138,7 +138,8 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_rules(rules)
         .with_rights(rights)
         .with_shards(shards.clone())
-        .with_drain_claims(shards.as_ref().map(|_| drain_claims(&args, &client)));
+        .with_drain_claims(shards.as_ref().map(|_| drain_claims(&args, &client)))
+        .with_max_checkpoints(args.max_checkpoints);
     operate(&args, client, Arc::new(ctx), &ready, leader).await
 }
 

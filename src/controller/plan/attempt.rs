@@ -14,7 +14,7 @@ use super::super::events::{self, drain_summary, PlannedEvent};
 use super::super::retry::{self, AttemptEnd, Verdict};
 use super::super::status::ensure_pending_entries;
 use super::model::{Effect, Plan, Requeue};
-use super::teardown_end;
+use super::teardown::teardown_end;
 use crate::api::{AttemptStatus, Phase, Retention, SandboxRun, SandboxRunStatus};
 
 /// The end of a teardown whose drains are done: another attempt when the run's retry policy says
@@ -73,6 +73,33 @@ pub(crate) fn attempt_end(
             default_retention,
             now,
         ),
+    }
+}
+
+/// The record of the attempt that ended (`status.attempts[]`), its drains taken from `status`.
+fn ended_attempt(
+    run: &SandboxRun,
+    status: &mut SandboxRunStatus,
+    counted: bool,
+    why: String,
+    end: Option<&AttemptEnd>,
+    now: Timestamp,
+) -> AttemptStatus {
+    AttemptStatus {
+        index: crate::pod::current_attempt(run),
+        pod_name: crate::pod::current_pod_name(run),
+        exit_code: end.and_then(|e| e.exit_code),
+        reason: match end {
+            Some(e) if e.suspended => "Suspended",
+            Some(e) if e.exit_code.is_none() => "Disrupted",
+            _ => "WorkloadFailed",
+        }
+        .to_string(),
+        message: Some(why),
+        counted,
+        start_time: status.workload.as_ref().and_then(|w| w.started_at.clone()),
+        end_time: Some(Time(now)),
+        read_back: std::mem::take(&mut status.read_back),
     }
 }
 
@@ -141,22 +168,8 @@ fn attempt_ended(
             index + 1
         )
     };
-    status.attempts.push(AttemptStatus {
-        index,
-        pod_name: crate::pod::current_pod_name(run),
-        exit_code: end.and_then(|e| e.exit_code),
-        reason: match end {
-            Some(e) if e.suspended => "Suspended",
-            Some(e) if e.exit_code.is_none() => "Disrupted",
-            _ => "WorkloadFailed",
-        }
-        .to_string(),
-        message: Some(why),
-        counted,
-        start_time: status.workload.as_ref().and_then(|w| w.started_at.clone()),
-        end_time: Some(Time(now)),
-        read_back: std::mem::take(&mut status.read_back),
-    });
+    let record = ended_attempt(run, &mut status, counted, why, end, now);
+    status.attempts.push(record);
     status.phase = Some(Phase::Pending);
     status.pod_name = None;
     status.exit_code = None;

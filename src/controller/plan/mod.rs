@@ -16,6 +16,7 @@
 
 mod after;
 mod attempt;
+mod checkpoint;
 mod create;
 mod finish;
 mod model;
@@ -35,6 +36,9 @@ use track::{gate_policy, track_pod};
 
 pub(crate) use after::{after, AfterInputs, Answer};
 pub(crate) use attempt::attempt_end;
+pub(crate) use checkpoint::{
+    checkpoint_due, checkpoint_paths, checkpoint_recorded, checkpoint_refused,
+};
 pub(crate) use create::create;
 /// The status a refused pod create leaves (the GitOps fixtures build one from it).
 #[cfg(test)]
@@ -47,9 +51,10 @@ pub(crate) use model::{
     NAME_CONFLICT_REQUEUE, SETTLE,
 };
 pub(crate) use queued::queued;
-pub(crate) use teardown::{
-    teardown, teardown_end, PathPlan, PathWork, TeardownPlan, TeardownProgress,
-};
+/// The end of a run's teardown (the GitOps fixtures build one from it).
+#[cfg(test)]
+pub(crate) use teardown::teardown_end;
+pub(crate) use teardown::{teardown, PathPlan, PathWork, TeardownPlan, TeardownProgress};
 
 /// Plans `step`.
 pub(crate) fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
@@ -99,6 +104,7 @@ pub(crate) fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
         Step::SkipDrain => skip_drain(run, pod_exists, retention),
         Step::AwaitRetry { left } => Plan::wait(Requeue::After(left)),
         Step::Suspended => attempt::suspended(run, inputs.now),
+        Step::Checkpoint => return StepPlan::Checkpoint,
     };
     StepPlan::Carry(Box::new(plan))
 }

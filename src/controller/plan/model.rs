@@ -125,6 +125,9 @@ pub(crate) enum StepPlan {
     Teardown(Trigger),
     /// Read the live run and the committed manifests; then plan with `record_pod_lost`.
     RecordPodLost,
+    /// Start the checkpoint in the drain pool (unless a drain of the run is in flight); look
+    /// again after [`IN_FLIGHT_REQUEUE`].
+    Checkpoint,
 }
 
 /// What the plan of a step is made from, besides the step.

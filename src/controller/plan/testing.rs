@@ -92,6 +92,7 @@ pub(crate) fn step_line(plan: StepPlan) -> String {
         StepPlan::Teardown(trigger) => {
             format!("[] | - | [StartTeardown({trigger:?})] | {IN_FLIGHT_REQUEUE:?}")
         }
+        StepPlan::Checkpoint => format!("[] | - | [StartCheckpoint] | {IN_FLIGHT_REQUEUE:?}"),
     }
 }
 

@@ -1,0 +1,86 @@
+//! A checkpoint of a running sandbox (`spec.checkpoint`, docs/user-guide.md "Checkpoints", issue
+//! #40), in the drain pool like a teardown — one drain of a run at a time, fair in the slots —
+//! but the pod keeps running: every declared path is drained from the holder into the
+//! checkpoint's own generation (`<uid>/checkpoint-N/`), then recorded ([`plan::checkpoint_recorded`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use jiff::Timestamp;
+use kube::ResourceExt;
+use tracing::warn;
+
+use super::act::{self, DrainTarget};
+use super::context::Context;
+use super::drain_queue::Waiter;
+use super::drive;
+use super::error::ControllerError;
+use super::observe;
+use super::plan;
+use crate::api::ReadBackStatus;
+use crate::api::SandboxRun;
+
+/// Starts the run's checkpoint in the drain pool, unless a drain of the run is in flight (the
+/// next reconcile asks again).
+pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>) {
+    let waiter = Waiter {
+        namespace: run.namespace().unwrap_or_default(),
+        run: run.uid().unwrap_or_default(),
+        urgent: false,
+    };
+    let shard = ctx.join_shard(run);
+    let cancel = shard
+        .as_ref()
+        .map_or_else(|| ctx.cancel.clone(), |guard| guard.cancel.clone());
+    let job_ctx = Arc::clone(ctx);
+    let run = Arc::clone(run);
+    ctx.drains.start(waiter, cancel, move || async move {
+        let _shard = shard;
+        if let Err(error) = checkpoint(&job_ctx, &run).await {
+            warn!(run = %run.name_any(), namespace = ?run.namespace(), %error, "checkpoint failed; a later reconcile asks again");
+        }
+    });
+}
+
+/// The checkpoint, on the run as the apiserver has it now (the cache may not show the last one).
+async fn checkpoint(ctx: &Context, run: &SandboxRun) -> Result<(), ControllerError> {
+    let namespace = run.namespace().unwrap_or_default();
+    let Some(live) = observe::live_run(&ctx.client, &namespace, &run.name_any()).await? else {
+        return Ok(());
+    };
+    let Some(token) = plan::checkpoint_due(&live) else {
+        return Ok(());
+    };
+    let Some(pod) = observe::own_pod(&ctx.client, &live).await? else {
+        return Ok(());
+    };
+    let pod_name = crate::pod::current_pod_name(&live);
+    let taken = live.status.as_ref().map_or(0, |s| s.checkpoints.len());
+    let index = u32::try_from(taken).unwrap_or(u32::MAX).saturating_add(1);
+    if index > ctx.max_checkpoints {
+        let now = Timestamp::now();
+        let plan = plan::checkpoint_refused(&live, token, ctx.max_checkpoints, now);
+        drive::carry_out(ctx, &live, &pod_name, Some(&pod), plan, now).await?;
+        return Ok(());
+    }
+    let paths = plan::checkpoint_paths(&live, &pod, &ctx.caps);
+    let store = super::teardown_job::teardown_store(ctx, &live, &paths).await?;
+    let timeout = u64::try_from(ctx.drain_timeout_seconds(&live)).unwrap_or(0);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+    let target = DrainTarget::new(ctx, &live, store, deadline).checkpoint(index);
+    let mut outcomes: Vec<Option<ReadBackStatus>> = vec![None; paths.len()];
+    let mut drains = act::drain_paths(ctx, &target, paths);
+    while let Some((entry, outcome)) = drains.next().await {
+        match (outcomes.get_mut(entry), outcome) {
+            (Some(slot), Some(outcome)) => *slot = Some(outcome),
+            // This replica stops draining (shutdown, a lost shard): nothing is recorded.
+            _ => return Ok(()),
+        }
+    }
+    let read_back: Vec<ReadBackStatus> = outcomes.into_iter().flatten().collect();
+    let now = Timestamp::now();
+    let plan = plan::checkpoint_recorded(&live, token, index, read_back, now);
+    drive::carry_out(ctx, &live, &pod_name, Some(&pod), plan, now).await?;
+    Ok(())
+}

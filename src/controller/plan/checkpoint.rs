@@ -1,0 +1,175 @@
+//! Checkpoints of a running sandbox (`spec.checkpoint`, docs/user-guide.md "Checkpoints", issue
+//! #40): whether one is due, the paths it drains (every declared path, from the running holder,
+//! into the checkpoint's own generation), and the status and Events that record it — or refuse
+//! it past the run's limit. The sandbox keeps running either way. Pure.
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use super::super::events::{self, drain_summary, PlannedEvent};
+use super::model::{Plan, Requeue};
+use super::teardown::{PathPlan, PathWork};
+use crate::api::{CheckpointStatus, ReadBackStatus, SandboxRun};
+use crate::caps::CapSettings;
+
+/// The `spec.checkpoint` token a running run asks a checkpoint for ([`SandboxRun::checkpoint_due`]).
+pub(crate) fn checkpoint_due(run: &SandboxRun) -> Option<String> {
+    run.checkpoint_due()
+}
+
+/// Every declared path, drained from `pod`'s running holder within its cap.
+pub(crate) fn checkpoint_paths(run: &SandboxRun, pod: &Pod, caps: &CapSettings) -> Vec<PathPlan> {
+    run.spec
+        .read_back_paths()
+        .iter()
+        .enumerate()
+        .map(|(index, declared)| {
+            let requested = declared
+                .size_limit
+                .as_ref()
+                .and_then(|q| crate::units::quantity_to_bytes(q).ok());
+            PathPlan {
+                entry: index,
+                index,
+                path: declared.path.clone(),
+                work: PathWork::Drain {
+                    cap_bytes: caps.effective(requested),
+                    previous_attempts: 0,
+                    holder_path: crate::pod::holder_mount(pod, index)
+                        .unwrap_or_else(|| crate::inpod::holder::holder_path(&declared.path)),
+                },
+            }
+        })
+        .collect()
+}
+
+/// The checkpoint `index` answering `token`, its paths' outcomes `read_back`, recorded: one more
+/// `status.checkpoints` entry; a Normal `Checkpointed` Event, or the drain's own Warning when a
+/// path failed or was capped (a failed checkpoint is never an empty set).
+pub(crate) fn checkpoint_recorded(
+    run: &SandboxRun,
+    token: String,
+    index: u32,
+    read_back: Vec<ReadBackStatus>,
+    now: Timestamp,
+) -> Plan {
+    let mut events = Vec::new();
+    let summary = drain_summary(&read_back);
+    let note = format!("checkpoint {index} ({token}) taken; the sandbox keeps running");
+    match summary {
+        Some(s) if s.warning => events.push(s.into_event("Checkpoint").about_pod()),
+        Some(s) => events.push(
+            PlannedEvent::normal(
+                events::CHECKPOINTED,
+                format!("{note}. {}", s.note),
+                "Checkpoint",
+            )
+            .about_pod(),
+        ),
+        None => {
+            events.push(PlannedEvent::normal(events::CHECKPOINTED, note, "Checkpoint").about_pod())
+        }
+    }
+    record(
+        run,
+        CheckpointStatus {
+            index,
+            token,
+            attempt: Some(crate::pod::current_attempt(run)),
+            time: Some(Time(now)),
+            message: None,
+            read_back,
+        },
+        events,
+    )
+}
+
+/// A checkpoint refused: the run has `max` already (`run --max-checkpoints`). Recorded with why,
+/// told by a Warning; nothing is drained and the sandbox keeps running.
+pub(crate) fn checkpoint_refused(
+    run: &SandboxRun,
+    token: String,
+    max: u32,
+    now: Timestamp,
+) -> Plan {
+    let message = format!(
+        "checkpoint {token:?} refused: the run has its {max} checkpoints (the operator's --max-checkpoints); nothing was drained"
+    );
+    let index = run.status.as_ref().map_or(0, |s| s.checkpoints.len()) as u32 + 1;
+    let events = vec![PlannedEvent::warning(
+        events::CHECKPOINT_REFUSED,
+        message.clone(),
+        "Checkpoint",
+    )];
+    record(
+        run,
+        CheckpointStatus {
+            index,
+            token,
+            attempt: Some(crate::pod::current_attempt(run)),
+            time: Some(Time(now)),
+            message: Some(message),
+            read_back: Vec::new(),
+        },
+        events,
+    )
+}
+
+fn record(run: &SandboxRun, entry: CheckpointStatus, events: Vec<PlannedEvent>) -> Plan {
+    let mut status = run.status.clone().unwrap_or_default();
+    status.checkpoints.push(entry);
+    Plan {
+        events,
+        status: Some(status),
+        effects: Vec::new(),
+        requeue: Requeue::AwaitChange,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::ReadBackPhase;
+    use crate::controller::fixtures::run_with;
+
+    fn at(i: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + i).unwrap()
+    }
+
+    #[test]
+    fn a_new_token_is_due_once_and_a_failed_checkpoint_is_a_warning_never_an_empty_set() {
+        let mut r = run_with(&[("/out", false)]);
+        assert_eq!(checkpoint_due(&r), None, "no token, no checkpoint");
+        r.spec.checkpoint = Some("c1".into());
+        assert_eq!(checkpoint_due(&r).as_deref(), Some("c1"));
+        let failed = ReadBackStatus {
+            path: "/out".into(),
+            phase: ReadBackPhase::Failed,
+            message: Some("exec refused".into()),
+            ..Default::default()
+        };
+        let plan = checkpoint_recorded(&r, "c1".into(), 1, vec![failed], at(0));
+        assert!(plan
+            .events
+            .iter()
+            .any(|e| e.warning && e.reason == events::DRAIN_FAILED));
+        assert!(plan.effects.is_empty(), "the sandbox keeps running");
+        r.status = plan.status;
+        assert_eq!(checkpoint_due(&r), None, "answered");
+        let entry = &r.status.as_ref().unwrap().checkpoints[0];
+        assert_eq!(
+            (entry.index, entry.read_back[0].phase),
+            (1, ReadBackPhase::Failed)
+        );
+        r.spec.checkpoint = Some("c2".into());
+        assert_eq!(checkpoint_due(&r).as_deref(), Some("c2"));
+        let refused = checkpoint_refused(&r, "c2".into(), 1, at(1));
+        assert!(refused
+            .events
+            .iter()
+            .any(|e| e.warning && e.reason == events::CHECKPOINT_REFUSED));
+        r.status = refused.status;
+        assert_eq!(checkpoint_due(&r), None, "a refusal answers the token too");
+    }
+}
