@@ -49,6 +49,8 @@ async fn checkpoint(ctx: &Context, run: &SandboxRun) -> Result<(), ControllerErr
     let Some(live) = observe::live_run(&ctx.client, &namespace, &run.name_any()).await? else {
         return Ok(());
     };
+    // As made from its template (the record its pod was built from): its paths are the template's.
+    let live = crate::template::recorded(&live).unwrap_or(live);
     let Some(token) = plan::checkpoint_due(&live) else {
         return Ok(());
     };

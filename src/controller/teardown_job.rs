@@ -108,6 +108,8 @@ async fn fresh_teardown(
     if live.uid() != run.uid() {
         return Ok(());
     }
+    // As made from its template (the record its pod was built from), as the reconcile had it.
+    let live = crate::template::recorded(&live).unwrap_or(live);
     let pod = observe::own_pod(&ctx.client, &live).await?;
     teardown(ctx, &live, pod.as_ref(), trigger, Some(hold)).await
 }

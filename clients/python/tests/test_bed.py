@@ -50,6 +50,20 @@ def test_the_agent_loop_end_to_end(good: Bed) -> None:
     assert drained.fetch(listed[0]) == b"result 42\n"
 
 
+def test_a_checkpoint_saves_files_while_the_sandbox_runs(good: Bed) -> None:
+    sandbox = good.sandboxes.create(template=AGENT_TEMPLATE, generate_name="checkpoint-")
+    _running(good, sandbox)
+    sandbox.write_file("/work/out/step1.txt", "one\n")
+    saved = sandbox.checkpoint("c1", timeout=120)
+    assert [(f.container_path, saved.fetch(f)) for f in saved.files()] == [("/work/out/step1.txt", b"one\n")], saved.status
+    assert sandbox.status().phase == "Running", "a checkpoint does not stop the sandbox"
+    sandbox.write_file("/work/out/step2.txt", "two\n")
+    again = sandbox.checkpoint(timeout=120)
+    assert sorted(f.path for f in again.files()) == ["step1.txt", "step2.txt"]
+    sandbox.stop()
+    sandbox.wait_drained(timeout=120)
+
+
 def test_write_file_and_read_file_round_trip_binary_bytes(good: Bed, tmp_path) -> None:
     spec = bed.real_node_spec(good.env, ["/work/out"], compression="gzip")
     sandbox = good.sandboxes.create(spec=spec, generate_name="binary-")

@@ -92,6 +92,33 @@ class Sandbox:
         """The content of ``path`` in the sandbox (``cat``)."""
         return self._checked(["cat", "--", path], None, timeout).stdout_bytes
 
+    # --- checkpoints ---------------------------------------------------------------------------
+
+    def checkpoint(self, token: str | None = None, timeout: float = 600.0) -> RunFiles:
+        """Saves the running sandbox's read-back paths now, without stopping it
+        (``spec.checkpoint``, docs/user-guide.md "Checkpoints"), waits until the checkpoint is
+        recorded and returns its files. ``token``: any new string up to 63 characters (default: one
+        made from the time). Raises :class:`~sandboxrun.errors.DrainFailed` when a path failed,
+        :class:`SandboxError` when the operator refused the checkpoint (its limit)."""
+        token = token or f"cp-{time.time_ns()}"
+        body = {"spec": {"checkpoint": token}}
+        self._sandboxes._custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name, body)
+        deadline = time.monotonic() + timeout
+        while True:
+            status = self._sandboxes._get(self.name).get("status") or {}
+            entry = next((c for c in status.get("checkpoints", []) if c.get("token") == token), None)
+            if entry is not None:
+                break
+            if time.monotonic() >= deadline:
+                raise Timeout(f"{self.namespace}/{self.name} to checkpoint {token}", timeout, "not recorded yet")
+            time.sleep(_POLL)
+        if entry.get("message") and not entry.get("readBack"):
+            raise SandboxError(f"{self.namespace}/{self.name}: {entry['message']}")
+        saved = RunStatus.from_dict({"phase": status.get("phase"), "readBack": entry.get("readBack", [])})
+        if saved.failed_paths:
+            check_drain(self.name, saved, self.drain_failed_note())
+        return RunFiles(self.name, saved, self._sandboxes.store)
+
     # --- the end -----------------------------------------------------------------------------
 
     def stop(self) -> None:
