@@ -78,7 +78,7 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
             "--subresource=status",
             "--type=merge",
             "-p",
-            r#"{"status":{"phase":"Failed","exitCode":3,"duration":"1m2s","message":"workload failed with exit code 3"}}"#,
+            r#"{"status":{"phase":"Failed","attempt":2,"exitCode":3,"duration":"1m2s","message":"workload failed with exit code 3"}}"#,
         ]),
         None,
     );
@@ -102,6 +102,7 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
             "DRAINED",
             "POD",
             "AGE",
+            "ATTEMPT",
             "EXIT",
             "DURATION",
             "MESSAGE",
@@ -112,7 +113,8 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
     );
     let row = lines.next().unwrap_or_default();
     assert!(
-        row.contains(" 3 ")
+        row.contains(" 2 ")
+            && row.contains(" 3 ")
             && row.contains("1m2s")
             && row.contains("workload failed with exit code 3")
             && row
