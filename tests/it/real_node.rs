@@ -2644,7 +2644,8 @@ async fn an_evicted_attempt_is_drained_and_retried_without_counting() {
 }
 
 /// Issue #40 part 2 on real containers: a running sandbox asked for a checkpoint
-/// (`spec.checkpoint: c1`) has its read-back path drained without stopping it — recorded in
+/// (`spec.checkpoint: c1`) has its read-back paths drained without stopping it (a path whose only
+/// file it cannot read is `Failed` with the drain's Warning, never an empty set) — recorded in
 /// `status.checkpoints`, readable with `files get --checkpoint 1` — then writes more; a second
 /// checkpoint past `--max-checkpoints 1` is refused (recorded with why, nothing drained); then its
 /// pod is deleted with `--grace-period=0 --force`, so the teardown cannot read it: the
@@ -2658,8 +2659,14 @@ async fn a_checkpoint_saves_a_running_sandboxs_files_which_survive_a_forced_dele
     let (_dir, store_url) = file_store("real-checkpoint");
     let op = start_operator_with(&ns.name, &store_url, &["--max-checkpoints", "1"]);
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
-    let script = r#"echo first > "$ITERION_ARTIFACT_FILES_DIR/notes.txt"; exec sleep 3600"#;
-    create(&runs, "agent", real_spec(Some(script), &["/work/out"])).await;
+    let script = r#"echo first > "$ITERION_ARTIFACT_FILES_DIR/notes.txt"
+echo secret > /work/locked/x; chmod 0000 /work/locked/x; exec sleep 3600"#;
+    create(
+        &runs,
+        "agent",
+        real_spec(Some(script), &["/work/out", "/work/locked"]),
+    )
+    .await;
     let running = wait_run(&runs, "agent", "Running", &op, phase_is(Phase::Running)).await;
     let pod = pod_of(&running);
     let ask = |token: &str| json!({"spec": {"checkpoint": token}});
@@ -2674,6 +2681,13 @@ async fn a_checkpoint_saves_a_running_sandboxs_files_which_survive_a_forced_dele
     let cp = &status.checkpoints[0];
     assert_eq!((cp.index, cp.token.as_str()), (1, "c1"), "{cp:?}");
     assert_eq!(cp.read_back[0].phase, ReadBackPhase::Drained, "{cp:?}");
+    // A failed checkpoint path is Failed and a Warning, never an empty set.
+    assert_eq!(cp.read_back[1].phase, ReadBackPhase::Failed, "{cp:?}");
+    let events = run_events(&client, &ns.name, "agent").await.join("\n");
+    assert!(
+        events.contains("sandbox_runfiles_drain_failed"),
+        "the failed checkpoint path is told:\n{events}"
+    );
     assert_eq!(
         status.phase,
         Some(Phase::Running),

@@ -18,8 +18,20 @@ pub(crate) fn checkpoint_due(run: &SandboxRun) -> Option<String> {
     run.checkpoint_due()
 }
 
-/// Every declared path, drained from `pod`'s running holder within its cap.
+/// Every declared path, drained from `pod`'s running holder within what its cap leaves: a path's
+/// checkpoints together stay within its cap (each gets the cap less the bytes its earlier
+/// checkpoints stored; a member past it is dropped and listed, as at a teardown). The teardown's
+/// own drain keeps the whole cap.
 pub(crate) fn checkpoint_paths(run: &SandboxRun, pod: &Pod, caps: &CapSettings) -> Vec<PathPlan> {
+    let used = |path: &str| -> u64 {
+        run.status
+            .iter()
+            .flat_map(|s| s.checkpoints.iter())
+            .flat_map(|c| c.read_back.iter())
+            .filter(|e| e.path == path)
+            .map(|e| e.bytes)
+            .sum()
+    };
     run.spec
         .read_back_paths()
         .iter()
@@ -34,7 +46,9 @@ pub(crate) fn checkpoint_paths(run: &SandboxRun, pod: &Pod, caps: &CapSettings) 
                 index,
                 path: declared.path.clone(),
                 work: PathWork::Drain {
-                    cap_bytes: caps.effective(requested),
+                    cap_bytes: caps
+                        .effective(requested)
+                        .saturating_sub(used(&declared.path)),
                     previous_attempts: 0,
                     holder_path: crate::pod::holder_mount(pod, index)
                         .unwrap_or_else(|| crate::inpod::holder::holder_path(&declared.path)),
@@ -135,6 +149,43 @@ mod tests {
 
     fn at(i: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + i).unwrap()
+    }
+
+    #[test]
+    fn a_paths_checkpoints_share_its_cap() {
+        let mut r = run_with(&[("/out", false)]);
+        if let Some(rb) = r.spec.read_back.as_mut() {
+            rb.paths[0].size_limit = Some(k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+                "1000".into(),
+            ));
+        }
+        let pod = Pod::default();
+        let caps = CapSettings::default();
+        let cap = |r: &SandboxRun| match &checkpoint_paths(r, &pod, &caps)[0].work {
+            PathWork::Drain { cap_bytes, .. } => *cap_bytes,
+            PathWork::Record(_) => panic!("drained"),
+        };
+        assert_eq!(cap(&r), 1000);
+        let stored = |bytes| CheckpointStatus {
+            read_back: vec![ReadBackStatus {
+                path: "/out".into(),
+                phase: ReadBackPhase::Drained,
+                bytes,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        r.status.get_or_insert_with(Default::default).checkpoints = vec![stored(300), stored(500)];
+        assert_eq!(cap(&r), 200, "what the earlier checkpoints left");
+        r.status
+            .get_or_insert_with(Default::default)
+            .checkpoints
+            .push(stored(400));
+        assert_eq!(
+            cap(&r),
+            0,
+            "never below zero: every member is dropped and listed"
+        );
     }
 
     #[test]
