@@ -219,15 +219,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
         None => (Mode::LongName, 0, 16u64 << 30),
     };
+    let mut input = Generated {
+        next: 0,
+        count,
+        buf: Vec::new(),
+        pos: 0,
+        mode,
+        ended: false,
+    };
     if emit {
-        let mut input = Generated {
-            next: 0,
-            count,
-            buf: Vec::new(),
-            pos: 0,
-            mode,
-            ended: false,
-        };
         tokio::io::copy(&mut input, &mut tokio::io::stdout()).await?;
         return Ok(());
     }
@@ -249,14 +249,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         attempt: 1,
     };
     let opts = DrainOptions::new(cap, Compression::None);
-    let input = Generated {
-        next: 0,
-        count,
-        buf: Vec::new(),
-        pos: 0,
-        mode,
-        ended: false,
-    };
     let before = rss();
     let started = std::time::Instant::now();
     let result = drain_into_store(input, &store, &keys, &opts, ctx).await;

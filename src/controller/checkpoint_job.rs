@@ -45,13 +45,10 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>) {
 
 /// The checkpoint, on the run as the apiserver has it now (the cache may not show the last one).
 async fn checkpoint(ctx: &Context, run: &SandboxRun) -> Result<(), ControllerError> {
-    let namespace = run.namespace().unwrap_or_default();
-    let Some(live) = observe::live_run(&ctx.client, &namespace, &run.name_any()).await? else {
+    let Some(live) = observe::live_made_run(&ctx.client, run).await? else {
         return Ok(());
     };
-    // As made from its template (the record its pod was built from): its paths are the template's.
-    let live = crate::template::recorded(&live).unwrap_or(live);
-    let Some(token) = plan::checkpoint_due(&live) else {
+    let Some(token) = live.checkpoint_due() else {
         return Ok(());
     };
     let Some(pod) = observe::own_pod(&ctx.client, &live).await? else {

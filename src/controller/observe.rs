@@ -530,6 +530,23 @@ pub(crate) async fn live_run(
         .map_err(kube_err(format!("get {namespace}/{name}")))
 }
 
+/// The run as the apiserver has it now, as made from the template record its pod was built from
+/// (a template gives a run its paths): what a drain job in the pool works on once it has its
+/// slot. None when it is gone, or is another run of the same name (a different uid).
+pub(crate) async fn live_made_run(
+    client: &Client,
+    run: &SandboxRun,
+) -> Result<Option<SandboxRun>, ControllerError> {
+    let namespace = run.namespace().unwrap_or_default();
+    let Some(live) = live_run(client, &namespace, &run.name_any()).await? else {
+        return Ok(None);
+    };
+    if live.uid() != run.uid() {
+        return Ok(None);
+    }
+    Ok(Some(crate::template::recorded(&live).unwrap_or(live)))
+}
+
 /// The template `reference` names for a run of `namespace` (a SandboxRunTemplate there, or a
 /// ClusterSandboxRunTemplate; None: it does not exist). A read the operator is forbidden is a
 /// verdict in words (Err inside: the run is held saying so); any other error is retried.

@@ -101,15 +101,9 @@ async fn fresh_teardown(
     trigger: &Trigger,
     hold: &DrainHold,
 ) -> Result<(), ControllerError> {
-    let namespace = run.namespace().unwrap_or_default();
-    let Some(live) = observe::live_run(&ctx.client, &namespace, &run.name_any()).await? else {
+    let Some(live) = observe::live_made_run(&ctx.client, run).await? else {
         return Ok(());
     };
-    if live.uid() != run.uid() {
-        return Ok(());
-    }
-    // As made from its template (the record its pod was built from), as the reconcile had it.
-    let live = crate::template::recorded(&live).unwrap_or(live);
     let pod = observe::own_pod(&ctx.client, &live).await?;
     teardown(ctx, &live, pod.as_ref(), trigger, Some(hold)).await
 }

@@ -23,7 +23,7 @@ use kube::{Api, Client, ResourceExt};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::lease::record_of;
+use super::lease::{record_of, Written};
 use super::sightings::Sightings;
 use super::{replica_lease_name, LEASE_KIND_LABEL};
 
@@ -168,7 +168,7 @@ impl DrainClaims {
             },
             spec: Some(self.spec()),
         };
-        conflict_is_lost(self.api.create(&PostParams::default(), &lease).await)
+        done_unless_lost(self.api.create(&PostParams::default(), &lease).await)
     }
 
     /// Writes this replica as the holder over `current` (guarded by its resourceVersion).
@@ -184,7 +184,7 @@ impl DrainClaims {
             ..self.spec()
         });
         let name = current.name_any();
-        conflict_is_lost(
+        done_unless_lost(
             self.api
                 .replace(&name, &PostParams::default(), &current)
                 .await,
@@ -254,13 +254,10 @@ fn holder_of(lease: &Lease) -> Option<&str> {
         .filter(|h| !h.is_empty())
 }
 
-/// A write's answer: 409 (Conflict, AlreadyExists) is a race another replica won.
-fn conflict_is_lost(result: Result<Lease, kube::Error>) -> Result<bool, kube::Error> {
-    match result {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-        Err(e) => Err(e),
-    }
+/// Whether a write was done: 409 (Conflict, AlreadyExists) is a race another replica won
+/// ([`super::lease::answer`]).
+fn done_unless_lost(result: Result<Lease, kube::Error>) -> Result<bool, kube::Error> {
+    Ok(matches!(super::lease::answer(result)?, Written::Done))
 }
 
 /// A drain claim this replica holds: `lost` is cancelled when the claim is seen taken (the

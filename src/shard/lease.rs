@@ -166,7 +166,7 @@ impl Leases {
 }
 
 /// A write's answer: 409 (Conflict, AlreadyExists) is a lost race, not an error.
-fn answer(result: Result<Lease, kube::Error>) -> Result<Written, kube::Error> {
+pub(crate) fn answer(result: Result<Lease, kube::Error>) -> Result<Written, kube::Error> {
     match result {
         Ok(_) => Ok(Written::Done),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(Written::Lost),

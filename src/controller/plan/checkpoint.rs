@@ -13,11 +13,6 @@ use super::teardown::{PathPlan, PathWork};
 use crate::api::{CheckpointStatus, ReadBackStatus, SandboxRun};
 use crate::caps::CapSettings;
 
-/// The `spec.checkpoint` token a running run asks a checkpoint for ([`SandboxRun::checkpoint_due`]).
-pub(crate) fn checkpoint_due(run: &SandboxRun) -> Option<String> {
-    run.checkpoint_due()
-}
-
 /// Every declared path, drained from `pod`'s running holder within what its cap leaves: a path's
 /// checkpoints together stay within its cap (each gets the cap less the bytes its earlier
 /// checkpoints stored; a member past it is dropped and listed, as at a teardown). The teardown's
@@ -191,9 +186,9 @@ mod tests {
     #[test]
     fn a_new_token_is_due_once_and_a_failed_checkpoint_is_a_warning_never_an_empty_set() {
         let mut r = run_with(&[("/out", false)]);
-        assert_eq!(checkpoint_due(&r), None, "no token, no checkpoint");
+        assert_eq!(r.checkpoint_due(), None, "no token, no checkpoint");
         r.spec.checkpoint = Some("c1".into());
-        assert_eq!(checkpoint_due(&r).as_deref(), Some("c1"));
+        assert_eq!(r.checkpoint_due().as_deref(), Some("c1"));
         let failed = ReadBackStatus {
             path: "/out".into(),
             phase: ReadBackPhase::Failed,
@@ -207,20 +202,20 @@ mod tests {
             .any(|e| e.warning && e.reason == events::DRAIN_FAILED));
         assert!(plan.effects.is_empty(), "the sandbox keeps running");
         r.status = plan.status;
-        assert_eq!(checkpoint_due(&r), None, "answered");
+        assert_eq!(r.checkpoint_due(), None, "answered");
         let entry = &r.status.as_ref().unwrap().checkpoints[0];
         assert_eq!(
             (entry.index, entry.read_back[0].phase),
             (1, ReadBackPhase::Failed)
         );
         r.spec.checkpoint = Some("c2".into());
-        assert_eq!(checkpoint_due(&r).as_deref(), Some("c2"));
+        assert_eq!(r.checkpoint_due().as_deref(), Some("c2"));
         let refused = checkpoint_refused(&r, "c2".into(), 1, at(1));
         assert!(refused
             .events
             .iter()
             .any(|e| e.warning && e.reason == events::CHECKPOINT_REFUSED));
         r.status = refused.status;
-        assert_eq!(checkpoint_due(&r), None, "a refusal answers the token too");
+        assert_eq!(r.checkpoint_due(), None, "a refusal answers the token too");
     }
 }

@@ -36,9 +36,7 @@ use track::{gate_policy, track_pod};
 
 pub(crate) use after::{after, AfterInputs, Answer};
 pub(crate) use attempt::attempt_end;
-pub(crate) use checkpoint::{
-    checkpoint_due, checkpoint_paths, checkpoint_recorded, checkpoint_refused,
-};
+pub(crate) use checkpoint::{checkpoint_paths, checkpoint_recorded, checkpoint_refused};
 pub(crate) use create::create;
 /// The status a refused pod create leaves (the GitOps fixtures build one from it).
 #[cfg(test)]
