@@ -708,11 +708,14 @@ fn egress_gate_container(
         .anchor
         .then(|| gate_anchor(&egress, &settings.egress))
         .flatten();
+    let canary = anchor
+        .as_ref()
+        .and_then(|_| gate_canary(&egress, &settings.egress));
     Some(Container {
         name: crate::inpod::gate::GATE_CONTAINER.to_string(),
         image: Some(settings.holder_image.clone()),
         command: Some(vec![settings.holder_binary.clone()]),
-        args: Some(gate.args(anchor.as_deref())),
+        args: Some(gate.args(anchor.as_deref(), canary)),
         env: Some(vec![EnvVar {
             name: crate::inpod::gate::HOST_IP_ENV.to_string(),
             value: None,
@@ -749,6 +752,22 @@ fn gate_anchor(
     let url = url::Url::parse(&settings.proxy.as_ref()?.url).ok()?;
     let port = url.port_or_known_default()?;
     Some(format!("{}:{port}", url.host_str()?))
+}
+
+/// The proxy's canary port for an anchored gate, when the run's policy allows no address range:
+/// then nothing but that policy decides whether the canary is reached (an allowed range could
+/// cover the proxy's pods, and ranges apply to pod addresses on some plugins).
+fn gate_canary(
+    egress: &crate::egress::mode::Egress,
+    settings: &crate::egress::EgressSettings,
+) -> Option<u16> {
+    let crate::egress::mode::Egress::Filtered { mode, rules } = egress else {
+        return None;
+    };
+    let canary = settings.proxy.as_ref()?.canary_port?;
+    crate::egress::policy::address_blocks(*mode, rules, settings.denylist_wide)
+        .is_empty()
+        .then_some(canary)
 }
 
 /// The pod's security context: the run's uid/gid, fsGroup for the emptyDirs, RuntimeDefault seccomp.
@@ -1169,6 +1188,7 @@ mod tests {
                 pod_labels: [("app".to_string(), "proxy".to_string())].into(),
             },
             port: 3128,
+            canary_port: None,
         });
         assert_eq!(
             anchor_of(&filtered, &proxied).as_deref(),
@@ -1176,6 +1196,35 @@ mod tests {
         );
         let deny_all = with_network(NetworkMode::Allowlist, &[]);
         assert_eq!(anchor_of(&deny_all, &proxied), None);
+        // With the proxy's canary: an anchored run whose policy allows no address range probes
+        // the canary, never the node; a run allowing a range keeps the node's probe.
+        let probes_canary = |r: &SandboxRun, settings: &PodSettings| {
+            let args = gates(r, settings).unwrap().args.unwrap();
+            (
+                args.contains(&"--canary-port".to_string()),
+                args.contains(&"--probe-host".to_string()),
+            )
+        };
+        assert_eq!(
+            probes_canary(&filtered, &proxied),
+            (false, true),
+            "no canary"
+        );
+        if let Some(proxy) = proxied.egress.proxy.as_mut() {
+            proxy.canary_port = Some(3129);
+        }
+        assert_eq!(probes_canary(&filtered, &proxied), (true, false));
+        let ranged = with_network(NetworkMode::Allowlist, &["example.com", "10.0.0.0/8"]);
+        assert_eq!(probes_canary(&ranged, &proxied), (false, true));
+        let denylist = with_network(NetworkMode::Denylist, &["203.0.113.0/24"]);
+        assert_eq!(probes_canary(&denylist, &proxied), (true, false));
+        let mut wide = proxied.clone();
+        wide.egress.denylist_wide = true;
+        assert_eq!(
+            probes_canary(&denylist, &wide),
+            (false, true),
+            "0.0.0.0/0 minus"
+        );
         if let Some(gate) = proxied.egress.gate.as_mut() {
             gate.anchor = false;
         }

@@ -2,8 +2,10 @@
 //! until its NetworkPolicy is in force (`crate::inpod::gate`; docs/contract.md "A filtered run
 //! never has an unfiltered instant").
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
+
+use crate::inpod::gate::ProbeTarget;
 
 use clap::Args;
 
@@ -11,11 +13,15 @@ use clap::Args;
 #[derive(Args, Debug)]
 pub(crate) struct GateArgs {
     /// The probe's address: one the run's NetworkPolicy denies (the node's IP by default).
-    #[arg(long)]
-    pub(crate) probe_host: String,
+    #[arg(long, required_unless_present = "canary_port")]
+    pub(crate) probe_host: Option<String>,
     /// The probe's port.
-    #[arg(long)]
-    pub(crate) probe_port: u16,
+    #[arg(long, required_unless_present = "canary_port")]
+    pub(crate) probe_port: Option<u16>,
+    /// Probe the egress proxy's canary port at the anchor's host instead (needs `--anchor`): a
+    /// listener known to answer that the run's policy never allows.
+    #[arg(long, requires = "anchor", conflicts_with_all = ["probe_host", "probe_port"])]
+    pub(crate) canary_port: Option<u16>,
     /// How long the probe may stay reachable before the gate gives up (e.g. 60s).
     #[arg(long, default_value = crate::inpod::gate::DEFAULT_GATE_TIMEOUT)]
     pub(crate) timeout: String,
@@ -28,13 +34,10 @@ pub(crate) struct GateArgs {
 /// Runs `egress-gate`: 0 once the probe is denied, 1 when it stayed reachable (the reason on
 /// stderr, which the kubelet keeps as the container's termination message), 2 on bad flags.
 pub(crate) async fn main(args: GateArgs) -> ExitCode {
-    let host: IpAddr = match args.probe_host.trim().parse() {
-        Ok(ip) => ip,
-        Err(_) => {
-            eprintln!(
-                "egress gate: --probe-host {:?} is not an IP address (the node's IP comes from the downward API)",
-                args.probe_host
-            );
+    let probe = match probe_of(&args) {
+        Ok(probe) => probe,
+        Err(e) => {
+            eprintln!("egress gate: {e}");
             return ExitCode::from(2);
         }
     };
@@ -46,11 +49,10 @@ pub(crate) async fn main(args: GateArgs) -> ExitCode {
         }
     };
     let anchor = args.anchor.as_deref();
-    match crate::inpod::gate::wait_until_denied(host, args.probe_port, anchor, limit).await {
+    match crate::inpod::gate::wait_until_denied(probe.clone(), anchor, limit).await {
         Ok(took) => {
             eprintln!(
-                "egress gate: {host}:{} denied after {} ms; the NetworkPolicy is in force, starting the workload",
-                args.probe_port,
+                "egress gate: {probe} denied after {} ms; the NetworkPolicy is in force, starting the workload",
                 took.as_millis()
             );
             ExitCode::SUCCESS
@@ -60,6 +62,22 @@ pub(crate) async fn main(args: GateArgs) -> ExitCode {
             ExitCode::from(1)
         }
     }
+}
+
+/// What the flags say to probe: the canary at the anchor's host, or the probe's address.
+fn probe_of(args: &GateArgs) -> Result<ProbeTarget, String> {
+    if let (Some(canary), Some(anchor)) = (args.canary_port, args.anchor.as_deref()) {
+        return crate::inpod::gate::canary_of(anchor, canary)
+            .map(ProbeTarget::Named)
+            .ok_or_else(|| format!("--anchor {anchor:?} is not host:port"));
+    }
+    let (Some(host), Some(port)) = (args.probe_host.as_deref(), args.probe_port) else {
+        return Err("give --probe-host and --probe-port, or --canary-port with --anchor".into());
+    };
+    let host: IpAddr = host.trim().parse().map_err(|_| {
+        format!("--probe-host {host:?} is not an IP address (the node's IP comes from the downward API)")
+    })?;
+    Ok(ProbeTarget::Addr(SocketAddr::new(host, port)))
 }
 
 #[cfg(test)]
@@ -76,18 +94,37 @@ mod tests {
             anchor: true,
         };
         let mut argv = vec!["sandboxrun-operator".to_string()];
-        argv.extend(gate.args(Some("proxy.sys.svc:3128")));
+        argv.extend(gate.args(Some("proxy.sys.svc:3128"), None));
         let Ok(Command::EgressGate(args)) = Cli::try_parse_from(&argv).map(|c| c.command) else {
             panic!("{argv:?} does not parse as the gate");
         };
         assert_eq!(
-            (args.probe_host.as_str(), args.probe_port),
-            ("127.0.0.1", 9)
+            probe_of(&args),
+            Ok(ProbeTarget::Addr("127.0.0.1:9".parse().unwrap()))
         );
         assert_eq!(args.anchor.as_deref(), Some("proxy.sys.svc:3128"));
+        // With the proxy's canary: the canary at the anchor's host, no probe address.
+        let mut argv = vec!["sandboxrun-operator".to_string()];
+        argv.extend(gate.args(Some("proxy.sys.svc:3128"), Some(3129)));
+        let Ok(Command::EgressGate(args)) = Cli::try_parse_from(&argv).map(|c| c.command) else {
+            panic!("{argv:?} does not parse as the gate");
+        };
+        assert_eq!(
+            probe_of(&args),
+            Ok(ProbeTarget::Named("proxy.sys.svc:3129".to_string()))
+        );
+        // A canary without an anchor is a usage error, not a gate that opens.
+        let alone = [
+            "sandboxrun-operator",
+            "egress-gate",
+            "--canary-port",
+            "3129",
+        ];
+        assert!(Cli::try_parse_from(alone).is_err());
         let bad = GateArgs {
-            probe_host: "$(SANDBOXRUN_HOST_IP)".to_string(),
-            probe_port: 9,
+            probe_host: Some("$(SANDBOXRUN_HOST_IP)".to_string()),
+            probe_port: Some(9),
+            canary_port: None,
             timeout: "5s".to_string(),
             anchor: None,
         };

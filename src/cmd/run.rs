@@ -386,6 +386,11 @@ pub(crate) struct RunArgs {
     /// Port the egress proxy's pods listen on.
     #[arg(long, env = "SANDBOXRUN_EGRESS_PROXY_PORT", default_value_t = 3128)]
     pub(crate) egress_proxy_port: u16,
+    /// The egress proxy's canary port (its `--canary-listen`): a filtered run's egress gate,
+    /// anchored on the proxy, probes it instead of --egress-gate-probe when the run's policy
+    /// allows no address range, so a closed or firewalled probe is never taken for the policy.
+    #[arg(long, env = "SANDBOXRUN_EGRESS_PROXY_CANARY_PORT")]
+    pub(crate) egress_proxy_canary_port: Option<u16>,
     /// File with the secret the per-run proxy tokens are derived from (the proxy reads the same).
     #[arg(long, env = "SANDBOXRUN_EGRESS_TOKEN_SECRET_FILE")]
     pub(crate) egress_token_secret_file: Option<PathBuf>,
@@ -603,6 +608,7 @@ pub(crate) fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSet
                     .map_err(|e| e.to_string())?,
             },
             port: args.egress_proxy_port,
+            canary_port: args.egress_proxy_canary_port,
         })
     };
     let gate = match crate::inpod::gate::parse_probe(&args.egress_gate_probe)

@@ -76,6 +76,7 @@ mod tests {
                     pod_labels: BTreeMap::from([("app".into(), "proxy".into())]),
                 },
                 port: 3128,
+                canary_port: None,
             }),
             token_secret: Some(TokenSecret(Arc::from(b"s3cret".as_slice()))),
             ..EgressSettings::default()

@@ -254,3 +254,27 @@ async fn a_runs_tunnel_is_closed_when_the_run_ends() {
     assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "{closed:?}");
     assert_eq!(p.state.run_ended_closed.get(), 2);
 }
+
+/// The egress gate's canary (docs/contract.md "A filtered run never has an unfiltered instant"):
+/// it accepts and closes every connection at once, sending nothing, however many come.
+#[tokio::test]
+async fn the_canary_accepts_and_closes_every_connection_at_once() {
+    let listener = crate::egress::proxy::bind("127.0.0.1:0", 64).expect("bind the canary");
+    let addr = listener.local_addr().expect("canary address");
+    let canary = tokio::spawn(crate::egress::proxy::serve_canary(listener));
+    for _ in 0..200 {
+        let mut conn = tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(addr))
+            .await
+            .expect("connect in time")
+            .expect("the canary answers");
+        let mut buf = [0u8; 16];
+        let read = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf))
+            .await
+            .expect("closed in time");
+        assert!(
+            matches!(read, Ok(0)) || read.is_err(),
+            "nothing is sent: {read:?}"
+        );
+    }
+    canary.abort();
+}

@@ -639,6 +639,7 @@ mod tests {
                     pod_labels: BTreeMap::from([("app".into(), "proxy".into())]),
                 },
                 port: 3128,
+                canary_port: None,
             }),
             ..EgressSettings::default()
         }

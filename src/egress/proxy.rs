@@ -98,6 +98,12 @@ pub struct ProxyArgs {
     /// Length of the kernel's queue of connections not yet accepted.
     #[arg(long, env = "SANDBOXRUN_EGRESS_ACCEPT_BACKLOG", default_value_t = 1024)]
     pub accept_backlog: u32,
+    /// The canary's address (an IP and a port; none by default): a listener that accepts and
+    /// closes at once, which no run's NetworkPolicy allows. A filtered run's egress gate probes
+    /// it at this proxy's address until refused (`crate::inpod::gate`): the same process answers
+    /// both ports, so a refused canary beside an answering proxy is the run's policy in force.
+    #[arg(long, env = "SANDBOXRUN_EGRESS_CANARY_LISTEN")]
+    pub canary_listen: Option<String>,
     /// `--log-format`, `--log-level`.
     #[command(flatten)]
     pub log: crate::process::LogArgs,
@@ -223,9 +229,31 @@ pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
             addr: args.listen.clone(),
             source,
         })?;
+    if let Some(addr) = &args.canary_listen {
+        let canary = bind(addr, args.accept_backlog).map_err(|source| ProxyError::Listen {
+            addr: addr.clone(),
+            source,
+        })?;
+        info!(%addr, "egress gate canary listening");
+        tokio::spawn(serve_canary(canary));
+    }
     info!(addr = %args.listen, ?limits, ?timeouts, "egress proxy listening");
     serve(listener, state, crate::process::shutdown_signal()).await;
     Ok(())
+}
+
+/// The canary: accepts and closes, reading and writing nothing, so it holds no slot, buffer or
+/// task per connection.
+pub async fn serve_canary(listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, _)) => drop(stream),
+            Err(e) => {
+                warn!(error = %e, "canary accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 fn timeouts_of(args: &ProxyArgs) -> Result<Timeouts, ProxyError> {

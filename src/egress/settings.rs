@@ -47,6 +47,9 @@ pub struct ProxyPeer {
     pub selector: PeerSelector,
     /// The port its pods listen on (what the NetworkPolicy opens).
     pub port: u16,
+    /// Its canary port (`egress-proxy --canary-listen`): served by the same pods, never opened
+    /// by a run's policy; the egress gate's probe for runs it anchors (`crate::inpod::gate`).
+    pub canary_port: Option<u16>,
 }
 
 /// Egress settings of the operator.

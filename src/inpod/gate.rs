@@ -12,8 +12,17 @@
 //! gate is given it as its **anchor** (`--anchor host:port`): a denied probe opens the gate only
 //! in a round where the anchor answered; an anchor that does not answer is "cannot tell", which
 //! keeps the gate shut, up to the same bound and a clear failure (issue #38).
+//!
+//! A denied probe still cannot be told from a probe where nothing listens or a host firewall
+//! drops: the node's kubelet port closed or firewalled for pods would open the gate at once. So
+//! when the proxy serves a **canary** port (`egress-proxy --canary-listen`) and the run's policy
+//! allows no address range (so nothing but its policy decides whether the canary is reached), the
+//! gate probes the canary at the anchor's own host: the same process listens on both ports, the
+//! run's policy allows the one and never the other, so a refused canary beside an answering
+//! anchor is the policy and nothing else (docs/contract.md "A filtered run never has an
+//! unfiltered instant").
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use thiserror::Error;
@@ -83,21 +92,31 @@ pub fn parse_probe(text: &str) -> Result<Option<GateProbe>, ProbeError> {
 impl GateSettings {
     /// The gate container's arguments after its program (`<binary>`): the probe, with the node's
     /// IP as `$(SANDBOXRUN_HOST_IP)` for the kubelet to expand, the bound, and the anchor (a
-    /// `host:port` the run's policy allows: the egress proxy) when there is one.
-    pub(crate) fn args(&self, anchor: Option<&str>) -> Vec<String> {
-        let (host, port) = match self.probe {
-            GateProbe::Node(port) => (format!("$({HOST_IP_ENV})"), port),
-            GateProbe::Addr(addr) => (addr.ip().to_string(), addr.port()),
-        };
-        let mut args = vec![
-            SUBCOMMAND.to_string(),
-            "--probe-host".to_string(),
-            host,
-            "--probe-port".to_string(),
-            port.to_string(),
+    /// `host:port` the run's policy allows: the egress proxy) when there is one. With an anchor
+    /// and a `canary` port the gate probes the canary at the anchor's host instead of the probe.
+    pub(crate) fn args(&self, anchor: Option<&str>, canary: Option<u16>) -> Vec<String> {
+        let mut args = vec![SUBCOMMAND.to_string()];
+        match (anchor, canary) {
+            (Some(_), Some(canary)) => {
+                args.extend(["--canary-port".to_string(), canary.to_string()]);
+            }
+            _ => {
+                let (host, port) = match self.probe {
+                    GateProbe::Node(port) => (format!("$({HOST_IP_ENV})"), port),
+                    GateProbe::Addr(addr) => (addr.ip().to_string(), addr.port()),
+                };
+                args.extend([
+                    "--probe-host".to_string(),
+                    host,
+                    "--probe-port".to_string(),
+                    port.to_string(),
+                ]);
+            }
+        }
+        args.extend([
             "--timeout".to_string(),
             format!("{}s", self.timeout.as_secs().max(1)),
-        ];
+        ]);
         if let Some(anchor) = anchor {
             args.extend(["--anchor".to_string(), anchor.to_string()]);
         }
@@ -112,6 +131,34 @@ pub(crate) enum Attempt {
     Reached,
     /// Refused, unreachable or timed out: the policy denies it.
     Denied,
+    /// A probe named by host name whose name did not resolve: nothing was tried.
+    Unresolved,
+}
+
+/// What the gate probes: a fixed address (the node's, or the flag's), or the proxy's canary
+/// port by the anchor's host name (`host:port`, resolved on each attempt).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum ProbeTarget {
+    /// A socket address.
+    Addr(SocketAddr),
+    /// A `host:port` to resolve.
+    Named(String),
+}
+
+impl std::fmt::Display for ProbeTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProbeTarget::Addr(a) => write!(f, "{a}"),
+            ProbeTarget::Named(n) => write!(f, "{n}"),
+        }
+    }
+}
+
+/// The canary's `host:port`: the anchor's host (`host:port`) at `canary`; None when the anchor
+/// has no port.
+pub(crate) fn canary_of(anchor: &str, canary: u16) -> Option<String> {
+    let (host, _) = anchor.rsplit_once(':')?;
+    (!host.is_empty()).then(|| format!("{host}:{canary}"))
 }
 
 /// What the gate does after an attempt.
@@ -146,7 +193,8 @@ pub(crate) fn next_step(
     let stuck = match (probe, anchor) {
         (Attempt::Denied, None | Some(Attempt::Reached)) => return GateStep::Open,
         (Attempt::Reached, _) => Stuck::ProbeReachable,
-        (Attempt::Denied, Some(Attempt::Denied)) => Stuck::CannotTell,
+        (Attempt::Unresolved, _)
+        | (Attempt::Denied, Some(Attempt::Denied | Attempt::Unresolved)) => Stuck::CannotTell,
     };
     if elapsed >= limit {
         GateStep::GiveUp(stuck)
@@ -160,11 +208,11 @@ pub(crate) fn next_step(
 pub enum GateError {
     /// The probe stayed reachable.
     #[error(
-        "egress gate: {probe} was still reachable after {secs}s ({attempts} attempts), so this pod's NetworkPolicy was not seen in force and the workload was not started; check that the network plugin enforces NetworkPolicy (run --network-policy) and that no rule of the run allows {probe} (run --egress-gate-probe)"
+        "egress gate: {probe} was still reachable after {secs}s ({attempts} attempts), so this pod's NetworkPolicy was not seen in force and the workload was not started; check that the network plugin enforces NetworkPolicy (run --network-policy), that no rule of the run allows {probe} (run --egress-gate-probe), and that no other NetworkPolicy of the namespace allows it (policies add up)"
     )]
     StillReachable {
         /// The probe address.
-        probe: SocketAddr,
+        probe: ProbeTarget,
         /// Seconds waited.
         secs: u64,
         /// Attempts made.
@@ -178,7 +226,7 @@ pub enum GateError {
         /// The anchor, as given.
         anchor: String,
         /// The probe address.
-        probe: SocketAddr,
+        probe: ProbeTarget,
         /// Seconds waited.
         secs: u64,
         /// Attempts made.
@@ -194,12 +242,12 @@ async fn attempt(probe: SocketAddr) -> Attempt {
     }
 }
 
-/// One attempt at the anchor (`host:port`, resolved each time): Reached when any of its
-/// addresses answers within [`TRY_TIMEOUT`]; a name that does not resolve is Denied.
-async fn attempt_anchor(anchor: &str) -> Attempt {
-    let resolved = tokio::time::timeout(TRY_TIMEOUT, tokio::net::lookup_host(anchor)).await;
+/// One attempt at a named target (`host:port`, resolved each time): Reached when any of its
+/// addresses answers within [`TRY_TIMEOUT`]; a name that does not resolve is Unresolved.
+async fn attempt_named(target: &str) -> Attempt {
+    let resolved = tokio::time::timeout(TRY_TIMEOUT, tokio::net::lookup_host(target)).await;
     let Ok(Ok(addrs)) = resolved else {
-        return Attempt::Denied;
+        return Attempt::Unresolved;
     };
     for addr in addrs {
         if attempt(addr).await == Attempt::Reached {
@@ -209,22 +257,23 @@ async fn attempt_anchor(anchor: &str) -> Attempt {
     Attempt::Denied
 }
 
-/// Probes `host:port` (and `anchor`, when given) until the probe is denied while the anchor
+/// Probes `probe` (and `anchor`, when given) until the probe is denied while the anchor
 /// answers (Ok: how long it took) or `limit` passes.
 pub(crate) async fn wait_until_denied(
-    host: IpAddr,
-    port: u16,
+    probe: ProbeTarget,
     anchor: Option<&str>,
     limit: Duration,
 ) -> Result<Duration, GateError> {
-    let probe = SocketAddr::new(host, port);
     let start = tokio::time::Instant::now();
     let mut attempts = 0u32;
     loop {
         attempts = attempts.saturating_add(1);
-        let found = attempt(probe).await;
+        let found = match &probe {
+            ProbeTarget::Addr(addr) => attempt(*addr).await,
+            ProbeTarget::Named(name) => attempt_named(name).await,
+        };
         let anchored = match anchor {
-            Some(a) if found == Attempt::Denied => Some(attempt_anchor(a).await),
+            Some(a) if found == Attempt::Denied => Some(attempt_named(a).await),
             _ => None,
         };
         let secs = start.elapsed().as_secs();
@@ -232,7 +281,7 @@ pub(crate) async fn wait_until_denied(
             GateStep::Open => return Ok(start.elapsed()),
             GateStep::GiveUp(Stuck::ProbeReachable) => {
                 return Err(GateError::StillReachable {
-                    probe,
+                    probe: probe.clone(),
                     secs,
                     attempts,
                 })
@@ -240,7 +289,7 @@ pub(crate) async fn wait_until_denied(
             GateStep::GiveUp(Stuck::CannotTell) => {
                 return Err(GateError::CannotTell {
                     anchor: anchor.unwrap_or_default().to_string(),
-                    probe,
+                    probe: probe.clone(),
                     secs,
                     attempts,
                 })
@@ -253,6 +302,7 @@ pub(crate) async fn wait_until_denied(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
 
     #[test]
     fn the_gate_opens_on_the_first_denied_attempt_and_gives_up_only_past_its_bound() {
@@ -315,8 +365,7 @@ mod tests {
         };
         let dead_anchor = format!("127.0.0.1:{closed}");
         let shut = wait_until_denied(
-            loopback,
-            closed,
+            ProbeTarget::Addr(SocketAddr::new(loopback, closed)),
             Some(&dead_anchor),
             Duration::from_millis(600),
         )
@@ -327,8 +376,12 @@ mod tests {
         );
         let anchor = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let live_anchor = anchor.local_addr().unwrap().to_string();
-        let open =
-            wait_until_denied(loopback, closed, Some(&live_anchor), Duration::from_secs(5)).await;
+        let open = wait_until_denied(
+            ProbeTarget::Addr(SocketAddr::new(loopback, closed)),
+            Some(&live_anchor),
+            Duration::from_secs(5),
+        )
+        .await;
         assert!(
             open.is_ok(),
             "the anchor answers and the probe is denied: {open:?}"
@@ -368,7 +421,7 @@ mod tests {
             anchor: true,
         };
         assert_eq!(
-            gate.args(None),
+            gate.args(None, Some(3129)),
             [
                 "egress-gate",
                 "--probe-host",
@@ -391,7 +444,8 @@ mod tests {
             }
         });
         let loopback: IpAddr = "127.0.0.1".parse().unwrap();
-        let shut = wait_until_denied(loopback, port, None, Duration::from_millis(600)).await;
+        let probe = ProbeTarget::Addr(SocketAddr::new(loopback, port));
+        let shut = wait_until_denied(probe.clone(), None, Duration::from_millis(600)).await;
         assert!(
             matches!(shut, Err(GateError::StillReachable { attempts, .. }) if attempts >= 2),
             "{shut:?}"
@@ -399,7 +453,83 @@ mod tests {
         accept.abort();
         let _ = accept.await;
         // Nothing listens now (the listener was dropped with its task): refused, so open.
-        let open = wait_until_denied(loopback, port, None, Duration::from_secs(5)).await;
+        let open = wait_until_denied(probe, None, Duration::from_secs(5)).await;
         assert!(open.is_ok(), "{open:?}");
+    }
+
+    /// Issue #38 item 4: a probe where nothing listens reads as "denied", so a node whose
+    /// kubelet port is closed (or firewalled for pods) opened the gate with no policy in force.
+    /// The canary is the proxy's own second listener, known to answer: while nothing but a
+    /// policy stands between the pod and it, it is reached and the gate stays shut.
+    #[tokio::test]
+    async fn a_canary_beside_the_anchor_keeps_the_gate_shut_until_refused_where_a_dead_probe_opened_it(
+    ) {
+        let anchor = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let canary = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let anchor_at = anchor.local_addr().unwrap().to_string();
+        let canary_port = canary.local_addr().unwrap().port();
+        // The node's probe with nothing listening (no policy anywhere): it opens at once.
+        let dead = {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            l.local_addr().unwrap()
+        };
+        let opened = wait_until_denied(
+            ProbeTarget::Addr(dead),
+            Some(&anchor_at),
+            Duration::from_secs(5),
+        )
+        .await;
+        assert!(opened.is_ok(), "a dead probe reads as denied: {opened:?}");
+        // The canary on the anchor's host: it answers (no policy), so the gate stays shut.
+        let accept = tokio::spawn(async move {
+            while let Ok((conn, _)) = canary.accept().await {
+                drop(conn);
+            }
+        });
+        let gate = GateSettings {
+            probe: GateProbe::Node(10250),
+            timeout: Duration::from_secs(1),
+            anchor: true,
+        };
+        let args = gate.args(Some(&anchor_at), Some(canary_port));
+        assert!(!args.contains(&"--probe-host".to_string()), "{args:?}");
+        let target = ProbeTarget::Named(canary_of(&anchor_at, canary_port).unwrap());
+        let shut =
+            wait_until_denied(target.clone(), Some(&anchor_at), Duration::from_millis(600)).await;
+        assert!(
+            matches!(shut, Err(GateError::StillReachable { attempts, .. }) if attempts >= 2),
+            "the canary answers: the policy is not in force: {shut:?}"
+        );
+        // The policy in force, as the canary's refusal beside the answering anchor.
+        accept.abort();
+        let _ = accept.await;
+        let open = wait_until_denied(target, Some(&anchor_at), Duration::from_secs(5)).await;
+        assert!(open.is_ok(), "{open:?}");
+        // A canary whose name does not resolve is "cannot tell", never open.
+        let unresolved = wait_until_denied(
+            ProbeTarget::Named("no-such-host.invalid:3129".to_string()),
+            Some(&anchor_at),
+            Duration::from_millis(300),
+        )
+        .await;
+        assert!(
+            matches!(unresolved, Err(GateError::CannotTell { .. })),
+            "{unresolved:?}"
+        );
+        drop(anchor);
+    }
+
+    #[test]
+    fn the_canary_is_the_anchors_host_at_the_canary_port() {
+        assert_eq!(
+            canary_of("proxy.sys.svc:3128", 3129).as_deref(),
+            Some("proxy.sys.svc:3129")
+        );
+        assert_eq!(
+            canary_of("[fd00::1]:3128", 9).as_deref(),
+            Some("[fd00::1]:9")
+        );
+        assert_eq!(canary_of("proxy", 9), None);
+        assert_eq!(canary_of(":3128", 9), None);
     }
 }

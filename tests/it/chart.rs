@@ -648,6 +648,10 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         .collect();
     assert_eq!(args[0], "egress-proxy");
     assert!(args.contains(&"--listen=0.0.0.0:3128"), "{args:?}");
+    // The egress gate's canary: served by the proxy, on its Service, admitted from run pods by
+    // the proxy's own policy, and told to the operator (docs/contract.md "A filtered run never
+    // has an unfiltered instant").
+    assert!(args.contains(&"--canary-listen=0.0.0.0:3129"), "{args:?}");
     assert!(args.contains(&"--token-secret-file=/etc/sandboxrun/egress/token-secret"));
     assert_eq!(proxy["spec"]["replicas"].as_u64(), Some(2));
     assert_eq!(
@@ -656,6 +660,11 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
     );
     let svc = named("Service", "demo-sandboxrun-operator-egress-proxy");
     assert_eq!(svc["spec"]["ports"][0]["port"].as_u64(), Some(3128));
+    assert_eq!(svc["spec"]["ports"][1]["port"].as_u64(), Some(3129));
+    assert_eq!(
+        svc["spec"]["ports"][1]["targetPort"].as_str(),
+        Some("canary")
+    );
     let pdb = named(
         "PodDisruptionBudget",
         "demo-sandboxrun-operator-egress-proxy",
@@ -687,6 +696,10 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         Some(3128)
     );
     assert_eq!(
+        np["spec"]["ingress"][0]["ports"][1]["port"].as_u64(),
+        Some(3129)
+    );
+    assert_eq!(
         from["podSelector"]["matchLabels"]["app.kubernetes.io/managed-by"].as_str(),
         Some("sandboxrun-operator")
     );
@@ -711,6 +724,7 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         "--egress-proxy-selector=app.kubernetes.io/component=egress-proxy,app.kubernetes.io/instance=demo,app.kubernetes.io/name=sandboxrun-operator",
         "--egress-token-secret-file=/etc/sandboxrun/egress/token-secret",
         "--egress-gate-anchor=true",
+        "--egress-proxy-canary-port=3129",
     ] {
         assert!(op_args.contains(&want), "{want} in {op_args:?}");
     }

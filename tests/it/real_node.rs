@@ -1735,6 +1735,200 @@ async fn a_filtered_runs_first_instruction_is_already_filtered() {
     }
 }
 
+/// A stand-in for the egress proxy on the real node: busybox's httpd on the proxy's port and on
+/// its canary port (the same pod, so only a policy tells the two ports apart). Returns its IP.
+async fn canary_proxy_stand_in(client: &Client, ns: &str) -> String {
+    let pod: Pod = serde_json::from_value(json!({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "proxy", "labels": {"app": "stand-in-proxy"}},
+        "spec": {
+            "nodeSelector": {REAL_NODE_LABEL: "true"},
+            "tolerations": [real_node_toleration()],
+            "securityContext": {"runAsNonRoot": true, "runAsUser": 1000,
+                "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [{
+                "name": "httpd",
+                "image": pod_image("busybox"),
+                "command": ["sh", "-c",
+                    "/bin/busybox httpd -f -p 3128 & exec /bin/busybox httpd -f -p 3129"],
+                "securityContext": {"allowPrivilegeEscalation": false,
+                    "capabilities": {"drop": ["ALL"]}},
+                "readinessProbe": {"tcpSocket": {"port": 3129}, "periodSeconds": 1},
+            }],
+        },
+    }))
+    .expect("the stand-in pod");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    pods.create(&Default::default(), &pod)
+        .await
+        .expect("create the stand-in proxy");
+    eventually(
+        "the stand-in proxy to be ready",
+        Duration::from_secs(120),
+        || {
+            let pods = pods.clone();
+            async move {
+                let status = pods.get("proxy").await.ok()?.status?;
+                let ready = status
+                    .conditions?
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True");
+                ready.then_some(status.pod_ip?)
+            }
+        },
+    )
+    .await
+}
+
+/// The workload of [`a_gate_anchored_on_the_proxy_probes_its_canary_so_a_dead_node_probe_never_opens_it`]:
+/// it only ends, 0.
+const GATED_ONLY: &str = "echo started > /dev/termination-log";
+
+/// Issue #38 item 4 on the real node (docs/contract.md "A filtered run never has an unfiltered
+/// instant"): a probe where nothing listens reads as refused, so with the node probe at a closed
+/// port (`node:1`, as on a node whose kubelet port is closed or firewalled for pods) the gate of
+/// old opened at once whether or not any policy was in force. The gate of a run anchored on the
+/// proxy now probes the proxy's canary (a stand-in: the same pod answers both ports):
+/// - the namespace widened by its tenant (an allow-all egress NetworkPolicy: policies add up, so
+///   the run's own is not in force): the canary answers, the gate stays shut and the run fails
+///   `EgressNotEnforced` with the gate's words, its workload never started;
+/// - without that policy: the canary is refused, the anchor answers, the gate exits 0 and the
+///   run succeeds.
+#[tokio::test]
+async fn a_gate_anchored_on_the_proxy_probes_its_canary_so_a_dead_node_probe_never_opens_it() {
+    use sandboxrun_operator::api::NetworkMode::Allowlist;
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "canary").await;
+    let proxy_ns = TestNamespace::new(&client, "canary-proxy").await;
+    let proxy_ip = canary_proxy_stand_in(&client, &proxy_ns.name).await;
+    let (dir, store_url) = file_store("canary");
+    let secret = dir.join("token-secret");
+    std::fs::create_dir_all(&dir).expect("store dir");
+    std::fs::write(&secret, "canary-test-token-secret-0123456789").expect("token secret");
+    let proxy_url = format!("http://{proxy_ip}:3128");
+    let op = start_operator_with(
+        &ns.name,
+        &store_url,
+        &[
+            "--egress-gate-probe",
+            "node:1",
+            "--egress-gate-timeout",
+            "15s",
+            "--egress-proxy-url",
+            &proxy_url,
+            "--egress-proxy-namespace",
+            &proxy_ns.name,
+            "--egress-proxy-selector",
+            "app=stand-in-proxy",
+            "--egress-proxy-port",
+            "3128",
+            "--egress-proxy-canary-port",
+            "3129",
+            "--egress-token-secret-file",
+            secret.to_str().expect("utf-8 path"),
+        ],
+    );
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let spec = || {
+        let mut spec = real_spec(Some(GATED_ONLY), &[]);
+        spec.network = Some(sandboxrun_operator::api::NetworkPolicy {
+            mode: Allowlist,
+            rules: vec!["example.com".to_string()],
+        });
+        spec
+    };
+    let gate_of = |pod_name: String| {
+        let pods = pods.clone();
+        async move {
+            eventually("the egress gate to end", Duration::from_secs(120), || {
+                let (pods, pod_name) = (pods.clone(), pod_name.clone());
+                async move {
+                    pods.get(&pod_name)
+                        .await
+                        .ok()?
+                        .status?
+                        .init_container_statuses?
+                        .into_iter()
+                        .find(|c| c.name == "egress-gate")?
+                        .state?
+                        .terminated
+                }
+            })
+            .await
+        }
+    };
+
+    // The tenant widens its namespace: every pod may send anywhere.
+    let allow_all: k8s_openapi::api::networking::v1::NetworkPolicy =
+        serde_json::from_value(json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": "allow-all-egress"},
+            "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [{}]},
+        }))
+        .expect("policy");
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), &ns.name);
+    policies
+        .create(&Default::default(), &allow_all)
+        .await
+        .expect("create the allow-all policy");
+    // (Its pod goes as soon as the run fails: the gate's words are read from the run.)
+    create(&runs, "widened", spec()).await;
+    let done = wait_run(
+        &runs,
+        "widened",
+        "the widened run to fail",
+        &op,
+        final_phase,
+    )
+    .await;
+    let status = done.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
+    let said = status.message.clone().unwrap_or_default();
+    assert!(
+        said.contains(&format!("{proxy_ip}:3129")) && said.contains("still reachable"),
+        "the gate, shut, names the canary: {said:?}"
+    );
+    assert!(
+        status.workload.is_none() || status.exit_code.is_none(),
+        "the workload never started: {status:?}"
+    );
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.reason == "EgressNotEnforced"),
+        "{status:?}"
+    );
+
+    // Without the tenant's policy the run's own is in force: the canary is refused.
+    policies
+        .delete("allow-all-egress", &Default::default())
+        .await
+        .expect("delete the allow-all policy");
+    create(&runs, "enforced", spec()).await;
+    let pod_name =
+        pod_of(&wait_for_pod_name(&runs, runs.get("enforced").await.expect("run")).await);
+    let gate = gate_of(pod_name).await;
+    assert_eq!(
+        gate.exit_code, 0,
+        "the canary refused, the anchor answered: {gate:?}"
+    );
+    let done = wait_run(
+        &runs,
+        "enforced",
+        "the enforced run to end",
+        &op,
+        final_phase,
+    )
+    .await;
+    assert_eq!(phase(&done), Some(Phase::Succeeded), "{:?}", done.status);
+}
+
 /// The workload of [`no_run_reaches_what_its_namespaces_default_deny_egress_policy_denies`]:
 /// waits for the test's go-ahead (the enforcer has programmed this pod), then tries `$HOST`
 /// directly and writes `host=ok|fail <answer>` to its termination message.
