@@ -31,6 +31,7 @@ KUBECTL=$BIN/kubectl
 KUEUE_WEBHOOK_PORT=${KUEUE_WEBHOOK_PORT:-19443}
 KUEUE_METRICS_PORT=${KUEUE_METRICS_PORT:-19480}
 KUEUE_HEALTH_PORT=${KUEUE_HEALTH_PORT:-19481}
+METRICS_CERTS=/etc/kueue/metrics/certs
 log() { echo "kueue: $*" >&2; }
 kc() { "$KUBECTL" --kubeconfig "$K" "$@"; }
 is_running() { [ -f "$R/kueue.pid" ] && kill -0 "$(cat "$R/kueue.pid")" 2>/dev/null; }
@@ -41,6 +42,11 @@ write_config() {
     openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=kueue-webhook.local" \
       -addext "subjectAltName=IP:127.0.0.1" \
       -keyout "$KQ/certs/tls.key" -out "$KQ/certs/tls.crt" 2>/dev/null
+  fi
+  # With internal cert management off, v0.17's manager reads its metrics server's certificate from
+  # a fixed path (cmd/kueue/main.go: /etc/kueue/metrics/certs), no flag: give it the same one.
+  if [ ! -s "$METRICS_CERTS/tls.crt" ]; then
+    mkdir -p "$METRICS_CERTS" && cp "$KQ/certs/tls.crt" "$KQ/certs/tls.key" "$METRICS_CERTS/"
   fi
   cat >"$KQ/config.yaml" <<EOF
 apiVersion: config.kueue.x-k8s.io/v1beta2
@@ -80,7 +86,10 @@ up() {
   if is_running; then log "running (pid $(cat "$R/kueue.pid"))"; return 0; fi
   write_config
   mkdir -p "$R" "$LOGS"
+  # VisibilityOnDemand off: its API server reads a certificate from a fixed /visibility path and
+  # would need an APIService registration; the bed does not use it.
   nohup "$KUEUE_OUT/bin/kueue" --config "$KQ/config.yaml" --kubeconfig "$K" \
+    --feature-gates=VisibilityOnDemand=false \
     >"$LOGS/kueue.log" 2>&1 </dev/null &
   echo $! >"$R/kueue.pid"
   for _ in $(seq 1 120); do
