@@ -30,6 +30,19 @@ if [ ! -x "$KUBE_ROUTER_BIN/kube-router" ]; then
     "$KR/cmd/kube-router@$KUBE_ROUTER_VERSION"
 fi
 
+# ---- Kueue (hack/kueue.sh runs its manager as a host process against the bed): the manager
+# binary and its CRD YAML (config/components/crd/bases of the same module), in a cache directory of
+# its own keyed by its version, built before the `.complete` shortcut like kube-router. A plain go
+# install (its go.mod has no replace directive).
+KUEUE_OUT=$CACHE_ROOT/$(kueue_dir_name)
+if [ ! -x "$KUEUE_OUT/bin/kueue" ] || [ ! -s "$KUEUE_OUT/crds/kueue.x-k8s.io_workloads.yaml" ]; then
+  log "building kueue $KUEUE_VERSION"
+  mkdir -p "$KUEUE_OUT/bin" "$KUEUE_OUT/crds"
+  GOBIN=$KUEUE_OUT/bin go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  cp "$(go env GOMODCACHE)/sigs.k8s.io/kueue@$KUEUE_VERSION"/config/components/crd/bases/*.yaml "$KUEUE_OUT/crds/"
+  chmod u+w "$KUEUE_OUT"/crds/*.yaml
+fi
+
 # ---- the Prometheus Operator's PrometheusRule and ServiceMonitor CRDs, from its Go module (only
 # the YAML: nothing is built), so tests/it/chart.rs can server-dry-run the chart's monitoring objects.
 PROM_CRDS=$CACHE_ROOT/$(prometheus_crds_dir_name)

@@ -46,6 +46,12 @@ kube_router_dir_name() {
   echo "kube-router-$KUBE_ROUTER_VERSION"
 }
 
+# The cache directory of Kueue's manager binary and CRD YAML (hack/kueue.sh), keyed by its version
+# alone, like kube-router's.
+kueue_dir_name() {
+  echo "kueue-$KUEUE_VERSION"
+}
+
 # The cache directory of the Prometheus Operator's CRDs (for the chart's dry runs), keyed by its
 # version alone.
 prometheus_crds_dir_name() {
