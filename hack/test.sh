@@ -41,8 +41,13 @@ if ! hack/local-cluster.sh status >/dev/null 2>&1; then
   started_here=1
 fi
 emulators_here=0
+kueue_here=0
 cleanup() {
   local rc=$?
+  # Kueue's manager first: a host process of the bed that `down` must not find running.
+  if [ "$kueue_here" = 1 ] && [ -z "${SANDBOXRUN_KEEP_CLUSTER:-}" ]; then
+    hack/kueue.sh down || true
+  fi
   if [ "$started_here" = 1 ] && [ -z "${SANDBOXRUN_KEEP_CLUSTER:-}" ]; then
     phase "local cluster down (host settings restored)"
     hack/local-cluster.sh down
@@ -69,6 +74,11 @@ if ! hack/store-emulators.sh status >/dev/null 2>&1; then
   hack/store-emulators.sh up
 fi
 eval "$(hack/local-cluster.sh env)"
+phase "Kueue (its CRDs and manager, built from its Go module) for the tests that queue runs"
+if ! hack/kueue.sh status >/dev/null 2>&1; then
+  kueue_here=1
+  hack/kueue.sh up
+fi
 
 phase "operator image without Docker (static binary, pushed to the local registry)"
 hack/images.sh operator

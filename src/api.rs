@@ -44,6 +44,7 @@ pub(crate) const MAX_TTL_SECONDS_AFTER_FINISHED: i64 = 31_536_000;
     printcolumn = r#"{"name":"Pod","type":"string","jsonPath":".status.podName"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Attempt","type":"integer","priority":1,"description":"The attempt the run is at (spec.retryPolicy; absent: its first)","jsonPath":".status.attempt"}"#,
+    printcolumn = r#"{"name":"Queued","type":"string","priority":1,"description":"Kueue's reason while the run waits in its queue, Admitted once admitted (docs/user-guide.md \"Queueing with Kueue\")","jsonPath":".status.conditions[?(@.type==\"Queued\")].reason"}"#,
     printcolumn = r#"{"name":"Exit","type":"integer","priority":1,"description":"Exit code of the workload container","jsonPath":".status.exitCode"}"#,
     printcolumn = r#"{"name":"Duration","type":"string","priority":1,"description":"How long the run took, set when it ends","jsonPath":".status.duration"}"#,
     printcolumn = r#"{"name":"Message","type":"string","priority":1,"description":"Summary of the current phase","jsonPath":".status.message"}"#,
@@ -1193,6 +1194,7 @@ mod tests {
                 "Pod",
                 "Age",
                 "Attempt",
+                "Queued",
                 "Exit",
                 "Duration",
                 "Message",
@@ -1200,7 +1202,7 @@ mod tests {
                 "TemplateKind"
             ]
         );
-        // The last six are for `kubectl get sbr -o wide` only.
+        // The last seven are for `kubectl get sbr -o wide` only.
         let wide: Vec<_> = v
             .additional_printer_columns
             .iter()
@@ -1212,6 +1214,7 @@ mod tests {
             wide,
             [
                 ("Attempt", ".status.attempt"),
+                ("Queued", ".status.conditions[?(@.type==\"Queued\")].reason"),
                 ("Exit", ".status.exitCode"),
                 ("Duration", ".status.duration"),
                 ("Message", ".status.message"),

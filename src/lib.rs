@@ -14,6 +14,7 @@ pub mod drain;
 pub mod egress;
 pub mod files;
 pub(crate) mod inpod;
+pub mod kueue;
 pub mod metrics;
 #[cfg(test)]
 mod module_map;

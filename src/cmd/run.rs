@@ -439,6 +439,12 @@ pub(crate) struct RunArgs {
     /// up); host names still go through the proxy, which applies the whole denylist.
     #[arg(long, env = "SANDBOXRUN_EGRESS_DENYLIST_WIDE", default_value_t = false)]
     pub(crate) egress_denylist_wide: bool,
+    /// Queue runs labelled `kueue.x-k8s.io/queue-name` through Kueue (its Workload API; Kueue
+    /// v0.17's CRDs must be installed): such a run gets a Workload asking for its pod's
+    /// requests and no pod until Kueue admits it (docs/user-guide.md "Queueing with Kueue").
+    /// Off: the label means nothing to the operator.
+    #[arg(long, env = "SANDBOXRUN_KUEUE", default_value_t = false)]
+    pub(crate) kueue: bool,
     /// NO_PROXY of a filtered run's workload: what it reaches without the proxy.
     #[arg(
         long,

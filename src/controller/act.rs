@@ -113,8 +113,54 @@ async fn effect_of(
         Effect::Publish(event) => publish(ctx, run, pod.filter(|_| event.about_pod), &event).await,
         Effect::ApplyNetworkPolicy(policy) => apply_network_policy(&ctx.client, &policy).await?,
         Effect::CreatePod(new) => return create_pod(&pods, &new).await.map(Some),
+        Effect::CreateWorkload(w) => create_workload(&ctx.client, &ns, *w).await?,
+        Effect::PatchWorkloadStatus(patch) => {
+            let name = crate::kueue::workload_name(&run.name_any());
+            patch_workload_status(&ctx.client, &ns, &name, &patch).await?;
+        }
     }
     Ok(None)
+}
+
+/// Creates a run's Kueue Workload; one of that name that exists is an answer, not an error (the
+/// next reconcile reads whose it is).
+async fn create_workload(
+    client: &kube::Client,
+    ns: &str,
+    workload: serde_json::Value,
+) -> Result<(), ControllerError> {
+    let ar = crate::kueue::workload_resource();
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+    let name = workload["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let object: kube::api::DynamicObject = serde_json::from_value(workload)
+        .map_err(|e| kube_err(format!("build Workload {name}"))(kube::Error::SerdeError(e)))?;
+    match api.create(&PostParams::default(), &object).await {
+        Ok(_) => {
+            info!(namespace = %ns, workload = %name, "Kueue Workload created");
+            Ok(())
+        }
+        Err(kube::Error::Api(ae)) if ae.code == 409 => Ok(()),
+        Err(e) => Err(kube_err(format!("create Workload {name}"))(e)),
+    }
+}
+
+/// Merge-patches the status of Workload `name` (a 409 is an error: it is read again).
+async fn patch_workload_status(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    patch: &serde_json::Value,
+) -> Result<(), ControllerError> {
+    let ar = crate::kueue::workload_resource();
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+    api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map_err(kube_err(format!("patch the status of Workload {name}")))?;
+    info!(namespace = %ns, workload = %name, "Kueue Workload status patched");
+    Ok(())
 }
 
 /// Creates `pod`: the apiserver's answer, typed. A refusal (quota, Pod Security, a webhook,

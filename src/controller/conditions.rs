@@ -15,6 +15,14 @@ pub(crate) const READY: &str = "Ready";
 pub(crate) const REASON_RETRYING: &str = "Retrying";
 /// Ready=False while `spec.suspend` holds the run without a pod.
 pub(crate) const REASON_SUSPENDED: &str = "Suspended";
+/// Ready=False while Kueue keeps the run without a pod (docs/user-guide.md "Queueing with
+/// Kueue"), and the reason of [`QUEUED`] while it does.
+pub(crate) const REASON_QUEUED: &str = "Queued";
+/// Ready=False while a run Kueue evicted (preempted) drains and stops.
+pub(crate) const REASON_PREEMPTED: &str = "Preempted";
+/// A run in a Kueue queue: True while its Workload waits for quota (reason: Kueue's), False
+/// once admitted (reason `Admitted`).
+pub(crate) const QUEUED: &str = "Queued";
 /// The workload container terminated (batch runs).
 pub(crate) const WORKLOAD_FINISHED: &str = "WorkloadFinished";
 /// Every declared path has a final drain outcome, none failed.

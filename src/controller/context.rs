@@ -65,6 +65,9 @@ pub(crate) struct Context {
     /// How long a run's passing states may last unreported (`run --quiet-window`,
     /// docs/contract.md "A quiet lifecycle").
     pub settle: Duration,
+    /// Whether runs labelled `kueue.x-k8s.io/queue-name` wait for Kueue (`run --kueue`,
+    /// docs/user-guide.md "Queueing with Kueue").
+    pub kueue: bool,
     /// Publishes Events.
     pub recorder: Recorder,
     /// Metrics.
@@ -128,6 +131,12 @@ impl Context {
     /// The same context with `settle` as its quiet window (`run --quiet-window`).
     pub(crate) fn with_quiet_window(mut self, settle: Duration) -> Context {
         self.settle = settle;
+        self
+    }
+
+    /// The same context with runs in Kueue queues waiting for Kueue (`run --kueue`).
+    pub(crate) fn with_kueue(mut self, kueue: bool) -> Context {
+        self.kueue = kueue;
         self
     }
 
@@ -248,6 +257,7 @@ impl Context {
             drain_idle: crate::drain::idle::DEFAULT_IDLE_TIMEOUT,
             drain_bandwidth: DrainBandwidth::default(),
             settle: super::plan::SETTLE,
+            kueue: false,
             recorder,
             metrics,
             create_attempts: Default::default(),

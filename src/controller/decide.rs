@@ -31,6 +31,13 @@ pub(crate) enum Trigger {
     Stop,
     /// `spec.suspend` was set on a run whose pod exists: drain, delete the pod, wait.
     Suspend,
+    /// Kueue evicted the run's Workload (e.g. to preempt it for a run of higher priority):
+    /// drain, delete the pod, wait until Kueue admits it again (docs/user-guide.md "Queueing
+    /// with Kueue").
+    Preempted {
+        /// Kueue's words.
+        message: String,
+    },
     /// `spec.activeDeadlineSeconds` passed.
     Deadline,
     /// The run is being deleted (the finalizer holds it).
@@ -69,6 +76,7 @@ impl Trigger {
             }
             Trigger::Stop => "spec.stop was set".to_string(),
             Trigger::Suspend => "spec.suspend was set".to_string(),
+            Trigger::Preempted { message } => format!("evicted by Kueue ({message})"),
             Trigger::Deadline => "activeDeadlineSeconds passed".to_string(),
             Trigger::Deleting => "the run is being deleted".to_string(),
             Trigger::PodDeleting => "the pod is being deleted or evicted".to_string(),
@@ -444,6 +452,16 @@ fn resume_trigger(run: &SandboxRun, pod: &PodView) -> Trigger {
         return Trigger::of_start_failure(failure, message);
     }
     match run.status.as_ref().and_then(ready_false_reason) {
+        Some(conditions::REASON_PREEMPTED) => {
+            return Trigger::Preempted {
+                message: run
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.iter().find(|c| c.type_ == conditions::READY))
+                    .map(|c| c.message.clone())
+                    .unwrap_or_default(),
+            }
+        }
         Some(REASON_DEADLINE_EXCEEDED) => return Trigger::Deadline,
         Some(REASON_POD_DELETED) => return Trigger::PodDeleting,
         _ => {}

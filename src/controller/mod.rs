@@ -27,6 +27,7 @@ pub(crate) mod drain_queue;
 mod drive;
 pub(crate) mod error;
 pub(crate) mod events;
+mod kueue_gate;
 pub(crate) mod observe;
 mod pipeline;
 pub(crate) mod plan;
@@ -49,6 +50,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::DynamicObject;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
@@ -68,8 +70,13 @@ pub(crate) async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let scopes: Vec<(Api<SandboxRun>, Api<Pod>)> = if namespaces.is_empty() {
-        vec![(Api::all(client.clone()), Api::all(client.clone()))]
+    let workload = crate::kueue::workload_resource();
+    let scopes: Vec<(Api<SandboxRun>, Api<Pod>, Api<DynamicObject>)> = if namespaces.is_empty() {
+        vec![(
+            Api::all(client.clone()),
+            Api::all(client.clone()),
+            Api::all_with(client.clone(), &workload),
+        )]
     } else {
         namespaces
             .iter()
@@ -77,6 +84,7 @@ pub(crate) async fn run(
                 (
                     Api::namespaced(client.clone(), ns),
                     Api::namespaced(client.clone(), ns),
+                    Api::namespaced_with(client.clone(), ns, &workload),
                 )
             })
             .collect()
@@ -84,7 +92,7 @@ pub(crate) async fn run(
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     spawn_queue_gauge(Arc::downgrade(&ctx));
     let mut streams = Vec::new();
-    for (runs, pods) in scopes {
+    for (runs, pods, workloads) in scopes {
         if let Some(gate) = &ctx.shards {
             tokio::spawn(crate::shard::label::label_new_runs(
                 runs.clone(),
@@ -98,7 +106,18 @@ pub(crate) async fn run(
             .modify(|run: &mut SandboxRun| run.managed_fields_mut().clear())
             .reflect(writer)
             .applied_objects();
-        let controller = with_pods(Controller::for_stream(cached, reader), &ctx, pods)
+        let mut controller = with_pods(Controller::for_stream(cached, reader), &ctx, pods);
+        if ctx.kueue {
+            // The runs' Kueue Workloads wake them (admitted, evicted): docs/user-guide.md
+            // "Queueing with Kueue".
+            let managed = crate::pod::managed_by_selector();
+            controller = controller.owns_with(
+                workloads,
+                workload.clone(),
+                watcher::Config::default().labels(&managed),
+            );
+        }
+        let controller = controller
             .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
         spawn_phase_gauge(controller.store(), ctx.metrics.clone());
         let stream = controller

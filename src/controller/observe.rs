@@ -449,6 +449,45 @@ pub(crate) enum Observed {
 
 /// Reads the run's pod and, when it has been Pending a while with nothing in its status, the
 /// Warning Events that may say why (FailedMount), bounded.
+/// The run's Kueue Workload (docs/user-guide.md "Queueing with Kueue"), as JSON; None when
+/// there is none.
+pub(crate) async fn workload(
+    client: &Client,
+    run: &SandboxRun,
+) -> Result<Option<serde_json::Value>, ControllerError> {
+    let ns = run
+        .namespace()
+        .ok_or(ControllerError::Metadata("namespace"))?;
+    let name = crate::kueue::workload_name(&run.name_any());
+    let ar = crate::kueue::workload_resource();
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+    let found = api
+        .get_opt(&name)
+        .await
+        .map_err(kube_err(format!("get Workload {name}")))?;
+    Ok(found.and_then(|w| serde_json::to_value(w).ok()))
+}
+
+/// The WorkloadPriorityClass `name` a queued run names: its value; None when there is none
+/// (the Workload then has no priority, as Kueue's own jobs without a class).
+pub(crate) async fn workload_priority(
+    client: &Client,
+    name: &str,
+) -> Result<Option<crate::kueue::Priority>, ControllerError> {
+    let ar = crate::kueue::priority_class_resource();
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &ar);
+    let found = api
+        .get_opt(name)
+        .await
+        .map_err(kube_err(format!("get WorkloadPriorityClass {name}")))?;
+    Ok(found.and_then(|c| {
+        Some(crate::kueue::Priority {
+            name: name.to_string(),
+            value: c.data["value"].as_i64()?,
+        })
+    }))
+}
+
 pub(crate) async fn observe(
     client: &Client,
     run: &SandboxRun,

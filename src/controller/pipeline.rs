@@ -16,7 +16,7 @@ use super::drive;
 use super::error::ControllerError;
 use super::observe::{self, Observation, Observed};
 use super::plan::{self, Inputs, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN};
-use super::{checkpoint_job, teardown_job};
+use super::{checkpoint_job, kueue_gate, teardown_job};
 use crate::api::SandboxRun;
 use crate::egress::verdict::verdict;
 
@@ -27,6 +27,15 @@ pub(crate) struct Reconciled {
     pub step: Option<&'static str>,
     /// When to look again.
     pub requeue: Requeue,
+}
+
+impl Reconciled {
+    fn after(step: &'static str, requeue: Requeue) -> Reconciled {
+        Reconciled {
+            step: Some(step),
+            requeue,
+        }
+    }
 }
 
 /// Reconciles `run` once at `now`.
@@ -80,6 +89,10 @@ pub(crate) async fn reconcile(
         settle: ctx.settle,
     };
     let pod_name = observation.pod_name.as_str();
+    let step = match through_kueue(ctx, run, step, &inputs, &observation, now).await? {
+        Through::Go(step) => step,
+        Through::Held(requeue) => return Ok(Reconciled::after(label, requeue)),
+    };
     let requeue = match plan::plan_step(step, &inputs) {
         StepPlan::Carry(plan) => {
             drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), *plan, now).await?
@@ -99,10 +112,78 @@ pub(crate) async fn reconcile(
             }
         }
     };
-    Ok(Reconciled {
-        step: Some(label),
-        requeue,
-    })
+    Ok(Reconciled::after(label, requeue))
+}
+
+/// What the queue stage left to do.
+enum Through {
+    /// Go on with this step.
+    Go(decide::Step),
+    /// The run was held (or its plan carried out instead): look again then.
+    Held(Requeue),
+}
+
+/// The queue stage of a run in a Kueue queue ([`kueue_gate`]; `run --kueue`): reads its
+/// Workload (and, to create one, the priority class it names and the pod it would get), then
+/// carries out what the gate says, or hands back the step. Any other run: the step.
+async fn through_kueue(
+    ctx: &Arc<Context>,
+    run: &Arc<SandboxRun>,
+    step: decide::Step,
+    inputs: &Inputs<'_>,
+    observation: &Observation,
+    now: Timestamp,
+) -> Result<Through, ControllerError> {
+    if !ctx.kueue || crate::kueue::queue_of(run).is_none() {
+        return Ok(Through::Go(step));
+    }
+    let workload = observe::workload(&ctx.client, run).await?;
+    let state = crate::kueue::state_of(workload.as_ref(), &run.uid().unwrap_or_default());
+    let pod_name = observation.pod_name.as_str();
+    let mut to_create = None;
+    if state == crate::kueue::QueueState::Absent && matches!(step, decide::Step::CreatePod) {
+        // The Workload asks for the pod the run would get; a run that would get none (refused,
+        // held) is planned as without Kueue.
+        match plan::plan_step(decide::Step::CreatePod, inputs) {
+            StepPlan::CreatePod(pod) => {
+                let priority = match crate::kueue::priority_class_of(run) {
+                    Some(name) => observe::workload_priority(&ctx.client, name).await?,
+                    None => None,
+                };
+                let queue = crate::kueue::queue_of(run).unwrap_or_default();
+                to_create = Some(crate::kueue::build(run, queue, &pod, priority.as_ref()));
+            }
+            StepPlan::Carry(plan) => {
+                let requeue =
+                    drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), *plan, now)
+                        .await?;
+                return Ok(Through::Held(requeue));
+            }
+            _ => return Ok(Through::Go(step)),
+        }
+    }
+    let queued = kueue_gate::QueueInputs {
+        state: &state,
+        workload: workload.as_ref(),
+        to_create,
+        has_pod: observation.view.is_some(),
+    };
+    match kueue_gate::gate(run, step, queued, now) {
+        kueue_gate::Gate::Step(step) => Ok(Through::Go(step)),
+        kueue_gate::Gate::Hold(plan) => {
+            let requeue =
+                drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), *plan, now).await?;
+            Ok(Through::Held(requeue))
+        }
+        kueue_gate::Gate::FinishThen(patch, step) => {
+            let finish = plan::Plan {
+                effects: vec![plan::Effect::PatchWorkloadStatus(patch)],
+                ..plan::Plan::wait(Requeue::AwaitChange)
+            };
+            drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), finish, now).await?;
+            Ok(Through::Go(step))
+        }
+    }
 }
 
 /// The run a reconcile works on: the run itself, or the run made from its template.

@@ -33,6 +33,9 @@ pub(crate) struct AttemptEnd {
     /// `spec.suspend` stopped it (docs/user-guide.md "Suspend"): never counted, the next attempt
     /// waits until the run is resumed.
     pub suspended: bool,
+    /// Kueue evicted it (docs/user-guide.md "Queueing with Kueue"): never counted, the next
+    /// attempt waits until Kueue admits the run again.
+    pub preempted: bool,
 }
 
 impl AttemptEnd {
@@ -46,6 +49,12 @@ impl AttemptEnd {
             Trigger::Suspend => {
                 return Some(AttemptEnd {
                     suspended: true,
+                    ..AttemptEnd::default()
+                })
+            }
+            Trigger::Preempted { .. } => {
+                return Some(AttemptEnd {
+                    preempted: true,
                     ..AttemptEnd::default()
                 })
             }
@@ -66,6 +75,7 @@ impl AttemptEnd {
             disrupted,
             pod_conditions,
             suspended: false,
+            preempted: false,
         })
     }
 
@@ -73,9 +83,18 @@ impl AttemptEnd {
         self.disrupted || self.pod_conditions.iter().any(|c| c == DISRUPTION_TARGET)
     }
 
+    /// Whether it was held (suspended or evicted by Kueue): never counted, and the next
+    /// attempt's deadline starts again.
+    pub(crate) fn held(&self) -> bool {
+        self.suspended || self.preempted
+    }
+
     fn words(&self) -> String {
         if self.suspended {
             return "spec.suspend was set".to_string();
+        }
+        if self.preempted {
+            return "Kueue evicted it".to_string();
         }
         match self.exit_code {
             Some(code) => format!("the workload exited with code {code}"),
@@ -117,6 +136,14 @@ pub(crate) fn judge(
             counted: false,
             after: Duration::ZERO,
             why: "spec.suspend was set; the next attempt starts when it is cleared".to_string(),
+        };
+    }
+    if end.preempted {
+        return Verdict::Retry {
+            counted: false,
+            after: Duration::ZERO,
+            why: "Kueue evicted it; the next attempt starts when Kueue admits the run again"
+                .to_string(),
         };
     }
     let Some(policy) = policy else {
@@ -320,6 +347,7 @@ mod tests {
             disrupted: true,
             pod_conditions: vec![DISRUPTION_TARGET.into()],
             suspended: false,
+            preempted: false,
         };
         let p = policy(0, vec![]);
         assert!(matches!(
@@ -346,6 +374,28 @@ mod tests {
             judge(Some(&p), &evicted, &many),
             Verdict::Fail { .. }
         ));
+    }
+
+    #[test]
+    fn an_attempt_kueue_evicted_never_counts_and_needs_no_policy() {
+        let preempted = AttemptEnd::of(
+            &Trigger::Preempted {
+                message: "Preempted to accommodate a workload".into(),
+            },
+            None,
+        )
+        .unwrap();
+        assert!(preempted.held());
+        for policy in [None, Some(policy(0, vec![]))] {
+            assert!(matches!(
+                judge(policy.as_ref(), &preempted, &ended(&[true; 20])),
+                Verdict::Retry {
+                    counted: false,
+                    after: Duration::ZERO,
+                    ..
+                }
+            ));
+        }
     }
 
     #[test]

@@ -366,6 +366,50 @@ fn tenant_stores_are_a_chart_value_that_brings_its_configmap_and_secret_rules() 
     );
 }
 
+/// Issue #41 (docs/user-guide.md "Queueing with Kueue"): `kueue.enabled` tells the operator
+/// `--kueue` and brings exactly the rights it uses — Workloads read, watched and created, their
+/// status patched, WorkloadPriorityClasses read by name from a cluster role of their own (the
+/// manager role is bound per namespace with watchNamespaces); none of it by default.
+#[test]
+fn kueue_is_a_chart_value_that_brings_its_workload_rules() {
+    let workloads = "resources: [workloads]\n    verbs: [get, list, watch, create]";
+    let status = "resources: [workloads/status]\n    verbs: [patch]";
+    let off = ok(helm(&["template", "demo", CHART]), None);
+    assert!(!off.contains("- --kueue"), "off by default");
+    assert!(
+        !off.contains("kueue.x-k8s.io"),
+        "no Kueue rights by default"
+    );
+    let on = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "kueue.enabled=true",
+            "--set",
+            "watchNamespaces={team-a}",
+        ]),
+        None,
+    );
+    assert!(on.contains("            - --kueue\n"), "{on}");
+    let rules = manager_rules_of(&on);
+    assert!(rules.contains(workloads), "{rules}");
+    assert!(rules.contains(status), "{rules}");
+    assert!(!rules.contains("workloadpriorityclasses"), "{rules}");
+    assert!(
+        on.contains("  name: demo-sandboxrun-operator-kueue-priorities")
+            && on.contains("resources: [workloadpriorityclasses]\n    verbs: [get]")
+            && on.contains("kind: ClusterRoleBinding\nmetadata:\n  name: demo-sandboxrun-operator-kueue-priorities"),
+        "{on}"
+    );
+    let out = run(
+        helm(&["template", "demo", CHART, "--set", "kueue.bogus=1"]),
+        None,
+    );
+    assert!(!out.status.success(), "an unknown kueue key rendered");
+}
+
 /// Issue #29 item 1 ("offer the chart option to restrict it to labelled Secrets"): RBAC cannot
 /// select Secrets by label, so `tenantStores.secretNames` narrows the operator's `get` on
 /// secrets to those names (resourceNames) and tells the operator the same names

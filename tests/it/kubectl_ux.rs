@@ -103,6 +103,7 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
             "POD",
             "AGE",
             "ATTEMPT",
+            "QUEUED",
             "EXIT",
             "DURATION",
             "MESSAGE",

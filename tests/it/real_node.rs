@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Toleration};
-use kube::api::{ListParams, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use sandboxrun_operator::api::{
     Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec,
@@ -2484,7 +2484,9 @@ fn exec_in_workload(ns: &str, pod: &str, script: &str) -> Output {
 /// - long-lived-sandbox.yaml (with its ConfigMap): Running until `stop`, a file written through
 ///   `kubectl exec` drained, the untouched path `Empty`, phase `Stopped`;
 /// - real-node-run.yaml (`make demo`'s): Complete;
-/// - retries.yaml: Complete on its third attempt, the first attempt's files readable.
+/// - retries.yaml: Complete on its third attempt, the first attempt's files readable;
+/// - kueue.yaml (the operator with `--kueue`, Kueue on the bed): admitted (`Queued=False
+///   Admitted`), Complete, its Workload Finished.
 #[tokio::test]
 async fn every_sample_runs_on_the_bed_to_its_documented_end() {
     let client = client().await;
@@ -2492,7 +2494,11 @@ async fn every_sample_runs_on_the_bed_to_its_documented_end() {
     let ns = restricted_namespace(&client, "real-samples").await;
     let (_dir, store_url) = file_store("real-samples");
     let probe = format!("node:{}", real_kubelet_port(&client).await);
-    let op = start_operator_with(&ns.name, &store_url, &["--egress-gate-probe", &probe]);
+    let op = start_operator_with(
+        &ns.name,
+        &store_url,
+        &["--egress-gate-probe", &probe, "--kueue"],
+    );
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let registry = bed_setting("SANDBOXRUN_TEST_POD_REGISTRY");
     let samples = repo().join("config/samples");
@@ -2509,6 +2515,7 @@ async fn every_sample_runs_on_the_bed_to_its_documented_end() {
         "long-lived-sandbox.yaml",
         "real-node-run.yaml",
         "retries.yaml",
+        "kueue.yaml",
     ] {
         let text = std::fs::read_to_string(samples.join(file)).expect("sample");
         let text = text.replace("localhost:15000/", &format!("{registry}/"));
@@ -2528,6 +2535,39 @@ async fn every_sample_runs_on_the_bed_to_its_documented_end() {
         .unwrap_or_else(|e| panic!("files get failed: {e}"));
     let report = std::fs::read_to_string(extracted(&dest, 0).join("report.md")).expect("report");
     assert!(report.contains("samples: 1000"), "{report}");
+    // kueue.yaml: admitted, Complete, its Workload Finished.
+    let queued = wait_run(&runs, "queued-report", "a final phase", &op, final_phase).await;
+    let status = queued.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Queued" && c.status == "False" && c.reason == "Admitted"),
+        "{status:?}"
+    );
+    let workloads: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns.name,
+        &sandboxrun_operator::kueue::workload_resource(),
+    );
+    let finished = eventually(
+        "its Workload to be Finished",
+        Duration::from_secs(60),
+        || {
+            let workloads = workloads.clone();
+            async move {
+                let w = workloads.get("queued-report-sbr").await.ok()?;
+                let conditions = w.data["status"]["conditions"].as_array()?.clone();
+                conditions
+                    .iter()
+                    .any(|c| c["type"] == "Finished" && c["status"] == "True")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    let () = finished;
     // retries.yaml: two failed attempts, then Complete, each attempt's report kept.
     let flaky = wait_run(&runs, "flaky-job", "a final phase", &op, final_phase).await;
     let status = flaky.status.clone().expect("status");
@@ -2943,4 +2983,264 @@ echo secret > /work/locked/x; chmod 0000 /work/locked/x; exec sleep 3600"#;
         "first\n",
         "the checkpoint's copy, taken before the second line"
     );
+}
+
+/// Kueue's objects for [`runs_queue_through_real_kueue_and_a_preempted_run_is_drained_and_retried`]:
+/// a flavor, a ClusterQueue with `cpu` quota for two runs (300m workload + 10m holder each; memory
+/// plenty) that
+/// preempts lower priorities within itself, a LocalQueue in `ns`, and two priority classes. Written
+/// fully defaulted: Kueue's webhooks do not run on the bed (hack/kueue.sh).
+async fn kueue_queue(
+    client: &Client,
+    ns: &str,
+    tag: &str,
+) -> Vec<(ApiResource, Option<String>, String)> {
+    let ar = |kind: &str, plural: &str| ApiResource {
+        group: "kueue.x-k8s.io".into(),
+        version: "v1beta2".into(),
+        api_version: "kueue.x-k8s.io/v1beta2".into(),
+        kind: kind.into(),
+        plural: plural.into(),
+    };
+    let objects = [
+        (
+            ar("ResourceFlavor", "resourceflavors"),
+            None,
+            json!({"metadata": {"name": format!("{tag}-flavor")}, "spec": {}}),
+        ),
+        (
+            ar("ClusterQueue", "clusterqueues"),
+            None,
+            json!({
+                "metadata": {"name": format!("{tag}-cq")},
+                "spec": {
+                    "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+                    "queueingStrategy": "BestEffortFIFO",
+                    "stopPolicy": "None",
+                    "flavorFungibility": {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "TryNextFlavor"},
+                    "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Never",
+                        "borrowWithinCohort": {"policy": "Never"}},
+                    "resourceGroups": [{
+                        "coveredResources": ["cpu", "memory"],
+                        "flavors": [{"name": format!("{tag}-flavor"),
+                            "resources": [{"name": "cpu", "nominalQuota": "700m"},
+                                          {"name": "memory", "nominalQuota": "4Gi"}]}],
+                    }],
+                },
+            }),
+        ),
+        (
+            ar("LocalQueue", "localqueues"),
+            Some(ns.to_string()),
+            json!({
+                "metadata": {"name": "lq", "namespace": ns},
+                "spec": {"clusterQueue": format!("{tag}-cq"), "stopPolicy": "None"},
+            }),
+        ),
+        (
+            ar("WorkloadPriorityClass", "workloadpriorityclasses"),
+            None,
+            json!({"metadata": {"name": format!("{tag}-low")}, "value": 10}),
+        ),
+        (
+            ar("WorkloadPriorityClass", "workloadpriorityclasses"),
+            None,
+            json!({"metadata": {"name": format!("{tag}-high")}, "value": 1000}),
+        ),
+    ];
+    let mut made = Vec::new();
+    for (res, namespace, mut body) in objects {
+        body["apiVersion"] = json!(res.api_version);
+        body["kind"] = json!(res.kind);
+        let name = body["metadata"]["name"].as_str().expect("name").to_string();
+        let object: DynamicObject = serde_json::from_value(body).expect("object");
+        let api: Api<DynamicObject> = match &namespace {
+            Some(ns) => Api::namespaced_with(client.clone(), ns, &res),
+            None => Api::all_with(client.clone(), &res),
+        };
+        api.create(&Default::default(), &object)
+            .await
+            .unwrap_or_else(|e| panic!("create {} {name}: {e}", res.kind));
+        made.push((res, namespace, name));
+    }
+    made
+}
+
+/// Issue #41 part 2 on the real node with the real Kueue (v0.17, hack/kueue.sh; the operator's
+/// `--kueue`): runs labelled with a LocalQueue get a Workload and no pod until Kueue admits them.
+/// - Six runs in a queue with quota for two: never more than two of their pods at once, a run
+///   seen waiting (`Queued=True`, Kueue's reason), all six Succeeded with their files.
+/// - Two low-priority runs fill the quota; a high-priority run preempts one of them: its attempt
+///   ends `Preempted` (not counted) with its files drained, the high run succeeds, and the
+///   preempted run, admitted again, succeeds in its second attempt.
+#[tokio::test]
+async fn runs_queue_through_real_kueue_and_a_preempted_run_is_drained_and_retried() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "kueue").await;
+    let tag = format!("sbr-{:08x}", rand_u32());
+    let made = kueue_queue(&client, &ns.name, &tag).await;
+    let (_dir, store_url) = file_store("kueue");
+    let op = start_operator_with(&ns.name, &store_url, &["--kueue"]);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let queued = |script: &str, class: Option<&str>| {
+        let mut spec = real_spec(Some(script), &["/work/out"]);
+        spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: Some(BTreeMap::from([(
+                "cpu".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("300m".into()),
+            )])),
+            ..Default::default()
+        });
+        let mut labels =
+            BTreeMap::from([("kueue.x-k8s.io/queue-name".to_string(), "lq".to_string())]);
+        if let Some(class) = class {
+            labels.insert("kueue.x-k8s.io/priority-class".into(), class.to_string());
+        }
+        (spec, labels)
+    };
+    let submit = |name: String, (spec, labels): (SandboxRunSpec, BTreeMap<String, String>)| {
+        let runs = runs.clone();
+        async move {
+            let mut run = SandboxRun::new(&name, spec);
+            run.metadata.labels = Some(labels);
+            runs.create(&Default::default(), &run)
+                .await
+                .expect("create the run");
+        }
+    };
+
+    // Six runs, quota for two.
+    let script = r#"echo "$HOSTNAME" > "$ITERION_ARTIFACT_FILES_DIR/who.txt"; sleep 4"#;
+    for i in 1..=6 {
+        submit(format!("q{i}"), queued(script, None)).await;
+    }
+    let (mut most, mut saw_queued) = (0usize, false);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let live = pods
+            .list(&ListParams::default())
+            .await
+            .expect("list pods")
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .count();
+        most = most.max(live);
+        let all = runs
+            .list(&ListParams::default())
+            .await
+            .expect("list runs")
+            .items;
+        saw_queued |= all.iter().any(|r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Queued" && c.status == "True" && c.reason == "Pending")
+            })
+        });
+        if all.len() == 6 && all.iter().all(final_phase) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the six runs did not end: {:#?}\n{}",
+            all.iter()
+                .map(|r| (
+                    r.name_any(),
+                    r.status.as_ref().and_then(|s| s.message.clone())
+                ))
+                .collect::<Vec<_>>(),
+            {
+                let log = op.log_text();
+                log[log.len().saturating_sub(4000)..].to_string()
+            }
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert!(most <= 2, "at most two pods at once, saw {most}");
+    assert!(saw_queued, "a run waited in the queue with Kueue's reason");
+    for i in 1..=6 {
+        let name = format!("q{i}");
+        let run = runs.get(&name).await.expect("run");
+        assert_eq!(
+            phase(&run),
+            Some(Phase::Succeeded),
+            "{name}: {:?}",
+            run.status
+        );
+        let dir = files_get_attempt(&ns.name, &name, &store_url, 1);
+        let who = std::fs::read_to_string(dir.join("who.txt")).expect("who.txt");
+        assert!(who.starts_with(&name), "{name}: its own files: {who:?}");
+    }
+
+    // Preemption: two low runs fill the quota, a high one takes a place.
+    let low_script = r#"echo "attempt $SANDBOXRUN_ATTEMPT" > "$ITERION_ARTIFACT_FILES_DIR/attempt.txt"
+[ "$SANDBOXRUN_ATTEMPT" -ge 2 ] || exec sleep 3600"#;
+    let (low, high) = (format!("{tag}-low"), format!("{tag}-high"));
+    for name in ["low-1", "low-2"] {
+        submit(name.to_string(), queued(low_script, Some(&low))).await;
+    }
+    for name in ["low-1", "low-2"] {
+        wait_run(&runs, name, "Running", &op, phase_is(Phase::Running)).await;
+    }
+    submit("high".to_string(), queued("sleep 2", Some(&high))).await;
+    let high_done = wait_run(&runs, "high", "the high run to end", &op, final_phase).await;
+    assert_eq!(
+        phase(&high_done),
+        Some(Phase::Succeeded),
+        "{:?}",
+        high_done.status
+    );
+    let mut preempted = Vec::new();
+    for name in ["low-1", "low-2"] {
+        let run = runs.get(name).await.expect("run");
+        if run.status.as_ref().is_some_and(|s| !s.attempts.is_empty()) {
+            preempted.push(name);
+        }
+    }
+    assert_eq!(
+        preempted.len(),
+        1,
+        "one low run was preempted: {preempted:?}"
+    );
+    let victim = preempted[0];
+    let done = wait_run(&runs, victim, "the preempted run to end", &op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let first = &status.attempts[0];
+    assert_eq!(
+        (first.reason.as_str(), first.counted),
+        ("Preempted", false),
+        "{first:?}"
+    );
+    assert_eq!(
+        first.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "{first:?}"
+    );
+    let dir = files_get_attempt(&ns.name, victim, &store_url, 1);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("attempt.txt")).expect("attempt.txt"),
+        "attempt 1\n",
+        "the preempted attempt's files were drained"
+    );
+    // The other low run still holds its place: stop it, then clean Kueue's cluster objects.
+    for name in ["low-1", "low-2"] {
+        let _ = runs
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(&json!({"spec": {"stop": true}})),
+            )
+            .await;
+    }
+    drop(op);
+    for (res, namespace, name) in made.into_iter().rev() {
+        if namespace.is_none() {
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
+            let _ = api.delete(&name, &Default::default()).await;
+        }
+    }
 }

@@ -155,6 +155,7 @@ fn with_drain_flags(
         .with_drain_idle(durations.drain_idle)
         .with_drain_bandwidth(bandwidth)
         .with_quiet_window(durations.quiet_window)
+        .with_kueue(args.kueue)
         .with_path_slots(args.path_slots())
 }
 

@@ -91,6 +91,7 @@ fn ended_attempt(
         exit_code: end.and_then(|e| e.exit_code),
         reason: match end {
             Some(e) if e.suspended => "Suspended",
+            Some(e) if e.preempted => "Preempted",
             Some(e) if e.exit_code.is_none() => "Disrupted",
             _ => "WorkloadFailed",
         }
@@ -160,7 +161,7 @@ fn attempt_ended(
     let next_at = now
         .checked_add(jiff::SignedDuration::try_from(after).unwrap_or_default())
         .unwrap_or(now);
-    let message = if end.is_some_and(|e| e.suspended) {
+    let message = if end.is_some_and(AttemptEnd::held) {
         format!("attempt {index} ended: {why}")
     } else {
         format!(
@@ -177,7 +178,7 @@ fn attempt_ended(
     status.observed_generation = generation;
     status.next_attempt_time = Some(Time(next_at));
     status.attempt = Some(index + 1);
-    if end.is_some_and(|e| e.suspended) {
+    if end.is_some_and(AttemptEnd::held) {
         // The deadline starts again when the run resumes, as a Job's does (docs/user-guide.md
         // "Suspend"); a retried attempt keeps counting from the first start.
         status.start_time = None;

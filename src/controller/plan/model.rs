@@ -86,6 +86,12 @@ pub(crate) enum Effect {
     ApplyNetworkPolicy(Box<NetworkPolicy>),
     /// Create the run's pod; what the apiserver answers (`Answer`) is planned by `after`.
     CreatePod(Box<Pod>),
+    /// Create the run's Kueue Workload (docs/user-guide.md "Queueing with Kueue"); one that
+    /// exists already is left as it is.
+    CreateWorkload(Box<serde_json::Value>),
+    /// Merge-patch the status of the run's Kueue Workload (the patch carries the
+    /// resourceVersion it was computed from).
+    PatchWorkloadStatus(Box<serde_json::Value>),
 }
 
 /// What one reconcile writes, publishes and does, in that order.

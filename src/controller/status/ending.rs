@@ -74,6 +74,7 @@ pub(crate) fn draining_status(
             .unwrap_or_default(),
         Trigger::Deadline => (REASON_DEADLINE_EXCEEDED, trigger.describe()),
         Trigger::PodDeleting => (REASON_POD_DELETED, trigger.describe()),
+        Trigger::Preempted { .. } => (conditions::REASON_PREEMPTED, trigger.describe()),
         _ => ("TearingDown", trigger.describe()),
     };
     set_condition(

@@ -1,0 +1,451 @@
+//! Queueing through Kueue (docs/user-guide.md "Queueing with Kueue", issue #41): a run labelled
+//! `kueue.x-k8s.io/queue-name` gets a Kueue **Workload** (Kueue's API for a job kind it does not
+//! know: docs/architecture.md "Kueue") that asks for its pod's real resource needs, and gets no
+//! pod until Kueue admits that Workload. Everything here is pure: the Workload the operator
+//! creates, what a Workload read from the apiserver says ([`QueueState`]), and the status patches
+//! the operator writes on it (finished; evicted and stopped, so Kueue may queue it again).
+//!
+//! Written as Kueue's own job integrations write theirs (`jobframework` in Kueue v0.17): the
+//! Workload is owned by the run (garbage collected with it), named after it, with one pod set of
+//! one pod whose template is the pod the operator would create; Finished=True when the run ends
+//! releases its quota; after an eviction (preemption) whose pod is gone, the admission is cleared
+//! (QuotaReserved=False `Pending`, Requeued=True) so Kueue queues it again.
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use kube::discovery::ApiResource;
+use kube::ResourceExt;
+use serde_json::{json, Value};
+
+use crate::api::SandboxRun;
+
+/// The label that puts a run in a Kueue LocalQueue of its namespace.
+pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
+/// The label naming a run's WorkloadPriorityClass.
+pub const PRIORITY_LABEL: &str = "kueue.x-k8s.io/priority-class";
+/// Kueue's API group.
+pub const GROUP: &str = "kueue.x-k8s.io";
+/// The Workload API version this operator writes (Kueue v0.17's storage version).
+pub const VERSION: &str = "v1beta2";
+/// The one pod set of a run's Workload.
+pub const POD_SET: &str = "main";
+
+/// The Workload resource.
+pub fn workload_resource() -> ApiResource {
+    ApiResource {
+        group: GROUP.to_string(),
+        version: VERSION.to_string(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: "Workload".to_string(),
+        plural: "workloads".to_string(),
+    }
+}
+
+/// The WorkloadPriorityClass resource (cluster-scoped).
+pub fn priority_class_resource() -> ApiResource {
+    ApiResource {
+        group: GROUP.to_string(),
+        version: VERSION.to_string(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: "WorkloadPriorityClass".to_string(),
+        plural: "workloadpriorityclasses".to_string(),
+    }
+}
+
+/// The LocalQueue a run asks for, when it is labelled with one.
+pub fn queue_of(run: &SandboxRun) -> Option<&str> {
+    run.labels()
+        .get(QUEUE_LABEL)
+        .map(String::as_str)
+        .filter(|q| !q.is_empty())
+}
+
+/// The WorkloadPriorityClass a run names, when it does.
+pub fn priority_class_of(run: &SandboxRun) -> Option<&str> {
+    run.labels()
+        .get(PRIORITY_LABEL)
+        .map(String::as_str)
+        .filter(|q| !q.is_empty())
+}
+
+/// The name of a run's Workload: its first pod's name (another kind, so never a clash).
+pub fn workload_name(run_name: &str) -> String {
+    crate::names::pod_name(run_name)
+}
+
+/// A WorkloadPriorityClass the run names: its name and value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Priority {
+    /// The class's name.
+    pub name: String,
+    /// Its `value`.
+    pub value: i64,
+}
+
+/// The Workload of `run` in `queue`, asking for `pod`'s resources (its containers, init
+/// containers and overhead, as Kueue sums them), owned by the run. Written fully defaulted:
+/// Kueue's defaulting webhook may not run.
+pub fn build(run: &SandboxRun, queue: &str, pod: &Pod, priority: Option<&Priority>) -> Value {
+    let name = run.name_any();
+    let mut template_spec =
+        serde_json::to_value(pod.spec.clone().unwrap_or_default()).unwrap_or_else(|_| json!({}));
+    // The template says what the pod needs, not where it is: no node name.
+    if let Some(spec) = template_spec.as_object_mut() {
+        spec.remove("nodeName");
+    }
+    let mut spec = json!({
+        "queueName": queue,
+        "active": true,
+        "podSets": [{
+            "name": POD_SET,
+            "count": 1,
+            "template": {"spec": template_spec},
+        }],
+    });
+    if let (Some(priority), Some(obj)) = (priority, spec.as_object_mut()) {
+        obj.insert("priority".into(), json!(priority.value));
+        obj.insert(
+            "priorityClassRef".into(),
+            json!({"group": GROUP, "kind": "WorkloadPriorityClass", "name": priority.name}),
+        );
+    }
+    json!({
+        "apiVersion": format!("{GROUP}/{VERSION}"),
+        "kind": "Workload",
+        "metadata": {
+            "name": workload_name(&name),
+            "namespace": run.namespace(),
+            "labels": {
+                crate::names::MANAGED_BY_LABEL: crate::names::MANAGED_BY,
+                crate::names::RUN_UID_LABEL: run.uid().unwrap_or_default(),
+            },
+            "ownerReferences": [{
+                "apiVersion": "sandbox.iterion.io/v1alpha1",
+                "kind": "SandboxRun",
+                "name": name,
+                "uid": run.uid().unwrap_or_default(),
+                "controller": true,
+                "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": spec,
+    })
+}
+
+/// What a run's Workload says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QueueState {
+    /// No Workload yet.
+    Absent,
+    /// A Workload of that name that this run does not own: never used.
+    Foreign,
+    /// Waiting for quota: Kueue's reason and words (QuotaReserved=False), or none yet.
+    Pending {
+        /// Kueue's reason (e.g. `Pending`), or `Created` before Kueue looked at it.
+        reason: String,
+        /// Kueue's words.
+        message: String,
+    },
+    /// Admitted: the pod may be created.
+    Admitted {
+        /// The ClusterQueue that admitted it.
+        cluster_queue: String,
+    },
+    /// Evicted (e.g. preempted): the pod must go; `admitted`: its admission is still set (the
+    /// operator clears it once the pod is gone).
+    Evicted {
+        /// Kueue's reason (e.g. `Preempted`).
+        reason: String,
+        /// Kueue's words.
+        message: String,
+        /// Whether the quota is still reserved.
+        admitted: bool,
+    },
+    /// Finished=True: its quota is released.
+    Finished,
+}
+
+fn condition<'a>(workload: &'a Value, type_: &str) -> Option<&'a Value> {
+    workload["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"].as_str() == Some(type_))
+}
+
+fn is_true(workload: &Value, type_: &str) -> bool {
+    condition(workload, type_).is_some_and(|c| c["status"].as_str() == Some("True"))
+}
+
+fn words(c: Option<&Value>, field: &str) -> String {
+    c.and_then(|c| c[field].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// What `workload` (None: there is none) says to the run with `run_uid`.
+pub fn state_of(workload: Option<&Value>, run_uid: &str) -> QueueState {
+    let Some(w) = workload else {
+        return QueueState::Absent;
+    };
+    let owned = w["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|refs| refs.iter().any(|r| r["uid"].as_str() == Some(run_uid)));
+    if !owned {
+        return QueueState::Foreign;
+    }
+    if is_true(w, "Finished") {
+        return QueueState::Finished;
+    }
+    let reserved = !w["status"]["admission"].is_null() && is_true(w, "QuotaReserved");
+    if is_true(w, "Evicted") {
+        let c = condition(w, "Evicted");
+        return QueueState::Evicted {
+            reason: words(c, "reason"),
+            message: words(c, "message"),
+            admitted: reserved,
+        };
+    }
+    if reserved && is_true(w, "Admitted") {
+        return QueueState::Admitted {
+            cluster_queue: w["status"]["admission"]["clusterQueue"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+        };
+    }
+    let c = condition(w, "QuotaReserved");
+    QueueState::Pending {
+        reason: c.map_or_else(|| "Created".to_string(), |_| words(c, "reason")),
+        message: c.map_or_else(
+            || "waiting for Kueue to look at its Workload".to_string(),
+            |_| words(c, "message"),
+        ),
+    }
+}
+
+/// `conditions` with the condition `type_` set (its transition time kept when its status did
+/// not change), as Kueue's `apimeta.SetStatusCondition` does.
+fn with_condition(
+    conditions: &[Value],
+    (type_, status, reason, message): (&str, bool, &str, &str),
+    generation: i64,
+    now: Timestamp,
+) -> Vec<Value> {
+    let status = if status { "True" } else { "False" };
+    let mut out: Vec<Value> = conditions.to_vec();
+    let kept_time = out
+        .iter()
+        .find(|c| c["type"].as_str() == Some(type_) && c["status"].as_str() == Some(status))
+        .and_then(|c| c["lastTransitionTime"].as_str().map(str::to_string));
+    out.retain(|c| c["type"].as_str() != Some(type_));
+    out.push(json!({
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": crate::text::prefix(message, 32_768),
+        "observedGeneration": generation,
+        "lastTransitionTime": kept_time.unwrap_or_else(|| now.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()),
+    }));
+    out
+}
+
+fn conditions_and_generation(workload: &Value) -> (Vec<Value>, i64) {
+    (
+        workload["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default(),
+        workload["metadata"]["generation"].as_i64().unwrap_or(1),
+    )
+}
+
+/// The merge patch of `workload`'s status that marks it Finished (the run ended): Kueue
+/// releases its quota. Carries the Workload's resourceVersion: a Workload changed since it was
+/// read is refused (409) and read again.
+pub fn finished_patch(workload: &Value, succeeded: bool, message: &str, now: Timestamp) -> Value {
+    let (conditions, generation) = conditions_and_generation(workload);
+    let reason = if succeeded { "Succeeded" } else { "Failed" };
+    json!({
+        "metadata": {"resourceVersion": workload["metadata"]["resourceVersion"]},
+        "status": {"conditions": with_condition(
+            &conditions, ("Finished", true, reason, message), generation, now)},
+    })
+}
+
+/// The merge patch of an evicted `workload`'s status once the run's pod is gone: its admission
+/// cleared (QuotaReserved=False `Pending`, Admitted=False), Requeued=True when Kueue evicted it
+/// to preempt it, so Kueue queues it again (what Kueue's `jobframework` does for its own jobs).
+pub fn requeue_patch(workload: &Value, now: Timestamp) -> Value {
+    let (mut conditions, generation) = conditions_and_generation(workload);
+    let evicted = condition(workload, "Evicted");
+    let (reason, message) = (words(evicted, "reason"), words(evicted, "message"));
+    let requeued = matches!(reason.as_str(), "Preempted" | "NodeFailures");
+    for (type_, status, why) in [
+        ("Requeued", requeued, reason.as_str()),
+        ("QuotaReserved", false, "Pending"),
+        ("Admitted", false, "NoReservation"),
+    ] {
+        conditions = with_condition(&conditions, (type_, status, why, &message), generation, now);
+    }
+    json!({
+        "metadata": {"resourceVersion": workload["metadata"]["resourceVersion"]},
+        "status": {"admission": null, "conditions": conditions},
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{Container, PodSpec, ResourceRequirements};
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+    fn run() -> SandboxRun {
+        let mut run = SandboxRun::new("job", crate::api::SandboxRunSpec::default());
+        run.metadata.namespace = Some("team".into());
+        run.metadata.uid = Some("uid-1".into());
+        run.metadata.labels = Some([(QUEUE_LABEL.to_string(), "lq".to_string())].into());
+        run
+    }
+
+    fn pod() -> Pod {
+        let requests = |cpu: &str| ResourceRequirements {
+            requests: Some([("cpu".to_string(), Quantity(cpu.into()))].into()),
+            ..Default::default()
+        };
+        Pod {
+            spec: Some(PodSpec {
+                node_name: Some("n1".into()),
+                containers: vec![
+                    Container {
+                        name: "workload".into(),
+                        resources: Some(requests("500m")),
+                        ..Default::default()
+                    },
+                    Container {
+                        name: "holder".into(),
+                        resources: Some(requests("10m")),
+                        ..Default::default()
+                    },
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn workload(conditions: Value, admission: Value) -> Value {
+        json!({
+            "metadata": {"name": "job-sbr", "generation": 1, "resourceVersion": "42",
+                "ownerReferences": [{"uid": "uid-1"}]},
+            "status": {"conditions": conditions, "admission": admission},
+        })
+    }
+
+    #[test]
+    fn the_workload_asks_for_the_pods_requests_in_the_runs_queue_owned_by_the_run() {
+        let priority = Priority {
+            name: "high".into(),
+            value: 1000,
+        };
+        let w = build(&run(), "lq", &pod(), Some(&priority));
+        assert_eq!(w["metadata"]["name"], "job-sbr");
+        assert_eq!(w["metadata"]["namespace"], "team");
+        assert_eq!(w["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+        assert_eq!(w["metadata"]["ownerReferences"][0]["controller"], true);
+        assert_eq!(w["spec"]["queueName"], "lq");
+        assert_eq!(w["spec"]["active"], true);
+        let set = &w["spec"]["podSets"][0];
+        assert_eq!(
+            (set["name"].as_str(), set["count"].as_i64()),
+            (Some("main"), Some(1))
+        );
+        let containers = &set["template"]["spec"]["containers"];
+        assert_eq!(containers[0]["resources"]["requests"]["cpu"], "500m");
+        assert_eq!(containers[1]["resources"]["requests"]["cpu"], "10m");
+        assert!(set["template"]["spec"].get("nodeName").is_none());
+        assert_eq!(w["spec"]["priority"], 1000);
+        assert_eq!(
+            w["spec"]["priorityClassRef"]["kind"],
+            "WorkloadPriorityClass"
+        );
+        let plain = build(&run(), "lq", &pod(), None);
+        assert!(plain["spec"].get("priority").is_none());
+        assert_eq!(queue_of(&run()), Some("lq"));
+        let mut unlabelled = run();
+        unlabelled.metadata.labels = None;
+        assert_eq!(queue_of(&unlabelled), None);
+    }
+
+    #[test]
+    fn a_workload_reads_as_pending_admitted_evicted_finished_or_not_the_runs() {
+        assert_eq!(state_of(None, "uid-1"), QueueState::Absent);
+        let fresh = workload(json!([]), Value::Null);
+        assert!(
+            matches!(state_of(Some(&fresh), "uid-1"), QueueState::Pending { reason, .. } if reason == "Created")
+        );
+        assert_eq!(state_of(Some(&fresh), "other"), QueueState::Foreign);
+        let pending = workload(
+            json!([{"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                "message": "couldn't assign flavors"}]),
+            Value::Null,
+        );
+        assert_eq!(
+            state_of(Some(&pending), "uid-1"),
+            QueueState::Pending {
+                reason: "Pending".into(),
+                message: "couldn't assign flavors".into()
+            }
+        );
+        let admission = json!({"clusterQueue": "cq", "podSetAssignments": []});
+        let admitted = workload(
+            json!([{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                   {"type": "Admitted", "status": "True", "reason": "Admitted"}]),
+            admission.clone(),
+        );
+        assert_eq!(
+            state_of(Some(&admitted), "uid-1"),
+            QueueState::Admitted {
+                cluster_queue: "cq".into()
+            }
+        );
+        let evicted = workload(
+            json!([{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                   {"type": "Admitted", "status": "True", "reason": "Admitted"},
+                   {"type": "Evicted", "status": "True", "reason": "Preempted", "message": "to accommodate"}]),
+            admission,
+        );
+        assert_eq!(
+            state_of(Some(&evicted), "uid-1"),
+            QueueState::Evicted {
+                reason: "Preempted".into(),
+                message: "to accommodate".into(),
+                admitted: true
+            }
+        );
+        // The operator's requeue patch clears the admission: still evicted, no longer reserved.
+        let patch = requeue_patch(&evicted, Timestamp::UNIX_EPOCH);
+        assert!(patch["status"]["admission"].is_null());
+        assert_eq!(patch["metadata"]["resourceVersion"], "42");
+        let mut requeued = evicted.clone();
+        requeued["status"] = patch["status"].clone();
+        assert_eq!(
+            state_of(Some(&requeued), "uid-1"),
+            QueueState::Evicted {
+                reason: "Preempted".into(),
+                message: "to accommodate".into(),
+                admitted: false
+            }
+        );
+        let conditions = requeued["status"]["conditions"].as_array().unwrap();
+        let of = |t: &str| conditions.iter().find(|c| c["type"] == t).unwrap()["status"].clone();
+        assert_eq!(
+            (of("Requeued"), of("QuotaReserved"), of("Admitted")),
+            (json!("True"), json!("False"), json!("False"))
+        );
+        let finished = finished_patch(&admitted, true, "done", Timestamp::UNIX_EPOCH);
+        let mut done = admitted.clone();
+        done["status"]["conditions"] = finished["status"]["conditions"].clone();
+        assert_eq!(state_of(Some(&done), "uid-1"), QueueState::Finished);
+        assert_eq!(finished["metadata"]["resourceVersion"], "42");
+    }
+}
