@@ -39,3 +39,22 @@ pub(crate) fn deliver(args: LaunchArgs) -> ExitCode {
         }
     }
 }
+
+/// Arguments of `launch-install`.
+#[derive(Args, Debug)]
+pub(crate) struct InstallArgs {
+    /// Where to copy the operator's binary (in the launcher's emptyDir).
+    #[arg(long)]
+    pub(crate) to: PathBuf,
+}
+
+/// Runs `launch-install`: 0 once the binary is in place, 1 otherwise.
+pub(crate) fn install(args: InstallArgs) -> ExitCode {
+    match launch::install(&args.to) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("launch-install: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

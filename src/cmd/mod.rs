@@ -49,6 +49,8 @@ pub(crate) enum Command {
     Launch(launch::LaunchArgs),
     /// Delivers a start message (stdin) to the launcher waiting in this container.
     LaunchDeliver(launch::LaunchArgs),
+    /// A warm pool pod's init container: copies this binary to the launcher's volume.
+    LaunchInstall(launch::InstallArgs),
     /// List or fetch a run's drained files from the object store (found from the run's status,
     /// or --store-url).
     Files(crate::files::FilesArgs),
@@ -133,6 +135,7 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::EgressGate(args) => gate::main(args).await,
         Command::Launch(args) => launch::main(args),
         Command::LaunchDeliver(args) => launch::deliver(args),
+        Command::LaunchInstall(args) => launch::install(args),
         Command::Files(args) => files::main(args).await,
         Command::Logs(args) => logs::main(args).await,
         Command::Exec(args) => session::exec(args).await,

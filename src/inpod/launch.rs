@@ -105,6 +105,15 @@ pub fn take_the_start(control: &Path) -> Result<(), LaunchError> {
     }
 }
 
+/// The init container's copy of the operator's own binary (`/proc/self/exe`) to `to`, readable
+/// and executable, not writable.
+pub fn install(to: &Path) -> Result<(), LaunchError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::copy("/proc/self/exe", to)?;
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o555))?;
+    Ok(())
+}
+
 /// Reads at most [`MAX_START_BYTES`] + 1 bytes, so an oversized message is refused, not cut.
 fn read_bounded(mut from: impl Read) -> Result<Vec<u8>, LaunchError> {
     let mut buf = Vec::new();

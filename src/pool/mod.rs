@@ -4,9 +4,11 @@
 //!   changes the pod), as a pure function.
 //! - [`plan`]: what a pool does next (create, replace, delete) from what it observes, and the
 //!   counts its status reports.
+//! - [`park`]: a pool pod is the built pod with its workload parked in the operator's launcher.
 //!
 //! Not yet built on this branch: the `SandboxRunPool` CRD, the controller that acts on the plan,
 //! and the claim itself (see the branch's report).
 
 pub mod compat;
+pub mod park;
 pub mod plan;
