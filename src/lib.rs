@@ -21,6 +21,7 @@ mod module_map;
 pub(crate) mod names;
 pub mod plugin;
 pub mod pod;
+pub mod pool;
 pub(crate) mod process;
 pub(crate) mod selftest;
 pub mod shard;

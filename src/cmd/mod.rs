@@ -11,6 +11,7 @@ pub(crate) mod egress_proxy;
 pub(crate) mod files;
 pub(crate) mod gate;
 pub(crate) mod holder;
+pub(crate) mod launch;
 pub(crate) mod logs;
 pub(crate) mod operate;
 pub(crate) mod pack;
@@ -44,6 +45,12 @@ pub(crate) enum Command {
     /// The egress gate: a filtered run's init container, which holds the workload until the
     /// run's NetworkPolicy is in force.
     EgressGate(gate::GateArgs),
+    /// A warm pool pod's launcher: waits for one start message, then execs the run's command.
+    Launch(launch::LaunchArgs),
+    /// Delivers a start message (stdin) to the launcher waiting in this container.
+    LaunchDeliver(launch::LaunchArgs),
+    /// A warm pool pod's init container: copies this binary to the launcher's volume.
+    LaunchInstall(launch::InstallArgs),
     /// List or fetch a run's drained files from the object store (found from the run's status,
     /// or --store-url).
     Files(crate::files::FilesArgs),
@@ -126,6 +133,9 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Pack(args) => pack::main(args),
         Command::Holder(args) => holder::main(args).await,
         Command::EgressGate(args) => gate::main(args).await,
+        Command::Launch(args) => launch::main(args),
+        Command::LaunchDeliver(args) => launch::deliver(args),
+        Command::LaunchInstall(args) => launch::install(args),
         Command::Files(args) => files::main(args).await,
         Command::Logs(args) => logs::main(args).await,
         Command::Exec(args) => session::exec(args).await,

@@ -10,6 +10,7 @@
 
 pub(crate) mod gate;
 pub(crate) mod holder;
+pub(crate) mod launch;
 pub(crate) mod pack;
 pub(crate) mod sized;
 pub(crate) mod walk;

@@ -1,0 +1,135 @@
+//! Whether a run may take a warm pool pod: a pool pod is built from the template alone, so a run
+//! may start in one only when nothing the run sets would have changed that pod. What the launcher
+//! delivers at claim time (command, args, plain env values) and what never reaches the pod (stop,
+//! the deadline, which counts from the run's own start) may differ; any other field means a cold
+//! start, and the reason names the field.
+
+use crate::api::SandboxRunSpec;
+
+/// The top-level spec fields (camelCase, as the CRD spells them) a run may set and still take a
+/// pool pod.
+const WARM_FIELDS: [&str; 6] = [
+    "command",
+    "args",
+    "env",
+    "stop",
+    "activeDeadlineSeconds",
+    "templateRef",
+];
+
+/// Why a run cannot take a pool pod and starts cold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Incompatible {
+    /// The run sets a field that changes the pod.
+    Field(String),
+    /// An env var takes its value from a Secret or ConfigMap: the pod would have to reference it.
+    EnvFrom(String),
+    /// The run's spec could not be read as JSON (never expected).
+    Unreadable,
+}
+
+impl std::fmt::Display for Incompatible {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Field(field) => write!(f, "the run sets spec.{field}, which changes the pod"),
+            Self::EnvFrom(name) => write!(
+                f,
+                "env var {name} takes its value from a Secret or ConfigMap, which changes the pod"
+            ),
+            Self::Unreadable => write!(f, "the run's spec could not be read"),
+        }
+    }
+}
+
+/// Whether the run's own spec (as its author wrote it, before the template is merged) lets it
+/// take a pool pod built from its template. `Ok(())` when it may.
+pub fn compatible(own: &SandboxRunSpec) -> Result<(), Incompatible> {
+    let value = serde_json::to_value(own).map_err(|_| Incompatible::Unreadable)?;
+    let Some(fields) = value.as_object() else {
+        return Err(Incompatible::Unreadable);
+    };
+    let mut set: Vec<&String> = fields
+        .iter()
+        .filter(|(_, v)| is_set(v))
+        .map(|(k, _)| k)
+        .collect();
+    set.sort();
+    if let Some(field) = set.iter().find(|k| !WARM_FIELDS.contains(&k.as_str())) {
+        return Err(Incompatible::Field((*field).clone()));
+    }
+    if let Some(var) = own.env.iter().find(|v| v.value_from.is_some()) {
+        return Err(Incompatible::EnvFrom(var.name.clone()));
+    }
+    Ok(())
+}
+
+/// A field counts as set unless it is absent-equivalent: null, false, an empty list or map.
+fn is_set(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Null | serde_json::Value::Bool(false) => false,
+        serde_json::Value::Array(a) => !a.is_empty(),
+        serde_json::Value::Object(o) => !o.is_empty(),
+        _ => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{EnvVar, EnvVarSource};
+
+    fn spec(json: serde_json::Value) -> SandboxRunSpec {
+        serde_json::from_value(json).unwrap()
+    }
+
+    #[test]
+    fn a_run_that_sets_only_what_the_launcher_delivers_is_compatible() {
+        let own = spec(serde_json::json!({
+            "templateRef": {"name": "agent"},
+            "command": ["python3", "-c", "print(1)"],
+            "args": ["x"],
+            "env": [{"name": "TASK", "value": "42"}],
+            "stop": false,
+            "activeDeadlineSeconds": 600
+        }));
+        assert_eq!(compatible(&own), Ok(()));
+        assert_eq!(compatible(&SandboxRunSpec::default()), Ok(()));
+    }
+
+    #[test]
+    fn a_field_that_changes_the_pod_means_a_cold_start_naming_it() {
+        for (json, field) in [
+            (serde_json::json!({"image": "busybox"}), "image"),
+            (serde_json::json!({"user": "1000"}), "user"),
+            (serde_json::json!({"workingDir": "/tmp"}), "workingDir"),
+            (
+                serde_json::json!({"nodeSelector": {"a": "b"}}),
+                "nodeSelector",
+            ),
+            (
+                serde_json::json!({"command": ["x"], "podLabels": {"a": "b"}}),
+                "podLabels",
+            ),
+        ] {
+            assert_eq!(
+                compatible(&spec(json)),
+                Err(Incompatible::Field(field.to_string()))
+            );
+        }
+    }
+
+    #[test]
+    fn an_env_value_from_a_secret_means_a_cold_start() {
+        let own = SandboxRunSpec {
+            env: vec![EnvVar {
+                name: "TOKEN".into(),
+                value: String::new(),
+                value_from: Some(EnvVarSource::default()),
+            }],
+            ..Default::default()
+        };
+        let err = compatible(&own).unwrap_err();
+        assert_eq!(err, Incompatible::EnvFrom("TOKEN".into()));
+        assert!(err.to_string().contains("TOKEN"));
+    }
+}

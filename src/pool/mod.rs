@@ -1,0 +1,14 @@
+//! Warm pools (issue 39): the pure decisions of a pool of pods made ready ahead of demand.
+//!
+//! - [`compat`]: whether a run made from a pooled template may take a pool pod (nothing it sets
+//!   changes the pod), as a pure function.
+//! - [`plan`]: what a pool does next (create, replace, delete) from what it observes, and the
+//!   counts its status reports.
+//! - [`park`]: a pool pod is the built pod with its workload parked in the operator's launcher.
+//!
+//! Not yet built on this branch: the `SandboxRunPool` CRD, the controller that acts on the plan,
+//! and the claim itself (see the branch's report).
+
+pub mod compat;
+pub mod park;
+pub mod plan;

@@ -1,0 +1,139 @@
+//! A pool pod is the pod the pod builder (`crate::pod::build_pod`) makes from the template, with
+//! its workload parked in the operator's launcher (`crate::inpod::launch`): an init container of
+//! the operator's image copies the operator's static binary into an emptyDir mounted read-only in
+//! the workload container at [`LAUNCHER_DIR`], and the workload's command becomes that absolute
+//! path + `launch`, so nothing the image ships (a file at that path, PATH, its ENTRYPOINT) is run.
+//! The image's user and working directory apply to the launcher exactly as they would to a cold
+//! run's command (the launcher `execve`s in place and changes neither). Pure: no I/O.
+
+use k8s_openapi::api::core::v1::{
+    Container, EmptyDirVolumeSource, Pod, SecurityContext, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use crate::inpod::launch::CONTROL_DIR;
+use crate::pod::{PodSettings, WORKLOAD_CONTAINER};
+
+/// Where the launcher's emptyDir is mounted (read-only) in the workload container.
+pub const LAUNCHER_DIR: &str = "/.sandboxrun-launcher";
+/// The launcher's file name in [`LAUNCHER_DIR`].
+pub const LAUNCHER_FILE: &str = "sandboxrun-operator";
+const LAUNCHER_VOLUME: &str = "sandboxrun-launcher";
+const CONTROL_VOLUME: &str = "sandboxrun-control";
+const INSTALL_CONTAINER: &str = "launcher-install";
+
+/// The absolute path the parked workload is started by.
+pub fn launcher_path() -> String {
+    format!("{LAUNCHER_DIR}/{LAUNCHER_FILE}")
+}
+
+/// Parks the built pod's workload in the launcher. None when the pod has no workload container.
+pub fn park_in_launcher(mut pod: Pod, settings: &PodSettings) -> Option<Pod> {
+    let spec = pod.spec.as_mut()?;
+    let workload = spec
+        .containers
+        .iter_mut()
+        .find(|c| c.name == WORKLOAD_CONTAINER)?;
+    workload.command = Some(vec![launcher_path(), "launch".to_string()]);
+    workload.args = None;
+    let mounts = workload.volume_mounts.get_or_insert_with(Vec::new);
+    mounts.push(mount(LAUNCHER_VOLUME, LAUNCHER_DIR, true));
+    mounts.push(mount(CONTROL_VOLUME, CONTROL_DIR, false));
+    let restricted = workload.security_context.clone();
+    let volumes = spec.volumes.get_or_insert_with(Vec::new);
+    volumes.push(empty_dir(LAUNCHER_VOLUME, "128Mi"));
+    volumes.push(empty_dir(CONTROL_VOLUME, "1Mi"));
+    // The copy runs as the workload's user, so the workload can read and run it; the volume is
+    // read-only where the workload sees it.
+    let install = Container {
+        name: INSTALL_CONTAINER.to_string(),
+        image: Some(settings.holder_image.clone()),
+        command: Some(vec![settings.holder_binary.clone()]),
+        args: Some(vec![
+            "launch-install".to_string(),
+            format!("--to={LAUNCHER_DIR}/{LAUNCHER_FILE}"),
+        ]),
+        volume_mounts: Some(vec![mount(LAUNCHER_VOLUME, LAUNCHER_DIR, false)]),
+        resources: Some(settings.holder_resources.requirements()),
+        security_context: restricted.or_else(|| Some(SecurityContext::default())),
+        ..Container::default()
+    };
+    spec.init_containers
+        .get_or_insert_with(Vec::new)
+        .push(install);
+    Some(pod)
+}
+
+fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
+    VolumeMount {
+        name: name.to_string(),
+        mount_path: path.to_string(),
+        read_only: Some(read_only),
+        ..VolumeMount::default()
+    }
+}
+
+fn empty_dir(name: &str, size: &str) -> Volume {
+    Volume {
+        name: name.to_string(),
+        empty_dir: Some(EmptyDirVolumeSource {
+            size_limit: Some(Quantity(size.to_string())),
+            ..EmptyDirVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::PodSpec;
+
+    fn built() -> Pod {
+        Pod {
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: WORKLOAD_CONTAINER.to_string(),
+                    image: Some("tenant/image".into()),
+                    command: Some(vec!["sh".into()]),
+                    args: Some(vec!["-c".into(), "echo".into()]),
+                    ..Container::default()
+                }],
+                ..PodSpec::default()
+            }),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn the_workload_starts_by_the_launchers_absolute_path_from_a_read_only_operator_volume() {
+        let pod = park_in_launcher(built(), &PodSettings::default()).unwrap();
+        let spec = pod.spec.unwrap();
+        let w = &spec.containers[0];
+        assert_eq!(
+            w.command.as_deref(),
+            Some(
+                &[
+                    "/.sandboxrun-launcher/sandboxrun-operator".to_string(),
+                    "launch".into()
+                ][..]
+            )
+        );
+        assert!(w.command.as_ref().unwrap()[0].starts_with('/'));
+        assert_eq!(w.args, None);
+        let m = w.volume_mounts.as_ref().unwrap();
+        let launcher = m.iter().find(|m| m.mount_path == LAUNCHER_DIR).unwrap();
+        assert_eq!(launcher.read_only, Some(true));
+        // The launcher comes from the operator's image, never the tenant's.
+        let init = &spec.init_containers.unwrap()[0];
+        assert_eq!(init.image, Some(PodSettings::default().holder_image));
+        assert_eq!(init.volume_mounts.as_ref().unwrap()[0].name, launcher.name);
+    }
+
+    #[test]
+    fn a_pod_without_a_workload_is_not_parked() {
+        let mut pod = built();
+        pod.spec.as_mut().unwrap().containers[0].name = "other".into();
+        assert!(park_in_launcher(pod, &PodSettings::default()).is_none());
+    }
+}

@@ -1,0 +1,141 @@
+//! What a pool does next, decided from what it observes (pure; the controller acts on it).
+//!
+//! A pool keeps `replicas` unclaimed pods of its template's current hash. A claimed pod is the
+//! run's: the pool never touches it and replaces it by making a new one. An unclaimed pod of an
+//! older template hash is replaced (template changed → rollout); unclaimed pods beyond `replicas`
+//! are deleted, the ones not yet ready first.
+
+/// One pod the pool owns (or owned, when a run has claimed it), as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolPod {
+    pub name: String,
+    /// The template hash the pod was built from (its label).
+    pub template_hash: String,
+    /// Whether a run has claimed it (it then belongs to the run).
+    pub claimed: bool,
+    /// Whether it is ready to be claimed: workload parked in the launcher, holder running.
+    pub ready: bool,
+    /// Whether its deletion has already been asked for.
+    pub deleting: bool,
+}
+
+/// The pool's next actions and the counts its status reports.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PoolPlan {
+    /// How many new pods to create from the current template.
+    pub create: usize,
+    /// The unclaimed pods to delete (outdated, then surplus), by name.
+    pub delete: Vec<String>,
+    /// Unclaimed current pods that are ready (`status.readyReplicas`).
+    pub ready: usize,
+    /// Unclaimed current pods not yet ready (`status.pendingReplicas`).
+    pub pending: usize,
+}
+
+/// Plans the pool from its desired replica count, its template's current hash and its pods.
+pub fn plan(replicas: usize, current_hash: &str, pods: &[PoolPod]) -> PoolPlan {
+    let live: Vec<&PoolPod> = pods.iter().filter(|p| !p.claimed && !p.deleting).collect();
+    let (current, outdated): (Vec<&PoolPod>, Vec<&PoolPod>) = live
+        .into_iter()
+        .partition(|p| p.template_hash == current_hash);
+    let mut delete: Vec<String> = outdated.iter().map(|p| p.name.clone()).collect();
+    // Surplus: keep the ready ones; drop the not-ready ones first, then by name for stability.
+    let mut keep = current.clone();
+    keep.sort_by(|a, b| b.ready.cmp(&a.ready).then_with(|| a.name.cmp(&b.name)));
+    let surplus = keep.split_off(keep.len().min(replicas));
+    delete.extend(surplus.iter().map(|p| p.name.clone()));
+    let ready = keep.iter().filter(|p| p.ready).count();
+    PoolPlan {
+        create: replicas.saturating_sub(keep.len()),
+        delete,
+        ready,
+        pending: keep.len() - ready,
+    }
+}
+
+/// The pod a claim should take: a ready, unclaimed pod of the current hash, the oldest name first
+/// (deterministic, so two claims racing aim at the same pod and the precondition decides).
+pub fn pick_for_claim<'a>(current_hash: &str, pods: &'a [PoolPod]) -> Option<&'a PoolPod> {
+    pods.iter()
+        .filter(|p| p.ready && !p.claimed && !p.deleting && p.template_hash == current_hash)
+        .min_by(|a, b| a.name.cmp(&b.name))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(name: &str, hash: &str, claimed: bool, ready: bool) -> PoolPod {
+        PoolPod {
+            name: name.into(),
+            template_hash: hash.into(),
+            claimed,
+            ready,
+            deleting: false,
+        }
+    }
+
+    #[test]
+    fn an_empty_pool_creates_its_replicas() {
+        let p = plan(3, "h1", &[]);
+        assert_eq!((p.create, p.delete.len(), p.ready, p.pending), (3, 0, 0, 0));
+    }
+
+    #[test]
+    fn a_claimed_pod_is_replaced_and_never_deleted() {
+        let pods = [pod("a", "h1", true, true), pod("b", "h1", false, true)];
+        let p = plan(2, "h1", &pods);
+        assert_eq!(p.create, 1);
+        assert!(p.delete.is_empty());
+        assert_eq!(p.ready, 1);
+    }
+
+    #[test]
+    fn a_template_change_replaces_unclaimed_pods_and_leaves_claimed_ones() {
+        let pods = [
+            pod("a", "old", true, true),
+            pod("b", "old", false, true),
+            pod("c", "old", false, false),
+        ];
+        let p = plan(2, "new", &pods);
+        assert_eq!(p.delete, vec!["b".to_string(), "c".to_string()]);
+        assert_eq!(p.create, 2);
+    }
+
+    #[test]
+    fn scaling_down_deletes_pending_pods_before_ready_ones() {
+        let pods = [
+            pod("a", "h", false, true),
+            pod("b", "h", false, false),
+            pod("c", "h", false, true),
+        ];
+        let p = plan(2, "h", &pods);
+        assert_eq!(p.delete, vec!["b".to_string()]);
+        assert_eq!((p.create, p.ready, p.pending), (0, 2, 0));
+    }
+
+    #[test]
+    fn a_pod_being_deleted_is_not_counted_so_it_is_replaced() {
+        let mut gone = pod("a", "h", false, true);
+        gone.deleting = true;
+        let p = plan(1, "h", &[gone]);
+        assert_eq!(p.create, 1);
+        assert!(p.delete.is_empty());
+    }
+
+    #[test]
+    fn a_claim_takes_only_a_ready_unclaimed_current_pod() {
+        let pods = [
+            pod("a", "h", true, true),
+            pod("b", "old", false, true),
+            pod("c", "h", false, false),
+            pod("e", "h", false, true),
+            pod("d", "h", false, true),
+        ];
+        assert_eq!(
+            pick_for_claim("h", &pods).map(|p| p.name.as_str()),
+            Some("d")
+        );
+        assert_eq!(pick_for_claim("h", &pods[..3]), None);
+    }
+}
