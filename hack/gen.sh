@@ -22,6 +22,7 @@ trap 'rm -rf "$tmp"' EXIT
 cargo run --quiet --locked --bin sandboxrun-operator -- crd >"$tmp/crd.yaml"
 cargo run --quiet --locked --bin sandboxrun-operator -- crd --template >"$tmp/template-crd.yaml"
 cargo run --quiet --locked --bin sandboxrun-operator -- crd --cluster-template >"$tmp/cluster-template-crd.yaml"
+cargo run --quiet --locked --bin sandboxrun-operator -- crd --pool >"$tmp/pool-crd.yaml"
 
 # ---- tests/gitops-fixtures, from the controller's status builders
 fixtures_test=controller::gitops_fixtures::the_gitops_fixtures_are_what_the_status_builders_write
@@ -71,6 +72,8 @@ targets=(
   "charts/sandboxrun-operator/crds/sandboxruntemplates.sandbox.iterion.io.yaml:template-crd.yaml:src/api.rs"
   "crds/clustersandboxruntemplates.sandbox.iterion.io.yaml:cluster-template-crd.yaml:src/api.rs"
   "charts/sandboxrun-operator/crds/clustersandboxruntemplates.sandbox.iterion.io.yaml:cluster-template-crd.yaml:src/api.rs"
+  "crds/sandboxrunpools.sandbox.iterion.io.yaml:pool-crd.yaml:src/api.rs"
+  "charts/sandboxrun-operator/crds/sandboxrunpools.sandbox.iterion.io.yaml:pool-crd.yaml:src/api.rs"
   "config/rbac/rbac.yaml:rbac.yaml:the chart's RBAC templates"
 )
 for f in "$tmp"/gitops-fixtures/*.yaml; do

@@ -862,6 +862,88 @@ pub struct SandboxRunStatus {
     /// When the next attempt's pod is created (set while a retry waits out its backoff).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_time: Option<Time>,
+    /// How the run's first pod was had: taken warm from a SandboxRunPool, or made cold and why
+    /// (docs/user-guide.md "Sandboxes for agents: warm pools"). Absent: a run not made from a
+    /// pooled template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_start: Option<WarmStart>,
+}
+
+/// How a run made from a pooled template got its first pod.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WarmStart {
+    /// The pool it was served from, or asked.
+    pub pool: String,
+    /// The pool's pod the run took (its pod for its first attempt); absent: a cold start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod: Option<String>,
+    /// Why it started cold (no ready pod, a field that changes the pod, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cold_reason: Option<String>,
+}
+
+/// Pods made ready ahead of demand from a template: a run made from that template (setting only
+/// what the launcher delivers) takes one instead of waiting for a new pod (docs/user-guide.md
+/// "Sandboxes for agents: warm pools").
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "sandbox.iterion.io",
+    version = "v1alpha1",
+    kind = "SandboxRunPool",
+    plural = "sandboxrunpools",
+    singular = "sandboxrunpool",
+    shortname = "sbrp",
+    category = "sandbox",
+    namespaced,
+    status = "SandboxRunPoolStatus",
+    scale = r#"{"specReplicasPath":".spec.replicas","statusReplicasPath":".status.replicas","labelSelectorPath":".status.selector"}"#,
+    printcolumn = r#"{"name":"Template","type":"string","jsonPath":".spec.templateRef.name"}"#,
+    printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".spec.replicas"}"#,
+    printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
+    printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.pendingReplicas"}"#,
+    printcolumn = r#"{"name":"Claimed","type":"integer","jsonPath":".status.claimed"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    doc = "A SandboxRunPool keeps spec.replicas pods made ready ahead of demand from a template (a SandboxRunTemplate of its namespace or a ClusterSandboxRunTemplate): image pulled, holder running, the workload container started and parked in the operator's launcher. A SandboxRun made from that template that sets only command, args, env values, stop or activeDeadlineSeconds takes a ready pod: the pod becomes the run's, the launcher starts the run's command with its env, and the pool makes a new one. A pool pod serves one run. With no ready pod the run starts cold and says so in status.warmStart."
+)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxRunPoolSpec {
+    /// The template the pool's pods are made from.
+    pub template_ref: TemplateRef,
+    /// How many unclaimed pods to keep (the scale subresource: HPA, KEDA, `kubectl scale`).
+    #[schemars(range(min = 0, max = 1000))]
+    pub replicas: i32,
+}
+
+/// Observed state of a SandboxRunPool.
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxRunPoolStatus {
+    /// Unclaimed pods of the template's current version (ready or not).
+    #[serde(default)]
+    pub replicas: i32,
+    /// Unclaimed pods ready to be claimed.
+    #[serde(default)]
+    pub ready_replicas: i32,
+    /// Unclaimed pods not ready yet.
+    #[serde(default)]
+    pub pending_replicas: i32,
+    /// The pool's pods that runs have claimed and that still exist.
+    #[serde(default)]
+    pub claimed: i32,
+    /// The label selector of the pool's unclaimed pods (the scale subresource's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+    /// The hash of the template version the pool's pods are made from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_hash: Option<String>,
+    /// Why the pool makes no pods, when it makes none (its template is missing or cannot be
+    /// pooled).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The generation the status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
 }
 
 /// How the workload container terminated: the kubelet's terminated state of the container

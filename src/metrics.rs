@@ -21,6 +21,8 @@ pub struct Metrics {
     pub reconcile_errors: IntCounterVec,
     /// Runs by phase, as last seen by this replica.
     pub runs_by_phase: IntGaugeVec,
+    /// How runs made from a pooled template got their first pod: `warm` or `cold`.
+    pub pool_starts: IntCounterVec,
     /// Bytes stored by drains.
     pub drained_bytes: IntCounterVec,
     /// Bytes that crossed the exec stream from the packer, by encoding (`tar`, `zstd`): with
@@ -85,6 +87,31 @@ impl DrainQueueMetrics {
 #[error("metrics registration failed: {0}")]
 pub struct MetricsError(#[from] prometheus::Error);
 
+/// `sandboxrun_pool_starts_total{start}` (docs/user-guide.md "Sandboxes for agents: warm pools").
+fn pool_starts_counter() -> Result<IntCounterVec, prometheus::Error> {
+    counter(
+        "pool_starts_total",
+        "First pods of runs made from a pooled template, taken warm or made cold",
+        &["start"],
+    )
+}
+
+/// `sandboxrun_drain_bytes_total{compression}` and `sandboxrun_drain_wire_bytes_total{wire}`.
+fn drain_byte_counters() -> Result<(IntCounterVec, IntCounterVec), prometheus::Error> {
+    Ok((
+        counter(
+            "drain_bytes_total",
+            "Member bytes stored by drains",
+            &["compression"],
+        )?,
+        counter(
+            "drain_wire_bytes_total",
+            "Bytes read from the packer's exec stream, by wire encoding, every attempt included",
+            &["wire"],
+        )?,
+    ))
+}
+
 impl Metrics {
     /// Creates and registers every metric into a fresh registry.
     pub fn new() -> Result<Metrics, MetricsError> {
@@ -101,16 +128,8 @@ impl Metrics {
             "Reconcile errors by kind",
             &["kind"],
         )?;
-        let drained_bytes = counter(
-            "drain_bytes_total",
-            "Member bytes stored by drains",
-            &["compression"],
-        )?;
-        let drain_wire_bytes = counter(
-            "drain_wire_bytes_total",
-            "Bytes read from the packer's exec stream, by wire encoding, every attempt included",
-            &["wire"],
-        )?;
+        let pool_starts = pool_starts_counter()?;
+        let (drained_bytes, drain_wire_bytes) = drain_byte_counters()?;
         let drain_duration = histograms(
             "drain_duration_seconds",
             "Duration of one path's drain, every attempt included",
@@ -130,7 +149,8 @@ impl Metrics {
         )?;
         let (runs_by_phase, leader, shards_owned) = replica_gauges()?;
         let drain_queue = DrainQueueMetrics::new()?;
-        let collectors: [Box<dyn Collector>; 15] = [
+        let collectors: [Box<dyn Collector>; 16] = [
+            Box::new(pool_starts.clone()),
             Box::new(reconciles.clone()),
             Box::new(reconcile_duration.clone()),
             Box::new(reconcile_errors.clone()),
@@ -155,6 +175,7 @@ impl Metrics {
             reconcile_duration,
             reconcile_errors,
             runs_by_phase,
+            pool_starts,
             drained_bytes,
             drain_wire_bytes,
             drain_duration,

@@ -543,9 +543,20 @@ pub fn current_attempt(run: &SandboxRun) -> u32 {
         .saturating_add(1)
 }
 
-/// The name of the run's current pod: its current attempt's ([`attempt_pod_name`]).
+/// The name of the run's current pod: its current attempt's ([`attempt_pod_name`]), except for a
+/// first attempt served by a warm pool: the pool pod it took (`status.warmStart.pod`, docs/user-guide.md
+/// "Sandboxes for agents: warm pools").
 pub fn current_pod_name(run: &SandboxRun) -> String {
-    attempt_pod_name(&run.name_any(), current_attempt(run))
+    let attempt = current_attempt(run);
+    let warm = run
+        .status
+        .as_ref()
+        .and_then(|s| s.warm_start.as_ref())
+        .and_then(|w| w.pod.clone());
+    match warm {
+        Some(pod) if attempt == 1 => pod,
+        _ => attempt_pod_name(&run.name_any(), attempt),
+    }
 }
 
 /// One of the run's variables as the pod carries it: a value, or a secret/configMap key.

@@ -1,6 +1,6 @@
 //! `sandboxrun-operator crd`: the SandboxRun CustomResourceDefinition as YAML (with
 //! `--template`, the SandboxRunTemplate one; with `--cluster-template`, the
-//! ClusterSandboxRunTemplate one).
+//! ClusterSandboxRunTemplate one; with `--pool`, the SandboxRunPool one).
 
 use std::process::ExitCode;
 
@@ -13,15 +13,20 @@ pub(crate) struct CrdArgs {
     /// Print the ClusterSandboxRunTemplate CRD instead (docs/contract.md "Templates").
     #[arg(long, conflicts_with = "template")]
     pub(crate) cluster_template: bool,
+    /// Print the SandboxRunPool CRD instead (docs/user-guide.md "Sandboxes for agents: warm
+    /// pools").
+    #[arg(long, conflicts_with_all = ["template", "cluster_template"])]
+    pub(crate) pool: bool,
 }
 
 /// Prints the CRD.
 pub(crate) fn main(args: &CrdArgs) -> ExitCode {
     use crate::crdgen::Which;
-    let which = match (args.template, args.cluster_template) {
-        (_, true) => Which::ClusterTemplate,
-        (true, false) => Which::Template,
-        (false, false) => Which::Run,
+    let which = match (args.template, args.cluster_template, args.pool) {
+        (_, _, true) => Which::Pool,
+        (_, true, _) => Which::ClusterTemplate,
+        (true, false, false) => Which::Template,
+        (false, false, false) => Which::Run,
     };
     match crate::crdgen::crd_yaml(which) {
         Ok(yaml) => {

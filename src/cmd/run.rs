@@ -445,6 +445,11 @@ pub(crate) struct RunArgs {
     /// Off: the label means nothing to the operator.
     #[arg(long, env = "SANDBOXRUN_KUEUE", default_value_t = false)]
     pub(crate) kueue: bool,
+    /// Serve SandboxRunPools (their CRD must be installed): keep each pool's pods ready ahead of
+    /// demand, and give a run made from a pooled template a ready pod instead of a new one
+    /// (docs/user-guide.md "Sandboxes for agents: warm pools"). Not with sharded replicas yet.
+    #[arg(long, env = "SANDBOXRUN_WARM_POOLS", default_value_t = false)]
+    pub(crate) warm_pools: bool,
     /// NO_PROXY of a filtered run's workload: what it reaches without the proxy.
     #[arg(
         long,

@@ -68,6 +68,9 @@ pub(crate) struct Context {
     /// Whether runs labelled `kueue.x-k8s.io/queue-name` wait for Kueue (`run --kueue`,
     /// docs/user-guide.md "Queueing with Kueue").
     pub kueue: bool,
+    /// Whether runs made from a pooled template take a warm pool's ready pod (`run
+    /// --warm-pools`).
+    pub warm_pools: bool,
     /// Publishes Events.
     pub recorder: Recorder,
     /// Metrics.
@@ -137,6 +140,12 @@ impl Context {
     /// The same context with runs in Kueue queues waiting for Kueue (`run --kueue`).
     pub(crate) fn with_kueue(mut self, kueue: bool) -> Context {
         self.kueue = kueue;
+        self
+    }
+
+    /// The same context with runs from pooled templates taking warm pods (`run --warm-pools`).
+    pub(crate) fn with_warm_pools(mut self, on: bool) -> Context {
+        self.warm_pools = on;
         self
     }
 
@@ -258,6 +267,7 @@ impl Context {
             drain_bandwidth: DrainBandwidth::default(),
             settle: super::plan::SETTLE,
             kueue: false,
+            warm_pools: false,
             recorder,
             metrics,
             create_attempts: Default::default(),

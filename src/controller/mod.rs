@@ -31,11 +31,13 @@ mod kueue_gate;
 pub(crate) mod observe;
 mod pipeline;
 pub(crate) mod plan;
+pub(crate) mod pools;
 pub(crate) mod refusals;
 pub(crate) mod retention;
 pub(crate) mod retry;
 pub(crate) mod status;
 mod teardown_job;
+mod warm;
 
 #[cfg(test)]
 mod act_scenarios;

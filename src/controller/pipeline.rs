@@ -16,7 +16,7 @@ use super::drive;
 use super::error::ControllerError;
 use super::observe::{self, Observation, Observed};
 use super::plan::{self, Inputs, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN};
-use super::{checkpoint_job, kueue_gate, teardown_job};
+use super::{checkpoint_job, kueue_gate, teardown_job, warm};
 use crate::api::SandboxRun;
 use crate::egress::verdict::verdict;
 
@@ -89,7 +89,9 @@ pub(crate) async fn reconcile(
         settle: ctx.settle,
     };
     let pod_name = observation.pod_name.as_str();
-    let step = match through_kueue(ctx, run, step, &inputs, &observation, now).await? {
+    let verified = rights_unverified.is_none();
+    let stages = through_stages(ctx, (run, own), step, &inputs, verified, &observation, now);
+    let step = match stages.await? {
         Through::Go(step) => step,
         Through::Held(requeue) => return Ok(Reconciled::after(label, requeue)),
     };
@@ -113,6 +115,29 @@ pub(crate) async fn reconcile(
         }
     };
     Ok(Reconciled::after(label, requeue))
+}
+
+/// The stages between decide and plan: Kueue's queue ([`through_kueue`]), then a warm pool's
+/// claim ([`warm::through_pool`]).
+async fn through_stages(
+    ctx: &Arc<Context>,
+    (run, own): (&Arc<SandboxRun>, &SandboxRun),
+    step: decide::Step,
+    inputs: &Inputs<'_>,
+    rights_verified: bool,
+    observation: &Observation,
+    now: Timestamp,
+) -> Result<Through, ControllerError> {
+    let step = match through_kueue(ctx, run, step, inputs, observation, now).await? {
+        Through::Go(step) => step,
+        held => return Ok(held),
+    };
+    Ok(
+        match warm::through_pool(ctx, (run, own), step, inputs, rights_verified, now).await? {
+            warm::Warm::Go(step) => Through::Go(step),
+            warm::Warm::Done(requeue) => Through::Held(requeue),
+        },
+    )
 }
 
 /// What the queue stage left to do.

@@ -5,10 +5,12 @@
 //! - [`plan`]: what a pool does next (create, replace, delete) from what it observes, and the
 //!   counts its status reports.
 //! - [`park`]: a pool pod is the built pod with its workload parked in the operator's launcher.
+//! - [`pod`]: a pool's pods and a run's claim of one, as data.
 //!
-//! Not yet built on this branch: the `SandboxRunPool` CRD, the controller that acts on the plan,
-//! and the claim itself (see the branch's report).
+//! The controller that acts on the plan is `crate::controller::pools`; the claim is
+//! `crate::controller::warm`.
 
 pub mod compat;
 pub mod park;
 pub mod plan;
+pub mod pod;

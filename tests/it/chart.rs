@@ -19,8 +19,9 @@ use serde_json::json;
 use crate::support::*;
 
 const CHART: &str = "charts/sandboxrun-operator";
-const CRD_FILES: [&str; 3] = [
+const CRD_FILES: [&str; 4] = [
     "clustersandboxruntemplates.sandbox.iterion.io.yaml",
+    "sandboxrunpools.sandbox.iterion.io.yaml",
     "sandboxruns.sandbox.iterion.io.yaml",
     "sandboxruntemplates.sandbox.iterion.io.yaml",
 ];
@@ -363,6 +364,39 @@ fn tenant_stores_are_a_chart_value_that_brings_its_configmap_and_secret_rules() 
     assert!(
         !out.status.success(),
         "an unknown tenantStores key rendered"
+    );
+}
+
+/// Issue #39 (docs/user-guide.md "Sandboxes for agents: warm pools"): `warmPools.enabled` (on by
+/// default) tells the operator `--warm-pools` and brings the pool rules and the one pod patch a
+/// claim makes; off, neither.
+#[test]
+fn warm_pools_are_a_chart_value_that_brings_the_pool_rules_and_the_claims_pod_patch() {
+    let patch_pods = "resources: [pods]\n    verbs: [patch]";
+    let pools = "resources: [sandboxrunpools]\n    verbs: [get, list, watch]";
+    let on = ok(helm(&["template", "demo", CHART]), None);
+    assert!(on.contains("            - --warm-pools\n"), "on by default");
+    let rules = manager_rules_of(&on);
+    assert!(
+        rules.contains(patch_pods) && rules.contains(pools),
+        "{rules}"
+    );
+    assert!(rules.contains("resources: [sandboxrunpools/status]\n    verbs: [patch]"));
+    let off = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "warmPools.enabled=false",
+        ]),
+        None,
+    );
+    assert!(!off.contains("- --warm-pools"));
+    let rules = manager_rules_of(&off);
+    assert!(
+        !rules.contains(patch_pods) && !rules.contains("sandboxrunpools"),
+        "{rules}"
     );
 }
 

@@ -3244,3 +3244,192 @@ async fn runs_queue_through_real_kueue_and_a_preempted_run_is_drained_and_retrie
         }
     }
 }
+
+/// The pods of pool `pool` in `ns`: (name, template hash, claimed).
+async fn pool_pods(client: &Client, ns: &str, pool: &str) -> Vec<(String, String, bool)> {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().labels(&format!("sandbox.iterion.io/pool={pool}")))
+        .await
+        .expect("list the pool's pods")
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| {
+            let labels = p.labels().clone();
+            (
+                p.name_any(),
+                labels
+                    .get("sandbox.iterion.io/pool-template-hash")
+                    .cloned()
+                    .unwrap_or_default(),
+                labels.contains_key("sandbox.iterion.io/claimed-by"),
+            )
+        })
+        .collect()
+}
+
+/// Issue #39 on the real node (docs/user-guide.md "Sandboxes for agents: warm pools"), the
+/// operator with `--warm-pools`:
+/// - a SandboxRunPool of two replicas of a template gets two ready pods, their workload parked in
+///   the operator's launcher;
+/// - a run made from the template that sets only command and env takes one of them
+///   (`status.warmStart.pod`): the launcher starts the run's command with the run's env as the
+///   template's user, its file is drained, it Succeeds; the pod was claimed (owned by the run)
+///   and the pool makes another;
+/// - a run that sets a field that changes the pod (`resources`) starts cold and says why;
+/// - the template changed: the pool replaces its unclaimed pods with the new version's.
+#[tokio::test]
+async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_change() {
+    use sandboxrun_operator::api::{
+        EnvVar, OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate,
+        SandboxRunTemplateSpec, TemplateRef,
+    };
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "pool").await;
+    let (_dir, store_url) = file_store("pool");
+    let op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
+    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
+    let mut locked = real_spec(Some("exit 9"), &["/work/out"]);
+    locked.env = vec![EnvVar {
+        name: "VERSION".into(),
+        value: "1".into(),
+        value_from: None,
+    }];
+    let template = SandboxRunTemplate::new(
+        "agent",
+        SandboxRunTemplateSpec {
+            template: locked,
+            open_fields: vec![OpenField::Command, OpenField::Env, OpenField::Resources],
+        },
+    );
+    templates
+        .create(&Default::default(), &template)
+        .await
+        .expect("create the template");
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let pool = SandboxRunPool::new(
+        "agents",
+        SandboxRunPoolSpec {
+            template_ref: TemplateRef::namespaced("agent"),
+            replicas: 2,
+        },
+    );
+    pools
+        .create(&Default::default(), &pool)
+        .await
+        .expect("create the pool");
+    let ready = |n: i32| {
+        let pools = pools.clone();
+        async move {
+            eventually(
+                "the pool's pods to be ready",
+                Duration::from_secs(180),
+                || {
+                    let pools = pools.clone();
+                    async move {
+                        let p = pools.get("agents").await.ok()?;
+                        let s = p.status?;
+                        (s.ready_replicas == n && s.replicas == n).then_some(s)
+                    }
+                },
+            )
+            .await
+        }
+    };
+    let first = ready(2).await;
+    let before = pool_pods(&client, &ns.name, "agents").await;
+    assert_eq!(before.len(), 2, "{before:?}");
+
+    // A run that sets only command and env: warm.
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let warm_spec = SandboxRunSpec {
+        template_ref: Some(TemplateRef::namespaced("agent")),
+        command: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            r#"echo "task=$TASK version=$VERSION uid=$(id -u)" > "$ITERION_ARTIFACT_FILES_DIR/out.txt""#.into(),
+        ]),
+        env: vec![EnvVar {
+            name: "TASK".into(),
+            value: "42".into(),
+            value_from: None,
+        }],
+        ..Default::default()
+    };
+    create(&runs, "warm", warm_spec.clone()).await;
+    let done = wait_run(&runs, "warm", "the warm run to end", &op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let warm = status.warm_start.clone().expect("warmStart");
+    let took = warm.pod.clone().expect("a pool pod was taken");
+    assert!(
+        before.iter().any(|(name, _, _)| *name == took),
+        "{took} is one of the pool's ready pods {before:?}"
+    );
+    assert_eq!(
+        status.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "{status:?}"
+    );
+    let dest = files_get(&ns.name, "warm", &store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    let out = std::fs::read_to_string(extracted(&dest, 0).join("out.txt")).expect("out.txt");
+    assert_eq!(
+        out, "task=42 version=1 uid=1000\n",
+        "the run's command and env, the template's user"
+    );
+    // The pool makes another: two unclaimed ready pods again, the taken one not among them.
+    ready(2).await;
+    let after = pool_pods(&client, &ns.name, "agents").await;
+    assert!(
+        after
+            .iter()
+            .filter(|(_, _, claimed)| !claimed)
+            .all(|(name, _, _)| *name != took),
+        "{after:?}"
+    );
+
+    // A run that sets a field that changes the pod starts cold and says why.
+    let mut cold_spec = warm_spec.clone();
+    cold_spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(BTreeMap::from([(
+            "cpu".to_string(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("20m".into()),
+        )])),
+        ..Default::default()
+    });
+    create(&runs, "cold", cold_spec).await;
+    let done = wait_run(&runs, "cold", "the cold run to end", &op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let cold = status.warm_start.clone().expect("warmStart");
+    assert!(cold.pod.is_none(), "{cold:?}");
+    assert!(
+        cold.cold_reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("resources"),
+        "{cold:?}"
+    );
+    assert_eq!(status.pod_name.as_deref(), Some("cold-sbr"), "{status:?}");
+
+    // The template changes: the unclaimed pods are replaced by the new version's.
+    let bump = json!({"spec": {"template": {"env": [{"name": "VERSION", "value": "2"}]}}});
+    templates
+        .patch("agent", &PatchParams::default(), &Patch::Merge(&bump))
+        .await
+        .expect("change the template");
+    let old_hash = first.template_hash.clone().expect("hash");
+    eventually("the pool to roll out", Duration::from_secs(180), || {
+        let (client, ns, old_hash) = (client.clone(), ns.name.clone(), old_hash.clone());
+        async move {
+            let pods = pool_pods(&client, &ns, "agents").await;
+            let unclaimed: Vec<_> = pods.iter().filter(|(_, _, c)| !c).collect();
+            (unclaimed.len() == 2 && unclaimed.iter().all(|(_, h, _)| *h != old_hash)).then_some(())
+        }
+    })
+    .await;
+    let rolled = ready(2).await;
+    assert_ne!(rolled.template_hash, Some(old_hash));
+}

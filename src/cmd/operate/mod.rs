@@ -156,6 +156,7 @@ fn with_drain_flags(
         .with_drain_bandwidth(bandwidth)
         .with_quiet_window(durations.quiet_window)
         .with_kueue(args.kueue)
+        .with_warm_pools(args.warm_pools)
         .with_path_slots(args.path_slots())
 }
 

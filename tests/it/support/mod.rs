@@ -140,6 +140,7 @@ pub async fn ensure_crd(client: &Client) {
         "sandboxruns.sandbox.iterion.io",
         "sandboxruntemplates.sandbox.iterion.io",
         "clustersandboxruntemplates.sandbox.iterion.io",
+        "sandboxrunpools.sandbox.iterion.io",
     ] {
         apply_crd(client, name).await;
     }

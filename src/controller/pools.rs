@@ -1,0 +1,217 @@
+//! The warm pools' controller (`run --warm-pools`, docs/user-guide.md "Sandboxes for agents: warm
+//! pools"): a controller of its own beside the runs', with its own observe → decide → act. It
+//! watches SandboxRunPools and the pods they own; each reconcile reads the pool's template and
+//! its pods (observe), plans with [`crate::pool::plan::plan`] (pure), creates and deletes pods
+//! and writes the pool's status (act). A pod a run claimed is the run's (its owner and labels
+//! say so): the pool only counts it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
+use tracing::{info, warn};
+
+use super::context::Context;
+use super::error::{kube_err, ControllerError};
+use crate::api::{SandboxRunPool, SandboxRunPoolStatus};
+use crate::pool::pod::{self as pool_pod, POOL_LABEL};
+
+/// How often a pool is looked at again without a watch event (pods becoming ready wake it).
+const LOOK_AGAIN: Duration = Duration::from_secs(30);
+
+/// Runs the pools' controller until `shutdown` resolves. `namespaces` empty = every namespace.
+pub(crate) async fn run(
+    ctx: Arc<Context>,
+    namespaces: Vec<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let scopes: Vec<(Api<SandboxRunPool>, Api<Pod>)> = if namespaces.is_empty() {
+        vec![(Api::all(client.clone()), Api::all(client.clone()))]
+    } else {
+        namespaces
+            .iter()
+            .map(|ns| {
+                (
+                    Api::namespaced(client.clone(), ns),
+                    Api::namespaced(client.clone(), ns),
+                )
+            })
+            .collect()
+    };
+    let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
+    let mut streams = Vec::new();
+    for (pools, pods) in scopes {
+        let stream = Controller::new(pools, watcher::Config::default())
+            .owns(pods, watcher::Config::default().labels(POOL_LABEL))
+            .graceful_shutdown_on(shutdown.clone())
+            .run(reconcile, error_policy, ctx.clone())
+            .for_each(|res| async move {
+                if let Err(e) = res {
+                    warn!(error = %e, "pool reconcile failed");
+                }
+            });
+        streams.push(stream);
+    }
+    futures::future::join_all(streams).await;
+}
+
+fn error_policy(pool: Arc<SandboxRunPool>, error: &ControllerError, _: Arc<Context>) -> Action {
+    warn!(pool = %pool.name_any(), %error, "pool reconcile error; retrying in 10s");
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// One pool: its template made into a pod, its pods planned, created, deleted, its status.
+async fn reconcile(
+    pool: Arc<SandboxRunPool>,
+    ctx: Arc<Context>,
+) -> Result<Action, ControllerError> {
+    let ns = pool
+        .namespace()
+        .ok_or(ControllerError::Metadata("namespace"))?;
+    let name = pool.name_any();
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let owned = pods_api
+        .list(
+            &ListParams::default()
+                .labels(&format!("{POOL_LABEL}={}", pool_pod::label_value(&name))),
+        )
+        .await
+        .map_err(kube_err(format!("list the pods of pool {ns}/{name}")))?
+        .items;
+    let views: Vec<_> = owned.iter().map(pool_pod::view_of).collect();
+    let claimed = views.iter().filter(|p| p.claimed).count();
+    let made = match made_spec(&ctx, &pool, &ns).await? {
+        Ok(made) => pool_pod::stand_in(&pool, made),
+        Err(message) => {
+            write_status(&ctx, &pool, unusable_status(&pool, claimed, message)).await?;
+            return Ok(Action::requeue(LOOK_AGAIN));
+        }
+    };
+    let replicas = usize::try_from(pool.spec.replicas).unwrap_or(0);
+    let stamp = jiff::Timestamp::now().as_nanosecond();
+    let suffix =
+        |i: usize| crate::names::short_hash(&format!("{name}/{stamp}/{i}"))[..5].to_string();
+    let hash = match pool_pod::pool_pod(&pool, &made, &ctx.pod, &suffix(0)) {
+        Ok((_, hash)) => hash,
+        Err(e) => {
+            write_status(&ctx, &pool, unusable_status(&pool, claimed, e.to_string())).await?;
+            return Ok(Action::requeue(LOOK_AGAIN));
+        }
+    };
+    let plan = crate::pool::plan::plan(replicas, &hash, &views);
+    for gone in &plan.delete {
+        delete_pod(&pods_api, gone).await?;
+    }
+    for i in 0..plan.create {
+        let Ok((pod, _)) = pool_pod::pool_pod(&pool, &made, &ctx.pod, &suffix(i)) else {
+            break;
+        };
+        match pods_api.create(&PostParams::default(), &pod).await {
+            Ok(_) => info!(pool = %name, pod = %pod.name_any(), "pool pod created"),
+            Err(kube::Error::Api(ae)) if ae.code == 409 => {}
+            Err(e) => return Err(kube_err(format!("create a pod of pool {ns}/{name}"))(e)),
+        }
+    }
+    let status = SandboxRunPoolStatus {
+        replicas: count(plan.ready + plan.pending),
+        ready_replicas: count(plan.ready),
+        pending_replicas: count(plan.pending),
+        claimed: count(claimed),
+        selector: Some(pool_pod::unclaimed_selector(&name)),
+        template_hash: Some(hash),
+        message: None,
+        observed_generation: pool.metadata.generation,
+    };
+    write_status(&ctx, &pool, status).await?;
+    Ok(Action::requeue(LOOK_AGAIN))
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// The status of a pool that makes no pods, saying why.
+fn unusable_status(pool: &SandboxRunPool, claimed: usize, message: String) -> SandboxRunPoolStatus {
+    SandboxRunPoolStatus {
+        claimed: count(claimed),
+        selector: Some(pool_pod::unclaimed_selector(&pool.name_any())),
+        message: Some(message),
+        observed_generation: pool.metadata.generation,
+        ..SandboxRunPoolStatus::default()
+    }
+}
+
+/// The spec a run made from the pool's template gets (its template merged into an empty run),
+/// or why there is none.
+async fn made_spec(
+    ctx: &Context,
+    pool: &SandboxRunPool,
+    ns: &str,
+) -> Result<Result<crate::api::SandboxRunSpec, String>, ControllerError> {
+    let reference = &pool.spec.template_ref;
+    let fetched = match super::observe::template(&ctx.client, ns, reference).await? {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return Ok(Err(format!(
+                "the {} does not exist",
+                reference.describe(ns)
+            )))
+        }
+        Err(e) => return Ok(Err(e)),
+    };
+    let empty = crate::api::SandboxRunSpec {
+        template_ref: Some(reference.clone()),
+        ..Default::default()
+    };
+    Ok(
+        crate::template::merge(&fetched.spec, &reference.label(), &empty)
+            .map_err(|e| e.to_string()),
+    )
+}
+
+async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<(), ControllerError> {
+    match pods.delete(name, &DeleteParams::default()).await {
+        Ok(_) => {
+            info!(pod = %name, "pool pod deleted (outdated or surplus)");
+            Ok(())
+        }
+        Err(kube::Error::Api(ae)) if ae.code == 404 => Ok(()),
+        Err(e) => Err(kube_err(format!("delete pool pod {name}"))(e)),
+    }
+}
+
+/// Writes the pool's status (server-side apply, the operator's field manager).
+async fn write_status(
+    ctx: &Context,
+    pool: &SandboxRunPool,
+    status: SandboxRunPoolStatus,
+) -> Result<(), ControllerError> {
+    if pool.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let ns = pool.namespace().unwrap_or_default();
+    let api: Api<SandboxRunPool> = Api::namespaced(ctx.client.clone(), &ns);
+    let body = serde_json::json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRunPool",
+        "metadata": {"name": pool.name_any(), "namespace": ns},
+        "status": status,
+    });
+    api.patch_status(
+        &pool.name_any(),
+        &PatchParams::apply(crate::names::MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await
+    .map_err(kube_err(format!(
+        "write the status of pool {ns}/{}",
+        pool.name_any()
+    )))?;
+    Ok(())
+}

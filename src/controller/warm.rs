@@ -1,0 +1,300 @@
+//! A run's claim of a warm pool's pod (`run --warm-pools`, docs/user-guide.md "Sandboxes for
+//! agents: warm pools"): between decide and plan, a run about to get its first pod that is made
+//! from a pooled template, and sets nothing that would change the pod, takes a ready pod of the
+//! pool instead of a new one.
+//!
+//! The claim, in order, so that a restart anywhere resumes it: (1) the pod is made the run's with
+//! one merge patch guarded by its resourceVersion (the cold pod's labels and owner, the claim
+//! label: two runs racing for one pod, one wins, the other picks again); (2) the launcher parked
+//! in the pod's workload container is handed the run's command and env through `launch-deliver`
+//! (an exec into that container; the launcher takes the pod's one start, so a second delivery
+//! finds nobody waiting); (3) the run's status records the pod (`status.warmStart.pod`, from then
+//! on the run's pod for its first attempt) and its start. A run that finds a pod it claimed
+//! already resumes at (2). No ready pod, or a run that sets a field that changes the pod: the run
+//! starts cold and `status.warmStart.coldReason` says why.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{AttachParams, DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tracing::{info, warn};
+
+use super::context::Context;
+use super::decide::Step;
+use super::error::{kube_err, ControllerError};
+use super::plan::{self, Inputs, Plan, Requeue, StepPlan};
+use crate::api::{SandboxRun, SandboxRunPool, WarmStart};
+use crate::pool::pod::{self as pool_pod, CLAIMED_BY_LABEL, POOL_LABEL};
+
+/// How soon a run that took a pod (or was told to start cold) is looked at again.
+const SOON: Duration = Duration::from_millis(100);
+/// The longest the launcher's answer to a delivery may take.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the warm-pool stage did.
+pub(super) enum Warm {
+    /// Nothing: go on with the step.
+    Go(Step),
+    /// The run took a pod, or was told to start cold: look again then.
+    Done(Requeue),
+}
+
+/// The warm-pool stage of `run` (as made from its template; `own`: as its author wrote it).
+pub(super) async fn through_pool(
+    ctx: &Arc<Context>,
+    (run, own): (&Arc<SandboxRun>, &SandboxRun),
+    step: Step,
+    inputs: &Inputs<'_>,
+    rights_verified: bool,
+    now: Timestamp,
+) -> Result<Warm, ControllerError> {
+    let decided = run.status.as_ref().is_some_and(|s| s.warm_start.is_some());
+    let queued = ctx.kueue && crate::kueue::queue_of(run).is_some();
+    let candidate = ctx.warm_pools
+        && matches!(step, Step::CreatePod)
+        && crate::pod::current_attempt(run) == 1
+        && !decided
+        && !queued
+        && rights_verified;
+    let Some(reference) = own.spec.template_ref.as_ref().filter(|_| candidate) else {
+        return Ok(Warm::Go(step));
+    };
+    let ns = run
+        .namespace()
+        .ok_or(ControllerError::Metadata("namespace"))?;
+    let Some((pool, pods)) = pool_of(ctx, &ns, reference).await? else {
+        return Ok(Warm::Go(step));
+    };
+    let pool_name = pool.name_any();
+    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let uid = run.uid().unwrap_or_default();
+    let cold = match plan::plan_step(Step::CreatePod, inputs) {
+        StepPlan::CreatePod(pod) => *pod,
+        _ => return Ok(Warm::Go(step)),
+    };
+    let mine = pods
+        .iter()
+        .find(|p| p.labels().get(CLAIMED_BY_LABEL) == Some(&uid));
+    if let Some(pod) = mine {
+        return started(ctx, run, &pool_name, pod, (&cold, true), now).await;
+    }
+    if let Err(why) = crate::pool::compat::compatible(&own.spec) {
+        return cold_start(ctx, run, &pool_name, why.to_string(), now).await;
+    }
+    let views: Vec<_> = pods.iter().map(pool_pod::view_of).collect();
+    let hash = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.template_hash.clone())
+        .unwrap_or_default();
+    let Some(pick) = crate::pool::plan::pick_for_claim(&hash, &views) else {
+        return cold_start(
+            ctx,
+            run,
+            &pool_name,
+            "the pool had no ready pod".into(),
+            now,
+        )
+        .await;
+    };
+    let Some(pod) = pods.iter().find(|p| p.name_any() == pick.name) else {
+        return Ok(Warm::Go(step));
+    };
+    let patch = pool_pod::claim_patch(&cold, &uid, &pod.resource_version().unwrap_or_default());
+    match pods_api
+        .patch(&pick.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(claimed) => {
+            info!(run = %run.name_any(), pod = %pick.name, pool = %pool_name, "took a warm pool pod");
+            started(ctx, run, &pool_name, &claimed, (&cold, false), now).await
+        }
+        // Another run took it first: pick again.
+        Err(kube::Error::Api(ae)) if ae.code == 409 => Ok(Warm::Done(Requeue::After(SOON))),
+        Err(e) => Err(kube_err(format!("claim pool pod {}", pick.name))(e)),
+    }
+}
+
+/// The pool of `reference` in `ns` and its pods, when there is one.
+async fn pool_of(
+    ctx: &Context,
+    ns: &str,
+    reference: &crate::api::TemplateRef,
+) -> Result<Option<(SandboxRunPool, Vec<Pod>)>, ControllerError> {
+    let pools: Api<SandboxRunPool> = Api::namespaced(ctx.client.clone(), ns);
+    let pool = pools
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err(format!("list the SandboxRunPools of {ns}")))?
+        .items
+        .into_iter()
+        .find(|p| &p.spec.template_ref == reference);
+    let Some(pool) = pool else {
+        return Ok(None);
+    };
+    let name = pool.name_any();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let selector = format!("{POOL_LABEL}={}", pool_pod::label_value(&name));
+    let pods = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_err(format!("list the pods of pool {ns}/{name}")))?
+        .items;
+    Ok(Some((pool, pods)))
+}
+
+/// The claimed `pod`'s launcher is handed the run's command and env, then the run records the
+/// pod and its start. A launcher that does not take it: the pod is deleted, the run starts cold.
+async fn started(
+    ctx: &Arc<Context>,
+    run: &Arc<SandboxRun>,
+    pool: &str,
+    pod: &Pod,
+    (cold, resumed): (&Pod, bool),
+    now: Timestamp,
+) -> Result<Warm, ControllerError> {
+    let Some(message) = pool_pod::start_message(cold) else {
+        let why =
+            "the run has no command: a pool pod's launcher starts only a command the run names";
+        return cold_start(ctx, run, pool, why.into(), now).await;
+    };
+    let ns = run.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let name = pod.name_any();
+    if let Err(why) = deliver(&pods, &name, &message, resumed).await {
+        warn!(run = %run.name_any(), pod = %name, %why, "the pool pod's launcher did not take the start; starting cold");
+        let _ = pods.delete(&name, &DeleteParams::default()).await;
+        return cold_start(
+            ctx,
+            run,
+            pool,
+            format!("the pool pod's launcher did not start the run: {why}"),
+            now,
+        )
+        .await;
+    }
+    let mut status = run.status.clone().unwrap_or_default();
+    status.warm_start = Some(WarmStart {
+        pool: pool.to_string(),
+        pod: Some(name),
+        cold_reason: None,
+    });
+    ctx.metrics.pool_starts.with_label_values(&["warm"]).inc();
+    // Its deadline counts from its own start, not the pool pod's.
+    status.start_time = Some(Time(now));
+    carry(ctx, run, status, now).await
+}
+
+/// The run starts cold; its status says why (and the next reconcile creates its pod).
+async fn cold_start(
+    ctx: &Arc<Context>,
+    run: &Arc<SandboxRun>,
+    pool: &str,
+    why: String,
+    now: Timestamp,
+) -> Result<Warm, ControllerError> {
+    info!(run = %run.name_any(), pool, %why, "starting cold");
+    ctx.metrics.pool_starts.with_label_values(&["cold"]).inc();
+    let mut status = run.status.clone().unwrap_or_default();
+    status.warm_start = Some(WarmStart {
+        pool: pool.to_string(),
+        pod: None,
+        cold_reason: Some(why),
+    });
+    carry(ctx, run, status, now).await
+}
+
+async fn carry(
+    ctx: &Arc<Context>,
+    run: &Arc<SandboxRun>,
+    status: crate::api::SandboxRunStatus,
+    now: Timestamp,
+) -> Result<Warm, ControllerError> {
+    let plan = Plan {
+        status: Some(status),
+        ..Plan::wait(Requeue::After(SOON))
+    };
+    let pod_name = crate::pod::current_pod_name(run);
+    let requeue = super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
+    Ok(Warm::Done(requeue))
+}
+
+/// Delivers `message` to the pod's launcher ([`deliver_once`]); a launcher not listening yet
+/// (its container just started) is tried again, twice, 300 ms apart. `resumed`: the run claimed
+/// the pod in an earlier reconcile, so a launcher that took a start already took this run's.
+async fn deliver(
+    pods: &Api<Pod>,
+    pod: &str,
+    message: &crate::inpod::launch::StartMessage,
+    resumed: bool,
+) -> Result<(), String> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match deliver_once(pods, pod, message).await {
+            Err(why) if why.contains(NOT_WAITING) && resumed => return Ok(()),
+            Err(why) if why.contains(NOT_WAITING) && tries < 3 => {
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
+/// The words of `launch-deliver` when no launcher listens (`crate::inpod::launch`).
+const NOT_WAITING: &str = "no launcher is waiting";
+
+/// Execs `launch-deliver` in the pod's workload container with `message` on its stdin; Ok once
+/// the launcher took it.
+async fn deliver_once(
+    pods: &Api<Pod>,
+    pod: &str,
+    message: &crate::inpod::launch::StartMessage,
+) -> Result<(), String> {
+    let body = serde_json::to_vec(message).map_err(|e| e.to_string())?;
+    let argv = vec![
+        crate::pool::park::launcher_path(),
+        "launch-deliver".to_string(),
+    ];
+    let params = AttachParams::default()
+        .container(crate::pod::WORKLOAD_CONTAINER)
+        .stdin(true)
+        .stdout(false)
+        .stderr(true);
+    let mut process = pods
+        .exec(pod, argv, &params)
+        .await
+        .map_err(|e| format!("exec launch-deliver: {e}"))?;
+    let mut stdin = process.stdin().ok_or("no stdin")?;
+    let mut stderr = process.stderr().ok_or("no stderr")?;
+    let status = process.take_status();
+    let talk = async move {
+        stdin.write_all(&body).await.map_err(|e| e.to_string())?;
+        stdin.shutdown().await.map_err(|e| e.to_string())?;
+        drop(stdin);
+        let mut said = Vec::new();
+        let _ = (&mut stderr).take(4096).read_to_end(&mut said).await;
+        let status = match status {
+            Some(s) => s.await,
+            None => None,
+        };
+        Ok::<_, String>((said, status))
+    };
+    let (said, status) = tokio::time::timeout(DELIVERY_TIMEOUT, talk)
+        .await
+        .map_err(|_| "the launcher did not answer in time".to_string())??;
+    let said = String::from_utf8_lossy(&said).trim().to_string();
+    match status.and_then(|s| s.status) {
+        Some(s) if s == "Success" => Ok(()),
+        _ => Err(if said.is_empty() {
+            "launch-deliver failed".to_string()
+        } else {
+            said
+        }),
+    }
+}
