@@ -17,6 +17,23 @@ export CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 log() { echo "build-tools: $*" >&2; }
 start=$(date +%s)
 
+# ---- `hack/build-tools.sh agent-sandbox`: only kubernetes-sigs/agent-sandbox's controller and
+# CRD YAML, for the side-by-side warm-pool bench (bench/warm_start.sh AGENT_SANDBOX=1); never part
+# of the bed. Prints its cache directory on the last line.
+if [ "${1:-}" = agent-sandbox ]; then
+  AS_OUT=$CACHE_ROOT/$(agent_sandbox_dir_name)
+  if [ ! -x "$AS_OUT/bin/agent-sandbox-controller" ]; then
+    log "building agent-sandbox $AGENT_SANDBOX_VERSION"
+    mkdir -p "$AS_OUT/bin" "$AS_OUT/crds"
+    GOBIN=$AS_OUT/bin go install -trimpath -ldflags "-s -w" \
+      "sigs.k8s.io/agent-sandbox/cmd/agent-sandbox-controller@$AGENT_SANDBOX_VERSION"
+    cp "$(go env GOMODCACHE)/sigs.k8s.io/agent-sandbox@$AGENT_SANDBOX_VERSION"/k8s/crds/*.yaml "$AS_OUT/crds/"
+    chmod u+w "$AS_OUT"/crds/*.yaml
+  fi
+  echo "$AS_OUT"
+  exit 0
+fi
+
 # ---- the real node's NetworkPolicy enforcer: kube-router (only its firewall controller runs, see
 # hack/real-node.sh). Its own cache directory, keyed by its version alone, and built before the
 # `.complete` shortcut below, so a bed whose Kubernetes is already cached gains it without a

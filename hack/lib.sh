@@ -52,6 +52,11 @@ kueue_dir_name() {
   echo "kueue-$KUEUE_VERSION"
 }
 
+# The cache directory of agent-sandbox's controller and CRD YAML (the warm-pool bench only).
+agent_sandbox_dir_name() {
+  echo "agent-sandbox-$AGENT_SANDBOX_VERSION"
+}
+
 # The cache directory of the Prometheus Operator's CRDs (for the chart's dry runs), keyed by its
 # version alone.
 prometheus_crds_dir_name() {

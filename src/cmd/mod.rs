@@ -63,6 +63,9 @@ pub(crate) enum Command {
     Shell(crate::plugin::session::ShellArgs),
     /// Copy a file into or out of a live sandbox's read-back paths (RUN:PATH).
     Cp(crate::plugin::session::CpArgs),
+    /// Save a running sandbox's read-back paths now, without stopping it (sets spec.checkpoint
+    /// with your own rights), and wait until the checkpoint is recorded.
+    Checkpoint(crate::plugin::session::CheckpointArgs),
     /// Apply a tiny SandboxRun, wait until it drained, delete it (the chart's `helm test`).
     Selftest(crate::selftest::SelftestArgs),
     /// The egress proxy: enforces SandboxRuns' host rules for their pods.
@@ -141,6 +144,7 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Exec(args) => session::exec(args).await,
         Command::Shell(args) => session::shell(args).await,
         Command::Cp(args) => session::cp(args).await,
+        Command::Checkpoint(args) => session::checkpoint(args).await,
         Command::Selftest(args) => selftest::main(args).await,
         Command::EgressProxy(args) => egress_proxy::main(args).await,
         Command::Completion { shell } => {

@@ -12,7 +12,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use crate::api::SandboxRun;
 use crate::plugin::cluster::{connect, ClusterArgs};
 use crate::plugin::session::{
-    copy_of, inside_read_back, live_pod, read_argv, write_argv, Copy, CpArgs, ExecArgs, ShellArgs,
+    copy_of, inside_read_back, live_pod, read_argv, write_argv, CheckpointArgs, Copy, CpArgs,
+    ExecArgs, ShellArgs,
 };
 use crate::pod::WORKLOAD_CONTAINER as WORKLOAD;
 
@@ -251,6 +252,73 @@ fn exit_with(code: i32) -> ExitCode {
 }
 
 /// Says why on stderr; exit 1.
+/// Runs `checkpoint`: sets `spec.checkpoint` (a merge patch with the caller's rights), then waits
+/// until the run records it; 0 when every path was kept, 1 when refused, a path failed or the
+/// wait ran out.
+pub(crate) async fn checkpoint(args: CheckpointArgs) -> ExitCode {
+    let limit = match crate::units::parse_duration(&args.timeout) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("sandboxrun: --timeout: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (client, namespace) = match connect(&args.cluster).await {
+        Ok(c) => c,
+        Err(e) => return fail(&e.to_string()),
+    };
+    let token = args
+        .token
+        .clone()
+        .unwrap_or_else(|| format!("kubectl-{}", jiff::Timestamp::now().as_second()));
+    let runs: Api<SandboxRun> = Api::namespaced(client, &namespace);
+    let patch = serde_json::json!({"spec": {"checkpoint": token}});
+    let params = kube::api::PatchParams::default();
+    if let Err(e) = runs
+        .patch(&args.run, &params, &kube::api::Patch::Merge(&patch))
+        .await
+    {
+        return fail(&format!(
+            "cannot ask {namespace}/{} for a checkpoint: {e}",
+            args.run
+        ));
+    }
+    eprintln!(
+        "sandboxrun: asked {namespace}/{} for checkpoint {token:?}",
+        args.run
+    );
+    if limit.is_zero() {
+        return ExitCode::SUCCESS;
+    }
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        let run = match runs.get(&args.run).await {
+            Ok(run) => run,
+            Err(e) => return fail(&format!("cannot read {namespace}/{}: {e}", args.run)),
+        };
+        let recorded = run
+            .status
+            .as_ref()
+            .and_then(|s| s.checkpoints.iter().find(|c| c.token == token).cloned());
+        if let Some(cp) = recorded {
+            let (report, kept) = crate::plugin::session::checkpoint_report(&cp);
+            println!("{}", report.replace("{run}", &args.run));
+            return if kept {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            };
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return fail(&format!(
+                "checkpoint {token:?} of {namespace}/{} was not recorded in {}",
+                args.run, args.timeout
+            ));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+}
+
 fn fail(message: &str) -> ExitCode {
     eprintln!("sandboxrun: {message}");
     ExitCode::from(1)

@@ -12,6 +12,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use tracing::{info, warn};
@@ -47,8 +48,14 @@ pub(crate) async fn run(
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let mut streams = Vec::new();
     for (pools, pods) in scopes {
+        // By the pool label, not the owner: a claimed pod is the run's, and its claim (or its
+        // end) must wake its pool at once, which then makes another.
         let stream = Controller::new(pools, watcher::Config::default())
-            .owns(pods, watcher::Config::default().labels(POOL_LABEL))
+            .watches(
+                pods,
+                watcher::Config::default().labels(POOL_LABEL),
+                pool_of_pod,
+            )
             .graceful_shutdown_on(shutdown.clone())
             .run(reconcile, error_policy, ctx.clone())
             .for_each(|res| async move {
@@ -59,6 +66,12 @@ pub(crate) async fn run(
         streams.push(stream);
     }
     futures::future::join_all(streams).await;
+}
+
+/// The pool a pod carries the label of (its namespace's).
+fn pool_of_pod(pod: Pod) -> Option<ObjectRef<SandboxRunPool>> {
+    let pool = pod.labels().get(POOL_LABEL)?.clone();
+    Some(ObjectRef::new(&pool).within(&pod.namespace()?))
 }
 
 fn error_policy(pool: Arc<SandboxRunPool>, error: &ControllerError, _: Arc<Context>) -> Action {
@@ -106,7 +119,9 @@ async fn reconcile(
     };
     let plan = crate::pool::plan::plan(replicas, &hash, &views);
     for gone in &plan.delete {
-        delete_pod(&pods_api, gone).await?;
+        if let Some(pod) = owned.iter().find(|p| p.name_any() == *gone) {
+            delete_pod(&pods_api, pod).await?;
+        }
     }
     for i in 0..plan.create {
         let Ok((pod, _)) = pool_pod::pool_pod(&pool, &made, &ctx.pod, &suffix(i)) else {
@@ -175,13 +190,23 @@ async fn made_spec(
     )
 }
 
-async fn delete_pod(pods: &Api<Pod>, name: &str) -> Result<(), ControllerError> {
-    match pods.delete(name, &DeleteParams::default()).await {
+/// Deletes an unclaimed pool pod as it was read: preconditioned on its uid and resourceVersion,
+/// so a pod a run claimed meanwhile (the claim changed it) is never deleted (a 409, left alone).
+async fn delete_pod(pods: &Api<Pod>, pod: &Pod) -> Result<(), ControllerError> {
+    let name = pod.name_any();
+    let params = DeleteParams {
+        preconditions: Some(kube::api::Preconditions {
+            uid: pod.uid(),
+            resource_version: pod.resource_version(),
+        }),
+        ..DeleteParams::default()
+    };
+    match pods.delete(&name, &params).await {
         Ok(_) => {
             info!(pod = %name, "pool pod deleted (outdated or surplus)");
             Ok(())
         }
-        Err(kube::Error::Api(ae)) if ae.code == 404 => Ok(()),
+        Err(kube::Error::Api(ae)) if ae.code == 404 || ae.code == 409 => Ok(()),
         Err(e) => Err(kube_err(format!("delete pool pod {name}"))(e)),
     }
 }

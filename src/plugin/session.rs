@@ -52,6 +52,91 @@ pub struct CpArgs {
     pub cluster: ClusterArgs,
 }
 
+/// Arguments of `checkpoint`.
+#[derive(Args, Debug)]
+pub struct CheckpointArgs {
+    /// The SandboxRun.
+    pub run: String,
+    /// The token to set in `spec.checkpoint` (default: `kubectl-<unix time>`); a token the run
+    /// has already answered asks nothing new.
+    #[arg(long)]
+    pub token: Option<String>,
+    /// How long to wait for the checkpoint to be recorded (0: do not wait).
+    #[arg(long, default_value = "5m")]
+    pub timeout: String,
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
+}
+
+/// What a recorded checkpoint says, as the verb prints it, and whether every path was kept
+/// (none `Failed`, not refused).
+pub fn checkpoint_report(cp: &crate::api::CheckpointStatus) -> (String, bool) {
+    use std::fmt::Write;
+    let mut out = format!("checkpoint {} (token {})", cp.index, cp.token);
+    if let Some(refused) = &cp.message {
+        let _ = write!(out, ": refused: {refused}");
+        return (out, false);
+    }
+    let mut kept = true;
+    for path in &cp.read_back {
+        let failed = path.phase == crate::api::ReadBackPhase::Failed;
+        kept &= !failed;
+        let _ = write!(out, "\n  {}: {:?}", path.path, path.phase);
+        if let Some(message) = path.message.as_deref().filter(|_| failed) {
+            let _ = write!(out, " ({message})");
+        }
+    }
+    let _ = write!(
+        out,
+        "\n  read back with: files get {{run}} --checkpoint {}",
+        cp.index
+    );
+    (out, kept)
+}
+
+#[cfg(test)]
+mod checkpoint_tests {
+    use super::*;
+    use crate::api::{CheckpointStatus, ReadBackPhase, ReadBackStatus};
+
+    #[test]
+    fn a_checkpoint_report_names_each_path_and_fails_on_a_failed_or_refused_one() {
+        let path = |p: &str, phase, message: Option<&str>| ReadBackStatus {
+            path: p.into(),
+            phase,
+            message: message.map(str::to_string),
+            ..Default::default()
+        };
+        let mut cp = CheckpointStatus {
+            index: 2,
+            token: "t".into(),
+            read_back: vec![
+                path("/out", ReadBackPhase::Drained, None),
+                path("/empty", ReadBackPhase::Empty, None),
+            ],
+            ..Default::default()
+        };
+        let (text, kept) = checkpoint_report(&cp);
+        assert!(kept, "{text}");
+        assert!(
+            text.contains("/out: Drained") && text.contains("--checkpoint 2"),
+            "{text}"
+        );
+        cp.read_back[1] = path("/locked", ReadBackPhase::Failed, Some("permission denied"));
+        let (text, kept) = checkpoint_report(&cp);
+        assert!(
+            !kept && text.contains("/locked: Failed (permission denied)"),
+            "{text}"
+        );
+        cp.message = Some("the run's checkpoint limit (1) is reached".into());
+        let (text, kept) = checkpoint_report(&cp);
+        assert!(
+            !kept && text.contains("refused: the run's checkpoint limit"),
+            "{text}"
+        );
+    }
+}
+
 /// Why a session cannot be had.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SessionError {

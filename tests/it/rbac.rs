@@ -466,6 +466,7 @@ fn the_operations_rbac_table_is_the_charts_rbac() {
             "preflightImages=true",
             "runPolicy.namespacePolicies[0].name=doc",
             "tenantStores.enabled=true",
+            "kueue.enabled=true",
         ],
     );
     let rules = cluster_roles

@@ -2904,9 +2904,21 @@ echo secret > /work/locked/x; chmod 0000 /work/locked/x; exec sleep 3600"#;
     let running = wait_run(&runs, "agent", "Running", &op, phase_is(Phase::Running)).await;
     let pod = pod_of(&running);
     let ask = |token: &str| json!({"spec": {"checkpoint": token}});
-    runs.patch("agent", &PatchParams::default(), &Patch::Merge(&ask("c1")))
-        .await
-        .expect("ask a checkpoint");
+    // The first through the plugin verb (the caller's own rights), which waits for the record:
+    // exit 1, since a path failed, and it says which.
+    let asked = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
+        .args(["checkpoint", "agent", "--token", "c1", "-n", &ns.name])
+        .output()
+        .expect("run the checkpoint verb");
+    let said = String::from_utf8_lossy(&asked.stdout).to_string();
+    assert_eq!(asked.status.code(), Some(1), "a path failed: {asked:?}");
+    assert!(
+        said.contains("checkpoint 1 (token c1)")
+            && said.contains("/work/out: Drained")
+            && said.contains("/work/locked: Failed")
+            && said.contains("files get agent --checkpoint 1"),
+        "{said}"
+    );
     let saved = wait_run(&runs, "agent", "checkpoint 1 recorded", &op, |r| {
         r.status.as_ref().is_some_and(|s| !s.checkpoints.is_empty())
     })

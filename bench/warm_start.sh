@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Warm pools on the REAL node (docs/performance.md "Warm pools"): create -> the workload's first
+# instruction for a run that takes a warm pool's pod, a cold run of the same template shape and a
+# bare pod of the same image and command, side by side (interleaved), p50 and p99; then a burst of
+# runs on a pool of ready pods (warm starts per second). What is measured: bench/warm_start.py.
+#
+#   bench/warm_start.sh [SAMPLES] [POOL]        default: 50 5
+#   BIN=... bench/warm_start.sh                  another operator binary (default: the image's
+#                                                static one, hack/images.sh operator)
+#   AGENT_SANDBOX=1 bench/warm_start.sh          then the same on kubernetes-sigs/agent-sandbox
+#                                                (its controller built from its Go module into
+#                                                the tools cache: hack/build-tools.sh agent-sandbox;
+#                                                its CRDs applied, its controller on this host)
+#
+# Needs the local cluster up with its real node (hack/local-cluster.sh up) and the operator image
+# pushed (hack/images.sh operator). One operator on this host (--warm-pools), one namespace of its
+# own; both removed at the end.
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+cd "$REPO"
+eval "$(hack/local-cluster.sh env)"
+hack/local-cluster.sh status >/dev/null
+SAMPLES=${1:-50}
+POOL=${2:-5}
+OPERATOR_BIN=${BIN:-$REPO/target/x86_64-unknown-linux-musl/release/sandboxrun-operator}
+[ -x "$OPERATOR_BIN" ] || { echo "no $OPERATOR_BIN (hack/images.sh operator builds it)" >&2; exit 1; }
+STATE=${SANDBOXRUN_TEST_STATE:-$REPO/.k8s-local}
+[ -s "$STATE/images/sandboxrun-operator.ref" ] || { echo "no operator image: hack/images.sh operator" >&2; exit 1; }
+HOLDER=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/sandboxrun-operator.ref")
+IMAGE=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/busybox.ref")
+# shellcheck source=hack/lib.sh
+. hack/lib.sh
+bed_defaults
+PY=$(python_client_venv)/bin/python
+[ -x "$PY" ] || { echo "no Python client venv ($PY): make test builds it" >&2; exit 1; }
+# shellcheck source=bench/lib.sh
+. "$REPO/bench/lib.sh"
+for crd in sandboxruns sandboxruntemplates sandboxrunpools; do
+  kubectl apply --server-side --force-conflicts -f "crds/$crd.sandbox.iterion.io.yaml" >/dev/null
+  kubectl wait --for condition=established --timeout=60s "crd/$crd.sandbox.iterion.io" >/dev/null
+done
+NS=bench-warm-$$
+WORK=$STATE/paths/bench-warm-$$
+mkdir -p "$WORK/store"
+OP_PID=
+AS_PID=
+stop_all() {
+  if [ -n "$AS_PID" ] && kill -0 "$AS_PID" 2>/dev/null; then kill "$AS_PID"; wait "$AS_PID" 2>/dev/null || true; fi
+  stop_namespace_and_operator
+}
+trap stop_all EXIT
+kubectl create namespace "$NS" >/dev/null
+port=$(free_port)
+"$OPERATOR_BIN" run --namespaces "$NS" --store-url "file://$WORK/store" --metrics-addr "127.0.0.1:$port" \
+  --webhook-addr '' --settings-configmap '' --holder-image "$HOLDER" \
+  --holder-binary /usr/local/bin/sandboxrun-operator --warm-pools \
+  --unadmitted-references trust >"$WORK/operator.log" 2>&1 &
+OP_PID=$!
+echo "operator: $OPERATOR_BIN (pid $OP_PID); workload image $IMAGE; pool of $POOL"
+PEER=()
+if [ -n "${AGENT_SANDBOX:-}" ]; then
+  AS_DIR=$(hack/build-tools.sh agent-sandbox | tail -n 1)
+  kubectl apply --server-side --force-conflicts -f "$AS_DIR/crds/" >/dev/null
+  kubectl wait --for condition=established --timeout=60s -f "$AS_DIR/crds/" >/dev/null
+  "$AS_DIR/bin/agent-sandbox-controller" --kubeconfig "$KUBECONFIG" --extensions --leader-elect=false \
+    --metrics-bind-address "127.0.0.1:$(free_port)" --health-probe-bind-address "127.0.0.1:$(free_port)" \
+    >"$WORK/agent-sandbox.log" 2>&1 &
+  AS_PID=$!
+  echo "agent-sandbox: $AS_DIR/bin/agent-sandbox-controller (pid $AS_PID)"
+  PEER=(agent-sandbox)
+fi
+"$PY" bench/warm_start.py "$NS" "$SAMPLES" "$IMAGE" "$POOL" "${PEER[@]}"
+kubectl delete sbrp --all -n "$NS" --wait=false >/dev/null 2>&1 || true
