@@ -45,6 +45,9 @@ mkdir -p "$WORK/store"
 OP_PID=
 AS_PID=
 stop_all() {
+  # The logs outlive the run, for a failed sample's story.
+  cp "$WORK/operator.log" "${TMPDIR:-/tmp}/warm_start-operator.log" 2>/dev/null || true
+  cp "$WORK/agent-sandbox.log" "${TMPDIR:-/tmp}/warm_start-agent-sandbox.log" 2>/dev/null || true
   if [ -n "$AS_PID" ] && kill -0 "$AS_PID" 2>/dev/null; then kill "$AS_PID"; wait "$AS_PID" 2>/dev/null || true; fi
   stop_namespace_and_operator
 }

@@ -81,6 +81,13 @@ pub(super) async fn through_pool(
         .iter()
         .find(|p| p.labels().get(CLAIMED_BY_LABEL) == Some(&uid));
     if let Some(pod) = mine {
+        // Most often the watch cache's copy of the run lags behind the claim this replica
+        // recorded: the live run says whether the claim still needs finishing.
+        let name = run.name_any();
+        let live = super::observe::live_run(&ctx.client, &ns, &name).await?;
+        if live.is_some_and(|r| r.status.is_some_and(|s| s.warm_start.is_some())) {
+            return Ok(Warm::Done(Requeue::After(SOON)));
+        }
         return started(ctx, run, &pool_name, pod, (&cold, true), now).await;
     }
     if let Err(why) = crate::pool::compat::compatible(&own.spec) {
@@ -92,7 +99,7 @@ pub(super) async fn through_pool(
         .as_ref()
         .and_then(|s| s.template_hash.clone())
         .unwrap_or_default();
-    let Some(pick) = crate::pool::plan::pick_for_claim(&hash, &views) else {
+    let Some(pick) = crate::pool::plan::pick_for_claim(&hash, &views, &uid) else {
         return cold_start(
             ctx,
             run,
@@ -166,7 +173,10 @@ async fn started(
     let ns = run.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let name = pod.name_any();
-    if let Err(why) = deliver(&pods, &name, &message, resumed).await {
+    let delivered = deliver(&pods, &name, &message, resumed).await;
+    // A resumed claim whose delivery fails (the workload ran and ended, or the pod is going) is
+    // still this run's pod: its tracking says what became of it. Only a fresh claim goes cold.
+    if let (Err(why), false) = (delivered, resumed) {
         warn!(run = %run.name_any(), pod = %name, %why, "the pool pod's launcher did not take the start; starting cold");
         let _ = pods.delete(&name, &DeleteParams::default()).await;
         return cold_start(

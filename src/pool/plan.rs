@@ -53,12 +53,23 @@ pub fn plan(replicas: usize, current_hash: &str, pods: &[PoolPod]) -> PoolPlan {
     }
 }
 
-/// The pod a claim should take: a ready, unclaimed pod of the current hash, the oldest name first
-/// (deterministic, so two claims racing aim at the same pod and the precondition decides).
-pub fn pick_for_claim<'a>(current_hash: &str, pods: &'a [PoolPod]) -> Option<&'a PoolPod> {
-    pods.iter()
+/// The pod a claim by the run `key` (its uid) should take: a ready, unclaimed pod of the current
+/// hash, the one `key` hashes to among them by name, so runs claiming at once spread over the
+/// pool instead of all aiming at one pod (the claim's precondition still decides a collision,
+/// and the loser picks again).
+pub fn pick_for_claim<'a>(
+    current_hash: &str,
+    pods: &'a [PoolPod],
+    key: &str,
+) -> Option<&'a PoolPod> {
+    let mut ready: Vec<&PoolPod> = pods
+        .iter()
         .filter(|p| p.ready && !p.claimed && !p.deleting && p.template_hash == current_hash)
-        .min_by(|a, b| a.name.cmp(&b.name))
+        .collect();
+    ready.sort_by(|a, b| a.name.cmp(&b.name));
+    let spread = u32::from_str_radix(&crate::names::short_hash(key), 16).unwrap_or(0);
+    let at = usize::try_from(spread).unwrap_or(0) % ready.len().max(1);
+    ready.get(at).copied()
 }
 
 #[cfg(test)]
@@ -132,10 +143,20 @@ mod tests {
             pod("e", "h", false, true),
             pod("d", "h", false, true),
         ];
-        assert_eq!(
-            pick_for_claim("h", &pods).map(|p| p.name.as_str()),
-            Some("d")
-        );
-        assert_eq!(pick_for_claim("h", &pods[..3]), None);
+        // Only d and e qualify, whatever the run.
+        for key in ["run-a", "run-b", "run-c"] {
+            let picked = pick_for_claim("h", &pods, key).map(|p| p.name.as_str());
+            assert!(matches!(picked, Some("d" | "e")), "{key}: {picked:?}");
+        }
+        assert_eq!(pick_for_claim("h", &pods[..3], "run-a"), None);
+        // Runs claiming at once spread over the ready pods.
+        let many: Vec<PoolPod> = (0..8)
+            .map(|i| pod(&format!("p{i}"), "h", false, true))
+            .collect();
+        let picked: std::collections::BTreeSet<&str> = (0..32)
+            .filter_map(|i| pick_for_claim("h", &many, &format!("uid-{i}")))
+            .map(|p| p.name.as_str())
+            .collect();
+        assert!(picked.len() >= 4, "{picked:?}");
     }
 }
