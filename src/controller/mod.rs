@@ -32,6 +32,7 @@ pub(crate) mod observe;
 mod pipeline;
 pub(crate) mod plan;
 pub(crate) mod pools;
+mod prepare;
 pub(crate) mod refusals;
 pub(crate) mod retention;
 pub(crate) mod retry;

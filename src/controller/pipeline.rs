@@ -16,7 +16,7 @@ use super::drive;
 use super::error::ControllerError;
 use super::observe::{self, Observation, Observed};
 use super::plan::{self, Inputs, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN};
-use super::{checkpoint_job, kueue_gate, teardown_job, warm};
+use super::{checkpoint_job, kueue_gate, prepare, teardown_job, warm};
 use crate::api::SandboxRun;
 use crate::egress::verdict::verdict;
 
@@ -328,7 +328,7 @@ async fn create_pod(
     now: Timestamp,
 ) -> Result<Requeue, ControllerError> {
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
-    if let Some(message) = store_unusable(ctx, run).await? {
+    if let Some(message) = prepare::store_unusable(ctx, run).await? {
         let plan = plan::store_unusable(run, &message, now);
         return drive::carry_out(ctx, run, &pod_name, None, plan, now).await;
     }
@@ -349,7 +349,7 @@ async fn create_pod(
             warn!(run = %run.name_any(), %message, "image does not resolve; the run fails");
         }
     }
-    let pod = namespace_default(ctx, run, pod).await?;
+    let pod = prepare::namespace_default(ctx, run, pod).await?;
     let plan = plan::create(run, pod, preflight, verdict(run, &ctx.pod.egress), now);
     let plan = if resolved {
         plan::recording_template(plan, run)
@@ -357,56 +357,6 @@ async fn create_pod(
         plan
     };
     drive::carry_out(ctx, run, &pod_name, None, plan, now).await
-}
-
-/// Why the run's store cannot be used, before its pod is created (docs/contract.md "A store
-/// per namespace"): only with tenant stores on and paths to drain; a read that may pass is an
-/// error (retried), never a verdict.
-async fn store_unusable(
-    ctx: &Context,
-    run: &SandboxRun,
-) -> Result<Option<String>, ControllerError> {
-    if !ctx.tenant_stores.enabled() || run.spec.read_back_paths().is_empty() {
-        return Ok(None);
-    }
-    match ctx.run_store(run).await {
-        Ok(_) => Ok(None),
-        Err(crate::store::tenant::TenantStoreError::Transient {
-            kind,
-            namespace,
-            name,
-            source,
-        }) => Err(ControllerError::Kube {
-            action: format!("read the store {kind} {namespace}/{name}"),
-            source: *source,
-        }),
-        Err(error) => {
-            warn!(run = %run.name_any(), %error, "the run's store cannot be used; its pod is not created");
-            Ok(Some(error.to_string()))
-        }
-    }
-}
-
-/// The pod with its namespace policies' default runtime class when the run names none: the
-/// namespace's labels are read only when a policy gives a default (docs/contract.md "The
-/// platform's namespace policies"). A namespace that cannot be read is an error (the reconcile
-/// is retried): the pod is never created without the default its policy sets.
-async fn namespace_default(
-    ctx: &Context,
-    run: &SandboxRun,
-    pod: Pod,
-) -> Result<Pod, ControllerError> {
-    let policies = &ctx.pod.namespace_policies;
-    if run.spec.runtime_class_name.is_some()
-        || !crate::admission::namespace_policy::gives_defaults(policies)
-    {
-        return Ok(pod);
-    }
-    let namespace = run.namespace().unwrap_or_default();
-    let labels = observe::namespace_labels(&ctx.client, &namespace).await?;
-    Ok(crate::pod::with_namespace_default(
-        pod, run, &labels, policies,
-    ))
 }
 
 /// Reports the run's undrained paths lost, on the live run (see [`decide::pod_lost_holds`]) and

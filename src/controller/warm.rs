@@ -73,9 +73,8 @@ pub(super) async fn through_pool(
     let pool_name = pool.name_any();
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let uid = run.uid().unwrap_or_default();
-    let cold = match plan::plan_step(Step::CreatePod, inputs) {
-        StepPlan::CreatePod(pod) => *pod,
-        _ => return Ok(Warm::Go(step)),
+    let Some(cold) = cold_pod(ctx, run, inputs).await? else {
+        return Ok(Warm::Go(step));
     };
     let mine = pods
         .iter()
@@ -90,41 +89,72 @@ pub(super) async fn through_pool(
         }
         return started(ctx, run, &pool_name, pod, (&cold, true), now).await;
     }
-    if let Err(why) = crate::pool::compat::compatible(&own.spec) {
-        return cold_start(ctx, run, &pool_name, why.to_string(), now).await;
-    }
-    let views: Vec<_> = pods.iter().map(pool_pod::view_of).collect();
-    let hash = pool
-        .status
-        .as_ref()
-        .and_then(|s| s.template_hash.clone())
-        .unwrap_or_default();
-    let Some(pick) = crate::pool::plan::pick_for_claim(&hash, &views, &uid) else {
-        return cold_start(
-            ctx,
-            run,
-            &pool_name,
-            "the pool had no ready pod".into(),
-            now,
-        )
-        .await;
-    };
-    let Some(pod) = pods.iter().find(|p| p.name_any() == pick.name) else {
-        return Ok(Warm::Go(step));
+    let pod = match choose(ctx, (&own.spec, &cold), &pool, &pods, &uid) {
+        Ok(pod) => pod,
+        Err(why) => return cold_start(ctx, run, &pool_name, why, now).await,
     };
     let patch = pool_pod::claim_patch(&cold, &uid, &pod.resource_version().unwrap_or_default());
+    let name = pod.name_any();
     match pods_api
-        .patch(&pick.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
         Ok(claimed) => {
-            info!(run = %run.name_any(), pod = %pick.name, pool = %pool_name, "took a warm pool pod");
+            info!(run = %run.name_any(), pod = %name, pool = %pool_name, "took a warm pool pod");
             started(ctx, run, &pool_name, &claimed, (&cold, false), now).await
         }
         // Another run took it first: pick again.
         Err(kube::Error::Api(ae)) if ae.code == 409 => Ok(Warm::Done(Requeue::After(SOON))),
-        Err(e) => Err(kube_err(format!("claim pool pod {}", pick.name))(e)),
+        Err(e) => Err(kube_err(format!("claim pool pod {name}"))(e)),
     }
+}
+
+/// The pool pod the run takes, or why it starts cold: its own spec sets only what the launcher
+/// delivers; the pod it would get (`cold`), parked, has the pool pods' shape (the pool's hash:
+/// its namespace's default runtime class, say, would change it); a ready pod is there.
+fn choose<'a>(
+    ctx: &Context,
+    (own, cold): (&crate::api::SandboxRunSpec, &Pod),
+    pool: &SandboxRunPool,
+    pods: &'a [Pod],
+    uid: &str,
+) -> Result<&'a Pod, String> {
+    crate::pool::compat::compatible(own).map_err(|why| why.to_string())?;
+    let hash = crate::pool::park::park_in_launcher(cold.clone(), &ctx.pod)
+        .map(|parked| pool_pod::template_hash(&parked))
+        .unwrap_or_default();
+    let current = pool
+        .status
+        .as_ref()
+        .and_then(|s| s.template_hash.as_deref());
+    if current != Some(hash.as_str()) {
+        return Err("the pool's pods are not the pod this run gets (its namespace's defaults, or the pool is rolling out)".into());
+    }
+    let views: Vec<_> = pods.iter().map(pool_pod::view_of).collect();
+    let pick = crate::pool::plan::pick_for_claim(&hash, &views, uid)
+        .ok_or_else(|| "the pool had no ready pod".to_string())?;
+    pods.iter()
+        .find(|p| p.name_any() == pick.name)
+        .ok_or_else(|| "the pool had no ready pod".to_string())
+}
+
+/// The pod the run would get cold, as the cold path makes it (its rules passed, its namespace's
+/// default runtime class); None when the cold path would not create one now (a refusal, a store
+/// it cannot use: the cold path says so).
+async fn cold_pod(
+    ctx: &Context,
+    run: &SandboxRun,
+    inputs: &Inputs<'_>,
+) -> Result<Option<Pod>, ControllerError> {
+    let StepPlan::CreatePod(cold) = plan::plan_step(Step::CreatePod, inputs) else {
+        return Ok(None);
+    };
+    if super::prepare::store_unusable(ctx, run).await?.is_some() {
+        return Ok(None);
+    }
+    Ok(Some(
+        super::prepare::namespace_default(ctx, run, *cold).await?,
+    ))
 }
 
 /// The pool of `reference` in `ns` and its pods, when there is one.

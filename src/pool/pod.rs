@@ -90,10 +90,23 @@ pub fn pool_pod(
     Ok((pod, hash))
 }
 
-/// The hash of a parked pod's spec: its template version.
-fn template_hash(pod: &Pod) -> String {
-    let spec = serde_json::to_string(&pod.spec).unwrap_or_default();
-    crate::names::short_hash(&spec)
+/// The hash of a parked pod's spec, its **shape**: everything but what the launcher delivers at
+/// claim time (the workload's command, args and plain env values; a value taken from a field or
+/// a Secret stays in). A pool pod's is its template version; a run's cold pod, parked, must have
+/// the same to take a pool pod (its namespace's default runtime class, say, would change it).
+pub fn template_hash(pod: &Pod) -> String {
+    let mut spec = pod.spec.clone().unwrap_or_default();
+    for c in spec
+        .containers
+        .iter_mut()
+        .filter(|c| c.name == WORKLOAD_CONTAINER)
+    {
+        c.args = None;
+        if let Some(env) = c.env.as_mut() {
+            env.retain(|e| e.value_from.is_some());
+        }
+    }
+    crate::names::short_hash(&serde_json::to_string(&spec).unwrap_or_default())
 }
 
 /// A label value for `name` (≤ 63 characters: longer names are cut and hashed).
@@ -235,7 +248,8 @@ mod tests {
             workload.command.as_deref().unwrap()[0],
             super::super::park::launcher_path()
         );
-        // Same template, same hash; another template version, another hash.
+        // Same template, same hash; another template version, another hash; an env value is not
+        // the pod's shape (the launcher delivers it), the runtime class is.
         let (again, same) = pool_pod(&pool, &stand_in(&pool, made()), &settings, "other").unwrap();
         assert_eq!(same, hash);
         assert_ne!(again.name_any(), name);
@@ -243,6 +257,18 @@ mod tests {
         changed.image = Some("busybox:2".into());
         let (_, other) = pool_pod(&pool, &stand_in(&pool, changed), &settings, "a").unwrap();
         assert_ne!(other, hash);
+        let mut env = made();
+        env.env = vec![crate::api::EnvVar {
+            name: "VERSION".into(),
+            value: "2".into(),
+            value_from: None,
+        }];
+        let (_, with_env) = pool_pod(&pool, &stand_in(&pool, env), &settings, "a").unwrap();
+        assert_eq!(with_env, hash, "env values are delivered, not built in");
+        let mut kata = made();
+        kata.runtime_class_name = Some("kata".into());
+        let (_, isolated) = pool_pod(&pool, &stand_in(&pool, kata), &settings, "a").unwrap();
+        assert_ne!(isolated, hash, "a runtime class is the pod's shape");
         // A template whose runs restrict egress is not pooled.
         let mut filtered = made();
         filtered.network = Some(crate::api::NetworkPolicy {

@@ -3289,7 +3289,8 @@ async fn pool_pods(client: &Client, ns: &str, pool: &str) -> Vec<(String, String
 ///   template's user, its file is drained, it Succeeds; the pod was claimed (owned by the run)
 ///   and the pool makes another;
 /// - a run that sets a field that changes the pod (`resources`) starts cold and says why;
-/// - the template changed: the pool replaces its unclaimed pods with the new version's.
+/// - the template changed the pod (its resources): the pool replaces its unclaimed pods with the
+///   new version's.
 #[tokio::test]
 async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_change() {
     use sandboxrun_operator::api::{
@@ -3426,8 +3427,9 @@ async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_chan
     );
     assert_eq!(status.pod_name.as_deref(), Some("cold-sbr"), "{status:?}");
 
-    // The template changes: the unclaimed pods are replaced by the new version's.
-    let bump = json!({"spec": {"template": {"env": [{"name": "VERSION", "value": "2"}]}}});
+    // The template changes the pod (its resources): the unclaimed pods are replaced by the new
+    // version's. (An env value is not the pod's shape: the launcher delivers it at claim time.)
+    let bump = json!({"spec": {"template": {"resources": {"requests": {"cpu": "15m"}}}}});
     templates
         .patch("agent", &PatchParams::default(), &Patch::Merge(&bump))
         .await
