@@ -468,6 +468,23 @@ pub(crate) async fn workload(
     Ok(found.and_then(|w| serde_json::to_value(w).ok()))
 }
 
+/// The ResourceFlavor `name` (Kueue admitted a run's Workload to it), as JSON; a flavor that is
+/// gone is an empty one.
+pub(crate) async fn resource_flavor(
+    client: &Client,
+    name: &str,
+) -> Result<serde_json::Value, ControllerError> {
+    let api: Api<kube::api::DynamicObject> =
+        Api::all_with(client.clone(), &crate::kueue::flavor_resource());
+    let found = api
+        .get_opt(name)
+        .await
+        .map_err(kube_err(format!("get ResourceFlavor {name}")))?;
+    Ok(found
+        .and_then(|f| serde_json::to_value(f).ok())
+        .unwrap_or_default())
+}
+
 /// The WorkloadPriorityClass `name` a queued run names: its value; None when there is none
 /// (the Workload then has no priority, as Kueue's own jobs without a class).
 pub(crate) async fn workload_priority(

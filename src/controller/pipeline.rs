@@ -350,6 +350,7 @@ async fn create_pod(
         }
     }
     let pod = prepare::namespace_default(ctx, run, pod).await?;
+    let pod = prepare::kueue_flavors(ctx, run, pod).await?;
     let plan = plan::create(run, pod, preflight, verdict(run, &ctx.pod.egress), now);
     let plan = if resolved {
         plan::recording_template(plan, run)

@@ -11,6 +11,28 @@ use super::error::ControllerError;
 use super::observe;
 use crate::api::SandboxRun;
 
+/// The pod of a run Kueue admitted, placed on its admitted flavors (their nodeLabels and
+/// tolerations, as Kueue does for its own jobs: docs/user-guide.md "Queueing with Kueue"); any
+/// other run's pod as it is. A flavor that cannot be read is an error (retried): the pod is never
+/// created off its flavor.
+pub(super) async fn kueue_flavors(
+    ctx: &Context,
+    run: &SandboxRun,
+    pod: Pod,
+) -> Result<Pod, ControllerError> {
+    if !ctx.kueue || crate::kueue::queue_of(run).is_none() {
+        return Ok(pod);
+    }
+    let Some(workload) = observe::workload(&ctx.client, run).await? else {
+        return Ok(pod);
+    };
+    let mut flavors = Vec::new();
+    for name in crate::kueue::admitted_flavors(&workload) {
+        flavors.push(observe::resource_flavor(&ctx.client, &name).await?);
+    }
+    Ok(crate::kueue::with_flavors(pod, &flavors))
+}
+
 /// Why the run's store cannot be used, before its pod is created (docs/contract.md "A store
 /// per namespace"): only with tenant stores on and paths to drain; a read that may pass is an
 /// error (retried), never a verdict.

@@ -52,6 +52,64 @@ pub fn priority_class_resource() -> ApiResource {
     }
 }
 
+/// The ResourceFlavor resource (cluster-scoped).
+pub fn flavor_resource() -> ApiResource {
+    ApiResource {
+        group: GROUP.to_string(),
+        version: VERSION.to_string(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: "ResourceFlavor".to_string(),
+        plural: "resourceflavors".to_string(),
+    }
+}
+
+/// The ResourceFlavors an admitted Workload's pod set was given, each once, in order.
+pub fn admitted_flavors(workload: &Value) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    let sets = workload["status"]["admission"]["podSetAssignments"].as_array();
+    for set in sets.into_iter().flatten() {
+        for name in set["flavors"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(_, v)| v.as_str())
+        {
+            if !names.iter().any(|n| n == name) {
+                names.push(name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// `pod` as Kueue makes its own jobs' pods on admission: each admitted flavor's `nodeLabels`
+/// added to its nodeSelector (the flavor's value wins: Kueue assigned the flavor knowing the
+/// pod's own selector) and its `tolerations` added.
+pub fn with_flavors(mut pod: Pod, flavors: &[Value]) -> Pod {
+    let Some(spec) = pod.spec.as_mut() else {
+        return pod;
+    };
+    for flavor in flavors {
+        let labels = flavor["spec"]["nodeLabels"].as_object();
+        for (k, v) in labels.into_iter().flatten() {
+            if let Some(v) = v.as_str() {
+                spec.node_selector
+                    .get_or_insert_with(Default::default)
+                    .insert(k.clone(), v.to_string());
+            }
+        }
+        let tolerations: Vec<k8s_openapi::api::core::v1::Toleration> =
+            serde_json::from_value(flavor["spec"]["tolerations"].clone()).unwrap_or_default();
+        for t in tolerations {
+            let list = spec.tolerations.get_or_insert_with(Vec::new);
+            if !list.contains(&t) {
+                list.push(t);
+            }
+        }
+    }
+    pod
+}
+
 /// The LocalQueue a run asks for, when it is labelled with one.
 pub fn queue_of(run: &SandboxRun) -> Option<&str> {
     run.labels()
@@ -374,6 +432,26 @@ mod tests {
         let mut unlabelled = run();
         unlabelled.metadata.labels = None;
         assert_eq!(queue_of(&unlabelled), None);
+    }
+
+    #[test]
+    fn an_admitted_flavors_node_labels_and_tolerations_land_on_the_pod() {
+        let admitted = json!({"status": {"admission": {"clusterQueue": "cq", "podSetAssignments": [
+            {"name": "main", "flavors": {"cpu": "spot", "memory": "spot"}}]}}});
+        assert_eq!(admitted_flavors(&admitted), ["spot"]);
+        assert!(admitted_flavors(&json!({})).is_empty());
+        let spot = json!({"spec": {
+            "nodeLabels": {"pool": "spot", "sandbox.iterion.io/real-node": "true"},
+            "tolerations": [{"key": "spot", "operator": "Exists", "effect": "NoSchedule"}]}});
+        let mut p = pod();
+        p.spec.as_mut().unwrap().node_selector =
+            Some([("pool".to_string(), "any".to_string())].into());
+        let placed = with_flavors(p, &[spot.clone(), spot]);
+        let spec = placed.spec.unwrap();
+        let selector = spec.node_selector.unwrap();
+        assert_eq!(selector["pool"], "spot");
+        assert_eq!(selector["sandbox.iterion.io/real-node"], "true");
+        assert_eq!(spec.tolerations.unwrap().len(), 1, "a toleration once");
     }
 
     #[test]

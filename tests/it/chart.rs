@@ -433,7 +433,7 @@ fn kueue_is_a_chart_value_that_brings_its_workload_rules() {
     assert!(!rules.contains("workloadpriorityclasses"), "{rules}");
     assert!(
         on.contains("  name: demo-sandboxrun-operator-kueue-priorities")
-            && on.contains("resources: [workloadpriorityclasses]\n    verbs: [get]")
+            && on.contains("resources: [workloadpriorityclasses, resourceflavors]\n    verbs: [get]")
             && on.contains("kind: ClusterRoleBinding\nmetadata:\n  name: demo-sandboxrun-operator-kueue-priorities"),
         "{on}"
     );

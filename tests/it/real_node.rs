@@ -3018,7 +3018,9 @@ async fn kueue_queue(
         (
             ar("ResourceFlavor", "resourceflavors"),
             None,
-            json!({"metadata": {"name": format!("{tag}-flavor")}, "spec": {}}),
+            // Its node label is the real node's own: Kueue's placement lands on the pod.
+            json!({"metadata": {"name": format!("{tag}-flavor")},
+                "spec": {"nodeLabels": {"kubernetes.io/hostname": "real-node-0"}}}),
         ),
         (
             ar("ClusterQueue", "clusterqueues"),
@@ -3128,15 +3130,24 @@ async fn runs_queue_through_real_kueue_and_a_preempted_run_is_drained_and_retrie
     for i in 1..=6 {
         submit(format!("q{i}"), queued(script, None)).await;
     }
-    let (mut most, mut saw_queued) = (0usize, false);
+    let (mut most, mut saw_queued, mut placed) = (0usize, false, false);
     let deadline = Instant::now() + Duration::from_secs(300);
     loop {
-        let live = pods
+        let listed = pods
             .list(&ListParams::default())
             .await
             .expect("list pods")
-            .items
-            .into_iter()
+            .items;
+        placed |= listed.iter().any(|p| {
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_selector.as_ref())
+                .is_some_and(|s| {
+                    s.get("kubernetes.io/hostname").map(String::as_str) == Some("real-node-0")
+                })
+        });
+        let live = listed
+            .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
             .count();
         most = most.max(live);
@@ -3173,6 +3184,7 @@ async fn runs_queue_through_real_kueue_and_a_preempted_run_is_drained_and_retrie
     }
     assert!(most <= 2, "at most two pods at once, saw {most}");
     assert!(saw_queued, "a run waited in the queue with Kueue's reason");
+    assert!(placed, "the admitted flavor's node label is on the pods");
     for i in 1..=6 {
         let name = format!("q{i}");
         let run = runs.get(&name).await.expect("run");
