@@ -66,11 +66,11 @@ def _agent_template(env: dict[str, str], namespace: str) -> None:
     bed.kubectl(env, "apply", "-f", "-", stdin=json.dumps(template))
 
 
-def _bed(env: dict[str, str], prefix: str, wrong_secret: bool) -> Iterator[Bed]:
+def _bed(env: dict[str, str], prefix: str, wrong_secret: bool, extra: tuple[str, ...] = ()) -> Iterator[Bed]:
     s3 = bed.S3.of(env)
     namespace = bed.restricted_namespace(env, prefix)
     store_url = f"s3://{s3.bucket}/{bed.unique('pyclient')}"
-    flags = s3.options("not-the-secret" if wrong_secret else None)
+    flags = s3.options("not-the-secret" if wrong_secret else None) + list(extra)
     operator = bed.Operator(env, namespace, store_url, flags)
     try:
         _agent_template(env, namespace)
@@ -106,6 +106,12 @@ def _purge(s3: bed.S3, store_url: str) -> None:
 def good(env: dict[str, str]) -> Iterator[Bed]:
     """An operator storing into the bed's S3 server with its credentials."""
     yield from _bed(env, "py-client", wrong_secret=False)
+
+
+@pytest.fixture(scope="session")
+def warm(env: dict[str, str]) -> Iterator[Bed]:
+    """An operator serving warm pools (``--warm-pools``), storing into the bed's S3 server."""
+    yield from _bed(env, "py-warm", wrong_secret=False, extra=("--warm-pools",))
 
 
 @pytest.fixture(scope="session")
