@@ -30,6 +30,25 @@ impl ControllerError {
     }
 }
 
+/// What a tenant store that cannot be had means to a reconcile: a read that may pass (the
+/// apiserver unreachable or failing) is an error, retried; anything else is a verdict, in words.
+pub(crate) fn store_verdict(
+    error: crate::store::tenant::TenantStoreError,
+) -> Result<String, ControllerError> {
+    match error {
+        crate::store::tenant::TenantStoreError::Transient {
+            kind,
+            namespace,
+            name,
+            source,
+        } => Err(ControllerError::Kube {
+            action: format!("read the store {kind} {namespace}/{name}"),
+            source: *source,
+        }),
+        verdict => Ok(verdict.to_string()),
+    }
+}
+
 /// Wraps a client error with what was being done.
 pub(crate) fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> ControllerError {
     let action = action.into();

@@ -74,24 +74,18 @@ pub(crate) async fn run(
 ) {
     let client = ctx.client.clone();
     let workload = crate::kueue::workload_resource();
-    let scopes: Vec<(Api<SandboxRun>, Api<Pod>, Api<DynamicObject>)> = if namespaces.is_empty() {
-        vec![(
-            Api::all(client.clone()),
-            Api::all(client.clone()),
-            Api::all_with(client.clone(), &workload),
-        )]
-    } else {
-        namespaces
-            .iter()
-            .map(|ns| {
-                (
-                    Api::namespaced(client.clone(), ns),
-                    Api::namespaced(client.clone(), ns),
-                    Api::namespaced_with(client.clone(), ns, &workload),
-                )
-            })
-            .collect()
-    };
+    let scopes = scopes(&namespaces).into_iter().map(|ns| match ns {
+        None => (
+            Api::<SandboxRun>::all(client.clone()),
+            Api::<Pod>::all(client.clone()),
+            Api::<DynamicObject>::all_with(client.clone(), &workload),
+        ),
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced_with(client.clone(), ns, &workload),
+        ),
+    });
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     spawn_queue_gauge(Arc::downgrade(&ctx));
     let mut streams = Vec::new();
@@ -134,6 +128,16 @@ pub(crate) async fn run(
         streams.push(stream);
     }
     futures::future::join_all(streams).await;
+}
+
+/// Where a controller watches: every namespace (None) when `namespaces` is empty, else each of
+/// them (`run --namespaces`).
+pub(crate) fn scopes(namespaces: &[String]) -> Vec<Option<&str>> {
+    if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().map(|ns| Some(ns.as_str())).collect()
+    }
 }
 
 /// The runs' watch events: every run, or with sharding only the runs labelled with the shards

@@ -32,19 +32,16 @@ pub(crate) async fn run(
     shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let client = ctx.client.clone();
-    let scopes: Vec<(Api<SandboxRunPool>, Api<Pod>)> = if namespaces.is_empty() {
-        vec![(Api::all(client.clone()), Api::all(client.clone()))]
-    } else {
-        namespaces
-            .iter()
-            .map(|ns| {
-                (
-                    Api::namespaced(client.clone(), ns),
-                    Api::namespaced(client.clone(), ns),
-                )
-            })
-            .collect()
-    };
+    let scopes = super::scopes(&namespaces).into_iter().map(|ns| match ns {
+        None => (
+            Api::<SandboxRunPool>::all(client.clone()),
+            Api::<Pod>::all(client.clone()),
+        ),
+        Some(ns) => (
+            Api::namespaced(client.clone(), ns),
+            Api::namespaced(client.clone(), ns),
+        ),
+    });
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let mut streams = Vec::new();
     for (pools, pods) in scopes {

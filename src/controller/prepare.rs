@@ -43,22 +43,12 @@ pub(super) async fn store_unusable(
     if !ctx.tenant_stores.enabled() || run.spec.read_back_paths().is_empty() {
         return Ok(None);
     }
-    match ctx.run_store(run).await {
-        Ok(_) => Ok(None),
-        Err(crate::store::tenant::TenantStoreError::Transient {
-            kind,
-            namespace,
-            name,
-            source,
-        }) => Err(ControllerError::Kube {
-            action: format!("read the store {kind} {namespace}/{name}"),
-            source: *source,
-        }),
-        Err(error) => {
-            warn!(run = %run.name_any(), %error, "the run's store cannot be used; its pod is not created");
-            Ok(Some(error.to_string()))
-        }
-    }
+    let Err(error) = ctx.run_store(run).await else {
+        return Ok(None);
+    };
+    let why = super::error::store_verdict(error)?;
+    warn!(run = %run.name_any(), error = %why, "the run's store cannot be used; its pod is not created");
+    Ok(Some(why))
 }
 
 /// The pod with its namespace policies' default runtime class when the run names none: the

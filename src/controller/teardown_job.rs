@@ -22,7 +22,6 @@ use super::plan::{self, TeardownPlan, TeardownProgress};
 use crate::api::{ReadBackStatus, SandboxRun};
 use crate::pod;
 use crate::shard::drain_claim::{Claim, DrainHold};
-use crate::store::tenant::TenantStoreError;
 use crate::store::tenant_read::RunStore;
 
 /// Starts the run's teardown in the drain pool, unless one is in flight. The teardown waits for
@@ -124,18 +123,10 @@ pub(super) async fn teardown_store(
     }
     match ctx.run_store(run).await {
         Ok(store) => Ok(Ok(store)),
-        Err(TenantStoreError::Transient {
-            kind,
-            namespace,
-            name,
-            source,
-        }) => Err(ControllerError::Kube {
-            action: format!("read the store {kind} {namespace}/{name}"),
-            source: *source,
-        }),
         Err(error) => {
-            warn!(run = %run.name_any(), namespace = ?run.namespace(), %error, "the run's store cannot be used; its drains fail");
-            Ok(Err(error.to_string()))
+            let why = super::error::store_verdict(error)?;
+            warn!(run = %run.name_any(), namespace = ?run.namespace(), error = %why, "the run's store cannot be used; its drains fail");
+            Ok(Err(why))
         }
     }
 }

@@ -30,37 +30,30 @@ pub const VERSION: &str = "v1beta2";
 /// The one pod set of a run's Workload.
 pub const POD_SET: &str = "main";
 
-/// The Workload resource.
-pub fn workload_resource() -> ApiResource {
+/// One of Kueue's resources, of [`VERSION`].
+fn resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource {
         group: GROUP.to_string(),
         version: VERSION.to_string(),
         api_version: format!("{GROUP}/{VERSION}"),
-        kind: "Workload".to_string(),
-        plural: "workloads".to_string(),
+        kind: kind.to_string(),
+        plural: plural.to_string(),
     }
+}
+
+/// The Workload resource.
+pub fn workload_resource() -> ApiResource {
+    resource("Workload", "workloads")
 }
 
 /// The WorkloadPriorityClass resource (cluster-scoped).
 pub fn priority_class_resource() -> ApiResource {
-    ApiResource {
-        group: GROUP.to_string(),
-        version: VERSION.to_string(),
-        api_version: format!("{GROUP}/{VERSION}"),
-        kind: "WorkloadPriorityClass".to_string(),
-        plural: "workloadpriorityclasses".to_string(),
-    }
+    resource("WorkloadPriorityClass", "workloadpriorityclasses")
 }
 
 /// The ResourceFlavor resource (cluster-scoped).
 pub fn flavor_resource() -> ApiResource {
-    ApiResource {
-        group: GROUP.to_string(),
-        version: VERSION.to_string(),
-        api_version: format!("{GROUP}/{VERSION}"),
-        kind: "ResourceFlavor".to_string(),
-        plural: "resourceflavors".to_string(),
-    }
+    resource("ResourceFlavor", "resourceflavors")
 }
 
 /// The ResourceFlavors an admitted Workload's pod set was given, each once, in order.
