@@ -1,7 +1,7 @@
-//! `sandboxrun-operator launch` and `launch-deliver`: a warm pool pod's workload starts parked in
-//! `launch`, which waits for one start message and `exec`s the run's command
-//! (`crate::inpod::launch`); the operator execs `launch-deliver` in that container at claim time
-//! with the message on stdin.
+//! `sandboxrun-operator launch` and `launch-status`: a warm pool pod's workload starts parked in
+//! `launch`, which reads one start message from its stdin (the operator attaches to it at claim
+//! time) and `exec`s the run's command (`crate::inpod::launch`); `launch-status` prints what the
+//! launcher did with the pod's one start.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -10,10 +10,10 @@ use clap::Args;
 
 use crate::inpod::launch;
 
-/// Arguments of `launch` and `launch-deliver`.
+/// Arguments of `launch` and `launch-status`.
 #[derive(Args, Debug)]
 pub(crate) struct LaunchArgs {
-    /// The operator-owned directory that holds the start socket and the started marker.
+    /// The operator-owned directory that holds the started marker.
     #[arg(long, default_value = launch::CONTROL_DIR)]
     pub(crate) control_dir: PathBuf,
 }
@@ -21,7 +21,7 @@ pub(crate) struct LaunchArgs {
 /// Runs `launch`: returns only when the start is refused or the exec fails (exit 127, the
 /// reason on stderr, which the kubelet keeps as the termination message).
 pub(crate) fn main(args: LaunchArgs) -> ExitCode {
-    let err = match launch::wait_for_start(&args.control_dir) {
+    let err = match launch::wait_for_start(&args.control_dir, std::io::stdin().lock()) {
         Ok(msg) => launch::exec(&msg),
         Err(e) => e,
     };
@@ -29,12 +29,16 @@ pub(crate) fn main(args: LaunchArgs) -> ExitCode {
     ExitCode::from(127)
 }
 
-/// Runs `launch-deliver`: 0 once the waiting launcher has the message, 1 otherwise.
-pub(crate) fn deliver(args: LaunchArgs) -> ExitCode {
-    match launch::deliver(&args.control_dir, std::io::stdin().lock()) {
-        Ok(()) => ExitCode::SUCCESS,
+/// Runs `launch-status`: prints what the launcher did with the pod's one start (a
+/// [`launch::LaunchStatus`] line), 0; 1 when the marker cannot be read.
+pub(crate) fn status(args: LaunchArgs) -> ExitCode {
+    match launch::status(&args.control_dir) {
+        Ok(status) => {
+            println!("{}", status.line());
+            ExitCode::SUCCESS
+        }
         Err(e) => {
-            eprintln!("launch-deliver: {e}");
+            eprintln!("launch-status: {e}");
             ExitCode::from(1)
         }
     }

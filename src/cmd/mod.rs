@@ -45,10 +45,11 @@ pub(crate) enum Command {
     /// The egress gate: a filtered run's init container, which holds the workload until the
     /// run's NetworkPolicy is in force.
     EgressGate(gate::GateArgs),
-    /// A warm pool pod's launcher: waits for one start message, then execs the run's command.
+    /// A warm pool pod's launcher: reads one start message from stdin, then execs the run's
+    /// command.
     Launch(launch::LaunchArgs),
-    /// Delivers a start message (stdin) to the launcher waiting in this container.
-    LaunchDeliver(launch::LaunchArgs),
+    /// Prints what this container's launcher did with the pod's one start.
+    LaunchStatus(launch::LaunchArgs),
     /// A warm pool pod's init container: copies this binary to the launcher's volume.
     LaunchInstall(launch::InstallArgs),
     /// List or fetch a run's drained files from the object store (found from the run's status,
@@ -137,7 +138,7 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Holder(args) => holder::main(args).await,
         Command::EgressGate(args) => gate::main(args).await,
         Command::Launch(args) => launch::main(args),
-        Command::LaunchDeliver(args) => launch::deliver(args),
+        Command::LaunchStatus(args) => launch::status(args),
         Command::LaunchInstall(args) => launch::install(args),
         Command::Files(args) => files::main(args).await,
         Command::Logs(args) => logs::main(args).await,

@@ -6,11 +6,11 @@
 //! The claim, in order, so that a restart anywhere resumes it: (1) the pod is made the run's with
 //! one merge patch guarded by its resourceVersion (the cold pod's labels and owner, the claim
 //! label: two runs racing for one pod, one wins, the other picks again); (2) the launcher parked
-//! in the pod's workload container is handed the run's command and env through `launch-deliver`
-//! (an exec into that container; the launcher takes the pod's one start, so a second delivery
-//! finds nobody waiting); (3) the run's status records the pod (`status.warmStart.pod`, from then
-//! on the run's pod for its first attempt) and its start. A run that finds a pod it claimed
-//! already resumes at (2). No ready pod, or a run that sets a field that changes the pod: the run
+//! in the pod's workload container is handed the run's command and env on its stdin, through
+//! `pods/attach` (the launcher takes the pod's one start and reads one message); (3) the run's
+//! status records the pod (`status.warmStart.pod`, from then on the run's pod for its first
+//! attempt) and its start. A run that finds a pod it claimed already resumes at (2), after asking
+//! the launcher (`launch-status`) whether it took this run's start already. No ready pod, or a run that sets a field that changes the pod: the run
 //! starts cold and `status.warmStart.coldReason` says why.
 
 use std::sync::Arc;
@@ -29,6 +29,7 @@ use super::decide::Step;
 use super::error::{kube_err, ControllerError};
 use super::plan::{self, Inputs, Plan, Requeue, StepPlan};
 use crate::api::{SandboxRun, SandboxRunPool, WarmStart};
+use crate::inpod::launch::{LaunchStatus, StartMessage};
 use crate::pool::pod::{self as pool_pod, CLAIMED_BY_LABEL, POOL_LABEL};
 
 /// How soon a run that took a pod (or was told to start cold) is looked at again.
@@ -195,7 +196,7 @@ async fn started(
     (cold, resumed): (&Pod, bool),
     now: Timestamp,
 ) -> Result<Warm, ControllerError> {
-    let Some(message) = pool_pod::start_message(cold) else {
+    let Some(message) = pool_pod::start_message(cold, &run.uid().unwrap_or_default()) else {
         let why =
             "the run has no command: a pool pod's launcher starts only a command the run names";
         return cold_start(ctx, run, pool, why.into(), now).await;
@@ -264,77 +265,95 @@ async fn carry(
     Ok(Warm::Done(requeue))
 }
 
-/// Delivers `message` to the pod's launcher ([`deliver_once`]); a launcher not listening yet
-/// (its container just started) is tried again, twice, 300 ms apart. `resumed`: the run claimed
-/// the pod in an earlier reconcile, so a launcher that took a start already took this run's.
+/// Hands `message` to the pod's launcher: a fresh claim attaches to the parked workload's stdin
+/// and writes it ([`attach_and_write`]: no process is spawned in the container, as an exec
+/// would). A resumed claim (the run took the pod in an earlier reconcile) first asks the launcher
+/// what it did with the pod's one start ([`launch_status`]): this run's start, or one being read,
+/// is done; a container that no longer runs is this run's pod whatever it ran (its tracking says
+/// what became of it); only a launcher still waiting is written to.
 async fn deliver(
     pods: &Api<Pod>,
     pod: &str,
-    message: &crate::inpod::launch::StartMessage,
+    message: &StartMessage,
     resumed: bool,
 ) -> Result<(), String> {
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match deliver_once(pods, pod, message).await {
-            Err(why) if why.contains(NOT_WAITING) && resumed => return Ok(()),
-            Err(why) if why.contains(NOT_WAITING) && tries < 3 => {
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-            other => return other,
+    if resumed {
+        match launch_status(pods, pod).await {
+            Ok(LaunchStatus::Waiting) => {}
+            Ok(LaunchStatus::Refused(why)) => return Err(why),
+            Ok(_) | Err(_) => return Ok(()),
         }
     }
+    attach_and_write(pods, pod, message).await
 }
 
-/// The words of `launch-deliver` when no launcher listens (`crate::inpod::launch`).
-const NOT_WAITING: &str = "no launcher is waiting";
-
-/// Execs `launch-deliver` in the pod's workload container with `message` on its stdin; Ok once
-/// the launcher took it.
-async fn deliver_once(
+/// Attaches to the pod's workload container (stdin only) and writes `message` as one line of
+/// JSON; Ok once the attach carried it and ended. The container's stdin is `stdinOnce`: it closes
+/// when this attach ends, so the launcher never reads anything after the message.
+async fn attach_and_write(
     pods: &Api<Pod>,
     pod: &str,
-    message: &crate::inpod::launch::StartMessage,
+    message: &StartMessage,
 ) -> Result<(), String> {
-    let body = serde_json::to_vec(message).map_err(|e| e.to_string())?;
-    let argv = vec![
-        crate::pool::park::launcher_path(),
-        "launch-deliver".to_string(),
-    ];
+    let mut line = serde_json::to_vec(message).map_err(|e| e.to_string())?;
+    line.push(b'\n');
     let params = AttachParams::default()
         .container(crate::pod::WORKLOAD_CONTAINER)
         .stdin(true)
         .stdout(false)
-        .stderr(true);
+        .stderr(false);
+    let mut attached = pods
+        .attach(pod, &params)
+        .await
+        .map_err(|e| format!("attach to the parked workload: {e}"))?;
+    let mut stdin = attached.stdin().ok_or("no stdin")?;
+    let status = attached.take_status().ok_or("no status")?;
+    let talk = async move {
+        stdin.write_all(&line).await.map_err(|e| e.to_string())?;
+        stdin.shutdown().await.map_err(|e| e.to_string())?;
+        drop(stdin);
+        // The kubelet ends the attach once the container's stdin took it all, with a status.
+        Ok::<_, String>(status.await)
+    };
+    let status = tokio::time::timeout(DELIVERY_TIMEOUT, talk)
+        .await
+        .map_err(|_| "the attach to the parked workload did not end in time".to_string())??;
+    match status {
+        Some(s) if s.status.as_deref() == Some("Success") => Ok(()),
+        Some(s) => Err(format!(
+            "the attach to the parked workload failed: {}",
+            s.message.unwrap_or_default()
+        )),
+        None => Err("the attach to the parked workload ended without a status".into()),
+    }
+}
+
+/// Execs `launch-status` in the pod's workload container: what its launcher did with the pod's
+/// one start.
+async fn launch_status(pods: &Api<Pod>, pod: &str) -> Result<LaunchStatus, String> {
+    let argv = vec![
+        crate::pool::park::launcher_path(),
+        "launch-status".to_string(),
+    ];
+    let params = AttachParams::default()
+        .container(crate::pod::WORKLOAD_CONTAINER)
+        .stdout(true)
+        .stderr(false);
     let mut process = pods
         .exec(pod, argv, &params)
         .await
-        .map_err(|e| format!("exec launch-deliver: {e}"))?;
-    let mut stdin = process.stdin().ok_or("no stdin")?;
-    let mut stderr = process.stderr().ok_or("no stderr")?;
-    let status = process.take_status();
-    let talk = async move {
-        stdin.write_all(&body).await.map_err(|e| e.to_string())?;
-        stdin.shutdown().await.map_err(|e| e.to_string())?;
-        drop(stdin);
-        let mut said = Vec::new();
-        let _ = (&mut stderr).take(4096).read_to_end(&mut said).await;
-        let status = match status {
-            Some(s) => s.await,
-            None => None,
-        };
-        Ok::<_, String>((said, status))
+        .map_err(|e| format!("exec launch-status: {e}"))?;
+    let mut stdout = process.stdout().ok_or("no stdout")?;
+    let read = async move {
+        let mut said = String::new();
+        let _ = (&mut stdout).take(4096).read_to_string(&mut said).await;
+        said
     };
-    let (said, status) = tokio::time::timeout(DELIVERY_TIMEOUT, talk)
+    let said = tokio::time::timeout(DELIVERY_TIMEOUT, read)
         .await
-        .map_err(|_| "the launcher did not answer in time".to_string())??;
-    let said = String::from_utf8_lossy(&said).trim().to_string();
-    match status.and_then(|s| s.status) {
-        Some(s) if s == "Success" => Ok(()),
-        _ => Err(if said.is_empty() {
-            "launch-deliver failed".to_string()
-        } else {
-            said
-        }),
+        .map_err(|_| "launch-status did not answer in time".to_string())?;
+    if said.trim().is_empty() {
+        return Err("launch-status said nothing".into());
     }
+    Ok(LaunchStatus::parse(&said))
 }

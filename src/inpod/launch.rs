@@ -1,30 +1,29 @@
 //! The warm pool's launcher (issue 39): the workload container of a pool pod starts parked in
 //! the operator's own static binary, copied by an init container into an operator-owned emptyDir
 //! mounted read-only at a fixed path and started by that absolute path (never found through
-//! PATH, never a file of the image). It waits for one start message on a unix socket in another
-//! operator-owned emptyDir ([`CONTROL_DIR`]), then replaces itself (`execve`) with the run's
-//! command and env. The pod's user and working directory are pinned in the pod spec from the
+//! PATH, never a file of the image). It reads one start message — one line of JSON — from its
+//! stdin, then replaces itself (`execve`) with the run's command and env, its stdin `/dev/null`
+//! as a cold run's. The pod's user and working directory are pinned in the pod spec from the
 //! template (a run that would change them never takes a pool pod: `crate::pool::compat`), so the
 //! command runs as the run's user without the launcher changing identity.
 //!
-//! The operator delivers the message at claim time by exec'ing [`deliver`] in the workload
-//! container (the container that mounts the control emptyDir; the holder need not mount it): the
-//! message is read from stdin, bounded by [`MAX_START_BYTES`], and sent on the socket; the
-//! launcher answers `ok` or why it refused, and a delivery with no launcher waiting fails at once. One run per pod:
-//! the launcher takes the [`STARTED_MARKER`] with `O_EXCL` before it reads, and refuses to start
-//! when it is already there.
+//! The operator delivers the message at claim time through `pods/attach` to the workload
+//! container's stdin (`stdin: true`, `stdinOnce: true`: the container's stdin closes when that
+//! one attach ends, so nobody writes to it after): no process is spawned in the container, which
+//! an exec would do. One run per pod: the launcher takes the [`STARTED_MARKER`] in another
+//! operator-owned emptyDir ([`CONTROL_DIR`]) with `O_EXCL` before it reads, and refuses to start
+//! when it is already there; it then writes into the marker whose start it took
+//! (`started <run uid>`) or why it refused, which `launch-status` prints ([`status`]): a claim
+//! resumed after a restart reads it to tell "not delivered yet" from "this run's start".
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
-use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-/// The operator-owned emptyDir that holds the start socket and the started marker.
+/// The operator-owned emptyDir that holds the started marker.
 pub const CONTROL_DIR: &str = "/.sandboxrun-control";
-/// The start socket's name in [`CONTROL_DIR`].
-pub const START_SOCKET: &str = "start.sock";
 /// The marker the launcher creates (exclusively) before it reads a start message.
 pub const STARTED_MARKER: &str = "started";
 /// The largest start message the launcher reads (argv and env of the run).
@@ -32,9 +31,12 @@ pub const MAX_START_BYTES: usize = 256 * 1024;
 /// The most argv entries and env vars a start message may carry.
 const MAX_ITEMS: usize = 4096;
 
-/// What the launcher starts: the run's argv (command then args) and env.
+/// What the launcher starts: the run's argv (command then args) and env, for the run `run`
+/// (its uid, written into the marker).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StartMessage {
+    #[serde(default)]
+    pub run: String,
     pub argv: Vec<String>,
     #[serde(default)]
     pub env: Vec<(String, String)>,
@@ -49,8 +51,8 @@ pub enum LaunchError {
     TooLarge,
     #[error("the start message is invalid: {0}")]
     Invalid(String),
-    #[error("no launcher is waiting for a start message (already started, or not parked)")]
-    NotWaiting,
+    #[error("the start message ended before its end of line")]
+    Unterminated,
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -114,42 +116,40 @@ pub fn install(to: &Path) -> Result<(), LaunchError> {
     Ok(())
 }
 
-/// Reads at most [`MAX_START_BYTES`] + 1 bytes, so an oversized message is refused, not cut.
-fn read_bounded(mut from: impl Read) -> Result<Vec<u8>, LaunchError> {
+/// Reads one line of at most [`MAX_START_BYTES`] bytes (its end of line not counted), so an
+/// oversized message is refused, not cut; a stream that ends before the end of line is refused.
+fn read_line_bounded(from: impl Read) -> Result<Vec<u8>, LaunchError> {
     let mut buf = Vec::new();
-    from.by_ref()
-        .take(MAX_START_BYTES as u64 + 1)
-        .read_to_end(&mut buf)?;
-    if buf.len() > MAX_START_BYTES {
-        return Err(LaunchError::TooLarge);
+    std::io::BufReader::new(from.take(MAX_START_BYTES as u64 + 1)).read_until(b'\n', &mut buf)?;
+    match buf.pop() {
+        Some(b'\n') => Ok(buf),
+        _ if buf.len() >= MAX_START_BYTES => Err(LaunchError::TooLarge),
+        _ => Err(LaunchError::Unterminated),
     }
-    Ok(buf)
 }
 
-/// The launcher's wait: takes the start, listens on the start socket, reads one message (the
-/// sender shuts its write side), acknowledges it, stops listening and returns it (the caller
-/// `exec`s it with [`exec`]). A bad message is refused to the sender and ends the launcher too:
-/// the pod's one start is spent.
-pub fn wait_for_start(control: &Path) -> Result<StartMessage, LaunchError> {
+/// The launcher's wait: takes the start, reads one message from `stdin`, writes into the marker
+/// whose start it took (or why it refused) and returns it (the caller `exec`s it with [`exec`]).
+/// A bad message ends the launcher too: the pod's one start is spent.
+pub fn wait_for_start(control: &Path, stdin: impl Read) -> Result<StartMessage, LaunchError> {
     take_the_start(control)?;
-    let socket = control.join(START_SOCKET);
-    let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket)?;
-    let (mut conn, _) = listener.accept()?;
-    // Nobody else is heard from here on: a second delivery finds nobody waiting.
-    drop(listener);
-    let _ = std::fs::remove_file(&socket);
-    let parsed = read_bounded(&mut conn).and_then(|bytes| StartMessage::parse(&bytes));
-    let reply = match &parsed {
-        Ok(_) => "ok\n".to_string(),
+    let parsed = read_line_bounded(stdin).and_then(|bytes| StartMessage::parse(&bytes));
+    let said = match &parsed {
+        Ok(msg) => format!("{STARTED} {}\n", msg.run),
         Err(e) => format!("refused: {e}\n"),
     };
-    let _ = conn.write_all(reply.as_bytes());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(control.join(STARTED_MARKER))?
+        .write_all(said.as_bytes())?;
     parsed
 }
 
+/// The first word of the marker of a start the launcher took.
+const STARTED: &str = "started";
+
 /// Replaces this process with the run's command and only the run's env (plus the pod's own,
-/// which the template set). Returns only on failure.
+/// which the template set), its stdin `/dev/null`. Returns only on failure.
 pub fn exec(msg: &StartMessage) -> LaunchError {
     use std::os::unix::process::CommandExt;
     let Some((program, args)) = msg.argv.split_first() else {
@@ -159,29 +159,60 @@ pub fn exec(msg: &StartMessage) -> LaunchError {
         std::process::Command::new(program)
             .args(args)
             .envs(msg.env.iter().map(|(k, v)| (k, v)))
+            .stdin(std::process::Stdio::null())
             .exec(),
     )
 }
 
-/// Delivers a start message (read from `input`, bounded) to the launcher waiting in `control`
-/// and waits for its answer. Fails at once when no launcher waits.
-pub fn deliver(control: &Path, input: impl Read) -> Result<(), LaunchError> {
-    let bytes = read_bounded(input)?;
-    StartMessage::parse(&bytes)?;
-    let mut conn = UnixStream::connect(control.join(START_SOCKET)).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused => {
-            LaunchError::NotWaiting
+/// What the launcher of `control` did with the pod's one start, as the operator reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LaunchStatus {
+    /// No start taken yet: the launcher waits (or has not begun).
+    Waiting,
+    /// The start is taken and the message not read yet.
+    Reading,
+    /// The run of this uid was started.
+    Started(String),
+    /// The start was refused, for this reason.
+    Refused(String),
+}
+
+impl LaunchStatus {
+    /// The status `launch-status` prints (and [`LaunchStatus::parse`] reads back).
+    pub fn line(&self) -> String {
+        match self {
+            LaunchStatus::Waiting => "waiting".into(),
+            LaunchStatus::Reading => "reading".into(),
+            LaunchStatus::Started(run) => format!("{STARTED} {run}"),
+            LaunchStatus::Refused(why) => format!("refused: {why}"),
         }
-        _ => LaunchError::Io(e),
-    })?;
-    conn.write_all(&bytes)?;
-    conn.shutdown(std::net::Shutdown::Write)?;
-    let mut reply = String::new();
-    conn.take(4096).read_to_string(&mut reply)?;
-    match reply.trim_end() {
-        "ok" => Ok(()),
-        other => Err(LaunchError::Invalid(other.to_string())),
     }
+
+    /// Reads a line [`LaunchStatus::line`] printed.
+    pub fn parse(line: &str) -> LaunchStatus {
+        let line = line.trim();
+        if let Some(run) = line.strip_prefix(STARTED).and_then(|r| r.strip_prefix(' ')) {
+            return LaunchStatus::Started(run.to_string());
+        }
+        match line {
+            "waiting" => LaunchStatus::Waiting,
+            "reading" | "" => LaunchStatus::Reading,
+            other => {
+                LaunchStatus::Refused(other.strip_prefix("refused: ").unwrap_or(other).to_string())
+            }
+        }
+    }
+}
+
+/// What the marker of `control` says (`launch-status`).
+pub fn status(control: &Path) -> Result<LaunchStatus, LaunchError> {
+    let mut said = String::new();
+    match std::fs::File::open(control.join(STARTED_MARKER)) {
+        Ok(f) => f.take(4096).read_to_string(&mut said)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(LaunchStatus::Waiting),
+        Err(e) => return Err(e.into()),
+    };
+    Ok(LaunchStatus::parse(&said))
 }
 
 #[cfg(test)]
@@ -190,6 +221,7 @@ mod tests {
 
     fn msg(argv: &[&str]) -> StartMessage {
         StartMessage {
+            run: "uid-1".into(),
             argv: argv.iter().map(|s| s.to_string()).collect(),
             env: vec![("TASK".into(), "42".into())],
         }
@@ -216,66 +248,82 @@ mod tests {
         ));
     }
 
+    fn line(m: &StartMessage) -> Vec<u8> {
+        let mut bytes = serde_json::to_vec(m).unwrap();
+        bytes.push(b'\n');
+        bytes
+    }
+
     #[test]
-    fn an_oversized_message_is_refused_not_cut() {
+    fn an_oversized_or_unterminated_message_is_refused_not_cut() {
         let big = vec![b' '; MAX_START_BYTES + 1];
         assert!(matches!(
             StartMessage::parse(&big),
             Err(LaunchError::TooLarge)
         ));
-        assert!(matches!(read_bounded(&big[..]), Err(LaunchError::TooLarge)));
+        assert!(matches!(
+            read_line_bounded(&big[..]),
+            Err(LaunchError::TooLarge)
+        ));
+        let mut just = vec![b' '; MAX_START_BYTES];
+        just.push(b'\n');
+        assert_eq!(read_line_bounded(&just[..]).unwrap().len(), MAX_START_BYTES);
+        assert!(matches!(
+            read_line_bounded(&b"{\"argv\":[\"/bin/true\"]}"[..]),
+            Err(LaunchError::Unterminated)
+        ));
     }
 
     #[test]
     fn a_pod_takes_one_start_only() {
         let dir = tempfile::tempdir().unwrap();
-        take_the_start(dir.path()).unwrap();
-        assert!(matches!(
-            take_the_start(dir.path()),
-            Err(LaunchError::AlreadyStarted)
-        ));
-        assert!(matches!(
-            wait_for_start(dir.path()),
-            Err(LaunchError::AlreadyStarted)
-        ));
-    }
-
-    #[test]
-    fn a_delivery_with_no_launcher_waiting_fails_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let bytes = serde_json::to_vec(&msg(&["/bin/true"])).unwrap();
-        assert!(matches!(
-            deliver(dir.path(), &bytes[..]),
-            Err(LaunchError::NotWaiting)
-        ));
-    }
-
-    #[test]
-    fn a_delivered_message_reaches_the_waiting_launcher_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let control = dir.path().to_path_buf();
-        let waiter = std::thread::spawn(move || wait_for_start(&control));
         let m = msg(&["/bin/echo", "warm"]);
-        let bytes = serde_json::to_vec(&m).unwrap();
-        let mut delivered = false;
-        for _ in 0..200 {
-            match deliver(dir.path(), &bytes[..]) {
-                Ok(()) => {
-                    delivered = true;
-                    break;
-                }
-                Err(LaunchError::NotWaiting) => {
-                    std::thread::sleep(std::time::Duration::from_millis(10))
-                }
-                Err(e) => panic!("{e}"),
-            }
-        }
-        assert!(delivered);
-        assert_eq!(waiter.join().unwrap().unwrap(), m);
-        // The launcher has its message: a second delivery finds nobody waiting.
+        assert_eq!(status(dir.path()).unwrap(), LaunchStatus::Waiting);
+        // One line is read; what follows it on stdin is never the launcher's.
+        let mut input = line(&m);
+        input.extend_from_slice(b"{\"argv\":[\"/bin/sh\"]}\n");
+        assert_eq!(wait_for_start(dir.path(), &input[..]).unwrap(), m);
+        assert_eq!(
+            status(dir.path()).unwrap(),
+            LaunchStatus::Started("uid-1".into())
+        );
+        // A restarted launcher finds the start taken and refuses, whatever it is sent.
         assert!(matches!(
-            deliver(dir.path(), &bytes[..]),
-            Err(LaunchError::NotWaiting)
+            wait_for_start(dir.path(), &line(&msg(&["/bin/sh"]))[..]),
+            Err(LaunchError::AlreadyStarted)
         ));
+        assert_eq!(
+            status(dir.path()).unwrap(),
+            LaunchStatus::Started("uid-1".into())
+        );
+    }
+
+    #[test]
+    fn a_refused_message_spends_the_start_and_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            wait_for_start(dir.path(), &b"not json\n"[..]),
+            Err(LaunchError::Invalid(_))
+        ));
+        let LaunchStatus::Refused(why) = status(dir.path()).unwrap() else {
+            panic!("{:?}", status(dir.path()));
+        };
+        assert!(why.contains("invalid"), "{why}");
+        assert!(matches!(
+            wait_for_start(dir.path(), &line(&msg(&["/bin/true"]))[..]),
+            Err(LaunchError::AlreadyStarted)
+        ));
+    }
+
+    #[test]
+    fn a_status_line_reads_back() {
+        for s in [
+            LaunchStatus::Waiting,
+            LaunchStatus::Reading,
+            LaunchStatus::Started("0b1c-uid".into()),
+            LaunchStatus::Refused("the start message is invalid: x".into()),
+        ] {
+            assert_eq!(LaunchStatus::parse(&s.line()), s);
+        }
     }
 }

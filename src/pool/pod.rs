@@ -171,11 +171,11 @@ pub fn claim_patch(cold: &Pod, run_uid: &str, rv: &str) -> Value {
     })
 }
 
-/// What the launcher starts for the run whose cold pod is `cold`: its workload's command and
+/// What the launcher starts for the run `run_uid` whose cold pod is `cold`: its workload's command and
 /// args, and its env's plain values (the ones from a field or resource are the same in the pool
 /// pod, made by the same builder). None when the cold pod has no workload or no command: the
 /// image's own entrypoint cannot be started by the launcher, so the run starts cold.
-pub fn start_message(cold: &Pod) -> Option<StartMessage> {
+pub fn start_message(cold: &Pod, run_uid: &str) -> Option<StartMessage> {
     let workload = cold
         .spec
         .as_ref()?
@@ -191,7 +191,11 @@ pub fn start_message(cold: &Pod) -> Option<StartMessage> {
         .filter(|e| e.value_from.is_none())
         .map(|e| (e.name.clone(), e.value.clone().unwrap_or_default()))
         .collect();
-    Some(StartMessage { argv, env })
+    Some(StartMessage {
+        run: run_uid.to_string(),
+        argv,
+        env,
+    })
 }
 
 #[cfg(test)]
@@ -307,7 +311,8 @@ mod tests {
             "run-uid"
         );
         assert_eq!(patch["metadata"]["ownerReferences"][0]["uid"], "run-uid");
-        let msg = start_message(&cold).unwrap();
+        let msg = start_message(&cold, "run-uid").unwrap();
+        assert_eq!(msg.run, "run-uid");
         assert_eq!(msg.argv, ["sh", "-c", "sleep 1"]);
         assert!(msg.env.contains(&("TASK".to_string(), "42".to_string())));
         assert!(msg
@@ -317,6 +322,6 @@ mod tests {
         // The image's own entrypoint cannot be started by the launcher: cold.
         let mut bare = cold.clone();
         bare.spec.as_mut().unwrap().containers[0].command = None;
-        assert!(start_message(&bare).is_none());
+        assert!(start_message(&bare, "run-uid").is_none());
     }
 }

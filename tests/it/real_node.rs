@@ -3387,7 +3387,10 @@ async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_chan
     let status = done.status.clone().expect("status");
     assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
     let warm = status.warm_start.clone().expect("warmStart");
-    let took = warm.pod.clone().expect("a pool pod was taken");
+    let took = warm
+        .pod
+        .clone()
+        .unwrap_or_else(|| panic!("a pool pod was taken: {warm:?}"));
     assert!(
         before.iter().any(|(name, _, _)| *name == took),
         "{took} is one of the pool's ready pods {before:?}"
