@@ -903,6 +903,7 @@ pub struct WarmStart {
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
     printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.pendingReplicas"}"#,
     printcolumn = r#"{"name":"Claimed","type":"integer","jsonPath":".status.claimed"}"#,
+    printcolumn = r#"{"name":"Misses","type":"integer","jsonPath":".status.misses"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     doc = "A SandboxRunPool keeps spec.replicas pods made ready ahead of demand from a template (a SandboxRunTemplate of its namespace or a ClusterSandboxRunTemplate): image pulled, holder running, the workload container started and parked in the operator's launcher. A SandboxRun made from that template that sets only command, args, env values, stop or activeDeadlineSeconds takes a ready pod: the pod becomes the run's, the launcher starts the run's command with its env, and the pool makes a new one. A pool pod serves one run. With no ready pod the run starts cold and says so in status.warmStart."
 )]
@@ -944,6 +945,11 @@ pub struct SandboxRunPoolStatus {
     /// The generation the status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Runs made from the pool's template that started cold (no ready pod, a field that changes
+    /// the pod, …): each such run's `status.warmStart.coldReason` says why. Counted by the claims,
+    /// never written by the pool's own status updates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub misses: Option<i64>,
 }
 
 /// How the workload container terminated: the kubelet's terminated state of the container

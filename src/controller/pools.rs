@@ -96,7 +96,13 @@ async fn reconcile(
         .items;
     let views: Vec<_> = owned.iter().map(pool_pod::view_of).collect();
     let claimed = views.iter().filter(|p| p.claimed).count();
-    let made = match made_spec(&ctx, &pool, &ns).await? {
+    let judged = made_spec(&ctx, &pool, &ns).await?.and_then(|made| {
+        match crate::pool::judge::refusal(&made, &ctx.rules, &ctx.rights) {
+            Some(why) => Err(why),
+            None => Ok(made),
+        }
+    });
+    let made = match judged {
         Ok(made) => pool_pod::stand_in(&pool, made),
         Err(message) => {
             write_status(&ctx, &pool, unusable_status(&pool, claimed, message)).await?;
@@ -120,16 +126,10 @@ async fn reconcile(
             delete_pod(&pods_api, pod).await?;
         }
     }
-    for i in 0..plan.create {
-        let Ok((pod, _)) = pool_pod::pool_pod(&pool, &made, &ctx.pod, &suffix(i)) else {
-            break;
-        };
-        match pods_api.create(&PostParams::default(), &pod).await {
-            Ok(_) => info!(pool = %name, pod = %pod.name_any(), "pool pod created"),
-            Err(kube::Error::Api(ae)) if ae.code == 409 => {}
-            Err(e) => return Err(kube_err(format!("create a pod of pool {ns}/{name}"))(e)),
-        }
-    }
+    let pods = (0..plan.create)
+        .map_while(|i| pool_pod::pool_pod(&pool, &made, &ctx.pod, &suffix(i)).ok())
+        .map(|(pod, _)| pod);
+    let refused = create_pods(&pods_api, &pool, pods).await?;
     let status = SandboxRunPoolStatus {
         replicas: count(plan.ready + plan.pending),
         ready_replicas: count(plan.ready),
@@ -137,11 +137,40 @@ async fn reconcile(
         claimed: count(claimed),
         selector: Some(pool_pod::unclaimed_selector(&name)),
         template_hash: Some(hash),
-        message: None,
+        message: refused,
         observed_generation: pool.metadata.generation,
+        misses: None,
     };
     write_status(&ctx, &pool, status).await?;
     Ok(Action::requeue(LOOK_AGAIN))
+}
+
+/// Creates `pods`; stops at the first one the namespace refuses (its quota, Pod Security or
+/// another admission: pool pods are judged as any pod is) and returns why, for the status.
+async fn create_pods(
+    api: &Api<Pod>,
+    pool: &SandboxRunPool,
+    pods: impl Iterator<Item = Pod>,
+) -> Result<Option<String>, ControllerError> {
+    let name = pool.name_any();
+    for pod in pods {
+        match api.create(&PostParams::default(), &pod).await {
+            Ok(_) => info!(pool = %name, pod = %pod.name_any(), "pool pod created"),
+            Err(kube::Error::Api(ae)) if ae.code == 409 => {}
+            Err(kube::Error::Api(ae)) if ae.code == 403 || ae.code == 422 => {
+                warn!(pool = %name, reason = %ae.message, "a pool pod was refused");
+                return Ok(Some(format!(
+                    "the namespace refused a pool pod: {}",
+                    ae.message
+                )));
+            }
+            Err(e) => {
+                let ns = pool.namespace().unwrap_or_default();
+                return Err(kube_err(format!("create a pod of pool {ns}/{name}"))(e));
+            }
+        }
+    }
+    Ok(None)
 }
 
 fn count(n: usize) -> i32 {
@@ -214,7 +243,16 @@ async fn write_status(
     pool: &SandboxRunPool,
     status: SandboxRunPoolStatus,
 ) -> Result<(), ControllerError> {
-    if pool.status.as_ref() == Some(&status) {
+    // The misses are the claims' (`super::warm`): never written here, so never compared.
+    let status = SandboxRunPoolStatus {
+        misses: None,
+        ..status
+    };
+    let current = pool
+        .status
+        .clone()
+        .map(|s| SandboxRunPoolStatus { misses: None, ..s });
+    if current.as_ref() == Some(&status) {
         return Ok(());
     }
     let ns = pool.namespace().unwrap_or_default();

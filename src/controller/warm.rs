@@ -241,6 +241,7 @@ async fn cold_start(
 ) -> Result<Warm, ControllerError> {
     info!(run = %run.name_any(), pool, %why, "starting cold");
     ctx.metrics.pool_starts.with_label_values(&["cold"]).inc();
+    note_miss(ctx, &run.namespace().unwrap_or_default(), pool).await;
     let mut status = run.status.clone().unwrap_or_default();
     status.warm_start = Some(WarmStart {
         pool: pool.to_string(),
@@ -248,6 +249,33 @@ async fn cold_start(
         cold_reason: Some(why),
     });
     carry(ctx, run, status, now).await
+}
+
+/// Counts a run that started cold in its pool's `status.misses`: read, then a merge patch guarded
+/// by the pool's resourceVersion (another claim's count in between: read again). Best effort: a
+/// pool whose count cannot be written says so in the log, and the run starts cold all the same.
+async fn note_miss(ctx: &Context, ns: &str, pool: &str) {
+    let api: Api<SandboxRunPool> = Api::namespaced(ctx.client.clone(), ns);
+    for _ in 0..3 {
+        let read = match api.get_status(pool).await {
+            Ok(read) => read,
+            Err(e) => return warn!(pool, error = %e, "could not read the pool to count a miss"),
+        };
+        let misses = read.status.and_then(|s| s.misses).unwrap_or(0) + 1;
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": read.metadata.resource_version},
+            "status": {"misses": misses},
+        });
+        match api
+            .patch_status(pool, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(ae)) if ae.code == 409 => continue,
+            Err(e) => return warn!(pool, error = %e, "could not count a miss"),
+        }
+    }
+    warn!(pool, "could not count a miss: the pool kept changing");
 }
 
 async fn carry(

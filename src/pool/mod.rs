@@ -4,6 +4,8 @@
 //!   changes the pod), as a pure function.
 //! - [`plan`]: what a pool does next (create, replace, delete) from what it observes, and the
 //!   counts its status reports.
+//! - [`judge`]: whether a pool may make pods of its template at all (the rules, no author's
+//!   rights needed).
 //! - [`park`]: a pool pod is the built pod with its workload parked in the operator's launcher.
 //! - [`pod`]: a pool's pods and a run's claim of one, as data.
 //!
@@ -11,6 +13,7 @@
 //! `crate::controller::warm`.
 
 pub mod compat;
+pub mod judge;
 pub mod park;
 pub mod plan;
 pub mod pod;

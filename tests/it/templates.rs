@@ -776,3 +776,108 @@ async fn a_cluster_template_locks_its_fields_is_read_only_by_whom_rbac_names_and
         "{status:?}"
     );
 }
+
+/// Issues #38 and #39: a warm pool's pods are judged as any pod is, with no webhook in the way.
+/// The operator (`--warm-pools`, rights held without an admission) makes no pool pods of a
+/// template its admission rules refuse (`hostState: auto`) nor of one whose runs would use an
+/// author's rights (an env value from a Secret: a pool pod is made before any author is known),
+/// and says why in the pool's status; a pool in a namespace whose ResourceQuota admits one pod
+/// gets one, and its status says the namespace refused the next. (Before, the pool made pods of
+/// both templates, and a quota refusal was only a retried error.)
+#[tokio::test]
+async fn a_warm_pool_is_judged_by_the_rules_the_authors_rights_and_the_quota() {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    use sandboxrun_operator::api::{HostState, SandboxRunPool, SandboxRunPoolSpec};
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "templates-pools").await;
+    let quota: ResourceQuota = serde_json::from_value(json!({
+        "metadata": {"name": "pods"},
+        "spec": {"hard": {"pods": "1"}},
+    }))
+    .unwrap();
+    Api::<ResourceQuota>::namespaced(client.clone(), &ns.name)
+        .create(&PostParams::default(), &quota)
+        .await
+        .unwrap();
+    let (_store_dir, store_url) = file_store("templates-pools");
+    let op = Operator::builder(&ns.name, &store_url)
+        .flags(&["--warm-pools", "--unadmitted-references", "hold"])
+        .start();
+    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
+    let out = host_dir("out");
+    let plain = template_spec(&out);
+    let mut refused = template_spec(&out);
+    refused.template.host_state = Some(HostState::Auto);
+    let mut secret = template_spec(&out);
+    secret.template.env.push(EnvVar {
+        name: "TOKEN".into(),
+        value: String::new(),
+        value_from: Some(
+            serde_json::from_value(json!({"secretKeyRef": {"name": "db", "key": "password"}}))
+                .unwrap(),
+        ),
+    });
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    for (name, spec, replicas) in [
+        ("plain", plain, 3),
+        ("refused", refused, 1),
+        ("secret", secret, 1),
+    ] {
+        put_template(&templates, name, spec).await;
+        let pool = SandboxRunPool::new(
+            name,
+            SandboxRunPoolSpec {
+                template_ref: TemplateRef::namespaced(name),
+                replicas,
+            },
+        );
+        pools.create(&PostParams::default(), &pool).await.unwrap();
+    }
+    let message_of = |name: &'static str, words: &'static str| {
+        let pools = pools.clone();
+        async move {
+            eventually(
+                &format!("pool {name}'s status to say {words:?}"),
+                CONVERGE,
+                || {
+                    let pools = pools.clone();
+                    async move {
+                        let s = pools.get(name).await.ok()?.status?;
+                        s.message
+                            .filter(|m| m.contains(words))
+                            .map(|m| (m, s.replicas))
+                    }
+                },
+            )
+            .await
+        }
+    };
+    let (why, _) = message_of("refused", "admission rules refuse").await;
+    assert!(why.contains("hostState"), "{why}");
+    let (why, _) = message_of("secret", "rights must cover").await;
+    assert!(why.contains("env"), "{why}");
+    // The one pod the quota admits is counted once it is seen; the next ones stay refused.
+    let why = eventually("pool plain: one pod and the quota named", CONVERGE, || {
+        let pools = pools.clone();
+        async move {
+            let s = pools.get("plain").await.ok()?.status?;
+            let m = s.message.filter(|m| m.contains("exceeded quota"))?;
+            (s.replicas == 1).then_some(m)
+        }
+    })
+    .await;
+    assert!(why.contains("refused a pool pod"), "{why}");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pool_pods = pods
+        .list(&kube::api::ListParams::default().labels("sandbox.iterion.io/pool"))
+        .await
+        .unwrap()
+        .items;
+    let names: Vec<_> = pool_pods.iter().map(|p| p.metadata.name.clone()).collect();
+    assert_eq!(names.len(), 1, "{names:?}\n{}", op.log_text());
+    assert!(
+        names[0].as_deref().unwrap_or_default().starts_with("plain"),
+        "{names:?}"
+    );
+}

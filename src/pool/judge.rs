@@ -1,0 +1,132 @@
+//! Whether a pool may make pods of its template at all (issues 38 and 39): a pool pod is made
+//! before any run exists, so nobody's rights are verified for it and no webhook judged it. The
+//! pool makes pods only of a template whose spec the operator's admission rules pass (the same
+//! engine the webhook, `doctor` and the run's own pipeline apply) and that uses no reference an
+//! author's rights must cover (a Secret, ConfigMap, ServiceAccount, PVC, store or a
+//! ClusterSandboxRunTemplate; its own namespace's template is not one), unless the operator
+//! trusts every author (`--unadmitted-references=trust`). Runs made from a template a
+//! pool refuses start cold and are judged as any run is. Pure.
+
+use crate::admission::stamp::{RightsPolicy, UnadmittedReferences};
+use crate::admission::{check, RuleSettings};
+use crate::api::SandboxRunSpec;
+
+/// Why a pool makes no pods of `made` (its template merged into an empty run), or None.
+pub(crate) fn refusal(
+    made: &SandboxRunSpec,
+    rules: &RuleSettings,
+    rights: &RightsPolicy,
+) -> Option<String> {
+    let fails: Vec<String> = check(made, rules)
+        .into_iter()
+        .filter(|f| f.is_fail())
+        .map(|f| {
+            format!(
+                "rule {} at {}: {} (hint: {})",
+                f.rule, f.field, f.message, f.hint
+            )
+        })
+        .collect();
+    if let Some(first) = fails.first() {
+        return Some(format!(
+            "the operator's admission rules refuse its template: {first}{}",
+            match fails.len() {
+                1 => String::new(),
+                n => format!("; and {} more", n - 1),
+            }
+        ));
+    }
+    if rights.unadmitted == UnadmittedReferences::Trust {
+        return None;
+    }
+    // The pool's own template, when it is one of the pool's namespace: whoever may read that
+    // namespace's pods sees what its runs would get anyway. A ClusterSandboxRunTemplate is read
+    // only by whom RBAC names: a pool of one is a right like any other.
+    let own_template = made
+        .template_ref
+        .as_ref()
+        .is_some_and(|t| t.kind == crate::api::TemplateKind::SandboxRunTemplate);
+    let fields: std::collections::BTreeSet<String> = crate::admission::access::required(made)
+        .into_values()
+        .flatten()
+        .map(|f| f.split(" (").next().unwrap_or(&f).to_string())
+        .filter(|f| !(own_template && f.starts_with("spec.templateRef")))
+        .collect();
+    (!fields.is_empty()).then(|| {
+        format!(
+            "its template uses what an author's rights must cover ({}): a pool pod is made before \
+             any run's author is known, so no admission verified them; runs made from it start \
+             cold (or run the operator with --unadmitted-references=trust)",
+            fields.into_iter().collect::<Vec<_>>().join(", ")
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{EnvVar, ReadBack, ReadBackPath};
+
+    fn spec() -> SandboxRunSpec {
+        SandboxRunSpec {
+            image: Some("registry.example/img@sha256:abc".into()),
+            user: Some("1000".into()),
+            read_back: Some(ReadBack {
+                paths: vec![ReadBackPath {
+                    path: "/work/out".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn hold() -> RightsPolicy {
+        RightsPolicy::default()
+    }
+
+    #[test]
+    fn a_plain_template_of_the_namespace_is_pooled_a_cluster_one_needs_trust() {
+        use crate::api::TemplateRef;
+        let mut made = spec();
+        made.template_ref = Some(TemplateRef::namespaced("agent"));
+        assert_eq!(refusal(&made, &RuleSettings::default(), &hold()), None);
+        made.template_ref = Some(TemplateRef::cluster("agent"));
+        let why = refusal(&made, &RuleSettings::default(), &hold()).expect("refused");
+        assert!(why.contains("spec.templateRef"), "{why}");
+    }
+
+    #[test]
+    fn a_template_the_rules_refuse_makes_no_pool_pods() {
+        let mut bad = spec();
+        bad.read_back.as_mut().unwrap().paths[0].path = "/../usr/local/bin".into();
+        let why = refusal(&bad, &RuleSettings::default(), &hold()).expect("refused");
+        assert!(why.contains("admission rules refuse"), "{why}");
+    }
+
+    #[test]
+    fn a_template_using_an_authors_rights_is_pooled_only_when_every_author_is_trusted() {
+        let mut secret = spec();
+        secret.env = vec![EnvVar {
+            name: "TOKEN".into(),
+            value: String::new(),
+            value_from: Some(
+                serde_json::from_value(serde_json::json!(
+                    {"secretKeyRef": {"name": "db", "key": "password"}}
+                ))
+                .unwrap(),
+            ),
+        }];
+        let why = refusal(&secret, &RuleSettings::default(), &hold()).expect("refused");
+        assert!(
+            why.contains("rights must cover") && why.contains("env"),
+            "{why}"
+        );
+        let trust = RightsPolicy {
+            unadmitted: UnadmittedReferences::Trust,
+            ..RightsPolicy::default()
+        };
+        assert_eq!(refusal(&secret, &RuleSettings::default(), &trust), None);
+    }
+}
