@@ -18,7 +18,7 @@
 #   crds/                                  the CRDs
 #   CHANGELOG.md                           this version's entry
 #   SHA256SUMS                             of every file above
-# With --record, charts/RELEASED gains the chart tree this version packaged: from then on
+# With --record, charts/RELEASED gains the chart tree this version packaged and its commit: from then on
 # hack/chart-released.sh (in `make test`) fails on a chart changed without a version bump.
 # The image is pushed to the registry (it must be running: the local bed's by default); with
 # --push the chart goes there too (`helm push … oci://<registry>/charts`), so that
@@ -127,12 +127,14 @@ if [ "$PUSH" = 1 ]; then
   "$HELM" push "$DIST/sandboxrun-operator-$VERSION.tgz" "oci://$REGISTRY/charts" --plain-http >&2
 fi
 if [ "$RECORD" = 1 ]; then
-  # charts/RELEASED: the chart tree this version packaged (hack/chart-released.sh checks it).
+  # charts/RELEASED: the chart tree this version packaged (hack/chart-released.sh checks it) and
+  # the commit whose binary it shipped (hack/previous-release.sh rebuilds it for the upgrade test).
   tree=$(git -C "$REPO" rev-parse "HEAD:charts/sandboxrun-operator")
+  commit=$(git -C "$REPO" rev-parse HEAD)
   [ -z "$(git -C "$REPO" status --porcelain -- charts/sandboxrun-operator)" ] ||
     die "--record: charts/sandboxrun-operator has uncommitted changes"
   grep -v "^$VERSION " "$REPO/charts/RELEASED" 2>/dev/null >"$REPO/charts/RELEASED.tmp" || true
-  echo "$VERSION $tree" >>"$REPO/charts/RELEASED.tmp"
+  echo "$VERSION $tree $commit" >>"$REPO/charts/RELEASED.tmp"
   mv "$REPO/charts/RELEASED.tmp" "$REPO/charts/RELEASED"
   log "recorded chart $VERSION = tree $tree in charts/RELEASED: commit it"
 fi

@@ -80,6 +80,8 @@ if ! hack/kueue.sh status >/dev/null 2>&1; then
   hack/kueue.sh up
 fi
 
+phase "the previous release for the upgrade test (built once from its commit into the tools cache)"
+hack/previous-release.sh
 phase "operator image without Docker (static binary, pushed to the local registry)"
 hack/images.sh operator
 phase "the image's binary is linked in link/hot-symbols.txt's order (hack/code-order.sh --check)"

@@ -25,6 +25,8 @@ use serde_json::json;
 
 use crate::support::*;
 
+mod upgrade;
+
 const REAL_NODE_LABEL: &str = "sandbox.iterion.io/real-node";
 
 /// The pinned operator image: `SANDBOXRUN_TEST_OPERATOR_IMAGE` when set (a branch's image pushed
@@ -911,6 +913,23 @@ fn install_operator_by_helm(
     store_url: &str,
     values: serde_json::Value,
 ) -> HelmRelease {
+    let chart = repo().join("charts/sandboxrun-operator");
+    install_chart_by_helm(
+        (release_ns, fullname),
+        store_url,
+        values,
+        (&chart, &pod_ref(&operator_ref())),
+    )
+}
+
+/// [`install_operator_by_helm`] of `chart` (a directory or a packaged .tgz) with the operator
+/// image `image` (pinned, as the real node pulls it).
+fn install_chart_by_helm(
+    (release_ns, fullname): (&str, &str),
+    store_url: &str,
+    values: serde_json::Value,
+    (chart, image): (&Path, &str),
+) -> HelmRelease {
     let s3 = s3();
     let secret = json!({
         "apiVersion": "v1", "kind": "Secret",
@@ -923,8 +942,51 @@ fn install_operator_by_helm(
     });
     let applied = kubectl_apply(release_ns, &secret.to_string());
     assert!(applied.status.success(), "{applied:?}");
+    let values_file = helm_values_file(fullname, store_url, values.clone(), image);
+    let runs_namespaces = values["watchNamespaces"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|n| n.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    let release = HelmRelease {
+        name: fullname.to_string(),
+        namespace: release_ns.to_string(),
+        runs_namespaces,
+    };
+    let installed = run_helm(&[
+        "install",
+        fullname,
+        &chart.display().to_string(),
+        "-n",
+        release_ns,
+        "-f",
+        &values_file.display().to_string(),
+        "--wait",
+        "--timeout",
+        "4m",
+    ]);
+    if !installed.status.success() {
+        panic!(
+            "helm install failed: {}\n{}",
+            String::from_utf8_lossy(&installed.stderr),
+            describe_pods(release_ns)
+        );
+    }
+    release
+}
 
-    let image = pod_ref(&operator_ref());
+/// The values file of a release `fullname` on the real node: the bed's S3 store at `store_url`
+/// (its credentials in the Secret `store`), the operator image `image` (pinned, as the real node
+/// pulls it), and `values` on top (each top-level key replaces the default).
+fn helm_values_file(
+    fullname: &str,
+    store_url: &str,
+    values: serde_json::Value,
+    image: &str,
+) -> PathBuf {
     let (repository, digest) = image.split_once('@').expect("pinned image");
     let mut all = json!({
         "fullnameOverride": fullname,
@@ -945,46 +1007,18 @@ fn install_operator_by_helm(
     if let (Some(all), serde_json::Value::Object(extra)) = (all.as_object_mut(), values) {
         all.extend(extra);
     }
-    let runs_namespaces = all["watchNamespaces"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|n| n.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
-    let values_file = host_dir("helm-values").join("values.json");
-    std::fs::write(&values_file, all.to_string()).expect("write values");
-    let chart = repo().join("charts/sandboxrun-operator");
-    let release = HelmRelease {
-        name: fullname.to_string(),
-        namespace: release_ns.to_string(),
-        runs_namespaces,
-    };
-    let installed = run_helm(&[
-        "install",
-        fullname,
-        &chart.display().to_string(),
-        "-n",
-        release_ns,
-        "-f",
-        &values_file.display().to_string(),
-        "--wait",
-        "--timeout",
-        "4m",
-    ]);
-    if !installed.status.success() {
-        let described = Command::new(kubectl())
-            .args(["describe", "pods", "-n", release_ns])
-            .output()
-            .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
-            .unwrap_or_default();
-        panic!(
-            "helm install failed: {}\n{described}",
-            String::from_utf8_lossy(&installed.stderr)
-        );
-    }
-    release
+    let file = host_dir("helm-values").join(format!("{fullname}-{}.json", rand_u32()));
+    std::fs::write(&file, all.to_string()).expect("write values");
+    file
+}
+
+/// `kubectl describe pods` of `ns`, for a failed install's message.
+fn describe_pods(ns: &str) -> String {
+    Command::new(kubectl())
+        .args(["describe", "pods", "-n", ns])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+        .unwrap_or_default()
 }
 
 /// The toleration of the real node's taint, as a chart value.
@@ -3441,6 +3475,16 @@ async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_chan
         "{cold:?}"
     );
     assert_eq!(status.pod_name.as_deref(), Some("cold-sbr"), "{status:?}");
+    // The pool counts it: `status.misses` (the claims write it; the pool's own updates keep it).
+    eventually(
+        "the pool to count the miss",
+        Duration::from_secs(60),
+        || {
+            let pools = pools.clone();
+            async move { (pools.get("agents").await.ok()?.status?.misses == Some(1)).then_some(()) }
+        },
+    )
+    .await;
 
     // The template changes the pod (its resources): the unclaimed pods are replaced by the new
     // version's. (An env value is not the pod's shape: the launcher delivers it at claim time.)
