@@ -382,6 +382,9 @@ fn warm_pools_are_a_chart_value_that_brings_the_pool_rules_and_the_claims_pod_pa
         "{rules}"
     );
     assert!(rules.contains("resources: [sandboxrunpools/status]\n    verbs: [patch]"));
+    // The claim writes the run's start to the parked launcher's stdin.
+    let attach = "resources: [pods/attach]\n    verbs: [create, get]";
+    assert!(rules.contains(attach), "{rules}");
     let off = ok(
         helm(&[
             "template",
@@ -395,7 +398,9 @@ fn warm_pools_are_a_chart_value_that_brings_the_pool_rules_and_the_claims_pod_pa
     assert!(!off.contains("- --warm-pools"));
     let rules = manager_rules_of(&off);
     assert!(
-        !rules.contains(patch_pods) && !rules.contains("sandboxrunpools"),
+        !rules.contains(patch_pods)
+            && !rules.contains("sandboxrunpools")
+            && !rules.contains("pods/attach"),
         "{rules}"
     );
 }
