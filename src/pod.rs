@@ -726,7 +726,7 @@ fn egress_gate_container(
         name: crate::inpod::gate::GATE_CONTAINER.to_string(),
         image: Some(settings.holder_image.clone()),
         command: Some(vec![settings.holder_binary.clone()]),
-        args: Some(gate.args(anchor.as_deref(), canary)),
+        args: Some(gate.args(anchor.as_deref(), canary.as_ref())),
         env: Some(vec![EnvVar {
             name: crate::inpod::gate::HOST_IP_ENV.to_string(),
             value: None,
@@ -765,20 +765,24 @@ fn gate_anchor(
     Some(format!("{}:{port}", url.host_str()?))
 }
 
-/// The proxy's canary port for an anchored gate, when the run's policy allows no address range:
-/// then nothing but that policy decides whether the canary is reached (an allowed range could
-/// cover the proxy's pods, and ranges apply to pod addresses on some plugins).
+/// The proxy's canary for an anchored gate, with the address ranges the run's policy allows: an
+/// allowed range could cover the proxy's pods (ranges apply to pod addresses on some plugins), so
+/// the gate probes the canary only when the anchor's address is in none of them (each range's
+/// whole CIDR, its exceptions ignored: the node is probed a little more often than needed, never
+/// the canary where the policy might let it through).
 fn gate_canary(
     egress: &crate::egress::mode::Egress,
     settings: &crate::egress::EgressSettings,
-) -> Option<u16> {
+) -> Option<crate::inpod::gate::Canary> {
     let crate::egress::mode::Egress::Filtered { mode, rules } = egress else {
         return None;
     };
-    let canary = settings.proxy.as_ref()?.canary_port?;
-    crate::egress::policy::address_blocks(*mode, rules, settings.denylist_wide)
-        .is_empty()
-        .then_some(canary)
+    let port = settings.proxy.as_ref()?.canary_port?;
+    let unless_in = crate::egress::policy::address_blocks(*mode, rules, settings.denylist_wide)
+        .into_iter()
+        .map(|b| b.cidr)
+        .collect();
+    Some(crate::inpod::gate::Canary { port, unless_in })
 }
 
 /// The pod's security context: the run's uid/gid, fsGroup for the emptyDirs, RuntimeDefault seccomp.
@@ -1208,7 +1212,8 @@ mod tests {
         let deny_all = with_network(NetworkMode::Allowlist, &[]);
         assert_eq!(anchor_of(&deny_all, &proxied), None);
         // With the proxy's canary: an anchored run whose policy allows no address range probes
-        // the canary, never the node; a run allowing a range keeps the node's probe.
+        // the canary, never the node; a run allowing a range is given both and the range: its
+        // gate probes the canary unless the proxy's address is in that range.
         let probes_canary = |r: &SandboxRun, settings: &PodSettings| {
             let args = gates(r, settings).unwrap().args.unwrap();
             (
@@ -1226,15 +1231,22 @@ mod tests {
         }
         assert_eq!(probes_canary(&filtered, &proxied), (true, false));
         let ranged = with_network(NetworkMode::Allowlist, &["example.com", "10.0.0.0/8"]);
-        assert_eq!(probes_canary(&ranged, &proxied), (false, true));
+        assert_eq!(probes_canary(&ranged, &proxied), (true, true));
+        let args = gates(&ranged, &proxied).unwrap().args.unwrap();
+        let unless = args.iter().position(|a| a == "--canary-unless-in");
+        assert_eq!(
+            unless.and_then(|i| args.get(i + 1)).map(String::as_str),
+            Some("10.0.0.0/8"),
+            "{args:?}"
+        );
         let denylist = with_network(NetworkMode::Denylist, &["203.0.113.0/24"]);
         assert_eq!(probes_canary(&denylist, &proxied), (true, false));
         let mut wide = proxied.clone();
         wide.egress.denylist_wide = true;
         assert_eq!(
             probes_canary(&denylist, &wide),
-            (false, true),
-            "0.0.0.0/0 minus"
+            (true, true),
+            "0.0.0.0/0 minus: the canary only where the proxy is outside 0.0.0.0/0, i.e. never"
         );
         if let Some(gate) = proxied.egress.gate.as_mut() {
             gate.anchor = false;

@@ -20,8 +20,12 @@ pub(crate) struct GateArgs {
     pub(crate) probe_port: Option<u16>,
     /// Probe the egress proxy's canary port at the anchor's host instead (needs `--anchor`): a
     /// listener known to answer that the run's policy never allows.
-    #[arg(long, requires = "anchor", conflicts_with_all = ["probe_host", "probe_port"])]
+    #[arg(long, requires = "anchor")]
     pub(crate) canary_port: Option<u16>,
+    /// The address ranges (CIDRs) the run's policy allows: when the anchor's address is in one,
+    /// the policy may let the canary through, so the probe (`--probe-host`) is probed instead.
+    #[arg(long, value_delimiter = ',', requires_all = ["canary_port", "probe_host", "probe_port"])]
+    pub(crate) canary_unless_in: Vec<String>,
     /// How long the probe may stay reachable before the gate gives up (e.g. 60s).
     #[arg(long, default_value = crate::inpod::gate::DEFAULT_GATE_TIMEOUT)]
     pub(crate) timeout: String,
@@ -34,7 +38,7 @@ pub(crate) struct GateArgs {
 /// Runs `egress-gate`: 0 once the probe is denied, 1 when it stayed reachable (the reason on
 /// stderr, which the kubelet keeps as the container's termination message), 2 on bad flags.
 pub(crate) async fn main(args: GateArgs) -> ExitCode {
-    let probe = match probe_of(&args) {
+    let probe = match probe_of(&args).await {
         Ok(probe) => probe,
         Err(e) => {
             eprintln!("egress gate: {e}");
@@ -64,12 +68,29 @@ pub(crate) async fn main(args: GateArgs) -> ExitCode {
     }
 }
 
-/// What the flags say to probe: the canary at the anchor's host, or the probe's address.
-fn probe_of(args: &GateArgs) -> Result<ProbeTarget, String> {
+/// What the flags say to probe: the canary at the anchor's host — unless the anchor's address
+/// is in a range the run allows (`--canary-unless-in`) — or the probe's address. An anchor that
+/// does not resolve now keeps the canary (whose name then does not resolve either: the gate
+/// cannot tell and stays shut).
+async fn probe_of(args: &GateArgs) -> Result<ProbeTarget, String> {
     if let (Some(canary), Some(anchor)) = (args.canary_port, args.anchor.as_deref()) {
-        return crate::inpod::gate::canary_of(anchor, canary)
-            .map(ProbeTarget::Named)
-            .ok_or_else(|| format!("--anchor {anchor:?} is not host:port"));
+        let named = crate::inpod::gate::canary_of(anchor, canary)
+            .ok_or_else(|| format!("--anchor {anchor:?} is not host:port"))?;
+        let ranges = args
+            .canary_unless_in
+            .iter()
+            .map(|r| {
+                crate::egress::network::Rule::parse(r)
+                    .map_err(|e| format!("--canary-unless-in {r:?}: {e}"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let addrs: Vec<IpAddr> = match tokio::net::lookup_host(anchor).await {
+            Ok(found) => found.map(|a| a.ip()).collect(),
+            Err(_) => Vec::new(),
+        };
+        if canary_applies(&addrs, &ranges) {
+            return Ok(ProbeTarget::Named(named));
+        }
     }
     let (Some(host), Some(port)) = (args.probe_host.as_deref(), args.probe_port) else {
         return Err("give --probe-host and --probe-port, or --canary-port with --anchor".into());
@@ -78,6 +99,14 @@ fn probe_of(args: &GateArgs) -> Result<ProbeTarget, String> {
         format!("--probe-host {host:?} is not an IP address (the node's IP comes from the downward API)")
     })?;
     Ok(ProbeTarget::Addr(SocketAddr::new(host, port)))
+}
+
+/// Whether the canary tells the policy apart: none of the anchor's addresses is in a range the
+/// run's policy allows.
+fn canary_applies(anchor: &[IpAddr], allowed: &[crate::egress::network::Rule]) -> bool {
+    !anchor
+        .iter()
+        .any(|a| allowed.iter().any(|r| r.matches(&a.to_string())))
 }
 
 #[cfg(test)]
@@ -99,20 +128,45 @@ mod tests {
             panic!("{argv:?} does not parse as the gate");
         };
         assert_eq!(
-            probe_of(&args),
+            probe_of(&args).await,
             Ok(ProbeTarget::Addr("127.0.0.1:9".parse().unwrap()))
         );
         assert_eq!(args.anchor.as_deref(), Some("proxy.sys.svc:3128"));
         // With the proxy's canary: the canary at the anchor's host, no probe address.
         let mut argv = vec!["sandboxrun-operator".to_string()];
-        argv.extend(gate.args(Some("proxy.sys.svc:3128"), Some(3129)));
+        let canary = crate::inpod::gate::Canary::port(3129);
+        argv.extend(gate.args(Some("proxy.sys.svc:3128"), Some(&canary)));
         let Ok(Command::EgressGate(args)) = Cli::try_parse_from(&argv).map(|c| c.command) else {
             panic!("{argv:?} does not parse as the gate");
         };
         assert_eq!(
-            probe_of(&args),
+            probe_of(&args).await,
             Ok(ProbeTarget::Named("proxy.sys.svc:3129".to_string()))
         );
+        // A run allowing address ranges: the canary where the anchor is outside them, the probe
+        // where it is inside (the policy might let the canary through).
+        for (range, want) in [
+            (
+                "192.0.2.0/24",
+                ProbeTarget::Named("127.0.0.1:3129".to_string()),
+            ),
+            (
+                "127.0.0.0/8",
+                ProbeTarget::Addr("127.0.0.1:9".parse().unwrap()),
+            ),
+        ] {
+            let canary = crate::inpod::gate::Canary {
+                port: 3129,
+                unless_in: vec![range.to_string()],
+            };
+            let mut argv = vec!["sandboxrun-operator".to_string()];
+            argv.extend(gate.args(Some("127.0.0.1:3128"), Some(&canary)));
+            let Ok(Command::EgressGate(args)) = Cli::try_parse_from(&argv).map(|c| c.command)
+            else {
+                panic!("{argv:?} does not parse as the gate");
+            };
+            assert_eq!(probe_of(&args).await, Ok(want), "{range}");
+        }
         // A canary without an anchor is a usage error, not a gate that opens.
         let alone = [
             "sandboxrun-operator",
@@ -125,6 +179,7 @@ mod tests {
             probe_host: Some("$(SANDBOXRUN_HOST_IP)".to_string()),
             probe_port: Some(9),
             canary_port: None,
+            canary_unless_in: Vec::new(),
             timeout: "5s".to_string(),
             anchor: None,
         };

@@ -89,17 +89,46 @@ pub fn parse_probe(text: &str) -> Result<Option<GateProbe>, ProbeError> {
         .ok_or_else(bad)
 }
 
+/// The egress proxy's canary for an anchored gate: its port, and the address ranges the run's
+/// policy allows (`unless_in`, CIDRs): where the anchor's address falls in one of them, the
+/// policy may let the canary through, so the gate probes the node instead.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Canary {
+    /// The proxy's canary port.
+    pub port: u16,
+    /// The address ranges the run's policy allows.
+    pub unless_in: Vec<String>,
+}
+
+#[cfg(test)]
+impl Canary {
+    /// The canary at `port` for a run that allows no address range.
+    pub(crate) fn port(port: u16) -> Canary {
+        Canary {
+            port,
+            unless_in: Vec::new(),
+        }
+    }
+}
+
 impl GateSettings {
     /// The gate container's arguments after its program (`<binary>`): the probe, with the node's
     /// IP as `$(SANDBOXRUN_HOST_IP)` for the kubelet to expand, the bound, and the anchor (a
     /// `host:port` the run's policy allows: the egress proxy) when there is one. With an anchor
-    /// and a `canary` port the gate probes the canary at the anchor's host instead of the probe.
-    pub(crate) fn args(&self, anchor: Option<&str>, canary: Option<u16>) -> Vec<String> {
+    /// and a `canary` the gate probes the canary at the anchor's host instead of the probe — for a
+    /// run that allows address ranges, only when the anchor's address is in none of them (the
+    /// probe is then given too).
+    pub(crate) fn args(&self, anchor: Option<&str>, canary: Option<&Canary>) -> Vec<String> {
         let mut args = vec![SUBCOMMAND.to_string()];
-        match (anchor, canary) {
-            (Some(_), Some(canary)) => {
-                args.extend(["--canary-port".to_string(), canary.to_string()]);
+        let canary = canary.filter(|_| anchor.is_some());
+        if let Some(canary) = canary {
+            args.extend(["--canary-port".to_string(), canary.port.to_string()]);
+            if !canary.unless_in.is_empty() {
+                args.extend(["--canary-unless-in".to_string(), canary.unless_in.join(",")]);
             }
+        }
+        match canary {
+            Some(c) if c.unless_in.is_empty() => {}
             _ => {
                 let (host, port) = match self.probe {
                     GateProbe::Node(port) => (format!("$({HOST_IP_ENV})"), port),
@@ -421,7 +450,7 @@ mod tests {
             anchor: true,
         };
         assert_eq!(
-            gate.args(None, Some(3129)),
+            gate.args(None, Some(&Canary::port(3129))),
             [
                 "egress-gate",
                 "--probe-host",
@@ -491,7 +520,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             anchor: true,
         };
-        let args = gate.args(Some(&anchor_at), Some(canary_port));
+        let args = gate.args(Some(&anchor_at), Some(&Canary::port(canary_port)));
         assert!(!args.contains(&"--probe-host".to_string()), "{args:?}");
         let target = ProbeTarget::Named(canary_of(&anchor_at, canary_port).unwrap());
         let shut =

@@ -1826,7 +1826,9 @@ const GATED_ONLY: &str = "echo started > /dev/termination-log";
 /// proxy now probes the proxy's canary (a stand-in: the same pod answers both ports):
 /// - the namespace widened by its tenant (an allow-all egress NetworkPolicy: policies add up, so
 ///   the run's own is not in force): the canary answers, the gate stays shut and the run fails
-///   `EgressNotEnforced` with the gate's words, its workload never started;
+///   `EgressNotEnforced` with the gate's words, its workload never started; so does a run that
+///   also allows an address range the proxy is outside (`192.0.2.0/24`), whose gate used to
+///   probe the node;
 /// - without that policy: the canary is refused, the anchor answers, the gate exits 0 and the
 ///   run succeeds.
 #[tokio::test]
@@ -1912,6 +1914,13 @@ async fn a_gate_anchored_on_the_proxy_probes_its_canary_so_a_dead_node_probe_nev
         .expect("create the allow-all policy");
     // (Its pod goes as soon as the run fails: the gate's words are read from the run.)
     create(&runs, "widened", spec()).await;
+    // A run that also allows an address range the proxy is not in: its gate probes the canary
+    // too (before, any range sent it to the node's probe, which, dead, opened it at once).
+    let mut ranged = spec();
+    if let Some(network) = ranged.network.as_mut() {
+        network.rules.push("192.0.2.0/24".to_string());
+    }
+    create(&runs, "widened-ranged", ranged).await;
     let done = wait_run(
         &runs,
         "widened",
@@ -1937,6 +1946,22 @@ async fn a_gate_anchored_on_the_proxy_probes_its_canary_so_a_dead_node_probe_nev
             .iter()
             .any(|c| c.reason == "EgressNotEnforced"),
         "{status:?}"
+    );
+
+    let done = wait_run(
+        &runs,
+        "widened-ranged",
+        "the widened run with a range to fail",
+        &op,
+        final_phase,
+    )
+    .await;
+    let status = done.status.clone().unwrap_or_default();
+    assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
+    let said = status.message.clone().unwrap_or_default();
+    assert!(
+        said.contains(&format!("{proxy_ip}:3129")) && said.contains("still reachable"),
+        "the gate of a run allowing a range the proxy is outside, shut, names the canary: {said:?}"
     );
 
     // Without the tenant's policy the run's own is in force: the canary is refused.
