@@ -3,6 +3,7 @@
 # phase; on its own it takes under 5 minutes on a warm machine (a cold cargo build is longer).
 #   cargo fmt --check; cargo clippy --all-targets --locked -D warnings; generated files up to date
 #   (hack/gen.sh --check); no import cycles between files or areas, the areas' drawing in docs/architecture.md is the code's (hack/import-cycles.py); the Dockerfile lint;
+#   no new Result<_, String> in runtime code (hack/string-errors.py, a ratchet: hack/string-errors.allow);
 #   no function over 80 lines (hack/fn-length.py, after its self-test).
 # Stops at the first check that fails; ends with each check's time.
 set -euo pipefail
@@ -29,6 +30,9 @@ python3 hack/import-cycles.py src
 python3 hack/import-cycles.py --check-doc docs/architecture.md src
 step "Dockerfile lint (hack/lint-dockerfile.sh)"
 hack/lint-dockerfile.sh
+step "no new Result<_, String> in runtime code (hack/string-errors.py, a ratchet)"
+python3 hack/string-errors.py --self-test
+python3 hack/string-errors.py src
 step "no function over 80 lines (hack/fn-length.py src)"
 python3 hack/fn-length.py --self-test
 python3 hack/fn-length.py src

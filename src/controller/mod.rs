@@ -28,6 +28,7 @@ mod drive;
 pub(crate) mod error;
 pub(crate) mod events;
 mod kueue_gate;
+mod launcher;
 pub(crate) mod observe;
 mod pipeline;
 pub(crate) mod plan;

@@ -19,9 +19,8 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{AttachParams, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{info, warn};
 
 use super::context::Context;
@@ -29,13 +28,10 @@ use super::decide::Step;
 use super::error::{kube_err, ControllerError};
 use super::plan::{self, Inputs, Plan, Requeue, StepPlan};
 use crate::api::{SandboxRun, SandboxRunPool, WarmStart};
-use crate::inpod::launch::{LaunchStatus, StartMessage};
 use crate::pool::pod::{self as pool_pod, CLAIMED_BY_LABEL, POOL_LABEL};
 
 /// How soon a run that took a pod (or was told to start cold) is looked at again.
 const SOON: Duration = Duration::from_millis(100);
-/// The longest the launcher's answer to a delivery may take.
-const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// What the warm-pool stage did.
 pub(super) enum Warm {
@@ -119,8 +115,8 @@ fn choose<'a>(
     pool: &SandboxRunPool,
     pods: &'a [Pod],
     uid: &str,
-) -> Result<&'a Pod, String> {
-    crate::pool::compat::compatible(own).map_err(|why| why.to_string())?;
+) -> Result<&'a Pod, Cold> {
+    crate::pool::compat::compatible(own)?;
     let hash = crate::pool::park::park_in_launcher(cold.clone(), &ctx.pod)
         .map(|parked| pool_pod::template_hash(&parked))
         .unwrap_or_default();
@@ -129,14 +125,28 @@ fn choose<'a>(
         .as_ref()
         .and_then(|s| s.template_hash.as_deref());
     if current != Some(hash.as_str()) {
-        return Err("the pool's pods are not the pod this run gets (its namespace's defaults, or the pool is rolling out)".into());
+        return Err(Cold::OtherShape);
     }
     let views: Vec<_> = pods.iter().map(pool_pod::view_of).collect();
-    let pick = crate::pool::plan::pick_for_claim(&hash, &views, uid)
-        .ok_or_else(|| "the pool had no ready pod".to_string())?;
+    let pick = crate::pool::plan::pick_for_claim(&hash, &views, uid).ok_or(Cold::NoReadyPod)?;
     pods.iter()
         .find(|p| p.name_any() == pick.name)
-        .ok_or_else(|| "the pool had no ready pod".to_string())
+        .ok_or(Cold::NoReadyPod)
+}
+
+/// Why a run made from a pooled template starts cold (`status.warmStart.coldReason`).
+#[derive(Debug, thiserror::Error)]
+enum Cold {
+    #[error("{0}")]
+    Incompatible(#[from] crate::pool::compat::Incompatible),
+    #[error("the pool's pods are not the pod this run gets (its namespace's defaults, or the pool is rolling out)")]
+    OtherShape,
+    #[error("the pool had no ready pod")]
+    NoReadyPod,
+    #[error("the run has no command: a pool pod's launcher starts only a command the run names")]
+    NoCommand,
+    #[error("the pool pod's launcher did not start the run: {0}")]
+    NotStarted(#[from] super::launcher::DeliveryError),
 }
 
 /// The pod the run would get cold, as the cold path makes it (its rules passed, its namespace's
@@ -197,27 +207,18 @@ async fn started(
     now: Timestamp,
 ) -> Result<Warm, ControllerError> {
     let Some(message) = pool_pod::start_message(cold, &run.uid().unwrap_or_default()) else {
-        let why =
-            "the run has no command: a pool pod's launcher starts only a command the run names";
-        return cold_start(ctx, run, pool, why.into(), now).await;
+        return cold_start(ctx, run, pool, Cold::NoCommand, now).await;
     };
     let ns = run.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let name = pod.name_any();
-    let delivered = deliver(&pods, &name, &message, resumed).await;
+    let delivered = super::launcher::deliver(&pods, &name, &message, resumed).await;
     // A resumed claim whose delivery fails (the workload ran and ended, or the pod is going) is
     // still this run's pod: its tracking says what became of it. Only a fresh claim goes cold.
     if let (Err(why), false) = (delivered, resumed) {
         warn!(run = %run.name_any(), pod = %name, %why, "the pool pod's launcher did not take the start; starting cold");
         let _ = pods.delete(&name, &DeleteParams::default()).await;
-        return cold_start(
-            ctx,
-            run,
-            pool,
-            format!("the pool pod's launcher did not start the run: {why}"),
-            now,
-        )
-        .await;
+        return cold_start(ctx, run, pool, why.into(), now).await;
     }
     let mut status = run.status.clone().unwrap_or_default();
     status.warm_start = Some(WarmStart {
@@ -236,7 +237,7 @@ async fn cold_start(
     ctx: &Arc<Context>,
     run: &Arc<SandboxRun>,
     pool: &str,
-    why: String,
+    why: Cold,
     now: Timestamp,
 ) -> Result<Warm, ControllerError> {
     info!(run = %run.name_any(), pool, %why, "starting cold");
@@ -246,7 +247,7 @@ async fn cold_start(
     status.warm_start = Some(WarmStart {
         pool: pool.to_string(),
         pod: None,
-        cold_reason: Some(why),
+        cold_reason: Some(why.to_string()),
     });
     carry(ctx, run, status, now).await
 }
@@ -291,97 +292,4 @@ async fn carry(
     let pod_name = crate::pod::current_pod_name(run);
     let requeue = super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
     Ok(Warm::Done(requeue))
-}
-
-/// Hands `message` to the pod's launcher: a fresh claim attaches to the parked workload's stdin
-/// and writes it ([`attach_and_write`]: no process is spawned in the container, as an exec
-/// would). A resumed claim (the run took the pod in an earlier reconcile) first asks the launcher
-/// what it did with the pod's one start ([`launch_status`]): this run's start, or one being read,
-/// is done; a container that no longer runs is this run's pod whatever it ran (its tracking says
-/// what became of it); only a launcher still waiting is written to.
-async fn deliver(
-    pods: &Api<Pod>,
-    pod: &str,
-    message: &StartMessage,
-    resumed: bool,
-) -> Result<(), String> {
-    if resumed {
-        match launch_status(pods, pod).await {
-            Ok(LaunchStatus::Waiting) => {}
-            Ok(LaunchStatus::Refused(why)) => return Err(why),
-            Ok(_) | Err(_) => return Ok(()),
-        }
-    }
-    attach_and_write(pods, pod, message).await
-}
-
-/// Attaches to the pod's workload container (stdin only) and writes `message` as one line of
-/// JSON; Ok once the attach carried it and ended. The container's stdin is `stdinOnce`: it closes
-/// when this attach ends, so the launcher never reads anything after the message.
-async fn attach_and_write(
-    pods: &Api<Pod>,
-    pod: &str,
-    message: &StartMessage,
-) -> Result<(), String> {
-    let mut line = serde_json::to_vec(message).map_err(|e| e.to_string())?;
-    line.push(b'\n');
-    let params = AttachParams::default()
-        .container(crate::pod::WORKLOAD_CONTAINER)
-        .stdin(true)
-        .stdout(false)
-        .stderr(false);
-    let mut attached = pods
-        .attach(pod, &params)
-        .await
-        .map_err(|e| format!("attach to the parked workload: {e}"))?;
-    let mut stdin = attached.stdin().ok_or("no stdin")?;
-    let status = attached.take_status().ok_or("no status")?;
-    let talk = async move {
-        stdin.write_all(&line).await.map_err(|e| e.to_string())?;
-        stdin.shutdown().await.map_err(|e| e.to_string())?;
-        drop(stdin);
-        // The kubelet ends the attach once the container's stdin took it all, with a status.
-        Ok::<_, String>(status.await)
-    };
-    let status = tokio::time::timeout(DELIVERY_TIMEOUT, talk)
-        .await
-        .map_err(|_| "the attach to the parked workload did not end in time".to_string())??;
-    match status {
-        Some(s) if s.status.as_deref() == Some("Success") => Ok(()),
-        Some(s) => Err(format!(
-            "the attach to the parked workload failed: {}",
-            s.message.unwrap_or_default()
-        )),
-        None => Err("the attach to the parked workload ended without a status".into()),
-    }
-}
-
-/// Execs `launch-status` in the pod's workload container: what its launcher did with the pod's
-/// one start.
-async fn launch_status(pods: &Api<Pod>, pod: &str) -> Result<LaunchStatus, String> {
-    let argv = vec![
-        crate::pool::park::launcher_path(),
-        "launch-status".to_string(),
-    ];
-    let params = AttachParams::default()
-        .container(crate::pod::WORKLOAD_CONTAINER)
-        .stdout(true)
-        .stderr(false);
-    let mut process = pods
-        .exec(pod, argv, &params)
-        .await
-        .map_err(|e| format!("exec launch-status: {e}"))?;
-    let mut stdout = process.stdout().ok_or("no stdout")?;
-    let read = async move {
-        let mut said = String::new();
-        let _ = (&mut stdout).take(4096).read_to_string(&mut said).await;
-        said
-    };
-    let said = tokio::time::timeout(DELIVERY_TIMEOUT, read)
-        .await
-        .map_err(|_| "launch-status did not answer in time".to_string())?;
-    if said.trim().is_empty() {
-        return Err("launch-status said nothing".into());
-    }
-    Ok(LaunchStatus::parse(&said))
 }

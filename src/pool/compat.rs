@@ -18,27 +18,17 @@ const WARM_FIELDS: [&str; 6] = [
 ];
 
 /// Why a run cannot take a pool pod and starts cold.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Incompatible {
     /// The run sets a field that changes the pod.
+    #[error("the run sets spec.{0}, which changes the pod")]
     Field(String),
     /// An env var takes its value from a Secret or ConfigMap: the pod would have to reference it.
+    #[error("env var {0} takes its value from a Secret or ConfigMap, which changes the pod")]
     EnvFrom(String),
     /// The run's spec could not be read as JSON (never expected).
+    #[error("the run's spec could not be read")]
     Unreadable,
-}
-
-impl std::fmt::Display for Incompatible {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Field(field) => write!(f, "the run sets spec.{field}, which changes the pod"),
-            Self::EnvFrom(name) => write!(
-                f,
-                "env var {name} takes its value from a Secret or ConfigMap, which changes the pod"
-            ),
-            Self::Unreadable => write!(f, "the run's spec could not be read"),
-        }
-    }
 }
 
 /// Whether the run's own spec (as its author wrote it, before the template is merged) lets it
