@@ -30,7 +30,11 @@ current=$(awk '$1 == "version:" { print $2 }' "$CHART/Chart.yaml")
 line=$(awk -v cur="$current" '$1 !~ /^#/ && NF >= 3 && $1 != cur { last = $0 } END { print last }' "$RECORD")
 [ -n "$line" ] || die "no earlier release with a commit in $RECORD"
 read -r VERSION TREE COMMIT <<<"$line"
-git cat-file -e "$COMMIT^{commit}" 2>/dev/null || die "commit $COMMIT of release $VERSION is not in this clone (a shallow clone?)"
+if ! git cat-file -e "$COMMIT^{commit}" 2>/dev/null; then
+  # A shallow clone: ask the remote for that one commit.
+  git fetch --quiet --depth=1 origin "$COMMIT" >/dev/null 2>&1 || true
+fi
+git cat-file -e "$COMMIT^{commit}" 2>/dev/null || die "commit $COMMIT of release $VERSION is not in this clone (a shallow clone? git fetch --unshallow)"
 [ "$(git rev-parse "$COMMIT:$CHART")" = "$TREE" ] || die "commit $COMMIT's chart is not the tree $TREE that $VERSION released"
 
 OUT=$CACHE_ROOT/release-$VERSION-${COMMIT:0:12}
