@@ -68,20 +68,34 @@ pub(crate) async fn main(args: GateArgs) -> ExitCode {
     }
 }
 
+/// Why the gate's flags name nothing to probe (a usage error: exit 2). The texts are the gate's
+/// stderr, which the kubelet keeps as the container's termination message.
+#[derive(Debug, PartialEq, thiserror::Error)]
+enum FlagError {
+    #[error("--anchor {0:?} is not host:port")]
+    Anchor(String),
+    #[error("--canary-unless-in {0:?}: {1}")]
+    CanaryRange(String, crate::egress::network::RuleError),
+    #[error("give --probe-host and --probe-port, or --canary-port with --anchor")]
+    NoProbe,
+    #[error("--probe-host {0:?} is not an IP address (the node's IP comes from the downward API)")]
+    ProbeHost(String),
+}
+
 /// What the flags say to probe: the canary at the anchor's host — unless the anchor's address
 /// is in a range the run allows (`--canary-unless-in`) — or the probe's address. An anchor that
 /// does not resolve now keeps the canary (whose name then does not resolve either: the gate
 /// cannot tell and stays shut).
-async fn probe_of(args: &GateArgs) -> Result<ProbeTarget, String> {
+async fn probe_of(args: &GateArgs) -> Result<ProbeTarget, FlagError> {
     if let (Some(canary), Some(anchor)) = (args.canary_port, args.anchor.as_deref()) {
         let named = crate::inpod::gate::canary_of(anchor, canary)
-            .ok_or_else(|| format!("--anchor {anchor:?} is not host:port"))?;
+            .ok_or_else(|| FlagError::Anchor(anchor.to_string()))?;
         let ranges = args
             .canary_unless_in
             .iter()
             .map(|r| {
                 crate::egress::network::Rule::parse(r)
-                    .map_err(|e| format!("--canary-unless-in {r:?}: {e}"))
+                    .map_err(|e| FlagError::CanaryRange(r.clone(), e))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let addrs: Vec<IpAddr> = match tokio::net::lookup_host(anchor).await {
@@ -93,11 +107,12 @@ async fn probe_of(args: &GateArgs) -> Result<ProbeTarget, String> {
         }
     }
     let (Some(host), Some(port)) = (args.probe_host.as_deref(), args.probe_port) else {
-        return Err("give --probe-host and --probe-port, or --canary-port with --anchor".into());
+        return Err(FlagError::NoProbe);
     };
-    let host: IpAddr = host.trim().parse().map_err(|_| {
-        format!("--probe-host {host:?} is not an IP address (the node's IP comes from the downward API)")
-    })?;
+    let host: IpAddr = host
+        .trim()
+        .parse()
+        .map_err(|_| FlagError::ProbeHost(host.to_string()))?;
     Ok(ProbeTarget::Addr(SocketAddr::new(host, port)))
 }
 
