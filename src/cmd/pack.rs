@@ -30,7 +30,7 @@ pub(crate) fn main(args: PackArgs) -> ExitCode {
     let packed = match args.wire {
         Wire::Tar => crate::inpod::pack::pack(&args.path, args.budget, stdout, stderr)
             .map(|_| ())
-            .map_err(|e| e.to_string()),
+            .map_err(PackFailed::Pack),
         Wire::Zstd => zstd_pack(&args, stdout, stderr),
     };
     match packed {
@@ -47,10 +47,20 @@ fn zstd_pack(
     args: &PackArgs,
     stdout: impl std::io::Write,
     stderr: impl std::io::Write,
-) -> Result<(), String> {
-    let mut encoder = zstd_writer(stdout).map_err(|e| format!("zstd: {e}"))?;
-    crate::inpod::pack::pack(&args.path, args.budget, &mut encoder, stderr)
-        .map_err(|e| e.to_string())?;
-    let mut stdout = encoder.finish().map_err(|e| format!("zstd: {e}"))?;
-    stdout.flush().map_err(|e| e.to_string())
+) -> Result<(), PackFailed> {
+    let mut encoder = zstd_writer(stdout).map_err(PackFailed::Zstd)?;
+    crate::inpod::pack::pack(&args.path, args.budget, &mut encoder, stderr)?;
+    let mut stdout = encoder.finish().map_err(PackFailed::Zstd)?;
+    stdout.flush().map_err(PackFailed::Flush)
+}
+
+/// Why `pack` wrote no whole archive (its stderr, after "sandboxrun-operator pack: ").
+#[derive(Debug, thiserror::Error)]
+enum PackFailed {
+    #[error("{0}")]
+    Pack(#[from] crate::inpod::pack::PackError),
+    #[error("zstd: {0}")]
+    Zstd(std::io::Error),
+    #[error("{0}")]
+    Flush(std::io::Error),
 }
