@@ -12,9 +12,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
-use kube::{Api, ResourceExt};
+use kube::{Api, Resource, ResourceExt};
 use tracing::{info, warn};
 
 use super::context::Context;
@@ -129,7 +130,11 @@ async fn reconcile(
     let pods = (0..plan.create)
         .map_while(|i| pool_pod::pool_pod(&pool, &made, &ctx.pod, &suffix(i)).ok())
         .map(|(pod, _)| pod);
-    let refused = create_pods(&pods_api, &pool, pods).await?;
+    let (created, refused) = create_pods(&pods_api, &pool, pods).await?;
+    if created > 0 {
+        let note = format!("created {created} pool pod(s) of template version {hash}");
+        publish(&ctx, &pool, EventType::Normal, "PodsCreated", note).await;
+    }
     let status = SandboxRunPoolStatus {
         replicas: count(plan.ready + plan.pending),
         ready_replicas: count(plan.ready),
@@ -146,23 +151,26 @@ async fn reconcile(
 }
 
 /// Creates `pods`; stops at the first one the namespace refuses (its quota, Pod Security or
-/// another admission: pool pods are judged as any pod is) and returns why, for the status.
+/// another admission: pool pods are judged as any pod is). How many it created, and why it
+/// stopped, for the status.
 async fn create_pods(
     api: &Api<Pod>,
     pool: &SandboxRunPool,
     pods: impl Iterator<Item = Pod>,
-) -> Result<Option<String>, ControllerError> {
+) -> Result<(usize, Option<String>), ControllerError> {
     let name = pool.name_any();
+    let mut created = 0;
     for pod in pods {
         match api.create(&PostParams::default(), &pod).await {
-            Ok(_) => info!(pool = %name, pod = %pod.name_any(), "pool pod created"),
+            Ok(_) => {
+                created += 1;
+                info!(pool = %name, pod = %pod.name_any(), "pool pod created");
+            }
             Err(kube::Error::Api(ae)) if ae.code == 409 => {}
             Err(kube::Error::Api(ae)) if ae.code == 403 || ae.code == 422 => {
                 warn!(pool = %name, reason = %ae.message, "a pool pod was refused");
-                return Ok(Some(format!(
-                    "the namespace refused a pool pod: {}",
-                    ae.message
-                )));
+                let why = format!("the namespace refused a pool pod: {}", ae.message);
+                return Ok((created, Some(why)));
             }
             Err(e) => {
                 let ns = pool.namespace().unwrap_or_default();
@@ -170,7 +178,28 @@ async fn create_pods(
             }
         }
     }
-    Ok(None)
+    Ok((created, None))
+}
+
+/// Publishes an Event about `pool` (best effort: a failure is logged).
+async fn publish(
+    ctx: &Context,
+    pool: &SandboxRunPool,
+    type_: EventType,
+    reason: &str,
+    mut note: String,
+) {
+    crate::text::truncate(&mut note, 1024);
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: "Reconcile".to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &pool.object_ref(&())).await {
+        warn!(pool = %pool.name_any(), reason, error = %e, "could not publish Event");
+    }
 }
 
 fn count(n: usize) -> i32 {
@@ -273,5 +302,15 @@ async fn write_status(
         "write the status of pool {ns}/{}",
         pool.name_any()
     )))?;
+    // Why the pool does not serve (or serves fewer than asked), once each time it changes.
+    let before = pool.status.as_ref().and_then(|s| s.message.as_ref());
+    if let Some(message) = status.message.as_ref().filter(|m| Some(*m) != before) {
+        let reason = if message.starts_with("the namespace refused") {
+            "PodRefused"
+        } else {
+            "NotPooled"
+        };
+        publish(ctx, pool, EventType::Warning, reason, message.clone()).await;
+    }
     Ok(())
 }

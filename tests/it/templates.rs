@@ -868,6 +868,21 @@ async fn a_warm_pool_is_judged_by_the_rules_the_authors_rights_and_the_quota() {
     })
     .await;
     assert!(why.contains("refused a pool pod"), "{why}");
+    // The same in `kubectl describe sbrp`: an Event per reason, about each pool.
+    for (pool, reason) in [
+        ("refused", "NotPooled"),
+        ("secret", "NotPooled"),
+        ("plain", "PodRefused"),
+        ("plain", "PodsCreated"),
+    ] {
+        let event = wait_event(&client, &ns.name, Some(pool), reason, CONVERGE, &op).await;
+        let warning = reason != "PodsCreated";
+        assert_eq!(
+            event.type_.as_deref(),
+            Some(if warning { "Warning" } else { "Normal" }),
+            "{event:?}"
+        );
+    }
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let pool_pods = pods
         .list(&kube::api::ListParams::default().labels("sandbox.iterion.io/pool"))
