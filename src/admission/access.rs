@@ -124,6 +124,16 @@ impl Right {
     }
 }
 
+/// The fields of `spec` that exercise a right (each named once, without its detail), in a stable
+/// order: what a message says an author's rights must cover.
+pub(crate) fn required_fields(spec: &SandboxRunSpec) -> std::collections::BTreeSet<String> {
+    required(spec)
+        .into_values()
+        .flatten()
+        .map(|f| f.split(" (").next().unwrap_or(&f).to_string())
+        .collect()
+}
+
 /// Every right `spec` exercises, each with the fields that exercise it, in a stable order.
 pub(crate) fn required(spec: &SandboxRunSpec) -> BTreeMap<Right, Vec<String>> {
     let mut out: BTreeMap<Right, Vec<String>> = BTreeMap::new();

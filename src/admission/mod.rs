@@ -31,4 +31,4 @@ pub(crate) mod stamp_key;
 pub(crate) mod templates;
 pub mod webhook;
 
-pub use rules::{check, check_update, Finding, RuleSettings, Severity};
+pub use rules::{check, check_update, refusals, Finding, RuleSettings, Severity};

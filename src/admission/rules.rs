@@ -243,6 +243,37 @@ pub mod ids {
     pub(crate) const STORE_UNUSABLE: &str = "store-unusable";
 }
 
+/// How many failing rules [`refusals`] spells out.
+const REFUSALS_SHOWN: usize = 3;
+
+/// The rules' refusal of `spec` in words, for an operator that judges on its own (a held run, a
+/// pool's template): each failing rule with its field, message and hint, the first
+/// [`REFUSALS_SHOWN`] of them, then how many more; None when no rule fails.
+pub fn refusals(spec: &SandboxRunSpec, settings: &RuleSettings) -> Option<String> {
+    let fails: Vec<_> = check(spec, settings)
+        .into_iter()
+        .filter(|f| f.is_fail())
+        .collect();
+    if fails.is_empty() {
+        return None;
+    }
+    let shown: Vec<String> = fails
+        .iter()
+        .take(REFUSALS_SHOWN)
+        .map(|f| {
+            format!(
+                "rule {} at {}: {} (hint: {})",
+                f.rule, f.field, f.message, f.hint
+            )
+        })
+        .collect();
+    let more = match fails.len().saturating_sub(REFUSALS_SHOWN) {
+        0 => String::new(),
+        n => format!("; and {n} more (`sandboxrun-operator doctor --strict` lists them)"),
+    };
+    Some(format!("{}{more}", shown.join("; ")))
+}
+
 /// Checks a spec against every ADR-006 rule. Findings are sorted (see [`sort_findings`]).
 pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
     let mut out = Vec::new();

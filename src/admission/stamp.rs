@@ -168,15 +168,10 @@ pub(crate) fn unverified_rights(
     if policy.unadmitted == UnadmittedReferences::Trust {
         return None;
     }
-    let rights = super::access::required(&run.spec);
-    if rights.is_empty() {
+    let fields = super::access::required_fields(&run.spec);
+    if fields.is_empty() {
         return None;
     }
-    let fields: std::collections::BTreeSet<&str> = rights
-        .values()
-        .flatten()
-        .map(|f| f.split(" (").next().unwrap_or(f))
-        .collect();
     let why = match &policy.key {
         None => "the operator could not read its admission key".to_string(),
         Some(key) => {

@@ -8,7 +8,7 @@
 //! pool refuses start cold and are judged as any run is. Pure.
 
 use crate::admission::stamp::{RightsPolicy, UnadmittedReferences};
-use crate::admission::{check, RuleSettings};
+use crate::admission::{refusals, RuleSettings};
 use crate::api::SandboxRunSpec;
 
 /// Why a pool makes no pods of `made` (its template merged into an empty run), or None.
@@ -17,23 +17,9 @@ pub(crate) fn refusal(
     rules: &RuleSettings,
     rights: &RightsPolicy,
 ) -> Option<String> {
-    let fails: Vec<String> = check(made, rules)
-        .into_iter()
-        .filter(|f| f.is_fail())
-        .map(|f| {
-            format!(
-                "rule {} at {}: {} (hint: {})",
-                f.rule, f.field, f.message, f.hint
-            )
-        })
-        .collect();
-    if let Some(first) = fails.first() {
+    if let Some(refused) = refusals(made, rules) {
         return Some(format!(
-            "the operator's admission rules refuse its template: {first}{}",
-            match fails.len() {
-                1 => String::new(),
-                n => format!("; and {} more", n - 1),
-            }
+            "the operator's admission rules refuse its template: {refused}"
         ));
     }
     if rights.unadmitted == UnadmittedReferences::Trust {
@@ -46,12 +32,8 @@ pub(crate) fn refusal(
         .template_ref
         .as_ref()
         .is_some_and(|t| t.kind == crate::api::TemplateKind::SandboxRunTemplate);
-    let fields: std::collections::BTreeSet<String> = crate::admission::access::required(made)
-        .into_values()
-        .flatten()
-        .map(|f| f.split(" (").next().unwrap_or(&f).to_string())
-        .filter(|f| !(own_template && f.starts_with("spec.templateRef")))
-        .collect();
+    let mut fields = crate::admission::access::required_fields(made);
+    fields.retain(|f| !(own_template && f.starts_with("spec.templateRef")));
     (!fields.is_empty()).then(|| {
         format!(
             "its template uses what an author's rights must cover ({}): a pool pod is made before \

@@ -62,38 +62,14 @@ pub(super) fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
     }
 }
 
-/// The rules' refusal of `run` (`admission::rules::check`, the webhook's and `doctor`'s engine),
-/// in words: each failing rule with its field, message and hint, the first
-/// [`REFUSALS_SHOWN`] of them; None when no rule fails.
+/// The rules' refusal of `run` (`admission::refusals`, the webhook's and `doctor`'s engine) in
+/// words; None when no rule fails.
 pub(super) fn refused_by_rules(
     run: &SandboxRun,
     rules: &crate::admission::RuleSettings,
 ) -> Option<String> {
-    let fails: Vec<_> = crate::admission::check(&run.spec, rules)
-        .into_iter()
-        .filter(|f| f.is_fail())
-        .collect();
-    if fails.is_empty() {
-        return None;
-    }
-    let shown: Vec<String> = fails
-        .iter()
-        .take(REFUSALS_SHOWN)
-        .map(|f| {
-            format!(
-                "rule {} at {}: {} (hint: {})",
-                f.rule, f.field, f.message, f.hint
-            )
-        })
-        .collect();
-    let more = match fails.len().saturating_sub(REFUSALS_SHOWN) {
-        0 => String::new(),
-        n => format!("; and {n} more (`sandboxrun-operator doctor --strict` lists them)"),
-    };
-    Some(format!(
-        "the operator's admission rules refuse the spec: {}{more}",
-        shown.join("; ")
-    ))
+    crate::admission::refusals(&run.spec, rules)
+        .map(|r| format!("the operator's admission rules refuse the spec: {r}"))
 }
 
 /// The run's author's rights were not verified by an admission: no pod, `Ready=False
@@ -114,9 +90,6 @@ pub(super) fn rights_unverified(run: &SandboxRun, why: &str, now: Timestamp) -> 
         requeue: Requeue::AwaitChange,
     }
 }
-
-/// How many failing rules a held run's message spells out.
-const REFUSALS_SHOWN: usize = 3;
 
 /// The pod is created (`created`), or already existed (the apiserver answered 409).
 pub(crate) fn pod_created(
