@@ -38,28 +38,22 @@ pub(super) enum DeliveryError {
     StatusTimeout,
     #[error("launch-status said nothing")]
     Silent,
-    #[error("the launcher refused the start: {0}")]
-    Refused(String),
 }
 
 /// Hands `message` to the pod's launcher: a fresh claim attaches to the parked workload's stdin
 /// and writes it ([`attach_and_write`]: no process is spawned in the container, as an exec
 /// would). A resumed claim (the run took the pod in an earlier reconcile) first asks the launcher
-/// what it did with the pod's one start ([`launch_status`]): this run's start, or one being read,
-/// is done; a container that no longer runs is this run's pod whatever it ran (its tracking says
-/// what became of it); only a launcher still waiting is written to.
+/// what it did with the pod's one start ([`launch_status`]) and writes only to a launcher still
+/// waiting: any other answer (a start taken, being read or refused; a container that no longer
+/// runs) leaves the pod this run's, whose tracking says what became of it.
 pub(super) async fn deliver(
     pods: &Api<Pod>,
     pod: &str,
     message: &StartMessage,
     resumed: bool,
 ) -> Result<(), DeliveryError> {
-    if resumed {
-        match launch_status(pods, pod).await {
-            Ok(LaunchStatus::Waiting) => {}
-            Ok(LaunchStatus::Refused(why)) => return Err(DeliveryError::Refused(why)),
-            Ok(_) | Err(_) => return Ok(()),
-        }
+    if resumed && !matches!(launch_status(pods, pod).await, Ok(LaunchStatus::Waiting)) {
+        return Ok(());
     }
     attach_and_write(pods, pod, message).await
 }

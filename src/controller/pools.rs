@@ -189,7 +189,7 @@ async fn publish(
     reason: &str,
     mut note: String,
 ) {
-    crate::text::truncate(&mut note, 1024);
+    crate::text::truncate(&mut note, super::events::EVENT_NOTE_LIMIT);
     let event = Event {
         type_,
         reason: reason.to_string(),

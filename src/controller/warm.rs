@@ -9,9 +9,10 @@
 //! in the pod's workload container is handed the run's command and env on its stdin, through
 //! `pods/attach` (the launcher takes the pod's one start and reads one message); (3) the run's
 //! status records the pod (`status.warmStart.pod`, from then on the run's pod for its first
-//! attempt) and its start. A run that finds a pod it claimed already resumes at (2), after asking
-//! the launcher (`launch-status`) whether it took this run's start already. No ready pod, or a run that sets a field that changes the pod: the run
-//! starts cold and `status.warmStart.coldReason` says why.
+//! attempt) and its start. A run that finds a pod it claimed already resumes at (2), writing only
+//! to a launcher still waiting (`launch-status`, `super::launcher`). No ready pod, or a run that
+//! sets a field that changes the pod: the run starts cold, `status.warmStart.coldReason` says
+//! why and the pool counts the miss (`status.misses`).
 
 use std::sync::Arc;
 use std::time::Duration;
