@@ -51,8 +51,9 @@ if [ ! -x "$OUT/sandboxrun-operator" ]; then
   cp "${CARGO_TARGET_DIR:-$REPO/target}/$target/release/sandboxrun-operator" "$OUT/sandboxrun-operator.tmp"
   mv -f "$OUT/sandboxrun-operator.tmp" "$OUT/sandboxrun-operator"
 fi
-"$OUT/sandboxrun-operator" --version 2>/dev/null | grep -q "$VERSION" ||
-  die "$OUT/sandboxrun-operator is not version $VERSION ($("$OUT/sandboxrun-operator" --version 2>&1 || true))"
+# Read whole, not piped into `grep -q` (SIGPIPE under pipefail: hack/lib.sh first_line).
+built=$("$OUT/sandboxrun-operator" --version 2>&1 || true)
+[[ $built == *" $VERSION"* ]] || die "$OUT/sandboxrun-operator is not version $VERSION ($built)"
 
 # The chart as released: its tree from git, packaged by this bed's helm.
 pkg=$STATE/previous-release

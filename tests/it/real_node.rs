@@ -1176,13 +1176,7 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
         ReadBackPhase::Drained,
         "{status:?}"
     );
-    let host_store_env = [
-        ("AWS_ACCESS_KEY_ID", s3.access_key.as_str()),
-        ("AWS_SECRET_ACCESS_KEY", s3.secret_key.as_str()),
-        ("AWS_REGION", "us-east-1"),
-        ("AWS_ENDPOINT", s3.endpoint.as_str()),
-        ("AWS_ALLOW_HTTP", "true"),
-    ];
+    let host_store_env = s3.host_env();
     let dest = files_get(&runs_ns.name, "good", &store_url, &[], &host_store_env)
         .unwrap_or_else(|e| panic!("files get failed: {e}"));
     assert_eq!(
@@ -1921,48 +1915,27 @@ async fn a_gate_anchored_on_the_proxy_probes_its_canary_so_a_dead_node_probe_nev
         network.rules.push("192.0.2.0/24".to_string());
     }
     create(&runs, "widened-ranged", ranged).await;
-    let done = wait_run(
-        &runs,
-        "widened",
-        "the widened run to fail",
-        &op,
-        final_phase,
-    )
-    .await;
-    let status = done.status.clone().unwrap_or_default();
-    assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
-    let said = status.message.clone().unwrap_or_default();
-    assert!(
-        said.contains(&format!("{proxy_ip}:3129")) && said.contains("still reachable"),
-        "the gate, shut, names the canary: {said:?}"
-    );
-    assert!(
-        status.workload.is_none() || status.exit_code.is_none(),
-        "the workload never started: {status:?}"
-    );
-    assert!(
-        status
-            .conditions
-            .iter()
-            .any(|c| c.reason == "EgressNotEnforced"),
-        "{status:?}"
-    );
-
-    let done = wait_run(
-        &runs,
-        "widened-ranged",
-        "the widened run with a range to fail",
-        &op,
-        final_phase,
-    )
-    .await;
-    let status = done.status.clone().unwrap_or_default();
-    assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
-    let said = status.message.clone().unwrap_or_default();
-    assert!(
-        said.contains(&format!("{proxy_ip}:3129")) && said.contains("still reachable"),
-        "the gate of a run allowing a range the proxy is outside, shut, names the canary: {said:?}"
-    );
+    for name in ["widened", "widened-ranged"] {
+        let done = wait_run(&runs, name, "the widened run to fail", &op, final_phase).await;
+        let status = done.status.clone().unwrap_or_default();
+        assert_eq!(status.phase, Some(Phase::Failed), "{name}: {status:?}");
+        let said = status.message.clone().unwrap_or_default();
+        assert!(
+            said.contains(&format!("{proxy_ip}:3129")) && said.contains("still reachable"),
+            "{name}: the gate, shut, names the canary: {said:?}"
+        );
+        assert!(
+            status.workload.is_none() || status.exit_code.is_none(),
+            "{name}: the workload never started: {status:?}"
+        );
+        assert!(
+            status
+                .conditions
+                .iter()
+                .any(|c| c.reason == "EgressNotEnforced"),
+            "{name}: {status:?}"
+        );
+    }
 
     // Without the tenant's policy the run's own is in force: the canary is refused.
     policies

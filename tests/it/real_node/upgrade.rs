@@ -47,26 +47,19 @@ async fn controller_images(client: &Client, ns: &str) -> Vec<String> {
         .collect()
 }
 
-/// Polls until `name` satisfies `done`, for at most `limit`.
-async fn wait_for(
+/// The run `name` once it satisfies `done` (no operator of this test's own to report on: the
+/// release's runs in the cluster).
+async fn run_reaching(
     runs: &Api<SandboxRun>,
     name: &str,
     limit: Duration,
     done: impl Fn(&SandboxRun) -> bool,
 ) -> SandboxRun {
-    let start = Instant::now();
-    loop {
-        let r = runs.get(name).await.expect("get run");
-        if done(&r) {
-            return r;
-        }
-        assert!(
-            start.elapsed() < limit,
-            "{name} did not get there: {:?}",
-            r.status
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let what = format!("run {name} to get there");
+    eventually(&what, limit, || async {
+        runs.get(name).await.ok().filter(|r| done(r))
+    })
+    .await
 }
 
 /// The previous release installed by Helm runs a run to the end; then, with three runs still
@@ -113,7 +106,7 @@ async fn helm_upgrade_from_the_previous_release_keeps_the_runs_in_flight() {
         real_spec(Some(&write("early", "true")), &["/work/out"]),
     )
     .await;
-    let early = wait_for(&runs, "early", Duration::from_secs(180), final_phase).await;
+    let early = run_reaching(&runs, "early", Duration::from_secs(180), final_phase).await;
     assert_eq!(phase(&early), Some(Phase::Succeeded), "{:?}", early.status);
     // Still working when the upgrade starts, and after it ends.
     let working = ["long-1", "long-2", "long-3"];
@@ -129,7 +122,7 @@ async fn helm_upgrade_from_the_previous_release_keeps_the_runs_in_flight() {
     )
     .await;
     for name in working.iter().chain(&["stopped"]) {
-        wait_for(
+        run_reaching(
             &runs,
             name,
             Duration::from_secs(180),
@@ -189,13 +182,7 @@ async fn helm_upgrade_from_the_previous_release_keeps_the_runs_in_flight() {
         );
     }
 
-    let host_store_env = [
-        ("AWS_ACCESS_KEY_ID", s3.access_key.as_str()),
-        ("AWS_SECRET_ACCESS_KEY", s3.secret_key.as_str()),
-        ("AWS_REGION", "us-east-1"),
-        ("AWS_ENDPOINT", s3.endpoint.as_str()),
-        ("AWS_ALLOW_HTTP", "true"),
-    ];
+    let host_store_env = s3.host_env();
     let ended = [
         ("early", Phase::Succeeded),
         ("long-1", Phase::Succeeded),
@@ -204,7 +191,7 @@ async fn helm_upgrade_from_the_previous_release_keeps_the_runs_in_flight() {
         ("stopped", Phase::Stopped),
     ];
     for (name, want) in ended {
-        let r = wait_for(&runs, name, Duration::from_secs(240), final_phase).await;
+        let r = run_reaching(&runs, name, Duration::from_secs(240), final_phase).await;
         let status = r.status.clone().expect("status");
         assert_eq!(status.phase, Some(want), "{name}: {status:?}");
         assert_eq!(

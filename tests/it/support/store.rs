@@ -31,6 +31,18 @@ pub fn s3() -> S3 {
 }
 
 impl S3 {
+    /// The environment `files get` on this host reads this server with (its credentials, its
+    /// plain-HTTP endpoint).
+    pub fn host_env(&self) -> [(&'static str, &str); 5] {
+        [
+            ("AWS_ACCESS_KEY_ID", self.access_key.as_str()),
+            ("AWS_SECRET_ACCESS_KEY", self.secret_key.as_str()),
+            ("AWS_REGION", "us-east-1"),
+            ("AWS_ENDPOINT", self.endpoint.as_str()),
+            ("AWS_ALLOW_HTTP", "true"),
+        ]
+    }
+
     /// The `--store-option`s (and library options) of this server, with its own secret.
     pub fn options(&self) -> Vec<(String, String)> {
         self.options_with_secret(&self.secret_key)
