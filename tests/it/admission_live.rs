@@ -888,22 +888,28 @@ async fn a_run_whose_authors_rights_no_admission_verified_gets_no_pod() {
     )
     .await
     .expect("register the mutating half");
-    let stamped = live
-        .wait(
-            "a run created through the mutating half to be stamped",
-            || {
-                let runs = runs.clone();
-                let fresh = run("stamped", true);
-                async move {
-                    let _ = runs.create(&PostParams::default(), &fresh).await;
-                    let r = runs.get("stamped").await.ok()?;
-                    r.annotations()
-                        .get("sandbox.iterion.io/admitted-rights")
-                        .cloned()
-                }
-            },
-        )
-        .await;
+    // The apiserver's webhook cache picks the new configuration up a moment later: a run created
+    // before that lands unstamped for good (CI saw it), so wait until a dry run comes back stamped.
+    live.wait("the apiserver to call the mutating half", || {
+        let runs = runs.clone();
+        let probe = run("probe", true);
+        async move {
+            let out = runs.create(&dry_run(), &probe).await.ok()?;
+            out.annotations()
+                .contains_key("sandbox.iterion.io/admitted-rights")
+                .then_some(())
+        }
+    })
+    .await;
+    let created = runs
+        .create(&PostParams::default(), &run("stamped", true))
+        .await
+        .expect("create through the mutating half");
+    let stamped = created
+        .annotations()
+        .get("sandbox.iterion.io/admitted-rights")
+        .cloned()
+        .expect("the run created through the mutating half is stamped");
     live.wait("the stamped run's pod", || {
         let pods = pods.clone();
         async move { pods.get_opt("stamped-sbr").await.ok().flatten() }
