@@ -180,8 +180,8 @@ async fn create_pod(pods: &Api<Pod>, pod: &Pod) -> Result<Answer, ControllerErro
     }
 }
 
-/// Server-side applies the run's NetworkPolicy in its namespace.
-async fn apply_network_policy(
+/// Server-side applies a NetworkPolicy (a run's, a pool pod's) in its namespace.
+pub(super) async fn apply_network_policy(
     client: &kube::Client,
     policy: &NetworkPolicy,
 ) -> Result<(), ControllerError> {

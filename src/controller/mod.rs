@@ -32,6 +32,7 @@ mod launcher;
 pub(crate) mod observe;
 mod pipeline;
 pub(crate) mod plan;
+pub(crate) mod pool_policies;
 pub(crate) mod pools;
 mod prepare;
 pub(crate) mod refusals;

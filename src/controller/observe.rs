@@ -240,7 +240,7 @@ fn container_problem(statuses: &[ContainerStatus]) -> Option<PodProblem> {
 }
 
 /// Whether `pod` has an egress gate that has not ended (no status yet, waiting or running).
-fn gate_waiting(pod: &Pod) -> bool {
+pub(crate) fn gate_waiting(pod: &Pod) -> bool {
     let gate = crate::inpod::gate::GATE_CONTAINER;
     let declared = pod
         .spec

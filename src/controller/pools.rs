@@ -127,10 +127,11 @@ async fn reconcile(
             delete_pod(&pods_api, pod).await?;
         }
     }
+    super::pool_policies::gates_waiting(&ctx, &made, &owned).await?;
     let pods = (0..plan.create)
         .map_while(|i| pool_pod::pool_pod(&pool, &made, &ctx.pod, &suffix(i)).ok())
         .map(|(pod, _)| pod);
-    let (created, refused) = create_pods(&pods_api, &pool, pods).await?;
+    let (created, refused) = create_pods(&ctx, (&pool, &made), pods).await?;
     if created > 0 {
         let note = format!("created {created} pool pod(s) of template version {hash}");
         publish(&ctx, &pool, EventType::Normal, "PodsCreated", note).await;
@@ -150,19 +151,22 @@ async fn reconcile(
     Ok(Action::requeue(LOOK_AGAIN))
 }
 
-/// Creates `pods`; stops at the first one the namespace refuses (its quota, Pod Security or
-/// another admission: pool pods are judged as any pod is). How many it created, and why it
-/// stopped, for the status.
+/// Creates `pods` (of the template that made `stand_in`), each followed by its NetworkPolicy
+/// when the template's runs restrict egress; stops at the first one the namespace refuses (its
+/// quota, Pod Security or another admission: pool pods are judged as any pod is). How many it
+/// created, and why it stopped, for the status.
 async fn create_pods(
-    api: &Api<Pod>,
-    pool: &SandboxRunPool,
+    ctx: &Context,
+    (pool, stand_in): (&SandboxRunPool, &crate::api::SandboxRun),
     pods: impl Iterator<Item = Pod>,
 ) -> Result<(usize, Option<String>), ControllerError> {
     let name = pool.name_any();
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &pool.namespace().unwrap_or_default());
     let mut created = 0;
     for pod in pods {
         match api.create(&PostParams::default(), &pod).await {
-            Ok(_) => {
+            Ok(made) => {
+                super::pool_policies::created(ctx, stand_in, &made).await?;
                 created += 1;
                 info!(pool = %name, pod = %pod.name_any(), "pool pod created");
             }

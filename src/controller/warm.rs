@@ -91,6 +91,9 @@ pub(super) async fn through_pool(
         Ok(pod) => pod,
         Err(why) => return cold_start(ctx, run, &pool_name, why, now).await,
     };
+    if let Some(held) = restrict_egress(ctx, (run, own), pod, now).await? {
+        return Ok(held);
+    }
     let patch = pool_pod::claim_patch(&cold, &uid, &pod.resource_version().unwrap_or_default());
     let name = pod.name_any();
     match pods_api
@@ -105,6 +108,56 @@ pub(super) async fn through_pool(
         Err(kube::Error::Api(ae)) if ae.code == 409 => Ok(Warm::Done(Requeue::After(SOON))),
         Err(e) => Err(kube_err(format!("claim pool pod {name}"))(e)),
     }
+}
+
+/// Before a run whose egress is restricted takes `pod`: its status records its template first
+/// (the egress proxy knows a run made from a template by that record: without it the
+/// workload's first request would be refused), in a pass of its own (`Some`: look again then);
+/// then its own NetworkPolicy is applied, with the pod's node denied when the gate probes
+/// the node, as its cold pod's would be (the pool pod's policy, the same rules, keeps selecting
+/// the pod: policies add up, so the run's must not allow what the pool pod's denies). A run the
+/// operator would refuse for its egress never gets here: its pod's shape is not the pool's.
+async fn restrict_egress(
+    ctx: &Arc<Context>,
+    (run, own): (&Arc<SandboxRun>, &SandboxRun),
+    pod: &Pod,
+    now: Timestamp,
+) -> Result<Option<Warm>, ControllerError> {
+    use crate::egress::verdict::{verdict, EgressVerdict};
+    let EgressVerdict::Apply {
+        policy,
+        note,
+        unenforced,
+    } = verdict(run, &ctx.pod.egress)
+    else {
+        return Ok(None);
+    };
+    let recorded = own.status.as_ref().is_some_and(|s| s.template.is_some());
+    if !recorded {
+        let plan = Plan {
+            status: run.status.clone(),
+            ..Plan::wait(Requeue::After(SOON))
+        };
+        let pod_name = crate::pod::current_pod_name(run);
+        let requeue = super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
+        return Ok(Some(Warm::Done(requeue)));
+    }
+    let node = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.host_ip.as_deref())
+        .and_then(|ip| ip.parse().ok());
+    let on_node = node
+        .and_then(|node| crate::egress::policy::policy_on_node(run, &ctx.pod.egress, node).ok())
+        .flatten();
+    let policy = on_node.map(Box::new).unwrap_or(policy);
+    let plan = Plan {
+        effects: plan::egress_effects(policy, note, unenforced),
+        ..Plan::wait(Requeue::After(SOON))
+    };
+    let pod_name = crate::pod::current_pod_name(run);
+    super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
+    Ok(None)
 }
 
 /// The pool pod the run takes, or why it starts cold: its own spec sets only what the launcher

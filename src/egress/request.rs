@@ -145,7 +145,7 @@ async fn prepare(
     state: &ProxyState,
 ) -> Result<Ready, Reply> {
     let head = read_request(client, state).await?;
-    let (uid, run) = authenticate(state, &head, peer)?;
+    let (uid, run) = authenticate(state, &head, peer).await?;
     // Taken after the run was seen live: a run that ends from here on closes the connection.
     let end = state.runs.run_end(&uid);
     slot.bind(&uid, &run.namespace).map_err(Reply::limit)?;
@@ -174,8 +174,9 @@ async fn read_request(client: &mut TcpStream, state: &ProxyState) -> Result<Head
     }
 }
 
-/// The run whose verified token the request carries, if that run is live and `peer` is its pod.
-fn authenticate(
+/// The run whose verified token the request carries, if that run is live and `peer` is its pod
+/// (waiting up to [`crate::egress::runs::LEARN_WAIT`] for the proxy to learn of either).
+async fn authenticate(
     state: &ProxyState,
     head: &Head,
     peer: SocketAddr,
@@ -187,7 +188,10 @@ fn authenticate(
     let Some((uid, _)) = verified else {
         return Err(Reply::unauthenticated(AuthRefusal::BadCredentials, None));
     };
-    match state.runs.authorize(&uid, peer.ip()) {
+    let learnt = state
+        .runs
+        .authorize_soon(&uid, peer.ip(), crate::egress::runs::LEARN_WAIT);
+    match learnt.await {
         Ok(run) => Ok((uid, run)),
         Err(why) => {
             let name = state.runs.get(&uid).map(|r| r.run.clone());

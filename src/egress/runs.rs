@@ -180,7 +180,17 @@ pub struct RunTable {
     synced: AtomicBool,
     /// Set once the first list of pods is in: before it every source would be "wrong".
     pods_synced: AtomicBool,
+    /// Woken by every change of the runs or the pods ([`RunTable::authorize_soon`]).
+    changed: tokio::sync::Notify,
 }
+
+/// How long a verified token of a run the table does not know yet, or a connection from a pod
+/// it has not seen become the run's yet, waits for the watches to catch up before it is refused:
+/// a warm pool pod's claim relabels the pod a moment before the run's workload starts in it
+/// (docs/user-guide.md "Sandboxes for agents: warm pools"), and the pod watch may tell the proxy
+/// a moment after the workload's first request. Only a token that verified waits (its run's
+/// own workload, or a leak of it), holding its connection slot meanwhile.
+pub(crate) const LEARN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The run uid a pod is labelled with, its `namespace/name` key, and its addresses (none when
 /// it has finished or shares its node's network: such an address is not the run's alone).
@@ -220,6 +230,7 @@ fn pod_entry(pod: &Pod) -> Option<(String, String, RunPod)> {
 impl RunTable {
     /// Adds or replaces a run.
     pub fn upsert(&self, run: &SandboxRun) {
+        let _wake = Wake(&self.changed);
         let Some(uid) = run.metadata.uid.clone() else {
             return;
         };
@@ -234,6 +245,7 @@ impl RunTable {
 
     /// Forgets a run.
     pub fn remove(&self, uid: &str) {
+        let _wake = Wake(&self.changed);
         if let Ok(mut map) = self.runs.write() {
             map.remove(uid);
         }
@@ -241,6 +253,7 @@ impl RunTable {
 
     /// Replaces every run (a watch relist); a run left out has ended for its tunnels.
     pub fn replace(&self, runs: &[SandboxRun]) {
+        let _wake = Wake(&self.changed);
         if let Ok(mut map) = self.runs.write() {
             let mut old = std::mem::take(&mut *map);
             for (uid, rules) in runs
@@ -256,6 +269,7 @@ impl RunTable {
 
     /// Adds or replaces a pod of a run (one labelled with a run uid; others are ignored).
     pub fn upsert_pod(&self, pod: &Pod) {
+        let _wake = Wake(&self.changed);
         let Some((uid, key, entry)) = pod_entry(pod) else {
             return;
         };
@@ -281,6 +295,7 @@ impl RunTable {
 
     /// Replaces every pod (a watch relist).
     pub fn replace_pods(&self, pods: &[Pod]) {
+        let _wake = Wake(&self.changed);
         let mut fresh: HashMap<String, BTreeMap<String, RunPod>> = HashMap::new();
         for (uid, key, entry) in pods.iter().filter_map(pod_entry) {
             fresh.entry(uid).or_default().insert(key, entry);
@@ -324,6 +339,33 @@ impl RunTable {
         Ok(run)
     }
 
+    /// [`RunTable::authorize`], waiting up to `within` ([`LEARN_WAIT`]) for the watches to tell
+    /// of the run or of its pod when it is not known yet; a run that ended is refused at once.
+    pub(crate) async fn authorize_soon(
+        &self,
+        uid: &str,
+        peer: IpAddr,
+        within: std::time::Duration,
+    ) -> Result<Arc<RunRules>, AuthRefusal> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            // Registered before the look, so a change in between is not missed.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let verdict = self.authorize(uid, peer);
+            if !matches!(
+                verdict,
+                Err(AuthRefusal::BadCredentials | AuthRefusal::WrongSource)
+            ) {
+                return verdict;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.authorize(uid, peer);
+            }
+        }
+    }
+
     /// Runs known.
     pub fn len(&self) -> usize {
         self.runs.read().map(|m| m.len()).unwrap_or(0)
@@ -332,6 +374,15 @@ impl RunTable {
     /// Whether no run is known.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// Wakes the waiters of [`RunTable::authorize_soon`] when dropped: after the change was made.
+struct Wake<'a>(&'a tokio::sync::Notify);
+
+impl Drop for Wake<'_> {
+    fn drop(&mut self) {
+        self.0.notify_waiters();
     }
 }
 
@@ -552,6 +603,46 @@ mod tests {
             table.authorize("nobody", peer).err(),
             Some(AuthRefusal::BadCredentials)
         );
+    }
+
+    #[tokio::test]
+    async fn a_verified_token_waits_a_moment_for_the_watches_to_tell_of_its_run_and_pod() {
+        let table = Arc::new(RunTable::default());
+        let mut run = SandboxRun::new("r", crate::api::SandboxRunSpec::default());
+        run.metadata.namespace = Some("ns".into());
+        run.metadata.uid = Some("u".into());
+        let peer = ip("10.0.0.5");
+        // Neither the run nor its pod known when the request comes; both learnt a moment later
+        // (a warm pool pod's claim): the request is served.
+        let waiting = {
+            let table = Arc::clone(&table);
+            tokio::spawn(async move { table.authorize_soon("u", peer, LEARN_WAIT).await })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        table.upsert(&run);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        table.upsert_pod(&pod("p", "u", "Running", false, &["10.0.0.5"]));
+        let served = waiting.await.expect("join");
+        assert!(served.is_ok(), "{:?}", served.err());
+        // Never learnt: refused once the wait is over, with what was wrong.
+        let other = ip("10.0.0.6");
+        let short = std::time::Duration::from_millis(100);
+        assert_eq!(
+            table.authorize_soon("u", other, short).await.err(),
+            Some(AuthRefusal::WrongSource)
+        );
+        // An ended run is refused at once, without waiting.
+        let mut ended = run.clone();
+        ended.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+        );
+        table.upsert(&ended);
+        let started = std::time::Instant::now();
+        assert_eq!(
+            table.authorize_soon("u", peer, LEARN_WAIT).await.err(),
+            Some(AuthRefusal::RunEnded)
+        );
+        assert!(started.elapsed() < LEARN_WAIT);
     }
 
     /// Whether `end` has fired (polled once, without waiting).

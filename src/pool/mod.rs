@@ -6,6 +6,7 @@
 //!   counts its status reports.
 //! - [`judge`]: whether a pool may make pods of its template at all (the rules, no author's
 //!   rights needed).
+//! - [`egress`]: a pool pod's NetworkPolicy (templates whose runs restrict egress).
 //! - [`park`]: a pool pod is the built pod with its workload parked in the operator's launcher.
 //! - [`pod`]: a pool's pods and a run's claim of one, as data.
 //!
@@ -13,6 +14,7 @@
 //! `crate::controller::warm`.
 
 pub mod compat;
+pub mod egress;
 pub mod judge;
 pub mod park;
 pub mod plan;

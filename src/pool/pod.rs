@@ -26,15 +26,18 @@ pub const POOL_LABEL: &str = "sandbox.iterion.io/pool";
 pub const HASH_LABEL: &str = "sandbox.iterion.io/pool-template-hash";
 /// The label a claim sets: the uid of the run that took the pod.
 pub const CLAIMED_BY_LABEL: &str = "sandbox.iterion.io/claimed-by";
+/// The label naming the pool pod itself, which its NetworkPolicy selects ([`super::egress`]):
+/// kept after a claim, so that policy never stops selecting it.
+pub const POOL_POD_LABEL: &str = "sandbox.iterion.io/pool-pod";
 
 /// Why a pool makes no pods.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PoolPodError {
-    /// The template's runs restrict egress: their pods need the run's own NetworkPolicy and
-    /// egress gate before the workload starts, which a pool pod made ahead of the run cannot
-    /// have (not pooled yet).
-    #[error("its template restricts egress (spec.network): runs that restrict egress are not pooled yet and start cold")]
-    RestrictedEgress,
+    /// The template's runs restrict egress and the operator would refuse such a run (its rules
+    /// cannot be enforced, or this cluster's NetworkPolicy is declared unenforced and restricted
+    /// runs are refused): no pod is made for them ahead of a run either.
+    #[error("its template's egress is refused: {0}")]
+    Egress(String),
     /// The pod builder refused the template's spec.
     #[error("its template does not make a pod: {0}")]
     Build(String),
@@ -58,11 +61,9 @@ pub fn pool_pod(
     settings: &PodSettings,
     suffix: &str,
 ) -> Result<(Pod, String), PoolPodError> {
-    let restricted = crate::egress::mode::egress_of(stand_in)
-        .map(|e| e.is_restricted())
-        .unwrap_or(true);
-    if restricted {
-        return Err(PoolPodError::RestrictedEgress);
+    use crate::egress::verdict::{verdict, EgressVerdict};
+    if let EgressVerdict::Refuse { message, .. } = verdict(stand_in, &settings.egress) {
+        return Err(PoolPodError::Egress(message));
     }
     let built = crate::pod::build_pod(stand_in, settings)
         .map_err(|e| PoolPodError::Build(e.to_string()))?;
@@ -84,7 +85,9 @@ pub fn pool_pod(
             labels.entry(k.clone()).or_insert_with(|| v.clone());
         }
     }
-    pod.metadata.name = Some(pod_name(&pool_name, &hash, suffix));
+    let name = pod_name(&pool_name, &hash, suffix);
+    labels.insert(POOL_POD_LABEL.to_string(), name.clone());
+    pod.metadata.name = Some(name);
     pod.metadata.labels = Some(labels);
     pod.metadata.owner_references = pool.controller_owner_ref(&()).map(|o| vec![o]);
     Ok((pod, hash))
@@ -273,15 +276,31 @@ mod tests {
         kata.runtime_class_name = Some("kata".into());
         let (_, isolated) = pool_pod(&pool, &stand_in(&pool, kata), &settings, "a").unwrap();
         assert_ne!(isolated, hash, "a runtime class is the pod's shape");
-        // A template whose runs restrict egress is not pooled.
+        assert_eq!(pod.labels()[POOL_POD_LABEL], name);
+        // A template whose runs restrict egress is pooled behind the egress gate, as a run's pod
+        // would be; one the operator would refuse (this cluster declared NetworkPolicy
+        // unenforced, restricted runs refused) is not.
         let mut filtered = made();
         filtered.network = Some(crate::api::NetworkPolicy {
             mode: crate::api::NetworkMode::Allowlist,
             rules: vec!["example.com".into()],
         });
-        assert_eq!(
-            pool_pod(&pool, &stand_in(&pool, filtered), &settings, "a").unwrap_err(),
-            PoolPodError::RestrictedEgress
+        let (gated, _) =
+            pool_pod(&pool, &stand_in(&pool, filtered.clone()), &settings, "a").unwrap();
+        let inits = gated
+            .spec
+            .as_ref()
+            .unwrap()
+            .init_containers
+            .clone()
+            .unwrap();
+        assert_eq!(inits[0].name, crate::inpod::gate::GATE_CONTAINER);
+        let mut refusing = settings.clone();
+        refusing.egress.enforcement = crate::egress::PolicyEnforcement::UnenforcedRefuse;
+        let refused = pool_pod(&pool, &stand_in(&pool, filtered), &refusing, "a").unwrap_err();
+        assert!(
+            matches!(&refused, PoolPodError::Egress(m) if m.contains("unenforced")),
+            "{refused}"
         );
         assert_eq!(
             unclaimed_selector("agents"),

@@ -1598,18 +1598,10 @@ async fn a_runs_network_policy_and_egress_proxy_are_enforced_from_inside_a_real_
     );
 
     // Filtered: allowlist, one address allowed, the node IP carved out of the range it is in.
-    let rules = vec![
-        format!("{host_ip}/32"),
-        "10.244.0.0/24".to_string(),
-        format!("!{node_ip}/32"),
-    ];
     let filtered = create(
         &runs,
         "filtered",
-        probe_spec(Some(sandboxrun_operator::api::NetworkPolicy {
-            mode: sandboxrun_operator::api::NetworkMode::Allowlist,
-            rules,
-        })),
+        probe_spec(filtered_network(&host_ip, &node_ip)),
     )
     .await;
     let filtered = wait_for_pod_name(&runs, filtered).await;
@@ -1652,6 +1644,111 @@ async fn a_runs_network_policy_and_egress_proxy_are_enforced_from_inside_a_real_
     );
     let allowed_seen = allowed_peers.lock().expect("peers").clone();
     assert!(allowed_seen.contains(&filtered_ip), "{allowed_seen:?}");
+
+    // Warm (issue #39): a run made from a pooled template of the same policy takes the pool's
+    // ready pod, and its FIRST instruction fetches through the proxy: the proxy knows the run
+    // (its status recorded the template before the claim) and learns the claimed pod is the
+    // run's (waiting a moment for its pod watch when the request comes first).
+    warm_run_through_the_proxy(&client, &runs_ns.name, &proxy_pod_ips, |spec| {
+        spec.env = probe_spec(None).env;
+        spec.network = filtered_network(&host_ip, &node_ip);
+    })
+    .await;
+}
+
+/// The network of [`a_runs_network_policy_and_egress_proxy_are_enforced_from_inside_a_real_container`]'s
+/// filtered runs.
+fn filtered_network(
+    host_ip: &str,
+    node_ip: &str,
+) -> Option<sandboxrun_operator::api::NetworkPolicy> {
+    Some(sandboxrun_operator::api::NetworkPolicy {
+        mode: sandboxrun_operator::api::NetworkMode::Allowlist,
+        rules: vec![
+            format!("{host_ip}/32"),
+            "10.244.0.0/24".to_string(),
+            format!("!{node_ip}/32"),
+        ],
+    })
+}
+
+/// A warm run's first instruction: a fetch of `$ALLOWED` through the proxy (its Service name
+/// swapped for `$PROXY_ADDR`: the bed has no cluster DNS).
+const WARM_PROXY_FIRST: &str = r#"export http_proxy="${http_proxy%@*}@$PROXY_ADDR:${http_proxy##*:}"
+if r=$(/bin/busybox timeout 10 /bin/busybox wget -q -O - "http://$ALLOWED/" 2>&1); then echo "first=ok $r"; else echo "first=fail $r"; fi > /dev/termination-log"#;
+
+/// A pool of one of a template (`shape` fills in its env and network) in `ns`, then a run made
+/// from it whose first instruction is [`WARM_PROXY_FIRST`]: it takes the pool's pod, and the
+/// fetch is served by a proxy pod.
+async fn warm_run_through_the_proxy(
+    client: &Client,
+    ns: &str,
+    proxy_pod_ips: &[String],
+    shape: impl FnOnce(&mut SandboxRunSpec),
+) {
+    use sandboxrun_operator::api::{
+        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
+        TemplateRef,
+    };
+    let mut spec = real_spec(Some("exit 9"), &[]);
+    shape(&mut spec);
+    let template = SandboxRunTemplate::new(
+        "filtered-agent",
+        SandboxRunTemplateSpec {
+            template: spec,
+            open_fields: vec![OpenField::Command],
+        },
+    );
+    Api::<SandboxRunTemplate>::namespaced(client.clone(), ns)
+        .create(&Default::default(), &template)
+        .await
+        .expect("create the template");
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), ns);
+    let pool = SandboxRunPool::new(
+        "filtered-agents",
+        SandboxRunPoolSpec {
+            template_ref: TemplateRef::namespaced("filtered-agent"),
+            replicas: 1,
+        },
+    );
+    pools
+        .create(&Default::default(), &pool)
+        .await
+        .expect("create the pool");
+    eventually(
+        "the filtered pool's pod to be ready",
+        Duration::from_secs(180),
+        || {
+            let pools = pools.clone();
+            async move {
+                let s = pools.get("filtered-agents").await.ok()?.status?;
+                (s.ready_replicas == 1).then_some(())
+            }
+        },
+    )
+    .await;
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), ns);
+    let warm = SandboxRunSpec {
+        template_ref: Some(TemplateRef::namespaced("filtered-agent")),
+        command: Some(vec!["sh".into(), "-c".into(), WARM_PROXY_FIRST.into()]),
+        ..Default::default()
+    };
+    create(&runs, "warm", warm).await;
+    let done = eventually("the warm run to end", Duration::from_secs(180), || {
+        let runs = runs.clone();
+        async move { runs.get("warm").await.ok().filter(final_phase) }
+    })
+    .await;
+    let status = done.status.clone().expect("status");
+    let took = status.warm_start.as_ref().and_then(|w| w.pod.clone());
+    assert!(took.is_some(), "a pool pod was taken: {status:?}");
+    let first = probe_lines(&done).get("first").cloned().unwrap_or_default();
+    assert!(
+        proxy_pod_ips
+            .iter()
+            .any(|ip| first == format!("ok allowed from {ip}")),
+        "the warm run's first instruction was served by the proxy {proxy_pod_ips:?}: {first:?} {status:?}"
+    );
 }
 
 /// The real node's kubelet port, as its Node says (the egress gate's default probe is the node's
@@ -3503,4 +3600,161 @@ async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_chan
     .await;
     let rolled = ready(2).await;
     assert_ne!(rolled.template_hash, Some(old_hash));
+}
+
+/// Issue #39 (templates whose runs restrict egress are pooled) on the real node, the operator
+/// with `--warm-pools`, the egress gate probing the node's kubelet port, and
+/// `--egress-denylist-wide` (a denylist allows every address it does not deny, the node's among
+/// them, unless its policy denies the node):
+/// - a pool of an allowlist template (`192.0.2.0/24`) and one of a denylist template of the same
+///   range get ready pods; each pool pod has its own NetworkPolicy (`<pod>-egress`, selecting it,
+///   owned by it) and its gate exited 0 before its workload was parked;
+/// - a run made from each takes its pool's pod and its FIRST instruction, a connection to a
+///   listener on the node's address, fails: the listener never sees them. For the denylist run
+///   this needs the run's own policy to deny the node too: the pool pod's policy keeps selecting
+///   the pod and policies add up (a run policy without the node denied would open the node);
+/// - control: a run with open egress reaches the listener at once.
+#[tokio::test]
+async fn a_warm_pool_of_a_filtered_template_keeps_its_pods_and_their_runs_filtered() {
+    use sandboxrun_operator::api::NetworkMode::{Allowlist, Denylist};
+    use sandboxrun_operator::api::{
+        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
+        TemplateRef,
+    };
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "pool-gate").await;
+    let (_dir, store_url) = file_store("pool-gate");
+    let probe = format!("node:{}", real_kubelet_port(&client).await);
+    let op = start_operator_with(
+        &ns.name,
+        &store_url,
+        &[
+            "--warm-pools",
+            "--egress-gate-probe",
+            &probe,
+            "--egress-denylist-wide",
+        ],
+    );
+    let node_ip = bed_setting("SANDBOXRUN_TEST_NODE_IP");
+    let (denied, denied_peers) = echo_listener(&node_ip, "denied").await;
+    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let kinds = [("allow", Allowlist), ("deny", Denylist)];
+    for (name, mode) in kinds {
+        let mut spec = real_spec(Some("exit 9"), &[]);
+        spec.env = vec![env_var("DENIED", &denied)];
+        spec.network = Some(sandboxrun_operator::api::NetworkPolicy {
+            mode,
+            rules: vec!["192.0.2.0/24".to_string()],
+        });
+        let template = SandboxRunTemplate::new(
+            name,
+            SandboxRunTemplateSpec {
+                template: spec,
+                open_fields: vec![OpenField::Command],
+            },
+        );
+        templates
+            .create(&Default::default(), &template)
+            .await
+            .expect("create the template");
+        let pool = SandboxRunPool::new(
+            name,
+            SandboxRunPoolSpec {
+                template_ref: TemplateRef::namespaced(name),
+                replicas: 1,
+            },
+        );
+        pools
+            .create(&Default::default(), &pool)
+            .await
+            .expect("create the pool");
+    }
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    for (name, _) in kinds {
+        eventually(
+            "the filtered pool's pod to be ready",
+            Duration::from_secs(180),
+            || {
+                let pools = pools.clone();
+                async move {
+                    let s = pools.get(name).await.ok()?.status?;
+                    (s.ready_replicas == 1).then_some(())
+                }
+            },
+        )
+        .await;
+        let listed = pool_pods(&client, &ns.name, name).await;
+        let pod_name = listed.first().map(|p| p.0.clone()).expect("a pool pod");
+        let policy = policies
+            .get(&format!("{pod_name}-egress"))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: the pool pod's NetworkPolicy: {e}"));
+        let owner = policy.owner_references().first().cloned().expect("owner");
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("Pod", pod_name.as_str())
+        );
+        let gate = pods
+            .get(&pod_name)
+            .await
+            .expect("the pool pod")
+            .status
+            .and_then(|s| s.init_container_statuses)
+            .and_then(|cs| cs.into_iter().find(|c| c.name == "egress-gate"))
+            .and_then(|c| c.state?.terminated)
+            .unwrap_or_else(|| panic!("{name}: the pool pod's gate ended"));
+        assert_eq!(gate.exit_code, 0, "{name}: {gate:?}");
+    }
+
+    // Control: open egress reaches the listener in its first instruction.
+    let mut open = real_spec(Some(FIRST_INSTRUCTION_PROBE), &[]);
+    open.env = vec![env_var("DENIED", &denied)];
+    create(&runs, "open", open).await;
+    let first_line = |run: &SandboxRun| probe_lines(run).get("first").cloned().unwrap_or_default();
+    let done = wait_run(&runs, "open", "the open run to end", &op, final_phase).await;
+    assert!(
+        first_line(&done).starts_with("ok denied from"),
+        "{:?}",
+        done.status
+    );
+    for (name, _) in kinds {
+        let spec = SandboxRunSpec {
+            template_ref: Some(TemplateRef::namespaced(name)),
+            command: Some(vec![
+                "sh".into(),
+                "-c".into(),
+                FIRST_INSTRUCTION_PROBE.into(),
+            ]),
+            ..Default::default()
+        };
+        let run = format!("{name}-run");
+        create(&runs, &run, spec).await;
+        let done = wait_run(
+            &runs,
+            &run,
+            "the warm filtered run to end",
+            &op,
+            final_phase,
+        )
+        .await;
+        let status = done.status.clone().expect("status");
+        let warm = status.warm_start.clone().expect("warmStart");
+        assert!(warm.pod.is_some(), "{name}: a pool pod was taken: {warm:?}");
+        let line = first_line(&done);
+        assert!(
+            line.starts_with("fail"),
+            "{name}: the warm run's first instruction was filtered: {line:?} {status:?}"
+        );
+        let seen = denied_peers.lock().expect("peers").clone();
+        assert_eq!(
+            seen.len(),
+            1,
+            "{name}: only the open run reached the node's listener: {seen:?}"
+        );
+    }
 }

@@ -175,21 +175,7 @@ pub(crate) fn create(
             policy,
             note,
             unenforced,
-        } => {
-            if let Some(warning) = unenforced {
-                effects.push(Effect::Publish(PlannedEvent::warning(
-                    events::EGRESS_POLICY_UNENFORCED,
-                    warning,
-                    EGRESS_ACTION,
-                )));
-            }
-            effects.push(Effect::ApplyNetworkPolicy(policy));
-            effects.push(Effect::Publish(PlannedEvent::normal(
-                events::EGRESS_POLICY_APPLIED,
-                note,
-                EGRESS_ACTION,
-            )));
-        }
+        } => effects.extend(egress_effects(policy, note, unenforced)),
     }
     effects.extend(unverified.map(Effect::Publish));
     effects.push(Effect::CreatePod(Box::new(pod)));
@@ -197,6 +183,34 @@ pub(crate) fn create(
         effects,
         ..Plan::wait(Requeue::AwaitChange)
     }
+}
+
+/// The effects that apply a restricted run's NetworkPolicy before its workload may start (its
+/// cold pod's creation, its claim of a warm pool's pod), with their Events: the warning of
+/// `--network-policy=unenforced-warn`, then what is enforced.
+pub(crate) fn egress_effects(
+    policy: Box<k8s_openapi::api::networking::v1::NetworkPolicy>,
+    note: String,
+    unenforced: Option<String>,
+) -> Vec<Effect> {
+    let warning = unenforced.map(|warning| {
+        Effect::Publish(PlannedEvent::warning(
+            events::EGRESS_POLICY_UNENFORCED,
+            warning,
+            EGRESS_ACTION,
+        ))
+    });
+    warning
+        .into_iter()
+        .chain([
+            Effect::ApplyNetworkPolicy(policy),
+            Effect::Publish(PlannedEvent::normal(
+                events::EGRESS_POLICY_APPLIED,
+                note,
+                EGRESS_ACTION,
+            )),
+        ])
+        .collect()
 }
 
 /// The run's egress cannot be enforced: it does not start; its status and a Warning say why,

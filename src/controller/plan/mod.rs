@@ -37,11 +37,11 @@ use track::{gate_policy, track_pod};
 pub(crate) use after::{after, AfterInputs, Answer};
 pub(crate) use attempt::attempt_end;
 pub(crate) use checkpoint::{checkpoint_paths, checkpoint_recorded, checkpoint_refused};
-pub(crate) use create::create;
 /// The status a refused pod create leaves (the GitOps fixtures build one from it).
 #[cfg(test)]
 pub(crate) use create::pod_refused;
 pub(crate) use create::store_unusable;
+pub(crate) use create::{create, egress_effects};
 pub(crate) use create::{recording_template, template_unusable};
 pub(crate) use finish::record_pod_lost;
 pub(crate) use model::{

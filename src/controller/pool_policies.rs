@@ -1,0 +1,68 @@
+//! The NetworkPolicies of a warm pool's pods (`crate::pool::egress`): the pool controller applies
+//! one to each pod of a template whose runs restrict egress as soon as the pod exists (owned by
+//! it: the garbage collector deletes it with the pod), and, while the pod's egress gate waits on
+//! a known node, its version with that node denied (the gate probes the node). Until the policy
+//! is in force the gate holds the parked workload: nothing the tenant wrote runs unfiltered.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::DeleteParams;
+use kube::{Api, ResourceExt};
+use tracing::warn;
+
+use super::context::Context;
+use super::error::ControllerError;
+use crate::api::SandboxRun;
+use crate::pool::egress::pool_pod_policy;
+use crate::pool::pod::CLAIMED_BY_LABEL;
+
+/// Applies the policy of the pool pod `created` (as the apiserver returned it). A pod whose
+/// policy cannot be applied is deleted: its gate would only time out.
+pub(super) async fn created(
+    ctx: &Context,
+    stand_in: &SandboxRun,
+    created: &Pod,
+) -> Result<(), ControllerError> {
+    let Some(policy) = pool_pod_policy(stand_in, &ctx.pod.egress, created, None) else {
+        return Ok(());
+    };
+    if let Err(e) = super::act::apply_network_policy(&ctx.client, &policy).await {
+        let ns = created.namespace().unwrap_or_default();
+        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+        let name = created.name_any();
+        warn!(pod = %name, error = %e, "a pool pod's NetworkPolicy was not applied; deleting the pod");
+        let _ = pods.delete(&name, &DeleteParams::default()).await;
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Applies, to each unclaimed pod whose gate waits on a known node, its policy with that node
+/// denied (server-side apply of the same object changes nothing; applied again each look while
+/// the gate waits, which also heals a policy lost in between).
+pub(super) async fn gates_waiting(
+    ctx: &Context,
+    stand_in: &SandboxRun,
+    owned: &[Pod],
+) -> Result<(), ControllerError> {
+    for pod in owned.iter().filter(|p| waits_on_a_node(p)) {
+        let node = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.host_ip.as_deref())
+            .and_then(|ip| ip.parse().ok());
+        let policy = pool_pod_policy(stand_in, &ctx.pod.egress, pod, node)
+            .or_else(|| pool_pod_policy(stand_in, &ctx.pod.egress, pod, None));
+        if let Some(policy) = policy {
+            super::act::apply_network_policy(&ctx.client, &policy).await?;
+        }
+    }
+    Ok(())
+}
+
+/// An unclaimed pool pod, not being deleted, scheduled, whose egress gate has not ended.
+fn waits_on_a_node(pod: &Pod) -> bool {
+    !pod.labels().contains_key(CLAIMED_BY_LABEL)
+        && pod.metadata.deletion_timestamp.is_none()
+        && pod.status.as_ref().is_some_and(|s| s.host_ip.is_some())
+        && super::observe::gate_waiting(pod)
+}
