@@ -52,12 +52,12 @@ pub(super) async fn through_pool(
     now: Timestamp,
 ) -> Result<Warm, ControllerError> {
     let decided = run.status.as_ref().is_some_and(|s| s.warm_start.is_some());
-    let queued = ctx.kueue && crate::kueue::queue_of(run).is_some();
+    // A run in a Kueue queue gets here only once admitted (the queue stage holds it before):
+    // its cold pod, with its flavor's placement, is compared with the pool's like any other.
     let candidate = ctx.warm_pools
         && matches!(step, Step::CreatePod)
         && crate::pod::current_attempt(run) == 1
         && !decided
-        && !queued
         && rights_verified;
     let Some(reference) = own.spec.template_ref.as_ref().filter(|_| candidate) else {
         return Ok(Warm::Go(step));
@@ -204,7 +204,7 @@ enum Cold {
 }
 
 /// The pod the run would get cold, as the cold path makes it (its rules passed, its namespace's
-/// default runtime class); None when the cold path would not create one now (a refusal, a store
+/// default runtime class, its Kueue flavor's node labels and tolerations); None when the cold path would not create one now (a refusal, a store
 /// it cannot use: the cold path says so).
 async fn cold_pod(
     ctx: &Context,
@@ -217,9 +217,8 @@ async fn cold_pod(
     if super::prepare::store_unusable(ctx, run).await?.is_some() {
         return Ok(None);
     }
-    Ok(Some(
-        super::prepare::namespace_default(ctx, run, *cold).await?,
-    ))
+    let cold = super::prepare::namespace_default(ctx, run, *cold).await?;
+    Ok(Some(super::prepare::kueue_flavors(ctx, run, cold).await?))
 }
 
 /// The pool of `reference` in `ns` and its pods, when there is one.

@@ -3758,3 +3758,127 @@ async fn a_warm_pool_of_a_filtered_template_keeps_its_pods_and_their_runs_filter
         );
     }
 }
+
+/// Issue #39 with Kueue on the real node (the operator's `--warm-pools --kueue`): a run made from
+/// a pooled template and labelled with a LocalQueue gets its Workload and no pod until Kueue
+/// admits it, then takes the pool's ready pod — its cold pod with the admitted flavor's node
+/// labels has the pool's shape (the template already places its pods on that node) — and ends
+/// Succeeded with its file, its Workload Finished.
+#[tokio::test]
+async fn a_queued_run_takes_a_warm_pool_pod_once_kueue_admits_it() {
+    use sandboxrun_operator::api::{
+        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
+        TemplateRef,
+    };
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "pool-kueue").await;
+    let tag = format!("sbr-{:08x}", rand_u32());
+    let made = kueue_queue(&client, &ns.name, &tag).await;
+    let (_dir, store_url) = file_store("pool-kueue");
+    let op = start_operator_with(&ns.name, &store_url, &["--warm-pools", "--kueue"]);
+    let mut spec = real_spec(Some("exit 9"), &["/work/out"]);
+    // The flavor's node label (kueue_queue's): Kueue's placement changes nothing of this pod.
+    spec.node_selector
+        .get_or_insert_with(BTreeMap::new)
+        .insert("kubernetes.io/hostname".into(), "real-node-0".into());
+    let template = SandboxRunTemplate::new(
+        "queued-agent",
+        SandboxRunTemplateSpec {
+            template: spec,
+            open_fields: vec![OpenField::Command],
+        },
+    );
+    Api::<SandboxRunTemplate>::namespaced(client.clone(), &ns.name)
+        .create(&Default::default(), &template)
+        .await
+        .expect("create the template");
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let pool = SandboxRunPool::new(
+        "queued-agents",
+        SandboxRunPoolSpec {
+            template_ref: TemplateRef::namespaced("queued-agent"),
+            replicas: 1,
+        },
+    );
+    pools
+        .create(&Default::default(), &pool)
+        .await
+        .expect("create the pool");
+    eventually(
+        "the pool's pod to be ready",
+        Duration::from_secs(180),
+        || {
+            let pools = pools.clone();
+            async move {
+                let s = pools.get("queued-agents").await.ok()?.status?;
+                (s.ready_replicas == 1).then_some(())
+            }
+        },
+    )
+    .await;
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let mut run = SandboxRun::new(
+        "queued",
+        SandboxRunSpec {
+            template_ref: Some(TemplateRef::namespaced("queued-agent")),
+            command: Some(vec![
+                "sh".into(),
+                "-c".into(),
+                r#"echo queued-warm > "$ITERION_ARTIFACT_FILES_DIR/out.txt""#.into(),
+            ]),
+            ..Default::default()
+        },
+    );
+    run.metadata.labels = Some(BTreeMap::from([(
+        "kueue.x-k8s.io/queue-name".to_string(),
+        "lq".to_string(),
+    )]));
+    runs.create(&Default::default(), &run)
+        .await
+        .expect("create the queued run");
+    let done = wait_run(&runs, "queued", "the queued run to end", &op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Queued" && c.status == "False" && c.reason == "Admitted"),
+        "admitted by Kueue: {status:?}"
+    );
+    let warm = status.warm_start.clone().expect("warmStart");
+    assert!(warm.pod.is_some(), "a pool pod was taken: {warm:?}");
+    let dest = files_get(&ns.name, "queued", &store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    let out = std::fs::read_to_string(extracted(&dest, 0).join("out.txt")).expect("out.txt");
+    assert_eq!(out, "queued-warm\n");
+    let workloads: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns.name,
+        &sandboxrun_operator::kueue::workload_resource(),
+    );
+    eventually(
+        "its Workload to be Finished",
+        Duration::from_secs(60),
+        || {
+            let workloads = workloads.clone();
+            async move {
+                let w = workloads.get("queued-sbr").await.ok()?;
+                let conditions = w.data["status"]["conditions"].as_array()?.clone();
+                conditions
+                    .iter()
+                    .any(|c| c["type"] == "Finished" && c["status"] == "True")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    drop(op);
+    for (res, namespace, name) in made.into_iter().rev() {
+        if namespace.is_none() {
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
+            let _ = api.delete(&name, &Default::default()).await;
+        }
+    }
+}
