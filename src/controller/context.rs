@@ -216,10 +216,19 @@ impl Context {
     /// What may work on `run` now: `Some(None)` without sharding, `Some(guard)` when this
     /// replica owns the run's shard, None when another replica's (docs/contract.md "Shards").
     pub(crate) fn enter_shard(&self, run: &SandboxRun) -> Option<Option<ShardGuard>> {
+        self.enter_shard_of(&run.metadata)
+    }
+
+    /// [`Context::enter_shard`] for any object of `meta` (a run, a SandboxRunPool): its shard
+    /// label when canonical, else its uid's shard.
+    pub(crate) fn enter_shard_of(
+        &self,
+        meta: &kube::api::ObjectMeta,
+    ) -> Option<Option<ShardGuard>> {
         let Some(gate) = &self.shards else {
             return Some(None);
         };
-        gate.enter(gate.shard_of(run)?).map(Some)
+        gate.enter(gate.shard_of_meta(meta)?).map(Some)
     }
 
     /// A guard for the teardown a guarded reconcile of `run` starts (None without sharding).

@@ -3,7 +3,8 @@
 //! watches SandboxRunPools and the pods they own; each reconcile reads the pool's template and
 //! its pods (observe), plans with [`crate::pool::plan::plan`] (pure), creates and deletes pods
 //! and writes the pool's status (act). A pod a run claimed is the run's (its owner and labels
-//! say so): the pool only counts it.
+//! say so): the pool only counts it. With sharding, each pool is served by the replica that
+//! holds its shard.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,12 +49,15 @@ pub(crate) async fn run(
     for (pools, pods) in scopes {
         // By the pool label, not the owner: a claimed pod is the run's, and its claim (or its
         // end) must wake its pool at once, which then makes another.
-        let stream = Controller::new(pools, watcher::Config::default())
-            .watches(
-                pods,
-                watcher::Config::default().labels(POOL_LABEL),
-                pool_of_pod,
-            )
+        let mut controller = Controller::new(pools, watcher::Config::default()).watches(
+            pods,
+            watcher::Config::default().labels(POOL_LABEL),
+            pool_of_pod,
+        );
+        if let Some(gate) = &ctx.shards {
+            controller = controller.reconcile_all_on(acquired(gate.acquisitions()));
+        }
+        let stream = controller
             .graceful_shutdown_on(shutdown.clone())
             .run(reconcile, error_policy, ctx.clone())
             .for_each(|res| async move {
@@ -64,6 +68,17 @@ pub(crate) async fn run(
         streams.push(stream);
     }
     futures::future::join_all(streams).await;
+}
+
+/// One item each time this replica acquires a shard: every pool is looked at again (the ones
+/// of that shard are now this replica's to serve).
+fn acquired(
+    rx: tokio::sync::watch::Receiver<u64>,
+) -> impl futures::Stream<Item = ()> + Send + Sync + 'static {
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.changed().await.ok()?;
+        Some(((), rx))
+    })
 }
 
 /// The pool a pod carries the label of (its namespace's).
@@ -82,6 +97,11 @@ async fn reconcile(
     pool: Arc<SandboxRunPool>,
     ctx: Arc<Context>,
 ) -> Result<Action, ControllerError> {
+    // Sharded: a pool is served by the replica that holds its shard (its uid's), while it holds
+    // it; a shard acquired later reconciles every pool (docs/contract.md "Shards").
+    let Some(_shard) = ctx.enter_shard_of(&pool.metadata) else {
+        return Ok(Action::await_change());
+    };
     let ns = pool
         .namespace()
         .ok_or(ControllerError::Metadata("namespace"))?;

@@ -957,3 +957,133 @@ async fn a_run_relabelled_to_another_replicas_shard_mid_drain_is_drained_once() 
     .await;
     assert_one_manifest_each(&store_url, &ns.name, &names).await;
 }
+
+/// Issue #39 with sharding (docs/user-guide.md "Sandboxes for agents: warm pools"): sharded
+/// replicas serve the warm pools, each pool by the replica that holds its shard (its uid's).
+/// - Two replicas with `--warm-pools`, pools of two pods of one template until both replicas
+///   hold some pool's shard: every pool gets exactly its two pods, never more (no pool is served
+///   by both);
+/// - one replica killed: once the survivor holds every shard, every pool scaled to three gets its
+///   third pod — the killed replica's pools too.
+///
+/// Before, a sharded replica served no pool at all ("not served by sharded replicas yet").
+#[tokio::test]
+async fn warm_pools_are_served_by_the_replica_holding_their_shard_and_survive_a_killed_one() {
+    use sandboxrun_operator::api::{
+        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunSpec, SandboxRunTemplate,
+        SandboxRunTemplateSpec, TemplateRef,
+    };
+    let Bed {
+        client,
+        ns,
+        store_url,
+        packer,
+        src,
+        _removed,
+        ..
+    } = Bed::new("sharding-pools", 0).await;
+    let ids = ["pools-a", "pools-b"];
+    let mut ops: BTreeMap<&str, Operator> = BTreeMap::new();
+    for id in ids {
+        let op = replica_builder(&ns.name, &store_url, id, &packer, free_port())
+            .flags(&["--warm-pools"])
+            .start();
+        ops.insert(id, op);
+    }
+    wait_balanced(&client, &ns.name, &ids, Duration::from_secs(60)).await;
+    let dir = src.join("pool");
+    std::fs::create_dir_all(&dir).expect("dir");
+    let template = SandboxRunTemplate::new(
+        "t",
+        SandboxRunTemplateSpec {
+            template: SandboxRunSpec {
+                command: Some(vec!["/bin/true".into()]),
+                ..spec(&[&dir]).build()
+            },
+            open_fields: vec![OpenField::Command],
+        },
+    );
+    Api::<SandboxRunTemplate>::namespaced(client.clone(), &ns.name)
+        .create(&Default::default(), &template)
+        .await
+        .expect("create the template");
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let holders = shard_holders(&client, &ns.name).await;
+    let mut served_by: BTreeMap<String, String> = BTreeMap::new();
+    for i in 0..24 {
+        let both = served_by.values().collect::<BTreeSet<_>>().len() == ids.len();
+        if i >= 4 && both {
+            break;
+        }
+        let name = format!("pool-{i}");
+        let pool = SandboxRunPool::new(
+            &name,
+            SandboxRunPoolSpec {
+                template_ref: TemplateRef::namespaced("t"),
+                replicas: 2,
+            },
+        );
+        let made = pools
+            .create(&Default::default(), &pool)
+            .await
+            .expect("create the pool");
+        let shard = shard_of(&made.uid().unwrap_or_default(), SHARDS);
+        served_by.insert(name, holders.get(&shard).cloned().unwrap_or_default());
+    }
+    println!("pools by the replica holding their shard: {served_by:?}");
+    let count_pods = |pool: String| {
+        let client = client.clone();
+        let ns = ns.name.clone();
+        async move {
+            Api::<Pod>::namespaced(client, &ns)
+                .list(&ListParams::default().labels(&format!("sandbox.iterion.io/pool={pool}")))
+                .await
+                .map(|l| l.items.len())
+                .unwrap_or(usize::MAX)
+        }
+    };
+    let all_ready = |n: i32| {
+        let (pools, names) = (pools.clone(), served_by.clone());
+        async move {
+            eventually(
+                &format!("every pool to have {n} ready pods"),
+                Duration::from_secs(120),
+                || {
+                    let (pools, names) = (pools.clone(), names.clone());
+                    async move {
+                        for name in names.keys() {
+                            let s = pools.get(name).await.ok()?.status?;
+                            (s.ready_replicas == n).then_some(())?;
+                        }
+                        Some(())
+                    }
+                },
+            )
+            .await
+        }
+    };
+    all_ready(2).await;
+    // Served once: a few looks later no pool has more than its two pods.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for name in served_by.keys() {
+        assert_eq!(count_pods(name.clone()).await, 2, "{name}: {}", logs(&ops));
+    }
+
+    // The second replica killed: the survivor takes its shards, and with them its pools.
+    drop(ops.remove(ids[1]));
+    wait_balanced(&client, &ns.name, &ids[..1], Duration::from_secs(90)).await;
+    for name in served_by.keys() {
+        pools
+            .patch(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(&serde_json::json!({"spec": {"replicas": 3}})),
+            )
+            .await
+            .expect("scale the pool");
+    }
+    all_ready(3).await;
+    for name in served_by.keys() {
+        assert_eq!(count_pods(name.clone()).await, 3, "{name}");
+    }
+}

@@ -17,13 +17,9 @@ pub(super) async fn run_controller(
     let drains = Arc::clone(&ctx);
     let stop = futures::future::FutureExt::shared(Box::pin(stop));
     if args.warm_pools {
-        if ctx.shards.is_some() {
-            warn!("--warm-pools is not served by sharded replicas yet: no pool makes pods");
-        } else {
-            let pools =
-                controller::pools::run(Arc::clone(&ctx), args.namespaces.clone(), stop.clone());
-            tokio::spawn(pools);
-        }
+        // Sharded replicas each serve the pools of the shards they hold.
+        let pools = controller::pools::run(Arc::clone(&ctx), args.namespaces.clone(), stop.clone());
+        tokio::spawn(pools);
     }
     controller::run(ctx, args.namespaces.clone(), args.concurrency, stop).await;
     settle_drains(&drains).await;
