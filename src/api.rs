@@ -875,12 +875,24 @@ pub struct SandboxRunStatus {
 pub struct WarmStart {
     /// The pool it was served from, or asked.
     pub pool: String,
-    /// The pool's pod the run took (its pod for its first attempt); absent: a cold start.
+    /// The pool's pod the run took (its pod for the attempt [`WarmStart::attempt`]); absent: a
+    /// cold start.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
     /// Why it started cold (no ready pod, a field that changes the pod, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cold_reason: Option<String>,
+    /// The attempt this start is of (`spec.retryPolicy`: each attempt asks the pool again;
+    /// absent: the first). Earlier attempts' pods are in `status.attempts[]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+}
+
+impl WarmStart {
+    /// The attempt this start is of (absent: the first).
+    pub fn attempt(&self) -> u32 {
+        self.attempt.unwrap_or(1)
+    }
 }
 
 /// Pods made ready ahead of demand from a template: a run made from that template (setting only

@@ -543,20 +543,18 @@ pub fn current_attempt(run: &SandboxRun) -> u32 {
         .saturating_add(1)
 }
 
-/// The name of the run's current pod: its current attempt's ([`attempt_pod_name`]), except for a
-/// first attempt served by a warm pool: the pool pod it took (`status.warmStart.pod`, docs/user-guide.md
-/// "Sandboxes for agents: warm pools").
+/// The name of the run's current pod: its current attempt's ([`attempt_pod_name`]), except for an
+/// attempt served by a warm pool: the pool pod it took (`status.warmStart.pod` of that attempt,
+/// docs/user-guide.md "Sandboxes for agents: warm pools").
 pub fn current_pod_name(run: &SandboxRun) -> String {
     let attempt = current_attempt(run);
     let warm = run
         .status
         .as_ref()
         .and_then(|s| s.warm_start.as_ref())
+        .filter(|w| w.attempt() == attempt)
         .and_then(|w| w.pod.clone());
-    match warm {
-        Some(pod) if attempt == 1 => pod,
-        _ => attempt_pod_name(&run.name_any(), attempt),
-    }
+    warm.unwrap_or_else(|| attempt_pod_name(&run.name_any(), attempt))
 }
 
 /// One of the run's variables as the pod carries it: a value, or a secret/configMap key.

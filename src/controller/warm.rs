@@ -1,7 +1,7 @@
 //! A run's claim of a warm pool's pod (`run --warm-pools`, docs/user-guide.md "Sandboxes for
-//! agents: warm pools"): between decide and plan, a run about to get its first pod that is made
-//! from a pooled template, and sets nothing that would change the pod, takes a ready pod of the
-//! pool instead of a new one.
+//! agents: warm pools"): between decide and plan, a run about to get a pod for an attempt (its
+//! first, or a retry's) that is made from a pooled template, and sets nothing that would change
+//! the pod, takes a ready pod of the pool instead of a new one.
 //!
 //! The claim, in order, so that a restart anywhere resumes it: (1) the pod is made the run's with
 //! one merge patch guarded by its resourceVersion (the cold pod's labels and owner, the claim
@@ -29,7 +29,7 @@ use super::decide::Step;
 use super::error::{kube_err, ControllerError};
 use super::plan::{self, Inputs, Plan, Requeue, StepPlan};
 use crate::api::{SandboxRun, SandboxRunPool, WarmStart};
-use crate::pool::pod::{self as pool_pod, CLAIMED_BY_LABEL, POOL_LABEL};
+use crate::pool::pod::{self as pool_pod, POOL_LABEL};
 
 /// How soon a run that took a pod (or was told to start cold) is looked at again.
 const SOON: Duration = Duration::from_millis(100);
@@ -51,14 +51,17 @@ pub(super) async fn through_pool(
     rights_verified: bool,
     now: Timestamp,
 ) -> Result<Warm, ControllerError> {
-    let decided = run.status.as_ref().is_some_and(|s| s.warm_start.is_some());
+    // Each attempt asks the pool once (`spec.retryPolicy`: a later attempt takes a pod too).
+    let attempt = crate::pod::current_attempt(run);
+    let decided = run
+        .status
+        .as_ref()
+        .and_then(|s| s.warm_start.as_ref())
+        .is_some_and(|w| w.attempt() == attempt);
     // A run in a Kueue queue gets here only once admitted (the queue stage holds it before):
     // its cold pod, with its flavor's placement, is compared with the pool's like any other.
-    let candidate = ctx.warm_pools
-        && matches!(step, Step::CreatePod)
-        && crate::pod::current_attempt(run) == 1
-        && !decided
-        && rights_verified;
+    let candidate =
+        ctx.warm_pools && matches!(step, Step::CreatePod) && !decided && rights_verified;
     let Some(reference) = own.spec.template_ref.as_ref().filter(|_| candidate) else {
         return Ok(Warm::Go(step));
     };
@@ -76,13 +79,15 @@ pub(super) async fn through_pool(
     };
     let mine = pods
         .iter()
-        .find(|p| p.labels().get(CLAIMED_BY_LABEL) == Some(&uid));
+        .find(|p| pool_pod::claimed_for(p, &uid, attempt));
     if let Some(pod) = mine {
         // Most often the watch cache's copy of the run lags behind the claim this replica
         // recorded: the live run says whether the claim still needs finishing.
         let name = run.name_any();
         let live = super::observe::live_run(&ctx.client, &ns, &name).await?;
-        if live.is_some_and(|r| r.status.is_some_and(|s| s.warm_start.is_some())) {
+        let recorded =
+            |s: crate::api::SandboxRunStatus| s.warm_start.is_some_and(|w| w.attempt() == attempt);
+        if live.is_some_and(|r| r.status.is_some_and(recorded)) {
             return Ok(Warm::Done(Requeue::After(SOON)));
         }
         return started(ctx, run, &pool_name, pod, (&cold, true), now).await;
@@ -94,7 +99,8 @@ pub(super) async fn through_pool(
     if let Some(held) = restrict_egress(ctx, (run, own), pod, now).await? {
         return Ok(held);
     }
-    let patch = pool_pod::claim_patch(&cold, &uid, &pod.resource_version().unwrap_or_default());
+    let rv = pod.resource_version().unwrap_or_default();
+    let patch = pool_pod::claim_patch(&cold, (&uid, attempt), &rv);
     let name = pod.name_any();
     match pods_api
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -278,10 +284,12 @@ async fn started(
         pool: pool.to_string(),
         pod: Some(name),
         cold_reason: None,
+        attempt: Some(crate::pod::current_attempt(run)),
     });
     ctx.metrics.pool_starts.with_label_values(&["warm"]).inc();
-    // Its deadline counts from its own start, not the pool pod's.
-    status.start_time = Some(Time(now));
+    // Its deadline counts from its own start, not the pool pod's (a retried attempt's, as a
+    // cold one's, from the first start).
+    status.start_time.get_or_insert(Time(now));
     carry(ctx, run, status, now).await
 }
 
@@ -301,6 +309,7 @@ async fn cold_start(
         pool: pool.to_string(),
         pod: None,
         cold_reason: Some(why.to_string()),
+        attempt: Some(crate::pod::current_attempt(run)),
     });
     carry(ctx, run, status, now).await
 }

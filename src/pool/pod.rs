@@ -26,6 +26,9 @@ pub const POOL_LABEL: &str = "sandbox.iterion.io/pool";
 pub const HASH_LABEL: &str = "sandbox.iterion.io/pool-template-hash";
 /// The label a claim sets: the uid of the run that took the pod.
 pub const CLAIMED_BY_LABEL: &str = "sandbox.iterion.io/claimed-by";
+/// The label a claim sets beside [`CLAIMED_BY_LABEL`]: the run's attempt the pod serves (a
+/// retried run claims a pod for each attempt; absent on pods claimed before: the first).
+pub const CLAIMED_ATTEMPT_LABEL: &str = "sandbox.iterion.io/claimed-attempt";
 /// The label naming the pool pod itself, which its NetworkPolicy selects ([`super::egress`]):
 /// kept after a claim, so that policy never stops selecting it.
 pub const POOL_POD_LABEL: &str = "sandbox.iterion.io/pool-pod";
@@ -162,9 +165,10 @@ pub fn view_of(pod: &Pod) -> PoolPod {
 /// cold pod is `cold`: the cold pod's labels (run uid, name, shard, the run's pod labels) added,
 /// the claim label set, the run as its only owner. A pod changed since it was read is refused
 /// (409): another run took it.
-pub fn claim_patch(cold: &Pod, run_uid: &str, rv: &str) -> Value {
+pub fn claim_patch(cold: &Pod, (run_uid, attempt): (&str, u32), rv: &str) -> Value {
     let mut labels: BTreeMap<String, String> = cold.labels().clone();
     labels.insert(CLAIMED_BY_LABEL.to_string(), run_uid.to_string());
+    labels.insert(CLAIMED_ATTEMPT_LABEL.to_string(), attempt.to_string());
     json!({
         "metadata": {
             "resourceVersion": rv,
@@ -172,6 +176,18 @@ pub fn claim_patch(cold: &Pod, run_uid: &str, rv: &str) -> Value {
             "ownerReferences": cold.metadata.owner_references,
         }
     })
+}
+
+/// Whether `pod` is the pool pod the run `run_uid` claimed for its attempt `attempt` (and not
+/// being deleted: an earlier attempt's pod may still be going).
+pub fn claimed_for(pod: &Pod, run_uid: &str, attempt: u32) -> bool {
+    let labels = pod.labels();
+    let of_attempt = labels
+        .get(CLAIMED_ATTEMPT_LABEL)
+        .map_or(attempt == 1, |a| *a == attempt.to_string());
+    labels.get(CLAIMED_BY_LABEL).map(String::as_str) == Some(run_uid)
+        && of_attempt
+        && pod.metadata.deletion_timestamp.is_none()
 }
 
 /// What the launcher starts for the run `run_uid` whose cold pod is `cold`: its workload's command and
@@ -322,9 +338,26 @@ mod tests {
         }];
         run.spec = spec;
         let cold = crate::pod::build_pod(&run, &PodSettings::default()).unwrap();
-        let patch = claim_patch(&cold, "run-uid", "17");
+        let patch = claim_patch(&cold, ("run-uid", 2), "17");
         assert_eq!(patch["metadata"]["resourceVersion"], "17");
         assert_eq!(patch["metadata"]["labels"][CLAIMED_BY_LABEL], "run-uid");
+        assert_eq!(patch["metadata"]["labels"][CLAIMED_ATTEMPT_LABEL], "2");
+        // The pod of the run's attempt: by the claim's labels, not a going one, not an earlier
+        // attempt's (a pod claimed before the attempt label is the first attempt's).
+        let mut claimed = cold.clone();
+        let labels = claimed.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert(CLAIMED_BY_LABEL.into(), "run-uid".into());
+        assert!(claimed_for(&claimed, "run-uid", 1));
+        assert!(!claimed_for(&claimed, "run-uid", 2));
+        assert!(!claimed_for(&claimed, "other", 1));
+        let labels = claimed.metadata.labels.get_or_insert_with(Default::default);
+        labels.insert(CLAIMED_ATTEMPT_LABEL.into(), "2".into());
+        assert!(claimed_for(&claimed, "run-uid", 2));
+        assert!(!claimed_for(&claimed, "run-uid", 1));
+        claimed.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
+        );
+        assert!(!claimed_for(&claimed, "run-uid", 2), "going");
         assert_eq!(
             patch["metadata"]["labels"][crate::names::RUN_UID_LABEL],
             "run-uid"

@@ -3882,3 +3882,96 @@ async fn a_queued_run_takes_a_warm_pool_pod_once_kueue_admits_it() {
         }
     }
 }
+
+/// Issue #39 with `spec.retryPolicy` on the real node (`--warm-pools`): each attempt of a run made
+/// from a pooled template asks the pool. The template's workload fails its first attempt (exit
+/// 3) and succeeds its second; with a pool of two ready pods, both attempts take a pool pod — two
+/// different ones (a pool pod serves one start) — the first attempt's pod is recorded in
+/// `status.attempts[0]`, `status.warmStart` names the second's, and the second attempt's file is
+/// drained. Before, a retry always started cold.
+#[tokio::test]
+async fn each_attempt_of_a_retried_run_takes_a_warm_pool_pod() {
+    use sandboxrun_operator::api::{
+        OpenField, RetryBackoff, RetryPolicy, SandboxRunPool, SandboxRunPoolSpec,
+        SandboxRunTemplate, SandboxRunTemplateSpec, TemplateRef,
+    };
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "pool-retry").await;
+    let (_dir, store_url) = file_store("pool-retry");
+    let op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
+    let mut spec = real_spec(Some("exit 9"), &["/work/out"]);
+    spec.retry_policy = Some(RetryPolicy {
+        limit: 2,
+        backoff: Some(RetryBackoff {
+            base_seconds: Some(1),
+            factor: Some(1),
+            cap_seconds: Some(1),
+        }),
+        rules: Vec::new(),
+    });
+    let template = SandboxRunTemplate::new(
+        "retried",
+        SandboxRunTemplateSpec {
+            template: spec,
+            open_fields: vec![OpenField::Command],
+        },
+    );
+    Api::<SandboxRunTemplate>::namespaced(client.clone(), &ns.name)
+        .create(&Default::default(), &template)
+        .await
+        .expect("create the template");
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let pool = SandboxRunPool::new(
+        "retried",
+        SandboxRunPoolSpec {
+            template_ref: TemplateRef::namespaced("retried"),
+            replicas: 2,
+        },
+    );
+    pools
+        .create(&Default::default(), &pool)
+        .await
+        .expect("create the pool");
+    eventually(
+        "the pool's pods to be ready",
+        Duration::from_secs(180),
+        || {
+            let pools = pools.clone();
+            async move {
+                let s = pools.get("retried").await.ok()?.status?;
+                (s.ready_replicas == 2).then_some(())
+            }
+        },
+    )
+    .await;
+    let pool_pod_names: Vec<String> = pool_pods(&client, &ns.name, "retried")
+        .await
+        .into_iter()
+        .map(|p| p.0)
+        .collect();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let script = r#"echo "attempt $SANDBOXRUN_ATTEMPT" > "$ITERION_ARTIFACT_FILES_DIR/out.txt"; [ "$SANDBOXRUN_ATTEMPT" -ge 2 ] || exit 3"#;
+    let spec = SandboxRunSpec {
+        template_ref: Some(TemplateRef::namespaced("retried")),
+        command: Some(vec!["sh".into(), "-c".into(), script.into()]),
+        ..Default::default()
+    };
+    create(&runs, "flaky", spec).await;
+    let done = wait_run(&runs, "flaky", "the retried run to end", &op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    assert_eq!(status.attempts.len(), 1, "{status:?}");
+    let first = status.attempts[0].pod_name.clone();
+    let warm = status.warm_start.clone().expect("warmStart");
+    assert_eq!(warm.attempt, Some(2), "{warm:?}");
+    let second = warm.pod.clone().unwrap_or_default();
+    assert!(
+        pool_pod_names.contains(&first) && pool_pod_names.contains(&second) && first != second,
+        "both attempts took one of the pool's ready pods {pool_pod_names:?}: {first} then {second}"
+    );
+    let dest = files_get(&ns.name, "flaky", &store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    let out = std::fs::read_to_string(extracted(&dest, 0).join("out.txt")).expect("out.txt");
+    assert_eq!(out, "attempt 2\n");
+}
