@@ -21,7 +21,7 @@ pub struct Metrics {
     pub reconcile_errors: IntCounterVec,
     /// Runs by phase, as last seen by this replica.
     pub runs_by_phase: IntGaugeVec,
-    /// How runs made from a pooled template got their first pod: `warm` or `cold`.
+    /// How runs made from a pooled template got each attempt's pod: `warm` or `cold`.
     pub pool_starts: IntCounterVec,
     /// Bytes stored by drains.
     pub drained_bytes: IntCounterVec,
@@ -91,7 +91,7 @@ pub struct MetricsError(#[from] prometheus::Error);
 fn pool_starts_counter() -> Result<IntCounterVec, prometheus::Error> {
     counter(
         "pool_starts_total",
-        "First pods of runs made from a pooled template, taken warm or made cold",
+        "Attempts of runs made from a pooled template whose pod was taken warm or made cold",
         &["start"],
     )
 }
