@@ -213,7 +213,7 @@ pub(crate) struct DrainTarget {
     compression: Compression,
     deadline: tokio::time::Instant,
     urgent: bool,
-    /// Cancelled when this replica must stop draining the run: `ctx.cancel`, or its drain claim
+    /// Cancelled when this replica must stop draining the run: `ctx.in_flight.cancel`, or its drain claim
     /// lost (src/shard/drain_claim.rs).
     cancel: tokio_util::sync::CancellationToken,
     /// Asked before each manifest commit (the drain claim, when sharded).
@@ -244,7 +244,7 @@ impl DrainTarget {
             name,
             deadline,
             urgent: false,
-            cancel: ctx.cancel.clone(),
+            cancel: ctx.in_flight.cancel.clone(),
             fence: None,
             attempt: pod::current_attempt(run),
             checkpoint: None,
@@ -314,7 +314,12 @@ async fn drain_one(
         run: target.uid.clone(),
         urgent: target.urgent,
     };
-    let Some(_slot) = ctx.path_slots.acquire(waiter, target.cancel.clone()).await else {
+    let Some(_slot) = ctx
+        .in_flight
+        .path_slots
+        .acquire(waiter, target.cancel.clone())
+        .await
+    else {
         return (path.entry, None);
     };
     let store = match &target.store {
@@ -329,11 +334,12 @@ async fn drain_one(
     let job = PathJob {
         pods: &target.pods,
         pod_name: &target.pod_name,
-        pack_command: &ctx.pack_command,
+        pack_command: &ctx.drain.pack_command,
         store: &store.store,
         // A tenant's store is cleaned by its own lifecycle rule: the clean-up signs with the
         // operator's credentials.
         open_uploads: ctx
+            .stores
             .open_uploads
             .as_deref()
             .filter(|_| store.tenant.is_none()),
@@ -348,9 +354,9 @@ async fn drain_one(
         holder_path: &holder_path,
         cap_bytes,
         compression: target.compression,
-        wire: ctx.drain_wire,
-        idle: ctx.drain_idle,
-        bandwidth: &ctx.drain_bandwidth,
+        wire: ctx.drain.wire,
+        idle: ctx.drain.idle,
+        bandwidth: &ctx.drain.bandwidth,
         deadline: target.deadline,
         previous_attempts,
         metrics: &ctx.metrics,

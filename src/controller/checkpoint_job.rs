@@ -30,12 +30,13 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>) {
         urgent: false,
     };
     let shard = ctx.join_shard(run);
-    let cancel = shard
-        .as_ref()
-        .map_or_else(|| ctx.cancel.clone(), |guard| guard.cancel.clone());
+    let cancel = shard.as_ref().map_or_else(
+        || ctx.in_flight.cancel.clone(),
+        |guard| guard.cancel.clone(),
+    );
     let job_ctx = Arc::clone(ctx);
     let run = Arc::clone(run);
-    ctx.drains.start(waiter, cancel, move || async move {
+    ctx.in_flight.drains.start(waiter, cancel, move || async move {
         let _shard = shard;
         if let Err(error) = checkpoint(&job_ctx, &run).await {
             warn!(run = %run.name_any(), namespace = ?run.namespace(), %error, "checkpoint failed; a later reconcile asks again");
@@ -57,9 +58,9 @@ async fn checkpoint(ctx: &Context, run: &SandboxRun) -> Result<(), ControllerErr
     let pod_name = crate::pod::current_pod_name(&live);
     let taken = live.status.as_ref().map_or(0, |s| s.checkpoints.len());
     let index = u32::try_from(taken).unwrap_or(u32::MAX).saturating_add(1);
-    if index > ctx.max_checkpoints {
+    if index > ctx.lifecycle.max_checkpoints {
         let now = Timestamp::now();
-        let plan = plan::checkpoint_refused(&live, token, ctx.max_checkpoints, now);
+        let plan = plan::checkpoint_refused(&live, token, ctx.lifecycle.max_checkpoints, now);
         drive::carry_out(ctx, &live, &pod_name, Some(&pod), plan, now).await?;
         return Ok(());
     }

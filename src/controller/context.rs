@@ -32,36 +32,81 @@ pub(crate) use crate::names::MANAGER;
 /// Path slots one run may hold at once unless told (`run --max-path-drains-per-run`).
 pub(crate) const DEFAULT_PATH_DRAINS_PER_RUN: usize = 4;
 
-/// What the controller needs besides the cluster.
+/// What the controller needs besides the cluster, in the few things it carries: the stores, the
+/// settings of each stage (pod, admission, caps, decide, drain, lifecycle), the drains in
+/// flight, what this replica remembers between reconciles, its shards, and its voice (Events,
+/// metrics).
 pub(crate) struct Context {
     /// The cluster.
     pub client: Client,
     /// Where drained archives go.
-    pub store: Arc<dyn ObjectStore>,
-    /// Key prefix inside the store.
-    pub store_prefix: object_store::path::Path,
-    /// The store URL (for object URLs in status).
-    pub store_url: String,
+    pub stores: Stores,
     /// Pod builder settings.
     pub pod: PodSettings,
+    /// What the operator judges again on its own before a pod is built.
+    pub admission: Admission,
+    /// Read-back caps.
+    pub caps: CapSettings,
+    /// Settings of the pure decision (image-pull timeout).
+    pub decide: DecideSettings,
+    /// How paths are drained.
+    pub drain: DrainSettings,
+    /// The run lifecycle's switches and windows.
+    pub lifecycle: Lifecycle,
+    /// The drains in flight and the slots they share.
+    pub in_flight: InFlight,
+    /// What this replica remembers of runs between reconciles (lost on restart by design).
+    pub memory: Memory,
+    /// The shards this replica owns and the runs' drain claims (`run --sharding`).
+    pub sharding: Sharding,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// Metrics.
+    pub metrics: Metrics,
+}
+
+/// Where drained archives go: the operator's store, and tenants' own.
+pub(crate) struct Stores {
+    /// The operator's store (`--store-url`).
+    pub store: Arc<dyn ObjectStore>,
+    /// Key prefix inside the store.
+    pub prefix: object_store::path::Path,
+    /// The store URL (for object URLs in status).
+    pub url: String,
+    /// Aborts an S3 archive key's open multipart uploads before each attempt (None: not S3).
+    pub open_uploads: Option<Arc<OpenUploads>>,
+    /// The endpoints tenant stores may send their credentials to (`run
+    /// --tenant-store-endpoints`; empty: tenant stores off). docs/contract.md "A store per
+    /// namespace".
+    pub tenants: TenantStorePolicy,
+}
+
+/// What the operator judges again before it builds a pod, webhook or not.
+pub(crate) struct Admission {
     /// The admission rules, judged again before a pod is built ([`Context::with_rules`]).
     pub rules: crate::admission::RuleSettings,
     /// The admission stamps a run that uses its author's rights needs before it gets a pod
     /// ([`Context::with_rights`]).
     pub rights: crate::admission::stamp::RightsPolicy,
-    /// Read-back caps.
-    pub caps: CapSettings,
-    /// Settings of the pure decision (image-pull timeout).
-    pub decide: DecideSettings,
+    /// Resolves a run's image before its pod is created (`run --preflight-images`; None: off).
+    pub preflight: Option<Arc<ImageResolver>>,
+}
+
+/// How a path is drained.
+pub(crate) struct DrainSettings {
     /// argv of the packer in the holder (the path is appended).
     pub pack_command: Vec<String>,
     /// How the packer is asked to send its tar (`run --drain-wire`).
-    pub drain_wire: Wire,
+    pub wire: Wire,
     /// Per-path idle bound of a drain (`run --drain-idle-timeout`, src/drain/idle.rs).
-    pub drain_idle: Duration,
+    pub idle: Duration,
     /// Bytes a second all this replica's drains may read together from the packers' exec
     /// streams (`run --max-drain-bytes-per-second`, src/drain/bandwidth.rs; default unlimited).
-    pub drain_bandwidth: DrainBandwidth,
+    pub bandwidth: DrainBandwidth,
+}
+
+/// The run lifecycle's switches and windows.
+pub(crate) struct Lifecycle {
     /// How long a run's passing states may last unreported (`run --quiet-window`,
     /// docs/contract.md "A quiet lifecycle").
     pub settle: Duration,
@@ -71,55 +116,57 @@ pub(crate) struct Context {
     /// Whether runs made from a pooled template take a warm pool's ready pod (`run
     /// --warm-pools`).
     pub warm_pools: bool,
-    /// Publishes Events.
-    pub recorder: Recorder,
-    /// Metrics.
-    pub metrics: Metrics,
-    /// When this process last tried to create each refused run's pod (by run uid): the back-off
-    /// of [`super::refusals::create_retry_wait`]. Lost on restart by design (the next attempt is
-    /// then immediate, and its pause already as long as the refusals have lasted).
-    pub create_attempts: Mutex<HashMap<String, Timestamp>>,
-    /// The last status this replica wrote of each run: (its digest, the resourceVersion the run
-    /// had when it was written, the one the write made). See [`Context::written_status`].
-    pub written: Mutex<HashMap<String, WrittenStatus>>,
-    /// The uids of the runs whose pod this replica created and has not reported yet
-    /// ([`super::plan::SETTLE`]): what the status would have said, kept in memory meanwhile.
-    pub unreported_pods: Mutex<HashSet<String>>,
     /// What deleting a run does to its stored files when its spec does not say
     /// (`run --default-retention`).
     pub default_retention: Retention,
+    /// Checkpoints one run may take (`run --max-checkpoints`).
+    pub max_checkpoints: u32,
+}
+
+/// The drains in flight, off the reconcile workers, and the slots they share.
+pub(crate) struct InFlight {
     /// Cancelled when this replica must stop draining at once (lost lease, shutdown): in-flight
     /// drains record nothing and the next leader resumes them.
     pub cancel: CancellationToken,
-    /// The drains in flight, off the reconcile workers.
+    /// The teardowns and checkpoints in flight.
     pub drains: DrainPool,
     /// Paths being drained at once, across every run (`run --max-concurrent-path-drains`): the
     /// paths of one run drain in parallel, at most `run --max-path-drains-per-run` of them, and
     /// this bounds the operator's drain memory. Handed out fairly (docs/contract.md "Fair drain
     /// slots").
     pub path_slots: FairSlots,
-    /// Aborts an S3 archive key's open multipart uploads before each attempt (None: not S3).
-    pub open_uploads: Option<Arc<OpenUploads>>,
-    /// Resolves a run's image before its pod is created (`run --preflight-images`; None: off).
-    pub preflight: Option<Arc<ImageResolver>>,
-    /// The endpoints tenant stores may send their credentials to (`run
-    /// --tenant-store-endpoints`; empty: tenant stores off). docs/contract.md "A store per
-    /// namespace".
-    pub tenant_stores: TenantStorePolicy,
-    /// The shards this replica owns (`run --sharding`; None: every run is this replica's).
-    pub shards: Option<Arc<ShardGate>>,
-    /// With sharding: the runs' drain claims, one teardown of a run at a time across replicas
-    /// whatever its shard label says (src/shard/drain_claim.rs).
+}
+
+/// What this replica remembers of runs between reconciles; lost on restart by design.
+#[derive(Default)]
+pub(crate) struct Memory {
+    /// When this process last tried to create each refused run's pod (by run uid): the back-off
+    /// of [`super::refusals::create_retry_wait`] (after a restart the next attempt is
+    /// immediate, and its pause already as long as the refusals have lasted).
+    create_attempts: Mutex<HashMap<String, Timestamp>>,
+    /// The last status this replica wrote of each run: (its digest, the resourceVersion the run
+    /// had when it was written, the one the write made). See [`Context::written_status`].
+    written: Mutex<HashMap<String, WrittenStatus>>,
+    /// The uids of the runs whose pod this replica created and has not reported yet
+    /// ([`super::plan::SETTLE`]): what the status would have said, kept in memory meanwhile.
+    unreported_pods: Mutex<HashSet<String>>,
+}
+
+/// The shards this replica owns (`run --sharding`; both None: every run is this replica's).
+#[derive(Default)]
+pub(crate) struct Sharding {
+    /// The gate of the shards owned.
+    pub gate: Option<Arc<ShardGate>>,
+    /// The runs' drain claims, one teardown of a run at a time across replicas whatever its
+    /// shard label says (src/shard/drain_claim.rs).
     pub drain_claims: Option<Arc<DrainClaims>>,
-    /// Checkpoints one run may take (`run --max-checkpoints`).
-    pub max_checkpoints: u32,
 }
 
 impl Context {
     /// The same context with `retention` as the operator-wide default of
     /// `spec.readBack.retention`.
     pub(crate) fn with_default_retention(mut self, retention: Retention) -> Context {
-        self.default_retention = retention;
+        self.lifecycle.default_retention = retention;
         self
     }
 
@@ -127,50 +174,50 @@ impl Context {
     /// (`run --max-concurrent-path-drains`), at most `per_run` of them one run's
     /// (`run --max-path-drains-per-run`).
     pub(crate) fn with_path_slots(mut self, (max, per_run): (usize, usize)) -> Context {
-        self.path_slots = FairSlots::new(max, per_run, None);
+        self.in_flight.path_slots = FairSlots::new(max, per_run, None);
         self
     }
 
     /// The same context with `settle` as its quiet window (`run --quiet-window`).
     pub(crate) fn with_quiet_window(mut self, settle: Duration) -> Context {
-        self.settle = settle;
+        self.lifecycle.settle = settle;
         self
     }
 
     /// The same context with runs in Kueue queues waiting for Kueue (`run --kueue`).
     pub(crate) fn with_kueue(mut self, kueue: bool) -> Context {
-        self.kueue = kueue;
+        self.lifecycle.kueue = kueue;
         self
     }
 
     /// The same context with runs from pooled templates taking warm pods (`run --warm-pools`).
     pub(crate) fn with_warm_pools(mut self, on: bool) -> Context {
-        self.warm_pools = on;
+        self.lifecycle.warm_pools = on;
         self
     }
 
     /// The same context cutting off a packer idle for `idle` (`run --drain-idle-timeout`).
     pub(crate) fn with_drain_idle(mut self, idle: Duration) -> Context {
-        self.drain_idle = idle;
+        self.drain.idle = idle;
         self
     }
 
     /// The same context pacing its drains to `bandwidth` together
     /// (`run --max-drain-bytes-per-second`).
     pub(crate) fn with_drain_bandwidth(mut self, bandwidth: DrainBandwidth) -> Context {
-        self.drain_bandwidth = bandwidth;
+        self.drain.bandwidth = bandwidth;
         self
     }
 
     /// The same context asking packers for `wire` (`run --drain-wire`).
     pub(crate) fn with_drain_wire(mut self, wire: Wire) -> Context {
-        self.drain_wire = wire;
+        self.drain.wire = wire;
         self
     }
 
     /// The same context with the clean-up of open multipart uploads before each attempt.
     pub(crate) fn with_open_uploads(mut self, open_uploads: Option<Arc<OpenUploads>>) -> Context {
-        self.open_uploads = open_uploads;
+        self.stores.open_uploads = open_uploads;
         self
     }
 
@@ -179,37 +226,37 @@ impl Context {
     /// The same context judging runs by `rules` before it builds their pods (the rules the
     /// webhook applies; docs/contract.md "The operator never builds a pod its own rules refuse").
     pub(crate) fn with_rules(mut self, rules: crate::admission::RuleSettings) -> Context {
-        self.rules = rules;
+        self.admission.rules = rules;
         self
     }
 
     /// The same context requiring admission stamps as `rights` says (docs/contract.md "A run
     /// uses only its author's rights").
     pub(crate) fn with_rights(mut self, rights: crate::admission::stamp::RightsPolicy) -> Context {
-        self.rights = rights;
+        self.admission.rights = rights;
         self
     }
 
     pub(crate) fn with_preflight(mut self, resolver: Option<Arc<ImageResolver>>) -> Context {
-        self.preflight = resolver;
+        self.admission.preflight = resolver;
         self
     }
 
     /// The same context working only on the runs of the shards `gate` owns (`run --sharding`).
     pub(crate) fn with_shards(mut self, gate: Option<Arc<ShardGate>>) -> Context {
-        self.shards = gate;
+        self.sharding.gate = gate;
         self
     }
 
     /// The same context allowing `max` checkpoints a run (`run --max-checkpoints`).
     pub(crate) fn with_max_checkpoints(mut self, max: u32) -> Context {
-        self.max_checkpoints = max;
+        self.lifecycle.max_checkpoints = max;
         self
     }
 
     /// The same context taking each run's drain claim before its teardown (`run --sharding`).
     pub(crate) fn with_drain_claims(mut self, claims: Option<Arc<DrainClaims>>) -> Context {
-        self.drain_claims = claims;
+        self.sharding.drain_claims = claims;
         self
     }
 
@@ -225,7 +272,7 @@ impl Context {
         &self,
         meta: &kube::api::ObjectMeta,
     ) -> Option<Option<ShardGuard>> {
-        let Some(gate) = &self.shards else {
+        let Some(gate) = &self.sharding.gate else {
             return Some(None);
         };
         gate.enter(gate.shard_of_meta(meta)?).map(Some)
@@ -233,7 +280,7 @@ impl Context {
 
     /// A guard for the teardown a guarded reconcile of `run` starts (None without sharding).
     pub(crate) fn join_shard(&self, run: &SandboxRun) -> Option<ShardGuard> {
-        let gate = self.shards.as_ref()?;
+        let gate = self.sharding.gate.as_ref()?;
         gate.join(gate.shard_of(run)?)
     }
 
@@ -262,42 +309,53 @@ impl Context {
         let drains = DrainPool::new(max_concurrent_drains, Some(metrics.drain_queue.clone()));
         Context {
             client,
-            store,
-            store_prefix,
-            store_url,
+            stores: Stores {
+                store,
+                prefix: store_prefix,
+                url: store_url,
+                open_uploads: None,
+                tenants: TenantStorePolicy::default(),
+            },
             pod,
-            rules: crate::admission::RuleSettings::default(),
-            rights: Default::default(),
+            admission: Admission {
+                rules: crate::admission::RuleSettings::default(),
+                rights: Default::default(),
+                preflight: None,
+            },
             caps,
             decide,
-            pack_command,
-            drain_wire: Wire::default(),
-            drain_idle: crate::drain::idle::DEFAULT_IDLE_TIMEOUT,
-            drain_bandwidth: DrainBandwidth::default(),
-            settle: super::plan::SETTLE,
-            kueue: false,
-            warm_pools: false,
+            drain: DrainSettings {
+                pack_command,
+                wire: Wire::default(),
+                idle: crate::drain::idle::DEFAULT_IDLE_TIMEOUT,
+                bandwidth: DrainBandwidth::default(),
+            },
+            lifecycle: Lifecycle {
+                settle: super::plan::SETTLE,
+                kueue: false,
+                warm_pools: false,
+                default_retention: Retention::default(),
+                max_checkpoints: crate::api::DEFAULT_MAX_CHECKPOINTS,
+            },
+            in_flight: InFlight {
+                cancel: CancellationToken::new(),
+                drains,
+                path_slots: FairSlots::new(
+                    max_concurrent_drains,
+                    DEFAULT_PATH_DRAINS_PER_RUN,
+                    None,
+                ),
+            },
+            memory: Memory::default(),
+            sharding: Sharding::default(),
             recorder,
             metrics,
-            create_attempts: Default::default(),
-            unreported_pods: Default::default(),
-            written: Default::default(),
-            default_retention: Retention::default(),
-            cancel: CancellationToken::new(),
-            drains,
-            path_slots: FairSlots::new(max_concurrent_drains, DEFAULT_PATH_DRAINS_PER_RUN, None),
-            open_uploads: None,
-            preflight: None,
-            tenant_stores: TenantStorePolicy::default(),
-            shards: None,
-            drain_claims: None,
-            max_checkpoints: crate::api::DEFAULT_MAX_CHECKPOINTS,
         }
     }
 
     /// The same context with tenant stores allowed at `endpoints` (`run --tenant-store-endpoints`).
     pub(crate) fn with_tenant_stores(mut self, endpoints: TenantStorePolicy) -> Context {
-        self.tenant_stores = endpoints;
+        self.stores.tenants = endpoints;
         self
     }
 
@@ -310,7 +368,7 @@ impl Context {
             &self.client,
             &namespace,
             run.spec.store_ref(),
-            &self.tenant_stores,
+            &self.stores.tenants,
             || self.operator_store(),
         )
         .await
@@ -319,9 +377,9 @@ impl Context {
     /// The operator's own store (`--store-url`).
     pub(crate) fn operator_store(&self) -> RunStore {
         RunStore {
-            store: Arc::clone(&self.store),
-            prefix: self.store_prefix.clone(),
-            url: self.store_url.clone(),
+            store: Arc::clone(&self.stores.store),
+            prefix: self.stores.prefix.clone(),
+            url: self.stores.url.clone(),
             tenant: None,
         }
     }
@@ -345,12 +403,14 @@ impl Context {
     /// When this process last tried to create the run's pod and was refused.
     pub(crate) fn last_create_attempt(&self, run: &SandboxRun) -> Option<Timestamp> {
         let uid = run.metadata.uid.as_deref()?;
-        self.create_attempts.lock().ok()?.get(uid).copied()
+        self.memory.create_attempts.lock().ok()?.get(uid).copied()
     }
 
     /// Remembers a refused attempt to create the run's pod.
     pub(crate) fn record_create_attempt(&self, run: &SandboxRun, at: Timestamp) {
-        if let (Some(uid), Ok(mut map)) = (run.metadata.uid.clone(), self.create_attempts.lock()) {
+        if let (Some(uid), Ok(mut map)) =
+            (run.metadata.uid.clone(), self.memory.create_attempts.lock())
+        {
             map.insert(uid, at);
         }
     }
@@ -361,10 +421,10 @@ impl Context {
         let Some(uid) = run.metadata.uid.as_deref() else {
             return;
         };
-        if let Ok(mut map) = self.create_attempts.lock() {
+        if let Ok(mut map) = self.memory.create_attempts.lock() {
             map.remove(uid);
         }
-        if let Ok(mut set) = self.unreported_pods.lock() {
+        if let Ok(mut set) = self.memory.unreported_pods.lock() {
             set.remove(uid);
         }
     }
@@ -375,7 +435,7 @@ impl Context {
     pub(crate) fn written_status(&self, run: &SandboxRun, status: &SandboxRunStatus) -> Written {
         let digest = status_digest(status);
         let already = run.metadata.uid.as_deref().is_some_and(|uid| {
-            self.written.lock().is_ok_and(|map| {
+            self.memory.written.lock().is_ok_and(|map| {
                 already_written(
                     map.get(uid),
                     digest,
@@ -393,7 +453,7 @@ impl Context {
         digest: u64,
         made: Option<String>,
     ) {
-        if let (Some(uid), Ok(mut map)) = (run.metadata.uid.clone(), self.written.lock()) {
+        if let (Some(uid), Ok(mut map)) = (run.metadata.uid.clone(), self.memory.written.lock()) {
             map.insert(
                 uid,
                 WrittenStatus {
@@ -407,14 +467,17 @@ impl Context {
 
     /// Forgets what was written of the run (it is going).
     pub(crate) fn forget_written_status(&self, run: &SandboxRun) {
-        if let (Some(uid), Ok(mut map)) = (run.metadata.uid.as_deref(), self.written.lock()) {
+        if let (Some(uid), Ok(mut map)) = (run.metadata.uid.as_deref(), self.memory.written.lock())
+        {
             map.remove(uid);
         }
     }
 
     /// Remembers that this replica created the run's pod and has not reported it yet.
     pub(crate) fn remember_unreported_pod(&self, run: &SandboxRun) {
-        if let (Some(uid), Ok(mut set)) = (run.metadata.uid.clone(), self.unreported_pods.lock()) {
+        if let (Some(uid), Ok(mut set)) =
+            (run.metadata.uid.clone(), self.memory.unreported_pods.lock())
+        {
             set.insert(uid);
         }
     }
@@ -424,7 +487,7 @@ impl Context {
     /// vanished before it was reported makes the run lost, not given a second pod
     /// (docs/contract.md "A quiet lifecycle"). A run that has a phase was reported: it is forgotten.
     pub(crate) fn with_unreported_pod(&self, run: Arc<SandboxRun>) -> Arc<SandboxRun> {
-        match self.unreported_pods.lock() {
+        match self.memory.unreported_pods.lock() {
             Ok(mut remembered) => super::decide::with_unreported_pod(run, &mut remembered),
             Err(_) => run,
         }

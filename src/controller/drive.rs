@@ -27,7 +27,7 @@ pub(crate) async fn carry_out(
     let inputs = AfterInputs {
         run,
         pod_name,
-        settle: ctx.settle,
+        settle: ctx.lifecycle.settle,
         drain_timeout_seconds: ctx.drain_timeout_seconds(run),
         now,
     };

@@ -92,7 +92,7 @@ pub(crate) async fn run(
     spawn_queue_gauge(Arc::downgrade(&ctx));
     let mut streams = Vec::new();
     for (runs, pods, workloads) in scopes {
-        if let Some(gate) = &ctx.shards {
+        if let Some(gate) = &ctx.sharding.gate {
             tokio::spawn(crate::shard::label::label_new_runs(
                 runs.clone(),
                 Arc::clone(gate),
@@ -106,7 +106,7 @@ pub(crate) async fn run(
             .reflect(writer)
             .applied_objects();
         let mut controller = with_pods(Controller::for_stream(cached, reader), &ctx, pods);
-        if ctx.kueue {
+        if ctx.lifecycle.kueue {
             // The runs' Kueue Workloads wake them (admitted, evicted): docs/user-guide.md
             // "Queueing with Kueue".
             let managed = crate::pod::managed_by_selector();
@@ -148,7 +148,7 @@ fn run_events(
     ctx: &Context,
     runs: Api<SandboxRun>,
 ) -> futures::stream::BoxStream<'static, Result<watcher::Event<SandboxRun>, watcher::Error>> {
-    match &ctx.shards {
+    match &ctx.sharding.gate {
         Some(gate) => {
             crate::shard::watches::owned_watch(runs, watcher::Config::default(), gate.serving())
         }
@@ -164,7 +164,7 @@ fn with_pods(
     pods: Api<Pod>,
 ) -> Controller<SandboxRun> {
     let managed = crate::pod::managed_by_selector();
-    let Some(gate) = &ctx.shards else {
+    let Some(gate) = &ctx.sharding.gate else {
         return controller.owns(pods, watcher::Config::default().labels(&managed));
     };
     let unlabelled = format!("{managed},!{}", crate::shard::SHARD_LABEL);
@@ -214,7 +214,7 @@ fn spawn_queue_gauge(ctx: std::sync::Weak<Context>) {
             let Some(ctx) = ctx.upgrade() else {
                 break;
             };
-            ctx.drains.refresh_metrics();
+            ctx.in_flight.drains.refresh_metrics();
         }
     });
 }
@@ -241,7 +241,11 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
     };
     // The run's drain owns it until the drain ends (its status writes, then the requeue, wake
     // it); while it waits for a slot, the reconcile only tells so.
-    if ctx.drains.is_in_flight(&run.uid().unwrap_or_default()) {
+    if ctx
+        .in_flight
+        .drains
+        .is_in_flight(&run.uid().unwrap_or_default())
+    {
         let requeue = pipeline::in_flight(&ctx, &run, Timestamp::now()).await?;
         return Ok(requeue.into_action());
     }

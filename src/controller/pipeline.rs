@@ -72,7 +72,7 @@ pub(crate) async fn reconcile(
     let step = decide::decide(run, observation.view.as_ref(), now, &ctx.decide);
     // The stamp covers the run's own spec (what its author wrote), not its template's merge.
     let rights_unverified = matches!(step, decide::Step::CreatePod)
-        .then(|| crate::admission::stamp::unverified_rights(own, &ctx.rights))
+        .then(|| crate::admission::stamp::unverified_rights(own, &ctx.admission.rights))
         .flatten();
     let label = step.as_str();
     info!(run = %observation.name, namespace = %observation.namespace, step = label, "reconcile");
@@ -82,11 +82,11 @@ pub(crate) async fn reconcile(
         pod: observation.view.as_ref(),
         now,
         pod_settings: &ctx.pod,
-        rules: &ctx.rules,
+        rules: &ctx.admission.rules,
         rights_unverified: rights_unverified.as_deref(),
         last_create_attempt: ctx.last_create_attempt(run),
-        default_retention: ctx.default_retention,
-        settle: ctx.settle,
+        default_retention: ctx.lifecycle.default_retention,
+        settle: ctx.lifecycle.settle,
     };
     let pod_name = observation.pod_name.as_str();
     let verified = rights_unverified.is_none();
@@ -108,8 +108,12 @@ pub(crate) async fn reconcile(
         StepPlan::Teardown(trigger) => {
             teardown_job::start(ctx, run, trigger);
             // A teardown that waits for a slot is looked at again after the quiet window.
-            match ctx.drains.position(&run.uid().unwrap_or_default()) {
-                Some(_) => Requeue::After(ctx.settle + LOOK_AGAIN_MARGIN),
+            match ctx
+                .in_flight
+                .drains
+                .position(&run.uid().unwrap_or_default())
+            {
+                Some(_) => Requeue::After(ctx.lifecycle.settle + LOOK_AGAIN_MARGIN),
                 None => Requeue::After(IN_FLIGHT_REQUEUE),
             }
         }
@@ -159,7 +163,7 @@ async fn through_kueue(
     observation: &Observation,
     now: Timestamp,
 ) -> Result<Through, ControllerError> {
-    if !ctx.kueue || crate::kueue::queue_of(run).is_none() {
+    if !ctx.lifecycle.kueue || crate::kueue::queue_of(run).is_none() {
         return Ok(Through::Go(step));
     }
     let workload = observe::workload(&ctx.client, run).await?;
@@ -291,7 +295,7 @@ pub(crate) async fn in_flight(
     now: Timestamp,
 ) -> Result<Requeue, ControllerError> {
     let uid = run.uid().unwrap_or_default();
-    let Some(queued) = ctx.drains.queued(&uid) else {
+    let Some(queued) = ctx.in_flight.drains.queued(&uid) else {
         return Ok(Requeue::After(IN_FLIGHT_REQUEUE));
     };
     let pod = observe::own_pod(&ctx.client, run).await?;
@@ -301,18 +305,18 @@ pub(crate) async fn in_flight(
             .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
     {
         info!(run = %run.name_any(), "its pod is being deleted: its teardown is served first");
-        ctx.drains.make_urgent(&uid);
+        ctx.in_flight.drains.make_urgent(&uid);
     }
     // Read again: the place changed if it was made urgent.
-    let Some(queued) = ctx.drains.queued(&uid) else {
+    let Some(queued) = ctx.in_flight.drains.queued(&uid) else {
         return Ok(Requeue::After(IN_FLIGHT_REQUEUE));
     };
-    let plan = plan::queued(&queued, ctx.settle);
+    let plan = plan::queued(&queued, ctx.lifecycle.settle);
     let announces = !plan.events.is_empty();
     let pod_name = crate::pod::current_pod_name(run);
     let requeue = drive::carry_out(ctx, run, &pod_name, pod.as_ref(), plan, now).await?;
     if announces {
-        ctx.drains.mark_announced(&uid);
+        ctx.in_flight.drains.mark_announced(&uid);
     }
     Ok(requeue)
 }
@@ -332,7 +336,7 @@ async fn create_pod(
         let plan = plan::store_unusable(run, &message, now);
         return drive::carry_out(ctx, run, &pod_name, None, plan, now).await;
     }
-    let preflight = match &ctx.preflight {
+    let preflight = match &ctx.admission.preflight {
         Some(resolver) => {
             let (image, resolution) =
                 observe::resolve_image(&ctx.client, resolver, run, &pod).await;
@@ -388,6 +392,6 @@ async fn record_pod_lost(
             Vec::new()
         }
     };
-    let plan = plan::record_pod_lost(&live, &committed, ctx.default_retention, now);
+    let plan = plan::record_pod_lost(&live, &committed, ctx.lifecycle.default_retention, now);
     drive::carry_out(ctx, &live, &observation.pod_name, None, plan, now).await
 }

@@ -54,7 +54,7 @@ pub(crate) async fn run(
             watcher::Config::default().labels(POOL_LABEL),
             pool_of_pod,
         );
-        if let Some(gate) = &ctx.shards {
+        if let Some(gate) = &ctx.sharding.gate {
             controller = controller.reconcile_all_on(acquired(gate.acquisitions()));
         }
         let stream = controller
@@ -118,7 +118,7 @@ async fn reconcile(
     let views: Vec<_> = owned.iter().map(pool_pod::view_of).collect();
     let claimed = views.iter().filter(|p| p.claimed).count();
     let judged = made_spec(&ctx, &pool, &ns).await?.and_then(|made| {
-        match crate::pool::judge::refusal(&made, &ctx.rules, &ctx.rights) {
+        match crate::pool::judge::refusal(&made, &ctx.admission.rules, &ctx.admission.rights) {
             Some(why) => Err(why),
             None => Ok(made),
         }

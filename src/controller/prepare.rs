@@ -20,7 +20,7 @@ pub(super) async fn kueue_flavors(
     run: &SandboxRun,
     pod: Pod,
 ) -> Result<Pod, ControllerError> {
-    if !ctx.kueue || crate::kueue::queue_of(run).is_none() {
+    if !ctx.lifecycle.kueue || crate::kueue::queue_of(run).is_none() {
         return Ok(pod);
     }
     let Some(workload) = observe::workload(&ctx.client, run).await? else {
@@ -40,7 +40,7 @@ pub(super) async fn store_unusable(
     ctx: &Context,
     run: &SandboxRun,
 ) -> Result<Option<String>, ControllerError> {
-    if !ctx.tenant_stores.enabled() || run.spec.read_back_paths().is_empty() {
+    if !ctx.stores.tenants.enabled() || run.spec.read_back_paths().is_empty() {
         return Ok(None);
     }
     let Err(error) = ctx.run_store(run).await else {

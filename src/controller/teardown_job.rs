@@ -41,10 +41,11 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger)
     // Sharded: the teardown holds its shard until it ends, and one still waiting for a slot is
     // cancelled when the shard is released (docs/contract.md "Shards").
     let shard = ctx.join_shard(&run);
-    let cancel = shard
-        .as_ref()
-        .map_or_else(|| ctx.cancel.clone(), |guard| guard.cancel.clone());
-    ctx.drains.start(waiter, cancel, move || async move {
+    let cancel = shard.as_ref().map_or_else(
+        || ctx.in_flight.cancel.clone(),
+        |guard| guard.cancel.clone(),
+    );
+    ctx.in_flight.drains.start(waiter, cancel, move || async move {
         let _shard = shard;
         let ctx = job_ctx;
         let result = claimed_teardown(&ctx, &run, &trigger).await;
@@ -56,7 +57,7 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger)
             warn!(run = %run.name_any(), namespace = ?run.namespace(), %error, "teardown failed; retrying in 10s");
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_secs(10)) => {}
-                () = ctx.cancel.cancelled() => {}
+                () = ctx.in_flight.cancel.cancelled() => {}
             }
         }
     });
@@ -72,13 +73,13 @@ async fn claimed_teardown(
     run: &SandboxRun,
     trigger: &Trigger,
 ) -> Result<(), ControllerError> {
-    let Some(claims) = ctx.drain_claims.as_ref() else {
+    let Some(claims) = ctx.sharding.drain_claims.as_ref() else {
         let pod = observe::own_pod(&ctx.client, run).await?;
         return teardown(ctx, run, pod.as_ref(), trigger, None).await;
     };
     let uid = run.uid().unwrap_or_default();
     let hold = match claims
-        .claim(&uid, &ctx.cancel)
+        .claim(&uid, &ctx.in_flight.cancel)
         .await
         .map_err(kube_err(format!("take the drain claim of run {uid}")))?
     {
@@ -138,7 +139,7 @@ pub(super) async fn teardown_store(
 /// have ended the run meanwhile, and the stale opening would overwrite its `Drained` with
 /// `Pending` (docs/contract.md "What the store holds across attempts").
 async fn unchanged_since_start(ctx: &Context, run: &SandboxRun) -> Result<bool, ControllerError> {
-    if ctx.cancel.is_cancelled() {
+    if ctx.in_flight.cancel.is_cancelled() {
         return Ok(false);
     }
     let namespace = run.namespace().unwrap_or_default();
@@ -186,12 +187,17 @@ async fn teardown(
     if let Some(hold) = hold {
         target = target.claimed(hold.lost().clone(), hold.fence());
     }
-    let (mut progress, opening) =
-        TeardownProgress::begin(opening, opening_waits, status, paths.len(), ctx.settle);
+    let (mut progress, opening) = TeardownProgress::begin(
+        opening,
+        opening_waits,
+        status,
+        paths.len(),
+        ctx.lifecycle.settle,
+    );
     if let Some(opening) = opening {
         drive::carry_out(ctx, run, &pod_name, pod, opening, now).await?;
     }
-    let settled = tokio::time::sleep(ctx.settle);
+    let settled = tokio::time::sleep(ctx.lifecycle.settle);
     tokio::pin!(settled);
     let mut drains = act::drain_paths(ctx, &target, paths);
     loop {
@@ -228,7 +234,7 @@ async fn teardown(
         run,
         status,
         (holder_running, pod.is_some()),
-        ctx.default_retention,
+        ctx.lifecycle.default_retention,
         attempt.as_ref(),
         now,
     );

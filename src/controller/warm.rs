@@ -61,7 +61,7 @@ pub(super) async fn through_pool(
     // A run in a Kueue queue gets here only once admitted (the queue stage holds it before):
     // its cold pod, with its flavor's placement, is compared with the pool's like any other.
     let candidate =
-        ctx.warm_pools && matches!(step, Step::CreatePod) && !decided && rights_verified;
+        ctx.lifecycle.warm_pools && matches!(step, Step::CreatePod) && !decided && rights_verified;
     let Some(reference) = own.spec.template_ref.as_ref().filter(|_| candidate) else {
         return Ok(Warm::Go(step));
     };

@@ -58,7 +58,7 @@ pub(super) async fn run_elected(
     // Fired on a lost lease: in-flight drains stop at once (their uploads abort themselves)
     // instead of finishing under a replica that no longer leads. On SIGTERM they get
     // SHUTDOWN_DRAIN_GRACE to finish first (settle_drains).
-    let cancel = ctx.cancel.clone();
+    let cancel = ctx.in_flight.cancel.clone();
     let watcher = tokio::spawn(async move {
         loop {
             if leading.changed().await.is_err() || !*leading.borrow_and_update() {

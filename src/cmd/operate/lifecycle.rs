@@ -38,13 +38,13 @@ pub(super) const SHUTDOWN_DRAIN_GRACE: std::time::Duration = std::time::Duration
 /// lost, which cancelled them), then cancels the rest and waits for them to stop (a cancelled
 /// drain records nothing: the next leader resumes it).
 pub(super) async fn settle_drains(ctx: &Context) {
-    if ctx.drains.wait(SHUTDOWN_DRAIN_GRACE).await {
+    if ctx.in_flight.drains.wait(SHUTDOWN_DRAIN_GRACE).await {
         return;
     }
-    ctx.cancel.cancel();
-    if !ctx.drains.wait(ABORT_GRACE).await {
+    ctx.in_flight.cancel.cancel();
+    if !ctx.in_flight.drains.wait(ABORT_GRACE).await {
         warn!(
-            left = ctx.drains.len(),
+            left = ctx.in_flight.drains.len(),
             "exiting with drains still stopping; the next leader resumes them"
         );
     }

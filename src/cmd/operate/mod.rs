@@ -209,7 +209,7 @@ async fn operate(
     ready: &AtomicBool,
     leader: prometheus::IntGauge,
 ) -> Result<(), OperatorError> {
-    if let Some(gate) = ctx.shards.clone() {
+    if let Some(gate) = ctx.sharding.gate.clone() {
         leader.set(1);
         ready.store(true, Ordering::SeqCst);
         run_sharded(args, client, ctx, gate).await

@@ -64,11 +64,11 @@ pub(super) async fn run_sharded(
         leases,
         settings,
         gate,
-        ctx.cancel.clone(),
+        ctx.in_flight.cancel.clone(),
         stop_owner.clone(),
     ));
-    // A lost shard cancels ctx.cancel: the controller stops too.
-    let lost = ctx.cancel.clone();
+    // A lost shard cancels ctx.in_flight.cancel: the controller stops too.
+    let lost = ctx.in_flight.cancel.clone();
     let stop = async move {
         tokio::select! {
             () = shutdown_signal() => {}
