@@ -648,6 +648,77 @@ async fn delete_pod(pods: &Api<Pod>, pod_name: &str, drained: bool) -> Result<()
     }
 }
 
+// The warm claim's writes (`super::warm`: what to claim and what an answer means are decided
+// there; docs/user-guide.md "Sandboxes for agents: warm pools").
+
+/// Makes the pool pod `pod` the run's with the claim's merge `patch` (guarded by the
+/// resourceVersion it carries): the claimed pod, or None when another run took it first (409).
+pub(super) async fn claim_pool_pod(
+    ctx: &Context,
+    ns: &str,
+    pod: &str,
+    patch: &serde_json::Value,
+) -> Result<Option<Pod>, ControllerError> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    match pods
+        .patch(pod, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+    {
+        Ok(claimed) => Ok(Some(claimed)),
+        Err(kube::Error::Api(ae)) if ae.code == 409 => Ok(None),
+        Err(e) => Err(kube_err(format!("claim pool pod {pod}"))(e)),
+    }
+}
+
+/// Hands the run's start to the launcher parked in the claimed `pod`
+/// (`super::launcher::deliver`; `resumed`: the claim was made in an earlier reconcile).
+pub(super) async fn start_in_pool_pod(
+    ctx: &Context,
+    ns: &str,
+    pod: &str,
+    message: &crate::inpod::launch::StartMessage,
+    resumed: bool,
+) -> Result<(), super::launcher::DeliveryError> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    super::launcher::deliver(&pods, pod, message, resumed).await
+}
+
+/// Deletes a claimed pool pod whose launcher did not take the start (best effort: the pod is
+/// the run's, which starts cold; a pod left behind goes with the run).
+pub(super) async fn delete_pool_pod(ctx: &Context, ns: &str, pod: &str) {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    if let Err(e) = pods.delete(pod, &DeleteParams::default()).await {
+        warn!(pod, error = %e, "could not delete the pool pod whose launcher did not start");
+    }
+}
+
+/// Counts a run that started cold in its pool's `status.misses`: read, then a merge patch guarded
+/// by the pool's resourceVersion (another claim's count in between: read again). Best effort: a
+/// pool whose count cannot be written says so in the log, and the run starts cold all the same.
+pub(super) async fn count_pool_miss(ctx: &Context, ns: &str, pool: &str) {
+    let api: Api<crate::api::SandboxRunPool> = Api::namespaced(ctx.client.clone(), ns);
+    for _ in 0..3 {
+        let read = match api.get_status(pool).await {
+            Ok(read) => read,
+            Err(e) => return warn!(pool, error = %e, "could not read the pool to count a miss"),
+        };
+        let misses = read.status.and_then(|s| s.misses).unwrap_or(0) + 1;
+        let patch = serde_json::json!({
+            "metadata": {"resourceVersion": read.metadata.resource_version},
+            "status": {"misses": misses},
+        });
+        match api
+            .patch_status(pool, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(ae)) if ae.code == 409 => continue,
+            Err(e) => return warn!(pool, error = %e, "could not count a miss"),
+        }
+    }
+    warn!(pool, "could not count a miss: the pool kept changing");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -573,6 +573,41 @@ async fn get_pod(
     Ok((namespace, pod_name, found))
 }
 
+/// The warm pool of `reference` in `ns` and its pods (claimed ones too), when there is one (a
+/// run's claim, `super::warm`).
+pub(crate) async fn pool_of(
+    client: &Client,
+    ns: &str,
+    reference: &crate::api::TemplateRef,
+) -> Result<Option<(crate::api::SandboxRunPool, Vec<Pod>)>, ControllerError> {
+    let pools: Api<crate::api::SandboxRunPool> = Api::namespaced(client.clone(), ns);
+    let pool = pools
+        .list(&ListParams::default())
+        .await
+        .map_err(kube_err(format!(
+            "list the crate::api::SandboxRunPools of {ns}"
+        )))?
+        .items
+        .into_iter()
+        .find(|p| &p.spec.template_ref == reference);
+    let Some(pool) = pool else {
+        return Ok(None);
+    };
+    let name = pool.name_any();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let selector = format!(
+        "{}={}",
+        crate::pool::pod::POOL_LABEL,
+        crate::pool::pod::label_value(&name)
+    );
+    let pods = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_err(format!("list the pods of pool {ns}/{name}")))?
+        .items;
+    Ok(Some((pool, pods)))
+}
+
 /// The run as the apiserver has it now (None: it is gone). The watch cache can lag behind this
 /// operator's own last status write.
 pub(crate) async fn live_run(

@@ -20,16 +20,15 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use tracing::{info, warn};
 
 use super::context::Context;
 use super::decide::Step;
-use super::error::{kube_err, ControllerError};
+use super::error::ControllerError;
 use super::plan::{self, Inputs, Plan, Requeue, StepPlan};
 use crate::api::{SandboxRun, SandboxRunPool, WarmStart};
-use crate::pool::pod::{self as pool_pod, POOL_LABEL};
+use crate::pool::pod as pool_pod;
 
 /// How soon a run that took a pod (or was told to start cold) is looked at again.
 const SOON: Duration = Duration::from_millis(100);
@@ -68,11 +67,10 @@ pub(super) async fn through_pool(
     let ns = run
         .namespace()
         .ok_or(ControllerError::Metadata("namespace"))?;
-    let Some((pool, pods)) = pool_of(ctx, &ns, reference).await? else {
+    let Some((pool, pods)) = super::observe::pool_of(&ctx.client, &ns, reference).await? else {
         return Ok(Warm::Go(step));
     };
     let pool_name = pool.name_any();
-    let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let uid = run.uid().unwrap_or_default();
     let Some(cold) = cold_pod(ctx, run, inputs).await? else {
         return Ok(Warm::Go(step));
@@ -102,17 +100,13 @@ pub(super) async fn through_pool(
     let rv = pod.resource_version().unwrap_or_default();
     let patch = pool_pod::claim_patch(&cold, (&uid, attempt), &rv);
     let name = pod.name_any();
-    match pods_api
-        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(claimed) => {
+    match super::act::claim_pool_pod(ctx, &ns, &name, &patch).await? {
+        Some(claimed) => {
             info!(run = %run.name_any(), pod = %name, pool = %pool_name, "took a warm pool pod");
             started(ctx, run, &pool_name, &claimed, (&cold, false), now).await
         }
         // Another run took it first: pick again.
-        Err(kube::Error::Api(ae)) if ae.code == 409 => Ok(Warm::Done(Requeue::After(SOON))),
-        Err(e) => Err(kube_err(format!("claim pool pod {name}"))(e)),
+        None => Ok(Warm::Done(Requeue::After(SOON))),
     }
 }
 
@@ -227,34 +221,6 @@ async fn cold_pod(
     Ok(Some(super::prepare::kueue_flavors(ctx, run, cold).await?))
 }
 
-/// The pool of `reference` in `ns` and its pods, when there is one.
-async fn pool_of(
-    ctx: &Context,
-    ns: &str,
-    reference: &crate::api::TemplateRef,
-) -> Result<Option<(SandboxRunPool, Vec<Pod>)>, ControllerError> {
-    let pools: Api<SandboxRunPool> = Api::namespaced(ctx.client.clone(), ns);
-    let pool = pools
-        .list(&ListParams::default())
-        .await
-        .map_err(kube_err(format!("list the SandboxRunPools of {ns}")))?
-        .items
-        .into_iter()
-        .find(|p| &p.spec.template_ref == reference);
-    let Some(pool) = pool else {
-        return Ok(None);
-    };
-    let name = pool.name_any();
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let selector = format!("{POOL_LABEL}={}", pool_pod::label_value(&name));
-    let pods = pods
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(kube_err(format!("list the pods of pool {ns}/{name}")))?
-        .items;
-    Ok(Some((pool, pods)))
-}
-
 /// The claimed `pod`'s launcher is handed the run's command and env, then the run records the
 /// pod and its start. A launcher that does not take it: the pod is deleted, the run starts cold.
 async fn started(
@@ -269,14 +235,13 @@ async fn started(
         return cold_start(ctx, run, pool, Cold::NoCommand, now).await;
     };
     let ns = run.namespace().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     let name = pod.name_any();
-    let delivered = super::launcher::deliver(&pods, &name, &message, resumed).await;
+    let delivered = super::act::start_in_pool_pod(ctx, &ns, &name, &message, resumed).await;
     // A resumed claim whose delivery fails (the workload ran and ended, or the pod is going) is
     // still this run's pod: its tracking says what became of it. Only a fresh claim goes cold.
     if let (Err(why), false) = (delivered, resumed) {
         warn!(run = %run.name_any(), pod = %name, %why, "the pool pod's launcher did not take the start; starting cold");
-        let _ = pods.delete(&name, &DeleteParams::default()).await;
+        super::act::delete_pool_pod(ctx, &ns, &name).await;
         return cold_start(ctx, run, pool, why.into(), now).await;
     }
     let mut status = run.status.clone().unwrap_or_default();
@@ -303,7 +268,7 @@ async fn cold_start(
 ) -> Result<Warm, ControllerError> {
     info!(run = %run.name_any(), pool, %why, "starting cold");
     ctx.metrics.pool_starts.with_label_values(&["cold"]).inc();
-    note_miss(ctx, &run.namespace().unwrap_or_default(), pool).await;
+    super::act::count_pool_miss(ctx, &run.namespace().unwrap_or_default(), pool).await;
     let mut status = run.status.clone().unwrap_or_default();
     status.warm_start = Some(WarmStart {
         pool: pool.to_string(),
@@ -312,33 +277,6 @@ async fn cold_start(
         attempt: Some(crate::pod::current_attempt(run)),
     });
     carry(ctx, run, status, now).await
-}
-
-/// Counts a run that started cold in its pool's `status.misses`: read, then a merge patch guarded
-/// by the pool's resourceVersion (another claim's count in between: read again). Best effort: a
-/// pool whose count cannot be written says so in the log, and the run starts cold all the same.
-async fn note_miss(ctx: &Context, ns: &str, pool: &str) {
-    let api: Api<SandboxRunPool> = Api::namespaced(ctx.client.clone(), ns);
-    for _ in 0..3 {
-        let read = match api.get_status(pool).await {
-            Ok(read) => read,
-            Err(e) => return warn!(pool, error = %e, "could not read the pool to count a miss"),
-        };
-        let misses = read.status.and_then(|s| s.misses).unwrap_or(0) + 1;
-        let patch = serde_json::json!({
-            "metadata": {"resourceVersion": read.metadata.resource_version},
-            "status": {"misses": misses},
-        });
-        match api
-            .patch_status(pool, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return,
-            Err(kube::Error::Api(ae)) if ae.code == 409 => continue,
-            Err(e) => return warn!(pool, error = %e, "could not count a miss"),
-        }
-    }
-    warn!(pool, "could not count a miss: the pool kept changing");
 }
 
 async fn carry(
