@@ -70,10 +70,7 @@ pub(crate) async fn reconcile(
     };
     let run = &run;
     let step = decide::decide(run, observation.view.as_ref(), now, &ctx.decide);
-    // The stamp covers the run's own spec (what its author wrote), not its template's merge.
-    let rights_unverified = matches!(step, decide::Step::CreatePod)
-        .then(|| crate::admission::stamp::unverified_rights(own, &ctx.admission.rights))
-        .flatten();
+    let rights_unverified = unverified_rights(ctx, own, &step);
     let label = step.as_str();
     info!(run = %observation.name, namespace = %observation.namespace, step = label, "reconcile");
     let inputs = Inputs {
@@ -119,6 +116,15 @@ pub(crate) async fn reconcile(
         }
     };
     Ok(Reconciled::after(label, requeue))
+}
+
+/// Why the run may not get a pod until an admission verifies its author's rights, when `step`
+/// would create it. The stamp covers the run's own spec (what its author wrote), not its
+/// template's merge.
+fn unverified_rights(ctx: &Context, own: &SandboxRun, step: &decide::Step) -> Option<String> {
+    matches!(step, decide::Step::CreatePod)
+        .then(|| crate::admission::stamp::unverified_rights(own, &ctx.admission.rights))
+        .flatten()
 }
 
 /// The stages between decide and plan: Kueue's queue ([`through_kueue`]), then a warm pool's

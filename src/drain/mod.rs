@@ -11,21 +11,27 @@
 //! - [`idle`]: the per-path idle bound on the exec's stdout (a trickling packer is cut off).
 //! - [`bandwidth`]: the replica's drain bandwidth, one token bucket shared by its drains
 //!   (`run --max-drain-bytes-per-second`).
-//! - [`archive`]: the streaming pipeline ([`archive::drain_stream`]) and its upload into the store.
+//! - [`archive`]: the streaming drain ([`archive::drain_stream`]) and its upload into the store;
+//!   [`pipeline`]: one drain in progress, entry by entry; [`tar_headers`]: what it reads of an
+//!   entry's headers besides the parser's answer.
 //!
 //! What the pipeline shares with others lives elsewhere: the entry verdict in
 //! [`crate::tar::sanitize`], the ustar writer in [`crate::tar::ustar`], the cap meter in
 //! [`crate::caps`], the manifest records in [`crate::store::manifest`].
 
 pub(crate) mod archive;
+#[cfg(test)]
+mod archive_tests;
 pub(crate) mod bandwidth;
 pub mod exec;
 mod fence;
 pub(crate) mod idle;
 mod options;
 pub(crate) mod path_drain;
+mod pipeline;
 pub(crate) mod pod_notes;
 mod stream_io;
+mod tar_headers;
 pub(crate) mod wire;
 
 pub use archive::{
