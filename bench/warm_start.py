@@ -14,6 +14,8 @@ number of kubernetes-sigs/agent-sandbox SandboxClaims on a SandboxWarmPool of th
 image and node: create -> the claim's Ready condition.
 """
 
+import json
+import os
 import statistics
 import sys
 import threading
@@ -23,6 +25,9 @@ from kubernetes import client, config
 
 GROUP, VERSION = "sandbox.iterion.io", "v1alpha1"
 SCRIPT = 't=$(adjtimex); echo "$t" > /dev/termination-log'
+# The templates' spec.network (bench/warm_start.sh NETWORK=1): a filtered template's pool pods
+# pass the egress gate before they are ready, and its runs apply their own policy first.
+NETWORK = json.loads(os.environ.get("BENCH_NETWORK") or "null")
 PLACEMENT = {
     "nodeSelector": {"sandbox.iterion.io/real-node": "true"},
     "tolerations": [
@@ -68,6 +73,7 @@ class Bench:
                     "command": ["sh", "-c", "exit 3"],
                     "user": "1000:1000",
                     **PLACEMENT,
+                    **({"network": NETWORK} if NETWORK else {}),
                 },
                 "openFields": ["command", "env"],
             },

@@ -7,6 +7,10 @@
 #   bench/warm_start.sh [SAMPLES] [POOL]        default: 50 5
 #   BIN=... bench/warm_start.sh                  another operator binary (default: the image's
 #                                                static one, hack/images.sh operator)
+#   NETWORK=1 bench/warm_start.sh                the templates restrict egress (an allowlist of
+#                                                192.0.2.0/24): pool pods and cold runs pass the
+#                                                egress gate (probing the real node's kubelet
+#                                                port), warm runs apply their own policy first
 #   AGENT_SANDBOX=1 bench/warm_start.sh          then the same on kubernetes-sigs/agent-sandbox
 #                                                (its controller built from its Go module into
 #                                                the tools cache: hack/build-tools.sh agent-sandbox;
@@ -54,10 +58,17 @@ stop_all() {
 trap stop_all EXIT
 kubectl create namespace "$NS" >/dev/null
 port=$(free_port)
+FILTER=()
+if [ -n "${NETWORK:-}" ]; then
+  kubelet=$(kubectl get node "$SANDBOXRUN_TEST_REAL_NODE" -o jsonpath='{.status.daemonEndpoints.kubeletEndpoint.Port}')
+  FILTER=(--egress-gate-probe "node:$kubelet")
+  export BENCH_NETWORK='{"mode": "allowlist", "rules": ["192.0.2.0/24"]}'
+  echo "templates restrict egress: $BENCH_NETWORK; the gate probes node:$kubelet"
+fi
 "$OPERATOR_BIN" run --namespaces "$NS" --store-url "file://$WORK/store" --metrics-addr "127.0.0.1:$port" \
   --webhook-addr '' --settings-configmap '' --holder-image "$HOLDER" \
   --holder-binary /usr/local/bin/sandboxrun-operator --warm-pools \
-  --unadmitted-references trust >"$WORK/operator.log" 2>&1 &
+  --unadmitted-references trust "${FILTER[@]}" >"$WORK/operator.log" 2>&1 &
 OP_PID=$!
 echo "operator: $OPERATOR_BIN (pid $OP_PID); workload image $IMAGE; pool of $POOL"
 PEER=()
