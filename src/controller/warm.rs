@@ -94,9 +94,7 @@ pub(super) async fn through_pool(
         Ok(pod) => pod,
         Err(why) => return cold_start(ctx, run, &pool_name, why, now).await,
     };
-    if let Some(held) = restrict_egress(ctx, (run, own), pod, now).await? {
-        return Ok(held);
-    }
+    restrict_egress(ctx, (run, own), pod, now).await?;
     let rv = pod.resource_version().unwrap_or_default();
     let patch = pool_pod::claim_patch(&cold, (&uid, attempt), &rv);
     let name = pod.name_any();
@@ -111,9 +109,9 @@ pub(super) async fn through_pool(
 }
 
 /// Before a run whose egress is restricted takes `pod`: its status records its template first
-/// (the egress proxy knows a run made from a template by that record: without it the
-/// workload's first request would be refused), in a pass of its own (`Some`: look again then);
-/// then its own NetworkPolicy is applied, with the pod's node denied when the gate probes
+/// (the egress proxy knows a run made from a template by that record, and waits a moment for a
+/// verified token's run it does not know yet: `crate::egress::runs::LEARN_WAIT`); then its own
+/// NetworkPolicy is applied, with the pod's node denied when the gate probes
 /// the node, as its cold pod's would be (the pool pod's policy, the same rules, keeps selecting
 /// the pod: policies add up, so the run's must not allow what the pool pod's denies). A run the
 /// operator would refuse for its egress never gets here: its pod's shape is not the pool's.
@@ -122,7 +120,7 @@ async fn restrict_egress(
     (run, own): (&Arc<SandboxRun>, &SandboxRun),
     pod: &Pod,
     now: Timestamp,
-) -> Result<Option<Warm>, ControllerError> {
+) -> Result<(), ControllerError> {
     use crate::egress::verdict::{verdict, EgressVerdict};
     let EgressVerdict::Apply {
         policy,
@@ -130,17 +128,16 @@ async fn restrict_egress(
         unenforced,
     } = verdict(run, &ctx.pod.egress)
     else {
-        return Ok(None);
+        return Ok(());
     };
+    let pod_name = crate::pod::current_pod_name(run);
     let recorded = own.status.as_ref().is_some_and(|s| s.template.is_some());
     if !recorded {
         let plan = Plan {
             status: run.status.clone(),
             ..Plan::wait(Requeue::After(SOON))
         };
-        let pod_name = crate::pod::current_pod_name(run);
-        let requeue = super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
-        return Ok(Some(Warm::Done(requeue)));
+        super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
     }
     let node = pod
         .status
@@ -155,9 +152,8 @@ async fn restrict_egress(
         effects: plan::egress_effects(policy, note, unenforced),
         ..Plan::wait(Requeue::After(SOON))
     };
-    let pod_name = crate::pod::current_pod_name(run);
     super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
-    Ok(None)
+    Ok(())
 }
 
 /// The pool pod the run takes, or why it starts cold: its own spec sets only what the launcher
