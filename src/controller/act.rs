@@ -19,9 +19,9 @@ use tracing::{info, warn};
 
 use super::context::{Context, MANAGER};
 use super::drain_queue::Waiter;
-use super::error::{kube_err, ControllerError};
+use super::error::{kube_err, ControllerError, StoreUnusable};
 use super::events::{PlannedEvent, EVENT_NOTE_LIMIT};
-use super::plan::{Answer, Effect, PathPlan, PathWork, Plan, Requeue};
+use super::plan::{Answer, Effect, NotPurged, PathPlan, PathWork, Plan, Requeue};
 use super::refusals;
 use crate::api::{Compression, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
 use crate::drain::path_drain::{drain_path, PathJob};
@@ -204,7 +204,7 @@ pub(super) async fn apply_network_policy(
 pub(crate) struct DrainTarget {
     /// The store the run uses, resolved when its teardown started (docs/contract.md "A store per
     /// namespace"), or why it cannot be used: then every path it drains fails, naming it.
-    store: Result<RunStore, String>,
+    store: Result<RunStore, StoreUnusable>,
     pods: Api<Pod>,
     pod_name: String,
     namespace: String,
@@ -229,7 +229,7 @@ impl DrainTarget {
     pub(crate) fn new(
         ctx: &Context,
         run: &SandboxRun,
-        store: Result<RunStore, String>,
+        store: Result<RunStore, StoreUnusable>,
         deadline: tokio::time::Instant,
     ) -> Self {
         let namespace = run.namespace().unwrap_or_default();
@@ -326,8 +326,11 @@ async fn drain_one(
         Ok(store) => store,
         Err(why) => {
             // Loud, never a fallback to another store (docs/contract.md "A store per namespace").
-            let failed =
-                crate::drain::path_drain::store_unusable(&path.path, previous_attempts, why);
+            let failed = crate::drain::path_drain::store_unusable(
+                &path.path,
+                previous_attempts,
+                &why.to_string(),
+            );
             return (path.entry, Some(failed));
         }
     };
@@ -409,7 +412,7 @@ async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Answer {
             warn!(run = %reference.name, namespace = %reference.namespace, error = %e, "the run's store cannot be used; its stored files are not deleted");
             let location = format!("the store of {}/{}", reference.namespace, reference.name);
             return Answer::FilesPurged {
-                result: Err(e.to_string()),
+                result: Err(NotPurged::StoreUnusable(e.to_string())),
                 location,
             };
         }
@@ -425,13 +428,16 @@ async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Answer {
         .collect();
     let location = format!("{}/{dir}/", store.url.trim_end_matches('/'));
     let result = match crate::controller::retention::stored_elsewhere(run, &store.url, &dir) {
-        Some(object) => Err(format!(
-            "the run stored {object}, which is not in {} any more; nothing deleted there",
-            store.describe()
-        )),
+        Some(object) => Err(NotPurged::StoredElsewhere {
+            object,
+            store: store.describe(),
+        }),
         None => delete_run_archives(&store.store, &store.prefix, &reference, &manifests)
             .await
-            .map_err(|e| format!("{}: {e}", store.describe())),
+            .map_err(|e| NotPurged::Store {
+                store: store.describe(),
+                error: e.to_string(),
+            }),
     };
     match &result {
         Ok(count) => {

@@ -30,11 +30,17 @@ impl ControllerError {
     }
 }
 
+/// Why the run's store cannot be used: the tenant store's own error, never a transient read
+/// (docs/contract.md "A store per namespace"). Its words go into the status and the Events.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub(crate) struct StoreUnusable(pub(crate) crate::store::tenant::TenantStoreError);
+
 /// What a tenant store that cannot be had means to a reconcile: a read that may pass (the
 /// apiserver unreachable or failing) is an error, retried; anything else is a verdict, in words.
 pub(crate) fn store_verdict(
     error: crate::store::tenant::TenantStoreError,
-) -> Result<String, ControllerError> {
+) -> Result<StoreUnusable, ControllerError> {
     match error {
         crate::store::tenant::TenantStoreError::Transient {
             kind,
@@ -45,7 +51,7 @@ pub(crate) fn store_verdict(
             action: format!("read the store {kind} {namespace}/{name}"),
             source: *source,
         }),
-        verdict => Ok(verdict.to_string()),
+        verdict => Ok(StoreUnusable(verdict)),
     }
 }
 

@@ -48,7 +48,7 @@ pub(super) async fn store_unusable(
     };
     let why = super::error::store_verdict(error)?;
     warn!(run = %run.name_any(), error = %why, "the run's store cannot be used; its pod is not created");
-    Ok(Some(why))
+    Ok(Some(why.to_string()))
 }
 
 /// The pod with its namespace policies' default runtime class when the run names none: the

@@ -16,7 +16,7 @@ use super::context::Context;
 use super::decide::Trigger;
 use super::drain_queue::Waiter;
 use super::drive;
-use super::error::{kube_err, ControllerError};
+use super::error::{kube_err, ControllerError, StoreUnusable};
 use super::observe;
 use super::plan::{self, TeardownPlan, TeardownProgress};
 use crate::api::{ReadBackStatus, SandboxRun};
@@ -115,7 +115,7 @@ pub(super) async fn teardown_store(
     ctx: &Context,
     run: &SandboxRun,
     paths: &[plan::PathPlan],
-) -> Result<Result<RunStore, String>, ControllerError> {
+) -> Result<Result<RunStore, StoreUnusable>, ControllerError> {
     if !paths
         .iter()
         .any(|p| matches!(p.work, plan::PathWork::Drain { .. }))

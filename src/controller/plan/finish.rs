@@ -139,7 +139,7 @@ pub(crate) enum Purge {
 /// "Stored files when a run is deleted").
 pub(crate) fn purged(
     run: &SandboxRun,
-    result: Result<usize, String>,
+    result: Result<usize, super::after::NotPurged>,
     location: &str,
     bound_seconds: i64,
     now: Timestamp,
@@ -191,6 +191,14 @@ mod tests {
 
     use std::time::Duration;
 
+    /// A store that refused the delete.
+    fn store_denied() -> super::super::after::NotPurged {
+        super::super::after::NotPurged::Store {
+            store: "s3://bucket".into(),
+            error: "denied".into(),
+        }
+    }
+
     #[test]
     fn a_lost_pod_is_told_once_and_a_deleted_run_kept_by_retain_is_released() {
         let r = with_phase(run_with(&[("/out", true)]), Phase::Running);
@@ -231,7 +239,7 @@ mod tests {
             "{}",
             event.note
         );
-        let (event, purge) = purged(&r, Err("denied".into()), "x/", 300, later(10));
+        let (event, purge) = purged(&r, Err(store_denied()), "x/", 300, later(10));
         assert_eq!(
             (event.reason, purge),
             (
@@ -239,7 +247,7 @@ mod tests {
                 Purge::RetryAfter(Duration::from_secs(5))
             )
         );
-        let (event, purge) = purged(&r, Err("denied".into()), "x/", 300, later(300));
+        let (event, purge) = purged(&r, Err(store_denied()), "x/", 300, later(300));
         assert_eq!(
             (event.reason, purge),
             (events::ARCHIVE_DELETE_ABANDONED, Purge::Done)

@@ -34,7 +34,7 @@ use create::create_pod;
 use finish::{delete_finished_pod, expired_event, skip_drain};
 use track::{gate_policy, track_pod};
 
-pub(crate) use after::{after, AfterInputs, Answer};
+pub(crate) use after::{after, AfterInputs, Answer, NotPurged};
 pub(crate) use attempt::attempt_end;
 pub(crate) use checkpoint::{checkpoint_paths, checkpoint_recorded, checkpoint_refused};
 /// The status a refused pod create leaves (the GitOps fixtures build one from it).
