@@ -64,6 +64,31 @@ pub(crate) enum MergeError {
     },
 }
 
+/// Why a run's template cannot make it (the run is held, never run with its own spec), or a
+/// pool cannot make pods of it.
+#[derive(Debug, Error)]
+pub(crate) enum TemplateUnusable {
+    /// The template does not exist (`what`: its kind and name, as [`TemplateRef::describe`]).
+    #[error("the {what} does not exist")]
+    Missing {
+        /// The template, in words.
+        what: String,
+    },
+    /// The operator may not read it.
+    #[error("the operator may not read the {what} ({message}): it needs get on {resource}")]
+    Forbidden {
+        /// The template, in words.
+        what: String,
+        /// The apiserver's words.
+        message: String,
+        /// The resource the operator needs `get` on.
+        resource: &'static str,
+    },
+    /// It does not make the run's spec.
+    #[error(transparent)]
+    Merge(#[from] MergeError),
+}
+
 fn locked_words(template: &str, locked: &[Locked]) -> String {
     let fields: Vec<&str> = locked.iter().map(|l| l.field.as_str()).collect();
     format!(
@@ -268,19 +293,21 @@ impl From<ClusterSandboxRunTemplate> for Fetched {
 /// The run made from `template` (None: it does not exist), before its pod exists: its spec
 /// merged ([`merge`]: a locked field it sets refuses it), and `status.template` recording the
 /// template's kind, name, generation and spec, which the run keeps for the rest of its life.
-/// Err: why the run cannot be made, in words (the run is held, never run with its own spec).
-pub(crate) fn resolve(run: &SandboxRun, template: Option<&Fetched>) -> Result<SandboxRun, String> {
+/// Err: why the run cannot be made (the run is held, never run with its own spec).
+pub(crate) fn resolve(
+    run: &SandboxRun,
+    template: Option<&Fetched>,
+) -> Result<SandboxRun, TemplateUnusable> {
     let Some(reference) = run.spec.template_ref.as_ref() else {
         return Ok(run.clone());
     };
     let namespace = run.namespace().unwrap_or_default();
     let Some(template) = template else {
-        return Err(format!(
-            "the {} does not exist",
-            reference.describe(&namespace)
-        ));
+        return Err(TemplateUnusable::Missing {
+            what: reference.describe(&namespace),
+        });
     };
-    let spec = merge(&template.spec, &reference.label(), &run.spec).map_err(|e| e.to_string())?;
+    let spec = merge(&template.spec, &reference.label(), &run.spec)?;
     let mut status = run.status.clone().unwrap_or_default();
     status.template = Some(AppliedTemplate {
         kind: reference.kind,
@@ -497,10 +524,15 @@ mod tests {
     fn a_missing_template_or_a_locked_field_holds_the_run_in_words() {
         let r = templated_run();
         let why = resolve(&r, None).unwrap_err();
-        assert_eq!(why, "the SandboxRunTemplate team/locked does not exist");
+        assert_eq!(
+            why.to_string(),
+            "the SandboxRunTemplate team/locked does not exist"
+        );
         let mut bad = r.clone();
         bad.spec.image = Some("evil:1".into());
-        let why = resolve(&bad, Some(&stored_template(1))).unwrap_err();
+        let why = resolve(&bad, Some(&stored_template(1)))
+            .unwrap_err()
+            .to_string();
         assert!(
             why.contains("spec.image") && why.contains("locked"),
             "{why}"
@@ -576,13 +608,13 @@ mod tests {
         assert_eq!(recorded(&stored).unwrap().spec, made.spec);
         // Missing: named with its kind and without a namespace.
         assert_eq!(
-            resolve(&r, None).unwrap_err(),
+            resolve(&r, None).unwrap_err().to_string(),
             "the ClusterSandboxRunTemplate locked does not exist"
         );
         // A locked field: the cluster template is named with its kind.
         let mut bad = r.clone();
         bad.spec.user = Some("0".into());
-        let why = resolve(&bad, Some(&fetched)).unwrap_err();
+        let why = resolve(&bad, Some(&fetched)).unwrap_err().to_string();
         assert!(
             why.contains("spec.user") && why.contains("ClusterSandboxRunTemplate locked"),
             "{why}"

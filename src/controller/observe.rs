@@ -640,12 +640,15 @@ pub(crate) async fn live_made_run(
 
 /// The template `reference` names for a run of `namespace` (a SandboxRunTemplate there, or a
 /// ClusterSandboxRunTemplate; None: it does not exist). A read the operator is forbidden is a
-/// verdict in words (Err inside: the run is held saying so); any other error is retried.
+/// verdict (Err inside: the run is held saying so); any other error is retried.
 pub(crate) async fn template(
     client: &Client,
     namespace: &str,
     reference: &crate::api::TemplateRef,
-) -> Result<Result<Option<crate::template::Fetched>, String>, ControllerError> {
+) -> Result<
+    Result<Option<crate::template::Fetched>, crate::template::TemplateUnusable>,
+    ControllerError,
+> {
     use crate::api::{ClusterSandboxRunTemplate, SandboxRunTemplate, TemplateKind};
     let name = reference.name.as_str();
     let read = match reference.kind {
@@ -661,11 +664,13 @@ pub(crate) async fn template(
     let what = reference.describe(namespace);
     match read {
         Ok(found) => Ok(Ok(found)),
-        Err(kube::Error::Api(ae)) if ae.code == 403 => Ok(Err(format!(
-            "the operator may not read the {what} ({}): it needs get on {}",
-            ae.message,
-            reference.kind.resource()
-        ))),
+        Err(kube::Error::Api(ae)) if ae.code == 403 => {
+            Ok(Err(crate::template::TemplateUnusable::Forbidden {
+                what,
+                message: ae.message,
+                resource: reference.kind.resource(),
+            }))
+        }
         Err(e) => Err(kube_err(format!("get {what}"))(e)),
     }
 }

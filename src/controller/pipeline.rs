@@ -283,7 +283,7 @@ async fn made_from_template(
         }),
         Err(message) => {
             warn!(run = %observation.name, %message, "the run's template cannot make it; its pod is not created");
-            let plan = plan::template_unusable(run, &message, now);
+            let plan = plan::template_unusable(run, &message.to_string(), now);
             let pod = observation.pod.as_ref();
             let requeue = drive::carry_out(ctx, run, &observation.pod_name, pod, plan, now).await?;
             Ok(Made::Held(requeue))

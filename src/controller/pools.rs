@@ -23,6 +23,7 @@ use super::context::Context;
 use super::error::{kube_err, ControllerError};
 use crate::api::{SandboxRunPool, SandboxRunPoolStatus};
 use crate::pool::pod::{self as pool_pod, POOL_LABEL};
+use crate::template::TemplateUnusable;
 
 /// How often a pool is looked at again without a watch event (pods becoming ready wake it).
 const LOOK_AGAIN: Duration = Duration::from_secs(30);
@@ -117,12 +118,16 @@ async fn reconcile(
         .items;
     let views: Vec<_> = owned.iter().map(pool_pod::view_of).collect();
     let claimed = views.iter().filter(|p| p.claimed).count();
-    let judged = made_spec(&ctx, &pool, &ns).await?.and_then(|made| {
-        match crate::pool::judge::refusal(&made, &ctx.admission.rules, &ctx.admission.rights) {
-            Some(why) => Err(why),
-            None => Ok(made),
-        }
-    });
+    let judged = made_spec(&ctx, &pool, &ns)
+        .await?
+        .map_err(|e| e.to_string())
+        .and_then(|made| {
+            let rules = (&ctx.admission.rules, &ctx.admission.rights);
+            match crate::pool::judge::refusal(&made, rules.0, rules.1) {
+                Some(why) => Err(why),
+                None => Ok(made),
+            }
+        });
     let made = match judged {
         Ok(made) => pool_pod::stand_in(&pool, made),
         Err(message) => {
@@ -247,15 +252,13 @@ async fn made_spec(
     ctx: &Context,
     pool: &SandboxRunPool,
     ns: &str,
-) -> Result<Result<crate::api::SandboxRunSpec, String>, ControllerError> {
+) -> Result<Result<crate::api::SandboxRunSpec, TemplateUnusable>, ControllerError> {
     let reference = &pool.spec.template_ref;
     let fetched = match super::observe::template(&ctx.client, ns, reference).await? {
         Ok(Some(t)) => t,
         Ok(None) => {
-            return Ok(Err(format!(
-                "the {} does not exist",
-                reference.describe(ns)
-            )))
+            let what = reference.describe(ns);
+            return Ok(Err(TemplateUnusable::Missing { what }));
         }
         Err(e) => return Ok(Err(e)),
     };
@@ -263,10 +266,7 @@ async fn made_spec(
         template_ref: Some(reference.clone()),
         ..Default::default()
     };
-    Ok(
-        crate::template::merge(&fetched.spec, &reference.label(), &empty)
-            .map_err(|e| e.to_string()),
-    )
+    Ok(crate::template::merge(&fetched.spec, &reference.label(), &empty).map_err(Into::into))
 }
 
 /// Deletes an unclaimed pool pod as it was read: preconditioned on its uid and resourceVersion,
