@@ -118,20 +118,11 @@ async fn reconcile(
         .items;
     let views: Vec<_> = owned.iter().map(pool_pod::view_of).collect();
     let claimed = views.iter().filter(|p| p.claimed).count();
-    let judged = made_spec(&ctx, &pool, &ns)
-        .await?
-        .map_err(|e| e.to_string())
-        .and_then(|made| {
-            let rules = (&ctx.admission.rules, &ctx.admission.rights);
-            match crate::pool::judge::refusal(&made, rules.0, rules.1) {
-                Some(why) => Err(why),
-                None => Ok(made),
-            }
-        });
-    let made = match judged {
+    let made = match judged_spec(&ctx, &pool, &ns).await? {
         Ok(made) => pool_pod::stand_in(&pool, made),
         Err(message) => {
-            write_status(&ctx, &pool, unusable_status(&pool, claimed, message)).await?;
+            let status = unusable_status(&pool, claimed, message.to_string());
+            write_status(&ctx, &pool, status).await?;
             return Ok(Action::requeue(LOOK_AGAIN));
         }
     };
@@ -244,6 +235,35 @@ fn unusable_status(pool: &SandboxRunPool, claimed: usize, message: String) -> Sa
         observed_generation: pool.metadata.generation,
         ..SandboxRunPoolStatus::default()
     }
+}
+
+/// Why a pool makes no pods of its template (its status' message, a `NotPooled` Event).
+#[derive(Debug, thiserror::Error)]
+enum NotPooled {
+    /// The template cannot make a run.
+    #[error(transparent)]
+    Template(#[from] TemplateUnusable),
+    /// The operator's rules, or the rights its runs would need, refuse it ([`crate::pool::judge`]).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// [`made_spec`], judged by the operator's rules and the author's rights, or why the pool makes
+/// no pods.
+async fn judged_spec(
+    ctx: &Context,
+    pool: &SandboxRunPool,
+    ns: &str,
+) -> Result<Result<crate::api::SandboxRunSpec, NotPooled>, ControllerError> {
+    let made = match made_spec(ctx, pool, ns).await? {
+        Ok(made) => made,
+        Err(e) => return Ok(Err(e.into())),
+    };
+    let (rules, rights) = (&ctx.admission.rules, &ctx.admission.rights);
+    Ok(match crate::pool::judge::refusal(&made, rules, rights) {
+        Some(why) => Err(NotPooled::Refused(why)),
+        None => Ok(made),
+    })
 }
 
 /// The spec a run made from the pool's template gets (its template merged into an empty run),

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 
 use super::create::{pod_created, pod_refused};
 use super::finish::{purged, Purge};
-use super::model::{Effect, Plan, Requeue};
+use super::model::{Effect, NotPurged, Plan, Requeue};
 use crate::api::SandboxRun;
 
 /// What the world answered an effect whose follow-up is planned by [`after`].
@@ -32,31 +32,6 @@ pub(crate) enum Answer {
         result: Result<usize, NotPurged>,
         /// Where (for the Event).
         location: String,
-    },
-}
-
-/// Why a run's stored files were not (all) deleted (`retention: Delete`).
-#[derive(Clone, Debug, PartialEq, thiserror::Error)]
-pub(crate) enum NotPurged {
-    /// The run's store cannot be used now (its words).
-    #[error("{0}")]
-    StoreUnusable(String),
-    /// The run stored `object` in another store than the one it uses now: nothing is deleted
-    /// where it points.
-    #[error("the run stored {object}, which is not in {store} any more; nothing deleted there")]
-    StoredElsewhere {
-        /// The object it stored.
-        object: String,
-        /// The store it uses now.
-        store: String,
-    },
-    /// The store refused a listing or a delete, or the time given ran out (its words).
-    #[error("{store}: {error}")]
-    Store {
-        /// The store.
-        store: String,
-        /// What it said.
-        error: String,
     },
 }
 

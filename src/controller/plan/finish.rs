@@ -139,7 +139,7 @@ pub(crate) enum Purge {
 /// "Stored files when a run is deleted").
 pub(crate) fn purged(
     run: &SandboxRun,
-    result: Result<usize, super::after::NotPurged>,
+    result: Result<usize, super::model::NotPurged>,
     location: &str,
     bound_seconds: i64,
     now: Timestamp,
@@ -192,8 +192,8 @@ mod tests {
     use std::time::Duration;
 
     /// A store that refused the delete.
-    fn store_denied() -> super::super::after::NotPurged {
-        super::super::after::NotPurged::Store {
+    fn store_denied() -> super::super::model::NotPurged {
+        super::super::model::NotPurged::Store {
             store: "s3://bucket".into(),
             error: "denied".into(),
         }

@@ -34,7 +34,7 @@ use create::create_pod;
 use finish::{delete_finished_pod, expired_event, skip_drain};
 use track::{gate_policy, track_pod};
 
-pub(crate) use after::{after, AfterInputs, Answer, NotPurged};
+pub(crate) use after::{after, AfterInputs, Answer};
 pub(crate) use attempt::attempt_end;
 pub(crate) use checkpoint::{checkpoint_paths, checkpoint_recorded, checkpoint_refused};
 /// The status a refused pod create leaves (the GitOps fixtures build one from it).
@@ -45,7 +45,7 @@ pub(crate) use create::{create, egress_effects};
 pub(crate) use create::{recording_template, template_unusable};
 pub(crate) use finish::record_pod_lost;
 pub(crate) use model::{
-    Effect, Inputs, Plan, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN,
+    Effect, Inputs, NotPurged, Plan, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN,
     NAME_CONFLICT_REQUEUE, SETTLE,
 };
 pub(crate) use queued::queued;

@@ -162,3 +162,28 @@ pub(crate) struct Inputs<'a> {
     /// How long a passing state may last unreported ([`SETTLE`] by default).
     pub settle: Duration,
 }
+
+/// Why a run's stored files were not (all) deleted (`retention: Delete`).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub(crate) enum NotPurged {
+    /// The run's store cannot be used now (its words).
+    #[error("{0}")]
+    StoreUnusable(String),
+    /// The run stored `object` in another store than the one it uses now: nothing is deleted
+    /// where it points.
+    #[error("the run stored {object}, which is not in {store} any more; nothing deleted there")]
+    StoredElsewhere {
+        /// The object it stored.
+        object: String,
+        /// The store it uses now.
+        store: String,
+    },
+    /// The store refused a listing or a delete, or the time given ran out (its words).
+    #[error("{store}: {error}")]
+    Store {
+        /// The store.
+        store: String,
+        /// What it said.
+        error: String,
+    },
+}
