@@ -621,12 +621,17 @@ while true; do sleep 1; done"#;
             "written before the end\n",
             "{name}"
         );
-        // The pod is gone from the API too, and the run says why it ended.
-        assert!(pods
-            .get_opt(&pod_names[name])
-            .await
-            .expect("get pod")
-            .is_none());
+        // The pod is gone from the API too (a moment after its containers: the kubelet's last
+        // status, then the apiserver's removal), and the run says why it ended.
+        eventually(
+            "the pod to be gone from the API",
+            Duration::from_secs(30),
+            || {
+                let (pods, pod) = (pods.clone(), pod_names[name].clone());
+                async move { pods.get_opt(&pod).await.ok()?.is_none().then_some(()) }
+            },
+        )
+        .await;
         wait_run(&bed.runs, name, "a final phase", &bed.op, final_phase).await;
     }
 }
@@ -3598,8 +3603,21 @@ async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_chan
         }
     })
     .await;
-    let rolled = ready(2).await;
-    assert_ne!(rolled.template_hash, Some(old_hash));
+    // The pool's status says so once its next reconcile has written it (it may still show the
+    // old version's two ready pods a moment after they were replaced).
+    eventually(
+        "the pool's status to show the new version ready",
+        Duration::from_secs(180),
+        || {
+            let (pools, old_hash) = (pools.clone(), old_hash.clone());
+            async move {
+                let s = pools.get("agents").await.ok()?.status?;
+                let new = s.template_hash.as_ref().is_some_and(|h| *h != old_hash);
+                (new && s.ready_replicas == 2 && s.replicas == 2).then_some(())
+            }
+        },
+    )
+    .await;
 }
 
 /// Issue #39 (templates whose runs restrict egress are pooled) on the real node, the operator
