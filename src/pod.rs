@@ -708,7 +708,7 @@ fn egress_gate_container(
         return None;
     }
     // Every restricted run is gated: its policy denies the probe (a fixed probe from the start,
-    // the node's address once the pod is scheduled: egress::policy::policy_on_node).
+    // the node's address once the pod is scheduled: egress::policy::policy_while_gated).
     let egress = egress_of(run).ok()?;
     if !egress.is_restricted() {
         return None;
@@ -763,24 +763,21 @@ fn gate_anchor(
     Some(format!("{}:{port}", url.host_str()?))
 }
 
-/// The proxy's canary for an anchored gate, with the address ranges the run's policy allows: an
-/// allowed range could cover the proxy's pods (ranges apply to pod addresses on some plugins), so
-/// the gate probes the canary only when the anchor's address is in none of them (each range's
-/// whole CIDR, its exceptions ignored: the node is probed a little more often than needed, never
-/// the canary where the policy might let it through).
+/// The proxy's canary for an anchored gate: probed whatever address ranges the run allows. While
+/// the gate waits, the run's policy denies the proxy's pods in every range
+/// (`egress::policy::policy_while_gated`), so a refused canary beside an answering anchor is that
+/// policy in force, and an answering one keeps the gate shut (it fails closed). The gate's
+/// `--canary-unless-in` (send it to the node's probe when the anchor is in a range) stays for the
+/// pods an earlier version built; this builder no longer writes it.
 fn gate_canary(
     egress: &crate::egress::mode::Egress,
     settings: &crate::egress::EgressSettings,
 ) -> Option<crate::inpod::gate::Canary> {
-    let crate::egress::mode::Egress::Filtered { mode, rules } = egress else {
+    if !matches!(egress, crate::egress::mode::Egress::Filtered { .. }) {
         return None;
-    };
+    }
     let port = settings.proxy.as_ref()?.canary_port?;
-    let unless_in = crate::egress::policy::address_blocks(*mode, rules, settings.denylist_wide)
-        .into_iter()
-        .map(|b| b.cidr)
-        .collect();
-    Some(crate::inpod::gate::Canary { port, unless_in })
+    Some(crate::inpod::gate::Canary::port(port))
 }
 
 /// The pod's security context: the run's uid/gid, fsGroup for the emptyDirs, RuntimeDefault seccomp.
@@ -1209,11 +1206,16 @@ mod tests {
         );
         let deny_all = with_network(NetworkMode::Allowlist, &[]);
         assert_eq!(anchor_of(&deny_all, &proxied), None);
-        // With the proxy's canary: an anchored run whose policy allows no address range probes
-        // the canary, never the node; a run allowing a range is given both and the range: its
-        // gate probes the canary unless the proxy's address is in that range.
+        // With the proxy's canary: every anchored run probes the canary, never the node —
+        // also one allowing a range that may hold the proxy's pods (issue #38: a closed node
+        // port read as refused opened its gate; its policy now denies the proxy's pods while
+        // the gate waits, egress::policy::policy_while_gated).
         let probes_canary = |r: &SandboxRun, settings: &PodSettings| {
             let args = gates(r, settings).unwrap().args.unwrap();
+            assert!(
+                !args.contains(&"--canary-unless-in".to_string()),
+                "{args:?}"
+            );
             (
                 args.contains(&"--canary-port".to_string()),
                 args.contains(&"--probe-host".to_string()),
@@ -1229,22 +1231,20 @@ mod tests {
         }
         assert_eq!(probes_canary(&filtered, &proxied), (true, false));
         let ranged = with_network(NetworkMode::Allowlist, &["example.com", "10.0.0.0/8"]);
-        assert_eq!(probes_canary(&ranged, &proxied), (true, true));
-        let args = gates(&ranged, &proxied).unwrap().args.unwrap();
-        let unless = args.iter().position(|a| a == "--canary-unless-in");
-        assert_eq!(
-            unless.and_then(|i| args.get(i + 1)).map(String::as_str),
-            Some("10.0.0.0/8"),
-            "{args:?}"
-        );
+        assert_eq!(probes_canary(&ranged, &proxied), (true, false));
         let denylist = with_network(NetworkMode::Denylist, &["203.0.113.0/24"]);
         assert_eq!(probes_canary(&denylist, &proxied), (true, false));
         let mut wide = proxied.clone();
         wide.egress.denylist_wide = true;
         assert_eq!(
             probes_canary(&denylist, &wide),
-            (true, true),
-            "0.0.0.0/0 minus: the canary only where the proxy is outside 0.0.0.0/0, i.e. never"
+            (true, false),
+            "0.0.0.0/0 minus"
+        );
+        assert_eq!(
+            probes_canary(&deny_all, &proxied),
+            (false, true),
+            "no anchor"
         );
         if let Some(gate) = proxied.egress.gate.as_mut() {
             gate.anchor = false;

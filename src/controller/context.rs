@@ -43,6 +43,9 @@ pub(crate) struct Context {
     pub stores: Stores,
     /// Pod builder settings.
     pub pod: PodSettings,
+    /// The egress proxy's pods as this replica watches them (their addresses are denied to a
+    /// run while its egress gate waits).
+    pub egress_proxy: crate::egress::proxy_pods::ProxyPods,
     /// What the operator judges again on its own before a pod is built.
     pub admission: Admission,
     /// Read-back caps.
@@ -175,6 +178,15 @@ impl Context {
     /// (`run --max-path-drains-per-run`).
     pub(crate) fn with_path_slots(mut self, (max, per_run): (usize, usize)) -> Context {
         self.in_flight.path_slots = FairSlots::new(max, per_run, None);
+        self
+    }
+
+    /// The same context watching the egress proxy's pods (`run --egress-proxy-*`).
+    pub(crate) fn with_egress_proxy(
+        mut self,
+        proxy: crate::egress::proxy_pods::ProxyPods,
+    ) -> Context {
+        self.egress_proxy = proxy;
         self
     }
 
@@ -317,6 +329,7 @@ impl Context {
                 tenants: TenantStorePolicy::default(),
             },
             pod,
+            egress_proxy: Default::default(),
             admission: Admission {
                 rules: crate::admission::RuleSettings::default(),
                 rights: Default::default(),

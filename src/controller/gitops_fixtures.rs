@@ -98,6 +98,7 @@ fn reconciled(mut run: SandboxRun, pod: &PodView) -> SandboxRun {
         last_create_attempt: None,
         default_retention: Retention::Retain,
         settle: plan::SETTLE,
+        proxy_pods: &[],
     };
     let label = step.as_str();
     let status = match plan::plan_step(step, &inputs) {

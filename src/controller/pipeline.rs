@@ -73,6 +73,7 @@ pub(crate) async fn reconcile(
     let rights_unverified = unverified_rights(ctx, own, &step);
     let label = step.as_str();
     info!(run = %observation.name, namespace = %observation.namespace, step = label, "reconcile");
+    let proxy_pods = ctx.egress_proxy.addresses();
     let inputs = Inputs {
         run,
         pod_name: &observation.pod_name,
@@ -84,6 +85,7 @@ pub(crate) async fn reconcile(
         last_create_attempt: ctx.last_create_attempt(run),
         default_retention: ctx.lifecycle.default_retention,
         settle: ctx.lifecycle.settle,
+        proxy_pods: &proxy_pods,
     };
     let pod_name = observation.pod_name.as_str();
     let verified = rights_unverified.is_none();

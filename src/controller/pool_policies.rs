@@ -22,7 +22,9 @@ pub(super) async fn created(
     stand_in: &SandboxRun,
     created: &Pod,
 ) -> Result<(), ControllerError> {
-    let Some(policy) = pool_pod_policy(stand_in, &ctx.pod.egress, created, None) else {
+    let proxy = ctx.egress_proxy.addresses();
+    let gated = (None, proxy.as_slice());
+    let Some(policy) = pool_pod_policy(stand_in, &ctx.pod.egress, created, gated) else {
         return Ok(());
     };
     if let Err(e) = super::act::apply_network_policy(&ctx.client, &policy).await {
@@ -37,22 +39,22 @@ pub(super) async fn created(
 }
 
 /// Applies, to each unclaimed pod whose gate waits on a known node, its policy with that node
-/// denied (server-side apply of the same object changes nothing; applied again each look while
-/// the gate waits, which also heals a policy lost in between).
+/// and the egress proxy's pods denied (server-side apply of the same object changes nothing;
+/// applied again each look while the gate waits, which also heals a policy lost in between).
 pub(super) async fn gates_waiting(
     ctx: &Context,
     stand_in: &SandboxRun,
     owned: &[Pod],
 ) -> Result<(), ControllerError> {
+    let proxy = ctx.egress_proxy.addresses();
     for pod in owned.iter().filter(|p| waits_on_a_node(p)) {
         let node = pod
             .status
             .as_ref()
             .and_then(|s| s.host_ip.as_deref())
             .and_then(|ip| ip.parse().ok());
-        let policy = pool_pod_policy(stand_in, &ctx.pod.egress, pod, node)
-            .or_else(|| pool_pod_policy(stand_in, &ctx.pod.egress, pod, None));
-        if let Some(policy) = policy {
+        let gated = (node, proxy.as_slice());
+        if let Some(policy) = pool_pod_policy(stand_in, &ctx.pod.egress, pod, gated) {
             super::act::apply_network_policy(&ctx.client, &policy).await?;
         }
     }

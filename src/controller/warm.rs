@@ -144,8 +144,9 @@ async fn restrict_egress(
         .as_ref()
         .and_then(|s| s.host_ip.as_deref())
         .and_then(|ip| ip.parse().ok());
-    let on_node = node
-        .and_then(|node| crate::egress::policy::policy_on_node(run, &ctx.pod.egress, node).ok())
+    let proxy = ctx.egress_proxy.addresses();
+    let on_node = crate::egress::policy::policy_while_gated(run, &ctx.pod.egress, node, &proxy)
+        .ok()
         .flatten();
     let policy = on_node.map(Box::new).unwrap_or(policy);
     let plan = Plan {

@@ -7,7 +7,8 @@
 //! [`proxy`] (flags, accept loop, metrics endpoint), [`state`] (what connections share: bounds,
 //! resolver, metrics), [`request`] (one connection, step by step), [`head`]
 //! (request heads), [`runs`] (what it knows of runs and their pods), [`limits`] (connection
-//! slots) and [`tunnel`] (the relay with its idle timeout).
+//! slots) and [`tunnel`] (the relay with its idle timeout); [`proxy_pods`] is what the operator
+//! sees of the proxy's pods (their addresses, denied to a run while its gate waits).
 
 pub mod env;
 pub(crate) mod head;
@@ -18,6 +19,7 @@ pub(crate) mod mode;
 pub(crate) mod network;
 pub mod policy;
 pub mod proxy;
+pub(crate) mod proxy_pods;
 pub(crate) mod request;
 pub(crate) mod runs;
 pub(crate) mod settings;

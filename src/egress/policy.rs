@@ -49,33 +49,60 @@ pub(crate) fn build_policy(
     run: &SandboxRun,
     settings: &EgressSettings,
 ) -> Result<Option<NetworkPolicy>, PolicyError> {
-    build(run, settings, None)
+    build(run, settings, &Denied::default())
 }
 
-/// The NetworkPolicy of a run whose pod runs on the node at `node`, when the egress gate probes
-/// that node (`run --egress-gate-probe node:<port>`): the node's address is denied to it whatever
-/// its rules, so the gate can see the policy in force for a denylist run too, and no restricted
-/// workload reaches its node's kubelet (docs/contract.md "A filtered run never has an unfiltered
-/// instant"). None when the egress is open, when nothing may leave at all (the node is denied
-/// already), or when the gate does not probe the node (nothing to add after scheduling).
-pub(crate) fn policy_on_node(
+/// The NetworkPolicy of a run whose pod waits behind the egress gate (docs/contract.md "A
+/// filtered run never has an unfiltered instant"): besides what its rules deny,
+/// - the node at `node`, when the gate probes the node (`run --egress-gate-probe node:<port>`):
+///   the gate can then see the policy in force for a denylist run too, and no restricted workload
+///   reaches its node's kubelet;
+/// - the egress proxy's pods at `proxy` ([`crate::egress::proxy_pods`]): the gate of a run
+///   anchored on the proxy probes its canary, which a range the run allows could hold (the proxy
+///   port stays open through the proxy's own rule).
+///
+/// None when the egress is not filtered (open, or nothing may leave: every address is denied
+/// already), or when there is nothing to add.
+pub(crate) fn policy_while_gated(
     run: &SandboxRun,
     settings: &EgressSettings,
-    node: IpAddr,
+    node: Option<IpAddr>,
+    proxy: &[IpAddr],
 ) -> Result<Option<NetworkPolicy>, PolicyError> {
     let probes_node = settings
         .gate
         .is_some_and(|g| matches!(g.probe, crate::inpod::gate::GateProbe::Node(_)));
-    if !probes_node || !matches!(egress_of(run)?, Egress::Filtered { .. }) {
+    let denied = Denied {
+        node: node.filter(|_| probes_node),
+        proxy,
+    };
+    if denied.is_empty() || !matches!(egress_of(run)?, Egress::Filtered { .. }) {
         return Ok(None);
     }
-    build(run, settings, Some(node))
+    build(run, settings, &denied)
+}
+
+/// What a gated run's policy denies besides its rules ([`policy_while_gated`]).
+#[derive(Default)]
+struct Denied<'a> {
+    node: Option<IpAddr>,
+    proxy: &'a [IpAddr],
+}
+
+impl Denied<'_> {
+    fn is_empty(&self) -> bool {
+        self.node.is_none() && self.proxy.is_empty()
+    }
+
+    fn addresses(&self) -> impl Iterator<Item = IpAddr> + '_ {
+        self.node.into_iter().chain(self.proxy.iter().copied())
+    }
 }
 
 fn build(
     run: &SandboxRun,
     settings: &EgressSettings,
-    node: Option<IpAddr>,
+    denied: &Denied<'_>,
 ) -> Result<Option<NetworkPolicy>, PolicyError> {
     let name = run
         .metadata
@@ -87,7 +114,7 @@ fn build(
         .uid
         .clone()
         .ok_or(PolicyError::MissingMetadata("uid"))?;
-    let Some(egress_rules) = egress_rules(run, settings, node)? else {
+    let Some(egress_rules) = egress_rules(run, settings, denied)? else {
         return Ok(None);
     };
     let labels = BTreeMap::from([
@@ -120,11 +147,11 @@ fn build(
 }
 
 /// The policy's egress rules for `run`: DNS, the egress proxy and the address ranges its rules
-/// allow, the gate's probe and the node denied; None when its egress is open (no policy).
+/// allow, the gate's probe and `denied` denied; None when its egress is open (no policy).
 fn egress_rules(
     run: &SandboxRun,
     settings: &EgressSettings,
-    node: Option<IpAddr>,
+    denied: &Denied<'_>,
 ) -> Result<Option<Vec<NetworkPolicyEgressRule>>, PolicyError> {
     Ok(Some(match egress_of(run)? {
         Egress::Open => return Ok(None),
@@ -136,9 +163,7 @@ fn egress_rules(
             if let Some(probe) = fixed_gate_probe(settings) {
                 rules.push(deny_rule(mode, probe));
             }
-            if let Some(node) = node {
-                rules.push(deny_rule(mode, node));
-            }
+            rules.extend(denied.addresses().map(|a| deny_rule(mode, a)));
             let mut out = vec![dns_rule(&settings.dns)];
             if let Some(proxy) = &settings.proxy {
                 out.push(NetworkPolicyEgressRule {
@@ -581,7 +606,9 @@ mod tests {
             // and its neighbour is not.
             let before = build_policy(&r, &gated).unwrap().unwrap();
             assert!(policy_allows(&ip_blocks_of(before), node), "{mode:?}");
-            let on_node = policy_on_node(&r, &gated, node).unwrap().unwrap();
+            let on_node = policy_while_gated(&r, &gated, Some(node), &[])
+                .unwrap()
+                .unwrap();
             let blocks = ip_blocks_of(on_node);
             assert!(!policy_allows(&blocks, node), "{mode:?}");
             assert!(policy_allows(&blocks, "10.1.2.4".parse().unwrap()));
@@ -593,13 +620,73 @@ mod tests {
         // Nothing to add: the gate does not probe the node, egress is open, or nothing may leave.
         let mut off = settings();
         off.gate = None;
-        assert!(policy_on_node(&denylist, &off, node).unwrap().is_none());
-        assert!(policy_on_node(&run(None), &gated, node).unwrap().is_none());
+        assert!(policy_while_gated(&denylist, &off, Some(node), &[])
+            .unwrap()
+            .is_none());
+        assert!(policy_while_gated(&run(None), &gated, Some(node), &[])
+            .unwrap()
+            .is_none());
         let deny_all = run(Some(NetSpec {
             mode: NetworkMode::Allowlist,
             rules: vec![],
         }));
-        assert!(policy_on_node(&deny_all, &gated, node).unwrap().is_none());
+        assert!(policy_while_gated(&deny_all, &gated, Some(node), &[])
+            .unwrap()
+            .is_none());
+        assert!(policy_while_gated(&denylist, &gated, None, &[])
+            .unwrap()
+            .is_none());
+    }
+
+    /// Issue #38 item 4: the gate of a run anchored on the proxy probes the proxy's canary,
+    /// which a range the run allows may hold (a wide denylist always does). While it waits, the
+    /// run's policy denies the proxy's pods in every range, whatever probe the gate uses; the
+    /// proxy port stays open through the proxy's own rule, and the neighbours stay allowed.
+    #[test]
+    fn a_gated_runs_ranges_never_hold_the_proxys_pods() {
+        let proxy: Vec<IpAddr> = ["10.244.0.7", "10.244.3.9"]
+            .iter()
+            .map(|a| a.parse().unwrap())
+            .collect();
+        let mut fixed = wide();
+        fixed.gate = Some(crate::inpod::gate::GateSettings {
+            probe: crate::inpod::gate::GateProbe::Addr("192.0.2.1:9".parse().unwrap()),
+            timeout: std::time::Duration::from_secs(5),
+            anchor: true,
+        });
+        for settings in [wide(), settings(), fixed] {
+            for (mode, rules) in [
+                (NetworkMode::Allowlist, vec!["example.com", "10.0.0.0/8"]),
+                (NetworkMode::Denylist, vec!["192.168.0.0/16"]),
+                (NetworkMode::Denylist, vec!["!10.244.0.0/16"]),
+            ] {
+                let rules = rules.into_iter().map(str::to_string).collect();
+                let r = run(Some(NetSpec { mode, rules }));
+                let before = ip_blocks_of(build_policy(&r, &settings).unwrap().unwrap());
+                let Some(gated) = policy_while_gated(&r, &settings, None, &proxy).unwrap() else {
+                    panic!("{mode:?}: the proxy's pods are something to add");
+                };
+                let blocks = ip_blocks_of(gated.clone());
+                for addr in &proxy {
+                    assert!(!policy_allows(&blocks, *addr), "{mode:?} {addr}");
+                }
+                let neighbour = "10.244.0.8".parse().unwrap();
+                assert_eq!(
+                    policy_allows(&blocks, neighbour),
+                    policy_allows(&before, neighbour),
+                    "{mode:?}: only the proxy's addresses are taken out"
+                );
+                let rules = gated.spec.and_then(|s| s.egress).unwrap_or_default();
+                assert!(
+                    rules.iter().any(|rule| rule
+                        .ports
+                        .iter()
+                        .flatten()
+                        .any(|p| p.port == Some(IntOrString::Int(3128)))),
+                    "{mode:?}: the proxy port stays open"
+                );
+            }
+        }
     }
 
     #[test]

@@ -96,13 +96,13 @@ pub fn parse_probe(text: &str) -> Result<Option<GateProbe>, ProbeError> {
 pub(crate) struct Canary {
     /// The proxy's canary port.
     pub port: u16,
-    /// The address ranges the run's policy allows.
+    /// Address ranges that send the gate to the probe when the anchor is in one of them (`--canary-unless-in`: written by earlier
+    /// versions, whose run policies did not deny the proxy's pods; empty from this one).
     pub unless_in: Vec<String>,
 }
 
-#[cfg(test)]
 impl Canary {
-    /// The canary at `port` for a run that allows no address range.
+    /// The canary at `port`, probed whatever ranges the run allows.
     pub(crate) fn port(port: u16) -> Canary {
         Canary {
             port,
@@ -115,9 +115,9 @@ impl GateSettings {
     /// The gate container's arguments after its program (`<binary>`): the probe, with the node's
     /// IP as `$(SANDBOXRUN_HOST_IP)` for the kubelet to expand, the bound, and the anchor (a
     /// `host:port` the run's policy allows: the egress proxy) when there is one. With an anchor
-    /// and a `canary` the gate probes the canary at the anchor's host instead of the probe — for a
-    /// run that allows address ranges, only when the anchor's address is in none of them (the
-    /// probe is then given too).
+    /// and a `canary` the gate probes the canary at the anchor's host instead of the probe
+    /// (with `unless_in`, only when the anchor's address is in none of those ranges: the probe is
+    /// then given too).
     pub(crate) fn args(&self, anchor: Option<&str>, canary: Option<&Canary>) -> Vec<String> {
         let mut args = vec![SUBCOMMAND.to_string()];
         let canary = canary.filter(|_| anchor.is_some());

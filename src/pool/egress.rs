@@ -19,24 +19,26 @@ use kube::{Resource, ResourceExt};
 
 use super::pod::POOL_POD_LABEL;
 use crate::api::SandboxRun;
-use crate::egress::policy::{build_policy, policy_on_node, POLICY_SUFFIX};
+use crate::egress::policy::{build_policy, policy_while_gated, POLICY_SUFFIX};
 use crate::egress::EgressSettings;
 
 /// The NetworkPolicy of the pool pod `pod` (as built, before or after its creation) of the
-/// pool whose template made `stand_in`; with `node`, its version for a pod scheduled there (the
-/// node denied, when the gate probes the node: [`policy_on_node`]). None when the template's
-/// runs have open egress, or (with `node`) when nothing is added for the node.
+/// pool whose template made `stand_in`; while its gate waits, the version with what the gate
+/// needs denied ([`policy_while_gated`]: the node at `node` when the gate probes it, the egress
+/// proxy's pods at `proxy`). None when the template's runs have open egress.
 pub fn pool_pod_policy(
     stand_in: &SandboxRun,
     settings: &EgressSettings,
     pod: &Pod,
-    node: Option<IpAddr>,
+    (node, proxy): (Option<IpAddr>, &[IpAddr]),
 ) -> Option<NetworkPolicy> {
-    let built = match node {
-        Some(node) => policy_on_node(stand_in, settings, node),
-        None => build_policy(stand_in, settings),
+    let gated = policy_while_gated(stand_in, settings, node, proxy)
+        .ok()
+        .flatten();
+    let mut policy = match gated {
+        Some(policy) => policy,
+        None => build_policy(stand_in, settings).ok()??,
     };
-    let mut policy = built.ok()??;
     let name = pod.name_any();
     policy.metadata.name = Some(format!("{name}{POLICY_SUFFIX}"));
     policy.metadata.labels = Some(BTreeMap::from([
@@ -98,13 +100,13 @@ mod tests {
             denylist_wide: true,
             ..EgressSettings::default()
         };
-        assert!(pool_pod_policy(&stand_in(None), &settings, &pod(None), None).is_none());
+        assert!(pool_pod_policy(&stand_in(None), &settings, &pod(None), (None, &[])).is_none());
         let denylist = stand_in(Some(Network {
             mode: NetworkMode::Denylist,
             rules: vec!["192.0.2.0/24".into()],
         }));
         let run_policy = build_policy(&denylist, &settings).unwrap().unwrap();
-        let before = pool_pod_policy(&denylist, &settings, &pod(None), None).unwrap();
+        let before = pool_pod_policy(&denylist, &settings, &pod(None), (None, &[])).unwrap();
         assert_eq!(
             before.metadata.name.as_deref(),
             Some("agents-abc-x1y2z-egress")
@@ -122,9 +124,16 @@ mod tests {
         );
         // Scheduled, under the node probe: the node is denied, and the pod owns it.
         let node: IpAddr = "10.1.2.3".parse().unwrap();
-        let after =
-            pool_pod_policy(&denylist, &settings, &pod(Some("pod-uid")), Some(node)).unwrap();
-        let on_node = policy_on_node(&denylist, &settings, node).unwrap().unwrap();
+        let after = pool_pod_policy(
+            &denylist,
+            &settings,
+            &pod(Some("pod-uid")),
+            (Some(node), &[]),
+        )
+        .unwrap();
+        let on_node = policy_while_gated(&denylist, &settings, Some(node), &[])
+            .unwrap()
+            .unwrap();
         assert_eq!(
             after.spec.as_ref().unwrap().egress,
             on_node.spec.as_ref().unwrap().egress

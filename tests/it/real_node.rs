@@ -1924,9 +1924,11 @@ const GATED_ONLY: &str = "echo started > /dev/termination-log";
 ///   the run's own is not in force): the canary answers, the gate stays shut and the run fails
 ///   `EgressNotEnforced` with the gate's words, its workload never started; so does a run that
 ///   also allows an address range the proxy is outside (`192.0.2.0/24`), whose gate used to
-///   probe the node;
+///   probe the node, and one whose range holds the proxy's pod (its `/16`), whose gate probed
+///   the dead node port until now and opened at once;
 /// - without that policy: the canary is refused, the anchor answers, the gate exits 0 and the
-///   run succeeds.
+///   run succeeds — the covering run too: while its gate waits its policy denies the proxy's
+///   pod in that range (the operator watches the proxy's pods).
 #[tokio::test]
 async fn a_gate_anchored_on_the_proxy_probes_its_canary_so_a_dead_node_probe_never_opens_it() {
     use sandboxrun_operator::api::NetworkMode::Allowlist;
@@ -2017,7 +2019,17 @@ async fn a_gate_anchored_on_the_proxy_probes_its_canary_so_a_dead_node_probe_nev
         network.rules.push("192.0.2.0/24".to_string());
     }
     create(&runs, "widened-ranged", ranged).await;
-    for name in ["widened", "widened-ranged"] {
+    // A run allowing a range that holds the proxy's pod: before, its gate probed the node.
+    let covering = || {
+        let octets: Vec<&str> = proxy_ip.split('.').collect();
+        let mut spec = spec();
+        if let (Some(network), [a, b, ..]) = (spec.network.as_mut(), octets.as_slice()) {
+            network.rules.push(format!("{a}.{b}.0.0/16"));
+        }
+        spec
+    };
+    create(&runs, "widened-covering", covering()).await;
+    for name in ["widened", "widened-ranged", "widened-covering"] {
         let done = wait_run(&runs, name, "the widened run to fail", &op, final_phase).await;
         let status = done.status.clone().unwrap_or_default();
         assert_eq!(status.phase, Some(Phase::Failed), "{name}: {status:?}");
@@ -2045,22 +2057,22 @@ async fn a_gate_anchored_on_the_proxy_probes_its_canary_so_a_dead_node_probe_nev
         .await
         .expect("delete the allow-all policy");
     create(&runs, "enforced", spec()).await;
-    let pod_name =
-        pod_of(&wait_for_pod_name(&runs, runs.get("enforced").await.expect("run")).await);
-    let gate = gate_of(pod_name).await;
-    assert_eq!(
-        gate.exit_code, 0,
-        "the canary refused, the anchor answered: {gate:?}"
-    );
-    let done = wait_run(
-        &runs,
-        "enforced",
-        "the enforced run to end",
-        &op,
-        final_phase,
-    )
-    .await;
-    assert_eq!(phase(&done), Some(Phase::Succeeded), "{:?}", done.status);
+    create(&runs, "enforced-covering", covering()).await;
+    for name in ["enforced", "enforced-covering"] {
+        let pod_name = pod_of(&wait_for_pod_name(&runs, runs.get(name).await.expect("run")).await);
+        let gate = gate_of(pod_name).await;
+        assert_eq!(
+            gate.exit_code, 0,
+            "{name}: the canary refused, the anchor answered: {gate:?}"
+        );
+        let done = wait_run(&runs, name, "the enforced run to end", &op, final_phase).await;
+        assert_eq!(
+            phase(&done),
+            Some(Phase::Succeeded),
+            "{name}: {:?}",
+            done.status
+        );
+    }
 }
 
 /// The workload of [`no_run_reaches_what_its_namespaces_default_deny_egress_policy_denies`]:

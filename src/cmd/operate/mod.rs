@@ -109,6 +109,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     );
     let preflight = preflight(&args)?;
     let leader = metrics.leader.clone();
+    let proxy_pods = proxy_pods(&client, &egress);
     let pod = PodSettings {
         holder_resources,
         egress,
@@ -139,8 +140,24 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_rights(rights)
         .with_shards(shards.clone())
         .with_drain_claims(shards.as_ref().map(|_| drain_claims(&args, &client)))
-        .with_max_checkpoints(args.max_checkpoints);
+        .with_max_checkpoints(args.max_checkpoints)
+        .with_egress_proxy(proxy_pods);
     operate(&args, client, Arc::new(ctx), &ready, leader).await
+}
+
+/// The egress proxy's pods, watched when runs' gates probe its canary: their addresses are
+/// denied to a run while its gate waits (docs/contract.md "A filtered run never has an
+/// unfiltered instant").
+fn proxy_pods(
+    client: &Client,
+    egress: &crate::egress::EgressSettings,
+) -> crate::egress::proxy_pods::ProxyPods {
+    match &egress.proxy {
+        Some(proxy) if egress.gate.is_some() && proxy.canary_port.is_some() => {
+            crate::egress::proxy_pods::ProxyPods::watch(client.clone(), &proxy.selector)
+        }
+        _ => crate::egress::proxy_pods::ProxyPods::default(),
+    }
 }
 
 /// `ctx` with the drain settings taken from the flags and the durations [`run`] parsed.

@@ -75,7 +75,8 @@ pub(crate) fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {
                 inputs.settle,
             );
             let egress = &inputs.pod_settings.egress;
-            plan.effects.extend(gate_policy(run, inputs.pod, egress));
+            plan.effects
+                .extend(gate_policy(run, inputs.pod, egress, inputs.proxy_pods));
             plan
         }
         Step::Teardown(trigger) => return StepPlan::Teardown(trigger),

@@ -161,6 +161,9 @@ pub(crate) struct Inputs<'a> {
     pub default_retention: Retention,
     /// How long a passing state may last unreported ([`SETTLE`] by default).
     pub settle: Duration,
+    /// The egress proxy's pod addresses as this replica's watch has them
+    /// ([`crate::egress::proxy_pods`]): denied to a run while its egress gate waits.
+    pub proxy_pods: &'a [std::net::IpAddr],
 }
 
 /// Why a run's stored files were not (all) deleted (`retention: Delete`).

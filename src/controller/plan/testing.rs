@@ -27,6 +27,7 @@ pub(crate) fn inputs<'a>(
         rights_unverified: None,
         last_create_attempt: None,
         settle: SETTLE,
+        proxy_pods: &[],
         default_retention: Retention::Retain,
     }
 }

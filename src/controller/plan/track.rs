@@ -82,18 +82,22 @@ pub(super) fn track_pod(
     }
 }
 
-/// While the pod's egress gate waits and its node is known, the run's NetworkPolicy with that
-/// node's address denied (docs/contract.md "A filtered run never has an unfiltered instant"): the
-/// gate probes the node, so a policy that allows it (a denylist, an allowlist of a range holding
-/// it) would keep the gate shut. Applied on each look while the gate waits (server-side apply of
-/// the same object changes nothing); None once it opened, or when there is nothing to add.
+/// While the pod's egress gate waits, the run's NetworkPolicy with what the gate needs denied
+/// (docs/contract.md "A filtered run never has an unfiltered instant"): its node's address once
+/// known, when the gate probes the node (a denylist, an allowlist of a range holding it, would
+/// keep the gate shut), and the egress proxy's pods at `proxy`, whose canary the gate of a run
+/// anchored on the proxy probes (a range holding them would keep it shut). Applied on each look
+/// while the gate waits (server-side apply of the same object changes nothing); None once it
+/// opened, or when there is nothing to add.
 pub(super) fn gate_policy(
     run: &SandboxRun,
     pod: Option<&PodView>,
     egress: &EgressSettings,
+    proxy: &[std::net::IpAddr],
 ) -> Option<Effect> {
     let pod = pod.filter(|p| p.gate_waiting && !p.deleting)?;
-    let policy = crate::egress::policy::policy_on_node(run, egress, pod.host_ip?).ok()??;
+    let policy =
+        crate::egress::policy::policy_while_gated(run, egress, pod.host_ip, proxy).ok()??;
     Some(Effect::ApplyNetworkPolicy(Box::new(policy)))
 }
 
@@ -121,7 +125,8 @@ mod tests {
             gate_waiting: true,
             ..running()
         };
-        let Some(Effect::ApplyNetworkPolicy(policy)) = gate_policy(&run, Some(&waiting), &egress)
+        let Some(Effect::ApplyNetworkPolicy(policy)) =
+            gate_policy(&run, Some(&waiting), &egress, &[])
         else {
             panic!("a waiting gate on a known node gets its policy");
         };
@@ -150,10 +155,32 @@ mod tests {
             ..waiting.clone()
         };
         for pod in [&unscheduled, &opened, &deleting] {
-            assert_eq!(gate_policy(&run, Some(pod), &egress), None, "{pod:?}");
+            assert_eq!(gate_policy(&run, Some(pod), &egress, &[]), None, "{pod:?}");
         }
-        assert_eq!(gate_policy(&run, None, &egress), None);
+        assert_eq!(gate_policy(&run, None, &egress, &[]), None);
         let open = run_with(&[("/out", false)]);
-        assert_eq!(gate_policy(&open, Some(&waiting), &egress), None);
+        assert_eq!(gate_policy(&open, Some(&waiting), &egress, &[]), None);
+        // The proxy's pods are denied as soon as they are known, node or not (the canary's
+        // probe does not wait for scheduling); not once the gate opened.
+        let proxy = ["10.244.0.7".parse().unwrap()];
+        let Some(Effect::ApplyNetworkPolicy(policy)) =
+            gate_policy(&run, Some(&unscheduled), &egress, &proxy)
+        else {
+            panic!("a waiting gate gets the policy that denies the proxy's pods");
+        };
+        let excepted: Vec<String> = policy
+            .spec
+            .and_then(|s| s.egress)
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|r| r.to.unwrap_or_default())
+            .filter_map(|p| p.ip_block)
+            .flat_map(|b| b.except.unwrap_or_default())
+            .collect();
+        assert!(
+            excepted.contains(&"10.244.0.7/32".to_string()),
+            "{excepted:?}"
+        );
+        assert_eq!(gate_policy(&run, Some(&opened), &egress, &proxy), None);
     }
 }
