@@ -749,18 +749,24 @@ fn egress_gate_container(
 
 /// The gate's anchor (docs/contract.md "A filtered run never has an unfiltered instant"): the
 /// egress proxy's `host:port`, which a filtered run's policy allows, so a denied probe is believed
-/// only while the proxy answers. None for a run that may reach nothing (its policy allows no
-/// proxy) or without a proxy.
+/// only while the proxy answers; for a run that may reach nothing, the proxy at its address (no
+/// DNS for such a run: `EgressSettings::deny_all_anchor`). None for an open run, or without a
+/// proxy.
 fn gate_anchor(
     egress: &crate::egress::mode::Egress,
     settings: &crate::egress::EgressSettings,
 ) -> Option<String> {
-    if !matches!(egress, crate::egress::mode::Egress::Filtered { .. }) {
-        return None;
+    match egress {
+        crate::egress::mode::Egress::Filtered { .. } => {
+            let url = url::Url::parse(&settings.proxy.as_ref()?.url).ok()?;
+            let port = url.port_or_known_default()?;
+            Some(format!("{}:{port}", url.host_str()?))
+        }
+        crate::egress::mode::Egress::DenyAll => {
+            settings.deny_all_anchor().map(|addr| addr.to_string())
+        }
+        crate::egress::mode::Egress::Open => None,
     }
-    let url = url::Url::parse(&settings.proxy.as_ref()?.url).ok()?;
-    let port = url.port_or_known_default()?;
-    Some(format!("{}:{port}", url.host_str()?))
 }
 
 /// The proxy's canary for an anchored gate: probed whatever address ranges the run allows. While
@@ -773,7 +779,7 @@ fn gate_canary(
     egress: &crate::egress::mode::Egress,
     settings: &crate::egress::EgressSettings,
 ) -> Option<crate::inpod::gate::Canary> {
-    if !matches!(egress, crate::egress::mode::Egress::Filtered { .. }) {
+    if matches!(egress, crate::egress::mode::Egress::Open) {
         return None;
     }
     let port = settings.proxy.as_ref()?.canary_port?;
@@ -1199,6 +1205,7 @@ mod tests {
             },
             port: 3128,
             canary_port: None,
+            address: None,
         });
         assert_eq!(
             anchor_of(&filtered, &proxied).as_deref(),
@@ -1245,6 +1252,21 @@ mod tests {
             probes_canary(&deny_all, &proxied),
             (false, true),
             "no anchor"
+        );
+        // A run that may reach nothing is anchored on the proxy by its address (it has no DNS)
+        // once the operator resolved it, and probes the canary there.
+        if let Some(proxy) = proxied.egress.proxy.as_mut() {
+            proxy.address = "10.96.0.10".parse().ok();
+        }
+        assert_eq!(
+            anchor_of(&deny_all, &proxied).as_deref(),
+            Some("10.96.0.10:3128")
+        );
+        assert_eq!(probes_canary(&deny_all, &proxied), (true, false));
+        assert_eq!(
+            anchor_of(&filtered, &proxied).as_deref(),
+            Some("egress.sys.svc:3128"),
+            "a filtered run keeps the name"
         );
         if let Some(gate) = proxied.egress.gate.as_mut() {
             gate.anchor = false;

@@ -620,6 +620,7 @@ pub(crate) fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSet
             },
             port: args.egress_proxy_port,
             canary_port: args.egress_proxy_canary_port,
+            address: None,
         })
     };
     let gate = match crate::inpod::gate::parse_probe(&args.egress_gate_probe)

@@ -77,6 +77,7 @@ mod tests {
                 },
                 port: 3128,
                 canary_port: None,
+                address: None,
             }),
             token_secret: Some(TokenSecret(Arc::from(b"s3cret".as_slice()))),
             ..EgressSettings::default()

@@ -32,7 +32,8 @@ pub(crate) enum PolicyError {
 pub(crate) enum Egress {
     /// No `spec.network`, or mode `open`: nothing is filtered, no policy.
     Open,
-    /// `allowlist` without rules: nothing leaves the pod (no DNS, no proxy).
+    /// `allowlist` without rules: nothing leaves the pod (no DNS; the proxy's port only when it
+    /// anchors the run's egress gate, and it refuses the run's every request).
     DenyAll,
     /// Rules to enforce: a policy (addresses) plus the proxy (host names).
     Filtered {

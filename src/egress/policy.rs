@@ -2,7 +2,9 @@
 //! Pure: a run and the operator's egress settings in, the object out.
 //!
 //! - `open`: no policy;
-//! - `allowlist` with no rules (nothing may leave): every egress and ingress denied;
+//! - `allowlist` with no rules (nothing may leave): every egress and ingress denied — but the
+//!   egress proxy's port when the proxy anchors such a run's gate (it refuses the run's every
+//!   request: [`crate::egress::EgressSettings::deny_all_anchor`]);
 //! - otherwise: ingress denied; egress only to DNS, to the egress proxy (which judges host
 //!   rules), and to the address ranges the IP/CIDR rules allow, computed with the same matcher
 //!   admission validates with ([`crate::egress::network::allows`]), so the two cannot disagree;
@@ -25,7 +27,7 @@ use kube::{Resource, ResourceExt};
 use crate::api::{NetworkMode, SandboxRun};
 use crate::egress::mode::{egress_of, Egress, PolicyError};
 use crate::egress::network::{allows, mask, Pattern, Rule};
-use crate::egress::settings::{EgressSettings, PeerSelector};
+use crate::egress::settings::{EgressSettings, PeerSelector, ProxyPeer};
 use crate::names::{pod_name, RUN_UID_LABEL};
 
 /// Suffix of a run's NetworkPolicy name, after its pod's name ([`policy_name`]).
@@ -155,7 +157,11 @@ fn egress_rules(
 ) -> Result<Option<Vec<NetworkPolicyEgressRule>>, PolicyError> {
     Ok(Some(match egress_of(run)? {
         Egress::Open => return Ok(None),
-        Egress::DenyAll => Vec::new(),
+        // The gate's anchor only: the proxy refuses every request of a run without rules.
+        Egress::DenyAll => match (&settings.proxy, settings.deny_all_anchor()) {
+            (Some(proxy), Some(_)) => vec![proxy_rule(proxy)],
+            _ => Vec::new(),
+        },
         Egress::Filtered { mode, mut rules } => {
             // The egress gate's fixed probe is denied to every restricted run, whatever its
             // rules, so the gate can see the policy in force (docs/contract.md "A filtered run
@@ -165,12 +171,7 @@ fn egress_rules(
             }
             rules.extend(denied.addresses().map(|a| deny_rule(mode, a)));
             let mut out = vec![dns_rule(&settings.dns)];
-            if let Some(proxy) = &settings.proxy {
-                out.push(NetworkPolicyEgressRule {
-                    to: Some(vec![peer(&proxy.selector)]),
-                    ports: Some(vec![port("TCP", proxy.port)]),
-                });
-            }
+            out.extend(settings.proxy.as_ref().map(proxy_rule));
             let blocks = address_blocks(mode, &rules, settings.denylist_wide);
             if !blocks.is_empty() {
                 out.push(NetworkPolicyEgressRule {
@@ -228,6 +229,14 @@ fn deny_rule(mode: NetworkMode, addr: IpAddr) -> Rule {
         negated: mode != NetworkMode::Denylist,
         pattern: crate::egress::network::Pattern::Ip(addr),
         port: None,
+    }
+}
+
+/// The proxy's pods at its port.
+fn proxy_rule(proxy: &ProxyPeer) -> NetworkPolicyEgressRule {
+    NetworkPolicyEgressRule {
+        to: Some(vec![peer(&proxy.selector)]),
+        ports: Some(vec![port("TCP", proxy.port)]),
     }
 }
 
@@ -638,6 +647,48 @@ mod tests {
             .is_none());
     }
 
+    /// Issue #38 item 4: a run that may reach nothing has its gate anchored on the proxy when
+    /// the proxy serves a canary and its address is known: its policy allows that one peer, the
+    /// proxy's port (no DNS, no range); otherwise nothing at all.
+    #[test]
+    fn a_run_that_may_reach_nothing_reaches_only_the_proxy_port_that_anchors_its_gate() {
+        let deny_all = run(Some(NetSpec {
+            mode: NetworkMode::Allowlist,
+            rules: vec![],
+        }));
+        let egress_of = |s: &EgressSettings| {
+            build_policy(&deny_all, s)
+                .unwrap()
+                .unwrap()
+                .spec
+                .and_then(|s| s.egress)
+                .unwrap_or_default()
+        };
+        let mut anchored = settings();
+        assert!(egress_of(&anchored).is_empty(), "no canary, no address");
+        if let Some(proxy) = anchored.proxy.as_mut() {
+            proxy.canary_port = Some(3129);
+            proxy.address = "10.96.0.10".parse().ok();
+        }
+        let rules = egress_of(&anchored);
+        assert_eq!(rules.len(), 1, "{rules:?}");
+        let only = &rules[0];
+        assert_eq!(
+            only.ports.clone().unwrap_or_default(),
+            vec![port("TCP", 3128)]
+        );
+        let peers = only.to.clone().unwrap_or_default();
+        assert!(
+            peers.len() == 1 && peers[0].ip_block.is_none() && peers[0].pod_selector.is_some(),
+            "{peers:?}"
+        );
+        let mut unanchored = anchored.clone();
+        if let Some(gate) = unanchored.gate.as_mut() {
+            gate.anchor = false;
+        }
+        assert!(egress_of(&unanchored).is_empty(), "the gate has no anchor");
+    }
+
     /// Issue #38 item 4: the gate of a run anchored on the proxy probes the proxy's canary,
     /// which a range the run allows may hold (a wide denylist always does). While it waits, the
     /// run's policy denies the proxy's pods in every range, whatever probe the gate uses; the
@@ -727,6 +778,7 @@ mod tests {
                 },
                 port: 3128,
                 canary_port: None,
+                address: None,
             }),
             ..EgressSettings::default()
         }

@@ -50,6 +50,10 @@ pub struct ProxyPeer {
     /// Its canary port (`egress-proxy --canary-listen`): served by the same pods, never opened
     /// by a run's policy; the egress gate's probe for runs it anchors (`crate::inpod::gate`).
     pub canary_port: Option<u16>,
+    /// Its address, resolved from the URL's host when the operator starts (its Service's cluster
+    /// IP): the anchor of the gate of a run that may reach nothing, which has no DNS
+    /// ([`EgressSettings::deny_all_anchor`]). None: such runs have no anchor.
+    pub address: Option<std::net::IpAddr>,
 }
 
 /// Egress settings of the operator.
@@ -72,6 +76,27 @@ pub struct EgressSettings {
     /// rules allow explicitly, so it never reaches more than the namespace's own policies allow
     /// (docs/contract.md "ADR-006 network rules: validated and enforced").
     pub denylist_wide: bool,
+}
+
+impl EgressSettings {
+    /// The anchor of the egress gate of a run that may reach nothing (`allowlist` without rules),
+    /// by address (its policy allows no DNS): the proxy at its resolved address, when the gate
+    /// anchors and the proxy serves a canary. Such a run's policy then allows that one peer, the
+    /// proxy's port (`crate::egress::policy`), which refuses its every request (no rule allows
+    /// anything); the gate probes the canary beside it (docs/contract.md "A filtered run never has
+    /// an unfiltered instant"). None: no anchor, the plain probe.
+    pub(crate) fn deny_all_anchor(&self) -> Option<std::net::SocketAddr> {
+        let gate = self.gate.as_ref()?;
+        let proxy = self.proxy.as_ref()?;
+        proxy.canary_port?;
+        gate.anchor
+            .then(|| {
+                proxy
+                    .address
+                    .map(|ip| std::net::SocketAddr::new(ip, proxy.port))
+            })
+            .flatten()
+    }
 }
 
 /// The proxy token secret; its Debug never shows it (settings are logged).

@@ -117,9 +117,13 @@ pub(crate) fn describe(run: &SandboxRun, egress: &Egress, settings: &EgressSetti
     };
     match egress {
         Egress::Open => "egress is open: no NetworkPolicy".to_string(),
-        Egress::DenyAll => {
-            format!("NetworkPolicy {name} denies all egress and ingress ({by})")
-        }
+        Egress::DenyAll => match settings.deny_all_anchor() {
+            Some(anchor) => format!(
+                "NetworkPolicy {name} denies all ingress and all egress but the egress proxy \
+                 {anchor}, which refuses every request of this run ({by})"
+            ),
+            None => format!("NetworkPolicy {name} denies all egress and ingress ({by})"),
+        },
         Egress::Filtered { mode, rules } => {
             let hosts = match &settings.proxy {
                 Some(p) if settings.token_secret.is_some() => {

@@ -1924,11 +1924,13 @@ const GATED_ONLY: &str = "echo started > /dev/termination-log";
 ///   the run's own is not in force): the canary answers, the gate stays shut and the run fails
 ///   `EgressNotEnforced` with the gate's words, its workload never started; so does a run that
 ///   also allows an address range the proxy is outside (`192.0.2.0/24`), whose gate used to
-///   probe the node, and one whose range holds the proxy's pod (its `/16`), whose gate probed
-///   the dead node port until now and opened at once;
+///   probe the node, one whose range holds the proxy's pod (its `/16`), and one that may reach
+///   nothing (`allowlist` without rules): the gates of the last two probed the dead node port
+///   until now and opened at once;
 /// - without that policy: the canary is refused, the anchor answers, the gate exits 0 and the
-///   run succeeds — the covering run too: while its gate waits its policy denies the proxy's
-///   pod in that range (the operator watches the proxy's pods).
+///   run succeeds — the covering run too (while its gate waits its policy denies the proxy's
+///   pod in that range: the operator watches the proxy's pods), and the one that may reach
+///   nothing (its policy allows the proxy's port alone, its gate's anchor, by address).
 #[tokio::test]
 async fn a_gate_anchored_on_the_proxy_probes_its_canary_so_a_dead_node_probe_never_opens_it() {
     use sandboxrun_operator::api::NetworkMode::Allowlist;
@@ -2029,7 +2031,22 @@ async fn a_gate_anchored_on_the_proxy_probes_its_canary_so_a_dead_node_probe_nev
         spec
     };
     create(&runs, "widened-covering", covering()).await;
-    for name in ["widened", "widened-ranged", "widened-covering"] {
+    // A run that may reach nothing: its gate probed the dead node port and opened at once; now
+    // it is anchored on the proxy by address (the flag's URL names it by address here).
+    let nothing = || {
+        let mut spec = spec();
+        if let Some(network) = spec.network.as_mut() {
+            network.rules.clear();
+        }
+        spec
+    };
+    create(&runs, "widened-nothing", nothing()).await;
+    for name in [
+        "widened",
+        "widened-ranged",
+        "widened-covering",
+        "widened-nothing",
+    ] {
         let done = wait_run(&runs, name, "the widened run to fail", &op, final_phase).await;
         let status = done.status.clone().unwrap_or_default();
         assert_eq!(status.phase, Some(Phase::Failed), "{name}: {status:?}");
@@ -2058,7 +2075,8 @@ async fn a_gate_anchored_on_the_proxy_probes_its_canary_so_a_dead_node_probe_nev
         .expect("delete the allow-all policy");
     create(&runs, "enforced", spec()).await;
     create(&runs, "enforced-covering", covering()).await;
-    for name in ["enforced", "enforced-covering"] {
+    create(&runs, "enforced-nothing", nothing()).await;
+    for name in ["enforced", "enforced-covering", "enforced-nothing"] {
         let pod_name = pod_of(&wait_for_pod_name(&runs, runs.get(name).await.expect("run")).await);
         let gate = gate_of(pod_name).await;
         assert_eq!(

@@ -73,7 +73,7 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     // The metrics first: the shard gate keeps the shards-owned gauge.
     let metrics = Metrics::new()?;
     let shards = sharding(&args, &metrics)?;
-    let egress = egress_settings(&args).map_err(OperatorError::Config)?;
+    let egress = with_proxy_address(egress_settings(&args).map_err(OperatorError::Config)?).await;
     let client = Client::try_default().await?;
     let caps = caps(&args).map_err(OperatorError::Config)?;
     let options = args.store.options().map_err(OperatorError::Config)?;
@@ -143,6 +143,36 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
         .with_max_checkpoints(args.max_checkpoints)
         .with_egress_proxy(proxy_pods);
     operate(&args, client, Arc::new(ctx), &ready, leader).await
+}
+
+/// `egress` with the proxy's address: its URL's host as written when that is an address, else
+/// what the name resolves to now (its Service's cluster IP; within 5 s). The anchor of the gate
+/// of a run that may reach nothing, which has no DNS (`EgressSettings::deny_all_anchor`); a name
+/// that does not resolve leaves such runs the plain probe (said in the log).
+async fn with_proxy_address(
+    mut egress: crate::egress::EgressSettings,
+) -> crate::egress::EgressSettings {
+    let Some(proxy) = egress.proxy.as_mut() else {
+        return egress;
+    };
+    let host = url::Url::parse(&proxy.url)
+        .ok()
+        .and_then(|u| u.host().map(|h| h.to_owned()));
+    proxy.address = match host {
+        Some(url::Host::Ipv4(a)) => Some(a.into()),
+        Some(url::Host::Ipv6(a)) => Some(a.into()),
+        Some(url::Host::Domain(name)) => {
+            let lookup = tokio::net::lookup_host((name.as_str(), proxy.port));
+            let found = tokio::time::timeout(std::time::Duration::from_secs(5), lookup).await;
+            let address = found.ok().and_then(|r| r.ok()).and_then(|mut a| a.next());
+            if address.is_none() {
+                warn!(proxy = %name, "the egress proxy's name did not resolve: runs that may reach nothing have no gate anchor");
+            }
+            address.map(|a| a.ip())
+        }
+        None => None,
+    };
+    egress
 }
 
 /// The egress proxy's pods, watched when runs' gates probe its canary: their addresses are
