@@ -1967,7 +1967,6 @@ async fn a_gate_anchored_on_the_proxy_probes_its_canary_so_a_dead_node_probe_nev
         ],
     );
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let spec = || {
         let mut spec = real_spec(Some(GATED_ONLY), &[]);
         spec.network = Some(sandboxrun_operator::api::NetworkPolicy {

@@ -152,6 +152,14 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
 async fn with_proxy_address(
     mut egress: crate::egress::EgressSettings,
 ) -> crate::egress::EgressSettings {
+    let anchored = egress.gate.as_ref().is_some_and(|g| g.anchor)
+        && egress
+            .proxy
+            .as_ref()
+            .is_some_and(|p| p.canary_port.is_some());
+    if egress.gate.is_some() && !anchored {
+        warn!("the egress gate has no anchor and canary (no egress proxy with a canary port, or --egress-gate-anchor off): a closed or firewalled probe port reads as a policy in force (docs/contract.md \"A filtered run never has an unfiltered instant\")");
+    }
     let Some(proxy) = egress.proxy.as_mut() else {
         return egress;
     };
