@@ -6,6 +6,9 @@
 #   DATA=text bench/drain_vs_kubectl_cp.sh 1         JSON log lines (about 10:1 for zstd) instead of
 #                                                     random bytes
 #   WIRE=tar bench/drain_vs_kubectl_cp.sh 1          the operator's --drain-wire (default zstd)
+#   PERF=1 bench/drain_vs_kubectl_cp.sh 1            also profile the whole machine (perf record -a)
+#                                                     during our drain: CPU by process, and the
+#                                                     operator's and the packer's top symbols
 #
 # For each size: one namespace, one operator (release build) and one batch SandboxRun whose
 # read-back path holds SIZE GiB of mixed data (4 big files per GiB + 4000 small ones; random bytes,
@@ -126,10 +129,27 @@ YAML
   raw_s=$(elapsed "$t0" "$t1")
 
   echo "== ${gib} GiB: our drain" >&2
+  perf_pid=
+  if [ -n "${PERF:-}" ]; then
+    perf record -a -g -F 199 -o "$WORK/perf-$gib.data" >/dev/null 2>&1 &
+    perf_pid=$!
+  fi
   t0=$(now)
   kubectl annotate pod "$pod" -n "$NS" sandbox.iterion.io/test-exit-code=0 >/dev/null
   until [ "$(kubectl get sbr bench -n "$NS" -o jsonpath='{.status.phase}')" = Succeeded ]; do sleep 0.2; done
   t1=$(now)
+  if [ -n "$perf_pid" ]; then
+    kill -INT "$perf_pid"; wait "$perf_pid" 2>/dev/null || true
+    report=${CARGO_TARGET_DIR:-$REPO/target}/bench-results/drain-perf-$gib.txt
+    mkdir -p "$(dirname "$report")"
+    {
+      echo "# CPU by process during our drain (perf record -a)"
+      perf report -i "$WORK/perf-$gib.data" --stdio --no-children --sort comm 2>/dev/null | grep -v '^#' | grep -v '^$' | awk 'NR <= 15'
+      echo "# top symbols, by process"
+      perf report -i "$WORK/perf-$gib.data" --stdio --no-children --sort comm,dso,symbol -g none 2>/dev/null | grep -v '^#' | grep -v '^$' | awk 'NR <= 60'
+    } >"$report"
+    echo "== perf report: $report" >&2
+  fi
   wall_s=$(elapsed "$t0" "$t1")
   drain_s=$(drain_seconds "$port")
   rss_kb=$(peak_rss_kb "$OP_PID")
