@@ -275,7 +275,7 @@ pub async fn run_at(
         .store
         .store_options
         .parse()
-        .map_err(FilesError::Usage)?;
+        .map_err(|e| FilesError::Usage(e.to_string()))?;
     let (store, prefix) = match &target.store_config {
         Some(config) => config.build()?,
         None => crate::store::store_from_url(&target.store_url, &options)?,

@@ -32,8 +32,8 @@ pub(crate) struct SelftestArgs {
     pub(crate) cluster: ClusterArgs,
 }
 
-fn duration(text: &str) -> Result<Duration, String> {
-    crate::units::parse_duration(text).map_err(|e| e.to_string())
+fn duration(text: &str) -> Result<Duration, crate::units::DurationError> {
+    crate::units::parse_duration(text)
 }
 
 /// Why the selftest failed.
@@ -57,6 +57,36 @@ pub(crate) enum SelftestError {
     /// The run did not end as it should.
     #[error("{0}")]
     Verdict(String),
+}
+
+/// Why the run did not pass, or its deletion did not finish (the selftest's verdict says it).
+#[derive(Debug, Error)]
+pub(crate) enum NotPassed {
+    /// It ended, not as it should ([`judge`]'s words).
+    #[error("{0}")]
+    Failed(String),
+    /// Someone else deleted it first.
+    #[error("the run was deleted by someone else before it ended")]
+    DeletedByOthers,
+    /// It did not end in time.
+    #[error("it did not end within {secs}s (last seen: {last})")]
+    TimedOut {
+        /// The bound, in seconds.
+        secs: u64,
+        /// The last phase printed (`nothing` when none was).
+        last: String,
+    },
+    /// The apiserver refused its deletion.
+    #[error("deleting it failed: {0}")]
+    DeleteFailed(#[source] kube::Error),
+    /// It was still there past the bound.
+    #[error(
+        "it was still there {secs}s after its deletion (is the operator running and its finalizer done?)"
+    )]
+    StillThere {
+        /// The bound, in seconds.
+        secs: u64,
+    },
 }
 
 /// What the run's status says so far.
@@ -176,14 +206,14 @@ async fn wait_judged(
     runs: &Api<SandboxRun>,
     name: &str,
     timeout: Duration,
-) -> Result<String, String> {
+) -> Result<String, NotPassed> {
     let start = Instant::now();
     let mut last = String::new();
     loop {
         match runs.get_opt(name).await {
             Ok(Some(run)) => match judge(&run) {
                 Judgement::Passed(summary) => return Ok(summary),
-                Judgement::Failed(why) => return Err(why),
+                Judgement::Failed(why) => return Err(NotPassed::Failed(why)),
                 Judgement::Pending(now) => {
                     if now != last {
                         println!("selftest: {name}: {now}");
@@ -191,15 +221,15 @@ async fn wait_judged(
                     }
                 }
             },
-            Ok(None) => return Err("the run was deleted by someone else before it ended".into()),
+            Ok(None) => return Err(NotPassed::DeletedByOthers),
             Err(e) => tracing::warn!(error = %e, "reading the run failed; retrying"),
         }
         if start.elapsed() > timeout {
-            return Err(format!(
-                "it did not end within {}s (last seen: {})",
-                timeout.as_secs(),
-                if last.is_empty() { "nothing" } else { &last }
-            ));
+            let last = if last.is_empty() { "nothing" } else { &last };
+            return Err(NotPassed::TimedOut {
+                secs: timeout.as_secs(),
+                last: last.to_string(),
+            });
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
@@ -210,19 +240,18 @@ async fn delete_and_wait(
     runs: &Api<SandboxRun>,
     name: &str,
     timeout: Duration,
-) -> Result<(), String> {
+) -> Result<(), NotPassed> {
     if let Err(e) = runs.delete(name, &DeleteParams::default()).await {
-        return Err(format!("deleting it failed: {e}"));
+        return Err(NotPassed::DeleteFailed(e));
     }
     let start = Instant::now();
     loop {
         match runs.get_opt(name).await {
             Ok(None) => return Ok(()),
             Ok(Some(_)) | Err(_) if start.elapsed() > timeout => {
-                return Err(format!(
-                    "it was still there {}s after its deletion (is the operator running and its finalizer done?)",
-                    timeout.as_secs()
-                ))
+                return Err(NotPassed::StillThere {
+                    secs: timeout.as_secs(),
+                })
             }
             _ => tokio::time::sleep(Duration::from_secs(1)).await,
         }

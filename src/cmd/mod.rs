@@ -329,7 +329,7 @@ mod tests {
             "--allowed-runtime-classes",
             "gvisor",
         ]);
-        assert!(outside.unwrap_err().contains("not among"));
+        assert!(outside.unwrap_err().to_string().contains("not among"));
         assert!(parse(&["--default-runtime-class", "Not_A_Name"]).is_err());
     }
 

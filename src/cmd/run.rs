@@ -484,9 +484,92 @@ impl RunArgs {
     }
 }
 
+/// A `run` flag the operator refuses at start: the text names the flag and what is wrong.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub(crate) enum FlagError {
+    /// `--default-runtime-class` is not a name.
+    #[error("--default-runtime-class {0:?} is not a DNS-1123 subdomain")]
+    RuntimeClassName(String),
+    /// `--default-runtime-class` is not among the allowed ones.
+    #[error(
+        "--default-runtime-class {class:?} is not among --allowed-runtime-classes ({allowed})"
+    )]
+    RuntimeClassNotAllowed {
+        /// The class.
+        class: String,
+        /// The allowed ones, comma-separated.
+        allowed: String,
+    },
+    /// `--namespace-policies` cannot be read.
+    #[error("--namespace-policies {path}: {why}")]
+    NamespacePoliciesRead {
+        /// The file.
+        path: String,
+        /// The OS error's words.
+        why: String,
+    },
+    /// `--namespace-policies` holds policies that cannot be used.
+    #[error("--namespace-policies {path}: {source}")]
+    NamespacePolicies {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: crate::admission::namespace_policy::PolicyFileError,
+    },
+    /// A cap is not a byte quantity.
+    #[error("bad cap {text:?}: {source}")]
+    Cap {
+        /// The value.
+        text: String,
+        /// Why.
+        #[source]
+        source: crate::units::QuantityError,
+    },
+    /// `--max-cap` is below 1Mi.
+    #[error("--max-cap {0} is below 1Mi")]
+    MaxCapTooSmall(String),
+    /// `--max-drain-bytes-per-second` is not a byte quantity.
+    #[error("--max-drain-bytes-per-second {value:?}: {source}")]
+    Bandwidth {
+        /// The value.
+        value: String,
+        /// Why.
+        #[source]
+        source: crate::units::QuantityError,
+    },
+    /// A label selector flag does not parse.
+    #[error(transparent)]
+    Selector(#[from] crate::egress::settings::SelectorError),
+    /// `--egress-token-secret-file` cannot serve (its words).
+    #[error("{0}")]
+    TokenSecret(String),
+    /// `--egress-proxy-url` does not parse.
+    #[error("--egress-proxy-url {value:?}: {source}")]
+    ProxyUrl {
+        /// The value.
+        value: String,
+        /// Why.
+        #[source]
+        source: url::ParseError,
+    },
+    /// `--egress-proxy-url` is not `http://host:port`.
+    #[error("--egress-proxy-url {0:?}: want http://host:port")]
+    ProxyUrlShape(String),
+    /// A proxy without the token secret.
+    #[error("--egress-proxy-url needs --egress-token-secret-file (the proxy's secret)")]
+    ProxyWithoutSecret,
+    /// `--egress-gate-probe` does not parse.
+    #[error(transparent)]
+    GateProbe(#[from] crate::inpod::gate::ProbeError),
+    /// `--egress-gate-timeout` is not a duration.
+    #[error("--egress-gate-timeout: {0}")]
+    GateTimeout(#[source] crate::units::DurationError),
+}
+
 /// `--default-runtime-class`, checked: a DNS-1123 subdomain, among `--allowed-runtime-classes`
 /// when those are set (else every run without one would be refused by its own default's pod).
-pub(crate) fn default_runtime_class(args: &RunArgs) -> Result<Option<String>, String> {
+pub(crate) fn default_runtime_class(args: &RunArgs) -> Result<Option<String>, FlagError> {
     let Some(class) = args.default_runtime_class.as_deref().map(str::trim) else {
         return Ok(None);
     };
@@ -494,16 +577,14 @@ pub(crate) fn default_runtime_class(args: &RunArgs) -> Result<Option<String>, St
         return Ok(None);
     }
     if !crate::names::is_dns1123_subdomain(class) {
-        return Err(format!(
-            "--default-runtime-class {class:?} is not a DNS-1123 subdomain"
-        ));
+        return Err(FlagError::RuntimeClassName(class.to_string()));
     }
     if let Some(allowed) = args.run_policy().runtime_classes {
         if !allowed.iter().any(|a| a == class) {
-            return Err(format!(
-                "--default-runtime-class {class:?} is not among --allowed-runtime-classes ({})",
-                allowed.join(",")
-            ));
+            return Err(FlagError::RuntimeClassNotAllowed {
+                class: class.to_string(),
+                allowed: allowed.join(","),
+            });
         }
     }
     Ok(Some(class.to_string()))
@@ -512,34 +593,39 @@ pub(crate) fn default_runtime_class(args: &RunArgs) -> Result<Option<String>, St
 /// The namespace policies of `--namespace-policies` (none when unset).
 pub(crate) fn namespace_policies(
     args: &RunArgs,
-) -> Result<Vec<crate::admission::namespace_policy::Compiled>, String> {
+) -> Result<Vec<crate::admission::namespace_policy::Compiled>, FlagError> {
     let Some(path) = &args.namespace_policies else {
         return Ok(Vec::new());
     };
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--namespace-policies {}: {e}", path.display()))?;
-    crate::admission::namespace_policy::load(&text)
-        .map_err(|e| format!("--namespace-policies {}: {e}", path.display()))
+    let text = std::fs::read_to_string(path).map_err(|e| FlagError::NamespacePoliciesRead {
+        path: path.display().to_string(),
+        why: e.to_string(),
+    })?;
+    crate::admission::namespace_policy::load(&text).map_err(|source| FlagError::NamespacePolicies {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// Parses a cap given in bytes or as a Kubernetes quantity.
-pub(crate) fn parse_cap(text: &str) -> Result<u64, String> {
+pub(crate) fn parse_cap(text: &str) -> Result<u64, FlagError> {
     let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(text.to_string());
-    crate::units::quantity_to_bytes(&q).map_err(|e| format!("bad cap {text:?}: {e}"))
+    crate::units::quantity_to_bytes(&q).map_err(|source| FlagError::Cap {
+        text: text.to_string(),
+        source,
+    })
 }
 
 /// `--max-drain-bytes-per-second`: the replica's drain bandwidth (0: unlimited).
 pub(crate) fn drain_bandwidth(
     args: &RunArgs,
-) -> Result<crate::drain::bandwidth::DrainBandwidth, String> {
+) -> Result<crate::drain::bandwidth::DrainBandwidth, FlagError> {
     let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(
         args.max_drain_bytes_per_second.clone(),
     );
-    let rate = crate::units::quantity_to_bytes(&q).map_err(|e| {
-        format!(
-            "--max-drain-bytes-per-second {:?}: {e}",
-            args.max_drain_bytes_per_second
-        )
+    let rate = crate::units::quantity_to_bytes(&q).map_err(|source| FlagError::Bandwidth {
+        value: args.max_drain_bytes_per_second.clone(),
+        source,
     })?;
     let bandwidth = crate::drain::bandwidth::DrainBandwidth::new(rate);
     if bandwidth.is_limited() {
@@ -549,13 +635,13 @@ pub(crate) fn drain_bandwidth(
 }
 
 /// Cap settings from the run flags.
-pub(crate) fn caps(args: &RunArgs) -> Result<CapSettings, String> {
+pub(crate) fn caps(args: &RunArgs) -> Result<CapSettings, FlagError> {
     let caps = CapSettings {
         default_bytes: parse_cap(&args.default_cap)?,
         max_bytes: parse_cap(&args.max_cap)?,
     };
     if caps.max_bytes < MIB {
-        return Err(format!("--max-cap {} is below 1Mi", args.max_cap));
+        return Err(FlagError::MaxCapTooSmall(args.max_cap.clone()));
     }
     Ok(caps)
 }
@@ -574,35 +660,33 @@ pub(crate) fn holder_resources(
 }
 
 /// Egress settings from the run flags (checked at startup).
-pub(crate) fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSettings, String> {
+pub(crate) fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSettings, FlagError> {
     use crate::egress::settings::parse_labels;
     let dns = crate::egress::PeerSelector {
         namespace: args.dns_namespace.clone(),
-        pod_labels: parse_labels("--dns-selector", &args.dns_selector)
-            .map_err(|e| e.to_string())?,
+        pod_labels: parse_labels("--dns-selector", &args.dns_selector)?,
     };
     let token_secret = match &args.egress_token_secret_file {
         Some(path) => Some(crate::egress::settings::TokenSecret(
-            crate::egress::proxy::read_secret(path)?,
+            crate::egress::proxy::read_secret(path)
+                .map_err(|e| FlagError::TokenSecret(e.to_string()))?,
         )),
         None => None,
     };
     let proxy = if args.egress_proxy_url.trim().is_empty() {
         None
     } else {
-        let url = url::Url::parse(args.egress_proxy_url.trim())
-            .map_err(|e| format!("--egress-proxy-url {:?}: {e}", args.egress_proxy_url))?;
+        let url = url::Url::parse(args.egress_proxy_url.trim()).map_err(|source| {
+            FlagError::ProxyUrl {
+                value: args.egress_proxy_url.clone(),
+                source,
+            }
+        })?;
         if url.scheme() != "http" || url.host_str().is_none() {
-            return Err(format!(
-                "--egress-proxy-url {:?}: want http://host:port",
-                args.egress_proxy_url
-            ));
+            return Err(FlagError::ProxyUrlShape(args.egress_proxy_url.clone()));
         }
         if token_secret.is_none() {
-            return Err(
-                "--egress-proxy-url needs --egress-token-secret-file (the proxy's secret)"
-                    .to_string(),
-            );
+            return Err(FlagError::ProxyWithoutSecret);
         }
         Some(crate::egress::ProxyPeer {
             url: args
@@ -615,22 +699,19 @@ pub(crate) fn egress_settings(args: &RunArgs) -> Result<crate::egress::EgressSet
                     .egress_proxy_namespace
                     .clone()
                     .unwrap_or_else(|| args.pod_namespace.clone()),
-                pod_labels: parse_labels("--egress-proxy-selector", &args.egress_proxy_selector)
-                    .map_err(|e| e.to_string())?,
+                pod_labels: parse_labels("--egress-proxy-selector", &args.egress_proxy_selector)?,
             },
             port: args.egress_proxy_port,
             canary_port: args.egress_proxy_canary_port,
             address: None,
         })
     };
-    let gate = match crate::inpod::gate::parse_probe(&args.egress_gate_probe)
-        .map_err(|e| e.to_string())?
-    {
+    let gate = match crate::inpod::gate::parse_probe(&args.egress_gate_probe)? {
         None => None,
         Some(probe) => Some(crate::inpod::gate::GateSettings {
             probe,
             timeout: crate::units::parse_duration(&args.egress_gate_timeout)
-                .map_err(|e| format!("--egress-gate-timeout: {e}"))?,
+                .map_err(FlagError::GateTimeout)?,
             anchor: args.egress_gate_anchor,
         }),
     };
@@ -671,7 +752,9 @@ mod tests {
         assert!(bandwidth(&["--max-drain-bytes-per-second=100Mi"])
             .unwrap()
             .is_limited());
-        let bad = bandwidth(&["--max-drain-bytes-per-second", "fast"]).unwrap_err();
+        let bad = bandwidth(&["--max-drain-bytes-per-second", "fast"])
+            .unwrap_err()
+            .to_string();
         assert!(bad.contains("--max-drain-bytes-per-second"), "{bad}");
         assert!(bandwidth(&["--max-drain-bytes-per-second=-1M"]).is_err());
     }

@@ -130,6 +130,9 @@ pub enum ProxyError {
     /// The metric cannot be registered.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// The token secret file cannot serve.
+    #[error("configuration: {0}")]
+    Secret(#[from] SecretError),
 }
 
 /// Binds `addr` (an IP and a port) with a kernel accept queue of `backlog` connections.
@@ -194,7 +197,7 @@ fn admit(stream: TcpStream, peer: SocketAddr, state: &Arc<ProxyState>) {
 
 /// `sandboxrun-operator egress-proxy`.
 pub async fn run(args: ProxyArgs) -> Result<(), ProxyError> {
-    let secret = read_secret(&args.token_secret_file).map_err(ProxyError::Config)?;
+    let secret = read_secret(&args.token_secret_file)?;
     let timeouts = timeouts_of(&args)?;
     let limits = limits_of(&args)?;
     let client = Client::try_default().await?;
@@ -289,18 +292,40 @@ fn limits_of(args: &ProxyArgs) -> Result<Limits, ProxyError> {
     Ok(limits)
 }
 
+/// A token secret file that cannot serve.
+#[derive(Debug, Error)]
+pub enum SecretError {
+    /// It cannot be read.
+    #[error("{path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// It holds fewer than 16 bytes.
+    #[error("{path}: the token secret is shorter than 16 bytes")]
+    Short {
+        /// The file.
+        path: String,
+    },
+}
+
 /// Reads the token secret from a file (trailing newline dropped); refuses an empty one.
-pub(crate) fn read_secret(path: &std::path::Path) -> Result<Arc<[u8]>, String> {
-    let raw = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+pub(crate) fn read_secret(path: &std::path::Path) -> Result<Arc<[u8]>, SecretError> {
+    let raw = std::fs::read(path).map_err(|source| SecretError::Read {
+        path: path.display().to_string(),
+        source,
+    })?;
     let trimmed = raw
         .strip_suffix(b"\n")
         .map(|r| r.strip_suffix(b"\r").unwrap_or(r))
         .unwrap_or(&raw);
     if trimmed.len() < 16 {
-        return Err(format!(
-            "{}: the token secret is shorter than 16 bytes",
-            path.display()
-        ));
+        return Err(SecretError::Short {
+            path: path.display().to_string(),
+        });
     }
     Ok(Arc::from(trimmed))
 }

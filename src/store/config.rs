@@ -37,7 +37,7 @@ pub struct StoreArgs {
 
 impl StoreArgs {
     /// The options as `(key, value)` pairs ([`parse_options`]).
-    pub fn options(&self) -> Result<Vec<(String, String)>, String> {
+    pub fn options(&self) -> Result<Vec<(String, String)>, OptionError> {
         self.store_options.parse()
     }
 }
@@ -58,19 +58,27 @@ pub struct StoreOptions {
 
 impl StoreOptions {
     /// The options as `(key, value)` pairs ([`parse_options`]).
-    pub fn parse(&self) -> Result<Vec<(String, String)>, String> {
+    pub fn parse(&self) -> Result<Vec<(String, String)>, OptionError> {
         parse_options(&self.options)
     }
 }
 
+/// A store option that is not `key=value`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("store option {option:?} is not key=value")]
+pub struct OptionError {
+    /// The option as written.
+    pub option: String,
+}
+
 /// Splits `key=value` options (store options from flags and environment); blank ones are skipped.
-pub fn parse_options(raw: &[String]) -> Result<Vec<(String, String)>, String> {
+pub fn parse_options(raw: &[String]) -> Result<Vec<(String, String)>, OptionError> {
     raw.iter()
         .filter(|s| !s.trim().is_empty())
         .map(|s| {
             s.split_once('=')
                 .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
-                .ok_or_else(|| format!("store option {s:?} is not key=value"))
+                .ok_or_else(|| OptionError { option: s.clone() })
         })
         .collect()
 }

@@ -34,7 +34,9 @@ pub mod tenant_read;
 pub(crate) mod upload;
 pub(crate) mod upload_guard;
 
-pub use config::{parse_options, store_from_url, StoreArgs, StoreConfig, StoreOptions};
+pub use config::{
+    parse_options, store_from_url, OptionError, StoreArgs, StoreConfig, StoreOptions,
+};
 pub use error::StoreError;
 pub use keys::{
     attempt_object_keys, checkpoint_object_keys, object_keys, path_slug, run_dir, run_prefix,

@@ -486,7 +486,7 @@ fn tenant_options(
         .get(KEY_OPTIONS)
         .map(|o| o.split(['\n', ',']).map(str::to_string).collect())
         .unwrap_or_default();
-    let options = super::parse_options(&raw)?;
+    let options = super::parse_options(&raw).map_err(|e| e.to_string())?;
     for (key, _) in &options {
         if !allowed.contains(&key.as_str()) {
             return Err(format!(

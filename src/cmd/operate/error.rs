@@ -8,6 +8,9 @@ pub(crate) enum OperatorError {
     /// A flag or environment value is wrong.
     #[error("configuration: {0}")]
     Config(String),
+    /// A `run` flag that cannot serve.
+    #[error("configuration: {0}")]
+    Flag(#[from] crate::cmd::run::FlagError),
     /// A `--holder-*` resource value the pod could not carry.
     #[error("configuration: {0}")]
     HolderResources(#[from] crate::pod::HolderResourcesError),

@@ -48,7 +48,7 @@ fn pod_settings(args: &RunArgs, durations: &Durations) -> Result<PodSettings, Op
             .unwrap_or(i64::MAX),
         image_pull_secrets: args.pod_image_pull_secrets.clone(),
         image_pull_secrets_serve_workloads: args.pod_image_pull_secret_serves_workloads,
-        default_runtime_class: default_runtime_class(args).map_err(OperatorError::Config)?,
+        default_runtime_class: default_runtime_class(args)?,
         ..PodSettings::default()
     })
 }
@@ -69,26 +69,29 @@ pub(crate) async fn main(args: RunArgs) -> ExitCode {
 pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     // Checked before anything connects: a bad value is a startup error, not a pod every run fails.
     let holder_resources = holder_resources(&args)?;
-    let bandwidth = drain_bandwidth(&args).map_err(OperatorError::Config)?;
+    let bandwidth = drain_bandwidth(&args)?;
     // The metrics first: the shard gate keeps the shards-owned gauge.
     let metrics = Metrics::new()?;
     let shards = sharding(&args, &metrics)?;
-    let egress = with_proxy_address(egress_settings(&args).map_err(OperatorError::Config)?).await;
+    let egress = with_proxy_address(egress_settings(&args)?).await;
     let client = Client::try_default().await?;
-    let caps = caps(&args).map_err(OperatorError::Config)?;
-    let options = args.store.options().map_err(OperatorError::Config)?;
+    let caps = caps(&args)?;
+    let options = args
+        .store
+        .options()
+        .map_err(|e| OperatorError::Config(e.to_string()))?;
     let (store, store_prefix) = crate::store::store_from_url(&args.store.store_url, &options)?;
     let open_uploads = open_uploads_cleaner(&args.store.store_url, &options);
     let durations = Durations::parse(&args)?;
     let pack_command = holder_programs(&args.holder_binary, args.pack_command.as_deref())
-        .map_err(OperatorError::Config)?;
+        .map_err(|e| OperatorError::Config(e.to_string()))?;
     register_open_uploads(&metrics, open_uploads.as_deref());
     let ready = Arc::new(AtomicBool::new(false));
 
     let metrics_addr = serve_metrics(&args.metrics_addr, metrics.clone(), ready.clone()).await?;
     info!(%metrics_addr, "metrics and health endpoints listening");
 
-    let namespace_policies = namespace_policies(&args).map_err(OperatorError::Config)?;
+    let namespace_policies = namespace_policies(&args)?;
     let rules = rule_settings(&args, caps, &durations, &egress, &namespace_policies);
     let tenant = tenant_stores(&args)?;
     let rights = rights_policy(&args, &client).await;
@@ -355,23 +358,40 @@ fn preflight(
 /// or why the flags are refused: both programs must be absolute paths, so nothing a workload can
 /// write into a directory on the holder's PATH is ever run in its place (docs/contract.md "The
 /// holder runs only the operator's code").
-fn holder_programs(binary: &str, pack_command: Option<&str>) -> Result<Vec<String>, String> {
+fn holder_programs(
+    binary: &str,
+    pack_command: Option<&str>,
+) -> Result<Vec<String>, HolderProgramError> {
     if !binary.starts_with('/') {
-        return Err(format!(
-            "--holder-binary `{binary}` must be an absolute path (it is never looked up through PATH)"
-        ));
+        return Err(HolderProgramError::Binary(binary.to_string()));
     }
     let pack: Vec<String> = match pack_command {
         Some(command) => command.split_whitespace().map(str::to_string).collect(),
         None => vec![binary.to_string(), "pack".to_string()],
     };
     match pack.first() {
-        None => Err("--pack-command is empty".to_string()),
-        Some(program) if !program.starts_with('/') => Err(format!(
-            "--pack-command's program `{program}` must be an absolute path (it is never looked up through PATH)"
-        )),
+        None => Err(HolderProgramError::EmptyPack),
+        Some(program) if !program.starts_with('/') => {
+            Err(HolderProgramError::Pack(program.clone()))
+        }
         Some(_) => Ok(pack),
     }
+}
+
+/// Why `run --holder-binary` or `--pack-command` is refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HolderProgramError {
+    /// The holder binary is not an absolute path.
+    #[error("--holder-binary `{0}` must be an absolute path (it is never looked up through PATH)")]
+    Binary(String),
+    /// The pack command names no program.
+    #[error("--pack-command is empty")]
+    EmptyPack,
+    /// The pack command's program is not an absolute path.
+    #[error(
+        "--pack-command's program `{0}` must be an absolute path (it is never looked up through PATH)"
+    )]
+    Pack(String),
 }
 
 #[cfg(test)]
@@ -388,12 +408,15 @@ mod tests {
         );
         assert!(holder_programs("sandboxrun-operator", None)
             .unwrap_err()
+            .to_string()
             .contains("--holder-binary"));
         assert!(holder_programs(bin, Some("sandboxrun-operator pack"))
             .unwrap_err()
+            .to_string()
             .contains("absolute"));
         assert!(holder_programs(bin, Some("  "))
             .unwrap_err()
+            .to_string()
             .contains("empty"));
     }
 }
