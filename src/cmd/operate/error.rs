@@ -11,6 +11,12 @@ pub(crate) enum OperatorError {
     /// A `run` flag that cannot serve.
     #[error("configuration: {0}")]
     Flag(#[from] crate::cmd::run::FlagError),
+    /// A `--store-option` that is not `key=value`.
+    #[error("configuration: {0}")]
+    StoreOption(#[from] crate::store::OptionError),
+    /// `--holder-binary` or `--pack-command` is not an absolute program.
+    #[error("configuration: {0}")]
+    HolderProgram(#[from] HolderProgramError),
     /// A `--holder-*` resource value the pod could not carry.
     #[error("configuration: {0}")]
     HolderResources(#[from] crate::pod::HolderResourcesError),
@@ -42,4 +48,20 @@ pub(crate) enum OperatorError {
     /// A shard's Lease was lost (the process exits; the other replicas take its shards).
     #[error("sharding: {0}")]
     Shard(#[from] crate::shard::owner::ShardError),
+}
+
+/// Why `run --holder-binary` or `--pack-command` is refused.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HolderProgramError {
+    /// The holder binary is not an absolute path.
+    #[error("--holder-binary `{0}` must be an absolute path (it is never looked up through PATH)")]
+    Binary(String),
+    /// The pack command names no program.
+    #[error("--pack-command is empty")]
+    EmptyPack,
+    /// The pack command's program is not an absolute path.
+    #[error(
+        "--pack-command's program `{0}` must be an absolute path (it is never looked up through PATH)"
+    )]
+    Pack(String),
 }

@@ -29,7 +29,7 @@ mod serve;
 mod sharded;
 
 use durations::Durations;
-pub(crate) use error::OperatorError;
+pub(crate) use error::{HolderProgramError, OperatorError};
 use lifecycle::run_controller;
 
 use elected::run_elected;
@@ -76,15 +76,11 @@ pub(crate) async fn run(args: RunArgs) -> Result<(), OperatorError> {
     let egress = with_proxy_address(egress_settings(&args)?).await;
     let client = Client::try_default().await?;
     let caps = caps(&args)?;
-    let options = args
-        .store
-        .options()
-        .map_err(|e| OperatorError::Config(e.to_string()))?;
+    let options = args.store.options()?;
     let (store, store_prefix) = crate::store::store_from_url(&args.store.store_url, &options)?;
     let open_uploads = open_uploads_cleaner(&args.store.store_url, &options);
     let durations = Durations::parse(&args)?;
-    let pack_command = holder_programs(&args.holder_binary, args.pack_command.as_deref())
-        .map_err(|e| OperatorError::Config(e.to_string()))?;
+    let pack_command = holder_programs(&args.holder_binary, args.pack_command.as_deref())?;
     register_open_uploads(&metrics, open_uploads.as_deref());
     let ready = Arc::new(AtomicBool::new(false));
 
@@ -376,22 +372,6 @@ fn holder_programs(
         }
         Some(_) => Ok(pack),
     }
-}
-
-/// Why `run --holder-binary` or `--pack-command` is refused.
-#[derive(Debug, thiserror::Error)]
-pub(crate) enum HolderProgramError {
-    /// The holder binary is not an absolute path.
-    #[error("--holder-binary `{0}` must be an absolute path (it is never looked up through PATH)")]
-    Binary(String),
-    /// The pack command names no program.
-    #[error("--pack-command is empty")]
-    EmptyPack,
-    /// The pack command's program is not an absolute path.
-    #[error(
-        "--pack-command's program `{0}` must be an absolute path (it is never looked up through PATH)"
-    )]
-    Pack(String),
 }
 
 #[cfg(test)]
