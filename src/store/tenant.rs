@@ -162,6 +162,79 @@ enum EndpointPattern {
     Host(String),
 }
 
+/// Why `--tenant-store-endpoints` or `--tenant-store-secret-names` is refused (the operator does
+/// not start; a published copy of them is not believed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TenantPolicyError {
+    /// A URL prefix that is not a URL.
+    #[error("--tenant-store-endpoints: {pattern:?} is not a URL: {source}")]
+    NotAUrl {
+        /// The pattern.
+        pattern: String,
+        /// Why.
+        #[source]
+        source: url::ParseError,
+    },
+    /// A URL prefix without a host.
+    #[error("--tenant-store-endpoints: {0:?} names no host")]
+    NoHost(String),
+    /// Neither a URL prefix nor a host.
+    #[error("--tenant-store-endpoints: {0:?} is neither a URL prefix nor a host (or *.suffix)")]
+    NotAPattern(String),
+    /// Not a Secret's name.
+    #[error("--tenant-store-secret-names: {0:?} is not a Secret name (a DNS subdomain)")]
+    NotASecretName(String),
+}
+
+/// What is wrong with a store ConfigMap or its Secret besides its URL (the reason of
+/// [`TenantStoreError::Invalid`]; never a credential's value).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreDescriptionError {
+    /// An option that is not `key=value`.
+    #[error(transparent)]
+    Option(#[from] super::OptionError),
+    /// An option a tenant may not set.
+    #[error(
+        "option {key:?} is not one a tenant store may set (accepted: {accepted}; credentials \
+         belong in the Secret named by {secret_name})",
+        secret_name = KEY_SECRET_NAME
+    )]
+    OptionNotAllowed {
+        /// The option.
+        key: String,
+        /// The options accepted, comma-separated.
+        accepted: String,
+    },
+    /// A Secret key the scheme does not take.
+    #[error(
+        "its Secret has the key {key:?}, which a {scheme}:// tenant store does not take (accepted: {accepted})"
+    )]
+    SecretKeyNotTaken {
+        /// The key.
+        key: String,
+        /// The store's scheme.
+        scheme: String,
+        /// The keys accepted, comma-separated.
+        accepted: String,
+    },
+    /// Not enough credentials to sign.
+    #[error(
+        "its Secret lacks {0} (a tenant store signs with its own credentials, never the operator's)"
+    )]
+    CannotSign(&'static str),
+    /// A gs:// store without its service-account key.
+    #[error("its Secret lacks {key}", key = tenant_gcs::SECRET_KEY)]
+    NoServiceAccountKey,
+    /// A gs:// store's service-account key refused.
+    #[error(transparent)]
+    ServiceAccountKey(#[from] tenant_gcs::KeyError),
+    /// An az:// store without an account.
+    #[error(
+        "an az:// store needs an account: option account_name or AZURE_STORAGE_ACCOUNT_NAME in its Secret, or an endpoint"
+    )]
+    NoAzureAccount,
+}
+
 /// The platform's rules for tenant stores: the endpoints their credentials may be sent to (`run
 /// --tenant-store-endpoints`; empty: tenant stores are off, every run uses the operator's store)
 /// and, when the platform narrows them, the only Secret names a store ConfigMap may name (`run
@@ -174,23 +247,23 @@ pub struct TenantStorePolicy {
 
 impl TenantStorePolicy {
     /// Parses the flag's patterns (blank ones skipped).
-    pub fn parse(raw: &[String]) -> Result<TenantStorePolicy, String> {
+    pub fn parse(raw: &[String]) -> Result<TenantStorePolicy, TenantPolicyError> {
         let mut patterns = Vec::new();
         for p in raw.iter().map(|p| p.trim()).filter(|p| !p.is_empty()) {
             if p.contains("://") {
-                let url = url::Url::parse(p)
-                    .map_err(|e| format!("--tenant-store-endpoints: {p:?} is not a URL: {e}"))?;
+                let url = url::Url::parse(p).map_err(|source| TenantPolicyError::NotAUrl {
+                    pattern: p.to_string(),
+                    source,
+                })?;
                 if url.host_str().is_none_or(str::is_empty) {
-                    return Err(format!("--tenant-store-endpoints: {p:?} names no host"));
+                    return Err(TenantPolicyError::NoHost(p.to_string()));
                 }
                 patterns.push(EndpointPattern::Prefix(p.trim_end_matches('/').to_string()));
             } else {
                 let host = p.to_ascii_lowercase();
                 let bare = host.strip_prefix("*.").unwrap_or(&host);
                 if bare.is_empty() || bare.contains(['/', '*', ':', '@']) {
-                    return Err(format!(
-                        "--tenant-store-endpoints: {p:?} is neither a URL prefix nor a host (or *.suffix)"
-                    ));
+                    return Err(TenantPolicyError::NotAPattern(p.to_string()));
                 }
                 patterns.push(EndpointPattern::Host(host));
             }
@@ -203,13 +276,14 @@ impl TenantStorePolicy {
 
     /// The same policy with store Secrets narrowed to `names` (blank ones skipped; none: any
     /// name). Each must be a Secret's name (a DNS subdomain).
-    pub fn with_secret_names(mut self, names: &[String]) -> Result<TenantStorePolicy, String> {
+    pub fn with_secret_names(
+        mut self,
+        names: &[String],
+    ) -> Result<TenantStorePolicy, TenantPolicyError> {
         let mut kept: Vec<String> = Vec::new();
         for name in names.iter().map(|n| n.trim()).filter(|n| !n.is_empty()) {
             if !crate::names::is_dns1123_subdomain(name) {
-                return Err(format!(
-                    "--tenant-store-secret-names: {name:?} is not a Secret name (a DNS subdomain)"
-                ));
+                return Err(TenantPolicyError::NotASecretName(name.to_string()));
             }
             if !kept.iter().any(|k| k == name) {
                 kept.push(name.to_string());
@@ -452,9 +526,10 @@ fn described(
             )))
         }
     };
-    let mut options = tenant_options(data, allowed_options).map_err(invalid)?;
-    options.extend(secret_options(secret, secret_keys, &scheme).map_err(invalid)?);
-    let endpoints = endpoints_of(&scheme, &mut options).map_err(invalid)?;
+    let described = |e: StoreDescriptionError| invalid(e.to_string());
+    let mut options = tenant_options(data, allowed_options).map_err(described)?;
+    options.extend(secret_options(secret, secret_keys, &scheme).map_err(described)?);
+    let endpoints = endpoints_of(&scheme, &mut options).map_err(described)?;
     if let Some(refused) = endpoints.iter().find(|e| !allowed(e)) {
         return Err(TenantStoreError::EndpointRefused {
             store: store.into(),
@@ -481,19 +556,18 @@ fn described(
 fn tenant_options(
     data: &BTreeMap<String, String>,
     allowed: &[&str],
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, StoreDescriptionError> {
     let raw: Vec<String> = data
         .get(KEY_OPTIONS)
         .map(|o| o.split(['\n', ',']).map(str::to_string).collect())
         .unwrap_or_default();
-    let options = super::parse_options(&raw).map_err(|e| e.to_string())?;
+    let options = super::parse_options(&raw)?;
     for (key, _) in &options {
         if !allowed.contains(&key.as_str()) {
-            return Err(format!(
-                "option {key:?} is not one a tenant store may set (accepted: {}; credentials \
-                 belong in the Secret named by {KEY_SECRET_NAME})",
-                allowed.join(", ")
-            ));
+            return Err(StoreDescriptionError::OptionNotAllowed {
+                key: key.clone(),
+                accepted: allowed.join(", "),
+            });
         }
     }
     Ok(options)
@@ -505,15 +579,16 @@ fn secret_options(
     secret: &BTreeMap<String, String>,
     keys: &[(&str, &str)],
     scheme: &str,
-) -> Result<Vec<(String, String)>, String> {
+) -> Result<Vec<(String, String)>, StoreDescriptionError> {
     let accepted = || keys.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ");
     let mut out = Vec::new();
     for (key, value) in secret {
         let Some((_, option)) = keys.iter().find(|(k, _)| k == key) else {
-            return Err(format!(
-                "its Secret has the key {key:?}, which a {scheme}:// tenant store does not take (accepted: {})",
-                accepted()
-            ));
+            return Err(StoreDescriptionError::SecretKeyNotTaken {
+                key: key.clone(),
+                scheme: scheme.to_string(),
+                accepted: accepted(),
+            });
         };
         out.push(((*option).to_string(), value.trim().to_string()));
     }
@@ -529,9 +604,7 @@ fn secret_options(
             "gs" => "GOOGLE_SERVICE_ACCOUNT_KEY (a service account's key file, its JSON)",
             _ => "AZURE_STORAGE_ACCOUNT_KEY or AZURE_STORAGE_SAS_KEY",
         };
-        return Err(format!(
-            "its Secret lacks {needed} (a tenant store signs with its own credentials, never the operator's)"
-        ));
+        return Err(StoreDescriptionError::CannotSign(needed));
     }
     Ok(out)
 }
@@ -539,12 +612,15 @@ fn secret_options(
 /// Every endpoint a store's credentials go to, where its requests go first. gs://: those its
 /// service-account key names (or their defaults), the key judged and replaced by its rebuilt
 /// form ([`tenant_gcs::judged`]); else the one [`endpoint_of`] says.
-fn endpoints_of(scheme: &str, options: &mut [(String, String)]) -> Result<Vec<String>, String> {
+fn endpoints_of(
+    scheme: &str,
+    options: &mut [(String, String)],
+) -> Result<Vec<String>, StoreDescriptionError> {
     if scheme != "gs" {
         return endpoint_of(scheme, options).map(|e| vec![e]);
     }
     let Some((_, key)) = options.iter_mut().find(|(k, _)| k == "service_account_key") else {
-        return Err(format!("its Secret lacks {}", tenant_gcs::SECRET_KEY));
+        return Err(StoreDescriptionError::NoServiceAccountKey);
     };
     let judged = tenant_gcs::judged(key)?;
     *key = judged.json;
@@ -552,7 +628,10 @@ fn endpoints_of(scheme: &str, options: &mut [(String, String)]) -> Result<Vec<St
 }
 
 /// Where a store's requests go: its `endpoint` option, else the cloud's own endpoint.
-fn endpoint_of(scheme: &str, options: &[(String, String)]) -> Result<String, String> {
+fn endpoint_of(
+    scheme: &str,
+    options: &[(String, String)],
+) -> Result<String, StoreDescriptionError> {
     let get = |key: &str| {
         options
             .iter()
@@ -570,9 +649,7 @@ fn endpoint_of(scheme: &str, options: &[(String, String)]) -> Result<String, Str
         )),
         _ => get("account_name")
             .map(|account| format!("https://{account}.blob.core.windows.net"))
-            .ok_or_else(|| {
-                "an az:// store needs an account: option account_name or AZURE_STORAGE_ACCOUNT_NAME in its Secret, or an endpoint".into()
-            }),
+            .ok_or(StoreDescriptionError::NoAzureAccount),
     }
 }
 
@@ -780,7 +857,8 @@ mod tests {
         );
         let bad = open
             .with_secret_names(&["Not_A_Name".to_string()])
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(bad.contains("--tenant-store-secret-names"), "{bad}");
     }
 

@@ -43,9 +43,84 @@ pub(crate) struct ServiceAccountKey {
     pub(crate) endpoints: Vec<(&'static str, String)>,
 }
 
+/// Why a tenant's service-account key is refused: its words name fields, never values.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    /// A field such a key does not have.
+    #[error(
+        "its {key} has the field {field:?}, which a tenant's service-account key may not carry \
+         (accepted: {accepted}; a field a client might call is an endpoint the platform judges)",
+        key = SECRET_KEY
+    )]
+    FieldNotAccepted {
+        /// The field.
+        field: String,
+        /// The fields accepted, comma-separated.
+        accepted: String,
+    },
+    /// Not a service account's key.
+    #[error(
+        "its {key} is not a service account's key (\"type\" is {found}; a tenant store signs with \
+         a service account's own private key, never a user's refresh token or a federated \
+         identity)",
+        key = SECRET_KEY
+    )]
+    NotServiceAccount {
+        /// What its `type` is, in words.
+        found: String,
+    },
+    /// A field it needs is missing or empty.
+    #[error(
+        "its {key} lacks {0:?} (a tenant store signs with its own service-account key, never the \
+         operator's identity)",
+        key = SECRET_KEY
+    )]
+    Lacks(String),
+    /// A field is not a string.
+    #[error("its {key}'s {0:?} is not a string", key = SECRET_KEY)]
+    NotAString(String),
+    /// `private_key` is not a PEM private key.
+    #[error("its {key}'s \"private_key\" is not a PEM private key", key = SECRET_KEY)]
+    NotPem,
+    /// JSON, but not an object.
+    #[error(
+        "its {key} is not a JSON object (a service-account key file's content)",
+        key = SECRET_KEY
+    )]
+    NotAnObject,
+    /// Not JSON: where it breaks, never what it says.
+    #[error(
+        "its {key} is not JSON ({class} error at line {line}, column {column}; a service-account \
+         key file's content)",
+        key = SECRET_KEY
+    )]
+    NotJson {
+        /// serde_json's class of error, as `Debug` prints it.
+        class: String,
+        /// Its line.
+        line: usize,
+        /// Its column.
+        column: usize,
+    },
+    /// `disable_oauth` set.
+    #[error(
+        "its {key} sets \"disable_oauth\" (unsigned requests): a tenant store signs with its own \
+         key",
+        key = SECRET_KEY
+    )]
+    Unsigned,
+    /// A universe other than Google's public one.
+    #[error(
+        "its {key}'s \"universe_domain\" is not googleapis.com (another universe's endpoints are \
+         named with gcs_base_url and token_uri)",
+        key = SECRET_KEY
+    )]
+    OtherUniverse,
+}
+
 /// The key `text` judged: refused (with a reason naming fields, never values) unless it is a
 /// service account's key with its private key and only the fields such a key has.
-pub(crate) fn judged(text: &str) -> Result<ServiceAccountKey, String> {
+pub(crate) fn judged(text: &str) -> Result<ServiceAccountKey, KeyError> {
     let fields = parsed(text)?;
     let mut accepted: Vec<&str> = vec![
         "type",
@@ -58,38 +133,29 @@ pub(crate) fn judged(text: &str) -> Result<ServiceAccountKey, String> {
     accepted.extend(ENDPOINT_FIELDS.iter().map(|(f, _)| *f));
     accepted.extend(DROPPED_FIELDS);
     if let Some(field) = fields.keys().find(|k| !accepted.contains(&k.as_str())) {
-        return Err(format!(
-            "its {SECRET_KEY} has the field {field:?}, which a tenant's service-account key may not \
-             carry (accepted: {}; a field a client might call is an endpoint the platform judges)",
-            accepted.join(", ")
-        ));
+        return Err(KeyError::FieldNotAccepted {
+            field: field.clone(),
+            accepted: accepted.join(", "),
+        });
     }
     match fields.get("type").and_then(Value::as_str) {
         Some("service_account") => {}
         other => {
-            return Err(format!(
-                "its {SECRET_KEY} is not a service account's key (\"type\" is {}; a tenant store \
-                 signs with a service account's own private key, never a user's refresh token \
-                 or a federated identity)",
-                type_words(other)
-            ))
+            return Err(KeyError::NotServiceAccount {
+                found: type_words(other),
+            })
         }
     }
-    let text_field = |name: &str| -> Result<String, String> {
+    let text_field = |name: &str| -> Result<String, KeyError> {
         match fields.get(name) {
             Some(Value::String(s)) if !s.trim().is_empty() => Ok(s.clone()),
-            Some(Value::String(_)) | None => Err(format!(
-                "its {SECRET_KEY} lacks {name:?} (a tenant store signs with its own \
-                 service-account key, never the operator's identity)"
-            )),
-            Some(_) => Err(format!("its {SECRET_KEY}'s {name:?} is not a string")),
+            Some(Value::String(_)) | None => Err(KeyError::Lacks(name.to_string())),
+            Some(_) => Err(KeyError::NotAString(name.to_string())),
         }
     };
     let private_key = text_field("private_key")?;
     if !(private_key.contains("-----BEGIN") && private_key.contains("PRIVATE KEY-----")) {
-        return Err(format!(
-            "its {SECRET_KEY}'s \"private_key\" is not a PEM private key"
-        ));
+        return Err(KeyError::NotPem);
     }
     let private_key_id = text_field("private_key_id")?;
     let client_email = text_field("client_email")?;
@@ -108,7 +174,7 @@ pub(crate) fn judged(text: &str) -> Result<ServiceAccountKey, String> {
                 rebuilt.insert((*field).into(), url.clone().into());
                 url
             }
-            Some(_) => return Err(format!("its {SECRET_KEY}'s {field:?} is not a string")),
+            Some(_) => return Err(KeyError::NotAString((*field).to_string())),
         };
         endpoints.push((*field, url));
     }
@@ -120,41 +186,29 @@ pub(crate) fn judged(text: &str) -> Result<ServiceAccountKey, String> {
 
 /// The key's fields; a text that is not a JSON object is refused with where it breaks, never
 /// with what it says.
-fn parsed(text: &str) -> Result<Map<String, Value>, String> {
+fn parsed(text: &str) -> Result<Map<String, Value>, KeyError> {
     match serde_json::from_str::<Value>(text) {
         Ok(Value::Object(fields)) => Ok(fields),
-        Ok(_) => Err(format!(
-            "its {SECRET_KEY} is not a JSON object (a service-account key file's content)"
-        )),
-        Err(e) => Err(format!(
-            "its {SECRET_KEY} is not JSON ({:?} error at line {}, column {}; a \
-             service-account key file's content)",
-            e.classify(),
-            e.line(),
-            e.column()
-        )),
+        Ok(_) => Err(KeyError::NotAnObject),
+        Err(e) => Err(KeyError::NotJson {
+            class: format!("{:?}", e.classify()),
+            line: e.line(),
+            column: e.column(),
+        }),
     }
 }
 
 /// `disable_oauth: true` (requests unsigned) and a universe other than Google's public one are
 /// refused.
-fn refuse_unsigned_and_other_universes(fields: &Map<String, Value>) -> Result<(), String> {
+fn refuse_unsigned_and_other_universes(fields: &Map<String, Value>) -> Result<(), KeyError> {
     match fields.get("disable_oauth") {
         None | Some(Value::Bool(false)) => {}
-        Some(_) => {
-            return Err(format!(
-                "its {SECRET_KEY} sets \"disable_oauth\" (unsigned requests): a tenant store signs \
-                 with its own key"
-            ))
-        }
+        Some(_) => return Err(KeyError::Unsigned),
     }
     match fields.get("universe_domain") {
         None => Ok(()),
         Some(Value::String(d)) if d == "googleapis.com" => Ok(()),
-        Some(_) => Err(format!(
-            "its {SECRET_KEY}'s \"universe_domain\" is not googleapis.com (another universe's \
-             endpoints are named with gcs_base_url and token_uri)"
-        )),
+        Some(_) => Err(KeyError::OtherUniverse),
     }
 }
 

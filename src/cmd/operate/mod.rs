@@ -282,7 +282,7 @@ async fn operate(
 fn tenant_stores(args: &RunArgs) -> Result<crate::store::tenant::TenantStorePolicy, OperatorError> {
     let policy = crate::store::tenant::TenantStorePolicy::parse(&args.tenant_store_endpoints)
         .and_then(|p| p.with_secret_names(&args.tenant_store_secret_names))
-        .map_err(OperatorError::Config)?;
+        .map_err(|e| OperatorError::Config(e.to_string()))?;
     if policy.enabled() {
         info!(
             endpoints = ?args.tenant_store_endpoints,
