@@ -17,6 +17,79 @@ use crate::plugin::session::{
 };
 use crate::pod::WORKLOAD_CONTAINER as WORKLOAD;
 
+/// Why a live sandbox could not be reached, or the command in it not run to its end.
+#[derive(Debug, thiserror::Error)]
+enum ExecError {
+    /// The run's declared paths or its pod refuse (`plugin::session`'s words).
+    #[error(transparent)]
+    Session(#[from] crate::plugin::session::SessionError),
+    /// No cluster.
+    #[error(transparent)]
+    Cluster(#[from] crate::plugin::cluster::ClusterError),
+    /// A local file could not be created, opened or read.
+    #[error("{what} {local}: {source}")]
+    Local {
+        /// `create`, `open` or `stat`.
+        what: &'static str,
+        /// The local file.
+        local: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The copy's command in the sandbox failed.
+    #[error("{what} {path} in the sandbox exited {code}")]
+    Exited {
+        /// `reading` or `writing`.
+        what: &'static str,
+        /// The sandbox's path.
+        path: String,
+        /// Its exit code.
+        code: i32,
+    },
+    /// No such run.
+    #[error("no SandboxRun {namespace}/{name}")]
+    NoRun {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+    /// The run could not be read.
+    #[error("cannot read SandboxRun {namespace}/{name}: {source}")]
+    ReadRun {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The exec could not start.
+    #[error("exec in {namespace}/{pod} ({container}): {source}")]
+    Exec {
+        /// The pod's namespace.
+        namespace: String,
+        /// The pod.
+        pod: String,
+        /// The container.
+        container: String,
+        /// The client's error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The command's output could not be read.
+    #[error("reading the command's output: {0}")]
+    Output(#[source] std::io::Error),
+    /// The local output could not be written.
+    #[error("writing: {0}")]
+    Write(#[source] std::io::Error),
+    /// The exec ended without an exit code (its status, as `Debug` prints it).
+    #[error("the exec reported no exit code: {0}")]
+    NoExitCode(String),
+}
+
 /// The stdin of an exec.
 enum Input {
     /// Closed at its end, so the command sees end of file (`exec -i`, `shell`).
@@ -63,7 +136,7 @@ async fn session(
 ) -> ExitCode {
     let reached = match reach(cluster, run).await {
         Ok(r) => r,
-        Err(message) => return fail(&message),
+        Err(e) => return fail(&e.to_string()),
     };
     let (client, namespace, _, pod) = &reached;
     let exec = Exec {
@@ -75,7 +148,7 @@ async fn session(
     };
     match run_exec(&exec, input, tokio::io::stdout()).await {
         Ok(code) => exit_with(code),
-        Err(message) => fail(&message),
+        Err(e) => fail(&e.to_string()),
     }
 }
 
@@ -90,7 +163,7 @@ pub(crate) async fn cp(args: CpArgs) -> ExitCode {
     };
     let (client, namespace, run, pod) = match reach(&args.cluster, &name).await {
         Ok(r) => r,
-        Err(message) => return fail(&message),
+        Err(e) => return fail(&e.to_string()),
     };
     let copied = match &copy {
         Copy::Out { path, local, .. } => {
@@ -100,7 +173,7 @@ pub(crate) async fn cp(args: CpArgs) -> ExitCode {
     };
     match copied {
         Ok(()) => ExitCode::SUCCESS,
-        Err(message) => fail(&message),
+        Err(e) => fail(&e.to_string()),
     }
 }
 
@@ -112,11 +185,11 @@ async fn copy_out(
     pod: &str,
     path: &str,
     local: &str,
-) -> Result<(), String> {
-    let path = inside_read_back(run, path).map_err(|e| e.to_string())?;
+) -> Result<(), ExecError> {
+    let path = inside_read_back(run, path)?;
     let file = tokio::fs::File::create(local)
         .await
-        .map_err(|e| format!("create {local}: {e}"))?;
+        .map_err(|source| local_error("create", local, source))?;
     let exec = Exec {
         client,
         namespace,
@@ -126,7 +199,11 @@ async fn copy_out(
     };
     match run_exec(&exec, None, file).await? {
         0 => Ok(()),
-        code => Err(format!("reading {path} in the sandbox exited {code}")),
+        code => Err(ExecError::Exited {
+            what: "reading",
+            path: path.to_string(),
+            code,
+        }),
     }
 }
 
@@ -138,15 +215,15 @@ async fn copy_in(
     pod: &str,
     local: &str,
     path: &str,
-) -> Result<(), String> {
-    let path = inside_read_back(run, path).map_err(|e| e.to_string())?;
+) -> Result<(), ExecError> {
+    let path = inside_read_back(run, path)?;
     let file = tokio::fs::File::open(local)
         .await
-        .map_err(|e| format!("open {local}: {e}"))?;
+        .map_err(|source| local_error("open", local, source))?;
     let bytes = file
         .metadata()
         .await
-        .map_err(|e| format!("stat {local}: {e}"))?
+        .map_err(|source| local_error("stat", local, source))?
         .len();
     let exec = Exec {
         client,
@@ -158,7 +235,20 @@ async fn copy_in(
     let input = Input::Counted(file);
     match run_exec(&exec, Some(input), tokio::io::stdout()).await? {
         0 => Ok(()),
-        code => Err(format!("writing {path} in the sandbox exited {code}")),
+        code => Err(ExecError::Exited {
+            what: "writing",
+            path: path.to_string(),
+            code,
+        }),
+    }
+}
+
+/// A local file's error.
+fn local_error(what: &'static str, local: &str, source: std::io::Error) -> ExecError {
+    ExecError::Local {
+        what,
+        local: local.to_string(),
+        source,
     }
 }
 
@@ -166,15 +256,26 @@ async fn copy_in(
 async fn reach(
     cluster: &ClusterArgs,
     name: &str,
-) -> Result<(Client, String, SandboxRun, String), String> {
-    let (client, namespace) = connect(cluster).await.map_err(|e| e.to_string())?;
+) -> Result<(Client, String, SandboxRun, String), ExecError> {
+    let (client, namespace) = connect(cluster).await?;
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &namespace);
     let run = match runs.get_opt(name).await {
         Ok(Some(run)) => run,
-        Ok(None) => return Err(format!("no SandboxRun {namespace}/{name}")),
-        Err(e) => return Err(format!("cannot read SandboxRun {namespace}/{name}: {e}")),
+        Ok(None) => {
+            return Err(ExecError::NoRun {
+                namespace,
+                name: name.to_string(),
+            })
+        }
+        Err(source) => {
+            return Err(ExecError::ReadRun {
+                namespace,
+                name: name.to_string(),
+                source,
+            })
+        }
     };
-    let pod = live_pod(&run).map_err(|e| e.to_string())?;
+    let pod = live_pod(&run)?;
     Ok((client, namespace, run, pod))
 }
 
@@ -184,7 +285,7 @@ async fn run_exec(
     exec: &Exec<'_>,
     input: Option<Input>,
     mut output: impl AsyncWrite + Unpin,
-) -> Result<i32, String> {
+) -> Result<i32, ExecError> {
     let pods: Api<Pod> = Api::namespaced(exec.client.clone(), exec.namespace);
     let params = AttachParams::default()
         .container(exec.container)
@@ -194,11 +295,11 @@ async fn run_exec(
     let mut attached = pods
         .exec(exec.pod, exec.argv.clone(), &params)
         .await
-        .map_err(|e| {
-            format!(
-                "exec in {}/{} ({}): {e}",
-                exec.namespace, exec.pod, exec.container
-            )
+        .map_err(|source| ExecError::Exec {
+            namespace: exec.namespace.to_string(),
+            pod: exec.pod.to_string(),
+            container: exec.container.to_string(),
+            source,
         })?;
     let status = attached.take_status();
     // A counted stdin's writer comes back from its task and is dropped only after the exit.
@@ -224,9 +325,9 @@ async fn run_exec(
     if let Some(mut reader) = attached.stdout() {
         tokio::io::copy(&mut reader, &mut output)
             .await
-            .map_err(|e| format!("reading the command's output: {e}"))?;
+            .map_err(ExecError::Output)?;
     }
-    output.flush().await.map_err(|e| format!("writing: {e}"))?;
+    output.flush().await.map_err(ExecError::Write)?;
     if let Some(errors) = errors {
         let _ = errors.await;
     }
@@ -243,7 +344,7 @@ async fn run_exec(
     status
         .as_ref()
         .and_then(crate::drain::exec::exit_code)
-        .ok_or_else(|| format!("the exec reported no exit code: {status:?}"))
+        .ok_or_else(|| ExecError::NoExitCode(format!("{status:?}")))
 }
 
 /// The process's exit code for the command's `code` (0-255; anything else is 1).
