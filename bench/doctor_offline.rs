@@ -6,7 +6,7 @@
 //!
 //! The manifests are the corpus's `ok-*` and `fail-*` files (tests/admission-corpus/), cycled to
 //! the count and written into one multi-document stream. Two cases: `in_process` calls
-//! `admission::doctor::run` (the rules, the schema walk, the report), `binary` runs the real
+//! `doctor::run` (the rules, the schema walk, the report), `binary` runs the real
 //! `sandboxrun-operator doctor --strict -f <file>` as CI does (process start included). Prints
 //! p50 and max of each; with `BENCH_RESULTS` set (hack/bench.sh sets it) each number is also
 //! appended to that file as one JSON object a line: `{"bench","case","metric","value","unit"}`.
@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sandboxrun_operator::admission::doctor::{run, DoctorArgs};
 use sandboxrun_operator::admission::RuleSettings;
+use sandboxrun_operator::doctor::{run, DoctorArgs};
 
 const BUDGET: Duration = Duration::from_secs(1);
 const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");

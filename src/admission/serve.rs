@@ -16,10 +16,10 @@ use kube::{Api, Client};
 use tracing::{debug, error, warn};
 
 use super::certs::{self, CertBundle};
-use super::images::{ImageResolver, ImageSettings};
 use super::rules::RuleSettings;
 use super::webhook::{router, WebhookMetrics, WebhookState};
 use crate::metrics::Metrics;
+use crate::registry::{ImageResolver, ImageSettings};
 
 /// Lifetime of a self-managed serving certificate (the CA lives twice as long).
 const CERT_VALIDITY: Duration = Duration::from_secs(365 * 86_400);

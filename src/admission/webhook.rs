@@ -20,9 +20,9 @@ use kube::Client;
 use prometheus::{histogram_opts, opts, Histogram, IntCounterVec, Registry};
 use tracing::{debug, info, warn};
 
-use super::images::{ImageResolver, RegistryCredentials};
 use super::ratchet::{judge, Review, Stored};
 use super::rules::{sort_findings, Finding, RuleSettings};
+use crate::registry::{ImageResolver, RegistryCredentials};
 
 /// Admission metrics, registered into the operator's registry.
 #[derive(Clone)]
@@ -420,12 +420,8 @@ async fn judged_findings(
             (Some(client), Some(ns)) => pull_credentials(client, ns, &wanted.pull_secrets).await,
             _ => None,
         };
-        findings.extend(
-            images
-                .resolve(&wanted.image, creds.as_ref())
-                .await
-                .finding(&wanted.image),
-        );
+        let resolution = images.resolve(&wanted.image, creds.as_ref()).await;
+        findings.extend(super::resolvable::finding(&resolution, &wanted.image));
     }
     Ok(findings)
 }

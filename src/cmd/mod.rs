@@ -37,7 +37,7 @@ pub(crate) enum Command {
     /// SandboxRunTemplate one; `--cluster-template`: the ClusterSandboxRunTemplate one.
     Crd(crd::CrdArgs),
     /// Check SandboxRun manifests offline with the admission rules (ADR-006).
-    Doctor(crate::admission::doctor::DoctorArgs),
+    Doctor(crate::doctor::DoctorArgs),
     /// The holder container: idle, or the preStop wait, or mark the pod drained.
     Holder(holder::HolderArgs),
     /// Write a tar of a directory to stdout (exec'd in the holder by the drain).

@@ -15,8 +15,8 @@ use super::conditions::{
 };
 use super::observe::{PodProblem, PodView, WorkloadState};
 use super::retention;
-use crate::admission::images::Resolution;
 use crate::api::{Phase, SandboxRun, FINALIZER, SKIP_DRAIN_ANNOTATION};
+use crate::registry::Resolution;
 use crate::units::short_duration;
 
 /// Why a run is being torn down.
@@ -202,7 +202,7 @@ pub(crate) enum Preflight {
 /// Judges the pre-flight `resolution` of `image` (the verdicts of admission's image check, the
 /// same words and hints).
 pub(crate) fn preflight(image: &str, resolution: &Resolution) -> Preflight {
-    match resolution.finding(image) {
+    match crate::admission::resolvable::finding(resolution, image) {
         None => Preflight::Proceed,
         Some(f) if f.is_fail() => Preflight::Unresolvable {
             message: f.message,

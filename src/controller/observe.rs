@@ -21,10 +21,10 @@ use tracing::warn;
 
 use super::conditions::{REASON_IMAGE_PULL_FAILED, REASON_UNSCHEDULABLE};
 use super::error::{kube_err, ControllerError};
-use crate::admission::images::{ImageResolver, Resolution};
 use crate::admission::webhook::pull_credentials;
 use crate::api::{ReadBackPhase, ReadBackStatus, SandboxRun, WorkloadTermination};
 use crate::pod::{self, HOLDER_CONTAINER, WORKLOAD_CONTAINER};
+use crate::registry::{ImageResolver, Resolution};
 
 /// What the workload container is doing, as the pod reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -11,7 +11,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{any, get};
 use axum::Router;
-use sandboxrun_operator::admission::images::{
+use sandboxrun_operator::admission::resolvable;
+use sandboxrun_operator::registry::{
     ImageResolver, ImageSettings, RegistryCredentials, Resolution,
 };
 
@@ -135,7 +136,7 @@ async fn an_existing_tag_resolves_and_a_missing_one_fails() {
         .resolve(&format!("127.0.0.1:{}/team/app:v2", addr.port()), None)
         .await;
     assert!(matches!(missing, Resolution::NotFound(_)), "{missing:?}");
-    assert!(missing.finding("x").is_some_and(|f| f.is_fail()));
+    assert!(resolvable::finding(&missing, "x").is_some_and(|f| f.is_fail()));
     let no_repo = r
         .resolve(&format!("localhost:{}/team/nope:v1", addr.port()), None)
         .await;
@@ -171,7 +172,7 @@ async fn a_hanging_registry_is_a_warning_within_the_timeout() {
         started.elapsed()
     );
     assert!(matches!(v, Resolution::Unknown(_)), "{v:?}");
-    let f = v.finding("img");
+    let f = resolvable::finding(&v, "img");
     assert!(
         f.as_ref()
             .is_some_and(|f| !f.is_fail() && f.hint.contains("kubelet may still pull")),

@@ -337,16 +337,12 @@ fn register_open_uploads(
 }
 
 /// The image checker of `--preflight-images`.
-fn preflight(
-    args: &RunArgs,
-) -> Result<Option<Arc<crate::admission::images::ImageResolver>>, OperatorError> {
+fn preflight(args: &RunArgs) -> Result<Option<Arc<crate::registry::ImageResolver>>, OperatorError> {
     if !args.preflight_images {
         return Ok(None);
     }
-    let resolver = crate::admission::images::ImageResolver::new(
-        crate::admission::images::ImageSettings::default(),
-    )
-    .map_err(|e| OperatorError::Config(format!("--preflight-images: {e}")))?;
+    let resolver = crate::registry::ImageResolver::new(crate::registry::ImageSettings::default())
+        .map_err(|e| OperatorError::Config(format!("--preflight-images: {e}")))?;
     Ok(Some(Arc::new(resolver)))
 }
 

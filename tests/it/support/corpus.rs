@@ -86,7 +86,7 @@ pub fn corpus_runs(text: &str) -> Option<Vec<SandboxRun>> {
         }
         // Values outside their type or enum are doctor's `invalid-value` findings (the
         // apiserver's own on a live cluster); the engine judges the rest.
-        let judged = sandboxrun_operator::admission::doctor::without_invalid_values(&value);
+        let judged = sandboxrun_operator::doctor::without_invalid_values(&value);
         out.push(serde_yaml::from_value(judged).ok()?);
     }
     Some(out)

@@ -22,8 +22,6 @@ use serde::Deserialize;
 use thiserror::Error;
 use tracing::debug;
 
-use super::rules::{ids, Finding};
-
 /// Docker Hub's name in references, and where its API lives.
 const DOCKER_HUB: &str = "docker.io";
 const DOCKER_HUB_API: &str = "registry-1.docker.io";
@@ -200,28 +198,6 @@ pub enum Resolution {
     NotFound(String),
     /// Cannot tell: auth, network, timeout, unexpected answer (warn).
     Unknown(String),
-}
-
-impl Resolution {
-    /// The finding for `image` at `spec.image`, if any.
-    pub fn finding(&self, image: &str) -> Option<Finding> {
-        match self {
-            Resolution::Resolvable => None,
-            Resolution::NotFound(why) => Some(Finding::fail(
-                ids::IMAGE_RESOLVABLE,
-                "spec.image",
-                format!("image `{image}` does not resolve: {why}"),
-                "check the repository, tag or digest (e.g. `crane digest <image>`); push the image first",
-            )),
-            Resolution::Unknown(why) => Some(Finding::warn(
-                ids::IMAGE_RESOLVABLE,
-                "spec.image",
-                format!("cannot prove image `{image}` resolvable: {why}"),
-                "cannot prove resolvability; the kubelet may still pull with its own credentials \
-                 (pass a dockerconfigjson for private registries)",
-            )),
-        }
-    }
 }
 
 /// Settings of the resolver.
@@ -768,18 +744,5 @@ mod tests {
             RegistryCredentials::from_docker_config(br#"{"auths":{"x":{"auth":"!!"}}}"#).is_err()
         );
         assert!(RegistryCredentials::from_docker_config(b"nope").is_err());
-    }
-
-    #[test]
-    fn verdicts_map_to_fail_and_warn() {
-        assert_eq!(Resolution::Resolvable.finding("a"), None);
-        let f = Resolution::NotFound("404".into()).finding("a");
-        assert!(f.as_ref().is_some_and(Finding::is_fail), "{f:?}");
-        let w = Resolution::Unknown("timeout".into()).finding("a");
-        assert!(
-            w.as_ref()
-                .is_some_and(|w| !w.is_fail() && w.hint.contains("kubelet may still pull")),
-            "{w:?}"
-        );
     }
 }

@@ -1,5 +1,5 @@
 //! `doctor --context`: what the live probes' answers mean (docs/contract.md ADR-006 §3). Pure:
-//! the objects read from the cluster in, findings out; [`super::live`] does the reading.
+//! the objects read from the cluster in, findings out; [`crate::doctor::live`] does the reading.
 //!
 //! Two kinds of findings come from a cluster. **Probe** findings say the cluster is not ready to
 //! take the manifests (no CRD, no webhook endpoint, the operator not running) or could not be
@@ -17,8 +17,8 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Resource;
 
-use super::rules::{ids, Finding};
-use super::templates::{judge_with, Templated};
+use crate::admission::rules::{ids, Finding};
+use crate::admission::templates::{judge_with, Templated};
 use crate::api::{MountType, SandboxRun, SandboxRunSpec, SandboxRunTemplateSpec, TemplateRef};
 use crate::store::tenant::TenantStoreError;
 

@@ -1,5 +1,5 @@
 //! `sandboxrun-operator doctor [--strict]`: front door 1 of the ADR-006 rules. Reads manifests
-//! offline, runs the same engine as the webhook ([`super::rules::check`]) and prints every finding
+//! offline, runs the same engine as the webhook ([`crate::admission::rules::check`]) and prints every finding
 //! with its remediation hint.
 //!
 //! Exit codes (ADR-006 §4, docs/contract.md "Exit codes split config from usage"): 2 — usage
@@ -9,6 +9,9 @@
 //! 0 — otherwise. Warnings never change the exit code. Without `--strict` the same checks run and
 //! the same report is printed, but failing findings do not make the exit non-zero (a report for
 //! humans; `--strict` is the gate for scripts and CI).
+
+pub(crate) mod live;
+pub(crate) mod live_verdicts;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -20,11 +23,10 @@ use serde::Serialize;
 use serde_json::json;
 use thiserror::Error;
 
-use super::images::{ImageResolver, ImageSettings, RegistryCredentials};
-use super::live;
-use super::live_verdicts::{Probe, RefKind, StreamObject};
-use super::rules::{check, ids, sort_findings, Finding, RuleSettings, Severity};
+use crate::admission::rules::{check, ids, sort_findings, Finding, RuleSettings, Severity};
 use crate::api::{SandboxRun, SandboxRunTemplateSpec, TemplateKind, TemplateRef};
+use crate::registry::{ImageResolver, ImageSettings, RegistryCredentials};
+use live_verdicts::{Probe, RefKind, StreamObject};
 
 /// Report format.
 #[derive(ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -148,7 +150,7 @@ impl DoctorArgs {
                 .map_err(|e| format!("--max-drain-timeout {text:?}: {e}"))?;
             settings.max_drain_timeout = Some(d);
         }
-        use super::policy::parse_list;
+        use crate::admission::policy::parse_list;
         for (flag, field) in [
             (
                 &self.allowed_runtime_classes,
@@ -170,7 +172,7 @@ impl DoctorArgs {
         if let Some(path) = &self.namespace_policies {
             let text = std::fs::read_to_string(path)
                 .map_err(|e| format!("--namespace-policies {}: {e}", path.display()))?;
-            settings.namespace_policies = super::namespace_policy::load(&text)
+            settings.namespace_policies = crate::admission::namespace_policy::load(&text)
                 .map_err(|e| format!("--namespace-policies {}: {e}", path.display()))?;
         }
         Ok(settings)
@@ -199,7 +201,7 @@ impl DoctorArgs {
 /// offline; a policy that selects by label is then reported as not judged, a warning).
 pub(crate) fn namespace_policy_findings(
     spec: &crate::api::SandboxRunSpec,
-    policies: &[super::namespace_policy::Compiled],
+    policies: &[crate::admission::namespace_policy::Compiled],
     labels: Option<&BTreeMap<String, String>>,
 ) -> Vec<Finding> {
     let Some(labels) = labels else {
@@ -226,7 +228,7 @@ pub(crate) fn namespace_policy_findings(
         ));
         return out;
     };
-    super::namespace_policy::violations(spec, labels, policies)
+    crate::admission::namespace_policy::violations(spec, labels, policies)
         .into_iter()
         .map(|v| Finding::fail(ids::RUN_POLICY, v.field, v.message, v.hint))
         .collect()
@@ -443,10 +445,12 @@ impl ReadDocuments {
         let mut labels: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
         for ((pending, found), namespace) in self.runs.iter_mut().zip(probed).zip(namespaces) {
             pending.findings.extend(found);
-            pending.findings.extend(super::rules::unwatched_namespace(
-                Some(&namespace),
-                &live.watched,
-            ));
+            pending
+                .findings
+                .extend(crate::admission::rules::unwatched_namespace(
+                    Some(&namespace),
+                    &live.watched,
+                ));
             // The store, as the operator would resolve it (only with its published rules: an
             // older operator's record has none; the dry run still judges a named store).
             if let Some(tenant) = &live.tenant {
@@ -490,7 +494,7 @@ impl ReadDocuments {
             match template {
                 Some(t) => {
                     let ns = ns.unwrap_or_else(|| "-".into());
-                    let judged = super::templates::judge_with(
+                    let judged = crate::admission::templates::judge_with(
                         Some(&t.spec),
                         &ns,
                         &reference,
@@ -523,7 +527,7 @@ impl ReadDocuments {
                 ""
             };
             pending.findings.push(Finding::warn(
-                super::rules::ids::TEMPLATE_UNUSABLE,
+                crate::admission::rules::ids::TEMPLATE_UNUSABLE,
                 "spec.templateRef.name",
                 format!("the {} is not in these inputs: the run's own spec is judged, not the spec it would run with", reference.label()),
                 format!("give doctor the template's manifest too{same}, or --context to read it from the cluster"),
@@ -533,7 +537,7 @@ impl ReadDocuments {
 
     /// With `--context`, a run whose template is not in the inputs (`not_given`) is judged
     /// merged with the template read from the cluster, as the webhook would judge it
-    /// ([`super::live_verdicts::template_from_cluster`]).
+    /// ([`crate::doctor::live_verdicts::template_from_cluster`]).
     async fn templates_from_cluster(&mut self, c: &live::Cluster, not_given: &[usize]) {
         for (_, pending) in self
             .runs
@@ -546,7 +550,7 @@ impl ReadDocuments {
             };
             let ns = namespace_of(&pending.run, &c.default_namespace);
             let read = c.template(&reference, &ns).await;
-            let judged = super::live_verdicts::template_from_cluster(
+            let judged = crate::doctor::live_verdicts::template_from_cluster(
                 c.probe(),
                 &reference,
                 &ns,
@@ -582,7 +586,10 @@ async fn offline_findings(
     if let (Some(resolver), Some(image)) = (resolver, run.spec.image.as_deref()) {
         if !image.trim().is_empty() {
             let verdict = resolver.resolve(image.trim(), creds).await;
-            findings.extend(verdict.finding(image.trim()));
+            findings.extend(crate::admission::resolvable::finding(
+                &verdict,
+                image.trim(),
+            ));
         }
     }
     findings
@@ -683,8 +690,8 @@ struct PendingRun {
 impl PendingRun {
     /// The run as its template makes it: judged as the merged spec, or with the template's
     /// findings (a locked field, a template that cannot be used or read).
-    fn made_from(&mut self, judged: super::templates::Templated) {
-        use super::templates::Templated;
+    fn made_from(&mut self, judged: crate::admission::templates::Templated) {
+        use crate::admission::templates::Templated;
         match judged {
             Templated::Merged { new, .. } => {
                 if let Ok(spec) = serde_json::from_value(new) {
@@ -909,19 +916,21 @@ fn sandbox_run_like(api_version: Option<&str>, kind: Option<&str>) -> bool {
     })
 }
 
-/// `value` without the values its structural schema refuses ([`super::schema::invalid_values`]):
+/// `value` without the values its structural schema refuses ([`crate::admission::schema::invalid_values`]):
 /// what `doctor` deserializes and judges, so that one bad value does not hide the other rules.
 pub fn without_invalid_values(value: &serde_yaml::Value) -> serde_yaml::Value {
     serde_json::to_value(value)
         .ok()
-        .and_then(|json| serde_yaml::to_value(super::schema::invalid_values(&json).1).ok())
+        .and_then(|json| {
+            serde_yaml::to_value(crate::admission::schema::invalid_values(&json).1).ok()
+        })
         .unwrap_or_else(|| value.clone())
 }
 
 /// What the cluster judges before the webhook sees a document that should be a SandboxRun: its
 /// apiVersion and kind ([`ids::API_VERSION_KIND`]), the fields its structural schema does not
-/// know ([`super::schema::unknown_fields`]) and the values outside their type or enum
-/// ([`super::schema::invalid_values`]). Empty for a document that is not SandboxRun-like.
+/// know ([`crate::admission::schema::unknown_fields`]) and the values outside their type or enum
+/// ([`crate::admission::schema::invalid_values`]). Empty for a document that is not SandboxRun-like.
 pub fn document_findings(value: &serde_yaml::Value) -> Vec<Finding> {
     let field = |k: &str| value.get(k).and_then(|v| v.as_str());
     let (api_version, kind) = (field("apiVersion"), field("kind"));
@@ -954,8 +963,8 @@ pub fn document_findings(value: &serde_yaml::Value) -> Vec<Finding> {
     }
     match serde_json::to_value(value) {
         Ok(json) => {
-            out.extend(super::schema::unknown_fields(&json));
-            out.extend(super::schema::invalid_values(&json).0);
+            out.extend(crate::admission::schema::unknown_fields(&json));
+            out.extend(crate::admission::schema::invalid_values(&json).0);
         }
         Err(e) => tracing::debug!(error = %e, "document is not JSON-shaped; fields not walked"),
     }
