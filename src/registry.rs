@@ -425,7 +425,7 @@ impl ImageResolver {
                         .await
                     {
                         Ok(token) => format!("Bearer {token}"),
-                        Err(why) => return Resolution::Unknown(why),
+                        Err(why) => return Resolution::Unknown(why.to_string()),
                     }
                 }
                 Some(Some(Challenge::Basic)) => match cred {
@@ -500,36 +500,66 @@ impl ImageResolver {
         service: Option<&str>,
         scope: &str,
         cred: Option<&(String, String)>,
-    ) -> Result<String, String> {
+    ) -> Result<String, TokenError> {
         let mut query = vec![("scope", scope)];
         if let Some(s) = service {
             query.push(("service", s));
         }
-        let url = url::Url::parse_with_params(realm, &query)
-            .map_err(|e| format!("the token realm `{realm}` is not a URL: {e}"))?;
+        let url =
+            url::Url::parse_with_params(realm, &query).map_err(|source| TokenError::Realm {
+                realm: realm.to_string(),
+                source,
+            })?;
         let mut req = self.client.get(url);
         if let Some((u, p)) = cred {
             req = req.basic_auth(u, Some(p));
         }
-        let resp = req.send().await.map_err(|e| network_error(&e))?;
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| TokenError::Network(network_error(&e)))?;
         if !resp.status().is_success() {
-            return Err(format!(
-                "the token service refused a token ({})",
-                resp.status()
-            ));
+            return Err(TokenError::Refused(resp.status()));
         }
         #[derive(Deserialize)]
         struct Token {
             token: Option<String>,
             access_token: Option<String>,
         }
-        let body = resp.bytes().await.map_err(|e| network_error(&e))?;
-        let t: Token = serde_json::from_slice(&body)
-            .map_err(|e| format!("the token service answered garbage: {e}"))?;
-        t.token
-            .or(t.access_token)
-            .ok_or_else(|| "the token service returned no token".to_string())
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| TokenError::Network(network_error(&e)))?;
+        let t: Token = serde_json::from_slice(&body).map_err(TokenError::Garbage)?;
+        t.token.or(t.access_token).ok_or(TokenError::NoToken)
     }
+}
+
+/// Why a registry's token service gave no token (the resolution is then unknown, with these
+/// words).
+#[derive(Debug, thiserror::Error)]
+enum TokenError {
+    /// The challenge's realm is not a URL.
+    #[error("the token realm `{realm}` is not a URL: {source}")]
+    Realm {
+        /// The realm.
+        realm: String,
+        /// Why.
+        #[source]
+        source: url::ParseError,
+    },
+    /// The request failed on the way (its words).
+    #[error("{0}")]
+    Network(String),
+    /// The service answered with an error status.
+    #[error("the token service refused a token ({0})")]
+    Refused(reqwest::StatusCode),
+    /// The answer is not the token JSON.
+    #[error("the token service answered garbage: {0}")]
+    Garbage(#[source] serde_json::Error),
+    /// No token in the answer.
+    #[error("the token service returned no token")]
+    NoToken,
 }
 
 fn accept_headers() -> HeaderMap {

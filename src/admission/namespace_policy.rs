@@ -229,11 +229,10 @@ pub fn compile(policies: Vec<NamespacePolicy>) -> Result<Vec<Compiled>, PolicyFi
         .collect()
 }
 
-fn quantity_bytes(text: &str) -> Result<u64, String> {
+fn quantity_bytes(text: &str) -> Result<u64, crate::units::QuantityError> {
     crate::units::quantity_to_bytes(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(
         text.to_string(),
     ))
-    .map_err(|e| e.to_string())
 }
 
 /// The `defaultRuntimeClass` of the first policy governing a namespace with `labels` that has one.

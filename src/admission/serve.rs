@@ -64,19 +64,58 @@ pub(crate) struct ServeConfig {
     pub(crate) stamp_key: Option<super::stamp::StampKey>,
 }
 
+/// Why the webhook does not start (the operator stops at start).
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Its metrics cannot be registered.
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+    /// The image check's client cannot be built.
+    #[error(transparent)]
+    Resolver(#[from] crate::registry::ResolverError),
+    /// Its certificates cannot be made or read.
+    #[error("webhook certificates in secret {namespace}/{secret}: {source}")]
+    Certificates {
+        /// The Secret's namespace.
+        namespace: String,
+        /// The Secret.
+        secret: String,
+        /// Why.
+        #[source]
+        source: certs::CertError,
+    },
+    /// The TLS configuration does not take them.
+    #[error("TLS configuration: {0}")]
+    Tls(#[source] std::io::Error),
+    /// The certificate files cannot be loaded.
+    #[error("cannot load {crt} / {key}: {source}")]
+    CertFiles {
+        /// The certificate file.
+        crt: String,
+        /// The key file.
+        key: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `--webhook-cert-mode` is neither mode.
+    #[error("--webhook-cert-mode {0:?}: expected self-managed or files")]
+    CertMode(String),
+    /// The server never listened.
+    #[error("cannot listen on {0}")]
+    NotListening(SocketAddr),
+}
+
 /// Starts the webhook in the background; returns the address it listens on.
 pub(crate) async fn start(
     config: &ServeConfig,
     client: Client,
     metrics: &Metrics,
-) -> Result<SocketAddr, String> {
+) -> Result<SocketAddr, ServeError> {
     let addr = config.addr;
-    let webhook_metrics =
-        WebhookMetrics::register(&metrics.registry).map_err(|e| format!("metrics: {e}"))?;
+    let webhook_metrics = WebhookMetrics::register(&metrics.registry)?;
     let images = if config.check_images {
-        Some(Arc::new(
-            ImageResolver::new(ImageSettings::default()).map_err(|e| e.to_string())?,
-        ))
+        Some(Arc::new(ImageResolver::new(ImageSettings::default())?))
     } else {
         None
     };
@@ -101,7 +140,7 @@ pub(crate) async fn start(
                 bundle.key_pem.clone().into_bytes(),
             )
             .await
-            .map_err(|e| format!("TLS configuration: {e}"))?;
+            .map_err(ServeError::Tls)?;
             tokio::spawn(rotate_self_managed(config.clone(), client, tls.clone()));
             tls
         }
@@ -112,7 +151,11 @@ pub(crate) async fn start(
             );
             let tls = RustlsConfig::from_pem_file(&crt, &key)
                 .await
-                .map_err(|e| format!("cannot load {} / {}: {e}", crt.display(), key.display()))?;
+                .map_err(|source| ServeError::CertFiles {
+                    crt: crt.display().to_string(),
+                    key: key.display().to_string(),
+                    source,
+                })?;
             // cert-manager renews the files in place; pick them up.
             let reload = tls.clone();
             tokio::spawn(async move {
@@ -125,11 +168,7 @@ pub(crate) async fn start(
             });
             tls
         }
-        other => {
-            return Err(format!(
-                "--webhook-cert-mode {other:?}: expected self-managed or files"
-            ))
-        }
+        other => return Err(ServeError::CertMode(other.to_string())),
     };
 
     let handle: Handle<SocketAddr> = Handle::new();
@@ -143,10 +182,10 @@ pub(crate) async fn start(
     handle
         .listening()
         .await
-        .ok_or_else(|| format!("cannot listen on {addr}"))
+        .ok_or(ServeError::NotListening(addr))
 }
 
-async fn ensure(r: &ServeConfig, client: &Client) -> Result<CertBundle, String> {
+async fn ensure(r: &ServeConfig, client: &Client) -> Result<CertBundle, ServeError> {
     let secrets: Api<Secret> = Api::namespaced(client.clone(), &r.namespace);
     let bundle = certs::ensure_secret(
         &secrets,
@@ -158,11 +197,10 @@ async fn ensure(r: &ServeConfig, client: &Client) -> Result<CertBundle, String> 
         ROTATE_BEFORE,
     )
     .await
-    .map_err(|e| {
-        format!(
-            "webhook certificates in secret {}/{}: {e}",
-            r.namespace, r.secret
-        )
+    .map_err(|source| ServeError::Certificates {
+        namespace: r.namespace.clone(),
+        secret: r.secret.clone(),
+        source,
     })?;
     let configs: Api<ValidatingWebhookConfiguration> = Api::all(client.clone());
     // The configuration may be installed after the operator (or by hand): not fatal, the next

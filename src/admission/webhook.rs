@@ -308,7 +308,7 @@ async fn findings_of(
     state: &WebhookState,
     req: &AdmissionRequest<DynamicObject>,
     object: &DynamicObject,
-) -> Result<Vec<Finding>, String> {
+) -> Result<Vec<Finding>, super::ratchet::InvalidSpec> {
     let new_spec = spec_value(object);
     let old = req
         .old_object
@@ -399,13 +399,13 @@ async fn judged_findings(
     state: &WebhookState,
     req: &AdmissionRequest<DynamicObject>,
     review: Review<'_>,
-) -> Result<Vec<Finding>, String> {
+) -> Result<Vec<Finding>, super::ratchet::InvalidSpec> {
     let who = format!(
         "SandboxRun {}/{}",
         req.namespace.as_deref().unwrap_or("-"),
         req.name
     );
-    let judgement = judge(review, &state.settings).map_err(|e| e.to_string())?;
+    let judgement = judge(review, &state.settings)?;
     if let Some(e) = &judgement.stored_unreadable {
         // The stored object should always parse; if it does not, the spec rules still protect the
         // new object, and the update rules cannot run.

@@ -30,8 +30,8 @@ use crate::admission::published::{
 use crate::admission::rules::{ids, Finding};
 use crate::api::SandboxRun;
 use crate::doctor::live_verdicts::{
-    self as verdicts, classify_dry_run, endpoint, DryRun, Endpoint, Probe, RefKind, Reference,
-    StreamObject,
+    self as verdicts, classify_dry_run, endpoint, CallError, DryRun, Endpoint, Probe, RefKind,
+    Reference, StreamObject,
 };
 use crate::store::tenant::TenantStorePolicy;
 
@@ -78,13 +78,15 @@ pub(crate) async fn connect(
     kubeconfig: Option<&PathBuf>,
     timeout: Duration,
     probe: Probe,
-) -> Result<Cluster, String> {
+) -> Result<Cluster, ConnectError> {
     // The client's TLS needs the process-wide provider; doctor may be called as a library.
     crate::process::install_crypto_provider();
     let file = match kubeconfig {
-        Some(path) => Kubeconfig::read_from(path)
-            .map_err(|e| format!("--kubeconfig {}: {e}", path.display()))?,
-        None => Kubeconfig::read().map_err(|e| format!("kubeconfig: {e}"))?,
+        Some(path) => Kubeconfig::read_from(path).map_err(|source| ConnectError::Kubeconfig {
+            path: path.display().to_string(),
+            source,
+        })?,
+        None => Kubeconfig::read().map_err(ConnectError::DefaultKubeconfig)?,
     };
     let name = context
         .map(str::to_string)
@@ -92,9 +94,7 @@ pub(crate) async fn connect(
         .unwrap_or_default();
     if let Some(wanted) = context {
         if !file.contexts.iter().any(|c| c.name == wanted) {
-            return Err(format!(
-                "--context {wanted:?}: no such context in the kubeconfig"
-            ));
+            return Err(ConnectError::NoSuchContext(wanted.to_string()));
         }
     }
     let options = KubeConfigOptions {
@@ -103,12 +103,18 @@ pub(crate) async fn connect(
     };
     let mut config = Config::from_custom_kubeconfig(file, &options)
         .await
-        .map_err(|e| format!("context {name:?}: {e}"))?;
+        .map_err(|source| ConnectError::Context {
+            name: name.clone(),
+            source,
+        })?;
     config.connect_timeout = Some(timeout);
     config.read_timeout = Some(timeout);
     config.write_timeout = Some(timeout);
     let default_namespace = config.default_namespace.clone();
-    let client = Client::try_from(config).map_err(|e| format!("context {name:?}: {e}"))?;
+    let client = Client::try_from(config).map_err(|source| ConnectError::Client {
+        name: name.clone(),
+        source,
+    })?;
     Ok(Cluster {
         client,
         context: name,
@@ -116,6 +122,67 @@ pub(crate) async fn connect(
         timeout,
         probe,
     })
+}
+
+/// Why the live probe cannot connect (a usage error: `doctor` exits 2).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum ConnectError {
+    /// `--require-context` without a cluster to probe.
+    #[error("--require-context needs --context or --kubeconfig")]
+    NothingToProbe,
+    /// `--timeout` cannot serve.
+    #[error(transparent)]
+    Timeout(#[from] TimeoutError),
+    /// `--kubeconfig` cannot be read.
+    #[error("--kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// The default kubeconfig cannot be read.
+    #[error("kubeconfig: {0}")]
+    DefaultKubeconfig(#[source] kube::config::KubeconfigError),
+    /// `--context` names no context of the kubeconfig.
+    #[error("--context {0:?}: no such context in the kubeconfig")]
+    NoSuchContext(String),
+    /// The context cannot be configured.
+    #[error("context {name:?}: {source}")]
+    Context {
+        /// The context.
+        name: String,
+        /// Why.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// The client cannot be built.
+    #[error("context {name:?}: {source}")]
+    Client {
+        /// The context.
+        name: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// A `--timeout` that cannot serve.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TimeoutError {
+    /// Zero.
+    #[error("--timeout {0:?}: must be positive")]
+    NotPositive(String),
+    /// Not a duration.
+    #[error("--timeout {text:?}: {source}")]
+    NotADuration {
+        /// The value.
+        text: String,
+        /// Why.
+        #[source]
+        source: crate::units::DurationError,
+    },
 }
 
 /// The words of a failed call.
@@ -131,16 +198,16 @@ impl Cluster {
     async fn bounded<T>(
         &self,
         call: impl Future<Output = Result<T, kube::Error>>,
-    ) -> Result<T, String> {
+    ) -> Result<T, CallError> {
         match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(error_text(&e)),
-            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+            Ok(Err(e)) => Err(CallError::Refused(error_text(&e))),
+            Err(_) => Err(CallError::Timeout(self.timeout)),
         }
     }
 
     /// Gets `name` from `api` (None: not found), bounded.
-    async fn get_opt<K>(&self, api: Api<K>, name: &str) -> Result<Option<K>, String>
+    async fn get_opt<K>(&self, api: Api<K>, name: &str) -> Result<Option<K>, CallError>
     where
         K: Clone + DeserializeOwned + std::fmt::Debug,
     {
@@ -158,7 +225,7 @@ impl Cluster {
         &self,
         reference: &crate::api::TemplateRef,
         namespace: &str,
-    ) -> Result<Option<crate::api::SandboxRunTemplateSpec>, String> {
+    ) -> Result<Option<crate::api::SandboxRunTemplateSpec>, CallError> {
         let read = crate::admission::templates::read(&self.client, namespace, reference);
         self.bounded(read).await
     }
@@ -167,7 +234,7 @@ impl Cluster {
     pub(crate) async fn namespace_labels(
         &self,
         name: &str,
-    ) -> Result<Option<BTreeMap<String, String>>, String> {
+    ) -> Result<Option<BTreeMap<String, String>>, CallError> {
         let api: Api<Namespace> = Api::all(self.client.clone());
         Ok(self
             .get_opt(api, name)
@@ -577,7 +644,7 @@ impl Cluster {
     }
 
     /// Whether the object `r` names exists (in `namespace` when it is namespaced).
-    async fn reference_exists(&self, r: &Reference, namespace: &str) -> Result<bool, String> {
+    async fn reference_exists(&self, r: &Reference, namespace: &str) -> Result<bool, CallError> {
         let c = self.client.clone();
         let found = match r.kind {
             RefKind::Secret => self

@@ -22,6 +22,23 @@ use crate::admission::templates::{judge_with, Templated};
 use crate::api::{MountType, SandboxRun, SandboxRunSpec, SandboxRunTemplateSpec, TemplateRef};
 use crate::store::tenant::TenantStoreError;
 
+/// A probe call without a usable answer (a probe finding says it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum CallError {
+    /// The apiserver or the client refused it (their words).
+    #[error("{0}")]
+    Refused(String),
+    /// No answer in time.
+    #[error("no answer within {0:?}")]
+    Timeout(std::time::Duration),
+}
+
+impl From<&str> for CallError {
+    fn from(words: &str) -> CallError {
+        CallError::Refused(words.to_string())
+    }
+}
+
 /// The CRD's name.
 pub(crate) const CRD_NAME: &str = "sandboxruns.sandbox.iterion.io";
 
@@ -49,7 +66,7 @@ impl Probe {
     }
 
     /// A probe that could not be made (timeout, forbidden, unreachable).
-    pub(crate) fn unanswered(self, what: &str, why: &str) -> Finding {
+    pub(crate) fn unanswered(self, what: &str, why: &dyn std::fmt::Display) -> Finding {
         self.finding(
             ids::CLUSTER_PROBE,
             what,
@@ -519,7 +536,7 @@ pub(crate) fn template_from_cluster(
     probe: Probe,
     reference: &TemplateRef,
     namespace: &str,
-    read: Result<Option<SandboxRunTemplateSpec>, String>,
+    read: Result<Option<SandboxRunTemplateSpec>, CallError>,
     run: &SandboxRunSpec,
 ) -> Templated {
     match read {

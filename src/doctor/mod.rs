@@ -127,27 +127,84 @@ pub struct DoctorArgs {
     pub operator_namespace: Option<String>,
 }
 
+/// An operator setting given to `doctor` as a flag that cannot serve (exit 2).
+#[derive(Debug, Error)]
+pub(crate) enum SettingsError {
+    /// A cap that is not a byte quantity.
+    #[error("--{flag} {text:?}: {source}")]
+    Cap {
+        /// The flag, without its dashes.
+        flag: &'static str,
+        /// The value.
+        text: String,
+        /// Why.
+        #[source]
+        source: crate::units::QuantityError,
+    },
+    /// `--max-cap` below 1Mi.
+    #[error("--max-cap {0:?} is below 1Mi")]
+    MaxCapTooSmall(String),
+    /// `--max-drain-timeout` is not a duration.
+    #[error("--max-drain-timeout {text:?}: {source}")]
+    DrainTimeout {
+        /// The value.
+        text: String,
+        /// Why.
+        #[source]
+        source: crate::units::DurationError,
+    },
+    /// `--namespace-policies` cannot be read.
+    #[error("--namespace-policies {path}: {source}")]
+    NamespacePoliciesRead {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `--namespace-policies` holds policies that cannot be used.
+    #[error("--namespace-policies {path}: {source}")]
+    NamespacePolicies {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: crate::admission::namespace_policy::PolicyFileError,
+    },
+    /// A `--namespace-labels` pair that is not `key=value`.
+    #[error("--namespace-labels: `{0}` is not key=value")]
+    NamespaceLabel(String),
+}
+
 impl DoctorArgs {
     /// `base` with the operator settings given as flags (or their environment variables) applied,
     /// checked as the operator checks them at startup.
-    pub(crate) fn rule_settings(&self, base: RuleSettings) -> Result<RuleSettings, String> {
+    pub(crate) fn rule_settings(&self, base: RuleSettings) -> Result<RuleSettings, SettingsError> {
         let mut settings = base;
-        let cap = |flag: &str, text: &str| {
+        let cap = |flag: &'static str, text: &str| {
             let q = k8s_openapi::apimachinery::pkg::api::resource::Quantity(text.to_string());
-            crate::units::quantity_to_bytes(&q).map_err(|e| format!("--{flag} {text:?}: {e}"))
+            crate::units::quantity_to_bytes(&q).map_err(|source| SettingsError::Cap {
+                flag,
+                text: text.to_string(),
+                source,
+            })
         };
         if let Some(text) = &self.max_cap {
             settings.caps.max_bytes = cap("max-cap", text)?;
             if settings.caps.max_bytes < crate::units::MIB {
-                return Err(format!("--max-cap {text:?} is below 1Mi"));
+                return Err(SettingsError::MaxCapTooSmall(text.clone()));
             }
         }
         if let Some(text) = &self.default_cap {
             settings.caps.default_bytes = cap("default-cap", text)?;
         }
         if let Some(text) = &self.max_drain_timeout {
-            let d = crate::units::parse_duration(text)
-                .map_err(|e| format!("--max-drain-timeout {text:?}: {e}"))?;
+            let d = crate::units::parse_duration(text).map_err(|source| {
+                SettingsError::DrainTimeout {
+                    text: text.clone(),
+                    source,
+                }
+            })?;
             settings.max_drain_timeout = Some(d);
         }
         use crate::admission::policy::parse_list;
@@ -170,16 +227,27 @@ impl DoctorArgs {
             }
         }
         if let Some(path) = &self.namespace_policies {
-            let text = std::fs::read_to_string(path)
-                .map_err(|e| format!("--namespace-policies {}: {e}", path.display()))?;
-            settings.namespace_policies = crate::admission::namespace_policy::load(&text)
-                .map_err(|e| format!("--namespace-policies {}: {e}", path.display()))?;
+            let text = std::fs::read_to_string(path).map_err(|source| {
+                SettingsError::NamespacePoliciesRead {
+                    path: path.display().to_string(),
+                    source,
+                }
+            })?;
+            settings.namespace_policies =
+                crate::admission::namespace_policy::load(&text).map_err(|source| {
+                    SettingsError::NamespacePolicies {
+                        path: path.display().to_string(),
+                        source,
+                    }
+                })?;
         }
         Ok(settings)
     }
 
     /// `--namespace-labels` as a map (None when not given).
-    pub(crate) fn namespace_labels(&self) -> Result<Option<BTreeMap<String, String>>, String> {
+    pub(crate) fn namespace_labels(
+        &self,
+    ) -> Result<Option<BTreeMap<String, String>>, SettingsError> {
         let Some(text) = &self.namespace_labels else {
             return Ok(None);
         };
@@ -190,7 +258,7 @@ impl DoctorArgs {
                 Some((k, v)) if !k.trim().is_empty() => {
                     Ok((k.trim().to_string(), v.trim().to_string()))
                 }
-                _ => Err(format!("--namespace-labels: `{pair}` is not key=value")),
+                _ => Err(SettingsError::NamespaceLabel(pair.to_string())),
             })
             .collect::<Result<BTreeMap<_, _>, _>>()
             .map(Some)
@@ -252,9 +320,9 @@ enum UsageError {
     #[error("cannot start the image checker: {0}")]
     Resolver(String),
     #[error("operator settings: {0}")]
-    Settings(String),
+    Settings(#[from] SettingsError),
     #[error("cluster: {0}")]
-    Context(String),
+    Context(#[from] live::ConnectError),
 }
 
 /// What happened to one document.
@@ -623,9 +691,7 @@ async fn connect_live(
     };
     let wanted = args.context.is_some() || args.kubeconfig.is_some();
     if args.require_context && !wanted {
-        errors.push(UsageError::Context(
-            "--require-context needs --context or --kubeconfig".to_string(),
-        ));
+        errors.push(UsageError::Context(live::ConnectError::NothingToProbe));
     }
     if !wanted || !errors.is_empty() {
         return live;
@@ -634,7 +700,7 @@ async fn connect_live(
         required: args.require_context,
     };
     let connected = match parse_timeout(&args.timeout) {
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
         Ok(timeout) => {
             live::connect(
                 args.context.as_deref(),
@@ -729,14 +795,17 @@ fn namespace_of(run: &SandboxRun, default: &str) -> String {
 }
 
 /// `--timeout` (empty: 5 s).
-fn parse_timeout(text: &str) -> Result<Duration, String> {
+fn parse_timeout(text: &str) -> Result<Duration, live::TimeoutError> {
     if text.trim().is_empty() {
         return Ok(DEFAULT_PROBE_TIMEOUT);
     }
     match crate::units::parse_duration(text.trim()) {
         Ok(d) if !d.is_zero() => Ok(d),
-        Ok(_) => Err(format!("--timeout {text:?}: must be positive")),
-        Err(e) => Err(format!("--timeout {text:?}: {e}")),
+        Ok(_) => Err(live::TimeoutError::NotPositive(text.to_string())),
+        Err(source) => Err(live::TimeoutError::NotADuration {
+            text: text.to_string(),
+            source,
+        }),
     }
 }
 

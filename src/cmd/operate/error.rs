@@ -40,7 +40,7 @@ pub(crate) enum OperatorError {
     },
     /// The webhook cannot start.
     #[error("webhook: {0}")]
-    Webhook(String),
+    Webhook(#[from] crate::admission::serve::ServeError),
     /// Leader election failed, or leadership was lost (the process exits so a fresh start, or
     /// the other replica, takes over cleanly).
     #[error("leader election: {0}")]

@@ -57,9 +57,7 @@ pub(super) async fn start_webhook(
             Vec::new()
         },
     };
-    let addr = crate::admission::serve::start(&cfg, client, metrics)
-        .await
-        .map_err(OperatorError::Webhook)?;
+    let addr = crate::admission::serve::start(&cfg, client, metrics).await?;
     info!(%addr, "admission webhook listening");
     Ok(())
 }
