@@ -33,12 +33,6 @@ pub(crate) enum CallError {
     Timeout(std::time::Duration),
 }
 
-impl From<&str> for CallError {
-    fn from(words: &str) -> CallError {
-        CallError::Refused(words.to_string())
-    }
-}
-
 /// The CRD's name.
 pub(crate) const CRD_NAME: &str = "sandboxruns.sandbox.iterion.io";
 
@@ -846,8 +840,13 @@ mod tests {
         );
         let forbidden = "403 Forbidden: cannot get clustersandboxruntemplates";
         for (probe, fails) in [(WARN, false), (REQUIRE, true)] {
-            let unread =
-                template_from_cluster(probe, &reference, "dev", Err(forbidden.into()), &run);
+            let unread = template_from_cluster(
+                probe,
+                &reference,
+                "dev",
+                Err(CallError::Refused(forbidden.to_string())),
+                &run,
+            );
             assert!(
                 matches!(&unread, Templated::Plain(f)
                     if f.len() == 1 && f[0].rule == ids::CLUSTER_PROBE && f[0].is_fail() == fails

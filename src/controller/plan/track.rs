@@ -107,6 +107,19 @@ mod tests {
     use crate::api::{NetworkMode, NetworkPolicy};
     use crate::controller::fixtures::{run_with, running};
 
+    /// Every address the policy's ranges except.
+    fn excepted_of(policy: k8s_openapi::api::networking::v1::NetworkPolicy) -> Vec<String> {
+        policy
+            .spec
+            .and_then(|s| s.egress)
+            .unwrap_or_default()
+            .into_iter()
+            .flat_map(|r| r.to.unwrap_or_default())
+            .filter_map(|p| p.ip_block)
+            .flat_map(|b| b.except.unwrap_or_default())
+            .collect()
+    }
+
     #[test]
     fn a_waiting_gate_on_a_known_node_gets_the_policy_that_denies_that_node() {
         let mut run = run_with(&[("/out", false)]);
@@ -130,15 +143,7 @@ mod tests {
         else {
             panic!("a waiting gate on a known node gets its policy");
         };
-        let excepted: Vec<String> = policy
-            .spec
-            .and_then(|s| s.egress)
-            .unwrap_or_default()
-            .into_iter()
-            .flat_map(|r| r.to.unwrap_or_default())
-            .filter_map(|p| p.ip_block)
-            .flat_map(|b| b.except.unwrap_or_default())
-            .collect();
+        let excepted = excepted_of(*policy);
         assert!(excepted.contains(&format!("{node}/32")), "{excepted:?}");
         // Not before the node is known, not once the gate opened, not for a pod being deleted,
         // not for an open run.
@@ -168,15 +173,7 @@ mod tests {
         else {
             panic!("a waiting gate gets the policy that denies the proxy's pods");
         };
-        let excepted: Vec<String> = policy
-            .spec
-            .and_then(|s| s.egress)
-            .unwrap_or_default()
-            .into_iter()
-            .flat_map(|r| r.to.unwrap_or_default())
-            .filter_map(|p| p.ip_block)
-            .flat_map(|b| b.except.unwrap_or_default())
-            .collect();
+        let excepted = excepted_of(*policy);
         assert!(
             excepted.contains(&"10.244.0.7/32".to_string()),
             "{excepted:?}"
