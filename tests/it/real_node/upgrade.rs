@@ -99,8 +99,8 @@ async fn helm_upgrade_from_the_previous_release_keeps_the_runs_in_flight() {
     let write = |word: &str, then: &str| {
         format!(r#"echo {word} > "$ITERION_ARTIFACT_FILES_DIR/out.txt"; {then}"#)
     };
-    // Ends under the previous release.
-    create(
+    // Ends under the previous release (the first run: the webhook's Service may lag its pod).
+    create_once_webhook_answers(
         &runs,
         "early",
         real_spec(Some(&write("early", "true")), &["/work/out"]),

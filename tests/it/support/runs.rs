@@ -145,6 +145,31 @@ pub async fn create(
         .unwrap_or_else(|e| panic!("create SandboxRun {name}: {e}"))
 }
 
+/// [`create`], for the first run after a release is installed: while the apiserver cannot call
+/// the release's webhook yet (its pod ready, its Service's endpoint not programmed on the node:
+/// "failed calling webhook … connection refused"), the create is tried again, for up to 60 s.
+/// Any other refusal panics at once.
+pub async fn create_once_webhook_answers(
+    runs: &Api<SandboxRun>,
+    name: &str,
+    spec: impl Into<SandboxRunSpec>,
+) -> SandboxRun {
+    let run = SandboxRun::new(name, spec.into());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match runs.create(&PostParams::default(), &run).await {
+            Ok(created) => return created,
+            Err(kube::Error::Api(e))
+                if e.message.contains("failed calling webhook")
+                    && std::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("create SandboxRun {name}: {e}"),
+        }
+    }
+}
+
 /// The name of the run's pod, from its status (panics when the status names none yet).
 pub fn pod_of(run: &SandboxRun) -> String {
     run.status
