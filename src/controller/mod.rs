@@ -48,6 +48,10 @@ mod act_scenarios;
 mod fixtures;
 #[cfg(test)]
 mod gitops_fixtures;
+#[cfg(test)]
+mod mock_apiserver;
+#[cfg(test)]
+mod pipeline_scenarios;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -1,0 +1,411 @@
+//! Scenarios for one whole reconcile ([`pipeline::reconcile`]) against a routing mock apiserver
+//! (no cluster): the requests it sends, in order, with their bodies, and the step and requeue it
+//! returns — the finalizer added first, the pod created (after its NetworkPolicy), a refused pod
+//! reported, a pod name another owns left alone, and a deleted run released (its stored files
+//! deleted first with retention Delete).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
+use serde_json::{json, Value};
+
+use super::context::Context;
+use super::decide::DecideSettings;
+use super::mock_apiserver::{apiserver, status_failure, Route};
+use super::pipeline::{self, Reconciled};
+use super::plan::{Requeue, LOOK_AGAIN_MARGIN, NAME_CONFLICT_REQUEUE, SETTLE};
+use crate::api::{
+    NetworkMode, NetworkPolicy, Phase, ReadBack, ReadBackPath, Retention, SandboxRun,
+    SandboxRunSpec, SandboxRunStatus, FINALIZER, SKIP_DRAIN_ANNOTATION,
+};
+use crate::caps::CapSettings;
+use crate::metrics::Metrics;
+use crate::pod::{PodSettings, HOLDER_CONTAINER};
+use crate::store::RunRef;
+
+const RUN: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/demo";
+const STATUS: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/demo/status";
+const PODS: &str = "/api/v1/namespaces/ns/pods";
+const POD: &str = "/api/v1/namespaces/ns/pods/demo-sbr";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
+const POLICIES: &str = "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/";
+
+pub(super) fn context(client: kube::Client, store: Arc<InMemory>) -> Context {
+    Context::new(
+        client,
+        store,
+        Path::from("runs"),
+        "memory:///runs".to_string(),
+        PodSettings::default(),
+        CapSettings::default(),
+        DecideSettings::default(),
+        Vec::new(),
+        Metrics::new().unwrap(),
+        "test".to_string(),
+        1,
+    )
+}
+
+/// A run `demo` in `ns` (uid u1, resourceVersion 7) that declares `/out`, with the finalizer.
+pub(super) fn run() -> SandboxRun {
+    let spec = SandboxRunSpec {
+        image: Some("img".into()),
+        command: Some(vec!["true".into()]),
+        user: Some("1000".into()),
+        read_back: Some(ReadBack {
+            paths: vec![ReadBackPath {
+                path: "/out".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut run = SandboxRun::new("demo", spec);
+    run.metadata.namespace = Some("ns".into());
+    run.metadata.uid = Some("u1".into());
+    run.metadata.resource_version = Some("7".into());
+    run.metadata.creation_timestamp = Some(Time(now()));
+    run.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    run
+}
+
+/// `run` being deleted.
+pub(super) fn deleting(mut run: SandboxRun) -> SandboxRun {
+    run.metadata.deletion_timestamp = Some(Time(now()));
+    run
+}
+
+pub(super) fn now() -> Timestamp {
+    "2026-11-30T12:00:00Z".parse().unwrap()
+}
+
+/// The run as the apiserver returns it after a write.
+pub(super) fn written(run: &SandboxRun) -> Value {
+    let mut after = run.clone();
+    after.metadata.resource_version = Some("8".into());
+    serde_json::to_value(after).unwrap()
+}
+
+/// Routes every write a reconcile of `run` may make (its pod absent unless routed before).
+fn routes(run: &SandboxRun, pod_get: Route) -> Vec<Route> {
+    vec![
+        pod_get,
+        Route::fixed("PATCH", RUN, 200, written(run)),
+        Route::echo("POST", EVENTS, 201),
+        Route::echo("PATCH", POLICIES, 200),
+        Route::with("POST", PODS, |seen| {
+            let mut pod = seen.body.clone();
+            pod["metadata"]["uid"] = json!("p1");
+            (201, pod)
+        }),
+    ]
+}
+
+fn no_pod() -> Route {
+    Route::fixed(
+        "GET",
+        POD,
+        404,
+        status_failure(404, "NotFound", "pods \"demo-sbr\" not found"),
+    )
+}
+
+async fn reconcile(ctx: Context, run: SandboxRun) -> Reconciled {
+    pipeline::reconcile(&Arc::new(ctx), &Arc::new(run), now())
+        .await
+        .expect("the reconcile succeeds")
+}
+
+/// The JSON merge patch of the finalizers a run at resourceVersion 7 is sent.
+fn finalizer_patch(finalizers: &[&str]) -> Value {
+    json!({"metadata": {"finalizers": finalizers, "resourceVersion": "7"}})
+}
+
+#[tokio::test]
+async fn a_fresh_run_only_gets_the_finalizer_preconditioned_on_its_resource_version() {
+    let mut r = run();
+    r.metadata.finalizers = None;
+    let (client, log) = apiserver(routes(&r, no_pod()));
+    let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    assert_eq!(done.step, Some("add_finalizer"));
+    assert_eq!(done.requeue, Requeue::AwaitChange);
+    assert_eq!(log.lines(), [format!("GET {POD}"), format!("PATCH {RUN}")]);
+    let patch = &log.exactly("PATCH", RUN)[0];
+    assert_eq!(patch.content_type, "application/merge-patch+json");
+    assert_eq!(patch.body, finalizer_patch(&[FINALIZER]));
+}
+
+/// The containers of a pod body (init containers too: the holder may be a native sidecar).
+fn container_names(pod: &Value) -> Vec<String> {
+    ["containers", "initContainers"]
+        .iter()
+        .flat_map(|k| pod["spec"][k].as_array().cloned().unwrap_or_default())
+        .filter_map(|c| c["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_run_without_a_pod_gets_its_pod_and_is_looked_at_again_after_the_quiet_window() {
+    let r = run();
+    let (client, log) = apiserver(routes(&r, no_pod()));
+    let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    assert_eq!(done.step, Some("create_pod"));
+    // A fresh run's pod is reported only if it still starts after the quiet window.
+    assert_eq!(done.requeue, Requeue::After(SETTLE + LOOK_AGAIN_MARGIN));
+    assert_eq!(log.lines(), [format!("GET {POD}"), format!("POST {PODS}")]);
+    let created = &log.matching("POST", PODS)[0].body;
+    let pod: Pod = serde_json::from_value(created.clone()).expect("the body is a Pod");
+    assert_eq!(pod.metadata.name.as_deref(), Some("demo-sbr"));
+    assert_eq!(pod.metadata.namespace.as_deref(), Some("ns"));
+    let owner = &pod.metadata.owner_references.unwrap_or_default()[0];
+    assert_eq!((owner.uid.as_str(), owner.controller), ("u1", Some(true)));
+    assert!(
+        container_names(created)
+            .iter()
+            .any(|n| n == HOLDER_CONTAINER),
+        "{:?}",
+        container_names(created)
+    );
+}
+
+#[tokio::test]
+async fn a_restricted_runs_network_policy_is_applied_before_its_pod_is_created() {
+    let mut r = run();
+    // An allowlist with no rule denies all egress: a NetworkPolicy (enforced by default).
+    r.spec.network = Some(NetworkPolicy {
+        mode: NetworkMode::Allowlist,
+        rules: Vec::new(),
+    });
+    let (client, log) = apiserver(routes(&r, no_pod()));
+    let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    assert_eq!(done.step, Some("create_pod"));
+    let lines = log.lines();
+    let applied = lines
+        .iter()
+        .position(|l| l.starts_with(&format!("PATCH {POLICIES}")))
+        .unwrap_or_else(|| panic!("no policy applied: {lines:?}"));
+    let created = lines
+        .iter()
+        .position(|l| *l == format!("POST {PODS}"))
+        .unwrap_or_else(|| panic!("no pod created: {lines:?}"));
+    assert!(applied < created, "{lines:?}");
+    let apply = &log.matching("PATCH", POLICIES)[0];
+    assert_eq!(apply.content_type, "application/apply-patch+yaml");
+    assert!(
+        apply.uri.contains("fieldManager=sandboxrun-operator"),
+        "{}",
+        apply.uri
+    );
+    assert_eq!(apply.body["kind"], "NetworkPolicy");
+    assert_eq!(apply.body["apiVersion"], "networking.k8s.io/v1");
+    assert_eq!(apply.body["metadata"]["namespace"], "ns");
+    assert!(
+        apply.body["spec"]["policyTypes"]
+            .as_array()
+            .is_some_and(|t| t.contains(&json!("Egress"))),
+        "{}",
+        apply.body
+    );
+}
+
+#[tokio::test]
+async fn a_forbidden_pod_is_reported_not_ready_and_retried_after_the_back_off() {
+    let r = run();
+    let words = "pods \"demo-sbr\" is forbidden: exceeded quota: compute";
+    let mut table = vec![Route::fixed(
+        "POST",
+        PODS,
+        403,
+        status_failure(403, "Forbidden", words),
+    )];
+    table.extend(routes(&r, no_pod()));
+    let (client, log) = apiserver(table);
+    let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    assert_eq!(done.step, Some("create_pod"));
+    assert_eq!(done.requeue, Requeue::After(Duration::from_millis(10_200)));
+    assert_eq!(
+        log.lines(),
+        [
+            format!("GET {POD}"),
+            format!("POST {PODS}"),
+            format!("POST {EVENTS}"),
+            format!("PATCH {STATUS}"),
+        ]
+    );
+    let event = &log.matching("POST", EVENTS)[0].body;
+    assert_eq!(
+        (event["type"].as_str(), event["reason"].as_str()),
+        (Some("Warning"), Some("PodCreateFailed"))
+    );
+    let status = &log.matching("PATCH", STATUS)[0].body["status"];
+    let ready: Vec<&Value> = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c["type"] == "Ready")
+        .collect();
+    assert_eq!(ready.len(), 1, "{status}");
+    assert_eq!(
+        (ready[0]["status"].as_str(), ready[0]["reason"].as_str()),
+        (Some("False"), Some("PodCreateFailed"))
+    );
+    assert!(
+        status["message"].as_str().unwrap().contains(words),
+        "{status}"
+    );
+}
+
+#[tokio::test]
+async fn a_pod_with_the_runs_name_that_another_owns_is_left_alone_and_told() {
+    let r = run();
+    let mut other = Pod::default();
+    other.metadata.name = Some("demo-sbr".into());
+    other.metadata.namespace = Some("ns".into());
+    other.metadata.uid = Some("someone-else".into());
+    let pod_get = Route::fixed("GET", POD, 200, serde_json::to_value(&other).unwrap());
+    let (client, log) = apiserver(routes(&r, pod_get));
+    let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    assert_eq!(done.step, None);
+    assert_eq!(done.requeue, Requeue::After(NAME_CONFLICT_REQUEUE));
+    let lines = log.lines();
+    assert!(
+        !lines
+            .iter()
+            .any(|l| (l.starts_with("POST ") || l.starts_with("DELETE ")) && l.contains("/pods")),
+        "{lines:?}"
+    );
+    let events = log.matching("POST", EVENTS);
+    assert_eq!(events.len(), 1, "{lines:?}");
+    assert_eq!(events[0].body["reason"], "PodNameConflict");
+    assert_eq!(events[0].body["type"], "Warning");
+    assert_eq!(events[0].body["related"]["uid"], "someone-else");
+}
+
+/// `run` finished (Succeeded), so a delete has nothing left to drain.
+fn finished(mut run: SandboxRun) -> SandboxRun {
+    run.status = Some(SandboxRunStatus {
+        phase: Some(Phase::Succeeded),
+        pod_name: Some("demo-sbr".into()),
+        ..Default::default()
+    });
+    run
+}
+
+#[tokio::test]
+async fn a_deleted_finished_run_is_released_by_removing_only_its_finalizer() {
+    let mut r = deleting(finished(run()));
+    r.metadata.finalizers = Some(vec!["other.example/keep".into(), FINALIZER.into()]);
+    let (client, log) = apiserver(routes(&r, no_pod()));
+    let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    assert_eq!(done.step, Some("release_finalizer"));
+    assert_eq!(done.requeue, Requeue::AwaitChange);
+    assert_eq!(log.lines(), [format!("GET {POD}"), format!("PATCH {RUN}")]);
+    let patch = &log.exactly("PATCH", RUN)[0];
+    assert_eq!(patch.content_type, "application/merge-patch+json");
+    assert_eq!(patch.body, finalizer_patch(&["other.example/keep"]));
+}
+
+#[tokio::test]
+async fn skip_drain_releases_a_running_run_at_once_and_says_so() {
+    let mut r = deleting(run());
+    r.status = Some(SandboxRunStatus {
+        phase: Some(Phase::Running),
+        ..Default::default()
+    });
+    r.metadata.annotations = Some([(SKIP_DRAIN_ANNOTATION.to_string(), "true".to_string())].into());
+    let (client, log) = apiserver(routes(&r, no_pod()));
+    let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    assert_eq!(done.step, Some("skip_drain"));
+    assert_eq!(
+        log.lines(),
+        [
+            format!("GET {POD}"),
+            format!("POST {EVENTS}"),
+            format!("PATCH {RUN}")
+        ]
+    );
+    assert_eq!(
+        log.matching("POST", EVENTS)[0].body["reason"],
+        "DrainSkipped"
+    );
+    assert_eq!(log.exactly("PATCH", RUN)[0].body, finalizer_patch(&[]));
+}
+
+/// Puts `keys` in `store`, one small object each.
+async fn stored(store: &InMemory, keys: &[Path]) {
+    for key in keys {
+        store.put(key, PutPayload::from_static(b"x")).await.unwrap();
+    }
+}
+
+/// Every key in `store`.
+pub(super) async fn keys_in(store: &InMemory) -> Vec<String> {
+    use futures::TryStreamExt;
+    let mut keys: Vec<String> = store
+        .list(None)
+        .map_ok(|m| m.location.to_string())
+        .try_collect()
+        .await
+        .unwrap();
+    keys.sort();
+    keys
+}
+
+#[tokio::test]
+async fn retention_delete_deletes_the_runs_files_before_its_finalizer_is_removed() {
+    let mut r = deleting(finished(run()));
+    if let Some(read_back) = r.spec.read_back.as_mut() {
+        read_back.retention = Some(Retention::Delete);
+    }
+    let prefix = Path::from("runs");
+    let own = RunRef {
+        namespace: "ns".into(),
+        name: "demo".into(),
+        uid: "u1".into(),
+    };
+    let older = RunRef {
+        uid: "u0".into(),
+        ..own.clone()
+    };
+    let dir = crate::store::run_dir(&prefix, &own);
+    let manifest = crate::store::keys::manifest_key(&prefix, &own, 0, "/out");
+    let archive = dir.clone().join("00-out.tar");
+    let kept = crate::store::keys::manifest_key(&prefix, &older, 0, "/out");
+    let store = Arc::new(InMemory::new());
+    stored(&store, &[manifest.clone(), archive.clone(), kept.clone()]).await;
+    // What the store holds when the finalizer patch arrives.
+    let at_release = Arc::new(std::sync::Mutex::new(None));
+    let (seen_store, seen) = (Arc::clone(&store), Arc::clone(&at_release));
+    let body = written(&r);
+    let release = Route::with("PATCH", RUN, move |_| {
+        let keys = futures::executor::block_on(keys_in(&seen_store));
+        *seen.lock().unwrap() = Some(keys);
+        (200, body.clone())
+    });
+    let mut table = vec![release];
+    table.extend(routes(&r, no_pod()));
+    let (client, log) = apiserver(table);
+    let done = reconcile(context(client, Arc::clone(&store)), r).await;
+    assert_eq!(done.step, Some("release_finalizer"));
+    assert_eq!(
+        keys_in(&store).await,
+        [kept.to_string()],
+        "only the run's own files go"
+    );
+    assert_eq!(
+        *at_release.lock().unwrap(),
+        Some(vec![kept.to_string()]),
+        "deleted before the finalizer is removed"
+    );
+    let lines = log.lines();
+    assert_eq!(lines.last(), Some(&format!("PATCH {RUN}")), "{lines:?}");
+    assert_eq!(log.exactly("PATCH", RUN)[0].body, finalizer_patch(&[]));
+    assert!(log.matching("DELETE", PODS).is_empty(), "{lines:?}");
+}
