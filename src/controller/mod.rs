@@ -52,6 +52,8 @@ mod gitops_fixtures;
 mod mock_apiserver;
 #[cfg(test)]
 mod pipeline_scenarios;
+#[cfg(test)]
+mod teardown_scenarios;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -68,7 +68,7 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger)
 /// (src/shard/drain_claim.rs, issue #38). Claimed, the run is read afresh first: the cache may
 /// predate what the claim's previous holder wrote. Held by a live replica: nothing is done, a
 /// later reconcile asks again.
-async fn claimed_teardown(
+pub(super) async fn claimed_teardown(
     ctx: &Context,
     run: &SandboxRun,
     trigger: &Trigger,

@@ -1,0 +1,213 @@
+//! Scenarios for a teardown (`teardown_job::claimed_teardown`, as the drain pool runs it) against
+//! a routing mock apiserver, with pods no drain can exec into: a workload that never started
+//! (its paths `Empty`) and a holder that is not running (its paths `Failed`, with the contract's
+//! Warning). Asserted: the statuses written, the Events, the pod deleted at once and the
+//! finalizer released when the run is being deleted.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use object_store::memory::InMemory;
+use serde_json::{json, Value};
+
+use super::decide::Trigger;
+use super::mock_apiserver::{apiserver, Log, Route};
+use super::pipeline_scenarios::{context, deleting, now, run, written};
+use super::plan::SETTLE;
+use super::teardown_job::claimed_teardown;
+use crate::api::{Phase, SandboxRun, SandboxRunStatus};
+use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
+
+const RUN: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/demo";
+const STATUS: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/demo/status";
+const POD: &str = "/api/v1/namespaces/ns/pods/demo-sbr";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
+
+/// The run's pod (owned by it), its containers in `statuses`.
+fn pod(statuses: Vec<ContainerStatus>) -> Pod {
+    let mut pod = Pod::default();
+    pod.metadata.name = Some("demo-sbr".into());
+    pod.metadata.namespace = Some("ns".into());
+    pod.metadata.uid = Some("p1".into());
+    pod.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "sandbox.iterion.io/v1alpha1".into(),
+        kind: "SandboxRun".into(),
+        name: "demo".into(),
+        uid: "u1".into(),
+        controller: Some(true),
+        ..Default::default()
+    }]);
+    pod.status = Some(PodStatus {
+        container_statuses: Some(statuses),
+        ..Default::default()
+    });
+    pod
+}
+
+fn exited(name: &str, exit_code: i32) -> ContainerStatus {
+    ContainerStatus {
+        name: name.into(),
+        state: Some(ContainerState {
+            terminated: Some(ContainerStateTerminated {
+                exit_code,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// Runs the teardown of `run` with `trigger` against a mock apiserver that has `pod`, with the
+/// quiet window `settle`; returns what the apiserver was sent.
+async fn teardown(run: SandboxRun, pod: &Pod, trigger: Trigger, settle: Duration) -> Log {
+    let routes = vec![
+        Route::fixed("GET", POD, 200, serde_json::to_value(pod).unwrap()),
+        Route::fixed("DELETE", POD, 200, serde_json::to_value(pod).unwrap()),
+        Route::fixed("PATCH", RUN, 200, written(&run)),
+        Route::echo("POST", EVENTS, 201),
+    ];
+    let (client, log) = apiserver(routes);
+    let ctx = context(client, Arc::new(InMemory::new())).with_quiet_window(settle);
+    claimed_teardown(&ctx, &run, &trigger)
+        .await
+        .expect("the teardown succeeds");
+    log
+}
+
+/// The `status` of each status write, in order.
+fn statuses(log: &Log) -> Vec<Value> {
+    log.matching("PATCH", STATUS)
+        .into_iter()
+        .map(|s| s.body["status"].clone())
+        .collect()
+}
+
+/// (type, reason) of each Event published, in order.
+fn events(log: &Log) -> Vec<(String, String)> {
+    log.matching("POST", EVENTS)
+        .into_iter()
+        .map(|s| {
+            let field = |k: &str| s.body[k].as_str().unwrap_or_default().to_string();
+            (field("type"), field("reason"))
+        })
+        .collect()
+}
+
+/// The pod was deleted at once, after the final status, then the finalizer released last.
+fn assert_deleted_then_released(log: &Log) {
+    let lines = log.lines();
+    let at = |line: String| {
+        lines
+            .iter()
+            .rposition(|l| *l == line)
+            .unwrap_or_else(|| panic!("no {line}: {lines:?}"))
+    };
+    let (status, delete, release) = (
+        at(format!("PATCH {STATUS}")),
+        at(format!("DELETE {POD}")),
+        at(format!("PATCH {RUN}")),
+    );
+    assert!(status < delete && delete < release, "{lines:?}");
+    assert_eq!(release, lines.len() - 1, "{lines:?}");
+    assert_eq!(log.matching("DELETE", POD)[0].body["gracePeriodSeconds"], 0);
+    assert_eq!(
+        log.exactly("PATCH", RUN)[0].body,
+        json!({"metadata": {"finalizers": [], "resourceVersion": "7"}})
+    );
+}
+
+#[tokio::test]
+async fn a_deleted_run_whose_workload_never_started_ends_empty_within_the_quiet_window() {
+    let mut r = deleting(run());
+    r.status = Some(SandboxRunStatus {
+        phase: Some(Phase::Pending),
+        pod_name: Some("demo-sbr".into()),
+        ..Default::default()
+    });
+    // No container has started: nothing was written, nothing to exec into.
+    let log = teardown(r, &pod(Vec::new()), Trigger::Deleting, SETTLE).await;
+    // Every path's outcome is known at once: the opening waits out the quiet window, so only
+    // the end is written.
+    let written = statuses(&log);
+    assert_eq!(written.len(), 1, "{:?}", log.lines());
+    let end = &written[0];
+    assert_eq!(end["readBack"][0]["path"], "/out");
+    assert_eq!(end["readBack"][0]["phase"], "Empty");
+    assert!(
+        events(&log).iter().all(|(kind, _)| kind == "Normal"),
+        "{:?}",
+        events(&log)
+    );
+    assert!(!events(&log).is_empty());
+    assert_eq!(log.lines()[0], format!("GET {POD}"));
+    assert!(
+        !log.lines().iter().any(|l| l.ends_with("/exec")),
+        "no exec: {:?}",
+        log.lines()
+    );
+    assert_deleted_then_released(&log);
+}
+
+/// A run that ran (its workload exited), its holder stopped too.
+fn ran() -> (SandboxRun, Pod) {
+    let mut r = run();
+    r.status = Some(SandboxRunStatus {
+        phase: Some(Phase::Running),
+        pod_name: Some("demo-sbr".into()),
+        start_time: Some(Time(now())),
+        ..Default::default()
+    });
+    let pod = pod(vec![
+        exited(HOLDER_CONTAINER, 137),
+        exited(WORKLOAD_CONTAINER, 0),
+    ]);
+    (r, pod)
+}
+
+#[tokio::test]
+async fn a_deleted_run_whose_holder_is_not_running_fails_its_paths_with_the_contract_warning() {
+    let (r, pod) = ran();
+    let log = teardown(deleting(r), &pod, Trigger::Deleting, Duration::ZERO).await;
+    // No quiet window: the opening (Draining) is written at once, then the end.
+    let written = statuses(&log);
+    assert_eq!(written.len(), 2, "{:?}", log.lines());
+    assert_eq!(written[0]["phase"], "Draining");
+    assert_eq!(written[0]["readBack"][0]["phase"], "Pending");
+    let end = &written[1];
+    assert_eq!(end["readBack"][0]["phase"], "Failed");
+    let message = end["readBack"][0]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("holder container is not running"), "{end}");
+    let published = events(&log);
+    assert_eq!(published[0], ("Normal".into(), "TearingDown".into()));
+    assert!(
+        published.contains(&("Warning".into(), "sandbox_runfiles_drain_failed".into())),
+        "{published:?}"
+    );
+    assert_deleted_then_released(&log);
+}
+
+#[tokio::test]
+async fn a_stopped_run_whose_holder_is_not_running_keeps_its_finalizer() {
+    let (mut r, pod) = ran();
+    r.spec.stop = true;
+    let log = teardown(r, &pod, Trigger::Stop, Duration::ZERO).await;
+    let written = statuses(&log);
+    let end = written.last().expect("the end is written");
+    assert_eq!(end["readBack"][0]["phase"], "Failed");
+    assert!(
+        events(&log).contains(&("Warning".into(), "sandbox_runfiles_drain_failed".into())),
+        "{:?}",
+        events(&log)
+    );
+    assert_eq!(log.matching("DELETE", POD).len(), 1, "{:?}", log.lines());
+    assert!(
+        log.exactly("PATCH", RUN).is_empty(),
+        "the finalizer of a run not being deleted stays: {:?}",
+        log.lines()
+    );
+}
