@@ -45,14 +45,16 @@ pub(crate) use create::{create, egress_effects};
 pub(crate) use create::{recording_template, template_unusable};
 pub(crate) use finish::record_pod_lost;
 pub(crate) use model::{
-    Effect, Inputs, NotPurged, Plan, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN,
-    NAME_CONFLICT_REQUEUE, SETTLE,
+    Effect, Inputs, NotPurged, Plan, PurgeTarget, Requeue, StepPlan, IN_FLIGHT_REQUEUE,
+    LOOK_AGAIN_MARGIN, NAME_CONFLICT_REQUEUE, SETTLE,
 };
 pub(crate) use queued::queued;
 /// The end of a run's teardown (the GitOps fixtures build one from it).
 #[cfg(test)]
 pub(crate) use teardown::teardown_end;
-pub(crate) use teardown::{teardown, PathPlan, PathWork, TeardownPlan, TeardownProgress};
+pub(crate) use teardown::{
+    teardown, without_store, PathPlan, PathWork, TeardownPlan, TeardownProgress,
+};
 
 /// Plans `step`.
 pub(crate) fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {

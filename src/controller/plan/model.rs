@@ -13,6 +13,8 @@ use crate::controller::decide::Trigger;
 use crate::controller::events::PlannedEvent;
 use crate::controller::observe::PodView;
 use crate::pod::PodSettings;
+use crate::store::tenant_read::RunStore;
+use crate::store::RunRef;
 
 /// How long after a time the run is looked at again, so the decision sees that time passed.
 pub(crate) const LOOK_AGAIN_MARGIN: Duration = Duration::from_millis(200);
@@ -68,9 +70,14 @@ pub(crate) enum Effect {
     MarkDrained,
     /// Delete the run whose TTL passed (preconditioned on its uid), then publish this Event.
     DeleteExpiredRun(PlannedEvent),
-    /// Delete every stored file of the run (`retention: Delete`). A delete that must be retried
-    /// ends the plan there: the effects after it wait for a later reconcile.
+    /// Resolve the store the run uses now, for a delete of every stored file of the run
+    /// (`retention: Delete`); the store (or why it cannot be used) is the answer, and
+    /// [`super::after`] decides what is deleted ([`PurgeTarget`]) or why nothing is. A delete
+    /// that must be retried ends the plan there: the effects after it wait for a later reconcile.
     PurgeStoredFiles,
+    /// Delete what `PurgeTarget` names (its manifests first, then everything under its run
+    /// directory); how many objects, or why not, is the answer.
+    DeleteStoredFiles(Box<PurgeTarget>),
     /// Remember that the apiserver refused the run's pod now (the creation back-off).
     RecordCreateAttempt(Timestamp),
     /// Forget the run's refused creation attempts.
@@ -164,6 +171,21 @@ pub(crate) struct Inputs<'a> {
     /// The egress proxy's pod addresses as this replica's watch has them
     /// ([`crate::egress::proxy_pods`]): denied to a run while its egress gate waits.
     pub proxy_pods: &'a [std::net::IpAddr],
+}
+
+/// What a delete of a run's stored files works on, as planned from the store the run uses now:
+/// the store, the run, the keys of its declared paths' manifests (deleted first) and where, for
+/// the Event.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct PurgeTarget {
+    /// The store the run uses now.
+    pub store: RunStore,
+    /// The run whose directory is deleted.
+    pub run: RunRef,
+    /// Its declared paths' manifest keys: the commit points go first.
+    pub manifests: Vec<object_store::path::Path>,
+    /// `<store url>/<run dir>/`, for the Event.
+    pub location: String,
 }
 
 /// Why a run's stored files were not (all) deleted (`retention: Delete`).
