@@ -2,6 +2,7 @@
 //! it is made from ([`Inputs`]) and the controller's timing constants. Every planner (the parent
 //! module's children) builds from these; nothing here plans.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -9,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use crate::api::{Retention, SandboxRun, SandboxRunStatus};
-use crate::controller::decide::Trigger;
+use crate::controller::decide::{Preflight, Trigger};
 use crate::controller::events::PlannedEvent;
 use crate::controller::observe::PodView;
 use crate::pod::PodSettings;
@@ -171,6 +172,31 @@ pub(crate) struct Inputs<'a> {
     /// The egress proxy's pod addresses as this replica's watch has them
     /// ([`crate::egress::proxy_pods`]): denied to a run while its egress gate waits.
     pub proxy_pods: &'a [std::net::IpAddr],
+}
+
+/// What the creation of a run's pod depends on besides the run, as the prepare stage read it
+/// just before (`super::super::prepare::for_creation`): the pod's final shape and the plan of
+/// its creation are made from these by [`super::creation`].
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CreationFacts {
+    /// Why the run's store cannot be used (tenant stores): the pod is not created.
+    pub store_unusable: Option<String>,
+    /// What the pre-flight of its image says.
+    pub preflight: Preflight,
+    /// Its namespace's labels, when a namespace policy gives a default it does not override.
+    pub namespace_labels: Option<BTreeMap<String, String>>,
+    /// The Kueue ResourceFlavors it was admitted on.
+    pub flavors: Vec<serde_json::Value>,
+}
+
+impl CreationFacts {
+    /// The facts of a run whose store cannot be used (why): nothing else was read.
+    pub(crate) fn store_unusable(why: String) -> CreationFacts {
+        CreationFacts {
+            store_unusable: Some(why),
+            ..CreationFacts::default()
+        }
+    }
 }
 
 /// What a delete of a run's stored files works on, as planned from the store the run uses now:
