@@ -339,26 +339,13 @@ async fn record_pod_lost(
     observation: &Observation,
     now: Timestamp,
 ) -> Result<Requeue, ControllerError> {
-    let Some(live) =
-        observe::live_run(&ctx.client, &observation.namespace, &observation.name).await?
-    else {
+    let Some(live) = prepare::live_run(ctx, observation).await? else {
         return Ok(Requeue::AwaitChange);
     };
-    // The live run as it runs: made from the template its status records.
-    let live = crate::template::recorded(&live).unwrap_or(live);
-    let live = ctx.with_unreported_pod(Arc::new(live));
     if !decide::pod_lost_holds(run, &live, now, &ctx.decide) {
         return Ok(Requeue::After(LOOK_AGAIN_MARGIN));
     }
-    // The run's own store (docs/contract.md "A store per namespace"); one that cannot be read
-    // holds no committed path this record could keep.
-    let committed = match ctx.run_store(&live).await {
-        Ok(store) => observe::committed_entries(&Context::store_view(&store), &live).await,
-        Err(error) => {
-            warn!(run = %live.name_any(), %error, "the run's store cannot be used; its undrained paths are recorded lost");
-            Vec::new()
-        }
-    };
+    let committed = prepare::committed_entries(ctx, &live).await;
     let plan = plan::record_pod_lost(&live, &committed, ctx.lifecycle.default_retention, now);
     drive::carry_out(ctx, &live, &observation.pod_name, None, plan, now).await
 }

@@ -2,7 +2,9 @@
 //! before anything is planned from it — the run it reconciles (made from its template,
 //! [`made_run`]), its Kueue Workload ([`queue_view`]), and, just before its pod is created, the
 //! facts the pod's final shape and its creation depend on ([`for_creation`]: the store verdict,
-//! the namespace's labels, the image pre-flight, the Kueue flavors). Reads only: what they mean
+//! the namespace's labels, the image pre-flight, the Kueue flavors), and before a lost pod is
+//! reported, the live run and what its store has committed ([`live_run`],
+//! [`committed_entries`]). Reads only: what they mean
 //! is decided by pure code (`crate::template`, `super::kueue_gate`, `super::plan`), and nothing
 //! here writes — a run the reads hold is planned and carried out by the pipeline.
 
@@ -18,7 +20,7 @@ use super::decide::{self, Preflight, Step};
 use super::error::ControllerError;
 use super::observe::{self, Observation};
 use super::plan::CreationFacts;
-use crate::api::SandboxRun;
+use crate::api::{ReadBackStatus, SandboxRun};
 use crate::kueue::{Priority, QueueState};
 
 /// The run a reconcile works on: the run itself, or the run made from its template.
@@ -210,4 +212,32 @@ async fn namespace_labels(
     Ok(Some(
         observe::namespace_labels(&ctx.client, &namespace).await?,
     ))
+}
+
+/// The run as the apiserver has it now and as it runs (made from the template its status
+/// records; a pod this replica created and has not reported yet counted in: [`Context::with_unreported_pod`]);
+/// None: it is gone.
+pub(super) async fn live_run(
+    ctx: &Context,
+    observation: &Observation,
+) -> Result<Option<Arc<SandboxRun>>, ControllerError> {
+    let Some(live) =
+        observe::live_run(&ctx.client, &observation.namespace, &observation.name).await?
+    else {
+        return Ok(None);
+    };
+    let live = crate::template::recorded(&live).unwrap_or(live);
+    Ok(Some(ctx.with_unreported_pod(Arc::new(live))))
+}
+
+/// The entries of the run's paths whose manifest its own store already has (docs/contract.md
+/// "A store per namespace"); a store that cannot be used holds no committed path.
+pub(super) async fn committed_entries(ctx: &Context, live: &SandboxRun) -> Vec<ReadBackStatus> {
+    match ctx.run_store(live).await {
+        Ok(store) => observe::committed_entries(&Context::store_view(&store), live).await,
+        Err(error) => {
+            warn!(run = %live.name_any(), %error, "the run's store cannot be used; its undrained paths are recorded lost");
+            Vec::new()
+        }
+    }
 }
