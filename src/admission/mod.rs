@@ -22,7 +22,6 @@ pub(crate) mod ratchet;
 pub mod resolvable;
 pub(crate) mod review_limit;
 pub(crate) mod rules;
-pub(crate) mod schema;
 pub(crate) mod serve;
 pub(crate) mod stamp;
 pub(crate) mod stamp_key;

@@ -19,9 +19,9 @@ use tracing::{info, warn};
 
 use super::context::{Context, MANAGER};
 use super::drain_queue::Waiter;
-use super::error::{kube_err, ControllerError, StoreUnusable};
+use super::error::{kube_err, ControllerError};
 use super::events::{PlannedEvent, EVENT_NOTE_LIMIT};
-use super::plan::{Answer, Effect, NotPurged, PathPlan, PathWork, Plan, Requeue};
+use super::plan::{Answer, Effect, NotPurged, PathPlan, PathWork, Plan, PurgeTarget, Requeue};
 use super::refusals;
 use crate::api::{Compression, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
 use crate::drain::path_drain::{drain_path, PathJob};
@@ -29,7 +29,6 @@ use crate::inpod::holder::HolderCommand;
 use crate::pod;
 use crate::store::purge::delete_run_archives;
 use crate::store::tenant_read::RunStore;
-use crate::store::RunRef;
 
 /// How long the operator waits for `holder --mark-drained` to report its status.
 const MARK_DRAINED_TIMEOUT: Duration = Duration::from_secs(10);
@@ -106,7 +105,8 @@ async fn effect_of(
         Effect::DeletePod { at_once } => delete_pod(&pods, pod_name, at_once).await?,
         Effect::MarkDrained => mark_drained(&pods, pod_name, &ctx.pod.holder_binary).await,
         Effect::DeleteExpiredRun(event) => delete_expired_run(ctx, run, &runs, &event).await?,
-        Effect::PurgeStoredFiles => return Ok(Some(purge_stored_files(ctx, run).await)),
+        Effect::PurgeStoredFiles => return Ok(Some(purge_store(ctx, run).await)),
+        Effect::DeleteStoredFiles(target) => return Ok(Some(delete_stored_files(&target).await)),
         Effect::RecordCreateAttempt(at) => ctx.record_create_attempt(run, at),
         Effect::ForgetCreateAttempts => ctx.forget_create_attempt(run),
         Effect::RememberUnreportedPod => ctx.remember_unreported_pod(run),
@@ -203,8 +203,8 @@ pub(super) async fn apply_network_policy(
 /// Where a teardown's drains read from and write to.
 pub(crate) struct DrainTarget {
     /// The store the run uses, resolved when its teardown started (docs/contract.md "A store per
-    /// namespace"), or why it cannot be used: then every path it drains fails, naming it.
-    store: Result<RunStore, StoreUnusable>,
+    /// namespace"); a run whose store cannot be used has no path to drain (each is recorded).
+    store: RunStore,
     pods: Api<Pod>,
     pod_name: String,
     namespace: String,
@@ -229,7 +229,7 @@ impl DrainTarget {
     pub(crate) fn new(
         ctx: &Context,
         run: &SandboxRun,
-        store: Result<RunStore, StoreUnusable>,
+        store: RunStore,
         deadline: tokio::time::Instant,
     ) -> Self {
         let namespace = run.namespace().unwrap_or_default();
@@ -322,18 +322,7 @@ async fn drain_one(
     else {
         return (path.entry, None);
     };
-    let store = match &target.store {
-        Ok(store) => store,
-        Err(why) => {
-            // Loud, never a fallback to another store (docs/contract.md "A store per namespace").
-            let failed = crate::drain::path_drain::store_unusable(
-                &path.path,
-                previous_attempts,
-                &why.to_string(),
-            );
-            return (path.entry, Some(failed));
-        }
-    };
+    let store = &target.store;
     let job = PathJob {
         pods: &target.pods,
         pod_name: &target.pod_name,
@@ -397,57 +386,46 @@ async fn delete_expired_run(
     Ok(())
 }
 
-/// Deletes everything the run stored (only its own `<prefix>/<namespace>/<name>/<uid>/`), from
-/// the store it used and with that store's credentials (docs/contract.md "A store per
-/// namespace"): how many objects, or why not.
-async fn purge_stored_files(ctx: &Context, run: &SandboxRun) -> Answer {
-    let reference = RunRef {
-        namespace: run.namespace().unwrap_or_default(),
-        name: run.name_any(),
-        uid: run.uid().unwrap_or_default(),
-    };
-    let store = match ctx.run_store(run).await {
-        Ok(store) => store,
+/// The store `run` uses now, for the delete of its stored files (what is deleted is planned
+/// from it: [`super::plan::after`]).
+async fn purge_store(ctx: &Context, run: &SandboxRun) -> Answer {
+    match ctx.run_store(run).await {
+        Ok(store) => Answer::PurgeStore(Ok(Box::new(store))),
         Err(e) => {
-            warn!(run = %reference.name, namespace = %reference.namespace, error = %e, "the run's store cannot be used; its stored files are not deleted");
-            let location = format!("the store of {}/{}", reference.namespace, reference.name);
-            return Answer::FilesPurged {
-                result: Err(NotPurged::StoreUnusable(e.to_string())),
-                location,
-            };
-        }
-    };
-    let dir = crate::store::run_dir(&store.prefix, &reference);
-    // The commit points of its declared paths go first.
-    let manifests: Vec<_> = run
-        .spec
-        .read_back_paths()
-        .iter()
-        .enumerate()
-        .map(|(i, p)| crate::store::keys::manifest_key(&store.prefix, &reference, i, &p.path))
-        .collect();
-    let location = format!("{}/{dir}/", store.url.trim_end_matches('/'));
-    let result = match crate::controller::retention::stored_elsewhere(run, &store.url, &dir) {
-        Some(object) => Err(NotPurged::StoredElsewhere {
-            object,
-            store: store.describe(),
-        }),
-        None => delete_run_archives(&store.store, &store.prefix, &reference, &manifests)
-            .await
-            .map_err(|e| NotPurged::Store {
-                store: store.describe(),
-                error: e.to_string(),
-            }),
-    };
-    match &result {
-        Ok(count) => {
-            info!(run = %reference.name, namespace = %reference.namespace, count, "deleted the run's stored files");
-        }
-        Err(e) => {
-            warn!(run = %reference.name, namespace = %reference.namespace, error = %e, "deleting the run's stored files failed");
+            warn!(run = %run.name_any(), namespace = ?run.namespace(), error = %e, "the run's store cannot be used; its stored files are not deleted");
+            Answer::PurgeStore(Err(NotPurged::StoreUnusable(e.to_string())))
         }
     }
-    Answer::FilesPurged { result, location }
+}
+
+/// Deletes everything the run stored (only its own `<prefix>/<namespace>/<name>/<uid>/`, as
+/// `target` names it), from the store it uses and with that store's credentials
+/// (docs/contract.md "A store per namespace"): how many objects, or the store's words.
+async fn delete_stored_files(target: &PurgeTarget) -> Answer {
+    let PurgeTarget {
+        store,
+        run,
+        manifests,
+        location,
+    } = target;
+    let result = delete_run_archives(&store.store, &store.prefix, run, manifests)
+        .await
+        .map_err(|e| NotPurged::Store {
+            store: store.describe(),
+            error: e.to_string(),
+        });
+    match &result {
+        Ok(count) => {
+            info!(run = %run.name, namespace = %run.namespace, count, "deleted the run's stored files");
+        }
+        Err(e) => {
+            warn!(run = %run.name, namespace = %run.namespace, error = %e, "deleting the run's stored files failed");
+        }
+    }
+    Answer::FilesPurged {
+        result,
+        location: location.clone(),
+    }
 }
 
 /// Publishes `event` about `run`, `related` to its pod when there is one (the Events API's

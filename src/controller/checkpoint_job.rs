@@ -65,7 +65,7 @@ async fn checkpoint(ctx: &Context, run: &SandboxRun) -> Result<(), ControllerErr
         return Ok(());
     }
     let paths = plan::checkpoint_paths(&live, &pod, &ctx.caps);
-    let store = super::teardown_job::teardown_store(ctx, &live, &paths).await?;
+    let (store, paths) = super::teardown_job::teardown_store(ctx, &live, paths).await?;
     let timeout = u64::try_from(ctx.drain_timeout_seconds(&live)).unwrap_or(0);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
     let target = DrainTarget::new(ctx, &live, store, deadline).checkpoint(index);

@@ -177,12 +177,13 @@ pub(crate) fn pull_verdict(
     }
 }
 
-/// What the pre-flight resolution of a run's image (`run --preflight-images`, done by the act
-/// stage before it creates the pod) means for that pod (docs/contract.md ADR-006 §5): only a
+/// What the pre-flight resolution of a run's image (`run --preflight-images`, read by the
+/// prepare stage before the pod is created) means for that pod (docs/contract.md ADR-006 §5): only a
 /// definitive "does not exist" keeps it from being created.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) enum Preflight {
-    /// The registry has the manifest: create the pod.
+    /// The registry has the manifest (or no pre-flight was asked): create the pod.
+    #[default]
     Proceed,
     /// The registry could not be asked or gave no clear answer (timeout, 5xx, connection
     /// refused, auth): create the pod anyway (the kubelet may still pull it) and warn.

@@ -1,7 +1,9 @@
-//! One reconcile, stage by stage, with one `now`: observe → decide → plan → act (through
-//! [`drive`], which plans each answer's follow-up). The steps whose plan needs a read first —
-//! creating the pod (the image pre-flight), reporting a lost pod (the live run and the store) —
-//! read it through [`observe`] here, then plan.
+//! One reconcile, stage by stage, with one `now`: observe (the pod: [`observe`]; the rest it
+//! reads: [`prepare`]) → decide → plan → act (through [`drive`], which plans each answer's
+//! follow-up). The steps whose plan needs a read first — creating the pod (the store verdict,
+//! namespace labels, image pre-flight, Kueue flavors), reporting a lost pod (the live run and
+//! the store) — read it through [`prepare`] / [`observe`] here, then plan; nothing here decides
+//! what a read means, and every write goes through [`drive`].
 
 use std::sync::Arc;
 
@@ -45,23 +47,9 @@ pub(crate) async fn reconcile(
     now: Timestamp,
 ) -> Result<Reconciled, ControllerError> {
     let own: &SandboxRun = run;
-    let observation = match observe::observe(&ctx.client, run, now).await? {
-        Observed::Run(observation) => observation,
-        // A pod with our name that the run does not own is not ours to drain or delete.
-        Observed::NameTaken { observation, other } => {
-            let plan = plan::name_conflict(run, &observation.pod_name);
-            let pod_name = &observation.pod_name;
-            let requeue =
-                drive::carry_out(ctx, run, pod_name, Some(other.as_ref()), plan, now).await?;
-            return Ok(Reconciled {
-                step: None,
-                requeue,
-            });
-        }
-    };
-    let (run, resolved) = match made_from_template(ctx, run, &observation, now).await? {
-        Made::Run { run, resolved } => (run, resolved),
-        Made::Held(requeue) => {
+    let (observation, run, resolved) = match observed(ctx, run, now).await? {
+        Ok(observed) => observed,
+        Err(requeue) => {
             return Ok(Reconciled {
                 step: None,
                 requeue,
@@ -89,7 +77,17 @@ pub(crate) async fn reconcile(
     };
     let pod_name = observation.pod_name.as_str();
     let verified = rights_unverified.is_none();
-    let stages = through_stages(ctx, (run, own), step, &inputs, verified, &observation, now);
+    let queue = prepare::queue_view(ctx, run, &step).await?;
+    let staged = (step, queue.as_ref());
+    let stages = through_stages(
+        ctx,
+        (run, own),
+        staged,
+        &inputs,
+        verified,
+        &observation,
+        now,
+    );
     let step = match stages.await? {
         Through::Go(step) => step,
         Through::Held(requeue) => return Ok(Reconciled::after(label, requeue)),
@@ -98,26 +96,61 @@ pub(crate) async fn reconcile(
         StepPlan::Carry(plan) => {
             drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), *plan, now).await?
         }
-        StepPlan::CreatePod(pod) => create_pod(ctx, run, *pod, resolved, now).await?,
+        StepPlan::CreatePod(pod) => {
+            create_pod(ctx, run, *pod, (resolved, queue.as_ref()), now).await?
+        }
         StepPlan::RecordPodLost => record_pod_lost(ctx, run, &observation, now).await?,
         StepPlan::Checkpoint => {
             checkpoint_job::start(ctx, run);
             Requeue::After(IN_FLIGHT_REQUEUE)
         }
-        StepPlan::Teardown(trigger) => {
-            teardown_job::start(ctx, run, trigger);
-            // A teardown that waits for a slot is looked at again after the quiet window.
-            match ctx
-                .in_flight
-                .drains
-                .position(&run.uid().unwrap_or_default())
-            {
-                Some(_) => Requeue::After(ctx.lifecycle.settle + LOOK_AGAIN_MARGIN),
-                None => Requeue::After(IN_FLIGHT_REQUEUE),
-            }
-        }
+        StepPlan::Teardown(trigger) => start_teardown(ctx, run, trigger),
     };
     Ok(Reconciled::after(label, requeue))
+}
+
+/// The run's pod observed and the run it reconciles made (from its template: `resolved`, it
+/// was read now), or — a pod with its name it does not own, a template that cannot make it —
+/// the plan that says so carried out, and when to look again.
+async fn observed(
+    ctx: &Arc<Context>,
+    run: &Arc<SandboxRun>,
+    now: Timestamp,
+) -> Result<Result<(Observation, Arc<SandboxRun>, bool), Requeue>, ControllerError> {
+    let observation = match observe::observe(&ctx.client, run, now).await? {
+        Observed::Run(observation) => observation,
+        // A pod with our name that the run does not own is not ours to drain or delete.
+        Observed::NameTaken { observation, other } => {
+            let plan = plan::name_conflict(run, &observation.pod_name);
+            let pod_name = &observation.pod_name;
+            let requeue =
+                drive::carry_out(ctx, run, pod_name, Some(other.as_ref()), plan, now).await?;
+            return Ok(Err(requeue));
+        }
+    };
+    match prepare::made_run(ctx, run, &observation).await? {
+        prepare::MadeRun::Run { run, resolved } => Ok(Ok((observation, run, resolved))),
+        prepare::MadeRun::Unusable(message) => {
+            let plan = plan::template_unusable(run, &message, now);
+            let pod = observation.pod.as_ref();
+            let requeue = drive::carry_out(ctx, run, &observation.pod_name, pod, plan, now).await?;
+            Ok(Err(requeue))
+        }
+    }
+}
+
+/// Starts the run's teardown in the drain pool; one that waits for a slot is looked at again
+/// after the quiet window.
+fn start_teardown(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: decide::Trigger) -> Requeue {
+    teardown_job::start(ctx, run, trigger);
+    match ctx
+        .in_flight
+        .drains
+        .position(&run.uid().unwrap_or_default())
+    {
+        Some(_) => Requeue::After(ctx.lifecycle.settle + LOOK_AGAIN_MARGIN),
+        None => Requeue::After(IN_FLIGHT_REQUEUE),
+    }
 }
 
 /// Why the run may not get a pod until an admission verifies its author's rights, when `step`
@@ -129,23 +162,29 @@ fn unverified_rights(ctx: &Context, own: &SandboxRun, step: &decide::Step) -> Op
         .flatten()
 }
 
-/// The stages between decide and plan: Kueue's queue ([`through_kueue`]), then a warm pool's
-/// claim ([`warm::through_pool`]).
+/// The stages between decide and plan: Kueue's queue ([`through_kueue`], on the run's Kueue
+/// view `queue`), then a warm pool's claim ([`warm::through_pool`]).
 async fn through_stages(
     ctx: &Arc<Context>,
     (run, own): (&Arc<SandboxRun>, &SandboxRun),
-    step: decide::Step,
+    (step, queue): (decide::Step, Option<&prepare::QueueView>),
     inputs: &Inputs<'_>,
     rights_verified: bool,
     observation: &Observation,
     now: Timestamp,
 ) -> Result<Through, ControllerError> {
-    let step = match through_kueue(ctx, run, step, inputs, observation, now).await? {
-        Through::Go(step) => step,
-        held => return Ok(held),
+    let step = match queue {
+        Some(queue) => {
+            match through_kueue(ctx, run, (step, queue), inputs, observation, now).await? {
+                Through::Go(step) => step,
+                held => return Ok(held),
+            }
+        }
+        None => step,
     };
+    let claim = (step, queue);
     Ok(
-        match warm::through_pool(ctx, (run, own), step, inputs, rights_verified, now).await? {
+        match warm::through_pool(ctx, (run, own), claim, inputs, rights_verified, now).await? {
             warm::Warm::Go(step) => Through::Go(step),
             warm::Warm::Done(requeue) => Through::Held(requeue),
         },
@@ -160,35 +199,33 @@ enum Through {
     Held(Requeue),
 }
 
-/// The queue stage of a run in a Kueue queue ([`kueue_gate`]; `run --kueue`): reads its
-/// Workload (and, to create one, the priority class it names and the pod it would get), then
-/// carries out what the gate says, or hands back the step. Any other run: the step.
+/// The queue stage of a run in a Kueue queue ([`kueue_gate`]; `run --kueue`), on what
+/// [`prepare::queue_view`] read of its Workload: the Workload to create (the pod the run would
+/// get, at the priority it names) when it has none, then what the gate says is carried out, or
+/// the step handed back.
 async fn through_kueue(
     ctx: &Arc<Context>,
     run: &Arc<SandboxRun>,
-    step: decide::Step,
+    (step, queue): (decide::Step, &prepare::QueueView),
     inputs: &Inputs<'_>,
     observation: &Observation,
     now: Timestamp,
 ) -> Result<Through, ControllerError> {
-    if !ctx.lifecycle.kueue || crate::kueue::queue_of(run).is_none() {
-        return Ok(Through::Go(step));
-    }
-    let workload = observe::workload(&ctx.client, run).await?;
-    let state = crate::kueue::state_of(workload.as_ref(), &run.uid().unwrap_or_default());
     let pod_name = observation.pod_name.as_str();
+    let state = &queue.state;
     let mut to_create = None;
-    if state == crate::kueue::QueueState::Absent && matches!(step, decide::Step::CreatePod) {
+    if *state == crate::kueue::QueueState::Absent && matches!(step, decide::Step::CreatePod) {
         // The Workload asks for the pod the run would get; a run that would get none (refused,
         // held) is planned as without Kueue.
         match plan::plan_step(decide::Step::CreatePod, inputs) {
             StepPlan::CreatePod(pod) => {
-                let priority = match crate::kueue::priority_class_of(run) {
-                    Some(name) => observe::workload_priority(&ctx.client, name).await?,
-                    None => None,
-                };
-                let queue = crate::kueue::queue_of(run).unwrap_or_default();
-                to_create = Some(crate::kueue::build(run, queue, &pod, priority.as_ref()));
+                let name = crate::kueue::queue_of(run).unwrap_or_default();
+                to_create = Some(crate::kueue::build(
+                    run,
+                    name,
+                    &pod,
+                    queue.priority.as_ref(),
+                ));
             }
             StepPlan::Carry(plan) => {
                 let requeue =
@@ -200,8 +237,8 @@ async fn through_kueue(
         }
     }
     let queued = kueue_gate::QueueInputs {
-        state: &state,
-        workload: workload.as_ref(),
+        state,
+        workload: queue.workload.as_ref(),
         to_create,
         has_pod: observation.view.is_some(),
     };
@@ -219,76 +256,6 @@ async fn through_kueue(
             };
             drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), finish, now).await?;
             Ok(Through::Go(step))
-        }
-    }
-}
-
-/// The run a reconcile works on: the run itself, or the run made from its template.
-enum Made {
-    /// Reconcile this run; `resolved`: its template was read in this reconcile (the status that
-    /// records it is not stored yet).
-    Run {
-        run: Arc<SandboxRun>,
-        resolved: bool,
-    },
-    /// The template cannot make the run: it was held (no pod), look again then.
-    Held(Requeue),
-}
-
-/// The run made from its template (docs/contract.md "Templates"): from the template its status
-/// records, once its pod was created ([`crate::template::record_holds`]); else, before that,
-/// from the template read now, which the pod's creation records. A template that cannot make the run holds it: its
-/// pod is never created with the run's own spec. A run being deleted with no pod is its own: no
-/// pod will ever be created for it.
-async fn made_from_template(
-    ctx: &Context,
-    run: &Arc<SandboxRun>,
-    observation: &Observation,
-    now: Timestamp,
-) -> Result<Made, ControllerError> {
-    let plain = |run: Arc<SandboxRun>| Made::Run {
-        run,
-        resolved: false,
-    };
-    let Some(reference) = run.spec.template_ref.clone() else {
-        return Ok(plain(run.clone()));
-    };
-    let has_pod = observation.view.is_some();
-    if crate::template::record_holds(run, has_pod) {
-        if let Some(made) = crate::template::recorded(run) {
-            return Ok(plain(Arc::new(made)));
-        }
-    }
-    if run.metadata.deletion_timestamp.is_some() && !has_pod {
-        return Ok(plain(run.clone()));
-    }
-    if has_pod {
-        // The record is written before the pod is created: the watch cache lags behind it.
-        let live =
-            observe::live_run(&ctx.client, &observation.namespace, &observation.name).await?;
-        let applied = live.and_then(|l| l.status.and_then(|s| s.template));
-        let mut with_record = SandboxRun::clone(run);
-        with_record
-            .status
-            .get_or_insert_with(Default::default)
-            .template = applied;
-        if let Some(made) = crate::template::recorded(&with_record) {
-            return Ok(plain(Arc::new(made)));
-        }
-        warn!(run = %observation.name, "the run's pod exists and its status records no template; resolving it now");
-    }
-    let template = observe::template(&ctx.client, &observation.namespace, &reference).await?;
-    match template.and_then(|t| crate::template::resolve(run, t.as_ref())) {
-        Ok(made) => Ok(Made::Run {
-            run: Arc::new(made),
-            resolved: true,
-        }),
-        Err(message) => {
-            warn!(run = %observation.name, %message, "the run's template cannot make it; its pod is not created");
-            let plan = plan::template_unusable(run, &message.to_string(), now);
-            let pod = observation.pod.as_ref();
-            let requeue = drive::carry_out(ctx, run, &observation.pod_name, pod, plan, now).await?;
-            Ok(Made::Held(requeue))
         }
     }
 }
@@ -329,30 +296,20 @@ pub(crate) async fn in_flight(
     Ok(requeue)
 }
 
-/// Creates the run's pod: the pre-flight of its image first (`--preflight-images`), its egress
-/// judged, then the plan of both carried out. `resolved`: the run's template was read in this
-/// reconcile, and the status that records it is written before the pod is created.
+/// Creates the run's pod: what its creation depends on read first ([`prepare::for_creation`]:
+/// its store, its namespace's labels, the pre-flight of its image, its Kueue flavors), then the
+/// plan made from it ([`plan::creation`]) carried out. `resolved`: the run's template was read
+/// in this reconcile, and the status that records it is written before the pod is created.
 async fn create_pod(
     ctx: &Context,
     run: &SandboxRun,
     pod: Pod,
-    resolved: bool,
+    (resolved, queue): (bool, Option<&prepare::QueueView>),
     now: Timestamp,
 ) -> Result<Requeue, ControllerError> {
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
-    if let Some(message) = prepare::store_unusable(ctx, run).await? {
-        let plan = plan::store_unusable(run, &message, now);
-        return drive::carry_out(ctx, run, &pod_name, None, plan, now).await;
-    }
-    let preflight = match &ctx.admission.preflight {
-        Some(resolver) => {
-            let (image, resolution) =
-                observe::resolve_image(&ctx.client, resolver, run, &pod).await;
-            decide::preflight(&image, &resolution)
-        }
-        None => Preflight::Proceed,
-    };
-    match &preflight {
+    let facts = prepare::for_creation(ctx, run, &pod, queue, true).await?;
+    match &facts.preflight {
         Preflight::Proceed => {}
         Preflight::ProceedUnverified { message } => {
             warn!(run = %run.name_any(), %message, "image not verified; creating the pod anyway");
@@ -361,9 +318,11 @@ async fn create_pod(
             warn!(run = %run.name_any(), %message, "image does not resolve; the run fails");
         }
     }
-    let pod = prepare::namespace_default(ctx, run, pod).await?;
-    let pod = prepare::kueue_flavors(ctx, run, pod).await?;
-    let plan = plan::create(run, pod, preflight, verdict(run, &ctx.pod.egress), now);
+    let judged = (
+        verdict(run, &ctx.pod.egress),
+        ctx.pod.namespace_policies.as_slice(),
+    );
+    let plan = plan::creation(run, pod, facts, judged, now);
     let plan = if resolved {
         plan::recording_template(plan, run)
     } else {
@@ -380,26 +339,13 @@ async fn record_pod_lost(
     observation: &Observation,
     now: Timestamp,
 ) -> Result<Requeue, ControllerError> {
-    let Some(live) =
-        observe::live_run(&ctx.client, &observation.namespace, &observation.name).await?
-    else {
+    let Some(live) = prepare::live_run(ctx, observation).await? else {
         return Ok(Requeue::AwaitChange);
     };
-    // The live run as it runs: made from the template its status records.
-    let live = crate::template::recorded(&live).unwrap_or(live);
-    let live = ctx.with_unreported_pod(Arc::new(live));
     if !decide::pod_lost_holds(run, &live, now, &ctx.decide) {
         return Ok(Requeue::After(LOOK_AGAIN_MARGIN));
     }
-    // The run's own store (docs/contract.md "A store per namespace"); one that cannot be read
-    // holds no committed path this record could keep.
-    let committed = match ctx.run_store(&live).await {
-        Ok(store) => observe::committed_entries(&Context::store_view(&store), &live).await,
-        Err(error) => {
-            warn!(run = %live.name_any(), %error, "the run's store cannot be used; its undrained paths are recorded lost");
-            Vec::new()
-        }
-    };
+    let committed = prepare::committed_entries(ctx, &live).await;
     let plan = plan::record_pod_lost(&live, &committed, ctx.lifecycle.default_retention, now);
     drive::carry_out(ctx, &live, &observation.pod_name, None, plan, now).await
 }

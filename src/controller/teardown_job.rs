@@ -16,7 +16,7 @@ use super::context::Context;
 use super::decide::Trigger;
 use super::drain_queue::Waiter;
 use super::drive;
-use super::error::{kube_err, ControllerError, StoreUnusable};
+use super::error::{kube_err, ControllerError};
 use super::observe;
 use super::plan::{self, TeardownPlan, TeardownProgress};
 use crate::api::{ReadBackStatus, SandboxRun};
@@ -108,26 +108,29 @@ async fn fresh_teardown(
     teardown(ctx, &live, pod.as_ref(), trigger, Some(hold)).await
 }
 
-/// The store the teardown drains into, resolved now (docs/contract.md "A store per namespace"):
-/// read only when a path is still to drain; why not, when it cannot be used. A read that may
-/// pass (the apiserver unreachable or failing) is an error: the teardown is retried.
+/// The store the teardown drains into, resolved now (docs/contract.md "A store per namespace"),
+/// and its paths: read only when a path is still to drain; when it cannot be used, every path
+/// still to drain is recorded Failed naming it ([`plan::without_store`]) and nothing is drained.
+/// A read that may pass (the apiserver unreachable or failing) is an error: the teardown is
+/// retried.
 pub(super) async fn teardown_store(
     ctx: &Context,
     run: &SandboxRun,
-    paths: &[plan::PathPlan],
-) -> Result<Result<RunStore, StoreUnusable>, ControllerError> {
+    paths: Vec<plan::PathPlan>,
+) -> Result<(RunStore, Vec<plan::PathPlan>), ControllerError> {
     if !paths
         .iter()
         .any(|p| matches!(p.work, plan::PathWork::Drain { .. }))
     {
-        return Ok(Ok(ctx.operator_store()));
+        return Ok((ctx.operator_store(), paths));
     }
     match ctx.run_store(run).await {
-        Ok(store) => Ok(Ok(store)),
+        Ok(store) => Ok((store, paths)),
         Err(error) => {
             let why = super::error::store_verdict(error)?;
             warn!(run = %run.name_any(), namespace = ?run.namespace(), error = %why, "the run's store cannot be used; its drains fail");
-            Ok(Err(why))
+            let paths = plan::without_store(paths, &why.to_string());
+            Ok((ctx.operator_store(), paths))
         }
     }
 }
@@ -180,7 +183,7 @@ async fn teardown(
         paths,
         holder_running,
     } = plan::teardown(run, pod, trigger, &ctx.caps, timeout, now);
-    let store = teardown_store(ctx, run, &paths).await?;
+    let (store, paths) = teardown_store(ctx, run, paths).await?;
     let deleting = pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some());
     let mut target = DrainTarget::new(ctx, run, store, tokio::time::Instant::now() + drain_left)
         .urgent(deleting);

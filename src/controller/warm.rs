@@ -27,6 +27,7 @@ use super::context::Context;
 use super::decide::Step;
 use super::error::ControllerError;
 use super::plan::{self, Inputs, Plan, Requeue, StepPlan};
+use super::prepare::QueueView;
 use crate::api::{SandboxRun, SandboxRunPool, WarmStart};
 use crate::pool::pod as pool_pod;
 
@@ -45,7 +46,7 @@ pub(super) enum Warm {
 pub(super) async fn through_pool(
     ctx: &Arc<Context>,
     (run, own): (&Arc<SandboxRun>, &SandboxRun),
-    step: Step,
+    (step, queue): (Step, Option<&QueueView>),
     inputs: &Inputs<'_>,
     rights_verified: bool,
     now: Timestamp,
@@ -72,7 +73,7 @@ pub(super) async fn through_pool(
     };
     let pool_name = pool.name_any();
     let uid = run.uid().unwrap_or_default();
-    let Some(cold) = cold_pod(ctx, run, inputs).await? else {
+    let Some(cold) = cold_pod(ctx, run, inputs, queue).await? else {
         return Ok(Warm::Go(step));
     };
     let mine = pods
@@ -201,21 +202,25 @@ enum Cold {
 }
 
 /// The pod the run would get cold, as the cold path makes it (its rules passed, its namespace's
-/// default runtime class, its Kueue flavor's node labels and tolerations); None when the cold path would not create one now (a refusal, a store
+/// default runtime class, its Kueue flavor's node labels and tolerations: the same facts, read
+/// by [`super::prepare::for_creation`] without the image pre-flight, and the same shaping,
+/// [`plan::shaped_pod`]); None when the cold path would not create one now (a refusal, a store
 /// it cannot use: the cold path says so).
 async fn cold_pod(
     ctx: &Context,
     run: &SandboxRun,
     inputs: &Inputs<'_>,
+    queue: Option<&QueueView>,
 ) -> Result<Option<Pod>, ControllerError> {
     let StepPlan::CreatePod(cold) = plan::plan_step(Step::CreatePod, inputs) else {
         return Ok(None);
     };
-    if super::prepare::store_unusable(ctx, run).await?.is_some() {
+    let facts = super::prepare::for_creation(ctx, run, &cold, queue, false).await?;
+    if facts.store_unusable.is_some() {
         return Ok(None);
     }
-    let cold = super::prepare::namespace_default(ctx, run, *cold).await?;
-    Ok(Some(super::prepare::kueue_flavors(ctx, run, cold).await?))
+    let policies = &ctx.pod.namespace_policies;
+    Ok(Some(plan::shaped_pod(run, *cold, &facts, policies)))
 }
 
 /// The claimed `pod`'s launcher is handed the run's command and env, then the run records the

@@ -12,6 +12,7 @@
 
 pub(crate) mod live;
 pub(crate) mod live_verdicts;
+mod schema;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
@@ -985,21 +986,19 @@ fn sandbox_run_like(api_version: Option<&str>, kind: Option<&str>) -> bool {
     })
 }
 
-/// `value` without the values its structural schema refuses ([`crate::admission::schema::invalid_values`]):
+/// `value` without the values its structural schema refuses ([`schema::invalid_values`]):
 /// what `doctor` deserializes and judges, so that one bad value does not hide the other rules.
 pub fn without_invalid_values(value: &serde_yaml::Value) -> serde_yaml::Value {
     serde_json::to_value(value)
         .ok()
-        .and_then(|json| {
-            serde_yaml::to_value(crate::admission::schema::invalid_values(&json).1).ok()
-        })
+        .and_then(|json| serde_yaml::to_value(schema::invalid_values(&json).1).ok())
         .unwrap_or_else(|| value.clone())
 }
 
 /// What the cluster judges before the webhook sees a document that should be a SandboxRun: its
 /// apiVersion and kind ([`ids::API_VERSION_KIND`]), the fields its structural schema does not
-/// know ([`crate::admission::schema::unknown_fields`]) and the values outside their type or enum
-/// ([`crate::admission::schema::invalid_values`]). Empty for a document that is not SandboxRun-like.
+/// know ([`schema::unknown_fields`]) and the values outside their type or enum
+/// ([`schema::invalid_values`]). Empty for a document that is not SandboxRun-like.
 pub fn document_findings(value: &serde_yaml::Value) -> Vec<Finding> {
     let field = |k: &str| value.get(k).and_then(|v| v.as_str());
     let (api_version, kind) = (field("apiVersion"), field("kind"));
@@ -1032,8 +1031,8 @@ pub fn document_findings(value: &serde_yaml::Value) -> Vec<Finding> {
     }
     match serde_json::to_value(value) {
         Ok(json) => {
-            out.extend(crate::admission::schema::unknown_fields(&json));
-            out.extend(crate::admission::schema::invalid_values(&json).0);
+            out.extend(schema::unknown_fields(&json));
+            out.extend(schema::invalid_values(&json).0);
         }
         Err(e) => tracing::debug!(error = %e, "document is not JSON-shaped; fields not walked"),
     }

@@ -2,7 +2,9 @@
 //! sanitized, metered against the path's cap, re-emitted (optionally compressed) and streamed into
 //! object storage, then committed by a create-only manifest.
 //!
-//! - [`path_drain`]: one path end to end — exec, pipeline, commit, retries — to a status entry.
+//! - [`path_drain`]: one path end to end — exec, pipeline, commit, retries — to a status entry;
+//!   [`attempt_error`]: why an attempt failed and what that means (retry, metric, words);
+//!   [`outcome`]: the status entry it ends with (pure).
 //! - [`exec`]: the `pack` exec in the holder and its exit status.
 //! - [`wire`]: the packer's stream as it crosses the exec (tar, or tar in zstd), decoded before the
 //!   pipeline.
@@ -22,11 +24,13 @@
 pub(crate) mod archive;
 #[cfg(test)]
 mod archive_tests;
+mod attempt_error;
 pub(crate) mod bandwidth;
 pub mod exec;
 mod fence;
 pub(crate) mod idle;
 mod options;
+mod outcome;
 pub(crate) mod path_drain;
 mod pipeline;
 pub(crate) mod pod_notes;

@@ -26,24 +26,26 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use object_store::{ObjectStore, ObjectStoreExt};
-use thiserror::Error;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::archive::{drain_stream, DrainError, DrainErrorKind, DrainOptions};
+use super::attempt_error::describe_failure;
+pub(crate) use super::attempt_error::AttemptError;
 use super::bandwidth::DrainBandwidth;
 use super::exec::{pack_argv, ExecError, PackExec, BUDGET_FLAG};
 use super::idle::IdleGuard;
+use super::outcome::failed;
+pub(crate) use super::outcome::{committed_status, nothing_readable, object_url, store_unusable};
 use super::pod_notes::pod_notes;
 use super::wire::{Wire, WIRE_FLAG};
-use crate::api::{Compression, ReadBackPhase, ReadBackStatus};
+use crate::api::{Compression, ReadBackStatus};
 use crate::metrics::Metrics;
 use crate::store::credentials;
 use crate::store::{
     archive_writer, attempt_object_keys, checkpoint_object_keys, try_read_manifest, write_manifest,
     DrainOutcome, Manifest, ManifestContext, ManifestWrite, ObjectKeys, RunRef, StoreError,
 };
-use crate::tar::sanitize::MemberKind;
 
 /// Longest pause between two attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
@@ -108,275 +110,6 @@ pub(crate) struct PathJob<'a> {
     pub(crate) run_attempt: u32,
     /// The checkpoint being taken (`spec.checkpoint`), None at a teardown: its keys and manifest.
     pub(crate) checkpoint: Option<u32>,
-}
-
-/// Why one attempt failed.
-#[derive(Debug, Error)]
-pub(crate) enum AttemptError {
-    /// The exec transport.
-    #[error(transparent)]
-    Exec(#[from] ExecError),
-    /// The stream or its upload.
-    #[error(transparent)]
-    Drain(#[from] DrainError),
-    /// The store (manifest).
-    #[error(transparent)]
-    Store(#[from] StoreError),
-    /// The exec gave no stdout.
-    #[error("the exec of the packer has no stdout")]
-    NoStdout,
-    /// The packer could read nothing at the path (see [`nothing_readable`]).
-    #[error("{0}")]
-    NothingReadable(String),
-    /// The packer kept the drain waiting past the idle bound (src/drain/idle.rs).
-    #[error("{0}")]
-    Idle(String),
-    /// The fence said no before the commit: another replica drains the run (src/drain/fence.rs).
-    #[error("another replica holds the run's drain claim; not committing")]
-    Fenced,
-}
-
-impl AttemptError {
-    /// Whether another attempt may succeed.
-    pub(crate) fn is_transient(&self) -> bool {
-        // A store that refuses the credentials refuses them again.
-        if self.store_refused_credentials() {
-            return false;
-        }
-        match self {
-            AttemptError::Exec(ExecError::Start { source, .. }) => {
-                // Gone, forbidden or refused will not change by retrying.
-                !matches!(start_status(source), Some(400 | 403 | 404))
-            }
-            AttemptError::Exec(e) => e.is_transient(),
-            // A zstd stream the decoder refuses is the packer's doing, not the transport's
-            // (src/drain/wire.rs): sent again, it is refused again.
-            AttemptError::Drain(DrainError {
-                kind: DrainErrorKind::Read(e),
-                ..
-            }) if e.kind() == std::io::ErrorKind::InvalidData => false,
-            AttemptError::Drain(e) => matches!(
-                e.kind,
-                DrainErrorKind::Read(_)
-                    | DrainErrorKind::Write(_)
-                    | DrainErrorKind::Store(_)
-                    | DrainErrorKind::Truncated(_)
-            ),
-            // An oversized object at the manifest key is there again next time.
-            AttemptError::Store(e) => !e.is_permanent(),
-            AttemptError::NoStdout => true,
-            // Permissions do not change by retrying.
-            AttemptError::NothingReadable(_) => false,
-            // The same pod would trickle again, holding the slot once more.
-            AttemptError::Idle(_) => false,
-            // Handled before: the drain ends recording nothing.
-            AttemptError::Fenced => false,
-        }
-    }
-
-    /// Whether the store failed (not the pod, the exec or the stream): its failure names the
-    /// store, a tenant's among them (docs/contract.md "A store per namespace").
-    pub(crate) fn is_store_side(&self) -> bool {
-        match self {
-            AttemptError::Store(_) => true,
-            AttemptError::Drain(e) => {
-                matches!(e.kind, DrainErrorKind::Store(_) | DrainErrorKind::Write(_))
-            }
-            _ => false,
-        }
-    }
-
-    /// Whether the object store refused the credentials (HTTP 401/403), on the archive upload or
-    /// the manifest.
-    pub(crate) fn store_refused_credentials(&self) -> bool {
-        match self {
-            AttemptError::Store(e) => e.is_refused(),
-            AttemptError::Drain(e) => match &e.kind {
-                DrainErrorKind::Store(e) => e.is_refused(),
-                DrainErrorKind::Write(e) => credentials::io_is_refused(e),
-                _ => false,
-            },
-            _ => false,
-        }
-    }
-
-    /// Stable label for the failures metric.
-    pub(crate) fn metric_label(&self) -> &'static str {
-        if self.store_refused_credentials() {
-            return "store_credentials";
-        }
-        match self {
-            AttemptError::Exec(ExecError::Start { .. }) => "exec_start",
-            AttemptError::Exec(ExecError::Failed { .. }) => "pack_failed",
-            AttemptError::Exec(ExecError::NoStatus { .. }) => "exec_lost",
-            AttemptError::Drain(e) => e.metric_label(),
-            AttemptError::Store(_) => "store",
-            AttemptError::NoStdout => "exec_no_stdout",
-            AttemptError::NothingReadable(_) => "unreadable",
-            AttemptError::Idle(_) => "idle",
-            AttemptError::Fenced => "fenced",
-        }
-    }
-}
-
-/// The HTTP status with which the apiserver refused to start an exec, if it did.
-fn start_status(e: &kube::Error) -> Option<u16> {
-    match e {
-        kube::Error::Api(ae) => Some(ae.code),
-        kube::Error::UpgradeConnection(kube::client::UpgradeConnectionError::ProtocolSwitch(
-            code,
-        )) => Some(code.as_u16()),
-        _ => None,
-    }
-}
-
-/// Words for a failure, with what to do when the cause is the operator's own RBAC.
-fn describe_failure(e: &AttemptError, store_url: &str, tenant: Option<&str>) -> String {
-    match e {
-        e if e.store_refused_credentials() => {
-            credentials::refused_message(store_url, tenant, &e.to_string())
-        }
-        AttemptError::Exec(ExecError::Start { source, .. }) if start_status(source) == Some(403) => format!(
-            "{e} (Forbidden: the operator's ServiceAccount needs create/get on pods/exec in this namespace)"
-        ),
-        e if e.is_store_side() => format!("the store {store_url}: {e}"),
-        _ => e.to_string(),
-    }
-}
-
-/// Renders the URL of an object of the store.
-pub(crate) fn object_url(store_url: &str, key: &object_store::path::Path) -> String {
-    // A file:// store is rooted at the URL's directory; elsewhere the key already carries the
-    // URL's prefix, so only scheme and bucket are kept.
-    match url::Url::parse(store_url) {
-        Ok(u) if u.scheme() == "file" => format!("{}/{key}", store_url.trim_end_matches('/')),
-        Ok(u) => format!(
-            "{}://{}/{key}",
-            u.scheme(),
-            u.host_str().unwrap_or_default()
-        ),
-        Err(_) => key.to_string(),
-    }
-}
-
-/// The status entry of a committed manifest.
-pub(crate) fn committed_status(
-    path: &str,
-    manifest: &Manifest,
-    keys: &ObjectKeys,
-    store_url: &str,
-    attempts: u32,
-) -> ReadBackStatus {
-    let phase = manifest.phase;
-    let message = match phase {
-        ReadBackPhase::Empty if !manifest.pod_notes.is_empty() => Some(format!(
-            "nothing was stored; the packer reported {} note(s), listed in the manifest's podNotes: {}",
-            manifest.pod_notes.len(),
-            manifest.pod_notes.first().map(String::as_str).unwrap_or_default()
-        )),
-        ReadBackPhase::Empty => Some("the workload wrote nothing at this path".to_string()),
-        ReadBackPhase::Capped => Some(capped_message(manifest)),
-        _ if manifest.totals.rejected_members > 0 => Some(format!(
-            "{} unsafe member(s) rejected, listed in the manifest",
-            manifest.totals.rejected_members
-        )),
-        _ if !manifest.pod_notes.is_empty() => Some(format!(
-            "the packer reported {} problem(s) in the pod (unreadable or special files), listed in the manifest's podNotes: {}",
-            manifest.pod_notes.len(),
-            manifest.pod_notes.first().map(String::as_str).unwrap_or_default()
-        )),
-        _ => None,
-    };
-    let message = with_changed(message, manifest.totals.changed_members);
-    ReadBackStatus {
-        path: path.to_string(),
-        phase,
-        bytes: manifest.totals.bytes,
-        members: manifest.totals.members,
-        dropped_members: manifest.totals.dropped_members,
-        rejected_members: manifest.totals.rejected_members,
-        changed_members: manifest.totals.changed_members,
-        object: Some(object_url(store_url, &keys.archive)),
-        manifest: Some(object_url(store_url, &keys.manifest)),
-        attempts,
-        message,
-    }
-}
-
-/// A path with changed members says so first, whatever else its message says (docs/contract.md,
-/// "A changed file is never stored as a clean one").
-fn with_changed(message: Option<String>, changed: u64) -> Option<String> {
-    if changed == 0 {
-        return message;
-    }
-    let head = format!(
-        "{changed} stored file(s) changed while the packer read them (zero-padded or cut at their listed size), listed in the manifest's changed"
-    );
-    Some(match message {
-        Some(rest) => format!("{head}; {rest}"),
-        None => head,
-    })
-}
-
-/// The status message of a Capped path: what was dropped, and whether the input bound cut the
-/// stream.
-fn capped_message(manifest: &Manifest) -> String {
-    let mut text = format!(
-        "cap of {} bytes reached: {} member(s) ({} bytes) dropped, listed in the manifest",
-        manifest.cap_bytes, manifest.totals.dropped_members, manifest.totals.dropped_bytes
-    );
-    if let Some(bound) = manifest.stopped_at_input_bound {
-        text.push_str(&format!(
-            "; the stream reached the drain's input bound of {bound} bytes and was not read further: the {} member(s) read before it are kept",
-            manifest.totals.members
-        ));
-    }
-    text
-}
-
-/// Unreadable is not Empty (ADR-143 §4, docs/contract.md): a path that stored no file or symlink
-/// (directories alone are no content), dropped and rejected nothing, and whose packer reported
-/// unreadable entries, did not drain an empty set — the workload's files could not be read.
-/// Returns the failure message, with the packer's first notes, or None when the outcome stands.
-pub(crate) fn nothing_readable(
-    outcome: &DrainOutcome,
-    notes: &[String],
-    unlisted: u64,
-) -> Option<String> {
-    let stored_content = outcome.members.iter().any(|m| m.kind != MemberKind::Dir);
-    if stored_content
-        || outcome.dropped_count() > 0
-        || outcome.rejected_count() > 0
-        || outcome.stopped_at_input_bound.is_some()
-    {
-        return None;
-    }
-    let unreadable: Vec<&str> = notes
-        .iter()
-        .map(String::as_str)
-        .filter(|l| l.starts_with(crate::inpod::pack::UNREADABLE_NOTE))
-        .collect();
-    let total = (unreadable.len() as u64).saturating_add(unlisted);
-    if total == 0 {
-        return None;
-    }
-    const SHOWN: usize = 3;
-    const NOTE_LIMIT: usize = 300;
-    let shown: Vec<&str> = unreadable
-        .iter()
-        .take(SHOWN)
-        .map(|note| crate::text::prefix(note, NOTE_LIMIT))
-        .collect();
-    let more = if total > shown.len() as u64 {
-        format!(" (and {} more)", total - shown.len() as u64)
-    } else {
-        String::new()
-    };
-    Some(format!(
-        "nothing at this path could be read: the packer stored no file and reported {total} unreadable entr{}: {}{more}",
-        if total == 1 { "y" } else { "ies" },
-        shown.join("; ")
-    ))
 }
 
 /// What the store says about a path's commit point before an attempt uploads anything.
@@ -723,22 +456,6 @@ impl<'j, 'a> PathDrain<'j, 'a> {
     }
 }
 
-/// The outcome of a path whose run's store cannot be used (`why` names it): Failed, counted as
-/// such, nothing read from the pod.
-pub(crate) fn store_unusable(path: &str, attempts: u32, why: &str) -> ReadBackStatus {
-    failed(path, attempts, format!("not drained: {why}"))
-}
-
-fn failed(path: &str, attempts: u32, message: String) -> ReadBackStatus {
-    ReadBackStatus {
-        path: path.to_string(),
-        phase: ReadBackPhase::Failed,
-        attempts,
-        message: Some(message),
-        ..ReadBackStatus::default()
-    }
-}
-
 fn finish(
     job: &PathJob<'_>,
     status: ReadBackStatus,
@@ -964,168 +681,10 @@ async fn delete_archive(job: &PathJob<'_>, keys: &ObjectKeys) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{object_keys, DroppedRecord, MemberRecord, RejectedRecord};
-    use crate::tar::sanitize::Reason;
-
-    #[test]
-    fn object_urls_keep_scheme_and_bucket() {
-        let key = object_store::path::Path::from("runs/ns/a/u/00-out.tar");
-        assert_eq!(
-            object_url("s3://bucket/runs", &key),
-            "s3://bucket/runs/ns/a/u/00-out.tar"
-        );
-        assert_eq!(
-            object_url("file:///var/lib/store", &key),
-            "file:///var/lib/store/runs/ns/a/u/00-out.tar"
-        );
-    }
-
-    fn member(path: &str, kind: MemberKind) -> MemberRecord {
-        MemberRecord {
-            path: path.into(),
-            kind,
-            size: 0,
-            sha256: None,
-            mode: 0o755,
-            link_target: None,
-            superseded: false,
-        }
-    }
-
-    #[test]
-    fn a_path_whose_only_entries_were_unreadable_fails_with_the_notes_never_empty() {
-        let notes = vec![
-            "pack: skipped fifo pipe".to_string(),
-            "pack: unreadable secret.txt: Permission denied (os error 13)".to_string(),
-            "pack: unreadable private: IO error for operation on /out/private: Permission denied (os error 13)".to_string(),
-        ];
-        // Nothing stored at all.
-        let empty = DrainOutcome::default();
-        assert_eq!(
-            empty.phase(),
-            ReadBackPhase::Empty,
-            "what the stream alone says"
-        );
-        let message = nothing_readable(&empty, &notes, 0).expect("a failure, not Empty");
-        assert!(message.contains("2 unreadable entries"), "{message}");
-        assert!(
-            message.contains("pack: unreadable secret.txt: Permission denied"),
-            "{message}"
-        );
-        assert!(message.contains("pack: unreadable private"), "{message}");
-        // Directories alone are no content: still a failure.
-        let dirs_only = DrainOutcome {
-            members: vec![member("private", MemberKind::Dir)],
-            ..Default::default()
-        };
-        assert!(nothing_readable(&dirs_only, &notes, 0).is_some());
-        // It is a final failure, labelled for the metric.
-        let err = AttemptError::NothingReadable(message.clone());
-        assert!(!err.is_transient());
-        assert_eq!(err.metric_label(), "unreadable");
-        assert_eq!(err.to_string(), message);
-    }
-
-    #[test]
-    fn unreadable_notes_beside_stored_files_or_no_unreadable_note_change_nothing() {
-        let unreadable = vec!["pack: unreadable secret.txt: Permission denied".to_string()];
-        let with_file = DrainOutcome {
-            members: vec![member("report.txt", MemberKind::File)],
-            ..Default::default()
-        };
-        assert_eq!(nothing_readable(&with_file, &unreadable, 0), None);
-        let with_link = DrainOutcome {
-            members: vec![member("l", MemberKind::Symlink)],
-            ..Default::default()
-        };
-        assert_eq!(nothing_readable(&with_link, &unreadable, 0), None);
-        let capped = DrainOutcome {
-            dropped: vec![DroppedRecord {
-                path: "big".into(),
-                size: 9,
-                reason: "over_cap".into(),
-                in_pod: true,
-            }],
-            ..Default::default()
-        };
-        assert_eq!(nothing_readable(&capped, &unreadable, 0), None);
-        let rejected = DrainOutcome {
-            rejected: vec![RejectedRecord {
-                path: "/etc/x".into(),
-                entry_type: "0".into(),
-                size: 1,
-                reason: Reason::AbsolutePath,
-            }],
-            ..Default::default()
-        };
-        assert_eq!(nothing_readable(&rejected, &unreadable, 0), None);
-        // Empty really is empty when nothing was unreadable (a skipped socket is not content).
-        let skipped = vec!["pack: skipped socket s.sock".to_string()];
-        assert_eq!(
-            nothing_readable(&DrainOutcome::default(), &skipped, 0),
-            None
-        );
-        assert_eq!(nothing_readable(&DrainOutcome::default(), &[], 0), None);
-    }
-
-    #[test]
-    fn many_unreadable_notes_are_summarized() {
-        let notes: Vec<String> = (0..10)
-            .map(|i| format!("pack: unreadable f{i}: {}", "x".repeat(1000)))
-            .collect();
-        let message = nothing_readable(&DrainOutcome::default(), &notes, 0).expect("failure");
-        assert!(message.contains("10 unreadable entries"), "{message}");
-        assert!(message.contains("(and 7 more)"), "{message}");
-        assert!(message.len() < 1200, "{}", message.len());
-    }
-
-    #[test]
-    fn a_capped_message_says_when_the_input_bound_cut_the_stream() {
-        let outcome = DrainOutcome {
-            members: vec![member("a.txt", MemberKind::File)],
-            dropped: vec![DroppedRecord {
-                path: "big.bin".into(),
-                size: 1 << 36,
-                reason: "over_cap".into(),
-                in_pod: false,
-            }],
-            stopped_at_input_bound: Some(272_629_760),
-            ..Default::default()
-        };
-        let run = RunRef {
-            namespace: "ns".into(),
-            name: "r".into(),
-            uid: "u".into(),
-        };
-        let keys = object_keys(
-            &object_store::path::Path::from("p"),
-            &run,
-            0,
-            "/out",
-            Compression::None,
-        );
-        let ctx = ManifestContext {
-            run,
-            declared_path: "/out".into(),
-            index: 0,
-            attempt: 1,
-        };
-        let now = jiff::Timestamp::now();
-        let opts = DrainOptions::new(1 << 20, Compression::None);
-        let manifest = Manifest::new(&ctx, &keys, opts.stored(), &outcome, now, now);
-        let status = committed_status("/out", &manifest, &keys, "file:///s", 1);
-        assert_eq!(status.phase, ReadBackPhase::Capped);
-        let message = status.message.unwrap_or_default();
-        assert!(message.contains("1 member(s)"), "{message}");
-        assert!(
-            message.contains("input bound of 272629760 bytes and was not read further"),
-            "{message}"
-        );
-        assert!(
-            message.contains("the 1 member(s) read before it are kept"),
-            "{message}"
-        );
-    }
+    use crate::api::ReadBackPhase;
+    use crate::drain::outcome::tests::member;
+    use crate::store::object_keys;
+    use crate::tar::sanitize::MemberKind;
 
     #[test]
     fn an_idle_cut_off_is_final_and_says_why() {

@@ -62,29 +62,50 @@ pub(crate) async fn label_new_runs(api: Api<SandboxRun>, gate: Arc<ShardGate>) {
     }
 }
 
-/// Labels the run of metadata `run` with its shard when this replica owns that shard.
-async fn label(api: &Api<SandboxRun>, gate: &Arc<ShardGate>, run: &ObjectMeta) {
-    let Some(shard) = gate.shard_of_meta(run) else {
-        return;
-    };
+/// The label a run of metadata `run` is to get (a small controller of its own: the watch above
+/// observes, [`labelling`] decides, [`label`] acts).
+#[derive(Debug, PartialEq, Eq)]
+struct Labelling<'a> {
+    namespace: &'a str,
+    name: &'a str,
+    shard: u32,
+}
+
+/// What to write on the run of metadata `run` among `shards` shards (pure): its uid's shard
+/// when its label is missing or not canonical; None when it is labelled, or has no name,
+/// namespace or uid.
+fn labelling(run: &ObjectMeta, shards: u32) -> Option<Labelling<'_>> {
     let labelled = run
         .labels
         .as_ref()
         .and_then(|l| l.get(SHARD_LABEL))
-        .is_some_and(|v| super::canonical_label(v, gate.shards()).is_some());
-    if labelled || gate.enter(shard).is_none() {
-        return;
+        .is_some_and(|v| super::canonical_label(v, shards).is_some());
+    if labelled {
+        return None;
     }
-    let (Some(namespace), Some(name)) = (run.namespace.as_deref(), run.name.as_deref()) else {
+    let shard = super::shard_of(run.uid.as_deref()?, shards);
+    Some(Labelling {
+        namespace: run.namespace.as_deref()?,
+        name: run.name.as_deref()?,
+        shard,
+    })
+}
+
+/// Labels the run of metadata `run` with its shard when this replica owns that shard.
+async fn label(api: &Api<SandboxRun>, gate: &Arc<ShardGate>, run: &ObjectMeta) {
+    let Some(to) = labelling(run, gate.shards()) else {
         return;
     };
-    let patch = serde_json::json!({"metadata": {"labels": {SHARD_LABEL: shard.to_string()}}});
-    let api = Api::<SandboxRun>::namespaced(api.clone().into_client(), namespace);
+    if gate.enter(to.shard).is_none() {
+        return;
+    }
+    let patch = serde_json::json!({"metadata": {"labels": {SHARD_LABEL: to.shard.to_string()}}});
+    let api = Api::<SandboxRun>::namespaced(api.clone().into_client(), to.namespace);
     if let Err(e) = api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(to.name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        warn!(run = %name, %namespace, error = %e, "labelling the run with its shard failed");
+        warn!(run = %to.name, namespace = %to.namespace, error = %e, "labelling the run with its shard failed");
     }
 }
 
@@ -98,6 +119,38 @@ mod tests {
     use kube::Client;
 
     use super::*;
+
+    #[test]
+    fn a_run_gets_its_uids_shard_when_its_label_is_missing_or_not_canonical_and_only_then() {
+        let meta = |label: Option<&str>| ObjectMeta {
+            name: Some("r".into()),
+            namespace: Some("team".into()),
+            uid: Some("5f0c0c8e-uid".into()),
+            labels: label.map(|v| [(SHARD_LABEL.to_string(), v.to_string())].into()),
+            ..Default::default()
+        };
+        let own = super::super::shard_of("5f0c0c8e-uid", 4);
+        let expected = Labelling {
+            namespace: "team",
+            name: "r",
+            shard: own,
+        };
+        assert_eq!(labelling(&meta(None), 4), Some(expected));
+        // A tenant's relabel to a value no watch selects: the uid's shard is written back.
+        for forged in ["011", "+1", " 1", "9"] {
+            assert_eq!(
+                labelling(&meta(Some(forged)), 4).map(|l| l.shard),
+                Some(own),
+                "{forged}"
+            );
+        }
+        // Canonical: left as it is (a written label stays the run's shard).
+        let other = (own + 1) % 4;
+        assert_eq!(labelling(&meta(Some(&other.to_string())), 4), None);
+        let mut nameless = meta(None);
+        nameless.uid = None;
+        assert_eq!(labelling(&nameless, 4), None);
+    }
 
     /// A watch of the unlabelled runs that keeps failing (here every LIST answered 404, as before
     /// the CRD is installed) is retried with back-off. Without it the labeller re-listed as fast

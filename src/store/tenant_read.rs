@@ -35,6 +35,14 @@ impl std::fmt::Debug for RunStore {
     }
 }
 
+impl PartialEq for RunStore {
+    /// The same store as far as a run can tell: its URL, key prefix and ConfigMap (an object
+    /// store has no equality of its own).
+    fn eq(&self, other: &RunStore) -> bool {
+        self.url == other.url && self.prefix == other.prefix && self.tenant == other.tenant
+    }
+}
+
 impl RunStore {
     /// How a message names this store.
     pub fn describe(&self) -> String {

@@ -7,9 +7,10 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
 use super::create::{pod_created, pod_refused};
-use super::finish::{purged, Purge};
+use super::finish::{purge_target, purged, Purge};
 use super::model::{Effect, NotPurged, Plan, Requeue};
 use crate::api::SandboxRun;
+use crate::store::tenant_read::RunStore;
 
 /// What the world answered an effect whose follow-up is planned by [`after`].
 #[derive(Clone, Debug, PartialEq)]
@@ -26,6 +27,9 @@ pub(crate) enum Answer {
         /// The apiserver's words.
         message: String,
     },
+    /// The store the run uses now, for the delete of its stored files (`retention: Delete`), or
+    /// why it cannot be used ([`NotPurged::StoreUnusable`]).
+    PurgeStore(Result<Box<RunStore>, NotPurged>),
     /// The run's stored files under `location` were deleted (how many objects) or not (why).
     FilesPurged {
         /// The count, or why not.
@@ -74,28 +78,156 @@ pub(crate) fn after(
         Answer::PodCreated(_) => pod_created(run, inputs.pod_name, true, inputs.settle, now),
         Answer::PodExists => pod_created(run, inputs.pod_name, false, inputs.settle, now),
         Answer::PodRefused { message, .. } => pod_refused(run, message, now),
-        Answer::FilesPurged { result, location } => {
-            let (event, purge) = purged(
-                run,
-                result.clone(),
-                location,
-                inputs.drain_timeout_seconds,
-                now,
-            );
-            return match purge {
-                Purge::Done => Plan {
-                    events: vec![event],
-                    status: None,
-                    effects: rest,
-                    requeue,
-                },
-                Purge::RetryAfter(pause) => Plan {
-                    events: vec![event],
-                    ..Plan::wait(Requeue::After(pause))
-                },
+        Answer::PurgeStore(store) => {
+            return match purge_target(run, store.as_deref()) {
+                Ok(target) => {
+                    let mut effects = vec![Effect::DeleteStoredFiles(Box::new(target))];
+                    effects.extend(rest);
+                    Plan {
+                        effects,
+                        ..Plan::wait(requeue)
+                    }
+                }
+                Err((result, location)) => {
+                    after_purge(Err(result), &location, rest, requeue, inputs)
+                }
             };
+        }
+        Answer::FilesPurged { result, location } => {
+            return after_purge(result.clone(), location, rest, requeue, inputs)
         }
     };
     plan.effects.extend(rest);
     plan
+}
+
+/// The plan after a delete of the run's stored files under `location` ended with `result`: its
+/// Event, then `rest` — or, for a delete that must be retried, only the Event and the back-off.
+fn after_purge(
+    result: Result<usize, NotPurged>,
+    location: &str,
+    rest: Vec<Effect>,
+    requeue: Requeue,
+    inputs: &AfterInputs<'_>,
+) -> Plan {
+    let bound = inputs.drain_timeout_seconds;
+    match purged(inputs.run, result, location, bound, inputs.now) {
+        (event, Purge::Done) => Plan {
+            events: vec![event],
+            status: None,
+            effects: rest,
+            requeue,
+        },
+        (event, Purge::RetryAfter(pause)) => Plan {
+            events: vec![event],
+            ..Plan::wait(Requeue::After(pause))
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::api::{Phase, ReadBackStatus};
+    use crate::controller::fixtures::*;
+    use crate::controller::plan::testing::*;
+
+    fn store(url: &str) -> RunStore {
+        RunStore {
+            store: Arc::new(object_store::memory::InMemory::new()),
+            prefix: object_store::path::Path::from("runs"),
+            url: url.to_string(),
+            tenant: None,
+        }
+    }
+
+    fn inputs(run: &SandboxRun) -> AfterInputs<'_> {
+        AfterInputs {
+            run,
+            pod_name: "demo-sbr",
+            settle: Duration::from_secs(2),
+            drain_timeout_seconds: 300,
+            now: now(),
+        }
+    }
+
+    fn answered(run: &SandboxRun, answer: Answer) -> String {
+        let rest = vec![Effect::RemoveFinalizer];
+        line(&after(&answer, rest, Requeue::AwaitChange, &inputs(run)))
+    }
+
+    /// A run whose status records its archive under `url`'s run directory.
+    fn stored_in(url: &str) -> SandboxRun {
+        let mut r = deleting(with_phase(run_with(&[("/out", false)]), Phase::Succeeded));
+        r.metadata.namespace = Some("ns".into());
+        r.metadata.uid = Some("u1".into());
+        if let Some(status) = r.status.as_mut() {
+            status.read_back = vec![ReadBackStatus {
+                path: "/out".into(),
+                object: Some(format!("{url}/runs/ns/demo/u1/00-out.tar")),
+                ..Default::default()
+            }];
+        }
+        r
+    }
+
+    #[test]
+    fn the_store_a_run_uses_is_deleted_under_its_own_directory_its_manifests_first() {
+        let r = stored_in("s3://a");
+        let plan = after(
+            &Answer::PurgeStore(Ok(Box::new(store("s3://a")))),
+            vec![Effect::RemoveFinalizer],
+            Requeue::AwaitChange,
+            &inputs(&r),
+        );
+        let Some(Effect::DeleteStoredFiles(target)) = plan.effects.first() else {
+            panic!("{plan:?}");
+        };
+        assert_eq!(target.location, "s3://a/runs/ns/demo/u1/");
+        assert_eq!(
+            target.manifests,
+            vec![crate::store::keys::manifest_key(
+                &target.store.prefix,
+                &target.run,
+                0,
+                "/out"
+            )]
+        );
+        assert_eq!(
+            line(&plan),
+            "[] | - | [DeleteStoredFiles(s3://a/runs/ns/demo/u1/) RemoveFinalizer] | await"
+        );
+    }
+
+    #[test]
+    fn nothing_is_deleted_in_a_store_the_run_did_not_store_its_files_in_nor_in_one_that_cannot_be_used(
+    ) {
+        let r = stored_in("s3://a");
+        // Its namespace's store changed since its drain: the delete is refused, retried.
+        let elsewhere = answered(&r, Answer::PurgeStore(Ok(Box::new(store("s3://b")))));
+        assert_eq!(elsewhere, "[!ArchiveDeleteFailed/Delete] | - | [] | 1s");
+        let unusable = answered(
+            &r,
+            Answer::PurgeStore(Err(NotPurged::StoreUnusable("no Secret".into()))),
+        );
+        assert_eq!(unusable, elsewhere);
+        // Past the drain timeout: given up, the rest (the release) carried out.
+        let mut inputs = inputs(&r);
+        inputs.now = later(300);
+        let plan = after(
+            &Answer::PurgeStore(Ok(Box::new(store("s3://b")))),
+            vec![Effect::RemoveFinalizer],
+            Requeue::AwaitChange,
+            &inputs,
+        );
+        assert!(
+            plan.events[0]
+                .note
+                .contains("s3://a/runs/ns/demo/u1/00-out.tar"),
+            "{plan:?}"
+        );
+        assert_eq!(plan.effects, vec![Effect::RemoveFinalizer]);
+    }
 }

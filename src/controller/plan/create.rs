@@ -12,8 +12,8 @@ use super::super::decide::Preflight;
 use super::super::events::{self, PlannedEvent};
 use super::super::refusals;
 use super::super::status::{ensure_pending_entries, image_unresolvable_status, pending_status};
+use super::model::{CreationFacts, Inputs, StepPlan};
 use super::model::{Effect, Plan, Requeue, LOOK_AGAIN_MARGIN};
-use super::model::{Inputs, StepPlan};
 use crate::api::SandboxRun;
 use crate::egress::verdict::{EgressVerdict, Refusal};
 use crate::pod::{self};
@@ -144,6 +144,44 @@ pub(super) fn pod_created_event(pod_name: &str) -> PlannedEvent {
 
 /// The `Events API` action of the egress Events.
 pub(super) const EGRESS_ACTION: &str = "ApplyEgressPolicy";
+
+/// The plan of creating the run's pod `pod` (as the step's plan built it) from the facts the
+/// prepare stage read: a store that cannot be used holds the run; else the pod gets its final
+/// shape ([`shaped_pod`]) and its creation is planned with the pre-flight's and the egress
+/// verdicts ([`create`]).
+pub(crate) fn creation(
+    run: &SandboxRun,
+    pod: Pod,
+    facts: CreationFacts,
+    (egress, policies): (
+        EgressVerdict,
+        &[crate::admission::namespace_policy::Compiled],
+    ),
+    now: Timestamp,
+) -> Plan {
+    if let Some(why) = &facts.store_unusable {
+        return store_unusable(run, why, now);
+    }
+    let pod = shaped_pod(run, pod, &facts, policies);
+    create(run, pod, facts.preflight, egress, now)
+}
+
+/// `pod` with its namespace policies' default runtime class when the run names none
+/// (`facts.namespace_labels`: docs/contract.md "The platform's namespace policies") and placed on
+/// the Kueue flavors it was admitted on (their nodeLabels and tolerations, as Kueue does for its
+/// own jobs: docs/user-guide.md "Queueing with Kueue").
+pub(crate) fn shaped_pod(
+    run: &SandboxRun,
+    pod: Pod,
+    facts: &CreationFacts,
+    policies: &[crate::admission::namespace_policy::Compiled],
+) -> Pod {
+    let pod = match &facts.namespace_labels {
+        Some(labels) => crate::pod::with_namespace_default(pod, run, labels, policies),
+        None => pod,
+    };
+    crate::kueue::with_flavors(pod, &facts.flavors)
+}
 
 /// Creating the run's `pod`, once the pre-flight judged its image (`preflight`, docs/contract.md
 /// ADR-006 §5) and the run's egress was judged (`egress`, docs/contract.md "ADR-006 network
@@ -466,6 +504,46 @@ mod tests {
         r.status = Some(status);
         let again = template_unusable(&r, why, now());
         assert!(again.events.is_empty() && again.status.is_none());
+    }
+
+    #[test]
+    fn the_pod_is_created_in_the_shape_the_prepared_facts_give_it_or_not_at_all() {
+        use crate::egress::verdict::EgressVerdict;
+        let r = with_generation(run_with(&[("/out", true)]));
+        let pod = || crate::pod::build_pod(&r, &PodSettings::default()).unwrap();
+        let policies = crate::admission::namespace_policy::load(
+            "- name: free-tier\n  namespaceSelector: {matchLabels: {tier: free}}\n  defaultRuntimeClass: sandboxed\n",
+        )
+        .unwrap();
+        let facts = CreationFacts {
+            namespace_labels: Some([("tier".to_string(), "free".to_string())].into()),
+            flavors: vec![serde_json::json!({"spec": {"nodeLabels": {"pool": "gpu"}}})],
+            ..CreationFacts::default()
+        };
+        let plan = creation(&r, pod(), facts, (EgressVerdict::Open, &policies), now());
+        let Some(Effect::CreatePod(created)) = plan.effects.last() else {
+            panic!("{plan:?}");
+        };
+        let spec = created.spec.as_ref().unwrap();
+        assert_eq!(spec.runtime_class_name.as_deref(), Some("sandboxed"));
+        assert_eq!(
+            spec.node_selector
+                .as_ref()
+                .and_then(|s| s.get("pool"))
+                .map(String::as_str),
+            Some("gpu")
+        );
+        // A store that cannot be used: no pod, the run held saying why.
+        let facts = CreationFacts::store_unusable("no Secret tenant-key".into());
+        let held = creation(&r, pod(), facts, (EgressVerdict::Open, &policies), now());
+        assert!(
+            !held
+                .effects
+                .iter()
+                .any(|e| matches!(e, Effect::CreatePod(_))),
+            "{held:?}"
+        );
+        assert_eq!(held.events[0].reason, events::STORE_UNUSABLE);
     }
 
     #[test]

@@ -11,8 +11,10 @@ use super::super::events::{self, drain_summary, PlannedEvent};
 use super::super::observe::{drain_settled, undrained_paths, PodView};
 use super::super::retention::{self, Ttl};
 use super::super::status::pod_lost_status;
-use super::model::{Effect, Plan, Requeue, LOOK_AGAIN_MARGIN};
+use super::model::{Effect, NotPurged, Plan, PurgeTarget, Requeue, LOOK_AGAIN_MARGIN};
 use crate::api::{ReadBackPhase, ReadBackStatus, Retention, SandboxRun, FINALIZER};
+use crate::store::tenant_read::RunStore;
+use crate::store::RunRef;
 
 pub(super) fn delete_finished_pod(run: &SandboxRun, pod: Option<&PodView>, now: Timestamp) -> Plan {
     let settled = drain_settled(run);
@@ -130,6 +132,44 @@ pub(crate) enum Purge {
     Done,
     /// The delete failed; try again after this long (the finalizer stays).
     RetryAfter(Duration),
+}
+
+/// What a delete of the run's stored files works on in `store` (the store it uses now), or why
+/// nothing is deleted and where, for the Event: a store that cannot be used; a run whose status
+/// records an object outside its directory there (its namespace's store changed since its
+/// drain: a delete must not guess where its files are, [`retention::stored_elsewhere`]).
+pub(crate) fn purge_target(
+    run: &SandboxRun,
+    store: Result<&RunStore, &NotPurged>,
+) -> Result<PurgeTarget, (NotPurged, String)> {
+    let reference = RunRef {
+        namespace: run.namespace().unwrap_or_default(),
+        name: run.name_any(),
+        uid: run.uid().unwrap_or_default(),
+    };
+    let store = store.map_err(|why| {
+        let location = format!("the store of {}/{}", reference.namespace, reference.name);
+        (why.clone(), location)
+    })?;
+    let dir = crate::store::run_dir(&store.prefix, &reference);
+    let location = format!("{}/{dir}/", store.url.trim_end_matches('/'));
+    if let Some(object) = retention::stored_elsewhere(run, &store.url, &dir) {
+        let store = store.describe();
+        return Err((NotPurged::StoredElsewhere { object, store }, location));
+    }
+    let manifests = run
+        .spec
+        .read_back_paths()
+        .iter()
+        .enumerate()
+        .map(|(i, p)| crate::store::keys::manifest_key(&store.prefix, &reference, i, &p.path))
+        .collect();
+    Ok(PurgeTarget {
+        store: store.clone(),
+        run: reference,
+        manifests,
+        location,
+    })
 }
 
 /// What a delete of the run's stored files (everything under `location`) that deleted `result`

@@ -40,19 +40,20 @@ pub(crate) use checkpoint::{checkpoint_paths, checkpoint_recorded, checkpoint_re
 /// The status a refused pod create leaves (the GitOps fixtures build one from it).
 #[cfg(test)]
 pub(crate) use create::pod_refused;
-pub(crate) use create::store_unusable;
-pub(crate) use create::{create, egress_effects};
+pub(crate) use create::{creation, egress_effects, shaped_pod};
 pub(crate) use create::{recording_template, template_unusable};
 pub(crate) use finish::record_pod_lost;
 pub(crate) use model::{
-    Effect, Inputs, NotPurged, Plan, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN,
-    NAME_CONFLICT_REQUEUE, SETTLE,
+    CreationFacts, Effect, Inputs, NotPurged, Plan, PurgeTarget, Requeue, StepPlan,
+    IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN, NAME_CONFLICT_REQUEUE, SETTLE,
 };
 pub(crate) use queued::queued;
 /// The end of a run's teardown (the GitOps fixtures build one from it).
 #[cfg(test)]
 pub(crate) use teardown::teardown_end;
-pub(crate) use teardown::{teardown, PathPlan, PathWork, TeardownPlan, TeardownProgress};
+pub(crate) use teardown::{
+    teardown, without_store, PathPlan, PathWork, TeardownPlan, TeardownProgress,
+};
 
 /// Plans `step`.
 pub(crate) fn plan_step(step: Step, inputs: &Inputs<'_>) -> StepPlan {

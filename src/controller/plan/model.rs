@@ -2,6 +2,7 @@
 //! it is made from ([`Inputs`]) and the controller's timing constants. Every planner (the parent
 //! module's children) builds from these; nothing here plans.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -9,10 +10,12 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use crate::api::{Retention, SandboxRun, SandboxRunStatus};
-use crate::controller::decide::Trigger;
+use crate::controller::decide::{Preflight, Trigger};
 use crate::controller::events::PlannedEvent;
 use crate::controller::observe::PodView;
 use crate::pod::PodSettings;
+use crate::store::tenant_read::RunStore;
+use crate::store::RunRef;
 
 /// How long after a time the run is looked at again, so the decision sees that time passed.
 pub(crate) const LOOK_AGAIN_MARGIN: Duration = Duration::from_millis(200);
@@ -68,9 +71,14 @@ pub(crate) enum Effect {
     MarkDrained,
     /// Delete the run whose TTL passed (preconditioned on its uid), then publish this Event.
     DeleteExpiredRun(PlannedEvent),
-    /// Delete every stored file of the run (`retention: Delete`). A delete that must be retried
-    /// ends the plan there: the effects after it wait for a later reconcile.
+    /// Resolve the store the run uses now, for a delete of every stored file of the run
+    /// (`retention: Delete`); the store (or why it cannot be used) is the answer, and
+    /// [`super::after`] decides what is deleted ([`PurgeTarget`]) or why nothing is. A delete
+    /// that must be retried ends the plan there: the effects after it wait for a later reconcile.
     PurgeStoredFiles,
+    /// Delete what `PurgeTarget` names (its manifests first, then everything under its run
+    /// directory); how many objects, or why not, is the answer.
+    DeleteStoredFiles(Box<PurgeTarget>),
     /// Remember that the apiserver refused the run's pod now (the creation back-off).
     RecordCreateAttempt(Timestamp),
     /// Forget the run's refused creation attempts.
@@ -164,6 +172,46 @@ pub(crate) struct Inputs<'a> {
     /// The egress proxy's pod addresses as this replica's watch has them
     /// ([`crate::egress::proxy_pods`]): denied to a run while its egress gate waits.
     pub proxy_pods: &'a [std::net::IpAddr],
+}
+
+/// What the creation of a run's pod depends on besides the run, as the prepare stage read it
+/// just before (`super::super::prepare::for_creation`): the pod's final shape and the plan of
+/// its creation are made from these by [`super::creation`].
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CreationFacts {
+    /// Why the run's store cannot be used (tenant stores): the pod is not created.
+    pub store_unusable: Option<String>,
+    /// What the pre-flight of its image says.
+    pub preflight: Preflight,
+    /// Its namespace's labels, when a namespace policy gives a default it does not override.
+    pub namespace_labels: Option<BTreeMap<String, String>>,
+    /// The Kueue ResourceFlavors it was admitted on.
+    pub flavors: Vec<serde_json::Value>,
+}
+
+impl CreationFacts {
+    /// The facts of a run whose store cannot be used (why): nothing else was read.
+    pub(crate) fn store_unusable(why: String) -> CreationFacts {
+        CreationFacts {
+            store_unusable: Some(why),
+            ..CreationFacts::default()
+        }
+    }
+}
+
+/// What a delete of a run's stored files works on, as planned from the store the run uses now:
+/// the store, the run, the keys of its declared paths' manifests (deleted first) and where, for
+/// the Event.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct PurgeTarget {
+    /// The store the run uses now.
+    pub store: RunStore,
+    /// The run whose directory is deleted.
+    pub run: RunRef,
+    /// Its declared paths' manifest keys: the commit points go first.
+    pub manifests: Vec<object_store::path::Path>,
+    /// `<store url>/<run dir>/`, for the Event.
+    pub location: String,
 }
 
 /// Why a run's stored files were not (all) deleted (`retention: Delete`).

@@ -70,6 +70,28 @@ pub(crate) enum PathWork {
     },
 }
 
+/// `paths` when the run's store cannot be used (`why` names it): every path still to drain is
+/// recorded Failed, naming the store, nothing read from the pod — never a fallback to another
+/// store (docs/contract.md "A store per namespace").
+pub(crate) fn without_store(paths: Vec<PathPlan>, why: &str) -> Vec<PathPlan> {
+    paths
+        .into_iter()
+        .map(|path| match path.work {
+            PathWork::Drain {
+                previous_attempts, ..
+            } => PathPlan {
+                work: PathWork::Record(crate::drain::path_drain::store_unusable(
+                    &path.path,
+                    previous_attempts,
+                    why,
+                )),
+                ..path
+            },
+            PathWork::Record(_) => path,
+        })
+        .collect()
+}
+
 /// The message of a path that cannot be drained because the holder is not running.
 pub(crate) const HOLDER_NOT_RUNNING: &str = "the holder container is not running, so the path cannot be read (exec into a stopped container is impossible)";
 
@@ -361,6 +383,32 @@ mod tests {
     use crate::controller::plan::*;
 
     use std::time::Duration;
+
+    #[test]
+    fn a_store_that_cannot_be_used_fails_every_path_still_to_drain_naming_it() {
+        let caps = CapSettings::default();
+        let mut r = with_phase(
+            run_with(&[("/out", false), ("/logs", false)]),
+            Phase::Running,
+        );
+        r.spec.stop = true;
+        let pod = a_pod(true, true);
+        let mut paths = teardown(&r, Some(&pod), &Trigger::Stop, &caps, 300, now()).paths;
+        let known = crate::drain::path_drain::store_unusable("/logs", 0, "earlier");
+        paths[1].work = PathWork::Record(known.clone());
+        let paths = without_store(paths, "no Secret tenant-store-key");
+        let PathWork::Record(failed) = &paths[0].work else {
+            panic!("{paths:?}");
+        };
+        assert_eq!(failed.phase, crate::api::ReadBackPhase::Failed);
+        assert_eq!(
+            failed.message.as_deref(),
+            Some("not drained: no Secret tenant-store-key")
+        );
+        assert_eq!((paths[0].entry, paths[0].path.as_str()), (0, "/out"));
+        // A path whose outcome was already known keeps it.
+        assert_eq!(paths[1].work, PathWork::Record(known));
+    }
 
     #[test]
     fn each_teardown_path_gets_its_outcome_and_the_deadline_runs_from_the_start() {

@@ -71,6 +71,7 @@ pub(crate) fn line(plan: &Plan) -> String {
         .map(|e| match e {
             Effect::DeleteExpiredRun(e) => format!("DeleteExpiredRun({})", e.reason),
             Effect::RecordCreateAttempt(_) => "RecordCreateAttempt".to_string(),
+            Effect::DeleteStoredFiles(t) => format!("DeleteStoredFiles({})", t.location),
             other => format!("{other:?}"),
         })
         .collect();
