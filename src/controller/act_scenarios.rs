@@ -2,77 +2,26 @@
 //! server-side apply act sends, the finalizer patch and its resourceVersion precondition, and the
 //! apiserver's answers to a pod create (201, 409, 403) as the typed answers plan::after reads.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use http::{Request, Response};
 use k8s_openapi::api::core::v1::Pod;
-use kube::client::Body;
+use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
 use super::act::{carry_out, Carried};
 use super::context::Context;
-use super::decide::DecideSettings;
+use super::mock_apiserver::{self, status_failure, Log, Route, Seen};
 use super::plan::{Answer, Effect, Plan, Requeue};
 use crate::api::{Phase, SandboxRun, SandboxRunSpec, SandboxRunStatus, FINALIZER};
-use crate::caps::CapSettings;
-use crate::metrics::Metrics;
-use crate::pod::PodSettings;
 
-/// One request as the mock apiserver saw it.
-#[derive(Debug)]
-struct Seen {
-    method: String,
-    uri: String,
-    content_type: String,
-    body: Value,
-}
-
-/// A mock apiserver answering every request with `status` and `body`; returns the client and
-/// what it was sent.
-fn apiserver(status: u16, body: Value) -> (kube::Client, Arc<Mutex<Vec<Seen>>>) {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let log = Arc::clone(&seen);
-    tokio::spawn(async move {
-        while let Some((request, send)) = handle.next_request().await {
-            let (parts, payload) = request.into_parts();
-            let bytes = payload.collect_bytes().await.unwrap_or_default();
-            log.lock().unwrap().push(Seen {
-                method: parts.method.to_string(),
-                uri: parts.uri.to_string(),
-                content_type: parts
-                    .headers
-                    .get(http::header::CONTENT_TYPE)
-                    .and_then(|v| v.to_str().ok())
-                    .unwrap_or_default()
-                    .to_string(),
-                body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-            });
-            send.send_response(
-                Response::builder()
-                    .status(status)
-                    .body(Body::from(body.to_string().into_bytes()))
-                    .unwrap(),
-            );
-        }
-    });
-    (kube::Client::new(service, "ns"), seen)
+/// A mock apiserver answering every request with `status` and `body`
+/// ([`super::mock_apiserver`]); returns the client and what it was sent.
+fn apiserver(status: u16, body: Value) -> (kube::Client, Log) {
+    mock_apiserver::apiserver(vec![Route::any(status, body)])
 }
 
 fn context(client: kube::Client) -> Context {
-    Context::new(
-        client,
-        Arc::new(object_store::memory::InMemory::new()),
-        object_store::path::Path::from("runs"),
-        "memory:///runs".to_string(),
-        PodSettings::default(),
-        CapSettings::default(),
-        DecideSettings::default(),
-        Vec::new(),
-        Metrics::new().unwrap(),
-        "test".to_string(),
-        1,
-    )
+    mock_apiserver::context(client, Arc::new(InMemory::new()))
 }
 
 fn run() -> SandboxRun {
@@ -88,13 +37,6 @@ fn written(run: &SandboxRun, resource_version: &str) -> Value {
     let mut after = run.clone();
     after.metadata.resource_version = Some(resource_version.into());
     serde_json::to_value(after).unwrap()
-}
-
-fn status_api_answer(code: u16, reason: &str, message: &str) -> Value {
-    json!({
-        "kind": "Status", "apiVersion": "v1", "status": "Failure",
-        "message": message, "reason": reason, "code": code
-    })
 }
 
 fn pod() -> Pod {
@@ -133,7 +75,7 @@ async fn the_status_is_one_server_side_apply_of_the_whole_status_and_is_not_sent
     .unwrap();
     assert!(matches!(carried, Carried::Done(Requeue::AwaitChange)));
     {
-        let seen = seen.lock().unwrap();
+        let seen = seen.all();
         assert_eq!(seen.len(), 1, "{seen:?}");
         let s = &seen[0];
         assert_eq!(s.method, "PATCH");
@@ -166,7 +108,7 @@ async fn the_status_is_one_server_side_apply_of_the_whole_status_and_is_not_sent
     carry_out(&ctx, &after, "demo-sbr", None, plan(Some(status), vec![]))
         .await
         .unwrap();
-    assert_eq!(seen.lock().unwrap().len(), 1);
+    assert_eq!(seen.all().len(), 1);
 }
 
 #[tokio::test]
@@ -194,7 +136,7 @@ async fn the_finalizer_is_a_merge_patch_preconditioned_on_the_resource_version()
     )
     .await
     .unwrap();
-    let seen = seen.lock().unwrap();
+    let seen = seen.all();
     assert_eq!(seen.len(), 2, "{seen:?}");
     for s in seen.iter() {
         assert_eq!(s.method, "PATCH");
@@ -220,7 +162,7 @@ async fn the_finalizer_is_a_merge_patch_preconditioned_on_the_resource_version()
 async fn a_conflict_on_the_finalizer_patch_is_an_error_for_the_next_reconcile() {
     let (client, _) = apiserver(
         409,
-        status_api_answer(409, "Conflict", "the object has been modified"),
+        status_failure(409, "Conflict", "the object has been modified"),
     );
     let ctx = context(client);
     let result = carry_out(
@@ -258,7 +200,7 @@ async fn create_answer(code: u16, body: Value) -> (Answer, Vec<Seen>) {
         "the effects after it wait"
     );
     assert_eq!(requeue, Requeue::AwaitChange);
-    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    let seen = seen.all();
     (answer, seen)
 }
 
@@ -282,7 +224,7 @@ async fn a_created_pod_is_the_answer_with_the_pod_the_apiserver_returned() {
 async fn a_pod_that_exists_already_is_the_exists_answer() {
     let (answer, _) = create_answer(
         409,
-        status_api_answer(409, "AlreadyExists", "pods \"demo-sbr\" already exists"),
+        status_failure(409, "AlreadyExists", "pods \"demo-sbr\" already exists"),
     )
     .await;
     assert_eq!(answer, Answer::PodExists);
@@ -291,7 +233,7 @@ async fn a_pod_that_exists_already_is_the_exists_answer() {
 #[tokio::test]
 async fn a_forbidden_pod_is_a_refusal_with_its_code_and_the_apiservers_words() {
     let words = "pods \"demo-sbr\" is forbidden: exceeded quota: compute";
-    let (answer, _) = create_answer(403, status_api_answer(403, "Forbidden", words)).await;
+    let (answer, _) = create_answer(403, status_failure(403, "Forbidden", words)).await;
     assert_eq!(
         answer,
         Answer::PodRefused {
@@ -303,7 +245,7 @@ async fn a_forbidden_pod_is_a_refusal_with_its_code_and_the_apiservers_words() {
 
 #[tokio::test]
 async fn a_throttled_create_is_an_error_not_an_answer() {
-    let (client, _) = apiserver(429, status_api_answer(429, "TooManyRequests", "slow down"));
+    let (client, _) = apiserver(429, status_failure(429, "TooManyRequests", "slow down"));
     let ctx = context(client);
     let result = carry_out(
         &ctx,

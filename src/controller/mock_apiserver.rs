@@ -1,13 +1,39 @@
 //! A routing mock apiserver for the scenario tests (tower-test, no cluster): each request is
 //! answered by the first route whose method and path prefix match it, and recorded (method, uri,
 //! content type, body as JSON); a request no route matches is answered 404 with a Kubernetes
-//! `Status`, and recorded too.
+//! `Status`, and recorded too. With it, the [`context`] the act, pipeline and teardown scenarios
+//! run in.
 
 use std::sync::{Arc, Mutex};
 
 use http::{Request, Response};
 use kube::client::Body;
+use object_store::memory::InMemory;
 use serde_json::{json, Value};
+
+use super::context::Context;
+use super::decide::DecideSettings;
+use crate::caps::CapSettings;
+use crate::metrics::Metrics;
+use crate::pod::PodSettings;
+
+/// A context over `client` (the mock apiserver) and `store` (prefix `runs`), with the default
+/// settings: tenant stores, Kueue, warm pools, pre-flight and sharding off.
+pub(super) fn context(client: kube::Client, store: Arc<InMemory>) -> Context {
+    Context::new(
+        client,
+        store,
+        object_store::path::Path::from("runs"),
+        "memory:///runs".to_string(),
+        PodSettings::default(),
+        CapSettings::default(),
+        DecideSettings::default(),
+        Vec::new(),
+        Metrics::new().unwrap(),
+        "test".to_string(),
+        1,
+    )
+}
 
 /// One request as the mock apiserver saw it.
 #[derive(Clone, Debug)]
@@ -34,6 +60,9 @@ impl Seen {
     }
 }
 
+/// The method of a route that takes every method ([`Route::any`]).
+const ANY_METHOD: &str = "*";
+
 /// How a route answers: (HTTP status, body) from the request.
 type Answer = Arc<dyn Fn(&Seen) -> (u16, Value) + Send + Sync>;
 
@@ -49,6 +78,11 @@ impl Route {
     /// Answers `status` with `body`.
     pub(super) fn fixed(method: &'static str, prefix: &str, status: u16, body: Value) -> Route {
         Route::with(method, prefix, move |_| (status, body.clone()))
+    }
+
+    /// Answers every request, whatever its method and path, `status` with `body`.
+    pub(super) fn any(status: u16, body: Value) -> Route {
+        Route::fixed(ANY_METHOD, "/", status, body)
     }
 
     /// Answers with what `answer` makes of the request.
@@ -70,7 +104,8 @@ impl Route {
     }
 
     fn matches(&self, seen: &Seen) -> bool {
-        self.method == seen.method && seen.path().starts_with(&self.prefix)
+        (self.method == ANY_METHOD || self.method == seen.method)
+            && seen.path().starts_with(&self.prefix)
     }
 }
 

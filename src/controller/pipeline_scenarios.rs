@@ -7,26 +7,23 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use object_store::memory::InMemory;
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde_json::{json, Value};
 
 use super::context::Context;
-use super::decide::DecideSettings;
-use super::mock_apiserver::{apiserver, status_failure, Route};
+use super::fixtures::{now, run_with};
+use super::mock_apiserver::{apiserver, context, status_failure, Route};
 use super::pipeline::{self, Reconciled};
+use super::plan::testing::deleting;
 use super::plan::{Requeue, LOOK_AGAIN_MARGIN, NAME_CONFLICT_REQUEUE, SETTLE};
 use crate::api::{
-    NetworkMode, NetworkPolicy, Phase, ReadBack, ReadBackPath, Retention, SandboxRun,
-    SandboxRunSpec, SandboxRunStatus, FINALIZER, SKIP_DRAIN_ANNOTATION,
+    NetworkMode, NetworkPolicy, Phase, Retention, SandboxRun, SandboxRunStatus, FINALIZER,
+    SKIP_DRAIN_ANNOTATION,
 };
-use crate::caps::CapSettings;
-use crate::metrics::Metrics;
-use crate::pod::{PodSettings, HOLDER_CONTAINER};
+use crate::pod::HOLDER_CONTAINER;
 use crate::store::RunRef;
 
 const RUN: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/demo";
@@ -36,54 +33,12 @@ const POD: &str = "/api/v1/namespaces/ns/pods/demo-sbr";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
 const POLICIES: &str = "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/";
 
-pub(super) fn context(client: kube::Client, store: Arc<InMemory>) -> Context {
-    Context::new(
-        client,
-        store,
-        Path::from("runs"),
-        "memory:///runs".to_string(),
-        PodSettings::default(),
-        CapSettings::default(),
-        DecideSettings::default(),
-        Vec::new(),
-        Metrics::new().unwrap(),
-        "test".to_string(),
-        1,
-    )
-}
-
-/// A run `demo` in `ns` (uid u1, resourceVersion 7) that declares `/out`, with the finalizer.
+/// A run `demo` in `ns` (uid u1, resourceVersion 7) that declares `/out`, with the finalizer
+/// ([`run_with`]).
 pub(super) fn run() -> SandboxRun {
-    let spec = SandboxRunSpec {
-        image: Some("img".into()),
-        command: Some(vec!["true".into()]),
-        user: Some("1000".into()),
-        read_back: Some(ReadBack {
-            paths: vec![ReadBackPath {
-                path: "/out".into(),
-                ..Default::default()
-            }],
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let mut run = SandboxRun::new("demo", spec);
-    run.metadata.namespace = Some("ns".into());
-    run.metadata.uid = Some("u1".into());
+    let mut run = run_with(&[("/out", false)]);
     run.metadata.resource_version = Some("7".into());
-    run.metadata.creation_timestamp = Some(Time(now()));
-    run.metadata.finalizers = Some(vec![FINALIZER.into()]);
     run
-}
-
-/// `run` being deleted.
-pub(super) fn deleting(mut run: SandboxRun) -> SandboxRun {
-    run.metadata.deletion_timestamp = Some(Time(now()));
-    run
-}
-
-pub(super) fn now() -> Timestamp {
-    "2026-11-30T12:00:00Z".parse().unwrap()
 }
 
 /// The run as the apiserver returns it after a write.

@@ -15,8 +15,10 @@ use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
 use super::decide::Trigger;
-use super::mock_apiserver::{apiserver, Log, Route};
-use super::pipeline_scenarios::{context, deleting, now, run, written};
+use super::fixtures::now;
+use super::mock_apiserver::{apiserver, context, Log, Route};
+use super::pipeline_scenarios::{run, written};
+use super::plan::testing::deleting;
 use super::plan::SETTLE;
 use super::teardown_job::claimed_teardown;
 use crate::api::{Phase, SandboxRun, SandboxRunStatus};

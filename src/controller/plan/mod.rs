@@ -23,7 +23,7 @@ mod model;
 mod queued;
 mod teardown;
 #[cfg(test)]
-mod testing;
+pub(super) mod testing;
 mod track;
 
 use super::decide::Step;
