@@ -161,8 +161,6 @@ mod tests {
     /// A run whose status records its archive under `url`'s run directory.
     fn stored_in(url: &str) -> SandboxRun {
         let mut r = deleting(with_phase(run_with(&[("/out", false)]), Phase::Succeeded));
-        r.metadata.namespace = Some("ns".into());
-        r.metadata.uid = Some("u1".into());
         if let Some(status) = r.status.as_mut() {
             status.read_back = vec![ReadBackStatus {
                 path: "/out".into(),
