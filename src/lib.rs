@@ -27,6 +27,7 @@ pub(crate) mod process;
 pub mod registry;
 pub(crate) mod selftest;
 pub mod shard;
+mod started;
 pub mod store;
 pub mod tar;
 pub(crate) mod template;

@@ -348,7 +348,14 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
     let restricted = restricted_security_context();
     let workload = workload_container(spec, image, env, mounts.workload, restricted.clone());
     let gate = egress_gate_container(run, settings, restricted.clone());
-    let holder = holder_container(settings, mounts.holder, drain_timeout, restricted);
+    let mut holder = holder_container(settings, mounts.holder, drain_timeout, restricted);
+    // What the teardown follows, recorded where nobody can change it once the pod exists
+    // (docs/contract.md "A teardown follows what its run started with").
+    let records: Vec<EnvVar> = crate::started::record(spec.read_back.as_ref())
+        .into_iter()
+        .chain(crate::started::record_network(spec.network.as_ref()))
+        .collect();
+    holder.env = (!records.is_empty()).then_some(records);
 
     Ok(Pod {
         metadata: pod_metadata(run, &name, uid, settings.shards),

@@ -55,6 +55,7 @@ async fn checkpoint(ctx: &Context, run: &SandboxRun) -> Result<(), ControllerErr
     let Some(pod) = observe::own_pod(&ctx.client, &live).await? else {
         return Ok(());
     };
+    let live = crate::started::as_started(live, Some(&pod));
     let pod_name = crate::pod::current_pod_name(&live);
     let taken = live.status.as_ref().map_or(0, |s| s.checkpoints.len());
     let index = u32::try_from(taken).unwrap_or(u32::MAX).saturating_add(1);

@@ -129,7 +129,18 @@ async fn observed(
         }
     };
     match prepare::made_run(ctx, run, &observation).await? {
-        prepare::MadeRun::Run { run, resolved } => Ok(Ok((observation, run, resolved))),
+        prepare::MadeRun::Run { run, resolved } => {
+            // Once its pod exists, the run's read-back spec is the one its pod recorded
+            // (docs/contract.md "A teardown follows what its run started with").
+            let run = match observation.pod.as_ref() {
+                Some(pod) => Arc::new(crate::started::as_started(
+                    Arc::unwrap_or_clone(run),
+                    Some(pod),
+                )),
+                None => run,
+            };
+            Ok(Ok((observation, run, resolved)))
+        }
         prepare::MadeRun::Unusable(message) => {
             let plan = plan::template_unusable(run, &message, now);
             let pod = observation.pod.as_ref();

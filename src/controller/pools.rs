@@ -260,10 +260,23 @@ async fn judged_spec(
         Err(e) => return Ok(Err(e.into())),
     };
     let (rules, rights) = (&ctx.admission.rules, &ctx.admission.rights);
-    Ok(match crate::pool::judge::refusal(&made, rules, rights) {
-        Some(why) => Err(NotPooled::Refused(why)),
-        None => Ok(made),
-    })
+    if let Some(why) = crate::pool::judge::refusal(&made, rules, rights) {
+        return Ok(Err(NotPooled::Refused(why)));
+    }
+    // The namespace policies too (docs/contract.md "The platform's namespace policies"): the
+    // namespace's labels are read only when a policy selects by label.
+    let policies = &ctx.pod.namespace_policies;
+    let labels = if policies.iter().any(|p| p.needs_labels()) {
+        super::observe::namespace_labels(&ctx.client, ns).await?
+    } else {
+        Default::default()
+    };
+    Ok(
+        match crate::pool::judge::namespace_refusal(&made, &labels, policies) {
+            Some(why) => Err(NotPooled::Refused(why)),
+            None => Ok(made),
+        },
+    )
 }
 
 /// The spec a run made from the pool's template gets (its template merged into an empty run),

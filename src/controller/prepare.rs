@@ -195,17 +195,19 @@ async fn store_unusable(
     Ok(Some(why.to_string()))
 }
 
-/// The labels of the run's namespace, read only when a namespace policy gives a default and the
-/// run names no runtime class (docs/contract.md "The platform's namespace policies"). A
-/// namespace that cannot be read is an error (the reconcile is retried): the pod is never
-/// created without the default its policy sets.
+/// The labels of the run's namespace, read only when a namespace policy selects namespaces by
+/// label (the controller judges the run by the policies that govern it, as the webhook does) or
+/// gives a default and the run names no runtime class (docs/contract.md "The platform's
+/// namespace policies"). A namespace that cannot be read is an error (the reconcile is
+/// retried): the pod is never created unjudged or without the default its policy sets.
 async fn namespace_labels(
     ctx: &Context,
     run: &SandboxRun,
 ) -> Result<Option<std::collections::BTreeMap<String, String>>, ControllerError> {
-    if run.spec.runtime_class_name.is_some()
-        || !crate::admission::namespace_policy::gives_defaults(&ctx.pod.namespace_policies)
-    {
+    let policies = &ctx.pod.namespace_policies;
+    let for_default = run.spec.runtime_class_name.is_none()
+        && crate::admission::namespace_policy::gives_defaults(policies);
+    if !for_default && !policies.iter().any(|p| p.needs_labels()) {
         return Ok(None);
     }
     let namespace = run.namespace().unwrap_or_default();

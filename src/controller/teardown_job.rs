@@ -75,7 +75,8 @@ pub(super) async fn claimed_teardown(
 ) -> Result<(), ControllerError> {
     let Some(claims) = ctx.sharding.drain_claims.as_ref() else {
         let pod = observe::own_pod(&ctx.client, run).await?;
-        return teardown(ctx, run, pod.as_ref(), trigger, None).await;
+        let run = crate::started::as_started(run.clone(), pod.as_ref());
+        return teardown(ctx, &run, pod.as_ref(), trigger, None).await;
     };
     let uid = run.uid().unwrap_or_default();
     let hold = match claims
@@ -105,6 +106,7 @@ async fn fresh_teardown(
         return Ok(());
     };
     let pod = observe::own_pod(&ctx.client, &live).await?;
+    let live = crate::started::as_started(live, pod.as_ref());
     teardown(ctx, &live, pod.as_ref(), trigger, Some(hold)).await
 }
 

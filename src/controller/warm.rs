@@ -220,6 +220,9 @@ async fn cold_pod(
         return Ok(None);
     }
     let policies = &ctx.pod.namespace_policies;
+    if plan::refused_by_namespace_policies(run, &facts, policies).is_some() {
+        return Ok(None);
+    }
     Ok(Some(plan::shaped_pod(run, *cold, &facts, policies)))
 }
 

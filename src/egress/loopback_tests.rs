@@ -255,6 +255,65 @@ async fn a_runs_tunnel_is_closed_when_the_run_ends() {
     assert_eq!(p.state.run_ended_closed.get(), 2);
 }
 
+/// Issue #51 item 8: the run's rules were widened after its pod was created (with no webhook to
+/// refuse the edit): its pod recorded the egress it started with, and the proxy judges by both,
+/// so the widened target stays denied. On the old code the proxy judged by the run's live rules
+/// alone and opened the tunnel.
+#[tokio::test]
+async fn an_edit_of_a_running_runs_rules_never_widens_its_egress() {
+    let p = proxy(Limits::default()).await;
+    let echo = echo_server().await;
+    let mut widened = run("ns", "w1");
+    widened.spec.network = Some(NetworkPolicy {
+        mode: NetworkMode::Allowlist,
+        rules: vec!["**".into(), "127.0.0.0/8".into()],
+    });
+    p.table.upsert(&widened);
+    let started = NetworkPolicy {
+        mode: NetworkMode::Allowlist,
+        rules: vec!["api.example.com".into()],
+    };
+    let mut started_pod = pod("ns", "w1", "127.0.0.2");
+    started_pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+        containers: vec![k8s_openapi::api::core::v1::Container {
+            name: crate::pod::HOLDER_CONTAINER.into(),
+            env: crate::started::record_network(Some(&started)).map(|e| vec![e]),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    p.table.upsert_pod(&started_pod);
+    let (_, head) = tunnel(p.addr, "127.0.0.2", "w1", echo).await;
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    assert!(head.contains("started with"), "{head}");
+    // Narrowing is always in force: the run's own rules still judge a pod that records wider.
+    p.add("ns", "n1", "127.0.0.3");
+    let mut narrowed = run("ns", "n1");
+    narrowed.spec.network = Some(NetworkPolicy {
+        mode: NetworkMode::Allowlist,
+        rules: vec!["api.example.com".into()],
+    });
+    p.table.upsert(&narrowed);
+    let (_, head) = tunnel(p.addr, "127.0.0.3", "n1", echo).await;
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    // A pod that records what its run allows is served.
+    let mut same_pod = pod("ns", "s1", "127.0.0.4");
+    same_pod.spec = Some(k8s_openapi::api::core::v1::PodSpec {
+        containers: vec![k8s_openapi::api::core::v1::Container {
+            name: crate::pod::HOLDER_CONTAINER.into(),
+            env: crate::started::record_network(run("ns", "s1").spec.network.as_ref())
+                .map(|e| vec![e]),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    p.table.upsert(&run("ns", "s1"));
+    p.table.upsert_pod(&same_pod);
+    let (mut s, head) = tunnel(p.addr, "127.0.0.4", "s1", echo).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(echoes(&mut s).await);
+}
+
 /// The egress gate's canary (docs/contract.md "A filtered run never has an unfiltered instant"):
 /// it accepts and closes every connection at once, sending nothing, however many come.
 #[tokio::test]

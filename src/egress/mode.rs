@@ -53,7 +53,14 @@ impl Egress {
 
 /// Parses a run's `spec.network`.
 pub(crate) fn egress_of(run: &SandboxRun) -> Result<Egress, PolicyError> {
-    let Some(net) = &run.spec.network else {
+    egress_of_network(run.spec.network.as_ref())
+}
+
+/// Parses a `spec.network` (as a run has it, or as its pod recorded it: `crate::started`).
+pub(crate) fn egress_of_network(
+    net: Option<&crate::api::NetworkPolicy>,
+) -> Result<Egress, PolicyError> {
+    let Some(net) = net else {
         return Ok(Egress::Open);
     };
     if net.mode == NetworkMode::Open {

@@ -211,23 +211,72 @@ async fn judge(
     if !allowed {
         return Err(denied(run, target, by, None));
     }
+    // The egress its pod started with bounds it too (docs/contract.md "A teardown follows what
+    // its run started with"): an edit of the run can narrow it, never widen it.
+    let started = run.started.as_deref();
+    if let Some(started) = started {
+        if !decide(
+            started.mode,
+            &started.rules,
+            &target.host,
+            Some(target.port),
+        )
+        .0
+        {
+            return Err(denied_as_started(run, target, None));
+        }
+    }
     let addrs = resolve(state, target).await?;
-    let address_rules: Vec<(usize, Rule)> = run
-        .rules
+    for addr in &addrs {
+        let ip = addr.ip().to_string();
+        if let Some(by) = address_denied(run.mode, &run.rules, &ip, target.port) {
+            return Err(denied(run, target, by, Some(&ip)));
+        }
+        if let Some(started) = started {
+            if address_denied(started.mode, &started.rules, &ip, target.port).is_some() {
+                return Err(denied_as_started(run, target, Some(&ip)));
+            }
+        }
+    }
+    Ok(addrs)
+}
+
+/// Whether the address rules among `rules` deny `ip` (Some: the index of the rule that did,
+/// within `rules`); a name's resolved address is judged by the address rules alone.
+fn address_denied(mode: NetworkMode, rules: &[Rule], ip: &str, port: u16) -> Option<Option<usize>> {
+    let address_rules: Vec<(usize, Rule)> = rules
         .iter()
         .enumerate()
         .filter(|(_, r)| r.is_address())
         .map(|(i, r)| (i, r.clone()))
         .collect();
     let only: Vec<_> = address_rules.iter().map(|(_, r)| r.clone()).collect();
-    for addr in &addrs {
-        let ip = addr.ip().to_string();
-        if let (false, Some(j)) = decide(run.mode, &only, &ip, Some(target.port)) {
-            let by = address_rules.get(j).map(|(i, _)| *i);
-            return Err(denied(run, target, by, Some(&ip)));
-        }
+    match decide(mode, &only, ip, Some(port)) {
+        (false, Some(j)) => Some(address_rules.get(j).map(|(i, _)| *i)),
+        _ => None,
     }
-    Ok(addrs)
+}
+
+/// The 403 of a target the run's rules allow now but its pod's recorded egress does not.
+fn denied_as_started(run: &RunRules, target: &Target, address: Option<&str>) -> Reply {
+    let (host, port) = (&target.host, target.port);
+    let shown = match address {
+        Some(a) => format!("{host}:{port} (resolved to {a})"),
+        None => format!("{host}:{port}"),
+    };
+    warn!(run = %run.run, %host, port, address, "egress denied by the network the run's pod started with");
+    Reply {
+        verdict: verdict::DENIED,
+        ..Reply::error(
+            "403 Forbidden",
+            format!(
+                "egress to {shown} denied by the spec.network SandboxRun {} started with (its \
+                 rules changed after its pod was created; an edit never widens a running pod's \
+                 egress)\n",
+                run.run
+            ),
+        )
+    }
 }
 
 /// The addresses of the target's host (an IP literal is its own), resolved fully qualified

@@ -35,6 +35,37 @@ pub struct RunRules {
     pub rules: Vec<Rule>,
     /// Whether the run is over or being torn down: its token no longer opens anything.
     pub ended: bool,
+    /// The egress the pod a connection comes from recorded at its creation
+    /// ([`crate::started`]): a target must pass these rules too, so an edit of the run made
+    /// after its pod exists narrows its egress and never widens it. None: the run as the table
+    /// has it (not yet authorized for a pod), or a pod that records none.
+    pub started: Option<Arc<StartedEgress>>,
+}
+
+/// The egress a run's pod recorded at its creation, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StartedEgress {
+    /// The mode.
+    pub mode: NetworkMode,
+    /// Its parsed rules (none with `allowlist`: nothing is allowed).
+    pub rules: Vec<Rule>,
+}
+
+impl StartedEgress {
+    /// The egress `pod` recorded; None when it records none or its record does not parse as
+    /// admission parses rules (a pod the operator did not write: then the run's own rules alone
+    /// judge, as before the record).
+    fn of(pod: &Pod) -> Option<StartedEgress> {
+        let network = crate::started::recorded_network(pod)?;
+        match crate::egress::mode::egress_of_network(Some(&network)).ok()? {
+            Egress::Open => None,
+            Egress::DenyAll => Some(StartedEgress {
+                mode: NetworkMode::Allowlist,
+                rules: Vec::new(),
+            }),
+            Egress::Filtered { mode, rules } => Some(StartedEgress { mode, rules }),
+        }
+    }
 }
 
 /// Whether a run's workload may still use the proxy: not once the run is being torn down
@@ -69,6 +100,7 @@ impl RunRules {
                 run.status.as_ref().and_then(|s| s.phase),
                 run.metadata.deletion_timestamp.is_some(),
             ),
+            started: None,
         })
     }
 }
@@ -100,6 +132,7 @@ impl AuthRefusal {
 struct RunPod {
     namespace: String,
     ips: Vec<IpAddr>,
+    started: Option<Arc<StartedEgress>>,
 }
 
 /// IPv4-mapped IPv6 addresses compare as IPv4 (a dual-stack listener reports them).
@@ -224,7 +257,16 @@ fn pod_entry(pod: &Pod) -> Option<(String, String, RunPod)> {
             }
         }
     }
-    Some((uid, key, RunPod { namespace, ips }))
+    let started = StartedEgress::of(pod).map(Arc::new);
+    Some((
+        uid,
+        key,
+        RunPod {
+            namespace,
+            ips,
+            started,
+        },
+    ))
 }
 
 impl RunTable {
@@ -327,16 +369,30 @@ impl RunTable {
     }
 
     /// The run with this uid if a connection from `peer` may use its (verified) token.
+    /// The rules returned carry the egress the peer's pod recorded at its creation
+    /// ([`RunRules::started`]).
     pub fn authorize(&self, uid: &str, peer: IpAddr) -> Result<Arc<RunRules>, AuthRefusal> {
         let run = self.get(uid).ok_or(AuthRefusal::BadCredentials)?;
         let pods = self.pods.read().map_err(|_| AuthRefusal::WrongSource)?;
         let entries = pods.get(uid).into_iter().flat_map(|m| m.values());
         authorize(
             &run,
-            entries.map(|p| (p.namespace.as_str(), p.ips.as_slice())),
+            entries
+                .clone()
+                .map(|p| (p.namespace.as_str(), p.ips.as_slice())),
             peer,
         )?;
-        Ok(run)
+        let peer = canonical(peer);
+        let started = entries
+            .filter(|p| p.namespace == run.namespace && p.ips.contains(&peer))
+            .find_map(|p| p.started.clone());
+        Ok(match started {
+            Some(started) => Arc::new(RunRules {
+                started: Some(started),
+                ..(*run).clone()
+            }),
+            None => run,
+        })
     }
 
     /// [`RunTable::authorize`], waiting up to `within` ([`LEARN_WAIT`]) for the watches to tell
@@ -446,6 +502,7 @@ mod tests {
             mode: NetworkMode::Allowlist,
             rules: Vec::new(),
             ended,
+            started: None,
         }
     }
 

@@ -44,6 +44,28 @@ pub(crate) fn refusal(
     })
 }
 
+/// Why a pool of a namespace with `labels` makes no pods of `made`: the platform's namespace
+/// policies that govern the namespace refuse it (an image, a runtime class, a cap…: a pool pod
+/// runs the template's image before any run exists, so a policy the pool ignored would be one
+/// the tenant bypassed by making a pool); None when they pass.
+pub(crate) fn namespace_refusal(
+    made: &SandboxRunSpec,
+    labels: &std::collections::BTreeMap<String, String>,
+    policies: &[crate::admission::namespace_policy::Compiled],
+) -> Option<String> {
+    let refused: Vec<String> =
+        crate::admission::namespace_policy::violations(made, labels, policies)
+            .into_iter()
+            .map(|v| format!("{}: {} (hint: {})", v.field, v.message, v.hint))
+            .collect();
+    (!refused.is_empty()).then(|| {
+        format!(
+            "the platform's namespace policies refuse its template: {}",
+            refused.join("; ")
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,5 +132,29 @@ mod tests {
             ..RightsPolicy::default()
         };
         assert_eq!(refusal(&secret, &RuleSettings::default(), &trust), None);
+    }
+
+    /// Issue #51 item 8: a pool pod runs its template's image before any run exists; on the old
+    /// code the pool judged only the cluster's rules, so a namespace policy's image list was
+    /// bypassed by making a pool.
+    #[test]
+    fn a_pool_makes_no_pods_of_a_template_its_namespace_policy_refuses() {
+        let policies = crate::admission::namespace_policy::load(
+            "- name: locked-tier\n  namespaceSelector: {matchLabels: {tier: locked}}\n  images: [\"registry.corp.example/**\"]\n",
+        )
+        .unwrap();
+        let locked = [("tier".to_string(), "locked".to_string())].into();
+        let why = namespace_refusal(&spec(), &locked, &policies).expect("refused");
+        assert!(
+            why.contains("spec.image") && why.contains("locked-tier"),
+            "{why}"
+        );
+        assert_eq!(
+            namespace_refusal(&spec(), &Default::default(), &policies),
+            None
+        );
+        let mut allowed = spec();
+        allowed.image = Some("registry.corp.example/tools/x:1".into());
+        assert_eq!(namespace_refusal(&allowed, &locked, &policies), None);
     }
 }

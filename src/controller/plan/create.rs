@@ -42,23 +42,11 @@ pub(super) fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
     match built {
         Ok(pod) => StepPlan::CreatePod(Box::new(pod)),
         // A malformed run is recorded and awaited (a spec change wakes it), not retried hot.
-        Err(e) => {
-            let msg = format!("cannot build the pod: {e}");
-            let mut events = Vec::new();
-            if run.status.as_ref().and_then(|s| s.message.as_deref()) != Some(msg.as_str()) {
-                events.push(PlannedEvent::warning(
-                    events::INVALID_SPEC,
-                    msg.clone(),
-                    "CreatePod",
-                ));
-            }
-            StepPlan::Carry(Box::new(Plan {
-                events,
-                status: Some(pending_status(run, REASON_INVALID_SPEC, &msg, now)),
-                effects: Vec::new(),
-                requeue: Requeue::AwaitChange,
-            }))
-        }
+        Err(e) => StepPlan::Carry(Box::new(invalid_spec(
+            run,
+            &format!("cannot build the pod: {e}"),
+            now,
+        ))),
     }
 }
 
@@ -70,6 +58,57 @@ pub(super) fn refused_by_rules(
 ) -> Option<String> {
     crate::admission::refusals(&run.spec, rules)
         .map(|r| format!("the operator's admission rules refuse the spec: {r}"))
+}
+
+/// The refusal of `run` (as made from its template) by the platform's namespace policies that
+/// govern its namespace (`facts.namespace_labels`, read whenever a policy selects by label), in
+/// words; None when every governing policy passes. The webhook judges an admission with the same
+/// engine; the controller judges again before any pod exists, since the webhook may be absent
+/// or bypassed (docs/contract.md "The platform's namespace policies").
+pub(crate) fn refused_by_namespace_policies(
+    run: &SandboxRun,
+    facts: &CreationFacts,
+    policies: &[crate::admission::namespace_policy::Compiled],
+) -> Option<String> {
+    let labels = facts.namespace_labels.clone().unwrap_or_default();
+    let violations = crate::admission::namespace_policy::violations(&run.spec, &labels, policies);
+    let shown: Vec<String> = violations
+        .iter()
+        .map(|v| {
+            format!(
+                "rule {} at {}: {} (hint: {})",
+                crate::admission::rules::ids::RUN_POLICY,
+                v.field,
+                v.message,
+                v.hint
+            )
+        })
+        .collect();
+    (!shown.is_empty()).then(|| {
+        format!(
+            "the platform's namespace policies refuse the spec: {}",
+            shown.join("; ")
+        )
+    })
+}
+
+/// A run held for its spec (`why`): no pod, `Ready=False InvalidSpec`, one Warning per distinct
+/// message, awaited (a spec change wakes it), not retried hot.
+pub(super) fn invalid_spec(run: &SandboxRun, why: &str, now: Timestamp) -> Plan {
+    let mut events = Vec::new();
+    if run.status.as_ref().and_then(|s| s.message.as_deref()) != Some(why) {
+        events.push(PlannedEvent::warning(
+            events::INVALID_SPEC,
+            why,
+            "CreatePod",
+        ));
+    }
+    Plan {
+        events,
+        status: Some(pending_status(run, REASON_INVALID_SPEC, why, now)),
+        effects: Vec::new(),
+        requeue: Requeue::AwaitChange,
+    }
 }
 
 /// The run's author's rights were not verified by an admission: no pod, `Ready=False
@@ -161,6 +200,9 @@ pub(crate) fn creation(
 ) -> Plan {
     if let Some(why) = &facts.store_unusable {
         return store_unusable(run, why, now);
+    }
+    if let Some(refusal) = refused_by_namespace_policies(run, &facts, policies) {
+        return invalid_spec(run, &refusal, now);
     }
     let pod = shaped_pod(run, pod, &facts, policies);
     create(run, pod, facts.preflight, egress, now)
@@ -504,6 +546,71 @@ mod tests {
         r.status = Some(status);
         let again = template_unusable(&r, why, now());
         assert!(again.events.is_empty() && again.status.is_none());
+    }
+
+    /// Issue #51 item 8: the namespace policies were the webhook's alone; with no webhook a run
+    /// of an image its namespace's policy refuses got a pod (this fails on the old `creation`,
+    /// which planned the pod). Judged on the run as made from its template, in the namespaces
+    /// the policy selects and nowhere else.
+    #[test]
+    fn a_run_its_namespace_policy_refuses_gets_no_pod_and_is_held_naming_the_policy() {
+        use crate::egress::verdict::EgressVerdict;
+        let mut r = with_generation(run_with(&[("/out", true)]));
+        r.spec.image = Some("evil.example/miner:1".into());
+        let pod = || crate::pod::build_pod(&r, &PodSettings::default()).unwrap();
+        let policies = crate::admission::namespace_policy::load(
+            "- name: locked-tier\n  namespaceSelector: {matchLabels: {tier: locked}}\n  images: [\"registry.corp.example/**\"]\n",
+        )
+        .unwrap();
+        let in_tier = |tier: &str| CreationFacts {
+            namespace_labels: Some([("tier".to_string(), tier.to_string())].into()),
+            ..CreationFacts::default()
+        };
+        let held = creation(
+            &r,
+            pod(),
+            in_tier("locked"),
+            (EgressVerdict::Open, &policies),
+            now(),
+        );
+        assert!(held.effects.is_empty(), "no pod, no policy: {held:?}");
+        assert_eq!(held.requeue, Requeue::AwaitChange);
+        let status = held.status.clone().unwrap_or_default();
+        assert_eq!(
+            cond_of(&status, conditions::READY),
+            pair("False", "InvalidSpec")
+        );
+        let message = status.message.clone().unwrap_or_default();
+        assert!(
+            message.contains("rule run-policy at spec.image")
+                && message.contains("locked-tier")
+                && message.contains("hint: "),
+            "{message}"
+        );
+        assert_eq!(held.events.len(), 1);
+        // Said once: a later look with the same words writes nothing new.
+        let mut told = r.clone();
+        told.status = Some(status);
+        let again = creation(
+            &told,
+            pod(),
+            in_tier("locked"),
+            (EgressVerdict::Open, &policies),
+            now(),
+        );
+        assert!(again.events.is_empty(), "{again:?}");
+        // A namespace the policy does not select creates the pod.
+        let created = creation(
+            &r,
+            pod(),
+            in_tier("open"),
+            (EgressVerdict::Open, &policies),
+            now(),
+        );
+        assert!(
+            matches!(created.effects.last(), Some(Effect::CreatePod(_))),
+            "{created:?}"
+        );
     }
 
     #[test]

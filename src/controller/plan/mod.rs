@@ -40,7 +40,7 @@ pub(crate) use checkpoint::{checkpoint_paths, checkpoint_recorded, checkpoint_re
 /// The status a refused pod create leaves (the GitOps fixtures build one from it).
 #[cfg(test)]
 pub(crate) use create::pod_refused;
-pub(crate) use create::{creation, egress_effects, shaped_pod};
+pub(crate) use create::{creation, egress_effects, refused_by_namespace_policies, shaped_pod};
 pub(crate) use create::{recording_template, template_unusable};
 pub(crate) use finish::record_pod_lost;
 pub(crate) use model::{

@@ -183,7 +183,8 @@ pub(crate) struct CreationFacts {
     pub store_unusable: Option<String>,
     /// What the pre-flight of its image says.
     pub preflight: Preflight,
-    /// Its namespace's labels, when a namespace policy gives a default it does not override.
+    /// Its namespace's labels, when a namespace policy selects by label or gives a default it
+    /// does not override (docs/contract.md "The platform's namespace policies").
     pub namespace_labels: Option<BTreeMap<String, String>>,
     /// The Kueue ResourceFlavors it was admitted on.
     pub flavors: Vec<serde_json::Value>,
