@@ -3,7 +3,8 @@
 -- Written for Argo CD's Lua (5.1 semantics); tested under Debian's lua5.4 (tests/it/gitops.rs).
 --
 --   Healthy      the run ended well (condition Complete=True, every path drained), or a
---                long-lived sandbox (no spec.command) is Running
+--                long-lived sandbox (no command: neither spec.command nor, for a run made from a
+--                template, the command of the template its status records) is Running
 --   Degraded     the run ended badly (condition Failed=True, its reason and message), a path
 --                failed to drain (Drained=False: files were lost), or the run cannot start
 --                (Pending, Ready=False with a reason of the `stuck` table below: the operator's
@@ -91,9 +92,15 @@ if (complete ~= nil and complete.status == "True") or phase == "Succeeded" or ph
   return hs
 end
 
+-- A run made from a template runs the template's command unless it sets its own: the operator
+-- records the template (status.template.spec.template) before the pod exists.
+local function has_command(spec)
+  return spec ~= nil and spec.command ~= nil and #spec.command > 0
+end
+
 if phase == "Running" then
-  local command = obj.spec and obj.spec.command or nil
-  if command == nil or #command == 0 then
+  local recorded = status.template and status.template.spec and status.template.spec.template or nil
+  if not has_command(obj.spec) and not has_command(recorded) then
     hs.status = "Healthy"
     hs.message = "long-lived sandbox running (set spec.stop: true to drain and release it)"
   else

@@ -188,6 +188,32 @@ fn running_long_lived() -> SandboxRun {
     reconciled(held(true), &view(true, WorkloadState::Running))
 }
 
+/// A run made from a template (`agent-tools`) that sets no command of its own, running: the
+/// template's command, when it has one (recorded in `status.template` before the pod was
+/// created), makes it a batch run; without one it is a long-lived sandbox (issue #53: the
+/// health checks read only `spec.command` and called the templated batch run Healthy).
+fn templated_running(template_command: bool) -> SandboxRun {
+    let mut own = held(true);
+    own.spec = SandboxRunSpec {
+        template_ref: Some(crate::api::TemplateRef {
+            kind: Default::default(),
+            name: "agent-tools".into(),
+        }),
+        ..Default::default()
+    };
+    let template = crate::template::Fetched {
+        spec: crate::api::SandboxRunTemplateSpec {
+            template: applied(!template_command).spec,
+            open_fields: Vec::new(),
+        },
+        generation: Some(1),
+    };
+    let made = crate::template::resolve(&own, Some(&template))
+        .unwrap_or_else(|e| panic!("the template makes the run: {e}"));
+    let status = reconciled(made, &view(true, WorkloadState::Running)).status;
+    SandboxRun { status, ..own }
+}
+
 fn stopped_by_the_user() -> SandboxRun {
     let mut run = running_long_lived();
     run.spec.stop = true;
@@ -275,6 +301,18 @@ fn all() -> Vec<Fixture> {
             "Healthy",
             "Current",
             running_long_lived(),
+        ),
+        fixture(
+            "running-templated-batch.yaml",
+            "Progressing",
+            "InProgress",
+            templated_running(true),
+        ),
+        fixture(
+            "running-templated-long-lived.yaml",
+            "Healthy",
+            "Current",
+            templated_running(false),
         ),
         fixture(
             "stop-not-observed-yet.yaml",
@@ -404,6 +442,8 @@ fn each_fixture_shows_the_moment_it_is_named_for() {
         ("pending-pod-stuck.yaml", "Pending"),
         ("running-batch.yaml", "Running"),
         ("running-long-lived.yaml", "Running"),
+        ("running-templated-batch.yaml", "Running"),
+        ("running-templated-long-lived.yaml", "Running"),
         ("stop-not-observed-yet.yaml", "Running"),
         ("deleting.yaml", "Running"),
         ("draining.yaml", "Draining"),

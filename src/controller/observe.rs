@@ -581,12 +581,20 @@ pub(crate) async fn pool_of(
     reference: &crate::api::TemplateRef,
 ) -> Result<Option<(crate::api::SandboxRunPool, Vec<Pod>)>, ControllerError> {
     let pools: Api<crate::api::SandboxRunPool> = Api::namespaced(client.clone(), ns);
-    let pool = pools
-        .list(&ListParams::default())
-        .await
-        .map_err(kube_err(format!(
-            "list the crate::api::SandboxRunPools of {ns}"
-        )))?
+    let listed = match pools.list(&ListParams::default()).await {
+        Ok(listed) => listed,
+        // The SandboxRunPool CRD is not installed (an upgrade that applied only the older CRDs,
+        // issue #53): no pool can exist, the run starts cold. A reconcile that failed here held
+        // every templated run for ever.
+        Err(kube::Error::Api(e)) if e.code == 404 => {
+            warn!(namespace = %ns, "the SandboxRunPool CRD is not installed (apply every CRD of crds/): templated runs start cold");
+            return Ok(None);
+        }
+        Err(e) => {
+            return Err(kube_err(format!("list the SandboxRunPools of {ns}"))(e));
+        }
+    };
+    let pool = listed
         .items
         .into_iter()
         .find(|p| &p.spec.template_ref == reference);

@@ -364,3 +364,63 @@ async fn retention_delete_deletes_the_runs_files_before_its_finalizer_is_removed
     assert_eq!(log.exactly("PATCH", RUN)[0].body, finalizer_patch(&[]));
     assert!(log.matching("DELETE", PODS).is_empty(), "{lines:?}");
 }
+
+/// Issue #53: an upgrade that applied the older CRDs only (the docs named three of the four)
+/// leaves no SandboxRunPool resource: with warm pools on, the claim's list of the namespace's
+/// pools is answered 404. A templated run starts cold; on the old code the reconcile failed on
+/// that list, every time, and no templated run ever got a pod.
+#[tokio::test]
+async fn a_templated_run_starts_cold_when_the_pool_crd_is_not_installed() {
+    let mut r = run();
+    r.spec = crate::api::SandboxRunSpec {
+        template_ref: Some(crate::api::TemplateRef {
+            kind: Default::default(),
+            name: "agent-tools".into(),
+        }),
+        command: Some(vec!["sh".into(), "-c".into(), "true".into()]),
+        ..Default::default()
+    };
+    let template = json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRunTemplate",
+        "metadata": {"name": "agent-tools", "namespace": "ns", "generation": 1},
+        "spec": {
+            "template": {
+                "image": "registry.example/tools@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                "user": "1000",
+                "readBack": {"paths": [{"path": "/out"}]},
+            },
+            "openFields": ["command"],
+        },
+    });
+    let mut all = vec![Route::fixed(
+        "GET",
+        "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruntemplates/agent-tools",
+        200,
+        template,
+    )];
+    all.extend(routes(&r, no_pod()));
+    let (client, log) = apiserver(all);
+    // The template is a right its author must hold: trusted here (the stamp is not the point).
+    let rights = crate::admission::stamp::RightsPolicy {
+        unadmitted: crate::admission::stamp::UnadmittedReferences::Trust,
+        key: None,
+    };
+    let ctx = context(client, Arc::new(InMemory::new()))
+        .with_warm_pools(true)
+        .with_rights(rights);
+    let done = reconcile(ctx, r).await;
+    assert_eq!(done.step, Some("create_pod"));
+    let pools = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxrunpools";
+    assert!(
+        log.lines().iter().any(|l| l == &format!("GET {pools}")),
+        "the pools were asked: {:?}",
+        log.lines()
+    );
+    assert_eq!(
+        log.matching("POST", PODS).len(),
+        1,
+        "the cold pod: {:?}",
+        log.lines()
+    );
+}

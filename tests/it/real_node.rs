@@ -985,17 +985,16 @@ fn install_chart_by_helm(
 
 /// The values file of a release `fullname` on the real node: the bed's S3 store at `store_url`
 /// (its credentials in the Secret `store`), the operator image `image` (pinned, as the real node
-/// pulls it), and `values` on top (each top-level key replaces the default).
+/// pulls it; empty: none, the chart's own), and `values` on top (each top-level key replaces the
+/// default).
 fn helm_values_file(
     fullname: &str,
     store_url: &str,
     values: serde_json::Value,
     image: &str,
 ) -> PathBuf {
-    let (repository, digest) = image.split_once('@').expect("pinned image");
     let mut all = json!({
         "fullnameOverride": fullname,
-        "image": {"repository": repository, "digest": digest},
         "store": {
             "url": store_url,
             "existingSecret": "store",
@@ -1009,6 +1008,11 @@ fn helm_values_file(
         "nodeSelector": {REAL_NODE_LABEL: "true"},
         "tolerations": [real_node_toleration()],
     });
+    if let Some((repository, digest)) = image.split_once('@') {
+        all["image"] = json!({"repository": repository, "digest": digest});
+    } else {
+        assert!(image.is_empty(), "a pinned image, or none: {image}");
+    }
     if let (Some(all), serde_json::Value::Object(extra)) = (all.as_object_mut(), values) {
         all.extend(extra);
     }

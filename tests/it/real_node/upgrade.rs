@@ -62,9 +62,152 @@ async fn run_reaching(
     .await
 }
 
-/// The previous release installed by Helm runs a run to the end; then, with three runs still
-/// working and one being stopped (its drain under way), `helm upgrade` moves the release to this
-/// chart and image. The upgraded operator finishes every one of them: each ends as it would have
+/// `chart` (a directory, or a packaged .tgz) copied to a directory of its own with its default
+/// image pinned to `image`, as `make release` pins a release's chart to its image: a user who
+/// installs a release sets no image value, so an upgrade that keeps the user's values still moves
+/// to the new release's image.
+fn pinned_chart(chart: &Path, image: &str) -> PathBuf {
+    let dir = host_dir("pinned-chart").join(format!("{:08x}", rand_u32()));
+    std::fs::create_dir_all(&dir).expect("chart dir");
+    let copied = if chart.is_dir() {
+        Command::new("cp")
+            .arg("-r")
+            .arg(chart)
+            .arg(dir.join("sandboxrun-operator"))
+            .output()
+    } else {
+        Command::new("tar")
+            .arg("-xzf")
+            .arg(chart)
+            .arg("-C")
+            .arg(&dir)
+            .output()
+    }
+    .expect("copy the chart");
+    assert!(copied.status.success(), "{copied:?}");
+    let root = dir.join("sandboxrun-operator");
+    let values_path = root.join("values.yaml");
+    let text = std::fs::read_to_string(&values_path).expect("values.yaml");
+    let mut values: serde_yaml::Value = serde_yaml::from_str(&text).expect("values.yaml parses");
+    let (repository, digest) = image.split_once('@').expect("a pinned image");
+    values["image"]["repository"] = repository.into();
+    values["image"]["digest"] = digest.into();
+    values["image"]["tag"] = "".into();
+    std::fs::write(&values_path, serde_yaml::to_string(&values).expect("yaml")).expect("write");
+    root
+}
+
+/// The upgrade's commands exactly as docs/operations.md "Upgrade" gives them (the shell block
+/// between its `upgrade-commands` markers), each with the user's own names put in: the release
+/// `sbr` → `fullname`, its namespace `sandboxrun-system` → `release_ns`, and
+/// `charts/sandboxrun-operator` → `chart` (the new release's chart, pinned to its image). A
+/// document whose commands no longer name these fails here, saying so.
+fn documented_upgrade(fullname: &str, release_ns: &str, chart: &Path) -> Vec<String> {
+    let docs = std::fs::read_to_string(repo().join("docs/operations.md")).expect("operations.md");
+    let start = docs
+        .find("<!-- upgrade-commands")
+        .expect("docs/operations.md marks its upgrade commands");
+    let block = &docs[start..];
+    let block = &block[block.find("```sh\n").expect("a sh block") + 6..];
+    let block = &block[..block.find("```").expect("the block ends")];
+    let lines: Vec<String> = block
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    assert!(
+        lines.iter().any(|l| l.starts_with("kubectl apply"))
+            && lines.iter().any(|l| l.starts_with("helm upgrade")),
+        "the documented upgrade applies the CRDs and upgrades the release: {lines:?}"
+    );
+    lines
+        .into_iter()
+        .map(|line| {
+            if !line.starts_with("helm upgrade") {
+                return line;
+            }
+            for word in [
+                " sbr ",
+                " sandboxrun-system",
+                " charts/sandboxrun-operator ",
+            ] {
+                assert!(
+                    line.contains(word),
+                    "the documented upgrade names `{word}`: {line}"
+                );
+            }
+            line.replacen(" sbr ", &format!(" {fullname} "), 1)
+                .replacen(" sandboxrun-system", &format!(" {release_ns}"), 1)
+                .replacen(
+                    " charts/sandboxrun-operator ",
+                    &format!(" {} ", chart.display()),
+                    1,
+                )
+        })
+        .collect()
+}
+
+/// Runs one documented command as a user's shell would, in the repository, against the bed.
+fn run_documented(line: &str) -> Output {
+    let path = match tools_bin() {
+        Some(bin) => format!(
+            "{}:{}",
+            bin.display(),
+            std::env::var("PATH").unwrap_or_default()
+        ),
+        None => std::env::var("PATH").unwrap_or_default(),
+    };
+    let mut cmd = Command::new("bash");
+    cmd.args(["-euo", "pipefail", "-c", line])
+        .current_dir(repo())
+        .env("KUBECONFIG", kubeconfig_path())
+        .env("PATH", path);
+    run(cmd, None)
+}
+
+/// A SandboxRunTemplate `batch-tools` in `ns`: the real node, busybox, `/work/out` read back; a
+/// run made from it sets its command (issue #53: GitOps runs are made from templates).
+async fn batch_template(client: &Client, ns: &str) {
+    let mut spec = real_spec(None, &["/work/out"]);
+    spec.command = None;
+    let template = json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRunTemplate",
+        "metadata": {"name": "batch-tools", "namespace": ns},
+        "spec": {"template": spec, "openFields": ["command"]},
+    });
+    let resource = ApiResource {
+        group: "sandbox.iterion.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "sandbox.iterion.io/v1alpha1".into(),
+        kind: "SandboxRunTemplate".into(),
+        plural: "sandboxruntemplates".into(),
+    };
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    let object: DynamicObject = serde_json::from_value(template).expect("a template");
+    api.create(&Default::default(), &object)
+        .await
+        .expect("create the template");
+}
+
+/// A run of the template `batch-tools` whose command is `script`.
+fn templated_spec(script: &str) -> SandboxRunSpec {
+    SandboxRunSpec {
+        template_ref: Some(sandboxrun_operator::api::TemplateRef {
+            kind: Default::default(),
+            name: "batch-tools".into(),
+        }),
+        command: Some(vec!["sh".into(), "-c".into(), script.into()]),
+        ..Default::default()
+    }
+}
+
+/// The previous release installed by Helm (its chart pinned to its image, as a release is) runs a
+/// run to the end; then, with three runs and a run made from a template still working and one
+/// being stopped (its drain under way), the upgrade commands of docs/operations.md, run as
+/// written, move the release to this chart and image (issue #53: the docs applied three of the
+/// four CRDs and froze the old chart's defaults with `--reuse-values`). The upgraded operator finishes every one of them: each ends as it would have
 /// (Succeeded or Stopped), its file drained to S3 and read back; none is lost. Then every run is
 /// deleted and is gone within a minute: no finalizer is left trapped.
 #[tokio::test]
@@ -82,12 +225,15 @@ async fn helm_upgrade_from_the_previous_release_keeps_the_runs_in_flight() {
         "webhook": {"namespaceSelector": {"matchLabels": {"sandboxrun-test": runs_ns.name}}},
     });
     let old_image = pod_ref(&previous.image);
+    let old_chart = pinned_chart(&previous.chart, &old_image);
+    // Installed as a user installs a release: no image among the values (the chart says which).
     let _release = install_chart_by_helm(
         (&release_ns.name, &fullname),
         &store_url,
         values.clone(),
-        (&previous.chart, &old_image),
+        (&old_chart, ""),
     );
+    batch_template(&client, &runs_ns.name).await;
     assert_eq!(
         controller_images(&client, &release_ns.name).await,
         vec![old_image.clone()],
@@ -109,9 +255,12 @@ async fn helm_upgrade_from_the_previous_release_keeps_the_runs_in_flight() {
     let early = run_reaching(&runs, "early", Duration::from_secs(180), final_phase).await;
     assert_eq!(phase(&early), Some(Phase::Succeeded), "{:?}", early.status);
     // Still working when the upgrade starts, and after it ends.
-    let working = ["long-1", "long-2", "long-3"];
+    let working = ["long-1", "long-2", "long-3", "templated"];
     for name in working {
-        let spec = real_spec(Some(&write(name, "sleep 75")), &["/work/out"]);
+        let spec = match name {
+            "templated" => templated_spec(&write(name, "sleep 75")),
+            _ => real_spec(Some(&write(name, "sleep 75")), &["/work/out"]),
+        };
         create(&runs, name, spec).await;
     }
     // Told to stop just before the upgrade: its drain is under way while the operator changes.
@@ -136,27 +285,17 @@ async fn helm_upgrade_from_the_previous_release_keeps_the_runs_in_flight() {
         .expect("stop the run");
 
     let new_image = pod_ref(&operator_ref());
-    let values_file = helm_values_file(&fullname, &store_url, values, &new_image);
-    let chart = repo().join("charts/sandboxrun-operator");
-    let upgraded = run_helm(&[
-        "upgrade",
-        &fullname,
-        &chart.display().to_string(),
-        "-n",
-        &release_ns.name,
-        "-f",
-        &values_file.display().to_string(),
-        "--wait",
-        "--timeout",
-        "4m",
-    ]);
-    assert!(
-        upgraded.status.success(),
-        "helm upgrade from {}: {}\n{}",
-        previous.version,
-        String::from_utf8_lossy(&upgraded.stderr),
-        describe_pods(&release_ns.name)
-    );
+    let chart = pinned_chart(&repo().join("charts/sandboxrun-operator"), &new_image);
+    for line in documented_upgrade(&fullname, &release_ns.name, &chart) {
+        let done = run_documented(&line);
+        assert!(
+            done.status.success(),
+            "`{line}` (docs/operations.md \"Upgrade\", from {}): {}\n{}",
+            previous.version,
+            String::from_utf8_lossy(&done.stderr),
+            describe_pods(&release_ns.name)
+        );
+    }
     let images = eventually(
         "only the new operator to run",
         Duration::from_secs(120),
@@ -182,12 +321,23 @@ async fn helm_upgrade_from_the_previous_release_keeps_the_runs_in_flight() {
         );
     }
 
+    // A templated run made after the upgrade runs too (with warm pools on by default, its
+    // reconcile lists the namespace's pools: the pool CRD must be there, or the run start cold).
+    create(
+        &runs,
+        "templated-after",
+        templated_spec(&write("templated-after", "true")),
+    )
+    .await;
+
     let host_store_env = s3.host_env();
     let ended = [
         ("early", Phase::Succeeded),
         ("long-1", Phase::Succeeded),
         ("long-2", Phase::Succeeded),
         ("long-3", Phase::Succeeded),
+        ("templated", Phase::Succeeded),
+        ("templated-after", Phase::Succeeded),
         ("stopped", Phase::Stopped),
     ];
     for (name, want) in ended {
