@@ -879,6 +879,11 @@ pub struct SandboxRunStatus {
     /// longer listed in `checkpoints`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoints_refused: Option<u32>,
+    /// The Kueue LocalQueue the run was queued in (`kueue.x-k8s.io/queue-name`), recorded before
+    /// its Workload is made: from then on this, not the live label, says the run waits for Kueue
+    /// (docs/contract.md "Quota cannot be edited away").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
     /// When the next attempt's pod is created (set while a retry waits out its backoff).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_time: Option<Time>,
