@@ -3407,6 +3407,71 @@ async fn runs_queue_through_real_kueue_and_a_preempted_run_is_drained_and_retrie
     }
 }
 
+/// Issue #51 item 2 on real containers (docs/contract.md "A run's object stays bounded"): a
+/// running sandbox whose author asks 200 checkpoints, one after another, under
+/// `--max-checkpoints 2`: every token is answered, 2 checkpoints hold files, only the latest 4
+/// refusals stay listed, all 198 are counted, and the object stays small. On the old code every
+/// refusal was appended: 200 entries.
+#[tokio::test]
+async fn a_run_asked_two_hundred_checkpoints_keeps_a_bounded_object() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "bounded-run").await;
+    let (_dir, store_url) = file_store("bounded-run");
+    let op = start_operator_with(&ns.name, &store_url, &["--max-checkpoints", "2"]);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let script = r#"echo hi > "$ITERION_ARTIFACT_FILES_DIR/notes.txt"; exec sleep 3600"#;
+    create(&runs, "patched", real_spec(Some(script), &["/work/out"])).await;
+    wait_run(&runs, "patched", "Running", &op, phase_is(Phase::Running)).await;
+    for i in 0..200 {
+        let token = format!("t{i}");
+        runs.patch(
+            "patched",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"checkpoint": token}})),
+        )
+        .await
+        .expect("ask a checkpoint");
+        wait_run(
+            &runs,
+            "patched",
+            &format!("checkpoint {token} answered"),
+            &op,
+            |r| {
+                r.status
+                    .as_ref()
+                    .and_then(|s| s.checkpoints.last())
+                    .is_some_and(|c| c.token == token)
+            },
+        )
+        .await;
+    }
+    let run = runs.get("patched").await.expect("run");
+    let status = run.status.clone().expect("status");
+    let held = status
+        .checkpoints
+        .iter()
+        .filter(|c| !c.is_refused())
+        .count();
+    assert_eq!(held, 2, "{:?}", status.checkpoints);
+    assert!(
+        status.checkpoints.len() <= 2 + sandboxrun_operator::api::REFUSED_CHECKPOINTS_KEPT,
+        "{} entries",
+        status.checkpoints.len()
+    );
+    assert_eq!(status.checkpoints_refused, Some(198));
+    let size = serde_json::to_vec(&run).expect("json").len();
+    assert!(size < 32 * 1024, "the run is {size} bytes");
+    let _ = runs
+        .patch(
+            "patched",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"stop": true}})),
+        )
+        .await;
+    wait_run(&runs, "patched", "a final phase", &op, final_phase).await;
+}
+
 /// Issue #51 item 5 on the real node with the real Kueue (docs/contract.md "Quota cannot be edited
 /// away"): a run waiting for quota it will not get (900m of cpu, the queue has 700m) records its
 /// queue in `status.queue`; its `kueue.x-k8s.io/queue-name` label removed (no webhook here: the
