@@ -749,6 +749,14 @@ pub struct PodConditionRule {
 
 /// Most checkpoints a run may have unless the operator says otherwise (`run --max-checkpoints`).
 pub const DEFAULT_MAX_CHECKPOINTS: u32 = 16;
+/// The highest `run --max-checkpoints` the operator accepts: every stored checkpoint keeps an
+/// entry in the run's status, which must stay far below etcd's object limit (docs/contract.md
+/// "A run's object stays bounded").
+pub const MAX_CHECKPOINTS_LIMIT: u32 = 64;
+/// Refused checkpoints kept in `status.checkpoints` (the latest ones; every refusal is counted in
+/// `status.checkpointsRefused`): a run patched with new tokens for ever keeps a bounded status
+/// (docs/contract.md "A run's object stays bounded").
+pub const REFUSED_CHECKPOINTS_KEPT: usize = 4;
 
 /// One checkpoint of a running sandbox (`status.checkpoints[]`).
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -770,6 +778,13 @@ pub struct CheckpointStatus {
     /// Each read-back path's drain into this checkpoint's own files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub read_back: Vec<ReadBackStatus>,
+}
+
+impl CheckpointStatus {
+    /// Whether it was refused (past `--max-checkpoints`): it says why and holds no files.
+    pub fn is_refused(&self) -> bool {
+        self.message.is_some() && self.read_back.is_empty()
+    }
 }
 
 /// One ended attempt of a run with a retry policy (`status.attempts[]`).
@@ -856,9 +871,19 @@ pub struct SandboxRunStatus {
     /// first).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub attempt: Option<u32>,
-    /// The checkpoints taken while the run ran (`spec.checkpoint`), oldest first.
+    /// The checkpoints taken while the run ran (`spec.checkpoint`), oldest first: at most the
+    /// operator's `--max-checkpoints` that hold files, and the latest refused ones (at most 4).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub checkpoints: Vec<CheckpointStatus>,
+    /// How many checkpoints were refused in all (past `--max-checkpoints`), including those no
+    /// longer listed in `checkpoints`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoints_refused: Option<u32>,
+    /// The Kueue LocalQueue the run was queued in (`kueue.x-k8s.io/queue-name`), recorded before
+    /// its Workload is made: from then on this, not the live label, says the run waits for Kueue
+    /// (docs/contract.md "Quota cannot be edited away").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<String>,
     /// When the next attempt's pod is created (set while a retry waits out its backoff).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_attempt_time: Option<Time>,

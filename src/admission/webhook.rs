@@ -243,6 +243,7 @@ async fn review_request(
     match findings_of(state, req, object).await {
         Ok(mut findings) => {
             findings.extend(shard_label_finding(state, req, object));
+            findings.extend(queue_label_finding(req, object));
             sort_findings(&mut findings);
             respond(resp, &who, &findings)
         }
@@ -391,6 +392,37 @@ fn shard_label_finding(
         format!("metadata.labels[{SHARD_LABEL}]"),
         why,
         "leave the label as it is (remove it from your manifest); the operator writes it",
+    ))
+}
+
+/// The refusal of an edit of the `kueue.x-k8s.io/queue-name` label of a run that was queued
+/// (its status records the queue; docs/contract.md "Quota cannot be edited away"). A deletion
+/// or a stop is never refused; the operator holds such a run on its own.
+fn queue_label_finding(
+    req: &AdmissionRequest<DynamicObject>,
+    object: &DynamicObject,
+) -> Option<Finding> {
+    use crate::kueue::QUEUE_LABEL;
+    let old = req.old_object.as_ref()?;
+    let recorded = old
+        .data
+        .pointer("/status/queue")
+        .and_then(serde_json::Value::as_str);
+    let label = object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(QUEUE_LABEL))
+        .map(String::as_str);
+    let letting_go = object.metadata.deletion_timestamp.is_some()
+        || old.metadata.deletion_timestamp.is_some()
+        || object.data.pointer("/spec/stop") == Some(&serde_json::Value::Bool(true));
+    let why = crate::kueue::label_change_refusal(recorded, label, letting_go)?;
+    Some(Finding::fail(
+        "queue-label",
+        format!("metadata.labels[{QUEUE_LABEL}]"),
+        why,
+        "put the label back as it was; to leave the queue, stop the run (spec.stop: true) or delete it",
     ))
 }
 
@@ -677,4 +709,68 @@ pub(crate) async fn pull_credentials(
         }
     }
     Some(creds)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn update(old: serde_json::Value, new: serde_json::Value) -> AdmissionRequest<DynamicObject> {
+        let body = serde_json::json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "1",
+                "kind": {"group": "sandbox.iterion.io", "version": "v1alpha1", "kind": "SandboxRun"},
+                "resource": {"group": "sandbox.iterion.io", "version": "v1alpha1", "resource": "sandboxruns"},
+                "name": "job",
+                "namespace": "team-a",
+                "operation": "UPDATE",
+                "userInfo": {"username": "alice"},
+                "object": new,
+                "oldObject": old,
+                "dryRun": false,
+            }
+        });
+        let review: AdmissionReview<DynamicObject> = serde_json::from_value(body).unwrap();
+        review.try_into().unwrap()
+    }
+
+    fn run(label: Option<&str>, queue: Option<&str>, stop: bool) -> serde_json::Value {
+        let mut run = serde_json::json!({
+            "apiVersion": "sandbox.iterion.io/v1alpha1",
+            "kind": "SandboxRun",
+            "metadata": {"name": "job", "namespace": "team-a", "labels": {}},
+            "spec": {"image": "img@sha256:abc", "stop": stop},
+        });
+        if let Some(label) = label {
+            run["metadata"]["labels"][crate::kueue::QUEUE_LABEL] = label.into();
+        }
+        if let Some(queue) = queue {
+            run["status"] = serde_json::json!({"queue": queue});
+        }
+        run
+    }
+
+    fn refused(old: serde_json::Value, new: serde_json::Value) -> bool {
+        let req = update(old, new);
+        let object = req.object.as_ref().unwrap();
+        queue_label_finding(&req, object).is_some_and(|f| f.is_fail())
+    }
+
+    #[test]
+    fn the_queue_label_of_a_queued_run_cannot_be_removed_but_the_run_can_be_stopped() {
+        let queued = || run(Some("lq"), Some("lq"), false);
+        assert!(refused(queued(), run(None, Some("lq"), false)));
+        assert!(refused(queued(), run(Some("free"), Some("lq"), false)));
+        assert!(!refused(queued(), run(Some("lq"), Some("lq"), false)));
+        assert!(
+            !refused(queued(), run(None, Some("lq"), true)),
+            "stop is never refused"
+        );
+        assert!(
+            !refused(run(Some("lq"), None, false), run(None, None, false)),
+            "not queued yet: the label is the author's"
+        );
+    }
 }

@@ -161,11 +161,13 @@ pub(crate) struct RunArgs {
     pub(crate) max_concurrent_drains: u16,
     /// Checkpoints one run may take (`spec.checkpoint`, docs/user-guide.md "Checkpoints"): each
     /// drains every read-back path of a running sandbox into a generation of its own; past this
-    /// many a checkpoint is refused (a Warning, an entry saying why).
+    /// many a checkpoint is refused (a Warning, an entry saying why). At most 64: each keeps an
+    /// entry in the run's status (docs/contract.md "A run's object stays bounded").
     #[arg(
         long,
         env = "SANDBOXRUN_MAX_CHECKPOINTS",
-        default_value_t = crate::api::DEFAULT_MAX_CHECKPOINTS
+        default_value_t = crate::api::DEFAULT_MAX_CHECKPOINTS,
+        value_parser = clap::value_parser!(u32).range(0..=i64::from(crate::api::MAX_CHECKPOINTS_LIMIT))
     )]
     pub(crate) max_checkpoints: u32,
     /// Paths drained at once, across every run: the declared paths of a run drain in parallel,
@@ -793,6 +795,20 @@ mod tests {
             crate::units::parse_duration(&args.image_pull_timeout),
             Ok(Duration::from_secs(90))
         );
+    }
+
+    #[test]
+    fn max_checkpoints_is_bounded_so_a_runs_status_stays_bounded() {
+        let parsed = |argv: &[&str]| match Cli::try_parse_from(argv).map(|c| c.command) {
+            Ok(Command::Run(args)) => Some(args.max_checkpoints),
+            _ => None,
+        };
+        assert_eq!(
+            parsed(&["x", "run"]),
+            Some(crate::api::DEFAULT_MAX_CHECKPOINTS)
+        );
+        assert_eq!(parsed(&["x", "run", "--max-checkpoints=64"]), Some(64));
+        assert_eq!(parsed(&["x", "run", "--max-checkpoints=10000"]), None);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 //! #40), in the drain pool like a teardown — one drain of a run at a time, fair in the slots —
 //! but the pod keeps running: every declared path is drained from the holder into the
 //! checkpoint's own generation (`<uid>/checkpoint-N/`), then recorded ([`plan::checkpoint_recorded`]).
+//! With sharding it holds the run's drain claim as a teardown does ([`drain_claim`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +19,10 @@ use super::drive;
 use super::error::ControllerError;
 use super::observe;
 use super::plan;
+use super::teardown_job::{drain_claim, Claimed};
 use crate::api::ReadBackStatus;
 use crate::api::SandboxRun;
+use crate::shard::drain_claim::DrainHold;
 
 /// Starts the run's checkpoint in the drain pool, unless a drain of the run is in flight (the
 /// next reconcile asks again).
@@ -44,8 +47,28 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>) {
     });
 }
 
-/// The checkpoint, on the run as the apiserver has it now (the cache may not show the last one).
-async fn checkpoint(ctx: &Context, run: &SandboxRun) -> Result<(), ControllerError> {
+/// The checkpoint, under the run's drain claim (with sharding), like a teardown: one drain of a
+/// run at a time across replicas, each manifest committed only while the claim holds, and the
+/// checkpoint recorded only while it still holds (docs/contract.md "Checkpoints are fenced like
+/// teardowns"). Held by a live replica: nothing is done, a later reconcile asks again.
+pub(super) async fn checkpoint(ctx: &Context, run: &SandboxRun) -> Result<(), ControllerError> {
+    let hold = match drain_claim(ctx, run).await? {
+        Claimed::Unsharded => return take(ctx, run, None).await,
+        Claimed::Busy => return Ok(()),
+        Claimed::Held(hold) => hold,
+    };
+    let result = take(ctx, run, Some(&hold)).await;
+    hold.release().await;
+    result
+}
+
+/// The checkpoint, on the run as the apiserver has it now (the cache, or the claim's previous
+/// holder, may not show the last one), under `hold` when sharded.
+async fn take(
+    ctx: &Context,
+    run: &SandboxRun,
+    hold: Option<&DrainHold>,
+) -> Result<(), ControllerError> {
     let Some(live) = observe::live_made_run(&ctx.client, run).await? else {
         return Ok(());
     };
@@ -57,26 +80,34 @@ async fn checkpoint(ctx: &Context, run: &SandboxRun) -> Result<(), ControllerErr
     };
     let live = crate::started::as_started(live, Some(&pod));
     let pod_name = crate::pod::current_pod_name(&live);
-    let taken = live.status.as_ref().map_or(0, |s| s.checkpoints.len());
-    let index = u32::try_from(taken).unwrap_or(u32::MAX).saturating_add(1);
-    if index > ctx.lifecycle.max_checkpoints {
+    let Some(index) = plan::checkpoint_number(&live, ctx.lifecycle.max_checkpoints) else {
         let now = Timestamp::now();
         let plan = plan::checkpoint_refused(&live, token, ctx.lifecycle.max_checkpoints, now);
         drive::carry_out(ctx, &live, &pod_name, Some(&pod), plan, now).await?;
         return Ok(());
-    }
+    };
     let paths = plan::checkpoint_paths(&live, &pod, &ctx.caps);
     let (store, paths) = super::teardown_job::teardown_store(ctx, &live, paths).await?;
     let timeout = u64::try_from(ctx.drain_timeout_seconds(&live)).unwrap_or(0);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
-    let target = DrainTarget::new(ctx, &live, store, deadline).checkpoint(index);
+    let mut target = DrainTarget::new(ctx, &live, store, deadline).checkpoint(index);
+    if let Some(hold) = hold {
+        target = target.claimed(hold.lost().clone(), hold.fence());
+    }
     let mut outcomes: Vec<Option<ReadBackStatus>> = vec![None; paths.len()];
     let mut drains = act::drain_paths(ctx, &target, paths);
     while let Some((entry, outcome)) = drains.next().await {
         match (outcomes.get_mut(entry), outcome) {
             (Some(slot), Some(outcome)) => *slot = Some(outcome),
-            // This replica stops draining (shutdown, a lost shard): nothing is recorded.
+            // This replica stops draining (shutdown, a lost claim): nothing is recorded.
             _ => return Ok(()),
+        }
+    }
+    drop(drains);
+    // A claim lost after the last commit: the replica that took it over records the checkpoint.
+    if let Some(hold) = hold {
+        if !hold.fence().holds().await {
+            return Ok(());
         }
     }
     let read_back: Vec<ReadBackStatus> = outcomes.into_iter().flatten().collect();

@@ -44,6 +44,38 @@ pub(crate) struct QueueInputs<'a> {
     pub has_pod: bool,
 }
 
+/// Which Kueue queue decides for a run (docs/contract.md "Quota cannot be edited away").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Queueing<'a> {
+    /// Not in Kueue: nothing recorded, no label.
+    Not,
+    /// In this LocalQueue: the one recorded (the label agrees), or the label's before the run
+    /// was queued.
+    In(&'a str),
+    /// Queued once (recorded in `status.queue`), and the live label now says otherwise: the run
+    /// is held, never started, until the label is put back; its Workload still decides
+    /// everything else.
+    Disagrees {
+        /// The queue recorded.
+        recorded: &'a str,
+        /// The live label.
+        label: Option<&'a str>,
+    },
+}
+
+/// Which queue decides for `run`: what the operator recorded when it made the run's Workload,
+/// never the live label alone (a tenant can edit labels).
+pub(crate) fn queueing(run: &SandboxRun) -> Queueing<'_> {
+    let label = crate::kueue::queue_of(run);
+    let recorded = run.status.as_ref().and_then(|s| s.queue.as_deref());
+    match (recorded, label) {
+        (None, None) => Queueing::Not,
+        (None, Some(label)) => Queueing::In(label),
+        (Some(recorded), Some(label)) if recorded == label => Queueing::In(label),
+        (Some(recorded), label) => Queueing::Disagrees { recorded, label },
+    }
+}
+
 /// What the queue makes of `step` for `run`.
 pub(crate) fn gate(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timestamp) -> Gate {
     let phase = run.status.as_ref().and_then(|s| s.phase);
@@ -77,6 +109,28 @@ pub(crate) fn gate(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timest
     if !matches!(step, Step::CreatePod) {
         return Gate::Step(step);
     }
+    let queue = match queueing(run) {
+        Queueing::In(queue) => Some(queue),
+        // Never a pod on a label edited after the run was queued, admitted or not.
+        Queueing::Disagrees { recorded, label } => {
+            return Gate::Hold(Box::new(held(
+                run,
+                QUEUE_LABEL_CHANGED,
+                &label_changed(recorded, label),
+                now,
+            )))
+        }
+        // The pipeline asks only for a run in a queue; a label read otherwise is not recorded.
+        Queueing::Not => None,
+    };
+    match (before_pod(run, step, q, now), queue) {
+        (Gate::Hold(plan), Some(queue)) => Gate::Hold(Box::new(recording(run, *plan, queue))),
+        (gate, _) => gate,
+    }
+}
+
+/// What the Workload's state makes of a run that would get its pod now.
+fn before_pod(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timestamp) -> Gate {
     match q.state {
         QueueState::Admitted { cluster_queue } => admitted(run, step, cluster_queue, now),
         QueueState::Absent => {
@@ -113,6 +167,37 @@ pub(crate) fn gate(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timest
         // A run whose Workload finished never gets a pod again (it ended: see above).
         QueueState::Finished => Gate::Hold(Box::new(Plan::wait(Requeue::AwaitChange))),
     }
+}
+
+/// `plan`, recording `queue` in `status.queue` when the run does not say it yet: written before
+/// the plan's effects (the Workload's creation among them), so from then on the recorded queue
+/// decides, not the label (docs/contract.md "Quota cannot be edited away"). A run queued by an
+/// operator that did not record it is recorded on its next hold.
+fn recording(run: &SandboxRun, mut plan: Plan, queue: &str) -> Plan {
+    let recorded = run.status.as_ref().and_then(|s| s.queue.as_deref());
+    if recorded == Some(queue) {
+        return plan;
+    }
+    let mut status = plan
+        .status
+        .take()
+        .unwrap_or_else(|| run.status.clone().unwrap_or_default());
+    status.queue = Some(queue.to_string());
+    plan.status = Some(status);
+    plan
+}
+
+/// The `Queued` reason of a run whose queue label was edited after it was queued.
+pub(crate) const QUEUE_LABEL_CHANGED: &str = "QueueLabelChanged";
+
+/// In words: the label says `label`, the run was queued in `recorded`.
+fn label_changed(recorded: &str, label: Option<&str>) -> String {
+    let queued = format!("the run was queued in LocalQueue {recorded:?}");
+    let now = label.map_or_else(|| "removed".to_string(), |l| format!("changed to {l:?}"));
+    format!(
+        "{queued} and its label {} was {now}; no pod is started until the label is put back (docs/contract.md \"Quota cannot be edited away\")",
+        crate::kueue::QUEUE_LABEL
+    )
 }
 
 /// Admitted: `Queued=False Admitted` first (its own write; the next reconcile creates the pod),
@@ -348,5 +433,82 @@ mod tests {
             ),
             Gate::Step(Step::ReleaseFinalizer)
         );
+    }
+
+    fn labelled(run: &mut SandboxRun, queue: Option<&str>) {
+        let labels = run.metadata.labels.get_or_insert_with(Default::default);
+        labels.remove(crate::kueue::QUEUE_LABEL);
+        if let Some(queue) = queue {
+            labels.insert(crate::kueue::QUEUE_LABEL.into(), queue.into());
+        }
+    }
+
+    #[test]
+    fn the_queue_is_recorded_before_the_workload_is_made() {
+        let mut run = run_with(&[("/out", false)]);
+        labelled(&mut run, Some("lq"));
+        let Gate::Hold(plan) = gate(
+            &run,
+            Step::CreatePod,
+            inputs(&QueueState::Absent, false),
+            now(),
+        ) else {
+            panic!("held");
+        };
+        assert!(matches!(
+            plan.effects.first(),
+            Some(Effect::CreateWorkload(_))
+        ));
+        assert_eq!(plan.status.unwrap().queue.as_deref(), Some("lq"));
+    }
+
+    #[test]
+    fn a_queued_run_whose_queue_label_is_removed_or_changed_never_gets_its_pod() {
+        let mut run = run_with(&[("/out", false)]);
+        labelled(&mut run, Some("lq"));
+        let Gate::Hold(plan) = gate(
+            &run,
+            Step::CreatePod,
+            inputs(&QueueState::Absent, false),
+            now(),
+        ) else {
+            panic!("held");
+        };
+        run.status = plan.status;
+        let admitted = QueueState::Admitted {
+            cluster_queue: "cq".into(),
+        };
+        for label in [None, Some("free")] {
+            let mut edited = run.clone();
+            labelled(&mut edited, label);
+            assert!(matches!(
+                queueing(&edited),
+                Queueing::Disagrees { recorded: "lq", .. }
+            ));
+            for state in [pending(), admitted.clone(), QueueState::Absent] {
+                let Gate::Hold(held) = gate(&edited, Step::CreatePod, inputs(&state, false), now())
+                else {
+                    panic!("held on {state:?}");
+                };
+                assert!(held.effects.is_empty(), "{:?}", held.effects);
+                let status = held.status.expect("told");
+                assert_eq!(
+                    cond_of(&status, conditions::QUEUED),
+                    pair("True", QUEUE_LABEL_CHANGED)
+                );
+            }
+        }
+        // Queued by an operator that did not record the queue: recorded on its next hold.
+        let mut legacy = run.clone();
+        if let Some(s) = legacy.status.as_mut() {
+            s.queue = None;
+        }
+        let Gate::Hold(plan) = gate(&legacy, Step::CreatePod, inputs(&pending(), false), now())
+        else {
+            panic!("held");
+        };
+        assert_eq!(plan.status.unwrap().queue.as_deref(), Some("lq"));
+        // Put back: the recorded queue decides again.
+        assert_eq!(queueing(&run), Queueing::In("lq"));
     }
 }

@@ -230,7 +230,10 @@ async fn through_kueue(
         // held) is planned as without Kueue.
         match plan::plan_step(decide::Step::CreatePod, inputs) {
             StepPlan::CreatePod(pod) => {
-                let name = crate::kueue::queue_of(run).unwrap_or_default();
+                let name = match kueue_gate::queueing(run) {
+                    kueue_gate::Queueing::In(queue) => queue,
+                    _ => "",
+                };
                 to_create = Some(crate::kueue::build(
                     run,
                     name,

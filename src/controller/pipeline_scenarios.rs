@@ -421,6 +421,65 @@ async fn a_templated_run_starts_cold_when_the_pool_crd_is_not_installed() {
         log.matching("POST", PODS).len(),
         1,
         "the cold pod: {:?}",
+
+/// A run queued in `lq` (recorded in its status, `Queued=False Admitted` said) whose Workload
+/// Kueue admitted, its label removed since: never its pod (docs/contract.md "Quota cannot be
+/// edited away"). On the old code the gate keyed on the live label: the pod was created at once,
+/// the Workload never read again.
+#[tokio::test]
+async fn a_queued_run_whose_queue_label_was_removed_gets_no_pod_even_when_admitted() {
+    let mut r = run();
+    let mut status = SandboxRunStatus {
+        phase: Some(Phase::Pending),
+        queue: Some("lq".into()),
+        ..Default::default()
+    };
+    super::conditions::set_condition(
+        &mut status.conditions,
+        super::conditions::QUEUED,
+        false,
+        "Admitted",
+        "admitted by Kueue to ClusterQueue cq",
+        None,
+        now(),
+    );
+    r.status = Some(status);
+    let workload = json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": "demo-sbr", "namespace": "ns", "resourceVersion": "3",
+            "ownerReferences": [{"apiVersion": "sandbox.iterion.io/v1alpha1", "kind": "SandboxRun",
+                "name": "demo", "uid": "u1", "controller": true}]},
+        "spec": {"queueName": "lq"},
+        "status": {"admission": {"clusterQueue": "cq"},
+            "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                           {"type": "Admitted", "status": "True", "reason": "Admitted"}]},
+    });
+    let mut routes = vec![Route::fixed(
+        "GET",
+        "/apis/kueue.x-k8s.io/v1beta2/namespaces/ns/workloads/demo-sbr",
+        200,
+        workload,
+    )];
+    routes.extend(self::routes(&r, no_pod()));
+    routes.push(Route::echo("PATCH", STATUS, 200));
+    let (client, log) = apiserver(routes);
+    let ctx = context(client, Arc::new(InMemory::new())).with_kueue(true);
+    reconcile(ctx, r).await;
+    assert!(
+        log.matching("POST", PODS).is_empty(),
+        "no pod: {:?}",
+        log.lines()
+    );
+    let written = log.matching("PATCH", STATUS);
+    let queued = written
+        .last()
+        .and_then(|s| s.body["status"]["conditions"].as_array().cloned())
+        .unwrap_or_default();
+    assert!(
+        queued
+            .iter()
+            .any(|c| c["type"] == "Queued" && c["reason"] == "QueueLabelChanged"),
+        "{:?}",
         log.lines()
     );
 }

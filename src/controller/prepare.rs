@@ -121,7 +121,10 @@ pub(super) async fn queue_view(
     run: &SandboxRun,
     step: &Step,
 ) -> Result<Option<QueueView>, ControllerError> {
-    if !ctx.lifecycle.kueue || crate::kueue::queue_of(run).is_none() {
+    // What the operator recorded decides, not the live label alone (docs/contract.md "Quota
+    // cannot be edited away").
+    let queueing = super::kueue_gate::queueing(run);
+    if !ctx.lifecycle.kueue || queueing == super::kueue_gate::Queueing::Not {
         return Ok(None);
     }
     let creating = matches!(step, Step::CreatePod);

@@ -16,6 +16,16 @@ pub(crate) const DISRUPTION_TARGET: &str = "DisruptionTarget";
 /// Uncounted attempts (disruptions, `Ignore` rules) a run may have at most: a workload that gets
 /// its pod disrupted over and over cannot keep a run alive for ever.
 pub(crate) const MAX_UNCOUNTED_ATTEMPTS: usize = 10;
+/// Attempts ended by `spec.suspend` or a Kueue preemption (never counted against the retry
+/// limit) a run may have at most: each stores a full copy of the run's files and an entry in
+/// `status.attempts`, so an author toggling `spec.suspend` for ever cannot grow the run without
+/// bound; past it the run fails, its last attempt drained (docs/contract.md "A run's object
+/// stays bounded").
+pub(crate) const MAX_HELD_ATTEMPTS: usize = 32;
+/// `status.attempts[].reason` of an attempt `spec.suspend` ended.
+pub(crate) const ATTEMPT_SUSPENDED: &str = "Suspended";
+/// `status.attempts[].reason` of an attempt a Kueue preemption ended.
+pub(crate) const ATTEMPT_PREEMPTED: &str = "Preempted";
 /// Backoff defaults: the first wait, its factor and its cap.
 const DEFAULT_BASE: u32 = 10;
 const DEFAULT_FACTOR: u32 = 2;
@@ -125,26 +135,48 @@ pub(crate) enum Verdict {
     },
 }
 
+/// The verdict on an attempt `spec.suspend` or a Kueue preemption ended (None: another end):
+/// the next attempt when the run wants it again, never counted — unless the run has had
+/// [`MAX_HELD_ATTEMPTS`] such attempts already: then it fails (docs/contract.md "A run's object
+/// stays bounded").
+fn held_verdict(end: &AttemptEnd, attempts: &[AttemptStatus]) -> Option<Verdict> {
+    if !end.held() {
+        return None;
+    }
+    let held_before = attempts
+        .iter()
+        .filter(|a| {
+            !a.counted && [ATTEMPT_SUSPENDED, ATTEMPT_PREEMPTED].contains(&a.reason.as_str())
+        })
+        .count();
+    if held_before >= MAX_HELD_ATTEMPTS {
+        return Some(Verdict::Fail {
+            why: format!(
+                "{}; {MAX_HELD_ATTEMPTS} attempts ended by spec.suspend or a Kueue preemption are the most a run may have",
+                end.words()
+            ),
+        });
+    }
+    let why = if end.suspended {
+        "spec.suspend was set; the next attempt starts when it is cleared"
+    } else {
+        "Kueue evicted it; the next attempt starts when Kueue admits the run again"
+    };
+    Some(Verdict::Retry {
+        counted: false,
+        after: Duration::ZERO,
+        why: why.to_string(),
+    })
+}
+
 /// What `policy` makes of the attempt that ended as `end`, after `attempts` ended before it.
 pub(crate) fn judge(
     policy: Option<&RetryPolicy>,
     end: &AttemptEnd,
     attempts: &[AttemptStatus],
 ) -> Verdict {
-    if end.suspended {
-        return Verdict::Retry {
-            counted: false,
-            after: Duration::ZERO,
-            why: "spec.suspend was set; the next attempt starts when it is cleared".to_string(),
-        };
-    }
-    if end.preempted {
-        return Verdict::Retry {
-            counted: false,
-            after: Duration::ZERO,
-            why: "Kueue evicted it; the next attempt starts when Kueue admits the run again"
-                .to_string(),
-        };
+    if let Some(verdict) = held_verdict(end, attempts) {
+        return verdict;
     }
     let Some(policy) = policy else {
         return Verdict::Final;
@@ -409,6 +441,43 @@ mod tests {
                 judge(policy.as_ref(), &suspended, &ended(&[false; 20])),
                 Verdict::Retry { counted: false, after, .. } if after.is_zero()
             ));
+        }
+    }
+
+    #[test]
+    fn a_run_suspended_or_preempted_over_and_over_fails_once_its_held_attempts_are_spent() {
+        let held = |n: usize, reason: &str| -> Vec<AttemptStatus> {
+            (0..n)
+                .map(|i| AttemptStatus {
+                    index: i as u32 + 1,
+                    reason: reason.into(),
+                    ..AttemptStatus::default()
+                })
+                .collect()
+        };
+        let suspended = AttemptEnd {
+            suspended: true,
+            ..AttemptEnd::default()
+        };
+        let preempted = AttemptEnd {
+            preempted: true,
+            ..AttemptEnd::default()
+        };
+        for end in [&suspended, &preempted] {
+            for policy in [None, Some(policy(3, vec![]))] {
+                let policy = policy.as_ref();
+                let below = held(MAX_HELD_ATTEMPTS - 1, ATTEMPT_SUSPENDED);
+                assert!(matches!(
+                    judge(policy, end, &below),
+                    Verdict::Retry { counted: false, .. }
+                ));
+                let mut spent = held(MAX_HELD_ATTEMPTS / 2, ATTEMPT_SUSPENDED);
+                spent.extend(held(MAX_HELD_ATTEMPTS / 2, ATTEMPT_PREEMPTED));
+                let Verdict::Fail { why } = judge(policy, end, &spent) else {
+                    panic!("{MAX_HELD_ATTEMPTS} held attempts: the run fails");
+                };
+                assert!(why.contains("spec.suspend or a Kueue preemption"), "{why}");
+            }
         }
     }
 

@@ -73,26 +73,52 @@ pub(super) async fn claimed_teardown(
     run: &SandboxRun,
     trigger: &Trigger,
 ) -> Result<(), ControllerError> {
-    let Some(claims) = ctx.sharding.drain_claims.as_ref() else {
-        let pod = observe::own_pod(&ctx.client, run).await?;
-        let run = crate::started::as_started(run.clone(), pod.as_ref());
-        return teardown(ctx, &run, pod.as_ref(), trigger, None).await;
-    };
-    let uid = run.uid().unwrap_or_default();
-    let hold = match claims
-        .claim(&uid, &ctx.in_flight.cancel)
-        .await
-        .map_err(kube_err(format!("take the drain claim of run {uid}")))?
-    {
-        Claim::Held(hold) => hold,
-        Claim::Busy(holder) => {
-            info!(run = %run.name_any(), namespace = ?run.namespace(), %holder, "another replica drains this run; not draining it here");
-            return Ok(());
+    let hold = match drain_claim(ctx, run).await? {
+        Claimed::Unsharded => {
+            let pod = observe::own_pod(&ctx.client, run).await?;
+            let run = crate::started::as_started(run.clone(), pod.as_ref());
+            return teardown(ctx, &run, pod.as_ref(), trigger, None).await;
         }
+        Claimed::Busy => return Ok(()),
+        Claimed::Held(hold) => hold,
     };
     let result = fresh_teardown(ctx, run, trigger, &hold).await;
     hold.release().await;
     result
+}
+
+/// The answer of [`drain_claim`].
+pub(super) enum Claimed {
+    /// No sharding: no claim to take, the drain goes on.
+    Unsharded,
+    /// This replica holds the run's drain claim until the hold is released.
+    Held(DrainHold),
+    /// Another live replica drains the run: nothing is done here.
+    Busy,
+}
+
+/// The run's drain claim for this replica (with sharding: one drain of a run — a teardown or a
+/// checkpoint — at a time across replicas, src/shard/drain_claim.rs, issue #38; docs/contract.md
+/// "Shards").
+pub(super) async fn drain_claim(
+    ctx: &Context,
+    run: &SandboxRun,
+) -> Result<Claimed, ControllerError> {
+    let Some(claims) = ctx.sharding.drain_claims.as_ref() else {
+        return Ok(Claimed::Unsharded);
+    };
+    let uid = run.uid().unwrap_or_default();
+    match claims
+        .claim(&uid, &ctx.in_flight.cancel)
+        .await
+        .map_err(kube_err(format!("take the drain claim of run {uid}")))?
+    {
+        Claim::Held(hold) => Ok(Claimed::Held(hold)),
+        Claim::Busy(holder) => {
+            info!(run = %run.name_any(), namespace = ?run.namespace(), %holder, "another replica drains this run; not draining it here");
+            Ok(Claimed::Busy)
+        }
+    }
 }
 
 /// [`teardown`] of the run as the apiserver has it now, under `hold`.

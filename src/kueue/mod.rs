@@ -111,6 +111,29 @@ pub fn queue_of(run: &SandboxRun) -> Option<&str> {
         .filter(|q| !q.is_empty())
 }
 
+/// The refusal of an edit of a run's `kueue.x-k8s.io/queue-name` label once the run was queued
+/// (docs/contract.md "Quota cannot be edited away"): `recorded` is the queue its status recorded
+/// when its Workload was made, `new_label` the label the edit leaves. An object being let go of
+/// (`letting_go`: deleted, or stopped by this edit) is never refused: the operator keys on what
+/// it recorded whatever the label says.
+pub fn label_change_refusal(
+    recorded: Option<&str>,
+    new_label: Option<&str>,
+    letting_go: bool,
+) -> Option<String> {
+    let recorded = recorded.filter(|q| !q.is_empty())?;
+    if letting_go || new_label == Some(recorded) {
+        return None;
+    }
+    let now = match new_label {
+        Some(label) => format!("changes it to {label:?}"),
+        None => "removes it".to_string(),
+    };
+    Some(format!(
+        "the run was queued in Kueue LocalQueue {recorded:?}; this edit {now}, and the queue a run was queued in cannot change (its quota is held there)"
+    ))
+}
+
 /// The WorkloadPriorityClass a run names, when it does.
 pub fn priority_class_of(run: &SandboxRun) -> Option<&str> {
     run.labels()
@@ -518,5 +541,27 @@ mod tests {
         done["status"]["conditions"] = finished["status"]["conditions"].clone();
         assert_eq!(state_of(Some(&done), "uid-1"), QueueState::Finished);
         assert_eq!(finished["metadata"]["resourceVersion"], "42");
+    }
+
+    #[test]
+    fn once_queued_the_queue_label_cannot_be_removed_or_changed_but_a_run_is_always_let_go_of() {
+        assert_eq!(
+            label_change_refusal(None, None, false),
+            None,
+            "never queued"
+        );
+        assert_eq!(label_change_refusal(Some("lq"), Some("lq"), false), None);
+        let removed = label_change_refusal(Some("lq"), None, false).expect("refused");
+        assert!(
+            removed.contains("\"lq\"") && removed.contains("removes it"),
+            "{removed}"
+        );
+        let moved = label_change_refusal(Some("lq"), Some("free"), false).expect("refused");
+        assert!(moved.contains("\"free\""), "{moved}");
+        assert_eq!(
+            label_change_refusal(Some("lq"), None, true),
+            None,
+            "a stop or a deletion is never refused"
+        );
     }
 }

@@ -3411,6 +3411,178 @@ async fn runs_queue_through_real_kueue_and_a_preempted_run_is_drained_and_retrie
     }
 }
 
+/// Issue #51 item 2 on real containers (docs/contract.md "A run's object stays bounded"): a
+/// running sandbox whose author asks 200 checkpoints, one after another, under
+/// `--max-checkpoints 2`: every token is answered, 2 checkpoints hold files, only the latest 4
+/// refusals stay listed, all 198 are counted, and the object stays small. On the old code every
+/// refusal was appended: 200 entries.
+#[tokio::test]
+async fn a_run_asked_two_hundred_checkpoints_keeps_a_bounded_object() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "bounded-run").await;
+    let (_dir, store_url) = file_store("bounded-run");
+    let op = start_operator_with(&ns.name, &store_url, &["--max-checkpoints", "2"]);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let script = r#"echo hi > "$ITERION_ARTIFACT_FILES_DIR/notes.txt"; exec sleep 3600"#;
+    create(&runs, "patched", real_spec(Some(script), &["/work/out"])).await;
+    wait_run(&runs, "patched", "Running", &op, phase_is(Phase::Running)).await;
+    for i in 0..200 {
+        let token = format!("t{i}");
+        runs.patch(
+            "patched",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"checkpoint": token}})),
+        )
+        .await
+        .expect("ask a checkpoint");
+        wait_run(
+            &runs,
+            "patched",
+            &format!("checkpoint {token} answered"),
+            &op,
+            |r| {
+                r.status
+                    .as_ref()
+                    .and_then(|s| s.checkpoints.last())
+                    .is_some_and(|c| c.token == token)
+            },
+        )
+        .await;
+    }
+    let run = runs.get("patched").await.expect("run");
+    let status = run.status.clone().expect("status");
+    let held = status
+        .checkpoints
+        .iter()
+        .filter(|c| !c.is_refused())
+        .count();
+    assert_eq!(held, 2, "{:?}", status.checkpoints);
+    assert!(
+        status.checkpoints.len() <= 2 + sandboxrun_operator::api::REFUSED_CHECKPOINTS_KEPT,
+        "{} entries",
+        status.checkpoints.len()
+    );
+    assert_eq!(status.checkpoints_refused, Some(198));
+    let size = serde_json::to_vec(&run).expect("json").len();
+    assert!(size < 32 * 1024, "the run is {size} bytes");
+    let _ = runs
+        .patch(
+            "patched",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"stop": true}})),
+        )
+        .await;
+    wait_run(&runs, "patched", "a final phase", &op, final_phase).await;
+}
+
+/// Issue #51 item 5 on the real node with the real Kueue (docs/contract.md "Quota cannot be edited
+/// away"): a run waiting for quota it will not get (900m of cpu, the queue has 700m) records its
+/// queue in `status.queue`; its `kueue.x-k8s.io/queue-name` label removed (no webhook here: the
+/// operator must hold it on its own), it still gets no pod, and says why
+/// (`Queued=True QueueLabelChanged`). On the old code its pod was created at once.
+#[tokio::test]
+async fn a_queued_run_whose_queue_label_is_removed_gets_no_pod() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "kueue-label").await;
+    let tag = format!("sbr-{:08x}", rand_u32());
+    let made = kueue_queue(&client, &ns.name, &tag).await;
+    let (_dir, store_url) = file_store("kueue-label");
+    let op = start_operator_with(&ns.name, &store_url, &["--kueue"]);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let mut spec = real_spec(Some("sleep 2"), &["/work/out"]);
+    spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(BTreeMap::from([(
+            "cpu".to_string(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("900m".into()),
+        )])),
+        ..Default::default()
+    });
+    let mut run = SandboxRun::new("over-quota", spec);
+    run.metadata.labels = Some(BTreeMap::from([(
+        "kueue.x-k8s.io/queue-name".to_string(),
+        "lq".to_string(),
+    )]));
+    runs.create(&Default::default(), &run)
+        .await
+        .expect("create the run");
+    let reason_of = |r: &SandboxRun| {
+        r.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Queued" && c.status == "True")
+                .map(|c| c.reason.clone())
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let live = runs.get("over-quota").await.expect("run");
+        let recorded = live.status.as_ref().and_then(|s| s.queue.clone());
+        if recorded.as_deref() == Some("lq") && reason_of(&live).as_deref() == Some("Pending") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the run was not seen waiting for quota: {:?}\n{}",
+            live.status,
+            op.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    runs.patch(
+        "over-quota",
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"metadata": {"labels": {"kueue.x-k8s.io/queue-name": null}}})),
+    )
+    .await
+    .expect("remove the label");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut told = false;
+    while Instant::now() < deadline {
+        let listed = pods
+            .list(&ListParams::default())
+            .await
+            .expect("list pods")
+            .items;
+        assert!(
+            listed.is_empty(),
+            "a pod was created for a run whose queue label was removed: {:?}",
+            listed.iter().map(|p| p.name_any()).collect::<Vec<_>>()
+        );
+        let live = runs.get("over-quota").await.expect("run");
+        told |= reason_of(&live).as_deref() == Some("QueueLabelChanged");
+        if told {
+            // Still no pod a few seconds after it said so.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            let listed = pods.list(&ListParams::default()).await.expect("list pods");
+            assert!(listed.items.is_empty(), "no pod, ever");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        told,
+        "the run says its label was changed\n{}",
+        op.log_text()
+    );
+    let _ = runs
+        .patch(
+            "over-quota",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"stop": true}})),
+        )
+        .await;
+    drop(op);
+    for (res, namespace, name) in made.into_iter().rev() {
+        if namespace.is_none() {
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
+            let _ = api.delete(&name, &Default::default()).await;
+        }
+    }
+}
+
 /// The pods of pool `pool` in `ns`: (name, template hash, claimed).
 async fn pool_pods(client: &Client, ns: &str, pool: &str) -> Vec<(String, String, bool)> {
     Api::<Pod>::namespaced(client.clone(), ns)

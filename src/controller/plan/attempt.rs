@@ -90,8 +90,8 @@ fn ended_attempt(
         pod_name: crate::pod::current_pod_name(run),
         exit_code: end.and_then(|e| e.exit_code),
         reason: match end {
-            Some(e) if e.suspended => "Suspended",
-            Some(e) if e.preempted => "Preempted",
+            Some(e) if e.suspended => retry::ATTEMPT_SUSPENDED,
+            Some(e) if e.preempted => retry::ATTEMPT_PREEMPTED,
             Some(e) if e.exit_code.is_none() => "Disrupted",
             _ => "WorkloadFailed",
         }

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::super::events::{self, drain_summary, PlannedEvent};
 use super::model::{Plan, Requeue};
 use super::teardown::{PathPlan, PathWork};
-use crate::api::{CheckpointStatus, ReadBackStatus, SandboxRun};
+use crate::api::{CheckpointStatus, ReadBackStatus, SandboxRun, REFUSED_CHECKPOINTS_KEPT};
 use crate::caps::CapSettings;
 
 /// Every declared path, drained from `pod`'s running holder within what its cap leaves: a path's
@@ -94,8 +94,37 @@ pub(crate) fn checkpoint_recorded(
     )
 }
 
+/// The number of the checkpoint a due token gets, or None when it is refused: the run holds
+/// `max` checkpoints with files already (`run --max-checkpoints`; refused entries hold none and
+/// do not count). Numbers only grow: a generation's keys (`checkpoint-N/`) are never reused,
+/// whatever entries were pruned (docs/contract.md "A run's object stays bounded").
+pub(crate) fn checkpoint_number(run: &SandboxRun, max: u32) -> Option<u32> {
+    let entries = run
+        .status
+        .as_ref()
+        .map_or(&[][..], |s| s.checkpoints.as_slice());
+    let stored = entries.iter().filter(|c| !c.is_refused()).count();
+    if stored >= max as usize {
+        return None;
+    }
+    Some(next_number(entries))
+}
+
+/// One past the highest number of `entries` (1 when there are none).
+fn next_number(entries: &[CheckpointStatus]) -> u32 {
+    entries
+        .iter()
+        .map(|c| c.index)
+        .max()
+        .unwrap_or(0)
+        .saturating_add(1)
+}
+
 /// A checkpoint refused: the run has `max` already (`run --max-checkpoints`). Recorded with why,
-/// told by a Warning; nothing is drained and the sandbox keeps running.
+/// told by a Warning; nothing is drained and the sandbox keeps running. Only the latest
+/// [`REFUSED_CHECKPOINTS_KEPT`] refusals stay listed, every one is counted
+/// (`status.checkpointsRefused`): a run patched with new tokens for ever keeps a bounded status
+/// (docs/contract.md "A run's object stays bounded").
 pub(crate) fn checkpoint_refused(
     run: &SandboxRun,
     token: String,
@@ -105,13 +134,17 @@ pub(crate) fn checkpoint_refused(
     let message = format!(
         "checkpoint {token:?} refused: the run has its {max} checkpoints (the operator's --max-checkpoints); nothing was drained"
     );
-    let index = run.status.as_ref().map_or(0, |s| s.checkpoints.len()) as u32 + 1;
+    let index = next_number(
+        run.status
+            .as_ref()
+            .map_or(&[][..], |s| s.checkpoints.as_slice()),
+    );
     let events = vec![PlannedEvent::warning(
         events::CHECKPOINT_REFUSED,
         message.clone(),
         "Checkpoint",
     )];
-    record(
+    let mut plan = record(
         run,
         CheckpointStatus {
             index,
@@ -122,7 +155,26 @@ pub(crate) fn checkpoint_refused(
             read_back: Vec::new(),
         },
         events,
-    )
+    );
+    if let Some(status) = plan.status.as_mut() {
+        status.checkpoints_refused =
+            Some(status.checkpoints_refused.unwrap_or(0).saturating_add(1));
+        prune_refused(&mut status.checkpoints);
+    }
+    plan
+}
+
+/// Drops the oldest refused entries past [`REFUSED_CHECKPOINTS_KEPT`]; entries with files stay.
+fn prune_refused(entries: &mut Vec<CheckpointStatus>) {
+    let refused = entries.iter().filter(|c| c.is_refused()).count();
+    let mut drop = refused.saturating_sub(REFUSED_CHECKPOINTS_KEPT);
+    entries.retain(|c| {
+        if drop > 0 && c.is_refused() {
+            drop -= 1;
+            return false;
+        }
+        true
+    });
 }
 
 fn record(run: &SandboxRun, entry: CheckpointStatus, events: Vec<PlannedEvent>) -> Plan {
@@ -217,5 +269,52 @@ mod tests {
             .any(|e| e.warning && e.reason == events::CHECKPOINT_REFUSED));
         r.status = refused.status;
         assert_eq!(r.checkpoint_due(), None, "a refusal answers the token too");
+    }
+
+    #[test]
+    fn a_run_patched_with_two_hundred_checkpoint_tokens_keeps_a_bounded_status() {
+        let max = 16;
+        let mut r = run_with(&[("/out", false)]);
+        for i in 0..200u32 {
+            let token = format!("t{i}");
+            r.spec.checkpoint = Some(token.clone());
+            assert_eq!(r.checkpoint_due().as_deref(), Some(token.as_str()));
+            let plan = match checkpoint_number(&r, max) {
+                Some(n) => {
+                    let stored = ReadBackStatus {
+                        path: "/out".into(),
+                        phase: ReadBackPhase::Drained,
+                        ..Default::default()
+                    };
+                    checkpoint_recorded(&r, token, n, vec![stored], at(i.into()))
+                }
+                None => checkpoint_refused(&r, token, max, at(i.into())),
+            };
+            r.status = plan.status;
+            assert_eq!(r.checkpoint_due(), None, "every token is answered");
+        }
+        let status = r.status.as_ref().unwrap();
+        let stored: Vec<u32> = status
+            .checkpoints
+            .iter()
+            .filter(|c| !c.is_refused())
+            .map(|c| c.index)
+            .collect();
+        assert_eq!(stored, (1..=max).collect::<Vec<_>>());
+        assert!(
+            status.checkpoints.len() <= max as usize + REFUSED_CHECKPOINTS_KEPT,
+            "{} entries",
+            status.checkpoints.len()
+        );
+        assert_eq!(status.checkpoints_refused, Some(200 - max));
+        assert_eq!(
+            status.checkpoints.last().map(|c| c.token.as_str()),
+            Some("t199"),
+            "the latest refusal is kept"
+        );
+        let numbers: Vec<u32> = status.checkpoints.iter().map(|c| c.index).collect();
+        assert!(numbers.windows(2).all(|w| w[0] < w[1]), "{numbers:?}");
+        // The operator's limit raised: the next checkpoint gets a number never used before.
+        assert_eq!(checkpoint_number(&r, max + 1), Some(201));
     }
 }

@@ -36,7 +36,9 @@ use track::{gate_policy, track_pod};
 
 pub(crate) use after::{after, AfterInputs, Answer};
 pub(crate) use attempt::attempt_end;
-pub(crate) use checkpoint::{checkpoint_paths, checkpoint_recorded, checkpoint_refused};
+pub(crate) use checkpoint::{
+    checkpoint_number, checkpoint_paths, checkpoint_recorded, checkpoint_refused,
+};
 /// The status a refused pod create leaves (the GitOps fixtures build one from it).
 #[cfg(test)]
 pub(crate) use create::pod_refused;
