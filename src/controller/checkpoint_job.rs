@@ -52,7 +52,7 @@ async fn checkpoint(ctx: &Context, run: &SandboxRun) -> Result<(), ControllerErr
     let Some(token) = live.checkpoint_due() else {
         return Ok(());
     };
-    let Some(pod) = observe::own_pod(&ctx.client, &live).await? else {
+    let Some(pod) = observe::own_pod(ctx.seal_check(), &live).await? else {
         return Ok(());
     };
     let pod_name = crate::pod::current_pod_name(&live);

@@ -74,7 +74,7 @@ pub(super) async fn claimed_teardown(
     trigger: &Trigger,
 ) -> Result<(), ControllerError> {
     let Some(claims) = ctx.sharding.drain_claims.as_ref() else {
-        let pod = observe::own_pod(&ctx.client, run).await?;
+        let pod = observe::own_pod(ctx.seal_check(), run).await?;
         return teardown(ctx, run, pod.as_ref(), trigger, None).await;
     };
     let uid = run.uid().unwrap_or_default();
@@ -104,7 +104,7 @@ async fn fresh_teardown(
     let Some(live) = observe::live_made_run(&ctx.client, run).await? else {
         return Ok(());
     };
-    let pod = observe::own_pod(&ctx.client, &live).await?;
+    let pod = observe::own_pod(ctx.seal_check(), &live).await?;
     teardown(ctx, &live, pod.as_ref(), trigger, Some(hold)).await
 }
 
