@@ -185,7 +185,7 @@ fn choose<'a>(
     crate::pool::compat::compatible(own)?;
     // The run's shape computed now, its egress included: a pool pod of an older, wider version
     // of the template is never this run's (issue #51).
-    let egress = crate::pool::egress::shape(run, &ctx.pod.egress);
+    let egress = crate::egress::policy::egress_shape(run, &ctx.pod.egress);
     let hash = crate::pool::park::park_in_launcher(cold.clone(), &ctx.pod)
         .map(|parked| pool_pod::template_hash(&parked, &egress))
         .unwrap_or_default();

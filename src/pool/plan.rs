@@ -8,6 +8,19 @@
 //! unsealed pod the pool controls past the grace (its creator stopped before sealing it) is
 //! deleted.
 
+/// What a pod carrying a pool's label is to that pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Made {
+    /// The pool made it: it carries the pool's seal.
+    Sealed,
+    /// Unsealed, controlled by the pool and older than [`super::seal::SEAL_GRACE`]: made by the
+    /// pool and left unsealed by a creator that stopped (or a look-alike naming the pool as its
+    /// controller): never served, deleted.
+    Orphan,
+    /// Anyone's pod with the pool's labels: never counted, claimed or touched.
+    Foreign,
+}
+
 /// One pod the pool owns (or owned, when a run has claimed it), as observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PoolPod {

@@ -72,7 +72,10 @@ pub fn pool_pod(
         .map_err(|e| PoolPodError::Build(e.to_string()))?;
     let mut pod = super::park::park_in_launcher(built, settings)
         .ok_or_else(|| PoolPodError::Build("the pod has no workload container".into()))?;
-    let hash = template_hash(&pod, &super::egress::shape(stand_in, &settings.egress));
+    let hash = template_hash(
+        &pod,
+        &crate::egress::policy::egress_shape(stand_in, &settings.egress),
+    );
     let pool_name = pool.name_any();
     let mut labels = BTreeMap::from([
         (
@@ -100,7 +103,7 @@ pub fn pool_pod(
 /// (the workload's command, args and plain env values; a value taken from a field or a Secret
 /// stays in), its own labels and annotations (the run's `podLabels` and `podAnnotations`: the
 /// operator's reserved keys, which name the run or the pool, are not its shape), and `egress`,
-/// the NetworkPolicy its runs get ([`super::egress::shape`]). A pool pod's is its template
+/// the NetworkPolicy its runs get ([`crate::egress::policy::egress_shape`]). A pool pod's is its template
 /// version; a run's cold pod, parked, must have the same to take a pool pod (its namespace's
 /// default runtime class, say, would change it). Everything that shapes the pod's network or
 /// identity is in it (issue #51): a template narrowed to fewer rules or labels is a new version,
@@ -157,8 +160,8 @@ pub fn unclaimed_selector(pool: &str) -> String {
 }
 
 /// What the pool's plan needs of one of its pods, `made` what it is to the pool
-/// ([`super::seal::Judge::of`]). Ready: its workload (parked in the launcher) and its holder run.
-pub fn view_of(pod: &Pod, made: super::seal::Made) -> PoolPod {
+/// (`super::seal::Judge::of`). Ready: its workload (parked in the launcher) and its holder run.
+pub fn view_of(pod: &Pod, made: super::plan::Made) -> PoolPod {
     let running = |name: &str| {
         pod.status
             .as_ref()
@@ -175,8 +178,8 @@ pub fn view_of(pod: &Pod, made: super::seal::Made) -> PoolPod {
         claimed: pod.labels().contains_key(CLAIMED_BY_LABEL),
         ready: running(WORKLOAD_CONTAINER) && running(crate::names::HOLDER_CONTAINER),
         deleting: pod.metadata.deletion_timestamp.is_some(),
-        sealed: made == super::seal::Made::Sealed,
-        orphan: made == super::seal::Made::Orphan,
+        sealed: made == super::plan::Made::Sealed,
+        orphan: made == super::plan::Made::Orphan,
     }
 }
 
@@ -199,10 +202,10 @@ pub fn claim_patch(cold: &Pod, (run_uid, attempt): (&str, u32), rv: &str) -> Val
 
 /// Whether `pod` is the pool pod the run `run_uid` claimed for its attempt `attempt` (and not
 /// being deleted: an earlier attempt's pod may still be going). `made`: what the pod is to the
-/// pool ([`super::seal::Judge::of`]): a look-alike labelled `claimed-by=<the run's uid>` by
+/// pool (`super::seal::Judge::of`): a look-alike labelled `claimed-by=<the run's uid>` by
 /// whoever created it is not the run's pod (issue #51).
-pub fn claimed_for(pod: &Pod, made: super::seal::Made, run_uid: &str, attempt: u32) -> bool {
-    if made != super::seal::Made::Sealed {
+pub fn claimed_for(pod: &Pod, made: super::plan::Made, run_uid: &str, attempt: u32) -> bool {
+    if made != super::plan::Made::Sealed {
         return false;
     }
     let labels = pod.labels();
@@ -245,7 +248,7 @@ pub fn start_message(cold: &Pod, run_uid: &str) -> Option<StartMessage> {
 mod tests {
     use super::*;
     use crate::api::{ReadBack, ReadBackPath, SandboxRunPoolSpec, TemplateRef};
-    use crate::pool::seal::Made;
+    use crate::pool::plan::Made;
 
     fn pool() -> SandboxRunPool {
         let mut pool = SandboxRunPool::new(
@@ -416,7 +419,7 @@ mod tests {
         let parked = super::super::park::park_in_launcher(cold, settings).unwrap();
         template_hash(
             &parked,
-            &super::super::egress::shape(&run, &settings.egress),
+            &crate::egress::policy::egress_shape(&run, &settings.egress),
         )
     }
 
@@ -467,7 +470,8 @@ mod tests {
         assert_ne!(hash(annotated), hash(made()));
         // The operator's own labels (the pool's, its hash, the run's uid) are not the shape.
         let (pod, version) = pool_pod(&pool, &stand_in(&pool, made()), &settings, "a").unwrap();
-        let egress = super::super::egress::shape(&stand_in(&pool, made()), &settings.egress);
+        let egress =
+            crate::egress::policy::egress_shape(&stand_in(&pool, made()), &settings.egress);
         assert_eq!(template_hash(&pod, &egress), version);
     }
 }

@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use serde_json::{json, Value};
 
+pub use super::plan::Made;
 use crate::admission::stamp::StampKey;
 
 /// The annotation holding a pool pod's seal.
@@ -87,19 +88,6 @@ pub(crate) fn runs_pod(key: Option<&StampKey>, run: &crate::api::SandboxRun, pod
         .and_then(|s| s.warm_start.as_ref())
         .filter(|w| w.attempt() == attempt && w.pod.is_some());
     warm.is_none_or(|w| sealed(key, pod, &super::pod::label_value(&w.pool)))
-}
-
-/// What a pod carrying a pool's label is to that pool.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Made {
-    /// The pool made it: it carries the pool's seal.
-    Sealed,
-    /// Unsealed, controlled by the pool and older than [`SEAL_GRACE`]: made by the pool and left
-    /// unsealed by a creator that stopped (or a look-alike naming the pool as its controller):
-    /// never served, deleted.
-    Orphan,
-    /// Anyone's pod with the pool's labels: never counted, claimed or touched.
-    Foreign,
 }
 
 /// How a pool tells its pods: its seal key, its label value, its uid, and now.
