@@ -139,7 +139,7 @@ async fn reconcile(
             delete_pod(&pods_api, pod).await?;
         }
     }
-    super::pool_policies::gates_waiting(&ctx, &made, &owned).await?;
+    super::pool_policies::gates_waiting(&ctx, &made, (&owned, &views)).await?;
     let pods = (0..plan.create)
         .map_while(|i| pool_pod::pool_pod(&pool, &made, &ctx.pod, &suffix(i)).ok())
         .map(|(pod, _)| pod);
