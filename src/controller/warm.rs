@@ -330,3 +330,77 @@ async fn carry(
     let requeue = super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
     Ok(Warm::Done(requeue))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use object_store::memory::InMemory;
+
+    use super::super::mock_apiserver::{self, Route};
+    use super::*;
+    use crate::api::{AppliedTemplate, NetworkMode, NetworkPolicy, SandboxRunSpec};
+
+    const POLICIES: &str = "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/";
+
+    /// A run of a filtered template whose status records the template already.
+    fn run() -> SandboxRun {
+        let mut run = SandboxRun::new(
+            "job",
+            SandboxRunSpec {
+                network: Some(NetworkPolicy {
+                    mode: NetworkMode::Allowlist,
+                    rules: vec!["192.0.2.0/24".into()],
+                }),
+                ..SandboxRunSpec::default()
+            },
+        );
+        run.metadata.namespace = Some("ns".into());
+        run.metadata.uid = Some("run-uid".into());
+        run.status = Some(crate::api::SandboxRunStatus {
+            template: Some(AppliedTemplate::default()),
+            ..Default::default()
+        });
+        run
+    }
+
+    /// Issue #51: a pool pod's own policy keeps selecting it after the claim and policies add up,
+    /// so before the claim it is made the run's rules, computed now (whatever the pool applied
+    /// when it made the pod), and before the run's own.
+    #[tokio::test]
+    async fn a_claim_makes_the_pool_pods_policy_the_runs_own_rules_first() {
+        let (client, log) = mock_apiserver::apiserver(vec![
+            Route::echo("PATCH", POLICIES, 200),
+            Route::echo("POST", "/apis/events.k8s.io/", 201),
+        ]);
+        let ctx = Arc::new(mock_apiserver::context(client, Arc::new(InMemory::new())));
+        let run = Arc::new(run());
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("agents-h-x1".into());
+        pod.metadata.namespace = Some("ns".into());
+        pod.metadata.uid = Some("pod-uid".into());
+        restrict_egress(&ctx, (&run, &run), &pod, Timestamp::now())
+            .await
+            .unwrap();
+        let applied = log.matching("PATCH", POLICIES);
+        let names: Vec<&str> = applied
+            .iter()
+            .map(|s| s.path().trim_start_matches(POLICIES))
+            .collect();
+        let own = crate::egress::policy::policy_name("job");
+        assert_eq!(names, ["agents-h-x1-egress", own.as_str()], "{names:?}");
+        let pool_pods = &applied[0].body;
+        assert_eq!(
+            pool_pods["spec"]["podSelector"]["matchLabels"][pool_pod::POOL_POD_LABEL],
+            "agents-h-x1"
+        );
+        // The run's rules, exactly: the same egress as the run's own policy.
+        assert_eq!(
+            pool_pods["spec"]["egress"],
+            applied[1].body["spec"]["egress"]
+        );
+        assert!(pool_pods["spec"]["egress"]
+            .to_string()
+            .contains("192.0.2.0/24"));
+    }
+}
