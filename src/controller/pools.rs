@@ -310,9 +310,6 @@ async fn judged_spec(
     pool: &SandboxRunPool,
     ns: &str,
 ) -> Result<Result<crate::api::SandboxRunSpec, NotPooled>, ControllerError> {
-    if ctx.admission.rights.key.is_none() {
-        return Ok(Err(NotPooled::NoKey));
-    }
     let made = match made_spec(ctx, pool, ns).await? {
         Ok(made) => made,
         Err(e) => return Ok(Err(e.into())),
@@ -320,6 +317,7 @@ async fn judged_spec(
     let (rules, rights) = (&ctx.admission.rules, &ctx.admission.rights);
     Ok(match crate::pool::judge::refusal(&made, rules, rights) {
         Some(why) => Err(NotPooled::Refused(why)),
+        None if rights.key.is_none() => Err(NotPooled::NoKey),
         None => Ok(made),
     })
 }

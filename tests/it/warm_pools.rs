@@ -38,6 +38,9 @@ fn operator(ns: &str, secret: &std::path::Path) -> Operator {
     Operator::builder(ns, &format!("file://{}", store.display()))
         .flags(&[
             "--warm-pools",
+            // The admission key (which seals the pool's pods) in the test's namespace.
+            "--pod-namespace",
+            ns,
             "--egress-proxy-url",
             "http://egress.sys.svc:3128",
             "--egress-proxy-namespace",
