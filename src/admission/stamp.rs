@@ -44,6 +44,17 @@ impl StampKey {
     pub fn new(bytes: &[u8]) -> StampKey {
         StampKey(hmac::Key::new(hmac::HMAC_SHA256, bytes))
     }
+
+    /// The HMAC of `message` under this key (another record only the operator can vouch for:
+    /// a warm pool pod's seal, `crate::pool::seal`).
+    pub(crate) fn sign(&self, message: &[u8]) -> Vec<u8> {
+        hmac::sign(&self.0, message).as_ref().to_vec()
+    }
+
+    /// Whether `tag` is the HMAC of `message` under this key (compared in constant time).
+    pub(crate) fn verifies(&self, message: &[u8], tag: &[u8]) -> bool {
+        hmac::verify(&self.0, message, tag).is_ok()
+    }
 }
 
 /// What a stamp is bound to: the run's namespace and name (or, for a run created with

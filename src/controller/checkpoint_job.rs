@@ -75,7 +75,7 @@ async fn take(
     let Some(token) = live.checkpoint_due() else {
         return Ok(());
     };
-    let Some(pod) = observe::own_pod(&ctx.client, &live).await? else {
+    let Some(pod) = observe::own_pod(ctx.seal_check(), &live).await? else {
         return Ok(());
     };
     let live = crate::started::as_started(live, Some(&pod));

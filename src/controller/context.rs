@@ -233,6 +233,12 @@ impl Context {
         self
     }
 
+    /// The client, and the key a warm run's pod's seal verifies under ([`crate::pool::seal`]):
+    /// what finding a run's pod needs.
+    pub(crate) fn seal_check(&self) -> (&kube::Client, Option<&crate::admission::stamp::StampKey>) {
+        (&self.client, self.admission.rights.key.as_ref())
+    }
+
     /// The same context resolving each run's image before its pod is created
     /// (`run --preflight-images`).
     /// The same context judging runs by `rules` before it builds their pods (the rules the

@@ -21,6 +21,7 @@ use tracing::warn;
 
 use super::conditions::{REASON_IMAGE_PULL_FAILED, REASON_UNSCHEDULABLE};
 use super::error::{kube_err, ControllerError};
+use crate::admission::stamp::StampKey;
 use crate::admission::webhook::pull_credentials;
 use crate::api::{ReadBackPhase, ReadBackStatus, SandboxRun, WorkloadTermination};
 use crate::pod::{self, HOLDER_CONTAINER, WORKLOAD_CONTAINER};
@@ -506,7 +507,7 @@ pub(crate) async fn workload_priority(
 }
 
 pub(crate) async fn observe(
-    client: &Client,
+    (client, key): (&Client, Option<&StampKey>),
     run: &SandboxRun,
     now: Timestamp,
 ) -> Result<Observed, ControllerError> {
@@ -524,7 +525,7 @@ pub(crate) async fn observe(
         view: None,
     };
     let pod = match found {
-        Some(p) if pod::owned_by(&p, run) => p,
+        Some(p) if is_runs(key, &p, run) => p,
         Some(other) => {
             return Ok(Observed::NameTaken {
                 observation,
@@ -542,14 +543,20 @@ pub(crate) async fn observe(
     Ok(Observed::Run(observation))
 }
 
+/// Whether `pod`, of the name of the run's current pod, is the run's: owned by it, and, for an
+/// attempt a warm pool served, sealed by that pool ([`crate::pool::seal::runs_pod`]).
+fn is_runs(key: Option<&StampKey>, pod: &Pod, run: &SandboxRun) -> bool {
+    pod::owned_by(pod, run) && crate::pool::seal::runs_pod(key, run, pod)
+}
+
 /// The run's pod as the apiserver has it now, without its managedFields; None when it is gone
-/// or is not the run's.
+/// or is not the run's (`key`: the operator's, which a warm run's pod's seal verifies under).
 pub(crate) async fn own_pod(
-    client: &Client,
+    (client, key): (&Client, Option<&StampKey>),
     run: &SandboxRun,
 ) -> Result<Option<Pod>, ControllerError> {
     let (_, _, found) = get_pod(client, run).await?;
-    Ok(found.filter(|p| pod::owned_by(p, run)).map(|mut p| {
+    Ok(found.filter(|p| is_runs(key, p, run)).map(|mut p| {
         p.metadata.managed_fields = None;
         p
     }))

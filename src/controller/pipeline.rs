@@ -117,7 +117,7 @@ async fn observed(
     run: &Arc<SandboxRun>,
     now: Timestamp,
 ) -> Result<Result<(Observation, Arc<SandboxRun>, bool), Requeue>, ControllerError> {
-    let observation = match observe::observe(&ctx.client, run, now).await? {
+    let observation = match observe::observe(ctx.seal_check(), run, now).await? {
         Observed::Run(observation) => observation,
         // A pod with our name that the run does not own is not ours to drain or delete.
         Observed::NameTaken { observation, other } => {
@@ -287,7 +287,7 @@ pub(crate) async fn in_flight(
     let Some(queued) = ctx.in_flight.drains.queued(&uid) else {
         return Ok(Requeue::After(IN_FLIGHT_REQUEUE));
     };
-    let pod = observe::own_pod(&ctx.client, run).await?;
+    let pod = observe::own_pod(ctx.seal_check(), run).await?;
     if !queued.position.urgent
         && pod
             .as_ref()

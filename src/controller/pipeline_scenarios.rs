@@ -421,6 +421,9 @@ async fn a_templated_run_starts_cold_when_the_pool_crd_is_not_installed() {
         log.matching("POST", PODS).len(),
         1,
         "the cold pod: {:?}",
+        log.lines()
+    );
+}
 
 /// A run queued in `lq` (recorded in its status, `Queued=False Admitted` said) whose Workload
 /// Kueue admitted, its label removed since: never its pod (docs/contract.md "Quota cannot be

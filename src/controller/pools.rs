@@ -28,6 +28,10 @@ use crate::template::TemplateUnusable;
 /// How often a pool is looked at again without a watch event (pods becoming ready wake it).
 const LOOK_AGAIN: Duration = Duration::from_secs(30);
 
+/// Why a pool makes no pods when the operator has no key to seal them with.
+const NO_KEY: &str = "the operator could not read its admission key, which seals a pool's pods \
+                      (a pod it cannot seal could not be told from a look-alike): no pool pods";
+
 /// Runs the pools' controller until `shutdown` resolves. `namespaces` empty = every namespace.
 pub(crate) async fn run(
     ctx: Arc<Context>,
@@ -108,16 +112,8 @@ async fn reconcile(
         .ok_or(ControllerError::Metadata("namespace"))?;
     let name = pool.name_any();
     let pods_api: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    let owned = pods_api
-        .list(
-            &ListParams::default()
-                .labels(&format!("{POOL_LABEL}={}", pool_pod::label_value(&name))),
-        )
-        .await
-        .map_err(kube_err(format!("list the pods of pool {ns}/{name}")))?
-        .items;
-    let views: Vec<_> = owned.iter().map(pool_pod::view_of).collect();
-    let claimed = views.iter().filter(|p| p.claimed).count();
+    let (owned, views) = pods_of(&ctx, &pool, &pods_api).await?;
+    let claimed = views.iter().filter(|p| p.claimed && p.sealed).count();
     let made = match judged_spec(&ctx, &pool, &ns).await? {
         Ok(made) => pool_pod::stand_in(&pool, made),
         Err(message) => {
@@ -143,7 +139,7 @@ async fn reconcile(
             delete_pod(&pods_api, pod).await?;
         }
     }
-    super::pool_policies::gates_waiting(&ctx, &made, &owned).await?;
+    super::pool_policies::gates_waiting(&ctx, &made, (&owned, &views)).await?;
     let pods = (0..plan.create)
         .map_while(|i| pool_pod::pool_pod(&pool, &made, &ctx.pod, &suffix(i)).ok())
         .map(|(pod, _)| pod);
@@ -167,6 +163,34 @@ async fn reconcile(
     Ok(Action::requeue(LOOK_AGAIN))
 }
 
+/// The pods carrying the pool's label, and what its plan needs of each: whether it is the
+/// pool's is its seal's to say ([`crate::pool::seal`]), never its labels'.
+async fn pods_of(
+    ctx: &Context,
+    pool: &SandboxRunPool,
+    api: &Api<Pod>,
+) -> Result<(Vec<Pod>, Vec<crate::pool::plan::PoolPod>), ControllerError> {
+    let name = pool.name_any();
+    let label = pool_pod::label_value(&name);
+    let pods = api
+        .list(&ListParams::default().labels(&format!("{POOL_LABEL}={label}")))
+        .await
+        .map_err(kube_err(format!("list the pods of pool {name}")))?
+        .items;
+    let pool_uid = pool.uid().unwrap_or_default();
+    let judge = crate::pool::seal::Judge {
+        key: ctx.admission.rights.key.as_ref(),
+        pool: &label,
+        pool_uid: &pool_uid,
+        now: jiff::Timestamp::now(),
+    };
+    let views = pods
+        .iter()
+        .map(|p| pool_pod::view_of(p, judge.of(p)))
+        .collect();
+    Ok((pods, views))
+}
+
 /// Creates `pods` (of the template that made `stand_in`), each followed by its NetworkPolicy
 /// when the template's runs restrict egress; stops at the first one the namespace refuses (its
 /// quota, Pod Security or another admission: pool pods are judged as any pod is). How many it
@@ -182,6 +206,7 @@ async fn create_pods(
     for pod in pods {
         match api.create(&PostParams::default(), &pod).await {
             Ok(made) => {
+                seal(ctx, &api, &made).await?;
                 super::pool_policies::created(ctx, stand_in, &made).await?;
                 created += 1;
                 info!(pool = %name, pod = %pod.name_any(), "pool pod created");
@@ -199,6 +224,32 @@ async fn create_pods(
         }
     }
     Ok((created, None))
+}
+
+/// Seals the pool pod `created` (as the apiserver returned it, its uid known:
+/// [`crate::pool::seal`]); one that cannot be sealed is deleted (never served, it would only
+/// wait for the orphan grace).
+async fn seal(ctx: &Context, api: &Api<Pod>, created: &Pod) -> Result<(), ControllerError> {
+    let name = created.name_any();
+    let pool = created
+        .labels()
+        .get(POOL_LABEL)
+        .cloned()
+        .unwrap_or_default();
+    let key = ctx.admission.rights.key.as_ref();
+    let patch = key.and_then(|k| crate::pool::seal::seal_patch(k, created, &pool));
+    let Some(patch) = patch else {
+        return Err(ControllerError::Metadata("uid"));
+    };
+    if let Err(e) = api
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        warn!(pod = %name, error = %e, "a pool pod could not be sealed; deleting it");
+        let _ = api.delete(&name, &DeleteParams::default()).await;
+        return Err(kube_err(format!("seal pool pod {name}"))(e));
+    }
+    Ok(())
 }
 
 /// Publishes an Event about `pool` (best effort: a failure is logged).
@@ -246,6 +297,10 @@ enum NotPooled {
     /// The operator's rules, or the rights its runs would need, refuse it ([`crate::pool::judge`]).
     #[error("{0}")]
     Refused(String),
+    /// The operator has no key to seal its pods with ([`crate::pool::seal`]): a pod it made
+    /// could not be told from a look-alike.
+    #[error("{NO_KEY}")]
+    NoKey,
 }
 
 /// [`made_spec`], judged by the operator's rules and the author's rights, or why the pool makes
@@ -274,6 +329,7 @@ async fn judged_spec(
     Ok(
         match crate::pool::judge::namespace_refusal(&made, &labels, policies) {
             Some(why) => Err(NotPooled::Refused(why)),
+            None if rights.key.is_none() => Err(NotPooled::NoKey),
             None => Ok(made),
         },
     )

@@ -75,7 +75,7 @@ pub(super) async fn claimed_teardown(
 ) -> Result<(), ControllerError> {
     let hold = match drain_claim(ctx, run).await? {
         Claimed::Unsharded => {
-            let pod = observe::own_pod(&ctx.client, run).await?;
+            let pod = observe::own_pod(ctx.seal_check(), run).await?;
             let run = crate::started::as_started(run.clone(), pod.as_ref());
             return teardown(ctx, &run, pod.as_ref(), trigger, None).await;
         }
@@ -131,7 +131,7 @@ async fn fresh_teardown(
     let Some(live) = observe::live_made_run(&ctx.client, run).await? else {
         return Ok(());
     };
-    let pod = observe::own_pod(&ctx.client, &live).await?;
+    let pod = observe::own_pod(ctx.seal_check(), &live).await?;
     let live = crate::started::as_started(live, pod.as_ref());
     teardown(ctx, &live, pod.as_ref(), trigger, Some(hold)).await
 }

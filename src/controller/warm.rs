@@ -30,6 +30,7 @@ use super::plan::{self, Inputs, Plan, Requeue, StepPlan};
 use super::prepare::QueueView;
 use crate::api::{SandboxRun, SandboxRunPool, WarmStart};
 use crate::pool::pod as pool_pod;
+use crate::pool::seal::Judge;
 
 /// How soon a run that took a pod (or was told to start cold) is looked at again.
 const SOON: Duration = Duration::from_millis(100);
@@ -76,9 +77,14 @@ pub(super) async fn through_pool(
     let Some(cold) = cold_pod(ctx, run, inputs, queue).await? else {
         return Ok(Warm::Go(step));
     };
+    let ids = (
+        pool_pod::label_value(&pool_name),
+        pool.uid().unwrap_or_default(),
+    );
+    let judge = judge_of(ctx, &ids, now);
     let mine = pods
         .iter()
-        .find(|p| pool_pod::claimed_for(p, &uid, attempt));
+        .find(|p| pool_pod::claimed_for(p, judge.of(p), &uid, attempt));
     if let Some(pod) = mine {
         // Most often the watch cache's copy of the run lags behind the claim this replica
         // recorded: the live run says whether the claim still needs finishing.
@@ -91,7 +97,7 @@ pub(super) async fn through_pool(
         }
         return started(ctx, run, &pool_name, pod, (&cold, true), now).await;
     }
-    let pod = match choose(ctx, (&own.spec, &cold), &pool, &pods, &uid) {
+    let pod = match choose(ctx, (run, &own.spec, &cold), (&pool, &pods, judge), &uid) {
         Ok(pod) => pod,
         Err(why) => return cold_start(ctx, run, &pool_name, why, now).await,
     };
@@ -150,8 +156,17 @@ async fn restrict_egress(
         .ok()
         .flatten();
     let policy = on_node.map(Box::new).unwrap_or(policy);
+    // The pool pod's own policy keeps selecting the pod after the claim, and policies add up:
+    // it is made the run's own rules, computed now, first (issue #51; the same rules when the
+    // pod is of the run's template version, narrower never wider).
+    let own_rules = crate::pool::egress::pool_pod_policy(run, &ctx.pod.egress, pod, (node, &proxy));
+    let mut effects: Vec<_> = own_rules
+        .map(|p| plan::Effect::ApplyNetworkPolicy(Box::new(p)))
+        .into_iter()
+        .collect();
+    effects.extend(plan::egress_effects(policy, note, unenforced));
     let plan = Plan {
-        effects: plan::egress_effects(policy, note, unenforced),
+        effects,
         ..Plan::wait(Requeue::After(SOON))
     };
     super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
@@ -163,14 +178,16 @@ async fn restrict_egress(
 /// its namespace's default runtime class, say, would change it); a ready pod is there.
 fn choose<'a>(
     ctx: &Context,
-    (own, cold): (&crate::api::SandboxRunSpec, &Pod),
-    pool: &SandboxRunPool,
-    pods: &'a [Pod],
+    (run, own, cold): (&SandboxRun, &crate::api::SandboxRunSpec, &Pod),
+    (pool, pods, judge): (&SandboxRunPool, &'a [Pod], Judge<'_>),
     uid: &str,
 ) -> Result<&'a Pod, Cold> {
     crate::pool::compat::compatible(own)?;
+    // The run's shape computed now, its egress included: a pool pod of an older, wider version
+    // of the template is never this run's (issue #51).
+    let egress = crate::egress::policy::egress_shape(run, &ctx.pod.egress);
     let hash = crate::pool::park::park_in_launcher(cold.clone(), &ctx.pod)
-        .map(|parked| pool_pod::template_hash(&parked))
+        .map(|parked| pool_pod::template_hash(&parked, &egress))
         .unwrap_or_default();
     let current = pool
         .status
@@ -179,11 +196,29 @@ fn choose<'a>(
     if current != Some(hash.as_str()) {
         return Err(Cold::OtherShape);
     }
-    let views: Vec<_> = pods.iter().map(pool_pod::view_of).collect();
+    // Only the pods the pool sealed: a look-alike with its labels is never handed a run.
+    let views: Vec<_> = pods
+        .iter()
+        .map(|p| pool_pod::view_of(p, judge.of(p)))
+        .collect();
     let pick = crate::pool::plan::pick_for_claim(&hash, &views, uid).ok_or(Cold::NoReadyPod)?;
     pods.iter()
         .find(|p| p.name_any() == pick.name)
         .ok_or(Cold::NoReadyPod)
+}
+
+/// How the pool `pool` tells its pods ([`crate::pool::seal`]).
+fn judge_of<'a>(
+    ctx: &'a Context,
+    (label, pool_uid): &'a (String, String),
+    now: Timestamp,
+) -> Judge<'a> {
+    Judge {
+        key: ctx.admission.rights.key.as_ref(),
+        pool: label,
+        pool_uid,
+        now,
+    }
 }
 
 /// Why a run made from a pooled template starts cold (`status.warmStart.coldReason`).
@@ -297,4 +332,78 @@ async fn carry(
     let pod_name = crate::pod::current_pod_name(run);
     let requeue = super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
     Ok(Warm::Done(requeue))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use object_store::memory::InMemory;
+
+    use super::super::mock_apiserver::{self, Route};
+    use super::*;
+    use crate::api::{AppliedTemplate, NetworkMode, NetworkPolicy, SandboxRunSpec};
+
+    const POLICIES: &str = "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/";
+
+    /// A run of a filtered template whose status records the template already.
+    fn run() -> SandboxRun {
+        let mut run = SandboxRun::new(
+            "job",
+            SandboxRunSpec {
+                network: Some(NetworkPolicy {
+                    mode: NetworkMode::Allowlist,
+                    rules: vec!["192.0.2.0/24".into()],
+                }),
+                ..SandboxRunSpec::default()
+            },
+        );
+        run.metadata.namespace = Some("ns".into());
+        run.metadata.uid = Some("run-uid".into());
+        run.status = Some(crate::api::SandboxRunStatus {
+            template: Some(AppliedTemplate::default()),
+            ..Default::default()
+        });
+        run
+    }
+
+    /// Issue #51: a pool pod's own policy keeps selecting it after the claim and policies add up,
+    /// so before the claim it is made the run's rules, computed now (whatever the pool applied
+    /// when it made the pod), and before the run's own.
+    #[tokio::test]
+    async fn a_claim_makes_the_pool_pods_policy_the_runs_own_rules_first() {
+        let (client, log) = mock_apiserver::apiserver(vec![
+            Route::echo("PATCH", POLICIES, 200),
+            Route::echo("POST", "/apis/events.k8s.io/", 201),
+        ]);
+        let ctx = Arc::new(mock_apiserver::context(client, Arc::new(InMemory::new())));
+        let run = Arc::new(run());
+        let mut pod = Pod::default();
+        pod.metadata.name = Some("agents-h-x1".into());
+        pod.metadata.namespace = Some("ns".into());
+        pod.metadata.uid = Some("pod-uid".into());
+        restrict_egress(&ctx, (&run, &run), &pod, Timestamp::now())
+            .await
+            .unwrap();
+        let applied = log.matching("PATCH", POLICIES);
+        let names: Vec<&str> = applied
+            .iter()
+            .map(|s| s.path().trim_start_matches(POLICIES))
+            .collect();
+        let own = crate::egress::policy::policy_name("job");
+        assert_eq!(names, ["agents-h-x1-egress", own.as_str()], "{names:?}");
+        let pool_pods = &applied[0].body;
+        assert_eq!(
+            pool_pods["spec"]["podSelector"]["matchLabels"][pool_pod::POOL_POD_LABEL],
+            "agents-h-x1"
+        );
+        // The run's rules, exactly: the same egress as the run's own policy.
+        assert_eq!(
+            pool_pods["spec"]["egress"],
+            applied[1].body["spec"]["egress"]
+        );
+        assert!(pool_pods["spec"]["egress"]
+            .to_string()
+            .contains("192.0.2.0/24"));
+    }
 }

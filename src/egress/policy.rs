@@ -54,6 +54,26 @@ pub(crate) fn build_policy(
     build(run, settings, &Denied::default())
 }
 
+/// What of the egress of the runs made from `made` shapes a pod (a part of its template hash,
+/// `crate::pool::pod::template_hash`): their network rules as written (the egress proxy judges host
+/// rules by them) and the NetworkPolicy they get under the operator's settings, but for whom it
+/// selects. A run's own is the same value exactly when its pod's egress is the pool pod's.
+pub fn egress_shape(made: &SandboxRun, settings: &EgressSettings) -> serde_json::Value {
+    let policy = build_policy(made, settings).map(|p| {
+        p.and_then(|p| p.spec).map(|mut spec| {
+            spec.pod_selector = None;
+            spec
+        })
+    });
+    serde_json::json!({
+        "network": made.spec.network,
+        "policy": match policy {
+            Ok(spec) => serde_json::to_value(spec).unwrap_or_default(),
+            Err(e) => serde_json::Value::String(e.to_string()),
+        },
+    })
+}
+
 /// The NetworkPolicy of a run whose pod waits behind the egress gate (docs/contract.md "A
 /// filtered run never has an unfiltered instant"): besides what its rules deny,
 /// - the node at `node`, when the gate probes the node (`run --egress-gate-probe node:<port>`):

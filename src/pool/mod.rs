@@ -9,6 +9,7 @@
 //! - [`egress`]: a pool pod's NetworkPolicy (templates whose runs restrict egress).
 //! - [`park`]: a pool pod is the built pod with its workload parked in the operator's launcher.
 //! - [`pod`]: a pool's pods and a run's claim of one, as data.
+//! - [`seal`]: what says the operator made a pod as a pool's (a look-alike's labels never do).
 //!
 //! The controller that acts on the plan is `crate::controller::pools`; the claim is
 //! `crate::controller::warm`.
@@ -19,3 +20,4 @@ pub mod judge;
 pub mod park;
 pub mod plan;
 pub mod pod;
+pub mod seal;

@@ -3,7 +3,23 @@
 //! A pool keeps `replicas` unclaimed pods of its template's current hash. A claimed pod is the
 //! run's: the pool never touches it and replaces it by making a new one. An unclaimed pod of an
 //! older template hash is replaced (template changed → rollout); unclaimed pods beyond `replicas`
-//! are deleted, the ones not yet ready first.
+//! are deleted, the ones not yet ready first. Only a pod the pool sealed is the pool's
+//! ([`super::seal`]): a look-alike carrying its labels is never counted, claimed or deleted; an
+//! unsealed pod the pool controls past the grace (its creator stopped before sealing it) is
+//! deleted.
+
+/// What a pod carrying a pool's label is to that pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Made {
+    /// The pool made it: it carries the pool's seal.
+    Sealed,
+    /// Unsealed, controlled by the pool and older than [`super::seal::SEAL_GRACE`]: made by the
+    /// pool and left unsealed by a creator that stopped (or a look-alike naming the pool as its
+    /// controller): never served, deleted.
+    Orphan,
+    /// Anyone's pod with the pool's labels: never counted, claimed or touched.
+    Foreign,
+}
 
 /// One pod the pool owns (or owned, when a run has claimed it), as observed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -17,6 +33,12 @@ pub struct PoolPod {
     pub ready: bool,
     /// Whether its deletion has already been asked for.
     pub deleting: bool,
+    /// Whether it carries the pool's seal ([`super::seal::Made::Sealed`]): only then is it the
+    /// pool's.
+    pub sealed: bool,
+    /// Whether it is an unsealed pod the pool controls past the grace
+    /// ([`super::seal::Made::Orphan`]): deleted.
+    pub orphan: bool,
 }
 
 /// The pool's next actions and the counts its status reports.
@@ -34,11 +56,20 @@ pub struct PoolPlan {
 
 /// Plans the pool from its desired replica count, its template's current hash and its pods.
 pub fn plan(replicas: usize, current_hash: &str, pods: &[PoolPod]) -> PoolPlan {
-    let live: Vec<&PoolPod> = pods.iter().filter(|p| !p.claimed && !p.deleting).collect();
+    let live: Vec<&PoolPod> = pods
+        .iter()
+        .filter(|p| p.sealed && !p.claimed && !p.deleting)
+        .collect();
     let (current, outdated): (Vec<&PoolPod>, Vec<&PoolPod>) = live
         .into_iter()
         .partition(|p| p.template_hash == current_hash);
-    let mut delete: Vec<String> = outdated.iter().map(|p| p.name.clone()).collect();
+    let orphans = pods.iter().filter(|p| p.orphan && !p.sealed && !p.deleting);
+    let mut delete: Vec<String> = outdated
+        .iter()
+        .copied()
+        .chain(orphans)
+        .map(|p| p.name.clone())
+        .collect();
     // Surplus: keep the ready ones; drop the not-ready ones first, then by name for stability.
     let mut keep = current.clone();
     keep.sort_by(|a, b| b.ready.cmp(&a.ready).then_with(|| a.name.cmp(&b.name)));
@@ -53,8 +84,8 @@ pub fn plan(replicas: usize, current_hash: &str, pods: &[PoolPod]) -> PoolPlan {
     }
 }
 
-/// The pod a claim by the run `key` (its uid) should take: a ready, unclaimed pod of the current
-/// hash, the one `key` hashes to among them by name, so runs claiming at once spread over the
+/// The pod a claim by the run `key` (its uid) should take: a ready, unclaimed, sealed pod of the
+/// current hash, the one `key` hashes to among them by name, so runs claiming at once spread over the
 /// pool instead of all aiming at one pod (the claim's precondition still decides a collision,
 /// and the loser picks again).
 pub fn pick_for_claim<'a>(
@@ -64,7 +95,8 @@ pub fn pick_for_claim<'a>(
 ) -> Option<&'a PoolPod> {
     let mut ready: Vec<&PoolPod> = pods
         .iter()
-        .filter(|p| p.ready && !p.claimed && !p.deleting && p.template_hash == current_hash)
+        .filter(|p| p.sealed && p.ready && !p.claimed && !p.deleting)
+        .filter(|p| p.template_hash == current_hash)
         .collect();
     ready.sort_by(|a, b| a.name.cmp(&b.name));
     let spread = u32::from_str_radix(&crate::names::short_hash(key), 16).unwrap_or(0);
@@ -83,6 +115,8 @@ mod tests {
             claimed,
             ready,
             deleting: false,
+            sealed: true,
+            orphan: false,
         }
     }
 
@@ -158,5 +192,26 @@ mod tests {
             .map(|p| p.name.as_str())
             .collect();
         assert!(picked.len() >= 4, "{picked:?}");
+    }
+
+    #[test]
+    fn a_look_alike_with_the_pools_labels_is_never_counted_claimed_or_deleted() {
+        let mut look_alike = pod("fake", "h", false, true);
+        look_alike.sealed = false;
+        let p = plan(1, "h", std::slice::from_ref(&look_alike));
+        assert_eq!((p.create, p.ready, p.pending), (1, 0, 0));
+        assert!(p.delete.is_empty(), "not the pool's to delete");
+        assert_eq!(pick_for_claim("h", &[look_alike.clone()], "run-a"), None);
+        // Beside a sealed pod, the claim still never lands on the look-alike.
+        let pods = [look_alike.clone(), pod("real", "h", false, true)];
+        for i in 0..16 {
+            let picked = pick_for_claim("h", &pods, &format!("uid-{i}"));
+            assert_eq!(picked.map(|p| p.name.as_str()), Some("real"));
+        }
+        // An unsealed pod the pool controls, past the grace: deleted, never served.
+        let mut orphan = look_alike;
+        orphan.orphan = true;
+        let p = plan(1, "h", &[orphan]);
+        assert_eq!((p.create, p.delete.clone()), (1, vec!["fake".to_string()]));
     }
 }

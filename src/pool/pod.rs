@@ -72,7 +72,10 @@ pub fn pool_pod(
         .map_err(|e| PoolPodError::Build(e.to_string()))?;
     let mut pod = super::park::park_in_launcher(built, settings)
         .ok_or_else(|| PoolPodError::Build("the pod has no workload container".into()))?;
-    let hash = template_hash(&pod);
+    let hash = template_hash(
+        &pod,
+        &crate::egress::policy::egress_shape(stand_in, &settings.egress),
+    );
     let pool_name = pool.name_any();
     let mut labels = BTreeMap::from([
         (
@@ -96,11 +99,16 @@ pub fn pool_pod(
     Ok((pod, hash))
 }
 
-/// The hash of a parked pod's spec, its **shape**: everything but what the launcher delivers at
-/// claim time (the workload's command, args and plain env values; a value taken from a field or
-/// a Secret stays in). A pool pod's is its template version; a run's cold pod, parked, must have
-/// the same to take a pool pod (its namespace's default runtime class, say, would change it).
-pub fn template_hash(pod: &Pod) -> String {
+/// The hash of a parked pod's **shape**: its spec but what the launcher delivers at claim time
+/// (the workload's command, args and plain env values; a value taken from a field or a Secret
+/// stays in), its own labels and annotations (the run's `podLabels` and `podAnnotations`: the
+/// operator's reserved keys, which name the run or the pool, are not its shape), and `egress`,
+/// the NetworkPolicy its runs get ([`crate::egress::policy::egress_shape`]). A pool pod's is its template
+/// version; a run's cold pod, parked, must have the same to take a pool pod (its namespace's
+/// default runtime class, say, would change it). Everything that shapes the pod's network or
+/// identity is in it (issue #51): a template narrowed to fewer rules or labels is a new version,
+/// so the pool replaces its pods and no run takes one of the old, wider ones.
+pub fn template_hash(pod: &Pod, egress: &Value) -> String {
     let mut spec = pod.spec.clone().unwrap_or_default();
     for c in spec
         .containers
@@ -112,7 +120,19 @@ pub fn template_hash(pod: &Pod) -> String {
             env.retain(|e| e.value_from.is_some());
         }
     }
-    crate::names::short_hash(&serde_json::to_string(&spec).unwrap_or_default())
+    let own = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
+        m.iter()
+            .filter(|(k, _)| !crate::names::reserved_key(k))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    };
+    let shape = json!({
+        "spec": spec,
+        "labels": own(pod.labels()),
+        "annotations": own(pod.annotations()),
+        "egress": egress,
+    });
+    crate::names::short_hash(&shape.to_string())
 }
 
 /// A label value for `name` (≤ 63 characters: longer names are cut and hashed).
@@ -139,9 +159,9 @@ pub fn unclaimed_selector(pool: &str) -> String {
     format!("{POOL_LABEL}={},!{CLAIMED_BY_LABEL}", label_value(pool))
 }
 
-/// What the pool's plan needs of one of its pods. Ready: its workload (parked in the launcher)
-/// and its holder run.
-pub fn view_of(pod: &Pod) -> PoolPod {
+/// What the pool's plan needs of one of its pods, `made` what it is to the pool
+/// (`super::seal::Judge::of`). Ready: its workload (parked in the launcher) and its holder run.
+pub fn view_of(pod: &Pod, made: super::plan::Made) -> PoolPod {
     let running = |name: &str| {
         pod.status
             .as_ref()
@@ -158,6 +178,8 @@ pub fn view_of(pod: &Pod) -> PoolPod {
         claimed: pod.labels().contains_key(CLAIMED_BY_LABEL),
         ready: running(WORKLOAD_CONTAINER) && running(crate::names::HOLDER_CONTAINER),
         deleting: pod.metadata.deletion_timestamp.is_some(),
+        sealed: made == super::plan::Made::Sealed,
+        orphan: made == super::plan::Made::Orphan,
     }
 }
 
@@ -179,8 +201,13 @@ pub fn claim_patch(cold: &Pod, (run_uid, attempt): (&str, u32), rv: &str) -> Val
 }
 
 /// Whether `pod` is the pool pod the run `run_uid` claimed for its attempt `attempt` (and not
-/// being deleted: an earlier attempt's pod may still be going).
-pub fn claimed_for(pod: &Pod, run_uid: &str, attempt: u32) -> bool {
+/// being deleted: an earlier attempt's pod may still be going). `made`: what the pod is to the
+/// pool (`super::seal::Judge::of`): a look-alike labelled `claimed-by=<the run's uid>` by
+/// whoever created it is not the run's pod (issue #51).
+pub fn claimed_for(pod: &Pod, made: super::plan::Made, run_uid: &str, attempt: u32) -> bool {
+    if made != super::plan::Made::Sealed {
+        return false;
+    }
     let labels = pod.labels();
     let of_attempt = labels
         .get(CLAIMED_ATTEMPT_LABEL)
@@ -221,6 +248,7 @@ pub fn start_message(cold: &Pod, run_uid: &str) -> Option<StartMessage> {
 mod tests {
     use super::*;
     use crate::api::{ReadBack, ReadBackPath, SandboxRunPoolSpec, TemplateRef};
+    use crate::pool::plan::Made;
 
     fn pool() -> SandboxRunPool {
         let mut pool = SandboxRunPool::new(
@@ -347,17 +375,22 @@ mod tests {
         let mut claimed = cold.clone();
         let labels = claimed.metadata.labels.get_or_insert_with(Default::default);
         labels.insert(CLAIMED_BY_LABEL.into(), "run-uid".into());
-        assert!(claimed_for(&claimed, "run-uid", 1));
-        assert!(!claimed_for(&claimed, "run-uid", 2));
-        assert!(!claimed_for(&claimed, "other", 1));
+        assert!(claimed_for(&claimed, Made::Sealed, "run-uid", 1));
+        assert!(!claimed_for(&claimed, Made::Sealed, "run-uid", 2));
+        assert!(!claimed_for(&claimed, Made::Sealed, "other", 1));
         let labels = claimed.metadata.labels.get_or_insert_with(Default::default);
         labels.insert(CLAIMED_ATTEMPT_LABEL.into(), "2".into());
-        assert!(claimed_for(&claimed, "run-uid", 2));
-        assert!(!claimed_for(&claimed, "run-uid", 1));
+        assert!(claimed_for(&claimed, Made::Sealed, "run-uid", 2));
+        assert!(!claimed_for(&claimed, Made::Sealed, "run-uid", 1));
         claimed.metadata.deletion_timestamp = Some(
             k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::now()),
         );
-        assert!(!claimed_for(&claimed, "run-uid", 2), "going");
+        assert!(!claimed_for(&claimed, Made::Sealed, "run-uid", 2), "going");
+        // A look-alike labelled claimed-by the run (by whoever created it) is not its pod.
+        claimed.metadata.deletion_timestamp = None;
+        assert!(claimed_for(&claimed, Made::Sealed, "run-uid", 2));
+        assert!(!claimed_for(&claimed, Made::Foreign, "run-uid", 2));
+        assert!(!claimed_for(&claimed, Made::Orphan, "run-uid", 2));
         assert_eq!(
             patch["metadata"]["labels"][crate::names::RUN_UID_LABEL],
             "run-uid"
@@ -375,5 +408,70 @@ mod tests {
         let mut bare = cold.clone();
         bare.spec.as_mut().unwrap().containers[0].command = None;
         assert!(start_message(&bare, "run-uid").is_none());
+    }
+
+    /// The hash a run made from `made` gets for its cold pod, parked (what a claim compares).
+    fn run_hash(made: SandboxRunSpec, settings: &PodSettings) -> String {
+        let mut run = SandboxRun::new("job", made);
+        run.metadata.namespace = Some("team".into());
+        run.metadata.uid = Some("run-uid".into());
+        let cold = crate::pod::build_pod(&run, settings).unwrap();
+        let parked = super::super::park::park_in_launcher(cold, settings).unwrap();
+        template_hash(
+            &parked,
+            &crate::egress::policy::egress_shape(&run, &settings.egress),
+        )
+    }
+
+    #[test]
+    fn a_template_narrowed_in_its_network_rules_or_pod_labels_is_a_new_version() {
+        let settings = PodSettings::default();
+        let pool = pool();
+        let hash = |spec: SandboxRunSpec| {
+            let (_, hash) =
+                pool_pod(&pool, &stand_in(&pool, spec.clone()), &settings, "a").unwrap();
+            // A run made from the same template has the pool's version: it may claim.
+            assert_eq!(run_hash(spec, &settings), hash);
+            hash
+        };
+        let network = |rules: &[&str]| {
+            let mut spec = made();
+            spec.network = Some(crate::api::NetworkPolicy {
+                mode: crate::api::NetworkMode::Allowlist,
+                rules: rules.iter().map(|r| r.to_string()).collect(),
+            });
+            spec
+        };
+        let wide = hash(network(&["example.com", "192.0.2.0/24"]));
+        // An address range dropped (the NetworkPolicy narrows), a host dropped (the proxy's rules
+        // narrow), everything dropped: each a new version.
+        let no_range = hash(network(&["example.com"]));
+        let no_host = hash(network(&["192.0.2.0/24"]));
+        let nothing = hash(network(&[]));
+        let versions = std::collections::BTreeSet::from([&wide, &no_range, &no_host, &nothing]);
+        assert_eq!(versions.len(), 4, "{versions:?}");
+        assert_eq!(hash(network(&["example.com", "192.0.2.0/24"])), wide);
+        // Pod labels and annotations are the pod's identity: one dropped is a new version.
+        let labelled = |labels: &[(&str, &str)]| {
+            let mut spec = made();
+            spec.pod_labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            spec
+        };
+        let both = hash(labelled(&[("team", "a"), ("egress", "wide")]));
+        assert_ne!(hash(labelled(&[("team", "a")])), both);
+        assert_eq!(hash(labelled(&[("team", "a"), ("egress", "wide")])), both);
+        let mut annotated = made();
+        annotated.pod_annotations = Some([("mesh/inject".to_string(), "no".to_string())].into());
+        assert_ne!(hash(annotated), hash(made()));
+        // The operator's own labels (the pool's, its hash, the run's uid) are not the shape.
+        let (pod, version) = pool_pod(&pool, &stand_in(&pool, made()), &settings, "a").unwrap();
+        let egress =
+            crate::egress::policy::egress_shape(&stand_in(&pool, made()), &settings.egress);
+        assert_eq!(template_hash(&pod, &egress), version);
     }
 }

@@ -52,5 +52,6 @@ mod store_backends;
 mod store_open_uploads;
 mod templates;
 mod tenant_stores;
+mod warm_pools;
 mod webhook;
 mod webhook_certs;

@@ -802,7 +802,15 @@ async fn a_warm_pool_is_judged_by_the_rules_the_authors_rights_and_the_quota() {
         .unwrap();
     let (_store_dir, store_url) = file_store("templates-pools");
     let op = Operator::builder(&ns.name, &store_url)
-        .flags(&["--warm-pools", "--unadmitted-references", "hold"])
+        // The pool seals its pods with the admission key (issue #51): its Secret in the test's
+        // namespace.
+        .flags(&[
+            "--warm-pools",
+            "--unadmitted-references",
+            "hold",
+            "--pod-namespace",
+            &ns.name,
+        ])
         .start();
     let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
     let out = host_dir("out");

@@ -239,7 +239,11 @@ fn rule_settings(
 async fn rights_policy(args: &RunArgs, client: &Client) -> crate::admission::stamp::RightsPolicy {
     use crate::admission::stamp::{RightsPolicy, UnadmittedReferences};
     let unadmitted = args.unadmitted_references;
-    let needed = unadmitted == UnadmittedReferences::Hold || !args.webhook_addr.trim().is_empty();
+    // Warm pools seal their pods with it too (docs/contract.md "A warm pool's launcher is the
+    // operator's code; a pool pod serves one run (issue #39)").
+    let needed = unadmitted == UnadmittedReferences::Hold
+        || !args.webhook_addr.trim().is_empty()
+        || args.warm_pools;
     let key = if needed {
         let (namespace, name) = (&args.pod_namespace, &args.admission_key_secret);
         match crate::admission::stamp_key::load_or_create(client.clone(), namespace, name).await {

@@ -1,0 +1,335 @@
+//! Warm pools trust what the operator made and computed, never what a tenant can change (issue
+//! #51; docs/contract.md "A warm pool's launcher is the operator's code; a pool pod serves one run
+//! (issue #39)"): a template narrowed in its network rules replaces the pool's ready pods and no
+//! run takes one of the old, wider ones; a pod the tenant made with a pool's labels, or labelled
+//! `claimed-by=<a run's uid>` and owned by that run, is never claimed, started or drained as the
+//! run's. The operator runs as a process on this host; kwok plays the node (nothing here needs a
+//! real container: the claim's labels, the pods' NetworkPolicies and the runs' statuses are the
+//! apiserver's).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy as NetPol;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use sandboxrun_operator::api::{
+    NetworkMode, Phase, SandboxRun, SandboxRunPool, SandboxRunPoolSpec, SandboxRunSpec,
+    SandboxRunTemplate, SandboxRunTemplateSpec, TemplateRef, WarmStart,
+};
+use serde_json::json;
+
+use crate::support::*;
+
+/// How long the tests wait for the operator.
+const CONVERGE: Duration = Duration::from_secs(90);
+
+const POOL_LABEL: &str = "sandbox.iterion.io/pool";
+const HASH_LABEL: &str = "sandbox.iterion.io/pool-template-hash";
+const CLAIMED_BY_LABEL: &str = "sandbox.iterion.io/claimed-by";
+
+/// The operator with warm pools and the egress settings a filtered run needs.
+fn operator(ns: &str, secret: &std::path::Path) -> Operator {
+    let store = host_dir(&format!("store-warm-{ns}"));
+    Operator::builder(ns, &format!("file://{}", store.display()))
+        .flags(&[
+            "--warm-pools",
+            // The admission key (which seals the pool's pods) in the test's namespace.
+            "--pod-namespace",
+            ns,
+            "--egress-proxy-url",
+            "http://egress.sys.svc:3128",
+            "--egress-proxy-namespace",
+            "sys",
+            "--egress-token-secret-file",
+            secret.to_str().expect("utf-8 path"),
+        ])
+        .start()
+}
+
+fn secret_file() -> tempfile::NamedTempFile {
+    let f = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(f.path(), "bed-egress-token-secret-0123456789\n").expect("write secret");
+    f
+}
+
+/// A template whose runs reach only `rules` (an allowlist of address ranges), or open.
+fn template(rules: Option<&[&str]>) -> SandboxRunTemplateSpec {
+    let out = host_dir("out");
+    let mut made = spec(&[&out]);
+    if let Some(rules) = rules {
+        made = made.network(NetworkMode::Allowlist, rules);
+    }
+    SandboxRunTemplateSpec {
+        template: made.build(),
+        open_fields: vec![
+            sandboxrun_operator::api::OpenField::Command,
+            sandboxrun_operator::api::OpenField::Env,
+        ],
+    }
+}
+
+/// A run of the template `name` that sets only its command (it may take a pool pod).
+fn from_template(name: &str) -> SandboxRunSpec {
+    SandboxRunSpec {
+        template_ref: Some(TemplateRef::namespaced(name)),
+        command: Some(vec!["sh".into(), "-c".into(), "work".into()]),
+        ..SandboxRunSpec::default()
+    }
+}
+
+async fn make_pool(client: &Client, ns: &str, name: &str, rules: Option<&[&str]>, replicas: i32) {
+    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), ns);
+    templates
+        .create(
+            &PostParams::default(),
+            &SandboxRunTemplate::new(name, template(rules)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("create template {name}: {e}"));
+    let pool = SandboxRunPool::new(
+        name,
+        SandboxRunPoolSpec {
+            template_ref: TemplateRef::namespaced(name),
+            replicas,
+        },
+    );
+    Api::<SandboxRunPool>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pool)
+        .await
+        .unwrap_or_else(|e| panic!("create pool {name}: {e}"));
+}
+
+/// The pool's status once it says its template hash and `ready` ready pods.
+async fn pool_ready(pools: &Api<SandboxRunPool>, name: &str, ready: i32, op: &Operator) -> String {
+    eventually_or_log(
+        &format!("pool {name}: {ready} ready pods"),
+        CONVERGE,
+        op,
+        || async move {
+            let s = pools.get(name).await.ok()?.status?;
+            (s.ready_replicas == ready).then_some(s.template_hash?)
+        },
+    )
+    .await
+}
+
+/// The run's warm-pool decision, once made.
+async fn warm_start(runs: &Api<SandboxRun>, name: &str, op: &Operator) -> WarmStart {
+    eventually_or_log(
+        &format!("run {name}'s warm-pool decision"),
+        CONVERGE,
+        op,
+        || async move { runs.get(name).await.ok()?.status?.warm_start },
+    )
+    .await
+}
+
+/// The (pod, template hash) pairs seen labelled `claimed-by`.
+type Claims = Arc<Mutex<BTreeSet<(String, String)>>>;
+
+/// Every (pod, template hash) seen labelled `claimed-by` in `ns` while the returned task runs (a
+/// watch: a claim seen once is kept, even if the pod is deleted right after).
+fn record_claims(client: &Client, ns: &str) -> (Claims, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let into = seen.clone();
+    let task = tokio::spawn(async move {
+        let config = watcher::Config::default().labels(CLAIMED_BY_LABEL);
+        let mut events = watcher(pods, config).boxed();
+        while let Some(event) = events.next().await {
+            let pods = match event {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => vec![p],
+                _ => continue,
+            };
+            for pod in pods {
+                let hash = pod.labels().get(HASH_LABEL).cloned().unwrap_or_default();
+                if let Ok(mut seen) = into.lock() {
+                    seen.insert((pod.name_any(), hash));
+                }
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// Issue #51 item 1: a template whose network rules are narrowed is a new version. Its pool
+/// replaces the ready pods of the old one (each new pod's NetworkPolicy allows only the narrowed
+/// range), and a run made from the narrowed template never takes a pod of the old version, not
+/// even while the pool has not rolled out yet. (Before, the hash covered only the pod spec: the
+/// rules are not in it, the old pods stayed, kept their wider policy, and the run claimed one.)
+#[tokio::test]
+async fn a_pool_pod_whose_template_narrowed_its_egress_is_replaced_and_never_claimed() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "warm-narrow").await;
+    let secret = secret_file();
+    let op = operator(&ns.name, secret.path());
+    let wide: &[&str] = &["203.0.113.0/24", "198.51.100.0/24"];
+    make_pool(&client, &ns.name, "agents", Some(wide), 2).await;
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let old = pool_ready(&pools, "agents", 2, &op).await;
+    let (claims, watch) = record_claims(&client, &ns.name);
+    // Narrowed: one range dropped. A run made at once (the pool has not looked again yet).
+    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
+    let narrowed = json!({"spec": {"template": {"network": {"rules": ["203.0.113.0/24"]}}}});
+    templates
+        .patch("agents", &PatchParams::default(), &Patch::Merge(&narrowed))
+        .await
+        .expect("narrow the template");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "after", from_template("agents")).await;
+    let decided = warm_start(&runs, "after", &op).await;
+    // The pool rolls out: a new version, its pods' policies narrowed, no old pod left unclaimed.
+    let new = eventually_or_log("the pool's new version", CONVERGE, &op, || {
+        let pools = pools.clone();
+        let old = old.clone();
+        async move {
+            let s = pools.get("agents").await.ok()?.status?;
+            let hash = s.template_hash.filter(|h| *h != old)?;
+            (s.ready_replicas == 2).then_some(hash)
+        }
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let policies: Api<NetPol> = Api::namespaced(client.clone(), &ns.name);
+    let live = pods
+        .list(&ListParams::default().labels(&format!("{POOL_LABEL}=agents,!{CLAIMED_BY_LABEL}")))
+        .await
+        .expect("list pool pods")
+        .items;
+    let live: Vec<&Pod> = live
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .collect();
+    assert!(!live.is_empty());
+    for pod in live {
+        assert_eq!(pod.labels()[HASH_LABEL], new, "{}", pod.name_any());
+        let policy = policies
+            .get(&format!("{}-egress", pod.name_any()))
+            .await
+            .expect("the pool pod's policy");
+        let text = serde_json::to_string(&policy.spec).unwrap_or_default();
+        assert!(text.contains("203.0.113.0/24"), "{text}");
+        assert!(!text.contains("198.51.100.0/24"), "a wider policy: {text}");
+    }
+    watch.abort();
+    let claims = claims.lock().map(|c| c.clone()).unwrap_or_default();
+    assert!(
+        claims.iter().all(|(_, hash)| *hash != old),
+        "a pod of the old, wider version was claimed: {claims:?} (run: {decided:?})\n{}",
+        op.log_text()
+    );
+}
+
+/// A pod as a tenant with `pods/create` makes it: `labels`, owned (`controller: true`) by
+/// `owner` (kind, name, uid), a workload and a holder (kwok runs both).
+fn look_alike(name: &str, labels: BTreeMap<String, String>, owner: (&str, &str, &str)) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "ownerReferences": [{
+                "apiVersion": "sandbox.iterion.io/v1alpha1",
+                "kind": owner.0, "name": owner.1, "uid": owner.2, "controller": true,
+            }],
+        },
+        "spec": {"containers": [
+            {"name": "workload", "image": DIGEST_IMAGE, "command": ["sh"]},
+            {"name": "holder", "image": DIGEST_IMAGE, "command": ["sh"]},
+        ]},
+    }))
+    .expect("a pod")
+}
+
+/// Issue #51 item 6: a claim trusts the pod, not its labels. A tenant makes two pods before the
+/// runs are looked at: one with the pool's labels and current template hash, owned by the pool
+/// (`controller: true`); one labelled `claimed-by=<a run's uid>` (and the run's uid label), owned
+/// by that run. Neither is claimed, started or taken for a run's pod: both runs start cold and
+/// say why, their own pods are drained, and both look-alikes are left as they were. (Before, the
+/// first was claimed — and deleted when its launcher did not answer — and the second was
+/// recorded as the run's pod: `status.warmStart.pod`, the pod its teardown drained.)
+#[tokio::test]
+async fn a_look_alike_pod_with_a_pools_or_a_claims_labels_is_never_claimed_started_or_drained() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "warm-lookalike").await;
+    let secret = secret_file();
+    make_pool(&client, &ns.name, "agents", None, 0).await;
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    // The pool's version, as the tenant reads it in its status.
+    let mut op = operator(&ns.name, secret.path());
+    let hash = pool_ready(&pools, "agents", 0, &op).await;
+    op.kill();
+    let pool_uid = pools.get("agents").await.expect("pool").uid().expect("uid");
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let lured = create(&runs, "lured", from_template("agents")).await;
+    let run_uid = lured.uid().expect("uid");
+    create(&runs, "plain", from_template("agents")).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let pool_labels = BTreeMap::from([
+        (POOL_LABEL.to_string(), "agents".to_string()),
+        (HASH_LABEL.to_string(), hash.clone()),
+        (
+            "app.kubernetes.io/managed-by".into(),
+            "sandboxrun-operator".into(),
+        ),
+        ("sandbox.iterion.io/pool-pod".into(), "agents-fake".into()),
+    ]);
+    let unclaimed = look_alike(
+        "agents-fake",
+        pool_labels.clone(),
+        ("SandboxRunPool", "agents", &pool_uid),
+    );
+    let mut claimed_labels = pool_labels;
+    claimed_labels.insert(CLAIMED_BY_LABEL.into(), run_uid.clone());
+    claimed_labels.insert("sandbox.iterion.io/claimed-attempt".into(), "1".into());
+    claimed_labels.insert("sandbox.iterion.io/run-uid".into(), run_uid.clone());
+    claimed_labels.insert("sandbox.iterion.io/pool-pod".into(), "lured-fake".into());
+    let claimed = look_alike(
+        "lured-fake",
+        claimed_labels,
+        ("SandboxRun", "lured", &run_uid),
+    );
+    for pod in [&unclaimed, &claimed] {
+        pods.create(&PostParams::default(), pod)
+            .await
+            .expect("a tenant's pod");
+    }
+    for name in ["agents-fake", "lured-fake"] {
+        eventually(&format!("{name} running"), CONVERGE, || {
+            let pods = pods.clone();
+            async move {
+                let s = pods.get(name).await.ok()?.status?;
+                (s.phase.as_deref() == Some("Running")).then_some(())
+            }
+        })
+        .await;
+    }
+    let op = operator(&ns.name, secret.path());
+    for run in ["lured", "plain"] {
+        let decided = warm_start(&runs, run, &op).await;
+        assert_eq!(decided.pod, None, "{run}: {decided:?}\n{}", op.log_text());
+        let why = decided.cold_reason.unwrap_or_default();
+        assert!(why.contains("no ready pod"), "{run}: {why}");
+    }
+    // Both look-alikes as the tenant made them: not relabelled, not deleted.
+    for (name, before) in [("agents-fake", &unclaimed), ("lured-fake", &claimed)] {
+        let now = pods.get(name).await.expect("the look-alike is still there");
+        assert!(now.metadata.deletion_timestamp.is_none(), "{name} deleted");
+        assert_eq!(now.labels(), before.labels(), "{name} relabelled");
+        assert_eq!(now.owner_references(), before.owner_references(), "{name}");
+    }
+    // Each run's own pod is drained; the look-alike never is the run's.
+    for run in ["lured", "plain"] {
+        run_then_finish(&runs, &pods, run, &op).await;
+        let done = wait_phase(&runs, run, Phase::Succeeded, &op).await;
+        let status = done.status.expect("status");
+        assert_ne!(status.pod_name.as_deref(), Some("lured-fake"), "{run}");
+        assert_ne!(status.pod_name.as_deref(), Some("agents-fake"), "{run}");
+    }
+}
