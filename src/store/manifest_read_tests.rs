@@ -101,7 +101,9 @@ async fn a_manifest_listing_more_than_a_drain_can_write_is_refused_as_it_is_pars
         .await
         .expect_err("more dropped records than a drain lists");
     assert!(
-        refused.to_string().contains("dropped or rejected records cost more"),
+        refused
+            .to_string()
+            .contains("dropped or rejected records cost more"),
         "{refused}"
     );
 }
