@@ -1000,13 +1000,25 @@ fn post_review(port: u16, path: &str, review: &Value) -> Value {
     })
 }
 
-/// The stamp a mutating answer writes, if any (its JSON patch, base64 in the review).
+/// The stamp a mutating answer writes, if any (from its JSON patch).
 fn stamp_in(answer: &Value) -> Option<String> {
     use base64::Engine;
-    let patch = answer["response"]["patch"].as_str()?;
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(patch)
-        .expect("base64");
+    // kube's AdmissionResponse writes the patch as a byte array; the apiserver's wire form is
+    // base64: read either.
+    let bytes = match &answer["response"]["patch"] {
+        Value::String(patch) => base64::engine::general_purpose::STANDARD
+            .decode(patch)
+            .expect("base64"),
+        Value::Array(bytes) => bytes
+            .iter()
+            .map(|b| {
+                b.as_u64()
+                    .and_then(|b| u8::try_from(b).ok())
+                    .expect("a byte")
+            })
+            .collect(),
+        _ => return None,
+    };
     let ops: Value = serde_json::from_slice(&bytes).expect("a JSON patch");
     let value = &ops[0]["value"];
     value
@@ -1105,7 +1117,8 @@ async fn a_review_made_up_by_a_caller_yields_no_stamp_for_a_held_run() {
         "/mutate-sandboxrun",
         &review("UPDATE", &next, Some(&stored)),
     );
-    let stamp = stamp_in(&real).expect("an UPDATE of the stored run is stamped");
+    let stamp =
+        stamp_in(&real).unwrap_or_else(|| panic!("an UPDATE of the stored run is stamped: {real}"));
     assert!(
         stamp.starts_with("v2.") && stamp.contains(".u2."),
         "{stamp}"
