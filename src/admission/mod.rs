@@ -12,6 +12,7 @@
 
 pub(crate) mod access;
 pub mod certs;
+pub(crate) mod client_auth;
 pub(crate) mod mutate;
 pub mod namespace_policy;
 pub mod platform_pull;

@@ -62,6 +62,9 @@ pub(crate) struct ServeConfig {
     pub(crate) shards: Option<u32>,
     /// The admission stamps' key (`super::stamp`); None: nothing is stamped.
     pub(crate) stamp_key: Option<super::stamp::StampKey>,
+    /// The CA whose client certificates alone may call the webhook (`run --webhook-client-ca`,
+    /// [`super::client_auth`]); None: any TLS client.
+    pub(crate) client_ca: Option<std::path::PathBuf>,
 }
 
 /// Why the webhook does not start (the operator stops at start).
@@ -86,7 +89,16 @@ pub enum ServeError {
     },
     /// The TLS configuration does not take them.
     #[error("TLS configuration: {0}")]
-    Tls(#[source] std::io::Error),
+    Tls(#[from] super::client_auth::TlsConfigError),
+    /// The client CA file cannot be read.
+    #[error("cannot read the webhook's client CA {path}: {source}")]
+    ClientCa {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The certificate files cannot be loaded.
     #[error("cannot load {crt} / {key}: {source}")]
     CertFiles {
@@ -135,34 +147,21 @@ pub(crate) async fn start(
     let tls = match config.cert_mode.as_str() {
         "self-managed" => {
             let bundle = ensure(config, &client).await?;
-            let tls = RustlsConfig::from_pem(
-                bundle.cert_pem.clone().into_bytes(),
-                bundle.key_pem.clone().into_bytes(),
-            )
-            .await
-            .map_err(ServeError::Tls)?;
+            let tls =
+                RustlsConfig::from_config(tls_config(config, &bundle.cert_pem, &bundle.key_pem)?);
             tokio::spawn(rotate_self_managed(config.clone(), client, tls.clone()));
             tls
         }
         "files" => {
-            let (crt, key) = (
-                config.cert_dir.join("tls.crt"),
-                config.cert_dir.join("tls.key"),
-            );
-            let tls = RustlsConfig::from_pem_file(&crt, &key)
-                .await
-                .map_err(|source| ServeError::CertFiles {
-                    crt: crt.display().to_string(),
-                    key: key.display().to_string(),
-                    source,
-                })?;
-            // cert-manager renews the files in place; pick them up.
-            let reload = tls.clone();
+            let tls = RustlsConfig::from_config(tls_from_files(config)?);
+            // cert-manager renews the files in place (and the client CA may rotate): pick them up.
+            let (reload, config) = (tls.clone(), config.clone());
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(Duration::from_secs(300)).await;
-                    if let Err(e) = reload.reload_from_pem_file(&crt, &key).await {
-                        warn!(error = %e, "cannot reload webhook certificate files");
+                    match tls_from_files(&config) {
+                        Ok(fresh) => reload.reload_from_config(fresh),
+                        Err(e) => warn!(error = %e, "cannot reload webhook certificate files"),
                     }
                 }
             });
@@ -183,6 +182,43 @@ pub(crate) async fn start(
         .listening()
         .await
         .ok_or(ServeError::NotListening(addr))
+}
+
+/// The listener's TLS configuration: this serving certificate and key, and the client CA of
+/// `--webhook-client-ca` when set (read again each time, so a rotated CA is picked up).
+fn tls_config(
+    config: &ServeConfig,
+    cert_pem: &str,
+    key_pem: &str,
+) -> Result<Arc<rustls::ServerConfig>, ServeError> {
+    let ca = match &config.client_ca {
+        None => None,
+        Some(path) => Some(std::fs::read(path).map_err(|source| ServeError::ClientCa {
+            path: path.display().to_string(),
+            source,
+        })?),
+    };
+    Ok(super::client_auth::server_config(
+        cert_pem.as_bytes(),
+        key_pem.as_bytes(),
+        ca.as_deref(),
+    )?)
+}
+
+/// [`tls_config`] of the certificate files in `--webhook-cert-dir` (mode `files`).
+fn tls_from_files(config: &ServeConfig) -> Result<Arc<rustls::ServerConfig>, ServeError> {
+    let (crt, key) = (
+        config.cert_dir.join("tls.crt"),
+        config.cert_dir.join("tls.key"),
+    );
+    let read = |path: &std::path::Path| {
+        std::fs::read_to_string(path).map_err(|source| ServeError::CertFiles {
+            crt: crt.display().to_string(),
+            key: key.display().to_string(),
+            source,
+        })
+    };
+    tls_config(config, &read(&crt)?, &read(&key)?)
 }
 
 async fn ensure(r: &ServeConfig, client: &Client) -> Result<CertBundle, ServeError> {
@@ -220,16 +256,13 @@ async fn rotate_self_managed(r: ServeConfig, client: Client, tls: RustlsConfig) 
     loop {
         tokio::time::sleep(ROTATION_CHECK).await;
         match ensure(&r, &client).await {
-            Ok(b) => {
-                if let Err(e) = tls
-                    .reload_from_pem(b.cert_pem.into_bytes(), b.key_pem.into_bytes())
-                    .await
-                {
-                    warn!(error = %e, "cannot reload the webhook certificate");
-                } else {
+            Ok(b) => match tls_config(&r, &b.cert_pem, &b.key_pem) {
+                Ok(fresh) => {
+                    tls.reload_from_config(fresh);
                     debug!("webhook certificate checked");
                 }
-            }
+                Err(e) => warn!(error = %e, "cannot reload the webhook certificate"),
+            },
             Err(e) => warn!(error = %e, "webhook certificate rotation failed; retrying later"),
         }
     }

@@ -11,6 +11,14 @@
 //! run's creation (less [`SKEW_SECONDS`]): a client cannot forge one, a stamp copied from another run
 //! names another run or spec, and one kept from a deleted run of the same name is older than
 //! the new run. Pure: the key is an argument.
+//!
+//! A stamp also binds the request that wrote the spec (issue #51 item 3): a CREATE's stamp
+//! vouches only for the run's first generation and only when it was issued at its creation
+//! (within [`SKEW_SECONDS`] either side), an UPDATE's only for the stored run it updated (its
+//! uid) at the generation that update gives it. So a stamp obtained for a run that already
+//! exists — a forged review for a run held `RightsUnverified`, then written on it by a
+//! metadata-only update — is refused: a CREATE stamp comes too late, and an UPDATE stamp names
+//! a generation the run only reaches through a spec change, which the webhook judges again.
 
 use ring::hmac;
 use sha2::{Digest, Sha256};
@@ -26,7 +34,10 @@ pub(crate) const STAMP_ANNOTATION: &str = "sandbox.iterion.io/admitted-rights";
 pub(crate) const SKEW_SECONDS: i64 = 120;
 
 /// The version prefix of a stamp's value.
-const VERSION: &str = "v1";
+const VERSION: &str = "v2";
+/// The version of the stamps an older operator wrote (namespace, name, spec and time, no
+/// request): still read, as a CREATE's stamp.
+const VERSION_1: &str = "v1";
 
 /// The key stamps are made and checked with (32 random bytes in a Secret of the operator's
 /// namespace, shared by its replicas).
@@ -69,12 +80,43 @@ pub(crate) struct Subject<'a> {
     pub spec: &'a SandboxRunSpec,
 }
 
-/// The bytes the HMAC covers.
-fn message(subject: &Subject<'_>, issued: i64) -> Vec<u8> {
+/// The request a stamp was issued in: what, besides the run and its spec, it binds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Binding<'a> {
+    /// The run's CREATE: its first generation, at its creation.
+    Create,
+    /// An UPDATE of the stored run `uid` that gives its spec generation `generation`.
+    Update {
+        /// The stored run's uid.
+        uid: &'a str,
+        /// The generation the update makes (the stored one + 1).
+        generation: i64,
+    },
+}
+
+impl Binding<'_> {
+    /// How the binding is written in the stamp's value (the uid is not: the run carries it).
+    fn token(&self) -> String {
+        match self {
+            Binding::Create => "c".to_string(),
+            Binding::Update { generation, .. } => format!("u{generation}"),
+        }
+    }
+}
+
+/// The bytes the HMAC covers. `binding` None: an older operator's `v1` stamp.
+fn message(subject: &Subject<'_>, binding: Option<Binding<'_>>, issued: i64) -> Vec<u8> {
     let spec = serde_json::to_vec(subject.spec).unwrap_or_default();
     let digest = Sha256::digest(&spec);
+    let (version, request) = match binding {
+        None => (VERSION_1, String::new()),
+        Some(Binding::Create) => (VERSION, "create\n".to_string()),
+        Some(Binding::Update { uid, generation }) => {
+            (VERSION, format!("update\n{uid}\n{generation}\n"))
+        }
+    };
     let mut out = format!(
-        "{VERSION}\n{}\n{}\n{issued}\n",
+        "{version}\n{}\n{}\n{issued}\n{request}",
         subject.namespace, subject.name
     )
     .into_bytes();
@@ -82,10 +124,31 @@ fn message(subject: &Subject<'_>, issued: i64) -> Vec<u8> {
     out
 }
 
-/// The stamp of `subject`, issued at `issued` (Unix seconds): `v1.<issued>.<hex HMAC>`.
-pub(crate) fn issue(key: &StampKey, subject: &Subject<'_>, issued: i64) -> String {
-    let tag = hmac::sign(&key.0, &message(subject, issued));
-    format!("{VERSION}.{issued}.{}", hex::encode(tag.as_ref()))
+/// The stamp of `subject`, issued at `issued` (Unix seconds) in the request `binding`:
+/// `v2.<issued>.<c|u<generation>>.<hex HMAC>`.
+pub(crate) fn issue(
+    key: &StampKey,
+    subject: &Subject<'_>,
+    binding: Binding<'_>,
+    issued: i64,
+) -> String {
+    let tag = hmac::sign(&key.0, &message(subject, Some(binding), issued));
+    format!(
+        "{VERSION}.{issued}.{}.{}",
+        binding.token(),
+        hex::encode(tag.as_ref())
+    )
+}
+
+/// What the controller knows of the run a stamp is checked for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RunFacts<'a> {
+    /// `metadata.creationTimestamp` (Unix seconds).
+    pub created: i64,
+    /// `metadata.uid`.
+    pub uid: &'a str,
+    /// `metadata.generation` (the apiserver sets it: 1 at creation, + 1 per spec change).
+    pub generation: i64,
 }
 
 /// Why a run's stamp does not vouch for it.
@@ -103,39 +166,87 @@ pub(crate) enum Unverified {
     /// Issued before the run existed: kept from an earlier run of the same name.
     #[error("the {STAMP_ANNOTATION} stamp was issued before this run was created")]
     Stale,
+    /// A CREATE's stamp issued well after the run was created: not in its creation's request.
+    #[error("the {STAMP_ANNOTATION} stamp was issued after this run was created, not by the request that created it")]
+    Late,
+    /// Issued for another generation of the spec than the run's: not by the request that wrote
+    /// this spec.
+    #[error("the {STAMP_ANNOTATION} stamp was issued for another generation of this run's spec, not by the request that wrote it")]
+    Generation,
 }
 
-/// Checks `value` (the run's [`STAMP_ANNOTATION`]) for `subject`, a run created at `created`
-/// (Unix seconds). `generate_name`: the run's `metadata.generateName`, whose stamp may name that
-/// prefix instead of the name.
+/// A stamp's value, read: when it was issued, the request it names (None: `v1`), its tag.
+fn parse(value: &str) -> Result<(i64, Option<BindingToken>, Vec<u8>), Unverified> {
+    let parts: Vec<&str> = value.split('.').collect();
+    let (issued, binding, tag) = match parts[..] {
+        [VERSION_1, issued, tag] => (issued, None, tag),
+        [VERSION, issued, binding, tag] => {
+            let binding = match binding.strip_prefix('u') {
+                None if binding == "c" => BindingToken::Create,
+                Some(generation) => {
+                    BindingToken::Update(generation.parse().map_err(|_| Unverified::Malformed)?)
+                }
+                None => return Err(Unverified::Malformed),
+            };
+            (issued, Some(binding), tag)
+        }
+        _ => return Err(Unverified::Malformed),
+    };
+    let issued: i64 = issued.parse().map_err(|_| Unverified::Malformed)?;
+    let tag = hex::decode(tag).map_err(|_| Unverified::Malformed)?;
+    Ok((issued, binding, tag))
+}
+
+/// The request a stamp's value names.
+#[derive(Clone, Copy, Debug)]
+enum BindingToken {
+    Create,
+    Update(i64),
+}
+
+/// Checks `value` (the run's [`STAMP_ANNOTATION`]) for `subject`, the run `run`.
+/// `generate_name`: the run's `metadata.generateName`, whose stamp may name that prefix instead
+/// of the name. A CREATE's stamp (and an older operator's `v1` one) vouches for generation 1
+/// only, issued within [`SKEW_SECONDS`] of the creation; an UPDATE's for the generation it names
+/// of the run whose uid it names, issued no earlier than the creation.
 pub(crate) fn verify(
     key: &StampKey,
     value: Option<&str>,
     subject: &Subject<'_>,
     generate_name: Option<&str>,
-    created: i64,
+    run: RunFacts<'_>,
 ) -> Result<(), Unverified> {
-    let value = value.ok_or(Unverified::Missing)?;
-    let mut parts = value.splitn(3, '.');
-    let (Some(VERSION), Some(issued), Some(tag)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return Err(Unverified::Malformed);
-    };
-    let issued: i64 = issued.parse().map_err(|_| Unverified::Malformed)?;
-    let tag = hex::decode(tag).map_err(|_| Unverified::Malformed)?;
+    let (issued, token, tag) = parse(value.ok_or(Unverified::Missing)?)?;
+    let binding = token.map(|t| match t {
+        BindingToken::Create => Binding::Create,
+        BindingToken::Update(generation) => Binding::Update {
+            uid: run.uid,
+            generation,
+        },
+    });
     let prefixed = generate_name.map(|g| format!("generateName:{g}"));
     let names = std::iter::once(subject.name).chain(prefixed.as_deref());
     let matches = names.into_iter().any(|name| {
         let bound = Subject { name, ..*subject };
-        hmac::verify(&key.0, &message(&bound, issued), &tag).is_ok()
+        hmac::verify(&key.0, &message(&bound, binding, issued), &tag).is_ok()
     });
     if !matches {
         return Err(Unverified::Mismatch);
     }
-    if issued < created.saturating_sub(SKEW_SECONDS) {
+    if issued < run.created.saturating_sub(SKEW_SECONDS) {
         return Err(Unverified::Stale);
     }
-    Ok(())
+    match binding {
+        Some(Binding::Update { generation, .. }) if generation != run.generation => {
+            Err(Unverified::Generation)
+        }
+        Some(Binding::Update { .. }) => Ok(()),
+        None | Some(Binding::Create) if run.generation != 1 => Err(Unverified::Generation),
+        None | Some(Binding::Create) if issued > run.created.saturating_add(SKEW_SECONDS) => {
+            Err(Unverified::Late)
+        }
+        None | Some(Binding::Create) => Ok(()),
+    }
 }
 
 /// The name a stamp binds for a request: the run's name, or `generateName:<prefix>` when the
@@ -192,10 +303,15 @@ pub(crate) fn unverified_rights(
                 name: meta.name.as_deref().unwrap_or_default(),
                 spec: &run.spec,
             };
-            let created = meta
-                .creation_timestamp
-                .as_ref()
-                .map_or(0, |t| t.0.as_second());
+            let facts = RunFacts {
+                created: meta
+                    .creation_timestamp
+                    .as_ref()
+                    .map_or(0, |t| t.0.as_second()),
+                uid: meta.uid.as_deref().unwrap_or_default(),
+                // The apiserver always sets it; a run without one is treated as just created.
+                generation: meta.generation.unwrap_or(1),
+            };
             let value = meta
                 .annotations
                 .as_ref()
@@ -206,7 +322,7 @@ pub(crate) fn unverified_rights(
                 value.map(String::as_str),
                 &subject,
                 generate_name,
-                created,
+                facts,
             )
             .err()?
             .to_string()
@@ -255,9 +371,14 @@ mod tests {
             spec: &admitted,
         };
         let created = 1_800_000_000;
-        let stamp = issue(&key, &subject, created - 1);
+        let stamp = issue(&key, &subject, Binding::Create, created - 1);
         let check = |value: Option<&str>, subject: &Subject<'_>, created: i64| {
-            verify(&key, value, subject, None, created)
+            let run = RunFacts {
+                created,
+                uid: "u-1",
+                generation: 1,
+            };
+            verify(&key, value, subject, None, run)
         };
         assert_eq!(check(Some(&stamp), &subject, created), Ok(()));
         assert_eq!(check(None, &subject, created), Err(Unverified::Missing));
@@ -266,7 +387,7 @@ mod tests {
             Err(Unverified::Malformed)
         );
         // Another key (a forger's), another run, another namespace, another command.
-        let forged = issue(&StampKey::new(b"guess"), &subject, created);
+        let forged = issue(&StampKey::new(b"guess"), &subject, Binding::Create, created);
         assert_eq!(
             check(Some(&forged), &subject, created),
             Err(Unverified::Mismatch)
@@ -314,21 +435,90 @@ mod tests {
                 name: &at_admission,
                 spec: &admitted,
             },
+            Binding::Create,
             100,
         );
+        let run = RunFacts {
+            created: 100,
+            uid: "u-1",
+            generation: 1,
+        };
         let named = Subject {
             namespace: "ns",
             name: "job-x7k2p",
             spec: &admitted,
         };
         assert_eq!(
-            verify(&key, Some(&stamp), &named, Some("job-"), 100),
+            verify(&key, Some(&stamp), &named, Some("job-"), run),
             Ok(())
         );
         assert_eq!(
-            verify(&key, Some(&stamp), &named, Some("other-"), 100),
+            verify(&key, Some(&stamp), &named, Some("other-"), run),
             Err(Unverified::Mismatch)
         );
         assert_eq!(bound_name("named", Some("job-")), "named");
+    }
+
+    /// Issue #51 item 3: anyone who reached the webhook could POST a review for a run already
+    /// held `RightsUnverified` and write the stamp it got on the run by a metadata-only update.
+    /// A CREATE's stamp obtained after the run was created, and an UPDATE's stamp for the
+    /// generation the run already has (or for another run's uid), vouch for nothing; the stamp
+    /// of the request that really wrote the spec still does.
+    #[test]
+    fn a_stamp_obtained_for_a_run_that_already_exists_vouches_for_nothing() {
+        let key = StampKey::new(b"0123456789abcdef0123456789abcdef");
+        let admitted = spec("cat /secret/*");
+        let subject = Subject {
+            namespace: "team-a",
+            name: "held",
+            spec: &admitted,
+        };
+        let created = 1_800_000_000;
+        let held = RunFacts {
+            created,
+            uid: "u-held",
+            generation: 1,
+        };
+        let check = |stamp: &str, run: RunFacts<'_>| verify(&key, Some(stamp), &subject, None, run);
+        // Stamped by its CREATE: vouches.
+        let at_creation = issue(&key, &subject, Binding::Create, created - 1);
+        assert_eq!(check(&at_creation, held), Ok(()));
+        // A forged CREATE review an hour after the run was created.
+        let forged_create = issue(&key, &subject, Binding::Create, created + 3_600);
+        assert_eq!(check(&forged_create, held), Err(Unverified::Late));
+        // A CREATE's stamp never vouches for a later generation of the spec.
+        let updated = RunFacts {
+            generation: 2,
+            ..held
+        };
+        assert_eq!(check(&at_creation, updated), Err(Unverified::Generation));
+        // A forged UPDATE review claiming the run's current generation as the one it makes.
+        let forged_update = issue(
+            &key,
+            &subject,
+            Binding::Update {
+                uid: "u-held",
+                generation: 1,
+            },
+            created + 3_600,
+        );
+        assert_eq!(check(&forged_update, updated), Err(Unverified::Generation));
+        // The stamp of the real UPDATE that made generation 2 of this run vouches for it, not
+        // for a run of the same name with another uid.
+        let real_update = issue(
+            &key,
+            &subject,
+            Binding::Update {
+                uid: "u-held",
+                generation: 2,
+            },
+            created + 60,
+        );
+        assert_eq!(check(&real_update, updated), Ok(()));
+        let recreated = RunFacts {
+            uid: "u-other",
+            ..updated
+        };
+        assert_eq!(check(&real_update, recreated), Err(Unverified::Mismatch));
     }
 }

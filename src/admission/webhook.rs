@@ -179,13 +179,18 @@ async fn mutate(State(state): State<Arc<WebhookState>>, body: Bytes) -> impl Int
         .object
         .as_ref()
         .and_then(|o| typed_specs(spec_value(o), old.map(spec_value)));
+    let stored = if response.allowed {
+        stored_run(&state, &request).await
+    } else {
+        super::mutate::StoredRun::Unknown
+    };
     let patch = typed.and_then(|(new, old_spec)| {
         let specs = super::mutate::Specs {
             new: &new,
             old: old_spec.as_ref(),
             pod_exists: old.is_some_and(pod_exists),
         };
-        super::mutate::stamp_patch(stamping, &request, specs, issued)
+        super::mutate::mutation(stamping, &request, specs, &stored, issued)
     });
     let response = match (response.allowed, patch) {
         (true, Some(patch)) => match response.clone().with_patch(patch) {
@@ -199,6 +204,34 @@ async fn mutate(State(state): State<Arc<WebhookState>>, body: Bytes) -> impl Int
     };
     debug!(uid = %request.uid, name = %request.name, verdict, "admission review (mutating)");
     (StatusCode::OK, Json(response.into_review()))
+}
+
+/// The run a review names, as the apiserver stores it: what tells the apiserver's real request
+/// from a review made up by whoever reached the webhook ([`super::mutate::StoredRun`]).
+async fn stored_run(
+    state: &WebhookState,
+    req: &AdmissionRequest<DynamicObject>,
+) -> super::mutate::StoredRun {
+    use super::mutate::StoredRun;
+    let (Some(client), Some(namespace)) = (state.client.as_ref(), req.namespace.as_deref()) else {
+        return StoredRun::Unknown;
+    };
+    if req.name.is_empty() {
+        return StoredRun::Unknown;
+    }
+    let runs: Api<crate::api::SandboxRun> = Api::namespaced(client.clone(), namespace);
+    match runs.get_metadata_opt(&req.name).await {
+        Ok(None) => StoredRun::Absent,
+        Ok(Some(meta)) => StoredRun::Present {
+            uid: meta.metadata.uid,
+            resource_version: meta.metadata.resource_version,
+            generation: meta.metadata.generation,
+        },
+        Err(e) => {
+            warn!(error = %e, name = %req.name, "cannot read the stored run; the run is not stamped");
+            StoredRun::Unknown
+        }
+    }
 }
 
 fn operation_label(op: &Operation) -> &'static str {

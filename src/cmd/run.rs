@@ -211,6 +211,13 @@ pub(crate) struct RunArgs {
         default_value = "/tmp/k8s-webhook-server/serving-certs"
     )]
     pub(crate) webhook_cert_dir: PathBuf,
+    /// PEM file of the CA whose client certificates alone may call the webhook (the one the
+    /// apiserver presents to webhooks, configured in its `--admission-control-config-file`): a
+    /// caller without such a certificate never gets past the TLS handshake. Unset: any TLS
+    /// client is served, and only a NetworkPolicy keeps pods from making up reviews
+    /// (docs/contract.md "The webhook answers only the apiserver").
+    #[arg(long, env = "SANDBOXRUN_WEBHOOK_CLIENT_CA")]
+    pub(crate) webhook_client_ca: Option<PathBuf>,
     /// Secret (in --pod-namespace) holding the self-managed CA and serving cert.
     #[arg(
         long,

@@ -193,3 +193,24 @@ impl DrainErrorKind {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The bounds a manifest is read within (`crate::store::manifest_read`) are what a drain
+    /// lists at most: if these ever diverge, the operator would refuse its own manifests.
+    #[test]
+    fn the_manifest_bounds_are_the_drains() {
+        use crate::store::manifest_read::{LISTED_RECORD_BYTES, RECORD_OVERHEAD};
+        assert_eq!(LISTED_RECORD_BYTES, MAX_LISTED_RECORD_BYTES);
+        assert_eq!(RECORD_OVERHEAD, RECORD_OVERHEAD_BYTES);
+        // A rejected path is cut at 1 KiB, and an extension body (a link target, a note) at
+        // 64 KiB: every string a manifest holds fits the string bound, escaped.
+        const {
+            use crate::store::manifest_read::MAX_JSON_STRING_BYTES;
+            assert!(MAX_REJECTED_PATH_BYTES as u64 * 6 <= MAX_JSON_STRING_BYTES);
+            assert!(MAX_EXTENSION_BODY_BYTES * 6 <= MAX_JSON_STRING_BYTES);
+        }
+    }
+}

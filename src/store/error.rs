@@ -75,6 +75,15 @@ pub enum StoreError {
         /// The bound.
         max: u64,
     },
+    /// A manifest whose read stopped before it parsed: a JSON string longer than any the
+    /// operator writes ([`super::manifest_read`]), the read cut off.
+    #[error("manifest {key}: {why}")]
+    ManifestRead {
+        /// The key.
+        key: String,
+        /// Why.
+        why: String,
+    },
     /// A manifest that does not parse.
     #[error("manifest {key} is not valid: {source}")]
     ManifestJson {

@@ -11,6 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::error::StoreError;
 use super::keys::{run_prefix, ObjectKeys, RunRef, MANIFEST_SUFFIX};
+use super::manifest_read;
 use crate::api::{Compression, ReadBackPhase};
 use crate::tar::sanitize::{MemberKind, Reason};
 
@@ -94,12 +95,16 @@ pub struct Manifest {
     pub phase: ReadBackPhase,
     /// Totals.
     pub totals: Totals,
-    /// Stored members, in archive order.
+    /// Stored members, in archive order (read within the metadata allowance:
+    /// [`super::manifest_read`]).
+    #[serde(deserialize_with = "super::manifest_read::within_metadata")]
     pub members: Vec<MemberRecord>,
     /// Files dropped by the cap: by the drain's meter, or by the packer in the pod (`inPod`, only
     /// a placeholder crossed the wire), or because the stream reached the input bound.
+    #[serde(deserialize_with = "super::manifest_read::within_listed")]
     pub dropped: Vec<DroppedRecord>,
     /// Entries rejected by the sanitizer, with reasons.
+    #[serde(deserialize_with = "super::manifest_read::within_listed")]
     pub rejected: Vec<RejectedRecord>,
     /// Set (to the bound, in bytes) when the drain stopped reading the stream at its input bound:
     /// the members listed are the ones read before that point, the rest was never seen.
@@ -108,13 +113,21 @@ pub struct Manifest {
     /// What the packer in the pod reported on stderr: files it could not read, special files it
     /// skipped, files that changed size while read. Never silent (docs/contract.md §3: an unreadable
     /// file is recorded as such, never silently skipped).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "super::manifest_read::within_notes"
+    )]
     pub pod_notes: Vec<String>,
     /// Stored files that changed while the packer read them (docs/contract.md, "A changed file is
     /// never stored as a clean one"): their member is zero-padded (`shrunk`, `read_error`) or cut
     /// at the stat size (`grew`), and its sha256 covers that. The first ones the packer listed;
     /// `totals.changedMembers` counts them all.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "super::manifest_read::within_notes"
+    )]
     pub changed: Vec<ChangedRecord>,
     /// The run's attempt whose files these are (`spec.retryPolicy`; docs/user-guide.md
     /// "Retries"): absent for the first attempt, so manifests written before retries read as it.
@@ -368,20 +381,62 @@ async fn read_manifest_within(
     if got.meta.size > max {
         return Err(too_large(got.meta.size));
     }
-    let mut body = Vec::with_capacity(usize::try_from(got.meta.size).unwrap_or(0));
-    let mut chunks = got.into_stream();
-    while let Some(chunk) = chunks.next().await {
-        let chunk = chunk.map_err(object_error)?;
-        let read = (body.len() + chunk.len()) as u64;
-        if read > max {
-            return Err(too_large(read));
-        }
-        body.extend_from_slice(&chunk);
+    // Parsed as it streams in, never held whole, within the bounds of `super::manifest_read`.
+    let stream = got
+        .into_stream()
+        .map(|chunk| chunk.map_err(std::io::Error::other));
+    let reader = tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream));
+    let parsed = tokio::task::spawn_blocking(move || {
+        serde_json::from_reader::<_, Manifest>(super::manifest_read::Bounded::new(reader, max))
+    })
+    .await
+    .map_err(|e| StoreError::ManifestRead {
+        key: key.to_string(),
+        why: e.to_string(),
+    })?;
+    parsed.map_err(|source| manifest_error(key, max, source))
+}
+
+/// The store error of a manifest read that failed in the parser: a bound it crossed, the
+/// store's own error mid-stream, or JSON that is no manifest.
+fn manifest_error(key: &Path, max: u64, source: serde_json::Error) -> StoreError {
+    use super::manifest_read::ReadBound;
+    if source.is_io() {
+        let io = std::io::Error::from(source);
+        let kind = io.kind();
+        return match io.into_inner().map(|inner| inner.downcast::<ReadBound>()) {
+            Some(Ok(bound)) => match *bound {
+                ReadBound::TooLarge(max) => StoreError::ManifestTooLarge {
+                    key: key.to_string(),
+                    size: max.saturating_add(1),
+                    max,
+                },
+                ReadBound::LongString => StoreError::ManifestRead {
+                    key: key.to_string(),
+                    why: bound.to_string(),
+                },
+            },
+            Some(Err(inner)) => match inner.downcast::<object_store::Error>() {
+                Ok(e) => StoreError::Object {
+                    op: "reading manifest",
+                    key: key.to_string(),
+                    source: *e,
+                },
+                Err(other) => StoreError::ManifestRead {
+                    key: key.to_string(),
+                    why: format!("{kind}: {other}"),
+                },
+            },
+            None => StoreError::ManifestRead {
+                key: key.to_string(),
+                why: format!("{kind} (of at most {max} bytes)"),
+            },
+        };
     }
-    serde_json::from_slice(&body).map_err(|source| StoreError::ManifestJson {
+    StoreError::ManifestJson {
         key: key.to_string(),
         source,
-    })
+    }
 }
 
 /// Reads a manifest if there is one.
@@ -533,6 +588,35 @@ pub struct DrainOutcome {
     /// manifest keeps what is decided from it.
     #[serde(skip)]
     pub in_band_notes: Option<crate::tar::notes::InBandNotes>,
+}
+
+// What each record costs while a manifest is read (docs/contract.md "Drain memory"): the drain's
+// own charges, so every manifest it writes reads back.
+impl manifest_read::Costed for MemberRecord {
+    /// The drain's metadata charge ([`crate::caps::metadata_cost`]), and a hash longer than a SHA-256.
+    fn cost(&self) -> u64 {
+        let sha = self.sha256.as_ref().map_or(0, |s| s.len() as u64);
+        crate::caps::metadata_cost(&self.path, self.link_target.as_deref())
+            .saturating_add(sha.saturating_sub(manifest_read::SHA256_HEX))
+    }
+}
+
+impl manifest_read::Costed for DroppedRecord {
+    fn cost(&self) -> u64 {
+        manifest_read::record_cost(&self.path, &self.reason, 32)
+    }
+}
+
+impl manifest_read::Costed for RejectedRecord {
+    fn cost(&self) -> u64 {
+        manifest_read::record_cost(&self.path, &self.entry_type, 8)
+    }
+}
+
+impl manifest_read::Costed for ChangedRecord {
+    fn cost(&self) -> u64 {
+        manifest_read::record_cost(&self.path, &self.reason, 32)
+    }
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -26,6 +26,9 @@ pub mod credentials;
 pub(crate) mod error;
 pub(crate) mod keys;
 pub(crate) mod manifest;
+pub(crate) mod manifest_read;
+#[cfg(test)]
+mod manifest_read_tests;
 pub mod open_uploads;
 pub(crate) mod purge;
 pub mod tenant;

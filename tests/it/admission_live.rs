@@ -970,6 +970,186 @@ async fn a_run_whose_authors_rights_no_admission_verified_gets_no_pod() {
     );
 }
 
+/// POSTs `review` to the operator's webhook at `path` as any caller that reaches its port would
+/// (a pod, say): `curl`, trusting any certificate. The AdmissionReview it answers.
+fn post_review(port: u16, path: &str, review: &Value) -> Value {
+    let mut child = Command::new("curl")
+        .args(["-sSk", "-X", "POST", "-H", "Content-Type: application/json"])
+        .args([
+            "--data-binary",
+            "@-",
+            &format!("https://127.0.0.1:{port}{path}"),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("curl");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin
+            .write_all(review.to_string().as_bytes())
+            .expect("write the review");
+    }
+    let out = child.wait_with_output().expect("curl ran");
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "not an AdmissionReview ({e}): {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })
+}
+
+/// The stamp a mutating answer writes, if any (from its JSON patch).
+fn stamp_in(answer: &Value) -> Option<String> {
+    use base64::Engine;
+    // kube's AdmissionResponse writes the patch as a byte array; the apiserver's wire form is
+    // base64: read either.
+    let bytes = match &answer["response"]["patch"] {
+        Value::String(patch) => base64::engine::general_purpose::STANDARD
+            .decode(patch)
+            .expect("base64"),
+        Value::Array(bytes) => bytes
+            .iter()
+            .map(|b| {
+                b.as_u64()
+                    .and_then(|b| u8::try_from(b).ok())
+                    .expect("a byte")
+            })
+            .collect(),
+        _ => return None,
+    };
+    let ops: Value = serde_json::from_slice(&bytes).expect("a JSON patch");
+    let value = &ops[0]["value"];
+    value
+        .as_str()
+        .or_else(|| value["sandbox.iterion.io/admitted-rights"].as_str())
+        .map(str::to_string)
+}
+
+/// Issue #51 item 3 (docs/contract.md "A run uses only its author's rights"): any caller that
+/// reached the webhook's port could POST a review it made up — a CREATE of a run already held
+/// `RightsUnverified`, as the cluster's admin — get a stamp, and write it on the held run with a
+/// metadata-only patch: the run got its pod. Through the live operator: a made-up CREATE of the
+/// existing run and a made-up UPDATE claiming the generation before are not stamped; the shape
+/// of a real UPDATE is, but its stamp names a generation the run does not have, and written on
+/// the run by a metadata patch it vouches for nothing: still held, no pod. On the old code the
+/// made-up CREATE came back stamped and the run got its pod.
+#[tokio::test]
+async fn a_review_made_up_by_a_caller_yields_no_stamp_for_a_held_run() {
+    use k8s_openapi::api::core::v1::Pod;
+    let live =
+        LiveWebhook::start_with("live-forge", true, &["--unadmitted-references", "hold"]).await;
+    let ns = live.ns.name.clone();
+    let runs = live.runs();
+    let pods: Api<Pod> = Api::namespaced(live.client.clone(), &ns);
+    let held_run = run_from(json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRun",
+        "metadata": {"name": "held"},
+        "spec": {
+            "image": DIGEST_IMAGE, "user": "1000", "command": ["sleep", "3600"],
+            "mounts": [{"name": "db", "type": "secret", "source": "db", "target": "/db", "readOnly": true}],
+        },
+    }));
+    runs.create(&PostParams::default(), &held_run)
+        .await
+        .expect("create (the validating half alone)");
+    let reason = |runs: Api<SandboxRun>| async move {
+        let r = runs.get("held").await.ok()?;
+        let status = r.status?;
+        let ready = status.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+        Some((ready.reason, status.message.unwrap_or_default()))
+    };
+    live.wait("the run held RightsUnverified", || {
+        let runs = runs.clone();
+        async move { reason(runs).await.filter(|(r, _)| r == "RightsUnverified") }
+    })
+    .await;
+    let stored = serde_json::to_value(runs.get("held").await.expect("get")).expect("json");
+    let review = |operation: &str, object: &Value, old: Option<&Value>| {
+        json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "made-up",
+                "kind": {"group": "sandbox.iterion.io", "version": "v1alpha1", "kind": "SandboxRun"},
+                "resource": {"group": "sandbox.iterion.io", "version": "v1alpha1", "resource": "sandboxruns"},
+                "name": "held",
+                "namespace": ns,
+                "operation": operation,
+                "userInfo": {"username": "kubernetes-admin", "groups": ["system:masters", "system:authenticated"]},
+                "object": object,
+                "oldObject": old,
+                "dryRun": false,
+            }
+        })
+    };
+    let create = post_review(
+        live.port,
+        "/mutate-sandboxrun",
+        &review("CREATE", &stored, None),
+    );
+    assert_eq!(create["response"]["allowed"], true, "{create}");
+    assert_eq!(
+        stamp_in(&create),
+        None,
+        "a made-up CREATE of an existing run: {create}"
+    );
+    let mut before = stored.clone();
+    before["metadata"]["generation"] = json!(0);
+    before["spec"]["command"] = json!(["true"]);
+    let update = post_review(
+        live.port,
+        "/mutate-sandboxrun",
+        &review("UPDATE", &stored, Some(&before)),
+    );
+    assert_eq!(
+        stamp_in(&update),
+        None,
+        "a made-up UPDATE of the generation before: {update}"
+    );
+    // The shape of a real UPDATE of the stored run is stamped — for the generation it would make.
+    let mut next = stored.clone();
+    next["spec"]["command"] = json!(["sleep", "3601"]);
+    let real = post_review(
+        live.port,
+        "/mutate-sandboxrun",
+        &review("UPDATE", &next, Some(&stored)),
+    );
+    let stamp =
+        stamp_in(&real).unwrap_or_else(|| panic!("an UPDATE of the stored run is stamped: {real}"));
+    assert!(
+        stamp.starts_with("v2.") && stamp.contains(".u2."),
+        "{stamp}"
+    );
+    // Written on the run by a metadata-only patch (no mutating half registered to put it back):
+    // it names generation 2 and another spec; the run is generation 1. Still held.
+    runs.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(
+            &json!({"metadata": {"annotations": {"sandbox.iterion.io/admitted-rights": stamp}}}),
+        ),
+    )
+    .await
+    .expect("a metadata-only patch");
+    live.wait("the controller to judge the written stamp", || {
+        let runs = runs.clone();
+        async move {
+            reason(runs)
+                .await
+                .filter(|(r, m)| r == "RightsUnverified" && m.contains("admitted-rights stamp"))
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        pods.get_opt("held-sbr").await.expect("get").is_none(),
+        "no pod for a stamp the run's own request did not get"
+    );
+}
+
 /// Issue 29 item 1 (docs/contract.md "A store per namespace"): a run that names a store
 /// (`spec.readBack.storeRef`) needs its author to read that ConfigMap and the Secret it names,
 /// through the live webhook, as impersonated users. carol may read the ConfigMap but not its

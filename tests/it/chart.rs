@@ -1703,6 +1703,88 @@ fn the_webhook_port_is_open_to_the_apiserver_only() {
     );
 }
 
+/// Issue #51 item 3 (docs/contract.md "The webhook answers only the apiserver"): without the full
+/// `networkPolicy`, the old chart rendered no NetworkPolicy at all, so any pod could reach the
+/// webhook's port and make up admission reviews. By default a policy fences the operator pod's
+/// ingress — the webhook's port from the apiserver's CIDRs when set, metrics, nothing else — and
+/// `webhook.clientCA` makes the webhook require the apiserver's client certificate.
+#[test]
+fn the_webhooks_port_is_fenced_by_default_and_a_client_ca_is_wired() {
+    let render = |extra: &[&str]| -> Vec<serde_yaml::Value> {
+        let mut args = vec!["template", "demo", CHART];
+        args.extend_from_slice(extra);
+        yaml_docs(&ok(helm(&args), None))
+    };
+    let fence = |docs: &[serde_yaml::Value]| {
+        docs.iter()
+            .find(|d| {
+                d["kind"].as_str() == Some("NetworkPolicy")
+                    && d["metadata"]["labels"]["app.kubernetes.io/component"].as_str()
+                        == Some("webhook")
+            })
+            .cloned()
+    };
+    let default = fence(&render(&[])).expect("a NetworkPolicy fencing the webhook by default");
+    assert_eq!(default["spec"]["policyTypes"][0].as_str(), Some("Ingress"));
+    assert!(
+        default["spec"]["policyTypes"][1].is_null(),
+        "egress left alone"
+    );
+    let ports: Vec<u64> = default["spec"]["ingress"]
+        .as_sequence()
+        .expect("ingress rules")
+        .iter()
+        .filter_map(|r| r["ports"][0]["port"].as_u64())
+        .collect();
+    assert_eq!(ports[0], 9443, "{ports:?}");
+    assert_eq!(
+        ports.len(),
+        2,
+        "the webhook and metrics, nothing else: {ports:?}"
+    );
+    let fenced = fence(&render(&[
+        "--set",
+        "networkPolicy.apiServer.cidrs={10.0.0.1/32}",
+    ]))
+    .expect("a fence");
+    assert_eq!(
+        fenced["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"].as_str(),
+        Some("10.0.0.1/32")
+    );
+    // The full policy covers the webhook itself; the fence can be turned off.
+    assert!(fence(&render(&["--set", "networkPolicy.enabled=true"])).is_none());
+    assert!(fence(&render(&[
+        "--set",
+        "networkPolicy.webhookIngress.enabled=false"
+    ]))
+    .is_none());
+    // The client CA: mounted from its Secret and named to the operator.
+    let docs = render(&["--set", "webhook.clientCA.secretName=apiserver-client-ca"]);
+    let deployment = docs
+        .iter()
+        .find(|d| {
+            d["kind"].as_str() == Some("Deployment")
+                && d["metadata"]["name"].as_str() == Some("demo-sandboxrun-operator")
+        })
+        .expect("the operator's Deployment");
+    let spec = &deployment["spec"]["template"]["spec"];
+    let args: Vec<&str> = spec["containers"][0]["args"]
+        .as_sequence()
+        .expect("args")
+        .iter()
+        .filter_map(|a| a.as_str())
+        .collect();
+    assert!(
+        args.contains(&"--webhook-client-ca=/etc/sandboxrun/webhook-client-ca/ca.crt"),
+        "{args:?}"
+    );
+    let volumes = serde_yaml::to_string(&spec["volumes"]).expect("yaml");
+    assert!(
+        volumes.contains("secretName: apiserver-client-ca"),
+        "{volumes}"
+    );
+}
+
 /// Issue #38 item 5: the operator's memory limit is derived from the path slots
 /// (docs/operations.md "Sizing": `drainMemory.baselineMi + maxConcurrentPathDrains ×
 /// drainMemory.perPathDrainMi`), so the two cannot disagree; a limit set apart is refused.

@@ -37,6 +37,7 @@ pub(super) async fn start_webhook(
         })?,
         cert_mode: args.webhook_cert_mode.clone(),
         cert_dir: args.webhook_cert_dir.clone(),
+        client_ca: args.webhook_client_ca.clone(),
         secret: args.webhook_secret.clone(),
         namespace: args.pod_namespace.clone(),
         config: args.webhook_config.clone(),

@@ -74,9 +74,18 @@ def _no_symlink_on_the_way(root: Path, rel: str) -> Path:
     return target
 
 
-def _write_file(src: IO[bytes], dest: Path, mode: int) -> str:
+def _inside(root: Path, path: Path | str) -> bool:
+    """Whether ``path``, resolved for real (every symlink on the disk followed), is ``root`` or
+    below it."""
+    real = os.path.realpath(path)
+    return real == str(root) or real.startswith(str(root) + os.sep)
+
+
+def _write_file(src: IO[bytes], dest: Path, mode: int, root: Path) -> str:
     """Copies ``src`` into a new ``dest`` (never following a link); returns its hex sha256."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if not _inside(root, dest.parent):
+        raise UnsafeArchive(f"{dest} would be written outside {root}")
     if dest.exists():
         dest.unlink()
     fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -89,36 +98,78 @@ def _write_file(src: IO[bytes], dest: Path, mode: int) -> str:
     return digest.hexdigest()
 
 
+def _listed(manifest: Manifest | None) -> dict[str, tuple[str, str | None]] | None:
+    """What the manifest lists, by path: (kind, sha256 or link target). None: no manifest."""
+    if manifest is None:
+        return None
+    listed: dict[str, tuple[str, str | None]] = {}
+    for m in manifest.members:
+        listed[safe_member_name(m.path)] = (m.kind, m.sha256 if m.kind == "file" else m.link_target)
+    return listed
+
+
+def _check_listed(listed: dict[str, tuple[str, str | None]] | None, rel: str, kind: str) -> str | None:
+    """The record of member ``rel`` of ``kind``: with a manifest, only a member it lists as that
+    kind is extracted (the archive is the workload's; the manifest is what the operator
+    checked). Returns the record's sha256 (file) or link target (symlink)."""
+    if listed is None:
+        return None
+    record = listed.get(rel)
+    if record is None or record[0] != kind:
+        raise UnsafeArchive(f"member {rel!r} ({kind}) is not listed as such in the manifest: refused")
+    return record[1]
+
+
+def _links_stay_inside(root: Path, links: list[Path]) -> None:
+    """Every symlink written resolves, for real, inside ``root`` (a lexical check cannot see
+    a link that climbs through another link, e.g. ``a/up -> ..`` then ``a/out -> up/..``); one
+    that does not is removed and refused."""
+    escaping = [link for link in links if link.is_symlink() and not _inside(root, link)]
+    for link in escaping:
+        link.unlink()
+    if escaping:
+        names = ", ".join(str(link.relative_to(root)) for link in escaping)
+        raise UnsafeArchive(f"symlink(s) {names} resolve outside {root}: removed and refused")
+
+
 def extract(tar: tarfile.TarFile, dest: Path, manifest: Manifest | None = None) -> int:
-    """Extracts every member of ``tar`` under ``dest``; with ``manifest``, each file's sha256
-    must match its record. Returns the number of members written."""
+    """Extracts every member of ``tar`` under ``dest``; with ``manifest``, only the members it
+    lists (as the kind it lists them) and each file's sha256 must match its record. Returns the
+    number of members written."""
     dest.mkdir(parents=True, exist_ok=True)
-    root = dest.resolve()
-    expected: dict[str, str] = {}
-    if manifest is not None:
-        expected = {m.path: m.sha256 for m in manifest.members if m.kind == "file" and m.sha256}
+    root = Path(os.path.realpath(dest))
+    listed = _listed(manifest)
+    links: list[Path] = []
     written = 0
     for info in tar:
         rel = safe_member_name(info.name)
         target = _no_symlink_on_the_way(root, rel)
         if info.isdir():
+            _check_listed(listed, rel, "dir")
             target.mkdir(parents=True, exist_ok=True)
+            if not _inside(root, target):
+                raise UnsafeArchive(f"directory {rel!r} resolves outside {root}")
         elif info.isreg():
+            want = _check_listed(listed, rel, "file")
             src = tar.extractfile(info)
             assert src is not None
-            digest = _write_file(src, target, info.mode)
-            want = expected.get(rel)
+            digest = _write_file(src, target, info.mode, root)
             if want is not None and want != digest:
                 raise UnsafeArchive(f"{rel}: sha256 {digest} differs from the manifest's {want}")
         elif info.issym():
+            want = _check_listed(listed, rel, "symlink")
+            if listed is not None and want != info.linkname:
+                raise UnsafeArchive(f"symlink {rel!r} points to {info.linkname!r}, the manifest says {want!r}")
             safe_link_target(rel, info.linkname)
             target.parent.mkdir(parents=True, exist_ok=True)
             if target.exists() or target.is_symlink():
                 target.unlink()
             os.symlink(info.linkname, target)
+            links.append(target)
         else:
             raise UnsafeArchive(f"member {rel!r} is a {'hard link' if info.islnk() else 'special file'}: refused")
         written += 1
+    _links_stay_inside(root, links)
     return written
 
 

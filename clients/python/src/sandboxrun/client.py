@@ -117,7 +117,7 @@ class Sandbox:
         saved = RunStatus.from_dict({"phase": status.get("phase"), "readBack": entry.get("readBack", [])})
         if saved.failed_paths:
             check_drain(self.name, saved, self.drain_failed_note())
-        return RunFiles(self.name, saved, self._sandboxes.store)
+        return RunFiles(self.name, saved, self._sandboxes.store, self.namespace, self.uid)
 
     # --- the end -----------------------------------------------------------------------------
 
@@ -145,14 +145,14 @@ class Sandbox:
         status = self._wait("to end and drain", timeout, lambda s: s.drain_settled)
         if status.failed_paths:
             check_drain(self.name, status, self.drain_failed_note())
-        return RunFiles(self.name, status, self._sandboxes.store)
+        return RunFiles(self.name, status, self._sandboxes.store, self.namespace, self.uid)
 
     def files(self) -> RunFiles:
         """The drained files of a run that has ended (see :meth:`wait_drained`)."""
         status = self.status()
         if not status.drain_settled:
             raise SandboxError(f"{self.namespace}/{self.name} has not drained yet (phase {status.phase})")
-        return RunFiles(self.name, status, self._sandboxes.store)
+        return RunFiles(self.name, status, self._sandboxes.store, self.namespace, self.uid)
 
     def delete(self) -> None:
         """Deletes the run (its files stay in the store unless its retention is ``Delete``)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import posixpath
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -16,10 +17,19 @@ from urllib.parse import unquote, urlparse
 
 from . import archive
 from .errors import StoreError, UnsafeArchive
-from .manifest import Manifest, parse_manifest
+from .manifest import EXTENSIONS, Manifest, parse_manifest
 from .status import PathStatus, RunStatus, check_drain
 
 MANIFEST_SUFFIX = ".manifest.json"
+#: The largest manifest read (the operator's own bound, ``MAX_MANIFEST_BYTES`` in
+#: src/store/manifest.rs: 2 x 32 MiB + 16 MiB). Whoever holds the store's credentials can put
+#: anything at a manifest key: a larger object is refused unread (docs/contract.md, "The Python
+#: client distrusts the store").
+MAX_MANIFEST_BYTES = 2 * 32 * 1024 * 1024 + 16 * 1024 * 1024
+#: ``<NN>-<slug>``: the name of a path's objects (src/store/keys.rs ``object_keys``).
+_STEM = re.compile(r"[0-9]{2,}-[A-Za-z0-9._-]{1,64}")
+#: A generation directory below the run's uid (``attempt-<N>``, ``checkpoint-<N>``).
+_GENERATION = re.compile(r"(attempt|checkpoint)-[0-9]+")
 
 
 @dataclass(frozen=True)
@@ -92,20 +102,20 @@ class StoreReader:
             )
         return self._s3
 
-    def get(self, url: str) -> bytes:
-        """The whole object at ``url``."""
-        scheme, bucket, key = split_url(url)
-        if scheme == "file":
+    def get(self, url: str, max_bytes: int | None = None) -> bytes:
+        """The whole object at ``url``; with ``max_bytes``, an object larger than that is refused
+        (by its announced size before a byte is read, and the read stops one byte past it)."""
+        with self.open(url) as stream:
+            size = _announced_size(stream)
+            if max_bytes is not None and size is not None and size > max_bytes:
+                raise StoreError(f"{url}: {size} bytes, more than the {max_bytes} this client reads")
             try:
-                return Path(key).read_bytes()
+                body = stream.read() if max_bytes is None else stream.read(max_bytes + 1)
             except OSError as e:
                 raise StoreError(f"{url}: {e}") from e
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            return self._s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
-        except (BotoCoreError, ClientError) as e:
-            raise StoreError(f"{url}: {e}") from e
+        if max_bytes is not None and len(body) > max_bytes:
+            raise StoreError(f"{url}: more than the {max_bytes} bytes this client reads")
+        return body
 
     @contextmanager
     def open(self, url: str) -> Iterator[IO[bytes]]:
@@ -129,6 +139,24 @@ class StoreReader:
             stream.close()
 
 
+def _announced_size(stream: IO[bytes]) -> int | None:
+    """The size the store announces for an opened object (a local file's ``fstat``, S3's
+    ``Content-Length``), if it says one."""
+    fileno = getattr(stream, "fileno", None)
+    if fileno is not None:
+        try:
+            import os
+
+            return os.fstat(fileno()).st_size
+        except (OSError, ValueError):
+            return None
+    length = getattr(stream, "_content_length", None)
+    try:
+        return int(length) if length is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
 def split_url(url: str) -> tuple[str, str, str]:
     """(scheme, bucket, key) of an object URL; for ``file://`` the key is the local path."""
     parsed = urlparse(url)
@@ -142,27 +170,74 @@ def split_url(url: str) -> tuple[str, str, str]:
     raise StoreError(f"{url}: this client reads file:// and s3:// stores (not {parsed.scheme or 'a bare path'})")
 
 
-def archive_url(manifest_url: str, manifest: Manifest) -> str:
+def _run_dir_check(url: str, key_dir: str, manifest: Manifest, run: RunRef) -> None:
+    """Refuses a manifest that is not the run's own: its key must lie in the run's directory
+    (``…/<namespace>/<name>/<uid>[/attempt-N|checkpoint-N]``, src/store/keys.rs) and its ``run``
+    must be the run's."""
+    if (manifest.namespace, manifest.run, manifest.uid) != (
+        run.namespace or manifest.namespace,
+        run.name,
+        run.uid or manifest.uid,
+    ):
+        raise StoreError(
+            f"{url}: the manifest is run {manifest.namespace}/{manifest.run} ({manifest.uid}), not "
+            f"{run.namespace or '*'}/{run.name} ({run.uid or '*'}): refused"
+        )
+    parts = key_dir.split("/")
+    if parts and _GENERATION.fullmatch(parts[-1]):
+        parts = parts[:-1]
+    if parts[-3:] != [manifest.namespace, manifest.run, manifest.uid]:
+        raise StoreError(f"{url}: not in the directory of run {manifest.namespace}/{manifest.run}/{manifest.uid}: refused")
+
+
+def archive_url(manifest_url: str, manifest: Manifest, run: RunRef | None = None) -> str:
     """The URL of the archive ``manifest`` commits. Its ``archiveKey`` is the key from the store's
     root: on S3 that is the bucket's key; on ``file://`` the root is the manifest's URL less the
-    manifest's own key, which lies beside the archive."""
+    manifest's own key, which lies beside the archive. The store is not trusted (docs/contract.md
+    "The Python client distrusts the store"): the archive must be the manifest's own —
+    ``<NN>-<slug>.<ext>`` beside it, in the run's directory — never another run's object."""
     scheme, bucket, key = split_url(manifest_url)
+    key_dir, key_name = posixpath.split(key)
+    stem = key_name[: -len(MANIFEST_SUFFIX)] if key_name.endswith(MANIFEST_SUFFIX) else ""
+    if not _STEM.fullmatch(stem):
+        raise StoreError(f"{manifest_url}: not a manifest's name (<NN>-<slug>{MANIFEST_SUFFIX})")
+    _run_dir_check(manifest_url, key_dir, manifest, run or RunRef(manifest.run))
+    archive_dir, archive_name = posixpath.split(manifest.archive_key)
+    if archive_name != f"{stem}.{EXTENSIONS[manifest.compression]}" or "\\" in manifest.archive_key:
+        raise StoreError(f"{manifest_url}: its archiveKey {manifest.archive_key!r} is not its own archive")
     if scheme == "s3":
+        if archive_dir != key_dir:
+            raise StoreError(f"{manifest_url}: its archiveKey {manifest.archive_key!r} is not beside it")
         return f"s3://{bucket}/{manifest.archive_key}"
-    manifest_key = posixpath.join(posixpath.dirname(manifest.archive_key), posixpath.basename(key))
-    if not key.endswith("/" + manifest_key):
+    if any(p in ("", ".", "..") for p in manifest.archive_key.split("/")) or not key_dir.endswith("/" + archive_dir):
         raise StoreError(f"{manifest_url}: its archiveKey {manifest.archive_key!r} is not beside it")
-    root = key[: -len(manifest_key)]
-    return "file://" + root + manifest.archive_key
+    return "file://" + key_dir + "/" + archive_name
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """The run whose files are read: its name, and its namespace and uid when known."""
+
+    name: str
+    namespace: str | None = None
+    uid: str | None = None
 
 
 class RunFiles:
     """What a finished run left in its store, read through a :class:`StoreReader`."""
 
-    def __init__(self, run: str, status: RunStatus, reader: StoreReader) -> None:
+    def __init__(
+        self,
+        run: str,
+        status: RunStatus,
+        reader: StoreReader,
+        namespace: str | None = None,
+        uid: str | None = None,
+    ) -> None:
         # A failed drain is never an empty set: refuse to list a run that has one.
         check_drain(run, status)
         self.run = run
+        self._ref = RunRef(run, namespace, uid)
         self.status = status
         self.reader = reader
         self._paths: list[StoredPath] | None = None
@@ -174,8 +249,9 @@ class RunFiles:
             for entry in self.status.read_back:
                 if not entry.stored or entry.manifest is None:
                     continue
-                manifest = parse_manifest(self.reader.get(entry.manifest))
-                self._paths.append(StoredPath(entry, manifest, archive_url(entry.manifest, manifest)))
+                manifest = parse_manifest(self.reader.get(entry.manifest, MAX_MANIFEST_BYTES))
+                url = archive_url(entry.manifest, manifest, self._ref)
+                self._paths.append(StoredPath(entry, manifest, url))
         return self._paths
 
     def files(self) -> list[StoredFile]:
@@ -199,6 +275,8 @@ class RunFiles:
         out: list[Path] = []
         for stored in self.paths():
             name = posixpath.basename(stored.status.manifest or "")[: -len(MANIFEST_SUFFIX)]
+            if not _STEM.fullmatch(name) or name in (".", ".."):
+                raise StoreError(f"{stored.status.manifest}: not a manifest's name: refused")
             target = Path(dest) / name
             with self.reader.open(stored.archive_url) as raw:
                 archive.extract(archive.open_tar_stream(raw, stored.manifest.compression), target, stored.manifest)
