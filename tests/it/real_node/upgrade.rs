@@ -322,8 +322,9 @@ async fn helm_upgrade_from_the_previous_release_keeps_the_runs_in_flight() {
     }
 
     // A templated run made after the upgrade runs too (with warm pools on by default, its
-    // reconcile lists the namespace's pools: the pool CRD must be there, or the run start cold).
-    create(
+    // reconcile lists the namespace's pools: without the pool CRD it starts cold).
+    // Created once the new operator's webhook answers (its Service may lag its new pod).
+    create_once_webhook_answers(
         &runs,
         "templated-after",
         templated_spec(&write("templated-after", "true")),

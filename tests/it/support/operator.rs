@@ -136,6 +136,14 @@ impl OperatorBuilder {
                 args.push(value.to_string());
             }
         }
+        // A pool seals its pods with the admission key, kept in a Secret of --pod-namespace
+        // (docs/contract.md "A warm pool's launcher is the operator's code"): the test's own
+        // namespace, where the operator may create it, unless the test names another.
+        let warm = self.flags.iter().any(|f| f == "--warm-pools");
+        if warm && !self.flags.iter().any(|f| f == "--pod-namespace") {
+            args.push("--pod-namespace".to_string());
+            args.push(self.namespace.clone());
+        }
         args.extend(self.flags.iter().cloned());
         args
     }
