@@ -45,6 +45,8 @@ mod warm;
 #[cfg(test)]
 mod act_scenarios;
 #[cfg(test)]
+mod doc_tables;
+#[cfg(test)]
 mod fixtures;
 #[cfg(test)]
 mod gitops_fixtures;
