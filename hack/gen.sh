@@ -5,6 +5,8 @@
 #     code (src/api.rs);
 #   - config/rbac/rbac.yaml (the kustomize install's ServiceAccount and RBAC), from the chart's
 #     templates/serviceaccount.yaml and templates/rbac.yaml (`helm template`);
+#   - the values table of the chart's README (`helm show readme`), from its values.yaml
+#     (hack/chart-readme.py);
 #   - tests/gitops-fixtures/*.yaml (the runs the GitOps health checks are judged on), from the
 #     controller's status builders (src/controller/gitops_fixtures.rs, a unit test that writes
 #     them when SANDBOXRUN_WRITE_GITOPS_FIXTURES names a directory).
@@ -64,6 +66,9 @@ release=sandboxrun-operator
     '
 } >"$tmp/rbac.yaml"
 
+# ---- the chart's README: its values table, from values.yaml
+python3 hack/chart-readme.py charts/sandboxrun-operator >"$tmp/chart-README.md"
+
 # <committed file>:<generated file in $tmp>:<its source>
 targets=(
   "crds/sandboxruns.sandbox.iterion.io.yaml:crd.yaml:src/api.rs"
@@ -75,6 +80,7 @@ targets=(
   "crds/sandboxrunpools.sandbox.iterion.io.yaml:pool-crd.yaml:src/api.rs"
   "charts/sandboxrun-operator/crds/sandboxrunpools.sandbox.iterion.io.yaml:pool-crd.yaml:src/api.rs"
   "config/rbac/rbac.yaml:rbac.yaml:the chart's RBAC templates"
+  "charts/sandboxrun-operator/README.md:chart-README.md:charts/sandboxrun-operator/values.yaml (hack/chart-readme.py)"
 )
 for f in "$tmp"/gitops-fixtures/*.yaml; do
   name=$(basename "$f")

@@ -201,9 +201,10 @@ pub struct SandboxRunSpec {
 
     /// The template the run is made from: a SandboxRunTemplate of the run's namespace, or with
     /// `kind: ClusterSandboxRunTemplate` a cluster-scoped one. The template's spec is the run's,
-    /// and the run may set only the fields the template's `openFields` leave open (and `stop`).
-    /// Admission judges the merged spec; the operator resolves the template once, before the pod
-    /// exists, and records what it used in `status.template`.
+    /// and the run may set only the fields the template's `openFields` leave open, and its own
+    /// `stop`, `suspend` and `checkpoint`. Admission judges the merged spec; the operator
+    /// resolves the template once, before the pod exists, and records what it used in
+    /// `status.template`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_ref: Option<TemplateRef>,
 }
@@ -308,7 +309,7 @@ impl TemplateKind {
     printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.template.image"}"#,
     printcolumn = r#"{"name":"Open","type":"string","description":"The fields a run may set","jsonPath":".spec.openFields"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    doc = "A SandboxRunTemplate holds a SandboxRun spec that a platform team locks. A SandboxRun that names it in spec.templateRef (same namespace) is made from spec.template and may set only the fields spec.openFields lists (and spec.stop); admission refuses any other field it sets, naming it, and judges the merged spec by every rule. The operator resolves the template once, before the run's pod exists, and records the generation it used in the run's status.template: editing or deleting the template never changes a run whose pod exists."
+    doc = "A SandboxRunTemplate holds a SandboxRun spec that a platform team locks. A SandboxRun that names it in spec.templateRef (same namespace) is made from spec.template and may set only the fields spec.openFields lists, and its own spec.stop, spec.suspend and spec.checkpoint; admission refuses any other field it sets, naming it, and judges the merged spec by every rule. The operator resolves the template once, before the run's pod exists, and records the generation it used in the run's status.template: editing or deleting the template never changes a run whose pod exists."
 )]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxRunTemplateSpec {
@@ -318,7 +319,8 @@ pub struct SandboxRunTemplateSpec {
     pub template: SandboxRunSpec,
     /// The top-level spec fields a run may set, e.g. `[command, args, env]`. An open field the
     /// run sets replaces the template's value, except `env`: the run's variables are added to the
-    /// template's, and a variable the template sets stays locked. Every other field is locked.
+    /// template's, and a variable the template sets stays locked. Every other field is locked,
+    /// but `stop`, `suspend` and `checkpoint`, always the run's own.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub open_fields: Vec<OpenField>,
@@ -339,7 +341,7 @@ pub struct SandboxRunTemplateSpec {
     printcolumn = r#"{"name":"Image","type":"string","jsonPath":".spec.template.image"}"#,
     printcolumn = r#"{"name":"Open","type":"string","description":"The fields a run may set","jsonPath":".spec.openFields"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
-    doc = "A ClusterSandboxRunTemplate holds a SandboxRun spec that a platform team locks for every namespace: the cluster-scoped twin of a SandboxRunTemplate, with the same spec. A SandboxRun of any namespace names it in spec.templateRef with kind: ClusterSandboxRunTemplate, and its author needs get on it (a ClusterRole bound with a ClusterRoleBinding). The run is made from spec.template and may set only the fields spec.openFields lists (and spec.stop); admission refuses any other field it sets, naming it, and judges the merged spec by every rule. The operator resolves the template once, before the run's pod exists, and records its kind, name and generation in the run's status.template: editing or deleting the template never changes a run whose pod exists."
+    doc = "A ClusterSandboxRunTemplate holds a SandboxRun spec that a platform team locks for every namespace: the cluster-scoped twin of a SandboxRunTemplate, with the same spec. A SandboxRun of any namespace names it in spec.templateRef with kind: ClusterSandboxRunTemplate, and its author needs get on it (a ClusterRole bound with a ClusterRoleBinding). The run is made from spec.template and may set only the fields spec.openFields lists, and its own spec.stop, spec.suspend and spec.checkpoint; admission refuses any other field it sets, naming it, and judges the merged spec by every rule. The operator resolves the template once, before the run's pod exists, and records its kind, name and generation in the run's status.template: editing or deleting the template never changes a run whose pod exists."
 )]
 #[serde(transparent)]
 pub struct ClusterSandboxRunTemplateSpec(pub SandboxRunTemplateSpec);

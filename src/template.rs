@@ -6,8 +6,8 @@
 //!
 //! The grammar is small on purpose: an open field is a top-level spec field ([`OpenField`]); the
 //! run's value replaces the template's, except `env`, whose variables are added to the
-//! template's (a variable the template sets stays the template's). `stop` and `templateRef`
-//! are always the run's own.
+//! template's (a variable the template sets stays the template's). `stop`, `suspend`,
+//! `checkpoint` and `templateRef` are always the run's own ([`RUN_OWN`]).
 //!
 //! `label` in the functions below is the template as messages name it, its kind with its name
 //! ([`crate::api::TemplateRef::label`]: `SandboxRunTemplate ci`, `ClusterSandboxRunTemplate ci`).
@@ -180,7 +180,7 @@ pub(crate) fn open_list(template: &SandboxRunTemplateSpec) -> String {
 }
 
 /// The spec of a run made from `template`: the template's spec, with the run's own fields
-/// (`stop`, `templateRef`) and the open fields the run sets. Locked fields the run sets are
+/// ([`RUN_OWN`]) and the open fields the run sets. Locked fields the run sets are
 /// ignored here ([`locked`] names them).
 pub(crate) fn overlay(
     template: &SandboxRunTemplateSpec,

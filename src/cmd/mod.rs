@@ -34,7 +34,8 @@ pub(crate) enum Command {
     /// Run the controller, the admission webhook and the metrics endpoint.
     Run(Box<run::RunArgs>),
     /// Print the SandboxRun CustomResourceDefinition (YAML); `--template`: the
-    /// SandboxRunTemplate one; `--cluster-template`: the ClusterSandboxRunTemplate one.
+    /// SandboxRunTemplate one; `--cluster-template`: the ClusterSandboxRunTemplate one;
+    /// `--pool`: the SandboxRunPool one.
     Crd(crd::CrdArgs),
     /// Check SandboxRun manifests offline with the admission rules (ADR-006).
     Doctor(crate::doctor::DoctorArgs),

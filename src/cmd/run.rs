@@ -456,7 +456,8 @@ pub(crate) struct RunArgs {
     pub(crate) kueue: bool,
     /// Serve SandboxRunPools (their CRD must be installed): keep each pool's pods ready ahead of
     /// demand, and give a run made from a pooled template a ready pod instead of a new one
-    /// (docs/user-guide.md "Sandboxes for agents: warm pools"). Not with sharded replicas yet.
+    /// (docs/user-guide.md "Sandboxes for agents: warm pools"). With sharded replicas, each pool
+    /// is served by the replica that holds its shard.
     #[arg(long, env = "SANDBOXRUN_WARM_POOLS", default_value_t = false)]
     pub(crate) warm_pools: bool,
     /// NO_PROXY of a filtered run's workload: what it reaches without the proxy.

@@ -59,6 +59,11 @@ pub(crate) const REASON_INVALID_SPEC: &str = "InvalidSpec";
 /// Ready=False: the run uses what its author's rights must cover and no admission verified them
 /// (docs/contract.md "A run uses only its author's rights"); no pod.
 pub(crate) const REASON_RIGHTS_UNVERIFIED: &str = "RightsUnverified";
+/// Ready=False reason while teardown drains, started by the workload's exit, `spec.stop` or the
+/// run's deletion (a deadline, a pod deleted by someone else and a preemption have their own).
+pub(crate) const REASON_TEARING_DOWN: &str = "TearingDown";
+/// Ready=False reason: the pod vanished before teardown (briefly, before [`REASON_RUN_ENDED`]).
+pub(crate) const REASON_POD_GONE: &str = "PodGone";
 /// Ready=False reason once the run has a final phase (except [`REASON_IMAGE_PULL_FAILED`], which
 /// Ready keeps: the pod never ran and the kubelet's words say why).
 pub(crate) const REASON_RUN_ENDED: &str = "RunEnded";

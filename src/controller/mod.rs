@@ -47,6 +47,8 @@ mod act_scenarios;
 #[cfg(test)]
 mod checkpoint_scenarios;
 #[cfg(test)]
+mod doc_tables;
+#[cfg(test)]
 mod fixtures;
 #[cfg(test)]
 mod gitops_fixtures;

@@ -99,7 +99,7 @@ impl AttemptEnd {
         self.suspended || self.preempted
     }
 
-    fn words(&self) -> String {
+    pub(crate) fn words(&self) -> String {
         if self.suspended {
             return "spec.suspend was set".to_string();
         }
@@ -130,7 +130,8 @@ pub(crate) enum Verdict {
     },
     /// The policy ends the run here (a `FailRun` rule, the limit reached).
     Fail {
-        /// Why, in words.
+        /// Why the policy ends it, in words; how the attempt ended is not in them (the run's
+        /// final message already says it: [`AttemptEnd::words`] completes it when it does not).
         why: String,
     },
 }
@@ -193,7 +194,7 @@ pub(crate) fn judge(
     let counted = match action {
         RetryAction::FailRun => {
             return Verdict::Fail {
-                why: format!("{what}; {rule} of spec.retryPolicy fails the run"),
+                why: format!("{rule} of spec.retryPolicy fails the run"),
             }
         }
         RetryAction::Retry => true,
@@ -204,7 +205,7 @@ pub(crate) fn judge(
     if counted && counted_before >= policy.limit as usize {
         return Verdict::Fail {
             why: format!(
-                "{what}; the retry limit of {} is reached ({} attempt(s) counted)",
+                "the retry limit of {} is reached ({} attempt(s) counted)",
                 policy.limit,
                 counted_before + 1
             ),
@@ -212,9 +213,7 @@ pub(crate) fn judge(
     }
     if !counted && uncounted_before >= MAX_UNCOUNTED_ATTEMPTS {
         return Verdict::Fail {
-            why: format!(
-                "{what}; {MAX_UNCOUNTED_ATTEMPTS} uncounted attempts are the most a run may have"
-            ),
+            why: format!("{MAX_UNCOUNTED_ATTEMPTS} uncounted attempts are the most a run may have"),
         };
     }
     let after = backoff(policy, attempts.len());

@@ -57,10 +57,13 @@ pub(crate) fn attempt_end(
                 default_retention,
                 now,
             );
+            // The run's message already says how the attempt ended (`workload exited with code
+            // N`): the policy's words complete it, never repeat it.
             if let Some(s) = plan.status.as_mut() {
-                s.message = Some(match s.message.take() {
-                    Some(m) => format!("{m}; {why}"),
-                    None => why,
+                s.message = Some(match (s.message.take(), end) {
+                    (Some(m), _) => format!("{m}; {why}"),
+                    (None, Some(end)) => format!("{}; {why}", end.words()),
+                    (None, None) => why,
                 });
             }
             plan
@@ -211,5 +214,75 @@ fn attempt_ended(
         status: Some(status),
         effects,
         requeue: Requeue::After(after),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{
+        ExitCodeOperator, ExitCodeRule, ReadBackPhase, RetryAction, RetryPolicy, RetryRule,
+    };
+    use crate::controller::decide::Trigger;
+    use crate::controller::fixtures::{drain_all, now, run_with};
+    use crate::controller::status::draining_status;
+
+    fn failing_on(code: i32, limit: u32) -> SandboxRun {
+        let mut r = run_with(&[("/out", true)]);
+        r.spec.retry_policy = Some(RetryPolicy {
+            limit,
+            backoff: None,
+            rules: vec![RetryRule {
+                action: RetryAction::FailRun,
+                on_exit_codes: Some(ExitCodeRule {
+                    operator: ExitCodeOperator::In,
+                    values: vec![code],
+                }),
+                on_pod_conditions: Vec::new(),
+            }],
+        });
+        r
+    }
+
+    fn final_message(r: &SandboxRun, exit_code: i32) -> String {
+        let trigger = Trigger::WorkloadFinished { exit_code };
+        let status = drain_all(
+            draining_status(r, &trigger, None, now()),
+            ReadBackPhase::Drained,
+        );
+        let end = AttemptEnd {
+            exit_code: Some(exit_code),
+            ..AttemptEnd::default()
+        };
+        let plan = attempt_end(
+            r,
+            status,
+            (false, false),
+            Retention::Retain,
+            Some(&end),
+            now(),
+        );
+        let Some(status) = plan.status else {
+            panic!("no status: {:?}", plan.events)
+        };
+        assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
+        status.message.unwrap_or_default()
+    }
+
+    #[test]
+    fn a_run_the_retry_policy_fails_names_its_exit_code_once_and_the_rule_that_failed_it() {
+        let message = final_message(&failing_on(42, 3), 42);
+        assert_eq!(message.matches("code 42").count(), 1, "{message}");
+        assert!(
+            message.contains("rule 1 of spec.retryPolicy fails the run"),
+            "{message}"
+        );
+        // The limit reached: the same, with the limit's words.
+        let message = final_message(&failing_on(42, 0), 7);
+        assert_eq!(message.matches("code 7").count(), 1, "{message}");
+        assert!(
+            message.contains("the retry limit of 0 is reached"),
+            "{message}"
+        );
     }
 }

@@ -69,7 +69,13 @@ pub(super) fn skip_drain(run: &SandboxRun, pod_exists: bool, retention: Retentio
 /// (docs/contract.md).
 pub(super) fn expired_event(run: &SandboxRun, retention: Retention) -> PlannedEvent {
     let ttl = run.spec.ttl_seconds_after_finished.unwrap_or_default();
+    let declares_paths = run
+        .spec
+        .read_back
+        .as_ref()
+        .is_some_and(|r| !r.paths.is_empty());
     let kept = match retention {
+        _ if !declares_paths => "it declares no read-back paths",
         Retention::Retain => "its stored files are kept",
         Retention::Delete => "its stored files are deleted (retention: Delete)",
     };
@@ -230,6 +236,21 @@ mod tests {
     use crate::controller::plan::testing::*;
 
     use std::time::Duration;
+
+    #[test]
+    fn the_ttl_event_says_what_becomes_of_the_stored_files_and_never_claims_files_a_run_has_not() {
+        let with_paths = run_with(&[("/out", true)]);
+        let note = |r: &SandboxRun, retention| expired_event(r, retention).note;
+        assert!(note(&with_paths, Retention::Retain).ends_with("its stored files are kept"));
+        assert!(note(&with_paths, Retention::Delete)
+            .ends_with("its stored files are deleted (retention: Delete)"));
+        let no_paths = run_with(&[]);
+        for retention in [Retention::Retain, Retention::Delete] {
+            let said = note(&no_paths, retention);
+            assert!(!said.contains("stored files"), "{retention:?}: {said}");
+            assert!(said.ends_with("it declares no read-back paths"), "{said}");
+        }
+    }
 
     /// A store that refused the delete.
     fn store_denied() -> super::super::model::NotPurged {

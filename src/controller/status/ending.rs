@@ -75,7 +75,7 @@ pub(crate) fn draining_status(
         Trigger::Deadline => (REASON_DEADLINE_EXCEEDED, trigger.describe()),
         Trigger::PodDeleting => (REASON_POD_DELETED, trigger.describe()),
         Trigger::Preempted { .. } => (conditions::REASON_PREEMPTED, trigger.describe()),
-        _ => ("TearingDown", trigger.describe()),
+        _ => (conditions::REASON_TEARING_DOWN, trigger.describe()),
     };
     set_condition(
         &mut status.conditions,
@@ -372,6 +372,9 @@ fn succeeded_message(status: &SandboxRunStatus) -> String {
         .iter()
         .filter(|e| e.phase == ReadBackPhase::Failed)
         .count();
+    if total == 0 {
+        return "workload succeeded (it declares no read-back paths)".to_string();
+    }
     if failed == 0 {
         return "workload succeeded and its read-back paths are stored".to_string();
     }
@@ -572,6 +575,20 @@ mod tests {
         assert_eq!(
             finished_status(&r, s, now()).message.as_deref(),
             Some("workload succeeded and its read-back paths are stored")
+        );
+    }
+
+    #[test]
+    fn a_run_with_no_read_back_paths_is_never_told_its_paths_are_stored() {
+        let r = run_with(&[]);
+        let t = Trigger::WorkloadFinished { exit_code: 0 };
+        let done = finished_status(&r, draining_status(&r, &t, None, now()), now());
+        assert_eq!(done.phase, Some(Phase::Succeeded));
+        let message = done.message.unwrap_or_default();
+        assert!(!message.contains("stored"), "{message}");
+        assert_eq!(
+            message,
+            "workload succeeded (it declares no read-back paths)"
         );
     }
 

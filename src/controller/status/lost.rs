@@ -42,7 +42,7 @@ pub(crate) fn pod_lost_status(
         &mut status.conditions,
         conditions::READY,
         false,
-        "PodGone",
+        conditions::REASON_POD_GONE,
         POD_GONE,
         generation,
         now,

@@ -12,5 +12,5 @@ pub(crate) use ending::{draining_status, finished_status};
 pub(crate) use entries::ensure_pending_entries;
 pub(crate) use lost::{image_unresolvable_status, never_started_entry, pod_lost_status};
 #[cfg(test)]
-pub(crate) use tracked::cannot_start_reasons;
+pub(crate) use tracked::{cannot_start_reasons, ready_reasons};
 pub(crate) use tracked::{pending_status, set_pending, tracked_status};

@@ -42,6 +42,42 @@ pub(crate) fn cannot_start_reasons() -> Vec<&'static str> {
         .collect()
 }
 
+/// Every reason the `Ready` condition of a run can carry: [`cannot_start_reasons`], and those of
+/// a run on its way (created, pending, running, queued by Kueue, suspended, waiting for its next
+/// attempt), of its teardown (what started it) and of its end. The `Ready` reasons table of
+/// docs/user-guide.md "Troubleshooting" lists exactly these, and a test fails when they differ
+/// (only tests read it: the operator writes each reason where it arises).
+#[cfg(test)]
+pub(crate) fn ready_reasons() -> Vec<&'static str> {
+    use super::super::conditions::{
+        REASON_DEADLINE_EXCEEDED, REASON_IMAGE_UNRESOLVABLE, REASON_POD_CREATED,
+        REASON_POD_DELETED, REASON_POD_GONE, REASON_PREEMPTED, REASON_QUEUED, REASON_RETRYING,
+        REASON_RUN_ENDED, REASON_SUSPENDED, REASON_TEARING_DOWN,
+    };
+    let on_its_way = [
+        REASON_POD_CREATED,
+        REASON_POD_PENDING,
+        REASON_POD_RUNNING,
+        REASON_QUEUED,
+        REASON_SUSPENDED,
+        REASON_RETRYING,
+        REASON_IMAGE_UNRESOLVABLE,
+    ];
+    let ending = [
+        REASON_TEARING_DOWN,
+        REASON_DEADLINE_EXCEEDED,
+        REASON_POD_DELETED,
+        REASON_PREEMPTED,
+        REASON_POD_GONE,
+        REASON_RUN_ENDED,
+    ];
+    cannot_start_reasons()
+        .into_iter()
+        .chain(on_its_way)
+        .chain(ending)
+        .collect()
+}
+
 /// The status of a run whose pod is being tracked (Pending or Running).
 pub(crate) fn tracked_status(
     run: &SandboxRun,
