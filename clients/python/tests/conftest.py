@@ -71,6 +71,10 @@ def _bed(env: dict[str, str], prefix: str, wrong_secret: bool, extra: tuple[str,
     namespace = bed.restricted_namespace(env, prefix)
     store_url = f"s3://{s3.bucket}/{bed.unique('pyclient')}"
     flags = s3.options("not-the-secret" if wrong_secret else None) + list(extra)
+    if "--warm-pools" in flags:
+        # A pool seals its pods with the admission key, kept in a Secret of --pod-namespace: the
+        # test's own namespace, where the operator may create it (docs/contract.md, issue #51).
+        flags += ["--pod-namespace", namespace]
     operator = bed.Operator(env, namespace, store_url, flags)
     try:
         _agent_template(env, namespace)
