@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the local Kubernetes test bed from published Go modules (no Docker, no release downloads):
 # kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, etcd, kwok, helm, and the real
-# node's kubelet, kube-proxy, containerd (+shim, ctr), CNI plugins, crane, crictl and kube-router
-# (its NetworkPolicy enforcer, in a cache directory of its own), plus the Prometheus Operator's
+# node's kubelet, kube-proxy, containerd (+shim, ctr), CNI plugins, crane, crictl, kube-router
+# (its NetworkPolicy enforcer) and gVisor (runsc + its containerd shim), each in a cache directory of its own, plus the Prometheus Operator's
 # PrometheusRule/ServiceMonitor CRD YAML from its module (for the chart's server dry runs).
 # Output goes to a cache outside the repo, keyed by the pinned versions, so a second run is instant.
 #   usage: hack/build-tools.sh            # builds if missing, prints the bin dir on the last line
@@ -45,6 +45,32 @@ if [ ! -x "$KUBE_ROUTER_BIN/kube-router" ]; then
   KR=github.com/cloudnativelabs/kube-router/v2
   GOBIN=$KUBE_ROUTER_BIN go install -trimpath -ldflags "-s -w -X $KR/pkg/version.Version=$KUBE_ROUTER_VERSION" \
     "$KR/cmd/kube-router@$KUBE_ROUTER_VERSION"
+fi
+
+# ---- gVisor (the real node's `gvisor` RuntimeClass, hack/real-node.sh): runsc and the containerd
+# shim that runs it (gVisor's `shim` command, installed as containerd-shim-runsc-v1), both static
+# (CGO_ENABLED=0 above): runsc re-executes itself inside the chroot it builds for the sandbox, where
+# no dynamic loader exists ("fork/exec /proc/self/exe: no such file or directory"). Its own cache
+# directory, built before the `.complete` shortcut like kube-router.
+# The shim is built with ONE constant changed, for hosts whose root lacks CAP_SYS_RESOURCE (this
+# bed's, see hack/real-node.sh restrict_oom_score_adj): it sets its own oom_score_adj to -999,
+# which such a root may not, and refuses to start ("failed to set OOM Score on shim: permission
+# denied"); built here it keeps containerd's score (0). runsc itself is unchanged. Not containerd's
+# runc shim driving runsc (Docker's way): a pod is several containers in one sandbox, and the runc
+# shim waits for the stdout of `runsc start`, which a started container keeps open until it exits.
+GVISOR_BIN=$CACHE_ROOT/$(gvisor_dir_name)/bin
+if [ ! -x "$GVISOR_BIN/runsc" ] || [ ! -x "$GVISOR_BIN/containerd-shim-runsc-v1" ]; then
+  log "building gVisor $GVISOR_VERSION (runsc, containerd-shim-runsc-v1)"
+  rm -rf "$GVISOR_BIN.tmp"; mkdir -p "$GVISOR_BIN.tmp"
+  GOBIN=$GVISOR_BIN.tmp go install -trimpath -ldflags "-s -w" "gvisor.dev/gvisor/runsc@$GVISOR_VERSION"
+  gv_src=$(go mod download -json "gvisor.dev/gvisor@$GVISOR_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+  gv_tmp=$(mktemp -d)
+  cp -r "$gv_src" "$gv_tmp/gvisor"; chmod -R u+w "$gv_tmp/gvisor"
+  grep -q 'oomScoreMax = -999' "$gv_tmp/gvisor/pkg/shim/v1/manager.go" ||
+    { log "gVisor $GVISOR_VERSION: the shim's oomScoreMax line changed; see the comment above"; exit 1; }
+  sed -i 's/oomScoreMax = -999/oomScoreMax = 0/' "$gv_tmp/gvisor/pkg/shim/v1/manager.go"
+  (cd "$gv_tmp/gvisor" && go build -trimpath -ldflags "-s -w" -o "$GVISOR_BIN.tmp/containerd-shim-runsc-v1" ./shim)
+  rm -rf "$gv_tmp" "$GVISOR_BIN"; mv "$GVISOR_BIN.tmp" "$GVISOR_BIN"
 fi
 
 # ---- Kueue (hack/kueue.sh runs its manager as a host process against the bed): the manager

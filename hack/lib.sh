@@ -52,6 +52,12 @@ kueue_dir_name() {
   echo "kueue-$KUEUE_VERSION"
 }
 
+# The cache directory of gVisor's runsc and containerd shim (the real node's `gvisor` RuntimeClass),
+# keyed by its version alone, like kube-router's.
+gvisor_dir_name() {
+  echo "gvisor-$GVISOR_VERSION"
+}
+
 # The cache directory of agent-sandbox's controller and CRD YAML (the warm-pool bench only).
 agent_sandbox_dir_name() {
   echo "agent-sandbox-$AGENT_SANDBOX_VERSION"

@@ -47,6 +47,12 @@ CA=$STATE/pki/ca.crt; CAKEY=$STATE/pki/ca.key; KUBECONFIG_ADMIN=$STATE/kubeconfi
 CTR_SOCK=$C/containerd.sock
 LAST_LOGS=${TMPDIR:-/tmp}/sandboxrun-real-node-logs-last
 RUNC=${RUNC:-$(command -v runc || echo /usr/sbin/runc)}
+# gVisor (issue #52, docs/user-guide.md "Runtimes"): the `gvisor` RuntimeClass (handler `runsc`)
+# runs a pod in gVisor's user-space kernel, as clusters that run untrusted code do, through
+# gVisor's own containerd shim (containerd-shim-runsc-v1), as gVisor's docs set it up. Both are
+# built by hack/build-tools.sh (hack/versions.env GVISOR_VERSION; the shim's one bed-only change is
+# explained there).
+GVISOR_BIN=$CACHE_ROOT/$(gvisor_dir_name)/bin
 # sysctls kubelet rewrites on start (setupKernelTunables; it has no "warn only" mode) and the ones
 # bridge CNI turns on: recorded on the first `up`, restored by `down`.
 SYSCTLS="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes net.ipv4.ip_forward net.ipv4.conf.all.route_localnet"
@@ -90,7 +96,9 @@ preflight() {
   for b in kubelet kube-proxy containerd containerd-shim-runc-v2 crictl cni/bridge cni/host-local cni/loopback cni/portmap; do
     [ -x "$BIN/$b" ] || missing="$missing $b"
   done
-  [ -x "$KUBE_ROUTER" ] || missing="$missing $KUBE_ROUTER"
+  for b in "$KUBE_ROUTER" "$GVISOR_BIN/runsc" "$GVISOR_BIN/containerd-shim-runsc-v1"; do
+    [ -x "$b" ] || missing="$missing $b"
+  done
   [ -z "$missing" ] || die "missing$missing in $BIN: run hack/build-tools.sh"
   for b in "$RUNC" iptables ip6tables ipset conntrack socat ip curl; do
     command -v "$b" >/dev/null 2>&1 || missing="$missing $b"
@@ -189,7 +197,8 @@ containerd_config() {
   # for sandboxes) and every sandbox dies with "can't get final child's PID from pipe: EOF".
   # restrict_oom_score_adj clamps the value to containerd's own instead.
   local restrict_oom=false; has_cap 24 || restrict_oom=true
-  mkdir -p "$C/root" "$C/state" "$C/certs.d/$REG" "$C/runc"
+  mkdir -p "$C/root" "$C/state" "$C/certs.d/$REG" "$C/runc" "$C/runsc-state"
+  runsc_config >"$C/runsc.toml"
   cat >"$C/certs.d/$REG/hosts.toml" <<TOML
 server = "http://$REG"
 [host."http://$REG"]
@@ -224,6 +233,12 @@ imports = []            # never read /etc/containerd/conf.d
         BinaryName = "$RUNC"
         Root = "$C/runc"
         SystemdCgroup = false
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc]
+      runtime_type = "io.containerd.runsc.v1"
+      runtime_path = "$GVISOR_BIN/containerd-shim-runsc-v1"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runsc.options]
+        TypeUrl = "io.containerd.runsc.v1.options"
+        ConfigPath = "$C/runsc.toml"
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["$BIN/cni"]
     conf_dir = "$N/cni/net.d"
@@ -231,6 +246,26 @@ imports = []            # never read /etc/containerd/conf.d
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 TOML
+}
+
+# gVisor's shim configuration (the `runsc` handler): runsc, its state, and runsc's flags.
+# - platform ptrace: no KVM in a nested VM (systrap, the default, needs seccomp features a nested
+#   kernel may lack; ptrace works everywhere the bed runs).
+# - network sandbox: gVisor's own network stack inside the pod's network namespace, the isolating
+#   default (the bridge CNI's veth and kube-router's rules apply to its packets as to runc's).
+# - REAL_NODE_RUNSC_DEBUG=1: runsc's debug logs, one file per command, under the node's logs.
+runsc_config() {
+  cat <<TOML
+binary_name = "$GVISOR_BIN/runsc"
+root = "$C/runsc-state"
+[runsc_config]
+  platform = "ptrace"
+  network = "sandbox"
+TOML
+  if [ -n "${REAL_NODE_RUNSC_DEBUG:-}" ]; then
+    mkdir -p "$LOGS/runsc"
+    printf '  debug = "true"\n  debug-log = "%s/runsc/"\n' "$LOGS"
+  fi
 }
 
 kubelet_config() {
@@ -320,6 +355,15 @@ up() {
   # - The admin kubeconfig: it lists/watches pods, namespaces, NetworkPolicies and nodes.
   # - Not kube-network-policies: it needs the nftables `queue` expression, which this kernel lacks.
   wait_for "node $NODE_NAME registered" 120 kc get node "$NODE_NAME"
+  # The runtimes as users name them: `gvisor` runs on nodes that have runsc (this one: its label).
+  kc apply -f - >/dev/null <<YAML
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: gvisor}
+handler: runsc
+scheduling:
+  nodeSelector: {$TAINT: "true"}
+YAML
   start kube-router env NODE_NAME="$NODE_NAME" "$KUBE_ROUTER" --kubeconfig "$KUBECONFIG_ADMIN" --hostname-override "$NODE_NAME" \
     --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
     --enable-ipv4=true --enable-ipv6=false --service-cluster-ip-range "$SERVICE_CIDR" \
@@ -374,6 +418,14 @@ down() {
   # (only this node's pods live there), each killed by PID.
   local pid f
   for pid in $(pgrep -f -- "containerd-shim-runc-v2 .*-address $CTR_SOCK" || true); do kill -9 "$pid" 2>/dev/null || true; done
+  for pid in $(pgrep -f -- "containerd-shim-runsc-v1 .*-address $CTR_SOCK" || true); do kill -9 "$pid" 2>/dev/null || true; done
+  # gVisor sandboxes a failed CRI call left (their sentry and gofer processes), by runsc itself.
+  local cid
+  if [ -x "$GVISOR_BIN/runsc" ] && [ -d "$C/runsc-state/k8s.io" ]; then
+    for cid in $("$GVISOR_BIN/runsc" --root "$C/runsc-state/k8s.io" list --quiet 2>/dev/null || true); do
+      "$GVISOR_BIN/runsc" --root "$C/runsc-state/k8s.io" delete --force "$cid" >/dev/null 2>&1 || true
+    done
+  fi
   for f in $(find /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/kubepods -name cgroup.procs 2>/dev/null || true); do
     while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done <"$f"
   done

@@ -67,10 +67,22 @@ fn pod_ref(pinned: &str) -> String {
     }
 }
 
-/// A spec that lands on the real node, runs busybox as uid 1000 and declares `paths`.
+/// The RuntimeClass the real-node runs are made with (issue #52): `SANDBOXRUN_TEST_RUNTIME_CLASS`,
+/// none (the node's default, runc) when unset or empty. `hack/test.sh` runs this area twice: under
+/// runc, then under `gvisor` (the bed's RuntimeClass for gVisor's runsc, `hack/real-node.sh`).
+fn runtime_class() -> Option<String> {
+    std::env::var("SANDBOXRUN_TEST_RUNTIME_CLASS")
+        .ok()
+        .map(|class| class.trim().to_string())
+        .filter(|class| !class.is_empty())
+}
+
+/// A spec that lands on the real node, runs busybox as uid 1000 and declares `paths`, under
+/// [`runtime_class`].
 fn real_spec(script: Option<&str>, paths: &[&str]) -> SandboxRunSpec {
     SandboxRunSpec {
         image: Some(pod_image("busybox")),
+        runtime_class_name: runtime_class(),
         command: script.map(|s| vec!["sh".into(), "-c".into(), s.into()]),
         user: Some("1000:1000".into()),
         node_selector: Some(BTreeMap::from([(
