@@ -4,7 +4,9 @@
 #   cargo fmt --check; cargo clippy --all-targets --locked -D warnings; generated files up to date
 #   (hack/gen.sh --check: the CRDs, config/rbac, the GitOps fixtures, the chart README's values table); no import cycles between files or areas, the areas' drawing in docs/architecture.md is the code's (hack/import-cycles.py); the Dockerfile lint;
 #   no new Result<_, String> in runtime code (hack/string-errors.py, a ratchet: hack/string-errors.allow);
-#   no function over 80 lines (hack/fn-length.py, after its self-test).
+#   no apiserver write, exec or store write outside act (hack/io-outside-act.py, a ratchet:
+#   hack/io-outside-act.allow); no function over 80 lines (hack/fn-length.py, after its self-test).
+#   The scanners skip test code item by item (hack/rust_source.py).
 # Stops at the first check that fails; ends with each check's time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,7 @@ step "generated files are up to date (hack/gen.sh --check)"
 python3 hack/chart-readme.py --self-test
 hack/gen.sh --check
 step "no import cycles, between files nor between areas (hack/import-cycles.py src)"
+python3 hack/import-cycles.py --self-test
 python3 hack/import-cycles.py src
 python3 hack/import-cycles.py --check-doc docs/architecture.md src
 step "Dockerfile lint (hack/lint-dockerfile.sh)"
@@ -34,6 +37,9 @@ hack/lint-dockerfile.sh
 step "no new Result<_, String> in runtime code (hack/string-errors.py, a ratchet)"
 python3 hack/string-errors.py --self-test
 python3 hack/string-errors.py src
+step "no write outside act (hack/io-outside-act.py, a ratchet)"
+python3 hack/io-outside-act.py --self-test
+python3 hack/io-outside-act.py src
 step "no function over 80 lines (hack/fn-length.py src)"
 python3 hack/fn-length.py --self-test
 python3 hack/fn-length.py src

@@ -10,104 +10,17 @@ helper), and a whole file declared as `#[cfg(test)] mod name;`.
 
 The scanner blanks comments (line and nested block), string literals (plain, byte, raw with any
 number of #), and char literals (told apart from lifetimes) before matching braces, keeping
-newlines so that line numbers stay right.
+newlines so that line numbers stay right (the scanner is hack/rust_source.py, shared with the
+other checks).
 """
 import os
 import re
 import sys
 
+from rust_source import blank, is_test_file, matching, rust_files, test_files, test_spans
+
 MAX = 80
-
-
-def blank(src):
-    """`src` with every comment, string and char literal replaced by spaces (newlines kept)."""
-    out = []
-    i, n = 0, len(src)
-
-    def keep(s):
-        out.append("".join(c if c == "\n" else " " for c in s))
-
-    while i < n:
-        c = src[i]
-        if src.startswith("//", i):
-            j = src.find("\n", i)
-            j = n if j < 0 else j
-            keep(src[i:j])
-            i = j
-        elif src.startswith("/*", i):
-            depth, j = 1, i + 2
-            while j < n and depth:
-                if src.startswith("/*", j):
-                    depth, j = depth + 1, j + 2
-                elif src.startswith("*/", j):
-                    depth, j = depth - 1, j + 2
-                else:
-                    j += 1
-            keep(src[i:j])
-            i = j
-        elif c in "rb" and re.match(r"(?:br|r)#*\"", src[i:i + 300]) and not _ident_before(src, i):
-            m = re.match(r"(?:br|r)(#*)\"", src[i:])
-            close = '"' + m.group(1)
-            j = src.find(close, i + m.end())
-            j = n if j < 0 else j + len(close)
-            keep(src[i:j])
-            i = j
-        elif c == '"' or (c == "b" and src.startswith('b"', i) and not _ident_before(src, i)):
-            j = i + (2 if c == "b" else 1)
-            while j < n and src[j] != '"':
-                j += 2 if src[j] == "\\" else 1
-            keep(src[i:j + 1])
-            i = j + 1
-        elif c == "'" or (c == "b" and src.startswith("b'", i) and not _ident_before(src, i)):
-            start = i + (2 if c == "b" else 1)
-            m = re.match(r"(?:\\(?:x[0-9a-fA-F]{2}|u\{[0-9a-fA-F_]*\}|.)|[^\\\n])'", src[start:])
-            if m:  # a char literal; otherwise a lifetime or label: left as it is
-                keep(src[i:start + m.end()])
-                i = start + m.end()
-            else:
-                out.append(c)
-                i += 1
-        else:
-            out.append(c)
-            i += 1
-    return "".join(out)
-
-
-def _ident_before(src, i):
-    return i > 0 and (src[i - 1].isalnum() or src[i - 1] == "_")
-
-
-def matching(text, open_at):
-    """The index of the brace closing the one at `open_at`, or -1."""
-    depth = 0
-    for j in range(open_at, len(text)):
-        if text[j] == "{":
-            depth += 1
-        elif text[j] == "}":
-            depth -= 1
-            if depth == 0:
-                return j
-    return -1
-
-
-CFG_TEST = re.compile(r"#\s*\[\s*cfg\s*\(\s*test\s*\)\s*\]")
 FN = re.compile(r"\bfn\s+([A-Za-z_][A-Za-z0-9_]*)")
-
-
-def test_spans(text):
-    """(start, end) character spans of the items under #[cfg(test)]."""
-    spans = []
-    for m in CFG_TEST.finditer(text):
-        j = m.end()
-        # The item ends at its closing brace, or at `;` for an item without a body.
-        while j < len(text) and text[j] not in "{;":
-            j += 1
-        if j < len(text) and text[j] == "{":
-            end = matching(text, j)
-            spans.append((m.start(), len(text) if end < 0 else end))
-        else:
-            spans.append((m.start(), j))
-    return spans
 
 
 def functions(src):
@@ -144,42 +57,6 @@ def functions(src):
         last = text.count("\n", 0, end) + 1
         found.append((m.group(1), first, last - first + 1))
     return found
-
-
-def rust_files(paths):
-    for p in paths:
-        if os.path.isfile(p):
-            yield p
-            continue
-        for root, _, names in os.walk(p):
-            for name in sorted(names):
-                if name.endswith(".rs"):
-                    yield os.path.join(root, name)
-
-
-CFG_TEST_MOD = re.compile(
-    r"#\s*\[\s*cfg\s*\(\s*test\s*\)\s*\]\s*(?:pub(?:\([^)]*\))?\s+)?mod\s+(\w+)\s*;"
-)
-
-
-def test_files(paths):
-    """The files of modules declared `#[cfg(test)] mod name;` (and their submodules' files)."""
-    out = set()
-    for path in rust_files(paths):
-        with open(path, encoding="utf-8") as f:
-            text = blank(f.read())
-        here, base = os.path.split(path)
-        stem = base[:-3]
-        parent = here if stem in ("mod", "lib", "main") else os.path.join(here, stem)
-        for m in CFG_TEST_MOD.finditer(text):
-            out.add(os.path.normpath(os.path.join(parent, m.group(1) + ".rs")))
-            out.add(os.path.normpath(os.path.join(parent, m.group(1))))
-    return out
-
-
-def is_test_file(path, tests):
-    path = os.path.normpath(path)
-    return path in tests or any(path.startswith(t + os.sep) for t in tests)
 
 
 def check(paths, limit):

@@ -4,22 +4,42 @@
 Modules: an edge a -> b for every path from module a that names module b outside test code:
 `crate::b::..`, `super::..` (a's parent, or an item in it), `self::child::..` and a bare
 `child::..` of a's own child modules. Parent <-> child edges are kept: a child that calls back
-into its parent while the parent calls it is a cycle like any other. Test code is left out: a
-`#[cfg(test)] mod tests { .. }` at the end of a file, and a whole file its parent declares
+into its parent while the parent calls it is a cycle like any other. Test code is left out: every
+item under `#[cfg(test)]` (a `mod tests { .. }` to its matching brace, wherever it stands), and a whole file its parent declares
 `#[cfg(test)] mod name;`.
 Areas: the same edges collapsed to the top-level modules (`controller::plan::create` is in the
 area `controller`); an area cycle is two areas that need each other through any of their files.
 src/main.rs is a separate crate (it names the library as `sandboxrun_operator::`) and is skipped.
 
 Usage: hack/import-cycles.py [src]                  both levels; exit 1 on a cycle at either
+       hack/import-cycles.py --self-test            the scanner on a small tree
        hack/import-cycles.py --areas-mermaid [src]  the area graph as a Mermaid flowchart
        hack/import-cycles.py --check-doc DOC [src]  exit 1 unless DOC holds that flowchart between
                                                     the markers <!-- areas:begin --> / <!-- areas:end -->
 Each cycle is printed with its edges (for areas: the module edges behind each arrow)."""
 import os, re, sys
 
+from rust_source import without_tests
+
 args = sys.argv[1:]
 mode = "check"
+if args == ["--self-test"]:
+    # the code after an inline test module is read (issue #57 item 5), the module's body is not
+    import subprocess, tempfile
+    with tempfile.TemporaryDirectory() as d:
+        open(os.path.join(d, "lib.rs"), "w").write("mod a;\nmod b;\nmod c;\n")
+        open(os.path.join(d, "a.rs"), "w").write(
+            "#[cfg(test)]\nmod tests {\n    use crate::c::x;\n    const S: &str = \"}\";\n}\n"
+            "pub fn after() { crate::b::f() }\n")
+        open(os.path.join(d, "b.rs"), "w").write("pub fn f() {}\n")
+        open(os.path.join(d, "c.rs"), "w").write("pub fn x() {}\n")
+        got = subprocess.run([sys.executable, __file__, "--areas-mermaid", d],
+                             capture_output=True, text=True, check=True).stdout
+    want = "```mermaid\nflowchart LR\n    a --> b\n```\n"
+    if got != want:
+        sys.exit(f"import-cycles: self-test failed:\n{got}")
+    print("import-cycles: self-test ok")
+    sys.exit(0)
 doc = None
 if args and args[0] == "--areas-mermaid":
     mode, args = "mermaid", args[1:]
@@ -54,9 +74,9 @@ for m in list(mods):
 
 
 def strip_tests(text):
-    # drop everything from the first `#[cfg(test)]` mod to the end (the convention in this repo)
-    m = re.search(r"#\[cfg\(test\)\]\s*(pub(\(crate\))?\s+)?mod\s+\w+\s*\{", text)
-    return text[: m.start()] if m else text
+    # every item under `#[cfg(test)]` blanked to its matching brace (or `;`), wherever it stands:
+    # the code after an inline test module is read like the rest (hack/rust_source.py)
+    return without_tests(text)
 
 
 def resolve(path):

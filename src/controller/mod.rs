@@ -32,6 +32,8 @@ mod launcher;
 pub(crate) mod observe;
 mod pipeline;
 pub(crate) mod plan;
+mod pool_act;
+mod pool_plan;
 pub(crate) mod pool_policies;
 pub(crate) mod pools;
 mod prepare;
@@ -56,6 +58,8 @@ mod gitops_fixtures;
 mod mock_apiserver;
 #[cfg(test)]
 mod pipeline_scenarios;
+#[cfg(test)]
+mod pool_scenarios;
 #[cfg(test)]
 mod teardown_scenarios;
 

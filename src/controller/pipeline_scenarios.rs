@@ -425,6 +425,96 @@ async fn a_templated_run_starts_cold_when_the_pool_crd_is_not_installed() {
     );
 }
 
+/// The claim's cold start (issue #57 item 1 pins it before it becomes planned effects): a
+/// templated run whose pool has no ready pod counts a miss on the pool (read, then a merge patch
+/// guarded by its resourceVersion), then records why it starts cold in its status, and gets no
+/// pod in this reconcile (looked at again soon, then created cold).
+#[tokio::test]
+async fn a_templated_run_whose_pool_has_no_ready_pod_counts_a_miss_then_records_its_cold_start() {
+    let mut r = run();
+    r.spec = crate::api::SandboxRunSpec {
+        template_ref: Some(crate::api::TemplateRef::namespaced("agent-tools")),
+        command: Some(vec!["sh".into(), "-c".into(), "true".into()]),
+        ..Default::default()
+    };
+    let template = json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRunTemplate",
+        "metadata": {"name": "agent-tools", "namespace": "ns", "generation": 1},
+        "spec": {
+            "template": {
+                "image": "registry.example/tools@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                "user": "1000",
+                "readBack": {"paths": [{"path": "/out"}]},
+            },
+            "openFields": ["command"],
+        },
+    });
+    let pools = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxrunpools";
+    let mut pool = crate::api::SandboxRunPool::new(
+        "agents",
+        crate::api::SandboxRunPoolSpec {
+            template_ref: crate::api::TemplateRef::namespaced("agent-tools"),
+            replicas: 1,
+        },
+    );
+    pool.metadata.namespace = Some("ns".into());
+    pool.metadata.uid = Some("pool-uid".into());
+    pool.metadata.resource_version = Some("3".into());
+    let pool = serde_json::to_value(pool).unwrap();
+    let list = |kind: &str, items: Vec<Value>| json!({"apiVersion": "v1", "kind": kind, "metadata": {}, "items": items});
+    let mut all = vec![
+        Route::fixed(
+            "GET",
+            "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruntemplates/agent-tools",
+            200,
+            template,
+        ),
+        Route::fixed("GET", &format!("{pools}/agents"), 200, pool.clone()),
+        Route::fixed("PATCH", &format!("{pools}/agents"), 200, pool.clone()),
+        Route::fixed("GET", pools, 200, list("SandboxRunPoolList", vec![pool])),
+        no_pod(),
+        Route::fixed("GET", PODS, 200, list("PodList", vec![])),
+    ];
+    all.extend(routes(&r, no_pod()));
+    let (client, log) = apiserver(all);
+    let rights = crate::admission::stamp::RightsPolicy {
+        unadmitted: crate::admission::stamp::UnadmittedReferences::Trust,
+        key: None,
+    };
+    let ctx = context(client, Arc::new(InMemory::new()))
+        .with_warm_pools(true)
+        .with_rights(rights);
+    let done = reconcile(ctx, r).await;
+    let writes: Vec<String> = log
+        .lines()
+        .into_iter()
+        .filter(|l| !l.starts_with("GET "))
+        .collect();
+    assert_eq!(
+        writes,
+        [
+            format!("PATCH {pools}/agents/status"),
+            format!("PATCH {STATUS}")
+        ],
+        "{:?}",
+        log.lines()
+    );
+    let miss = &log.exactly("PATCH", &format!("{pools}/agents/status"))[0];
+    assert_eq!(
+        miss.body,
+        json!({"metadata": {"resourceVersion": "3"}, "status": {"misses": 1}})
+    );
+    let recorded = &log.exactly("PATCH", STATUS)[0].body["status"]["warmStart"];
+    assert_eq!(recorded["pool"], "agents");
+    assert!(recorded["coldReason"].is_string(), "{recorded}");
+    assert!(
+        matches!(done.requeue, Requeue::After(_)),
+        "{:?}",
+        done.requeue
+    );
+}
+
 /// A run queued in `lq` (recorded in its status, `Queued=False Admitted` said) whose Workload
 /// Kueue admitted, its label removed since: never its pod (docs/contract.md "Quota cannot be
 /// edited away"). On the old code the gate keyed on the live label: the pod was created at once,

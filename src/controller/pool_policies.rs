@@ -1,65 +1,39 @@
-//! The NetworkPolicies of a warm pool's pods (`crate::pool::egress`): the pool controller applies
-//! one to each pod of a template whose runs restrict egress as soon as the pod exists (owned by
-//! it: the garbage collector deletes it with the pod), and, while the pod's egress gate waits on
-//! a known node, its version with that node denied (the gate probes the node). Until the policy
-//! is in force the gate holds the parked workload: nothing the tenant wrote runs unfiltered.
+//! The NetworkPolicies of a warm pool's pods (`crate::pool::egress`), planned (pure): the pool
+//! controller applies one to each pod of a template whose runs restrict egress as soon as the pod
+//! exists (owned by it: the garbage collector deletes it with the pod;
+//! [`super::pool_plan::after_create`]), and, while the pod's egress gate waits on a known node,
+//! its version with that node denied (the gate probes the node; [`gates_waiting`]). Until the
+//! policy is in force the gate holds the parked workload: nothing the tenant wrote runs
+//! unfiltered. Act applies them ([`super::pool_act`]).
+
+use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::DeleteParams;
-use kube::{Api, ResourceExt};
-use tracing::warn;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::ResourceExt;
 
-use super::context::Context;
-use super::error::ControllerError;
 use crate::api::SandboxRun;
+use crate::egress::EgressSettings;
 use crate::pool::egress::pool_pod_policy;
 use crate::pool::plan::PoolPod;
 use crate::pool::pod::CLAIMED_BY_LABEL;
 
-/// Applies the policy of the pool pod `created` (as the apiserver returned it). A pod whose
-/// policy cannot be applied is deleted: its gate would only time out.
-pub(super) async fn created(
-    ctx: &Context,
-    stand_in: &SandboxRun,
-    created: &Pod,
-) -> Result<(), ControllerError> {
-    let proxy = ctx.egress_proxy.addresses();
-    let gated = (None, proxy.as_slice());
-    let Some(policy) = pool_pod_policy(stand_in, &ctx.pod.egress, created, gated) else {
-        return Ok(());
-    };
-    if let Err(e) = super::act::apply_network_policy(&ctx.client, &policy).await {
-        let ns = created.namespace().unwrap_or_default();
-        let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-        let name = created.name_any();
-        warn!(pod = %name, error = %e, "a pool pod's NetworkPolicy was not applied; deleting the pod");
-        let _ = pods.delete(&name, &DeleteParams::default()).await;
-        return Err(e);
-    }
-    Ok(())
-}
-
-/// Applies, to each unclaimed pod whose gate waits on a known node, its policy with that node
-/// and the egress proxy's pods denied (server-side apply of the same object changes nothing;
-/// applied again each look while the gate waits, which also heals a policy lost in between).
-pub(super) async fn gates_waiting(
-    ctx: &Context,
-    stand_in: &SandboxRun,
-    (owned, views): (&[Pod], &[PoolPod]),
-) -> Result<(), ControllerError> {
-    let proxy = ctx.egress_proxy.addresses();
-    for pod in gated(owned, views) {
+/// The policies of the unclaimed pods whose gate waits on a known node: each with that node and
+/// the egress proxy's pods (at `proxy`) denied (server-side apply of the same object changes
+/// nothing; applied again each look while the gate waits, which also heals a policy lost in
+/// between). The policy of a pod just created is [`super::pool_plan::after_create`]'s.
+pub(super) fn gates_waiting<'a>(
+    (stand_in, egress, proxy): (&'a SandboxRun, &'a EgressSettings, &'a [IpAddr]),
+    (owned, views): (&'a [Pod], &'a [PoolPod]),
+) -> impl Iterator<Item = NetworkPolicy> + 'a {
+    gated(owned, views).filter_map(move |pod| {
         let node = pod
             .status
             .as_ref()
             .and_then(|s| s.host_ip.as_deref())
             .and_then(|ip| ip.parse().ok());
-        let gated = (node, proxy.as_slice());
-        if let Some(policy) = pool_pod_policy(stand_in, &ctx.pod.egress, pod, gated) {
-            super::act::apply_network_policy(&ctx.client, &policy).await?;
-        }
-    }
-    Ok(())
+        pool_pod_policy(stand_in, egress, pod, (node, proxy))
+    })
 }
 
 /// The pods of `owned` (seen as `views`, in the same order) whose gate waits on a node: only the

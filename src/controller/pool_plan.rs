@@ -1,0 +1,532 @@
+//! The pools' controller's plan (pure: no client, no clock — `now` is an argument): from what a
+//! look at a pool observed ([`PoolObserved`]) to the effects its act stage
+//! ([`super::pool_act`]) carries out, in order, and from act's typed answers to what follows
+//! (docs/architecture.md "The controllers beside the pipeline"). A pool keeps its replicas of
+//! unclaimed, sealed pods of its template (docs/contract.md "Warm pools").
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use kube::ResourceExt;
+use serde_json::Value;
+
+use super::error::ControllerError;
+use crate::admission::namespace_policy::Compiled as NamespacePolicy;
+use crate::admission::stamp::{RightsPolicy, StampKey};
+use crate::admission::RuleSettings;
+use crate::api::{SandboxRun, SandboxRunPool, SandboxRunPoolStatus, SandboxRunSpec};
+use crate::pod::PodSettings;
+use crate::pool::plan::PoolPod;
+use crate::pool::pod::{self as pool_pod, POOL_LABEL};
+use crate::template::TemplateUnusable;
+
+/// Why a pool makes no pods when the operator has no key to seal them with.
+const NO_KEY: &str = "the operator could not read its admission key, which seals a pool's pods \
+                      (a pod it cannot seal could not be told from a look-alike): no pool pods";
+
+/// Why a pool makes no pods of its template (its status' message, a `NotPooled` Event).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum NotPooled {
+    /// The template cannot make a run.
+    #[error(transparent)]
+    Template(#[from] TemplateUnusable),
+    /// The operator's rules, or the rights its runs would need, refuse it ([`crate::pool::judge`]).
+    #[error("{0}")]
+    Refused(String),
+    /// The operator has no key to seal its pods with ([`crate::pool::seal`]): a pod it made
+    /// could not be told from a look-alike.
+    #[error("{NO_KEY}")]
+    NoKey,
+}
+
+/// What the pools' plan is given besides what the look observed: the operator's settings.
+pub(super) struct PoolSettings<'a> {
+    /// The key pool pods are sealed with ([`crate::pool::seal`]); none: no pool pods.
+    pub key: Option<&'a StampKey>,
+    pub pod: &'a PodSettings,
+    /// The egress proxy's pods' addresses, as the watch saw them when the look began.
+    pub proxy: &'a [IpAddr],
+}
+
+/// What one look at a pool observed (the reads of `pools::observe`).
+pub(super) struct PoolObserved {
+    /// The pods carrying the pool's label, as listed.
+    pub pods: Vec<Pod>,
+    /// The spec its template makes, judged ([`judged`], [`namespace_judged`]), or why none.
+    pub made: Result<SandboxRunSpec, NotPooled>,
+}
+
+/// The spec a run made from the pool's template gets (the template `fetched` by observe merged
+/// into an empty run), judged by the operator's rules and the author's rights: or why the pool
+/// makes no pods. The namespace's policies come after ([`namespace_judged`]), once observe has
+/// read the labels they need.
+pub(super) fn judged(
+    pool: &SandboxRunPool,
+    ns: &str,
+    fetched: Result<Option<crate::template::Fetched>, TemplateUnusable>,
+    (rules, rights): (&RuleSettings, &RightsPolicy),
+) -> Result<SandboxRunSpec, NotPooled> {
+    let reference = &pool.spec.template_ref;
+    let fetched = fetched?.ok_or_else(|| TemplateUnusable::Missing {
+        what: reference.describe(ns),
+    })?;
+    let empty = SandboxRunSpec {
+        template_ref: Some(reference.clone()),
+        ..Default::default()
+    };
+    let made = crate::template::merge(&fetched.spec, &reference.label(), &empty)
+        .map_err(TemplateUnusable::from)?;
+    match crate::pool::judge::refusal(&made, rules, rights) {
+        Some(why) => Err(NotPooled::Refused(why)),
+        None => Ok(made),
+    }
+}
+
+/// `made` judged by the namespace's policies (docs/contract.md "The platform's namespace
+/// policies", the namespace's `labels`), then by the key the pool's pods need.
+pub(super) fn namespace_judged(
+    made: SandboxRunSpec,
+    labels: &BTreeMap<String, String>,
+    policies: &[NamespacePolicy],
+    key: Option<&StampKey>,
+) -> Result<SandboxRunSpec, NotPooled> {
+    match crate::pool::judge::namespace_refusal(&made, labels, policies) {
+        Some(why) => Err(NotPooled::Refused(why)),
+        None if key.is_none() => Err(NotPooled::NoKey),
+        None => Ok(made),
+    }
+}
+
+/// Why a pool's status carries a message: the reason of the Warning Event that says it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Warning {
+    /// The pool makes no pods of its template ([`NotPooled`], or its pod cannot be built).
+    NotPooled,
+    /// The namespace refused a pool pod (its quota, Pod Security, another admission).
+    PodRefused,
+}
+
+impl Warning {
+    /// The Event's reason.
+    pub(super) fn reason(self) -> &'static str {
+        match self {
+            Warning::NotPooled => "NotPooled",
+            Warning::PodRefused => "PodRefused",
+        }
+    }
+}
+
+/// An Event about the pool.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct PoolEvent {
+    pub warning: bool,
+    pub reason: &'static str,
+    /// Cut to [`super::events::EVENT_NOTE_LIMIT`].
+    pub note: String,
+}
+
+/// One write of a look at a pool, carried out by [`super::pool_act::carry_out`].
+#[derive(Debug, Clone)]
+pub(super) enum PoolEffect {
+    /// Delete an unclaimed pool pod as it was read: preconditioned on its uid and
+    /// resourceVersion, so a pod a run claimed meanwhile is never deleted (404 and 409 are done).
+    DeletePod {
+        name: String,
+        uid: Option<String>,
+        resource_version: Option<String>,
+    },
+    /// Apply a NetworkPolicy (server-side apply): a waiting gate's, with its node denied.
+    ApplyPolicy(Box<NetworkPolicy>),
+    /// Create a pool pod: answered [`PoolAnswer::Created`], `Exists` (409) or `Refused` (403, 422).
+    CreatePod(Box<Pod>),
+    /// Seal the pod just created (a merge patch); one that cannot be sealed is deleted, and the
+    /// look fails.
+    SealPod { name: String, patch: Value },
+    /// Apply the policy of the pod just created; one whose policy cannot be applied is deleted
+    /// (its gate would only time out), and the look fails.
+    ApplyPodPolicy {
+        pod: String,
+        policy: Box<NetworkPolicy>,
+    },
+    /// Publish an Event about the pool (best effort).
+    Publish(PoolEvent),
+    /// Write the pool's status (server-side apply).
+    WriteStatus(Box<SandboxRunPoolStatus>),
+}
+
+/// Act's answer to one [`PoolEffect`].
+#[derive(Debug, Clone)]
+pub(super) enum PoolAnswer {
+    Done,
+    /// The pod as the apiserver returned it (its uid known).
+    Created(Box<Pod>),
+    /// A pod of that name exists already.
+    Exists,
+    /// The namespace refused it, in the apiserver's words.
+    Refused(String),
+}
+
+/// A look at a pool, planned.
+pub(super) enum Look {
+    /// The pool makes no pods: its status (and a Warning when its message changed).
+    Unusable(Vec<PoolEffect>),
+    /// The pool serves.
+    Serve(Box<Serving>),
+}
+
+/// A pool that serves: what its look does before it creates, the pods it creates, and what it
+/// reports after.
+pub(super) struct Serving {
+    /// Outdated, surplus and orphaned pods deleted, then each waiting gate's policy applied.
+    pub before: Vec<PoolEffect>,
+    /// The pods to create, in order (stopping at the first the namespace refuses).
+    pub creates: Vec<Pod>,
+    /// The run the template makes (what a pod's policy is built from).
+    pub stand_in: SandboxRun,
+    /// The template version of its pods.
+    pub hash: String,
+    /// The status, but for the message a refused creation adds.
+    pub status: SandboxRunPoolStatus,
+}
+
+/// Plans a look at `pool` from what was `observed`, at `now` (the one clock reading of the look:
+/// the seals' grace and the new pods' names).
+pub(super) fn look(
+    pool: &SandboxRunPool,
+    observed: PoolObserved,
+    settings: &PoolSettings<'_>,
+    now: jiff::Timestamp,
+) -> Look {
+    let views = views(pool, &observed.pods, settings.key, now);
+    let claimed = views.iter().filter(|p| p.claimed && p.sealed).count();
+    let made = match observed.made {
+        Ok(made) => pool_pod::stand_in(pool, made),
+        Err(why) => return unusable(pool, claimed, why.to_string()),
+    };
+    let name = pool.name_any();
+    let stamp = now.as_nanosecond();
+    let suffix =
+        |i: usize| crate::names::short_hash(&format!("{name}/{stamp}/{i}"))[..5].to_string();
+    let hash = match pool_pod::pool_pod(pool, &made, settings.pod, &suffix(0)) {
+        Ok((_, hash)) => hash,
+        Err(e) => return unusable(pool, claimed, e.to_string()),
+    };
+    let replicas = usize::try_from(pool.spec.replicas).unwrap_or(0);
+    let plan = crate::pool::plan::plan(replicas, &hash, &views);
+    let deletes = plan.delete.iter().filter_map(|gone| {
+        let pod = observed.pods.iter().find(|p| p.name_any() == *gone)?;
+        Some(PoolEffect::DeletePod {
+            name: pod.name_any(),
+            uid: pod.uid(),
+            resource_version: pod.resource_version(),
+        })
+    });
+    let gates = super::pool_policies::gates_waiting(
+        (&made, &settings.pod.egress, settings.proxy),
+        (&observed.pods, &views),
+    )
+    .map(|policy| PoolEffect::ApplyPolicy(Box::new(policy)));
+    let before = deletes.chain(gates).collect();
+    let creates = (0..plan.create)
+        .map_while(|i| pool_pod::pool_pod(pool, &made, settings.pod, &suffix(i)).ok())
+        .map(|(pod, _)| pod)
+        .collect();
+    let status = SandboxRunPoolStatus {
+        replicas: count(plan.ready + plan.pending),
+        ready_replicas: count(plan.ready),
+        pending_replicas: count(plan.pending),
+        claimed: count(claimed),
+        selector: Some(pool_pod::unclaimed_selector(&name)),
+        template_hash: Some(hash.clone()),
+        message: None,
+        observed_generation: pool.metadata.generation,
+        misses: None,
+    };
+    Look::Serve(Box::new(Serving {
+        before,
+        creates,
+        stand_in: made,
+        hash,
+        status,
+    }))
+}
+
+/// What the pool's plan sees of each of `pods`: whether it is the pool's is its seal's to say
+/// ([`crate::pool::seal`]), never its labels', at `now` (an unsealed pod's grace).
+fn views(
+    pool: &SandboxRunPool,
+    pods: &[Pod],
+    key: Option<&StampKey>,
+    now: jiff::Timestamp,
+) -> Vec<PoolPod> {
+    let label = pool_pod::label_value(&pool.name_any());
+    let pool_uid = pool.uid().unwrap_or_default();
+    let judge = crate::pool::seal::Judge {
+        key,
+        pool: &label,
+        pool_uid: &pool_uid,
+        now,
+    };
+    pods.iter()
+        .map(|p| pool_pod::view_of(p, judge.of(p)))
+        .collect()
+}
+
+/// What follows act's answer to a [`PoolEffect::CreatePod`].
+#[derive(Debug)]
+pub(super) enum AfterCreate {
+    /// Created: seal it, then apply its policy (when its runs restrict egress).
+    Then(Vec<PoolEffect>),
+    /// It existed already: on to the next.
+    Next,
+    /// The namespace refused it: no more are created this look, and the status says why.
+    Stop(String),
+}
+
+/// What follows `answer` to the creation of a pod of the template that made `stand_in`.
+pub(super) fn after_create(
+    answer: PoolAnswer,
+    stand_in: &SandboxRun,
+    settings: &PoolSettings<'_>,
+) -> Result<AfterCreate, ControllerError> {
+    let created = match answer {
+        PoolAnswer::Created(pod) => *pod,
+        PoolAnswer::Exists | PoolAnswer::Done => return Ok(AfterCreate::Next),
+        PoolAnswer::Refused(message) => {
+            return Ok(AfterCreate::Stop(format!(
+                "the namespace refused a pool pod: {message}"
+            )))
+        }
+    };
+    let name = created.name_any();
+    let pool = created
+        .labels()
+        .get(POOL_LABEL)
+        .cloned()
+        .unwrap_or_default();
+    let patch = settings
+        .key
+        .and_then(|k| crate::pool::seal::seal_patch(k, &created, &pool))
+        .ok_or(ControllerError::Metadata("uid"))?;
+    let mut effects = vec![PoolEffect::SealPod {
+        name: name.clone(),
+        patch,
+    }];
+    let gated = (None, settings.proxy);
+    let egress = &settings.pod.egress;
+    if let Some(policy) = crate::pool::egress::pool_pod_policy(stand_in, egress, &created, gated) {
+        effects.push(PoolEffect::ApplyPodPolicy {
+            pod: name,
+            policy: Box::new(policy),
+        });
+    }
+    Ok(AfterCreate::Then(effects))
+}
+
+/// What a look reports once its pods are created: `created` of them, and `refused`, why the
+/// namespace stopped it.
+pub(super) fn closing(
+    pool: &SandboxRunPool,
+    serving: Serving,
+    created: usize,
+    refused: Option<String>,
+) -> Vec<PoolEffect> {
+    let mut effects = Vec::new();
+    if created > 0 {
+        let note = format!(
+            "created {created} pool pod(s) of template version {}",
+            serving.hash
+        );
+        effects.push(PoolEffect::Publish(event(false, "PodsCreated", note)));
+    }
+    let status = SandboxRunPoolStatus {
+        message: refused,
+        ..serving.status
+    };
+    effects.extend(status_effects(pool, status, Warning::PodRefused));
+    effects
+}
+
+/// The status of a pool that makes no pods, saying why.
+fn unusable(pool: &SandboxRunPool, claimed: usize, message: String) -> Look {
+    let status = SandboxRunPoolStatus {
+        claimed: count(claimed),
+        selector: Some(pool_pod::unclaimed_selector(&pool.name_any())),
+        message: Some(message),
+        observed_generation: pool.metadata.generation,
+        ..SandboxRunPoolStatus::default()
+    };
+    Look::Unusable(status_effects(pool, status, Warning::NotPooled))
+}
+
+/// The write of `status` unless the pool has it already (the claims' misses are never written
+/// here, so never compared), and a Warning `why` when its message is new.
+fn status_effects(
+    pool: &SandboxRunPool,
+    status: SandboxRunPoolStatus,
+    why: Warning,
+) -> Vec<PoolEffect> {
+    let status = SandboxRunPoolStatus {
+        misses: None,
+        ..status
+    };
+    let current = pool
+        .status
+        .clone()
+        .map(|s| SandboxRunPoolStatus { misses: None, ..s });
+    if current.as_ref() == Some(&status) {
+        return Vec::new();
+    }
+    let before = pool.status.as_ref().and_then(|s| s.message.as_ref());
+    let warning = status
+        .message
+        .as_ref()
+        .filter(|m| Some(*m) != before)
+        .map(|m| PoolEffect::Publish(event(true, why.reason(), m.clone())));
+    std::iter::once(PoolEffect::WriteStatus(Box::new(status)))
+        .chain(warning)
+        .collect()
+}
+
+fn event(warning: bool, reason: &'static str, mut note: String) -> PoolEvent {
+    crate::text::truncate(&mut note, super::events::EVENT_NOTE_LIMIT);
+    PoolEvent {
+        warning,
+        reason,
+        note,
+    }
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{SandboxRunPoolSpec, TemplateRef};
+
+    fn pool(status: Option<SandboxRunPoolStatus>) -> SandboxRunPool {
+        let mut pool = SandboxRunPool::new(
+            "agents",
+            SandboxRunPoolSpec {
+                template_ref: TemplateRef::namespaced("agent"),
+                replicas: 1,
+            },
+        );
+        pool.metadata.namespace = Some("ns".into());
+        pool.status = status;
+        pool
+    }
+
+    fn settings<'a>(pod: &'a PodSettings, rights: &'a RightsPolicy) -> PoolSettings<'a> {
+        PoolSettings {
+            key: rights.key.as_ref(),
+            pod,
+            proxy: &[],
+        }
+    }
+
+    fn reasons(effects: &[PoolEffect]) -> Vec<String> {
+        effects
+            .iter()
+            .map(|e| match e {
+                PoolEffect::Publish(ev) => format!("{}:{}", ev.warning, ev.reason),
+                PoolEffect::WriteStatus(s) => format!("status:{:?}", s.message),
+                other => format!("{other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_refused_creation_stops_the_look_with_the_apiservers_words() {
+        let (pod, rights) = (PodSettings::default(), RightsPolicy::default());
+        let run = SandboxRun::new("agents", SandboxRunSpec::default());
+        let after = after_create(
+            PoolAnswer::Refused("quota".into()),
+            &run,
+            &settings(&pod, &rights),
+        );
+        assert!(
+            matches!(after, Ok(AfterCreate::Stop(ref m)) if m == "the namespace refused a pool pod: quota"),
+            "{after:?}"
+        );
+        let exists = after_create(PoolAnswer::Exists, &run, &settings(&pod, &rights));
+        assert!(matches!(exists, Ok(AfterCreate::Next)), "{exists:?}");
+    }
+
+    #[test]
+    fn a_created_pod_is_sealed_first_and_one_without_a_key_or_uid_fails_the_look() {
+        let pod_settings = PodSettings::default();
+        let mut rights = RightsPolicy::default();
+        let run = SandboxRun::new("agents", SandboxRunSpec::default());
+        let mut created = Pod::default();
+        created.metadata.name = Some("agents-x".into());
+        created.metadata.uid = Some("u".into());
+        created.metadata.namespace = Some("ns".into());
+        created.metadata.labels = Some([(POOL_LABEL.to_string(), "agents".to_string())].into());
+        let answer = || PoolAnswer::Created(Box::new(created.clone()));
+        let none = after_create(answer(), &run, &settings(&pod_settings, &rights));
+        assert!(
+            matches!(none, Err(ControllerError::Metadata("uid"))),
+            "{none:?}"
+        );
+        rights.key = Some(StampKey::new(b"0123456789abcdef0123456789abcdef"));
+        let then = after_create(answer(), &run, &settings(&pod_settings, &rights));
+        let Ok(AfterCreate::Then(effects)) = then else {
+            panic!("{then:?}")
+        };
+        assert!(
+            matches!(&effects[0], PoolEffect::SealPod { name, .. } if name == "agents-x"),
+            "{effects:?}"
+        );
+    }
+
+    #[test]
+    fn the_warning_of_a_status_message_is_typed_by_where_it_came_from_not_its_words() {
+        let status = |m: &str| SandboxRunPoolStatus {
+            message: Some(m.into()),
+            ..Default::default()
+        };
+        // A refusal the template's judge words like the namespace's is still NotPooled.
+        let words = "the namespace refused its template";
+        let effects = status_effects(&pool(None), status(words), Warning::NotPooled);
+        assert_eq!(
+            reasons(&effects),
+            [format!("status:Some({words:?})"), "true:NotPooled".into()]
+        );
+        let effects = status_effects(&pool(None), status("quota"), Warning::PodRefused);
+        assert_eq!(reasons(&effects)[1], "true:PodRefused");
+    }
+
+    #[test]
+    fn a_status_the_pool_has_is_not_written_again_and_an_old_message_is_not_said_again() {
+        let said = SandboxRunPoolStatus {
+            message: Some("why".into()),
+            ..Default::default()
+        };
+        let same = status_effects(&pool(Some(said.clone())), said.clone(), Warning::NotPooled);
+        assert!(same.is_empty(), "{same:?}");
+        let counted = SandboxRunPoolStatus {
+            claimed: 2,
+            ..said.clone()
+        };
+        let effects = status_effects(&pool(Some(said)), counted, Warning::NotPooled);
+        assert_eq!(reasons(&effects), ["status:Some(\"why\")"]);
+    }
+
+    #[test]
+    fn a_look_that_created_pods_says_so_before_it_writes_the_status() {
+        let serving = Serving {
+            before: Vec::new(),
+            creates: Vec::new(),
+            stand_in: SandboxRun::new("agents", SandboxRunSpec::default()),
+            hash: "h1".into(),
+            status: SandboxRunPoolStatus::default(),
+        };
+        let effects = closing(&pool(None), serving, 2, None);
+        assert_eq!(reasons(&effects), ["false:PodsCreated", "status:None"]);
+    }
+}
