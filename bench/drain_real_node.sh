@@ -16,6 +16,9 @@
 #                                                       directories; issue #25 item 1's stream),
 #                                                       under a 1Gi cap; only our drain runs, for
 #                                                       its outcome and the operator's peak RSS
+#   RUNTIME_CLASS=gvisor bench/drain_real_node.sh      the pod under that RuntimeClass (the bed's
+#                                                       gVisor, hack/real-node.sh); the three
+#                                                       contenders exec into the same sandbox
 #   LINK_MBIT=200 bench/drain_real_node.sh              a link of that rate between the control
 #                                                       plane and the node: the kubelet's port is
 #                                                       shaped on lo (tc htb, root) while the three
@@ -37,6 +40,8 @@ SMALL=${2:-1000}
 DATA=${DATA:-random}
 WIRE=${WIRE:-zstd}
 LINK_MBIT=${LINK_MBIT:-}
+RUNTIME_CLASS=${RUNTIME_CLASS:-}
+RUNTIME_LINE=; [ -z "$RUNTIME_CLASS" ] || RUNTIME_LINE="runtimeClassName: $RUNTIME_CLASS"
 FLOOD=${FLOOD:-}
 case "$FLOOD" in ''|*[!0-9]*) [ -z "$FLOOD" ] || { echo "FLOOD=<number of symlinks>" >&2; exit 2; } ;; esac
 CAP=60Gi; [ -z "$FLOOD" ] || CAP=1Gi
@@ -90,6 +95,7 @@ metadata: {name: bench, namespace: $NS}
 spec:
   image: $BUSYBOX
   user: "1000:1000"
+  $RUNTIME_LINE
   nodeSelector: {sandbox.iterion.io/real-node: "true"}
   tolerations: [{key: sandbox.iterion.io/real-node, operator: Equal, value: "true", effect: NoSchedule}]
   readBack:

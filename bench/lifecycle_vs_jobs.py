@@ -174,9 +174,12 @@ def run_side(n, namespace, documents, kind, template, final_state, failed_state,
 
 NODE = os.environ.get("LIFECYCLE_NODE", "kwok")
 WORKLOAD_IMAGE = os.environ.get("LIFECYCLE_WORKLOAD_IMAGE", "")
-REAL_PLACEMENT = """  nodeSelector: {sandbox.iterion.io/real-node: "true"}
+# LIFECYCLE_RUNTIME_CLASS (bench/lifecycle_vs_jobs.sh RUNTIME_CLASS=gvisor): runs and Jobs alike
+# under that RuntimeClass.
+RUNTIME_CLASS = os.environ.get("LIFECYCLE_RUNTIME_CLASS", "")
+REAL_PLACEMENT = ("""  nodeSelector: {sandbox.iterion.io/real-node: "true"}
   tolerations: [{key: sandbox.iterion.io/real-node, operator: Equal, value: "true", effect: NoSchedule}]
-"""
+""" + (f"  runtimeClassName: {RUNTIME_CLASS}\n" if RUNTIME_CLASS else ""))
 
 
 def runs_yaml(n, namespace, data_dir):
@@ -234,7 +237,8 @@ def jobs_yaml(n, namespace):
         # The same work as a run: a real container writing 1 MiB (kept nowhere) and exiting.
         extra = ("      securityContext: {runAsUser: 1000, runAsGroup: 1000}\n"
                  + REAL_PLACEMENT.replace("  ", "      ", 1)
-                 .replace(chr(10) + "  tolerations", chr(10) + "      tolerations"))
+                 .replace(chr(10) + "  tolerations", chr(10) + "      tolerations")
+                 .replace(chr(10) + "  runtimeClassName", chr(10) + "      runtimeClassName"))
         return "---\n".join(
             job_yaml(i, namespace, WORKLOAD_IMAGE, "head -c 1048576 /dev/urandom > /tmp/blob", extra)
             for i in range(n))

@@ -10,6 +10,7 @@
 #   NODE=real bench/lifecycle_vs_jobs.sh 10    on the REAL node: real containers (busybox) writing
 #                                              1 MiB, the holder is the operator image
 #                                              (hack/images.sh operator); Jobs do the same work
+#   NODE=real RUNTIME_CLASS=gvisor bench/lifecycle_vs_jobs.sh 10   the same, runs and Jobs under gVisor
 #
 # One operator (release build, chart defaults: --concurrency 16, 8 drains) per N, watching only
 # the runs' namespace; the Jobs live in a namespace of their own. Everything it creates is
@@ -64,6 +65,7 @@ HOLDER=sandboxrun-operator:bench
 # kwok's exec runs the packer on this host; a real holder has its own.
 PACK=(--pack-command "$BIN pack")
 export LIFECYCLE_NODE=$NODE
+export LIFECYCLE_RUNTIME_CLASS=${RUNTIME_CLASS:-}
 if [ "$NODE" = real ]; then
   [ -s "$STATE/images/sandboxrun-operator.ref" ] || { echo "no operator image: hack/images.sh operator" >&2; exit 1; }
   HOLDER=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/sandboxrun-operator.ref")

@@ -117,6 +117,11 @@ for area in $areas; do
   cargo test --locked --test it -- "$area::" --test-threads="$threads" ||
     failed+=("integration area $area: cargo test --test it -- $area::")
 done
+# The real node's flows again, every run under gVisor (issue #52): the RuntimeClass clusters that
+# run untrusted code use (hack/real-node.sh builds it; docs/user-guide.md "Runtimes").
+log "integration area real_node under gVisor (SANDBOXRUN_TEST_RUNTIME_CLASS=gvisor)"
+SANDBOXRUN_TEST_RUNTIME_CLASS=gvisor cargo test --locked --test it -- real_node:: --test-threads="$threads" ||
+  failed+=("integration area real_node under gVisor: SANDBOXRUN_TEST_RUNTIME_CLASS=gvisor cargo test --test it -- real_node::")
 
 # The Python client (clients/python) against the same bed: its unit tests, then real runs on the
 # real node through the operator binary built above (started by the tests, in namespaces of

@@ -666,6 +666,33 @@ fn container_id(ns: &str, pod: &str, container: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// SIGKILL to a container's workload from the host. Under runc its PID 1 is a host process; under
+/// gVisor it lives in the sandbox's kernel (the host PID crictl reports is the whole sandbox's
+/// sentry), and the runtime delivers the signal: `runsc kill <container> KILL`.
+fn kill_from_the_host(container: &str) {
+    let killed = if runtime_class().is_none() {
+        let inspect = crictl(&["inspect", "-o", "json", container]);
+        let info: serde_json::Value =
+            serde_json::from_slice(&inspect.stdout).expect("inspect json");
+        let pid = info["info"]["pid"]
+            .as_i64()
+            .expect("the workload's host pid");
+        Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .expect("kill")
+    } else {
+        let root = state_dir().join("node/containerd/runsc-state/k8s.io");
+        Command::new(bed_setting("SANDBOXRUN_TEST_RUNSC"))
+            .arg("--root")
+            .arg(&root)
+            .args(["kill", container, "KILL"])
+            .status()
+            .expect("runsc kill")
+    };
+    assert!(killed.success(), "kill {container}: {killed:?}");
+}
+
 #[tokio::test]
 async fn a_workload_killed_by_a_signal_is_reported_with_its_code_and_its_files_drained() {
     let bed = RealBed::new("real-signal").await;
@@ -688,17 +715,8 @@ echo partial > "$ITERION_ARTIFACT_FILES_DIR/partial.txt"; exec sleep 3600"#;
         async move { found }
     })
     .await;
-    let inspect = crictl(&["inspect", "-o", "json", &id]);
-    let info: serde_json::Value = serde_json::from_slice(&inspect.stdout).expect("inspect json");
-    let pid = info["info"]["pid"]
-        .as_i64()
-        .expect("the workload's host pid");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let killed = Command::new("kill")
-        .args(["-KILL", &pid.to_string()])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    kill_from_the_host(&id);
 
     let run = wait_run(&bed.runs, "killed", "a final phase", &bed.op, final_phase).await;
     let status = run.status.expect("status");
@@ -2503,6 +2521,32 @@ fn packer_pid(holder_path: &str) -> Option<u32> {
     })
 }
 
+/// Whether a drain's packer runs in the pod's holder. Under runc it is a host process
+/// ([`packer_pid`]); under gVisor a sandbox's processes are the sentry's, invisible in the host's
+/// /proc: `runsc ps` lists the holder container's, and a second operator process beside the
+/// holder's own is the packer the drain exec'd.
+fn packer_running(ns: &str, pod: &str, holder_path: &str) -> bool {
+    if runtime_class().is_none() {
+        return packer_pid(holder_path).is_some();
+    }
+    let Some(id) = container_id(ns, pod, "holder") else {
+        return false;
+    };
+    let root = state_dir().join("node/containerd/runsc-state/k8s.io");
+    let out = Command::new(bed_setting("SANDBOXRUN_TEST_RUNSC"))
+        .arg("--root")
+        .arg(&root)
+        .args(["ps", &id])
+        .output()
+        .expect("runsc ps");
+    let listing = String::from_utf8_lossy(&out.stdout);
+    listing
+        .lines()
+        .filter(|line| line.contains("sandboxrun"))
+        .count()
+        >= 2
+}
+
 /// Issue 25 items 5 and 7 on a real container, with the workload still running when `stop`
 /// arrives (docs/contract.md "A changed file is never stored as a clean one", "The packer walks
 /// what it listed"). While the packer streams the big file (it listed the root already), the test
@@ -2553,8 +2597,8 @@ async fn a_file_shrunk_and_a_directory_swapped_mid_drain_are_recorded_never_foll
         .expect("stop");
     let holder_path = "/sandboxrun-readback/work/swap-race";
     eventually("the packer to start", Duration::from_secs(60), || {
-        let pid = packer_pid(holder_path);
-        async move { pid }
+        let running = packer_running(&ns, &pod, holder_path).then_some(());
+        async move { running }
     })
     .await;
     // The packer lists the root at once, then streams the 256 MiB file for seconds.
