@@ -1,5 +1,5 @@
 # Entry points; each is a thin wrapper over a script in hack/.
-.PHONY: demo demo-kwok test check crds code-order cluster-up cluster-down tools bench release
+.PHONY: demo demo-kwok test check crds code-order cluster-up cluster-down tools bench chaos release
 
 demo:        ## local cluster with a real node, the operator installed by Helm, a sample SandboxRun
 	hack/demo.sh
@@ -30,6 +30,9 @@ cluster-down:
 
 release:     ## a versioned release into dist/VERSION/ (make release VERSION=x.y.z [REGISTRY=host:port] [PUSH=1])
 	hack/release.sh $(VERSION) $(if $(REGISTRY),--registry $(REGISTRY)) $(if $(PUSH),--push)
+
+chaos:       ## the fault tests on the bed (kubelet stopped mid-drain, a node lost mid-run), alone: hack/chaos.sh
+	hack/chaos.sh
 
 bench:       ## every benchmark in bench/ (or BENCH="webhook_latency drain_memory"), JSON in target/bench-results/
 	hack/bench.sh $(BENCH)

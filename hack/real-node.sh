@@ -10,6 +10,9 @@
 #                              then restore every host setting it changed (sysctls, iptables chains,
 #                              ipsets, the bridge, mounts, /run/containerd, /var/lib/cni, cgroups)
 #   hack/real-node.sh status   exit 0 when the node is Ready
+#   hack/real-node.sh kubelet-stop / kubelet-start
+#                              a fault for `make chaos`: the kubelet stopped (containers keep
+#                              running), then started again and the node Ready
 #
 # The node is tainted sandbox.iterion.io/real-node=true:NoSchedule and labelled
 # sandbox.iterion.io/real-node=true: only pods that ask for it land here (kwok keeps the scale
@@ -332,9 +335,7 @@ up() {
   # containerd's shims put their sockets in /run/containerd/s (compiled in, not configurable).
   start containerd "$BIN/containerd" --config "$C/config.toml" --log-level warn
   wait_for containerd 60 crictl info
-  start kubelet "$BIN/kubelet" --config "$N/kubelet-config.yaml" --kubeconfig "$N/kubelet.kubeconfig" \
-    --root-dir "$N/kubelet" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \
-    --node-labels "$TAINT=true" --v=1
+  start_kubelet
   start kube-proxy "$BIN/kube-proxy" --config "$N/kube-proxy-config.yaml" --v=1
   # NetworkPolicy: bridge CNI ignores it, so kube-router's network policy controller enforces it,
   # as a host process like kube-proxy (its DaemonSet would need the CNI it replaces to start).
@@ -470,6 +471,21 @@ down() {
   log "down: processes stopped, host settings restored"
 }
 
+start_kubelet() {
+  start kubelet "$BIN/kubelet" --config "$N/kubelet-config.yaml" --kubeconfig "$N/kubelet.kubeconfig" \
+    --root-dir "$N/kubelet" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \
+    --node-labels "$TAINT=true" --v=1
+}
+
+# The faults `make chaos` injects (tests/it/real_node/chaos.rs): the kubelet stopped (its pods'
+# containers keep running; exec, logs and status updates stop), then started again.
+kubelet_stop() { stop kubelet; log "kubelet stopped"; }
+kubelet_start() {
+  start_kubelet
+  wait_for "node $NODE_NAME Ready" 180 node_ready
+  log "kubelet started; node $NODE_NAME Ready"
+}
+
 status() {
   node_ready || { log "node $NODE_NAME is not Ready"; return 1; }
   log "ok: node $NODE_NAME Ready"
@@ -479,5 +495,7 @@ case "${1:-}" in
   up) up ;;
   down) down ;;
   status) status ;;
-  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+  kubelet-stop) kubelet_stop ;;
+  kubelet-start) kubelet_start ;;
+  *) echo "usage: $0 up|down|status|kubelet-stop|kubelet-start" >&2; exit 2 ;;
 esac

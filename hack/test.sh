@@ -112,15 +112,18 @@ if [ "$all" != "$in_areas" ]; then
   echo "== tests/it: $all tests, $in_areas in the areas' filters (a test outside an area, or in two)" >&2
   failed+=("integration: the areas do not partition the tests")
 fi
+# The real node's fault tests stop its kubelet: `make chaos` runs them alone (hack/chaos.sh).
+chaos_skip=(--skip real_node::chaos::)
 for area in $areas; do
   log "integration area $area"
-  cargo test --locked --test it -- "$area::" --test-threads="$threads" ||
+  skip=(); [ "$area" != real_node ] || skip=("${chaos_skip[@]}")
+  cargo test --locked --test it -- "$area::" "${skip[@]}" --test-threads="$threads" ||
     failed+=("integration area $area: cargo test --test it -- $area::")
 done
 # The real node's flows again, every run under gVisor (issue #52): the RuntimeClass clusters that
 # run untrusted code use (hack/real-node.sh builds it; docs/user-guide.md "Runtimes").
 log "integration area real_node under gVisor (SANDBOXRUN_TEST_RUNTIME_CLASS=gvisor)"
-SANDBOXRUN_TEST_RUNTIME_CLASS=gvisor cargo test --locked --test it -- real_node:: --test-threads="$threads" ||
+SANDBOXRUN_TEST_RUNTIME_CLASS=gvisor cargo test --locked --test it -- real_node:: "${chaos_skip[@]}" --test-threads="$threads" ||
   failed+=("integration area real_node under gVisor: SANDBOXRUN_TEST_RUNTIME_CLASS=gvisor cargo test --test it -- real_node::")
 
 # The Python client (clients/python) against the same bed: its unit tests, then real runs on the

@@ -25,6 +25,7 @@ use serde_json::json;
 
 use crate::support::*;
 
+mod chaos;
 mod upgrade;
 
 const REAL_NODE_LABEL: &str = "sandbox.iterion.io/real-node";
