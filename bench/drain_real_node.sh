@@ -4,7 +4,7 @@
 #   (a) ours        the operator's drain of one read-back path (`spec.stop`), time from its
 #                   sandboxrun_drain_duration_seconds metric
 #   (b) kubectl cp  kubectl cp <pod>:<dir> <local> -c workload (busybox tar in the workload)
-#   (c) raw         kubectl exec -c holder -- sandboxrun-operator pack <dir> | cat >/dev/null
+#   (c) raw         kubectl exec -c holder -- sandboxrun-operator pack /sandboxrun-readback/<dir> | cat >/dev/null
 # and the operator's peak RSS. Prints numbers and ratios; asserts nothing.
 #
 #   bench/drain_real_node.sh [MIB_BIG_FILES] [SMALL_FILES]      default: 256 1000
@@ -160,7 +160,7 @@ cp_s=$(elapsed "$t0" "$t1"); cp_bytes=$(du -sb "$WORK/cp" | cut -f1); rm -rf "$W
 echo "== raw pack over exec" >&2
 # The same wire the operator asks for (pack --wire zstd compresses in the pod).
 wire_args=(); [ "$WIRE" = tar ] || wire_args=(--wire "$WIRE")
-t0=$(now); kubectl exec -n "$NS" "$pod" -c holder -- sandboxrun-operator pack /data "${wire_args[@]}" | cat >/dev/null; t1=$(now)
+t0=$(now); kubectl exec -n "$NS" "$pod" -c holder -- sandboxrun-operator pack /sandboxrun-readback/data "${wire_args[@]}" | cat >/dev/null; t1=$(now)
 raw_s=$(elapsed "$t0" "$t1")
 
 echo "== our drain (spec.stop)" >&2
