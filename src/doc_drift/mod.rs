@@ -7,10 +7,12 @@
 //! - [`run_flags`]: every flag of `sandboxrun-operator run` in docs/operations.md, and every flag
 //!   the chart's values table names exists;
 //! - [`chart_values`]: every value docs/operations.md names is a key of the chart's values.yaml;
+//! - [`links`]: every link between the README, the adopter files and docs/ resolves;
 //! - [`printer_columns`]: the `kubectl get` columns of each kind in docs/user-guide.md, and every
 //!   `kubectl get` output the README and docs show has the columns the CRDs print.
 
 mod chart_values;
+mod links;
 mod printer_columns;
 mod run_flags;
 
