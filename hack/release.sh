@@ -6,8 +6,8 @@
 #                           [--image-repository R]
 #   make release VERSION=x.y.z [REGISTRY=HOST:PORT] [PUSH=1]
 #
-# VERSION must be the chart's `version` and `appVersion` already (bumped in a commit) and have a
-# `## VERSION` section in CHANGELOG.md. It produces:
+# VERSION must be the binary's (Cargo.toml), the chart's `version` and `appVersion` already (bumped
+# in a commit) and the newest section of CHANGELOG.md (hack/release-versions.py). It produces:
 #   image/                                 the operator image as an OCI image layout (linux/amd64
 #                                          only: no arm64 C toolchain reaches this machine)
 #   sandboxrun-operator-VERSION.tgz        the chart, image pinned by digest (image.repository =
@@ -53,10 +53,11 @@ while [ $# -gt 0 ]; do
 done
 [[ $VERSION =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]] || die "VERSION $VERSION is not x.y.z[-pre]"
 CHART=$REPO/charts/sandboxrun-operator
-chart_field() { awk -v k="$1:" '$1 == k { gsub(/"/, "", $2); print $2 }' "$CHART/Chart.yaml"; }
-[ "$(chart_field version)" = "$VERSION" ] || die "Chart.yaml version is $(chart_field version): bump it (and appVersion) to $VERSION in a commit first"
-[ "$(chart_field appVersion)" = "$VERSION" ] || die "Chart.yaml appVersion is $(chart_field appVersion), not $VERSION"
-grep -q "^## $VERSION\b" "$REPO/CHANGELOG.md" || die "CHANGELOG.md has no '## $VERSION' section"
+# Every version the release names is VERSION: the binary's (Cargo.toml, which it reports and
+# publishes), the chart's version and appVersion, the CHANGELOG's newest section, the image the chart
+# defaults to and the krew manifest's (hack/release-versions.py; `make check` runs it on the tree).
+python3 "$HERE/release-versions.py" --version "$VERSION" "$REPO" >&2 ||
+  die "the tree is not version $VERSION: bump Cargo.toml, Cargo.lock, Chart.yaml and CHANGELOG.md together in a commit first"
 CRANE=$BIN/crane HELM=$BIN/helm
 for tool in "$CRANE" "$HELM"; do [ -x "$tool" ] || die "no $tool: run hack/build-tools.sh"; done
 IMAGE_REPOSITORY=${IMAGE_REPOSITORY:-${REGISTRY/127.0.0.1/localhost}/sandboxrun-operator}
