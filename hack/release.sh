@@ -73,11 +73,16 @@ pinned=$(SANDBOXRUN_OPERATOR_TAG=$VERSION "$HERE/images.sh" operator | tail -n 1
 digest=${pinned##*@}
 [[ $digest == sha256:* ]] || die "images.sh printed no digest: $pinned"
 source_ref="127.0.0.1:$REGISTRY_PORT/sandboxrun-operator:$VERSION"
+# Plain HTTP (and no certificate check) for the local bed's registry only: any other registry is
+# pushed to over TLS, its certificate checked (crane reaches a loopback source over HTTP itself).
+insecure=()
+plain_http=()
+if loopback_registry "$REGISTRY"; then insecure=(--insecure); plain_http=(--plain-http); fi
 if [ "$REGISTRY" != "127.0.0.1:$REGISTRY_PORT" ]; then
-  "$CRANE" copy --insecure "$source_ref" "$REGISTRY/sandboxrun-operator:$VERSION" >/dev/null 2>&1 ||
+  "$CRANE" copy "${insecure[@]}" "$source_ref" "$REGISTRY/sandboxrun-operator:$VERSION" >/dev/null 2>&1 ||
     die "crane copy to $REGISTRY failed"
 fi
-"$CRANE" pull --insecure --format=oci "$REGISTRY/sandboxrun-operator:$VERSION" "$DIST/image" 2>/dev/null ||
+"$CRANE" pull "${insecure[@]}" --format=oci "$REGISTRY/sandboxrun-operator:$VERSION" "$DIST/image" 2>/dev/null ||
   die "crane pull of the image failed"
 
 log "kubectl plugin tarball"
@@ -125,7 +130,7 @@ awk -v v="## $VERSION" 'index($0, v) == 1 { on = 1; print; next } on && /^## / {
 
 if [ "$PUSH" = 1 ]; then
   log "helm push oci://$REGISTRY/charts"
-  "$HELM" push "$DIST/sandboxrun-operator-$VERSION.tgz" "oci://$REGISTRY/charts" --plain-http >&2
+  "$HELM" push "$DIST/sandboxrun-operator-$VERSION.tgz" "oci://$REGISTRY/charts" "${plain_http[@]}" >&2
 fi
 if [ "$RECORD" = 1 ]; then
   # charts/RELEASED: the chart tree this version packaged (hack/chart-released.sh checks it) and
