@@ -7,6 +7,9 @@
 #     templates/serviceaccount.yaml and templates/rbac.yaml (`helm template`);
 #   - the values table of the chart's README (`helm show readme`), from its values.yaml
 #     (hack/chart-readme.py);
+#   - the tables the docs show of the code: docs/operations.md's "Every flag of `run`" (from the
+#     command line) and docs/user-guide.md's "What `kubectl get` shows" (from the CRDs), written by
+#     the tests of src/doc_drift/ when SANDBOXRUN_WRITE_DOC_TABLES names a directory;
 #   - tests/gitops-fixtures/*.yaml (the runs the GitOps health checks are judged on), from the
 #     controller's status builders (src/controller/gitops_fixtures.rs, a unit test that writes
 #     them when SANDBOXRUN_WRITE_GITOPS_FIXTURES names a directory).
@@ -31,6 +34,13 @@ fixtures_test=controller::gitops_fixtures::the_gitops_fixtures_are_what_the_stat
 if ! SANDBOXRUN_WRITE_GITOPS_FIXTURES="$tmp/gitops-fixtures" \
   cargo test --quiet --locked --lib "$fixtures_test" -- --exact >"$tmp/fixtures.log" 2>&1; then
   cat "$tmp/fixtures.log" >&2; echo "gen.sh: generating tests/gitops-fixtures failed" >&2; exit 1
+fi
+
+# ---- the docs' generated tables, from the command line and the CRDs
+if ! SANDBOXRUN_WRITE_DOC_TABLES="$tmp/doc-tables" cargo test --quiet --locked --lib -- --exact \
+  doc_drift::run_flags::the_run_flags_table_is_the_command_lines \
+  doc_drift::printer_columns::the_columns_table_is_the_crds >"$tmp/doc-tables.log" 2>&1; then
+  cat "$tmp/doc-tables.log" >&2; echo "gen.sh: generating the docs' tables failed" >&2; exit 1
 fi
 
 # ---- config/rbac/rbac.yaml, from the chart
@@ -80,6 +90,8 @@ targets=(
   "crds/sandboxrunpools.sandbox.iterion.io.yaml:pool-crd.yaml:src/api.rs"
   "charts/sandboxrun-operator/crds/sandboxrunpools.sandbox.iterion.io.yaml:pool-crd.yaml:src/api.rs"
   "config/rbac/rbac.yaml:rbac.yaml:the chart's RBAC templates"
+  "docs/operations.md:doc-tables/docs/operations.md:the run command's flags (src/doc_drift/run_flags.rs)"
+  "docs/user-guide.md:doc-tables/docs/user-guide.md:the CRDs' printer columns (src/doc_drift/printer_columns.rs)"
   "charts/sandboxrun-operator/README.md:chart-README.md:charts/sandboxrun-operator/values.yaml (hack/chart-readme.py)"
 )
 for f in "$tmp"/gitops-fixtures/*.yaml; do

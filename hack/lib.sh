@@ -83,6 +83,13 @@ tools_dir_name() {
   echo "tools-k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-helm-$HELM_VERSION-containerd-$CONTAINERD_VERSION-cni-$CNI_PLUGINS_VERSION-crane-$CRANE_VERSION-crictl-$CRICTL_VERSION"
 }
 
+# Whether a registry HOST[:PORT] is this machine's (loopback): the local bed's registry speaks plain
+# HTTP; any other is reached over TLS (hack/release.sh's `helm push`). hack/check.sh tests it.
+loopback_registry() {
+  local host=${1%:*}
+  [[ $host =~ ^127\.[0-9]+\.[0-9]+\.[0-9]+$ || $host == localhost || $host == "[::1]" ]]
+}
+
 # The tree under <dir> as a tar on stdout, reproducibly: its entries at the top, sorted, numeric
 # root ownership, mtime 0 (the images' layers, hack/images.sh; the release's archives,
 # hack/release.sh).

@@ -6,8 +6,8 @@
 #                           [--image-repository R]
 #   make release VERSION=x.y.z [REGISTRY=HOST:PORT] [PUSH=1]
 #
-# VERSION must be the chart's `version` and `appVersion` already (bumped in a commit) and have a
-# `## VERSION` section in CHANGELOG.md. It produces:
+# VERSION must be the binary's (Cargo.toml), the chart's `version` and `appVersion` already (bumped
+# in a commit) and the newest section of CHANGELOG.md (hack/release-versions.py). It produces:
 #   image/                                 the operator image as an OCI image layout (linux/amd64
 #                                          only: no arm64 C toolchain reaches this machine)
 #   sandboxrun-operator-VERSION.tgz        the chart, image pinned by digest (image.repository =
@@ -53,10 +53,11 @@ while [ $# -gt 0 ]; do
 done
 [[ $VERSION =~ ^[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]] || die "VERSION $VERSION is not x.y.z[-pre]"
 CHART=$REPO/charts/sandboxrun-operator
-chart_field() { awk -v k="$1:" '$1 == k { gsub(/"/, "", $2); print $2 }' "$CHART/Chart.yaml"; }
-[ "$(chart_field version)" = "$VERSION" ] || die "Chart.yaml version is $(chart_field version): bump it (and appVersion) to $VERSION in a commit first"
-[ "$(chart_field appVersion)" = "$VERSION" ] || die "Chart.yaml appVersion is $(chart_field appVersion), not $VERSION"
-grep -q "^## $VERSION\b" "$REPO/CHANGELOG.md" || die "CHANGELOG.md has no '## $VERSION' section"
+# Every version the release names is VERSION: the binary's (Cargo.toml, which it reports and
+# publishes), the chart's version and appVersion, the CHANGELOG's newest section, the image the chart
+# defaults to and the krew manifest's (hack/release-versions.py; `make check` runs it on the tree).
+python3 "$HERE/release-versions.py" --version "$VERSION" "$REPO" >&2 ||
+  die "the tree is not version $VERSION: bump Cargo.toml, Cargo.lock, Chart.yaml and CHANGELOG.md together in a commit first"
 CRANE=$BIN/crane HELM=$BIN/helm
 for tool in "$CRANE" "$HELM"; do [ -x "$tool" ] || die "no $tool: run hack/build-tools.sh"; done
 IMAGE_REPOSITORY=${IMAGE_REPOSITORY:-${REGISTRY/127.0.0.1/localhost}/sandboxrun-operator}
@@ -72,11 +73,16 @@ pinned=$(SANDBOXRUN_OPERATOR_TAG=$VERSION "$HERE/images.sh" operator | tail -n 1
 digest=${pinned##*@}
 [[ $digest == sha256:* ]] || die "images.sh printed no digest: $pinned"
 source_ref="127.0.0.1:$REGISTRY_PORT/sandboxrun-operator:$VERSION"
+# Plain HTTP (and no certificate check) for the local bed's registry only: any other registry is
+# pushed to over TLS, its certificate checked (crane reaches a loopback source over HTTP itself).
+insecure=()
+plain_http=()
+if loopback_registry "$REGISTRY"; then insecure=(--insecure); plain_http=(--plain-http); fi
 if [ "$REGISTRY" != "127.0.0.1:$REGISTRY_PORT" ]; then
-  "$CRANE" copy --insecure "$source_ref" "$REGISTRY/sandboxrun-operator:$VERSION" >/dev/null 2>&1 ||
+  "$CRANE" copy "${insecure[@]}" "$source_ref" "$REGISTRY/sandboxrun-operator:$VERSION" >/dev/null 2>&1 ||
     die "crane copy to $REGISTRY failed"
 fi
-"$CRANE" pull --insecure --format=oci "$REGISTRY/sandboxrun-operator:$VERSION" "$DIST/image" 2>/dev/null ||
+"$CRANE" pull "${insecure[@]}" --format=oci "$REGISTRY/sandboxrun-operator:$VERSION" "$DIST/image" 2>/dev/null ||
   die "crane pull of the image failed"
 
 log "kubectl plugin tarball"
@@ -124,7 +130,7 @@ awk -v v="## $VERSION" 'index($0, v) == 1 { on = 1; print; next } on && /^## / {
 
 if [ "$PUSH" = 1 ]; then
   log "helm push oci://$REGISTRY/charts"
-  "$HELM" push "$DIST/sandboxrun-operator-$VERSION.tgz" "oci://$REGISTRY/charts" --plain-http >&2
+  "$HELM" push "$DIST/sandboxrun-operator-$VERSION.tgz" "oci://$REGISTRY/charts" "${plain_http[@]}" >&2
 fi
 if [ "$RECORD" = 1 ]; then
   # charts/RELEASED: the chart tree this version packaged (hack/chart-released.sh checks it) and

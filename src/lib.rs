@@ -10,6 +10,8 @@ pub mod caps;
 pub mod cmd;
 pub(crate) mod controller;
 pub(crate) mod crdgen;
+#[cfg(test)]
+mod doc_drift;
 pub mod doctor;
 pub mod drain;
 pub mod egress;
