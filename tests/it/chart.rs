@@ -790,6 +790,18 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         from["podSelector"]["matchExpressions"][0]["key"].as_str(),
         Some("sandbox.iterion.io/run-uid")
     );
+    // A warm pool's pods are let in from their creation, so a claim's new run-uid label never
+    // waits on the NetworkPolicy enforcer (a claimed run's first connection was refused once under
+    // gVisor, issue #52); the proxy's token still decides what a connection may do.
+    let pool_peer = &np["spec"]["ingress"][0]["from"][1];
+    assert_eq!(
+        pool_peer["podSelector"]["matchLabels"]["app.kubernetes.io/managed-by"].as_str(),
+        Some("sandboxrun-operator")
+    );
+    assert_eq!(
+        pool_peer["podSelector"]["matchExpressions"][0]["key"].as_str(),
+        Some("sandbox.iterion.io/pool-pod")
+    );
     // The operator: told where the proxy is and which pods it runs in; may apply policies.
     let op = operator_deployment(&docs);
     let op_args: Vec<&str> = op["spec"]["template"]["spec"]["containers"][0]["args"]
