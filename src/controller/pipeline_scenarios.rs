@@ -576,3 +576,45 @@ async fn a_queued_run_whose_queue_label_was_removed_gets_no_pod_even_when_admitt
         log.lines()
     );
 }
+
+/// A run labelled for a Kueue queue while the operator runs without `--kueue` (docs/contract.md
+/// "A queue label the operator does not honour is said, not ignored"): before its pod,
+/// `Queued=False KueueDisabled` and a Warning Event `QueueIgnored`; on the old code the pod was
+/// created at once and nothing said the label was ignored.
+#[tokio::test]
+async fn a_run_labelled_for_a_queue_without_kueue_says_so_before_it_runs_unqueued() {
+    let mut r = run();
+    r.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(crate::kueue::QUEUE_LABEL.into(), "lq".into());
+    let mut routes = routes(&r, no_pod());
+    routes.push(Route::echo("PATCH", STATUS, 200));
+    let (client, log) = apiserver(routes);
+    reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    assert!(
+        log.matching("POST", PODS).is_empty(),
+        "said first, the pod on the next reconcile: {:?}",
+        log.lines()
+    );
+    let events = log.matching("POST", EVENTS);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.body["reason"] == "QueueIgnored" && e.body["type"] == "Warning"),
+        "{:?}",
+        log.lines()
+    );
+    let written = log.matching("PATCH", STATUS);
+    let conditions = written
+        .last()
+        .and_then(|s| s.body["status"]["conditions"].as_array().cloned())
+        .unwrap_or_default();
+    assert!(
+        conditions.iter().any(|c| c["type"] == "Queued"
+            && c["status"] == "False"
+            && c["reason"] == "KueueDisabled"),
+        "{:?}",
+        log.lines()
+    );
+}
