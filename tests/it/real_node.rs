@@ -4300,16 +4300,20 @@ async fn a_ready_queued_run_outlives_kueues_pods_ready_timeout_and_a_never_ready
             .find(|c| c["type"] == "PodsReady")
             .map(|c| (c["status"].to_string(), c["reason"].to_string()))
     };
-    let evicted_for_timeout = |r: &SandboxRun| {
-        r.status.as_ref().is_some_and(|s| {
-            s.attempts.iter().any(|a| {
-                a.reason == "Preempted"
-                    && !a.counted
-                    && a.message
-                        .as_deref()
-                        .is_some_and(|m| m.contains("PodsReady timeout"))
-            })
-        })
+    // An attempt ended by Kueue's eviction, never counted; Kueue counts its PodsReadyTimeout
+    // evictions in the Workload's requeueState (only that eviction increments it).
+    let evicted_for_timeout = |r: &SandboxRun, w: Option<&DynamicObject>| {
+        let attempt = r.status.as_ref().is_some_and(|s| {
+            s.attempts
+                .iter()
+                .any(|a| a.reason == "Preempted" && !a.counted)
+        });
+        let timed_out = w.is_some_and(|w| {
+            w.data["status"]["requeueState"]["count"]
+                .as_i64()
+                .is_some_and(|n| n >= 1)
+        });
+        attempt && timed_out
     };
     let (mut saw_ready, mut requeued) = (false, false);
     let deadline = Instant::now() + Duration::from_secs(240);
@@ -4324,7 +4328,8 @@ async fn a_ready_queued_run_outlives_kueues_pods_ready_timeout_and_a_never_ready
             "the never-ready run is requeued, not ended: {:?}",
             never.status
         );
-        requeued |= evicted_for_timeout(&never);
+        let never_workload = workloads.get("never-ready-sbr").await.ok();
+        requeued |= evicted_for_timeout(&never, never_workload.as_ref());
         if final_phase(&ready) && requeued {
             break;
         }
