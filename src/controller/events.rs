@@ -102,6 +102,10 @@ pub(crate) const TEMPLATE_UNUSABLE: &str = "TemplateUnusable";
 /// (docs/contract.md "A queue label the operator does not honour is said, not ignored"): a
 /// Warning Event, and the `Queued=False` reason `KueueDisabled`; the run runs unqueued.
 pub(crate) const QUEUE_IGNORED: &str = "QueueIgnored";
+/// A queued run's queue or priority-class label edited after its Workload was made
+/// (docs/contract.md "A queued run keeps the queue and priority it was queued with"): a Warning
+/// Event, once per edit; the run stays in the queue and at the priority it was queued with.
+pub(crate) const QUEUE_LABEL_EDIT_IGNORED: &str = "QueueLabelEditIgnored";
 
 #[cfg(test)]
 /// The two reasons whose spelling the contract fixes (not CamelCase).
@@ -138,6 +142,7 @@ pub(crate) const ALL: &[&str] = &[
     STORE_UNUSABLE,
     TEMPLATE_UNUSABLE,
     QUEUE_IGNORED,
+    QUEUE_LABEL_EDIT_IGNORED,
     RIGHTS_UNVERIFIED,
     ATTEMPT_FAILED,
     SUSPENDED,

@@ -122,7 +122,13 @@ pub(crate) fn gate(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timest
             }
         };
     }
+    // Said first, in the hold's own write (docs/contract.md "A queued run keeps the queue and
+    // priority it was queued with").
+    let said = edit_said(run, &step, &q, now);
     if q.has_pod {
+        if let Some(plan) = said {
+            return Gate::Hold(Box::new(plan));
+        }
         return match (q.state, step) {
             (QueueState::Evicted { message, .. }, Step::TrackPod { .. } | Step::Checkpoint) => {
                 Gate::Step(Step::Teardown(Trigger::Preempted {
@@ -154,6 +160,18 @@ pub(crate) fn gate(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timest
     if !matches!(step, Step::CreatePod) {
         return Gate::Step(step);
     }
+    match (to_create_pod(run, step, q, now), said) {
+        (gate, None) => gate,
+        (Gate::Hold(mut plan), Some(said)) => {
+            super::kueue_edits::join(&mut plan, said, run.metadata.generation, now);
+            Gate::Hold(plan)
+        }
+        (_, Some(said)) => Gate::Hold(Box::new(said)),
+    }
+}
+
+/// What the queue makes of a run that would get its pod now.
+fn to_create_pod(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timestamp) -> Gate {
     let resumed = resumed(q.state, q.workload);
     let queue = match queueing(run) {
         Queueing::In(queue) => Some(queue),
@@ -180,6 +198,23 @@ pub(crate) fn gate(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timest
         }
         (gate, _) => gate,
     }
+}
+
+/// A queued run whose Kueue labels were edited after its Workload was made, while it waits or
+/// runs (docs/contract.md "A queued run keeps the queue and priority it was queued with"): the
+/// edit is said — a condition and a Warning Event ([`super::kueue_edits`]) — before the step goes
+/// on, on the next reconcile; the Workload is not touched.
+fn edit_said(run: &SandboxRun, step: &Step, q: &QueueInputs<'_>, now: Timestamp) -> Option<Plan> {
+    let waits_or_runs = matches!(
+        step,
+        Step::CreatePod | Step::TrackPod { .. } | Step::Checkpoint
+    );
+    let owned = !matches!(
+        q.state,
+        QueueState::Foreign | QueueState::Finished | QueueState::Absent
+    );
+    let workload = q.workload.filter(|_| waits_or_runs && owned)?;
+    super::kueue_edits::ignored_edit(run, workload, now)
 }
 
 /// A suspended run without its pod (docs/contract.md "A suspended queued run frees its quota"):
@@ -912,5 +947,163 @@ mod tests {
         assert_eq!(plan.status.unwrap().queue.as_deref(), Some("lq"));
         // Put back: the recorded queue decides again.
         assert_eq!(queueing(&run), Queueing::In("lq"));
+    }
+
+    /// A run queued in "lq", its pod running, its Workload admitted at WorkloadPriorityClass
+    /// "low".
+    fn queued_at_low() -> (SandboxRun, serde_json::Value) {
+        let mut run = run_with(&[("/out", false)]);
+        labelled(&mut run, Some("lq"));
+        prioritised(&mut run, Some("low"));
+        run.status.get_or_insert_with(Default::default).queue = Some("lq".into());
+        let w = json!({"metadata": {"resourceVersion": "7", "generation": 1},
+            "spec": {"queueName": "lq", "priority": 10, "priorityClassRef":
+                {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "low"}},
+            "status": {"conditions": [
+                {"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                {"type": "Admitted", "status": "True", "reason": "Admitted"},
+                {"type": "PodsReady", "status": "True", "reason": "Started"}],
+                "admission": {"clusterQueue": "cq"}}});
+        (run, w)
+    }
+
+    fn prioritised(run: &mut SandboxRun, class: Option<&str>) {
+        let labels = run.metadata.labels.get_or_insert_with(Default::default);
+        labels.remove(crate::kueue::PRIORITY_LABEL);
+        if let Some(class) = class {
+            labels.insert(crate::kueue::PRIORITY_LABEL.into(), class.into());
+        }
+    }
+
+    /// The gate on a running admitted run: the hold that says an edit, or None (the step went
+    /// on).
+    fn said_while_running(run: &SandboxRun, w: &serde_json::Value) -> Option<Plan> {
+        let admitted = QueueState::Admitted {
+            cluster_queue: "cq".into(),
+        };
+        let q = QueueInputs {
+            workload: Some(w),
+            pod_ready: true,
+            ..inputs(&admitted, true)
+        };
+        match gate(run, Step::TrackPod { requeue: None }, q, now()) {
+            Gate::Hold(plan) => Some(*plan),
+            Gate::Step(Step::TrackPod { .. }) => None,
+            other => panic!("the step goes on or the edit is said: {other:?}"),
+        }
+    }
+
+    fn edit_event(plan: &Plan) -> &super::super::events::PlannedEvent {
+        let [event] = plan.events.as_slice() else {
+            panic!("one Event: {:?}", plan.events);
+        };
+        assert!(event.warning, "{event:?}");
+        assert_eq!(event.reason, super::super::events::QUEUE_LABEL_EDIT_IGNORED);
+        event
+    }
+
+    #[test]
+    fn an_admitted_runs_priority_or_queue_label_edit_is_said_once_and_not_followed() {
+        let (run, w) = queued_at_low();
+        assert_eq!(
+            said_while_running(&run, &w),
+            None,
+            "as queued: nothing said"
+        );
+        // Its priority label edited while it runs: said, the Workload not touched.
+        let mut edited = run.clone();
+        prioritised(&mut edited, Some("high"));
+        let plan = said_while_running(&edited, &w).expect("said");
+        assert!(plan.effects.is_empty(), "{:?}", plan.effects);
+        let note = &edit_event(&plan).note;
+        assert!(
+            note.contains("\"high\"") && note.contains("\"low\""),
+            "{note}"
+        );
+        let status = plan.status.expect("a condition");
+        assert_eq!(
+            cond_of(&status, conditions::LABEL_EDIT_IGNORED),
+            pair(
+                "True",
+                super::super::kueue_edits::REASON_PRIORITY_LABEL_CHANGED
+            )
+        );
+        // Said once: the step goes on.
+        edited.status = Some(status);
+        assert_eq!(said_while_running(&edited, &w), None);
+        // Its queue label edited too: said again, the queue first.
+        labelled(&mut edited, Some("free"));
+        let plan = said_while_running(&edited, &w).expect("said again");
+        assert!(edit_event(&plan).note.contains("\"free\""));
+        let status = plan.status.expect("a condition");
+        assert_eq!(
+            cond_of(&status, conditions::LABEL_EDIT_IGNORED),
+            pair(
+                "True",
+                super::super::kueue_edits::REASON_QUEUE_LABEL_CHANGED
+            )
+        );
+        // Put back: False, without an Event.
+        edited.status = Some(status);
+        labelled(&mut edited, Some("lq"));
+        prioritised(&mut edited, Some("low"));
+        let plan = said_while_running(&edited, &w).expect("the condition turns False");
+        assert!(plan.events.is_empty(), "{:?}", plan.events);
+        let status = plan.status.expect("a condition");
+        assert_eq!(
+            cond_of(&status, conditions::LABEL_EDIT_IGNORED),
+            pair("False", super::super::kueue_edits::REASON_LABELS_AS_QUEUED)
+        );
+        edited.status = Some(status);
+        assert_eq!(said_while_running(&edited, &w), None);
+    }
+
+    #[test]
+    fn a_priority_label_added_to_a_run_queued_without_one_is_said_not_followed() {
+        let (mut run, mut w) = queued_at_low();
+        prioritised(&mut run, None);
+        w["spec"]
+            .as_object_mut()
+            .unwrap()
+            .remove("priorityClassRef");
+        assert_eq!(said_while_running(&run, &w), None);
+        prioritised(&mut run, Some("high"));
+        let plan = said_while_running(&run, &w).expect("said");
+        assert!(edit_event(&plan).note.contains("no priority class"));
+        // A Workload at a pod PriorityClass: the label does not decide it (as for Kueue's Jobs).
+        w["spec"]["priorityClassRef"] = json!({"group": "scheduling.k8s.io",
+            "kind": "PriorityClass", "name": "batch"});
+        assert_eq!(said_while_running(&run, &w), None);
+    }
+
+    #[test]
+    fn a_waiting_runs_queue_label_edit_is_said_in_the_holds_own_write() {
+        let (run, mut w) = queued_at_low();
+        w["status"] = json!({"conditions": [
+            {"type": "QuotaReserved", "status": "False", "reason": "Pending", "message": "no quota"}]});
+        let mut edited = run.clone();
+        labelled(&mut edited, None);
+        let pending = pending();
+        let q = QueueInputs {
+            workload: Some(&w),
+            ..inputs(&pending, false)
+        };
+        let Gate::Hold(plan) = gate(&edited, Step::CreatePod, q, now()) else {
+            panic!("held");
+        };
+        assert!(plan.effects.is_empty(), "{:?}", plan.effects);
+        edit_event(&plan);
+        let status = plan.status.expect("told");
+        assert_eq!(
+            cond_of(&status, conditions::QUEUED),
+            pair("True", QUEUE_LABEL_CHANGED)
+        );
+        assert_eq!(
+            cond_of(&status, conditions::LABEL_EDIT_IGNORED),
+            pair(
+                "True",
+                super::super::kueue_edits::REASON_QUEUE_LABEL_CHANGED
+            )
+        );
     }
 }

@@ -23,6 +23,9 @@ use crate::api::SandboxRun;
 pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// The label naming a run's WorkloadPriorityClass.
 pub const PRIORITY_LABEL: &str = "kueue.x-k8s.io/priority-class";
+/// The condition a queued run gets while its Kueue labels disagree with what it was queued
+/// with (docs/contract.md "A queued run keeps the queue and priority it was queued with").
+pub const LABEL_EDIT_IGNORED: &str = "LabelEditIgnored";
 /// Kueue's API group.
 pub const GROUP: &str = "kueue.x-k8s.io";
 /// The Workload API version this operator writes (Kueue v0.17's storage version).
@@ -131,6 +134,32 @@ pub fn label_change_refusal(
     };
     Some(format!(
         "the run was queued in Kueue LocalQueue {recorded:?}; this edit {now}, and the queue a run was queued in cannot change (its quota is held there)"
+    ))
+}
+
+/// The refusal of an edit of a run's `kueue.x-k8s.io/priority-class` label once the run was
+/// queued in `recorded` (docs/contract.md "A queued run keeps the queue and priority it was
+/// queued with"): `old_label` and `new_label` are the label before and after the edit. Never
+/// refused: a run being let go of, and an edit of a run whose labels disagree already with its
+/// Workload (`disagrees`: the operator said so, the webhook having been bypassed), so that the
+/// label can be put back.
+pub fn priority_change_refusal(
+    recorded: Option<&str>,
+    (old_label, new_label): (Option<&str>, Option<&str>),
+    letting_go: bool,
+    disagrees: bool,
+) -> Option<String> {
+    let recorded = recorded.filter(|q| !q.is_empty())?;
+    if letting_go || disagrees || old_label == new_label {
+        return None;
+    }
+    let now = match new_label {
+        Some(label) => format!("changes it to {label:?}"),
+        None => "removes it".to_string(),
+    };
+    let was = old_label.map_or_else(|| "none".to_string(), |l| format!("{l:?}"));
+    Some(format!(
+        "the run was queued in Kueue LocalQueue {recorded:?} with WorkloadPriorityClass {was}; this edit {now}, and the priority a run was queued with cannot change"
     ))
 }
 
@@ -632,6 +661,33 @@ mod tests {
         assert_eq!(said(&lost), (json!("False"), json!("WaitForRecovery")));
         let back = apply(&lost, true).expect("written");
         assert_eq!(said(&back), (json!("True"), json!("Recovered")));
+    }
+
+    #[test]
+    fn once_queued_the_priority_label_cannot_change_unless_let_go_of_or_put_back() {
+        let refusal = |old, new, letting_go, disagrees| {
+            priority_change_refusal(Some("lq"), (old, new), letting_go, disagrees)
+        };
+        assert_eq!(
+            priority_change_refusal(None, (Some("low"), Some("high")), false, false),
+            None,
+            "never queued"
+        );
+        assert_eq!(refusal(Some("low"), Some("low"), false, false), None);
+        let raised = refusal(Some("low"), Some("high"), false, false).expect("refused");
+        assert!(
+            raised.contains("\"low\"") && raised.contains("\"high\""),
+            "{raised}"
+        );
+        let removed = refusal(Some("low"), None, false, false).expect("refused");
+        assert!(removed.contains("removes it"), "{removed}");
+        assert!(refusal(None, Some("high"), false, false).is_some(), "added");
+        assert_eq!(refusal(Some("low"), None, true, false), None, "let go of");
+        assert_eq!(
+            refusal(Some("high"), Some("low"), false, true),
+            None,
+            "put back"
+        );
     }
 
     #[test]
