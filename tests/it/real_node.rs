@@ -3640,6 +3640,121 @@ async fn a_queued_run_whose_queue_label_is_removed_gets_no_pod() {
     }
 }
 
+/// Issue #53 item 1 on the real node with the real Kueue (docs/contract.md "A queued run keeps the
+/// queue and priority it was queued with"): a queued run admitted at WorkloadPriorityClass
+/// `<tag>-low`, its pod running, has its `kueue.x-k8s.io/priority-class` label changed to
+/// `<tag>-high` (no webhook here: the operator must say it on its own). Its Workload keeps the
+/// priority it was queued with, and the run says the edit is not followed —
+/// `LabelEditIgnored=True PriorityLabelChanged` and a Warning Event `QueueLabelEditIgnored`; put
+/// back, the condition turns False. On the old code nothing was said.
+#[tokio::test]
+async fn a_running_queued_runs_priority_label_edit_is_said_and_its_workload_keeps_its_priority() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "kueue-prio").await;
+    let tag = format!("sbr-{:08x}", rand_u32());
+    let made = kueue_queue(&client, &ns.name, &tag).await;
+    let (_dir, store_url) = file_store("kueue-prio");
+    let op = start_operator_with(&ns.name, &store_url, &["--kueue"]);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let mut spec = real_spec(Some("sleep 120"), &["/work/out"]);
+    spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(BTreeMap::from([(
+            "cpu".to_string(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("300m".into()),
+        )])),
+        ..Default::default()
+    });
+    let mut run = SandboxRun::new("prio", spec);
+    let (low, high) = (format!("{tag}-low"), format!("{tag}-high"));
+    run.metadata.labels = Some(BTreeMap::from([
+        ("kueue.x-k8s.io/queue-name".to_string(), "lq".to_string()),
+        ("kueue.x-k8s.io/priority-class".to_string(), low.clone()),
+    ]));
+    runs.create(&Default::default(), &run)
+        .await
+        .expect("create the run");
+    let condition = |r: &SandboxRun, t: &str| {
+        r.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        })
+    };
+    wait_run(&runs, "prio", "admitted and running", &op, |r| {
+        phase(r) == Some(Phase::Running)
+            && condition(r, "Queued") == Some(("False".into(), "Admitted".into()))
+    })
+    .await;
+    let label =
+        |class: &str| json!({"metadata": {"labels": {"kueue.x-k8s.io/priority-class": class}}});
+    runs.patch(
+        "prio",
+        &PatchParams::default(),
+        &Patch::Merge(&label(&high)),
+    )
+    .await
+    .expect("change the priority label");
+    let said = wait_run(&runs, "prio", "LabelEditIgnored=True", &op, |r| {
+        condition(r, "LabelEditIgnored") == Some(("True".into(), "PriorityLabelChanged".into()))
+    })
+    .await;
+    assert_eq!(
+        phase(&said),
+        Some(Phase::Running),
+        "it runs on: {:?}",
+        said.status
+    );
+    let workloads: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns.name,
+        &sandboxrun_operator::kueue::workload_resource(),
+    );
+    let w = workloads.get("prio-sbr").await.expect("the run's Workload");
+    assert_eq!(
+        w.data["spec"]["priority"],
+        json!(10),
+        "{:?}",
+        w.data["spec"]
+    );
+    assert_eq!(w.data["spec"]["priorityClassRef"]["name"], json!(low));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = run_events(&client, &ns.name, "prio").await;
+        if events
+            .iter()
+            .any(|e| e.starts_with("QueueLabelEditIgnored: ") && e.contains(&high))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no Warning Event: {events:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    runs.patch("prio", &PatchParams::default(), &Patch::Merge(&label(&low)))
+        .await
+        .expect("put the priority label back");
+    wait_run(&runs, "prio", "LabelEditIgnored=False", &op, |r| {
+        condition(r, "LabelEditIgnored") == Some(("False".into(), "LabelsAsQueued".into()))
+    })
+    .await;
+    let _ = runs
+        .patch(
+            "prio",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"stop": true}})),
+        )
+        .await;
+    wait_run(&runs, "prio", "a final phase", &op, final_phase).await;
+    drop(op);
+    for (res, namespace, name) in made.into_iter().rev() {
+        if namespace.is_none() {
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
+            let _ = api.delete(&name, &Default::default()).await;
+        }
+    }
+}
+
 /// The pods of pool `pool` in `ns`: (name, template hash, claimed).
 async fn pool_pods(client: &Client, ns: &str, pool: &str) -> Vec<(String, String, bool)> {
     Api::<Pod>::namespaced(client.clone(), ns)
