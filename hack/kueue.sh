@@ -31,6 +31,8 @@ KUBECTL=$BIN/kubectl
 KUEUE_WEBHOOK_PORT=${KUEUE_WEBHOOK_PORT:-19443}
 KUEUE_METRICS_PORT=${KUEUE_METRICS_PORT:-19480}
 KUEUE_HEALTH_PORT=${KUEUE_HEALTH_PORT:-19481}
+# waitForPodsReady's timeout (Kueue's default is 5m; the bed's tests want it short).
+KUEUE_PODS_READY_TIMEOUT=${KUEUE_PODS_READY_TIMEOUT:-60s}
 METRICS_CERTS=/etc/kueue/metrics/certs
 log() { echo "kueue: $*" >&2; }
 kc() { "$KUBECTL" --kubeconfig "$K" "$@"; }
@@ -67,6 +69,17 @@ webhook:
   certDir: $KQ/certs
 integrations:
   frameworks: []
+# As production runs Kueue for batch (its recommended setting): an admitted Workload that is not
+# PodsReady=True within the timeout is evicted (PodsReadyTimeout) and requeued after a back-off.
+# Short here so the bed's tests see it (docs/contract.md "A queued run's Workload says when its
+# pod is ready"); the operator writes PodsReady as Kueue's own integrations do.
+waitForPodsReady:
+  timeout: $KUEUE_PODS_READY_TIMEOUT
+  blockAdmission: false
+  requeuingStrategy:
+    timestamp: Eviction
+    backoffBaseSeconds: 2
+    backoffMaxSeconds: 20
 EOF
 }
 

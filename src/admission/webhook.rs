@@ -450,12 +450,54 @@ fn queue_label_finding(
     let letting_go = object.metadata.deletion_timestamp.is_some()
         || old.metadata.deletion_timestamp.is_some()
         || object.data.pointer("/spec/stop") == Some(&serde_json::Value::Bool(true));
-    let why = crate::kueue::label_change_refusal(recorded, label, letting_go)?;
+    let Some(why) = crate::kueue::label_change_refusal(recorded, label, letting_go) else {
+        return priority_label_finding((old, object), recorded, letting_go);
+    };
     Some(Finding::fail(
         "queue-label",
         format!("metadata.labels[{QUEUE_LABEL}]"),
         why,
         "put the label back as it was; to leave the queue, stop the run (spec.stop: true) or delete it",
+    ))
+}
+
+/// The refusal of an edit of the `kueue.x-k8s.io/priority-class` label of a run that was queued
+/// in `recorded` (rule `queue-label`; docs/contract.md "A queued run keeps the queue and
+/// priority it was queued with").
+fn priority_label_finding(
+    (old, object): (&DynamicObject, &DynamicObject),
+    recorded: Option<&str>,
+    letting_go: bool,
+) -> Option<Finding> {
+    use crate::kueue::PRIORITY_LABEL;
+    let label = |o: &DynamicObject| {
+        o.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(PRIORITY_LABEL))
+            .filter(|v| !v.is_empty())
+            .cloned()
+    };
+    let disagrees = old
+        .data
+        .pointer("/status/conditions")
+        .and_then(serde_json::Value::as_array)
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c["type"] == crate::kueue::LABEL_EDIT_IGNORED && c["status"] == "True")
+        });
+    let (was, now) = (label(old), label(object));
+    let why = crate::kueue::priority_change_refusal(
+        recorded,
+        (was.as_deref(), now.as_deref()),
+        letting_go,
+        disagrees,
+    )?;
+    Some(Finding::fail(
+        "queue-label",
+        format!("metadata.labels[{PRIORITY_LABEL}]"),
+        why,
+        "put the label back as it was; a run's priority is the one it was queued with (to requeue at another, stop the run and create it anew)",
     ))
 }
 
@@ -789,6 +831,44 @@ mod tests {
         let req = update(old, new);
         let object = req.object.as_ref().unwrap();
         queue_label_finding(&req, object).is_some_and(|f| f.is_fail())
+    }
+
+    fn prioritised(mut run: serde_json::Value, class: Option<&str>) -> serde_json::Value {
+        if let Some(class) = class {
+            run["metadata"]["labels"][crate::kueue::PRIORITY_LABEL] = class.into();
+        }
+        run
+    }
+
+    #[test]
+    fn the_priority_label_of_a_queued_run_cannot_be_changed_but_can_be_put_back_or_let_go() {
+        let at = |class: Option<&str>, queue: Option<&str>, stop: bool| {
+            prioritised(run(Some("lq"), queue, stop), class)
+        };
+        let queued = || at(Some("low"), Some("lq"), false);
+        assert!(refused(queued(), at(Some("high"), Some("lq"), false)));
+        assert!(refused(queued(), at(None, Some("lq"), false)));
+        assert!(
+            refused(
+                at(None, Some("lq"), false),
+                at(Some("high"), Some("lq"), false)
+            ),
+            "nor added"
+        );
+        assert!(!refused(queued(), at(Some("low"), Some("lq"), false)));
+        assert!(
+            !refused(queued(), at(Some("high"), Some("lq"), true)),
+            "stop is never refused"
+        );
+        assert!(
+            !refused(at(Some("low"), None, false), at(Some("high"), None, false)),
+            "not queued yet: the label is the author's"
+        );
+        // Edited past a bypassed webhook (the operator said so): it can be put back.
+        let mut disagrees = at(Some("high"), Some("lq"), false);
+        disagrees["status"]["conditions"] = serde_json::json!([{"type": "LabelEditIgnored",
+            "status": "True", "reason": "PriorityLabelChanged"}]);
+        assert!(!refused(disagrees, queued()));
     }
 
     #[test]

@@ -118,6 +118,10 @@ async fn effect_of(
             let name = crate::kueue::workload_name(&run.name_any());
             patch_workload_status(&ctx.client, &ns, &name, &patch).await?;
         }
+        Effect::PatchWorkload(patch) => {
+            let name = crate::kueue::workload_name(&run.name_any());
+            patch_workload(&ctx.client, &ns, &name, &patch).await?;
+        }
     }
     Ok(None)
 }
@@ -160,6 +164,22 @@ async fn patch_workload_status(
         .await
         .map_err(kube_err(format!("patch the status of Workload {name}")))?;
     info!(namespace = %ns, workload = %name, "Kueue Workload status patched");
+    Ok(())
+}
+
+/// Merge-patches Workload `name` itself (its `spec.active`).
+async fn patch_workload(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    patch: &serde_json::Value,
+) -> Result<(), ControllerError> {
+    let ar = crate::kueue::workload_resource();
+    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), ns, &ar);
+    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map_err(kube_err(format!("patch Workload {name}")))?;
+    info!(namespace = %ns, workload = %name, "Kueue Workload patched");
     Ok(())
 }
 

@@ -23,6 +23,11 @@ pub(crate) const REASON_PREEMPTED: &str = "Preempted";
 /// A run in a Kueue queue: True while its Workload waits for quota (reason: Kueue's), False
 /// once admitted (reason `Admitted`).
 pub(crate) const QUEUED: &str = "Queued";
+/// A queued run whose `kueue.x-k8s.io/queue-name` or `kueue.x-k8s.io/priority-class` label was
+/// edited after its Workload was made: True while the labels disagree with what it was queued
+/// with (the edit is not followed), False once they agree again (docs/contract.md "A queued run
+/// keeps the queue and priority it was queued with").
+pub(crate) const LABEL_EDIT_IGNORED: &str = crate::kueue::LABEL_EDIT_IGNORED;
 /// The workload container terminated (batch runs).
 pub(crate) const WORKLOAD_FINISHED: &str = "WorkloadFinished";
 /// Every declared path has a final drain outcome, none failed.

@@ -98,6 +98,15 @@ pub(crate) const STORE_UNUSABLE: &str = "StoreUnusable";
 /// not created until it can.
 pub(crate) const TEMPLATE_UNUSABLE: &str = "TemplateUnusable";
 
+/// A run labelled for a Kueue queue while the operator runs without `--kueue`
+/// (docs/contract.md "A queue label the operator does not honour is said, not ignored"): a
+/// Warning Event, and the `Queued=False` reason `KueueDisabled`; the run runs unqueued.
+pub(crate) const QUEUE_IGNORED: &str = "QueueIgnored";
+/// A queued run's queue or priority-class label edited after its Workload was made
+/// (docs/contract.md "A queued run keeps the queue and priority it was queued with"): a Warning
+/// Event, once per edit; the run stays in the queue and at the priority it was queued with.
+pub(crate) const QUEUE_LABEL_EDIT_IGNORED: &str = "QueueLabelEditIgnored";
+
 #[cfg(test)]
 /// The two reasons whose spelling the contract fixes (not CamelCase).
 pub(crate) const CONTRACT_REASONS: [&str; 2] = [DRAIN_FAILED, CAPPED];
@@ -132,6 +141,8 @@ pub(crate) const ALL: &[&str] = &[
     EGRESS_POLICY_UNENFORCED,
     STORE_UNUSABLE,
     TEMPLATE_UNUSABLE,
+    QUEUE_IGNORED,
+    QUEUE_LABEL_EDIT_IGNORED,
     RIGHTS_UNVERIFIED,
     ATTEMPT_FAILED,
     SUSPENDED,

@@ -27,6 +27,7 @@ pub(crate) mod drain_queue;
 mod drive;
 pub(crate) mod error;
 pub(crate) mod events;
+mod kueue_edits;
 mod kueue_gate;
 mod launcher;
 pub(crate) mod observe;

@@ -191,7 +191,14 @@ async fn through_stages(
                 held => return Ok(held),
             }
         }
-        None => step,
+        None => match kueue_gate::ignored_queue(run, &step, now).filter(|_| !ctx.lifecycle.kueue) {
+            Some(plan) => {
+                let (pod_name, pod) = (observation.pod_name.as_str(), observation.pod.as_ref());
+                let requeue = drive::carry_out(ctx, run, pod_name, pod, plan, now).await?;
+                return Ok(Through::Held(requeue));
+            }
+            None => step,
+        },
     };
     let claim = (step, queue);
     Ok(
@@ -255,6 +262,7 @@ async fn through_kueue(
         workload: queue.workload.as_ref(),
         to_create,
         has_pod: observation.view.is_some(),
+        pod_ready: observation.pod.as_ref().is_some_and(kueue_gate::pods_ready),
     };
     match kueue_gate::gate(run, step, queued, now) {
         kueue_gate::Gate::Step(step) => Ok(Through::Go(step)),
@@ -263,12 +271,20 @@ async fn through_kueue(
                 drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), *plan, now).await?;
             Ok(Through::Held(requeue))
         }
-        kueue_gate::Gate::FinishThen(patch, step) => {
+        kueue_gate::Gate::PatchThen(patch, step) => {
             let finish = plan::Plan {
                 effects: vec![plan::Effect::PatchWorkloadStatus(patch)],
                 ..plan::Plan::wait(Requeue::AwaitChange)
             };
             drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), finish, now).await?;
+            Ok(Through::Go(step))
+        }
+        kueue_gate::Gate::EffectsThen(effects, step) => {
+            let first = plan::Plan {
+                effects,
+                ..plan::Plan::wait(Requeue::AwaitChange)
+            };
+            drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), first, now).await?;
             Ok(Through::Go(step))
         }
     }

@@ -576,3 +576,144 @@ async fn a_queued_run_whose_queue_label_was_removed_gets_no_pod_even_when_admitt
         log.lines()
     );
 }
+
+/// A run queued in `lq` at WorkloadPriorityClass `low`, admitted, its pod running, whose
+/// `kueue.x-k8s.io/priority-class` label was changed to `high` past the webhook (docs/contract.md
+/// "A queued run keeps the queue and priority it was queued with"): one reconcile says it — a
+/// Warning Event `QueueLabelEditIgnored`, `LabelEditIgnored=True` — and writes nothing to the
+/// Workload. On the old code the reconcile went on with nothing said.
+#[tokio::test]
+async fn a_running_queued_runs_priority_label_edit_is_said_and_its_workload_untouched() {
+    let mut r = run();
+    let labels = r.metadata.labels.get_or_insert_with(Default::default);
+    labels.insert(crate::kueue::QUEUE_LABEL.into(), "lq".into());
+    labels.insert(crate::kueue::PRIORITY_LABEL.into(), "high".into());
+    let mut status = SandboxRunStatus {
+        phase: Some(Phase::Running),
+        pod_name: Some("demo-sbr".into()),
+        queue: Some("lq".into()),
+        ..Default::default()
+    };
+    super::conditions::set_condition(
+        &mut status.conditions,
+        super::conditions::QUEUED,
+        false,
+        "Admitted",
+        "admitted by Kueue to ClusterQueue cq",
+        None,
+        now(),
+    );
+    r.status = Some(status);
+    let mut pod = super::plan::testing::a_pod(true, true);
+    pod.metadata.name = Some("demo-sbr".into());
+    pod.metadata.namespace = Some("ns".into());
+    pod.metadata.uid = Some("p1".into());
+    // Ready, as its Workload's PodsReady=True says: nothing else to write to the Workload.
+    if let Some(status) = pod.status.as_mut() {
+        status.conditions = Some(vec![k8s_openapi::api::core::v1::PodCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..Default::default()
+        }]);
+    }
+    pod.metadata.owner_references = Some(vec![
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+            api_version: "sandbox.iterion.io/v1alpha1".into(),
+            kind: "SandboxRun".into(),
+            name: "demo".into(),
+            uid: "u1".into(),
+            controller: Some(true),
+            ..Default::default()
+        },
+    ]);
+    let workload = json!({
+        "apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "Workload",
+        "metadata": {"name": "demo-sbr", "namespace": "ns", "resourceVersion": "3",
+            "ownerReferences": [{"apiVersion": "sandbox.iterion.io/v1alpha1", "kind": "SandboxRun",
+                "name": "demo", "uid": "u1", "controller": true}]},
+        "spec": {"queueName": "lq", "priority": 10, "priorityClassRef":
+            {"group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "low"}},
+        "status": {"admission": {"clusterQueue": "cq"},
+            "conditions": [{"type": "QuotaReserved", "status": "True", "reason": "QuotaReserved"},
+                           {"type": "Admitted", "status": "True", "reason": "Admitted"},
+                           {"type": "PodsReady", "status": "True", "reason": "Started"}]},
+    });
+    const WORKLOAD: &str = "/apis/kueue.x-k8s.io/v1beta2/namespaces/ns/workloads/demo-sbr";
+    let mut routes = vec![
+        Route::fixed("GET", WORKLOAD, 200, workload),
+        Route::echo("PATCH", WORKLOAD, 200),
+    ];
+    let pod_get = Route::fixed("GET", POD, 200, serde_json::to_value(&pod).unwrap());
+    routes.extend(self::routes(&r, pod_get));
+    routes.push(Route::echo("PATCH", STATUS, 200));
+    let (client, log) = apiserver(routes);
+    let ctx = context(client, Arc::new(InMemory::new())).with_kueue(true);
+    reconcile(ctx, r).await;
+    let lines = log.lines();
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("/workloads/") && !l.starts_with("GET ")),
+        "the Workload is not touched: {lines:?}"
+    );
+    let events = log.matching("POST", EVENTS);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.body["reason"] == "QueueLabelEditIgnored" && e.body["type"] == "Warning"),
+        "{lines:?}"
+    );
+    let written = log.matching("PATCH", STATUS);
+    let conditions = written
+        .last()
+        .and_then(|s| s.body["status"]["conditions"].as_array().cloned())
+        .unwrap_or_default();
+    assert!(
+        conditions.iter().any(|c| c["type"] == "LabelEditIgnored"
+            && c["status"] == "True"
+            && c["reason"] == "PriorityLabelChanged"),
+        "{lines:?}"
+    );
+}
+
+/// A run labelled for a Kueue queue while the operator runs without `--kueue` (docs/contract.md
+/// "A queue label the operator does not honour is said, not ignored"): before its pod,
+/// `Queued=False KueueDisabled` and a Warning Event `QueueIgnored`; on the old code the pod was
+/// created at once and nothing said the label was ignored.
+#[tokio::test]
+async fn a_run_labelled_for_a_queue_without_kueue_says_so_before_it_runs_unqueued() {
+    let mut r = run();
+    r.metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(crate::kueue::QUEUE_LABEL.into(), "lq".into());
+    let mut routes = routes(&r, no_pod());
+    routes.push(Route::echo("PATCH", STATUS, 200));
+    let (client, log) = apiserver(routes);
+    reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    assert!(
+        log.matching("POST", PODS).is_empty(),
+        "said first, the pod on the next reconcile: {:?}",
+        log.lines()
+    );
+    let events = log.matching("POST", EVENTS);
+    assert!(
+        events
+            .iter()
+            .any(|e| e.body["reason"] == "QueueIgnored" && e.body["type"] == "Warning"),
+        "{:?}",
+        log.lines()
+    );
+    let written = log.matching("PATCH", STATUS);
+    let conditions = written
+        .last()
+        .and_then(|s| s.body["status"]["conditions"].as_array().cloned())
+        .unwrap_or_default();
+    assert!(
+        conditions.iter().any(|c| c["type"] == "Queued"
+            && c["status"] == "False"
+            && c["reason"] == "KueueDisabled"),
+        "{:?}",
+        log.lines()
+    );
+}

@@ -23,6 +23,9 @@ use crate::api::SandboxRun;
 pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// The label naming a run's WorkloadPriorityClass.
 pub const PRIORITY_LABEL: &str = "kueue.x-k8s.io/priority-class";
+/// The condition a queued run gets while its Kueue labels disagree with what it was queued
+/// with (docs/contract.md "A queued run keeps the queue and priority it was queued with").
+pub const LABEL_EDIT_IGNORED: &str = "LabelEditIgnored";
 /// Kueue's API group.
 pub const GROUP: &str = "kueue.x-k8s.io";
 /// The Workload API version this operator writes (Kueue v0.17's storage version).
@@ -131,6 +134,32 @@ pub fn label_change_refusal(
     };
     Some(format!(
         "the run was queued in Kueue LocalQueue {recorded:?}; this edit {now}, and the queue a run was queued in cannot change (its quota is held there)"
+    ))
+}
+
+/// The refusal of an edit of a run's `kueue.x-k8s.io/priority-class` label once the run was
+/// queued in `recorded` (docs/contract.md "A queued run keeps the queue and priority it was
+/// queued with"): `old_label` and `new_label` are the label before and after the edit. Never
+/// refused: a run being let go of, and an edit of a run whose labels disagree already with its
+/// Workload (`disagrees`: the operator said so, the webhook having been bypassed), so that the
+/// label can be put back.
+pub fn priority_change_refusal(
+    recorded: Option<&str>,
+    (old_label, new_label): (Option<&str>, Option<&str>),
+    letting_go: bool,
+    disagrees: bool,
+) -> Option<String> {
+    let recorded = recorded.filter(|q| !q.is_empty())?;
+    if letting_go || disagrees || old_label == new_label {
+        return None;
+    }
+    let now = match new_label {
+        Some(label) => format!("changes it to {label:?}"),
+        None => "removes it".to_string(),
+    };
+    let was = old_label.map_or_else(|| "none".to_string(), |l| format!("{l:?}"));
+    Some(format!(
+        "the run was queued in Kueue LocalQueue {recorded:?} with WorkloadPriorityClass {was}; this edit {now}, and the priority a run was queued with cannot change"
     ))
 }
 
@@ -346,6 +375,63 @@ pub fn finished_patch(workload: &Value, succeeded: bool, message: &str, now: Tim
     })
 }
 
+/// Kueue's words for PodsReady (`jobframework`'s `generatePodsReadyCondition`).
+const PODS_READY_WORDS: &str = "All pods reached readiness and the workload is running";
+const PODS_NOT_READY_WORDS: &str = "Not all pods are ready or succeeded";
+const PODS_RECOVERING_WORDS: &str = "At least one pod has failed, waiting for recovery";
+
+/// The PodsReady condition an admitted `workload` should carry when its pod is (`ready`) or is
+/// not ready: status, reason and words, as Kueue's `jobframework` decides them
+/// (`Started`/`Recovered` when ready; `WaitForStart` before it ever was; `WaitForRecovery` once
+/// it was and is no more).
+fn pods_ready_condition(workload: &Value, ready: bool) -> (bool, &'static str, &'static str) {
+    let was = condition(workload, "PodsReady");
+    let reason = was.and_then(|c| c["reason"].as_str()).unwrap_or_default();
+    let was_true = was.is_some_and(|c| c["status"].as_str() == Some("True"));
+    match (ready, was_true, reason) {
+        (true, _, "WaitForRecovery" | "Recovered") => (true, "Recovered", PODS_READY_WORDS),
+        (true, _, _) => (true, "Started", PODS_READY_WORDS),
+        (false, true, _) | (false, false, "WaitForRecovery") => {
+            (false, "WaitForRecovery", PODS_RECOVERING_WORDS)
+        }
+        (false, false, _) => (false, "WaitForStart", PODS_NOT_READY_WORDS),
+    }
+}
+
+/// The merge patch of an admitted `workload`'s status that says whether its pod is ready
+/// (PodsReady, as Kueue's own integrations write it: with `waitForPodsReady` on, Kueue evicts a
+/// Workload that is not PodsReady=True within its timeout); None when it says so already.
+/// Carries the Workload's resourceVersion (a changed Workload is read again).
+pub fn pods_ready_patch(workload: &Value, ready: bool, now: Timestamp) -> Option<Value> {
+    let (status, reason, message) = pods_ready_condition(workload, ready);
+    let said = condition(workload, "PodsReady").is_some_and(|c| {
+        c["status"].as_str() == Some(if status { "True" } else { "False" })
+            && c["reason"].as_str() == Some(reason)
+    });
+    if said {
+        return None;
+    }
+    let (conditions, generation) = conditions_and_generation(workload);
+    Some(json!({
+        "metadata": {"resourceVersion": workload["metadata"]["resourceVersion"]},
+        "status": {"conditions": with_condition(
+            &conditions, ("PodsReady", status, reason, message), generation, now)},
+    }))
+}
+
+/// Whether `workload` is active (`spec.active`, true when unset): Kueue evicts an inactive
+/// Workload (`Evicted` reason `Deactivated`) and admits it no more.
+pub fn is_active(workload: &Value) -> bool {
+    workload["spec"]["active"].as_bool() != Some(false)
+}
+
+/// The merge patch of a Workload that makes it `active` or not: what Kueue's integrations do to
+/// a Workload whose job is suspended by its owner (Kueue then evicts it and its quota is freed)
+/// and resumed (Kueue queues it again).
+pub fn active_patch(active: bool) -> Value {
+    json!({"spec": {"active": active}})
+}
+
 /// The merge patch of an evicted `workload`'s status once the run's pod is gone: its admission
 /// cleared (QuotaReserved=False `Pending`, Admitted=False), Requeued=True when Kueue evicted it
 /// to preempt it, so Kueue queues it again (what Kueue's `jobframework` does for its own jobs).
@@ -360,6 +446,12 @@ pub fn requeue_patch(workload: &Value, now: Timestamp) -> Value {
         ("Admitted", false, "NoReservation"),
     ] {
         conditions = with_condition(&conditions, (type_, status, why, &message), generation, now);
+    }
+    // Not admitted: its pod is not ready, and the next admission waits for it from the start
+    // (what Kueue's `jobframework` writes of a Workload that is not admitted).
+    if condition(workload, "PodsReady").is_some() {
+        let not_ready = ("PodsReady", false, "WaitForStart", PODS_NOT_READY_WORDS);
+        conditions = with_condition(&conditions, not_ready, generation, now);
     }
     json!({
         "metadata": {"resourceVersion": workload["metadata"]["resourceVersion"]},
@@ -541,6 +633,61 @@ mod tests {
         done["status"]["conditions"] = finished["status"]["conditions"].clone();
         assert_eq!(state_of(Some(&done), "uid-1"), QueueState::Finished);
         assert_eq!(finished["metadata"]["resourceVersion"], "42");
+    }
+
+    #[test]
+    fn pods_ready_follows_kueues_integrations_started_waiting_and_recovering() {
+        let admitted = workload(
+            json!([{"type": "Admitted", "status": "True", "reason": "Admitted"}]),
+            json!({"clusterQueue": "cq"}),
+        );
+        let apply = |w: &Value, ready: bool| -> Option<Value> {
+            let patch = pods_ready_patch(w, ready, Timestamp::UNIX_EPOCH)?;
+            let mut next = w.clone();
+            next["status"]["conditions"] = patch["status"]["conditions"].clone();
+            Some(next)
+        };
+        let said = |w: &Value| {
+            let c = condition(w, "PodsReady").expect("PodsReady");
+            (c["status"].clone(), c["reason"].clone())
+        };
+        let waiting = apply(&admitted, false).expect("written");
+        assert_eq!(said(&waiting), (json!("False"), json!("WaitForStart")));
+        assert_eq!(apply(&waiting, false), None, "said once");
+        let started = apply(&waiting, true).expect("written");
+        assert_eq!(said(&started), (json!("True"), json!("Started")));
+        assert_eq!(apply(&started, true), None);
+        let lost = apply(&started, false).expect("written");
+        assert_eq!(said(&lost), (json!("False"), json!("WaitForRecovery")));
+        let back = apply(&lost, true).expect("written");
+        assert_eq!(said(&back), (json!("True"), json!("Recovered")));
+    }
+
+    #[test]
+    fn once_queued_the_priority_label_cannot_change_unless_let_go_of_or_put_back() {
+        let refusal = |old, new, letting_go, disagrees| {
+            priority_change_refusal(Some("lq"), (old, new), letting_go, disagrees)
+        };
+        assert_eq!(
+            priority_change_refusal(None, (Some("low"), Some("high")), false, false),
+            None,
+            "never queued"
+        );
+        assert_eq!(refusal(Some("low"), Some("low"), false, false), None);
+        let raised = refusal(Some("low"), Some("high"), false, false).expect("refused");
+        assert!(
+            raised.contains("\"low\"") && raised.contains("\"high\""),
+            "{raised}"
+        );
+        let removed = refusal(Some("low"), None, false, false).expect("refused");
+        assert!(removed.contains("removes it"), "{removed}");
+        assert!(refusal(None, Some("high"), false, false).is_some(), "added");
+        assert_eq!(refusal(Some("low"), None, true, false), None, "let go of");
+        assert_eq!(
+            refusal(Some("high"), Some("low"), false, true),
+            None,
+            "put back"
+        );
     }
 
     #[test]

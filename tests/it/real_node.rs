@@ -3640,6 +3640,121 @@ async fn a_queued_run_whose_queue_label_is_removed_gets_no_pod() {
     }
 }
 
+/// Issue #53 item 1 on the real node with the real Kueue (docs/contract.md "A queued run keeps the
+/// queue and priority it was queued with"): a queued run admitted at WorkloadPriorityClass
+/// `<tag>-low`, its pod running, has its `kueue.x-k8s.io/priority-class` label changed to
+/// `<tag>-high` (no webhook here: the operator must say it on its own). Its Workload keeps the
+/// priority it was queued with, and the run says the edit is not followed —
+/// `LabelEditIgnored=True PriorityLabelChanged` and a Warning Event `QueueLabelEditIgnored`; put
+/// back, the condition turns False. On the old code nothing was said.
+#[tokio::test]
+async fn a_running_queued_runs_priority_label_edit_is_said_and_its_workload_keeps_its_priority() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "kueue-prio").await;
+    let tag = format!("sbr-{:08x}", rand_u32());
+    let made = kueue_queue(&client, &ns.name, &tag).await;
+    let (_dir, store_url) = file_store("kueue-prio");
+    let op = start_operator_with(&ns.name, &store_url, &["--kueue"]);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let mut spec = real_spec(Some("sleep 120"), &["/work/out"]);
+    spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(BTreeMap::from([(
+            "cpu".to_string(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("300m".into()),
+        )])),
+        ..Default::default()
+    });
+    let mut run = SandboxRun::new("prio", spec);
+    let (low, high) = (format!("{tag}-low"), format!("{tag}-high"));
+    run.metadata.labels = Some(BTreeMap::from([
+        ("kueue.x-k8s.io/queue-name".to_string(), "lq".to_string()),
+        ("kueue.x-k8s.io/priority-class".to_string(), low.clone()),
+    ]));
+    runs.create(&Default::default(), &run)
+        .await
+        .expect("create the run");
+    let condition = |r: &SandboxRun, t: &str| {
+        r.status.as_ref().and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == t)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        })
+    };
+    wait_run(&runs, "prio", "admitted and running", &op, |r| {
+        phase(r) == Some(Phase::Running)
+            && condition(r, "Queued") == Some(("False".into(), "Admitted".into()))
+    })
+    .await;
+    let label =
+        |class: &str| json!({"metadata": {"labels": {"kueue.x-k8s.io/priority-class": class}}});
+    runs.patch(
+        "prio",
+        &PatchParams::default(),
+        &Patch::Merge(&label(&high)),
+    )
+    .await
+    .expect("change the priority label");
+    let said = wait_run(&runs, "prio", "LabelEditIgnored=True", &op, |r| {
+        condition(r, "LabelEditIgnored") == Some(("True".into(), "PriorityLabelChanged".into()))
+    })
+    .await;
+    assert_eq!(
+        phase(&said),
+        Some(Phase::Running),
+        "it runs on: {:?}",
+        said.status
+    );
+    let workloads: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns.name,
+        &sandboxrun_operator::kueue::workload_resource(),
+    );
+    let w = workloads.get("prio-sbr").await.expect("the run's Workload");
+    assert_eq!(
+        w.data["spec"]["priority"],
+        json!(10),
+        "{:?}",
+        w.data["spec"]
+    );
+    assert_eq!(w.data["spec"]["priorityClassRef"]["name"], json!(low));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let events = run_events(&client, &ns.name, "prio").await;
+        if events
+            .iter()
+            .any(|e| e.starts_with("QueueLabelEditIgnored: ") && e.contains(&high))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no Warning Event: {events:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    runs.patch("prio", &PatchParams::default(), &Patch::Merge(&label(&low)))
+        .await
+        .expect("put the priority label back");
+    wait_run(&runs, "prio", "LabelEditIgnored=False", &op, |r| {
+        condition(r, "LabelEditIgnored") == Some(("False".into(), "LabelsAsQueued".into()))
+    })
+    .await;
+    let _ = runs
+        .patch(
+            "prio",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"stop": true}})),
+        )
+        .await;
+    wait_run(&runs, "prio", "a final phase", &op, final_phase).await;
+    drop(op);
+    for (res, namespace, name) in made.into_iter().rev() {
+        if namespace.is_none() {
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
+            let _ = api.delete(&name, &Default::default()).await;
+        }
+    }
+}
+
 /// The pods of pool `pool` in `ns`: (name, template hash, claimed).
 async fn pool_pods(client: &Client, ns: &str, pool: &str) -> Vec<(String, String, bool)> {
     Api::<Pod>::namespaced(client.clone(), ns)
@@ -4237,4 +4352,144 @@ async fn each_attempt_of_a_retried_run_takes_a_warm_pool_pod() {
         .unwrap_or_else(|e| panic!("files get failed: {e}"));
     let out = std::fs::read_to_string(extracted(&dest, 0).join("out.txt")).expect("out.txt");
     assert_eq!(out, "attempt 2\n");
+}
+
+/// Issue #53 item 1 on the real node with the real Kueue running `waitForPodsReady` (hack/kueue.sh:
+/// a short timeout, `KUEUE_PODS_READY_TIMEOUT`, 60s): a queued run whose pod becomes ready gets
+/// `PodsReady=True` on its Workload and outlives the timeout (on the old code nothing wrote
+/// PodsReady and Kueue evicted it after the timeout); a queued run whose pod is never ready (its
+/// nodeSelector matches no node) is evicted by Kueue for `PodsReadyTimeout`, its attempt recorded
+/// `Preempted` (never counted), and queued again.
+#[tokio::test]
+async fn a_ready_queued_run_outlives_kueues_pods_ready_timeout_and_a_never_ready_one_is_requeued() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "kueue-ready").await;
+    let tag = format!("sbr-{:08x}", rand_u32());
+    let made = kueue_queue(&client, &ns.name, &tag).await;
+    let (_dir, store_url) = file_store("kueue-ready");
+    let op = start_operator_with(&ns.name, &store_url, &["--kueue"]);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let queued = |name: &str, script: &str, nowhere: bool| {
+        let mut spec = real_spec(Some(script), &["/work/out"]);
+        spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+            requests: Some(BTreeMap::from([(
+                "cpu".to_string(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("300m".into()),
+            )])),
+            ..Default::default()
+        });
+        if nowhere {
+            spec.node_selector = Some(BTreeMap::from([(
+                "sandbox.iterion.io/nowhere".to_string(),
+                "true".to_string(),
+            )]));
+        }
+        let mut run = SandboxRun::new(name, spec);
+        run.metadata.labels = Some(BTreeMap::from([(
+            "kueue.x-k8s.io/queue-name".to_string(),
+            "lq".to_string(),
+        )]));
+        run
+    };
+    // Longer than the bed's 60s timeout.
+    let script = r#"echo ready > "$ITERION_ARTIFACT_FILES_DIR/ready.txt"; sleep 80"#;
+    for run in [
+        queued("ready", script, false),
+        queued("never-ready", "sleep 5", true),
+    ] {
+        runs.create(&Default::default(), &run)
+            .await
+            .expect("create the run");
+    }
+    let workloads: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns.name,
+        &sandboxrun_operator::kueue::workload_resource(),
+    );
+    let pods_ready = |w: &DynamicObject| {
+        w.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["type"] == "PodsReady")
+            .map(|c| (c["status"].to_string(), c["reason"].to_string()))
+    };
+    // An attempt ended by Kueue's eviction, never counted; Kueue counts its PodsReadyTimeout
+    // evictions in the Workload's requeueState (only that eviction increments it).
+    let evicted_for_timeout = |r: &SandboxRun, w: Option<&DynamicObject>| {
+        let attempt = r.status.as_ref().is_some_and(|s| {
+            s.attempts
+                .iter()
+                .any(|a| a.reason == "Preempted" && !a.counted)
+        });
+        let timed_out = w.is_some_and(|w| {
+            w.data["status"]["requeueState"]["count"]
+                .as_i64()
+                .is_some_and(|n| n >= 1)
+        });
+        attempt && timed_out
+    };
+    let (mut saw_ready, mut requeued) = (false, false);
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        if let Ok(w) = workloads.get("ready-sbr").await {
+            saw_ready |= pods_ready(&w) == Some(("\"True\"".into(), "\"Started\"".into()));
+        }
+        let ready = runs.get("ready").await.expect("run");
+        let never = runs.get("never-ready").await.expect("run");
+        assert!(
+            !final_phase(&never),
+            "the never-ready run is requeued, not ended: {:?}",
+            never.status
+        );
+        let never_workload = workloads.get("never-ready-sbr").await.ok();
+        requeued |= evicted_for_timeout(&never, never_workload.as_ref());
+        if final_phase(&ready) && requeued {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "ready: {:?}\nnever-ready: {:?}\n{}",
+            ready.status,
+            never.status,
+            {
+                let log = op.log_text();
+                log[log.len().saturating_sub(4000)..].to_string()
+            }
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(
+        saw_ready,
+        "the ready run's Workload said PodsReady=True Started"
+    );
+    let ready = runs.get("ready").await.expect("run");
+    assert_eq!(phase(&ready), Some(Phase::Succeeded), "{:?}", ready.status);
+    let attempts = ready
+        .status
+        .as_ref()
+        .map(|s| s.attempts.clone())
+        .unwrap_or_default();
+    assert!(
+        attempts.iter().all(|a| a.reason != "Preempted"),
+        "the ready run was never evicted: {attempts:?}"
+    );
+    let dir = files_get_attempt(&ns.name, "ready", &store_url, 1);
+    let kept = std::fs::read_to_string(dir.join("ready.txt")).expect("ready.txt");
+    assert_eq!(kept.trim(), "ready");
+    let _ = runs
+        .patch(
+            "never-ready",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"stop": true}})),
+        )
+        .await;
+    drop(op);
+    for (res, namespace, name) in made.into_iter().rev() {
+        if namespace.is_none() {
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
+            let _ = api.delete(&name, &Default::default()).await;
+        }
+    }
 }

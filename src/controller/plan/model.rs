@@ -100,6 +100,9 @@ pub(crate) enum Effect {
     /// Merge-patch the status of the run's Kueue Workload (the patch carries the
     /// resourceVersion it was computed from).
     PatchWorkloadStatus(Box<serde_json::Value>),
+    /// Merge-patch the run's Kueue Workload itself (its `spec.active`: a suspended run's
+    /// Workload is deactivated so Kueue frees its quota, and activated again when it resumes).
+    PatchWorkload(Box<serde_json::Value>),
 }
 
 /// What one reconcile writes, publishes and does, in that order.
