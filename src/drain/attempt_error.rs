@@ -37,6 +37,19 @@ pub(crate) enum AttemptError {
 }
 
 impl AttemptError {
+    /// Whether a drain that failed with `self` tries again, `idle_retried` saying whether it
+    /// already retried an idle cut-off. An idle cut-off is retried once: a stalled stream can be
+    /// the node's doing (a kubelet restarted mid-stream leaves the exec hanging; docs/contract.md
+    /// "Under gVisor, and when the node fails"); a packer that stalls again is cut off for good,
+    /// so a trickling pod holds its drain slot at most twice the idle bound. Anything else is
+    /// retried when it is transient.
+    pub(crate) fn retried(&self, idle_retried: bool) -> bool {
+        match self {
+            AttemptError::Idle(_) => !idle_retried,
+            _ => self.is_transient(),
+        }
+    }
+
     /// Whether another attempt may succeed.
     pub(crate) fn is_transient(&self) -> bool {
         // A store that refuses the credentials refuses them again.

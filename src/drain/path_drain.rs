@@ -245,6 +245,8 @@ struct PathDrain<'j, 'a> {
     /// have committed, and the next check tells it apart from someone else's commit.
     /// Its digest only: not a second copy of its records (docs/contract.md "Drain memory").
     last_written: Option<[u8; 32]>,
+    /// Whether an idle cut-off was retried already ([`AttemptError::retried`]).
+    idle_retried: bool,
 }
 
 /// What one step of a drain says: go on (`Continue`), or the drain ends with this entry (None:
@@ -288,6 +290,7 @@ impl<'j, 'a> PathDrain<'j, 'a> {
             budget: Some(job.cap_bytes),
             wire: job.wire,
             last_written: None,
+            idle_retried: false,
         }
     }
 
@@ -419,7 +422,10 @@ impl<'j, 'a> PathDrain<'j, 'a> {
                 info!(path = job.path, attempt = attempts, "another replica holds the run's drain claim; leaving the path to it, nothing committed");
                 ControlFlow::Break(None)
             }
-            Ok(Err(e)) if e.is_transient() => self.back_off(e).await,
+            Ok(Err(e)) if e.retried(self.idle_retried) => {
+                self.idle_retried |= matches!(e, AttemptError::Idle(_));
+                self.back_off(e).await
+            }
             Ok(Err(e)) => self.fail(
                 describe_failure(&e, job.store_url, job.store_tenant),
                 e.metric_label(),
@@ -687,7 +693,7 @@ mod tests {
     use crate::tar::sanitize::MemberKind;
 
     #[test]
-    fn an_idle_cut_off_is_final_and_says_why() {
+    fn an_idle_cut_off_is_retried_once_then_final_and_says_why() {
         // docs/contract.md "Drain memory": a trickling pod would trickle again; the path fails at
         // once and releases its slot.
         let e = DrainError {
@@ -699,6 +705,9 @@ mod tests {
         };
         let idle = AttemptError::Idle(idle_message(Duration::from_secs(60), &e));
         assert!(!idle.is_transient());
+        // Retried once (a stall can be the node's: a kubelet restarted mid-stream), then final.
+        assert!(idle.retried(false));
+        assert!(!idle.retried(true));
         assert_eq!(idle.metric_label(), "idle");
         let message = idle.to_string();
         assert!(message.contains("waiting 60s in all"), "{message}");
