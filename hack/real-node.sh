@@ -68,7 +68,16 @@ is_running() { [ -f "$R/$1.pid" ] && kill -0 "$(cat "$R/$1.pid")" 2>/dev/null; }
 start() {
   local name=$1; shift
   if is_running "$name"; then return 0; fi
-  nohup "$@" >"$LOGS/$name.log" 2>&1 </dev/null &
+  # The daemon gets no descriptor of ours but its stdio: one it inherited would outlive us, e.g.
+  # the lock of a `flock` the caller runs under (make chaos restarts the kubelet from a test run
+  # under the bed's lock, and that kubelet held the lock for its whole life).
+  (
+    for fd in /proc/$BASHPID/fd/*; do
+      fd=${fd##*/}
+      [ "$fd" -le 2 ] || eval "exec $fd>&-" 2>/dev/null || true
+    done
+    exec nohup "$@" >"$LOGS/$name.log" 2>&1 </dev/null
+  ) &
   echo $! >"$R/$name.pid"
 }
 stop() {  # stop <name>: SIGTERM, wait up to 20 s, then SIGKILL -- only the PID we recorded
