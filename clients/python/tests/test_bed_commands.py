@@ -88,7 +88,8 @@ def test_the_async_client_drives_a_sandbox_with_output_streamed_on_the_loop(good
                 threads.add(threading.get_ident())
                 seen.append(text)
 
-            result = await sb.run("echo one; sleep 0.3; echo two > /work/out/two.txt; cat /work/out/two.txt", on_stdout=on_out)
+            script = "echo one; sleep 0.3; echo two > /work/out/two.txt; cat /work/out/two.txt"
+            result = await sb.run(script, on_stdout=on_out)
             assert threads == {loop_thread}, "callbacks run on the event loop"
             handle = await sb.start(["sleep", "300"])
             await handle.kill("TERM")

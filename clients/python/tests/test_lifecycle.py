@@ -194,7 +194,8 @@ def test_list_filters_by_template_and_phase_across_pages(monkeypatch: pytest.Mon
     assert len(runs.lists) == 3, "read page by page"
     assert [s.name for s in sandboxes.list(template="agent-tools")] == ["a", "b", "e"]
     running = sandboxes.list(template="agent-tools", phase=["Running", "Pending"], template_kind="SandboxRunTemplate")
-    assert [(s.name, s.template, s.phase, s.labels) for s in running] == [("a", "agent-tools", "Running", {"team": "a"})]
+    expected = [("a", "agent-tools", "Running", {"team": "a"})]
+    assert [(s.name, s.template, s.phase, s.labels) for s in running] == expected
 
 
 def test_list_by_labels_asks_the_apiserver_with_a_selector(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -94,7 +94,10 @@ class Sandbox:
         return RunStatus.from_dict(obj.get("status"))
 
     def _wait(self, what: str, timeout: float, done: Callable[[RunStatus], bool]) -> RunStatus:
-        obj = self._sandboxes._watch_until(self.name, what, timeout, lambda o: done(RunStatus.from_dict(o.get("status"))))
+        def done_obj(obj: Mapping[str, Any]) -> bool:
+            return done(RunStatus.from_dict(obj.get("status")))
+
+        obj = self._sandboxes._watch_until(self.name, what, timeout, done_obj)
         return RunStatus.from_dict(obj.get("status"))
 
     def wait_running(self, timeout: float = 300.0) -> RunStatus:
