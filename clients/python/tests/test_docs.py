@@ -29,10 +29,10 @@ def test_the_readme_shows_the_user_guides_loop() -> None:
     assert agent_loop(bed.REPO / "README.md") == agent_loop(bed.REPO / "docs/user-guide.md")
 
 
-def test_the_user_guides_agent_loop_runs_on_the_bed(good: Bed, tmp_path: Path) -> None:
-    code = agent_loop(bed.REPO / "docs/user-guide.md")
-    assert 10 <= len([line for line in code.splitlines() if line.strip()]) <= 12, "about ten lines"
-    script = tmp_path / "agent_loop.py"
+def _run_snippet(good: Bed, tmp_path: Path, code: str) -> str:
+    """Runs ``code`` as a script with only a kubeconfig whose context names the test's namespace
+    and boto3's environment for the S3 server; its stdout."""
+    script = tmp_path / "snippet.py"
     script.write_text(code)
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(Path(good.env["KUBECONFIG"]).read_text())
@@ -52,9 +52,29 @@ def test_the_user_guides_agent_loop_runs_on_the_bed(good: Bed, tmp_path: Path) -
         [sys.executable, str(script)], check=False, env=env, capture_output=True, text=True, timeout=240
     )
     assert done.returncode == 0, f"{done.stdout}\n{done.stderr}{good.diagnose()}"
-    assert done.stdout.splitlines() == [
+    return done.stdout
+
+
+def test_the_user_guides_agent_loop_runs_on_the_bed(good: Bed, tmp_path: Path) -> None:
+    code = agent_loop(bed.REPO / "docs/user-guide.md")
+    assert 10 <= len([line for line in code.splitlines() if line.strip()]) <= 12, "about ten lines"
+    stdout = _run_snippet(good, tmp_path, code)
+    assert stdout.splitlines() == [
         "$ echo hello > /work/out/hello.txt -> exit 0: ",
         "$ cat /work/out/hello.txt -> exit 0: hello",
         "$ ls /nowhere -> exit 1: ",
         "/work/out/hello.txt b'hello\\n'",
-    ], done.stdout
+    ], stdout
+
+
+_ASYNC = re.compile(r"<!-- agent-async[^>]*-->\s*```python\n(.*?)```\s*<!-- /agent-async -->", re.DOTALL)
+
+
+def test_the_user_guides_async_example_runs_on_the_bed(good: Bed, tmp_path: Path) -> None:
+    (code,) = _ASYNC.findall((bed.REPO / "docs/user-guide.md").read_text())
+    stdout = _run_snippet(good, tmp_path, code)
+    assert stdout.splitlines() == [
+        "True ['step', '1', 'step', '2', 'step', '3']",
+        "killed: True",
+        "listed: True",
+    ], stdout

@@ -1,6 +1,7 @@
 """A Python client for SandboxRuns (``sandbox.iterion.io/v1alpha1``): run untrusted commands in
 a sandbox and read back the files it left, with typed errors for a drain that failed."""
 
+from .aio import AsyncExecution, AsyncSandbox, AsyncSandboxes
 from .client import Sandbox, Sandboxes
 from .errors import (
     CommandFailed,
@@ -14,16 +15,20 @@ from .errors import (
     Timeout,
     UnsafeArchive,
 )
-from .exec import ExecResult
+from .exec import ExecResult, Execution
 from .files import RunFiles, StoredFile, StoreReader
 from .manifest import Manifest, Member, parse_manifest
 from .status import PathStatus, RunStatus
 
 __all__ = [
+    "AsyncExecution",
+    "AsyncSandbox",
+    "AsyncSandboxes",
     "CommandFailed",
     "DrainFailed",
     "ExecError",
     "ExecResult",
+    "Execution",
     "FailedPath",
     "Manifest",
     "Member",

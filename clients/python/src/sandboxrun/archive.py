@@ -29,7 +29,7 @@ def open_tar_stream(raw: IO[bytes], compression: str) -> tarfile.TarFile:
     elif compression == "gzip":
         stream = gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[assignment]
     elif compression == "zstd":
-        stream = zstandard.ZstdDecompressor().stream_reader(raw)  # type: ignore[assignment]
+        stream = zstandard.ZstdDecompressor().stream_reader(raw)
     else:
         raise UnsafeArchive(f"unknown compression {compression!r}")
     return tarfile.open(fileobj=stream, mode="r|")

@@ -3,15 +3,17 @@ into it, stop it, wait for its drain and read its files back from its store."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
-from kubernetes import client
+from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from .errors import DRAIN_FAILED_REASON, CommandFailed, NotRunning, RunFailed, SandboxError, Timeout
-from .exec import ExecResult, exec_in
+from .exec import ExecResult, Execution, Output, exec_in
+from .exec import start as start_in
 from .files import RunFiles, StoreReader
 from .kube import connect
 from .status import RunStatus, check_drain
@@ -20,7 +22,44 @@ GROUP = "sandbox.iterion.io"
 VERSION = "v1alpha1"
 PLURAL = "sandboxruns"
 KIND = "SandboxRun"
+#: The pause before a watch that ended (or expired, 410) without the awaited state is re-opened.
 _POLL = 0.5
+#: A watch is re-opened at least this often (seconds), so a dropped connection is noticed.
+_WATCH_PERIOD = 300
+_LIST_PAGE = 500
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)$")
+_LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$")
+
+
+def label_selector(labels: Mapping[str, str]) -> str:
+    """``labels`` as an equality label selector (``k=v,k2=v2``). Every key and value must be a
+    valid label key and value, so a value can never add a term of its own (``a,b!=c``):
+    :class:`ValueError` otherwise."""
+    terms = []
+    for key, value in labels.items():
+        prefix, slash, name = key.rpartition("/")
+        valid_key = _LABEL_NAME.match(name) and (not slash or _LABEL_PREFIX.match(prefix))
+        if not valid_key or not isinstance(value, str) or not _LABEL_VALUE.match(value):
+            raise ValueError(f"not a label key and value: {key!r}={value!r}")
+        terms.append(f"{key}={value}")
+    return ",".join(terms)
+
+
+def _template_of(obj: Mapping[str, Any]) -> str | None:
+    ref = (obj.get("spec") or {}).get("templateRef") or {}
+    return ref.get("name")
+
+
+def _checkpoint(obj: Mapping[str, Any], token: str) -> Mapping[str, Any] | None:
+    entries = (obj.get("status") or {}).get("checkpoints") or []
+    return next((c for c in entries if c.get("token") == token), None)
+
+
+def _last_seen(obj: Mapping[str, Any]) -> str:
+    status = RunStatus.from_dict(obj.get("status"))
+    ready = status.condition("Ready")
+    return f"phase {status.phase}" + (f", Ready {ready.reason}: {ready.message}" if ready else "")
 
 
 class Sandbox:
@@ -32,8 +71,20 @@ class Sandbox:
         self.namespace: str = obj["metadata"]["namespace"]
         self.uid: str = obj["metadata"]["uid"]
 
+        self.labels: dict[str, str] = dict(obj["metadata"].get("labels") or {})
+        self.template: str | None = _template_of(obj)
+        #: The phase when this object was read (:meth:`status` reads it anew).
+        self.phase: str = RunStatus.from_dict(obj.get("status")).phase
+
     def __repr__(self) -> str:
         return f"Sandbox({self.namespace}/{self.name})"
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Leaving a ``with`` block stops the sandbox (its files are drained as on :meth:`stop`)."""
+        self.stop()
 
     # --- state -------------------------------------------------------------------------------
 
@@ -43,16 +94,11 @@ class Sandbox:
         return RunStatus.from_dict(obj.get("status"))
 
     def _wait(self, what: str, timeout: float, done: Callable[[RunStatus], bool]) -> RunStatus:
-        deadline = time.monotonic() + timeout
-        status = self.status()
-        while not done(status):
-            if time.monotonic() >= deadline:
-                ready = status.condition("Ready")
-                last = f"phase {status.phase}" + (f", Ready {ready.reason}: {ready.message}" if ready else "")
-                raise Timeout(f"{self.namespace}/{self.name} {what}", timeout, last)
-            time.sleep(_POLL)
-            status = self.status()
-        return status
+        def done_obj(obj: Mapping[str, Any]) -> bool:
+            return done(RunStatus.from_dict(obj.get("status")))
+
+        obj = self._sandboxes._watch_until(self.name, what, timeout, done_obj)
+        return RunStatus.from_dict(obj.get("status"))
 
     def wait_running(self, timeout: float = 300.0) -> RunStatus:
         """Waits until the pod runs. Raises :class:`RunFailed` if the run ends first."""
@@ -69,10 +115,32 @@ class Sandbox:
             raise NotRunning(f"{self.namespace}/{self.name} is {status.phase}: its pod does not run")
         return status.pod_name
 
-    def run(self, cmd: str | Sequence[str], stdin: bytes | None = None, timeout: float = 300.0) -> ExecResult:
-        """Runs ``cmd`` in the workload container (a string through ``sh -c``); a non-zero exit is
-        a result, not an error."""
-        return exec_in(self._sandboxes._core, self.namespace, self._pod(), cmd, stdin=stdin, timeout=timeout)
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        stdin: bytes | None = None,
+        timeout: float = 300.0,
+        on_stdout: Output | None = None,
+        on_stderr: Output | None = None,
+    ) -> ExecResult:
+        """Runs ``cmd`` in the workload container (a string through ``sh -c``) and waits for it; a
+        non-zero exit is a result, not an error. ``on_stdout``/``on_stderr`` get its output as
+        text while it runs. Still running after ``timeout`` seconds, it is killed and
+        :class:`Timeout` raised."""
+        pod = self._pod()
+        return exec_in(self._sandboxes._core, self.namespace, pod, cmd, stdin, timeout, on_stdout, on_stderr)
+
+    def start(
+        self,
+        cmd: str | Sequence[str],
+        stdin: bytes | None = None,
+        on_stdout: Output | None = None,
+        on_stderr: Output | None = None,
+    ) -> Execution:
+        """Starts ``cmd`` in the background: the :class:`~sandboxrun.exec.Execution` returned
+        streams its output to the callbacks, :meth:`~sandboxrun.exec.Execution.wait` returns its
+        result, :meth:`~sandboxrun.exec.Execution.kill` ends it."""
+        return start_in(self._sandboxes._core, self.namespace, self._pod(), cmd, stdin, on_stdout, on_stderr)
 
     def _checked(self, cmd: list[str], stdin: bytes | None, timeout: float) -> ExecResult:
         result = self.run(cmd, stdin=stdin, timeout=timeout)
@@ -103,15 +171,11 @@ class Sandbox:
         token = token or f"cp-{time.time_ns()}"
         body = {"spec": {"checkpoint": token}}
         self._sandboxes._custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name, body)
-        deadline = time.monotonic() + timeout
-        while True:
-            status = self._sandboxes._get(self.name).get("status") or {}
-            entry = next((c for c in status.get("checkpoints", []) if c.get("token") == token), None)
-            if entry is not None:
-                break
-            if time.monotonic() >= deadline:
-                raise Timeout(f"{self.namespace}/{self.name} to checkpoint {token}", timeout, "not recorded yet")
-            time.sleep(_POLL)
+        obj = self._sandboxes._watch_until(
+            self.name, f"to checkpoint {token}", timeout, lambda o: _checkpoint(o, token) is not None
+        )
+        status = obj.get("status") or {}
+        entry = _checkpoint(obj, token) or {}
         if entry.get("message") and not entry.get("readBack"):
             raise SandboxError(f"{self.namespace}/{self.name}: {entry['message']}")
         saved = RunStatus.from_dict({"phase": status.get("phase"), "readBack": entry.get("readBack", [])})
@@ -122,9 +186,16 @@ class Sandbox:
     # --- the end -----------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Asks the operator to tear the run down (``spec.stop: true``): drain, then release."""
+        """Asks the operator to tear the run down (``spec.stop: true``): drain, then release. A
+        run already deleted is left alone."""
         body = {"spec": {"stop": True}}
-        self._sandboxes._custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name, body)
+        try:
+            self._sandboxes._custom.patch_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, self.name, body
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
     def drain_failed_note(self) -> str | None:
         """The note of the run's ``sandbox_runfiles_drain_failed`` Event, if there is one."""
@@ -217,7 +288,91 @@ class Sandboxes:
         return Sandbox(self, cast(Mapping[str, Any], obj))
 
     def get(self, name: str) -> Sandbox:
+        """The run ``name`` of the namespace (the apiserver's 404 as ``ApiException`` if none)."""
         return Sandbox(self, self._get(name))
+
+    def list(
+        self,
+        *,
+        template: str | None = None,
+        template_kind: str | None = None,
+        labels: Mapping[str, str] | None = None,
+        phase: str | Sequence[str] | None = None,
+    ) -> list[Sandbox]:
+        """The namespace's runs: made from ``template`` (its ``spec.templateRef``; and of
+        ``template_kind`` when given), carrying every one of ``labels`` (asked of the apiserver as
+        a label selector), in ``phase`` (one or several). Read page by page."""
+        phases = {phase} if isinstance(phase, str) else set(phase or ())
+        selector = label_selector(labels) if labels else None
+        found: list[Sandbox] = []
+        token: str | None = None
+        while True:
+            page = cast(Mapping[str, Any], self._list_page(selector, token))
+            for obj in page.get("items") or []:
+                ref = (obj.get("spec") or {}).get("templateRef") or {}
+                if template is not None and ref.get("name") != template:
+                    continue
+                if template_kind is not None and ref.get("kind") != template_kind:
+                    continue
+                if phases and RunStatus.from_dict(obj.get("status")).phase not in phases:
+                    continue
+                found.append(Sandbox(self, obj))
+            token = (page.get("metadata") or {}).get("continue") or None
+            if token is None:
+                return found
+
+    def _list_page(self, selector: str | None, token: str | None) -> Any:
+        kwargs: dict[str, Any] = {"limit": _LIST_PAGE}
+        if selector:
+            kwargs["label_selector"] = selector
+        if token:
+            kwargs["_continue"] = token
+        return self._custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, **kwargs)
+
+    def _watch_until(
+        self, name: str, what: str, timeout: float, done: Callable[[Mapping[str, Any]], bool]
+    ) -> Mapping[str, Any]:
+        """Reads the run once, then WATCHES it (``watch.Watch`` on its name, from the version
+        read) until ``done`` holds: no polling. A watch that ends or expires is re-opened after
+        a fresh read; :class:`Timeout` past ``timeout`` with what was seen last; a run deleted
+        meanwhile is a :class:`SandboxError`."""
+        deadline = time.monotonic() + timeout
+        obj = self._get(name)
+        while not done(obj):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Timeout(f"{self.namespace}/{name} {what}", timeout, _last_seen(obj))
+            obj = self._watch_once(name, obj, left, done)
+            if not done(obj) and time.monotonic() < deadline:
+                time.sleep(min(_POLL, max(0.0, deadline - time.monotonic())))
+                obj = self._get(name)
+        return obj
+
+    def _watch_once(
+        self, name: str, obj: Mapping[str, Any], left: float, done: Callable[[Mapping[str, Any]], bool]
+    ) -> Mapping[str, Any]:
+        seconds = max(1, min(int(left) + 1, _WATCH_PERIOD))
+        kwargs: dict[str, Any] = {"field_selector": f"metadata.name={name}", "timeout_seconds": seconds}
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if version:
+            kwargs["resource_version"] = version
+        watcher = watch.Watch()
+        try:
+            for event in watcher.stream(
+                self._custom.list_namespaced_custom_object, GROUP, VERSION, self.namespace, PLURAL, **kwargs
+            ):
+                if event.get("type") == "DELETED":
+                    raise SandboxError(f"{self.namespace}/{name} was deleted (last seen: {_last_seen(obj)})")
+                if event.get("type") in ("ADDED", "MODIFIED"):
+                    obj = cast(Mapping[str, Any], event["raw_object"])
+                    if done(obj):
+                        return obj
+        except ApiException as e:
+            if e.status != 410:
+                raise  # 410: the version expired; the caller reads the run anew
+        finally:
+            watcher.stop()
+        return obj
 
     def _get(self, name: str) -> Mapping[str, Any]:
         obj = self._custom.get_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name)

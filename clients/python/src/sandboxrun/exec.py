@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import codecs
 import json
-import time
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.stream import stream
 from kubernetes.stream.ws_client import ERROR_CHANNEL, STDIN_CHANNEL
 
-from .errors import ExecError, Timeout
+from .errors import ExecError, SandboxError, Timeout
 
 #: The run pod's container the workload runs in (the other one is the operator's holder).
 WORKLOAD_CONTAINER = "workload"
@@ -96,9 +97,186 @@ def with_counted_stdin(command: list[str], size: int) -> list[str]:
     return ["sh", "-c", 'head -c "$0" | "$@"', str(size), *command]
 
 
+#: The script that reports the command's pid as the first line of stdout, then becomes the
+#: command (``exec``): the pid a kill names is the command's own. The command is passed as
+#: arguments (``"$@"``), never pasted into the script.
+PID_SCRIPT = 'echo "$$"; exec "$@"'
+#: Signals :meth:`Execution.kill` sends (a fixed set: nothing a caller passes reaches a shell).
+SIGNALS = ("TERM", "KILL", "INT", "HUP")
+#: Kills the command's process group (a pipeline, a shell's children) if it leads one, else the
+#: command: ``$1`` is one of :data:`SIGNALS`, ``$2`` a pid the client parsed as digits.
+KILL_SCRIPT = 'kill -s "$1" -- "-$2" 2>/dev/null || kill -s "$1" "$2"'
+Output = Callable[[str], Any]
+
+
+def with_pid(command: list[str]) -> list[str]:
+    """``command`` run by :data:`PID_SCRIPT`: its pid first on stdout (the client strips it)."""
+    return ["sh", "-c", PID_SCRIPT, "sh", *command]
+
+
 def _send_stdin(ws: Any, data: bytes) -> None:
     for start in range(0, len(data), _STDIN_CHUNK):
         ws.write_channel(STDIN_CHANNEL, data[start : start + _STDIN_CHUNK])
+
+
+class _Sink:
+    """One output stream: kept whole for the result, and passed on as text, decoded
+    incrementally (a character split between two frames is passed once, whole)."""
+
+    def __init__(self, callback: Output | None) -> None:
+        self.data = bytearray()
+        self._callback = callback
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def feed(self, chunk: bytes, final: bool = False) -> None:
+        self.data += chunk
+        if self._callback is not None:
+            text = self._decoder.decode(chunk, final)
+            if text:
+                self._callback(text)
+
+
+class Execution:
+    """A command running in a sandbox (:meth:`sandboxrun.Sandbox.start`): its output is read by a
+    thread of its own, passed to the callbacks as it comes; :meth:`wait` for its result,
+    :meth:`kill` to end it."""
+
+    def __init__(
+        self,
+        ws: Any,
+        where: str,
+        kill_exec: Callable[[list[str]], Any],
+        stdin: bytes | None = None,
+        on_stdout: Output | None = None,
+        on_stderr: Output | None = None,
+        pid_line: bool = True,
+    ) -> None:
+        self._ws = ws
+        self._where = where
+        self._kill_exec = kill_exec
+        self._stdin = stdin
+        self._out, self._err = _Sink(on_stdout), _Sink(on_stderr)
+        self._head = bytearray()
+        self._pid: int | None = None
+        self._pid_line = pid_line
+        self._pid_known = threading.Event()
+        if not pid_line:
+            self._pid_known.set()
+        self._done = threading.Event()
+        self._result: ExecResult | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._pump, name=f"exec {where}", daemon=True)
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"Execution({self._where}, pid={self._pid})"
+
+    @property
+    def pid(self) -> int | None:
+        """The command's pid in the sandbox, once it started (else ``None``)."""
+        return self._pid
+
+    @property
+    def running(self) -> bool:
+        return not self._done.is_set()
+
+    def _stdout(self, chunk: bytes) -> None:
+        if self._pid_line:
+            self._head += chunk
+            line, sep, rest = bytes(self._head).partition(b"\n")
+            if not sep:
+                return
+            self._pid = int(line) if line.strip().isdigit() else None
+            self._pid_line = False
+            self._pid_known.set()
+            chunk = rest
+        if chunk:
+            self._out.feed(chunk)
+
+    def _read(self) -> None:
+        out = self._ws.read_stdout(timeout=0) or b""
+        err = self._ws.read_stderr(timeout=0) or b""
+        if out:
+            self._stdout(out)
+        if err:
+            self._err.feed(err)
+
+    def _pump(self) -> None:
+        try:
+            if self._stdin is not None:
+                _send_stdin(self._ws, self._stdin)
+            while self._ws.is_open():
+                self._ws.update(timeout=1.0)
+                self._read()
+            self._read()
+            status = self._ws.read_channel(ERROR_CHANNEL)
+            text = status.decode("utf-8", "replace") if isinstance(status, bytes) else str(status)
+            self._out.feed(b"", final=True)
+            self._err.feed(b"", final=True)
+            self._result = ExecResult(exit_code_of(text), bytes(self._out.data), bytes(self._err.data))
+        except BaseException as e:  # noqa: BLE001 - handed to the waiter, never lost
+            self._error = e if isinstance(e, ExecError) else ExecError(f"the exec in {self._where} broke: {e}")
+        finally:
+            self._pid_known.set()
+            self._done.set()
+            self._close()
+
+    def _close(self) -> None:
+        try:
+            self._ws.close()
+        except Exception:  # noqa: BLE001 - closing a broken stream has nothing left to say
+            pass
+
+    def wait(self, timeout: float | None = None) -> ExecResult:
+        """The command's result once it ended; :class:`Timeout` if it has not within ``timeout``
+        seconds (it keeps running: :meth:`kill` it)."""
+        if not self._done.wait(timeout):
+            last = f"{len(self._out.data)} byte(s) of stdout"
+            raise Timeout(f"the command in {self._where} to end", timeout or 0.0, last)
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def kill(self, signal: str = "KILL", timeout: float = 30.0) -> None:
+        """Sends ``signal`` (one of :data:`SIGNALS`) to the command (its process group when it
+        leads one), by a second exec. Nothing happens when it already ended."""
+        if signal not in SIGNALS:
+            raise ValueError(f"signal {signal!r} is not one of {', '.join(SIGNALS)}")
+        self._pid_known.wait(timeout)
+        if self._done.is_set() or self._pid is None:
+            return
+        self._kill_exec(["sh", "-c", KILL_SCRIPT, "sh", signal, str(self._pid)])
+
+
+def start(
+    api: CoreV1Api,
+    namespace: str,
+    pod: str,
+    cmd: str | Sequence[str],
+    stdin: bytes | None = None,
+    on_stdout: Output | None = None,
+    on_stderr: Output | None = None,
+) -> Execution:
+    """Starts ``cmd`` in the workload container of ``pod`` and returns at once. With ``stdin``,
+    the command reads exactly those bytes then EOF (see :func:`with_counted_stdin`: the image
+    needs ``sh`` and ``head``). The command is run by :data:`PID_SCRIPT` (the image needs ``sh``)
+    so that a kill names it."""
+    command = as_command(cmd)
+    if stdin is not None:
+        command = with_counted_stdin(command, len(stdin))
+    ws = _open(api, namespace, pod, with_pid(command), stdin is not None)
+
+    def kill_exec(kill: list[str]) -> Any:
+        return _run_plain(api, namespace, pod, kill, 30.0)
+
+    return Execution(ws, f"{namespace}/{pod}", kill_exec, stdin, on_stdout, on_stderr)
+
+
+def _run_plain(api: CoreV1Api, namespace: str, pod: str, command: list[str], timeout: float) -> ExecResult:
+    """``command`` as it is (no pid line), waited for; the kill's own exec."""
+    ws = _open(api, namespace, pod, command, False)
+    return Execution(ws, f"{namespace}/{pod}", lambda _: None, pid_line=False).wait(timeout)
 
 
 def exec_in(
@@ -108,30 +286,19 @@ def exec_in(
     cmd: str | Sequence[str],
     stdin: bytes | None = None,
     timeout: float = 300.0,
+    on_stdout: Output | None = None,
+    on_stderr: Output | None = None,
 ) -> ExecResult:
-    """Runs ``cmd`` in the workload container of ``pod`` and waits for it to end. With
-    ``stdin``, the command reads exactly those bytes then EOF (see :func:`with_counted_stdin`:
-    the image needs ``sh`` and ``head``)."""
-    command = as_command(cmd)
-    if stdin is not None:
-        command = with_counted_stdin(command, len(stdin))
-    ws = _open(api, namespace, pod, command, stdin is not None)
-    out, err = bytearray(), bytearray()
-    deadline = time.monotonic() + timeout
+    """Runs ``cmd`` in the workload container of ``pod`` and waits for it to end, passing its
+    output to the callbacks as it comes. A command still running after ``timeout`` seconds is
+    killed (``KILL``) and :class:`Timeout` raised."""
+    execution = start(api, namespace, pod, cmd, stdin, on_stdout, on_stderr)
     try:
-        if stdin is not None:
-            _send_stdin(ws, stdin)
-        while ws.is_open():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise Timeout(f"{command!r} in {namespace}/{pod}", timeout, f"{len(out)} byte(s) of stdout")
-            ws.update(timeout=min(left, 1.0))
-            out += ws.read_stdout(timeout=0) or b""
-            err += ws.read_stderr(timeout=0) or b""
-        out += ws.read_stdout(timeout=0) or b""
-        err += ws.read_stderr(timeout=0) or b""
-        status = ws.read_channel(ERROR_CHANNEL)
-    finally:
-        ws.close()
-    text = status.decode("utf-8", "replace") if isinstance(status, bytes) else str(status)
-    return ExecResult(exit_code_of(text), bytes(out), bytes(err))
+        return execution.wait(timeout)
+    except Timeout:
+        try:
+            execution.kill("KILL")
+        except SandboxError:
+            pass  # the Timeout says what happened; a kill that failed leaves nothing to add
+        last = f"{len(execution._out.data)} byte(s) of stdout"
+        raise Timeout(f"{as_command(cmd)!r} in {namespace}/{pod}", timeout, last) from None
