@@ -937,26 +937,13 @@ async fn a_namespace_policys_default_runtime_class_reaches_the_pod() {
             Err(e) => panic!("create RuntimeClass {name}: {e}"),
         }
     }
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    namespaces
-        .patch(
-            &ns.name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"sandboxrun-test-tier": "free"}}})),
-        )
-        .await
-        .expect("label the namespace");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("policies.yaml");
-    std::fs::write(
-        &file,
+    let op = operator_under_namespace_policies(
+        &client,
+        &ns.name,
+        "free",
         "- name: free-tier\n  namespaceSelector: {matchLabels: {sandboxrun-test-tier: free}}\n  defaultRuntimeClass: sandboxrun-test-sandboxed\n",
     )
-    .expect("write the policies");
-    let (_d, store_url) = file_store("rtclass");
-    let op = Operator::builder(&ns.name, &store_url)
-        .flags(&["--namespace-policies", &file.display().to_string()])
-        .start();
+    .await;
     let out = host_dir("out");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
@@ -975,6 +962,31 @@ async fn a_namespace_policys_default_runtime_class_reaches_the_pod() {
     }
 }
 
+/// The operator watching `ns`, labelled `sandboxrun-test-tier=<tier>`, under the namespace
+/// policies `policies` (`--namespace-policies`, a YAML list), with a `file://` store.
+async fn operator_under_namespace_policies(
+    client: &kube::Client,
+    ns: &str,
+    tier: &str,
+    policies: &str,
+) -> Operator {
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces
+        .patch(
+            ns,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"sandboxrun-test-tier": tier}}})),
+        )
+        .await
+        .expect("label the namespace");
+    let file = host_dir("namespace-policies").join(format!("{tier}.yaml"));
+    std::fs::write(&file, policies).expect("write the policies");
+    let (_d, store_url) = file_store(&format!("nspolicy-{tier}"));
+    Operator::builder(ns, &store_url)
+        .flags(&["--namespace-policies", &file.display().to_string()])
+        .start()
+}
+
 /// Issue #51 item 8: the webhook may be absent or bypassed, so the controller judges a run by the
 /// platform's namespace policies that govern its namespace before it builds a pod (on the old
 /// code only the webhook did: the refused image and the long drain timeout got pods and ran).
@@ -983,26 +995,13 @@ async fn namespace_policies_hold_a_run_with_no_webhook_before_any_pod_exists() {
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "nspolicy").await;
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
-    namespaces
-        .patch(
-            &ns.name,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"sandboxrun-test-tier": "locked"}}})),
-        )
-        .await
-        .expect("label the namespace");
-    let dir = tempfile::tempdir().expect("tempdir");
-    let file = dir.path().join("policies.yaml");
-    std::fs::write(
-        &file,
+    let op = operator_under_namespace_policies(
+        &client,
+        &ns.name,
+        "locked",
         "- name: locked-tier\n  namespaceSelector: {matchLabels: {sandboxrun-test-tier: locked}}\n  images: [\"registry.example/**\"]\n  maxDrainTimeout: 2m\n",
     )
-    .expect("write the policies");
-    let (_d, store_url) = file_store("nspolicy");
-    let op = Operator::builder(&ns.name, &store_url)
-        .flags(&["--namespace-policies", &file.display().to_string()])
-        .start();
+    .await;
     let out = host_dir("out");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
@@ -1056,7 +1055,7 @@ async fn namespace_policies_hold_a_run_with_no_webhook_before_any_pod_exists() {
         );
     }
     // Once the namespace is no longer selected, the held run gets its pod.
-    namespaces
+    Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone())
         .patch(
             &ns.name,
             &PatchParams::default(),

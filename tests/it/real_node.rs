@@ -667,6 +667,16 @@ fn container_id(ns: &str, pod: &str, container: &str) -> Option<String> {
         .map(str::to_string)
 }
 
+/// `runsc <args>` on the real node's gVisor sandboxes (their state under the node's containerd).
+fn runsc(args: &[&str]) -> Output {
+    Command::new(bed_setting("SANDBOXRUN_TEST_RUNSC"))
+        .arg("--root")
+        .arg(state_dir().join("node/containerd/runsc-state/k8s.io"))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("runsc {args:?}: {e}"))
+}
+
 /// SIGKILL to a container's workload from the host. Under runc its PID 1 is a host process; under
 /// gVisor it lives in the sandbox's kernel (the host PID crictl reports is the whole sandbox's
 /// sentry), and the runtime delivers the signal: `runsc kill <container> KILL`.
@@ -683,13 +693,7 @@ fn kill_from_the_host(container: &str) {
             .status()
             .expect("kill")
     } else {
-        let root = state_dir().join("node/containerd/runsc-state/k8s.io");
-        Command::new(bed_setting("SANDBOXRUN_TEST_RUNSC"))
-            .arg("--root")
-            .arg(&root)
-            .args(["kill", container, "KILL"])
-            .status()
-            .expect("runsc kill")
+        runsc(&["kill", container, "KILL"]).status
     };
     assert!(killed.success(), "kill {container}: {killed:?}");
 }
@@ -2533,13 +2537,7 @@ fn packer_running(ns: &str, pod: &str, holder_path: &str) -> bool {
     let Some(id) = container_id(ns, pod, "holder") else {
         return false;
     };
-    let root = state_dir().join("node/containerd/runsc-state/k8s.io");
-    let out = Command::new(bed_setting("SANDBOXRUN_TEST_RUNSC"))
-        .arg("--root")
-        .arg(&root)
-        .args(["ps", &id])
-        .output()
-        .expect("runsc ps");
+    let out = runsc(&["ps", &id]);
     let listing = String::from_utf8_lossy(&out.stdout);
     listing
         .lines()
@@ -3196,6 +3194,20 @@ echo secret > /work/locked/x; chmod 0000 /work/locked/x; exec sleep 3600"#;
     );
 }
 
+/// Deletes the cluster-scoped objects [`kueue_queue`] made (the flavor, the ClusterQueue, the
+/// priority classes), last made first; the namespaced ones go with the test's namespace.
+async fn delete_kueue_cluster_objects(
+    client: &Client,
+    made: Vec<(ApiResource, Option<String>, String)>,
+) {
+    for (res, namespace, name) in made.into_iter().rev() {
+        if namespace.is_none() {
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
+            let _ = api.delete(&name, &Default::default()).await;
+        }
+    }
+}
+
 /// Kueue's objects for [`runs_queue_through_real_kueue_and_a_preempted_run_is_drained_and_retried`]:
 /// a flavor, a ClusterQueue with `cpu` quota for two runs (300m workload + 10m holder each; memory
 /// plenty) that
@@ -3460,12 +3472,7 @@ async fn runs_queue_through_real_kueue_and_a_preempted_run_is_drained_and_retrie
             .await;
     }
     drop(op);
-    for (res, namespace, name) in made.into_iter().rev() {
-        if namespace.is_none() {
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
-            let _ = api.delete(&name, &Default::default()).await;
-        }
-    }
+    delete_kueue_cluster_objects(&client, made).await;
 }
 
 /// Issue #51 item 2 on real containers (docs/contract.md "A run's object stays bounded"): a
@@ -3632,12 +3639,7 @@ async fn a_queued_run_whose_queue_label_is_removed_gets_no_pod() {
         )
         .await;
     drop(op);
-    for (res, namespace, name) in made.into_iter().rev() {
-        if namespace.is_none() {
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
-            let _ = api.delete(&name, &Default::default()).await;
-        }
-    }
+    delete_kueue_cluster_objects(&client, made).await;
 }
 
 /// Issue #53 item 1 on the real node with the real Kueue (docs/contract.md "A queued run keeps the
@@ -3747,12 +3749,7 @@ async fn a_running_queued_runs_priority_label_edit_is_said_and_its_workload_keep
         .await;
     wait_run(&runs, "prio", "a final phase", &op, final_phase).await;
     drop(op);
-    for (res, namespace, name) in made.into_iter().rev() {
-        if namespace.is_none() {
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
-            let _ = api.delete(&name, &Default::default()).await;
-        }
-    }
+    delete_kueue_cluster_objects(&client, made).await;
 }
 
 /// The pods of pool `pool` in `ns`: (name, template hash, claimed).
@@ -4245,12 +4242,7 @@ async fn a_queued_run_takes_a_warm_pool_pod_once_kueue_admits_it() {
     )
     .await;
     drop(op);
-    for (res, namespace, name) in made.into_iter().rev() {
-        if namespace.is_none() {
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
-            let _ = api.delete(&name, &Default::default()).await;
-        }
-    }
+    delete_kueue_cluster_objects(&client, made).await;
 }
 
 /// Issue #39 with `spec.retryPolicy` on the real node (`--warm-pools`): each attempt of a run made
@@ -4486,10 +4478,5 @@ async fn a_ready_queued_run_outlives_kueues_pods_ready_timeout_and_a_never_ready
         )
         .await;
     drop(op);
-    for (res, namespace, name) in made.into_iter().rev() {
-        if namespace.is_none() {
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &res);
-            let _ = api.delete(&name, &Default::default()).await;
-        }
-    }
+    delete_kueue_cluster_objects(&client, made).await;
 }
