@@ -168,3 +168,14 @@ def test_files(paths):
 def is_test_file(path, tests):
     path = os.path.normpath(path)
     return path in tests or any(path.startswith(t + os.sep) for t in tests)
+
+
+def allowances(path):
+    """A ratchet's allowance file: `<path> <count>` per line, `#` starts a comment."""
+    allowed = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            file, n = line.split()
+            allowed[file] = int(n)
+    return allowed
