@@ -6,16 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-use k8s_openapi::api::core::v1::{
-    ContainerState, ContainerStateRunning, ContainerStatus, Pod, PodStatus,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::api::core::v1::{ContainerState, ContainerStateRunning, ContainerStatus};
 use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
 use super::checkpoint_job::checkpoint;
 use super::mock_apiserver::{apiserver, context, Route};
 use super::pipeline_scenarios::run;
+use super::teardown_scenarios::pod;
 use crate::api::{Phase, SandboxRunStatus};
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 use crate::shard::drain_claim::{drain_claim_name, DrainClaims};
@@ -62,22 +60,7 @@ async fn a_checkpoint_of_a_run_another_live_replica_drains_reads_and_writes_noth
         pod_name: Some("demo-sbr".into()),
         ..Default::default()
     });
-    let mut pod = Pod::default();
-    pod.metadata.name = Some("demo-sbr".into());
-    pod.metadata.namespace = Some("ns".into());
-    pod.metadata.uid = Some("p1".into());
-    pod.metadata.owner_references = Some(vec![OwnerReference {
-        api_version: "sandbox.iterion.io/v1alpha1".into(),
-        kind: "SandboxRun".into(),
-        name: "demo".into(),
-        uid: "u1".into(),
-        controller: Some(true),
-        ..Default::default()
-    }]);
-    pod.status = Some(PodStatus {
-        container_statuses: Some(vec![running(WORKLOAD_CONTAINER), running(HOLDER_CONTAINER)]),
-        ..Default::default()
-    });
+    let pod = pod(vec![running(WORKLOAD_CONTAINER), running(HOLDER_CONTAINER)]);
     let claim = drain_claim_name("grp", "u1");
     let heartbeat = replica_lease_name("grp", "other");
     let routes = vec![

@@ -29,8 +29,8 @@ const STATUS: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxrun
 const POD: &str = "/api/v1/namespaces/ns/pods/demo-sbr";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
 
-/// The run's pod (owned by it), its containers in `statuses`.
-fn pod(statuses: Vec<ContainerStatus>) -> Pod {
+/// The run's pod (owned by it), its containers in `statuses` (also the checkpoint scenarios').
+pub(super) fn pod(statuses: Vec<ContainerStatus>) -> Pod {
     let mut pod = Pod::default();
     pod.metadata.name = Some("demo-sbr".into());
     pod.metadata.namespace = Some("ns".into());
