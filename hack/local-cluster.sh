@@ -11,6 +11,7 @@
 #                                  settings the real node changed, and remove the state
 #   hack/local-cluster.sh env      print `export KUBECONFIG=… PATH=…` (+ the test settings)
 #   hack/local-cluster.sh status   exit 0 only when the apiserver answers and both nodes are Ready
+#   hack/local-cluster.sh apiserver-restart   kill the apiserver and start it again (make chaos)
 #
 # State (PKI, data, logs, PID files) lives in one directory: $SANDBOXRUN_STATE (default
 # <repo>/.k8s-local). Tools come from hack/build-tools.sh (cached outside the repo).
@@ -149,6 +150,35 @@ kwok_readback_unlink() {
   if [ -L "$KWOK_READBACK_LINK" ] && [ "$(readlink "$KWOK_READBACK_LINK")" = / ]; then rm -f "$KWOK_READBACK_LINK"; fi
 }
 
+# The apiserver (its own function: `apiserver-restart` starts it again with the same flags).
+start_apiserver() {
+  start kube-apiserver "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
+    --bind-address=127.0.0.1 --advertise-address="$REAL_NODE_IP" --secure-port="$APISERVER_PORT" --cert-dir="$P" \
+    --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" --client-ca-file="$P/ca.crt" \
+    --kubelet-client-certificate="$P/apiserver-kubelet-client.crt" --kubelet-client-key="$P/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority="$P/ca.crt" \
+    --service-account-issuer="https://127.0.0.1:$APISERVER_PORT" --service-account-key-file="$P/sa.pub" \
+    --service-account-signing-key-file="$P/sa.key" --service-cluster-ip-range="$SERVICE_CIDR" \
+    --authorization-mode=Node,RBAC --allow-privileged=true \
+    --enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultStorageClass,ResourceQuota,PodSecurity,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
+    --kubelet-preferred-address-types=InternalIP,Hostname
+  wait_for "kube-apiserver" 120 kc get --raw /readyz
+}
+
+# Kills the apiserver (ours, by its PID file) and starts it again: the chaos tests' "apiserver
+# restarted mid-drain" (tests/it/real_node/chaos.rs). Every client reconnects on its own.
+apiserver_restart() {
+  is_running kube-apiserver || { log "kube-apiserver is not running"; return 1; }
+  local pid; pid=$(cat "$R/kube-apiserver.pid")
+  # A crash (SIGKILL), not a graceful stop: a graceful one keeps serving the exec streams it
+  # proxies until they end, so a drain would finish before the fault.
+  kill -9 "$pid"
+  for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+  mv "$LOGS/kube-apiserver.log" "$LOGS/kube-apiserver.$(date +%s).log"
+  start_apiserver
+  log "kube-apiserver restarted"
+}
+
 up() {
   preflight
   kwok_readback_link
@@ -169,17 +199,7 @@ up() {
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
     --initial-cluster "default=http://127.0.0.1:$ETCD_PEER_PORT" --unsafe-no-fsync --listen-metrics-urls ""
-  start kube-apiserver "$BIN/kube-apiserver" --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
-    --bind-address=127.0.0.1 --advertise-address="$REAL_NODE_IP" --secure-port="$APISERVER_PORT" --cert-dir="$P" \
-    --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" --client-ca-file="$P/ca.crt" \
-    --kubelet-client-certificate="$P/apiserver-kubelet-client.crt" --kubelet-client-key="$P/apiserver-kubelet-client.key" \
-    --kubelet-certificate-authority="$P/ca.crt" \
-    --service-account-issuer="https://127.0.0.1:$APISERVER_PORT" --service-account-key-file="$P/sa.pub" \
-    --service-account-signing-key-file="$P/sa.key" --service-cluster-ip-range="$SERVICE_CIDR" \
-    --authorization-mode=Node,RBAC --allow-privileged=true \
-    --enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultStorageClass,ResourceQuota,PodSecurity,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
-    --kubelet-preferred-address-types=InternalIP,Hostname
-  wait_for "kube-apiserver" 120 kc get --raw /readyz
+  start_apiserver
   start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig="$K" --leader-elect=false \
     --bind-address=127.0.0.1 --secure-port=0 --service-account-private-key-file="$P/sa.key" --root-ca-file="$P/ca.crt" \
     --use-service-account-credentials=true --controllers='*,-nodeipam'
@@ -290,5 +310,6 @@ case "${1:-}" in
   down) down ;;
   env) env_ ;;
   status) status ;;
-  *) echo "usage: $0 up|down|env|status" >&2; exit 2 ;;
+  apiserver-restart) apiserver_restart ;;
+  *) echo "usage: $0 up|down|env|status|apiserver-restart" >&2; exit 2 ;;
 esac

@@ -4,19 +4,26 @@
 //! (`hack/chaos.sh`) runs them one at a time, alone on the bed.
 
 use super::*;
+use crate::support::s3_server::PrivateS3;
 
-/// `hack/real-node.sh <verb>` (kubelet-stop, kubelet-start), as the bed's root.
-fn node(verb: &str) {
-    let out = Command::new(repo().join("hack/real-node.sh"))
+/// `hack/<script> <verb>`, as the bed's root: `real-node.sh kubelet-stop|kubelet-start`,
+/// `local-cluster.sh apiserver-restart`.
+fn bed_verb(script: &str, verb: &str) {
+    let out = Command::new(repo().join("hack").join(script))
         .arg(verb)
         .output()
-        .expect("run hack/real-node.sh");
+        .unwrap_or_else(|e| panic!("run hack/{script}: {e}"));
     assert!(
         out.status.success(),
-        "hack/real-node.sh {verb}: {}{}",
+        "hack/{script} {verb}: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// `hack/real-node.sh <verb>` (kubelet-stop, kubelet-start).
+fn node(verb: &str) {
+    bed_verb("real-node.sh", verb);
 }
 
 /// Starts the kubelet again when a test ends, passed or not: the next test needs the node.
@@ -51,51 +58,62 @@ async fn files_written(ns: &str, pod: &str) {
     .await;
 }
 
-/// The kubelet restarted while a drain streams: the stream breaks, the drain is retried once
-/// the node is back, and every byte is stored; the run ends, its path `Drained`.
-#[tokio::test]
-async fn a_kubelet_restarted_mid_drain_loses_nothing_and_the_run_ends() {
-    let bed = RealBed::new("chaos-kubelet").await;
+/// Creates `name` ([`BIG_THEN_SLEEP`], a 5-minute drain timeout), waits until its files are
+/// written, stops it, and returns its pod once the packer streams them.
+async fn stopped_and_draining(
+    runs: &Api<SandboxRun>,
+    ns: &str,
+    name: &str,
+    op: &Operator,
+) -> String {
     let mut spec = real_spec(Some(BIG_THEN_SLEEP), &["/work/out"]);
     if let Some(read_back) = spec.read_back.as_mut() {
         read_back.drain_timeout = Some("5m".into());
     }
-    create(&bed.runs, "restart", spec).await;
-    let run = wait_run(&bed.runs, "restart", "Running", &bed.op, |r| {
-        phase_is(Phase::Running)(r)
-    })
-    .await;
+    create(runs, name, spec).await;
+    let run = wait_run(runs, name, "Running", op, |r| phase_is(Phase::Running)(r)).await;
     let pod = pod_of(&run);
-    files_written(&bed.ns.name, &pod).await;
+    files_written(ns, &pod).await;
+    runs.patch(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(&json!({"spec": {"stop": true}})),
+    )
+    .await
+    .expect("stop");
+    packer_started(ns, &pod).await;
+    pod
+}
 
-    bed.runs
-        .patch(
-            "restart",
-            &PatchParams::default(),
-            &Patch::Merge(&json!({"spec": {"stop": true}})),
-        )
-        .await
-        .expect("stop");
+/// Waits until the packer streams `/work/out` from `pod`'s holder.
+async fn packer_started(ns: &str, pod: &str) {
     let holder_path = "/sandboxrun-readback/work/out";
     eventually("the packer to start", Duration::from_secs(60), || {
-        let running = packer_running(&bed.ns.name, &pod, holder_path).then_some(());
+        let running = packer_running(ns, pod, holder_path).then_some(());
         async move { running }
     })
     .await;
-    let _back = KubeletBack;
-    node("kubelet-stop");
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    node("kubelet-start");
+}
 
-    let done = wait_run(&bed.runs, "restart", "a final phase", &bed.op, final_phase).await;
+/// The fault broke a drain attempt (the test would prove nothing if the drain had ended first).
+fn assert_fault_hit_the_drain(op: &Operator) {
+    let log = op.plain_log_text();
+    assert!(
+        log.contains("drain attempt failed; retrying"),
+        "the fault landed mid-drain: {log}"
+    );
+}
+
+/// The run ended `Stopped`, its path `Drained`.
+fn assert_stopped_and_drained(done: &SandboxRun) {
     let status = done.status.clone().expect("status");
     assert_eq!(status.phase, Some(Phase::Stopped), "{status:?}");
     let path = &status.read_back[0];
     assert_eq!(path.phase, ReadBackPhase::Drained, "{path:?}");
+}
 
-    let dest = files_get(&bed.ns.name, "restart", &bed.store_url, &[], &[])
-        .unwrap_or_else(|e| panic!("files get failed: {e}"));
-    let root = extracted(&dest, 0);
+/// The files [`BIG_THEN_SLEEP`] wrote, extracted under `root`, are the written ones, byte for byte.
+fn assert_every_byte_stored(root: &Path) {
     let big = std::fs::read(root.join("big.bin")).expect("the big file");
     let want = std::fs::read_to_string(root.join("big.sha256")).expect("its digest");
     assert_eq!(big.len(), 64 << 20);
@@ -108,6 +126,158 @@ async fn a_kubelet_restarted_mid_drain_loses_nothing_and_the_run_ends() {
         std::fs::read_to_string(root.join("small.txt")).expect("small"),
         "small\n"
     );
+}
+
+/// The kubelet restarted while a drain streams: the stream breaks, the drain is retried once
+/// the node is back, and every byte is stored; the run ends, its path `Drained`.
+#[tokio::test]
+async fn a_kubelet_restarted_mid_drain_loses_nothing_and_the_run_ends() {
+    let bed = RealBed::new("chaos-kubelet").await;
+    stopped_and_draining(&bed.runs, &bed.ns.name, "restart", &bed.op).await;
+    let _back = KubeletBack;
+    node("kubelet-stop");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    node("kubelet-start");
+
+    let done = wait_run(&bed.runs, "restart", "a final phase", &bed.op, final_phase).await;
+    assert_stopped_and_drained(&done);
+    assert_fault_hit_the_drain(&bed.op);
+    let dest = files_get(&bed.ns.name, "restart", &bed.store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    assert_every_byte_stored(&extracted(&dest, 0));
+}
+
+/// The apiserver restarted while a drain streams (the exec stream runs through it, and every
+/// watch breaks): the drain is retried once the apiserver answers, every byte is stored, and the
+/// run ends, its path `Drained`.
+#[tokio::test]
+async fn an_apiserver_restarted_mid_drain_loses_nothing_and_the_run_ends() {
+    let bed = RealBed::new("chaos-apiserver").await;
+    stopped_and_draining(&bed.runs, &bed.ns.name, "restart", &bed.op).await;
+    bed_verb("local-cluster.sh", "apiserver-restart");
+
+    let done = wait_run(&bed.runs, "restart", "a final phase", &bed.op, final_phase).await;
+    assert_stopped_and_drained(&done);
+    assert_fault_hit_the_drain(&bed.op);
+    let dest = files_get(&bed.ns.name, "restart", &bed.store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    assert_every_byte_stored(&extracted(&dest, 0));
+}
+
+/// The object store down for 10 s while a drain streams into it (a private S3 server, stopped
+/// and started again on the same port and root): the upload is retried, every byte is stored
+/// once, and the run ends, its path `Drained`.
+#[tokio::test]
+async fn a_store_outage_mid_drain_loses_nothing_and_the_run_ends() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "chaos-store").await;
+    let mut s3 = PrivateS3::new("chaos-store");
+    let store_flags = store_flags(&s3.options());
+    let flags: Vec<&str> = store_flags.iter().map(String::as_str).collect();
+    let op = start_operator_with(&ns.name, &s3.url(), &flags);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    stopped_and_draining(&runs, &ns.name, "outage", &op).await;
+    s3.stop();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let during = runs.get("outage").await.expect("the run");
+    let path = during.status.clone().expect("status").read_back[0].clone();
+    assert_eq!(
+        path.phase,
+        ReadBackPhase::Pending,
+        "the outage hit the drain (nothing can be committed without the store): {path:?}"
+    );
+    s3.start();
+
+    let done = wait_run(&runs, "outage", "a final phase", &op, final_phase).await;
+    assert_stopped_and_drained(&done);
+    let dest = files_get(&ns.name, "outage", &s3.url(), &s3.options(), &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    assert_every_byte_stored(&extracted(&dest, 0));
+    assert!(
+        s3.part_files().is_empty(),
+        "no multipart upload left open: {:?}",
+        s3.part_files()
+    );
+}
+
+/// The operator SIGKILLed while a checkpoint streams, and started again: the checkpoint is
+/// answered once (never left pending, never two), it holds every byte or says it failed, and the
+/// run, still running, then stops and drains as usual.
+#[tokio::test]
+async fn an_operator_killed_mid_checkpoint_answers_it_once_and_the_run_goes_on() {
+    let mut bed = RealBed::new("chaos-checkpoint").await;
+    let mut spec = real_spec(Some(BIG_THEN_SLEEP), &["/work/out"]);
+    if let Some(read_back) = spec.read_back.as_mut() {
+        read_back.drain_timeout = Some("5m".into());
+    }
+    create(&bed.runs, "agent", spec).await;
+    let run = wait_run(&bed.runs, "agent", "Running", &bed.op, |r| {
+        phase_is(Phase::Running)(r)
+    })
+    .await;
+    let pod = pod_of(&run);
+    files_written(&bed.ns.name, &pod).await;
+    bed.runs
+        .patch(
+            "agent",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"checkpoint": "c1"}})),
+        )
+        .await
+        .expect("ask a checkpoint");
+    packer_started(&bed.ns.name, &pod).await;
+    bed.op.kill();
+    let at_kill = bed.runs.get("agent").await.expect("the run").status;
+    let answered_then = at_kill.as_ref().is_some_and(|s| {
+        s.checkpoints.iter().any(|c| {
+            c.read_back
+                .iter()
+                .any(|p| p.phase != ReadBackPhase::Pending)
+        })
+    });
+    assert!(
+        !answered_then,
+        "the kill landed mid-checkpoint: {at_kill:?}"
+    );
+    bed.op = start_operator(&bed.ns.name, &bed.store_url);
+
+    let answered = wait_run(&bed.runs, "agent", "checkpoint c1 answered", &bed.op, |r| {
+        r.status.as_ref().is_some_and(|s| {
+            s.checkpoints.iter().any(|c| {
+                !c.read_back.is_empty()
+                    && c.read_back
+                        .iter()
+                        .all(|p| p.phase != ReadBackPhase::Pending)
+            })
+        })
+    })
+    .await;
+    let status = answered.status.clone().expect("status");
+    assert_eq!(status.checkpoints.len(), 1, "answered once: {status:?}");
+    assert_eq!(status.phase, Some(Phase::Running), "{status:?}");
+    let path = &status.checkpoints[0].read_back[0];
+    assert_eq!(path.phase, ReadBackPhase::Drained, "{path:?}");
+    let dest = host_dir("chaos-checkpoint-get");
+    let got = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
+        .args(["files", "get", "agent", "-n", &bed.ns.name])
+        .args(["--store-url", &bed.store_url, "--checkpoint", "1", "-o"])
+        .arg(&dest)
+        .output()
+        .expect("files get");
+    assert!(got.status.success(), "{got:?}");
+    assert_every_byte_stored(&extracted(&dest, 0));
+
+    bed.runs
+        .patch(
+            "agent",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"stop": true}})),
+        )
+        .await
+        .expect("stop");
+    let done = wait_run(&bed.runs, "agent", "a final phase", &bed.op, final_phase).await;
+    assert_stopped_and_drained(&done);
 }
 
 /// The node lost while its run is stopped (the kubelet down for longer than the drain may take):
@@ -173,4 +343,119 @@ async fn a_node_lost_mid_run_ends_the_run_with_its_files_reported_lost_never_sto
         }
     })
     .await;
+}
+
+/// The operator SIGKILLed the moment a warm claim took a pool pod (the pod labelled claimed; the
+/// start delivered, or not yet: the kill lands where it lands, and the test says which), then
+/// started again: the run still starts exactly once and succeeds with its file, no claimed pool
+/// pod is left without its run, and the pool is back to one ready unclaimed pod.
+#[tokio::test]
+async fn an_operator_killed_mid_claim_starts_the_run_once_and_the_pool_recovers() {
+    use sandboxrun_operator::api::{
+        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
+        TemplateRef,
+    };
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "chaos-claim").await;
+    let (_dir, store_url) = file_store("chaos-claim");
+    let mut op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
+    let template = SandboxRunTemplate::new(
+        "agent",
+        SandboxRunTemplateSpec {
+            template: real_spec(Some("exit 9"), &["/work/out"]),
+            open_fields: vec![OpenField::Command],
+        },
+    );
+    Api::<SandboxRunTemplate>::namespaced(client.clone(), &ns.name)
+        .create(&Default::default(), &template)
+        .await
+        .expect("create the template");
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let pool = SandboxRunPool::new(
+        "agents",
+        SandboxRunPoolSpec {
+            template_ref: TemplateRef::namespaced("agent"),
+            replicas: 1,
+        },
+    );
+    pools
+        .create(&Default::default(), &pool)
+        .await
+        .expect("create the pool");
+    let one_ready = || {
+        let pools = pools.clone();
+        async move {
+            let s = pools.get("agents").await.ok()?.status?;
+            (s.ready_replicas == 1 && s.replicas == 1).then_some(())
+        }
+    };
+    eventually(
+        "the pool's pod to be ready",
+        Duration::from_secs(180),
+        one_ready,
+    )
+    .await;
+
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let warm = SandboxRunSpec {
+        template_ref: Some(TemplateRef::namespaced("agent")),
+        command: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            r#"date +%s%N >> "$ITERION_ARTIFACT_FILES_DIR/starts""#.into(),
+        ]),
+        ..Default::default()
+    };
+    create(&runs, "warm", warm).await;
+    let claimed = eventually("a pool pod to be claimed", Duration::from_secs(60), || {
+        let (client, ns) = (client.clone(), ns.name.clone());
+        async move {
+            let pods = pool_pods(&client, &ns, "agents").await;
+            pods.into_iter().find(|(_, _, claimed)| *claimed)
+        }
+    })
+    .await;
+    op.kill();
+    let at_kill = runs.get("warm").await.expect("the run").status;
+    eprintln!(
+        "killed with {} claimed; the run's status then: {at_kill:?}",
+        claimed.0
+    );
+    let op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
+
+    let done = wait_run(&runs, "warm", "the warm run to end", &op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    assert_eq!(
+        status.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "{status:?}"
+    );
+    let dest = files_get(&ns.name, "warm", &store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    let starts = std::fs::read_to_string(extracted(&dest, 0).join("starts")).expect("starts");
+    assert_eq!(
+        starts.lines().count(),
+        1,
+        "started exactly once: {starts:?}"
+    );
+
+    // No claimed pool pod outlives its run's start, and the pool makes another ready pod.
+    eventually("the pool to recover", Duration::from_secs(180), || {
+        let (client, ns, ready) = (client.clone(), ns.name.clone(), one_ready());
+        async move {
+            ready.await?;
+            let pods = pool_pods(&client, &ns, "agents").await;
+            let unclaimed = pods.iter().filter(|(_, _, c)| !c).count();
+            (unclaimed == 1).then_some(())
+        }
+    })
+    .await;
+    let pods = pool_pods(&client, &ns.name, "agents").await;
+    let stray: Vec<_> = pods
+        .iter()
+        .filter(|(name, _, c)| *c && *name != claimed.0)
+        .collect();
+    assert!(stray.is_empty(), "no second claim: {pods:?}");
 }
