@@ -2,7 +2,9 @@
 # A real local Kubernetes control plane on loopback, without Docker:
 #   etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok (one fake node whose
 #   `exec` runs the command as a local process: the scale tests) + one REAL node (kubelet +
-#   containerd + runc + bridge CNI + kube-proxy, hack/real-node.sh: the truth tests) + an S3 server
+#   containerd + runc + bridge CNI + kube-proxy, hack/real-node.sh: the truth tests) + a second
+#   real node in a network namespace of its own (hack/second-node.sh: the tests of more than one
+#   node; SANDBOXRUN_SECOND_NODE=off leaves it out) + an S3 server
 #   (s3s-fs) + a GCS and an Azure Blob emulator (hack/store-emulators.sh) + an OCI registry
 #   (docker-registry) holding images built without Docker.
 #
@@ -242,12 +244,15 @@ NODE
   # The real node pulls its pod-sandbox image from the registry, so the base images go first.
   "$HERE/images.sh" base >/dev/null
   "$HERE/real-node.sh" up
+  second_node_up
   log "up in $(( $(date +%s) - t0 ))s; eval \"\$($0 env)\" to use it"
 }
 
 down() {
   local name
-  # The real node first: it drains its pods through the apiserver and restores the host settings.
+  # The real nodes first, the second before the first (it runs inside its network namespace and
+  # restores nothing the first one changed): each drains its pods through the apiserver.
+  "$HERE/second-node.sh" down
   "$HERE/real-node.sh" down
   "$HERE/store-emulators.sh" down
   # Reverse order: clients before the servers they talk to (`operator` is the one hack/demo.sh
@@ -275,6 +280,7 @@ env_() {
   echo "export SANDBOXRUN_TEST_REGISTRY=127.0.0.1:$REGISTRY_PORT"
   # The real node: pods pull from the registry as localhost:<port> and reach S3 via the node IP.
   echo "export SANDBOXRUN_TEST_REAL_NODE=$REAL_NODE_NAME"
+  echo "export SANDBOXRUN_TEST_SECOND_NODE=${SECOND_NODE_NAME:-real-node-1}"
   echo "export SANDBOXRUN_TEST_NODE_IP=$REAL_NODE_IP"
   echo "export SANDBOXRUN_TEST_POD_REGISTRY=localhost:$REGISTRY_PORT"
   echo "export SANDBOXRUN_TEST_POD_S3_ENDPOINT=http://$REAL_NODE_IP:$S3_PORT"
@@ -291,7 +297,18 @@ status() {
   kc get --raw /readyz >/dev/null 2>&1 || { log "apiserver does not answer"; return 1; }
   node_ready || { log "node $NODE is not Ready"; return 1; }
   "$HERE/real-node.sh" status >/dev/null 2>&1 || { log "real node $REAL_NODE_NAME is not Ready"; return 1; }
+  if second_node_wanted; then
+    "$HERE/second-node.sh" status >/dev/null 2>&1 || { log "the second real node is not Ready"; return 1; }
+  fi
   log "ok: apiserver answers, nodes $NODE (kwok) and $REAL_NODE_NAME (real) Ready"
+}
+
+# The second real node (hack/second-node.sh), unless SANDBOXRUN_SECOND_NODE=off: the tests of
+# more than one node (tests/it/real_node/two_nodes.rs, make chaos) need it.
+second_node_wanted() { [ "${SANDBOXRUN_SECOND_NODE:-on}" != off ]; }
+second_node_up() {
+  if ! second_node_wanted; then log "second real node: not started (SANDBOXRUN_SECOND_NODE=off)"; return 0; fi
+  "$HERE/second-node.sh" up
 }
 
 # The GCS/Azure/gofakes3 emulators, unless SANDBOXRUN_STORE_EMULATORS=off (the demo: it stores in
@@ -306,7 +323,11 @@ emulators_up() {
 
 case "${1:-}" in
   # A bed brought up before the emulators existed gets them on the next `up` (idempotent).
-  up) if status >/dev/null 2>&1; then log "already up"; kwok_readback_link; emulators_up; else up; fi ;;
+  # A bed brought up before the second node existed gets it on the next `up` (idempotent).
+  up) if status >/dev/null 2>&1; then log "already up"; kwok_readback_link; emulators_up
+      elif [ -f "$K" ] && kc get --raw /readyz >/dev/null 2>&1 && "$HERE/real-node.sh" status >/dev/null 2>&1; then
+        log "up but for the second real node"; second_node_up
+      else up; fi ;;
   down) down ;;
   env) env_ ;;
   status) status ;;

@@ -45,7 +45,17 @@ KUBE_ROUTER_HEALTH_PORT=${REAL_NODE_KUBE_ROUTER_HEALTH_PORT:-11257}
 KUBE_ROUTER=$CACHE_ROOT/$(kube_router_dir_name)/bin/kube-router
 TAINT=sandbox.iterion.io/real-node
 REG=localhost:$REGISTRY_PORT
-N=$STATE/node; P=$N/pki; R=$N/run; LOGS=$N/logs; C=$N/containerd
+# hack/second-node.sh runs this script again, inside a network namespace of its own, for the
+# second real node: its directory, the value of its $TAINT label and taint (tests that do not ask
+# for it stay on the first node), and the cgroup its pods live under (two kubelets on one host must
+# not share /kubepods).
+N=${REAL_NODE_DIR:-$STATE/node}
+LABEL_VALUE=${REAL_NODE_LABEL_VALUE:-true}
+CGROUP_ROOT=${REAL_NODE_CGROUP_ROOT:-}
+# Every real node carries it: the `gvisor` RuntimeClass selects it, and a run that may land on
+# either node (tests/it/real_node/two_nodes.rs) selects it and tolerates $TAINT whatever its value.
+FLEET_LABEL=sandbox.iterion.io/real-fleet
+P=$N/pki; R=$N/run; LOGS=$N/logs; C=$N/containerd
 CA=$STATE/pki/ca.crt; CAKEY=$STATE/pki/ca.key; KUBECONFIG_ADMIN=$STATE/kubeconfig
 CTR_SOCK=$C/containerd.sock
 LAST_LOGS=${TMPDIR:-/tmp}/sandboxrun-real-node-logs-last
@@ -282,6 +292,16 @@ TOML
 
 kubelet_config() {
   mkdir -p "$N/kubelet" "$N/pod-logs"
+  # kubelet refuses a cgroup root that does not exist; cgroup v1's cpuset starts a new group with
+  # no CPU and no memory node, so it gets its parent's.
+  if [ -n "$CGROUP_ROOT" ]; then
+    local h
+    for h in /sys/fs/cgroup/*/; do mkdir -p "$h${CGROUP_ROOT#/}"; done
+    if [ -f /sys/fs/cgroup/cpuset/cpuset.cpus ]; then
+      cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset$CGROUP_ROOT/cpuset.cpus"
+      cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset$CGROUP_ROOT/cpuset.mems"
+    fi
+  fi
   # No cluster DNS here: pods get this resolv.conf (and a harmless MissingClusterDNS warning).
   printf 'nameserver 127.0.0.1\noptions ndots:1\n' >"$N/resolv.conf"
   cat >"$N/kubelet-config.yaml" <<YAML
@@ -313,7 +333,8 @@ failSwapOn: false
 maxPods: 60
 serializeImagePulls: false
 nodeStatusReportFrequency: 10s
-registerWithTaints: [{key: $TAINT, value: "true", effect: NoSchedule}]
+registerWithTaints: [{key: $TAINT, value: "$LABEL_VALUE", effect: NoSchedule}]
+cgroupRoot: "${CGROUP_ROOT:-/}"
 evictionHard: {memory.available: 200Mi, nodefs.available: 2%, imagefs.available: 2%, nodefs.inodesFree: 2%}
 imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
@@ -372,7 +393,7 @@ kind: RuntimeClass
 metadata: {name: gvisor}
 handler: runsc
 scheduling:
-  nodeSelector: {$TAINT: "true"}
+  nodeSelector: {$FLEET_LABEL: "true"}
 YAML
   start kube-router env NODE_NAME="$NODE_NAME" "$KUBE_ROUTER" --kubeconfig "$KUBECONFIG_ADMIN" --hostname-override "$NODE_NAME" \
     --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
@@ -387,7 +408,7 @@ YAML
   # ran (before that, a policy would not be enforced yet).
   wait_for kube-router 120 curl -fsS "http://127.0.0.1:$KUBE_ROUTER_HEALTH_PORT/healthz"
   wait_for "kube-router's chains" 60 iptables -t filter -S KUBE-ROUTER-FORWARD
-  log "node $NODE_NAME Ready in $(( $(date +%s) - t0 ))s (containerd, kubelet, kube-proxy, kube-router; taint $TAINT=true:NoSchedule)"
+  log "node $NODE_NAME Ready in $(( $(date +%s) - t0 ))s (containerd, kubelet, kube-proxy, kube-router; taint $TAINT=$LABEL_VALUE:NoSchedule)"
 }
 
 ipt_chain_gone() {  # ipt_chain_gone <iptables|ip6tables> <table> <chain>: drop every jump to it, then it
@@ -436,13 +457,13 @@ down() {
       "$GVISOR_BIN/runsc" --root "$C/runsc-state/k8s.io" delete --force "$cid" >/dev/null 2>&1 || true
     done
   fi
-  for f in $(find /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/kubepods -name cgroup.procs 2>/dev/null || true); do
+  for f in $(find "/sys/fs/cgroup/pids$CGROUP_ROOT/kubepods" "/sys/fs/cgroup$CGROUP_ROOT/kubepods" -name cgroup.procs 2>/dev/null || true); do
     while read -r pid; do kill -9 "$pid" 2>/dev/null || true; done <"$f"
   done
   if [ -x "$BIN/kubectl" ] && [ -f "$KUBECONFIG_ADMIN" ]; then kc delete node "$NODE_NAME" --wait=false >/dev/null 2>&1 || true; fi
   # 2. Mounts under our state (projected-token tmpfs, overlay rootfs, netns bind mounts), deepest first.
   local m
-  while read -r m; do umount -l "$m" 2>/dev/null || true; done < <(awk -v n="$N" 'index($2, n) == 1 {print $2}' /proc/self/mounts | sort -r)
+  while read -r m; do umount -l "$m" 2>/dev/null || true; done < <(awk -v n="$N/" 'index($2, n) == 1 {print $2}' /proc/self/mounts | sort -r)
   # 3. Network: our bridge, CNI's result cache, and the KUBE-/CNI- chains that did not exist before.
   if [ -f "$N/bridge.ours" ]; then ip link del "$BRIDGE" 2>/dev/null || true; fi
   rm -rf /var/lib/cni/results/sandboxrun-"$BRIDGE"-* 2>/dev/null || true
@@ -465,7 +486,8 @@ down() {
   # 4. cgroups kubelet created (the pods are gone, so rmdir leaf-first succeeds).
   local h
   for h in /sys/fs/cgroup/*/; do
-    if [ -d "$h/kubepods" ]; then find "$h/kubepods" -depth -type d -exec rmdir {} \; 2>/dev/null || true; fi
+    if [ -d "$h$CGROUP_ROOT/kubepods" ]; then find "$h$CGROUP_ROOT/kubepods" -depth -type d -exec rmdir {} \; 2>/dev/null || true; fi
+    [ -z "$CGROUP_ROOT" ] || rmdir "$h$CGROUP_ROOT" 2>/dev/null || true
   done
   # 5. Kernel settings kubelet (and bridge CNI's ip_forward) changed.
   if [ -f "$N/sysctl.orig" ]; then
@@ -483,7 +505,7 @@ down() {
 start_kubelet() {
   start kubelet "$BIN/kubelet" --config "$N/kubelet-config.yaml" --kubeconfig "$N/kubelet.kubeconfig" \
     --root-dir "$N/kubelet" --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \
-    --node-labels "$TAINT=true" --v=1
+    --node-labels "$TAINT=$LABEL_VALUE,$FLEET_LABEL=true" --v=1
 }
 
 # The faults `make chaos` injects (tests/it/real_node/chaos.rs): the kubelet stopped (its pods'

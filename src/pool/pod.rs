@@ -96,7 +96,41 @@ pub fn pool_pod(
     pod.metadata.name = Some(name);
     pod.metadata.labels = Some(labels);
     pod.metadata.owner_references = pool.controller_owner_ref(&()).map(|o| vec![o]);
+    spread_across_nodes(&mut pod, &label_value(&pool_name));
     Ok((pod, hash))
+}
+
+/// The topology key a pool spreads its pods over: one node.
+pub const SPREAD_TOPOLOGY_KEY: &str = "kubernetes.io/hostname";
+
+/// A pool's unclaimed pods spread across nodes (issue #52, docs/contract.md "Under gVisor, and
+/// when the node fails"): a lost node takes as few of them as the scheduler can manage. Soft
+/// (`ScheduleAnyway`): a pool still fills one node when that is all there is, or when the other
+/// nodes are lost. Added after the template hash: it is not the template's shape, so a run's cold
+/// pod compares equal and an earlier release's pool pods are not replaced for it.
+fn spread_across_nodes(pod: &mut Pod, pool_label: &str) {
+    use k8s_openapi::api::core::v1::TopologySpreadConstraint;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+    let selector = LabelSelector {
+        match_labels: Some(BTreeMap::from([(
+            POOL_LABEL.to_string(),
+            pool_label.to_string(),
+        )])),
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: CLAIMED_BY_LABEL.to_string(),
+            operator: "DoesNotExist".to_string(),
+            values: None,
+        }]),
+    };
+    if let Some(spec) = pod.spec.as_mut() {
+        spec.topology_spread_constraints = Some(vec![TopologySpreadConstraint {
+            max_skew: 1,
+            topology_key: SPREAD_TOPOLOGY_KEY.to_string(),
+            when_unsatisfiable: "ScheduleAnyway".to_string(),
+            label_selector: Some(selector),
+            ..Default::default()
+        }]);
+    }
 }
 
 /// The hash of a parked pod's **shape**: its spec but what the launcher delivers at claim time
@@ -110,6 +144,8 @@ pub fn pool_pod(
 /// so the pool replaces its pods and no run takes one of the old, wider ones.
 pub fn template_hash(pod: &Pod, egress: &Value) -> String {
     let mut spec = pod.spec.clone().unwrap_or_default();
+    // The pool's own spreading ([`spread_across_nodes`]) is the operator's, as its labels are.
+    spec.topology_spread_constraints = None;
     for c in spec
         .containers
         .iter_mut()
@@ -321,6 +357,28 @@ mod tests {
         let (_, isolated) = pool_pod(&pool, &stand_in(&pool, kata), &settings, "a").unwrap();
         assert_ne!(isolated, hash, "a runtime class is the pod's shape");
         assert_eq!(pod.labels()[POOL_POD_LABEL], name);
+        // Its unclaimed pods spread across nodes, softly; not the template's shape.
+        let spread = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.topology_spread_constraints.clone())
+            .unwrap_or_default();
+        assert_eq!(spread.len(), 1, "{spread:?}");
+        assert_eq!(spread[0].topology_key, SPREAD_TOPOLOGY_KEY);
+        assert_eq!(spread[0].when_unsatisfiable, "ScheduleAnyway");
+        let selector = spread[0].label_selector.clone().unwrap_or_default();
+        assert_eq!(
+            selector.match_labels.unwrap_or_default().get(POOL_LABEL),
+            Some(&"agents".to_string())
+        );
+        assert_eq!(
+            selector.match_expressions.unwrap_or_default()[0].key,
+            CLAIMED_BY_LABEL
+        );
+        assert_eq!(
+            template_hash(&pod, &Value::Null),
+            template_hash(&again, &Value::Null)
+        );
         // A template whose runs restrict egress is pooled behind the egress gate, as a run's pod
         // would be; one the operator would refuse (this cluster declared NetworkPolicy
         // unenforced, restricted runs refused) is not.

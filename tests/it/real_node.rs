@@ -26,6 +26,7 @@ use serde_json::json;
 use crate::support::*;
 
 mod chaos;
+mod two_nodes;
 mod upgrade;
 
 const REAL_NODE_LABEL: &str = "sandbox.iterion.io/real-node";
