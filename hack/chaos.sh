@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The fault tests (issue #52 item 2, tests/it/real_node/chaos.rs): faults injected into the local
-# bed while runs are in flight, each asserting "nothing lost, nothing stuck, status honest". They
-# stop the real node's kubelet, which every other real-node test needs, so they run here, one at a
-# time, alone on the bed, and not in `make test`.
+# bed while runs are in flight, each asserting "nothing lost, nothing stuck, status honest": a
+# kubelet stopped or restarted (either real node), the apiserver killed, the store down, the
+# operator SIGKILLed mid-checkpoint and mid-claim. They stop what every other test needs, so they
+# run here, one at a time, alone on the bed, and not in `make test`.
 #
 #   hack/chaos.sh                 every fault, under runc then under gVisor
 #   CHAOS_RUNTIMES=runc hack/chaos.sh

@@ -125,6 +125,34 @@ done
 log "integration area real_node under gVisor (SANDBOXRUN_TEST_RUNTIME_CLASS=gvisor)"
 SANDBOXRUN_TEST_RUNTIME_CLASS=gvisor cargo test --locked --test it -- real_node:: "${chaos_skip[@]}" --test-threads="$threads" ||
   failed+=("integration area real_node under gVisor: SANDBOXRUN_TEST_RUNTIME_CLASS=gvisor cargo test --test it -- real_node::")
+# The core flows again on the bed's second real node (issue #52, hack/second-node.sh): a node
+# that is not the one the operator's tests grew up on. The other real-node tests look at the
+# first node from this host (its containerd socket, its iptables, its RuntimeClass's selector),
+# so they stay there.
+second_node_flows=(
+  a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace
+  a_run_retries_by_exit_code_keeping_every_attempts_files_and_a_fatal_code_fails_at_once
+  a_checkpoint_saves_a_running_sandboxs_files_which_survive_a_forced_deletion
+  a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_change
+  each_attempt_of_a_retried_run_takes_a_warm_pool_pod
+  over_cap_files_are_dropped_in_the_pod_and_unreadable_is_never_empty
+  a_suspended_run_has_no_pod_and_a_running_one_is_stopped_with_its_files_then_resumed
+  a_deleted_or_evicted_pod_is_drained_in_its_grace_window_then_stops_at_once
+  an_evicted_attempt_is_drained_and_retried_without_counting
+  a_filtered_runs_first_instruction_is_already_filtered
+  a_program_the_workload_drops_on_the_holders_path_is_stored_never_run
+  a_file_shrunk_and_a_directory_swapped_mid_drain_are_recorded_never_followed
+)
+if [ "${SANDBOXRUN_SECOND_NODE:-on}" != off ]; then
+  log "integration: the core real-node flows on the second real node (SANDBOXRUN_TEST_REAL_NODE_VALUE=second)"
+  # A renamed test would be left out silently: every name must be one test.
+  listed=$(count_tests --exact "${second_node_flows[@]/#/real_node::}")
+  [ "$listed" = "${#second_node_flows[@]}" ] ||
+    failed+=("second_node_flows in hack/test.sh: ${#second_node_flows[@]} names, $listed tests (a test renamed?)")
+  SANDBOXRUN_TEST_REAL_NODE_VALUE=second cargo test --locked --test it -- --exact \
+    "${second_node_flows[@]/#/real_node::}" --test-threads="$threads" ||
+    failed+=("the core real-node flows on the second node: SANDBOXRUN_TEST_REAL_NODE_VALUE=second cargo test --test it -- real_node::<name>")
+fi
 
 # The Python client (clients/python) against the same bed: its unit tests, then real runs on the
 # real node through the operator binary built above (started by the tests, in namespaces of

@@ -79,8 +79,19 @@ fn runtime_class() -> Option<String> {
         .filter(|class| !class.is_empty())
 }
 
-/// A spec that lands on the real node, runs busybox as uid 1000 and declares `paths`, under
-/// [`runtime_class`].
+/// Which real node the runs of [`real_spec`] land on: its [`REAL_NODE_LABEL`] value,
+/// `SANDBOXRUN_TEST_REAL_NODE_VALUE` (`true`, the first node, when unset; `second`, the second:
+/// `hack/test.sh` runs the core flows there too, issue #52).
+fn real_node_value() -> String {
+    std::env::var("SANDBOXRUN_TEST_REAL_NODE_VALUE")
+        .ok()
+        .map(|v| v.trim().to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "true".to_string())
+}
+
+/// A spec that lands on the real node ([`real_node_value`]), runs busybox as uid 1000 and
+/// declares `paths`, under [`runtime_class`].
 fn real_spec(script: Option<&str>, paths: &[&str]) -> SandboxRunSpec {
     SandboxRunSpec {
         image: Some(pod_image("busybox")),
@@ -89,12 +100,12 @@ fn real_spec(script: Option<&str>, paths: &[&str]) -> SandboxRunSpec {
         user: Some("1000:1000".into()),
         node_selector: Some(BTreeMap::from([(
             REAL_NODE_LABEL.to_string(),
-            "true".to_string(),
+            real_node_value(),
         )])),
         tolerations: Some(vec![Toleration {
             key: Some(REAL_NODE_LABEL.into()),
             operator: Some("Equal".into()),
-            value: Some("true".into()),
+            value: Some(real_node_value()),
             effect: Some("NoSchedule".into()),
             ..Toleration::default()
         }]),

@@ -3,6 +3,7 @@
 //! needs, so `make test` skips them (`--skip real_node::chaos::`) and `make chaos`
 //! (`hack/chaos.sh`) runs them one at a time, alone on the bed.
 
+use super::two_nodes::{self, fleet_spec, pool_pods_by_node, ready_pool};
 use super::*;
 use crate::support::s3_server::PrivateS3;
 
@@ -26,15 +27,32 @@ fn node(verb: &str) {
     bed_verb("real-node.sh", verb);
 }
 
-/// Starts the kubelet again when a test ends, passed or not: the next test needs the node.
-struct KubeletBack;
+/// The script that stops and starts the kubelet of the real node `name`.
+fn node_script(name: &str) -> &'static str {
+    if name == two_nodes::second_node() {
+        "second-node.sh"
+    } else {
+        "real-node.sh"
+    }
+}
+
+/// Starts a stopped kubelet again when a test ends, passed or not: the next test needs the node.
+struct KubeletBack(&'static str);
 
 impl Drop for KubeletBack {
     fn drop(&mut self) {
-        let _ = Command::new(repo().join("hack/real-node.sh"))
+        let _ = Command::new(repo().join("hack").join(self.0))
             .arg("kubelet-start")
             .status();
     }
+}
+
+/// Stops the kubelet of the real node `name` until the guard is dropped.
+fn node_lost(name: &str) -> KubeletBack {
+    let script = node_script(name);
+    let back = KubeletBack(script);
+    bed_verb(script, "kubelet-stop");
+    back
 }
 
 /// A workload that writes 64 MiB of random bytes and a small file, then sleeps: its digest is
@@ -137,7 +155,7 @@ fn assert_every_byte_stored(root: &Path) {
 async fn a_kubelet_restarted_mid_drain_loses_nothing_and_the_run_ends() {
     let bed = RealBed::new("chaos-kubelet").await;
     stopped_and_draining(&bed.runs, &bed.ns.name, "restart", &bed.op).await;
-    let _back = KubeletBack;
+    let _back = KubeletBack("real-node.sh");
     node("kubelet-stop");
     tokio::time::sleep(Duration::from_secs(5)).await;
     node("kubelet-start");
@@ -302,7 +320,7 @@ async fn a_node_lost_mid_run_ends_the_run_with_its_files_reported_lost_never_sto
     let pod = pod_of(&run);
     files_written(&bed.ns.name, &pod).await;
 
-    let _back = KubeletBack;
+    let _back = KubeletBack("real-node.sh");
     node("kubelet-stop");
     bed.runs
         .patch(
@@ -461,4 +479,165 @@ async fn an_operator_killed_mid_claim_starts_the_run_once_and_the_pool_recovers(
         .filter(|(name, _, c)| *c && *name != claimed.0)
         .collect();
     assert!(stray.is_empty(), "no second claim: {pods:?}");
+}
+
+/// Tolerations of a run (or a template) that leaves a lost node after `seconds` instead of the
+/// default 300: the node lifecycle controller's taints, `NoExecute`.
+fn leave_a_lost_node_after(spec: &mut SandboxRunSpec, seconds: i64) {
+    let tolerations = spec.tolerations.get_or_insert_with(Vec::new);
+    for key in [
+        "node.kubernetes.io/unreachable",
+        "node.kubernetes.io/not-ready",
+    ] {
+        tolerations.push(Toleration {
+            key: Some(key.into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoExecute".into()),
+            toleration_seconds: Some(seconds),
+            ..Toleration::default()
+        });
+    }
+}
+
+/// The node a pod is bound to.
+async fn node_of(client: &Client, ns: &str, pod: &str) -> String {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .get(pod)
+        .await
+        .expect("the pod")
+        .spec
+        .and_then(|s| s.node_name)
+        .unwrap_or_default()
+}
+
+/// The node the scheduler bound `pod` to, from its `Scheduled` Event (the pod of a finished run is
+/// gone by the time it is asked).
+async fn scheduled_to(client: &Client, ns: &str, pod: &str) -> String {
+    let events = Api::<Event>::namespaced(client.clone(), ns)
+        .list(&ListParams::default().fields(&format!("involvedObject.name={pod}")))
+        .await
+        .expect("list the pod's Events");
+    let said = events
+        .items
+        .iter()
+        .find(|e| e.reason.as_deref() == Some("Scheduled"))
+        .and_then(|e| e.message.clone())
+        .unwrap_or_else(|| panic!("{pod} has a Scheduled Event: {:?}", events.items));
+    said.rsplit(" to ")
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_string()
+}
+
+/// Two real nodes; a run with a retry policy on one of them, which is lost (its kubelet stopped:
+/// the Node goes NotReady, the taint manager evicts the pod, which stays Terminating with nobody to
+/// end it). The attempt ends as a disruption, its files are reported lost (its path `Failed`, never
+/// `Drained` or `Empty`), and the next attempt runs on the other node and succeeds, its files
+/// stored. Nothing waits on the lost pod.
+#[tokio::test]
+async fn a_run_on_a_lost_node_is_retried_on_the_other_node_and_its_lost_files_are_said() {
+    use sandboxrun_operator::api::RetryPolicy;
+    let bed = RealBed::new("chaos-node-retry").await;
+    let script = r#"echo "attempt $SANDBOXRUN_ATTEMPT on $(hostname)" > "$ITERION_ARTIFACT_FILES_DIR/attempt.txt"
+[ "$SANDBOXRUN_ATTEMPT" -ge 2 ] || exec sleep 3600"#;
+    let mut spec = fleet_spec(Some(script), &["/work/out"]);
+    leave_a_lost_node_after(&mut spec, 5);
+    if let Some(read_back) = spec.read_back.as_mut() {
+        read_back.drain_timeout = Some("30s".into());
+    }
+    spec.retry_policy = Some(RetryPolicy {
+        limit: 1,
+        ..RetryPolicy::default()
+    });
+    create(&bed.runs, "moved", spec).await;
+    let run = wait_run(
+        &bed.runs,
+        "moved",
+        "Running",
+        &bed.op,
+        phase_is(Phase::Running),
+    )
+    .await;
+    let first_pod = pod_of(&run);
+    let lost = node_of(&bed.client, &bed.ns.name, &first_pod).await;
+    let _back = node_lost(&lost);
+
+    let done = eventually("the run to end", Duration::from_secs(360), || {
+        let runs = bed.runs.clone();
+        async move { runs.get("moved").await.ok().filter(final_phase) }
+    })
+    .await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let first = status
+        .attempts
+        .first()
+        .expect("the lost attempt is recorded");
+    assert!(!first.counted, "a lost node is a disruption: {first:?}");
+    assert_eq!(
+        first.read_back[0].phase,
+        ReadBackPhase::Failed,
+        "the lost attempt's files are said lost: {first:?}"
+    );
+    let second_pod = status.pod_name.clone().expect("the second attempt's pod");
+    let other = scheduled_to(&bed.client, &bed.ns.name, &second_pod).await;
+    assert_ne!(other, lost, "the next attempt ran on the other node");
+    assert_eq!(
+        status.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "{status:?}"
+    );
+    let dest = files_get_attempt(&bed.ns.name, "moved", &bed.store_url, 2);
+    let said = std::fs::read_to_string(dest.join("attempt.txt")).expect("attempt.txt");
+    assert!(said.starts_with("attempt 2 "), "{said}");
+    let events = run_events(&bed.client, &bed.ns.name, "moved")
+        .await
+        .join("\n");
+    assert!(
+        events.contains("sandbox_runfiles_drain_failed"),
+        "the loss is an Event: {events}"
+    );
+}
+
+/// Two real nodes and a pool of two pods, one on each; one node is lost: its pool pod is evicted
+/// (and stays Terminating), the pool makes a ready replacement on the node that is left, and a run
+/// made from the template is served warm from a ready pod meanwhile.
+#[tokio::test]
+async fn a_lost_nodes_pool_pod_is_replaced_on_the_other_node() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "chaos-node-pool").await;
+    let (_dir, store_url) = file_store("chaos-node-pool");
+    let _op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
+    let mut template = fleet_spec(Some("exit 9"), &["/work/out"]);
+    leave_a_lost_node_after(&mut template, 5);
+    ready_pool(&client, &ns.name, template, 2).await;
+    let before = pool_pods_by_node(&client, &ns.name, "agents").await;
+    let lost = two_nodes::second_node();
+    assert!(
+        before.iter().any(|(_, node, _)| *node == lost),
+        "a pool pod on each node first: {before:?}"
+    );
+    let _back = node_lost(&lost);
+
+    eventually(
+        "two ready pool pods on the node left",
+        Duration::from_secs(300),
+        || {
+            let (client, ns, lost) = (client.clone(), ns.name.clone(), lost.clone());
+            async move {
+                let pods = pool_pods_by_node(&client, &ns, "agents").await;
+                let left = pods
+                    .iter()
+                    .filter(|(_, node, c)| *node != lost && !c)
+                    .count();
+                let pools: Api<sandboxrun_operator::api::SandboxRunPool> =
+                    Api::namespaced(client.clone(), &ns);
+                let s = pools.get("agents").await.ok()?.status?;
+                (left == 2 && s.ready_replicas == 2).then_some(())
+            }
+        },
+    )
+    .await;
 }
