@@ -142,6 +142,7 @@ second_node_flows=(
   a_filtered_runs_first_instruction_is_already_filtered
   a_program_the_workload_drops_on_the_holders_path_is_stored_never_run
   a_file_shrunk_and_a_directory_swapped_mid_drain_are_recorded_never_followed
+  session::exec_and_cp_reach_a_live_sandbox_on_a_real_node_and_the_copy_is_drained
 )
 if [ "${SANDBOXRUN_SECOND_NODE:-on}" != off ]; then
   log "integration: the core real-node flows on the second real node (SANDBOXRUN_TEST_REAL_NODE_VALUE=second)"

@@ -243,21 +243,31 @@ pub fn inside_read_back<'a>(run: &SandboxRun, path: &'a str) -> Result<&'a str, 
     }
 }
 
-/// The argv that writes the first `bytes` bytes of its stdin to `path` in the workload (`sh` and
-/// `head` from the image; the path and the count are arguments, never spliced into the script).
-/// The count, not the end of stdin, ends the copy: on this apiserver the close of an exec's stdin
-/// can overtake the data still in flight and cut the file short (seen: 1,024 of 70,000 bytes
-/// arrived, exit 0), so stdin stays open until the command has exited.
+/// The argv that writes the first `bytes` bytes of its stdin to `path` in the workload (`sh`,
+/// `head` and `wc` from the image; the path and the count are arguments, never spliced into the
+/// script).
+/// - The count, not the end of stdin, ends the copy: on this apiserver the close of an exec's
+///   stdin can overtake the data still in flight and cut the file short (seen: 1,024 of 70,000
+///   bytes arrived, exit 0), so stdin stays open until the command has exited.
+/// - The shell stays the exec's process, holding its stdout, until the copy is checked: with
+///   `head` alone (the shell execs a lone last command) the exec's stdout was the file, the
+///   runtime saw the exec's output end at once and closed its stdin, and `head` wrote what had
+///   arrived and exited 0 (containerd on a real node: 152,576 of 200,000 bytes; issue #52).
+/// - A file that is not `bytes` long is an error (exit 1), never a copy said done.
 pub fn write_argv(path: &str, bytes: u64) -> Vec<String> {
     vec![
         "sh".into(),
         "-c".into(),
-        "head -c \"$2\" > \"$1\"".into(),
+        WRITE_SCRIPT.into(),
         "sh".into(),
         path.into(),
         bytes.to_string(),
     ]
 }
+
+/// [`write_argv`]'s script: `$1` the path, `$2` the count.
+const WRITE_SCRIPT: &str =
+    "head -c \"$2\" > \"$1\" || exit; [ \"$(wc -c < \"$1\")\" -eq \"$2\" ] || { echo \"sandboxrun cp: $1 is short\" >&2; exit 1; }";
 
 /// The argv that writes `path` to stdout in the workload.
 pub fn read_argv(path: &str) -> Vec<String> {
@@ -360,7 +370,11 @@ mod tests {
     #[test]
     fn the_path_is_an_argument_never_part_of_the_script() {
         let argv = write_argv("/work/out/$(reboot)", 42);
-        assert_eq!(argv[2], "head -c \"$2\" > \"$1\"");
+        assert!(
+            argv[2].starts_with("head -c \"$2\" > \"$1\" || exit;"),
+            "{argv:?}"
+        );
+        assert!(!argv[2].contains("reboot"), "{argv:?}");
         assert_eq!(argv[4..], ["/work/out/$(reboot)", "42"]);
         assert_eq!(read_argv("/work/out/-n"), ["cat", "--", "/work/out/-n"]);
     }
