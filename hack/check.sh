@@ -31,6 +31,7 @@ hack/gen.sh --check
 step "one version everywhere a release names it (hack/release-versions.py)"
 python3 hack/release-versions.py --self-test
 python3 hack/release-versions.py
+python3 hack/python-wheel.py --self-test
 # make release pushes the chart over plain HTTP to the local bed's registry only, over TLS to yours.
 bash -c '. hack/lib.sh && loopback_registry 127.0.0.1:15000 && loopback_registry localhost:15000 &&
   loopback_registry "[::1]:5000" && ! loopback_registry registry.example.com:5000 &&
