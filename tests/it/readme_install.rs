@@ -24,7 +24,9 @@
 //!
 //! It writes `dist/<version>/`, `./out` and `./sandboxrun-operator` in the repository (removed
 //! at the end but dist/, which `make release` owns) and installs cluster-wide objects (CRDs, a
-//! webhook for every namespace): an area of its own, run alone like every area.
+//! webhook for every namespace, an operator watching them all); the README's uninstall deletes
+//! every SandboxRun of the cluster and the CRDs (put back at the end when they were there): an
+//! area of its own, run alone like every area.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
