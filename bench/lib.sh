@@ -15,10 +15,11 @@ print_contenders() {
   printf '  (b) kubectl cp           %8.2f s  %8s MB/s   (copied %s bytes)\n' "$5" "$(mbps "$1" "$5")" "$6"
   printf '  (c) raw pack | cat       %8.2f s  %8s MB/s\n' "$7" "$(mbps "$1" "$7")"
 }
-# ensure_crd: the SandboxRun CRD of this checkout, applied as users apply it (a fresh cluster has none)
+# ensure_crd: every CRD of this checkout (all four kinds), applied as users apply them (a fresh
+# cluster has none)
 ensure_crd() {
-  kubectl apply --server-side --force-conflicts -f "$REPO/crds/sandboxruns.sandbox.iterion.io.yaml" >/dev/null
-  kubectl wait --for condition=established --timeout=60s crd/sandboxruns.sandbox.iterion.io >/dev/null
+  crds=$(kubectl apply --server-side --force-conflicts -k "$REPO/crds/" -o name)  # crds/kustomization.yaml lists all four
+  kubectl wait --for condition=established --timeout=60s $crds >/dev/null
 }
 # free_port: a loopback TCP port that was free a moment ago
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -39,10 +39,8 @@ PY=$(python_client_venv)/bin/python
 [ -x "$PY" ] || { echo "no Python client venv ($PY): make test builds it" >&2; exit 1; }
 # shellcheck source=bench/lib.sh
 . "$REPO/bench/lib.sh"
-for crd in sandboxruns sandboxruntemplates sandboxrunpools; do
-  kubectl apply --server-side --force-conflicts -f "crds/$crd.sandbox.iterion.io.yaml" >/dev/null
-  kubectl wait --for condition=established --timeout=60s "crd/$crd.sandbox.iterion.io" >/dev/null
-done
+crds=$(kubectl apply --server-side --force-conflicts -k crds/ -o name)  # crds/kustomization.yaml lists all four
+kubectl wait --for condition=established --timeout=60s $crds >/dev/null
 NS=bench-warm-$$
 WORK=$STATE/paths/bench-warm-$$
 mkdir -p "$WORK/store"

@@ -2,7 +2,7 @@
 # `make check`: every static check, no cluster (issue #43). hack/test.sh runs it as its first
 # phase; on its own it takes under 5 minutes on a warm machine (a cold cargo build is longer).
 #   cargo fmt --check; cargo clippy --all-targets --locked -D warnings; generated files up to date
-#   (hack/gen.sh --check: the CRDs, config/rbac, the GitOps fixtures, the chart README's values table, the docs' generated tables); the versions a release names agree (hack/release-versions.py); no import cycles between files or areas, the areas' drawing in docs/architecture.md is the code's (hack/import-cycles.py); the Dockerfile lint;
+#   (hack/gen.sh --check: the CRDs, config/rbac, the GitOps fixtures, the chart README's values table, the docs' generated tables); the versions a release names agree (hack/release-versions.py) and the Python wheel builds reproducibly (hack/python-wheel.py --self-test); no import cycles between files or areas, the areas' drawing in docs/architecture.md is the code's (hack/import-cycles.py); the Dockerfile lint;
 #   no new Result<_, String> in runtime code (hack/string-errors.py, a ratchet: hack/string-errors.allow);
 #   no apiserver write, exec or store write outside act (hack/io-outside-act.py, a ratchet:
 #   hack/io-outside-act.allow); no function over 80 lines (hack/fn-length.py, after its self-test).
@@ -31,6 +31,7 @@ hack/gen.sh --check
 step "one version everywhere a release names it (hack/release-versions.py)"
 python3 hack/release-versions.py --self-test
 python3 hack/release-versions.py
+python3 hack/python-wheel.py --self-test
 # make release pushes the chart over plain HTTP to the local bed's registry only, over TLS to yours.
 bash -c '. hack/lib.sh && loopback_registry 127.0.0.1:15000 && loopback_registry localhost:15000 &&
   loopback_registry "[::1]:5000" && ! loopback_registry registry.example.com:5000 &&

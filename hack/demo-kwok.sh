@@ -20,9 +20,9 @@ log "building the operator"
 cargo build --locked --bins
 BIN=${CARGO_TARGET_DIR:-$REPO/target}/debug/sandboxrun-operator
 
-log "installing the CRD"
-kubectl apply -f crds/sandboxruns.sandbox.iterion.io.yaml
-kubectl wait --for condition=established --timeout=60s crd/sandboxruns.sandbox.iterion.io
+log "installing the CRDs (all four kinds)"
+crds=$(kubectl apply --server-side --force-conflicts -k crds/ -o name)  # crds/kustomization.yaml lists all four
+kubectl wait --for condition=established --timeout=60s $crds
 
 STORE=$STATE/demo-store
 mkdir -p "$STORE"

@@ -37,9 +37,9 @@ log "release $VERSION (hack/release.sh --push): the chart pinned to the image's 
 hack/release.sh "$VERSION" --push --registry "$SANDBOXRUN_TEST_REGISTRY" \
   --image-repository "$SANDBOXRUN_TEST_POD_REGISTRY/sandboxrun-operator" >/dev/null
 
-log "installing the CRD (server-side apply: Helm never upgrades CRDs)"
-kubectl apply --server-side --force-conflicts -f crds/sandboxruns.sandbox.iterion.io.yaml
-kubectl wait --for condition=established --timeout=60s crd/sandboxruns.sandbox.iterion.io
+log "installing the CRDs, all four kinds (server-side apply: Helm never upgrades CRDs)"
+crds=$(kubectl apply --server-side --force-conflicts -k crds/ -o name)  # crds/kustomization.yaml lists all four
+kubectl wait --for condition=established --timeout=60s $crds
 
 log "the demo namespace $NS, enforcing Pod Security 'restricted' (the chart binds its RBAC there)"
 kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null

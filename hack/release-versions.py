@@ -3,7 +3,8 @@
 
   - Cargo.toml's version (what the binary reports, `sandboxrun-operator --version`, and what the
     operator publishes in its settings), Cargo.lock's entry for it, the chart's `version` and
-    `appVersion`, and the newest section of CHANGELOG.md are one version;
+    `appVersion`, the Python client's (clients/python/pyproject.toml: its wheel, which
+    hack/release.sh builds) and the newest section of CHANGELOG.md are one version;
   - the image the chart deploys by default is that version: values.yaml's `image.tag` is empty
     (the templates default it to `.Chart.AppVersion`) or that version, and `holderImage` is empty
     (the operator's image) or tagged with it;
@@ -28,6 +29,7 @@ from pathlib import Path
 
 CHART = Path("charts/sandboxrun-operator")
 TAG = "{{ .TagName }}"
+PYTHON_CLIENT = Path("clients/python/pyproject.toml")
 
 
 def chart_field(text, key):
@@ -68,11 +70,13 @@ def version_sources(repo):
     locked = [p["version"] for p in lock.get("package", []) if p.get("name") == name]
     chart = (repo / CHART / "Chart.yaml").read_text()
     sections = changelog_sections((repo / "CHANGELOG.md").read_text())
+    python = tomllib.loads((repo / PYTHON_CLIENT).read_text()).get("project", {})
     return {
         "Cargo.toml version": version,
         "Cargo.lock's sandboxrun-operator": locked[0] if locked else None,
         "Chart.yaml version": chart_field(chart, "version"),
         "Chart.yaml appVersion": chart_field(chart, "appVersion"),
+        "clients/python/pyproject.toml version": python.get("version"),
         "CHANGELOG.md's newest section": sections[0][0] if sections else None,
     }
 
@@ -154,12 +158,13 @@ def check(repo, wanted=None):
 def self_test():
     """Every rule on a copy of this tree: clean, then each seeded drift found."""
     repo = Path(__file__).resolve().parent.parent
-    files = ["Cargo.toml", "Cargo.lock", "CHANGELOG.md", "charts/RELEASED",
+    files = ["Cargo.toml", "Cargo.lock", "CHANGELOG.md", "charts/RELEASED", str(PYTHON_CLIENT),
              "deploy/krew/sandboxrun.yaml", *(str(CHART / f) for f in
              ("Chart.yaml", "values.yaml", "templates/_helpers.tpl"))]
     drifts = [  # (file, old, new, what the error names)
         ("Cargo.toml", r'(?m)^version = ".*"', 'version = "9.9.9"', "Chart.yaml version is"),
         (str(CHART / "Chart.yaml"), r"(?m)^appVersion: .*", 'appVersion: "9.9.9"', "appVersion is 9.9.9"),
+        (str(PYTHON_CLIENT), r'(?m)^version = "[^"]*"', 'version = "9.9.9"', "pyproject.toml version is 9.9.9"),
         ("CHANGELOG.md", r"(?m)^## (\S+)", r"## 9.9.9\n\n### Upgrading\n\n## \1", "newest section is 9.9.9"),
         (str(CHART / "values.yaml"), r'(?m)^  tag: ""', '  tag: "0.0.1"', "image.tag is 0.0.1"),
         (str(CHART / "values.yaml"), r'(?m)^holderImage: ""', 'holderImage: "x/op:0.0.1"', "holderImage"),

@@ -6,8 +6,9 @@
 #                           [--image-repository R]
 #   make release VERSION=x.y.z [REGISTRY=HOST:PORT] [PUSH=1]
 #
-# VERSION must be the binary's (Cargo.toml), the chart's `version` and `appVersion` already (bumped
-# in a commit) and the newest section of CHANGELOG.md (hack/release-versions.py). It produces:
+# VERSION must be the binary's (Cargo.toml), the chart's `version` and `appVersion`, the Python
+# client's (clients/python/pyproject.toml) already (bumped in a commit) and the newest section of
+# CHANGELOG.md (hack/release-versions.py). It produces:
 #   image/                                 the operator image as an OCI image layout (linux/amd64
 #                                          only: no arm64 C toolchain reaches this machine)
 #   sandboxrun-operator-VERSION.tgz        the chart, image pinned by digest (image.repository =
@@ -15,6 +16,7 @@
 #   sandboxrun-operator-linux-amd64.tar.gz the kubectl plugin (the operator binary, run as
 #                                          kubectl-sandboxrun) + .sha256
 #   sandboxrun.yaml                        the krew manifest pointing at that tarball under --base-url
+#   sandboxrun-VERSION-py3-none-any.whl    the Python client (clients/python), hack/python-wheel.py
 #   crds/                                  the CRDs
 #   CHANGELOG.md                           this version's entry
 #   SHA256SUMS                             of every file above
@@ -57,7 +59,7 @@ CHART=$REPO/charts/sandboxrun-operator
 # publishes), the chart's version and appVersion, the CHANGELOG's newest section, the image the chart
 # defaults to and the krew manifest's (hack/release-versions.py; `make check` runs it on the tree).
 python3 "$HERE/release-versions.py" --version "$VERSION" "$REPO" >&2 ||
-  die "the tree is not version $VERSION: bump Cargo.toml, Cargo.lock, Chart.yaml and CHANGELOG.md together in a commit first"
+  die "the tree is not version $VERSION: bump Cargo.toml, Cargo.lock, Chart.yaml, clients/python/pyproject.toml and CHANGELOG.md together in a commit first"
 CRANE=$BIN/crane HELM=$BIN/helm
 for tool in "$CRANE" "$HELM"; do [ -x "$tool" ] || die "no $tool: run hack/build-tools.sh"; done
 IMAGE_REPOSITORY=${IMAGE_REPOSITORY:-${REGISTRY/127.0.0.1/localhost}/sandboxrun-operator}
@@ -94,6 +96,9 @@ cp "$REPO/README.md" "$plugin/README.md"
 tarball "$plugin" "$DIST/sandboxrun-operator-linux-amd64.tar.gz"
 plugin_sha=$(sha256sum "$DIST/sandboxrun-operator-linux-amd64.tar.gz" | cut -d' ' -f1)
 echo "$plugin_sha  sandboxrun-operator-linux-amd64.tar.gz" >"$DIST/sandboxrun-operator-linux-amd64.tar.gz.sha256"
+
+log "Python client wheel (clients/python)"
+python3 "$HERE/python-wheel.py" "$REPO/clients/python" "$DIST" >/dev/null
 
 log "krew manifest (linux/amd64)"
 python3 "$HERE/release_krew.py" "$REPO/deploy/krew/sandboxrun.yaml" "v$VERSION" \

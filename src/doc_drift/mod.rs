@@ -7,11 +7,13 @@
 //! - [`run_flags`]: every flag of `sandboxrun-operator run` in docs/operations.md, and every flag
 //!   the chart's values table names exists;
 //! - [`chart_values`]: every value docs/operations.md names is a key of the chart's values.yaml;
+//! - [`crd_applies`]: every document and script applies all four CRDs, never one file by name;
 //! - [`links`]: every link between the README, the adopter files and docs/ resolves;
 //! - [`printer_columns`]: the `kubectl get` columns of each kind in docs/user-guide.md, and every
 //!   `kubectl get` output the README and docs show has the columns the CRDs print.
 
 mod chart_values;
+mod crd_applies;
 mod links;
 mod printer_columns;
 mod run_flags;

@@ -44,6 +44,7 @@ mod image_resolve;
 mod kubectl_ux;
 mod operator_binary;
 mod rbac;
+mod readme_install;
 mod real_node;
 mod retention_ttl;
 mod sharding;
