@@ -534,7 +534,7 @@ async fn scheduled_to(client: &Client, ns: &str, pod: &str) -> String {
 /// the Node goes NotReady, the taint manager evicts the pod, which stays Terminating with nobody to
 /// end it). The attempt ends as a disruption, its files are reported lost (its path `Failed`, never
 /// `Drained` or `Empty`), and the next attempt runs on the other node and succeeds, its files
-/// stored. Nothing waits on the lost pod.
+/// stored. Nothing waits on the lost pod, and a checkpoint taken before the loss stays in the store.
 #[tokio::test]
 async fn a_run_on_a_lost_node_is_retried_on_the_other_node_and_its_lost_files_are_said() {
     use sandboxrun_operator::api::RetryPolicy;
@@ -561,6 +561,32 @@ async fn a_run_on_a_lost_node_is_retried_on_the_other_node_and_its_lost_files_ar
     .await;
     let first_pod = pod_of(&run);
     let lost = node_of(&bed.client, &bed.ns.name, &first_pod).await;
+    // A checkpoint taken before the node is lost stays in the store.
+    eventually("the first attempt's file", Duration::from_secs(60), || {
+        let ok = exec_in_workload(&bed.ns.name, &first_pod, "test -s /work/out/attempt.txt")
+            .status
+            .success();
+        async move { ok.then_some(()) }
+    })
+    .await;
+    bed.runs
+        .patch(
+            "moved",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"checkpoint": "before"}})),
+        )
+        .await
+        .expect("ask a checkpoint");
+    wait_run(&bed.runs, "moved", "the checkpoint kept", &bed.op, |r| {
+        r.status.as_ref().is_some_and(|s| {
+            s.checkpoints.iter().any(|c| {
+                c.read_back
+                    .iter()
+                    .any(|p| p.phase == ReadBackPhase::Drained)
+            })
+        })
+    })
+    .await;
     let _back = node_lost(&lost);
 
     let done = eventually("the run to end", Duration::from_secs(360), || {
@@ -597,6 +623,20 @@ async fn a_run_on_a_lost_node_is_retried_on_the_other_node_and_its_lost_files_ar
     assert!(
         events.contains("sandbox_runfiles_drain_failed"),
         "the loss is an Event: {events}"
+    );
+    let kept = host_dir("moved-checkpoint-get");
+    let got = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
+        .args(["files", "get", "moved", "-n", &bed.ns.name])
+        .args(["--store-url", &bed.store_url, "--checkpoint", "1", "-o"])
+        .arg(&kept)
+        .output()
+        .expect("files get");
+    assert!(got.status.success(), "{got:?}");
+    let before = std::fs::read_to_string(extracted(&kept, 0).join("attempt.txt"))
+        .expect("the checkpoint's attempt.txt");
+    assert!(
+        before.starts_with("attempt 1 "),
+        "the lost attempt's checkpoint: {before}"
     );
 }
 
