@@ -169,6 +169,7 @@ impl DrainPool {
             };
             // Freed before it is woken: the reconcile the wake makes goes on.
             let woken_at = lock(&in_flight).remove(&uid).flatten();
+            tracing::debug!(run = %uid, woken_at = ?woken_at, made = ?made, "the drain ended");
             if wakes_at_end(woken_at.as_deref(), made.as_deref()) {
                 // No controller listening (shutting down): nothing to wake.
                 let _ = ends.send(run);

@@ -283,6 +283,7 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
     // that write's watch event does. While it waits for a slot, the reconcile only tells so.
     let (uid, seen) = (run.uid().unwrap_or_default(), run.resource_version());
     if ctx.in_flight.drains.found_draining(&uid, seen.as_deref()) {
+        tracing::debug!(run = %run.name_any(), seen = ?seen, "found draining");
         let requeue = pipeline::in_flight(&ctx, &run, Timestamp::now()).await?;
         return Ok(requeue.into_action());
     }
