@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use jiff::Timestamp;
+use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tracing::warn;
 
@@ -39,11 +40,13 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>) {
     );
     let job_ctx = Arc::clone(ctx);
     let run = Arc::clone(run);
-    ctx.in_flight.drains.start(waiter, cancel, move || async move {
+    let named = ObjectRef::from_obj(run.as_ref());
+    ctx.in_flight.drains.start(waiter, named, cancel, move || async move {
         let _shard = shard;
         if let Err(error) = checkpoint(&job_ctx, &run).await {
             warn!(run = %run.name_any(), namespace = ?run.namespace(), %error, "checkpoint failed; a later reconcile asks again");
         }
+        job_ctx.written_version(&run)
     });
 }
 

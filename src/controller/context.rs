@@ -484,6 +484,14 @@ impl Context {
         }
     }
 
+    /// The resourceVersion this replica's last status write of `run` made (None: none is
+    /// remembered): what a drain answers the pool as it ends ([`super::drain_pool::wakes_at_end`]).
+    pub(crate) fn written_version(&self, run: &SandboxRun) -> Option<String> {
+        let uid = run.metadata.uid.as_deref()?;
+        let map = self.memory.written.lock().ok()?;
+        map.get(uid)?.made.clone()
+    }
+
     /// Forgets what was written of the run (it is going).
     pub(crate) fn forget_written_status(&self, run: &SandboxRun) {
         if let (Some(uid), Ok(mut map)) = (run.metadata.uid.as_deref(), self.memory.written.lock())

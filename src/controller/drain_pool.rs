@@ -6,21 +6,33 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use kube::runtime::reflector::ObjectRef;
+use tokio::sync::{broadcast, oneshot};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::drain_queue::{FairQueue, Position, Ticket, Waiter};
+use crate::api::SandboxRun;
 use crate::metrics::DrainQueueMetrics;
+
+/// How many drain ends may wait for the controllers to take them ([`DrainPool::ends`]); a
+/// controller that falls further behind misses some, whose runs are looked at again after
+/// [`super::plan::IN_FLIGHT_REQUEUE`].
+const ENDS_BUFFER: usize = 1024;
 
 /// Teardowns (the drains) run as tasks of their own, at most `max` at once, so a slow or stuck
 /// drain never holds a reconcile worker: the reconcile that starts one returns at once, and the
-/// run is reconciled again when the drain's status writes (or the requeue below) wake it. A run
-/// whose drain is in flight is not started twice: its reconciles wait for the drain to end.
-/// The slots are handed out fairly (docs/contract.md "Fair drain slots").
+/// run is reconciled again as the drain ends (its next step follows at once, docs/contract.md
+/// "A run's next step follows its drain": [`DrainPool::ends`]). A run whose drain is in flight
+/// is not started twice: its reconciles wait for the drain to end. The slots are handed out
+/// fairly (docs/contract.md "Fair drain slots").
 pub(crate) struct DrainPool {
     slots: FairSlots,
-    in_flight: Arc<Mutex<HashSet<String>>>,
+    /// The runs whose drain is in flight (by uid), each with the resourceVersion of the run as
+    /// the last reconcile that found it draining saw it (None: none did yet).
+    in_flight: Arc<Mutex<HashMap<String, Option<String>>>>,
+    /// The runs to reconcile again because their drain ended ([`wakes_at_end`]).
+    ends: broadcast::Sender<ObjectRef<SandboxRun>>,
     /// The runs whose wait was announced (the `DrainQueued` Event), until their drain ends.
     announced: Arc<Mutex<HashSet<String>>>,
     tasks: TaskTracker,
@@ -42,15 +54,37 @@ impl DrainPool {
     pub(crate) fn new(max: usize, metrics: Option<DrainQueueMetrics>) -> DrainPool {
         DrainPool {
             slots: FairSlots::new(max, 1, metrics),
-            in_flight: Arc::new(Mutex::new(HashSet::new())),
+            in_flight: Arc::new(Mutex::new(HashMap::new())),
+            ends: broadcast::channel(ENDS_BUFFER).0,
             announced: Arc::new(Mutex::new(HashSet::new())),
             tasks: TaskTracker::new(),
         }
     }
 
     /// Whether the run with this uid has a drain in flight.
+    #[cfg(test)]
     pub(crate) fn is_in_flight(&self, uid: &str) -> bool {
-        lock(&self.in_flight).contains(uid)
+        lock(&self.in_flight).contains_key(uid)
+    }
+
+    /// Whether the run with this uid has a drain in flight; if so, a reconcile found it so on
+    /// the run at `seen` (its resourceVersion), and is owed again when the drain ends
+    /// ([`wakes_at_end`]). Under the lock the drain's end takes: a drain that ends meanwhile
+    /// either sees this reconcile, or frees the run before it is looked at (then the reconcile
+    /// goes on: false).
+    pub(crate) fn found_draining(&self, uid: &str, seen: Option<&str>) -> bool {
+        match lock(&self.in_flight).get_mut(uid) {
+            Some(woken_at) => {
+                *woken_at = seen.map(str::to_string);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The runs to reconcile again now because their drain ended ([`wakes_at_end`]), from now on.
+    pub(crate) fn ends(&self) -> broadcast::Receiver<ObjectRef<SandboxRun>> {
+        self.ends.subscribe()
     }
 
     /// Where the run's teardown stands in the queue (None: it does not wait).
@@ -85,28 +119,38 @@ impl DrainPool {
 
     /// Marks the run as draining; false when it already was.
     fn claim(&self, uid: &str) -> bool {
-        lock(&self.in_flight).insert(uid.to_string())
+        match lock(&self.in_flight).entry(uid.to_string()) {
+            std::collections::hash_map::Entry::Occupied(_) => false,
+            std::collections::hash_map::Entry::Vacant(vacant) => {
+                vacant.insert(None);
+                true
+            }
+        }
     }
 
     #[cfg(test)]
     fn release(&self, uid: &str) {
-        release(&self.in_flight, uid);
+        lock(&self.in_flight).remove(uid);
     }
 
-    /// Runs the job `make` makes (the teardown of `waiter`'s run, by uid) in the pool, unless
-    /// that run has one in flight: the task waits for a slot (or for `cancel`: then the job is
-    /// never made), makes the job then, runs it, and frees the run for its next reconcile. What
+    /// Runs the job `make` makes (the teardown of `waiter`'s run, by uid; `run` names it) in
+    /// the pool, unless that run has one in flight: the task waits for a slot (or for `cancel`:
+    /// then the job is never made), makes the job then, runs it, frees the run for its next
+    /// reconcile, and — when a reconcile found it draining on a cache that shows the job's last
+    /// write ([`wakes_at_end`]) — tells [`DrainPool::ends`] to reconcile it again now. The job
+    /// answers the resourceVersion its run's last status write made (None: none known). What
     /// the job reads of the clock (the drain's deadline) starts when it has its slot. A waiting
     /// task holds only `make` (the job's future, large, is boxed when it starts), so thousands
     /// of queued teardowns cost little memory. False when one was in flight.
     pub(crate) fn start<Job>(
         &self,
         waiter: Waiter,
+        run: ObjectRef<SandboxRun>,
         cancel: CancellationToken,
         make: impl FnOnce() -> Job + Send + 'static,
     ) -> bool
     where
-        Job: Future<Output = ()> + Send + 'static,
+        Job: Future<Output = Option<String>> + Send + 'static,
     {
         let uid = waiter.run.clone();
         if !self.claim(&uid) {
@@ -115,13 +159,21 @@ impl DrainPool {
         let acquire = self.slots.acquire(waiter, cancel);
         let in_flight = Arc::clone(&self.in_flight);
         let announced = Arc::clone(&self.announced);
+        let ends = self.ends.clone();
         self.tasks.spawn(async move {
             let slot = acquire.await;
             release(&announced, &uid);
-            if let Some(_slot) = slot {
-                Box::pin(make()).await;
+            let made = match slot {
+                Some(_slot) => Box::pin(make()).await,
+                None => None,
+            };
+            // Freed before it is woken: the reconcile the wake makes goes on.
+            let woken_at = lock(&in_flight).remove(&uid).flatten();
+            tracing::debug!(run = %uid, woken_at = ?woken_at, made = ?made, "the drain ended");
+            if wakes_at_end(woken_at.as_deref(), made.as_deref()) {
+                // No controller listening (shutting down): nothing to wake.
+                let _ = ends.send(run);
             }
-            release(&in_flight, &uid);
         });
         true
     }
@@ -140,6 +192,18 @@ impl DrainPool {
 
 fn release(set: &Mutex<HashSet<String>>, uid: &str) {
     lock(set).remove(uid);
+}
+
+/// Whether a run whose drain just ended is reconciled again at once (docs/contract.md "A run's
+/// next step follows its drain"): when a reconcile found it draining — it only looked again
+/// after [`super::plan::IN_FLIGHT_REQUEUE`] — on the run at `woken_at`, the very version the
+/// drain's last status write `made`. That reconcile was most often woken by the watch event of
+/// that write, which arrived before the drain was freed; replayed, it decides on a cache that
+/// shows the drain's end. One woken on an older version is not replayed: the last write's event
+/// is still to come, and it reconciles the run (a replay would decide on a run that does not
+/// show its drain's end yet, and start the teardown again).
+pub(crate) fn wakes_at_end(woken_at: Option<&str>, made: Option<&str>) -> bool {
+    matches!((woken_at, made), (Some(seen), Some(made)) if seen == made)
 }
 
 /// The state behind a mutex stays consistent between statements: a panic elsewhere does not
@@ -338,6 +402,11 @@ mod tests {
         }
     }
 
+    /// The run `name` (in `ns`), as a drain's end wakes it.
+    fn named(name: &str) -> ObjectRef<SandboxRun> {
+        ObjectRef::new(name).within("ns")
+    }
+
     #[tokio::test]
     async fn a_run_is_drained_once_at_a_time_and_the_pool_waits_for_its_tasks() {
         let pool = DrainPool::new(2, None);
@@ -363,6 +432,7 @@ mod tests {
             let cancel = CancellationToken::new();
             assert!(pool.start(
                 waiter("ns", &format!("run-{i}")),
+                named(&format!("run-{i}")),
                 cancel,
                 move || async move {
                     let now = running.fetch_add(1, SeqCst) + 1;
@@ -370,6 +440,7 @@ mod tests {
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     running.fetch_sub(1, SeqCst);
                     done.fetch_add(1, SeqCst);
+                    None
                 }
             ));
         }
@@ -387,13 +458,22 @@ mod tests {
         let pool = DrainPool::new(1, None);
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let cancel = CancellationToken::new();
-        assert!(
-            pool.start(waiter("ns", "uid-a"), cancel.clone(), move || async move {
+        assert!(pool.start(
+            waiter("ns", "uid-a"),
+            named("a"),
+            cancel.clone(),
+            move || async move {
                 let _ = rx.await;
-            })
-        );
+                None
+            }
+        ));
         assert!(
-            !pool.start(waiter("ns", "uid-a"), cancel.clone(), || async {}),
+            !pool.start(
+                waiter("ns", "uid-a"),
+                named("a"),
+                cancel.clone(),
+                || async { None }
+            ),
             "a teardown in flight is not started twice"
         );
         assert!(pool.is_in_flight("uid-a"));
@@ -402,6 +482,59 @@ mod tests {
         assert!(
             !pool.is_in_flight("uid-a"),
             "the run is free once its job ended"
+        );
+    }
+
+    /// docs/contract.md "A run's next step follows its drain", as the pool decides it: only a
+    /// reconcile that found the run draining on the very version the drain's last write made is
+    /// replayed as the drain ends.
+    #[test]
+    fn a_drains_end_wakes_its_run_only_when_a_reconcile_found_it_draining_on_its_last_write() {
+        assert!(wakes_at_end(Some("8"), Some("8")));
+        assert!(
+            !wakes_at_end(Some("7"), Some("8")),
+            "the last write is still to come"
+        );
+        assert!(
+            !wakes_at_end(None, Some("8")),
+            "no reconcile waits: its event comes"
+        );
+        assert!(
+            !wakes_at_end(Some("8"), None),
+            "nothing known of the drain's writes"
+        );
+        assert!(!wakes_at_end(None, None));
+    }
+
+    /// A reconcile that finds the run draining is remembered with the version it saw, and the
+    /// drain's end wakes the run once it is free; one that comes after is not held back.
+    #[tokio::test]
+    async fn a_run_found_draining_is_woken_free_as_its_drain_ends() {
+        let pool = Arc::new(DrainPool::new(1, None));
+        let mut ends = pool.ends();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let cancel = CancellationToken::new();
+        assert!(pool.start(
+            waiter("ns", "uid-a"),
+            named("a"),
+            cancel,
+            move || async move {
+                let _ = rx.await;
+                Some("8".to_string())
+            }
+        ));
+        assert!(pool.found_draining("uid-a", Some("8")));
+        assert!(!pool.found_draining("uid-b", Some("8")), "not draining");
+        let _ = tx.send(());
+        let woken = tokio::time::timeout(Duration::from_secs(5), ends.recv()).await;
+        assert!(
+            matches!(woken, Ok(Ok(ref run)) if *run == named("a")),
+            "{woken:?}"
+        );
+        assert!(!pool.is_in_flight("uid-a"));
+        assert!(
+            !pool.found_draining("uid-a", Some("8")),
+            "free: the reconcile goes on"
         );
     }
 
@@ -415,16 +548,28 @@ mod tests {
         let order = Arc::new(Mutex::new(Vec::new()));
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         let cancel = CancellationToken::new();
-        pool.start(waiter("a", "a-0"), cancel.clone(), move || async move {
-            let _ = rx.await;
-        });
+        pool.start(
+            waiter("a", "a-0"),
+            named("a-0"),
+            cancel.clone(),
+            move || async move {
+                let _ = rx.await;
+                None
+            },
+        );
         let runs = [("a", "a-1"), ("a", "a-2"), ("b", "b-0"), ("a", "a-evicted")];
         for (namespace, run) in runs {
             let order = Arc::clone(&order);
             let started = run.to_string();
-            pool.start(waiter(namespace, run), cancel.clone(), move || async move {
-                lock(&order).push(started);
-            });
+            pool.start(
+                waiter(namespace, run),
+                named(run),
+                cancel.clone(),
+                move || async move {
+                    lock(&order).push(started);
+                    None
+                },
+            );
         }
         pool.make_urgent("a-evicted");
         assert_eq!(pool.position("a-evicted").map(|p| p.place), Some(1));

@@ -72,6 +72,7 @@ use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::DynamicObject;
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use tracing::warn;
@@ -131,7 +132,9 @@ pub(crate) async fn run(
                 watcher::Config::default().labels(&managed),
             );
         }
+        let ends = drain_ends(&ctx, controller.store());
         let controller = controller
+            .reconcile_on(ends)
             .with_config(kube::runtime::controller::Config::default().concurrency(concurrency));
         spawn_phase_gauge(controller.store(), ctx.metrics.clone());
         let stream = controller
@@ -194,6 +197,27 @@ fn with_pods(
         .owns(pods, watcher::Config::default().labels(&unlabelled))
 }
 
+/// The runs whose drain just ended, to reconcile again now (docs/contract.md "A run's next step
+/// follows its drain"; [`drain_pool::wakes_at_end`]): those in this controller's cache only (its
+/// namespace, its shards). A controller that fell behind misses some: their runs are looked at
+/// again after the in-flight requeue.
+fn drain_ends(
+    ctx: &Context,
+    cached: kube::runtime::reflector::Store<SandboxRun>,
+) -> impl futures::Stream<Item = ObjectRef<SandboxRun>> + Send + 'static {
+    use tokio::sync::broadcast::error::RecvError;
+    futures::stream::unfold(ctx.in_flight.drains.ends(), |mut ends| async move {
+        loop {
+            match ends.recv().await {
+                Ok(run) => return Some((run, ends)),
+                Err(RecvError::Lagged(_)) => continue,
+                Err(RecvError::Closed) => return None,
+            }
+        }
+    })
+    .filter(move |run| futures::future::ready(cached.get(run).is_some()))
+}
+
 /// Keeps `sandboxrun_runs{phase}` up to date from the watch cache, every 10 s. A run with no
 /// phase yet counts as `New`.
 fn spawn_phase_gauge(store: kube::runtime::reflector::Store<SandboxRun>, metrics: Metrics) {
@@ -254,13 +278,12 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
     let Some(_shard) = ctx.enter_shard(&run) else {
         return Ok(Action::await_change());
     };
-    // The run's drain owns it until the drain ends (its status writes, then the requeue, wake
-    // it); while it waits for a slot, the reconcile only tells so.
-    if ctx
-        .in_flight
-        .drains
-        .is_in_flight(&run.uid().unwrap_or_default())
-    {
+    // The run's drain owns it until the drain ends; the drain's end wakes it again when this
+    // reconcile saw its last write (docs/contract.md "A run's next step follows its drain"), else
+    // that write's watch event does. While it waits for a slot, the reconcile only tells so.
+    let (uid, seen) = (run.uid().unwrap_or_default(), run.resource_version());
+    if ctx.in_flight.drains.found_draining(&uid, seen.as_deref()) {
+        tracing::debug!(run = %run.name_any(), seen = ?seen, "found draining");
         let requeue = pipeline::in_flight(&ctx, &run, Timestamp::now()).await?;
         return Ok(requeue.into_action());
     }

@@ -290,8 +290,9 @@ async fn through_kueue(
     }
 }
 
-/// Reconciles `run` while its teardown is in flight: a teardown that runs owns the run (its
-/// status writes, then [`IN_FLIGHT_REQUEUE`], wake it); one that waits for a slot is served
+/// Reconciles `run` while its teardown is in flight: a teardown that runs owns the run (its end
+/// wakes it, docs/contract.md "A run's next step follows its drain"; [`IN_FLIGHT_REQUEUE`] is
+/// the backstop); one that waits for a slot is served
 /// first once its pod is being deleted or evicted, and its wait is announced past the quiet
 /// window (docs/contract.md "Fair drain slots").
 pub(crate) async fn in_flight(

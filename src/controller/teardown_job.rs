@@ -8,6 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tracing::{info, warn};
 
@@ -28,7 +29,8 @@ use crate::store::tenant_read::RunStore;
 /// a slot (or for this replica to stop) in the fair queue — first when its pod is being deleted
 /// or evicted (docs/contract.md "Fair drain slots") —, reads the pod as it is then (a queued
 /// teardown holds no copy of it: thousands may wait at once), runs, and leaves the run to its
-/// next reconcile; a teardown that fails is counted, logged, and retried by a later reconcile
+/// next reconcile, which follows at once (docs/contract.md "A run's next step follows its
+/// drain"); a teardown that fails is counted, logged, and retried by a later reconcile
 /// after a pause.
 pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger) {
     let waiter = Waiter {
@@ -45,7 +47,8 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger)
         || ctx.in_flight.cancel.clone(),
         |guard| guard.cancel.clone(),
     );
-    ctx.in_flight.drains.start(waiter, cancel, move || async move {
+    let named = ObjectRef::from_obj(run.as_ref());
+    ctx.in_flight.drains.start(waiter, named, cancel, move || async move {
         let _shard = shard;
         let ctx = job_ctx;
         let result = claimed_teardown(&ctx, &run, &trigger).await;
@@ -60,6 +63,7 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger)
                 () = ctx.in_flight.cancel.cancelled() => {}
             }
         }
+        ctx.written_version(&run)
     });
 }
 

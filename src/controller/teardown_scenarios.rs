@@ -11,16 +11,19 @@ use k8s_openapi::api::core::v1::{
     ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodStatus,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
+use super::context::Context;
 use super::decide::Trigger;
 use super::fixtures::now;
 use super::mock_apiserver::{apiserver, context, Log, Route};
 use super::pipeline_scenarios::{run, written};
 use super::plan::testing::deleting;
-use super::plan::SETTLE;
-use super::teardown_job::claimed_teardown;
+use super::plan::{IN_FLIGHT_REQUEUE, SETTLE};
+use super::teardown_job::{claimed_teardown, start};
 use crate::api::{Phase, SandboxRun, SandboxRunStatus};
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 
@@ -211,5 +214,89 @@ async fn a_stopped_run_whose_holder_is_not_running_keeps_its_finalizer() {
         log.exactly("PATCH", RUN).is_empty(),
         "the finalizer of a run not being deleted stays: {:?}",
         log.lines()
+    );
+}
+
+/// A context over a mock apiserver that has `pod` (every write a teardown of `run` makes
+/// routed; a status write answers the run at resourceVersion 8), for a teardown started in the
+/// drain pool as a reconcile starts it.
+fn pooled(run: &SandboxRun, pod: &Pod) -> (Arc<Context>, Log) {
+    let routes = vec![
+        Route::fixed("GET", POD, 200, serde_json::to_value(pod).unwrap()),
+        Route::fixed("DELETE", POD, 200, serde_json::to_value(pod).unwrap()),
+        Route::fixed("PATCH", RUN, 200, written(run)),
+        Route::echo("POST", EVENTS, 201),
+    ];
+    let (client, log) = apiserver(routes);
+    let ctx = context(client, Arc::new(InMemory::new())).with_quiet_window(Duration::ZERO);
+    (Arc::new(ctx), log)
+}
+
+/// A stopped run whose teardown is started in the pool, then reconciled (as the controller
+/// would, woken by a watch event) on the run at `seen`, while the teardown is in flight: that
+/// reconcile only looks again after the in-flight requeue. Returns the context, what the
+/// apiserver was sent, and the pool's drain ends as seen from before the start.
+async fn found_draining(
+    seen: &str,
+) -> (
+    Arc<Context>,
+    Log,
+    tokio::sync::broadcast::Receiver<ObjectRef<SandboxRun>>,
+) {
+    let (mut r, pod) = ran();
+    r.spec.stop = true;
+    let (ctx, log) = pooled(&r, &pod);
+    let ends = ctx.in_flight.drains.ends();
+    let run = Arc::new(r);
+    start(&ctx, &run, Trigger::Stop);
+    let mut cached = SandboxRun::clone(&run);
+    cached.metadata.resource_version = Some(seen.into());
+    // The pool's task has not run yet (one thread): the reconcile finds the run draining.
+    let action = super::reconcile_run(Arc::new(cached), Arc::clone(&ctx))
+        .await
+        .expect("the reconcile succeeds");
+    assert_eq!(action, Action::requeue(IN_FLIGHT_REQUEUE));
+    (ctx, log, ends)
+}
+
+/// docs/contract.md "A run's next step follows its drain": a reconcile that found the run
+/// draining on the version its drain's last status write made (the watch event of that write,
+/// come before the drain was freed) is made again as the drain ends — the run free, its end
+/// written — not left to the 30 s in-flight requeue (issue #55 item 4: a retry's 5 s backoff
+/// became 30 s, a Kueue Workload was marked Finished up to 30 s late). Fails on the old code:
+/// nothing woke the run.
+#[tokio::test]
+async fn a_run_found_draining_on_its_drains_last_write_is_reconciled_again_as_the_drain_ends() {
+    let (ctx, log, mut ends) = found_draining("8").await;
+    let woken = tokio::time::timeout(Duration::from_secs(5), ends.recv())
+        .await
+        .expect("the drain's end wakes the run, not the 30 s requeue")
+        .expect("a wake");
+    assert_eq!(woken, ObjectRef::new("demo").within("ns"));
+    assert!(
+        !ctx.in_flight.drains.is_in_flight("u1"),
+        "the run is free before it is woken: the reconcile the wake makes goes on"
+    );
+    let written = statuses(&log);
+    let end = written.last().expect("the end is written before the wake");
+    assert_eq!(end["readBack"][0]["phase"], "Failed", "{written:?}");
+    assert_eq!(log.matching("DELETE", POD).len(), 1, "{:?}", log.lines());
+}
+
+/// The other half of "A run's next step follows its drain": a reconcile that found the run
+/// draining on a version older than its drain's last write is not replayed — it would decide
+/// on a run that does not show the drain's end, and start its teardown again; that write's
+/// own watch event, still to come, reconciles the run.
+#[tokio::test]
+async fn a_run_found_draining_before_its_drains_last_write_is_left_to_that_writes_event() {
+    let (ctx, log, mut ends) = found_draining("7").await;
+    assert!(ctx.in_flight.drains.wait(Duration::from_secs(10)).await);
+    assert!(!statuses(&log).is_empty(), "{:?}", log.lines());
+    assert!(
+        matches!(
+            ends.try_recv(),
+            Err(tokio::sync::broadcast::error::TryRecvError::Empty)
+        ),
+        "no wake on a cache older than the drain's last write"
     );
 }

@@ -2930,6 +2930,61 @@ async fn a_run_retries_by_exit_code_keeping_every_attempts_files_and_a_fatal_cod
     assert_eq!(status.read_back[0].phase, ReadBackPhase::Drained);
 }
 
+/// Issue #55 item 4 on real containers (docs/contract.md "A run's next step follows its drain"):
+/// a run whose first attempt fails is retried when its 1 s backoff ends — its second attempt's pod
+/// created a few seconds after the first attempt's drain ended, not after the 30 s in-flight
+/// requeue the old code waited for (the drain's last write woke the run while the drain still
+/// counted as in flight, and nothing woke it again).
+#[tokio::test]
+async fn a_retried_runs_next_attempt_follows_its_drain_not_the_in_flight_requeue() {
+    use sandboxrun_operator::api::{RetryBackoff, RetryPolicy};
+    let bed = RealBed::new("real-next-step").await;
+    let script = r#"echo "attempt $SANDBOXRUN_ATTEMPT" > "$ITERION_ARTIFACT_FILES_DIR/attempt.txt"
+[ "$SANDBOXRUN_ATTEMPT" -ge 2 ] || exit 3"#;
+    let mut spec = real_spec(Some(script), &["/work/out"]);
+    spec.retry_policy = Some(RetryPolicy {
+        limit: 1,
+        backoff: Some(RetryBackoff {
+            base_seconds: Some(1),
+            factor: Some(1),
+            cap_seconds: Some(1),
+        }),
+        rules: Vec::new(),
+    });
+    create(&bed.runs, "next", spec).await;
+    let pods: Api<Pod> = Api::namespaced(bed.client.clone(), &bed.ns.name);
+    let second = eventually_or_log(
+        "the second attempt's pod",
+        Duration::from_secs(180),
+        &bed.op,
+        || {
+            let pods = pods.clone();
+            async move { pods.get_opt("next-sbr-a2").await.ok().flatten() }
+        },
+    )
+    .await;
+    let done = wait_run(&bed.runs, "next", "a final phase", &bed.op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let ended = status
+        .attempts
+        .first()
+        .and_then(|a| a.end_time.clone())
+        .expect("the first attempt's end");
+    let created = second
+        .metadata
+        .creation_timestamp
+        .clone()
+        .expect("the second pod's creation");
+    // Both in whole seconds; the backoff is 1 s.
+    let after = created.0.duration_since(ended.0).as_secs_f64();
+    assert!(
+        after < 10.0,
+        "attempt 2's pod was created {after} s after attempt 1 ended (backoff 1 s): the run \
+         waited for something other than its backoff: {status:?}"
+    );
+}
+
 /// Issue #41 `spec.suspend` on real containers: a run created suspended gets no pod (Pending,
 /// Ready=False `Suspended`); resumed, it runs. Suspended while running, its pod is stopped with
 /// its files drained into that attempt's generation (an attempt that does not count, reason
