@@ -38,6 +38,14 @@ def metadata(project, readme):
     return "\n".join(lines) + "\n\n" + readme
 
 
+def entry_points(project):
+    """entry_points.txt of the console scripts ([project.scripts]), or None without any."""
+    scripts = project.get("scripts", {})
+    if not scripts:
+        return None
+    return "[console_scripts]\n" + "".join(f"{k} = {v}\n" for k, v in sorted(scripts.items()))
+
+
 def package_files(client):
     """(archive name, bytes) of every file under src/ but caches, sorted."""
     src = client / "src"
@@ -63,6 +71,9 @@ def build(client, out):
         (f"{info}/WHEEL", b"Wheel-Version: 1.0\nGenerator: hack/python-wheel.py\n"
                           b"Root-Is-Purelib: true\nTag: py3-none-any\n"),
     ]
+    scripts = entry_points(project)
+    if scripts is not None:
+        entries.append((f"{info}/entry_points.txt", scripts.encode()))
     record = "".join(f"{n},{record_hash(d)},{len(d)}\n" for n, d in entries) + f"{info}/RECORD,,\n"
     entries.append((f"{info}/RECORD", record.encode()))
     out.mkdir(parents=True, exist_ok=True)
@@ -91,6 +102,10 @@ def self_test():
                            f"{info}/WHEEL", f"{info}/RECORD"):
                 if wanted not in names:
                     failures.append(f"the wheel lacks {wanted}")
+            if f"{info}/entry_points.txt" not in names or b"sandboxrun-mcp = sandboxrun.mcp_server:main" not in z.read(
+                f"{info}/entry_points.txt"
+            ):
+                failures.append("the wheel lacks the sandboxrun-mcp console script (entry_points.txt)")
             if any("__pycache__" in n for n in names):
                 failures.append("the wheel carries __pycache__")
             meta = z.read(f"{info}/METADATA").decode()

@@ -111,11 +111,11 @@ install_s3s() {
     --root "$CACHE_ROOT/s3s-fs-$S3S_FS_VERSION" >/dev/null 2>&1
 }
 step "s3s-fs $S3S_FS_VERSION (the S3 server)" install_s3s
-# The Python client's packages (kubernetes, boto3, zstandard, pytest: clients/python/requirements-test.txt,
+# The Python client's packages (kubernetes, boto3, zstandard, pytest, mcp: clients/python/requirements-test.txt,
 # pinned) in a virtual environment of the cache, never in the machine's own Python.
 PY_VENV=$(python_client_venv)
 install_python_client() {
-  [ -x "$PY_VENV/bin/python3" ] && "$PY_VENV/bin/python3" -c 'import kubernetes, boto3, zstandard, pytest' 2>/dev/null && return 0
+  [ -x "$PY_VENV/bin/python3" ] && "$PY_VENV/bin/python3" -c 'import kubernetes, boto3, zstandard, pytest, mcp' 2>/dev/null && return 0
   rm -rf "$PY_VENV"
   python3 -m venv "$PY_VENV" &&
     "$PY_VENV/bin/python3" -m pip install --quiet --disable-pip-version-check \

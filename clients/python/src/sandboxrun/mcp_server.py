@@ -1,0 +1,197 @@
+"""``sandboxrun-mcp``: an MCP server (the official ``mcp`` SDK's ``MCPServer``, stdio) whose tools
+drive SandboxRuns through this client. Each tool is a thin wrapper over one client method; the
+server acts with the kubeconfig (and so the rights) of whoever runs it, never the operator's, in
+the kubeconfig's namespace unless ``--namespace`` names another. Inputs are checked by the client
+and the apiserver as for any other caller; a command is an argument list handed to the exec API
+as it is, never spliced into a shell here.
+
+Not offered, because the client has no such call yet (docs/user-guide.md, "MCP server"): pause
+and resume (issue #54 item 1), and reading the files of an earlier checkpoint back from the store
+(``checkpoint`` returns the files it saved; ``list_stored_files``/``fetch_stored_file`` read a
+stopped run's drained files)."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from mcp.server.mcpserver import MCPServer
+
+from .client import Sandbox, Sandboxes
+from .errors import SandboxError
+from .exec import ExecResult
+from .files import RunFiles, StoredFile
+
+#: The most bytes of a file or of a command's output a tool returns (the rest is cut, and the
+#: result says so): an agent's context is small, and the workload controls every byte.
+MAX_RETURNED_BYTES = 1 << 20
+Encoding = Literal["text", "base64"]
+ServerFactory = Callable[[], Sandboxes]
+
+
+def _cut(data: bytes, limit: int) -> tuple[bytes, bool]:
+    limit = max(0, min(limit, MAX_RETURNED_BYTES))
+    return data[:limit], len(data) > limit
+
+
+def _content(data: bytes, encoding: Encoding, limit: int) -> dict[str, Any]:
+    kept, truncated = _cut(data, limit)
+    text = base64.b64encode(kept).decode() if encoding == "base64" else kept.decode("utf-8", "replace")
+    return {"content": text, "encoding": encoding, "size": len(data), "truncated": truncated}
+
+
+def _sandbox(s: Sandbox) -> dict[str, Any]:
+    return {"name": s.name, "namespace": s.namespace, "template": s.template, "phase": s.phase, "labels": s.labels}
+
+
+def _file(f: StoredFile) -> dict[str, Any]:
+    return {"path": f.container_path, "size": f.size, "sha256": f.sha256}
+
+
+def _result(r: ExecResult, limit: int) -> dict[str, Any]:
+    out, out_cut = _cut(r.stdout_bytes, limit)
+    err, err_cut = _cut(r.stderr_bytes, limit)
+    return {
+        "exit_code": r.exit_code,
+        "stdout": out.decode("utf-8", "replace"),
+        "stderr": err.decode("utf-8", "replace"),
+        "truncated": out_cut or err_cut,
+    }
+
+
+def _find(files: RunFiles, path: str) -> StoredFile:
+    for f in files.files():
+        if f.container_path == path:
+            return f
+    raise SandboxError(f"{files.run}: no stored file {path!r}")
+
+
+def build_server(sandboxes: ServerFactory) -> MCPServer[Any]:
+    """The server and its tools; ``sandboxes`` is called once, on the first tool call (so the
+    server starts, and lists its tools, without a cluster)."""
+    server: MCPServer[Any] = MCPServer(
+        "sandboxrun",
+        instructions="Create SandboxRuns from templates, run commands in them, read and write their files, "
+        "checkpoint and stop them, and read back the files they stored.",
+    )
+    held: list[Sandboxes] = []
+
+    def client() -> Sandboxes:
+        if not held:
+            held.append(sandboxes())
+        return held[0]
+
+    _lifecycle_tools(server, client)
+    _inside_tools(server, client)
+    _store_tools(server, client)
+    return server
+
+
+def _lifecycle_tools(server: MCPServer[Any], client: ServerFactory) -> None:
+    @server.tool()
+    def create_sandbox(
+        template: str,
+        name: str | None = None,
+        command: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        labels: dict[str, str] | None = None,
+        wait_seconds: float = 300.0,
+    ) -> dict[str, Any]:
+        """Creates a sandbox (a SandboxRun) from the SandboxRunTemplate `template`, setting only the
+        fields the template leaves open (`command`, `env`), and waits until it runs. Without a
+        command it is a long-lived sandbox driven by `run_command` until `stop_sandbox`."""
+        created = client().create(template=template, name=name, command=command, env=env, labels=labels)
+        created.wait_running(timeout=wait_seconds)
+        return _sandbox(client().get(created.name))
+
+    @server.tool()
+    def list_sandboxes(
+        template: str | None = None, labels: dict[str, str] | None = None, phase: list[str] | None = None
+    ) -> list[dict[str, Any]]:
+        """The namespace's sandboxes, made from `template`, carrying every one of `labels`, in one
+        of `phase` (each filter optional)."""
+        return [_sandbox(s) for s in client().list(template=template, labels=labels, phase=phase)]
+
+    @server.tool()
+    def checkpoint(name: str, token: str | None = None, wait_seconds: float = 600.0) -> dict[str, Any]:
+        """Saves the running sandbox's read-back paths to the store now, without stopping it, and
+        lists the files saved. Pause and resume do not exist yet: a checkpoint is not restored."""
+        saved = client().get(name).checkpoint(token, timeout=wait_seconds)
+        return {"phase": saved.status.phase, "files": [_file(f) for f in saved.files()]}
+
+    @server.tool()
+    def stop_sandbox(name: str, wait_seconds: float = 600.0) -> dict[str, Any]:
+        """Stops the sandbox: its read-back paths are drained to the store, then its pod is
+        released. Waits for the drain (`wait_seconds` 0: returns at once) and lists the stored
+        files. A drain that failed is an error, never an empty list."""
+        sandbox = client().get(name)
+        sandbox.stop()
+        if wait_seconds <= 0:
+            return {"phase": sandbox.status().phase, "files": []}
+        drained = sandbox.wait_drained(timeout=wait_seconds)
+        return {"phase": drained.status.phase, "files": [_file(f) for f in drained.files()]}
+
+
+def _inside_tools(server: MCPServer[Any], client: ServerFactory) -> None:
+    @server.tool()
+    def run_command(
+        name: str,
+        command: list[str],
+        stdin: str | None = None,
+        timeout_seconds: float = 300.0,
+        max_bytes: int = MAX_RETURNED_BYTES,
+    ) -> dict[str, Any]:
+        """Runs `command` (an argument list, run as it is: for a shell pass ["sh", "-c", "..."]) in
+        the sandbox's workload container and returns its exit code, stdout and stderr (each cut
+        at `max_bytes`). A non-zero exit is a result; still running after `timeout_seconds`, it
+        is killed and the call fails."""
+        raw = stdin.encode() if stdin is not None else None
+        return _result(client().get(name).run(list(command), stdin=raw, timeout=timeout_seconds), max_bytes)
+
+    @server.tool()
+    def write_file(name: str, path: str, content: str, encoding: Encoding = "text") -> dict[str, Any]:
+        """Writes `content` (text, or base64 with `encoding` "base64") to `path` in the sandbox.
+        The directory must exist and be writable by the run's user (a read-back path is)."""
+        data = base64.b64decode(content, validate=True) if encoding == "base64" else content.encode()
+        client().get(name).write_file(path, data)
+        return {"path": path, "size": len(data)}
+
+    @server.tool()
+    def read_file(name: str, path: str, encoding: Encoding = "text", max_bytes: int = MAX_RETURNED_BYTES) -> dict[str, Any]:
+        """The content of `path` in the running sandbox, as text (undecodable bytes replaced) or
+        base64, cut at `max_bytes`."""
+        return _content(client().get(name).read_file(path), encoding, max_bytes)
+
+
+def _store_tools(server: MCPServer[Any], client: ServerFactory) -> None:
+    @server.tool()
+    def list_stored_files(name: str) -> list[dict[str, Any]]:
+        """The files a stopped sandbox's drain stored (its read-back paths), with sizes and sha256.
+        A drain that failed is an error, never an empty list."""
+        return [_file(f) for f in client().get(name).files().files()]
+
+    @server.tool()
+    def fetch_stored_file(
+        name: str, path: str, encoding: Encoding = "text", max_bytes: int = MAX_RETURNED_BYTES
+    ) -> dict[str, Any]:
+        """The content of the stored file `path` (as `list_stored_files` names it) of a stopped
+        sandbox, read from the store and checked against its manifest's sha256."""
+        files = client().get(name).files()
+        return _content(files.fetch(_find(files, path)), encoding, max_bytes)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``sandboxrun-mcp [--namespace NS] [--kubeconfig PATH] [--context NAME]``: serves over stdio.
+    The store is read with boto3's environment (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, …)."""
+    parser = argparse.ArgumentParser(prog="sandboxrun-mcp", description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--namespace", help="the namespace of the sandboxes (default: the kubeconfig's)")
+    parser.add_argument("--kubeconfig", help="the kubeconfig (default: $KUBECONFIG, ~/.kube/config, in-cluster)")
+    parser.add_argument("--context", help="the kubeconfig's context (default: its current one)")
+    args = parser.parse_args(argv)
+    build_server(lambda: Sandboxes(args.namespace, kubeconfig=args.kubeconfig, context=args.context)).run("stdio")
+
+
+if __name__ == "__main__":
+    main()
