@@ -137,6 +137,27 @@ pub struct Manifest {
     /// "Checkpoints"), absent for a teardown's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<u32>,
+    /// How the packer's stream crossed the exec wire for the committing attempt (docs/contract.md
+    /// "The stream on the wire"): what the operator read, not the packer's word. Absent from
+    /// manifests written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wire: Option<WireRecord>,
+}
+
+/// How one attempt's stream crossed the exec wire, as the operator read it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireRecord {
+    /// `tar`, `zstd` or `adaptive` (a string: a later encoding still reads).
+    pub encoding: String,
+    /// Bytes that crossed the wire (compare `totals.inputBytes`, the tar they carried).
+    pub bytes: u64,
+    /// Adaptive wire: blocks sent as is (they would not shrink).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stored_blocks: u64,
+    /// Adaptive wire: blocks sent zstd-compressed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub compressed_blocks: u64,
 }
 
 fn first_attempt() -> u32 {
@@ -203,6 +224,7 @@ impl Manifest {
             changed: Vec::new(),
             run_attempt: 1,
             checkpoint: None,
+            wire: None,
         }
     }
 
