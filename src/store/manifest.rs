@@ -719,6 +719,33 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_wire_is_recorded_in_the_manifest_and_an_older_manifest_without_it_reads() {
+        let (store, _) = store_from_url("memory://", &[]).expect("memory store");
+        let key = Path::from("ns/job/uid/00-out.manifest.json");
+        let mut written = manifest(1);
+        written.wire = Some(WireRecord {
+            encoding: "adaptive".into(),
+            bytes: 1000,
+            stored_blocks: 3,
+            compressed_blocks: 0,
+        });
+        let json = serde_json::to_value(&written).expect("json");
+        assert_eq!(
+            json["wire"],
+            serde_json::json!({"encoding": "adaptive", "bytes": 1000, "storedBlocks": 3})
+        );
+        write_manifest(&store, &key, &written).await.expect("write");
+        assert_eq!(read_manifest(&store, &key).await.expect("read"), written);
+        // The wire is how the bytes travelled, not what was stored.
+        assert!(written.same_content(&manifest(1)));
+
+        let mut older = json;
+        older.as_object_mut().expect("an object").remove("wire");
+        let older: Manifest = serde_json::from_value(older).expect("reads");
+        assert_eq!(older.wire, None);
+    }
+
+    #[tokio::test]
     async fn manifest_is_create_only_and_a_second_write_reads_the_first_back() {
         let (store, _) = store_from_url("memory://", &[]).expect("memory store");
         let key = Path::from("ns/job/uid/00-out.manifest.json");
