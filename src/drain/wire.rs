@@ -308,7 +308,7 @@ pub(crate) fn zstd_writer<W: io::Write>(
 
 /// The packer's output on the adaptive wire (`pack --wire adaptive`, src/drain/wire_blocks.rs).
 pub(crate) fn adaptive_writer<W: io::Write>(out: W) -> io::Result<BlockWriter<W>> {
-    BlockWriter::new(out)
+    BlockWriter::new(out, PACK_ZSTD_LEVEL)
 }
 
 #[cfg(test)]

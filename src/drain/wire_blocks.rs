@@ -349,14 +349,14 @@ pub(crate) struct BlockWriter<W: io::Write> {
 }
 
 impl<W: io::Write> BlockWriter<W> {
-    /// A writer into `out`, its magic number written.
-    pub(crate) fn new(mut out: W) -> io::Result<Self> {
+    /// A writer into `out` that compresses at zstd `level`, its magic number written.
+    pub(crate) fn new(mut out: W, level: i32) -> io::Result<Self> {
         out.write_all(&MAGIC)?;
         Ok(BlockWriter {
             out,
             block: Vec::with_capacity(BLOCK_BYTES),
             packed: vec![0; BLOCK_BYTES],
-            compressor: zstd::bulk::Compressor::new(super::wire::PACK_ZSTD_LEVEL)?,
+            compressor: zstd::bulk::Compressor::new(level)?,
             skip: 0,
             backoff: 1,
         })
@@ -463,7 +463,7 @@ mod tests {
     }
 
     fn adaptive(data: &[u8]) -> Vec<u8> {
-        let mut w = BlockWriter::new(Vec::new()).unwrap();
+        let mut w = BlockWriter::new(Vec::new(), 1).unwrap();
         // Uneven writes, as the packer's are.
         for chunk in data.chunks(100_003) {
             w.write_all(chunk).unwrap();
@@ -669,7 +669,7 @@ mod tests {
             }
         }
         let data = [text(5000), random(3000, 1)].concat();
-        let mut w = BlockWriter::new(Vec::new()).unwrap();
+        let mut w = BlockWriter::new(Vec::new(), 1).unwrap();
         w.write_all(&data).unwrap();
         let stream = w.finish().unwrap();
         let decoded = decode(Trickle(stream, 0), u64::MAX).await.unwrap();
