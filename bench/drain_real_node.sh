@@ -9,8 +9,13 @@
 #
 #   bench/drain_real_node.sh [MIB_BIG_FILES] [SMALL_FILES]      default: 256 1000
 #   DATA=text bench/drain_real_node.sh                  the big files are JSON log lines (about
-#                                                       10:1 for zstd) instead of random bytes
-#   WIRE=tar bench/drain_real_node.sh                   the operator's --drain-wire (default zstd)
+#                                                       10:1 for zstd) instead of random bytes;
+#                                                       DATA=mix: two of them random, two text
+#   WIRE=tar bench/drain_real_node.sh                   the operator's --drain-wire (default
+#                                                       adaptive; zstd, tar)
+#   OPERATOR_TAG=<tag> bench/drain_real_node.sh         the image hack/images.sh pushed with
+#                                                       SANDBOXRUN_OPERATOR_TAG=<tag> (a branch's)
+#                                                       instead of :dev, operator and holder
 #   FLOOD=150000 bench/drain_real_node.sh               instead of the data: that many symlinks
 #                                                       whose paths are 3.9 KiB (15 nested 255-byte
 #                                                       directories; issue #25 item 1's stream),
@@ -38,7 +43,7 @@ hack/local-cluster.sh status >/dev/null
 BIG_MIB=${1:-256}
 SMALL=${2:-1000}
 DATA=${DATA:-random}
-WIRE=${WIRE:-zstd}
+WIRE=${WIRE:-adaptive}
 LINK_MBIT=${LINK_MBIT:-}
 RUNTIME_CLASS=${RUNTIME_CLASS:-}
 RUNTIME_LINE=; [ -z "$RUNTIME_CLASS" ] || RUNTIME_LINE="runtimeClassName: $RUNTIME_CLASS"
@@ -46,12 +51,13 @@ FLOOD=${FLOOD:-}
 case "$FLOOD" in ''|*[!0-9]*) [ -z "$FLOOD" ] || { echo "FLOOD=<number of symlinks>" >&2; exit 2; } ;; esac
 CAP=60Gi; [ -z "$FLOOD" ] || CAP=1Gi
 KUBELET_PORT=${REAL_NODE_KUBELET_PORT:-11250}
-case "$DATA" in random|text) ;; *) echo "DATA=random|text" >&2; exit 2 ;; esac
-case "$WIRE" in zstd|tar) ;; *) echo "WIRE=zstd|tar" >&2; exit 2 ;; esac
+case "$DATA" in random|text|mix) ;; *) echo "DATA=random|text|mix" >&2; exit 2 ;; esac
+case "$WIRE" in adaptive|zstd|tar) ;; *) echo "WIRE=adaptive|zstd|tar" >&2; exit 2 ;; esac
 STATE=$SANDBOXRUN_TEST_STATE
-BIN=$STATE/images/operator/usr/local/bin/sandboxrun-operator
+SUFFIX=${OPERATOR_TAG:+-$OPERATOR_TAG}
+BIN=$STATE/images/operator$SUFFIX/usr/local/bin/sandboxrun-operator
 [ -x "$BIN" ] || { echo "no $BIN: run hack/images.sh operator" >&2; exit 1; }
-HOLDER=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/sandboxrun-operator.ref")
+HOLDER=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/sandboxrun-operator$SUFFIX.ref")
 BUSYBOX=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/busybox.ref")
 WORK=$(mktemp -d)
 NS=bench-real-$$
@@ -136,15 +142,18 @@ if [ -n "$FLOOD" ]; then
   exit 0
 fi
 echo "== writing the data in the pod (${BIG_MIB} MiB of $DATA data in 4 files + ${SMALL} small files)" >&2
-if [ "$DATA" = text ]; then
+random_big="head -c $((BIG_MIB * 1024 * 1024 / 4)) /dev/urandom"
+if [ "$DATA" != random ]; then
   # JSON log lines (~110 bytes each), varied enough not to be a run of one line.
   big="awk -v n=$((BIG_MIB * 1024 * 1024 / 4 / 110)) -v s=\$i 'BEGIN { srand(s); for (j = 0; j < n; j++) printf \"{\\\"ts\\\":%d,\\\"level\\\":\\\"info\\\",\\\"step\\\":%d,\\\"bytes\\\":%d,\\\"op\\\":\\\"op-%d\\\",\\\"msg\\\":\\\"processed item %d of the batch\\\"}\\n\", 1764500000 + j, j, int(rand() * 10000000), int(rand() * 40), j }'"
 else
-  big="head -c $((BIG_MIB * 1024 * 1024 / 4)) /dev/urandom"
+  big=$random_big
 fi
+# mix: the odd files random, the even ones text.
+[ "$DATA" != mix ] || big="if [ \$((i % 2)) = 1 ]; then $random_big; else $big; fi"
 kubectl exec -n "$NS" "$pod" -c workload -- sh -c "
   set -e; mkdir -p /data/big /data/small
-  for i in 1 2 3 4; do $big > /data/big/part-\$i.bin; done
+  for i in 1 2 3 4; do { $big; } > /data/big/part-\$i.bin; done
   i=0; while [ \$i -lt $SMALL ]; do d=/data/small/d\$((i % 50)); mkdir -p \$d
     head -c \$(( (i * 7919) % 16384 )) /dev/urandom > \$d/f\$i.txt; i=\$((i + 1)); done"
 bytes=$(kubectl exec -n "$NS" "$pod" -c workload -- du -sb /data | cut -f1)

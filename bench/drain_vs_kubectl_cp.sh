@@ -4,8 +4,10 @@
 #   bench/drain_vs_kubectl_cp.sh [SIZE_GIB...]      default: 1 4
 #   SKIP_BUILD=1 bench/drain_vs_kubectl_cp.sh 1     reuse target/release/sandboxrun-operator
 #   DATA=text bench/drain_vs_kubectl_cp.sh 1         JSON log lines (about 10:1 for zstd) instead of
-#                                                     random bytes
-#   WIRE=tar bench/drain_vs_kubectl_cp.sh 1          the operator's --drain-wire (default zstd)
+#                                                     random bytes; DATA=mix: half of the big files
+#                                                     random, half text
+#   WIRE=tar bench/drain_vs_kubectl_cp.sh 1          the operator's --drain-wire (default adaptive;
+#                                                     zstd, tar)
 #   PERF=1 bench/drain_vs_kubectl_cp.sh 1            also profile the whole machine (perf record -a)
 #                                                     during our drain: CPU by process, and the
 #                                                     operator's and the packer's top symbols
@@ -28,9 +30,9 @@ eval "$(hack/local-cluster.sh env)"
 hack/local-cluster.sh status >/dev/null
 SIZES=("${@:-1 4}")
 DATA=${DATA:-random}
-WIRE=${WIRE:-zstd}
-case "$DATA" in random|text) ;; *) echo "DATA=random|text" >&2; exit 2 ;; esac
-case "$WIRE" in zstd|tar) ;; *) echo "WIRE=zstd|tar" >&2; exit 2 ;; esac
+WIRE=${WIRE:-adaptive}
+case "$DATA" in random|text|mix) ;; *) echo "DATA=random|text|mix" >&2; exit 2 ;; esac
+case "$WIRE" in adaptive|zstd|tar) ;; *) echo "WIRE=adaptive|zstd|tar" >&2; exit 2 ;; esac
 # shellcheck disable=SC2206
 SIZES=(${SIZES[*]})
 BIN=${BIN:-$REPO/target/release/sandboxrun-operator}
@@ -50,7 +52,7 @@ make_data() {  # make_data <dir> <GiB>
   local dir=$1 gib=$2 i
   mkdir -p "$dir/big" "$dir/small"
   for i in $(seq 1 $((gib * 4))); do
-    if [ "$DATA" = text ]; then
+    if [ "$DATA" = text ] || { [ "$DATA" = mix ] && [ $((i % 2)) = 0 ]; }; then
       python3 - "$dir/big/part-$i.bin" $((250 * 1024 * 1024)) "$i" <<'PY'
 import sys, random
 path, size, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

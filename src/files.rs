@@ -1133,6 +1133,7 @@ mod tests {
             changed: Vec::new(),
             run_attempt: 1,
             checkpoint: None,
+            wire: None,
         }
     }
 

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::drain::wire::{zstd_writer, Wire};
+use crate::drain::wire::{adaptive_writer, zstd_writer, Wire};
 
 /// Arguments of `pack`.
 #[derive(Args, Debug)]
@@ -17,8 +17,9 @@ pub(crate) struct PackArgs {
     /// never crosses the wire). Without it every file is packed whole.
     #[arg(long, value_name = "BYTES")]
     pub(crate) budget: Option<u64>,
-    /// How the tar crosses the exec stream: as is, or in one zstd frame (the drain decodes it
-    /// before sanitizing, docs/contract.md "The drain").
+    /// How the tar crosses the exec stream: as is, in one zstd frame, or adaptive (blocks
+    /// compressed or stored, whichever is smaller); the drain decodes it before sanitizing
+    /// (docs/contract.md "The stream on the wire").
     #[arg(long, value_enum, default_value = "tar")]
     pub(crate) wire: Wire,
 }
@@ -32,6 +33,7 @@ pub(crate) fn main(args: PackArgs) -> ExitCode {
             .map(|_| ())
             .map_err(PackFailed::Pack),
         Wire::Zstd => zstd_pack(&args, stdout, stderr),
+        Wire::Adaptive => adaptive_pack(&args, stdout, stderr),
     };
     match packed {
         Ok(()) => ExitCode::SUCCESS,
@@ -54,6 +56,19 @@ fn zstd_pack(
     stdout.flush().map_err(PackFailed::Flush)
 }
 
+/// The tar on the adaptive wire, its end frame written and flushed (a stream without it reads
+/// as cut).
+fn adaptive_pack(
+    args: &PackArgs,
+    stdout: impl std::io::Write,
+    stderr: impl std::io::Write,
+) -> Result<(), PackFailed> {
+    let mut writer = adaptive_writer(stdout).map_err(PackFailed::Wire)?;
+    crate::inpod::pack::pack(&args.path, args.budget, &mut writer, stderr)?;
+    let mut stdout = writer.finish().map_err(PackFailed::Wire)?;
+    stdout.flush().map_err(PackFailed::Flush)
+}
+
 /// Why `pack` wrote no whole archive (its stderr, after "sandboxrun-operator pack: ").
 #[derive(Debug, thiserror::Error)]
 enum PackFailed {
@@ -61,6 +76,8 @@ enum PackFailed {
     Pack(#[from] crate::inpod::pack::PackError),
     #[error("zstd: {0}")]
     Zstd(std::io::Error),
+    #[error("adaptive wire: {0}")]
+    Wire(std::io::Error),
     #[error("{0}")]
     Flush(std::io::Error),
 }

@@ -134,16 +134,17 @@ pub(crate) struct RunArgs {
     /// appended. Default: `<--holder-binary> pack`.
     #[arg(long, env = "SANDBOXRUN_PACK_COMMAND")]
     pub(crate) pack_command: Option<String>,
-    /// How the holder's packer sends each path's tar over the exec stream: `zstd` (compressed in
-    /// the pod at zstd's fastest level, decoded by the drain before sanitizing; an older holder
-    /// that does not know `pack --wire` gets a plain tar) or `tar` (as is). zstd is the default:
-    /// never slower on incompressible data, several times faster on text over a real link
-    /// (docs/performance.md, "Compression on the wire").
+    /// How the holder's packer sends each path's tar over the exec stream: `adaptive` (the
+    /// default: in blocks, each compressed at zstd's fastest level when that shrinks it and sent
+    /// as is when it does not, so incompressible data costs no compression on either side),
+    /// `zstd` (one zstd frame) or `tar` (as is). The drain decodes the stream before sanitizing;
+    /// a holder that predates `adaptive` gets `zstd`, one that predates `pack --wire` a plain tar
+    /// (docs/contract.md "The stream on the wire", docs/performance.md "Compression on the wire").
     #[arg(
         long,
         env = "SANDBOXRUN_DRAIN_WIRE",
         value_enum,
-        default_value = "zstd"
+        default_value = "adaptive"
     )]
     pub(crate) drain_wire: crate::drain::wire::Wire,
     /// Reconciles running at once per controller: one controller for every namespace, or one per

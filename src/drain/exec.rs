@@ -443,6 +443,20 @@ mod tests {
                 "zstd"
             ]
         );
+        assert_eq!(
+            pack_argv(&cmd, "/out", Some(1), Wire::Adaptive)[3..],
+            ["--budget", "1", "--wire", "adaptive"]
+        );
+        // A packer that knows `--wire` but not `adaptive`: clap names the flag in its refusal.
+        let no_adaptive = ExecError::Failed {
+            command: "pack /out --budget 1 --wire adaptive".into(),
+            status: "exit code 2".into(),
+            stderr: vec![
+                "error: invalid value 'adaptive' for '--wire <WIRE>'".into(),
+                "  [possible values: tar, zstd]".into(),
+            ],
+        };
+        assert!(no_adaptive.refuses_flag(WIRE_FLAG));
         let no_wire = ExecError::Failed {
             command: "pack /out --budget 1 --wire zstd".into(),
             status: "exit code 2".into(),

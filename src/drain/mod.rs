@@ -6,8 +6,9 @@
 //!   [`attempt_error`]: why an attempt failed and what that means (retry, metric, words);
 //!   [`outcome`]: the status entry it ends with (pure).
 //! - [`exec`]: the `pack` exec in the holder and its exit status.
-//! - [`wire`]: the packer's stream as it crosses the exec (tar, or tar in zstd), decoded before the
-//!   pipeline.
+//! - [`wire`]: the packer's stream as it crosses the exec (tar, tar in zstd, or the adaptive
+//!   wire of [`wire_blocks`]: blocks compressed or stored, whichever is smaller), decoded before
+//!   the pipeline.
 //! - [`pod_notes`]: what the manifest keeps of the packer's notes (in band, or an older packer's
 //!   stderr), and the changed members they name.
 //! - [`idle`]: the per-path idle bound on the exec's stdout (a trickling packer is cut off).
@@ -37,6 +38,7 @@ pub(crate) mod pod_notes;
 mod stream_io;
 mod tar_headers;
 pub(crate) mod wire;
+mod wire_blocks;
 
 pub use archive::{
     drain_into_store, drain_stream, DrainError, DrainErrorKind, DrainOptions, Progress,

@@ -42,6 +42,7 @@ use super::wire::{Wire, WIRE_FLAG};
 use crate::api::{Compression, ReadBackStatus};
 use crate::metrics::Metrics;
 use crate::store::credentials;
+use crate::store::manifest::WireRecord;
 use crate::store::{
     archive_writer, attempt_object_keys, checkpoint_object_keys, try_read_manifest, write_manifest,
     DrainOutcome, Manifest, ManifestContext, ManifestWrite, ObjectKeys, RunRef, StoreError,
@@ -395,13 +396,18 @@ impl<'j, 'a> PathDrain<'j, 'a> {
             Ok(Err(AttemptError::Exec(e)))
                 if self.wire != Wire::Tar && e.refuses_flag(WIRE_FLAG) =>
             {
+                let older = self.wire.older().unwrap_or_default();
                 warn!(
                     path = job.path,
                     attempt = attempts,
                     error = %e,
-                    "the holder's packer does not know --wire (an older holder image?); retrying with a plain tar stream"
+                    refused = self.wire.as_str(),
+                    next = older.as_str(),
+                    "the holder's packer does not know --wire {} (an older holder image?); retrying with --wire {}",
+                    self.wire.as_str(),
+                    older.as_str()
                 );
-                self.wire = Wire::Tar;
+                self.wire = older;
                 self.last_error = Some(AttemptError::Exec(e));
                 ControlFlow::Continue(())
             }
@@ -513,7 +519,7 @@ async fn attempt(
     let mut exec = PackExec::start(job.pods, job.pod_name, argv).await?;
     let stdout = exec.take_stdout().ok_or(AttemptError::NoStdout)?;
     let started = jiff::Timestamp::now();
-    let (outcome, exec) = stream_archive(job, keys, opts, exec, stdout).await?;
+    let (outcome, exec, wire_record) = stream_archive(job, keys, opts, exec, stdout).await?;
     let notes = packer_notes(job, keys, &outcome, exec).await?;
     let mut manifest = Manifest::from_outcome(
         &ctx,
@@ -526,6 +532,7 @@ async fn attempt(
     notes.record_in(&mut manifest);
     manifest.run_attempt = job.run_attempt;
     manifest.checkpoint = job.checkpoint;
+    manifest.wire = Some(wire_record);
     *last_written = Some(manifest.content_digest());
     commit(job, keys, manifest).await
 }
@@ -538,7 +545,7 @@ async fn stream_archive(
     opts: &DrainOptions,
     exec: PackExec,
     stdout: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
-) -> Result<(DrainOutcome, PackExec), AttemptError> {
+) -> Result<(DrainOutcome, PackExec, WireRecord), AttemptError> {
     // docs/contract.md "Drain memory": a packer that stalls or trickles is cut off.
     let (stdout, idled) = IdleGuard::new(stdout, job.idle);
     // Paced outside the idle bound: a drain waiting on its replica's bandwidth is not waiting on
@@ -558,7 +565,6 @@ async fn stream_archive(
             }))
         }
     };
-    let (stdout, wire_bytes) = (decoded.tar, decoded.wire_bytes);
     let wire_metric = job
         .metrics
         .drain_wire_bytes
@@ -568,10 +574,12 @@ async fn stream_archive(
         keys.archive.clone(),
         opts.max_input_bytes,
     );
+    let (stdout, record) = decoded.split();
     let streamed = drain_stream(stdout, &mut writer, opts).await;
-    wire_metric.inc_by(wire_bytes.get());
+    let record = record.read();
+    wire_metric.inc_by(record.bytes);
     let e = match streamed {
-        Ok(outcome) => return Ok((outcome, exec)),
+        Ok(outcome) => return Ok((outcome, exec, record)),
         Err(e) => e,
     };
     // No orphaned multipart parts: an aborted attempt leaves nothing behind.

@@ -26,6 +26,9 @@ use async_compression::zstd::DParameter;
 use clap::ValueEnum;
 use tokio::io::{AsyncRead, AsyncReadExt, BufReader, ReadBuf};
 
+use super::wire_blocks::{BlockCounts, BlockReader, BlockWriter, MAGIC as BLOCKS_MAGIC};
+use crate::store::manifest::WireRecord;
+
 /// The flag that asks the packer for an encoding (`pack --wire`).
 pub(crate) const WIRE_FLAG: &str = "--wire";
 /// The first four bytes of every zstd frame (RFC 8878 §3.1.1).
@@ -45,6 +48,9 @@ pub enum Wire {
     Tar,
     /// The tar in one zstd frame.
     Zstd,
+    /// The tar in blocks, each zstd-compressed when that shrinks it and stored otherwise
+    /// (src/drain/wire_blocks.rs).
+    Adaptive,
 }
 
 impl Wire {
@@ -53,6 +59,17 @@ impl Wire {
         match self {
             Wire::Tar => "tar",
             Wire::Zstd => "zstd",
+            Wire::Adaptive => "adaptive",
+        }
+    }
+
+    /// What to ask of a packer that refused this encoding (an older holder: one that predates
+    /// `adaptive` still knows `zstd`, one that predates `--wire` knows neither).
+    pub(crate) fn older(self) -> Option<Wire> {
+        match self {
+            Wire::Adaptive => Some(Wire::Zstd),
+            Wire::Zstd => Some(Wire::Tar),
+            Wire::Tar => None,
         }
     }
 }
@@ -86,10 +103,44 @@ pub(crate) struct Decoded {
     pub wire: Wire,
     /// Bytes read from the wire.
     pub wire_bytes: WireBytes,
+    /// The adaptive wire's blocks, stored and compressed (zero on the other wires).
+    pub blocks: BlockCounts,
+}
+
+impl Decoded {
+    /// The tar to read, and what will tell how it crossed the wire once it has been read.
+    pub(crate) fn split(self) -> (Box<dyn AsyncRead + Send + Unpin>, WireReading) {
+        let reading = WireReading {
+            wire: self.wire,
+            wire_bytes: self.wire_bytes,
+            blocks: self.blocks,
+        };
+        (self.tar, reading)
+    }
+}
+
+/// The counters of a stream being read.
+pub(crate) struct WireReading {
+    wire: Wire,
+    wire_bytes: WireBytes,
+    blocks: BlockCounts,
+}
+
+impl WireReading {
+    /// What the manifest records of the wire (docs/contract.md "The stream on the wire"), as
+    /// read so far.
+    pub(crate) fn read(&self) -> WireRecord {
+        WireRecord {
+            encoding: self.wire.as_str().to_string(),
+            bytes: self.wire_bytes.get(),
+            stored_blocks: self.blocks.stored(),
+            compressed_blocks: self.blocks.compressed(),
+        }
+    }
 }
 
 /// Reads the first bytes of `stream` and returns the tar inside it: decoded when the stream
-/// starts with the zstd magic number, as is otherwise. An error reading those first bytes is the
+/// starts with the zstd magic number or the adaptive wire's, as is otherwise. An error reading those first bytes is the
 /// transport's and is returned as is. `max_input` is the drain's input bound (the wire is held
 /// to [`max_wire_bytes`] of it).
 pub(crate) async fn decode<R>(stream: R, max_input: u64) -> io::Result<Decoded>
@@ -104,17 +155,23 @@ where
         failed: Arc::clone(&transport_failed),
         limit: max_wire_bytes(max_input),
     };
-    let mut head = [0u8; 4];
-    let mut filled = 0;
-    while filled < head.len() {
-        let n = counted.read(&mut head[filled..]).await?;
-        if n == 0 {
-            break;
-        }
-        filled += n;
+    let mut head = [0u8; BLOCKS_MAGIC.len()];
+    let mut filled = read_head(&mut counted, &mut head[..ZSTD_MAGIC.len()]).await?;
+    // Only a stream that may be adaptive is read further before it is handed on.
+    if filled == ZSTD_MAGIC.len() && head[..filled] == BLOCKS_MAGIC[..filled] {
+        filled += read_head(&mut counted, &mut head[ZSTD_MAGIC.len()..]).await?;
+    }
+    let blocks = BlockCounts::default();
+    if filled == head.len() && head == BLOCKS_MAGIC {
+        return Ok(Decoded {
+            tar: Box::new(BlockReader::new(counted, blocks.clone())),
+            wire: Wire::Adaptive,
+            wire_bytes,
+            blocks,
+        });
     }
     let rejoined = io::Cursor::new(head[..filled].to_vec()).chain(counted);
-    if filled == head.len() && head == ZSTD_MAGIC {
+    if filled >= ZSTD_MAGIC.len() && head[..ZSTD_MAGIC.len()] == ZSTD_MAGIC {
         let mut decoder = ZstdDecoder::with_params(
             BufReader::new(rejoined),
             &[DParameter::window_log_max(MAX_WINDOW_LOG)],
@@ -128,14 +185,29 @@ where
             }),
             wire: Wire::Zstd,
             wire_bytes,
+            blocks,
         })
     } else {
         Ok(Decoded {
             tar: Box::new(rejoined),
             wire: Wire::Tar,
             wire_bytes,
+            blocks,
         })
     }
+}
+
+/// Fills `head` from `stream` as far as the stream goes; returns how many bytes it holds.
+async fn read_head<R: AsyncRead + Unpin>(stream: &mut R, head: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < head.len() {
+        let n = stream.read(&mut head[filled..]).await?;
+        if n == 0 {
+            break;
+        }
+        filled += n;
+    }
+    Ok(filled)
 }
 
 /// Counts what the transport delivers, remembers whether it failed, and refuses to deliver past
@@ -234,6 +306,11 @@ pub(crate) fn zstd_writer<W: io::Write>(
     zstd::stream::write::Encoder::new(out, PACK_ZSTD_LEVEL)
 }
 
+/// The packer's output on the adaptive wire (`pack --wire adaptive`, src/drain/wire_blocks.rs).
+pub(crate) fn adaptive_writer<W: io::Write>(out: W) -> io::Result<BlockWriter<W>> {
+    BlockWriter::new(out, PACK_ZSTD_LEVEL)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -270,6 +347,21 @@ mod tests {
         let (decoded, wire, wire_bytes) = read_all(packed.clone()).await;
         assert_eq!(decoded.unwrap(), tar);
         assert_eq!((wire, wire_bytes), (Wire::Zstd, packed.len() as u64));
+    }
+
+    #[test]
+    fn a_refused_encoding_steps_down_to_the_one_an_older_packer_knows() {
+        assert_eq!(Wire::Adaptive.older(), Some(Wire::Zstd));
+        assert_eq!(Wire::Zstd.older(), Some(Wire::Tar));
+        assert_eq!(Wire::Tar.older(), None);
+    }
+
+    #[tokio::test]
+    async fn a_tar_that_begins_like_the_adaptive_magic_but_differs_passes_through() {
+        let mut stream = BLOCKS_MAGIC[..6].to_vec();
+        stream.extend_from_slice(b"xx and more");
+        let (out, wire, _) = read_all(stream.clone()).await;
+        assert_eq!((out.unwrap(), wire), (stream, Wire::Tar));
     }
 
     #[tokio::test]

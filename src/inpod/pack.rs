@@ -43,8 +43,8 @@ use crate::tar::notes::{ChangeReason, ChangedNote, InBandNotes, MARKER_PATH};
 use crate::tar::sanitize::{path_is_storable, Limits};
 use crate::tar::ustar;
 
+use super::sized::file_source;
 pub(crate) use super::sized::Change;
-use super::sized::SizedSource;
 use super::walk::{self, At, Found, Meta};
 
 /// How every note about an unreadable file or directory starts on stderr. The operator reads it
@@ -452,7 +452,7 @@ fn add_file<W: Write>(
         }
     }
     let mut header = base_header(&meta, tar::EntryType::Regular, size);
-    let mut source = SizedSource::new(&file, size);
+    let mut source = file_source(&file, size);
     append(
         builder,
         &mut header,

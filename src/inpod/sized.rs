@@ -3,7 +3,22 @@
 //! zero padding when the file ends early or a read fails, truncation when it grew — so the archive
 //! stays well-formed, and says which happened ([`Change`]), so the packer's notes record it.
 
-use std::io::{self, Read};
+use std::io::{self, BufReader, Read};
+
+/// Most bytes of a file's content read in one system call. tar's copy asks for 8 KiB at a time,
+/// which is a `read` per 8 KiB: under gVisor every system call is a round trip through the
+/// sandbox's kernel (docs/performance.md "gVisor beside runc").
+pub(crate) const READ_BYTES: usize = 256 * 1024;
+
+/// The content of `file` as a member of `size` bytes ([`SizedSource`]), read from the file in
+/// system calls of up to [`READ_BYTES`] whatever size of reads its reader asks for; a small file
+/// gets a buffer of its own size (plus the byte that tells it grew), not 256 KiB.
+pub(crate) fn file_source<R: Read>(file: R, size: u64) -> SizedSource<BufReader<R>> {
+    let capacity = usize::try_from(size.saturating_add(1))
+        .unwrap_or(READ_BYTES)
+        .clamp(1, READ_BYTES);
+    SizedSource::new(BufReader::with_capacity(capacity, file), size)
+}
 
 /// How a file's content departed from its header size.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,5 +137,35 @@ mod tests {
         let mut buf = Vec::new();
         same.read_to_end(&mut buf).expect("read");
         assert_eq!(same.finish(), None);
+    }
+
+    #[test]
+    fn a_file_is_read_in_large_reads_whatever_size_its_copy_asks_for() {
+        struct Counted<'a>(&'a [u8], usize);
+        impl Read for Counted<'_> {
+            fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+                self.1 += 1;
+                self.0.read(buf)
+            }
+        }
+        let content = vec![7u8; 4 << 20];
+        let mut file = Counted(&content, 0);
+        let mut source = file_source(&mut file, content.len() as u64);
+        let mut copied = Vec::new();
+        // As tar copies a member: `&mut dyn Read` into `&mut dyn Write`, 8 KiB at a time.
+        let mut dyn_source: &mut dyn Read = &mut source;
+        let mut dyn_out: &mut dyn io::Write = &mut copied;
+        io::copy(&mut dyn_source, &mut dyn_out).unwrap();
+        assert_eq!(source.finish(), None);
+        assert_eq!(copied, content);
+        // 16 reads of 256 KiB and the one that finds the end, not 512 of 8 KiB.
+        assert!(file.1 <= 18, "{} reads", file.1);
+
+        let small = b"twelve bytes".to_vec();
+        let mut file = Counted(&small, 0);
+        let mut source = file_source(&mut file, small.len() as u64);
+        let mut copied = Vec::new();
+        io::copy(&mut source, &mut copied).unwrap();
+        assert_eq!((copied, source.finish()), (small, None));
     }
 }

@@ -137,6 +137,27 @@ pub struct Manifest {
     /// "Checkpoints"), absent for a teardown's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<u32>,
+    /// How the packer's stream crossed the exec wire for the committing attempt (docs/contract.md
+    /// "The stream on the wire"): what the operator read, not the packer's word. Absent from
+    /// manifests written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wire: Option<WireRecord>,
+}
+
+/// How one attempt's stream crossed the exec wire, as the operator read it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WireRecord {
+    /// `tar`, `zstd` or `adaptive` (a string: a later encoding still reads).
+    pub encoding: String,
+    /// Bytes that crossed the wire (compare `totals.inputBytes`, the tar they carried).
+    pub bytes: u64,
+    /// Adaptive wire: blocks sent as is (they would not shrink).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub stored_blocks: u64,
+    /// Adaptive wire: blocks sent zstd-compressed.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub compressed_blocks: u64,
 }
 
 fn first_attempt() -> u32 {
@@ -203,6 +224,7 @@ impl Manifest {
             changed: Vec::new(),
             run_attempt: 1,
             checkpoint: None,
+            wire: None,
         }
     }
 
@@ -694,6 +716,33 @@ mod tests {
             t,
             t,
         )
+    }
+
+    #[tokio::test]
+    async fn the_wire_is_recorded_in_the_manifest_and_an_older_manifest_without_it_reads() {
+        let (store, _) = store_from_url("memory://", &[]).expect("memory store");
+        let key = Path::from("ns/job/uid/00-out.manifest.json");
+        let mut written = manifest(1);
+        written.wire = Some(WireRecord {
+            encoding: "adaptive".into(),
+            bytes: 1000,
+            stored_blocks: 3,
+            compressed_blocks: 0,
+        });
+        let json = serde_json::to_value(&written).expect("json");
+        assert_eq!(
+            json["wire"],
+            serde_json::json!({"encoding": "adaptive", "bytes": 1000, "storedBlocks": 3})
+        );
+        write_manifest(&store, &key, &written).await.expect("write");
+        assert_eq!(read_manifest(&store, &key).await.expect("read"), written);
+        // The wire is how the bytes travelled, not what was stored.
+        assert!(written.same_content(&manifest(1)));
+
+        let mut older = json;
+        older.as_object_mut().expect("an object").remove("wire");
+        let older: Manifest = serde_json::from_value(older).expect("reads");
+        assert_eq!(older.wire, None);
     }
 
     #[tokio::test]
