@@ -282,7 +282,7 @@ impl Drop for Restore {
              helm uninstall sbr -n sandboxrun-system --wait --timeout 2m || true\n\
              kubectl delete validatingwebhookconfigurations,mutatingwebhookconfigurations \
              -l app.kubernetes.io/instance=sbr --ignore-not-found || true\n\
-             rm -rf out sandboxrun-operator\n",
+             rm -rf out sandboxrun-operator hello.yaml\n",
         );
         if !self.namespace_was_there {
             script.push_str(
