@@ -2824,16 +2824,26 @@ async fn every_sample_runs_on_the_bed_to_its_documented_end() {
 
 /// `files get --attempt N` of a run into a fresh directory: the extracted first path's directory.
 fn files_get_attempt(ns: &str, run: &str, store_url: &str, attempt: u32) -> PathBuf {
-    let dest = host_dir(&format!("{run}-get-a{attempt}"));
+    files_get_one(ns, run, store_url, ("--attempt", attempt))
+}
+
+/// `files get --checkpoint N` of `run` (its first path's extracted directory).
+fn files_get_checkpoint(ns: &str, run: &str, store_url: &str, checkpoint: u32) -> PathBuf {
+    files_get_one(ns, run, store_url, ("--checkpoint", checkpoint))
+}
+
+/// `files get <flag> N` of `run` into a fresh directory; its first path's extracted directory.
+fn files_get_one(ns: &str, run: &str, store_url: &str, (flag, n): (&str, u32)) -> PathBuf {
+    let dest = host_dir(&format!("{run}-get{flag}-{n}"));
     let out = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
         .args(["files", "get", run, "-n", ns, "--store-url", store_url])
-        .args(["--attempt", &attempt.to_string(), "-o"])
+        .args([flag, &n.to_string(), "-o"])
         .arg(&dest)
         .output()
         .expect("run files get");
     assert!(
         out.status.success(),
-        "files get --attempt {attempt}: {}{}",
+        "files get {flag} {n}: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -3239,24 +3249,9 @@ echo secret > /work/locked/x; chmod 0000 /work/locked/x; exec sleep 3600"#;
     let out = run(force, None);
     assert!(out.status.success(), "{out:?}");
     wait_run(&runs, "agent", "a final phase", &op, final_phase).await;
-    let dest = host_dir("agent-checkpoint-get");
-    let got = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
-        .args([
-            "files",
-            "get",
-            "agent",
-            "-n",
-            &ns.name,
-            "--store-url",
-            &store_url,
-        ])
-        .args(["--checkpoint", "1", "-o"])
-        .arg(&dest)
-        .output()
-        .expect("files get");
-    assert!(got.status.success(), "{got:?}");
+    let dest = files_get_checkpoint(&ns.name, "agent", &store_url, 1);
     assert_eq!(
-        std::fs::read_to_string(extracted(&dest, 0).join("notes.txt")).expect("notes.txt"),
+        std::fs::read_to_string(dest.join("notes.txt")).expect("notes.txt"),
         "first\n",
         "the checkpoint's copy, taken before the second line"
     );

@@ -149,6 +149,17 @@ fn assert_every_byte_stored(root: &Path) {
     );
 }
 
+/// The run `name` of `bed`, whose drain a fault broke, ends `Stopped` with its path `Drained` and
+/// every byte of [`BIG_THEN_SLEEP`] stored.
+async fn ended_with_every_byte_after_a_fault(bed: &RealBed, name: &str) {
+    let done = wait_run(&bed.runs, name, "a final phase", &bed.op, final_phase).await;
+    assert_stopped_and_drained(&done);
+    assert_fault_hit_the_drain(&bed.op);
+    let dest = files_get(&bed.ns.name, name, &bed.store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    assert_every_byte_stored(&extracted(&dest, 0));
+}
+
 /// The kubelet restarted while a drain streams: the stream breaks, the drain is retried once
 /// the node is back, and every byte is stored; the run ends, its path `Drained`.
 #[tokio::test]
@@ -160,12 +171,7 @@ async fn a_kubelet_restarted_mid_drain_loses_nothing_and_the_run_ends() {
     tokio::time::sleep(Duration::from_secs(5)).await;
     node("kubelet-start");
 
-    let done = wait_run(&bed.runs, "restart", "a final phase", &bed.op, final_phase).await;
-    assert_stopped_and_drained(&done);
-    assert_fault_hit_the_drain(&bed.op);
-    let dest = files_get(&bed.ns.name, "restart", &bed.store_url, &[], &[])
-        .unwrap_or_else(|e| panic!("files get failed: {e}"));
-    assert_every_byte_stored(&extracted(&dest, 0));
+    ended_with_every_byte_after_a_fault(&bed, "restart").await;
 }
 
 /// The apiserver restarted while a drain streams (the exec stream runs through it, and every
@@ -177,12 +183,7 @@ async fn an_apiserver_restarted_mid_drain_loses_nothing_and_the_run_ends() {
     stopped_and_draining(&bed.runs, &bed.ns.name, "restart", &bed.op).await;
     bed_verb("local-cluster.sh", "apiserver-restart");
 
-    let done = wait_run(&bed.runs, "restart", "a final phase", &bed.op, final_phase).await;
-    assert_stopped_and_drained(&done);
-    assert_fault_hit_the_drain(&bed.op);
-    let dest = files_get(&bed.ns.name, "restart", &bed.store_url, &[], &[])
-        .unwrap_or_else(|e| panic!("files get failed: {e}"));
-    assert_every_byte_stored(&extracted(&dest, 0));
+    ended_with_every_byte_after_a_fault(&bed, "restart").await;
 }
 
 /// The object store down for 10 s while a drain streams into it (a private S3 server, stopped
@@ -279,15 +280,8 @@ async fn an_operator_killed_mid_checkpoint_answers_it_once_and_the_run_goes_on()
     assert_eq!(status.phase, Some(Phase::Running), "{status:?}");
     let path = &status.checkpoints[0].read_back[0];
     assert_eq!(path.phase, ReadBackPhase::Drained, "{path:?}");
-    let dest = host_dir("chaos-checkpoint-get");
-    let got = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
-        .args(["files", "get", "agent", "-n", &bed.ns.name])
-        .args(["--store-url", &bed.store_url, "--checkpoint", "1", "-o"])
-        .arg(&dest)
-        .output()
-        .expect("files get");
-    assert!(got.status.success(), "{got:?}");
-    assert_every_byte_stored(&extracted(&dest, 0));
+    let dest = files_get_checkpoint(&bed.ns.name, "agent", &bed.store_url, 1);
+    assert_every_byte_stored(&dest);
 
     bed.runs
         .patch(
@@ -372,38 +366,20 @@ async fn a_node_lost_mid_run_ends_the_run_with_its_files_reported_lost_never_sto
 /// pod is left without its run, and the pool is back to one ready unclaimed pod.
 #[tokio::test]
 async fn an_operator_killed_mid_claim_starts_the_run_once_and_the_pool_recovers() {
-    use sandboxrun_operator::api::{
-        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
-        TemplateRef,
-    };
+    use sandboxrun_operator::api::{SandboxRunPool, TemplateRef};
     let client = client().await;
     ensure_crd(&client).await;
     let ns = restricted_namespace(&client, "chaos-claim").await;
     let (_dir, store_url) = file_store("chaos-claim");
     let mut op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
-    let template = SandboxRunTemplate::new(
-        "agent",
-        SandboxRunTemplateSpec {
-            template: real_spec(Some("exit 9"), &["/work/out"]),
-            open_fields: vec![OpenField::Command],
-        },
-    );
-    Api::<SandboxRunTemplate>::namespaced(client.clone(), &ns.name)
-        .create(&Default::default(), &template)
-        .await
-        .expect("create the template");
+    ready_pool(
+        &client,
+        &ns.name,
+        real_spec(Some("exit 9"), &["/work/out"]),
+        1,
+    )
+    .await;
     let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
-    let pool = SandboxRunPool::new(
-        "agents",
-        SandboxRunPoolSpec {
-            template_ref: TemplateRef::namespaced("agent"),
-            replicas: 1,
-        },
-    );
-    pools
-        .create(&Default::default(), &pool)
-        .await
-        .expect("create the pool");
     let one_ready = || {
         let pools = pools.clone();
         async move {
@@ -411,12 +387,6 @@ async fn an_operator_killed_mid_claim_starts_the_run_once_and_the_pool_recovers(
             (s.ready_replicas == 1 && s.replicas == 1).then_some(())
         }
     };
-    eventually(
-        "the pool's pod to be ready",
-        Duration::from_secs(180),
-        one_ready,
-    )
-    .await;
 
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let warm = SandboxRunSpec {
@@ -624,16 +594,9 @@ async fn a_run_on_a_lost_node_is_retried_on_the_other_node_and_its_lost_files_ar
         events.contains("sandbox_runfiles_drain_failed"),
         "the loss is an Event: {events}"
     );
-    let kept = host_dir("moved-checkpoint-get");
-    let got = Command::new(env!("CARGO_BIN_EXE_sandboxrun-operator"))
-        .args(["files", "get", "moved", "-n", &bed.ns.name])
-        .args(["--store-url", &bed.store_url, "--checkpoint", "1", "-o"])
-        .arg(&kept)
-        .output()
-        .expect("files get");
-    assert!(got.status.success(), "{got:?}");
-    let before = std::fs::read_to_string(extracted(&kept, 0).join("attempt.txt"))
-        .expect("the checkpoint's attempt.txt");
+    let kept = files_get_checkpoint(&bed.ns.name, "moved", &bed.store_url, 1);
+    let before =
+        std::fs::read_to_string(kept.join("attempt.txt")).expect("the checkpoint's attempt.txt");
     assert!(
         before.starts_with("attempt 1 "),
         "the lost attempt's checkpoint: {before}"
