@@ -18,39 +18,12 @@ and the pod's creation. Before the fix most runs waited for the 30 s in-flight r
 
 import subprocess
 import sys
-import threading
 import time
 
+# The lifecycle bench's watch (events stamped on receipt) and nearest-rank quantile.
+from lifecycle_vs_jobs import Watch, quantile
+
 TIMEOUT_S = 600
-
-
-class Watch:
-    """`kubectl get KIND -w`, one line an event (`name state`), each first stamped on receipt."""
-
-    def __init__(self, namespace, kind, template):
-        self.seen = {}
-        self.proc = subprocess.Popen(
-            ["kubectl", "get", kind, "-n", namespace, "-w", "--no-headers",
-             "-o", f"jsonpath={template}"],
-            stdout=subprocess.PIPE, text=True)
-        threading.Thread(target=self.read, daemon=True).start()
-
-    def read(self):
-        for line in self.proc.stdout:
-            now = time.time()
-            parts = line.split()
-            if parts:
-                self.seen.setdefault((parts[0], " ".join(parts[1:])), now)
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait()
-
-
-def quantile(values, q):
-    s = sorted(values)
-    i = max(1, min(len(s), int(-(-len(s) * q // 1))))
-    return s[i - 1]
 
 
 def runs_yaml(n, namespace, data_dir, backoff):
