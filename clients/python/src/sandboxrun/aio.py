@@ -62,6 +62,7 @@ class AsyncSandbox:
         return f"AsyncSandbox({self.namespace}/{self.name})"
 
     async def __aenter__(self) -> AsyncSandbox:
+        """``async with``: the sandbox is stopped when the block ends, also when it raises."""
         return self
 
     async def __aexit__(self, *exc: object) -> None:

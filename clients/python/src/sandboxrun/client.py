@@ -81,6 +81,7 @@ class Sandbox:
         return f"Sandbox({self.namespace}/{self.name})"
 
     def __enter__(self) -> Sandbox:
+        """``with``: the sandbox is stopped when the block ends, also when it raises."""
         return self
 
     def __exit__(self, *exc: object) -> None:

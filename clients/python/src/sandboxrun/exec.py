@@ -37,14 +37,17 @@ class ExecResult:
 
     @property
     def stdout(self) -> str:
+        """``stdout_bytes`` as text (UTF-8, undecodable bytes replaced)."""
         return self.stdout_bytes.decode("utf-8", "replace")
 
     @property
     def stderr(self) -> str:
+        """``stderr_bytes`` as text (UTF-8, undecodable bytes replaced)."""
         return self.stderr_bytes.decode("utf-8", "replace")
 
     @property
     def ok(self) -> bool:
+        """Whether the command exited 0."""
         return self.exit_code == 0
 
 
@@ -192,6 +195,7 @@ class Execution:
 
     @property
     def running(self) -> bool:
+        """Whether the command has not ended yet."""
         return not self._done.is_set()
 
     def _stdout(self, chunk: bytes) -> None:
