@@ -115,7 +115,7 @@ step "s3s-fs $S3S_FS_VERSION (the S3 server)" install_s3s
 # pinned) in a virtual environment of the cache, never in the machine's own Python.
 PY_VENV=$(python_client_venv)
 install_python_client() {
-  [ -x "$PY_VENV/bin/python3" ] && "$PY_VENV/bin/python3" -c 'import kubernetes, boto3, zstandard, pytest, mcp' 2>/dev/null && return 0
+  [ -x "$PY_VENV/bin/python3" ] && "$PY_VENV/bin/python3" -c 'import kubernetes, boto3, zstandard, pytest, mcp, google.cloud.storage, azure.storage.blob' 2>/dev/null && return 0
   rm -rf "$PY_VENV"
   python3 -m venv "$PY_VENV" &&
     "$PY_VENV/bin/python3" -m pip install --quiet --disable-pip-version-check \

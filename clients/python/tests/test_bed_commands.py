@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from conftest import AGENT_TEMPLATE, Bed
 
-from sandboxrun import AsyncSandboxes, Sandbox, Timeout
+from sandboxrun import AsyncSandboxes, FileEvent, Sandbox, SandboxError, Timeout
 
 pytestmark = pytest.mark.bed
 
@@ -101,3 +102,72 @@ def test_the_async_client_drives_a_sandbox_with_output_streamed_on_the_loop(good
 
     listed, stdout, stored = asyncio.run(main())
     assert len(listed) == 1 and stdout == "one\ntwo\n" and stored == ["/work/out/two.txt"]
+
+
+def test_files_in_a_running_sandbox_are_listed_watched_deleted_and_read_with_a_bound(good: Bed) -> None:
+    with good.sandboxes.create(template=AGENT_TEMPLATE, generate_name="files-") as sandbox:
+        _running(good, sandbox)
+        sandbox.run(["sh", "-c", 'mkdir /work/out/sub && printf abc > "/work/out/odd\nname" && ln -s /etc/passwd /work/out/ln'])
+        listed = {e.name: (e.type, e.size) for e in sandbox.list_files("/work/out")}
+        assert listed == {"odd\nname": ("file", 3), "sub": ("directory", listed["sub"][1]), "ln": ("symlink", 11)}, listed
+
+        with pytest.raises(SandboxError):
+            sandbox.read_file("/work/out/odd\nname", max_bytes=2)
+        assert sandbox.read_file("/work/out/odd\nname", max_bytes=3) == b"abc"
+        cut = sandbox.run(["sh", "-c", "yes | head -c 100000"], max_output=10)
+        assert (cut.stdout, cut.stdout_truncated) == ("y\ny\ny\ny\ny\n", True)
+
+        events = sandbox.watch("/work/out", interval=0.3)
+        sandbox.write_file("/work/out/new.txt", "new\n")
+        first = next(events)
+        assert (first.kind, first.entry.name, first.entry.size) == ("created", "new.txt", 4)
+        sandbox.delete_file("/work/out/sub", recursive=True)
+        sandbox.delete_file("/work/out/ln")
+        sandbox.delete_file("/work/out/never-there")
+        assert sandbox.run(["cat", "/etc/passwd"]).ok, "deleting a symlink left its target alone"
+        gone = sorted(e.entry.name for e in next_events(events, 2))
+        assert gone == ["ln", "sub"]
+        assert {e.name for e in sandbox.list_files("/work/out")} == {"odd\nname", "new.txt"}
+
+        saved = sandbox.checkpoint("files-c1", timeout=120)
+        assert {f.path for f in saved.files()} == {"odd\nname", "new.txt"}
+        sandbox.write_file("/work/out/later.txt", "later\n")
+        again = sandbox.files(checkpoint=1)
+        assert {f.path for f in again.files()} == {"odd\nname", "new.txt"}, "checkpoint 1 as it was saved"
+        by_name = {f.path: f for f in again.files()}
+        assert again.fetch(by_name["new.txt"], max_bytes=2) == b"ne"
+    drained = sandbox.wait_drained(timeout=120)
+    assert {f.path for f in drained.files()} == {"odd\nname", "new.txt", "later.txt"}
+    assert {f.path for f in sandbox.files(attempt=1).files()} == {"odd\nname", "new.txt", "later.txt"}
+
+
+def next_events(events: Iterator[FileEvent], n: int) -> list[FileEvent]:
+    """The next ``n`` deleted events (watching may see other changes between two listings)."""
+    seen: list[FileEvent] = []
+    for event in events:
+        if event.kind == "deleted":
+            seen.append(event)
+        if len(seen) == n:
+            return seen
+    return seen
+
+
+def test_the_async_client_lists_and_watches_on_the_loop(good: Bed) -> None:
+    async def drive() -> list[tuple[str, str]]:
+        sandboxes = AsyncSandboxes(sync=good.sandboxes)
+        async with await sandboxes.create(template=AGENT_TEMPLATE, generate_name="afiles-") as sandbox:
+            await asyncio.to_thread(_running, good, sandbox.sync)
+            await sandbox.write_file("/work/out/a.txt", "a")
+            assert [e.name for e in await sandbox.list_files("/work/out")] == ["a.txt"]
+            events = await sandbox.watch("/work/out", interval=0.3, timeout=60)
+            await sandbox.delete_file("/work/out/a.txt")
+            await sandbox.write_file("/work/out/b.txt", "b")
+            seen: list[tuple[str, str]] = []
+            async for event in events:
+                seen.append((event.kind, event.entry.name))
+                if ("deleted", "a.txt") in seen and ("created", "b.txt") in seen:
+                    break
+            return seen
+
+    seen = asyncio.run(drive())
+    assert ("deleted", "a.txt") in seen and ("created", "b.txt") in seen, seen

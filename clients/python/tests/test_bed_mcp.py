@@ -46,6 +46,16 @@ async def _agent_loop(b: Bed) -> None:
         cut = await call(s, "read_file", name=name, path="/work/out/notes.txt", encoding="base64", max_bytes=4)
         assert (cut["content"], cut["truncated"]) == ("c3RlcA==", True), cut
 
+        await call(s, "run_command", name=name, command=["sh", "-c", "mkdir /work/out/tmp && yes | head -c 3000000 > /work/out/tmp/big"])
+        entries = await call(s, "list_files", name=name, path="/work/out")
+        assert sorted((e["name"], e["type"]) for e in entries) == [("notes.txt", "file"), ("tmp", "directory")], entries
+        big = await call(s, "read_file", name=name, path="/work/out/tmp/big", max_bytes=10_000_000)
+        assert (len(big["content"]), big["size"], big["truncated"]) == (1 << 20, None, True), "cut at 1 MiB, never held whole"
+        loud = await call(s, "run_command", name=name, command=["sh", "-c", "yes | head -c 3000000"])
+        assert (len(loud["stdout"]), loud["truncated"]) == (1 << 20, True)
+        await call(s, "delete_file", name=name, path="/work/out/tmp", recursive=True)
+        assert [e["name"] for e in await call(s, "list_files", name=name, path="/work/out")] == ["notes.txt"]
+
         saved = await call(s, "checkpoint", name=name, token="c1", wait_seconds=120)
         assert [(f["path"], f["size"]) for f in saved["files"]] == [("/work/out/notes.txt", 9)], saved
         await call(s, "write_file", name=name, path="/work/out/notes.txt", content="step two\n")
@@ -57,6 +67,8 @@ async def _agent_loop(b: Bed) -> None:
         assert [f["path"] for f in stored] == ["/work/out/notes.txt"] and len(stored[0]["sha256"]) == 64, stored
         fetched = await call(s, "fetch_stored_file", name=name, path="/work/out/notes.txt")
         assert fetched["content"] == "step two\n", "the drain stored what the sandbox held at its stop"
+        first = await call(s, "fetch_stored_file", name=name, path="/work/out/notes.txt", checkpoint=1, max_bytes=4)
+        assert (first["content"], first["size"], first["truncated"]) == ("step", 9, True), first
 
         missing = await s.call_tool("fetch_stored_file", {"name": name, "path": "/work/out/none"})
         assert missing.is_error, "a file the store does not hold is an error, never empty content"

@@ -78,3 +78,15 @@ def test_the_user_guides_async_example_runs_on_the_bed(good: Bed, tmp_path: Path
         "killed: True",
         "listed: True",
     ], stdout
+
+
+_FILES = re.compile(r"<!-- agent-files[^>]*-->\s*```python\n(.*?)```\s*<!-- /agent-files -->", re.DOTALL)
+
+
+def test_the_user_guides_files_example_runs_on_the_bed(good: Bed, tmp_path: Path) -> None:
+    (code,) = _FILES.findall((bed.REPO / "docs/user-guide.md").read_text())
+    stdout = _run_snippet(good, tmp_path, code)
+    assert stdout.splitlines() == [
+        "['created', 'deleted'] ['draft.txt']",
+        "['draft.txt'] Running",
+    ], stdout

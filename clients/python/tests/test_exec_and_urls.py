@@ -58,7 +58,7 @@ def test_an_archive_key_elsewhere_than_beside_its_manifest_is_refused() -> None:
         archive_url("file:///var/store/ns/job/u-1/00-work-out.manifest.json", m)
 
 
-@pytest.mark.parametrize("url", ["gs://b/k", "/plain/path", "s3://bucket-only"])
+@pytest.mark.parametrize("url", ["abfs://b/k", "/plain/path", "s3://bucket-only", "gs://bucket-only", "az://"])
 def test_unknown_urls_are_store_errors(url: str) -> None:
     with pytest.raises(StoreError):
         split_url(url)

@@ -18,8 +18,10 @@ TOOLS: dict[str, tuple[set[str], set[str]]] = {
     "read_file": ({"name", "path"}, {"encoding", "max_bytes"}),
     "checkpoint": ({"name"}, {"token", "wait_seconds"}),
     "stop_sandbox": ({"name"}, {"wait_seconds"}),
-    "list_stored_files": ({"name"}, set()),
-    "fetch_stored_file": ({"name", "path"}, {"encoding", "max_bytes"}),
+    "list_files": ({"name", "path"}, set()),
+    "delete_file": ({"name", "path"}, {"recursive"}),
+    "list_stored_files": ({"name"}, {"checkpoint", "attempt"}),
+    "fetch_stored_file": ({"name", "path"}, {"encoding", "max_bytes", "checkpoint", "attempt"}),
 }
 
 

@@ -19,6 +19,7 @@ from .exec import ExecResult, Execution
 from .files import RunFiles, StoredFile, StoreReader
 from .manifest import Manifest, Member, parse_manifest
 from .status import PathStatus, RunStatus
+from .workspace import FileEntry, FileEvent
 
 __all__ = [
     "AsyncExecution",
@@ -30,6 +31,8 @@ __all__ = [
     "ExecResult",
     "Execution",
     "FailedPath",
+    "FileEntry",
+    "FileEvent",
     "Manifest",
     "Member",
     "NotRunning",

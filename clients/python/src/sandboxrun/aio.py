@@ -11,13 +11,14 @@ than poll, so a thread per pending wait is all the wrapper costs."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from .client import Sandbox, Sandboxes
 from .exec import ExecResult, Execution, Output
 from .files import RunFiles
 from .status import RunStatus
+from .workspace import FileEntry, FileEvent, changes
 
 
 def _on_loop(callback: Output | None) -> Output | None:
@@ -61,6 +62,7 @@ class AsyncSandbox:
         return f"AsyncSandbox({self.namespace}/{self.name})"
 
     async def __aenter__(self) -> AsyncSandbox:
+        """``async with``: the sandbox is stopped when the block ends, also when it raises."""
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -79,10 +81,11 @@ class AsyncSandbox:
         timeout: float = 300.0,
         on_stdout: Output | None = None,
         on_stderr: Output | None = None,
+        max_output: int | None = None,
     ) -> ExecResult:
         """As :meth:`Sandbox.run`; the callbacks are called on the event loop."""
         out, err = _on_loop(on_stdout), _on_loop(on_stderr)
-        return await asyncio.to_thread(self.sync.run, cmd, stdin, timeout, out, err)
+        return await asyncio.to_thread(self.sync.run, cmd, stdin, timeout, out, err, max_output)
 
     async def start(
         self,
@@ -90,15 +93,41 @@ class AsyncSandbox:
         stdin: bytes | None = None,
         on_stdout: Output | None = None,
         on_stderr: Output | None = None,
+        max_output: int | None = None,
     ) -> AsyncExecution:
         out, err = _on_loop(on_stdout), _on_loop(on_stderr)
-        return AsyncExecution(await asyncio.to_thread(self.sync.start, cmd, stdin, out, err))
+        return AsyncExecution(await asyncio.to_thread(self.sync.start, cmd, stdin, out, err, max_output))
 
     async def write_file(self, path: str, data: bytes | str, timeout: float = 300.0) -> None:
         await asyncio.to_thread(self.sync.write_file, path, data, timeout)
 
-    async def read_file(self, path: str, timeout: float = 300.0) -> bytes:
-        return await asyncio.to_thread(self.sync.read_file, path, timeout)
+    async def read_file(self, path: str, timeout: float = 300.0, max_bytes: int | None = None) -> bytes:
+        return await asyncio.to_thread(self.sync.read_file, path, timeout, max_bytes)
+
+    async def list_files(self, path: str, timeout: float = 60.0) -> list[FileEntry]:
+        return await asyncio.to_thread(self.sync.list_files, path, timeout)
+
+    async def delete_file(self, path: str, recursive: bool = False, timeout: float = 60.0) -> None:
+        await asyncio.to_thread(self.sync.delete_file, path, recursive, timeout)
+
+    async def watch(self, path: str, interval: float = 1.0, timeout: float | None = None) -> AsyncIterator[FileEvent]:
+        """As :meth:`Sandbox.watch`: ``async for event in await sandbox.watch(path)`` (the first
+        listing is taken when awaited); the waits between listings are the loop's."""
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        seen = {e.name: e for e in await self.list_files(path)}
+        return self._changes(path, seen, interval, deadline)
+
+    async def _changes(
+        self, path: str, seen: dict[str, FileEntry], interval: float, deadline: float | None
+    ) -> AsyncIterator[FileEvent]:
+        loop = asyncio.get_running_loop()
+        while deadline is None or loop.time() < deadline:
+            await asyncio.sleep(interval if deadline is None else max(0.0, min(interval, deadline - loop.time())))
+            now = {e.name: e for e in await self.list_files(path)}
+            for event in changes(seen, now):
+                yield event
+            seen = now
 
     async def checkpoint(self, token: str | None = None, timeout: float = 600.0) -> RunFiles:
         return await asyncio.to_thread(self.sync.checkpoint, token, timeout)
@@ -109,8 +138,8 @@ class AsyncSandbox:
     async def wait_drained(self, timeout: float = 600.0) -> RunFiles:
         return await asyncio.to_thread(self.sync.wait_drained, timeout)
 
-    async def files(self) -> RunFiles:
-        return await asyncio.to_thread(self.sync.files)
+    async def files(self, attempt: int | None = None, checkpoint: int | None = None) -> RunFiles:
+        return await asyncio.to_thread(self.sync.files, attempt, checkpoint)
 
     async def delete(self) -> None:
         await asyncio.to_thread(self.sync.delete)

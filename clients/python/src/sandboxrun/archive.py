@@ -11,6 +11,7 @@ import os
 import posixpath
 import stat
 import tarfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -176,11 +177,35 @@ def extract(tar: tarfile.TarFile, dest: Path, manifest: Manifest | None = None) 
 def read_file(tar: tarfile.TarFile, path: str) -> bytes | None:
     """The content of ``path`` in ``tar`` (its last version, as extraction would leave it); the
     other members are skipped, not read into memory."""
+    found = read_member(tar, path)
+    return None if found is None else found.head
+
+
+@dataclass(frozen=True)
+class MemberRead:
+    """A member read through: its first bytes (all of them unless a ``keep`` bound cut it), the
+    sha256 and size of the whole member."""
+
+    head: bytes
+    sha256: str
+    size: int
+
+
+def read_member(tar: tarfile.TarFile, path: str, keep: int | None = None) -> MemberRead | None:
+    """``path`` in ``tar`` (its last version) read in chunks: the whole member is hashed, only its
+    first ``keep`` bytes are kept (``None``: all), so a member of any size read with a bound costs
+    a bounded amount of memory."""
     wanted = safe_member_name(path)
-    found: bytes | None = None
+    found: MemberRead | None = None
     for info in tar:
         if info.isreg() and safe_member_name(info.name) == wanted:
             src = tar.extractfile(info)
             assert src is not None
-            found = src.read()
+            digest, head, size = hashlib.sha256(), bytearray(), 0
+            while chunk := src.read(_CHUNK):
+                digest.update(chunk)
+                size += len(chunk)
+                room = len(chunk) if keep is None else max(0, keep - len(head))
+                head += chunk[:room]
+            found = MemberRead(bytes(head), digest.hexdigest(), size)
     return found

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 from kubernetes import client, watch
@@ -17,6 +17,7 @@ from .exec import start as start_in
 from .files import RunFiles, StoreReader
 from .kube import connect
 from .status import RunStatus, check_drain
+from .workspace import LIST_SCRIPT, MAX_LISTING_BYTES, FileEntry, FileEvent, changes, generation_status, parse_listing
 
 GROUP = "sandbox.iterion.io"
 VERSION = "v1alpha1"
@@ -80,6 +81,7 @@ class Sandbox:
         return f"Sandbox({self.namespace}/{self.name})"
 
     def __enter__(self) -> Sandbox:
+        """``with``: the sandbox is stopped when the block ends, also when it raises."""
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -122,13 +124,16 @@ class Sandbox:
         timeout: float = 300.0,
         on_stdout: Output | None = None,
         on_stderr: Output | None = None,
+        max_output: int | None = None,
     ) -> ExecResult:
         """Runs ``cmd`` in the workload container (a string through ``sh -c``) and waits for it; a
         non-zero exit is a result, not an error. ``on_stdout``/``on_stderr`` get its output as
         text while it runs. Still running after ``timeout`` seconds, it is killed and
-        :class:`Timeout` raised."""
+        :class:`Timeout` raised. ``max_output``: the result keeps at most that many bytes of each
+        stream (``stdout_truncated``/``stderr_truncated`` say so); the callbacks get all of it."""
         pod = self._pod()
-        return exec_in(self._sandboxes._core, self.namespace, pod, cmd, stdin, timeout, on_stdout, on_stderr)
+        core = self._sandboxes._core
+        return exec_in(core, self.namespace, pod, cmd, stdin, timeout, on_stdout, on_stderr, max_output)
 
     def start(
         self,
@@ -136,14 +141,18 @@ class Sandbox:
         stdin: bytes | None = None,
         on_stdout: Output | None = None,
         on_stderr: Output | None = None,
+        max_output: int | None = None,
     ) -> Execution:
         """Starts ``cmd`` in the background: the :class:`~sandboxrun.exec.Execution` returned
         streams its output to the callbacks, :meth:`~sandboxrun.exec.Execution.wait` returns its
-        result, :meth:`~sandboxrun.exec.Execution.kill` ends it."""
-        return start_in(self._sandboxes._core, self.namespace, self._pod(), cmd, stdin, on_stdout, on_stderr)
+        result, :meth:`~sandboxrun.exec.Execution.kill` ends it. ``max_output``: as in :meth:`run`."""
+        core, pod = self._sandboxes._core, self._pod()
+        return start_in(core, self.namespace, pod, cmd, stdin, on_stdout, on_stderr, max_output)
 
-    def _checked(self, cmd: list[str], stdin: bytes | None, timeout: float) -> ExecResult:
-        result = self.run(cmd, stdin=stdin, timeout=timeout)
+    def _checked(
+        self, cmd: list[str], stdin: bytes | None, timeout: float, max_output: int | None = None
+    ) -> ExecResult:
+        result = self.run(cmd, stdin=stdin, timeout=timeout, max_output=max_output)
         if not result.ok:
             raise CommandFailed(cmd, result.exit_code, result.stderr)
         return result
@@ -156,9 +165,51 @@ class Sandbox:
         raw = data.encode() if isinstance(data, str) else bytes(data)
         self._checked(["sh", "-c", 'cat > "$1"', "sh", path], raw, timeout)
 
-    def read_file(self, path: str, timeout: float = 300.0) -> bytes:
-        """The content of ``path`` in the sandbox (``cat``)."""
-        return self._checked(["cat", "--", path], None, timeout).stdout_bytes
+    def read_file(self, path: str, timeout: float = 300.0, max_bytes: int | None = None) -> bytes:
+        """The content of ``path`` in the sandbox (``cat``). With ``max_bytes``, a longer file is
+        :class:`SandboxError` after at most ``max_bytes + 1`` bytes were kept (the workload chooses
+        the file's size: bound what you read)."""
+        limit = None if max_bytes is None else max_bytes + 1
+        result = self._checked(["cat", "--", path], None, timeout, limit)
+        if result.stdout_truncated or (max_bytes is not None and len(result.stdout_bytes) > max_bytes):
+            raise SandboxError(f"{self.namespace}/{self.name}: {path} is larger than {max_bytes} bytes")
+        return result.stdout_bytes
+
+    def list_files(self, path: str, timeout: float = 60.0) -> list[FileEntry]:
+        """The entries of the directory ``path`` in the sandbox, dot files too, sorted by name; a
+        symlink is listed as one, never followed. The image needs ``sh`` and ``stat``. Not a
+        directory: :class:`CommandFailed`; a listing over :data:`MAX_LISTING_BYTES`:
+        :class:`SandboxError`."""
+        result = self._checked(["sh", "-c", LIST_SCRIPT, "sh", path], None, timeout, MAX_LISTING_BYTES)
+        if result.stdout_truncated:
+            raise SandboxError(f"{self.namespace}/{self.name}: the listing of {path} is over {MAX_LISTING_BYTES} bytes")
+        return parse_listing(path, result.stdout_bytes)
+
+    def delete_file(self, path: str, recursive: bool = False, timeout: float = 60.0) -> None:
+        """Deletes ``path`` in the sandbox (``rm -f``, with ``recursive`` ``rm -rf``: a directory
+        and what it holds; a symlink itself, never its target). A path that does not exist is
+        not an error; one that cannot be deleted is :class:`CommandFailed`."""
+        self._checked(["rm", "-rf" if recursive else "-f", "--", path], None, timeout)
+
+    def watch(self, path: str, interval: float = 1.0, timeout: float | None = None) -> Iterator[FileEvent]:
+        """The changes to the directory ``path`` (created, modified, deleted entries) from now on,
+        as they are seen: the directory is listed at once (the changes are against that
+        listing), then every ``interval`` seconds (:meth:`list_files`; no image is assumed to
+        have inotify tools), each listing compared with the one before. Ends after ``timeout``
+        seconds (``None``: when the caller stops iterating); a sandbox that stops running ends it
+        with :class:`NotRunning`."""
+        seen = {e.name: e for e in self.list_files(path)}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return self._changes(path, seen, interval, deadline)
+
+    def _changes(
+        self, path: str, seen: dict[str, FileEntry], interval: float, deadline: float | None
+    ) -> Iterator[FileEvent]:
+        while deadline is None or time.monotonic() < deadline:
+            time.sleep(interval if deadline is None else max(0.0, min(interval, deadline - time.monotonic())))
+            now = {e.name: e for e in self.list_files(path)}
+            yield from changes(seen, now)
+            seen = now
 
     # --- checkpoints ---------------------------------------------------------------------------
 
@@ -218,9 +269,14 @@ class Sandbox:
             check_drain(self.name, status, self.drain_failed_note())
         return RunFiles(self.name, status, self._sandboxes.store, self.namespace, self.uid)
 
-    def files(self) -> RunFiles:
-        """The drained files of a run that has ended (see :meth:`wait_drained`)."""
-        status = self.status()
+    def files(self, attempt: int | None = None, checkpoint: int | None = None) -> RunFiles:
+        """The drained files of a run that has ended (see :meth:`wait_drained`); with ``attempt``,
+        the files that attempt left (an earlier attempt of a retried run, or the latest);
+        with ``checkpoint``, the files checkpoint ``checkpoint`` saved (its index in
+        ``status.checkpoints[]``), readable while the run still runs."""
+        obj = self._sandboxes._get(self.name)
+        raw = generation_status(self.name, obj.get("status") or {}, attempt, checkpoint)
+        status = RunStatus.from_dict(raw)
         if not status.drain_settled:
             raise SandboxError(f"{self.namespace}/{self.name} has not drained yet (phase {status.phase})")
         return RunFiles(self.name, status, self._sandboxes.store, self.namespace, self.uid)

@@ -30,17 +30,24 @@ class ExecResult:
     exit_code: int
     stdout_bytes: bytes
     stderr_bytes: bytes
+    #: Whether output past the run's ``max_output`` bytes was left out of ``stdout_bytes`` /
+    #: ``stderr_bytes`` (the callbacks still saw all of it).
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
 
     @property
     def stdout(self) -> str:
+        """``stdout_bytes`` as text (UTF-8, undecodable bytes replaced)."""
         return self.stdout_bytes.decode("utf-8", "replace")
 
     @property
     def stderr(self) -> str:
+        """``stderr_bytes`` as text (UTF-8, undecodable bytes replaced)."""
         return self.stderr_bytes.decode("utf-8", "replace")
 
     @property
     def ok(self) -> bool:
+        """Whether the command exited 0."""
         return self.exit_code == 0
 
 
@@ -120,16 +127,25 @@ def _send_stdin(ws: Any, data: bytes) -> None:
 
 
 class _Sink:
-    """One output stream: kept whole for the result, and passed on as text, decoded
-    incrementally (a character split between two frames is passed once, whole)."""
+    """One output stream: kept for the result (its first ``limit`` bytes when a limit is set: a
+    command that prints without end cannot fill the client's memory), and passed on whole as
+    text, decoded incrementally (a character split between two frames is passed once, whole)."""
 
-    def __init__(self, callback: Output | None) -> None:
+    def __init__(self, callback: Output | None, limit: int | None = None) -> None:
         self.data = bytearray()
+        self.seen = 0
+        self._limit = limit
         self._callback = callback
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
 
+    @property
+    def truncated(self) -> bool:
+        return self.seen > len(self.data)
+
     def feed(self, chunk: bytes, final: bool = False) -> None:
-        self.data += chunk
+        self.seen += len(chunk)
+        room = len(chunk) if self._limit is None else max(0, self._limit - len(self.data))
+        self.data += chunk[:room]
         if self._callback is not None:
             text = self._decoder.decode(chunk, final)
             if text:
@@ -150,12 +166,13 @@ class Execution:
         on_stdout: Output | None = None,
         on_stderr: Output | None = None,
         pid_line: bool = True,
+        max_output: int | None = None,
     ) -> None:
         self._ws = ws
         self._where = where
         self._kill_exec = kill_exec
         self._stdin = stdin
-        self._out, self._err = _Sink(on_stdout), _Sink(on_stderr)
+        self._out, self._err = _Sink(on_stdout, max_output), _Sink(on_stderr, max_output)
         self._head = bytearray()
         self._pid: int | None = None
         self._pid_line = pid_line
@@ -178,6 +195,7 @@ class Execution:
 
     @property
     def running(self) -> bool:
+        """Whether the command has not ended yet."""
         return not self._done.is_set()
 
     def _stdout(self, chunk: bytes) -> None:
@@ -213,7 +231,13 @@ class Execution:
             text = status.decode("utf-8", "replace") if isinstance(status, bytes) else str(status)
             self._out.feed(b"", final=True)
             self._err.feed(b"", final=True)
-            self._result = ExecResult(exit_code_of(text), bytes(self._out.data), bytes(self._err.data))
+            self._result = ExecResult(
+                exit_code_of(text),
+                bytes(self._out.data),
+                bytes(self._err.data),
+                self._out.truncated,
+                self._err.truncated,
+            )
         except BaseException as e:  # noqa: BLE001 - handed to the waiter, never lost
             self._error = e if isinstance(e, ExecError) else ExecError(f"the exec in {self._where} broke: {e}")
         finally:
@@ -231,7 +255,7 @@ class Execution:
         """The command's result once it ended; :class:`Timeout` if it has not within ``timeout``
         seconds (it keeps running: :meth:`kill` it)."""
         if not self._done.wait(timeout):
-            last = f"{len(self._out.data)} byte(s) of stdout"
+            last = f"{self._out.seen} byte(s) of stdout"
             raise Timeout(f"the command in {self._where} to end", timeout or 0.0, last)
         if self._error is not None:
             raise self._error
@@ -257,11 +281,13 @@ def start(
     stdin: bytes | None = None,
     on_stdout: Output | None = None,
     on_stderr: Output | None = None,
+    max_output: int | None = None,
 ) -> Execution:
     """Starts ``cmd`` in the workload container of ``pod`` and returns at once. With ``stdin``,
     the command reads exactly those bytes then EOF (see :func:`with_counted_stdin`: the image
     needs ``sh`` and ``head``). The command is run by :data:`PID_SCRIPT` (the image needs ``sh``)
-    so that a kill names it."""
+    so that a kill names it. With ``max_output``, the result keeps at most that many bytes of
+    each stream (and says it was cut); the callbacks still get everything."""
     command = as_command(cmd)
     if stdin is not None:
         command = with_counted_stdin(command, len(stdin))
@@ -270,7 +296,7 @@ def start(
     def kill_exec(kill: list[str]) -> Any:
         return _run_plain(api, namespace, pod, kill, 30.0)
 
-    return Execution(ws, f"{namespace}/{pod}", kill_exec, stdin, on_stdout, on_stderr)
+    return Execution(ws, f"{namespace}/{pod}", kill_exec, stdin, on_stdout, on_stderr, max_output=max_output)
 
 
 def _run_plain(api: CoreV1Api, namespace: str, pod: str, command: list[str], timeout: float) -> ExecResult:
@@ -288,11 +314,12 @@ def exec_in(
     timeout: float = 300.0,
     on_stdout: Output | None = None,
     on_stderr: Output | None = None,
+    max_output: int | None = None,
 ) -> ExecResult:
     """Runs ``cmd`` in the workload container of ``pod`` and waits for it to end, passing its
     output to the callbacks as it comes. A command still running after ``timeout`` seconds is
-    killed (``KILL``) and :class:`Timeout` raised."""
-    execution = start(api, namespace, pod, cmd, stdin, on_stdout, on_stderr)
+    killed (``KILL``) and :class:`Timeout` raised. ``max_output``: as in :func:`start`."""
+    execution = start(api, namespace, pod, cmd, stdin, on_stdout, on_stderr, max_output)
     try:
         return execution.wait(timeout)
     except Timeout:
@@ -300,5 +327,5 @@ def exec_in(
             execution.kill("KILL")
         except SandboxError:
             pass  # the Timeout says what happened; a kill that failed leaves nothing to add
-        last = f"{len(execution._out.data)} byte(s) of stdout"
+        last = f"{execution._out.seen} byte(s) of stdout"
         raise Timeout(f"{as_command(cmd)!r} in {namespace}/{pod}", timeout, last) from None

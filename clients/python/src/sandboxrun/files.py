@@ -1,11 +1,10 @@
 """Reading a run's drained files back from its store: the manifests and archives the status
-names (``status.readBack[].manifest``), on a ``file://`` directory or S3 (``boto3``, with the
+names (``status.readBack[].manifest``), on a ``file://`` directory, S3 (``boto3``, with the
 endpoint and credentials you pass, else boto3's own environment: ``AWS_ENDPOINT_URL``,
-``AWS_ACCESS_KEY_ID``, …)."""
+``AWS_ACCESS_KEY_ID``, …), Google Cloud Storage or Azure Blob Storage (:mod:`sandboxrun.clouds`)."""
 
 from __future__ import annotations
 
-import hashlib
 import posixpath
 import re
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import IO, Any
 from urllib.parse import unquote, urlparse
 
 from . import archive
+from .clouds import AzureSettings, GcsSettings, open_azure, open_gcs
 from .errors import StoreError, UnsafeArchive
 from .manifest import EXTENSIONS, Manifest, parse_manifest
 from .status import PathStatus, RunStatus, check_drain
@@ -28,6 +28,8 @@ MANIFEST_SUFFIX = ".manifest.json"
 MAX_MANIFEST_BYTES = 2 * 32 * 1024 * 1024 + 16 * 1024 * 1024
 #: ``<NN>-<slug>``: the name of a path's objects (src/store/keys.rs ``object_keys``).
 _STEM = re.compile(r"[0-9]{2,}-[A-Za-z0-9._-]{1,64}")
+#: The schemes whose URLs name a bucket (or container) and a key in it.
+BUCKET_SCHEMES = ("s3", "gs", "az")
 #: A generation directory below the run's uid (``attempt-<N>``, ``checkpoint-<N>``).
 _GENERATION = re.compile(r"(attempt|checkpoint)-[0-9]+")
 
@@ -68,9 +70,11 @@ class StoredPath:
 
 
 class StoreReader:
-    """Reads objects by URL: ``file:///dir/key`` or ``s3://bucket/key``. S3 settings are passed
-    in (``endpoint_url``, ``access_key``, ``secret_key``, ``region``); what is not passed comes
-    from boto3's environment, as with any boto3 client."""
+    """Reads objects by URL: ``file:///dir/key``, ``s3://bucket/key``, ``gs://bucket/key`` or
+    ``az://container/key``. S3 settings are passed in (``endpoint_url``, ``access_key``,
+    ``secret_key``, ``region``); what is not passed comes from boto3's environment, as with any
+    boto3 client. ``gcs`` and ``azure`` say how to reach those (:class:`~sandboxrun.clouds.GcsSettings`,
+    :class:`~sandboxrun.clouds.AzureSettings`; by default their environments')."""
 
     def __init__(
         self,
@@ -79,12 +83,32 @@ class StoreReader:
         secret_key: str | None = None,
         region: str | None = None,
         s3_client: Any = None,
+        gcs: GcsSettings | None = None,
+        azure: AzureSettings | None = None,
     ) -> None:
+        self._gcs = gcs or GcsSettings()
+        self._azure = azure or AzureSettings()
         self._endpoint_url = endpoint_url
         self._access_key = access_key
         self._secret_key = secret_key
         self._region = region
         self._s3 = s3_client
+
+    def _gcs_client(self) -> Any:
+        """The GCS client this reader uses (made from its settings on first use)."""
+        from .clouds import _gcs_client
+
+        if self._gcs.client is None:
+            self._gcs.client = _gcs_client(self._gcs)
+        return self._gcs.client
+
+    def _azure_client(self) -> Any:
+        """The Azure ``BlobServiceClient`` this reader uses (made from its settings on first use)."""
+        from .clouds import _azure_client
+
+        if self._azure.client is None:
+            self._azure.client = _azure_client(self._azure)
+        return self._azure.client
 
     def _s3_client(self) -> Any:
         if self._s3 is None:
@@ -126,6 +150,10 @@ class StoreReader:
                 stream: IO[bytes] = Path(key).open("rb")  # noqa: SIM115 (closed below, after the yield)
             except OSError as e:
                 raise StoreError(f"{url}: {e}") from e
+        elif scheme == "gs":
+            stream = open_gcs(self._gcs, url, bucket, key)
+        elif scheme == "az":
+            stream = open_azure(self._azure, url, bucket, key)
         else:
             from botocore.exceptions import BotoCoreError, ClientError
 
@@ -162,12 +190,12 @@ def split_url(url: str) -> tuple[str, str, str]:
     parsed = urlparse(url)
     if parsed.scheme == "file":
         return "file", "", unquote(parsed.path)
-    if parsed.scheme == "s3":
+    if parsed.scheme in BUCKET_SCHEMES:
         key = unquote(parsed.path.lstrip("/"))
         if not parsed.netloc or not key:
-            raise StoreError(f"{url}: not s3://<bucket>/<key>")
-        return "s3", parsed.netloc, key
-    raise StoreError(f"{url}: this client reads file:// and s3:// stores (not {parsed.scheme or 'a bare path'})")
+            raise StoreError(f"{url}: not {parsed.scheme}://<bucket>/<key>")
+        return parsed.scheme, parsed.netloc, key
+    raise StoreError(f"{url}: this client reads file://, s3://, gs:// and az:// stores (not {parsed.scheme or 'a bare path'})")
 
 
 def _run_dir_check(url: str, key_dir: str, manifest: Manifest, run: RunRef) -> None:
@@ -205,10 +233,10 @@ def archive_url(manifest_url: str, manifest: Manifest, run: RunRef | None = None
     archive_dir, archive_name = posixpath.split(manifest.archive_key)
     if archive_name != f"{stem}.{EXTENSIONS[manifest.compression]}" or "\\" in manifest.archive_key:
         raise StoreError(f"{manifest_url}: its archiveKey {manifest.archive_key!r} is not its own archive")
-    if scheme == "s3":
+    if scheme in BUCKET_SCHEMES:
         if archive_dir != key_dir:
             raise StoreError(f"{manifest_url}: its archiveKey {manifest.archive_key!r} is not beside it")
-        return f"s3://{bucket}/{manifest.archive_key}"
+        return f"{scheme}://{bucket}/{manifest.archive_key}"
     if any(p in ("", ".", "..") for p in manifest.archive_key.split("/")) or not key_dir.endswith("/" + archive_dir):
         raise StoreError(f"{manifest_url}: its archiveKey {manifest.archive_key!r} is not beside it")
     return "file://" + key_dir + "/" + archive_name
@@ -258,16 +286,21 @@ class RunFiles:
         """Every stored regular file of every path, in declared order."""
         return [f for p in self.paths() for f in p.files]
 
-    def fetch(self, stored: StoredFile) -> bytes:
-        """The content of ``stored``, checked against the manifest's sha256."""
+    def fetch(self, stored: StoredFile, max_bytes: int | None = None) -> bytes:
+        """The content of ``stored``, checked against the manifest's sha256 (and size). With
+        ``max_bytes``, only its first ``max_bytes`` bytes are returned, but the whole member is
+        still read and checked: memory stays bounded whatever the archive says its size is."""
         with self.reader.open(stored.archive_url) as raw:
-            content = archive.read_file(archive.open_tar_stream(raw, stored.compression), stored.path)
-        if content is None:
+            read = archive.read_member(archive.open_tar_stream(raw, stored.compression), stored.path, max_bytes)
+        if read is None:
             raise StoreError(f"{stored.archive_url}: no member {stored.path!r}, though the manifest lists it")
-        digest = hashlib.sha256(content).hexdigest()
-        if stored.sha256 is not None and digest != stored.sha256:
-            raise UnsafeArchive(f"{stored.container_path}: sha256 {digest} differs from the manifest's {stored.sha256}")
-        return content
+        if stored.sha256 is not None and read.sha256 != stored.sha256:
+            raise UnsafeArchive(
+                f"{stored.container_path}: sha256 {read.sha256} differs from the manifest's {stored.sha256}"
+            )
+        if read.size != stored.size:
+            raise UnsafeArchive(f"{stored.container_path}: {read.size} bytes, the manifest says {stored.size}")
+        return read.head
 
     def download(self, dest: Path) -> list[Path]:
         """Extracts every committed path into ``dest/<NN>-<slug>/`` (as ``files get`` does),

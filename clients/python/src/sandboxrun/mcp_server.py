@@ -5,10 +5,12 @@ the kubeconfig's namespace unless ``--namespace`` names another. Inputs are chec
 and the apiserver as for any other caller; a command is an argument list handed to the exec API
 as it is, never spliced into a shell here.
 
+Every byte a tool returns is bounded (:data:`MAX_RETURNED_BYTES`), and so is what the server
+holds to return it: a command's output and a file are read with the bound (the workload chooses
+their size), a stored file is hashed as it streams and only its first bytes kept.
+
 Not offered, because the client has no such call yet (docs/user-guide.md, "MCP server"): pause
-and resume (issue #54 item 1), and reading the files of an earlier checkpoint back from the store
-(``checkpoint`` returns the files it saved; ``list_stored_files``/``fetch_stored_file`` read a
-stopped run's drained files)."""
+and resume (issue #54 item 1)."""
 
 from __future__ import annotations
 
@@ -36,10 +38,17 @@ def _cut(data: bytes, limit: int) -> tuple[bytes, bool]:
     return data[:limit], len(data) > limit
 
 
-def _content(data: bytes, encoding: Encoding, limit: int) -> dict[str, Any]:
+def _bound(limit: int) -> int:
+    return max(0, min(limit, MAX_RETURNED_BYTES))
+
+
+def _content(data: bytes, encoding: Encoding, limit: int, size: int | None = None) -> dict[str, Any]:
+    """``data`` cut at ``limit``; ``size`` the whole file's when known (else ``len(data)``, or
+    ``None`` when ``data`` was already cut: the rest was never read)."""
     kept, truncated = _cut(data, limit)
     text = base64.b64encode(kept).decode() if encoding == "base64" else kept.decode("utf-8", "replace")
-    return {"content": text, "encoding": encoding, "size": len(data), "truncated": truncated}
+    whole = size if size is not None else (None if truncated else len(data))
+    return {"content": text, "encoding": encoding, "size": whole, "truncated": truncated or (size or 0) > len(kept)}
 
 
 def _sandbox(s: Sandbox) -> dict[str, Any]:
@@ -57,7 +66,7 @@ def _result(r: ExecResult, limit: int) -> dict[str, Any]:
         "exit_code": r.exit_code,
         "stdout": out.decode("utf-8", "replace"),
         "stderr": err.decode("utf-8", "replace"),
-        "truncated": out_cut or err_cut,
+        "truncated": out_cut or err_cut or r.stdout_truncated or r.stderr_truncated,
     }
 
 
@@ -148,7 +157,9 @@ def _inside_tools(server: MCPServer[Any], client: ServerFactory) -> None:
         at `max_bytes`). A non-zero exit is a result; still running after `timeout_seconds`, it
         is killed and the call fails."""
         raw = stdin.encode() if stdin is not None else None
-        return _result(client().get(name).run(list(command), stdin=raw, timeout=timeout_seconds), max_bytes)
+        sandbox = client().get(name)
+        result = sandbox.run(list(command), stdin=raw, timeout=timeout_seconds, max_output=_bound(max_bytes))
+        return _result(result, max_bytes)
 
     @server.tool()
     def write_file(name: str, path: str, content: str, encoding: Encoding = "text") -> dict[str, Any]:
@@ -162,24 +173,57 @@ def _inside_tools(server: MCPServer[Any], client: ServerFactory) -> None:
     def read_file(name: str, path: str, encoding: Encoding = "text", max_bytes: int = MAX_RETURNED_BYTES) -> dict[str, Any]:
         """The content of `path` in the running sandbox, as text (undecodable bytes replaced) or
         base64, cut at `max_bytes`."""
-        return _content(client().get(name).read_file(path), encoding, max_bytes)
+        limit = _bound(max_bytes)
+        # `head -c` stops reading one byte past the bound: that byte says the file was longer.
+        result = client().get(name).run(["head", "-c", str(limit + 1), "--", path], max_output=limit + 1)
+        if not result.ok:
+            raise SandboxError(f"read {path}: exit {result.exit_code}: {result.stderr.strip()}")
+        return _content(result.stdout_bytes, encoding, limit)
+
+
+    @server.tool()
+    def list_files(name: str, path: str) -> list[dict[str, Any]]:
+        """The entries of the directory `path` in the running sandbox (dot files too): name,
+        type (file, directory, symlink, ...), size, mtime (seconds), mode. Symlinks are not
+        followed."""
+        return [
+            {"name": e.name, "path": e.path, "type": e.type, "size": e.size, "mtime": e.mtime, "mode": oct(e.mode)}
+            for e in client().get(name).list_files(path)
+        ]
+
+    @server.tool()
+    def delete_file(name: str, path: str, recursive: bool = False) -> dict[str, Any]:
+        """Deletes `path` in the running sandbox (`recursive`: a directory and what it holds). A
+        path that does not exist is not an error."""
+        client().get(name).delete_file(path, recursive)
+        return {"path": path, "deleted": True}
 
 
 def _store_tools(server: MCPServer[Any], client: ServerFactory) -> None:
     @server.tool()
-    def list_stored_files(name: str) -> list[dict[str, Any]]:
-        """The files a stopped sandbox's drain stored (its read-back paths), with sizes and sha256.
-        A drain that failed is an error, never an empty list."""
-        return [_file(f) for f in client().get(name).files().files()]
+    def list_stored_files(
+        name: str, checkpoint: int | None = None, attempt: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The files a stopped sandbox's drain stored (its read-back paths), with sizes and sha256;
+        with `checkpoint` N, the files checkpoint N saved (readable while it runs); with `attempt`
+        N, the files attempt N left. A drain that failed is an error, never an empty list."""
+        return [_file(f) for f in client().get(name).files(attempt, checkpoint).files()]
 
     @server.tool()
     def fetch_stored_file(
-        name: str, path: str, encoding: Encoding = "text", max_bytes: int = MAX_RETURNED_BYTES
+        name: str,
+        path: str,
+        encoding: Encoding = "text",
+        max_bytes: int = MAX_RETURNED_BYTES,
+        checkpoint: int | None = None,
+        attempt: int | None = None,
     ) -> dict[str, Any]:
         """The content of the stored file `path` (as `list_stored_files` names it) of a stopped
-        sandbox, read from the store and checked against its manifest's sha256."""
-        files = client().get(name).files()
-        return _content(files.fetch(_find(files, path)), encoding, max_bytes)
+        sandbox (or of its `checkpoint` / `attempt` N), read from the store and checked against
+        its manifest's sha256."""
+        files = client().get(name).files(attempt, checkpoint)
+        stored = _find(files, path)
+        return _content(files.fetch(stored, _bound(max_bytes)), encoding, max_bytes, stored.size)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -87,9 +87,11 @@ class RunStatus:
 
     @property
     def final(self) -> bool:
+        """Whether the run reached a final phase."""
         return self.phase in FINAL_PHASES
 
     def condition(self, type_: str) -> Condition | None:
+        """The condition of that type, if the status has one."""
         return next((c for c in self.conditions if c.type == type_), None)
 
     @property
@@ -99,6 +101,7 @@ class RunStatus:
 
     @property
     def failed_paths(self) -> list[FailedPath]:
+        """Each read-back path whose drain failed, with its message."""
         return [
             FailedPath(p.path, p.message or "the drain failed (no message)", p.attempts)
             for p in self.read_back
