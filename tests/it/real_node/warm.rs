@@ -1,0 +1,576 @@
+//! Warm pools on the real node: a run served from a ready pod and a template change rolled out,
+//! a filtered template's pool, a queued run taking a pool pod once admitted, each attempt of a
+//! retried run taking one.
+
+use super::*;
+
+/// Issue #39 on the real node (docs/user-guide.md "Sandboxes for agents: warm pools"), the
+/// operator with `--warm-pools`:
+/// - a SandboxRunPool of two replicas of a template gets two ready pods, their workload parked in
+///   the operator's launcher;
+/// - a run made from the template that sets only command and env takes one of them
+///   (`status.warmStart.pod`): the launcher starts the run's command with the run's env as the
+///   template's user, its file is drained, it Succeeds; the pod was claimed (owned by the run)
+///   and the pool makes another;
+/// - a run that sets a field that changes the pod (`resources`) starts cold and says why;
+/// - the template changed the pod (its resources): the pool replaces its unclaimed pods with the
+///   new version's.
+#[tokio::test]
+async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_change() {
+    use sandboxrun_operator::api::{
+        EnvVar, OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate,
+        SandboxRunTemplateSpec, TemplateRef,
+    };
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "pool").await;
+    let (_dir, store_url) = file_store("pool");
+    let op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
+    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
+    let mut locked = real_spec(Some("exit 9"), &["/work/out"]);
+    locked.env = vec![EnvVar {
+        name: "VERSION".into(),
+        value: "1".into(),
+        value_from: None,
+    }];
+    let template = SandboxRunTemplate::new(
+        "agent",
+        SandboxRunTemplateSpec {
+            template: locked,
+            open_fields: vec![OpenField::Command, OpenField::Env, OpenField::Resources],
+        },
+    );
+    templates
+        .create(&Default::default(), &template)
+        .await
+        .expect("create the template");
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let pool = SandboxRunPool::new(
+        "agents",
+        SandboxRunPoolSpec {
+            template_ref: TemplateRef::namespaced("agent"),
+            replicas: 2,
+        },
+    );
+    pools
+        .create(&Default::default(), &pool)
+        .await
+        .expect("create the pool");
+    let ready = |n: i32| {
+        let pools = pools.clone();
+        async move {
+            eventually(
+                "the pool's pods to be ready",
+                Duration::from_secs(180),
+                || {
+                    let pools = pools.clone();
+                    async move {
+                        let p = pools.get("agents").await.ok()?;
+                        let s = p.status?;
+                        (s.ready_replicas == n && s.replicas == n).then_some(s)
+                    }
+                },
+            )
+            .await
+        }
+    };
+    let first = ready(2).await;
+    let before = pool_pods(&client, &ns.name, "agents").await;
+    assert_eq!(before.len(), 2, "{before:?}");
+
+    // A run that sets only command and env: warm.
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let warm_spec = SandboxRunSpec {
+        template_ref: Some(TemplateRef::namespaced("agent")),
+        command: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            r#"echo "task=$TASK version=$VERSION uid=$(id -u)" > "$ITERION_ARTIFACT_FILES_DIR/out.txt""#.into(),
+        ]),
+        env: vec![EnvVar {
+            name: "TASK".into(),
+            value: "42".into(),
+            value_from: None,
+        }],
+        ..Default::default()
+    };
+    create(&runs, "warm", warm_spec.clone()).await;
+    let done = wait_run(&runs, "warm", "the warm run to end", &op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let warm = status.warm_start.clone().expect("warmStart");
+    let took = warm
+        .pod
+        .clone()
+        .unwrap_or_else(|| panic!("a pool pod was taken: {warm:?}"));
+    assert!(
+        before.iter().any(|(name, _, _)| *name == took),
+        "{took} is one of the pool's ready pods {before:?}"
+    );
+    assert_eq!(
+        status.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "{status:?}"
+    );
+    let dest = files_get(&ns.name, "warm", &store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    let out = std::fs::read_to_string(extracted(&dest, 0).join("out.txt")).expect("out.txt");
+    assert_eq!(
+        out, "task=42 version=1 uid=1000\n",
+        "the run's command and env, the template's user"
+    );
+    // The pool makes another: two unclaimed ready pods again, the taken one not among them.
+    ready(2).await;
+    let after = pool_pods(&client, &ns.name, "agents").await;
+    assert!(
+        after
+            .iter()
+            .filter(|(_, _, claimed)| !claimed)
+            .all(|(name, _, _)| *name != took),
+        "{after:?}"
+    );
+
+    // A run that sets a field that changes the pod starts cold and says why.
+    let mut cold_spec = warm_spec.clone();
+    cold_spec.resources = Some(k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(BTreeMap::from([(
+            "cpu".to_string(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("20m".into()),
+        )])),
+        ..Default::default()
+    });
+    create(&runs, "cold", cold_spec).await;
+    let done = wait_run(&runs, "cold", "the cold run to end", &op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let cold = status.warm_start.clone().expect("warmStart");
+    assert!(cold.pod.is_none(), "{cold:?}");
+    assert!(
+        cold.cold_reason
+            .as_deref()
+            .unwrap_or_default()
+            .contains("resources"),
+        "{cold:?}"
+    );
+    assert_eq!(status.pod_name.as_deref(), Some("cold-sbr"), "{status:?}");
+    // The pool counts it: `status.misses` (the claims write it; the pool's own updates keep it).
+    eventually(
+        "the pool to count the miss",
+        Duration::from_secs(60),
+        || {
+            let pools = pools.clone();
+            async move { (pools.get("agents").await.ok()?.status?.misses == Some(1)).then_some(()) }
+        },
+    )
+    .await;
+
+    // The template changes the pod (its resources): the unclaimed pods are replaced by the new
+    // version's. (An env value is not the pod's shape: the launcher delivers it at claim time.)
+    let bump = json!({"spec": {"template": {"resources": {"requests": {"cpu": "15m"}}}}});
+    templates
+        .patch("agent", &PatchParams::default(), &Patch::Merge(&bump))
+        .await
+        .expect("change the template");
+    let old_hash = first.template_hash.clone().expect("hash");
+    eventually("the pool to roll out", Duration::from_secs(180), || {
+        let (client, ns, old_hash) = (client.clone(), ns.name.clone(), old_hash.clone());
+        async move {
+            let pods = pool_pods(&client, &ns, "agents").await;
+            let unclaimed: Vec<_> = pods.iter().filter(|(_, _, c)| !c).collect();
+            (unclaimed.len() == 2 && unclaimed.iter().all(|(_, h, _)| *h != old_hash)).then_some(())
+        }
+    })
+    .await;
+    // The pool's status says so once its next reconcile has written it (it may still show the
+    // old version's two ready pods a moment after they were replaced).
+    eventually(
+        "the pool's status to show the new version ready",
+        Duration::from_secs(180),
+        || {
+            let (pools, old_hash) = (pools.clone(), old_hash.clone());
+            async move {
+                let s = pools.get("agents").await.ok()?.status?;
+                let new = s.template_hash.as_ref().is_some_and(|h| *h != old_hash);
+                (new && s.ready_replicas == 2 && s.replicas == 2).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+/// Issue #39 (templates whose runs restrict egress are pooled) on the real node, the operator
+/// with `--warm-pools`, the egress gate probing the node's kubelet port, and
+/// `--egress-denylist-wide` (a denylist allows every address it does not deny, the node's among
+/// them, unless its policy denies the node):
+/// - a pool of an allowlist template (`192.0.2.0/24`) and one of a denylist template of the same
+///   range get ready pods; each pool pod has its own NetworkPolicy (`<pod>-egress`, selecting it,
+///   owned by it) and its gate exited 0 before its workload was parked;
+/// - a run made from each takes its pool's pod and its FIRST instruction, a connection to a
+///   listener on the node's address, fails: the listener never sees them. For the denylist run
+///   this needs the run's own policy to deny the node too: the pool pod's policy keeps selecting
+///   the pod and policies add up (a run policy without the node denied would open the node);
+/// - control: a run with open egress reaches the listener at once.
+#[tokio::test]
+async fn a_warm_pool_of_a_filtered_template_keeps_its_pods_and_their_runs_filtered() {
+    use sandboxrun_operator::api::NetworkMode::{Allowlist, Denylist};
+    use sandboxrun_operator::api::{
+        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
+        TemplateRef,
+    };
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "pool-gate").await;
+    let (_dir, store_url) = file_store("pool-gate");
+    let probe = format!("node:{}", real_kubelet_port(&client).await);
+    let op = start_operator_with(
+        &ns.name,
+        &store_url,
+        &[
+            "--warm-pools",
+            "--egress-gate-probe",
+            &probe,
+            "--egress-denylist-wide",
+        ],
+    );
+    let node_ip = bed_setting("SANDBOXRUN_TEST_NODE_IP");
+    let (denied, denied_peers) = echo_listener(&node_ip, "denied").await;
+    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let kinds = [("allow", Allowlist), ("deny", Denylist)];
+    for (name, mode) in kinds {
+        let mut spec = real_spec(Some("exit 9"), &[]);
+        spec.env = vec![env_var("DENIED", &denied)];
+        spec.network = Some(sandboxrun_operator::api::NetworkPolicy {
+            mode,
+            rules: vec!["192.0.2.0/24".to_string()],
+        });
+        let template = SandboxRunTemplate::new(
+            name,
+            SandboxRunTemplateSpec {
+                template: spec,
+                open_fields: vec![OpenField::Command],
+            },
+        );
+        templates
+            .create(&Default::default(), &template)
+            .await
+            .expect("create the template");
+        let pool = SandboxRunPool::new(
+            name,
+            SandboxRunPoolSpec {
+                template_ref: TemplateRef::namespaced(name),
+                replicas: 1,
+            },
+        );
+        pools
+            .create(&Default::default(), &pool)
+            .await
+            .expect("create the pool");
+    }
+    let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
+        Api::namespaced(client.clone(), &ns.name);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    for (name, _) in kinds {
+        eventually(
+            "the filtered pool's pod to be ready",
+            Duration::from_secs(180),
+            || {
+                let pools = pools.clone();
+                async move {
+                    let s = pools.get(name).await.ok()?.status?;
+                    (s.ready_replicas == 1).then_some(())
+                }
+            },
+        )
+        .await;
+        let listed = pool_pods(&client, &ns.name, name).await;
+        let pod_name = listed.first().map(|p| p.0.clone()).expect("a pool pod");
+        let policy = policies
+            .get(&format!("{pod_name}-egress"))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: the pool pod's NetworkPolicy: {e}"));
+        let owner = policy.owner_references().first().cloned().expect("owner");
+        assert_eq!(
+            (owner.kind.as_str(), owner.name.as_str()),
+            ("Pod", pod_name.as_str())
+        );
+        let gate = pods
+            .get(&pod_name)
+            .await
+            .expect("the pool pod")
+            .status
+            .and_then(|s| s.init_container_statuses)
+            .and_then(|cs| cs.into_iter().find(|c| c.name == "egress-gate"))
+            .and_then(|c| c.state?.terminated)
+            .unwrap_or_else(|| panic!("{name}: the pool pod's gate ended"));
+        assert_eq!(gate.exit_code, 0, "{name}: {gate:?}");
+    }
+
+    // Control: open egress reaches the listener in its first instruction.
+    let mut open = real_spec(Some(FIRST_INSTRUCTION_PROBE), &[]);
+    open.env = vec![env_var("DENIED", &denied)];
+    create(&runs, "open", open).await;
+    let first_line = |run: &SandboxRun| probe_lines(run).get("first").cloned().unwrap_or_default();
+    let done = wait_run(&runs, "open", "the open run to end", &op, final_phase).await;
+    assert!(
+        first_line(&done).starts_with("ok denied from"),
+        "{:?}",
+        done.status
+    );
+    for (name, _) in kinds {
+        let spec = SandboxRunSpec {
+            template_ref: Some(TemplateRef::namespaced(name)),
+            command: Some(vec![
+                "sh".into(),
+                "-c".into(),
+                FIRST_INSTRUCTION_PROBE.into(),
+            ]),
+            ..Default::default()
+        };
+        let run = format!("{name}-run");
+        create(&runs, &run, spec).await;
+        let done = wait_run(
+            &runs,
+            &run,
+            "the warm filtered run to end",
+            &op,
+            final_phase,
+        )
+        .await;
+        let status = done.status.clone().expect("status");
+        let warm = status.warm_start.clone().expect("warmStart");
+        assert!(warm.pod.is_some(), "{name}: a pool pod was taken: {warm:?}");
+        let line = first_line(&done);
+        assert!(
+            line.starts_with("fail"),
+            "{name}: the warm run's first instruction was filtered: {line:?} {status:?}"
+        );
+        let seen = denied_peers.lock().expect("peers").clone();
+        assert_eq!(
+            seen.len(),
+            1,
+            "{name}: only the open run reached the node's listener: {seen:?}"
+        );
+    }
+}
+
+/// Issue #39 with Kueue on the real node (the operator's `--warm-pools --kueue`): a run made from
+/// a pooled template and labelled with a LocalQueue gets its Workload and no pod until Kueue
+/// admits it, then takes the pool's ready pod — its cold pod with the admitted flavor's node
+/// labels has the pool's shape (the template already places its pods on that node) — and ends
+/// Succeeded with its file, its Workload Finished.
+#[tokio::test]
+async fn a_queued_run_takes_a_warm_pool_pod_once_kueue_admits_it() {
+    use sandboxrun_operator::api::{
+        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
+        TemplateRef,
+    };
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "pool-kueue").await;
+    let tag = format!("sbr-{:08x}", rand_u32());
+    let made = kueue_queue(&client, &ns.name, &tag).await;
+    let (_dir, store_url) = file_store("pool-kueue");
+    let op = start_operator_with(&ns.name, &store_url, &["--warm-pools", "--kueue"]);
+    let mut spec = real_spec(Some("exit 9"), &["/work/out"]);
+    // The flavor's node label (kueue_queue's): Kueue's placement changes nothing of this pod.
+    spec.node_selector
+        .get_or_insert_with(BTreeMap::new)
+        .insert("kubernetes.io/hostname".into(), "real-node-0".into());
+    let template = SandboxRunTemplate::new(
+        "queued-agent",
+        SandboxRunTemplateSpec {
+            template: spec,
+            open_fields: vec![OpenField::Command],
+        },
+    );
+    Api::<SandboxRunTemplate>::namespaced(client.clone(), &ns.name)
+        .create(&Default::default(), &template)
+        .await
+        .expect("create the template");
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let pool = SandboxRunPool::new(
+        "queued-agents",
+        SandboxRunPoolSpec {
+            template_ref: TemplateRef::namespaced("queued-agent"),
+            replicas: 1,
+        },
+    );
+    pools
+        .create(&Default::default(), &pool)
+        .await
+        .expect("create the pool");
+    eventually(
+        "the pool's pod to be ready",
+        Duration::from_secs(180),
+        || {
+            let pools = pools.clone();
+            async move {
+                let s = pools.get("queued-agents").await.ok()?.status?;
+                (s.ready_replicas == 1).then_some(())
+            }
+        },
+    )
+    .await;
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let mut run = SandboxRun::new(
+        "queued",
+        SandboxRunSpec {
+            template_ref: Some(TemplateRef::namespaced("queued-agent")),
+            command: Some(vec![
+                "sh".into(),
+                "-c".into(),
+                r#"echo queued-warm > "$ITERION_ARTIFACT_FILES_DIR/out.txt""#.into(),
+            ]),
+            ..Default::default()
+        },
+    );
+    run.metadata.labels = Some(BTreeMap::from([(
+        "kueue.x-k8s.io/queue-name".to_string(),
+        "lq".to_string(),
+    )]));
+    runs.create(&Default::default(), &run)
+        .await
+        .expect("create the queued run");
+    let done = wait_run(&runs, "queued", "the queued run to end", &op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == "Queued" && c.status == "False" && c.reason == "Admitted"),
+        "admitted by Kueue: {status:?}"
+    );
+    let warm = status.warm_start.clone().expect("warmStart");
+    assert!(warm.pod.is_some(), "a pool pod was taken: {warm:?}");
+    let dest = files_get(&ns.name, "queued", &store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    let out = std::fs::read_to_string(extracted(&dest, 0).join("out.txt")).expect("out.txt");
+    assert_eq!(out, "queued-warm\n");
+    let workloads: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        &ns.name,
+        &sandboxrun_operator::kueue::workload_resource(),
+    );
+    eventually(
+        "its Workload to be Finished",
+        Duration::from_secs(60),
+        || {
+            let workloads = workloads.clone();
+            async move {
+                let w = workloads.get("queued-sbr").await.ok()?;
+                let conditions = w.data["status"]["conditions"].as_array()?.clone();
+                conditions
+                    .iter()
+                    .any(|c| c["type"] == "Finished" && c["status"] == "True")
+                    .then_some(())
+            }
+        },
+    )
+    .await;
+    drop(op);
+    delete_kueue_cluster_objects(&client, made).await;
+}
+
+/// Issue #39 with `spec.retryPolicy` on the real node (`--warm-pools`): each attempt of a run made
+/// from a pooled template asks the pool. The template's workload fails its first attempt (exit
+/// 3) and succeeds its second; with a pool of two ready pods, both attempts take a pool pod — two
+/// different ones (a pool pod serves one start) — the first attempt's pod is recorded in
+/// `status.attempts[0]`, `status.warmStart` names the second's, and the second attempt's file is
+/// drained. Before, a retry always started cold.
+#[tokio::test]
+async fn each_attempt_of_a_retried_run_takes_a_warm_pool_pod() {
+    use sandboxrun_operator::api::{
+        OpenField, RetryBackoff, RetryPolicy, SandboxRunPool, SandboxRunPoolSpec,
+        SandboxRunTemplate, SandboxRunTemplateSpec, TemplateRef,
+    };
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "pool-retry").await;
+    let (_dir, store_url) = file_store("pool-retry");
+    let op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
+    let mut spec = real_spec(Some("exit 9"), &["/work/out"]);
+    spec.retry_policy = Some(RetryPolicy {
+        limit: 2,
+        backoff: Some(RetryBackoff {
+            base_seconds: Some(1),
+            factor: Some(1),
+            cap_seconds: Some(1),
+        }),
+        rules: Vec::new(),
+    });
+    let template = SandboxRunTemplate::new(
+        "retried",
+        SandboxRunTemplateSpec {
+            template: spec,
+            open_fields: vec![OpenField::Command],
+        },
+    );
+    Api::<SandboxRunTemplate>::namespaced(client.clone(), &ns.name)
+        .create(&Default::default(), &template)
+        .await
+        .expect("create the template");
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let pool = SandboxRunPool::new(
+        "retried",
+        SandboxRunPoolSpec {
+            template_ref: TemplateRef::namespaced("retried"),
+            replicas: 2,
+        },
+    );
+    pools
+        .create(&Default::default(), &pool)
+        .await
+        .expect("create the pool");
+    eventually(
+        "the pool's pods to be ready",
+        Duration::from_secs(180),
+        || {
+            let pools = pools.clone();
+            async move {
+                let s = pools.get("retried").await.ok()?.status?;
+                (s.ready_replicas == 2).then_some(())
+            }
+        },
+    )
+    .await;
+    let pool_pod_names: Vec<String> = pool_pods(&client, &ns.name, "retried")
+        .await
+        .into_iter()
+        .map(|p| p.0)
+        .collect();
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let script = r#"echo "attempt $SANDBOXRUN_ATTEMPT" > "$ITERION_ARTIFACT_FILES_DIR/out.txt"; [ "$SANDBOXRUN_ATTEMPT" -ge 2 ] || exit 3"#;
+    let spec = SandboxRunSpec {
+        template_ref: Some(TemplateRef::namespaced("retried")),
+        command: Some(vec!["sh".into(), "-c".into(), script.into()]),
+        ..Default::default()
+    };
+    create(&runs, "flaky", spec).await;
+    let done = wait_run(&runs, "flaky", "the retried run to end", &op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    assert_eq!(status.attempts.len(), 1, "{status:?}");
+    let first = status.attempts[0].pod_name.clone();
+    let warm = status.warm_start.clone().expect("warmStart");
+    assert_eq!(warm.attempt, Some(2), "{warm:?}");
+    let second = warm.pod.clone().unwrap_or_default();
+    // Pool pods of this template version are `<pool>-<hash>-<suffix>`: the first attempt took one
+    // of the pods listed above; the pool makes another when a pod is claimed, and the second
+    // attempt may take that one (a cold pod would be `flaky-sbr-2`).
+    let version = pool_pod_names
+        .first()
+        .and_then(|n| n.rsplit_once('-'))
+        .map(|(head, _)| format!("{head}-"))
+        .expect("a pool pod name");
+    assert!(
+        pool_pod_names.contains(&first) && second.starts_with(&version) && first != second,
+        "both attempts took a pool pod ({pool_pod_names:?} listed before the run): {first} then {second}"
+    );
+    let dest = files_get(&ns.name, "flaky", &store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    let out = std::fs::read_to_string(extracted(&dest, 0).join("out.txt")).expect("out.txt");
+    assert_eq!(out, "attempt 2\n");
+}
