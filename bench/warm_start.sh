@@ -65,7 +65,7 @@ if [ -n "${NETWORK:-}" ]; then
 fi
 "$OPERATOR_BIN" run --namespaces "$NS" --store-url "file://$WORK/store" --metrics-addr "127.0.0.1:$port" \
   --webhook-addr '' --settings-configmap '' --holder-image "$HOLDER" \
-  --holder-binary /usr/local/bin/sandboxrun-operator --warm-pools \
+  --holder-binary /usr/local/bin/sandboxrun-operator --warm-pools --pod-namespace "$NS" \
   --unadmitted-references trust "${FILTER[@]}" >"$WORK/operator.log" 2>&1 &
 OP_PID=$!
 echo "operator: $OPERATOR_BIN (pid $OP_PID); workload image $IMAGE; pool of $POOL"

@@ -153,6 +153,9 @@ pub(crate) struct Memory {
     /// The uids of the runs whose pod this replica created and has not reported yet
     /// ([`super::plan::SETTLE`]): what the status would have said, kept in memory meanwhile.
     unreported_pods: Mutex<HashSet<String>>,
+    /// The pool pods this replica's runs are claiming right now (a burst's runs pick past each
+    /// other's: [`crate::pool::reservations`]).
+    pub claims: crate::pool::reservations::ClaimReservations,
 }
 
 /// The shards this replica owns (`run --sharding`; both None: every run is this replica's).

@@ -97,15 +97,25 @@ pub(super) async fn through_pool(
         }
         return started(ctx, run, &pool_name, pod, (&cold, true), now).await;
     }
-    let pod = match choose(ctx, (run, &own.spec, &cold), (&pool, &pods, judge), &uid) {
+    let pod = match choose(
+        ctx,
+        (run, &own.spec, &cold),
+        (&pool, &pods, judge),
+        (&ns, &uid),
+    ) {
         Ok(pod) => pod,
         Err(why) => return cold_start(ctx, run, &pool_name, why, now).await,
     };
-    restrict_egress(ctx, (run, own), pod, now).await?;
-    let rv = pod.resource_version().unwrap_or_default();
-    let patch = pool_pod::claim_patch(&cold, (&uid, attempt), &rv);
     let name = pod.name_any();
-    match super::act::claim_pool_pod(ctx, &ns, &name, &patch).await? {
+    // Reserved from the pick on, so the burst's other runs pick past it; taken or not, the
+    // claim's precondition decides (the reservation only spreads the picks).
+    let reservation = format!("{ns}/{name}");
+    ctx.memory.claims.reserve(&reservation, &uid, now);
+    let claimed = claim(ctx, (run, own), (&ns, pod, &cold), (&uid, attempt), now).await;
+    if !matches!(claimed, Ok(Some(_))) {
+        ctx.memory.claims.release(&reservation, &uid);
+    }
+    match claimed? {
         Some(claimed) => {
             info!(run = %run.name_any(), pod = %name, pool = %pool_name, "took a warm pool pod");
             started(ctx, run, &pool_name, &claimed, (&cold, false), now).await
@@ -113,6 +123,21 @@ pub(super) async fn through_pool(
         // Another run took it first: pick again.
         None => Ok(Warm::Done(Requeue::After(SOON))),
     }
+}
+
+/// The claim of `pod` for the run (attempt `attempt`): its egress restricted first, then the pod
+/// made the run's by one patch guarded by the pod's resourceVersion (None: another run took it).
+async fn claim(
+    ctx: &Arc<Context>,
+    (run, own): (&Arc<SandboxRun>, &SandboxRun),
+    (ns, pod, cold): (&str, &Pod, &Pod),
+    (uid, attempt): (&str, u32),
+    now: Timestamp,
+) -> Result<Option<Pod>, ControllerError> {
+    restrict_egress(ctx, (run, own), pod, now).await?;
+    let rv = pod.resource_version().unwrap_or_default();
+    let patch = pool_pod::claim_patch(cold, (uid, attempt), &rv);
+    super::act::claim_pool_pod(ctx, ns, &pod.name_any(), &patch).await
 }
 
 /// Before a run whose egress is restricted takes `pod`: its status records its template first
@@ -180,7 +205,7 @@ fn choose<'a>(
     ctx: &Context,
     (run, own, cold): (&SandboxRun, &crate::api::SandboxRunSpec, &Pod),
     (pool, pods, judge): (&SandboxRunPool, &'a [Pod], Judge<'_>),
-    uid: &str,
+    (ns, uid): (&str, &str),
 ) -> Result<&'a Pod, Cold> {
     crate::pool::compat::compatible(own)?;
     // The run's shape computed now, its egress included: a pool pod of an older, wider version
@@ -201,7 +226,15 @@ fn choose<'a>(
         .iter()
         .map(|p| pool_pod::view_of(p, judge.of(p)))
         .collect();
-    let pick = crate::pool::plan::pick_for_claim(&hash, &views, uid).ok_or(Cold::NoReadyPod)?;
+    // Pods another run of this replica is claiming right now are picked past (a burst spreads).
+    let in_ns = format!("{ns}/");
+    let reserved: std::collections::HashSet<String> = (ctx.memory.claims)
+        .held_by_others(uid, judge.now)
+        .into_iter()
+        .filter_map(|key| key.strip_prefix(&in_ns).map(str::to_string))
+        .collect();
+    let pick =
+        crate::pool::plan::pick_for_claim(&hash, &views, uid, &reserved).ok_or(Cold::NoReadyPod)?;
     pods.iter()
         .find(|p| p.name_any() == pick.name)
         .ok_or(Cold::NoReadyPod)

@@ -20,4 +20,5 @@ pub mod judge;
 pub mod park;
 pub mod plan;
 pub mod pod;
+pub mod reservations;
 pub mod seal;

@@ -8,6 +8,8 @@
 //! unsealed pod the pool controls past the grace (its creator stopped before sealing it) is
 //! deleted.
 
+use std::collections::HashSet;
+
 /// What a pod carrying a pool's label is to that pool.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Made {
@@ -85,13 +87,17 @@ pub fn plan(replicas: usize, current_hash: &str, pods: &[PoolPod]) -> PoolPlan {
 }
 
 /// The pod a claim by the run `key` (its uid) should take: a ready, unclaimed, sealed pod of the
-/// current hash, the one `key` hashes to among them by name, so runs claiming at once spread over the
-/// pool instead of all aiming at one pod (the claim's precondition still decides a collision,
-/// and the loser picks again).
+/// current hash, not `reserved` by another run's claim in flight
+/// ([`super::reservations::ClaimReservations`]): from the one `key` hashes to among them by name,
+/// the first one in name order (wrapping) that nobody reserved, so runs claiming at once spread
+/// over the pool instead of all aiming at one pod (the claim's precondition still decides a
+/// collision, and the loser picks again). Every ready pod reserved: the one `key` hashes to (the
+/// precondition decides).
 pub fn pick_for_claim<'a>(
     current_hash: &str,
     pods: &'a [PoolPod],
     key: &str,
+    reserved: &HashSet<String>,
 ) -> Option<&'a PoolPod> {
     let mut ready: Vec<&PoolPod> = pods
         .iter()
@@ -101,7 +107,10 @@ pub fn pick_for_claim<'a>(
     ready.sort_by(|a, b| a.name.cmp(&b.name));
     let spread = u32::from_str_radix(&crate::names::short_hash(key), 16).unwrap_or(0);
     let at = usize::try_from(spread).unwrap_or(0) % ready.len().max(1);
-    ready.get(at).copied()
+    (0..ready.len())
+        .map(|i| ready[(at + i) % ready.len()])
+        .find(|p| !reserved.contains(&p.name))
+        .or_else(|| ready.get(at).copied())
 }
 
 #[cfg(test)]
@@ -179,16 +188,19 @@ mod tests {
         ];
         // Only d and e qualify, whatever the run.
         for key in ["run-a", "run-b", "run-c"] {
-            let picked = pick_for_claim("h", &pods, key).map(|p| p.name.as_str());
+            let picked = pick_for_claim("h", &pods, key, &HashSet::new()).map(|p| p.name.as_str());
             assert!(matches!(picked, Some("d" | "e")), "{key}: {picked:?}");
         }
-        assert_eq!(pick_for_claim("h", &pods[..3], "run-a"), None);
+        assert_eq!(
+            pick_for_claim("h", &pods[..3], "run-a", &HashSet::new()),
+            None
+        );
         // Runs claiming at once spread over the ready pods.
         let many: Vec<PoolPod> = (0..8)
             .map(|i| pod(&format!("p{i}"), "h", false, true))
             .collect();
         let picked: std::collections::BTreeSet<&str> = (0..32)
-            .filter_map(|i| pick_for_claim("h", &many, &format!("uid-{i}")))
+            .filter_map(|i| pick_for_claim("h", &many, &format!("uid-{i}"), &HashSet::new()))
             .map(|p| p.name.as_str())
             .collect();
         assert!(picked.len() >= 4, "{picked:?}");
@@ -201,11 +213,14 @@ mod tests {
         let p = plan(1, "h", std::slice::from_ref(&look_alike));
         assert_eq!((p.create, p.ready, p.pending), (1, 0, 0));
         assert!(p.delete.is_empty(), "not the pool's to delete");
-        assert_eq!(pick_for_claim("h", &[look_alike.clone()], "run-a"), None);
+        assert_eq!(
+            pick_for_claim("h", &[look_alike.clone()], "run-a", &HashSet::new()),
+            None
+        );
         // Beside a sealed pod, the claim still never lands on the look-alike.
         let pods = [look_alike.clone(), pod("real", "h", false, true)];
         for i in 0..16 {
-            let picked = pick_for_claim("h", &pods, &format!("uid-{i}"));
+            let picked = pick_for_claim("h", &pods, &format!("uid-{i}"), &HashSet::new());
             assert_eq!(picked.map(|p| p.name.as_str()), Some("real"));
         }
         // An unsealed pod the pool controls, past the grace: deleted, never served.
@@ -213,5 +228,27 @@ mod tests {
         orphan.orphan = true;
         let p = plan(1, "h", &[orphan]);
         assert_eq!((p.create, p.delete.clone()), (1, vec!["fake".to_string()]));
+    }
+
+    #[test]
+    fn runs_claiming_at_once_each_pick_a_pod_no_other_run_reserved() {
+        let pods: Vec<PoolPod> = (0..5)
+            .map(|i| pod(&format!("p{i}"), "h", false, true))
+            .collect();
+        for burst in 0..50 {
+            let mut reserved = HashSet::new();
+            for run in 0..5 {
+                let key = format!("uid-{burst}-{run}");
+                let picked = pick_for_claim("h", &pods, &key, &reserved).map(|p| p.name.clone());
+                let picked = picked.expect("a ready pod is left");
+                assert!(
+                    reserved.insert(picked),
+                    "burst {burst}: a reserved pod was picked again"
+                );
+            }
+        }
+        let all: HashSet<String> = pods.iter().map(|p| p.name.clone()).collect();
+        let fallback = pick_for_claim("h", &pods, "late", &all).map(|p| p.name.as_str());
+        assert!(fallback.is_some(), "all reserved: the precondition decides");
     }
 }
