@@ -34,6 +34,11 @@ const CLAIMED_BY_LABEL: &str = "sandbox.iterion.io/claimed-by";
 
 /// The operator with warm pools and the egress settings a filtered run needs.
 fn operator(ns: &str, secret: &std::path::Path) -> Operator {
+    operator_with(ns, secret, &[])
+}
+
+/// [`operator`] with `more` flags.
+fn operator_with(ns: &str, secret: &std::path::Path, more: &[&str]) -> Operator {
     let store = host_dir(&format!("store-warm-{ns}"));
     Operator::builder(ns, &format!("file://{}", store.display()))
         .flags(&[
@@ -48,6 +53,7 @@ fn operator(ns: &str, secret: &std::path::Path) -> Operator {
             "--egress-token-secret-file",
             secret.to_str().expect("utf-8 path"),
         ])
+        .flags(more)
         .start()
 }
 
@@ -530,4 +536,92 @@ async fn a_horizontal_pod_autoscaler_scales_a_pool_through_its_scale_subresource
         .iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none());
     assert_eq!((status.replicas, live.count()), (3, 3), "{selector}");
+}
+
+/// `sandboxrun_pool_pods{pool_namespace=ns, pool, state}` on the operator's metrics at `port`.
+async fn pool_pods(port: u16, ns: &str, pool: &str, state: &str) -> Option<i64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let series = format!(
+        "sandboxrun_pool_pods{{pool=\"{pool}\",pool_namespace=\"{ns}\",state=\"{state}\"}} "
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Issue #54 item 4: the metric an autoscaler scales a pool on. The operator's `/metrics` say a
+/// pool's ready pods, then its claimed one once a pod carries a claim's label, and nothing of it
+/// once the pool is deleted.
+#[tokio::test]
+async fn a_pools_ready_and_claimed_pods_are_on_the_operators_metrics_until_it_is_deleted() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "warm-metric").await;
+    let secret = secret_file();
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let op = operator_with(&ns.name, secret.path(), &["--metrics-addr", &metrics]);
+    make_pool(&client, &ns.name, "agents", None, 2).await;
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    pool_ready(&pools, "agents", 2, &op).await;
+    let ns_name = ns.name.clone();
+    let seen = |state: &'static str, n: i64| {
+        let ns_name = ns_name.clone();
+        async move { (pool_pods(port, &ns_name, "agents", state).await == Some(n)).then_some(()) }
+    };
+    eventually_or_log("2 ready pool pods on /metrics", CONVERGE, &op, || {
+        seen("ready", 2)
+    })
+    .await;
+    eventually_or_log("0 claimed pool pods on /metrics", CONVERGE, &op, || {
+        seen("claimed", 0)
+    })
+    .await;
+    // A claim's labels on one ready pod (kwok serves no attach, so no run's claim completes
+    // here): the pool counts it claimed and makes another.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let unclaimed = format!("{POOL_LABEL}=agents,!{CLAIMED_BY_LABEL}");
+    let taken = pods
+        .list(&ListParams::default().labels(&unclaimed))
+        .await
+        .expect("list pool pods")
+        .items
+        .into_iter()
+        .next()
+        .expect("a pool pod");
+    let claim = json!({"metadata": {"labels": {CLAIMED_BY_LABEL: "a-runs-uid"}}});
+    pods.patch(
+        &taken.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&claim),
+    )
+    .await
+    .expect("claim a pool pod");
+    eventually_or_log("1 claimed pool pod on /metrics", CONVERGE, &op, || {
+        seen("claimed", 1)
+    })
+    .await;
+    eventually_or_log("2 ready again on /metrics", CONVERGE, &op, || {
+        seen("ready", 2)
+    })
+    .await;
+    pools
+        .delete("agents", &Default::default())
+        .await
+        .expect("delete the pool");
+    eventually_or_log("the deleted pool's series gone", CONVERGE, &op, || {
+        let ns_name = ns_name.clone();
+        async move {
+            pool_pods(port, &ns_name, "agents", "ready")
+                .await
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
 }
