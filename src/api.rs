@@ -940,6 +940,7 @@ impl WarmStart {
     printcolumn = r#"{"name":"Template","type":"string","jsonPath":".spec.templateRef.name"}"#,
     printcolumn = r#"{"name":"Desired","type":"integer","jsonPath":".spec.replicas"}"#,
     printcolumn = r#"{"name":"Ready","type":"integer","jsonPath":".status.readyReplicas"}"#,
+    printcolumn = r#"{"name":"Up-to-date","type":"integer","description":"Unclaimed pods of the template's current version (status.updatedReplicas): a rollout is done when it equals Desired and Ready does too","jsonPath":".status.updatedReplicas"}"#,
     printcolumn = r#"{"name":"Pending","type":"integer","jsonPath":".status.pendingReplicas"}"#,
     printcolumn = r#"{"name":"Claimed","type":"integer","jsonPath":".status.claimed"}"#,
     printcolumn = r#"{"name":"Misses","type":"integer","jsonPath":".status.misses"}"#,
@@ -959,13 +960,20 @@ pub struct SandboxRunPoolSpec {
 #[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxRunPoolStatus {
-    /// Unclaimed pods of the template's current version (ready or not).
+    /// The pool's unclaimed pods, of any template version, not being deleted (the scale
+    /// subresource's current replicas): during a rollout the outdated ones are counted until
+    /// their deletion is seen.
     #[serde(default)]
     pub replicas: i32,
-    /// Unclaimed pods ready to be claimed.
+    /// Of those, the pods of the template's current version (ready or not): a rollout is done
+    /// when `updatedReplicas`, `readyReplicas` and `replicas` equal `spec.replicas`, with
+    /// `observedGeneration` the pool's generation and `templateGeneration` the template's.
+    #[serde(default)]
+    pub updated_replicas: i32,
+    /// Unclaimed pods of the current version ready to be claimed.
     #[serde(default)]
     pub ready_replicas: i32,
-    /// Unclaimed pods not ready yet.
+    /// Unclaimed pods of the current version not ready yet.
     #[serde(default)]
     pub pending_replicas: i32,
     /// The pool's pods that runs have claimed and that still exist.
@@ -977,6 +985,10 @@ pub struct SandboxRunPoolStatus {
     /// The hash of the template version the pool's pods are made from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_hash: Option<String>,
+    /// The `metadata.generation` of the template the status describes: after an edit of the
+    /// template, the status speaks of its new version once this equals the template's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_generation: Option<i64>,
     /// Why the pool makes no pods, when it makes none (its template is missing or cannot be
     /// pooled).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -290,6 +290,10 @@ mod tests {
             "{PREFIX}_{}",
             crate::store::open_uploads::OPEN_UPLOADS_METRIC
         ));
+        exported.insert(format!(
+            "{PREFIX}_{}",
+            crate::pool::gauges::POOL_PODS_METRIC
+        ));
         let doc = std::fs::read_to_string(
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/operations.md"),
         )

@@ -56,6 +56,8 @@ pub(super) struct PoolObserved {
     pub pods: Vec<Pod>,
     /// The spec its template makes, judged ([`judged`], [`namespace_judged`]), or why none.
     pub made: Result<SandboxRunSpec, NotPooled>,
+    /// The template's `metadata.generation`, as read (none: it was not read).
+    pub template_generation: Option<i64>,
 }
 
 /// The spec a run made from the pool's template gets (the template `fetched` by observe merged
@@ -203,7 +205,13 @@ pub(super) fn look(
     let claimed = views.iter().filter(|p| p.claimed && p.sealed).count();
     let made = match observed.made {
         Ok(made) => pool_pod::stand_in(pool, made),
-        Err(why) => return unusable(pool, claimed, why.to_string()),
+        Err(why) => {
+            return unusable(
+                pool,
+                (claimed, observed.template_generation),
+                why.to_string(),
+            )
+        }
     };
     let name = pool.name_any();
     let stamp = now.as_nanosecond();
@@ -211,7 +219,7 @@ pub(super) fn look(
         |i: usize| crate::names::short_hash(&format!("{name}/{stamp}/{i}"))[..5].to_string();
     let hash = match pool_pod::pool_pod(pool, &made, settings.pod, &suffix(0)) {
         Ok((_, hash)) => hash,
-        Err(e) => return unusable(pool, claimed, e.to_string()),
+        Err(e) => return unusable(pool, (claimed, observed.template_generation), e.to_string()),
     };
     let replicas = usize::try_from(pool.spec.replicas).unwrap_or(0);
     let plan = crate::pool::plan::plan(replicas, &hash, &views);
@@ -233,13 +241,16 @@ pub(super) fn look(
         .map_while(|i| pool_pod::pool_pod(pool, &made, settings.pod, &suffix(i)).ok())
         .map(|(pod, _)| pod)
         .collect();
+    let seen = plan.rollout;
     let status = SandboxRunPoolStatus {
-        replicas: count(plan.ready + plan.pending),
-        ready_replicas: count(plan.ready),
-        pending_replicas: count(plan.pending),
+        replicas: count(seen.replicas),
+        updated_replicas: count(seen.updated),
+        ready_replicas: count(seen.ready),
+        pending_replicas: count(seen.pending()),
         claimed: count(claimed),
         selector: Some(pool_pod::unclaimed_selector(&name)),
         template_hash: Some(hash.clone()),
+        template_generation: observed.template_generation,
         message: None,
         observed_generation: pool.metadata.generation,
         misses: None,
@@ -349,10 +360,16 @@ pub(super) fn closing(
     effects
 }
 
-/// The status of a pool that makes no pods, saying why.
-fn unusable(pool: &SandboxRunPool, claimed: usize, message: String) -> Look {
+/// The status of a pool that makes no pods, saying why: its `claimed` pods counted, of the
+/// template at `template_generation` (when it was read).
+fn unusable(
+    pool: &SandboxRunPool,
+    (claimed, template_generation): (usize, Option<i64>),
+    message: String,
+) -> Look {
     let status = SandboxRunPoolStatus {
         claimed: count(claimed),
+        template_generation,
         selector: Some(pool_pod::unclaimed_selector(&pool.name_any())),
         message: Some(message),
         observed_generation: pool.metadata.generation,

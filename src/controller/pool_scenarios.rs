@@ -249,3 +249,58 @@ async fn a_missing_template_is_said_in_the_status_and_a_not_pooled_warning() {
         [format!("PATCH {STATUS}"), "Event NotPooled".into()]
     );
 }
+
+/// A ready pool pod of the template version `hash`, sealed with the scenarios' key.
+fn sealed_pod(name: &str, hash: &str) -> Value {
+    use crate::pool::pod::{HASH_LABEL, POOL_LABEL};
+    use k8s_openapi::api::core::v1::Pod;
+    let running = |c: &str| {
+        json!({"name": c, "ready": true, "restartCount": 0, "image": "busybox",
+        "imageID": "", "state": {"running": {}}})
+    };
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "ns", "uid": format!("uid-{name}"),
+            "labels": {POOL_LABEL: "agents", HASH_LABEL: hash}},
+        "spec": {"containers": []},
+        "status": {"containerStatuses": [running(crate::pod::WORKLOAD_CONTAINER),
+            running(crate::names::HOLDER_CONTAINER)]}
+    });
+    let key = StampKey::new(b"0123456789abcdef0123456789abcdef");
+    let typed: Pod = serde_json::from_value(pod.clone()).unwrap();
+    let seal = crate::pool::seal::seal_of(&key, &typed, "agents").unwrap();
+    pod["metadata"]["annotations"] = json!({crate::pool::seal::SEAL_ANNOTATION: seal});
+    pod
+}
+
+/// Issue #54 item 4: on the old code a pool counted only its current version's pods, so the look
+/// that saw a template edit wrote `replicas: 0` (the HPA read a pool of none) and nothing told
+/// the outdated pods from the updated ones, nor which template generation the status described.
+#[tokio::test]
+async fn a_template_edit_shows_the_outdated_pods_in_replicas_and_none_updated() {
+    let outdated = json!({"apiVersion": "v1", "kind": "PodList", "metadata": {},
+        "items": [sealed_pod("agents-a", "before-the-edit"), sealed_pod("agents-b", "before-the-edit")]});
+    let pods = Route::fixed("GET", PODS, 200, outdated);
+    let (client, seen) = apiserver(Route::with("POST", PODS, created), vec![pods]);
+    super::pools::reconcile(Arc::new(pool(2)), context(client, true))
+        .await
+        .unwrap();
+    assert_eq!(
+        writes(&seen)[..2],
+        ["DELETE pod".to_string(), "DELETE pod".into()]
+    );
+    let status = status_sent(&seen);
+    assert_eq!(
+        (
+            status.replicas,
+            status.updated_replicas,
+            status.ready_replicas
+        ),
+        (2, 0, 0),
+        "{status:?}"
+    );
+    assert_eq!(
+        (status.template_generation, status.observed_generation),
+        (Some(1), Some(1))
+    );
+}

@@ -26,6 +26,7 @@ use super::error::{kube_err, ControllerError};
 use super::pool_act::carry_out;
 use super::pool_plan::{self, AfterCreate, Look, PoolEffect, PoolObserved, PoolSettings};
 use crate::api::SandboxRunPool;
+use crate::pool::gauges as pool_gauges;
 use crate::pool::pod::{self as pool_pod, POOL_LABEL};
 
 /// How often a pool is looked at again without a watch event (pods becoming ready wake it).
@@ -50,10 +51,13 @@ pub(crate) async fn run(
     });
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let mut streams = Vec::new();
+    let mut stores = Vec::new();
     for (pools, pods) in scopes {
+        let controller = Controller::new(pools, watcher::Config::default());
+        stores.push(controller.store());
         // By the pool label, not the owner: a claimed pod is the run's, and its claim (or its
         // end) must wake its pool at once, which then makes another.
-        let mut controller = Controller::new(pools, watcher::Config::default()).watches(
+        let mut controller = controller.watches(
             pods,
             watcher::Config::default().labels(POOL_LABEL),
             pool_of_pod,
@@ -71,7 +75,25 @@ pub(crate) async fn run(
             });
         streams.push(stream);
     }
+    export_gauges(&ctx, stores);
     futures::future::join_all(streams).await;
+}
+
+/// Registers `sandboxrun_pool_pods` ([`pool_gauges`]), read from the controller's `stores`: the
+/// pools this replica serves (with sharding, those of the shards it holds).
+fn export_gauges(ctx: &Context, stores: Vec<kube::runtime::reflector::Store<SandboxRunPool>>) {
+    let gate = ctx.sharding.gate.clone();
+    let serves: pool_gauges::Serves = Box::new(move |pool| match &gate {
+        None => true,
+        Some(gate) => gate
+            .shard_of_meta(&pool.metadata)
+            .is_some_and(|shard| gate.serving().borrow().contains(&shard)),
+    });
+    let registered = pool_gauges::PoolGauges::new(stores, serves)
+        .and_then(|gauges| ctx.metrics.registry.register(Box::new(gauges)));
+    if let Err(e) = registered {
+        warn!(error = %e, "the pools' gauges are not exported");
+    }
 }
 
 /// One item each time this replica acquires a shard: every pool is looked at again (the ones
@@ -182,6 +204,7 @@ async fn observe(ctx: &Context, pool: &SandboxRunPool) -> Result<PoolObserved, C
         .items;
     let reference = &pool.spec.template_ref;
     let fetched = super::observe::template(&ctx.client, &ns, reference).await?;
+    let template_generation = fetched.as_ref().ok().and_then(|t| t.as_ref()?.generation);
     let rules = (&ctx.admission.rules, &ctx.admission.rights);
     let made = match pool_plan::judged(pool, &ns, fetched, rules) {
         Ok(made) => {
@@ -198,5 +221,9 @@ async fn observe(ctx: &Context, pool: &SandboxRunPool) -> Result<PoolObserved, C
         }
         Err(why) => Err(why),
     };
-    Ok(PoolObserved { pods, made })
+    Ok(PoolObserved {
+        pods,
+        made,
+        template_generation,
+    })
 }

@@ -4,6 +4,7 @@
 //!   changes the pod), as a pure function.
 //! - [`plan`]: what a pool does next (create, replace, delete) from what it observes, and the
 //!   counts its status reports.
+//! - [`gauges`]: each pool's pods by state, exported as a metric an autoscaler scales it on.
 //! - [`judge`]: whether a pool may make pods of its template at all (the rules, no author's
 //!   rights needed).
 //! - [`egress`]: a pool pod's NetworkPolicy (templates whose runs restrict egress).
@@ -16,6 +17,7 @@
 
 pub mod compat;
 pub mod egress;
+pub mod gauges;
 pub mod judge;
 pub mod park;
 pub mod plan;

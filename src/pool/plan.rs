@@ -50,10 +50,30 @@ pub struct PoolPlan {
     pub create: usize,
     /// The unclaimed pods to delete (outdated, then surplus), by name.
     pub delete: Vec<String>,
-    /// Unclaimed current pods that are ready (`status.readyReplicas`).
+    /// What the look observed, before its deletes and creations ([`Rollout`]).
+    pub rollout: Rollout,
+}
+
+/// The pool's unclaimed pods as a look observed them (sealed, not being deleted), in the
+/// Deployment's words: the counts of its status (docs/contract.md "Warm pools"). Observed, not
+/// planned: the outdated and surplus pods this look deletes are counted until their deletion is
+/// seen, the pods it creates from the next look on, so `updated == ready == replicas ==
+/// spec.replicas` holds only once the rollout is done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Rollout {
+    /// Every version's (`status.replicas`, the scale subresource's).
+    pub replicas: usize,
+    /// The current version's (`status.updatedReplicas`).
+    pub updated: usize,
+    /// The current version's ready to be claimed (`status.readyReplicas`).
     pub ready: usize,
-    /// Unclaimed current pods not yet ready (`status.pendingReplicas`).
-    pub pending: usize,
+}
+
+impl Rollout {
+    /// The current version's not ready yet (`status.pendingReplicas`).
+    pub fn pending(&self) -> usize {
+        self.updated - self.ready
+    }
 }
 
 /// Plans the pool from its desired replica count, its template's current hash and its pods.
@@ -77,12 +97,14 @@ pub fn plan(replicas: usize, current_hash: &str, pods: &[PoolPod]) -> PoolPlan {
     keep.sort_by(|a, b| b.ready.cmp(&a.ready).then_with(|| a.name.cmp(&b.name)));
     let surplus = keep.split_off(keep.len().min(replicas));
     delete.extend(surplus.iter().map(|p| p.name.clone()));
-    let ready = keep.iter().filter(|p| p.ready).count();
     PoolPlan {
         create: replicas.saturating_sub(keep.len()),
         delete,
-        ready,
-        pending: keep.len() - ready,
+        rollout: Rollout {
+            replicas: current.len() + outdated.len(),
+            updated: current.len(),
+            ready: current.iter().filter(|p| p.ready).count(),
+        },
     }
 }
 
@@ -132,7 +154,8 @@ mod tests {
     #[test]
     fn an_empty_pool_creates_its_replicas() {
         let p = plan(3, "h1", &[]);
-        assert_eq!((p.create, p.delete.len(), p.ready, p.pending), (3, 0, 0, 0));
+        assert_eq!((p.create, p.delete.len()), (3, 0));
+        assert_eq!(p.rollout, Rollout::default());
     }
 
     #[test]
@@ -141,7 +164,7 @@ mod tests {
         let p = plan(2, "h1", &pods);
         assert_eq!(p.create, 1);
         assert!(p.delete.is_empty());
-        assert_eq!(p.ready, 1);
+        assert_eq!(p.rollout.ready, 1);
     }
 
     #[test]
@@ -156,6 +179,47 @@ mod tests {
         assert_eq!(p.create, 2);
     }
 
+    /// Issue #54 item 4: on the old code the status counted only the current version's pods, so
+    /// `updatedReplicas` could not be told from `replicas` and a rollout never showed.
+    #[test]
+    fn a_rollout_counts_the_outdated_pods_until_their_deletion_is_seen_then_the_new_ones() {
+        let old = [
+            pod("a", "old", false, true),
+            pod("b", "old", false, true),
+            pod("x", "old", true, true),
+        ];
+        let seen = |replicas, updated, ready| Rollout {
+            replicas,
+            updated,
+            ready,
+        };
+        // The look that sees the new version: two outdated unclaimed pods, none updated.
+        let p = plan(2, "new", &old);
+        assert_eq!((p.rollout, p.create), (seen(2, 0, 0), 2));
+        // The next: the outdated ones are being deleted, the new ones pending.
+        let mut next: Vec<PoolPod> = old
+            .iter()
+            .cloned()
+            .map(|mut p| {
+                p.deleting = !p.claimed;
+                p
+            })
+            .collect();
+        next.extend([
+            pod("n1", "new", false, false),
+            pod("n2", "new", false, false),
+        ]);
+        let p = plan(2, "new", &next);
+        assert_eq!(
+            (p.rollout, p.rollout.pending(), p.create),
+            (seen(2, 2, 0), 2, 0)
+        );
+        // Then ready: done, updated == ready == replicas == spec.replicas.
+        next.retain(|p| !p.deleting);
+        next.iter_mut().for_each(|p| p.ready = true);
+        assert_eq!(plan(2, "new", &next).rollout, seen(2, 2, 2));
+    }
+
     #[test]
     fn scaling_down_deletes_pending_pods_before_ready_ones() {
         let pods = [
@@ -165,7 +229,14 @@ mod tests {
         ];
         let p = plan(2, "h", &pods);
         assert_eq!(p.delete, vec!["b".to_string()]);
-        assert_eq!((p.create, p.ready, p.pending), (0, 2, 0));
+        assert_eq!(p.create, 0);
+        // Observed: the surplus pod is counted until its deletion is seen.
+        let seen = Rollout {
+            replicas: 3,
+            updated: 3,
+            ready: 2,
+        };
+        assert_eq!((p.rollout, p.rollout.pending()), (seen, 1));
     }
 
     #[test]
@@ -211,7 +282,7 @@ mod tests {
         let mut look_alike = pod("fake", "h", false, true);
         look_alike.sealed = false;
         let p = plan(1, "h", std::slice::from_ref(&look_alike));
-        assert_eq!((p.create, p.ready, p.pending), (1, 0, 0));
+        assert_eq!((p.create, p.rollout), (1, Rollout::default()));
         assert!(p.delete.is_empty(), "not the pool's to delete");
         assert_eq!(
             pick_for_claim("h", &[look_alike.clone()], "run-a", &HashSet::new()),

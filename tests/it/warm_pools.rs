@@ -34,6 +34,11 @@ const CLAIMED_BY_LABEL: &str = "sandbox.iterion.io/claimed-by";
 
 /// The operator with warm pools and the egress settings a filtered run needs.
 fn operator(ns: &str, secret: &std::path::Path) -> Operator {
+    operator_with(ns, secret, &[])
+}
+
+/// [`operator`] with `more` flags.
+fn operator_with(ns: &str, secret: &std::path::Path, more: &[&str]) -> Operator {
     let store = host_dir(&format!("store-warm-{ns}"));
     Operator::builder(ns, &format!("file://{}", store.display()))
         .flags(&[
@@ -48,6 +53,7 @@ fn operator(ns: &str, secret: &std::path::Path) -> Operator {
             "--egress-token-secret-file",
             secret.to_str().expect("utf-8 path"),
         ])
+        .flags(more)
         .start()
 }
 
@@ -332,4 +338,290 @@ async fn a_look_alike_pod_with_a_pools_or_a_claims_labels_is_never_claimed_start
         assert_ne!(status.pod_name.as_deref(), Some("lured-fake"), "{run}");
         assert_ne!(status.pod_name.as_deref(), Some("agents-fake"), "{run}");
     }
+}
+
+/// The pool's status as `kubectl wait --for=jsonpath=…` reads it: (templateGeneration,
+/// replicas, updatedReplicas, readyReplicas).
+type Seen = (Option<i64>, i32, i32, i32);
+
+/// Every status the pool `name` is seen with while the returned task runs (a watch).
+fn record_statuses(
+    pools: &Api<SandboxRunPool>,
+    name: &str,
+) -> (Arc<Mutex<Vec<Seen>>>, tokio::task::JoinHandle<()>) {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let into = seen.clone();
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = watcher(pools.clone(), config).boxed();
+    let task = tokio::spawn(async move {
+        while let Some(event) = events.next().await {
+            let Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) = event else {
+                continue;
+            };
+            let Some(s) = p.status else { continue };
+            let row = (
+                s.template_generation,
+                s.replicas,
+                s.updated_replicas,
+                s.ready_replicas,
+            );
+            if let Ok(mut seen) = into.lock() {
+                seen.push(row);
+            }
+        }
+    });
+    (seen, task)
+}
+
+/// Issue #54 item 4: a pool's status shows its rollout in the Deployment's words. After an edit
+/// of its template, `templateGeneration` follows the template's, `updatedReplicas` rises from 0
+/// to `replicas` (the outdated pods counted in `replicas` until their deletion is seen) and
+/// `readyReplicas` follows; after an edit of the pool, `observedGeneration` follows its
+/// generation. (Before, the status counted only the current version's pods and said neither
+/// `updatedReplicas` nor which template generation it described: a wait could not tell a pool
+/// that had rolled out from one that had not looked at the edit yet.)
+#[tokio::test]
+async fn a_template_edit_shows_updated_replicas_rising_to_replicas_and_the_generations_followed() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "warm-rollout").await;
+    let secret = secret_file();
+    let op = operator(&ns.name, secret.path());
+    let wide: &[&str] = &["203.0.113.0/24", "198.51.100.0/24"];
+    make_pool(&client, &ns.name, "agents", Some(wide), 2).await;
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    pool_ready(&pools, "agents", 2, &op).await;
+    let before = pools
+        .get("agents")
+        .await
+        .expect("pool")
+        .status
+        .expect("status");
+    assert_eq!(
+        (
+            before.template_generation,
+            before.replicas,
+            before.updated_replicas
+        ),
+        (Some(1), 2, 2),
+        "{before:?}"
+    );
+    let (statuses, watch) = record_statuses(&pools, "agents");
+    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
+    let narrowed = json!({"spec": {"template": {"network": {"rules": ["203.0.113.0/24"]}}}});
+    let edited = templates
+        .patch("agents", &PatchParams::default(), &Patch::Merge(&narrowed))
+        .await
+        .expect("edit the template");
+    let generation = edited.metadata.generation;
+    assert_eq!(generation, Some(2));
+    // The wait a platform team writes: the template's generation, then every count at spec.
+    let done = eventually_or_log("the rollout done", CONVERGE, &op, || {
+        let pools = pools.clone();
+        async move {
+            let s = pools.get("agents").await.ok()?.status?;
+            let counts = [s.replicas, s.updated_replicas, s.ready_replicas];
+            (s.template_generation == generation && counts == [2, 2, 2]).then_some(s)
+        }
+    })
+    .await;
+    assert_ne!(done.template_hash, before.template_hash);
+    watch.abort();
+    let seen = statuses.lock().map(|s| s.clone()).unwrap_or_default();
+    let rolling: Vec<&Seen> = seen.iter().filter(|s| s.0 == generation).collect();
+    assert!(
+        rolling.first().is_some_and(|s| s.2 < s.1 || s.3 < s.2),
+        "the first status of the new template generation shows the rollout under way: {seen:?}"
+    );
+    assert!(
+        rolling
+            .windows(2)
+            .all(|w| w[0].2 <= w[1].2 || w[1].1 < w[0].1),
+        "updatedReplicas only rises: {seen:?}"
+    );
+    // An edit of the pool itself: observedGeneration follows it.
+    let scaled = pools
+        .patch(
+            "agents",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 3}})),
+        )
+        .await
+        .expect("scale the pool");
+    let wanted = scaled.metadata.generation;
+    eventually_or_log("observedGeneration followed", CONVERGE, &op, || {
+        let pools = pools.clone();
+        async move {
+            let s = pools.get("agents").await.ok()?.status?;
+            let counts = [s.replicas, s.updated_replicas, s.ready_replicas];
+            (s.observed_generation == wanted && counts == [3, 3, 3]).then_some(())
+        }
+    })
+    .await;
+}
+
+/// Issue #54 item 4: the kube-controller-manager's HorizontalPodAutoscaler drives a pool through
+/// its scale subresource: it raises `spec.replicas` to its minReplicas and lowers it to its
+/// maxReplicas; the scale subresource's status says the pool's replicas and a selector that
+/// selects exactly them. (The bed serves no metrics API, so no metric drives it here:
+/// docs/user-guide.md "Scaling a pool with a HorizontalPodAutoscaler" says how a cluster with one
+/// does.)
+#[tokio::test]
+async fn a_horizontal_pod_autoscaler_scales_a_pool_through_its_scale_subresource() {
+    use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "warm-hpa").await;
+    let secret = secret_file();
+    let op = operator(&ns.name, secret.path());
+    make_pool(&client, &ns.name, "agents", None, 1).await;
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    pool_ready(&pools, "agents", 1, &op).await;
+    let hpa: HorizontalPodAutoscaler = serde_json::from_value(json!({
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "agents"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "sandbox.iterion.io/v1alpha1",
+                "kind": "SandboxRunPool", "name": "agents"},
+            "minReplicas": 2, "maxReplicas": 3,
+            "metrics": [{"type": "External", "external": {
+                "metric": {"name": "sandboxrun_pool_pods",
+                    "selector": {"matchLabels": {"pool": "agents", "state": "claimed"}}},
+                "target": {"type": "AverageValue", "averageValue": "1"}}}]
+        }
+    }))
+    .expect("an HPA");
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &ns.name);
+    hpas.create(&PostParams::default(), &hpa)
+        .await
+        .expect("create the HPA");
+    let desired = |n: i32, why: &'static str| {
+        let pools = pools.clone();
+        let hpas = hpas.clone();
+        let op = &op;
+        async move {
+            eventually_or_log(why, CONVERGE, op, || {
+                let (pools, hpas) = (pools.clone(), hpas.clone());
+                async move {
+                    let pool = pools.get("agents").await.ok()?;
+                    let s = pool.status?;
+                    let current = hpas.get("agents").await.ok()?.status?.current_replicas;
+                    let counts = [pool.spec.replicas, s.replicas, s.ready_replicas];
+                    (counts == [n; 3] && current == Some(n)).then_some(())
+                }
+            })
+            .await
+        }
+    };
+    desired(2, "the HPA raised the pool to its minReplicas").await;
+    pools
+        .patch(
+            "agents",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 5}})),
+        )
+        .await
+        .expect("scale the pool past the HPA's max");
+    desired(3, "the HPA lowered the pool to its maxReplicas").await;
+    let scale = pools.get_scale("agents").await.expect("the pool's scale");
+    let status = scale.status.expect("the scale's status");
+    let selector = status.selector.expect("the scale's selector");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let selected = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .expect("the selector parses")
+        .items;
+    let live = selected
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none());
+    assert_eq!((status.replicas, live.count()), (3, 3), "{selector}");
+}
+
+/// `sandboxrun_pool_pods{pool_namespace=ns, pool, state}` on the operator's metrics at `port`.
+async fn pool_pods(port: u16, ns: &str, pool: &str, state: &str) -> Option<i64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let series = format!(
+        "sandboxrun_pool_pods{{pool=\"{pool}\",pool_namespace=\"{ns}\",state=\"{state}\"}} "
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Issue #54 item 4: the metric an autoscaler scales a pool on. The operator's `/metrics` say a
+/// pool's ready pods, then its claimed one once a pod carries a claim's label, and nothing of it
+/// once the pool is deleted.
+#[tokio::test]
+async fn a_pools_ready_and_claimed_pods_are_on_the_operators_metrics_until_it_is_deleted() {
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = TestNamespace::new(&client, "warm-metric").await;
+    let secret = secret_file();
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let op = operator_with(&ns.name, secret.path(), &["--metrics-addr", &metrics]);
+    make_pool(&client, &ns.name, "agents", None, 2).await;
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    pool_ready(&pools, "agents", 2, &op).await;
+    let ns_name = ns.name.clone();
+    let seen = |state: &'static str, n: i64| {
+        let ns_name = ns_name.clone();
+        async move { (pool_pods(port, &ns_name, "agents", state).await == Some(n)).then_some(()) }
+    };
+    eventually_or_log("2 ready pool pods on /metrics", CONVERGE, &op, || {
+        seen("ready", 2)
+    })
+    .await;
+    eventually_or_log("0 claimed pool pods on /metrics", CONVERGE, &op, || {
+        seen("claimed", 0)
+    })
+    .await;
+    // A claim's labels on one ready pod (kwok serves no attach, so no run's claim completes
+    // here): the pool counts it claimed and makes another.
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    let unclaimed = format!("{POOL_LABEL}=agents,!{CLAIMED_BY_LABEL}");
+    let taken = pods
+        .list(&ListParams::default().labels(&unclaimed))
+        .await
+        .expect("list pool pods")
+        .items
+        .into_iter()
+        .next()
+        .expect("a pool pod");
+    let claim = json!({"metadata": {"labels": {CLAIMED_BY_LABEL: "a-runs-uid"}}});
+    pods.patch(
+        &taken.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(&claim),
+    )
+    .await
+    .expect("claim a pool pod");
+    eventually_or_log("1 claimed pool pod on /metrics", CONVERGE, &op, || {
+        seen("claimed", 1)
+    })
+    .await;
+    eventually_or_log("2 ready again on /metrics", CONVERGE, &op, || {
+        seen("ready", 2)
+    })
+    .await;
+    pools
+        .delete("agents", &Default::default())
+        .await
+        .expect("delete the pool");
+    eventually_or_log("the deleted pool's series gone", CONVERGE, &op, || {
+        let ns_name = ns_name.clone();
+        async move {
+            pool_pods(port, &ns_name, "agents", "ready")
+                .await
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
 }
