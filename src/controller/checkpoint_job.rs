@@ -41,8 +41,9 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>) {
     let job_ctx = Arc::clone(ctx);
     let run = Arc::clone(run);
     let named = ObjectRef::from_obj(run.as_ref());
-    ctx.in_flight.drains.start(waiter, named, cancel, move || async move {
-        let _shard = shard;
+    ctx.in_flight.drains.start(waiter, named, cancel, move |slot| async move {
+        // A checkpoint holds its slot until it ends.
+        let (_shard, _slot) = (shard, slot);
         if let Err(error) = checkpoint(&job_ctx, &run).await {
             warn!(run = %run.name_any(), namespace = ?run.namespace(), %error, "checkpoint failed; a later reconcile asks again");
         }

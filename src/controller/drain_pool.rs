@@ -141,13 +141,16 @@ impl DrainPool {
     /// answers the resourceVersion its run's last status write made (None: none known). What
     /// the job reads of the clock (the drain's deadline) starts when it has its slot. A waiting
     /// task holds only `make` (the job's future, large, is boxed when it starts), so thousands
-    /// of queued teardowns cost little memory. False when one was in flight.
+    /// of queued teardowns cost little memory. The job is given its [`Slot`]: it gives it back
+    /// by dropping it, as soon as its drains are done (a teardown's end — its final status, its
+    /// Event, its pod's delete — needs no slot: docs/contract.md "Fair drain slots"), and at the
+    /// latest when it ends. False when one was in flight.
     pub(crate) fn start<Job>(
         &self,
         waiter: Waiter,
         run: ObjectRef<SandboxRun>,
         cancel: CancellationToken,
-        make: impl FnOnce() -> Job + Send + 'static,
+        make: impl FnOnce(Slot) -> Job + Send + 'static,
     ) -> bool
     where
         Job: Future<Output = Option<String>> + Send + 'static,
@@ -164,7 +167,7 @@ impl DrainPool {
             let slot = acquire.await;
             release(&announced, &uid);
             let made = match slot {
-                Some(_slot) => Box::pin(make()).await,
+                Some(slot) => Box::pin(make(slot)).await,
                 None => None,
             };
             // Freed before it is woken: the reconcile the wake makes goes on.
@@ -434,7 +437,8 @@ mod tests {
                 waiter("ns", &format!("run-{i}")),
                 named(&format!("run-{i}")),
                 cancel,
-                move || async move {
+                move |slot| async move {
+                    let _slot = slot;
                     let now = running.fetch_add(1, SeqCst) + 1;
                     most.fetch_max(now, SeqCst);
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -462,7 +466,8 @@ mod tests {
             waiter("ns", "uid-a"),
             named("a"),
             cancel.clone(),
-            move || async move {
+            move |slot| async move {
+                let _slot = slot;
                 let _ = rx.await;
                 None
             }
@@ -472,7 +477,7 @@ mod tests {
                 waiter("ns", "uid-a"),
                 named("a"),
                 cancel.clone(),
-                || async { None }
+                |_| async { None }
             ),
             "a teardown in flight is not started twice"
         );
@@ -483,6 +488,43 @@ mod tests {
             !pool.is_in_flight("uid-a"),
             "the run is free once its job ended"
         );
+    }
+
+    /// docs/contract.md "Fair drain slots": a job that gave its slot back (its drains done)
+    /// lets the next teardown start while it still writes its end; it stays in flight until
+    /// it ends.
+    #[tokio::test]
+    async fn a_slot_given_back_starts_the_next_teardown_while_the_first_still_ends() {
+        let pool = DrainPool::new(1, None);
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let (next_tx, next_rx) = tokio::sync::oneshot::channel::<()>();
+        let cancel = CancellationToken::new();
+        assert!(pool.start(
+            waiter("ns", "uid-a"),
+            named("a"),
+            cancel.clone(),
+            move |slot| async move {
+                drop(slot);
+                let _ = rx.await;
+                None
+            }
+        ));
+        assert!(pool.start(
+            waiter("ns", "uid-b"),
+            named("b"),
+            cancel,
+            move |slot| async move {
+                let _slot = slot;
+                let _ = next_tx.send(());
+                None
+            }
+        ));
+        let started = tokio::time::timeout(Duration::from_secs(5), next_rx).await;
+        assert!(matches!(started, Ok(Ok(()))), "b waited for a's end");
+        assert!(pool.is_in_flight("uid-a"), "a is in flight until it ends");
+        let _ = tx.send(());
+        assert!(pool.wait(Duration::from_secs(10)).await);
+        assert!(!pool.is_in_flight("uid-a"));
     }
 
     /// docs/contract.md "A run's next step follows its drain", as the pool decides it: only a
@@ -518,7 +560,8 @@ mod tests {
             waiter("ns", "uid-a"),
             named("a"),
             cancel,
-            move || async move {
+            move |slot| async move {
+                let _slot = slot;
                 let _ = rx.await;
                 Some("8".to_string())
             }
@@ -552,7 +595,8 @@ mod tests {
             waiter("a", "a-0"),
             named("a-0"),
             cancel.clone(),
-            move || async move {
+            move |slot| async move {
+                let _slot = slot;
                 let _ = rx.await;
                 None
             },
@@ -565,7 +609,8 @@ mod tests {
                 waiter(namespace, run),
                 named(run),
                 cancel.clone(),
-                move || async move {
+                move |slot| async move {
+                    let _slot = slot;
                     lock(&order).push(started);
                     None
                 },

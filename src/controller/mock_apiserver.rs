@@ -72,6 +72,8 @@ pub(super) struct Route {
     method: &'static str,
     prefix: String,
     answer: Answer,
+    /// The answer is sent only once this is true ([`Route::held`]); the others go on meanwhile.
+    hold: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl Route {
@@ -95,6 +97,16 @@ impl Route {
             method,
             prefix: prefix.to_string(),
             answer: Arc::new(answer),
+            hold: None,
+        }
+    }
+
+    /// This route, its answers held back until `gate` is true (the request is logged when it
+    /// comes); the requests of other routes are answered meanwhile.
+    pub(super) fn held(self, gate: tokio::sync::watch::Receiver<bool>) -> Route {
+        Route {
+            hold: Some(gate),
+            ..self
         }
     }
 
@@ -170,7 +182,8 @@ pub(super) fn apiserver(routes: Vec<Route>) -> (kube::Client, Log) {
                     .to_string(),
                 body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
             };
-            let (status, body) = match routes.iter().find(|r| r.matches(&request)) {
+            let route = routes.iter().find(|r| r.matches(&request));
+            let (status, body) = match route {
                 Some(route) => (route.answer)(&request),
                 None => (
                     404,
@@ -178,13 +191,20 @@ pub(super) fn apiserver(routes: Vec<Route>) -> (kube::Client, Log) {
                 ),
             };
             seen.0.lock().unwrap().push(request);
-            send.send_response(
-                Response::builder()
-                    .status(status)
-                    .header(http::header::CONTENT_TYPE, "application/json")
-                    .body(Body::from(body.to_string().into_bytes()))
-                    .unwrap(),
-            );
+            let response = Response::builder()
+                .status(status)
+                .header(http::header::CONTENT_TYPE, "application/json")
+                .body(Body::from(body.to_string().into_bytes()))
+                .unwrap();
+            match route.and_then(|r| r.hold.clone()) {
+                Some(mut gate) => {
+                    tokio::spawn(async move {
+                        let _ = gate.wait_for(|open| *open).await;
+                        send.send_response(response);
+                    });
+                }
+                None => send.send_response(response),
+            }
         }
     });
     (kube::Client::new(service, "ns"), log)

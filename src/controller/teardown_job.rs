@@ -15,6 +15,7 @@ use tracing::{info, warn};
 use super::act::{self, DrainTarget};
 use super::context::Context;
 use super::decide::Trigger;
+use super::drain_pool::Slot;
 use super::drain_queue::Waiter;
 use super::drive;
 use super::error::{kube_err, ControllerError};
@@ -48,10 +49,10 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger)
         |guard| guard.cancel.clone(),
     );
     let named = ObjectRef::from_obj(run.as_ref());
-    ctx.in_flight.drains.start(waiter, named, cancel, move || async move {
+    ctx.in_flight.drains.start(waiter, named, cancel, move |slot| async move {
         let _shard = shard;
         let ctx = job_ctx;
-        let result = claimed_teardown(&ctx, &run, &trigger).await;
+        let result = claimed_teardown(&ctx, &run, &trigger, Some(slot)).await;
         if let Err(error) = result {
             ctx.metrics
                 .reconcile_errors
@@ -71,22 +72,24 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger)
 /// once): one teardown of a run at a time across replicas, whatever its shard label says
 /// (src/shard/drain_claim.rs, issue #38). Claimed, the run is read afresh first: the cache may
 /// predate what the claim's previous holder wrote. Held by a live replica: nothing is done, a
-/// later reconcile asks again.
+/// later reconcile asks again. `slot`: the teardown's drain slot, given back once its drains
+/// are done (None: the caller holds none).
 pub(super) async fn claimed_teardown(
     ctx: &Context,
     run: &SandboxRun,
     trigger: &Trigger,
+    slot: Option<Slot>,
 ) -> Result<(), ControllerError> {
     let hold = match drain_claim(ctx, run).await? {
         Claimed::Unsharded => {
             let pod = observe::own_pod(ctx.seal_check(), run).await?;
             let run = crate::started::as_started(run.clone(), pod.as_ref());
-            return teardown(ctx, &run, pod.as_ref(), trigger, None).await;
+            return teardown(ctx, &run, pod.as_ref(), trigger, (None, slot)).await;
         }
         Claimed::Busy => return Ok(()),
         Claimed::Held(hold) => hold,
     };
-    let result = fresh_teardown(ctx, run, trigger, &hold).await;
+    let result = fresh_teardown(ctx, run, trigger, (&hold, slot)).await;
     hold.release().await;
     result
 }
@@ -130,14 +133,14 @@ async fn fresh_teardown(
     ctx: &Context,
     run: &SandboxRun,
     trigger: &Trigger,
-    hold: &DrainHold,
+    (hold, slot): (&DrainHold, Option<Slot>),
 ) -> Result<(), ControllerError> {
     let Some(live) = observe::live_made_run(&ctx.client, run).await? else {
         return Ok(());
     };
     let pod = observe::own_pod(ctx.seal_check(), &live).await?;
     let live = crate::started::as_started(live, pod.as_ref());
-    teardown(ctx, &live, pod.as_ref(), trigger, Some(hold)).await
+    teardown(ctx, &live, pod.as_ref(), trigger, (Some(hold), slot)).await
 }
 
 /// The store the teardown drains into, resolved now (docs/contract.md "A store per namespace"),
@@ -196,13 +199,15 @@ enum Next {
 }
 
 /// One teardown, planned now (it has its slot in the pool): the opening, every path's outcome
-/// recorded as it is had, then the end.
+/// recorded as it is had, then the end. The slot is given back once every drain ended, before
+/// the end is written: the end drains nothing, and the next teardown need not wait for its
+/// writes (docs/contract.md "Fair drain slots").
 async fn teardown(
     ctx: &Context,
     run: &SandboxRun,
     pod: Option<&Pod>,
     trigger: &Trigger,
-    hold: Option<&DrainHold>,
+    (hold, slot): (Option<&DrainHold>, Option<Slot>),
 ) -> Result<(), ControllerError> {
     let pod_name = pod::current_pod_name(run);
     let now = Timestamp::now();
@@ -259,6 +264,7 @@ async fn teardown(
             Next::Drained => break,
         }
     }
+    drop(slot);
     // This replica stopped draining (lost lease, shutdown): the next leader ends it.
     let Some(status) = progress.finish() else {
         return Ok(());

@@ -78,7 +78,7 @@ async fn teardown(run: SandboxRun, pod: &Pod, trigger: Trigger, settle: Duration
     ];
     let (client, log) = apiserver(routes);
     let ctx = context(client, Arc::new(InMemory::new())).with_quiet_window(settle);
-    claimed_teardown(&ctx, &run, &trigger)
+    claimed_teardown(&ctx, &run, &trigger, None)
         .await
         .expect("the teardown succeeds");
     log
@@ -299,4 +299,85 @@ async fn a_run_found_draining_before_its_drains_last_write_is_left_to_that_write
         ),
         "no wake on a cache older than the drain's last write"
     );
+}
+
+/// The run `other` (uid u2), ran like [`ran`]'s, and its pod `other-sbr`.
+fn other_ran() -> (SandboxRun, Pod) {
+    let (mut r, mut pod) = ran();
+    r.metadata.name = Some("other".into());
+    r.metadata.uid = Some("u2".into());
+    if let Some(status) = r.status.as_mut() {
+        status.pod_name = Some("other-sbr".into());
+    }
+    pod.metadata.name = Some("other-sbr".into());
+    pod.metadata.uid = Some("p2".into());
+    for owner in pod.metadata.owner_references.iter_mut().flatten() {
+        owner.name = "other".into();
+        owner.uid = "u2".into();
+    }
+    (r, pod)
+}
+
+/// docs/contract.md "Fair drain slots": a teardown gives its drain slot back once its drains
+/// are done, so the next teardown starts while the first one's end (its final status, its
+/// Event, its pod's delete) is still being written — at N = 1,000 a slot was held ~1 s a
+/// teardown, of which the drain ~0.3 s (docs/performance.md "Full lifecycles"). One slot, two
+/// stopped runs; the first one's final status write is held by the apiserver. Fails on the old
+/// code: the second teardown waited for the first one's end.
+#[tokio::test]
+async fn a_teardown_gives_its_slot_back_before_its_end_is_written() {
+    const OTHER_RUN: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/other";
+    const OTHER_POD: &str = "/api/v1/namespaces/ns/pods/other-sbr";
+    let ((mut first, first_pod), (mut second, second_pod)) = (ran(), other_ran());
+    first.spec.stop = true;
+    second.spec.stop = true;
+    let (gate, held) = tokio::sync::watch::channel(false);
+    let routes = vec![
+        Route::fixed("GET", POD, 200, serde_json::to_value(&first_pod).unwrap()),
+        Route::fixed(
+            "GET",
+            OTHER_POD,
+            200,
+            serde_json::to_value(&second_pod).unwrap(),
+        ),
+        Route::fixed(
+            "DELETE",
+            POD,
+            200,
+            serde_json::to_value(&first_pod).unwrap(),
+        ),
+        Route::fixed(
+            "DELETE",
+            OTHER_POD,
+            200,
+            serde_json::to_value(&second_pod).unwrap(),
+        ),
+        Route::fixed("PATCH", STATUS, 200, written(&first)).held(held),
+        Route::fixed("PATCH", OTHER_RUN, 200, written(&second)),
+        Route::echo("POST", EVENTS, 201),
+    ];
+    let (client, log) = apiserver(routes);
+    let ctx = Arc::new(context(client, Arc::new(InMemory::new())).with_quiet_window(SETTLE));
+    start(&ctx, &Arc::new(first), Trigger::Stop);
+    start(&ctx, &Arc::new(second), Trigger::Stop);
+    let second_ended = async {
+        while log.matching("DELETE", OTHER_POD).is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let ended = tokio::time::timeout(Duration::from_secs(5), second_ended).await;
+    assert!(
+        ended.is_ok(),
+        "the second teardown waited for the first one's end: {:?}",
+        log.lines()
+    );
+    assert_eq!(log.matching("PATCH", STATUS).len(), 1, "{:?}", log.lines());
+    assert!(
+        ctx.in_flight.drains.is_in_flight("u1"),
+        "in flight until its end is written"
+    );
+    let _ = gate.send(true);
+    assert!(ctx.in_flight.drains.wait(Duration::from_secs(10)).await);
+    assert_eq!(log.matching("DELETE", POD).len(), 1, "{:?}", log.lines());
+    assert!(!ctx.in_flight.drains.is_in_flight("u1"));
 }
