@@ -58,6 +58,21 @@ pub(super) async fn deliver(
     attach_and_write(pods, pod, message).await
 }
 
+/// Hands `message` to the pod's launcher only while it waits (a restore's start or refusal,
+/// docs/contract.md "Pause, resume and fork"): Ok once it took this message or an earlier one
+/// (started, refused, reading); an error when its status cannot be read, so the caller tries
+/// again rather than count a start that never reached it.
+pub(super) async fn deliver_if_waiting(
+    pods: &Api<Pod>,
+    pod: &str,
+    message: &StartMessage,
+) -> Result<(), DeliveryError> {
+    match launch_status(pods, pod).await? {
+        LaunchStatus::Waiting => attach_and_write(pods, pod, message).await,
+        _ => Ok(()),
+    }
+}
+
 /// Attaches to the pod's workload container (stdin only) and writes `message` as one line of
 /// JSON; Ok once the attach carried it and ended. The container's stdin is `stdinOnce`: it closes
 /// when this attach ends, so the launcher never reads anything after the message.

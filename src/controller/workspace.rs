@@ -106,7 +106,7 @@ async fn restore_all(
                 why: e.to_string(),
             })?;
         let ours = manifest.run == me
-            && manifest.attempt.max(manifest.run_attempt) == from
+            && manifest.run_attempt == from
             && manifest.checkpoint.is_none()
             && manifest.index == index
             && manifest.declared_path == declared.path;
@@ -230,8 +230,7 @@ pub(super) async fn deliver(
     let message = message?;
     let ns = run.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    // As a resumed claim: only to a launcher still waiting.
-    super::launcher::deliver(&pods, pod_name, &message, true)
+    super::launcher::deliver_if_waiting(&pods, pod_name, &message)
         .await
         .map_err(|e| NotHanded(e.to_string()))
 }

@@ -26,6 +26,7 @@ use serde_json::json;
 use crate::support::*;
 
 mod chaos;
+mod pause;
 mod session;
 mod two_nodes;
 mod upgrade;

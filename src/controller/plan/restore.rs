@@ -90,7 +90,8 @@ pub(crate) fn restore_step(run: &SandboxRun, pod: &Pod) -> Option<RestoreStep> {
     }
 }
 
-/// Whether `pod`'s workload is the launcher and runs.
+/// Whether `pod`'s workload is the launcher and runs, and its holder (which the restore execs
+/// into) runs too.
 fn parked_and_running(pod: &Pod) -> bool {
     let launcher = crate::pool::park::launcher_path();
     let parked = pod.spec.as_ref().is_some_and(|s| {
@@ -99,17 +100,17 @@ fn parked_and_running(pod: &Pod) -> bool {
                 && c.command.as_ref().and_then(|c| c.first()) == Some(&launcher)
         })
     });
-    let running = pod
-        .status
-        .as_ref()
-        .and_then(|s| s.container_statuses.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.name == crate::pod::WORKLOAD_CONTAINER
-                    && c.state.as_ref().is_some_and(|s| s.running.is_some())
-            })
-        });
-    parked && running
+    let running = |name: &str| {
+        let status = pod.status.as_ref();
+        let all = status
+            .and_then(|s| s.container_statuses.as_ref())
+            .into_iter();
+        let init = status.and_then(|s| s.init_container_statuses.as_ref());
+        all.chain(init)
+            .flatten()
+            .any(|c| c.name == name && c.state.as_ref().is_some_and(|s| s.running.is_some()))
+    };
+    parked && running(crate::pod::WORKLOAD_CONTAINER) && running(crate::pod::HOLDER_CONTAINER)
 }
 
 /// The plan of a step.
@@ -262,14 +263,18 @@ mod tests {
                 ..PodSpec::default()
             }),
             status: Some(PodStatus {
-                container_statuses: Some(vec![ContainerStatus {
-                    name: crate::pod::WORKLOAD_CONTAINER.into(),
-                    state: Some(ContainerState {
-                        running: running.then(ContainerStateRunning::default),
-                        ..ContainerState::default()
-                    }),
-                    ..ContainerStatus::default()
-                }]),
+                container_statuses: Some(
+                    [crate::pod::WORKLOAD_CONTAINER, crate::pod::HOLDER_CONTAINER]
+                        .map(|name| ContainerStatus {
+                            name: name.into(),
+                            state: Some(ContainerState {
+                                running: running.then(ContainerStateRunning::default),
+                                ..ContainerState::default()
+                            }),
+                            ..ContainerStatus::default()
+                        })
+                        .to_vec(),
+                ),
                 ..PodStatus::default()
             }),
             ..Pod::default()
