@@ -12,7 +12,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::AttachParams;
 use kube::{Api, ResourceExt};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
+use tracing::{debug, info, warn};
 
 use super::context::Context;
 use super::plan::{NotHanded, NotRestored};
@@ -20,7 +21,7 @@ use crate::api::{RestoreOutcome, RestoreStatus, SandboxRun};
 use crate::store::{attempt_object_keys, read_manifest, RunRef};
 
 /// The longest one path's restore may take.
-const RESTORE_TIMEOUT: Duration = Duration::from_secs(600);
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Why a restore failed, in words for the status.
 #[derive(Debug, thiserror::Error)]
@@ -53,9 +54,13 @@ pub(super) async fn restore(
     pod_name: &str,
     from: u32,
 ) -> Result<(u64, u64), NotRestored> {
-    restore_all(ctx, run, pod_name, from)
-        .await
-        .map_err(|e| NotRestored(e.to_string()))
+    info!(run = %run.name_any(), pod = pod_name, from, "restoring the read-back paths");
+    let done = restore_all(ctx, run, pod_name, from).await;
+    match &done {
+        Ok((files, bytes)) => info!(run = %run.name_any(), files, bytes, "restored"),
+        Err(why) => warn!(run = %run.name_any(), %why, "the restore failed"),
+    }
+    done.map_err(|e| NotRestored(e.to_string()))
 }
 
 async fn restore_all(
@@ -162,10 +167,11 @@ async fn restore_one(
         "--budget".to_string(),
         manifest.cap_bytes.to_string(),
     ];
+    debug!(pod = pod_name, ?argv, "exec restore-unpack");
     let params = AttachParams::default()
         .container(crate::names::HOLDER_CONTAINER)
         .stdin(true)
-        .stdout(true)
+        .stdout(false)
         .stderr(true);
     let mut process = pods
         .exec(pod_name, argv, &params)
@@ -193,12 +199,14 @@ async fn restore_one(
             });
         }
     };
-    stdin.shutdown().await.map_err(|e| exec(e.to_string()))?;
-    drop(stdin);
+    debug!(pod = pod_name, path = %path, files = carried.files, "streamed; awaiting restore-unpack");
+    // The end of the archive ends the unpack: stdin stays open until it exits (a close can
+    // overtake data in flight on this apiserver, see `crate::plugin::session::write_argv`).
     let status = match status {
         Some(s) => s.await,
         None => None,
     };
+    drop(stdin);
     let said = errors.await.unwrap_or_default();
     match status {
         Some(s) if s.status.as_deref() == Some("Success") => Ok((carried.files, carried.bytes)),
@@ -228,6 +236,7 @@ pub(super) async fn deliver(
         message = Ok(crate::inpod::launch::StartMessage::refusal(&uid, &why));
     }
     let message = message?;
+    info!(run = %run.name_any(), pod = pod_name, refused = message.refuse.is_some(), "handing the launcher its start");
     let ns = run.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     super::launcher::deliver_if_waiting(&pods, pod_name, &message)
