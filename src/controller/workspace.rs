@@ -20,6 +20,10 @@ use super::plan::{NotHanded, NotRestored};
 use crate::api::{RestoreOutcome, RestoreStatus, SandboxRun};
 use crate::store::{attempt_object_keys, read_manifest, RunRef};
 
+/// The longest a hand-over to the launcher may take (its status, then the attach), connections
+/// included: past it the start is recorded undelivered and handed again later.
+const DELIVER_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The longest one path's restore may take.
 const RESTORE_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -239,7 +243,11 @@ pub(super) async fn deliver(
     info!(run = %run.name_any(), pod = pod_name, refused = message.refuse.is_some(), "handing the launcher its start");
     let ns = run.namespace().unwrap_or_default();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
-    super::launcher::deliver_if_waiting(&pods, pod_name, &message)
-        .await
-        .map_err(|e| NotHanded(e.to_string()))
+    let handing = super::launcher::deliver_if_waiting(&pods, pod_name, &message);
+    match tokio::time::timeout(DELIVER_TIMEOUT, handing).await {
+        Ok(handed) => handed.map_err(|e| NotHanded(e.to_string())),
+        Err(_) => Err(NotHanded(format!(
+            "the launcher did not answer within {DELIVER_TIMEOUT:?}"
+        ))),
+    }
 }
