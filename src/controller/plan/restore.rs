@@ -57,9 +57,26 @@ pub(crate) fn parked_if_due(run: &SandboxRun, pod: Pod, settings: &crate::pod::P
         return pod;
     }
     match crate::pool::park::park_in_launcher(pod.clone(), settings) {
-        Some(parked) => parked,
+        Some(parked) => holder_writes_the_paths(parked),
         None => pod,
     }
+}
+
+/// `pod` with its holder's read-back mounts writable: `restore-unpack` runs in the holder and
+/// writes the restored files there (read-only, it fails at the first member). Only a parked
+/// restore pod's holder gets them; every other holder mounts them read-only.
+fn holder_writes_the_paths(mut pod: Pod) -> Pod {
+    let holders = pod
+        .spec
+        .iter_mut()
+        .flat_map(|s| s.containers.iter_mut())
+        .filter(|c| c.name == crate::pod::HOLDER_CONTAINER);
+    for mount in holders.flat_map(|c| c.volume_mounts.iter_mut().flatten()) {
+        if mount.name.starts_with(crate::pod::READBACK_VOLUME_PREFIX) {
+            mount.read_only = None;
+        }
+    }
+    pod
 }
 
 /// What the current attempt's restore needs next.
@@ -309,6 +326,44 @@ mod tests {
         let parked = parked_if_due(&run(WorkspaceRestore::Latest, 1), plain, &settings);
         let command = parked.spec.unwrap().containers[0].command.clone().unwrap();
         assert_eq!(command[0], crate::pool::park::launcher_path());
+    }
+
+    #[test]
+    fn a_parked_restore_pods_holder_may_write_its_read_back_paths_and_no_other_holder_may() {
+        use crate::api::{ReadBack, ReadBackPath};
+        let settings = crate::pod::PodSettings::default();
+        let with_paths = |restore| {
+            let mut r = run(restore, 1);
+            r.spec.image = Some("busybox@sha256:abc".into());
+            r.spec.user = Some("1000:3000".into());
+            r.spec.read_back = Some(ReadBack {
+                paths: vec![ReadBackPath {
+                    path: "/work/out".into(),
+                    ..ReadBackPath::default()
+                }],
+                ..ReadBack::default()
+            });
+            r
+        };
+        let readback_mounts = |pod: &Pod| {
+            let spec = pod.spec.as_ref().unwrap();
+            let mut holder = spec.containers.iter();
+            let holder = holder.find(|c| c.name == crate::pod::HOLDER_CONTAINER);
+            let mounts = holder.unwrap().volume_mounts.clone().unwrap_or_default();
+            let readback = mounts.into_iter();
+            let readback =
+                readback.filter(|m| m.name.starts_with(crate::pod::READBACK_VOLUME_PREFIX));
+            readback.map(|m| m.read_only).collect::<Vec<_>>()
+        };
+        for (restore, read_only) in [
+            (WorkspaceRestore::Latest, None),
+            (WorkspaceRestore::Never, Some(true)),
+        ] {
+            let r = with_paths(restore);
+            let pod = parked_if_due(&r, crate::pod::build_pod(&r, &settings).unwrap(), &settings);
+            // restore-unpack writes through the holder's mount: read-only, it fails at once.
+            assert_eq!(readback_mounts(&pod), vec![read_only], "{restore:?}");
+        }
     }
 
     #[test]
