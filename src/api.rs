@@ -141,6 +141,13 @@ pub struct SandboxRunSpec {
     #[schemars(length(min = 1, max = 63))]
     pub checkpoint: Option<String>,
 
+    /// What a new attempt's read-back paths start with (docs/user-guide.md "Pause, resume and
+    /// fork"): `restore: Latest` restores them, before the workload starts, from the run's newest
+    /// saved generation (the previous attempt's drain). With `suspend` this is pause and resume.
+    /// The run's own, like `suspend`: a template cannot lock it and it may change at any time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<Workspace>,
+
     /// Retries (docs/user-guide.md "Retries"): a failed attempt's pod is drained into that
     /// attempt's own files and a new pod is created after a backoff, as the rules on the
     /// workload's exit code and the pod's conditions say. Without it a run has one attempt.
@@ -207,6 +214,64 @@ pub struct SandboxRunSpec {
     /// `status.template`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_ref: Option<TemplateRef>,
+}
+
+/// What a run's new attempts start their read-back paths with (`spec.workspace`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Workspace {
+    /// `Never` (the default): each attempt starts with empty read-back paths. `Latest`: each
+    /// attempt after the first starts with them restored from the run's newest saved generation.
+    #[serde(default)]
+    pub restore: WorkspaceRestore,
+}
+
+/// Which saved generation a new attempt's read-back paths are restored from.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum WorkspaceRestore {
+    /// Nothing: the paths start empty.
+    #[default]
+    Never,
+    /// The run's newest saved generation: the drain of its latest attempt whose workload ran.
+    Latest,
+}
+
+/// What one attempt's read-back paths were restored from (`status.restores[]`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreStatus {
+    /// The attempt whose paths were restored.
+    pub attempt: u32,
+    /// The attempt whose drained files they were restored from.
+    pub from_attempt: u32,
+    /// Restored: every file is in place and the workload was started; Failed: the workload was
+    /// never started (`message` says why).
+    pub outcome: RestoreOutcome,
+    /// Files restored.
+    #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
+    pub files: u64,
+    /// Bytes of file content restored.
+    #[serde(default)]
+    #[schemars(extend("format" = "int64"))]
+    pub bytes: u64,
+    /// Whether the workload's start was handed to the pod (after a restore) or its refusal
+    /// (after a failed one).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub delivered: bool,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// How an attempt's restore ended.
+#[derive(Deserialize, Serialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RestoreOutcome {
+    /// Every file of the generation is in place, verified against its manifest.
+    #[default]
+    Restored,
+    /// The restore failed: the workload was never started.
+    Failed,
 }
 
 /// A reference to the template a run is made from (docs/contract.md "Templates").
@@ -894,6 +959,10 @@ pub struct SandboxRunStatus {
     /// pooled template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_start: Option<WarmStart>,
+    /// What each attempt's read-back paths were restored from (`spec.workspace.restore`),
+    /// oldest first (docs/user-guide.md "Pause, resume and fork").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub restores: Vec<RestoreStatus>,
 }
 
 /// How a run made from a pooled template got its first pod.

@@ -735,7 +735,7 @@ pub async fn extract_verified(
 }
 
 /// The decompressed byte stream of the stored archive of `manifest`.
-async fn open_archive(
+pub(crate) async fn open_archive(
     store: &Arc<dyn ObjectStore>,
     manifest: &Manifest,
     key: &object_store::path::Path,
@@ -755,7 +755,7 @@ async fn open_archive(
 }
 
 /// The decompressed archive, whatever its compression.
-type ArchiveReader = Box<dyn AsyncRead + Unpin + Send>;
+pub(crate) type ArchiveReader = Box<dyn AsyncRead + Unpin + Send>;
 /// One member of the archive being extracted.
 type ArchiveEntry = tokio_tar::Entry<tokio_tar::Archive<ArchiveReader>>;
 
@@ -1055,17 +1055,17 @@ fn matches_record(record: &MemberRecord, total: u64, sha: &str) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::api::ReadBackPhase;
     use crate::store::MemberRecord;
     use crate::store::{RunRef, Totals, MANIFEST_SCHEMA_VERSION};
 
     /// (path in the archive, tar type byte, stored mode, content)
-    type Member<'a> = (&'a str, u8, u32, &'a [u8]);
+    pub(crate) type Member<'a> = (&'a str, u8, u32, &'a [u8]);
 
     /// Stores an uncompressed archive of `members` and its manifest in a memory store.
-    async fn stored(members: &[Member<'_>]) -> (Arc<dyn ObjectStore>, Manifest) {
+    pub(crate) async fn stored(members: &[Member<'_>]) -> (Arc<dyn ObjectStore>, Manifest) {
         let (store, _) = crate::store::store_from_url("memory://", &[]).expect("memory store");
         let manifest = stored_at(&store, members).await;
         (store, manifest)

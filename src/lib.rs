@@ -27,6 +27,7 @@ pub mod pod;
 pub mod pool;
 pub(crate) mod process;
 pub mod registry;
+pub(crate) mod restore;
 pub(crate) mod selftest;
 pub mod shard;
 mod started;

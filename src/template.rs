@@ -7,7 +7,7 @@
 //! The grammar is small on purpose: an open field is a top-level spec field ([`OpenField`]); the
 //! run's value replaces the template's, except `env`, whose variables are added to the
 //! template's (a variable the template sets stays the template's). `stop`, `suspend`,
-//! `checkpoint` and `templateRef` are always the run's own ([`RUN_OWN`]).
+//! `checkpoint`, `workspace` and `templateRef` are always the run's own ([`RUN_OWN`]).
 //!
 //! `label` in the functions below is the template as messages name it, its kind with its name
 //! ([`crate::api::TemplateRef::label`]: `SandboxRunTemplate ci`, `ClusterSandboxRunTemplate ci`).
@@ -23,7 +23,7 @@ use crate::api::{
 };
 
 /// The spec fields that are always the run's: its lifecycle switch and the reference itself.
-const RUN_OWN: [&str; 4] = ["stop", "suspend", "checkpoint", "templateRef"];
+const RUN_OWN: [&str; 5] = ["stop", "suspend", "checkpoint", "workspace", "templateRef"];
 
 /// A field the run sets that its template locks.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -653,6 +653,7 @@ mod tests {
             "stop",
             "suspend",
             "checkpoint",
+            "workspace",
             "templateRef",
             "hostState",
             "build",

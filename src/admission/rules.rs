@@ -341,6 +341,8 @@ pub fn check_update(old: &SandboxRunSpec, new: &SandboxRunSpec, pod_exists: bool
             s.stop = false;
             s.suspend = false;
             s.checkpoint = None;
+            // docs/contract.md "Pause, resume and fork": it acts on the next attempt's start.
+            s.workspace = None;
             s.ttl_seconds_after_finished = None;
             if let Some(rb) = s.read_back.as_mut() {
                 rb.retention = None;

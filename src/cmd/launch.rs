@@ -62,3 +62,28 @@ pub(crate) fn install(args: InstallArgs) -> ExitCode {
         }
     }
 }
+
+/// Arguments of `restore-unpack`.
+#[derive(Args, Debug)]
+pub(crate) struct UnpackArgs {
+    /// The read-back path (as the holder mounts it) to restore into.
+    pub(crate) dir: PathBuf,
+    /// The most bytes of file content to write (the path's cap).
+    #[arg(long)]
+    pub(crate) budget: u64,
+}
+
+/// Runs `restore-unpack` (`crate::inpod::unpack`): prints `<files> <bytes>` and exits 0 once
+/// every member is in place; 1 with the reason on stderr otherwise.
+pub(crate) fn unpack(args: UnpackArgs) -> ExitCode {
+    match crate::inpod::unpack::unpack(&args.dir, std::io::stdin().lock(), args.budget) {
+        Ok(done) => {
+            println!("{} {}", done.files, done.bytes);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("restore-unpack: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

@@ -53,6 +53,9 @@ pub(crate) enum Command {
     LaunchStatus(launch::LaunchArgs),
     /// A warm pool pod's init container: copies this binary to the launcher's volume.
     LaunchInstall(launch::InstallArgs),
+    /// Put a saved generation back into a read-back path (exec'd in the holder by the restore):
+    /// a tar on stdin, regular files and directories only.
+    RestoreUnpack(launch::UnpackArgs),
     /// List or fetch a run's drained files from the object store (found from the run's status,
     /// or --store-url).
     Files(crate::files::FilesArgs),
@@ -141,6 +144,7 @@ async fn dispatch(command: Command) -> ExitCode {
         Command::Launch(args) => launch::main(args),
         Command::LaunchStatus(args) => launch::status(args),
         Command::LaunchInstall(args) => launch::install(args),
+        Command::RestoreUnpack(args) => launch::unpack(args),
         Command::Files(args) => files::main(args).await,
         Command::Logs(args) => logs::main(args).await,
         Command::Exec(args) => session::exec(args).await,

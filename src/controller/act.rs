@@ -113,6 +113,14 @@ async fn effect_of(
         Effect::Publish(event) => publish(ctx, run, pod.filter(|_| event.about_pod), &event).await,
         Effect::ApplyNetworkPolicy(policy) => apply_network_policy(&ctx.client, &policy).await?,
         Effect::CreatePod(new) => return create_pod(&pods, &new).await.map(Some),
+        Effect::RestoreWorkspace(from) => {
+            let result = super::workspace::restore(ctx, run, pod_name, from).await;
+            return Ok(Some(Answer::Restored { from, result }));
+        }
+        Effect::DeliverStart(record) => {
+            let result = super::workspace::deliver(ctx, run, pod_name, &record).await;
+            return Ok(Some(Answer::StartDelivered { record, result }));
+        }
         Effect::CreateWorkload(w) => create_workload(&ctx.client, &ns, *w).await?,
         Effect::PatchWorkloadStatus(patch) => {
             let name = crate::kueue::workload_name(&run.name_any());

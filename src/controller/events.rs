@@ -107,6 +107,13 @@ pub(crate) const QUEUE_IGNORED: &str = "QueueIgnored";
 /// Event, once per edit; the run stays in the queue and at the priority it was queued with.
 pub(crate) const QUEUE_LABEL_EDIT_IGNORED: &str = "QueueLabelEditIgnored";
 
+/// An attempt's read-back paths were restored from an earlier attempt's files before its
+/// workload started (docs/user-guide.md "Pause, resume and fork").
+pub(crate) const WORKSPACE_RESTORED: &str = "WorkspaceRestored";
+/// An attempt's read-back paths could not be restored (the store, a file that is not its
+/// manifest's, the exec): its workload is never started and the attempt fails; the
+/// `WorkspaceRestored` condition is False with this reason.
+pub(crate) const RESTORE_FAILED: &str = "RestoreFailed";
 #[cfg(test)]
 /// The two reasons whose spelling the contract fixes (not CamelCase).
 pub(crate) const CONTRACT_REASONS: [&str; 2] = [DRAIN_FAILED, CAPPED];
@@ -148,6 +155,8 @@ pub(crate) const ALL: &[&str] = &[
     SUSPENDED,
     CHECKPOINTED,
     CHECKPOINT_REFUSED,
+    WORKSPACE_RESTORED,
+    RESTORE_FAILED,
 ];
 
 /// The reason of the Event that announces a final phase.

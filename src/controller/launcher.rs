@@ -58,6 +58,29 @@ pub(super) async fn deliver(
     attach_and_write(pods, pod, message).await
 }
 
+/// Hands `message` to the pod's launcher only while it waits (a restore's start or refusal,
+/// docs/contract.md "Pause, resume and fork"): Ok once it took this message or an earlier one
+/// (started, refused, reading); an error when its status cannot be read, so the caller tries
+/// again rather than count a start that never reached it.
+pub(super) async fn deliver_if_waiting(
+    pods: &Api<Pod>,
+    pod: &str,
+    message: &StartMessage,
+) -> Result<(), DeliveryError> {
+    if still_waits(&launch_status(pods, pod).await?) {
+        return attach_and_write(pods, pod, message).await;
+    }
+    Ok(())
+}
+
+/// Whether a launcher in `status` still waits for its start: before it runs (no marker) or
+/// while it reads (its marker taken and empty: a parked launcher takes it before it reads, so
+/// this is every running launcher no attach has reached yet; an attach that ended closed its
+/// `stdinOnce` stdin, after which the marker says what the launcher read).
+fn still_waits(status: &LaunchStatus) -> bool {
+    matches!(status, LaunchStatus::Waiting | LaunchStatus::Reading)
+}
+
 /// Attaches to the pod's workload container (stdin only) and writes `message` as one line of
 /// JSON; Ok once the attach carried it and ended. The container's stdin is `stdinOnce`: it closes
 /// when this attach ends, so the launcher never reads anything after the message.
@@ -126,4 +149,28 @@ async fn launch_status(pods: &Api<Pod>, pod: &str) -> Result<LaunchStatus, Deliv
         return Err(DeliveryError::Silent);
     }
     Ok(LaunchStatus::parse(&said))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_parked_launcher_that_took_its_marker_and_reads_is_handed_the_start() {
+        let control = tempfile::tempdir().unwrap();
+        assert!(still_waits(
+            &crate::inpod::launch::status(control.path()).unwrap()
+        ));
+        // What every running parked launcher shows: the marker taken before it reads.
+        crate::inpod::launch::take_the_start(control.path()).unwrap();
+        assert!(still_waits(
+            &crate::inpod::launch::status(control.path()).unwrap()
+        ));
+        for taken in [
+            LaunchStatus::Started("u1".into()),
+            LaunchStatus::Refused("no".into()),
+        ] {
+            assert!(!still_waits(&taken), "{taken:?}");
+        }
+    }
 }

@@ -44,6 +44,7 @@ pub(crate) mod retry;
 pub(crate) mod status;
 mod teardown_job;
 mod warm;
+mod workspace;
 
 #[cfg(test)]
 mod act_scenarios;

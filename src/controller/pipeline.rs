@@ -200,6 +200,15 @@ async fn through_stages(
             None => step,
         },
     };
+    // A parked attempt's restore, then its start (docs/contract.md "Pause, resume and fork").
+    if let (decide::Step::TrackPod { .. }, Some(pod)) = (&step, observation.pod.as_ref()) {
+        if let Some(due) = plan::restore_step(run, pod) {
+            let plan = plan::restore_plan(due);
+            let requeue =
+                drive::carry_out(ctx, run, &observation.pod_name, Some(pod), plan, now).await?;
+            return Ok(Through::Held(requeue));
+        }
+    }
     let claim = (step, queue);
     Ok(
         match warm::through_pool(ctx, (run, own), claim, inputs, rights_verified, now).await? {

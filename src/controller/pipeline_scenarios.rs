@@ -717,3 +717,101 @@ async fn a_run_labelled_for_a_queue_without_kueue_says_so_before_it_runs_unqueue
         log.lines()
     );
 }
+
+/// A run with `spec.workspace.restore: Latest` at its second attempt (the first ended, paused).
+fn resuming() -> SandboxRun {
+    let mut r = run();
+    r.spec.workspace = Some(crate::api::Workspace {
+        restore: crate::api::WorkspaceRestore::Latest,
+    });
+    r.status = Some(SandboxRunStatus {
+        phase: Some(Phase::Pending),
+        attempt: Some(2),
+        attempts: vec![crate::api::AttemptStatus {
+            index: 1,
+            pod_name: "demo-sbr".into(),
+            reason: "Suspended".into(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
+    r
+}
+
+const POD_A2: &str = "/api/v1/namespaces/ns/pods/demo-sbr-a2";
+
+/// docs/contract.md "Pause, resume and fork": the resumed attempt's pod is created parked in the
+/// launcher (its command the launcher's, its workload waiting for the start), never started
+/// with its paths empty. Fails on the old code: the pod ran the run's command at once.
+#[tokio::test]
+async fn a_resumed_attempts_pod_is_created_parked_until_its_paths_are_restored() {
+    let r = resuming();
+    let no_pod = Route::fixed("GET", POD_A2, 404, status_failure(404, "NotFound", "no"));
+    let (client, log) = apiserver(routes(&r, no_pod));
+    let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    assert_eq!(done.step, Some("create_pod"));
+    let created: Pod = serde_json::from_value(log.matching("POST", PODS)[0].body.clone()).unwrap();
+    let spec = created.spec.unwrap();
+    let workload = spec
+        .containers
+        .iter()
+        .find(|c| c.name == crate::pod::WORKLOAD_CONTAINER)
+        .unwrap();
+    assert_eq!(
+        workload.command.as_ref().unwrap()[0],
+        crate::pool::park::launcher_path()
+    );
+    assert_eq!(workload.stdin_once, Some(true));
+}
+
+/// The resumed attempt's parked pod runs and attempt 1's manifest is not in the store: the
+/// restore fails before anything is exec'd, the launcher is asked (launch-status) before it is
+/// handed anything, and — the mock cannot attach — the failure is recorded undelivered: no
+/// start, no Event, tried again. Never the run's start after a failed restore.
+#[tokio::test]
+async fn a_failed_restore_is_recorded_and_never_followed_by_the_runs_start() {
+    let mut r = resuming();
+    if let Some(s) = r.status.as_mut() {
+        s.pod_name = Some("demo-sbr-a2".into());
+        s.phase = Some(Phase::Running);
+    }
+    let settings = crate::pod::PodSettings::default();
+    let built = crate::pod::build_pod(&r, &settings).unwrap();
+    let mut pod = crate::pool::park::park_in_launcher(built, &settings).unwrap();
+    pod.metadata.uid = Some("p2".into());
+    pod.status = Some(serde_json::from_value(json!({
+        "phase": "Running",
+        "containerStatuses": [
+            {"name": crate::pod::WORKLOAD_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}},
+            {"name": HOLDER_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}}
+        ]
+    }))
+    .unwrap());
+    let pod_json = serde_json::to_value(&pod).unwrap();
+    let mut all = routes(&r, Route::fixed("GET", POD_A2, 200, pod_json));
+    all.push(Route::fixed("PATCH", STATUS, 200, written(&r)));
+    let (client, log) = apiserver(all);
+    reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    let lines = log.lines();
+    assert!(
+        !lines.iter().any(|l| l.contains("/attach")),
+        "no start handed over: {lines:?}"
+    );
+    let patch = &log.matching("PATCH", STATUS);
+    let last = &patch.last().expect("the status is written").body;
+    let restore = &last["status"]["restores"][0];
+    assert_eq!(restore["outcome"], "Failed", "{last}");
+    assert_eq!(restore["fromAttempt"], 1);
+    assert!(restore.get("delivered").is_none(), "{restore}");
+    assert!(
+        restore["message"].as_str().unwrap().contains("manifest"),
+        "{restore}"
+    );
+    // launch-status asked before anything is written to the launcher.
+    let exec = lines
+        .iter()
+        .position(|l| l.contains("/exec"))
+        .expect("launch-status");
+    let status = lines.iter().position(|l| l.contains("/status")).unwrap();
+    assert!(exec < status, "{lines:?}");
+}

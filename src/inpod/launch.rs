@@ -40,6 +40,10 @@ pub struct StartMessage {
     pub argv: Vec<String>,
     #[serde(default)]
     pub env: Vec<(String, String)>,
+    /// Set: the operator refuses the start (a restore failed, docs/contract.md "Pause, resume
+    /// and fork"): the launcher runs nothing and exits 127 with this reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refuse: Option<String>,
 }
 
 /// Why the launcher or a delivery refused.
@@ -53,6 +57,8 @@ pub enum LaunchError {
     Invalid(String),
     #[error("the start message ended before its end of line")]
     Unterminated,
+    #[error("the operator refused the start: {0}")]
+    RefusedByOperator(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }
@@ -69,8 +75,22 @@ impl StartMessage {
         Ok(msg)
     }
 
-    /// The checks `execve` would otherwise fail on, with a reason that names the item.
+    /// The message that refuses the start of run `run` (why): nothing is run.
+    pub fn refusal(run: &str, why: &str) -> StartMessage {
+        StartMessage {
+            run: run.to_string(),
+            argv: Vec::new(),
+            env: Vec::new(),
+            refuse: Some(why.chars().take(4096).collect()),
+        }
+    }
+
+    /// The checks `execve` would otherwise fail on, with a reason that names the item; a
+    /// refusal is refused.
     fn check(&self) -> Result<(), LaunchError> {
+        if let Some(why) = &self.refuse {
+            return Err(LaunchError::RefusedByOperator(why.clone()));
+        }
         let invalid = |s: &str| Err(LaunchError::Invalid(s.to_string()));
         if self.argv.first().is_none_or(|a| a.is_empty()) {
             return invalid("argv is empty (the run has no command)");
@@ -224,6 +244,7 @@ mod tests {
             run: "uid-1".into(),
             argv: argv.iter().map(|s| s.to_string()).collect(),
             env: vec![("TASK".into(), "42".into())],
+            refuse: None,
         }
     }
 
@@ -272,6 +293,18 @@ mod tests {
             read_line_bounded(&b"{\"argv\":[\"/bin/true\"]}"[..]),
             Err(LaunchError::Unterminated)
         ));
+    }
+
+    #[test]
+    fn a_refused_start_runs_nothing_and_says_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = StartMessage::refusal("uid-1", "sha mismatch");
+        let err = wait_for_start(dir.path(), &line(&m)[..]).unwrap_err();
+        assert!(matches!(err, LaunchError::RefusedByOperator(ref w) if w == "sha mismatch"));
+        assert_eq!(
+            status(dir.path()).unwrap(),
+            LaunchStatus::Refused("the operator refused the start: sha mismatch".into())
+        );
     }
 
     #[test]

@@ -277,6 +277,7 @@ pub fn start_message(cold: &Pod, run_uid: &str) -> Option<StartMessage> {
         run: run_uid.to_string(),
         argv,
         env,
+        refuse: None,
     })
 }
 

@@ -37,6 +37,7 @@ mod drains;
 mod egress;
 mod helm;
 mod kueue;
+mod pause;
 mod samples;
 mod session;
 mod two_nodes;

@@ -30,6 +30,20 @@ pub(crate) enum Answer {
     /// The store the run uses now, for the delete of its stored files (`retention: Delete`), or
     /// why it cannot be used ([`NotPurged::StoreUnusable`]).
     PurgeStore(Result<Box<RunStore>, NotPurged>),
+    /// The current attempt's paths were restored from attempt `from` (files, bytes), or not (why).
+    Restored {
+        /// The attempt whose files.
+        from: u32,
+        /// What, or why not.
+        result: super::restore::RestoreResult,
+    },
+    /// The launcher was handed `record`'s start or refusal, or not (why).
+    StartDelivered {
+        /// The restore's record.
+        record: Box<crate::api::RestoreStatus>,
+        /// Handed, or why not.
+        result: Result<(), super::restore::NotHanded>,
+    },
     /// The run's stored files under `location` were deleted (how many objects) or not (why).
     FilesPurged {
         /// The count, or why not.
@@ -95,6 +109,10 @@ pub(crate) fn after(
         }
         Answer::FilesPurged { result, location } => {
             return after_purge(result.clone(), location, rest, requeue, inputs)
+        }
+        Answer::Restored { from, result } => super::restore::restored(run, *from, result),
+        Answer::StartDelivered { record, result } => {
+            super::restore::delivered(run, record, result, now)
         }
     };
     plan.effects.extend(rest);

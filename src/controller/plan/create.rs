@@ -40,7 +40,13 @@ pub(super) fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
         return StepPlan::Carry(Box::new(rights_unverified(run, why, now)));
     }
     match built {
-        Ok(pod) => StepPlan::CreatePod(Box::new(pod)),
+        // An attempt that starts with its paths restored is parked in the launcher until then
+        // (docs/contract.md "Pause, resume and fork").
+        Ok(pod) => StepPlan::CreatePod(Box::new(super::restore::parked_if_due(
+            run,
+            pod,
+            inputs.pod_settings,
+        ))),
         // A malformed run is recorded and awaited (a spec change wakes it), not retried hot.
         Err(e) => StepPlan::Carry(Box::new(invalid_spec(
             run,

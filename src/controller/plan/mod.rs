@@ -21,6 +21,7 @@ mod create;
 mod finish;
 mod model;
 mod queued;
+mod restore;
 mod teardown;
 #[cfg(test)]
 pub(super) mod testing;
@@ -50,6 +51,7 @@ pub(crate) use model::{
     IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN, NAME_CONFLICT_REQUEUE, SETTLE,
 };
 pub(crate) use queued::queued;
+pub(crate) use restore::{plan_of as restore_plan, restore_step, NotHanded, NotRestored};
 /// The end of a run's teardown (the GitOps fixtures build one from it).
 #[cfg(test)]
 pub(crate) use teardown::teardown_end;

@@ -1,0 +1,253 @@
+//! The I/O of a restore (docs/contract.md "Pause, resume and fork"), carried out by the act
+//! stage ([`super::act`]) for the effects `RestoreWorkspace` and `DeliverStart`: each declared
+//! path's manifest of the source attempt read from the store the run uses now (its keys computed
+//! from the run's own namespace, name and uid: never a key the status or a manifest names), the
+//! manifest checked to be that run's, that attempt's and that path's, the archive streamed checked
+//! ([`crate::restore`]) into `restore-unpack` exec'd in the parked pod's holder; then the start
+//! (or the refusal) handed to the launcher through `pods/attach` ([`super::launcher`]). What the
+//! answers mean is planned elsewhere (`plan::restore`).
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::AttachParams;
+use kube::{Api, ResourceExt};
+use tokio::io::AsyncReadExt;
+use tracing::{debug, info, warn};
+
+use super::context::Context;
+use super::plan::{NotHanded, NotRestored};
+use crate::api::{RestoreOutcome, RestoreStatus, SandboxRun};
+use crate::store::{attempt_object_keys, read_manifest, RunRef};
+
+/// The longest a hand-over to the launcher may take (its status, then the attach), connections
+/// included: past it the start is recorded undelivered and handed again later.
+const DELIVER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The longest one path's restore may take.
+const RESTORE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Why a restore failed, in words for the status.
+#[derive(Debug, thiserror::Error)]
+enum Failed {
+    #[error("the run cannot be started after a restore: {0}")]
+    NoCommand(String),
+    #[error("the run's store cannot be used: {0}")]
+    Store(String),
+    #[error("attempt {attempt}'s manifest of {path} cannot be read: {why}")]
+    Manifest {
+        attempt: u32,
+        path: String,
+        why: String,
+    },
+    #[error("the manifest at {0} is not this run's, this attempt's or this path's")]
+    NotOurs(String),
+    #[error("{path}: {why}")]
+    Stream { path: String, why: String },
+    #[error("exec restore-unpack for {path}: {why}")]
+    Exec { path: String, why: String },
+    #[error("restoring {0} took longer than {RESTORE_TIMEOUT:?}")]
+    Timeout(String),
+}
+
+/// Restores every declared path of `run`'s current attempt, in its parked pod `pod_name`, from
+/// attempt `from`'s files: (files, bytes), or why not.
+pub(super) async fn restore(
+    ctx: &Context,
+    run: &SandboxRun,
+    pod_name: &str,
+    from: u32,
+) -> Result<(u64, u64), NotRestored> {
+    info!(run = %run.name_any(), pod = pod_name, from, "restoring the read-back paths");
+    let done = restore_all(ctx, run, pod_name, from).await;
+    match &done {
+        Ok((files, bytes)) => info!(run = %run.name_any(), files, bytes, "restored"),
+        Err(why) => warn!(run = %run.name_any(), %why, "the restore failed"),
+    }
+    done.map_err(|e| NotRestored(e.to_string()))
+}
+
+async fn restore_all(
+    ctx: &Context,
+    run: &SandboxRun,
+    pod_name: &str,
+    from: u32,
+) -> Result<(u64, u64), Failed> {
+    // A run the launcher cannot start (no command) is refused before anything is restored.
+    let built =
+        crate::pod::build_pod(run, &ctx.pod).map_err(|e| Failed::NoCommand(e.to_string()))?;
+    if crate::pool::pod::start_message(&built, "").is_none() {
+        return Err(Failed::NoCommand(
+            "spec.command is not set: the launcher starts only a command the run names".into(),
+        ));
+    }
+    let store = ctx
+        .run_store(run)
+        .await
+        .map_err(|e| Failed::Store(e.to_string()))?;
+    let ns = run.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let pod = pods.get(pod_name).await.map_err(|e| Failed::Exec {
+        path: pod_name.to_string(),
+        why: e.to_string(),
+    })?;
+    let me = RunRef {
+        namespace: ns,
+        name: run.name_any(),
+        uid: run.uid().unwrap_or_default(),
+    };
+    let paths = run.spec.read_back.as_ref().map(|r| r.paths.clone());
+    let (mut files, mut bytes) = (0, 0);
+    for (index, declared) in paths.unwrap_or_default().iter().enumerate() {
+        let keys = attempt_object_keys(
+            &store.prefix,
+            &me,
+            from,
+            index,
+            &declared.path,
+            crate::api::Compression::None,
+        );
+        let manifest = read_manifest(&store.store, &keys.manifest)
+            .await
+            .map_err(|e| Failed::Manifest {
+                attempt: from,
+                path: declared.path.clone(),
+                why: e.to_string(),
+            })?;
+        let ours = manifest.run == me
+            && manifest.run_attempt == from
+            && manifest.checkpoint.is_none()
+            && manifest.index == index
+            && manifest.declared_path == declared.path;
+        if !ours {
+            return Err(Failed::NotOurs(keys.manifest.to_string()));
+        }
+        let requested = declared
+            .size_limit
+            .as_ref()
+            .and_then(|q| crate::units::quantity_to_bytes(q).ok());
+        let cap = ctx.caps.effective(requested);
+        let holder_path = crate::pod::holder_mount(&pod, index)
+            .unwrap_or_else(|| crate::inpod::holder::holder_path(&declared.path));
+        let one = restore_one(
+            ctx,
+            (&pods, pod_name),
+            (&store.store, manifest),
+            &holder_path,
+            cap,
+        );
+        let (f, b) = tokio::time::timeout(RESTORE_TIMEOUT, one)
+            .await
+            .map_err(|_| Failed::Timeout(declared.path.clone()))??;
+        files += f;
+        bytes += b;
+    }
+    Ok((files, bytes))
+}
+
+/// One path: `restore-unpack` exec'd in the holder, the checked stream written to its stdin,
+/// its exit awaited; (files, bytes).
+async fn restore_one(
+    ctx: &Context,
+    (pods, pod_name): (&Api<Pod>, &str),
+    (store, mut manifest): (
+        &std::sync::Arc<dyn object_store::ObjectStore>,
+        crate::store::Manifest,
+    ),
+    holder_path: &str,
+    cap: u64,
+) -> Result<(u64, u64), Failed> {
+    let path = manifest.declared_path.clone();
+    // The cap is the run's, never what a manifest claims.
+    manifest.cap_bytes = manifest.cap_bytes.min(cap);
+    let exec = |why: String| Failed::Exec {
+        path: path.clone(),
+        why,
+    };
+    let argv = vec![
+        ctx.pod.holder_binary.clone(),
+        "restore-unpack".to_string(),
+        holder_path.to_string(),
+        "--budget".to_string(),
+        manifest.cap_bytes.to_string(),
+    ];
+    debug!(pod = pod_name, ?argv, "exec restore-unpack");
+    let params = AttachParams::default()
+        .container(crate::names::HOLDER_CONTAINER)
+        .stdin(true)
+        .stdout(false)
+        .stderr(true);
+    let mut process = pods
+        .exec(pod_name, argv, &params)
+        .await
+        .map_err(|e| exec(e.to_string()))?;
+    let mut stdin = process.stdin().ok_or_else(|| exec("no stdin".into()))?;
+    let stderr = process.stderr();
+    let status = process.take_status();
+    let errors = tokio::spawn(async move {
+        let mut said = String::new();
+        if let Some(mut s) = stderr {
+            let _ = (&mut s).take(4096).read_to_string(&mut said).await;
+        }
+        said
+    });
+    let streamed = crate::restore::restore_path(store, &manifest, &mut stdin).await;
+    let carried = match streamed {
+        Ok(carried) => carried,
+        Err(e) => {
+            // Never the end of the archive: the unpacker fails, the start is never handed over.
+            process.abort();
+            return Err(Failed::Stream {
+                path,
+                why: e.to_string(),
+            });
+        }
+    };
+    debug!(pod = pod_name, path = %path, files = carried.files, "streamed; awaiting restore-unpack");
+    // The end of the archive ends the unpack: stdin stays open until it exits (a close can
+    // overtake data in flight on this apiserver, see `crate::plugin::session::write_argv`).
+    let status = match status {
+        Some(s) => s.await,
+        None => None,
+    };
+    drop(stdin);
+    let said = errors.await.unwrap_or_default();
+    match status {
+        Some(s) if s.status.as_deref() == Some("Success") => Ok((carried.files, carried.bytes)),
+        Some(s) => Err(exec(format!(
+            "{} {}",
+            s.message.unwrap_or_default(),
+            said.trim()
+        ))),
+        None => Err(exec(format!("ended without a status {}", said.trim()))),
+    }
+}
+
+/// Hands the parked launcher of `pod_name` the run's start, or — `record` says the restore
+/// failed — a refusal that names why (the launcher exits 127 and the workload never runs).
+pub(super) async fn deliver(
+    ctx: &Context,
+    run: &SandboxRun,
+    pod_name: &str,
+    record: &RestoreStatus,
+) -> Result<(), NotHanded> {
+    let uid = run.uid().unwrap_or_default();
+    let built = crate::pod::build_pod(run, &ctx.pod).map_err(|e| NotHanded(e.to_string()))?;
+    let mut message = crate::pool::pod::start_message(&built, &uid)
+        .ok_or_else(|| NotHanded("the run has no command for the launcher to start".into()));
+    if record.outcome == RestoreOutcome::Failed {
+        let why = record.message.clone().unwrap_or_default();
+        message = Ok(crate::inpod::launch::StartMessage::refusal(&uid, &why));
+    }
+    let message = message?;
+    info!(run = %run.name_any(), pod = pod_name, refused = message.refuse.is_some(), "handing the launcher its start");
+    let ns = run.namespace().unwrap_or_default();
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let handing = super::launcher::deliver_if_waiting(&pods, pod_name, &message);
+    match tokio::time::timeout(DELIVER_TIMEOUT, handing).await {
+        Ok(handed) => handed.map_err(|e| NotHanded(e.to_string())),
+        Err(_) => Err(NotHanded(format!(
+            "the launcher did not answer within {DELIVER_TIMEOUT:?}"
+        ))),
+    }
+}

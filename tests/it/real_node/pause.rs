@@ -1,0 +1,157 @@
+//! Issue #54 item 1 on real containers: pause and resume with the workspace restored
+//! (`spec.workspace.restore: Latest` with `spec.suspend`, docs/user-guide.md "Pause, resume and
+//! fork"). The resumed attempt's pod is parked in the launcher, its read-back paths are restored
+//! by `restore-unpack` in the holder (as the run's user), and only then does its workload start;
+//! a restore that fails never starts it.
+
+use sandboxrun_operator::api::{RestoreOutcome, Workspace, WorkspaceRestore};
+
+use super::*;
+
+/// The script both tests run: attempt 1 writes files and sleeps until it is paused; a later
+/// attempt records what it finds (the file's content, its owner's uid, a nested file's size) and
+/// ends.
+const SCRIPT: &str = r#"D="$ITERION_ARTIFACT_FILES_DIR"
+if [ "$SANDBOXRUN_ATTEMPT" -eq 1 ]; then
+  echo hello > "$D/a.txt"; mkdir -p "$D/sub/deep"; head -c 300000 /dev/urandom > "$D/sub/deep/big"
+  exec sleep 3600
+fi
+echo ran > "$D/ran.txt"
+echo "$(cat "$D/a.txt") $(stat -c %u "$D/a.txt") $(stat -c %s "$D/sub/deep/big")" > "$D/seen.txt""#;
+
+fn pausing_spec() -> SandboxRunSpec {
+    let mut spec = real_spec(Some(SCRIPT), &["/work/out"]);
+    spec.workspace = Some(Workspace {
+        restore: WorkspaceRestore::Latest,
+    });
+    spec
+}
+
+/// Starts `name`, waits for it to run, pauses it and waits until attempt 1 is drained.
+async fn run_then_pause(bed: &RealBed, name: &str) -> SandboxRun {
+    create(&bed.runs, name, pausing_spec()).await;
+    wait_run(
+        &bed.runs,
+        name,
+        "Running",
+        &bed.op,
+        phase_is(Phase::Running),
+    )
+    .await;
+    // Past the first write (the script writes at once; a moment for the shell to run).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    set_suspend(bed, name, true).await;
+    wait_run(&bed.runs, name, "attempt 1 drained, paused", &bed.op, |r| {
+        r.status.as_ref().is_some_and(|s| {
+            s.attempts.len() == 1
+                && s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.reason == "Suspended")
+        })
+    })
+    .await
+}
+
+async fn set_suspend(bed: &RealBed, name: &str, on: bool) {
+    bed.runs
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"suspend": on}})),
+        )
+        .await
+        .expect("patch spec.suspend");
+}
+
+/// Paused, then resumed: the new attempt's workload finds attempt 1's files — the same content,
+/// owned by the run's uid (1000), the nested file whole — and the run records where they came
+/// from. On the old code the field does not exist and the resumed attempt starts empty.
+#[tokio::test]
+async fn a_paused_sandbox_resumes_with_its_files_restored_before_its_workload_starts() {
+    let bed = RealBed::new("real-pause").await;
+    let paused = run_then_pause(&bed, "agent").await;
+    let first = &paused.status.as_ref().expect("status").attempts[0];
+    assert_eq!(
+        first.read_back[0].phase,
+        ReadBackPhase::Drained,
+        "{first:?}"
+    );
+    set_suspend(&bed, "agent", false).await;
+    let done = wait_run(&bed.runs, "agent", "a final phase", &bed.op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let restore = status.restores.first().expect("status.restores");
+    assert_eq!(
+        (
+            restore.attempt,
+            restore.from_attempt,
+            restore.outcome,
+            restore.files
+        ),
+        (2, 1, RestoreOutcome::Restored, 2),
+        "{restore:?}"
+    );
+    assert!(restore.delivered, "{restore:?}");
+    let dir = files_get_attempt(&bed.ns.name, "agent", &bed.store_url, 2);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("seen.txt")).expect("seen.txt"),
+        "hello 1000 300000\n"
+    );
+    let events = run_events(&bed.client, &bed.ns.name, "agent").await;
+    assert!(
+        events.iter().any(|e| e.starts_with("WorkspaceRestored:")),
+        "{events:?}"
+    );
+}
+
+/// A paused run whose stored archive was tampered with in the store: the resume is a
+/// `RestoreFailed` Warning and `WorkspaceRestored=False`, and the workload never runs (its
+/// attempt fails with the launcher's 127, and writes nothing). On the old code there is no
+/// restore at all.
+#[tokio::test]
+async fn a_tampered_archive_makes_the_resume_a_warning_and_the_workload_never_runs() {
+    let bed = RealBed::new("real-pause-tamper").await;
+    let paused = run_then_pause(&bed, "agent").await;
+    let object = paused.status.as_ref().expect("status").attempts[0].read_back[0]
+        .object
+        .clone()
+        .expect("attempt 1's archive");
+    let path = object
+        .strip_prefix("file://")
+        .unwrap_or_else(|| panic!("a file:// object: {object}"));
+    let mut bytes = std::fs::read(path).expect("read the stored archive");
+    assert!(bytes.len() > 1024, "{path}: {} bytes", bytes.len());
+    // Flip bytes in the middle of the stored object (a tenant holds its store's credentials).
+    let middle = bytes.len() / 2;
+    for b in &mut bytes[middle..middle + 64] {
+        *b ^= 0x5a;
+    }
+    std::fs::write(path, &bytes).expect("tamper with the stored archive");
+    set_suspend(&bed, "agent", false).await;
+    let done = wait_run(&bed.runs, "agent", "a final phase", &bed.op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
+    let restore = status.restores.first().expect("status.restores");
+    assert_eq!(restore.outcome, RestoreOutcome::Failed, "{restore:?}");
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "WorkspaceRestored")
+        .expect("WorkspaceRestored condition");
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "RestoreFailed"),
+        "{condition:?}"
+    );
+    assert_eq!(status.exit_code, Some(127), "{status:?}");
+    let events = run_events(&bed.client, &bed.ns.name, "agent").await;
+    assert!(
+        events.iter().any(|e| e.starts_with("RestoreFailed:")),
+        "{events:?}"
+    );
+    let dir = files_get_attempt(&bed.ns.name, "agent", &bed.store_url, 2);
+    assert!(
+        !dir.join("ran.txt").exists(),
+        "the workload never ran after a failed restore"
+    );
+}
