@@ -14,7 +14,7 @@ import pytest
 from helpers import manifest_doc, tar_of
 
 from sandboxrun import RunFiles, StoreReader
-from sandboxrun.clouds import AzureSettings, GcsSettings
+from sandboxrun.clouds import AzureSettings, GcsSettings, azure_client, gcs_client
 from sandboxrun.errors import StoreError, UnsafeArchive
 from sandboxrun.status import RunStatus
 
@@ -27,8 +27,9 @@ FILES = {"notes.txt": b"kept\n", "big.bin": bytes(range(256)) * 4096}
 def _gcs() -> tuple[StoreReader, str, Put]:
     endpoint = os.environ["SANDBOXRUN_TEST_GCS_ENDPOINT"]
     bucket_name = os.environ["SANDBOXRUN_TEST_GCS_BUCKET"]
-    reader = StoreReader(gcs=GcsSettings(endpoint=endpoint))
-    bucket = reader._gcs_client().bucket(bucket_name)
+    settings = GcsSettings(endpoint=endpoint)
+    reader = StoreReader(gcs=settings)
+    bucket = gcs_client(settings).bucket(bucket_name)
     return reader, f"gs://{bucket_name}", lambda key, data: bucket.blob(key).upload_from_string(data)
 
 
@@ -40,7 +41,7 @@ def _azure() -> tuple[StoreReader, str, Put]:
     )
     container = os.environ["SANDBOXRUN_TEST_AZURE_CONTAINER"]
     reader = StoreReader(azure=settings)
-    service = reader._azure_client()
+    service = azure_client(settings)
     return reader, f"az://{container}", lambda key, data: service.get_blob_client(container, key).upload_blob(
         data, overwrite=True
     )

@@ -68,9 +68,7 @@ def open_gcs(settings: GcsSettings, url: str, bucket: str, key: str) -> IO[bytes
     except ImportError as e:
         raise StoreError(f"{url}: reading gs:// needs google-cloud-storage (pip install 'sandboxrun[gcs]')") from e
     try:
-        if settings.client is None:
-            settings.client = _gcs_client(settings)
-        blob = settings.client.bucket(bucket).get_blob(key)
+        blob = gcs_client(settings).bucket(bucket).get_blob(key)
         if blob is None:
             raise StoreError(f"{url}: no such object")
         reader = blob.open("rb", chunk_size=CHUNK_BYTES)
@@ -79,7 +77,14 @@ def open_gcs(settings: GcsSettings, url: str, bucket: str, key: str) -> IO[bytes
     return io.BufferedReader(_Sized(reader.read, blob.size), CHUNK_BYTES)
 
 
-def _gcs_client(settings: GcsSettings) -> Any:
+def gcs_client(settings: GcsSettings) -> Any:
+    """The settings' GCS client, made on first use and kept in them."""
+    if settings.client is None:
+        settings.client = _new_gcs_client(settings)
+    return settings.client
+
+
+def _new_gcs_client(settings: GcsSettings) -> Any:
     from google.cloud import storage
 
     if settings.endpoint:
@@ -96,15 +101,20 @@ def open_azure(settings: AzureSettings, url: str, container: str, key: str) -> I
     except ImportError as e:
         raise StoreError(f"{url}: reading az:// needs azure-storage-blob (pip install 'sandboxrun[azure]')") from e
     try:
-        if settings.client is None:
-            settings.client = _azure_client(settings)
-        download = settings.client.get_blob_client(container, key).download_blob(max_concurrency=1)
+        download = azure_client(settings).get_blob_client(container, key).download_blob(max_concurrency=1)
     except (AzureError, ValueError) as e:
         raise StoreError(f"{url}: {e}") from e
     return io.BufferedReader(_Sized(download.read, download.size), CHUNK_BYTES)
 
 
-def _azure_client(settings: AzureSettings) -> Any:
+def azure_client(settings: AzureSettings) -> Any:
+    """The settings' ``BlobServiceClient``, made on first use and kept in them."""
+    if settings.client is None:
+        settings.client = _new_azure_client(settings)
+    return settings.client
+
+
+def _new_azure_client(settings: AzureSettings) -> Any:
     import os
 
     from azure.storage.blob import BlobServiceClient

@@ -94,22 +94,6 @@ class StoreReader:
         self._region = region
         self._s3 = s3_client
 
-    def _gcs_client(self) -> Any:
-        """The GCS client this reader uses (made from its settings on first use)."""
-        from .clouds import _gcs_client
-
-        if self._gcs.client is None:
-            self._gcs.client = _gcs_client(self._gcs)
-        return self._gcs.client
-
-    def _azure_client(self) -> Any:
-        """The Azure ``BlobServiceClient`` this reader uses (made from its settings on first use)."""
-        from .clouds import _azure_client
-
-        if self._azure.client is None:
-            self._azure.client = _azure_client(self._azure)
-        return self._azure.client
-
     def _s3_client(self) -> Any:
         if self._s3 is None:
             import boto3
