@@ -42,18 +42,19 @@ pub(super) enum DeliveryError {
 
 /// Hands `message` to the pod's launcher: a fresh claim attaches to the parked workload's stdin
 /// and writes it ([`attach_and_write`]: no process is spawned in the container, as an exec
-/// would). A resumed claim (the run took the pod in an earlier reconcile) first asks the launcher
-/// what it did with the pod's one start ([`launch_status`]) and writes only to a launcher still
-/// waiting: any other answer (a start taken, being read or refused; a container that no longer
-/// runs) leaves the pod this run's, whose tracking says what became of it.
+/// would). A resumed claim (the run took the pod in an earlier reconcile) writes only to a
+/// launcher that still waits for its start ([`deliver_if_waiting`]: the same rule as a
+/// restore's hand-over). It used to write only when the launcher had no marker at all, but a
+/// parked launcher takes its marker before it reads, so a claim resumed after a restart never
+/// handed its start over.
 pub(super) async fn deliver(
     pods: &Api<Pod>,
     pod: &str,
     message: &StartMessage,
     resumed: bool,
 ) -> Result<(), DeliveryError> {
-    if resumed && !matches!(launch_status(pods, pod).await, Ok(LaunchStatus::Waiting)) {
-        return Ok(());
+    if resumed {
+        return deliver_if_waiting(pods, pod, message).await;
     }
     attach_and_write(pods, pod, message).await
 }
