@@ -68,3 +68,30 @@ stop_namespace_and_operator() {
   if [ -n "${OP_PID:-}" ] && kill -0 "$OP_PID" 2>/dev/null; then kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true; fi
   rm -rf "$WORK"
 }
+# real_node_bench_setup: what the real-node benchmarks of the operator (bench/warm_start.sh,
+# bench/pause_resume.sh) run with: OPERATOR_BIN (the image's static binary unless the caller set
+# it from $BIN before sourcing hack/lib.sh, whose BIN is the tools directory), HOLDER
+# and IMAGE (the operator's and busybox's images as pods pull them), PY (the Python client's
+# venv). Needs hack/lib.sh sourced and bed_defaults run.
+real_node_bench_setup() {
+  OPERATOR_BIN=${OPERATOR_BIN:-$REPO/target/x86_64-unknown-linux-musl/release/sandboxrun-operator}
+  [ -x "$OPERATOR_BIN" ] || { echo "no $OPERATOR_BIN (hack/images.sh operator builds it)" >&2; exit 1; }
+  STATE=${SANDBOXRUN_TEST_STATE:-$REPO/.k8s-local}
+  [ -s "$STATE/images/sandboxrun-operator.ref" ] || { echo "no operator image: hack/images.sh operator" >&2; exit 1; }
+  HOLDER=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/sandboxrun-operator.ref")
+  IMAGE=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/busybox.ref")
+  PY=$(python_client_venv)/bin/python
+  [ -x "$PY" ] || { echo "no Python client venv ($PY): make test builds it" >&2; exit 1; }
+}
+# start_pool_operator <log> [flag...]: one operator on this host with warm pools, watching and
+# placing pods in $NS, storing into file://$WORK/store, the image's holder; its PID in OP_PID.
+start_pool_operator() {
+  local log=$1 port
+  shift
+  port=$(free_port)
+  "$OPERATOR_BIN" run --namespaces "$NS" --store-url "file://$WORK/store" --metrics-addr "127.0.0.1:$port" \
+    --webhook-addr '' --settings-configmap '' --holder-image "$HOLDER" \
+    --holder-binary /usr/local/bin/sandboxrun-operator --warm-pools --pod-namespace "$NS" \
+    --unadmitted-references trust "$@" >"$log" 2>&1 &
+  OP_PID=$!
+}

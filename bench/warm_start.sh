@@ -26,19 +26,14 @@ eval "$(hack/local-cluster.sh env)"
 hack/local-cluster.sh status >/dev/null
 SAMPLES=${1:-50}
 POOL=${2:-5}
-OPERATOR_BIN=${BIN:-$REPO/target/x86_64-unknown-linux-musl/release/sandboxrun-operator}
-[ -x "$OPERATOR_BIN" ] || { echo "no $OPERATOR_BIN (hack/images.sh operator builds it)" >&2; exit 1; }
-STATE=${SANDBOXRUN_TEST_STATE:-$REPO/.k8s-local}
-[ -s "$STATE/images/sandboxrun-operator.ref" ] || { echo "no operator image: hack/images.sh operator" >&2; exit 1; }
-HOLDER=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/sandboxrun-operator.ref")
-IMAGE=$(sed "s#^[^/]*/#$SANDBOXRUN_TEST_POD_REGISTRY/#" "$STATE/images/busybox.ref")
+# Before hack/lib.sh, whose BIN is the tools directory.
+OPERATOR_BIN=${BIN:-}
 # shellcheck source=hack/lib.sh
 . hack/lib.sh
 bed_defaults
-PY=$(python_client_venv)/bin/python
-[ -x "$PY" ] || { echo "no Python client venv ($PY): make test builds it" >&2; exit 1; }
 # shellcheck source=bench/lib.sh
 . "$REPO/bench/lib.sh"
+real_node_bench_setup
 crds=$(kubectl apply --server-side --force-conflicts -k crds/ -o name)  # crds/kustomization.yaml lists all four
 kubectl wait --for condition=established --timeout=60s $crds >/dev/null
 NS=bench-warm-$$
@@ -55,7 +50,6 @@ stop_all() {
 }
 trap stop_all EXIT
 kubectl create namespace "$NS" >/dev/null
-port=$(free_port)
 FILTER=()
 if [ -n "${NETWORK:-}" ]; then
   kubelet=$(kubectl get node "$SANDBOXRUN_TEST_REAL_NODE" -o jsonpath='{.status.daemonEndpoints.kubeletEndpoint.Port}')
@@ -63,11 +57,7 @@ if [ -n "${NETWORK:-}" ]; then
   export BENCH_NETWORK='{"mode": "allowlist", "rules": ["192.0.2.0/24"]}'
   echo "templates restrict egress: $BENCH_NETWORK; the gate probes node:$kubelet"
 fi
-"$OPERATOR_BIN" run --namespaces "$NS" --store-url "file://$WORK/store" --metrics-addr "127.0.0.1:$port" \
-  --webhook-addr '' --settings-configmap '' --holder-image "$HOLDER" \
-  --holder-binary /usr/local/bin/sandboxrun-operator --warm-pools --pod-namespace "$NS" \
-  --unadmitted-references trust "${FILTER[@]}" >"$WORK/operator.log" 2>&1 &
-OP_PID=$!
+start_pool_operator "$WORK/operator.log" "${FILTER[@]}"
 echo "operator: $OPERATOR_BIN (pid $OP_PID); workload image $IMAGE; pool of $POOL"
 PEER=()
 if [ -n "${AGENT_SANDBOX:-}" ]; then
