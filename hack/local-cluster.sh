@@ -300,7 +300,19 @@ status() {
   if second_node_wanted; then
     "$HERE/second-node.sh" status >/dev/null 2>&1 || { log "the second real node is not Ready"; return 1; }
   fi
+  disk_pressure_warning
   log "ok: apiserver answers, nodes $NODE (kwok) and $REAL_NODE_NAME (real) Ready"
+}
+
+# A real node whose kubelet sees its disk nearly full taints itself `disk-pressure` and schedules
+# no pod (its Ready stays True): the bed shares its disk with cargo's target directories. Said,
+# not failed: the bed is up, and `status` answers whether it is up (hack/test.sh starts one if not).
+disk_pressure_warning() {
+  local tainted
+  tainted=$(kc get nodes -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.taints[*].key}{"\n"}{end}' \
+    | awk '/node.kubernetes.io\/disk-pressure/ { print $1 }')
+  [ -z "$tainted" ] && return 0
+  log "WARNING: node(s) $(echo "$tainted" | tr '\n' ' ')have disk pressure: no pod schedules there; $(df -h "$STATE" | awk 'NR == 2 { print $4 " free on " $6 }') (free space, e.g. cargo target directories; the taint lifts ~5 min later)"
 }
 
 # The second real node (hack/second-node.sh), unless SANDBOXRUN_SECOND_NODE=off: the tests of
