@@ -9,7 +9,7 @@ a warm run (a pool's pod). The pause itself (suspend -> drained, pod gone) is re
 
     python3 bench/pause_resume.py <namespace> <samples> <image> <sizes MiB, comma-separated>
 
-The clock and the first instruction are bench/warm_start.py's (`adjtimex` in the workload,
+The clock and the first instruction are bench/warm_start.py's (a write's time in the workload,
 left as its termination message). Driven by bench/pause_resume.sh.
 """
 
@@ -18,11 +18,11 @@ import sys
 import threading
 import time
 
-from warm_start import GROUP, PLACEMENT, VERSION, Bench, first_instruction, quantiles
+from warm_start import GROUP, PLACEMENT, STAMP, VERSION, Bench, first_instruction, quantiles
 
 # Attempt 1 writes N MiB, marks it written and waits to be paused; a later attempt's first
 # instruction reads the clock, then it checks the restored size (a wrong size fails the run).
-SCRIPT = r"""t=$(adjtimex); D="$ITERION_ARTIFACT_FILES_DIR"
+SCRIPT = STAMP + r"""; D="$ITERION_ARTIFACT_FILES_DIR"
 if [ "$SANDBOXRUN_ATTEMPT" -eq 1 ]; then
   head -c $((SIZE_MIB * 1048576)) /dev/urandom > "$D/data"; touch "$D/written"; exec sleep 3600
 fi

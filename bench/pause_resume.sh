@@ -8,6 +8,7 @@
 #   bench/pause_resume.sh [SAMPLES] [SIZES]      default: 5 "1,64" (MiB restored)
 #   BIN=... bench/pause_resume.sh                another operator binary (default: the image's
 #                                                static one, hack/images.sh operator)
+#   RUNTIME_CLASS=gvisor bench/pause_resume.sh   every pod under that RuntimeClass
 #
 # Needs the local cluster up with its real node (hack/local-cluster.sh up) and the operator image
 # pushed (hack/images.sh operator). One operator on this host (--warm-pools), one namespace of its

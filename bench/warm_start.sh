@@ -11,6 +11,8 @@
 #                                                192.0.2.0/24): pool pods and cold runs pass the
 #                                                egress gate (probing the real node's kubelet
 #                                                port), warm runs apply their own policy first
+#   RUNTIME_CLASS=gvisor bench/warm_start.sh    every pod (pool, cold, bare, agent-sandbox's) under
+#                                                that RuntimeClass (the bed's gVisor)
 #   AGENT_SANDBOX=1 bench/warm_start.sh          then the same on kubernetes-sigs/agent-sandbox
 #                                                (its controller built from its Go module into
 #                                                the tools cache: hack/build-tools.sh agent-sandbox;
