@@ -224,7 +224,7 @@ mod tests {
         ExitCodeOperator, ExitCodeRule, ReadBackPhase, RetryAction, RetryPolicy, RetryRule,
     };
     use crate::controller::decide::Trigger;
-    use crate::controller::fixtures::{drain_all, now, run_with};
+    use crate::controller::fixtures::{cond_of, drain_all, now, pair, run_with};
     use crate::controller::status::draining_status;
 
     fn failing_on(code: i32, limit: u32) -> SandboxRun {
@@ -284,5 +284,145 @@ mod tests {
             message.contains("the retry limit of 0 is reached"),
             "{message}"
         );
+    }
+
+    /// A run whose policy retries any failure (counted), `limit` times, after `base` seconds.
+    fn retrying(limit: u32, base: u32) -> SandboxRun {
+        let mut r = run_with(&[("/out", true)]);
+        r.spec.retry_policy = Some(RetryPolicy {
+            limit,
+            backoff: Some(crate::api::RetryBackoff {
+                base_seconds: Some(base),
+                factor: Some(1),
+                cap_seconds: None,
+            }),
+            rules: Vec::new(),
+        });
+        r
+    }
+
+    fn ended(r: &SandboxRun, end: &AttemptEnd, pod: (bool, bool)) -> Plan {
+        let trigger = Trigger::WorkloadFinished {
+            exit_code: end.exit_code.unwrap_or(0),
+        };
+        let status = drain_all(
+            draining_status(r, &trigger, None, now()),
+            ReadBackPhase::Drained,
+        );
+        attempt_end(r, status, pod, Retention::Retain, Some(end), now())
+    }
+
+    fn exited(code: i32) -> AttemptEnd {
+        AttemptEnd {
+            exit_code: Some(code),
+            ..AttemptEnd::default()
+        }
+    }
+
+    #[test]
+    fn a_retried_attempt_is_recorded_and_the_next_waits_out_its_backoff_with_no_pod() {
+        let r = retrying(2, 7);
+        let plan = ended(&r, &exited(3), (true, true));
+        let status = plan.status.expect("status");
+        assert_eq!(status.phase, Some(Phase::Pending));
+        assert_eq!(status.attempt, Some(2), "the next attempt is counted up");
+        let record = status.attempts.last().expect("the ended attempt recorded");
+        assert_eq!(
+            (
+                record.index,
+                record.exit_code,
+                record.reason.as_str(),
+                record.counted
+            ),
+            (1, Some(3), "WorkloadFailed", true)
+        );
+        assert!(
+            !record.read_back.is_empty(),
+            "the attempt keeps its own drains"
+        );
+        assert_eq!(
+            status.next_attempt_time.as_ref().map(|t| t.0),
+            Some(now() + jiff::SignedDuration::from_secs(7))
+        );
+        assert_eq!(plan.requeue, Requeue::After(Duration::from_secs(7)));
+        assert_eq!(
+            plan.effects,
+            vec![Effect::MarkDrained, Effect::DeletePod { at_once: true }]
+        );
+        assert!(plan
+            .events
+            .iter()
+            .any(|e| e.warning && e.reason == events::ATTEMPT_FAILED && e.about_pod));
+        assert_eq!(
+            cond_of(&status, conditions::READY),
+            pair("False", conditions::REASON_RETRYING)
+        );
+        assert_eq!(cond_of(&status, conditions::WORKLOAD_FINISHED), None);
+        assert!(status.workload.is_none() && status.pod_name.is_none());
+    }
+
+    #[test]
+    fn a_retry_marks_and_deletes_only_the_pod_that_is_still_there() {
+        let r = retrying(2, 1);
+        assert_eq!(
+            ended(&r, &exited(1), (false, true)).effects,
+            vec![Effect::DeletePod { at_once: true }]
+        );
+        assert!(ended(&r, &exited(1), (false, false)).effects.is_empty());
+    }
+
+    #[test]
+    fn a_suspended_attempt_is_never_counted_and_its_deadline_starts_again() {
+        let mut r = retrying(0, 5);
+        r.status.get_or_insert_with(Default::default).start_time = Some(Time(now()));
+        let end = AttemptEnd {
+            suspended: true,
+            ..AttemptEnd::default()
+        };
+        let plan = ended(&r, &end, (true, true));
+        let status = plan.status.expect("status");
+        let record = status.attempts.last().expect("recorded");
+        assert_eq!(
+            (record.reason.as_str(), record.counted),
+            ("Suspended", false)
+        );
+        assert_eq!(
+            status.start_time, None,
+            "the deadline starts again on resume"
+        );
+        assert_eq!(
+            status.next_attempt_time, None,
+            "no backoff: it waits for the resume"
+        );
+        let message = status.message.unwrap_or_default();
+        assert!(!message.contains("starts at"), "{message}");
+    }
+
+    #[test]
+    fn a_run_being_deleted_is_never_retried() {
+        let mut r = retrying(5, 1);
+        r.metadata.deletion_timestamp = Some(Time(now()));
+        let plan = ended(&r, &exited(1), (false, false));
+        let status = plan.status.expect("status");
+        assert!(status.attempts.is_empty(), "{:?}", status.attempts);
+        assert_ne!(status.phase, Some(Phase::Pending));
+    }
+
+    #[test]
+    fn a_suspended_run_is_told_once() {
+        let r = run_with(&[("/out", true)]);
+        let first = suspended(&r, now());
+        let status = first.status.clone().expect("status");
+        assert_eq!(status.phase, Some(Phase::Pending));
+        assert_eq!(
+            cond_of(&status, conditions::READY),
+            pair("False", conditions::REASON_SUSPENDED)
+        );
+        assert_eq!(first.events.len(), 1);
+        let mut told = r.clone();
+        told.status = Some(status);
+        let again = suspended(&told, now());
+        assert!(again.status.is_none() && again.events.is_empty());
+        assert_eq!(again.requeue, Requeue::AwaitChange);
     }
 }
