@@ -161,3 +161,113 @@ pub(crate) fn join(plan: &mut Plan, said: Plan, generation: Option<i64>, now: Ti
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use serde_json::json;
+
+    use super::*;
+    use crate::controller::fixtures::{cond_of, now, pair, run_with};
+
+    /// A run queued in LocalQueue `queued`, whose labels now say `queue` and `priority`.
+    fn labelled(queued: &str, queue: Option<&str>, priority: Option<&str>) -> SandboxRun {
+        let mut r = run_with(&[("/out", true)]);
+        let mut labels = BTreeMap::new();
+        if let Some(q) = queue {
+            labels.insert(QUEUE_LABEL.to_string(), q.to_string());
+        }
+        if let Some(p) = priority {
+            labels.insert(PRIORITY_LABEL.to_string(), p.to_string());
+        }
+        r.metadata.labels = Some(labels);
+        r.status.get_or_insert_with(Default::default).queue = Some(queued.to_string());
+        r
+    }
+
+    fn workload(priority: Option<(&str, &str)>) -> serde_json::Value {
+        match priority {
+            Some((kind, name)) => {
+                json!({"spec": {"priorityClassRef": {"kind": kind, "name": name}}})
+            }
+            None => json!({"spec": {}}),
+        }
+    }
+
+    #[test]
+    fn a_queue_label_edited_after_queuing_is_said_once_and_not_followed() {
+        let r = labelled("team-a", Some("team-b"), None);
+        let plan = ignored_edit(&r, &workload(None), now()).expect("said");
+        let status = plan.status.expect("status");
+        assert_eq!(
+            cond_of(&status, conditions::LABEL_EDIT_IGNORED),
+            pair("True", REASON_QUEUE_LABEL_CHANGED)
+        );
+        assert_eq!(status.queue.as_deref(), Some("team-a"), "the queue stays");
+        assert_eq!(plan.events.len(), 1);
+        assert!(plan.events[0].warning && plan.events[0].reason == QUEUE_LABEL_EDIT_IGNORED);
+        // Said: the same edit is not said again.
+        let mut told = r.clone();
+        told.status = Some(status);
+        assert!(ignored_edit(&told, &workload(None), now()).is_none());
+    }
+
+    #[test]
+    fn labels_put_back_clear_the_condition_without_an_event() {
+        let edited = labelled("team-a", Some("team-b"), None);
+        let said = ignored_edit(&edited, &workload(None), now()).expect("said");
+        let mut back = labelled("team-a", Some("team-a"), None);
+        back.status = said.status;
+        let plan = ignored_edit(&back, &workload(None), now()).expect("cleared");
+        assert!(plan.events.is_empty());
+        assert_eq!(
+            cond_of(
+                plan.status.as_ref().expect("status"),
+                conditions::LABEL_EDIT_IGNORED
+            ),
+            pair("False", REASON_LABELS_AS_QUEUED)
+        );
+        // Never said, nothing to say.
+        assert!(ignored_edit(
+            &labelled("team-a", Some("team-a"), None),
+            &workload(None),
+            now()
+        )
+        .is_none());
+    }
+
+    #[test]
+    fn a_priority_label_edit_is_said_only_when_the_label_names_the_workloads_priority() {
+        let w = workload(Some(("WorkloadPriorityClass", "low")));
+        let plan = ignored_edit(&labelled("q", Some("q"), Some("high")), &w, now()).expect("said");
+        assert_eq!(
+            cond_of(
+                plan.status.as_ref().expect("status"),
+                conditions::LABEL_EDIT_IGNORED
+            ),
+            pair("True", REASON_PRIORITY_LABEL_CHANGED)
+        );
+        assert!(ignored_edit(&labelled("q", Some("q"), Some("low")), &w, now()).is_none());
+        // A priority from a pod PriorityClass is not the label's to name.
+        let pod_class = workload(Some(("PriorityClass", "system")));
+        assert!(ignored_edit(&labelled("q", Some("q"), Some("high")), &pod_class, now()).is_none());
+    }
+
+    #[test]
+    fn an_edit_said_with_a_hold_is_one_write_with_both() {
+        let r = labelled("team-a", Some("team-b"), None);
+        let said = ignored_edit(&r, &workload(None), now()).expect("said");
+        let mut hold = Plan::wait(Requeue::AwaitChange);
+        hold.status = Some(r.status.clone().unwrap_or_default());
+        join(&mut hold, said, r.metadata.generation, now());
+        assert_eq!(hold.events.len(), 1);
+        assert_eq!(
+            cond_of(
+                hold.status.as_ref().expect("status"),
+                conditions::LABEL_EDIT_IGNORED
+            ),
+            pair("True", REASON_QUEUE_LABEL_CHANGED)
+        );
+    }
+}
