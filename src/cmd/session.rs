@@ -279,6 +279,9 @@ async fn reach(
     Ok((client, namespace, run, pod))
 }
 
+/// The pipes between this process and the exec's stdin and stdout.
+const PIPE_BUFFER: usize = 256 * 1024;
+
 /// Runs `exec` with `input` as its stdin (none: closed) and its stdout into `output`, its stderr
 /// into this process's; the command's exit code.
 async fn run_exec(
@@ -287,11 +290,15 @@ async fn run_exec(
     mut output: impl AsyncWrite + Unpin,
 ) -> Result<i32, ExecError> {
     let pods: Api<Pod> = Api::namespaced(exec.client.clone(), exec.namespace);
-    let params = AttachParams::default()
+    let mut params = AttachParams::default()
         .container(exec.container)
         .stdin(input.is_some())
         .stdout(true)
         .stderr(true);
+    // kube's default pipes hold 1 KiB, one websocket message each: `cp` into and out of a
+    // sandbox moved 1 KiB a message (docs/performance.md "Pause and resume").
+    params.max_stdin_buf_size = Some(PIPE_BUFFER);
+    params.max_stdout_buf_size = Some(PIPE_BUFFER);
     let mut attached = pods
         .exec(exec.pod, exec.argv.clone(), &params)
         .await

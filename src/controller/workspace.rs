@@ -145,6 +145,9 @@ async fn restore_all(
     Ok((files, bytes))
 }
 
+/// The pipe between the restore's stream and the exec's stdin.
+const STDIN_BUFFER: usize = 256 * 1024;
+
 /// One path: `restore-unpack` exec'd in the holder, the checked stream written to its stdin,
 /// its exit awaited; (files, bytes).
 async fn restore_one(
@@ -172,11 +175,15 @@ async fn restore_one(
         manifest.cap_bytes.to_string(),
     ];
     debug!(pod = pod_name, ?argv, "exec restore-unpack");
-    let params = AttachParams::default()
+    let mut params = AttachParams::default()
         .container(crate::names::HOLDER_CONTAINER)
         .stdin(true)
         .stdout(false)
         .stderr(true);
+    // kube's default stdin pipe holds 1 KiB, so each websocket message carried 1 KiB: a 64 MiB
+    // restore ran at ~20 MB/s (docs/performance.md "Pause and resume"). Messages now carry what
+    // kube's reader takes at once (4 KiB).
+    params.max_stdin_buf_size = Some(STDIN_BUFFER);
     let mut process = pods
         .exec(pod_name, argv, &params)
         .await
