@@ -515,6 +515,57 @@ async fn a_templated_run_whose_pool_has_no_ready_pod_counts_a_miss_then_records_
     );
 }
 
+/// Issue #54: a templated run whose env takes a value from a Secret, held `RightsUnverified`
+/// (no admission stamp proves its author may read that Secret), is never handed a pool pod: no
+/// pool is asked, no Secret is read, no pod is claimed or created.
+#[tokio::test]
+async fn a_run_whose_rights_are_unverified_never_claims_a_pool_pod_nor_reads_its_secret() {
+    let mut r = run();
+    let spec = json!({
+        "templateRef": {"name": "agent-tools"},
+        "command": ["sh", "-c", "true"],
+        "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}],
+    });
+    r.spec = serde_json::from_value(spec).unwrap();
+    let template = json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRunTemplate",
+        "metadata": {"name": "agent-tools", "namespace": "ns", "generation": 1},
+        "spec": {
+            "template": {
+                "image": "registry.example/tools@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                "user": "1000",
+                "readBack": {"paths": [{"path": "/out"}]},
+            },
+            "openFields": ["command", "env"],
+        },
+    });
+    let mut all = vec![Route::fixed(
+        "GET",
+        "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruntemplates/agent-tools",
+        200,
+        template,
+    )];
+    all.extend(routes(&r, no_pod()));
+    let (client, log) = apiserver(all);
+    // The default: a run without a stamp is held (and here no key can verify one).
+    let ctx = context(client, Arc::new(InMemory::new())).with_warm_pools(true);
+    let _ = reconcile(ctx, r).await;
+    let lines = log.lines();
+    let touched = |what: &str| lines.iter().any(|l| l.contains(what));
+    assert!(!touched("sandboxrunpools"), "a pool was asked: {lines:?}");
+    assert!(!touched("/secrets/"), "a Secret was read: {lines:?}");
+    assert!(log.matching("PATCH", PODS).is_empty(), "{lines:?}");
+    assert!(log.matching("POST", PODS).is_empty(), "{lines:?}");
+    let status = &log.exactly("PATCH", STATUS);
+    assert!(
+        status
+            .iter()
+            .any(|s| s.body.to_string().contains("RightsUnverified")),
+        "{lines:?}"
+    );
+}
+
 /// A run queued in `lq` (recorded in its status, `Queued=False Admitted` said) whose Workload
 /// Kueue admitted, its label removed since: never its pod (docs/contract.md "Quota cannot be
 /// edited away"). On the old code the gate keyed on the live label: the pod was created at once,
