@@ -695,59 +695,6 @@ pub(super) async fn start_in_pool_pod(
     super::launcher::deliver(&pods, pod, message, resumed).await
 }
 
-/// Reads, in the run's namespace `ns`, each Secret and ConfigMap a warm claim's env takes values
-/// from (`crate::pool::env`, issue #54): the typed answer of each read (absent, forbidden, its
-/// keys). The values go nowhere but into the answer: never a log line or an error.
-pub(super) async fn read_env_sources(
-    ctx: &Context,
-    ns: &str,
-    sources: &[crate::pool::env::Source],
-) -> Result<crate::pool::env::Read, ControllerError> {
-    use crate::pool::env::{Kind, Object, Read};
-    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-    let mut read = Read::default();
-    for (kind, name) in sources {
-        let answer = match kind {
-            Kind::Secret => Api::<Secret>::namespaced(ctx.client.clone(), ns)
-                .get_opt(name)
-                .await
-                .map(|s| {
-                    s.map(|s| {
-                        let data = s.data.unwrap_or_default().into_iter();
-                        data.map(|(k, v)| (k, v.0)).collect()
-                    })
-                }),
-            Kind::ConfigMap => Api::<ConfigMap>::namespaced(ctx.client.clone(), ns)
-                .get_opt(name)
-                .await
-                .map(|c| c.map(config_map_values)),
-        };
-        let object = match answer {
-            Ok(Some(keys)) => Object::Found(keys),
-            Ok(None) => Object::Absent,
-            Err(kube::Error::Api(ae)) if ae.code == 403 => Object::Forbidden,
-            Err(e) => return Err(kube_err(format!("read {kind} {name} for a warm claim"))(e)),
-        };
-        read.insert((*kind, name.clone()), object);
-    }
-    Ok(read)
-}
-
-/// A ConfigMap's keys as the kubelet reads them for `configMapKeyRef`: `data`, then
-/// `binaryData`.
-fn config_map_values(
-    c: k8s_openapi::api::core::v1::ConfigMap,
-) -> std::collections::BTreeMap<String, Vec<u8>> {
-    let mut keys: std::collections::BTreeMap<String, Vec<u8>> = (c.binary_data.unwrap_or_default())
-        .into_iter()
-        .map(|(k, v)| (k, v.0))
-        .collect();
-    for (k, v) in c.data.unwrap_or_default() {
-        keys.insert(k, v.into_bytes());
-    }
-    keys
-}
-
 /// Deletes a claimed pool pod whose launcher did not take the start (best effort: the pod is
 /// the run's, which starts cold; a pod left behind goes with the run).
 pub(super) async fn delete_pool_pod(ctx: &Context, ns: &str, pod: &str) {

@@ -164,13 +164,12 @@ async fn message_for(
         .namespace()
         .ok_or(ControllerError::Metadata("namespace"))?;
     let sources = crate::pool::env::sources(cold);
-    let read = super::act::read_env_sources(ctx, &ns, &sources).await?;
+    let read = super::env_sources::read(ctx, &ns, &sources).await?;
     let uid = run.uid().unwrap_or_default();
-    Ok(match crate::pool::env::start_message(cold, &uid, &read) {
-        Ok(Some(message)) => Ok(message),
-        Ok(None) => Err(Cold::NoCommand),
-        Err(why) => Err(Cold::Env(why)),
-    })
+    let Some(base) = pool_pod::start_message(cold, &uid) else {
+        return Ok(Err(Cold::NoCommand));
+    };
+    Ok(crate::pool::env::with_env(base, cold, &read).map_err(Cold::Env))
 }
 
 /// The claim of `pod` for the run (attempt `attempt`): its egress restricted first, then the pod

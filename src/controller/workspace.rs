@@ -263,22 +263,17 @@ async fn start_of(
         .and_then(|s| s.warm_start.as_ref())
         .filter(|w| w.attempt() == attempt)
         .is_some_and(|w| w.pod.as_deref() == Some(pod_name));
+    let base = crate::pool::pod::start_message(&built, &uid).ok_or_else(no_command)?;
     if !warm {
-        return crate::pool::pod::start_message(&built, &uid).ok_or_else(no_command);
+        return Ok(base);
     }
     let ns = run.namespace().unwrap_or_default();
     let sources = crate::pool::env::sources(&built);
-    let read = super::act::read_env_sources(ctx, &ns, &sources)
+    let read = super::env_sources::read(ctx, &ns, &sources)
         .await
         .map_err(|e| NotHanded(e.to_string()))?;
-    match crate::pool::env::start_message(&built, &uid, &read) {
-        Ok(Some(message)) => Ok(message),
-        Ok(None) => Err(no_command()),
-        Err(why) => Ok(crate::inpod::launch::StartMessage::refusal(
-            &uid,
-            &why.to_string(),
-        )),
-    }
+    Ok(crate::pool::env::with_env(base, &built, &read)
+        .unwrap_or_else(|why| crate::inpod::launch::StartMessage::refusal(&uid, &why.to_string())))
 }
 
 /// Hands the parked launcher of `pod_name` the run's start, or — `record` says the restore

@@ -3,7 +3,7 @@
 //! Secret or ConfigMap (`secretKeyRef`, `configMapKeyRef`) is read by the operator at claim time,
 //! in the run's own namespace, and delivered in the launcher's start message, as the kubelet
 //! would have put it in a cold pod's env. Pure: which objects to read ([`sources`]), and the
-//! start message they make ([`start_message`]) or why the run starts cold instead
+//! start message they make ([`with_env`]) or why the run starts cold instead
 //! ([`Unresolved`]). The values are never in a `Debug`, a log line, an error or a status: only
 //! the names of the variable, the object and the key are.
 
@@ -205,21 +205,19 @@ pub fn resolve(cold: &Pod, read: &Read) -> Result<Vec<(String, String)>, Unresol
     Ok(env)
 }
 
-/// The launcher's start message for `cold` (None: it has no command), its env resolved from
-/// `read`; refused here, before any claim, when the launcher would refuse it (larger than
-/// [`crate::inpod::launch::MAX_START_BYTES`], a NUL in a value: the launcher's own check).
-pub fn start_message(
+/// `base` (the launcher's start message for `cold`, `super::pod::start_message`) with its env
+/// resolved from `read`; refused here, before any claim, when the launcher would refuse it
+/// (larger than [`crate::inpod::launch::MAX_START_BYTES`], a NUL in a value: the launcher's own
+/// check).
+pub fn with_env(
+    mut base: StartMessage,
     cold: &Pod,
-    run_uid: &str,
     read: &Read,
-) -> Result<Option<StartMessage>, Unresolved> {
-    let Some(mut message) = super::pod::start_message(cold, run_uid) else {
-        return Ok(None);
-    };
-    message.env = resolve(cold, read)?;
-    let bytes = serde_json::to_vec(&message).map_err(|e| Unresolved::Refused(e.to_string()))?;
+) -> Result<StartMessage, Unresolved> {
+    base.env = resolve(cold, read)?;
+    let bytes = serde_json::to_vec(&base).map_err(|e| Unresolved::Refused(e.to_string()))?;
     StartMessage::parse(&bytes).map_err(|e| Unresolved::Refused(e.to_string()))?;
-    Ok(Some(message))
+    Ok(base)
 }
 
 #[cfg(test)]
@@ -280,6 +278,17 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    /// The start message the claim makes: the pod's, its env resolved.
+    fn start_message(
+        cold: &Pod,
+        uid: &str,
+        read: &Read,
+    ) -> Result<Option<StartMessage>, Unresolved> {
+        crate::pool::pod::start_message(cold, uid)
+            .map(|base| with_env(base, cold, read))
+            .transpose()
     }
 
     fn found(pairs: &[(&str, &[u8])]) -> Object {

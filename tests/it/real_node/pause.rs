@@ -218,7 +218,14 @@ async fn a_resumed_sandbox_is_served_warm_by_a_pool_pod_with_its_files_restored(
         ..Default::default()
     };
     create(&bed.runs, "agent", spec).await;
-    let running = wait_run(&bed.runs, "agent", "Running", &bed.op, phase_is(Phase::Running)).await;
+    let running = wait_run(
+        &bed.runs,
+        "agent",
+        "Running",
+        &bed.op,
+        phase_is(Phase::Running),
+    )
+    .await;
     let first = running
         .status
         .and_then(|s| s.warm_start)
@@ -226,14 +233,20 @@ async fn a_resumed_sandbox_is_served_warm_by_a_pool_pod_with_its_files_restored(
         .unwrap_or_else(|| panic!("attempt 1 took a pool pod"));
     tokio::time::sleep(Duration::from_secs(3)).await;
     set_suspend(&bed, "agent", true).await;
-    wait_run(&bed.runs, "agent", "attempt 1 drained, paused", &bed.op, |r| {
-        r.status.as_ref().is_some_and(|s| {
-            s.attempts.len() == 1
-                && s.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Ready" && c.reason == "Suspended")
-        })
-    })
+    wait_run(
+        &bed.runs,
+        "agent",
+        "attempt 1 drained, paused",
+        &bed.op,
+        |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.attempts.len() == 1
+                    && s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.reason == "Suspended")
+            })
+        },
+    )
     .await;
     ready(vec![first.clone()]).await;
     set_suspend(&bed, "agent", false).await;
