@@ -74,6 +74,12 @@ pub(super) async fn deliver_if_waiting(
     Ok(())
 }
 
+/// Whether the launcher of `pod` still waits for its start (`launch-status`): nothing has run
+/// in the pod yet.
+pub(super) async fn still_waiting(pods: &Api<Pod>, pod: &str) -> Result<bool, DeliveryError> {
+    Ok(still_waits(&launch_status(pods, pod).await?))
+}
+
 /// Whether a launcher in `status` still waits for its start: before it runs (no marker) or
 /// while it reads (its marker taken and empty: a parked launcher takes it before it reads, so
 /// this is every running launcher no attach has reached yet; an attach that ended closed its

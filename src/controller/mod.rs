@@ -25,6 +25,7 @@ pub(crate) mod decide;
 pub(crate) mod drain_pool;
 pub(crate) mod drain_queue;
 mod drive;
+mod env_sources;
 pub(crate) mod error;
 pub(crate) mod events;
 mod kueue_edits;

@@ -515,6 +515,57 @@ async fn a_templated_run_whose_pool_has_no_ready_pod_counts_a_miss_then_records_
     );
 }
 
+/// Issue #54: a templated run whose env takes a value from a Secret, held `RightsUnverified`
+/// (no admission stamp proves its author may read that Secret), is never handed a pool pod: no
+/// pool is asked, no Secret is read, no pod is claimed or created.
+#[tokio::test]
+async fn a_run_whose_rights_are_unverified_never_claims_a_pool_pod_nor_reads_its_secret() {
+    let mut r = run();
+    let spec = json!({
+        "templateRef": {"name": "agent-tools"},
+        "command": ["sh", "-c", "true"],
+        "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}}],
+    });
+    r.spec = serde_json::from_value(spec).unwrap();
+    let template = json!({
+        "apiVersion": "sandbox.iterion.io/v1alpha1",
+        "kind": "SandboxRunTemplate",
+        "metadata": {"name": "agent-tools", "namespace": "ns", "generation": 1},
+        "spec": {
+            "template": {
+                "image": "registry.example/tools@sha256:0000000000000000000000000000000000000000000000000000000000000000",
+                "user": "1000",
+                "readBack": {"paths": [{"path": "/out"}]},
+            },
+            "openFields": ["command", "env"],
+        },
+    });
+    let mut all = vec![Route::fixed(
+        "GET",
+        "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruntemplates/agent-tools",
+        200,
+        template,
+    )];
+    all.extend(routes(&r, no_pod()));
+    let (client, log) = apiserver(all);
+    // The default: a run without a stamp is held (and here no key can verify one).
+    let ctx = context(client, Arc::new(InMemory::new())).with_warm_pools(true);
+    let _ = reconcile(ctx, r).await;
+    let lines = log.lines();
+    let touched = |what: &str| lines.iter().any(|l| l.contains(what));
+    assert!(!touched("sandboxrunpools"), "a pool was asked: {lines:?}");
+    assert!(!touched("/secrets/"), "a Secret was read: {lines:?}");
+    assert!(log.matching("PATCH", PODS).is_empty(), "{lines:?}");
+    assert!(log.matching("POST", PODS).is_empty(), "{lines:?}");
+    let status = &log.exactly("PATCH", STATUS);
+    assert!(
+        status
+            .iter()
+            .any(|s| s.body.to_string().contains("RightsUnverified")),
+        "{lines:?}"
+    );
+}
+
 /// A run queued in `lq` (recorded in its status, `Queued=False Admitted` said) whose Workload
 /// Kueue admitted, its label removed since: never its pod (docs/contract.md "Quota cannot be
 /// edited away"). On the old code the gate keyed on the live label: the pod was created at once,
@@ -814,4 +865,77 @@ async fn a_failed_restore_is_recorded_and_never_followed_by_the_runs_start() {
         .expect("launch-status");
     let status = lines.iter().position(|l| l.contains("/status")).unwrap();
     assert!(exec < status, "{lines:?}");
+}
+
+/// Issue #54: a resumed attempt served by a warm pool's pod (`status.warmStart.pod`, sealed by
+/// its pool) is restored in that pod as a cold parked one is: attempt 1's manifest is not in the
+/// store, so the restore fails and the launcher is to be handed a refusal — never the run's
+/// start (the mock cannot attach: the failure is recorded undelivered, tried again). On the old
+/// code no run that restores was ever served by a pool pod.
+#[tokio::test]
+async fn a_warm_pods_failed_restore_is_recorded_and_never_followed_by_the_runs_start() {
+    const WARM: &str = "agents-h-x1";
+    let warm_path = format!("{PODS}/{WARM}");
+    let mut r = resuming();
+    if let Some(s) = r.status.as_mut() {
+        s.phase = Some(Phase::Running);
+        s.warm_start = Some(crate::api::WarmStart {
+            pool: "agents".into(),
+            pod: Some(WARM.into()),
+            cold_reason: None,
+            attempt: Some(2),
+        });
+    }
+    let settings = crate::pod::PodSettings::default();
+    let built = crate::pod::build_pod(&r, &settings).unwrap();
+    let mut pod = crate::pool::park::park_in_launcher(built, &settings).unwrap();
+    pod.metadata.name = Some(WARM.into());
+    pod.metadata.uid = Some("p2".into());
+    let key = crate::admission::stamp::StampKey::new(b"0123456789abcdef0123456789abcdef");
+    let pool = crate::pool::pod::label_value("agents");
+    let seal = crate::pool::seal::seal_of(&key, &pod, &pool).unwrap();
+    pod.metadata.annotations = Some(
+        [(crate::pool::seal::SEAL_ANNOTATION.to_string(), seal)]
+            .into_iter()
+            .collect(),
+    );
+    pod.status = Some(serde_json::from_value(json!({
+        "phase": "Running",
+        "containerStatuses": [
+            {"name": crate::pod::WORKLOAD_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}},
+            {"name": HOLDER_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}}
+        ]
+    }))
+    .unwrap());
+    let pod_json = serde_json::to_value(&pod).unwrap();
+    let mut all = routes(&r, Route::fixed("GET", &warm_path, 200, pod_json));
+    all.push(Route::fixed("PATCH", STATUS, 200, written(&r)));
+    let (client, log) = apiserver(all);
+    let rights = crate::admission::stamp::RightsPolicy {
+        unadmitted: crate::admission::stamp::UnadmittedReferences::Trust,
+        key: Some(key),
+    };
+    let ctx = context(client, Arc::new(InMemory::new()))
+        .with_warm_pools(true)
+        .with_rights(rights);
+    reconcile(ctx, r).await;
+    let lines = log.lines();
+    assert!(
+        lines.iter().any(|l| l == &format!("GET {warm_path}")),
+        "the warm pod is the run's: {lines:?}"
+    );
+    assert!(
+        !lines.iter().any(|l| l.contains("/attach")),
+        "no start handed over: {lines:?}"
+    );
+    let patch = &log.matching("PATCH", STATUS);
+    let last = &patch.last().expect("the status is written").body;
+    let restore = &last["status"]["restores"][0];
+    assert_eq!(restore["outcome"], "Failed", "{last}");
+    assert_eq!(restore["fromAttempt"], 1);
+    assert!(restore.get("delivered").is_none(), "{restore}");
+    assert!(
+        restore["message"].as_str().unwrap().contains("manifest"),
+        "{restore}"
+    );
 }

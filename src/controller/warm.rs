@@ -29,6 +29,7 @@ use super::error::ControllerError;
 use super::plan::{self, Inputs, Plan, Requeue, StepPlan};
 use super::prepare::QueueView;
 use crate::api::{SandboxRun, SandboxRunPool, WarmStart};
+use crate::inpod::launch::StartMessage;
 use crate::pool::pod as pool_pod;
 use crate::pool::seal::Judge;
 
@@ -86,16 +87,7 @@ pub(super) async fn through_pool(
         .iter()
         .find(|p| pool_pod::claimed_for(p, judge.of(p), &uid, attempt));
     if let Some(pod) = mine {
-        // Most often the watch cache's copy of the run lags behind the claim this replica
-        // recorded: the live run says whether the claim still needs finishing.
-        let name = run.name_any();
-        let live = super::observe::live_run(&ctx.client, &ns, &name).await?;
-        let recorded =
-            |s: crate::api::SandboxRunStatus| s.warm_start.is_some_and(|w| w.attempt() == attempt);
-        if live.is_some_and(|r| r.status.is_some_and(recorded)) {
-            return Ok(Warm::Done(Requeue::After(SOON)));
-        }
-        return started(ctx, run, &pool_name, pod, (&cold, true), now).await;
+        return resume(ctx, run, (&pool_name, pod), &cold, now).await;
     }
     let pod = match choose(
         ctx,
@@ -104,6 +96,12 @@ pub(super) async fn through_pool(
         (&ns, &uid),
     ) {
         Ok(pod) => pod,
+        Err(why) => return cold_start(ctx, run, &pool_name, why, now).await,
+    };
+    // The env read before the claim (issue #54): a run whose values cannot be delivered starts
+    // cold, the pod left to the others.
+    let message = match message_for(ctx, run, &cold).await? {
+        Ok(message) => message,
         Err(why) => return cold_start(ctx, run, &pool_name, why, now).await,
     };
     let name = pod.name_any();
@@ -118,11 +116,60 @@ pub(super) async fn through_pool(
     match claimed? {
         Some(claimed) => {
             info!(run = %run.name_any(), pod = %name, pool = %pool_name, "took a warm pool pod");
-            started(ctx, run, &pool_name, &claimed, (&cold, false), now).await
+            started(ctx, run, &pool_name, &claimed, (message, false), now).await
         }
         // Another run took it first: pick again.
         None => Ok(Warm::Done(Requeue::After(SOON))),
     }
+}
+
+/// A claim this run made in an earlier reconcile (`pod`, of the pool `pool`), finished. Most
+/// often the watch cache's copy of the run lags behind the claim this replica recorded: the live
+/// run says whether it still needs finishing. Its env is read again; a Secret or key gone since
+/// is the start refused (the pod is the run's: the attempt fails, its retry policy decides).
+async fn resume(
+    ctx: &Arc<Context>,
+    run: &Arc<SandboxRun>,
+    (pool_name, pod): (&str, &Pod),
+    cold: &Pod,
+    now: Timestamp,
+) -> Result<Warm, ControllerError> {
+    let attempt = crate::pod::current_attempt(run);
+    let ns = run.namespace().unwrap_or_default();
+    let live = super::observe::live_run(&ctx.client, &ns, &run.name_any()).await?;
+    let recorded =
+        |s: crate::api::SandboxRunStatus| s.warm_start.is_some_and(|w| w.attempt() == attempt);
+    if live.is_some_and(|r| r.status.is_some_and(recorded)) {
+        return Ok(Warm::Done(Requeue::After(SOON)));
+    }
+    let message = match message_for(ctx, run, cold).await? {
+        Ok(message) => message,
+        Err(Cold::Env(why)) => {
+            StartMessage::refusal(&run.uid().unwrap_or_default(), &why.to_string())
+        }
+        Err(why) => return cold_start(ctx, run, pool_name, why, now).await,
+    };
+    started(ctx, run, pool_name, pod, (message, true), now).await
+}
+
+/// The launcher's start for the run: its cold pod's command and env, each value of a Secret's or
+/// ConfigMap's key read now in the run's own namespace (`crate::pool::env`, issue #54); or why
+/// the run starts cold (no command; a value that cannot be delivered, named without its value).
+async fn message_for(
+    ctx: &Context,
+    run: &SandboxRun,
+    cold: &Pod,
+) -> Result<Result<StartMessage, Cold>, ControllerError> {
+    let ns = run
+        .namespace()
+        .ok_or(ControllerError::Metadata("namespace"))?;
+    let sources = crate::pool::env::sources(cold);
+    let read = super::env_sources::read(ctx, &ns, &sources).await?;
+    let uid = run.uid().unwrap_or_default();
+    let Some(base) = pool_pod::start_message(cold, &uid) else {
+        return Ok(Err(Cold::NoCommand));
+    };
+    Ok(crate::pool::env::with_env(base, cold, &read).map_err(Cold::Env))
 }
 
 /// The claim of `pod` for the run (attempt `attempt`): its egress restricted first, then the pod
@@ -211,7 +258,7 @@ fn choose<'a>(
     // The run's shape computed now, its egress included: a pool pod of an older, wider version
     // of the template is never this run's (issue #51).
     let egress = crate::egress::policy::egress_shape(run, &ctx.pod.egress);
-    let hash = crate::pool::park::park_in_launcher(cold.clone(), &ctx.pod)
+    let hash = as_pooled(cold, &ctx.pod)
         .map(|parked| pool_pod::template_hash(&parked, &egress))
         .unwrap_or_default();
     let current = pool
@@ -240,6 +287,23 @@ fn choose<'a>(
         .ok_or(Cold::NoReadyPod)
 }
 
+/// The run's cold pod as a pool pod of its template would be: parked in the launcher. A pod
+/// parked for a restore already is, with the same writable holder mounts as every parked pod
+/// (issue #54: a run that restores takes a pool pod).
+fn as_pooled(cold: &Pod, settings: &crate::pod::PodSettings) -> Option<Pod> {
+    match crate::pool::park::is_parked(cold) {
+        true => Some(cold.clone()),
+        false => crate::pool::park::park_in_launcher(cold.clone(), settings),
+    }
+}
+
+/// Whether the claim hands the launcher its start: not when the attempt restores its paths,
+/// whose start waits for the restore's answer (the restore stage, `plan::restore_step`,
+/// docs/contract.md "Pause, resume and fork").
+fn starts_at_claim(run: &SandboxRun) -> bool {
+    plan::restore_source(run).is_none()
+}
+
 /// How the pool `pool` tells its pods ([`crate::pool::seal`]).
 fn judge_of<'a>(
     ctx: &'a Context,
@@ -265,6 +329,8 @@ enum Cold {
     NoReadyPod,
     #[error("the run has no command: a pool pod's launcher starts only a command the run names")]
     NoCommand,
+    #[error("{0}")]
+    Env(crate::pool::env::Unresolved),
     #[error("the pool pod's launcher did not start the run: {0}")]
     NotStarted(#[from] super::launcher::DeliveryError),
 }
@@ -294,22 +360,24 @@ async fn cold_pod(
     Ok(Some(plan::shaped_pod(run, *cold, &facts, policies)))
 }
 
-/// The claimed `pod`'s launcher is handed the run's command and env, then the run records the
+/// The claimed `pod`'s launcher is handed the run's start (`message`), then the run records the
 /// pod and its start. A launcher that does not take it: the pod is deleted, the run starts cold.
 async fn started(
     ctx: &Arc<Context>,
     run: &Arc<SandboxRun>,
     pool: &str,
     pod: &Pod,
-    (cold, resumed): (&Pod, bool),
+    (message, resumed): (StartMessage, bool),
     now: Timestamp,
 ) -> Result<Warm, ControllerError> {
-    let Some(message) = pool_pod::start_message(cold, &run.uid().unwrap_or_default()) else {
-        return cold_start(ctx, run, pool, Cold::NoCommand, now).await;
-    };
     let ns = run.namespace().unwrap_or_default();
     let name = pod.name_any();
-    let delivered = super::act::start_in_pool_pod(ctx, &ns, &name, &message, resumed).await;
+    // An attempt that restores its paths is handed its start only once the restore answered
+    // (the restore stage: `plan::restore_step`, docs/contract.md "Pause, resume and fork").
+    let delivered = match starts_at_claim(run) {
+        true => super::act::start_in_pool_pod(ctx, &ns, &name, &message, resumed).await,
+        false => Ok(()),
+    };
     // A resumed claim whose delivery fails (the workload ran and ended, or the pod is going) is
     // still this run's pod: its tracking says what became of it. Only a fresh claim goes cold.
     if let (Err(why), false) = (delivered, resumed) {
@@ -398,6 +466,169 @@ mod tests {
             ..Default::default()
         });
         run
+    }
+
+    /// A run of the template spec `made` at attempt `attempt` (its earlier ones ended), which
+    /// restores its workspace.
+    fn restoring(made: &SandboxRunSpec, attempt: u32) -> SandboxRun {
+        let mut spec = made.clone();
+        spec.workspace = Some(crate::api::Workspace {
+            restore: crate::api::WorkspaceRestore::Latest,
+        });
+        let mut run = SandboxRun::new("job", spec);
+        run.metadata.namespace = Some("team".into());
+        run.metadata.uid = Some("run-uid".into());
+        run.status = Some(crate::api::SandboxRunStatus {
+            attempts: (1..attempt)
+                .map(|index| crate::api::AttemptStatus {
+                    index,
+                    ..Default::default()
+                })
+                .collect(),
+            attempt: Some(attempt),
+            ..Default::default()
+        });
+        run
+    }
+
+    /// Issue #54: an attempt that restores its paths is handed its start only after its restore
+    /// answered (the restore stage), never by the claim; a first attempt (nothing to restore) and
+    /// a run that does not restore are handed it at the claim.
+    #[test]
+    fn a_restoring_attempt_is_handed_its_start_after_its_restore_never_by_the_claim() {
+        let made = SandboxRunSpec {
+            command: Some(vec!["sh".into()]),
+            ..Default::default()
+        };
+        assert!(
+            starts_at_claim(&restoring(&made, 1)),
+            "nothing to restore yet"
+        );
+        assert!(
+            !starts_at_claim(&restoring(&made, 2)),
+            "attempt 1's files first"
+        );
+        let mut never = restoring(&made, 2);
+        never.spec.workspace = None;
+        assert!(starts_at_claim(&never));
+    }
+
+    /// Issue #54: the pod a restoring attempt would get cold (parked, its holder's read-back
+    /// mounts writable) has a pool pod's shape, and so has a first attempt's: both take a pool
+    /// pod of the template (fails on the old code: a pool pod's holder mounted them read-only,
+    /// and the restore pod was parked twice, so its hash never matched).
+    #[test]
+    fn a_restoring_runs_pod_has_the_pool_pods_shape() {
+        use crate::api::{ReadBack, ReadBackPath, SandboxRunPoolSpec, TemplateRef};
+        let settings = crate::pod::PodSettings::default();
+        let made = SandboxRunSpec {
+            image: Some("busybox@sha256:abc".into()),
+            command: Some(vec!["sh".into(), "-c".into(), "true".into()]),
+            user: Some("1000".into()),
+            read_back: Some(ReadBack {
+                paths: vec![ReadBackPath {
+                    path: "/work/out".into(),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let mut pool = SandboxRunPool::new(
+            "agents",
+            SandboxRunPoolSpec {
+                template_ref: TemplateRef::namespaced("agent"),
+                replicas: 1,
+            },
+        );
+        pool.metadata.namespace = Some("team".into());
+        pool.metadata.uid = Some("pool-uid".into());
+        let stand_in = pool_pod::stand_in(&pool, made.clone());
+        let (pooled, hash) = pool_pod::pool_pod(&pool, &stand_in, &settings, "x").unwrap();
+        for attempt in [1, 2] {
+            let run = restoring(&made, attempt);
+            let built = crate::pod::build_pod(&run, &settings).unwrap();
+            let cold = plan::parked_if_due(&run, built, &settings);
+            let shaped = as_pooled(&cold, &settings).unwrap();
+            assert_eq!(
+                pool_pod::template_hash(&shaped, &serde_json::Value::Null),
+                pool_pod::template_hash(&pooled, &serde_json::Value::Null),
+                "attempt {attempt}"
+            );
+        }
+        assert!(!hash.is_empty());
+    }
+
+    /// The cold pod of a run whose env takes `TOKEN` from the Secret `creds`.
+    fn cold_with_secret_env() -> Pod {
+        use k8s_openapi::api::core::v1::{Container, EnvVar, EnvVarSource, PodSpec};
+        let from = EnvVarSource {
+            secret_key_ref: Some(k8s_openapi::api::core::v1::SecretKeySelector {
+                name: "creds".into(),
+                key: "token".into(),
+                optional: None,
+            }),
+            ..Default::default()
+        };
+        Pod {
+            spec: Some(PodSpec {
+                containers: vec![Container {
+                    name: crate::pod::WORKLOAD_CONTAINER.into(),
+                    command: Some(vec!["sh".into(), "-c".into(), "true".into()]),
+                    env: Some(vec![EnvVar {
+                        name: "TOKEN".into(),
+                        value: None,
+                        value_from: Some(from),
+                    }]),
+                    ..Default::default()
+                }],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    const CREDS: &str = "/api/v1/namespaces/ns/secrets/creds";
+
+    /// Issue #54: a claim reads the Secret its env names, in the run's own namespace, and the
+    /// launcher's start carries the value (on the old code the run went cold).
+    #[tokio::test]
+    async fn a_claims_start_carries_the_value_read_from_the_runs_namespaces_secret() {
+        use base64::Engine;
+        let token = base64::engine::general_purpose::STANDARD.encode("s3cr3t");
+        let secret = serde_json::json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "creds", "namespace": "ns"},
+            "data": {"token": token},
+        });
+        let (client, log) =
+            mock_apiserver::apiserver(vec![Route::fixed("GET", CREDS, 200, secret)]);
+        let ctx = mock_apiserver::context(client, Arc::new(InMemory::new()));
+        let message = message_for(&ctx, &run(), &cold_with_secret_env())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(message.env, [("TOKEN".to_string(), "s3cr3t".to_string())]);
+        assert_eq!(message.run, "run-uid");
+        assert_eq!(log.lines(), [format!("GET {CREDS}")]);
+    }
+
+    /// Issue #54: a Secret the run's env needs that does not exist means a cold start (its cold
+    /// pod gets the kubelet's `CreateContainerConfigError`), named without any value.
+    #[tokio::test]
+    async fn a_missing_secret_means_a_cold_start_that_names_it() {
+        let (client, log) = mock_apiserver::apiserver(vec![]);
+        let ctx = mock_apiserver::context(client, Arc::new(InMemory::new()));
+        let why = message_for(&ctx, &run(), &cold_with_secret_env())
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            matches!(&why, Cold::Env(crate::pool::env::Unresolved::Missing { name, .. }) if name == "creds"),
+            "{why}"
+        );
+        assert!(why.to_string().contains("TOKEN"), "{why}");
+        assert_eq!(log.lines(), [format!("GET {CREDS}")]);
     }
 
     /// Issue #51: a pool pod's own policy keeps selecting it after the claim and policies add up,

@@ -46,6 +46,10 @@ enum Failed {
     Stream { path: String, why: String },
     #[error("exec restore-unpack for {path}: {why}")]
     Exec { path: String, why: String },
+    #[error(
+        "the launcher of pod {0} has already taken its one start: nothing is restored into it"
+    )]
+    Started(String),
     #[error("restoring {0} took longer than {RESTORE_TIMEOUT:?}")]
     Timeout(String),
 }
@@ -122,6 +126,9 @@ async fn restore_all(
         if !ours {
             return Err(Failed::NotOurs(keys.manifest.to_string()));
         }
+        if index == 0 {
+            launcher_waits(&pods, pod_name).await?;
+        }
         let requested = declared
             .size_limit
             .as_ref()
@@ -143,6 +150,19 @@ async fn restore_all(
         bytes += b;
     }
     Ok((files, bytes))
+}
+
+/// Never a restore into a pod whose one start is spent (one run per pod: a warm pool's pod
+/// someone attached to before the claim, issue #54): its launcher must still wait.
+async fn launcher_waits(pods: &Api<Pod>, pod_name: &str) -> Result<(), Failed> {
+    match super::launcher::still_waiting(pods, pod_name).await {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(Failed::Started(pod_name.to_string())),
+        Err(e) => Err(Failed::Exec {
+            path: pod_name.to_string(),
+            why: e.to_string(),
+        }),
+    }
 }
 
 /// The pipe between the restore's stream and the exec's stdin.
@@ -230,6 +250,39 @@ async fn restore_one(
     }
 }
 
+/// The run's start for its parked pod `pod_name`. A pod parked for a restore carries the run's
+/// env (the kubelet resolved its Secret and ConfigMap keys): its plain values are handed over. A
+/// warm pool's pod (`status.warmStart.pod`) carries the template's only: each value of a Secret's
+/// or ConfigMap's key is read now, in the run's namespace (`crate::pool::env`, issue #54), and
+/// one that cannot be delivered is the start refused, named without its value.
+async fn start_of(
+    ctx: &Context,
+    run: &SandboxRun,
+    pod_name: &str,
+) -> Result<crate::inpod::launch::StartMessage, NotHanded> {
+    let uid = run.uid().unwrap_or_default();
+    let built = crate::pod::build_pod(run, &ctx.pod).map_err(|e| NotHanded(e.to_string()))?;
+    let no_command = || NotHanded("the run has no command for the launcher to start".into());
+    let attempt = crate::pod::current_attempt(run);
+    let warm = run
+        .status
+        .as_ref()
+        .and_then(|s| s.warm_start.as_ref())
+        .filter(|w| w.attempt() == attempt)
+        .is_some_and(|w| w.pod.as_deref() == Some(pod_name));
+    let base = crate::pool::pod::start_message(&built, &uid).ok_or_else(no_command)?;
+    if !warm {
+        return Ok(base);
+    }
+    let ns = run.namespace().unwrap_or_default();
+    let sources = crate::pool::env::sources(&built);
+    let read = super::env_sources::read(ctx, &ns, &sources)
+        .await
+        .map_err(|e| NotHanded(e.to_string()))?;
+    Ok(crate::pool::env::with_env(base, &built, &read)
+        .unwrap_or_else(|why| crate::inpod::launch::StartMessage::refusal(&uid, &why.to_string())))
+}
+
 /// Hands the parked launcher of `pod_name` the run's start, or — `record` says the restore
 /// failed — a refusal that names why (the launcher exits 127 and the workload never runs).
 pub(super) async fn deliver(
@@ -239,9 +292,7 @@ pub(super) async fn deliver(
     record: &RestoreStatus,
 ) -> Result<(), NotHanded> {
     let uid = run.uid().unwrap_or_default();
-    let built = crate::pod::build_pod(run, &ctx.pod).map_err(|e| NotHanded(e.to_string()))?;
-    let mut message = crate::pool::pod::start_message(&built, &uid)
-        .ok_or_else(|| NotHanded("the run has no command for the launcher to start".into()));
+    let mut message = start_of(ctx, run, pod_name).await;
     if record.outcome == RestoreOutcome::Failed {
         let why = record.message.clone().unwrap_or_default();
         message = Ok(crate::inpod::launch::StartMessage::refusal(&uid, &why));

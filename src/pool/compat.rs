@@ -1,20 +1,25 @@
 //! Whether a run may take a warm pool pod: a pool pod is built from the template alone, so a run
 //! may start in one only when nothing the run sets would have changed that pod. What the launcher
-//! delivers at claim time (command, args, plain env values) and what never reaches the pod (stop,
-//! the deadline, which counts from the run's own start) may differ; any other field means a cold
+//! delivers at claim time (command, args, env values, those of a Secret's or ConfigMap's key read
+//! by the operator then: `super::env`) and what never reaches the pod (stop,
+//! the deadline, which counts from the run's own start) may differ, and so may `workspace` (a
+//! restore runs in the claimed pod before its start); any other field means a cold
 //! start, and the reason names the field.
 
 use crate::api::SandboxRunSpec;
 
 /// The top-level spec fields (camelCase, as the CRD spells them) a run may set and still take a
 /// pool pod.
-const WARM_FIELDS: [&str; 6] = [
+const WARM_FIELDS: [&str; 7] = [
     "command",
     "args",
     "env",
     "stop",
     "activeDeadlineSeconds",
     "templateRef",
+    // A pool pod is parked with its holder's read-back mounts writable, as a pod parked for a
+    // restore is: its restore runs in it before the start is handed over (issue #54).
+    "workspace",
 ];
 
 /// Why a run cannot take a pool pod and starts cold.
@@ -23,8 +28,9 @@ pub enum Incompatible {
     /// The run sets a field that changes the pod.
     #[error("the run sets spec.{0}, which changes the pod")]
     Field(String),
-    /// An env var takes its value from a Secret or ConfigMap: the pod would have to reference it.
-    #[error("env var {0} takes its value from a Secret or ConfigMap, which changes the pod")]
+    /// An env var takes its value from a source the launcher cannot deliver (not exactly one
+    /// key of a Secret or ConfigMap): the pod would have to reference it.
+    #[error("env var {0} takes its value from a source the launcher cannot deliver, which changes the pod")]
     EnvFrom(String),
     /// The run's spec could not be read as JSON (never expected).
     #[error("the run's spec could not be read")]
@@ -47,7 +53,15 @@ pub fn compatible(own: &SandboxRunSpec) -> Result<(), Incompatible> {
     if let Some(field) = set.iter().find(|k| !WARM_FIELDS.contains(&k.as_str())) {
         return Err(Incompatible::Field((*field).clone()));
     }
-    if let Some(var) = own.env.iter().find(|v| v.value_from.is_some()) {
+    // A key of a Secret or ConfigMap is read at claim time and delivered (issue #54).
+    let deliverable = |from: &crate::api::EnvVarSource| {
+        from.secret_key_ref.is_some() != from.config_map_key_ref.is_some()
+    };
+    if let Some(var) = own
+        .env
+        .iter()
+        .find(|v| v.value_from.as_ref().is_some_and(|f| !deliverable(f)))
+    {
         return Err(Incompatible::EnvFrom(var.name.clone()));
     }
     Ok(())
@@ -121,5 +135,32 @@ mod tests {
         let err = compatible(&own).unwrap_err();
         assert_eq!(err, Incompatible::EnvFrom("TOKEN".into()));
         assert!(err.to_string().contains("TOKEN"));
+    }
+
+    /// Issue #54: a run that restores its workspace takes a pool pod too (its restore runs in
+    /// the claimed pod before the start); fails on the old code (`Field("workspace")`).
+    #[test]
+    fn a_run_that_restores_its_workspace_is_compatible() {
+        let own = spec(serde_json::json!({
+            "templateRef": {"name": "agent"},
+            "command": ["sh"],
+            "workspace": {"restore": "Latest"}
+        }));
+        assert_eq!(compatible(&own), Ok(()));
+    }
+
+    /// Issue #54: a key of a Secret or ConfigMap is read by the operator at claim time and
+    /// delivered by the launcher, so it no longer changes the pod (fails on the old code).
+    #[test]
+    fn an_env_value_from_a_secret_or_config_map_key_stays_warm() {
+        let own = spec(serde_json::json!({
+            "templateRef": {"name": "agent"},
+            "command": ["sh"],
+            "env": [
+                {"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "token"}}},
+                {"name": "MODE", "valueFrom": {"configMapKeyRef": {"name": "cfg", "key": "mode", "optional": true}}}
+            ]
+        }));
+        assert_eq!(compatible(&own), Ok(()));
     }
 }

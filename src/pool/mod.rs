@@ -8,6 +8,7 @@
 //! - [`judge`]: whether a pool may make pods of its template at all (the rules, no author's
 //!   rights needed).
 //! - [`egress`]: a pool pod's NetworkPolicy (templates whose runs restrict egress).
+//! - [`env`]: the env values a claim reads from Secrets and ConfigMaps for the launcher.
 //! - [`park`]: a pool pod is the built pod with its workload parked in the operator's launcher.
 //! - [`pod`]: a pool's pods and a run's claim of one, as data.
 //! - [`seal`]: what says the operator made a pod as a pool's (a look-alike's labels never do).
@@ -17,6 +18,7 @@
 
 pub mod compat;
 pub mod egress;
+pub mod env;
 pub mod gauges;
 pub mod judge;
 pub mod park;

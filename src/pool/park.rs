@@ -65,7 +65,39 @@ pub fn park_in_launcher(mut pod: Pod, settings: &PodSettings) -> Option<Pod> {
     spec.init_containers
         .get_or_insert_with(Vec::new)
         .push(install);
-    Some(pod)
+    Some(holder_writes_the_paths(pod))
+}
+
+/// `pod` with its holder's read-back mounts writable: `restore-unpack` runs in the holder and
+/// writes the restored files there (read-only, it fails at the first member). Every parked pod
+/// gets them — one parked for a restore, and a pool pod, which may serve a run that restores
+/// (issue #54; docs/contract.md "Pause, resume and fork"): nothing has run in a parked pod
+/// before its start, the holder runs only the operator's binary, and whoever could write through
+/// it (an exec) could write the same paths through the workload's own writable mount. Every
+/// other holder mounts them read-only.
+fn holder_writes_the_paths(mut pod: Pod) -> Pod {
+    let holders = pod
+        .spec
+        .iter_mut()
+        .flat_map(|s| s.containers.iter_mut())
+        .filter(|c| c.name == crate::pod::HOLDER_CONTAINER);
+    for mount in holders.flat_map(|c| c.volume_mounts.iter_mut().flatten()) {
+        if mount.name.starts_with(crate::pod::READBACK_VOLUME_PREFIX) {
+            mount.read_only = None;
+        }
+    }
+    pod
+}
+
+/// Whether `pod`'s workload is parked in the launcher (a pool pod, or one parked for a restore).
+pub fn is_parked(pod: &Pod) -> bool {
+    let launcher = launcher_path();
+    pod.spec.as_ref().is_some_and(|s| {
+        s.containers.iter().any(|c| {
+            c.name == WORKLOAD_CONTAINER
+                && c.command.as_ref().and_then(|c| c.first()) == Some(&launcher)
+        })
+    })
 }
 
 fn mount(name: &str, path: &str, read_only: bool) -> VolumeMount {
@@ -133,6 +165,45 @@ mod tests {
         let init = &spec.init_containers.unwrap()[0];
         assert_eq!(init.image, Some(PodSettings::default().holder_image));
         assert_eq!(init.volume_mounts.as_ref().unwrap()[0].name, launcher.name);
+    }
+
+    /// Issue #54: every parked pod (a pool pod too) has its holder's read-back mounts writable,
+    /// so a run that restores can take a pool pod; its other mounts keep their modes.
+    #[test]
+    fn a_parked_pods_holder_may_write_its_read_back_paths() {
+        let mut pod = built();
+        let holder = Container {
+            name: crate::pod::HOLDER_CONTAINER.to_string(),
+            volume_mounts: Some(vec![
+                mount(
+                    &format!("{}0", crate::pod::READBACK_VOLUME_PREFIX),
+                    "/r/0",
+                    true,
+                ),
+                mount("other", "/other", true),
+            ]),
+            ..Container::default()
+        };
+        pod.spec.as_mut().unwrap().containers.push(holder);
+        let parked = park_in_launcher(pod, &PodSettings::default()).unwrap();
+        let spec = parked.spec.unwrap();
+        let holder = spec
+            .containers
+            .iter()
+            .find(|c| c.name == crate::pod::HOLDER_CONTAINER);
+        let modes: Vec<_> = holder
+            .unwrap()
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.read_only)
+            .collect();
+        assert_eq!(modes, [None, Some(true)]);
+        assert!(is_parked(&Pod {
+            spec: Some(spec),
+            ..Pod::default()
+        }));
+        assert!(!is_parked(&built()));
     }
 
     #[test]

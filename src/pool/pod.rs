@@ -152,8 +152,14 @@ pub fn template_hash(pod: &Pod, egress: &Value) -> String {
         .filter(|c| c.name == WORKLOAD_CONTAINER)
     {
         c.args = None;
+        // Plain values and keys of Secrets and ConfigMaps are the launcher's to deliver
+        // (`super::env`, issue #54): only a source the pod must carry shapes it.
         if let Some(env) = c.env.as_mut() {
-            env.retain(|e| e.value_from.is_some());
+            env.retain(|e| {
+                e.value_from
+                    .as_ref()
+                    .is_some_and(|f| super::env::deliverable(f).is_none())
+            });
         }
     }
     let own = |m: &BTreeMap<String, String>| -> BTreeMap<String, String> {
@@ -410,6 +416,31 @@ mod tests {
             "sandbox.iterion.io/pool=agents,!sandbox.iterion.io/claimed-by"
         );
         assert!(pod_name(&"p".repeat(80), &hash, "abcde").len() <= 63);
+    }
+
+    /// Issue #54: an env value read from a key of a Secret or ConfigMap is delivered by the
+    /// launcher, so a run's cold pod that references one has the pool pods' shape (fails on the
+    /// old code: the reference was part of the hash, and the run went cold as `OtherShape`).
+    #[test]
+    fn an_env_value_from_a_secret_key_is_not_the_pool_pods_shape() {
+        let settings = PodSettings::default();
+        let pool = pool();
+        let (_, hash) = pool_pod(&pool, &stand_in(&pool, made()), &settings, "a").unwrap();
+        let mut secret = made();
+        secret.env = vec![crate::api::EnvVar {
+            name: "TOKEN".into(),
+            value: String::new(),
+            value_from: Some(crate::api::EnvVarSource {
+                secret_key_ref: Some(k8s_openapi::api::core::v1::SecretKeySelector {
+                    name: "creds".into(),
+                    key: "token".into(),
+                    optional: None,
+                }),
+                config_map_key_ref: None,
+            }),
+        }];
+        let (_, with_secret) = pool_pod(&pool, &stand_in(&pool, secret), &settings, "a").unwrap();
+        assert_eq!(with_secret, hash);
     }
 
     #[test]

@@ -325,6 +325,47 @@ fn the_image_preflight_is_a_chart_value_that_brings_its_secret_rule() {
     assert!(!out.status.success(), "preflightImages=maybe rendered");
 }
 
+/// Issue #54 (docs/contract.md "A warm run's env from Secrets and ConfigMaps"): a claim reads the
+/// Secrets and ConfigMaps a run's env names only with `warmPools.envSources`, off by default (no
+/// cluster-wide Secret read by default); on, one `get` rule on both, no list or watch.
+#[test]
+fn warm_env_sources_are_a_chart_value_that_brings_its_secret_and_configmap_rule() {
+    let rule = "resources: [secrets, configmaps]\n    verbs: [get]";
+    let off = ok(helm(&["template", "demo", CHART]), None);
+    assert!(!manager_rules_of(&off).contains(rule), "off by default");
+    let on = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "warmPools.envSources=true",
+        ]),
+        None,
+    );
+    assert!(
+        manager_rules_of(&on).contains(rule),
+        "{}",
+        manager_rules_of(&on)
+    );
+    let no_pools = ok(
+        helm(&[
+            "template",
+            "demo",
+            CHART,
+            "--set",
+            "warmPools.envSources=true",
+            "--set",
+            "warmPools.enabled=false",
+        ]),
+        None,
+    );
+    assert!(
+        !manager_rules_of(&no_pools).contains(rule),
+        "only with warm pools"
+    );
+}
+
 /// Issue #29 item 1 (docs/contract.md "A store per namespace"): `tenantStores` renders
 /// `--tenant-store-endpoints` and grants `get` on configmaps and secrets only when enabled with
 /// endpoints; off (the default) neither the flag nor the rules.

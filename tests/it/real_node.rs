@@ -184,11 +184,16 @@ struct RealBed {
 
 impl RealBed {
     async fn new(tag: &str) -> RealBed {
+        RealBed::with_flags(tag, &[]).await
+    }
+
+    /// [`RealBed::new`] with the operator started with more flags.
+    async fn with_flags(tag: &str, flags: &[&str]) -> RealBed {
         let client = client().await;
         ensure_crd(&client).await;
         let ns = restricted_namespace(&client, tag).await;
         let (_dir, store_url) = file_store(tag);
-        let op = start_operator(&ns.name, &store_url);
+        let op = start_operator_with(&ns.name, &store_url, flags);
         let runs = Api::namespaced(client.clone(), &ns.name);
         RealBed {
             client,

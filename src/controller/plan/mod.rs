@@ -51,7 +51,11 @@ pub(crate) use model::{
     IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN, NAME_CONFLICT_REQUEUE, SETTLE,
 };
 pub(crate) use queued::queued;
-pub(crate) use restore::{plan_of as restore_plan, restore_step, NotHanded, NotRestored};
+#[cfg(test)]
+pub(crate) use restore::parked_if_due;
+pub(crate) use restore::{
+    plan_of as restore_plan, restore_source, restore_step, NotHanded, NotRestored,
+};
 /// The end of a run's teardown (the GitOps fixtures build one from it).
 #[cfg(test)]
 pub(crate) use teardown::teardown_end;

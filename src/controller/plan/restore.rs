@@ -51,32 +51,13 @@ pub(crate) fn restore_source(run: &SandboxRun) -> Option<u32> {
         .filter(|_| asks)
 }
 
-/// `pod` parked in the launcher when its attempt restores its paths ([`restore_source`]).
+/// `pod` parked in the launcher when its attempt restores its paths ([`restore_source`]): its
+/// holder's read-back mounts writable, as every parked pod's (`crate::pool::park`).
 pub(crate) fn parked_if_due(run: &SandboxRun, pod: Pod, settings: &crate::pod::PodSettings) -> Pod {
     if restore_source(run).is_none() {
         return pod;
     }
-    match crate::pool::park::park_in_launcher(pod.clone(), settings) {
-        Some(parked) => holder_writes_the_paths(parked),
-        None => pod,
-    }
-}
-
-/// `pod` with its holder's read-back mounts writable: `restore-unpack` runs in the holder and
-/// writes the restored files there (read-only, it fails at the first member). Only a parked
-/// restore pod's holder gets them; every other holder mounts them read-only.
-fn holder_writes_the_paths(mut pod: Pod) -> Pod {
-    let holders = pod
-        .spec
-        .iter_mut()
-        .flat_map(|s| s.containers.iter_mut())
-        .filter(|c| c.name == crate::pod::HOLDER_CONTAINER);
-    for mount in holders.flat_map(|c| c.volume_mounts.iter_mut().flatten()) {
-        if mount.name.starts_with(crate::pod::READBACK_VOLUME_PREFIX) {
-            mount.read_only = None;
-        }
-    }
-    pod
+    crate::pool::park::park_in_launcher(pod.clone(), settings).unwrap_or(pod)
 }
 
 /// What the current attempt's restore needs next.
@@ -110,13 +91,7 @@ pub(crate) fn restore_step(run: &SandboxRun, pod: &Pod) -> Option<RestoreStep> {
 /// Whether `pod`'s workload is the launcher and runs, and its holder (which the restore execs
 /// into) runs too.
 fn parked_and_running(pod: &Pod) -> bool {
-    let launcher = crate::pool::park::launcher_path();
-    let parked = pod.spec.as_ref().is_some_and(|s| {
-        s.containers.iter().any(|c| {
-            c.name == crate::pod::WORKLOAD_CONTAINER
-                && c.command.as_ref().and_then(|c| c.first()) == Some(&launcher)
-        })
-    });
+    let parked = crate::pool::park::is_parked(pod);
     let running = |name: &str| {
         let status = pod.status.as_ref();
         let all = status

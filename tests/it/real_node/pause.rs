@@ -155,3 +155,121 @@ async fn a_tampered_archive_makes_the_resume_a_warning_and_the_workload_never_ru
         "the workload never ran after a failed restore"
     );
 }
+
+/// Issue #54 item 1, warm (docs/user-guide.md "Pause, resume and fork"): with `--warm-pools` and
+/// a pool of one pod of the run's template, a run that restores its workspace takes a pool pod
+/// for its first attempt (nothing to restore: started at the claim) and, paused then resumed,
+/// another for its second — whose read-back paths are restored in the claimed pod before its
+/// start is handed over, so its workload finds attempt 1's files. On the old code both attempts
+/// started cold ("the run sets spec.workspace").
+#[tokio::test]
+async fn a_resumed_sandbox_is_served_warm_by_a_pool_pod_with_its_files_restored() {
+    use sandboxrun_operator::api::{
+        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
+        TemplateRef,
+    };
+    let bed = RealBed::with_flags("real-pause-warm", &["--warm-pools"]).await;
+    let template = SandboxRunTemplate::new(
+        "agent",
+        SandboxRunTemplateSpec {
+            template: real_spec(Some("exit 9"), &["/work/out"]),
+            open_fields: vec![OpenField::Command],
+        },
+    );
+    Api::<SandboxRunTemplate>::namespaced(bed.client.clone(), &bed.ns.name)
+        .create(&Default::default(), &template)
+        .await
+        .expect("create the template");
+    let pools: Api<SandboxRunPool> = Api::namespaced(bed.client.clone(), &bed.ns.name);
+    let pool = SandboxRunPool::new(
+        "agents",
+        SandboxRunPoolSpec {
+            template_ref: TemplateRef::namespaced("agent"),
+            replicas: 1,
+        },
+    );
+    pools
+        .create(&Default::default(), &pool)
+        .await
+        .expect("create the pool");
+    let ready = |taken: Vec<String>| {
+        let (client, ns, pools) = (bed.client.clone(), bed.ns.name.clone(), pools.clone());
+        async move {
+            eventually("a ready pool pod", Duration::from_secs(180), || {
+                let (client, ns, pools, taken) =
+                    (client.clone(), ns.clone(), pools.clone(), taken.clone());
+                async move {
+                    let pods = pool_pods(&client, &ns, "agents").await;
+                    let fresh = pods.iter().any(|(n, _, c)| !c && !taken.contains(n));
+                    let s = pools.get("agents").await.ok()?.status?;
+                    (fresh && s.ready_replicas == 1).then_some(())
+                }
+            })
+            .await
+        }
+    };
+    ready(Vec::new()).await;
+    let spec = SandboxRunSpec {
+        template_ref: Some(TemplateRef::namespaced("agent")),
+        command: Some(vec!["sh".into(), "-c".into(), SCRIPT.into()]),
+        workspace: Some(Workspace {
+            restore: WorkspaceRestore::Latest,
+        }),
+        ..Default::default()
+    };
+    create(&bed.runs, "agent", spec).await;
+    let running = wait_run(
+        &bed.runs,
+        "agent",
+        "Running",
+        &bed.op,
+        phase_is(Phase::Running),
+    )
+    .await;
+    let first = running
+        .status
+        .and_then(|s| s.warm_start)
+        .and_then(|w| w.pod)
+        .unwrap_or_else(|| panic!("attempt 1 took a pool pod"));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    set_suspend(&bed, "agent", true).await;
+    wait_run(
+        &bed.runs,
+        "agent",
+        "attempt 1 drained, paused",
+        &bed.op,
+        |r| {
+            r.status.as_ref().is_some_and(|s| {
+                s.attempts.len() == 1
+                    && s.conditions
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.reason == "Suspended")
+            })
+        },
+    )
+    .await;
+    ready(vec![first.clone()]).await;
+    set_suspend(&bed, "agent", false).await;
+    let done = wait_run(&bed.runs, "agent", "a final phase", &bed.op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let warm = status.warm_start.clone().expect("warmStart");
+    let second = warm.pod.clone().unwrap_or_default();
+    assert_eq!(warm.attempt, Some(2), "{warm:?}");
+    assert!(
+        second.starts_with("agents-") && second != first,
+        "attempt 2 took another pool pod: {first} then {warm:?}"
+    );
+    let restore = status.restores.first().expect("status.restores");
+    assert_eq!(
+        (restore.attempt, restore.from_attempt, restore.outcome),
+        (2, 1, RestoreOutcome::Restored),
+        "{restore:?}"
+    );
+    assert!(restore.delivered, "{restore:?}");
+    let dir = files_get_attempt(&bed.ns.name, "agent", &bed.store_url, 2);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("seen.txt")).expect("seen.txt"),
+        "hello 1000 300000\n"
+    );
+}

@@ -574,3 +574,137 @@ async fn each_attempt_of_a_retried_run_takes_a_warm_pool_pod() {
     let out = std::fs::read_to_string(extracted(&dest, 0).join("out.txt")).expect("out.txt");
     assert_eq!(out, "attempt 2\n");
 }
+
+/// Issue #54 item 2 on the real node (docs/user-guide.md "Sandboxes for agents: warm pools"):
+/// a run whose env takes a value from a key of a Secret of its namespace is served warm — the
+/// operator reads the Secret at claim time and the launcher delivers the value — and its workload
+/// sees the value (it writes its sha256, never the value, to its drained file). A run whose
+/// Secret does not exist starts cold and its coldReason names the Secret, not a value. (On the
+/// old code both started cold: "takes its value from a Secret or ConfigMap".)
+#[tokio::test]
+async fn a_run_whose_env_takes_a_secrets_value_is_served_warm_and_sees_it() {
+    use k8s_openapi::api::core::v1::{Secret, SecretKeySelector};
+    use sandboxrun_operator::api::{
+        EnvVar, EnvVarSource, OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate,
+        SandboxRunTemplateSpec, TemplateRef,
+    };
+    use sha2::Digest;
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "pool-secret").await;
+    let (_dir, store_url) = file_store("pool-secret");
+    let op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
+    let value = "s3cr3t-for-the-warm-run";
+    let secret: Secret = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "creds"},
+        "stringData": {"token": value},
+    }))
+    .expect("a Secret");
+    Api::<Secret>::namespaced(client.clone(), &ns.name)
+        .create(&Default::default(), &secret)
+        .await
+        .expect("create the Secret");
+    let template = SandboxRunTemplate::new(
+        "agent",
+        SandboxRunTemplateSpec {
+            template: real_spec(Some("exit 9"), &["/work/out"]),
+            open_fields: vec![OpenField::Command, OpenField::Env],
+        },
+    );
+    Api::<SandboxRunTemplate>::namespaced(client.clone(), &ns.name)
+        .create(&Default::default(), &template)
+        .await
+        .expect("create the template");
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let pool = SandboxRunPool::new(
+        "agents",
+        SandboxRunPoolSpec {
+            template_ref: TemplateRef::namespaced("agent"),
+            replicas: 1,
+        },
+    );
+    pools
+        .create(&Default::default(), &pool)
+        .await
+        .expect("create the pool");
+    eventually(
+        "the pool's pod to be ready",
+        Duration::from_secs(180),
+        || {
+            let pools = pools.clone();
+            async move { (pools.get("agents").await.ok()?.status?.ready_replicas == 1).then_some(()) }
+        },
+    )
+    .await;
+    let ready = pool_pods(&client, &ns.name, "agents").await;
+    let from = |name: &str| EnvVar {
+        name: "TOKEN".into(),
+        value: String::new(),
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: name.into(),
+                key: "token".into(),
+                optional: None,
+            }),
+            config_map_key_ref: None,
+        }),
+    };
+    let script =
+        r#"printf %s "$TOKEN" | sha256sum | cut -d' ' -f1 > "$ITERION_ARTIFACT_FILES_DIR/sha.txt""#;
+    let spec = |secret: &str| SandboxRunSpec {
+        template_ref: Some(TemplateRef::namespaced("agent")),
+        command: Some(vec!["sh".into(), "-c".into(), script.into()]),
+        env: vec![from(secret)],
+        ..Default::default()
+    };
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    create(&runs, "warm", spec("creds")).await;
+    let done = wait_run(&runs, "warm", "the warm run to end", &op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let warm = status.warm_start.clone().expect("warmStart");
+    let took = warm
+        .pod
+        .clone()
+        .unwrap_or_else(|| panic!("a pool pod was taken: {warm:?}"));
+    assert!(ready.iter().any(|(n, _, _)| *n == took), "{took} {ready:?}");
+    let dest = files_get(&ns.name, "warm", &store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    let sha = std::fs::read_to_string(extracted(&dest, 0).join("sha.txt")).expect("sha.txt");
+    assert_eq!(
+        sha.trim(),
+        hex::encode(sha2::Sha256::digest(value.as_bytes())),
+        "the workload saw the Secret's value"
+    );
+    // Nothing the operator wrote about the run carries the value.
+    let written = serde_json::to_string(&done).expect("the run as JSON");
+    assert!(!written.contains(value), "{written}");
+
+    // A Secret that does not exist, with a ready pod there: cold, named (its cold pod waits on
+    // the kubelet as without a pool).
+    eventually(
+        "the pool to make another pod",
+        Duration::from_secs(180),
+        || {
+            let (client, ns, took) = (client.clone(), ns.name.clone(), took.clone());
+            let pools = pools.clone();
+            async move {
+                let pods = pool_pods(&client, &ns, "agents").await;
+                let fresh = pods.iter().any(|(n, _, claimed)| !claimed && *n != took);
+                let s = pools.get("agents").await.ok()?.status?;
+                (fresh && s.ready_replicas == 1).then_some(())
+            }
+        },
+    )
+    .await;
+    create(&runs, "missing", spec("nowhere")).await;
+    let started = |r: &SandboxRun| r.status.as_ref().is_some_and(|s| s.warm_start.is_some());
+    let cold = wait_run(&runs, "missing", "the run to start cold", &op, started).await;
+    let reason = cold
+        .status
+        .and_then(|s| s.warm_start)
+        .and_then(|w| w.cold_reason)
+        .unwrap_or_default();
+    assert!(reason.contains("nowhere"), "{reason}");
+}
