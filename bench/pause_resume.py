@@ -1,7 +1,8 @@
 """Pause -> resume on the real node (issue #54 item 1, docs/performance.md "Pause and resume"):
 for each size N (MiB of random bytes in the read-back path), a run with
 `spec.workspace.restore: Latest` writes N MiB, is paused (`spec.suspend: true`: drained, pod
-gone) and resumed (`false`); measured is resume -> the resumed workload's first instruction,
+gone) and resumed (`false`), once on a cold pod and once on a warm pool's pod (a run made from a
+pooled template of the same shape); measured is resume -> the resumed workload's first instruction,
 i.e. a new pod, N MiB read from the store, verified against the manifest and unpacked in the
 pod, then the start handed to the launcher. Beside it, interleaved on the same bed and
 operator: create -> first instruction of a cold run of the same image (nothing restored) and of
@@ -34,22 +35,75 @@ class Pausing:
     def __init__(self, bench):
         self.b = bench
 
-    def create(self, name, mib):
+    def pooled(self, most_mib, replicas=2):
+        """A template of the same shape with the read-back path, and a pool of it: resumes that
+        a pool's pod serves (its files restored into the claimed pod)."""
+        template = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "SandboxRunTemplate",
+            "metadata": {"name": "bench-pause"},
+            "spec": {
+                "template": {
+                    "image": self.b.image,
+                    "user": "1000:1000",
+                    "command": ["sh", "-c", "exit 3"],
+                    "readBack": {"paths": [{"path": "/work/out", "sizeLimit": f"{most_mib + 16}Mi"}]},
+                    **PLACEMENT,
+                },
+                "openFields": ["command", "env"],
+            },
+        }
+        self.b.co.create_namespaced_custom_object(GROUP, VERSION, self.b.ns, "sandboxruntemplates", template)
+        pool = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "SandboxRunPool",
+            "metadata": {"name": "bench-pause"},
+            "spec": {"templateRef": {"name": "bench-pause"}, "replicas": replicas},
+        }
+        self.b.co.create_namespaced_custom_object(GROUP, VERSION, self.b.ns, "sandboxrunpools", pool)
+
+    def create(self, name, mib, warm):
+        own = {
+            "command": ["sh", "-c", SCRIPT],
+            "env": [{"name": "SIZE_MIB", "value": str(mib)}],
+            "workspace": {"restore": "Latest"},
+        }
+        if warm:
+            spec = {"templateRef": {"name": "bench-pause"}, **own}
+        else:
+            spec = {
+                "image": self.b.image,
+                "user": "1000:1000",
+                "readBack": {"paths": [{"path": "/work/out", "sizeLimit": f"{mib + 16}Mi"}]},
+                **PLACEMENT,
+                **own,
+            }
         body = {
             "apiVersion": f"{GROUP}/{VERSION}",
             "kind": "SandboxRun",
             "metadata": {"name": name},
-            "spec": {
-                "image": self.b.image,
-                "user": "1000:1000",
-                "command": ["sh", "-c", SCRIPT],
-                "env": [{"name": "SIZE_MIB", "value": str(mib)}],
-                "readBack": {"paths": [{"path": "/work/out", "sizeLimit": f"{mib + 16}Mi"}]},
-                "workspace": {"restore": "Latest"},
-                **PLACEMENT,
-            },
+            "spec": spec,
         }
         self.b.co.create_namespaced_custom_object(GROUP, VERSION, self.b.ns, "sandboxruns", body)
+
+    def pool_ready(self, at_least, timeout=300):
+        end = time.time() + timeout
+        while time.time() < end:
+            pods = self.b.core.list_namespaced_pod(
+                self.b.ns,
+                label_selector="sandbox.iterion.io/pool=bench-pause,!sandbox.iterion.io/claimed-by",
+            ).items
+            ready = sum(
+                1
+                for p in pods
+                if p.metadata.deletion_timestamp is None
+                and {"workload", "holder"}
+                <= {c.name for c in (p.status.container_statuses or []) if c.state and c.state.running}
+            )
+            if ready >= at_least:
+                return
+            time.sleep(0.2)
+        raise SystemExit(f"the pool bench-pause did not have {at_least} ready pods in {timeout}s")
 
     def get(self, name):
         return self.b.co.get_namespaced_custom_object(GROUP, VERSION, self.b.ns, "sandboxruns", name)
@@ -88,9 +142,12 @@ class Pausing:
             GROUP, VERSION, self.b.ns, "sandboxruns", name, {"spec": {"suspend": on}}
         )
 
-    def measure(self, name, mib):
-        """(pause seconds, resume -> first instruction seconds) of one sample."""
-        self.create(name, mib)
+    def measure(self, name, mib, warm):
+        """(pause seconds, resume -> first instruction seconds) of one sample; `warm`: the run is
+        made from the pooled template, and its resume is served by a ready pool pod."""
+        if warm:
+            self.pool_ready(1)
+        self.create(name, mib, warm)
         self.wait(name, "Running", lambda s: s.get("phase") == "Running")
         self.written(name)
         t = time.time()
@@ -100,6 +157,8 @@ class Pausing:
             for c in s.get("conditions") or []
         ), every=0.1)
         paused = time.time() - t
+        if warm:
+            self.pool_ready(1)
         t0 = time.time()
         self.suspend(name, False)
         status = self.wait(name, "the resumed first instruction", lambda s: (
@@ -109,6 +168,9 @@ class Pausing:
         if not restores or restores[-1].get("outcome") != "Restored":
             raise SystemExit(f"run {name}: not restored: {restores}")
         ts = first_instruction(status["workload"]["message"])
+        served = bool((status.get("warmStart") or {}).get("pod"))
+        if warm != served:
+            raise SystemExit(f"run {name}: resumed {'warm' if served else 'cold'}, wanted the other: {status.get('warmStart')}")
         # The resumed workload checks the restored size; a wrong one fails the run (exit 9).
         self.wait(name, "its end", lambda s: s.get("phase") == "Succeeded", every=0.2)
         return paused, ts - t0
@@ -123,15 +185,18 @@ def main():
     b.pool()
     b.wait_pool(1)
     p = Pausing(b)
+    p.pooled(max(sizes))
     lat = {"warm": [], "cold": []}
     pause = {m: [] for m in sizes}
-    resume = {m: [] for m in sizes}
+    resume = {(m, w): [] for m in sizes for w in (False, True)}
     for i in range(samples):
         for mib in sizes:
-            paused, resumed = p.measure(f"pause-{mib}-{i}", mib)
-            pause[mib].append(paused)
-            resume[mib].append(resumed)
-            b.delete_later("run", f"pause-{mib}-{i}")
+            for warm in (False, True):
+                name = f"pause-{'w' if warm else 'c'}{mib}-{i}"
+                paused, resumed = p.measure(name, mib, warm)
+                pause[mib].append(paused)
+                resume[(mib, warm)].append(resumed)
+                b.delete_later("run", name)
         b.wait_pool(1)
         t0 = b.run(f"warm-{i}", "bench")
         ts, _ = b.run_started(f"warm-{i}")
@@ -147,10 +212,11 @@ def main():
         print(f"  {kind} start, create -> first instruction:       {p50 * 1000:7.0f} / {p99 * 1000:7.0f} ms")
     cold50, _ = quantiles(lat["cold"])
     for mib in sizes:
-        r50, r99 = quantiles(resume[mib])
+        for warm in (False, True):
+            r50, r99 = quantiles(resume[(mib, warm)])
+            print(f"  resume ({'warm' if warm else 'cold'}) with {mib:4} MiB restored -> first instruction:"
+                  f" {r50 * 1000:7.0f} / {r99 * 1000:7.0f} ms  ({r50 / cold50:.2f}x a cold start)")
         s50, s99 = quantiles(pause[mib])
-        print(f"  resume with {mib:4} MiB restored -> first instruction: {r50 * 1000:7.0f} / {r99 * 1000:7.0f} ms"
-              f"  ({r50 / cold50:.2f}x a cold start)")
         print(f"  pause  with {mib:4} MiB (suspend -> Suspended, drained): {s50 * 1000:7.0f} / {s99 * 1000:7.0f} ms")
     # The deletions' threads end before the interpreter does (a daemon thread in the client at
     # shutdown aborts it).
