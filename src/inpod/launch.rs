@@ -33,7 +33,9 @@ const MAX_ITEMS: usize = 4096;
 
 /// What the launcher starts: the run's argv (command then args) and env, for the run `run`
 /// (its uid, written into the marker).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// Its `Debug` names the env vars, never their values: a warm claim delivers values read from
+/// Secrets (docs/contract.md "A warm run's env from Secrets and ConfigMaps").
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StartMessage {
     #[serde(default)]
     pub run: String,
@@ -44,6 +46,18 @@ pub struct StartMessage {
     /// and fork"): the launcher runs nothing and exits 127 with this reason.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refuse: Option<String>,
+}
+
+impl std::fmt::Debug for StartMessage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let env: Vec<&str> = self.env.iter().map(|(name, _)| name.as_str()).collect();
+        f.debug_struct("StartMessage")
+            .field("run", &self.run)
+            .field("argv", &self.argv)
+            .field("env (names only)", &env)
+            .field("refuse", &self.refuse)
+            .finish()
+    }
 }
 
 /// Why the launcher or a delivery refused.
@@ -246,6 +260,18 @@ mod tests {
             env: vec![("TASK".into(), "42".into())],
             refuse: None,
         }
+    }
+
+    #[test]
+    fn a_start_messages_debug_names_its_env_and_never_shows_a_value() {
+        let mut m = msg(&["/bin/sh"]);
+        m.env.push(("TOKEN".into(), "s3cr3t-from-a-secret".into()));
+        let shown = format!("{m:?}");
+        assert!(shown.contains("TOKEN") && shown.contains("TASK"), "{shown}");
+        assert!(
+            !shown.contains("s3cr3t") && !shown.contains("42"),
+            "{shown}"
+        );
     }
 
     #[test]
