@@ -352,7 +352,7 @@ pub(crate) async fn patch_ca_bundle(
     let hooks = vwc.webhooks.iter_mut().flatten();
     let changed = set_bundle(hooks.map(|h| &mut h.client_config), ca_pem);
     if changed {
-        api.replace(name, &PostParams::default(), &vwc).await?;
+        write_back(api, name, &vwc).await?;
         info!(config = name, "patched webhook caBundle");
     }
     Ok(changed)
@@ -372,7 +372,7 @@ pub(crate) async fn patch_mutating_ca_bundle(
     let hooks = mwc.webhooks.iter_mut().flatten();
     let changed = set_bundle(hooks.map(|h| &mut h.client_config), ca_pem);
     if changed {
-        api.replace(name, &PostParams::default(), &mwc).await?;
+        write_back(api, name, &mwc).await?;
         info!(config = name, "patched the mutating webhook's caBundle");
     }
     Ok(changed)
@@ -396,9 +396,19 @@ pub(crate) async fn patch_api_service_ca_bundle(
         return Ok(false);
     }
     spec.ca_bundle = Some(bundle);
-    api.replace(name, &PostParams::default(), &service).await?;
+    write_back(api, name, &service).await?;
     info!(apiservice = name, "patched the APIService's caBundle");
     Ok(true)
+}
+
+/// Writes `object` back whole (a PUT with the resourceVersion it was read at: a concurrent edit
+/// fails it, and the next rotation check reads it again) — the one write of a caBundle.
+async fn write_back<K>(api: &Api<K>, name: &str, object: &K) -> Result<(), CertError>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    api.replace(name, &PostParams::default(), object).await?;
+    Ok(())
 }
 
 /// Sets `ca_pem` as the caBundle of each of `configs`; whether one changed.

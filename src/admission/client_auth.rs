@@ -57,7 +57,7 @@ fn certificates(
 /// The webhook's TLS configuration: the serving certificate `cert_pem` and its key `key_pem`;
 /// with `client_ca`, a client certificate signed by it is required, and a client without one
 /// never gets past the handshake. With `front_proxy_ca` (the external metrics' requestheader CA,
-/// `super::front_proxy`), a certificate it signed passes the handshake too; without `client_ca`
+/// `crate::external_metrics::front_proxy`), a certificate it signed passes the handshake too; without `client_ca`
 /// a client certificate is then asked for but not required (the webhook's callers present
 /// none), and the metrics routes check it per request.
 pub(crate) fn server_config(

@@ -13,8 +13,6 @@
 pub(crate) mod access;
 pub mod certs;
 pub(crate) mod client_auth;
-pub(crate) mod front_proxy;
-pub(crate) mod metrics_api;
 pub(crate) mod mutate;
 pub mod namespace_policy;
 pub mod platform_pull;

@@ -66,7 +66,7 @@ pub(crate) struct ServeConfig {
     /// The CA whose client certificates alone may call the webhook (`run --webhook-client-ca`,
     /// [`super::client_auth`]); None: any TLS client.
     pub(crate) client_ca: Option<std::path::PathBuf>,
-    /// Serve the external metrics API (`run --external-metrics`, [`super::metrics_api`]) for the
+    /// Serve the external metrics API (`run --external-metrics`, [`crate::external_metrics`]) for the
     /// pools of these namespaces (empty: every namespace); None: not served.
     pub(crate) external_metrics: Option<Vec<String>>,
     /// The APIService whose caBundle the self-managed mode patches when the metrics are served.
@@ -123,7 +123,7 @@ pub enum ServeError {
     CertMode(String),
     /// The external metrics cannot be served.
     #[error("external metrics: {0}")]
-    MetricsApi(#[from] super::metrics_api::MetricsApiError),
+    MetricsApi(#[from] crate::external_metrics::serve::MetricsApiError),
     /// The server never listened.
     #[error("cannot listen on {0}")]
     NotListening(SocketAddr),
@@ -137,7 +137,9 @@ pub(crate) async fn start(
 ) -> Result<SocketAddr, ServeError> {
     let metrics_api = match &config.external_metrics {
         None => None,
-        Some(namespaces) => Some(super::metrics_api::MetricsApi::start(&client, namespaces).await?),
+        Some(namespaces) => {
+            Some(crate::external_metrics::serve::MetricsApi::start(&client, namespaces).await?)
+        }
     };
     let config = &ServeConfig {
         front_proxy_ca: metrics_api.as_ref().map(|m| m.front_proxy_ca().to_vec()),
@@ -193,7 +195,7 @@ pub(crate) async fn start(
     let server = axum_server::bind_rustls(addr, tls).handle(handle.clone());
     let app = match metrics_api {
         None => router(state),
-        Some(api) => router(state).merge(super::metrics_api::routes(api)),
+        Some(api) => router(state).merge(crate::external_metrics::serve::routes(api)),
     };
     tokio::spawn(async move {
         if let Err(e) = server.serve(app.into_make_service()).await {

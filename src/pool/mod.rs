@@ -5,8 +5,6 @@
 //! - [`plan`]: what a pool does next (create, replace, delete) from what it observes, and the
 //!   counts its status reports.
 //! - [`gauges`]: each pool's pods by state, exported as a metric an autoscaler scales it on.
-//! - [`external_metric`]: each pool's claimed pods as the external metrics API answers them
-//!   (an HPA's `External` metric), one namespace per request.
 //! - [`judge`]: whether a pool may make pods of its template at all (the rules, no author's
 //!   rights needed).
 //! - [`egress`]: a pool pod's NetworkPolicy (templates whose runs restrict egress).
@@ -19,7 +17,6 @@
 
 pub mod compat;
 pub mod egress;
-pub mod external_metric;
 pub mod gauges;
 pub mod judge;
 pub mod park;

@@ -3,7 +3,7 @@
 //! pool with a HorizontalPodAutoscaler"): each pool's claimed pods, as its status says them, one
 //! item per pool of the namespace the request names whose labels (`pool: <name>`) the request's
 //! label selector selects. Pure: the pools, the namespace, the metric and the selector are
-//! arguments; `crate::admission::metrics_api` serves it.
+//! arguments; [`super::serve`] serves it.
 //!
 //! A request never reads another namespace's pools (docs/contract.md "A pool's claims are served
 //! to an autoscaler of its namespace only").

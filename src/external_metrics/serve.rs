@@ -2,7 +2,7 @@
 //! (docs/user-guide.md "Scaling a pool with a HorizontalPodAutoscaler"; docs/contract.md "A
 //! pool's claims are served to an autoscaler of its namespace only"): discovery of
 //! `external.metrics.k8s.io/v1beta1` (what makes its APIService Available) and
-//! `sandboxrun_pool_claimed` ([`crate::pool::external_metric`]) per namespace, answered from a
+//! `sandboxrun_pool_claimed` ([`super::value`]) per namespace, answered from a
 //! watch of the pools of its own, only to the apiserver's aggregation layer
 //! ([`super::front_proxy`]). Every replica answers the same (a pool's status, whoever wrote it);
 //! until its first list a replica answers 503, so an autoscaler keeps the scale rather than read
@@ -27,8 +27,8 @@ use serde_json::json;
 use tracing::{debug, warn};
 
 use super::front_proxy::{FrontProxy, NotFrontProxy, AUTHENTICATION_CONFIGMAP};
+use super::value::{self as external_metric, Refused};
 use crate::api::SandboxRunPool;
-use crate::pool::external_metric::{self, Refused};
 
 /// Why the external metrics cannot be served (the operator stops at start: the flag asked).
 #[derive(Debug, thiserror::Error)]
@@ -64,7 +64,7 @@ impl MetricsApi {
         let front_proxy =
             FrontProxy::from_configmap(&data).ok_or(MetricsApiError::NoAggregationLayer)?;
         let (mut stores, mut listed) = (Vec::new(), Vec::new());
-        for scope in crate::controller::scopes(namespaces) {
+        for scope in scopes(namespaces) {
             let api: Api<SandboxRunPool> = match scope {
                 None => Api::all(client.clone()),
                 Some(ns) => Api::namespaced(client.clone(), ns),
@@ -117,6 +117,15 @@ impl MetricsApi {
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         self.front_proxy
             .authenticate(&peer, header, UnixTime::now())
+    }
+}
+
+/// The namespaces to watch: each of `namespaces`, or every namespace (None) when it is empty.
+fn scopes(namespaces: &[String]) -> Vec<Option<&str>> {
+    if namespaces.is_empty() {
+        vec![None]
+    } else {
+        namespaces.iter().map(|ns| Some(ns.as_str())).collect()
     }
 }
 
@@ -215,8 +224,8 @@ mod tests {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::PrivateKeyDer;
 
-    use crate::admission::front_proxy::tests::ca_and_clients;
     use crate::api::{SandboxRunPoolSpec, SandboxRunPoolStatus, TemplateRef};
+    use crate::external_metrics::front_proxy::tests::ca_and_clients;
 
     fn pool(ns: &str, claimed: i32) -> SandboxRunPool {
         let mut pool = SandboxRunPool::new(
@@ -261,7 +270,7 @@ mod tests {
             stores: vec![store],
             listed: vec![Arc::new(AtomicBool::new(listed))],
         });
-        let config = super::super::client_auth::server_config(
+        let config = crate::admission::client_auth::server_config(
             serving.cert_pem.as_bytes(),
             serving.key_pem.as_bytes(),
             None,
@@ -272,7 +281,7 @@ mod tests {
         let tls = axum_server::tls_rustls::RustlsConfig::from_config(config);
         let server =
             axum_server::bind_rustls("127.0.0.1:0".parse().unwrap(), tls).handle(handle.clone());
-        let app = super::super::webhook::router(Default::default()).merge(routes(api));
+        let app = crate::admission::webhook::router(Default::default()).merge(routes(api));
         tokio::spawn(async move { server.serve(app.into_make_service()).await });
         handle.listening().await.unwrap()
     }

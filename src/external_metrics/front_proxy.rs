@@ -1,4 +1,4 @@
-//! Who may read the external metrics (`crate::admission::metrics_api`; docs/contract.md "A pool's
+//! Who may read the external metrics ([`super::serve`]; docs/contract.md "A pool's
 //! claims are served to an autoscaler of its namespace only"): only the apiserver's aggregation
 //! layer, which proxies a request to an APIService after it has authenticated its user and
 //! authorized it (RBAC on `external.metrics.k8s.io`, in the namespace of the path) and presents
