@@ -228,4 +228,41 @@ mod tests {
             Err(TlsConfigError::NoCertificate(_))
         ));
     }
+
+    /// With `--external-metrics` the listener trusts the requestheader CA too: a client CA stays
+    /// required (a caller without a certificate is still never answered), and without one the
+    /// webhook's callers, which present none, are still served.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn trusting_the_front_proxy_ca_keeps_the_client_ca_required_and_anonymous_webhook_callers_served(
+    ) {
+        let serving = crate::admission::certs::generate(
+            &["127.0.0.1".to_string()],
+            SystemTime::now(),
+            Duration::from_secs(86_400),
+        )
+        .unwrap();
+        let (ca, apiserver) = client_ca_and_cert();
+        let (front_proxy_ca, front_proxy) = client_ca_and_cert();
+        let (cert, key) = (serving.cert_pem.as_bytes(), serving.key_pem.as_bytes());
+        let (ca, fp) = (ca.as_bytes(), front_proxy_ca.as_bytes());
+        let guarded = serve(server_config(cert, key, Some(ca), Some(fp)).unwrap()).await;
+        let open = serve(server_config(cert, key, None, Some(fp)).unwrap()).await;
+        let server_ca = serving.ca_cert_pem.clone();
+        let results = tokio::task::spawn_blocking(move || {
+            [
+                get_healthz(guarded, &server_ca, Some(&apiserver)),
+                get_healthz(guarded, &server_ca, Some(&front_proxy)),
+                get_healthz(guarded, &server_ca, None),
+                get_healthz(open, &server_ca, None),
+            ]
+        })
+        .await
+        .unwrap();
+        let [apiserver, front_proxy, anonymous, open] = results;
+        let answered = |r: &std::io::Result<String>| r.as_ref().is_ok_and(|s| s.contains("200"));
+        assert!(answered(&apiserver), "{apiserver:?}");
+        assert!(answered(&front_proxy), "{front_proxy:?}");
+        assert!(!answered(&anonymous), "{anonymous:?}");
+        assert!(answered(&open), "{open:?}");
+    }
 }
