@@ -57,23 +57,39 @@ wait_for() {  # wait_for <what> <seconds> <command...>
   done
 }
 
+# Idempotent file by file: an existing state directory gets the files it lacks (the front-proxy CA
+# and client came later) and keeps every one it has.
 pki() {
-  [ -f "$P/ca.crt" ] && return 0
   mkdir -p "$P"
-  sign() {
+  sign() {  # sign <name> <subject> <extensions> [<ca>]: <name>.crt/.key signed by <ca> (default ca)
+    local ca=${4:-ca}
+    [ -f "$P/$1.crt" ] && return 0
     openssl req -newkey rsa:2048 -nodes -subj "$2" -keyout "$P/$1.key" -out "$P/$1.csr" 2>/dev/null
-    openssl x509 -req -in "$P/$1.csr" -CA "$P/ca.crt" -CAkey "$P/ca.key" -CAcreateserial -days 3650 \
-      -out "$P/$1.crt" -extfile <(printf '%b' "$3") 2>/dev/null
+    openssl x509 -req -in "$P/$1.csr" -CA "$P/$ca.crt" -CAkey "$P/$ca.key" -CAcreateserial -days 3650 \
+      -out "$P/$1.crt.tmp" -extfile <(printf '%b' "$3") 2>/dev/null
+    mv "$P/$1.crt.tmp" "$P/$1.crt"
   }
-  openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj /CN=sandboxrun-local-ca \
-    -keyout "$P/ca.key" -out "$P/ca.crt" 2>/dev/null
+  self_signed() {  # self_signed <name> <subject>: a CA of its own
+    [ -f "$P/$1.crt" ] && return 0
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "$2" \
+      -keyout "$P/$1.key" -out "$P/$1.crt.tmp" 2>/dev/null
+    mv "$P/$1.crt.tmp" "$P/$1.crt"
+  }
+  self_signed ca /CN=sandboxrun-local-ca
   sign apiserver /CN=kube-apiserver \
     'subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc\nextendedKeyUsage=serverAuth'
   sign admin '/O=system:masters/CN=admin' 'extendedKeyUsage=clientAuth'
   sign apiserver-kubelet-client '/O=system:masters/CN=kube-apiserver-kubelet-client' 'extendedKeyUsage=clientAuth'
   sign kwok '/CN=kwok' 'subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth'
-  openssl genrsa -out "$P/sa.key" 2048 2>/dev/null
-  openssl rsa -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null
+  if [ ! -f "$P/sa.pub" ]; then
+    openssl genrsa -out "$P/sa.key" 2048 2>/dev/null
+    openssl rsa -in "$P/sa.key" -pubout -out "$P/sa.pub" 2>/dev/null
+  fi
+  # The aggregation layer: the apiserver proxies an aggregated API's requests (an APIService, e.g.
+  # the operator's external metrics) with this client certificate, signed by a CA of its own that
+  # the aggregated server trusts for its X-Remote-* headers alone.
+  self_signed front-proxy-ca /CN=sandboxrun-local-front-proxy-ca
+  sign front-proxy-client /CN=front-proxy-client 'extendedKeyUsage=clientAuth' front-proxy-ca
 }
 
 kubeconfig() {
@@ -163,7 +179,12 @@ start_apiserver() {
     --service-account-signing-key-file="$P/sa.key" --service-cluster-ip-range="$SERVICE_CIDR" \
     --authorization-mode=Node,RBAC --allow-privileged=true \
     --enable-admission-plugins=NamespaceLifecycle,LimitRanger,ServiceAccount,DefaultStorageClass,ResourceQuota,PodSecurity,MutatingAdmissionWebhook,ValidatingAdmissionWebhook,ValidatingAdmissionPolicy \
-    --kubelet-preferred-address-types=InternalIP,Hostname
+    --kubelet-preferred-address-types=InternalIP,Hostname \
+    --requestheader-client-ca-file="$P/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$P/front-proxy-client.crt" --proxy-client-key-file="$P/front-proxy-client.key" \
+    --enable-aggregator-routing=true
   wait_for "kube-apiserver" 120 kc get --raw /readyz
 }
 
@@ -177,6 +198,7 @@ apiserver_restart() {
   kill -9 "$pid"
   for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
   mv "$LOGS/kube-apiserver.log" "$LOGS/kube-apiserver.$(date +%s).log"
+  pki  # a state directory made before a file was added gets it (the front-proxy's)
   start_apiserver
   log "kube-apiserver restarted"
 }

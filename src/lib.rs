@@ -15,6 +15,7 @@ mod doc_drift;
 pub mod doctor;
 pub mod drain;
 pub mod egress;
+pub mod external_metrics;
 pub mod files;
 pub(crate) mod inpod;
 pub mod kueue;

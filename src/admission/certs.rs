@@ -11,6 +11,7 @@ use k8s_openapi::api::admissionregistration::v1::{
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use k8s_openapi::ByteString;
 use kube::api::{Api, PostParams};
 use rcgen::{
@@ -351,7 +352,7 @@ pub(crate) async fn patch_ca_bundle(
     let hooks = vwc.webhooks.iter_mut().flatten();
     let changed = set_bundle(hooks.map(|h| &mut h.client_config), ca_pem);
     if changed {
-        api.replace(name, &PostParams::default(), &vwc).await?;
+        write_back(api, name, &vwc).await?;
         info!(config = name, "patched webhook caBundle");
     }
     Ok(changed)
@@ -371,10 +372,43 @@ pub(crate) async fn patch_mutating_ca_bundle(
     let hooks = mwc.webhooks.iter_mut().flatten();
     let changed = set_bundle(hooks.map(|h| &mut h.client_config), ca_pem);
     if changed {
-        api.replace(name, &PostParams::default(), &mwc).await?;
+        write_back(api, name, &mwc).await?;
         info!(config = name, "patched the mutating webhook's caBundle");
     }
     Ok(changed)
+}
+
+/// Sets `caBundle` of the named APIService (the external metrics', `run --external-metrics`),
+/// when there is one. Returns false when it was already up to date or is not installed.
+pub(crate) async fn patch_api_service_ca_bundle(
+    api: &Api<APIService>,
+    name: &str,
+    ca_pem: &str,
+) -> Result<bool, CertError> {
+    let Some(mut service) = api.get_opt(name).await? else {
+        return Ok(false);
+    };
+    let bundle = ByteString(ca_pem.as_bytes().to_vec());
+    let Some(spec) = service.spec.as_mut() else {
+        return Ok(false);
+    };
+    if spec.ca_bundle.as_ref() == Some(&bundle) {
+        return Ok(false);
+    }
+    spec.ca_bundle = Some(bundle);
+    write_back(api, name, &service).await?;
+    info!(apiservice = name, "patched the APIService's caBundle");
+    Ok(true)
+}
+
+/// Writes `object` back whole (a PUT with the resourceVersion it was read at: a concurrent edit
+/// fails it, and the next rotation check reads it again) — the one write of a caBundle.
+async fn write_back<K>(api: &Api<K>, name: &str, object: &K) -> Result<(), CertError>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::Serialize + serde::de::DeserializeOwned,
+{
+    api.replace(name, &PostParams::default(), object).await?;
+    Ok(())
 }
 
 /// Sets `ca_pem` as the caBundle of each of `configs`; whether one changed.

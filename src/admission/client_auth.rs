@@ -56,26 +56,43 @@ fn certificates(
 
 /// The webhook's TLS configuration: the serving certificate `cert_pem` and its key `key_pem`;
 /// with `client_ca`, a client certificate signed by it is required, and a client without one
-/// never gets past the handshake.
+/// never gets past the handshake. With `front_proxy_ca` (the external metrics' requestheader CA,
+/// `crate::external_metrics::front_proxy`), a certificate it signed passes the handshake too; without `client_ca`
+/// a client certificate is then asked for but not required (the webhook's callers present
+/// none), and the metrics routes check it per request.
 pub(crate) fn server_config(
     cert_pem: &[u8],
     key_pem: &[u8],
     client_ca: Option<&[u8]>,
+    front_proxy_ca: Option<&[u8]>,
 ) -> Result<Arc<ServerConfig>, TlsConfigError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let builder = ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?;
-    let builder = match client_ca {
-        None => builder.with_no_client_auth(),
-        Some(ca) => {
-            let mut roots = RootCertStore::empty();
-            for cert in certificates("the client CA (--webhook-client-ca)", ca)? {
-                roots.add(cert)?;
-            }
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider).build()?;
-            builder.with_client_cert_verifier(verifier)
-        }
+    let mut roots = RootCertStore::empty();
+    for cert in client_ca
+        .map(|ca| certificates("the client CA (--webhook-client-ca)", ca))
+        .transpose()?
+        .unwrap_or_default()
+    {
+        roots.add(cert)?;
+    }
+    for cert in front_proxy_ca
+        .map(|ca| certificates("the requestheader CA", ca))
+        .transpose()?
+        .unwrap_or_default()
+    {
+        roots.add(cert)?;
+    }
+    let builder = if roots.is_empty() {
+        builder.with_no_client_auth()
+    } else {
+        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+        let verifier = match client_ca {
+            Some(_) => verifier.build()?,
+            None => verifier.allow_unauthenticated().build()?,
+        };
+        builder.with_client_cert_verifier(verifier)
     };
     let chain = certificates("the serving certificate", cert_pem)?;
     let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|source| TlsConfigError::Pem {
@@ -178,8 +195,8 @@ mod tests {
         let (ca, apiserver) = client_ca_and_cert();
         let (_, stranger) = client_ca_and_cert();
         let (cert, key) = (serving.cert_pem.as_bytes(), serving.key_pem.as_bytes());
-        let guarded = serve(server_config(cert, key, Some(ca.as_bytes())).unwrap()).await;
-        let open = serve(server_config(cert, key, None).unwrap()).await;
+        let guarded = serve(server_config(cert, key, Some(ca.as_bytes()), None).unwrap()).await;
+        let open = serve(server_config(cert, key, None, None).unwrap()).await;
         let server_ca = serving.ca_cert_pem.clone();
         let results = tokio::task::spawn_blocking(move || {
             [
@@ -207,8 +224,45 @@ mod tests {
         assert!(open.as_ref().is_ok_and(|s| s.contains("200")), "{open:?}");
         // A client CA that holds no certificate is refused at start, not taken for "none".
         assert!(matches!(
-            server_config(cert, key, Some(b"")),
+            server_config(cert, key, Some(b""), None),
             Err(TlsConfigError::NoCertificate(_))
         ));
+    }
+
+    /// With `--external-metrics` the listener trusts the requestheader CA too: a client CA stays
+    /// required (a caller without a certificate is still never answered), and without one the
+    /// webhook's callers, which present none, are still served.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn trusting_the_front_proxy_ca_keeps_the_client_ca_required_and_anonymous_webhook_callers_served(
+    ) {
+        let serving = crate::admission::certs::generate(
+            &["127.0.0.1".to_string()],
+            SystemTime::now(),
+            Duration::from_secs(86_400),
+        )
+        .unwrap();
+        let (ca, apiserver) = client_ca_and_cert();
+        let (front_proxy_ca, front_proxy) = client_ca_and_cert();
+        let (cert, key) = (serving.cert_pem.as_bytes(), serving.key_pem.as_bytes());
+        let (ca, fp) = (ca.as_bytes(), front_proxy_ca.as_bytes());
+        let guarded = serve(server_config(cert, key, Some(ca), Some(fp)).unwrap()).await;
+        let open = serve(server_config(cert, key, None, Some(fp)).unwrap()).await;
+        let server_ca = serving.ca_cert_pem.clone();
+        let results = tokio::task::spawn_blocking(move || {
+            [
+                get_healthz(guarded, &server_ca, Some(&apiserver)),
+                get_healthz(guarded, &server_ca, Some(&front_proxy)),
+                get_healthz(guarded, &server_ca, None),
+                get_healthz(open, &server_ca, None),
+            ]
+        })
+        .await
+        .unwrap();
+        let [apiserver, front_proxy, anonymous, open] = results;
+        let answered = |r: &std::io::Result<String>| r.as_ref().is_ok_and(|s| s.contains("200"));
+        assert!(answered(&apiserver), "{apiserver:?}");
+        assert!(answered(&front_proxy), "{front_proxy:?}");
+        assert!(!answered(&anonymous), "{anonymous:?}");
+        assert!(answered(&open), "{open:?}");
     }
 }

@@ -12,6 +12,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
 };
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
 use kube::{Api, Client};
 use tracing::{debug, error, warn};
 
@@ -65,6 +66,13 @@ pub(crate) struct ServeConfig {
     /// The CA whose client certificates alone may call the webhook (`run --webhook-client-ca`,
     /// [`super::client_auth`]); None: any TLS client.
     pub(crate) client_ca: Option<std::path::PathBuf>,
+    /// Serve the external metrics API (`run --external-metrics`, [`crate::external_metrics`]) for the
+    /// pools of these namespaces (empty: every namespace); None: not served.
+    pub(crate) external_metrics: Option<Vec<String>>,
+    /// The APIService whose caBundle the self-managed mode patches when the metrics are served.
+    pub(crate) api_service: String,
+    /// The requestheader CA the listener trusts too (read at start with the metrics).
+    pub(crate) front_proxy_ca: Option<Vec<u8>>,
 }
 
 /// Why the webhook does not start (the operator stops at start).
@@ -113,6 +121,9 @@ pub enum ServeError {
     /// `--webhook-cert-mode` is neither mode.
     #[error("--webhook-cert-mode {0:?}: expected self-managed or files")]
     CertMode(String),
+    /// The external metrics cannot be served.
+    #[error("external metrics: {0}")]
+    MetricsApi(#[from] crate::external_metrics::serve::MetricsApiError),
     /// The server never listened.
     #[error("cannot listen on {0}")]
     NotListening(SocketAddr),
@@ -124,6 +135,16 @@ pub(crate) async fn start(
     client: Client,
     metrics: &Metrics,
 ) -> Result<SocketAddr, ServeError> {
+    let metrics_api = match &config.external_metrics {
+        None => None,
+        Some(namespaces) => {
+            Some(crate::external_metrics::serve::MetricsApi::start(&client, namespaces).await?)
+        }
+    };
+    let config = &ServeConfig {
+        front_proxy_ca: metrics_api.as_ref().map(|m| m.front_proxy_ca().to_vec()),
+        ..config.clone()
+    };
     let addr = config.addr;
     let webhook_metrics = WebhookMetrics::register(&metrics.registry)?;
     let images = if config.check_images {
@@ -172,7 +193,10 @@ pub(crate) async fn start(
 
     let handle: Handle<SocketAddr> = Handle::new();
     let server = axum_server::bind_rustls(addr, tls).handle(handle.clone());
-    let app = router(state);
+    let app = match metrics_api {
+        None => router(state),
+        Some(api) => router(state).merge(crate::external_metrics::serve::routes(api)),
+    };
     tokio::spawn(async move {
         if let Err(e) = server.serve(app.into_make_service()).await {
             error!(error = %e, "admission webhook server stopped");
@@ -202,6 +226,7 @@ fn tls_config(
         cert_pem.as_bytes(),
         key_pem.as_bytes(),
         ca.as_deref(),
+        config.front_proxy_ca.as_deref(),
     )?)
 }
 
@@ -249,7 +274,19 @@ async fn ensure(r: &ServeConfig, client: &Client) -> Result<CertBundle, ServeErr
     {
         warn!(config = %r.config, error = %e, "cannot patch the mutating webhook's caBundle");
     }
+    if config_serves_metrics(r) {
+        let services: Api<APIService> = Api::all(client.clone());
+        if let Err(e) =
+            certs::patch_api_service_ca_bundle(&services, &r.api_service, &bundle.ca_cert_pem).await
+        {
+            warn!(apiservice = %r.api_service, error = %e, "cannot patch the APIService's caBundle");
+        }
+    }
     Ok(bundle)
+}
+
+fn config_serves_metrics(r: &ServeConfig) -> bool {
+    r.external_metrics.is_some() && !r.api_service.is_empty()
 }
 
 async fn rotate_self_managed(r: ServeConfig, client: Client, tls: RustlsConfig) {

@@ -297,6 +297,22 @@ pub(crate) struct RunArgs {
         default_value_t = false
     )]
     pub(crate) webhook_refuse_unwatched: bool,
+    /// Serve the external metrics API (`external.metrics.k8s.io/v1beta1`) on the webhook's
+    /// listener: `sandboxrun_pool_claimed`, each pool's claimed pods, for a HorizontalPodAutoscaler
+    /// of the pool's namespace (docs/user-guide.md "Scaling a pool with a
+    /// HorizontalPodAutoscaler"). Needs the apiserver's aggregation layer (its requestheader CA in
+    /// kube-system/extension-apiserver-authentication, read at start) and an APIService pointing
+    /// at the webhook's Service. Chart: externalMetrics.enabled.
+    #[arg(long, env = "SANDBOXRUN_EXTERNAL_METRICS", default_value_t = false)]
+    pub(crate) external_metrics: bool,
+    /// The APIService whose caBundle the self-managed webhook certificates are published in
+    /// (with --external-metrics).
+    #[arg(
+        long,
+        env = "SANDBOXRUN_EXTERNAL_METRICS_API_SERVICE",
+        default_value = "v1beta1.external.metrics.k8s.io"
+    )]
+    pub(crate) external_metrics_api_service: String,
     /// Check image resolvability (no pull) in the webhook; a failure only warns when transient.
     #[arg(long, env = "SANDBOXRUN_CHECK_IMAGES", default_value_t = false)]
     pub(crate) check_images: bool,

@@ -446,6 +446,62 @@ fn warm_pools_are_a_chart_value_that_brings_the_pool_rules_and_the_claims_pod_pa
     );
 }
 
+/// Issue #54 item 4 (docs/user-guide.md "Scaling a pool with a HorizontalPodAutoscaler"):
+/// `externalMetrics.enabled` tells the operator `--external-metrics` and renders the APIService
+/// pointed at the webhook's Service, the RoleBinding that reads the apiserver's requestheader CA
+/// in kube-system, and a role that watches the pools and writes that one APIService's caBundle
+/// (self-managed certificates; cert-manager's cainjector injects it otherwise); off by default,
+/// none of it; without the webhook the chart refuses it.
+#[test]
+fn external_metrics_are_a_chart_value_that_brings_the_api_service_and_its_rules() {
+    let off = ok(helm(&["template", "demo", CHART]), None);
+    assert!(!off.contains("--external-metrics") && !off.contains("APIService"));
+    let set = [
+        "template",
+        "demo",
+        CHART,
+        "-n",
+        "sbr",
+        "--set",
+        "externalMetrics.enabled=true",
+    ];
+    let on = ok(helm(&set), None);
+    assert!(on.contains("            - --external-metrics\n"), "{on}");
+    let docs = yaml_docs(&on);
+    let service = only(&docs, "APIService");
+    assert_eq!(
+        service["metadata"]["name"],
+        "v1beta1.external.metrics.k8s.io"
+    );
+    assert_eq!(
+        service["spec"]["service"]["name"],
+        "demo-sandboxrun-operator-webhook"
+    );
+    assert_eq!(service["spec"]["service"]["namespace"], "sbr");
+    let reader = docs
+        .iter()
+        .find(|d| d["kind"] == "RoleBinding" && d["metadata"]["namespace"] == "kube-system")
+        .expect("a RoleBinding in kube-system");
+    assert_eq!(
+        reader["roleRef"]["name"],
+        "extension-apiserver-authentication-reader"
+    );
+    assert!(on.contains("resources: [apiservices]\n    resourceNames: [v1beta1.external.metrics.k8s.io]\n    verbs: [get, update]"));
+    let mut cert_manager = set.to_vec();
+    cert_manager.extend(["--set", "webhook.certManager.enabled=true"]);
+    let injected = ok(helm(&cert_manager), None);
+    assert!(!injected.contains("resources: [apiservices]"));
+    let service = only(&yaml_docs(&injected), "APIService").clone();
+    assert_eq!(
+        service["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+        "sbr/demo-sandboxrun-operator-webhook"
+    );
+    let mut no_webhook = set.to_vec();
+    no_webhook.extend(["--set", "webhook.enabled=false"]);
+    let refused = run(helm(&no_webhook), None);
+    assert!(!refused.status.success());
+}
+
 /// Issue #41 (docs/user-guide.md "Queueing with Kueue"): `kueue.enabled` tells the operator
 /// `--kueue` and brings exactly the rights it uses — Workloads read, watched and created, their
 /// status patched, WorkloadPriorityClasses read by name from a cluster role of their own (the

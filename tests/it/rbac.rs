@@ -467,6 +467,7 @@ fn the_operations_rbac_table_is_the_charts_rbac() {
             "runPolicy.namespacePolicies[0].name=doc",
             "tenantStores.enabled=true",
             "kueue.enabled=true",
+            "externalMetrics.enabled=true",
         ],
     );
     let rules = cluster_roles

@@ -463,9 +463,9 @@ async fn a_template_edit_shows_updated_replicas_rising_to_replicas_and_the_gener
 /// Issue #54 item 4: the kube-controller-manager's HorizontalPodAutoscaler drives a pool through
 /// its scale subresource: it raises `spec.replicas` to its minReplicas and lowers it to its
 /// maxReplicas; the scale subresource's status says the pool's replicas and a selector that
-/// selects exactly them. (The bed serves no metrics API, so no metric drives it here:
-/// docs/user-guide.md "Scaling a pool with a HorizontalPodAutoscaler" says how a cluster with one
-/// does.)
+/// selects exactly them. (No metric drives it here — this operator serves no metrics API — so
+/// the HPA's min and max do; the metric-driven path, the operator's `--external-metrics`, is
+/// `real_node::warm::an_hpa_on_the_operators_external_metric_scales_a_pool_as_runs_claim_its_pods`.)
 #[tokio::test]
 async fn a_horizontal_pod_autoscaler_scales_a_pool_through_its_scale_subresource() {
     use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;

@@ -52,6 +52,9 @@ pub(super) async fn start_webhook(
         ),
         tenant_stores,
         settings,
+        external_metrics: args.external_metrics.then(|| args.namespaces.clone()),
+        api_service: args.external_metrics_api_service.clone(),
+        front_proxy_ca: None,
         watched_namespaces: if args.webhook_refuse_unwatched {
             args.namespaces.clone()
         } else {

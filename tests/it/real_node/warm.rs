@@ -708,3 +708,325 @@ async fn a_run_whose_env_takes_a_secrets_value_is_served_warm_and_sees_it() {
         .unwrap_or_default();
     assert!(reason.contains("nowhere"), "{reason}");
 }
+
+/// The APIService of the operator's external metrics (cluster-wide: one per cluster), deleted
+/// when the test ends, before its operator stops (declared after it): an APIService that cannot
+/// be reached makes discovery fail for every client of the bed, and keeps namespaces from being
+/// deleted.
+struct MetricsApiService;
+
+const METRICS_API_SERVICE: &str = "v1beta1.external.metrics.k8s.io";
+
+impl MetricsApiService {
+    /// Points the external metrics API at `service` in `ns` (its caBundle is the operator's to
+    /// patch, `--external-metrics-api-service`).
+    async fn create(client: &Client, ns: &str, service: &str) -> MetricsApiService {
+        use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+        let services: Api<APIService> = Api::all(client.clone());
+        let _ = services
+            .delete(METRICS_API_SERVICE, &Default::default())
+            .await;
+        let made: APIService = serde_json::from_value(json!({
+            "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+            "metadata": {"name": METRICS_API_SERVICE},
+            "spec": {
+                "group": "external.metrics.k8s.io", "version": "v1beta1",
+                "groupPriorityMinimum": 100, "versionPriority": 100,
+                "service": {"namespace": ns, "name": service, "port": 443},
+            }
+        }))
+        .expect("an APIService");
+        eventually("the APIService created", Duration::from_secs(30), || {
+            let (services, made) = (services.clone(), made.clone());
+            async move { services.create(&Default::default(), &made).await.ok() }
+        })
+        .await;
+        MetricsApiService
+    }
+}
+
+impl Drop for MetricsApiService {
+    fn drop(&mut self) {
+        clean_up_from_drop(|client| async move {
+            use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+            let _ = Api::<APIService>::all(client)
+                .delete(METRICS_API_SERVICE, &Default::default())
+                .await;
+        });
+    }
+}
+
+/// A Service without a selector whose one endpoint is `ip:port` (the operator runs on this
+/// host, on the real node's bridge address: the apiserver routes an aggregated request to the
+/// endpoint, `--enable-aggregator-routing`).
+async fn service_to_host(client: &Client, ns: &str, name: &str, ip: &str, port: u16) {
+    use k8s_openapi::api::core::v1::{Endpoints, Service};
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"ports": [{"port": 443, "targetPort": port}]}
+    }))
+    .expect("a Service");
+    let endpoints: Endpoints = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "subsets": [{"addresses": [{"ip": ip}], "ports": [{"port": port}]}]
+    }))
+    .expect("Endpoints");
+    Api::<Service>::namespaced(client.clone(), ns)
+        .create(&Default::default(), &service)
+        .await
+        .expect("create the Service");
+    Api::<Endpoints>::namespaced(client.clone(), ns)
+        .create(&Default::default(), &endpoints)
+        .await
+        .expect("create the Endpoints");
+}
+
+/// `sandboxrun_pool_claimed` of `selector` in `ns`, read through the apiserver (the aggregation
+/// layer): each item's pool and value.
+async fn claimed_metric(
+    client: &Client,
+    ns: &str,
+    selector: &str,
+) -> Option<Vec<(String, String)>> {
+    let path = format!(
+        "/apis/external.metrics.k8s.io/v1beta1/namespaces/{ns}/sandboxrun_pool_claimed?labelSelector={}",
+        url::form_urlencoded::byte_serialize(selector.as_bytes()).collect::<String>()
+    );
+    let request = http::Request::get(path).body(Vec::new()).ok()?;
+    let list: serde_json::Value = client.request(request).await.ok()?;
+    let items = list["items"].as_array()?;
+    Some(
+        items
+            .iter()
+            .map(|i| {
+                let pool = i["metricLabels"]["pool"].as_str().unwrap_or_default();
+                (
+                    pool.to_string(),
+                    i["value"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// Issue #54 item 4 on the real node (docs/user-guide.md "Scaling a pool with a
+/// HorizontalPodAutoscaler"), the operator with `--external-metrics` on its webhook's listener
+/// and the bed's aggregation layer:
+/// - the APIService `v1beta1.external.metrics.k8s.io` pointed at it becomes Available (the
+///   operator patched its caBundle);
+/// - a caller of the operator's port without the aggregation layer's front-proxy certificate is
+///   refused, even naming a user in `X-Remote-User`;
+/// - an HPA with an External metric `sandboxrun_pool_claimed{pool=agents}`, AverageValue 1
+///   (replicas = claimed pods), keeps the pool at its minReplicas while nothing is claimed;
+///   three runs made from the pool's template claim three pods, the metric says 3 through the
+///   apiserver, and the HPA raises the pool to 3, whose ready pods follow;
+/// - the same request for another watched namespace answers no item.
+/// The kube-controller-manager's HPA syncs every 15 s (its default
+/// `--horizontal-pod-autoscaler-sync-period`): each wait allows several syncs.
+#[tokio::test]
+async fn an_hpa_on_the_operators_external_metric_scales_a_pool_as_runs_claim_its_pods() {
+    use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+    use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
+    use sandboxrun_operator::api::{
+        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
+        TemplateRef,
+    };
+    let client = client().await;
+    ensure_crd(&client).await;
+    let ns = restricted_namespace(&client, "hpa").await;
+    let other = TestNamespace::new(&client, "hpa-other").await;
+    let (_dir, store_url) = file_store("hpa");
+    let ip = std::env::var("REAL_NODE_IP").unwrap_or_else(|_| "10.244.0.1".into());
+    let port = free_port();
+    let addr = format!("{ip}:{port}");
+    let host = format!("metrics.{}.svc", ns.name);
+    let watched = format!("{},{}", ns.name, other.name);
+    let vwc = format!("none-{}", ns.name);
+    let op = start_operator_with(
+        &ns.name,
+        &store_url,
+        &[
+            "--warm-pools",
+            "--external-metrics",
+            "--namespaces",
+            &watched,
+            "--webhook-addr",
+            &addr,
+            "--webhook-cert-mode",
+            "self-managed",
+            "--webhook-hosts",
+            &host,
+            "--webhook-secret",
+            "metrics-tls",
+            "--webhook-config",
+            &vwc,
+        ],
+    );
+    service_to_host(&client, &ns.name, "metrics", &ip, port).await;
+    let _api_service = MetricsApiService::create(&client, &ns.name, "metrics").await;
+    let services: Api<APIService> = Api::all(client.clone());
+    let started = Instant::now();
+    eventually("the APIService Available", Duration::from_secs(90), || {
+        let services = services.clone();
+        async move {
+            let s = services.get(METRICS_API_SERVICE).await.ok()?.status?;
+            let available = s.conditions?.into_iter().find(|c| c.type_ == "Available")?;
+            (available.status == "True").then_some(())
+        }
+    })
+    .await;
+    eprintln!(
+        "the APIService was Available {:?} after it was created",
+        started.elapsed()
+    );
+
+    // A caller that reaches the port itself (any pod may): no front-proxy certificate, so no
+    // answer, whatever user it names.
+    let direct = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .build()
+        .expect("a client");
+    let url = format!(
+        "https://{addr}/apis/external.metrics.k8s.io/v1beta1/namespaces/{}/sandboxrun_pool_claimed",
+        ns.name
+    );
+    let forged = direct
+        .get(&url)
+        .header("X-Remote-User", "system:admin")
+        .header("X-Remote-Group", "system:masters")
+        .send()
+        .await
+        .expect("the operator answers");
+    assert_eq!(forged.status().as_u16(), 401, "{:?}", forged.text().await);
+
+    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
+    let template = SandboxRunTemplate::new(
+        "agent",
+        SandboxRunTemplateSpec {
+            template: real_spec(Some("exit 9"), &["/work/out"]),
+            open_fields: vec![OpenField::Command],
+        },
+    );
+    templates
+        .create(&Default::default(), &template)
+        .await
+        .expect("create the template");
+    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
+    let pool = SandboxRunPool::new(
+        "agents",
+        SandboxRunPoolSpec {
+            template_ref: TemplateRef::namespaced("agent"),
+            replicas: 1,
+        },
+    );
+    pools
+        .create(&Default::default(), &pool)
+        .await
+        .expect("create the pool");
+    let hpa: HorizontalPodAutoscaler = serde_json::from_value(json!({
+        "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": "agents"},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "sandbox.iterion.io/v1alpha1",
+                "kind": "SandboxRunPool", "name": "agents"},
+            "minReplicas": 1, "maxReplicas": 4,
+            "metrics": [{"type": "External", "external": {
+                "metric": {"name": "sandboxrun_pool_claimed",
+                    "selector": {"matchLabels": {"pool": "agents"}}},
+                "target": {"type": "AverageValue", "averageValue": "1"}}}]
+        }
+    }))
+    .expect("an HPA");
+    let hpas: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), &ns.name);
+    hpas.create(&Default::default(), &hpa)
+        .await
+        .expect("create the HPA");
+    // The HPA read the metric (0 claimed) and keeps the pool at its minReplicas.
+    let read = |value: &'static str| {
+        let hpas = hpas.clone();
+        move || {
+            let hpas = hpas.clone();
+            async move {
+                let s = hpas.get("agents").await.ok()?.status?;
+                let metric = s.current_metrics?.into_iter().next()?.external?;
+                (metric.current.average_value?.0 == value).then_some(())
+            }
+        }
+    };
+    eventually("the HPA read 0 claimed", Duration::from_secs(90), read("0")).await;
+    let pool_at = |n: i32| {
+        let pools = pools.clone();
+        move || {
+            let pools = pools.clone();
+            async move {
+                let p = pools.get("agents").await.ok()?;
+                let s = p.status?;
+                (p.spec.replicas == n && s.ready_replicas == n).then_some(s)
+            }
+        }
+    };
+    eventually(
+        "the pool at 1 ready pod",
+        Duration::from_secs(180),
+        pool_at(1),
+    )
+    .await;
+
+    // Three runs made from the template: each claims a pod (the first the ready one; the pool
+    // makes the next ones), and keeps it while it sleeps.
+    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    for i in 0..3 {
+        // A ready pod to claim first (the pool replaces the one the last run took).
+        eventually("a ready pool pod", Duration::from_secs(180), || {
+            let pools = pools.clone();
+            async move { (pools.get("agents").await.ok()?.status?.ready_replicas >= 1).then_some(()) }
+        })
+        .await;
+        let spec = SandboxRunSpec {
+            template_ref: Some(TemplateRef::namespaced("agent")),
+            command: Some(vec!["sh".into(), "-c".into(), "sleep 600".into()]),
+            ..Default::default()
+        };
+        create(&runs, &format!("work-{i}"), spec).await;
+        let name = format!("work-{i}");
+        wait_run(&runs, &name, "a run on a claimed pool pod", &op, |r| {
+            r.status
+                .as_ref()
+                .and_then(|s| s.warm_start.as_ref())
+                .is_some_and(|w| w.pod.is_some())
+        })
+        .await;
+    }
+    let claimed = Instant::now();
+    eventually("the metric says 3 claimed", Duration::from_secs(90), || {
+        let client = client.clone();
+        let ns = ns.name.clone();
+        async move {
+            let items = claimed_metric(&client, &ns, "pool=agents").await?;
+            (items == [("agents".to_string(), "3".to_string())]).then_some(())
+        }
+    })
+    .await;
+    eventually(
+        "the pool raised to 3 ready pods",
+        Duration::from_secs(180),
+        pool_at(3),
+    )
+    .await;
+    eprintln!(
+        "the pool followed the claims {:?} after they were 3",
+        claimed.elapsed()
+    );
+    let hpa_status = hpas.get("agents").await.expect("the HPA").status;
+    assert_eq!(
+        hpa_status.as_ref().map(|s| s.desired_replicas),
+        Some(3),
+        "{hpa_status:?}"
+    );
+
+    // Another namespace's request answers none of this namespace's pools.
+    let elsewhere = claimed_metric(&client, &other.name, "pool=agents").await;
+    assert_eq!(elsewhere, Some(Vec::new()));
+    let everything = claimed_metric(&client, &other.name, "").await;
+    assert_eq!(everything, Some(Vec::new()));
+}
