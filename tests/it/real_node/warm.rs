@@ -976,10 +976,15 @@ async fn an_hpa_on_the_operators_external_metric_scales_a_pool_as_runs_claim_its
     // makes the next ones), and keeps it while it sleeps.
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     for i in 0..3 {
-        // A ready pod to claim first (the pool replaces the one the last run took).
+        // A ready pod to claim first (the pool replaces the one the last run took), in a
+        // status that already counts the last claims: an older one still counts the pod the
+        // last run took as ready, and the run would start cold.
         eventually("a ready pool pod", Duration::from_secs(180), || {
             let pools = pools.clone();
-            async move { (pools.get("agents").await.ok()?.status?.ready_replicas >= 1).then_some(()) }
+            async move {
+                let s = pools.get("agents").await.ok()?.status?;
+                (s.ready_replicas >= 1 && s.claimed == i).then_some(())
+            }
         })
         .await;
         let spec = SandboxRunSpec {
