@@ -11,6 +11,7 @@
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
+use super::fork::{Bound, ForkSource};
 use super::model::{Effect, Plan, Requeue};
 use crate::api::{RestoreOutcome, RestoreStatus, SandboxRun, WorkspaceRestore};
 use crate::controller::conditions::set_condition;
@@ -24,10 +25,28 @@ pub(crate) const REASON_RESTORED: &str = "Restored";
 /// How soon a run whose start could not be handed over is looked at again.
 const DELIVER_AGAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The attempt whose drained files the run's current attempt starts with, when
-/// `spec.workspace.restore: Latest` asks for it: its newest ended attempt whose workload ran
-/// (not one whose own restore failed). None: the paths start empty (a first attempt).
-pub(crate) fn restore_source(run: &SandboxRun) -> Option<u32> {
+/// Where the current attempt's files come from.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Source {
+    /// The run's own attempt.
+    Own(u32),
+    /// Another run's files (a fork, `spec.workspace.from`): read, bound and chosen when the
+    /// restore is carried out ([`super::fork::bind`]).
+    Fork(ForkSource),
+}
+
+/// Where the run's current attempt's read-back paths are restored from: with
+/// `spec.workspace.restore: Latest` its own newest ended attempt whose workload ran (not one whose
+/// own restore failed); else, for a fork not yet past its source, that source
+/// ([`super::fork::fork_source`]). None: the paths start empty.
+pub(crate) fn restore_source(run: &SandboxRun) -> Option<Source> {
+    own_source(run)
+        .map(Source::Own)
+        .or_else(|| super::fork::fork_source(run).map(Source::Fork))
+}
+
+/// The run's own attempt its current one restores from (`restore: Latest`).
+fn own_source(run: &SandboxRun) -> Option<u32> {
     let asks = run
         .spec
         .workspace
@@ -82,8 +101,8 @@ fn holder_writes_the_paths(mut pod: Pod) -> Pod {
 /// What the current attempt's restore needs next.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum RestoreStep {
-    /// Restore the paths from this attempt's files.
-    Restore(u32),
+    /// Restore the paths from these files.
+    Restore(Source),
     /// Hand the launcher the start (or the refusal) this record says.
     Deliver(Box<RestoreStatus>),
 }
@@ -133,7 +152,7 @@ fn parked_and_running(pod: &Pod) -> bool {
 /// The plan of a step.
 pub(crate) fn plan_of(step: RestoreStep) -> Plan {
     let effect = match step {
-        RestoreStep::Restore(from) => Effect::RestoreWorkspace(from),
+        RestoreStep::Restore(from) => Effect::RestoreWorkspace(Box::new(from)),
         RestoreStep::Deliver(record) => Effect::DeliverStart(record),
     };
     Plan {
@@ -155,26 +174,28 @@ pub(crate) struct NotHanded(pub String);
 /// What the restore from attempt `from` carried (files, bytes), or why it failed.
 pub(crate) type RestoreResult = Result<(u64, u64), NotRestored>;
 
-/// After the restore of the current attempt's paths from attempt `from`: the launcher is handed
-/// the start, or — it failed — a refusal.
-pub(crate) fn restored(run: &SandboxRun, from: u32, result: &RestoreResult) -> Plan {
+/// After the restore of the current attempt's paths from the files `from` was bound to: the
+/// launcher is handed the start, or — it failed — a refusal.
+pub(crate) fn restored(run: &SandboxRun, from: &Bound, result: &RestoreResult) -> Plan {
     let attempt = crate::pod::current_attempt(run);
+    let source = RestoreStatus {
+        attempt,
+        from_attempt: from.attempt,
+        from_run: from.run.clone(),
+        from_uid: from.uid.clone(),
+        ..RestoreStatus::default()
+    };
     let record = match result {
         Ok((files, bytes)) => RestoreStatus {
-            attempt,
-            from_attempt: from,
             outcome: RestoreOutcome::Restored,
             files: *files,
             bytes: *bytes,
-            delivered: false,
-            message: None,
+            ..source
         },
         Err(why) => RestoreStatus {
-            attempt,
-            from_attempt: from,
             outcome: RestoreOutcome::Failed,
             message: Some(why.to_string()),
-            ..RestoreStatus::default()
+            ..source
         },
     };
     plan_of(RestoreStep::Deliver(Box::new(record)))
@@ -197,17 +218,20 @@ pub(crate) fn delivered(
     let (event, ok, reason, message) = match (&record.outcome, &record.message) {
         (RestoreOutcome::Restored, _) => {
             let note = format!(
-                "attempt {}: {} file(s), {} byte(s) restored from attempt {}'s files; the workload starts",
-                record.attempt, record.files, record.bytes, record.from_attempt
+                "attempt {}: {} file(s), {} byte(s) restored from {}; the workload starts",
+                record.attempt,
+                record.files,
+                record.bytes,
+                whose(&record)
             );
             let event = PlannedEvent::normal(events::WORKSPACE_RESTORED, note.clone(), "Restore");
             (event, true, REASON_RESTORED, note)
         }
         (RestoreOutcome::Failed, why) => {
             let note = format!(
-                "attempt {}: restoring attempt {}'s files failed, so the workload is not started: {}",
+                "attempt {}: restoring {} failed, so the workload is not started: {}",
                 record.attempt,
-                record.from_attempt,
+                whose(&record),
                 why.as_deref().unwrap_or("")
             );
             let event = PlannedEvent::warning(events::RESTORE_FAILED, note.clone(), "Restore");
@@ -236,6 +260,16 @@ pub(crate) fn delivered(
     }
 }
 
+/// The files a record restored from, in words: `attempt 2's files`, `run a's attempt 2's files`
+/// (a fork), `run a's files` (a fork whose source could not be read).
+fn whose(record: &RestoreStatus) -> String {
+    match (&record.from_run, record.from_attempt) {
+        (None, attempt) => format!("attempt {attempt}'s files"),
+        (Some(run), 0) => format!("run {run}'s files"),
+        (Some(run), attempt) => format!("run {run}'s attempt {attempt}'s files"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{
@@ -250,7 +284,10 @@ mod tests {
             "job",
             SandboxRunSpec {
                 command: Some(vec!["sh".into()]),
-                workspace: Some(Workspace { restore }),
+                workspace: Some(Workspace {
+                    restore,
+                    ..Workspace::default()
+                }),
                 ..SandboxRunSpec::default()
             },
         );
@@ -302,7 +339,10 @@ mod tests {
     fn a_resumed_attempt_restores_from_the_newest_attempt_whose_workload_ran() {
         assert_eq!(restore_source(&run(WorkspaceRestore::Latest, 0)), None);
         assert_eq!(restore_source(&run(WorkspaceRestore::Never, 2)), None);
-        assert_eq!(restore_source(&run(WorkspaceRestore::Latest, 2)), Some(2));
+        assert_eq!(
+            restore_source(&run(WorkspaceRestore::Latest, 2)),
+            Some(Source::Own(2))
+        );
         // Attempt 2's own restore failed: its paths never held a workload's files.
         let mut r = run(WorkspaceRestore::Latest, 2);
         let failed = RestoreStatus {
@@ -312,7 +352,7 @@ mod tests {
             ..RestoreStatus::default()
         };
         r.status.as_mut().unwrap().restores.push(failed);
-        assert_eq!(restore_source(&r), Some(1));
+        assert_eq!(restore_source(&r), Some(Source::Own(1)));
     }
 
     #[test]
@@ -372,9 +412,9 @@ mod tests {
         assert_eq!(restore_step(&r, &parked_pod(false)), None);
         assert_eq!(
             restore_step(&r, &parked_pod(true)),
-            Some(RestoreStep::Restore(1))
+            Some(RestoreStep::Restore(Source::Own(1)))
         );
-        let plan = restored(&r, 1, &Ok((3, 30)));
+        let plan = restored(&r, &Bound::own(1), &Ok((3, 30)));
         let Effect::DeliverStart(record) = &plan.effects[0] else {
             panic!("{plan:?}")
         };
@@ -399,7 +439,7 @@ mod tests {
     #[test]
     fn a_failed_restore_hands_a_refusal_with_a_warning_and_a_false_condition() {
         let r = run(WorkspaceRestore::Latest, 1);
-        let plan = restored(&r, 1, &Err(NotRestored("sha mismatch".into())));
+        let plan = restored(&r, &Bound::own(1), &Err(NotRestored("sha mismatch".into())));
         let Effect::DeliverStart(record) = &plan.effects[0] else {
             panic!("{plan:?}")
         };

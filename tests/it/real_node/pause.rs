@@ -23,6 +23,7 @@ fn pausing_spec() -> SandboxRunSpec {
     let mut spec = real_spec(Some(SCRIPT), &["/work/out"]);
     spec.workspace = Some(Workspace {
         restore: WorkspaceRestore::Latest,
+        ..Workspace::default()
     });
     spec
 }
