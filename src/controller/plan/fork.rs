@@ -10,7 +10,15 @@
 use crate::api::{Phase, RestoreOutcome, SandboxRun};
 use crate::store::RunRef;
 
-use super::restore::NotRestored;
+/// Where the current attempt's files come from (`super::restore::restore_source`).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Source {
+    /// The run's own attempt.
+    Own(u32),
+    /// Another run's files (a fork, `spec.workspace.from`): read, bound and chosen when the
+    /// restore is carried out ([`bind`]).
+    Fork(ForkSource),
+}
 
 /// The run a fork's attempt restores from, as far as the fork knows before reading it.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -102,12 +110,6 @@ pub(crate) enum NotBound {
     NoSuchAttempt { run: String, attempt: u32 },
     #[error("the source run {0} has no saved files yet (no ended attempt whose workload ran)")]
     NothingSaved(String),
-}
-
-impl From<NotBound> for NotRestored {
-    fn from(e: NotBound) -> NotRestored {
-        NotRestored(e.to_string())
-    }
 }
 
 /// `fork`'s restore bound to `source` (as read now; None: not found) for `asked`: the run whose

@@ -47,15 +47,13 @@ pub(crate) use create::pod_refused;
 pub(crate) use create::{creation, egress_effects, refused_by_namespace_policies, shaped_pod};
 pub(crate) use create::{recording_template, template_unusable};
 pub(crate) use finish::record_pod_lost;
-pub(crate) use fork::{bind as bind_fork, Bound};
+pub(crate) use fork::{bind as bind_fork, Bound, Source as RestoreSource};
 pub(crate) use model::{
     CreationFacts, Effect, Inputs, NotPurged, Plan, PurgeTarget, Requeue, StepPlan,
     IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN, NAME_CONFLICT_REQUEUE, SETTLE,
 };
 pub(crate) use queued::queued;
-pub(crate) use restore::{
-    plan_of as restore_plan, restore_step, NotHanded, NotRestored, Source as RestoreSource,
-};
+pub(crate) use restore::{plan_of as restore_plan, restore_step, NotHanded, NotRestored};
 /// The end of a run's teardown (the GitOps fixtures build one from it).
 #[cfg(test)]
 pub(crate) use teardown::teardown_end;

@@ -104,7 +104,7 @@ pub(crate) enum Effect {
     /// or a fork's source, read and bound first) (docs/contract.md "Pause, resume and fork"),
     /// into the parked pod's holder; what was restored, or why not, is the answer
     /// ([`super::restore::restored`]).
-    RestoreWorkspace(Box<super::restore::Source>),
+    RestoreWorkspace(Box<super::fork::Source>),
     /// Hand the parked pod's launcher the run's start, or — the record says the restore failed —
     /// a refusal; the answer is planned by [`super::restore::delivered`].
     DeliverStart(Box<crate::api::RestoreStatus>),

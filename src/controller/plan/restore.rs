@@ -11,7 +11,7 @@
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
-use super::fork::{Bound, ForkSource};
+use super::fork::{Bound, NotBound, Source};
 use super::model::{Effect, Plan, Requeue};
 use crate::api::{RestoreOutcome, RestoreStatus, SandboxRun, WorkspaceRestore};
 use crate::controller::conditions::set_condition;
@@ -24,16 +24,6 @@ pub(crate) const REASON_RESTORED: &str = "Restored";
 
 /// How soon a run whose start could not be handed over is looked at again.
 const DELIVER_AGAIN: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Where the current attempt's files come from.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) enum Source {
-    /// The run's own attempt.
-    Own(u32),
-    /// Another run's files (a fork, `spec.workspace.from`): read, bound and chosen when the
-    /// restore is carried out ([`super::fork::bind`]).
-    Fork(ForkSource),
-}
 
 /// Where the run's current attempt's read-back paths are restored from: with
 /// `spec.workspace.restore: Latest` its own newest ended attempt whose workload ran (not one whose
@@ -165,6 +155,12 @@ pub(crate) fn plan_of(step: RestoreStep) -> Plan {
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{0}")]
 pub(crate) struct NotRestored(pub String);
+
+impl From<NotBound> for NotRestored {
+    fn from(e: NotBound) -> NotRestored {
+        NotRestored(e.to_string())
+    }
+}
 
 /// Why the launcher was not handed its start or refusal.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
