@@ -890,6 +890,13 @@ async fn a_forks_first_pod_is_created_parked_until_the_sources_files_are_restore
         workload.command.as_ref().unwrap()[0],
         crate::pool::park::launcher_path()
     );
+    let annotations = created.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get("sandbox.iterion.io/fork-from")
+            .map(String::as_str),
+        Some("a")
+    );
 }
 
 /// The fork at `attempt` with its parked pod running: the routes of one reconcile that restores.
@@ -903,6 +910,9 @@ fn parked_fork(r: &mut SandboxRun, attempt: u32, pod_path: &str) -> Vec<Route> {
     let built = crate::pod::build_pod(r, &settings).unwrap();
     let mut pod = crate::pool::park::park_in_launcher(built, &settings).unwrap();
     pod.metadata.uid = Some("p2".into());
+    // The source the pod was created for (`plan::restore::parked_if_due`).
+    pod.metadata.annotations =
+        Some([("sandbox.iterion.io/fork-from".to_string(), "a".to_string())].into());
     pod.status = Some(serde_json::from_value(json!({
         "phase": "Running",
         "containerStatuses": [

@@ -61,15 +61,30 @@ fn own_source(run: &SandboxRun) -> Option<u32> {
 }
 
 /// `pod` parked in the launcher when its attempt restores its paths ([`restore_source`]).
+/// A fork's parked pod names the source run it was created for (its rights verified then, at
+/// the pod's creation): see [`restore_step`].
 pub(crate) fn parked_if_due(run: &SandboxRun, pod: Pod, settings: &crate::pod::PodSettings) -> Pod {
-    if restore_source(run).is_none() {
+    let Some(source) = restore_source(run) else {
         return pod;
-    }
+    };
     match crate::pool::park::park_in_launcher(pod.clone(), settings) {
-        Some(parked) => holder_writes_the_paths(parked),
+        Some(parked) => {
+            let mut parked = holder_writes_the_paths(parked);
+            if let Source::Fork(fork) = source {
+                let annotations = parked
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default);
+                annotations.insert(FORK_FROM_ANNOTATION.to_string(), fork.run);
+            }
+            parked
+        }
         None => pod,
     }
 }
+
+/// The annotation of a fork's parked pod that names the source run it was created for.
+pub(crate) const FORK_FROM_ANNOTATION: &str = "sandbox.iterion.io/fork-from";
 
 /// `pod` with its holder's read-back mounts writable: `restore-unpack` runs in the holder and
 /// writes the restored files there (read-only, it fails at the first member). Only a parked
@@ -110,10 +125,39 @@ pub(crate) fn restore_step(run: &SandboxRun, pod: &Pod) -> Option<RestoreStep> {
         .as_ref()
         .and_then(|s| s.restores.iter().find(|r| r.attempt == attempt));
     match record {
-        None => Some(RestoreStep::Restore(from)),
+        None => {
+            Some(not_the_pods_source(&from, pod, attempt).unwrap_or(RestoreStep::Restore(from)))
+        }
         Some(r) if !r.delivered => Some(RestoreStep::Deliver(Box::new(r.clone()))),
         Some(_) => None,
     }
+}
+
+/// A fork not bound yet whose `spec.workspace.from` no longer names the run its pod was created
+/// for (the spec changed after the rights were verified at the pod's creation, the webhook
+/// bypassed): its restore is refused, the other run never read.
+fn not_the_pods_source(from: &Source, pod: &Pod, attempt: u32) -> Option<RestoreStep> {
+    let Source::Fork(fork) = from else {
+        return None;
+    };
+    let annotations = pod.metadata.annotations.as_ref();
+    let created_for = annotations.and_then(|a| a.get(FORK_FROM_ANNOTATION));
+    if fork.uid.is_some() || created_for == Some(&fork.run) {
+        return None;
+    }
+    let message = format!(
+        "spec.workspace.from names run {} but the pod was created for {}: a fork's source is \
+         fixed at creation",
+        fork.run,
+        created_for.map_or("no source", String::as_str)
+    );
+    Some(RestoreStep::Deliver(Box::new(RestoreStatus {
+        attempt,
+        from_run: Some(fork.run.clone()),
+        outcome: RestoreOutcome::Failed,
+        message: Some(message),
+        ..RestoreStatus::default()
+    })))
 }
 
 /// Whether `pod`'s workload is the launcher and runs, and its holder (which the restore execs
@@ -430,6 +474,46 @@ mod tests {
             None,
             "delivered once"
         );
+    }
+
+    /// docs/contract.md "Pause, resume and fork": the webhook bypassed, `workspace.from` changed
+    /// after the fork's pod was created (its rights verified for the first source) is refused,
+    /// never read.
+    #[test]
+    fn a_forks_source_changed_after_its_pod_was_created_is_refused_never_read() {
+        let mut r = run(WorkspaceRestore::Never, 0);
+        r.status = None;
+        r.spec.workspace = Some(Workspace {
+            from: Some(crate::api::WorkspaceFrom {
+                run: "a".into(),
+                attempt: None,
+            }),
+            ..Workspace::default()
+        });
+        let settings = crate::pod::PodSettings::default();
+        let built = parked_if_due(&r, parked_pod(true), &settings);
+        let mut pod = parked_pod(true);
+        pod.metadata.annotations = built.metadata.annotations.clone();
+        assert!(matches!(
+            restore_step(&r, &pod),
+            Some(RestoreStep::Restore(Source::Fork(_)))
+        ));
+        r.spec
+            .workspace
+            .as_mut()
+            .unwrap()
+            .from
+            .as_mut()
+            .unwrap()
+            .run = "c".into();
+        let Some(RestoreStep::Deliver(record)) = restore_step(&r, &pod) else {
+            panic!("refused")
+        };
+        assert_eq!(
+            (record.outcome, record.from_run.as_deref()),
+            (RestoreOutcome::Failed, Some("c"))
+        );
+        assert!(record.message.unwrap().contains("fixed at creation"));
     }
 
     #[test]
