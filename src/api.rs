@@ -224,6 +224,25 @@ pub struct Workspace {
     /// attempt after the first starts with them restored from the run's newest saved generation.
     #[serde(default)]
     pub restore: WorkspaceRestore,
+    /// Fork (docs/user-guide.md "Pause, resume and fork"): the run's first attempt starts with its
+    /// read-back paths restored from another run's saved files, in the same namespace and store.
+    /// The author must hold `get` on that run. Fixed at creation; a template cannot set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<WorkspaceFrom>,
+}
+
+/// The run whose saved files a fork starts with (`spec.workspace.from`).
+#[derive(Deserialize, Serialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkspaceFrom {
+    /// The SandboxRun, in this run's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub run: String,
+    /// Its attempt whose drained files are restored. Unset: its newest ended attempt whose
+    /// workload ran, as the operator reads the run when it restores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub attempt: Option<u32>,
 }
 
 /// Which saved generation a new attempt's read-back paths are restored from.
@@ -244,6 +263,13 @@ pub struct RestoreStatus {
     pub attempt: u32,
     /// The attempt whose drained files they were restored from.
     pub from_attempt: u32,
+    /// A fork's source run (`spec.workspace.from.run`); absent: the run's own files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_run: Option<String>,
+    /// The uid of the source run as it was read once, when it was first restored from: every
+    /// later restore from it requires this uid (a run re-created under its name is never read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_uid: Option<String>,
     /// Restored: every file is in place and the workload was started; Failed: the workload was
     /// never started (`message` says why).
     pub outcome: RestoreOutcome,

@@ -58,6 +58,10 @@ pub(crate) fn store_secret(data: &BTreeMap<String, String>) -> Option<(Right, St
 pub(crate) const TEMPLATES: &str = "sandboxruntemplates";
 /// The resource of the cluster-scoped templates a run may name (`sandbox.iterion.io`).
 pub(crate) const CLUSTER_TEMPLATES: &str = "clustersandboxruntemplates";
+/// The resource of the runs a fork may start from (`sandbox.iterion.io`, `spec.workspace.from`).
+pub(crate) const RUNS: &str = "sandboxruns";
+/// The field that names a fork's source run.
+pub(crate) const FORK_FIELD: &str = "spec.workspace.from.run";
 
 /// One right a run's spec exercises.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -81,7 +85,7 @@ impl Right {
 
     /// The API group of the resource: the core group, but for the templates.
     fn group(&self) -> &'static str {
-        if self.resource == TEMPLATES || self.resource == CLUSTER_TEMPLATES {
+        if [TEMPLATES, CLUSTER_TEMPLATES, RUNS].contains(&self.resource) {
             crate::api::GROUP
         } else {
             ""
@@ -188,6 +192,10 @@ pub(crate) fn required(spec: &SandboxRunSpec) -> BTreeMap<Right, Vec<String>> {
             Right::get(template.kind.resource(), &template.name),
             "spec.templateRef.name".to_string(),
         );
+    }
+    // A fork reads another run's files (docs/contract.md "Pause, resume and fork").
+    if let Some(from) = spec.workspace.as_ref().and_then(|w| w.from.as_ref()) {
+        need(Right::get(RUNS, &from.run), FORK_FIELD.to_string());
     }
     for (i, name) in spec.image_pull_secrets.iter().enumerate() {
         need(
@@ -491,6 +499,33 @@ mod tests {
                 "get secrets/api <- spec.env[0].valueFrom.secretKeyRef",
                 "get secrets/db <- spec.mounts[0].source,spec.imagePullSecrets[0]",
             ]
+        );
+    }
+
+    /// docs/contract.md "Pause, resume and fork": a fork reads another run's files, so its
+    /// author must hold `get` on that run, asked in the operator's API group.
+    #[test]
+    fn a_fork_needs_get_on_its_source_run() {
+        let spec = SandboxRunSpec {
+            workspace: Some(crate::api::Workspace {
+                from: Some(crate::api::WorkspaceFrom {
+                    run: "a".into(),
+                    attempt: None,
+                }),
+                ..crate::api::Workspace::default()
+            }),
+            ..SandboxRunSpec::default()
+        };
+        let rights = required(&spec);
+        assert_eq!(
+            names(&rights),
+            ["get sandboxruns/a <- spec.workspace.from.run"]
+        );
+        let right = rights.keys().next().unwrap();
+        assert_eq!(right.group(), crate::api::GROUP);
+        assert_eq!(
+            right.can_i("team", "alice"),
+            "kubectl auth can-i get sandboxruns.sandbox.iterion.io/a -n team --as alice"
         );
     }
 

@@ -330,6 +330,16 @@ pub fn check_update(old: &SandboxRunSpec, new: &SandboxRunSpec, pod_exists: bool
             "leave stop: true; to run again, create a new SandboxRun",
         ));
     }
+    // docs/contract.md "Pause, resume and fork": a fork's source is fixed at creation.
+    let from = |s: &SandboxRunSpec| s.workspace.as_ref().and_then(|w| w.from.clone());
+    if from(old) != from(new) {
+        out.push(Finding::fail(
+            ids::UPDATE_IMMUTABLE,
+            "spec.workspace.from",
+            "spec.workspace.from changed after the run was created; a fork's source is fixed at creation",
+            "create a new SandboxRun with the workspace.from you want",
+        ));
+    }
     if pod_exists {
         // The pod is built once from the spec; changing it afterwards would make the object lie
         // about what runs. Compare everything but `stop`, `suspend` and `checkpoint` (which act on
@@ -1621,6 +1631,38 @@ mod tests {
             check_update(&old, &changed, false).is_empty(),
             "before the pod exists the spec may change"
         );
+    }
+
+    /// docs/contract.md "Pause, resume and fork": `workspace.from` is fixed at creation, pod or
+    /// no pod; `workspace.restore` may change at any time.
+    #[test]
+    fn a_forks_source_may_not_change_after_creation() {
+        let mut old = good();
+        old.workspace = Some(crate::api::Workspace {
+            from: Some(crate::api::WorkspaceFrom {
+                run: "a".into(),
+                attempt: None,
+            }),
+            ..crate::api::Workspace::default()
+        });
+        let mut latest = old.clone();
+        latest.workspace.as_mut().unwrap().restore = crate::api::WorkspaceRestore::Latest;
+        assert!(check_update(&old, &latest, false).is_empty());
+        assert!(check_update(&old, &latest, true).is_empty());
+        let mut other = old.clone();
+        other.workspace.as_mut().unwrap().from.as_mut().unwrap().run = "c".into();
+        let mut dropped = old.clone();
+        dropped.workspace = None;
+        for (new, pod_exists) in [(&other, false), (&other, true), (&dropped, false)] {
+            let f = check_update(&old, new, pod_exists);
+            assert_eq!(
+                f.iter()
+                    .map(|f| (f.rule, f.field.as_str()))
+                    .collect::<Vec<_>>(),
+                [(ids::UPDATE_IMMUTABLE, "spec.workspace.from")]
+            );
+        }
+        assert_eq!(check_update(&dropped, &old, false).len(), 1, "added later");
     }
 
     #[test]

@@ -358,6 +358,36 @@ mod tests {
         }
     }
 
+    /// docs/contract.md "Pause, resume and fork": with the webhook out of the way, a fork is held
+    /// like a run naming a Secret: no stamp, no pod.
+    #[test]
+    fn a_fork_without_a_stamp_is_held_unverified() {
+        let mut run = crate::api::SandboxRun::new(
+            "b",
+            SandboxRunSpec {
+                image: Some("img@sha256:abc".into()),
+                command: Some(vec!["true".into()]),
+                workspace: Some(crate::api::Workspace {
+                    from: Some(crate::api::WorkspaceFrom {
+                        run: "a".into(),
+                        attempt: None,
+                    }),
+                    ..crate::api::Workspace::default()
+                }),
+                ..Default::default()
+            },
+        );
+        run.metadata.namespace = Some("team".into());
+        let policy = RightsPolicy {
+            unadmitted: UnadmittedReferences::Hold,
+            key: Some(StampKey::new(b"0123456789abcdef0123456789abcdef")),
+        };
+        let why = unverified_rights(&run, &policy).expect("held");
+        assert!(why.contains("spec.workspace.from.run"), "{why}");
+        run.spec.workspace = None;
+        assert_eq!(unverified_rights(&run, &policy), None);
+    }
+
     /// Issue #38: with the webhook out of the way, a run naming a Secret got a pod with the
     /// operator's rights. Only a stamp the operator's key made for this very run and spec, no
     /// older than the run, vouches that its author's rights were checked.

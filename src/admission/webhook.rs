@@ -577,6 +577,13 @@ async fn access_findings(
                 None => super::access::check(client, &req.user_info, ns, &wanted).await,
             };
             findings.extend(store);
+            // Only for a user who may read the source: the refusal says what it stores.
+            if !findings
+                .iter()
+                .any(|f| f.field.contains(super::access::FORK_FIELD))
+            {
+                findings.extend(fork_store_findings(client, ns, &new, &wanted).await);
+            }
             findings
         }
         _ => vec![Finding::fail(
@@ -585,6 +592,56 @@ async fn access_findings(
             "the webhook cannot check the requesting user's rights (no client or namespace)",
             "report this to the operator's admin",
         )],
+    }
+}
+
+/// A fork (`spec.workspace.from`, when the review adds it) whose source run does not exist or
+/// stores its files in another store than the fork's (docs/contract.md "Pause, resume and
+/// fork"). Judged on the specs as written when neither run is made from a template (a
+/// template's store is the operator's to judge: it refuses the restore on its own).
+async fn fork_store_findings(
+    client: &Client,
+    namespace: &str,
+    new: &crate::api::SandboxRunSpec,
+    wanted: &std::collections::BTreeMap<super::access::Right, Vec<String>>,
+) -> Vec<Finding> {
+    use super::access::{Right, FORK_FIELD, RUNS};
+    let Some(from) = new.workspace.as_ref().and_then(|w| w.from.as_ref()) else {
+        return Vec::new();
+    };
+    if !wanted.contains_key(&Right::get(RUNS, &from.run)) {
+        return Vec::new();
+    }
+    let runs: Api<crate::api::SandboxRun> = Api::namespaced(client.clone(), namespace);
+    let refuse = |message: String| {
+        vec![Finding::fail(
+            super::access::ACCESS_RULE,
+            FORK_FIELD,
+            message,
+            "fork a run of this namespace that stores its files in this run's store",
+        )]
+    };
+    match runs.get_opt(&from.run).await {
+        Ok(Some(source)) => {
+            let templated = new.template_ref.is_some() || source.spec.template_ref.is_some();
+            if templated || source.spec.store_ref() == new.store_ref() {
+                return Vec::new();
+            }
+            let store = |s: Option<&str>| {
+                s.map_or("the default store".to_string(), |s| format!("store {s}"))
+            };
+            refuse(format!(
+                "the source run {} stores its files in {}, this run in {}: a fork restores only from its own store",
+                from.run,
+                store(source.spec.store_ref()),
+                store(new.store_ref())
+            ))
+        }
+        Ok(None) => refuse(format!(
+            "the source run {} does not exist in namespace {namespace}",
+            from.run
+        )),
+        Err(e) => refuse(format!("the source run {} cannot be read: {e}", from.run)),
     }
 }
 

@@ -774,6 +774,7 @@ fn resuming() -> SandboxRun {
     let mut r = run();
     r.spec.workspace = Some(crate::api::Workspace {
         restore: crate::api::WorkspaceRestore::Latest,
+        ..Default::default()
     });
     r.status = Some(SandboxRunStatus {
         phase: Some(Phase::Pending),
@@ -937,5 +938,184 @@ async fn a_warm_pods_failed_restore_is_recorded_and_never_followed_by_the_runs_s
     assert!(
         restore["message"].as_str().unwrap().contains("manifest"),
         "{restore}"
+    );
+}
+
+const SOURCE_RUN: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/a";
+
+/// A run `demo` forked from run `a` (`spec.workspace.from`), at its first attempt.
+fn forking() -> SandboxRun {
+    let mut r = run();
+    r.spec.workspace = Some(crate::api::Workspace {
+        from: Some(crate::api::WorkspaceFrom {
+            run: "a".into(),
+            attempt: None,
+        }),
+        ..Default::default()
+    });
+    r
+}
+
+/// Run `a` as the apiserver returns it: uid `uid`, finished after one attempt.
+fn source_run(uid: &str) -> Value {
+    let mut a = run_with(&[("/out", false)]);
+    a.metadata.name = Some("a".into());
+    a.metadata.uid = Some(uid.into());
+    a.status = Some(SandboxRunStatus {
+        phase: Some(Phase::Succeeded),
+        ..Default::default()
+    });
+    serde_json::to_value(a).unwrap()
+}
+
+/// docs/contract.md "Pause, resume and fork": with the webhook bypassed, a fork is held like a
+/// run naming a Secret — no stamp vouches that its author may read the source, so no pod (and
+/// the source is never read). Fails on the old code: the field did not exist; with it and
+/// without the `required` row, the pod was created.
+#[tokio::test]
+async fn a_fork_no_admission_verified_gets_no_pod_and_reads_nothing() {
+    let r = forking();
+    let mut all = routes(&r, no_pod());
+    all.push(Route::fixed("PATCH", STATUS, 200, written(&r)));
+    let (client, log) = apiserver(all);
+    reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    assert!(log.matching("POST", PODS).is_empty(), "{:?}", log.lines());
+    assert!(
+        !log.lines().iter().any(|l| l.contains("/sandboxruns/a")),
+        "{:?}",
+        log.lines()
+    );
+    let patch = log.matching("PATCH", STATUS);
+    let last = &patch.last().expect("the status is written").body;
+    assert!(last.to_string().contains("RightsUnverified"), "{last}");
+}
+
+/// A fork's first pod is created parked in the launcher: its workload waits for the source's
+/// files. Fails on the old code: a first attempt was never parked.
+#[tokio::test]
+async fn a_forks_first_pod_is_created_parked_until_the_sources_files_are_restored() {
+    let r = forking();
+    let (client, log) = apiserver(routes(&r, no_pod()));
+    let rights = crate::admission::stamp::RightsPolicy {
+        unadmitted: crate::admission::stamp::UnadmittedReferences::Trust,
+        key: None,
+    };
+    let ctx = context(client, Arc::new(InMemory::new())).with_rights(rights);
+    let done = reconcile(ctx, r).await;
+    assert_eq!(done.step, Some("create_pod"));
+    let created: Pod = serde_json::from_value(log.matching("POST", PODS)[0].body.clone()).unwrap();
+    let spec = created.spec.unwrap();
+    let workload = spec
+        .containers
+        .iter()
+        .find(|c| c.name == crate::pod::WORKLOAD_CONTAINER)
+        .unwrap();
+    assert_eq!(
+        workload.command.as_ref().unwrap()[0],
+        crate::pool::park::launcher_path()
+    );
+    let annotations = created.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get("sandbox.iterion.io/fork-from")
+            .map(String::as_str),
+        Some("a")
+    );
+}
+
+/// The fork at `attempt` with its parked pod running: the routes of one reconcile that restores.
+fn parked_fork(r: &mut SandboxRun, attempt: u32, pod_path: &str) -> Vec<Route> {
+    let pod_name = pod_path.rsplit('/').next().unwrap().to_string();
+    let status = r.status.get_or_insert_with(Default::default);
+    status.pod_name = Some(pod_name);
+    status.phase = Some(Phase::Running);
+    status.attempt = Some(attempt);
+    let settings = crate::pod::PodSettings::default();
+    let built = crate::pod::build_pod(r, &settings).unwrap();
+    let mut pod = crate::pool::park::park_in_launcher(built, &settings).unwrap();
+    pod.metadata.uid = Some("p2".into());
+    // The source the pod was created for (`plan::restore::parked_if_due`).
+    pod.metadata.annotations =
+        Some([("sandbox.iterion.io/fork-from".to_string(), "a".to_string())].into());
+    pod.status = Some(serde_json::from_value(json!({
+        "phase": "Running",
+        "containerStatuses": [
+            {"name": crate::pod::WORKLOAD_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}},
+            {"name": HOLDER_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}}
+        ]
+    }))
+    .unwrap());
+    let pod_json = serde_json::to_value(&pod).unwrap();
+    let mut all = routes(r, Route::fixed("GET", pod_path, 200, pod_json));
+    all.push(Route::fixed("PATCH", STATUS, 200, written(r)));
+    all
+}
+
+/// The restore record a reconcile of `r` writes last.
+async fn restore_written(r: SandboxRun, all: Vec<Route>) -> (Value, Vec<String>) {
+    let (client, log) = apiserver(all);
+    let rights = crate::admission::stamp::RightsPolicy {
+        unadmitted: crate::admission::stamp::UnadmittedReferences::Trust,
+        key: None,
+    };
+    reconcile(
+        context(client, Arc::new(InMemory::new())).with_rights(rights),
+        r,
+    )
+    .await;
+    let patch = log.matching("PATCH", STATUS);
+    let last = patch.last().expect("the status is written").body.clone();
+    let attempt = last["status"]["restores"]
+        .as_array()
+        .and_then(|all| all.last().cloned())
+        .unwrap_or(Value::Null);
+    (attempt, log.lines())
+}
+
+/// docs/contract.md "Pause, resume and fork": the fork's first restore reads its source once and
+/// records its name, uid and attempt; a later attempt requires that uid, so a source deleted and
+/// re-created under its name is refused (`RestoreFailed`) and its files never read. Fails on the
+/// old code: a first attempt never restored.
+#[tokio::test]
+async fn a_forks_source_is_bound_by_its_uid_and_a_re_created_one_is_refused() {
+    let mut r = forking();
+    let mut all = parked_fork(&mut r, 1, POD);
+    all.push(Route::fixed("GET", SOURCE_RUN, 200, source_run("ua")));
+    let (record, lines) = restore_written(r.clone(), all).await;
+    assert!(
+        lines.iter().any(|l| l == &format!("GET {SOURCE_RUN}")),
+        "{lines:?}"
+    );
+    assert_eq!(record["fromRun"], "a", "{record}");
+    assert_eq!(record["fromUid"], "ua", "{record}");
+    assert_eq!(record["fromAttempt"], 1, "{record}");
+    // Nothing stored: the restore fails at the manifest, after the source was bound.
+    assert_eq!(record["outcome"], "Failed", "{record}");
+    assert!(
+        record["message"].as_str().unwrap().contains("manifest"),
+        "{record}"
+    );
+    // Attempt 2 (a retry): `a` was re-created meanwhile (uid ub).
+    let mut retry = r.clone();
+    let status = retry.status.get_or_insert_with(Default::default);
+    status.attempts = vec![crate::api::AttemptStatus {
+        index: 1,
+        pod_name: "demo-sbr".into(),
+        reason: "WorkloadFailed".into(),
+        ..Default::default()
+    }];
+    status.restores = vec![serde_json::from_value(record).unwrap()];
+    let mut all = parked_fork(&mut retry, 2, POD_A2);
+    all.push(Route::fixed("GET", SOURCE_RUN, 200, source_run("ub")));
+    let (record, _) = restore_written(retry, all).await;
+    assert_eq!(
+        (record["attempt"].as_u64(), record["fromUid"].as_str()),
+        (Some(2), Some("ua")),
+        "{record}"
+    );
+    assert_eq!(record["outcome"], "Failed", "{record}");
+    assert!(
+        record["message"].as_str().unwrap().contains("re-created"),
+        "{record}"
     );
 }

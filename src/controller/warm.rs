@@ -474,6 +474,7 @@ mod tests {
         let mut spec = made.clone();
         spec.workspace = Some(crate::api::Workspace {
             restore: crate::api::WorkspaceRestore::Latest,
+            ..Default::default()
         });
         let mut run = SandboxRun::new("job", spec);
         run.metadata.namespace = Some("team".into());

@@ -16,7 +16,7 @@ use tokio::io::AsyncReadExt;
 use tracing::{debug, info, warn};
 
 use super::context::Context;
-use super::plan::{NotHanded, NotRestored};
+use super::plan::{bind_fork, Bound, NotHanded, NotRestored, RestoreSource};
 use crate::api::{RestoreOutcome, RestoreStatus, SandboxRun};
 use crate::store::{attempt_object_keys, read_manifest, RunRef};
 
@@ -40,7 +40,7 @@ enum Failed {
         path: String,
         why: String,
     },
-    #[error("the manifest at {0} is not this run's, this attempt's or this path's")]
+    #[error("the manifest at {0} is not the source run's, its attempt's or this path's")]
     NotOurs(String),
     #[error("{path}: {why}")]
     Stream { path: String, why: String },
@@ -55,27 +55,80 @@ enum Failed {
 }
 
 /// Restores every declared path of `run`'s current attempt, in its parked pod `pod_name`, from
-/// attempt `from`'s files: (files, bytes), or why not.
+/// the files of `from` (a fork's source is read once, here, and bound by [`bind_fork`]): what
+/// it was bound to, and (files, bytes) or why not.
 pub(super) async fn restore(
     ctx: &Context,
     run: &SandboxRun,
     pod_name: &str,
-    from: u32,
-) -> Result<(u64, u64), NotRestored> {
-    info!(run = %run.name_any(), pod = pod_name, from, "restoring the read-back paths");
-    let done = restore_all(ctx, run, pod_name, from).await;
+    from: &RestoreSource,
+) -> (Bound, Result<(u64, u64), NotRestored>) {
+    info!(run = %run.name_any(), pod = pod_name, ?from, "restoring the read-back paths");
+    let (bound, whose) = match bind_source(ctx, run, from).await {
+        Ok(bound) => bound,
+        Err((bound, why)) => {
+            warn!(run = %run.name_any(), %why, "the restore's source cannot be used");
+            return (bound, Err(why));
+        }
+    };
+    let done = restore_all(ctx, run, pod_name, (&whose, bound.attempt)).await;
     match &done {
         Ok((files, bytes)) => info!(run = %run.name_any(), files, bytes, "restored"),
         Err(why) => warn!(run = %run.name_any(), %why, "the restore failed"),
     }
-    done.map_err(|e| NotRestored(e.to_string()))
+    (bound, done.map_err(|e| NotRestored(e.to_string())))
+}
+
+/// Whose files `from` are: what the restore is bound to, and the run whose keys and manifests
+/// are read. A fork's source is read now (the only read of it) and judged by [`bind_fork`].
+async fn bind_source(
+    ctx: &Context,
+    run: &SandboxRun,
+    from: &RestoreSource,
+) -> Result<(Bound, RunRef), (Bound, NotRestored)> {
+    let ns = run.namespace().unwrap_or_default();
+    let asked = match from {
+        RestoreSource::Own(attempt) => {
+            let me = RunRef {
+                namespace: ns,
+                name: run.name_any(),
+                uid: run.uid().unwrap_or_default(),
+            };
+            return Ok((Bound::own(*attempt), me));
+        }
+        RestoreSource::Fork(asked) => asked,
+    };
+    let unbound = Bound {
+        run: Some(asked.run.clone()),
+        uid: asked.uid.clone(),
+        attempt: asked.attempt.unwrap_or(0),
+    };
+    let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &ns);
+    let source = match runs.get_opt(&asked.run).await {
+        Ok(source) => source,
+        Err(e) => {
+            let why = NotRestored(format!("the source run {} cannot be read: {e}", asked.run));
+            return Err((unbound, why));
+        }
+    };
+    match bind_fork(run, source.as_ref(), asked) {
+        Ok((whose, attempt)) => {
+            let bound = Bound {
+                run: Some(whose.name.clone()),
+                uid: Some(whose.uid.clone()),
+                attempt,
+            };
+            Ok((bound, whose))
+        }
+        Err(why) => Err((unbound, why.into())),
+    }
 }
 
 async fn restore_all(
     ctx: &Context,
     run: &SandboxRun,
     pod_name: &str,
-    from: u32,
+    (whose, from): (&RunRef, u32),
 ) -> Result<(u64, u64), Failed> {
     // A run the launcher cannot start (no command) is refused before anything is restored.
     let built =
@@ -95,17 +148,12 @@ async fn restore_all(
         path: pod_name.to_string(),
         why: e.to_string(),
     })?;
-    let me = RunRef {
-        namespace: ns,
-        name: run.name_any(),
-        uid: run.uid().unwrap_or_default(),
-    };
     let paths = run.spec.read_back.as_ref().map(|r| r.paths.clone());
     let (mut files, mut bytes) = (0, 0);
     for (index, declared) in paths.unwrap_or_default().iter().enumerate() {
         let keys = attempt_object_keys(
             &store.prefix,
-            &me,
+            whose,
             from,
             index,
             &declared.path,
@@ -118,7 +166,7 @@ async fn restore_all(
                 path: declared.path.clone(),
                 why: e.to_string(),
             })?;
-        let ours = manifest.run == me
+        let ours = manifest.run == *whose
             && manifest.run_attempt == from
             && manifest.checkpoint.is_none()
             && manifest.index == index

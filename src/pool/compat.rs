@@ -32,6 +32,11 @@ pub enum Incompatible {
     /// key of a Secret or ConfigMap): the pod would have to reference it.
     #[error("env var {0} takes its value from a source the launcher cannot deliver, which changes the pod")]
     EnvFrom(String),
+    /// The run is a fork (`spec.workspace.from`): its pod must be created for its source (the
+    /// source's name on the parked pod, checked before the restore, docs/contract.md "Pause,
+    /// resume and fork"), which no pool pod is.
+    #[error("the run forks run {0} (spec.workspace.from): a fork's pod is created for its source")]
+    Fork(String),
     /// The run's spec could not be read as JSON (never expected).
     #[error("the run's spec could not be read")]
     Unreadable,
@@ -52,6 +57,9 @@ pub fn compatible(own: &SandboxRunSpec) -> Result<(), Incompatible> {
     set.sort();
     if let Some(field) = set.iter().find(|k| !WARM_FIELDS.contains(&k.as_str())) {
         return Err(Incompatible::Field((*field).clone()));
+    }
+    if let Some(from) = own.workspace.as_ref().and_then(|w| w.from.as_ref()) {
+        return Err(Incompatible::Fork(from.run.clone()));
     }
     // A key of a Secret or ConfigMap is read at claim time and delivered (issue #54).
     let deliverable = |from: &crate::api::EnvVarSource| {
@@ -147,6 +155,19 @@ mod tests {
             "workspace": {"restore": "Latest"}
         }));
         assert_eq!(compatible(&own), Ok(()));
+    }
+
+    /// A fork starts cold: its pod must be created for its source (a pool pod is not, and the
+    /// restore refuses a fork's pod that names no source). Fails on the merged code before this
+    /// check: `Ok(())`, and every fork made from a pooled template failed its restore.
+    #[test]
+    fn a_fork_starts_cold_naming_its_source() {
+        let own = spec(serde_json::json!({
+            "templateRef": {"name": "agent"},
+            "command": ["sh"],
+            "workspace": {"restore": "Latest", "from": {"run": "agent-1"}}
+        }));
+        assert_eq!(compatible(&own), Err(Incompatible::Fork("agent-1".into())));
     }
 
     /// Issue #54: a key of a Secret or ConfigMap is read by the operator at claim time and

@@ -806,6 +806,114 @@ subjects:
     );
 }
 
+/// docs/contract.md "Pause, resume and fork": through the live webhook, as impersonated users. A
+/// fork reads its source run's files, so its author must hold `get` on that run: dave may create
+/// SandboxRuns but not read `a` and is refused, naming the right and the `kubectl auth can-i`
+/// line; erin may read `a` and is allowed. A fork of a run that does not exist is refused, and
+/// `workspace.from` cannot change after creation. On the old code the field does not exist.
+#[tokio::test]
+async fn a_fork_without_get_on_its_source_is_refused_at_admission() {
+    let live = LiveWebhook::start("live-fork").await;
+    let ns = live.ns.name.clone();
+    let rbac = format!(
+        "apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: create-runs, namespace: {ns}}}
+rules:
+- {{apiGroups: [sandbox.iterion.io], resources: [sandboxruns], verbs: [create]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: Role
+metadata: {{name: read-a, namespace: {ns}}}
+rules:
+- {{apiGroups: [sandbox.iterion.io], resources: [sandboxruns], resourceNames: [a], verbs: [get]}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: create-runs, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: create-runs}}
+subjects:
+- {{apiGroup: rbac.authorization.k8s.io, kind: User, name: dave}}
+- {{apiGroup: rbac.authorization.k8s.io, kind: User, name: erin}}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {{name: read-a, namespace: {ns}}}
+roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-a}}
+subjects:
+- {{apiGroup: rbac.authorization.k8s.io, kind: User, name: erin}}
+"
+    );
+    let (code, out, err) = kubectl_run(&["apply", "-f", "-"], Some(&rbac));
+    assert_eq!(code, 0, "{out}{err}");
+    let run = |name: &str, from: Option<&str>| {
+        let mut spec = json!({"image": DIGEST_IMAGE, "user": "1000", "command": ["true"]});
+        if let Some(from) = from {
+            spec["workspace"] = json!({"from": {"run": from}});
+        }
+        run_from(json!({
+            "apiVersion": "sandbox.iterion.io/v1alpha1",
+            "kind": "SandboxRun",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+    };
+    let runs = live.runs();
+    runs.create(&PostParams::default(), &run("a", None))
+        .await
+        .expect("create the source a");
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let dave: Api<SandboxRun> = Api::namespaced(client_as("dave").await, &ns);
+    let erin: Api<SandboxRun> = Api::namespaced(client_as("erin").await, &ns);
+    live.wait("erin to fork a", || {
+        let (erin, run, dry) = (erin.clone(), run("b", Some("a")), dry.clone());
+        async move { erin.create(&dry, &run).await.ok() }
+    })
+    .await;
+    let status = refused_422(dave.create(&dry, &run("b", Some("a"))).await, "dave");
+    for said in [
+        "- [access] spec.workspace.from.run",
+        &format!("dave may not get sandboxruns \"a\" in namespace {ns}"),
+        &format!("kubectl auth can-i get sandboxruns.sandbox.iterion.io/a -n {ns} --as dave"),
+    ] {
+        assert!(status.message.contains(said), "{said}: {}", status.message);
+    }
+    // A source that does not exist (erin may not read it: refused for the right first).
+    let status = refused_422(
+        runs.create(&dry, &run("c", Some("nobody"))).await,
+        "no source",
+    );
+    assert!(
+        status
+            .message
+            .contains("the source run nobody does not exist"),
+        "{}",
+        status.message
+    );
+    // Fixed at creation.
+    runs.create(&PostParams::default(), &run("b", Some("a")))
+        .await
+        .expect("create the fork b");
+    let moved = runs
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"workspace": {"from": {"run": "other"}}}})),
+        )
+        .await;
+    let status = refused_422(moved, "moved");
+    assert!(
+        status
+            .message
+            .contains("[update-immutable] spec.workspace.from"),
+        "{}",
+        status.message
+    );
+}
+
 /// Issue #38 item 1 (docs/contract.md "A run uses only its author's rights"): with the webhook
 /// out of the way a run naming a Secret got a pod made with the operator's rights. The controller
 /// (`--unadmitted-references hold`, the chart's default) gives such a run a pod only with the

@@ -76,3 +76,30 @@ async def _agent_loop(b: Bed) -> None:
 
 def test_an_agent_drives_a_sandbox_through_mcp_only(good: Bed) -> None:
     anyio.run(_agent_loop, good)
+
+
+async def _pause_and_resume(b: Bed) -> None:
+    params = server_parameters(_server_env(b), "--namespace", b.namespace, "--kubeconfig", b.env["KUBECONFIG"])
+    async with session(params) as s:
+        made = await call(
+            s, "create_sandbox", template=AGENT_TEMPLATE, command=["sleep", "3600"], keep_workspace=True, wait_seconds=180
+        )
+        name = made["name"]
+        await call(s, "write_file", name=name, path="/work/out/notes.txt", content="before the pause\n")
+        paused = await call(s, "pause_sandbox", name=name, wait_seconds=180)
+        assert (paused["phase"], paused["paused"]) == ("Pending", True), f"{paused}{b.diagnose()}"
+        resumed = await call(s, "resume_sandbox", name=name, wait_seconds=180)
+        assert resumed["phase"] == "Running", f"{resumed}{b.diagnose()}"
+        read = await call(s, "read_file", name=name, path="/work/out/notes.txt")
+        assert read["content"] == "before the pause\n", read
+        forked = await call(
+            s, "create_sandbox", template=AGENT_TEMPLATE, command=["sleep", "3600"], fork_from=name, wait_seconds=180
+        )
+        again = await call(s, "read_file", name=forked["name"], path="/work/out/notes.txt")
+        assert again["content"] == "before the pause\n", again
+        for n in (name, forked["name"]):
+            await call(s, "stop_sandbox", name=n, wait_seconds=180)
+
+
+def test_an_agent_pauses_resumes_and_forks_a_sandbox_through_mcp_only(good: Bed) -> None:
+    anyio.run(_pause_and_resume, good)

@@ -90,3 +90,12 @@ def test_the_user_guides_files_example_runs_on_the_bed(good: Bed, tmp_path: Path
         "['created', 'deleted'] ['draft.txt']",
         "['draft.txt'] Running",
     ], stdout
+
+
+_PAUSE = re.compile(r"<!-- agent-pause[^>]*-->\s*```python\n(.*?)```\s*<!-- /agent-pause -->", re.DOTALL)
+
+
+def test_the_user_guides_pause_resume_and_fork_example_runs_on_the_bed(good: Bed, tmp_path: Path) -> None:
+    (code,) = _PAUSE.findall((bed.REPO / "docs/user-guide.md").read_text())
+    stdout = _run_snippet(good, tmp_path, code)
+    assert stdout.splitlines() == ["b'step 1 done\\n'", "b'step 1 done\\n'"], stdout

@@ -30,10 +30,11 @@ pub(crate) enum Answer {
     /// The store the run uses now, for the delete of its stored files (`retention: Delete`), or
     /// why it cannot be used ([`NotPurged::StoreUnusable`]).
     PurgeStore(Result<Box<RunStore>, NotPurged>),
-    /// The current attempt's paths were restored from attempt `from` (files, bytes), or not (why).
+    /// The current attempt's paths were restored from the files `from` was bound to (files,
+    /// bytes), or not (why).
     Restored {
-        /// The attempt whose files.
-        from: u32,
+        /// Whose files: the run, its uid as read, the attempt.
+        from: super::fork::Bound,
         /// What, or why not.
         result: super::restore::RestoreResult,
     },
@@ -110,7 +111,7 @@ pub(crate) fn after(
         Answer::FilesPurged { result, location } => {
             return after_purge(result.clone(), location, rest, requeue, inputs)
         }
-        Answer::Restored { from, result } => super::restore::restored(run, *from, result),
+        Answer::Restored { from, result } => super::restore::restored(run, from, result),
         Answer::StartDelivered { record, result } => {
             super::restore::delivered(run, record, result, now)
         }

@@ -100,10 +100,11 @@ pub(crate) enum Effect {
     /// Merge-patch the status of the run's Kueue Workload (the patch carries the
     /// resourceVersion it was computed from).
     PatchWorkloadStatus(Box<serde_json::Value>),
-    /// Restore the current attempt's read-back paths from the files of this attempt
-    /// (docs/contract.md "Pause, resume and fork"), into the parked pod's holder; what was
-    /// restored, or why not, is the answer ([`super::restore::restored`]).
-    RestoreWorkspace(u32),
+    /// Restore the current attempt's read-back paths from these files (the run's own attempt,
+    /// or a fork's source, read and bound first) (docs/contract.md "Pause, resume and fork"),
+    /// into the parked pod's holder; what was restored, or why not, is the answer
+    /// ([`super::restore::restored`]).
+    RestoreWorkspace(Box<super::fork::Source>),
     /// Hand the parked pod's launcher the run's start, or — the record says the restore failed —
     /// a refusal; the answer is planned by [`super::restore::delivered`].
     DeliverStart(Box<crate::api::RestoreStatus>),

@@ -11,6 +11,7 @@
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
+use super::fork::{Bound, NotBound, Source};
 use super::model::{Effect, Plan, Requeue};
 use crate::api::{RestoreOutcome, RestoreStatus, SandboxRun, WorkspaceRestore};
 use crate::controller::conditions::set_condition;
@@ -24,10 +25,18 @@ pub(crate) const REASON_RESTORED: &str = "Restored";
 /// How soon a run whose start could not be handed over is looked at again.
 const DELIVER_AGAIN: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// The attempt whose drained files the run's current attempt starts with, when
-/// `spec.workspace.restore: Latest` asks for it: its newest ended attempt whose workload ran
-/// (not one whose own restore failed). None: the paths start empty (a first attempt).
-pub(crate) fn restore_source(run: &SandboxRun) -> Option<u32> {
+/// Where the run's current attempt's read-back paths are restored from: with
+/// `spec.workspace.restore: Latest` its own newest ended attempt whose workload ran (not one whose
+/// own restore failed); else, for a fork not yet past its source, that source
+/// ([`super::fork::fork_source`]). None: the paths start empty.
+pub(crate) fn restore_source(run: &SandboxRun) -> Option<Source> {
+    own_source(run)
+        .map(Source::Own)
+        .or_else(|| super::fork::fork_source(run).map(Source::Fork))
+}
+
+/// The run's own attempt its current one restores from (`restore: Latest`).
+fn own_source(run: &SandboxRun) -> Option<u32> {
     let asks = run
         .spec
         .workspace
@@ -52,19 +61,34 @@ pub(crate) fn restore_source(run: &SandboxRun) -> Option<u32> {
 }
 
 /// `pod` parked in the launcher when its attempt restores its paths ([`restore_source`]): its
-/// holder's read-back mounts writable, as every parked pod's (`crate::pool::park`).
+/// holder's read-back mounts writable, as every parked pod's (`crate::pool::park`). A fork's
+/// parked pod names the source run it was created for (its rights verified then, at the pod's
+/// creation): see [`restore_step`].
 pub(crate) fn parked_if_due(run: &SandboxRun, pod: Pod, settings: &crate::pod::PodSettings) -> Pod {
-    if restore_source(run).is_none() {
+    let Some(source) = restore_source(run) else {
         return pod;
+    };
+    let Some(mut parked) = crate::pool::park::park_in_launcher(pod.clone(), settings) else {
+        return pod;
+    };
+    if let Source::Fork(fork) = source {
+        parked
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(FORK_FROM_ANNOTATION.to_string(), fork.run);
     }
-    crate::pool::park::park_in_launcher(pod.clone(), settings).unwrap_or(pod)
+    parked
 }
+
+/// The annotation of a fork's parked pod that names the source run it was created for.
+pub(crate) const FORK_FROM_ANNOTATION: &str = "sandbox.iterion.io/fork-from";
 
 /// What the current attempt's restore needs next.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum RestoreStep {
-    /// Restore the paths from this attempt's files.
-    Restore(u32),
+    /// Restore the paths from these files.
+    Restore(Source),
     /// Hand the launcher the start (or the refusal) this record says.
     Deliver(Box<RestoreStatus>),
 }
@@ -82,10 +106,39 @@ pub(crate) fn restore_step(run: &SandboxRun, pod: &Pod) -> Option<RestoreStep> {
         .as_ref()
         .and_then(|s| s.restores.iter().find(|r| r.attempt == attempt));
     match record {
-        None => Some(RestoreStep::Restore(from)),
+        None => {
+            Some(not_the_pods_source(&from, pod, attempt).unwrap_or(RestoreStep::Restore(from)))
+        }
         Some(r) if !r.delivered => Some(RestoreStep::Deliver(Box::new(r.clone()))),
         Some(_) => None,
     }
+}
+
+/// A fork not bound yet whose `spec.workspace.from` no longer names the run its pod was created
+/// for (the spec changed after the rights were verified at the pod's creation, the webhook
+/// bypassed): its restore is refused, the other run never read.
+fn not_the_pods_source(from: &Source, pod: &Pod, attempt: u32) -> Option<RestoreStep> {
+    let Source::Fork(fork) = from else {
+        return None;
+    };
+    let annotations = pod.metadata.annotations.as_ref();
+    let created_for = annotations.and_then(|a| a.get(FORK_FROM_ANNOTATION));
+    if fork.uid.is_some() || created_for == Some(&fork.run) {
+        return None;
+    }
+    let message = format!(
+        "spec.workspace.from names run {} but the pod was created for {}: a fork's source is \
+         fixed at creation",
+        fork.run,
+        created_for.map_or("no source", String::as_str)
+    );
+    Some(RestoreStep::Deliver(Box::new(RestoreStatus {
+        attempt,
+        from_run: Some(fork.run.clone()),
+        outcome: RestoreOutcome::Failed,
+        message: Some(message),
+        ..RestoreStatus::default()
+    })))
 }
 
 /// Whether `pod`'s workload is the launcher and runs, and its holder (which the restore execs
@@ -108,7 +161,7 @@ fn parked_and_running(pod: &Pod) -> bool {
 /// The plan of a step.
 pub(crate) fn plan_of(step: RestoreStep) -> Plan {
     let effect = match step {
-        RestoreStep::Restore(from) => Effect::RestoreWorkspace(from),
+        RestoreStep::Restore(from) => Effect::RestoreWorkspace(Box::new(from)),
         RestoreStep::Deliver(record) => Effect::DeliverStart(record),
     };
     Plan {
@@ -122,6 +175,12 @@ pub(crate) fn plan_of(step: RestoreStep) -> Plan {
 #[error("{0}")]
 pub(crate) struct NotRestored(pub String);
 
+impl From<NotBound> for NotRestored {
+    fn from(e: NotBound) -> NotRestored {
+        NotRestored(e.to_string())
+    }
+}
+
 /// Why the launcher was not handed its start or refusal.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[error("{0}")]
@@ -130,26 +189,28 @@ pub(crate) struct NotHanded(pub String);
 /// What the restore from attempt `from` carried (files, bytes), or why it failed.
 pub(crate) type RestoreResult = Result<(u64, u64), NotRestored>;
 
-/// After the restore of the current attempt's paths from attempt `from`: the launcher is handed
-/// the start, or — it failed — a refusal.
-pub(crate) fn restored(run: &SandboxRun, from: u32, result: &RestoreResult) -> Plan {
+/// After the restore of the current attempt's paths from the files `from` was bound to: the
+/// launcher is handed the start, or — it failed — a refusal.
+pub(crate) fn restored(run: &SandboxRun, from: &Bound, result: &RestoreResult) -> Plan {
     let attempt = crate::pod::current_attempt(run);
+    let source = RestoreStatus {
+        attempt,
+        from_attempt: from.attempt,
+        from_run: from.run.clone(),
+        from_uid: from.uid.clone(),
+        ..RestoreStatus::default()
+    };
     let record = match result {
         Ok((files, bytes)) => RestoreStatus {
-            attempt,
-            from_attempt: from,
             outcome: RestoreOutcome::Restored,
             files: *files,
             bytes: *bytes,
-            delivered: false,
-            message: None,
+            ..source
         },
         Err(why) => RestoreStatus {
-            attempt,
-            from_attempt: from,
             outcome: RestoreOutcome::Failed,
             message: Some(why.to_string()),
-            ..RestoreStatus::default()
+            ..source
         },
     };
     plan_of(RestoreStep::Deliver(Box::new(record)))
@@ -172,17 +233,20 @@ pub(crate) fn delivered(
     let (event, ok, reason, message) = match (&record.outcome, &record.message) {
         (RestoreOutcome::Restored, _) => {
             let note = format!(
-                "attempt {}: {} file(s), {} byte(s) restored from attempt {}'s files; the workload starts",
-                record.attempt, record.files, record.bytes, record.from_attempt
+                "attempt {}: {} file(s), {} byte(s) restored from {}; the workload starts",
+                record.attempt,
+                record.files,
+                record.bytes,
+                whose(&record)
             );
             let event = PlannedEvent::normal(events::WORKSPACE_RESTORED, note.clone(), "Restore");
             (event, true, REASON_RESTORED, note)
         }
         (RestoreOutcome::Failed, why) => {
             let note = format!(
-                "attempt {}: restoring attempt {}'s files failed, so the workload is not started: {}",
+                "attempt {}: restoring {} failed, so the workload is not started: {}",
                 record.attempt,
-                record.from_attempt,
+                whose(&record),
                 why.as_deref().unwrap_or("")
             );
             let event = PlannedEvent::warning(events::RESTORE_FAILED, note.clone(), "Restore");
@@ -211,6 +275,16 @@ pub(crate) fn delivered(
     }
 }
 
+/// The files a record restored from, in words: `attempt 2's files`, `run a's attempt 2's files`
+/// (a fork), `run a's files` (a fork whose source could not be read).
+fn whose(record: &RestoreStatus) -> String {
+    match (&record.from_run, record.from_attempt) {
+        (None, attempt) => format!("attempt {attempt}'s files"),
+        (Some(run), 0) => format!("run {run}'s files"),
+        (Some(run), attempt) => format!("run {run}'s attempt {attempt}'s files"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::{
@@ -225,7 +299,10 @@ mod tests {
             "job",
             SandboxRunSpec {
                 command: Some(vec!["sh".into()]),
-                workspace: Some(Workspace { restore }),
+                workspace: Some(Workspace {
+                    restore,
+                    ..Workspace::default()
+                }),
                 ..SandboxRunSpec::default()
             },
         );
@@ -277,7 +354,10 @@ mod tests {
     fn a_resumed_attempt_restores_from_the_newest_attempt_whose_workload_ran() {
         assert_eq!(restore_source(&run(WorkspaceRestore::Latest, 0)), None);
         assert_eq!(restore_source(&run(WorkspaceRestore::Never, 2)), None);
-        assert_eq!(restore_source(&run(WorkspaceRestore::Latest, 2)), Some(2));
+        assert_eq!(
+            restore_source(&run(WorkspaceRestore::Latest, 2)),
+            Some(Source::Own(2))
+        );
         // Attempt 2's own restore failed: its paths never held a workload's files.
         let mut r = run(WorkspaceRestore::Latest, 2);
         let failed = RestoreStatus {
@@ -287,7 +367,7 @@ mod tests {
             ..RestoreStatus::default()
         };
         r.status.as_mut().unwrap().restores.push(failed);
-        assert_eq!(restore_source(&r), Some(1));
+        assert_eq!(restore_source(&r), Some(Source::Own(1)));
     }
 
     #[test]
@@ -347,9 +427,9 @@ mod tests {
         assert_eq!(restore_step(&r, &parked_pod(false)), None);
         assert_eq!(
             restore_step(&r, &parked_pod(true)),
-            Some(RestoreStep::Restore(1))
+            Some(RestoreStep::Restore(Source::Own(1)))
         );
-        let plan = restored(&r, 1, &Ok((3, 30)));
+        let plan = restored(&r, &Bound::own(1), &Ok((3, 30)));
         let Effect::DeliverStart(record) = &plan.effects[0] else {
             panic!("{plan:?}")
         };
@@ -371,10 +451,50 @@ mod tests {
         );
     }
 
+    /// docs/contract.md "Pause, resume and fork": the webhook bypassed, `workspace.from` changed
+    /// after the fork's pod was created (its rights verified for the first source) is refused,
+    /// never read.
+    #[test]
+    fn a_forks_source_changed_after_its_pod_was_created_is_refused_never_read() {
+        let mut r = run(WorkspaceRestore::Never, 0);
+        r.status = None;
+        r.spec.workspace = Some(Workspace {
+            from: Some(crate::api::WorkspaceFrom {
+                run: "a".into(),
+                attempt: None,
+            }),
+            ..Workspace::default()
+        });
+        let settings = crate::pod::PodSettings::default();
+        let built = parked_if_due(&r, parked_pod(true), &settings);
+        let mut pod = parked_pod(true);
+        pod.metadata.annotations = built.metadata.annotations.clone();
+        assert!(matches!(
+            restore_step(&r, &pod),
+            Some(RestoreStep::Restore(Source::Fork(_)))
+        ));
+        r.spec
+            .workspace
+            .as_mut()
+            .unwrap()
+            .from
+            .as_mut()
+            .unwrap()
+            .run = "c".into();
+        let Some(RestoreStep::Deliver(record)) = restore_step(&r, &pod) else {
+            panic!("refused")
+        };
+        assert_eq!(
+            (record.outcome, record.from_run.as_deref()),
+            (RestoreOutcome::Failed, Some("c"))
+        );
+        assert!(record.message.unwrap().contains("fixed at creation"));
+    }
+
     #[test]
     fn a_failed_restore_hands_a_refusal_with_a_warning_and_a_false_condition() {
         let r = run(WorkspaceRestore::Latest, 1);
-        let plan = restored(&r, 1, &Err(NotRestored("sha mismatch".into())));
+        let plan = restored(&r, &Bound::own(1), &Err(NotRestored("sha mismatch".into())));
         let Effect::DeliverStart(record) = &plan.effects[0] else {
             panic!("{plan:?}")
         };

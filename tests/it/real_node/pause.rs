@@ -4,7 +4,7 @@
 //! by `restore-unpack` in the holder (as the run's user), and only then does its workload start;
 //! a restore that fails never starts it.
 
-use sandboxrun_operator::api::{RestoreOutcome, Workspace, WorkspaceRestore};
+use sandboxrun_operator::api::{RestoreOutcome, Workspace, WorkspaceFrom, WorkspaceRestore};
 
 use super::*;
 
@@ -23,6 +23,7 @@ fn pausing_spec() -> SandboxRunSpec {
     let mut spec = real_spec(Some(SCRIPT), &["/work/out"]);
     spec.workspace = Some(Workspace {
         restore: WorkspaceRestore::Latest,
+        ..Workspace::default()
     });
     spec
 }
@@ -214,6 +215,7 @@ async fn a_resumed_sandbox_is_served_warm_by_a_pool_pod_with_its_files_restored(
         command: Some(vec!["sh".into(), "-c".into(), SCRIPT.into()]),
         workspace: Some(Workspace {
             restore: WorkspaceRestore::Latest,
+            ..Workspace::default()
         }),
         ..Default::default()
     };
@@ -271,5 +273,119 @@ async fn a_resumed_sandbox_is_served_warm_by_a_pool_pod_with_its_files_restored(
     assert_eq!(
         std::fs::read_to_string(dir.join("seen.txt")).expect("seen.txt"),
         "hello 1000 300000\n"
+    );
+}
+
+/// A fork's script: a run without `a.txt` writes the files and ends; one that finds them (a
+/// fork) records what it finds. Either writes `ran.txt`.
+const FORK_SCRIPT: &str = r#"D="$ITERION_ARTIFACT_FILES_DIR"
+echo ran > "$D/ran.txt"
+if [ -f "$D/a.txt" ]; then
+  echo "$(cat "$D/a.txt") $(stat -c %u "$D/a.txt") $(stat -c %s "$D/sub/deep/big")" > "$D/seen.txt"
+else
+  echo hello > "$D/a.txt"; mkdir -p "$D/sub/deep"; head -c 300000 /dev/urandom > "$D/sub/deep/big"
+fi"#;
+
+fn fork_spec(from: Option<&str>) -> SandboxRunSpec {
+    let mut spec = real_spec(Some(FORK_SCRIPT), &["/work/out"]);
+    spec.workspace = from.map(|run| Workspace {
+        from: Some(WorkspaceFrom {
+            run: run.into(),
+            attempt: None,
+        }),
+        ..Workspace::default()
+    });
+    spec
+}
+
+/// Runs `name` (no fork) to its end: Succeeded, its files drained.
+async fn source_done(bed: &RealBed, name: &str) -> SandboxRun {
+    create(&bed.runs, name, fork_spec(None)).await;
+    let done = wait_run(&bed.runs, name, "a final phase", &bed.op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    done
+}
+
+/// docs/contract.md "Pause, resume and fork": run `a` writes files and succeeds; run `b` with
+/// `workspace.from: {run: a}` starts with them (the same content, owned by the run's uid, the
+/// nested file whole) and records the source's name, uid and attempt. On the old code the field
+/// does not exist and a first attempt starts empty.
+#[tokio::test]
+async fn a_fork_starts_with_its_sources_files() {
+    let bed = RealBed::new("real-fork").await;
+    let a = source_done(&bed, "a").await;
+    create(&bed.runs, "b", fork_spec(Some("a"))).await;
+    let done = wait_run(&bed.runs, "b", "a final phase", &bed.op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let restore = status.restores.first().expect("status.restores");
+    assert_eq!(
+        (
+            restore.attempt,
+            restore.from_run.as_deref(),
+            restore.from_uid.clone(),
+            restore.from_attempt,
+            restore.outcome,
+            restore.files
+        ),
+        (
+            1,
+            Some("a"),
+            a.metadata.uid.clone(),
+            1,
+            RestoreOutcome::Restored,
+            3
+        ),
+        "{restore:?}"
+    );
+    let dir = files_get_attempt(&bed.ns.name, "b", &bed.store_url, 1);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("seen.txt")).expect("seen.txt"),
+        "hello 1000 300000\n"
+    );
+}
+
+/// Run `a` succeeds, is deleted (its files kept: retention Retain) and re-created under its name,
+/// suspended (nothing saved yet). A fork of `a` made now is bound to the new `a`: its restore
+/// fails (`RestoreFailed`, `WorkspaceRestored=False`), its workload never runs (exit 127, no
+/// `ran.txt`), and the old `a`'s files are never restored. On the old code the field does not exist.
+#[tokio::test]
+async fn a_fork_of_a_re_created_source_fails_its_restore_and_never_runs() {
+    let bed = RealBed::new("real-fork-again").await;
+    let old = source_done(&bed, "a").await;
+    bed.runs
+        .delete("a", &Default::default())
+        .await
+        .expect("delete a");
+    wait_gone(&bed.runs, "a", &bed.op, Duration::from_secs(120)).await;
+    let mut again = fork_spec(None);
+    again.suspend = true;
+    let new = create(&bed.runs, "a", again).await;
+    assert_ne!(new.metadata.uid, old.metadata.uid);
+    create(&bed.runs, "b2", fork_spec(Some("a"))).await;
+    let done = wait_run(&bed.runs, "b2", "a final phase", &bed.op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Failed), "{status:?}");
+    assert_eq!(status.exit_code, Some(127), "{status:?}");
+    let restore = status.restores.first().expect("status.restores");
+    assert_eq!(restore.outcome, RestoreOutcome::Failed, "{restore:?}");
+    assert_eq!(restore.from_run.as_deref(), Some("a"), "{restore:?}");
+    assert_ne!(restore.from_uid, old.metadata.uid, "{restore:?}");
+    let condition = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "WorkspaceRestored")
+        .expect("WorkspaceRestored condition");
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "RestoreFailed"),
+        "{condition:?}"
+    );
+    let dir = files_get_attempt(&bed.ns.name, "b2", &bed.store_url, 1);
+    assert!(!dir.join("ran.txt").exists(), "the workload never ran");
+    assert!(
+        !dir.join("a.txt").exists(),
+        "the old a's files were never restored"
     );
 }

@@ -74,6 +74,14 @@ class AsyncSandbox:
     async def wait_running(self, timeout: float = 300.0) -> RunStatus:
         return await asyncio.to_thread(self.sync.wait_running, timeout)
 
+    async def pause(self, wait: bool = True, timeout: float = 600.0) -> RunStatus:
+        """As :meth:`Sandbox.pause`."""
+        return await asyncio.to_thread(self.sync.pause, wait, timeout)
+
+    async def resume(self, wait: bool = True, timeout: float = 300.0) -> RunStatus:
+        """As :meth:`Sandbox.resume`."""
+        return await asyncio.to_thread(self.sync.resume, wait, timeout)
+
     async def run(
         self,
         cmd: str | Sequence[str],

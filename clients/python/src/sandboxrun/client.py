@@ -57,6 +57,67 @@ def _checkpoint(obj: Mapping[str, Any], token: str) -> Mapping[str, Any] | None:
     return next((c for c in entries if c.get("token") == token), None)
 
 
+def _current_attempt(status: Mapping[str, Any]) -> int:
+    return len(status.get("attempts") or []) + 1
+
+
+def _restores_now(obj: Mapping[str, Any]) -> bool:
+    """Whether the run's current attempt starts with its read-back paths restored, as the operator
+    decides it (docs/user-guide.md "Pause, resume and fork"): ``restore: Latest`` and an earlier
+    attempt whose own restore did not fail, or a fork none of whose attempts was restored yet."""
+    workspace = (obj.get("spec") or {}).get("workspace") or {}
+    status = obj.get("status") or {}
+    current = _current_attempt(status)
+    restores = status.get("restores") or []
+    failed = {r.get("attempt") for r in restores if r.get("outcome") == "Failed"}
+    ended = [a.get("index") for a in status.get("attempts") or [] if (a.get("index") or 0) < current]
+    if workspace.get("restore") == "Latest" and any(i not in failed for i in ended):
+        return True
+    restored = any(r.get("outcome") == "Restored" and (r.get("attempt") or 0) < current for r in restores)
+    return bool(workspace.get("from")) and not restored
+
+
+def _restore_record(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The current attempt's restore record once it was handed to the pod (``delivered``)."""
+    status = obj.get("status") or {}
+    current = _current_attempt(status)
+    records = status.get("restores") or []
+    return next((r for r in records if r.get("attempt") == current and r.get("delivered")), None)
+
+
+def _started(obj: Mapping[str, Any]) -> bool:
+    """The run ended, or its pod runs and — when its attempt restores its paths — the restore was
+    handed over (the workload started on them, or was refused)."""
+    status = RunStatus.from_dict(obj.get("status"))
+    if status.final:
+        return True
+    if status.phase != "Running" or not status.pod_name:
+        return False
+    return not _restores_now(obj) or _restore_record(obj) is not None
+
+
+def _paused(obj: Mapping[str, Any]) -> bool:
+    status = RunStatus.from_dict(obj.get("status"))
+    ready = status.condition("Ready")
+    # The operator writes Pending, Ready=False Suspended once the attempt's pod is gone (drained).
+    return status.final or (status.phase == "Pending" and ready is not None and ready.reason == "Suspended")
+
+
+def _workspace(restore: str | None, fork_from: str | tuple[str, int] | None) -> dict[str, Any] | None:
+    """``spec.workspace`` for :meth:`Sandboxes.create`."""
+    workspace: dict[str, Any] = {}
+    if restore is not None:
+        if restore not in ("Never", "Latest"):
+            raise ValueError(f"workspace_restore must be 'Never' or 'Latest', not {restore!r}")
+        workspace["restore"] = restore
+    if isinstance(fork_from, str):
+        workspace["from"] = {"run": fork_from}
+    elif fork_from is not None:
+        run, attempt = fork_from
+        workspace["from"] = {"run": run, "attempt": int(attempt)}
+    return workspace or None
+
+
 def _last_seen(obj: Mapping[str, Any]) -> str:
     status = RunStatus.from_dict(obj.get("status"))
     ready = status.condition("Ready")
@@ -103,11 +164,48 @@ class Sandbox:
         return RunStatus.from_dict(obj.get("status"))
 
     def wait_running(self, timeout: float = 300.0) -> RunStatus:
-        """Waits until the pod runs. Raises :class:`RunFailed` if the run ends first."""
-        status = self._wait("to run", timeout, lambda s: s.final or (s.phase == "Running" and bool(s.pod_name)))
+        """Waits until the pod runs — and, when its attempt starts with its files restored (a
+        resume, a fork), until they were restored and the workload started on them. Raises
+        :class:`RunFailed` if the run ends first, :class:`SandboxError` if the restore failed
+        (the workload was never started)."""
+        obj = self._sandboxes._watch_until(self.name, "to run", timeout, _started)
+        status = RunStatus.from_dict(obj.get("status"))
+        record = _restore_record(obj) if _restores_now(obj) else None
+        if record is not None and record.get("outcome") == "Failed":
+            raise SandboxError(f"{self.namespace}/{self.name}: restoring its files failed: {record.get('message')}")
         if status.final:
             raise RunFailed(self.name, status.phase, status.failure_reason(), status.message)
         return status
+
+    # --- pause and resume ----------------------------------------------------------------------
+
+    def _suspend(self, on: bool) -> None:
+        body = {"spec": {"suspend": on}}
+        self._sandboxes._custom.patch_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, self.name, body)
+
+    def pause(self, wait: bool = True, timeout: float = 600.0) -> RunStatus:
+        """Pauses the sandbox (``spec.suspend: true``): its read-back paths are drained, its pod
+        deleted and its quota freed. With ``wait``, returns once that attempt is drained and the
+        run is ``Suspended``; raises :class:`RunFailed` if it ended instead. Its files come back on
+        :meth:`resume` when it was created with ``workspace_restore="Latest"``
+        (docs/user-guide.md "Pause, resume and fork")."""
+        self._suspend(True)
+        if not wait:
+            return self.status()
+        obj = self._sandboxes._watch_until(self.name, "to pause", timeout, _paused)
+        status = RunStatus.from_dict(obj.get("status"))
+        if status.final:
+            raise RunFailed(self.name, status.phase, status.failure_reason(), status.message)
+        return status
+
+    def resume(self, wait: bool = True, timeout: float = 300.0) -> RunStatus:
+        """Resumes a paused sandbox (``spec.suspend: false``): a new pod, its read-back paths
+        restored first when the run asks for it. With ``wait``, as :meth:`wait_running`: returns
+        once the workload runs on the restored files."""
+        self._suspend(False)
+        if not wait:
+            return self.status()
+        return self.wait_running(timeout)
 
     # --- inside the sandbox ------------------------------------------------------------------
 
@@ -325,10 +423,18 @@ class Sandboxes:
         command: Sequence[str] | None = None,
         env: Mapping[str, str] | None = None,
         labels: Mapping[str, str] | None = None,
+        workspace_restore: str | None = None,
+        fork_from: str | tuple[str, int] | None = None,
     ) -> Sandbox:
         """Creates a run: from ``template`` (``spec.templateRef``; set only the fields it leaves
         open) and/or a ``spec``. Without a ``command`` the run is a long-lived sandbox driven by
-        :meth:`Sandbox.run` until :meth:`Sandbox.stop`."""
+        :meth:`Sandbox.run` until :meth:`Sandbox.stop`.
+
+        ``workspace_restore="Latest"`` (``spec.workspace.restore``): each later attempt — after
+        :meth:`Sandbox.pause` and :meth:`Sandbox.resume`, or a retry — starts with the files the
+        one before left. ``fork_from="run"`` or ``("run", attempt)`` (``spec.workspace.from``):
+        the run starts with that run's saved files (same namespace and store; you need ``get`` on
+        it). Both need a ``command`` (the operator starts it once the files are in place)."""
         body_spec: dict[str, Any] = dict(spec or {})
         if template:
             body_spec["templateRef"] = {"name": template, "kind": template_kind}
@@ -336,6 +442,9 @@ class Sandboxes:
             body_spec["command"] = list(command)
         if env:
             body_spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
+        workspace = _workspace(workspace_restore, fork_from)
+        if workspace:
+            body_spec["workspace"] = workspace
         metadata: dict[str, Any] = {"name": name} if name else {"generateName": generate_name}
         if labels:
             metadata["labels"] = dict(labels)

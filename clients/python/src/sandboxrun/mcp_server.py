@@ -7,10 +7,7 @@ as it is, never spliced into a shell here.
 
 Every byte a tool returns is bounded (:data:`MAX_RETURNED_BYTES`), and so is what the server
 holds to return it: a command's output and a file are read with the bound (the workload chooses
-their size), a stored file is hashed as it streams and only its first bytes kept.
-
-Not offered, because the client has no such call yet (docs/user-guide.md, "MCP server"): pause
-and resume (issue #54 item 1)."""
+their size), a stored file is hashed as it streams and only its first bytes kept."""
 
 from __future__ import annotations
 
@@ -82,8 +79,9 @@ def build_server(sandboxes: ServerFactory) -> MCPServer[Any]:
     server starts, and lists its tools, without a cluster)."""
     server: MCPServer[Any] = MCPServer(
         "sandboxrun",
-        instructions="Create SandboxRuns from templates, run commands in them, read and write their files, "
-        "checkpoint and stop them, and read back the files they stored.",
+        instructions="Create SandboxRuns from templates (or fork them from another's files), run commands in "
+        "them, read and write their files, checkpoint, pause, resume and stop them, and read back the files "
+        "they stored.",
     )
     held: list[Sandboxes] = []
 
@@ -107,13 +105,45 @@ def _lifecycle_tools(server: MCPServer[Any], client: ServerFactory) -> None:
         env: dict[str, str] | None = None,
         labels: dict[str, str] | None = None,
         wait_seconds: float = 300.0,
+        keep_workspace: bool = False,
+        fork_from: str | None = None,
+        fork_attempt: int | None = None,
     ) -> dict[str, Any]:
         """Creates a sandbox (a SandboxRun) from the SandboxRunTemplate `template`, setting only the
         fields the template leaves open (`command`, `env`), and waits until it runs. Without a
-        command it is a long-lived sandbox driven by `run_command` until `stop_sandbox`."""
-        created = client().create(template=template, name=name, command=command, env=env, labels=labels)
+        command it is a long-lived sandbox driven by `run_command` until `stop_sandbox`.
+        `keep_workspace`: `resume_sandbox` gives it back the files it was paused with.
+        `fork_from`: it starts with the saved files of that sandbox (its latest, or attempt
+        `fork_attempt`). Both need a `command` (e.g. ["sleep", "86400"])."""
+        fork = fork_from if fork_attempt is None or fork_from is None else (fork_from, fork_attempt)
+        restore = "Latest" if keep_workspace else None
+        created = client().create(
+            template=template,
+            name=name,
+            command=command,
+            env=env,
+            labels=labels,
+            workspace_restore=restore,
+            fork_from=fork,
+        )
         created.wait_running(timeout=wait_seconds)
         return _sandbox(client().get(created.name))
+
+    @server.tool()
+    def pause_sandbox(name: str, wait_seconds: float = 600.0) -> dict[str, Any]:
+        """Pauses the sandbox: its read-back paths are saved to the store, its pod deleted (its
+        quota freed). Waits until it is paused (`wait_seconds` 0: returns at once)."""
+        status = client().get(name).pause(wait=wait_seconds > 0, timeout=wait_seconds)
+        return {"name": name, "phase": status.phase, "paused": wait_seconds > 0}
+
+    @server.tool()
+    def resume_sandbox(name: str, wait_seconds: float = 300.0) -> dict[str, Any]:
+        """Resumes a paused sandbox on a new pod; made with `keep_workspace`, its read-back paths
+        hold the files it was paused with before anything runs. Waits until it runs
+        (`wait_seconds` 0: returns at once); a restore that failed is an error."""
+        sandbox = client().get(name)
+        sandbox.resume(wait=wait_seconds > 0, timeout=wait_seconds)
+        return _sandbox(client().get(name))
 
     @server.tool()
     def list_sandboxes(
@@ -126,7 +156,8 @@ def _lifecycle_tools(server: MCPServer[Any], client: ServerFactory) -> None:
     @server.tool()
     def checkpoint(name: str, token: str | None = None, wait_seconds: float = 600.0) -> dict[str, Any]:
         """Saves the running sandbox's read-back paths to the store now, without stopping it, and
-        lists the files saved. Pause and resume do not exist yet: a checkpoint is not restored."""
+        lists the files saved (a checkpoint is read back, not restored: `pause_sandbox` and
+        `resume_sandbox` keep the files)."""
         saved = client().get(name).checkpoint(token, timeout=wait_seconds)
         return {"phase": saved.status.phase, "files": [_file(f) for f in saved.files()]}
 

@@ -1,0 +1,354 @@
+//! Fork (docs/contract.md "Pause, resume and fork"): a run whose `spec.workspace.from` names
+//! another run of its namespace starts with that run's saved files. Which run, which uid and which
+//! attempt the fork is bound to ([`fork_source`], [`bind`]). Pure: the act stage reads the source
+//! run once, when its first restore is carried out, and [`bind`] judges what it read.
+//!
+//! The source is bound by its uid: the first restore from it records its name, uid and attempt in
+//! `status.restores[]`, and every later restore from it takes them from there (never from the
+//! spec again, never another uid: a source deleted or re-created under its name is never read).
+
+use crate::api::{Phase, RestoreOutcome, SandboxRun};
+use crate::store::RunRef;
+
+/// Where the current attempt's files come from (`super::restore::restore_source`).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Source {
+    /// The run's own attempt.
+    Own(u32),
+    /// Another run's files (a fork, `spec.workspace.from`): read, bound and chosen when the
+    /// restore is carried out ([`bind`]).
+    Fork(ForkSource),
+}
+
+/// The run a fork's attempt restores from, as far as the fork knows before reading it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct ForkSource {
+    /// Its name, in the fork's namespace.
+    pub run: String,
+    /// The attempt asked or recorded; None: the source's newest whose workload ran.
+    pub attempt: Option<u32>,
+    /// The uid recorded by the first restore from it; None: never read yet.
+    pub uid: Option<String>,
+}
+
+/// What a restore was bound to once its source was known.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Bound {
+    /// The source run's name; None: the run's own files.
+    pub run: Option<String>,
+    /// The source run's uid as read; None: the run's own, or never read.
+    pub uid: Option<String>,
+    /// The attempt whose files (0: none could be chosen).
+    pub attempt: u32,
+}
+
+impl Bound {
+    /// The run's own attempt `attempt`.
+    pub(crate) fn own(attempt: u32) -> Bound {
+        Bound {
+            attempt,
+            ..Bound::default()
+        }
+    }
+}
+
+/// Where `run`'s current attempt restores from when it is a fork not yet past its source: it sets
+/// `spec.workspace.from` and none of its earlier attempts was restored (its workload never ran on
+/// other files). The identity the first restore recorded wins over the spec.
+pub(crate) fn fork_source(run: &SandboxRun) -> Option<ForkSource> {
+    let asked = run.spec.workspace.as_ref()?.from.as_ref()?;
+    let current = crate::pod::current_attempt(run);
+    let restores = run.status.as_ref().map(|s| s.restores.as_slice());
+    let restores = restores.unwrap_or_default();
+    let past_source = restores
+        .iter()
+        .any(|r| r.attempt < current && r.outcome == RestoreOutcome::Restored);
+    if past_source {
+        return None;
+    }
+    let recorded = restores
+        .iter()
+        .find_map(|r| Some((r.from_run.clone()?, r.from_uid.clone()?, r.from_attempt)));
+    Some(match recorded {
+        Some((run, uid, attempt)) => ForkSource {
+            run,
+            attempt: Some(attempt),
+            uid: Some(uid),
+        },
+        None => ForkSource {
+            run: asked.run.clone(),
+            attempt: asked.attempt,
+            uid: None,
+        },
+    })
+}
+
+/// Why a fork's source cannot be restored from.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub(crate) enum NotBound {
+    #[error("the source run {0} does not exist in this namespace")]
+    Missing(String),
+    #[error(
+        "the source run {run} is not the one this fork was bound to (uid {found}, recorded \
+         {recorded}): it was deleted and re-created, and its files are never read"
+    )]
+    Recreated {
+        run: String,
+        found: String,
+        recorded: String,
+    },
+    #[error(
+        "the source run {run} stores its files in {source_store}, this run in {fork_store}: a fork \
+         restores only from its own store"
+    )]
+    OtherStore {
+        run: String,
+        source_store: String,
+        fork_store: String,
+    },
+    #[error("the source run {run} has no saved attempt {attempt} whose workload ran")]
+    NoSuchAttempt { run: String, attempt: u32 },
+    #[error("the source run {0} has no saved files yet (no ended attempt whose workload ran)")]
+    NothingSaved(String),
+}
+
+/// `fork`'s restore bound to `source` (as read now; None: not found) for `asked`: the run whose
+/// manifests are read (its namespace, name and uid) and the attempt, or why not.
+pub(crate) fn bind(
+    fork: &SandboxRun,
+    source: Option<&SandboxRun>,
+    asked: &ForkSource,
+) -> Result<(RunRef, u32), NotBound> {
+    let source = source.ok_or_else(|| NotBound::Missing(asked.run.clone()))?;
+    let found = source.metadata.uid.clone().unwrap_or_default();
+    if let Some(recorded) = asked.uid.as_ref().filter(|r| **r != found) {
+        return Err(NotBound::Recreated {
+            run: asked.run.clone(),
+            found,
+            recorded: recorded.clone(),
+        });
+    }
+    let store_of = |spec: &crate::api::SandboxRunSpec| {
+        spec.store_ref()
+            .map_or("the default store".to_string(), |s| format!("store {s}"))
+    };
+    // The source's store as it was made (its template's merge, when it has one).
+    let made = crate::template::recorded(source);
+    let source_spec = made.as_ref().map_or(&source.spec, |m| &m.spec);
+    let (source_store, fork_store) = (store_of(source_spec), store_of(&fork.spec));
+    if source_store != fork_store {
+        return Err(NotBound::OtherStore {
+            run: asked.run.clone(),
+            source_store,
+            fork_store,
+        });
+    }
+    let attempt = match asked.attempt {
+        Some(attempt) if saved_attempts(source).contains(&attempt) => attempt,
+        Some(attempt) => {
+            return Err(NotBound::NoSuchAttempt {
+                run: asked.run.clone(),
+                attempt,
+            })
+        }
+        None => saved_attempts(source)
+            .last()
+            .copied()
+            .ok_or_else(|| NotBound::NothingSaved(asked.run.clone()))?,
+    };
+    let me = RunRef {
+        namespace: fork.metadata.namespace.clone().unwrap_or_default(),
+        name: asked.run.clone(),
+        uid: found,
+    };
+    Ok((me, attempt))
+}
+
+/// `source`'s attempts whose workload ran and whose files were saved, oldest first: its ended
+/// attempts, and its current one once it finished; never one whose own restore failed.
+fn saved_attempts(source: &SandboxRun) -> Vec<u32> {
+    let Some(status) = source.status.as_ref() else {
+        return Vec::new();
+    };
+    let finished = matches!(
+        status.phase,
+        Some(Phase::Succeeded | Phase::Failed | Phase::Stopped)
+    );
+    let current = crate::pod::current_attempt(source);
+    let ended = status.attempts.iter().map(|a| a.index);
+    let failed = |attempt: u32| {
+        status
+            .restores
+            .iter()
+            .any(|r| r.attempt == attempt && r.outcome == RestoreOutcome::Failed)
+    };
+    ended
+        .filter(|&a| a < current)
+        .chain(finished.then_some(current))
+        .filter(|&a| !failed(a))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{
+        AttemptStatus, ReadBack, RestoreStatus, SandboxRunSpec, SandboxRunStatus, Workspace,
+        WorkspaceFrom,
+    };
+
+    fn source(uid: &str, ended: u32, phase: Phase) -> SandboxRun {
+        let mut run = SandboxRun::new("a", SandboxRunSpec::default());
+        run.metadata.namespace = Some("ns".into());
+        run.metadata.uid = Some(uid.into());
+        run.status = Some(SandboxRunStatus {
+            phase: Some(phase),
+            attempts: (1..=ended)
+                .map(|index| AttemptStatus {
+                    index,
+                    ..AttemptStatus::default()
+                })
+                .collect(),
+            ..SandboxRunStatus::default()
+        });
+        run
+    }
+
+    fn fork(attempt: Option<u32>) -> SandboxRun {
+        let mut run = SandboxRun::new(
+            "b",
+            SandboxRunSpec {
+                workspace: Some(Workspace {
+                    from: Some(WorkspaceFrom {
+                        run: "a".into(),
+                        attempt,
+                    }),
+                    ..Workspace::default()
+                }),
+                ..SandboxRunSpec::default()
+            },
+        );
+        run.metadata.namespace = Some("ns".into());
+        run
+    }
+
+    fn asked(attempt: Option<u32>, uid: Option<&str>) -> ForkSource {
+        ForkSource {
+            run: "a".into(),
+            attempt,
+            uid: uid.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn a_fork_restores_from_the_sources_newest_saved_attempt_or_the_one_it_names() {
+        let b = fork(None);
+        // Finished after two ended attempts: its third (current) attempt is its newest saved.
+        let done = source("u1", 2, Phase::Succeeded);
+        let (whose, attempt) = bind(&b, Some(&done), &asked(None, None)).unwrap();
+        assert_eq!(
+            (
+                whose.namespace.as_str(),
+                whose.name.as_str(),
+                whose.uid.as_str(),
+                attempt
+            ),
+            ("ns", "a", "u1", 3)
+        );
+        // Paused (not finished): its newest ended attempt.
+        let paused = source("u1", 2, Phase::Pending);
+        assert_eq!(bind(&b, Some(&paused), &asked(None, None)).unwrap().1, 2);
+        assert_eq!(bind(&b, Some(&paused), &asked(Some(1), None)).unwrap().1, 1);
+        // Its running attempt has no saved files yet; an attempt whose restore failed never ran.
+        assert_eq!(
+            bind(&b, Some(&paused), &asked(Some(3), None)),
+            Err(NotBound::NoSuchAttempt {
+                run: "a".into(),
+                attempt: 3
+            })
+        );
+        let mut failed = paused.clone();
+        failed
+            .status
+            .as_mut()
+            .unwrap()
+            .restores
+            .push(RestoreStatus {
+                attempt: 2,
+                outcome: RestoreOutcome::Failed,
+                ..RestoreStatus::default()
+            });
+        assert_eq!(bind(&b, Some(&failed), &asked(None, None)).unwrap().1, 1);
+        let fresh = source("u1", 0, Phase::Running);
+        assert_eq!(
+            bind(&b, Some(&fresh), &asked(None, None)),
+            Err(NotBound::NothingSaved("a".into()))
+        );
+    }
+
+    #[test]
+    fn a_source_re_created_under_its_name_or_gone_is_never_read() {
+        let b = fork(None);
+        let again = source("u2", 1, Phase::Succeeded);
+        assert!(matches!(
+            bind(&b, Some(&again), &asked(Some(1), Some("u1"))),
+            Err(NotBound::Recreated { .. })
+        ));
+        assert_eq!(
+            bind(&b, None, &asked(None, None)),
+            Err(NotBound::Missing("a".into()))
+        );
+        assert!(bind(&b, Some(&again), &asked(Some(1), Some("u2"))).is_ok());
+    }
+
+    #[test]
+    fn a_fork_restores_only_from_a_source_in_its_own_store() {
+        let mut b = fork(None);
+        let a = source("u1", 1, Phase::Succeeded);
+        assert!(bind(&b, Some(&a), &asked(None, None)).is_ok());
+        b.spec.read_back = Some(ReadBack {
+            store_ref: Some("team-store".into()),
+            ..ReadBack::default()
+        });
+        assert!(matches!(
+            bind(&b, Some(&a), &asked(None, None)),
+            Err(NotBound::OtherStore { .. })
+        ));
+    }
+
+    #[test]
+    fn a_forks_first_restore_binds_it_and_later_attempts_follow_the_record_not_the_spec() {
+        let mut b = fork(Some(1));
+        assert_eq!(fork_source(&b), Some(asked(Some(1), None)));
+        let failed = RestoreStatus {
+            attempt: 1,
+            from_attempt: 2,
+            from_run: Some("a".into()),
+            from_uid: Some("u1".into()),
+            outcome: RestoreOutcome::Failed,
+            ..RestoreStatus::default()
+        };
+        b.status = Some(SandboxRunStatus {
+            attempts: vec![AttemptStatus {
+                index: 1,
+                ..AttemptStatus::default()
+            }],
+            restores: vec![failed.clone()],
+            ..SandboxRunStatus::default()
+        });
+        // The spec changed (the webhook bypassed): the record wins.
+        b.spec
+            .workspace
+            .as_mut()
+            .unwrap()
+            .from
+            .as_mut()
+            .unwrap()
+            .run = "other".into();
+        assert_eq!(fork_source(&b), Some(asked(Some(2), Some("u1"))));
+        // Once an attempt was restored from it, the fork is past its source.
+        let status = b.status.as_mut().unwrap();
+        status.restores[0].outcome = RestoreOutcome::Restored;
+        assert_eq!(fork_source(&b), None);
+    }
+}
