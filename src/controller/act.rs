@@ -114,6 +114,9 @@ async fn effect_of(
         Effect::ApplyNetworkPolicy(policy) => apply_network_policy(&ctx.client, &policy).await?,
         Effect::CreatePod(new) => return create_pod(&pods, &new).await.map(Some),
         Effect::RestoreWorkspace(from) => {
+            if super::workspace::already_recorded(ctx, run).await {
+                return Ok(Some(Answer::RestoreAlreadyRecorded));
+            }
             let (from, result) = super::workspace::restore(ctx, run, pod_name, &from).await;
             return Ok(Some(Answer::Restored { from, result }));
         }

@@ -816,6 +816,69 @@ async fn a_resumed_attempts_pod_is_created_parked_until_its_paths_are_restored()
     assert_eq!(workload.stdin_once, Some(true));
 }
 
+/// A reconcile of a copy of the run older than this operator's own write of its restore (the
+/// watch cache lags; a pod event arrives first): the live run records attempt 2's restore, so
+/// nothing is restored again, nothing exec'd in the started pod and nothing written. Fails on
+/// the old code: it restored again into the pod whose launcher had started, and wrote that
+/// second restore's refusal over the first one's success (`bench/pause_resume.sh`, warm resumes).
+#[tokio::test]
+async fn a_restore_recorded_after_the_reconciles_copy_was_read_is_never_done_again() {
+    let mut r = resuming();
+    if let Some(s) = r.status.as_mut() {
+        s.pod_name = Some("demo-sbr-a2".into());
+        s.phase = Some(Phase::Running);
+    }
+    let settings = crate::pod::PodSettings::default();
+    let built = crate::pod::build_pod(&r, &settings).unwrap();
+    let mut pod = crate::pool::park::park_in_launcher(built, &settings).unwrap();
+    pod.metadata.uid = Some("p2".into());
+    pod.status = Some(serde_json::from_value(json!({
+        "phase": "Running",
+        "containerStatuses": [
+            {"name": crate::pod::WORKLOAD_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}},
+            {"name": HOLDER_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}}
+        ]
+    }))
+    .unwrap());
+    let mut live = r.clone();
+    if let Some(s) = live.status.as_mut() {
+        s.restores = vec![crate::api::RestoreStatus {
+            attempt: 2,
+            from_attempt: 1,
+            files: 2,
+            bytes: 10,
+            delivered: true,
+            ..Default::default()
+        }];
+    }
+    let pod_json = serde_json::to_value(&pod).unwrap();
+    let mut all = routes(&r, Route::fixed("GET", POD_A2, 200, pod_json));
+    all.push(Route::fixed(
+        "GET",
+        RUN,
+        200,
+        serde_json::to_value(&live).unwrap(),
+    ));
+    all.push(Route::fixed("PATCH", STATUS, 200, written(&r)));
+    let (client, log) = apiserver(all);
+    reconcile(context(client, Arc::new(InMemory::new())), r).await;
+    let lines = log.lines();
+    assert!(
+        !lines
+            .iter()
+            .any(|l| l.contains("/exec") || l.contains("/attach")),
+        "nothing exec'd or handed over again: {lines:?}"
+    );
+    assert!(
+        log.matching("PATCH", STATUS).is_empty(),
+        "the recorded restore is not overwritten: {lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l == &format!("GET {RUN}")),
+        "the run read live: {lines:?}"
+    );
+}
+
 /// The resumed attempt's parked pod runs and attempt 1's manifest is not in the store: the
 /// restore fails before anything is exec'd, the launcher is asked (launch-status) before it is
 /// handed anything, and — the mock cannot attach — the failure is recorded undelivered: no

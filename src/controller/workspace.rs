@@ -79,6 +79,21 @@ pub(super) async fn restore(
     (bound, done.map_err(|e| NotRestored(e.to_string())))
 }
 
+/// Whether the live run already records its current attempt's restore. A reconcile's run comes
+/// from the watch cache, which can lag behind this operator's own status write: a pod event
+/// right after a restore was recorded and its start handed over reconciled the old copy, restored
+/// again into the started pod, and recorded that second restore's refusal over the first one's
+/// success (`bench/pause_resume.sh`, a warm resume). Read live, the record is there: nothing is
+/// restored twice. A read that fails answers false (the restore's own checks then decide).
+pub(super) async fn already_recorded(ctx: &Context, run: &SandboxRun) -> bool {
+    let runs: Api<SandboxRun> =
+        Api::namespaced(ctx.client.clone(), &run.namespace().unwrap_or_default());
+    let Ok(live) = runs.get(&run.name_any()).await else {
+        return false;
+    };
+    crate::controller::plan::restore_recorded(&live, run)
+}
+
 /// Whose files `from` are: what the restore is bound to, and the run whose keys and manifests
 /// are read. A fork's source is read now (the only read of it) and judged by [`bind_fork`].
 async fn bind_source(

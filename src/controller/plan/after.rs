@@ -38,6 +38,9 @@ pub(crate) enum Answer {
         /// What, or why not.
         result: super::restore::RestoreResult,
     },
+    /// The live run already records this attempt's restore: the reconcile saw a copy older than
+    /// this operator's own write of it (the watch cache lags), and nothing is restored again.
+    RestoreAlreadyRecorded,
     /// The launcher was handed `record`'s start or refusal, or not (why).
     StartDelivered {
         /// The restore's record.
@@ -112,6 +115,7 @@ pub(crate) fn after(
             return after_purge(result.clone(), location, rest, requeue, inputs)
         }
         Answer::Restored { from, result } => super::restore::restored(run, from, result),
+        Answer::RestoreAlreadyRecorded => Plan::wait(Requeue::AwaitChange),
         Answer::StartDelivered { record, result } => {
             super::restore::delivered(run, record, result, now)
         }

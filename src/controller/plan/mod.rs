@@ -56,7 +56,7 @@ pub(crate) use queued::queued;
 #[cfg(test)]
 pub(crate) use restore::parked_if_due;
 pub(crate) use restore::{
-    plan_of as restore_plan, restore_source, restore_step, NotHanded, NotRestored,
+    plan_of as restore_plan, restore_recorded, restore_source, restore_step, NotHanded, NotRestored,
 };
 /// The end of a run's teardown (the GitOps fixtures build one from it).
 #[cfg(test)]

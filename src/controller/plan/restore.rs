@@ -158,6 +158,19 @@ fn parked_and_running(pod: &Pod) -> bool {
     parked && running(crate::pod::WORKLOAD_CONTAINER) && running(crate::pod::HOLDER_CONTAINER)
 }
 
+/// Whether `live` (the run read now) records a restore of the attempt `cached` (the
+/// reconcile's copy) is at, when `cached` records none: `cached` is older than a write of it.
+/// A run re-created under the name (another uid) is not this one.
+pub(crate) fn restore_recorded(live: &SandboxRun, cached: &SandboxRun) -> bool {
+    let attempt = crate::pod::current_attempt(cached);
+    let records = |r: &SandboxRun| {
+        r.status
+            .as_ref()
+            .is_some_and(|s| s.restores.iter().any(|x| x.attempt == attempt))
+    };
+    live.metadata.uid == cached.metadata.uid && records(live) && !records(cached)
+}
+
 /// The plan of a step.
 pub(crate) fn plan_of(step: RestoreStep) -> Plan {
     let effect = match step {
@@ -525,5 +538,35 @@ mod tests {
             restore_step(&later, &parked_pod(true)),
             Some(RestoreStep::Deliver(_))
         ));
+    }
+
+    #[test]
+    fn a_restore_recorded_in_the_live_run_and_not_in_the_reconciles_copy_is_recorded() {
+        let mut cached = run(WorkspaceRestore::Latest, 1);
+        cached.metadata.uid = Some("u1".into());
+        let mut live = cached.clone();
+        live.status.get_or_insert_with(Default::default).restores = vec![RestoreStatus {
+            attempt: 2,
+            from_attempt: 1,
+            ..RestoreStatus::default()
+        }];
+        assert!(restore_recorded(&live, &cached));
+        assert!(
+            !restore_recorded(&cached, &cached),
+            "nothing recorded anywhere"
+        );
+        assert!(!restore_recorded(&live, &live), "the copy is not behind");
+        let mut other = live.clone();
+        other.metadata.uid = Some("u2".into());
+        assert!(
+            !restore_recorded(&other, &cached),
+            "a re-created run is not this one"
+        );
+        let mut earlier = live.clone();
+        earlier.status.as_mut().unwrap().restores[0].attempt = 1;
+        assert!(
+            !restore_recorded(&earlier, &cached),
+            "another attempt's record"
+        );
     }
 }
