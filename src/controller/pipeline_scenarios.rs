@@ -792,6 +792,29 @@ fn resuming() -> SandboxRun {
 
 const POD_A2: &str = "/api/v1/namespaces/ns/pods/demo-sbr-a2";
 
+/// The resumed run at attempt 2, Running, and its pod: parked in the launcher, workload and
+/// holder running (the restore is due).
+fn resumed_and_parked() -> (SandboxRun, Value) {
+    let mut r = resuming();
+    if let Some(s) = r.status.as_mut() {
+        s.pod_name = Some("demo-sbr-a2".into());
+        s.phase = Some(Phase::Running);
+    }
+    let settings = crate::pod::PodSettings::default();
+    let built = crate::pod::build_pod(&r, &settings).unwrap();
+    let mut pod = crate::pool::park::park_in_launcher(built, &settings).unwrap();
+    pod.metadata.uid = Some("p2".into());
+    pod.status = Some(serde_json::from_value(json!({
+        "phase": "Running",
+        "containerStatuses": [
+            {"name": crate::pod::WORKLOAD_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}},
+            {"name": HOLDER_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}}
+        ]
+    }))
+    .unwrap());
+    (r, serde_json::to_value(&pod).unwrap())
+}
+
 /// docs/contract.md "Pause, resume and fork": the resumed attempt's pod is created parked in the
 /// launcher (its command the launcher's, its workload waiting for the start), never started
 /// with its paths empty. Fails on the old code: the pod ran the run's command at once.
@@ -823,23 +846,7 @@ async fn a_resumed_attempts_pod_is_created_parked_until_its_paths_are_restored()
 /// second restore's refusal over the first one's success (`bench/pause_resume.sh`, warm resumes).
 #[tokio::test]
 async fn a_restore_recorded_after_the_reconciles_copy_was_read_is_never_done_again() {
-    let mut r = resuming();
-    if let Some(s) = r.status.as_mut() {
-        s.pod_name = Some("demo-sbr-a2".into());
-        s.phase = Some(Phase::Running);
-    }
-    let settings = crate::pod::PodSettings::default();
-    let built = crate::pod::build_pod(&r, &settings).unwrap();
-    let mut pod = crate::pool::park::park_in_launcher(built, &settings).unwrap();
-    pod.metadata.uid = Some("p2".into());
-    pod.status = Some(serde_json::from_value(json!({
-        "phase": "Running",
-        "containerStatuses": [
-            {"name": crate::pod::WORKLOAD_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}},
-            {"name": HOLDER_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}}
-        ]
-    }))
-    .unwrap());
+    let (r, pod_json) = resumed_and_parked();
     let mut live = r.clone();
     if let Some(s) = live.status.as_mut() {
         s.restores = vec![crate::api::RestoreStatus {
@@ -851,7 +858,6 @@ async fn a_restore_recorded_after_the_reconciles_copy_was_read_is_never_done_aga
             ..Default::default()
         }];
     }
-    let pod_json = serde_json::to_value(&pod).unwrap();
     let mut all = routes(&r, Route::fixed("GET", POD_A2, 200, pod_json));
     all.push(Route::fixed(
         "GET",
@@ -885,24 +891,7 @@ async fn a_restore_recorded_after_the_reconciles_copy_was_read_is_never_done_aga
 /// start, no Event, tried again. Never the run's start after a failed restore.
 #[tokio::test]
 async fn a_failed_restore_is_recorded_and_never_followed_by_the_runs_start() {
-    let mut r = resuming();
-    if let Some(s) = r.status.as_mut() {
-        s.pod_name = Some("demo-sbr-a2".into());
-        s.phase = Some(Phase::Running);
-    }
-    let settings = crate::pod::PodSettings::default();
-    let built = crate::pod::build_pod(&r, &settings).unwrap();
-    let mut pod = crate::pool::park::park_in_launcher(built, &settings).unwrap();
-    pod.metadata.uid = Some("p2".into());
-    pod.status = Some(serde_json::from_value(json!({
-        "phase": "Running",
-        "containerStatuses": [
-            {"name": crate::pod::WORKLOAD_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}},
-            {"name": HOLDER_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}}
-        ]
-    }))
-    .unwrap());
-    let pod_json = serde_json::to_value(&pod).unwrap();
+    let (r, pod_json) = resumed_and_parked();
     let mut all = routes(&r, Route::fixed("GET", POD_A2, 200, pod_json));
     all.push(Route::fixed("PATCH", STATUS, 200, written(&r)));
     let (client, log) = apiserver(all);
