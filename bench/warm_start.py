@@ -108,9 +108,9 @@ class Bench:
         }
         self.co.create_namespaced_custom_object(GROUP, VERSION, self.ns, "sandboxrunpools", body)
 
-    def ready_pool_pods(self):
+    def ready_pool_pods(self, pool="bench"):
         pods = self.core.list_namespaced_pod(
-            self.ns, label_selector="sandbox.iterion.io/pool=bench,!sandbox.iterion.io/claimed-by"
+            self.ns, label_selector=f"sandbox.iterion.io/pool={pool},!sandbox.iterion.io/claimed-by"
         ).items
         ready = 0
         for p in pods:
@@ -120,13 +120,13 @@ class Bench:
                 ready += 1
         return ready
 
-    def wait_pool(self, at_least, timeout=300):
+    def wait_pool(self, at_least, timeout=300, pool="bench"):
         end = time.time() + timeout
         while time.time() < end:
-            if self.ready_pool_pods() >= at_least:
+            if self.ready_pool_pods(pool) >= at_least:
                 return
             time.sleep(0.2)
-        raise SystemExit(f"the pool did not have {at_least} ready pods in {timeout}s")
+        raise SystemExit(f"the pool {pool} did not have {at_least} ready pods in {timeout}s")
 
     def run(self, name, template):
         body = {
