@@ -86,6 +86,43 @@ class Pausing:
         }
         self.b.co.create_namespaced_custom_object(GROUP, VERSION, self.b.ns, "sandboxruns", body)
 
+    def get(self, name):
+        return self.b.co.get_namespaced_custom_object(GROUP, VERSION, self.b.ns, "sandboxruns", name)
+
+    def wait(self, name, what, ok, timeout=300, every=0.05):
+        end = time.time() + timeout
+        while time.time() < end:
+            status = self.get(name).get("status") or {}
+            if ok(status):
+                return status
+            if status.get("phase") in ("Succeeded", "Failed", "Stopped"):
+                raise SystemExit(f"run {name} ended ({status.get('phase')}) waiting for {what}: {status}")
+            time.sleep(every)
+        raise SystemExit(f"run {name}: no {what} in {timeout}s")
+
+    def written(self, name, timeout=300):
+        """Waits until attempt 1 has written its bytes (the marker file, seen by an exec)."""
+        end = time.time() + timeout
+        while time.time() < end:
+            pods = self.b.core.list_namespaced_pod(
+                self.b.ns, label_selector=f"sandbox.iterion.io/run={name}"
+            ).items
+            for p in pods:
+                probe = subprocess.run(
+                    ["kubectl", "exec", "-n", self.b.ns, p.metadata.name, "-c", "workload", "--",
+                     "test", "-f", "/work/out/written"],
+                    capture_output=True,
+                )
+                if probe.returncode == 0:
+                    return
+            time.sleep(0.5)
+        raise SystemExit(f"run {name} did not write its bytes in {timeout}s")
+
+    def suspend(self, name, on):
+        self.b.co.patch_namespaced_custom_object(
+            GROUP, VERSION, self.b.ns, "sandboxruns", name, {"spec": {"suspend": on}}
+        )
+
     def measure(self, name, mib, warm):
         """(pause seconds, resume -> first instruction seconds) of one sample; `warm`: the run is
         made from the pooled template, and its resume is served by a ready pool pod."""
