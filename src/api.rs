@@ -243,6 +243,12 @@ pub struct WorkspaceFrom {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub attempt: Option<u32>,
+    /// Its checkpoint (`status.checkpoints[].index`, docs/user-guide.md "Checkpoints") whose
+    /// files are restored instead: one it records with every path saved. At most one of
+    /// `attempt` and `checkpoint`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub checkpoint: Option<u32>,
 }
 
 /// Which saved generation a new attempt's read-back paths are restored from.
@@ -270,6 +276,10 @@ pub struct RestoreStatus {
     /// later restore from it requires this uid (a run re-created under its name is never read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from_uid: Option<String>,
+    /// A fork's source checkpoint (`spec.workspace.from.checkpoint`) whose files were restored;
+    /// absent: an attempt's drained files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_checkpoint: Option<u32>,
     /// Restored: every file is in place and the workload was started; Failed: the workload was
     /// never started (`message` says why).
     pub outcome: RestoreOutcome,

@@ -511,6 +511,7 @@ mod tests {
                 from: Some(crate::api::WorkspaceFrom {
                     run: "a".into(),
                     attempt: None,
+                    checkpoint: None,
                 }),
                 ..crate::api::Workspace::default()
             }),

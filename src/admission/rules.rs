@@ -188,6 +188,8 @@ pub mod ids {
     pub(crate) const RETRY_POLICY: &str = "retry-policy";
     /// On UPDATE with a pod: a field other than `stop` changed.
     pub(crate) const UPDATE_IMMUTABLE: &str = "update-immutable";
+    /// `spec.workspace.from` names both an attempt and a checkpoint.
+    pub(crate) const WORKSPACE_FROM: &str = "workspace-from";
     /// `stop` went from true back to false.
     pub(crate) const UPDATE_STOP_FINAL: &str = "update-stop-final";
     /// `runtimeClassName` not a DNS-1123 subdomain.
@@ -291,8 +293,23 @@ pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
         out.push(Finding::fail(ids::RUN_POLICY, v.field, v.message, v.hint));
     }
     check_env(spec, &mut out);
+    check_workspace_from(spec, &mut out);
     sort_findings(&mut out);
     out
+}
+
+/// docs/contract.md "Pause, resume and fork": a fork starts from one generation of its source,
+/// an attempt or a checkpoint, never both (the operator refuses it on its own too).
+fn check_workspace_from(spec: &SandboxRunSpec, out: &mut Vec<Finding>) {
+    let from = spec.workspace.as_ref().and_then(|w| w.from.as_ref());
+    if from.is_some_and(|f| f.attempt.is_some() && f.checkpoint.is_some()) {
+        out.push(Finding::fail(
+            ids::WORKSPACE_FROM,
+            "spec.workspace.from",
+            "spec.workspace.from names both an attempt and a checkpoint; a fork starts from one",
+            "keep one of attempt and checkpoint",
+        ));
+    }
 }
 
 /// The refusal of a run bound for `namespace` when the operator watches only `watched` (empty:
@@ -1633,6 +1650,27 @@ mod tests {
         );
     }
 
+    /// docs/contract.md "Pause, resume and fork": a fork names an attempt or a checkpoint of its
+    /// source, never both.
+    #[test]
+    fn a_fork_naming_both_an_attempt_and_a_checkpoint_is_refused() {
+        let mut s = good();
+        let from = |attempt, checkpoint| crate::api::Workspace {
+            from: Some(crate::api::WorkspaceFrom {
+                run: "a".into(),
+                attempt,
+                checkpoint,
+            }),
+            ..crate::api::Workspace::default()
+        };
+        s.workspace = Some(from(Some(1), Some(2)));
+        rejects(&s, ids::WORKSPACE_FROM);
+        for (attempt, checkpoint) in [(Some(1), None), (None, Some(2)), (None, None)] {
+            s.workspace = Some(from(attempt, checkpoint));
+            accepts(&s);
+        }
+    }
+
     /// docs/contract.md "Pause, resume and fork": `workspace.from` is fixed at creation, pod or
     /// no pod; `workspace.restore` may change at any time.
     #[test]
@@ -1642,6 +1680,7 @@ mod tests {
             from: Some(crate::api::WorkspaceFrom {
                 run: "a".into(),
                 attempt: None,
+                checkpoint: None,
             }),
             ..crate::api::Workspace::default()
         });

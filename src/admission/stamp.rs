@@ -371,6 +371,7 @@ mod tests {
                     from: Some(crate::api::WorkspaceFrom {
                         run: "a".into(),
                         attempt: None,
+                        checkpoint: None,
                     }),
                     ..crate::api::Workspace::default()
                 }),

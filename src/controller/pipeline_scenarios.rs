@@ -1002,6 +1002,7 @@ fn forking() -> SandboxRun {
         from: Some(crate::api::WorkspaceFrom {
             run: "a".into(),
             attempt: None,
+            checkpoint: None,
         }),
         ..Default::default()
     });
@@ -1170,4 +1171,138 @@ async fn a_forks_source_is_bound_by_its_uid_and_a_re_created_one_is_refused() {
         record["message"].as_str().unwrap().contains("re-created"),
         "{record}"
     );
+}
+
+/// Run `a` as the apiserver returns it: uid `uid`, still running its first attempt, with
+/// checkpoint 2 recorded (`/out` drained) and checkpoint 3 still being taken (`/out` pending).
+fn checkpointed_source(uid: &str) -> Value {
+    use crate::api::{CheckpointStatus, ReadBackPhase, ReadBackStatus};
+    let mut a = run_with(&[("/out", false)]);
+    a.metadata.name = Some("a".into());
+    a.metadata.uid = Some(uid.into());
+    let checkpoint = |index: u32, phase| CheckpointStatus {
+        index,
+        token: format!("t{index}"),
+        attempt: Some(1),
+        read_back: vec![ReadBackStatus {
+            path: "/out".into(),
+            phase,
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    a.status = Some(SandboxRunStatus {
+        phase: Some(Phase::Running),
+        checkpoints: vec![
+            checkpoint(2, ReadBackPhase::Drained),
+            checkpoint(3, ReadBackPhase::Pending),
+        ],
+        ..Default::default()
+    });
+    serde_json::to_value(a).unwrap()
+}
+
+/// A store holding the manifest of `/out` in checkpoint 2 of run `a` (uid `uid`), at its
+/// checkpoint keys, as a checkpoint's drain writes it (`run_attempt` 1, `checkpoint` 2).
+async fn checkpoint_stored(uid: &str) -> Arc<InMemory> {
+    use crate::store::{DrainOutcome, Manifest, ManifestContext, Stored};
+    let whose = RunRef {
+        namespace: "ns".into(),
+        name: "a".into(),
+        uid: uid.into(),
+    };
+    let prefix = Path::from("runs");
+    let none = crate::api::Compression::None;
+    let keys = crate::store::checkpoint_object_keys(&prefix, &whose, 2, 0, "/out", none);
+    let ctx = ManifestContext {
+        run: whose,
+        declared_path: "/out".into(),
+        index: 0,
+        attempt: 1,
+    };
+    let stored = Stored {
+        compression: none,
+        cap_bytes: 10,
+    };
+    let t = jiff::Timestamp::UNIX_EPOCH;
+    let mut manifest = Manifest::new(&ctx, &keys, stored, &DrainOutcome::default(), t, t);
+    manifest.checkpoint = Some(2);
+    let store = Arc::new(InMemory::new());
+    let dyn_store: Arc<dyn ObjectStore> = store.clone();
+    crate::store::write_manifest(&dyn_store, &keys.manifest, &manifest)
+        .await
+        .unwrap();
+    store
+}
+
+/// The fork of run `a`'s checkpoint `checkpoint` (`spec.workspace.from.checkpoint`), parked at
+/// its first attempt, reconciled once against `store`: its restore record and the requests.
+async fn checkpoint_fork_written(checkpoint: u32, store: Arc<InMemory>) -> (Value, Vec<String>) {
+    let mut r = forking();
+    let from = r.spec.workspace.as_mut().and_then(|w| w.from.as_mut());
+    from.unwrap().checkpoint = Some(checkpoint);
+    let mut all = parked_fork(&mut r, 1, POD);
+    all.push(Route::fixed(
+        "GET",
+        SOURCE_RUN,
+        200,
+        checkpointed_source("ua"),
+    ));
+    let (client, log) = apiserver(all);
+    let rights = crate::admission::stamp::RightsPolicy {
+        unadmitted: crate::admission::stamp::UnadmittedReferences::Trust,
+        key: None,
+    };
+    reconcile(context(client, store).with_rights(rights), r).await;
+    let patch = log.matching("PATCH", STATUS);
+    let last = patch.last().expect("the status is written").body.clone();
+    let record = last["status"]["restores"][0].clone();
+    (record, log.lines())
+}
+
+/// docs/contract.md "Pause, resume and fork": a fork of a checkpoint (issue #54) binds the
+/// source's uid and reads that checkpoint's keys; its manifest, which records that run, that
+/// checkpoint and that path, passes the one manifest check, and the restore goes on to the pod
+/// (the mock cannot exec: it fails there, past the store). Fails on the old code: the field did
+/// not exist, and with the manifest check's `checkpoint.is_none()` restored the checkpoint's
+/// manifest is refused as not the source's.
+#[tokio::test]
+async fn a_fork_of_a_recorded_checkpoint_binds_that_checkpoints_keys_and_manifest() {
+    let (record, lines) = checkpoint_fork_written(2, checkpoint_stored("ua").await).await;
+    assert_eq!(record["fromRun"], "a", "{record}");
+    assert_eq!(record["fromUid"], "ua", "{record}");
+    assert_eq!(record["fromCheckpoint"], 2, "{record}");
+    assert_eq!(record["fromAttempt"], 1, "{record}");
+    assert_eq!(record["outcome"], "Failed", "{record}");
+    let message = record["message"].as_str().unwrap();
+    assert!(!message.contains("manifest"), "{record}");
+    assert!(message.contains("exec restore-unpack"), "{record}");
+    assert!(lines.iter().any(|l| l.contains("/exec")), "{lines:?}");
+}
+
+/// docs/contract.md "Pause, resume and fork": a checkpoint the source does not record as saved
+/// (none by that number, or one still being taken) is refused when its source is read, before
+/// any manifest is read or anything restored, and the refusal names it (the launcher is handed
+/// that refusal). Fails on the old code: the field did not exist (a fork
+/// restored the source's attempt instead).
+#[tokio::test]
+async fn a_fork_of_a_checkpoint_the_source_does_not_record_saved_is_refused() {
+    for checkpoint in [3, 9] {
+        let (record, lines) =
+            checkpoint_fork_written(checkpoint, checkpoint_stored("ua").await).await;
+        assert_eq!(record["outcome"], "Failed", "{record}");
+        assert_eq!(record["fromCheckpoint"], checkpoint, "{record}");
+        let message = record["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("no checkpoint {checkpoint}")),
+            "{record}"
+        );
+        // Refused at the bind: no manifest read, nothing exec'd to restore.
+        assert!(!message.contains("manifest"), "{record}");
+        assert!(!message.contains("restore-unpack"), "{record}");
+        assert!(
+            lines.iter().any(|l| l == &format!("GET {SOURCE_RUN}")),
+            "{lines:?}"
+        );
+    }
 }

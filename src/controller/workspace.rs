@@ -16,9 +16,9 @@ use tokio::io::AsyncReadExt;
 use tracing::{debug, info, warn};
 
 use super::context::Context;
-use super::plan::{bind_fork, Bound, NotHanded, NotRestored, RestoreSource};
+use super::plan::{bind_fork, Bound, Generation, NotHanded, NotRestored, RestoreSource};
 use crate::api::{RestoreOutcome, RestoreStatus, SandboxRun};
-use crate::store::{attempt_object_keys, read_manifest, RunRef};
+use crate::store::{attempt_object_keys, checkpoint_object_keys, read_manifest, RunRef};
 
 /// The longest a hand-over to the launcher may take (its status, then the attach), connections
 /// included: past it the start is recorded undelivered and handed again later.
@@ -34,13 +34,15 @@ enum Failed {
     NoCommand(String),
     #[error("the run's store cannot be used: {0}")]
     Store(String),
-    #[error("attempt {attempt}'s manifest of {path} cannot be read: {why}")]
+    #[error("{generation}'s manifest of {path} cannot be read: {why}")]
     Manifest {
-        attempt: u32,
+        generation: Generation,
         path: String,
         why: String,
     },
-    #[error("the manifest at {0} is not the source run's, its attempt's or this path's")]
+    #[error(
+        "the manifest at {0} is not the source run's, its attempt's or checkpoint's, or this path's"
+    )]
     NotOurs(String),
     #[error("{path}: {why}")]
     Stream { path: String, why: String },
@@ -71,7 +73,7 @@ pub(super) async fn restore(
             return (bound, Err(why));
         }
     };
-    let done = restore_all(ctx, run, pod_name, (&whose, bound.attempt)).await;
+    let done = restore_all(ctx, run, pod_name, (&whose, bound.generation())).await;
     match &done {
         Ok((files, bytes)) => info!(run = %run.name_any(), files, bytes, "restored"),
         Err(why) => warn!(run = %run.name_any(), %why, "the restore failed"),
@@ -117,6 +119,7 @@ async fn bind_source(
         run: Some(asked.run.clone()),
         uid: asked.uid.clone(),
         attempt: asked.attempt.unwrap_or(0),
+        checkpoint: asked.checkpoint,
     };
     let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &ns);
     let source = match runs.get_opt(&asked.run).await {
@@ -127,11 +130,13 @@ async fn bind_source(
         }
     };
     match bind_fork(run, source.as_ref(), asked) {
-        Ok((whose, attempt)) => {
+        Ok((whose, generation)) => {
+            let (attempt, checkpoint) = generation.parts();
             let bound = Bound {
                 run: Some(whose.name.clone()),
                 uid: Some(whose.uid.clone()),
                 attempt,
+                checkpoint,
             };
             Ok((bound, whose))
         }
@@ -143,7 +148,7 @@ async fn restore_all(
     ctx: &Context,
     run: &SandboxRun,
     pod_name: &str,
-    (whose, from): (&RunRef, u32),
+    (whose, from): (&RunRef, Generation),
 ) -> Result<(u64, u64), Failed> {
     // A run the launcher cannot start (no command) is refused before anything is restored.
     let built =
@@ -166,27 +171,15 @@ async fn restore_all(
     let paths = run.spec.read_back.as_ref().map(|r| r.paths.clone());
     let (mut files, mut bytes) = (0, 0);
     for (index, declared) in paths.unwrap_or_default().iter().enumerate() {
-        let keys = attempt_object_keys(
-            &store.prefix,
-            whose,
-            from,
-            index,
-            &declared.path,
-            crate::api::Compression::None,
-        );
+        let keys = generation_keys(&store.prefix, whose, from, index, &declared.path);
         let manifest = read_manifest(&store.store, &keys.manifest)
             .await
             .map_err(|e| Failed::Manifest {
-                attempt: from,
+                generation: from,
                 path: declared.path.clone(),
                 why: e.to_string(),
             })?;
-        let ours = manifest.run == *whose
-            && manifest.run_attempt == from
-            && manifest.checkpoint.is_none()
-            && manifest.index == index
-            && manifest.declared_path == declared.path;
-        if !ours {
+        if !super::plan::manifest_is(&manifest, whose, from, (index, &declared.path)) {
             return Err(Failed::NotOurs(keys.manifest.to_string()));
         }
         if index == 0 {
@@ -213,6 +206,26 @@ async fn restore_all(
         bytes += b;
     }
     Ok((files, bytes))
+}
+
+/// The keys of the `index`-th declared path in `whose`'s generation `from`: computed from the
+/// run's own namespace, name and uid, never a key the status or a manifest names.
+fn generation_keys(
+    prefix: &object_store::path::Path,
+    whose: &RunRef,
+    from: Generation,
+    index: usize,
+    path: &str,
+) -> crate::store::ObjectKeys {
+    let none = crate::api::Compression::None;
+    match from {
+        Generation::Attempt(attempt) => {
+            attempt_object_keys(prefix, whose, attempt, index, path, none)
+        }
+        Generation::Checkpoint { checkpoint, .. } => {
+            checkpoint_object_keys(prefix, whose, checkpoint, index, path, none)
+        }
+    }
 }
 
 /// Never a restore into a pod whose one start is spent (one run per pod: a warm pool's pod

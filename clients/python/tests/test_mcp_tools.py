@@ -13,7 +13,7 @@ from mcp_session import server_parameters, session
 TOOLS: dict[str, tuple[set[str], set[str]]] = {
     "create_sandbox": (
         {"template"},
-        {"name", "command", "env", "labels", "wait_seconds", "keep_workspace", "fork_from", "fork_attempt"},
+        {"name", "command", "env", "labels", "wait_seconds", "keep_workspace", "fork_from", "fork_attempt", "fork_checkpoint"},
     ),
     "list_sandboxes": (set(), {"template", "labels", "phase"}),
     "run_command": ({"name", "command"}, {"stdin", "timeout_seconds", "max_bytes"}),

@@ -53,6 +53,10 @@ def test_create_asks_for_the_workspace_to_be_kept_or_forked(monkeypatch: pytest.
     assert runs.created["spec"]["workspace"] == {"from": {"run": "a"}}
     sandboxes.create(template="agent-tools", command=["true"], fork_from=("a", 2), workspace_restore="Never")
     assert runs.created["spec"]["workspace"] == {"restore": "Never", "from": {"run": "a", "attempt": 2}}
+    sandboxes.create(template="agent-tools", command=["true"], fork_from="a", fork_checkpoint=3)
+    assert runs.created["spec"]["workspace"] == {"from": {"run": "a", "checkpoint": 3}}
+    with pytest.raises(ValueError):
+        sandboxes.create(template="agent-tools", command=["true"], fork_from=("a", 2), fork_checkpoint=3)
     sandboxes.create(template="agent-tools")
     assert "workspace" not in runs.created["spec"]
     with pytest.raises(ValueError):

@@ -7,7 +7,7 @@
 //! `status.restores[]`, and every later restore from it takes them from there (never from the
 //! spec again, never another uid: a source deleted or re-created under its name is never read).
 
-use crate::api::{Phase, RestoreOutcome, SandboxRun};
+use crate::api::{Phase, ReadBackPhase, RestoreOutcome, SandboxRun};
 use crate::store::RunRef;
 
 /// Where the current attempt's files come from (`super::restore::restore_source`).
@@ -25,8 +25,11 @@ pub(crate) enum Source {
 pub(crate) struct ForkSource {
     /// Its name, in the fork's namespace.
     pub run: String,
-    /// The attempt asked or recorded; None: the source's newest whose workload ran.
+    /// The attempt asked or recorded; None: the source's newest whose workload ran (or its
+    /// checkpoint, when `checkpoint` is set).
     pub attempt: Option<u32>,
+    /// The checkpoint asked or recorded (`spec.workspace.from.checkpoint`); None: an attempt.
+    pub checkpoint: Option<u32>,
     /// The uid recorded by the first restore from it; None: never read yet.
     pub uid: Option<String>,
 }
@@ -38,8 +41,74 @@ pub(crate) struct Bound {
     pub run: Option<String>,
     /// The source run's uid as read; None: the run's own, or never read.
     pub uid: Option<String>,
-    /// The attempt whose files (0: none could be chosen).
+    /// The attempt whose files (0: none could be chosen); a checkpoint's: the attempt it was
+    /// taken at.
     pub attempt: u32,
+    /// The source's checkpoint whose files; None: the attempt's drained files.
+    pub checkpoint: Option<u32>,
+}
+
+/// Which of a run's saved generations a restore reads (`crate::store` keys and the manifest's
+/// identity, docs/contract.md "Pause, resume and fork").
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Generation {
+    /// The drain of attempt N (`<uid>/attempt-N/`).
+    Attempt(u32),
+    /// Checkpoint N (`<uid>/checkpoint-N/`), taken at the attempt it records.
+    Checkpoint { checkpoint: u32, attempt: u32 },
+}
+
+impl std::fmt::Display for Generation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Generation::Attempt(attempt) => write!(f, "attempt {attempt}"),
+            Generation::Checkpoint { checkpoint, .. } => write!(f, "checkpoint {checkpoint}"),
+        }
+    }
+}
+
+impl Generation {
+    /// (the attempt, the checkpoint or None).
+    pub(crate) fn parts(self) -> (u32, Option<u32>) {
+        match self {
+            Generation::Attempt(attempt) => (attempt, None),
+            Generation::Checkpoint {
+                checkpoint,
+                attempt,
+            } => (attempt, Some(checkpoint)),
+        }
+    }
+}
+
+/// Whether `manifest` is the one the restore expects (docs/contract.md "Pause, resume and
+/// fork"): `whose` run's, generation `from`'s (its attempt, and its checkpoint or none), and the
+/// `index`-th declared path's. One check for every restore; the expected identity is the
+/// parameter.
+pub(crate) fn manifest_is(
+    manifest: &crate::store::Manifest,
+    whose: &RunRef,
+    from: Generation,
+    (index, path): (usize, &str),
+) -> bool {
+    let (attempt, checkpoint) = from.parts();
+    manifest.run == *whose
+        && manifest.run_attempt == attempt
+        && manifest.checkpoint == checkpoint
+        && manifest.index == index
+        && manifest.declared_path == path
+}
+
+impl Bound {
+    /// The generation whose keys and manifests are read.
+    pub(crate) fn generation(&self) -> Generation {
+        match self.checkpoint {
+            Some(checkpoint) => Generation::Checkpoint {
+                checkpoint,
+                attempt: self.attempt,
+            },
+            None => Generation::Attempt(self.attempt),
+        }
+    }
 }
 
 impl Bound {
@@ -68,16 +137,18 @@ pub(crate) fn fork_source(run: &SandboxRun) -> Option<ForkSource> {
     }
     let recorded = restores
         .iter()
-        .find_map(|r| Some((r.from_run.clone()?, r.from_uid.clone()?, r.from_attempt)));
+        .find_map(|r| Some((r.from_run.clone()?, r.from_uid.clone()?, r)));
     Some(match recorded {
-        Some((run, uid, attempt)) => ForkSource {
+        Some((run, uid, r)) => ForkSource {
             run,
-            attempt: Some(attempt),
+            attempt: r.from_checkpoint.is_none().then_some(r.from_attempt),
+            checkpoint: r.from_checkpoint,
             uid: Some(uid),
         },
         None => ForkSource {
             run: asked.run.clone(),
             attempt: asked.attempt,
+            checkpoint: asked.checkpoint,
             uid: None,
         },
     })
@@ -110,15 +181,29 @@ pub(crate) enum NotBound {
     NoSuchAttempt { run: String, attempt: u32 },
     #[error("the source run {0} has no saved files yet (no ended attempt whose workload ran)")]
     NothingSaved(String),
+    #[error(
+        "spec.workspace.from names both attempt {attempt} and checkpoint {checkpoint} of run \
+         {run}: a fork starts from one of them"
+    )]
+    AttemptAndCheckpoint {
+        run: String,
+        attempt: u32,
+        checkpoint: u32,
+    },
+    #[error(
+        "the source run {run} records no checkpoint {checkpoint} with every path saved (none, \
+         refused, still being taken, or a path not drained whole)"
+    )]
+    NoSuchCheckpoint { run: String, checkpoint: u32 },
 }
 
 /// `fork`'s restore bound to `source` (as read now; None: not found) for `asked`: the run whose
-/// manifests are read (its namespace, name and uid) and the attempt, or why not.
+/// manifests are read (its namespace, name and uid) and the generation, or why not.
 pub(crate) fn bind(
     fork: &SandboxRun,
     source: Option<&SandboxRun>,
     asked: &ForkSource,
-) -> Result<(RunRef, u32), NotBound> {
+) -> Result<(RunRef, Generation), NotBound> {
     let source = source.ok_or_else(|| NotBound::Missing(asked.run.clone()))?;
     let found = source.metadata.uid.clone().unwrap_or_default();
     if let Some(recorded) = asked.uid.as_ref().filter(|r| **r != found) {
@@ -143,25 +228,61 @@ pub(crate) fn bind(
             fork_store,
         });
     }
-    let attempt = match asked.attempt {
-        Some(attempt) if saved_attempts(source).contains(&attempt) => attempt,
-        Some(attempt) => {
-            return Err(NotBound::NoSuchAttempt {
-                run: asked.run.clone(),
-                attempt,
-            })
-        }
-        None => saved_attempts(source)
-            .last()
-            .copied()
-            .ok_or_else(|| NotBound::NothingSaved(asked.run.clone()))?,
-    };
+    let generation = saved_generation(source, asked)?;
     let me = RunRef {
         namespace: fork.metadata.namespace.clone().unwrap_or_default(),
         name: asked.run.clone(),
         uid: found,
     };
-    Ok((me, attempt))
+    Ok((me, generation))
+}
+
+/// The generation of `source` that `asked` names, when the source records it saved: exactly one
+/// of an attempt and a checkpoint (the operator's own refusal, the webhook bypassed).
+fn saved_generation(source: &SandboxRun, asked: &ForkSource) -> Result<Generation, NotBound> {
+    let run = || asked.run.clone();
+    match (asked.attempt, asked.checkpoint) {
+        (Some(attempt), Some(checkpoint)) => Err(NotBound::AttemptAndCheckpoint {
+            run: run(),
+            attempt,
+            checkpoint,
+        }),
+        (None, Some(checkpoint)) => saved_checkpoint(source, checkpoint)
+            .map(|attempt| Generation::Checkpoint {
+                checkpoint,
+                attempt,
+            })
+            .ok_or_else(|| NotBound::NoSuchCheckpoint {
+                run: run(),
+                checkpoint,
+            }),
+        (Some(attempt), None) if saved_attempts(source).contains(&attempt) => {
+            Ok(Generation::Attempt(attempt))
+        }
+        (Some(attempt), None) => Err(NotBound::NoSuchAttempt {
+            run: run(),
+            attempt,
+        }),
+        (None, None) => saved_attempts(source)
+            .last()
+            .map(|&a| Generation::Attempt(a))
+            .ok_or_else(|| NotBound::NothingSaved(run())),
+    }
+}
+
+/// The attempt `source`'s checkpoint `checkpoint` was taken at, when its status records it with
+/// every declared path saved whole (`Drained` or `Empty`): never one refused, still being taken
+/// (a path `Pending`), failed or capped.
+fn saved_checkpoint(source: &SandboxRun, checkpoint: u32) -> Option<u32> {
+    let status = source.status.as_ref()?;
+    let recorded = status.checkpoints.iter().find(|c| c.index == checkpoint)?;
+    let whole = |p: &crate::api::ReadBackStatus| {
+        matches!(p.phase, ReadBackPhase::Drained | ReadBackPhase::Empty)
+    };
+    let saved = !recorded.is_refused()
+        && !recorded.read_back.is_empty()
+        && recorded.read_back.iter().all(whole);
+    saved.then(|| recorded.attempt.unwrap_or(1))
 }
 
 /// `source`'s attempts whose workload ran and whose files were saved, oldest first: its ended
@@ -222,6 +343,7 @@ mod tests {
                     from: Some(WorkspaceFrom {
                         run: "a".into(),
                         attempt,
+                        checkpoint: None,
                     }),
                     ..Workspace::default()
                 }),
@@ -236,6 +358,7 @@ mod tests {
         ForkSource {
             run: "a".into(),
             attempt,
+            checkpoint: None,
             uid: uid.map(Into::into),
         }
     }
@@ -253,12 +376,18 @@ mod tests {
                 whose.uid.as_str(),
                 attempt
             ),
-            ("ns", "a", "u1", 3)
+            ("ns", "a", "u1", Generation::Attempt(3))
         );
         // Paused (not finished): its newest ended attempt.
         let paused = source("u1", 2, Phase::Pending);
-        assert_eq!(bind(&b, Some(&paused), &asked(None, None)).unwrap().1, 2);
-        assert_eq!(bind(&b, Some(&paused), &asked(Some(1), None)).unwrap().1, 1);
+        assert_eq!(
+            bind(&b, Some(&paused), &asked(None, None)).unwrap().1,
+            Generation::Attempt(2)
+        );
+        assert_eq!(
+            bind(&b, Some(&paused), &asked(Some(1), None)).unwrap().1,
+            Generation::Attempt(1)
+        );
         // Its running attempt has no saved files yet; an attempt whose restore failed never ran.
         assert_eq!(
             bind(&b, Some(&paused), &asked(Some(3), None)),
@@ -278,7 +407,10 @@ mod tests {
                 outcome: RestoreOutcome::Failed,
                 ..RestoreStatus::default()
             });
-        assert_eq!(bind(&b, Some(&failed), &asked(None, None)).unwrap().1, 1);
+        assert_eq!(
+            bind(&b, Some(&failed), &asked(None, None)).unwrap().1,
+            Generation::Attempt(1)
+        );
         let fresh = source("u1", 0, Phase::Running);
         assert_eq!(
             bind(&b, Some(&fresh), &asked(None, None)),
@@ -350,5 +482,193 @@ mod tests {
         let status = b.status.as_mut().unwrap();
         status.restores[0].outcome = RestoreOutcome::Restored;
         assert_eq!(fork_source(&b), None);
+    }
+
+    fn checkpointed(uid: &str) -> SandboxRun {
+        use crate::api::{CheckpointStatus, ReadBackStatus};
+        let mut a = source(uid, 0, Phase::Running);
+        let checkpoint =
+            |index: u32, phases: &[ReadBackPhase], message: Option<&str>| CheckpointStatus {
+                index,
+                token: format!("t{index}"),
+                attempt: Some(1),
+                message: message.map(Into::into),
+                read_back: phases
+                    .iter()
+                    .map(|&phase| ReadBackStatus {
+                        path: "/out".into(),
+                        phase,
+                        ..ReadBackStatus::default()
+                    })
+                    .collect(),
+                ..CheckpointStatus::default()
+            };
+        a.status.as_mut().unwrap().checkpoints = vec![
+            checkpoint(1, &[ReadBackPhase::Drained, ReadBackPhase::Empty], None),
+            checkpoint(2, &[ReadBackPhase::Drained, ReadBackPhase::Pending], None),
+            checkpoint(3, &[ReadBackPhase::Drained, ReadBackPhase::Failed], None),
+            checkpoint(4, &[ReadBackPhase::Capped], None),
+            checkpoint(5, &[], Some("over the run's checkpoint limit")),
+        ];
+        a
+    }
+
+    fn asked_checkpoint(checkpoint: u32, uid: Option<&str>) -> ForkSource {
+        ForkSource {
+            checkpoint: Some(checkpoint),
+            ..asked(None, uid)
+        }
+    }
+
+    /// docs/contract.md "Pause, resume and fork": a fork of a running source's checkpoint, bound
+    /// by its uid, only when the source records that checkpoint with every path saved whole.
+    #[test]
+    fn a_fork_restores_a_checkpoint_only_when_the_source_records_it_saved() {
+        let b = fork(None);
+        let a = checkpointed("u1");
+        let (whose, generation) = bind(&b, Some(&a), &asked_checkpoint(1, None)).unwrap();
+        assert_eq!((whose.name.as_str(), whose.uid.as_str()), ("a", "u1"));
+        assert_eq!(
+            generation,
+            Generation::Checkpoint {
+                checkpoint: 1,
+                attempt: 1
+            }
+        );
+        // Still being taken, failed, capped, refused, or never taken.
+        for checkpoint in [2, 3, 4, 5, 6] {
+            assert_eq!(
+                bind(&b, Some(&a), &asked_checkpoint(checkpoint, None)),
+                Err(NotBound::NoSuchCheckpoint {
+                    run: "a".into(),
+                    checkpoint
+                }),
+                "checkpoint {checkpoint}"
+            );
+        }
+        // Bound by the uid as an attempt is.
+        assert!(matches!(
+            bind(&b, Some(&a), &asked_checkpoint(1, Some("u0"))),
+            Err(NotBound::Recreated { .. })
+        ));
+    }
+
+    /// The webhook bypassed: a fork naming both an attempt and a checkpoint is refused by the
+    /// operator, nothing read.
+    #[test]
+    fn a_fork_naming_both_an_attempt_and_a_checkpoint_is_refused_by_the_operator() {
+        let b = fork(None);
+        let a = checkpointed("u1");
+        let both = ForkSource {
+            checkpoint: Some(1),
+            ..asked(Some(1), None)
+        };
+        assert!(matches!(
+            bind(&b, Some(&a), &both),
+            Err(NotBound::AttemptAndCheckpoint { .. })
+        ));
+    }
+
+    /// The first restore's record of a checkpoint binds the later attempts to that checkpoint.
+    #[test]
+    fn a_forks_recorded_checkpoint_wins_over_the_spec() {
+        let mut b = fork(None);
+        b.spec
+            .workspace
+            .as_mut()
+            .unwrap()
+            .from
+            .as_mut()
+            .unwrap()
+            .checkpoint = Some(1);
+        assert_eq!(fork_source(&b), Some(asked_checkpoint(1, None)));
+        b.status = Some(SandboxRunStatus {
+            attempts: vec![AttemptStatus {
+                index: 1,
+                ..AttemptStatus::default()
+            }],
+            restores: vec![RestoreStatus {
+                attempt: 1,
+                from_attempt: 1,
+                from_run: Some("a".into()),
+                from_uid: Some("u1".into()),
+                from_checkpoint: Some(7),
+                outcome: RestoreOutcome::Failed,
+                ..RestoreStatus::default()
+            }],
+            ..SandboxRunStatus::default()
+        });
+        assert_eq!(fork_source(&b), Some(asked_checkpoint(7, Some("u1"))));
+    }
+
+    /// docs/contract.md "Pause, resume and fork": the one manifest check takes the identity it
+    /// expects — run, attempt, checkpoint or none, path — as its parameter: an attempt's manifest
+    /// copied under a checkpoint's keys (or the reverse, or another checkpoint's) is refused.
+    #[test]
+    fn a_manifest_is_the_restores_only_for_that_run_generation_and_path() {
+        use crate::store::{DrainOutcome, Manifest, ManifestContext, Stored};
+        let whose = RunRef {
+            namespace: "ns".into(),
+            name: "a".into(),
+            uid: "u1".into(),
+        };
+        let ctx = ManifestContext {
+            run: whose.clone(),
+            declared_path: "/out".into(),
+            index: 0,
+            attempt: 1,
+        };
+        let keys = crate::store::object_keys(
+            &object_store::path::Path::from("runs"),
+            &whose,
+            0,
+            "/out",
+            crate::api::Compression::None,
+        );
+        let stored = Stored {
+            compression: crate::api::Compression::None,
+            cap_bytes: 10,
+        };
+        let t = jiff::Timestamp::UNIX_EPOCH;
+        let attempt_manifest = Manifest::new(&ctx, &keys, stored, &DrainOutcome::default(), t, t);
+        let mut checkpoint_manifest = attempt_manifest.clone();
+        checkpoint_manifest.checkpoint = Some(2);
+        let cp = |checkpoint| Generation::Checkpoint {
+            checkpoint,
+            attempt: 1,
+        };
+        let at = (0, "/out");
+        assert!(manifest_is(&checkpoint_manifest, &whose, cp(2), at));
+        assert!(manifest_is(
+            &attempt_manifest,
+            &whose,
+            Generation::Attempt(1),
+            at
+        ));
+        assert!(!manifest_is(&attempt_manifest, &whose, cp(2), at));
+        assert!(!manifest_is(
+            &checkpoint_manifest,
+            &whose,
+            Generation::Attempt(1),
+            at
+        ));
+        assert!(!manifest_is(&checkpoint_manifest, &whose, cp(3), at));
+        let other = RunRef {
+            uid: "u2".into(),
+            ..whose.clone()
+        };
+        assert!(!manifest_is(&checkpoint_manifest, &other, cp(2), at));
+        assert!(!manifest_is(
+            &checkpoint_manifest,
+            &whose,
+            cp(2),
+            (1, "/out")
+        ));
+        assert!(!manifest_is(
+            &checkpoint_manifest,
+            &whose,
+            cp(2),
+            (0, "/other")
+        ));
     }
 }

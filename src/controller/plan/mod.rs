@@ -47,7 +47,7 @@ pub(crate) use create::pod_refused;
 pub(crate) use create::{creation, egress_effects, refused_by_namespace_policies, shaped_pod};
 pub(crate) use create::{recording_template, template_unusable};
 pub(crate) use finish::record_pod_lost;
-pub(crate) use fork::{bind as bind_fork, Bound, Source as RestoreSource};
+pub(crate) use fork::{bind as bind_fork, manifest_is, Bound, Generation, Source as RestoreSource};
 pub(crate) use model::{
     CreationFacts, Effect, Inputs, NotPurged, Plan, PurgeTarget, Requeue, StepPlan,
     IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN, NAME_CONFLICT_REQUEUE, SETTLE,

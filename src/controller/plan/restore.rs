@@ -211,6 +211,7 @@ pub(crate) fn restored(run: &SandboxRun, from: &Bound, result: &RestoreResult) -
         from_attempt: from.attempt,
         from_run: from.run.clone(),
         from_uid: from.uid.clone(),
+        from_checkpoint: from.checkpoint,
         ..RestoreStatus::default()
     };
     let record = match result {
@@ -475,6 +476,7 @@ mod tests {
             from: Some(crate::api::WorkspaceFrom {
                 run: "a".into(),
                 attempt: None,
+                checkpoint: None,
             }),
             ..Workspace::default()
         });

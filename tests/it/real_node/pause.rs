@@ -292,6 +292,7 @@ fn fork_spec(from: Option<&str>) -> SandboxRunSpec {
         from: Some(WorkspaceFrom {
             run: run.into(),
             attempt: None,
+            checkpoint: None,
         }),
         ..Workspace::default()
     });
@@ -344,6 +345,80 @@ async fn a_fork_starts_with_its_sources_files() {
         std::fs::read_to_string(dir.join("seen.txt")).expect("seen.txt"),
         "hello 1000 300000\n"
     );
+}
+
+/// docs/contract.md "Pause, resume and fork", issue #54: run `a` writes its files and keeps
+/// running; its checkpoint 1 is taken (`spec.checkpoint`). Run `c` with `workspace.from: {run: a,
+/// checkpoint: 1}` starts with that checkpoint's files (the same content, owned by the run's uid,
+/// the nested file whole) while `a` still runs, and records `fromCheckpoint: 1`. On the old code
+/// the field does not exist. Written while the bed was down: not run yet.
+#[tokio::test]
+async fn a_fork_of_a_running_sandboxs_checkpoint_starts_with_its_files() {
+    let bed = RealBed::new("real-fork-ckpt").await;
+    let keeps_running = format!("{FORK_SCRIPT}\nexec sleep 3600");
+    let a = create(
+        &bed.runs,
+        "a",
+        real_spec(Some(&keeps_running), &["/work/out"]),
+    )
+    .await;
+    wait_run(&bed.runs, "a", "Running", &bed.op, phase_is(Phase::Running)).await;
+    // Past the first write (the script writes at once; a moment for the shell to run).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    bed.runs
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"spec": {"checkpoint": "c1"}})),
+        )
+        .await
+        .expect("patch spec.checkpoint");
+    wait_run(&bed.runs, "a", "checkpoint 1 saved", &bed.op, |r| {
+        r.status.as_ref().is_some_and(|s| {
+            s.checkpoints.iter().any(|c| {
+                c.index == 1
+                    && !c.read_back.is_empty()
+                    && c.read_back
+                        .iter()
+                        .all(|p| p.phase == ReadBackPhase::Drained)
+            })
+        })
+    })
+    .await;
+    let mut spec = fork_spec(Some("a"));
+    if let Some(from) = spec.workspace.as_mut().and_then(|w| w.from.as_mut()) {
+        from.checkpoint = Some(1);
+    }
+    create(&bed.runs, "c", spec).await;
+    let done = wait_run(&bed.runs, "c", "a final phase", &bed.op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let restore = status.restores.first().expect("status.restores");
+    assert_eq!(
+        (
+            restore.from_run.as_deref(),
+            restore.from_uid.clone(),
+            restore.from_checkpoint,
+            restore.outcome,
+            restore.files
+        ),
+        (
+            Some("a"),
+            a.metadata.uid.clone(),
+            Some(1),
+            RestoreOutcome::Restored,
+            3
+        ),
+        "{restore:?}"
+    );
+    let dir = files_get_attempt(&bed.ns.name, "c", &bed.store_url, 1);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("seen.txt")).expect("seen.txt"),
+        "hello 1000 300000\n"
+    );
+    let source = bed.runs.get("a").await.expect("get a");
+    let phase = source.status.and_then(|s| s.phase);
+    assert_eq!(phase, Some(Phase::Running), "the source kept running");
 }
 
 /// Run `a` succeeds, is deleted (its files kept: retention Retain) and re-created under its name,

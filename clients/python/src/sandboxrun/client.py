@@ -103,7 +103,9 @@ def _paused(obj: Mapping[str, Any]) -> bool:
     return status.final or (status.phase == "Pending" and ready is not None and ready.reason == "Suspended")
 
 
-def _workspace(restore: str | None, fork_from: str | tuple[str, int] | None) -> dict[str, Any] | None:
+def _workspace(
+    restore: str | None, fork_from: str | tuple[str, int] | None, fork_checkpoint: int | None = None
+) -> dict[str, Any] | None:
     """``spec.workspace`` for :meth:`Sandboxes.create`."""
     workspace: dict[str, Any] = {}
     if restore is not None:
@@ -115,6 +117,10 @@ def _workspace(restore: str | None, fork_from: str | tuple[str, int] | None) -> 
     elif fork_from is not None:
         run, attempt = fork_from
         workspace["from"] = {"run": run, "attempt": int(attempt)}
+    if fork_checkpoint is not None:
+        if not isinstance(fork_from, str):
+            raise ValueError("fork_checkpoint needs fork_from='run' (a run's name, no attempt: one or the other)")
+        workspace["from"]["checkpoint"] = int(fork_checkpoint)
     return workspace or None
 
 
@@ -425,6 +431,7 @@ class Sandboxes:
         labels: Mapping[str, str] | None = None,
         workspace_restore: str | None = None,
         fork_from: str | tuple[str, int] | None = None,
+        fork_checkpoint: int | None = None,
     ) -> Sandbox:
         """Creates a run: from ``template`` (``spec.templateRef``; set only the fields it leaves
         open) and/or a ``spec``. Without a ``command`` the run is a long-lived sandbox driven by
@@ -434,7 +441,9 @@ class Sandboxes:
         :meth:`Sandbox.pause` and :meth:`Sandbox.resume`, or a retry — starts with the files the
         one before left. ``fork_from="run"`` or ``("run", attempt)`` (``spec.workspace.from``):
         the run starts with that run's saved files (same namespace and store; you need ``get`` on
-        it). Both need a ``command`` (the operator starts it once the files are in place)."""
+        it). ``fork_from="run", fork_checkpoint=n``: from that run's checkpoint ``n`` instead (it
+        may keep running; ``status.checkpoints``). Both need a ``command`` (the operator starts it
+        once the files are in place)."""
         body_spec: dict[str, Any] = dict(spec or {})
         if template:
             body_spec["templateRef"] = {"name": template, "kind": template_kind}
@@ -442,7 +451,7 @@ class Sandboxes:
             body_spec["command"] = list(command)
         if env:
             body_spec["env"] = [{"name": k, "value": v} for k, v in env.items()]
-        workspace = _workspace(workspace_restore, fork_from)
+        workspace = _workspace(workspace_restore, fork_from, fork_checkpoint)
         if workspace:
             body_spec["workspace"] = workspace
         metadata: dict[str, Any] = {"name": name} if name else {"generateName": generate_name}

@@ -108,13 +108,14 @@ def _lifecycle_tools(server: MCPServer[Any], client: ServerFactory) -> None:
         keep_workspace: bool = False,
         fork_from: str | None = None,
         fork_attempt: int | None = None,
+        fork_checkpoint: int | None = None,
     ) -> dict[str, Any]:
         """Creates a sandbox (a SandboxRun) from the SandboxRunTemplate `template`, setting only the
         fields the template leaves open (`command`, `env`), and waits until it runs. Without a
         command it is a long-lived sandbox driven by `run_command` until `stop_sandbox`.
         `keep_workspace`: `resume_sandbox` gives it back the files it was paused with.
         `fork_from`: it starts with the saved files of that sandbox (its latest, or attempt
-        `fork_attempt`). Both need a `command` (e.g. ["sleep", "86400"])."""
+        `fork_attempt`, or checkpoint `fork_checkpoint` of one that keeps running). Both need a `command` (e.g. ["sleep", "86400"])."""
         fork = fork_from if fork_attempt is None or fork_from is None else (fork_from, fork_attempt)
         restore = "Latest" if keep_workspace else None
         created = client().create(
@@ -125,6 +126,7 @@ def _lifecycle_tools(server: MCPServer[Any], client: ServerFactory) -> None:
             labels=labels,
             workspace_restore=restore,
             fork_from=fork,
+            fork_checkpoint=fork_checkpoint,
         )
         created.wait_running(timeout=wait_seconds)
         return _sandbox(client().get(created.name))
