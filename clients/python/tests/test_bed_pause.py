@@ -44,3 +44,29 @@ def test_a_paused_sandbox_resumes_with_its_files_and_a_fork_starts_with_them(goo
     for s in (sandbox, fork):
         s.stop()
         s.wait_drained(timeout=180)
+
+
+def test_a_running_sandboxs_checkpoint_forks_with_the_files_it_had_then(good: Bed) -> None:
+    """A fork of a checkpoint (issue #54): the source keeps running and writes on after its
+    checkpoint; the fork starts with what the checkpoint saved, not with the later write."""
+    sandbox = good.sandboxes.create(template=AGENT_TEMPLATE, generate_name="ckpt-src-", command=["sleep", "3600"])
+    _running(good, sandbox)
+    sandbox.write_file("/work/out/notes.txt", "at the checkpoint\n")
+    saved = sandbox.checkpoint(timeout=180)
+    assert saved.checkpoint == 1, f"the first checkpoint's index: {saved.checkpoint}"
+    sandbox.write_file("/work/out/notes.txt", "after the checkpoint\n")
+
+    fork = good.sandboxes.create(
+        template=AGENT_TEMPLATE,
+        generate_name="ckpt-fork-",
+        command=["sleep", "3600"],
+        fork_from=sandbox.name,
+        fork_checkpoint=saved.checkpoint,
+    )
+    _running(good, fork)
+    assert fork.read_file("/work/out/notes.txt") == b"at the checkpoint\n", "the checkpoint's files, not later ones"
+    assert sandbox.status().phase == "Running", "the source was never paused"
+    assert sandbox.read_file("/work/out/notes.txt") == b"after the checkpoint\n"
+    for s in (sandbox, fork):
+        s.stop()
+        s.wait_drained(timeout=180)

@@ -320,7 +320,7 @@ class Sandbox:
     def checkpoint(self, token: str | None = None, timeout: float = 600.0) -> RunFiles:
         """Saves the running sandbox's read-back paths now, without stopping it
         (``spec.checkpoint``, docs/user-guide.md "Checkpoints"), waits until the checkpoint is
-        recorded and returns its files. ``token``: any new string up to 63 characters (default: one
+        recorded and returns its files (``RunFiles.checkpoint``: its index, what a fork names). ``token``: any new string up to 63 characters (default: one
         made from the time). Raises :class:`~sandboxrun.errors.DrainFailed` when a path failed,
         :class:`SandboxError` when the operator refused the checkpoint (its limit)."""
         token = token or f"cp-{time.time_ns()}"
@@ -336,7 +336,15 @@ class Sandbox:
         saved = RunStatus.from_dict({"phase": status.get("phase"), "readBack": entry.get("readBack", [])})
         if saved.failed_paths:
             check_drain(self.name, saved, self.drain_failed_note())
-        return RunFiles(self.name, saved, self._sandboxes.store, self.namespace, self.uid)
+        index = entry.get("index")
+        return RunFiles(
+            self.name,
+            saved,
+            self._sandboxes.store,
+            self.namespace,
+            self.uid,
+            checkpoint=index if isinstance(index, int) else None,
+        )
 
     # --- the end -----------------------------------------------------------------------------
 

@@ -245,10 +245,14 @@ class RunFiles:
         reader: StoreReader,
         namespace: str | None = None,
         uid: str | None = None,
+        checkpoint: int | None = None,
     ) -> None:
         # A failed drain is never an empty set: refuse to list a run that has one.
         check_drain(run, status)
         self.run = run
+        #: The checkpoint's index (``status.checkpoints[].index``) when these are a checkpoint's
+        #: files: what ``create(fork_from=run, fork_checkpoint=…)`` names.
+        self.checkpoint = checkpoint
         self._ref = RunRef(run, namespace, uid)
         self.status = status
         self.reader = reader

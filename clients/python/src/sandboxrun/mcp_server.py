@@ -159,9 +159,11 @@ def _lifecycle_tools(server: MCPServer[Any], client: ServerFactory) -> None:
     def checkpoint(name: str, token: str | None = None, wait_seconds: float = 600.0) -> dict[str, Any]:
         """Saves the running sandbox's read-back paths to the store now, without stopping it, and
         lists the files saved (a checkpoint is read back, not restored: `pause_sandbox` and
-        `resume_sandbox` keep the files)."""
+        `resume_sandbox` keep the files). `checkpoint` is its index: `create_sandbox(fork_from=name,
+        fork_checkpoint=...)` starts a new sandbox with these files."""
         saved = client().get(name).checkpoint(token, timeout=wait_seconds)
-        return {"phase": saved.status.phase, "files": [_file(f) for f in saved.files()]}
+        files = [_file(f) for f in saved.files()]
+        return {"phase": saved.status.phase, "checkpoint": saved.checkpoint, "files": files}
 
     @server.tool()
     def stop_sandbox(name: str, wait_seconds: float = 600.0) -> dict[str, Any]:
