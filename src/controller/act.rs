@@ -18,7 +18,7 @@ use tokio::io::AsyncRead;
 use tracing::{info, warn};
 
 use super::context::{Context, MANAGER};
-use super::drain_queue::Waiter;
+use super::drains::queue::Waiter;
 use super::error::{kube_err, ControllerError};
 use super::events::{PlannedEvent, EVENT_NOTE_LIMIT};
 use super::plan::{Answer, Effect, NotPurged, PathPlan, PathWork, Plan, PurgeTarget, Requeue};

@@ -12,7 +12,7 @@ use object_store::ObjectStore;
 use tokio_util::sync::CancellationToken;
 
 use super::decide::DecideSettings;
-use super::drain_pool::{DrainPool, FairSlots};
+use super::drains::pool::{DrainPool, FairSlots};
 use super::observe::StoreView;
 use crate::api::{Retention, SandboxRun, SandboxRunStatus};
 use crate::caps::CapSettings;
@@ -488,7 +488,7 @@ impl Context {
     }
 
     /// The resourceVersion this replica's last status write of `run` made (None: none is
-    /// remembered): what a drain answers the pool as it ends ([`super::drain_pool::wakes_at_end`]).
+    /// remembered): what a drain answers the pool as it ends ([`super::drains::pool::wakes_at_end`]).
     pub(crate) fn written_version(&self, run: &SandboxRun) -> Option<String> {
         let uid = run.metadata.uid.as_deref()?;
         let map = self.memory.written.lock().ok()?;

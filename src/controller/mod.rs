@@ -9,8 +9,8 @@
 //!   [`events`], creation back-off from [`refusals`], TTL and retention from [`retention`]);
 //! - [`act`] carries the plan out — the only stage that changes the world — and answers
 //!   (pod created / exists / refused, files purged) instead of deciding: `plan::after` plans the
-//!   follow-up (`drive.rs` alternates the two); a teardown runs in the [`drain_pool`]
-//!   (`teardown_job.rs`), off the reconcile workers, over act's stream of drains;
+//!   follow-up (`drive.rs` alternates the two); a teardown runs in the [`drains::pool`]
+//!   (`drains/teardown.rs`), off the reconcile workers, over act's stream of drains;
 //! - [`report`] counts the reconcile by step in the metrics.
 //!
 //! `pipeline.rs` runs the stages of one reconcile in order, with one `now`.
@@ -18,12 +18,10 @@
 //! This file is the wiring: the watches, the reconcile loop and its error policy.
 
 pub(crate) mod act;
-mod checkpoint_job;
 pub(crate) mod conditions;
 pub(crate) mod context;
 pub(crate) mod decide;
-pub(crate) mod drain_pool;
-pub(crate) mod drain_queue;
+pub(crate) mod drains;
 mod drive;
 mod env_sources;
 pub(crate) mod error;
@@ -34,23 +32,17 @@ mod launcher;
 pub(crate) mod observe;
 mod pipeline;
 pub(crate) mod plan;
-mod pool_act;
-mod pool_plan;
-pub(crate) mod pool_policies;
 pub(crate) mod pools;
 mod prepare;
 pub(crate) mod refusals;
 pub(crate) mod retention;
 pub(crate) mod retry;
 pub(crate) mod status;
-mod teardown_job;
 mod warm;
 mod workspace;
 
 #[cfg(test)]
 mod act_scenarios;
-#[cfg(test)]
-mod checkpoint_scenarios;
 #[cfg(test)]
 mod doc_tables;
 #[cfg(test)]
@@ -61,10 +53,6 @@ mod gitops_fixtures;
 mod mock_apiserver;
 #[cfg(test)]
 mod pipeline_scenarios;
-#[cfg(test)]
-mod pool_scenarios;
-#[cfg(test)]
-mod teardown_scenarios;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -200,7 +188,7 @@ fn with_pods(
 }
 
 /// The runs whose drain just ended, to reconcile again now (docs/contract.md "A run's next step
-/// follows its drain"; [`drain_pool::wakes_at_end`]): those in this controller's cache only (its
+/// follows its drain"; [`drains::pool::wakes_at_end`]): those in this controller's cache only (its
 /// namespace, its shards). A controller that fell behind misses some: their runs are looked at
 /// again after the in-flight requeue.
 fn drain_ends(

@@ -14,11 +14,12 @@ use tracing::{info, warn};
 
 use super::context::Context;
 use super::decide::{self, Preflight};
+use super::drains::{checkpoint, teardown};
 use super::drive;
 use super::error::ControllerError;
 use super::observe::{self, Observation, Observed};
 use super::plan::{self, Inputs, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN};
-use super::{checkpoint_job, kueue_gate, prepare, teardown_job, warm};
+use super::{kueue_gate, prepare, warm};
 use crate::api::SandboxRun;
 use crate::egress::verdict::verdict;
 
@@ -101,7 +102,7 @@ pub(crate) async fn reconcile(
         }
         StepPlan::RecordPodLost => record_pod_lost(ctx, run, &observation, now).await?,
         StepPlan::Checkpoint => {
-            checkpoint_job::start(ctx, run);
+            checkpoint::start(ctx, run);
             Requeue::After(IN_FLIGHT_REQUEUE)
         }
         StepPlan::Teardown(trigger) => start_teardown(ctx, run, trigger),
@@ -153,7 +154,7 @@ async fn observed(
 /// Starts the run's teardown in the drain pool; one that waits for a slot is looked at again
 /// after the quiet window.
 fn start_teardown(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: decide::Trigger) -> Requeue {
-    teardown_job::start(ctx, run, trigger);
+    teardown::start(ctx, run, trigger);
     match ctx
         .in_flight
         .drains

@@ -13,14 +13,14 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tracing::warn;
 
-use super::act::{self, DrainTarget};
-use super::context::Context;
-use super::drain_queue::Waiter;
-use super::drive;
-use super::error::ControllerError;
-use super::observe;
-use super::plan;
-use super::teardown_job::{drain_claim, Claimed};
+use super::super::act::{self, DrainTarget};
+use super::super::context::Context;
+use super::super::drive;
+use super::super::error::ControllerError;
+use super::super::observe;
+use super::super::plan;
+use super::queue::Waiter;
+use super::teardown::{drain_claim, Claimed};
 use crate::api::ReadBackStatus;
 use crate::api::SandboxRun;
 use crate::shard::drain_claim::DrainHold;
@@ -55,7 +55,10 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>) {
 /// run at a time across replicas, each manifest committed only while the claim holds, and the
 /// checkpoint recorded only while it still holds (docs/contract.md "Checkpoints are fenced like
 /// teardowns"). Held by a live replica: nothing is done, a later reconcile asks again.
-pub(super) async fn checkpoint(ctx: &Context, run: &SandboxRun) -> Result<(), ControllerError> {
+pub(in crate::controller) async fn checkpoint(
+    ctx: &Context,
+    run: &SandboxRun,
+) -> Result<(), ControllerError> {
     let hold = match drain_claim(ctx, run).await? {
         Claimed::Unsharded => return take(ctx, run, None).await,
         Claimed::Busy => return Ok(()),
@@ -91,7 +94,7 @@ async fn take(
         return Ok(());
     };
     let paths = plan::checkpoint_paths(&live, &pod, &ctx.caps);
-    let (store, paths) = super::teardown_job::teardown_store(ctx, &live, paths).await?;
+    let (store, paths) = super::teardown::teardown_store(ctx, &live, paths).await?;
     let timeout = u64::try_from(ctx.drain_timeout_seconds(&live)).unwrap_or(0);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
     let mut target = DrainTarget::new(ctx, &live, store, deadline).checkpoint(index);

@@ -1,4 +1,4 @@
-//! Scenarios for a checkpoint (`checkpoint_job::checkpoint`, as the drain pool runs it) against
+//! Scenarios for a checkpoint (`checkpoint::checkpoint`, as the drain pool runs it) against
 //! a routing mock apiserver, with sharding on: a checkpoint is fenced like a teardown
 //! (docs/contract.md "Checkpoints are fenced like teardowns").
 
@@ -10,9 +10,9 @@ use k8s_openapi::api::core::v1::{ContainerState, ContainerStateRunning, Containe
 use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
-use super::checkpoint_job::checkpoint;
-use super::mock_apiserver::{apiserver, context, Route};
-use super::pipeline_scenarios::run;
+use super::super::mock_apiserver::{apiserver, context, Route};
+use super::super::pipeline_scenarios::run;
+use super::checkpoint::checkpoint;
 use super::teardown_scenarios::pod;
 use crate::api::{Phase, SandboxRunStatus};
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};

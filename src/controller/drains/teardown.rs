@@ -12,15 +12,15 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tracing::{info, warn};
 
-use super::act::{self, DrainTarget};
-use super::context::Context;
-use super::decide::Trigger;
-use super::drain_pool::Slot;
-use super::drain_queue::Waiter;
-use super::drive;
-use super::error::{kube_err, ControllerError};
-use super::observe;
-use super::plan::{self, TeardownPlan, TeardownProgress};
+use super::super::act::{self, DrainTarget};
+use super::super::context::Context;
+use super::super::decide::Trigger;
+use super::super::drive;
+use super::super::error::{kube_err, ControllerError};
+use super::super::observe;
+use super::super::plan::{self, TeardownPlan, TeardownProgress};
+use super::pool::Slot;
+use super::queue::Waiter;
 use crate::api::{ReadBackStatus, SandboxRun};
 use crate::pod;
 use crate::shard::drain_claim::{Claim, DrainHold};
@@ -74,7 +74,7 @@ pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger)
 /// predate what the claim's previous holder wrote. Held by a live replica: nothing is done, a
 /// later reconcile asks again. `slot`: the teardown's drain slot, given back once its drains
 /// are done (None: the caller holds none).
-pub(super) async fn claimed_teardown(
+pub(in crate::controller) async fn claimed_teardown(
     ctx: &Context,
     run: &SandboxRun,
     trigger: &Trigger,
@@ -95,7 +95,7 @@ pub(super) async fn claimed_teardown(
 }
 
 /// The answer of [`drain_claim`].
-pub(super) enum Claimed {
+pub(in crate::controller) enum Claimed {
     /// No sharding: no claim to take, the drain goes on.
     Unsharded,
     /// This replica holds the run's drain claim until the hold is released.
@@ -107,7 +107,7 @@ pub(super) enum Claimed {
 /// The run's drain claim for this replica (with sharding: one drain of a run — a teardown or a
 /// checkpoint — at a time across replicas, src/shard/drain_claim.rs, issue #38; docs/contract.md
 /// "Shards").
-pub(super) async fn drain_claim(
+pub(in crate::controller) async fn drain_claim(
     ctx: &Context,
     run: &SandboxRun,
 ) -> Result<Claimed, ControllerError> {
@@ -148,7 +148,7 @@ async fn fresh_teardown(
 /// still to drain is recorded Failed naming it ([`plan::without_store`]) and nothing is drained.
 /// A read that may pass (the apiserver unreachable or failing) is an error: the teardown is
 /// retried.
-pub(super) async fn teardown_store(
+pub(in crate::controller) async fn teardown_store(
     ctx: &Context,
     run: &SandboxRun,
     paths: Vec<plan::PathPlan>,
@@ -162,7 +162,7 @@ pub(super) async fn teardown_store(
     match ctx.run_store(run).await {
         Ok(store) => Ok((store, paths)),
         Err(error) => {
-            let why = super::error::store_verdict(error)?;
+            let why = super::super::error::store_verdict(error)?;
             warn!(run = %run.name_any(), namespace = ?run.namespace(), error = %why, "the run's store cannot be used; its drains fail");
             let paths = plan::without_store(paths, &why.to_string());
             Ok((ctx.operator_store(), paths))
@@ -270,7 +270,7 @@ async fn teardown(
         return Ok(());
     };
     let now = Timestamp::now();
-    let attempt = super::retry::AttemptEnd::of(trigger, pod);
+    let attempt = super::super::retry::AttemptEnd::of(trigger, pod);
     let end = plan::attempt_end(
         run,
         status,

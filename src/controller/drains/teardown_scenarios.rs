@@ -1,4 +1,4 @@
-//! Scenarios for a teardown (`teardown_job::claimed_teardown`, as the drain pool runs it) against
+//! Scenarios for a teardown (`teardown::claimed_teardown`, as the drain pool runs it) against
 //! a routing mock apiserver, with pods no drain can exec into: a workload that never started
 //! (its paths `Empty`) and a holder that is not running (its paths `Failed`, with the contract's
 //! Warning). Asserted: the statuses written, the Events, the pod deleted at once and the
@@ -16,14 +16,14 @@ use kube::runtime::reflector::ObjectRef;
 use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
-use super::context::Context;
-use super::decide::Trigger;
-use super::fixtures::now;
-use super::mock_apiserver::{apiserver, context, Log, Route};
-use super::pipeline_scenarios::{run, written};
-use super::plan::testing::deleting;
-use super::plan::{IN_FLIGHT_REQUEUE, SETTLE};
-use super::teardown_job::{claimed_teardown, start};
+use super::super::context::Context;
+use super::super::decide::Trigger;
+use super::super::fixtures::now;
+use super::super::mock_apiserver::{apiserver, context, Log, Route};
+use super::super::pipeline_scenarios::{run, written};
+use super::super::plan::testing::deleting;
+use super::super::plan::{IN_FLIGHT_REQUEUE, SETTLE};
+use super::teardown::{claimed_teardown, start};
 use crate::api::{Phase, SandboxRun, SandboxRunStatus};
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 
@@ -33,7 +33,7 @@ const POD: &str = "/api/v1/namespaces/ns/pods/demo-sbr";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
 
 /// The run's pod (owned by it), its containers in `statuses` (also the checkpoint scenarios').
-pub(super) fn pod(statuses: Vec<ContainerStatus>) -> Pod {
+pub(in crate::controller) fn pod(statuses: Vec<ContainerStatus>) -> Pod {
     let mut pod = Pod::default();
     pod.metadata.name = Some("demo-sbr".into());
     pod.metadata.namespace = Some("ns".into());
@@ -252,7 +252,7 @@ async fn found_draining(
     let mut cached = SandboxRun::clone(&run);
     cached.metadata.resource_version = Some(seen.into());
     // The pool's task has not run yet (one thread): the reconcile finds the run draining.
-    let action = super::reconcile_run(Arc::new(cached), Arc::clone(&ctx))
+    let action = super::super::reconcile_run(Arc::new(cached), Arc::clone(&ctx))
         .await
         .expect("the reconcile succeeds");
     assert_eq!(action, Action::requeue(IN_FLIGHT_REQUEUE));

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use super::super::drain_pool::Queued;
+use super::super::drains::pool::Queued;
 use super::super::events::{PlannedEvent, DRAIN_QUEUED};
 use super::model::{Plan, Requeue, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN};
 
@@ -40,7 +40,7 @@ pub(crate) fn queued(queued: &Queued, settle: Duration) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::drain_queue::Position;
+    use crate::controller::drains::queue::Position;
 
     fn waiting(waited: Duration, announced: bool, urgent: bool) -> Queued {
         Queued {

@@ -1,6 +1,6 @@
 //! The pools' controller's act stage: carries out one [`PoolEffect`] and answers what the world
 //! said ([`PoolAnswer`]); it never decides (what follows an answer is
-//! [`super::pool_plan`]'s), reads no clock and calls no other stage. The only writes of the
+//! [`super::plan`]'s), reads no clock and calls no other stage. The only writes of the
 //! pools' controller (hack/io-outside-act.py holds them here).
 
 use k8s_openapi::api::core::v1::Pod;
@@ -9,13 +9,13 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use tracing::{info, warn};
 
-use super::context::Context;
-use super::error::{kube_err, ControllerError};
-use super::pool_plan::{PoolAnswer, PoolEffect, PoolEvent};
+use super::super::context::Context;
+use super::super::error::{kube_err, ControllerError};
+use super::plan::{PoolAnswer, PoolEffect, PoolEvent};
 use crate::api::{SandboxRunPool, SandboxRunPoolStatus};
 
 /// Carries out `effect` for `pool`.
-pub(super) async fn carry_out(
+pub(in crate::controller) async fn carry_out(
     ctx: &Context,
     pool: &SandboxRunPool,
     effect: PoolEffect,
@@ -29,7 +29,7 @@ pub(super) async fn carry_out(
             resource_version,
         } => delete_pod(&pods, &name, uid, resource_version).await,
         PoolEffect::ApplyPolicy(policy) => {
-            super::act::apply_network_policy(&ctx.client, &policy).await?;
+            super::super::act::apply_network_policy(&ctx.client, &policy).await?;
             Ok(PoolAnswer::Done)
         }
         PoolEffect::CreatePod(pod) => create_pod(&pods, pool, &pod).await,
@@ -41,7 +41,7 @@ pub(super) async fn carry_out(
             undone_unless(&pods, &name, sealed, "could not be sealed").await
         }
         PoolEffect::ApplyPodPolicy { pod, policy } => {
-            let applied = super::act::apply_network_policy(&ctx.client, &policy).await;
+            let applied = super::super::act::apply_network_policy(&ctx.client, &policy).await;
             undone_unless(&pods, &pod, applied, "NetworkPolicy was not applied").await
         }
         PoolEffect::Publish(event) => {

@@ -2,12 +2,18 @@
 //! pools"): a controller of its own beside the runs', with its own observe → plan → act. It
 //! watches SandboxRunPools and the pods they own; each reconcile reads the clock once, reads the
 //! pool's template, the namespace's labels its policies need and its pods ([`observe`], reads
-//! only), plans the look ([`super::pool_plan::look`], pure: the deletes, the waiting gates'
+//! only), plans the look ([`self::plan::look`], pure: the deletes, the waiting gates'
 //! policies, the pods to create, the status and its Events), and carries the effects out in
-//! order ([`super::pool_act`], the only writes), each creation's answer planned by
-//! [`super::pool_plan::after_create`] (seal it, apply its policy; or stop where the namespace
+//! order ([`self::act`], the only writes), each creation's answer planned by
+//! [`self::plan::after_create`] (seal it, apply its policy; or stop where the namespace
 //! refused one). A pod a run claimed is the run's (its owner and labels say so): the pool only
 //! counts it. With sharding, each pool is served by the replica that holds its shard.
+
+mod act;
+mod plan;
+pub(crate) mod policies;
+#[cfg(test)]
+mod scenarios;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,10 +27,10 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
+use self::act::carry_out;
+use self::plan::{AfterCreate, Look, PoolEffect, PoolObserved, PoolSettings};
 use super::context::Context;
 use super::error::{kube_err, ControllerError};
-use super::pool_act::carry_out;
-use super::pool_plan::{self, AfterCreate, Look, PoolEffect, PoolObserved, PoolSettings};
 use crate::api::SandboxRunPool;
 use crate::pool::gauges as pool_gauges;
 use crate::pool::pod::{self as pool_pod, POOL_LABEL};
@@ -136,7 +142,7 @@ pub(super) async fn reconcile(
         pod: &ctx.pod,
         proxy: &proxy,
     };
-    let mut serving = match pool_plan::look(&pool, observed, &settings, now) {
+    let mut serving = match plan::look(&pool, observed, &settings, now) {
         Look::Unusable(effects) => {
             carry_all(&ctx, &pool, effects).await?;
             return Ok(Action::requeue(LOOK_AGAIN));
@@ -145,7 +151,7 @@ pub(super) async fn reconcile(
     };
     carry_all(&ctx, &pool, std::mem::take(&mut serving.before)).await?;
     let (created, refused) = create_pods(&ctx, &pool, &settings, &serving).await?;
-    let effects = pool_plan::closing(&pool, *serving, created, refused);
+    let effects = plan::closing(&pool, *serving, created, refused);
     carry_all(&ctx, &pool, effects).await?;
     Ok(Action::requeue(LOOK_AGAIN))
 }
@@ -169,12 +175,12 @@ async fn create_pods(
     ctx: &Context,
     pool: &SandboxRunPool,
     settings: &PoolSettings<'_>,
-    serving: &pool_plan::Serving,
+    serving: &plan::Serving,
 ) -> Result<(usize, Option<String>), ControllerError> {
     let mut created = 0;
     for pod in &serving.creates {
         let answer = carry_out(ctx, pool, PoolEffect::CreatePod(Box::new(pod.clone()))).await?;
-        match pool_plan::after_create(answer, &serving.stand_in, settings)? {
+        match plan::after_create(answer, &serving.stand_in, settings)? {
             AfterCreate::Then(effects) => {
                 carry_all(ctx, pool, effects).await?;
                 created += 1;
@@ -188,7 +194,7 @@ async fn create_pods(
 }
 
 /// What a look at `pool` reads (reads only): the pods carrying its label, and the spec its
-/// template makes, judged ([`pool_plan::judged`]) — the namespace's labels read only when the
+/// template makes, judged ([`plan::judged`]) — the namespace's labels read only when the
 /// template made a spec the rules let through and a namespace policy selects by label.
 async fn observe(ctx: &Context, pool: &SandboxRunPool) -> Result<PoolObserved, ControllerError> {
     let ns = pool
@@ -206,7 +212,7 @@ async fn observe(ctx: &Context, pool: &SandboxRunPool) -> Result<PoolObserved, C
     let fetched = super::observe::template(&ctx.client, &ns, reference).await?;
     let template_generation = fetched.as_ref().ok().and_then(|t| t.as_ref()?.generation);
     let rules = (&ctx.admission.rules, &ctx.admission.rights);
-    let made = match pool_plan::judged(pool, &ns, fetched, rules) {
+    let made = match plan::judged(pool, &ns, fetched, rules) {
         Ok(made) => {
             // The namespace policies too (docs/contract.md "The platform's namespace
             // policies"): the namespace's labels are read only when a policy selects by label.
@@ -217,7 +223,7 @@ async fn observe(ctx: &Context, pool: &SandboxRunPool) -> Result<PoolObserved, C
                 Default::default()
             };
             let key = ctx.admission.rights.key.as_ref();
-            pool_plan::namespace_judged(made, &labels, policies, key)
+            plan::namespace_judged(made, &labels, policies, key)
         }
         Err(why) => Err(why),
     };

@@ -1,6 +1,6 @@
 //! The pools' controller's plan (pure: no client, no clock — `now` is an argument): from what a
 //! look at a pool observed ([`PoolObserved`]) to the effects its act stage
-//! ([`super::pool_act`]) carries out, in order, and from act's typed answers to what follows
+//! ([`super::act`]) carries out, in order, and from act's typed answers to what follows
 //! (docs/architecture.md "The controllers beside the pipeline"). A pool keeps its replicas of
 //! unclaimed, sealed pods of its template (docs/contract.md "Warm pools").
 
@@ -12,7 +12,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 use serde_json::Value;
 
-use super::error::ControllerError;
+use super::super::error::ControllerError;
 use crate::admission::namespace_policy::Compiled as NamespacePolicy;
 use crate::admission::stamp::{RightsPolicy, StampKey};
 use crate::admission::RuleSettings;
@@ -28,7 +28,7 @@ const NO_KEY: &str = "the operator could not read its admission key, which seals
 
 /// Why a pool makes no pods of its template (its status' message, a `NotPooled` Event).
 #[derive(Debug, thiserror::Error)]
-pub(super) enum NotPooled {
+pub(in crate::controller) enum NotPooled {
     /// The template cannot make a run.
     #[error(transparent)]
     Template(#[from] TemplateUnusable),
@@ -42,7 +42,7 @@ pub(super) enum NotPooled {
 }
 
 /// What the pools' plan is given besides what the look observed: the operator's settings.
-pub(super) struct PoolSettings<'a> {
+pub(in crate::controller) struct PoolSettings<'a> {
     /// The key pool pods are sealed with ([`crate::pool::seal`]); none: no pool pods.
     pub key: Option<&'a StampKey>,
     pub pod: &'a PodSettings,
@@ -51,7 +51,7 @@ pub(super) struct PoolSettings<'a> {
 }
 
 /// What one look at a pool observed (the reads of `pools::observe`).
-pub(super) struct PoolObserved {
+pub(in crate::controller) struct PoolObserved {
     /// The pods carrying the pool's label, as listed.
     pub pods: Vec<Pod>,
     /// The spec its template makes, judged ([`judged`], [`namespace_judged`]), or why none.
@@ -64,7 +64,7 @@ pub(super) struct PoolObserved {
 /// into an empty run), judged by the operator's rules and the author's rights: or why the pool
 /// makes no pods. The namespace's policies come after ([`namespace_judged`]), once observe has
 /// read the labels they need.
-pub(super) fn judged(
+pub(in crate::controller) fn judged(
     pool: &SandboxRunPool,
     ns: &str,
     fetched: Result<Option<crate::template::Fetched>, TemplateUnusable>,
@@ -88,7 +88,7 @@ pub(super) fn judged(
 
 /// `made` judged by the namespace's policies (docs/contract.md "The platform's namespace
 /// policies", the namespace's `labels`), then by the key the pool's pods need.
-pub(super) fn namespace_judged(
+pub(in crate::controller) fn namespace_judged(
     made: SandboxRunSpec,
     labels: &BTreeMap<String, String>,
     policies: &[NamespacePolicy],
@@ -103,7 +103,7 @@ pub(super) fn namespace_judged(
 
 /// Why a pool's status carries a message: the reason of the Warning Event that says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Warning {
+pub(in crate::controller) enum Warning {
     /// The pool makes no pods of its template ([`NotPooled`], or its pod cannot be built).
     NotPooled,
     /// The namespace refused a pool pod (its quota, Pod Security, another admission).
@@ -112,7 +112,7 @@ pub(super) enum Warning {
 
 impl Warning {
     /// The Event's reason.
-    pub(super) fn reason(self) -> &'static str {
+    pub(in crate::controller) fn reason(self) -> &'static str {
         match self {
             Warning::NotPooled => "NotPooled",
             Warning::PodRefused => "PodRefused",
@@ -122,16 +122,16 @@ impl Warning {
 
 /// An Event about the pool.
 #[derive(Debug, Clone, PartialEq)]
-pub(super) struct PoolEvent {
+pub(in crate::controller) struct PoolEvent {
     pub warning: bool,
     pub reason: &'static str,
-    /// Cut to [`super::events::EVENT_NOTE_LIMIT`].
+    /// Cut to [`super::super::events::EVENT_NOTE_LIMIT`].
     pub note: String,
 }
 
-/// One write of a look at a pool, carried out by [`super::pool_act::carry_out`].
+/// One write of a look at a pool, carried out by [`super::act::carry_out`].
 #[derive(Debug, Clone)]
-pub(super) enum PoolEffect {
+pub(in crate::controller) enum PoolEffect {
     /// Delete an unclaimed pool pod as it was read: preconditioned on its uid and
     /// resourceVersion, so a pod a run claimed meanwhile is never deleted (404 and 409 are done).
     DeletePod {
@@ -160,7 +160,7 @@ pub(super) enum PoolEffect {
 
 /// Act's answer to one [`PoolEffect`].
 #[derive(Debug, Clone)]
-pub(super) enum PoolAnswer {
+pub(in crate::controller) enum PoolAnswer {
     Done,
     /// The pod as the apiserver returned it (its uid known).
     Created(Box<Pod>),
@@ -171,7 +171,7 @@ pub(super) enum PoolAnswer {
 }
 
 /// A look at a pool, planned.
-pub(super) enum Look {
+pub(in crate::controller) enum Look {
     /// The pool makes no pods: its status (and a Warning when its message changed).
     Unusable(Vec<PoolEffect>),
     /// The pool serves.
@@ -180,7 +180,7 @@ pub(super) enum Look {
 
 /// A pool that serves: what its look does before it creates, the pods it creates, and what it
 /// reports after.
-pub(super) struct Serving {
+pub(in crate::controller) struct Serving {
     /// Outdated, surplus and orphaned pods deleted, then each waiting gate's policy applied.
     pub before: Vec<PoolEffect>,
     /// The pods to create, in order (stopping at the first the namespace refuses).
@@ -195,7 +195,7 @@ pub(super) struct Serving {
 
 /// Plans a look at `pool` from what was `observed`, at `now` (the one clock reading of the look:
 /// the seals' grace and the new pods' names).
-pub(super) fn look(
+pub(in crate::controller) fn look(
     pool: &SandboxRunPool,
     observed: PoolObserved,
     settings: &PoolSettings<'_>,
@@ -231,7 +231,7 @@ pub(super) fn look(
             resource_version: pod.resource_version(),
         })
     });
-    let gates = super::pool_policies::gates_waiting(
+    let gates = super::policies::gates_waiting(
         (&made, &settings.pod.egress, settings.proxy),
         (&observed.pods, &views),
     )
@@ -287,7 +287,7 @@ fn views(
 
 /// What follows act's answer to a [`PoolEffect::CreatePod`].
 #[derive(Debug)]
-pub(super) enum AfterCreate {
+pub(in crate::controller) enum AfterCreate {
     /// Created: seal it, then apply its policy (when its runs restrict egress).
     Then(Vec<PoolEffect>),
     /// It existed already: on to the next.
@@ -297,7 +297,7 @@ pub(super) enum AfterCreate {
 }
 
 /// What follows `answer` to the creation of a pod of the template that made `stand_in`.
-pub(super) fn after_create(
+pub(in crate::controller) fn after_create(
     answer: PoolAnswer,
     stand_in: &SandboxRun,
     settings: &PoolSettings<'_>,
@@ -338,7 +338,7 @@ pub(super) fn after_create(
 
 /// What a look reports once its pods are created: `created` of them, and `refused`, why the
 /// namespace stopped it.
-pub(super) fn closing(
+pub(in crate::controller) fn closing(
     pool: &SandboxRunPool,
     serving: Serving,
     created: usize,
@@ -408,7 +408,7 @@ fn status_effects(
 }
 
 fn event(warning: bool, reason: &'static str, mut note: String) -> PoolEvent {
-    crate::text::truncate(&mut note, super::events::EVENT_NOTE_LIMIT);
+    crate::text::truncate(&mut note, super::super::events::EVENT_NOTE_LIMIT);
     PoolEvent {
         warning,
         reason,

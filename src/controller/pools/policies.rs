@@ -1,10 +1,10 @@
 //! The NetworkPolicies of a warm pool's pods (`crate::pool::egress`), planned (pure): the pool
 //! controller applies one to each pod of a template whose runs restrict egress as soon as the pod
 //! exists (owned by it: the garbage collector deletes it with the pod;
-//! [`super::pool_plan::after_create`]), and, while the pod's egress gate waits on a known node,
+//! [`super::plan::after_create`]), and, while the pod's egress gate waits on a known node,
 //! its version with that node denied (the gate probes the node; [`gates_waiting`]). Until the
 //! policy is in force the gate holds the parked workload: nothing the tenant wrote runs
-//! unfiltered. Act applies them ([`super::pool_act`]).
+//! unfiltered. Act applies them ([`super::act`]).
 
 use std::net::IpAddr;
 
@@ -21,8 +21,8 @@ use crate::pool::pod::CLAIMED_BY_LABEL;
 /// The policies of the unclaimed pods whose gate waits on a known node: each with that node and
 /// the egress proxy's pods (at `proxy`) denied (server-side apply of the same object changes
 /// nothing; applied again each look while the gate waits, which also heals a policy lost in
-/// between). The policy of a pod just created is [`super::pool_plan::after_create`]'s.
-pub(super) fn gates_waiting<'a>(
+/// between). The policy of a pod just created is [`super::plan::after_create`]'s.
+pub(in crate::controller) fn gates_waiting<'a>(
     (stand_in, egress, proxy): (&'a SandboxRun, &'a EgressSettings, &'a [IpAddr]),
     (owned, views): (&'a [Pod], &'a [PoolPod]),
 ) -> impl Iterator<Item = NetworkPolicy> + 'a {
@@ -54,7 +54,7 @@ fn waits_on_a_node(pod: &Pod) -> bool {
     !pod.labels().contains_key(CLAIMED_BY_LABEL)
         && pod.metadata.deletion_timestamp.is_none()
         && pod.status.as_ref().is_some_and(|s| s.host_ip.is_some())
-        && super::observe::gate_waiting(pod)
+        && super::super::observe::gate_waiting(pod)
 }
 
 #[cfg(test)]

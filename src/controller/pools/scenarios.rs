@@ -1,13 +1,13 @@
 //! Scenarios for the pools' controller against a mock apiserver (tower-test, no cluster): one
 //! look at a pool — its reads, then its writes in order (deletes, creations each sealed, the
-//! status, its Events) — as observe, [`super::pool_plan`] and [`super::pool_act`] carry it out.
+//! status, its Events) — as observe, [`super::plan`] and [`super::act`] carry it out.
 
 use std::sync::Arc;
 
 use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
-use super::mock_apiserver::{self, status_failure, Log, Route, Seen};
+use super::super::mock_apiserver::{self, status_failure, Log, Route, Seen};
 use crate::admission::stamp::StampKey;
 use crate::api::{
     ReadBack, ReadBackPath, SandboxRunPool, SandboxRunPoolSpec, SandboxRunPoolStatus,
@@ -96,7 +96,7 @@ fn apiserver(create: Route, more: Vec<Route>) -> (kube::Client, Log) {
     mock_apiserver::apiserver(routes)
 }
 
-fn context(client: kube::Client, key: bool) -> Arc<super::context::Context> {
+fn context(client: kube::Client, key: bool) -> Arc<super::super::context::Context> {
     let mut ctx = mock_apiserver::context(client, Arc::new(InMemory::new()));
     if key {
         ctx.admission.rights.key = Some(StampKey::new(b"0123456789abcdef0123456789abcdef"));
@@ -127,9 +127,7 @@ fn status_sent(seen: &Log) -> SandboxRunPoolStatus {
 async fn a_pool_short_of_pods_creates_and_seals_each_then_says_so_and_writes_its_status() {
     let (client, seen) = apiserver(Route::with("POST", PODS, created), vec![]);
     let ctx = context(client, true);
-    super::pools::reconcile(Arc::new(pool(2)), ctx)
-        .await
-        .unwrap();
+    super::reconcile(Arc::new(pool(2)), ctx).await.unwrap();
     assert_eq!(
         writes(&seen),
         [
@@ -159,9 +157,7 @@ async fn a_pod_the_namespace_refuses_stops_the_creations_and_its_warning_is_pod_
     let refused = status_failure(403, "Forbidden", "exceeded quota: pods");
     let (client, seen) = apiserver(Route::fixed("POST", PODS, 403, refused), vec![]);
     let ctx = context(client, true);
-    super::pools::reconcile(Arc::new(pool(3)), ctx)
-        .await
-        .unwrap();
+    super::reconcile(Arc::new(pool(3)), ctx).await.unwrap();
     assert_eq!(
         writes(&seen),
         [
@@ -181,9 +177,7 @@ async fn a_pod_the_namespace_refuses_stops_the_creations_and_its_warning_is_pod_
 async fn a_pool_without_the_operators_key_makes_no_pods_and_its_warning_is_not_pooled() {
     let (client, seen) = apiserver(Route::with("POST", PODS, created), vec![]);
     let ctx = context(client, false);
-    super::pools::reconcile(Arc::new(pool(2)), ctx)
-        .await
-        .unwrap();
+    super::reconcile(Arc::new(pool(2)), ctx).await.unwrap();
     assert_eq!(
         writes(&seen),
         [format!("PATCH {STATUS}"), "Event NotPooled".into()]
@@ -196,13 +190,11 @@ async fn a_pool_without_the_operators_key_makes_no_pods_and_its_warning_is_not_p
 async fn a_pool_whose_status_already_says_why_writes_nothing_again() {
     let (client, seen) = apiserver(Route::with("POST", PODS, created), vec![]);
     let ctx = context(client.clone(), false);
-    super::pools::reconcile(Arc::new(pool(2)), ctx)
-        .await
-        .unwrap();
+    super::reconcile(Arc::new(pool(2)), ctx).await.unwrap();
     let mut again = pool(2);
     again.status = Some(status_sent(&seen));
     let (client, seen) = apiserver(Route::with("POST", PODS, created), vec![]);
-    super::pools::reconcile(Arc::new(again), context(client, false))
+    super::reconcile(Arc::new(again), context(client, false))
         .await
         .unwrap();
     assert!(writes(&seen).is_empty(), "{:?}", seen.lines());
@@ -218,9 +210,7 @@ async fn a_pool_pod_that_cannot_be_sealed_is_deleted_and_the_look_fails() {
     );
     let (client, seen) = apiserver(Route::with("POST", PODS, created), vec![broken]);
     let ctx = context(client, true);
-    assert!(super::pools::reconcile(Arc::new(pool(1)), ctx)
-        .await
-        .is_err());
+    assert!(super::reconcile(Arc::new(pool(1)), ctx).await.is_err());
     assert_eq!(
         writes(&seen),
         [
@@ -241,9 +231,7 @@ async fn a_missing_template_is_said_in_the_status_and_a_not_pooled_warning() {
     );
     let (client, seen) = apiserver(Route::with("POST", PODS, created), vec![missing]);
     let ctx = context(client, true);
-    super::pools::reconcile(Arc::new(pool(1)), ctx)
-        .await
-        .unwrap();
+    super::reconcile(Arc::new(pool(1)), ctx).await.unwrap();
     assert_eq!(
         writes(&seen),
         [format!("PATCH {STATUS}"), "Event NotPooled".into()]
@@ -282,7 +270,7 @@ async fn a_template_edit_shows_the_outdated_pods_in_replicas_and_none_updated() 
         "items": [sealed_pod("agents-a", "before-the-edit"), sealed_pod("agents-b", "before-the-edit")]});
     let pods = Route::fixed("GET", PODS, 200, outdated);
     let (client, seen) = apiserver(Route::with("POST", PODS, created), vec![pods]);
-    super::pools::reconcile(Arc::new(pool(2)), context(client, true))
+    super::reconcile(Arc::new(pool(2)), context(client, true))
         .await
         .unwrap();
     assert_eq!(
