@@ -35,5 +35,7 @@ mod started;
 pub mod store;
 pub mod tar;
 pub(crate) mod template;
+#[cfg(test)]
+pub(crate) mod testkit;
 pub(crate) mod text;
 pub mod units;

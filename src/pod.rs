@@ -1028,10 +1028,11 @@ mod tests {
     use crate::api::{EnvVar as SpecEnv, Mount, ReadBack, ReadBackPath, SandboxRunSpec};
 
     fn run(spec: SandboxRunSpec) -> SandboxRun {
-        let mut r = SandboxRun::new("demo", spec);
-        r.metadata.namespace = Some("ns1".into());
-        r.metadata.uid = Some("1111-2222".into());
-        r
+        crate::testkit::sandbox_run("demo")
+            .namespace("ns1")
+            .uid("1111-2222")
+            .spec(spec)
+            .build()
     }
 
     fn spec_with_paths(paths: &[&str]) -> SandboxRunSpec {

@@ -261,29 +261,17 @@ async fn delete_and_wait(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{
-        ReadBack, ReadBackPath, ReadBackStatus, SandboxRunSpec, SandboxRunStatus,
-        WorkloadTermination,
-    };
+    use crate::api::{ReadBackStatus, SandboxRunStatus, WorkloadTermination};
 
     fn run(phase: Option<Phase>, entries: Vec<ReadBackStatus>) -> SandboxRun {
-        let spec = SandboxRunSpec {
-            read_back: Some(ReadBack {
-                paths: vec![ReadBackPath {
-                    path: "/work/out".into(),
-                    ..Default::default()
-                }],
+        crate::testkit::sandbox_run("t")
+            .read_back(&["/work/out"])
+            .status(SandboxRunStatus {
+                phase,
+                read_back: entries,
                 ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let mut r = SandboxRun::new("t", spec);
-        r.status = Some(SandboxRunStatus {
-            phase,
-            read_back: entries,
-            ..Default::default()
-        });
-        r
+            })
+            .build()
     }
 
     fn entry(phase: ReadBackPhase, object: Option<&str>, members: u64) -> ReadBackStatus {

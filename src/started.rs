@@ -95,7 +95,7 @@ pub(crate) fn as_started(mut run: SandboxRun, pod: Option<&Pod>) -> SandboxRun {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{Compression, ReadBackPath, Retention, SandboxRunSpec};
+    use crate::api::{Compression, ReadBackPath, Retention};
     use k8s_openapi::api::core::v1::{Container, PodSpec};
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
@@ -118,13 +118,9 @@ mod tests {
     }
 
     fn run_with(rb: ReadBack) -> SandboxRun {
-        SandboxRun::new(
-            "r",
-            SandboxRunSpec {
-                read_back: Some(rb),
-                ..Default::default()
-            },
-        )
+        crate::testkit::sandbox_run("r")
+            .edit(|spec| spec.read_back = Some(rb))
+            .build()
     }
 
     fn pod_recording(rb: &ReadBack) -> Pod {

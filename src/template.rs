@@ -479,15 +479,13 @@ mod tests {
     }
 
     fn templated_run() -> SandboxRun {
-        let mut r = SandboxRun::new(
-            "r",
-            run(SandboxRunSpec {
+        crate::testkit::sandbox_run("r")
+            .namespace("team")
+            .spec(run(SandboxRunSpec {
                 command: Some(vec!["make".into()]),
                 ..SandboxRunSpec::default()
-            }),
-        );
-        r.metadata.namespace = Some("team".into());
-        r
+            }))
+            .build()
     }
 
     fn stored_template(generation: i64) -> Fetched {

@@ -12,7 +12,7 @@ use super::act::{carry_out, Carried};
 use super::context::Context;
 use super::mock_apiserver::{self, status_failure, Log, Route, Seen};
 use super::plan::{Answer, Effect, Plan, Requeue};
-use crate::api::{Phase, SandboxRun, SandboxRunSpec, SandboxRunStatus, FINALIZER};
+use crate::api::{Phase, SandboxRun, SandboxRunStatus, FINALIZER};
 
 /// A mock apiserver answering every request with `status` and `body`
 /// ([`super::mock_apiserver`]); returns the client and what it was sent.
@@ -25,11 +25,11 @@ fn context(client: kube::Client) -> Context {
 }
 
 fn run() -> SandboxRun {
-    let mut run = SandboxRun::new("demo", SandboxRunSpec::default());
-    run.metadata.namespace = Some("ns".into());
-    run.metadata.uid = Some("u1".into());
-    run.metadata.resource_version = Some("7".into());
-    run
+    crate::testkit::sandbox_run("demo")
+        .namespace("ns")
+        .uid("u1")
+        .resource_version("7")
+        .build()
 }
 
 /// The run as the apiserver returns it after a write: a new resourceVersion.

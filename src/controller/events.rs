@@ -439,7 +439,7 @@ pub(crate) fn is_camel_case(reason: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ReadBack, ReadBackPath, SandboxRun, SandboxRunSpec};
+    use crate::api::SandboxRun;
     use crate::controller::status::{draining_status, finished_status};
     use jiff::Timestamp;
 
@@ -495,23 +495,11 @@ mod tests {
     }
 
     fn stopped_run(required: bool) -> SandboxRun {
-        let mut r = SandboxRun::new(
-            "demo",
-            SandboxRunSpec {
-                stop: true,
-                read_back: Some(ReadBack {
-                    paths: vec![ReadBackPath {
-                        path: "/out".into(),
-                        required,
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        );
-        r.metadata.generation = Some(1);
-        r
+        crate::testkit::sandbox_run("demo")
+            .read_back_required(&[("/out", required)])
+            .edit(|spec| spec.stop = true)
+            .generation(1)
+            .build()
     }
 
     fn ended(run: &SandboxRun, trigger: Trigger, phase: ReadBackPhase) -> SandboxRunStatus {

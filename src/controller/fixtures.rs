@@ -10,42 +10,28 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::conditions;
 use super::decide::DecideSettings;
 use super::observe::{PodView, WorkloadState};
-use crate::api::{
-    Phase, ReadBack, ReadBackPath, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunSpec,
-    SandboxRunStatus, FINALIZER,
-};
+use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 
 pub(crate) fn now() -> Timestamp {
     "2026-11-30T12:00:00Z".parse().unwrap()
 }
 
+/// The run `demo` of namespace `ns` (uid `u1`, created [`now`], the finalizer on) running `true`
+/// from `img` as uid 1000 and reading back each `(path, required)`.
 pub(crate) fn run_with(paths: &[(&str, bool)]) -> SandboxRun {
-    let mut r = SandboxRun::new(
-        "demo",
-        SandboxRunSpec {
-            image: Some("img".into()),
-            command: Some(vec!["true".into()]),
-            user: Some("1000".into()),
-            read_back: Some(ReadBack {
-                paths: paths
-                    .iter()
-                    .map(|(p, req)| ReadBackPath {
-                        path: p.to_string(),
-                        required: *req,
-                        ..Default::default()
-                    })
-                    .collect(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        },
-    );
-    r.metadata.uid = Some("u1".into());
-    r.metadata.namespace = Some("ns".into());
-    r.metadata.finalizers = Some(vec![FINALIZER.to_string()]);
-    r.metadata.creation_timestamp = Some(Time(now()));
-    r
+    crate::testkit::sandbox_run("demo")
+        .namespace("ns")
+        .uid("u1")
+        .finalizers(&[FINALIZER])
+        .created(now())
+        .edit(|spec| {
+            spec.image = Some("img".into());
+            spec.command = Some(vec!["true".into()]);
+            spec.user = Some("1000".into());
+        })
+        .read_back_required(paths)
+        .build()
 }
 
 pub(crate) fn running() -> PodView {

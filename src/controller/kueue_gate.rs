@@ -1106,4 +1106,95 @@ mod tests {
             )
         );
     }
+
+    /// Which queue decides is what the operator recorded when it made the Workload; the live
+    /// label only before that (docs/contract.md "Quota cannot be edited away").
+    #[test]
+    fn the_queue_that_decides_is_the_recorded_one_never_the_live_label_alone() {
+        let with = |recorded: Option<&str>, label: Option<&str>| {
+            let mut run = run_with(&[("/out", false)]);
+            labelled(&mut run, label);
+            run.status.get_or_insert_with(Default::default).queue = recorded.map(str::to_string);
+            run
+        };
+        let not = with(None, None);
+        assert_eq!(queueing(&not), Queueing::Not);
+        let labelled_only = with(None, Some("lq"));
+        assert_eq!(queueing(&labelled_only), Queueing::In("lq"));
+        let agreeing = with(Some("lq"), Some("lq"));
+        assert_eq!(queueing(&agreeing), Queueing::In("lq"));
+        let moved = with(Some("lq"), Some("free"));
+        assert_eq!(
+            queueing(&moved),
+            Queueing::Disagrees {
+                recorded: "lq",
+                label: Some("free")
+            }
+        );
+        let removed = with(Some("lq"), None);
+        assert_eq!(
+            queueing(&removed),
+            Queueing::Disagrees {
+                recorded: "lq",
+                label: None
+            }
+        );
+    }
+
+    /// An ended run marks its own Workload Finished, Failed when it failed, with its words; a
+    /// Workload of its name it does not own, or none, is never written.
+    #[test]
+    fn an_ended_runs_workload_is_finished_with_its_outcome_and_one_it_does_not_own_never() {
+        let mut ended = with_phase(run_with(&[("/out", false)]), Phase::Failed);
+        ended.status.as_mut().expect("status").message =
+            Some("workload failed with exit code 3".into());
+        let w = json!({"metadata": {"resourceVersion": "7", "generation": 1},
+            "status": {"conditions": [{"type": "Admitted", "status": "True", "reason": "Admitted"}],
+                       "admission": {"clusterQueue": "cq"}}});
+        let admitted = QueueState::Admitted {
+            cluster_queue: "cq".into(),
+        };
+        let q = QueueInputs {
+            workload: Some(&w),
+            ..inputs(&admitted, false)
+        };
+        let Gate::PatchThen(patch, Step::ReleaseFinalizer) =
+            gate(&ended, Step::ReleaseFinalizer, q, now())
+        else {
+            panic!("a finished patch, then the step");
+        };
+        let finished = patch["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "Finished"))
+            .cloned()
+            .expect("Finished");
+        assert_eq!(finished["status"], "True", "{finished}");
+        assert_eq!(finished["reason"], "Failed", "{finished}");
+        assert_eq!(
+            finished["message"], "workload failed with exit code 3",
+            "{finished}"
+        );
+        assert_eq!(patch["metadata"]["resourceVersion"], "7", "{patch}");
+        for state in [QueueState::Foreign, QueueState::Absent] {
+            let q = QueueInputs {
+                workload: Some(&w),
+                ..inputs(&state, false)
+            };
+            assert_eq!(
+                gate(&ended, Step::ReleaseFinalizer, q, now()),
+                Gate::Step(Step::ReleaseFinalizer),
+                "{state:?}"
+            );
+        }
+        assert_eq!(
+            gate(
+                &ended,
+                Step::ReleaseFinalizer,
+                inputs(&admitted, false),
+                now()
+            ),
+            Gate::Step(Step::ReleaseFinalizer),
+            "no Workload read: nothing to patch"
+        );
+    }
 }

@@ -96,7 +96,6 @@ pub(crate) fn refused_status(run: &SandboxRun, message: &str, now: Timestamp) ->
 mod tests {
     use super::*;
     use crate::api::Phase;
-    use crate::api::SandboxRunSpec;
     use crate::controller::conditions::set_condition;
 
     fn at(secs: i64) -> Timestamp {
@@ -105,9 +104,9 @@ mod tests {
     }
 
     fn run(generation: i64) -> SandboxRun {
-        let mut r = SandboxRun::new("demo", SandboxRunSpec::default());
-        r.metadata.generation = Some(generation);
-        r
+        crate::testkit::sandbox_run("demo")
+            .generation(generation)
+            .build()
     }
 
     #[test]

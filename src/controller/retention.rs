@@ -157,15 +157,10 @@ mod tests {
             Some(1),
             at(when),
         );
-        let mut run = SandboxRun::new(
-            "r",
-            SandboxRunSpec {
-                ttl_seconds_after_finished: ttl,
-                ..Default::default()
-            },
-        );
-        run.status = Some(status);
-        run
+        crate::testkit::sandbox_run("r")
+            .edit(|spec| spec.ttl_seconds_after_finished = ttl)
+            .status(status)
+            .build()
     }
 
     #[test]

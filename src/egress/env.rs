@@ -64,7 +64,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
-    use crate::api::{NetworkMode, NetworkPolicy as NetSpec, SandboxRunSpec};
+    use crate::api::NetworkMode;
     use crate::egress::settings::{PeerSelector, ProxyPeer, TokenSecret};
 
     fn settings() -> EgressSettings {
@@ -85,18 +85,10 @@ mod tests {
     }
 
     fn run(mode: NetworkMode, rules: &[&str]) -> SandboxRun {
-        let mut run = SandboxRun::new(
-            "r",
-            SandboxRunSpec {
-                network: Some(NetSpec {
-                    mode,
-                    rules: rules.iter().map(|r| r.to_string()).collect(),
-                }),
-                ..SandboxRunSpec::default()
-            },
-        );
-        run.metadata.uid = Some("uid-1".into());
-        run
+        crate::testkit::sandbox_run("r")
+            .uid("uid-1")
+            .network(mode, rules)
+            .build()
     }
 
     #[test]

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
-use crate::api::{NetworkMode, NetworkPolicy, Phase, SandboxRun, SandboxRunSpec, SandboxRunStatus};
+use crate::api::{NetworkMode, NetworkPolicy, Phase, SandboxRun, SandboxRunStatus};
 use crate::egress::limits::Limits;
 use crate::egress::proxy::serve;
 use crate::egress::runs::RunTable;
@@ -24,19 +24,11 @@ const SECRET: &[u8] = b"egress-loopback-test-secret-0123456789";
 
 /// A run of `namespace` allowed to reach 127.0.0.1 (the echo server).
 fn run(namespace: &str, uid: &str) -> SandboxRun {
-    let mut run = SandboxRun::new(
-        &format!("run-{uid}"),
-        SandboxRunSpec {
-            network: Some(NetworkPolicy {
-                mode: NetworkMode::Allowlist,
-                rules: vec!["127.0.0.1".into()],
-            }),
-            ..SandboxRunSpec::default()
-        },
-    );
-    run.metadata.namespace = Some(namespace.into());
-    run.metadata.uid = Some(uid.into());
-    run
+    crate::testkit::sandbox_run(&format!("run-{uid}"))
+        .namespace(namespace)
+        .uid(uid)
+        .network(NetworkMode::Allowlist, &["127.0.0.1"])
+        .build()
 }
 
 /// The run's pod, running at `ip`.

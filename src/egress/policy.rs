@@ -460,7 +460,7 @@ fn walk(block: Block, mode: NetworkMode, rules: &[Rule], carved: &[Block]) -> (R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{NetworkPolicy as NetSpec, SandboxRunSpec};
+    use crate::api::NetworkPolicy as NetSpec;
     use crate::egress::settings::ProxyPeer;
 
     fn rules(texts: &[&str]) -> Vec<Rule> {
@@ -904,16 +904,11 @@ mod tests {
     }
 
     fn run(network: Option<NetSpec>) -> SandboxRun {
-        let mut run = SandboxRun::new(
-            "r1",
-            SandboxRunSpec {
-                network,
-                ..SandboxRunSpec::default()
-            },
-        );
-        run.metadata.namespace = Some("ns".into());
-        run.metadata.uid = Some("uid-1".into());
-        run
+        crate::testkit::sandbox_run("r1")
+            .namespace("ns")
+            .uid("uid-1")
+            .edit(|spec| spec.network = network)
+            .build()
     }
 
     #[test]

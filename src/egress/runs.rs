@@ -631,9 +631,10 @@ mod tests {
     #[test]
     fn the_table_knows_the_addresses_of_running_pods_only() {
         let table = RunTable::default();
-        let mut run = SandboxRun::new("r", crate::api::SandboxRunSpec::default());
-        run.metadata.namespace = Some("ns".into());
-        run.metadata.uid = Some("u".into());
+        let run = crate::testkit::sandbox_run("r")
+            .namespace("ns")
+            .uid("u")
+            .build();
         table.upsert(&run);
         let peer = ip("10.0.0.5");
         assert_eq!(
@@ -665,9 +666,10 @@ mod tests {
     #[tokio::test]
     async fn a_verified_token_waits_a_moment_for_the_watches_to_tell_of_its_run_and_pod() {
         let table = Arc::new(RunTable::default());
-        let mut run = SandboxRun::new("r", crate::api::SandboxRunSpec::default());
-        run.metadata.namespace = Some("ns".into());
-        run.metadata.uid = Some("u".into());
+        let run = crate::testkit::sandbox_run("r")
+            .namespace("ns")
+            .uid("u")
+            .build();
         let peer = ip("10.0.0.5");
         // Neither the run nor its pod known when the request comes; both learnt a moment later
         // (a warm pool pod's claim): the request is served.
@@ -709,19 +711,11 @@ mod tests {
     }
 
     fn live_run(uid: &str, rules: &[&str]) -> SandboxRun {
-        let mut run = SandboxRun::new(
-            uid,
-            crate::api::SandboxRunSpec {
-                network: Some(crate::api::NetworkPolicy {
-                    mode: NetworkMode::Allowlist,
-                    rules: rules.iter().map(|r| r.to_string()).collect(),
-                }),
-                ..crate::api::SandboxRunSpec::default()
-            },
-        );
-        run.metadata.namespace = Some("ns".into());
-        run.metadata.uid = Some(uid.into());
-        run
+        crate::testkit::sandbox_run(uid)
+            .namespace("ns")
+            .uid(uid)
+            .network(NetworkMode::Allowlist, rules)
+            .build()
     }
 
     #[test]

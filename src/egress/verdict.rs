@@ -149,22 +149,14 @@ pub(crate) fn describe(run: &SandboxRun, egress: &Egress, settings: &EgressSetti
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{NetworkMode, NetworkPolicy as NetSpec, SandboxRunSpec};
+    use crate::api::{NetworkMode, SandboxRunSpec};
 
     fn filtered_run() -> SandboxRun {
-        let mut run = SandboxRun::new(
-            "r",
-            SandboxRunSpec {
-                network: Some(NetSpec {
-                    mode: NetworkMode::Allowlist,
-                    rules: vec!["x.com".into()],
-                }),
-                ..SandboxRunSpec::default()
-            },
-        );
-        run.metadata.namespace = Some("ns".into());
-        run.metadata.uid = Some("u1".into());
-        run
+        crate::testkit::sandbox_run("r")
+            .namespace("ns")
+            .uid("u1")
+            .network(NetworkMode::Allowlist, &["x.com"])
+            .build()
     }
 
     #[test]

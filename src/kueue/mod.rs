@@ -466,11 +466,11 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
     fn run() -> SandboxRun {
-        let mut run = SandboxRun::new("job", crate::api::SandboxRunSpec::default());
-        run.metadata.namespace = Some("team".into());
-        run.metadata.uid = Some("uid-1".into());
-        run.metadata.labels = Some([(QUEUE_LABEL.to_string(), "lq".to_string())].into());
-        run
+        crate::testkit::sandbox_run("job")
+            .namespace("team")
+            .uid("uid-1")
+            .label(QUEUE_LABEL, "lq")
+            .build()
     }
 
     fn pod() -> Pod {

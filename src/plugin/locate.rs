@@ -134,14 +134,14 @@ mod tests {
     use crate::api::{Phase, ReadBackStatus, SandboxRunStatus};
 
     fn run_with(entries: Vec<ReadBackStatus>) -> SandboxRun {
-        let mut run = SandboxRun::new("job", Default::default());
-        run.metadata.namespace = Some("ns".into());
-        run.status = Some(SandboxRunStatus {
-            phase: Some(Phase::Failed),
-            read_back: entries,
-            ..Default::default()
-        });
-        run
+        crate::testkit::sandbox_run("job")
+            .namespace("ns")
+            .status(SandboxRunStatus {
+                phase: Some(Phase::Failed),
+                read_back: entries,
+                ..Default::default()
+            })
+            .build()
     }
 
     fn entry(path: &str, phase: ReadBackPhase, object: Option<&str>) -> ReadBackStatus {

@@ -191,26 +191,14 @@ fn write_read_back(out: &mut impl Write, run: &SandboxRun) -> std::io::Result<()
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ReadBack, ReadBackPath, ReadBackStatus, SandboxRunSpec, SandboxRunStatus};
+    use crate::api::{ReadBackStatus, SandboxRunStatus};
 
     fn run(status: SandboxRunStatus, paths: &[&str]) -> SandboxRun {
-        let spec = SandboxRunSpec {
-            read_back: Some(ReadBack {
-                paths: paths
-                    .iter()
-                    .map(|p| ReadBackPath {
-                        path: p.to_string(),
-                        ..Default::default()
-                    })
-                    .collect(),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        let mut run = SandboxRun::new("job", spec);
-        run.metadata.namespace = Some("ns".into());
-        run.status = Some(status);
-        run
+        crate::testkit::sandbox_run("job")
+            .namespace("ns")
+            .read_back(paths)
+            .status(status)
+            .build()
     }
 
     fn text(run: &SandboxRun) -> String {

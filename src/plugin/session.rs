@@ -277,28 +277,13 @@ pub fn read_argv(path: &str) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{ReadBack, ReadBackPath, SandboxRunSpec, SandboxRunStatus};
 
     fn run(phase: Option<Phase>) -> SandboxRun {
-        let mut r = SandboxRun::new(
-            "agent",
-            SandboxRunSpec {
-                read_back: Some(ReadBack {
-                    paths: vec![ReadBackPath {
-                        path: "/work/out".into(),
-                        ..Default::default()
-                    }],
-                    ..Default::default()
-                }),
-                ..Default::default()
-            },
-        );
-        r.status = Some(SandboxRunStatus {
-            phase,
-            pod_name: Some("agent-sbr".into()),
-            ..Default::default()
-        });
-        r
+        crate::testkit::sandbox_run("agent")
+            .read_back(&["/work/out"])
+            .phase(phase)
+            .pod_name("agent-sbr")
+            .build()
     }
 
     #[test]

@@ -70,19 +70,14 @@ pub fn pool_pod_policy(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api::{NetworkMode, NetworkPolicy as Network, SandboxRunSpec};
+    use crate::api::{NetworkMode, NetworkPolicy as Network};
 
     fn stand_in(network: Option<Network>) -> SandboxRun {
-        let mut run = SandboxRun::new(
-            "agents",
-            SandboxRunSpec {
-                network,
-                ..SandboxRunSpec::default()
-            },
-        );
-        run.metadata.namespace = Some("team".into());
-        run.metadata.uid = Some("pool-uid".into());
-        run
+        crate::testkit::sandbox_run("agents")
+            .namespace("team")
+            .uid("pool-uid")
+            .edit(|spec| spec.network = network)
+            .build()
     }
 
     fn pod(uid: Option<&str>) -> Pod {

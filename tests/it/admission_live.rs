@@ -30,7 +30,6 @@ use serde_json::{json, Value};
 
 use crate::support::*;
 
-const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");
 const DIGEST_IMAGE: &str =
     "ghcr.io/iterion/workload@sha256:3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f3f";
 /// How long the apiserver may take to see a new or changed webhook configuration.
@@ -73,21 +72,6 @@ fn kubectl_run(args: &[&str], stdin: Option<&str>) -> (i32, String, String) {
         pipe.write_all(text.as_bytes()).expect("kubectl stdin");
     }
     let out = child.wait_with_output().expect("kubectl output");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// The real binary's `doctor`. Returns (exit code, stdout, stderr).
-fn doctor(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(BIN)
-        .arg("doctor")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run sandboxrun-operator doctor");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -195,7 +179,9 @@ impl LiveWebhook {
         .map(String::from)
         .to_vec();
         flags.extend(extra.iter().map(|f| f.to_string()));
-        let op = start_operator(&watched, &store_url, &flags);
+        let op = Operator::builder(&watched, &store_url)
+            .flags(&flags)
+            .start();
         let live = LiveWebhook {
             client,
             vwc,
@@ -285,7 +271,9 @@ impl LiveWebhook {
                 }
             }
         }
-        self.op = start_operator(&self.watched, &self.store_url, &flags);
+        self.op = Operator::builder(&self.watched, &self.store_url)
+            .flags(&flags)
+            .start();
         self.flags = flags;
         self.wait_until_judging().await;
     }
@@ -317,11 +305,6 @@ impl LiveWebhook {
             None,
         )
     }
-}
-
-/// The operator binary watching `watched`, with `flags` (`--name value` pairs).
-fn start_operator(watched: &str, store_url: &str, flags: &[String]) -> Operator {
-    Operator::builder(watched, store_url).flags(flags).start()
 }
 
 fn dry_run() -> PostParams {
@@ -452,7 +435,7 @@ async fn the_corpus_gets_the_same_verdict_from_the_engine_the_cli_and_the_live_w
 
         // 2. The binary: `doctor --strict`, JSON report.
         let file = path.display().to_string();
-        let (code, stdout, stderr) = doctor(&["--strict", "--output", "json", &file]);
+        let (code, stdout, stderr) = doctor(&["--strict", "--output", "json", &file], None);
         let report: Value = serde_json::from_str(&stdout).unwrap_or(Value::Null);
         let cli_rules: BTreeSet<String> = report["documents"]
             .as_array()
@@ -1900,13 +1883,13 @@ fn doctor_strict_exit_codes_through_the_binary() {
     let missing = dir.path().join("absent.yaml").display().to_string();
 
     // 0: ok, and ok with warnings (warnings never change the exit code).
-    let (code, out, err) = doctor(&["--strict", &f("ok-minimal.yaml")]);
+    let (code, out, err) = doctor(&["--strict", &f("ok-minimal.yaml")], None);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("0 failure(s), 0 warning(s)") && out.contains(": ok"),
         "{out}"
     );
-    let (code, out, err) = doctor(&["--strict", &f("warn-image-digest-tag.yaml")]);
+    let (code, out, err) = doctor(&["--strict", &f("warn-image-digest-tag.yaml")], None);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
         out.contains("⚠") && out.contains("image-digest spec.image") && out.contains("hint:"),
@@ -1915,28 +1898,31 @@ fn doctor_strict_exit_codes_through_the_binary() {
     assert!(out.contains("0 failure(s), 1 warning(s)"), "{out}");
 
     // 1: a failing check under --strict (0 without it: a report for humans).
-    let (code, out, err) = doctor(&["--strict", &f("fail-user-non-root-zero.yaml")]);
+    let (code, out, err) = doctor(&["--strict", &f("fail-user-non-root-zero.yaml")], None);
     assert_eq!(code, 1, "{out}{err}");
     assert!(
         out.contains("✗") && out.contains("user-non-root") && out.contains("failed (--strict)"),
         "{out}"
     );
-    let (code, out, err) = doctor(&[&f("fail-user-non-root-zero.yaml")]);
+    let (code, out, err) = doctor(&[&f("fail-user-non-root-zero.yaml")], None);
     assert_eq!(code, 0, "{out}{err}");
 
     // 2: unparseable YAML, unknown flag, missing file — and usage wins over failures.
-    let (code, out, err) = doctor(&["--strict", &f("usage-yaml-syntax.yaml")]);
+    let (code, out, err) = doctor(&["--strict", &f("usage-yaml-syntax.yaml")], None);
     assert_eq!(code, 2, "{out}{err}");
     assert!(out.contains("YAML does not parse"), "{out}");
-    let (code, out, err) = doctor(&["--strict", "--frobnicate", &f("ok-minimal.yaml")]);
+    let (code, out, err) = doctor(&["--strict", "--frobnicate", &f("ok-minimal.yaml")], None);
     assert_eq!(code, 2, "{out}{err}");
     assert!(err.contains("--frobnicate"), "{err}");
-    let (code, out, err) = doctor(&["--strict", &missing]);
+    let (code, out, err) = doctor(&["--strict", &missing], None);
     assert_eq!(code, 2, "{out}{err}");
     assert!(out.contains("cannot read"), "{out}");
-    let (code, out, err) = doctor(&["--strict", &f("fail-user-non-root-zero.yaml"), &missing]);
+    let (code, out, err) = doctor(
+        &["--strict", &f("fail-user-non-root-zero.yaml"), &missing],
+        None,
+    );
     assert_eq!(code, 2, "{out}{err}");
-    let (code, out, err) = doctor(&["--strict"]);
+    let (code, out, err) = doctor(&["--strict"], None);
     assert_eq!(code, 2, "no file is a usage error: {out}{err}");
 
     // --output json parses and carries the same exit code, for every outcome.
@@ -1949,7 +1935,7 @@ fn doctor_strict_exit_codes_through_the_binary() {
     ] {
         let mut all = vec!["--strict", "--output", "json"];
         all.extend(args.iter().map(String::as_str));
-        let (code, out, err) = doctor(&all);
+        let (code, out, err) = doctor(&all, None);
         assert_eq!(code, want, "{args:?}: {out}{err}");
         let report: Value = serde_json::from_str(&out)
             .unwrap_or_else(|e| panic!("{args:?}: not JSON ({e}): {out}"));
@@ -2098,7 +2084,10 @@ async fn check_images_resolves_against_the_real_registry_without_pulling() {
 
     // The pushed tag resolves (a tag still warns image-digest: warnings keep exit 0).
     let tagged = run_manifest(dir.path(), "tagged", &format!("{registry}/{repo}:v1"));
-    let (code, out, err) = doctor(&["--strict", "--check-images", "--output", "json", &tagged]);
+    let (code, out, err) = doctor(
+        &["--strict", "--check-images", "--output", "json", &tagged],
+        None,
+    );
     assert_eq!(code, 0, "{out}{err}");
     let report: Value = serde_json::from_str(&out).expect("json report");
     let rules: Vec<&str> = report["documents"][0]["findings"]
@@ -2111,13 +2100,13 @@ async fn check_images_resolves_against_the_real_registry_without_pulling() {
 
     // Pinned by the pushed digest: nothing to say at all.
     let pinned = run_manifest(dir.path(), "pinned", &format!("{registry}/{repo}@{digest}"));
-    let (code, out, err) = doctor(&["--strict", "--check-images", &pinned]);
+    let (code, out, err) = doctor(&["--strict", "--check-images", &pinned], None);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("all checks passed"), "{out}");
 
     // A tag that does not exist fails (404 / MANIFEST_UNKNOWN is definitive).
     let missing = run_manifest(dir.path(), "missing", &format!("{registry}/{repo}:nope"));
-    let (code, out, err) = doctor(&["--strict", "--check-images", &missing]);
+    let (code, out, err) = doctor(&["--strict", "--check-images", &missing], None);
     assert_eq!(code, 1, "{out}{err}");
     assert!(
         out.contains("✗") && out.contains("spec.image") && out.contains("404"),
@@ -2132,21 +2121,24 @@ async fn check_images_resolves_against_the_real_registry_without_pulling() {
             rand_u32()
         ),
     );
-    let (code, out, err) = doctor(&["--strict", "--check-images", &no_repo]);
+    let (code, out, err) = doctor(&["--strict", "--check-images", &no_repo], None);
     assert_eq!(code, 1, "{out}{err}");
 
     // A stopped registry (nothing listens on the port) is transient: a warning, exit 0.
     let closed = free_port();
     let down = run_manifest(dir.path(), "down", &format!("127.0.0.1:{closed}/{repo}:v1"));
-    let (code, out, err) = doctor(&[
-        "--strict",
-        "--check-images",
-        "--image-timeout-seconds",
-        "2",
-        "--output",
-        "json",
-        &down,
-    ]);
+    let (code, out, err) = doctor(
+        &[
+            "--strict",
+            "--check-images",
+            "--image-timeout-seconds",
+            "2",
+            "--output",
+            "json",
+            &down,
+        ],
+        None,
+    );
     assert_eq!(code, 0, "{out}{err}");
     let report: Value = serde_json::from_str(&out).expect("json report");
     let image_warning = report["documents"][0]["findings"]
@@ -2274,29 +2266,35 @@ async fn namespace_policies_refuse_each_field_where_they_select_naming_the_polic
             .expect("write");
         let doc = doc.display().to_string();
         let policies = ["--strict", "--namespace-policies", path.as_str()];
-        let (code, out, err) = doctor(&[
-            &doc,
-            policies[0],
-            policies[1],
-            policies[2],
-            "--namespace-labels",
-            "sandboxrun-test-tier=free",
-        ]);
+        let (code, out, err) = doctor(
+            &[
+                &doc,
+                policies[0],
+                policies[1],
+                policies[2],
+                "--namespace-labels",
+                "sandboxrun-test-tier=free",
+            ],
+            None,
+        );
         assert_eq!(code, 1, "{field}: {out}{err}");
         assert!(
             out.contains(field) && out.contains("free-tier"),
             "{field}: {out}"
         );
-        let (code, out, err) = doctor(&[
-            &doc,
-            policies[0],
-            policies[1],
-            policies[2],
-            "--namespace-labels",
-            "sandboxrun-test-tier=paid",
-        ]);
+        let (code, out, err) = doctor(
+            &[
+                &doc,
+                policies[0],
+                policies[1],
+                policies[2],
+                "--namespace-labels",
+                "sandboxrun-test-tier=paid",
+            ],
+            None,
+        );
         assert_eq!(code, 0, "{field}: {out}{err}");
-        let (_, out, _) = doctor(&[&doc, policies[0], policies[1], policies[2]]);
+        let (_, out, _) = doctor(&[&doc, policies[0], policies[1], policies[2]], None);
         assert!(out.contains("was not judged"), "{field}: {out}");
     }
     // Relabelled out of the policy's selector: every run passes.

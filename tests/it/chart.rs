@@ -7,7 +7,6 @@
 //! SandboxRun is created) and its failurePolicy is Ignore.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -26,29 +25,9 @@ const CRD_FILES: [&str; 4] = [
     "sandboxruntemplates.sandbox.iterion.io.yaml",
 ];
 
-/// Runs and asserts success, showing stdout and stderr when it fails.
-fn ok(cmd: Command, stdin: Option<&[u8]>) -> String {
-    let what = format!("{cmd:?}");
-    let out = run(cmd, stdin);
-    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    stdout
-}
-
-fn kubectl(args: &[&str]) -> Command {
-    let mut cmd = tool("kubectl");
-    cmd.args(args);
-    cmd
-}
-
 /// Applies `manifests` with `kubectl apply --dry-run=server` and asserts every object passed.
 fn server_dry_run(manifests: &str) -> String {
-    let out = ok(
+    let out = run_ok(
         kubectl(&["apply", "--dry-run=server", "-f", "-"]),
         Some(manifests.as_bytes()),
     );
@@ -86,8 +65,8 @@ fn the_chart_crd_is_a_byte_identical_copy_of_the_generated_one() {
 
 #[test]
 fn helm_lint_passes_strict_for_the_default_and_the_optional_shapes() {
-    ok(helm(&["lint", "--strict", CHART]), None);
-    ok(
+    run_ok(helm(&["lint", "--strict", CHART]), None);
+    run_ok(
         helm(&[
             "lint",
             "--strict",
@@ -133,7 +112,7 @@ fn the_chart_refuses_a_file_store_with_several_replicas_and_unknown_values() {
 
 #[test]
 fn the_chart_renders_what_the_operator_expects() {
-    let text = ok(helm(&["template", "demo", CHART, "-n", "sbr-sys"]), None);
+    let text = run_ok(helm(&["template", "demo", CHART, "-n", "sbr-sys"]), None);
     // The webhook configuration's name is what the operator patches (--webhook-config).
     assert!(text.contains("--webhook-config=demo-sandboxrun-operator\n"));
     assert!(text.contains("kind: ValidatingWebhookConfiguration\nmetadata:"));
@@ -151,7 +130,7 @@ fn the_chart_renders_what_the_operator_expects() {
     ));
     // Deleting a run keeps its stored files unless told otherwise (readBack.retention).
     assert!(text.contains("- --default-retention=Retain\n"));
-    let deleting = ok(
+    let deleting = run_ok(
         helm(&[
             "template",
             "demo",
@@ -186,7 +165,7 @@ fn the_chart_renders_what_the_operator_expects() {
         !text.contains("--holder-cpu-limit"),
         "no CPU limit by default"
     );
-    let limited = ok(
+    let limited = run_ok(
         helm(&[
             "template",
             "demo",
@@ -208,7 +187,7 @@ fn the_chart_renders_what_the_operator_expects() {
         let out = run(helm(&["template", "demo", CHART, "--set", bad]), None);
         assert!(!out.status.success(), "--set {bad} rendered");
     }
-    let ha = ok(
+    let ha = run_ok(
         helm(&[
             "template",
             "demo",
@@ -225,7 +204,7 @@ fn the_chart_renders_what_the_operator_expects() {
     assert!(ha.contains("- --sharding\n") && ha.contains("- --shards=32\n"));
     assert!(!ha.contains("--leader-elect\n"), "sharded: no election");
     assert!(ha.contains("kind: Role\n") && ha.contains("verbs: [list, create, update, delete]"));
-    let elected = ok(
+    let elected = run_ok(
         helm(&[
             "template",
             "demo",
@@ -241,7 +220,7 @@ fn the_chart_renders_what_the_operator_expects() {
     );
     assert!(elected.contains("--leader-elect\n") && !elected.contains("- --sharding\n"));
     assert!(elected.contains("resources: [leases]"));
-    let files = ok(
+    let files = run_ok(
         helm(&[
             "template",
             "demo",
@@ -279,7 +258,7 @@ fn the_chart_renders_what_the_operator_expects() {
         ),
         ("fullnameOverride=sbr", "system:serviceaccount:sbr-sys:sbr"),
     ] {
-        let text = ok(
+        let text = run_ok(
             helm(&["template", "demo", CHART, "-n", "sbr-sys", "--set", set]),
             None,
         );
@@ -302,13 +281,13 @@ fn manager_rules_of(text: &str) -> String {
 #[test]
 fn the_image_preflight_is_a_chart_value_that_brings_its_secret_rule() {
     let secrets_rule = "resources: [secrets]\n    verbs: [get]";
-    let off = ok(helm(&["template", "demo", CHART]), None);
+    let off = run_ok(helm(&["template", "demo", CHART]), None);
     assert!(!off.contains("--preflight-images"), "off by default");
     assert!(
         !manager_rules_of(&off).contains(secrets_rule),
         "no cluster-wide Secret reads by default"
     );
-    let on = ok(
+    let on = run_ok(
         helm(&["template", "demo", CHART, "--set", "preflightImages=true"]),
         None,
     );
@@ -331,9 +310,9 @@ fn the_image_preflight_is_a_chart_value_that_brings_its_secret_rule() {
 #[test]
 fn warm_env_sources_are_a_chart_value_that_brings_its_secret_and_configmap_rule() {
     let rule = "resources: [secrets, configmaps]\n    verbs: [get]";
-    let off = ok(helm(&["template", "demo", CHART]), None);
+    let off = run_ok(helm(&["template", "demo", CHART]), None);
     assert!(!manager_rules_of(&off).contains(rule), "off by default");
-    let on = ok(
+    let on = run_ok(
         helm(&[
             "template",
             "demo",
@@ -348,7 +327,7 @@ fn warm_env_sources_are_a_chart_value_that_brings_its_secret_and_configmap_rule(
         "{}",
         manager_rules_of(&on)
     );
-    let no_pools = ok(
+    let no_pools = run_ok(
         helm(&[
             "template",
             "demo",
@@ -373,11 +352,11 @@ fn warm_env_sources_are_a_chart_value_that_brings_its_secret_and_configmap_rule(
 fn tenant_stores_are_a_chart_value_that_brings_its_configmap_and_secret_rules() {
     let configmaps_rule = "resources: [configmaps]\n    verbs: [get]";
     let secrets_rule = "resources: [secrets]\n    verbs: [get]";
-    let off = ok(helm(&["template", "demo", CHART]), None);
+    let off = run_ok(helm(&["template", "demo", CHART]), None);
     assert!(!off.contains("--tenant-store-endpoints"), "off by default");
     assert!(!manager_rules_of(&off).contains(configmaps_rule));
     assert!(!manager_rules_of(&off).contains(secrets_rule));
-    let on = ok(
+    let on = run_ok(
         helm(&[
             "template",
             "demo",
@@ -415,7 +394,7 @@ fn tenant_stores_are_a_chart_value_that_brings_its_configmap_and_secret_rules() 
 fn warm_pools_are_a_chart_value_that_brings_the_pool_rules_and_the_claims_pod_patch() {
     let patch_pods = "resources: [pods]\n    verbs: [patch]";
     let pools = "resources: [sandboxrunpools]\n    verbs: [get, list, watch]";
-    let on = ok(helm(&["template", "demo", CHART]), None);
+    let on = run_ok(helm(&["template", "demo", CHART]), None);
     assert!(on.contains("            - --warm-pools\n"), "on by default");
     let rules = manager_rules_of(&on);
     assert!(
@@ -426,7 +405,7 @@ fn warm_pools_are_a_chart_value_that_brings_the_pool_rules_and_the_claims_pod_pa
     // The claim writes the run's start to the parked launcher's stdin.
     let attach = "resources: [pods/attach]\n    verbs: [create, get]";
     assert!(rules.contains(attach), "{rules}");
-    let off = ok(
+    let off = run_ok(
         helm(&[
             "template",
             "demo",
@@ -454,7 +433,7 @@ fn warm_pools_are_a_chart_value_that_brings_the_pool_rules_and_the_claims_pod_pa
 /// none of it; without the webhook the chart refuses it.
 #[test]
 fn external_metrics_are_a_chart_value_that_brings_the_api_service_and_its_rules() {
-    let off = ok(helm(&["template", "demo", CHART]), None);
+    let off = run_ok(helm(&["template", "demo", CHART]), None);
     assert!(!off.contains("--external-metrics") && !off.contains("APIService"));
     let set = [
         "template",
@@ -465,7 +444,7 @@ fn external_metrics_are_a_chart_value_that_brings_the_api_service_and_its_rules(
         "--set",
         "externalMetrics.enabled=true",
     ];
-    let on = ok(helm(&set), None);
+    let on = run_ok(helm(&set), None);
     assert!(on.contains("            - --external-metrics\n"), "{on}");
     let docs = yaml_docs(&on);
     let service = only(&docs, "APIService");
@@ -489,7 +468,7 @@ fn external_metrics_are_a_chart_value_that_brings_the_api_service_and_its_rules(
     assert!(on.contains("resources: [apiservices]\n    resourceNames: [v1beta1.external.metrics.k8s.io]\n    verbs: [get, update]"));
     let mut cert_manager = set.to_vec();
     cert_manager.extend(["--set", "webhook.certManager.enabled=true"]);
-    let injected = ok(helm(&cert_manager), None);
+    let injected = run_ok(helm(&cert_manager), None);
     assert!(!injected.contains("resources: [apiservices]"));
     let service = only(&yaml_docs(&injected), "APIService").clone();
     assert_eq!(
@@ -510,13 +489,13 @@ fn external_metrics_are_a_chart_value_that_brings_the_api_service_and_its_rules(
 fn kueue_is_a_chart_value_that_brings_its_workload_rules() {
     let workloads = "resources: [workloads]\n    verbs: [get, list, watch, create]";
     let status = "resources: [workloads/status]\n    verbs: [patch]";
-    let off = ok(helm(&["template", "demo", CHART]), None);
+    let off = run_ok(helm(&["template", "demo", CHART]), None);
     assert!(!off.contains("- --kueue"), "off by default");
     assert!(
         !off.contains("kueue.x-k8s.io"),
         "no Kueue rights by default"
     );
-    let on = ok(
+    let on = run_ok(
         helm(&[
             "template",
             "demo",
@@ -565,7 +544,7 @@ fn tenant_store_secret_names_narrow_the_operators_secret_rule_to_those_names() {
         "--set",
         "tenantStores.secretNames={store-creds,team-store}",
     ];
-    let on = ok(helm(&base), None);
+    let on = run_ok(helm(&base), None);
     assert!(
         on.contains("            - --tenant-store-secret-names=store-creds,team-store\n"),
         "{on}"
@@ -574,7 +553,7 @@ fn tenant_store_secret_names_narrow_the_operators_secret_rule_to_those_names() {
     assert!(rules.contains(narrowed), "{rules}");
     let mut with_preflight = base.to_vec();
     with_preflight.extend(["--set", "preflightImages=true"]);
-    let wide = manager_rules_of(&ok(helm(&with_preflight), None));
+    let wide = manager_rules_of(&run_ok(helm(&with_preflight), None));
     assert!(
         wide.contains("resources: [secrets]\n    verbs: [get]"),
         "{wide}"
@@ -592,7 +571,7 @@ fn tenant_store_secret_names_narrow_the_operators_secret_rule_to_those_names() {
 /// comma-joined names, `[]` as an empty value (nothing allowed), null (the default) as no flag.
 #[test]
 fn the_run_policy_values_become_the_operators_flags() {
-    let off = ok(helm(&["template", "demo", CHART]), None);
+    let off = run_ok(helm(&["template", "demo", CHART]), None);
     assert!(!off.contains("--allowed-"), "no restriction by default");
     let dir = tempfile::tempdir().expect("tempdir");
     let values = dir.path().join("policy.yaml");
@@ -601,7 +580,7 @@ fn the_run_policy_values_become_the_operators_flags() {
         "runPolicy:\n  runtimeClasses: [gvisor, kata]\n  priorityClasses: [batch-low]\n  tolerationKeys: []\n",
     )
     .expect("write values");
-    let on = ok(
+    let on = run_ok(
         helm(&[
             "template",
             "demo",
@@ -659,7 +638,7 @@ fn the_namespace_policies_value_becomes_the_file_the_operator_reads() {
                     .is_some_and(|v| v.iter().any(|x| x.as_str() == Some("namespaces")))
             })
     };
-    let off = yaml_docs(&ok(helm(&["template", "demo", CHART]), None));
+    let off = yaml_docs(&run_ok(helm(&["template", "demo", CHART]), None));
     assert!(
         !grants_namespaces(&off),
         "no get namespaces without policies"
@@ -671,7 +650,7 @@ fn the_namespace_policies_value_becomes_the_file_the_operator_reads() {
         "runPolicy:\n  defaultRuntimeClass: gvisor\n  namespacePolicies:\n  - name: free-tier\n    namespaceSelector: {matchLabels: {tier: free}}\n    images: [\"registry.corp.example/**\"]\n    maxSizeLimit: 1Gi\n    secrets: false\n",
     )
     .expect("write values");
-    let docs = yaml_docs(&ok(
+    let docs = yaml_docs(&run_ok(
         helm(&[
             "template",
             "demo",
@@ -736,7 +715,7 @@ fn the_webhook_is_tied_to_the_watched_namespaces() {
         for s in sets {
             args.extend_from_slice(&["--set", s]);
         }
-        let docs = yaml_docs(&ok(helm(&args), None));
+        let docs = yaml_docs(&run_ok(helm(&args), None));
         let flags: Vec<String> = operator_deployment(&docs)["spec"]["template"]["spec"]
             ["containers"][0]["args"]
             .as_sequence()
@@ -808,7 +787,7 @@ fn operator_deployment(docs: &[serde_yaml::Value]) -> &serde_yaml::Value {
 /// told where it is; off, none of it and no proxy flags.
 #[test]
 fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
-    let text = ok(helm(&["template", "demo", CHART, "-n", "sbr-sys"]), None);
+    let text = run_ok(helm(&["template", "demo", CHART, "-n", "sbr-sys"]), None);
     let docs = yaml_docs(&text);
     let named = |kind: &str, name: &str| {
         docs.iter()
@@ -939,7 +918,7 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
         !op_args.contains(&"--egress-denylist-wide"),
         "narrow by default: {op_args:?}"
     );
-    let wide = ok(
+    let wide = run_ok(
         helm(&[
             "template",
             "demo",
@@ -952,7 +931,7 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
     assert!(wide.contains("- --egress-denylist-wide\n"), "{wide}");
 
     // Off: no proxy objects and no proxy flags (host rules then unenforced, said in the Event).
-    let off = ok(
+    let off = run_ok(
         helm(&[
             "template",
             "demo",
@@ -972,7 +951,7 @@ fn the_chart_deploys_the_egress_proxy_and_points_the_operator_at_it() {
 
     // Placed by its own values, not the operator's (the real-node test puts both on the real node).
     assert!(spec["nodeSelector"].is_null() && spec["tolerations"].is_null());
-    let placed = ok(
+    let placed = run_ok(
         helm(&[
             "template",
             "demo",
@@ -1059,7 +1038,7 @@ fn webhook_skips(docs: &[serde_yaml::Value]) -> String {
 fn the_kustomize_webhook_skips_the_operators_own_service_account() {
     // `kubectl kustomize` renders offline; the CEL expression is not rewritten by kustomize, so
     // it must name the ServiceAccount as config/default renders it.
-    let built = ok(kubectl(&["kustomize", "config/default"]), None);
+    let built = run_ok(kubectl(&["kustomize", "config/default"]), None);
     assert_eq!(
         webhook_skips(&yaml_docs(&built)),
         "system:serviceaccount:sandboxrun-system:sandboxrun-operator-controller"
@@ -1074,7 +1053,7 @@ async fn helm_template_is_accepted_by_the_apiserver() {
     let release = format!("tpl{:06x}", rand_u32() & 0xffffff);
     // `--skip-tests`: the `helm test` hooks are not the install, and their pod needs its
     // ServiceAccount to exist first (the_helm_test_hook_and_its_run_are_accepted_by_the_apiserver).
-    let manifests = ok(
+    let manifests = run_ok(
         helm(&[
             "template",
             &release,
@@ -1096,7 +1075,10 @@ async fn helm_template_is_accepted_by_the_apiserver() {
         assert!(out.contains(kind), "no {kind} in:\n{out}");
     }
     // The `helm template … | kubectl apply` of the README, in the default namespace.
-    server_dry_run(&ok(helm(&["template", "t", CHART, "--skip-tests"]), None));
+    server_dry_run(&run_ok(
+        helm(&["template", "t", CHART, "--skip-tests"]),
+        None,
+    ));
 }
 
 #[tokio::test]
@@ -1110,7 +1092,7 @@ async fn helm_install_creates_the_operator_its_webhook_and_keeps_the_crd() {
         "webhook.namespaceSelector.matchLabels.sandboxrun-test={}",
         ns.name
     );
-    ok(
+    run_ok(
         helm(&[
             "install",
             &release,
@@ -1241,7 +1223,7 @@ impl Drop for Uninstall {
 async fn kustomize_default_builds_and_is_accepted_by_the_apiserver() {
     let client = client().await;
     ensure_crd(&client).await;
-    let built = ok(kubectl(&["kustomize", "config/default"]), None);
+    let built = run_ok(kubectl(&["kustomize", "config/default"]), None);
     for want in [
         "name: sandboxrun-system",
         "name: sandboxrun-operator-controller",
@@ -1260,7 +1242,7 @@ async fn kustomize_default_builds_and_is_accepted_by_the_apiserver() {
     let overlay = tempfile::tempdir().expect("tempdir");
     let base = repo().join("config/default");
     write_overlay(overlay.path(), &base, &ns.name);
-    let manifests = ok(
+    let manifests = run_ok(
         kubectl(&["kustomize", &overlay.path().display().to_string()]),
         None,
     );
@@ -1276,7 +1258,7 @@ async fn kustomize_default_builds_and_is_accepted_by_the_apiserver() {
         "{out}"
     );
     // The samples kustomization builds too.
-    let samples = ok(kubectl(&["kustomize", "config/samples"]), None);
+    let samples = run_ok(kubectl(&["kustomize", "config/samples"]), None);
     assert!(samples.contains("name: batch-report") && samples.contains("name: dev-sandbox"));
 }
 
@@ -1329,7 +1311,7 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
     );
     // The operator's identity only: `--skip-tests` leaves out the `helm test` hooks (their own
     // ServiceAccount and Role, templates/tests/).
-    let rendered = ok(
+    let rendered = run_ok(
         helm(&[
             "template",
             &release,
@@ -1388,10 +1370,10 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
             identity.push_str(&serde_yaml::to_string(doc).expect("yaml"));
         }
     }
-    ok(kubectl(&["apply", "-f", "-"]), Some(identity.as_bytes()));
+    run_ok(kubectl(&["apply", "-f", "-"]), Some(identity.as_bytes()));
     let kubeconfig = service_account_kubeconfig(&client, &op_ns.name, &account).await;
     // The chart lets the operator read a Pending pod's Events (FailedMount is only an Event).
-    let can_i = ok(
+    let can_i = run_ok(
         kubectl(&[
             "auth",
             "can-i",
@@ -1453,7 +1435,7 @@ async fn with_the_webhook_down_a_deleted_run_is_still_let_go_and_a_user_edit_is_
     cluster
         .0
         .push(format!("validatingwebhookconfiguration/{vwc_name}"));
-    ok(
+    run_ok(
         kubectl(&["apply", "-f", "-"]),
         Some(serde_yaml::to_string(&vwc).expect("yaml").as_bytes()),
     );
@@ -1544,7 +1526,7 @@ async fn the_store_snippets_of_the_docs_render_and_are_accepted() {
         let file = dir.path().join(format!("{name}.yaml"));
         std::fs::write(&file, &values).expect("write values");
         let release = format!("st{name}{:04x}", rand_u32() & 0xffff);
-        let rendered = ok(
+        let rendered = run_ok(
             helm(&[
                 "template",
                 &release,
@@ -1655,10 +1637,10 @@ const ALL_NEW: &[&str] = &[
 fn the_new_templates_lint_strict_and_render() {
     let mut args = vec!["lint", "--strict", CHART];
     args.extend_from_slice(ALL_NEW);
-    ok(helm(&args), None);
+    run_ok(helm(&args), None);
     let mut args = vec!["template", "demo", CHART, "-n", "sbr-sys"];
     args.extend_from_slice(ALL_NEW);
-    let text = ok(helm(&args), None);
+    let text = run_ok(helm(&args), None);
     let docs = yaml_docs(&text);
     // The PodDisruptionBudget comes with replicas > 1 ...
     // (The egress proxy's own PodDisruptionBudget is not this one: egressProxy.pdb.)
@@ -1676,9 +1658,9 @@ fn the_new_templates_lint_strict_and_render() {
     assert_eq!(pdbs.len(), 1, "one operator PodDisruptionBudget expected");
     assert_eq!(pdbs[0]["spec"]["minAvailable"], serde_yaml::Value::from(1));
     // ... and not with one replica, unless forced.
-    let one = ok(helm(&["template", "demo", CHART]), None);
+    let one = run_ok(helm(&["template", "demo", CHART]), None);
     assert!(operator_pdbs(&yaml_docs(&one)).is_empty(), "{one}");
-    let forced = ok(
+    let forced = run_ok(
         helm(&[
             "template",
             "demo",
@@ -1696,7 +1678,7 @@ fn the_new_templates_lint_strict_and_render() {
         forced[0]["spec"]["maxUnavailable"],
         serde_yaml::Value::from(1)
     );
-    let off = ok(
+    let off = run_ok(
         helm(&[
             "template",
             "demo",
@@ -1772,7 +1754,7 @@ fn the_webhook_port_is_open_to_the_apiserver_only() {
             "networkPolicy.enabled=true",
         ];
         args.extend_from_slice(extra);
-        let text = ok(helm(&args), None);
+        let text = run_ok(helm(&args), None);
         let docs = yaml_docs(&text);
         let np = docs.iter().find(|d| {
             d["kind"].as_str() == Some("NetworkPolicy")
@@ -1822,7 +1804,7 @@ fn the_webhooks_port_is_fenced_by_default_and_a_client_ca_is_wired() {
     let render = |extra: &[&str]| -> Vec<serde_yaml::Value> {
         let mut args = vec!["template", "demo", CHART];
         args.extend_from_slice(extra);
-        yaml_docs(&ok(helm(&args), None))
+        yaml_docs(&run_ok(helm(&args), None))
     };
     let fence = |docs: &[serde_yaml::Value]| {
         docs.iter()
@@ -1902,7 +1884,7 @@ fn the_memory_limit_is_derived_from_the_path_slots() {
     let limit = |extra: &[&str]| -> Option<String> {
         let mut args = vec!["template", "demo", CHART];
         args.extend_from_slice(extra);
-        let text = ok(helm(&args), None);
+        let text = run_ok(helm(&args), None);
         let docs = yaml_docs(&text);
         let deploy = operator_deployment(&docs);
         let container = &deploy["spec"]["template"]["spec"]["containers"][0];
@@ -1981,7 +1963,7 @@ fn the_no_leader_alert_watches_the_shards_when_the_replicas_are_sharded() {
             "store.url=s3://b/p",
         ];
         args.extend_from_slice(extra);
-        let docs = yaml_docs(&ok(helm(&args), None));
+        let docs = yaml_docs(&run_ok(helm(&args), None));
         let rule = only(&docs, "PrometheusRule");
         rule["spec"]["groups"][0]["rules"]
             .as_sequence()
@@ -2036,7 +2018,7 @@ fn alerts_and_dashboard_query_only_metrics_the_operator_exports() {
 
     let mut args = vec!["template", "demo", CHART, "-n", "sbr-sys"];
     args.extend_from_slice(ALL_NEW);
-    let text = ok(helm(&args), None);
+    let text = run_ok(helm(&args), None);
     let docs = yaml_docs(&text);
     let rule = only(&docs, "PrometheusRule");
     let rules = rule["spec"]["groups"][0]["rules"]
@@ -2110,7 +2092,7 @@ async fn the_new_templates_are_accepted_by_the_apiserver() {
     ] {
         args.extend_from_slice(&["-s", t]);
     }
-    let out = server_dry_run(&ok(helm(&args), None));
+    let out = server_dry_run(&run_ok(helm(&args), None));
     for kind in [
         "poddisruptionbudget.policy/",
         "networkpolicy.networking.k8s.io/",
@@ -2133,7 +2115,7 @@ fn selftest_docs(namespace: &str, values: &[&str]) -> Vec<serde_yaml::Value> {
         "templates/tests/selftest.yaml",
     ];
     args.extend_from_slice(values);
-    yaml_docs(&ok(helm(&args), None))
+    yaml_docs(&run_ok(helm(&args), None))
 }
 
 /// The tiny SandboxRun the selftest pod creates (its `SANDBOXRUN_SELFTEST_RUN`).
@@ -2164,7 +2146,7 @@ const SELFTEST_VALUES: &[&str] = &[
 fn the_helm_test_hook_lints_strict_and_is_least_privilege() {
     let mut args = vec!["lint", "--strict", CHART];
     args.extend_from_slice(SELFTEST_VALUES);
-    ok(helm(&args), None);
+    run_ok(helm(&args), None);
     let docs = selftest_docs("sbr-sys", SELFTEST_VALUES);
     let kinds: Vec<&str> = docs.iter().filter_map(|d| d["kind"].as_str()).collect();
     assert_eq!(kinds, ["ServiceAccount", "Role", "RoleBinding", "Pod"]);
@@ -2203,7 +2185,7 @@ fn the_helm_test_hook_lints_strict_and_is_least_privilege() {
     );
     let pod = only(&docs, "Pod");
     let container = &pod["spec"]["containers"][0];
-    let full = ok(
+    let full = run_ok(
         helm(&["template", "st", CHART, "--namespace", "sbr-sys"]),
         None,
     );
@@ -2289,11 +2271,11 @@ async fn the_helm_test_hook_and_its_run_are_accepted_by_the_apiserver() {
         "templates/tests/selftest.yaml",
     ];
     args.extend_from_slice(&SELFTEST_VALUES[2..]);
-    let rendered = ok(helm(&args), None);
+    let rendered = run_ok(helm(&args), None);
     // Helm creates the ServiceAccount first (hook weight -1); a pod's dry run needs it to exist.
     let docs = yaml_docs(&rendered);
     let account = serde_yaml::to_string(only(&docs, "ServiceAccount")).expect("yaml");
-    ok(
+    run_ok(
         kubectl(&["apply", "-n", &ns.name, "-f", "-"]),
         Some(account.as_bytes()),
     );
@@ -2309,7 +2291,7 @@ async fn the_helm_test_hook_and_its_run_are_accepted_by_the_apiserver() {
     let mut run = selftest_run(&docs);
     // generateName is not supported by `kubectl apply`: name it for the dry run.
     run["metadata"]["name"] = "selftest-dry-run".into();
-    let out = ok(
+    let out = run_ok(
         kubectl(&["create", "--dry-run=server", "-n", &ns.name, "-f", "-"]),
         Some(run.to_string().as_bytes()),
     );
@@ -2356,7 +2338,7 @@ async fn the_monitoring_templates_are_accepted_by_the_prometheus_operator_crds()
         "monitoring.coreos.com_servicemonitors.yaml",
     ] {
         let crd = prometheus_operator_crd(file);
-        ok(
+        run_ok(
             kubectl(&[
                 "apply",
                 "--server-side",
@@ -2367,7 +2349,7 @@ async fn the_monitoring_templates_are_accepted_by_the_prometheus_operator_crds()
             None,
         );
     }
-    ok(
+    run_ok(
         kubectl(&[
             "wait",
             "--for",
@@ -2389,7 +2371,7 @@ async fn the_monitoring_templates_are_accepted_by_the_prometheus_operator_crds()
         "-s",
         "templates/servicemonitor.yaml",
     ]);
-    let out = server_dry_run(&ok(helm(&args), None));
+    let out = server_dry_run(&run_ok(helm(&args), None));
     for kind in [
         "prometheusrule.monitoring.coreos.com/",
         "servicemonitor.monitoring.coreos.com/",
@@ -2432,7 +2414,7 @@ async fn helm_upgrade_from_the_previous_chart_keeps_the_release() {
     let install = |verb: &str, chart: &str| {
         let mut args = vec![verb, release.as_str(), chart, "--namespace", &ns.name];
         args.extend_from_slice(&values);
-        ok(helm(&args), None)
+        run_ok(helm(&args), None)
     };
     install("install", PREVIOUS_CHART);
     let _uninstall = Uninstall {
@@ -2454,7 +2436,7 @@ async fn helm_upgrade_from_the_previous_chart_keeps_the_release() {
         "the upgrade changed the Deployment's template"
     );
     // The upgraded Deployment is this chart's: its args are the ones `helm template` renders now.
-    let rendered = ok(
+    let rendered = run_ok(
         helm(&[
             "template",
             &release,
@@ -2489,6 +2471,6 @@ async fn helm_upgrade_from_the_previous_chart_keeps_the_release() {
         args.iter().any(|a| a.starts_with("--egress-gate-probe=")),
         "the new chart's flags are in the Deployment: {args:?}"
     );
-    let status = ok(helm(&["status", &release, "--namespace", &ns.name]), None);
+    let status = run_ok(helm(&["status", &release, "--namespace", &ns.name]), None);
     assert!(status.contains("REVISION: 2"), "{status}");
 }

@@ -152,7 +152,7 @@ async fn a_failing_workload_fails_the_run_but_its_files_are_still_drained() {
     );
     // `kubectl wait` agrees.
     let wait = |condition: &str| {
-        Command::new(kubectl())
+        Command::new(kubectl_path())
             .args(["--kubeconfig", &kubeconfig_path().display().to_string()])
             .args(["wait", "-n", &ns.name, "sbr/fails", "--timeout=3s"])
             .arg(format!("--for=condition={condition}"))

@@ -21,7 +21,7 @@ spec:
         sizeLimit: 4Gi
 ";
 
-async fn doctor(args: DoctorArgs, settings: RuleSettings) -> (u8, String) {
+async fn doctor_in_process(args: DoctorArgs, settings: RuleSettings) -> (u8, String) {
     let mut out = Vec::new();
     let code = run(args, settings, &mut out).await;
     (code, String::from_utf8_lossy(&out).into_owned())
@@ -43,7 +43,7 @@ async fn warnings_never_change_the_exit_code() {
         strict: true,
         ..Default::default()
     };
-    let (code, text) = doctor(args, RuleSettings::default()).await;
+    let (code, text) = doctor_in_process(args, RuleSettings::default()).await;
     assert_eq!(code, 0, "{text}");
     assert!(
         text.contains(&format!("⚠ {f}#0 team-a/cli-run image-digest spec.image")),
@@ -68,7 +68,7 @@ async fn the_operator_maximum_comes_from_the_settings() {
         strict: true,
         ..Default::default()
     };
-    let (code, text) = doctor(args, tight).await;
+    let (code, text) = doctor_in_process(args, tight).await;
     assert_eq!(code, 1, "{text}");
     assert!(
         text.contains("✗")
@@ -88,7 +88,7 @@ async fn json_output_is_machine_readable_and_carries_the_exit_code() {
         output: Output::Json,
         ..Default::default()
     };
-    let (code, text) = doctor(args, RuleSettings::default()).await;
+    let (code, text) = doctor_in_process(args, RuleSettings::default()).await;
     assert_eq!(code, 1);
     let v: serde_json::Value =
         serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
@@ -114,7 +114,7 @@ async fn usage_errors_win_over_failures_and_are_reported_in_json() {
         output: Output::Json,
         ..Default::default()
     };
-    let (code, text) = doctor(args, RuleSettings::default()).await;
+    let (code, text) = doctor_in_process(args, RuleSettings::default()).await;
     assert_eq!(code, 2, "{text}");
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
     assert!(
@@ -142,7 +142,7 @@ async fn check_images_reports_an_unreachable_registry_as_a_warning() {
         image_timeout_seconds: 2,
         ..Default::default()
     };
-    let (code, text) = doctor(args, RuleSettings::default()).await;
+    let (code, text) = doctor_in_process(args, RuleSettings::default()).await;
     assert_eq!(code, 0, "{text}");
     assert!(
         text.contains("⚠")
@@ -166,24 +166,24 @@ async fn caps_and_the_drain_timeout_maximum_come_from_the_operators_flags() {
         ..Default::default()
     };
     // Defaults (16Gi, 1h): both fit.
-    let (code, text) = doctor(with(None, None), RuleSettings::default()).await;
+    let (code, text) = doctor_in_process(with(None, None), RuleSettings::default()).await;
     assert_eq!(code, 0, "{text}");
     // --max-cap 2Gi: the 4Gi sizeLimit is over the operator's maximum.
-    let (code, text) = doctor(with(Some("2Gi"), None), RuleSettings::default()).await;
+    let (code, text) = doctor_in_process(with(Some("2Gi"), None), RuleSettings::default()).await;
     assert_eq!(code, 1, "{text}");
     assert!(
         text.contains("read-back-size-limit spec.readBack.paths[0].sizeLimit"),
         "{text}"
     );
     // --max-drain-timeout 10m: the 30m drainTimeout is over it.
-    let (code, text) = doctor(with(None, Some("10m")), RuleSettings::default()).await;
+    let (code, text) = doctor_in_process(with(None, Some("10m")), RuleSettings::default()).await;
     assert_eq!(code, 1, "{text}");
     assert!(
         text.contains("read-back-drain-timeout spec.readBack.drainTimeout"),
         "{text}"
     );
     // A flag that does not parse is a usage error, as the operator refuses to start with it.
-    let (code, text) = doctor(with(Some("lots"), None), RuleSettings::default()).await;
+    let (code, text) = doctor_in_process(with(Some("lots"), None), RuleSettings::default()).await;
     assert_eq!(code, 2, "{text}");
     assert!(text.contains("--max-cap \"lots\""), "{text}");
 }
@@ -200,7 +200,7 @@ async fn a_typo_and_a_wrong_kind_fail_strict_instead_of_passing_silently() {
         strict: true,
         ..Default::default()
     };
-    let (code, text) = doctor(args, RuleSettings::default()).await;
+    let (code, text) = doctor_in_process(args, RuleSettings::default()).await;
     assert_eq!(code, 1, "{text}");
     assert!(
         text.contains(&format!(

@@ -26,29 +26,12 @@ const CONVERGE: Duration = Duration::from_secs(60);
 
 /// The real binary's `doctor` with the test bed's kubeconfig and `args`; `stdin` piped in.
 /// Returns (exit code, stdout, stderr).
-fn doctor(args: &[&str], stdin: &str) -> (i32, String, String) {
-    use std::io::Write;
-    let kubeconfig = kubeconfig_path();
-    let mut child = Command::new(BIN)
-        .arg("doctor")
-        .args(["--kubeconfig", &kubeconfig.display().to_string()])
-        .args(args)
-        .args(["-f", "-"])
-        .env_remove("KUBECONFIG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run sandboxrun-operator doctor");
-    if let Some(mut pipe) = child.stdin.take() {
-        pipe.write_all(stdin.as_bytes()).expect("doctor stdin");
-    }
-    let out = child.wait_with_output().expect("doctor output");
-    (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+fn doctor_with_kubeconfig(args: &[&str], stdin: &str) -> (i32, String, String) {
+    let kubeconfig = kubeconfig_path().display().to_string();
+    let mut cmd =
+        doctor_command(&[&["--kubeconfig", &kubeconfig][..], args, &["-f", "-"]].concat());
+    cmd.env_remove("KUBECONFIG");
+    outcome(run(cmd, Some(stdin.as_bytes())))
 }
 
 /// The current context's name in the test bed's kubeconfig.
@@ -166,7 +149,7 @@ impl Bed {
     fn doctor(&self, extra: &[&str], stdin: &str) -> (i32, String, String) {
         let mut args = vec!["--strict", "--operator-namespace", self.ns.name.as_str()];
         args.extend_from_slice(extra);
-        doctor(&args, stdin)
+        doctor_with_kubeconfig(&args, stdin)
     }
 }
 
@@ -549,7 +532,7 @@ async fn doctor_judges_a_run_with_its_template_read_from_the_cluster() {
 
 #[tokio::test]
 async fn a_context_that_does_not_exist_is_a_usage_error() {
-    let (code, out, err) = doctor(
+    let (code, out, err) = doctor_with_kubeconfig(
         &["--strict", "--context", "no-such-context"],
         &run_yaml("default", "x", ""),
     );

@@ -1205,7 +1205,7 @@ async fn an_s3_outage_that_lasts_fails_the_drain_loudly_and_never_blocks_deletio
         || {
             let ns = ns.name.clone();
             async move {
-                let out = Command::new(kubectl())
+                let out = Command::new(kubectl_path())
                     .args(["--kubeconfig", &kubeconfig_path().display().to_string()])
                     .args(["describe", "sbr", "ends", "-n", &ns])
                     .output()

@@ -100,7 +100,7 @@ fn served(order: &Path, tag: &str) -> Vec<String> {
 
 /// The operator of these tests: one teardown slot, one path slot, a long idle bound (the held
 /// packer sends nothing while it waits), the gate packer.
-fn start_operator(ns: &str, store_url: &str, pack: &str, more: &[&str]) -> Operator {
+fn gated_operator(ns: &str, store_url: &str, pack: &str, more: &[&str]) -> Operator {
     Operator::builder(ns, store_url)
         .flags(more)
         .flags(&[
@@ -131,7 +131,7 @@ async fn a_second_namespaces_run_drains_before_the_first_namespaces_queue_emptie
     let order = bin.join("order.log");
     let pack = format!("{} ", gate_packer(&bin, &order).display());
     let watched = format!("{},{}", ns_a.name, ns_b.name);
-    let op = start_operator(&ns_a.name, &store_url, &pack, &["--namespaces", &watched]);
+    let op = gated_operator(&ns_a.name, &store_url, &pack, &["--namespaces", &watched]);
     let runs_a: Api<SandboxRun> = Api::namespaced(client.clone(), &ns_a.name);
     let pods_a: Api<Pod> = Api::namespaced(client.clone(), &ns_a.name);
     let runs_b: Api<SandboxRun> = Api::namespaced(client.clone(), &ns_b.name);
@@ -205,7 +205,7 @@ async fn a_run_whose_pod_is_deleted_while_the_slots_are_full_is_drained_first() 
     let bin = host_dir("fair-evict-bin");
     let order = bin.join("order.log");
     let pack = format!("{} ", gate_packer(&bin, &order).display());
-    let op = start_operator(&ns.name, &store_url, &pack, &[]);
+    let op = gated_operator(&ns.name, &store_url, &pack, &[]);
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
 

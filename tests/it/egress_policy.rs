@@ -19,11 +19,10 @@ use sandboxrun_operator::pod::{pod_name, workload_env, RUN_UID_LABEL};
 
 use crate::support::*;
 
-const SECRET: &str = "bed-egress-token-secret-0123456789";
-
-fn spec(network: Option<(NetworkMode, &[&str])>) -> SandboxRunSpec {
+/// A run of [`DIGEST_IMAGE`] as uid 1000 with `network` (mode and rules), nothing else.
+fn network_spec(network: Option<(NetworkMode, &[&str])>) -> SandboxRunSpec {
     SandboxRunSpec {
-        image: Some("registry.example/tool@sha256:0000000000000000000000000000000000000000000000000000000000000000".into()),
+        image: Some(DIGEST_IMAGE.into()),
         user: Some("1000:1000".into()),
         network: network.map(|(mode, rules)| NetworkPolicy {
             mode,
@@ -31,38 +30,6 @@ fn spec(network: Option<(NetworkMode, &[&str])>) -> SandboxRunSpec {
         }),
         ..Default::default()
     }
-}
-
-fn secret_file() -> tempfile::NamedTempFile {
-    let f = tempfile::NamedTempFile::new().expect("temp file");
-    std::fs::write(f.path(), format!("{SECRET}\n")).expect("write secret");
-    f
-}
-
-fn operator(ns: &str, secret: &std::path::Path, extra: &[&str]) -> Operator {
-    let store = host_dir(&format!("store-egress-{ns}"));
-    let mut args = vec![
-        "--egress-proxy-url",
-        "http://egress.sys.svc:3128",
-        "--egress-proxy-namespace",
-        "sys",
-        "--egress-token-secret-file",
-        secret.to_str().expect("utf-8 path"),
-    ];
-    args.extend_from_slice(extra);
-    Operator::builder(ns, &format!("file://{}", store.display()))
-        .flags(&args)
-        .start()
-}
-
-async fn pod_of(pods: &Api<Pod>, run: &str, op: &Operator) -> Pod {
-    let name = pod_name(run);
-    eventually_or_log(&format!("pod {name}"), Duration::from_secs(60), op, || {
-        let pods = pods.clone();
-        let name = name.clone();
-        async move { pods.get_opt(&name).await.ok().flatten() }
-    })
-    .await
 }
 
 async fn events(client: &kube::Client, ns: &str, run: &str) -> Vec<CoreEvent> {
@@ -99,19 +66,24 @@ async fn each_mode_gets_its_policy_before_the_pod_and_the_policy_goes_with_the_r
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "egress").await;
-    let secret = secret_file();
-    let op = operator(&ns.name, secret.path(), &[]);
+    let secret = egress_secret_file();
+    let op = egress_operator(&ns.name, "egress", secret.path(), &[]);
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let policies: Api<NetPol> = Api::namespaced(client.clone(), &ns.name);
 
-    let open = create(&runs, "open", spec(Some((NetworkMode::Open, &[])))).await;
-    let none = create(&runs, "none", spec(None)).await;
-    let deny = create(&runs, "deny-all", spec(Some((NetworkMode::Allowlist, &[])))).await;
+    let open = create(&runs, "open", network_spec(Some((NetworkMode::Open, &[])))).await;
+    let none = create(&runs, "none", network_spec(None)).await;
+    let deny = create(
+        &runs,
+        "deny-all",
+        network_spec(Some((NetworkMode::Allowlist, &[]))),
+    )
+    .await;
     let sample = create(
         &runs,
         "sample",
-        spec(Some((
+        network_spec(Some((
             NetworkMode::Denylist,
             &["169.254.169.254", "**.internal"],
         ))),
@@ -120,7 +92,7 @@ async fn each_mode_gets_its_policy_before_the_pod_and_the_policy_goes_with_the_r
     let allow = create(
         &runs,
         "allow",
-        spec(Some((
+        network_spec(Some((
             NetworkMode::Allowlist,
             &["**.github.com", "10.0.0.0/8", "!10.1.0.0/16"],
         ))),
@@ -129,7 +101,7 @@ async fn each_mode_gets_its_policy_before_the_pod_and_the_policy_goes_with_the_r
 
     // Open runs: a pod, no policy, no proxy variables.
     for run in [&open, &none] {
-        let pod = pod_of(&pods, &run.name_any(), &op).await;
+        let pod = wait_for_pod(&pods, &run.name_any(), &op).await;
         assert!(
             policies
                 .get_opt(&policy_name(&run.name_any()))
@@ -146,7 +118,7 @@ async fn each_mode_gets_its_policy_before_the_pod_and_the_policy_goes_with_the_r
     for run in [&deny, &sample, &allow] {
         let name = run.name_any();
         let uid = run.uid().expect("uid");
-        let pod = pod_of(&pods, &name, &op).await;
+        let pod = wait_for_pod(&pods, &name, &op).await;
         let policy = policies
             .get_opt(&policy_name(&name))
             .await
@@ -230,7 +202,10 @@ async fn each_mode_gets_its_policy_before_the_pod_and_the_policy_goes_with_the_r
                 assert_eq!(host, "egress.sys.svc:3128");
                 let (user, tok) = creds.split_once(':').expect("user:token");
                 assert_eq!(user, uid);
-                assert!(token::verify(SECRET.as_bytes(), &uid, tok), "{name}: token");
+                assert!(
+                    token::verify(EGRESS_TOKEN_SECRET.as_bytes(), &uid, tok),
+                    "{name}: token"
+                );
                 assert_eq!(workload_env(&pod, "http_proxy"), Some(url.as_str()));
                 assert!(workload_env(&pod, "NO_PROXY").is_some());
             }
@@ -270,12 +245,13 @@ async fn each_mode_gets_its_policy_before_the_pod_and_the_policy_goes_with_the_r
 async fn unenforced_refuse_keeps_a_restricted_run_from_starting_and_warn_starts_it() {
     let client = client().await;
     ensure_crd(&client).await;
-    let secret = secret_file();
+    let secret = egress_secret_file();
 
     // Refuse.
     let ns = TestNamespace::new(&client, "egress-refuse").await;
-    let op = operator(
+    let op = egress_operator(
         &ns.name,
+        "egress",
         secret.path(),
         &["--network-policy", "unenforced-refuse"],
     );
@@ -285,10 +261,10 @@ async fn unenforced_refuse_keeps_a_restricted_run_from_starting_and_warn_starts_
     create(
         &runs,
         "restricted",
-        spec(Some((NetworkMode::Allowlist, &["x.example.com"]))),
+        network_spec(Some((NetworkMode::Allowlist, &["x.example.com"]))),
     )
     .await;
-    create(&runs, "unrestricted", spec(None)).await;
+    create(&runs, "unrestricted", network_spec(None)).await;
     let refused = eventually_or_log(
         "the restricted run refused",
         Duration::from_secs(60),
@@ -325,7 +301,7 @@ async fn unenforced_refuse_keeps_a_restricted_run_from_starting_and_warn_starts_
     .await;
     assert_eq!(ev.type_.as_deref(), Some("Warning"));
     // The unrestricted run starts; the restricted one has neither pod nor policy.
-    pod_of(&pods, "unrestricted", &op).await;
+    wait_for_pod(&pods, "unrestricted", &op).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(pods
         .get_opt(&pod_name("restricted"))
@@ -341,8 +317,9 @@ async fn unenforced_refuse_keeps_a_restricted_run_from_starting_and_warn_starts_
 
     // Warn.
     let ns = TestNamespace::new(&client, "egress-warn").await;
-    let op = operator(
+    let op = egress_operator(
         &ns.name,
+        "egress",
         secret.path(),
         &["--network-policy", "unenforced-warn"],
     );
@@ -352,10 +329,10 @@ async fn unenforced_refuse_keeps_a_restricted_run_from_starting_and_warn_starts_
     create(
         &runs,
         "restricted",
-        spec(Some((NetworkMode::Allowlist, &["x.example.com"]))),
+        network_spec(Some((NetworkMode::Allowlist, &["x.example.com"]))),
     )
     .await;
-    pod_of(&pods, "restricted", &op).await;
+    wait_for_pod(&pods, "restricted", &op).await;
     let ev = event_with(
         &client,
         &ns.name,
@@ -388,12 +365,12 @@ async fn the_proxy_binary_follows_the_runs_on_the_apiserver() {
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "egress-proxy").await;
-    let secret = secret_file();
+    let secret = egress_secret_file();
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let run = create(
         &runs,
         "proxied",
-        spec(Some((NetworkMode::Allowlist, &["127.0.0.1"]))),
+        network_spec(Some((NetworkMode::Allowlist, &["127.0.0.1"]))),
     )
     .await;
     let uid = run.uid().expect("uid");
@@ -503,7 +480,7 @@ async fn the_proxy_binary_follows_the_runs_on_the_apiserver() {
             String::from_utf8_lossy(&buf[..n]).to_string()
         }
     };
-    let auth = token::basic_header(&uid, &token::token(SECRET.as_bytes(), &uid));
+    let auth = token::basic_header(&uid, &token::token(EGRESS_TOKEN_SECRET.as_bytes(), &uid));
     let head = ask(auth.clone()).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}\n{}", logs());
 

@@ -15,32 +15,25 @@ use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::{Pod, PodStatus};
-use sandboxrun_operator::api::{
-    NetworkMode, NetworkPolicy, Phase, SandboxRun, SandboxRunSpec, SandboxRunStatus,
-};
+use sandboxrun_operator::api::{NetworkMode, Phase, SandboxRun, SandboxRunStatus};
 use sandboxrun_operator::egress::env::proxy_url;
 use sandboxrun_operator::egress::proxy::{serve, Limits, ProxyState, Resolve, RunTable, Timeouts};
 use sandboxrun_operator::egress::token;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
+use crate::support::sandbox_run;
+
 const SECRET: &[u8] = b"egress-proxy-test-secret-0123456789";
 const RUN_UID_LABEL: &str = "sandbox.iterion.io/run-uid";
 
-fn run(uid: &str, mode: NetworkMode, rules: &[&str]) -> SandboxRun {
-    let mut run = SandboxRun::new(
-        &format!("run-{uid}"),
-        SandboxRunSpec {
-            network: Some(NetworkPolicy {
-                mode,
-                rules: rules.iter().map(|r| r.to_string()).collect(),
-            }),
-            ..SandboxRunSpec::default()
-        },
-    );
-    run.metadata.namespace = Some("ns".into());
-    run.metadata.uid = Some(uid.into());
-    run
+/// The run `run-<uid>` of namespace `ns` whose network is `mode` with `rules`.
+fn filtered_run(uid: &str, mode: NetworkMode, rules: &[&str]) -> SandboxRun {
+    sandbox_run(&format!("run-{uid}"))
+        .namespace("ns")
+        .uid(uid)
+        .network(mode, rules)
+        .build()
 }
 
 /// The run's pod, running at `ip`.
@@ -206,7 +199,7 @@ fn counter(state: &ProxyState, verdict: &str) -> u64 {
 async fn an_allowed_tunnel_carries_4_mib_each_way_intact() {
     let p = proxy().await;
     let echo = echo_server().await;
-    p.add(run("u1", NetworkMode::Allowlist, &["127.0.0.1"]));
+    p.add(filtered_run("u1", NetworkMode::Allowlist, &["127.0.0.1"]));
     let (s, head) = connect(p.addr, &echo.to_string(), Some(&auth("u1"))).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let payload: Vec<u8> = (0..4 * 1024 * 1024u32)
@@ -235,7 +228,7 @@ async fn an_allowed_tunnel_carries_4_mib_each_way_intact() {
 async fn a_denied_host_is_a_403_naming_the_rule() {
     let p = proxy().await;
     let echo = echo_server().await;
-    p.add(run(
+    p.add(filtered_run(
         "u2",
         NetworkMode::Allowlist,
         &["127.0.0.1", "**.example.com", "!localhost"],
@@ -267,7 +260,7 @@ async fn a_name_resolving_to_a_denied_address_is_refused() {
     };
     let p = proxy_with(timeouts(), Limits::default(), Some(Arc::new(resolver))).await;
     let echo = echo_server().await;
-    p.add(run(
+    p.add(filtered_run(
         "u3",
         NetworkMode::Allowlist,
         &["internal.test", "!127.0.0.0/8"],
@@ -287,7 +280,7 @@ async fn a_name_resolving_to_a_denied_address_is_refused() {
 async fn no_token_a_wrong_token_or_an_unknown_run_is_a_407() {
     let p = proxy().await;
     let echo = echo_server().await;
-    p.add(run("u4", NetworkMode::Allowlist, &["127.0.0.1"]));
+    p.add(filtered_run("u4", NetworkMode::Allowlist, &["127.0.0.1"]));
     let target = echo.to_string();
     let (_, head) = connect(p.addr, &target, None).await;
     assert!(head.starts_with("HTTP/1.1 407"), "{head}");
@@ -311,10 +304,10 @@ async fn a_rule_change_on_the_run_takes_effect_on_the_next_request() {
     let p = proxy().await;
     let echo = echo_server().await;
     let target = echo.to_string();
-    p.add(run("u6", NetworkMode::Allowlist, &["127.0.0.1"]));
+    p.add(filtered_run("u6", NetworkMode::Allowlist, &["127.0.0.1"]));
     let (_, head) = connect(p.addr, &target, Some(&auth("u6"))).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
-    p.add(run("u6", NetworkMode::Denylist, &["127.0.0.0/8"]));
+    p.add(filtered_run("u6", NetworkMode::Denylist, &["127.0.0.0/8"]));
     let (_, head) = connect(p.addr, &target, Some(&auth("u6"))).await;
     assert!(head.starts_with("HTTP/1.1 403"), "{head}");
     assert!(head.contains("rules[0] `127.0.0.0/8`"), "{head}");
@@ -358,7 +351,7 @@ async fn plain_http_is_forwarded_in_origin_form_without_the_proxy_credentials() 
     let p = proxy().await;
     // An upstream that answers with the request head it received.
     let upstream = head_echo_upstream().await;
-    p.add(run("u7", NetworkMode::Allowlist, &["127.0.0.1"]));
+    p.add(filtered_run("u7", NetworkMode::Allowlist, &["127.0.0.1"]));
     let req = format!(
         "GET http://{upstream}/path?q=1 HTTP/1.1\r\nHost: {upstream}\r\nProxy-Authorization: {}\r\nProxy-Connection: keep-alive\r\n\r\n",
         auth("u7")
@@ -393,7 +386,7 @@ async fn curl_works_with_the_url_the_operator_gives_the_workload() {
                 .await;
         }
     });
-    p.add(run("u8", NetworkMode::Allowlist, &["127.0.0.1"]));
+    p.add(filtered_run("u8", NetworkMode::Allowlist, &["127.0.0.1"]));
     let url = proxy_url(
         &format!("http://{}", p.addr),
         "u8",
@@ -450,7 +443,7 @@ async fn a_thousand_tunnels_are_held_at_once() {
     };
     let p = proxy_with(timeouts(), limits, None).await;
     let echo = echo_server().await;
-    p.add(run("u9", NetworkMode::Allowlist, &["127.0.0.1"]));
+    p.add(filtered_run("u9", NetworkMode::Allowlist, &["127.0.0.1"]));
     let target = echo.to_string();
     let started = Instant::now();
     let mut open = Vec::with_capacity(TUNNELS);
@@ -515,7 +508,7 @@ async fn plain_http_is_forwarded_with_the_uri_host_never_the_clients_host_header
     let p = proxy().await;
     let upstream = head_echo_upstream().await;
     // Allowed: 127.0.0.1. The Host header names a host the rules deny.
-    p.add(run("h1", NetworkMode::Allowlist, &["127.0.0.1"]));
+    p.add(filtered_run("h1", NetworkMode::Allowlist, &["127.0.0.1"]));
     let req = format!(
         "GET http://{upstream}/ HTTP/1.1\r\nHost: metadata.google.internal\r\nProxy-Authorization: {}\r\n\r\n",
         auth("h1")
@@ -533,7 +526,7 @@ async fn plain_http_is_forwarded_with_the_uri_host_never_the_clients_host_header
 async fn a_rule_without_a_port_allows_every_port_of_its_host() {
     let p = proxy().await;
     let (a, b) = (echo_server().await, echo_server().await);
-    p.add(run("p1", NetworkMode::Allowlist, &["127.0.0.1"]));
+    p.add(filtered_run("p1", NetworkMode::Allowlist, &["127.0.0.1"]));
     for target in [a, b] {
         let (_, head) = connect(p.addr, &target.to_string(), Some(&auth("p1"))).await;
         assert!(head.starts_with("HTTP/1.1 200"), "{target}: {head}");
@@ -545,7 +538,7 @@ async fn a_token_opens_nothing_once_its_run_is_torn_down_or_ended() {
     let p = proxy().await;
     let echo = echo_server().await;
     let target = echo.to_string();
-    let mut r = run("e1", NetworkMode::Allowlist, &["127.0.0.1"]);
+    let mut r = filtered_run("e1", NetworkMode::Allowlist, &["127.0.0.1"]);
     r.status = Some(SandboxRunStatus {
         phase: Some(Phase::Running),
         ..SandboxRunStatus::default()
@@ -578,7 +571,7 @@ async fn a_token_opens_nothing_from_an_address_that_is_not_its_runs_pod() {
     let echo = echo_server().await;
     let target = echo.to_string();
     p.add_at(
-        run("s1", NetworkMode::Allowlist, &["127.0.0.1"]),
+        filtered_run("s1", NetworkMode::Allowlist, &["127.0.0.1"]),
         "127.0.0.2",
     );
     // Another pod (127.0.0.3) with the run's valid token.
@@ -602,7 +595,7 @@ async fn names_are_resolved_fully_qualified_never_through_the_search_list() {
         Some(Arc::clone(&resolver) as Arc<dyn Resolve>),
     )
     .await;
-    p.add(run(
+    p.add(filtered_run(
         "f1",
         NetworkMode::Allowlist,
         &["github.com", "127.0.0.1"],
@@ -659,7 +652,7 @@ async fn an_idle_tunnel_is_closed_and_counted() {
     )
     .await;
     let echo = echo_server().await;
-    p.add(run("i1", NetworkMode::Allowlist, &["127.0.0.1"]));
+    p.add(filtered_run("i1", NetworkMode::Allowlist, &["127.0.0.1"]));
     let (mut s, head) = connect(p.addr, &echo.to_string(), Some(&auth("i1"))).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     s.write_all(b"ping").await.expect("write");
@@ -683,11 +676,11 @@ async fn one_run_and_its_pod_cannot_take_the_proxy_from_another_run() {
     let echo = echo_server().await;
     let target = echo.to_string();
     p.add_at(
-        run("greedy", NetworkMode::Allowlist, &["127.0.0.1"]),
+        filtered_run("greedy", NetworkMode::Allowlist, &["127.0.0.1"]),
         "127.0.0.2",
     );
     p.add_at(
-        run("other", NetworkMode::Allowlist, &["127.0.0.1"]),
+        filtered_run("other", NetworkMode::Allowlist, &["127.0.0.1"]),
         "127.0.0.3",
     );
     // The greedy pod: 4 tunnels (its share), then heads it never finishes.
@@ -771,7 +764,7 @@ async fn a_rule_with_a_port_allows_that_port_only() {
     let p = proxy_with(timeouts(), Limits::default(), Some(Arc::new(resolver))).await;
     let (a, b) = (echo_server().await, echo_server().await);
     let rule = format!("echo.test:{}", a.port());
-    p.add(run("p2", NetworkMode::Allowlist, &[rule.as_str()]));
+    p.add(filtered_run("p2", NetworkMode::Allowlist, &[rule.as_str()]));
     let (_, head) = connect(
         p.addr,
         &format!("echo.test:{}", a.port()),

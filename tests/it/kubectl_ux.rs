@@ -16,23 +16,6 @@ use crate::support::runs::{create, finish_workload, pod_of, read_back, spec};
 use crate::support::wait::{wait_final, wait_phase};
 use crate::support::*;
 
-fn kubectl(args: &[&str]) -> Command {
-    let mut cmd = tool("kubectl");
-    cmd.args(args);
-    cmd
-}
-
-fn ok(cmd: Command, stdin: Option<&[u8]>) -> String {
-    let what = format!("{cmd:?}");
-    let out = run(cmd, stdin);
-    assert!(
-        out.status.success(),
-        "{what}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 #[tokio::test]
 async fn kubectl_explain_has_a_root_description_and_unwrapped_field_text() {
     let client = client().await;
@@ -40,7 +23,7 @@ async fn kubectl_explain_has_a_root_description_and_unwrapped_field_text() {
     // kubectl caches discovery; a fresh CRD version may take a moment to be explained.
     let mut text = String::new();
     for _ in 0..30 {
-        text = ok(kubectl(&["explain", "sandboxrun"]), None);
+        text = run_ok(kubectl(&["explain", "sandboxrun"]), None);
         if text.contains("A SandboxRun runs one sandboxed workload") {
             break;
         }
@@ -51,7 +34,7 @@ async fn kubectl_explain_has_a_root_description_and_unwrapped_field_text() {
         "{text}"
     );
     assert!(!text.contains("Auto-generated"), "{text}");
-    let field = ok(
+    let field = run_ok(
         kubectl(&["explain", "sandboxrun.spec.runtimeClassName"]),
         None,
     );
@@ -64,11 +47,11 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "wide").await;
     let run_yaml = "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata:\n  name: wide\nspec:\n  image: busybox@sha256:0000000000000000000000000000000000000000000000000000000000000000\n  user: \"1000\"\n  command: [\"true\"]\n  templateRef: {name: ci}\n";
-    ok(
+    run_ok(
         kubectl(&["apply", "-n", &ns.name, "-f", "-"]),
         Some(run_yaml.as_bytes()),
     );
-    ok(
+    run_ok(
         kubectl(&[
             "patch",
             "sandboxrun",
@@ -82,9 +65,9 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
         ]),
         None,
     );
-    let plain = ok(kubectl(&["get", "sbr", "wide", "-n", &ns.name]), None);
+    let plain = run_ok(kubectl(&["get", "sbr", "wide", "-n", &ns.name]), None);
     assert!(!plain.contains("EXIT"), "{plain}");
-    let wide = ok(
+    let wide = run_ok(
         kubectl(&["get", "sbr", "wide", "-n", &ns.name, "-o", "wide"]),
         None,
     );
@@ -130,29 +113,8 @@ async fn kubectl_get_wide_shows_exit_code_duration_and_message() {
 /// A directory holding the binary as `kubectl-sandboxrun`, and a PATH that starts with it.
 fn plugin_path() -> (tempfile::TempDir, String) {
     let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
-    let link = dir.path().join("kubectl-sandboxrun");
-    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_sandboxrun-operator"), &link)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let path = format!(
-        "{}:{}",
-        dir.path().display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    let path = link_plugin(dir.path());
     (dir, path)
-}
-
-/// `kubectl sandboxrun args…` with the plugin on `path`, no store URL from the environment, and
-/// `kubeconfig` (the test bed's when None).
-fn plugin(path: &str, kubeconfig: Option<&Path>, args: &[&str]) -> Command {
-    let mut cmd = kubectl(&["sandboxrun"]);
-    cmd.args(args)
-        .env("PATH", path)
-        .env_remove("SANDBOXRUN_STORE_URL")
-        .env_remove("SANDBOXRUN_STORE_OPTIONS");
-    if let Some(k) = kubeconfig {
-        cmd.env("KUBECONFIG", k);
-    }
-    cmd
 }
 
 /// Runs `cmd`, which must fail with exit code 1; returns its stderr.
@@ -181,7 +143,7 @@ fn kubeconfig_in(dir: &Path, namespace: &str) -> PathBuf {
         namespace,
     ]);
     cmd.env("KUBECONFIG", &copy);
-    ok(cmd, None);
+    run_ok(cmd, None);
     copy
 }
 
@@ -192,15 +154,15 @@ fn kubectl_runs_the_binary_as_the_sandboxrun_plugin() {
     let (_dir, path) = plugin_path();
     let mut cmd = kubectl(&["sandboxrun", "files", "--help"]);
     cmd.env("PATH", &path);
-    let help = ok(cmd, None);
+    let help = run_ok(cmd, None);
     assert!(help.contains("Usage: kubectl sandboxrun files"), "{help}");
     let mut cmd = kubectl(&["sandboxrun", "completion", "bash"]);
     cmd.env("PATH", &path);
-    let script = ok(cmd, None);
+    let script = run_ok(cmd, None);
     assert!(script.contains("kubectl-sandboxrun"), "{script}");
     let mut cmd = kubectl(&["sandboxrun", "doctor", "--strict", "-f", "-"]);
     cmd.env("PATH", &path);
-    let report = ok(
+    let report = run_ok(
         cmd,
         Some(b"apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata: {name: p}\nspec:\n  image: busybox@sha256:0000000000000000000000000000000000000000000000000000000000000000\n  user: \"1000\"\n"),
     );
@@ -234,7 +196,7 @@ async fn the_plugin_reads_a_runs_files_from_its_status_in_the_contexts_namespace
 
     let (plugin_dir, path) = plugin_path();
     let kubeconfig = kubeconfig_in(plugin_dir.path(), &ns.name);
-    let listing = ok(
+    let listing = run_ok(
         plugin(&path, Some(&kubeconfig), &["files", "ls", "report"]),
         None,
     );
@@ -246,7 +208,7 @@ async fn the_plugin_reads_a_runs_files_from_its_status_in_the_contexts_namespace
     assert!(listing.contains(&format!("run uid {uid}")), "{listing}");
     let target = plugin_dir.path().join("got");
     let target_arg = target.display().to_string();
-    ok(
+    run_ok(
         plugin(
             &path,
             Some(&kubeconfig),
@@ -267,13 +229,13 @@ async fn the_plugin_reads_a_runs_files_from_its_status_in_the_contexts_namespace
         err.contains("no SandboxRun default/report") && err.contains("-n"),
         "{err}"
     );
-    let listing = ok(
+    let listing = run_ok(
         plugin(&path, None, &["files", "ls", "report", "-n", &ns.name]),
         None,
     );
     assert!(listing.contains("report.txt"), "{listing}");
 
-    let logs = ok(plugin(&path, Some(&kubeconfig), &["logs", "report"]), None);
+    let logs = run_ok(plugin(&path, Some(&kubeconfig), &["logs", "report"]), None);
     assert!(
         logs.contains(&format!("SandboxRun {}/report: Failed", ns.name)),
         "{logs}"
@@ -295,11 +257,11 @@ async fn the_plugin_says_when_there_is_no_evidence_and_the_drain_failed() {
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "plugin-failed").await;
     let run_yaml = "apiVersion: sandbox.iterion.io/v1alpha1\nkind: SandboxRun\nmetadata:\n  name: lost\nspec:\n  image: busybox@sha256:0000000000000000000000000000000000000000000000000000000000000000\n  user: \"1000\"\n  command: [\"true\"]\n  readBack:\n    paths: [{path: /out}]\n";
-    ok(
+    run_ok(
         kubectl(&["apply", "-n", &ns.name, "-f", "-"]),
         Some(run_yaml.as_bytes()),
     );
-    ok(
+    run_ok(
         kubectl(&[
             "patch",
             "sandboxrun",
@@ -314,7 +276,7 @@ async fn the_plugin_says_when_there_is_no_evidence_and_the_drain_failed() {
         None,
     );
     let (_dir, path) = plugin_path();
-    let logs = ok(plugin(&path, None, &["logs", "lost", "-n", &ns.name]), None);
+    let logs = run_ok(plugin(&path, None, &["logs", "lost", "-n", &ns.name]), None);
     assert!(
         logs.contains("No termination evidence: the workload never terminated"),
         "{logs}"
@@ -386,7 +348,7 @@ async fn exec_and_cp_reach_a_live_sandbox_with_the_callers_own_rights() {
     std::fs::write(&local, &bytes).expect("write");
     let inside = format!("agent:{}/notes/in.bin", out.display());
     std::fs::create_dir_all(out.join("notes")).expect("mkdir");
-    ok(
+    run_ok(
         plugin(
             &path,
             Some(&kubeconfig),
@@ -399,7 +361,7 @@ async fn exec_and_cp_reach_a_live_sandbox_with_the_callers_own_rights() {
         bytes
     );
     let back = plugin_dir.path().join("back.bin");
-    ok(
+    run_ok(
         plugin(
             &path,
             Some(&kubeconfig),
@@ -438,7 +400,7 @@ subjects: [{{kind: ServiceAccount, name: reader, namespace: {ns}}}]
 ",
         ns = ns.name
     );
-    ok(kubectl(&["apply", "-f", "-"]), Some(rbac.as_bytes()));
+    run_ok(kubectl(&["apply", "-f", "-"]), Some(rbac.as_bytes()));
     let reader = service_account_kubeconfig(&client, &ns.name, "reader").await;
     let denied = fails(plugin(
         &path,

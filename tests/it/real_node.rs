@@ -24,7 +24,8 @@ use k8s_openapi::api::core::v1::{Event, Namespace, Pod, Toleration};
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client, ResourceExt};
 use sandboxrun_operator::api::{
-    Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunSpec,
+    OpenField, Phase, ReadBack, ReadBackPath, ReadBackPhase, SandboxRun, SandboxRunPool,
+    SandboxRunSpec,
 };
 use serde_json::json;
 
@@ -231,7 +232,7 @@ async fn wait_run(
 fn node_report() -> String {
     let node = bed_setting("SANDBOXRUN_TEST_REAL_NODE");
     let kubectl_out = |args: &[&str]| {
-        Command::new(kubectl())
+        Command::new(kubectl_path())
             .args(args)
             .output()
             .map(|o| {
@@ -493,12 +494,6 @@ impl Drop for HelmRelease {
     }
 }
 
-fn kubectl_apply(ns: &str, manifest: &str) -> Output {
-    let mut cmd = tool("kubectl");
-    cmd.args(["apply", "-n", ns, "-f", "-"]);
-    run(cmd, Some(manifest.as_bytes()))
-}
-
 /// `helm install` of charts/ into `release_ns` as release `fullname`, with the operator image
 /// built without Docker, the S3 store of the bed (credentials in a Secret, as
 /// config/samples/s3-store.yaml says), the operator on the real node, and `values` on top (each
@@ -615,7 +610,7 @@ fn helm_values_file(
 
 /// `kubectl describe pods` of `ns`, for a failed install's message.
 fn describe_pods(ns: &str) -> String {
-    Command::new(kubectl())
+    Command::new(kubectl_path())
         .args(["describe", "pods", "-n", ns])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
@@ -792,7 +787,7 @@ fn packer_running(ns: &str, pod: &str, holder_path: &str) -> bool {
 
 /// `kubectl exec` of `sh -c script` in the workload container of `pod`.
 fn exec_in_workload(ns: &str, pod: &str, script: &str) -> Output {
-    Command::new(kubectl())
+    Command::new(kubectl_path())
         .args([
             "exec", "-n", ns, pod, "-c", "workload", "--", "sh", "-c", script,
         ])
@@ -826,6 +821,31 @@ fn files_get_one(ns: &str, run: &str, store_url: &str, (flag, n): (&str, u32)) -
         String::from_utf8_lossy(&out.stderr)
     );
     extracted(&dest, 0)
+}
+
+/// Waits (up to 60 s) until the Kueue Workload `name` in `ns` is Finished.
+async fn workload_finished(client: &Client, ns: &str, name: &str) {
+    let workloads: Api<DynamicObject> = Api::namespaced_with(
+        client.clone(),
+        ns,
+        &sandboxrun_operator::kueue::workload_resource(),
+    );
+    eventually(
+        "its Workload to be Finished",
+        Duration::from_secs(60),
+        || {
+            let workloads = workloads.clone();
+            async move {
+                let w = workloads.get(name).await.ok()?;
+                let conditions = w.data["status"]["conditions"].as_array()?.clone();
+                conditions
+                    .iter()
+                    .any(|c| c["type"] == "Finished" && c["status"] == "True")
+                    .then_some(())
+            }
+        },
+    )
+    .await
 }
 
 /// Deletes the cluster-scoped objects [`kueue_queue`] made (the flavor, the ClusterQueue, the
@@ -925,25 +945,45 @@ async fn kueue_queue(
     made
 }
 
-/// The pods of pool `pool` in `ns`: (name, template hash, claimed).
-async fn pool_pods(client: &Client, ns: &str, pool: &str) -> Vec<(String, String, bool)> {
-    Api::<Pod>::namespaced(client.clone(), ns)
-        .list(&ListParams::default().labels(&format!("sandbox.iterion.io/pool={pool}")))
-        .await
-        .expect("list the pool's pods")
-        .items
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| {
-            let labels = p.labels().clone();
-            (
-                p.name_any(),
-                labels
-                    .get("sandbox.iterion.io/pool-template-hash")
-                    .cloned()
-                    .unwrap_or_default(),
-                labels.contains_key("sandbox.iterion.io/claimed-by"),
-            )
-        })
-        .collect()
+/// How long a real-node pool's pods may take to be ready (images pulled, containers started).
+const POOL_READY: Duration = Duration::from_secs(240);
+
+/// A warm pool on the real node, the one way these tests make one: the template `template` of
+/// `spec` (its runs may set `open`), and the pool `pool` of `replicas` of it, once all its pods
+/// are ready; the pools of `ns`.
+async fn real_pool(
+    client: &Client,
+    ns: &str,
+    (template, pool): (&str, &str),
+    (spec, open): (SandboxRunSpec, &[OpenField]),
+    replicas: i32,
+) -> Api<SandboxRunPool> {
+    let pools = make_template_and_pool(
+        client,
+        ns,
+        (template, pool),
+        template_of(spec, open),
+        replicas,
+    )
+    .await;
+    wait_pool_ready(&pools, pool, replicas, POOL_READY).await;
+    pools
+}
+
+/// [`real_pool`] of the template `agent` of `spec`, whose runs set their command, as the pool
+/// `agents`.
+async fn ready_pool(
+    client: &Client,
+    ns: &str,
+    spec: SandboxRunSpec,
+    replicas: i32,
+) -> Api<SandboxRunPool> {
+    real_pool(
+        client,
+        ns,
+        ("agent", "agents"),
+        (spec, &[OpenField::Command]),
+        replicas,
+    )
+    .await
 }

@@ -50,20 +50,6 @@ fn var(name: &str, value: &str) -> EnvVar {
     }
 }
 
-/// A run made from the template `name` that sets `extra` besides the reference.
-fn from_template(name: &str, extra: SandboxRunSpec) -> SandboxRunSpec {
-    SandboxRunSpec {
-        template_ref: Some(TemplateRef::namespaced(name)),
-        ..extra
-    }
-}
-
-async fn put_template(api: &Api<SandboxRunTemplate>, name: &str, spec: SandboxRunTemplateSpec) {
-    api.create(&PostParams::default(), &SandboxRunTemplate::new(name, spec))
-        .await
-        .unwrap_or_else(|e| panic!("create SandboxRunTemplate {name}: {e}"));
-}
-
 /// The workload container of `pod`.
 fn workload(pod: &Pod) -> &Container {
     pod.spec

@@ -18,8 +18,8 @@ use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
 use sandboxrun_operator::api::{
-    NetworkMode, Phase, SandboxRun, SandboxRunPool, SandboxRunPoolSpec, SandboxRunSpec,
-    SandboxRunTemplate, SandboxRunTemplateSpec, TemplateRef, WarmStart,
+    NetworkMode, OpenField, Phase, SandboxRun, SandboxRunPool, SandboxRunSpec, SandboxRunTemplate,
+    SandboxRunTemplateSpec, WarmStart,
 };
 use serde_json::json;
 
@@ -28,39 +28,11 @@ use crate::support::*;
 /// How long the tests wait for the operator.
 const CONVERGE: Duration = Duration::from_secs(90);
 
-const POOL_LABEL: &str = "sandbox.iterion.io/pool";
-const HASH_LABEL: &str = "sandbox.iterion.io/pool-template-hash";
-const CLAIMED_BY_LABEL: &str = "sandbox.iterion.io/claimed-by";
-
-/// The operator with warm pools and the egress settings a filtered run needs.
-fn operator(ns: &str, secret: &std::path::Path) -> Operator {
-    operator_with(ns, secret, &[])
-}
-
-/// [`operator`] with `more` flags.
-fn operator_with(ns: &str, secret: &std::path::Path, more: &[&str]) -> Operator {
-    let store = host_dir(&format!("store-warm-{ns}"));
-    Operator::builder(ns, &format!("file://{}", store.display()))
-        .flags(&[
-            "--warm-pools",
-            // The admission key (which seals the pool's pods) in the test's namespace.
-            "--pod-namespace",
-            ns,
-            "--egress-proxy-url",
-            "http://egress.sys.svc:3128",
-            "--egress-proxy-namespace",
-            "sys",
-            "--egress-token-secret-file",
-            secret.to_str().expect("utf-8 path"),
-        ])
-        .flags(more)
-        .start()
-}
-
-fn secret_file() -> tempfile::NamedTempFile {
-    let f = tempfile::NamedTempFile::new().expect("temp file");
-    std::fs::write(f.path(), "bed-egress-token-secret-0123456789\n").expect("write secret");
-    f
+/// The operator with warm pools and the egress settings a filtered run needs, and `more` flags.
+fn warm_operator(ns: &str, secret: &std::path::Path, more: &[&str]) -> Operator {
+    // The admission key (which seals the pool's pods) in the test's namespace.
+    let flags = [&["--warm-pools", "--pod-namespace", ns][..], more].concat();
+    egress_operator(ns, "warm", secret, &flags)
 }
 
 /// A template whose runs reach only `rules` (an allowlist of address ranges), or open.
@@ -70,44 +42,22 @@ fn template(rules: Option<&[&str]>) -> SandboxRunTemplateSpec {
     if let Some(rules) = rules {
         made = made.network(NetworkMode::Allowlist, rules);
     }
-    SandboxRunTemplateSpec {
-        template: made.build(),
-        open_fields: vec![
-            sandboxrun_operator::api::OpenField::Command,
-            sandboxrun_operator::api::OpenField::Env,
-        ],
-    }
+    template_of(made.build(), &[OpenField::Command, OpenField::Env])
 }
 
 /// A run of the template `name` that sets only its command (it may take a pool pod).
-fn from_template(name: &str) -> SandboxRunSpec {
-    SandboxRunSpec {
-        template_ref: Some(TemplateRef::namespaced(name)),
-        command: Some(vec!["sh".into(), "-c".into(), "work".into()]),
-        ..SandboxRunSpec::default()
-    }
+fn work_from_template(name: &str) -> SandboxRunSpec {
+    from_template(
+        name,
+        SandboxRunSpec {
+            command: Some(vec!["sh".into(), "-c".into(), "work".into()]),
+            ..SandboxRunSpec::default()
+        },
+    )
 }
 
 async fn make_pool(client: &Client, ns: &str, name: &str, rules: Option<&[&str]>, replicas: i32) {
-    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), ns);
-    templates
-        .create(
-            &PostParams::default(),
-            &SandboxRunTemplate::new(name, template(rules)),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("create template {name}: {e}"));
-    let pool = SandboxRunPool::new(
-        name,
-        SandboxRunPoolSpec {
-            template_ref: TemplateRef::namespaced(name),
-            replicas,
-        },
-    );
-    Api::<SandboxRunPool>::namespaced(client.clone(), ns)
-        .create(&PostParams::default(), &pool)
-        .await
-        .unwrap_or_else(|e| panic!("create pool {name}: {e}"));
+    make_template_and_pool(client, ns, (name, name), template(rules), replicas).await;
 }
 
 /// The pool's status once it says its template hash and `ready` ready pods.
@@ -173,8 +123,8 @@ async fn a_pool_pod_whose_template_narrowed_its_egress_is_replaced_and_never_cla
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "warm-narrow").await;
-    let secret = secret_file();
-    let op = operator(&ns.name, secret.path());
+    let secret = egress_secret_file();
+    let op = warm_operator(&ns.name, secret.path(), &[]);
     let wide: &[&str] = &["203.0.113.0/24", "198.51.100.0/24"];
     make_pool(&client, &ns.name, "agents", Some(wide), 2).await;
     let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
@@ -188,7 +138,7 @@ async fn a_pool_pod_whose_template_narrowed_its_egress_is_replaced_and_never_cla
         .await
         .expect("narrow the template");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
-    create(&runs, "after", from_template("agents")).await;
+    create(&runs, "after", work_from_template("agents")).await;
     let decided = warm_start(&runs, "after", &op).await;
     // The pool rolls out: a new version, its pods' policies narrowed, no old pod left unclaimed.
     let new = eventually_or_log("the pool's new version", CONVERGE, &op, || {
@@ -264,18 +214,18 @@ async fn a_look_alike_pod_with_a_pools_or_a_claims_labels_is_never_claimed_start
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "warm-lookalike").await;
-    let secret = secret_file();
+    let secret = egress_secret_file();
     make_pool(&client, &ns.name, "agents", None, 0).await;
     let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
     // The pool's version, as the tenant reads it in its status.
-    let mut op = operator(&ns.name, secret.path());
+    let mut op = warm_operator(&ns.name, secret.path(), &[]);
     let hash = pool_ready(&pools, "agents", 0, &op).await;
     op.kill();
     let pool_uid = pools.get("agents").await.expect("pool").uid().expect("uid");
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
-    let lured = create(&runs, "lured", from_template("agents")).await;
+    let lured = create(&runs, "lured", work_from_template("agents")).await;
     let run_uid = lured.uid().expect("uid");
-    create(&runs, "plain", from_template("agents")).await;
+    create(&runs, "plain", work_from_template("agents")).await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     let pool_labels = BTreeMap::from([
         (POOL_LABEL.to_string(), "agents".to_string()),
@@ -316,7 +266,7 @@ async fn a_look_alike_pod_with_a_pools_or_a_claims_labels_is_never_claimed_start
         })
         .await;
     }
-    let op = operator(&ns.name, secret.path());
+    let op = warm_operator(&ns.name, secret.path(), &[]);
     for run in ["lured", "plain"] {
         let decided = warm_start(&runs, run, &op).await;
         assert_eq!(decided.pod, None, "{run}: {decided:?}\n{}", op.log_text());
@@ -385,8 +335,8 @@ async fn a_template_edit_shows_updated_replicas_rising_to_replicas_and_the_gener
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "warm-rollout").await;
-    let secret = secret_file();
-    let op = operator(&ns.name, secret.path());
+    let secret = egress_secret_file();
+    let op = warm_operator(&ns.name, secret.path(), &[]);
     let wide: &[&str] = &["203.0.113.0/24", "198.51.100.0/24"];
     make_pool(&client, &ns.name, "agents", Some(wide), 2).await;
     let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
@@ -472,8 +422,8 @@ async fn a_horizontal_pod_autoscaler_scales_a_pool_through_its_scale_subresource
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "warm-hpa").await;
-    let secret = secret_file();
-    let op = operator(&ns.name, secret.path());
+    let secret = egress_secret_file();
+    let op = warm_operator(&ns.name, secret.path(), &[]);
     make_pool(&client, &ns.name, "agents", None, 1).await;
     let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
     pool_ready(&pools, "agents", 1, &op).await;
@@ -539,7 +489,7 @@ async fn a_horizontal_pod_autoscaler_scales_a_pool_through_its_scale_subresource
 }
 
 /// `sandboxrun_pool_pods{pool_namespace=ns, pool, state}` on the operator's metrics at `port`.
-async fn pool_pods(port: u16, ns: &str, pool: &str, state: &str) -> Option<i64> {
+async fn pool_pods_metric(port: u16, ns: &str, pool: &str, state: &str) -> Option<i64> {
     let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
         .await
         .ok()?
@@ -562,17 +512,17 @@ async fn a_pools_ready_and_claimed_pods_are_on_the_operators_metrics_until_it_is
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "warm-metric").await;
-    let secret = secret_file();
+    let secret = egress_secret_file();
     let port = free_port();
     let metrics = format!("127.0.0.1:{port}");
-    let op = operator_with(&ns.name, secret.path(), &["--metrics-addr", &metrics]);
+    let op = warm_operator(&ns.name, secret.path(), &["--metrics-addr", &metrics]);
     make_pool(&client, &ns.name, "agents", None, 2).await;
     let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
     pool_ready(&pools, "agents", 2, &op).await;
     let ns_name = ns.name.clone();
     let seen = |state: &'static str, n: i64| {
         let ns_name = ns_name.clone();
-        async move { (pool_pods(port, &ns_name, "agents", state).await == Some(n)).then_some(()) }
+        async move { (pool_pods_metric(port, &ns_name, "agents", state).await == Some(n)).then_some(()) }
     };
     eventually_or_log("2 ready pool pods on /metrics", CONVERGE, &op, || {
         seen("ready", 2)
@@ -617,7 +567,7 @@ async fn a_pools_ready_and_claimed_pods_are_on_the_operators_metrics_until_it_is
     eventually_or_log("the deleted pool's series gone", CONVERGE, &op, || {
         let ns_name = ns_name.clone();
         async move {
-            pool_pods(port, &ns_name, "agents", "ready")
+            pool_pods_metric(port, &ns_name, "agents", "ready")
                 .await
                 .is_none()
                 .then_some(())

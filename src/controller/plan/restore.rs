@@ -306,33 +306,30 @@ mod tests {
     };
 
     use super::*;
-    use crate::api::{AttemptStatus, SandboxRunSpec, SandboxRunStatus, Workspace};
+    use crate::api::{AttemptStatus, SandboxRunStatus, Workspace};
 
     fn run(restore: WorkspaceRestore, attempts: u32) -> SandboxRun {
-        let mut run = SandboxRun::new(
-            "job",
-            SandboxRunSpec {
-                command: Some(vec!["sh".into()]),
-                workspace: Some(Workspace {
+        crate::testkit::sandbox_run("job")
+            .namespace("ns")
+            .uid("u1")
+            .edit(|spec| {
+                spec.command = Some(vec!["sh".into()]);
+                spec.workspace = Some(Workspace {
                     restore,
                     ..Workspace::default()
-                }),
-                ..SandboxRunSpec::default()
-            },
-        );
-        run.metadata.namespace = Some("ns".into());
-        run.metadata.uid = Some("u1".into());
-        run.status = Some(SandboxRunStatus {
-            attempts: (1..=attempts)
-                .map(|index| AttemptStatus {
-                    index,
-                    ..AttemptStatus::default()
-                })
-                .collect(),
-            attempt: Some(attempts + 1),
-            ..SandboxRunStatus::default()
-        });
-        run
+                });
+            })
+            .status(SandboxRunStatus {
+                attempts: (1..=attempts)
+                    .map(|index| AttemptStatus {
+                        index,
+                        ..AttemptStatus::default()
+                    })
+                    .collect(),
+                attempt: Some(attempts + 1),
+                ..SandboxRunStatus::default()
+            })
+            .build()
     }
 
     fn parked_pod(running: bool) -> Pod {

@@ -424,6 +424,7 @@ fn count(n: usize) -> i32 {
 mod tests {
     use super::*;
     use crate::api::{SandboxRunPoolSpec, TemplateRef};
+    use crate::controller::fixtures::now;
 
     fn pool(status: Option<SandboxRunPoolStatus>) -> SandboxRunPool {
         let mut pool = SandboxRunPool::new(
@@ -460,7 +461,7 @@ mod tests {
     #[test]
     fn a_refused_creation_stops_the_look_with_the_apiservers_words() {
         let (pod, rights) = (PodSettings::default(), RightsPolicy::default());
-        let run = SandboxRun::new("agents", SandboxRunSpec::default());
+        let run = crate::testkit::sandbox_run("agents").build();
         let after = after_create(
             PoolAnswer::Refused("quota".into()),
             &run,
@@ -478,7 +479,7 @@ mod tests {
     fn a_created_pod_is_sealed_first_and_one_without_a_key_or_uid_fails_the_look() {
         let pod_settings = PodSettings::default();
         let mut rights = RightsPolicy::default();
-        let run = SandboxRun::new("agents", SandboxRunSpec::default());
+        let run = crate::testkit::sandbox_run("agents").build();
         let mut created = Pod::default();
         created.metadata.name = Some("agents-x".into());
         created.metadata.uid = Some("u".into());
@@ -539,11 +540,118 @@ mod tests {
         let serving = Serving {
             before: Vec::new(),
             creates: Vec::new(),
-            stand_in: SandboxRun::new("agents", SandboxRunSpec::default()),
+            stand_in: crate::testkit::sandbox_run("agents").build(),
             hash: "h1".into(),
             status: SandboxRunPoolStatus::default(),
         };
         let effects = closing(&pool(None), serving, 2, None);
         assert_eq!(reasons(&effects), ["false:PodsCreated", "status:None"]);
+    }
+
+    /// A spec a pool pod can be made of.
+    fn made() -> SandboxRunSpec {
+        SandboxRunSpec {
+            image: Some("busybox".into()),
+            command: Some(vec!["sh".into(), "-c".into(), "sleep 1".into()]),
+            user: Some("1000".into()),
+            ..Default::default()
+        }
+    }
+
+    fn replicas(mut pool: SandboxRunPool, n: i32) -> SandboxRunPool {
+        pool.spec.replicas = n;
+        pool.metadata.uid = Some("pool-uid".into());
+        pool
+    }
+
+    /// A pool whose template is gone makes no pods and names the template it misses; one the
+    /// operator cannot seal pods for makes none either and says so.
+    #[test]
+    fn a_pool_whose_template_is_missing_or_whose_pods_cannot_be_sealed_makes_none_and_says_why() {
+        let rules = RuleSettings::default();
+        let rights = RightsPolicy::default();
+        let missing = judged(&pool(None), "ns", Ok(None), (&rules, &rights));
+        let Err(NotPooled::Template(TemplateUnusable::Missing { what })) = &missing else {
+            panic!("{missing:?}")
+        };
+        assert!(what.contains("agent"), "{what}");
+        let labels = BTreeMap::new();
+        let no_key = namespace_judged(made(), &labels, &[], None);
+        assert!(matches!(no_key, Err(NotPooled::NoKey)), "{no_key:?}");
+        let key = StampKey::new(b"0123456789abcdef0123456789abcdef");
+        let sealed = namespace_judged(made(), &labels, &[], Some(&key));
+        assert_eq!(sealed.ok(), Some(made()));
+    }
+
+    /// A look at a pool that makes no pods writes its status with the reason and warns once,
+    /// and creates nothing.
+    #[test]
+    fn a_look_at_a_pool_that_makes_no_pods_writes_why_and_creates_nothing() {
+        let (pod, rights) = (PodSettings::default(), RightsPolicy::default());
+        let observed = PoolObserved {
+            pods: Vec::new(),
+            made: Err(NotPooled::NoKey),
+            template_generation: Some(3),
+        };
+        let pool = replicas(pool(None), 2);
+        let Look::Unusable(effects) = look(&pool, observed, &settings(&pod, &rights), now()) else {
+            panic!("a pool without its key serves no runs")
+        };
+        assert_eq!(
+            reasons(&effects),
+            [format!("status:Some({NO_KEY:?})"), "true:NotPooled".into()]
+        );
+        let Some(PoolEffect::WriteStatus(status)) = effects.first() else {
+            panic!("{effects:?}")
+        };
+        assert_eq!(status.template_generation, Some(3));
+        assert_eq!(status.replicas, 0);
+    }
+
+    /// A look at a pool without pods creates its replicas, each named from the look's one clock
+    /// reading (the same reading names the same pods; a later one, new ones), of one template
+    /// version, and its status says that version with none ready yet.
+    #[test]
+    fn a_look_at_an_empty_pool_creates_its_replicas_named_from_the_looks_clock() {
+        let (pod, mut rights) = (PodSettings::default(), RightsPolicy::default());
+        rights.key = Some(StampKey::new(b"0123456789abcdef0123456789abcdef"));
+        let pool = replicas(pool(None), 2);
+        let at = |now: jiff::Timestamp| {
+            let observed = PoolObserved {
+                pods: Vec::new(),
+                made: Ok(made()),
+                template_generation: Some(1),
+            };
+            match look(&pool, observed, &settings(&pod, &rights), now) {
+                Look::Serve(serving) => serving,
+                Look::Unusable(effects) => panic!("{effects:?}"),
+            }
+        };
+        let first = at(now());
+        let names: Vec<String> = first.creates.iter().map(|p| p.name_any()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+        assert_ne!(names[0], names[1]);
+        assert!(first.before.is_empty(), "{:?}", first.before);
+        for created in &first.creates {
+            assert_eq!(
+                created.labels().get(POOL_LABEL).map(String::as_str),
+                Some("agents")
+            );
+        }
+        assert_eq!(
+            first.status.template_hash.as_deref(),
+            Some(first.hash.as_str())
+        );
+        assert_eq!((first.status.replicas, first.status.ready_replicas), (0, 0));
+        let again: Vec<String> = at(now()).creates.iter().map(|p| p.name_any()).collect();
+        assert_eq!(again, names, "the same clock reading names the same pods");
+        let later = now()
+            .checked_add(jiff::SignedDuration::from_secs(1))
+            .expect("a second later");
+        let next: Vec<String> = at(later).creates.iter().map(|p| p.name_any()).collect();
+        assert!(
+            next.iter().all(|n| !names.contains(n)),
+            "{next:?} {names:?}"
+        );
     }
 }

@@ -61,7 +61,9 @@ fn waits_on_a_node(pod: &Pod) -> bool {
 mod tests {
     use super::*;
     use crate::pool::plan::Made;
-    use k8s_openapi::api::core::v1::{Container, PodSpec, PodStatus};
+    use k8s_openapi::api::core::v1::{
+        Container, ContainerState, ContainerStateTerminated, ContainerStatus, PodSpec, PodStatus,
+    };
 
     /// A pod of the pool's labels whose gate waits on a node.
     fn waiting(name: &str) -> Pod {
@@ -90,5 +92,47 @@ mod tests {
         ];
         let names: Vec<String> = gated(&owned, &views).map(|p| p.name_any()).collect();
         assert_eq!(names, ["agents-h-x1"]);
+    }
+
+    /// Only an unclaimed pod, not being deleted, scheduled on a node, whose gate still waits
+    /// gets its gate's policy: a claimed pod's policy is its run's, a deleting one needs none,
+    /// an unscheduled one has no node to deny yet, and one whose gate ended is open already.
+    #[test]
+    fn a_claimed_deleting_unscheduled_or_opened_pool_pod_gets_no_gate_policy() {
+        let sealed = |pods: &[Pod]| -> Vec<PoolPod> {
+            pods.iter()
+                .map(|p| crate::pool::pod::view_of(p, Made::Sealed))
+                .collect()
+        };
+        let mut claimed = waiting("agents-h-claimed");
+        claimed.metadata.labels = Some([(CLAIMED_BY_LABEL.to_string(), "uid".to_string())].into());
+        let mut deleting = waiting("agents-h-deleting");
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(jiff::Timestamp::UNIX_EPOCH),
+        );
+        let mut unscheduled = waiting("agents-h-unscheduled");
+        unscheduled.status = Some(PodStatus::default());
+        let mut opened = waiting("agents-h-opened");
+        opened
+            .status
+            .get_or_insert_with(PodStatus::default)
+            .init_container_statuses = Some(vec![ContainerStatus {
+            name: crate::inpod::gate::GATE_CONTAINER.into(),
+            state: Some(ContainerState {
+                terminated: Some(ContainerStateTerminated::default()),
+                ..ContainerState::default()
+            }),
+            ..ContainerStatus::default()
+        }]);
+        let owned = [
+            claimed,
+            deleting,
+            unscheduled,
+            opened,
+            waiting("agents-h-waits"),
+        ];
+        let views = sealed(&owned);
+        let names: Vec<String> = gated(&owned, &views).map(|p| p.name_any()).collect();
+        assert_eq!(names, ["agents-h-waits"]);
     }
 }

@@ -316,12 +316,13 @@ async fn an_evicted_attempt_is_drained_and_retried_without_counting() {
 /// forced deletion loses everything.
 #[tokio::test]
 async fn a_checkpoint_saves_a_running_sandboxs_files_which_survive_a_forced_deletion() {
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = restricted_namespace(&client, "real-checkpoint").await;
-    let (_dir, store_url) = file_store("real-checkpoint");
-    let op = start_operator_with(&ns.name, &store_url, &["--max-checkpoints", "1"]);
-    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    let RealBed {
+        client,
+        ns,
+        store_url,
+        op,
+        runs,
+    } = RealBed::with_flags("real-checkpoint", &["--max-checkpoints", "1"]).await;
     let script = r#"echo first > "$ITERION_ARTIFACT_FILES_DIR/notes.txt"
 echo secret > /work/locked/x; chmod 0000 /work/locked/x; exec sleep 3600"#;
     create(
@@ -418,12 +419,10 @@ echo secret > /work/locked/x; chmod 0000 /work/locked/x; exec sleep 3600"#;
 /// refusal was appended: 200 entries.
 #[tokio::test]
 async fn a_run_asked_two_hundred_checkpoints_keeps_a_bounded_object() {
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = restricted_namespace(&client, "bounded-run").await;
-    let (_dir, store_url) = file_store("bounded-run");
-    let op = start_operator_with(&ns.name, &store_url, &["--max-checkpoints", "2"]);
-    let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
+    // The namespace is bound (`_ns`) so that it lives to the test's end.
+    let RealBed {
+        ns: _ns, op, runs, ..
+    } = RealBed::with_flags("bounded-run", &["--max-checkpoints", "2"]).await;
     let script = r#"echo hi > "$ITERION_ARTIFACT_FILES_DIR/notes.txt"; exec sleep 3600"#;
     create(&runs, "patched", real_spec(Some(script), &["/work/out"])).await;
     wait_run(&runs, "patched", "Running", &op, phase_is(Phase::Running)).await;

@@ -200,7 +200,7 @@ while true; do sleep 1; done"#;
     tokio::time::sleep(Duration::from_secs(2)).await;
 
     // kubectl delete pod (graceful, the pod's own grace period) ...
-    let deleted = Command::new(kubectl())
+    let deleted = Command::new(kubectl_path())
         .args([
             "delete",
             "pod",

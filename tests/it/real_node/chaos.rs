@@ -3,7 +3,7 @@
 //! needs, so `make test` skips them (`--skip real_node::chaos::`) and `make chaos`
 //! (`hack/chaos.sh`) runs them one at a time, alone on the bed.
 
-use super::two_nodes::{self, fleet_spec, pool_pods_by_node, ready_pool};
+use super::two_nodes::{self, fleet_spec, pool_pods_by_node};
 use super::*;
 use crate::support::s3_server::PrivateS3;
 
@@ -367,11 +367,13 @@ async fn a_node_lost_mid_run_ends_the_run_with_its_files_reported_lost_never_sto
 #[tokio::test]
 async fn an_operator_killed_mid_claim_starts_the_run_once_and_the_pool_recovers() {
     use sandboxrun_operator::api::{SandboxRunPool, TemplateRef};
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = restricted_namespace(&client, "chaos-claim").await;
-    let (_dir, store_url) = file_store("chaos-claim");
-    let mut op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
+    let RealBed {
+        client,
+        ns,
+        store_url,
+        mut op,
+        ..
+    } = RealBed::with_flags("chaos-claim", &["--warm-pools"]).await;
     ready_pool(
         &client,
         &ns.name,

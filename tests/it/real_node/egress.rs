@@ -82,7 +82,7 @@ async fn release_probe(pods: &Api<Pod>, ns: &str, run: &SandboxRun) -> String {
         },
     )
     .await;
-    let go = Command::new(kubectl())
+    let go = Command::new(kubectl_path())
         .args([
             "exec",
             "-n",
@@ -300,45 +300,15 @@ async fn warm_run_through_the_proxy(
     proxy_pod_ips: &[String],
     shape: impl FnOnce(&mut SandboxRunSpec),
 ) {
-    use sandboxrun_operator::api::{
-        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
-        TemplateRef,
-    };
+    use sandboxrun_operator::api::{OpenField, TemplateRef};
     let mut spec = real_spec(Some("exit 9"), &[]);
     shape(&mut spec);
-    let template = SandboxRunTemplate::new(
-        "filtered-agent",
-        SandboxRunTemplateSpec {
-            template: spec,
-            open_fields: vec![OpenField::Command],
-        },
-    );
-    Api::<SandboxRunTemplate>::namespaced(client.clone(), ns)
-        .create(&Default::default(), &template)
-        .await
-        .expect("create the template");
-    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), ns);
-    let pool = SandboxRunPool::new(
-        "filtered-agents",
-        SandboxRunPoolSpec {
-            template_ref: TemplateRef::namespaced("filtered-agent"),
-            replicas: 1,
-        },
-    );
-    pools
-        .create(&Default::default(), &pool)
-        .await
-        .expect("create the pool");
-    eventually(
-        "the filtered pool's pod to be ready",
-        Duration::from_secs(180),
-        || {
-            let pools = pools.clone();
-            async move {
-                let s = pools.get("filtered-agents").await.ok()?.status?;
-                (s.ready_replicas == 1).then_some(())
-            }
-        },
+    real_pool(
+        client,
+        ns,
+        ("filtered-agent", "filtered-agents"),
+        (spec, &[OpenField::Command]),
+        1,
     )
     .await;
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), ns);

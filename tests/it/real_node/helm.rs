@@ -50,7 +50,7 @@ async fn the_operator_installed_by_helm_runs_in_cluster_with_webhook_election_an
         pod_names
             .iter()
             .map(|p| {
-                Command::new(kubectl())
+                Command::new(kubectl_path())
                     .args(["logs", "-n", &release_ns.name, p, "--tail", "40"])
                     .output()
                     .map(|o| format!("--- {p}\n{}", String::from_utf8_lossy(&o.stdout)))
@@ -213,7 +213,7 @@ async fn helm_test_passes_then_fails_when_the_run_cannot_drain(
 ) {
     let test_pod = format!("{release}-selftest");
     let pod_log = || {
-        Command::new(kubectl())
+        Command::new(kubectl_path())
             .args(["logs", "-n", release_ns, &test_pod])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).to_string())

@@ -165,34 +165,19 @@ async fn a_tampered_archive_makes_the_resume_a_warning_and_the_workload_never_ru
 /// started cold ("the run sets spec.workspace").
 #[tokio::test]
 async fn a_resumed_sandbox_is_served_warm_by_a_pool_pod_with_its_files_restored() {
-    use sandboxrun_operator::api::{
-        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
-        TemplateRef,
-    };
+    use sandboxrun_operator::api::{OpenField, TemplateRef};
     let bed = RealBed::with_flags("real-pause-warm", &["--warm-pools"]).await;
-    let template = SandboxRunTemplate::new(
-        "agent",
-        SandboxRunTemplateSpec {
-            template: real_spec(Some("exit 9"), &["/work/out"]),
-            open_fields: vec![OpenField::Command],
-        },
-    );
-    Api::<SandboxRunTemplate>::namespaced(bed.client.clone(), &bed.ns.name)
-        .create(&Default::default(), &template)
-        .await
-        .expect("create the template");
-    let pools: Api<SandboxRunPool> = Api::namespaced(bed.client.clone(), &bed.ns.name);
-    let pool = SandboxRunPool::new(
-        "agents",
-        SandboxRunPoolSpec {
-            template_ref: TemplateRef::namespaced("agent"),
-            replicas: 1,
-        },
-    );
-    pools
-        .create(&Default::default(), &pool)
-        .await
-        .expect("create the pool");
+    let pools = make_template_and_pool(
+        &bed.client,
+        &bed.ns.name,
+        ("agent", "agents"),
+        template_of(
+            real_spec(Some("exit 9"), &["/work/out"]),
+            &[OpenField::Command],
+        ),
+        1,
+    )
+    .await;
     let ready = |taken: Vec<String>| {
         let (client, ns, pools) = (bed.client.clone(), bed.ns.name.clone(), pools.clone());
         async move {

@@ -70,28 +70,7 @@ async fn every_sample_runs_on_the_bed_to_its_documented_end() {
             .any(|c| c.type_ == "Queued" && c.status == "False" && c.reason == "Admitted"),
         "{status:?}"
     );
-    let workloads: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        &ns.name,
-        &sandboxrun_operator::kueue::workload_resource(),
-    );
-    let finished = eventually(
-        "its Workload to be Finished",
-        Duration::from_secs(60),
-        || {
-            let workloads = workloads.clone();
-            async move {
-                let w = workloads.get("queued-report-sbr").await.ok()?;
-                let conditions = w.data["status"]["conditions"].as_array()?.clone();
-                conditions
-                    .iter()
-                    .any(|c| c["type"] == "Finished" && c["status"] == "True")
-                    .then_some(())
-            }
-        },
-    )
-    .await;
-    let () = finished;
+    workload_finished(&client, &ns.name, "queued-report-sbr").await;
     // retries.yaml: two failed attempts, then Complete, each attempt's report kept.
     let flaky = wait_run(&runs, "flaky-job", "a final phase", &op, final_phase).await;
     let status = flaky.status.clone().expect("status");

@@ -4,22 +4,6 @@
 
 use super::*;
 
-/// `kubectl sandboxrun args…` with this build as the plugin, the bed's kubeconfig.
-fn plugin(plugin_dir: &Path, args: &[&str]) -> Output {
-    let path = format!(
-        "{}:{}",
-        plugin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let mut cmd = tool("kubectl");
-    cmd.arg("sandboxrun")
-        .args(args)
-        .env("PATH", path)
-        .env_remove("SANDBOXRUN_STORE_URL")
-        .env_remove("SANDBOXRUN_STORE_OPTIONS");
-    run(cmd, None)
-}
-
 /// A live sandbox on a real node: `exec` returns the command's output and exit code, `cp` copies
 /// every byte value into a read-back path and out again (the workload sees what was copied in),
 /// a path outside the read-back paths is refused, and the copied file is drained with the rest
@@ -42,15 +26,13 @@ async fn exec_and_cp_reach_a_live_sandbox_on_a_real_node_and_the_copy_is_drained
     )
     .await;
     let dir = host_dir("real-session-plugin");
-    std::os::unix::fs::symlink(
-        env!("CARGO_BIN_EXE_sandboxrun-operator"),
-        dir.join("kubectl-sandboxrun"),
-    )
-    .expect("link the plugin");
+    // `kubectl sandboxrun args…` with this build as the plugin, the bed's kubeconfig.
+    let path = link_plugin(&dir);
+    let sandboxrun = |args: &[&str]| run(plugin(&path, None, args), None);
     let ns = bed.ns.name.as_str();
 
     let script = "echo from the sandbox; echo to stderr >&2; mkdir -p /work/out/notes; exit 7";
-    let done = plugin(&dir, &["exec", "agent", "-n", ns, "--", "sh", "-c", script]);
+    let done = sandboxrun(&["exec", "agent", "-n", ns, "--", "sh", "-c", script]);
     assert_eq!(done.status.code(), Some(7), "{done:?}");
     assert_eq!(String::from_utf8_lossy(&done.stdout), "from the sandbox\n");
     assert!(
@@ -62,41 +44,32 @@ async fn exec_and_cp_reach_a_live_sandbox_on_a_real_node_and_the_copy_is_drained
     let local = dir.join("in.bin");
     std::fs::write(&local, &bytes).expect("write");
     let inside = "agent:/work/out/notes/in.bin";
-    let put = plugin(
-        &dir,
-        &["cp", "-n", ns, &local.display().to_string(), inside],
-    );
+    let put = sandboxrun(&["cp", "-n", ns, &local.display().to_string(), inside]);
     assert!(put.status.success(), "{put:?}");
-    let seen = plugin(
-        &dir,
-        &[
-            "exec",
-            "agent",
-            "-n",
-            ns,
-            "--",
-            "sha256sum",
-            "/work/out/notes/in.bin",
-        ],
-    );
+    let seen = sandboxrun(&[
+        "exec",
+        "agent",
+        "-n",
+        ns,
+        "--",
+        "sha256sum",
+        "/work/out/notes/in.bin",
+    ]);
     assert!(
         String::from_utf8_lossy(&seen.stdout).starts_with(&sha256_hex(&bytes)),
         "the workload sees the bytes copied in: {seen:?}"
     );
     let back = dir.join("back.bin");
-    let got = plugin(&dir, &["cp", "-n", ns, inside, &back.display().to_string()]);
+    let got = sandboxrun(&["cp", "-n", ns, inside, &back.display().to_string()]);
     assert!(got.status.success(), "{got:?}");
     assert_eq!(std::fs::read(&back).expect("copied out"), bytes);
-    let refused = plugin(
-        &dir,
-        &[
-            "cp",
-            "-n",
-            ns,
-            "agent:/etc/passwd",
-            &back.display().to_string(),
-        ],
-    );
+    let refused = sandboxrun(&[
+        "cp",
+        "-n",
+        ns,
+        "agent:/etc/passwd",
+        &back.display().to_string(),
+    ]);
     assert_eq!(refused.status.code(), Some(1), "{refused:?}");
     assert!(
         String::from_utf8_lossy(&refused.stderr).contains("read-back paths"),

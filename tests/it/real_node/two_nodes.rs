@@ -56,50 +56,6 @@ pub(super) async fn pool_pods_by_node(
         .collect()
 }
 
-/// A template of `spec` and a pool of `replicas` of it in `ns`, made and waited for until every
-/// replica is ready.
-pub(super) async fn ready_pool(client: &Client, ns: &str, spec: SandboxRunSpec, replicas: i32) {
-    use sandboxrun_operator::api::{
-        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
-        TemplateRef,
-    };
-    let template = SandboxRunTemplate::new(
-        "agent",
-        SandboxRunTemplateSpec {
-            template: spec,
-            open_fields: vec![OpenField::Command],
-        },
-    );
-    Api::<SandboxRunTemplate>::namespaced(client.clone(), ns)
-        .create(&Default::default(), &template)
-        .await
-        .expect("create the template");
-    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), ns);
-    let pool = SandboxRunPool::new(
-        "agents",
-        SandboxRunPoolSpec {
-            template_ref: TemplateRef::namespaced("agent"),
-            replicas,
-        },
-    );
-    pools
-        .create(&Default::default(), &pool)
-        .await
-        .expect("create the pool");
-    eventually(
-        "the pool's pods to be ready",
-        Duration::from_secs(240),
-        || {
-            let pools = pools.clone();
-            async move {
-                let s = pools.get("agents").await.ok()?.status?;
-                (s.ready_replicas == replicas && s.replicas == replicas).then_some(())
-            }
-        },
-    )
-    .await;
-}
-
 /// A warm pool's pods spread across the real nodes (the operator asks the scheduler to: a soft
 /// topology spread over `kubernetes.io/hostname` among the pool's unclaimed pods), so one lost
 /// node takes as few of them as can be. On the old code both pods went where the scheduler's

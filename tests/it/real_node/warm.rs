@@ -17,15 +17,14 @@ use super::*;
 ///   new version's.
 #[tokio::test]
 async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_change() {
-    use sandboxrun_operator::api::{
-        EnvVar, OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate,
-        SandboxRunTemplateSpec, TemplateRef,
-    };
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = restricted_namespace(&client, "pool").await;
-    let (_dir, store_url) = file_store("pool");
-    let op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
+    use sandboxrun_operator::api::{EnvVar, OpenField, SandboxRunTemplate, TemplateRef};
+    let RealBed {
+        client,
+        ns,
+        store_url,
+        op,
+        ..
+    } = RealBed::with_flags("pool", &["--warm-pools"]).await;
     let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
     let mut locked = real_spec(Some("exit 9"), &["/work/out"]);
     locked.env = vec![EnvVar {
@@ -33,47 +32,18 @@ async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_chan
         value: "1".into(),
         value_from: None,
     }];
-    let template = SandboxRunTemplate::new(
-        "agent",
-        SandboxRunTemplateSpec {
-            template: locked,
-            open_fields: vec![OpenField::Command, OpenField::Env, OpenField::Resources],
-        },
-    );
-    templates
-        .create(&Default::default(), &template)
-        .await
-        .expect("create the template");
-    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
-    let pool = SandboxRunPool::new(
-        "agents",
-        SandboxRunPoolSpec {
-            template_ref: TemplateRef::namespaced("agent"),
-            replicas: 2,
-        },
-    );
-    pools
-        .create(&Default::default(), &pool)
-        .await
-        .expect("create the pool");
-    let ready = |n: i32| {
-        let pools = pools.clone();
-        async move {
-            eventually(
-                "the pool's pods to be ready",
-                Duration::from_secs(180),
-                || {
-                    let pools = pools.clone();
-                    async move {
-                        let p = pools.get("agents").await.ok()?;
-                        let s = p.status?;
-                        (s.ready_replicas == n && s.replicas == n).then_some(s)
-                    }
-                },
-            )
-            .await
-        }
-    };
+    let pools = make_template_and_pool(
+        &client,
+        &ns.name,
+        ("agent", "agents"),
+        template_of(
+            locked,
+            &[OpenField::Command, OpenField::Env, OpenField::Resources],
+        ),
+        2,
+    )
+    .await;
+    let ready = |n: i32| wait_pool_ready(&pools, "agents", n, POOL_READY);
     let first = ready(2).await;
     let before = pool_pods(&client, &ns.name, "agents").await;
     assert_eq!(before.len(), 2, "{before:?}");
@@ -213,10 +183,7 @@ async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_chan
 #[tokio::test]
 async fn a_warm_pool_of_a_filtered_template_keeps_its_pods_and_their_runs_filtered() {
     use sandboxrun_operator::api::NetworkMode::{Allowlist, Denylist};
-    use sandboxrun_operator::api::{
-        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
-        TemplateRef,
-    };
+    use sandboxrun_operator::api::{OpenField, SandboxRunPool, TemplateRef};
     let client = client().await;
     ensure_crd(&client).await;
     let ns = restricted_namespace(&client, "pool-gate").await;
@@ -234,7 +201,6 @@ async fn a_warm_pool_of_a_filtered_template_keeps_its_pods_and_their_runs_filter
     );
     let node_ip = bed_setting("SANDBOXRUN_TEST_NODE_IP");
     let (denied, denied_peers) = echo_listener(&node_ip, "denied").await;
-    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
     let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
     let kinds = [("allow", Allowlist), ("deny", Denylist)];
@@ -245,45 +211,20 @@ async fn a_warm_pool_of_a_filtered_template_keeps_its_pods_and_their_runs_filter
             mode,
             rules: vec!["192.0.2.0/24".to_string()],
         });
-        let template = SandboxRunTemplate::new(
-            name,
-            SandboxRunTemplateSpec {
-                template: spec,
-                open_fields: vec![OpenField::Command],
-            },
-        );
-        templates
-            .create(&Default::default(), &template)
-            .await
-            .expect("create the template");
-        let pool = SandboxRunPool::new(
-            name,
-            SandboxRunPoolSpec {
-                template_ref: TemplateRef::namespaced(name),
-                replicas: 1,
-            },
-        );
-        pools
-            .create(&Default::default(), &pool)
-            .await
-            .expect("create the pool");
+        make_template_and_pool(
+            &client,
+            &ns.name,
+            (name, name),
+            template_of(spec, &[OpenField::Command]),
+            1,
+        )
+        .await;
     }
     let policies: Api<k8s_openapi::api::networking::v1::NetworkPolicy> =
         Api::namespaced(client.clone(), &ns.name);
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
     for (name, _) in kinds {
-        eventually(
-            "the filtered pool's pod to be ready",
-            Duration::from_secs(180),
-            || {
-                let pools = pools.clone();
-                async move {
-                    let s = pools.get(name).await.ok()?.status?;
-                    (s.ready_replicas == 1).then_some(())
-                }
-            },
-        )
-        .await;
+        wait_pool_ready(&pools, name, 1, POOL_READY).await;
         let listed = pool_pods(&client, &ns.name, name).await;
         let pod_name = listed.first().map(|p| p.0.clone()).expect("a pool pod");
         let policy = policies
@@ -362,10 +303,7 @@ async fn a_warm_pool_of_a_filtered_template_keeps_its_pods_and_their_runs_filter
 /// Succeeded with its file, its Workload Finished.
 #[tokio::test]
 async fn a_queued_run_takes_a_warm_pool_pod_once_kueue_admits_it() {
-    use sandboxrun_operator::api::{
-        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
-        TemplateRef,
-    };
+    use sandboxrun_operator::api::{OpenField, TemplateRef};
     let client = client().await;
     ensure_crd(&client).await;
     let ns = restricted_namespace(&client, "pool-kueue").await;
@@ -378,39 +316,12 @@ async fn a_queued_run_takes_a_warm_pool_pod_once_kueue_admits_it() {
     spec.node_selector
         .get_or_insert_with(BTreeMap::new)
         .insert("kubernetes.io/hostname".into(), "real-node-0".into());
-    let template = SandboxRunTemplate::new(
-        "queued-agent",
-        SandboxRunTemplateSpec {
-            template: spec,
-            open_fields: vec![OpenField::Command],
-        },
-    );
-    Api::<SandboxRunTemplate>::namespaced(client.clone(), &ns.name)
-        .create(&Default::default(), &template)
-        .await
-        .expect("create the template");
-    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
-    let pool = SandboxRunPool::new(
-        "queued-agents",
-        SandboxRunPoolSpec {
-            template_ref: TemplateRef::namespaced("queued-agent"),
-            replicas: 1,
-        },
-    );
-    pools
-        .create(&Default::default(), &pool)
-        .await
-        .expect("create the pool");
-    eventually(
-        "the pool's pod to be ready",
-        Duration::from_secs(180),
-        || {
-            let pools = pools.clone();
-            async move {
-                let s = pools.get("queued-agents").await.ok()?.status?;
-                (s.ready_replicas == 1).then_some(())
-            }
-        },
+    real_pool(
+        &client,
+        &ns.name,
+        ("queued-agent", "queued-agents"),
+        (spec, &[OpenField::Command]),
+        1,
     )
     .await;
     let runs: Api<SandboxRun> = Api::namespaced(client.clone(), &ns.name);
@@ -449,27 +360,7 @@ async fn a_queued_run_takes_a_warm_pool_pod_once_kueue_admits_it() {
         .unwrap_or_else(|e| panic!("files get failed: {e}"));
     let out = std::fs::read_to_string(extracted(&dest, 0).join("out.txt")).expect("out.txt");
     assert_eq!(out, "queued-warm\n");
-    let workloads: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        &ns.name,
-        &sandboxrun_operator::kueue::workload_resource(),
-    );
-    eventually(
-        "its Workload to be Finished",
-        Duration::from_secs(60),
-        || {
-            let workloads = workloads.clone();
-            async move {
-                let w = workloads.get("queued-sbr").await.ok()?;
-                let conditions = w.data["status"]["conditions"].as_array()?.clone();
-                conditions
-                    .iter()
-                    .any(|c| c["type"] == "Finished" && c["status"] == "True")
-                    .then_some(())
-            }
-        },
-    )
-    .await;
+    workload_finished(&client, &ns.name, "queued-sbr").await;
     drop(op);
     delete_kueue_cluster_objects(&client, made).await;
 }
@@ -482,15 +373,14 @@ async fn a_queued_run_takes_a_warm_pool_pod_once_kueue_admits_it() {
 /// drained. Before, a retry always started cold.
 #[tokio::test]
 async fn each_attempt_of_a_retried_run_takes_a_warm_pool_pod() {
-    use sandboxrun_operator::api::{
-        OpenField, RetryBackoff, RetryPolicy, SandboxRunPool, SandboxRunPoolSpec,
-        SandboxRunTemplate, SandboxRunTemplateSpec, TemplateRef,
-    };
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = restricted_namespace(&client, "pool-retry").await;
-    let (_dir, store_url) = file_store("pool-retry");
-    let op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
+    use sandboxrun_operator::api::{OpenField, RetryBackoff, RetryPolicy, TemplateRef};
+    let RealBed {
+        client,
+        ns,
+        store_url,
+        op,
+        ..
+    } = RealBed::with_flags("pool-retry", &["--warm-pools"]).await;
     let mut spec = real_spec(Some("exit 9"), &["/work/out"]);
     spec.retry_policy = Some(RetryPolicy {
         limit: 2,
@@ -501,39 +391,12 @@ async fn each_attempt_of_a_retried_run_takes_a_warm_pool_pod() {
         }),
         rules: Vec::new(),
     });
-    let template = SandboxRunTemplate::new(
-        "retried",
-        SandboxRunTemplateSpec {
-            template: spec,
-            open_fields: vec![OpenField::Command],
-        },
-    );
-    Api::<SandboxRunTemplate>::namespaced(client.clone(), &ns.name)
-        .create(&Default::default(), &template)
-        .await
-        .expect("create the template");
-    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
-    let pool = SandboxRunPool::new(
-        "retried",
-        SandboxRunPoolSpec {
-            template_ref: TemplateRef::namespaced("retried"),
-            replicas: 2,
-        },
-    );
-    pools
-        .create(&Default::default(), &pool)
-        .await
-        .expect("create the pool");
-    eventually(
-        "the pool's pods to be ready",
-        Duration::from_secs(180),
-        || {
-            let pools = pools.clone();
-            async move {
-                let s = pools.get("retried").await.ok()?.status?;
-                (s.ready_replicas == 2).then_some(())
-            }
-        },
+    real_pool(
+        &client,
+        &ns.name,
+        ("retried", "retried"),
+        (spec, &[OpenField::Command]),
+        2,
     )
     .await;
     let pool_pod_names: Vec<String> = pool_pods(&client, &ns.name, "retried")
@@ -584,16 +447,15 @@ async fn each_attempt_of_a_retried_run_takes_a_warm_pool_pod() {
 #[tokio::test]
 async fn a_run_whose_env_takes_a_secrets_value_is_served_warm_and_sees_it() {
     use k8s_openapi::api::core::v1::{Secret, SecretKeySelector};
-    use sandboxrun_operator::api::{
-        EnvVar, EnvVarSource, OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate,
-        SandboxRunTemplateSpec, TemplateRef,
-    };
+    use sandboxrun_operator::api::{EnvVar, EnvVarSource, OpenField, TemplateRef};
     use sha2::Digest;
-    let client = client().await;
-    ensure_crd(&client).await;
-    let ns = restricted_namespace(&client, "pool-secret").await;
-    let (_dir, store_url) = file_store("pool-secret");
-    let op = start_operator_with(&ns.name, &store_url, &["--warm-pools"]);
+    let RealBed {
+        client,
+        ns,
+        store_url,
+        op,
+        ..
+    } = RealBed::with_flags("pool-secret", &["--warm-pools"]).await;
     let value = "s3cr3t-for-the-warm-run";
     let secret: Secret = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Secret",
@@ -605,36 +467,15 @@ async fn a_run_whose_env_takes_a_secrets_value_is_served_warm_and_sees_it() {
         .create(&Default::default(), &secret)
         .await
         .expect("create the Secret");
-    let template = SandboxRunTemplate::new(
-        "agent",
-        SandboxRunTemplateSpec {
-            template: real_spec(Some("exit 9"), &["/work/out"]),
-            open_fields: vec![OpenField::Command, OpenField::Env],
-        },
-    );
-    Api::<SandboxRunTemplate>::namespaced(client.clone(), &ns.name)
-        .create(&Default::default(), &template)
-        .await
-        .expect("create the template");
-    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
-    let pool = SandboxRunPool::new(
-        "agents",
-        SandboxRunPoolSpec {
-            template_ref: TemplateRef::namespaced("agent"),
-            replicas: 1,
-        },
-    );
-    pools
-        .create(&Default::default(), &pool)
-        .await
-        .expect("create the pool");
-    eventually(
-        "the pool's pod to be ready",
-        Duration::from_secs(180),
-        || {
-            let pools = pools.clone();
-            async move { (pools.get("agents").await.ok()?.status?.ready_replicas == 1).then_some(()) }
-        },
+    let pools = real_pool(
+        &client,
+        &ns.name,
+        ("agent", "agents"),
+        (
+            real_spec(Some("exit 9"), &["/work/out"]),
+            &[OpenField::Command, OpenField::Env],
+        ),
+        1,
     )
     .await;
     let ready = pool_pods(&client, &ns.name, "agents").await;
@@ -827,10 +668,7 @@ async fn claimed_metric(
 async fn an_hpa_on_the_operators_external_metric_scales_a_pool_as_runs_claim_its_pods() {
     use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
     use k8s_openapi::kube_aggregator::pkg::apis::apiregistration::v1::APIService;
-    use sandboxrun_operator::api::{
-        OpenField, SandboxRunPool, SandboxRunPoolSpec, SandboxRunTemplate, SandboxRunTemplateSpec,
-        TemplateRef,
-    };
+    use sandboxrun_operator::api::{OpenField, TemplateRef};
     let client = client().await;
     ensure_crd(&client).await;
     let ns = restricted_namespace(&client, "hpa").await;
@@ -899,30 +737,17 @@ async fn an_hpa_on_the_operators_external_metric_scales_a_pool_as_runs_claim_its
         .expect("the operator answers");
     assert_eq!(forged.status().as_u16(), 401, "{:?}", forged.text().await);
 
-    let templates: Api<SandboxRunTemplate> = Api::namespaced(client.clone(), &ns.name);
-    let template = SandboxRunTemplate::new(
-        "agent",
-        SandboxRunTemplateSpec {
-            template: real_spec(Some("exit 9"), &["/work/out"]),
-            open_fields: vec![OpenField::Command],
-        },
-    );
-    templates
-        .create(&Default::default(), &template)
-        .await
-        .expect("create the template");
-    let pools: Api<SandboxRunPool> = Api::namespaced(client.clone(), &ns.name);
-    let pool = SandboxRunPool::new(
-        "agents",
-        SandboxRunPoolSpec {
-            template_ref: TemplateRef::namespaced("agent"),
-            replicas: 1,
-        },
-    );
-    pools
-        .create(&Default::default(), &pool)
-        .await
-        .expect("create the pool");
+    let pools = make_template_and_pool(
+        &client,
+        &ns.name,
+        ("agent", "agents"),
+        template_of(
+            real_spec(Some("exit 9"), &["/work/out"]),
+            &[OpenField::Command],
+        ),
+        1,
+    )
+    .await;
     let hpa: HorizontalPodAutoscaler = serde_json::from_value(json!({
         "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
         "metadata": {"name": "agents"},

@@ -3,34 +3,53 @@
 //! real operator binary against it. Without a running cluster every test that asks for one FAILS
 //! with a message saying how to start it — never a silent skip or pass.
 //!
-//! One home for every helper the test files share: `runs` (specs, create, end a workload),
-//! `wait` (phases, polling), `operator` (`Operator::builder`), `partition` (an apiserver
+//! One home for every helper the test files share: `cli` (the binary's verbs), `runs` (specs, create, end a workload),
+//! `wait` (phases, polling), `operator` (`Operator::builder`), `kubectl` (commands, `apply`, the
+//! plugin), `partition` (an apiserver
 //! partition for one process), `ports`, `store` (S3 options,
-//! `files get`), `trees`, `tars`, `corpus`, `webhooks`, `s3_server`. Every test binary compiles
+//! `files get`), `egress` (the token secret, an operator with the proxy), `pools` (a template and
+//! a pool of it, its ready pods), `templates`, `trees`, `tars`, `corpus`, `webhooks`, `s3_server`. Every test binary compiles
 //! all of it and uses a part, hence the allows.
 #![allow(dead_code, unused_imports)]
 
+pub mod cli;
 pub mod corpus;
+pub mod egress;
 pub mod events;
+pub mod kubectl;
 pub mod operator;
 pub mod partition;
+pub mod pools;
 pub mod ports;
 pub mod runs;
 pub mod s3_server;
 pub mod store;
 pub mod tars;
+pub mod templates;
 pub mod trees;
 pub mod wait;
 pub mod webhooks;
 
+/// The crate's one `SandboxRun` builder (`src/testkit/run.rs`), compiled here as it is: the unit
+/// and the integration tests build a run the same way. It names the API as `super::api`.
+#[path = "../../../src/testkit/run.rs"]
+pub mod run_kit;
+use sandboxrun_operator::api;
+
+pub use cli::*;
 pub use corpus::*;
+pub use egress::*;
 pub use events::*;
+pub use kubectl::*;
 pub use operator::{Operator, OperatorBuilder};
 pub use partition::ApiserverProxy;
+pub use pools::*;
 pub use ports::free_port;
+pub use run_kit::{sandbox_run, RunBuilder};
 pub use runs::*;
 pub use store::*;
 pub use tars::*;
+pub use templates::*;
 pub use trees::*;
 pub use wait::*;
 pub use webhooks::*;
@@ -383,13 +402,6 @@ pub fn write_pattern(path: &Path, len: u64, seed: u64) {
         left -= n as u64;
     }
     f.flush().expect("flush");
-}
-
-/// The kubectl of the test bed (falls back to the one on PATH).
-pub fn kubectl() -> PathBuf {
-    tools_bin()
-        .map(|b| b.join("kubectl"))
-        .unwrap_or_else(|| "kubectl".into())
 }
 
 /// A tool of the test bed (kubectl, helm) by path, so the test does not depend on the caller's PATH.

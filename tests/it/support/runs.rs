@@ -2,6 +2,7 @@
 //! the steps every lifecycle test takes (create, end the workload).
 
 use std::path::Path;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -14,7 +15,7 @@ use sandboxrun_operator::api::{
 use serde_json::json;
 
 use super::operator::Operator;
-use super::wait::wait_phase;
+use super::wait::{eventually_or_log, wait_phase};
 
 /// An image pinned by digest, so admission and the pod builder never try to resolve a tag.
 pub const DIGEST_IMAGE: &str =
@@ -176,6 +177,18 @@ pub fn pod_of(run: &SandboxRun) -> String {
         .as_ref()
         .and_then(|s| s.pod_name.clone())
         .unwrap_or_else(|| panic!("the status of {:?} names no pod", run.metadata.name))
+}
+
+/// The pod of the run `run` (by the name the operator gives it), once it exists (fails after 60 s
+/// with the operator's log).
+pub async fn wait_for_pod(pods: &Api<Pod>, run: &str, op: &Operator) -> Pod {
+    let name = sandboxrun_operator::pod::pod_name(run);
+    eventually_or_log(&format!("pod {name}"), Duration::from_secs(60), op, || {
+        let pods = pods.clone();
+        let name = name.clone();
+        async move { pods.get_opt(&name).await.ok().flatten() }
+    })
+    .await
 }
 
 /// Ends the workload of the pod `pod` with exit code `code` (teardown begins).
