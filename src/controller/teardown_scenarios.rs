@@ -23,9 +23,16 @@ use super::mock_apiserver::{apiserver, context, Log, Route};
 use super::pipeline_scenarios::{run, written};
 use super::plan::testing::deleting;
 use super::plan::{IN_FLIGHT_REQUEUE, SETTLE};
-use super::teardown_job::{claimed_teardown, start};
+use super::teardown_job::claimed_teardown;
 use crate::api::{Phase, SandboxRun, SandboxRunStatus};
+use crate::identity::RunId;
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
+
+/// Starts the teardown of `run`, whose identity it has (as a reconcile's observation gives it).
+fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger) {
+    let id = RunId::of(run).expect("a run read from the apiserver has its identity");
+    super::teardown_job::start(ctx, (run, &id), trigger);
+}
 
 const RUN: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/demo";
 const STATUS: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/demo/status";

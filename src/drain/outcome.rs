@@ -164,9 +164,8 @@ pub(super) mod tests {
     use crate::api::Compression;
     use crate::drain::attempt_error::AttemptError;
     use crate::drain::DrainOptions;
-    use crate::store::{
-        object_keys, DroppedRecord, ManifestContext, MemberRecord, RejectedRecord, RunRef,
-    };
+    use crate::identity::RunId;
+    use crate::store::{object_keys, DroppedRecord, ManifestContext, MemberRecord, RejectedRecord};
     use crate::tar::sanitize::Reason;
 
     #[test]
@@ -294,7 +293,7 @@ pub(super) mod tests {
             stopped_at_input_bound: Some(272_629_760),
             ..Default::default()
         };
-        let run = RunRef {
+        let run = RunId {
             namespace: "ns".into(),
             name: "r".into(),
             uid: "u".into(),

@@ -40,12 +40,13 @@ pub(crate) use super::outcome::{committed_status, nothing_readable, object_url, 
 use super::pod_notes::pod_notes;
 use super::wire::{Wire, WIRE_FLAG};
 use crate::api::{Compression, ReadBackStatus};
+use crate::identity::RunId;
 use crate::metrics::Metrics;
 use crate::store::credentials;
 use crate::store::manifest::WireRecord;
 use crate::store::{
     archive_writer, attempt_object_keys, checkpoint_object_keys, try_read_manifest, write_manifest,
-    DrainOutcome, Manifest, ManifestContext, ManifestWrite, ObjectKeys, RunRef, StoreError,
+    DrainOutcome, Manifest, ManifestContext, ManifestWrite, ObjectKeys, StoreError,
 };
 
 /// Longest pause between two attempts.
@@ -229,7 +230,7 @@ pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
 /// One path's drain in progress: what carries over from one attempt to the next.
 struct PathDrain<'j, 'a> {
     job: &'j PathJob<'a>,
-    run: RunRef,
+    run: RunId,
     keys: ObjectKeys,
     opts: DrainOptions,
     started: Instant,
@@ -256,7 +257,7 @@ type Next = ControlFlow<Option<ReadBackStatus>>;
 
 impl<'j, 'a> PathDrain<'j, 'a> {
     fn new(job: &'j PathJob<'a>) -> Self {
-        let run = RunRef {
+        let run = RunId {
             namespace: job.namespace.to_string(),
             name: job.run_name.to_string(),
             uid: job.run_uid.to_string(),
@@ -966,7 +967,7 @@ mod tests {
     #[tokio::test]
     async fn a_committed_path_is_recorded_and_a_cancelled_drain_records_nothing() {
         let bed = bed();
-        let run = RunRef {
+        let run = RunId {
             namespace: "ns".into(),
             name: "r".into(),
             uid: "u".into(),

@@ -43,7 +43,7 @@ pub use config::{
 pub use error::StoreError;
 pub use keys::{
     attempt_object_keys, checkpoint_object_keys, object_keys, path_slug, run_dir, run_prefix,
-    ObjectKeys, RunRef, MANIFEST_SUFFIX, MAX_SLUG_BYTES,
+    ObjectKeys, MANIFEST_SUFFIX, MAX_SLUG_BYTES,
 };
 pub use manifest::{
     list_manifests, read_manifest, try_read_manifest, write_manifest, DrainOutcome, DroppedRecord,

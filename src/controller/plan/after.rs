@@ -223,6 +223,25 @@ mod tests {
     }
 
     #[test]
+    fn a_run_without_its_namespace_or_uid_has_nothing_deleted_anywhere() {
+        // An empty namespace or uid would name another directory than the run's own
+        // (docs/contract.md "A write always names its object"): the delete is refused, retried.
+        for field in ["namespace", "name", "uid"] {
+            let mut r = stored_in("s3://a");
+            match field {
+                "namespace" => r.metadata.namespace = None,
+                "name" => r.metadata.name = Some(String::new()),
+                _ => r.metadata.uid = None,
+            }
+            let plan = answered(&r, Answer::PurgeStore(Ok(Box::new(store("s3://a")))));
+            assert_eq!(
+                plan, "[!ArchiveDeleteFailed/Delete] | - | [] | 1s",
+                "{field}"
+            );
+        }
+    }
+
+    #[test]
     fn nothing_is_deleted_in_a_store_the_run_did_not_store_its_files_in_nor_in_one_that_cannot_be_used(
     ) {
         let r = stored_in("s3://a");
