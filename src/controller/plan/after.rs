@@ -226,8 +226,9 @@ mod tests {
     fn a_run_without_its_namespace_or_uid_has_nothing_deleted_anywhere() {
         // An empty namespace or uid would name another directory than the run's own
         // (docs/contract.md "A write always names its object"): the delete is refused, retried.
+        // Its status records no object yet (a drain that stored nothing): nothing else stops it.
         for field in ["namespace", "name", "uid"] {
-            let mut r = stored_in("s3://a");
+            let mut r = deleting(with_phase(run_with(&[("/out", false)]), Phase::Succeeded));
             match field {
                 "namespace" => r.metadata.namespace = None,
                 "name" => r.metadata.name = Some(String::new()),
