@@ -24,7 +24,9 @@ use super::events::{PlannedEvent, EVENT_NOTE_LIMIT};
 use super::plan::{Answer, Effect, NotPurged, PathPlan, PathWork, Plan, PurgeTarget, Requeue};
 use super::refusals;
 use crate::api::{Compression, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
-use crate::drain::path_drain::{drain_path, PathJob};
+use crate::drain::path_drain::{
+    drain_path, DrainControl, DrainLimits, JobGeneration, PathJob, PathSpec, PodSource, StoreTarget,
+};
 use crate::identity::{MissingIdentity, RunId};
 use crate::inpod::holder::HolderCommand;
 use crate::pod;
@@ -352,38 +354,48 @@ async fn drain_one(
     };
     let store = &target.store;
     let job = PathJob {
-        pods: &target.pods,
-        pod_name: &target.pod_name,
-        pack_command: &ctx.drain.pack_command,
-        store: &store.store,
-        // A tenant's store is cleaned by its own lifecycle rule: the clean-up signs with the
-        // operator's credentials.
-        open_uploads: ctx
-            .stores
-            .open_uploads
-            .as_deref()
-            .filter(|_| store.tenant.is_none()),
-        store_prefix: &store.prefix,
-        store_url: &store.url,
-        store_tenant: store.tenant.as_deref(),
-        namespace: &target.run.namespace,
-        run_name: &target.run.name,
-        run_uid: &target.run.uid,
-        index: path.index,
-        path: &path.path,
-        holder_path: &holder_path,
-        cap_bytes,
-        compression: target.compression,
-        wire: ctx.drain.wire,
-        idle: ctx.drain.idle,
-        bandwidth: &ctx.drain.bandwidth,
-        deadline: target.deadline,
-        previous_attempts,
-        metrics: &ctx.metrics,
-        cancel: &target.cancel,
-        fence: target.fence.as_ref(),
-        run_attempt: target.attempt,
-        checkpoint: target.checkpoint,
+        pod: PodSource {
+            pods: &target.pods,
+            name: &target.pod_name,
+            pack_command: &ctx.drain.pack_command,
+        },
+        store: StoreTarget {
+            objects: &store.store,
+            // A tenant's store is cleaned by its own lifecycle rule: the clean-up signs with the
+            // operator's credentials.
+            open_uploads: ctx
+                .stores
+                .open_uploads
+                .as_deref()
+                .filter(|_| store.tenant.is_none()),
+            prefix: &store.prefix,
+            url: &store.url,
+            tenant: store.tenant.as_deref(),
+        },
+        run: &target.run,
+        generation: JobGeneration {
+            attempt: target.attempt,
+            checkpoint: target.checkpoint,
+        },
+        path: PathSpec {
+            index: path.index,
+            declared: &path.path,
+            holder_path: &holder_path,
+            cap_bytes,
+            previous_attempts,
+        },
+        limits: DrainLimits {
+            compression: target.compression,
+            wire: ctx.drain.wire,
+            idle: ctx.drain.idle,
+            bandwidth: &ctx.drain.bandwidth,
+            deadline: target.deadline,
+        },
+        control: DrainControl {
+            metrics: &ctx.metrics,
+            cancel: &target.cancel,
+            fence: target.fence.as_ref(),
+        },
     };
     (path.entry, drain_path(&job).await)
 }
