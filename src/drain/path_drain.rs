@@ -36,7 +36,7 @@ use super::bandwidth::DrainBandwidth;
 use super::exec::{pack_argv, ExecError, PackExec, BUDGET_FLAG};
 use super::idle::IdleGuard;
 use super::outcome::failed;
-pub(crate) use super::outcome::{committed_status, nothing_readable, object_url, store_unusable};
+pub(crate) use super::outcome::{committed_status, nothing_readable, store_unusable};
 use super::pod_notes::pod_notes;
 use super::wire::{Wire, WIRE_FLAG};
 use crate::api::{Compression, ReadBackStatus};

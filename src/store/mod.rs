@@ -29,6 +29,7 @@ pub(crate) mod manifest;
 pub(crate) mod manifest_read;
 #[cfg(test)]
 mod manifest_read_tests;
+pub mod object_url;
 pub mod open_uploads;
 pub(crate) mod purge;
 pub mod tenant;
@@ -50,6 +51,7 @@ pub use manifest::{
     Manifest, ManifestContext, ManifestWrite, MemberRecord, RejectedRecord, Stored, Totals,
     MANIFEST_SCHEMA_VERSION,
 };
+pub use object_url::{ObjectUrl, RunObject};
 pub use upload::{
     archive_writer, part_size, ArchiveWriter, MAX_PARTS, MIN_PART_BYTES, UPLOAD_CONCURRENCY,
 };

@@ -157,7 +157,8 @@ pub(crate) fn purge_target(
         (why.clone(), location)
     })?;
     let dir = crate::store::run_dir(&store.prefix, &reference);
-    let location = format!("{}/{dir}/", store.url.trim_end_matches('/'));
+    // The run directory's URL as its objects' URLs name it (the store URL's prefix once).
+    let location = format!("{}/", crate::store::ObjectUrl::of(&store.url, &dir));
     if let Some(object) = retention::stored_elsewhere(run, &store.url, &dir) {
         let store = store.describe();
         return Err((NotPurged::StoredElsewhere { object, store }, location));
