@@ -30,7 +30,8 @@ use std::task::{Context, Poll};
 use object_store::ObjectStore;
 use sandboxrun_operator::api::Compression;
 use sandboxrun_operator::drain::{drain_into_store, DrainOptions};
-use sandboxrun_operator::store::{object_keys, store_from_url, ManifestContext, RunRef};
+use sandboxrun_operator::identity::RunId;
+use sandboxrun_operator::store::{object_keys, store_from_url, ManifestContext};
 use tokio::io::{AsyncRead, ReadBuf};
 
 const NAME_BYTES: usize = 4096;
@@ -236,7 +237,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map_err(|()| "tempdir url")?
         .to_string();
     let (store, prefix): (Arc<dyn ObjectStore>, _) = store_from_url(&url, &[])?;
-    let run = RunRef {
+    let run = RunId {
         namespace: "bench".into(),
         name: "memory".into(),
         uid: "u".into(),

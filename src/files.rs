@@ -1058,8 +1058,9 @@ fn matches_record(record: &MemberRecord, total: u64, sha: &str) -> bool {
 pub(crate) mod tests {
     use super::*;
     use crate::api::ReadBackPhase;
+    use crate::identity::RunId;
     use crate::store::MemberRecord;
-    use crate::store::{RunRef, Totals, MANIFEST_SCHEMA_VERSION};
+    use crate::store::{Totals, MANIFEST_SCHEMA_VERSION};
 
     /// (path in the archive, tar type byte, stored mode, content)
     pub(crate) type Member<'a> = (&'a str, u8, u32, &'a [u8]);
@@ -1107,7 +1108,7 @@ pub(crate) mod tests {
             .expect("put the archive");
         Manifest {
             schema_version: MANIFEST_SCHEMA_VERSION,
-            run: RunRef {
+            run: RunId {
                 namespace: "ns".into(),
                 name: "job".into(),
                 uid: "u1".into(),
@@ -1376,7 +1377,7 @@ pub(crate) mod tests {
         entry(&mut t, b'0', "ok.txt", None, b"ok");
         t.extend_from_slice(&[0u8; 1024]);
         let (store, prefix) = crate::store::store_from_url("memory://", &[]).expect("store");
-        let run = RunRef {
+        let run = RunId {
             namespace: "ns".into(),
             name: "job".into(),
             uid: "u1".into(),

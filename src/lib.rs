@@ -17,6 +17,7 @@ pub mod drain;
 pub mod egress;
 pub mod external_metrics;
 pub mod files;
+pub mod identity;
 pub(crate) mod inpod;
 pub mod kueue;
 pub mod metrics;

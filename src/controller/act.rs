@@ -24,7 +24,10 @@ use super::events::{PlannedEvent, EVENT_NOTE_LIMIT};
 use super::plan::{Answer, Effect, NotPurged, PathPlan, PathWork, Plan, PurgeTarget, Requeue};
 use super::refusals;
 use crate::api::{Compression, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
-use crate::drain::path_drain::{drain_path, PathJob};
+use crate::drain::path_drain::{
+    drain_path, DrainControl, DrainLimits, JobGeneration, PathJob, PathSpec, PodSource, StoreTarget,
+};
+use crate::identity::{MissingIdentity, RunId};
 use crate::inpod::holder::HolderCommand;
 use crate::pod;
 use crate::store::purge::delete_run_archives;
@@ -54,7 +57,8 @@ pub(crate) enum Carried {
 
 /// Carries out `plan` for `run` and its pod `pod_name` (`pod`: as observed, the Events' `related`
 /// object): its Events, then its status, then its effects, in order, up to the first that
-/// answers.
+/// answers. A run without its identity gets none of it (docs/contract.md "A write always names
+/// its object").
 pub(crate) async fn carry_out(
     ctx: &Context,
     run: &SandboxRun,
@@ -62,6 +66,7 @@ pub(crate) async fn carry_out(
     pod: Option<&Pod>,
     plan: Plan,
 ) -> Result<Carried, ControllerError> {
+    let id = RunId::of(run)?;
     for event in &plan.events {
         publish(ctx, run, pod.filter(|_| event.about_pod), event).await;
     }
@@ -70,7 +75,7 @@ pub(crate) async fn carry_out(
     }
     let mut effects = plan.effects.into_iter();
     while let Some(effect) = effects.next() {
-        if let Some(answer) = effect_of(ctx, run, pod_name, pod, effect).await? {
+        if let Some(answer) = effect_of(ctx, (run, &id), pod_name, pod, effect).await? {
             return Ok(Carried::Answer {
                 answer,
                 rest: effects.collect(),
@@ -84,14 +89,14 @@ pub(crate) async fn carry_out(
 /// Does one effect; Some: its answer, which the plan's follow-up depends on.
 async fn effect_of(
     ctx: &Context,
-    run: &SandboxRun,
+    (run, id): (&SandboxRun, &RunId),
     pod_name: &str,
     pod: Option<&Pod>,
     effect: Effect,
 ) -> Result<Option<Answer>, ControllerError> {
-    let ns = run.namespace().unwrap_or_default();
-    let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &ns);
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let ns = id.namespace.as_str();
+    let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), ns);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     match effect {
         Effect::AddFinalizer => {
             let mut finalizers = run.finalizers().to_vec();
@@ -104,8 +109,10 @@ async fn effect_of(
         }
         Effect::DeletePod { at_once } => delete_pod(&pods, pod_name, at_once).await?,
         Effect::MarkDrained => mark_drained(&pods, pod_name, &ctx.pod.holder_binary).await,
-        Effect::DeleteExpiredRun(event) => delete_expired_run(ctx, run, &runs, &event).await?,
-        Effect::PurgeStoredFiles => return Ok(Some(purge_store(ctx, run).await)),
+        Effect::DeleteExpiredRun(event) => {
+            delete_expired_run(ctx, (run, id), &runs, &event).await?;
+        }
+        Effect::PurgeStoredFiles => return Ok(Some(purge_store(ctx, (run, id)).await)),
         Effect::DeleteStoredFiles(target) => return Ok(Some(delete_stored_files(&target).await)),
         Effect::RecordCreateAttempt(at) => ctx.record_create_attempt(run, at),
         Effect::ForgetCreateAttempts => ctx.forget_create_attempt(run),
@@ -114,24 +121,24 @@ async fn effect_of(
         Effect::ApplyNetworkPolicy(policy) => apply_network_policy(&ctx.client, &policy).await?,
         Effect::CreatePod(new) => return create_pod(&pods, &new).await.map(Some),
         Effect::RestoreWorkspace(from) => {
-            if super::workspace::already_recorded(ctx, run).await {
+            if super::workspace::already_recorded(ctx, (run, id)).await {
                 return Ok(Some(Answer::RestoreAlreadyRecorded));
             }
-            let (from, result) = super::workspace::restore(ctx, run, pod_name, &from).await;
+            let (from, result) = super::workspace::restore(ctx, (run, id), pod_name, &from).await;
             return Ok(Some(Answer::Restored { from, result }));
         }
         Effect::DeliverStart(record) => {
-            let result = super::workspace::deliver(ctx, run, pod_name, &record).await;
+            let result = super::workspace::deliver(ctx, (run, id), pod_name, &record).await;
             return Ok(Some(Answer::StartDelivered { record, result }));
         }
-        Effect::CreateWorkload(w) => create_workload(&ctx.client, &ns, *w).await?,
+        Effect::CreateWorkload(w) => create_workload(&ctx.client, ns, *w).await?,
         Effect::PatchWorkloadStatus(patch) => {
-            let name = crate::kueue::workload_name(&run.name_any());
-            patch_workload_status(&ctx.client, &ns, &name, &patch).await?;
+            let name = crate::kueue::workload_name(&id.name);
+            patch_workload_status(&ctx.client, ns, &name, &patch).await?;
         }
         Effect::PatchWorkload(patch) => {
-            let name = crate::kueue::workload_name(&run.name_any());
-            patch_workload(&ctx.client, &ns, &name, &patch).await?;
+            let name = crate::kueue::workload_name(&id.name);
+            patch_workload(&ctx.client, ns, &name, &patch).await?;
         }
     }
     Ok(None)
@@ -216,12 +223,12 @@ pub(super) async fn apply_network_policy(
     client: &kube::Client,
     policy: &NetworkPolicy,
 ) -> Result<(), ControllerError> {
-    let ns = policy.metadata.namespace.clone().unwrap_or_default();
-    let name = policy.metadata.name.clone().unwrap_or_default();
-    let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), &ns);
+    let ns = crate::identity::namespace_of(policy)?;
+    let name = crate::identity::name_of(policy)?;
+    let api: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
     let body = crate::egress::verdict::apply_body(policy);
     api.patch(
-        &name,
+        name,
         &PatchParams::apply(MANAGER).force(),
         &Patch::Apply(&body),
     )
@@ -238,9 +245,7 @@ pub(crate) struct DrainTarget {
     store: RunStore,
     pods: Api<Pod>,
     pod_name: String,
-    namespace: String,
-    name: String,
-    uid: String,
+    run: RunId,
     compression: Compression,
     deadline: tokio::time::Instant,
     urgent: bool,
@@ -256,30 +261,28 @@ pub(crate) struct DrainTarget {
 }
 
 impl DrainTarget {
-    /// The drains of `run`'s pod into `store`, each ending by `deadline`.
+    /// The drains of `run`'s pod into `store`, each ending by `deadline`; none for a run
+    /// without its identity (its keys would name another run's directory).
     pub(crate) fn new(
         ctx: &Context,
         run: &SandboxRun,
         store: RunStore,
         deadline: tokio::time::Instant,
-    ) -> Self {
-        let namespace = run.namespace().unwrap_or_default();
-        let name = run.name_any();
-        DrainTarget {
+    ) -> Result<Self, MissingIdentity> {
+        let id = RunId::of(run)?;
+        Ok(DrainTarget {
             store,
-            pods: Api::namespaced(ctx.client.clone(), &namespace),
+            pods: Api::namespaced(ctx.client.clone(), &id.namespace),
             pod_name: pod::current_pod_name(run),
             compression: run.spec.compression(),
-            uid: run.uid().unwrap_or_default(),
-            namespace,
-            name,
+            run: id,
             deadline,
             urgent: false,
             cancel: ctx.in_flight.cancel.clone(),
             fence: None,
             attempt: pod::current_attempt(run),
             checkpoint: None,
-        }
+        })
     }
 
     /// The same target, draining into checkpoint `n` (`spec.checkpoint`) instead of the
@@ -340,11 +343,7 @@ async fn drain_one(
             holder_path,
         } => (cap_bytes, previous_attempts, holder_path),
     };
-    let waiter = Waiter {
-        namespace: target.namespace.clone(),
-        run: target.uid.clone(),
-        urgent: target.urgent,
-    };
+    let waiter = Waiter::of(&target.run, target.urgent);
     let Some(_slot) = ctx
         .in_flight
         .path_slots
@@ -355,38 +354,48 @@ async fn drain_one(
     };
     let store = &target.store;
     let job = PathJob {
-        pods: &target.pods,
-        pod_name: &target.pod_name,
-        pack_command: &ctx.drain.pack_command,
-        store: &store.store,
-        // A tenant's store is cleaned by its own lifecycle rule: the clean-up signs with the
-        // operator's credentials.
-        open_uploads: ctx
-            .stores
-            .open_uploads
-            .as_deref()
-            .filter(|_| store.tenant.is_none()),
-        store_prefix: &store.prefix,
-        store_url: &store.url,
-        store_tenant: store.tenant.as_deref(),
-        namespace: &target.namespace,
-        run_name: &target.name,
-        run_uid: &target.uid,
-        index: path.index,
-        path: &path.path,
-        holder_path: &holder_path,
-        cap_bytes,
-        compression: target.compression,
-        wire: ctx.drain.wire,
-        idle: ctx.drain.idle,
-        bandwidth: &ctx.drain.bandwidth,
-        deadline: target.deadline,
-        previous_attempts,
-        metrics: &ctx.metrics,
-        cancel: &target.cancel,
-        fence: target.fence.as_ref(),
-        run_attempt: target.attempt,
-        checkpoint: target.checkpoint,
+        pod: PodSource {
+            pods: &target.pods,
+            name: &target.pod_name,
+            pack_command: &ctx.drain.pack_command,
+        },
+        store: StoreTarget {
+            objects: &store.store,
+            // A tenant's store is cleaned by its own lifecycle rule: the clean-up signs with the
+            // operator's credentials.
+            open_uploads: ctx
+                .stores
+                .open_uploads
+                .as_deref()
+                .filter(|_| store.tenant.is_none()),
+            prefix: &store.prefix,
+            url: &store.url,
+            tenant: store.tenant.as_deref(),
+        },
+        run: &target.run,
+        generation: JobGeneration {
+            attempt: target.attempt,
+            checkpoint: target.checkpoint,
+        },
+        path: PathSpec {
+            index: path.index,
+            declared: &path.path,
+            holder_path: &holder_path,
+            cap_bytes,
+            previous_attempts,
+        },
+        limits: DrainLimits {
+            compression: target.compression,
+            wire: ctx.drain.wire,
+            idle: ctx.drain.idle,
+            bandwidth: &ctx.drain.bandwidth,
+            deadline: target.deadline,
+        },
+        control: DrainControl {
+            metrics: &ctx.metrics,
+            cancel: &target.cancel,
+            fence: target.fence.as_ref(),
+        },
     };
     (path.entry, drain_path(&job).await)
 }
@@ -394,20 +403,20 @@ async fn drain_one(
 /// Deletes a run whose `spec.ttlSecondsAfterFinished` passed, then publishes `event`.
 async fn delete_expired_run(
     ctx: &Context,
-    run: &SandboxRun,
+    (run, id): (&SandboxRun, &RunId),
     runs: &Api<SandboxRun>,
     event: &PlannedEvent,
 ) -> Result<(), ControllerError> {
-    let name = run.name_any();
+    let name = &id.name;
     // Preconditioned on the uid: a run re-created under the same name is not the one that expired.
     let params = DeleteParams {
-        preconditions: run.uid().map(|uid| kube::api::Preconditions {
-            uid: Some(uid),
+        preconditions: Some(kube::api::Preconditions {
+            uid: Some(id.uid.clone()),
             resource_version: None,
         }),
         ..Default::default()
     };
-    match runs.delete(&name, &params).await {
+    match runs.delete(name, &params).await {
         Ok(_) => {}
         Err(kube::Error::Api(ae)) if ae.code == 404 || ae.code == 409 => return Ok(()),
         Err(e) => return Err(kube_err(format!("delete expired run {name}"))(e)),
@@ -419,11 +428,11 @@ async fn delete_expired_run(
 
 /// The store `run` uses now, for the delete of its stored files (what is deleted is planned
 /// from it: [`super::plan::after`]).
-async fn purge_store(ctx: &Context, run: &SandboxRun) -> Answer {
-    match ctx.run_store(run).await {
+async fn purge_store(ctx: &Context, (run, id): (&SandboxRun, &RunId)) -> Answer {
+    match ctx.run_store((&id.namespace, run)).await {
         Ok(store) => Answer::PurgeStore(Ok(Box::new(store))),
         Err(e) => {
-            warn!(run = %run.name_any(), namespace = ?run.namespace(), error = %e, "the run's store cannot be used; its stored files are not deleted");
+            warn!(run = %id.name, namespace = %id.namespace, error = %e, "the run's store cannot be used; its stored files are not deleted");
             Answer::PurgeStore(Err(NotPurged::StoreUnusable(e.to_string())))
         }
     }
@@ -574,16 +583,16 @@ pub(crate) async fn write_status(
     run: &SandboxRun,
     status: &SandboxRunStatus,
 ) -> Result<(), ControllerError> {
-    let name = run.name_any();
+    let id = RunId::of(run)?;
+    let name = &id.name;
     let written = ctx.written_status(run, status);
     if written.already {
         return Ok(());
     }
-    let runs: Api<SandboxRun> =
-        Api::namespaced(ctx.client.clone(), &run.namespace().unwrap_or_default());
+    let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &id.namespace);
     match runs
         .patch_status(
-            &name,
+            name,
             &PatchParams::apply(MANAGER).force(),
             &Patch::Apply(&status_body(status)),
         )
@@ -615,9 +624,11 @@ async fn patch_finalizers(
     finalizers: Vec<String>,
 ) -> Result<(), ControllerError> {
     // resourceVersion in a merge patch is a precondition: a concurrent change makes it a 409 and
-    // the next reconcile starts from what is really there.
+    // the next reconcile starts from what is really there. Without one there is no precondition:
+    // nothing is sent (docs/contract.md "A write always names its object").
+    let resource_version = crate::identity::resource_version(run)?;
     let patch = json!({
-        "metadata": { "finalizers": finalizers, "resourceVersion": run.resource_version() }
+        "metadata": { "finalizers": finalizers, "resourceVersion": resource_version }
     });
     match runs
         .patch(

@@ -159,6 +159,55 @@ async fn the_finalizer_is_a_merge_patch_preconditioned_on_the_resource_version()
 }
 
 #[tokio::test]
+async fn a_finalizer_patch_without_a_resource_version_is_never_sent_unguarded() {
+    // docs/contract.md "A write always names its object": without a resourceVersion the merge
+    // patch would carry no precondition, and would overwrite a concurrent change.
+    for resource_version in [None, Some(String::new())] {
+        let mut r = run();
+        r.metadata.resource_version = resource_version.clone();
+        let (client, seen) = apiserver(200, written(&run(), "8"));
+        let ctx = context(client);
+        let result = carry_out(
+            &ctx,
+            &r,
+            "demo-sbr",
+            None,
+            plan(None, vec![Effect::AddFinalizer]),
+        )
+        .await;
+        assert!(result.is_err(), "{resource_version:?}: {result:?}");
+        let sent = seen.all();
+        assert!(
+            sent.is_empty(),
+            "{resource_version:?}: nothing is sent: {sent:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn nothing_is_written_about_a_run_without_its_namespace_or_uid() {
+    // An empty namespace aims the write at `namespaces//…`; an empty uid names no run.
+    for field in ["namespace", "uid"] {
+        let mut r = run();
+        match field {
+            "namespace" => r.metadata.namespace = None,
+            _ => r.metadata.uid = None,
+        }
+        let (client, seen) = apiserver(200, written(&run(), "8"));
+        let ctx = context(client);
+        let status = SandboxRunStatus {
+            phase: Some(Phase::Running),
+            ..Default::default()
+        };
+        let effects = vec![Effect::AddFinalizer, Effect::DeletePod { at_once: false }];
+        let result = carry_out(&ctx, &r, "demo-sbr", None, plan(Some(status), effects)).await;
+        assert!(result.is_err(), "{field}: {result:?}");
+        let sent = seen.all();
+        assert!(sent.is_empty(), "{field}: nothing is sent: {sent:?}");
+    }
+}
+
+#[tokio::test]
 async fn a_conflict_on_the_finalizer_patch_is_an_error_for_the_next_reconcile() {
     let (client, _) = apiserver(
         409,

@@ -384,11 +384,14 @@ impl Context {
     /// The store `run` uses (docs/contract.md "A store per namespace"): its `storeRef`, else its
     /// namespace's default store ConfigMap, else the operator's. Read now, for this use only:
     /// a tenant's credentials are never kept beyond the returned store.
-    pub(crate) async fn run_store(&self, run: &SandboxRun) -> Result<RunStore, TenantStoreError> {
-        let namespace = run.metadata.namespace.clone().unwrap_or_default();
+    /// `namespace`: the run's, from its identity (`crate::identity::RunId`).
+    pub(crate) async fn run_store(
+        &self,
+        (namespace, run): (&str, &SandboxRun),
+    ) -> Result<RunStore, TenantStoreError> {
         tenant_read::resolve(
             &self.client,
-            &namespace,
+            namespace,
             run.spec.store_ref(),
             &self.stores.tenants,
             || self.operator_store(),

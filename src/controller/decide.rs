@@ -481,15 +481,17 @@ fn resume_trigger(run: &SandboxRun, pod: &PodView) -> Trigger {
 /// behind this operator's own last status write: a teardown that recorded its drain, then
 /// deleted the pod, is reconciled again (the pod's deletion) with the pre-teardown run, and
 /// deciding "pod lost" on that stale copy would overwrite the recorded drain outcome with "the
-/// pod was gone". An unchanged run is the same decision; a changed one is decided again.
+/// pod was gone". An unchanged run (the same resourceVersion, never a missing one: docs/contract.md
+/// "A write always names its object") is the same decision; any other is decided again.
 pub(crate) fn pod_lost_holds(
     cached: &SandboxRun,
     live: &SandboxRun,
     now: Timestamp,
     settings: &DecideSettings,
 ) -> bool {
-    live.metadata.resource_version == cached.metadata.resource_version
-        || decide(live, None, now, settings) == Step::RecordPodLost
+    let seen = crate::identity::resource_version(cached);
+    let unchanged = seen.is_ok() && crate::identity::resource_version(live) == seen;
+    unchanged || decide(live, None, now, settings) == Step::RecordPodLost
 }
 
 /// The run as the decision must see it, given the uids of the runs whose pod this replica
@@ -745,6 +747,36 @@ mod tests {
             }
         );
         assert_eq!(decide(&r, None, later, &settings()), Step::CreatePod);
+    }
+
+    #[test]
+    fn a_run_without_a_resource_version_is_never_taken_for_unchanged() {
+        let cached = with_phase(run_with(&[("/out", false)]), Phase::Running);
+        assert_eq!(
+            decide(&cached, None, now(), &settings()),
+            Step::RecordPodLost
+        );
+        let mut live = with_phase(run_with(&[("/out", false)]), Phase::Succeeded);
+        live.status.get_or_insert_with(Default::default).read_back =
+            vec![entry("/out", crate::api::ReadBackPhase::Drained, None)];
+        assert_ne!(decide(&live, None, now(), &settings()), Step::RecordPodLost);
+        // Read at the same resourceVersion: the same run, the same decision.
+        let read_at = |r: &SandboxRun, rv: Option<&str>| {
+            let mut r = r.clone();
+            r.metadata.resource_version = rv.map(Into::into);
+            r
+        };
+        let same = (read_at(&cached, Some("5")), read_at(&live, Some("5")));
+        assert!(pod_lost_holds(&same.0, &same.1, now(), &settings()));
+        // Without one (or an empty one) nothing says it is the same run: the live run is decided
+        // again, and its recorded drain is not overwritten with "the pod was gone".
+        for rv in [None, Some("")] {
+            let unknown = (read_at(&cached, rv), read_at(&live, rv));
+            assert!(
+                !pod_lost_holds(&unknown.0, &unknown.1, now(), &settings()),
+                "{rv:?}"
+            );
+        }
     }
 
     #[test]

@@ -17,6 +17,10 @@ pub(crate) enum ControllerError {
     /// The run has no namespace or name (cannot happen for a namespaced CR read from the API).
     #[error("the run has no {0}")]
     Metadata(&'static str),
+    /// An object without the identity every object read from the apiserver has: nothing is
+    /// written about it (docs/contract.md "A write always names its object").
+    #[error(transparent)]
+    Identity(#[from] crate::identity::MissingIdentity),
 }
 
 impl ControllerError {
@@ -25,7 +29,7 @@ impl ControllerError {
     pub(crate) fn metric_label(&self) -> &'static str {
         match self {
             ControllerError::Kube { .. } => "kube",
-            ControllerError::Metadata(_) => "metadata",
+            ControllerError::Metadata(_) | ControllerError::Identity(_) => "metadata",
         }
     }
 }

@@ -271,10 +271,17 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
     // The run's drain owns it until the drain ends; the drain's end wakes it again when this
     // reconcile saw its last write (docs/contract.md "A run's next step follows its drain"), else
     // that write's watch event does. While it waits for a slot, the reconcile only tells so.
-    let (uid, seen) = (run.uid().unwrap_or_default(), run.resource_version());
-    if ctx.in_flight.drains.found_draining(&uid, seen.as_deref()) {
-        tracing::debug!(run = %run.name_any(), seen = ?seen, "found draining");
-        let requeue = pipeline::in_flight(&ctx, &run, Timestamp::now()).await?;
+    // A run without its identity is reconciled no further: nothing is written about it (an
+    // error, counted and logged; docs/contract.md "A write always names its object").
+    let id = crate::identity::RunId::of(&run)?;
+    let seen = run.resource_version();
+    if ctx
+        .in_flight
+        .drains
+        .found_draining(&id.uid, seen.as_deref())
+    {
+        tracing::debug!(run = %id.name, seen = ?seen, "found draining");
+        let requeue = pipeline::in_flight(&ctx, (&run, &id), Timestamp::now()).await?;
         return Ok(requeue.into_action());
     }
     let run = ctx.with_unreported_pod(run);

@@ -24,6 +24,7 @@ use super::error::{kube_err, ControllerError};
 use crate::admission::stamp::StampKey;
 use crate::admission::webhook::pull_credentials;
 use crate::api::{ReadBackPhase, ReadBackStatus, SandboxRun, WorkloadTermination};
+use crate::identity::RunId;
 use crate::pod::{self, HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 use crate::registry::{ImageResolver, Resolution};
 
@@ -421,10 +422,8 @@ pub(crate) fn workload_termination(pod: &Pod) -> Option<WorkloadTermination> {
 /// What a reconcile found: the run's own pod (if any) and the facts read from it.
 #[derive(Clone, Debug)]
 pub(crate) struct Observation {
-    /// The run's namespace.
-    pub namespace: String,
-    /// The run's name.
-    pub name: String,
+    /// The run's identity, made once here: a run without one is observed no further.
+    pub id: RunId,
     /// The name the run's pod has (or will have).
     pub pod_name: String,
     /// The run's pod, when it exists and the run owns it.
@@ -454,14 +453,12 @@ pub(crate) enum Observed {
 /// there is none.
 pub(crate) async fn workload(
     client: &Client,
-    run: &SandboxRun,
+    id: &RunId,
 ) -> Result<Option<serde_json::Value>, ControllerError> {
-    let ns = run
-        .namespace()
-        .ok_or(ControllerError::Metadata("namespace"))?;
-    let name = crate::kueue::workload_name(&run.name_any());
+    let name = crate::kueue::workload_name(&id.name);
     let ar = crate::kueue::workload_resource();
-    let api: Api<kube::api::DynamicObject> = Api::namespaced_with(client.clone(), &ns, &ar);
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(client.clone(), &id.namespace, &ar);
     let found = api
         .get_opt(&name)
         .await
@@ -511,15 +508,10 @@ pub(crate) async fn observe(
     run: &SandboxRun,
     now: Timestamp,
 ) -> Result<Observed, ControllerError> {
-    let name = run
-        .metadata
-        .name
-        .clone()
-        .ok_or(ControllerError::Metadata("name"))?;
-    let (namespace, pod_name, found) = get_pod(client, run).await?;
+    let id = RunId::of(run)?;
+    let (pod_name, found) = get_pod(client, (&id, run)).await?;
     let mut observation = Observation {
-        namespace,
-        name,
+        id,
         pod_name,
         pod: None,
         view: None,
@@ -536,7 +528,7 @@ pub(crate) async fn observe(
     };
     let mut view = PodView::of(&pod);
     if should_read_pod_events(&view, now) {
-        view.problem = stuck_problem_from_events(client, &observation.namespace, &pod).await;
+        view.problem = stuck_problem_from_events(client, &observation.id.namespace, &pod).await;
     }
     observation.pod = Some(pod);
     observation.view = Some(view);
@@ -555,29 +547,27 @@ pub(crate) async fn own_pod(
     (client, key): (&Client, Option<&StampKey>),
     run: &SandboxRun,
 ) -> Result<Option<Pod>, ControllerError> {
-    let (_, _, found) = get_pod(client, run).await?;
+    let (_, found) = get_pod(client, (&RunId::of(run)?, run)).await?;
     Ok(found.filter(|p| is_runs(key, p, run)).map(|mut p| {
         p.metadata.managed_fields = None;
         p
     }))
 }
 
-/// The pod named after the run, whoever owns it, as the apiserver has it now: (the run's
-/// namespace, the pod's name, the pod).
+/// The pod named after the run, whoever owns it, as the apiserver has it now: (the pod's name,
+/// the pod).
 async fn get_pod(
     client: &Client,
-    run: &SandboxRun,
-) -> Result<(String, String, Option<Pod>), ControllerError> {
-    let namespace = run
-        .namespace()
-        .ok_or(ControllerError::Metadata("namespace"))?;
+    (id, run): (&RunId, &SandboxRun),
+) -> Result<(String, Option<Pod>), ControllerError> {
+    let namespace = &id.namespace;
     let pod_name = pod::current_pod_name(run);
-    let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let found = pods
         .get_opt(&pod_name)
         .await
         .map_err(kube_err(format!("get pod {namespace}/{pod_name}")))?;
-    Ok((namespace, pod_name, found))
+    Ok((pod_name, found))
 }
 
 /// The warm pool of `reference` in `ns` and its pods (claimed ones too), when there is one (a
@@ -643,11 +633,11 @@ pub(crate) async fn live_made_run(
     client: &Client,
     run: &SandboxRun,
 ) -> Result<Option<SandboxRun>, ControllerError> {
-    let namespace = run.namespace().unwrap_or_default();
-    let Some(live) = live_run(client, &namespace, &run.name_any()).await? else {
+    let id = RunId::of(run)?;
+    let Some(live) = live_run(client, &id.namespace, &id.name).await? else {
         return Ok(None);
     };
-    if live.uid() != run.uid() {
+    if live.uid().as_deref() != Some(id.uid.as_str()) {
         return Ok(None);
     }
     Ok(Some(crate::template::recorded(&live).unwrap_or(live)))
@@ -710,7 +700,7 @@ pub(crate) async fn namespace_labels(
 pub(crate) async fn resolve_image(
     client: &Client,
     resolver: &ImageResolver,
-    run: &SandboxRun,
+    namespace: &str,
     pod: &Pod,
 ) -> (String, Resolution) {
     let spec = pod.spec.as_ref();
@@ -724,8 +714,7 @@ pub(crate) async fn resolve_image(
         .flatten()
         .map(|r| r.name.clone())
         .collect();
-    let namespace = run.namespace().unwrap_or_default();
-    let creds = pull_credentials(client, &namespace, &secrets).await;
+    let creds = pull_credentials(client, namespace, &secrets).await;
     let resolution = resolver.resolve(&image, creds.as_ref()).await;
     (image, resolution)
 }
@@ -778,14 +767,9 @@ pub(crate) struct StoreView<'a> {
 /// taken for one: the path stays undrained (and is reported lost), with a warning.
 pub(crate) async fn committed_entries(
     store: &StoreView<'_>,
-    run: &SandboxRun,
+    (run_ref, run): (&RunId, &SandboxRun),
 ) -> Vec<ReadBackStatus> {
     let compression = run.spec.compression();
-    let run_ref = crate::store::RunRef {
-        namespace: run.namespace().unwrap_or_default(),
-        name: run.name_any(),
-        uid: run.uid().unwrap_or_default(),
-    };
     let undrained = undrained_paths(run);
     let mut committed = Vec::new();
     for (index, declared) in run.spec.read_back_paths().iter().enumerate() {
@@ -793,7 +777,7 @@ pub(crate) async fn committed_entries(
             continue;
         }
         let keys =
-            crate::store::object_keys(store.prefix, &run_ref, index, &declared.path, compression);
+            crate::store::object_keys(store.prefix, run_ref, index, &declared.path, compression);
         match crate::store::try_read_manifest(store.store, &keys.manifest).await {
             Ok(Some(manifest)) => committed.push(crate::drain::path_drain::committed_status(
                 &declared.path,

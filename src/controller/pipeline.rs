@@ -22,6 +22,7 @@ use super::plan::{self, Inputs, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN
 use super::{kueue_gate, prepare, warm};
 use crate::api::SandboxRun;
 use crate::egress::verdict::verdict;
+use crate::identity::RunId;
 
 /// What a reconcile did: its step's metric label (None: the run's pod name is taken, or its
 /// template cannot make it: no step was decided) and when to look again.
@@ -61,7 +62,7 @@ pub(crate) async fn reconcile(
     let step = decide::decide(run, observation.view.as_ref(), now, &ctx.decide);
     let rights_unverified = unverified_rights(ctx, own, &step);
     let label = step.as_str();
-    info!(run = %observation.name, namespace = %observation.namespace, step = label, "reconcile");
+    info!(run = %observation.id.name, namespace = %observation.id.namespace, step = label, "reconcile");
     let proxy_pods = ctx.egress_proxy.addresses();
     let inputs = Inputs {
         run,
@@ -102,10 +103,10 @@ pub(crate) async fn reconcile(
         }
         StepPlan::RecordPodLost => record_pod_lost(ctx, run, &observation, now).await?,
         StepPlan::Checkpoint => {
-            checkpoint::start(ctx, run);
+            checkpoint::start(ctx, (run, &observation.id));
             Requeue::After(IN_FLIGHT_REQUEUE)
         }
-        StepPlan::Teardown(trigger) => start_teardown(ctx, run, trigger),
+        StepPlan::Teardown(trigger) => start_teardown(ctx, (run, &observation.id), trigger),
     };
     Ok(Reconciled::after(label, requeue))
 }
@@ -153,13 +154,13 @@ async fn observed(
 
 /// Starts the run's teardown in the drain pool; one that waits for a slot is looked at again
 /// after the quiet window.
-fn start_teardown(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: decide::Trigger) -> Requeue {
-    teardown::start(ctx, run, trigger);
-    match ctx
-        .in_flight
-        .drains
-        .position(&run.uid().unwrap_or_default())
-    {
+fn start_teardown(
+    ctx: &Arc<Context>,
+    (run, id): (&Arc<SandboxRun>, &RunId),
+    trigger: decide::Trigger,
+) -> Requeue {
+    teardown::start(ctx, (run, id), trigger);
+    match ctx.in_flight.drains.position(&id.uid) {
         Some(_) => Requeue::After(ctx.lifecycle.settle + LOOK_AGAIN_MARGIN),
         None => Requeue::After(IN_FLIGHT_REQUEUE),
     }
@@ -252,7 +253,7 @@ async fn through_kueue(
                     _ => "",
                 };
                 to_create = Some(crate::kueue::build(
-                    run,
+                    &observation.id,
                     name,
                     &pod,
                     queue.priority.as_ref(),
@@ -307,11 +308,11 @@ async fn through_kueue(
 /// window (docs/contract.md "Fair drain slots").
 pub(crate) async fn in_flight(
     ctx: &Context,
-    run: &SandboxRun,
+    (run, id): (&SandboxRun, &RunId),
     now: Timestamp,
 ) -> Result<Requeue, ControllerError> {
-    let uid = run.uid().unwrap_or_default();
-    let Some(queued) = ctx.in_flight.drains.queued(&uid) else {
+    let uid = &id.uid;
+    let Some(queued) = ctx.in_flight.drains.queued(uid) else {
         return Ok(Requeue::After(IN_FLIGHT_REQUEUE));
     };
     let pod = observe::own_pod(ctx.seal_check(), run).await?;
@@ -321,10 +322,10 @@ pub(crate) async fn in_flight(
             .is_some_and(|p| p.metadata.deletion_timestamp.is_some())
     {
         info!(run = %run.name_any(), "its pod is being deleted: its teardown is served first");
-        ctx.in_flight.drains.make_urgent(&uid);
+        ctx.in_flight.drains.make_urgent(uid);
     }
     // Read again: the place changed if it was made urgent.
-    let Some(queued) = ctx.in_flight.drains.queued(&uid) else {
+    let Some(queued) = ctx.in_flight.drains.queued(uid) else {
         return Ok(Requeue::After(IN_FLIGHT_REQUEUE));
     };
     let plan = plan::queued(&queued, ctx.lifecycle.settle);
@@ -332,7 +333,7 @@ pub(crate) async fn in_flight(
     let pod_name = crate::pod::current_pod_name(run);
     let requeue = drive::carry_out(ctx, run, &pod_name, pod.as_ref(), plan, now).await?;
     if announces {
-        ctx.in_flight.drains.mark_announced(&uid);
+        ctx.in_flight.drains.mark_announced(uid);
     }
     Ok(requeue)
 }
@@ -386,7 +387,9 @@ async fn record_pod_lost(
     if !decide::pod_lost_holds(run, &live, now, &ctx.decide) {
         return Ok(Requeue::After(LOOK_AGAIN_MARGIN));
     }
-    let committed = prepare::committed_entries(ctx, &live).await;
+    // The live run's own identity: a run re-created under the name has its own stored files.
+    let id = RunId::of(&live)?;
+    let committed = prepare::committed_entries(ctx, (&id, &live)).await;
     let plan = plan::record_pod_lost(&live, &committed, ctx.lifecycle.default_retention, now);
     drive::carry_out(ctx, &live, &observation.pod_name, None, plan, now).await
 }

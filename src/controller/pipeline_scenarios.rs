@@ -23,8 +23,8 @@ use crate::api::{
     NetworkMode, NetworkPolicy, Phase, Retention, SandboxRun, SandboxRunStatus, FINALIZER,
     SKIP_DRAIN_ANNOTATION,
 };
+use crate::identity::RunId;
 use crate::pod::HOLDER_CONTAINER;
-use crate::store::RunRef;
 
 const RUN: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/demo";
 const STATUS: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/demo/status";
@@ -320,12 +320,12 @@ async fn retention_delete_deletes_the_runs_files_before_its_finalizer_is_removed
         read_back.retention = Some(Retention::Delete);
     }
     let prefix = Path::from("runs");
-    let own = RunRef {
+    let own = RunId {
         namespace: "ns".into(),
         name: "demo".into(),
         uid: "u1".into(),
     };
-    let older = RunRef {
+    let older = RunId {
         uid: "u0".into(),
         ..own.clone()
     };
@@ -1206,7 +1206,7 @@ fn checkpointed_source(uid: &str) -> Value {
 /// checkpoint keys, as a checkpoint's drain writes it (`run_attempt` 1, `checkpoint` 2).
 async fn checkpoint_stored(uid: &str) -> Arc<InMemory> {
     use crate::store::{DrainOutcome, Manifest, ManifestContext, Stored};
-    let whose = RunRef {
+    let whose = RunId {
         namespace: "ns".into(),
         name: "a".into(),
         uid: uid.into(),

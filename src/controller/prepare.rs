@@ -21,6 +21,7 @@ use super::error::ControllerError;
 use super::observe::{self, Observation};
 use super::plan::CreationFacts;
 use crate::api::{ReadBackStatus, SandboxRun};
+use crate::identity::RunId;
 use crate::kueue::{Priority, QueueState};
 
 /// The run a reconcile works on: the run itself, or the run made from its template.
@@ -67,9 +68,9 @@ pub(super) async fn made_run(
         if let Some(made) = recorded_live(ctx, run, observation).await? {
             return Ok(plain(Arc::new(made)));
         }
-        warn!(run = %observation.name, "the run's pod exists and its status records no template; resolving it now");
+        warn!(run = %observation.id.name, "the run's pod exists and its status records no template; resolving it now");
     }
-    let template = observe::template(&ctx.client, &observation.namespace, &reference).await?;
+    let template = observe::template(&ctx.client, &observation.id.namespace, &reference).await?;
     Ok(
         match template.and_then(|t| crate::template::resolve(run, t.as_ref())) {
             Ok(made) => MadeRun::Run {
@@ -77,7 +78,7 @@ pub(super) async fn made_run(
                 resolved: true,
             },
             Err(message) => {
-                warn!(run = %observation.name, %message, "the run's template cannot make it; its pod is not created");
+                warn!(run = %observation.id.name, %message, "the run's template cannot make it; its pod is not created");
                 MadeRun::Unusable(message.to_string())
             }
         },
@@ -91,7 +92,8 @@ async fn recorded_live(
     run: &SandboxRun,
     observation: &Observation,
 ) -> Result<Option<SandboxRun>, ControllerError> {
-    let live = observe::live_run(&ctx.client, &observation.namespace, &observation.name).await?;
+    let live =
+        observe::live_run(&ctx.client, &observation.id.namespace, &observation.id.name).await?;
     let applied = live.and_then(|l| l.status.and_then(|s| s.template));
     let mut with_record = run.clone();
     with_record
@@ -128,8 +130,9 @@ pub(super) async fn queue_view(
         return Ok(None);
     }
     let creating = matches!(step, Step::CreatePod);
-    let workload = observe::workload(&ctx.client, run).await?;
-    let state = crate::kueue::state_of(workload.as_ref(), &run.uid().unwrap_or_default());
+    let id = RunId::of(run)?;
+    let workload = observe::workload(&ctx.client, &id).await?;
+    let state = crate::kueue::state_of(workload.as_ref(), &id.uid);
     let priority = match crate::kueue::priority_class_of(run) {
         Some(name) if creating && state == QueueState::Absent => {
             observe::workload_priority(&ctx.client, name).await?
@@ -162,12 +165,15 @@ pub(super) async fn for_creation(
     queue: Option<&QueueView>,
     preflight: bool,
 ) -> Result<CreationFacts, ControllerError> {
-    if let Some(why) = store_unusable(ctx, run).await? {
+    let namespace = RunId::of(run)?.namespace;
+    if let Some(why) = store_unusable(ctx, (&namespace, run)).await? {
         return Ok(CreationFacts::store_unusable(why));
     }
     let preflight = match ctx.admission.preflight.as_ref().filter(|_| preflight) {
         Some(resolver) => {
-            let (image, resolution) = observe::resolve_image(&ctx.client, resolver, run, pod).await;
+            let client = &ctx.client;
+            let (image, resolution) =
+                observe::resolve_image(client, resolver, &namespace, pod).await;
             decide::preflight(&image, &resolution)
         }
         None => Preflight::Proceed,
@@ -175,7 +181,7 @@ pub(super) async fn for_creation(
     Ok(CreationFacts {
         store_unusable: None,
         preflight,
-        namespace_labels: namespace_labels(ctx, run).await?,
+        namespace_labels: namespace_labels(ctx, (&namespace, run)).await?,
         flavors: queue.map(|q| q.flavors.clone()).unwrap_or_default(),
     })
 }
@@ -185,12 +191,12 @@ pub(super) async fn for_creation(
 /// error (retried), never a verdict.
 async fn store_unusable(
     ctx: &Context,
-    run: &SandboxRun,
+    (namespace, run): (&str, &SandboxRun),
 ) -> Result<Option<String>, ControllerError> {
     if !ctx.stores.tenants.enabled() || run.spec.read_back_paths().is_empty() {
         return Ok(None);
     }
-    let Err(error) = ctx.run_store(run).await else {
+    let Err(error) = ctx.run_store((namespace, run)).await else {
         return Ok(None);
     };
     let why = super::error::store_verdict(error)?;
@@ -205,7 +211,7 @@ async fn store_unusable(
 /// retried): the pod is never created unjudged or without the default its policy sets.
 async fn namespace_labels(
     ctx: &Context,
-    run: &SandboxRun,
+    (namespace, run): (&str, &SandboxRun),
 ) -> Result<Option<std::collections::BTreeMap<String, String>>, ControllerError> {
     let policies = &ctx.pod.namespace_policies;
     let for_default = run.spec.runtime_class_name.is_none()
@@ -213,9 +219,8 @@ async fn namespace_labels(
     if !for_default && !policies.iter().any(|p| p.needs_labels()) {
         return Ok(None);
     }
-    let namespace = run.namespace().unwrap_or_default();
     Ok(Some(
-        observe::namespace_labels(&ctx.client, &namespace).await?,
+        observe::namespace_labels(&ctx.client, namespace).await?,
     ))
 }
 
@@ -226,9 +231,8 @@ pub(super) async fn live_run(
     ctx: &Context,
     observation: &Observation,
 ) -> Result<Option<Arc<SandboxRun>>, ControllerError> {
-    let Some(live) =
-        observe::live_run(&ctx.client, &observation.namespace, &observation.name).await?
-    else {
+    let id = &observation.id;
+    let Some(live) = observe::live_run(&ctx.client, &id.namespace, &id.name).await? else {
         return Ok(None);
     };
     let live = crate::template::recorded(&live).unwrap_or(live);
@@ -237,9 +241,12 @@ pub(super) async fn live_run(
 
 /// The entries of the run's paths whose manifest its own store already has (docs/contract.md
 /// "A store per namespace"); a store that cannot be used holds no committed path.
-pub(super) async fn committed_entries(ctx: &Context, live: &SandboxRun) -> Vec<ReadBackStatus> {
-    match ctx.run_store(live).await {
-        Ok(store) => observe::committed_entries(&Context::store_view(&store), live).await,
+pub(super) async fn committed_entries(
+    ctx: &Context,
+    (id, live): (&RunId, &SandboxRun),
+) -> Vec<ReadBackStatus> {
+    match ctx.run_store((&id.namespace, live)).await {
+        Ok(store) => observe::committed_entries(&Context::store_view(&store), (id, live)).await,
         Err(error) => {
             warn!(run = %live.name_any(), %error, "the run's store cannot be used; its undrained paths are recorded lost");
             Vec::new()

@@ -116,19 +116,14 @@ pub(crate) fn stored_elsewhere(
     store_url: &str,
     dir: &object_store::path::Path,
 ) -> Option<String> {
-    let base = crate::drain::path_drain::object_url(store_url, dir);
-    let inside = |object: &str| {
-        object
-            .strip_prefix(base.as_str())
-            .is_some_and(|rest| rest.starts_with('/'))
-    };
+    let base = crate::store::ObjectUrl::of(store_url, dir);
     run.status
         .as_ref()?
         .read_back
         .iter()
         .flat_map(|p| [p.object.as_deref(), p.manifest.as_deref()])
         .flatten()
-        .find(|object| !inside(object))
+        .find(|object| !base.holds(object))
         .map(str::to_string)
 }
 

@@ -18,7 +18,8 @@ use tracing::{debug, info, warn};
 use super::context::Context;
 use super::plan::{bind_fork, Bound, Generation, NotHanded, NotRestored, RestoreSource};
 use crate::api::{RestoreOutcome, RestoreStatus, SandboxRun};
-use crate::store::{attempt_object_keys, checkpoint_object_keys, read_manifest, RunRef};
+use crate::identity::RunId;
+use crate::store::{attempt_object_keys, checkpoint_object_keys, read_manifest};
 
 /// The longest a hand-over to the launcher may take (its status, then the attach), connections
 /// included: past it the start is recorded undelivered and handed again later.
@@ -61,19 +62,19 @@ enum Failed {
 /// it was bound to, and (files, bytes) or why not.
 pub(super) async fn restore(
     ctx: &Context,
-    run: &SandboxRun,
+    (run, id): (&SandboxRun, &RunId),
     pod_name: &str,
     from: &RestoreSource,
 ) -> (Bound, Result<(u64, u64), NotRestored>) {
-    info!(run = %run.name_any(), pod = pod_name, ?from, "restoring the read-back paths");
-    let (bound, whose) = match bind_source(ctx, run, from).await {
+    info!(run = %id.name, pod = pod_name, ?from, "restoring the read-back paths");
+    let (bound, whose) = match bind_source(ctx, (run, id), from).await {
         Ok(bound) => bound,
         Err((bound, why)) => {
             warn!(run = %run.name_any(), %why, "the restore's source cannot be used");
             return (bound, Err(why));
         }
     };
-    let done = restore_all(ctx, run, pod_name, (&whose, bound.generation())).await;
+    let done = restore_all(ctx, (run, id), pod_name, (&whose, bound.generation())).await;
     match &done {
         Ok((files, bytes)) => info!(run = %run.name_any(), files, bytes, "restored"),
         Err(why) => warn!(run = %run.name_any(), %why, "the restore failed"),
@@ -87,10 +88,9 @@ pub(super) async fn restore(
 /// again into the started pod, and recorded that second restore's refusal over the first one's
 /// success (`bench/pause_resume.sh`, a warm resume). Read live, the record is there: nothing is
 /// restored twice. A read that fails answers false (the restore's own checks then decide).
-pub(super) async fn already_recorded(ctx: &Context, run: &SandboxRun) -> bool {
-    let runs: Api<SandboxRun> =
-        Api::namespaced(ctx.client.clone(), &run.namespace().unwrap_or_default());
-    let Ok(live) = runs.get(&run.name_any()).await else {
+pub(super) async fn already_recorded(ctx: &Context, (run, id): (&SandboxRun, &RunId)) -> bool {
+    let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &id.namespace);
+    let Ok(live) = runs.get(&id.name).await else {
         return false;
     };
     crate::controller::plan::restore_recorded(&live, run)
@@ -100,19 +100,11 @@ pub(super) async fn already_recorded(ctx: &Context, run: &SandboxRun) -> bool {
 /// are read. A fork's source is read now (the only read of it) and judged by [`bind_fork`].
 async fn bind_source(
     ctx: &Context,
-    run: &SandboxRun,
+    (run, id): (&SandboxRun, &RunId),
     from: &RestoreSource,
-) -> Result<(Bound, RunRef), (Bound, NotRestored)> {
-    let ns = run.namespace().unwrap_or_default();
+) -> Result<(Bound, RunId), (Bound, NotRestored)> {
     let asked = match from {
-        RestoreSource::Own(attempt) => {
-            let me = RunRef {
-                namespace: ns,
-                name: run.name_any(),
-                uid: run.uid().unwrap_or_default(),
-            };
-            return Ok((Bound::own(*attempt), me));
-        }
+        RestoreSource::Own(attempt) => return Ok((Bound::own(*attempt), id.clone())),
         RestoreSource::Fork(asked) => asked,
     };
     let unbound = Bound {
@@ -121,7 +113,7 @@ async fn bind_source(
         attempt: asked.attempt.unwrap_or(0),
         checkpoint: asked.checkpoint,
     };
-    let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &ns);
+    let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), &id.namespace);
     let source = match runs.get_opt(&asked.run).await {
         Ok(source) => source,
         Err(e) => {
@@ -146,9 +138,9 @@ async fn bind_source(
 
 async fn restore_all(
     ctx: &Context,
-    run: &SandboxRun,
+    (run, id): (&SandboxRun, &RunId),
     pod_name: &str,
-    (whose, from): (&RunRef, Generation),
+    (whose, from): (&RunId, Generation),
 ) -> Result<(u64, u64), Failed> {
     // A run the launcher cannot start (no command) is refused before anything is restored.
     let built =
@@ -159,11 +151,10 @@ async fn restore_all(
         ));
     }
     let store = ctx
-        .run_store(run)
+        .run_store((&id.namespace, run))
         .await
         .map_err(|e| Failed::Store(e.to_string()))?;
-    let ns = run.namespace().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &id.namespace);
     let pod = pods.get(pod_name).await.map_err(|e| Failed::Exec {
         path: pod_name.to_string(),
         why: e.to_string(),
@@ -212,7 +203,7 @@ async fn restore_all(
 /// run's own namespace, name and uid, never a key the status or a manifest names.
 fn generation_keys(
     prefix: &object_store::path::Path,
-    whose: &RunRef,
+    whose: &RunId,
     from: Generation,
     index: usize,
     path: &str,
@@ -333,10 +324,10 @@ async fn restore_one(
 /// one that cannot be delivered is the start refused, named without its value.
 async fn start_of(
     ctx: &Context,
-    run: &SandboxRun,
+    (run, id): (&SandboxRun, &RunId),
     pod_name: &str,
 ) -> Result<crate::inpod::launch::StartMessage, NotHanded> {
-    let uid = run.uid().unwrap_or_default();
+    let uid = &id.uid;
     let built = crate::pod::build_pod(run, &ctx.pod).map_err(|e| NotHanded(e.to_string()))?;
     let no_command = || NotHanded("the run has no command for the launcher to start".into());
     let attempt = crate::pod::current_attempt(run);
@@ -346,37 +337,34 @@ async fn start_of(
         .and_then(|s| s.warm_start.as_ref())
         .filter(|w| w.attempt() == attempt)
         .is_some_and(|w| w.pod.as_deref() == Some(pod_name));
-    let base = crate::pool::pod::start_message(&built, &uid).ok_or_else(no_command)?;
+    let base = crate::pool::pod::start_message(&built, uid).ok_or_else(no_command)?;
     if !warm {
         return Ok(base);
     }
-    let ns = run.namespace().unwrap_or_default();
     let sources = crate::pool::env::sources(&built);
-    let read = super::env_sources::read(ctx, &ns, &sources)
+    let read = super::env_sources::read(ctx, &id.namespace, &sources)
         .await
         .map_err(|e| NotHanded(e.to_string()))?;
     Ok(crate::pool::env::with_env(base, &built, &read)
-        .unwrap_or_else(|why| crate::inpod::launch::StartMessage::refusal(&uid, &why.to_string())))
+        .unwrap_or_else(|why| crate::inpod::launch::StartMessage::refusal(uid, &why.to_string())))
 }
 
 /// Hands the parked launcher of `pod_name` the run's start, or — `record` says the restore
 /// failed — a refusal that names why (the launcher exits 127 and the workload never runs).
 pub(super) async fn deliver(
     ctx: &Context,
-    run: &SandboxRun,
+    (run, id): (&SandboxRun, &RunId),
     pod_name: &str,
     record: &RestoreStatus,
 ) -> Result<(), NotHanded> {
-    let uid = run.uid().unwrap_or_default();
-    let mut message = start_of(ctx, run, pod_name).await;
+    let mut message = start_of(ctx, (run, id), pod_name).await;
     if record.outcome == RestoreOutcome::Failed {
         let why = record.message.clone().unwrap_or_default();
-        message = Ok(crate::inpod::launch::StartMessage::refusal(&uid, &why));
+        message = Ok(crate::inpod::launch::StartMessage::refusal(&id.uid, &why));
     }
     let message = message?;
-    info!(run = %run.name_any(), pod = pod_name, refused = message.refuse.is_some(), "handing the launcher its start");
-    let ns = run.namespace().unwrap_or_default();
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    info!(run = %id.name, pod = pod_name, refused = message.refuse.is_some(), "handing the launcher its start");
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &id.namespace);
     let handing = super::launcher::deliver_if_waiting(&pods, pod_name, &message);
     match tokio::time::timeout(DELIVER_TIMEOUT, handing).await {
         Ok(handed) => handed.map_err(|e| NotHanded(e.to_string())),

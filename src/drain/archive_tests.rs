@@ -5,11 +5,12 @@ use super::archive::*;
 use crate::api::{Compression, ReadBackPhase};
 use crate::caps as cap;
 use crate::drain::options::*;
+use crate::identity::RunId;
 use crate::store::manifest::DrainOutcome;
 use crate::store::manifest::{
     DroppedRecord, DROPPED_INPUT_BOUND, DROPPED_METADATA, DROPPED_OVER_CAP,
 };
-use crate::store::{object_keys, store_from_url, RunRef};
+use crate::store::{object_keys, store_from_url};
 use crate::store::{Manifest, ManifestContext};
 use crate::tar::sanitize::Reason;
 use crate::tar::ustar;
@@ -872,8 +873,8 @@ async fn long_paths_survive_the_round_trip_via_pax() {
     );
 }
 
-fn ctx() -> (RunRef, ManifestContext) {
-    let run = RunRef {
+fn ctx() -> (RunId, ManifestContext) {
+    let run = RunId {
         namespace: "ns".into(),
         name: "job".into(),
         uid: "u1".into(),

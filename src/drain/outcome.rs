@@ -4,23 +4,8 @@
 //! whose run's store cannot be used ([`store_unusable`]).
 
 use crate::api::{ReadBackPhase, ReadBackStatus};
-use crate::store::{DrainOutcome, Manifest, ObjectKeys};
+use crate::store::{DrainOutcome, Manifest, ObjectKeys, ObjectUrl};
 use crate::tar::sanitize::MemberKind;
-
-/// Renders the URL of an object of the store.
-pub(crate) fn object_url(store_url: &str, key: &object_store::path::Path) -> String {
-    // A file:// store is rooted at the URL's directory; elsewhere the key already carries the
-    // URL's prefix, so only scheme and bucket are kept.
-    match url::Url::parse(store_url) {
-        Ok(u) if u.scheme() == "file" => format!("{}/{key}", store_url.trim_end_matches('/')),
-        Ok(u) => format!(
-            "{}://{}/{key}",
-            u.scheme(),
-            u.host_str().unwrap_or_default()
-        ),
-        Err(_) => key.to_string(),
-    }
-}
 
 /// The status entry of a committed manifest.
 pub(crate) fn committed_status(
@@ -59,8 +44,8 @@ pub(crate) fn committed_status(
         dropped_members: manifest.totals.dropped_members,
         rejected_members: manifest.totals.rejected_members,
         changed_members: manifest.totals.changed_members,
-        object: Some(object_url(store_url, &keys.archive)),
-        manifest: Some(object_url(store_url, &keys.manifest)),
+        object: Some(ObjectUrl::of(store_url, &keys.archive).into_string()),
+        manifest: Some(ObjectUrl::of(store_url, &keys.manifest).into_string()),
         attempts,
         message,
     }
@@ -164,20 +149,19 @@ pub(super) mod tests {
     use crate::api::Compression;
     use crate::drain::attempt_error::AttemptError;
     use crate::drain::DrainOptions;
-    use crate::store::{
-        object_keys, DroppedRecord, ManifestContext, MemberRecord, RejectedRecord, RunRef,
-    };
+    use crate::identity::RunId;
+    use crate::store::{object_keys, DroppedRecord, ManifestContext, MemberRecord, RejectedRecord};
     use crate::tar::sanitize::Reason;
 
     #[test]
     fn object_urls_keep_scheme_and_bucket() {
         let key = object_store::path::Path::from("runs/ns/a/u/00-out.tar");
         assert_eq!(
-            object_url("s3://bucket/runs", &key),
+            ObjectUrl::of("s3://bucket/runs", &key).into_string(),
             "s3://bucket/runs/ns/a/u/00-out.tar"
         );
         assert_eq!(
-            object_url("file:///var/lib/store", &key),
+            ObjectUrl::of("file:///var/lib/store", &key).into_string(),
             "file:///var/lib/store/runs/ns/a/u/00-out.tar"
         );
     }
@@ -294,7 +278,7 @@ pub(super) mod tests {
             stopped_at_input_bound: Some(272_629_760),
             ..Default::default()
         };
-        let run = RunRef {
+        let run = RunId {
             namespace: "ns".into(),
             name: "r".into(),
             uid: "u".into(),

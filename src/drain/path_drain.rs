@@ -36,55 +36,91 @@ use super::bandwidth::DrainBandwidth;
 use super::exec::{pack_argv, ExecError, PackExec, BUDGET_FLAG};
 use super::idle::IdleGuard;
 use super::outcome::failed;
-pub(crate) use super::outcome::{committed_status, nothing_readable, object_url, store_unusable};
+pub(crate) use super::outcome::{committed_status, nothing_readable, store_unusable};
 use super::pod_notes::pod_notes;
 use super::wire::{Wire, WIRE_FLAG};
 use crate::api::{Compression, ReadBackStatus};
+use crate::identity::RunId;
 use crate::metrics::Metrics;
 use crate::store::credentials;
 use crate::store::manifest::WireRecord;
 use crate::store::{
     archive_writer, attempt_object_keys, checkpoint_object_keys, try_read_manifest, write_manifest,
-    DrainOutcome, Manifest, ManifestContext, ManifestWrite, ObjectKeys, RunRef, StoreError,
+    DrainOutcome, Manifest, ManifestContext, ManifestWrite, ObjectKeys, StoreError,
 };
 
 /// Longest pause between two attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(15);
 
-/// Everything one path's drain needs.
+/// Everything one path's drain needs, by concern (docs/contract.md §3).
 pub(crate) struct PathJob<'a> {
+    /// Where the path is read from: the run's pod and its packer.
+    pub(crate) pod: PodSource<'a>,
+    /// Where its archive and manifest go.
+    pub(crate) store: StoreTarget<'a>,
+    /// Whose files these are (their keys' directory, the manifest's `run`).
+    pub(crate) run: &'a RunId,
+    /// Which of the run's generations: its attempt, or a checkpoint.
+    pub(crate) generation: JobGeneration,
+    /// The declared path, where the holder mounts it, its cap.
+    pub(crate) path: PathSpec<'a>,
+    /// How it crosses the wire and how long it may take.
+    pub(crate) limits: DrainLimits<'a>,
+    /// What stops it and what it counts.
+    pub(crate) control: DrainControl<'a>,
+}
+
+/// Where a path is read from.
+pub(crate) struct PodSource<'a> {
     /// Pods of the run's namespace.
     pub(crate) pods: &'a Api<Pod>,
     /// The run's pod.
-    pub(crate) pod_name: &'a str,
+    pub(crate) name: &'a str,
     /// argv of the packer (the path is appended).
     pub(crate) pack_command: &'a [String],
+}
+
+/// Where a path's archive and manifest go.
+pub(crate) struct StoreTarget<'a> {
     /// The store.
-    pub(crate) store: &'a Arc<dyn ObjectStore>,
+    pub(crate) objects: &'a Arc<dyn ObjectStore>,
     /// Aborts the archive key's open multipart uploads before each attempt (None: not S3).
     pub(crate) open_uploads: Option<&'a crate::store::open_uploads::OpenUploads>,
     /// Key prefix in the store.
-    pub(crate) store_prefix: &'a object_store::path::Path,
+    pub(crate) prefix: &'a object_store::path::Path,
     /// Store URL (to render object URLs).
-    pub(crate) store_url: &'a str,
+    pub(crate) url: &'a str,
     /// The tenant store's ConfigMap (`namespace/name`); None: the operator's store. A refusal
     /// of the credentials names whose they are.
-    pub(crate) store_tenant: Option<&'a str>,
-    /// Run namespace.
-    pub(crate) namespace: &'a str,
-    /// Run name.
-    pub(crate) run_name: &'a str,
-    /// Run uid.
-    pub(crate) run_uid: &'a str,
+    pub(crate) tenant: Option<&'a str>,
+}
+
+/// Which generation of the run's files a drain writes (its keys and its manifest).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct JobGeneration {
+    /// The run's attempt whose files these are (`spec.retryPolicy`).
+    pub(crate) attempt: u32,
+    /// The checkpoint being taken (`spec.checkpoint`), None at a teardown.
+    pub(crate) checkpoint: Option<u32>,
+}
+
+/// One declared path.
+pub(crate) struct PathSpec<'a> {
     /// Position of the path in spec.readBack.paths.
     pub(crate) index: usize,
     /// The declared container path.
-    pub(crate) path: &'a str,
+    pub(crate) declared: &'a str,
     /// Where the holder mounts it: the packer's argument (docs/contract.md "The holder runs only
     /// the operator's code").
     pub(crate) holder_path: &'a str,
     /// Effective cap.
     pub(crate) cap_bytes: u64,
+    /// Attempts already made (recorded in status by an earlier operator).
+    pub(crate) previous_attempts: u32,
+}
+
+/// How a path crosses the wire, and by when.
+pub(crate) struct DrainLimits<'a> {
     /// Compression.
     pub(crate) compression: Compression,
     /// How the packer is asked to send its tar (`pack --wire`).
@@ -96,8 +132,10 @@ pub(crate) struct PathJob<'a> {
     pub(crate) bandwidth: &'a DrainBandwidth,
     /// When the run's drain timeout ends.
     pub(crate) deadline: tokio::time::Instant,
-    /// Attempts already made (recorded in status by an earlier operator).
-    pub(crate) previous_attempts: u32,
+}
+
+/// What stops a drain, and what it counts.
+pub(crate) struct DrainControl<'a> {
     /// Metrics.
     pub(crate) metrics: &'a Metrics,
     /// Cancelled when this replica must stop draining at once (its lease is lost, or it shuts
@@ -107,10 +145,6 @@ pub(crate) struct PathJob<'a> {
     /// Asked right before the manifest is committed (None: nothing to ask): a drain whose fence
     /// says no commits nothing and records nothing (src/drain/fence.rs).
     pub(crate) fence: Option<&'a super::Fence>,
-    /// The run's attempt whose files these are (`spec.retryPolicy`): its keys and manifest.
-    pub(crate) run_attempt: u32,
-    /// The checkpoint being taken (`spec.checkpoint`), None at a teardown: its keys and manifest.
-    pub(crate) checkpoint: Option<u32>,
 }
 
 /// What the store says about a path's commit point before an attempt uploads anything.
@@ -131,7 +165,7 @@ async fn check_commit(
     backoff: &mut Duration,
 ) -> Result<CommitCheck, StoreError> {
     loop {
-        let error = match try_read_manifest(job.store, &keys.manifest).await {
+        let error = match try_read_manifest(job.store.objects, &keys.manifest).await {
             Ok(Some(m)) => return Ok(CommitCheck::Committed(Box::new(m))),
             Ok(None) => return Ok(CommitCheck::Open),
             Err(e) => e,
@@ -141,19 +175,21 @@ async fn check_commit(
         if error.is_permanent() {
             return Err(error);
         }
-        warn!(path = job.path, manifest = %keys.manifest, error = %error, "cannot read the manifest; not uploading until the store answers");
-        job.metrics
+        warn!(path = job.path.declared, manifest = %keys.manifest, error = %error, "cannot read the manifest; not uploading until the store answers");
+        job.control
+            .metrics
             .drain_failures
             .with_label_values(&["store"])
             .inc();
         let left = job
+            .limits
             .deadline
             .saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() {
             return Err(error);
         }
         tokio::select! {
-            () = job.cancel.cancelled() => return Err(error),
+            () = job.control.cancel.cancelled() => return Err(error),
             () = tokio::time::sleep((*backoff).min(left)) => {}
         }
         *backoff = (*backoff * 2).min(MAX_BACKOFF);
@@ -161,14 +197,14 @@ async fn check_commit(
 }
 
 /// Drains one path; never returns an error — a failure is a Failed entry with its cause. None
-/// when [`PathJob::cancel`] fired: nothing is recorded, the path stays Pending for the next
+/// when [`DrainControl::cancel`] fired: nothing is recorded, the path stays Pending for the next
 /// leader.
 pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
     let mut drain = PathDrain::new(job);
     loop {
-        if job.cancel.is_cancelled() {
+        if job.control.cancel.is_cancelled() {
             info!(
-                path = job.path,
+                path = job.path.declared,
                 "drain cancelled; leaving the path to the next leader"
             );
             return None;
@@ -185,20 +221,20 @@ pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
         // No orphaned multipart uploads (docs/contract.md): an upload of this key left open by an
         // attempt whose process was killed (no drop guard ran) is aborted before a new one starts.
         let clean = crate::store::open_uploads::before_attempt(
-            job.open_uploads,
+            job.store.open_uploads,
             &drain.keys.archive,
             remaining.min(crate::store::open_uploads::BUDGET),
         );
         tokio::select! {
-            () = job.cancel.cancelled() => return None,
+            () = job.control.cancel.cancelled() => return None,
             _ = clean => {}
         }
         drain.attempts += 1;
-        info!(run = %job.run_name, namespace = %job.namespace, path = %job.path, attempt = drain.attempts, "drain attempt started");
+        info!(run = %job.run.name, namespace = %job.run.namespace, path = %job.path.declared, attempt = drain.attempts, "drain attempt started");
         let ctx = ManifestContext {
             run: drain.run.clone(),
-            declared_path: job.path.to_string(),
-            index: job.index,
+            declared_path: job.path.declared.to_string(),
+            index: job.path.index,
             attempt: drain.attempts,
         };
         let run_attempt = tokio::time::timeout(
@@ -214,8 +250,8 @@ pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
         );
         let result = tokio::select! {
             // Dropping the attempt drops its upload, which aborts itself (src/store/upload_guard.rs).
-            () = job.cancel.cancelled() => {
-                info!(path = job.path, attempt = drain.attempts, "drain cancelled mid-attempt; leaving the path to the next leader");
+            () = job.control.cancel.cancelled() => {
+                info!(path = job.path.declared, attempt = drain.attempts, "drain cancelled mid-attempt; leaving the path to the next leader");
                 return None;
             }
             result = run_attempt => result,
@@ -229,7 +265,7 @@ pub(crate) async fn drain_path(job: &PathJob<'_>) -> Option<ReadBackStatus> {
 /// One path's drain in progress: what carries over from one attempt to the next.
 struct PathDrain<'j, 'a> {
     job: &'j PathJob<'a>,
-    run: RunRef,
+    run: RunId,
     keys: ObjectKeys,
     opts: DrainOptions,
     started: Instant,
@@ -256,40 +292,36 @@ type Next = ControlFlow<Option<ReadBackStatus>>;
 
 impl<'j, 'a> PathDrain<'j, 'a> {
     fn new(job: &'j PathJob<'a>) -> Self {
-        let run = RunRef {
-            namespace: job.namespace.to_string(),
-            name: job.run_name.to_string(),
-            uid: job.run_uid.to_string(),
-        };
-        let keys = match job.checkpoint {
+        let run = job.run.clone();
+        let keys = match job.generation.checkpoint {
             Some(n) => checkpoint_object_keys(
-                job.store_prefix,
+                job.store.prefix,
                 &run,
                 n,
-                job.index,
-                job.path,
-                job.compression,
+                job.path.index,
+                job.path.declared,
+                job.limits.compression,
             ),
             None => attempt_object_keys(
-                job.store_prefix,
+                job.store.prefix,
                 &run,
-                job.run_attempt,
-                job.index,
-                job.path,
-                job.compression,
+                job.generation.attempt,
+                job.path.index,
+                job.path.declared,
+                job.limits.compression,
             ),
         };
         PathDrain {
             job,
             run,
             keys,
-            opts: DrainOptions::new(job.cap_bytes, job.compression),
+            opts: DrainOptions::new(job.path.cap_bytes, job.limits.compression),
             started: Instant::now(),
-            attempts: job.previous_attempts,
+            attempts: job.path.previous_attempts,
             backoff: Duration::from_secs(1),
             last_error: None,
-            budget: Some(job.cap_bytes),
-            wire: job.wire,
+            budget: Some(job.path.cap_bytes),
+            wire: job.limits.wire,
             last_written: None,
             idle_retried: false,
         }
@@ -302,7 +334,10 @@ impl<'j, 'a> PathDrain<'j, 'a> {
 
     /// The drain ends Failed with `message`.
     fn fail(&self, message: String, failure: &str) -> Next {
-        self.end(failed(self.job.path, self.attempts, message), Some(failure))
+        self.end(
+            failed(self.job.path.declared, self.attempts, message),
+            Some(failure),
+        )
     }
 
     /// "; last error: …", or nothing before the first failed attempt.
@@ -312,7 +347,7 @@ impl<'j, 'a> PathDrain<'j, 'a> {
             .map(|e| {
                 format!(
                     "; last error: {}",
-                    describe_failure(e, self.job.store_url, self.job.store_tenant)
+                    describe_failure(e, self.job.store.url, self.job.store.tenant)
                 )
             })
             .unwrap_or_default()
@@ -327,21 +362,21 @@ impl<'j, 'a> PathDrain<'j, 'a> {
                 let ours = self
                     .last_written
                     .is_some_and(|mine| mine == manifest.content_digest());
-                info!(path = job.path, manifest = %self.keys.manifest, committed_by_attempt = manifest.attempt, ours, "already committed; recording it");
+                info!(path = job.path.declared, manifest = %self.keys.manifest, committed_by_attempt = manifest.attempt, ours, "already committed; recording it");
                 let status =
-                    committed_status(job.path, &manifest, &self.keys, job.store_url, self.attempts);
+                    committed_status(job.path.declared, &manifest, &self.keys, job.store.url, self.attempts);
                 self.end(status, None)
             }
             Ok(CommitCheck::Open) => ControlFlow::Continue(()),
-            Err(_) if job.cancel.is_cancelled() => {
+            Err(_) if job.control.cancel.is_cancelled() => {
                 info!(
-                    path = job.path,
+                    path = job.path.declared,
                     "drain cancelled; leaving the path to the next leader"
                 );
                 ControlFlow::Break(None)
             }
             Err(e) if e.is_refused() => self.fail(
-                credentials::refused_message(job.store_url, job.store_tenant, &e.to_string()),
+                credentials::refused_message(job.store.url, job.store.tenant, &e.to_string()),
                 "store_credentials",
             ),
             Err(e @ StoreError::ManifestTooLarge { .. }) => self.fail(
@@ -361,6 +396,7 @@ impl<'j, 'a> PathDrain<'j, 'a> {
     fn remaining(&self) -> ControlFlow<Option<ReadBackStatus>, Duration> {
         let remaining = self
             .job
+            .limits
             .deadline
             .saturating_duration_since(tokio::time::Instant::now());
         if !remaining.is_zero() {
@@ -370,7 +406,7 @@ impl<'j, 'a> PathDrain<'j, 'a> {
             "drain timeout reached before the path was drained{}",
             self.last_cause()
         );
-        let status = failed(self.job.path, self.attempts, message);
+        let status = failed(self.job.path.declared, self.attempts, message);
         ControlFlow::Break(Some(finish(
             self.job,
             status,
@@ -389,8 +425,13 @@ impl<'j, 'a> PathDrain<'j, 'a> {
         let attempts = self.attempts;
         match result {
             Ok(Ok(manifest)) => {
-                let status =
-                    committed_status(job.path, &manifest, &self.keys, job.store_url, attempts);
+                let status = committed_status(
+                    job.path.declared,
+                    &manifest,
+                    &self.keys,
+                    job.store.url,
+                    attempts,
+                );
                 self.end(status, None)
             }
             Ok(Err(AttemptError::Exec(e)))
@@ -398,7 +439,7 @@ impl<'j, 'a> PathDrain<'j, 'a> {
             {
                 let older = self.wire.older().unwrap_or_default();
                 warn!(
-                    path = job.path,
+                    path = job.path.declared,
                     attempt = attempts,
                     error = %e,
                     refused = self.wire.as_str(),
@@ -415,7 +456,7 @@ impl<'j, 'a> PathDrain<'j, 'a> {
                 if self.budget.is_some() && e.refuses_flag(BUDGET_FLAG) =>
             {
                 warn!(
-                    path = job.path,
+                    path = job.path.declared,
                     attempt = attempts,
                     error = %e,
                     "the holder's packer does not know --budget (an older holder image?); retrying without it, so members over the cap cross the wire before the drain drops them"
@@ -425,7 +466,7 @@ impl<'j, 'a> PathDrain<'j, 'a> {
                 ControlFlow::Continue(())
             }
             Ok(Err(AttemptError::Fenced)) => {
-                info!(path = job.path, attempt = attempts, "another replica holds the run's drain claim; leaving the path to it, nothing committed");
+                info!(path = job.path.declared, attempt = attempts, "another replica holds the run's drain claim; leaving the path to it, nothing committed");
                 ControlFlow::Break(None)
             }
             Ok(Err(e)) if e.retried(self.idle_retried) => {
@@ -433,7 +474,7 @@ impl<'j, 'a> PathDrain<'j, 'a> {
                 self.back_off(e).await
             }
             Ok(Err(e)) => self.fail(
-                describe_failure(&e, job.store_url, job.store_tenant),
+                describe_failure(&e, job.store.url, job.store.tenant),
                 e.metric_label(),
             ),
             Err(_) => self.fail(
@@ -450,16 +491,18 @@ impl<'j, 'a> PathDrain<'j, 'a> {
     /// the deadline) before the next attempt.
     async fn back_off(&mut self, e: AttemptError) -> Next {
         let job = self.job;
-        warn!(path = job.path, attempt = self.attempts, error = %e, "drain attempt failed; retrying");
-        job.metrics
+        warn!(path = job.path.declared, attempt = self.attempts, error = %e, "drain attempt failed; retrying");
+        job.control
+            .metrics
             .drain_failures
             .with_label_values(&[e.metric_label()])
             .inc();
         let left = job
+            .limits
             .deadline
             .saturating_duration_since(tokio::time::Instant::now());
         tokio::select! {
-            () = job.cancel.cancelled() => return ControlFlow::Break(None),
+            () = job.control.cancel.cancelled() => return ControlFlow::Break(None),
             () = tokio::time::sleep(self.backoff.min(left)) => {}
         }
         self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
@@ -475,29 +518,34 @@ fn finish(
     failure: Option<&str>,
 ) -> ReadBackStatus {
     let phase = status.phase.as_str();
-    job.metrics.drains.with_label_values(&[phase]).inc();
-    job.metrics
+    job.control.metrics.drains.with_label_values(&[phase]).inc();
+    job.control
+        .metrics
         .drain_duration
         .with_label_values(&[phase])
         .observe(started.elapsed().as_secs_f64());
-    job.metrics
+    job.control
+        .metrics
         .drained_bytes
-        .with_label_values(&[job.compression.as_str()])
+        .with_label_values(&[job.limits.compression.as_str()])
         .inc_by(status.bytes);
     if let Some(reason) = failure {
-        job.metrics
+        job.control
+            .metrics
             .drain_failures
             .with_label_values(&[reason])
             .inc();
     }
     if status.dropped_members > 0 {
-        job.metrics
+        job.control
+            .metrics
             .members_refused
             .with_label_values(&["dropped", "cap"])
             .inc_by(status.dropped_members);
     }
     if status.rejected_members > 0 {
-        job.metrics
+        job.control
+            .metrics
             .members_refused
             .with_label_values(&["rejected", "sanitizer"])
             .inc_by(status.rejected_members);
@@ -515,8 +563,8 @@ async fn attempt(
     (budget, wire): (Option<u64>, Wire),
     last_written: &mut Option<[u8; 32]>,
 ) -> Result<Manifest, AttemptError> {
-    let argv = pack_argv(job.pack_command, job.holder_path, budget, wire);
-    let mut exec = PackExec::start(job.pods, job.pod_name, argv).await?;
+    let argv = pack_argv(job.pod.pack_command, job.path.holder_path, budget, wire);
+    let mut exec = PackExec::start(job.pod.pods, job.pod.name, argv).await?;
     let stdout = exec.take_stdout().ok_or(AttemptError::NoStdout)?;
     let started = jiff::Timestamp::now();
     let (outcome, exec, wire_record) = stream_archive(job, keys, opts, exec, stdout).await?;
@@ -530,8 +578,8 @@ async fn attempt(
         jiff::Timestamp::now(),
     );
     notes.record_in(&mut manifest);
-    manifest.run_attempt = job.run_attempt;
-    manifest.checkpoint = job.checkpoint;
+    manifest.run_attempt = job.generation.attempt;
+    manifest.checkpoint = job.generation.checkpoint;
     manifest.wire = Some(wire_record);
     *last_written = Some(manifest.content_digest());
     commit(job, keys, manifest).await
@@ -547,10 +595,10 @@ async fn stream_archive(
     stdout: Box<dyn tokio::io::AsyncRead + Send + Unpin>,
 ) -> Result<(DrainOutcome, PackExec, WireRecord), AttemptError> {
     // docs/contract.md "Drain memory": a packer that stalls or trickles is cut off.
-    let (stdout, idled) = IdleGuard::new(stdout, job.idle);
+    let (stdout, idled) = IdleGuard::new(stdout, job.limits.idle);
     // Paced outside the idle bound: a drain waiting on its replica's bandwidth is not waiting on
     // the pod (src/drain/bandwidth.rs).
-    let stdout = job.bandwidth.throttle(stdout);
+    let stdout = job.limits.bandwidth.throttle(stdout);
     // Whatever was asked, the stream says what it is (src/drain/wire.rs).
     let decoded = match crate::drain::wire::decode(stdout, opts.max_input_bytes).await {
         Ok(decoded) => decoded,
@@ -566,11 +614,12 @@ async fn stream_archive(
         }
     };
     let wire_metric = job
+        .control
         .metrics
         .drain_wire_bytes
         .with_label_values(&[decoded.wire.as_str()]);
     let mut writer = archive_writer(
-        Arc::clone(job.store),
+        Arc::clone(job.store.objects),
         keys.archive.clone(),
         opts.max_input_bytes,
     );
@@ -588,7 +637,7 @@ async fn stream_archive(
     }
     if idled.load(Ordering::Relaxed) {
         exec.abandon().await;
-        return Err(AttemptError::Idle(idle_message(job.idle, &e)));
+        return Err(AttemptError::Idle(idle_message(job.limits.idle, &e)));
     }
     // A stream that breaks because the packer failed is the packer's failure (its exit
     // status and stderr say why, and retrying will not help); otherwise the stream's.
@@ -638,18 +687,18 @@ async fn commit(
 ) -> Result<Manifest, AttemptError> {
     // The fence (issue #38): a replica whose drain claim was taken over commits nothing. The
     // archive it uploaded stays: the key may hold the claim holder's archive by now.
-    if let Some(fence) = job.fence {
+    if let Some(fence) = job.control.fence {
         if !fence.holds().await {
             return Err(AttemptError::Fenced);
         }
     }
-    let written = match write_manifest(job.store, &keys.manifest, &manifest).await {
+    let written = match write_manifest(job.store.objects, &keys.manifest, &manifest).await {
         Ok(written) => written,
         // The PUT may have committed before its response was lost (a create-only PUT is not
         // retried by the store client): read it back before calling the attempt failed.
-        Err(e) => match try_read_manifest(job.store, &keys.manifest).await {
+        Err(e) => match try_read_manifest(job.store.objects, &keys.manifest).await {
             Ok(Some(existing)) if existing.same_content(&manifest) => {
-                info!(path = job.path, manifest = %keys.manifest, error = %e, "the manifest PUT failed on the wire but had committed");
+                info!(path = job.path.declared, manifest = %keys.manifest, error = %e, "the manifest PUT failed on the wire but had committed");
                 return Ok(existing);
             }
             _ => return Err(e.into()),
@@ -657,7 +706,7 @@ async fn commit(
     };
     match written {
         ManifestWrite::Created => {
-            info!(run = %job.run_name, namespace = %job.namespace, path = %job.path, manifest = %keys.manifest, "committed the path's manifest");
+            info!(run = %job.run.name, namespace = %job.run.namespace, path = %job.path.declared, manifest = %keys.manifest, "committed the path's manifest");
             Ok(manifest)
         }
         // Someone committed between our start and our write (two operators draining at once,
@@ -687,7 +736,7 @@ fn idle_message(idle: Duration, e: &DrainError) -> String {
 /// Deletes the archive of an attempt that will not be committed (best effort: without a manifest
 /// no reader takes it for a result, and the next attempt overwrites the key).
 async fn delete_archive(job: &PathJob<'_>, keys: &ObjectKeys) {
-    if let Err(del) = job.store.delete(&keys.archive).await {
+    if let Err(del) = job.store.objects.delete(&keys.archive).await {
         warn!(archive = %keys.archive, error = %del, "could not delete the archive of a failed attempt");
     }
 }
@@ -867,6 +916,7 @@ mod tests {
         metrics: Metrics,
         command: Vec<String>,
         bandwidth: DrainBandwidth,
+        run: RunId,
     }
 
     fn bed() -> Bed {
@@ -881,37 +931,52 @@ mod tests {
             metrics: Metrics::new().expect("metrics"),
             command: vec!["pack".to_string()],
             bandwidth: DrainBandwidth::default(),
+            run: RunId {
+                namespace: "ns".into(),
+                name: "r".into(),
+                uid: "u".into(),
+            },
         }
     }
 
     fn job<'a>(bed: &'a Bed, cancel: &'a CancellationToken, secs: u64) -> PathJob<'a> {
         PathJob {
-            pods: &bed.pods,
-            pod_name: "p",
-            pack_command: &bed.command,
-            store: &bed.store,
-            open_uploads: None,
-            store_prefix: &bed.prefix,
-            store_url: "s3://bucket/runs",
-            store_tenant: None,
-            namespace: "ns",
-            run_name: "r",
-            run_uid: "u",
-            index: 0,
-            path: "/out",
-            holder_path: "/sandboxrun-readback/out",
-            cap_bytes: 1 << 20,
-            compression: Compression::None,
-            wire: Wire::Zstd,
-            idle: crate::drain::idle::DEFAULT_IDLE_TIMEOUT,
-            bandwidth: &bed.bandwidth,
-            deadline: tokio::time::Instant::now() + Duration::from_secs(secs),
-            previous_attempts: 0,
-            metrics: &bed.metrics,
-            cancel,
-            fence: None,
-            run_attempt: 1,
-            checkpoint: None,
+            pod: PodSource {
+                pods: &bed.pods,
+                name: "p",
+                pack_command: &bed.command,
+            },
+            store: StoreTarget {
+                objects: &bed.store,
+                open_uploads: None,
+                prefix: &bed.prefix,
+                url: "s3://bucket/runs",
+                tenant: None,
+            },
+            run: &bed.run,
+            generation: JobGeneration {
+                attempt: 1,
+                checkpoint: None,
+            },
+            path: PathSpec {
+                index: 0,
+                declared: "/out",
+                holder_path: "/sandboxrun-readback/out",
+                cap_bytes: 1 << 20,
+                previous_attempts: 0,
+            },
+            limits: DrainLimits {
+                compression: Compression::None,
+                wire: Wire::Zstd,
+                idle: crate::drain::idle::DEFAULT_IDLE_TIMEOUT,
+                bandwidth: &bed.bandwidth,
+                deadline: tokio::time::Instant::now() + Duration::from_secs(secs),
+            },
+            control: DrainControl {
+                metrics: &bed.metrics,
+                cancel,
+                fence: None,
+            },
         }
     }
 
@@ -966,7 +1031,7 @@ mod tests {
     #[tokio::test]
     async fn a_committed_path_is_recorded_and_a_cancelled_drain_records_nothing() {
         let bed = bed();
-        let run = RunRef {
+        let run = RunId {
             namespace: "ns".into(),
             name: "r".into(),
             uid: "u".into(),

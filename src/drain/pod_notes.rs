@@ -188,9 +188,10 @@ mod tests {
     use crate::drain::archive::{drain_stream, DrainOptions};
     use crate::drain::exec::{collect_notes, MAX_NOTE_BYTES};
     use crate::drain::path_drain::{committed_status, nothing_readable};
+    use crate::identity::RunId;
     use crate::inpod::pack::pack_with_opener;
     use crate::inpod::walk::{self, At};
-    use crate::store::{object_keys, ManifestContext, RunRef};
+    use crate::store::{object_keys, ManifestContext};
 
     async fn drain(archive: &[u8]) -> DrainOutcome {
         let opts = DrainOptions::new(1 << 30, Compression::None);
@@ -361,7 +362,7 @@ mod tests {
         assert!(out.done);
         let outcome = drain(&out.archive).await;
         let notes = pod_notes(&outcome, PackNotes::default());
-        let run = RunRef {
+        let run = RunId {
             namespace: "ns".into(),
             name: "r".into(),
             uid: "u".into(),

@@ -90,9 +90,11 @@ impl RunRules {
             Egress::DenyAll => (NetworkMode::Allowlist, Vec::new()),
             Egress::Filtered { mode, rules } => (mode, rules),
         };
-        let namespace = run.namespace().unwrap_or_default();
+        // A run without its namespace or name has no rules: its traffic is refused (fail closed).
+        let namespace = crate::identity::namespace_of(run).ok()?.to_string();
+        let name = crate::identity::name_of(run).ok()?;
         Some(RunRules {
-            run: format!("{namespace}/{}", run.name_any()),
+            run: format!("{namespace}/{name}"),
             namespace,
             mode,
             rules,
@@ -229,7 +231,7 @@ pub(crate) const LEARN_WAIT: std::time::Duration = std::time::Duration::from_sec
 /// it has finished or shares its node's network: such an address is not the run's alone).
 fn pod_entry(pod: &Pod) -> Option<(String, String, RunPod)> {
     let uid = pod.labels().get(RUN_UID_LABEL)?.clone();
-    let namespace = pod.namespace().unwrap_or_default();
+    let namespace = crate::identity::namespace_of(pod).ok()?.to_string();
     let key = format!("{namespace}/{}", pod.name_any());
     let host_network = pod
         .spec

@@ -18,6 +18,7 @@ use kube::ResourceExt;
 use serde_json::{json, Value};
 
 use crate::api::SandboxRun;
+use crate::identity::RunId;
 
 /// The label that puts a run in a Kueue LocalQueue of its namespace.
 pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
@@ -185,11 +186,11 @@ pub struct Priority {
     pub value: i64,
 }
 
-/// The Workload of `run` in `queue`, asking for `pod`'s resources (its containers, init
-/// containers and overhead, as Kueue sums them), owned by the run. Written fully defaulted:
-/// Kueue's defaulting webhook may not run.
-pub fn build(run: &SandboxRun, queue: &str, pod: &Pod, priority: Option<&Priority>) -> Value {
-    let name = run.name_any();
+/// The Workload of the run `run` in `queue`, asking for `pod`'s resources (its containers, init
+/// containers and overhead, as Kueue sums them), owned by the run (its uid: never an empty
+/// one). Written fully defaulted: Kueue's defaulting webhook may not run.
+pub fn build(run: &RunId, queue: &str, pod: &Pod, priority: Option<&Priority>) -> Value {
+    let name = &run.name;
     let mut template_spec =
         serde_json::to_value(pod.spec.clone().unwrap_or_default()).unwrap_or_else(|_| json!({}));
     // The template says what the pod needs, not where it is: no node name.
@@ -216,17 +217,17 @@ pub fn build(run: &SandboxRun, queue: &str, pod: &Pod, priority: Option<&Priorit
         "apiVersion": format!("{GROUP}/{VERSION}"),
         "kind": "Workload",
         "metadata": {
-            "name": workload_name(&name),
-            "namespace": run.namespace(),
+            "name": workload_name(name),
+            "namespace": run.namespace,
             "labels": {
                 crate::names::MANAGED_BY_LABEL: crate::names::MANAGED_BY,
-                crate::names::RUN_UID_LABEL: run.uid().unwrap_or_default(),
+                crate::names::RUN_UID_LABEL: run.uid,
             },
             "ownerReferences": [{
                 "apiVersion": "sandbox.iterion.io/v1alpha1",
                 "kind": "SandboxRun",
                 "name": name,
-                "uid": run.uid().unwrap_or_default(),
+                "uid": run.uid,
                 "controller": true,
                 "blockOwnerDeletion": true,
             }],
@@ -513,7 +514,7 @@ mod tests {
             name: "high".into(),
             value: 1000,
         };
-        let w = build(&run(), "lq", &pod(), Some(&priority));
+        let w = build(&RunId::of(&run()).unwrap(), "lq", &pod(), Some(&priority));
         assert_eq!(w["metadata"]["name"], "job-sbr");
         assert_eq!(w["metadata"]["namespace"], "team");
         assert_eq!(w["metadata"]["ownerReferences"][0]["uid"], "uid-1");
@@ -534,7 +535,7 @@ mod tests {
             w["spec"]["priorityClassRef"]["kind"],
             "WorkloadPriorityClass"
         );
-        let plain = build(&run(), "lq", &pod(), None);
+        let plain = build(&RunId::of(&run()).unwrap(), "lq", &pod(), None);
         assert!(plain["spec"].get("priority").is_none());
         assert_eq!(queue_of(&run()), Some("lq"));
         let mut unlabelled = run();

@@ -49,20 +49,13 @@ pub enum LocateError {
     },
 }
 
-/// The store and instance of `object`, an archive URL of the run `namespace/name`.
+/// The store and instance of `object`, an archive URL of the run `namespace/name`, of any of
+/// its attempts ([`crate::store::ObjectUrl::parse`], the type that rendered it).
 pub fn store_of_object(object: &str, namespace: &str, name: &str) -> Option<Located> {
-    let mut parts = object.rsplitn(5, '/');
-    let file = parts.next()?;
-    let uid = parts.next()?;
-    let (n, ns, store) = (parts.next()?, parts.next()?, parts.next()?);
-    let store_ok = store
-        .split_once("://")
-        .is_some_and(|(scheme, rest)| !scheme.is_empty() && !rest.trim_matches('/').is_empty());
-    (n == name && ns == namespace && !uid.is_empty() && !file.is_empty() && store_ok).then(|| {
-        Located {
-            store_url: store.to_string(),
-            uid: uid.to_string(),
-        }
+    let found = crate::store::ObjectUrl::parse(object, namespace, name)?;
+    Some(Located {
+        store_url: found.store_url,
+        uid: found.uid,
     })
 }
 
@@ -179,6 +172,20 @@ mod tests {
         assert_eq!(at("bucket/ns/job/u/00-out.tar"), None);
         assert_eq!(at("s3:///ns/job/u/00-out.tar"), None);
         assert_eq!(at("s3://bucket/ns/job//00-out.tar"), None);
+    }
+
+    #[test]
+    fn a_retried_run_is_located_by_its_later_attempts_objects() {
+        // A later attempt's files are under `<uid>/attempt-N/` (store::keys): the run is there.
+        let object = "s3://b/p/ns/job/u1/attempt-2/00-out.tar";
+        let run = run_with(vec![entry("/out", ReadBackPhase::Drained, Some(object))]);
+        assert_eq!(
+            store_of_run(&run),
+            Ok(Located {
+                store_url: "s3://b/p".into(),
+                uid: "u1".into()
+            })
+        );
     }
 
     #[test]

@@ -1,26 +1,14 @@
 //! Where one run's archives and manifests live (docs/contract.md §3; drawn in docs/architecture.md).
 
 use object_store::path::Path;
-use serde::{Deserialize, Serialize};
 
 use crate::api::Compression;
+use crate::identity::RunId;
 
 /// Suffix of manifest objects.
 pub const MANIFEST_SUFFIX: &str = ".manifest.json";
 /// Longest path slug in a key.
 pub const MAX_SLUG_BYTES: usize = 64;
-
-/// The run a drained path belongs to.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RunRef {
-    /// Namespace of the SandboxRun.
-    pub namespace: String,
-    /// Name of the SandboxRun.
-    pub name: String,
-    /// UID of the SandboxRun (a re-created run with the same name does not collide).
-    pub uid: String,
-}
 
 /// Where one declared path's archive and manifest live.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,7 +29,7 @@ pub struct ObjectKeys {
 /// alone, and the manifest names the archive key.
 pub fn object_keys(
     prefix: &Path,
-    run: &RunRef,
+    run: &RunId,
     index: usize,
     declared_path: &str,
     compression: Compression,
@@ -63,7 +51,7 @@ pub fn object_keys(
 /// it).
 pub fn attempt_object_keys(
     prefix: &Path,
-    run: &RunRef,
+    run: &RunId,
     attempt: u32,
     index: usize,
     declared_path: &str,
@@ -81,7 +69,7 @@ pub fn attempt_object_keys(
 /// `<uid>/checkpoint-<N>/`, inside the run's own directory.
 pub fn checkpoint_object_keys(
     prefix: &Path,
-    run: &RunRef,
+    run: &RunId,
     checkpoint: u32,
     index: usize,
     declared_path: &str,
@@ -92,7 +80,7 @@ pub fn checkpoint_object_keys(
 }
 
 /// `keys`' names under `<uid>/<generation>/`.
-fn in_generation(prefix: &Path, run: &RunRef, generation: &str, keys: ObjectKeys) -> ObjectKeys {
+fn in_generation(prefix: &Path, run: &RunId, generation: &str, keys: ObjectKeys) -> ObjectKeys {
     let dir = run_dir(prefix, run).join(generation);
     let name = |key: &Path| key.filename().unwrap_or_default().to_string();
     ObjectKeys {
@@ -103,14 +91,14 @@ fn in_generation(prefix: &Path, run: &RunRef, generation: &str, keys: ObjectKeys
 
 /// The manifest key of the `index`-th declared path of a run ([`object_keys`]' `manifest`): it
 /// does not depend on the compression.
-pub fn manifest_key(prefix: &Path, run: &RunRef, index: usize, declared_path: &str) -> Path {
+pub fn manifest_key(prefix: &Path, run: &RunId, index: usize, declared_path: &str) -> Path {
     let stem = format!("{index:02}-{}", path_slug(declared_path));
     run_dir(prefix, run).join(format!("{stem}{MANIFEST_SUFFIX}").as_str())
 }
 
 /// `<prefix>/<namespace>/<name>/<uid>`: the directory of every key [`object_keys`] names for one
 /// run (this uid only), and the only prefix `readBack.retention: Delete` deletes under.
-pub fn run_dir(prefix: &Path, run: &RunRef) -> Path {
+pub fn run_dir(prefix: &Path, run: &RunId) -> Path {
     run_prefix(prefix, &run.namespace, &run.name).join(run.uid.as_str())
 }
 
@@ -164,8 +152,8 @@ pub(crate) async fn list_keys(
 mod tests {
     use super::*;
 
-    fn run() -> RunRef {
-        RunRef {
+    fn run() -> RunId {
+        RunId {
             namespace: "ns".into(),
             name: "job".into(),
             uid: "1234-abcd".into(),

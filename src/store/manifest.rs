@@ -10,9 +10,10 @@ use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload}
 use serde::{Deserialize, Serialize};
 
 use super::error::StoreError;
-use super::keys::{run_prefix, ObjectKeys, RunRef, MANIFEST_SUFFIX};
+use super::keys::{run_prefix, ObjectKeys, MANIFEST_SUFFIX};
 use super::manifest_read;
 use crate::api::{Compression, ReadBackPhase};
+use crate::identity::RunId;
 use crate::tar::sanitize::{MemberKind, Reason};
 
 /// Version of the manifest layout; bumped on any incompatible change.
@@ -22,7 +23,7 @@ pub const MANIFEST_SCHEMA_VERSION: u32 = 1;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ManifestContext {
     /// The run.
-    pub run: RunRef,
+    pub run: RunId,
     /// The declared container path.
     pub declared_path: String,
     /// Its position in `spec.readBack.paths`.
@@ -74,7 +75,7 @@ pub struct Manifest {
     /// [`MANIFEST_SCHEMA_VERSION`].
     pub schema_version: u32,
     /// The run.
-    pub run: RunRef,
+    pub run: RunId,
     /// The declared container path.
     pub declared_path: String,
     /// Its position in `spec.readBack.paths`.
@@ -684,8 +685,8 @@ mod tests {
     use super::*;
     use crate::store::{object_keys, store_from_url};
 
-    fn run() -> RunRef {
-        RunRef {
+    fn run() -> RunId {
+        RunId {
             namespace: "ns".into(),
             name: "job".into(),
             uid: "1234-abcd".into(),
@@ -815,7 +816,7 @@ mod tests {
             .put(&keys0.archive, PutPayload::from_static(b"tar"))
             .await
             .expect("put");
-        let other = RunRef {
+        let other = RunId {
             name: "other".into(),
             ..run()
         };

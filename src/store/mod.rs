@@ -29,6 +29,7 @@ pub(crate) mod manifest;
 pub(crate) mod manifest_read;
 #[cfg(test)]
 mod manifest_read_tests;
+pub mod object_url;
 pub mod open_uploads;
 pub(crate) mod purge;
 pub mod tenant;
@@ -43,13 +44,14 @@ pub use config::{
 pub use error::StoreError;
 pub use keys::{
     attempt_object_keys, checkpoint_object_keys, object_keys, path_slug, run_dir, run_prefix,
-    ObjectKeys, RunRef, MANIFEST_SUFFIX, MAX_SLUG_BYTES,
+    ObjectKeys, MANIFEST_SUFFIX, MAX_SLUG_BYTES,
 };
 pub use manifest::{
     list_manifests, read_manifest, try_read_manifest, write_manifest, DrainOutcome, DroppedRecord,
     Manifest, ManifestContext, ManifestWrite, MemberRecord, RejectedRecord, Stored, Totals,
     MANIFEST_SCHEMA_VERSION,
 };
+pub use object_url::{ObjectUrl, RunObject};
 pub use upload::{
     archive_writer, part_size, ArchiveWriter, MAX_PARTS, MIN_PART_BYTES, UPLOAD_CONCURRENCY,
 };

@@ -11,7 +11,8 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 
 use super::error::StoreError;
-use super::keys::{run_dir, RunRef};
+use super::keys::run_dir;
+use crate::identity::RunId;
 
 /// The longest one purge call works (docs/contract.md "Stored files when a run is deleted"):
 /// the tenant writes its own store, so the number of keys under a run is its to choose (100,000
@@ -46,7 +47,7 @@ pub(crate) enum PurgeError {
 pub(crate) async fn delete_run_archives(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
-    run: &RunRef,
+    run: &RunId,
     manifests: &[Path],
 ) -> Result<usize, PurgeError> {
     delete_run_archives_within(store, prefix, run, manifests, PURGE_BUDGET).await
@@ -60,7 +61,7 @@ pub(crate) async fn delete_run_archives(
 pub(crate) async fn delete_run_archives_within(
     store: &Arc<dyn ObjectStore>,
     prefix: &Path,
-    run: &RunRef,
+    run: &RunId,
     manifests: &[Path],
     budget: Duration,
 ) -> Result<usize, PurgeError> {
@@ -186,8 +187,8 @@ mod tests {
     use object_store::memory::InMemory;
     use object_store::PutPayload;
 
-    fn run(name: &str, uid: &str) -> RunRef {
-        RunRef {
+    fn run(name: &str, uid: &str) -> RunId {
+        RunId {
             namespace: "ns".into(),
             name: name.into(),
             uid: uid.into(),
@@ -195,7 +196,7 @@ mod tests {
     }
 
     /// The manifest keys of [`put_paths`]' two paths.
-    fn manifests(prefix: &Path, run: &RunRef) -> Vec<Path> {
+    fn manifests(prefix: &Path, run: &RunId) -> Vec<Path> {
         ["/work/out", "/logs"]
             .iter()
             .enumerate()
@@ -203,7 +204,7 @@ mod tests {
             .collect()
     }
 
-    async fn put_paths(store: &Arc<dyn ObjectStore>, prefix: &Path, run: &RunRef) -> Vec<Path> {
+    async fn put_paths(store: &Arc<dyn ObjectStore>, prefix: &Path, run: &RunId) -> Vec<Path> {
         let mut keys = Vec::new();
         for (i, p) in ["/work/out", "/logs"].iter().enumerate() {
             let k = object_keys(prefix, run, i, p, Compression::Gzip);
@@ -244,7 +245,7 @@ mod tests {
             put_paths(
                 &store,
                 &prefix,
-                &RunRef {
+                &RunId {
                     namespace: "nsx".into(),
                     ..a.clone()
                 },

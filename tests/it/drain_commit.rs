@@ -21,7 +21,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use sandboxrun_operator::api::{Compression, Phase, ReadBackPhase, SandboxRun};
-use sandboxrun_operator::store::{list_manifests, object_keys, store_from_url, RunRef};
+use sandboxrun_operator::identity::RunId;
+use sandboxrun_operator::store::{list_manifests, object_keys, store_from_url};
 use serde_json::json;
 
 use crate::support::s3_server::PrivateS3;
@@ -98,7 +99,7 @@ async fn an_attempt_cancelled_by_the_drain_timeout_leaves_no_open_multipart_uplo
     let run = wait_phase(&runs, "stalls", Phase::Running, &op).await;
     finish_workload(&pods, &pod_of(&run), 0).await;
 
-    let run_ref = RunRef {
+    let run_ref = RunId {
         namespace: ns.name.clone(),
         name: "stalls".into(),
         uid: created.uid().expect("uid"),

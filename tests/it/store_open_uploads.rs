@@ -16,10 +16,11 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::{Api, ResourceExt};
 use object_store::{MultipartUpload, ObjectStore, ObjectStoreExt, PutPayload};
 use sandboxrun_operator::api::{Compression, Phase, ReadBackPhase, SandboxRun};
+use sandboxrun_operator::identity::RunId;
 use sandboxrun_operator::store::open_uploads::{
     before_attempt, Cleared, OpenUploads, OpenUploadsError, LIST_PERMISSION,
 };
-use sandboxrun_operator::store::{object_keys, store_from_url, RunRef};
+use sandboxrun_operator::store::{object_keys, store_from_url};
 
 use crate::support::*;
 
@@ -193,7 +194,7 @@ async fn the_pre_attempt_clean_up_aborts_the_open_uploads_of_exactly_the_key() {
 
 /// The archive key of path 0 of `run`.
 fn archive_key(prefix: &str, ns: &str, run: &SandboxRun, path: &Path) -> String {
-    let run_ref = RunRef {
+    let run_ref = RunId {
         namespace: ns.to_string(),
         name: run.name_any(),
         uid: run.uid().expect("uid"),

@@ -23,16 +23,13 @@ use super::queue::Waiter;
 use super::teardown::{drain_claim, Claimed};
 use crate::api::ReadBackStatus;
 use crate::api::SandboxRun;
+use crate::identity::RunId;
 use crate::shard::drain_claim::DrainHold;
 
 /// Starts the run's checkpoint in the drain pool, unless a drain of the run is in flight (the
 /// next reconcile asks again).
-pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>) {
-    let waiter = Waiter {
-        namespace: run.namespace().unwrap_or_default(),
-        run: run.uid().unwrap_or_default(),
-        urgent: false,
-    };
+pub(crate) fn start(ctx: &Arc<Context>, (run, id): (&Arc<SandboxRun>, &RunId)) {
+    let waiter = Waiter::of(id, false);
     let shard = ctx.join_shard(run);
     let cancel = shard.as_ref().map_or_else(
         || ctx.in_flight.cancel.clone(),
@@ -97,7 +94,7 @@ async fn take(
     let (store, paths) = super::teardown::teardown_store(ctx, &live, paths).await?;
     let timeout = u64::try_from(ctx.drain_timeout_seconds(&live)).unwrap_or(0);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
-    let mut target = DrainTarget::new(ctx, &live, store, deadline).checkpoint(index);
+    let mut target = DrainTarget::new(ctx, &live, store, deadline)?.checkpoint(index);
     if let Some(hold) = hold {
         target = target.claimed(hold.lost().clone(), hold.fence());
     }

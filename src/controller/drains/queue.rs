@@ -31,6 +31,17 @@ pub(crate) struct Waiter {
     pub urgent: bool,
 }
 
+impl Waiter {
+    /// The run `id` waiting (`urgent`: its pod is being deleted or evicted).
+    pub(crate) fn of(id: &crate::identity::RunId, urgent: bool) -> Waiter {
+        Waiter {
+            namespace: id.namespace.clone(),
+            run: id.uid.clone(),
+            urgent,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Waiting {
     waiter: Waiter,

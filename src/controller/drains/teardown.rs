@@ -22,6 +22,7 @@ use super::super::plan::{self, TeardownPlan, TeardownProgress};
 use super::pool::Slot;
 use super::queue::Waiter;
 use crate::api::{ReadBackStatus, SandboxRun};
+use crate::identity::RunId;
 use crate::pod;
 use crate::shard::drain_claim::{Claim, DrainHold};
 use crate::store::tenant_read::RunStore;
@@ -33,12 +34,8 @@ use crate::store::tenant_read::RunStore;
 /// next reconcile, which follows at once (docs/contract.md "A run's next step follows its
 /// drain"); a teardown that fails is counted, logged, and retried by a later reconcile
 /// after a pause.
-pub(crate) fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger) {
-    let waiter = Waiter {
-        namespace: run.namespace().unwrap_or_default(),
-        run: run.uid().unwrap_or_default(),
-        urgent: trigger.is_urgent(),
-    };
+pub(crate) fn start(ctx: &Arc<Context>, (run, id): (&Arc<SandboxRun>, &RunId), trigger: Trigger) {
+    let waiter = Waiter::of(id, trigger.is_urgent());
     let job_ctx = Arc::clone(ctx);
     let run = Arc::clone(run);
     // Sharded: the teardown holds its shard until it ends, and one still waiting for a slot is
@@ -114,7 +111,7 @@ pub(in crate::controller) async fn drain_claim(
     let Some(claims) = ctx.sharding.drain_claims.as_ref() else {
         return Ok(Claimed::Unsharded);
     };
-    let uid = run.uid().unwrap_or_default();
+    let uid = RunId::of(run)?.uid;
     match claims
         .claim(&uid, &ctx.in_flight.cancel)
         .await
@@ -159,7 +156,8 @@ pub(in crate::controller) async fn teardown_store(
     {
         return Ok((ctx.operator_store(), paths));
     }
-    match ctx.run_store(run).await {
+    let namespace = RunId::of(run)?.namespace;
+    match ctx.run_store((&namespace, run)).await {
         Ok(store) => Ok((store, paths)),
         Err(error) => {
             let why = super::super::error::store_verdict(error)?;
@@ -180,8 +178,8 @@ async fn unchanged_since_start(ctx: &Context, run: &SandboxRun) -> Result<bool, 
     if ctx.in_flight.cancel.is_cancelled() {
         return Ok(false);
     }
-    let namespace = run.namespace().unwrap_or_default();
-    let Some(live) = observe::live_run(&ctx.client, &namespace, &run.name_any()).await? else {
+    let id = RunId::of(run)?;
+    let Some(live) = observe::live_run(&ctx.client, &id.namespace, &id.name).await? else {
         return Ok(false);
     };
     let read_back = |r: &SandboxRun| r.status.as_ref().map(|s| s.read_back.clone());
@@ -222,7 +220,7 @@ async fn teardown(
     } = plan::teardown(run, pod, trigger, &ctx.caps, timeout, now);
     let (store, paths) = teardown_store(ctx, run, paths).await?;
     let deleting = pod.is_some_and(|p| p.metadata.deletion_timestamp.is_some());
-    let mut target = DrainTarget::new(ctx, run, store, tokio::time::Instant::now() + drain_left)
+    let mut target = DrainTarget::new(ctx, run, store, tokio::time::Instant::now() + drain_left)?
         .urgent(deleting);
     if let Some(hold) = hold {
         target = target.claimed(hold.lost().clone(), hold.fence());

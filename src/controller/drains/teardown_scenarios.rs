@@ -23,9 +23,16 @@ use super::super::mock_apiserver::{apiserver, context, Log, Route};
 use super::super::pipeline_scenarios::{run, written};
 use super::super::plan::testing::deleting;
 use super::super::plan::{IN_FLIGHT_REQUEUE, SETTLE};
-use super::teardown::{claimed_teardown, start};
+use super::teardown::claimed_teardown;
 use crate::api::{Phase, SandboxRun, SandboxRunStatus};
+use crate::identity::RunId;
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
+
+/// Starts the teardown of `run`, whose identity it has (as a reconcile's observation gives it).
+fn start(ctx: &Arc<Context>, run: &Arc<SandboxRun>, trigger: Trigger) {
+    let id = RunId::of(run).expect("a run read from the apiserver has its identity");
+    super::teardown::start(ctx, (run, &id), trigger);
+}
 
 const RUN: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/demo";
 const STATUS: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/demo/status";

@@ -223,6 +223,44 @@ mod tests {
     }
 
     #[test]
+    fn the_purge_names_the_run_directory_as_its_objects_urls_do_under_a_store_urls_prefix() {
+        // The store at `s3://a/runs` keys its objects under `runs/`: the run's objects are
+        // `s3://a/runs/ns/demo/u1/…`, and so is the directory the Event names (never
+        // `s3://a/runs/runs/…`).
+        let r = stored_in("s3://a");
+        let plan = after(
+            &Answer::PurgeStore(Ok(Box::new(store("s3://a/runs")))),
+            vec![Effect::RemoveFinalizer],
+            Requeue::AwaitChange,
+            &inputs(&r),
+        );
+        let Some(Effect::DeleteStoredFiles(target)) = plan.effects.first() else {
+            panic!("{plan:?}");
+        };
+        assert_eq!(target.location, "s3://a/runs/ns/demo/u1/");
+    }
+
+    #[test]
+    fn a_run_without_its_namespace_or_uid_has_nothing_deleted_anywhere() {
+        // An empty namespace or uid would name another directory than the run's own
+        // (docs/contract.md "A write always names its object"): the delete is refused, retried.
+        // Its status records no object yet (a drain that stored nothing): nothing else stops it.
+        for field in ["namespace", "name", "uid"] {
+            let mut r = deleting(with_phase(run_with(&[("/out", false)]), Phase::Succeeded));
+            match field {
+                "namespace" => r.metadata.namespace = None,
+                "name" => r.metadata.name = Some(String::new()),
+                _ => r.metadata.uid = None,
+            }
+            let plan = answered(&r, Answer::PurgeStore(Ok(Box::new(store("s3://a")))));
+            assert_eq!(
+                plan, "[!ArchiveDeleteFailed/Delete] | - | [] | 1s",
+                "{field}"
+            );
+        }
+    }
+
+    #[test]
     fn nothing_is_deleted_in_a_store_the_run_did_not_store_its_files_in_nor_in_one_that_cannot_be_used(
     ) {
         let r = stored_in("s3://a");

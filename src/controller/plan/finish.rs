@@ -13,8 +13,8 @@ use super::super::retention::{self, Ttl};
 use super::super::status::pod_lost_status;
 use super::model::{Effect, NotPurged, Plan, PurgeTarget, Requeue, LOOK_AGAIN_MARGIN};
 use crate::api::{ReadBackPhase, ReadBackStatus, Retention, SandboxRun, FINALIZER};
+use crate::identity::RunId;
 use crate::store::tenant_read::RunStore;
-use crate::store::RunRef;
 
 pub(super) fn delete_finished_pod(run: &SandboxRun, pod: Option<&PodView>, now: Timestamp) -> Plan {
     let settled = drain_settled(run);
@@ -148,17 +148,17 @@ pub(crate) fn purge_target(
     run: &SandboxRun,
     store: Result<&RunStore, &NotPurged>,
 ) -> Result<PurgeTarget, (NotPurged, String)> {
-    let reference = RunRef {
-        namespace: run.namespace().unwrap_or_default(),
-        name: run.name_any(),
-        uid: run.uid().unwrap_or_default(),
-    };
+    // Without its identity the run names no directory: nothing is deleted (an empty namespace
+    // or uid would name another run's, or another namespace's, files).
+    let reference = RunId::of(run)
+        .map_err(|missing| (missing.into(), format!("the store of {}", run.name_any())))?;
     let store = store.map_err(|why| {
         let location = format!("the store of {}/{}", reference.namespace, reference.name);
         (why.clone(), location)
     })?;
     let dir = crate::store::run_dir(&store.prefix, &reference);
-    let location = format!("{}/{dir}/", store.url.trim_end_matches('/'));
+    // The run directory's URL as its objects' URLs name it (the store URL's prefix once).
+    let location = format!("{}/", crate::store::ObjectUrl::of(&store.url, &dir));
     if let Some(object) = retention::stored_elsewhere(run, &store.url, &dir) {
         let store = store.describe();
         return Err((NotPurged::StoredElsewhere { object, store }, location));

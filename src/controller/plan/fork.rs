@@ -8,7 +8,7 @@
 //! spec again, never another uid: a source deleted or re-created under its name is never read).
 
 use crate::api::{Phase, ReadBackPhase, RestoreOutcome, SandboxRun};
-use crate::store::RunRef;
+use crate::identity::RunId;
 
 /// Where the current attempt's files come from (`super::restore::restore_source`).
 #[derive(Clone, Debug, PartialEq)]
@@ -86,7 +86,7 @@ impl Generation {
 /// parameter.
 pub(crate) fn manifest_is(
     manifest: &crate::store::Manifest,
-    whose: &RunRef,
+    whose: &RunId,
     from: Generation,
     (index, path): (usize, &str),
 ) -> bool {
@@ -159,6 +159,9 @@ pub(crate) fn fork_source(run: &SandboxRun) -> Option<ForkSource> {
 pub(crate) enum NotBound {
     #[error("the source run {0} does not exist in this namespace")]
     Missing(String),
+    /// The source as read has no identity (not one the apiserver sent).
+    #[error("the source run: {0}")]
+    Unidentified(#[from] crate::identity::MissingIdentity),
     #[error(
         "the source run {run} is not the one this fork was bound to (uid {found}, recorded \
          {recorded}): it was deleted and re-created, and its files are never read"
@@ -203,13 +206,14 @@ pub(crate) fn bind(
     fork: &SandboxRun,
     source: Option<&SandboxRun>,
     asked: &ForkSource,
-) -> Result<(RunRef, Generation), NotBound> {
+) -> Result<(RunId, Generation), NotBound> {
     let source = source.ok_or_else(|| NotBound::Missing(asked.run.clone()))?;
-    let found = source.metadata.uid.clone().unwrap_or_default();
-    if let Some(recorded) = asked.uid.as_ref().filter(|r| **r != found) {
+    // The source's own identity (read from the apiserver, it has one): its files' directory.
+    let whose = RunId::of(source)?;
+    if let Some(recorded) = asked.uid.as_ref().filter(|r| **r != whose.uid) {
         return Err(NotBound::Recreated {
             run: asked.run.clone(),
-            found,
+            found: whose.uid,
             recorded: recorded.clone(),
         });
     }
@@ -229,12 +233,7 @@ pub(crate) fn bind(
         });
     }
     let generation = saved_generation(source, asked)?;
-    let me = RunRef {
-        namespace: fork.metadata.namespace.clone().unwrap_or_default(),
-        name: asked.run.clone(),
-        uid: found,
-    };
-    Ok((me, generation))
+    Ok((whose, generation))
 }
 
 /// The generation of `source` that `asked` names, when the source records it saved: exactly one
@@ -607,7 +606,7 @@ mod tests {
     #[test]
     fn a_manifest_is_the_restores_only_for_that_run_generation_and_path() {
         use crate::store::{DrainOutcome, Manifest, ManifestContext, Stored};
-        let whose = RunRef {
+        let whose = RunId {
             namespace: "ns".into(),
             name: "a".into(),
             uid: "u1".into(),
@@ -653,7 +652,7 @@ mod tests {
             at
         ));
         assert!(!manifest_is(&checkpoint_manifest, &whose, cp(3), at));
-        let other = RunRef {
+        let other = RunId {
             uid: "u2".into(),
             ..whose.clone()
         };

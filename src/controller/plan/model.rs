@@ -13,9 +13,9 @@ use crate::api::{Retention, SandboxRun, SandboxRunStatus};
 use crate::controller::decide::{Preflight, Trigger};
 use crate::controller::events::PlannedEvent;
 use crate::controller::observe::PodView;
+use crate::identity::RunId;
 use crate::pod::PodSettings;
 use crate::store::tenant_read::RunStore;
-use crate::store::RunRef;
 
 /// How long after a time the run is looked at again, so the decision sees that time passed.
 pub(crate) const LOOK_AGAIN_MARGIN: Duration = Duration::from_millis(200);
@@ -219,7 +219,7 @@ pub(crate) struct PurgeTarget {
     /// The store the run uses now.
     pub store: RunStore,
     /// The run whose directory is deleted.
-    pub run: RunRef,
+    pub run: RunId,
     /// Its declared paths' manifest keys: the commit points go first.
     pub manifests: Vec<object_store::path::Path>,
     /// `<store url>/<run dir>/`, for the Event.
@@ -249,4 +249,7 @@ pub(crate) enum NotPurged {
         /// What it said.
         error: String,
     },
+    /// The run has no identity: it names no directory, and nothing is deleted anywhere.
+    #[error(transparent)]
+    Unidentified(#[from] crate::identity::MissingIdentity),
 }

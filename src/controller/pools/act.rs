@@ -20,7 +20,7 @@ pub(in crate::controller) async fn carry_out(
     pool: &SandboxRunPool,
     effect: PoolEffect,
 ) -> Result<PoolAnswer, ControllerError> {
-    let ns = pool.namespace().unwrap_or_default();
+    let ns = crate::identity::namespace_of(pool)?.to_string();
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
     match effect {
         PoolEffect::DeletePod {

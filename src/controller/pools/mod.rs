@@ -134,6 +134,10 @@ pub(super) async fn reconcile(
     let Some(_shard) = ctx.enter_shard_of(&pool.metadata) else {
         return Ok(Action::await_change());
     };
+    // A pool without its identity is served no further: its seals and its pods' owner would
+    // name no pool (docs/contract.md "A write always names its object").
+    crate::identity::uid_of(pool.as_ref())?;
+    crate::identity::namespace_of(pool.as_ref())?;
     let now = jiff::Timestamp::now();
     let observed = observe(&ctx, &pool).await?;
     let proxy = ctx.egress_proxy.addresses();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use futures::TryStreamExt;
 use object_store::{ObjectStore, ObjectStoreExt};
 use sandboxrun_operator::api::SandboxRun;
-use sandboxrun_operator::store::RunRef;
+use sandboxrun_operator::identity::RunId;
 
 use super::{bed_setting, host_dir};
 
@@ -138,8 +138,8 @@ pub async fn keys_under(
 }
 
 /// The store's name for `run` of namespace `ns`.
-pub fn run_ref(ns: &str, run: &SandboxRun) -> RunRef {
-    RunRef {
+pub fn run_ref(ns: &str, run: &SandboxRun) -> RunId {
+    RunId {
         namespace: ns.to_string(),
         name: run.metadata.name.clone().expect("name"),
         uid: run.metadata.uid.clone().expect("uid"),
