@@ -52,6 +52,8 @@ mod act_scenarios;
 #[cfg(test)]
 mod checkpoint_scenarios;
 #[cfg(test)]
+mod claim_scenarios;
+#[cfg(test)]
 mod doc_tables;
 #[cfg(test)]
 mod fixtures;

@@ -213,6 +213,12 @@ async fn through_stages(
     Ok(
         match warm::through_pool(ctx, (run, own), claim, inputs, rights_verified, now).await? {
             warm::Warm::Go(step) => Through::Go(step),
+            // The claim (or the cold start) in place of the step: it names no pod of the run's.
+            warm::Warm::Claim(plan) => {
+                let pod_name = observation.pod_name.as_str();
+                let requeue = drive::carry_out(ctx, run, pod_name, None, *plan, now).await?;
+                Through::Held(requeue)
+            }
             warm::Warm::Done(requeue) => Through::Held(requeue),
         },
     )
