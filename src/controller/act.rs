@@ -14,13 +14,15 @@ use kube::api::{AttachParams, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
-use tokio::io::AsyncRead;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tracing::{info, warn};
 
 use super::context::{Context, MANAGER};
 use super::drains::queue::Waiter;
 use super::error::{kube_err, ControllerError};
 use super::events::{PlannedEvent, EVENT_NOTE_LIMIT};
+use super::launcher::{self, DeliveryError};
+use super::plan::claim::{Claim, Delivery, Miss, MissCount, NotDelivered};
 use super::plan::{Answer, Effect, NotPurged, PathPlan, PathWork, Plan, PurgeTarget, Requeue};
 use super::refusals;
 use crate::api::{Compression, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
@@ -29,6 +31,7 @@ use crate::drain::path_drain::{
 };
 use crate::identity::{MissingIdentity, RunId};
 use crate::inpod::holder::HolderCommand;
+use crate::inpod::launch::{LaunchStatus, StartMessage};
 use crate::pod;
 use crate::store::purge::delete_run_archives;
 use crate::store::tenant_read::RunStore;
@@ -124,11 +127,15 @@ async fn effect_of(
             if super::workspace::already_recorded(ctx, (run, id)).await {
                 return Ok(Some(Answer::RestoreAlreadyRecorded));
             }
-            let (from, result) = super::workspace::restore(ctx, (run, id), pod_name, &from).await;
+            let parked = Parked(&pods);
+            let (from, result) =
+                super::workspace::restore(ctx, (run, id), (pod_name, &parked), &from).await;
             return Ok(Some(Answer::Restored { from, result }));
         }
         Effect::DeliverStart(record) => {
-            let result = super::workspace::deliver(ctx, (run, id), pod_name, &record).await;
+            let parked = Parked(&pods);
+            let result =
+                super::workspace::deliver(ctx, (run, id), (pod_name, &parked), &record).await;
             return Ok(Some(Answer::StartDelivered { record, result }));
         }
         Effect::CreateWorkload(w) => create_workload(&ctx.client, ns, *w).await?,
@@ -139,6 +146,16 @@ async fn effect_of(
         Effect::PatchWorkload(patch) => {
             let name = crate::kueue::workload_name(&id.name);
             patch_workload(&ctx.client, ns, &name, &patch).await?;
+        }
+        Effect::ClaimPoolPod { claim, patch } => {
+            return claim_pool_pod(ctx, run, claim, &patch).await.map(Some)
+        }
+        Effect::HandPoolStart(delivery) => return Ok(Some(hand_pool_start(&pods, delivery).await)),
+        Effect::DeletePoolPod(name) => delete_pool_pod(&pods, &name).await,
+        Effect::CountPoolMiss(miss) => return Ok(Some(count_pool_miss(ctx, ns, miss).await)),
+        Effect::CountPoolStart(start) => {
+            let starts = &ctx.metrics.pool_starts;
+            starts.with_label_values(&[start.label()]).inc();
         }
     }
     Ok(None)
@@ -674,75 +691,148 @@ async fn delete_pod(pods: &Api<Pod>, pod_name: &str, drained: bool) -> Result<()
     }
 }
 
-// The warm claim's writes (`super::warm`: what to claim and what an answer means are decided
-// there; docs/user-guide.md "Sandboxes for agents: warm pools").
+// The warm claim's effects (`super::plan::claim` plans them and what each answer means;
+// docs/user-guide.md "Sandboxes for agents: warm pools").
 
-/// Makes the pool pod `pod` the run's with the claim's merge `patch` (guarded by the
-/// resourceVersion it carries): the claimed pod, or None when another run took it first (409).
-pub(super) async fn claim_pool_pod(
+/// Makes the pool pod the run's with the claim's merge `patch` (guarded by the resourceVersion
+/// it carries): claimed, or taken first by another run (409). A claim not made gives back the
+/// replica's reservation of the pod (`crate::pool::reservations`), so the burst's other runs may
+/// pick it.
+async fn claim_pool_pod(
     ctx: &Context,
-    ns: &str,
-    pod: &str,
+    run: &SandboxRun,
+    claim: Box<Claim>,
     patch: &serde_json::Value,
-) -> Result<Option<Pod>, ControllerError> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    match pods
+) -> Result<Answer, ControllerError> {
+    let ns = run
+        .namespace()
+        .ok_or(ControllerError::Metadata("namespace"))?;
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ns);
+    let pod = claim.pod.as_str();
+    let patched = pods
         .patch(pod, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-    {
-        Ok(claimed) => Ok(Some(claimed)),
-        Err(kube::Error::Api(ae)) if ae.code == 409 => Ok(None),
+        .await;
+    if patched.is_err() {
+        let uid = run.uid().ok_or(ControllerError::Metadata("uid"))?;
+        ctx.memory.claims.release(&format!("{ns}/{pod}"), &uid);
+    }
+    match patched {
+        Ok(_) => {
+            info!(run = %run.name_any(), pod, pool = %claim.pool, "took a warm pool pod");
+            Ok(Answer::PoolPodClaimed(claim))
+        }
+        Err(kube::Error::Api(ae)) if ae.code == 409 => Ok(Answer::PoolPodTaken),
         Err(e) => Err(kube_err(format!("claim pool pod {pod}"))(e)),
     }
 }
 
-/// Hands the run's start to the launcher parked in the claimed `pod`
-/// (`super::launcher::deliver`; `resumed`: the claim was made in an earlier reconcile).
-pub(super) async fn start_in_pool_pod(
-    ctx: &Context,
-    ns: &str,
-    pod: &str,
-    message: &crate::inpod::launch::StartMessage,
-    resumed: bool,
-) -> Result<(), super::launcher::DeliveryError> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    super::launcher::deliver(&pods, pod, message, resumed).await
+/// Hands the run's start to the launcher parked in the claimed pod ([`launcher::deliver`]: a
+/// resumed claim writes only to a launcher still waiting); whether it took it is the answer.
+async fn hand_pool_start(pods: &Api<Pod>, delivery: Box<Delivery>) -> Answer {
+    let pod = delivery.claim.pod.as_str();
+    let (message, resumed) = (&delivery.claim.message, delivery.resumed);
+    let result = launcher::deliver(&Parked(pods), pod, message, resumed)
+        .await
+        .map_err(|why| {
+            warn!(pod, %why, "the pool pod's launcher did not take the start");
+            NotDelivered(why.to_string())
+        });
+    Answer::PoolStartHanded { delivery, result }
+}
+
+/// A parked launcher's talk ([`launcher::Talk`]) carried out on the pods of a namespace: the
+/// `launch-status` exec and the attach that writes the start (for the claim's hand-over and the
+/// restore's, `super::workspace`).
+pub(super) struct Parked<'a>(pub &'a Api<Pod>);
+
+impl launcher::Talk for Parked<'_> {
+    async fn status(&self, pod: &str) -> Result<LaunchStatus, DeliveryError> {
+        let params = launcher::status_params();
+        let mut process = (self.0)
+            .exec(pod, launcher::status_argv(), &params)
+            .await
+            .map_err(DeliveryError::Exec)?;
+        let mut stdout = process.stdout().ok_or(DeliveryError::NoStream("stdout"))?;
+        let read = async move {
+            let mut said = String::new();
+            let limit = launcher::STATUS_LIMIT;
+            let _ = (&mut stdout).take(limit).read_to_string(&mut said).await;
+            said
+        };
+        let said = tokio::time::timeout(launcher::DELIVERY_TIMEOUT, read)
+            .await
+            .map_err(|_| DeliveryError::StatusTimeout)?;
+        launcher::status_said(&said)
+    }
+
+    async fn write(&self, pod: &str, message: &StartMessage) -> Result<(), DeliveryError> {
+        let line = launcher::start_line(message)?;
+        let mut attached = (self.0)
+            .attach(pod, &launcher::attach_params())
+            .await
+            .map_err(DeliveryError::Attach)?;
+        let mut stdin = attached.stdin().ok_or(DeliveryError::NoStream("stdin"))?;
+        let status = attached
+            .take_status()
+            .ok_or(DeliveryError::NoStream("status"))?;
+        let talk = async move {
+            stdin.write_all(&line).await?;
+            stdin.shutdown().await?;
+            drop(stdin);
+            // The kubelet ends the attach once the container's stdin took it all, with a status.
+            Ok::<_, DeliveryError>(status.await)
+        };
+        let status = tokio::time::timeout(launcher::DELIVERY_TIMEOUT, talk)
+            .await
+            .map_err(|_| DeliveryError::AttachTimeout)??;
+        launcher::attach_ended(status)
+    }
 }
 
 /// Deletes a claimed pool pod whose launcher did not take the start (best effort: the pod is
 /// the run's, which starts cold; a pod left behind goes with the run).
-pub(super) async fn delete_pool_pod(ctx: &Context, ns: &str, pod: &str) {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+async fn delete_pool_pod(pods: &Api<Pod>, pod: &str) {
     if let Err(e) = pods.delete(pod, &DeleteParams::default()).await {
         warn!(pod, error = %e, "could not delete the pool pod whose launcher did not start");
     }
 }
 
-/// Counts a run that started cold in its pool's `status.misses`: read, then a merge patch guarded
-/// by the pool's resourceVersion (another claim's count in between: read again). Best effort: a
-/// pool whose count cannot be written says so in the log, and the run starts cold all the same.
-pub(super) async fn count_pool_miss(ctx: &Context, ns: &str, pool: &str) {
-    let api: Api<crate::api::SandboxRunPool> = Api::namespaced(ctx.client.clone(), ns);
-    for _ in 0..3 {
-        let read = match api.get_status(pool).await {
-            Ok(read) => read,
-            Err(e) => return warn!(pool, error = %e, "could not read the pool to count a miss"),
-        };
-        let misses = read.status.and_then(|s| s.misses).unwrap_or(0) + 1;
-        let patch = serde_json::json!({
-            "metadata": {"resourceVersion": read.metadata.resource_version},
-            "status": {"misses": misses},
-        });
-        match api
-            .patch_status(pool, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return,
-            Err(kube::Error::Api(ae)) if ae.code == 409 => continue,
-            Err(e) => return warn!(pool, error = %e, "could not count a miss"),
-        }
+/// Counts a run that starts cold in its pool's `status.misses`: one read, then one merge patch
+/// guarded by the pool's resourceVersion. Best effort: a pool whose count cannot be read or
+/// written says so in the log; one that changed in between is the answer
+/// (`plan::claim::after_count` counts again, on a fresh read).
+async fn count_pool_miss(ctx: &Context, ns: &str, miss: Box<Miss>) -> Answer {
+    let pool = miss.pool.as_str();
+    if miss.tries == 1 {
+        info!(pool, why = %miss.why, "starting cold");
     }
-    warn!(pool, "could not count a miss: the pool kept changing");
+    let api: Api<crate::api::SandboxRunPool> = Api::namespaced(ctx.client.clone(), ns);
+    let counted = match api.get_status(pool).await {
+        Err(e) => {
+            warn!(pool, error = %e, "could not read the pool to count a miss");
+            MissCount::Failed
+        }
+        Ok(read) => {
+            let misses = read.status.and_then(|s| s.misses).unwrap_or(0) + 1;
+            let patch = serde_json::json!({
+                "metadata": {"resourceVersion": read.metadata.resource_version},
+                "status": {"misses": misses},
+            });
+            let params = PatchParams::default();
+            match api.patch_status(pool, &params, &Patch::Merge(&patch)).await {
+                Ok(_) => MissCount::Counted,
+                Err(kube::Error::Api(ae)) if ae.code == 409 => MissCount::Changed,
+                Err(e) => {
+                    warn!(pool, error = %e, "could not count a miss");
+                    MissCount::Failed
+                }
+            }
+        }
+    };
+    if counted == MissCount::Changed && miss.tries >= super::plan::claim::MISS_TRIES {
+        warn!(pool, "could not count a miss: the pool kept changing");
+    }
+    Answer::MissCounted { miss, counted }
 }
 
 #[cfg(test)]

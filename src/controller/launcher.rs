@@ -1,19 +1,22 @@
-//! The claim's talk with a pool pod's parked launcher (`crate::inpod::launch`): the run's start
-//! written to the launcher's stdin through `pods/attach`, and, for a claim resumed after a
-//! restart, what the launcher did with the pod's one start (`launch-status`, an exec). I/O only:
-//! what to do with the answers is the claim's (`super::warm`).
+//! The claim's talk with a pool pod's parked launcher (`crate::inpod::launch`), the words of it
+//! and its rules: the run's start as one line of JSON written to the launcher's stdin through
+//! `pods/attach`, and the `launch-status` exec that says what the launcher did with the pod's
+//! one start; a start is written only to a launcher that still waits for it. No I/O: act carries
+//! the talk out ([`Talk`], `super::act::Parked`), for the claim's `HandPoolStart` and the
+//! restore's effects; what follows its answer is planned (`super::plan::claim`,
+//! `super::plan::restore`).
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use kube::api::AttachParams;
-use kube::Api;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::inpod::launch::{LaunchStatus, StartMessage};
 
 /// The longest the launcher's side of a delivery (or of a status) may take.
-const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+pub(super) const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most of `launch-status`'s output read.
+pub(super) const STATUS_LIMIT: u64 = 4096;
 
 /// Why the start did not reach the launcher, or its status could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -40,23 +43,32 @@ pub(super) enum DeliveryError {
     Silent,
 }
 
+/// The two things said to a parked launcher, carried out by act (`super::act::Parked`): ask
+/// what it did with the pod's one start, and write it the start.
+pub(super) trait Talk {
+    /// Execs `launch-status` in the pod's workload container ([`status_argv`]).
+    async fn status(&self, pod: &str) -> Result<LaunchStatus, DeliveryError>;
+    /// Attaches to the pod's workload container (stdin only) and writes `message` as one line
+    /// ([`start_line`]); Ok once the attach carried it and ended ([`attach_ended`]).
+    async fn write(&self, pod: &str, message: &StartMessage) -> Result<(), DeliveryError>;
+}
+
 /// Hands `message` to the pod's launcher: a fresh claim attaches to the parked workload's stdin
-/// and writes it ([`attach_and_write`]: no process is spawned in the container, as an exec
-/// would). A resumed claim (the run took the pod in an earlier reconcile) writes only to a
-/// launcher that still waits for its start ([`deliver_if_waiting`]: the same rule as a
-/// restore's hand-over). It used to write only when the launcher had no marker at all, but a
-/// parked launcher takes its marker before it reads, so a claim resumed after a restart never
-/// handed its start over.
+/// and writes it (no process is spawned in the container, as an exec would). A resumed claim
+/// (the run took the pod in an earlier reconcile) writes only to a launcher that still waits for
+/// its start ([`deliver_if_waiting`]: the same rule as a restore's hand-over). It used to write
+/// only when the launcher had no marker at all, but a parked launcher takes its marker before it
+/// reads, so a claim resumed after a restart never handed its start over.
 pub(super) async fn deliver(
-    pods: &Api<Pod>,
+    talk: &impl Talk,
     pod: &str,
     message: &StartMessage,
     resumed: bool,
 ) -> Result<(), DeliveryError> {
     if resumed {
-        return deliver_if_waiting(pods, pod, message).await;
+        return deliver_if_waiting(talk, pod, message).await;
     }
-    attach_and_write(pods, pod, message).await
+    talk.write(pod, message).await
 }
 
 /// Hands `message` to the pod's launcher only while it waits (a restore's start or refusal,
@@ -64,20 +76,20 @@ pub(super) async fn deliver(
 /// (started, refused, reading); an error when its status cannot be read, so the caller tries
 /// again rather than count a start that never reached it.
 pub(super) async fn deliver_if_waiting(
-    pods: &Api<Pod>,
+    talk: &impl Talk,
     pod: &str,
     message: &StartMessage,
 ) -> Result<(), DeliveryError> {
-    if still_waits(&launch_status(pods, pod).await?) {
-        return attach_and_write(pods, pod, message).await;
+    if still_waits(&talk.status(pod).await?) {
+        return talk.write(pod, message).await;
     }
     Ok(())
 }
 
 /// Whether the launcher of `pod` still waits for its start (`launch-status`): nothing has run
 /// in the pod yet.
-pub(super) async fn still_waiting(pods: &Api<Pod>, pod: &str) -> Result<bool, DeliveryError> {
-    Ok(still_waits(&launch_status(pods, pod).await?))
+pub(super) async fn still_waiting(talk: &impl Talk, pod: &str) -> Result<bool, DeliveryError> {
+    Ok(still_waits(&talk.status(pod).await?))
 }
 
 /// Whether a launcher in `status` still waits for its start: before it runs (no marker) or
@@ -88,39 +100,26 @@ fn still_waits(status: &LaunchStatus) -> bool {
     matches!(status, LaunchStatus::Waiting | LaunchStatus::Reading)
 }
 
-/// Attaches to the pod's workload container (stdin only) and writes `message` as one line of
-/// JSON; Ok once the attach carried it and ended. The container's stdin is `stdinOnce`: it closes
-/// when this attach ends, so the launcher never reads anything after the message.
-async fn attach_and_write(
-    pods: &Api<Pod>,
-    pod: &str,
-    message: &StartMessage,
-) -> Result<(), DeliveryError> {
+/// The bytes of `message` as the launcher reads it: one line of JSON.
+pub(super) fn start_line(message: &StartMessage) -> Result<Vec<u8>, DeliveryError> {
     let mut line = serde_json::to_vec(message)?;
     line.push(b'\n');
-    let params = AttachParams::default()
+    Ok(line)
+}
+
+/// The attach that writes the start: the workload container's stdin only. The container's
+/// stdin is `stdinOnce`: it closes when this attach ends, so the launcher never reads anything
+/// after the message.
+pub(super) fn attach_params() -> AttachParams {
+    AttachParams::default()
         .container(crate::pod::WORKLOAD_CONTAINER)
         .stdin(true)
         .stdout(false)
-        .stderr(false);
-    let mut attached = pods
-        .attach(pod, &params)
-        .await
-        .map_err(DeliveryError::Attach)?;
-    let mut stdin = attached.stdin().ok_or(DeliveryError::NoStream("stdin"))?;
-    let status = attached
-        .take_status()
-        .ok_or(DeliveryError::NoStream("status"))?;
-    let talk = async move {
-        stdin.write_all(&line).await?;
-        stdin.shutdown().await?;
-        drop(stdin);
-        // The kubelet ends the attach once the container's stdin took it all, with a status.
-        Ok::<_, DeliveryError>(status.await)
-    };
-    let status = tokio::time::timeout(DELIVERY_TIMEOUT, talk)
-        .await
-        .map_err(|_| DeliveryError::AttachTimeout)??;
+        .stderr(false)
+}
+
+/// What the attach's ending `status` says of the delivery.
+pub(super) fn attach_ended(status: Option<Status>) -> Result<(), DeliveryError> {
     match status {
         Some(s) if s.status.as_deref() == Some("Success") => Ok(()),
         Some(s) => Err(DeliveryError::AttachFailed(s.message.unwrap_or_default())),
@@ -128,34 +127,28 @@ async fn attach_and_write(
     }
 }
 
-/// Execs `launch-status` in the pod's workload container: what its launcher did with the pod's
-/// one start.
-async fn launch_status(pods: &Api<Pod>, pod: &str) -> Result<LaunchStatus, DeliveryError> {
-    let argv = vec![
+/// The argv of the exec that asks the launcher what it did with the pod's one start.
+pub(super) fn status_argv() -> Vec<String> {
+    vec![
         crate::pool::park::launcher_path(),
         "launch-status".to_string(),
-    ];
-    let params = AttachParams::default()
+    ]
+}
+
+/// The `launch-status` exec: the workload container's stdout only.
+pub(super) fn status_params() -> AttachParams {
+    AttachParams::default()
         .container(crate::pod::WORKLOAD_CONTAINER)
         .stdout(true)
-        .stderr(false);
-    let mut process = pods
-        .exec(pod, argv, &params)
-        .await
-        .map_err(DeliveryError::Exec)?;
-    let mut stdout = process.stdout().ok_or(DeliveryError::NoStream("stdout"))?;
-    let read = async move {
-        let mut said = String::new();
-        let _ = (&mut stdout).take(4096).read_to_string(&mut said).await;
-        said
-    };
-    let said = tokio::time::timeout(DELIVERY_TIMEOUT, read)
-        .await
-        .map_err(|_| DeliveryError::StatusTimeout)?;
+        .stderr(false)
+}
+
+/// What `launch-status` said (`said`: its stdout, at most [`STATUS_LIMIT`] bytes).
+pub(super) fn status_said(said: &str) -> Result<LaunchStatus, DeliveryError> {
     if said.trim().is_empty() {
         return Err(DeliveryError::Silent);
     }
-    Ok(LaunchStatus::parse(&said))
+    Ok(LaunchStatus::parse(said))
 }
 
 #[cfg(test)]

@@ -44,6 +44,8 @@ mod workspace;
 #[cfg(test)]
 mod act_scenarios;
 #[cfg(test)]
+mod claim_scenarios;
+#[cfg(test)]
 mod doc_tables;
 #[cfg(test)]
 mod fixtures;

@@ -3,7 +3,11 @@
 //! follow-up). The steps whose plan needs a read first — creating the pod (the store verdict,
 //! namespace labels, image pre-flight, Kueue flavors), reporting a lost pod (the live run and
 //! the store) — read it through [`prepare`] / [`observe`] here, then plan; nothing here decides
-//! what a read means, and every write goes through [`drive`].
+//! what a read means, and every write goes through [`drive`]: once per reconcile, the plan of
+//! its step (or of the stage that took its place: the ignored queue's word, the Kueue gate's
+//! hold, a parked attempt's restore, the warm claim; or, before any step, the plan that says why
+//! there is none), and besides only a Kueue Workload's finish or first effects, carried out
+//! before the step that follows them. [`in_flight`] is a reconcile of its own.
 
 use std::sync::Arc;
 
@@ -18,7 +22,7 @@ use super::drains::{checkpoint, teardown};
 use super::drive;
 use super::error::ControllerError;
 use super::observe::{self, Observation, Observed};
-use super::plan::{self, Inputs, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN};
+use super::plan::{self, Inputs, Plan, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN};
 use super::{kueue_gate, prepare, warm};
 use crate::api::SandboxRun;
 use crate::egress::verdict::verdict;
@@ -51,10 +55,10 @@ pub(crate) async fn reconcile(
     let own: &SandboxRun = run;
     let (observation, run, resolved) = match observed(ctx, run, now).await? {
         Ok(observed) => observed,
-        Err(requeue) => {
+        Err(early) => {
             return Ok(Reconciled {
                 step: None,
-                requeue,
+                requeue: early.carry_out(ctx, run, now).await?,
             })
         }
     };
@@ -77,7 +81,6 @@ pub(crate) async fn reconcile(
         settle: ctx.lifecycle.settle,
         proxy_pods: &proxy_pods,
     };
-    let pod_name = observation.pod_name.as_str();
     let verified = rights_unverified.is_none();
     let queue = prepare::queue_view(ctx, run, &step).await?;
     let staged = (step, queue.as_ref());
@@ -90,44 +93,100 @@ pub(crate) async fn reconcile(
         &observation,
         now,
     );
-    let step = match stages.await? {
-        Through::Go(step) => step,
-        Through::Held(requeue) => return Ok(Reconciled::after(label, requeue)),
+    let next = match stages.await? {
+        Through::Go(step) => {
+            let read = (resolved, queue.as_ref());
+            planned(ctx, run, (step, &inputs), read, &observation, now).await?
+        }
+        Through::Carry(plan) => Next::Carry(plan, observation.pod.as_ref()),
+        Through::Claim(plan) => Next::Carry(plan, None),
+        Through::Held(requeue) => Next::Requeue(requeue),
     };
-    let requeue = match plan::plan_step(step, &inputs) {
-        StepPlan::Carry(plan) => {
-            drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), *plan, now).await?
+    // The one act of the reconcile: its plan carried out, on the run (or on the live run a lost
+    // pod is reported on).
+    let requeue = next.carry_out(ctx, run, &observation.pod_name, now).await?;
+    Ok(Reconciled::after(label, requeue))
+}
+
+/// What a reconcile's step leaves act to do.
+enum Next<'a> {
+    /// Carry this plan out on the run (`related`: its Events' related pod).
+    Carry(Box<Plan>, Option<&'a Pod>),
+    /// Carry this plan out on this run (the live run a lost pod is reported on).
+    OnLive(Arc<SandboxRun>, Box<Plan>),
+    /// Nothing (a job started, a read that says to wait): look again then.
+    Requeue(Requeue),
+}
+
+impl Next<'_> {
+    /// Its plan carried out for `run` and its pod `pod_name`: when to look again.
+    async fn carry_out(
+        self,
+        ctx: &Context,
+        run: &SandboxRun,
+        pod_name: &str,
+        now: Timestamp,
+    ) -> Result<Requeue, ControllerError> {
+        match self {
+            Next::Carry(plan, related) => {
+                drive::carry_out(ctx, run, pod_name, related, *plan, now).await
+            }
+            Next::OnLive(live, plan) => {
+                drive::carry_out(ctx, &live, pod_name, None, *plan, now).await
+            }
+            Next::Requeue(requeue) => Ok(requeue),
         }
+    }
+}
+
+/// The plan of `step`, with what it needs read first ([`prepare`]): a teardown or a checkpoint
+/// is started in the drain pool instead.
+async fn planned<'a>(
+    ctx: &Arc<Context>,
+    run: &Arc<SandboxRun>,
+    (step, inputs): (decide::Step, &Inputs<'_>),
+    (resolved, queue): (bool, Option<&prepare::QueueView>),
+    observation: &'a Observation,
+    now: Timestamp,
+) -> Result<Next<'a>, ControllerError> {
+    Ok(match plan::plan_step(step, inputs) {
+        StepPlan::Carry(plan) => Next::Carry(plan, observation.pod.as_ref()),
         StepPlan::CreatePod(pod) => {
-            create_pod(ctx, run, *pod, (resolved, queue.as_ref()), now).await?
+            let plan = create_pod(ctx, run, *pod, (resolved, queue), now).await?;
+            Next::Carry(Box::new(plan), None)
         }
-        StepPlan::RecordPodLost => record_pod_lost(ctx, run, &observation, now).await?,
+        StepPlan::RecordPodLost => match record_pod_lost(ctx, run, observation, now).await? {
+            Ok((live, plan)) => Next::OnLive(live, Box::new(plan)),
+            Err(requeue) => Next::Requeue(requeue),
+        },
         StepPlan::Checkpoint => {
             checkpoint::start(ctx, (run, &observation.id));
-            Requeue::After(IN_FLIGHT_REQUEUE)
+            Next::Requeue(Requeue::After(IN_FLIGHT_REQUEUE))
         }
-        StepPlan::Teardown(trigger) => start_teardown(ctx, (run, &observation.id), trigger),
-    };
-    Ok(Reconciled::after(label, requeue))
+        StepPlan::Teardown(trigger) => {
+            Next::Requeue(start_teardown(ctx, (run, &observation.id), trigger))
+        }
+    })
 }
 
 /// The run's pod observed and the run it reconciles made (from its template: `resolved`, it
 /// was read now), or — a pod with its name it does not own, a template that cannot make it —
-/// the plan that says so carried out, and when to look again.
+/// the plan that says so, for the reconcile to carry out before any step.
 async fn observed(
     ctx: &Arc<Context>,
     run: &Arc<SandboxRun>,
     now: Timestamp,
-) -> Result<Result<(Observation, Arc<SandboxRun>, bool), Requeue>, ControllerError> {
+) -> Result<Result<(Observation, Arc<SandboxRun>, bool), Early>, ControllerError> {
     let observation = match observe::observe(ctx.seal_check(), run, now).await? {
         Observed::Run(observation) => observation,
         // A pod with our name that the run does not own is not ours to drain or delete.
         Observed::NameTaken { observation, other } => {
             let plan = plan::name_conflict(run, &observation.pod_name);
-            let pod_name = &observation.pod_name;
-            let requeue =
-                drive::carry_out(ctx, run, pod_name, Some(other.as_ref()), plan, now).await?;
-            return Ok(Err(requeue));
+            return Ok(Err(Early {
+                observation,
+                related: Some(other),
+                plan,
+            }));
         }
     };
     match prepare::made_run(ctx, run, &observation).await? {
@@ -145,10 +204,34 @@ async fn observed(
         }
         prepare::MadeRun::Unusable(message) => {
             let plan = plan::template_unusable(run, &message, now);
-            let pod = observation.pod.as_ref();
-            let requeue = drive::carry_out(ctx, run, &observation.pod_name, pod, plan, now).await?;
-            Ok(Err(requeue))
+            Ok(Err(Early {
+                observation,
+                related: None,
+                plan,
+            }))
         }
+    }
+}
+
+/// A reconcile that stops before its step: the plan that says why (`related`: the pod its
+/// Events name, when not the run's own observed one).
+struct Early {
+    observation: Observation,
+    related: Option<Box<Pod>>,
+    plan: Plan,
+}
+
+impl Early {
+    /// Its plan carried out: when to look again.
+    async fn carry_out(
+        self,
+        ctx: &Context,
+        run: &SandboxRun,
+        now: Timestamp,
+    ) -> Result<Requeue, ControllerError> {
+        let seen = &self.observation;
+        let related = self.related.as_deref().or(seen.pod.as_ref());
+        drive::carry_out(ctx, run, &seen.pod_name, related, self.plan, now).await
     }
 }
 
@@ -194,37 +277,37 @@ async fn through_stages(
             }
         }
         None => match kueue_gate::ignored_queue(run, &step, now).filter(|_| !ctx.lifecycle.kueue) {
-            Some(plan) => {
-                let (pod_name, pod) = (observation.pod_name.as_str(), observation.pod.as_ref());
-                let requeue = drive::carry_out(ctx, run, pod_name, pod, plan, now).await?;
-                return Ok(Through::Held(requeue));
-            }
+            Some(plan) => return Ok(Through::Carry(Box::new(plan))),
             None => step,
         },
     };
     // A parked attempt's restore, then its start (docs/contract.md "Pause, resume and fork").
     if let (decide::Step::TrackPod { .. }, Some(pod)) = (&step, observation.pod.as_ref()) {
         if let Some(due) = plan::restore_step(run, pod) {
-            let plan = plan::restore_plan(due);
-            let requeue =
-                drive::carry_out(ctx, run, &observation.pod_name, Some(pod), plan, now).await?;
-            return Ok(Through::Held(requeue));
+            return Ok(Through::Carry(Box::new(plan::restore_plan(due))));
         }
     }
     let claim = (step, queue);
     Ok(
         match warm::through_pool(ctx, (run, own), claim, inputs, rights_verified, now).await? {
             warm::Warm::Go(step) => Through::Go(step),
+            warm::Warm::Claim(plan) => Through::Claim(plan),
             warm::Warm::Done(requeue) => Through::Held(requeue),
         },
     )
 }
 
-/// What the queue stage left to do.
+/// What the stages between decide and plan left to do.
 enum Through {
     /// Go on with this step.
     Go(decide::Step),
-    /// The run was held (or its plan carried out instead): look again then.
+    /// Carry out this plan instead of the step's (the ignored queue's word, the run held, its
+    /// Workload created, a parked attempt's restore): its Events name the observed pod.
+    Carry(Box<Plan>),
+    /// Carry out this warm claim (or cold start) instead of the step's: it names no pod of the
+    /// run's.
+    Claim(Box<Plan>),
+    /// Nothing: look again then.
     Held(Requeue),
 }
 
@@ -259,12 +342,7 @@ async fn through_kueue(
                     queue.priority.as_ref(),
                 ));
             }
-            StepPlan::Carry(plan) => {
-                let requeue =
-                    drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), *plan, now)
-                        .await?;
-                return Ok(Through::Held(requeue));
-            }
+            StepPlan::Carry(plan) => return Ok(Through::Carry(plan)),
             _ => return Ok(Through::Go(step)),
         }
     }
@@ -277,11 +355,9 @@ async fn through_kueue(
     };
     match kueue_gate::gate(run, step, queued, now) {
         kueue_gate::Gate::Step(step) => Ok(Through::Go(step)),
-        kueue_gate::Gate::Hold(plan) => {
-            let requeue =
-                drive::carry_out(ctx, run, pod_name, observation.pod.as_ref(), *plan, now).await?;
-            Ok(Through::Held(requeue))
-        }
+        kueue_gate::Gate::Hold(plan) => Ok(Through::Carry(plan)),
+        // The Workload's finish (or its first effects) is a step of its own, carried out before
+        // the run's.
         kueue_gate::Gate::PatchThen(patch, step) => {
             let finish = plan::Plan {
                 effects: vec![plan::Effect::PatchWorkloadStatus(patch)],
@@ -338,18 +414,18 @@ pub(crate) async fn in_flight(
     Ok(requeue)
 }
 
-/// Creates the run's pod: what its creation depends on read first ([`prepare::for_creation`]:
-/// its store, its namespace's labels, the pre-flight of its image, its Kueue flavors), then the
-/// plan made from it ([`plan::creation`]) carried out. `resolved`: the run's template was read
-/// in this reconcile, and the status that records it is written before the pod is created.
+/// The plan that creates the run's pod: what its creation depends on read first
+/// ([`prepare::for_creation`]: its store, its namespace's labels, the pre-flight of its image,
+/// its Kueue flavors), then the plan made from it ([`plan::creation`]). `resolved`: the run's
+/// template was read in this reconcile, and the status that records it is written before the
+/// pod is created.
 async fn create_pod(
     ctx: &Context,
     run: &SandboxRun,
     pod: Pod,
     (resolved, queue): (bool, Option<&prepare::QueueView>),
     now: Timestamp,
-) -> Result<Requeue, ControllerError> {
-    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+) -> Result<Plan, ControllerError> {
     let facts = prepare::for_creation(ctx, run, &pod, queue, true).await?;
     match &facts.preflight {
         Preflight::Proceed => {}
@@ -365,31 +441,31 @@ async fn create_pod(
         ctx.pod.namespace_policies.as_slice(),
     );
     let plan = plan::creation(run, pod, facts, judged, now);
-    let plan = if resolved {
+    Ok(if resolved {
         plan::recording_template(plan, run)
     } else {
         plan
-    };
-    drive::carry_out(ctx, run, &pod_name, None, plan, now).await
+    })
 }
 
-/// Reports the run's undrained paths lost, on the live run (see [`decide::pod_lost_holds`]) and
-/// with the paths whose manifest the store already has.
+/// The plan that reports the run's undrained paths lost, on the live run (returned with it: see
+/// [`decide::pod_lost_holds`]) and with the paths whose manifest the store already has; or when
+/// to look again.
 async fn record_pod_lost(
     ctx: &Context,
     run: &Arc<SandboxRun>,
     observation: &Observation,
     now: Timestamp,
-) -> Result<Requeue, ControllerError> {
+) -> Result<Result<(Arc<SandboxRun>, Plan), Requeue>, ControllerError> {
     let Some(live) = prepare::live_run(ctx, observation).await? else {
-        return Ok(Requeue::AwaitChange);
+        return Ok(Err(Requeue::AwaitChange));
     };
     if !decide::pod_lost_holds(run, &live, now, &ctx.decide) {
-        return Ok(Requeue::After(LOOK_AGAIN_MARGIN));
+        return Ok(Err(Requeue::After(LOOK_AGAIN_MARGIN)));
     }
     // The live run's own identity: a run re-created under the name has its own stored files.
     let id = RunId::of(&live)?;
     let committed = prepare::committed_entries(ctx, (&id, &live)).await;
     let plan = plan::record_pod_lost(&live, &committed, ctx.lifecycle.default_retention, now);
-    drive::carry_out(ctx, &live, &observation.pod_name, None, plan, now).await
+    Ok(Ok((live, plan)))
 }

@@ -3,48 +3,55 @@
 //! first, or a retry's) that is made from a pooled template, and sets nothing that would change
 //! the pod, takes a ready pod of the pool instead of a new one.
 //!
-//! The claim, in order, so that a restart anywhere resumes it: (1) the pod is made the run's with
-//! one merge patch guarded by its resourceVersion (the cold pod's labels and owner, the claim
-//! label: two runs racing for one pod, one wins, the other picks again); (2) the launcher parked
-//! in the pod's workload container is handed the run's command and env on its stdin, through
-//! `pods/attach` (the launcher takes the pod's one start and reads one message); (3) the run's
-//! status records the pod (`status.warmStart.pod`, from then on the run's pod for its first
-//! attempt) and its start. A run that finds a pod it claimed already resumes at (2), writing only
-//! to a launcher still waiting (`launch-status`, `super::launcher`). No ready pod, or a run that
-//! sets a field that changes the pod: the run starts cold, `status.warmStart.coldReason` says
-//! why and the pool counts the miss (`status.misses`).
+//! This stage reads (the pool and its pods through `observe::pool_of`, the pod the run would get
+//! cold through `prepare::for_creation`, the env's Secrets and ConfigMaps through
+//! `env_sources::read`, the live run of a claim to resume) and chooses; the claim is a plan
+//! (`plan::claim`) whose effects act carries out with typed answers, each answer's follow-up
+//! planned, pure, with the reconcile's one `now`. In order, so that a restart anywhere resumes
+//! it: (1) the pod is made the run's with one merge patch guarded by its resourceVersion (the
+//! cold pod's labels and owner, the claim label: two runs racing for one pod, one wins, the
+//! other picks again); (2) the launcher parked in the pod's workload container is handed the
+//! run's command and env on its stdin, through `pods/attach` (the launcher takes the pod's one
+//! start and reads one message) — an attempt that restores its paths is handed it later, by the
+//! restore stage, once its restore answered; (3) the run's status records the pod
+//! (`status.warmStart.pod`, from then on the run's pod for its attempt) and its start. A run
+//! that finds a pod it claimed already resumes at (2), writing only to a launcher still waiting
+//! (`launch-status`, `super::launcher`). No ready pod, or a run that sets a field that changes
+//! the pod: the run starts cold, the pool counts the miss (`status.misses`) and
+//! `status.warmStart.coldReason` says why.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
-use tracing::{info, warn};
 
 use super::context::Context;
 use super::decide::Step;
 use super::error::ControllerError;
-use super::plan::{self, Inputs, Plan, Requeue, StepPlan};
+use super::plan::claim::{self, Claim, Cold, CLAIM_REQUEUE};
+use super::plan::{self, Effect, Inputs, Plan, Requeue, StepPlan};
 use super::prepare::QueueView;
-use crate::api::{SandboxRun, SandboxRunPool, WarmStart};
+use crate::api::{SandboxRun, SandboxRunPool, SandboxRunStatus};
 use crate::inpod::launch::StartMessage;
 use crate::pool::pod as pool_pod;
 use crate::pool::seal::Judge;
 
-/// How soon a run that took a pod (or was told to start cold) is looked at again.
-const SOON: Duration = Duration::from_millis(100);
-
-/// What the warm-pool stage did.
+/// What the warm-pool stage leaves to do.
 pub(super) enum Warm {
     /// Nothing: go on with the step.
     Go(Step),
-    /// The run took a pod, or was told to start cold: look again then.
+    /// The claim (or the cold start) to carry out instead of the step.
+    Claim(Box<Plan>),
+    /// The claim is recorded already: look again then.
     Done(Requeue),
 }
 
-/// The warm-pool stage of `run` (as made from its template; `own`: as its author wrote it).
+/// The warm-pool stage of `run` (as made from its template; `own`: as its author wrote it): what
+/// the claim depends on read (the pool and its pods, the pod the run would get cold, the env's
+/// Secrets and ConfigMaps, the live run of a claim to resume), then the claim chosen and planned
+/// ([`plan::claim`]), for the pipeline to carry out in place of the step's plan (act, each
+/// answer's follow-up planned by `plan::after`: [`super::drive`]). `now` is the reconcile's.
 pub(super) async fn through_pool(
     ctx: &Arc<Context>,
     (run, own): (&Arc<SandboxRun>, &SandboxRun),
@@ -53,17 +60,9 @@ pub(super) async fn through_pool(
     rights_verified: bool,
     now: Timestamp,
 ) -> Result<Warm, ControllerError> {
-    // Each attempt asks the pool once (`spec.retryPolicy`: a later attempt takes a pod too).
-    let attempt = crate::pod::current_attempt(run);
-    let decided = run
-        .status
-        .as_ref()
-        .and_then(|s| s.warm_start.as_ref())
-        .is_some_and(|w| w.attempt() == attempt);
     // A run in a Kueue queue gets here only once admitted (the queue stage holds it before):
     // its cold pod, with its flavor's placement, is compared with the pool's like any other.
-    let candidate =
-        ctx.lifecycle.warm_pools && matches!(step, Step::CreatePod) && !decided && rights_verified;
+    let candidate = ctx.lifecycle.warm_pools && asks_the_pool(run, &step, rights_verified);
     let Some(reference) = own.spec.template_ref.as_ref().filter(|_| candidate) else {
         return Ok(Warm::Go(step));
     };
@@ -73,118 +72,158 @@ pub(super) async fn through_pool(
     let Some((pool, pods)) = super::observe::pool_of(&ctx.client, &ns, reference).await? else {
         return Ok(Warm::Go(step));
     };
-    let pool_name = pool.name_any();
-    let uid = run.uid().unwrap_or_default();
     let Some(cold) = cold_pod(ctx, run, inputs, queue).await? else {
         return Ok(Warm::Go(step));
     };
     let ids = (
-        pool_pod::label_value(&pool_name),
-        pool.uid().unwrap_or_default(),
+        pool_pod::label_value(&pool.name_any()),
+        pool.uid().ok_or(ControllerError::Metadata("uid"))?,
     );
     let judge = judge_of(ctx, &ids, now);
+    let uid = run.uid().ok_or(ControllerError::Metadata("uid"))?;
+    let attempt = crate::pod::current_attempt(run);
     let mine = pods
         .iter()
         .find(|p| pool_pod::claimed_for(p, judge.of(p), &uid, attempt));
-    if let Some(pod) = mine {
-        return resume(ctx, run, (&pool_name, pod), &cold, now).await;
-    }
-    let pod = match choose(
-        ctx,
-        (run, &own.spec, &cold),
-        (&pool, &pods, judge),
-        (&ns, &uid),
-    ) {
-        Ok(pod) => pod,
-        Err(why) => return cold_start(ctx, run, &pool_name, why, now).await,
+    let plan = match mine {
+        Some(pod) => match resume(ctx, run, (&pool, pod), &cold, now).await? {
+            Some(plan) => plan,
+            None => return Ok(Warm::Done(Requeue::After(CLAIM_REQUEUE))),
+        },
+        None => fresh(ctx, (run.as_ref(), own), (&pool, &pods, judge), &cold, now).await?,
     };
-    // The env read before the claim (issue #54): a run whose values cannot be delivered starts
-    // cold, the pod left to the others.
-    let message = match message_for(ctx, run, &cold).await? {
-        Ok(message) => message,
-        Err(why) => return cold_start(ctx, run, &pool_name, why, now).await,
-    };
-    let name = pod.name_any();
-    // Reserved from the pick on, so the burst's other runs pick past it; taken or not, the
-    // claim's precondition decides (the reservation only spreads the picks).
-    let reservation = format!("{ns}/{name}");
-    ctx.memory.claims.reserve(&reservation, &uid, now);
-    let claimed = claim(ctx, (run, own), (&ns, pod, &cold), (&uid, attempt), now).await;
-    if !matches!(claimed, Ok(Some(_))) {
-        ctx.memory.claims.release(&reservation, &uid);
-    }
-    match claimed? {
-        Some(claimed) => {
-            info!(run = %run.name_any(), pod = %name, pool = %pool_name, "took a warm pool pod");
-            started(ctx, run, &pool_name, &claimed, (message, false), now).await
-        }
-        // Another run took it first: pick again.
-        None => Ok(Warm::Done(Requeue::After(SOON))),
-    }
+    Ok(Warm::Claim(Box::new(plan)))
 }
 
-/// A claim this run made in an earlier reconcile (`pod`, of the pool `pool`), finished. Most
-/// often the watch cache's copy of the run lags behind the claim this replica recorded: the live
-/// run says whether it still needs finishing. Its env is read again; a Secret or key gone since
-/// is the start refused (the pod is the run's: the attempt fails, its retry policy decides).
+/// Whether the run asks its pool for a pod now: about to get one for an attempt (its first, or
+/// a retry's: `spec.retryPolicy`, each attempt asks once) that has not asked yet, with its
+/// author's rights verified.
+fn asks_the_pool(run: &SandboxRun, step: &Step, rights_verified: bool) -> bool {
+    let attempt = crate::pod::current_attempt(run);
+    let decided = run
+        .status
+        .as_ref()
+        .and_then(|s| s.warm_start.as_ref())
+        .is_some_and(|w| w.attempt() == attempt);
+    matches!(step, Step::CreatePod) && !decided && rights_verified
+}
+
+/// A claim this run made in an earlier reconcile (`pod`, of `pool`), planned to its end; None:
+/// recorded already. Most often the watch cache's copy of the run lags behind the claim this
+/// replica recorded: the live run says whether it still needs finishing. Its env is read again;
+/// a Secret or key gone since is the start refused (the pod is the run's: the attempt fails, its
+/// retry policy decides).
 async fn resume(
-    ctx: &Arc<Context>,
-    run: &Arc<SandboxRun>,
-    (pool_name, pod): (&str, &Pod),
+    ctx: &Context,
+    run: &SandboxRun,
+    (pool, pod): (&SandboxRunPool, &Pod),
     cold: &Pod,
     now: Timestamp,
-) -> Result<Warm, ControllerError> {
+) -> Result<Option<Plan>, ControllerError> {
     let attempt = crate::pod::current_attempt(run);
-    let ns = run.namespace().unwrap_or_default();
+    let ns = run
+        .namespace()
+        .ok_or(ControllerError::Metadata("namespace"))?;
     let live = super::observe::live_run(&ctx.client, &ns, &run.name_any()).await?;
-    let recorded =
-        |s: crate::api::SandboxRunStatus| s.warm_start.is_some_and(|w| w.attempt() == attempt);
-    if live.is_some_and(|r| r.status.is_some_and(recorded)) {
-        return Ok(Warm::Done(Requeue::After(SOON)));
+    if live.is_some_and(|r| recorded(r.status, attempt)) {
+        return Ok(None);
     }
     let message = match message_for(ctx, run, cold).await? {
         Ok(message) => message,
-        Err(Cold::Env(why)) => {
-            StartMessage::refusal(&run.uid().unwrap_or_default(), &why.to_string())
-        }
-        Err(why) => return cold_start(ctx, run, pool_name, why, now).await,
+        Err(Cold::Env(why)) => StartMessage::refusal(&uid_of(run)?, &why.to_string()),
+        Err(why) => return Ok(Some(claim::cold(&pool.name_any(), &why))),
     };
-    started(ctx, run, pool_name, pod, (message, true), now).await
+    let claim = claim_of(run, pool, pod, message);
+    Ok(Some(claim::resume(run, claim, now)))
+}
+
+/// Whether `status` records the run's claim (or cold start) for `attempt`.
+fn recorded(status: Option<SandboxRunStatus>, attempt: u32) -> bool {
+    status
+        .and_then(|s| s.warm_start)
+        .is_some_and(|w| w.attempt() == attempt)
+}
+
+/// The claim of a ready pod of `pool` ([`choose`]) with the run's start (its env read now,
+/// [`message_for`]), its egress restricted first ([`restrict_egress`]); or the run's cold start.
+/// The pod picked is reserved from then on, so the burst's other runs of this replica pick past
+/// it; taken or not, the claim's precondition decides (the reservation only spreads the picks,
+/// and act gives it back when the claim is not made).
+async fn fresh(
+    ctx: &Context,
+    (run, own): (&SandboxRun, &SandboxRun),
+    (pool, pods, judge): (&SandboxRunPool, &[Pod], Judge<'_>),
+    cold: &Pod,
+    now: Timestamp,
+) -> Result<Plan, ControllerError> {
+    let (ns, uid) = (ns_of(run)?, uid_of(run)?);
+    let pod = match choose(
+        ctx,
+        (run, &own.spec, cold),
+        (pool, pods, judge),
+        (&ns, &uid),
+    ) {
+        Ok(pod) => pod,
+        Err(why) => return Ok(claim::cold(&pool.name_any(), &why)),
+    };
+    // The env read before the claim (issue #54): a run whose values cannot be delivered starts
+    // cold, the pod left to the others.
+    let message = match message_for(ctx, run, cold).await? {
+        Ok(message) => message,
+        Err(why) => return Ok(claim::cold(&pool.name_any(), &why)),
+    };
+    ctx.memory
+        .claims
+        .reserve(&format!("{ns}/{}", pod.name_any()), &uid, now);
+    let attempt = crate::pod::current_attempt(run);
+    let rv = pod
+        .resource_version()
+        .ok_or(ControllerError::Metadata("resourceVersion"))?;
+    let patch = pool_pod::claim_patch(cold, (&uid, attempt), &rv);
+    let before = restrict_egress(ctx, (run, own), pod);
+    Ok(claim::take(
+        claim_of(run, pool, pod, message),
+        patch,
+        before,
+    ))
+}
+
+/// The claim of `pod` (of `pool`) for the run, its start `message`.
+fn claim_of(run: &SandboxRun, pool: &SandboxRunPool, pod: &Pod, message: StartMessage) -> Claim {
+    Claim {
+        pool: pool.name_any(),
+        pod: pod.name_any(),
+        message,
+        hand_over: starts_at_claim(run),
+    }
+}
+
+/// The run's namespace.
+fn ns_of(run: &SandboxRun) -> Result<String, ControllerError> {
+    run.namespace()
+        .ok_or(ControllerError::Metadata("namespace"))
+}
+
+/// The run's uid.
+fn uid_of(run: &SandboxRun) -> Result<String, ControllerError> {
+    run.uid().ok_or(ControllerError::Metadata("uid"))
 }
 
 /// The launcher's start for the run: its cold pod's command and env, each value of a Secret's or
 /// ConfigMap's key read now in the run's own namespace (`crate::pool::env`, issue #54); or why
 /// the run starts cold (no command; a value that cannot be delivered, named without its value).
-async fn message_for(
+pub(super) async fn message_for(
     ctx: &Context,
     run: &SandboxRun,
     cold: &Pod,
 ) -> Result<Result<StartMessage, Cold>, ControllerError> {
-    let ns = run
-        .namespace()
-        .ok_or(ControllerError::Metadata("namespace"))?;
+    let ns = ns_of(run)?;
     let sources = crate::pool::env::sources(cold);
     let read = super::env_sources::read(ctx, &ns, &sources).await?;
-    let uid = run.uid().unwrap_or_default();
-    let Some(base) = pool_pod::start_message(cold, &uid) else {
+    let Some(base) = pool_pod::start_message(cold, &uid_of(run)?) else {
         return Ok(Err(Cold::NoCommand));
     };
     Ok(crate::pool::env::with_env(base, cold, &read).map_err(Cold::Env))
-}
-
-/// The claim of `pod` for the run (attempt `attempt`): its egress restricted first, then the pod
-/// made the run's by one patch guarded by the pod's resourceVersion (None: another run took it).
-async fn claim(
-    ctx: &Arc<Context>,
-    (run, own): (&Arc<SandboxRun>, &SandboxRun),
-    (ns, pod, cold): (&str, &Pod, &Pod),
-    (uid, attempt): (&str, u32),
-    now: Timestamp,
-) -> Result<Option<Pod>, ControllerError> {
-    restrict_egress(ctx, (run, own), pod, now).await?;
-    let rv = pod.resource_version().unwrap_or_default();
-    let patch = pool_pod::claim_patch(cold, (uid, attempt), &rv);
-    super::act::claim_pool_pod(ctx, ns, &pod.name_any(), &patch).await
 }
 
 /// Before a run whose egress is restricted takes `pod`: its status records its template first
@@ -194,12 +233,13 @@ async fn claim(
 /// the node, as its cold pod's would be (the pool pod's policy, the same rules, keeps selecting
 /// the pod: policies add up, so the run's must not allow what the pool pod's denies). A run the
 /// operator would refuse for its egress never gets here: its pod's shape is not the pool's.
-async fn restrict_egress(
-    ctx: &Arc<Context>,
-    (run, own): (&Arc<SandboxRun>, &SandboxRun),
+/// Planned: the status to write first (None: recorded already) and the effects before the
+/// claim.
+fn restrict_egress(
+    ctx: &Context,
+    (run, own): (&SandboxRun, &SandboxRun),
     pod: &Pod,
-    now: Timestamp,
-) -> Result<(), ControllerError> {
+) -> (Option<SandboxRunStatus>, Vec<Effect>) {
     use crate::egress::verdict::{verdict, EgressVerdict};
     let EgressVerdict::Apply {
         policy,
@@ -207,17 +247,10 @@ async fn restrict_egress(
         unenforced,
     } = verdict(run, &ctx.pod.egress)
     else {
-        return Ok(());
+        return (None, Vec::new());
     };
-    let pod_name = crate::pod::current_pod_name(run);
     let recorded = own.status.as_ref().is_some_and(|s| s.template.is_some());
-    if !recorded {
-        let plan = Plan {
-            status: run.status.clone(),
-            ..Plan::wait(Requeue::After(SOON))
-        };
-        super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
-    }
+    let status = run.status.clone().filter(|_| !recorded);
     let node = pod
         .status
         .as_ref()
@@ -233,16 +266,11 @@ async fn restrict_egress(
     // pod is of the run's template version, narrower never wider).
     let own_rules = crate::pool::egress::pool_pod_policy(run, &ctx.pod.egress, pod, (node, &proxy));
     let mut effects: Vec<_> = own_rules
-        .map(|p| plan::Effect::ApplyNetworkPolicy(Box::new(p)))
+        .map(|p| Effect::ApplyNetworkPolicy(Box::new(p)))
         .into_iter()
         .collect();
     effects.extend(plan::egress_effects(policy, note, unenforced));
-    let plan = Plan {
-        effects,
-        ..Plan::wait(Requeue::After(SOON))
-    };
-    super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
-    Ok(())
+    (status, effects)
 }
 
 /// The pool pod the run takes, or why it starts cold: its own spec sets only what the launcher
@@ -318,23 +346,6 @@ fn judge_of<'a>(
     }
 }
 
-/// Why a run made from a pooled template starts cold (`status.warmStart.coldReason`).
-#[derive(Debug, thiserror::Error)]
-enum Cold {
-    #[error("{0}")]
-    Incompatible(#[from] crate::pool::compat::Incompatible),
-    #[error("the pool's pods are not the pod this run gets (its namespace's defaults, or the pool is rolling out)")]
-    OtherShape,
-    #[error("the pool had no ready pod")]
-    NoReadyPod,
-    #[error("the run has no command: a pool pod's launcher starts only a command the run names")]
-    NoCommand,
-    #[error("{0}")]
-    Env(crate::pool::env::Unresolved),
-    #[error("the pool pod's launcher did not start the run: {0}")]
-    NotStarted(#[from] super::launcher::DeliveryError),
-}
-
 /// The pod the run would get cold, as the cold path makes it (its rules passed, its namespace's
 /// default runtime class, its Kueue flavor's node labels and tolerations: the same facts, read
 /// by [`super::prepare::for_creation`] without the image pre-flight, and the same shaping,
@@ -358,81 +369,6 @@ async fn cold_pod(
         return Ok(None);
     }
     Ok(Some(plan::shaped_pod(run, *cold, &facts, policies)))
-}
-
-/// The claimed `pod`'s launcher is handed the run's start (`message`), then the run records the
-/// pod and its start. A launcher that does not take it: the pod is deleted, the run starts cold.
-async fn started(
-    ctx: &Arc<Context>,
-    run: &Arc<SandboxRun>,
-    pool: &str,
-    pod: &Pod,
-    (message, resumed): (StartMessage, bool),
-    now: Timestamp,
-) -> Result<Warm, ControllerError> {
-    let ns = run.namespace().unwrap_or_default();
-    let name = pod.name_any();
-    // An attempt that restores its paths is handed its start only once the restore answered
-    // (the restore stage: `plan::restore_step`, docs/contract.md "Pause, resume and fork").
-    let delivered = match starts_at_claim(run) {
-        true => super::act::start_in_pool_pod(ctx, &ns, &name, &message, resumed).await,
-        false => Ok(()),
-    };
-    // A resumed claim whose delivery fails (the workload ran and ended, or the pod is going) is
-    // still this run's pod: its tracking says what became of it. Only a fresh claim goes cold.
-    if let (Err(why), false) = (delivered, resumed) {
-        warn!(run = %run.name_any(), pod = %name, %why, "the pool pod's launcher did not take the start; starting cold");
-        super::act::delete_pool_pod(ctx, &ns, &name).await;
-        return cold_start(ctx, run, pool, why.into(), now).await;
-    }
-    let mut status = run.status.clone().unwrap_or_default();
-    status.warm_start = Some(WarmStart {
-        pool: pool.to_string(),
-        pod: Some(name),
-        cold_reason: None,
-        attempt: Some(crate::pod::current_attempt(run)),
-    });
-    ctx.metrics.pool_starts.with_label_values(&["warm"]).inc();
-    // Its deadline counts from its own start, not the pool pod's (a retried attempt's, as a
-    // cold one's, from the first start).
-    status.start_time.get_or_insert(Time(now));
-    carry(ctx, run, status, now).await
-}
-
-/// The run starts cold; its status says why (and the next reconcile creates its pod).
-async fn cold_start(
-    ctx: &Arc<Context>,
-    run: &Arc<SandboxRun>,
-    pool: &str,
-    why: Cold,
-    now: Timestamp,
-) -> Result<Warm, ControllerError> {
-    info!(run = %run.name_any(), pool, %why, "starting cold");
-    ctx.metrics.pool_starts.with_label_values(&["cold"]).inc();
-    super::act::count_pool_miss(ctx, &run.namespace().unwrap_or_default(), pool).await;
-    let mut status = run.status.clone().unwrap_or_default();
-    status.warm_start = Some(WarmStart {
-        pool: pool.to_string(),
-        pod: None,
-        cold_reason: Some(why.to_string()),
-        attempt: Some(crate::pod::current_attempt(run)),
-    });
-    carry(ctx, run, status, now).await
-}
-
-async fn carry(
-    ctx: &Arc<Context>,
-    run: &Arc<SandboxRun>,
-    status: crate::api::SandboxRunStatus,
-    now: Timestamp,
-) -> Result<Warm, ControllerError> {
-    let plan = Plan {
-        status: Some(status),
-        ..Plan::wait(Requeue::After(SOON))
-    };
-    let pod_name = crate::pod::current_pod_name(run);
-    let requeue = super::drive::carry_out(ctx, run, &pod_name, None, plan, now).await?;
-    Ok(Warm::Done(requeue))
 }
 
 #[cfg(test)]
@@ -647,7 +583,14 @@ mod tests {
         pod.metadata.name = Some("agents-h-x1".into());
         pod.metadata.namespace = Some("ns".into());
         pod.metadata.uid = Some("pod-uid".into());
-        restrict_egress(&ctx, (&run, &run), &pod, Timestamp::now())
+        let (status, effects) = restrict_egress(&ctx, (&run, &run), &pod);
+        let plan = Plan {
+            status,
+            effects,
+            ..Plan::wait(Requeue::After(CLAIM_REQUEUE))
+        };
+        let pod_name = crate::pod::current_pod_name(&run);
+        super::super::drive::carry_out(&ctx, &run, &pod_name, None, plan, Timestamp::now())
             .await
             .unwrap();
         let applied = log.matching("PATCH", POLICIES);

@@ -4,8 +4,9 @@
 //! from the run's own namespace, name and uid: never a key the status or a manifest names), the
 //! manifest checked to be that run's, that attempt's and that path's, the archive streamed checked
 //! ([`crate::restore`]) into `restore-unpack` exec'd in the parked pod's holder; then the start
-//! (or the refusal) handed to the launcher through `pods/attach` ([`super::launcher`]). What the
-//! answers mean is planned elsewhere (`plan::restore`).
+//! (or the refusal) handed to the launcher through `pods/attach` (the words and rules of it
+//! [`super::launcher`]'s, the attach and the `launch-status` exec act's `Parked`, passed in).
+//! What the answers mean is planned elsewhere (`plan::restore`).
 
 use std::time::Duration;
 
@@ -16,6 +17,7 @@ use tokio::io::AsyncReadExt;
 use tracing::{debug, info, warn};
 
 use super::context::Context;
+use super::launcher::Talk;
 use super::plan::{bind_fork, Bound, Generation, NotHanded, NotRestored, RestoreSource};
 use crate::api::{RestoreOutcome, RestoreStatus, SandboxRun};
 use crate::identity::RunId;
@@ -63,7 +65,7 @@ enum Failed {
 pub(super) async fn restore(
     ctx: &Context,
     (run, id): (&SandboxRun, &RunId),
-    pod_name: &str,
+    (pod_name, talk): (&str, &impl Talk),
     from: &RestoreSource,
 ) -> (Bound, Result<(u64, u64), NotRestored>) {
     info!(run = %id.name, pod = pod_name, ?from, "restoring the read-back paths");
@@ -74,7 +76,13 @@ pub(super) async fn restore(
             return (bound, Err(why));
         }
     };
-    let done = restore_all(ctx, (run, id), pod_name, (&whose, bound.generation())).await;
+    let done = restore_all(
+        ctx,
+        (run, id),
+        (pod_name, talk),
+        (&whose, bound.generation()),
+    )
+    .await;
     match &done {
         Ok((files, bytes)) => info!(run = %run.name_any(), files, bytes, "restored"),
         Err(why) => warn!(run = %run.name_any(), %why, "the restore failed"),
@@ -139,7 +147,7 @@ async fn bind_source(
 async fn restore_all(
     ctx: &Context,
     (run, id): (&SandboxRun, &RunId),
-    pod_name: &str,
+    (pod_name, talk): (&str, &impl Talk),
     (whose, from): (&RunId, Generation),
 ) -> Result<(u64, u64), Failed> {
     // A run the launcher cannot start (no command) is refused before anything is restored.
@@ -174,7 +182,7 @@ async fn restore_all(
             return Err(Failed::NotOurs(keys.manifest.to_string()));
         }
         if index == 0 {
-            launcher_waits(&pods, pod_name).await?;
+            launcher_waits(talk, pod_name).await?;
         }
         let requested = declared
             .size_limit
@@ -221,8 +229,8 @@ fn generation_keys(
 
 /// Never a restore into a pod whose one start is spent (one run per pod: a warm pool's pod
 /// someone attached to before the claim, issue #54): its launcher must still wait.
-async fn launcher_waits(pods: &Api<Pod>, pod_name: &str) -> Result<(), Failed> {
-    match super::launcher::still_waiting(pods, pod_name).await {
+async fn launcher_waits(talk: &impl Talk, pod_name: &str) -> Result<(), Failed> {
+    match super::launcher::still_waiting(talk, pod_name).await {
         Ok(true) => Ok(()),
         Ok(false) => Err(Failed::Started(pod_name.to_string())),
         Err(e) => Err(Failed::Exec {
@@ -354,7 +362,7 @@ async fn start_of(
 pub(super) async fn deliver(
     ctx: &Context,
     (run, id): (&SandboxRun, &RunId),
-    pod_name: &str,
+    (pod_name, talk): (&str, &impl Talk),
     record: &RestoreStatus,
 ) -> Result<(), NotHanded> {
     let mut message = start_of(ctx, (run, id), pod_name).await;
@@ -364,8 +372,7 @@ pub(super) async fn deliver(
     }
     let message = message?;
     info!(run = %id.name, pod = pod_name, refused = message.refuse.is_some(), "handing the launcher its start");
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &id.namespace);
-    let handing = super::launcher::deliver_if_waiting(&pods, pod_name, &message);
+    let handing = super::launcher::deliver_if_waiting(talk, pod_name, &message);
     match tokio::time::timeout(DELIVER_TIMEOUT, handing).await {
         Ok(handed) => handed.map_err(|e| NotHanded(e.to_string())),
         Err(_) => Err(NotHanded(format!(

@@ -6,6 +6,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;
 
+use super::claim::{self, Claim, Delivery, Miss, MissCount, NotDelivered};
 use super::create::{pod_created, pod_refused};
 use super::finish::{purge_target, purged, Purge};
 use super::model::{Effect, NotPurged, Plan, Requeue};
@@ -47,6 +48,24 @@ pub(crate) enum Answer {
         record: Box<crate::api::RestoreStatus>,
         /// Handed, or why not.
         result: Result<(), super::restore::NotHanded>,
+    },
+    /// The pool pod was made the run's (the warm claim, [`super::claim`]).
+    PoolPodClaimed(Box<Claim>),
+    /// Another run took the pool pod first (409): the run picks again.
+    PoolPodTaken,
+    /// The claimed pool pod's launcher was handed the run's start, or not (why).
+    PoolStartHanded {
+        /// The start.
+        delivery: Box<Delivery>,
+        /// Taken, or why not.
+        result: Result<(), NotDelivered>,
+    },
+    /// A miss was counted on the pool, or not.
+    MissCounted {
+        /// The miss.
+        miss: Box<Miss>,
+        /// What came of it.
+        counted: MissCount,
     },
     /// The run's stored files under `location` were deleted (how many objects) or not (why).
     FilesPurged {
@@ -118,6 +137,21 @@ pub(crate) fn after(
         Answer::RestoreAlreadyRecorded => Plan::wait(Requeue::AwaitChange),
         Answer::StartDelivered { record, result } => {
             super::restore::delivered(run, record, result, now)
+        }
+        Answer::PoolPodClaimed(claim) => {
+            return claim::after_claim(run, claim, rest, (requeue, now))
+        }
+        Answer::PoolPodTaken => {
+            return Plan {
+                effects: rest,
+                ..Plan::wait(requeue)
+            }
+        }
+        Answer::PoolStartHanded { delivery, result } => {
+            return claim::after_delivery(run, (delivery, result), rest, (requeue, now))
+        }
+        Answer::MissCounted { miss, counted } => {
+            return claim::after_count(run, (miss, *counted), rest, requeue)
         }
     };
     plan.effects.extend(rest);

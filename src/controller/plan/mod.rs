@@ -17,6 +17,7 @@
 mod after;
 mod attempt;
 mod checkpoint;
+pub(crate) mod claim;
 mod create;
 mod finish;
 mod fork;

@@ -14,6 +14,7 @@ use crate::controller::decide::{Preflight, Trigger};
 use crate::controller::events::PlannedEvent;
 use crate::controller::observe::PodView;
 use crate::identity::RunId;
+use crate::inpod::launch::StartMessage;
 use crate::pod::PodSettings;
 use crate::store::tenant_read::RunStore;
 
@@ -111,6 +112,28 @@ pub(crate) enum Effect {
     /// Merge-patch the run's Kueue Workload itself (its `spec.active`: a suspended run's
     /// Workload is deactivated so Kueue frees its quota, and activated again when it resumes).
     PatchWorkload(Box<serde_json::Value>),
+    /// Make the pool pod the run's with the claim's merge patch (guarded by the pod's
+    /// resourceVersion: two runs racing for one pod, one wins); that it was claimed, or that
+    /// another run took it first, is the answer (the warm claim, [`super::claim`](mod@super::claim)).
+    /// A claim that is not made gives back the replica's reservation of the pod.
+    ClaimPoolPod {
+        /// The pool pod and what its launcher starts.
+        claim: Box<Claim>,
+        /// The merge patch (the cold pod's labels and owner, the claim labels).
+        patch: Box<serde_json::Value>,
+    },
+    /// Hand the run's start to the launcher parked in its claimed pool pod (`pods/attach`; a
+    /// resumed claim asks the launcher first and writes only to one still waiting); whether it
+    /// took it is the answer.
+    HandPoolStart(Box<Delivery>),
+    /// Delete the claimed pool pod of this name whose launcher did not take the start (best
+    /// effort: the run starts cold, a pod left behind goes with the run).
+    DeletePoolPod(String),
+    /// Count a run that starts cold in its pool's `status.misses` (one read, then one merge
+    /// patch guarded by the pool's resourceVersion); what came of it is the answer.
+    CountPoolMiss(Box<Miss>),
+    /// Count a pool start in `sandboxrun_pool_starts_total`.
+    CountPoolStart(PoolStart),
 }
 
 /// What one reconcile writes, publishes and does, in that order.
@@ -252,4 +275,100 @@ pub(crate) enum NotPurged {
     /// The run has no identity: it names no directory, and nothing is deleted anywhere.
     #[error(transparent)]
     Unidentified(#[from] crate::identity::MissingIdentity),
+}
+
+// The warm claim's vocabulary (its plans: [`super::claim`](mod@super::claim)).
+
+/// How soon a run that took a pod (or was told to start cold) is looked at again.
+pub(crate) const CLAIM_REQUEUE: Duration = Duration::from_millis(100);
+
+/// How many times a miss is counted on a pool that keeps changing under the count.
+pub(crate) const MISS_TRIES: u8 = 3;
+
+/// A pool pod a run takes for its attempt.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Claim {
+    /// The pool (`status.warmStart.pool`, the miss count's).
+    pub pool: String,
+    /// The pool pod's name.
+    pub pod: String,
+    /// What its launcher starts: the run's command and env (values read at claim time), or a
+    /// refusal that names why a resumed claim's env cannot be delivered.
+    pub message: StartMessage,
+    /// Whether the claim hands the launcher its start: not when the attempt restores its paths,
+    /// whose start waits for the restore's answer (`super::restore`, docs/contract.md "Pause,
+    /// resume and fork").
+    pub hand_over: bool,
+}
+
+/// The start handed to a claimed pod's launcher.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Delivery {
+    /// The claim (the pool, the pod and the start).
+    pub claim: Claim,
+    /// The claim was made in an earlier reconcile: only a launcher still waiting is written to.
+    pub resumed: bool,
+}
+
+/// A run that starts cold, counted on its pool.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Miss {
+    /// The pool.
+    pub pool: String,
+    /// Why it starts cold (`status.warmStart.coldReason`).
+    pub why: String,
+    /// How many times the count was tried, this one included.
+    pub tries: u8,
+}
+
+/// Which start a run got from its pool (`sandboxrun_pool_starts_total{start}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PoolStart {
+    /// From a ready pool pod.
+    Warm,
+    /// A pod of its own.
+    Cold,
+}
+
+impl PoolStart {
+    /// The metric's `start` label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            PoolStart::Warm => "warm",
+            PoolStart::Cold => "cold",
+        }
+    }
+}
+
+/// Why the start did not reach a claimed pod's launcher (its words).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct NotDelivered(pub String);
+
+/// What came of counting a miss on a pool.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MissCount {
+    /// Counted.
+    Counted,
+    /// The pool changed between its read and the count (409): not counted.
+    Changed,
+    /// Not counted (the pool could not be read or written; act says why in the log).
+    Failed,
+}
+
+/// Why a run made from a pooled template starts cold (`status.warmStart.coldReason`).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Cold {
+    #[error("{0}")]
+    Incompatible(#[from] crate::pool::compat::Incompatible),
+    #[error("the pool's pods are not the pod this run gets (its namespace's defaults, or the pool is rolling out)")]
+    OtherShape,
+    #[error("the pool had no ready pod")]
+    NoReadyPod,
+    #[error("the run has no command: a pool pod's launcher starts only a command the run names")]
+    NoCommand,
+    #[error("{0}")]
+    Env(crate::pool::env::Unresolved),
+    #[error("the pool pod's launcher did not start the run: {0}")]
+    NotStarted(#[from] NotDelivered),
 }
