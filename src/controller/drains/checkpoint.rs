@@ -13,16 +13,16 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tracing::warn;
 
-use super::super::act::{self, DrainTarget};
-use super::super::context::Context;
-use super::super::drive;
-use super::super::error::ControllerError;
-use super::super::observe;
-use super::super::plan;
 use super::queue::Waiter;
 use super::teardown::{drain_claim, Claimed};
 use crate::api::ReadBackStatus;
 use crate::api::SandboxRun;
+use crate::controller::act::{self, DrainTarget};
+use crate::controller::context::Context;
+use crate::controller::drive;
+use crate::controller::error::ControllerError;
+use crate::controller::observe;
+use crate::controller::plan;
 use crate::identity::RunId;
 use crate::shard::drain_claim::DrainHold;
 
@@ -52,10 +52,7 @@ pub(crate) fn start(ctx: &Arc<Context>, (run, id): (&Arc<SandboxRun>, &RunId)) {
 /// run at a time across replicas, each manifest committed only while the claim holds, and the
 /// checkpoint recorded only while it still holds (docs/contract.md "Checkpoints are fenced like
 /// teardowns"). Held by a live replica: nothing is done, a later reconcile asks again.
-pub(in crate::controller) async fn checkpoint(
-    ctx: &Context,
-    run: &SandboxRun,
-) -> Result<(), ControllerError> {
+pub(crate) async fn checkpoint(ctx: &Context, run: &SandboxRun) -> Result<(), ControllerError> {
     let hold = match drain_claim(ctx, run).await? {
         Claimed::Unsharded => return take(ctx, run, None).await,
         Claimed::Busy => return Ok(()),

@@ -10,11 +10,11 @@ use k8s_openapi::api::core::v1::{ContainerState, ContainerStateRunning, Containe
 use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
-use super::super::mock_apiserver::{apiserver, context, Route};
-use super::super::pipeline_scenarios::run;
 use super::checkpoint::checkpoint;
 use super::teardown_scenarios::pod;
 use crate::api::{Phase, SandboxRunStatus};
+use crate::controller::mock_apiserver::{apiserver, context, Route};
+use crate::controller::pipeline_scenarios::run;
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 use crate::shard::drain_claim::{drain_claim_name, DrainClaims};
 use crate::shard::replica_lease_name;

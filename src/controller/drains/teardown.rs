@@ -12,16 +12,16 @@ use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
 use tracing::{info, warn};
 
-use super::super::act::{self, DrainTarget};
-use super::super::context::Context;
-use super::super::decide::Trigger;
-use super::super::drive;
-use super::super::error::{kube_err, ControllerError};
-use super::super::observe;
-use super::super::plan::{self, TeardownPlan, TeardownProgress};
 use super::pool::Slot;
 use super::queue::Waiter;
 use crate::api::{ReadBackStatus, SandboxRun};
+use crate::controller::act::{self, DrainTarget};
+use crate::controller::context::Context;
+use crate::controller::decide::Trigger;
+use crate::controller::drive;
+use crate::controller::error::{kube_err, ControllerError};
+use crate::controller::observe;
+use crate::controller::plan::{self, TeardownPlan, TeardownProgress};
 use crate::identity::RunId;
 use crate::pod;
 use crate::shard::drain_claim::{Claim, DrainHold};
@@ -71,7 +71,7 @@ pub(crate) fn start(ctx: &Arc<Context>, (run, id): (&Arc<SandboxRun>, &RunId), t
 /// predate what the claim's previous holder wrote. Held by a live replica: nothing is done, a
 /// later reconcile asks again. `slot`: the teardown's drain slot, given back once its drains
 /// are done (None: the caller holds none).
-pub(in crate::controller) async fn claimed_teardown(
+pub(crate) async fn claimed_teardown(
     ctx: &Context,
     run: &SandboxRun,
     trigger: &Trigger,
@@ -92,7 +92,7 @@ pub(in crate::controller) async fn claimed_teardown(
 }
 
 /// The answer of [`drain_claim`].
-pub(in crate::controller) enum Claimed {
+pub(crate) enum Claimed {
     /// No sharding: no claim to take, the drain goes on.
     Unsharded,
     /// This replica holds the run's drain claim until the hold is released.
@@ -104,7 +104,7 @@ pub(in crate::controller) enum Claimed {
 /// The run's drain claim for this replica (with sharding: one drain of a run — a teardown or a
 /// checkpoint — at a time across replicas, src/shard/drain_claim.rs, issue #38; docs/contract.md
 /// "Shards").
-pub(in crate::controller) async fn drain_claim(
+pub(crate) async fn drain_claim(
     ctx: &Context,
     run: &SandboxRun,
 ) -> Result<Claimed, ControllerError> {
@@ -145,7 +145,7 @@ async fn fresh_teardown(
 /// still to drain is recorded Failed naming it ([`plan::without_store`]) and nothing is drained.
 /// A read that may pass (the apiserver unreachable or failing) is an error: the teardown is
 /// retried.
-pub(in crate::controller) async fn teardown_store(
+pub(crate) async fn teardown_store(
     ctx: &Context,
     run: &SandboxRun,
     paths: Vec<plan::PathPlan>,
@@ -160,7 +160,7 @@ pub(in crate::controller) async fn teardown_store(
     match ctx.run_store((&namespace, run)).await {
         Ok(store) => Ok((store, paths)),
         Err(error) => {
-            let why = super::super::error::store_verdict(error)?;
+            let why = crate::controller::error::store_verdict(error)?;
             warn!(run = %run.name_any(), namespace = ?run.namespace(), error = %why, "the run's store cannot be used; its drains fail");
             let paths = plan::without_store(paths, &why.to_string());
             Ok((ctx.operator_store(), paths))
@@ -268,7 +268,7 @@ async fn teardown(
         return Ok(());
     };
     let now = Timestamp::now();
-    let attempt = super::super::retry::AttemptEnd::of(trigger, pod);
+    let attempt = crate::controller::retry::AttemptEnd::of(trigger, pod);
     let end = plan::attempt_end(
         run,
         status,

@@ -16,15 +16,15 @@ use kube::runtime::reflector::ObjectRef;
 use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
-use super::super::context::Context;
-use super::super::decide::Trigger;
-use super::super::fixtures::now;
-use super::super::mock_apiserver::{apiserver, context, Log, Route};
-use super::super::pipeline_scenarios::{run, written};
-use super::super::plan::testing::deleting;
-use super::super::plan::{IN_FLIGHT_REQUEUE, SETTLE};
 use super::teardown::claimed_teardown;
 use crate::api::{Phase, SandboxRun, SandboxRunStatus};
+use crate::controller::context::Context;
+use crate::controller::decide::Trigger;
+use crate::controller::fixtures::now;
+use crate::controller::mock_apiserver::{apiserver, context, Log, Route};
+use crate::controller::pipeline_scenarios::{run, written};
+use crate::controller::plan::testing::deleting;
+use crate::controller::plan::{IN_FLIGHT_REQUEUE, SETTLE};
 use crate::identity::RunId;
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 
@@ -40,7 +40,7 @@ const POD: &str = "/api/v1/namespaces/ns/pods/demo-sbr";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/ns/events";
 
 /// The run's pod (owned by it), its containers in `statuses` (also the checkpoint scenarios').
-pub(in crate::controller) fn pod(statuses: Vec<ContainerStatus>) -> Pod {
+pub(crate) fn pod(statuses: Vec<ContainerStatus>) -> Pod {
     let mut pod = Pod::default();
     pod.metadata.name = Some("demo-sbr".into());
     pod.metadata.namespace = Some("ns".into());
@@ -259,7 +259,7 @@ async fn found_draining(
     let mut cached = SandboxRun::clone(&run);
     cached.metadata.resource_version = Some(seen.into());
     // The pool's task has not run yet (one thread): the reconcile finds the run draining.
-    let action = super::super::reconcile_run(Arc::new(cached), Arc::clone(&ctx))
+    let action = crate::controller::reconcile_run(Arc::new(cached), Arc::clone(&ctx))
         .await
         .expect("the reconcile succeeds");
     assert_eq!(action, Action::requeue(IN_FLIGHT_REQUEUE));

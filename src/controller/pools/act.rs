@@ -9,13 +9,13 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use tracing::{info, warn};
 
-use super::super::context::Context;
-use super::super::error::{kube_err, ControllerError};
 use super::plan::{PoolAnswer, PoolEffect, PoolEvent};
 use crate::api::{SandboxRunPool, SandboxRunPoolStatus};
+use crate::controller::context::Context;
+use crate::controller::error::{kube_err, ControllerError};
 
 /// Carries out `effect` for `pool`.
-pub(in crate::controller) async fn carry_out(
+pub(crate) async fn carry_out(
     ctx: &Context,
     pool: &SandboxRunPool,
     effect: PoolEffect,
@@ -29,7 +29,7 @@ pub(in crate::controller) async fn carry_out(
             resource_version,
         } => delete_pod(&pods, &name, uid, resource_version).await,
         PoolEffect::ApplyPolicy(policy) => {
-            super::super::act::apply_network_policy(&ctx.client, &policy).await?;
+            crate::controller::act::apply_network_policy(&ctx.client, &policy).await?;
             Ok(PoolAnswer::Done)
         }
         PoolEffect::CreatePod(pod) => create_pod(&pods, pool, &pod).await,
@@ -41,7 +41,7 @@ pub(in crate::controller) async fn carry_out(
             undone_unless(&pods, &name, sealed, "could not be sealed").await
         }
         PoolEffect::ApplyPodPolicy { pod, policy } => {
-            let applied = super::super::act::apply_network_policy(&ctx.client, &policy).await;
+            let applied = crate::controller::act::apply_network_policy(&ctx.client, &policy).await;
             undone_unless(&pods, &pod, applied, "NetworkPolicy was not applied").await
         }
         PoolEffect::Publish(event) => {

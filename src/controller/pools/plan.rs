@@ -12,11 +12,11 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 use serde_json::Value;
 
-use super::super::error::ControllerError;
 use crate::admission::namespace_policy::Compiled as NamespacePolicy;
 use crate::admission::stamp::{RightsPolicy, StampKey};
 use crate::admission::RuleSettings;
 use crate::api::{SandboxRun, SandboxRunPool, SandboxRunPoolStatus, SandboxRunSpec};
+use crate::controller::error::ControllerError;
 use crate::pod::PodSettings;
 use crate::pool::plan::PoolPod;
 use crate::pool::pod::{self as pool_pod, POOL_LABEL};
@@ -28,7 +28,7 @@ const NO_KEY: &str = "the operator could not read its admission key, which seals
 
 /// Why a pool makes no pods of its template (its status' message, a `NotPooled` Event).
 #[derive(Debug, thiserror::Error)]
-pub(in crate::controller) enum NotPooled {
+pub(crate) enum NotPooled {
     /// The template cannot make a run.
     #[error(transparent)]
     Template(#[from] TemplateUnusable),
@@ -42,7 +42,7 @@ pub(in crate::controller) enum NotPooled {
 }
 
 /// What the pools' plan is given besides what the look observed: the operator's settings.
-pub(in crate::controller) struct PoolSettings<'a> {
+pub(crate) struct PoolSettings<'a> {
     /// The key pool pods are sealed with ([`crate::pool::seal`]); none: no pool pods.
     pub key: Option<&'a StampKey>,
     pub pod: &'a PodSettings,
@@ -51,7 +51,7 @@ pub(in crate::controller) struct PoolSettings<'a> {
 }
 
 /// What one look at a pool observed (the reads of `pools::observe`).
-pub(in crate::controller) struct PoolObserved {
+pub(crate) struct PoolObserved {
     /// The pods carrying the pool's label, as listed.
     pub pods: Vec<Pod>,
     /// The spec its template makes, judged ([`judged`], [`namespace_judged`]), or why none.
@@ -64,7 +64,7 @@ pub(in crate::controller) struct PoolObserved {
 /// into an empty run), judged by the operator's rules and the author's rights: or why the pool
 /// makes no pods. The namespace's policies come after ([`namespace_judged`]), once observe has
 /// read the labels they need.
-pub(in crate::controller) fn judged(
+pub(crate) fn judged(
     pool: &SandboxRunPool,
     ns: &str,
     fetched: Result<Option<crate::template::Fetched>, TemplateUnusable>,
@@ -88,7 +88,7 @@ pub(in crate::controller) fn judged(
 
 /// `made` judged by the namespace's policies (docs/contract.md "The platform's namespace
 /// policies", the namespace's `labels`), then by the key the pool's pods need.
-pub(in crate::controller) fn namespace_judged(
+pub(crate) fn namespace_judged(
     made: SandboxRunSpec,
     labels: &BTreeMap<String, String>,
     policies: &[NamespacePolicy],
@@ -103,7 +103,7 @@ pub(in crate::controller) fn namespace_judged(
 
 /// Why a pool's status carries a message: the reason of the Warning Event that says it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::controller) enum Warning {
+pub(crate) enum Warning {
     /// The pool makes no pods of its template ([`NotPooled`], or its pod cannot be built).
     NotPooled,
     /// The namespace refused a pool pod (its quota, Pod Security, another admission).
@@ -112,7 +112,7 @@ pub(in crate::controller) enum Warning {
 
 impl Warning {
     /// The Event's reason.
-    pub(in crate::controller) fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             Warning::NotPooled => "NotPooled",
             Warning::PodRefused => "PodRefused",
@@ -122,16 +122,16 @@ impl Warning {
 
 /// An Event about the pool.
 #[derive(Debug, Clone, PartialEq)]
-pub(in crate::controller) struct PoolEvent {
+pub(crate) struct PoolEvent {
     pub warning: bool,
     pub reason: &'static str,
-    /// Cut to [`super::super::events::EVENT_NOTE_LIMIT`].
+    /// Cut to [`crate::controller::events::EVENT_NOTE_LIMIT`].
     pub note: String,
 }
 
 /// One write of a look at a pool, carried out by [`super::act::carry_out`].
 #[derive(Debug, Clone)]
-pub(in crate::controller) enum PoolEffect {
+pub(crate) enum PoolEffect {
     /// Delete an unclaimed pool pod as it was read: preconditioned on its uid and
     /// resourceVersion, so a pod a run claimed meanwhile is never deleted (404 and 409 are done).
     DeletePod {
@@ -160,7 +160,7 @@ pub(in crate::controller) enum PoolEffect {
 
 /// Act's answer to one [`PoolEffect`].
 #[derive(Debug, Clone)]
-pub(in crate::controller) enum PoolAnswer {
+pub(crate) enum PoolAnswer {
     Done,
     /// The pod as the apiserver returned it (its uid known).
     Created(Box<Pod>),
@@ -171,7 +171,7 @@ pub(in crate::controller) enum PoolAnswer {
 }
 
 /// A look at a pool, planned.
-pub(in crate::controller) enum Look {
+pub(crate) enum Look {
     /// The pool makes no pods: its status (and a Warning when its message changed).
     Unusable(Vec<PoolEffect>),
     /// The pool serves.
@@ -180,7 +180,7 @@ pub(in crate::controller) enum Look {
 
 /// A pool that serves: what its look does before it creates, the pods it creates, and what it
 /// reports after.
-pub(in crate::controller) struct Serving {
+pub(crate) struct Serving {
     /// Outdated, surplus and orphaned pods deleted, then each waiting gate's policy applied.
     pub before: Vec<PoolEffect>,
     /// The pods to create, in order (stopping at the first the namespace refuses).
@@ -195,7 +195,7 @@ pub(in crate::controller) struct Serving {
 
 /// Plans a look at `pool` from what was `observed`, at `now` (the one clock reading of the look:
 /// the seals' grace and the new pods' names).
-pub(in crate::controller) fn look(
+pub(crate) fn look(
     pool: &SandboxRunPool,
     observed: PoolObserved,
     settings: &PoolSettings<'_>,
@@ -287,7 +287,7 @@ fn views(
 
 /// What follows act's answer to a [`PoolEffect::CreatePod`].
 #[derive(Debug)]
-pub(in crate::controller) enum AfterCreate {
+pub(crate) enum AfterCreate {
     /// Created: seal it, then apply its policy (when its runs restrict egress).
     Then(Vec<PoolEffect>),
     /// It existed already: on to the next.
@@ -297,7 +297,7 @@ pub(in crate::controller) enum AfterCreate {
 }
 
 /// What follows `answer` to the creation of a pod of the template that made `stand_in`.
-pub(in crate::controller) fn after_create(
+pub(crate) fn after_create(
     answer: PoolAnswer,
     stand_in: &SandboxRun,
     settings: &PoolSettings<'_>,
@@ -338,7 +338,7 @@ pub(in crate::controller) fn after_create(
 
 /// What a look reports once its pods are created: `created` of them, and `refused`, why the
 /// namespace stopped it.
-pub(in crate::controller) fn closing(
+pub(crate) fn closing(
     pool: &SandboxRunPool,
     serving: Serving,
     created: usize,
@@ -408,7 +408,7 @@ fn status_effects(
 }
 
 fn event(warning: bool, reason: &'static str, mut note: String) -> PoolEvent {
-    crate::text::truncate(&mut note, super::super::events::EVENT_NOTE_LIMIT);
+    crate::text::truncate(&mut note, crate::controller::events::EVENT_NOTE_LIMIT);
     PoolEvent {
         warning,
         reason,

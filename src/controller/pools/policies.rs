@@ -22,7 +22,7 @@ use crate::pool::pod::CLAIMED_BY_LABEL;
 /// the egress proxy's pods (at `proxy`) denied (server-side apply of the same object changes
 /// nothing; applied again each look while the gate waits, which also heals a policy lost in
 /// between). The policy of a pod just created is [`super::plan::after_create`]'s.
-pub(in crate::controller) fn gates_waiting<'a>(
+pub(crate) fn gates_waiting<'a>(
     (stand_in, egress, proxy): (&'a SandboxRun, &'a EgressSettings, &'a [IpAddr]),
     (owned, views): (&'a [Pod], &'a [PoolPod]),
 ) -> impl Iterator<Item = NetworkPolicy> + 'a {
@@ -54,7 +54,7 @@ fn waits_on_a_node(pod: &Pod) -> bool {
     !pod.labels().contains_key(CLAIMED_BY_LABEL)
         && pod.metadata.deletion_timestamp.is_none()
         && pod.status.as_ref().is_some_and(|s| s.host_ip.is_some())
-        && super::super::observe::gate_waiting(pod)
+        && crate::controller::observe::gate_waiting(pod)
 }
 
 #[cfg(test)]

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
-use super::super::mock_apiserver::{self, status_failure, Log, Route, Seen};
 use crate::admission::stamp::StampKey;
 use crate::api::{
     ReadBack, ReadBackPath, SandboxRunPool, SandboxRunPoolSpec, SandboxRunPoolStatus,
     SandboxRunSpec, TemplateRef,
 };
+use crate::controller::mock_apiserver::{self, status_failure, Log, Route, Seen};
 
 const PODS: &str = "/api/v1/namespaces/ns/pods";
 const TEMPLATE: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruntemplates/agent";
@@ -96,7 +96,7 @@ fn apiserver(create: Route, more: Vec<Route>) -> (kube::Client, Log) {
     mock_apiserver::apiserver(routes)
 }
 
-fn context(client: kube::Client, key: bool) -> Arc<super::super::context::Context> {
+fn context(client: kube::Client, key: bool) -> Arc<crate::controller::context::Context> {
     let mut ctx = mock_apiserver::context(client, Arc::new(InMemory::new()));
     if key {
         ctx.admission.rights.key = Some(StampKey::new(b"0123456789abcdef0123456789abcdef"));
