@@ -13,7 +13,7 @@ use super::conditions::{
     self, condition_true, ready_false_reason, start_failure, StartFailure,
     REASON_DEADLINE_EXCEEDED, REASON_POD_DELETED,
 };
-use super::observe::{PodProblem, PodView, WorkloadState};
+use super::pod_view::{PodProblem, PodView, WorkloadState};
 use super::retention;
 use crate::api::{Phase, SandboxRun, FINALIZER, SKIP_DRAIN_ANNOTATION};
 use crate::registry::Resolution;
@@ -46,7 +46,7 @@ pub(crate) enum Trigger {
     /// drain at once, inside the holder's grace window.
     PodDeleting,
     /// An image of the pod cannot be pulled and retrying will not help (see
-    /// [`super::observe::image_pull_is_definitive`] and [`DecideSettings::image_pull_timeout`]): the workload
+    /// [`super::pod_view::image_pull_is_definitive`] and [`DecideSettings::image_pull_timeout`]): the workload
     /// never started, the run fails with reason [`super::conditions::REASON_IMAGE_PULL_FAILED`].
     ImagePullFailed {
         /// The kubelet's words (`container <name>: <reason>: <message>`).
@@ -527,7 +527,7 @@ mod tests {
     use super::*;
     use crate::controller::conditions::set_condition;
     use crate::controller::fixtures::*;
-    use crate::controller::observe::image_pull_is_definitive;
+    use crate::controller::pod_view::image_pull_is_definitive;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     /// Every step, for the label test below: a new variant fails to compile here until added.

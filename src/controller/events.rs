@@ -10,7 +10,7 @@
 
 use super::conditions::{self, condition_true};
 use super::decide::Trigger;
-use super::observe::PodProblem;
+use super::pod_view::PodProblem;
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRunStatus};
 pub(crate) use crate::text::cut;
 

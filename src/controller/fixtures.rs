@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::conditions;
 use super::decide::DecideSettings;
-use super::observe::{PodView, WorkloadState};
+use super::pod_view::{PodView, WorkloadState};
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 

@@ -18,8 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::decide::{self, Step};
 use super::fixtures::{at, now, pod_with_workload, settings};
-use super::observe::{PodProblem, PodView, WorkloadState};
 use super::plan::{self, Inputs, PathWork, StepPlan, TeardownPlan};
+use super::pod_view::{PodProblem, PodView, WorkloadState};
 use crate::api::{ReadBack, ReadBackPath, ReadBackPhase, Retention, SandboxRun, SandboxRunSpec};
 use crate::caps::CapSettings;
 use crate::pod::PodSettings;
@@ -593,7 +593,7 @@ fn flux_gives_every_generated_fixture_its_expected_verdict() {
 
 #[test]
 fn every_pod_problem_is_a_reason_the_health_checks_know() {
-    use super::observe::{STUCK_CONTAINER_REASONS, STUCK_EVENT_REASONS};
+    use super::pod_view::{STUCK_CONTAINER_REASONS, STUCK_EVENT_REASONS};
     let reasons = super::status::cannot_start_reasons();
     let mut problems = vec![
         PodProblem::Unschedulable(String::new()),

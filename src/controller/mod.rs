@@ -2,7 +2,7 @@
 //! observe → decide → plan → act → report:
 //!
 //! - [`observe`] reads the run's pod (and, for a pod stuck Pending, its Events) into a
-//!   [`observe::PodView`];
+//!   [`pod_view::PodView`];
 //! - [`decide`] chooses the one next [`decide::Step`] (pure);
 //! - [`plan`] turns the step into the status to write, the Events to publish and the effects to
 //!   have (pure; statuses from [`status`], conditions from [`conditions`], Events from
@@ -32,6 +32,7 @@ mod launcher;
 pub(crate) mod observe;
 mod pipeline;
 pub(crate) mod plan;
+pub(crate) mod pod_view;
 pub(crate) mod pools;
 mod prepare;
 pub(crate) mod refusals;

@@ -447,10 +447,10 @@ mod tests {
     use crate::controller::decide::Step;
 
     use crate::controller::fixtures::*;
-    use crate::controller::observe::PodProblem;
-    use crate::controller::observe::{PodView, WorkloadState};
     use crate::controller::plan::testing::*;
     use crate::controller::plan::*;
+    use crate::controller::pod_view::PodProblem;
+    use crate::controller::pod_view::{PodView, WorkloadState};
 
     use crate::pod::PodSettings;
 

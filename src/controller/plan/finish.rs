@@ -8,7 +8,7 @@ use jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::super::events::{self, drain_summary, PlannedEvent};
-use super::super::observe::{drain_settled, undrained_paths, PodView};
+use super::super::pod_view::{drain_settled, undrained_paths, PodView};
 use super::super::retention::{self, Ttl};
 use super::super::status::pod_lost_status;
 use super::model::{Effect, NotPurged, Plan, PurgeTarget, Requeue, LOOK_AGAIN_MARGIN};

@@ -147,8 +147,8 @@ mod tests {
 
     use crate::controller::fixtures::*;
 
-    use crate::controller::observe::PodView;
     use crate::controller::plan::testing::*;
+    use crate::controller::pod_view::PodView;
 
     use crate::controller::status::*;
     use crate::pod::PodSettings;

@@ -12,7 +12,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use crate::api::{Retention, SandboxRun, SandboxRunStatus};
 use crate::controller::decide::{Preflight, Trigger};
 use crate::controller::events::PlannedEvent;
-use crate::controller::observe::PodView;
+use crate::controller::pod_view::PodView;
 use crate::identity::RunId;
 use crate::inpod::launch::StartMessage;
 use crate::pod::PodSettings;

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::super::conditions::{self};
 use super::super::decide::Trigger;
 use super::super::events::{self, drain_summary, teardown_event, PlannedEvent};
-use super::super::observe::{workload_termination, PodView, WorkloadState};
+use super::super::pod_view::{workload_termination, PodView, WorkloadState};
 use super::super::retention::{self};
 use super::super::status::{
     draining_status, ensure_pending_entries, finished_status, never_started_entry,

@@ -4,9 +4,9 @@
 
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, Retention, SandboxRun};
 use crate::controller::fixtures::*;
-use crate::controller::observe::PodProblem;
-use crate::controller::observe::{PodView, WorkloadState};
 use crate::controller::plan::*;
+use crate::controller::pod_view::PodProblem;
+use crate::controller::pod_view::{PodView, WorkloadState};
 use crate::pod::PodSettings;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::super::events::{self, stuck_event, PlannedEvent};
-use super::super::observe::{pending_for, pending_recheck, PodView, WorkloadState};
+use super::super::pod_view::{pending_for, pending_recheck, PodView, WorkloadState};
 use super::super::status::tracked_status;
 use super::create::{pod_created_event, unreported};
 use super::model::{Effect, Plan, Requeue, LOOK_AGAIN_MARGIN};

@@ -54,7 +54,7 @@ fn waits_on_a_node(pod: &Pod) -> bool {
     !pod.labels().contains_key(CLAIMED_BY_LABEL)
         && pod.metadata.deletion_timestamp.is_none()
         && pod.status.as_ref().is_some_and(|s| s.host_ip.is_some())
-        && crate::controller::observe::gate_waiting(pod)
+        && crate::controller::pod_view::gate_waiting(pod)
 }
 
 #[cfg(test)]

@@ -454,7 +454,7 @@ mod tests {
     use crate::controller::decide::{decide, Step};
     use crate::controller::events::teardown_event;
     use crate::controller::fixtures::*;
-    use crate::controller::observe::workload_termination;
+    use crate::controller::pod_view::workload_termination;
     use crate::controller::status::*;
 
     #[test]

@@ -5,14 +5,14 @@ use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::super::conditions::{self, set_condition, REASON_POD_PENDING, REASON_POD_RUNNING};
-use super::super::observe::{PodView, WorkloadState};
+use super::super::pod_view::{PodView, WorkloadState};
 use super::entries::ensure_pending_entries;
 use crate::api::{Phase, SandboxRun, SandboxRunStatus};
 
 /// Every `Ready=False` reason of a `Pending` run that cannot start until someone acts (fixes the
 /// spec, a referenced object, the store, the template, the cluster): the reasons this module and
 /// the create plans write, and the kubelet's causes a stuck pod carries
-/// (`observe::STUCK_CONTAINER_REASONS`, `observe::STUCK_EVENT_REASONS`). `PodPending` and
+/// (`pod_view::STUCK_CONTAINER_REASONS`, `pod_view::STUCK_EVENT_REASONS`). `PodPending` and
 /// `PodCreated` (still starting) are not in it. The GitOps health checks of `deploy/gitops/` call
 /// such a run Degraded / Failed by exactly this list (docs/gitops.md "Health checks"), and a test fails when they differ
 /// (only tests read it: the operator writes each reason where it arises).
@@ -23,7 +23,7 @@ pub(crate) fn cannot_start_reasons() -> Vec<&'static str> {
         REASON_POD_CREATE_FAILED, REASON_RIGHTS_UNVERIFIED, REASON_UNSCHEDULABLE,
     };
     use super::super::events;
-    use super::super::observe::{STUCK_CONTAINER_REASONS, STUCK_EVENT_REASONS};
+    use super::super::pod_view::{STUCK_CONTAINER_REASONS, STUCK_EVENT_REASONS};
     let operator = [
         REASON_POD_CREATE_FAILED,
         REASON_UNSCHEDULABLE,
