@@ -11,7 +11,7 @@
 #     command line) and docs/user-guide.md's "What `kubectl get` shows" (from the CRDs), written by
 #     the tests of src/doc_drift/ when SANDBOXRUN_WRITE_DOC_TABLES names a directory;
 #   - tests/gitops-fixtures/*.yaml (the runs the GitOps health checks are judged on), from the
-#     controller's status builders (src/controller/gitops_fixtures.rs, a unit test that writes
+#     controller's status builders (src/controller/testkit/gitops_fixtures.rs, a unit test that writes
 #     them when SANDBOXRUN_WRITE_GITOPS_FIXTURES names a directory).
 #   hack/gen.sh           write them
 #   hack/gen.sh --check   fail (exit 1) when a committed file differs from its source
@@ -30,7 +30,7 @@ cargo run --quiet --locked --bin sandboxrun-operator -- crd --cluster-template >
 cargo run --quiet --locked --bin sandboxrun-operator -- crd --pool >"$tmp/pool-crd.yaml"
 
 # ---- tests/gitops-fixtures, from the controller's status builders
-fixtures_test=controller::gitops_fixtures::the_gitops_fixtures_are_what_the_status_builders_write
+fixtures_test=controller::testkit::gitops_fixtures::the_gitops_fixtures_are_what_the_status_builders_write
 if ! SANDBOXRUN_WRITE_GITOPS_FIXTURES="$tmp/gitops-fixtures" \
   cargo test --quiet --locked --lib "$fixtures_test" -- --exact >"$tmp/fixtures.log" 2>&1; then
   cat "$tmp/fixtures.log" >&2; echo "gen.sh: generating tests/gitops-fixtures failed" >&2; exit 1
@@ -96,7 +96,7 @@ targets=(
 )
 for f in "$tmp"/gitops-fixtures/*.yaml; do
   name=$(basename "$f")
-  targets+=("tests/gitops-fixtures/$name:gitops-fixtures/$name:the status builders (src/controller/gitops_fixtures.rs)")
+  targets+=("tests/gitops-fixtures/$name:gitops-fixtures/$name:the status builders (src/controller/testkit/gitops_fixtures.rs)")
 done
 # A committed fixture that is no longer generated.
 stale_fixtures=()
@@ -112,7 +112,7 @@ if [ "${1:-}" = "--check" ]; then
     fi
   done
   for f in "${stale_fixtures[@]}"; do
-    echo "$f is no longer generated (src/controller/gitops_fixtures.rs): run \`hack/gen.sh\` and commit" >&2; rc=1
+    echo "$f is no longer generated (src/controller/testkit/gitops_fixtures.rs): run \`hack/gen.sh\` and commit" >&2; rc=1
   done
   exit $rc
 fi

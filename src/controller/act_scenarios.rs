@@ -10,12 +10,12 @@ use serde_json::{json, Value};
 
 use super::act::{carry_out, Carried};
 use super::context::Context;
-use super::mock_apiserver::{self, status_failure, Log, Route, Seen};
 use super::plan::{Answer, Effect, Plan, Requeue};
+use super::testkit::mock_apiserver::{self, status_failure, Log, Route, Seen};
 use crate::api::{Phase, SandboxRun, SandboxRunStatus, FINALIZER};
 
 /// A mock apiserver answering every request with `status` and `body`
-/// ([`super::mock_apiserver`]); returns the client and what it was sent.
+/// ([`super::testkit::mock_apiserver`]); returns the client and what it was sent.
 fn apiserver(status: u16, body: Value) -> (kube::Client, Log) {
     mock_apiserver::apiserver(vec![Route::any(status, body)])
 }

@@ -14,10 +14,10 @@ use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
 use super::drive;
-use super::fixtures::{now, run_with};
-use super::mock_apiserver::{self, apiserver, status_failure, Log, Route};
 use super::plan::claim::{self, Claim, Cold, CLAIM_REQUEUE};
 use super::plan::{Plan, Requeue};
+use super::testkit::fixtures::{now, run_with};
+use super::testkit::mock_apiserver::{self, apiserver, status_failure, Log, Route};
 use crate::api::SandboxRun;
 use crate::inpod::launch::StartMessage;
 

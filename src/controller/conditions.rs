@@ -236,7 +236,7 @@ pub(crate) fn start_failure(status: &SandboxRunStatus) -> Option<(StartFailure, 
 mod tests {
     use super::*;
     use crate::controller::conditions;
-    use crate::controller::fixtures::*;
+    use crate::controller::testkit::fixtures::*;
 
     #[test]
     fn condition_transition_time_is_kept_while_status_is_unchanged() {

@@ -526,8 +526,8 @@ pub(crate) fn with_unreported_pod(
 mod tests {
     use super::*;
     use crate::controller::conditions::set_condition;
-    use crate::controller::fixtures::*;
     use crate::controller::pod_view::image_pull_is_definitive;
+    use crate::controller::testkit::fixtures::*;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
     /// Every step, for the label test below: a new variant fails to compile here until added.

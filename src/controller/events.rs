@@ -545,7 +545,7 @@ mod tests {
 #[cfg(test)]
 mod summary_tests {
     use super::*;
-    use crate::controller::fixtures::*;
+    use crate::controller::testkit::fixtures::*;
 
     #[test]
     fn a_changed_member_makes_the_summary_a_warning() {

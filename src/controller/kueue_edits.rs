@@ -169,7 +169,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::controller::fixtures::{cond_of, now, pair, run_with};
+    use crate::controller::testkit::fixtures::{cond_of, now, pair, run_with};
 
     /// A run queued in LocalQueue `queued`, whose labels now say `queue` and `priority`.
     fn labelled(queued: &str, queue: Option<&str>, priority: Option<&str>) -> SandboxRun {

@@ -465,7 +465,7 @@ fn held(run: &SandboxRun, reason: &str, message: &str, now: Timestamp) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controller::fixtures::{cond_of, now, pair, run_with, with_phase};
+    use crate::controller::testkit::fixtures::{cond_of, now, pair, run_with, with_phase};
     use serde_json::json;
 
     fn inputs<'a>(state: &'a QueueState, has_pod: bool) -> QueueInputs<'a> {

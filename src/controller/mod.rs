@@ -49,13 +49,9 @@ mod claim_scenarios;
 #[cfg(test)]
 mod doc_tables;
 #[cfg(test)]
-mod fixtures;
-#[cfg(test)]
-mod gitops_fixtures;
-#[cfg(test)]
-mod mock_apiserver;
-#[cfg(test)]
 mod pipeline_scenarios;
+#[cfg(test)]
+mod testkit;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

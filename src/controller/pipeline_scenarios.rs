@@ -14,11 +14,11 @@ use object_store::{ObjectStore, ObjectStoreExt, PutPayload};
 use serde_json::{json, Value};
 
 use super::context::Context;
-use super::fixtures::{now, run_with};
-use super::mock_apiserver::{apiserver, context, status_failure, Route};
 use super::pipeline::{self, Reconciled};
 use super::plan::testing::deleting;
 use super::plan::{Requeue, LOOK_AGAIN_MARGIN, NAME_CONFLICT_REQUEUE, SETTLE};
+use super::testkit::fixtures::{now, run_with};
+use super::testkit::mock_apiserver::{apiserver, context, status_failure, Route};
 use crate::api::{
     NetworkMode, NetworkPolicy, Phase, Retention, SandboxRun, SandboxRunStatus, FINALIZER,
     SKIP_DRAIN_ANNOTATION,

@@ -536,8 +536,8 @@ mod pod_view_tests {
     use super::*;
     use crate::controller::conditions;
     use crate::controller::events::newly_stuck;
-    use crate::controller::fixtures::*;
     use crate::controller::status::tracked_status;
+    use crate::controller::testkit::fixtures::*;
     use k8s_openapi::api::core::v1::{
         ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,
         PodStatus,
@@ -636,7 +636,7 @@ mod pod_view_tests {
 #[cfg(test)]
 mod workload_termination_tests {
     use super::*;
-    use crate::controller::fixtures::*;
+    use crate::controller::testkit::fixtures::*;
     use k8s_openapi::api::core::v1::{ContainerStateRunning, ContainerStateWaiting};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 

@@ -377,7 +377,7 @@ mod tests {
 
     use object_store::memory::InMemory;
 
-    use super::super::mock_apiserver::{self, Route};
+    use super::super::testkit::mock_apiserver::{self, Route};
     use super::*;
     use crate::api::{AppliedTemplate, NetworkMode, NetworkPolicy, SandboxRunSpec};
 

@@ -20,11 +20,11 @@ use super::teardown::claimed_teardown;
 use crate::api::{Phase, SandboxRun, SandboxRunStatus};
 use crate::controller::context::Context;
 use crate::controller::decide::Trigger;
-use crate::controller::fixtures::now;
-use crate::controller::mock_apiserver::{apiserver, context, Log, Route};
 use crate::controller::pipeline_scenarios::{run, written};
 use crate::controller::plan::testing::deleting;
 use crate::controller::plan::{IN_FLIGHT_REQUEUE, SETTLE};
+use crate::controller::testkit::fixtures::now;
+use crate::controller::testkit::mock_apiserver::{apiserver, context, Log, Route};
 use crate::identity::RunId;
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 

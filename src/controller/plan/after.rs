@@ -188,8 +188,8 @@ mod tests {
 
     use super::*;
     use crate::api::{Phase, ReadBackStatus};
-    use crate::controller::fixtures::*;
     use crate::controller::plan::testing::*;
+    use crate::controller::testkit::fixtures::*;
 
     fn store(url: &str) -> RunStore {
         RunStore {

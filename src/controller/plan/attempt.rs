@@ -224,8 +224,8 @@ mod tests {
         ExitCodeOperator, ExitCodeRule, ReadBackPhase, RetryAction, RetryPolicy, RetryRule,
     };
     use crate::controller::decide::Trigger;
-    use crate::controller::fixtures::{cond_of, drain_all, now, pair, run_with};
     use crate::controller::status::draining_status;
+    use crate::controller::testkit::fixtures::{cond_of, drain_all, now, pair, run_with};
 
     fn failing_on(code: i32, limit: u32) -> SandboxRun {
         let mut r = run_with(&[("/out", true)]);

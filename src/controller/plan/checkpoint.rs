@@ -192,7 +192,7 @@ fn record(run: &SandboxRun, entry: CheckpointStatus, events: Vec<PlannedEvent>) 
 mod tests {
     use super::*;
     use crate::api::ReadBackPhase;
-    use crate::controller::fixtures::run_with;
+    use crate::controller::testkit::fixtures::run_with;
 
     fn at(i: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + i).unwrap()

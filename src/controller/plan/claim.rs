@@ -190,9 +190,9 @@ mod tests {
 
     use super::*;
     use crate::api::Phase;
-    use crate::controller::fixtures::*;
     use crate::controller::plan::testing::*;
     use crate::controller::plan::{after, AfterInputs, Answer};
+    use crate::controller::testkit::fixtures::*;
     use crate::inpod::launch::StartMessage;
 
     fn claim(hand_over: bool) -> Claim {

@@ -446,11 +446,11 @@ mod tests {
 
     use crate::controller::decide::Step;
 
-    use crate::controller::fixtures::*;
     use crate::controller::plan::testing::*;
     use crate::controller::plan::*;
     use crate::controller::pod_view::PodProblem;
     use crate::controller::pod_view::{PodView, WorkloadState};
+    use crate::controller::testkit::fixtures::*;
 
     use crate::pod::PodSettings;
 

@@ -231,7 +231,7 @@ mod tests {
     use crate::api::{Phase, Retention};
 
     use crate::controller::events;
-    use crate::controller::fixtures::*;
+    use crate::controller::testkit::fixtures::*;
 
     use crate::controller::plan::testing::*;
 

@@ -145,7 +145,7 @@ mod tests {
     use crate::controller::conditions::set_condition;
     use crate::controller::decide::{Step, Trigger};
 
-    use crate::controller::fixtures::*;
+    use crate::controller::testkit::fixtures::*;
 
     use crate::controller::plan::testing::*;
     use crate::controller::pod_view::PodView;

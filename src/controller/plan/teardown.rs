@@ -377,7 +377,7 @@ mod tests {
     use crate::controller::conditions::set_condition_unknown;
     use crate::controller::decide::Trigger;
     use crate::controller::events;
-    use crate::controller::fixtures::*;
+    use crate::controller::testkit::fixtures::*;
 
     use crate::controller::plan::testing::*;
     use crate::controller::plan::*;

@@ -3,10 +3,10 @@
 #![allow(dead_code)]
 
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, Retention, SandboxRun};
-use crate::controller::fixtures::*;
 use crate::controller::plan::*;
 use crate::controller::pod_view::PodProblem;
 use crate::controller::pod_view::{PodView, WorkloadState};
+use crate::controller::testkit::fixtures::*;
 use crate::pod::PodSettings;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Pod;

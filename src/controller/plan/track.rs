@@ -105,7 +105,7 @@ pub(super) fn gate_policy(
 mod tests {
     use super::*;
     use crate::api::{NetworkMode, NetworkPolicy};
-    use crate::controller::fixtures::{run_with, running};
+    use crate::controller::testkit::fixtures::{run_with, running};
 
     /// Every address the policy's ranges except.
     fn excepted_of(policy: k8s_openapi::api::networking::v1::NetworkPolicy) -> Vec<String> {

@@ -424,7 +424,7 @@ fn count(n: usize) -> i32 {
 mod tests {
     use super::*;
     use crate::api::{SandboxRunPoolSpec, TemplateRef};
-    use crate::controller::fixtures::now;
+    use crate::controller::testkit::fixtures::now;
 
     fn pool(status: Option<SandboxRunPoolStatus>) -> SandboxRunPool {
         let mut pool = SandboxRunPool::new(

@@ -12,7 +12,7 @@ use crate::api::{
     ReadBack, ReadBackPath, SandboxRunPool, SandboxRunPoolSpec, SandboxRunPoolStatus,
     SandboxRunSpec, TemplateRef,
 };
-use crate::controller::mock_apiserver::{self, status_failure, Log, Route, Seen};
+use crate::controller::testkit::mock_apiserver::{self, status_failure, Log, Route, Seen};
 
 const PODS: &str = "/api/v1/namespaces/ns/pods";
 const TEMPLATE: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruntemplates/agent";

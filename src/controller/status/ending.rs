@@ -453,9 +453,9 @@ mod tests {
     use super::super::lost::*;
     use crate::controller::decide::{decide, Step};
     use crate::controller::events::teardown_event;
-    use crate::controller::fixtures::*;
     use crate::controller::pod_view::workload_termination;
     use crate::controller::status::*;
+    use crate::controller::testkit::fixtures::*;
 
     #[test]
     fn workload_evidence_survives_every_later_status_write() {

@@ -133,7 +133,7 @@ mod tests {
     use crate::controller::conditions::*;
     use crate::controller::decide::{decide, Step};
 
-    use crate::controller::fixtures::*;
+    use crate::controller::testkit::fixtures::*;
 
     use crate::controller::status::*;
 

@@ -7,10 +7,10 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use super::conditions;
-use super::decide::DecideSettings;
-use super::pod_view::{PodView, WorkloadState};
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
+use crate::controller::conditions;
+use crate::controller::decide::DecideSettings;
+use crate::controller::pod_view::{PodView, WorkloadState};
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 
 pub(crate) fn now() -> Timestamp {

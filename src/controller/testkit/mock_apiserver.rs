@@ -11,15 +11,15 @@ use kube::client::Body;
 use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
-use super::context::Context;
-use super::decide::DecideSettings;
 use crate::caps::CapSettings;
+use crate::controller::context::Context;
+use crate::controller::decide::DecideSettings;
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
 
 /// A context over `client` (the mock apiserver) and `store` (prefix `runs`), with the default
 /// settings: tenant stores, Kueue, warm pools, pre-flight and sharding off.
-pub(super) fn context(client: kube::Client, store: Arc<InMemory>) -> Context {
+pub(crate) fn context(client: kube::Client, store: Arc<InMemory>) -> Context {
     Context::new(
         client,
         store,
@@ -37,7 +37,7 @@ pub(super) fn context(client: kube::Client, store: Arc<InMemory>) -> Context {
 
 /// One request as the mock apiserver saw it.
 #[derive(Clone, Debug)]
-pub(super) struct Seen {
+pub(crate) struct Seen {
     /// `GET`, `POST`, `PATCH`, `DELETE`, …
     pub method: String,
     /// The path and query.
@@ -50,12 +50,12 @@ pub(super) struct Seen {
 
 impl Seen {
     /// The request's path, without its query.
-    pub(super) fn path(&self) -> &str {
+    pub(crate) fn path(&self) -> &str {
         self.uri.split('?').next().unwrap_or_default()
     }
 
     /// `METHOD path`, for asserting the order of requests.
-    pub(super) fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         format!("{} {}", self.method, self.path())
     }
 }
@@ -68,7 +68,7 @@ type Answer = Arc<dyn Fn(&Seen) -> (u16, Value) + Send + Sync>;
 
 /// A route: the requests with this method whose path starts with `prefix`.
 #[derive(Clone)]
-pub(super) struct Route {
+pub(crate) struct Route {
     method: &'static str,
     prefix: String,
     answer: Answer,
@@ -78,17 +78,17 @@ pub(super) struct Route {
 
 impl Route {
     /// Answers `status` with `body`.
-    pub(super) fn fixed(method: &'static str, prefix: &str, status: u16, body: Value) -> Route {
+    pub(crate) fn fixed(method: &'static str, prefix: &str, status: u16, body: Value) -> Route {
         Route::with(method, prefix, move |_| (status, body.clone()))
     }
 
     /// Answers every request, whatever its method and path, `status` with `body`.
-    pub(super) fn any(status: u16, body: Value) -> Route {
+    pub(crate) fn any(status: u16, body: Value) -> Route {
         Route::fixed(ANY_METHOD, "/", status, body)
     }
 
     /// Answers with what `answer` makes of the request.
-    pub(super) fn with(
+    pub(crate) fn with(
         method: &'static str,
         prefix: &str,
         answer: impl Fn(&Seen) -> (u16, Value) + Send + Sync + 'static,
@@ -103,7 +103,7 @@ impl Route {
 
     /// This route, its answers held back until `gate` is true (the request is logged when it
     /// comes); the requests of other routes are answered meanwhile.
-    pub(super) fn held(self, gate: tokio::sync::watch::Receiver<bool>) -> Route {
+    pub(crate) fn held(self, gate: tokio::sync::watch::Receiver<bool>) -> Route {
         Route {
             hold: Some(gate),
             ..self
@@ -111,7 +111,7 @@ impl Route {
     }
 
     /// Answers `status` with the request's own body (a create or apply the apiserver accepted).
-    pub(super) fn echo(method: &'static str, prefix: &str, status: u16) -> Route {
+    pub(crate) fn echo(method: &'static str, prefix: &str, status: u16) -> Route {
         Route::with(method, prefix, move |seen| (status, seen.body.clone()))
     }
 
@@ -122,7 +122,7 @@ impl Route {
 }
 
 /// A Kubernetes `Status` failure body.
-pub(super) fn status_failure(code: u16, reason: &str, message: &str) -> Value {
+pub(crate) fn status_failure(code: u16, reason: &str, message: &str) -> Value {
     json!({
         "kind": "Status", "apiVersion": "v1", "status": "Failure",
         "message": message, "reason": reason, "code": code
@@ -131,21 +131,21 @@ pub(super) fn status_failure(code: u16, reason: &str, message: &str) -> Value {
 
 /// What the mock apiserver was sent, in order.
 #[derive(Clone, Default)]
-pub(super) struct Log(Arc<Mutex<Vec<Seen>>>);
+pub(crate) struct Log(Arc<Mutex<Vec<Seen>>>);
 
 impl Log {
     /// Every request so far.
-    pub(super) fn all(&self) -> Vec<Seen> {
+    pub(crate) fn all(&self) -> Vec<Seen> {
         self.0.lock().unwrap().clone()
     }
 
     /// Every request so far as `METHOD path`.
-    pub(super) fn lines(&self) -> Vec<String> {
+    pub(crate) fn lines(&self) -> Vec<String> {
         self.all().iter().map(Seen::line).collect()
     }
 
     /// The requests with `method` to exactly `path`.
-    pub(super) fn exactly(&self, method: &str, path: &str) -> Vec<Seen> {
+    pub(crate) fn exactly(&self, method: &str, path: &str) -> Vec<Seen> {
         self.all()
             .into_iter()
             .filter(|s| s.method == method && s.path() == path)
@@ -153,7 +153,7 @@ impl Log {
     }
 
     /// The requests with `method` whose path starts with `prefix`.
-    pub(super) fn matching(&self, method: &str, prefix: &str) -> Vec<Seen> {
+    pub(crate) fn matching(&self, method: &str, prefix: &str) -> Vec<Seen> {
         self.all()
             .into_iter()
             .filter(|s| s.method == method && s.path().starts_with(prefix))
@@ -163,7 +163,7 @@ impl Log {
 
 /// A mock apiserver answering by `routes` (first match wins); returns the client (default
 /// namespace `ns`) and the log of what it was sent.
-pub(super) fn apiserver(routes: Vec<Route>) -> (kube::Client, Log) {
+pub(crate) fn apiserver(routes: Vec<Route>) -> (kube::Client, Log) {
     let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
     let log = Log::default();
     let seen = log.clone();
