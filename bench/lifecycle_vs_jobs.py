@@ -62,6 +62,15 @@ def quantile(values, q):
 
 def apiserver_writes():
     """apiserver_request_total over mutating verbs, by resource (subresource joined with '/') and verb."""
+    return apiserver_requests(reads=False)
+
+
+def apiserver_reads():
+    """apiserver_request_total over GET and LIST (what a controller reads live, not from its cache)."""
+    return apiserver_requests(reads=True)
+
+
+def apiserver_requests(reads):
     by_resource = {}
     for line in kubectl("get", "--raw", "/metrics").splitlines():
         if not line.startswith("apiserver_request_total{"):
@@ -71,7 +80,7 @@ def apiserver_writes():
             part.split("=", 1) for part in labels[len("apiserver_request_total{"):-1].split('",')
             if "=" in part)
         fields = {k: v.strip('"') for k, v in fields.items()}
-        if fields.get("verb", "") in ("GET", "LIST", "WATCH", "CONNECT"):
+        if (fields.get("verb", "") in ("GET", "LIST")) != reads or fields.get("verb") in ("WATCH", "CONNECT"):
             continue
         resource = fields.get("resource", "")
         if fields.get("subresource"):
@@ -79,6 +88,27 @@ def apiserver_writes():
         resource += " " + fields.get("verb", "")
         by_resource[resource] = by_resource.get(resource, 0.0) + float(value)
     return by_resource
+
+
+def operator_steps():
+    """The operator's reconciles and drains so far, from its /metrics (LIFECYCLE_OPERATOR_METRICS:
+    host:port): {label: (count, seconds)} for each reconcile step and for the drains."""
+    addr = os.environ.get("LIFECYCLE_OPERATOR_METRICS")
+    if not addr:
+        return {}
+    import urllib.request
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    steps = {}
+    for line in text.splitlines():
+        for family, key in (("sandboxrun_reconcile_duration_seconds", "step"),
+                            ("sandboxrun_drain_duration_seconds", "phase")):
+            for part, slot in (("_count{", 0), ("_sum{", 1)):
+                if line.startswith(family + part) and f'{key}="' in line:
+                    label = ("drain " if key == "phase" else "") + line.split(f'{key}="', 1)[1].split('"', 1)[0]
+                    entry = steps.setdefault(label, [0.0, 0.0])
+                    entry[slot] += float(line.rsplit(" ", 1)[1])
+    return steps
 
 
 def writes_between(before, after):
@@ -182,7 +212,8 @@ def run_side(n, namespace, documents, kind, template, final_state, failed_state,
     quiet_cluster()
     watch = Watch(namespace, kind, template)
     time.sleep(1.0)  # the watch is established before the first create
-    writes0 = apiserver_writes()
+    writes0, reads0 = apiserver_writes(), apiserver_reads()
+    steps0 = operator_steps() if op_pid else {}
     cpu0 = proc_stats(op_pid)[0] if op_pid else 0.0
     t0 = time.time()
     create_all(documents)
@@ -191,13 +222,17 @@ def run_side(n, namespace, documents, kind, template, final_state, failed_state,
              f"{n} {kind} to end")
     t1 = max(watch.times(final_state).values(), default=time.time())
     writes = writes_between(writes0, apiserver_writes())
+    reads = writes_between(reads0, apiserver_reads())
+    steps1 = operator_steps() if op_pid else {}
+    steps = {k: (v[0] - steps0.get(k, [0, 0])[0], v[1] - steps0.get(k, [0, 0])[1])
+             for k, v in steps1.items()}
     stats = proc_stats(op_pid) if op_pid else (0.0, 0)
     watch.stop()
     return {
         "watch": watch, "t0": t0, "seconds": t1 - t0, "failed": watch.count(failed_state),
         "created": created,
         "seen_over": max(watch.first_seen.values(), default=t0) - t0,
-        "writes": sum(writes.values()), "by_resource": writes, "cpu": stats[0] - cpu0, "rss": stats[1],
+        "writes": sum(writes.values()), "by_resource": writes, "reads": reads, "steps": steps, "cpu": stats[0] - cpu0, "rss": stats[1],
     }
 
 
@@ -331,6 +366,15 @@ def main():
     for side, w in (("runs", runs), ("Jobs", jobs))[:2 if with_jobs else 1]:
         top = sorted(w["by_resource"].items(), key=lambda kv: -kv[1])[:14]
         print(f"    {side} window, per lifecycle: "
+              + ", ".join(f"{k} {v / n:.1f}" for k, v in top))
+        steps = w.get("steps", {})
+        if steps:
+            print(f"    {side}: the operator's reconciles and drains per lifecycle (count, mean): "
+                  + ", ".join(f"{k} {c / n:.2f} x {s / c * 1000:.0f} ms"
+                              for k, (c, s) in sorted(steps.items(), key=lambda kv: -kv[1][1]) if c > 0))
+        # Reads are what a controller asks the apiserver live instead of its watch cache.
+        top = sorted(w.get("reads", {}).items(), key=lambda kv: -kv[1])[:8]
+        print(f"    {side} window, reads (GET/LIST) per lifecycle: "
               + ", ".join(f"{k} {v / n:.1f}" for k, v in top))
 
     for metric, value, unit in [

@@ -89,8 +89,15 @@ for n in "${SIZES[@]}"; do
     --pod-name "operator-$runs_ns" "${PACK[@]}" >"$WORK/operator-$n.log" 2>&1 &
   OP_PID=$!
   until curl -sf "http://127.0.0.1:$port/readyz" >/dev/null; do sleep 0.2; done
-  python3 "$REPO/bench/lifecycle_vs_jobs.py" "$n" "$runs_ns" "$jobs_ns" "$WORK/data" "$OP_PID"
-  kubectl delete sbr --all -n "$runs_ns" --wait=true --timeout=600s >/dev/null
+  LIFECYCLE_OPERATOR_METRICS=127.0.0.1:$port \
+    python3 "$REPO/bench/lifecycle_vs_jobs.py" "$n" "$runs_ns" "$jobs_ns" "$WORK/data" "$OP_PID"
+  # The runs are released by this operator (their finalizer); kubectl's own --wait follows the
+  # deletions one by one for minutes after they are done: poll the count instead.
+  kubectl delete sbr --all -n "$runs_ns" --wait=false >/dev/null
+  for _ in $(seq 1 300); do
+    [ -z "$(kubectl get sbr -n "$runs_ns" -o name 2>/dev/null || true)" ] && break
+    sleep 2
+  done
   kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true; OP_PID=
   kubectl delete ns "$runs_ns" "$jobs_ns" --wait=false >/dev/null
 done
