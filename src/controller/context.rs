@@ -156,6 +156,9 @@ pub(crate) struct Memory {
     /// The pool pods this replica's runs are claiming right now (a burst's runs pick past each
     /// other's: [`crate::pool::reservations`]).
     pub claims: crate::pool::reservations::ClaimReservations,
+    /// When each pending pod's Events were last read, and the reads in flight
+    /// ([`super::observe::EventReads`]).
+    pub events: super::observe::EventReads,
 }
 
 /// The shards this replica owns (`run --sharding`; both None: every run is this replica's).

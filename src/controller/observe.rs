@@ -14,7 +14,7 @@ use tracing::warn;
 
 use super::error::{kube_err, ControllerError};
 use super::pod_view::{
-    should_read_pod_events, stuck_from_events, undrained_paths, PodEventFact, PodProblem, PodView,
+    pod_events_due, stuck_from_events, undrained_paths, PodEventFact, PodProblem, PodView,
     POD_EVENTS_LIMIT,
 };
 use crate::admission::stamp::StampKey;
@@ -110,11 +110,12 @@ pub(crate) async fn workload_priority(
 
 pub(crate) async fn observe(
     (client, key): (&Client, Option<&StampKey>),
+    events: &EventReads,
     run: &SandboxRun,
     now: Timestamp,
 ) -> Result<Observed, ControllerError> {
     let id = RunId::of(run)?;
-    let (pod_name, found) = get_pod(client, (&id, run)).await?;
+    let (pod_name, found) = get_pod(client, (&id, run), PodRead::CacheFirst).await?;
     let mut observation = Observation {
         id,
         pod_name,
@@ -132,12 +133,63 @@ pub(crate) async fn observe(
         None => return Ok(Observed::Run(observation)),
     };
     let mut view = PodView::of(&pod);
-    if should_read_pod_events(&view, now) {
+    if let Some(_slot) = events.take(&pod, &view, now) {
         view.problem = stuck_problem_from_events(client, &observation.id.namespace, &pod).await;
     }
     observation.pod = Some(pod);
     observation.view = Some(view);
     Ok(Observed::Run(observation))
+}
+
+/// This replica's reads of pending pods' Events: when each pod's were last read, and how many
+/// reads may be in flight at once. A read lists its namespace's Events with a field selector
+/// (nothing indexes them by pod: the apiserver reads every Event of the namespace from etcd), so
+/// a namespace full of Events — a tenant's own — makes each read slow: at most
+/// [`EVENT_READS_AT_ONCE`] reconciles wait on one, the others go on without (a stuck pod's cause
+/// is found on a later look), and a pod's are read again only after the pause between two looks
+/// ([`pod_events_due`]).
+pub(crate) struct EventReads {
+    last: std::sync::Mutex<std::collections::HashMap<String, Timestamp>>,
+    slots: tokio::sync::Semaphore,
+}
+
+/// Reads of pods' Events in flight at once, at most.
+pub(crate) const EVENT_READS_AT_ONCE: usize = 2;
+/// Past this many pods remembered, those last read before [`RECHECK_FORGET`] are forgotten.
+const REMEMBERED_EVENT_READS: usize = 4096;
+const RECHECK_FORGET: std::time::Duration = std::time::Duration::from_secs(600);
+
+impl Default for EventReads {
+    fn default() -> Self {
+        EventReads {
+            last: std::sync::Mutex::default(),
+            slots: tokio::sync::Semaphore::new(EVENT_READS_AT_ONCE),
+        }
+    }
+}
+
+impl EventReads {
+    /// A slot to read `pod`'s Events now, when they are due and a slot is free (the read is
+    /// recorded as done at `now`); None: not this time.
+    fn take(
+        &self,
+        pod: &Pod,
+        view: &PodView,
+        now: Timestamp,
+    ) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let uid = pod.metadata.uid.as_deref()?;
+        let mut last = self.last.lock().ok()?;
+        if !pod_events_due(view, now, last.get(uid).copied()) {
+            return None;
+        }
+        let slot = self.slots.try_acquire().ok()?;
+        if last.len() >= REMEMBERED_EVENT_READS {
+            let horizon = now.checked_sub(RECHECK_FORGET).unwrap_or(now);
+            last.retain(|_, at| *at > horizon);
+        }
+        last.insert(uid.to_string(), now);
+        Some(slot)
+    }
 }
 
 /// Whether `pod`, of the name of the run's current pod, is the run's: owned by it, and, for an
@@ -152,27 +204,50 @@ pub(crate) async fn own_pod(
     (client, key): (&Client, Option<&StampKey>),
     run: &SandboxRun,
 ) -> Result<Option<Pod>, ControllerError> {
-    let (_, found) = get_pod(client, (&RunId::of(run)?, run)).await?;
+    let (_, found) = get_pod(client, (&RunId::of(run)?, run), PodRead::Live).await?;
     Ok(found.filter(|p| is_runs(key, p, run)).map(|mut p| {
         p.metadata.managed_fields = None;
         p
     }))
 }
 
-/// The pod named after the run, whoever owns it, as the apiserver has it now: (the pod's name,
-/// the pod).
+/// The pod named after the run, whoever owns it, as `read` reads it: (the pod's name, the pod).
 async fn get_pod(
     client: &Client,
     (id, run): (&RunId, &SandboxRun),
+    read: PodRead,
 ) -> Result<(String, Option<Pod>), ControllerError> {
     let namespace = &id.namespace;
     let pod_name = pod::current_pod_name(run);
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let found = pods
-        .get_opt(&pod_name)
+    let found = read_pod(&pods, &pod_name, read)
         .await
         .map_err(kube_err(format!("get pod {namespace}/{pod_name}")))?;
     Ok((pod_name, found))
+}
+
+/// How a run's pod is read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PodRead {
+    /// From the apiserver's watch cache (`resourceVersion=0`: no etcd read), which is at least
+    /// as new as the pod events that woke the reconcile; a pod it does not have is read again
+    /// live before its absence is believed (an absent pod creates one or records it lost:
+    /// docs/contract.md "A quiet lifecycle"). A reconcile's one read of its pod.
+    CacheFirst,
+    /// As etcd has it now (a quorum read): what a drain or a lost pod's report works on.
+    Live,
+}
+
+/// The pod `name` as `read` says, None when it does not exist.
+async fn read_pod(pods: &Api<Pod>, name: &str, read: PodRead) -> kube::Result<Option<Pod>> {
+    if read == PodRead::CacheFirst {
+        match pods.get_with(name, &kube::api::GetParams::any()).await {
+            Ok(pod) => return Ok(Some(pod)),
+            Err(kube::Error::Api(status)) if status.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+    }
+    pods.get_opt(name).await
 }
 
 /// The warm pool of `reference` in `ns` and its pods (claimed ones too), when there is one (a

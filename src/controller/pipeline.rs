@@ -177,7 +177,8 @@ async fn observed(
     run: &Arc<SandboxRun>,
     now: Timestamp,
 ) -> Result<Result<(Observation, Arc<SandboxRun>, bool), Early>, ControllerError> {
-    let observation = match observe::observe(ctx.seal_check(), run, now).await? {
+    let observation = match observe::observe(ctx.seal_check(), &ctx.memory.events, run, now).await?
+    {
         Observed::Run(observation) => observation,
         // A pod with our name that the run does not own is not ours to drain or delete.
         Observed::NameTaken { observation, other } => {

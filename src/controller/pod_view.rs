@@ -335,6 +335,20 @@ pub(crate) fn should_read_pod_events(pod: &PodView, now: Timestamp) -> bool {
         && pending_for(pod, now).is_some_and(|d| d >= READ_EVENTS_AFTER)
 }
 
+/// Whether the pod's Events are due for a read at `now`, given when this replica last read them
+/// (`last`): worth reading ([`should_read_pod_events`]), and not read within the pause between
+/// two looks at the pod as it was at that read ([`pending_recheck`]: read at 5 s, 10 s, 20 s, …,
+/// then every 2 min). A read lists the namespace's Events (nothing
+/// indexes them by pod), which costs the apiserver as much as the namespace holds: a pod woken
+/// again and again by other changes does not have them listed on every reconcile.
+pub(crate) fn pod_events_due(pod: &PodView, now: Timestamp, last: Option<Timestamp>) -> bool {
+    let rested = |t: Timestamp| {
+        let since = Duration::try_from(t.duration_until(now)).unwrap_or(Duration::ZERO);
+        since >= pending_recheck(pod, t).unwrap_or(RECHECK_MIN)
+    };
+    should_read_pod_events(pod, now) && last.is_none_or(rested)
+}
+
 /// When to look again at a pod that has not started (its status may not change while it is
 /// stuck, e.g. on a missing volume): after as long as it has been Pending, between 5 s and 2 min.
 /// None once the workload started.
@@ -528,6 +542,27 @@ mod tests {
         let mut deleting = pending_pod(0);
         deleting.deleting = true;
         assert!(!should_read_pod_events(&deleting, at(60)));
+    }
+
+    #[test]
+    fn a_pending_pods_events_are_read_again_only_after_the_pause_between_two_looks() {
+        let p = pending_pod(0);
+        // Never read: due once it has been Pending for READ_EVENTS_AFTER.
+        assert!(pod_events_due(&p, at(5), None));
+        // Read at 5 s: the pause is as long as it had been Pending then (5 s at least).
+        assert!(!pod_events_due(&p, at(6), Some(at(5))));
+        assert!(!pod_events_due(&p, at(9), Some(at(5))));
+        assert!(pod_events_due(&p, at(10), Some(at(5))));
+        // Read at 30 s: the next read is 30 s later.
+        assert!(!pod_events_due(&p, at(59), Some(at(30))));
+        assert!(pod_events_due(&p, at(60), Some(at(30))));
+        // Read at an hour: every 2 min after that.
+        assert!(!pod_events_due(&p, at(3719), Some(at(3600))));
+        assert!(pod_events_due(&p, at(3720), Some(at(3600))));
+        // Not worth reading is never due.
+        let mut started = pending_pod(0);
+        started.workload = WorkloadState::Running;
+        assert!(!pod_events_due(&started, at(60), None));
     }
 }
 
