@@ -115,7 +115,7 @@ pub(crate) async fn observe(
     now: Timestamp,
 ) -> Result<Observed, ControllerError> {
     let id = RunId::of(run)?;
-    let (pod_name, found) = get_pod(client, (&id, run), PodRead::CacheFirst).await?;
+    let (pod_name, found) = get_pod(client, (&id, run)).await?;
     let mut observation = Observation {
         id,
         pod_name,
@@ -204,50 +204,27 @@ pub(crate) async fn own_pod(
     (client, key): (&Client, Option<&StampKey>),
     run: &SandboxRun,
 ) -> Result<Option<Pod>, ControllerError> {
-    let (_, found) = get_pod(client, (&RunId::of(run)?, run), PodRead::Live).await?;
+    let (_, found) = get_pod(client, (&RunId::of(run)?, run)).await?;
     Ok(found.filter(|p| is_runs(key, p, run)).map(|mut p| {
         p.metadata.managed_fields = None;
         p
     }))
 }
 
-/// The pod named after the run, whoever owns it, as `read` reads it: (the pod's name, the pod).
+/// The pod named after the run, whoever owns it, as the apiserver has it now: (the pod's name,
+/// the pod).
 async fn get_pod(
     client: &Client,
     (id, run): (&RunId, &SandboxRun),
-    read: PodRead,
 ) -> Result<(String, Option<Pod>), ControllerError> {
     let namespace = &id.namespace;
     let pod_name = pod::current_pod_name(run);
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
-    let found = read_pod(&pods, &pod_name, read)
+    let found = pods
+        .get_opt(&pod_name)
         .await
         .map_err(kube_err(format!("get pod {namespace}/{pod_name}")))?;
     Ok((pod_name, found))
-}
-
-/// How a run's pod is read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum PodRead {
-    /// From the apiserver's watch cache (`resourceVersion=0`: no etcd read), which is at least
-    /// as new as the pod events that woke the reconcile; a pod it does not have is read again
-    /// live before its absence is believed (an absent pod creates one or records it lost:
-    /// docs/contract.md "A quiet lifecycle"). A reconcile's one read of its pod.
-    CacheFirst,
-    /// As etcd has it now (a quorum read): what a drain or a lost pod's report works on.
-    Live,
-}
-
-/// The pod `name` as `read` says, None when it does not exist.
-async fn read_pod(pods: &Api<Pod>, name: &str, read: PodRead) -> kube::Result<Option<Pod>> {
-    if read == PodRead::CacheFirst {
-        match pods.get_with(name, &kube::api::GetParams::any()).await {
-            Ok(pod) => return Ok(Some(pod)),
-            Err(kube::Error::Api(status)) if status.is_not_found() => {}
-            Err(e) => return Err(e),
-        }
-    }
-    pods.get_opt(name).await
 }
 
 /// The warm pool of `reference` in `ns` and its pods (claimed ones too), when there is one (a
@@ -473,4 +450,54 @@ pub(crate) async fn committed_entries(
         }
     }
     committed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::pod_view::WorkloadState;
+    use crate::controller::testkit::fixtures::at;
+
+    fn pod(uid: &str) -> Pod {
+        let mut pod = Pod::default();
+        pod.metadata.uid = Some(uid.into());
+        pod
+    }
+
+    fn pending() -> PodView {
+        PodView {
+            deleting: false,
+            holder_running: false,
+            workload: WorkloadState::NotStarted,
+            started_at: None,
+            pending_since: Some(at(0)),
+            problem: None,
+            host_ip: None,
+            gate_waiting: false,
+        }
+    }
+
+    #[test]
+    fn at_most_two_pods_events_are_read_at_once_and_a_pods_not_again_before_its_pause() {
+        let reads = EventReads::default();
+        let view = pending();
+        let a = reads.take(&pod("a"), &view, at(5));
+        let b = reads.take(&pod("b"), &view, at(5));
+        assert!(a.is_some() && b.is_some());
+        assert!(
+            reads.take(&pod("c"), &view, at(5)).is_none(),
+            "both slots are taken: c goes on without"
+        );
+        drop(a);
+        assert!(
+            reads.take(&pod("c"), &view, at(5)).is_some(),
+            "a slot freed"
+        );
+        // a was read at 5 s: not again before 10 s, whatever the slots.
+        drop(b);
+        assert!(reads.take(&pod("a"), &view, at(6)).is_none());
+        assert!(reads.take(&pod("a"), &view, at(10)).is_some());
+        // A pod without a uid is never read (nothing to remember it by).
+        assert!(reads.take(&Pod::default(), &view, at(60)).is_none());
+    }
 }

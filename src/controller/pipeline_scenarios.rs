@@ -63,12 +63,6 @@ fn routes(run: &SandboxRun, pod_get: Route) -> Vec<Route> {
     ]
 }
 
-/// The read of a pod that is not there: the watch cache's answer, then the live read that
-/// confirms it (docs/contract.md "A quiet lifecycle"), each this line.
-fn absent() -> String {
-    format!("GET {POD}")
-}
-
 fn no_pod() -> Route {
     Route::fixed(
         "GET",
@@ -97,7 +91,7 @@ async fn a_fresh_run_only_gets_the_finalizer_preconditioned_on_its_resource_vers
     let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
     assert_eq!(done.step, Some("add_finalizer"));
     assert_eq!(done.requeue, Requeue::AwaitChange);
-    assert_eq!(log.lines(), [absent(), absent(), format!("PATCH {RUN}")]);
+    assert_eq!(log.lines(), [format!("GET {POD}"), format!("PATCH {RUN}")]);
     let patch = &log.exactly("PATCH", RUN)[0];
     assert_eq!(patch.content_type, "application/merge-patch+json");
     assert_eq!(patch.body, finalizer_patch(&[FINALIZER]));
@@ -120,7 +114,7 @@ async fn a_run_without_a_pod_gets_its_pod_and_is_looked_at_again_after_the_quiet
     assert_eq!(done.step, Some("create_pod"));
     // A fresh run's pod is reported only if it still starts after the quiet window.
     assert_eq!(done.requeue, Requeue::After(SETTLE + LOOK_AGAIN_MARGIN));
-    assert_eq!(log.lines(), [absent(), absent(), format!("POST {PODS}")]);
+    assert_eq!(log.lines(), [format!("GET {POD}"), format!("POST {PODS}")]);
     let created = &log.matching("POST", PODS)[0].body;
     let pod: Pod = serde_json::from_value(created.clone()).expect("the body is a Pod");
     assert_eq!(pod.metadata.name.as_deref(), Some("demo-sbr"));
@@ -194,8 +188,7 @@ async fn a_forbidden_pod_is_reported_not_ready_and_retried_after_the_back_off() 
     assert_eq!(
         log.lines(),
         [
-            absent(),
-            absent(),
+            format!("GET {POD}"),
             format!("POST {PODS}"),
             format!("POST {EVENTS}"),
             format!("PATCH {STATUS}"),
@@ -268,7 +261,7 @@ async fn a_deleted_finished_run_is_released_by_removing_only_its_finalizer() {
     let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
     assert_eq!(done.step, Some("release_finalizer"));
     assert_eq!(done.requeue, Requeue::AwaitChange);
-    assert_eq!(log.lines(), [absent(), absent(), format!("PATCH {RUN}")]);
+    assert_eq!(log.lines(), [format!("GET {POD}"), format!("PATCH {RUN}")]);
     let patch = &log.exactly("PATCH", RUN)[0];
     assert_eq!(patch.content_type, "application/merge-patch+json");
     assert_eq!(patch.body, finalizer_patch(&["other.example/keep"]));
@@ -288,8 +281,7 @@ async fn skip_drain_releases_a_running_run_at_once_and_says_so() {
     assert_eq!(
         log.lines(),
         [
-            absent(),
-            absent(),
+            format!("GET {POD}"),
             format!("POST {EVENTS}"),
             format!("PATCH {RUN}")
         ]
@@ -1313,97 +1305,4 @@ async fn a_fork_of_a_checkpoint_the_source_does_not_record_saved_is_refused() {
             "{lines:?}"
         );
     }
-}
-
-/// The run's pod as the apiserver has it: built from `r`, owned by it, holder and workload
-/// running.
-fn running_pod(r: &SandboxRun) -> Value {
-    let mut pod = crate::pod::build_pod(r, &crate::pod::PodSettings::default()).unwrap();
-    pod.metadata.uid = Some("p1".into());
-    pod.metadata.resource_version = Some("40".into());
-    pod.status = Some(serde_json::from_value(json!({
-        "phase": "Running",
-        "containerStatuses": [
-            {"name": crate::pod::WORKLOAD_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}},
-            {"name": HOLDER_CONTAINER, "ready": true, "restartCount": 0, "image": "img", "imageID": "", "state": {"running": {}}}
-        ]
-    }))
-    .unwrap());
-    serde_json::to_value(&pod).unwrap()
-}
-
-/// docs/contract.md "A quiet lifecycle": a reconcile reads its pod from the apiserver's watch
-/// cache (`resourceVersion=0`), and a pod the cache does not have yet is read again live before
-/// its absence is believed: a running run whose pod the cache lags behind is neither recorded
-/// lost nor given a second pod.
-#[tokio::test]
-async fn a_pod_the_watch_cache_lacks_is_read_live_before_the_run_is_called_lost() {
-    let mut r = run();
-    r.status = Some(SandboxRunStatus {
-        phase: Some(Phase::Running),
-        pod_name: Some("demo-sbr".into()),
-        ..Default::default()
-    });
-    let live = running_pod(&r);
-    let pod_get = Route::with("GET", POD, move |seen| {
-        if seen.uri.contains("resourceVersion=0") {
-            (
-                404,
-                status_failure(404, "NotFound", "pods \"demo-sbr\" not found"),
-            )
-        } else {
-            (200, live.clone())
-        }
-    });
-    let (client, log) = apiserver(routes(&r, pod_get));
-    let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
-    assert_eq!(done.step, Some("track"));
-    let gets: Vec<String> = log
-        .matching("GET", POD)
-        .iter()
-        .map(|s| s.uri.clone())
-        .collect();
-    assert_eq!(
-        gets.len(),
-        2,
-        "the cache's answer, then the live one: {gets:?}"
-    );
-    assert!(gets[0].contains("resourceVersion=0"), "{gets:?}");
-    assert!(!gets[1].contains("resourceVersion"), "{gets:?}");
-    let lines = log.lines();
-    assert!(
-        !lines
-            .iter()
-            .any(|l| l.starts_with("POST ") && l.ends_with("/pods")),
-        "no second pod: {lines:?}"
-    );
-    for patch in log.matching("PATCH", STATUS) {
-        assert_eq!(patch.body["status"]["phase"], "Running", "{}", patch.body);
-        assert!(
-            !patch.body.to_string().contains("PodLost"),
-            "{}",
-            patch.body
-        );
-    }
-}
-
-/// The reconcile's one read of a pod the watch cache has is the cache's: no quorum read.
-#[tokio::test]
-async fn a_pod_the_watch_cache_has_is_read_from_it_alone() {
-    let mut r = run();
-    r.status = Some(SandboxRunStatus {
-        phase: Some(Phase::Running),
-        pod_name: Some("demo-sbr".into()),
-        ..Default::default()
-    });
-    let (client, log) = apiserver(routes(&r, Route::fixed("GET", POD, 200, running_pod(&r))));
-    let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
-    assert_eq!(done.step, Some("track"));
-    let gets: Vec<String> = log
-        .matching("GET", POD)
-        .iter()
-        .map(|s| s.uri.clone())
-        .collect();
-    assert_eq!(gets.len(), 1, "{gets:?}");
-    assert!(gets[0].contains("resourceVersion=0"), "{gets:?}");
 }
