@@ -812,7 +812,7 @@ async fn a_prompt_run_is_written_twice_and_told_once() {
     // docs/contract.md "A quiet lifecycle": a run whose pod runs and whose drain ends within the
     // quiet window is written Running, then its final phase, and gets one Event, the end's,
     // which carries the drain's summary. The window is wide here so a loaded machine still
-    // counts as prompt; a run that outlasts it is unit tested (src/controller/plan.rs).
+    // counts as prompt; a run that outlasts it is unit tested (src/controller/run/plan/).
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "quiet").await;

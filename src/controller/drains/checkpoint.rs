@@ -17,12 +17,12 @@ use super::queue::Waiter;
 use super::teardown::{drain_claim, Claimed};
 use crate::api::ReadBackStatus;
 use crate::api::SandboxRun;
-use crate::controller::act::{self, DrainTarget};
 use crate::controller::context::Context;
-use crate::controller::drive;
 use crate::controller::error::ControllerError;
-use crate::controller::observe;
-use crate::controller::plan;
+use crate::controller::run::act::{self, DrainTarget};
+use crate::controller::run::drive;
+use crate::controller::run::observe;
+use crate::controller::run::plan;
 use crate::identity::RunId;
 use crate::shard::drain_claim::DrainHold;
 

@@ -15,13 +15,13 @@ use tracing::{info, warn};
 use super::pool::Slot;
 use super::queue::Waiter;
 use crate::api::{ReadBackStatus, SandboxRun};
-use crate::controller::act::{self, DrainTarget};
 use crate::controller::context::Context;
-use crate::controller::decide::Trigger;
-use crate::controller::drive;
 use crate::controller::error::{kube_err, ControllerError};
-use crate::controller::observe;
-use crate::controller::plan::{self, TeardownPlan, TeardownProgress};
+use crate::controller::run::act::{self, DrainTarget};
+use crate::controller::run::decide::Trigger;
+use crate::controller::run::drive;
+use crate::controller::run::observe;
+use crate::controller::run::plan::{self, TeardownPlan, TeardownProgress};
 use crate::identity::RunId;
 use crate::pod;
 use crate::shard::drain_claim::{Claim, DrainHold};
@@ -268,7 +268,7 @@ async fn teardown(
         return Ok(());
     };
     let now = Timestamp::now();
-    let attempt = crate::controller::retry::AttemptEnd::of(trigger, pod);
+    let attempt = crate::controller::run::retry::AttemptEnd::of(trigger, pod);
     let end = plan::attempt_end(
         run,
         status,
