@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use sandboxrun_operator::api::{Phase, ReadBackPhase, SandboxRun, FINALIZER};
+use sandboxrun_operator::identity;
 use sandboxrun_operator::pod::{self, promise_violations, ARTIFACT_FILES_ENV, READBACK_PATHS_ENV};
 use sandboxrun_operator::store::list_manifests;
 use serde_json::json;
@@ -53,7 +54,7 @@ async fn the_pod_keeps_every_promise_and_a_batch_run_drains_then_succeeds() {
     let ps = p.spec.as_ref().unwrap();
     assert_eq!(ps.active_deadline_seconds, None);
     assert_eq!(ps.automount_service_account_token, Some(false));
-    assert!(pod::owned_by(&p, &run));
+    assert!(identity::owned_by(&p, &run));
     for v in ps
         .volumes
         .iter()

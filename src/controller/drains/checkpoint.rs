@@ -80,7 +80,7 @@ async fn take(
         return Ok(());
     };
     let live = crate::started::as_started(live, Some(&pod));
-    let pod_name = crate::pod::current_pod_name(&live);
+    let pod_name = crate::identity::current_pod_name(&live);
     let Some(index) = plan::checkpoint_number(&live, ctx.lifecycle.max_checkpoints) else {
         let now = Timestamp::now();
         let plan = plan::checkpoint_refused(&live, token, ctx.lifecycle.max_checkpoints, now);

@@ -22,8 +22,7 @@ use crate::controller::run::decide::Trigger;
 use crate::controller::run::drive;
 use crate::controller::run::observe;
 use crate::controller::run::plan::{self, TeardownPlan, TeardownProgress};
-use crate::identity::RunId;
-use crate::pod;
+use crate::identity::{self, RunId};
 use crate::shard::drain_claim::{Claim, DrainHold};
 use crate::store::tenant_read::RunStore;
 
@@ -207,7 +206,7 @@ async fn teardown(
     trigger: &Trigger,
     (hold, slot): (Option<&DrainHold>, Option<Slot>),
 ) -> Result<(), ControllerError> {
-    let pod_name = pod::current_pod_name(run);
+    let pod_name = identity::current_pod_name(run);
     let now = Timestamp::now();
     let timeout = ctx.drain_timeout_seconds(run);
     let TeardownPlan {

@@ -29,7 +29,7 @@ use crate::controller::events::{PlannedEvent, EVENT_NOTE_LIMIT};
 use crate::drain::path_drain::{
     drain_path, DrainControl, DrainLimits, JobGeneration, PathJob, PathSpec, PodSource, StoreTarget,
 };
-use crate::identity::{MissingIdentity, RunId};
+use crate::identity::{self, MissingIdentity, RunId};
 use crate::inpod::holder::HolderCommand;
 use crate::inpod::launch::{LaunchStatus, StartMessage};
 use crate::pod;
@@ -290,14 +290,14 @@ impl DrainTarget {
         Ok(DrainTarget {
             store,
             pods: Api::namespaced(ctx.client.clone(), &id.namespace),
-            pod_name: pod::current_pod_name(run),
+            pod_name: identity::current_pod_name(run),
             compression: run.spec.compression(),
             run: id,
             deadline,
             urgent: false,
             cancel: ctx.in_flight.cancel.clone(),
             fence: None,
-            attempt: pod::current_attempt(run),
+            attempt: identity::current_attempt(run),
             checkpoint: None,
         })
     }

@@ -513,7 +513,7 @@ pub(crate) fn with_unreported_pod(
     if !remembered.contains(uid) {
         return run;
     }
-    let pod_name = crate::pod::current_pod_name(&run);
+    let pod_name = crate::identity::current_pod_name(&run);
     let mut seen = (*run).clone();
     let status = seen.status.get_or_insert_with(Default::default);
     if status.pod_name.is_none() {

@@ -20,8 +20,8 @@ use crate::controller::pod_view::{
     should_read_pod_events, stuck_from_events, undrained_paths, PodEventFact, PodProblem, PodView,
     POD_EVENTS_LIMIT,
 };
-use crate::identity::RunId;
-use crate::pod::{self, WORKLOAD_CONTAINER};
+use crate::identity::{self, RunId};
+use crate::pod::WORKLOAD_CONTAINER;
 use crate::registry::{ImageResolver, Resolution};
 
 /// What a reconcile found: the run's own pod (if any) and the facts read from it.
@@ -143,7 +143,7 @@ pub(crate) async fn observe(
 /// Whether `pod`, of the name of the run's current pod, is the run's: owned by it, and, for an
 /// attempt a warm pool served, sealed by that pool ([`crate::pool::seal::runs_pod`]).
 fn is_runs(key: Option<&StampKey>, pod: &Pod, run: &SandboxRun) -> bool {
-    pod::owned_by(pod, run) && crate::pool::seal::runs_pod(key, run, pod)
+    identity::owned_by(pod, run) && crate::pool::seal::runs_pod(key, run, pod)
 }
 
 /// The run's pod as the apiserver has it now, without its managedFields; None when it is gone
@@ -166,7 +166,7 @@ async fn get_pod(
     (id, run): (&RunId, &SandboxRun),
 ) -> Result<(String, Option<Pod>), ControllerError> {
     let namespace = &id.namespace;
-    let pod_name = pod::current_pod_name(run);
+    let pod_name = identity::current_pod_name(run);
     let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
     let found = pods
         .get_opt(&pod_name)

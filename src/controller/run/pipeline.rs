@@ -406,7 +406,7 @@ pub(crate) async fn in_flight(
     };
     let plan = plan::queued(&queued, ctx.lifecycle.settle);
     let announces = !plan.events.is_empty();
-    let pod_name = crate::pod::current_pod_name(run);
+    let pod_name = crate::identity::current_pod_name(run);
     let requeue = drive::carry_out(ctx, run, &pod_name, pod.as_ref(), plan, now).await?;
     if announces {
         ctx.in_flight.drains.mark_announced(uid);

@@ -81,7 +81,7 @@ pub(super) async fn through_pool(
     );
     let judge = judge_of(ctx, &ids, now);
     let uid = run.uid().ok_or(ControllerError::Metadata("uid"))?;
-    let attempt = crate::pod::current_attempt(run);
+    let attempt = crate::identity::current_attempt(run);
     let mine = pods
         .iter()
         .find(|p| pool_pod::claimed_for(p, judge.of(p), &uid, attempt));
@@ -99,7 +99,7 @@ pub(super) async fn through_pool(
 /// a retry's: `spec.retryPolicy`, each attempt asks once) that has not asked yet, with its
 /// author's rights verified.
 fn asks_the_pool(run: &SandboxRun, step: &Step, rights_verified: bool) -> bool {
-    let attempt = crate::pod::current_attempt(run);
+    let attempt = crate::identity::current_attempt(run);
     let decided = run
         .status
         .as_ref()
@@ -120,7 +120,7 @@ async fn resume(
     cold: &Pod,
     now: Timestamp,
 ) -> Result<Option<Plan>, ControllerError> {
-    let attempt = crate::pod::current_attempt(run);
+    let attempt = crate::identity::current_attempt(run);
     let ns = run
         .namespace()
         .ok_or(ControllerError::Metadata("namespace"))?;
@@ -175,7 +175,7 @@ async fn fresh(
     ctx.memory
         .claims
         .reserve(&format!("{ns}/{}", pod.name_any()), &uid, now);
-    let attempt = crate::pod::current_attempt(run);
+    let attempt = crate::identity::current_attempt(run);
     let rv = pod
         .resource_version()
         .ok_or(ControllerError::Metadata("resourceVersion"))?;
@@ -589,7 +589,7 @@ mod tests {
             effects,
             ..Plan::wait(Requeue::After(CLAIM_REQUEUE))
         };
-        let pod_name = crate::pod::current_pod_name(&run);
+        let pod_name = crate::identity::current_pod_name(&run);
         super::super::drive::carry_out(&ctx, &run, &pod_name, None, plan, Timestamp::now())
             .await
             .unwrap();

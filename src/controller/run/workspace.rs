@@ -338,7 +338,7 @@ async fn start_of(
     let uid = &id.uid;
     let built = crate::pod::build_pod(run, &ctx.pod).map_err(|e| NotHanded(e.to_string()))?;
     let no_command = || NotHanded("the run has no command for the launcher to start".into());
-    let attempt = crate::pod::current_attempt(run);
+    let attempt = crate::identity::current_attempt(run);
     let warm = run
         .status
         .as_ref()

@@ -89,8 +89,8 @@ fn ended_attempt(
     now: Timestamp,
 ) -> AttemptStatus {
     AttemptStatus {
-        index: crate::pod::current_attempt(run),
-        pod_name: crate::pod::current_pod_name(run),
+        index: crate::identity::current_attempt(run),
+        pod_name: crate::identity::current_pod_name(run),
         exit_code: end.and_then(|e| e.exit_code),
         reason: match end {
             Some(e) if e.suspended => retry::ATTEMPT_SUSPENDED,
@@ -151,7 +151,7 @@ fn attempt_ended(
     end: Option<&AttemptEnd>,
     now: Timestamp,
 ) -> Plan {
-    let index = crate::pod::current_attempt(run);
+    let index = crate::identity::current_attempt(run);
     let generation = run.metadata.generation;
     // This attempt's drain is told as any teardown's is (a failed path is this attempt's
     // `sandbox_runfiles_drain_failed`, never hidden by a later attempt's success).

@@ -85,7 +85,7 @@ pub(crate) fn checkpoint_recorded(
         CheckpointStatus {
             index,
             token,
-            attempt: Some(crate::pod::current_attempt(run)),
+            attempt: Some(crate::identity::current_attempt(run)),
             time: Some(Time(now)),
             message: None,
             read_back,
@@ -149,7 +149,7 @@ pub(crate) fn checkpoint_refused(
         CheckpointStatus {
             index,
             token,
-            attempt: Some(crate::pod::current_attempt(run)),
+            attempt: Some(crate::identity::current_attempt(run)),
             time: Some(Time(now)),
             message: Some(message),
             read_back: Vec::new(),

@@ -124,7 +124,7 @@ fn recorded(
         pool: claim.pool.clone(),
         pod: Some(claim.pod.clone()),
         cold_reason: None,
-        attempt: Some(crate::pod::current_attempt(run)),
+        attempt: Some(crate::identity::current_attempt(run)),
     });
     // Its deadline counts from its own start, not the pool pod's (a retried attempt's, as a
     // cold one's, from the first start).
@@ -163,7 +163,7 @@ pub(crate) fn after_count(
         pool: miss.pool.clone(),
         pod: None,
         cold_reason: Some(miss.why.clone()),
-        attempt: Some(crate::pod::current_attempt(run)),
+        attempt: Some(crate::identity::current_attempt(run)),
     });
     Plan {
         status: Some(status),

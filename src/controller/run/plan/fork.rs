@@ -126,7 +126,7 @@ impl Bound {
 /// other files). The identity the first restore recorded wins over the spec.
 pub(crate) fn fork_source(run: &SandboxRun) -> Option<ForkSource> {
     let asked = run.spec.workspace.as_ref()?.from.as_ref()?;
-    let current = crate::pod::current_attempt(run);
+    let current = crate::identity::current_attempt(run);
     let restores = run.status.as_ref().map(|s| s.restores.as_slice());
     let restores = restores.unwrap_or_default();
     let past_source = restores
@@ -294,7 +294,7 @@ fn saved_attempts(source: &SandboxRun) -> Vec<u32> {
         status.phase,
         Some(Phase::Succeeded | Phase::Failed | Phase::Stopped)
     );
-    let current = crate::pod::current_attempt(source);
+    let current = crate::identity::current_attempt(source);
     let ended = status.attempts.iter().map(|a| a.index);
     let failed = |attempt: u32| {
         status

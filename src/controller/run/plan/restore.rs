@@ -43,7 +43,7 @@ fn own_source(run: &SandboxRun) -> Option<u32> {
         .as_ref()
         .is_some_and(|w| w.restore == WorkspaceRestore::Latest);
     let status = run.status.as_ref()?;
-    let current = crate::pod::current_attempt(run);
+    let current = crate::identity::current_attempt(run);
     let failed = |attempt: u32| {
         status
             .restores
@@ -100,7 +100,7 @@ pub(crate) fn restore_step(run: &SandboxRun, pod: &Pod) -> Option<RestoreStep> {
     if !parked_and_running(pod) {
         return None;
     }
-    let attempt = crate::pod::current_attempt(run);
+    let attempt = crate::identity::current_attempt(run);
     let record = run
         .status
         .as_ref()
@@ -162,7 +162,7 @@ fn parked_and_running(pod: &Pod) -> bool {
 /// reconcile's copy) is at, when `cached` records none: `cached` is older than a write of it.
 /// A run re-created under the name (another uid) is not this one.
 pub(crate) fn restore_recorded(live: &SandboxRun, cached: &SandboxRun) -> bool {
-    let attempt = crate::pod::current_attempt(cached);
+    let attempt = crate::identity::current_attempt(cached);
     let records = |r: &SandboxRun| {
         r.status
             .as_ref()
@@ -205,7 +205,7 @@ pub(crate) type RestoreResult = Result<(u64, u64), NotRestored>;
 /// After the restore of the current attempt's paths from the files `from` was bound to: the
 /// launcher is handed the start, or — it failed — a refusal.
 pub(crate) fn restored(run: &SandboxRun, from: &Bound, result: &RestoreResult) -> Plan {
-    let attempt = crate::pod::current_attempt(run);
+    let attempt = crate::identity::current_attempt(run);
     let source = RestoreStatus {
         attempt,
         from_attempt: from.attempt,
