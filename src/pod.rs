@@ -20,10 +20,10 @@ use thiserror::Error;
 use crate::api::{parse_user, Mount, MountType, ReadBackPath, SandboxRun, SandboxRunSpec};
 use crate::inpod::holder::HolderCommand;
 
-/// Name of the user's container.
-pub(crate) const WORKLOAD_CONTAINER: &str = "workload";
 pub use crate::names::{attempt_pod_name, pod_name, HOLDER_CONTAINER, RUN_UID_LABEL};
-pub(crate) use crate::names::{managed_by_selector, MANAGED_BY, MANAGED_BY_LABEL};
+pub(crate) use crate::names::{
+    managed_by_selector, MANAGED_BY, MANAGED_BY_LABEL, WORKLOAD_CONTAINER,
+};
 /// The variable that names the run-files directory to the workload (ADR-143 Consequences).
 pub const ARTIFACT_FILES_ENV: &str = "ITERION_ARTIFACT_FILES_DIR";
 /// The variable that tells the workload which attempt it is (1, 2, …; docs/user-guide.md

@@ -1,6 +1,8 @@
 //! The queue stage of a run in a Kueue queue (docs/user-guide.md "Queueing with Kueue"): between
 //! decide and plan, what the run's Workload ([`crate::kueue::QueueState`]) makes of the step.
-//! Pure: the pipeline reads the Workload (observe) and carries the plans out (act).
+//! Pure: the pipeline reads the Workload (observe) and carries the plans out (act). What the
+//! Workload means is Kueue's ([`crate::kueue::gate`]: its answers in its own words); this is the
+//! adapter that maps those answers onto the run's steps, plans and conditions.
 //!
 //! - No pod yet and not admitted: the run is held — Pending, `Queued=True` with Kueue's reason
 //!   and words, Ready=False `Queued` — and its Workload is created when there is none, or, when
@@ -19,6 +21,7 @@ use super::decide::{Step, Trigger};
 use super::plan::{Effect, Plan, Requeue};
 use crate::api::{Phase, SandboxRun};
 use crate::controller::conditions::{self, set_condition};
+use crate::kueue::gate::{BeforePod, Queueing, Running, WorkloadEdit};
 use crate::kueue::QueueState;
 
 /// How long a held run waits before it looks at its Workload again should no watch event come.
@@ -47,79 +50,23 @@ pub(crate) struct QueueInputs<'a> {
     pub to_create: Option<serde_json::Value>,
     /// Whether the run's pod exists.
     pub has_pod: bool,
-    /// Whether that pod is ready ([`pods_ready`]).
+    /// Whether that pod is ready ([`crate::kueue::gate::pods_ready`]).
     pub pod_ready: bool,
-}
-
-/// Whether the run's pod counts as ready for Kueue's `waitForPodsReady` (as its Pod
-/// integration counts a pod: Ready=True, or done): its `Ready` condition is True, or its
-/// workload container has ended (the run is draining or ending; Finished follows).
-pub(crate) fn pods_ready(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
-    let status = pod.status.as_ref();
-    let ready = status
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    let ended = status
-        .and_then(|s| s.container_statuses.as_ref())
-        .is_some_and(|cs| {
-            cs.iter().any(|c| {
-                c.name == crate::pod::WORKLOAD_CONTAINER
-                    && c.state.as_ref().is_some_and(|s| s.terminated.is_some())
-            })
-        });
-    ready || ended
-}
-
-/// Which Kueue queue decides for a run (docs/contract.md "Quota cannot be edited away").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Queueing<'a> {
-    /// Not in Kueue: nothing recorded, no label.
-    Not,
-    /// In this LocalQueue: the one recorded (the label agrees), or the label's before the run
-    /// was queued.
-    In(&'a str),
-    /// Queued once (recorded in `status.queue`), and the live label now says otherwise: the run
-    /// is held, never started, until the label is put back; its Workload still decides
-    /// everything else.
-    Disagrees {
-        /// The queue recorded.
-        recorded: &'a str,
-        /// The live label.
-        label: Option<&'a str>,
-    },
-}
-
-/// Which queue decides for `run`: what the operator recorded when it made the run's Workload,
-/// never the live label alone (a tenant can edit labels).
-pub(crate) fn queueing(run: &SandboxRun) -> Queueing<'_> {
-    let label = crate::kueue::queue_of(run);
-    let recorded = run.status.as_ref().and_then(|s| s.queue.as_deref());
-    match (recorded, label) {
-        (None, None) => Queueing::Not,
-        (None, Some(label)) => Queueing::In(label),
-        (Some(recorded), Some(label)) if recorded == label => Queueing::In(label),
-        (Some(recorded), label) => Queueing::Disagrees { recorded, label },
-    }
 }
 
 /// What the queue makes of `step` for `run`.
 pub(crate) fn gate(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timestamp) -> Gate {
     let phase = run.status.as_ref().and_then(|s| s.phase);
     if phase.is_some_and(Phase::is_final) {
-        return match (q.state, q.workload) {
-            (QueueState::Finished | QueueState::Absent | QueueState::Foreign, _) | (_, None) => {
-                Gate::Step(step)
-            }
-            (_, Some(w)) => {
-                let succeeded = phase == Some(Phase::Succeeded);
-                let words = run
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.message.clone())
-                    .unwrap_or_default();
-                let patch = crate::kueue::finished_patch(w, succeeded, &words, now);
-                Gate::PatchThen(Box::new(patch), step)
-            }
+        let succeeded = phase == Some(Phase::Succeeded);
+        let words = run
+            .status
+            .as_ref()
+            .and_then(|s| s.message.clone())
+            .unwrap_or_default();
+        return match crate::kueue::gate::finished(q.state, q.workload, succeeded, &words, now) {
+            Some(patch) => Gate::PatchThen(Box::new(patch), step),
+            None => Gate::Step(step),
         };
     }
     // Said first, in the hold's own write (docs/contract.md "A queued run keeps the queue and
@@ -129,29 +76,25 @@ pub(crate) fn gate(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timest
         if let Some(plan) = said {
             return Gate::Hold(Box::new(plan));
         }
-        return match (q.state, step) {
-            (QueueState::Evicted { message, .. }, Step::TrackPod { .. } | Step::Checkpoint) => {
-                Gate::Step(Step::Teardown(Trigger::Preempted {
-                    message: message.clone(),
-                }))
+        if !matches!(step, Step::TrackPod { .. } | Step::Checkpoint) {
+            return Gate::Step(step);
+        }
+        // Evicted while running: a preemption. Admitted and running: PodsReady says whether its
+        // pod is ready, as Kueue's own integrations say it (docs/contract.md "A queued run's
+        // Workload says when its pod is ready").
+        return match crate::kueue::gate::running(q.state, q.workload, q.pod_ready, now) {
+            Running::Preempted(message) => {
+                Gate::Step(Step::Teardown(Trigger::Preempted { message }))
             }
-            // Admitted and running: PodsReady says whether its pod is ready, as Kueue's own
-            // integrations say it (docs/contract.md "A queued run's Workload says when its pod
-            // is ready").
-            (QueueState::Admitted { .. }, step @ (Step::TrackPod { .. } | Step::Checkpoint)) => {
-                match q
-                    .workload
-                    .and_then(|w| crate::kueue::pods_ready_patch(w, q.pod_ready, now))
-                {
-                    Some(patch) => Gate::PatchThen(Box::new(patch), step),
-                    None => Gate::Step(step),
-                }
-            }
-            (_, step) => Gate::Step(step),
+            Running::PodsReady(patch) => Gate::PatchThen(Box::new(patch), step),
+            Running::Go => Gate::Step(step),
         };
     }
     if matches!(step, Step::Suspended) {
-        let effects = suspended(q.state, q.workload, now);
+        let effects: Vec<Effect> = crate::kueue::gate::suspended(q.state, q.workload, now)
+            .into_iter()
+            .map(effect)
+            .collect();
         return match effects.is_empty() {
             true => Gate::Step(step),
             false => Gate::EffectsThen(effects, step),
@@ -172,15 +115,15 @@ pub(crate) fn gate(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timest
 
 /// What the queue makes of a run that would get its pod now.
 fn to_create_pod(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timestamp) -> Gate {
-    let resumed = resumed(q.state, q.workload);
-    let queue = match queueing(run) {
+    let resumed = crate::kueue::gate::resumed(q.state, q.workload).map(effect);
+    let queue = match crate::kueue::gate::queueing(run) {
         Queueing::In(queue) => Some(queue),
         // Never a pod on a label edited after the run was queued, admitted or not.
         Queueing::Disagrees { recorded, label } => {
             return Gate::Hold(Box::new(held(
                 run,
-                QUEUE_LABEL_CHANGED,
-                &label_changed(recorded, label),
+                crate::kueue::gate::QUEUE_LABEL_CHANGED,
+                &crate::kueue::gate::label_changed(recorded, label),
                 now,
             )))
         }
@@ -209,93 +152,36 @@ fn edit_said(run: &SandboxRun, step: &Step, q: &QueueInputs<'_>, now: Timestamp)
         step,
         Step::CreatePod | Step::TrackPod { .. } | Step::Checkpoint
     );
-    let owned = !matches!(
-        q.state,
-        QueueState::Foreign | QueueState::Finished | QueueState::Absent
-    );
+    let owned = crate::kueue::gate::owned(q.state);
     let workload = q.workload.filter(|_| waits_or_runs && owned)?;
     super::kueue_edits::ignored_edit(run, workload, now)
 }
 
-/// A suspended run without its pod (docs/contract.md "A suspended queued run frees its quota"):
-/// its Workload is deactivated (`spec.active: false`, as Kueue's integrations do for a job its
-/// owner suspends), and once Kueue evicted it for that, its admission is cleared — its quota
-/// freed — as after a preemption.
-fn suspended(
-    state: &QueueState,
-    workload: Option<&serde_json::Value>,
-    now: Timestamp,
-) -> Vec<Effect> {
-    let Some(w) = workload else {
-        return Vec::new();
-    };
-    let mut effects = Vec::new();
-    if matches!(
-        state,
-        QueueState::Foreign | QueueState::Finished | QueueState::Absent
-    ) {
-        return effects;
-    }
-    if crate::kueue::is_active(w) {
-        let patch = crate::kueue::active_patch(false);
-        effects.push(Effect::PatchWorkload(Box::new(patch)));
-    }
-    if let QueueState::Evicted { admitted: true, .. } = state {
-        let patch = crate::kueue::requeue_patch(w, now);
-        effects.push(Effect::PatchWorkloadStatus(Box::new(patch)));
-    }
-    effects
-}
-
-/// A run that would get its pod whose Workload is inactive (it was suspended): activated again,
-/// so Kueue queues it (it is held until Kueue admits it).
-fn resumed(state: &QueueState, workload: Option<&serde_json::Value>) -> Option<Effect> {
-    let w = workload?;
-    let owned = !matches!(
-        state,
-        QueueState::Foreign | QueueState::Finished | QueueState::Absent
-    );
-    (owned && !crate::kueue::is_active(w))
-        .then(|| Effect::PatchWorkload(Box::new(crate::kueue::active_patch(true))))
-}
-
-/// What the Workload's state makes of a run that would get its pod now.
+/// What the Workload's state makes of a run that would get its pod now
+/// ([`crate::kueue::gate::before_pod`]), as the run's plan.
 fn before_pod(run: &SandboxRun, step: Step, q: QueueInputs<'_>, now: Timestamp) -> Gate {
-    match q.state {
-        QueueState::Admitted { cluster_queue } => admitted(run, step, cluster_queue, now),
-        QueueState::Absent => {
-            let mut plan = held(
-                run,
-                "Created",
-                "its Workload was created; waiting for Kueue",
-                now,
-            );
-            if let Some(w) = q.to_create {
-                plan.effects.insert(0, Effect::CreateWorkload(Box::new(w)));
-            }
-            Gate::Hold(Box::new(plan))
-        }
-        QueueState::Foreign => Gate::Hold(Box::new(held(
-            run,
-            "WorkloadNameTaken",
-            "a Workload with this run's Workload name exists and is not this run's; delete it or rename the run",
-            now,
-        ))),
-        QueueState::Pending { reason, message } => Gate::Hold(Box::new(held(run, reason, message, now))),
-        QueueState::Evicted {
+    match crate::kueue::gate::before_pod(q.state, q.workload, q.to_create, now) {
+        BeforePod::Admitted { cluster_queue } => admitted(run, step, cluster_queue, now),
+        BeforePod::Held {
             reason,
             message,
-            admitted,
+            edits,
         } => {
             let mut plan = held(run, reason, message, now);
-            if let (true, Some(w)) = (*admitted, q.workload) {
-                let patch = crate::kueue::requeue_patch(w, now);
-                plan.effects.push(Effect::PatchWorkloadStatus(Box::new(patch)));
-            }
+            plan.effects.extend(edits.into_iter().map(effect));
             Gate::Hold(Box::new(plan))
         }
         // A run whose Workload finished never gets a pod again (it ended: see above).
-        QueueState::Finished => Gate::Hold(Box::new(Plan::wait(Requeue::AwaitChange))),
+        BeforePod::Finished => Gate::Hold(Box::new(Plan::wait(Requeue::AwaitChange))),
+    }
+}
+
+/// A Workload edit Kueue's answer carries, as the effect act carries out.
+fn effect(edit: WorkloadEdit) -> Effect {
+    match edit {
+        WorkloadEdit::Create(w) => Effect::CreateWorkload(Box::new(w)),
+        WorkloadEdit::Patch(patch) => Effect::PatchWorkload(Box::new(patch)),
+        WorkloadEdit::PatchStatus(patch) => Effect::PatchWorkloadStatus(Box::new(patch)),
     }
 }
 
@@ -315,19 +201,6 @@ fn recording(run: &SandboxRun, mut plan: Plan, queue: &str) -> Plan {
     status.queue = Some(queue.to_string());
     plan.status = Some(status);
     plan
-}
-
-/// The `Queued` reason of a run whose queue label was edited after it was queued.
-pub(crate) const QUEUE_LABEL_CHANGED: &str = "QueueLabelChanged";
-
-/// In words: the label says `label`, the run was queued in `recorded`.
-fn label_changed(recorded: &str, label: Option<&str>) -> String {
-    let queued = format!("the run was queued in LocalQueue {recorded:?}");
-    let now = label.map_or_else(|| "removed".to_string(), |l| format!("changed to {l:?}"));
-    format!(
-        "{queued} and its label {} was {now}; no pod is started until the label is put back (docs/contract.md \"Quota cannot be edited away\")",
-        crate::kueue::QUEUE_LABEL
-    )
 }
 
 /// The `Queued=False` reason of a run labelled for a Kueue queue while the operator runs
@@ -466,6 +339,7 @@ fn held(run: &SandboxRun, reason: &str, message: &str, now: Timestamp) -> Plan {
 mod tests {
     use super::*;
     use crate::controller::testkit::fixtures::{cond_of, now, pair, run_with, with_phase};
+    use crate::kueue::gate::{queueing, QUEUE_LABEL_CHANGED};
     use serde_json::json;
 
     fn inputs<'a>(state: &'a QueueState, has_pod: bool) -> QueueInputs<'a> {
@@ -839,39 +713,6 @@ mod tests {
             .any(|e| matches!(e, Effect::CreatePod(_))));
     }
 
-    #[test]
-    fn a_pod_counts_as_ready_when_it_is_ready_or_its_workload_ended() {
-        use k8s_openapi::api::core::v1::{
-            ContainerState, ContainerStateTerminated, ContainerStatus, PodCondition, PodStatus,
-        };
-        let with = |ready: &str, terminated: bool| k8s_openapi::api::core::v1::Pod {
-            status: Some(PodStatus {
-                conditions: Some(vec![PodCondition {
-                    type_: "Ready".into(),
-                    status: ready.into(),
-                    ..Default::default()
-                }]),
-                container_statuses: Some(vec![ContainerStatus {
-                    name: crate::pod::WORKLOAD_CONTAINER.into(),
-                    state: Some(ContainerState {
-                        terminated: terminated.then(ContainerStateTerminated::default),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
-        assert!(pods_ready(&with("True", false)));
-        assert!(!pods_ready(&with("False", false)));
-        assert!(pods_ready(&with("False", true)), "done counts as ready");
-        assert!(
-            !pods_ready(&k8s_openapi::api::core::v1::Pod::default()),
-            "no status yet"
-        );
-    }
-
     fn labelled(run: &mut SandboxRun, queue: Option<&str>) {
         let labels = run.metadata.labels.get_or_insert_with(Default::default);
         labels.remove(crate::kueue::QUEUE_LABEL);
@@ -1107,40 +948,6 @@ mod tests {
                 "True",
                 super::super::kueue_edits::REASON_QUEUE_LABEL_CHANGED
             )
-        );
-    }
-
-    /// Which queue decides is what the operator recorded when it made the Workload; the live
-    /// label only before that (docs/contract.md "Quota cannot be edited away").
-    #[test]
-    fn the_queue_that_decides_is_the_recorded_one_never_the_live_label_alone() {
-        let with = |recorded: Option<&str>, label: Option<&str>| {
-            let mut run = run_with(&[("/out", false)]);
-            labelled(&mut run, label);
-            run.status.get_or_insert_with(Default::default).queue = recorded.map(str::to_string);
-            run
-        };
-        let not = with(None, None);
-        assert_eq!(queueing(&not), Queueing::Not);
-        let labelled_only = with(None, Some("lq"));
-        assert_eq!(queueing(&labelled_only), Queueing::In("lq"));
-        let agreeing = with(Some("lq"), Some("lq"));
-        assert_eq!(queueing(&agreeing), Queueing::In("lq"));
-        let moved = with(Some("lq"), Some("free"));
-        assert_eq!(
-            queueing(&moved),
-            Queueing::Disagrees {
-                recorded: "lq",
-                label: Some("free")
-            }
-        );
-        let removed = with(Some("lq"), None);
-        assert_eq!(
-            queueing(&removed),
-            Queueing::Disagrees {
-                recorded: "lq",
-                label: None
-            }
         );
     }
 

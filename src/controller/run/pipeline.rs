@@ -331,8 +331,8 @@ async fn through_kueue(
         // held) is planned as without Kueue.
         match plan::plan_step(decide::Step::CreatePod, inputs) {
             StepPlan::CreatePod(pod) => {
-                let name = match kueue_gate::queueing(run) {
-                    kueue_gate::Queueing::In(queue) => queue,
+                let name = match crate::kueue::gate::queueing(run) {
+                    crate::kueue::gate::Queueing::In(queue) => queue,
                     _ => "",
                 };
                 to_create = Some(crate::kueue::build(
@@ -351,7 +351,10 @@ async fn through_kueue(
         workload: queue.workload.as_ref(),
         to_create,
         has_pod: observation.view.is_some(),
-        pod_ready: observation.pod.as_ref().is_some_and(kueue_gate::pods_ready),
+        pod_ready: observation
+            .pod
+            .as_ref()
+            .is_some_and(crate::kueue::gate::pods_ready),
     };
     match kueue_gate::gate(run, step, queued, now) {
         kueue_gate::Gate::Step(step) => Ok(Through::Go(step)),

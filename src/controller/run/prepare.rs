@@ -125,8 +125,8 @@ pub(super) async fn queue_view(
 ) -> Result<Option<QueueView>, ControllerError> {
     // What the operator recorded decides, not the live label alone (docs/contract.md "Quota
     // cannot be edited away").
-    let queueing = super::kueue_gate::queueing(run);
-    if !ctx.lifecycle.kueue || queueing == super::kueue_gate::Queueing::Not {
+    let queueing = crate::kueue::gate::queueing(run);
+    if !ctx.lifecycle.kueue || queueing == crate::kueue::gate::Queueing::Not {
         return Ok(None);
     }
     let creating = matches!(step, Step::CreatePod);
