@@ -7,7 +7,7 @@ Modules: an edge a -> b for every path from module a that names module b outside
 into its parent while the parent calls it is a cycle like any other. Test code is left out: every
 item under `#[cfg(test)]` (a `mod tests { .. }` to its matching brace, wherever it stands), and a whole file its parent declares
 `#[cfg(test)] mod name;`.
-Areas: the same edges collapsed to the top-level modules (`controller::plan::create` is in the
+Areas: the same edges collapsed to the top-level modules (`controller::run::plan::create` is in the
 area `controller`); an area cycle is two areas that need each other through any of their files.
 src/main.rs is a separate crate (it names the library as `sandboxrun_operator::`) and is skipped.
 

@@ -4,7 +4,7 @@ change the world — the apiserver's write verbs on a kube `Api` (create, patch,
 their `_status` / `_subresource` forms, evict), an Event published through the Recorder, exec and attach into a pod, and the object store's
 puts and deletes — stand in the act stages only. `make check` runs it.
 
-The act stages are `src/controller/act.rs`, `drive.rs` and the pools' `pools/act.rs` (free of the count); every
+The act stages are `src/controller/run/act.rs`, `drive.rs` and the pools' `pools/act.rs` (free of the count); every
 other file that makes such calls is listed in hack/io-outside-act.allow with how many and why (the
 documented loops' act stages, the drain engine act runs, the webhook's and the CLI's own I/O). A
 file over its allowance, or one not listed that has any, fails: new I/O goes through act. Lower a
@@ -27,8 +27,8 @@ import sys
 from rust_source import allowances, blank, is_test_file, matching_paren, rust_files, test_files, test_spans
 
 ACT = {
-    "src/controller/act.rs",
-    "src/controller/drive.rs",
+    "src/controller/run/act.rs",
+    "src/controller/run/drive.rs",
     # the pools' controller's act stage (docs/architecture.md "The controllers beside the pipeline")
     "src/controller/pools/act.rs",
 }

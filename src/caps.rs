@@ -36,7 +36,7 @@ use serde::{Deserialize, Serialize};
 use crate::units::GIB;
 
 /// Default of `run --image-pull-timeout`: how long a retryable image-pull error may last before
-/// the run is failed (see `controller::decide::DecideSettings`).
+/// the run is failed (see `controller::run::decide::DecideSettings`).
 pub(crate) const DEFAULT_IMAGE_PULL_TIMEOUT: std::time::Duration =
     std::time::Duration::from_secs(5 * 60);
 

@@ -2,10 +2,12 @@
 //! apiserver sent, and the resourceVersion a guarded write is preconditioned on. A field that is
 //! missing is a typed error ([`MissingIdentity`]), never an empty string: an empty namespace
 //! aims a request at the wrong path, an empty uid makes two runs one, an empty resourceVersion
-//! drops a precondition (docs/contract.md "A write always names its object"). Pure, a leaf
-//! beside `api`.
+//! drops a precondition (docs/contract.md "A write always names its object"). And which of its
+//! attempts and pods is the run's now ([`current_attempt`], [`current_pod_name`], [`owned_by`]).
+//! Pure, a leaf beside `api` and `names`.
 
-use kube::Resource;
+use k8s_openapi::api::core::v1::Pod;
+use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -88,6 +90,37 @@ fn kind_of<K: Resource<DynamicType = ()>>() -> &'static str {
         std::borrow::Cow::Borrowed(kind) => kind,
         std::borrow::Cow::Owned(_) => "object",
     }
+}
+
+/// The attempt a run is at (from 1): one more than the attempts its status lists as ended.
+pub fn current_attempt(run: &SandboxRun) -> u32 {
+    let ended = run.status.as_ref().map_or(0, |s| s.attempts.len());
+    u32::try_from(ended)
+        .unwrap_or(u32::MAX - 1)
+        .saturating_add(1)
+}
+
+/// The name of the run's current pod: its current attempt's (`names::attempt_pod_name`), except
+/// for an attempt served by a warm pool: the pool pod it took (`status.warmStart.pod` of that
+/// attempt, docs/user-guide.md "Sandboxes for agents: warm pools").
+pub fn current_pod_name(run: &SandboxRun) -> String {
+    let attempt = current_attempt(run);
+    let warm = run
+        .status
+        .as_ref()
+        .and_then(|s| s.warm_start.as_ref())
+        .filter(|w| w.attempt() == attempt)
+        .and_then(|w| w.pod.clone());
+    warm.unwrap_or_else(|| crate::names::attempt_pod_name(&run.name_any(), attempt))
+}
+
+/// Whether the pod belongs to the run (owner reference by uid).
+pub fn owned_by(pod: &Pod, run: &SandboxRun) -> bool {
+    let Some(uid) = run.uid() else { return false };
+    pod.owner_references()
+        .iter()
+        .any(|o| o.uid == uid && o.controller == Some(true))
+        && pod.meta().namespace == run.namespace()
 }
 
 #[cfg(test)]

@@ -20,10 +20,10 @@ use thiserror::Error;
 use crate::api::{parse_user, Mount, MountType, ReadBackPath, SandboxRun, SandboxRunSpec};
 use crate::inpod::holder::HolderCommand;
 
-/// Name of the user's container.
-pub(crate) const WORKLOAD_CONTAINER: &str = "workload";
 pub use crate::names::{attempt_pod_name, pod_name, HOLDER_CONTAINER, RUN_UID_LABEL};
-pub(crate) use crate::names::{managed_by_selector, MANAGED_BY, MANAGED_BY_LABEL};
+pub(crate) use crate::names::{
+    managed_by_selector, MANAGED_BY, MANAGED_BY_LABEL, WORKLOAD_CONTAINER,
+};
 /// The variable that names the run-files directory to the workload (ADR-143 Consequences).
 pub const ARTIFACT_FILES_ENV: &str = "ITERION_ARTIFACT_FILES_DIR";
 /// The variable that tells the workload which attempt it is (1, 2, …; docs/user-guide.md
@@ -536,32 +536,10 @@ fn workload_env_vars(
     env.extend(proxy_env);
     env.push(EnvVar {
         name: ATTEMPT_ENV.to_string(),
-        value: Some(current_attempt(run).to_string()),
+        value: Some(crate::identity::current_attempt(run).to_string()),
         value_from: None,
     });
     env
-}
-
-/// The attempt a run is at (from 1): one more than the attempts its status lists as ended.
-pub fn current_attempt(run: &SandboxRun) -> u32 {
-    let ended = run.status.as_ref().map_or(0, |s| s.attempts.len());
-    u32::try_from(ended)
-        .unwrap_or(u32::MAX - 1)
-        .saturating_add(1)
-}
-
-/// The name of the run's current pod: its current attempt's ([`attempt_pod_name`]), except for an
-/// attempt served by a warm pool: the pool pod it took (`status.warmStart.pod` of that attempt,
-/// docs/user-guide.md "Sandboxes for agents: warm pools").
-pub fn current_pod_name(run: &SandboxRun) -> String {
-    let attempt = current_attempt(run);
-    let warm = run
-        .status
-        .as_ref()
-        .and_then(|s| s.warm_start.as_ref())
-        .filter(|w| w.attempt() == attempt)
-        .and_then(|w| w.pod.clone());
-    warm.unwrap_or_else(|| attempt_pod_name(&run.name_any(), attempt))
 }
 
 /// One of the run's variables as the pod carries it: a value, or a secret/configMap key.
@@ -861,7 +839,7 @@ fn pod_metadata(run: &SandboxRun, name: &str, uid: String, shards: Option<u32>) 
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
     ObjectMeta {
-        name: Some(current_pod_name(run)),
+        name: Some(crate::identity::current_pod_name(run)),
         namespace: run.namespace(),
         labels: Some(pod_labels(run, name, uid, shards)),
         annotations: (!annotations.is_empty()).then_some(annotations),
@@ -1011,15 +989,6 @@ pub fn promise_violations(pod: &Pod, declared: &[String]) -> Vec<String> {
         _ => {}
     }
     out
-}
-
-/// Whether the pod belongs to the run (owner reference by uid).
-pub fn owned_by(pod: &Pod, run: &SandboxRun) -> bool {
-    let Some(uid) = run.uid() else { return false };
-    pod.owner_references()
-        .iter()
-        .any(|o| o.uid == uid && o.controller == Some(true))
-        && pod.meta().namespace == run.namespace()
 }
 
 #[cfg(test)]
@@ -1519,7 +1488,7 @@ mod tests {
                 Some(vec!["ALL".to_string()])
             );
         }
-        assert!(owned_by(&pod, &r));
+        assert!(crate::identity::owned_by(&pod, &r));
         assert_eq!(pod.metadata.name.as_deref(), Some("demo-sbr"));
         assert_eq!(
             ps.termination_grace_period_seconds,

@@ -41,7 +41,7 @@ local function says(c)
 end
 
 -- The Ready reasons of a Pending run that cannot start until someone acts: exactly the
--- operator's list (cannot_start_reasons in src/controller/status/tracked.rs; a unit test
+-- operator's list (cannot_start_reasons in src/controller/run/status/tracked.rs; a unit test
 -- compares this line with it). PodPending and PodCreated are a pod still starting.
 local stuck = { PodCreateFailed = true, Unschedulable = true, ImagePullFailed = true, EgressNotEnforced = true, InvalidSpec = true, RightsUnverified = true, StoreUnusable = true, TemplateUnusable = true, EgressPolicyUnenforced = true, CreateContainerConfigError = true, CreateContainerError = true, RunContainerError = true, FailedMount = true, FailedAttachVolume = true, FailedCreatePodSandBox = true }
 

@@ -38,7 +38,7 @@ pub(crate) const DRAINED: &str = "Drained";
 pub(crate) const COMPLETE: &str = "Complete";
 /// The run ended in failure: phase `Failed`, a run stopped by its deadline or by its pod's
 /// deletion/eviction, or a stopped run with a path `Failed`. The reason says which
-/// ([`super::status::failure_reason`]). Absent otherwise (`kubectl wait --for=condition=Failed`).
+/// ([`super::run::status::failure_reason`]). Absent otherwise (`kubectl wait --for=condition=Failed`).
 /// Exactly one of Complete and Failed is True once the run has a final phase.
 pub(crate) const FAILED: &str = "Failed";
 

@@ -11,9 +11,9 @@ use kube::Client;
 use object_store::ObjectStore;
 use tokio_util::sync::CancellationToken;
 
-use super::decide::DecideSettings;
 use super::drains::pool::{DrainPool, FairSlots};
-use super::observe::StoreView;
+use super::run::decide::DecideSettings;
+use super::run::observe::StoreView;
 use crate::api::{Retention, SandboxRun, SandboxRunStatus};
 use crate::caps::CapSettings;
 use crate::drain::bandwidth::DrainBandwidth;
@@ -144,21 +144,21 @@ pub(crate) struct InFlight {
 #[derive(Default)]
 pub(crate) struct Memory {
     /// When this process last tried to create each refused run's pod (by run uid): the back-off
-    /// of [`super::refusals::create_retry_wait`] (after a restart the next attempt is
+    /// of [`super::run::refusals::create_retry_wait`] (after a restart the next attempt is
     /// immediate, and its pause already as long as the refusals have lasted).
     create_attempts: Mutex<HashMap<String, Timestamp>>,
     /// The last status this replica wrote of each run: (its digest, the resourceVersion the run
     /// had when it was written, the one the write made). See [`Context::written_status`].
     written: Mutex<HashMap<String, WrittenStatus>>,
     /// The uids of the runs whose pod this replica created and has not reported yet
-    /// ([`super::plan::SETTLE`]): what the status would have said, kept in memory meanwhile.
+    /// ([`super::run::plan::SETTLE`]): what the status would have said, kept in memory meanwhile.
     unreported_pods: Mutex<HashSet<String>>,
     /// The pool pods this replica's runs are claiming right now (a burst's runs pick past each
     /// other's: [`crate::pool::reservations`]).
     pub claims: crate::pool::reservations::ClaimReservations,
     /// When each pending pod's Events were last read, and the reads in flight
-    /// ([`super::observe::EventReads`]).
-    pub events: super::observe::EventReads,
+    /// ([`super::run::observe::EventReads`]).
+    pub events: super::run::observe::EventReads,
 }
 
 /// The shards this replica owns (`run --sharding`; both None: every run is this replica's).
@@ -356,7 +356,7 @@ impl Context {
                 bandwidth: DrainBandwidth::default(),
             },
             lifecycle: Lifecycle {
-                settle: super::plan::SETTLE,
+                settle: super::run::plan::SETTLE,
                 kueue: false,
                 warm_pools: false,
                 default_retention: Retention::default(),
@@ -524,7 +524,7 @@ impl Context {
     /// (docs/contract.md "A quiet lifecycle"). A run that has a phase was reported: it is forgotten.
     pub(crate) fn with_unreported_pod(&self, run: Arc<SandboxRun>) -> Arc<SandboxRun> {
         match self.memory.unreported_pods.lock() {
-            Ok(mut remembered) => super::decide::with_unreported_pod(run, &mut remembered),
+            Ok(mut remembered) => super::run::decide::with_unreported_pod(run, &mut remembered),
             Err(_) => run,
         }
     }

@@ -1,6 +1,6 @@
 //! The tables of the documentation that list what the code writes, checked against the code so
 //! that the next reason added to one and not the other fails a test (issue #56): the `Ready`
-//! reasons table of docs/user-guide.md "Troubleshooting" against [`super::status::ready_reasons`].
+//! reasons table of docs/user-guide.md "Troubleshooting" against [`super::run::status::ready_reasons`].
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -30,7 +30,7 @@ fn first_column_names(doc: &str, header: &str) -> BTreeSet<String> {
 
 #[test]
 fn the_ready_reasons_table_lists_exactly_the_reasons_the_code_writes() {
-    let code: BTreeSet<String> = super::status::ready_reasons()
+    let code: BTreeSet<String> = super::run::status::ready_reasons()
         .into_iter()
         .map(String::from)
         .collect();

@@ -9,12 +9,12 @@
 //! and the one [`POD_STUCK`] Event per distinct cause ([`stuck_event`]). Pure.
 
 use super::conditions::{self, condition_true};
-use super::decide::Trigger;
 use super::pod_view::PodProblem;
+use super::run::decide::Trigger;
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRunStatus};
 pub(crate) use crate::text::cut;
 
-/// The pod `<run>-sbr` was created and has not run within [`super::plan::SETTLE`] (a pod that
+/// The pod `<run>-sbr` was created and has not run within [`super::run::plan::SETTLE`] (a pod that
 /// runs at once is not announced: docs/contract.md "A quiet lifecycle").
 pub(crate) const POD_CREATED: &str = conditions::REASON_POD_CREATED;
 /// The apiserver refused the pod (quota, Pod Security, a webhook, RBAC); retried with back-off.
@@ -23,7 +23,7 @@ pub(crate) const POD_CREATE_FAILED: &str = conditions::REASON_POD_CREATE_FAILED;
 pub(crate) const POD_STUCK: &str = "PodStuck";
 /// The pod runs, after the run was reported Pending.
 pub(crate) const RUNNING: &str = "Running";
-/// Teardown began, and its paths have not all drained within [`super::plan::SETTLE`] (or the
+/// Teardown began, and its paths have not all drained within [`super::run::plan::SETTLE`] (or the
 /// teardown begins with a Warning).
 pub(crate) const TEARING_DOWN: &str = "TearingDown";
 /// The teardown has waited for a drain slot past the quiet window; the note gives its place in
@@ -179,7 +179,7 @@ pub(crate) fn ending_event(status: &SandboxRunStatus) -> (bool, &'static str) {
     (failed || phase == Phase::Failed, phase_reason(phase))
 }
 
-/// An Event a stage plans: [`super::act`] publishes it about the run, with the run's pod as
+/// An Event a stage plans: [`super::run::act`] publishes it about the run, with the run's pod as
 /// `related` (the Events API's `related`, kube's `secondary`) when `about_pod`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct PlannedEvent {
@@ -440,7 +440,7 @@ pub(crate) fn is_camel_case(reason: &str) -> bool {
 mod tests {
     use super::*;
     use crate::api::SandboxRun;
-    use crate::controller::status::{draining_status, finished_status};
+    use crate::controller::run::status::{draining_status, finished_status};
     use jiff::Timestamp;
 
     #[test]

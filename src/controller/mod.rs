@@ -1,55 +1,36 @@
 //! The controller: watches SandboxRuns and their pods and reconciles each run in five stages —
-//! observe → decide → plan → act → report:
+//! observe → decide → plan → act → report. The stages live in the run's room, [`run`]:
 //!
-//! - [`observe`] reads the run's pod (and, for a pod stuck Pending, its Events) into a
+//! - [`run::observe`] reads the run's pod (and, for a pod stuck Pending, its Events) into a
 //!   [`pod_view::PodView`];
-//! - [`decide`] chooses the one next [`decide::Step`] (pure);
-//! - [`plan`] turns the step into the status to write, the Events to publish and the effects to
-//!   have (pure; statuses from [`status`], conditions from [`conditions`], Events from
-//!   [`events`], creation back-off from [`refusals`], TTL and retention from [`retention`]);
-//! - [`act`] carries the plan out — the only stage that changes the world — and answers
+//! - [`run::decide`] chooses the one next [`run::decide::Step`] (pure);
+//! - [`run::plan`] turns the step into the status to write, the Events to publish and the effects
+//!   to have (pure; statuses from [`run::status`], conditions from [`conditions`], Events from
+//!   [`events`], creation back-off from [`run::refusals`], TTL and retention from
+//!   [`run::retention`]);
+//! - [`run::act`] carries the plan out — the only stage that changes the world — and answers
 //!   (pod created / exists / refused, files purged) instead of deciding: `plan::after` plans the
-//!   follow-up (`drive.rs` alternates the two); a teardown runs in the [`drains::pool`]
+//!   follow-up (`run/drive.rs` alternates the two); a teardown runs in the [`drains::pool`]
 //!   (`drains/teardown.rs`), off the reconcile workers, over act's stream of drains;
 //! - [`report`] counts the reconcile by step in the metrics.
 //!
-//! `pipeline.rs` runs the stages of one reconcile in order, with one `now`.
+//! `run/pipeline.rs` runs the stages of one reconcile in order, with one `now`.
 //!
-//! This file is the wiring: the watches, the reconcile loop and its error policy.
+//! Beside the run's room: the drains ([`drains`]), the pools' controller ([`pools`]), the test
+//! scaffolding (`testkit/`), and the vocabulary several rooms share ([`pod_view`], [`conditions`],
+//! [`events`]). This file is the wiring: the watches, the reconcile loop and its error policy.
 
-pub(crate) mod act;
 pub(crate) mod conditions;
 pub(crate) mod context;
-pub(crate) mod decide;
 pub(crate) mod drains;
-mod drive;
-mod env_sources;
 pub(crate) mod error;
 pub(crate) mod events;
-mod kueue_edits;
-mod kueue_gate;
-mod launcher;
-pub(crate) mod observe;
-mod pipeline;
-pub(crate) mod plan;
 pub(crate) mod pod_view;
 pub(crate) mod pools;
-mod prepare;
-pub(crate) mod refusals;
-pub(crate) mod retention;
-pub(crate) mod retry;
-pub(crate) mod status;
-mod warm;
-mod workspace;
+pub(crate) mod run;
 
 #[cfg(test)]
-mod act_scenarios;
-#[cfg(test)]
-mod claim_scenarios;
-#[cfg(test)]
 mod doc_tables;
-#[cfg(test)]
-mod pipeline_scenarios;
 #[cfg(test)]
 mod testkit;
 
@@ -280,11 +261,11 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         .found_draining(&id.uid, seen.as_deref())
     {
         tracing::debug!(run = %id.name, seen = ?seen, "found draining");
-        let requeue = pipeline::in_flight(&ctx, (&run, &id), Timestamp::now()).await?;
+        let requeue = run::pipeline::in_flight(&ctx, (&run, &id), Timestamp::now()).await?;
         return Ok(requeue.into_action());
     }
     let run = ctx.with_unreported_pod(run);
-    let reconciled = pipeline::reconcile(&ctx, &run, Timestamp::now()).await?;
+    let reconciled = run::pipeline::reconcile(&ctx, &run, Timestamp::now()).await?;
     if let Some(step) = reconciled.step {
         report(&ctx.metrics, step, started);
     }

@@ -571,7 +571,7 @@ mod pod_view_tests {
     use super::*;
     use crate::controller::conditions;
     use crate::controller::events::newly_stuck;
-    use crate::controller::status::tracked_status;
+    use crate::controller::run::status::tracked_status;
     use crate::controller::testkit::fixtures::*;
     use k8s_openapi::api::core::v1::{
         ContainerStateRunning, ContainerStateTerminated, ContainerStateWaiting, ContainerStatus,

@@ -20,6 +20,8 @@ use serde_json::{json, Value};
 use crate::api::SandboxRun;
 use crate::identity::RunId;
 
+pub(crate) mod gate;
+
 /// The label that puts a run in a Kueue LocalQueue of its namespace.
 pub const QUEUE_LABEL: &str = "kueue.x-k8s.io/queue-name";
 /// The label naming a run's WorkloadPriorityClass.

@@ -14,7 +14,7 @@
 //! - [`seal`]: what says the operator made a pod as a pool's (a look-alike's labels never do).
 //!
 //! The controller that acts on the plan is `crate::controller::pools`; the claim is
-//! `crate::controller::warm`.
+//! `crate::controller::run::warm`.
 
 pub mod compat;
 pub mod egress;

@@ -81,7 +81,7 @@ pub(crate) fn sealed(key: Option<&StampKey>, pod: &Pod, pool: &str) -> bool {
 /// the run, labelled as its) is never drained as the run's nor exec'd into. A cold pod is
 /// judged as before.
 pub(crate) fn runs_pod(key: Option<&StampKey>, run: &crate::api::SandboxRun, pod: &Pod) -> bool {
-    let attempt = crate::pod::current_attempt(run);
+    let attempt = crate::identity::current_attempt(run);
     let warm = run
         .status
         .as_ref()

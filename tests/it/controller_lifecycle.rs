@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt};
 use sandboxrun_operator::api::{Phase, ReadBackPhase, SandboxRun, FINALIZER};
+use sandboxrun_operator::identity;
 use sandboxrun_operator::pod::{self, promise_violations, ARTIFACT_FILES_ENV, READBACK_PATHS_ENV};
 use sandboxrun_operator::store::list_manifests;
 use serde_json::json;
@@ -53,7 +54,7 @@ async fn the_pod_keeps_every_promise_and_a_batch_run_drains_then_succeeds() {
     let ps = p.spec.as_ref().unwrap();
     assert_eq!(ps.active_deadline_seconds, None);
     assert_eq!(ps.automount_service_account_token, Some(false));
-    assert!(pod::owned_by(&p, &run));
+    assert!(identity::owned_by(&p, &run));
     for v in ps
         .volumes
         .iter()
@@ -812,7 +813,7 @@ async fn a_prompt_run_is_written_twice_and_told_once() {
     // docs/contract.md "A quiet lifecycle": a run whose pod runs and whose drain ends within the
     // quiet window is written Running, then its final phase, and gets one Event, the end's,
     // which carries the drain's summary. The window is wide here so a loaded machine still
-    // counts as prompt; a run that outlasts it is unit tested (src/controller/plan.rs).
+    // counts as prompt; a run that outlasts it is unit tested (src/controller/run/plan/).
     let client = client().await;
     ensure_crd(&client).await;
     let ns = TestNamespace::new(&client, "quiet").await;

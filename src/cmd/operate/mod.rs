@@ -15,7 +15,7 @@ use super::run::{
     caps, default_runtime_class, drain_bandwidth, egress_settings, holder_resources,
     namespace_policies, RunArgs,
 };
-use crate::controller::decide::DecideSettings;
+use crate::controller::run::decide::DecideSettings;
 use crate::controller::Context;
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;

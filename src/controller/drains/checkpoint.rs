@@ -17,12 +17,12 @@ use super::queue::Waiter;
 use super::teardown::{drain_claim, Claimed};
 use crate::api::ReadBackStatus;
 use crate::api::SandboxRun;
-use crate::controller::act::{self, DrainTarget};
 use crate::controller::context::Context;
-use crate::controller::drive;
 use crate::controller::error::ControllerError;
-use crate::controller::observe;
-use crate::controller::plan;
+use crate::controller::run::act::{self, DrainTarget};
+use crate::controller::run::drive;
+use crate::controller::run::observe;
+use crate::controller::run::plan;
 use crate::identity::RunId;
 use crate::shard::drain_claim::DrainHold;
 
@@ -80,7 +80,7 @@ async fn take(
         return Ok(());
     };
     let live = crate::started::as_started(live, Some(&pod));
-    let pod_name = crate::pod::current_pod_name(&live);
+    let pod_name = crate::identity::current_pod_name(&live);
     let Some(index) = plan::checkpoint_number(&live, ctx.lifecycle.max_checkpoints) else {
         let now = Timestamp::now();
         let plan = plan::checkpoint_refused(&live, token, ctx.lifecycle.max_checkpoints, now);

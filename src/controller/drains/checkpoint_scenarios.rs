@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use super::checkpoint::checkpoint;
 use super::teardown_scenarios::pod;
 use crate::api::{Phase, SandboxRunStatus};
-use crate::controller::pipeline_scenarios::run;
+use crate::controller::run::pipeline_scenarios::run;
 use crate::controller::testkit::mock_apiserver::{apiserver, context, Route};
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 use crate::shard::drain_claim::{drain_claim_name, DrainClaims};

@@ -17,7 +17,7 @@ use crate::metrics::DrainQueueMetrics;
 
 /// How many drain ends may wait for the controllers to take them ([`DrainPool::ends`]); a
 /// controller that falls further behind misses some, whose runs are looked at again after
-/// [`crate::controller::plan::IN_FLIGHT_REQUEUE`].
+/// [`crate::controller::run::plan::IN_FLIGHT_REQUEUE`].
 const ENDS_BUFFER: usize = 1024;
 
 /// Teardowns (the drains) run as tasks of their own, at most `max` at once, so a slow or stuck
@@ -199,7 +199,7 @@ fn release(set: &Mutex<HashSet<String>>, uid: &str) {
 
 /// Whether a run whose drain just ended is reconciled again at once (docs/contract.md "A run's
 /// next step follows its drain"): when a reconcile found it draining — it only looked again
-/// after [`crate::controller::plan::IN_FLIGHT_REQUEUE`] — on the run at `woken_at`, the very version the
+/// after [`crate::controller::run::plan::IN_FLIGHT_REQUEUE`] — on the run at `woken_at`, the very version the
 /// drain's last status write `made`. That reconcile was most often woken by the watch event of
 /// that write, which arrived before the drain was freed; replayed, it decides on a cache that
 /// shows the drain's end. One woken on an older version is not replayed: the last write's event

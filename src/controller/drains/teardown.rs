@@ -15,15 +15,14 @@ use tracing::{info, warn};
 use super::pool::Slot;
 use super::queue::Waiter;
 use crate::api::{ReadBackStatus, SandboxRun};
-use crate::controller::act::{self, DrainTarget};
 use crate::controller::context::Context;
-use crate::controller::decide::Trigger;
-use crate::controller::drive;
 use crate::controller::error::{kube_err, ControllerError};
-use crate::controller::observe;
-use crate::controller::plan::{self, TeardownPlan, TeardownProgress};
-use crate::identity::RunId;
-use crate::pod;
+use crate::controller::run::act::{self, DrainTarget};
+use crate::controller::run::decide::Trigger;
+use crate::controller::run::drive;
+use crate::controller::run::observe;
+use crate::controller::run::plan::{self, TeardownPlan, TeardownProgress};
+use crate::identity::{self, RunId};
 use crate::shard::drain_claim::{Claim, DrainHold};
 use crate::store::tenant_read::RunStore;
 
@@ -207,7 +206,7 @@ async fn teardown(
     trigger: &Trigger,
     (hold, slot): (Option<&DrainHold>, Option<Slot>),
 ) -> Result<(), ControllerError> {
-    let pod_name = pod::current_pod_name(run);
+    let pod_name = identity::current_pod_name(run);
     let now = Timestamp::now();
     let timeout = ctx.drain_timeout_seconds(run);
     let TeardownPlan {
@@ -268,7 +267,7 @@ async fn teardown(
         return Ok(());
     };
     let now = Timestamp::now();
-    let attempt = crate::controller::retry::AttemptEnd::of(trigger, pod);
+    let attempt = crate::controller::run::retry::AttemptEnd::of(trigger, pod);
     let end = plan::attempt_end(
         run,
         status,

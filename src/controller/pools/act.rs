@@ -29,7 +29,7 @@ pub(crate) async fn carry_out(
             resource_version,
         } => delete_pod(&pods, &name, uid, resource_version).await,
         PoolEffect::ApplyPolicy(policy) => {
-            crate::controller::act::apply_network_policy(&ctx.client, &policy).await?;
+            crate::controller::run::act::apply_network_policy(&ctx.client, &policy).await?;
             Ok(PoolAnswer::Done)
         }
         PoolEffect::CreatePod(pod) => create_pod(&pods, pool, &pod).await,
@@ -41,7 +41,8 @@ pub(crate) async fn carry_out(
             undone_unless(&pods, &name, sealed, "could not be sealed").await
         }
         PoolEffect::ApplyPodPolicy { pod, policy } => {
-            let applied = crate::controller::act::apply_network_policy(&ctx.client, &policy).await;
+            let applied =
+                crate::controller::run::act::apply_network_policy(&ctx.client, &policy).await;
             undone_unless(&pods, &pod, applied, "NetworkPolicy was not applied").await
         }
         PoolEffect::Publish(event) => {

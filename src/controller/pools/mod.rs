@@ -213,7 +213,7 @@ async fn observe(ctx: &Context, pool: &SandboxRunPool) -> Result<PoolObserved, C
         .map_err(kube_err(format!("list the pods of pool {name}")))?
         .items;
     let reference = &pool.spec.template_ref;
-    let fetched = super::observe::template(&ctx.client, &ns, reference).await?;
+    let fetched = super::run::observe::template(&ctx.client, &ns, reference).await?;
     let template_generation = fetched.as_ref().ok().and_then(|t| t.as_ref()?.generation);
     let rules = (&ctx.admission.rules, &ctx.admission.rights);
     let made = match plan::judged(pool, &ns, fetched, rules) {
@@ -222,7 +222,7 @@ async fn observe(ctx: &Context, pool: &SandboxRunPool) -> Result<PoolObserved, C
             // policies"): the namespace's labels are read only when a policy selects by label.
             let policies = &ctx.pod.namespace_policies;
             let labels = if policies.iter().any(|p| p.needs_labels()) {
-                super::observe::namespace_labels(&ctx.client, &ns).await?
+                super::run::observe::namespace_labels(&ctx.client, &ns).await?
             } else {
                 Default::default()
             };

@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRun, SandboxRunStatus, FINALIZER};
 use crate::controller::conditions;
-use crate::controller::decide::DecideSettings;
 use crate::controller::pod_view::{PodView, WorkloadState};
+use crate::controller::run::decide::DecideSettings;
 use crate::pod::{HOLDER_CONTAINER, WORKLOAD_CONTAINER};
 
 pub(crate) fn now() -> Timestamp {

@@ -19,9 +19,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use super::fixtures::{at, now, pod_with_workload, settings};
 use crate::api::{ReadBack, ReadBackPath, ReadBackPhase, Retention, SandboxRun, SandboxRunSpec};
 use crate::caps::CapSettings;
-use crate::controller::decide::{self, Step};
-use crate::controller::plan::{self, Inputs, PathWork, StepPlan, TeardownPlan};
 use crate::controller::pod_view::{PodProblem, PodView, WorkloadState};
+use crate::controller::run::decide::{self, Step};
+use crate::controller::run::plan::{self, Inputs, PathWork, StepPlan, TeardownPlan};
 use crate::pod::PodSettings;
 
 /// The variable that makes the test write the fixtures into a directory instead of comparing.
@@ -515,7 +515,7 @@ fn sorted(v: impl IntoIterator<Item = String>) -> Vec<String> {
 #[test]
 fn the_health_checks_name_exactly_the_reasons_a_run_cannot_start_with() {
     let code = sorted(
-        crate::controller::status::cannot_start_reasons()
+        crate::controller::run::status::cannot_start_reasons()
             .into_iter()
             .map(String::from),
     );
@@ -558,9 +558,9 @@ fn the_health_checks_name_exactly_the_reasons_a_run_cannot_start_with() {
 #[test]
 fn flux_calls_a_pending_run_failed_exactly_when_the_code_says_it_cannot_start() {
     let exprs = flux_exprs();
-    for reason in crate::controller::status::cannot_start_reasons() {
+    for reason in crate::controller::run::status::cannot_start_reasons() {
         let mut run = held(false);
-        run.status = Some(crate::controller::status::pending_status(
+        run.status = Some(crate::controller::run::status::pending_status(
             &run,
             reason,
             "why",
@@ -573,7 +573,7 @@ fn flux_calls_a_pending_run_failed_exactly_when_the_code_says_it_cannot_start() 
         crate::controller::conditions::REASON_POD_CREATED,
     ] {
         let mut run = held(false);
-        run.status = Some(crate::controller::status::pending_status(
+        run.status = Some(crate::controller::run::status::pending_status(
             &run,
             reason,
             "starting",
@@ -599,7 +599,7 @@ fn flux_gives_every_generated_fixture_its_expected_verdict() {
 #[test]
 fn every_pod_problem_is_a_reason_the_health_checks_know() {
     use crate::controller::pod_view::{STUCK_CONTAINER_REASONS, STUCK_EVENT_REASONS};
-    let reasons = crate::controller::status::cannot_start_reasons();
+    let reasons = crate::controller::run::status::cannot_start_reasons();
     let mut problems = vec![
         PodProblem::Unschedulable(String::new()),
         PodProblem::ImagePull {

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 
 use crate::caps::CapSettings;
 use crate::controller::context::Context;
-use crate::controller::decide::DecideSettings;
+use crate::controller::run::decide::DecideSettings;
 use crate::metrics::Metrics;
 use crate::pod::PodSettings;
 
