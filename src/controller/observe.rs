@@ -17,11 +17,11 @@ use super::pod_view::{
     should_read_pod_events, stuck_from_events, undrained_paths, PodEventFact, PodProblem, PodView,
     POD_EVENTS_LIMIT,
 };
-use crate::admission::stamp::StampKey;
 use crate::admission::webhook::pull_credentials;
 use crate::api::{ReadBackStatus, SandboxRun};
 use crate::identity::RunId;
 use crate::pod::{self, WORKLOAD_CONTAINER};
+use crate::policy::stamp::StampKey;
 use crate::registry::{ImageResolver, Resolution};
 
 /// What a reconcile found: the run's own pod (if any) and the facts read from it.
