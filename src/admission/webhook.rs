@@ -20,9 +20,10 @@ use kube::Client;
 use prometheus::{histogram_opts, opts, Histogram, IntCounterVec, Registry};
 use tracing::{debug, info, warn};
 
+use crate::policy::pull_secrets::pull_credentials;
 use crate::policy::ratchet::{judge, Review, Stored};
 use crate::policy::rules::{sort_findings, Finding, RuleSettings};
-use crate::registry::{ImageResolver, RegistryCredentials};
+use crate::registry::ImageResolver;
 
 /// Admission metrics, registered into the operator's registry.
 #[derive(Clone)]
@@ -812,39 +813,6 @@ fn pod_exists(obj: &DynamicObject) -> bool {
         .pointer("/status/podName")
         .and_then(serde_json::Value::as_str)
         .is_some()
-}
-
-/// Credentials from the run's pull secrets; unreadable secrets are skipped (the check then warns
-/// at worst, per ADR-006's transient bucket). Also the controller's pre-flight's
-/// (`run --preflight-images`).
-pub(crate) async fn pull_credentials(
-    client: &Client,
-    namespace: &str,
-    names: &[String],
-) -> Option<RegistryCredentials> {
-    if names.is_empty() {
-        return None;
-    }
-    let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), namespace);
-    let mut creds = RegistryCredentials::default();
-    for name in names {
-        match api.get_opt(name).await {
-            Ok(Some(secret)) => {
-                let data = secret.data.unwrap_or_default();
-                if let Some(bytes) = data.get(".dockerconfigjson") {
-                    match RegistryCredentials::from_docker_config(&bytes.0) {
-                        Ok(c) => creds.extend(c),
-                        Err(e) => {
-                            warn!(secret = %name, %namespace, error = %e, "pull secret does not parse")
-                        }
-                    }
-                }
-            }
-            Ok(None) => debug!(secret = %name, %namespace, "pull secret not found"),
-            Err(e) => warn!(secret = %name, %namespace, error = %e, "cannot read pull secret"),
-        }
-    }
-    Some(creds)
 }
 
 #[cfg(test)]

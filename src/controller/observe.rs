@@ -17,10 +17,10 @@ use super::pod_view::{
     should_read_pod_events, stuck_from_events, undrained_paths, PodEventFact, PodProblem, PodView,
     POD_EVENTS_LIMIT,
 };
-use crate::admission::webhook::pull_credentials;
 use crate::api::{ReadBackStatus, SandboxRun};
 use crate::identity::RunId;
 use crate::pod::{self, WORKLOAD_CONTAINER};
+use crate::policy::pull_secrets::pull_credentials;
 use crate::policy::stamp::StampKey;
 use crate::registry::{ImageResolver, Resolution};
 

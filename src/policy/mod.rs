@@ -17,6 +17,7 @@ pub(crate) mod access;
 pub mod namespace_policy;
 pub mod platform_pull;
 pub(crate) mod published;
+pub(crate) mod pull_secrets;
 pub(crate) mod ratchet;
 pub mod resolvable;
 pub(crate) mod rules;
