@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sandboxrun_operator::admission::RuleSettings;
 use sandboxrun_operator::doctor::{run, DoctorArgs};
+use sandboxrun_operator::policy::RuleSettings;
 
 const BUDGET: Duration = Duration::from_secs(1);
 const BIN: &str = env!("CARGO_BIN_EXE_sandboxrun-operator");

@@ -32,7 +32,7 @@ use axum::{Json, Router};
 use axum_server::tls_rustls::RustlsConfig;
 use sandboxrun_operator::admission::certs;
 use sandboxrun_operator::admission::webhook::{router, serve_tls, WebhookMetrics, WebhookState};
-use sandboxrun_operator::admission::RuleSettings;
+use sandboxrun_operator::policy::RuleSettings;
 use serde_json::{json, Value};
 
 const TARGET_P99: Duration = Duration::from_millis(10);

@@ -14,7 +14,7 @@
 #                             instead, built in its own directory and pinned in
 #                             sandboxrun-operator-<tag>.ref, so a branch's image can be tried
 #                             without replacing the :dev one others test against
-#                             (tests/it/real_node.rs takes the printed reference as
+#                             (tests/it/real_node/bed.rs takes the printed reference as
 #                             SANDBOXRUN_TEST_OPERATOR_IMAGE).
 #
 # Images are pushed to $SANDBOXRUN_TEST_REGISTRY (default 127.0.0.1:15000) and the node pulls them

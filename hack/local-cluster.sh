@@ -308,7 +308,7 @@ env_() {
   echo "export SANDBOXRUN_TEST_POD_S3_ENDPOINT=http://$REAL_NODE_IP:$S3_PORT"
   echo "export SANDBOXRUN_TEST_APISERVER_PORT=$APISERVER_PORT"
   # gVisor's runsc (the `gvisor` RuntimeClass): a sandbox's processes are invisible from the host's
-  # /proc; `runsc ps` lists them (tests/it/real_node.rs).
+  # /proc; `runsc ps` lists them (tests/it/real_node/containers.rs).
   echo "export SANDBOXRUN_TEST_RUNSC=$CACHE_ROOT/$(gvisor_dir_name)/bin/runsc"
   # The GCS and Azure emulators (gs:// and az:// stores).
   "$HERE/store-emulators.sh" env

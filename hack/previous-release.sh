@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The previous release, for the upgrade test (issue #42; tests/it/real_node.rs
+# The previous release, for the upgrade test (issue #42; tests/it/real_node/upgrade.rs
 # `helm_upgrade_from_the_previous_release_keeps_the_runs_in_flight`): the newest version in
 # charts/RELEASED that is not the chart's current version, as it was released — its chart is the
 # recorded chart tree read from git (checked against the tree charts/RELEASED names), its operator

@@ -26,6 +26,7 @@ mod module_map;
 pub(crate) mod names;
 pub mod plugin;
 pub mod pod;
+pub mod policy;
 pub mod pool;
 pub(crate) mod process;
 pub mod registry;

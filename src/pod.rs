@@ -73,7 +73,7 @@ pub struct PodSettings {
     pub default_runtime_class: Option<String>,
     /// The platform's namespace policies, for their `defaultRuntimeClass` (the controller reads
     /// the run's namespace's labels before it builds the pod: [`with_namespace_default`]).
-    pub namespace_policies: Vec<crate::admission::namespace_policy::Compiled>,
+    pub namespace_policies: Vec<crate::policy::namespace_policy::Compiled>,
 }
 
 impl Default for PodSettings {
@@ -102,12 +102,12 @@ pub(crate) fn with_namespace_default(
     mut pod: Pod,
     run: &SandboxRun,
     labels: &BTreeMap<String, String>,
-    policies: &[crate::admission::namespace_policy::Compiled],
+    policies: &[crate::policy::namespace_policy::Compiled],
 ) -> Pod {
     if run.spec.runtime_class_name.is_some() {
         return pod;
     }
-    let chosen = crate::admission::namespace_policy::default_runtime_class(labels, policies);
+    let chosen = crate::policy::namespace_policy::default_runtime_class(labels, policies);
     if let (Some(class), Some(spec)) = (chosen, pod.spec.as_mut()) {
         spec.runtime_class_name = Some(class.to_string());
     }
@@ -791,7 +791,7 @@ fn image_pull_secrets(
     spec: &SandboxRunSpec,
     settings: &PodSettings,
 ) -> Option<Vec<LocalObjectReference>> {
-    let platform = crate::admission::platform_pull::PlatformPull::new(
+    let platform = crate::policy::platform_pull::PlatformPull::new(
         &settings.image_pull_secrets,
         &settings.holder_image,
         settings.image_pull_secrets_serve_workloads,
@@ -1273,7 +1273,7 @@ mod tests {
             class(&build_pod(&own, &settings).unwrap()).as_deref(),
             Some("kata")
         );
-        let policies = crate::admission::namespace_policy::load(
+        let policies = crate::policy::namespace_policy::load(
             "- name: free-tier\n  namespaceSelector: {matchLabels: {tier: free}}\n  defaultRuntimeClass: sandboxed\n",
         )
         .unwrap();

@@ -1,7 +1,7 @@
 //! The webhook's mutating half, `POST /mutate-sandboxrun` (docs/contract.md "A run uses only its
 //! author's rights"; the route is [`super::webhook`]'s, which judges the request as
 //! `/validate-sandboxrun` does): on a run it admits after verifying every right the run exercises
-//! for the requesting user, the stamp of [`super::stamp`] in its annotations — what the controller requires before it gives
+//! for the requesting user, the stamp of [`crate::policy::stamp`] in its annotations — what the controller requires before it gives
 //! such a run a pod. The validating half still runs after every mutating webhook, so a spec
 //! another webhook changed later is judged as stored (and its stamp no longer matches it).
 //!
@@ -14,8 +14,8 @@
 use kube::core::admission::{AdmissionRequest, Operation};
 use kube::core::DynamicObject;
 
-use super::stamp::{self, Binding, StampKey, Subject, STAMP_ANNOTATION};
 use crate::api::SandboxRunSpec;
+use crate::policy::stamp::{self, Binding, StampKey, Subject, STAMP_ANNOTATION};
 
 /// What the webhook stamps with: its key (None: nothing is stamped) and whether it checked the
 /// requesting user's rights at all.
@@ -106,7 +106,7 @@ pub(crate) fn mutation(
 
 /// The JSON patch that stamps `req`'s run at `issued`, when this request verified every right
 /// the run exercises: a CREATE, or an UPDATE before its pod exists that changes what shapes the
-/// pod ([`super::access::to_verify`]), with the access checks on and a key, and the review is
+/// pod ([`crate::policy::access::to_verify`]), with the access checks on and a key, and the review is
 /// the apiserver's real request on `stored` ([`binding`]). None otherwise. Called by the
 /// webhook's mutating route once the same judgement as the validating one admitted the request.
 pub(crate) fn stamp_patch(
@@ -125,8 +125,8 @@ pub(crate) fn stamp_patch(
     }
     let object = req.object.as_ref()?;
     let spec = specs.new;
-    let required = super::access::required(spec);
-    let verified = super::access::to_verify(specs.old, spec, specs.pod_exists);
+    let required = crate::policy::access::required(spec);
+    let verified = crate::policy::access::to_verify(specs.old, spec, specs.pod_exists);
     if required.is_empty() || verified.len() != required.len() {
         return None;
     }

@@ -14,8 +14,10 @@ use kube::api::{ObjectMeta, Patch, PatchParams};
 use kube::{Api, Client};
 use tracing::{debug, warn};
 
-use super::published::{PublishedSettings, HEARTBEAT_INTERVAL, SETTINGS_FORMAT, SETTINGS_LABEL};
 use crate::names::MANAGER;
+use crate::policy::published::{
+    PublishedSettings, HEARTBEAT_INTERVAL, SETTINGS_FORMAT, SETTINGS_LABEL,
+};
 
 /// How often a publisher waiting for the operator to be Ready looks again.
 const NOT_READY_POLL: std::time::Duration = std::time::Duration::from_secs(1);
@@ -93,7 +95,7 @@ pub(crate) async fn publish_forever(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::RuleSettings;
+    use crate::policy::RuleSettings;
 
     #[test]
     fn the_configmap_is_labelled_for_doctor_and_carries_the_record() {

@@ -15,8 +15,8 @@
 use std::sync::{LazyLock, Mutex};
 use std::time::Instant;
 
-use super::access::ACCESS_RULE;
-use super::rules::Finding;
+use crate::policy::access::ACCESS_RULE;
+use crate::policy::rules::Finding;
 
 /// Most access reviews one AdmissionReview may need: a run exercises one right per distinct
 /// Secret, ConfigMap, PVC, ServiceAccount, template or store it names.

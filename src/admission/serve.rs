@@ -17,9 +17,9 @@ use kube::{Api, Client};
 use tracing::{debug, error, warn};
 
 use super::certs::{self, CertBundle};
-use super::rules::RuleSettings;
 use super::webhook::{router, WebhookMetrics, WebhookState};
 use crate::metrics::Metrics;
+use crate::policy::rules::RuleSettings;
 use crate::registry::{ImageResolver, ImageSettings};
 
 /// Lifetime of a self-managed serving certificate (the CA lives twice as long).
@@ -52,7 +52,7 @@ pub(crate) struct ServeConfig {
     /// Opt-in image resolvability check.
     pub(crate) check_images: bool,
     /// The platform's pull Secrets and the registry they serve (`run --pod-image-pull-secret`).
-    pub(crate) platform_pull: crate::admission::platform_pull::PlatformPull,
+    pub(crate) platform_pull: crate::policy::platform_pull::PlatformPull,
     /// Settings the rules read.
     pub(crate) settings: RuleSettings,
     /// The tenant store rules (`run --tenant-store-endpoints`, `--tenant-store-secret-names`).
@@ -61,8 +61,8 @@ pub(crate) struct ServeConfig {
     pub(crate) watched_namespaces: Vec<String>,
     /// `run --shards` when the operator runs sharded (`--sharding`).
     pub(crate) shards: Option<u32>,
-    /// The admission stamps' key (`super::stamp`); None: nothing is stamped.
-    pub(crate) stamp_key: Option<super::stamp::StampKey>,
+    /// The admission stamps' key (`crate::policy::stamp`); None: nothing is stamped.
+    pub(crate) stamp_key: Option<crate::policy::stamp::StampKey>,
     /// The CA whose client certificates alone may call the webhook (`run --webhook-client-ca`,
     /// [`super::client_auth`]); None: any TLS client.
     pub(crate) client_ca: Option<std::path::PathBuf>,

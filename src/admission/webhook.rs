@@ -1,8 +1,8 @@
 //! Front door 2 of the ADR-006 rules: the validating admission webhook. Same engine as the doctor
-//! ([`super::rules`]), same findings; fail findings deny (the message lists every one of them
+//! ([`crate::policy::rules`]), same findings; fail findings deny (the message lists every one of them
 //! with its field and hint, so one round trip shows the user everything to fix), warn findings go
 //! to `warnings`, which kubectl prints. What a review is judged by — everything on CREATE, only
-//! what changed on UPDATE — is decided by [`super::ratchet::judge`].
+//! what changed on UPDATE — is decided by [`crate::policy::ratchet::judge`].
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,9 +20,10 @@ use kube::Client;
 use prometheus::{histogram_opts, opts, Histogram, IntCounterVec, Registry};
 use tracing::{debug, info, warn};
 
-use super::ratchet::{judge, Review, Stored};
-use super::rules::{sort_findings, Finding, RuleSettings};
-use crate::registry::{ImageResolver, RegistryCredentials};
+use crate::policy::pull_secrets::pull_credentials;
+use crate::policy::ratchet::{judge, Review, Stored};
+use crate::policy::rules::{sort_findings, Finding, RuleSettings};
+use crate::registry::ImageResolver;
 
 /// Admission metrics, registered into the operator's registry.
 #[derive(Clone)]
@@ -74,7 +75,7 @@ pub struct WebhookState {
     /// Client to read the run's `imagePullSecrets` for the image check, and to ask the apiserver
     /// whether the requesting user holds the rights a run exercises.
     pub client: Option<Client>,
-    /// Whether a run may only use what its author may (`super::access`): on in the operator's
+    /// Whether a run may only use what its author may (`crate::policy::access`): on in the operator's
     /// webhook; without a client every such run is refused (fail closed).
     pub access_checks: bool,
     /// The namespaces the operator's controller watches; empty: every namespace. A run created
@@ -87,11 +88,11 @@ pub struct WebhookState {
     /// ([`crate::shard::label_change_refusal`]).
     pub shards: Option<u32>,
     /// The key the mutating half stamps the runs whose author's rights it verified with
-    /// ([`super::stamp`]); None: it stamps nothing (the controller then holds such runs).
-    pub stamp_key: Option<super::stamp::StampKey>,
+    /// ([`crate::policy::stamp`]); None: it stamps nothing (the controller then holds such runs).
+    pub stamp_key: Option<crate::policy::stamp::StampKey>,
     /// The platform's pull Secrets: a workload image in the registry they serve is refused
     /// (docs/contract.md "The platform's pull Secrets pull the holder, not the workload").
-    pub platform_pull: super::platform_pull::PlatformPull,
+    pub platform_pull: crate::policy::platform_pull::PlatformPull,
 }
 
 /// The webhook's routes: `POST /validate-sandboxrun`, `POST /mutate-sandboxrun` (the same
@@ -267,9 +268,10 @@ async fn review_request(
         );
     };
     if req.operation == Operation::Create {
-        if let Some(refusal) =
-            super::rules::unwatched_namespace(req.namespace.as_deref(), &state.watched_namespaces)
-        {
+        if let Some(refusal) = crate::policy::rules::unwatched_namespace(
+            req.namespace.as_deref(),
+            &state.watched_namespaces,
+        ) {
             return respond(resp, &who, &[refusal]);
         }
     }
@@ -307,7 +309,7 @@ async fn judged_spec<'a>(
     use std::borrow::Cow;
     let judged = if req.operation == Operation::Create || (!deleting && old_spec != Some(new_spec))
     {
-        use super::templates::{resolve, Templated};
+        use crate::policy::templates::{resolve, Templated};
         match resolve(
             state.client.as_ref(),
             req.namespace.as_deref(),
@@ -342,7 +344,7 @@ async fn findings_of(
     state: &WebhookState,
     req: &AdmissionRequest<DynamicObject>,
     object: &DynamicObject,
-) -> Result<Vec<Finding>, super::ratchet::InvalidSpec> {
+) -> Result<Vec<Finding>, crate::policy::ratchet::InvalidSpec> {
     let new_spec = spec_value(object);
     let old = req
         .old_object
@@ -380,7 +382,7 @@ async fn findings_of(
     if let Some(name) = &judged.template {
         findings = findings
             .into_iter()
-            .map(|f| super::templates::blame_template(f, name, new_spec))
+            .map(|f| crate::policy::templates::blame_template(f, name, new_spec))
             .collect();
     }
     if state.access_checks {
@@ -506,7 +508,7 @@ async fn judged_findings(
     state: &WebhookState,
     req: &AdmissionRequest<DynamicObject>,
     review: Review<'_>,
-) -> Result<Vec<Finding>, super::ratchet::InvalidSpec> {
+) -> Result<Vec<Finding>, crate::policy::ratchet::InvalidSpec> {
     let who = format!(
         "SandboxRun {}/{}",
         req.namespace.as_deref().unwrap_or("-"),
@@ -528,7 +530,10 @@ async fn judged_findings(
             _ => None,
         };
         let resolution = images.resolve(&wanted.image, creds.as_ref()).await;
-        findings.extend(super::resolvable::finding(&resolution, &wanted.image));
+        findings.extend(crate::policy::resolvable::finding(
+            &resolution,
+            &wanted.image,
+        ));
     }
     Ok(findings)
 }
@@ -550,7 +555,7 @@ fn typed_specs(
     ))
 }
 
-/// The rights the run exercises ([`super::access::to_verify`]: all of them on CREATE and on an
+/// The rights the run exercises ([`crate::policy::access::to_verify`]: all of them on CREATE and on an
 /// UPDATE before its pod exists, what it adds after) that the requesting user does not hold
 /// (docs/contract.md "A run uses only its author's rights").
 async fn access_findings(
@@ -564,7 +569,7 @@ async fn access_findings(
     let Some((new, old)) = typed_specs(new, old) else {
         return Vec::new();
     };
-    let mut wanted = super::access::to_verify(old.as_ref(), &new, pod_exists);
+    let mut wanted = crate::policy::access::to_verify(old.as_ref(), &new, pod_exists);
     if wanted.is_empty() {
         return Vec::new();
     }
@@ -574,20 +579,20 @@ async fn access_findings(
             // Bounded per review and in all: the endpoint is no RBAC oracle (issue #38 item 6).
             let mut findings = match super::review_limit::admit(wanted.len()) {
                 Some(refused) => vec![refused],
-                None => super::access::check(client, &req.user_info, ns, &wanted).await,
+                None => crate::policy::access::check(client, &req.user_info, ns, &wanted).await,
             };
             findings.extend(store);
             // Only for a user who may read the source: the refusal says what it stores.
             if !findings
                 .iter()
-                .any(|f| f.field.contains(super::access::FORK_FIELD))
+                .any(|f| f.field.contains(crate::policy::access::FORK_FIELD))
             {
                 findings.extend(fork_store_findings(client, ns, &new, &wanted).await);
             }
             findings
         }
         _ => vec![Finding::fail(
-            super::access::ACCESS_RULE,
+            crate::policy::access::ACCESS_RULE,
             "spec",
             "the webhook cannot check the requesting user's rights (no client or namespace)",
             "report this to the operator's admin",
@@ -603,9 +608,9 @@ async fn fork_store_findings(
     client: &Client,
     namespace: &str,
     new: &crate::api::SandboxRunSpec,
-    wanted: &std::collections::BTreeMap<super::access::Right, Vec<String>>,
+    wanted: &std::collections::BTreeMap<crate::policy::access::Right, Vec<String>>,
 ) -> Vec<Finding> {
-    use super::access::{Right, FORK_FIELD, RUNS};
+    use crate::policy::access::{Right, FORK_FIELD, RUNS};
     let Some(from) = new.workspace.as_ref().and_then(|w| w.from.as_ref()) else {
         return Vec::new();
     };
@@ -615,7 +620,7 @@ async fn fork_store_findings(
     let runs: Api<crate::api::SandboxRun> = Api::namespaced(client.clone(), namespace);
     let refuse = |message: String| {
         vec![Finding::fail(
-            super::access::ACCESS_RULE,
+            crate::policy::access::ACCESS_RULE,
             FORK_FIELD,
             message,
             "fork a run of this namespace that stores its files in this run's store",
@@ -653,9 +658,9 @@ async fn store_ref_findings(
     client: &Client,
     namespace: &str,
     new: &crate::api::SandboxRunSpec,
-    wanted: &mut std::collections::BTreeMap<super::access::Right, Vec<String>>,
+    wanted: &mut std::collections::BTreeMap<crate::policy::access::Right, Vec<String>>,
 ) -> Vec<Finding> {
-    use super::access::{Right, STORE_REF_FIELD};
+    use crate::policy::access::{Right, STORE_REF_FIELD};
     let Some(name) = new.store_ref() else {
         return Vec::new();
     };
@@ -664,7 +669,7 @@ async fn store_ref_findings(
     }
     let refuse = |message: String, hint: &str| {
         vec![Finding::fail(
-            super::access::ACCESS_RULE,
+            crate::policy::access::ACCESS_RULE,
             STORE_REF_FIELD,
             message,
             hint,
@@ -684,7 +689,7 @@ async fn store_ref_findings(
         Api::namespaced(client.clone(), namespace);
     match configmaps.get_opt(name).await {
         Ok(Some(cm)) => {
-            let Some((right, field)) = super::access::store_secret(&cm.data.unwrap_or_default())
+            let Some((right, field)) = crate::policy::access::store_secret(&cm.data.unwrap_or_default())
             else {
                 return Vec::new();
             };
@@ -719,7 +724,7 @@ async fn namespace_policy_findings(
     new: &serde_json::Value,
     old: Option<&serde_json::Value>,
 ) -> Vec<Finding> {
-    use super::rules::ids::RUN_POLICY;
+    use crate::policy::rules::ids::RUN_POLICY;
     // A spec that does not parse was refused by the rules already.
     let Some((new, old)) = typed_specs(new, old) else {
         return Vec::new();
@@ -748,7 +753,7 @@ async fn namespace_policy_findings(
             }
         }
     }
-    super::namespace_policy::added_violations(&new, old.as_ref(), &labels, policies)
+    crate::policy::namespace_policy::added_violations(&new, old.as_ref(), &labels, policies)
         .into_iter()
         .map(|v| Finding::fail(RUN_POLICY, v.field, v.message, v.hint))
         .collect()
@@ -808,39 +813,6 @@ fn pod_exists(obj: &DynamicObject) -> bool {
         .pointer("/status/podName")
         .and_then(serde_json::Value::as_str)
         .is_some()
-}
-
-/// Credentials from the run's pull secrets; unreadable secrets are skipped (the check then warns
-/// at worst, per ADR-006's transient bucket). Also the controller's pre-flight's
-/// (`run --preflight-images`).
-pub(crate) async fn pull_credentials(
-    client: &Client,
-    namespace: &str,
-    names: &[String],
-) -> Option<RegistryCredentials> {
-    if names.is_empty() {
-        return None;
-    }
-    let api: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client.clone(), namespace);
-    let mut creds = RegistryCredentials::default();
-    for name in names {
-        match api.get_opt(name).await {
-            Ok(Some(secret)) => {
-                let data = secret.data.unwrap_or_default();
-                if let Some(bytes) = data.get(".dockerconfigjson") {
-                    match RegistryCredentials::from_docker_config(&bytes.0) {
-                        Ok(c) => creds.extend(c),
-                        Err(e) => {
-                            warn!(secret = %name, %namespace, error = %e, "pull secret does not parse")
-                        }
-                    }
-                }
-            }
-            Ok(None) => debug!(secret = %name, %namespace, "pull secret not found"),
-            Err(e) => warn!(secret = %name, %namespace, error = %e, "cannot read pull secret"),
-        }
-    }
-    Some(creds)
 }
 
 #[cfg(test)]

@@ -7,6 +7,6 @@ use crate::doctor::DoctorArgs;
 /// Runs `doctor` with the default rule settings, the report on stdout.
 pub(crate) async fn main(args: DoctorArgs) -> ExitCode {
     let mut out = std::io::stdout();
-    let code = crate::doctor::run(args, crate::admission::RuleSettings::default(), &mut out).await;
+    let code = crate::doctor::run(args, crate::policy::RuleSettings::default(), &mut out).await;
     ExitCode::from(code)
 }

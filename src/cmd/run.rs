@@ -328,7 +328,7 @@ pub(crate) struct RunArgs {
     #[arg(
         long,
         env = "SANDBOXRUN_SETTINGS_CONFIGMAP",
-        default_value = crate::admission::published::DEFAULT_SETTINGS_CONFIGMAP
+        default_value = crate::policy::published::DEFAULT_SETTINGS_CONFIGMAP
     )]
     pub(crate) settings_configmap: String,
     /// What the controller does with a run that uses a Secret, ConfigMap, PVC, ServiceAccount,
@@ -343,7 +343,7 @@ pub(crate) struct RunArgs {
         env = "SANDBOXRUN_UNADMITTED_REFERENCES",
         default_value = "hold"
     )]
-    pub(crate) unadmitted_references: crate::admission::stamp::UnadmittedReferences,
+    pub(crate) unadmitted_references: crate::policy::stamp::UnadmittedReferences,
     /// The Secret in --pod-namespace that holds the key of the admission stamps; created with 32
     /// random bytes by the first replica that finds none.
     #[arg(
@@ -501,9 +501,9 @@ impl RunArgs {
 
     /// The run policy of `--allowed-runtime-classes`, `--allowed-priority-classes` and
     /// `--allowed-toleration-keys`.
-    pub fn run_policy(&self) -> crate::admission::policy::RunPolicy {
-        use crate::admission::policy::parse_list;
-        crate::admission::policy::RunPolicy {
+    pub fn run_policy(&self) -> crate::policy::run_policy::RunPolicy {
+        use crate::policy::run_policy::parse_list;
+        crate::policy::run_policy::RunPolicy {
             runtime_classes: parse_list(self.allowed_runtime_classes.as_deref()),
             priority_classes: parse_list(self.allowed_priority_classes.as_deref()),
             toleration_keys: parse_list(self.allowed_toleration_keys.as_deref()),
@@ -542,7 +542,7 @@ pub(crate) enum FlagError {
         path: String,
         /// Why.
         #[source]
-        source: crate::admission::namespace_policy::PolicyFileError,
+        source: crate::policy::namespace_policy::PolicyFileError,
     },
     /// A cap is not a byte quantity.
     #[error("bad cap {text:?}: {source}")]
@@ -620,7 +620,7 @@ pub(crate) fn default_runtime_class(args: &RunArgs) -> Result<Option<String>, Fl
 /// The namespace policies of `--namespace-policies` (none when unset).
 pub(crate) fn namespace_policies(
     args: &RunArgs,
-) -> Result<Vec<crate::admission::namespace_policy::Compiled>, FlagError> {
+) -> Result<Vec<crate::policy::namespace_policy::Compiled>, FlagError> {
     let Some(path) = &args.namespace_policies else {
         return Ok(Vec::new());
     };
@@ -628,7 +628,7 @@ pub(crate) fn namespace_policies(
         path: path.display().to_string(),
         why: e.to_string(),
     })?;
-    crate::admission::namespace_policy::load(&text).map_err(|source| FlagError::NamespacePolicies {
+    crate::policy::namespace_policy::load(&text).map_err(|source| FlagError::NamespacePolicies {
         path: path.display().to_string(),
         source,
     })

@@ -87,10 +87,10 @@ pub(crate) struct Stores {
 /// What the operator judges again before it builds a pod, webhook or not.
 pub(crate) struct Admission {
     /// The admission rules, judged again before a pod is built ([`Context::with_rules`]).
-    pub rules: crate::admission::RuleSettings,
+    pub rules: crate::policy::RuleSettings,
     /// The admission stamps a run that uses its author's rights needs before it gets a pod
     /// ([`Context::with_rights`]).
-    pub rights: crate::admission::stamp::RightsPolicy,
+    pub rights: crate::policy::stamp::RightsPolicy,
     /// Resolves a run's image before its pod is created (`run --preflight-images`; None: off).
     pub preflight: Option<Arc<ImageResolver>>,
 }
@@ -241,7 +241,7 @@ impl Context {
 
     /// The client, and the key a warm run's pod's seal verifies under ([`crate::pool::seal`]):
     /// what finding a run's pod needs.
-    pub(crate) fn seal_check(&self) -> (&kube::Client, Option<&crate::admission::stamp::StampKey>) {
+    pub(crate) fn seal_check(&self) -> (&kube::Client, Option<&crate::policy::stamp::StampKey>) {
         (&self.client, self.admission.rights.key.as_ref())
     }
 
@@ -249,14 +249,14 @@ impl Context {
     /// (`run --preflight-images`).
     /// The same context judging runs by `rules` before it builds their pods (the rules the
     /// webhook applies; docs/contract.md "The operator never builds a pod its own rules refuse").
-    pub(crate) fn with_rules(mut self, rules: crate::admission::RuleSettings) -> Context {
+    pub(crate) fn with_rules(mut self, rules: crate::policy::RuleSettings) -> Context {
         self.admission.rules = rules;
         self
     }
 
     /// The same context requiring admission stamps as `rights` says (docs/contract.md "A run
     /// uses only its author's rights").
-    pub(crate) fn with_rights(mut self, rights: crate::admission::stamp::RightsPolicy) -> Context {
+    pub(crate) fn with_rights(mut self, rights: crate::policy::stamp::RightsPolicy) -> Context {
         self.admission.rights = rights;
         self
     }
@@ -343,7 +343,7 @@ impl Context {
             pod,
             egress_proxy: Default::default(),
             admission: Admission {
-                rules: crate::admission::RuleSettings::default(),
+                rules: crate::policy::RuleSettings::default(),
                 rights: Default::default(),
                 preflight: None,
             },

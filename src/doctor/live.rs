@@ -1,7 +1,7 @@
 //! `doctor --context NAME | --kubeconfig PATH`: ADR-006's live probe (docs/contract.md ADR-006
 //! §3), advisory: is the cluster ready to take these manifests, and does it take them? Reads
 //! the SandboxRun CRD, the validating webhooks that would judge each run and their endpoints, the
-//! operator's published settings and heartbeat ([`crate::admission::published`]), then per manifest a
+//! operator's published settings and heartbeat ([`crate::policy::published`]), then per manifest a
 //! server-side dry run (through the webhook) and the objects its pod needs. Every call is
 //! bounded by `--timeout`. This module is the I/O; what the answers mean is
 //! [`crate::doctor::live_verdicts`].
@@ -24,15 +24,15 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
 use serde::de::DeserializeOwned;
 
-use crate::admission::published::{
-    freshness, Freshness, PublishedSettings, SETTINGS_FORMAT, SETTINGS_LABEL,
-};
-use crate::admission::rules::{ids, Finding};
 use crate::api::SandboxRun;
 use crate::doctor::live_verdicts::{
     self as verdicts, classify_dry_run, endpoint, CallError, DryRun, Endpoint, Probe, RefKind,
     Reference, StreamObject,
 };
+use crate::policy::published::{
+    freshness, Freshness, PublishedSettings, SETTINGS_FORMAT, SETTINGS_LABEL,
+};
+use crate::policy::rules::{ids, Finding};
 use crate::store::tenant::TenantStorePolicy;
 
 /// The field manager of doctor's dry runs.
@@ -226,7 +226,7 @@ impl Cluster {
         reference: &crate::api::TemplateRef,
         namespace: &str,
     ) -> Result<Option<crate::api::SandboxRunTemplateSpec>, CallError> {
-        let read = crate::admission::templates::read(&self.client, namespace, reference);
+        let read = crate::policy::templates::read(&self.client, namespace, reference);
         self.bounded(read).await
     }
 

@@ -17,9 +17,9 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::Resource;
 
-use crate::admission::rules::{ids, Finding};
-use crate::admission::templates::{judge_with, Templated};
 use crate::api::{MountType, SandboxRun, SandboxRunSpec, SandboxRunTemplateSpec, TemplateRef};
+use crate::policy::rules::{ids, Finding};
+use crate::policy::templates::{judge_with, Templated};
 use crate::store::tenant::TenantStoreError;
 
 /// A probe call without a usable answer (a probe finding says it).

@@ -1,5 +1,5 @@
 //! `sandboxrun-operator doctor [--strict]`: front door 1 of the ADR-006 rules. Reads manifests
-//! offline, runs the same engine as the webhook ([`crate::admission::rules::check`]) and prints every finding
+//! offline, runs the same engine as the webhook ([`crate::policy::rules::check`]) and prints every finding
 //! with its remediation hint.
 //!
 //! Exit codes (ADR-006 §4, docs/contract.md "Exit codes split config from usage"): 2 — usage
@@ -24,8 +24,8 @@ use serde::Serialize;
 use serde_json::json;
 use thiserror::Error;
 
-use crate::admission::rules::{check, ids, sort_findings, Finding, RuleSettings, Severity};
 use crate::api::{SandboxRun, SandboxRunTemplateSpec, TemplateKind, TemplateRef};
+use crate::policy::rules::{check, ids, sort_findings, Finding, RuleSettings, Severity};
 use crate::registry::{ImageResolver, ImageSettings, RegistryCredentials};
 use live_verdicts::{Probe, RefKind, StreamObject};
 
@@ -170,7 +170,7 @@ pub(crate) enum SettingsError {
         path: String,
         /// Why.
         #[source]
-        source: crate::admission::namespace_policy::PolicyFileError,
+        source: crate::policy::namespace_policy::PolicyFileError,
     },
     /// A `--namespace-labels` pair that is not `key=value`.
     #[error("--namespace-labels: `{0}` is not key=value")]
@@ -208,7 +208,7 @@ impl DoctorArgs {
             })?;
             settings.max_drain_timeout = Some(d);
         }
-        use crate::admission::policy::parse_list;
+        use crate::policy::run_policy::parse_list;
         for (flag, field) in [
             (
                 &self.allowed_runtime_classes,
@@ -235,7 +235,7 @@ impl DoctorArgs {
                 }
             })?;
             settings.namespace_policies =
-                crate::admission::namespace_policy::load(&text).map_err(|source| {
+                crate::policy::namespace_policy::load(&text).map_err(|source| {
                     SettingsError::NamespacePolicies {
                         path: path.display().to_string(),
                         source,
@@ -270,7 +270,7 @@ impl DoctorArgs {
 /// offline; a policy that selects by label is then reported as not judged, a warning).
 pub(crate) fn namespace_policy_findings(
     spec: &crate::api::SandboxRunSpec,
-    policies: &[crate::admission::namespace_policy::Compiled],
+    policies: &[crate::policy::namespace_policy::Compiled],
     labels: Option<&BTreeMap<String, String>>,
 ) -> Vec<Finding> {
     let Some(labels) = labels else {
@@ -297,7 +297,7 @@ pub(crate) fn namespace_policy_findings(
         ));
         return out;
     };
-    crate::admission::namespace_policy::violations(spec, labels, policies)
+    crate::policy::namespace_policy::violations(spec, labels, policies)
         .into_iter()
         .map(|v| Finding::fail(ids::RUN_POLICY, v.field, v.message, v.hint))
         .collect()
@@ -516,7 +516,7 @@ impl ReadDocuments {
             pending.findings.extend(found);
             pending
                 .findings
-                .extend(crate::admission::rules::unwatched_namespace(
+                .extend(crate::policy::rules::unwatched_namespace(
                     Some(&namespace),
                     &live.watched,
                 ));
@@ -563,7 +563,7 @@ impl ReadDocuments {
             match template {
                 Some(t) => {
                     let ns = ns.unwrap_or_else(|| "-".into());
-                    let judged = crate::admission::templates::judge_with(
+                    let judged = crate::policy::templates::judge_with(
                         Some(&t.spec),
                         &ns,
                         &reference,
@@ -596,7 +596,7 @@ impl ReadDocuments {
                 ""
             };
             pending.findings.push(Finding::warn(
-                crate::admission::rules::ids::TEMPLATE_UNUSABLE,
+                crate::policy::rules::ids::TEMPLATE_UNUSABLE,
                 "spec.templateRef.name",
                 format!("the {} is not in these inputs: the run's own spec is judged, not the spec it would run with", reference.label()),
                 format!("give doctor the template's manifest too{same}, or --context to read it from the cluster"),
@@ -655,10 +655,7 @@ async fn offline_findings(
     if let (Some(resolver), Some(image)) = (resolver, run.spec.image.as_deref()) {
         if !image.trim().is_empty() {
             let verdict = resolver.resolve(image.trim(), creds).await;
-            findings.extend(crate::admission::resolvable::finding(
-                &verdict,
-                image.trim(),
-            ));
+            findings.extend(crate::policy::resolvable::finding(&verdict, image.trim()));
         }
     }
     findings
@@ -757,8 +754,8 @@ struct PendingRun {
 impl PendingRun {
     /// The run as its template makes it: judged as the merged spec, or with the template's
     /// findings (a locked field, a template that cannot be used or read).
-    fn made_from(&mut self, judged: crate::admission::templates::Templated) {
-        use crate::admission::templates::Templated;
+    fn made_from(&mut self, judged: crate::policy::templates::Templated) {
+        use crate::policy::templates::Templated;
         match judged {
             Templated::Merged { new, .. } => {
                 if let Ok(spec) = serde_json::from_value(new) {

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::admission::rules::{ids, Finding};
+use crate::policy::rules::{ids, Finding};
 
 /// Fields of `metadata` (ObjectMeta) a manifest may carry; the CRD schema leaves `metadata` to
 /// the apiserver, which knows exactly these.

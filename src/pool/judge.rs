@@ -7,9 +7,9 @@
 //! trusts every author (`--unadmitted-references=trust`). Runs made from a template a
 //! pool refuses start cold and are judged as any run is. Pure.
 
-use crate::admission::stamp::{RightsPolicy, UnadmittedReferences};
-use crate::admission::{refusals, RuleSettings};
 use crate::api::SandboxRunSpec;
+use crate::policy::stamp::{RightsPolicy, UnadmittedReferences};
+use crate::policy::{refusals, RuleSettings};
 
 /// Why a pool makes no pods of `made` (its template merged into an empty run), or None.
 pub(crate) fn refusal(
@@ -32,7 +32,7 @@ pub(crate) fn refusal(
         .template_ref
         .as_ref()
         .is_some_and(|t| t.kind == crate::api::TemplateKind::SandboxRunTemplate);
-    let mut fields = crate::admission::access::required_fields(made);
+    let mut fields = crate::policy::access::required_fields(made);
     fields.retain(|f| !(own_template && f.starts_with("spec.templateRef")));
     (!fields.is_empty()).then(|| {
         format!(
@@ -51,13 +51,12 @@ pub(crate) fn refusal(
 pub(crate) fn namespace_refusal(
     made: &SandboxRunSpec,
     labels: &std::collections::BTreeMap<String, String>,
-    policies: &[crate::admission::namespace_policy::Compiled],
+    policies: &[crate::policy::namespace_policy::Compiled],
 ) -> Option<String> {
-    let refused: Vec<String> =
-        crate::admission::namespace_policy::violations(made, labels, policies)
-            .into_iter()
-            .map(|v| format!("{}: {} (hint: {})", v.field, v.message, v.hint))
-            .collect();
+    let refused: Vec<String> = crate::policy::namespace_policy::violations(made, labels, policies)
+        .into_iter()
+        .map(|v| format!("{}: {} (hint: {})", v.field, v.message, v.hint))
+        .collect();
     (!refused.is_empty()).then(|| {
         format!(
             "the platform's namespace policies refuse its template: {}",
@@ -139,7 +138,7 @@ mod tests {
     /// bypassed by making a pool.
     #[test]
     fn a_pool_makes_no_pods_of_a_template_its_namespace_policy_refuses() {
-        let policies = crate::admission::namespace_policy::load(
+        let policies = crate::policy::namespace_policy::load(
             "- name: locked-tier\n  namespaceSelector: {matchLabels: {tier: locked}}\n  images: [\"registry.corp.example/**\"]\n",
         )
         .unwrap();

@@ -7,7 +7,7 @@
 //! pool with `controller: true` (only `blockOwnerDeletion` needs a right on the owner). A pool
 //! pod's uid is the apiserver's, never reused; so once the pool has created a pod it writes
 //! [`SEAL_ANNOTATION`] on it: an HMAC, under the key only the operator holds (the admission stamps'
-//! key, `crate::admission::stamp_key`), over the pod's namespace, pool, name and **uid**. A
+//! key, `crate::policy::stamp_key`), over the pod's namespace, pool, name and **uid**. A
 //! look-alike has no seal; a seal copied from a pool pod names another uid (a pod re-created
 //! under the same name after the sealed one is gone included). Only a sealed pod is counted,
 //! claimed, started, or found as a warm run's pod.
@@ -20,7 +20,7 @@ use kube::ResourceExt;
 use serde_json::{json, Value};
 
 pub use super::plan::Made;
-use crate::admission::stamp::StampKey;
+use crate::policy::stamp::StampKey;
 
 /// The annotation holding a pool pod's seal.
 pub const SEAL_ANNOTATION: &str = "sandbox.iterion.io/pool-pod-seal";

@@ -7,9 +7,9 @@
 
 use std::collections::BTreeSet;
 
-use sandboxrun_operator::admission::{check, Finding, RuleSettings, Severity};
 use sandboxrun_operator::api::SandboxRun;
 use sandboxrun_operator::doctor::{self, DoctorArgs, Output};
+use sandboxrun_operator::policy::{check, Finding, RuleSettings, Severity};
 
 use crate::support::*;
 

@@ -23,8 +23,8 @@ use std::time::Duration;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::{Api, Client, ResourceExt};
-use sandboxrun_operator::admission::{check, check_update, Finding, RuleSettings, Severity};
 use sandboxrun_operator::api::{Phase, SandboxRun, SandboxRunSpec, FINALIZER};
+use sandboxrun_operator::policy::{check, check_update, Finding, RuleSettings, Severity};
 use sandboxrun_operator::store::{list_manifests, store_from_url};
 use serde_json::{json, Value};
 
@@ -343,7 +343,7 @@ fn engine(text: &str) -> Option<Vec<Finding>> {
     )
 }
 
-/// Rules doctor applies to the document around the spec (src/admission/schema.rs), which the
+/// Rules doctor applies to the document around the spec (src/doctor/schema.rs), which the
 /// apiserver applies itself on a live cluster before any webhook.
 const DOCUMENT_RULES: [&str; 3] = ["unknown-field", "api-version-kind", "invalid-value"];
 

@@ -673,7 +673,7 @@ fn the_namespace_policies_value_becomes_the_file_the_operator_reads() {
     let text = config["data"]["namespace-policies.yaml"]
         .as_str()
         .expect("the file");
-    let read = sandboxrun_operator::admission::namespace_policy::load(text).expect("it parses");
+    let read = sandboxrun_operator::policy::namespace_policy::load(text).expect("it parses");
     assert_eq!(read.len(), 1);
     assert_eq!(read[0].policy.name, "free-tier");
     assert!(!read[0].policy.secrets);
@@ -2163,7 +2163,7 @@ fn the_helm_test_hook_lints_strict_and_is_least_privilege() {
     assert_eq!(role["metadata"]["namespace"].as_str(), Some("runs-a"));
     let rules = serde_json::to_value(&role["rules"]).expect("rules");
     // Its run tolerates the real node's taint, and a run's tolerations need its author's right to
-    // create pods (the webhook's access check, src/admission/access.rs): that, and nothing else.
+    // create pods (the webhook's access check, src/policy/access.rs): that, and nothing else.
     assert_eq!(
         rules,
         serde_json::json!([

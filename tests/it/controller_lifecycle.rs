@@ -689,7 +689,7 @@ async fn a_pod_refused_by_a_quota_is_shown_retried_with_back_off_and_created_onc
 /// sets runAsNonRoot, a non-zero uid, seccomp RuntimeDefault, no privilege escalation, every
 /// capability dropped, and only emptyDir/configMap/secret/PVC volumes). The pod of a run using
 /// every mount type is admitted in a namespace that enforces it (the real node runs one there:
-/// `a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace`, tests/it/real_node.rs).
+/// `a_real_batch_run_keeps_uid_modes_and_bytes_in_a_restricted_namespace`, tests/it/real_node/basics.rs).
 #[tokio::test]
 async fn a_run_using_every_mount_type_passes_pod_security_restricted() {
     let client = client().await;

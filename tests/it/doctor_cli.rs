@@ -1,8 +1,8 @@
 //! `doctor` through its public entry point, in-process (the binary's wiring lives in main.rs).
 
-use sandboxrun_operator::admission::RuleSettings;
 use sandboxrun_operator::caps::CapSettings;
 use sandboxrun_operator::doctor::{run, DoctorArgs, Output};
+use sandboxrun_operator::policy::RuleSettings;
 use sandboxrun_operator::units::GIB;
 
 use crate::support::ports::free_port;

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{any, get};
 use axum::Router;
-use sandboxrun_operator::admission::resolvable;
+use sandboxrun_operator::policy::resolvable;
 use sandboxrun_operator::registry::{
     ImageResolver, ImageSettings, RegistryCredentials, Resolution,
 };

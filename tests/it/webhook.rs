@@ -7,8 +7,8 @@ use std::time::Duration;
 use axum::body::Body;
 use http::{Request, StatusCode};
 use sandboxrun_operator::admission::webhook::{router, WebhookMetrics, WebhookState};
-use sandboxrun_operator::admission::RuleSettings;
 use sandboxrun_operator::caps::CapSettings;
+use sandboxrun_operator::policy::RuleSettings;
 use sandboxrun_operator::registry::{ImageResolver, ImageSettings};
 use serde_json::{json, Value};
 use tower::ServiceExt;
@@ -468,8 +468,8 @@ async fn healthz_answers() {
 /// `run-policy` rule, and allows the rest.
 #[tokio::test]
 async fn the_run_policy_is_enforced_alike_by_the_webhook_and_doctor() {
-    use sandboxrun_operator::admission::policy::RunPolicy;
     use sandboxrun_operator::doctor::{self, DoctorArgs, Output};
+    use sandboxrun_operator::policy::run_policy::RunPolicy;
 
     let policy = RunPolicy {
         runtime_classes: Some(vec!["gvisor".into()]),

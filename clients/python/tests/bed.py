@@ -1,7 +1,7 @@
 """The local test bed (``hack/local-cluster.sh``) as the Python client's bed tests use it: its
 settings, restricted namespaces, the operator binary started as a process of this test run (and
 killed by it), the real node's placement, and the bed registry's images. Mirrors
-tests/it/support/operator.rs and tests/it/real_node.rs."""
+tests/it/support/operator.rs and tests/it/real_node/bed.rs."""
 
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ def image_ref(env: dict[str, str], name: str) -> str:
 
 def holder_image(env: dict[str, str]) -> str:
     """The operator image the run pods' holder runs: ``SANDBOXRUN_TEST_OPERATOR_IMAGE`` when
-    set, else the one ``hack/images.sh operator`` pinned (as tests/it/real_node.rs)."""
+    set, else the one ``hack/images.sh operator`` pinned (as tests/it/real_node/bed.rs)."""
     pinned = (env.get("SANDBOXRUN_TEST_OPERATOR_IMAGE") or "").strip() or image_ref(env, "sandboxrun-operator")
     return pod_ref(env, pinned)
 

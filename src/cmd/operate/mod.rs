@@ -221,9 +221,9 @@ fn rule_settings(
     caps: crate::caps::CapSettings,
     durations: &Durations,
     egress: &crate::egress::EgressSettings,
-    namespace_policies: &[crate::admission::namespace_policy::Compiled],
-) -> crate::admission::RuleSettings {
-    crate::admission::RuleSettings {
+    namespace_policies: &[crate::policy::namespace_policy::Compiled],
+) -> crate::policy::RuleSettings {
+    crate::policy::RuleSettings {
         caps,
         max_drain_timeout: Some(durations.max_drain_timeout),
         network_policy: egress.enforcement,
@@ -236,8 +236,8 @@ fn rule_settings(
 /// controller does without one, and the key, read (or created) when the webhook stamps or the
 /// controller checks. A key that cannot be had is logged: the webhook then stamps nothing and
 /// the controller holds every run that needs a stamp (fail closed).
-async fn rights_policy(args: &RunArgs, client: &Client) -> crate::admission::stamp::RightsPolicy {
-    use crate::admission::stamp::{RightsPolicy, UnadmittedReferences};
+async fn rights_policy(args: &RunArgs, client: &Client) -> crate::policy::stamp::RightsPolicy {
+    use crate::policy::stamp::{RightsPolicy, UnadmittedReferences};
     let unadmitted = args.unadmitted_references;
     // Warm pools seal their pods with it too (docs/contract.md "A warm pool's launcher is the
     // operator's code; a pool pod serves one run (issue #39)").
@@ -246,7 +246,7 @@ async fn rights_policy(args: &RunArgs, client: &Client) -> crate::admission::sta
         || args.warm_pools;
     let key = if needed {
         let (namespace, name) = (&args.pod_namespace, &args.admission_key_secret);
-        match crate::admission::stamp_key::load_or_create(client.clone(), namespace, name).await {
+        match crate::policy::stamp_key::load_or_create(client.clone(), namespace, name).await {
             Ok(key) => Some(key),
             Err(e) => {
                 error!(error = %e, "no admission key: runs that use their author's rights are held");

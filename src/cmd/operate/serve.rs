@@ -23,8 +23,8 @@ pub(super) async fn start_webhook(
     client: Client,
     metrics: &Metrics,
     (settings, stamp_key): (
-        crate::admission::RuleSettings,
-        Option<crate::admission::stamp::StampKey>,
+        crate::policy::RuleSettings,
+        Option<crate::policy::stamp::StampKey>,
     ),
     tenant_stores: crate::store::tenant::TenantStorePolicy,
 ) -> Result<(), OperatorError> {
@@ -45,7 +45,7 @@ pub(super) async fn start_webhook(
         check_images: args.check_images,
         shards: args.sharding.then_some(args.shards),
         stamp_key,
-        platform_pull: crate::admission::platform_pull::PlatformPull::new(
+        platform_pull: crate::policy::platform_pull::PlatformPull::new(
             &args.pod_image_pull_secrets,
             &args.holder_image,
             args.pod_image_pull_secret_serves_workloads,
@@ -72,7 +72,7 @@ pub(super) fn publish_settings(
     args: &RunArgs,
     client: Client,
     (rules, tenant_stores): (
-        crate::admission::RuleSettings,
+        crate::policy::RuleSettings,
         crate::store::tenant::TenantStorePolicy,
     ),
     durations: &Durations,
@@ -81,7 +81,7 @@ pub(super) fn publish_settings(
     if args.settings_configmap.trim().is_empty() {
         return;
     }
-    let published = crate::admission::published::PublishedSettings {
+    let published = crate::policy::published::PublishedSettings {
         rules,
         default_drain_timeout: durations.drain_timeout,
         drain_wire: args.drain_wire,

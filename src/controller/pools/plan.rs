@@ -12,12 +12,12 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use kube::ResourceExt;
 use serde_json::Value;
 
-use crate::admission::namespace_policy::Compiled as NamespacePolicy;
-use crate::admission::stamp::{RightsPolicy, StampKey};
-use crate::admission::RuleSettings;
 use crate::api::{SandboxRun, SandboxRunPool, SandboxRunPoolStatus, SandboxRunSpec};
 use crate::controller::error::ControllerError;
 use crate::pod::PodSettings;
+use crate::policy::namespace_policy::Compiled as NamespacePolicy;
+use crate::policy::stamp::{RightsPolicy, StampKey};
+use crate::policy::RuleSettings;
 use crate::pool::plan::PoolPod;
 use crate::pool::pod::{self as pool_pod, POOL_LABEL};
 use crate::template::TemplateUnusable;

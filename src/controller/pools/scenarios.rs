@@ -7,12 +7,12 @@ use std::sync::Arc;
 use object_store::memory::InMemory;
 use serde_json::{json, Value};
 
-use crate::admission::stamp::StampKey;
 use crate::api::{
     ReadBack, ReadBackPath, SandboxRunPool, SandboxRunPoolSpec, SandboxRunPoolStatus,
     SandboxRunSpec, TemplateRef,
 };
 use crate::controller::testkit::mock_apiserver::{self, status_failure, Log, Route, Seen};
+use crate::policy::stamp::StampKey;
 
 const PODS: &str = "/api/v1/namespaces/ns/pods";
 const TEMPLATE: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruntemplates/agent";

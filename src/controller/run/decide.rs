@@ -203,7 +203,7 @@ pub(crate) enum Preflight {
 /// Judges the pre-flight `resolution` of `image` (the verdicts of admission's image check, the
 /// same words and hints).
 pub(crate) fn preflight(image: &str, resolution: &Resolution) -> Preflight {
-    match crate::admission::resolvable::finding(resolution, image) {
+    match crate::policy::resolvable::finding(resolution, image) {
         None => Preflight::Proceed,
         Some(f) if f.is_fail() => Preflight::Unresolvable {
             message: f.message,

@@ -12,8 +12,6 @@ use kube::{Api, Client, ResourceExt};
 use object_store::ObjectStore;
 use tracing::warn;
 
-use crate::admission::stamp::StampKey;
-use crate::admission::webhook::pull_credentials;
 use crate::api::{ReadBackStatus, SandboxRun};
 use crate::controller::error::{kube_err, ControllerError};
 use crate::controller::pod_view::{
@@ -22,6 +20,8 @@ use crate::controller::pod_view::{
 };
 use crate::identity::{self, RunId};
 use crate::pod::WORKLOAD_CONTAINER;
+use crate::policy::pull_secrets::pull_credentials;
+use crate::policy::stamp::StampKey;
 use crate::registry::{ImageResolver, Resolution};
 
 /// What a reconcile found: the run's own pod (if any) and the facts read from it.

@@ -255,7 +255,7 @@ fn start_teardown(
 /// template's merge.
 fn unverified_rights(ctx: &Context, own: &SandboxRun, step: &decide::Step) -> Option<String> {
     matches!(step, decide::Step::CreatePod)
-        .then(|| crate::admission::stamp::unverified_rights(own, &ctx.admission.rights))
+        .then(|| crate::policy::stamp::unverified_rights(own, &ctx.admission.rights))
         .flatten()
 }
 

@@ -402,8 +402,8 @@ async fn a_templated_run_starts_cold_when_the_pool_crd_is_not_installed() {
     all.extend(routes(&r, no_pod()));
     let (client, log) = apiserver(all);
     // The template is a right its author must hold: trusted here (the stamp is not the point).
-    let rights = crate::admission::stamp::RightsPolicy {
-        unadmitted: crate::admission::stamp::UnadmittedReferences::Trust,
+    let rights = crate::policy::stamp::RightsPolicy {
+        unadmitted: crate::policy::stamp::UnadmittedReferences::Trust,
         key: None,
     };
     let ctx = context(client, Arc::new(InMemory::new()))
@@ -478,8 +478,8 @@ async fn a_templated_run_whose_pool_has_no_ready_pod_counts_a_miss_then_records_
     ];
     all.extend(routes(&r, no_pod()));
     let (client, log) = apiserver(all);
-    let rights = crate::admission::stamp::RightsPolicy {
-        unadmitted: crate::admission::stamp::UnadmittedReferences::Trust,
+    let rights = crate::policy::stamp::RightsPolicy {
+        unadmitted: crate::policy::stamp::UnadmittedReferences::Trust,
         key: None,
     };
     let ctx = context(client, Arc::new(InMemory::new()))
@@ -944,7 +944,7 @@ async fn a_warm_pods_failed_restore_is_recorded_and_never_followed_by_the_runs_s
     let mut pod = crate::pool::park::park_in_launcher(built, &settings).unwrap();
     pod.metadata.name = Some(WARM.into());
     pod.metadata.uid = Some("p2".into());
-    let key = crate::admission::stamp::StampKey::new(b"0123456789abcdef0123456789abcdef");
+    let key = crate::policy::stamp::StampKey::new(b"0123456789abcdef0123456789abcdef");
     let pool = crate::pool::pod::label_value("agents");
     let seal = crate::pool::seal::seal_of(&key, &pod, &pool).unwrap();
     pod.metadata.annotations = Some(
@@ -964,8 +964,8 @@ async fn a_warm_pods_failed_restore_is_recorded_and_never_followed_by_the_runs_s
     let mut all = routes(&r, Route::fixed("GET", &warm_path, 200, pod_json));
     all.push(Route::fixed("PATCH", STATUS, 200, written(&r)));
     let (client, log) = apiserver(all);
-    let rights = crate::admission::stamp::RightsPolicy {
-        unadmitted: crate::admission::stamp::UnadmittedReferences::Trust,
+    let rights = crate::policy::stamp::RightsPolicy {
+        unadmitted: crate::policy::stamp::UnadmittedReferences::Trust,
         key: Some(key),
     };
     let ctx = context(client, Arc::new(InMemory::new()))
@@ -1049,8 +1049,8 @@ async fn a_fork_no_admission_verified_gets_no_pod_and_reads_nothing() {
 async fn a_forks_first_pod_is_created_parked_until_the_sources_files_are_restored() {
     let r = forking();
     let (client, log) = apiserver(routes(&r, no_pod()));
-    let rights = crate::admission::stamp::RightsPolicy {
-        unadmitted: crate::admission::stamp::UnadmittedReferences::Trust,
+    let rights = crate::policy::stamp::RightsPolicy {
+        unadmitted: crate::policy::stamp::UnadmittedReferences::Trust,
         key: None,
     };
     let ctx = context(client, Arc::new(InMemory::new())).with_rights(rights);
@@ -1107,8 +1107,8 @@ fn parked_fork(r: &mut SandboxRun, attempt: u32, pod_path: &str) -> Vec<Route> {
 /// The restore record a reconcile of `r` writes last.
 async fn restore_written(r: SandboxRun, all: Vec<Route>) -> (Value, Vec<String>) {
     let (client, log) = apiserver(all);
-    let rights = crate::admission::stamp::RightsPolicy {
-        unadmitted: crate::admission::stamp::UnadmittedReferences::Trust,
+    let rights = crate::policy::stamp::RightsPolicy {
+        unadmitted: crate::policy::stamp::UnadmittedReferences::Trust,
         key: None,
     };
     reconcile(
@@ -1249,8 +1249,8 @@ async fn checkpoint_fork_written(checkpoint: u32, store: Arc<InMemory>) -> (Valu
         checkpointed_source("ua"),
     ));
     let (client, log) = apiserver(all);
-    let rights = crate::admission::stamp::RightsPolicy {
-        unadmitted: crate::admission::stamp::UnadmittedReferences::Trust,
+    let rights = crate::policy::stamp::RightsPolicy {
+        unadmitted: crate::policy::stamp::UnadmittedReferences::Trust,
         key: None,
     };
     reconcile(context(client, store).with_rights(rights), r).await;

@@ -215,7 +215,7 @@ async fn namespace_labels(
 ) -> Result<Option<std::collections::BTreeMap<String, String>>, ControllerError> {
     let policies = &ctx.pod.namespace_policies;
     let for_default = run.spec.runtime_class_name.is_none()
-        && crate::admission::namespace_policy::gives_defaults(policies);
+        && crate::policy::namespace_policy::gives_defaults(policies);
     if !for_default && !policies.iter().any(|p| p.needs_labels()) {
         return Ok(None);
     }

@@ -85,7 +85,7 @@ fn view(holder_running: bool, workload: WorkloadState) -> PodView {
 /// One reconcile of `run` with its pod seen as `pod`: the run with the status it plans.
 fn reconciled(mut run: SandboxRun, pod: &PodView) -> SandboxRun {
     let pod_settings = PodSettings::default();
-    let rules = crate::admission::RuleSettings::default();
+    let rules = crate::policy::RuleSettings::default();
     let step = decide::decide(&run, Some(pod), now(), &settings());
     let inputs = Inputs {
         run: &run,

@@ -386,3 +386,15 @@ async fn a_file_shrunk_and_a_directory_swapped_mid_drain_are_recorded_never_foll
     );
     eprintln!("tree: symlink {as_symlink}, replaced {replaced}, held {held}; stored {stored:?}");
 }
+
+/// The workload of [`a_file_shrunk_and_a_directory_swapped_mid_drain_are_recorded_never_followed`]:
+/// a 256 MiB file of random bytes (first in the packer's sorted walk, so it streams for seconds),
+/// then a directory `tree` holding one file; `inside.txt` is written last, as the go-ahead. Then it
+/// keeps running: the drain happens on `stop`, with the workload alive.
+const SWAP_RACE: &str = r#"set -e
+o=/work/swap-race
+head -c 268435456 /dev/urandom > "$o/a-big.bin"
+mkdir -p "$o/tree/sub"
+echo inside > "$o/tree/sub/inside.txt"
+exec sleep 3600
+"#;

@@ -58,13 +58,13 @@ pub(super) fn create_pod(run: &SandboxRun, inputs: &Inputs<'_>) -> StepPlan {
     }
 }
 
-/// The rules' refusal of `run` (`admission::refusals`, the webhook's and `doctor`'s engine) in
+/// The rules' refusal of `run` (`policy::refusals`, the webhook's and `doctor`'s engine) in
 /// words; None when no rule fails.
 pub(super) fn refused_by_rules(
     run: &SandboxRun,
-    rules: &crate::admission::RuleSettings,
+    rules: &crate::policy::RuleSettings,
 ) -> Option<String> {
-    crate::admission::refusals(&run.spec, rules)
+    crate::policy::refusals(&run.spec, rules)
         .map(|r| format!("the operator's admission rules refuse the spec: {r}"))
 }
 
@@ -76,16 +76,16 @@ pub(super) fn refused_by_rules(
 pub(crate) fn refused_by_namespace_policies(
     run: &SandboxRun,
     facts: &CreationFacts,
-    policies: &[crate::admission::namespace_policy::Compiled],
+    policies: &[crate::policy::namespace_policy::Compiled],
 ) -> Option<String> {
     let labels = facts.namespace_labels.clone().unwrap_or_default();
-    let violations = crate::admission::namespace_policy::violations(&run.spec, &labels, policies);
+    let violations = crate::policy::namespace_policy::violations(&run.spec, &labels, policies);
     let shown: Vec<String> = violations
         .iter()
         .map(|v| {
             format!(
                 "rule {} at {}: {} (hint: {})",
-                crate::admission::rules::ids::RUN_POLICY,
+                crate::policy::rules::ids::RUN_POLICY,
                 v.field,
                 v.message,
                 v.hint
@@ -200,10 +200,7 @@ pub(crate) fn creation(
     run: &SandboxRun,
     pod: Pod,
     facts: CreationFacts,
-    (egress, policies): (
-        EgressVerdict,
-        &[crate::admission::namespace_policy::Compiled],
-    ),
+    (egress, policies): (EgressVerdict, &[crate::policy::namespace_policy::Compiled]),
     now: Timestamp,
 ) -> Plan {
     if let Some(why) = &facts.store_unusable {
@@ -224,7 +221,7 @@ pub(crate) fn shaped_pod(
     run: &SandboxRun,
     pod: Pod,
     facts: &CreationFacts,
-    policies: &[crate::admission::namespace_policy::Compiled],
+    policies: &[crate::policy::namespace_policy::Compiled],
 ) -> Pod {
     let pod = match &facts.namespace_labels {
         Some(labels) => crate::pod::with_namespace_default(pod, run, labels, policies),
@@ -498,8 +495,8 @@ mod tests {
         let traversal = with_generation(run_with(&[("/../usr/local/bin", true)]));
         let mut policy = with_generation(run_with(&[("/out", true)]));
         policy.spec.runtime_class_name = Some("kata".into());
-        let rules = crate::admission::RuleSettings {
-            policy: crate::admission::policy::RunPolicy {
+        let rules = crate::policy::RuleSettings {
+            policy: crate::policy::run_policy::RunPolicy {
                 runtime_classes: Some(vec!["gvisor".into()]),
                 ..Default::default()
             },
@@ -566,7 +563,7 @@ mod tests {
         let mut r = with_generation(run_with(&[("/out", true)]));
         r.spec.image = Some("evil.example/miner:1".into());
         let pod = || crate::pod::build_pod(&r, &PodSettings::default()).unwrap();
-        let policies = crate::admission::namespace_policy::load(
+        let policies = crate::policy::namespace_policy::load(
             "- name: locked-tier\n  namespaceSelector: {matchLabels: {tier: locked}}\n  images: [\"registry.corp.example/**\"]\n",
         )
         .unwrap();
@@ -626,7 +623,7 @@ mod tests {
         use crate::egress::verdict::EgressVerdict;
         let r = with_generation(run_with(&[("/out", true)]));
         let pod = || crate::pod::build_pod(&r, &PodSettings::default()).unwrap();
-        let policies = crate::admission::namespace_policy::load(
+        let policies = crate::policy::namespace_policy::load(
             "- name: free-tier\n  namespaceSelector: {matchLabels: {tier: free}}\n  defaultRuntimeClass: sandboxed\n",
         )
         .unwrap();

@@ -193,9 +193,9 @@ pub(crate) struct Inputs<'a> {
     pub pod_settings: &'a PodSettings,
     /// The admission rules the operator judges a run by again before it builds its pod
     /// (docs/contract.md "The operator never builds a pod its own rules refuse").
-    pub rules: &'a crate::admission::RuleSettings,
+    pub rules: &'a crate::policy::RuleSettings,
     /// Why the run may not have a pod until an admission verifies its author's rights
-    /// (`admission::stamp::unverified_rights`, judged on the run's own spec); None: it may.
+    /// (`policy::stamp::unverified_rights`, judged on the run's own spec); None: it may.
     pub rights_unverified: Option<&'a str>,
     /// When this process last tried to create the run's pod and was refused.
     pub last_create_attempt: Option<Timestamp>,

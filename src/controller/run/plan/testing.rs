@@ -33,8 +33,8 @@ pub(crate) fn inputs<'a>(
 }
 
 /// The rules of an operator started with default flags.
-pub(crate) fn default_rules() -> &'static crate::admission::RuleSettings {
-    static RULES: std::sync::LazyLock<crate::admission::RuleSettings> =
+pub(crate) fn default_rules() -> &'static crate::policy::RuleSettings {
+    static RULES: std::sync::LazyLock<crate::policy::RuleSettings> =
         std::sync::LazyLock::new(Default::default);
     &RULES
 }

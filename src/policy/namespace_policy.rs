@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-use super::policy::{violations as list_violations, RunPolicy, Violation};
+use super::run_policy::{violations as list_violations, RunPolicy, Violation};
 use crate::api::{MountType, SandboxRunSpec};
 
 /// One policy as the file writes it.

@@ -101,8 +101,8 @@ pub struct RuleSettings {
     /// run that restricts egress is warned (the controller refuses or warns again at start).
     pub network_policy: crate::egress::PolicyEnforcement,
     /// The cluster's run policy: the runtime classes, priority classes and toleration keys runs
-    /// may ask for (`super::policy`).
-    pub policy: super::policy::RunPolicy,
+    /// may ask for (`super::run_policy`).
+    pub policy: super::run_policy::RunPolicy,
     /// The platform's namespace policies (`run --namespace-policies`): judged with the labels of
     /// the run's namespace, so by the webhook and `doctor` beside [`check`], not inside it.
     pub namespace_policies: Vec<super::namespace_policy::Compiled>,
@@ -119,7 +119,7 @@ impl Default for RuleSettings {
             caps: CapSettings::default(),
             max_drain_timeout: Some(DEFAULT_MAX_DRAIN_TIMEOUT),
             network_policy: crate::egress::PolicyEnforcement::Enforced,
-            policy: super::policy::RunPolicy::default(),
+            policy: super::run_policy::RunPolicy::default(),
             namespace_policies: Vec::new(),
         }
     }
@@ -195,7 +195,7 @@ pub mod ids {
     /// `runtimeClassName` not a DNS-1123 subdomain.
     pub(crate) const RUNTIME_CLASS_NAME: &str = "runtime-class-name";
     /// `runtimeClassName`, `priorityClassName` or a toleration key outside the cluster's run
-    /// policy (`--allowed-runtime-classes`, …; `super::super::policy`).
+    /// policy (`--allowed-runtime-classes`, …; `super::super::run_policy`).
     pub(crate) const RUN_POLICY: &str = "run-policy";
     /// A run in a namespace the operator does not watch (`run --namespaces`): refused by the
     /// webhook, reported by `doctor --context`; nothing would ever run it.
@@ -208,7 +208,7 @@ pub mod ids {
     /// complete reference.
     pub(crate) const ENV_VALUE_FROM: &str = "env-value-from";
     /// `doctor` only: a field the CRD's structural schema does not know (the apiserver rejects or
-    /// prunes it before the webhook; see [`super::super::schema`]).
+    /// prunes it before the webhook; see [`crate::doctor::schema`]).
     pub(crate) const UNKNOWN_FIELD: &str = "unknown-field";
     /// A field whose value is outside its type or its enum in the CRD schema (doctor only: the
     /// apiserver refuses it before admission).
@@ -289,7 +289,7 @@ pub fn check(spec: &SandboxRunSpec, settings: &RuleSettings) -> Vec<Finding> {
     check_ttl(spec, &mut out);
     check_retry_policy(spec, &mut out);
     check_pod_passthrough(spec, &mut out);
-    for v in super::policy::violations(spec, &settings.policy) {
+    for v in super::run_policy::violations(spec, &settings.policy) {
         out.push(Finding::fail(ids::RUN_POLICY, v.field, v.message, v.hint));
     }
     check_env(spec, &mut out);

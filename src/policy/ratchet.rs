@@ -1,4 +1,4 @@
-//! What one admission request is judged by. Pure: the webhook ([`super::webhook`]) reads the
+//! What one admission request is judged by. Pure: the webhook ([`crate::admission::webhook`]) reads the
 //! review, asks [`judge`], and does the only I/O (the opt-in image check) when told to.
 //!
 //! CREATE is judged in full: every ADR-006 rule ([`check`]), and the image check when
@@ -236,8 +236,8 @@ fn ratchet(finding: Finding, before: &[Finding]) -> Finding {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::admission::rules::ids;
     use crate::caps::CapSettings;
+    use crate::policy::rules::ids;
     use serde_json::json;
 
     const GI: u64 = 1 << 30;

@@ -13,8 +13,8 @@ use jiff::Timestamp;
 use thiserror::Error;
 
 use super::namespace_policy::{compile, NamespacePolicy};
-use super::policy::{parse_list, RunPolicy};
 use super::rules::RuleSettings;
+use super::run_policy::{parse_list, RunPolicy};
 use crate::caps::CapSettings;
 use crate::drain::wire::Wire;
 use crate::egress::PolicyEnforcement;
@@ -330,7 +330,7 @@ fn describe_tenant_stores(policy: Option<&TenantStorePolicy>) -> String {
 }
 
 /// The namespace policies' names, or `none`.
-fn describe_policies(policies: &[crate::admission::namespace_policy::Compiled]) -> String {
+fn describe_policies(policies: &[crate::policy::namespace_policy::Compiled]) -> String {
     if policies.is_empty() {
         return "none".to_string();
     }
@@ -383,7 +383,7 @@ mod tests {
                     priority_classes: Some(Vec::new()),
                     toleration_keys: None,
                 },
-                namespace_policies: crate::admission::namespace_policy::load(
+                namespace_policies: crate::policy::namespace_policy::load(
                     "- name: free-tier\n  namespaceSelector: {matchLabels: {tier: free}}\n  \
                      images: [\"registry.corp.example/**\"]\n  maxSizeLimit: 1Gi\n  secrets: false\n",
                 )
