@@ -6,10 +6,10 @@
 
 use sha2::{Digest, Sha256};
 
-/// Name of the operator-owned container the drain execs into.
-pub const HOLDER_CONTAINER: &str = "holder";
 /// Name of the user's container.
 pub(crate) const WORKLOAD_CONTAINER: &str = "workload";
+/// Name of the operator-owned container the drain execs into.
+pub const HOLDER_CONTAINER: &str = "holder";
 /// Label carrying the owning run's uid (names can exceed a label value's 63 characters).
 pub const RUN_UID_LABEL: &str = "sandbox.iterion.io/run-uid";
 

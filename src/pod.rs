@@ -17,13 +17,17 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
 use thiserror::Error;
 
-use crate::api::{parse_user, Mount, MountType, ReadBackPath, SandboxRun, SandboxRunSpec};
+use crate::api::{parse_user, Mount, MountType, SandboxRun, SandboxRunSpec};
 use crate::inpod::holder::HolderCommand;
+
+mod slot;
 
 pub use crate::names::{attempt_pod_name, pod_name, HOLDER_CONTAINER, RUN_UID_LABEL};
 pub(crate) use crate::names::{
     managed_by_selector, MANAGED_BY, MANAGED_BY_LABEL, WORKLOAD_CONTAINER,
 };
+pub use slot::READBACK_VOLUME_PREFIX;
+pub(crate) use slot::{slot_index, ReadBackSlot, SlotMismatch};
 /// The variable that names the run-files directory to the workload (ADR-143 Consequences).
 pub const ARTIFACT_FILES_ENV: &str = "ITERION_ARTIFACT_FILES_DIR";
 /// The variable that tells the workload which attempt it is (1, 2, …; docs/user-guide.md
@@ -36,8 +40,6 @@ pub(crate) const RUN_NAME_LABEL: &str = "sandbox.iterion.io/run";
 pub use crate::inpod::holder::{HOLDER_BINARY, HOLDER_STATE_DIR};
 /// Default of `run --holder-image`: the operator's own image.
 pub(crate) const DEFAULT_HOLDER_IMAGE: &str = "ghcr.io/iterion/sandboxrun-operator:latest";
-/// Volume-name prefix of the emptyDir serving read-back path N.
-pub const READBACK_VOLUME_PREFIX: &str = "readback-";
 pub(crate) use crate::names::{reserved_key, RESERVED_PREFIX};
 
 /// Seconds the pod's grace period adds to the drain timeout, so the holder outlives the drain.
@@ -342,9 +344,11 @@ pub(crate) fn build_pod(run: &SandboxRun, settings: &PodSettings) -> Result<Pod,
     let (user, group) = run_as(spec)?;
     let drain_timeout = drain_timeout_seconds(run, settings)?;
 
-    let read_back = spec.read_back_paths();
-    let mounts = pod_volumes(spec, read_back)?;
-    let env = workload_env_vars(run, settings, read_back);
+    // Made once: the pod mounts exactly these, and every reader reads them back (docs/contract.md
+    // "A read-back slot is made once").
+    let slots = ReadBackSlot::of(spec.read_back_paths().iter().map(|p| p.path.as_str()));
+    let mounts = pod_volumes(spec, &slots)?;
+    let env = workload_env_vars(run, settings, &slots);
     let restricted = restricted_security_context();
     let workload = workload_container(spec, image, env, mounts.workload, restricted.clone());
     let gate = egress_gate_container(run, settings, restricted.clone());
@@ -401,10 +405,7 @@ struct PodVolumes {
 
 /// The volumes and mounts of the pod: the run's own mounts, the holder's state directory and the
 /// read-back emptyDirs.
-fn pod_volumes(
-    spec: &SandboxRunSpec,
-    read_back: &[ReadBackPath],
-) -> Result<PodVolumes, BuildError> {
+fn pod_volumes(spec: &SandboxRunSpec, slots: &[ReadBackSlot]) -> Result<PodVolumes, BuildError> {
     let mut volumes = Vec::new();
     let mut workload = Vec::new();
     for (index, m) in spec.mounts.iter().enumerate() {
@@ -413,9 +414,8 @@ fn pod_volumes(
         workload.push(mount);
     }
 
-    // One emptyDir per declared read-back path, mounted at that path in the workload AND in the
-    // holder. No sizeLimit, on purpose (ADR-143 "Unbounded size"): past it the kubelet evicts the
-    // whole pod and nothing would be drained; the cap is metered by the drain instead.
+    // One emptyDir per declared read-back path (its slot), mounted at that path in the workload
+    // AND below its own root in the holder.
     let mut holder = vec![VolumeMount {
         name: "holder-state".to_string(),
         mount_path: HOLDER_STATE_DIR.to_string(),
@@ -426,27 +426,12 @@ fn pod_volumes(
         empty_dir: Some(EmptyDirVolumeSource::default()),
         ..Volume::default()
     });
-    for (index, path) in read_back.iter().enumerate() {
-        clean_path(|| format!("spec.readBack.paths[{index}].path"), &path.path)?;
-        let volume_name = format!("{READBACK_VOLUME_PREFIX}{index}");
-        volumes.push(Volume {
-            name: volume_name.clone(),
-            empty_dir: Some(EmptyDirVolumeSource::default()),
-            ..Volume::default()
-        });
-        let mount = VolumeMount {
-            name: volume_name,
-            mount_path: path.path.clone(),
-            ..VolumeMount::default()
-        };
-        // The holder sees it below a root of its own (docs/contract.md "The holder runs only the
-        // operator's code"): never on its PATH, never over its binary.
-        holder.push(VolumeMount {
-            read_only: Some(true),
-            mount_path: crate::inpod::holder::holder_path(&path.path),
-            ..mount.clone()
-        });
-        workload.push(mount);
+    for slot in slots {
+        let index = slot.index;
+        clean_path(|| format!("spec.readBack.paths[{index}].path"), &slot.path)?;
+        volumes.push(slot.pod_volume());
+        holder.push(slot.holder_volume_mount());
+        workload.push(slot.workload_mount());
     }
     Ok(PodVolumes {
         volumes,
@@ -515,7 +500,7 @@ fn run_mount(index: usize, m: &Mount) -> Result<(Volume, VolumeMount), BuildErro
 fn workload_env_vars(
     run: &SandboxRun,
     settings: &PodSettings,
-    read_back: &[ReadBackPath],
+    slots: &[ReadBackSlot],
 ) -> Vec<EnvVar> {
     // A filtered run's proxy variables (docs/contract.md "ADR-006 network rules: validated and
     // enforced") replace any the user set.
@@ -532,7 +517,7 @@ fn workload_env_vars(
         })
         .map(run_env_var)
         .collect();
-    env.extend(promise_env(read_back));
+    env.extend(promise_env(slots));
     env.extend(proxy_env);
     env.push(EnvVar {
         name: ATTEMPT_ENV.to_string(),
@@ -564,14 +549,14 @@ fn run_env_var(e: &crate::api::EnvVar) -> EnvVar {
 }
 
 /// The promise variables: none without a read-back path.
-fn promise_env(read_back: &[ReadBackPath]) -> Vec<EnvVar> {
+fn promise_env(slots: &[ReadBackSlot]) -> Vec<EnvVar> {
     // The promise (ADR-143 §3, §6): a path is named to the workload because it will be read back.
     // Named exactly when a kept mount serves it and the drain covers it — both hold for every
     // declared path here, and never for anything else (user env cannot forge the variables).
-    let Some(first) = read_back.first() else {
+    let Some(first) = slots.first() else {
         return Vec::new();
     };
-    let all: Vec<&str> = read_back.iter().map(|p| p.path.as_str()).collect();
+    let all: Vec<&str> = slots.iter().map(|s| s.path.as_str()).collect();
     vec![
         EnvVar {
             name: ARTIFACT_FILES_ENV.to_string(),
@@ -883,51 +868,11 @@ fn pod_labels(
     labels
 }
 
-/// Whether `pod` keeps the promise for `path`: an emptyDir volume (a mount the driver keeps)
-/// mounted at `path` in the workload AND, the same volume, below the holder's own read-back root in
-/// the holder (which the drain reads). Used by the canary.
+/// Whether `pod` keeps the promise for `path`: it serves a read-back slot there
+/// ([`ReadBackSlot::serving`]: an emptyDir mounted at `path` in the workload AND, the same
+/// volume, in the holder, which the drain reads). Used by the canary.
 pub(crate) fn kept_mount_serves(pod: &Pod, path: &str) -> bool {
-    let Some(spec) = pod.spec.as_ref() else {
-        return false;
-    };
-    let empty_dirs: Vec<&str> = spec
-        .volumes
-        .iter()
-        .flatten()
-        .filter(|v| v.empty_dir.is_some())
-        .map(|v| v.name.as_str())
-        .collect();
-    // The emptyDir the container mounts at `at`, if any.
-    let volume_at = |container: &str, at: &str| -> Option<String> {
-        spec.containers
-            .iter()
-            .filter(|c| c.name == container)
-            .flat_map(|c| c.volume_mounts.iter().flatten())
-            .find(|m| m.mount_path == at && empty_dirs.contains(&m.name.as_str()))
-            .map(|m| m.name.clone())
-    };
-    // The same emptyDir: at the path in the workload, below the holder's own root in the holder.
-    let holder_at = crate::inpod::holder::holder_path(path);
-    match (
-        volume_at(WORKLOAD_CONTAINER, path),
-        volume_at(HOLDER_CONTAINER, &holder_at),
-    ) {
-        (Some(w), Some(h)) => w == h,
-        _ => false,
-    }
-}
-
-/// Where the holder of `pod` mounts the emptyDir of read-back path `index`, if it does.
-pub(crate) fn holder_mount(pod: &Pod, index: usize) -> Option<String> {
-    let volume = format!("{READBACK_VOLUME_PREFIX}{index}");
-    pod.spec
-        .as_ref()?
-        .containers
-        .iter()
-        .filter(|c| c.name == HOLDER_CONTAINER)
-        .flat_map(|c| c.volume_mounts.iter().flatten())
-        .find(|m| m.name == volume)
-        .map(|m| m.mount_path.clone())
+    ReadBackSlot::serving(pod, path).is_some()
 }
 
 /// The value of an env variable of the workload container, if set.
@@ -964,13 +909,15 @@ pub fn promise_violations(pod: &Pod, declared: &[String]) -> Vec<String> {
             ));
         }
     }
-    for path in declared {
-        if kept_mount_serves(pod, path) && !listed.contains(path) {
+    for (index, path) in declared.iter().enumerate() {
+        // Declared path N is served by slot N (docs/contract.md "A read-back slot is made once").
+        let served = ReadBackSlot::read(pod, index, path).is_ok();
+        if served && !listed.contains(path) {
             out.push(format!(
                 "{path} is served and drained but not named in {READBACK_PATHS_ENV}"
             ));
         }
-        if !kept_mount_serves(pod, path) {
+        if !served {
             out.push(format!(
                 "declared path {path} is not served by a kept mount"
             ));

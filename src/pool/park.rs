@@ -82,7 +82,7 @@ fn holder_writes_the_paths(mut pod: Pod) -> Pod {
         .flat_map(|s| s.containers.iter_mut())
         .filter(|c| c.name == crate::pod::HOLDER_CONTAINER);
     for mount in holders.flat_map(|c| c.volume_mounts.iter_mut().flatten()) {
-        if mount.name.starts_with(crate::pod::READBACK_VOLUME_PREFIX) {
+        if crate::pod::slot_index(&mount.name).is_some() {
             mount.read_only = None;
         }
     }

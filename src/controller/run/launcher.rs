@@ -153,7 +153,241 @@ pub(super) fn status_said(said: &str) -> Result<LaunchStatus, DeliveryError> {
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
+
     use super::*;
+
+    /// A launcher that answers `launch-status` with `status` (None: the exec fails) and takes
+    /// every write (`write_fails`: the attach fails); it records what it was told.
+    struct Launcher {
+        status: Option<LaunchStatus>,
+        write_fails: bool,
+        asked: RefCell<Vec<String>>,
+        written: RefCell<Vec<(String, StartMessage)>>,
+    }
+
+    impl Launcher {
+        fn answering(status: Option<LaunchStatus>) -> Launcher {
+            Launcher {
+                status,
+                write_fails: false,
+                asked: RefCell::new(Vec::new()),
+                written: RefCell::new(Vec::new()),
+            }
+        }
+
+        fn asked(&self) -> usize {
+            self.asked.borrow().len()
+        }
+
+        fn written(&self) -> Vec<(String, StartMessage)> {
+            self.written.borrow().clone()
+        }
+    }
+
+    impl Talk for Launcher {
+        async fn status(&self, pod: &str) -> Result<LaunchStatus, DeliveryError> {
+            self.asked.borrow_mut().push(pod.to_string());
+            self.status.clone().ok_or(DeliveryError::StatusTimeout)
+        }
+
+        async fn write(&self, pod: &str, message: &StartMessage) -> Result<(), DeliveryError> {
+            if self.write_fails {
+                return Err(DeliveryError::AttachTimeout);
+            }
+            self.written
+                .borrow_mut()
+                .push((pod.to_string(), message.clone()));
+            Ok(())
+        }
+    }
+
+    fn start() -> StartMessage {
+        StartMessage {
+            run: "uid-1".into(),
+            argv: vec!["/bin/sh".into(), "-c".into(), "echo hi".into()],
+            env: vec![("A".into(), "1".into())],
+            refuse: None,
+        }
+    }
+
+    /// Every answer `launch-status` can give, and whether the launcher still waits then.
+    fn every_status() -> Vec<(LaunchStatus, bool)> {
+        vec![
+            (LaunchStatus::Waiting, true),
+            (LaunchStatus::Reading, true),
+            (LaunchStatus::Started("uid-1".into()), false),
+            (LaunchStatus::Started("uid-2".into()), false),
+            (LaunchStatus::Refused("restore failed".into()), false),
+        ]
+    }
+
+    #[tokio::test]
+    async fn a_fresh_claim_writes_its_start_without_asking_the_launcher() {
+        let launcher = Launcher::answering(Some(LaunchStatus::Started("uid-0".into())));
+        deliver(&launcher, "pool-x1", &start(), false)
+            .await
+            .unwrap();
+        assert_eq!(launcher.asked(), 0);
+        assert_eq!(launcher.written(), vec![("pool-x1".to_string(), start())]);
+    }
+
+    #[tokio::test]
+    async fn a_resumed_claim_and_a_restore_write_only_to_a_launcher_that_still_waits() {
+        for (status, waits) in every_status() {
+            let resumed = Launcher::answering(Some(status.clone()));
+            deliver(&resumed, "pool-x1", &start(), true).await.unwrap();
+            let restore = Launcher::answering(Some(status.clone()));
+            deliver_if_waiting(&restore, "pool-x1", &start())
+                .await
+                .unwrap();
+            for launcher in [&resumed, &restore] {
+                assert_eq!(launcher.asked(), 1, "{status:?}");
+                let want = if waits {
+                    vec![("pool-x1".to_string(), start())]
+                } else {
+                    Vec::new()
+                };
+                assert_eq!(launcher.written(), want, "{status:?}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_launcher_whose_status_cannot_be_read_is_never_counted_as_handed_its_start() {
+        let launcher = Launcher::answering(None);
+        let resumed = deliver(&launcher, "pool-x1", &start(), true).await;
+        assert!(
+            matches!(resumed, Err(DeliveryError::StatusTimeout)),
+            "{resumed:?}"
+        );
+        let restore = deliver_if_waiting(&launcher, "pool-x1", &start()).await;
+        assert!(
+            matches!(restore, Err(DeliveryError::StatusTimeout)),
+            "{restore:?}"
+        );
+        let waiting = still_waiting(&launcher, "pool-x1").await;
+        assert!(
+            matches!(waiting, Err(DeliveryError::StatusTimeout)),
+            "{waiting:?}"
+        );
+        assert_eq!(launcher.written(), Vec::new());
+    }
+
+    #[tokio::test]
+    async fn a_write_that_fails_is_the_deliverys_error() {
+        for resumed in [false, true] {
+            let mut launcher = Launcher::answering(Some(LaunchStatus::Waiting));
+            launcher.write_fails = true;
+            let delivered = deliver(&launcher, "pool-x1", &start(), resumed).await;
+            assert!(
+                matches!(delivered, Err(DeliveryError::AttachTimeout)),
+                "resumed {resumed}: {delivered:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn still_waiting_is_what_the_launchers_status_says() {
+        for (status, waits) in every_status() {
+            let launcher = Launcher::answering(Some(status.clone()));
+            assert_eq!(
+                still_waiting(&launcher, "pool-x1").await.unwrap(),
+                waits,
+                "{status:?}"
+            );
+            assert_eq!(launcher.written(), Vec::new(), "asking writes nothing");
+        }
+    }
+
+    #[test]
+    fn the_start_is_one_line_of_json_the_launcher_reads_back() {
+        let refusal = StartMessage::refusal("uid-1", "the restore failed:\nsha mismatch");
+        for message in [start(), refusal] {
+            let line = start_line(&message).unwrap();
+            assert_eq!(line.last(), Some(&b'\n'));
+            let body = &line[..line.len() - 1];
+            assert!(
+                !body.contains(&b'\n'),
+                "{:?}",
+                String::from_utf8_lossy(&line)
+            );
+            let read: StartMessage = serde_json::from_slice(body).unwrap();
+            assert_eq!(read, message);
+        }
+        let line = start_line(&start()).unwrap();
+        assert_eq!(
+            StartMessage::parse(&line[..line.len() - 1]).ok(),
+            Some(start())
+        );
+    }
+
+    #[test]
+    fn the_start_is_written_to_the_workloads_stdin_only_and_the_status_read_from_its_stdout_only() {
+        let attach = attach_params();
+        let workload = Some(crate::pod::WORKLOAD_CONTAINER.to_string());
+        assert_eq!(attach.container, workload);
+        assert_eq!(
+            (attach.stdin, attach.stdout, attach.stderr, attach.tty),
+            (true, false, false, false)
+        );
+        let status = status_params();
+        assert_eq!(status.container, workload);
+        assert_eq!(
+            (status.stdin, status.stdout, status.stderr, status.tty),
+            (false, true, false, false)
+        );
+        let argv = status_argv();
+        assert_eq!(
+            argv,
+            [crate::pool::park::launcher_path(), "launch-status".into()]
+        );
+        assert!(argv[0].starts_with('/'), "by absolute path, never PATH");
+    }
+
+    #[test]
+    fn only_an_attach_that_ended_in_success_delivered_the_start() {
+        let ended = |status: &str, message: Option<&str>| {
+            attach_ended(Some(Status {
+                status: Some(status.into()),
+                message: message.map(str::to_string),
+                ..Status::default()
+            }))
+        };
+        assert!(ended("Success", None).is_ok());
+        let failed = ended("Failure", Some("container not running"));
+        assert!(
+            matches!(&failed, Err(DeliveryError::AttachFailed(m)) if m == "container not running"),
+            "{failed:?}"
+        );
+        let bare = ended("Failure", None);
+        assert!(
+            matches!(&bare, Err(DeliveryError::AttachFailed(m)) if m.is_empty()),
+            "{bare:?}"
+        );
+        let unnamed = attach_ended(Some(Status::default()));
+        assert!(
+            matches!(unnamed, Err(DeliveryError::AttachFailed(_))),
+            "{unnamed:?}"
+        );
+        let silent = attach_ended(None);
+        assert!(matches!(silent, Err(DeliveryError::NoStatus)), "{silent:?}");
+    }
+
+    #[test]
+    fn launch_status_says_what_the_launcher_did_and_silence_is_an_error() {
+        for said in ["", "  \n", "\n"] {
+            let got = status_said(said);
+            assert!(
+                matches!(got, Err(DeliveryError::Silent)),
+                "{said:?}: {got:?}"
+            );
+        }
+        for (status, _) in every_status() {
+            let said = format!("{}\n", status.line());
+            assert_eq!(status_said(&said).unwrap(), status, "{said:?}");
+        }
+    }
 
     #[test]
     fn a_parked_launcher_that_took_its_marker_and_reads_is_handed_the_start() {

@@ -20,6 +20,7 @@ use super::decide::{self, Preflight};
 use super::drive;
 use super::observe::{self, Observation, Observed};
 use super::plan::{self, Inputs, Plan, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN};
+use super::prepare::{Made, MadeRun};
 use super::{kueue_gate, prepare, warm};
 use crate::api::SandboxRun;
 use crate::controller::context::Context;
@@ -52,8 +53,7 @@ pub(crate) async fn reconcile(
     run: &Arc<SandboxRun>,
     now: Timestamp,
 ) -> Result<Reconciled, ControllerError> {
-    let own: &SandboxRun = run;
-    let (observation, run, resolved) = match observed(ctx, run, now).await? {
+    let (observation, made, resolved) = match observed(ctx, run, now).await? {
         Ok(observed) => observed,
         Err(early) => {
             return Ok(Reconciled {
@@ -62,9 +62,9 @@ pub(crate) async fn reconcile(
             })
         }
     };
-    let run = &run;
+    let run = made.merged();
     let step = decide::decide(run, observation.view.as_ref(), now, &ctx.decide);
-    let rights_unverified = unverified_rights(ctx, own, &step);
+    let rights_unverified = unverified_rights(ctx, &made, &step);
     let label = step.as_str();
     info!(run = %observation.id.name, namespace = %observation.id.namespace, step = label, "reconcile");
     let proxy_pods = ctx.egress_proxy.addresses();
@@ -84,15 +84,7 @@ pub(crate) async fn reconcile(
     let verified = rights_unverified.is_none();
     let queue = prepare::queue_view(ctx, run, &step).await?;
     let staged = (step, queue.as_ref());
-    let stages = through_stages(
-        ctx,
-        (run, own),
-        staged,
-        &inputs,
-        verified,
-        &observation,
-        now,
-    );
+    let stages = through_stages(ctx, &made, staged, &inputs, verified, &observation, now);
     let next = match stages.await? {
         Through::Go(step) => {
             let read = (resolved, queue.as_ref());
@@ -169,14 +161,14 @@ async fn planned<'a>(
     })
 }
 
-/// The run's pod observed and the run it reconciles made (from its template: `resolved`, it
-/// was read now), or — a pod with its name it does not own, a template that cannot make it —
+/// The run's pod observed and the run it reconciles made ([`prepare::made_run`]; `resolved`: its
+/// template was read now), or — a pod with its name it does not own, a template that cannot make it —
 /// the plan that says so, for the reconcile to carry out before any step.
 async fn observed(
     ctx: &Arc<Context>,
     run: &Arc<SandboxRun>,
     now: Timestamp,
-) -> Result<Result<(Observation, Arc<SandboxRun>, bool), Early>, ControllerError> {
+) -> Result<Result<(Observation, MadeRun, bool), Early>, ControllerError> {
     let observation = match observe::observe(ctx.seal_check(), &ctx.memory.events, run, now).await?
     {
         Observed::Run(observation) => observation,
@@ -191,19 +183,8 @@ async fn observed(
         }
     };
     match prepare::made_run(ctx, run, &observation).await? {
-        prepare::MadeRun::Run { run, resolved } => {
-            // Once its pod exists, the run's read-back spec is the one its pod recorded
-            // (docs/contract.md "A teardown follows what its run started with").
-            let run = match observation.pod.as_ref() {
-                Some(pod) => Arc::new(crate::started::as_started(
-                    Arc::unwrap_or_clone(run),
-                    Some(pod),
-                )),
-                None => run,
-            };
-            Ok(Ok((observation, run, resolved)))
-        }
-        prepare::MadeRun::Unusable(message) => {
+        Made::Run { run, resolved } => Ok(Ok((observation, run, resolved))),
+        Made::Unusable(message) => {
             let plan = plan::template_unusable(run, &message, now);
             Ok(Err(Early {
                 observation,
@@ -253,9 +234,10 @@ fn start_teardown(
 /// Why the run may not get a pod until an admission verifies its author's rights, when `step`
 /// would create it. The stamp covers the run's own spec (what its author wrote), not its
 /// template's merge.
-fn unverified_rights(ctx: &Context, own: &SandboxRun, step: &decide::Step) -> Option<String> {
+fn unverified_rights(ctx: &Context, made: &MadeRun, step: &decide::Step) -> Option<String> {
+    let authored = made.authored();
     matches!(step, decide::Step::CreatePod)
-        .then(|| crate::policy::stamp::unverified_rights(own, &ctx.admission.rights))
+        .then(|| crate::policy::stamp::unverified_rights(authored, &ctx.admission.rights))
         .flatten()
 }
 
@@ -263,13 +245,14 @@ fn unverified_rights(ctx: &Context, own: &SandboxRun, step: &decide::Step) -> Op
 /// view `queue`), then a warm pool's claim ([`warm::through_pool`]).
 async fn through_stages(
     ctx: &Arc<Context>,
-    (run, own): (&Arc<SandboxRun>, &SandboxRun),
+    made: &MadeRun,
     (step, queue): (decide::Step, Option<&prepare::QueueView>),
     inputs: &Inputs<'_>,
     rights_verified: bool,
     observation: &Observation,
     now: Timestamp,
 ) -> Result<Through, ControllerError> {
+    let run = made.merged();
     let step = match queue {
         Some(queue) => {
             match through_kueue(ctx, run, (step, queue), inputs, observation, now).await? {
@@ -290,7 +273,7 @@ async fn through_stages(
     }
     let claim = (step, queue);
     Ok(
-        match warm::through_pool(ctx, (run, own), claim, inputs, rights_verified, now).await? {
+        match warm::through_pool(ctx, made, claim, inputs, rights_verified, now).await? {
             warm::Warm::Go(step) => Through::Go(step),
             warm::Warm::Claim(plan) => Through::Claim(plan),
             warm::Warm::Done(requeue) => Through::Held(requeue),

@@ -24,13 +24,54 @@ use crate::controller::error::ControllerError;
 use crate::identity::RunId;
 use crate::kueue::{Priority, QueueState};
 
-/// The run a reconcile works on: the run itself, or the run made from its template.
-pub(super) enum MadeRun {
+/// The run a reconcile works on, made once per reconcile ([`made_run`]): the run merged (made
+/// from its template, with the read-back spec its pod started with) and the run as its author
+/// wrote it. Each caller names which one it needs.
+#[derive(Clone, Debug)]
+pub(super) struct MadeRun {
+    merged: Arc<SandboxRun>,
+    authored: Arc<SandboxRun>,
+}
+
+impl MadeRun {
+    /// `authored` made into `merged`.
+    pub(super) fn new(authored: Arc<SandboxRun>, merged: Arc<SandboxRun>) -> MadeRun {
+        MadeRun { merged, authored }
+    }
+
+    /// The run every stage decides, plans and acts on: made from its template (if it names
+    /// one), its read-back spec the one its pod recorded once the pod exists (docs/contract.md
+    /// "A teardown follows what its run started with").
+    pub(super) fn merged(&self) -> &Arc<SandboxRun> {
+        &self.merged
+    }
+
+    /// The run as its author wrote it: what the admission stamp covers (its author's rights),
+    /// its own `templateRef` and spec (what a pool pod's launcher may deliver), and the status
+    /// the apiserver stores (whether it records its template yet).
+    pub(super) fn authored(&self) -> &SandboxRun {
+        &self.authored
+    }
+
+    /// Once its pod exists, the run's read-back spec is the one its pod recorded
+    /// (docs/contract.md "A teardown follows what its run started with").
+    fn started(self, pod: Option<&Pod>) -> MadeRun {
+        let Some(pod) = pod else { return self };
+        let merged = Arc::unwrap_or_clone(self.merged);
+        MadeRun {
+            merged: Arc::new(crate::started::as_started(merged, Some(pod))),
+            authored: self.authored,
+        }
+    }
+}
+
+/// What [`made_run`] made of a run.
+pub(super) enum Made {
     /// Reconcile this run; `resolved`: its template was read in this reconcile (the status that
     /// records it is not stored yet).
     Run {
-        /// The run (made from its template, if it names one).
-        run: Arc<SandboxRun>,
+        /// The run, made.
+        run: MadeRun,
         /// Its template was read now.
         resolved: bool,
     },
@@ -47,9 +88,24 @@ pub(super) async fn made_run(
     ctx: &Context,
     run: &Arc<SandboxRun>,
     observation: &Observation,
-) -> Result<MadeRun, ControllerError> {
-    let plain = |run: Arc<SandboxRun>| MadeRun::Run {
-        run,
+) -> Result<Made, ControllerError> {
+    Ok(match merged(ctx, run, observation).await? {
+        Made::Run { run, resolved } => Made::Run {
+            run: run.started(observation.pod.as_ref()),
+            resolved,
+        },
+        unusable => unusable,
+    })
+}
+
+/// The run made from its template, before its pod's record is applied ([`made_run`]).
+async fn merged(
+    ctx: &Context,
+    run: &Arc<SandboxRun>,
+    observation: &Observation,
+) -> Result<Made, ControllerError> {
+    let plain = |made: Arc<SandboxRun>| Made::Run {
+        run: MadeRun::new(run.clone(), made),
         resolved: false,
     };
     let Some(reference) = run.spec.template_ref.clone() else {
@@ -73,13 +129,13 @@ pub(super) async fn made_run(
     let template = observe::template(&ctx.client, &observation.id.namespace, &reference).await?;
     Ok(
         match template.and_then(|t| crate::template::resolve(run, t.as_ref())) {
-            Ok(made) => MadeRun::Run {
-                run: Arc::new(made),
+            Ok(made) => Made::Run {
+                run: MadeRun::new(run.clone(), Arc::new(made)),
                 resolved: true,
             },
             Err(message) => {
                 warn!(run = %observation.id.name, %message, "the run's template cannot make it; its pod is not created");
-                MadeRun::Unusable(message.to_string())
+                Made::Unusable(message.to_string())
             }
         },
     )

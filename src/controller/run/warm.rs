@@ -29,7 +29,7 @@ use kube::ResourceExt;
 use super::decide::Step;
 use super::plan::claim::{self, Claim, Cold, CLAIM_REQUEUE};
 use super::plan::{self, Effect, Inputs, Plan, Requeue, StepPlan};
-use super::prepare::QueueView;
+use super::prepare::{MadeRun, QueueView};
 use crate::api::{SandboxRun, SandboxRunPool, SandboxRunStatus};
 use crate::controller::context::Context;
 use crate::controller::error::ControllerError;
@@ -47,14 +47,14 @@ pub(super) enum Warm {
     Done(Requeue),
 }
 
-/// The warm-pool stage of `run` (as made from its template; `own`: as its author wrote it): what
+/// The warm-pool stage of the made run (its merged run's, but its own `templateRef`): what
 /// the claim depends on read (the pool and its pods, the pod the run would get cold, the env's
 /// Secrets and ConfigMaps, the live run of a claim to resume), then the claim chosen and planned
 /// ([`plan::claim`]), for the pipeline to carry out in place of the step's plan (act, each
 /// answer's follow-up planned by `plan::after`: [`super::drive`]). `now` is the reconcile's.
 pub(super) async fn through_pool(
     ctx: &Arc<Context>,
-    (run, own): (&Arc<SandboxRun>, &SandboxRun),
+    made: &MadeRun,
     (step, queue): (Step, Option<&QueueView>),
     inputs: &Inputs<'_>,
     rights_verified: bool,
@@ -62,8 +62,10 @@ pub(super) async fn through_pool(
 ) -> Result<Warm, ControllerError> {
     // A run in a Kueue queue gets here only once admitted (the queue stage holds it before):
     // its cold pod, with its flavor's placement, is compared with the pool's like any other.
+    let run = made.merged();
     let candidate = ctx.lifecycle.warm_pools && asks_the_pool(run, &step, rights_verified);
-    let Some(reference) = own.spec.template_ref.as_ref().filter(|_| candidate) else {
+    let authored = &made.authored().spec;
+    let Some(reference) = authored.template_ref.as_ref().filter(|_| candidate) else {
         return Ok(Warm::Go(step));
     };
     let ns = run
@@ -90,7 +92,7 @@ pub(super) async fn through_pool(
             Some(plan) => plan,
             None => return Ok(Warm::Done(Requeue::After(CLAIM_REQUEUE))),
         },
-        None => fresh(ctx, (run.as_ref(), own), (&pool, &pods, judge), &cold, now).await?,
+        None => fresh(ctx, made, (&pool, &pods, judge), &cold, now).await?,
     };
     Ok(Warm::Claim(Box::new(plan)))
 }
@@ -151,18 +153,14 @@ fn recorded(status: Option<SandboxRunStatus>, attempt: u32) -> bool {
 /// and act gives it back when the claim is not made).
 async fn fresh(
     ctx: &Context,
-    (run, own): (&SandboxRun, &SandboxRun),
+    made: &MadeRun,
     (pool, pods, judge): (&SandboxRunPool, &[Pod], Judge<'_>),
     cold: &Pod,
     now: Timestamp,
 ) -> Result<Plan, ControllerError> {
+    let run = made.merged().as_ref();
     let (ns, uid) = (ns_of(run)?, uid_of(run)?);
-    let pod = match choose(
-        ctx,
-        (run, &own.spec, cold),
-        (pool, pods, judge),
-        (&ns, &uid),
-    ) {
+    let pod = match choose(ctx, (made, cold), (pool, pods, judge), (&ns, &uid)) {
         Ok(pod) => pod,
         Err(why) => return Ok(claim::cold(&pool.name_any(), &why)),
     };
@@ -180,7 +178,7 @@ async fn fresh(
         .resource_version()
         .ok_or(ControllerError::Metadata("resourceVersion"))?;
     let patch = pool_pod::claim_patch(cold, (&uid, attempt), &rv);
-    let before = restrict_egress(ctx, (run, own), pod);
+    let before = restrict_egress(ctx, made, pod);
     Ok(claim::take(
         claim_of(run, pool, pod, message),
         patch,
@@ -237,9 +235,10 @@ pub(super) async fn message_for(
 /// claim.
 fn restrict_egress(
     ctx: &Context,
-    (run, own): (&SandboxRun, &SandboxRun),
+    made: &MadeRun,
     pod: &Pod,
 ) -> (Option<SandboxRunStatus>, Vec<Effect>) {
+    let run = made.merged().as_ref();
     use crate::egress::verdict::{verdict, EgressVerdict};
     let EgressVerdict::Apply {
         policy,
@@ -249,7 +248,8 @@ fn restrict_egress(
     else {
         return (None, Vec::new());
     };
-    let recorded = own.status.as_ref().is_some_and(|s| s.template.is_some());
+    let stored = made.authored().status.as_ref();
+    let recorded = stored.is_some_and(|s| s.template.is_some());
     let status = run.status.clone().filter(|_| !recorded);
     let node = pod
         .status
@@ -278,11 +278,12 @@ fn restrict_egress(
 /// its namespace's default runtime class, say, would change it); a ready pod is there.
 fn choose<'a>(
     ctx: &Context,
-    (run, own, cold): (&SandboxRun, &crate::api::SandboxRunSpec, &Pod),
+    (made, cold): (&MadeRun, &Pod),
     (pool, pods, judge): (&SandboxRunPool, &'a [Pod], Judge<'_>),
     (ns, uid): (&str, &str),
 ) -> Result<&'a Pod, Cold> {
-    crate::pool::compat::compatible(own)?;
+    let run = made.merged().as_ref();
+    crate::pool::compat::compatible(&made.authored().spec)?;
     // The run's shape computed now, its egress included: a pool pod of an older, wider version
     // of the template is never this run's (issue #51).
     let egress = crate::egress::policy::egress_shape(run, &ctx.pod.egress);
@@ -583,7 +584,8 @@ mod tests {
         pod.metadata.name = Some("agents-h-x1".into());
         pod.metadata.namespace = Some("ns".into());
         pod.metadata.uid = Some("pod-uid".into());
-        let (status, effects) = restrict_egress(&ctx, (&run, &run), &pod);
+        let made = MadeRun::new(run.clone(), run.clone());
+        let (status, effects) = restrict_egress(&ctx, &made, &pod);
         let plan = Plan {
             status,
             effects,

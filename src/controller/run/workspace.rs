@@ -57,6 +57,8 @@ enum Failed {
     Started(String),
     #[error("restoring {0} took longer than {RESTORE_TIMEOUT:?}")]
     Timeout(String),
+    #[error("nothing is restored into it: {0}")]
+    NotServed(#[from] crate::pod::SlotMismatch),
 }
 
 /// Restores every declared path of `run`'s current attempt, in its parked pod `pod_name`, from
@@ -189,13 +191,14 @@ async fn restore_all(
             .as_ref()
             .and_then(|q| crate::units::quantity_to_bytes(q).ok());
         let cap = ctx.caps.effective(requested);
-        let holder_path = crate::pod::holder_mount(&pod, index)
-            .unwrap_or_else(|| crate::inpod::holder::holder_path(&declared.path));
+        // Restored only where the pod serves the path's slot (docs/contract.md "A read-back slot
+        // is made once").
+        let slot = crate::pod::ReadBackSlot::read(&pod, index, &declared.path)?;
         let one = restore_one(
             ctx,
             (&pods, pod_name),
             (&store.store, manifest),
-            &holder_path,
+            &slot.holder_mount,
             cap,
         );
         let (f, b) = tokio::time::timeout(RESTORE_TIMEOUT, one)

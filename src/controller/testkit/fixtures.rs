@@ -213,3 +213,32 @@ pub(crate) fn with_generation(mut r: SandboxRun) -> SandboxRun {
 pub(crate) const NOT_FOUND: &str = "rpc error: code = NotFound desc = failed to pull and unpack image \"localhost:15000/nope:1\": failed to resolve image: localhost:15000/nope:1: not found";
 /// A registry that could not be reached (retryable).
 pub(crate) const REFUSED: &str = "rpc error: code = Unknown desc = failed to pull and unpack image \"localhost:15000/img:1\": failed to resolve reference \"localhost:15000/img:1\": failed to do request: Head \"http://localhost:15000/v2/img/manifests/1\": dial tcp 127.0.0.1:15000: connect: connection refused";
+
+/// `pod` serving `run`'s read-back slots as the operator builds them (docs/contract.md "A
+/// read-back slot is made once"): each slot's emptyDir, mounted by the workload at its path and
+/// by the holder below its own root.
+pub(crate) fn with_slots(mut pod: Pod, run: &SandboxRun) -> Pod {
+    use k8s_openapi::api::core::v1::{Container, PodSpec};
+    let paths = run.spec.read_back_paths().iter().map(|p| p.path.as_str());
+    let slots = crate::pod::ReadBackSlot::of(paths);
+    let container = |name: &str, mounts| Container {
+        name: name.to_string(),
+        volume_mounts: Some(mounts),
+        ..Container::default()
+    };
+    pod.spec = Some(PodSpec {
+        volumes: Some(slots.iter().map(|s| s.pod_volume()).collect()),
+        containers: vec![
+            container(
+                WORKLOAD_CONTAINER,
+                slots.iter().map(|s| s.workload_mount()).collect(),
+            ),
+            container(
+                HOLDER_CONTAINER,
+                slots.iter().map(|s| s.holder_volume_mount()).collect(),
+            ),
+        ],
+        ..PodSpec::default()
+    });
+    pod
+}

@@ -125,8 +125,10 @@ fn exited_pod(exit_code: i32) -> Pod {
     )
 }
 
-/// The teardown that the next reconcile of `run` begins, its pod being `pod`.
+/// The teardown that the next reconcile of `run` begins, its pod being `pod` (serving its
+/// read-back slots).
 fn teardown(run: &SandboxRun, pod: &Pod) -> TeardownPlan {
+    let pod = &super::fixtures::with_slots(pod.clone(), run);
     match decide::decide(run, Some(&PodView::of(pod)), now(), &settings()) {
         Step::Teardown(trigger) => plan::teardown(
             run,

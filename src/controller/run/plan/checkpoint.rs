@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use super::model::{Plan, Requeue};
-use super::teardown::{PathPlan, PathWork};
+use super::teardown::PathPlan;
 use crate::api::{CheckpointStatus, ReadBackStatus, SandboxRun, REFUSED_CHECKPOINTS_KEPT};
 use crate::caps::CapSettings;
 use crate::controller::events::{self, drain_summary, PlannedEvent};
@@ -36,18 +36,14 @@ pub(crate) fn checkpoint_paths(run: &SandboxRun, pod: &Pod, caps: &CapSettings) 
                 .size_limit
                 .as_ref()
                 .and_then(|q| crate::units::quantity_to_bytes(q).ok());
+            let cap_bytes = caps
+                .effective(requested)
+                .saturating_sub(used(&declared.path));
             PathPlan {
                 entry: index,
                 index,
                 path: declared.path.clone(),
-                work: PathWork::Drain {
-                    cap_bytes: caps
-                        .effective(requested)
-                        .saturating_sub(used(&declared.path)),
-                    previous_attempts: 0,
-                    holder_path: crate::pod::holder_mount(pod, index)
-                        .unwrap_or_else(|| crate::inpod::holder::holder_path(&declared.path)),
-                },
+                work: super::teardown::drain_in_slot(pod, (index, &declared.path), cap_bytes, 0),
             }
         })
         .collect()
@@ -190,12 +186,38 @@ fn record(run: &SandboxRun, entry: CheckpointStatus, events: Vec<PlannedEvent>) 
 
 #[cfg(test)]
 mod tests {
+    use super::super::teardown::PathWork;
     use super::*;
     use crate::api::ReadBackPhase;
-    use crate::controller::testkit::fixtures::run_with;
+    use crate::controller::testkit::fixtures::{run_with, with_slots};
 
     fn at(i: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + i).unwrap()
+    }
+
+    /// docs/contract.md "A read-back slot is made once": a checkpoint reads a path only where
+    /// the pod serves its slot.
+    #[test]
+    fn a_checkpoint_never_reads_a_path_where_the_pods_mounts_are_not_its_slot() {
+        let r = run_with(&[("/out", false), ("/logs", false)]);
+        let caps = CapSettings::default();
+        let mut pod = with_slots(Pod::default(), &r);
+        let mut workload = pod.spec.as_mut().unwrap().containers.iter_mut();
+        let workload = workload
+            .find(|c| c.name == crate::pod::WORKLOAD_CONTAINER)
+            .unwrap();
+        let mounts = workload.volume_mounts.as_mut().unwrap();
+        mounts.retain(|m| m.name != "readback-1");
+        let paths = checkpoint_paths(&r, &pod, &caps);
+        assert!(matches!(
+            &paths[0].work,
+            PathWork::Drain { holder_path, .. } if holder_path == "/sandboxrun-readback/out"
+        ));
+        let PathWork::Record(failed) = &paths[1].work else {
+            panic!("read a path its pod does not serve: {paths:?}");
+        };
+        assert_eq!(failed.phase, ReadBackPhase::Failed);
+        assert_eq!((paths[1].entry, failed.path.as_str()), (1, "/logs"));
     }
 
     #[test]
@@ -206,7 +228,7 @@ mod tests {
                 "1000".into(),
             ));
         }
-        let pod = Pod::default();
+        let pod = with_slots(Pod::default(), &r);
         let caps = CapSettings::default();
         let cap = |r: &SandboxRun| match &checkpoint_paths(r, &pod, &caps)[0].work {
             PathWork::Drain { cap_bytes, .. } => *cap_bytes,

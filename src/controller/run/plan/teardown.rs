@@ -18,6 +18,7 @@ use crate::caps::CapSettings;
 use crate::controller::conditions::{self};
 use crate::controller::events::{self, drain_summary, teardown_event, PlannedEvent};
 use crate::controller::pod_view::{workload_termination, PodView, WorkloadState};
+use crate::pod::{ReadBackSlot, SlotMismatch};
 
 /// What a teardown does before and during its drains.
 #[derive(Clone, Debug, PartialEq)]
@@ -64,8 +65,8 @@ pub(crate) enum PathWork {
         cap_bytes: u64,
         /// Attempts already made (a resumed teardown).
         previous_attempts: u32,
-        /// Where the holder mounts the path: the packer's argument (read from the pod, so a pod
-        /// built by an older operator is drained where its holder sees the path).
+        /// Where the holder mounts the path: the packer's argument (the pod's read-back slot read
+        /// back, so a pod built by an older operator is drained where its holder sees the path).
         holder_path: String,
     },
 }
@@ -92,6 +93,9 @@ pub(crate) fn without_store(paths: Vec<PathPlan>, why: &str) -> Vec<PathPlan> {
         .collect()
 }
 
+/// The start of the outcome of a path whose pod does not serve its read-back slot.
+pub(crate) const NOT_SERVED: &str =
+    "the pod does not serve this read-back path as the operator built it, so it is not read";
 /// The message of a path that cannot be drained because the holder is not running.
 pub(crate) const HOLDER_NOT_RUNNING: &str = "the holder container is not running, so the path cannot be read (exec into a stopped container is impossible)";
 
@@ -192,26 +196,22 @@ pub(super) fn owed_paths(
         if status.read_back[entry].phase != ReadBackPhase::Pending {
             continue;
         }
-        let work = if never_started {
-            PathWork::Record(never_started_entry(&declared.path, trigger))
-        } else if running_holder.is_none() {
-            PathWork::Record(ReadBackStatus {
+        let work = match running_holder {
+            _ if never_started => PathWork::Record(never_started_entry(&declared.path, trigger)),
+            None => PathWork::Record(ReadBackStatus {
                 path: declared.path.clone(),
                 phase: ReadBackPhase::Failed,
                 message: Some(HOLDER_NOT_RUNNING.to_string()),
                 ..Default::default()
-            })
-        } else {
-            let requested = declared
-                .size_limit
-                .as_ref()
-                .and_then(|q| crate::units::quantity_to_bytes(q).ok());
-            PathWork::Drain {
-                cap_bytes: caps.effective(requested),
-                previous_attempts: status.read_back[entry].attempts,
-                holder_path: running_holder
-                    .and_then(|pod| crate::pod::holder_mount(pod, index))
-                    .unwrap_or_else(|| crate::inpod::holder::holder_path(&declared.path)),
+            }),
+            Some(pod) => {
+                let requested = declared
+                    .size_limit
+                    .as_ref()
+                    .and_then(|q| crate::units::quantity_to_bytes(q).ok());
+                let cap_bytes = caps.effective(requested);
+                let previous_attempts = status.read_back[entry].attempts;
+                drain_in_slot(pod, (index, &declared.path), cap_bytes, previous_attempts)
             }
         };
         paths.push(PathPlan {
@@ -222,6 +222,36 @@ pub(super) fn owed_paths(
         });
     }
     paths
+}
+
+/// Path `index` drained from `pod`'s holder where the pod serves its slot ([`ReadBackSlot::read`],
+/// docs/contract.md "A read-back slot is made once"); a pod whose mounts are not the slot's is
+/// never read: the path is recorded Failed, saying why ([`not_served`]).
+pub(crate) fn drain_in_slot(
+    pod: &Pod,
+    (index, path): (usize, &str),
+    cap_bytes: u64,
+    previous_attempts: u32,
+) -> PathWork {
+    match ReadBackSlot::read(pod, index, path) {
+        Ok(slot) => PathWork::Drain {
+            cap_bytes,
+            previous_attempts,
+            holder_path: slot.holder_mount,
+        },
+        Err(mismatch) => PathWork::Record(not_served(path, &mismatch)),
+    }
+}
+
+/// The outcome of `path`, which the pod does not serve as its slot (`mismatch`): Failed, never
+/// read.
+pub(crate) fn not_served(path: &str, mismatch: &SlotMismatch) -> ReadBackStatus {
+    ReadBackStatus {
+        path: path.to_string(),
+        phase: ReadBackPhase::Failed,
+        message: Some(format!("{NOT_SERVED}: {mismatch}")),
+        ..Default::default()
+    }
 }
 
 /// The end of a teardown once every path has an outcome in `status`: ONE Event for every path
@@ -392,7 +422,7 @@ mod tests {
             Phase::Running,
         );
         r.spec.stop = true;
-        let pod = a_pod(true, true);
+        let pod = with_slots(a_pod(true, true), &r);
         let mut paths = teardown(&r, Some(&pod), &Trigger::Stop, &caps, 300, now()).paths;
         let known = crate::drain::path_drain::store_unusable("/logs", 0, "earlier");
         paths[1].work = PathWork::Record(known.clone());
@@ -408,6 +438,49 @@ mod tests {
         assert_eq!((paths[0].entry, paths[0].path.as_str()), (0, "/out"));
         // A path whose outcome was already known keeps it.
         assert_eq!(paths[1].work, PathWork::Record(known));
+    }
+
+    /// docs/contract.md "A read-back slot is made once": the packer is exec'd only where the
+    /// pod serves the path's slot; a pod whose holder mount moved (or a look-alike without the
+    /// slots) is never read, the path Failed saying why.
+    #[test]
+    fn a_teardown_never_drains_a_path_where_the_pods_mounts_are_not_its_slot() {
+        let caps = CapSettings::default();
+        let mut r = with_phase(
+            run_with(&[("/out", false), ("/logs", false)]),
+            Phase::Running,
+        );
+        r.spec.stop = true;
+        let mut moved = with_slots(a_pod(true, true), &r);
+        let mut holder = moved.spec.as_mut().unwrap().containers.iter_mut();
+        let holder = holder
+            .find(|c| c.name == crate::pod::HOLDER_CONTAINER)
+            .unwrap();
+        let mut mounts = holder.volume_mounts.as_mut().unwrap().iter_mut();
+        let mount = mounts.find(|m| m.name == "readback-0").unwrap();
+        mount.mount_path = "/sandboxrun-readback/etc".into();
+        let paths = teardown(&r, Some(&moved), &Trigger::Stop, &caps, 300, now()).paths;
+        let PathWork::Record(failed) = &paths[0].work else {
+            panic!("drained where the pod moved the mount: {paths:?}");
+        };
+        assert_eq!(failed.phase, ReadBackPhase::Failed);
+        let message = failed.message.as_deref().unwrap_or_default();
+        assert!(message.starts_with(NOT_SERVED), "{message}");
+        assert!(message.contains("/sandboxrun-readback/etc"), "{message}");
+        // The other path, served as its slot, is drained there.
+        assert!(matches!(
+            &paths[1].work,
+            PathWork::Drain { holder_path, .. } if holder_path == "/sandboxrun-readback/logs"
+        ));
+        // A pod without the slots at all is not read either.
+        let bare = a_pod(true, true);
+        let paths = teardown(&r, Some(&bare), &Trigger::Stop, &caps, 300, now()).paths;
+        for path in &paths {
+            assert!(
+                matches!(&path.work, PathWork::Record(e) if e.phase == ReadBackPhase::Failed),
+                "{path:?}"
+            );
+        }
     }
 
     #[test]
@@ -428,7 +501,7 @@ mod tests {
                 .collect()
         };
         // Begun now: opened with an Event and the Draining status; both paths drained.
-        let pod = a_pod(true, true);
+        let pod = with_slots(a_pod(true, true), &r);
         let plan = teardown(&r, Some(&pod), &Trigger::Stop, &caps, 300, now());
         assert_eq!(
             line(&plan.opening),
