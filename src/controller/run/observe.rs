@@ -15,8 +15,8 @@ use tracing::warn;
 use crate::api::{ReadBackStatus, SandboxRun};
 use crate::controller::error::{kube_err, ControllerError};
 use crate::controller::pod_view::{
-    pod_events_due, stuck_from_events, undrained_paths, PodEventFact, PodProblem, PodView,
-    POD_EVENTS_LIMIT,
+    pod_events_due, should_read_pod_events, stuck_from_events, undrained_paths, PodEventFact,
+    PodProblem, PodView, POD_EVENTS_LIMIT,
 };
 use crate::identity::{self, RunId};
 use crate::pod::WORKLOAD_CONTAINER;
@@ -133,24 +133,43 @@ pub(crate) async fn observe(
         None => return Ok(Observed::Run(observation)),
     };
     let mut view = PodView::of(&pod);
-    if let Some(_slot) = events.take(&pod, &view, now) {
-        view.problem = stuck_problem_from_events(client, &observation.id.namespace, &pod).await;
-    }
+    view.problem = match events.take(&pod, &view, now) {
+        Some(EventsRead::Now(uid, _slot)) => {
+            let found = stuck_problem_from_events(client, &observation.id.namespace, &pod).await;
+            events.found(uid, found.clone());
+            found
+        }
+        Some(EventsRead::Kept(found)) => found,
+        None => view.problem,
+    };
     observation.pod = Some(pod);
     observation.view = Some(view);
     Ok(Observed::Run(observation))
 }
 
-/// This replica's reads of pending pods' Events: when each pod's were last read, and how many
-/// reads may be in flight at once. A read lists its namespace's Events with a field selector
-/// (nothing indexes them by pod: the apiserver reads every Event of the namespace from etcd), so
-/// a namespace full of Events — a tenant's own — makes each read slow: at most
-/// [`EVENT_READS_AT_ONCE`] reconciles wait on one, the others go on without (a stuck pod's cause
-/// is found on a later look), and a pod's are read again only after the pause between two looks
-/// ([`pod_events_due`]).
+/// This replica's reads of pending pods' Events: when each pod's were last read and what that
+/// read found, and how many reads may be in flight at once. A read lists its namespace's Events
+/// with a field selector (nothing indexes them by pod: the apiserver reads every Event of the
+/// namespace from etcd), so a namespace full of Events — a tenant's own — makes each read slow:
+/// at most [`EVENT_READS_AT_ONCE`] reconciles wait on one, and a pod's are read again only after
+/// the pause between two looks ([`pod_events_due`]). Meanwhile a reconcile goes on with what the
+/// last read found (a stuck pod stays stuck, told once).
 pub(crate) struct EventReads {
-    last: std::sync::Mutex<std::collections::HashMap<String, Timestamp>>,
+    last: std::sync::Mutex<std::collections::HashMap<String, LastRead>>,
     slots: tokio::sync::Semaphore,
+}
+
+/// When a pod's Events were last read, and the problem they named.
+struct LastRead {
+    at: Timestamp,
+    found: Option<PodProblem>,
+}
+
+/// Whether a reconcile reads its pod's Events now (the pod's uid and the slot held while it
+/// does), or goes on with what the last read found.
+enum EventsRead<'a> {
+    Now(String, tokio::sync::SemaphorePermit<'a>),
+    Kept(Option<PodProblem>),
 }
 
 /// Reads of pods' Events in flight at once, at most.
@@ -169,26 +188,44 @@ impl Default for EventReads {
 }
 
 impl EventReads {
-    /// A slot to read `pod`'s Events now, when they are due and a slot is free (the read is
-    /// recorded as done at `now`); None: not this time.
-    fn take(
-        &self,
-        pod: &Pod,
-        view: &PodView,
-        now: Timestamp,
-    ) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        let uid = pod.metadata.uid.as_deref()?;
-        let mut last = self.last.lock().ok()?;
-        if !pod_events_due(view, now, last.get(uid).copied()) {
+    /// For a pod whose Events are worth reading ([`should_read_pod_events`]; None otherwise): a
+    /// slot to read them now, when they are due and a slot is free (the read counts as done at
+    /// `now`), else what the last read found.
+    fn take(&self, pod: &Pod, view: &PodView, now: Timestamp) -> Option<EventsRead<'_>> {
+        if !should_read_pod_events(view, now) {
             return None;
         }
-        let slot = self.slots.try_acquire().ok()?;
+        let uid = pod.metadata.uid.as_deref()?;
+        let mut last = self.last.lock().ok()?;
+        let seen = last.get(uid);
+        let kept = seen.and_then(|r| r.found.clone());
+        if !pod_events_due(view, now, seen.map(|r| r.at)) {
+            return Some(EventsRead::Kept(kept));
+        }
+        let Ok(slot) = self.slots.try_acquire() else {
+            return Some(EventsRead::Kept(kept));
+        };
         if last.len() >= REMEMBERED_EVENT_READS {
             let horizon = now.checked_sub(RECHECK_FORGET).unwrap_or(now);
-            last.retain(|_, at| *at > horizon);
+            last.retain(|_, r| r.at > horizon);
         }
-        last.insert(uid.to_string(), now);
-        Some(slot)
+        last.insert(
+            uid.to_string(),
+            LastRead {
+                at: now,
+                found: kept,
+            },
+        );
+        Some(EventsRead::Now(uid.to_string(), slot))
+    }
+
+    /// Records what the read of the pod `uid`'s Events found.
+    fn found(&self, uid: String, found: Option<PodProblem>) {
+        if let Ok(mut last) = self.last.lock() {
+            if let Some(read) = last.get_mut(&uid) {
+                read.found = found;
+            }
+        }
     }
 }
 
@@ -481,23 +518,50 @@ mod tests {
     fn at_most_two_pods_events_are_read_at_once_and_a_pods_not_again_before_its_pause() {
         let reads = EventReads::default();
         let view = pending();
-        let a = reads.take(&pod("a"), &view, at(5));
-        let b = reads.take(&pod("b"), &view, at(5));
-        assert!(a.is_some() && b.is_some());
-        assert!(
-            reads.take(&pod("c"), &view, at(5)).is_none(),
-            "both slots are taken: c goes on without"
-        );
-        drop(a);
-        assert!(
-            reads.take(&pod("c"), &view, at(5)).is_some(),
-            "a slot freed"
-        );
+        let now = |r: &Option<EventsRead<'_>>| matches!(r, Some(EventsRead::Now(..)));
+        let first = reads.take(&pod("a"), &view, at(5));
+        let second = reads.take(&pod("b"), &view, at(5));
+        assert!(now(&first) && now(&second), "two slots");
+        // Both slots are taken: c goes on with what it knew (nothing yet).
+        assert!(matches!(
+            reads.take(&pod("c"), &view, at(5)),
+            Some(EventsRead::Kept(None))
+        ));
+        drop(first);
+        assert!(now(&reads.take(&pod("c"), &view, at(5))), "a slot freed");
+        drop(second);
         // a was read at 5 s: not again before 10 s, whatever the slots.
-        drop(b);
-        assert!(reads.take(&pod("a"), &view, at(6)).is_none());
-        assert!(reads.take(&pod("a"), &view, at(10)).is_some());
+        assert!(matches!(
+            reads.take(&pod("a"), &view, at(6)),
+            Some(EventsRead::Kept(_))
+        ));
+        assert!(now(&reads.take(&pod("a"), &view, at(10))));
         // A pod without a uid is never read (nothing to remember it by).
         assert!(reads.take(&Pod::default(), &view, at(60)).is_none());
+    }
+
+    /// A reconcile between two reads keeps the problem the last read found: the run's status
+    /// does not lose it and find it again (the real-node test saw the cause told four times).
+    #[test]
+    fn between_two_reads_a_pod_keeps_the_problem_its_last_read_found() {
+        let reads = EventReads::default();
+        let view = pending();
+        let stuck = PodProblem::Stuck {
+            reason: "FailedMount",
+            message: "configmap \"no-such-config\" not found".into(),
+        };
+        let Some(EventsRead::Now(uid, slot)) = reads.take(&pod("a"), &view, at(5)) else {
+            panic!("the first read is due");
+        };
+        reads.found(uid, Some(stuck.clone()));
+        drop(slot);
+        match reads.take(&pod("a"), &view, at(7)) {
+            Some(EventsRead::Kept(kept)) => assert_eq!(kept, Some(stuck.clone())),
+            _ => panic!("not due again before 10 s"),
+        }
+        // A started pod's Events are not read nor kept.
+        let mut started = pending();
+        started.workload = WorkloadState::Running;
+        assert!(reads.take(&pod("a"), &started, at(7)).is_none());
     }
 }
