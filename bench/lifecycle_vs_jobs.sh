@@ -52,6 +52,12 @@ cleanup() {
     kill "$OP_PID"; wait "$OP_PID" 2>/dev/null || true
   fi
   for ns in "${NAMESPACES[@]}"; do kubectl delete ns "$ns" --wait=false >/dev/null 2>&1 || true; done
+  # LIFECYCLE_KEEP_LOGS=<dir>: the operators' logs outlive the run (a reconcile's reason is in
+  # each line's span: `--log-level` via LIFECYCLE_OPERATOR_LOG_LEVEL).
+  if [ -n "${LIFECYCLE_KEEP_LOGS:-}" ]; then
+    mkdir -p "$LIFECYCLE_KEEP_LOGS"
+    cp "$WORK"/operator-*.log "$LIFECYCLE_KEEP_LOGS/" 2>/dev/null || true
+  fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -86,7 +92,8 @@ for n in "${SIZES[@]}"; do
   # The real runs tolerate the real node's taint with no webhook to stamp them: trusted.
   "$BIN" run --namespaces "$runs_ns" --store-url "file://$WORK/store-$n" \
     --metrics-addr "127.0.0.1:$port" --webhook-addr '' --unadmitted-references trust --holder-image "$HOLDER" \
-    --pod-name "operator-$runs_ns" "${PACK[@]}" >"$WORK/operator-$n.log" 2>&1 &
+    --pod-name "operator-$runs_ns" "${PACK[@]}" \
+    ${LIFECYCLE_OPERATOR_LOG_LEVEL:+--log-level "$LIFECYCLE_OPERATOR_LOG_LEVEL"} >"$WORK/operator-$n.log" 2>&1 &
   OP_PID=$!
   until curl -sf "http://127.0.0.1:$port/readyz" >/dev/null; do sleep 0.2; done
   LIFECYCLE_OPERATOR_METRICS=127.0.0.1:$port \
