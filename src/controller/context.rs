@@ -159,9 +159,6 @@ pub(crate) struct Memory {
     /// When each pending pod's Events were last read, and the reads in flight
     /// ([`super::run::observe::EventReads`]).
     pub events: super::run::observe::EventReads,
-    /// What this replica's reconciles saw, so the watch events that only repeat it wake nothing
-    /// ([`super::echoes`]).
-    pub echoes: super::echoes::Echoes,
 }
 
 /// The shards this replica owns (`run --sharding`; both None: every run is this replica's).

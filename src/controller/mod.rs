@@ -23,7 +23,6 @@
 pub(crate) mod conditions;
 pub(crate) mod context;
 pub(crate) mod drains;
-pub(crate) mod echoes;
 pub(crate) mod error;
 pub(crate) mod events;
 pub(crate) mod pod_view;
@@ -88,19 +87,10 @@ pub(crate) async fn run(
         // The runs are cached without their managedFields, which nothing here reads and which
         // are a fifth of a run's bytes (the cache is most of the operator's memory at 10,000 runs).
         let (reader, writer) = kube::runtime::reflector::store();
-        // A run version a reconcile already started from wakes nothing (its own writes'
-        // echoes: docs/contract.md "A watch event that repeats what was seen wakes nothing").
-        let heard = ctx.clone();
         let cached = run_events(&ctx, runs)
             .modify(|run: &mut SandboxRun| run.managed_fields_mut().clear())
             .reflect(writer)
-            .applied_objects()
-            .filter(move |run| {
-                let echo = run
-                    .as_ref()
-                    .is_ok_and(|run| heard.memory.echoes.repeats_run(run));
-                futures::future::ready(!echo)
-            });
+            .applied_objects();
         let mut controller = with_pods(Controller::for_stream(cached, reader), &ctx, pods);
         if ctx.lifecycle.kueue {
             // The runs' Kueue Workloads wake them (admitted, evicted): docs/user-guide.md
@@ -158,45 +148,23 @@ fn run_events(
 /// the shards this replica owns plus those with no shard label (made before sharding).
 fn with_pods(
     controller: Controller<SandboxRun>,
-    ctx: &Arc<Context>,
+    ctx: &Context,
     pods: Api<Pod>,
 ) -> Controller<SandboxRun> {
     let managed = crate::pod::managed_by_selector();
     let Some(gate) = &ctx.sharding.gate else {
-        let all = watcher(pods, watcher::Config::default().labels(&managed)).boxed();
-        return controller.owns_stream(unheard_pods(ctx, all));
+        return controller.owns(pods, watcher::Config::default().labels(&managed));
     };
     let unlabelled = format!("{managed},!{}", crate::shard::SHARD_LABEL);
     let labelled = crate::shard::watches::owned_watch(
         pods.clone(),
         watcher::Config::default().labels(&managed),
         gate.serving(),
-    );
-    let unlabelled = watcher(pods, watcher::Config::default().labels(&unlabelled)).boxed();
+    )
+    .touched_objects();
     controller
-        .owns_stream(unheard_pods(ctx, labelled))
-        .owns_stream(unheard_pods(ctx, unlabelled))
-}
-
-/// The run pods a watch reports, less those that repeat what a reconcile last read of them
-/// ([`echoes::Echoes::repeats_pod`]); a deleted pod always wakes its run.
-fn unheard_pods(
-    ctx: &Arc<Context>,
-    events: futures::stream::BoxStream<'static, Result<watcher::Event<Pod>, watcher::Error>>,
-) -> impl futures::Stream<Item = Result<Pod, watcher::Error>> + Send + 'static {
-    let ctx = Arc::clone(ctx);
-    events
-        .map(move |event| match event {
-            Ok(watcher::Event::Apply(pod)) if ctx.memory.echoes.repeats_pod(&pod) => None,
-            Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => Some(Ok(pod)),
-            Ok(watcher::Event::Delete(pod)) => {
-                ctx.memory.echoes.forget_pod(&pod);
-                Some(Ok(pod))
-            }
-            Ok(watcher::Event::Init | watcher::Event::InitDone) => None,
-            Err(e) => Some(Err(e)),
-        })
-        .filter_map(futures::future::ready)
+        .owns_stream(labelled)
+        .owns(pods, watcher::Config::default().labels(&unlabelled))
 }
 
 /// The runs whose drain just ended, to reconcile again now (docs/contract.md "A run's next step
@@ -300,11 +268,6 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
     let reconciled = run::pipeline::reconcile(&ctx, &run, Timestamp::now()).await?;
     if let Some(step) = reconciled.step {
         report(&ctx.metrics, step, started);
-    }
-    // A pass that went on from the reconcile's own write is counted as the reconcile its echo
-    // would have woken; its time is in the first step's.
-    for step in &reconciled.chained {
-        ctx.metrics.reconciles.with_label_values(&[step]).inc();
     }
     Ok(reconciled.requeue.into_action())
 }

@@ -112,56 +112,6 @@ fn is_image_pull_reason(reason: &str) -> bool {
     )
 }
 
-/// Pod conditions no decision reads: a pod's binding (`PodScheduled` True) and the steps of its
-/// start that its container states already say. `Ready` (Kueue's `waitForPodsReady`), a
-/// `PodScheduled` False (unschedulable) and any other condition (a `DisruptionTarget`) are read.
-fn unread_condition(type_: &str, status: &str) -> bool {
-    matches!(
-        (type_, status),
-        ("PodScheduled", "True")
-            | ("Initialized", _)
-            | ("PodReadyToStartContainers", _)
-            | ("ContainersReady", _)
-    )
-}
-
-/// A digest of everything of `pod` a reconcile's decisions read (docs/contract.md "A watch event
-/// that repeats what was seen wakes nothing"): its identity, labels, annotations, owners,
-/// finalizers and deletion; its phase, reason, message, host and start time; every container's
-/// status; its conditions but those [`unread_condition`] names (times left out). Not its spec:
-/// a pod's containers and volumes do not change, and its binding to a node is not read.
-pub(crate) fn pod_digest(pod: &Pod) -> u64 {
-    use std::hash::{Hash, Hasher};
-    let meta = &pod.metadata;
-    let status = pod.status.as_ref();
-    let conditions: Vec<_> = status
-        .and_then(|s| s.conditions.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|c| !unread_condition(&c.type_, &c.status))
-        .map(|c| (&c.type_, &c.status, &c.reason, &c.message))
-        .collect();
-    let read = serde_json::json!({
-        "uid": meta.uid,
-        "labels": meta.labels,
-        "annotations": meta.annotations,
-        "owners": meta.owner_references,
-        "finalizers": meta.finalizers,
-        "deletion": meta.deletion_timestamp,
-        "phase": status.and_then(|s| s.phase.as_ref()),
-        "reason": status.and_then(|s| s.reason.as_ref()),
-        "message": status.and_then(|s| s.message.as_ref()),
-        "host": status.and_then(|s| s.host_ip.as_ref()),
-        "start": status.and_then(|s| s.start_time.as_ref()),
-        "containers": status.and_then(|s| s.container_statuses.as_ref()),
-        "init": status.and_then(|s| s.init_container_statuses.as_ref()),
-        "conditions": conditions,
-    });
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    read.to_string().hash(&mut hasher);
-    hasher.finish()
-}
-
 /// The facts of a pod the decision needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct PodView {

@@ -104,14 +104,11 @@ async fn effect_of(
         Effect::AddFinalizer => {
             let mut finalizers = run.finalizers().to_vec();
             finalizers.push(FINALIZER.to_string());
-            if let Some(after) = patch_finalizers(&runs, run, finalizers).await? {
-                ctx.memory.echoes.wrote_run(run, after);
-            }
+            patch_finalizers(&runs, run, finalizers).await?;
         }
         Effect::RemoveFinalizer => {
             remove_finalizer(&runs, run).await?;
             ctx.forget_written_status(run);
-            ctx.memory.echoes.forget_run(run);
         }
         Effect::DeletePod { at_once } => delete_pod(&pods, pod_name, at_once).await?,
         Effect::MarkDrained => mark_drained(&pods, pod_name, &ctx.pod.holder_binary).await,
@@ -125,14 +122,7 @@ async fn effect_of(
         Effect::RememberUnreportedPod => ctx.remember_unreported_pod(run),
         Effect::Publish(event) => publish(ctx, run, pod.filter(|_| event.about_pod), &event).await,
         Effect::ApplyNetworkPolicy(policy) => apply_network_policy(&ctx.client, &policy).await?,
-        Effect::CreatePod(new) => {
-            let answer = create_pod(&pods, &new).await?;
-            // Its creation's watch event repeats what the creation returned.
-            if let Some(created) = answer.created_pod() {
-                ctx.memory.echoes.saw_pod(created);
-            }
-            return Ok(Some(answer));
-        }
+        Effect::CreatePod(new) => return create_pod(&pods, &new).await.map(Some),
         Effect::RestoreWorkspace(from) => {
             if super::workspace::already_recorded(ctx, (run, id)).await {
                 return Ok(Some(Answer::RestoreAlreadyRecorded));
@@ -627,7 +617,6 @@ pub(crate) async fn write_status(
     {
         Ok(after) => {
             ctx.remember_written_status(run, written.digest, after.resource_version());
-            ctx.memory.echoes.wrote_run(run, after);
             Ok(())
         }
         // The run is gone (finalizer released elsewhere): nothing left to report on.
@@ -646,12 +635,11 @@ fn status_body(status: &SandboxRunStatus) -> serde_json::Value {
     })
 }
 
-/// Merge-patches the run's finalizers: the run as patched (None: it is gone).
 async fn patch_finalizers(
     runs: &Api<SandboxRun>,
     run: &SandboxRun,
     finalizers: Vec<String>,
-) -> Result<Option<SandboxRun>, ControllerError> {
+) -> Result<(), ControllerError> {
     // resourceVersion in a merge patch is a precondition: a concurrent change makes it a 409 and
     // the next reconcile starts from what is really there. Without one there is no precondition:
     // nothing is sent (docs/contract.md "A write always names its object").
@@ -667,8 +655,8 @@ async fn patch_finalizers(
         )
         .await
     {
-        Ok(after) => Ok(Some(after)),
-        Err(kube::Error::Api(ae)) if ae.code == 404 => Ok(None),
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(ae)) if ae.code == 404 => Ok(()),
         Err(e) => Err(kube_err(format!("patch finalizers of {}", run.name_any()))(
             e,
         )),
@@ -682,7 +670,7 @@ async fn remove_finalizer(runs: &Api<SandboxRun>, run: &SandboxRun) -> Result<()
         .filter(|f| *f != FINALIZER)
         .cloned()
         .collect();
-    patch_finalizers(runs, run, finalizers).await.map(|_| ())
+    patch_finalizers(runs, run, finalizers).await
 }
 
 async fn delete_pod(pods: &Api<Pod>, pod_name: &str, drained: bool) -> Result<(), ControllerError> {
@@ -729,9 +717,7 @@ async fn claim_pool_pod(
         ctx.memory.claims.release(&format!("{ns}/{pod}"), &uid);
     }
     match patched {
-        Ok(claimed) => {
-            // The claim's watch event repeats what the patch returned.
-            ctx.memory.echoes.saw_pod(&claimed);
+        Ok(_) => {
             info!(run = %run.name_any(), pod, pool = %claim.pool, "took a warm pool pod");
             Ok(Answer::PoolPodClaimed(claim))
         }

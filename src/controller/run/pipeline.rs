@@ -30,75 +30,36 @@ use crate::egress::verdict::verdict;
 use crate::identity::RunId;
 
 /// What a reconcile did: its step's metric label (None: the run's pod name is taken, or its
-/// template cannot make it: no step was decided), the steps of the passes it went on with
-/// from its own writes, and when to look again.
+/// template cannot make it: no step was decided) and when to look again.
 pub(crate) struct Reconciled {
     /// The step's label ([`decide::Step::as_str`]).
     pub step: Option<&'static str>,
-    /// The labels of the passes that followed from this reconcile's own writes, in order
-    /// ([`CHAINED_PASSES`] at most).
-    pub chained: Vec<&'static str>,
     /// When to look again.
     pub requeue: Requeue,
 }
 
-/// Passes one reconcile goes on with from the run its own write returned, at most: a pass that
-/// only wrote the run (its finalizer, its status) decides again on what it wrote at once, as its
-/// write's echo would have made a reconcile do (docs/contract.md "A watch event that repeats
-/// what was seen wakes nothing").
-pub(crate) const CHAINED_PASSES: usize = 2;
+impl Reconciled {
+    fn after(step: &'static str, requeue: Requeue) -> Reconciled {
+        Reconciled {
+            step: Some(step),
+            requeue,
+        }
+    }
+}
 
-/// Reconciles `run` once at `now`: a pass, and the passes its own writes of the run lead to.
+/// Reconciles `run` once at `now`.
 pub(crate) async fn reconcile(
     ctx: &Arc<Context>,
     run: &Arc<SandboxRun>,
     now: Timestamp,
 ) -> Result<Reconciled, ControllerError> {
-    let (first, mut next) = pass(ctx, run, None, now).await?;
-    let mut reconciled = Reconciled {
-        step: first.step,
-        chained: Vec::new(),
-        requeue: first.requeue,
-    };
-    while let Some((written, observation)) = next {
-        if reconciled.chained.len() >= CHAINED_PASSES {
-            // Its echo wakes it instead.
-            break;
-        }
-        let written = ctx.with_unreported_pod(written);
-        let (passed, then) = pass(ctx, &written, Some(observation), now).await?;
-        reconciled.chained.extend(passed.step);
-        reconciled.requeue = passed.requeue;
-        next = then;
-    }
-    Ok(reconciled)
-}
-
-/// What one pass did (its step, when to look again).
-struct Passed {
-    step: Option<&'static str>,
-    requeue: Requeue,
-}
-
-/// One pass over `run` at `now` (`seen`: the pod as a pass of this reconcile just observed it,
-/// when the run is what that pass's own write of the run returned): what it did, and the run its
-/// write of the run returned with the observation to go on from, when it wrote only the run.
-async fn pass(
-    ctx: &Arc<Context>,
-    run: &Arc<SandboxRun>,
-    seen: Option<Observation>,
-    now: Timestamp,
-) -> Result<(Passed, Option<(Arc<SandboxRun>, Observation)>), ControllerError> {
-    ctx.memory.echoes.saw_run(run);
-    let (observation, made, resolved) = match observed(ctx, run, seen, now).await? {
+    let (observation, made, resolved) = match observed(ctx, run, now).await? {
         Ok(observed) => observed,
         Err(early) => {
-            let requeue = early.carry_out(ctx, run, now).await?;
-            let passed = Passed {
+            return Ok(Reconciled {
                 step: None,
-                requeue,
-            };
-            return Ok((passed, None));
+                requeue: early.carry_out(ctx, run, now).await?,
+            })
         }
     };
     let run = made.merged();
@@ -133,21 +94,10 @@ async fn pass(
         Through::Claim(plan) => Next::Carry(plan, None),
         Through::Held(requeue) => Next::Requeue(requeue),
     };
-    let goes_on = next.writes_only_the_run();
-    if goes_on {
-        ctx.memory.echoes.expect_write(run);
-    }
-    // The one act of the pass: its plan carried out, on the run (or on the live run a lost pod
-    // is reported on).
+    // The one act of the reconcile: its plan carried out, on the run (or on the live run a lost
+    // pod is reported on).
     let requeue = next.carry_out(ctx, run, &observation.pod_name, now).await?;
-    let written = goes_on
-        .then(|| ctx.memory.echoes.take_written(run))
-        .flatten();
-    let passed = Passed {
-        step: Some(label),
-        requeue,
-    };
-    Ok((passed, written.map(|w| (w, observation))))
+    Ok(Reconciled::after(label, requeue))
 }
 
 /// What a reconcile's step leaves act to do.
@@ -161,17 +111,6 @@ enum Next<'a> {
 }
 
 impl Next<'_> {
-    /// Whether its plan writes nothing but the run itself (its finalizer, its status) and its
-    /// Events: a pass may then go on from the run the write returned, with the same pod.
-    fn writes_only_the_run(&self) -> bool {
-        let Next::Carry(plan, _) = self else {
-            return false;
-        };
-        plan.effects
-            .iter()
-            .all(|e| matches!(e, plan::Effect::AddFinalizer | plan::Effect::Publish(_)))
-    }
-
     /// Its plan carried out for `run` and its pod `pod_name`: when to look again.
     async fn carry_out(
         self,
@@ -228,20 +167,11 @@ async fn planned<'a>(
 async fn observed(
     ctx: &Arc<Context>,
     run: &Arc<SandboxRun>,
-    seen: Option<Observation>,
     now: Timestamp,
 ) -> Result<Result<(Observation, MadeRun, bool), Early>, ControllerError> {
-    let observed = match seen {
-        Some(seen) => Observed::Run(seen),
-        None => observe::observe(ctx.seal_check(), &ctx.memory.events, run, now).await?,
-    };
-    let observation = match observed {
-        Observed::Run(observation) => {
-            if let Some(pod) = &observation.pod {
-                ctx.memory.echoes.saw_pod(pod);
-            }
-            observation
-        }
+    let observation = match observe::observe(ctx.seal_check(), &ctx.memory.events, run, now).await?
+    {
+        Observed::Run(observation) => observation,
         // A pod with our name that the run does not own is not ours to drain or delete.
         Observed::NameTaken { observation, other } => {
             let plan = plan::name_conflict(run, &observation.pod_name);

@@ -84,64 +84,17 @@ fn finalizer_patch(finalizers: &[&str]) -> Value {
 }
 
 #[tokio::test]
-async fn a_fresh_run_gets_the_finalizer_preconditioned_on_its_resource_version_then_its_pod() {
+async fn a_fresh_run_only_gets_the_finalizer_preconditioned_on_its_resource_version() {
     let mut r = run();
     r.metadata.finalizers = None;
-    // The apiserver answers the finalizer's patch with the run as patched (resourceVersion 8).
-    let mut routes = routes(&r, no_pod());
-    routes[1] = Route::fixed("PATCH", RUN, 200, written(&run()));
-    let (client, log) = apiserver(routes);
-    let ctx = context(client, Arc::new(InMemory::new()));
-    let ctx = Arc::new(ctx);
-    let done = pipeline::reconcile(&ctx, &Arc::new(r), now())
-        .await
-        .expect("the reconcile succeeds");
+    let (client, log) = apiserver(routes(&r, no_pod()));
+    let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
     assert_eq!(done.step, Some("add_finalizer"));
-    // The same reconcile goes on from the patched run: its pod is created without waiting for
-    // the patch's echo, and without reading the pod again (docs/contract.md "A watch event that
-    // repeats what was seen wakes nothing").
-    assert_eq!(done.chained, ["create_pod"]);
-    assert_eq!(done.requeue, Requeue::After(SETTLE + LOOK_AGAIN_MARGIN));
-    assert_eq!(
-        log.lines(),
-        [
-            format!("GET {POD}"),
-            format!("PATCH {RUN}"),
-            format!("POST {PODS}")
-        ]
-    );
+    assert_eq!(done.requeue, Requeue::AwaitChange);
+    assert_eq!(log.lines(), [format!("GET {POD}"), format!("PATCH {RUN}")]);
     let patch = &log.exactly("PATCH", RUN)[0];
     assert_eq!(patch.content_type, "application/merge-patch+json");
     assert_eq!(patch.body, finalizer_patch(&[FINALIZER]));
-    // The patch's echo (the run at 8) and the created pod's first event repeat what the
-    // reconcile saw: neither wakes the run again.
-    let echoes = &ctx.memory.echoes;
-    let mut echo = run();
-    echo.metadata.resource_version = Some("8".into());
-    assert!(echoes.repeats_run(&echo));
-    echo.metadata.resource_version = Some("9".into());
-    assert!(!echoes.repeats_run(&echo));
-    let created: Pod = serde_json::from_value(log.exactly("POST", PODS)[0].body.clone()).unwrap();
-    let mut added = created.clone();
-    added.metadata.uid = Some("p1".into());
-    assert!(echoes.repeats_pod(&added));
-}
-
-#[tokio::test]
-async fn a_finalizer_patch_answered_with_a_run_still_without_it_goes_on_twice_at_most() {
-    // An apiserver (or a webhook) that keeps taking the finalizer off: the reconcile does not
-    // loop on its own writes; their echo wakes it.
-    let mut r = run();
-    r.metadata.finalizers = None;
-    let mut routes = routes(&r, no_pod());
-    routes[1] = Route::fixed("PATCH", RUN, 200, written(&r));
-    let (client, log) = apiserver(routes);
-    let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
-    assert_eq!(done.step, Some("add_finalizer"));
-    assert_eq!(done.chained, ["add_finalizer", "add_finalizer"]);
-    assert_eq!(done.requeue, Requeue::AwaitChange);
-    assert_eq!(log.exactly("PATCH", RUN).len(), 3);
-    assert_eq!(log.exactly("GET", POD).len(), 1);
 }
 
 /// The containers of a pod body (init containers too: the holder may be a native sidecar).
