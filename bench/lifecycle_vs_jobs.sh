@@ -34,9 +34,11 @@ mkdir -p "$WORK/data"
 . "$REPO/bench/lib.sh"
 NO_BUILD=${OPERATOR_BIN:-} release_binary "$BIN"
 
+PAUSED=()
 OP_PID=
 NAMESPACES=()
 cleanup() {
+  for pid in "${PAUSED[@]}"; do kill -CONT "$pid" 2>/dev/null || true; done
   if [ -n "$OP_PID" ] && kill -0 "$OP_PID" 2>/dev/null; then
     # Runs still held by the finalizer would keep their namespace: release them first.
     # (kubectl's own --wait follows 10,000 deletions one by one for minutes after they are done:
@@ -61,6 +63,21 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
+# On the kwok node the bed's network-policy agents (kube-router, one a real node, hack/real-node.sh)
+# are paused while the bench runs (SIGSTOP, resumed at exit, only the PIDs the bed recorded): each
+# of the N fake pods made them rewrite their iptables and ipsets on this same 2-CPU machine, ~13 %
+# of all CPU and half the runs' rate (docs/performance.md "Where a lifecycle's time goes"). A real
+# cluster's agents run on its nodes, not on the control plane's CPUs; the kwok bench measures the
+# control plane (both sides, runs and Jobs, the same). LIFECYCLE_NETPOL=run keeps them running.
+if [ "$NODE" = kwok ] && [ "${LIFECYCLE_NETPOL:-pause}" = pause ]; then
+  for f in "$STATE"/node*/run/kube-router.pid; do
+    [ -s "$f" ] || continue
+    pid=$(cat "$f")
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -STOP "$pid" && PAUSED+=("$pid"); fi
+  done
+  [ ${#PAUSED[@]} -eq 0 ] || echo "== the bed's kube-router paused for the bench (pids ${PAUSED[*]}; LIFECYCLE_NETPOL=run keeps it)"
+fi
+
 ensure_crd
 
 # ~1 MiB a run: 16 files of 64 KiB (the same directory for every run: kwok's exec runs the packer
