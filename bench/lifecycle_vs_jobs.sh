@@ -11,6 +11,10 @@
 #                                              1 MiB, the holder is the operator image
 #                                              (hack/images.sh operator); Jobs do the same work
 #   NODE=real RUNTIME_CLASS=gvisor bench/lifecycle_vs_jobs.sh 10   the same, runs and Jobs under gVisor
+#   LIFECYCLE_NETPOL=run                       on kwok, keep the bed's kube-routers running (they
+#                                              are paused by default: see below)
+#   LIFECYCLE_KEEP_LOGS=<dir>                  keep the operators' logs there
+#   LIFECYCLE_OPERATOR_LOG_LEVEL=<filter>      the operators' --log-level
 #
 # One operator (release build, chart defaults: --concurrency 16, 8 drains) per N, watching only
 # the runs' namespace; the Jobs live in a namespace of their own. Everything it creates is
@@ -63,17 +67,20 @@ cleanup() {
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-# On the kwok node the bed's network-policy agents (kube-router, one a real node, hack/real-node.sh)
-# are paused while the bench runs (SIGSTOP, resumed at exit, only the PIDs the bed recorded): each
-# of the N fake pods made them rewrite their iptables and ipsets on this same 2-CPU machine, ~13 %
-# of all CPU and half the runs' rate (docs/performance.md "Where a lifecycle's time goes"). A real
-# cluster's agents run on its nodes, not on the control plane's CPUs; the kwok bench measures the
-# control plane (both sides, runs and Jobs, the same). LIFECYCLE_NETPOL=run keeps them running.
+# On the kwok node the bed's network-policy agents (one kube-router a real node,
+# hack/real-node.sh) are paused while the bench runs (SIGSTOP, resumed at exit): each of the N
+# fake pods made them rewrite their iptables and ipsets on this same 2-CPU machine, ~13 % of all
+# CPU and half the runs' rate (docs/performance.md "The bed's network-policy agents, and a
+# reconcile's echoes"). A real cluster's agents run on its nodes, not on the control plane's
+# CPUs; the kwok bench measures the control plane (both sides, runs and Jobs, the same).
+# LIFECYCLE_NETPOL=run keeps them running. Only a PID the bed recorded that is still a
+# kube-router is paused (a stale file's PID may be another process's by now).
 if [ "$NODE" = kwok ] && [ "${LIFECYCLE_NETPOL:-pause}" = pause ]; then
   for f in "$STATE"/node*/run/kube-router.pid; do
     [ -s "$f" ] || continue
     pid=$(cat "$f")
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then kill -STOP "$pid" && PAUSED+=("$pid"); fi
+    [ "$(cat "/proc/$pid/comm" 2>/dev/null || true)" = kube-router ] || continue
+    kill -STOP "$pid" && PAUSED+=("$pid")
   done
   [ ${#PAUSED[@]} -eq 0 ] || echo "== the bed's kube-router paused for the bench (pids ${PAUSED[*]}; LIFECYCLE_NETPOL=run keeps it)"
 fi
