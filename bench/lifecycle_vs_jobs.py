@@ -17,7 +17,8 @@ Reported: lifecycles per minute (N over first create -> last final phase), creat
 and Running -> Succeeded p50/p99 for runs (from a watch, receipt times), create -> Complete
 p50/p99 for Jobs, the operator's peak RSS (VmHWM) and CPU seconds, and the apiserver's
 mutating requests per lifecycle (apiserver_request_total, verbs other than GET/LIST/WATCH,
-over the whole window: everything the cluster wrote meanwhile is included, for both sides).
+over the whole window: everything the cluster wrote meanwhile is included, for both sides), and
+of those the refused ones (a 4xx/5xx code: nothing written) by resource and verb.
 Every measurement is also appended to $BENCH_RESULTS (JSON lines) when set, and the per-run
 latencies go to lifecycle_cdf.csv beside it (for the plots).
 """
@@ -86,8 +87,19 @@ def apiserver_requests(reads):
         if fields.get("subresource"):
             resource += "/" + fields["subresource"]
         resource += " " + fields.get("verb", "")
+        # A refused write (4xx/5xx: a 404 DELETE of a pod already gone, a 409 conflict) changes
+        # nothing in etcd: counted apart, so "writes" can be told from "requests".
+        if not reads and not fields.get("code", "").startswith("2"):
+            resource += " " + REFUSED
         by_resource[resource] = by_resource.get(resource, 0.0) + float(value)
     return by_resource
+
+
+REFUSED = "refused"
+
+
+def refused(by_resource):
+    return sum(v for k, v in by_resource.items() if k.endswith(" " + REFUSED))
 
 
 def operator_steps():
@@ -363,6 +375,11 @@ def main():
           f"CPU {runs['cpu']:.1f} s ({runs['cpu'] / n * 1000:.1f} ms a run)")
     print(f"  apiserver mutating requests per lifecycle: runs {runs['writes'] / n:.1f} "
           f"(target <= 12), Jobs {jobs['writes'] / n:.1f} (whole cluster, both windows)")
+    runs_refused = refused(runs["by_resource"])
+    jobs_refused = refused(jobs["by_resource"]) if with_jobs else float("nan")
+    print(f"    of which refused (4xx/5xx, nothing written): runs {runs_refused / n:.1f}, "
+          f"Jobs {jobs_refused / n:.1f}; writes that took effect: runs "
+          f"{(runs['writes'] - runs_refused) / n:.1f}, Jobs {(jobs['writes'] - jobs_refused) / n:.1f}")
     for side, w in (("runs", runs), ("Jobs", jobs))[:2 if with_jobs else 1]:
         top = sorted(w["by_resource"].items(), key=lambda kv: -kv[1])[:14]
         print(f"    {side} window, per lifecycle: "
@@ -392,6 +409,8 @@ def main():
         ("operator_peak_rss", runs["rss"], "MiB"), ("operator_cpu", runs["cpu"], "s"),
         ("apiserver_writes_per_run", runs["writes"] / n, "requests"),
         ("apiserver_writes_per_job", jobs["writes"] / n, "requests"),
+        ("apiserver_refused_writes_per_run", runs_refused / n, "requests"),
+        ("apiserver_refused_writes_per_job", jobs_refused / n, "requests"),
     ] + [(f"apiserver_writes_per_run_{k.replace(' ', '_')}", v / n, "requests")
          for k, v in runs["by_resource"].items()] + [
         (f"apiserver_writes_per_job_{k.replace(' ', '_')}", v / n, "requests")
