@@ -36,6 +36,16 @@ impl ClaimReservations {
             .collect()
     }
 
+    /// Whether `run` holds a reservation at `now`: this replica picked a pod for it within
+    /// [`HOLD`] (a claim in flight, or just made: a successful claim keeps its reservation until
+    /// it lapses).
+    pub fn holds_any(&self, run: &str, now: Timestamp) -> bool {
+        let Ok(held) = self.held.lock() else {
+            return false;
+        };
+        held.values().any(|(by, until)| by == run && *until > now)
+    }
+
     /// Reserves `pod` for `run` from `now` unless another run holds it: whether `run` has it.
     pub fn reserve(&self, pod: &str, run: &str, now: Timestamp) -> bool {
         let Ok(mut held) = self.held.lock() else {
@@ -65,6 +75,19 @@ impl ClaimReservations {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_holds_a_reservation_until_it_lapses_or_is_released_and_never_anothers() {
+        let r = ClaimReservations::default();
+        assert!(!r.holds_any("run-a", at(0)), "nothing reserved yet");
+        assert!(r.reserve("ns/p1", "run-a", at(0)));
+        assert!(r.holds_any("run-a", at(1)));
+        assert!(!r.holds_any("run-b", at(1)), "run-a's, not run-b's");
+        assert!(!r.holds_any("run-a", at(5)), "lapsed after HOLD");
+        assert!(r.reserve("ns/p1", "run-a", at(6)));
+        r.release("ns/p1", "run-a");
+        assert!(!r.holds_any("run-a", at(6)), "given back");
+    }
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()

@@ -68,6 +68,9 @@ pub(super) async fn through_pool(
     let Some(reference) = authored.template_ref.as_ref().filter(|_| candidate) else {
         return Ok(Warm::Go(step));
     };
+    if recorded_by_this_replica(ctx, run, now).await? {
+        return Ok(Warm::Done(Requeue::After(CLAIM_REQUEUE)));
+    }
     let ns = run
         .namespace()
         .ok_or(ControllerError::Metadata("namespace"))?;
@@ -137,6 +140,30 @@ async fn resume(
     };
     let claim = claim_of(run, pool, pod, message);
     Ok(Some(claim::resume(run, claim, now)))
+}
+
+/// Whether this replica claimed a pod for the run a moment ago and the live run records it
+/// already: the reconcile woken by the claimed pod's own update, before the recorded status
+/// reached the watch cache, then waits as [`resume`] would, without listing the pool and its
+/// pods (under a burst that list was the claim's longest read, docs/performance.md "Where the
+/// operator's CPU goes, and a burst's workers"). Asked only while the replica holds a
+/// reservation for the run ([`crate::pool::reservations`]); without one (a fresh run, a
+/// restarted replica), or when the live run (of the same uid) records nothing for the attempt,
+/// the claim stage goes on as before and finds a claimed pod by its label.
+async fn recorded_by_this_replica(
+    ctx: &Context,
+    run: &SandboxRun,
+    now: Timestamp,
+) -> Result<bool, ControllerError> {
+    let uid = uid_of(run)?;
+    if !ctx.memory.claims.holds_any(&uid, now) {
+        return Ok(false);
+    }
+    let live = super::observe::live_run(&ctx.client, &ns_of(run)?, &run.name_any()).await?;
+    let attempt = crate::identity::current_attempt(run);
+    Ok(live
+        .filter(|r| r.uid().as_deref() == Some(uid.as_str()))
+        .is_some_and(|r| recorded(r.status, attempt)))
 }
 
 /// Whether `status` records the run's claim (or cold start) for `attempt`.
@@ -615,5 +642,68 @@ mod tests {
         assert!(pool_pods["spec"]["egress"]
             .to_string()
             .contains("192.0.2.0/24"));
+    }
+
+    const RUN: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxruns/job";
+
+    /// The run `job` as the apiserver has it: `uid`, and its claim of a pool pod recorded for
+    /// `recorded` (an attempt), if any.
+    fn live(uid: &str, recorded: Option<u32>) -> serde_json::Value {
+        let mut live = run();
+        live.metadata.uid = Some(uid.into());
+        if let Some(attempt) = recorded {
+            let status = live.status.get_or_insert_with(Default::default);
+            status.warm_start = Some(crate::api::WarmStart {
+                pool: "agents".into(),
+                pod: Some("agents-h-x1".into()),
+                cold_reason: None,
+                attempt: Some(attempt),
+            });
+        }
+        serde_json::to_value(live).unwrap()
+    }
+
+    /// Issue #55 item 1: the reconcile woken by a claimed pod's own update, before the recorded
+    /// status reached the cache, reads the live run once and waits; it lists neither the pools
+    /// nor their pods (on the old code it listed both, then read the live run: under a burst of
+    /// 20 the pod list was a claim's longest read).
+    #[tokio::test]
+    async fn a_claim_this_replica_just_recorded_is_seen_from_the_live_run_without_the_pool() {
+        let (client, log) = mock_apiserver::apiserver(vec![Route::fixed(
+            "GET",
+            RUN,
+            200,
+            live("run-uid", Some(1)),
+        )]);
+        let ctx = mock_apiserver::context(client, Arc::new(InMemory::new()));
+        let now = Timestamp::now();
+        assert!(ctx.memory.claims.reserve("ns/agents-h-x1", "run-uid", now));
+        assert!(recorded_by_this_replica(&ctx, &run(), now).await.unwrap());
+        assert_eq!(log.lines(), [format!("GET {RUN}")]);
+    }
+
+    /// Without a reservation (a fresh run, a restarted replica) nothing is read here: the claim
+    /// stage lists the pool as before and finds a claimed pod by its label. With one, a live run
+    /// that records nothing for the attempt, or is another run of the same name, is not taken
+    /// as recorded.
+    #[tokio::test]
+    async fn only_a_reservation_and_the_same_runs_record_for_this_attempt_skip_the_pool() {
+        let (client, log) = mock_apiserver::apiserver(vec![]);
+        let ctx = mock_apiserver::context(client, Arc::new(InMemory::new()));
+        let now = Timestamp::now();
+        assert!(!recorded_by_this_replica(&ctx, &run(), now).await.unwrap());
+        assert!(log.lines().is_empty(), "{:?}", log.lines());
+        for answer in [
+            live("run-uid", None),
+            live("run-uid", Some(2)),
+            live("other-uid", Some(1)),
+        ] {
+            let (client, log) =
+                mock_apiserver::apiserver(vec![Route::fixed("GET", RUN, 200, answer)]);
+            let ctx = mock_apiserver::context(client, Arc::new(InMemory::new()));
+            assert!(ctx.memory.claims.reserve("ns/agents-h-x1", "run-uid", now));
+            assert!(!recorded_by_this_replica(&ctx, &run(), now).await.unwrap());
+            assert_eq!(log.lines(), [format!("GET {RUN}")]);
+        }
     }
 }
