@@ -64,7 +64,7 @@ async fn undone_unless<T>(
         Ok(_) => Ok(PoolAnswer::Done),
         Err(e) => {
             warn!(pod = %name, error = %e, "a pool pod {what}; deleting it");
-            let _ = pods.delete(name, &DeleteParams::default()).await;
+            let _ = pods.delete(name, &unclaimed_delete()).await;
             Err(e)
         }
     }
@@ -90,6 +90,21 @@ async fn create_pod(
     }
 }
 
+/// The grace period of a pool pod the pool deletes (surplus, outdated, or one it could not
+/// seal): nothing in an unclaimed pod is owed to anyone, but its holder's preStop waits for a
+/// drain (`holder --wait-drained`) and would hold the pod, its node's resources and its
+/// namespace's quota for the pod's whole grace period (the drain timeout's, 330 s by default)
+/// on every scale-down and template rollout. One second lets the kubelet end it the usual way.
+pub(crate) const UNCLAIMED_GRACE_SECONDS: u32 = 1;
+
+/// How the pool deletes a pod no run claimed.
+fn unclaimed_delete() -> DeleteParams {
+    DeleteParams {
+        grace_period_seconds: Some(UNCLAIMED_GRACE_SECONDS),
+        ..DeleteParams::default()
+    }
+}
+
 async fn delete_pod(
     pods: &Api<Pod>,
     name: &str,
@@ -101,7 +116,7 @@ async fn delete_pod(
             uid,
             resource_version,
         }),
-        ..DeleteParams::default()
+        ..unclaimed_delete()
     };
     match pods.delete(name, &params).await {
         Ok(_) => {

@@ -219,6 +219,12 @@ async fn a_pool_pod_that_cannot_be_sealed_is_deleted_and_the_look_fails() {
             "DELETE pod".into()
         ]
     );
+    let deleted = seen.all().into_iter().find(|s| s.method == "DELETE");
+    let body = deleted.map(|s| s.body).unwrap_or_default();
+    assert_eq!(
+        body["gracePeriodSeconds"], 1,
+        "an unsealed, unclaimed pod: {body}"
+    );
 }
 
 #[tokio::test]
@@ -277,6 +283,16 @@ async fn a_template_edit_shows_the_outdated_pods_in_replicas_and_none_updated() 
         writes(&seen)[..2],
         ["DELETE pod".to_string(), "DELETE pod".into()]
     );
+    // Unclaimed, outdated: deleted with a grace period of 1 s, under its precondition
+    // (uid, and resourceVersion when known) (on the old code the pod's own 330 s, held by the holder's preStop).
+    for delete in seen.all().iter().filter(|s| s.method == "DELETE") {
+        assert_eq!(delete.body["gracePeriodSeconds"], 1, "{}", delete.body);
+        assert!(
+            delete.body["preconditions"]["uid"].is_string(),
+            "{}",
+            delete.body
+        );
+    }
     let status = status_sent(&seen);
     assert_eq!(
         (
