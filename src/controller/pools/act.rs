@@ -94,8 +94,10 @@ async fn create_pod(
 /// seal): nothing in an unclaimed pod is owed to anyone, but its holder's preStop waits for a
 /// drain (`holder --wait-drained`) and would hold the pod, its node's resources and its
 /// namespace's quota for the pod's whole grace period (the drain timeout's, 330 s by default)
-/// on every scale-down and template rollout. One second lets the kubelet end it the usual way.
-pub(crate) const UNCLAIMED_GRACE_SECONDS: u32 = 1;
+/// on every scale-down and template rollout. One second lets the kubelet end it the usual way
+/// (not 0, as for a drained run's pod: that removes the object before the kubelet has stopped
+/// the containers, which a pod never used has no reason to skip).
+const UNCLAIMED_GRACE_SECONDS: u32 = 1;
 
 /// How the pool deletes a pod no run claimed.
 fn unclaimed_delete() -> DeleteParams {

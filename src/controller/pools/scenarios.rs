@@ -283,8 +283,8 @@ async fn a_template_edit_shows_the_outdated_pods_in_replicas_and_none_updated() 
         writes(&seen)[..2],
         ["DELETE pod".to_string(), "DELETE pod".into()]
     );
-    // Unclaimed, outdated: deleted with a grace period of 1 s, under its precondition
-    // (uid, and resourceVersion when known) (on the old code the pod's own 330 s, held by the holder's preStop).
+    // Unclaimed, outdated: deleted with a grace period of 1 s, under its uid precondition (on
+    // the old code the pod's own grace period, 330 s, held by the holder's preStop).
     for delete in seen.all().iter().filter(|s| s.method == "DELETE") {
         assert_eq!(delete.body["gracePeriodSeconds"], 1, "{}", delete.body);
         assert!(

@@ -125,12 +125,7 @@ async fn resume(
     cold: &Pod,
     now: Timestamp,
 ) -> Result<Option<Plan>, ControllerError> {
-    let attempt = crate::identity::current_attempt(run);
-    let ns = run
-        .namespace()
-        .ok_or(ControllerError::Metadata("namespace"))?;
-    let live = super::observe::live_run(&ctx.client, &ns, &run.name_any()).await?;
-    if live.is_some_and(|r| recorded(r.status, attempt)) {
+    if live_run_records_its_start(ctx, run).await? {
         return Ok(None);
     }
     let message = match message_for(ctx, run, cold).await? {
@@ -155,10 +150,19 @@ async fn recorded_by_this_replica(
     run: &SandboxRun,
     now: Timestamp,
 ) -> Result<bool, ControllerError> {
-    let uid = uid_of(run)?;
-    if !ctx.memory.claims.holds_any(&uid, now) {
+    if !ctx.memory.claims.holds_any(&uid_of(run)?, now) {
         return Ok(false);
     }
+    live_run_records_its_start(ctx, run).await
+}
+
+/// Whether the run as the apiserver has it now (the same uid: not another run made since under
+/// its name) records its claim or cold start for its current attempt.
+async fn live_run_records_its_start(
+    ctx: &Context,
+    run: &SandboxRun,
+) -> Result<bool, ControllerError> {
+    let uid = uid_of(run)?;
     let live = super::observe::live_run(&ctx.client, &ns_of(run)?, &run.name_any()).await?;
     let attempt = crate::identity::current_attempt(run);
     Ok(live
