@@ -156,6 +156,9 @@ pub(crate) struct Memory {
     /// The pool pods this replica's runs are claiming right now (a burst's runs pick past each
     /// other's: [`crate::pool::reservations`]).
     pub claims: crate::pool::reservations::ClaimReservations,
+    /// The pools and their pods as the pools' controller's watches have them: what a claim
+    /// reads its pool and the pool's pods from ([`crate::pool::watched`]).
+    pub watched_pools: crate::pool::watched::WatchedPools,
     /// When each pending pod's Events were last read, and the reads in flight
     /// ([`super::run::observe::EventReads`]).
     pub events: super::run::observe::EventReads,

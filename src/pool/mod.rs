@@ -26,3 +26,4 @@ pub mod plan;
 pub mod pod;
 pub mod reservations;
 pub mod seal;
+pub mod watched;

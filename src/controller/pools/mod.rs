@@ -23,7 +23,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Api, ResourceExt};
 use tracing::{info, warn};
 
@@ -63,11 +63,15 @@ pub(crate) async fn run(
         stores.push(controller.store());
         // By the pool label, not the owner: a claimed pod is the run's, and its claim (or its
         // end) must wake its pool at once, which then makes another.
-        let mut controller = controller.watches(
-            pods,
-            watcher::Config::default().labels(POOL_LABEL),
-            pool_of_pod,
-        );
+        // The pools and their pods are kept as they pass, for the runs' claims to read
+        // (src/pool/watched.rs).
+        let (reader, writer) = kube::runtime::reflector::store();
+        ctx.memory.watched_pools.add(controller.store(), reader);
+        let kept = watcher(pods, watcher::Config::default().labels(POOL_LABEL))
+            .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
+            .reflect(writer)
+            .touched_objects();
+        let mut controller = controller.watches_stream(kept, pool_of_pod);
         if let Some(gate) = &ctx.sharding.gate {
             controller = controller.reconcile_all_on(acquired(gate.acquisitions()));
         }

@@ -22,6 +22,7 @@ use crate::identity::{self, RunId};
 use crate::pod::WORKLOAD_CONTAINER;
 use crate::policy::pull_secrets::pull_credentials;
 use crate::policy::stamp::StampKey;
+use crate::pool::watched::WatchedPools;
 use crate::registry::{ImageResolver, Resolution};
 
 /// What a reconcile found: the run's own pod (if any) and the facts read from it.
@@ -265,12 +266,44 @@ async fn get_pod(
 }
 
 /// The warm pool of `reference` in `ns` and its pods (claimed ones too), when there is one (a
-/// run's claim, `super::warm`).
+/// run's claim, `super::warm`): the pool and its pods as the pools' watches have them when
+/// `cache` is given and has them ([`WatchedPools::pool_for`], [`WatchedPools::of_pool`]), else
+/// listed live.
 pub(crate) async fn pool_of(
-    client: &Client,
+    (client, cache): (&Client, Option<&WatchedPools>),
     ns: &str,
     reference: &crate::api::TemplateRef,
 ) -> Result<Option<(crate::api::SandboxRunPool, Vec<Pod>)>, ControllerError> {
+    let watched = cache.and_then(|c| c.pool_for(ns, reference));
+    let pool = match watched {
+        Some(pool) => pool,
+        None => match listed_pool(client, ns, reference).await? {
+            Some(pool) => pool,
+            None => return Ok(None),
+        },
+    };
+    let name = pool.name_any();
+    let value = crate::pool::pod::label_value(&name);
+    let watched = cache.and_then(|c| c.of_pool(ns, &value));
+    if let Some(pods) = watched {
+        return Ok(Some((pool, pods)));
+    }
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let selector = format!("{}={value}", crate::pool::pod::POOL_LABEL);
+    let pods = pods
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(kube_err(format!("list the pods of pool {ns}/{name}")))?
+        .items;
+    Ok(Some((pool, pods)))
+}
+
+/// The pool of `ns` that serves `reference`, listed live; None when there is none.
+async fn listed_pool(
+    client: &Client,
+    ns: &str,
+    reference: &crate::api::TemplateRef,
+) -> Result<Option<crate::api::SandboxRunPool>, ControllerError> {
     let pools: Api<crate::api::SandboxRunPool> = Api::namespaced(client.clone(), ns);
     let listed = match pools.list(&ListParams::default()).await {
         Ok(listed) => listed,
@@ -285,26 +318,10 @@ pub(crate) async fn pool_of(
             return Err(kube_err(format!("list the SandboxRunPools of {ns}"))(e));
         }
     };
-    let pool = listed
+    Ok(listed
         .items
         .into_iter()
-        .find(|p| &p.spec.template_ref == reference);
-    let Some(pool) = pool else {
-        return Ok(None);
-    };
-    let name = pool.name_any();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let selector = format!(
-        "{}={}",
-        crate::pool::pod::POOL_LABEL,
-        crate::pool::pod::label_value(&name)
-    );
-    let pods = pods
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(kube_err(format!("list the pods of pool {ns}/{name}")))?
-        .items;
-    Ok(Some((pool, pods)))
+        .find(|p| &p.spec.template_ref == reference))
 }
 
 /// The run as the apiserver has it now (None: it is gone). The watch cache can lag behind this

@@ -3,8 +3,9 @@
 //! first, or a retry's) that is made from a pooled template, and sets nothing that would change
 //! the pod, takes a ready pod of the pool instead of a new one.
 //!
-//! This stage reads (the pool and its pods through `observe::pool_of`, the pod the run would get
-//! cold through `prepare::for_creation`, the env's Secrets and ConfigMaps through
+//! This stage reads (the pool and its pods through `observe::pool_of`, from the pools' watches
+//! unless a pod may have been claimed for the run a moment ago: [`watched_pool_pods`]; the pod
+//! the run would get cold through `prepare::for_creation`, the env's Secrets and ConfigMaps through
 //! `env_sources::read`, the live run of a claim to resume) and chooses; the claim is a plan
 //! (`plan::claim`) whose effects act carries out with typed answers, each answer's follow-up
 //! planned, pure, with the reconcile's one `now`. In order, so that a restart anywhere resumes
@@ -71,10 +72,9 @@ pub(super) async fn through_pool(
     if recorded_by_this_replica(ctx, run, now).await? {
         return Ok(Warm::Done(Requeue::After(CLAIM_REQUEUE)));
     }
-    let ns = run
-        .namespace()
-        .ok_or(ControllerError::Metadata("namespace"))?;
-    let Some((pool, pods)) = super::observe::pool_of(&ctx.client, &ns, reference).await? else {
+    let ns = ns_of(run)?;
+    let from = (&ctx.client, watched_pool_pods(ctx, run, now)?);
+    let Some((pool, pods)) = super::observe::pool_of(from, &ns, reference).await? else {
         return Ok(Warm::Go(step));
     };
     let Some(cold) = cold_pod(ctx, run, inputs, queue).await? else {
@@ -154,6 +154,20 @@ async fn recorded_by_this_replica(
         return Ok(false);
     }
     live_run_records_its_start(ctx, run).await
+}
+
+/// Where the claim reads its pool and its pods: the pools' watches' ([`crate::pool::watched`];
+/// the claim's patch is guarded by the pod's resourceVersion, so a stale copy only loses the
+/// race and picks again), unless this replica holds a reservation for the run: then it may
+/// have claimed a pod for it a moment ago (its record not read yet, [`recorded_by_this_replica`]),
+/// which only the live list surely shows; from the watch's copy the run would take a second pod.
+fn watched_pool_pods<'c>(
+    ctx: &'c Context,
+    run: &SandboxRun,
+    now: Timestamp,
+) -> Result<Option<&'c crate::pool::watched::WatchedPools>, ControllerError> {
+    let holds = ctx.memory.claims.holds_any(&uid_of(run)?, now);
+    Ok((!holds).then_some(&ctx.memory.watched_pools))
 }
 
 /// Whether the run as the apiserver has it now (the same uid: not another run made since under
@@ -708,6 +722,84 @@ mod tests {
             assert!(ctx.memory.claims.reserve("ns/agents-h-x1", "run-uid", now));
             assert!(!recorded_by_this_replica(&ctx, &run(), now).await.unwrap());
             assert_eq!(log.lines(), [format!("GET {RUN}")]);
+        }
+    }
+
+    /// Issue #55 item 1: a claim reads its pool and the pool's pods from the pools' watches,
+    /// once they have listed them, and sends no request; while this replica holds a
+    /// reservation for the run (it may have claimed a pod for it a moment ago) it lists both
+    /// live. On the old code every claim listed both live (under a burst of 20 the pod list
+    /// was a claim's longest read).
+    #[tokio::test]
+    async fn a_claim_reads_its_pool_from_the_watches_unless_it_may_have_claimed_a_pod() {
+        const POOLS: &str = "/apis/sandbox.iterion.io/v1alpha1/namespaces/ns/sandboxrunpools";
+        const PODS: &str = "/api/v1/namespaces/ns/pods";
+        let pools_list = serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {},
+            "items": [{"apiVersion": "sandbox.iterion.io/v1alpha1", "kind": "SandboxRunPool",
+                "metadata": {"name": "agents", "namespace": "ns", "uid": "pool-uid"},
+                "spec": {"templateRef": {"name": "agent-tools"}, "replicas": 1}}]});
+        let mut pooled = Pod::default();
+        pooled.metadata.name = Some("agents-h-x1".into());
+        pooled.metadata.namespace = Some("ns".into());
+        pooled.metadata.labels = Some(
+            [(
+                pool_pod::POOL_LABEL.to_string(),
+                pool_pod::label_value("agents"),
+            )]
+            .into(),
+        );
+        let mut elsewhere = pooled.clone();
+        elsewhere.metadata.namespace = Some("other".into());
+        let listed = serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {},
+            "items": [serde_json::to_value(&pooled).unwrap()]});
+        let reference = crate::api::TemplateRef {
+            name: "agent-tools".into(),
+            ..Default::default()
+        };
+        for reserved in [false, true] {
+            let (client, log) = mock_apiserver::apiserver(vec![
+                Route::fixed("GET", POOLS, 200, pools_list.clone()),
+                Route::fixed("GET", PODS, 200, listed.clone()),
+            ]);
+            let ctx = mock_apiserver::context(client, Arc::new(InMemory::new()));
+            let (reader, mut writer) = kube::runtime::reflector::store::<Pod>();
+            for event in [
+                kube::runtime::watcher::Event::Init,
+                kube::runtime::watcher::Event::InitApply(pooled.clone()),
+                kube::runtime::watcher::Event::InitApply(elsewhere.clone()),
+                kube::runtime::watcher::Event::InitDone,
+            ] {
+                writer.apply_watcher_event(&event);
+            }
+            let (pools, mut pools_writer) = kube::runtime::reflector::store();
+            for event in [
+                kube::runtime::watcher::Event::Init,
+                kube::runtime::watcher::Event::InitApply(
+                    serde_json::from_value(pools_list["items"][0].clone()).unwrap(),
+                ),
+                kube::runtime::watcher::Event::InitDone,
+            ] {
+                pools_writer.apply_watcher_event(&event);
+            }
+            ctx.memory.watched_pools.add(pools, reader);
+            let now = Timestamp::now();
+            if reserved {
+                assert!(ctx.memory.claims.reserve("ns/agents-h-x2", "run-uid", now));
+            }
+            let from = (&ctx.client, watched_pool_pods(&ctx, &run(), now).unwrap());
+            let (pool, pods) = super::super::observe::pool_of(from, "ns", &reference)
+                .await
+                .unwrap()
+                .expect("the pool is found");
+            assert_eq!(pool.name_any(), "agents");
+            let names: Vec<_> = pods.iter().map(|p| p.name_any()).collect();
+            assert_eq!(names, ["agents-h-x1"], "its namespace's only");
+            let live = if reserved {
+                vec![format!("GET {POOLS}"), format!("GET {PODS}")]
+            } else {
+                Vec::new()
+            };
+            assert_eq!(log.lines(), live);
         }
     }
 }
