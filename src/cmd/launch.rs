@@ -18,15 +18,40 @@ pub(crate) struct LaunchArgs {
     pub(crate) control_dir: PathBuf,
 }
 
+/// The exit code of a parked launcher told to stop (128 + SIGTERM, as a shell reports it).
+const TERMINATED: i32 = 143;
+
 /// Runs `launch`: returns only when the start is refused or the exec fails (exit 127, the
-/// reason on stderr, which the kubelet keeps as the termination message).
+/// reason on stderr, which the kubelet keeps as the termination message). A parked launcher
+/// told to stop (SIGTERM: its pod is being deleted) exits at once ([`exit_when_told_to_stop`]).
 pub(crate) fn main(args: LaunchArgs) -> ExitCode {
+    exit_when_told_to_stop();
     let err = match launch::wait_for_start(&args.control_dir, std::io::stdin().lock()) {
         Ok(msg) => launch::exec(&msg),
         Err(e) => e,
     };
     eprintln!("launcher: {err}");
     ExitCode::from(127)
+}
+
+/// Exits the parked launcher on SIGTERM. It is its container's PID 1, whose signals without a
+/// handler the kernel ignores, so a pool pod deleted with a grace period (its pool's garbage
+/// collection, its namespace's deletion, an eviction) kept its kubelet waiting out the whole
+/// period (docs/contract.md "A warm pool's launcher is the operator's code"). The handler is
+/// the runtime's; `execve` resets it, so the run's command keeps a PID 1's usual signals. Best
+/// effort: without it the kubelet's SIGKILL at the end of the grace period still ends it.
+fn exit_when_told_to_stop() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let Ok(mut term) = signal(SignalKind::terminate()) else {
+        eprintln!("launcher: cannot listen for SIGTERM");
+        return;
+    };
+    tokio::spawn(async move {
+        if term.recv().await.is_some() {
+            eprintln!("launcher: told to stop before a start was handed over");
+            std::process::exit(TERMINATED);
+        }
+    });
 }
 
 /// Runs `launch-status`: prints what the launcher did with the pod's one start (a

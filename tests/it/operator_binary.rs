@@ -288,3 +288,42 @@ async fn with_two_replicas_the_standby_finishes_the_run_when_the_leader_dies() {
     assert_eq!(holder.as_deref(), Some("replica-b"));
     b.kill();
 }
+
+/// Issue #55: a pool pod's parked launcher is its container's PID 1, which ignores a signal it
+/// has no handler for, so a pool pod deleted with a grace period (its pool's garbage
+/// collection, its namespace's deletion) waited the whole period out. Parked (its marker taken,
+/// reading its stdin, which stays open), it now exits 143 on SIGTERM. On the old code the
+/// signal's default action killed it here (no exit code): not PID 1 in this test, it could not
+/// show the pod's wait, only that nothing handled the signal.
+#[test]
+fn a_parked_launcher_exits_143_when_told_to_stop() {
+    use std::process::Stdio;
+    let control = tempfile::tempdir().expect("a control dir");
+    let mut launcher = Command::new(BIN)
+        .args(["launch", "--control-dir"])
+        .arg(control.path())
+        .stdin(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the launcher");
+    let marker = control.path().join("started");
+    let parked = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        marker.exists()
+    });
+    assert!(parked, "the launcher took its marker and waits");
+    let told = Command::new("kill")
+        .args(["-TERM", &launcher.id().to_string()])
+        .status()
+        .expect("kill -TERM");
+    assert!(told.success());
+    let ended = (0..200).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        launcher.try_wait().expect("wait for the launcher")
+    });
+    let status = ended.unwrap_or_else(|| {
+        let _ = launcher.kill();
+        panic!("the launcher did not end within 10 s of SIGTERM")
+    });
+    assert_eq!(status.code(), Some(143), "{status:?}");
+}

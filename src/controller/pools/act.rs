@@ -28,6 +28,7 @@ pub(crate) async fn carry_out(
             uid,
             resource_version,
         } => delete_pod(&pods, &name, uid, resource_version).await,
+        PoolEffect::EndUnclaimed { .. } => carry_out_shortened(ctx, &ns, effect).await,
         PoolEffect::ApplyPolicy(policy) => {
             crate::controller::run::act::apply_network_policy(&ctx.client, &policy).await?;
             Ok(PoolAnswer::Done)
@@ -50,6 +51,42 @@ pub(crate) async fn carry_out(
             Ok(PoolAnswer::Done)
         }
         PoolEffect::WriteStatus(status) => write_status(ctx, pool, &ns, *status).await,
+    }
+}
+
+/// Carries out a [`super::plan::shortened_deletion`] in `ns` (it needs no pool: its pool may be
+/// gone): the pod deleted again with the short grace period and, when that took effect, its
+/// holder's preStop told the drain is done. Any other effect needs its pool and is not carried
+/// out here.
+pub(crate) async fn carry_out_shortened(
+    ctx: &Context,
+    ns: &str,
+    effect: PoolEffect,
+) -> Result<PoolAnswer, ControllerError> {
+    let PoolEffect::EndUnclaimed {
+        name,
+        uid,
+        resource_version,
+    } = effect
+    else {
+        return Ok(PoolAnswer::Done);
+    };
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid,
+            resource_version,
+        }),
+        ..unclaimed_delete()
+    };
+    match pods.delete(&name, &params).await {
+        Ok(_) => {
+            info!(pod = %name, "an unclaimed pool pod being deleted: ending it now");
+            crate::controller::run::act::mark_drained(&pods, &name, &ctx.pod.holder_binary).await;
+            Ok(PoolAnswer::Done)
+        }
+        Err(kube::Error::Api(ae)) if ae.code == 404 || ae.code == 409 => Ok(PoolAnswer::Done),
+        Err(e) => Err(kube_err(format!("end pool pod {name}"))(e)),
     }
 }
 
@@ -97,7 +134,7 @@ async fn create_pod(
 /// on every scale-down and template rollout. One second lets the kubelet end it the usual way
 /// (not 0, as for a drained run's pod: that removes the object before the kubelet has stopped
 /// the containers, which a pod never used has no reason to skip).
-const UNCLAIMED_GRACE_SECONDS: u32 = 1;
+const UNCLAIMED_GRACE_SECONDS: u32 = super::plan::UNCLAIMED_GRACE_SECONDS as u32;
 
 /// How the pool deletes a pod no run claimed.
 fn unclaimed_delete() -> DeleteParams {

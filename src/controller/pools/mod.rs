@@ -70,7 +70,8 @@ pub(crate) async fn run(
         let kept = watcher(pods, watcher::Config::default().labels(POOL_LABEL))
             .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
             .reflect(writer)
-            .touched_objects();
+            .touched_objects()
+            .inspect(end_unclaimed_deletions(Arc::clone(&ctx)));
         let mut controller = controller.watches_stream(kept, pool_of_pod);
         if let Some(gate) = &ctx.sharding.gate {
             controller = controller.reconcile_all_on(acquired(gate.acquisitions()));
@@ -115,6 +116,36 @@ fn acquired(
         rx.changed().await.ok()?;
         Some(((), rx))
     })
+}
+
+/// How many unclaimed pool pods being deleted are ended at once ([`end_unclaimed_deletions`]).
+const ENDINGS_AT_ONCE: usize = 4;
+
+/// What the pools' pod watch does with each pod as it passes: an unclaimed pool pod someone
+/// else deletes with a long grace period is ended now ([`plan::shortened_deletion`]; its pool
+/// may be gone, so no pool's reconcile would see it), in a task of its own, at most
+/// [`ENDINGS_AT_ONCE`] at a time, so the watch that wakes the pools never waits on it.
+fn end_unclaimed_deletions(ctx: Arc<Context>) -> impl FnMut(&Result<Pod, watcher::Error>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(ENDINGS_AT_ONCE));
+    move |event| {
+        let key = ctx.admission.rights.key.as_ref();
+        let Some((ns, end)) = event
+            .as_ref()
+            .ok()
+            .and_then(|p| plan::shortened_deletion(p, key))
+        else {
+            return;
+        };
+        let (ctx, slots) = (Arc::clone(&ctx), Arc::clone(&slots));
+        tokio::spawn(async move {
+            let Ok(_slot) = slots.acquire_owned().await else {
+                return;
+            };
+            if let Err(e) = act::carry_out_shortened(&ctx, &ns, end).await {
+                warn!(error = %e, "could not end an unclaimed pool pod being deleted");
+            }
+        });
+    }
 }
 
 /// The pool a pod carries the label of (its namespace's).

@@ -139,6 +139,16 @@ pub(crate) enum PoolEffect {
         uid: Option<String>,
         resource_version: Option<String>,
     },
+    /// End an unclaimed pool pod someone else is deleting ([`shortened_deletion`]): deleted again
+    /// with [`UNCLAIMED_GRACE_SECONDS`] under the same precondition as [`PoolEffect::DeletePod`]
+    /// (a later delete may shorten a grace period), and, when that took effect, its holder told
+    /// the drain is done (`holder mark-drained`), since a kubelet already waiting in the
+    /// holder's preStop does not cut that wait short.
+    EndUnclaimed {
+        name: String,
+        uid: Option<String>,
+        resource_version: Option<String>,
+    },
     /// Apply a NetworkPolicy (server-side apply): a waiting gate's, with its node denied.
     ApplyPolicy(Box<NetworkPolicy>),
     /// Create a pool pod: answered [`PoolAnswer::Created`], `Exists` (409) or `Refused` (403, 422).
@@ -420,6 +430,46 @@ fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
+/// The grace period (seconds) the pool deletes a pod no run claimed with (act's); a pool pod
+/// deleted with a longer one is deleted again with it ([`shortened_deletion`]).
+pub(crate) const UNCLAIMED_GRACE_SECONDS: i64 = 1;
+
+/// A pool pod someone else is deleting with a grace period over [`UNCLAIMED_GRACE_SECONDS`]
+/// (the garbage collector once its pool is deleted, the namespace controller, an eviction, a
+/// user), that no run claimed, whose controller is a pool and which carries the operator's seal
+/// as that pool's pod (a look-alike is never touched): ended now ([`PoolEffect::EndUnclaimed`]).
+/// Its holder's preStop waits for a drain that never comes and would hold the pod, its node's
+/// resources and its namespace's quota for its whole grace period (330 s by default;
+/// docs/contract.md "A warm pool's launcher is the operator's code"). Its namespace and the
+/// effect; None for any other pod.
+pub(crate) fn shortened_deletion(
+    pod: &Pod,
+    key: Option<&StampKey>,
+) -> Option<(String, PoolEffect)> {
+    let meta = &pod.metadata;
+    meta.deletion_timestamp.as_ref()?;
+    let pool = pod.labels().get(POOL_LABEL)?;
+    if !crate::pool::seal::sealed(key, pod, pool) {
+        return None;
+    }
+    let grace = meta.deletion_grace_period_seconds.unwrap_or(i64::MAX);
+    let pooled = meta.owner_references.iter().flatten().any(|o| {
+        o.controller == Some(true)
+            && o.kind == "SandboxRunPool"
+            && o.api_version.starts_with("sandbox.iterion.io/")
+    });
+    let claimed = pod.labels().contains_key(pool_pod::CLAIMED_BY_LABEL);
+    if grace <= UNCLAIMED_GRACE_SECONDS || !pooled || claimed {
+        return None;
+    }
+    let end = PoolEffect::EndUnclaimed {
+        name: pod.name_any(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+    };
+    Some((pod.namespace()?, end))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -652,6 +702,78 @@ mod tests {
         assert!(
             next.iter().all(|n| !names.contains(n)),
             "{next:?} {names:?}"
+        );
+    }
+
+    /// An unclaimed, sealed pool pod deleted by someone else with its full grace period (its
+    /// pool deleted: the garbage collector) is ended, guarded by its uid and resourceVersion; a
+    /// claimed one, a look-alike without the seal, a run's, one not being deleted, or one
+    /// already on the short grace period is left alone.
+    #[test]
+    fn only_an_unclaimed_pool_pod_deleted_with_a_long_grace_period_is_deleted_again_shortly() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+        let owner = |kind: &str| OwnerReference {
+            api_version: "sandbox.iterion.io/v1alpha1".into(),
+            kind: kind.into(),
+            name: "agents".into(),
+            uid: "owner".into(),
+            controller: Some(true),
+            ..Default::default()
+        };
+        let mut going = Pod::default();
+        going.metadata.name = Some("agents-h-x1".into());
+        going.metadata.namespace = Some("ns".into());
+        going.metadata.uid = Some("p1".into());
+        going.metadata.resource_version = Some("9".into());
+        going.metadata.owner_references = Some(vec![owner("SandboxRunPool")]);
+        going.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+        going.metadata.deletion_grace_period_seconds = Some(330);
+        going.metadata.labels = Some([(POOL_LABEL.to_string(), "agents".to_string())].into());
+        let key = StampKey::new(b"a key for the test's seals");
+        let seal = crate::pool::seal::seal_of(&key, &going, "agents").unwrap();
+        going.metadata.annotations =
+            Some([(crate::pool::seal::SEAL_ANNOTATION.to_string(), seal)].into());
+        let key = Some(&key);
+        match shortened_deletion(&going, key) {
+            Some((
+                ns,
+                PoolEffect::EndUnclaimed {
+                    name,
+                    uid,
+                    resource_version,
+                },
+            )) => {
+                assert_eq!((ns.as_str(), name.as_str()), ("ns", "agents-h-x1"));
+                assert_eq!(uid.as_deref(), Some("p1"));
+                assert_eq!(resource_version.as_deref(), Some("9"));
+            }
+            other => panic!("ended, guarded: {other:?}"),
+        }
+        let mut claimed = going.clone();
+        if let Some(labels) = claimed.metadata.labels.as_mut() {
+            labels.insert(
+                pool_pod::CLAIMED_BY_LABEL.to_string(),
+                "run-uid".to_string(),
+            );
+        }
+        let mut unsealed = going.clone();
+        unsealed.metadata.annotations = None;
+        let mut runs = going.clone();
+        runs.metadata.owner_references = Some(vec![owner("SandboxRun")]);
+        let mut standing = going.clone();
+        standing.metadata.deletion_timestamp = None;
+        let mut short = going.clone();
+        short.metadata.deletion_grace_period_seconds = Some(UNCLAIMED_GRACE_SECONDS);
+        for pod in [claimed, unsealed, runs, standing, short] {
+            assert!(
+                shortened_deletion(&pod, key).is_none(),
+                "{:?}",
+                pod.metadata
+            );
+        }
+        assert!(
+            shortened_deletion(&going, None).is_none(),
+            "no key: nothing verifies"
         );
     }
 }

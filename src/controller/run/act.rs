@@ -523,7 +523,7 @@ fn mark_drained_params() -> AttachParams {
 /// Tells the holder's preStop hook that the drain is done, so a pod deleted gracefully stops at
 /// once instead of at the end of its grace period. Best effort (the pod is deleted next with no
 /// grace period): a failure is a WARN with the exec's status, never an error.
-async fn mark_drained(pods: &Api<Pod>, pod_name: &str, holder_binary: &str) {
+pub(crate) async fn mark_drained(pods: &Api<Pod>, pod_name: &str, holder_binary: &str) {
     let mut process = match pods
         .exec(
             pod_name,

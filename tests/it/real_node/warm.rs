@@ -166,6 +166,39 @@ async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_chan
         },
     )
     .await;
+
+    // Issue #55: the pool deleted, the garbage collector deletes its unclaimed pods with their
+    // own grace period (330 s), which their holders' preStop would wait out for a drain that
+    // never comes; the operator deletes them again with 1 s. On the old code they stayed
+    // Terminating past this wait.
+    let unclaimed: Vec<String> = pool_pods(&client, &ns.name, "agents")
+        .await
+        .into_iter()
+        .filter(|(_, _, claimed)| !claimed)
+        .map(|(name, _, _)| name)
+        .collect();
+    assert_eq!(unclaimed.len(), 2, "{unclaimed:?}");
+    pools
+        .delete("agents", &kube::api::DeleteParams::background())
+        .await
+        .expect("delete the pool");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns.name);
+    eventually(
+        "the deleted pool's unclaimed pods to be gone",
+        Duration::from_secs(90),
+        || {
+            let (pods, unclaimed) = (pods.clone(), unclaimed.clone());
+            async move {
+                for name in &unclaimed {
+                    if pods.get_opt(name).await.ok()?.is_some() {
+                        return None;
+                    }
+                }
+                Some(())
+            }
+        },
+    )
+    .await;
 }
 
 /// Issue #39 (templates whose runs restrict egress are pooled) on the real node, the operator
