@@ -19,12 +19,11 @@ use kube::ResourceExt;
 use super::pod::POOL_LABEL;
 use crate::api::{SandboxRunPool, TemplateRef};
 
-/// The stores of the pools' controller's watches: one of pools and one of pods per scope (each
+/// The stores of the pools' controller's watches: its pools and their pods, per scope (each
 /// namespace of `run --namespaces`, or one for every namespace).
 #[derive(Default)]
 pub struct WatchedPools {
-    pools: RwLock<Vec<Store<SandboxRunPool>>>,
-    stores: RwLock<Vec<Store<Pod>>>,
+    scopes: RwLock<Vec<(Store<SandboxRunPool>, Store<Pod>)>>,
 }
 
 /// Whether a watch has listed its objects once.
@@ -42,24 +41,23 @@ where
 impl WatchedPools {
     /// Adds the stores of one more scope's watches: its pools and their pods.
     pub fn add(&self, pools: Store<SandboxRunPool>, pods: Store<Pod>) {
-        if let (Ok(mut all_pools), Ok(mut all_pods)) = (self.pools.write(), self.stores.write()) {
-            all_pools.push(pools);
-            all_pods.push(pods);
+        if let Ok(mut scopes) = self.scopes.write() {
+            scopes.push((pools, pods));
         }
     }
 
     /// The pool of `namespace` that serves `reference`, as the watch has it; None when no
     /// watched pool does, or a watch has not listed yet (the pools are then listed live).
     pub fn pool_for(&self, namespace: &str, reference: &TemplateRef) -> Option<SandboxRunPool> {
-        let stores = self.pools.read().ok()?;
-        if stores.is_empty() || !stores.iter().all(listed) {
+        let scopes = self.scopes.read().ok()?;
+        if scopes.is_empty() || !scopes.iter().all(|(pools, _)| listed(pools)) {
             return None;
         }
         let serves = |pool: &SandboxRunPool| {
             pool.metadata.namespace.as_deref() == Some(namespace)
                 && &pool.spec.template_ref == reference
         };
-        let pool = stores.iter().find_map(|s| s.find(serves))?;
+        let pool = scopes.iter().find_map(|(pools, _)| pools.find(serves))?;
         Some(SandboxRunPool::clone(&pool))
     }
 
@@ -67,20 +65,17 @@ impl WatchedPools {
     /// claimed ones too; None until every watch has listed its pods once (a replica just
     /// started lists live).
     pub fn of_pool(&self, namespace: &str, pool: &str) -> Option<Vec<Pod>> {
-        let stores = self.stores.read().ok()?;
-        let listed = |s: &Store<Pod>| {
-            s.wait_until_ready()
-                .now_or_never()
-                .is_some_and(|r| r.is_ok())
-        };
-        if stores.is_empty() || !stores.iter().all(listed) {
+        let scopes = self.scopes.read().ok()?;
+        if scopes.is_empty() || !scopes.iter().all(|(_, pods)| listed(pods)) {
             return None;
         }
         let of_pool = |pod: &Pod| {
             pod.metadata.namespace.as_deref() == Some(namespace)
                 && pod.labels().get(POOL_LABEL).map(String::as_str) == Some(pool)
         };
-        let pods = stores.iter().flat_map(|s| s.state_filter(of_pool));
+        let pods = scopes
+            .iter()
+            .flat_map(|(_, pods)| pods.state_filter(of_pool));
         Some(pods.map(|pod| Pod::clone(&pod)).collect())
     }
 }

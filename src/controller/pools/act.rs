@@ -72,22 +72,11 @@ pub(crate) async fn carry_out_shortened(
         return Ok(PoolAnswer::Done);
     };
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid,
-            resource_version,
-        }),
-        ..unclaimed_delete()
-    };
-    match pods.delete(&name, &params).await {
-        Ok(_) => {
-            info!(pod = %name, "an unclaimed pool pod being deleted: ending it now");
-            crate::controller::run::act::mark_drained(&pods, &name, &ctx.pod.holder_binary).await;
-            Ok(PoolAnswer::Done)
-        }
-        Err(kube::Error::Api(ae)) if ae.code == 404 || ae.code == 409 => Ok(PoolAnswer::Done),
-        Err(e) => Err(kube_err(format!("end pool pod {name}"))(e)),
+    if delete_unclaimed(&pods, &name, uid, resource_version).await? {
+        info!(pod = %name, "an unclaimed pool pod being deleted: ending it now");
+        crate::controller::run::act::mark_drained(&pods, &name, &ctx.pod.holder_binary).await;
     }
+    Ok(PoolAnswer::Done)
 }
 
 /// `done`, or, when it failed, the pod `name` deleted (best effort) and the failure.
@@ -127,19 +116,10 @@ async fn create_pod(
     }
 }
 
-/// The grace period of a pool pod the pool deletes (surplus, outdated, or one it could not
-/// seal): nothing in an unclaimed pod is owed to anyone, but its holder's preStop waits for a
-/// drain (`holder --wait-drained`) and would hold the pod, its node's resources and its
-/// namespace's quota for the pod's whole grace period (the drain timeout's, 330 s by default)
-/// on every scale-down and template rollout. One second lets the kubelet end it the usual way
-/// (not 0, as for a drained run's pod: that removes the object before the kubelet has stopped
-/// the containers, which a pod never used has no reason to skip).
-const UNCLAIMED_GRACE_SECONDS: u32 = super::plan::UNCLAIMED_GRACE_SECONDS as u32;
-
-/// How the pool deletes a pod no run claimed.
+/// How the pool deletes a pod no run claimed: with [`super::plan::UNCLAIMED_GRACE_SECONDS`].
 fn unclaimed_delete() -> DeleteParams {
     DeleteParams {
-        grace_period_seconds: Some(UNCLAIMED_GRACE_SECONDS),
+        grace_period_seconds: Some(super::plan::UNCLAIMED_GRACE_SECONDS),
         ..DeleteParams::default()
     }
 }
@@ -150,6 +130,21 @@ async fn delete_pod(
     uid: Option<String>,
     resource_version: Option<String>,
 ) -> Result<PoolAnswer, ControllerError> {
+    if delete_unclaimed(pods, name, uid, resource_version).await? {
+        info!(pod = %name, "pool pod deleted (outdated or surplus)");
+    }
+    Ok(PoolAnswer::Done)
+}
+
+/// Deletes the unclaimed pool pod `name` as it was read (its uid and resourceVersion as
+/// preconditions, so a pod a run claimed meanwhile is never deleted): whether the delete took
+/// effect (404 and 409, a change that came first, are no error).
+async fn delete_unclaimed(
+    pods: &Api<Pod>,
+    name: &str,
+    uid: Option<String>,
+    resource_version: Option<String>,
+) -> Result<bool, ControllerError> {
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid,
@@ -158,11 +153,8 @@ async fn delete_pod(
         ..unclaimed_delete()
     };
     match pods.delete(name, &params).await {
-        Ok(_) => {
-            info!(pod = %name, "pool pod deleted (outdated or surplus)");
-            Ok(PoolAnswer::Done)
-        }
-        Err(kube::Error::Api(ae)) if ae.code == 404 || ae.code == 409 => Ok(PoolAnswer::Done),
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(ae)) if ae.code == 404 || ae.code == 409 => Ok(false),
         Err(e) => Err(kube_err(format!("delete pool pod {name}"))(e)),
     }
 }

@@ -430,9 +430,15 @@ fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
 
-/// The grace period (seconds) the pool deletes a pod no run claimed with (act's); a pool pod
-/// deleted with a longer one is deleted again with it ([`shortened_deletion`]).
-pub(crate) const UNCLAIMED_GRACE_SECONDS: i64 = 1;
+/// The grace period (seconds) of a pool pod no run claimed, as the pool deletes it (surplus,
+/// outdated, or one it could not seal) and as it ends one someone else deletes with a longer one
+/// ([`shortened_deletion`]): nothing in an unclaimed pod is owed to anyone, but its holder's
+/// preStop waits for a drain (`holder --wait-drained`) and would hold the pod, its node's
+/// resources and its namespace's quota for the pod's whole grace period (the drain timeout's,
+/// 330 s by default). One second lets the kubelet end it the usual way (not 0, as for a drained
+/// run's pod: that removes the object before the kubelet has stopped the containers, which a
+/// pod never used has no reason to skip).
+pub(crate) const UNCLAIMED_GRACE_SECONDS: u32 = 1;
 
 /// A pool pod someone else is deleting with a grace period over [`UNCLAIMED_GRACE_SECONDS`]
 /// (the garbage collector once its pool is deleted, the namespace controller, an eviction, a
@@ -455,11 +461,11 @@ pub(crate) fn shortened_deletion(
     let grace = meta.deletion_grace_period_seconds.unwrap_or(i64::MAX);
     let pooled = meta.owner_references.iter().flatten().any(|o| {
         o.controller == Some(true)
-            && o.kind == "SandboxRunPool"
-            && o.api_version.starts_with("sandbox.iterion.io/")
+            && o.kind == <SandboxRunPool as kube::Resource>::kind(&())
+            && o.api_version == <SandboxRunPool as kube::Resource>::api_version(&())
     });
     let claimed = pod.labels().contains_key(pool_pod::CLAIMED_BY_LABEL);
-    if grace <= UNCLAIMED_GRACE_SECONDS || !pooled || claimed {
+    if grace <= i64::from(UNCLAIMED_GRACE_SECONDS) || !pooled || claimed {
         return None;
     }
     let end = PoolEffect::EndUnclaimed {
@@ -763,7 +769,7 @@ mod tests {
         let mut standing = going.clone();
         standing.metadata.deletion_timestamp = None;
         let mut short = going.clone();
-        short.metadata.deletion_grace_period_seconds = Some(UNCLAIMED_GRACE_SECONDS);
+        short.metadata.deletion_grace_period_seconds = Some(i64::from(UNCLAIMED_GRACE_SECONDS));
         for pod in [claimed, unsealed, runs, standing, short] {
             assert!(
                 shortened_deletion(&pod, key).is_none(),
