@@ -359,6 +359,8 @@ def main():
     starts = [b.run_started(n) for n in names]
     took = sum(1 for _, warm in starts if warm)
     last = max(ts for ts, _ in starts)
+    each = ", ".join(f"{n} {(ts - t0) * 1000:.0f}" for n, (ts, _) in zip(names, starts))
+    print(f"  burst: each run's first instruction, ms after the first create (t0 {t0:.3f}): {each}")
     print(f"  burst of {replicas} runs on a pool of {replicas} ready pods: {took} warm, all started"
           f" {last - t0:.2f} s after the first create ({took / (last - t0):.1f} warm starts/s)")
     if len(sys.argv) > 5 and sys.argv[5] == "agent-sandbox":

@@ -102,9 +102,7 @@ async fn effect_of(
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     match effect {
         Effect::AddFinalizer => {
-            let mut finalizers = run.finalizers().to_vec();
-            finalizers.push(FINALIZER.to_string());
-            patch_finalizers(&runs, run, finalizers).await?;
+            add_finalizer(ctx, run).await?;
         }
         Effect::RemoveFinalizer => {
             remove_finalizer(&runs, run).await?;
@@ -635,11 +633,25 @@ fn status_body(status: &SandboxRunStatus) -> serde_json::Value {
     })
 }
 
+/// The run's `AddFinalizer` effect: the run as the apiserver stored it with the finalizer, or
+/// None when it is gone. The pipeline goes on to the run's first step with it
+/// (docs/contract.md "A new run's finalizer and first step in one reconcile").
+pub(super) async fn add_finalizer(
+    ctx: &Context,
+    run: &SandboxRun,
+) -> Result<Option<SandboxRun>, ControllerError> {
+    let namespace = identity::namespace_of(run)?;
+    let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), namespace);
+    let mut finalizers = run.finalizers().to_vec();
+    finalizers.push(FINALIZER.to_string());
+    patch_finalizers(&runs, run, finalizers).await
+}
+
 async fn patch_finalizers(
     runs: &Api<SandboxRun>,
     run: &SandboxRun,
     finalizers: Vec<String>,
-) -> Result<(), ControllerError> {
+) -> Result<Option<SandboxRun>, ControllerError> {
     // resourceVersion in a merge patch is a precondition: a concurrent change makes it a 409 and
     // the next reconcile starts from what is really there. Without one there is no precondition:
     // nothing is sent (docs/contract.md "A write always names its object").
@@ -655,8 +667,8 @@ async fn patch_finalizers(
         )
         .await
     {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(ae)) if ae.code == 404 => Ok(()),
+        Ok(stored) => Ok(Some(stored)),
+        Err(kube::Error::Api(ae)) if ae.code == 404 => Ok(None),
         Err(e) => Err(kube_err(format!("patch finalizers of {}", run.name_any()))(
             e,
         )),
@@ -670,7 +682,7 @@ async fn remove_finalizer(runs: &Api<SandboxRun>, run: &SandboxRun) -> Result<()
         .filter(|f| *f != FINALIZER)
         .cloned()
         .collect();
-    patch_finalizers(runs, run, finalizers).await
+    patch_finalizers(runs, run, finalizers).await.map(drop)
 }
 
 async fn delete_pod(pods: &Api<Pod>, pod_name: &str, drained: bool) -> Result<(), ControllerError> {

@@ -21,7 +21,7 @@ use super::drive;
 use super::observe::{self, Observation, Observed};
 use super::plan::{self, Inputs, Plan, Requeue, StepPlan, IN_FLIGHT_REQUEUE, LOOK_AGAIN_MARGIN};
 use super::prepare::{Made, MadeRun};
-use super::{kueue_gate, prepare, warm};
+use super::{act, kueue_gate, prepare, warm};
 use crate::api::SandboxRun;
 use crate::controller::context::Context;
 use crate::controller::drains::{checkpoint, teardown};
@@ -62,8 +62,12 @@ pub(crate) async fn reconcile(
             })
         }
     };
+    let step = decide::decide(made.merged(), observation.view.as_ref(), now, &ctx.decide);
+    let (made, step) = match finalized(ctx, made, step, &observation, now).await? {
+        Ok(first) => first,
+        Err(requeue) => return Ok(Reconciled::after("add_finalizer", requeue)),
+    };
     let run = made.merged();
-    let step = decide::decide(run, observation.view.as_ref(), now, &ctx.decide);
     let rights_unverified = unverified_rights(ctx, &made, &step);
     let label = step.as_str();
     info!(run = %observation.id.name, namespace = %observation.id.namespace, step = label, "reconcile");
@@ -229,6 +233,33 @@ fn start_teardown(
         Some(_) => Requeue::After(ctx.lifecycle.settle + LOOK_AGAIN_MARGIN),
         None => Requeue::After(IN_FLIGHT_REQUEUE),
     }
+}
+
+/// A run without the operator's finalizer gets it first ([`act::add_finalizer`]), then its
+/// first step in the same reconcile, decided on the run the patch stored and on what this
+/// reconcile read (the pod, the template): no second reconcile reads them again, and a warm
+/// claim or a pod follows the finalizer without a watch round trip (docs/contract.md "A new
+/// run's finalizer and first step in one reconcile"). Err: the finalizer was added (or the run
+/// is gone, or the patch stored more than the finalizer) and the run is looked at again when it
+/// changes.
+async fn finalized(
+    ctx: &Context,
+    made: MadeRun,
+    step: decide::Step,
+    observation: &Observation,
+    now: Timestamp,
+) -> Result<Result<(MadeRun, decide::Step), Requeue>, ControllerError> {
+    if step != decide::Step::AddFinalizer {
+        return Ok(Ok((made, step)));
+    }
+    let Some(stored) = act::add_finalizer(ctx, made.merged()).await? else {
+        return Ok(Err(Requeue::AwaitChange));
+    };
+    let Some(made) = made.finalized(&stored) else {
+        return Ok(Err(Requeue::AwaitChange));
+    };
+    let step = decide::decide(made.merged(), observation.view.as_ref(), now, &ctx.decide);
+    Ok(Ok((made, step)))
 }
 
 /// Why the run may not get a pod until an admission verifies its author's rights, when `step`

@@ -83,18 +83,65 @@ fn finalizer_patch(finalizers: &[&str]) -> Value {
     json!({"metadata": {"finalizers": finalizers, "resourceVersion": "7"}})
 }
 
+/// Routes for a fresh run `r` (no finalizer) whose finalizer patch stores `stored`.
+fn fresh_routes(r: &SandboxRun, stored: &SandboxRun) -> Vec<Route> {
+    let mut routes = vec![no_pod(), Route::fixed("PATCH", RUN, 200, written(stored))];
+    routes.extend(routes_after_the_run(r));
+    routes
+}
+
+/// [`routes`] without its pod's GET and the run's PATCH.
+fn routes_after_the_run(r: &SandboxRun) -> Vec<Route> {
+    routes(r, no_pod()).into_iter().skip(2).collect()
+}
+
 #[tokio::test]
-async fn a_fresh_run_only_gets_the_finalizer_preconditioned_on_its_resource_version() {
+async fn a_fresh_run_gets_the_finalizer_then_its_pod_in_the_same_reconcile() {
     let mut r = run();
     r.metadata.finalizers = None;
-    let (client, log) = apiserver(routes(&r, no_pod()));
+    let stored = run();
+    let (client, log) = apiserver(fresh_routes(&r, &stored));
     let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
-    assert_eq!(done.step, Some("add_finalizer"));
-    assert_eq!(done.requeue, Requeue::AwaitChange);
-    assert_eq!(log.lines(), [format!("GET {POD}"), format!("PATCH {RUN}")]);
+    assert_eq!(done.step, Some("create_pod"));
+    assert_eq!(done.requeue, Requeue::After(SETTLE + LOOK_AGAIN_MARGIN));
+    // One read of the pod: the pod follows the finalizer on what this reconcile read.
+    assert_eq!(
+        log.lines(),
+        [
+            format!("GET {POD}"),
+            format!("PATCH {RUN}"),
+            format!("POST {PODS}")
+        ]
+    );
     let patch = &log.exactly("PATCH", RUN)[0];
     assert_eq!(patch.content_type, "application/merge-patch+json");
     assert_eq!(patch.body, finalizer_patch(&[FINALIZER]));
+    let created: Pod = serde_json::from_value(log.matching("POST", PODS)[0].body.clone())
+        .expect("the body is a Pod");
+    assert_eq!(created.metadata.name.as_deref(), Some("demo-sbr"));
+}
+
+#[tokio::test]
+async fn a_finalizer_patch_that_stored_more_waits_for_the_run_to_be_read_again() {
+    // What the patch stored besides the finalizer (a mutating webhook's label, a spec it
+    // changed, a deletion, no finalizer at all): nothing follows on the run this reconcile read.
+    let mut labelled = run();
+    labelled.metadata.labels = Some([("added".to_string(), "x".to_string())].into());
+    let mut changed = run();
+    changed.spec.image = Some("other:1".into());
+    let mut deleted = run();
+    deleted.metadata.deletion_timestamp = deleting(run()).metadata.deletion_timestamp;
+    let mut unfinalized = run();
+    unfinalized.metadata.finalizers = None;
+    for stored in [labelled, changed, deleted, unfinalized] {
+        let mut r = run();
+        r.metadata.finalizers = None;
+        let (client, log) = apiserver(fresh_routes(&r, &stored));
+        let done = reconcile(context(client, Arc::new(InMemory::new())), r).await;
+        assert_eq!(done.step, Some("add_finalizer"));
+        assert_eq!(done.requeue, Requeue::AwaitChange);
+        assert_eq!(log.lines(), [format!("GET {POD}"), format!("PATCH {RUN}")]);
+    }
 }
 
 /// The containers of a pod body (init containers too: the holder may be a native sidecar).

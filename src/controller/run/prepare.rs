@@ -18,7 +18,7 @@ use tracing::warn;
 use super::decide::{self, Preflight, Step};
 use super::observe::{self, Observation};
 use super::plan::CreationFacts;
-use crate::api::{ReadBackStatus, SandboxRun};
+use crate::api::{ReadBackStatus, SandboxRun, FINALIZER};
 use crate::controller::context::Context;
 use crate::controller::error::ControllerError;
 use crate::identity::RunId;
@@ -51,6 +51,36 @@ impl MadeRun {
     /// the apiserver stores (whether it records its template yet).
     pub(super) fn authored(&self) -> &SandboxRun {
         &self.authored
+    }
+
+    /// This run as the apiserver stored it once its finalizer was added (`stored`, the patch's
+    /// answer): its finalizers and resourceVersion taken on; None when the patch changed more
+    /// than that (a mutating webhook's spec, labels or annotations, a deletion), so the next
+    /// reconcile starts from what is really there (docs/contract.md "A new run's finalizer and
+    /// first step in one reconcile").
+    pub(super) fn finalized(self, stored: &SandboxRun) -> Option<MadeRun> {
+        let (was, now) = (&self.authored.metadata, &stored.metadata);
+        let has_finalizer = now.finalizers.iter().flatten().any(|f| f == FINALIZER);
+        let same = has_finalizer
+            && now.deletion_timestamp.is_none()
+            && now.uid == was.uid
+            && now.generation == was.generation
+            && now.labels == was.labels
+            && now.annotations == was.annotations
+            && stored.spec == self.authored.spec;
+        if !same {
+            return None;
+        }
+        let take = |run: Arc<SandboxRun>| {
+            let mut run = Arc::unwrap_or_clone(run);
+            run.metadata.finalizers = now.finalizers.clone();
+            run.metadata.resource_version = now.resource_version.clone();
+            Arc::new(run)
+        };
+        Some(MadeRun {
+            merged: take(self.merged),
+            authored: take(self.authored),
+        })
     }
 
     /// Once its pod exists, the run's read-back spec is the one its pod recorded
