@@ -504,6 +504,26 @@ impl Context {
         map.get(uid)?.made.clone()
     }
 
+    /// Whether the cached `run` is the object this replica's last status write of it went over:
+    /// the watch has not delivered that write yet, and a reconcile of this copy would decide on
+    /// what the write already changed (count a pool's miss again, claim again); that write's own
+    /// event reconciles the run. Typically the event of a new run's finalizer, which the same
+    /// reconcile followed with its first step and a status (docs/contract.md "A new run's
+    /// finalizer and first step in one reconcile").
+    pub(crate) fn behind_own_write(&self, run: &SandboxRun) -> bool {
+        let (Some(uid), Some(cached)) = (
+            run.metadata.uid.as_deref(),
+            run.metadata.resource_version.as_deref(),
+        ) else {
+            return false;
+        };
+        self.memory.written.lock().is_ok_and(|map| {
+            map.get(uid).is_some_and(|w| {
+                w.over.as_deref() == Some(cached) && w.made.as_deref() != Some(cached)
+            })
+        })
+    }
+
     /// Forgets what was written of the run (it is going).
     pub(crate) fn forget_written_status(&self, run: &SandboxRun) {
         if let (Some(uid), Ok(mut map)) = (run.metadata.uid.as_deref(), self.memory.written.lock())
@@ -602,5 +622,27 @@ mod tests {
         ));
         assert!(!already_written(None, digest, Some("11")));
         assert!(!already_written(Some(&last), digest, None));
+    }
+
+    #[tokio::test]
+    async fn a_cached_run_is_behind_only_on_the_version_this_replicas_last_write_went_over() {
+        use crate::controller::testkit::mock_apiserver::{apiserver, context};
+        let (client, _) = apiserver(Vec::new());
+        let ctx = context(client, Arc::new(object_store::memory::InMemory::new()));
+        let at = |rv: &str| {
+            let mut run = crate::controller::testkit::fixtures::run_with(&[("/out", false)]);
+            run.metadata.resource_version = Some(rv.into());
+            run
+        };
+        assert!(!ctx.behind_own_write(&at("10")), "nothing written");
+        ctx.remember_written_status(&at("10"), 1, Some("11".into()));
+        assert!(ctx.behind_own_write(&at("10")), "the copy the write went over");
+        assert!(!ctx.behind_own_write(&at("11")), "the copy the write made");
+        assert!(!ctx.behind_own_write(&at("12")), "someone else's since");
+        let mut another = at("10");
+        another.metadata.uid = Some("another".into());
+        assert!(!ctx.behind_own_write(&another), "another run's");
+        ctx.forget_written_status(&at("11"));
+        assert!(!ctx.behind_own_write(&at("10")), "forgotten");
     }
 }

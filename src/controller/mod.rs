@@ -264,6 +264,10 @@ async fn reconcile_run(run: Arc<SandboxRun>, ctx: Arc<Context>) -> Result<Action
         let requeue = run::pipeline::in_flight(&ctx, (&run, &id), Timestamp::now()).await?;
         return Ok(requeue.into_action());
     }
+    if ctx.behind_own_write(&run) {
+        tracing::debug!(run = %id.name, seen = ?seen, "the cache is behind this replica's write");
+        return Ok(Action::await_change());
+    }
     let run = ctx.with_unreported_pod(run);
     let reconciled = run::pipeline::reconcile(&ctx, &run, Timestamp::now()).await?;
     if let Some(step) = reconciled.step {
