@@ -23,6 +23,11 @@ pub struct Metrics {
     pub runs_by_phase: IntGaugeVec,
     /// How runs made from a pooled template got each attempt's pod: `warm` or `cold`.
     pub pool_starts: IntCounterVec,
+    /// How a warm start reached its pod's launcher: `held` (on an attach held open to the
+    /// ready pod) or `opened` (on one the claim opened).
+    pub start_attaches: IntCounterVec,
+    /// The attaches this replica holds open to ready pool pods' launchers.
+    pub attaches_held: IntGauge,
     /// Bytes stored by drains.
     pub drained_bytes: IntCounterVec,
     /// Bytes that crossed the exec stream from the packer, by encoding (`tar`, `zstd`): with
@@ -87,13 +92,25 @@ impl DrainQueueMetrics {
 #[error("metrics registration failed: {0}")]
 pub struct MetricsError(#[from] prometheus::Error);
 
-/// `sandboxrun_pool_starts_total{start}` (docs/user-guide.md "Sandboxes for agents: warm pools").
-fn pool_starts_counter() -> Result<IntCounterVec, prometheus::Error> {
-    counter(
+/// `sandboxrun_pool_starts_total{start}` (docs/user-guide.md "Sandboxes for agents: warm pools"),
+/// `sandboxrun_warm_start_attaches_total{attach}` and `sandboxrun_pool_attaches_held`
+/// (docs/contract.md "A claim writes its start on an attach held open").
+fn pool_metrics() -> Result<(IntCounterVec, IntCounterVec, IntGauge), prometheus::Error> {
+    let starts = counter(
         "pool_starts_total",
         "Attempts of runs made from a pooled template whose pod was taken warm or made cold",
         &["start"],
-    )
+    )?;
+    let attaches = counter(
+        "warm_start_attaches_total",
+        "Warm starts written to a pool pod's launcher, by the attach that carried them",
+        &["attach"],
+    )?;
+    let held = IntGauge::with_opts(opts!(
+        "pool_attaches_held",
+        "Attaches this replica holds open to ready pool pods' launchers, for claims to write on"
+    ))?;
+    Ok((starts, attaches, held))
 }
 
 /// `sandboxrun_drain_bytes_total{compression}` and `sandboxrun_drain_wire_bytes_total{wire}`.
@@ -128,7 +145,7 @@ impl Metrics {
             "Reconcile errors by kind",
             &["kind"],
         )?;
-        let pool_starts = pool_starts_counter()?;
+        let (pool_starts, start_attaches, attaches_held) = pool_metrics()?;
         let (drained_bytes, drain_wire_bytes) = drain_byte_counters()?;
         let drain_duration = histograms(
             "drain_duration_seconds",
@@ -149,8 +166,10 @@ impl Metrics {
         )?;
         let (runs_by_phase, leader, shards_owned) = replica_gauges()?;
         let drain_queue = DrainQueueMetrics::new()?;
-        let collectors: [Box<dyn Collector>; 16] = [
+        let collectors: [Box<dyn Collector>; 18] = [
             Box::new(pool_starts.clone()),
+            Box::new(start_attaches.clone()),
+            Box::new(attaches_held.clone()),
             Box::new(reconciles.clone()),
             Box::new(reconcile_duration.clone()),
             Box::new(reconcile_errors.clone()),
@@ -176,6 +195,8 @@ impl Metrics {
             reconcile_errors,
             runs_by_phase,
             pool_starts,
+            start_attaches,
+            attaches_held,
             drained_bytes,
             drain_wire_bytes,
             drain_duration,

@@ -159,6 +159,9 @@ pub(crate) struct Memory {
     /// The pools and their pods as the pools' controller's watches have them: what a claim
     /// reads its pool and the pool's pods from ([`crate::pool::watched`]).
     pub watched_pools: crate::pool::watched::WatchedPools,
+    /// The attaches held open to ready pool pods' launchers, for a claim to write its start on
+    /// ([`crate::pool::attaches`]).
+    pub held_attaches: Arc<crate::pool::attaches::HeldAttaches>,
     /// When each pending pod's Events were last read, and the reads in flight
     /// ([`super::run::observe::EventReads`]).
     pub events: super::run::observe::EventReads,

@@ -8,9 +8,10 @@
 //! command runs as the run's user without the launcher changing identity.
 //!
 //! The operator delivers the message at claim time through `pods/attach` to the workload
-//! container's stdin (`stdin: true`, `stdinOnce: true`: the container's stdin closes when that
-//! one attach ends, so nobody writes to it after): no process is spawned in the container, which
-//! an exec would do. One run per pod: the launcher takes the [`STARTED_MARKER`] in another
+//! container's stdin (`stdin: true`; not `stdinOnce`, so an attach held open ahead of the claim
+//! that ends unused leaves it open: `crate::pool::hold`); the launcher reads one line and
+//! `execve`s with stdin `/dev/null`, so nothing written after reaches the run. No process is
+//! spawned in the container, which an exec would do. One run per pod: the launcher takes the [`STARTED_MARKER`] in another
 //! operator-owned emptyDir ([`CONTROL_DIR`]) with `O_EXCL` before it reads, and refuses to start
 //! when it is already there; it then writes into the marker whose start it took
 //! (`started <run uid>`) or why it refused, which `launch-status` prints ([`status`]): a claim

@@ -12,14 +12,18 @@
 //! - [`park`]: a pool pod is the built pod with its workload parked in the operator's launcher.
 //! - [`pod`]: a pool's pods and a run's claim of one, as data.
 //! - [`seal`]: what says the operator made a pod as a pool's (a look-alike's labels never do).
+//! - [`hold`]: which pool pods a replica holds an attach open to, for a claim to write its start.
+//! - [`attaches`]: the attaches held open, by pod, each taken once by a claim.
 //!
 //! The controller that acts on the plan is `crate::controller::pools`; the claim is
 //! `crate::controller::run::warm`.
 
+pub mod attaches;
 pub mod compat;
 pub mod egress;
 pub mod env;
 pub mod gauges;
+pub mod hold;
 pub mod judge;
 pub mod park;
 pub mod plan;

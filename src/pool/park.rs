@@ -36,10 +36,12 @@ pub fn park_in_launcher(mut pod: Pod, settings: &PodSettings) -> Option<Pod> {
         .find(|c| c.name == WORKLOAD_CONTAINER)?;
     workload.command = Some(vec![launcher_path(), "launch".to_string()]);
     workload.args = None;
-    // The start message comes on stdin, through the claim's one attach (`stdinOnce`: closed
-    // when that attach ends).
+    // The start message comes on stdin, through an attach: one the pools' controller held open
+    // to the ready pod, or the claim's own. Not `stdinOnce`: an attach that ends unused (held
+    // by a replica that restarted) must not close the launcher's stdin for good. The launcher
+    // reads one line and gives the workload `/dev/null`, so nothing written after reaches it.
     workload.stdin = Some(true);
-    workload.stdin_once = Some(true);
+    workload.stdin_once = Some(false);
     let mounts = workload.volume_mounts.get_or_insert_with(Vec::new);
     mounts.push(mount(LAUNCHER_VOLUME, LAUNCHER_DIR, true));
     mounts.push(mount(CONTROL_VOLUME, CONTROL_DIR, false));
@@ -157,7 +159,7 @@ mod tests {
         );
         assert!(w.command.as_ref().unwrap()[0].starts_with('/'));
         assert_eq!(w.args, None);
-        assert_eq!((w.stdin, w.stdin_once), (Some(true), Some(true)));
+        assert_eq!((w.stdin, w.stdin_once), (Some(true), Some(false)));
         let m = w.volume_mounts.as_ref().unwrap();
         let launcher = m.iter().find(|m| m.mount_path == LAUNCHER_DIR).unwrap();
         assert_eq!(launcher.read_only, Some(true));

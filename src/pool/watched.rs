@@ -61,6 +61,14 @@ impl WatchedPools {
         Some(SandboxRunPool::clone(&pool))
     }
 
+    /// The pool `name` of `namespace`, as the watch has it (None: not watched, or not yet).
+    pub fn named(&self, namespace: &str, name: &str) -> Option<SandboxRunPool> {
+        let scopes = self.scopes.read().ok()?;
+        let key = kube::runtime::reflector::ObjectRef::new(name).within(namespace);
+        let pool = scopes.iter().find_map(|(pools, _)| pools.get(&key))?;
+        Some(SandboxRunPool::clone(&pool))
+    }
+
     /// The pods of `namespace` whose pool label is `pool` (the pool's [`super::pod::label_value`]),
     /// claimed ones too; None until every watch has listed its pods once (a replica just
     /// started lists live).

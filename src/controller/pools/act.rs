@@ -1,18 +1,22 @@
 //! The pools' controller's act stage: carries out one [`PoolEffect`] and answers what the world
 //! said ([`PoolAnswer`]); it never decides (what follows an answer is
 //! [`super::plan`]'s), reads no clock and calls no other stage. The only writes of the
-//! pools' controller (hack/io-outside-act.py holds them here).
+//! pools' controller (hack/io-outside-act.py holds them here), and the attach held open to a
+//! ready pod's launcher ([`open_attach`], for `super::attaches`).
+
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::plan::{PoolAnswer, PoolEffect, PoolEvent};
 use crate::api::{SandboxRunPool, SandboxRunPoolStatus};
 use crate::controller::context::Context;
 use crate::controller::error::{kube_err, ControllerError};
+use crate::pool::attaches::HeldAttach;
 
 /// Carries out `effect` for `pool`.
 pub(crate) async fn carry_out(
@@ -205,4 +209,23 @@ async fn write_status(
     .await
     .map_err(kube_err(format!("write the status of pool {ns}/{name}")))?;
     Ok(PoolAnswer::Done)
+}
+
+/// An attach to the launcher of `pod` (the pod of `uid`), held open for a claim
+/// (`super::attaches`): stdin only, nothing written; None when it cannot be opened (the claim
+/// then opens its own).
+pub(super) async fn open_attach(pods: &Api<Pod>, pod: &str, uid: String) -> Option<HeldAttach> {
+    let params = crate::controller::run::launcher_attach_params();
+    let opened = tokio::time::timeout(Duration::from_secs(10), pods.attach(pod, &params)).await;
+    let mut process = match opened {
+        Ok(Ok(process)) => process,
+        Ok(Err(e)) => {
+            debug!(pod, error = %e, "could not hold an attach to a pool pod's launcher");
+            return None;
+        }
+        Err(_) => return None,
+    };
+    let stdin = process.stdin()?;
+    let status = Box::pin(process.take_status()?);
+    Some(HeldAttach::new(uid, stdin, status, Some(process)))
 }

@@ -10,6 +10,7 @@
 //! counts it. With sharding, each pool is served by the replica that holds its shard.
 
 mod act;
+pub(crate) mod attaches;
 mod plan;
 pub(crate) mod policies;
 #[cfg(test)]
@@ -71,7 +72,8 @@ pub(crate) async fn run(
             .modify(|pod: &mut Pod| pod.managed_fields_mut().clear())
             .reflect(writer)
             .touched_objects()
-            .inspect(end_unclaimed_deletions(Arc::clone(&ctx)));
+            .inspect(end_unclaimed_deletions(Arc::clone(&ctx)))
+            .inspect(attaches::hold_attaches(Arc::clone(&ctx)));
         let mut controller = controller.watches_stream(kept, pool_of_pod);
         if let Some(gate) = &ctx.sharding.gate {
             controller = controller.reconcile_all_on(acquired(gate.acquisitions()));

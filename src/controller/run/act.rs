@@ -33,6 +33,7 @@ use crate::identity::{self, MissingIdentity, RunId};
 use crate::inpod::holder::HolderCommand;
 use crate::inpod::launch::{LaunchStatus, StartMessage};
 use crate::pod;
+use crate::pool::attaches::HeldAttaches;
 use crate::store::purge::delete_run_archives;
 use crate::store::tenant_read::RunStore;
 
@@ -148,7 +149,15 @@ async fn effect_of(
         Effect::ClaimPoolPod { claim, patch } => {
             return claim_pool_pod(ctx, run, claim, &patch).await.map(Some)
         }
-        Effect::HandPoolStart(delivery) => return Ok(Some(hand_pool_start(&pods, delivery).await)),
+        Effect::HandPoolStart(delivery) => {
+            let parked = HeldFirst {
+                parked: Parked(&pods),
+                held: &ctx.memory.held_attaches,
+                namespace: ns,
+                counted: &ctx.metrics.start_attaches,
+            };
+            return Ok(Some(hand_pool_start(&parked, delivery).await));
+        }
         Effect::DeletePoolPod(name) => delete_pool_pod(&pods, &name).await,
         Effect::CountPoolMiss(miss) => return Ok(Some(count_pool_miss(ctx, ns, miss).await)),
         Effect::CountPoolStart(start) => {
@@ -740,10 +749,10 @@ async fn claim_pool_pod(
 
 /// Hands the run's start to the launcher parked in the claimed pod ([`launcher::deliver`]: a
 /// resumed claim writes only to a launcher still waiting); whether it took it is the answer.
-async fn hand_pool_start(pods: &Api<Pod>, delivery: Box<Delivery>) -> Answer {
+async fn hand_pool_start(parked: &HeldFirst<'_>, delivery: Box<Delivery>) -> Answer {
     let pod = delivery.claim.pod.as_str();
     let (message, resumed) = (&delivery.claim.message, delivery.resumed);
-    let result = launcher::deliver(&Parked(pods), pod, message, resumed)
+    let result = launcher::deliver(parked, pod, message, resumed)
         .await
         .map_err(|why| {
             warn!(pod, %why, "the pool pod's launcher did not take the start");
@@ -783,21 +792,77 @@ impl launcher::Talk for Parked<'_> {
             .attach(pod, &launcher::attach_params())
             .await
             .map_err(DeliveryError::Attach)?;
-        let mut stdin = attached.stdin().ok_or(DeliveryError::NoStream("stdin"))?;
+        let stdin = attached.stdin().ok_or(DeliveryError::NoStream("stdin"))?;
         let status = attached
             .take_status()
             .ok_or(DeliveryError::NoStream("status"))?;
-        let talk = async move {
-            stdin.write_all(&line).await?;
-            stdin.shutdown().await?;
-            drop(stdin);
-            // The kubelet ends the attach once the container's stdin took it all, with a status.
-            Ok::<_, DeliveryError>(status.await)
+        let said = say(stdin, status, line, launcher::DELIVERY_TIMEOUT).await;
+        drop(attached);
+        said
+    }
+}
+
+/// Writes `line` on an attach's `stdin` and ends it: Ok once the attach ended with success
+/// within `timeout`.
+async fn say(
+    mut stdin: impl tokio::io::AsyncWrite + Unpin,
+    status: impl std::future::Future<
+        Output = Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Status>,
+    >,
+    line: Vec<u8>,
+    timeout: Duration,
+) -> Result<(), DeliveryError> {
+    let talk = async move {
+        stdin.write_all(&line).await?;
+        stdin.shutdown().await?;
+        drop(stdin);
+        // The kubelet ends the attach once the container's stdin took it all, with a status.
+        Ok::<_, DeliveryError>(status.await)
+    };
+    let status = tokio::time::timeout(timeout, talk)
+        .await
+        .map_err(|_| DeliveryError::AttachTimeout)??;
+    launcher::attach_ended(status)
+}
+
+/// A claim's talk with its pool pod's launcher: the start written on the attach the pools'
+/// controller holds open to the pod, when one is ([`HeldAttaches`]); otherwise, or when that
+/// one fails, as [`Parked`] does (a failed held write is followed by a fresh one only while the
+/// launcher still waits: `launch-status`).
+pub(super) struct HeldFirst<'a> {
+    parked: Parked<'a>,
+    held: &'a HeldAttaches,
+    namespace: &'a str,
+    counted: &'a prometheus::IntCounterVec,
+}
+
+/// How long a start written on a held attach may take before the claim asks the launcher.
+const HELD_TIMEOUT: Duration = Duration::from_secs(3);
+
+impl launcher::Talk for HeldFirst<'_> {
+    async fn status(&self, pod: &str) -> Result<LaunchStatus, DeliveryError> {
+        self.parked.status(pod).await
+    }
+
+    async fn write(&self, pod: &str, message: &StartMessage) -> Result<(), DeliveryError> {
+        let Some(held) = self.held.take(self.namespace, pod) else {
+            self.counted.with_label_values(&["opened"]).inc();
+            return self.parked.write(pod, message).await;
         };
-        let status = tokio::time::timeout(launcher::DELIVERY_TIMEOUT, talk)
-            .await
-            .map_err(|_| DeliveryError::AttachTimeout)??;
-        launcher::attach_ended(status)
+        let (stdin, status, process) = held.into_parts();
+        let said = say(stdin, status, launcher::start_line(message)?, HELD_TIMEOUT).await;
+        drop(process);
+        match said {
+            Ok(()) => {
+                self.counted.with_label_values(&["held"]).inc();
+                Ok(())
+            }
+            Err(why) => {
+                warn!(pod, %why, "the start on the held attach failed; asking the launcher");
+                self.counted.with_label_values(&["opened"]).inc();
+                launcher::deliver_if_waiting(&self.parked, pod, message).await
+            }
+        }
     }
 }
 

@@ -94,8 +94,8 @@ pub(super) async fn still_waiting(talk: &impl Talk, pod: &str) -> Result<bool, D
 
 /// Whether a launcher in `status` still waits for its start: before it runs (no marker) or
 /// while it reads (its marker taken and empty: a parked launcher takes it before it reads, so
-/// this is every running launcher no attach has reached yet; an attach that ended closed its
-/// `stdinOnce` stdin, after which the marker says what the launcher read).
+/// this is every running launcher no start has reached yet; once it read its line, the marker
+/// says what it read).
 fn still_waits(status: &LaunchStatus) -> bool {
     matches!(status, LaunchStatus::Waiting | LaunchStatus::Reading)
 }
@@ -107,10 +107,10 @@ pub(super) fn start_line(message: &StartMessage) -> Result<Vec<u8>, DeliveryErro
     Ok(line)
 }
 
-/// The attach that writes the start: the workload container's stdin only. The container's
-/// stdin is `stdinOnce`: it closes when this attach ends, so the launcher never reads anything
-/// after the message.
-pub(super) fn attach_params() -> AttachParams {
+/// The attach that writes the start (or is held open to write it: `crate::pool::hold`): the
+/// workload container's stdin only. The launcher reads one line and gives the workload
+/// `/dev/null`, so nothing written after the message reaches the run.
+pub(crate) fn attach_params() -> AttachParams {
     AttachParams::default()
         .container(crate::pod::WORKLOAD_CONTAINER)
         .stdin(true)

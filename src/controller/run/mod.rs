@@ -14,6 +14,7 @@ mod env_sources;
 mod kueue_edits;
 mod kueue_gate;
 mod launcher;
+pub(crate) use launcher::attach_params as launcher_attach_params;
 pub(crate) mod observe;
 pub(super) mod pipeline;
 pub(crate) mod plan;

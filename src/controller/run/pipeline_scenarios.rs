@@ -883,7 +883,7 @@ async fn a_resumed_attempts_pod_is_created_parked_until_its_paths_are_restored()
         workload.command.as_ref().unwrap()[0],
         crate::pool::park::launcher_path()
     );
-    assert_eq!(workload.stdin_once, Some(true));
+    assert_eq!(workload.stdin_once, Some(false));
 }
 
 /// A reconcile of a copy of the run older than this operator's own write of its restore (the

@@ -893,3 +893,123 @@ async fn an_hpa_on_the_operators_external_metric_scales_a_pool_as_runs_claim_its
     let everything = claimed_metric(&client, &other.name, "").await;
     assert_eq!(everything, Some(Vec::new()));
 }
+
+/// A metric's value in the operator's exposition at `port` (None: not exported yet).
+async fn operator_metric(port: u16, series: &str) -> Option<f64> {
+    let out = tokio::process::Command::new("curl")
+        .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
+        .output()
+        .await
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|v| v.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
+
+/// Waits until the operator at `port` holds `n` attaches open to its pool pods' launchers.
+async fn wait_attaches_held(port: u16, n: f64) {
+    eventually(
+        &format!("the operator to hold {n} attaches open"),
+        Duration::from_secs(60),
+        || async move {
+            (operator_metric(port, "sandboxrun_pool_attaches_held").await == Some(n)).then_some(())
+        },
+    )
+    .await;
+}
+
+/// Creates the run `name` of the template `agent` (its command writes `run <n>` to its file),
+/// waits for it and checks it succeeded with its file drained; the pool pod it took.
+async fn served_warm(
+    (runs, ns, store_url): (&Api<SandboxRun>, &str, &str),
+    name: &str,
+    n: u32,
+    op: &Operator,
+) -> String {
+    use sandboxrun_operator::api::TemplateRef;
+    let spec = SandboxRunSpec {
+        template_ref: Some(TemplateRef::namespaced("agent")),
+        command: Some(vec![
+            "sh".into(),
+            "-c".into(),
+            format!(r#"echo "run {n}" > "$ITERION_ARTIFACT_FILES_DIR/out.txt""#),
+        ]),
+        ..Default::default()
+    };
+    create(runs, name, spec).await;
+    let done = wait_run(runs, name, "the warm run to end", op, final_phase).await;
+    let status = done.status.clone().expect("status");
+    assert_eq!(status.phase, Some(Phase::Succeeded), "{status:?}");
+    let warm = status.warm_start.clone().expect("warmStart");
+    let dest = files_get(ns, name, store_url, &[], &[])
+        .unwrap_or_else(|e| panic!("files get failed: {e}"));
+    let out = std::fs::read_to_string(extracted(&dest, 0).join("out.txt")).expect("out.txt");
+    assert_eq!(out, format!("run {n}\n"));
+    warm.pod
+        .clone()
+        .unwrap_or_else(|| panic!("{name} was served warm: {warm:?}"))
+}
+
+/// Issue #55 item 1 on the real node (docs/contract.md "A claim writes its start on an attach
+/// held open"): the operator holds an attach open to each ready pool pod's launcher, and a warm
+/// run's start is written on it (`sandboxrun_warm_start_attaches_total{attach="held"}`). Then
+/// the operator is killed with its attaches held open and started again: the launchers' stdin
+/// stays open (it is not `stdinOnce`), so the pods that were ready serve the next runs warm,
+/// their starts written on the new operator's held attaches. With `stdinOnce` the killed
+/// operator's attaches closed the launchers' stdin and those pods could serve no run.
+#[tokio::test]
+async fn a_warm_start_is_written_on_a_held_attach_and_a_restart_spends_no_pool_pod() {
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let RealBed {
+        client,
+        ns,
+        store_url,
+        mut op,
+        runs,
+    } = RealBed::with_flags("held", &["--warm-pools", "--metrics-addr", &metrics]).await;
+    ready_pool(
+        &client,
+        &ns.name,
+        real_spec(Some("exit 9"), &["/work/out"]),
+        2,
+    )
+    .await;
+    wait_attaches_held(port, 2.0).await;
+    served_warm((&runs, &ns.name, &store_url), "first", 1, &op).await;
+    let held = r#"sandboxrun_warm_start_attaches_total{attach="held"}"#;
+    assert_eq!(operator_metric(port, held).await, Some(1.0));
+
+    // The pool made another; both ready pods held, then the operator killed with them open.
+    wait_attaches_held(port, 2.0).await;
+    let before: Vec<String> = pool_pods(&client, &ns.name, "agents")
+        .await
+        .into_iter()
+        .filter(|(_, _, claimed)| !claimed)
+        .map(|(name, _, _)| name)
+        .collect();
+    assert_eq!(before.len(), 2, "{before:?}");
+    op.kill();
+    let port = free_port();
+    let metrics = format!("127.0.0.1:{port}");
+    let op = start_operator_with(
+        &ns.name,
+        &store_url,
+        &["--warm-pools", "--metrics-addr", &metrics],
+    );
+    wait_attaches_held(port, 2.0).await;
+    // Two runs at once take the two pods ready before the restart (the pool's next pods are not
+    // ready yet).
+    let at = (&runs, ns.name.as_str(), store_url.as_str());
+    let (second, third) = futures::join!(
+        served_warm(at, "second", 2, &op),
+        served_warm(at, "third", 3, &op)
+    );
+    assert!(
+        second != third && before.contains(&second) && before.contains(&third),
+        "second took {second}, third {third}: the pods ready before the restart {before:?}"
+    );
+    assert_eq!(operator_metric(port, held).await, Some(2.0));
+}
