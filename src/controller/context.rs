@@ -153,6 +153,9 @@ pub(crate) struct Memory {
     /// The uids of the runs whose pod this replica created and has not reported yet
     /// ([`super::run::plan::SETTLE`]): what the status would have said, kept in memory meanwhile.
     unreported_pods: Mutex<HashSet<String>>,
+    /// The resourceVersion each new run's finalizer patch made, until a reconcile sees the run
+    /// past it ([`Context::behind_own_write`]).
+    finalized: Mutex<HashMap<String, String>>,
     /// The pool pods this replica's runs are claiming right now (a burst's runs pick past each
     /// other's: [`crate::pool::reservations`]).
     pub claims: crate::pool::reservations::ClaimReservations,
@@ -507,12 +510,26 @@ impl Context {
         map.get(uid)?.made.clone()
     }
 
-    /// Whether the cached `run` is the object this replica's last status write of it went over:
-    /// the watch has not delivered that write yet, and a reconcile of this copy would decide on
-    /// what the write already changed (count a pool's miss again, claim again); that write's own
-    /// event reconciles the run. Typically the event of a new run's finalizer, which the same
-    /// reconcile followed with its first step and a status (docs/contract.md "A new run's
-    /// finalizer and first step in one reconcile").
+    /// Remembers the resourceVersion `stored` has: what the finalizer's patch made of a new run.
+    pub(crate) fn remember_finalized(&self, stored: &SandboxRun) {
+        let (Some(uid), Some(made)) = (
+            stored.metadata.uid.clone(),
+            stored.metadata.resource_version.clone(),
+        ) else {
+            return;
+        };
+        if let Ok(mut map) = self.memory.finalized.lock() {
+            map.insert(uid, made);
+        }
+    }
+
+    /// Whether the cached `run` is the copy a new run's finalizer patch made and this replica's
+    /// last status write went over: the finalizer's own event, arriving after the first step the
+    /// same reconcile followed it with (docs/contract.md "A new run's finalizer and first step
+    /// in one reconcile"). A reconcile of it would decide on what that step's writes changed
+    /// already (count a pool's miss again); the status write's own event reconciles the run.
+    /// Any other copy forgets the finalizer's version: only that echo is left alone, so a
+    /// reconcile a pod's event wakes before the watch delivered a later write still runs.
     pub(crate) fn behind_own_write(&self, run: &SandboxRun) -> bool {
         let (Some(uid), Some(cached)) = (
             run.metadata.uid.as_deref(),
@@ -520,6 +537,17 @@ impl Context {
         ) else {
             return false;
         };
+        let Ok(mut finalized) = self.memory.finalized.lock() else {
+            return false;
+        };
+        match finalized.get(uid) {
+            Some(made) if made == cached => {}
+            Some(_) => {
+                finalized.remove(uid);
+                return false;
+            }
+            None => return false,
+        }
         self.memory.written.lock().is_ok_and(|map| {
             map.get(uid).is_some_and(|w| {
                 w.over.as_deref() == Some(cached) && w.made.as_deref() != Some(cached)
@@ -530,6 +558,11 @@ impl Context {
     /// Forgets what was written of the run (it is going).
     pub(crate) fn forget_written_status(&self, run: &SandboxRun) {
         if let (Some(uid), Ok(mut map)) = (run.metadata.uid.as_deref(), self.memory.written.lock())
+        {
+            map.remove(uid);
+        }
+        if let (Some(uid), Ok(mut map)) =
+            (run.metadata.uid.as_deref(), self.memory.finalized.lock())
         {
             map.remove(uid);
         }
@@ -628,7 +661,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_cached_run_is_behind_only_on_the_version_this_replicas_last_write_went_over() {
+    async fn only_the_finalizers_echo_behind_this_replicas_write_is_left_alone() {
         use crate::controller::testkit::mock_apiserver::{apiserver, context};
         let (client, _) = apiserver(Vec::new());
         let ctx = context(client, Arc::new(object_store::memory::InMemory::new()));
@@ -638,13 +671,31 @@ mod tests {
             run
         };
         assert!(!ctx.behind_own_write(&at("10")), "nothing written");
+        // A status written over a copy no finalizer patch made: that copy still reconciles.
+        ctx.remember_written_status(&at("9"), 1, Some("10".into()));
+        assert!(!ctx.behind_own_write(&at("9")), "not the finalizer's echo");
+        // The finalizer's patch made 10; the first step's status went over it.
+        ctx.remember_finalized(&at("10"));
         ctx.remember_written_status(&at("10"), 1, Some("11".into()));
-        assert!(ctx.behind_own_write(&at("10")), "the copy the write went over");
-        assert!(!ctx.behind_own_write(&at("11")), "the copy the write made");
-        assert!(!ctx.behind_own_write(&at("12")), "someone else's since");
         let mut another = at("10");
         another.metadata.uid = Some("another".into());
         assert!(!ctx.behind_own_write(&another), "another run's");
+        assert!(ctx.behind_own_write(&at("10")), "the finalizer's echo");
+        assert!(
+            ctx.behind_own_write(&at("10")),
+            "until a newer copy is seen"
+        );
+        assert!(!ctx.behind_own_write(&at("11")), "the copy the write made");
+        assert!(
+            !ctx.behind_own_write(&at("10")),
+            "once past it, never again"
+        );
+        // Without a status over the finalizer's copy (a cold pod, reported later), its echo is
+        // the run as it is: reconciled.
+        let mut fresh = at("20");
+        fresh.metadata.uid = Some("fresh".into());
+        ctx.remember_finalized(&fresh);
+        assert!(!ctx.behind_own_write(&fresh));
         ctx.forget_written_status(&at("11"));
         assert!(!ctx.behind_own_write(&at("10")), "forgotten");
     }

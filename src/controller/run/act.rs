@@ -653,7 +653,11 @@ pub(super) async fn add_finalizer(
     let runs: Api<SandboxRun> = Api::namespaced(ctx.client.clone(), namespace);
     let mut finalizers = run.finalizers().to_vec();
     finalizers.push(FINALIZER.to_string());
-    patch_finalizers(&runs, run, finalizers).await
+    let stored = patch_finalizers(&runs, run, finalizers).await?;
+    if let Some(stored) = &stored {
+        ctx.remember_finalized(stored);
+    }
+    Ok(stored)
 }
 
 async fn patch_finalizers(
