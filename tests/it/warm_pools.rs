@@ -490,18 +490,11 @@ async fn a_horizontal_pod_autoscaler_scales_a_pool_through_its_scale_subresource
 
 /// `sandboxrun_pool_pods{pool_namespace=ns, pool, state}` on the operator's metrics at `port`.
 async fn pool_pods_metric(port: u16, ns: &str, pool: &str, state: &str) -> Option<i64> {
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
     let series = format!(
-        "sandboxrun_pool_pods{{pool=\"{pool}\",pool_namespace=\"{ns}\",state=\"{state}\"}} "
+        "sandboxrun_pool_pods{{pool=\"{pool}\",pool_namespace=\"{ns}\",state=\"{state}\"}}"
     );
-    text.lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .and_then(|v| v.trim().parse().ok())
+    // The gauge's values are whole counts.
+    operator_metric(port, &series).await.map(|v| v as i64)
 }
 
 /// Issue #54 item 4: the metric an autoscaler scales a pool on. The operator's `/metrics` say a

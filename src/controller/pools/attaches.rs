@@ -31,7 +31,7 @@ pub(crate) fn hold_attaches(ctx: Arc<Context>) -> impl FnMut(&Result<Pod, watche
         ctx.metrics.attaches_held.clone(),
     );
     move |event| {
-        held.set(i64::try_from(attaches.held()).unwrap_or(i64::MAX));
+        show(&attaches, &held);
         let Ok(pod) = event else { return };
         let Some(hold) = hold_for(pod, ctx.admission.rights.key.as_ref()) else {
             return;
@@ -95,6 +95,11 @@ fn open(
             Some(attach) => attaches.opened(at, attach),
             None => attaches.let_go(&at, Some(&uid)),
         }
-        held.set(i64::try_from(attaches.held()).unwrap_or(i64::MAX));
+        show(&attaches, &held);
     });
+}
+
+/// Sets `sandboxrun_pool_attaches_held` to how many attaches are held.
+fn show(attaches: &HeldAttaches, held: &IntGauge) {
+    held.set(i64::try_from(attaches.held()).unwrap_or(i64::MAX));
 }

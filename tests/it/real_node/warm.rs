@@ -171,12 +171,7 @@ async fn a_warm_pool_serves_a_run_from_a_ready_pod_and_rolls_out_a_template_chan
     // own grace period (330 s), which their holders' preStop would wait out for a drain that
     // never comes; the operator deletes them again with 1 s. On the old code they stayed
     // Terminating past this wait.
-    let unclaimed: Vec<String> = pool_pods(&client, &ns.name, "agents")
-        .await
-        .into_iter()
-        .filter(|(_, _, claimed)| !claimed)
-        .map(|(name, _, _)| name)
-        .collect();
+    let unclaimed = unclaimed_pool_pods(&client, &ns.name, "agents").await;
     assert_eq!(unclaimed.len(), 2, "{unclaimed:?}");
     pools
         .delete("agents", &kube::api::DeleteParams::background())
@@ -894,20 +889,6 @@ async fn an_hpa_on_the_operators_external_metric_scales_a_pool_as_runs_claim_its
     assert_eq!(everything, Some(Vec::new()));
 }
 
-/// A metric's value in the operator's exposition at `port` (None: not exported yet).
-async fn operator_metric(port: u16, series: &str) -> Option<f64> {
-    let out = tokio::process::Command::new("curl")
-        .args(["-s", &format!("http://127.0.0.1:{port}/metrics")])
-        .output()
-        .await
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout).lines().find_map(|l| {
-        l.strip_prefix(series)
-            .and_then(|v| v.strip_prefix(' '))
-            .and_then(|v| v.trim().parse().ok())
-    })
-}
-
 /// Waits until the operator at `port` holds `n` attaches open to its pool pods' launchers.
 async fn wait_attaches_held(port: u16, n: f64) {
     eventually(
@@ -984,12 +965,7 @@ async fn a_warm_start_is_written_on_a_held_attach_and_a_restart_spends_no_pool_p
 
     // The pool made another; both ready pods held, then the operator killed with them open.
     wait_attaches_held(port, 2.0).await;
-    let before: Vec<String> = pool_pods(&client, &ns.name, "agents")
-        .await
-        .into_iter()
-        .filter(|(_, _, claimed)| !claimed)
-        .map(|(name, _, _)| name)
-        .collect();
+    let before = unclaimed_pool_pods(&client, &ns.name, "agents").await;
     assert_eq!(before.len(), 2, "{before:?}");
     op.kill();
     let port = free_port();

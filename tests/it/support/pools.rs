@@ -84,3 +84,29 @@ pub async fn pool_pods(client: &Client, ns: &str, pool: &str) -> Vec<(String, St
         })
         .collect()
 }
+
+/// The names of the live pods of pool `pool` in `ns` no run claimed ([`pool_pods`]).
+pub async fn unclaimed_pool_pods(client: &Client, ns: &str, pool: &str) -> Vec<String> {
+    pool_pods(client, ns, pool)
+        .await
+        .into_iter()
+        .filter(|(_, _, claimed)| !claimed)
+        .map(|(name, _, _)| name)
+        .collect()
+}
+
+/// The value of the series `series` (its name and labels, as exposed) on the operator's
+/// metrics at `port`; None when it is not exposed (yet).
+pub async fn operator_metric(port: u16, series: &str) -> Option<f64> {
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|v| v.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    })
+}
