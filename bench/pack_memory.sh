@@ -6,6 +6,7 @@
 #
 #   bench/pack_memory.sh [FILES] [DIRS]   # default 1,000,000 files in 1,000 directories
 #   TREE=/some/dir bench/pack_memory.sh   # pack an existing tree instead (kept afterwards)
+#   BIN=<binary> bench/pack_memory.sh     # another binary, e.g. the image's (default: a debug build)
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 FILES=${1:-1000000}
@@ -13,8 +14,10 @@ DIRS=${2:-1000}
 cd "$REPO"
 # shellcheck source=bench/lib.sh
 . "$REPO/bench/lib.sh"
-nice -n 10 cargo build --bin sandboxrun-operator >&2
-BIN=$REPO/target/debug/sandboxrun-operator
+if [ -z "${BIN:-}" ]; then
+  nice -n 10 cargo build --bin sandboxrun-operator >&2
+  BIN=$REPO/target/debug/sandboxrun-operator
+fi
 if [ -n "${TREE:-}" ]; then
   FILES=$(find "$TREE" -type f | wc -l)
   DIRS=$(find "$TREE" -mindepth 1 -type d | wc -l)

@@ -1,6 +1,6 @@
 //! Process-wide setup: the rustls crypto provider (every subcommand, and the live doctor probe),
-//! and what the long-running subcommands (`run`, `egress-proxy`) share: the log format and
-//! subscriber, and the shutdown signal.
+//! small pages (every subcommand but `launch`), and what the long-running subcommands (`run`,
+//! `egress-proxy`) share: the log format and subscriber, and the shutdown signal.
 
 use clap::ValueEnum;
 use tracing::info;
@@ -18,6 +18,18 @@ pub enum LogFormat {
 /// disagree on one and panic at the first TLS connection).
 pub(crate) fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+/// Keeps this process on small pages (`PR_SET_THP_DISABLE`): the allocator (mimalloc, src/main.rs)
+/// asks for transparent huge pages on the regions it reserves, which doubled the operator's peak
+/// RSS under a flood of lifecycles for a few percent of CPU (docs/performance.md "The
+/// allocator"). Every subcommand but `launch`: the flag is inherited across `execve`, and the
+/// launcher becomes the workload, whose pages are not the operator's to choose. Best effort: a
+/// kernel without the call leaves the process as it was.
+pub(crate) fn keep_small_pages() {
+    if let Err(error) = rustix::thread::disable_transparent_huge_pages(true) {
+        tracing::debug!(%error, "transparent huge pages stay as the node sets them");
+    }
 }
 
 /// The log flags of the long-running subcommands.

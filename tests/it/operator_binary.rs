@@ -327,3 +327,70 @@ fn a_parked_launcher_exits_143_when_told_to_stop() {
     });
     assert_eq!(status.code(), Some(143), "{status:?}");
 }
+
+/// `THP_enabled` of the process `pid` (its `/proc/<pid>/status` line; 1 or 0), or None on a
+/// kernel older than 5.0, which does not print it.
+fn thp_enabled(status: &str) -> Option<u8> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("THP_enabled:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// docs/contract.md "The operator's processes keep to small pages": the allocator asks for
+/// transparent huge pages, which doubled the operator's peak RSS under a flood, so every
+/// subcommand turns them off for its own process (`PR_SET_THP_DISABLE`) — but the launcher,
+/// whose flag the workload it `exec`s would inherit. Here the holder (a long-running
+/// subcommand) has them off, and the command a parked launcher starts keeps what its parent
+/// (this test) has. Fails on a binary that disables them in every subcommand (the workload's
+/// `cat` reads 0) or in none (the holder reads 1).
+#[test]
+fn the_operators_processes_keep_to_small_pages_and_a_launched_workload_is_left_alone() {
+    use std::io::Write;
+    use std::process::Stdio;
+    let own = std::fs::read_to_string("/proc/self/status").expect("read /proc/self/status");
+    let Some(parent) = thp_enabled(&own) else {
+        eprintln!("this kernel prints no THP_enabled: nothing to compare");
+        return;
+    };
+
+    let state = tempfile::tempdir().expect("a state dir");
+    let mut holder = Command::new(BIN)
+        .args(["holder", "--state-dir"])
+        .arg(state.path())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the holder");
+    let status_file = format!("/proc/{}/status", holder.id());
+    // The flag is set before the runtime starts; give the process a moment to get there.
+    let holders = (0..100).find_map(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        let s = std::fs::read_to_string(&status_file).ok()?;
+        thp_enabled(&s).filter(|v| *v == 0)
+    });
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(holders, Some(0), "the holder runs on small pages");
+
+    let control = tempfile::tempdir().expect("a control dir");
+    let mut launcher = Command::new(BIN)
+        .args(["launch", "--control-dir"])
+        .arg(control.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the launcher");
+    let start = json!({"run": "thp", "argv": ["/bin/cat", "/proc/self/status"]});
+    let mut stdin = launcher.stdin.take().expect("the launcher's stdin");
+    writeln!(stdin, "{start}").expect("hand the launcher its start");
+    drop(stdin);
+    let out = launcher.wait_with_output().expect("the workload's output");
+    let workload = thp_enabled(&String::from_utf8_lossy(&out.stdout));
+    assert_eq!(
+        workload,
+        Some(parent),
+        "the workload keeps its parent's setting: {:?}",
+        out.status
+    );
+}
