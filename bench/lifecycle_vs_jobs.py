@@ -133,6 +133,9 @@ class Watch:
     def __init__(self, namespace, kind, template):
         self.first_seen = {}
         self.seen = {}  # (name, state) -> first receipt time
+        # The reader thread adds while the main thread counts: at N = 10,000 an unguarded count
+        # raised "dictionary changed size during iteration".
+        self.lock = threading.Lock()
         self.proc = subprocess.Popen(
             ["kubectl", "get", kind, "-n", namespace, "-w", "--no-headers",
              "-o", f"jsonpath={template}"],
@@ -147,14 +150,17 @@ class Watch:
             if not parts:
                 continue
             name, state = parts[0], " ".join(parts[1:])
-            self.first_seen.setdefault(name, now)
-            self.seen.setdefault((name, state), now)
+            with self.lock:
+                self.first_seen.setdefault(name, now)
+                self.seen.setdefault((name, state), now)
 
     def count(self, state):
-        return sum(1 for (_, s) in self.seen if s == state)
+        with self.lock:
+            return sum(1 for (_, s) in self.seen if s == state)
 
     def times(self, state):
-        return {n: t for (n, s), t in self.seen.items() if s == state}
+        with self.lock:
+            return {n: t for (n, s), t in self.seen.items() if s == state}
 
     def stop(self):
         self.proc.terminate()
@@ -243,7 +249,7 @@ def run_side(n, namespace, documents, kind, template, final_state, failed_state,
     return {
         "watch": watch, "t0": t0, "seconds": t1 - t0, "failed": watch.count(failed_state),
         "created": created,
-        "seen_over": max(watch.first_seen.values(), default=t0) - t0,
+        "seen_over": max(list(watch.first_seen.values()), default=t0) - t0,
         "writes": sum(writes.values()), "by_resource": writes, "reads": reads, "steps": steps, "cpu": stats[0] - cpu0, "rss": stats[1],
     }
 
