@@ -371,17 +371,8 @@ exec "{real}" pack "$d" "$@"
 /// The operator's `sandboxrun_drain_queue_waiting{run_namespace=ns}` (teardowns waiting for a
 /// slot), read from its metrics on `port`.
 async fn queue_waiting(port: u16, ns: &str) -> Option<u64> {
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    let series = format!("sandboxrun_drain_queue_waiting{{run_namespace=\"{ns}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(series.as_str()))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
+    let series = format!("sandboxrun_drain_queue_waiting{{run_namespace=\"{ns}\"}}");
+    operator_metric(port, &series).await.map(|v| v as u64)
 }
 
 /// Now, in seconds since the epoch (the packer's `date +%s.%N` clock).
