@@ -20,10 +20,11 @@ pub(crate) fn install_crypto_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Keeps this process on small pages (`PR_SET_THP_DISABLE`): the allocator (mimalloc, src/main.rs)
-/// asks for transparent huge pages on the regions it reserves, which doubled the operator's peak
-/// RSS under a flood of lifecycles for a few percent of CPU (docs/performance.md "The
-/// allocator"). Every subcommand but `launch`: the flag is inherited across `execve`, and the
+/// Keeps this process on small pages (`PR_SET_THP_DISABLE`): transparent huge pages on the
+/// regions the allocator (mimalloc, src/main.rs) reserves doubled the operator's peak RSS under a
+/// flood of lifecycles for a few percent of CPU (docs/performance.md "The allocator"). The
+/// allocator is built not to ask for them (`no_thp`); this keeps them off on a node that gives
+/// them unasked (`transparent_hugepage/enabled` = `always`). Every subcommand but `launch`: the flag is inherited across `execve`, and the
 /// launcher becomes the workload, whose pages are not the operator's to choose. Best effort: a
 /// kernel without the call leaves the process as it was.
 pub(crate) fn keep_small_pages() {
