@@ -14,14 +14,15 @@ use super::run::decide::Trigger;
 use crate::api::{Phase, ReadBackPhase, ReadBackStatus, SandboxRunStatus};
 pub(crate) use crate::text::cut;
 
-/// The pod `<run>-sbr` was created and has not run within [`super::run::plan::SETTLE`] (a pod that
-/// runs at once is not announced: docs/contract.md "A quiet lifecycle").
+/// The pod `<run>-sbr` was created for a run already reported (refused before, or queued); a fresh
+/// run's pod is not announced, its name is in the status (docs/contract.md "A quiet lifecycle").
 pub(crate) const POD_CREATED: &str = conditions::REASON_POD_CREATED;
 /// The apiserver refused the pod (quota, Pod Security, a webhook, RBAC); retried with back-off.
 pub(crate) const POD_CREATE_FAILED: &str = conditions::REASON_POD_CREATE_FAILED;
 /// The pod exists and cannot start; the note names the cause.
 pub(crate) const POD_STUCK: &str = "PodStuck";
-/// The pod runs, after the run was reported Pending.
+/// The pod runs, after a PodStuck had said what held it (a start without a problem is in the
+/// status only).
 pub(crate) const RUNNING: &str = "Running";
 /// Teardown began, and its paths have not all drained within [`super::run::plan::SETTLE`] (or the
 /// teardown begins with a Warning).

@@ -180,7 +180,7 @@ pub(super) fn unreported(run: &SandboxRun) -> bool {
     run.status.as_ref().and_then(|s| s.phase).is_none()
 }
 
-pub(super) fn pod_created_event(pod_name: &str) -> PlannedEvent {
+fn pod_created_event(pod_name: &str) -> PlannedEvent {
     PlannedEvent::normal(
         events::POD_CREATED,
         format!("created pod {pod_name}"),
@@ -841,26 +841,20 @@ mod tests {
             ran.status.and_then(|s| s.pod_name).as_deref(),
             Some("demo-sbr")
         );
-        // Still starting after SETTLE: reported Pending, and the pod's creation told then.
+        // Still starting after SETTLE: reported Pending, in the status only (its pod's name).
         let slow = track_pod(&fresh, "demo-sbr", Some(&starting(3)), None, now(), SETTLE);
+        assert_eq!(line(&slow), "[] | Pending | [] | 5.2s");
         assert_eq!(
-            line(&slow),
-            "[PodCreated/CreatePod@pod] | Pending | [] | 5.2s"
+            slow.status.and_then(|s| s.pod_name).as_deref(),
+            Some("demo-sbr")
         );
-        // ...and its running told after that Pending.
+        // ...and its running after that Pending too: nothing went wrong to be told.
         let pending = with_phase(fresh.clone(), Phase::Pending);
-        assert_eq!(
-            line(&track_pod(
-                &pending,
-                "demo-sbr",
-                Some(&running()),
-                None,
-                now(),
-                SETTLE
-            )),
-            "[Running/Track@pod] | Running | [] | await"
-        );
-        // A problem is reported at once, however young the pod.
+        let track = |run: &SandboxRun, view: &PodView| {
+            line(&track_pod(run, "demo-sbr", Some(view), None, now(), SETTLE))
+        };
+        assert_eq!(track(&pending, &running()), "[] | Running | [] | await");
+        // A problem is reported at once, however young the pod, with a Warning Event.
         let stuck = PodView {
             problem: Some(PodProblem::Stuck {
                 reason: "FailedMount",
@@ -869,15 +863,16 @@ mod tests {
             ..starting(0)
         };
         assert_eq!(
-            line(&track_pod(
-                &fresh,
-                "demo-sbr",
-                Some(&stuck),
-                None,
-                now(),
-                SETTLE
-            )),
-            "[!PodStuck/FailedMount@pod PodCreated/CreatePod@pod] | Pending | [] | 5.2s"
+            track(&fresh, &stuck),
+            "[!PodStuck/FailedMount@pod] | Pending | [] | 5.2s"
+        );
+        // Once a problem was told, the pod's running is told too: the problem is over.
+        let told = track_pod(&fresh, "demo-sbr", Some(&stuck), None, now(), SETTLE);
+        let mut after_problem = fresh.clone();
+        after_problem.status = told.status;
+        assert_eq!(
+            track(&after_problem, &running()),
+            "[Running/Track@pod] | Running | [] | await"
         );
     }
 }

@@ -209,11 +209,11 @@ mod tests {
                 "[!InvalidSpec/CreatePod] | Pending | [] | await",
             ),
             (
-                "a running pod is reported once",
+                "a running pod is reported once, in the status",
                 Step::TrackPod { requeue: None },
                 with_phase(out(), Phase::Pending),
                 Some(running()),
-                "[Running/Track@pod] | Running | [] | await",
+                "[] | Running | [] | await",
             ),
             (
                 "a running pod already reported writes nothing",

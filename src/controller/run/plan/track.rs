@@ -6,9 +6,10 @@ use std::time::Duration;
 use jiff::Timestamp;
 
 use super::super::status::tracked_status;
-use super::create::{pod_created_event, unreported};
+use super::create::unreported;
 use super::model::{Effect, Plan, Requeue, LOOK_AGAIN_MARGIN};
-use crate::api::{Phase, SandboxRun};
+use crate::api::{Phase, SandboxRun, SandboxRunStatus};
+use crate::controller::conditions::{self, REASON_POD_CREATED, REASON_POD_PENDING};
 use crate::controller::events::{self, stuck_event, PlannedEvent};
 use crate::controller::pod_view::{pending_for, pending_recheck, PodView, WorkloadState};
 use crate::egress::settings::EgressSettings;
@@ -50,12 +51,10 @@ pub(super) fn track_pod(
     let mut events: Vec<PlannedEvent> = stuck_event(&before, view.problem.as_ref())
         .into_iter()
         .collect();
-    // The pod's creation is told when the run is first reported Pending (its pod did not run
-    // at once); its running is told only after that Pending was.
-    if before.phase.is_none() && status.phase == Some(Phase::Pending) && pod.is_some() {
-        events.push(pod_created_event(pod_name));
-    }
-    if before.phase == Some(Phase::Pending) && status.phase == Some(Phase::Running) {
+    // A start's passing states are in the status only (the pod's name, Pending, Running): Events
+    // tell its problems, and that the pod runs once a problem was told (docs/contract.md "A
+    // quiet lifecycle").
+    if status.phase == Some(Phase::Running) && told_a_problem(&before) {
         events.push(
             PlannedEvent::normal(
                 events::RUNNING,
@@ -80,6 +79,18 @@ pub(super) fn track_pod(
             None => Requeue::AwaitChange,
         },
     }
+}
+
+/// Whether the run was last reported Pending for a problem of its pod (Ready's reason is neither
+/// a pod being created nor one starting), so that its running is news.
+fn told_a_problem(before: &SandboxRunStatus) -> bool {
+    before.phase == Some(Phase::Pending)
+        && before.conditions.iter().any(|c| {
+            c.type_ == conditions::READY
+                && c.status == "False"
+                && c.reason != REASON_POD_PENDING
+                && c.reason != REASON_POD_CREATED
+        })
 }
 
 /// While the pod's egress gate waits, the run's NetworkPolicy with what the gate needs denied
