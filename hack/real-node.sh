@@ -495,7 +495,12 @@ down() {
     while IFS== read -r k v; do sysctl -q -w "$k=$v" >/dev/null 2>&1 || true; done <"$N/sysctl.orig"
   fi
   if [ ! -f "$N/run-containerd.existed" ]; then rm -rf /run/containerd/s; rmdir /run/containerd 2>/dev/null || true; fi
-  if [ ! -f "$N/run-netns.existed" ]; then rmdir /run/netns 2>/dev/null || true; fi
+  # `ip netns add` (the second node's namespace, hack/second-node.sh) leaves /run/netns bind-mounted
+  # on itself: the directory we made goes only once that mount does, and only when it is empty.
+  if [ ! -f "$N/run-netns.existed" ] && [ -d /run/netns ] && [ -z "$(ls -A /run/netns)" ]; then
+    if mountpoint -q /run/netns; then umount /run/netns 2>/dev/null || true; fi
+    rmdir /run/netns 2>/dev/null || true
+  fi
   # The node's logs outlive the state directory, for a post-mortem of a failed run.
   if [ -d "$LOGS" ]; then mkdir -p "$LAST_LOGS" && cp -f "$LOGS"/*.log "$LAST_LOGS/" 2>/dev/null || true; fi
   rm -rf "$N"
