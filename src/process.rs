@@ -24,9 +24,9 @@ pub(crate) fn install_crypto_provider() {
 /// regions the allocator (mimalloc, src/main.rs) reserves doubled the operator's peak RSS under a
 /// flood of lifecycles for a few percent of CPU (docs/performance.md "The allocator"). The
 /// allocator is built not to ask for them (`no_thp`); this keeps them off on a node that gives
-/// them unasked (`transparent_hugepage/enabled` = `always`). Every subcommand but `launch`: the flag is inherited across `execve`, and the
-/// launcher becomes the workload, whose pages are not the operator's to choose. Best effort: a
-/// kernel without the call leaves the process as it was.
+/// them unasked (`transparent_hugepage/enabled` = `always`). Every subcommand but `launch`: the
+/// flag is inherited across `execve`, and the launcher becomes the workload, whose pages are not
+/// the operator's to choose. Best effort: a kernel without the call leaves the process as it was.
 pub(crate) fn keep_small_pages() {
     if let Err(error) = rustix::thread::disable_transparent_huge_pages(true) {
         tracing::debug!(%error, "transparent huge pages stay as the node sets them");

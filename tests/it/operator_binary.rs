@@ -297,20 +297,8 @@ async fn with_two_replicas_the_standby_finishes_the_run_when_the_leader_dies() {
 /// show the pod's wait, only that nothing handled the signal.
 #[test]
 fn a_parked_launcher_exits_143_when_told_to_stop() {
-    use std::process::Stdio;
     let control = tempfile::tempdir().expect("a control dir");
-    let mut launcher = Command::new(BIN)
-        .args(["launch", "--control-dir"])
-        .arg(control.path())
-        .stdin(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the launcher");
-    let marker = control.path().join("started");
-    let parked = (0..200).any(|_| {
-        std::thread::sleep(Duration::from_millis(50));
-        marker.exists()
-    });
+    let (mut launcher, parked) = parked_launcher(control.path());
     assert!(parked, "the launcher took its marker and waits");
     let told = Command::new("kill")
         .args(["-TERM", &launcher.id().to_string()])
@@ -404,22 +392,8 @@ fn the_operators_processes_keep_to_small_pages_and_a_launched_workload_is_left_a
 /// the parked launcher held 6.8 MiB of anonymous memory against 0.8 MiB before it.
 #[test]
 fn a_parked_launcher_asks_for_no_huge_pages() {
-    use std::process::Stdio;
     let control = tempfile::tempdir().expect("a control dir");
-    let mut launcher = Command::new(BIN)
-        .args(["launch", "--control-dir"])
-        .arg(control.path())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the launcher");
-    // Parked: it has taken the pod's one start and waits on its stdin.
-    let marker = control.path().join("started");
-    let parked = (0..200).any(|_| {
-        std::thread::sleep(Duration::from_millis(25));
-        marker.exists()
-    });
+    let (mut launcher, parked) = parked_launcher(control.path());
     let smaps = std::fs::read_to_string(format!("/proc/{}/smaps", launcher.id()));
     let rollup = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", launcher.id()));
     let _ = launcher.kill();
@@ -448,4 +422,24 @@ fn a_parked_launcher_asks_for_no_huge_pages() {
             "huge pages held while parked"
         );
     }
+}
+
+/// A launcher started on `control` (`launch --control-dir`, its stdin held open), and whether it
+/// parked within 10 s: it took the pod's one start (its `started` marker) and waits on its stdin.
+fn parked_launcher(control: &std::path::Path) -> (std::process::Child, bool) {
+    use std::process::Stdio;
+    let launcher = Command::new(BIN)
+        .args(["launch", "--control-dir"])
+        .arg(control)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the launcher");
+    let marker = control.join("started");
+    let parked = (0..200).any(|_| {
+        std::thread::sleep(Duration::from_millis(50));
+        marker.exists()
+    });
+    (launcher, parked)
 }

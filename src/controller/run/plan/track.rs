@@ -9,7 +9,7 @@ use super::super::status::tracked_status;
 use super::create::unreported;
 use super::model::{Effect, Plan, Requeue, LOOK_AGAIN_MARGIN};
 use crate::api::{Phase, SandboxRun, SandboxRunStatus};
-use crate::controller::conditions::{self, REASON_POD_CREATED, REASON_POD_PENDING};
+use crate::controller::conditions::{ready_false_reason, REASON_POD_CREATED, REASON_POD_PENDING};
 use crate::controller::events::{self, stuck_event, PlannedEvent};
 use crate::controller::pod_view::{pending_for, pending_recheck, PodView, WorkloadState};
 use crate::egress::settings::EgressSettings;
@@ -85,12 +85,8 @@ pub(super) fn track_pod(
 /// a pod being created nor one starting), so that its running is news.
 fn told_a_problem(before: &SandboxRunStatus) -> bool {
     before.phase == Some(Phase::Pending)
-        && before.conditions.iter().any(|c| {
-            c.type_ == conditions::READY
-                && c.status == "False"
-                && c.reason != REASON_POD_PENDING
-                && c.reason != REASON_POD_CREATED
-        })
+        && ready_false_reason(before)
+            .is_some_and(|r| r != REASON_POD_PENDING && r != REASON_POD_CREATED)
 }
 
 /// While the pod's egress gate waits, the run's NetworkPolicy with what the gate needs denied
